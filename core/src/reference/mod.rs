@@ -1,0 +1,1 @@
+//! CPU f64 reference (in progress).

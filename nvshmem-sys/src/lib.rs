@@ -1,0 +1,1 @@
+//! nvshmem-sys (in progress)
