@@ -1,1 +1,178 @@
-fn main() {}
+//! Compiles every `cuda/*.cu` with nvcc as relocatable device code, device-links the objects with
+//! NVSHMEM's device archive into one executable cubin per target architecture, and embeds the
+//! bytes (`OUT_DIR/cubins.rs`) together with the list of kernels the sources declare.
+//!
+//! Where the tools come from, first match wins: `NVCC`, else `CUDA_HOME/bin/nvcc`, else the
+//! project's own toolchain (`.toolchain/python`, installed by `scripts/toolchain.sh`);
+//! `NVSHMEM_HOME` and `CUTLASS_HOME` likewise. Architectures: sm_90a, plus any listed in
+//! `LASP_EXTRA_CUDA_ARCHS` (comma-separated, e.g. `sm_100a`).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+const SETUP_HINT: &str =
+    "run `bash scripts/test.sh` (or `source scripts/toolchain.sh`) to install the pinned CUDA \
+     toolchain, or set NVCC/CUDA_HOME and NVSHMEM_HOME to your own installs";
+
+fn fail(message: String) -> ! {
+    eprintln!("error: lasp-shmem-kernels: {message}; {SETUP_HINT}");
+    println!("cargo::error=lasp-shmem-kernels: {message}; {SETUP_HINT}");
+    std::process::exit(1);
+}
+
+fn env_path(name: &str) -> Option<PathBuf> {
+    println!("cargo::rerun-if-env-changed={name}");
+    std::env::var_os(name)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+fn require_dir(what: &str, dir: PathBuf, marker: &str) -> PathBuf {
+    if !dir.join(marker).exists() {
+        fail(format!(
+            "{what} not found: {} has no {marker}",
+            dir.display()
+        ));
+    }
+    dir
+}
+
+fn main() {
+    let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap());
+    let toolchain = manifest_dir.join("../.toolchain/python");
+    let nvcc = env_path("NVCC")
+        .or_else(|| env_path("CUDA_HOME").map(|home| home.join("bin/nvcc")))
+        .unwrap_or_else(|| toolchain.join("nvidia/cu13/bin/nvcc"));
+    if !nvcc.exists() {
+        fail(format!("nvcc not found at {}", nvcc.display()));
+    }
+    let nvshmem = require_dir(
+        "NVSHMEM",
+        env_path("NVSHMEM_HOME").unwrap_or_else(|| toolchain.join("nvidia/nvshmem")),
+        "lib/libnvshmem_device.a",
+    );
+    let cutlass = require_dir(
+        "CUTLASS/CuTe headers",
+        env_path("CUTLASS_HOME").unwrap_or_else(|| toolchain.join("cutlass_library/source")),
+        "include/cute/tensor.hpp",
+    );
+    let mut archs = vec!["sm_90a".to_string()];
+    if let Some(extra) = std::env::var("LASP_EXTRA_CUDA_ARCHS")
+        .ok()
+        .filter(|v| !v.is_empty())
+    {
+        archs.extend(extra.split(',').map(|a| a.trim().to_string()));
+    }
+    println!("cargo::rerun-if-env-changed=LASP_EXTRA_CUDA_ARCHS");
+
+    let cuda_dir = manifest_dir.join("cuda");
+    println!("cargo::rerun-if-changed={}", cuda_dir.display());
+    let mut sources: Vec<PathBuf> = std::fs::read_dir(&cuda_dir)
+        .unwrap_or_else(|e| fail(format!("cannot read {}: {e}", cuda_dir.display())))
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "cu"))
+        .collect();
+    sources.sort();
+
+    let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").unwrap());
+    let mut embedded = String::new();
+    for arch in &archs {
+        let gencode = format!("-gencode=arch=compute_{0},code={arch}", &arch[3..]);
+        // Compile the sources in parallel: each nvcc run is single-threaded and takes seconds.
+        let objects: Vec<PathBuf> = std::thread::scope(|scope| {
+            let jobs: Vec<_> = sources
+                .iter()
+                .map(|source| {
+                    let object = out_dir.join(format!(
+                        "{}.{arch}.o",
+                        source.file_stem().unwrap().to_string_lossy()
+                    ));
+                    let (nvcc, gencode) = (&nvcc, &gencode);
+                    let includes = [
+                        cuda_dir.join("include"),
+                        nvshmem.join("include"),
+                        cutlass.join("include"),
+                    ];
+                    scope.spawn(move || {
+                        let mut cmd = Command::new(nvcc);
+                        cmd.args(["-std=c++17", "-O3", "-rdc=true", "-lineinfo"])
+                            .args(["--expt-relaxed-constexpr", gencode.as_str()])
+                            .args(includes.iter().map(|dir| format!("-I{}", dir.display())))
+                            .arg("-c")
+                            .arg(source)
+                            .arg("-o")
+                            .arg(&object);
+                        run(cmd, &format!("compiling {}", source.display()));
+                        object
+                    })
+                })
+                .collect();
+            jobs.into_iter().map(|job| job.join().unwrap()).collect()
+        });
+        let cubin = out_dir.join(format!("lasp_kernels.{arch}.cubin"));
+        let mut link = Command::new(&nvcc);
+        link.args(["-dlink", "-cubin", gencode.as_str()])
+            .args(&objects)
+            .arg(format!("-L{}", nvshmem.join("lib").display()))
+            .args(["-lnvshmem_device", "-o"])
+            .arg(&cubin);
+        run(link, "device-linking the cubin with libnvshmem_device.a");
+        embedded.push_str(&format!(
+            "    Cubin {{ arch: {arch:?}, image: include_bytes!({:?}) }},\n",
+            cubin.display().to_string()
+        ));
+    }
+
+    let kernels = declared_kernels(&sources);
+    let generated = format!(
+        "/// One executable cubin per target architecture.\n\
+         pub static CUBINS: &[Cubin] = &[\n{embedded}];\n\n\
+         /// Every `extern \"C\" __global__` kernel the CUDA sources declare.\n\
+         pub static KERNEL_NAMES: &[&str] = &{kernels:?};\n"
+    );
+    std::fs::write(out_dir.join("cubins.rs"), generated).unwrap();
+}
+
+fn run(mut cmd: Command, what: &str) {
+    let output = cmd.output().unwrap_or_else(|e| {
+        fail(format!(
+            "{what}: could not start {:?}: {e}",
+            cmd.get_program()
+        ))
+    });
+    if !output.status.success() {
+        eprintln!("{}", String::from_utf8_lossy(&output.stdout));
+        eprintln!("{}", String::from_utf8_lossy(&output.stderr));
+        eprintln!("error: lasp-shmem-kernels: {what} failed: {cmd:?}");
+        std::process::exit(1);
+    }
+}
+
+/// Names of the `extern "C" __global__` functions defined in the sources (with or without
+/// `__launch_bounds__` between the qualifiers and the name).
+fn declared_kernels(sources: &[PathBuf]) -> Vec<String> {
+    let mut names = Vec::new();
+    for source in sources {
+        let text = std::fs::read_to_string(source).unwrap();
+        for (start, _) in text.match_indices("extern \"C\" __global__") {
+            let rest = &text[start..];
+            let Some(open) = rest.find('(') else { continue };
+            let head = &rest[..open];
+            // The name is the last identifier before the parameter list; skip `__launch_bounds__(…)`.
+            let head = match head.find("__launch_bounds__") {
+                Some(bounds) => {
+                    let close = rest[bounds..].find(')').unwrap() + bounds;
+                    let after = &rest[close + 1..];
+                    &after[..after.find('(').unwrap()]
+                }
+                None => head,
+            };
+            if let Some(name) = head.split_whitespace().last() {
+                names.push(name.to_string());
+            }
+        }
+    }
+    names.sort();
+    names.dedup();
+    names
+}
