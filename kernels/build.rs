@@ -124,13 +124,30 @@ fn main() {
     }
 
     let kernels = declared_kernels(&sources);
+    let version = nvshmem_version(&nvshmem);
     let generated = format!(
         "/// One executable cubin per target architecture.\n\
          pub static CUBINS: &[Cubin] = &[\n{embedded}];\n\n\
          /// Every `extern \"C\" __global__` kernel the CUDA sources declare.\n\
-         pub static KERNEL_NAMES: &[&str] = &{kernels:?};\n"
+         pub static KERNEL_NAMES: &[&str] = &{kernels:?};\n\n\
+         /// The NVSHMEM version whose device archive is linked into the cubins.\n\
+         pub const NVSHMEM_DEVICE_VERSION: (u32, u32, u32) = {version:?};\n"
     );
     std::fs::write(out_dir.join("cubins.rs"), generated).unwrap();
+}
+
+/// (major, minor, patch) from the NVSHMEM headers the cubins were built with.
+fn nvshmem_version(nvshmem: &std::path::Path) -> (u32, u32, u32) {
+    let header = nvshmem.join("include/non_abi/nvshmem_version.h");
+    let text = std::fs::read_to_string(&header)
+        .unwrap_or_else(|e| fail(format!("cannot read {}: {e}", header.display())));
+    let field = |name: &str| -> u32 {
+        text.lines()
+            .find_map(|line| line.strip_prefix(&format!("#define NVSHMEM_VENDOR_{name}_VERSION ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| fail(format!("{} has no NVSHMEM_VENDOR_{name}_VERSION", header.display())))
+    };
+    (field("MAJOR"), field("MINOR"), field("PATCH"))
 }
 
 fn run(mut cmd: Command, what: &str) {

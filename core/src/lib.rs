@@ -1,4 +1,23 @@
 //! lasp-shmem: device-initiated GPU communication over NVSHMEM, and LASP-2 sequence parallelism
 //! for linear attention built on it.
+//!
+//! Start with [`Runtime::init`]: it reads the launch environment (lasp-run, torchrun-style
+//! variables, mpirun or nvshmrun), opens this rank's GPU, initialises NVSHMEM and registers the
+//! embedded kernels. Operations such as [`exchange::AllGather`] then run on caller streams with
+//! no host collective; [`Runtime::shutdown`] is the collective end.
 
+pub mod diagnostics;
+pub mod error;
+pub mod exchange;
+pub mod gpu;
+pub mod kernel;
+pub mod launch_env;
+pub mod launcher;
 pub mod reference;
+pub mod rendezvous;
+pub mod runtime;
+pub mod symmetric;
+
+pub use error::{Error, Result};
+pub use runtime::{Config, Runtime};
+pub use symmetric::SymmetricBuffer;

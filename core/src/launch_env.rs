@@ -1,0 +1,260 @@
+//! Who this process is in the job, read from the environment its launcher set.
+
+use crate::error::{Error, Result};
+use std::path::PathBuf;
+
+/// How NVSHMEM's PEs find each other.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bootstrap {
+    /// Rank 0 creates a unique id and hands it to the others through a [`Rendezvous`]
+    /// (lasp-run, torchrun-style variables, or a single process).
+    UniqueId(Rendezvous),
+    /// NVSHMEM's own PMI bootstrap (nvshmrun, Hydra, Slurm).
+    Pmi,
+    /// NVSHMEM's MPI bootstrap plugin (mpirun).
+    Mpi,
+}
+
+/// Where the unique id is exchanged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rendezvous {
+    /// One process: nothing to exchange.
+    Alone,
+    /// Rank 0 serves the id over TCP on `MASTER_ADDR:MASTER_PORT`.
+    Tcp { addr: String, port: u16 },
+    /// Rank 0 writes the id to a file every rank can read (`LASP_RENDEZVOUS_FILE`).
+    File(PathBuf),
+}
+
+/// This process's place in the job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchEnv {
+    pub rank: usize,
+    pub world_size: usize,
+    /// Index of this process among those on its node: it selects the GPU.
+    pub local_rank: usize,
+    pub local_world_size: usize,
+    pub bootstrap: Bootstrap,
+}
+
+impl LaunchEnv {
+    /// Reads the launch variables of the process environment.
+    pub fn from_process_env() -> Result<Self> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads the launch variables through `get`, in this order: `LASP_BOOTSTRAP` (uid, mpi or
+    /// pmi) forces a mode; torchrun-style `RANK`/`WORLD_SIZE` (lasp-run sets these) select the
+    /// unique-id bootstrap; Open MPI's `OMPI_COMM_WORLD_*` select MPI; `PMI_RANK`/`PMI_SIZE`
+    /// (nvshmrun, Hydra) or `SLURM_PROCID` select PMI; none of them means a single process.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let num = |name: &str| -> Result<Option<usize>> {
+            match get(name) {
+                None => Ok(None),
+                Some(v) => v.trim().parse().map(Some).map_err(|_| {
+                    Error::Launch(format!(
+                        "{name}={v:?} is not a non-negative integer; fix the launch environment"
+                    ))
+                }),
+            }
+        };
+        let forced = get("LASP_BOOTSTRAP").map(|v| v.to_ascii_lowercase());
+        let torch = (num("RANK")?, num("WORLD_SIZE")?);
+        let ompi = (num("OMPI_COMM_WORLD_RANK")?, num("OMPI_COMM_WORLD_SIZE")?);
+        let pmi = (num("PMI_RANK")?, num("PMI_SIZE")?);
+        let slurm = (num("SLURM_PROCID")?, num("SLURM_NTASKS")?);
+
+        let (rank, world_size, local_rank, local_world_size, mode) =
+            if let (Some(r), Some(w)) = torch {
+                (
+                    r,
+                    w,
+                    num("LOCAL_RANK")?.unwrap_or(r),
+                    num("LOCAL_WORLD_SIZE")?.unwrap_or(w),
+                    "uid",
+                )
+            } else if let (Some(r), Some(w)) = ompi {
+                let local = num("OMPI_COMM_WORLD_LOCAL_RANK")?.unwrap_or(r);
+                (
+                    r,
+                    w,
+                    local,
+                    num("OMPI_COMM_WORLD_LOCAL_SIZE")?.unwrap_or(w),
+                    "mpi",
+                )
+            } else if let (Some(r), Some(w)) = pmi {
+                let local = num("MPI_LOCALRANKID")?
+                    .or(num("PMI_LOCAL_RANK")?)
+                    .unwrap_or(r);
+                (r, w, local, num("MPI_LOCALNRANKS")?.unwrap_or(w), "pmi")
+            } else if let (Some(r), Some(w)) = slurm {
+                (
+                    r,
+                    w,
+                    num("SLURM_LOCALID")?.unwrap_or(r),
+                    num("SLURM_NTASKS_PER_NODE")?.unwrap_or(w),
+                    "pmi",
+                )
+            } else {
+                (0, 1, 0, 1, "uid")
+            };
+        if world_size == 0 || rank >= world_size {
+            return Err(Error::Launch(format!(
+                "rank {rank} is not below the world size {world_size}; fix the launcher's rank variables"
+            )));
+        }
+        if local_rank >= local_world_size {
+            return Err(Error::Launch(format!(
+                "local rank {local_rank} is not below the local world size {local_world_size}; fix the launcher's local-rank variables"
+            )));
+        }
+        let bootstrap = match forced.as_deref().unwrap_or(mode) {
+            "mpi" => Bootstrap::Mpi,
+            "pmi" => Bootstrap::Pmi,
+            "uid" => Bootstrap::UniqueId(if let Some(file) = get("LASP_RENDEZVOUS_FILE") {
+                Rendezvous::File(PathBuf::from(file))
+            } else if world_size == 1 {
+                Rendezvous::Alone
+            } else {
+                let addr = get("MASTER_ADDR").ok_or_else(|| {
+                    Error::Launch(format!(
+                        "{world_size} ranks need a rendezvous: set MASTER_ADDR and MASTER_PORT (lasp-run and torchrun do) or LASP_RENDEZVOUS_FILE"
+                    ))
+                })?;
+                let port = num("MASTER_PORT")?
+                    .and_then(|p| u16::try_from(p).ok())
+                    .ok_or_else(|| {
+                        Error::Launch("MASTER_PORT must be set to a TCP port (1-65535)".into())
+                    })?;
+                Rendezvous::Tcp { addr, port }
+            }),
+            other => {
+                return Err(Error::Launch(format!(
+                    "LASP_BOOTSTRAP={other:?} is not one of uid, mpi, pmi"
+                )))
+            }
+        };
+        Ok(LaunchEnv {
+            rank,
+            world_size,
+            local_rank,
+            local_world_size,
+            bootstrap,
+        })
+    }
+
+    /// Whether every rank runs on this node, so no network transport is needed.
+    pub fn single_node(&self) -> bool {
+        self.local_world_size == self.world_size
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> Result<LaunchEnv> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        LaunchEnv::from_lookup(|name| map.get(name).cloned())
+    }
+
+    #[test]
+    fn no_launcher_means_one_process() {
+        let e = env(&[]).unwrap();
+        assert_eq!((e.rank, e.world_size, e.local_rank), (0, 1, 0));
+        assert_eq!(e.bootstrap, Bootstrap::UniqueId(Rendezvous::Alone));
+    }
+
+    #[test]
+    fn torchrun_variables_select_the_tcp_rendezvous() {
+        let e = env(&[
+            ("RANK", "3"),
+            ("WORLD_SIZE", "8"),
+            ("LOCAL_RANK", "1"),
+            ("LOCAL_WORLD_SIZE", "4"),
+            ("MASTER_ADDR", "10.0.0.1"),
+            ("MASTER_PORT", "29500"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (e.rank, e.world_size, e.local_rank, e.local_world_size),
+            (3, 8, 1, 4)
+        );
+        assert_eq!(
+            e.bootstrap,
+            Bootstrap::UniqueId(Rendezvous::Tcp {
+                addr: "10.0.0.1".into(),
+                port: 29500
+            })
+        );
+        assert!(!e.single_node());
+    }
+
+    #[test]
+    fn open_mpi_selects_mpi_and_hydra_selects_pmi() {
+        let e = env(&[
+            ("OMPI_COMM_WORLD_RANK", "2"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "2"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (e.rank, e.local_rank, e.bootstrap.clone()),
+            (2, 2, Bootstrap::Mpi)
+        );
+        assert!(e.single_node());
+        let e = env(&[
+            ("PMI_RANK", "1"),
+            ("PMI_SIZE", "2"),
+            ("MPI_LOCALRANKID", "1"),
+            ("MPI_LOCALNRANKS", "2"),
+        ])
+        .unwrap();
+        assert_eq!((e.rank, e.local_rank, e.bootstrap), (1, 1, Bootstrap::Pmi));
+    }
+
+    #[test]
+    fn bad_or_missing_variables_say_what_to_set() {
+        let msg = env(&[("RANK", "0"), ("WORLD_SIZE", "2")])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("MASTER_ADDR"), "{msg}");
+        let msg = env(&[
+            ("RANK", "2"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "x"),
+            ("MASTER_PORT", "1"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            msg.contains("rank 2 is not below the world size 2"),
+            "{msg}"
+        );
+        let msg = env(&[("RANK", "x")]).unwrap_err().to_string();
+        assert!(msg.contains("RANK=\"x\""), "{msg}");
+        let msg = env(&[("LASP_BOOTSTRAP", "carrier-pigeon")])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("not one of uid, mpi, pmi"), "{msg}");
+    }
+
+    #[test]
+    fn a_rendezvous_file_overrides_tcp() {
+        let e = env(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("LASP_RENDEZVOUS_FILE", "/shared/id"),
+        ])
+        .unwrap();
+        assert_eq!(
+            e.bootstrap,
+            Bootstrap::UniqueId(Rendezvous::File("/shared/id".into()))
+        );
+    }
+}

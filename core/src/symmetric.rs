@@ -1,0 +1,118 @@
+//! Typed buffers in NVSHMEM's symmetric heap, usable with cudarc copies.
+
+use crate::error::{Error, Result};
+use crate::runtime::Runtime;
+use cudarc::driver::{
+    sys, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, SyncOnDrop,
+};
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+/// `len` elements of `T` at the same offset of every PE's symmetric heap.
+///
+/// Allocation and freeing are collective (every PE, same order, same sizes). Dropping a buffer
+/// does not free it (that would be a collective on one rank's drop path); its memory returns at
+/// [`Runtime::free`] or [`Runtime::shutdown`].
+pub struct SymmetricBuffer<T> {
+    runtime: Runtime,
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    _element: PhantomData<T>,
+}
+
+impl<T: DeviceRepr> SymmetricBuffer<T> {
+    /// The device address on this PE (the same offset is valid on every PE for NVSHMEM calls).
+    pub fn raw(&self) -> sys::CUdeviceptr {
+        self.ptr
+    }
+}
+
+impl Runtime {
+    /// Allocates `len` elements of `T` on every PE (collective). Contents are undefined.
+    pub fn alloc<T: DeviceRepr>(&self, len: usize) -> Result<SymmetricBuffer<T>> {
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .filter(|&b| b > 0)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "cannot allocate {len} elements of {} bytes in the symmetric heap",
+                    std::mem::size_of::<T>()
+                ))
+            })?;
+        self.inner.ctx.bind_to_thread()?;
+        // SAFETY: collective allocation; every PE calls with the same size.
+        let ptr = unsafe { self.inner.lib.nvshmem_malloc(bytes) } as sys::CUdeviceptr;
+        if ptr == 0 {
+            return Err(Error::Nvshmem {
+                call: "nvshmem_malloc",
+                detail: format!("no room for {bytes} bytes in the symmetric heap; raise Config::symmetric_heap_bytes (or NVSHMEM_SYMMETRIC_SIZE)"),
+            });
+        }
+        self.inner.allocations.lock().unwrap().push(ptr);
+        Ok(SymmetricBuffer {
+            runtime: self.clone(),
+            ptr,
+            len,
+            _element: PhantomData,
+        })
+    }
+
+    /// Allocates and zeroes on every PE, then barriers, so no peer can signal into the buffer
+    /// before every PE has zeroed its copy (collective; returns after the barrier completed).
+    pub fn alloc_zeroed<T: DeviceRepr>(&self, len: usize) -> Result<SymmetricBuffer<T>> {
+        let buffer = self.alloc::<T>(len)?;
+        let stream = self.stream();
+        // SAFETY: the range is this PE's allocation.
+        unsafe {
+            cudarc::driver::result::memset_d8_async(
+                buffer.ptr,
+                0,
+                len * std::mem::size_of::<T>(),
+                stream.cu_stream(),
+            )
+        }?;
+        self.barrier_on_stream(stream)?;
+        stream.synchronize()?;
+        Ok(buffer)
+    }
+
+    /// Frees a buffer on every PE (collective; every PE frees the same buffers in the same order).
+    pub fn free<T>(&self, buffer: SymmetricBuffer<T>) -> Result<()> {
+        self.inner.ctx.bind_to_thread()?;
+        self.stream().synchronize()?;
+        let mut allocations = self.inner.allocations.lock().unwrap();
+        let index = allocations
+            .iter()
+            .rposition(|&p| p == buffer.ptr)
+            .ok_or_else(|| Error::State("this buffer was already freed".into()))?;
+        allocations.remove(index);
+        // SAFETY: collective free of a pointer nvshmem_malloc returned; the buffer is consumed.
+        unsafe { self.inner.lib.nvshmem_free(buffer.ptr as _) };
+        Ok(())
+    }
+}
+
+impl<T> DeviceSlice<T> for SymmetricBuffer<T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.runtime.inner.stream
+    }
+}
+
+impl<T> DevicePtr<T> for SymmetricBuffer<T> {
+    fn device_ptr<'a>(&'a self, _stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        // Ordering across streams is the caller's (event tracking is off for this context).
+        (self.ptr, SyncOnDrop::Record(None))
+    }
+}
+
+impl<T> DevicePtrMut<T> for SymmetricBuffer<T> {
+    fn device_ptr_mut<'a>(
+        &'a mut self,
+        _stream: &'a CudaStream,
+    ) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        (self.ptr, SyncOnDrop::Record(None))
+    }
+}

@@ -1,0 +1,81 @@
+// Warp-level tensor-core and async-copy primitives (sm_80+ PTX, used on sm_90a): ldmatrix,
+// mma.sync m16n8k16 bf16 -> fp32, cp.async with zero fill, bf16x2 packing, a swizzled tile layout.
+//
+// Fragment layouts of mma.m16n8k16 (lane = 4*g + t, g = lane / 4, t = lane % 4):
+//   A 16x16 (row-major): a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]
+//   B 16x8  (k x n):     b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]
+//   C 16x8  (fp32):      c0,c1 = C[g][2t..2t+1], c2,c3 = C[g+8][2t..2t+1]
+// Each 32-bit register holds two bf16, the lower column (or k) index in the low half.
+#pragma once
+#include <stdint.h>
+
+namespace lasp {
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a tile whose rows are `row_chunks` x 16 bytes
+// (row_chunks >= 8). The chunk index is XOR-ed with row % 8, so the 8 rows read by one 8x8 ldmatrix
+// (and the rows written by one fragment store) fall in 8 different bank groups: conflict-free.
+__device__ __forceinline__ uint32_t swizzle(int row, int chunk, int row_chunks) {
+  return static_cast<uint32_t>(row * row_chunks * 16 + ((chunk ^ (row & 7)) << 4));
+}
+
+// Four 8x8 b16 matrices; lane l gives the row address of matrix l / 8.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// Same, each matrix transposed (lane gets column g's elements 2t, 2t+1).
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// d += A * B, bf16 inputs, fp32 accumulate.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Round two fp32 to bf16 (nearest even) and pack: lo in bits 0..15, hi in bits 16..31.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// Multiply the two bf16 halves of x by fp32 factors (in fp32), round back to bf16.
+__device__ __forceinline__ uint32_t scale_bf16x2(uint32_t x, float lo, float hi) {
+  return pack_bf16x2(__uint_as_float(x << 16) * lo, __uint_as_float(x & 0xffff0000u) * hi);
+}
+
+// 16-byte global -> shared copy; when !valid, writes 16 zero bytes and reads nothing (src must
+// still be a mapped address: pass any valid pointer).
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+
+// 4-byte variant (same zero-fill rule).
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// Wait until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+}  // namespace lasp

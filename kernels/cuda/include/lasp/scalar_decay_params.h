@@ -1,0 +1,131 @@
+// Parameters and launch geometry of the scalar-decay linear-attention forward (scalar_decay_fwd.cu).
+// C layout, mirrored by a #[repr(C)] Rust struct: keep field order, types and the helpers in sync.
+//
+// Maths (per batch b, head h; row vectors; sigma = scale):
+//   S_t = e^{a_t} S_{t-1} + k_t^T v_t,   o_t = sigma q_t S_t,   a_t = g[b, t, h] <= 0 (natural log).
+//
+// Host call sequence (one stream, in this order; S = num_segments):
+//   1. if S > 1: lasp_scalar_decay_states_dk{64,128}  grid lasp_sd_states_grid,  block LASP_SD_THREADS,
+//                                                     smem lasp_sd_states_smem_bytes(Dk)
+//   2. if S > 1: lasp_scalar_decay_fold                grid lasp_sd_fold_grid,    block LASP_SD_FOLD_THREADS,
+//                                                     smem 0
+//   3.           lasp_scalar_decay_output_dk{64,128}  grid lasp_sd_output_grid,  block LASP_SD_THREADS,
+//                                                     smem lasp_sd_output_smem_bytes(Dk)
+// All three take the same lasp_scalar_decay_params by value. The two big kernels need
+// cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem) once (> 48 KiB).
+//
+// Supported: Dk in {64, 128}; Dv a positive multiple of 64; T >= 1; B*H in [1, 65535];
+// q, k, v, o 16-byte aligned, h0 / ht / workspace 8-byte aligned; g finite and <= 0.
+#pragma once
+#include <stdint.h>
+
+// Helpers: plain static inline functions in C; constexpr (and host+device under nvcc) in C++, so the
+// kernels static_assert their shared-memory maps against the same formulas the host uses.
+#if defined(__CUDACC__)
+#define LASP_SD_FN static inline constexpr __host__ __device__
+#elif defined(__cplusplus)
+#define LASP_SD_FN static inline constexpr
+#else
+#define LASP_SD_FN static inline
+#endif
+
+#define LASP_SD_CHUNK 64        // tokens per chunk (C)
+#define LASP_SD_TILE_V 64       // Dv columns per CTA
+#define LASP_SD_THREADS 128     // 4 warps per CTA for the states and output kernels
+#define LASP_SD_STAGES 4        // cp.async pipeline depth (chunks in flight)
+#define LASP_SD_FOLD_THREADS 256
+
+typedef struct {
+  const uint16_t* q;          // bf16 [B, T, H, Dk], contiguous
+  const uint16_t* k;          // bf16 [B, T, H, Dk], contiguous
+  const uint16_t* v;          // bf16 [B, T, H, Dv], contiguous
+  const float* g;             // fp32 [B, T, H]: per-token log-decay a_t <= 0
+  uint16_t* o;                // bf16 [B, T, H, Dv]: output
+  const float* h0;            // fp32 [B, H, Dk, Dv] initial state, or NULL for zero
+  float* ht;                  // fp32 [B, H, Dk, Dv] final state, or NULL to skip
+  float* ws_m;                // fp32 [B*H, S-1, Dk, Dv]: local end state M_s of segment s (zero start)
+  float* ws_p;                // fp32 [B*H, S-1, Dk, Dv]: slot s holds the prefix P_{s+1} entering segment s+1
+  float* ws_lambda;           // fp32 [B*H, S-1]: total log-decay Lambda_s of segment s
+  int32_t B;                  // batch
+  int32_t T;                  // tokens per sequence (>= 1)
+  int32_t H;                  // heads
+  int32_t Dk;                 // key/query head dim: 64 or 128 (must match the kernel's suffix)
+  int32_t Dv;                 // value head dim: multiple of 64
+  int32_t num_segments;       // S >= 1: segments of whole chunks per (b, h), from lasp_sd_num_segments
+  int32_t chunks_per_segment; // ceil(num_chunks / S), from lasp_sd_chunks_per_segment; no segment empty
+  float scale;                // sigma, usually Dk^-1/2
+} lasp_scalar_decay_params;
+
+typedef struct {
+  uint32_t x, y, z;
+} lasp_sd_dim3;
+
+LASP_SD_FN int32_t lasp_sd_num_chunks(int32_t T) {
+  return (T + LASP_SD_CHUNK - 1) / LASP_SD_CHUNK;
+}
+
+LASP_SD_FN int32_t lasp_sd_num_vtiles(int32_t Dv) { return Dv / LASP_SD_TILE_V; }
+
+// Segments per (b, h): enough CTAs of the output kernel (B*H*S*Dv/64) to fill the SMs once, never a
+// second partial wave, never an empty segment. num_sms = the device's multiprocessor count.
+LASP_SD_FN int32_t lasp_sd_num_segments(int32_t B, int32_t H, int32_t T, int32_t Dv,
+                                                       int32_t num_sms) {
+  const int32_t base = B * H * lasp_sd_num_vtiles(Dv);
+  const int32_t nc = lasp_sd_num_chunks(T);
+  int32_t s = num_sms / base;
+  if (s < 1) s = 1;
+  if (s > nc) s = nc;
+  const int32_t cps = (nc + s - 1) / s;
+  return (nc + cps - 1) / cps;
+}
+
+LASP_SD_FN int32_t lasp_sd_chunks_per_segment(int32_t T, int32_t S) {
+  const int32_t nc = lasp_sd_num_chunks(T);
+  return (nc + S - 1) / S;
+}
+
+// Dynamic shared memory: STAGES x (Q, K, V-tile, gates) + 2 bf16 copies of the state tile.
+LASP_SD_FN uint32_t lasp_sd_output_smem_bytes(int32_t Dk) {
+  const uint32_t stage = 2u * LASP_SD_CHUNK * Dk * 2u + LASP_SD_CHUNK * LASP_SD_TILE_V * 2u + LASP_SD_CHUNK * 4u;
+  return LASP_SD_STAGES * stage + 2u * Dk * LASP_SD_TILE_V * 2u;
+}
+
+// Dynamic shared memory: STAGES x (K, V-tile, gates).
+LASP_SD_FN uint32_t lasp_sd_states_smem_bytes(int32_t Dk) {
+  const uint32_t stage = LASP_SD_CHUNK * Dk * 2u + LASP_SD_CHUNK * LASP_SD_TILE_V * 2u + LASP_SD_CHUNK * 4u;
+  return LASP_SD_STAGES * stage;
+}
+
+// One CTA per (Dv tile, segment, b*H+h); x fastest so the Dv tiles of one (b, h, s) share Q/K in L2.
+LASP_SD_FN lasp_sd_dim3 lasp_sd_output_grid(int32_t B, int32_t H, int32_t Dv, int32_t S) {
+  lasp_sd_dim3 d = {(uint32_t)lasp_sd_num_vtiles(Dv), (uint32_t)S, (uint32_t)(B * H)};
+  return d;
+}
+
+// Segments 0..S-2 only (the last segment's end state is never folded). Launch only when S > 1.
+LASP_SD_FN lasp_sd_dim3 lasp_sd_states_grid(int32_t B, int32_t H, int32_t Dv, int32_t S) {
+  lasp_sd_dim3 d = {(uint32_t)lasp_sd_num_vtiles(Dv), (uint32_t)(S - 1), (uint32_t)(B * H)};
+  return d;
+}
+
+// One thread per state element (Dk*Dv of them) per b*H+h. Launch only when S > 1.
+LASP_SD_FN lasp_sd_dim3 lasp_sd_fold_grid(int32_t B, int32_t H, int32_t Dk, int32_t Dv) {
+  lasp_sd_dim3 d = {(uint32_t)((Dk * Dv + LASP_SD_FOLD_THREADS - 1) / LASP_SD_FOLD_THREADS), (uint32_t)(B * H), 1u};
+  return d;
+}
+
+// Workspace (one allocation): ws_m at byte 0, ws_p at lasp_sd_ws_p_offset, ws_lambda at
+// lasp_sd_ws_lambda_offset. Zero bytes when S == 1 (pass NULL pointers then).
+LASP_SD_FN uint64_t lasp_sd_ws_state_bytes(int32_t B, int32_t H, int32_t S, int32_t Dk, int32_t Dv) {
+  return (uint64_t)B * H * (uint64_t)(S - 1) * Dk * Dv * 4u;
+}
+LASP_SD_FN uint64_t lasp_sd_ws_p_offset(int32_t B, int32_t H, int32_t S, int32_t Dk, int32_t Dv) {
+  return lasp_sd_ws_state_bytes(B, H, S, Dk, Dv);
+}
+LASP_SD_FN uint64_t lasp_sd_ws_lambda_offset(int32_t B, int32_t H, int32_t S, int32_t Dk, int32_t Dv) {
+  return 2u * lasp_sd_ws_state_bytes(B, H, S, Dk, Dv);
+}
+LASP_SD_FN uint64_t lasp_scalar_decay_workspace_bytes(int32_t B, int32_t H, int32_t S, int32_t Dk,
+                                                                    int32_t Dv) {
+  return 2u * lasp_sd_ws_state_bytes(B, H, S, Dk, Dv) + (uint64_t)B * H * (uint64_t)(S - 1) * 4u;
+}
