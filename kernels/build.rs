@@ -145,7 +145,12 @@ fn nvshmem_version(nvshmem: &std::path::Path) -> (u32, u32, u32) {
         text.lines()
             .find_map(|line| line.strip_prefix(&format!("#define NVSHMEM_VENDOR_{name}_VERSION ")))
             .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| fail(format!("{} has no NVSHMEM_VENDOR_{name}_VERSION", header.display())))
+            .unwrap_or_else(|| {
+                fail(format!(
+                    "{} has no NVSHMEM_VENDOR_{name}_VERSION",
+                    header.display()
+                ))
+            })
     };
     (field("MAJOR"), field("MINOR"), field("PATCH"))
 }

@@ -93,21 +93,19 @@ impl From<nvshmem_sys::LoadError> for Error {
     }
 }
 
+/// "description (CUDA_ERROR_NAME)" of a driver error.
+pub(crate) fn describe_driver_error(e: &cudarc::driver::DriverError) -> String {
+    match (e.error_string(), e.error_name()) {
+        (Ok(text), Ok(name)) => format!("{} ({})", text.to_string_lossy(), name.to_string_lossy()),
+        _ => format!("{e:?}"),
+    }
+}
+
 impl From<cudarc::driver::DriverError> for Error {
     fn from(e: cudarc::driver::DriverError) -> Self {
-        let detail = match e.error_string() {
-            Ok(s) => format!(
-                "{} ({})",
-                s.to_string_lossy(),
-                e.error_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default()
-            ),
-            Err(_) => format!("{e:?}"),
-        };
         Error::Cuda {
             call: "driver call".into(),
-            detail,
+            detail: describe_driver_error(&e),
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Opening this rank's GPU, with one-line errors where cudarc would panic.
 
-use crate::error::{Error, Result};
+use crate::error::{describe_driver_error, Error, Result};
 use cudarc::driver::CudaContext;
 use std::sync::Arc;
 
@@ -19,8 +19,8 @@ pub fn visible_gpu_count() -> Result<usize> {
         .map_err(|e| Error::Cuda {
             call: "cuInit/cuDeviceGetCount".into(),
             detail: format!(
-                "{} (is CUDA_VISIBLE_DEVICES empty or wrong?)",
-                Error::from(e)
+                "{}: no GPU is usable (is CUDA_VISIBLE_DEVICES empty or wrong?)",
+                describe_driver_error(&e)
             ),
         })
 }

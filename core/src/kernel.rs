@@ -1,7 +1,7 @@
 //! The embedded kernel module: loading it for this GPU, registering it with NVSHMEM, launching
 //! its kernels. This is the one place that holds raw `CUmodule`/`CUfunction` handles.
 
-use crate::error::{Error, Result};
+use crate::error::{describe_driver_error, Error, Result};
 use cudarc::driver::{result as cu, sys, CudaContext, CudaStream};
 use nvshmem_sys::NvshmemHost;
 use std::ffi::{c_void, CString};
@@ -66,7 +66,7 @@ impl Module {
         let function = unsafe { cu::module::get_function(self.handle, c_name) }.map_err(|e| {
             Error::State(format!(
                 "kernel {name} is not in the module ({})",
-                Error::from(e)
+                describe_driver_error(&e)
             ))
         })?;
         Ok(Kernel { function, name })
@@ -133,7 +133,7 @@ impl Kernel {
         )
         .map_err(|e| Error::Cuda {
             call: format!("launching {}", self.name),
-            detail: Error::from(e).to_string(),
+            detail: describe_driver_error(&e),
         })
     }
 }

@@ -17,6 +17,7 @@ pub mod reference;
 pub mod rendezvous;
 pub mod runtime;
 pub mod symmetric;
+pub mod units;
 
 pub use error::{Error, Result};
 pub use runtime::{Config, Runtime};

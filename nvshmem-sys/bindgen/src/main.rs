@@ -50,7 +50,12 @@ fn main() {
     let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../src/bindings.rs");
 
     let mut builder = bindgen::Builder::default()
-        .header(nvshmem_home.join("include/nvshmem_host.h").display().to_string())
+        .header(
+            nvshmem_home
+                .join("include/nvshmem_host.h")
+                .display()
+                .to_string(),
+        )
         .clang_args(["-x", "c++", "-std=c++17", "-DNVSHMEM_HOSTLIB_ONLY"])
         .clang_arg(format!("-I{}", nvshmem_home.join("include").display()))
         .clang_arg(format!("-I{}", cuda_include.display()))
@@ -70,7 +75,11 @@ fn main() {
     for function in FUNCTIONS {
         builder = builder.allowlist_function(function);
     }
-    let bindings = builder.generate().expect("bindgen could not parse the NVSHMEM headers");
-    bindings.write_to_file(&out).expect("could not write bindings.rs");
+    let bindings = builder
+        .generate()
+        .expect("bindgen could not parse the NVSHMEM headers");
+    bindings
+        .write_to_file(&out)
+        .expect("could not write bindings.rs");
     eprintln!("wrote {}; run `cargo fmt -p nvshmem-sys`", out.display());
 }

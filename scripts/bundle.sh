@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Builds the release programs and copies what a GPU node without a Rust toolchain needs into
+# .bundle/ (git-ignored): the binaries and the commit they were built from.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/toolchain.sh
+cargo build --release --workspace --bins
+rm -rf .bundle && mkdir -p .bundle/bin
+for bin in lasp-run exchange exchange_bench; do
+  cp "target/release/$bin" .bundle/bin/
+done
+git rev-parse HEAD >.bundle/commit
+if ! git diff --quiet HEAD -- . ':!benches/results'; then echo "+uncommitted" >>.bundle/commit; fi
+echo "bundle: $(du -sh .bundle | cut -f1) in .bundle/ (commit $(tr '\n' ' ' <.bundle/commit))"

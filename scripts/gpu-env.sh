@@ -1,0 +1,26 @@
+# Source this on a GPU node: makes NVSHMEM's and NCCL's libraries (pip or system installs) findable
+# and keeps NVLink multicast off. Idempotent.
+
+lasp_py_pkg_dir() {
+  python3 -c "import $1 as m; print(list(m.__path__)[0])" 2>/dev/null
+}
+
+if [ -z "${NVSHMEM_HOME:-}" ] || [ ! -e "$NVSHMEM_HOME/lib/libnvshmem_host.so.3" ]; then
+  lasp_nvshmem_dir="$(lasp_py_pkg_dir nvidia.nvshmem)"
+  if [ -n "$lasp_nvshmem_dir" ]; then export NVSHMEM_HOME="$lasp_nvshmem_dir"; fi
+fi
+if [ -n "${NVSHMEM_HOME:-}" ]; then
+  export LD_LIBRARY_PATH="$NVSHMEM_HOME/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+
+# pip's nvidia-nccl ships only libnccl.so.2; cudarc opens libnccl.so.
+lasp_nccl_dir="$(lasp_py_pkg_dir nvidia.nccl)"
+if [ -n "$lasp_nccl_dir" ] && [ -e "$lasp_nccl_dir/lib/libnccl.so.2" ]; then
+  lasp_nccl_link_dir="${TMPDIR:-/tmp}/lasp-nccl-$(id -u)"
+  mkdir -p "$lasp_nccl_link_dir"
+  ln -sf "$lasp_nccl_dir/lib/libnccl.so.2" "$lasp_nccl_link_dir/libnccl.so"
+  export LD_LIBRARY_PATH="$lasp_nccl_link_dir:$lasp_nccl_dir/lib:$LD_LIBRARY_PATH"
+fi
+
+# NVLink multicast can take a shared host's GPUs out of service: keep it off everywhere.
+export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1

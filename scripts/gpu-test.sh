@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The GPU test suite: runs on a node with NVIDIA GPUs, from a clone with either a Rust toolchain
+# or a .bundle/ made by scripts/bundle.sh. Every check prints PASS or FAIL; the last line counts
+# them. Logs and JSON results go to $OUT (default: ./gpu-test-out).
+#
+#   bash scripts/gpu-test.sh            # tests, then the benchmark
+#   GPU_TEST_SKIP_BENCH=1 bash scripts/gpu-test.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/gpu-env.sh
+OUT="${OUT:-$PWD/gpu-test-out}"
+mkdir -p "$OUT"
+
+if [ -d .bundle/bin ]; then
+  BIN="$PWD/.bundle/bin"
+  export LASP_COMMIT="$(head -c 12 .bundle/commit)$(grep -q uncommitted .bundle/commit && echo +dirty)"
+else
+  source scripts/toolchain.sh && cargo build --release --workspace --bins || exit 1
+  BIN="$PWD/target/release"
+  export LASP_COMMIT="$(git rev-parse --short=12 HEAD)"
+fi
+export LASP_DATE="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+NGPU="$(nvidia-smi -L | wc -l)"
+echo "gpu-test: $NGPU GPU(s), commit $LASP_COMMIT, binaries from $BIN"
+
+passed=0; failed=0
+check() {  # check NAME COMMAND... : PASS when the command exits 0
+  local name="$1"; shift
+  local log="$OUT/$name.log"
+  local t0=$SECONDS
+  if "$@" >"$log" 2>&1; then
+    passed=$((passed + 1)); echo "PASS $name ($((SECONDS - t0)) s)"
+  else
+    failed=$((failed + 1)); echo "FAIL $name ($((SECONDS - t0)) s), last lines of $log:"; tail -n 15 "$log" | sed 's/^/    /'
+  fi
+}
+# expect_failure NAME PATTERN COMMAND...: PASS when the command fails, within 60 s, with a
+# one-line message matching PATTERN.
+expect_failure() {
+  local name="$1" pattern="$2"; shift 2
+  local log="$OUT/$name.log"
+  if timeout 60 "$@" >"$log" 2>&1; then
+    failed=$((failed + 1)); echo "FAIL $name: succeeded but should have failed"; return
+  fi
+  if grep -Eq "$pattern" "$log"; then
+    passed=$((passed + 1)); echo "PASS $name: $(grep -Em1 "$pattern" "$log" | cut -c1-220)"
+  else
+    failed=$((failed + 1)); echo "FAIL $name: no line matching '$pattern'"; tail -n 10 "$log" | sed 's/^/    /'
+  fi
+}
+
+RUN="$BIN/lasp-run --timeout 300 -n $NGPU"
+check exchange_launcher $RUN "$BIN/exchange"
+check exchange_mpirun mpirun --allow-run-as-root --oversubscribe -np "$NGPU" -x LD_LIBRARY_PATH -x NVSHMEM_DISABLE_NVLS "$BIN/exchange" --rounds 1000
+check epoch_stress_10000 $RUN "$BIN/exchange" --sizes 64K --rounds 10000 --pingpong 0
+
+# A rank killed mid-run: the launcher must end the job, non-zero, within 30 s.
+kill_one_rank() {
+  $RUN "$BIN/exchange" --sizes 64K --rounds 100000000 --pingpong 0 & local launcher=$!
+  sleep 8
+  local victim; victim="$(pgrep -n -f "$BIN/exchange --sizes 64K --rounds 100000000")" || return 1
+  echo "killing rank pid $victim"; local t0=$SECONDS
+  kill -9 "$victim"
+  local waited=0
+  while kill -0 "$launcher" 2>/dev/null && [ $waited -lt 30 ]; do sleep 1; waited=$((waited + 1)); done
+  if kill -0 "$launcher" 2>/dev/null; then echo "launcher still running after 30 s"; kill -9 "$launcher"; return 1; fi
+  wait "$launcher"; local code=$?
+  echo "launcher exited with code $code after $((SECONDS - t0)) s"
+  [ "$code" -ne 0 ]
+}
+check kill_one_rank_ends_job kill_one_rank
+LASP_WAIT_TIMEOUT_MS=3000 expect_failure silent_rank_is_named 'waited [0-9]+ ms for data from PE 1 .*epoch 1' $RUN "$BIN/exchange" --silent-rank 1
+expect_failure wrong_nvshmem_path 'could not load libnvshmem_host.so.3 .*/nonexistent' env NVSHMEM_HOME=/nonexistent "$BIN/exchange" --sizes 32K
+expect_failure no_gpu 'CUDA .*(no GPU|CUDA_VISIBLE_DEVICES)' env CUDA_VISIBLE_DEVICES= "$BIN/exchange" --sizes 32K
+expect_failure too_many_ranks "asked for $((NGPU + 1)) ranks but this node shows $NGPU GPU" "$BIN/lasp-run" -n $((NGPU + 1)) "$BIN/exchange"
+
+if [ -z "${GPU_TEST_SKIP_BENCH:-}" ]; then
+  check exchange_bench $RUN "$BIN/exchange_bench" --out "$OUT/exchange.json"
+  [ -f "$OUT/exchange.json" ] && cat "$OUT/exchange.json"
+  grep -h "all-gather\|ping-pong" "$OUT/exchange_bench.log" || true
+fi
+echo "gpu-test: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The main job: the verified device-initiated exchange on every GPU of this node.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/gpu-env.sh
+if [ -d .bundle/bin ]; then
+  BIN="$PWD/.bundle/bin"
+else
+  source scripts/toolchain.sh
+  cargo build --release -p lasp-shmem -p lasp-shmem-examples --bins
+  BIN="$PWD/target/release"
+fi
+NGPU="$(nvidia-smi -L | wc -l)"
+exec "$BIN/lasp-run" --timeout 600 -n "$NGPU" "$BIN/exchange" "$@"

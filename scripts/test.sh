@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The test command: installs the pinned CUDA toolchain if needed, builds every crate (kernels
+# included) and runs every CPU test. GPU tests need a GPU node: see scripts/gpu-test.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/toolchain.sh
+cargo test --workspace --all-targets
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  echo "NOTICE: GPUs found; run the GPU suite with: bash scripts/gpu-test.sh"
+else
+  echo "NOTICE: GPU tests skipped: no NVIDIA GPU on this machine. On a GPU node run: bash scripts/gpu-test.sh"
+fi
