@@ -1,0 +1,399 @@
+//! LASP-2 for scalar and vector (GLA) gates: summaries `(M_w, Lambda_w)`, the prefix and suffix
+//! folds, and the epilogue terms that turn each rank's local pass into its share of the single
+//! sequence.
+
+use super::{check_rank_count, concat_grads, split_shards, split_time};
+use super::{Lasp2Backward, Lasp2Forward, RankForward};
+use crate::reference::error::ReferenceError;
+use crate::reference::gates::{
+    add_state_term, gate_grad_rows, reverse_cumsum, shard_cumsum, suffix_sums, total,
+};
+use crate::reference::head::Head;
+use crate::reference::inputs::{Family, Inputs};
+use crate::reference::linalg::{axpy, mat_vec_add, vec_mat_add};
+use crate::reference::outputs::{Forward, Grads};
+use crate::reference::tensor::Tensor;
+use crate::reference::validate::{check_chunk, check_cotangents, check_shape};
+use crate::reference::{gla, scalar_decay};
+
+/// Which decayed family the ranks run, with its local chunking.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decay {
+    /// Scalar decay ([`scalar_decay`]), gates `[B, T, H]`.
+    Scalar,
+    /// Vector gates ([`gla`]), gates `[B, T, H, Dk]`, with the local pass's secondary chunk size.
+    Vector {
+        /// Sub-chunk size of [`gla::chunkwise_forward`].
+        sub_chunk: usize,
+    },
+}
+
+impl Decay {
+    fn family(self) -> Family {
+        match self {
+            Decay::Scalar => Family::ScalarDecay,
+            Decay::Vector { .. } => Family::Gla,
+        }
+    }
+
+    fn check(self, chunk: usize) -> Result<(), ReferenceError> {
+        check_chunk("chunk", chunk)?;
+        match self {
+            Decay::Scalar => Ok(()),
+            Decay::Vector { sub_chunk } => check_chunk("sub_chunk", sub_chunk),
+        }
+    }
+
+    fn local_forward(self, shard: &Inputs, chunk: usize) -> Result<Forward, ReferenceError> {
+        match self {
+            Decay::Scalar => scalar_decay::chunkwise_forward(shard, chunk),
+            Decay::Vector { sub_chunk } => gla::chunkwise_forward(shard, chunk, sub_chunk),
+        }
+    }
+
+    fn local_backward(
+        self,
+        shard: &Inputs,
+        chunk: usize,
+        d_o: &Tensor,
+    ) -> Result<Grads, ReferenceError> {
+        match self {
+            Decay::Scalar => scalar_decay::backward(shard, chunk, d_o, None),
+            Decay::Vector { sub_chunk } => gla::backward(shard, chunk, sub_chunk, d_o, None),
+        }
+    }
+}
+
+/// What rank w exchanges in the forward.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShardSummary {
+    /// `M_w` `[B, H, Dk, Dv]`: the shard's end state from a zero start.
+    pub m: Tensor,
+    /// `Lambda_w = sum_{t in w} a_t`: `[B, H]` (scalar gates) or `[B, H, Dk]` (vector gates).
+    pub lambda: Tensor,
+}
+
+/// The local summary `(M_w, Lambda_w)` of one shard (from [`super::split_shards`]); any `h0` of
+/// the shard is ignored, since `M_w` is defined from a zero state.
+pub fn local_state(
+    shard: &Inputs,
+    decay: Decay,
+    chunk: usize,
+) -> Result<ShardSummary, ReferenceError> {
+    decay.check(chunk)?;
+    Ok(local_pass(shard, decay, chunk)?.1)
+}
+
+/// The zero-state local pass and its summary.
+fn local_pass(
+    shard: &Inputs,
+    decay: Decay,
+    chunk: usize,
+) -> Result<(Tensor, ShardSummary), ReferenceError> {
+    let zero_start = Inputs {
+        h0: None,
+        ..shard.clone()
+    };
+    let local = decay.local_forward(&zero_start, chunk)?;
+    let s = shard.shape;
+    let gate_shape = match decay {
+        Decay::Scalar => vec![s.b, s.h],
+        Decay::Vector { .. } => vec![s.b, s.h, s.dk],
+    };
+    let mut lambda = Tensor::zeros(&gate_shape);
+    for b in 0..s.b {
+        for h in 0..s.h {
+            let gd = lambda.block(b, h).len();
+            lambda
+                .block_mut(b, h)
+                .copy_from_slice(&total(&shard.g.head_rows(b, h), gd));
+        }
+    }
+    Ok((
+        local.o,
+        ShardSummary {
+            m: local.final_state,
+            lambda,
+        },
+    ))
+}
+
+/// Checks that every summary has the first one's shapes, `M [B, H, Dk, Dv]` and
+/// `Lambda [B, H]` or `[B, H, Dk]`, and returns the state shape.
+fn summary_shape(summaries: &[ShardSummary]) -> Result<Vec<usize>, ReferenceError> {
+    let first = summaries.first().ok_or(ReferenceError::NoShards)?;
+    let state = first.m.shape().to_vec();
+    if state.len() != 4 {
+        return Err(ReferenceError::WrongRank {
+            tensor: "M_w",
+            layout: "[B, H, Dk, Dv]",
+            got: state,
+        });
+    }
+    let scalar = vec![state[0], state[1]];
+    let lambda = if first.lambda.shape() == scalar.as_slice() {
+        scalar
+    } else {
+        state[..3].to_vec()
+    };
+    for s in summaries {
+        check_shape("M_w", "[B, H, Dk, Dv]", state.clone(), &s.m)?;
+        check_shape(
+            "Lambda_w",
+            "[B, H] or [B, H, Dk]",
+            lambda.clone(),
+            &s.lambda,
+        )?;
+    }
+    Ok(state)
+}
+
+/// `e^{Lambda} (.) x`, row-wise for a vector Lambda, in place on `[B, H, Dk, Dv]`.
+fn decay_rows(x: &mut Tensor, lambda: &Tensor) {
+    let (bs, hs, dv) = (x.shape()[0], x.shape()[1], x.shape()[3]);
+    for b in 0..bs {
+        for h in 0..hs {
+            let lam = lambda.block(b, h).to_vec();
+            for (i, row) in x.block_mut(b, h).chunks_mut(dv).enumerate() {
+                let f = lam[if lam.len() == 1 { 0 } else { i }].exp();
+                row.iter_mut().for_each(|v| *v *= f);
+            }
+        }
+    }
+}
+
+/// `x += y`.
+fn add(x: &mut Tensor, y: &Tensor) {
+    x.data_mut()
+        .iter_mut()
+        .zip(y.data())
+        .for_each(|(a, b)| *a += b);
+}
+
+/// The prefix fold in ascending rank order: `P_0 = h0` (zero if `None`),
+/// `P_{u+1} = e^{Lambda_u} (.) P_u + M_u`. Returns `P_0 ..= P_W` (W + 1 states); `P_w` is what
+/// rank w adds in its epilogue and `P_W` is the final state.
+pub fn fold_prefixes(
+    summaries: &[ShardSummary],
+    h0: Option<&Tensor>,
+) -> Result<Vec<Tensor>, ReferenceError> {
+    let state = summary_shape(summaries)?;
+    if let Some(h0) = h0 {
+        check_shape("h0", "[B, H, Dk, Dv]", state.clone(), h0)?;
+    }
+    let mut prefixes = vec![h0.cloned().unwrap_or_else(|| Tensor::zeros(&state))];
+    for s in summaries {
+        let mut p = prefixes[prefixes.len() - 1].clone();
+        decay_rows(&mut p, &s.lambda);
+        add(&mut p, &s.m);
+        prefixes.push(p);
+    }
+    Ok(prefixes)
+}
+
+/// The state entering the rank after the given ones: the last entry of [`fold_prefixes`], i.e.
+/// `P_w` for `summaries` = ranks `0..w`.
+pub fn fold_prefix(
+    summaries: &[ShardSummary],
+    h0: Option<&Tensor>,
+) -> Result<Tensor, ReferenceError> {
+    Ok(fold_prefixes(summaries, h0)?
+        .pop()
+        .expect("fold_prefixes returns W + 1 >= 2 states"))
+}
+
+/// The suffix fold in descending rank order: `D_{W-1} = d_ht` (zero if `None`),
+/// `D_u = dM_{u+1} + e^{Lambda_{u+1}} (.) D_{u+1}`. Returns `D_0 .. D_{W-1}`; `D_w` is the
+/// gradient with respect to the state leaving rank w.
+pub fn fold_suffixes(
+    summaries: &[ShardSummary],
+    d_m: &[Tensor],
+    d_ht: Option<&Tensor>,
+) -> Result<Vec<Tensor>, ReferenceError> {
+    let state = summary_shape(summaries)?;
+    check_rank_count("d_m", summaries.len(), d_m.len())?;
+    for d in d_m {
+        check_shape("dM_w", "[B, H, Dk, Dv]", state.clone(), d)?;
+    }
+    if let Some(d_ht) = d_ht {
+        check_shape("d_ht", "[B, H, Dk, Dv]", state.clone(), d_ht)?;
+    }
+    let w = summaries.len();
+    let mut suffixes = vec![d_ht.cloned().unwrap_or_else(|| Tensor::zeros(&state)); w];
+    for u in (0..w - 1).rev() {
+        let mut d = suffixes[u + 1].clone();
+        decay_rows(&mut d, &summaries[u + 1].lambda);
+        add(&mut d, &d_m[u + 1]);
+        suffixes[u] = d;
+    }
+    Ok(suffixes)
+}
+
+/// LASP-2 forward over ranks with the given shard lengths (summing to T, each >= 1), each rank
+/// running the chunkwise local pass with chunk size `chunk`.
+pub fn forward(
+    inputs: &Inputs,
+    decay: Decay,
+    shard_lengths: &[usize],
+    chunk: usize,
+) -> Result<Lasp2Forward<ShardSummary>, ReferenceError> {
+    decay.check(chunk)?;
+    let shards = split_shards(inputs, decay.family(), shard_lengths)?;
+    let mut locals = Vec::with_capacity(shards.len());
+    let mut summaries = Vec::with_capacity(shards.len());
+    for shard in &shards {
+        let (o_local, summary) = local_pass(shard, decay, chunk)?;
+        locals.push(o_local);
+        summaries.push(summary);
+    }
+    let prefixes = fold_prefixes(&summaries, inputs.h0.as_ref())?;
+    let ranks: Vec<RankForward> = shards
+        .iter()
+        .zip(locals)
+        .zip(&prefixes)
+        .map(|((shard, o_local), p)| {
+            let mut o = o_local.clone();
+            add_prefix_term(shard, p, chunk, &mut o);
+            RankForward { o_local, o }
+        })
+        .collect();
+    let o = Tensor::concat_time(&ranks.iter().map(|r| r.o.clone()).collect::<Vec<_>>());
+    let final_state = prefixes[prefixes.len() - 1].clone();
+    Ok(Lasp2Forward {
+        summaries,
+        prefixes,
+        ranks,
+        o,
+        final_state,
+    })
+}
+
+/// The epilogue: `o_t += sigma (q_t (.) e^{G_t}) P_w`.
+fn add_prefix_term(shard: &Inputs, p: &Tensor, chunk: usize, o: &mut Tensor) {
+    let s = shard.shape;
+    for b in 0..s.b {
+        for h in 0..s.h {
+            let head = Head::gather(shard, b, h);
+            let gd = head.gate_dim;
+            let big_g = shard_cumsum(&head.g, gd, chunk);
+            let mut rows = o.head_rows(b, h);
+            for (t, out) in rows.chunks_mut(s.dv).enumerate() {
+                let qg = decayed(head.q(t), &big_g[t * gd..(t + 1) * gd]);
+                vec_mat_add(out, head.scale, &qg, p.block(b, h));
+            }
+            o.set_head_rows(b, h, &rows);
+        }
+    }
+}
+
+/// `x (.) e^{log_decay}` with a scalar or per-element log-decay (`<= 0`).
+fn decayed(x: &[f64], log_decay: &[f64]) -> Vec<f64> {
+    let at = |i: usize| log_decay[if log_decay.len() == 1 { 0 } else { i }];
+    x.iter().enumerate().map(|(i, v)| v * at(i).exp()).collect()
+}
+
+/// LASP-2 backward: the gradients of `L = sum(o * d_o) + <S_T, d_ht>` assembled from each rank's
+/// zero-state local backward, the exchanged `dM_w` and the boundary terms.
+pub fn backward(
+    inputs: &Inputs,
+    decay: Decay,
+    shard_lengths: &[usize],
+    chunk: usize,
+    d_o: &Tensor,
+    d_ht: Option<&Tensor>,
+) -> Result<Lasp2Backward, ReferenceError> {
+    decay.check(chunk)?;
+    inputs.validate(decay.family())?;
+    check_cotangents(&inputs.shape, d_o, d_ht)?;
+    let fwd = forward(inputs, decay, shard_lengths, chunk)?;
+    let shards = split_shards(inputs, decay.family(), shard_lengths)?;
+    let d_os = split_time(d_o, shard_lengths)?;
+    let mut ranks = Vec::with_capacity(shards.len());
+    for (shard, d_o_w) in shards.iter().zip(&d_os) {
+        ranks.push(decay.local_backward(shard, chunk, d_o_w)?);
+    }
+    let d_m: Vec<Tensor> = ranks.iter().map(|g| g.dh0.clone()).collect();
+    let suffixes = fold_suffixes(&fwd.summaries, &d_m, d_ht)?;
+    for (w, grads) in ranks.iter_mut().enumerate() {
+        let boundary = Boundary {
+            p: &fwd.prefixes[w],
+            p_next: &fwd.prefixes[w + 1],
+            lambda: &fwd.summaries[w].lambda,
+            d: &suffixes[w],
+        };
+        boundary.add_terms(&shards[w], chunk, &d_os[w], grads);
+    }
+    let grads = concat_grads(&ranks);
+    Ok(Lasp2Backward {
+        d_m,
+        suffixes,
+        ranks,
+        grads,
+    })
+}
+
+/// What rank w knows about the rest of the sequence after both exchanges.
+struct Boundary<'a> {
+    /// `P_w`, the state entering the rank.
+    p: &'a Tensor,
+    /// `P_{w+1} = e^{Lambda_w} (.) P_w + M_w`, the state leaving it.
+    p_next: &'a Tensor,
+    /// `Lambda_w`.
+    lambda: &'a Tensor,
+    /// `D_w`, the gradient with respect to the state leaving it.
+    d: &'a Tensor,
+}
+
+impl Boundary<'_> {
+    /// Adds to a zero-state local backward the terms from `P_w` and `D_w`: dq, dk, dv, their gate
+    /// terms and the boundary gate term reverse-cumsummed within the shard, and
+    /// `e^{Lambda_w} (.) D_w` to `dh0` (making it the gradient with respect to `P_w`).
+    fn add_terms(&self, shard: &Inputs, chunk: usize, d_o: &Tensor, grads: &mut Grads) {
+        let s = shard.shape;
+        let (dk, dv) = (s.dk, s.dv);
+        for b in 0..s.b {
+            for h in 0..s.h {
+                let head = Head::gather(shard, b, h);
+                let gd = head.gate_dim;
+                let big_g = shard_cumsum(&head.g, gd, chunk);
+                // Lambda_w - G_t as a direct suffix sum, so the exponent is exactly <= 0.
+                let rest = suffix_sums(&head.g, gd);
+                let d_o_rows = d_o.head_rows(b, h);
+                let (p, d) = (self.p.block(b, h), self.d.block(b, h));
+                let mut ddq = vec![0.0; s.t * dk];
+                let mut ddk = vec![0.0; s.t * dk];
+                let mut dv_rows = grads.dv.head_rows(b, h);
+                for t in 0..s.t {
+                    let (gt, rt) = (&big_g[t * gd..(t + 1) * gd], &rest[t * gd..(t + 1) * gd]);
+                    let mut pd = vec![0.0; dk];
+                    mat_vec_add(&mut pd, head.scale, p, &d_o_rows[t * dv..(t + 1) * dv]);
+                    ddq[t * dk..(t + 1) * dk].copy_from_slice(&decayed(&pd, gt));
+                    let mut dvv = vec![0.0; dk];
+                    mat_vec_add(&mut dvv, 1.0, d, head.v(t));
+                    ddk[t * dk..(t + 1) * dk].copy_from_slice(&decayed(&dvv, rt));
+                    vec_mat_add(
+                        &mut dv_rows[t * dv..(t + 1) * dv],
+                        1.0,
+                        &decayed(head.k(t), rt),
+                        d,
+                    );
+                }
+                let mut ddg = gate_grad_rows(&head.q, &ddq, &head.k, &ddk, dk, gd);
+                add_state_term(&mut ddg, gd, self.p_next.block(b, h), d);
+                reverse_cumsum(&mut ddg, gd);
+                let add_rows = |t: &mut Tensor, extra: &[f64]| {
+                    let mut rows = t.head_rows(b, h);
+                    axpy(&mut rows, 1.0, extra);
+                    t.set_head_rows(b, h, &rows);
+                };
+                add_rows(&mut grads.dq, &ddq);
+                add_rows(&mut grads.dk, &ddk);
+                add_rows(&mut grads.dg, &ddg);
+                grads.dv.set_head_rows(b, h, &dv_rows);
+            }
+        }
+        let mut decayed_d = self.d.clone();
+        decay_rows(&mut decayed_d, self.lambda);
+        add(&mut grads.dh0, &decayed_d);
+    }
+}

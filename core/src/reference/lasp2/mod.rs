@@ -1,0 +1,167 @@
+//! The LASP-2 decomposition over W simulated ranks (kernel-anchors.md §5.4): what each GPU
+//! computes, what it exchanges, and how the pieces recombine into the single-sequence result.
+//!
+//! Rank w owns tokens `[sum_{u<w} T_u, sum_{u<=w} T_u)` of every sequence; shards may have
+//! different lengths and need not be multiples of the chunk size.
+//!
+//! Scalar and vector gates ([`forward`], [`backward`]):
+//! * local pass from a zero state: output `o_local` and end state `M_w`; shard log-decay
+//!   `Lambda_w = sum_{t in w} a_t` ([`local_state`]);
+//! * exchange `(M_w, Lambda_w)`; fold `P_0 = h0`, `P_{u+1} = e^{Lambda_u} (.) P_u + M_u` in
+//!   ascending u ([`fold_prefixes`]);
+//! * output `o_t = o_local_t + sigma (q_t (.) e^{G_t}) P_w`, `G_t` the shard-local inclusive cumsum;
+//! * backward: `dM_w` = local `dh0` with zero `d_ht`; exchange toward earlier ranks; fold
+//!   `D_{W-1} = d_ht`, `D_u = dM_{u+1} + e^{Lambda_{u+1}} (.) D_{u+1}` ([`fold_suffixes`]); add
+//!   `sigma e^{G_t} (.) (P_w d_o_t^T)` to dq, `e^{Lambda_w - G_t} (.) (D_w v_t^T)` to dk,
+//!   `(k_t (.) e^{Lambda_w - G_t}) D_w` to dv, the boundary term
+//!   `<e^{Lambda_w} (.) P_w + M_w, D_w>` (= `<P_{w+1}, D_w>`, row-wise for vector gates) at the
+//!   shard's last token, and reverse-cumsum the gate terms within the shard.
+//!
+//! Delta rule ([`delta_forward`], [`delta_backward`]): the summary is affine, `(A_w, h_w)` with
+//! `S_out = A_w S_in + h_w` ([`local_affine`]); `P_{u+1} = A_u P_u + h_u`
+//! ([`fold_affine_prefixes`]); `D_u = dM_{u+1} + A_{u+1}^T D_{u+1}` ([`fold_affine_suffixes`]).
+//! Because the correction of the output is `sigma q_t Phi_t P_w` with a full matrix `Phi_t`, the
+//! reference reruns each rank's local pass from `P_w` (forward) and with `(P_w, D_w)` (backward)
+//! instead of adding a rank-1 epilogue term.
+//!
+//! Compare per-token tensors against the single sequence, never per-chunk states: shard cuts move
+//! chunk boundaries (fla `tests/context_parallel/debug.md`).
+
+mod decay;
+mod delta;
+
+pub use decay::{
+    backward, fold_prefix, fold_prefixes, fold_suffixes, forward, local_state, Decay, ShardSummary,
+};
+pub use delta::{
+    delta_backward, delta_forward, fold_affine_prefixes, fold_affine_suffixes, local_affine,
+    AffineSummary,
+};
+
+use super::error::ReferenceError;
+use super::inputs::{Family, Inputs, Shape};
+use super::outputs::Grads;
+use super::tensor::Tensor;
+use super::validate::check_shard_lengths;
+
+/// One rank's forward output.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RankForward {
+    /// The local pass from a zero state, `[B, T_w, H, Dv]` (what the rank can compute before any
+    /// exchange).
+    pub o_local: Tensor,
+    /// The rank's final output `[B, T_w, H, Dv]`, equal to the single sequence's tokens.
+    pub o: Tensor,
+}
+
+/// The LASP-2 forward over W ranks, with every exchanged and folded intermediate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Lasp2Forward<S> {
+    /// What rank w all-gathers: [`ShardSummary`] `(M_w, Lambda_w)` or [`AffineSummary`]
+    /// `(A_w, h_w)`; W entries.
+    pub summaries: Vec<S>,
+    /// `P_0 = h0` (zero if absent) through `P_W = S_T`, each `[B, H, Dk, Dv]`: `P_w` is the state
+    /// entering rank w; W + 1 entries.
+    pub prefixes: Vec<Tensor>,
+    /// Per-rank outputs; W entries.
+    pub ranks: Vec<RankForward>,
+    /// The ranks' outputs concatenated along time, `[B, T, H, Dv]`.
+    pub o: Tensor,
+    /// The final state `S_T = P_W`, `[B, H, Dk, Dv]`.
+    pub final_state: Tensor,
+}
+
+/// The LASP-2 backward over W ranks.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Lasp2Backward {
+    /// `dM_w` `[B, H, Dk, Dv]`: the gradient with respect to the state entering rank w from the
+    /// rank's own tokens only (its local `dh0` with zero `d_ht`); what rank w all-gathers.
+    pub d_m: Vec<Tensor>,
+    /// `D_w` `[B, H, Dk, Dv]`: the gradient with respect to the state leaving rank w, folded from
+    /// the later ranks' `dM`.
+    pub suffixes: Vec<Tensor>,
+    /// Per-rank gradients over the rank's tokens; `dh0` is the gradient with respect to the
+    /// rank's incoming state `P_w`.
+    pub ranks: Vec<Grads>,
+    /// The ranks' gradients concatenated along time; `dh0` is rank 0's, i.e. `dL/dh0`.
+    pub grads: Grads,
+}
+
+/// Splits validated-as-`family` inputs into per-rank shards of the given lengths. Each shard
+/// carries no initial state (the local pass starts from zero) and keeps the scale.
+pub fn split_shards(
+    inputs: &Inputs,
+    family: Family,
+    lengths: &[usize],
+) -> Result<Vec<Inputs>, ReferenceError> {
+    inputs.validate(family)?;
+    check_shard_lengths(lengths, inputs.shape.t)?;
+    let mut start = 0;
+    Ok(lengths
+        .iter()
+        .map(|&len| {
+            let shard = Inputs {
+                shape: Shape {
+                    t: len,
+                    ..inputs.shape
+                },
+                q: inputs.q.slice_time(start, len),
+                k: inputs.k.slice_time(start, len),
+                v: inputs.v.slice_time(start, len),
+                g: inputs.g.slice_time(start, len),
+                beta: inputs.beta.as_ref().map(|b| b.slice_time(start, len)),
+                h0: None,
+                scale: inputs.scale,
+            };
+            start += len;
+            shard
+        })
+        .collect())
+}
+
+/// Splits a per-token tensor `[B, T, ...]` (e.g. `d_o`) into per-rank pieces.
+///
+/// # Panics
+/// If the tensor has rank < 2.
+pub fn split_time(t: &Tensor, lengths: &[usize]) -> Result<Vec<Tensor>, ReferenceError> {
+    check_shard_lengths(lengths, t.shape()[1])?;
+    let mut start = 0;
+    Ok(lengths
+        .iter()
+        .map(|&len| {
+            start += len;
+            t.slice_time(start - len, len)
+        })
+        .collect())
+}
+
+/// Concatenates per-rank gradients along time; `dh0` is rank 0's.
+fn concat_grads(ranks: &[Grads]) -> Grads {
+    let cat = |f: fn(&Grads) -> &Tensor| {
+        Tensor::concat_time(&ranks.iter().map(|g| f(g).clone()).collect::<Vec<_>>())
+    };
+    let dbeta = ranks[0].dbeta.as_ref().map(|_| {
+        let parts: Vec<Tensor> = ranks.iter().filter_map(|g| g.dbeta.clone()).collect();
+        Tensor::concat_time(&parts)
+    });
+    Grads {
+        dq: cat(|g| &g.dq),
+        dk: cat(|g| &g.dk),
+        dv: cat(|g| &g.dv),
+        dg: cat(|g| &g.dg),
+        dbeta,
+        dh0: ranks[0].dh0.clone(),
+    }
+}
+
+/// Checks that a per-rank list has one entry per rank.
+fn check_rank_count(what: &'static str, expected: usize, got: usize) -> Result<(), ReferenceError> {
+    if expected != got {
+        return Err(ReferenceError::RankCount {
+            what,
+            expected,
+            got,
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,171 @@
+//! Scalar-decay linear attention (simple GLA / RetNet / Lightning), kernel-anchors.md §5.1.
+//!
+//! `S_t = e^{a_t} S_{t-1} + k_t^T v_t`, `o_t = sigma q_t S_t`, one log-decay `a_t <= 0` per token
+//! and head (`g: [B, T, H]`).
+//!
+//! The chunkwise form, per chunk of C rows with chunk-local cumsum `b_r` and `gamma = b_C`:
+//! `O = sigma (diag(e^b) Q S_n + ((Q K^T) (.) D) V)` with `D_rj = [r >= j] e^{b_r - b_j}`, and
+//! `S_{n+1} = e^gamma S_n + (diag(e^{gamma - b}) K)^T V`. Every exponent is `<= 0` and `D` is
+//! evaluated only where `r >= j`.
+
+use super::error::ReferenceError;
+use super::gates::{add_state_term, chunk_local_cumsum, gate_grad_rows, reverse_cumsum};
+use super::head::{
+    backward_heads, chunk_states_heads, entry_states, forward_heads, Head, HeadGrads,
+};
+use super::inputs::{Family, Inputs};
+use super::linalg::{axpy, dot, mat_vec_add, outer_add, vec_mat_add};
+use super::outputs::{Forward, Grads};
+use super::recurrent::{decay_back, decay_step, forward_sweep, reverse_sweep};
+use super::tensor::Tensor;
+use super::validate::{check_chunk, check_cotangents};
+
+/// Token-by-token forward: the definition itself.
+pub fn recurrent_forward(inputs: &Inputs) -> Result<Forward, ReferenceError> {
+    inputs.validate(Family::ScalarDecay)?;
+    Ok(forward_heads(inputs, |h| forward_sweep(h, decay_step)))
+}
+
+/// Chunkwise forward with chunk size `chunk` (any value >= 1; it need not divide T).
+pub fn chunkwise_forward(inputs: &Inputs, chunk: usize) -> Result<Forward, ReferenceError> {
+    check_chunk("chunk", chunk)?;
+    inputs.validate(Family::ScalarDecay)?;
+    Ok(forward_heads(inputs, |h| chunk_forward_head(h, chunk)))
+}
+
+/// The states entering each chunk, `[B, N, H, Dk, Dv]` with `N = ceil(T / chunk)` (fla's `h`
+/// layout; entry 0 is h0): what the chunk-state pass stores for the output pass and the backward.
+pub fn chunk_states(inputs: &Inputs, chunk: usize) -> Result<Tensor, ReferenceError> {
+    check_chunk("chunk", chunk)?;
+    inputs.validate(Family::ScalarDecay)?;
+    Ok(chunk_states_heads(inputs, chunk, |h| {
+        entry_states(h, chunk, chunk_step).0
+    }))
+}
+
+/// Token-by-token reverse-mode backward (gate gradient directly, without a cumsum); the check for
+/// [`backward`].
+pub fn recurrent_backward(
+    inputs: &Inputs,
+    d_o: &Tensor,
+    d_ht: Option<&Tensor>,
+) -> Result<Grads, ReferenceError> {
+    inputs.validate(Family::ScalarDecay)?;
+    check_cotangents(&inputs.shape, d_o, d_ht)?;
+    Ok(backward_heads(
+        inputs,
+        Family::ScalarDecay,
+        d_o,
+        d_ht,
+        |h, d_o, d_ht| reverse_sweep(h, d_o, d_ht, decay_step, decay_back),
+    ))
+}
+
+/// Chunkwise backward by the analytic formulas of §5.1: states recomputed chunk by chunk, `dS`
+/// swept in reverse, `dG_t = q_t . dq_t - k_t . dk_t` (+ `<S_T, d_ht>` at the last token) and the
+/// gate gradient `da_t = sum_{s >= t} dG_s`.
+pub fn backward(
+    inputs: &Inputs,
+    chunk: usize,
+    d_o: &Tensor,
+    d_ht: Option<&Tensor>,
+) -> Result<Grads, ReferenceError> {
+    check_chunk("chunk", chunk)?;
+    inputs.validate(Family::ScalarDecay)?;
+    check_cotangents(&inputs.shape, d_o, d_ht)?;
+    Ok(backward_heads(
+        inputs,
+        Family::ScalarDecay,
+        d_o,
+        d_ht,
+        |h, d_o, d_ht| chunk_backward_head(h, chunk, d_o, d_ht),
+    ))
+}
+
+/// `S_{n+1} = e^gamma S_n + sum_j e^{gamma - b_j} k_j^T v_j`.
+fn advance_state(h: &Head, s: &mut [f64], c0: usize, b: &[f64]) {
+    let gamma = b[b.len() - 1];
+    s.iter_mut().for_each(|x| *x *= gamma.exp());
+    for (j, &bj) in b.iter().enumerate() {
+        outer_add(s, (gamma - bj).exp(), h.k(c0 + j), h.v(c0 + j));
+    }
+}
+
+/// [`advance_state`] for chunk `(c0, n)`.
+fn chunk_step(h: &Head, s: &mut [f64], c0: usize, n: usize) {
+    advance_state(h, s, c0, &chunk_local_cumsum(h.gates(c0, n), 1));
+}
+
+fn chunk_forward_head(h: &Head, chunk: usize) -> (Vec<f64>, Vec<f64>) {
+    let mut s = h.h0.clone();
+    let mut o = vec![0.0; h.t * h.dv];
+    for (c0, n) in h.chunks(chunk) {
+        let b = chunk_local_cumsum(h.gates(c0, n), 1);
+        for r in 0..n {
+            let (t, q) = (c0 + r, h.q(c0 + r));
+            let out = &mut o[t * h.dv..(t + 1) * h.dv];
+            vec_mat_add(out, h.scale * b[r].exp(), q, &s);
+            for j in 0..=r {
+                let w = h.scale * (b[r] - b[j]).exp() * dot(q, h.k(c0 + j));
+                axpy(out, w, h.v(c0 + j));
+            }
+        }
+        advance_state(h, &mut s, c0, &b);
+    }
+    (o, s)
+}
+
+fn chunk_backward_head(h: &Head, chunk: usize, d_o: &[f64], d_ht: &[f64]) -> HeadGrads {
+    let (dk, dv, sigma) = (h.dk, h.dv, h.scale);
+    // Chunk-entry states S_n, recomputed as fla's backward does (`chunk_fwd_h`, fp32 states).
+    let (states, final_state) = entry_states(h, chunk, chunk_step);
+    let mut g = HeadGrads::zeros(h);
+    // ds holds dS_{n+1} while chunk n is processed.
+    let mut ds = d_ht.to_vec();
+    for ((c0, n), s_n) in h.chunks(chunk).zip(&states).rev() {
+        let b = chunk_local_cumsum(h.gates(c0, n), 1);
+        let gamma = b[n - 1];
+        for r in 0..n {
+            let t = c0 + r;
+            let do_r = &d_o[t * dv..(t + 1) * dv];
+            // dQ = sigma diag(e^b) dO S^T + dP K, dP = sigma (dO V^T) (.) D.
+            mat_vec_add(
+                &mut g.dq[t * dk..(t + 1) * dk],
+                sigma * b[r].exp(),
+                s_n,
+                do_r,
+            );
+            for j in 0..=r {
+                let tj = c0 + j;
+                let decay = (b[r] - b[j]).exp();
+                let dp = sigma * decay * dot(do_r, h.v(tj));
+                axpy(&mut g.dq[t * dk..(t + 1) * dk], dp, h.k(tj));
+                axpy(&mut g.dk[tj * dk..(tj + 1) * dk], dp, h.q(t));
+                let a = sigma * decay * dot(h.q(t), h.k(tj));
+                axpy(&mut g.dv[tj * dv..(tj + 1) * dv], a, do_r);
+            }
+        }
+        for (j, &bj) in b.iter().enumerate() {
+            // dK += diag(e^{gamma - b}) V dS_{n+1}^T, dV += diag(e^{gamma - b}) K dS_{n+1}.
+            let tj = c0 + j;
+            let w = (gamma - bj).exp();
+            mat_vec_add(&mut g.dk[tj * dk..(tj + 1) * dk], w, &ds, h.v(tj));
+            vec_mat_add(&mut g.dv[tj * dv..(tj + 1) * dv], w, h.k(tj), &ds);
+        }
+        // dS_n = e^gamma dS_{n+1} + sigma (diag(e^b) Q)^T dO.
+        ds.iter_mut().for_each(|x| *x *= gamma.exp());
+        for (r, &br) in b.iter().enumerate() {
+            outer_add(
+                &mut ds,
+                sigma * br.exp(),
+                h.q(c0 + r),
+                &d_o[(c0 + r) * dv..(c0 + r + 1) * dv],
+            );
+        }
+    }
+    g.dh0 = ds;
+    g.dg = gate_grad_rows(&h.q, &g.dq, &h.k, &g.dk, dk, 1);
+    add_state_term(&mut g.dg, 1, &final_state, d_ht);
+    reverse_cumsum(&mut g.dg, 1);
+    g
+}

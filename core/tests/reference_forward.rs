@@ -1,0 +1,203 @@
+//! Chunkwise forms against the token-by-token definition, for all three families.
+//!
+//! Tolerance: both sides are f64 evaluations of the same sums in different orders. Every output
+//! is a sum of at most T * Dk products with relative rounding ~1e-16 each, T * Dk <= 37 * 5, so
+//! the expected norm-wise relative difference is ~1e-14; 1e-12 leaves 100x headroom yet catches
+//! any real formula slip (a wrong decay exponent or a dropped term gives >= 1e-3).
+//!
+//! Gate gradients are compared against [`Grads::gate_grad_scale`] instead of their own norm: the
+//! chunkwise rule sums differences `q . dq - k . dk` of terms that nearly cancel under strong
+//! decay (a = -30 gives ||dg|| ~ 1e-12 from O(1) terms), so its rounding error is relative to
+//! those terms. The same 1e-12 then applies.
+
+use lasp_shmem::reference::{
+    assert_close_to_scale, assert_rel_close, delta_rule, gla, lasp2, scalar_decay, Cotangents,
+    Family, Grads, InputSpec, Inputs, Regime, Shape, Tensor,
+};
+
+const TOL: f64 = 1e-12;
+const SHAPE: Shape = Shape {
+    b: 2,
+    t: 37,
+    h: 2,
+    dk: 5,
+    dv: 4,
+};
+
+fn generate(family: Family, regime: Regime, seed: u64) -> Inputs {
+    let spec = InputSpec {
+        shape: SHAPE,
+        family,
+        regime,
+        seed,
+        round_to_bf16: false,
+        initial_state: true,
+    };
+    Inputs::generate(&spec).unwrap()
+}
+
+fn check(what: &str, got: &Tensor, want: &Tensor) {
+    assert_eq!(got.shape(), want.shape(), "{what}: shapes differ");
+    assert_rel_close(what, got.data(), want.data(), TOL).unwrap();
+}
+
+fn check_dg(what: &str, inputs: &Inputs, got: &Grads, want: &Grads) {
+    let scale = want.gate_grad_scale(inputs);
+    assert_close_to_scale(what, got.dg.data(), want.dg.data(), scale, TOL).unwrap();
+}
+
+#[test]
+fn scalar_decay_chunkwise_matches_recurrent() {
+    for (seed, regime) in Regime::ALL.into_iter().enumerate() {
+        let inputs = generate(Family::ScalarDecay, regime, seed as u64);
+        let want = scalar_decay::recurrent_forward(&inputs).unwrap();
+        // 1 (every token its own chunk), divisors and non-divisors of T, and a chunk > T.
+        for chunk in [1, 3, 7, 16, 64] {
+            let got = scalar_decay::chunkwise_forward(&inputs, chunk).unwrap();
+            check(&format!("{regime:?} chunk {chunk}: o"), &got.o, &want.o);
+            check(
+                &format!("{regime:?} chunk {chunk}: S_T"),
+                &got.final_state,
+                &want.final_state,
+            );
+        }
+    }
+}
+
+#[test]
+fn gla_chunkwise_with_secondary_chunking_matches_recurrent() {
+    for (seed, regime) in Regime::ALL.into_iter().enumerate() {
+        let inputs = generate(Family::Gla, regime, 10 + seed as u64);
+        let want = gla::recurrent_forward(&inputs).unwrap();
+        // Sub-chunks that divide the chunk, that do not, equal to it, and larger than it.
+        for (chunk, sub) in [
+            (1, 1),
+            (8, 3),
+            (16, 4),
+            (16, 16),
+            (7, 100),
+            (64, 16),
+            (10, 1),
+        ] {
+            let got = gla::chunkwise_forward(&inputs, chunk, sub).unwrap();
+            let tag = format!("{regime:?} chunk {chunk} sub {sub}");
+            check(&format!("{tag}: o"), &got.o, &want.o);
+            check(&format!("{tag}: S_T"), &got.final_state, &want.final_state);
+        }
+    }
+}
+
+#[test]
+fn delta_rule_chunkwise_matches_recurrent() {
+    for (seed, regime) in Regime::ALL.into_iter().enumerate() {
+        let inputs = generate(Family::DeltaRule, regime, 20 + seed as u64);
+        let want = delta_rule::recurrent_forward(&inputs).unwrap();
+        for chunk in [1, 5, 16, 64] {
+            let got = delta_rule::chunkwise_forward(&inputs, chunk).unwrap();
+            check(&format!("{regime:?} chunk {chunk}: o"), &got.o, &want.o);
+            check(
+                &format!("{regime:?} chunk {chunk}: S_T"),
+                &got.final_state,
+                &want.final_state,
+            );
+        }
+    }
+}
+
+/// The chunkwise backward (reverse cumsum for the gates) against the token-by-token reverse mode
+/// (gate gradient directly from `<dS_t, e^{a_t} S_{t-1}>`): two independent derivations.
+#[test]
+fn chunkwise_backward_matches_recurrent_backward() {
+    for (seed, regime) in Regime::ALL.into_iter().enumerate() {
+        let cot = Cotangents::generate(SHAPE, 100 + seed as u64, true, false).unwrap();
+        let (d_o, d_ht) = (&cot.d_o, cot.d_ht.as_ref());
+        let scalar = generate(Family::ScalarDecay, regime, 30 + seed as u64);
+        let want = scalar_decay::recurrent_backward(&scalar, d_o, d_ht).unwrap();
+        let vector = generate(Family::Gla, regime, 40 + seed as u64);
+        let want_gla = gla::recurrent_backward(&vector, d_o, d_ht).unwrap();
+        for chunk in [1, 6, 16, 64] {
+            let got = scalar_decay::backward(&scalar, chunk, d_o, d_ht).unwrap();
+            let got_gla = gla::backward(&vector, chunk, 4, d_o, d_ht).unwrap();
+            let cases = [
+                ("scalar", &scalar, &got, &want),
+                ("gla", &vector, &got_gla, &want_gla),
+            ];
+            for (family, inputs, got, want) in cases {
+                let tag = format!("{family} {regime:?} chunk {chunk}");
+                check(&format!("{tag}: dq"), &got.dq, &want.dq);
+                check(&format!("{tag}: dk"), &got.dk, &want.dk);
+                check(&format!("{tag}: dv"), &got.dv, &want.dv);
+                check_dg(&format!("{tag}: dg"), inputs, got, want);
+                check(&format!("{tag}: dh0"), &got.dh0, &want.dh0);
+                assert!(got.dbeta.is_none(), "{tag}: only the delta rule has dbeta");
+            }
+        }
+    }
+}
+
+/// The delta rule's affine summary: `A h0 + h` (summary from a zero state) is the final state
+/// reached from h0.
+#[test]
+fn delta_rule_affine_summary_maps_initial_state_to_final_state() {
+    for (seed, regime) in Regime::ALL.into_iter().enumerate() {
+        let inputs = generate(Family::DeltaRule, regime, 50 + seed as u64);
+        let want = delta_rule::recurrent_forward(&inputs).unwrap().final_state;
+        for chunk in [1, 5, 64] {
+            let summary = lasp2::local_affine(&inputs, chunk).unwrap();
+            let folded = lasp2::fold_affine_prefixes(&[summary], inputs.h0.as_ref())
+                .unwrap()
+                .pop()
+                .unwrap();
+            check(
+                &format!("{regime:?} chunk {chunk}: A h0 + h"),
+                &folded,
+                &want,
+            );
+        }
+    }
+}
+
+/// Entry n of `chunk_states` is the recurrent state after the first `n * chunk` tokens (from h0).
+#[test]
+fn chunk_states_are_the_recurrent_states_at_chunk_starts() {
+    let chunk = 8;
+    let n_chunks = SHAPE.t.div_ceil(chunk);
+    for family in [Family::ScalarDecay, Family::Gla, Family::DeltaRule] {
+        let inputs = generate(family, Regime::Mixed, 60);
+        let states = match family {
+            Family::ScalarDecay => scalar_decay::chunk_states(&inputs, chunk),
+            Family::Gla => gla::chunk_states(&inputs, chunk),
+            Family::DeltaRule => delta_rule::chunk_states(&inputs, chunk),
+        }
+        .unwrap();
+        let s = SHAPE;
+        assert_eq!(states.shape(), &[s.b, n_chunks, s.h, s.dk, s.dv]);
+        for c in 0..n_chunks {
+            let want = if c == 0 {
+                inputs.h0.clone().unwrap()
+            } else {
+                let lengths = [c * chunk, s.t - c * chunk];
+                let mut prefix = lasp2::split_shards(&inputs, family, &lengths).unwrap()[0].clone();
+                prefix.h0 = inputs.h0.clone();
+                match family {
+                    Family::ScalarDecay => scalar_decay::recurrent_forward(&prefix),
+                    Family::Gla => gla::recurrent_forward(&prefix),
+                    Family::DeltaRule => delta_rule::recurrent_forward(&prefix),
+                }
+                .unwrap()
+                .final_state
+            };
+            let mut got = Vec::new();
+            for b in 0..s.b {
+                for h in 0..s.h {
+                    for i in 0..s.dk {
+                        for j in 0..s.dv {
+                            got.push(states.get(&[b, c, h, i, j]));
+                        }
+                    }
+                }
+            }
+            assert_rel_close(&format!("{family:?} h[{c}]"), &got, want.data(), TOL).unwrap();
+        }
+    }
+}
