@@ -18,6 +18,7 @@
 // 16w..16w+15 of each chunk and state rows w*Dk/4 .. (w+1)*Dk/4-1 (all 64 columns of the tile).
 // Tensor cores: mma.sync m16n8k16 bf16 -> fp32, operands through ldmatrix from swizzled smem.
 // Pipeline: cp.async, kStages chunks in flight, one __syncthreads per chunk.
+#include <math.h>
 #include <stdint.h>
 
 #include "lasp/mma.cuh"
@@ -114,6 +115,26 @@ __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p) {
         }
   };
 
+  // Per-lane ldmatrix row offsets (swizzled). Every fragment load below is a buffer base + one of
+  // these + a compile-time constant: moving a row by 16 keeps row % 8, and moving a chunk index by 8
+  // leaves its low 3 bits (the swizzled ones) alone. Lane l addresses row (l & 7) + 8 * (one of its
+  // bits 3, 4) and chunk + (the other bit) of its 8x8 matrix l / 8.
+  const int l_row = lane & 7, l_b3 = (lane >> 3) & 1, l_b4 = lane >> 4;
+  uint32_t off_q[4];   // Q A-fragment,  rows 16w + .., chunk 2m (+ 8 per 4 k-steps)
+  uint32_t off_k[4];   // K B-fragment,  rows 0.. (+ 16 per key n-tile pair), chunk 2m (+ 8 per 4 k-steps)
+  uint32_t off_v[4];   // V / state B-fragment (.trans), rows 0.. (+ 16 per k-step), chunk 2m = n-tile pair m
+  uint32_t off_kt[kMT];  // K^T A-fragment (.trans), rows 0.. (+ 16 per k-step), chunks of state rows d_warp + 16 mt
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    off_q[m] = swizzle(16 * warp + l_row + 8 * l_b3, 2 * m + l_b4, kQKChunks);
+    off_k[m] = swizzle(l_row + 8 * l_b4, 2 * m + l_b3, kQKChunks);
+    off_v[m] = swizzle(l_row + 8 * l_b3, 2 * m + l_b4, kVChunks);
+  }
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) off_kt[mt] = swizzle(l_row + 8 * l_b4, (d_warp + 16 * mt) / 8 + l_b3, kQKChunks);
+  constexpr uint32_t kQKRow16 = 16 * kQKChunks * 16;  // bytes of 16 rows of a Q/K tile
+  constexpr uint32_t kVRow16 = 16 * kVChunks * 16;    // bytes of 16 rows of a V / state tile
+
   // Prologue: chunks 0 .. kStages-2 in flight (one commit group each, empty ones included, so the
   // wait count below is uniform).
 #pragma unroll
@@ -144,34 +165,29 @@ __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p) {
     if constexpr (kOutput) {
       const uint32_t sQ = sbase + stage + L::kQ;
       const uint32_t sS = sbase + L::kSbf + (i & 1) * L::kSbfBytes;
-      uint32_t qa[kKS][4];
+      // Every warp computes all 64 key columns, although columns j > 16w+15 are masked: the warps then
+      // run identical, branch-free instruction streams with 8 independent accumulator chains per
+      // k-step, and the critical path (warp 3, which needs every column) is unchanged.
+      float a[8][4] = {};
 #pragma unroll
-      for (int ks = 0; ks < kKS; ++ks)
-        ldsm_x4(qa[ks], sQ + swizzle(16 * warp + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * ks + (lane >> 4), kQKChunks));
-
-      // o = Q S_n (bf16 state from smem; B[k = d][n = c] stored row-major -> ldmatrix.trans).
-#pragma unroll
-      for (int ks = 0; ks < kKS; ++ks)
+      for (int ks = 0; ks < kKS; ++ks) {
+        uint32_t qa[4];
+        ldsm_x4(qa, sQ + off_q[ks & 3] + 128 * (ks >> 2));
+        // o += Q S_n (bf16 state from smem; B[k = d][n = c] stored row-major -> ldmatrix.trans).
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
           uint32_t sb[4];
-          ldsm_x4_trans(sb, sS + swizzle(16 * ks + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * np + (lane >> 4), kVChunks));
-          mma_bf16(o[2 * np], qa[ks], sb[0], sb[1]);
-          mma_bf16(o[2 * np + 1], qa[ks], sb[2], sb[3]);
+          ldsm_x4_trans(sb, sS + off_v[np] + ks * kVRow16);
+          mma_bf16(o[2 * np], qa, sb[0], sb[1]);
+          mma_bf16(o[2 * np + 1], qa, sb[2], sb[3]);
         }
-
-      // a = Q K^T for key tiles 0..warp only: tiles right of the diagonal block are fully masked.
-      // (B[k = d][n = j] = K[j][d]: K stored [j][d] is B's transpose -> plain ldmatrix.)
-      float a[8][4] = {};
+        // a += Q K^T (B[k = d][n = j] = K[j][d]: K stored [j][d] is B's transpose -> plain ldmatrix).
 #pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        if (np > warp) continue;
-#pragma unroll
-        for (int ks = 0; ks < kKS; ++ks) {
+        for (int np = 0; np < 4; ++np) {
           uint32_t kb[4];
-          ldsm_x4(kb, sK + swizzle(16 * np + (lane & 7) + (lane >> 4) * 8, 2 * ks + ((lane >> 3) & 1), kQKChunks));
-          mma_bf16(a[2 * np], qa[ks], kb[0], kb[1]);
-          mma_bf16(a[2 * np + 1], qa[ks], kb[2], kb[3]);
+          ldsm_x4(kb, sK + off_k[ks & 3] + 128 * (ks >> 2) + np * kQKRow16);
+          mma_bf16(a[2 * np], qa, kb[0], kb[1]);
+          mma_bf16(a[2 * np + 1], qa, kb[2], kb[3]);
         }
       }
 
@@ -186,8 +202,11 @@ __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p) {
           o[nt][2 * hh + 1] *= row_scale[hh];
           const int r = 16 * warp + 8 * hh + g;
           const int j = 8 * nt + 2 * t;
-          const float x0 = j <= r ? p.scale * a[nt][2 * hh] * exp_nonpos(cg.row[hh] - cg.col[nt][0]) : 0.f;
-          const float x1 = j + 1 <= r ? p.scale * a[nt][2 * hh + 1] * exp_nonpos(cg.row[hh] - cg.col[nt][1]) : 0.f;
+          // Mask before the exp (-inf -> 0), so no branch and no inf reaches a product.
+          const float d0 = exp_nonpos(j <= r ? cg.row[hh] - cg.col[nt][0] : -INFINITY);
+          const float d1 = exp_nonpos(j + 1 <= r ? cg.row[hh] - cg.col[nt][1] : -INFINITY);
+          const float x0 = p.scale * a[nt][2 * hh] * d0;
+          const float x1 = p.scale * a[nt][2 * hh + 1] * d1;
           pa[nt >> 1][(nt & 1) * 2 + hh] = pack_bf16x2(x0, x1);
         }
     }
@@ -213,20 +232,18 @@ __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p) {
       uint32_t vb[4][4];             // B fragments of V rows 16kk.., n-tiles 2np, 2np+1
 #pragma unroll
       for (int np = 0; np < 4; ++np)
-        ldsm_x4_trans(vb[np], sV + swizzle(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * np + (lane >> 4), kVChunks));
-      if constexpr (kOutput) {
-        if (kk <= warp) {  // tokens j >= 16(warp+1) are masked for all of this warp's rows
+        ldsm_x4_trans(vb[np], sV + off_v[np] + kk * kVRow16);
+      if constexpr (kOutput) {  // (k-steps kk > warp hold only masked zeros; kept for a branch-free stream)
 #pragma unroll
-          for (int np = 0; np < 4; ++np) {
-            mma_bf16(o[2 * np], pa[kk], vb[np][0], vb[np][1]);
-            mma_bf16(o[2 * np + 1], pa[kk], vb[np][2], vb[np][3]);
-          }
+        for (int np = 0; np < 4; ++np) {
+          mma_bf16(o[2 * np], pa[kk], vb[np][0], vb[np][1]);
+          mma_bf16(o[2 * np + 1], pa[kk], vb[np][2], vb[np][3]);
         }
       }
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
         uint32_t ka[4];
-        ldsm_x4_trans(ka, sK + swizzle(16 * kk + (lane & 7) + (lane >> 4) * 8, (d_warp + 16 * mt) / 8 + ((lane >> 3) & 1), kQKChunks));
+        ldsm_x4_trans(ka, sK + off_kt[mt] + kk * kQKRow16);
         ka[0] = scale_bf16x2(ka[0], wk[2 * kk][0], wk[2 * kk][1]);          // j = 16kk + 2t + {0,1}
         ka[1] = scale_bf16x2(ka[1], wk[2 * kk][0], wk[2 * kk][1]);
         ka[2] = scale_bf16x2(ka[2], wk[2 * kk + 1][0], wk[2 * kk + 1][1]);  // j = 16kk + 8 + 2t + {0,1}

@@ -57,6 +57,13 @@ __device__ __forceinline__ uint32_t scale_bf16x2(uint32_t x, float lo, float hi)
   return pack_bf16x2(__uint_as_float(x << 16) * lo, __uint_as_float(x & 0xffff0000u) * hi);
 }
 
+// 2^x (MUFU.EX2, relative error ~2^-22; subnormal results flush to 0, 2^-inf = 0).
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // 16-byte global -> shared copy; when !valid, writes 16 zero bytes and reads nothing (src must
 // still be a mapped address: pass any valid pointer).
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {

@@ -42,7 +42,8 @@ struct Layout {
 };
 
 // e^x for x that is <= 0 in exact arithmetic; the clamp absorbs rounding of differences of cumsums.
-__device__ __forceinline__ float exp_nonpos(float x) { return __expf(fminf(x, 0.f)); }
+// x = -inf (a masked entry) gives exactly 0.
+__device__ __forceinline__ float exp_nonpos(float x) { return ex2_approx(fminf(x, 0.f) * 1.4426950408889634f); }
 
 // The fold of segment (or rank) prefixes: P_{s+1} = e^{Lambda_s} P_s + M_s, fp32, one element.
 __device__ __forceinline__ float fold_step(float prefix, float lambda, float m) {
@@ -51,17 +52,23 @@ __device__ __forceinline__ float fold_step(float prefix, float lambda, float m) 
 
 // Async copy of a [kChunk x 8*kRowChunks] bf16 tile whose row r starts at row0 + r*stride (elements)
 // into swizzled shared memory at dst. Rows >= valid_rows are zero-filled (ragged last chunk).
+// Thread tid always copies 16-byte chunk tid % kRowChunks of rows tid / kRowChunks + i*kRowStep:
+// consecutive threads read consecutive 16 B of a row, and the shared offsets step by constants.
 template <int kRowChunks>
 __device__ __forceinline__ void copy_tile_async(uint32_t dst, const uint16_t* row0, int64_t stride, int valid_rows,
                                                 int tid) {
-  constexpr int kPerThread = kChunk * kRowChunks / kThreads;
-  static_assert(kPerThread * kThreads == kChunk * kRowChunks, "tile must split evenly over the CTA");
+  constexpr int kRowStep = kThreads / kRowChunks;
+  constexpr int kPerThread = kChunk / kRowStep;
+  static_assert(kRowStep % 8 == 0 && kPerThread * kRowStep == kChunk, "rows must keep their swizzle phase");
+  const int r0 = tid / kRowChunks, c = tid % kRowChunks;
+  const uint16_t* src = row0 + r0 * stride + c * 8;
+  const int64_t src_step = kRowStep * stride;
+  dst += swizzle(r0, c, kRowChunks);  // rows r0 + i*kRowStep share r0 % 8, hence the swizzle
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
-    const int idx = tid + i * kThreads;  // consecutive threads take consecutive 16 B of a row
-    const int r = idx / kRowChunks, c = idx % kRowChunks;
-    const bool ok = r < valid_rows;
-    cp_async_16(dst + swizzle(r, c, kRowChunks), ok ? row0 + r * stride + c * 8 : row0, ok);
+    const bool ok = r0 + i * kRowStep < valid_rows;
+    cp_async_16(dst + i * kRowStep * kRowChunks * 16, ok ? src : row0, ok);
+    src += src_step;
   }
 }
 
