@@ -15,7 +15,9 @@
 // cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem) once (> 48 KiB).
 //
 // Supported: Dk in {64, 128}; Dv a positive multiple of 64; T >= 1; B*H in [1, 65535];
-// q, k, v, o 16-byte aligned, h0 / ht / workspace 8-byte aligned; g finite and <= 0.
+// q, k, v, o 16-byte aligned, h0 / ht / workspace 8-byte aligned; g finite and <= 0; scale > 0;
+// ht must not overlap h0 (with S > 1 the last segment writes ht while segment 0 may still read h0).
+// Same inputs -> bitwise same outputs (no atomics; every sum has a fixed order).
 #pragma once
 #include <stdint.h>
 
@@ -32,7 +34,9 @@
 #define LASP_SD_CHUNK 64        // tokens per chunk (C)
 #define LASP_SD_TILE_V 64       // Dv columns per CTA
 #define LASP_SD_THREADS 128     // 4 warps per CTA for the states and output kernels
-#define LASP_SD_STAGES 4        // cp.async pipeline depth (chunks in flight)
+#ifndef LASP_SD_STAGES
+#define LASP_SD_STAGES 4        // cp.async pipeline depth (chunks in flight); 2 lets 2 output CTAs share an SM
+#endif
 #define LASP_SD_FOLD_THREADS 256
 
 typedef struct {
@@ -66,13 +70,14 @@ LASP_SD_FN int32_t lasp_sd_num_chunks(int32_t T) {
 
 LASP_SD_FN int32_t lasp_sd_num_vtiles(int32_t Dv) { return Dv / LASP_SD_TILE_V; }
 
-// Segments per (b, h): enough CTAs of the output kernel (B*H*S*Dv/64) to fill the SMs once, never a
-// second partial wave, never an empty segment. num_sms = the device's multiprocessor count.
-LASP_SD_FN int32_t lasp_sd_num_segments(int32_t B, int32_t H, int32_t T, int32_t Dv,
-                                                       int32_t num_sms) {
+// Segments per (b, h): enough CTAs of the output kernel (B*H*S*Dv/64) to fill the machine once,
+// never a second partial wave, never an empty segment. target_ctas = multiprocessor count x
+// cuOccupancyMaxActiveBlocksPerMultiprocessor(output kernel, LASP_SD_THREADS, output smem)
+// (= 132 x 1 on H100/H200 with LASP_SD_STAGES 4).
+LASP_SD_FN int32_t lasp_sd_num_segments(int32_t B, int32_t H, int32_t T, int32_t Dv, int32_t target_ctas) {
   const int32_t base = B * H * lasp_sd_num_vtiles(Dv);
   const int32_t nc = lasp_sd_num_chunks(T);
-  int32_t s = num_sms / base;
+  int32_t s = target_ctas / base;
   if (s < 1) s = 1;
   if (s > nc) s = nc;
   const int32_t cps = (nc + s - 1) / s;
