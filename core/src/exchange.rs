@@ -52,19 +52,24 @@ struct PingPongParams {
 }
 
 const ALLGATHER_THREADS: u32 = 512;
+/// Every CTA of a round must be resident at once (the last one waits for the others' puts): one
+/// 512-thread CTA fits per SM, and Hopper parts have at least 114 SMs.
+const MAX_CTAS: u32 = 112;
 
-/// CTAs for an all-gather of `bytes` per PE: enough SMs to drive NVLink at large sizes (32 was
-/// best on the reference node from 2 MiB up), fewer at small sizes where per-CTA latency rules.
+/// CTAs for an all-gather of `bytes` per PE: one per 16 KiB, at least 4 and at most 64. On the
+/// 4x H200 reference node 64 CTAs were best or within 2% of best from 1 MiB to 32 MiB
+/// (benches/results/raw/2026-11-21-h200x4-exchange-sweep.txt).
 pub fn allgather_ctas(bytes: usize) -> u32 {
-    (bytes.div_ceil(16 << 10)).clamp(4, 32) as u32
+    (bytes.div_ceil(16 << 10)).clamp(4, 64) as u32
 }
 
 fn device_addr<T>(slice: &CudaSlice<T>, stream: &CudaStream) -> u64 {
     slice.device_ptr(stream).0
 }
 
-/// A device-initiated all-gather of `bytes` per PE into every PE's slots, with 64-bit epoch
-/// signals, double-buffered slots and credits (see exchange_params.h for the protocol).
+/// A device-initiated, in-place all-gather of `bytes` per PE: after a round, slot `[e % 2][s]`
+/// of every PE holds PE `s`'s source, except a PE's own slot (its data stays in its source). 64-bit
+/// epoch signals, double-buffered slots and credits (see exchange_params.h for the protocol).
 ///
 /// Each [`AllGather::launch`] is one round, enqueued on a stream with no host synchronisation;
 /// rounds on one stream may follow each other back to back, or be captured in a CUDA graph.
@@ -138,9 +143,9 @@ impl AllGather {
 
     /// Overrides the planned number of CTAs (for benchmarks that sweep it).
     pub fn set_ctas(&mut self, ctas: u32) -> Result<()> {
-        if ctas == 0 || ctas > 64 {
+        if ctas == 0 || ctas > MAX_CTAS {
             return Err(Error::InvalidArgument(format!(
-                "{ctas} CTAs: use 1 to 64 so every CTA is resident at once"
+                "{ctas} CTAs: use 1 to {MAX_CTAS} so every CTA is resident at once"
             )));
         }
         self.ctas = ctas;
@@ -308,7 +313,7 @@ mod tests {
     fn cta_plan_grows_with_size_and_stays_resident() {
         assert_eq!(allgather_ctas(32 << 10), 4);
         assert_eq!(allgather_ctas(256 << 10), 16);
-        assert_eq!(allgather_ctas(8 << 20), 32);
+        assert_eq!(allgather_ctas(8 << 20), 64);
     }
 
     #[test]

@@ -41,8 +41,9 @@ __device__ __forceinline__ uint32_t pattern_word(int32_t source, uint64_t epoch,
 }  // namespace
 
 // One round of the all-gather. Roles inside the grid:
-//  - every CTA copies its slice of `src` into slot [parity][me] of every PE (itself last), once the
-//    reader of that slot has returned its credit for the round two epochs back;
+//  - every CTA copies its slice of `src` into slot [parity][me] of every other PE, once the reader
+//    of that slot has returned its credit for the round two epochs back (in place: slot
+//    [parity][me] of this PE is not written, its data stays in `src`);
 //  - the last CTA to finish its puts signals every PE, then waits for every PE's signal and
 //    publishes the new epoch.
 // Launch with at most as many CTAs as fit on the device at once (the host plans <= 64).
@@ -62,8 +63,10 @@ extern "C" __global__ void __launch_bounds__(512) lasp_allgather(const __grid_co
 
   const Slice slice = cta_slice(p.bytes, blockIdx.x, gridDim.x);
   uint8_t* const my_slot = p.slots + (static_cast<uint64_t>(parity) * p.npes + p.me) * p.bytes;
-  for (int k = 1; k <= p.npes; ++k) {
-    const int pe = (p.me + k) % p.npes;  // peers in rotated order so PEs don't all hit one target
+  // In place: this PE's own contribution stays in `src`, only the peers' copies move. Each CTA
+  // starts at a different peer so every link is busy from the first byte.
+  for (int k = 0; k < p.npes - 1; ++k) {
+    const int pe = (p.me + 1 + (blockIdx.x + k) % (p.npes - 1)) % p.npes;
     if (threadIdx.x == 0)
       peer_ready = epoch <= 2 || lasp::wait_signal_ge(site, p.credit + pe, epoch - 2, pe, pe, LASP_WAIT_CREDIT);
     __syncthreads();
@@ -95,12 +98,13 @@ extern "C" __global__ void __launch_bounds__(512) lasp_allgather(const __grid_co
   const bool complete = *(volatile uint32_t*)&p.diag->failed == 0;
   if (complete) {
     for (int pe = threadIdx.x; pe < p.npes; pe += blockDim.x)
-      nvshmemx_signal_op(p.data_signal + parity * p.npes + p.me, epoch, NVSHMEM_SIGNAL_SET, pe);
+      if (pe != p.me) nvshmemx_signal_op(p.data_signal + parity * p.npes + p.me, epoch, NVSHMEM_SIGNAL_SET, pe);
   }
   __shared__ int all_arrived;
   if (threadIdx.x == 0) all_arrived = complete;
   __syncthreads();
   for (int source = threadIdx.x; source < p.npes && complete; source += blockDim.x) {
+    if (source == p.me) continue;
     const int slot = parity * p.npes + source;
     if (!lasp::wait_signal_ge(site, p.data_signal + slot, epoch, source, slot, LASP_WAIT_DATA))
       all_arrived = 0;
@@ -126,6 +130,7 @@ extern "C" __global__ void lasp_allgather_check(const __grid_constant__ lasp_all
   unsigned long long bad = 0;
   for (uint64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < p.npes * words_per_pe; i += gridDim.x * blockDim.x) {
     const int32_t source = static_cast<int32_t>(i / words_per_pe);
+    if (source == p.me) continue;  // in place: this PE's data is in `src`, not in its slot
     bad += slots[i] != pattern_word(source, epoch, i % words_per_pe);
   }
   for (int offset = 16; offset > 0; offset /= 2) bad += __shfl_down_sync(0xffffffffu, bad, offset);

@@ -10,7 +10,7 @@
 //! those medians (the collective is done when its slowest rank is).
 
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaStream, DevicePtr};
 use cudarc::nccl::{Comm, Id};
 use lasp_shmem::exchange::{AllGather, PingPong};
 use lasp_shmem::launch_env::LaunchEnv;
@@ -87,17 +87,46 @@ fn nccl_comm(rt: &Runtime, stream: &Arc<CudaStream>) -> Result<Comm> {
     Comm::from_rank(stream.clone(), rt.pe(), rt.npes(), id).map_err(nccl_error)
 }
 
+/// NCCL's in-place all-gather (send buffer = this rank's block of the receive buffer), which,
+/// like ours, moves only the peers' bytes.
+fn nccl_in_place_all_gather_us(
+    rt: &Runtime,
+    comm: &Comm,
+    stream: &Arc<CudaStream>,
+    bytes: usize,
+) -> Result<f64> {
+    let mut recv = stream.alloc_zeros::<u8>(bytes * rt.npes())?;
+    let own_block = recv.device_ptr(stream).0 + (rt.pe() * bytes) as u64;
+    // SAFETY: an alias of this rank's block of `recv`, NCCL's in-place mode (sendbuff ==
+    // recvbuff + rank * count); leaked below, so it never frees memory it does not own.
+    let send = unsafe { stream.upgrade_device_ptr::<u8>(own_block, bytes) };
+    let us = time_collective(rt, stream, || {
+        comm.all_gather(&send, &mut recv)
+            .map(|_| ())
+            .map_err(nccl_error)
+    });
+    send.leak();
+    us
+}
+
 fn run() -> Result<()> {
     let mut out = None;
     let mut sizes = parse_byte_list("32K,256K,1M,2M,4M,8M,32M")?;
+    let mut sweep: Vec<u32> = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         match (flag.as_str(), args.next()) {
             ("--out", Some(path)) => out = Some(path),
             ("--sizes", Some(list)) => sizes = parse_byte_list(&list)?,
+            ("--sweep-ctas", Some(list)) => {
+                sweep = list
+                    .split(',')
+                    .map(|v| v.parse().map_err(|_| Error::InvalidArgument(format!("--sweep-ctas {list}: not numbers"))))
+                    .collect::<Result<_>>()?
+            }
             _ => {
                 return Err(Error::InvalidArgument(format!(
-                    "usage: exchange_bench [--out FILE] [--sizes 32K,1M] (got {flag})"
+                    "usage: exchange_bench [--out FILE] [--sizes 32K,1M] [--sweep-ctas 16,32,64] (got {flag})"
                 )))
             }
         }
@@ -117,15 +146,21 @@ fn run() -> Result<()> {
         gather.fill_pattern(&stream)?;
         let ours = time_collective(&rt, &stream, || gather.launch(&stream))?;
         gather.finish(&stream)?;
+        for &ctas in &sweep {
+            gather.set_ctas(ctas)?;
+            let us = time_collective(&rt, &stream, || gather.launch(&stream))?;
+            gather.finish(&stream)?;
+            let us = max_over_ranks(&comm, &stream, us)?;
+            if rt.pe() == 0 {
+                println!(
+                    "sweep {:>7}/rank {ctas:>3} CTAs: {us:8.1} us",
+                    format_bytes(bytes)
+                );
+            }
+        }
         gather.free()?;
 
-        let send = stream.alloc_zeros::<u8>(bytes)?;
-        let mut recv = stream.alloc_zeros::<u8>(bytes * rt.npes())?;
-        let nccl = time_collective(&rt, &stream, || {
-            comm.all_gather(&send, &mut recv)
-                .map(|_| ())
-                .map_err(nccl_error)
-        })?;
+        let nccl = nccl_in_place_all_gather_us(&rt, &comm, &stream, bytes)?;
         let row = Row {
             bytes,
             ours_us: max_over_ranks(&comm, &stream, ours)?,
@@ -197,7 +232,7 @@ fn results_json(rt: &Runtime, rows: &[Row], pingpong_us: Option<f64>) -> Result<
         })
         .collect();
     Ok(format!(
-        "{{\n  \"device\": \"{} x{}\",\n  \"commit\": \"{}\",\n  \"date\": \"{}\",\n  \"W\": {},\n  \"method\": \"per rank median of {ITERATIONS} iterations after {WARMUP} warm-up, each after an on-stream barrier, CUDA events; max over ranks\",\n  \"gbps_egress_8MiB\": {},\n  \"pingpong_rtt_us\": {},\n  \"speedup_vs_nccl_1MiB\": {},\n  \"speedup_vs_nccl_4MiB\": {},\n  \"rows\": [\n{}\n  ]\n}}\n",
+        "{{\n  \"device\": \"{} x{}\",\n  \"commit\": \"{}\",\n  \"date\": \"{}\",\n  \"W\": {},\n  \"method\": \"in-place all-gather on both sides (own block not copied); per rank median of {ITERATIONS} iterations after {WARMUP} warm-up, each after an on-stream barrier, CUDA events; max over ranks\",\n  \"gbps_egress_8MiB\": {},\n  \"pingpong_rtt_us\": {},\n  \"speedup_vs_nccl_1MiB\": {},\n  \"speedup_vs_nccl_4MiB\": {},\n  \"rows\": [\n{}\n  ]\n}}\n",
         device,
         rt.npes(),
         std::env::var("LASP_COMMIT").unwrap_or_else(|_| "unknown".into()),

@@ -4,7 +4,8 @@
 #include <stdint.h>
 #include "lasp/wait_diagnostics.h"
 
-// Symmetric layout of one all-gather: every PE holds `slots` = [2 parities][npes][bytes]. The
+// Symmetric layout of one all-gather: every PE holds `slots` = [2 parities][npes][bytes], where
+// slot [parity][s] receives PE s's `src` (in place: a PE's own slot is not written). The
 // round with epoch e uses parity e % 2, so a round can start while readers still use the previous
 // one; the round after that waits for their credits first.
 typedef struct {
