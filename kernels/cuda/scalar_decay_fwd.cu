@@ -86,8 +86,6 @@ __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p) {
     if constexpr (kOutput)
       src = seg > 0 ? p.ws_p + ((int64_t)bh * n_seg_slots + seg - 1) * DK * Dv
                     : p.h0 ? p.h0 + (int64_t)bh * DK * Dv : nullptr;
-    else
-      (void)n_seg_slots;
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
