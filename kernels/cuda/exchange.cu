@@ -61,20 +61,24 @@ extern "C" __global__ void __launch_bounds__(512) lasp_allgather(const __grid_co
       nvshmemx_signal_op(p.credit + p.me, epoch - 1, NVSHMEM_SIGNAL_SET, pe);
   }
 
+  // The slots this round overwrites were last read at epoch - 2: wait for every reader's credit
+  // for it, all peers in parallel (one thread each), before the first put.
+  if (threadIdx.x == 0) peer_ready = 1;
+  __syncthreads();
+  if (epoch > 2) {
+    for (int pe = threadIdx.x; pe < p.npes; pe += blockDim.x)
+      if (pe != p.me && !lasp::wait_signal_ge(site, p.credit + pe, epoch - 2, pe, pe, LASP_WAIT_CREDIT))
+        peer_ready = 0;
+    __syncthreads();
+  }
+
   const Slice slice = cta_slice(p.bytes, blockIdx.x, gridDim.x);
   uint8_t* const my_slot = p.slots + (static_cast<uint64_t>(parity) * p.npes + p.me) * p.bytes;
   // In place: this PE's own contribution stays in `src`, only the peers' copies move. Each CTA
   // starts at a different peer so every link is busy from the first byte.
-  for (int k = 0; k < p.npes - 1; ++k) {
+  for (int k = 0; k < p.npes - 1 && peer_ready && slice.end > slice.begin; ++k) {
     const int pe = (p.me + 1 + (blockIdx.x + k) % (p.npes - 1)) % p.npes;
-    if (threadIdx.x == 0)
-      peer_ready = epoch <= 2 || lasp::wait_signal_ge(site, p.credit + pe, epoch - 2, pe, pe, LASP_WAIT_CREDIT);
-    __syncthreads();
-    const bool ready = peer_ready;
-    __syncthreads();  // everyone has read the flag before thread 0 writes the next peer's
-    if (!ready) break;
-    if (slice.end > slice.begin)
-      nvshmemx_putmem_nbi_block(my_slot + slice.begin, p.src + slice.begin, slice.end - slice.begin, pe);
+    nvshmemx_putmem_nbi_block(my_slot + slice.begin, p.src + slice.begin, slice.end - slice.begin, pe);
   }
 
   // Completion of this CTA's puts, then count it in. The fences make the puts visible before the
