@@ -5,6 +5,7 @@
 // (S on chip, M_s, P_s, Lambda_s) are fp32; cumsums are chunk-local; every exponent is clamped to
 // <= 0 (exp_nonpos), so nothing overflows and e^{G}·e^{-G} never appears.
 #pragma once
+#include <math.h>
 #include <stdint.h>
 
 #include "lasp/mma.cuh"
@@ -113,6 +114,294 @@ __device__ __forceinline__ ChunkGates scan_gates(const float* s_gates, int warp,
   }
   cg.gamma = __shfl_sync(kAll, b_odd, 31);
   return cg;
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// A reusable copy of the segment loop of scalar_decay_fwd.cu (run_segment) with the start state and
+// the end-state epilogue supplied by the caller, so other forwards (LASP-2: lasp2_fwd.cu) run the
+// identical chunk loop from a prologue of their own. scalar_decay_fwd.cu keeps its own copy for now;
+// the code below is the same statement for statement (same order, same arithmetic), except that the
+// start state comes from `start`, the end state goes to `end`, and a failed start suppresses stores.
+// ---------------------------------------------------------------------------------------------
+
+// What one CTA runs: the tensors (fla layout, already the full [B, T, H, D] bases), its chunks and its
+// (Dv tile, b*H+h).
+struct SegmentArgs {
+  const uint16_t* q;  // bf16 [B, T, H, DK] (unused by the states variant)
+  const uint16_t* k;  // bf16 [B, T, H, DK]
+  const uint16_t* v;  // bf16 [B, T, H, Dv]
+  const float* g;     // fp32 [B, T, H]
+  uint16_t* o;        // bf16 [B, T, H, Dv] (unused by the states variant)
+  int T, H, Dv;
+  int c_begin;        // first chunk of the segment
+  int n_chunks;       // chunks of the segment (>= 1)
+  int vt, bh;         // Dv tile and b*H+h of this CTA
+  float scale;
+};
+
+// The state elements a lane holds: s[mt][nt][2*hh + e] = S[d][c] with d = d_warp + 16*mt + 8*hh + g,
+// c = 8*nt + 2*t + e (column within the 64-column tile). The same map as run_segment's.
+struct StateLane {
+  int d_warp, g, t;
+};
+
+template <int DK>
+using StateRegs = float[DK / 64][8][4];
+
+// f(x0, x1, d, c) for every element pair (columns c, c + 1 of row d) the lane holds.
+template <int DK, class F>
+__device__ __forceinline__ void for_each_state_pair(StateRegs<DK>& s, const StateLane& ln, F&& f) {
+#pragma unroll
+  for (int mt = 0; mt < DK / 64; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+        f(s[mt][nt][2 * hh], s[mt][nt][2 * hh + 1], ln.d_warp + 16 * mt + 8 * hh + ln.g, 8 * nt + 2 * ln.t);
+}
+
+// s = 0.
+template <int DK>
+__device__ __forceinline__ void state_zero(StateRegs<DK>& s, const StateLane& ln) {
+  for_each_state_pair<DK>(s, ln, [](float& x0, float& x1, int, int) { x0 = 0.f, x1 = 0.f; });
+}
+
+// s = tile, element (d, c) at base[d * ld + c] (fp32, 8-byte aligned rows).
+template <int DK>
+__device__ __forceinline__ void state_load(StateRegs<DK>& s, const StateLane& ln, const float* base, int64_t ld) {
+  for_each_state_pair<DK>(s, ln, [&](float& x0, float& x1, int d, int c) {
+    const float2 x = *reinterpret_cast<const float2*>(base + d * ld + c);
+    x0 = x.x, x1 = x.y;
+  });
+}
+
+// s = e^{lambda} s + tile (fold_step per element). kL2 reads through L2 only (ld.global.cg), for data
+// another GPU or a NIC wrote while this kernel ran.
+template <int DK, bool kL2 = false>
+__device__ __forceinline__ void state_fold(StateRegs<DK>& s, const StateLane& ln, const float* base, int64_t ld,
+                                           float lambda) {
+  for_each_state_pair<DK>(s, ln, [&](float& x0, float& x1, int d, int c) {
+    const float2* src = reinterpret_cast<const float2*>(base + d * ld + c);
+    const float2 m = kL2 ? __ldcg(src) : *src;
+    x0 = fold_step(x0, lambda, m.x);
+    x1 = fold_step(x1, lambda, m.y);
+  });
+}
+
+// tile = s.
+template <int DK>
+__device__ __forceinline__ void state_store(StateRegs<DK>& s, const StateLane& ln, float* base, int64_t ld) {
+  for_each_state_pair<DK>(s, ln, [&](float& x0, float& x1, int d, int c) {
+    *reinterpret_cast<float2*>(base + d * ld + c) = make_float2(x0, x1);
+  });
+}
+
+// Runs one CTA's segment (kOutput = false: states only, K, V, gates; kOutput = true: outputs too).
+//   start(s, lane) -> bool: fills the fp32 start state (called once by every thread, before any
+//                   cp.async; it may contain __syncthreads). If it returns false (uniformly across the
+//                   CTA), the CTA still runs its loop but stores no O and does not call end.
+//   end(s, lane, lambda): the epilogue, given the segment's end state and its log-decay
+//                   (sum of the chunks' gamma in chunk order).
+template <int DK, bool kOutput, class Start, class End>
+__device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& start, End&& end) {
+  using L = Layout<DK, kOutput>;
+  constexpr int kMT = DK / 64;
+  constexpr int kKS = DK / 16;
+  constexpr int kQKChunks = DK / 8;
+  constexpr int kVChunks = kTileV / 8;
+  static_assert(DK == 64 || DK == 128, "Dk must be 64 or 128");
+
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t sbase = smem_addr(smem);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int vt = a.vt, bh = a.bh;
+  const int b = bh / a.H, h = bh % a.H;
+  const int T = a.T, Dv = a.Dv;
+  const int c_begin = a.c_begin;
+  const int n_chunks = a.n_chunks;
+
+  const int64_t row_bt0 = (int64_t)b * T * a.H + h;
+  const int64_t qk_stride = (int64_t)a.H * DK, v_stride = (int64_t)a.H * Dv;
+  const uint16_t* q = a.q + row_bt0 * DK;
+  const uint16_t* k = a.k + row_bt0 * DK;
+  const uint16_t* v = a.v + row_bt0 * Dv + vt * kTileV;
+  const float* gate = a.g + row_bt0;
+
+  auto issue_chunk = [&](int i) {
+    const uint32_t stage = sbase + (i % kStages) * L::kStageBytes;
+    const int tok0 = (c_begin + i) * kChunk;
+    const int valid = min(kChunk, T - tok0);
+    if constexpr (kOutput) copy_tile_async<kQKChunks>(stage + L::kQ, q + tok0 * qk_stride, qk_stride, valid, tid);
+    copy_tile_async<kQKChunks>(stage + L::kK, k + tok0 * qk_stride, qk_stride, valid, tid);
+    copy_tile_async<kVChunks>(stage + L::kV, v + tok0 * v_stride, v_stride, valid, tid);
+    if (tid < kChunk) {
+      const bool ok = tid < valid;
+      cp_async_4(stage + L::kG + 4 * tid, ok ? gate + (int64_t)(tok0 + tid) * a.H : gate, ok);
+    }
+  };
+
+  const int d_warp = warp * (DK / 4);
+  const StateLane ln{d_warp, g, t};
+  float s[kMT][8][4];
+
+  auto store_state_bf16 = [&](uint32_t buf) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int d = d_warp + 16 * mt + 8 * hh + g;
+          *reinterpret_cast<uint32_t*>(smem + buf + swizzle(d, nt, kVChunks) + 4 * t) =
+              pack_bf16x2(s[mt][nt][2 * hh], s[mt][nt][2 * hh + 1]);
+        }
+  };
+
+  const int l_row = lane & 7, l_b3 = (lane >> 3) & 1, l_b4 = lane >> 4;
+  uint32_t off_q[4];
+  uint32_t off_k[4];
+  uint32_t off_v[4];
+  uint32_t off_kt[kMT];
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    off_q[m] = swizzle(16 * warp + l_row + 8 * l_b3, 2 * m + l_b4, kQKChunks);
+    off_k[m] = swizzle(l_row + 8 * l_b4, 2 * m + l_b3, kQKChunks);
+    off_v[m] = swizzle(l_row + 8 * l_b3, 2 * m + l_b4, kVChunks);
+  }
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) off_kt[mt] = swizzle(l_row + 8 * l_b4, (d_warp + 16 * mt) / 8 + l_b3, kQKChunks);
+  constexpr uint32_t kQKRow16 = 16 * kQKChunks * 16;
+  constexpr uint32_t kVRow16 = 16 * kVChunks * 16;
+
+  // A CTA whose start failed still runs the loop (on whatever state it has) but stores nothing: an
+  // early exit here would make the compiler treat the whole loop as divergent code and give up the
+  // uniform datapath (+25 integer instructions per chunk, +4 registers in output_dk128). Issuing the
+  // first cp.async before `start` (to overlap a wait) costs registers: 32 B of spills in output_dk128.
+  const bool store = start(s, ln);
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < n_chunks) issue_chunk(i);
+    cp_async_commit();
+  }
+  if constexpr (kOutput) store_state_bf16(L::kSbf);
+
+  float lambda = 0.f;
+  for (int i = 0; i < n_chunks; ++i) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    if (i + kStages - 1 < n_chunks) issue_chunk(i + kStages - 1);
+    cp_async_commit();
+
+    const uint32_t stage = (i % kStages) * L::kStageBytes;
+    const uint32_t sK = sbase + stage + L::kK;
+    const uint32_t sV = sbase + stage + L::kV;
+    const ChunkGates cg = scan_gates(reinterpret_cast<const float*>(smem + stage + L::kG), warp, lane);
+    lambda += cg.gamma;
+
+    float o[8][4] = {};
+    uint32_t pa[4][4] = {};
+    if constexpr (kOutput) {
+      const uint32_t sQ = sbase + stage + L::kQ;
+      const uint32_t sS = sbase + L::kSbf + (i & 1) * L::kSbfBytes;
+      float acc[8][4] = {};
+#pragma unroll
+      for (int ks = 0; ks < kKS; ++ks) {
+        uint32_t qa[4];
+        ldsm_x4(qa, sQ + off_q[ks & 3] + 128 * (ks >> 2));
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          uint32_t sb[4];
+          ldsm_x4_trans(sb, sS + off_v[np] + ks * kVRow16);
+          mma_bf16(o[2 * np], qa, sb[0], sb[1]);
+          mma_bf16(o[2 * np + 1], qa, sb[2], sb[3]);
+        }
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          uint32_t kb[4];
+          ldsm_x4(kb, sK + off_k[ks & 3] + 128 * (ks >> 2) + np * kQKRow16);
+          mma_bf16(acc[2 * np], qa, kb[0], kb[1]);
+          mma_bf16(acc[2 * np + 1], qa, kb[2], kb[3]);
+        }
+      }
+      const float row_scale[2] = {a.scale * exp_nonpos(cg.row[0]), a.scale * exp_nonpos(cg.row[1])};
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          o[nt][2 * hh] *= row_scale[hh];
+          o[nt][2 * hh + 1] *= row_scale[hh];
+          const int r = 16 * warp + 8 * hh + g;
+          const int j = 8 * nt + 2 * t;
+          const float d0 = exp_nonpos(j <= r ? cg.row[hh] - cg.col[nt][0] : -INFINITY);
+          const float d1 = exp_nonpos(j + 1 <= r ? cg.row[hh] - cg.col[nt][1] : -INFINITY);
+          const float x0 = a.scale * acc[nt][2 * hh] * d0;
+          const float x1 = a.scale * acc[nt][2 * hh + 1] * d1;
+          pa[nt >> 1][(nt & 1) * 2 + hh] = pack_bf16x2(x0, x1);
+        }
+    }
+
+    const float decay = exp_nonpos(cg.gamma);
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][nt][e] *= decay;
+    float wk[8][2];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) wk[nt][e] = exp_nonpos(cg.gamma - cg.col[nt][e]);
+
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      uint32_t vb[4][4];
+#pragma unroll
+      for (int np = 0; np < 4; ++np)
+        ldsm_x4_trans(vb[np], sV + off_v[np] + kk * kVRow16);
+      if constexpr (kOutput) {
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          mma_bf16(o[2 * np], pa[kk], vb[np][0], vb[np][1]);
+          mma_bf16(o[2 * np + 1], pa[kk], vb[np][2], vb[np][3]);
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        uint32_t ka[4];
+        ldsm_x4_trans(ka, sK + off_kt[mt] + kk * kQKRow16);
+        ka[0] = scale_bf16x2(ka[0], wk[2 * kk][0], wk[2 * kk][1]);
+        ka[1] = scale_bf16x2(ka[1], wk[2 * kk][0], wk[2 * kk][1]);
+        ka[2] = scale_bf16x2(ka[2], wk[2 * kk + 1][0], wk[2 * kk + 1][1]);
+        ka[3] = scale_bf16x2(ka[3], wk[2 * kk + 1][0], wk[2 * kk + 1][1]);
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          mma_bf16(s[mt][2 * np], ka, vb[np][0], vb[np][1]);
+          mma_bf16(s[mt][2 * np + 1], ka, vb[np][2], vb[np][3]);
+        }
+      }
+    }
+
+    if constexpr (kOutput) {
+      const int tok0 = (c_begin + i) * kChunk;
+      uint16_t* o_tile = a.o + row_bt0 * Dv + vt * kTileV + 2 * t;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int tok = tok0 + 16 * warp + 8 * hh + g;
+        if (store && tok < T) {
+          uint16_t* dst = o_tile + tok * v_stride;
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+            *reinterpret_cast<uint32_t*>(dst + 8 * nt) = pack_bf16x2(o[nt][2 * hh], o[nt][2 * hh + 1]);
+        }
+      }
+      if (i + 1 < n_chunks) store_state_bf16(L::kSbf + ((i + 1) & 1) * L::kSbfBytes);
+    }
+  }
+
+  if (store) end(s, ln, lambda);
 }
 
 }  // namespace sd

@@ -1,0 +1,187 @@
+// Parameters, symmetric-buffer layouts and launch geometry of the LASP-2 forward with scalar decay
+// (lasp2_fwd.cu). C layout, mirrored by a #[repr(C)] Rust struct: keep field order, types and the
+// helpers in sync. Design, protocol and host sequence: kernels/cuda/LASP2_NOTES.md.
+//
+// Maths (research/kernel-anchors.md §5.4), per (b, h), PE `me` of `npes` holding T_local tokens:
+//   M_me = local end state from a ZERO start (fp32 [Dk, Dv]),  Lambda_me = sum_t a_t over the shard
+//   P_0 = h0 (or 0);  P_{u+1} = e^{Lambda_u} P_u + M_u  (fp32, ascending u < me)
+//   outputs of the shard = the single-GPU forward started from P_me; the final state of the whole
+//   sequence (PE npes-1 only) = the state after the shard's last token = e^{Lambda_me} P_me + M_me.
+//
+// Host call sequence per layer call (one stream per PE, this order; S = num_segments of this PE):
+//   1. lasp_lasp2_states_dk{64,128}  grid lasp2_states_grid(B, H, Dv, S),  block LASP2_THREADS,
+//                                    smem lasp2_states_smem_bytes(Dk)
+//   2. lasp_lasp2_fold_put           grid lasp2_fold_put_grid(B, H, Dv),   block LASP2_FOLD_THREADS, smem 0
+//   2b. LASP2_HOST_GATHERED only:    all-gather of slot half [epoch & 1] (lasp2_gather_* helpers)
+//   3. lasp_lasp2_output_dk{64,128}  grid lasp2_output_grid(B, H, Dv, S),  block LASP2_THREADS,
+//                                    smem lasp2_output_smem_bytes(Dk)
+//   4. lasp_lasp2_advance_epoch      grid (1, 1, 1), block (1, 1, 1), smem 0
+// All take the same lasp_lasp2_params by value. The two big kernels need
+// cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem) once (> 48 KiB).
+// Every kernel of a call uses epoch = *epoch + 1 (device memory, so a captured graph replays) and
+// slot/signal parity = epoch & 1; kernel 4 then stores the new epoch.
+//
+// Supported: Dk in {64, 128}; Dv a positive multiple of 64; T_local >= 1 (may differ between PEs;
+// B, H, Dk, Dv, npes must be equal on every PE: they fix the symmetric layouts); B*H in [1, 65535];
+// q, k, v, o 16-byte aligned; h0, ht, workspace, slots 16-byte aligned; g finite and <= 0.
+// Same inputs -> bitwise same outputs in every exchange mode (no atomics; every fold has a fixed order).
+#pragma once
+#include <stdint.h>
+
+#include "lasp/scalar_decay_params.h"
+#include "lasp/wait_diagnostics.h"
+
+#if defined(__CUDACC__)
+#define LASP2_FN static inline constexpr __host__ __device__
+#elif defined(__cplusplus)
+#define LASP2_FN static inline constexpr
+#else
+#define LASP2_FN static inline
+#endif
+
+#define LASP2_CHUNK LASP_SD_CHUNK      // 64 tokens per chunk
+#define LASP2_TILE_V LASP_SD_TILE_V    // 64 Dv columns per CTA / per exchanged tile
+#define LASP2_THREADS LASP_SD_THREADS  // 128: states and output kernels
+#define LASP2_FOLD_THREADS 256         // fold_put
+#define LASP2_SLOT_TRAILER_FLOATS 4    // after a tile's Dk*64 floats: [0] = Lambda, [1..3] = 0
+
+// Where the output kernel's (M_u, Lambda_u) tiles for u < me come from (same fold in every mode).
+enum lasp2_exchange_mode {
+  LASP2_NO_COMM = 0,        // no NVSHMEM call at all (no credits, puts or waits): folds whatever the
+                            // slots hold; for timing the same kernels without communication
+  LASP2_DEVICE_PUT = 1,     // fold_put puts its tile to every later PE with a signal; output waits
+  LASP2_HOST_GATHERED = 2,  // the host all-gathers slot half [parity] between fold_put and output
+};
+
+typedef struct {
+  const uint16_t* q;          // bf16 [B, T, H, Dk] (T = this PE's T_local), contiguous
+  const uint16_t* k;          // bf16 [B, T, H, Dk]
+  const uint16_t* v;          // bf16 [B, T, H, Dv]
+  const float* g;             // fp32 [B, T, H]: per-token log-decay a_t <= 0 (natural log)
+  uint16_t* o;                // bf16 [B, T, H, Dv]: output of this shard
+  const float* h0;            // fp32 [B, H, Dk, Dv] global initial state (the same on every PE), or NULL
+  float* ht;                  // fp32 [B, H, Dk, Dv] final state, or NULL; written only if write_final_state
+  float* ws_m;                // device fp32 [B*H, S, Dk, Dv]: end state M_s of segment s from zero
+  float* ws_lambda;           // device fp32 [B*H, S]: log-decay Lambda_s of segment s
+  float* slots;               // SYMMETRIC fp32 [2][npes][B*H][Dv/64][Dk*64 + 4] (lasp2_slots_bytes):
+                              // tile [parity][u][bh][vt] = (M_u tile row-major [Dk][64], Lambda_u, 0, 0, 0)
+  uint64_t* signals;          // SYMMETRIC u64 [2][npes][B*H*(Dv/64)] (lasp2_signals_count): word
+                              // [parity][u][bh*ntiles + vt] on PE p = the epoch of u's tile that landed in p's slot
+  uint64_t* credit;           // SYMMETRIC u64 [npes]: credit[r] on PE w = the last epoch reader r has
+                              // finished reading, so w may overwrite r's copy of parity e & 1 at e + 2
+  uint64_t* epoch;            // device u64, 1 word: the last completed epoch (starts at 0)
+  lasp_wait_diag* diag;       // device: the first expired bounded wait (reset by the host after a failure)
+  uint64_t timeout_ns;        // bound on every wait (credit, data)
+  int32_t B;                  // batch
+  int32_t T;                  // T_local: tokens of this PE's shard (>= 1)
+  int32_t H;                  // heads
+  int32_t Dk;                 // 64 or 128 (must match the kernel's suffix)
+  int32_t Dv;                 // multiple of 64
+  int32_t num_segments;       // S >= 1 for this PE: lasp_sd_num_segments(B, H, T, Dv, target_ctas)
+  int32_t chunks_per_segment; // lasp_sd_chunks_per_segment(T, S)
+  float scale;                // sigma, usually Dk^-1/2
+  int32_t me;                 // this PE (shard index: PE u holds the u-th slice of every sequence)
+  int32_t npes;               // PEs taking part (>= 1)
+  int32_t exchange_mode;      // enum lasp2_exchange_mode; the same on every PE in a call
+  int32_t write_final_state;  // 1: this PE writes ht (set it on PE npes-1 only), 0: never
+} lasp_lasp2_params;
+
+#ifdef __cplusplus
+static_assert(sizeof(lasp_lasp2_params) == 168, "lasp_lasp2_params layout changed: update the Rust mirror");
+#endif
+
+typedef struct {
+  uint32_t x, y, z;
+} lasp2_dim3;
+
+LASP2_FN int32_t lasp2_num_vtiles(int32_t Dv) { return Dv / LASP2_TILE_V; }
+
+// ---- Symmetric buffers (identical sizes and offsets on every PE) -------------------------------
+
+// Floats of one exchanged tile: the [Dk][64] block of M_u and the 4-float trailer (Lambda_u at [0]).
+// (Dk*64 + 4) * 4 bytes is a multiple of 16, so every tile starts 16-byte aligned.
+LASP2_FN uint64_t lasp2_slot_tile_floats(int32_t Dk) {
+  return (uint64_t)Dk * LASP2_TILE_V + LASP2_SLOT_TRAILER_FLOATS;
+}
+// Floats of one PE's slot in one parity: [B*H][Dv/64] tiles.
+LASP2_FN uint64_t lasp2_slot_pe_floats(int32_t B, int32_t H, int32_t Dk, int32_t Dv) {
+  return (uint64_t)B * H * lasp2_num_vtiles(Dv) * lasp2_slot_tile_floats(Dk);
+}
+LASP2_FN uint64_t lasp2_slots_bytes(int32_t npes, int32_t B, int32_t H, int32_t Dk, int32_t Dv) {
+  return 2u * (uint64_t)npes * lasp2_slot_pe_floats(B, H, Dk, Dv) * 4u;
+}
+// Float offset of tile [parity][pe][bh][vt] in `slots`.
+LASP2_FN uint64_t lasp2_slot_tile_offset(int32_t parity, int32_t pe, int32_t bh, int32_t vt, int32_t npes, int32_t B,
+                                         int32_t H, int32_t Dk, int32_t Dv) {
+  return ((uint64_t)parity * npes + pe) * lasp2_slot_pe_floats(B, H, Dk, Dv) +
+         ((uint64_t)bh * lasp2_num_vtiles(Dv) + vt) * lasp2_slot_tile_floats(Dk);
+}
+// Signal words: [2][npes][B*H*(Dv/64)] u64 (zero before the first call).
+LASP2_FN uint64_t lasp2_signals_count(int32_t npes, int32_t B, int32_t H, int32_t Dv) {
+  return 2u * (uint64_t)npes * B * H * lasp2_num_vtiles(Dv);
+}
+LASP2_FN uint64_t lasp2_signal_index(int32_t parity, int32_t pe, int32_t bh, int32_t vt, int32_t npes, int32_t B,
+                                     int32_t H, int32_t Dv) {
+  return ((uint64_t)parity * npes + pe) * ((uint64_t)B * H * lasp2_num_vtiles(Dv)) +
+         (uint64_t)bh * lasp2_num_vtiles(Dv) + vt;
+}
+// Credit words: [npes] u64 (zero before the first call).
+LASP2_FN uint64_t lasp2_credit_count(int32_t npes) { return (uint64_t)npes; }
+
+// LASP2_HOST_GATHERED: after fold_put, every PE's own slot [parity][me] (lasp2_gather_bytes bytes at
+// byte lasp2_gather_send_offset) goes to slot [parity][me] of every PE; the receive region is the
+// whole parity half, [npes][per PE] contiguous at byte lasp2_gather_recv_offset. That is exactly an
+// in-place all-gather (ncclAllGather(sendbuff = slots + send_offset, recvbuff = slots + recv_offset,
+// count = gather_bytes, ncclUint8 or count / 4 with ncclFloat32), or nvshmemx_fcollectmem_on_stream).
+LASP2_FN uint64_t lasp2_gather_bytes(int32_t B, int32_t H, int32_t Dk, int32_t Dv) {
+  return lasp2_slot_pe_floats(B, H, Dk, Dv) * 4u;
+}
+LASP2_FN uint64_t lasp2_gather_recv_offset(int32_t parity, int32_t npes, int32_t B, int32_t H, int32_t Dk,
+                                           int32_t Dv) {
+  return (uint64_t)parity * npes * lasp2_gather_bytes(B, H, Dk, Dv);
+}
+LASP2_FN uint64_t lasp2_gather_send_offset(int32_t parity, int32_t me, int32_t npes, int32_t B, int32_t H,
+                                           int32_t Dk, int32_t Dv) {
+  return ((uint64_t)parity * npes + me) * lasp2_gather_bytes(B, H, Dk, Dv);
+}
+
+// ---- Per-PE workspace (plain device memory): ws_m at byte 0, ws_lambda at lasp2_ws_lambda_offset --
+
+LASP2_FN uint64_t lasp2_ws_m_bytes(int32_t B, int32_t H, int32_t S, int32_t Dk, int32_t Dv) {
+  return (uint64_t)B * H * (uint64_t)S * Dk * Dv * 4u;
+}
+LASP2_FN uint64_t lasp2_ws_lambda_offset(int32_t B, int32_t H, int32_t S, int32_t Dk, int32_t Dv) {
+  return lasp2_ws_m_bytes(B, H, S, Dk, Dv);
+}
+LASP2_FN uint64_t lasp2_workspace_bytes(int32_t B, int32_t H, int32_t S, int32_t Dk, int32_t Dv) {
+  return lasp2_ws_m_bytes(B, H, S, Dk, Dv) + (uint64_t)B * H * (uint64_t)S * 4u;
+}
+
+// ---- Launch geometry ----------------------------------------------------------------------------
+
+// Segments per (b, h) of this PE: the single-GPU policy on the local shard (T = T_local).
+LASP2_FN int32_t lasp2_num_segments(int32_t B, int32_t H, int32_t T_local, int32_t Dv, int32_t target_ctas) {
+  return lasp_sd_num_segments(B, H, T_local, Dv, target_ctas);
+}
+LASP2_FN int32_t lasp2_chunks_per_segment(int32_t T_local, int32_t S) {
+  return lasp_sd_chunks_per_segment(T_local, S);
+}
+
+// All S segments (the last one's end state is part of M_me). Always launched, also for S == 1.
+LASP2_FN lasp2_dim3 lasp2_states_grid(int32_t B, int32_t H, int32_t Dv, int32_t S) {
+  lasp2_dim3 d = {(uint32_t)lasp2_num_vtiles(Dv), (uint32_t)S, (uint32_t)(B * H)};
+  return d;
+}
+// One CTA per (Dv tile, b*H+h): folds the segments, writes the own slot tile, puts it.
+LASP2_FN lasp2_dim3 lasp2_fold_put_grid(int32_t B, int32_t H, int32_t Dv) {
+  lasp2_dim3 d = {(uint32_t)lasp2_num_vtiles(Dv), (uint32_t)(B * H), 1u};
+  return d;
+}
+// One CTA per (Dv tile, segment, b*H+h), as the single-GPU output kernel.
+LASP2_FN lasp2_dim3 lasp2_output_grid(int32_t B, int32_t H, int32_t Dv, int32_t S) {
+  lasp2_dim3 d = {(uint32_t)lasp2_num_vtiles(Dv), (uint32_t)S, (uint32_t)(B * H)};
+  return d;
+}
+
+LASP2_FN uint32_t lasp2_states_smem_bytes(int32_t Dk) { return lasp_sd_states_smem_bytes(Dk); }
+LASP2_FN uint32_t lasp2_output_smem_bytes(int32_t Dk) { return lasp_sd_output_smem_bytes(Dk); }

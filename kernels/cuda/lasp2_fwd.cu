@@ -1,0 +1,236 @@
+// LASP-2 forward with scalar decay and a device-initiated state exchange, for sm_90a.
+//
+// PE `me` of `npes` holds T_local tokens of every sequence. Per (b, h):
+//   M_me = local end state from zero, Lambda_me = sum of the shard's log-decays      (kernels 1, 2)
+//   (M_me, Lambda_me) goes to every later PE: one put-with-signal per (tile, peer)    (kernel 2)
+//   P_me = fold_{u < me} (P = e^{Lambda_u} P + M_u) from h0, then the shard's own segments, then
+//   the chunk loop of the single-GPU output kernel from that start                   (kernel 3)
+//
+// Kernels (geometry, buffers and call order: lasp/lasp2_params.h; protocol: LASP2_NOTES.md):
+//   1. lasp_lasp2_states_dk{64,128}  every segment s of the shard: M_s from zero, Lambda_s
+//   2. lasp_lasp2_fold_put           per (Dv tile, b*H+h): M_me, Lambda_me into the own slot; credits;
+//                                    LASP2_DEVICE_PUT: put the tile + signal to every later PE
+//   3. lasp_lasp2_output_dk{64,128}  per (Dv tile, segment, b*H+h): prologue fold, chunk loop, O, ht
+//   4. lasp_lasp2_advance_epoch      *epoch += 1
+//   (lasp_lasp2_grant_credits: only when a plan switches from LASP2_NO_COMM to a communicating mode)
+//
+// Only the put / signal API touches remote memory, so the same code runs over NVLink and InfiniBand.
+#include <nvshmem.h>
+#include <nvshmemx.h>
+
+#include "lasp/lasp2_params.h"
+#include "lasp/scalar_decay.cuh"
+#include "lasp/wait.cuh"
+
+namespace lasp {
+namespace l2 {
+
+using sd::StateLane;
+using sd::StateRegs;
+
+// The epoch every kernel of the current call works on (the advance kernel runs last).
+__device__ __forceinline__ uint64_t call_epoch(const lasp_lasp2_params& p) { return *p.epoch + 1; }
+
+__device__ __forceinline__ sd::SegmentArgs segment_args(const lasp_lasp2_params& p) {
+  sd::SegmentArgs a;
+  a.q = p.q;
+  a.k = p.k;
+  a.v = p.v;
+  a.g = p.g;
+  a.o = p.o;
+  a.T = p.T;
+  a.H = p.H;
+  a.Dv = p.Dv;
+  a.c_begin = blockIdx.y * p.chunks_per_segment;
+  a.n_chunks = min(p.chunks_per_segment, lasp_sd_num_chunks(p.T) - a.c_begin);  // >= 1 by the host's S
+  a.vt = blockIdx.x;
+  a.bh = blockIdx.z;
+  a.scale = p.scale;
+  return a;
+}
+
+// Kernel 1: segment s's end state from zero -> ws_m [bh][s], its log-decay -> ws_lambda [bh][s].
+template <int DK>
+__device__ __forceinline__ void states(const lasp_lasp2_params& p) {
+  const sd::SegmentArgs a = segment_args(p);
+  const int64_t slot = (int64_t)a.bh * p.num_segments + blockIdx.y;
+  sd::run_segment_with<DK, false>(
+      a,
+      [&](StateRegs<DK>& s, const StateLane& ln) {
+        sd::state_zero<DK>(s, ln);
+        return true;
+      },
+      [&](StateRegs<DK>& s, const StateLane& ln, float lambda) {
+        sd::state_store<DK>(s, ln, p.ws_m + slot * DK * p.Dv + a.vt * sd::kTileV, p.Dv);
+        if (a.vt == 0 && threadIdx.x == 0) p.ws_lambda[slot] = lambda;
+      });
+}
+
+// Kernel 3: the CTA's start state, then the single-GPU chunk loop.
+//   P = h0 tile (or 0); for u < me ascending: P = e^{Lambda_u} P + M_u (slot [parity][u][bh][vt]);
+//   for s' < s ascending: P = e^{Lambda_s'} P + M_s' (workspace).
+// The fold is the same in every mode; LASP2_DEVICE_PUT only adds the wait for the tiles' signals.
+template <int DK>
+__device__ __forceinline__ void output(const lasp_lasp2_params& p) {
+  const sd::SegmentArgs a = segment_args(p);
+  const int seg = blockIdx.y;
+  const int64_t tile_elems = (int64_t)DK * p.Dv;  // one (b, h) state
+  const int col0 = a.vt * sd::kTileV;
+  sd::run_segment_with<DK, true>(
+      a,
+      [&](StateRegs<DK>& s, const StateLane& ln) {
+        const uint64_t epoch = call_epoch(p);
+        const int parity = static_cast<int>(epoch & 1);
+        if (p.h0)
+          sd::state_load<DK>(s, ln, p.h0 + a.bh * tile_elems + col0, p.Dv);
+        else
+          sd::state_zero<DK>(s, ln);
+
+        if (p.exchange_mode == LASP2_DEVICE_PUT && p.me > 0) {
+          // One thread per earlier PE waits for its tile of this epoch; the barrier then orders
+          // the acquire before every thread's reads of the slots (read through L2: __ldcg).
+          const WaitSite site{p.diag, p.timeout_ns, p.me};
+          int ok = 1;
+          for (int u = threadIdx.x; u < p.me; u += blockDim.x) {
+            const uint64_t idx = lasp2_signal_index(parity, u, a.bh, a.vt, p.npes, p.B, p.H, p.Dv);
+            ok &= wait_signal_ge(site, p.signals + idx, epoch, u, static_cast<int32_t>(idx), LASP_WAIT_DATA);
+          }
+          if (!__syncthreads_and(ok)) return false;  // the host reports p.diag
+        }
+
+        for (int u = 0; u < p.me; ++u) {
+          const float* tile = p.slots + lasp2_slot_tile_offset(parity, u, a.bh, a.vt, p.npes, p.B, p.H, DK, p.Dv);
+          const float lambda_u = __ldcg(tile + DK * sd::kTileV);
+          sd::state_fold<DK, true>(s, ln, tile, sd::kTileV, lambda_u);
+        }
+        for (int sp = 0; sp < seg; ++sp) {
+          const int64_t slot = (int64_t)a.bh * p.num_segments + sp;
+          sd::state_fold<DK, false>(s, ln, p.ws_m + slot * tile_elems + col0, p.Dv, p.ws_lambda[slot]);
+        }
+        return true;
+      },
+      [&](StateRegs<DK>& s, const StateLane& ln, float) {
+        if (p.write_final_state && p.ht && seg == p.num_segments - 1)
+          sd::state_store<DK>(s, ln, p.ht + a.bh * tile_elems + col0, p.Dv);
+      });
+}
+
+}  // namespace l2
+}  // namespace lasp
+
+// Kernel 1: end states M_s (zero start) and log-decays Lambda_s of ALL S segments of the shard.
+// grid lasp2_states_grid, block LASP2_THREADS, smem lasp2_states_smem_bytes(Dk).
+extern "C" __global__ void __launch_bounds__(LASP2_THREADS, 1)
+    lasp_lasp2_states_dk64(const __grid_constant__ lasp_lasp2_params p) {
+  lasp::l2::states<64>(p);
+}
+extern "C" __global__ void __launch_bounds__(LASP2_THREADS, 1)
+    lasp_lasp2_states_dk128(const __grid_constant__ lasp_lasp2_params p) {
+  lasp::l2::states<128>(p);
+}
+
+// Kernel 2, one CTA per (Dv tile vt, b*H+h):
+//  - block (0, 0), communicating modes: credit[me] = epoch - 1 on every earlier PE (this PE finished
+//    reading epoch - 1: its output kernel precedes this launch on the stream);
+//  - M_me tile = fold over s ascending of (M_s, Lambda_s) from ZERO, Lambda_me = sum_s Lambda_s
+//    -> own slot tile [parity][me][bh][vt] (+ trailer);
+//  - LASP2_DEVICE_PUT: wait for every later PE's credit for epoch - 2 (bounded), then one
+//    put-with-signal of the contiguous tile per later PE (same offset; signal
+//    [parity][me][bh*ntiles + vt] := epoch), then nvshmem_quiet.
+// grid lasp2_fold_put_grid, block LASP2_FOLD_THREADS, no smem.
+extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS)
+    lasp_lasp2_fold_put(const __grid_constant__ lasp_lasp2_params p) {
+  const uint64_t epoch = lasp::l2::call_epoch(p);
+  const int parity = static_cast<int>(epoch & 1);
+  const int vt = blockIdx.x, bh = blockIdx.y;
+  const int tid = threadIdx.x;
+  const int S = p.num_segments;
+  const bool comm = p.exchange_mode != LASP2_NO_COMM;
+
+  // One thread sends the credits and later quiets them (with this CTA's puts, if any).
+  const bool sends_credits = comm && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0 && p.me > 0;
+  if (sends_credits)
+    for (int u = 0; u < p.me; ++u) nvshmemx_signal_op(p.credit + p.me, epoch - 1, NVSHMEM_SIGNAL_SET, u);
+
+  // Fold in fp32, ascending s, from zero. Thread i owns float4 columns (i % 16) of rows i / 16 + 16 j.
+  float* const own = p.slots + lasp2_slot_tile_offset(parity, p.me, bh, vt, p.npes, p.B, p.H, p.Dk, p.Dv);
+  const int64_t state_elems = (int64_t)p.Dk * p.Dv;
+  const float* const m0 = p.ws_m + (int64_t)bh * S * state_elems + vt * LASP2_TILE_V;
+  const float* const lam = p.ws_lambda + (int64_t)bh * S;
+  for (int i = tid; i < p.Dk * (LASP2_TILE_V / 4); i += LASP2_FOLD_THREADS) {
+    const int d = i / (LASP2_TILE_V / 4), c = (i % (LASP2_TILE_V / 4)) * 4;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s = 0; s < S; ++s) {
+      const float4 m = *reinterpret_cast<const float4*>(m0 + s * state_elems + (int64_t)d * p.Dv + c);
+      const float l = lam[s];
+      acc.x = lasp::sd::fold_step(acc.x, l, m.x);
+      acc.y = lasp::sd::fold_step(acc.y, l, m.y);
+      acc.z = lasp::sd::fold_step(acc.z, l, m.z);
+      acc.w = lasp::sd::fold_step(acc.w, l, m.w);
+    }
+    *reinterpret_cast<float4*>(own + d * LASP2_TILE_V + c) = acc;
+  }
+  if (tid == 0) {
+    float lambda = 0.f;
+    for (int s = 0; s < S; ++s) lambda += lam[s];
+    *reinterpret_cast<float4*>(own + p.Dk * LASP2_TILE_V) = make_float4(lambda, 0.f, 0.f, 0.f);
+  }
+
+  if (p.exchange_mode != LASP2_DEVICE_PUT || p.me >= p.npes - 1) {
+    if (sends_credits) nvshmem_quiet();
+    return;
+  }
+
+  // The tile is complete in this PE's memory before any thread (or the NIC, over InfiniBand)
+  // reads it for the puts.
+  __threadfence_system();
+  int ok = 1;
+  if (epoch > 2) {
+    // Slot [parity] of PE pe was last read at epoch - 2: wait for pe's credit, one thread per peer.
+    const lasp::WaitSite site{p.diag, p.timeout_ns, p.me};
+    for (int pe = p.me + 1 + tid; pe < p.npes; pe += blockDim.x)
+      ok &= lasp::wait_signal_ge(site, p.credit + pe, epoch - 2, pe, pe, LASP_WAIT_CREDIT);
+  }
+  // A CTA that gave up on a credit sends nothing: the readers then time out on this epoch's data,
+  // and this PE's diag names the peer whose credit never came.
+  if (!__syncthreads_and(ok)) return;
+
+  const uint64_t bytes = lasp2_slot_tile_floats(p.Dk) * 4u;
+  uint64_t* const sig = p.signals + lasp2_signal_index(parity, p.me, bh, vt, p.npes, p.B, p.H, p.Dv);
+  const int later = p.npes - 1 - p.me;
+  const int first = (blockIdx.y * gridDim.x + blockIdx.x) % later;  // staggered: every link busy at once
+  for (int k = 0; k < later; ++k) {
+    const int pe = p.me + 1 + (first + k) % later;
+    nvshmemx_putmem_signal_nbi_block(own, own, bytes, sig, epoch, NVSHMEM_SIGNAL_SET, pe);
+  }
+  __syncthreads();
+  if (tid == 0) nvshmem_quiet();
+}
+
+// Kernel 3: outputs of the shard from P_me (see lasp::l2::output); PE npes-1's last segment writes
+// ht if write_final_state. grid lasp2_output_grid, block LASP2_THREADS, smem lasp2_output_smem_bytes(Dk).
+extern "C" __global__ void __launch_bounds__(LASP2_THREADS, 1)
+    lasp_lasp2_output_dk64(const __grid_constant__ lasp_lasp2_params p) {
+  lasp::l2::output<64>(p);
+}
+extern "C" __global__ void __launch_bounds__(LASP2_THREADS, 1)
+    lasp_lasp2_output_dk128(const __grid_constant__ lasp_lasp2_params p) {
+  lasp::l2::output<128>(p);
+}
+
+// Kernel 4, launched last in every call (all modes): the call's epoch is complete on this PE.
+// grid (1, 1, 1), block (1, 1, 1).
+extern "C" __global__ void lasp_lasp2_advance_epoch(const __grid_constant__ lasp_lasp2_params p) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) *p.epoch += 1;
+}
+
+// Re-synchronises credits after LASP2_NO_COMM calls (which send none), before the first call of a
+// communicating mode: credit[me] = *epoch (every epoch so far is finished here) on every earlier PE.
+// Host: nvshmemx_barrier_all_on_stream; this kernel (grid (1, 1, 1), block (1, 1, 1));
+// nvshmemx_barrier_all_on_stream (every credit is in place before any writer waits for one).
+extern "C" __global__ void lasp_lasp2_grant_credits(const __grid_constant__ lasp_lasp2_params p) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  const uint64_t done = *p.epoch;
+  for (int u = 0; u < p.me; ++u) nvshmemx_signal_op(p.credit + p.me, done, NVSHMEM_SIGNAL_SET, u);
+  nvshmem_quiet();
+}
