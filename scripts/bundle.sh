@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 source scripts/toolchain.sh
 cargo build --release --workspace --bins
 rm -rf .bundle && mkdir -p .bundle/bin
-for bin in lasp-run exchange exchange_bench; do
+for bin in lasp-run exchange exchange_bench forward_check forward_bench; do
   cp "target/release/$bin" .bundle/bin/
 done
 git rev-parse HEAD >.bundle/commit

@@ -74,6 +74,13 @@ expect_failure wrong_nvshmem_path 'could not load libnvshmem_host.so.3 .*/nonexi
 expect_failure no_gpu 'CUDA .*(no GPU|CUDA_VISIBLE_DEVICES)' env CUDA_VISIBLE_DEVICES= "$BIN/exchange" --sizes 32K
 expect_failure too_many_ranks "asked for $((NGPU + 1)) ranks but this node shows $NGPU GPU" "$BIN/lasp-run" -n $((NGPU + 1)) "$BIN/exchange"
 
+check forward_check "$BIN/forward_check"
+grep -E "^(FAIL|forward_check:)" "$OUT/forward_check.log" | head -40 || true
+if [ -n "${GPU_TEST_FORWARD_BENCH:-}" ]; then
+  check forward_bench env OUT="$OUT" bash scripts/forward-bench.sh
+  grep -h "^B=" "$OUT/forward_bench.log" || true
+fi
+
 if [ -z "${GPU_TEST_SKIP_BENCH:-}" ]; then
   check exchange_bench $RUN "$BIN/exchange_bench" --out "$OUT/exchange.json"
   [ -f "$OUT/exchange.json" ] && cat "$OUT/exchange.json"
