@@ -182,6 +182,8 @@ pub struct ScalarDecayParams {
 pub const MAX_T: usize = (i32::MAX - geometry::CHUNK) as usize;
 /// The largest B*H accepted (the kernels' grid z).
 pub const MAX_BH: usize = 65_535;
+/// The most segments per sequence a plan may use (the kernels' grid y).
+const MAX_SEGMENTS: i32 = 65_535;
 
 /// Problem dimensions of one call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -361,6 +363,12 @@ impl ForwardPlan {
                 (nc + cps - 1) / cps
             }
         };
+        if s > MAX_SEGMENTS {
+            return Err(invalid(format!(
+                "scalar-decay forward: {s} segments per sequence exceed {MAX_SEGMENTS} (the \
+                 kernels' grid y limit); force fewer segments or lower the target CTA count"
+            )));
+        }
         let cps = geometry::chunks_per_segment(t, s);
         let many = s > 1;
         Ok(ForwardPlan {
@@ -993,6 +1001,15 @@ mod tests {
         assert_eq!(one.output.grid, (2, 1, 1));
         let many = ForwardPlan::new(&shape, 132, Some(1000)).unwrap();
         assert_eq!(many.num_segments, 16);
+        let long = ForwardShape {
+            t: 70_000 * 64,
+            ..shape
+        };
+        let msg = err_text(ForwardPlan::new(&long, 132, Some(70_000)));
+        assert!(msg.contains("70000 segments"), "{msg}");
+        // 70000 chunks over 65535 requested segments: 2 chunks each, so 35000 segments.
+        let p = ForwardPlan::new(&long, 132, Some(65_535)).unwrap();
+        assert_eq!((p.num_segments, p.chunks_per_segment), (35_000, 2));
         assert!(ForwardPlan::new(&shape, 132, Some(0)).is_err());
     }
 
