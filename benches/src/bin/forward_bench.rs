@@ -70,7 +70,20 @@ fn parse_options() -> Result<Options> {
         timeout_s: 480,
     };
     let mut args = std::env::args().skip(1);
+    const FLAGS: [&str; 8] = [
+        "--dump",
+        "--out",
+        "--warmup",
+        "--iters",
+        "--segments",
+        "--target-ctas",
+        "--timeout",
+        "--shapes",
+    ];
     while let Some(flag) = args.next() {
+        if !FLAGS.contains(&flag.as_str()) {
+            return Err(usage(&format!("unknown option {flag}")));
+        }
         let value = args
             .next()
             .ok_or_else(|| usage(&format!("{flag} needs a value")))?;
