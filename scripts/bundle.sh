@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 source scripts/toolchain.sh
 cargo build --release --workspace --bins
 rm -rf .bundle && mkdir -p .bundle/bin
-for bin in lasp-run exchange exchange_bench forward_check forward_bench; do
+for bin in lasp-run exchange exchange_bench forward_check forward_bench lasp2_forward; do
   cp "target/release/$bin" .bundle/bin/
 done
 # Without their debug info (function names stay) the binaries are ~3 MB instead of ~15 MB each,

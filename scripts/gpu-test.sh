@@ -75,6 +75,10 @@ expect_failure no_gpu 'CUDA .*(no GPU|CUDA_VISIBLE_DEVICES)' env CUDA_VISIBLE_DE
 expect_failure too_many_ranks "asked for $((NGPU + 1)) ranks but this node shows $NGPU GPU" "$BIN/lasp-run" -n $((NGPU + 1)) "$BIN/exchange"
 
 check forward_check "$BIN/forward_check"
+check lasp2_forward_graph_10000 $RUN "$BIN/lasp2_forward" --graph-calls 10000 --no-time
+grep -h "^\[rank 0\] PE 0" "$OUT/lasp2_forward_graph_10000.log" || true
+LASP_WAIT_TIMEOUT_MS=3000 expect_failure lasp2_silent_rank_is_named 'waited [0-9]+ ms for data from PE 1 ' $RUN "$BIN/lasp2_forward" --silent-rank 1
+expect_failure lasp2_layout_mismatch_caught 'PEs \[1\] set up a different layout' $RUN "$BIN/lasp2_forward" --mismatch-rank 1
 grep -E "^(FAIL|forward_check:)" "$OUT/forward_check.log" | head -40 || true
 if [ -n "${GPU_TEST_FORWARD_BENCH:-}" ]; then
   check forward_bench env OUT="$OUT" bash scripts/forward-bench.sh

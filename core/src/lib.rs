@@ -13,6 +13,7 @@ pub mod gpu;
 pub mod kernel;
 pub mod launch_env;
 pub mod launcher;
+pub mod nccl;
 pub mod ops;
 pub mod reference;
 pub mod rendezvous;

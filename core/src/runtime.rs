@@ -254,6 +254,45 @@ impl Runtime {
         self.free(scratch)
     }
 
+    /// Every PE's `value`, indexed by PE (collective; returns on every PE after the exchange).
+    /// For agreeing on host-side facts such as plan fingerprints before any data moves.
+    pub fn all_gather_u64(&self, value: u64) -> Result<Vec<u64>> {
+        let npes = self.npes();
+        let mut mine = self.alloc::<u64>(1)?;
+        let all = self.alloc::<u64>(npes)?;
+        let stream = self.stream().clone();
+        stream.memcpy_htod(&[value], &mut mine)?;
+        self.fcollect_on_stream(&stream, all.raw(), mine.raw(), 8)?;
+        let mut values = vec![0u64; npes];
+        stream.memcpy_dtoh(&all, &mut values)?;
+        stream.synchronize()?;
+        self.free(all)?;
+        self.free(mine)?;
+        Ok(values)
+    }
+
+    /// NVSHMEM's on-stream all-gather of `bytes` per PE from symmetric `src` into symmetric
+    /// `dest` (`[npes][bytes]`), ordered on `stream` (collective; the ranges must not overlap).
+    pub fn fcollect_on_stream(
+        &self,
+        stream: &CudaStream,
+        dest: u64,
+        src: u64,
+        bytes: usize,
+    ) -> Result<()> {
+        // SAFETY: the caller passes symmetric ranges of the sizes fcollect needs.
+        let rc = unsafe {
+            self.inner.lib.nvshmemx_fcollectmem_on_stream(
+                nvshmem_sys::nvshmem_team_id_t_NVSHMEM_TEAM_WORLD,
+                dest as _,
+                src as _,
+                bytes,
+                stream.cu_stream() as _,
+            )
+        };
+        nvshmem_ok("nvshmemx_fcollectmem_on_stream", rc)
+    }
+
     /// Collective shutdown: synchronises, frees every symmetric buffer still allocated (newest
     /// first, on every PE in the same order), unregisters and unloads the kernel module, and
     /// finalizes NVSHMEM. Every PE must call it, after dropping every other handle (buffers and

@@ -11,9 +11,9 @@
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaStream, DevicePtr};
-use cudarc::nccl::{Comm, Id};
 use lasp_shmem::exchange::{AllGather, PingPong};
 use lasp_shmem::launch_env::LaunchEnv;
+use lasp_shmem::nccl::NcclComm;
 use lasp_shmem::units::{format_bytes, parse_byte_list};
 use lasp_shmem::{Config, Error, Result, Runtime};
 use std::sync::Arc;
@@ -54,59 +54,20 @@ fn time_collective(
     Ok(median(samples))
 }
 
-/// The maximum of `value` over all ranks.
-fn max_over_ranks(comm: &Comm, stream: &Arc<CudaStream>, value: f64) -> Result<f64> {
-    let send = stream.clone_htod(&[value])?;
-    let mut recv = stream.alloc_zeros::<f64>(1)?;
-    comm.all_reduce(&send, &mut recv, &cudarc::nccl::ReduceOp::Max)
-        .map_err(nccl_error)?;
-    Ok(stream.clone_dtoh(&recv)?[0])
-}
-
-fn nccl_error(e: cudarc::nccl::result::NcclError) -> Error {
-    Error::State(format!("NCCL call failed: {e:?}"))
-}
-
-fn nccl_comm(rt: &Runtime, stream: &Arc<CudaStream>) -> Result<Comm> {
-    // cudarc panics when it cannot find NCCL: look first, so the error says what to do.
-    // SAFETY: only loads and closes the library.
-    if unsafe { libloading::Library::new("libnccl.so") }.is_err() {
-        return Err(Error::Launch(
-            "libnccl.so not found: add NCCL's lib folder to LD_LIBRARY_PATH (pip's nvidia-nccl ships libnccl.so.2; scripts/gpu-env.sh links libnccl.so to it)".into(),
-        ));
-    }
-    let mut id_bytes = [0u8; 128];
-    if rt.pe() == 0 {
-        let id = Id::new().map_err(nccl_error)?;
-        for (dst, src) in id_bytes.iter_mut().zip(id.internal()) {
-            *dst = *src as u8;
-        }
-    }
-    rt.broadcast_bytes(&mut id_bytes, 0)?;
-    let id = Id::uninit(id_bytes.map(|b| b as std::ffi::c_char));
-    Comm::from_rank(stream.clone(), rt.pe(), rt.npes(), id).map_err(nccl_error)
-}
-
 /// NCCL's in-place all-gather (send buffer = this rank's block of the receive buffer), which,
 /// like ours, moves only the peers' bytes.
 fn nccl_in_place_all_gather_us(
     rt: &Runtime,
-    comm: &Comm,
+    comm: &NcclComm,
     stream: &Arc<CudaStream>,
     bytes: usize,
 ) -> Result<f64> {
-    let mut recv = stream.alloc_zeros::<u8>(bytes * rt.npes())?;
-    let own_block = recv.device_ptr(stream).0 + (rt.pe() * bytes) as u64;
-    // SAFETY: an alias of this rank's block of `recv`, NCCL's in-place mode (sendbuff ==
-    // recvbuff + rank * count); leaked below, so it never frees memory it does not own.
-    let send = unsafe { stream.upgrade_device_ptr::<u8>(own_block, bytes) };
-    let us = time_collective(rt, stream, || {
-        comm.all_gather(&send, &mut recv)
-            .map(|_| ())
-            .map_err(nccl_error)
-    });
-    send.leak();
-    us
+    let recv = stream.alloc_zeros::<u8>(bytes * rt.npes())?;
+    let base = recv.device_ptr(stream).0;
+    // SAFETY: `recv` holds npes blocks of `bytes` and outlives the timed calls.
+    time_collective(rt, stream, || unsafe {
+        comm.all_gather_in_place(base, bytes)
+    })
 }
 
 fn run() -> Result<()> {
@@ -138,7 +99,7 @@ fn run() -> Result<()> {
         ..Config::default()
     })?;
     let stream = rt.stream().clone();
-    let comm = nccl_comm(&rt, &stream)?;
+    let comm = NcclComm::new(&rt, &stream)?;
 
     let mut rows = Vec::new();
     for &bytes in &sizes {
@@ -150,7 +111,7 @@ fn run() -> Result<()> {
             gather.set_ctas(ctas)?;
             let us = time_collective(&rt, &stream, || gather.launch(&stream))?;
             gather.finish(&stream)?;
-            let us = max_over_ranks(&comm, &stream, us)?;
+            let us = comm.max_f64(us)?;
             if rt.pe() == 0 {
                 println!(
                     "sweep {:>7}/rank {ctas:>3} CTAs: {us:8.1} us",
@@ -163,8 +124,8 @@ fn run() -> Result<()> {
         let nccl = nccl_in_place_all_gather_us(&rt, &comm, &stream, bytes)?;
         let row = Row {
             bytes,
-            ours_us: max_over_ranks(&comm, &stream, ours)?,
-            nccl_us: max_over_ranks(&comm, &stream, nccl)?,
+            ours_us: comm.max_f64(ours)?,
+            nccl_us: comm.max_f64(nccl)?,
         };
         if rt.pe() == 0 {
             println!(

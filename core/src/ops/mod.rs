@@ -16,6 +16,7 @@
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 use std::marker::PhantomData;
 
+pub mod lasp2;
 pub mod scalar_decay;
 
 /// bfloat16, the element type of activations (`half::bf16`, which cudarc's `f16` feature also

@@ -439,7 +439,7 @@ pub struct ForwardArgs<'a> {
 
 /// Checks lengths, alignment, scale and overlaps against the (validated) shape; returns the
 /// scale to use.
-fn check_args(args: &ForwardArgs<'_>) -> Result<f32> {
+pub(crate) fn check_args(args: &ForwardArgs<'_>) -> Result<f32> {
     let s = &args.shape;
     let dims = format!("B={}, T={}, H={}, Dk={}, Dv={}", s.b, s.t, s.h, s.dk, s.dv);
     let length = |name: &str, layout: &str, got: usize, want: usize| -> Result<()> {

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# LASP-2 forward benchmark: W = 1, 2, 4 GPUs (LASP2_BENCH_WORLDS) on the three per-GPU shapes,
+# every exchange mode and the no-communication time of the same kernels (examples' lasp2_forward,
+# which also re-runs its correctness checks), and the fla + NCCL peer in the same job. Writes
+# $OUT/lasp2_forward.json and $OUT/lasp2_weak_scaling.png.
+#
+#   OUT=/tmp/lasp2 bash benches/lasp2-bench.sh
+# Needs fla-core 0.6.0 importable by python3 and the peer script (LASP2_PEER; default: the
+# project's shared/peers/lasp2_fla_baseline.py beside the checkout, else .peers/).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/gpu-env.sh
+OUT="${OUT:-$PWD/lasp2-bench-out}"
+mkdir -p "$OUT"
+BIN="$PWD/target/release"
+[ -d .bundle/bin ] && BIN="$PWD/.bundle/bin"
+PEER="${LASP2_PEER:-../shared/peers/lasp2_fla_baseline.py}"
+[ -f "$PEER" ] || PEER=.peers/lasp2_fla_baseline.py
+SHAPES=(4x8192x16x128 1x32768x16x128 1x131072x16x128)
+export LASP_DEVICE="${LASP_DEVICE:-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x$(nvidia-smi -L | wc -l)}"
+
+for W in ${LASP2_BENCH_WORLDS:-1 2 4}; do
+  time_args=()
+  peer_shapes=()
+  for s in "${SHAPES[@]}"; do
+    IFS=x read -r b t h d <<<"$s"
+    time_args+=(--time "$s")
+    peer_shapes+=("${b}x$((t * W))x${h}x${d}")
+  done
+  "$BIN/lasp-run" --timeout 500 -n "$W" "$BIN/lasp2_forward" --graph-calls 10 "${time_args[@]}" --json "$OUT/lasp2_w$W.json" \
+    2>&1 | tee "$OUT/lasp2_w$W.log" | grep -E "^\[rank 0\] (W=|PE 0)" || true
+  [ -f "$OUT/lasp2_w$W.json" ] || { echo "lasp2-bench: W=$W produced no results (see $OUT/lasp2_w$W.log)"; exit 1; }
+  if [ -f "$PEER" ]; then
+    OUT="$OUT" timeout 900 python3 -m torch.distributed.run --standalone --nproc_per_node="$W" "$PEER" "${peer_shapes[@]}" >"$OUT/peer_w$W.log" 2>&1 \
+      || echo "lasp2-bench: the fla peer failed at W=$W (see $OUT/peer_w$W.log)"
+  fi
+done
+python3 benches/lasp2_report.py "$OUT"

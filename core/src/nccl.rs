@@ -1,0 +1,111 @@
+//! An NCCL communicator over the runtime's PEs: the host-collective baseline the device-initiated
+//! exchanges are compared with, and the all-gather of the sequential LASP-2 mode.
+//!
+//! Built on cudarc's `result` layer because its safe `Comm` exposes neither the raw handle nor an
+//! in-place all-gather.
+
+use crate::error::{Error, Result};
+use crate::runtime::Runtime;
+use cudarc::driver::{CudaStream, DevicePtr};
+use cudarc::nccl::{result, sys};
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// An NCCL communicator whose collectives run on one stream.
+pub struct NcclComm {
+    raw: sys::ncclComm_t,
+    stream: Arc<CudaStream>,
+    rank: usize,
+}
+
+// SAFETY: an NCCL communicator may be used from any thread, one call at a time (&self methods
+// only enqueue work on the owned stream).
+unsafe impl Send for NcclComm {}
+
+fn nccl_error(call: &str, e: result::NcclError) -> Error {
+    Error::State(format!(
+        "NCCL {call} failed: {e:?}; rerun with NCCL_DEBUG=WARN for NCCL's own diagnostics"
+    ))
+}
+
+impl NcclComm {
+    /// Creates the communicator on every PE (collective). Rank 0's id travels over NVSHMEM, so
+    /// this works under every launcher the runtime supports.
+    pub fn new(runtime: &Runtime, stream: &Arc<CudaStream>) -> Result<Self> {
+        // cudarc panics when it cannot find NCCL: look first, so the error says what to do.
+        // SAFETY: only loads and closes the library.
+        if unsafe { libloading::Library::new("libnccl.so") }.is_err() {
+            return Err(Error::Launch(
+                "libnccl.so not found: add NCCL's lib folder to LD_LIBRARY_PATH (pip's nvidia-nccl \
+                 ships libnccl.so.2; scripts/gpu-env.sh links libnccl.so to it)"
+                    .into(),
+            ));
+        }
+        let mut id = sys::ncclUniqueId { internal: [0; 128] };
+        if runtime.pe() == 0 {
+            id = result::get_uniqueid().map_err(|e| nccl_error("ncclGetUniqueId", e))?;
+        }
+        let mut bytes = id.internal.map(|c| c as u8);
+        runtime.broadcast_bytes(&mut bytes, 0)?;
+        id.internal = bytes.map(|b| b as std::ffi::c_char);
+        let mut raw = std::ptr::null_mut();
+        runtime.context().bind_to_thread()?;
+        // SAFETY: `raw` receives the new communicator; the id is rank 0's.
+        unsafe { result::comm_init_rank(&mut raw, runtime.npes() as i32, id, runtime.pe() as i32) }
+            .map_err(|e| nccl_error("ncclCommInitRank", e))?;
+        Ok(NcclComm {
+            raw,
+            stream: stream.clone(),
+            rank: runtime.pe(),
+        })
+    }
+
+    /// In-place all-gather of `bytes` per rank in the device range starting at `base`
+    /// (`[nranks][bytes]`; this rank's block is the source).
+    ///
+    /// # Safety
+    /// `base .. base + nranks * bytes` must be device memory of this context that stays valid,
+    /// and is not otherwise accessed, until the collective completes on the stream.
+    pub unsafe fn all_gather_in_place(&self, base: u64, bytes: usize) -> Result<()> {
+        let send = base + (self.rank * bytes) as u64;
+        result::all_gather(
+            send as *const c_void,
+            base as *mut c_void,
+            bytes,
+            sys::ncclDataType_t::ncclUint8,
+            self.raw,
+            self.stream.cu_stream() as _,
+        )
+        .map(|_| ())
+        .map_err(|e| nccl_error("ncclAllGather", e))
+    }
+
+    /// The maximum of `value` over all ranks (collective; synchronises the stream).
+    pub fn max_f64(&self, value: f64) -> Result<f64> {
+        let buf = self.stream.clone_htod(&[value])?;
+        let ptr = buf.device_ptr(&self.stream).0;
+        // SAFETY: in-place all-reduce of one f64 in `buf`, which outlives the synchronisation.
+        unsafe {
+            result::all_reduce(
+                ptr as *const c_void,
+                ptr as *mut c_void,
+                1,
+                sys::ncclDataType_t::ncclFloat64,
+                sys::ncclRedOp_t::ncclMax,
+                self.raw,
+                self.stream.cu_stream() as _,
+            )
+        }
+        .map_err(|e| nccl_error("ncclAllReduce", e))?;
+        Ok(self.stream.clone_dtoh(&buf)?[0])
+    }
+}
+
+impl Drop for NcclComm {
+    fn drop(&mut self) {
+        // Pending collectives must finish before the communicator goes away.
+        let _ = self.stream.synchronize();
+        // SAFETY: the handle came from ncclCommInitRank and is not used after this.
+        let _ = unsafe { result::comm_destroy(self.raw) };
+    }
+}

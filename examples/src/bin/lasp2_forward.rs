@@ -1,0 +1,537 @@
+//! LASP-2 forward of scalar-decay linear attention on every launched GPU, checked.
+//!
+//! ```text
+//! lasp-run -n 4 target/release/lasp2_forward                      # checks, then times every mode
+//! lasp-run -n 4 target/release/lasp2_forward --graph-calls 10000  # + a long graph replay
+//! ```
+//!
+//! Each rank holds one slice of every sequence (the last rank's slice is shorter). The program
+//! checks the outputs of every rank and the final state against the CPU f64 reference, that every
+//! exchange mode gives bitwise the same outputs, that repeated calls and a captured CUDA graph
+//! replayed `--graph-calls` times give them too, and prints the time of every mode at each
+//! `--time BxTxHxD` (per-rank shard length T, repeatable; default 4x8192x16x128), as JSON rows
+//! into `--json FILE` when given (benches/lasp2-bench.sh runs it for W = 1, 2, 4).
+//! Fault drills: `--silent-rank K` (rank K never calls: the later ranks must fail naming it),
+//! `--mismatch-rank K` (rank K sets up another H: every rank must refuse before any state moves).
+
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaSlice, CudaStream};
+use lasp_shmem::launch_env::LaunchEnv;
+use lasp_shmem::ops::lasp2::{ExchangeMode, Lasp2Forward, Lasp2Layout};
+use lasp_shmem::ops::scalar_decay::{ForwardArgs, ForwardShape};
+use lasp_shmem::ops::{bf16, DeviceMut, DeviceRef};
+use lasp_shmem::reference::{
+    assert_rel_close, scalar_decay, Family, InputSpec, Inputs, Regime, Shape,
+};
+use lasp_shmem::{Config, Error, Result, Runtime};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Tolerance against the f64 reference with bf16 inputs and a bf16 output (the output's own
+/// rounding is ~4e-3 relative at worst; fla's tests use 5e-3 likewise).
+const TOL: f64 = 5e-3;
+
+struct Options {
+    graph_calls: u32,
+    time: Vec<ForwardShape>,
+    json: Option<String>,
+    silent_rank: Option<usize>,
+    mismatch_rank: Option<usize>,
+}
+
+fn parse_options() -> Result<Options> {
+    let mut o = Options {
+        graph_calls: 100,
+        time: Vec::new(),
+        json: None,
+        silent_rank: None,
+        mismatch_rank: None,
+    };
+    let mut no_time = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let mut value = || {
+            args.next()
+                .ok_or_else(|| Error::InvalidArgument(format!("{flag} needs a value")))
+        };
+        let number = |v: String| {
+            v.parse::<u32>()
+                .map_err(|_| Error::InvalidArgument(format!("{v:?} is not a number")))
+        };
+        match flag.as_str() {
+            "--graph-calls" => o.graph_calls = number(value()?)?,
+            "--time" => o.time.push(parse_shape(&value()?)?),
+            "--no-time" => no_time = true,
+            "--json" => o.json = Some(value()?),
+            "--silent-rank" => o.silent_rank = Some(number(value()?)? as usize),
+            "--mismatch-rank" => o.mismatch_rank = Some(number(value()?)? as usize),
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "unknown option {other}; see the header of examples/src/bin/lasp2_forward.rs"
+                )))
+            }
+        }
+    }
+    if o.time.is_empty() && !no_time {
+        o.time.push(parse_shape("4x8192x16x128")?);
+    }
+    Ok(o)
+}
+
+fn parse_shape(text: &str) -> Result<ForwardShape> {
+    let dims: Vec<usize> = text
+        .split('x')
+        .map(|d| {
+            d.parse()
+                .map_err(|_| Error::InvalidArgument(format!("shape {text:?}: use BxTxHxD")))
+        })
+        .collect::<Result<_>>()?;
+    match dims[..] {
+        [b, t, h, d] => Ok(ForwardShape {
+            b,
+            t,
+            h,
+            dk: d,
+            dv: d,
+        }),
+        _ => Err(Error::InvalidArgument(format!(
+            "shape {text:?}: use BxTxHxD"
+        ))),
+    }
+}
+
+/// Shard lengths: equal slices of `per_rank` tokens, the last rank's shorter by `short`.
+fn shard_lengths(npes: usize, per_rank: usize, short: usize) -> Vec<usize> {
+    (0..npes)
+        .map(|r| {
+            if r + 1 == npes {
+                per_rank - short
+            } else {
+                per_rank
+            }
+        })
+        .collect()
+}
+
+/// This rank's tensors on the device, and its outputs.
+struct Shard {
+    shape: ForwardShape,
+    q: CudaSlice<bf16>,
+    k: CudaSlice<bf16>,
+    v: CudaSlice<bf16>,
+    g: CudaSlice<f32>,
+    h0: CudaSlice<f32>,
+    o: CudaSlice<bf16>,
+    ht: Option<CudaSlice<f32>>,
+}
+
+impl Shard {
+    fn upload(
+        stream: &Arc<CudaStream>,
+        inputs: &Inputs,
+        start: usize,
+        len: usize,
+        last: bool,
+    ) -> Result<Self> {
+        let s = inputs.shape;
+        let to_bf16 = |t: &lasp_shmem::reference::Tensor| -> Vec<bf16> {
+            t.slice_time(start, len)
+                .data()
+                .iter()
+                .map(|&x| bf16::from_f64(x))
+                .collect()
+        };
+        let shape = ForwardShape {
+            b: s.b,
+            t: len,
+            h: s.h,
+            dk: s.dk,
+            dv: s.dv,
+        };
+        Ok(Shard {
+            shape,
+            q: stream.clone_htod(&to_bf16(&inputs.q))?,
+            k: stream.clone_htod(&to_bf16(&inputs.k))?,
+            v: stream.clone_htod(&to_bf16(&inputs.v))?,
+            g: stream.clone_htod(
+                &inputs
+                    .g
+                    .slice_time(start, len)
+                    .data()
+                    .iter()
+                    .map(|&x| x as f32)
+                    .collect::<Vec<_>>(),
+            )?,
+            h0: stream.clone_htod(
+                &inputs
+                    .h0
+                    .as_ref()
+                    .expect("generated with a state")
+                    .data()
+                    .iter()
+                    .map(|&x| x as f32)
+                    .collect::<Vec<_>>(),
+            )?,
+            o: stream.alloc_zeros(shape.v_len())?,
+            ht: if last {
+                Some(stream.alloc_zeros(shape.state_len())?)
+            } else {
+                None
+            },
+        })
+    }
+
+    /// Fills the outputs with NaN, so anything a call does not write shows.
+    fn poison(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        stream.memcpy_htod(&vec![bf16::from_bits(0xFFFF); self.o.len()], &mut self.o)?;
+        if let Some(ht) = &mut self.ht {
+            stream.memcpy_htod(&vec![f32::NAN; ht.len()], ht)?;
+        }
+        Ok(())
+    }
+
+    fn call(&mut self, op: &mut Lasp2Forward, stream: &Arc<CudaStream>) -> Result<()> {
+        let args = ForwardArgs {
+            shape: self.shape,
+            q: DeviceRef::new(&self.q),
+            k: DeviceRef::new(&self.k),
+            v: DeviceRef::new(&self.v),
+            g: DeviceRef::new(&self.g),
+            h0: Some(DeviceRef::new(&self.h0)),
+            o: DeviceMut::new(&mut self.o),
+            ht: self.ht.as_mut().map(DeviceMut::new),
+            scale: None,
+        };
+        op.forward(stream, args)
+    }
+
+    /// The outputs as raw bits (for bitwise comparison) after a poisoned call.
+    fn run_checked(
+        &mut self,
+        op: &mut Lasp2Forward,
+        stream: &Arc<CudaStream>,
+    ) -> Result<(Vec<u16>, Vec<u32>)> {
+        self.poison(stream)?;
+        self.call(op, stream)?;
+        op.finish(stream)?;
+        let o: Vec<u16> = stream
+            .clone_dtoh(&self.o)?
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
+        let ht: Vec<u32> = match &self.ht {
+            Some(ht) => stream.clone_dtoh(ht)?.iter().map(|x| x.to_bits()).collect(),
+            None => Vec::new(),
+        };
+        if o.iter().any(|&b| bf16::from_bits(b).is_nan())
+            || ht.iter().any(|&b| f32::from_bits(b).is_nan())
+        {
+            return Err(Error::State(
+                "an output element was not written (NaN poison left)".into(),
+            ));
+        }
+        Ok((o, ht))
+    }
+}
+
+fn check(rt: &Runtime, graph_calls: u32) -> Result<()> {
+    let (me, npes) = (rt.pe(), rt.npes());
+    let stream = rt.stream().clone();
+    // Ragged shards: 3 chunks and a bit per rank, the last rank 37 tokens shorter.
+    let lengths = shard_lengths(npes, 3 * 64 + 11, 37);
+    let start: usize = lengths[..me].iter().sum();
+    let total: usize = lengths.iter().sum();
+    for (dk, dv) in [(64, 64), (128, 128)] {
+        let spec = InputSpec {
+            shape: Shape {
+                b: 2,
+                t: total,
+                h: 3,
+                dk,
+                dv,
+            },
+            family: Family::ScalarDecay,
+            regime: Regime::Mixed,
+            seed: 7 + dk as u64,
+            round_to_bf16: true,
+            initial_state: true,
+        };
+        let inputs = Inputs::generate(&spec).map_err(|e| Error::State(e.to_string()))?;
+        let want =
+            scalar_decay::recurrent_forward(&inputs).map_err(|e| Error::State(e.to_string()))?;
+        let mut shard = Shard::upload(&stream, &inputs, start, lengths[me], me + 1 == npes)?;
+        let mut op = Lasp2Forward::new(rt, Lasp2Layout { b: 2, h: 3, dk, dv })?;
+
+        let (o, ht) = shard.run_checked(&mut op, &stream)?;
+        let got: Vec<f64> = o.iter().map(|&b| bf16::from_bits(b).to_f64()).collect();
+        assert_rel_close(
+            &format!("PE {me} o (Dk={dk})"),
+            &got,
+            want.o.slice_time(start, lengths[me]).data(),
+            TOL,
+        )
+        .map_err(Error::State)?;
+        if !ht.is_empty() {
+            let got: Vec<f64> = ht.iter().map(|&b| f32::from_bits(b) as f64).collect();
+            assert_rel_close("final state", &got, want.final_state.data(), TOL)
+                .map_err(Error::State)?;
+        }
+        println!("PE {me}: Dk=Dv={dk}, shard {} of {total} tokens: matches the f64 reference (rel err <= {TOL})", lengths[me]);
+
+        for mode in ExchangeMode::ALL {
+            if mode == ExchangeMode::NoComm {
+                continue; // not the LASP-2 result on PEs > 0
+            }
+            op.set_mode(mode)?;
+            for _ in 0..2 {
+                if shard.run_checked(&mut op, &stream)? != (o.clone(), ht.clone()) {
+                    return Err(Error::State(format!(
+                        "PE {me}: {mode:?} gave other bits than the first overlapped call"
+                    )));
+                }
+            }
+        }
+        println!("PE {me}: overlapped, sequential NCCL and sequential NVSHMEM give bitwise the same outputs, twice each");
+
+        // A captured graph of one overlapped call, replayed: epochs advance on the device.
+        op.set_mode(ExchangeMode::Overlapped)?;
+        shard.poison(&stream)?;
+        let before = op.epoch(&stream)?;
+        rt.barrier_on_stream(&stream)?;
+        stream.synchronize()?;
+        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        let captured = shard.call(&mut op, &stream);
+        let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
+        captured?;
+        let graph = graph.ok_or_else(|| Error::State("the capture recorded nothing".into()))?;
+        for _ in 0..graph_calls {
+            graph.launch()?;
+        }
+        op.note_replayed_calls(graph_calls as u64);
+        op.finish(&stream)?;
+        let after = op.epoch(&stream)?;
+        let replayed: Vec<u16> = stream
+            .clone_dtoh(&shard.o)?
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
+        if after != before + graph_calls as u64 || replayed != o {
+            return Err(Error::State(format!("PE {me}: graph replay: epoch {before} -> {after} for {graph_calls} replays, outputs {}", if replayed == o { "identical" } else { "DIFFER" })));
+        }
+        println!("PE {me}: {graph_calls} graph-replayed calls, no error, outputs bitwise identical at the end");
+        drop(graph);
+        op.free()?;
+    }
+    Ok(())
+}
+
+/// Median ms of `calls` back-to-back calls of `mode`, each after an on-stream barrier; the
+/// maximum over ranks is taken by the caller.
+fn time_mode(
+    rt: &Runtime,
+    op: &mut Lasp2Forward,
+    shard: &mut Shard,
+    mode: ExchangeMode,
+    iterations: usize,
+) -> Result<f64> {
+    let stream = rt.stream().clone();
+    op.set_mode(mode)?;
+    for _ in 0..5 {
+        rt.barrier_on_stream(&stream)?;
+        shard.call(op, &stream)?;
+    }
+    let mut samples = Vec::with_capacity(iterations);
+    for _ in 0..iterations {
+        rt.barrier_on_stream(&stream)?;
+        let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        shard.call(op, &stream)?;
+        let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        end.synchronize()?;
+        samples.push(start.elapsed_ms(&end)? as f64);
+    }
+    op.finish(&stream)?;
+    samples.sort_by(f64::total_cmp);
+    Ok(samples[samples.len() / 2])
+}
+
+/// Times every mode at `shape`; returns a JSON row (on every PE; PE 0 prints and writes it).
+fn time_modes(
+    rt: &Runtime,
+    comm: &lasp_shmem::nccl::NcclComm,
+    shape: ForwardShape,
+) -> Result<String> {
+    let stream = rt.stream().clone();
+    let mut shard = benchmark_inputs(&stream, &shape)?;
+    let mut op = Lasp2Forward::new(
+        rt,
+        Lasp2Layout {
+            b: shape.b,
+            h: shape.h,
+            dk: shape.dk,
+            dv: shape.dv,
+        },
+    )?;
+    let mut line = format!(
+        "W={} B={} T_local={} H={} D={}:",
+        rt.npes(),
+        shape.b,
+        shape.t,
+        shape.h,
+        shape.dk
+    );
+    let mut row = format!(
+        "{{\"W\": {}, \"B\": {}, \"T_local\": {}, \"H\": {}, \"D\": {}",
+        rt.npes(),
+        shape.b,
+        shape.t,
+        shape.h,
+        shape.dk
+    );
+    for (mode, key) in ExchangeMode::ALL.into_iter().zip([
+        "overlapped_ms",
+        "sequential_nccl_ms",
+        "sequential_nvshmem_ms",
+        "no_comm_ms",
+    ]) {
+        let ms = comm.max_f64(time_mode(rt, &mut op, &mut shard, mode, 30)?)?;
+        line += &format!(" {key} {ms:.4}");
+        row += &format!(", \"{key}\": {ms:.5}");
+    }
+    if rt.pe() == 0 {
+        println!("{line}");
+    }
+    op.free()?;
+    Ok(row + "}")
+}
+
+/// Benchmark inputs: a random block repeated over each tensor (timing does not depend on the
+/// values; gates are log-sigmoids of normals / 16 as in fla's benchmark).
+fn benchmark_inputs(stream: &Arc<CudaStream>, shape: &ForwardShape) -> Result<Shard> {
+    let spec = InputSpec {
+        shape: Shape {
+            b: 1,
+            t: 64,
+            h: 1,
+            dk: shape.dk,
+            dv: shape.dv,
+        },
+        family: Family::ScalarDecay,
+        regime: Regime::Typical,
+        seed: 11,
+        round_to_bf16: true,
+        initial_state: false,
+    };
+    let block = Inputs::generate(&spec).map_err(|e| Error::State(e.to_string()))?;
+    let tile = |t: &lasp_shmem::reference::Tensor, n: usize| -> Vec<f64> {
+        t.data().iter().copied().cycle().take(n).collect()
+    };
+    let bf = |v: Vec<f64>| -> Vec<bf16> { v.into_iter().map(bf16::from_f64).collect() };
+    Ok(Shard {
+        shape: *shape,
+        q: stream.clone_htod(&bf(tile(&block.q, shape.qk_len())))?,
+        k: stream.clone_htod(&bf(tile(&block.k, shape.qk_len())))?,
+        v: stream.clone_htod(&bf(tile(&block.v, shape.v_len())))?,
+        g: stream.clone_htod(
+            &tile(&block.g, shape.gate_len())
+                .into_iter()
+                .map(|x| x as f32)
+                .collect::<Vec<_>>(),
+        )?,
+        h0: stream.alloc_zeros(shape.state_len())?,
+        o: stream.alloc_zeros(shape.v_len())?,
+        ht: None,
+    })
+}
+
+fn drill(rt: &Runtime, options: &Options) -> Result<()> {
+    let stream = rt.stream().clone();
+    let (b, h) = (
+        1,
+        if options.mismatch_rank == Some(rt.pe()) {
+            3
+        } else {
+            2
+        },
+    );
+    let mut op = Lasp2Forward::new(
+        rt,
+        Lasp2Layout {
+            b,
+            h,
+            dk: 64,
+            dv: 64,
+        },
+    )?;
+    let spec = InputSpec {
+        shape: Shape {
+            b,
+            t: 256,
+            h,
+            dk: 64,
+            dv: 64,
+        },
+        family: Family::ScalarDecay,
+        regime: Regime::Typical,
+        seed: 3,
+        round_to_bf16: true,
+        initial_state: true,
+    };
+    let inputs = Inputs::generate(&spec).map_err(|e| Error::State(e.to_string()))?;
+    let mut shard = Shard::upload(&stream, &inputs, 0, 256, false)?;
+    if options.silent_rank == Some(rt.pe()) {
+        println!("rank {} stays silent (fault drill)", rt.pe());
+        std::thread::sleep(rt.wait_timeout() + Duration::from_secs(10));
+        return Err(Error::State(
+            "the fault drill expected the later ranks to fail first".into(),
+        ));
+    }
+    shard.call(&mut op, &stream)?;
+    op.finish(&stream)
+}
+
+fn run() -> Result<()> {
+    let options = parse_options()?;
+    let npes = LaunchEnv::from_process_env()?.world_size;
+    let heap = options
+        .time
+        .iter()
+        .map(|s| {
+            Lasp2Layout {
+                b: s.b,
+                h: s.h,
+                dk: s.dk,
+                dv: s.dv,
+            }
+            .symmetric_bytes(npes)
+        })
+        .max()
+        .unwrap_or(0);
+    let rt = Runtime::init(Config {
+        symmetric_heap_bytes: heap + (64 << 20),
+        ..Config::default()
+    })?;
+    if options.silent_rank.is_some() || options.mismatch_rank.is_some() {
+        return drill(&rt, &options).and_then(|()| rt.shutdown());
+    }
+    check(&rt, options.graph_calls)?;
+    if !options.time.is_empty() {
+        let comm = lasp_shmem::nccl::NcclComm::new(&rt, rt.stream())?;
+        let rows = options
+            .time
+            .iter()
+            .map(|&shape| time_modes(&rt, &comm, shape))
+            .collect::<Result<Vec<_>>>()?;
+        if let (Some(path), 0) = (&options.json, rt.pe()) {
+            std::fs::write(path, format!("[\n{}\n]\n", rows.join(",\n")))
+                .map_err(|e| Error::State(format!("cannot write {path}: {e}")))?;
+        }
+    }
+    rt.shutdown()
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("lasp2_forward: {e}");
+        std::process::exit(1);
+    }
+}
