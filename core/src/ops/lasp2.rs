@@ -236,8 +236,11 @@ fn invalid(msg: String) -> Error {
 }
 
 impl Lasp2Forward {
-    /// Allocates the symmetric buffers and checks that every PE has the same layout (collective).
-    pub fn new(runtime: &Runtime, layout: Lasp2Layout) -> Result<Self> {
+    /// Allocates the symmetric buffers, checks that every PE has the same layout and sets the
+    /// exchange mode (collective). Calls are then not collective: only [`Lasp2Forward::set_mode`]
+    /// and [`Lasp2Forward::free`] are, so a PE that stops calling cannot block the others in a
+    /// host collective; their calls end in a bounded wait that names it.
+    pub fn new(runtime: &Runtime, layout: Lasp2Layout, mode: ExchangeMode) -> Result<Self> {
         ForwardShape {
             b: layout.b,
             t: 1,
@@ -278,7 +281,7 @@ impl Lasp2Forward {
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
             .max(1) as u32;
-        let op = Lasp2Forward {
+        let mut op = Lasp2Forward {
             runtime: runtime.clone(),
             layout,
             states,
@@ -300,6 +303,7 @@ impl Lasp2Forward {
             ctx,
         };
         stream.synchronize()?;
+        op.set_mode(mode)?;
         Ok(op)
     }
 
@@ -377,16 +381,13 @@ impl Lasp2Forward {
         Ok(())
     }
 
-    /// Enqueues one LASP-2 forward of this PE's shard on `stream` in the current mode (set with
-    /// [`Lasp2Forward::set_mode`]; default [`ExchangeMode::Overlapped`]). `args.shape.t` is this
+    /// Enqueues one LASP-2 forward of this PE's shard on `stream` in the current mode.
+    /// `args.shape.t` is this
     /// PE's shard length (it may differ between PEs); `h0` is the global initial state (the same
     /// on every PE); `ht`, the final state of the whole sequence, is written by the last PE only
     /// and must be `None` elsewhere. Everything is validated before the first launch.
     pub fn forward(&mut self, stream: &Arc<CudaStream>, args: ForwardArgs<'_>) -> Result<()> {
-        if self.mode.is_none() {
-            self.set_mode(ExchangeMode::Overlapped)?;
-        }
-        let mode = self.mode.expect("set above");
+        let mode = self.mode.expect("set by new");
         let s = args.shape;
         s.validate()?;
         let l = self.layout;

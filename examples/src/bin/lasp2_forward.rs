@@ -260,7 +260,11 @@ fn check(rt: &Runtime, graph_calls: u32) -> Result<()> {
         let want =
             scalar_decay::recurrent_forward(&inputs).map_err(|e| Error::State(e.to_string()))?;
         let mut shard = Shard::upload(&stream, &inputs, start, lengths[me], me + 1 == npes)?;
-        let mut op = Lasp2Forward::new(rt, Lasp2Layout { b: 2, h: 3, dk, dv })?;
+        let mut op = Lasp2Forward::new(
+            rt,
+            Lasp2Layout { b: 2, h: 3, dk, dv },
+            ExchangeMode::Overlapped,
+        )?;
 
         let (o, ht) = shard.run_checked(&mut op, &stream)?;
         let got: Vec<f64> = o.iter().map(|&b| bf16::from_bits(b).to_f64()).collect();
@@ -370,6 +374,7 @@ fn time_modes(
             dk: shape.dk,
             dv: shape.dv,
         },
+        ExchangeMode::Overlapped,
     )?;
     let mut line = format!(
         "W={} B={} T_local={} H={} D={}:",
@@ -461,6 +466,7 @@ fn drill(rt: &Runtime, options: &Options) -> Result<()> {
             dk: 64,
             dv: 64,
         },
+        ExchangeMode::Overlapped,
     )?;
     let spec = InputSpec {
         shape: Shape {
