@@ -42,6 +42,9 @@ expect_failure() {
   if timeout 60 "$@" >"$log" 2>&1; then
     failed=$((failed + 1)); echo "FAIL $name: succeeded but should have failed"; return
   fi
+  if grep -q "killed by signal 11" "$log"; then
+    failed=$((failed + 1)); echo "FAIL $name: a rank crashed (SIGSEGV) instead of exiting with its error"; return
+  fi
   if grep -Eq "$pattern" "$log"; then
     passed=$((passed + 1)); echo "PASS $name: $(grep -Em1 "$pattern" "$log" | cut -c1-220)"
   else

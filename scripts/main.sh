@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The main job: the verified device-initiated exchange on every GPU of this node.
+# The main job: the LASP-2 forward on every GPU of this node, checked against the CPU reference and
+# across exchange modes, then timed in every mode (examples/src/bin/lasp2_forward.rs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu-env.sh
@@ -11,4 +12,4 @@ else
   BIN="$PWD/target/release"
 fi
 NGPU="$(nvidia-smi -L | wc -l)"
-exec "$BIN/lasp-run" --timeout 600 -n "$NGPU" "$BIN/exchange" "$@"
+exec "$BIN/lasp-run" --timeout 600 -n "$NGPU" "$BIN/lasp2_forward" "$@"

@@ -339,6 +339,20 @@ impl Drop for Inner {
     }
 }
 
+/// Ends the process with `code` after an error, without running exit handlers.
+///
+/// NVSHMEM registers process-exit handlers that crash (SIGSEGV) when the library was initialised
+/// but not finalized, and a rank that fails cannot finalize: finalizing is collective. `_exit`
+/// skips those handlers, so a failing rank exits with its own code and message. Standard output
+/// and error are flushed first.
+pub fn exit_after_error(code: i32) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: ends the process at once; no Rust code runs after it.
+    unsafe { libc::_exit(code) }
+}
+
 pub(crate) fn nvshmem_ok(call: &'static str, rc: i32) -> Result<()> {
     if rc == 0 {
         Ok(())

@@ -210,6 +210,6 @@ fn results_json(rt: &Runtime, rows: &[Row], pingpong_us: Option<f64>) -> Result<
 fn main() {
     if let Err(e) = run() {
         eprintln!("exchange_bench: {e}");
-        std::process::exit(1);
+        lasp_shmem::runtime::exit_after_error(1);
     }
 }

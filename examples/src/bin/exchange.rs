@@ -175,6 +175,6 @@ fn run() -> Result<()> {
 fn main() {
     if let Err(e) = run() {
         eprintln!("exchange: {e}");
-        std::process::exit(1);
+        lasp_shmem::runtime::exit_after_error(1);
     }
 }
