@@ -32,7 +32,7 @@ namespace sd {
 // this forward's prologue and epilogue. kOutput = false: the states kernel (zero start; writes M_s,
 // Lambda_s). kOutput = true: the output kernel (starts from P_s, writes O and, for the last segment,
 // ht).
-template <int DK, bool kOutput, Roles R>
+template <int DK, bool kOutput>
 __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p) {
   const int seg = blockIdx.y;
   SegmentArgs a;
@@ -53,7 +53,7 @@ __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p) {
   const int64_t tile_elems = (int64_t)DK * p.Dv;  // one (b, h) state
   const int col0 = a.vt * kTileV;
   if constexpr (kOutput) {
-    run_segment_with<DK, true, R>(
+    run_segment_with<DK, true>(
         a,
         [&](StateRegs<DK>& s, const StateLane& ln) {
           // P_s: the fold's prefix for s > 0, h0 (or zero) for s = 0.
@@ -70,7 +70,7 @@ __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p) {
         });
   } else {
     const int64_t slot = (int64_t)a.bh * n_seg_slots + seg;
-    run_segment_with<DK, false, R>(
+    run_segment_with<DK, false>(
         a,
         [&](StateRegs<DK>& s, const StateLane& ln) {
           state_zero<DK>(s, ln);
@@ -90,11 +90,11 @@ __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p) {
 // grid lasp_sd_states_grid, block LASP_SD_THREADS, smem lasp_sd_states_smem_bytes(Dk); only when S > 1.
 extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
     lasp_scalar_decay_states_dk64(const __grid_constant__ lasp_scalar_decay_params p) {
-  lasp::sd::run_segment<64, false, lasp::sd::Roles::kUniform>(p);
+  lasp::sd::run_segment<64, false>(p);
 }
 extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
     lasp_scalar_decay_states_dk128(const __grid_constant__ lasp_scalar_decay_params p) {
-  lasp::sd::run_segment<128, false, lasp::sd::Roles::kUniform>(p);
+  lasp::sd::run_segment<128, false>(p);
 }
 
 // Fold: ws_p slot s = P_{s+1} = e^{Lambda_s} P_s + M_s, ascending s, P_0 = h0 (or 0).
@@ -118,29 +118,9 @@ extern "C" __global__ void __launch_bounds__(LASP_SD_FOLD_THREADS)
 // grid lasp_sd_output_grid, block LASP_SD_THREADS, smem lasp_sd_output_smem_bytes(Dk).
 extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
     lasp_scalar_decay_output_dk64(const __grid_constant__ lasp_scalar_decay_params p) {
-  lasp::sd::run_segment<64, true, lasp::sd::Roles::kUniform>(p);
+  lasp::sd::run_segment<64, true>(p);
 }
 extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
     lasp_scalar_decay_output_dk128(const __grid_constant__ lasp_scalar_decay_params p) {
-  lasp::sd::run_segment<128, true, lasp::sd::Roles::kUniform>(p);
-}
-
-// The "split" variants of passes 1 and 3 (lasp::sd::Roles::kSplit): 8 warps per CTA
-// (LASP_SD_SPLIT_THREADS), otherwise the same contract: same grids, same shared-memory sizes, same
-// workspace; they may be mixed with the 4-warp kernels (the fold is shared).
-extern "C" __global__ void __launch_bounds__(LASP_SD_SPLIT_THREADS, 1)
-    lasp_scalar_decay_states_split_dk64(const __grid_constant__ lasp_scalar_decay_params p) {
-  lasp::sd::run_segment<64, false, lasp::sd::Roles::kSplit>(p);
-}
-extern "C" __global__ void __launch_bounds__(LASP_SD_SPLIT_THREADS, 1)
-    lasp_scalar_decay_states_split_dk128(const __grid_constant__ lasp_scalar_decay_params p) {
-  lasp::sd::run_segment<128, false, lasp::sd::Roles::kSplit>(p);
-}
-extern "C" __global__ void __launch_bounds__(LASP_SD_SPLIT_THREADS, 1)
-    lasp_scalar_decay_output_split_dk64(const __grid_constant__ lasp_scalar_decay_params p) {
-  lasp::sd::run_segment<64, true, lasp::sd::Roles::kSplit>(p);
-}
-extern "C" __global__ void __launch_bounds__(LASP_SD_SPLIT_THREADS, 1)
-    lasp_scalar_decay_output_split_dk128(const __grid_constant__ lasp_scalar_decay_params p) {
-  lasp::sd::run_segment<128, true, lasp::sd::Roles::kSplit>(p);
+  lasp::sd::run_segment<128, true>(p);
 }

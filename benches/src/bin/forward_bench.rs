@@ -6,7 +6,6 @@
 //! forward_bench --dump /tmp/fwd                    # B=4,T=8K / B=1,T=32K / B=1,T=128K, H=16, D=128
 //! forward_bench --shapes 2x4096x16x128,1x65536x16x64 --iters 100
 //! forward_bench --segments 8                       # force S (tuning), --target-ctas 264
-//! forward_bench --variant split                    # kernel variant (default: LASP_SD_VARIANT, else base)
 //! ```
 //!
 //! Inputs: q, k, v ~ N(0, 1) rounded to bf16, g = logsigmoid(N(0, 1)) / 16 in fp32 (fla's
@@ -24,9 +23,7 @@
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
-use lasp_shmem::ops::scalar_decay::{
-    ForwardArgs, ForwardPlan, ForwardShape, ScalarDecayForward, Variant,
-};
+use lasp_shmem::ops::scalar_decay::{ForwardArgs, ForwardPlan, ForwardShape, ScalarDecayForward};
 use lasp_shmem::ops::{DeviceMut, DeviceRef};
 use lasp_shmem::{Config, Error, Result, Runtime};
 use std::io::Write;
@@ -48,14 +45,12 @@ struct Options {
     segments: Option<u32>,
     target_ctas: Option<u32>,
     timeout_s: u64,
-    variant: Option<Variant>,
 }
 
 fn usage(problem: &str) -> Error {
     Error::InvalidArgument(format!(
         "{problem}; usage: forward_bench [--dump DIR] [--out FILE] [--shapes BxTxHxD,...] \
-         [--warmup N] [--iters N] [--segments S] [--target-ctas N] [--timeout SECONDS] \
-         [--variant base|split|split-output]"
+         [--warmup N] [--iters N] [--segments S] [--target-ctas N] [--timeout SECONDS]"
     ))
 }
 
@@ -73,11 +68,9 @@ fn parse_options() -> Result<Options> {
         segments: None,
         target_ctas: None,
         timeout_s: 480,
-        variant: None,
     };
     let mut args = std::env::args().skip(1);
-    const FLAGS: [&str; 9] = [
-        "--variant",
+    const FLAGS: [&str; 8] = [
         "--dump",
         "--out",
         "--warmup",
@@ -106,7 +99,6 @@ fn parse_options() -> Result<Options> {
             "--segments" => o.segments = Some(number(&value)? as u32),
             "--target-ctas" => o.target_ctas = Some(number(&value)? as u32),
             "--timeout" => o.timeout_s = number(&value)? as u64,
-            "--variant" => o.variant = Some(Variant::parse(&value)?),
             "--shapes" => {
                 o.shapes = value
                     .split(',')
@@ -458,18 +450,14 @@ fn run(opts: &Options) -> Result<()> {
         .max(0) as usize;
     let mut fwd = ScalarDecayForward::new(&rt)?;
     fwd.set_num_segments(opts.segments)?;
-    if let Some(variant) = opts.variant {
-        fwd.set_variant(variant);
-    }
     if let Some(ctas) = opts.target_ctas {
         fwd.set_target_ctas(ctas)?;
     }
     println!(
-        "forward_bench: {device}, {} SMs, L2 {} MB, plan fills {} CTAs, kernel variant {}",
+        "forward_bench: {device}, {} SMs, L2 {} MB, plan fills {} CTAs",
         fwd.sm_count(),
         l2_bytes >> 20,
-        fwd.target_ctas(),
-        fwd.variant().name()
+        fwd.target_ctas()
     );
     let mut rows = Vec::new();
     for &(b, t, h, d) in &opts.shapes {

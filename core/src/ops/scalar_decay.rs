@@ -66,11 +66,6 @@ pub mod geometry {
     pub const STAGES: u32 = 4;
     /// Threads per CTA of the fold kernel (`LASP_SD_FOLD_THREADS`).
     pub const FOLD_THREADS: u32 = 256;
-    /// Threads per CTA of the split (8-warp) states and output kernels (`LASP_SD_SPLIT_THREADS`);
-    /// same grids and shared-memory sizes as the 4-warp kernels.
-    pub const SPLIT_THREADS: u32 = 256;
-    /// cp.async pipeline depth of the split output kernel (`LASP_SD_SPLIT_STAGES`).
-    pub const SPLIT_STAGES: u32 = 3;
 
     /// `lasp_sd_num_chunks`.
     pub const fn num_chunks(t: i32) -> i32 {
@@ -313,65 +308,6 @@ fn invalid(msg: String) -> Error {
     Error::InvalidArgument(msg)
 }
 
-/// Which kernels run the states and output passes. All variants compute the same function with the
-/// same plan (segments, grids, shared memory, workspace) and pass the same checks; they differ in
-/// how a CTA's warps share the chunk loop (`lasp::sd::Roles` in `scalar_decay.cuh`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Variant {
-    /// 4 warps per CTA in both passes (`lasp_scalar_decay_{states,output}_dk*`).
-    #[default]
-    Base,
-    /// 8 warps per CTA in both passes (`lasp_scalar_decay_{states,output}_split_dk*`): the output
-    /// kernel splits the intra-chunk term and the state chain between two warp groups, the states
-    /// kernel splits every chunk's tokens between them.
-    Split,
-    /// The split output kernel with the 4-warp states kernel (to attribute the gains).
-    SplitOutput,
-}
-
-impl Variant {
-    /// Every variant, for checks and benchmarks.
-    pub const ALL: [Variant; 3] = [Variant::Base, Variant::Split, Variant::SplitOutput];
-
-    /// The name `LASP_SD_VARIANT` and `--variant` options use.
-    pub fn name(self) -> &'static str {
-        match self {
-            Variant::Base => "base",
-            Variant::Split => "split",
-            Variant::SplitOutput => "split-output",
-        }
-    }
-
-    /// Parses a name of [`Variant::name`].
-    pub fn parse(name: &str) -> Result<Self> {
-        Variant::ALL
-            .into_iter()
-            .find(|v| v.name() == name)
-            .ok_or_else(|| {
-                invalid(format!(
-                    "scalar-decay forward: unknown variant {name:?} (known: base, split, \
-                     split-output)"
-                ))
-            })
-    }
-
-    /// The variant named by the environment variable `LASP_SD_VARIANT`, or the default.
-    pub fn from_env() -> Result<Self> {
-        match std::env::var("LASP_SD_VARIANT") {
-            Ok(name) if !name.is_empty() => Variant::parse(&name),
-            _ => Ok(Variant::default()),
-        }
-    }
-
-    fn split_states(self) -> bool {
-        self == Variant::Split
-    }
-
-    fn split_output(self) -> bool {
-        matches!(self, Variant::Split | Variant::SplitOutput)
-    }
-}
-
 /// How one call runs: segments per sequence, the three launches and the workspace they need.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ForwardPlan {
@@ -391,8 +327,6 @@ pub struct ForwardPlan {
     pub fold: Option<LaunchShape>,
     /// The output kernel's launch.
     pub output: LaunchShape,
-    /// The kernels the launches are for.
-    pub variant: Variant,
 }
 
 impl ForwardPlan {
@@ -404,16 +338,6 @@ impl ForwardPlan {
         shape: &ForwardShape,
         target_ctas: u32,
         force_segments: Option<u32>,
-    ) -> Result<Self> {
-        Self::with_variant(shape, target_ctas, force_segments, Variant::Base)
-    }
-
-    /// [`ForwardPlan::new`] for the kernels of `variant` (only the block sizes differ).
-    pub fn with_variant(
-        shape: &ForwardShape,
-        target_ctas: u32,
-        force_segments: Option<u32>,
-        variant: Variant,
     ) -> Result<Self> {
         shape.validate()?;
         let (b, t, h, dk, dv) = (
@@ -447,13 +371,6 @@ impl ForwardPlan {
         }
         let cps = geometry::chunks_per_segment(t, s);
         let many = s > 1;
-        let threads = |split: bool| {
-            if split {
-                geometry::SPLIT_THREADS
-            } else {
-                geometry::THREADS
-            }
-        };
         Ok(ForwardPlan {
             shape: *shape,
             num_chunks: nc as u32,
@@ -462,7 +379,7 @@ impl ForwardPlan {
             workspace_bytes: geometry::workspace_bytes(b, h, s, dk, dv),
             states: many.then_some(LaunchShape {
                 grid: geometry::states_grid(b, h, dv, s),
-                block: (threads(variant.split_states()), 1, 1),
+                block: (geometry::THREADS, 1, 1),
                 shared_bytes: geometry::states_smem_bytes(dk),
             }),
             fold: many.then_some(LaunchShape {
@@ -472,10 +389,9 @@ impl ForwardPlan {
             }),
             output: LaunchShape {
                 grid: geometry::output_grid(b, h, dv, s),
-                block: (threads(variant.split_output()), 1, 1),
+                block: (geometry::THREADS, 1, 1),
                 shared_bytes: geometry::output_smem_bytes(dk),
             },
-            variant,
         })
     }
 
@@ -648,10 +564,7 @@ pub struct ScalarDecayForward {
     /// Indexed by Dk: [64, 128].
     states: [Kernel; 2],
     output: [Kernel; 2],
-    states_split: [Kernel; 2],
-    output_split: [Kernel; 2],
     fold: Kernel,
-    variant: Variant,
     sm_count: u32,
     target_ctas: u32,
     force_segments: Option<u32>,
@@ -676,16 +589,7 @@ impl ScalarDecayForward {
             module.kernel("lasp_scalar_decay_output_dk64")?,
             module.kernel("lasp_scalar_decay_output_dk128")?,
         ];
-        let states_split = [
-            module.kernel("lasp_scalar_decay_states_split_dk64")?,
-            module.kernel("lasp_scalar_decay_states_split_dk128")?,
-        ];
-        let output_split = [
-            module.kernel("lasp_scalar_decay_output_split_dk64")?,
-            module.kernel("lasp_scalar_decay_output_split_dk128")?,
-        ];
         let fold = module.kernel("lasp_scalar_decay_fold")?;
-        let variant = Variant::from_env()?;
         let optin = ctx.attribute(
             sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
         )? as u32;
@@ -700,8 +604,6 @@ impl ScalarDecayForward {
         for (i, dk) in [64, 128].into_iter().enumerate() {
             states[i].set_max_dynamic_shared_bytes(geometry::states_smem_bytes(dk))?;
             output[i].set_max_dynamic_shared_bytes(geometry::output_smem_bytes(dk))?;
-            states_split[i].set_max_dynamic_shared_bytes(geometry::states_smem_bytes(dk))?;
-            output_split[i].set_max_dynamic_shared_bytes(geometry::output_smem_bytes(dk))?;
         }
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
@@ -711,10 +613,7 @@ impl ScalarDecayForward {
             ctx,
             states,
             output,
-            states_split,
-            output_split,
             fold,
-            variant,
             sm_count,
             // One output CTA per SM: 197,632 B (Dk 128) of shared memory allow one per SM.
             target_ctas: sm_count,
@@ -760,20 +659,9 @@ impl ScalarDecayForward {
         Ok(())
     }
 
-    /// The kernels launches use (default: `LASP_SD_VARIANT` at construction, else
-    /// [`Variant::Base`]).
-    pub fn variant(&self) -> Variant {
-        self.variant
-    }
-
-    /// Selects the kernels later launches use.
-    pub fn set_variant(&mut self, variant: Variant) {
-        self.variant = variant;
-    }
-
     /// The plan a launch of `shape` would use (validates the shape).
     pub fn plan(&self, shape: &ForwardShape) -> Result<ForwardPlan> {
-        ForwardPlan::with_variant(shape, self.target_ctas, self.force_segments, self.variant)
+        ForwardPlan::new(shape, self.target_ctas, self.force_segments)
     }
 
     /// Copies `g` to the host (synchronising `stream`) and checks that every gate is finite and
@@ -880,22 +768,12 @@ impl ScalarDecayForward {
         // kernels need (checked above), the views borrow their buffers for the call and their
         // contracts keep the memory valid until the kernels complete; the workspace is owned by
         // self and freed only after a context synchronisation.
-        let states_kernel = if plan.variant.split_states() {
-            &self.states_split[i]
-        } else {
-            &self.states[i]
-        };
-        let output_kernel = if plan.variant.split_output() {
-            &self.output_split[i]
-        } else {
-            &self.output[i]
-        };
         unsafe {
             if let (Some(states), Some(fold)) = (plan.states, plan.fold) {
-                states_kernel.launch(stream, states, &params)?;
+                self.states[i].launch(stream, states, &params)?;
                 self.fold.launch(stream, fold, &params)?;
             }
-            output_kernel.launch(stream, plan.output, &params)?;
+            self.output[i].launch(stream, plan.output, &params)?;
         }
         Ok(plan)
     }
@@ -1005,8 +883,6 @@ mod tests {
         assert_eq!(define("LASP_SD_THREADS"), g::THREADS as i64);
         assert_eq!(define("LASP_SD_STAGES"), g::STAGES as i64);
         assert_eq!(define("LASP_SD_FOLD_THREADS"), g::FOLD_THREADS as i64);
-        assert_eq!(define("LASP_SD_SPLIT_THREADS"), g::SPLIT_THREADS as i64);
-        assert_eq!(define("LASP_SD_SPLIT_STAGES"), g::SPLIT_STAGES as i64);
         // The build must not override the pipeline depth, or the shared-memory sizes differ.
         let build = include_str!("../../../kernels/build.rs");
         assert!(
@@ -1135,33 +1011,6 @@ mod tests {
         let p = ForwardPlan::new(&long, 132, Some(65_535)).unwrap();
         assert_eq!((p.num_segments, p.chunks_per_segment), (35_000, 2));
         assert!(ForwardPlan::new(&shape, 132, Some(0)).is_err());
-    }
-
-    #[test]
-    fn variants_differ_only_in_block_size() {
-        let shape = ForwardShape {
-            b: 1,
-            t: 1000,
-            h: 1,
-            dk: 128,
-            dv: 128,
-        };
-        let base = ForwardPlan::new(&shape, 132, None).unwrap();
-        assert_eq!(base.variant, Variant::Base);
-        assert_eq!(base.output.block, (128, 1, 1));
-        for v in Variant::ALL {
-            assert_eq!(Variant::parse(v.name()).unwrap(), v);
-            let p = ForwardPlan::with_variant(&shape, 132, None, v).unwrap();
-            let threads = |split: bool| if split { 256 } else { 128 };
-            assert_eq!(p.states.unwrap().block, (threads(v.split_states()), 1, 1));
-            assert_eq!(p.output.block, (threads(v.split_output()), 1, 1));
-            let same = |x: LaunchShape, y: LaunchShape| {
-                (x.grid, x.shared_bytes) == (y.grid, y.shared_bytes)
-            };
-            assert!(same(p.states.unwrap(), base.states.unwrap()) && same(p.output, base.output));
-            assert_eq!(p.workspace_bytes, base.workspace_bytes);
-        }
-        assert!(err_text(Variant::parse("fast")).contains("unknown variant"));
     }
 
     fn err_text<T: std::fmt::Debug>(r: Result<T>) -> String {

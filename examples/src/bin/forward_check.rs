@@ -6,7 +6,6 @@
 //! target/release/forward_check --quick    # the small cases only
 //! target/release/forward_check --filter T1000
 //! target/release/forward_check --timeout 600   # watchdog (default 300 s): a hung kernel fails
-//! target/release/forward_check --variant split # one kernel variant (default: all of them)
 //! ```
 //!
 //! Inputs come from `reference::Inputs::generate` rounded to bf16 (q, k, v) and f32 (g, h0,
@@ -14,17 +13,13 @@
 //! o and ht are filled with NaN bit patterns (0xFFFF / 0xFFFFFFFF) before each run and must be
 //! fully overwritten; `||x - ref|| / ||ref|| <= 5e-3` for o and for the final state; a second
 //! run of the same inputs must give bitwise identical o and ht; h0 and g must be left unchanged.
-//! Every case runs with every kernel variant (`ops::scalar_decay::Variant`, one line each; the
-//! inputs and the reference are shared).
 //! Then shapes and arguments that must be rejected are checked to fail before any launch.
 //!
 //! One `PASS`/`FAIL` line per case, then `forward_check: N passed, M failed`; exit status 1 on
 //! any failure.
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
-use lasp_shmem::ops::scalar_decay::{
-    ForwardArgs, ForwardPlan, ForwardShape, ScalarDecayForward, Variant,
-};
+use lasp_shmem::ops::scalar_decay::{ForwardArgs, ForwardPlan, ForwardShape, ScalarDecayForward};
 use lasp_shmem::ops::{bf16, DeviceMut, DeviceRef};
 use lasp_shmem::reference::{
     rel_err, scalar_decay, Family, InputSpec, Inputs, Regime, Shape, Tensor,
@@ -289,14 +284,7 @@ fn compare(what: &str, got: &[f64], want: &Tensor, tol: f64) -> std::result::Res
     ))
 }
 
-/// Runs `case` with every variant in `variants` (inputs and the f64 reference shared) and
-/// checks each: outputs written, deterministic, inputs untouched, close to the reference.
-fn run_case(
-    fwd: &mut ScalarDecayForward,
-    stream: &Arc<CudaStream>,
-    case: &Case,
-    variants: &[Variant],
-) -> Vec<(Variant, CheckResult)> {
+fn run_case(fwd: &mut ScalarDecayForward, stream: &Arc<CudaStream>, case: &Case) -> CheckResult {
     let spec = InputSpec {
         shape: case.shape,
         family: Family::ScalarDecay,
@@ -305,127 +293,86 @@ fn run_case(
         round_to_bf16: true,
         initial_state: case.h0,
     };
-    let all_fail = |e: String| variants.iter().map(|&v| (v, Err(e.clone()))).collect();
-    let inputs = match Inputs::generate(&spec) {
-        Ok(inputs) => inputs,
-        Err(e) => return all_fail(err(e)),
-    };
+    let inputs = Inputs::generate(&spec).map_err(err)?;
     let scale = inputs.scale as f32;
-    if let Err(e) = fwd.set_num_segments(case.segments) {
-        return all_fail(err(e));
-    }
+    fwd.set_num_segments(case.segments).map_err(err)?;
     std::thread::scope(|scope| {
         // The f64 reference runs on the CPU while the GPU works.
         let reference = scope.spawn(|| scalar_decay::recurrent_forward(&inputs));
-        let mut dev = match Device::upload(stream, &inputs) {
-            Ok(dev) => dev,
-            Err(e) => return all_fail(e),
-        };
-        // Per variant: the GPU-side checks, then (after the reference) the comparison.
-        let mut runs = Vec::new();
-        for &variant in variants {
-            fwd.set_variant(variant);
-            runs.push((
-                variant,
-                check_gpu_side(fwd, stream, &mut dev, case, scale, &inputs),
-            ));
-        }
-        let want = match reference.join() {
-            Ok(Ok(want)) => want,
-            Ok(Err(e)) => return all_fail(err(e)),
-            Err(_) => return all_fail("the reference panicked".into()),
-        };
-        runs.into_iter()
-            .map(|(variant, run)| {
-                let result = run.and_then(|(out, mut problems)| {
-                    let o: Vec<f64> = out.o.iter().map(|&b| bf16::from_bits(b).to_f64()).collect();
-                    let e_o = compare("o", &o, &want.o, TOL_O).unwrap_or_else(|e| {
-                        problems.push(e);
-                        f64::NAN
-                    });
-                    let e_ht = match &out.ht {
-                        Some(ht) => {
-                            let ht: Vec<f64> =
-                                ht.iter().map(|&b| f64::from(f32::from_bits(b))).collect();
-                            compare("ht", &ht, &want.final_state, TOL_HT).unwrap_or_else(|e| {
-                                problems.push(e);
-                                f64::NAN
-                            })
-                        }
-                        None => f64::NAN,
-                    };
-                    let summary = format!(
-                        "S={} cps={} rel err o {e_o:.2e} ht {e_ht:.2e}",
-                        out.plan.num_segments, out.plan.chunks_per_segment
-                    );
-                    if problems.is_empty() {
-                        Ok(summary)
-                    } else {
-                        Err(format!("{summary}: {}", problems.join("; ")))
-                    }
-                });
-                (variant, result)
-            })
-            .collect()
-    })
-}
-
-/// Two runs of the current variant: the first run's output and the problems found without the
-/// reference (unwritten outputs, nondeterminism, modified inputs).
-fn check_gpu_side(
-    fwd: &mut ScalarDecayForward,
-    stream: &Arc<CudaStream>,
-    dev: &mut Device,
-    case: &Case,
-    scale: f32,
-    inputs: &Inputs,
-) -> std::result::Result<(RunOutput, Vec<String>), String> {
-    let first = run_once(fwd, stream, dev, case, scale)?;
-    let second = run_once(fwd, stream, dev, case, scale)?;
-    let mut problems = Vec::new();
-    if let Err(e) = unwritten(&first.o, POISON_BF16, "o", &case.shape.v()) {
-        problems.push(e);
-    }
-    if let Some(ht) = &first.ht {
-        if let Err(e) = unwritten(ht, POISON_F32, "ht", &case.shape.state()) {
+        let mut dev = Device::upload(stream, &inputs)?;
+        let RunOutput {
+            o: o1,
+            ht: ht1,
+            plan,
+        } = run_once(fwd, stream, &mut dev, case, scale)?;
+        let RunOutput { o: o2, ht: ht2, .. } = run_once(fwd, stream, &mut dev, case, scale)?;
+        let mut problems = Vec::new();
+        if let Err(e) = unwritten(&o1, POISON_BF16, "o", &case.shape.v()) {
             problems.push(e);
         }
-    }
-    let differ = first
-        .o
-        .iter()
-        .zip(&second.o)
-        .filter(|(a, b)| a != b)
-        .count()
-        + match (&first.ht, &second.ht) {
-            (Some(a), Some(b)) => a.iter().zip(b).filter(|(x, y)| x != y).count(),
-            _ => 0,
-        };
-    if differ > 0 {
-        problems.push(format!(
-            "not deterministic: {differ} elements differ between two runs"
-        ));
-    }
-    // Inputs must be left alone.
-    let g_now: Vec<f32> = stream.clone_dtoh(&dev.g).map_err(err)?;
-    if g_now
-        .iter()
-        .zip(to_f32(&inputs.g))
-        .any(|(a, b)| a.to_bits() != b.to_bits())
-    {
-        problems.push("g was modified".into());
-    }
-    if let (Some(h0_dev), Some(h0)) = (&dev.h0, &inputs.h0) {
-        let now: Vec<f32> = stream.clone_dtoh(h0_dev).map_err(err)?;
-        if now
+        if let Some(ht) = &ht1 {
+            if let Err(e) = unwritten(ht, POISON_F32, "ht", &case.shape.state()) {
+                problems.push(e);
+            }
+        }
+        let differ = o1.iter().zip(&o2).filter(|(a, b)| a != b).count()
+            + match (&ht1, &ht2) {
+                (Some(a), Some(b)) => a.iter().zip(b).filter(|(x, y)| x != y).count(),
+                _ => 0,
+            };
+        if differ > 0 {
+            problems.push(format!(
+                "not deterministic: {differ} elements differ between two runs"
+            ));
+        }
+        // Inputs must be left alone.
+        let g_now: Vec<f32> = stream.clone_dtoh(&dev.g).map_err(err)?;
+        if g_now
             .iter()
-            .zip(to_f32(h0))
+            .zip(to_f32(&inputs.g))
             .any(|(a, b)| a.to_bits() != b.to_bits())
         {
-            problems.push("h0 was modified".into());
+            problems.push("g was modified".into());
         }
-    }
-    Ok((first, problems))
+        if let (Some(h0_dev), Some(h0)) = (&dev.h0, &inputs.h0) {
+            let now: Vec<f32> = stream.clone_dtoh(h0_dev).map_err(err)?;
+            if now
+                .iter()
+                .zip(to_f32(h0))
+                .any(|(a, b)| a.to_bits() != b.to_bits())
+            {
+                problems.push("h0 was modified".into());
+            }
+        }
+        let want = reference
+            .join()
+            .map_err(|_| "the reference panicked".to_string())?
+            .map_err(err)?;
+        let o: Vec<f64> = o1.iter().map(|&b| bf16::from_bits(b).to_f64()).collect();
+        let e_o = compare("o", &o, &want.o, TOL_O).unwrap_or_else(|e| {
+            problems.push(e);
+            f64::NAN
+        });
+        let e_ht = match &ht1 {
+            Some(ht) => {
+                let ht: Vec<f64> = ht.iter().map(|&b| f64::from(f32::from_bits(b))).collect();
+                compare("ht", &ht, &want.final_state, TOL_HT).unwrap_or_else(|e| {
+                    problems.push(e);
+                    f64::NAN
+                })
+            }
+            None => f64::NAN,
+        };
+        let summary = format!(
+            "S={} cps={} rel err o {e_o:.2e} ht {e_ht:.2e}",
+            plan.num_segments, plan.chunks_per_segment
+        );
+        if problems.is_empty() {
+            Ok(summary)
+        } else {
+            Err(format!("{summary}: {}", problems.join("; ")))
+        }
+    })
 }
 
 /// A call that must fail with `InvalidArgument` before any launch (o stays poisoned).
@@ -635,21 +582,10 @@ fn main() {
     let mut quick = false;
     let mut timeout_s = 300u64;
     let mut filter: Option<String> = None;
-    let mut variants: Vec<Variant> = Variant::ALL.to_vec();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--quick" => quick = true,
-            "--variant" => {
-                let name = args.next().unwrap_or_default();
-                variants = match Variant::parse(&name) {
-                    Ok(v) => vec![v],
-                    Err(e) => {
-                        eprintln!("forward_check: {e}");
-                        std::process::exit(2);
-                    }
-                }
-            }
             "--filter" => filter = args.next(),
             "--timeout" => {
                 timeout_s = args.next().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
@@ -659,7 +595,7 @@ fn main() {
             }
             other => {
                 eprintln!(
-                    "forward_check: unknown option {other}; options: --quick, --filter SUBSTRING, --variant NAME (default: every variant), --timeout SECONDS"
+                    "forward_check: unknown option {other}; options: --quick, --filter SUBSTRING, --timeout SECONDS"
                 );
                 std::process::exit(2);
             }
@@ -720,17 +656,9 @@ fn main() {
                     continue;
                 }
                 let t0 = Instant::now();
-                let results = run_case(&mut fwd, &stream, &case, &variants);
-                let seconds = t0.elapsed().as_secs_f64() / variants.len() as f64;
-                for (variant, result) in results {
-                    report(
-                        &format!("{name} variant={}", variant.name()),
-                        result,
-                        seconds,
-                    );
-                }
+                let result = run_case(&mut fwd, &stream, &case);
+                report(&name, result, t0.elapsed().as_secs_f64());
             }
-            fwd.set_variant(Variant::Base);
             if filter.is_none() {
                 match rejection_checks(&mut fwd, &stream) {
                     Ok(checks) => {

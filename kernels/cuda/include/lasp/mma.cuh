@@ -77,16 +77,6 @@ __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool v
                : "memory");
 }
 
-// Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads (a multiple of 32): sync
-// waits for the barrier, arrive only counts this warp in (producer side; orders its prior shared
-// stores before the consumers' loads after their sync).
-__device__ __forceinline__ void named_bar_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 // Wait until at most N of this thread's committed groups are still in flight.

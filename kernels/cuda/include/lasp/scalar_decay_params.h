@@ -38,10 +38,6 @@
 #define LASP_SD_STAGES 4        // cp.async pipeline depth (chunks in flight); 2 lets 2 output CTAs share an SM
 #endif
 #define LASP_SD_FOLD_THREADS 256
-// The "split" kernels (lasp_scalar_decay_{states,output}_split_dk*): 8 warps per CTA, same grids,
-// same shared-memory sizes (the output kernel fits them with LASP_SD_SPLIT_STAGES chunks in flight).
-#define LASP_SD_SPLIT_THREADS 256
-#define LASP_SD_SPLIT_STAGES 3
 
 typedef struct {
   const uint16_t* q;          // bf16 [B, T, H, Dk], contiguous
