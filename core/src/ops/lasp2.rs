@@ -10,7 +10,9 @@
 //! between the same kernels; [`ExchangeMode::NoComm`] drops the exchange (for timing). The fold
 //! and every other operation are the same in every mode, so outputs are bit-identical.
 
-use super::scalar_decay::{self, check_args, geometry as sd, ForwardArgs, ForwardShape};
+use super::scalar_decay::{
+    self, check_args, geometry as sd, segment_kernels, ForwardArgs, ForwardShape,
+};
 use crate::diagnostics::WaitDiagnostics;
 use crate::error::{Error, Result};
 use crate::kernel::{Kernel, LaunchShape};
@@ -261,20 +263,12 @@ impl Lasp2Forward {
             )));
         }
         let ctx = runtime.context().clone();
-        ctx.bind_to_thread()?;
+        let (states, output) = segment_kernels(
+            runtime,
+            ["lasp_lasp2_states_dk64", "lasp_lasp2_states_dk128"],
+            ["lasp_lasp2_output_dk64", "lasp_lasp2_output_dk128"],
+        )?;
         let module = runtime.module();
-        let states = [
-            module.kernel("lasp_lasp2_states_dk64")?,
-            module.kernel("lasp_lasp2_states_dk128")?,
-        ];
-        let output = [
-            module.kernel("lasp_lasp2_output_dk64")?,
-            module.kernel("lasp_lasp2_output_dk128")?,
-        ];
-        for (i, dk) in [64, 128].into_iter().enumerate() {
-            states[i].set_max_dynamic_shared_bytes(sd::states_smem_bytes(dk))?;
-            output[i].set_max_dynamic_shared_bytes(sd::output_smem_bytes(dk))?;
-        }
         let (b, h, dk, dv) = layout.dims();
         let n = npes as i32;
         let stream = runtime.stream();

@@ -575,36 +575,53 @@ fn dk_index(dk: usize) -> usize {
     usize::from(dk == 128)
 }
 
+/// The Dk-indexed (`[64, 128]`) states and output kernels of a chunkwise family (the single-GPU
+/// forward, LASP-2), with their dynamic shared-memory limits raised to what the plans launch with;
+/// an error if this GPU cannot give a block that much shared memory.
+pub(crate) fn segment_kernels(
+    runtime: &Runtime,
+    states: [&'static str; 2],
+    output: [&'static str; 2],
+) -> Result<([Kernel; 2], [Kernel; 2])> {
+    let ctx = runtime.context();
+    ctx.bind_to_thread()?;
+    let optin = ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
+        as u32;
+    let need = geometry::output_smem_bytes(128);
+    if optin < need {
+        return Err(Error::Launch(format!(
+            "the chunkwise kernels need {need} bytes of shared memory per block but this GPU ({}) \
+             allows {optin}; run on an H100/H200 (sm_90)",
+            ctx.name().unwrap_or_default()
+        )));
+    }
+    let module = runtime.module();
+    let states = [module.kernel(states[0])?, module.kernel(states[1])?];
+    let output = [module.kernel(output[0])?, module.kernel(output[1])?];
+    for (i, dk) in [64, 128].into_iter().enumerate() {
+        states[i].set_max_dynamic_shared_bytes(geometry::states_smem_bytes(dk))?;
+        output[i].set_max_dynamic_shared_bytes(geometry::output_smem_bytes(dk))?;
+    }
+    Ok((states, output))
+}
+
 impl ScalarDecayForward {
     /// Looks up the kernels in the runtime's module and raises their shared-memory limits.
     pub fn new(runtime: &Runtime) -> Result<Self> {
         let ctx = runtime.context().clone();
-        ctx.bind_to_thread()?;
-        let module = runtime.module();
-        let states = [
-            module.kernel("lasp_scalar_decay_states_dk64")?,
-            module.kernel("lasp_scalar_decay_states_dk128")?,
-        ];
-        let output = [
-            module.kernel("lasp_scalar_decay_output_dk64")?,
-            module.kernel("lasp_scalar_decay_output_dk128")?,
-        ];
-        let fold = module.kernel("lasp_scalar_decay_fold")?;
-        let optin = ctx.attribute(
-            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-        )? as u32;
-        let need = geometry::output_smem_bytes(128);
-        if optin < need {
-            return Err(Error::Launch(format!(
-                "the scalar-decay kernels need {need} bytes of shared memory per block but this \
-                 GPU ({}) allows {optin}; run on an H100/H200 (sm_90)",
-                ctx.name().unwrap_or_default()
-            )));
-        }
-        for (i, dk) in [64, 128].into_iter().enumerate() {
-            states[i].set_max_dynamic_shared_bytes(geometry::states_smem_bytes(dk))?;
-            output[i].set_max_dynamic_shared_bytes(geometry::output_smem_bytes(dk))?;
-        }
+        let (states, output) = segment_kernels(
+            runtime,
+            [
+                "lasp_scalar_decay_states_dk64",
+                "lasp_scalar_decay_states_dk128",
+            ],
+            [
+                "lasp_scalar_decay_output_dk64",
+                "lasp_scalar_decay_output_dk128",
+            ],
+        )?;
+        let fold = runtime.module().kernel("lasp_scalar_decay_fold")?;
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
             .max(1) as u32;
