@@ -454,10 +454,9 @@ fn run(opts: &Options) -> Result<()> {
         fwd.set_target_ctas(ctas)?;
     }
     println!(
-        "forward_bench: {device}, {} SMs, L2 {} MB, plan fills {} CTAs",
+        "forward_bench: {device}, {} SMs, L2 {} MB",
         fwd.sm_count(),
-        l2_bytes >> 20,
-        fwd.target_ctas()
+        l2_bytes >> 20
     );
     let mut rows = Vec::new();
     for &(b, t, h, d) in &opts.shapes {

@@ -230,7 +230,7 @@ pub struct Lasp2Forward {
     /// Host mirror of the device epoch (completed calls), for the parity of host-side gathers.
     calls: u64,
     mode: Option<ExchangeMode>,
-    target_ctas: u32,
+    sm_count: u32,
 }
 
 fn invalid(msg: String) -> Error {
@@ -293,7 +293,7 @@ impl Lasp2Forward {
             nccl: None,
             calls: 0,
             mode: None,
-            target_ctas: sm_count,
+            sm_count,
             ctx,
         };
         stream.synchronize()?;
@@ -408,7 +408,13 @@ impl Lasp2Forward {
         }
         let (b, h, dk, dv) = l.dims();
         let t = s.t as i32;
-        let segments = sd::num_segments(b, h, t, dv, self.target_ctas as i32);
+        let segments = sd::num_segments(
+            b,
+            h,
+            t,
+            dv,
+            sd::target_ctas(b, h, t, dv, self.sm_count as i32),
+        );
         let cps = sd::chunks_per_segment(t, segments);
         let ws_bytes = geometry::workspace_bytes(b, h, segments, dk, dv);
         self.ensure_workspace(stream, ws_bytes)?;

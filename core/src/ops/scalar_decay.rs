@@ -63,7 +63,7 @@ pub mod geometry {
     pub const THREADS: u32 = 128;
     /// cp.async pipeline depth the kernels are built with (`LASP_SD_STAGES`, default of the header;
     /// the build passes no override).
-    pub const STAGES: u32 = 4;
+    pub const STAGES: u32 = 2;
     /// Threads per CTA of the fold kernel (`LASP_SD_FOLD_THREADS`).
     pub const FOLD_THREADS: u32 = 256;
 
@@ -91,6 +91,20 @@ pub mod geometry {
         }
         let cps = (nc + s - 1) / s;
         (nc + cps - 1) / cps
+    }
+
+    /// The CTAs the automatic plan fills (host policy, not in the header). Two 2-stage output
+    /// CTAs fit an SM, but a second one pays only where one per SM already splits sequences into
+    /// segments (the states pass is paid anyway); where one per SM keeps every sequence whole, a
+    /// second would add a states pass. Measured on H200 (benches/results/raw/run10): B=1, H=16,
+    /// T=32K 0.376 -> 0.336 ms and T=128K 1.478 -> 1.355 ms with two per SM; B=4, T=8K 0.275 ms
+    /// with one, 0.315 ms with two.
+    pub const fn target_ctas(b: i32, h: i32, t: i32, dv: i32, sm_count: i32) -> i32 {
+        if num_segments(b, h, t, dv, sm_count) == 1 {
+            sm_count
+        } else {
+            2 * sm_count
+        }
     }
 
     /// `lasp_sd_chunks_per_segment`.
@@ -566,7 +580,8 @@ pub struct ScalarDecayForward {
     output: [Kernel; 2],
     fold: Kernel,
     sm_count: u32,
-    target_ctas: u32,
+    /// Override of the plan's CTA target (None: geometry::target_ctas).
+    target_ctas: Option<u32>,
     force_segments: Option<u32>,
     workspace: Option<CudaSlice<u8>>,
 }
@@ -632,8 +647,7 @@ impl ScalarDecayForward {
             output,
             fold,
             sm_count,
-            // One output CTA per SM: 197,632 B (Dk 128) of shared memory allow one per SM.
-            target_ctas: sm_count,
+            target_ctas: None,
             force_segments: None,
             workspace: None,
         })
@@ -644,13 +658,21 @@ impl ScalarDecayForward {
         self.sm_count
     }
 
-    /// The CTA count the automatic plan fills (default: one per SM).
-    pub fn target_ctas(&self) -> u32 {
-        self.target_ctas
+    /// The CTA count the plan of `shape` fills: the override, else [`geometry::target_ctas`].
+    pub fn target_ctas(&self, shape: &ForwardShape) -> u32 {
+        self.target_ctas.unwrap_or_else(|| {
+            geometry::target_ctas(
+                shape.b as i32,
+                shape.h as i32,
+                shape.t.min(i32::MAX as usize) as i32,
+                shape.dv as i32,
+                self.sm_count as i32,
+            )
+            .max(1) as u32
+        })
     }
 
-    /// Changes the CTA count the automatic plan fills (e.g. 2 x SMs for a build with two output
-    /// CTAs per SM). At least 1.
+    /// Overrides the CTA count the automatic plan fills (tuning). At least 1.
     pub fn set_target_ctas(&mut self, ctas: u32) -> Result<()> {
         if ctas == 0 {
             return Err(invalid(
@@ -658,7 +680,7 @@ impl ScalarDecayForward {
                     .into(),
             ));
         }
-        self.target_ctas = ctas;
+        self.target_ctas = Some(ctas);
         Ok(())
     }
 
@@ -678,7 +700,7 @@ impl ScalarDecayForward {
 
     /// The plan a launch of `shape` would use (validates the shape).
     pub fn plan(&self, shape: &ForwardShape) -> Result<ForwardPlan> {
-        ForwardPlan::new(shape, self.target_ctas, self.force_segments)
+        ForwardPlan::new(shape, self.target_ctas(shape), self.force_segments)
     }
 
     /// Copies `g` to the host (synchronising `stream`) and checks that every gate is finite and
@@ -909,11 +931,26 @@ mod tests {
     }
 
     #[test]
+    fn two_ctas_per_sm_only_where_one_per_tile_leaves_sms_idle() {
+        // B=4, H=16, Dv=128: one CTA per SM keeps sequences whole; a second would add a states pass.
+        assert_eq!(g::target_ctas(4, 16, 8192, 128, 132), 132);
+        assert_eq!(g::num_segments(4, 16, 8192, 128, 132), 1);
+        // B=1: one per SM already splits into 4 segments, so two per SM and 8 segments.
+        assert_eq!(g::target_ctas(1, 16, 32768, 128, 132), 264);
+        assert_eq!(g::num_segments(1, 16, 32768, 128, 264), 8);
+        // A sequence of one chunk cannot be split: one per SM.
+        assert_eq!(g::target_ctas(1, 1, 64, 64, 132), 132);
+    }
+
+    #[test]
     fn shared_memory_and_workspace_formulas() {
-        assert_eq!(g::output_smem_bytes(128), 197_632);
-        assert_eq!(g::output_smem_bytes(64), 115_712);
-        assert_eq!(g::states_smem_bytes(128), 99_328);
-        assert_eq!(g::states_smem_bytes(64), 66_560);
+        // 2 stages x (Q, K, V tile, gates) + 2 bf16 state tiles; two Dk=128 output CTAs fit the
+        // 228 KiB of an H100/H200 SM (with 1 KiB reserved per CTA).
+        assert_eq!(g::output_smem_bytes(128), 115_200);
+        assert_eq!(g::output_smem_bytes(64), 66_048);
+        assert_eq!(g::states_smem_bytes(128), 49_664);
+        assert_eq!(g::states_smem_bytes(64), 33_280);
+        assert!(2 * (g::output_smem_bytes(128) + 1024) <= 228 * 1024);
         // B*H*(S-1)*(2*Dk*Dv + 1)*4, with the values gcc computed from the header.
         assert_eq!(g::workspace_bytes(1, 1, 1, 128, 128), 0);
         assert_eq!(g::workspace_bytes(1, 1, 2, 128, 128), 131_076);
@@ -1004,10 +1041,10 @@ mod tests {
             (16, 16, 1)
         );
         assert_eq!(auto.states.unwrap().grid, (2, 15, 1));
-        assert_eq!(auto.states.unwrap().shared_bytes, 99_328);
+        assert_eq!(auto.states.unwrap().shared_bytes, 49_664);
         assert_eq!(auto.fold.unwrap().grid, (64, 1, 1));
         assert_eq!(auto.output.grid, (2, 16, 1));
-        assert_eq!(auto.output.shared_bytes, 197_632);
+        assert_eq!(auto.output.shared_bytes, 115_200);
         assert_eq!(auto.workspace_bytes, 1_966_140);
         assert_eq!(auto.workspace_offsets(), (15 * 65536, 30 * 65536));
         let five = ForwardPlan::new(&shape, 132, Some(5)).unwrap();

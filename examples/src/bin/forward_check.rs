@@ -642,10 +642,9 @@ fn main() {
         Err(e) => report("op_init", Err(e.to_string()), 0.0),
         Ok(mut fwd) => {
             println!(
-                "forward_check: {} ({} SMs), automatic plan fills {} CTAs",
+                "forward_check: {} ({} SMs)",
                 rt.context().name().unwrap_or_default(),
-                fwd.sm_count(),
-                fwd.target_ctas()
+                fwd.sm_count()
             );
             for case in cases() {
                 let name = case.name();

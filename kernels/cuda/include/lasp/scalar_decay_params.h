@@ -35,7 +35,8 @@
 #define LASP_SD_TILE_V 64       // Dv columns per CTA
 #define LASP_SD_THREADS 128     // 4 warps per CTA for the states and output kernels
 #ifndef LASP_SD_STAGES
-#define LASP_SD_STAGES 4        // cp.async pipeline depth (chunks in flight); 2 lets 2 output CTAs share an SM
+#define LASP_SD_STAGES 2        // cp.async pipeline depth (chunks in flight): 2 lets 2 output CTAs share an SM
+                                // and was as fast as 4 at one CTA per SM (H200, benches/results/raw/run10)
 #endif
 #define LASP_SD_FOLD_THREADS 256
 
@@ -71,9 +72,9 @@ LASP_SD_FN int32_t lasp_sd_num_chunks(int32_t T) {
 LASP_SD_FN int32_t lasp_sd_num_vtiles(int32_t Dv) { return Dv / LASP_SD_TILE_V; }
 
 // Segments per (b, h): enough CTAs of the output kernel (B*H*S*Dv/64) to fill the machine once,
-// never a second partial wave, never an empty segment. target_ctas = multiprocessor count x
-// cuOccupancyMaxActiveBlocksPerMultiprocessor(output kernel, LASP_SD_THREADS, output smem)
-// (= 132 x 1 on H100/H200 with LASP_SD_STAGES 4).
+// never a second partial wave, never an empty segment. target_ctas: the host's policy (Rust
+// geometry::target_ctas): the multiprocessor count when B*H*Dv/64 fills it, else two per SM
+// (2 output CTAs fit an SM with LASP_SD_STAGES 2).
 LASP_SD_FN int32_t lasp_sd_num_segments(int32_t B, int32_t H, int32_t T, int32_t Dv, int32_t target_ctas) {
   const int32_t base = B * H * lasp_sd_num_vtiles(Dv);
   const int32_t nc = lasp_sd_num_chunks(T);
