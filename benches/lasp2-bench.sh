@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# LASP-2 forward benchmark: W = 1, 2, 4 GPUs (LASP2_BENCH_WORLDS) on the three per-GPU shapes,
+# LASP-2 forward benchmark: W = 1, 2, 4, ... up to every GPU of the node (or LASP2_BENCH_WORLDS) on
+# the three per-GPU shapes,
 # every exchange mode and the no-communication time of the same kernels (examples' lasp2_forward,
 # which also re-runs its correctness checks), and the fla + NCCL peer in the same job. Writes
 # $OUT/lasp2_forward.json and $OUT/lasp2_weak_scaling.png.
@@ -19,7 +20,9 @@ PEER="${LASP2_PEER:-../shared/peers/lasp2_fla_baseline.py}"
 SHAPES=(4x8192x16x128 1x32768x16x128 1x131072x16x128)
 export LASP_DEVICE="${LASP_DEVICE:-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x$(nvidia-smi -L | wc -l)}"
 
-for W in ${LASP2_BENCH_WORLDS:-1 2 4}; do
+NGPU="$(nvidia-smi -L | wc -l)"
+WORLDS="${LASP2_BENCH_WORLDS:-$(w=1; while [ "$w" -le "$NGPU" ]; do printf '%s ' "$w"; w=$((w * 2)); done)}"
+for W in $WORLDS; do
   time_args=()
   peer_shapes=()
   for s in "${SHAPES[@]}"; do
