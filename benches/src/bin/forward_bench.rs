@@ -505,11 +505,11 @@ fn main() {
     std::thread::spawn(move || {
         std::thread::sleep(Duration::from_secs(timeout_s));
         eprintln!("forward_bench: still running after {timeout_s} s (a kernel hung?); giving up");
-        std::process::exit(1);
+        lasp_shmem::runtime::exit_after_error(1);
     });
     if let Err(e) = run(&opts) {
         eprintln!("forward_bench: {e}");
-        std::process::exit(1);
+        lasp_shmem::runtime::exit_after_error(1);
     }
 }
 

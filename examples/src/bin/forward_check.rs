@@ -614,7 +614,7 @@ fn main() {
             PASSED.load(Ordering::SeqCst),
             FAILED.load(Ordering::SeqCst) + 1
         );
-        std::process::exit(1);
+        lasp_shmem::runtime::exit_after_error(1);
     });
     let report = |name: &str, result: CheckResult, seconds: f64| match result {
         Ok(detail) => {
