@@ -31,28 +31,10 @@ using sd::StateRegs;
 // The epoch every kernel of the current call works on (the advance kernel runs last).
 __device__ __forceinline__ uint64_t call_epoch(const lasp_lasp2_params& p) { return *p.epoch + 1; }
 
-__device__ __forceinline__ sd::SegmentArgs segment_args(const lasp_lasp2_params& p) {
-  sd::SegmentArgs a;
-  a.q = p.q;
-  a.k = p.k;
-  a.v = p.v;
-  a.g = p.g;
-  a.o = p.o;
-  a.T = p.T;
-  a.H = p.H;
-  a.Dv = p.Dv;
-  a.c_begin = blockIdx.y * p.chunks_per_segment;
-  a.n_chunks = min(p.chunks_per_segment, lasp_sd_num_chunks(p.T) - a.c_begin);  // >= 1 by the host's S
-  a.vt = blockIdx.x;
-  a.bh = blockIdx.z;
-  a.scale = p.scale;
-  return a;
-}
-
 // Kernel 1: segment s's end state from zero -> ws_m [bh][s], its log-decay -> ws_lambda [bh][s].
 template <int DK>
 __device__ __forceinline__ void states(const lasp_lasp2_params& p) {
-  const sd::SegmentArgs a = segment_args(p);
+  const sd::SegmentArgs a = sd::segment_args(p);
   const int64_t slot = (int64_t)a.bh * p.num_segments + blockIdx.y;
   sd::run_segment_with<DK, false>(
       a,
@@ -72,7 +54,7 @@ __device__ __forceinline__ void states(const lasp_lasp2_params& p) {
 // The fold is the same in every mode; LASP2_DEVICE_PUT only adds the wait for the tiles' signals.
 template <int DK>
 __device__ __forceinline__ void output(const lasp_lasp2_params& p) {
-  const sd::SegmentArgs a = segment_args(p);
+  const sd::SegmentArgs a = sd::segment_args(p);
   const int seg = blockIdx.y;
   const int64_t tile_elems = (int64_t)DK * p.Dv;  // one (b, h) state
   const int col0 = a.vt * sd::kTileV;

@@ -35,20 +35,7 @@ namespace sd {
 template <int DK, bool kOutput>
 __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p) {
   const int seg = blockIdx.y;
-  SegmentArgs a;
-  a.q = p.q;
-  a.k = p.k;
-  a.v = p.v;
-  a.g = p.g;
-  a.o = p.o;
-  a.T = p.T;
-  a.H = p.H;
-  a.Dv = p.Dv;
-  a.c_begin = seg * p.chunks_per_segment;
-  a.n_chunks = min(p.chunks_per_segment, lasp_sd_num_chunks(p.T) - a.c_begin);  // >= 1 by the host's S
-  a.vt = blockIdx.x;
-  a.bh = blockIdx.z;
-  a.scale = p.scale;
+  const SegmentArgs a = segment_args(p);
   const int n_seg_slots = p.num_segments - 1;  // workspace slots per (b, h)
   const int64_t tile_elems = (int64_t)DK * p.Dv;  // one (b, h) state
   const int col0 = a.vt * kTileV;

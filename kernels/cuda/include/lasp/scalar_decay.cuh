@@ -138,6 +138,28 @@ struct SegmentArgs {
   float scale;
 };
 
+// The segment of this CTA: grid (Dv tile, segment, b*H+h) with `chunks_per_segment` chunks per
+// segment (the last may hold fewer). Shared by every kernel family whose params carry the same
+// field names (lasp_scalar_decay_params, lasp_lasp2_params).
+template <class Params>
+__device__ __forceinline__ SegmentArgs segment_args(const Params& p) {
+  SegmentArgs a;
+  a.q = p.q;
+  a.k = p.k;
+  a.v = p.v;
+  a.g = p.g;
+  a.o = p.o;
+  a.T = p.T;
+  a.H = p.H;
+  a.Dv = p.Dv;
+  a.c_begin = blockIdx.y * p.chunks_per_segment;
+  a.n_chunks = min(p.chunks_per_segment, lasp_sd_num_chunks(p.T) - a.c_begin);  // >= 1 by the host's S
+  a.vt = blockIdx.x;
+  a.bh = blockIdx.z;
+  a.scale = p.scale;
+  return a;
+}
+
 // The state elements a lane holds: s[mt][nt][2*hh + e] = S[d][c] with d = d_warp + 16*mt + 8*hh + g,
 // c = 8*nt + 2*t + e (column within the 64-column tile).
 struct StateLane {
