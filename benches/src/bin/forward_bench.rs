@@ -25,6 +25,7 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
 use lasp_shmem::ops::scalar_decay::{ForwardArgs, ForwardPlan, ForwardShape, ScalarDecayForward};
 use lasp_shmem::ops::{DeviceMut, DeviceRef};
+use lasp_shmem::reference::SplitMix64;
 use lasp_shmem::{Config, Error, Result, Runtime};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -121,34 +122,22 @@ fn parse_options() -> Result<Options> {
     Ok(o)
 }
 
-/// SplitMix64: one independent stream per (tensor, block), so generation runs in parallel and
-/// gives the same values for any thread count.
-struct SplitMix64(u64);
+/// One independent SplitMix64 stream per (tensor, block), so generation runs in parallel and gives
+/// the same values for any thread count.
+fn block_rng(tensor: u64, block: u64) -> SplitMix64 {
+    SplitMix64::new(
+        SEED ^ tensor.wrapping_mul(0xD1B5_4A32_D192_ED03)
+            ^ block.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+    )
+}
 
-impl SplitMix64 {
-    fn new(tensor: u64, block: u64) -> Self {
-        SplitMix64(
-            SEED ^ tensor.wrapping_mul(0xD1B5_4A32_D192_ED03)
-                ^ block.wrapping_mul(0x9E37_79B9_7F4A_7C15),
-        )
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Two standard normals (Box-Muller, both branches).
-    fn normal_pair(&mut self) -> (f32, f32) {
-        let u1 = ((self.next_u64() >> 40) as f32 + 0.5) / (1u64 << 24) as f32;
-        let u2 = ((self.next_u64() >> 40) as f32 + 0.5) / (1u64 << 24) as f32;
-        let r = (-2.0 * u1.ln()).sqrt();
-        let (s, c) = (std::f32::consts::TAU * u2).sin_cos();
-        (r * c, r * s)
-    }
+/// Two standard normals in f32 (Box-Muller, both branches: the bench fills gigabytes).
+fn normal_pair(rng: &mut SplitMix64) -> (f32, f32) {
+    let u1 = ((rng.next_u64() >> 40) as f32 + 0.5) / (1u64 << 24) as f32;
+    let u2 = ((rng.next_u64() >> 40) as f32 + 0.5) / (1u64 << 24) as f32;
+    let r = (-2.0 * u1.ln()).sqrt();
+    let (s, c) = (std::f32::consts::TAU * u2).sin_cos();
+    (r * c, r * s)
 }
 
 const BLOCK: usize = 1 << 16;
@@ -163,9 +152,9 @@ fn fill_parallel<T: Send>(out: &mut [T], tensor: u64, f: impl Fn(f32) -> T + Syn
             scope.spawn(move || {
                 for (i, block) in part.chunks_mut(BLOCK).enumerate() {
                     let block_index = (t * per_thread.max(BLOCK) / BLOCK + i) as u64;
-                    let mut rng = SplitMix64::new(tensor, block_index);
+                    let mut rng = block_rng(tensor, block_index);
                     for pair in block.chunks_mut(2) {
-                        let (a, b) = rng.normal_pair();
+                        let (a, b) = normal_pair(&mut rng);
                         pair[0] = f(a);
                         if pair.len() > 1 {
                             pair[1] = f(b);

@@ -8,6 +8,7 @@
 
 use super::error::ReferenceError;
 use super::inputs::{Cotangents, Family, Inputs, Shape};
+use super::rng::SplitMix64;
 use super::tensor::Tensor;
 use super::validate::check_dims;
 
@@ -75,37 +76,10 @@ enum Stream {
     DHt,
 }
 
-/// SplitMix64 (Steele, Lea, Flood 2014): tiny, fast, and good enough for test data.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn new(seed: u64, stream: Stream) -> SplitMix64 {
-        SplitMix64(seed ^ (stream as u64).wrapping_mul(0xD1B5_4A32_D192_ED03))
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in the open interval (0, 1), so `ln` below never sees 0.
-    fn uniform(&mut self) -> f64 {
-        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    }
-
-    /// Standard normal by Box-Muller (one value per two uniforms keeps the stream layout simple).
-    fn normal(&mut self) -> f64 {
-        let (u1, u2) = (self.uniform(), self.uniform());
-        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
-    }
-
-    fn normal_tensor(&mut self, shape: &[usize], factor: f64) -> Tensor {
-        let n = shape.iter().product();
-        let data = (0..n).map(|_| factor * self.normal()).collect();
-        Tensor::from_vec(shape, data).expect("length matches shape by construction")
+impl Stream {
+    /// This tensor's generator for `seed`.
+    fn rng(self, seed: u64) -> SplitMix64 {
+        SplitMix64::new(seed ^ (self as u64).wrapping_mul(0xD1B5_4A32_D192_ED03))
     }
 }
 
@@ -161,9 +135,9 @@ impl Inputs {
         let seed = spec.seed;
         let delta = spec.family == Family::DeltaRule;
         let large = spec.regime == Regime::LargeNorm;
-        let mut q = SplitMix64::new(seed, Stream::Q).normal_tensor(&shape.qk(), 1.0);
-        let mut k = SplitMix64::new(seed, Stream::K).normal_tensor(&shape.qk(), 1.0);
-        let mut v = SplitMix64::new(seed, Stream::V).normal_tensor(&shape.v(), 1.0);
+        let mut q = Stream::Q.rng(seed).normal_tensor(&shape.qk(), 1.0);
+        let mut k = Stream::K.rng(seed).normal_tensor(&shape.qk(), 1.0);
+        let mut v = Stream::V.rng(seed).normal_tensor(&shape.v(), 1.0);
         if delta {
             l2_normalise_rows(&mut q, shape.dk);
             l2_normalise_rows(&mut k, shape.dk);
@@ -177,18 +151,19 @@ impl Inputs {
             }
         }
         let g = gates(
-            &mut SplitMix64::new(seed, Stream::G),
+            &mut Stream::G.rng(seed),
             &shape.gate(spec.family.gate_kind()),
             spec.regime,
         );
         let beta = delta.then(|| {
-            SplitMix64::new(seed, Stream::Beta)
+            Stream::Beta
+                .rng(seed)
                 .normal_tensor(&shape.per_token(), 1.0)
                 .map(sigmoid)
         });
         let h0 = spec
             .initial_state
-            .then(|| SplitMix64::new(seed, Stream::H0).normal_tensor(&shape.state(), 1.0));
+            .then(|| Stream::H0.rng(seed).normal_tensor(&shape.state(), 1.0));
         let mut inputs = Inputs {
             shape,
             q,
@@ -222,9 +197,9 @@ impl Cotangents {
         round_to_bf16: bool,
     ) -> Result<Cotangents, ReferenceError> {
         check_dims(&shape)?;
-        let mut d_o = SplitMix64::new(seed, Stream::DO).normal_tensor(&shape.v(), 1.0);
-        let mut d_ht = final_state_grad
-            .then(|| SplitMix64::new(seed, Stream::DHt).normal_tensor(&shape.state(), 1.0));
+        let mut d_o = Stream::DO.rng(seed).normal_tensor(&shape.v(), 1.0);
+        let mut d_ht =
+            final_state_grad.then(|| Stream::DHt.rng(seed).normal_tensor(&shape.state(), 1.0));
         if round_to_bf16 {
             d_o = d_o.round_to_bf16();
             d_ht = d_ht.map(|d| d.round_to_f32());
