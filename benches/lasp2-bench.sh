@@ -6,6 +6,8 @@
 # $OUT/lasp2_forward.json and $OUT/lasp2_weak_scaling.png.
 #
 #   OUT=/tmp/lasp2 bash benches/lasp2-bench.sh
+# LASP2_ARGS: extra arguments for every lasp2_forward run (e.g. "--groups 2 --ctas-per-sm 1", or
+# "--timeline DIR/tl" for per-CTA stamps of one overlapped call per shape).
 # Needs fla-core 0.6.0 importable by python3 and the peer script (LASP2_PEER; default: the
 # project's shared/peers/lasp2_fla_baseline.py beside the checkout, else .peers/).
 set -euo pipefail
@@ -30,7 +32,7 @@ for W in $WORLDS; do
     time_args+=(--time "$s")
     peer_shapes+=("${b}x$((t * W))x${h}x${d}")
   done
-  "$BIN/lasp-run" --timeout 500 -n "$W" "$BIN/lasp2_forward" --graph-calls 10 "${time_args[@]}" --json "$OUT/lasp2_w$W.json" \
+  "$BIN/lasp-run" --timeout 500 -n "$W" "$BIN/lasp2_forward" --graph-calls 10 ${LASP2_ARGS:-} "${time_args[@]}" --json "$OUT/lasp2_w$W.json" \
     2>&1 | tee "$OUT/lasp2_w$W.log" | grep -E "^\[rank 0\] (W=|PE 0)" || true
   [ -f "$OUT/lasp2_w$W.json" ] || { echo "lasp2-bench: W=$W produced no results (see $OUT/lasp2_w$W.log)"; exit 1; }
   if [ -f "$PEER" ]; then

@@ -31,10 +31,22 @@ using sd::StateRegs;
 // The epoch every kernel of the current call works on (the advance kernel runs last).
 __device__ __forceinline__ uint64_t call_epoch(const lasp_lasp2_params& p) { return *p.epoch + 1; }
 
+// Timeline stamp (thread 0 of a CTA; no-op without a timeline buffer).
+__device__ __forceinline__ void stamp(const lasp_lasp2_params& p, uint64_t word) {
+  if (p.timeline && threadIdx.x == 0) p.timeline[word] = global_ns();
+}
+
 // Kernel 1: segment s's end state from zero -> ws_m [bh][s], its log-decay -> ws_lambda [bh][s].
+// The CTA's segment; grid z spans the launch's head group, which starts at head p.bh_begin.
+__device__ __forceinline__ sd::SegmentArgs group_segment_args(const lasp_lasp2_params& p) {
+  sd::SegmentArgs a = sd::segment_args(p);
+  a.bh += p.bh_begin;
+  return a;
+}
+
 template <int DK>
 __device__ __forceinline__ void states(const lasp_lasp2_params& p) {
-  const sd::SegmentArgs a = sd::segment_args(p);
+  const sd::SegmentArgs a = group_segment_args(p);
   const int64_t slot = (int64_t)a.bh * p.num_segments + blockIdx.y;
   sd::run_segment_with<DK, false>(
       a,
@@ -54,13 +66,15 @@ __device__ __forceinline__ void states(const lasp_lasp2_params& p) {
 // The fold is the same in every mode; LASP2_DEVICE_PUT only adds the wait for the tiles' signals.
 template <int DK>
 __device__ __forceinline__ void output(const lasp_lasp2_params& p) {
-  const sd::SegmentArgs a = sd::segment_args(p);
+  const sd::SegmentArgs a = group_segment_args(p);
   const int seg = blockIdx.y;
   const int64_t tile_elems = (int64_t)DK * p.Dv;  // one (b, h) state
   const int col0 = a.vt * sd::kTileV;
   sd::run_segment_with<DK, true>(
       a,
       [&](StateRegs<DK>& s, const StateLane& ln) {
+        const uint64_t stamps = lasp2_timeline_output(a.bh, a.vt, seg, p.B, p.H, p.Dv, p.num_segments);
+        stamp(p, stamps + 0);
         const uint64_t epoch = call_epoch(p);
         const int parity = static_cast<int>(epoch & 1);
         if (p.h0)
@@ -79,6 +93,7 @@ __device__ __forceinline__ void output(const lasp_lasp2_params& p) {
           }
           if (!__syncthreads_and(ok)) return false;  // the host reports p.diag
         }
+        stamp(p, stamps + 1);
 
         for (int u = 0; u < p.me; ++u) {
           const float* tile = p.slots + lasp2_slot_tile_offset(parity, u, a.bh, a.vt, p.npes, p.B, p.H, DK, p.Dv);
@@ -89,6 +104,7 @@ __device__ __forceinline__ void output(const lasp_lasp2_params& p) {
           const int64_t slot = (int64_t)a.bh * p.num_segments + sp;
           sd::state_fold<DK, false>(s, ln, p.ws_m + slot * tile_elems + col0, p.Dv, p.ws_lambda[slot]);
         }
+        stamp(p, stamps + 2);
         return true;
       },
       [&](StateRegs<DK>& s, const StateLane& ln, float) {
@@ -111,9 +127,10 @@ extern "C" __global__ void __launch_bounds__(LASP2_THREADS, 1)
   lasp::l2::states<128>(p);
 }
 
-// Kernel 2, one CTA per (Dv tile vt, b*H+h):
-//  - block (0, 0), communicating modes: credit[me] = epoch - 1 on every earlier PE (this PE finished
-//    reading epoch - 1: its output kernel precedes this launch on the stream);
+// Kernel 2, one CTA per (Dv tile vt, head bh = bh_begin + blockIdx.y of the launch's group):
+//  - block (0, 0) of the group with bh_begin == 0 (once per call), communicating modes:
+//    credit[me] = epoch - 1 on every earlier PE (this PE finished reading epoch - 1: its output
+//    kernels precede this call's states kernel, which this launch follows);
 //  - M_me tile = fold over s ascending of (M_s, Lambda_s) from ZERO, Lambda_me = sum_s Lambda_s
 //    -> own slot tile [parity][me][bh][vt] (+ trailer);
 //  - LASP2_DEVICE_PUT: wait for every later PE's credit for epoch - 2 (bounded), then one
@@ -124,13 +141,13 @@ extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS)
     lasp_lasp2_fold_put(const __grid_constant__ lasp_lasp2_params p) {
   const uint64_t epoch = lasp::l2::call_epoch(p);
   const int parity = static_cast<int>(epoch & 1);
-  const int vt = blockIdx.x, bh = blockIdx.y;
+  const int vt = blockIdx.x, bh = p.bh_begin + blockIdx.y;
   const int tid = threadIdx.x;
   const int S = p.num_segments;
   const bool comm = p.exchange_mode != LASP2_NO_COMM;
 
   // One thread sends the credits and later quiets them (with this CTA's puts, if any).
-  const bool sends_credits = comm && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0 && p.me > 0;
+  const bool sends_credits = comm && bh == 0 && vt == 0 && tid == 0 && p.me > 0;
   if (sends_credits)
     for (int u = 0; u < p.me; ++u) nvshmemx_signal_op(p.credit + p.me, epoch - 1, NVSHMEM_SIGNAL_SET, u);
 
@@ -158,8 +175,11 @@ extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS)
     *reinterpret_cast<float4*>(own + p.Dk * LASP2_TILE_V) = make_float4(lambda, 0.f, 0.f, 0.f);
   }
 
+  const uint64_t stamps = lasp2_timeline_put(bh, vt, p.Dv);
   if (p.exchange_mode != LASP2_DEVICE_PUT || p.me >= p.npes - 1) {
     if (sends_credits) nvshmem_quiet();
+    lasp::l2::stamp(p, stamps + 0);
+    lasp::l2::stamp(p, stamps + 1);
     return;
   }
 
@@ -176,6 +196,7 @@ extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS)
   // A CTA that gave up on a credit sends nothing: the readers then time out on this epoch's data,
   // and this PE's diag names the peer whose credit never came.
   if (!__syncthreads_and(ok)) return;
+  lasp::l2::stamp(p, stamps + 0);
 
   const uint64_t bytes = lasp2_slot_tile_floats(p.Dk) * 4u;
   uint64_t* const sig = p.signals + lasp2_signal_index(parity, p.me, bh, vt, p.npes, p.B, p.H, p.Dv);
@@ -187,6 +208,7 @@ extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS)
   }
   __syncthreads();
   if (tid == 0) nvshmem_quiet();
+  lasp::l2::stamp(p, stamps + 1);
 }
 
 // Kernel 3: outputs of the shard from P_me (see lasp::l2::output); PE npes-1's last segment writes

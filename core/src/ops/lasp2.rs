@@ -9,6 +9,12 @@
 //! the shard from it. The sequential modes replace the device puts by a host-driven all-gather
 //! between the same kernels; [`ExchangeMode::NoComm`] drops the exchange (for timing). The fold
 //! and every other operation are the same in every mode, so outputs are bit-identical.
+//!
+//! The heads are cut into groups ([`Lasp2Tuning::head_groups`]) and every kernel runs once per
+//! group: states of every group, then outputs of every group. In the overlapped mode each group's
+//! `fold_put` runs on a second, high-priority stream as soon as that group's states are done, so
+//! group 0's exchange travels while group 1's states are computed and the last group's while
+//! group 0's outputs are: the exchange leaves the critical path.
 
 use super::scalar_decay::{
     self, check_args, geometry as sd, segment_kernels, ForwardArgs, ForwardShape,
@@ -19,7 +25,7 @@ use crate::kernel::{Kernel, LaunchShape};
 use crate::nccl::NcclComm;
 use crate::runtime::Runtime;
 use crate::symmetric::SymmetricBuffer;
-use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{result as cu, sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr};
 use std::sync::Arc;
 
 /// How the memory states move between PEs. Every PE must use the same mode in a call.
@@ -116,21 +122,25 @@ pub mod geometry {
     pub const fn ws_m_bytes(b: i32, h: i32, s: i32, dk: i32, dv: i32) -> u64 {
         b as u64 * h as u64 * s as u64 * dk as u64 * dv as u64 * 4
     }
+    /// `lasp2_timeline_words`.
+    pub const fn timeline_words(b: i32, h: i32, dv: i32, s: i32) -> u64 {
+        b as u64 * h as u64 * sd::num_vtiles(dv) as u64 * (2 + 3 * s as u64)
+    }
     /// `lasp2_workspace_bytes`.
     pub const fn workspace_bytes(b: i32, h: i32, s: i32, dk: i32, dv: i32) -> u64 {
         ws_m_bytes(b, h, s, dk, dv) + b as u64 * h as u64 * s as u64 * 4
     }
-    /// `lasp2_states_grid` (all S segments) and `lasp2_output_grid`.
-    pub const fn segments_grid(b: i32, h: i32, dv: i32, s: i32) -> (u32, u32, u32) {
-        (sd::num_vtiles(dv) as u32, s as u32, (b * h) as u32)
+    /// `lasp2_states_grid` (all S segments) and `lasp2_output_grid`, for a group of `heads`.
+    pub const fn segments_grid(heads: i32, dv: i32, s: i32) -> (u32, u32, u32) {
+        (sd::num_vtiles(dv) as u32, s as u32, heads as u32)
     }
-    /// `lasp2_fold_put_grid`.
-    pub const fn fold_put_grid(b: i32, h: i32, dv: i32) -> (u32, u32, u32) {
-        (sd::num_vtiles(dv) as u32, (b * h) as u32, 1)
+    /// `lasp2_fold_put_grid`, for a group of `heads`.
+    pub const fn fold_put_grid(heads: i32, dv: i32) -> (u32, u32, u32) {
+        (sd::num_vtiles(dv) as u32, heads as u32, 1)
     }
 }
 
-/// The C struct `lasp_lasp2_params` (168 bytes), passed by value to every LASP-2 kernel.
+/// The C struct `lasp_lasp2_params` (184 bytes), passed by value to every LASP-2 kernel.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 struct Lasp2Params {
@@ -148,6 +158,7 @@ struct Lasp2Params {
     credit: u64,
     epoch: u64,
     diag: u64,
+    timeline: u64,
     timeout_ns: u64,
     b: i32,
     t: i32,
@@ -161,6 +172,96 @@ struct Lasp2Params {
     npes: i32,
     exchange_mode: i32,
     write_final_state: i32,
+    bh_begin: i32,
+}
+
+/// `%globaltimer` stamps (ns, this GPU's clock) of one call, recorded on request
+/// ([`Lasp2Forward::record_timeline`]). Tile `i = bh * (Dv/64) + vt`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lasp2Timeline {
+    /// Per tile: the fold_put CTA is about to put (credits granted), and its puts are complete.
+    pub puts: Vec<[u64; 2]>,
+    /// Per (tile, segment), index `i * segments + s`: output CTA start, earlier PEs' tiles seen
+    /// (signals), chunk loop start (prefix folded).
+    pub outputs: Vec<[u64; 3]>,
+    pub segments: usize,
+}
+
+impl Lasp2Timeline {
+    fn from_words(words: &[u64], tiles: usize, segments: usize) -> Self {
+        let (puts, outputs) = words.split_at(2 * tiles);
+        Lasp2Timeline {
+            puts: puts.chunks_exact(2).map(|c| [c[0], c[1]]).collect(),
+            outputs: outputs
+                .chunks_exact(3)
+                .map(|c| [c[0], c[1], c[2]])
+                .collect(),
+            segments,
+        }
+    }
+
+    /// Nanoseconds each output CTA spent waiting for the earlier PEs' tiles (0 where the data
+    /// was there when the CTA started): the part of the exchange left on the critical path.
+    pub fn output_waits_ns(&self) -> Vec<u64> {
+        self.outputs
+            .iter()
+            .map(|o| o[1].saturating_sub(o[0]))
+            .collect()
+    }
+}
+
+/// How a call is cut into launches. Per head the arithmetic depends only on the segment count S
+/// (chunk boundaries and fold order), never on the groups, so any tuning gives the same bits as
+/// long as S is unchanged; every mode of a PE uses the same plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lasp2Tuning {
+    /// Head groups G (at most B*H). With 2 or more, group g's exchange overlaps group g + 1's
+    /// states pass and the last group's exchange overlaps group 0's output pass; 1 puts the whole
+    /// exchange between the states and the output passes.
+    pub head_groups: usize,
+    /// CTAs per SM that one group's states or output launch aims for (segments are cut to reach
+    /// it). 1 leaves room on every SM for the `fold_put` CTAs of the second stream; 2 hides more
+    /// latency inside the kernels but makes the exchange wait for SMs to free up.
+    pub ctas_per_sm: u32,
+}
+
+impl Default for Lasp2Tuning {
+    fn default() -> Self {
+        Lasp2Tuning {
+            head_groups: 2,
+            ctas_per_sm: 1,
+        }
+    }
+}
+
+/// The launches of one call: S segments per head (the same for every group) and the head groups
+/// as `(first b*H+h, heads)`, contiguous and ascending.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct CallPlan {
+    segments: i32,
+    chunks_per_segment: i32,
+    groups: Vec<(i32, i32)>,
+}
+
+impl CallPlan {
+    fn new(bh: i32, t: i32, dv: i32, sm_count: u32, tuning: Lasp2Tuning) -> Self {
+        let g = (tuning.head_groups.max(1) as i32).min(bh);
+        let groups: Vec<(i32, i32)> = (0..g)
+            .map(|i| {
+                let begin = (i as i64 * bh as i64 / g as i64) as i32;
+                let end = ((i + 1) as i64 * bh as i64 / g as i64) as i32;
+                (begin, end - begin)
+            })
+            .collect();
+        let widest = groups.iter().map(|&(_, n)| n).max().expect("g >= 1");
+        let target = (sm_count.max(1) * tuning.ctas_per_sm.max(1)) as i32;
+        let segments = sd::num_segments(1, widest, t, dv, target);
+        CallPlan {
+            segments,
+            chunks_per_segment: sd::chunks_per_segment(t, segments),
+            groups,
+        }
+    }
 }
 
 /// What every PE must agree on: it fixes the symmetric layouts.
@@ -231,6 +332,19 @@ pub struct Lasp2Forward {
     calls: u64,
     mode: Option<ExchangeMode>,
     sm_count: u32,
+    tuning: Lasp2Tuning,
+    /// The second stream of the overlapped and no-communication modes: it runs each group's
+    /// fold_put (and so the puts) beside the main stream's next kernels. Highest priority, so
+    /// its CTAs are placed first when an SM frees up.
+    exchange_stream: Arc<CudaStream>,
+    /// `states_done[g]`: group g's states kernel finished (main -> exchange stream).
+    states_done: Vec<CudaEvent>,
+    /// Every fold_put of the call finished (exchange stream -> main, before the epoch advances).
+    exchange_done: CudaEvent,
+    /// Stamps of the last call when recording ([`Lasp2Forward::record_timeline`]), with the
+    /// segment count it was recorded at.
+    timeline: Option<(CudaSlice<u64>, usize)>,
+    record_timeline: bool,
 }
 
 fn invalid(msg: String) -> Error {
@@ -275,6 +389,9 @@ impl Lasp2Forward {
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
             .max(1) as u32;
+        let (_, highest_priority) = cu::stream::get_priority_range()?;
+        let exchange_stream = ctx.new_stream_with_priority(highest_priority)?;
+        let exchange_done = ctx.new_event(None)?;
         let mut op = Lasp2Forward {
             runtime: runtime.clone(),
             layout,
@@ -294,6 +411,12 @@ impl Lasp2Forward {
             calls: 0,
             mode: None,
             sm_count,
+            tuning: Lasp2Tuning::default(),
+            exchange_stream,
+            states_done: Vec::new(),
+            exchange_done,
+            timeline: None,
+            record_timeline: false,
             ctx,
         };
         stream.synchronize()?;
@@ -304,6 +427,56 @@ impl Lasp2Forward {
     /// The layout every PE agreed on.
     pub fn layout(&self) -> Lasp2Layout {
         self.layout
+    }
+
+    /// The launch plan's knobs (not collective: the plan changes neither the symmetric layout nor
+    /// the protocol). Changing `ctas_per_sm` can change S, and with it the rounding of the outputs.
+    pub fn set_tuning(&mut self, tuning: Lasp2Tuning) -> Result<()> {
+        if tuning.head_groups == 0 || tuning.ctas_per_sm == 0 {
+            return Err(invalid(format!(
+                "{tuning:?}: head_groups and ctas_per_sm must be at least 1"
+            )));
+        }
+        self.tuning = tuning;
+        Ok(())
+    }
+
+    /// Records `%globaltimer` stamps of every following call (puts, data seen, loop start per
+    /// CTA), read back with [`Lasp2Forward::timeline`]. Costs a few stores per CTA.
+    pub fn record_timeline(&mut self, on: bool) {
+        self.record_timeline = on;
+    }
+
+    /// The stamps of the last call made while recording (synchronises `stream`), or `None`.
+    pub fn timeline(&self, stream: &Arc<CudaStream>) -> Result<Option<Lasp2Timeline>> {
+        let Some((buffer, segments)) = &self.timeline else {
+            return Ok(None);
+        };
+        let l = self.layout;
+        let tiles = l.b * l.h * (l.dv / sd::TILE_V as usize);
+        let words = stream.clone_dtoh(buffer)?;
+        let used = geometry::timeline_words(l.b as i32, l.h as i32, l.dv as i32, *segments as i32);
+        Ok(Some(Lasp2Timeline::from_words(
+            &words[..used as usize],
+            tiles,
+            *segments,
+        )))
+    }
+
+    /// The current launch plan's knobs.
+    pub fn tuning(&self) -> Lasp2Tuning {
+        self.tuning
+    }
+
+    fn plan(&self, t: i32) -> CallPlan {
+        let l = self.layout;
+        CallPlan::new(
+            (l.b * l.h) as i32,
+            t,
+            l.dv as i32,
+            self.sm_count,
+            self.tuning,
+        )
     }
 
     /// Switches every PE to `mode` (collective: checks that all PEs ask for the same mode, sets
@@ -408,22 +581,20 @@ impl Lasp2Forward {
         }
         let (b, h, dk, dv) = l.dims();
         let t = s.t as i32;
-        let segments = sd::num_segments(
-            b,
-            h,
-            t,
-            dv,
-            sd::target_ctas(b, h, t, dv, self.sm_count as i32),
-        );
-        let cps = sd::chunks_per_segment(t, segments);
+        let plan = self.plan(t);
+        let segments = plan.segments;
         let ws_bytes = geometry::workspace_bytes(b, h, segments, dk, dv);
         self.ensure_workspace(stream, ws_bytes)?;
+        while self.states_done.len() < plan.groups.len() {
+            self.states_done.push(self.ctx.new_event(None)?);
+        }
         let ws = self
             .workspace
             .as_ref()
             .expect("ensured above")
             .device_ptr(stream)
             .0;
+        let timeline = self.prepare_timeline(stream, segments)?;
         let params = Lasp2Params {
             q: args.q.addr(),
             k: args.k.addr(),
@@ -436,40 +607,92 @@ impl Lasp2Forward {
             ws_lambda: ws + geometry::ws_m_bytes(b, h, segments, dk, dv),
             t,
             num_segments: segments,
-            chunks_per_segment: cps,
+            chunks_per_segment: plan.chunks_per_segment,
             scale,
             exchange_mode: mode.kernel_mode(),
             write_final_state: (last && args.ht.is_some()) as i32,
+            timeline,
             ..self.base_params(stream)
         };
         let i = usize::from(l.dk == 128);
-        let segments_launch = |smem| LaunchShape {
-            grid: geometry::segments_grid(b, h, dv, segments),
+        let group_params = |bh_begin| Lasp2Params { bh_begin, ..params };
+        let segments_launch = |heads, smem| LaunchShape {
+            grid: geometry::segments_grid(heads, dv, segments),
             block: (sd::THREADS, 1, 1),
             shared_bytes: smem,
         };
-        let fold_put = LaunchShape {
-            grid: geometry::fold_put_grid(b, h, dv),
+        let fold_put = |heads| LaunchShape {
+            grid: geometry::fold_put_grid(heads, dv),
             block: (geometry::FOLD_THREADS, 1, 1),
             shared_bytes: 0,
         };
+        // The sequential modes gather every group's slot tiles at once, so their fold_puts stay on
+        // the caller's stream; the others hand each group's fold_put to the exchange stream.
+        let side = matches!(mode, ExchangeMode::Overlapped | ExchangeMode::NoComm);
         self.ctx.bind_to_thread()?;
-        // SAFETY: Lasp2Params has the C layout of lasp_lasp2_params (tests); the shape, lengths,
-        // alignment and overlaps were checked above; views borrow their buffers for the call;
-        // symmetric buffers, epoch, diag and workspace are owned by self.
-        unsafe {
-            self.states[i].launch(stream, segments_launch(sd::states_smem_bytes(dk)), &params)?;
-            self.fold_put.launch(stream, fold_put, &params)?;
+        for (g, &(bh_begin, heads)) in plan.groups.iter().enumerate() {
+            let p = group_params(bh_begin);
+            // SAFETY: Lasp2Params has the C layout of lasp_lasp2_params (tests); the shape,
+            // lengths, alignment and overlaps were checked above; views borrow their buffers for
+            // the call; symmetric buffers, epoch, diag and workspace are owned by self. A group's
+            // fold_put reads only its own heads' workspace, written by its states kernel, which
+            // the event orders before it; the next call's states kernels wait for exchange_done.
+            unsafe {
+                self.states[i].launch(
+                    stream,
+                    segments_launch(heads, sd::states_smem_bytes(dk)),
+                    &p,
+                )?;
+                if side {
+                    self.states_done[g].record(stream)?;
+                    self.exchange_stream.wait(&self.states_done[g])?;
+                    self.fold_put
+                        .launch(&self.exchange_stream, fold_put(heads), &p)?;
+                } else {
+                    self.fold_put.launch(stream, fold_put(heads), &p)?;
+                }
+            }
         }
         self.gather_slots(stream, mode)?;
+        for &(bh_begin, heads) in &plan.groups {
+            // SAFETY: as above; outputs of different groups write disjoint heads.
+            unsafe {
+                self.output[i].launch(
+                    stream,
+                    segments_launch(heads, sd::output_smem_bytes(dk)),
+                    &group_params(bh_begin),
+                )?;
+            }
+        }
+        if side {
+            self.exchange_done.record(&self.exchange_stream)?;
+            stream.wait(&self.exchange_done)?;
+        }
         // SAFETY: as above.
         unsafe {
-            self.output[i].launch(stream, segments_launch(sd::output_smem_bytes(dk)), &params)?;
             self.advance_epoch
                 .launch(stream, single_thread(), &params)?;
         }
         self.calls += 1;
         Ok(())
+    }
+
+    /// The timeline buffer of this call, zeroed on `stream` (0 = not recording).
+    fn prepare_timeline(&mut self, stream: &Arc<CudaStream>, segments: i32) -> Result<u64> {
+        if !self.record_timeline {
+            return Ok(0);
+        }
+        let (b, h, _, dv) = self.layout.dims();
+        let words = geometry::timeline_words(b, h, dv, segments) as usize;
+        if self.timeline.as_ref().is_none_or(|(t, _)| t.len() < words) {
+            // An earlier call may still write the old buffer.
+            self.ctx.synchronize()?;
+            self.timeline = Some((stream.alloc_zeros(words)?, 0));
+        }
+        let (buffer, recorded_segments) = self.timeline.as_mut().expect("allocated above");
+        *recorded_segments = segments as usize;
+        stream.memset_zeros(buffer)?;
+        Ok(buffer.device_ptr(stream).0)
     }
 
     /// The sequential modes' host-driven all-gather of this call's slot half.
@@ -554,12 +777,13 @@ mod tests {
 
     #[test]
     fn params_mirror_the_header() {
-        assert_eq!(size_of::<Lasp2Params>(), 168);
-        assert!(HEADER.contains("sizeof(lasp_lasp2_params) == 168"));
-        assert_eq!(offset_of!(Lasp2Params, timeout_ns), 112);
-        assert_eq!(offset_of!(Lasp2Params, b), 120);
-        assert_eq!(offset_of!(Lasp2Params, scale), 148);
-        assert_eq!(offset_of!(Lasp2Params, write_final_state), 164);
+        assert_eq!(size_of::<Lasp2Params>(), 184);
+        assert!(HEADER.contains("sizeof(lasp_lasp2_params) == 184"));
+        assert_eq!(offset_of!(Lasp2Params, timeout_ns), 120);
+        assert_eq!(offset_of!(Lasp2Params, b), 128);
+        assert_eq!(offset_of!(Lasp2Params, scale), 156);
+        assert_eq!(offset_of!(Lasp2Params, write_final_state), 172);
+        assert_eq!(offset_of!(Lasp2Params, bh_begin), 176);
         // Field order as in the header.
         let order = [
             "q;",
@@ -576,6 +800,7 @@ mod tests {
             "credit;",
             "epoch;",
             "diag;",
+            "timeline;",
             "timeout_ns;",
             "B;",
             "T;",
@@ -589,6 +814,7 @@ mod tests {
             "npes;",
             "exchange_mode;",
             "write_final_state;",
+            "bh_begin;",
         ];
         let body = &HEADER[HEADER
             .find("typedef struct {\n  const uint16_t* q;")
@@ -630,5 +856,69 @@ mod tests {
         assert_ne!(a.fingerprint(4), a.fingerprint(2));
         assert_ne!(a.fingerprint(4), Lasp2Layout { h: 8, ..a }.fingerprint(4));
         assert_eq!(a.fingerprint(4), a.fingerprint(4));
+    }
+
+    #[test]
+    fn timeline_words_split_into_puts_and_output_ctas() {
+        // B=1, H=2, Dv=128 (2 tiles per head), S=3: 4 tiles x 2 put stamps, 12 CTAs x 3 stamps.
+        assert_eq!(geometry::timeline_words(1, 2, 128, 3), 8 + 36);
+        let words: Vec<u64> = (0..44).collect();
+        let t = Lasp2Timeline::from_words(&words, 4, 3);
+        assert_eq!(t.puts.len(), 4);
+        assert_eq!(t.puts[3], [6, 7]);
+        assert_eq!(t.outputs.len(), 12);
+        // CTA (tile 1, segment 2) is output index 1 * 3 + 2 = 5: words 8 + 15 ..
+        assert_eq!(t.outputs[5], [23, 24, 25]);
+        assert_eq!(t.output_waits_ns(), vec![1; 12]);
+    }
+
+    #[test]
+    fn plans_cut_heads_into_contiguous_groups_with_one_segment_count() {
+        let sms = 132;
+        let two = Lasp2Tuning::default();
+        // B=4, H=16, D=128, T=8K: 64 heads -> 2 groups of 32 (64 tiles each); S = 2 for 128
+        // CTAs per group launch (one per SM).
+        let p = CallPlan::new(64, 8192, 128, sms, two);
+        assert_eq!(p.groups, vec![(0, 32), (32, 32)]);
+        assert_eq!((p.segments, p.chunks_per_segment), (2, 64));
+        // B=1, H=16, T=32K: 8 heads per group, S = 8.
+        let p = CallPlan::new(16, 32768, 128, sms, two);
+        assert_eq!(p.groups, vec![(0, 8), (8, 8)]);
+        assert_eq!(p.segments, 8);
+        // Odd head counts: groups differ by at most one head and S fits the wider one.
+        let p = CallPlan::new(
+            5,
+            4096,
+            64,
+            sms,
+            Lasp2Tuning {
+                head_groups: 3,
+                ..two
+            },
+        );
+        assert_eq!(p.groups, vec![(0, 1), (1, 2), (3, 2)]);
+        assert_eq!(p.segments, sd::num_segments(1, 2, 4096, 64, 132));
+        // More groups than heads: one head per group.
+        let p = CallPlan::new(1, 100, 64, sms, two);
+        assert_eq!(p.groups, vec![(0, 1)]);
+        // One group is the ungrouped plan of the single-GPU policy at one CTA per SM.
+        let one = Lasp2Tuning {
+            head_groups: 1,
+            ctas_per_sm: 1,
+        };
+        let p = CallPlan::new(64, 8192, 128, sms, one);
+        assert_eq!((p.groups.clone(), p.segments), (vec![(0, 64)], 1));
+        // Two CTAs per SM double the segments where the sequence allows it.
+        let p = CallPlan::new(
+            64,
+            8192,
+            128,
+            sms,
+            Lasp2Tuning {
+                ctas_per_sm: 2,
+                ..two
+            },
+        );
+        assert_eq!(p.segments, 4);
     }
 }

@@ -13,11 +13,17 @@
 //! into `--json FILE` when given (benches/lasp2-bench.sh runs it for W = 1, 2, 4).
 //! Fault drills: `--silent-rank K` (rank K never calls: the later ranks must fail naming it),
 //! `--mismatch-rank K` (rank K sets up another H: every rank must refuse before any state moves).
+//! Launch plan of the timed runs: `--groups G` head groups, `--ctas-per-sm K` (defaults:
+//! `Lasp2Tuning::default()`); the checks also compare other groupings bitwise.
+//! `--timeline PREFIX`: after timing a shape, one more overlapped call records `%globaltimer`
+//! stamps; every rank writes `PREFIX.B{B}_T{T}.rank{R}.json` (ns since its first output CTA
+//! started: puts issued / complete per tile, per output CTA start / data seen / loop start) and the
+//! row gets `max_output_wait_us`, the longest any output CTA waited for data, over ranks.
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream};
 use lasp_shmem::launch_env::LaunchEnv;
-use lasp_shmem::ops::lasp2::{ExchangeMode, Lasp2Forward, Lasp2Layout};
+use lasp_shmem::ops::lasp2::{ExchangeMode, Lasp2Forward, Lasp2Layout, Lasp2Tuning};
 use lasp_shmem::ops::scalar_decay::{ForwardArgs, ForwardShape};
 use lasp_shmem::ops::{bf16, DeviceMut, DeviceRef};
 use lasp_shmem::reference::{
@@ -37,6 +43,8 @@ struct Options {
     json: Option<String>,
     silent_rank: Option<usize>,
     mismatch_rank: Option<usize>,
+    tuning: Lasp2Tuning,
+    timeline: Option<String>,
 }
 
 fn parse_options() -> Result<Options> {
@@ -46,6 +54,8 @@ fn parse_options() -> Result<Options> {
         json: None,
         silent_rank: None,
         mismatch_rank: None,
+        tuning: Lasp2Tuning::default(),
+        timeline: None,
     };
     let mut no_time = false;
     let mut args = std::env::args().skip(1);
@@ -65,6 +75,9 @@ fn parse_options() -> Result<Options> {
             "--json" => o.json = Some(value()?),
             "--silent-rank" => o.silent_rank = Some(number(value()?)? as usize),
             "--mismatch-rank" => o.mismatch_rank = Some(number(value()?)? as usize),
+            "--groups" => o.tuning.head_groups = number(value()?)? as usize,
+            "--ctas-per-sm" => o.tuning.ctas_per_sm = number(value()?)?,
+            "--timeline" => o.timeline = Some(value()?),
             other => {
                 return Err(Error::InvalidArgument(format!(
                     "unknown option {other}; see the header of examples/src/bin/lasp2_forward.rs"
@@ -297,6 +310,26 @@ fn check(rt: &Runtime, graph_calls: u32) -> Result<()> {
         }
         println!("PE {me}: overlapped, sequential NCCL and sequential NVSHMEM give bitwise the same outputs, twice each");
 
+        // Head groups change only which launch computes a head, never its arithmetic (S is
+        // bounded by the shard's few chunks here, so it is the same for every grouping).
+        op.set_mode(ExchangeMode::Overlapped)?;
+        let default_tuning = op.tuning();
+        for head_groups in [1, 3, 6] {
+            op.set_tuning(Lasp2Tuning {
+                head_groups,
+                ..default_tuning
+            })?;
+            if shard.run_checked(&mut op, &stream)? != (o.clone(), ht.clone()) {
+                return Err(Error::State(format!(
+                    "PE {me}: {head_groups} head groups gave other bits than the default plan"
+                )));
+            }
+        }
+        op.set_tuning(default_tuning)?;
+        println!(
+            "PE {me}: 1, 3 and 6 head groups give bitwise the same outputs as the default plan"
+        );
+
         // A captured graph of one overlapped call, replayed: epochs advance on the device.
         op.set_mode(ExchangeMode::Overlapped)?;
         shard.poison(&stream)?;
@@ -363,7 +396,9 @@ fn time_modes(
     rt: &Runtime,
     comm: &lasp_shmem::nccl::NcclComm,
     shape: ForwardShape,
+    options: &Options,
 ) -> Result<String> {
+    let tuning = options.tuning;
     let stream = rt.stream().clone();
     let mut shard = benchmark_inputs(&stream, &shape)?;
     let mut op = Lasp2Forward::new(
@@ -376,21 +411,26 @@ fn time_modes(
         },
         ExchangeMode::Overlapped,
     )?;
+    op.set_tuning(tuning)?;
     let mut line = format!(
-        "W={} B={} T_local={} H={} D={}:",
+        "W={} B={} T_local={} H={} D={} (head groups {}, {} CTA/SM):",
         rt.npes(),
         shape.b,
         shape.t,
         shape.h,
-        shape.dk
+        shape.dk,
+        tuning.head_groups,
+        tuning.ctas_per_sm
     );
     let mut row = format!(
-        "{{\"W\": {}, \"B\": {}, \"T_local\": {}, \"H\": {}, \"D\": {}",
+        "{{\"W\": {}, \"B\": {}, \"T_local\": {}, \"H\": {}, \"D\": {}, \"head_groups\": {}, \"ctas_per_sm\": {}",
         rt.npes(),
         shape.b,
         shape.t,
         shape.h,
-        shape.dk
+        shape.dk,
+        tuning.head_groups,
+        tuning.ctas_per_sm
     );
     for (mode, key) in ExchangeMode::ALL.into_iter().zip([
         "overlapped_ms",
@@ -402,11 +442,62 @@ fn time_modes(
         line += &format!(" {key} {ms:.4}");
         row += &format!(", \"{key}\": {ms:.5}");
     }
+    if let Some(prefix) = &options.timeline {
+        let wait_us = comm.max_f64(record_timeline(rt, &mut op, &mut shard, prefix)?)?;
+        line += &format!(" max_output_wait_us {wait_us:.2}");
+        row += &format!(", \"max_output_wait_us\": {wait_us:.3}");
+    }
     if rt.pe() == 0 {
         println!("{line}");
     }
     op.free()?;
     Ok(row + "}")
+}
+
+/// One overlapped call with the timeline on; writes this rank's stamps and returns the longest
+/// wait (µs) of an output CTA for the earlier ranks' tiles.
+fn record_timeline(
+    rt: &Runtime,
+    op: &mut Lasp2Forward,
+    shard: &mut Shard,
+    prefix: &str,
+) -> Result<f64> {
+    let stream = rt.stream().clone();
+    op.set_mode(ExchangeMode::Overlapped)?;
+    op.record_timeline(true);
+    rt.barrier_on_stream(&stream)?;
+    shard.call(op, &stream)?;
+    op.finish(&stream)?;
+    op.record_timeline(false);
+    let t = op
+        .timeline(&stream)?
+        .ok_or_else(|| Error::State("no timeline was recorded".into()))?;
+    let origin = t.outputs.iter().map(|o| o[0]).min().unwrap_or(0);
+    let rel = |x: u64| x as i64 - origin as i64;
+    let list = |rows: Vec<String>| rows.join(", ");
+    let puts = list(
+        t.puts
+            .iter()
+            .map(|p| format!("[{}, {}]", rel(p[0]), rel(p[1])))
+            .collect(),
+    );
+    let outputs = list(
+        t.outputs
+            .iter()
+            .map(|o| format!("[{}, {}, {}]", rel(o[0]), rel(o[1]), rel(o[2])))
+            .collect(),
+    );
+    let waits = t.output_waits_ns();
+    let max_wait = waits.iter().copied().max().unwrap_or(0);
+    let s = &shard.shape;
+    let path = format!("{prefix}.B{}_T{}.rank{}.json", s.b, s.t, rt.pe());
+    let json = format!(
+        "{{\"rank\": {}, \"segments\": {}, \"clock\": \"ns since this rank's first output CTA started (this GPU's globaltimer)\", \"max_output_wait_ns\": {max_wait}, \"puts\": [{puts}], \"outputs\": [{outputs}]}}\n",
+        rt.pe(),
+        t.segments
+    );
+    std::fs::write(&path, json).map_err(|e| Error::State(format!("cannot write {path}: {e}")))?;
+    Ok(max_wait as f64 * 1e-3)
 }
 
 /// Benchmark inputs: a random block repeated over each tensor (timing does not depend on the
@@ -525,7 +616,7 @@ fn run() -> Result<()> {
         let rows = options
             .time
             .iter()
-            .map(|&shape| time_modes(&rt, &comm, shape))
+            .map(|&shape| time_modes(&rt, &comm, shape, &options))
             .collect::<Result<Vec<_>>>()?;
         if let (Some(path), 0) = (&options.json, rt.pe()) {
             std::fs::write(path, format!("[\n{}\n]\n", rows.join(",\n")))

@@ -8,15 +8,26 @@
 //   outputs of the shard = the single-GPU forward started from P_me; the final state of the whole
 //   sequence (PE npes-1 only) = the state after the shard's last token = e^{Lambda_me} P_me + M_me.
 //
-// Host call sequence per layer call (one stream per PE, this order; S = num_segments of this PE):
-//   1. lasp_lasp2_states_dk{64,128}  grid lasp2_states_grid(B, H, Dv, S),  block LASP2_THREADS,
-//                                    smem lasp2_states_smem_bytes(Dk)
-//   2. lasp_lasp2_fold_put           grid lasp2_fold_put_grid(B, H, Dv),   block LASP2_FOLD_THREADS, smem 0
-//   2b. LASP2_HOST_GATHERED only:    all-gather of slot half [epoch & 1] (lasp2_gather_* helpers)
-//   3. lasp_lasp2_output_dk{64,128}  grid lasp2_output_grid(B, H, Dv, S),  block LASP2_THREADS,
-//                                    smem lasp2_output_smem_bytes(Dk)
-//   4. lasp_lasp2_advance_epoch      grid (1, 1, 1), block (1, 1, 1), smem 0
-// All take the same lasp_lasp2_params by value. The two big kernels need
+// Head groups: the B*H heads are cut into G contiguous groups (the host's plan; G = 1 is the plain
+// sequence). Every kernel below covers one group: grid z (states, output) or y (fold_put) spans
+// the group's heads and `bh_begin` is its first head. Per head the arithmetic does not depend on
+// G, so every G gives the same bits. Groups let the exchange of group g overlap the compute of
+// group g + 1 (host schedule in LASP2_NOTES.md, "Schedule").
+//
+// Host call sequence per layer call (S = num_segments of this PE, the same for every group):
+//   for g = 0 .. G-1:
+//     1. lasp_lasp2_states_dk{64,128}  grid lasp2_states_grid(group heads, Dv, S), block LASP2_THREADS,
+//                                      smem lasp2_states_smem_bytes(Dk)
+//     2. lasp_lasp2_fold_put           grid lasp2_fold_put_grid(group heads, Dv), block LASP2_FOLD_THREADS,
+//                                      smem 0 (LASP2_DEVICE_PUT / NO_COMM: on a second stream that
+//                                      waits for 1 of the same group, so it overlaps the next kernels)
+//   2b. LASP2_HOST_GATHERED only:      all-gather of slot half [epoch & 1] (lasp2_gather_* helpers)
+//   for g = 0 .. G-1:
+//     3. lasp_lasp2_output_dk{64,128}  grid lasp2_output_grid(group heads, Dv, S), block LASP2_THREADS,
+//                                      smem lasp2_output_smem_bytes(Dk)
+//   4. lasp_lasp2_advance_epoch        grid (1, 1, 1), block (1, 1, 1), smem 0, after every kernel above
+//                                      (the second stream joined back first)
+// All take the same lasp_lasp2_params by value (bh_begin set per group). The two big kernels need
 // cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem) once (> 48 KiB).
 // Every kernel of a call uses epoch = *epoch + 1 (device memory, so a captured graph replays) and
 // slot/signal parity = epoch & 1; kernel 4 then stores the new epoch.
@@ -71,6 +82,8 @@ typedef struct {
                               // finished reading, so w may overwrite r's copy of parity e & 1 at e + 2
   uint64_t* epoch;            // device u64, 1 word: the last completed epoch (starts at 0)
   lasp_wait_diag* diag;       // device: the first expired bounded wait (reset by the host after a failure)
+  uint64_t* timeline;         // device u64 [lasp2_timeline_words], or NULL: %globaltimer stamps of the call
+                              // (layout at lasp2_timeline_put / lasp2_timeline_output)
   uint64_t timeout_ns;        // bound on every wait (credit, data)
   int32_t B;                  // batch
   int32_t T;                  // T_local: tokens of this PE's shard (>= 1)
@@ -84,10 +97,12 @@ typedef struct {
   int32_t npes;               // PEs taking part (>= 1)
   int32_t exchange_mode;      // enum lasp2_exchange_mode; the same on every PE in a call
   int32_t write_final_state;  // 1: this PE writes ht (set it on PE npes-1 only), 0: never
+  int32_t bh_begin;           // first b*H+h of this launch's head group: a launch covers heads
+                              // [bh_begin, bh_begin + its grid's head extent) (see "Head groups")
 } lasp_lasp2_params;
 
 #ifdef __cplusplus
-static_assert(sizeof(lasp_lasp2_params) == 168, "lasp_lasp2_params layout changed: update the Rust mirror");
+static_assert(sizeof(lasp_lasp2_params) == 184, "lasp_lasp2_params layout changed: update the Rust mirror");
 #endif
 
 typedef struct {
@@ -145,6 +160,27 @@ LASP2_FN uint64_t lasp2_gather_send_offset(int32_t parity, int32_t me, int32_t n
   return ((uint64_t)parity * npes + me) * lasp2_gather_bytes(B, H, Dk, Dv);
 }
 
+// ---- Timeline (optional, per PE, plain device memory) -----------------------------------------
+// Nanosecond %globaltimer stamps of one call, to show when the exchange lands relative to when the
+// output CTAs need it (stamps of different GPUs come from different clocks: compare within a PE).
+// Tile i = bh * (Dv/64) + vt.
+//   put stamps, 2 per tile: [0] fold_put about to put (credits granted), [1] its puts quiet'ed
+//   output stamps, 3 per (tile, segment s): [0] CTA start, [1] earlier PEs' tiles seen (signals),
+//                                           [2] prologue done: the chunk loop starts from P
+#define LASP2_TIMELINE_PUT_STAMPS 2
+#define LASP2_TIMELINE_OUTPUT_STAMPS 3
+LASP2_FN uint64_t lasp2_timeline_put(int32_t bh, int32_t vt, int32_t Dv) {
+  return ((uint64_t)bh * lasp2_num_vtiles(Dv) + vt) * LASP2_TIMELINE_PUT_STAMPS;
+}
+LASP2_FN uint64_t lasp2_timeline_output(int32_t bh, int32_t vt, int32_t s, int32_t B, int32_t H, int32_t Dv,
+                                        int32_t S) {
+  return (uint64_t)B * H * lasp2_num_vtiles(Dv) * LASP2_TIMELINE_PUT_STAMPS +
+         (((uint64_t)bh * lasp2_num_vtiles(Dv) + vt) * S + s) * LASP2_TIMELINE_OUTPUT_STAMPS;
+}
+LASP2_FN uint64_t lasp2_timeline_words(int32_t B, int32_t H, int32_t Dv, int32_t S) {
+  return (uint64_t)B * H * lasp2_num_vtiles(Dv) * (LASP2_TIMELINE_PUT_STAMPS + (uint64_t)S * LASP2_TIMELINE_OUTPUT_STAMPS);
+}
+
 // ---- Per-PE workspace (plain device memory): ws_m at byte 0, ws_lambda at lasp2_ws_lambda_offset --
 
 LASP2_FN uint64_t lasp2_ws_m_bytes(int32_t B, int32_t H, int32_t S, int32_t Dk, int32_t Dv) {
@@ -167,19 +203,20 @@ LASP2_FN int32_t lasp2_chunks_per_segment(int32_t T_local, int32_t S) {
   return lasp_sd_chunks_per_segment(T_local, S);
 }
 
-// All S segments (the last one's end state is part of M_me). Always launched, also for S == 1.
-LASP2_FN lasp2_dim3 lasp2_states_grid(int32_t B, int32_t H, int32_t Dv, int32_t S) {
-  lasp2_dim3 d = {(uint32_t)lasp2_num_vtiles(Dv), (uint32_t)S, (uint32_t)(B * H)};
+// All S segments (the last one's end state is part of M_me) of the group's `heads` heads. Always
+// launched, also for S == 1.
+LASP2_FN lasp2_dim3 lasp2_states_grid(int32_t heads, int32_t Dv, int32_t S) {
+  lasp2_dim3 d = {(uint32_t)lasp2_num_vtiles(Dv), (uint32_t)S, (uint32_t)heads};
   return d;
 }
-// One CTA per (Dv tile, b*H+h): folds the segments, writes the own slot tile, puts it.
-LASP2_FN lasp2_dim3 lasp2_fold_put_grid(int32_t B, int32_t H, int32_t Dv) {
-  lasp2_dim3 d = {(uint32_t)lasp2_num_vtiles(Dv), (uint32_t)(B * H), 1u};
+// One CTA per (Dv tile, head of the group): folds the segments, writes the own slot tile, puts it.
+LASP2_FN lasp2_dim3 lasp2_fold_put_grid(int32_t heads, int32_t Dv) {
+  lasp2_dim3 d = {(uint32_t)lasp2_num_vtiles(Dv), (uint32_t)heads, 1u};
   return d;
 }
-// One CTA per (Dv tile, segment, b*H+h), as the single-GPU output kernel.
-LASP2_FN lasp2_dim3 lasp2_output_grid(int32_t B, int32_t H, int32_t Dv, int32_t S) {
-  lasp2_dim3 d = {(uint32_t)lasp2_num_vtiles(Dv), (uint32_t)S, (uint32_t)(B * H)};
+// One CTA per (Dv tile, segment, head of the group), as the single-GPU output kernel.
+LASP2_FN lasp2_dim3 lasp2_output_grid(int32_t heads, int32_t Dv, int32_t S) {
+  lasp2_dim3 d = {(uint32_t)lasp2_num_vtiles(Dv), (uint32_t)S, (uint32_t)heads};
   return d;
 }
 
