@@ -3,11 +3,13 @@
 // PE `me` of `npes` holds T_local tokens of every sequence. Per (b, h):
 //   M_me = local end state from zero, Lambda_me = sum of the shard's log-decays      (kernels 1, 2)
 //   (M_me, Lambda_me) goes to every later PE: one put-with-signal per (tile, peer)    (kernel 2)
-//   P_me = fold_{u < me} (P = e^{Lambda_u} P + M_u) from h0, then the shard's own segments, then
-//   the chunk loop of the single-GPU output kernel from that start                   (kernel 3)
+//   P_me = fold_{u < me} (P = e^{Lambda_u} P + M_u) from h0; segment s starts from
+//   e^{Lambda_0 + .. + Lambda_{s-1}} P_me + L_s (L_s = the fold of segments < s from zero,
+//   kernel 1b); the chunk loop of the single-GPU output kernel from that start        (kernel 3)
 //
 // Kernels (geometry, buffers and call order: lasp/lasp2_params.h; protocol: LASP2_NOTES.md):
 //   1. lasp_lasp2_states_dk{64,128}  every segment s of the shard: M_s from zero, Lambda_s
+//   1b. lasp_lasp2_segment_prefix    per (Dv tile, b*H+h), S > 1: L_1 .. L_{S-1}
 //   2. lasp_lasp2_fold_put           per (Dv tile, b*H+h): M_me, Lambda_me into the own slot; credits;
 //                                    LASP2_DEVICE_PUT: put the tile + signal to every later PE
 //   3. lasp_lasp2_output_dk{64,128}  per (Dv tile, segment, b*H+h): prologue fold, chunk loop, O, ht
@@ -62,7 +64,9 @@ __device__ __forceinline__ void states(const lasp_lasp2_params& p) {
 
 // Kernel 3: the CTA's start state, then the single-GPU chunk loop.
 //   P = h0 tile (or 0); for u < me ascending: P = e^{Lambda_u} P + M_u (slot [parity][u][bh][vt]);
-//   for s' < s ascending: P = e^{Lambda_s'} P + M_s' (workspace).
+//   s > 0: P = e^{Lambda_0 + .. + Lambda_{s-1}} P + L_s (ws_p slot s - 1). One tile read whatever s
+//   is: folding the s earlier segments here instead cost the last segment's CTA s tile reads on
+//   the critical path (+20-40 us per launch at S = 16, run A of 2026-11-21).
 // The fold is the same in every mode; LASP2_DEVICE_PUT only adds the wait for the tiles' signals.
 template <int DK>
 __device__ __forceinline__ void output(const lasp_lasp2_params& p) {
@@ -100,9 +104,11 @@ __device__ __forceinline__ void output(const lasp_lasp2_params& p) {
           const float lambda_u = __ldcg(tile + DK * sd::kTileV);
           sd::state_fold<DK, true>(s, ln, tile, sd::kTileV, lambda_u);
         }
-        for (int sp = 0; sp < seg; ++sp) {
-          const int64_t slot = (int64_t)a.bh * p.num_segments + sp;
-          sd::state_fold<DK, false>(s, ln, p.ws_m + slot * tile_elems + col0, p.Dv, p.ws_lambda[slot]);
+        if (seg > 0) {
+          const int64_t first = (int64_t)a.bh * p.num_segments;
+          float lambda_before = 0.f;  // summed in segment order, as fold_put sums Lambda_me
+          for (int sp = 0; sp < seg; ++sp) lambda_before += p.ws_lambda[first + sp];
+          sd::state_fold<DK, false>(s, ln, p.ws_p + (first + seg - 1) * tile_elems + col0, p.Dv, lambda_before);
         }
         stamp(p, stamps + 2);
         return true;
@@ -125,6 +131,32 @@ extern "C" __global__ void __launch_bounds__(LASP2_THREADS, 1)
 extern "C" __global__ void __launch_bounds__(LASP2_THREADS, 1)
     lasp_lasp2_states_dk128(const __grid_constant__ lasp_lasp2_params p) {
   lasp::l2::states<128>(p);
+}
+
+// Kernel 1b (S > 1), one CTA per (Dv tile vt, head bh = bh_begin + blockIdx.y): the shard-local
+// prefixes L_{s+1} = fold_{s' <= s} (e^{Lambda_s'} L + M_s') from zero -> ws_p slot s, s < S - 1.
+// grid lasp2_fold_put_grid, block LASP2_FOLD_THREADS, no smem.
+extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS)
+    lasp_lasp2_segment_prefix(const __grid_constant__ lasp_lasp2_params p) {
+  const int vt = blockIdx.x, bh = p.bh_begin + blockIdx.y;
+  const int S = p.num_segments;
+  const int64_t state_elems = (int64_t)p.Dk * p.Dv;
+  const int64_t first = (int64_t)bh * S * state_elems + vt * LASP2_TILE_V;
+  const float* const lam = p.ws_lambda + (int64_t)bh * S;
+  // Thread i owns float4 columns (i % 16) of rows i / 16 + 16 j, as in fold_put.
+  for (int i = threadIdx.x; i < p.Dk * (LASP2_TILE_V / 4); i += LASP2_FOLD_THREADS) {
+    const int64_t at = (int64_t)(i / (LASP2_TILE_V / 4)) * p.Dv + (i % (LASP2_TILE_V / 4)) * 4;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s = 0; s + 1 < S; ++s) {
+      const float4 m = *reinterpret_cast<const float4*>(p.ws_m + first + s * state_elems + at);
+      const float l = lam[s];
+      acc.x = lasp::sd::fold_step(acc.x, l, m.x);
+      acc.y = lasp::sd::fold_step(acc.y, l, m.y);
+      acc.z = lasp::sd::fold_step(acc.z, l, m.z);
+      acc.w = lasp::sd::fold_step(acc.w, l, m.w);
+      *reinterpret_cast<float4*>(p.ws_p + first + s * state_elems + at) = acc;
+    }
+  }
 }
 
 // Kernel 2, one CTA per (Dv tile vt, head bh = bh_begin + blockIdx.y of the launch's group):

@@ -126,9 +126,13 @@ pub mod geometry {
     pub const fn timeline_words(b: i32, h: i32, dv: i32, s: i32) -> u64 {
         b as u64 * h as u64 * sd::num_vtiles(dv) as u64 * (2 + 3 * s as u64)
     }
+    /// `lasp2_ws_p_offset` (16-byte aligned).
+    pub const fn ws_p_offset(b: i32, h: i32, s: i32, dk: i32, dv: i32) -> u64 {
+        (ws_m_bytes(b, h, s, dk, dv) + b as u64 * h as u64 * s as u64 * 4).div_ceil(16) * 16
+    }
     /// `lasp2_workspace_bytes`.
     pub const fn workspace_bytes(b: i32, h: i32, s: i32, dk: i32, dv: i32) -> u64 {
-        ws_m_bytes(b, h, s, dk, dv) + b as u64 * h as u64 * s as u64 * 4
+        ws_p_offset(b, h, s, dk, dv) + ws_m_bytes(b, h, s, dk, dv)
     }
     /// `lasp2_states_grid` (all S segments) and `lasp2_output_grid`, for a group of `heads`.
     pub const fn segments_grid(heads: i32, dv: i32, s: i32) -> (u32, u32, u32) {
@@ -140,7 +144,7 @@ pub mod geometry {
     }
 }
 
-/// The C struct `lasp_lasp2_params` (184 bytes), passed by value to every LASP-2 kernel.
+/// The C struct `lasp_lasp2_params` (192 bytes), passed by value to every LASP-2 kernel.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 struct Lasp2Params {
@@ -153,6 +157,7 @@ struct Lasp2Params {
     ht: u64,
     ws_m: u64,
     ws_lambda: u64,
+    ws_p: u64,
     slots: u64,
     signals: u64,
     credit: u64,
@@ -318,6 +323,7 @@ pub struct Lasp2Forward {
     states: [Kernel; 2],
     output: [Kernel; 2],
     fold_put: Kernel,
+    segment_prefix: Kernel,
     advance_epoch: Kernel,
     grant_credits: Kernel,
     slots: SymmetricBuffer<f32>,
@@ -398,6 +404,7 @@ impl Lasp2Forward {
             states,
             output,
             fold_put: module.kernel("lasp_lasp2_fold_put")?,
+            segment_prefix: module.kernel("lasp_lasp2_segment_prefix")?,
             advance_epoch: module.kernel("lasp_lasp2_advance_epoch")?,
             grant_credits: module.kernel("lasp_lasp2_grant_credits")?,
             slots: runtime.alloc_zeroed((geometry::slots_bytes(n, b, h, dk, dv) / 4) as usize)?,
@@ -605,6 +612,7 @@ impl Lasp2Forward {
             ht: args.ht.as_ref().map_or(0, |x| x.addr()),
             ws_m: ws,
             ws_lambda: ws + geometry::ws_m_bytes(b, h, segments, dk, dv),
+            ws_p: ws + geometry::ws_p_offset(b, h, segments, dk, dv),
             t,
             num_segments: segments,
             chunks_per_segment: plan.chunks_per_segment,
@@ -650,6 +658,11 @@ impl Lasp2Forward {
                         .launch(&self.exchange_stream, fold_put(heads), &p)?;
                 } else {
                     self.fold_put.launch(stream, fold_put(heads), &p)?;
+                }
+                // The group's shard-local segment prefixes, for its output kernel (reads the
+                // workspace as fold_put does; writes only ws_p).
+                if segments > 1 {
+                    self.segment_prefix.launch(stream, fold_put(heads), &p)?;
                 }
             }
         }
@@ -777,13 +790,13 @@ mod tests {
 
     #[test]
     fn params_mirror_the_header() {
-        assert_eq!(size_of::<Lasp2Params>(), 184);
-        assert!(HEADER.contains("sizeof(lasp_lasp2_params) == 184"));
-        assert_eq!(offset_of!(Lasp2Params, timeout_ns), 120);
-        assert_eq!(offset_of!(Lasp2Params, b), 128);
-        assert_eq!(offset_of!(Lasp2Params, scale), 156);
-        assert_eq!(offset_of!(Lasp2Params, write_final_state), 172);
-        assert_eq!(offset_of!(Lasp2Params, bh_begin), 176);
+        assert_eq!(size_of::<Lasp2Params>(), 192);
+        assert!(HEADER.contains("sizeof(lasp_lasp2_params) == 192"));
+        assert_eq!(offset_of!(Lasp2Params, timeout_ns), 128);
+        assert_eq!(offset_of!(Lasp2Params, b), 136);
+        assert_eq!(offset_of!(Lasp2Params, scale), 164);
+        assert_eq!(offset_of!(Lasp2Params, write_final_state), 180);
+        assert_eq!(offset_of!(Lasp2Params, bh_begin), 184);
         // Field order as in the header.
         let order = [
             "q;",
@@ -795,6 +808,7 @@ mod tests {
             "ht;",
             "ws_m;",
             "ws_lambda;",
+            "ws_p;",
             "slots;",
             "signals;",
             "credit;",
@@ -834,7 +848,11 @@ mod tests {
         assert_eq!(geometry::gather_bytes(4, 16, 128, 128), 4_196_352);
         assert_eq!(geometry::slots_bytes(4, 4, 16, 128, 128), 33_570_816);
         assert_eq!(geometry::signals_count(4, 4, 16, 128), 1024);
-        assert_eq!(geometry::workspace_bytes(4, 16, 1, 128, 128), 4_194_560);
+        // ws_m 4,194,304 B + 64 Λ floats = 4,194,560 (16-aligned), then ws_p of ws_m's size.
+        assert_eq!(geometry::ws_p_offset(4, 16, 1, 128, 128), 4_194_560);
+        assert_eq!(geometry::workspace_bytes(4, 16, 1, 128, 128), 8_388_864);
+        // 3 heads x 1 segment x 64 x 64 floats + 3 Λ floats = 49,164 B, rounded up to 49,168.
+        assert_eq!(geometry::ws_p_offset(1, 3, 1, 64, 64), 49_168);
         assert_eq!(
             geometry::gather_send_offset(1, 2, 4, 4, 16, 128, 128),
             6 * 4_196_352

@@ -18,6 +18,8 @@
 //   for g = 0 .. G-1:
 //     1. lasp_lasp2_states_dk{64,128}  grid lasp2_states_grid(group heads, Dv, S), block LASP2_THREADS,
 //                                      smem lasp2_states_smem_bytes(Dk)
+//     1b. if S > 1: lasp_lasp2_segment_prefix  grid lasp2_fold_put_grid(group heads, Dv),
+//                                      block LASP2_FOLD_THREADS, smem 0 (main stream, before 3)
 //     2. lasp_lasp2_fold_put           grid lasp2_fold_put_grid(group heads, Dv), block LASP2_FOLD_THREADS,
 //                                      smem 0 (LASP2_DEVICE_PUT / NO_COMM: on a second stream that
 //                                      waits for 1 of the same group, so it overlaps the next kernels)
@@ -74,6 +76,8 @@ typedef struct {
   float* ht;                  // fp32 [B, H, Dk, Dv] final state, or NULL; written only if write_final_state
   float* ws_m;                // device fp32 [B*H, S, Dk, Dv]: end state M_s of segment s from zero
   float* ws_lambda;           // device fp32 [B*H, S]: log-decay Lambda_s of segment s
+  float* ws_p;                // device fp32 [B*H, S, Dk, Dv]: slot s < S-1 = L_{s+1}, the fold of segments
+                              // 0..s from ZERO (the shard-local prefix at segment s+1's start)
   float* slots;               // SYMMETRIC fp32 [2][npes][B*H][Dv/64][Dk*64 + 4] (lasp2_slots_bytes):
                               // tile [parity][u][bh][vt] = (M_u tile row-major [Dk][64], Lambda_u, 0, 0, 0)
   uint64_t* signals;          // SYMMETRIC u64 [2][npes][B*H*(Dv/64)] (lasp2_signals_count): word
@@ -102,7 +106,7 @@ typedef struct {
 } lasp_lasp2_params;
 
 #ifdef __cplusplus
-static_assert(sizeof(lasp_lasp2_params) == 184, "lasp_lasp2_params layout changed: update the Rust mirror");
+static_assert(sizeof(lasp_lasp2_params) == 192, "lasp_lasp2_params layout changed: update the Rust mirror");
 #endif
 
 typedef struct {
@@ -181,7 +185,8 @@ LASP2_FN uint64_t lasp2_timeline_words(int32_t B, int32_t H, int32_t Dv, int32_t
   return (uint64_t)B * H * lasp2_num_vtiles(Dv) * (LASP2_TIMELINE_PUT_STAMPS + (uint64_t)S * LASP2_TIMELINE_OUTPUT_STAMPS);
 }
 
-// ---- Per-PE workspace (plain device memory): ws_m at byte 0, ws_lambda at lasp2_ws_lambda_offset --
+// ---- Per-PE workspace (plain device memory): ws_m at byte 0, ws_lambda at lasp2_ws_lambda_offset,
+// ws_p at lasp2_ws_p_offset ----------------------------------------------------------------------
 
 LASP2_FN uint64_t lasp2_ws_m_bytes(int32_t B, int32_t H, int32_t S, int32_t Dk, int32_t Dv) {
   return (uint64_t)B * H * (uint64_t)S * Dk * Dv * 4u;
@@ -189,8 +194,12 @@ LASP2_FN uint64_t lasp2_ws_m_bytes(int32_t B, int32_t H, int32_t S, int32_t Dk, 
 LASP2_FN uint64_t lasp2_ws_lambda_offset(int32_t B, int32_t H, int32_t S, int32_t Dk, int32_t Dv) {
   return lasp2_ws_m_bytes(B, H, S, Dk, Dv);
 }
+// 16-byte aligned (the prefix kernel moves float4s).
+LASP2_FN uint64_t lasp2_ws_p_offset(int32_t B, int32_t H, int32_t S, int32_t Dk, int32_t Dv) {
+  return (lasp2_ws_m_bytes(B, H, S, Dk, Dv) + (uint64_t)B * H * (uint64_t)S * 4u + 15u) / 16u * 16u;
+}
 LASP2_FN uint64_t lasp2_workspace_bytes(int32_t B, int32_t H, int32_t S, int32_t Dk, int32_t Dv) {
-  return lasp2_ws_m_bytes(B, H, S, Dk, Dv) + (uint64_t)B * H * (uint64_t)S * 4u;
+  return lasp2_ws_p_offset(B, H, S, Dk, Dv) + lasp2_ws_m_bytes(B, H, S, Dk, Dv);
 }
 
 // ---- Launch geometry ----------------------------------------------------------------------------
