@@ -18,12 +18,19 @@ struct AllGatherParams {
     data_signal: u64,
     credit: u64,
     epoch: u64,
-    arrived: u64,
+    counters: u64,
     diag: u64,
     bytes: u64,
+    chunk_bytes: u64,
     timeout_ns: u64,
     me: i32,
     npes: i32,
+}
+
+/// Words of `lasp_allgather_params::counters` for `npes` PEs (`LASP_ALLGATHER_COUNTERS`): three
+/// launch-wide counters, then one per peer group.
+fn counter_words(npes: usize) -> usize {
+    3 + npes
 }
 
 #[repr(C)]
@@ -51,10 +58,76 @@ struct PingPongParams {
     rounds: i32,
 }
 
+/// Threads per CTA unless [`AllGather::set_threads`] says otherwise (the best of the CTA sweeps
+/// on the 4x H200 node).
 const ALLGATHER_THREADS: u32 = 512;
+/// The kernels are compiled with `__launch_bounds__(1024)`.
+const MAX_THREADS: u32 = 1024;
 /// Every CTA of a round must be resident at once (the last one waits for the others' puts): one
-/// 512-thread CTA fits per SM, and Hopper parts have at least 114 SMs.
+/// CTA of up to 1024 threads fits per SM, and Hopper parts have at least 114 SMs.
 const MAX_CTAS: u32 = 112;
+
+/// How a round's puts are spread over CTAs and who signals the peers. Every variant runs the same
+/// protocol (epochs, parity slots, credits) through NVSHMEM's put / signal API; the kernels in
+/// kernels/cuda/exchange.cu describe each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllGatherVariant {
+    /// Each CTA moves its slice to every peer in turn; the last CTA signals all peers.
+    CtaLoop,
+    /// A fixed group of CTAs per peer; the last CTA of a group signals that peer at once.
+    PeerMajor,
+    /// Chunks handed out from a counter, so fast CTAs take more and the round ends evenly.
+    Dynamic,
+}
+
+impl AllGatherVariant {
+    /// Every variant, the default first.
+    pub const ALL: [AllGatherVariant; 3] = [
+        AllGatherVariant::CtaLoop,
+        AllGatherVariant::PeerMajor,
+        AllGatherVariant::Dynamic,
+    ];
+
+    /// The name programs accept and print.
+    pub fn name(self) -> &'static str {
+        match self {
+            AllGatherVariant::CtaLoop => "cta-loop",
+            AllGatherVariant::PeerMajor => "peer-major",
+            AllGatherVariant::Dynamic => "dynamic",
+        }
+    }
+
+    /// The variant called `name` (see [`AllGatherVariant::name`]).
+    pub fn from_name(name: &str) -> Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|v| v.name() == name)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "unknown all-gather variant {name:?}; use one of {}",
+                    Self::ALL.map(|v| v.name()).join(", ")
+                ))
+            })
+    }
+
+    fn kernel_name(self) -> &'static str {
+        match self {
+            AllGatherVariant::CtaLoop => "lasp_allgather",
+            AllGatherVariant::PeerMajor => "lasp_allgather_peer_major",
+            AllGatherVariant::Dynamic => "lasp_allgather_dynamic",
+        }
+    }
+
+    /// CTAs actually launched for `planned`: peer-major needs whole groups, one per peer, so it
+    /// rounds down to a multiple of npes - 1 (at least one group each).
+    fn launch_ctas(self, planned: u32, npes: usize) -> u32 {
+        let peers = npes.saturating_sub(1).max(1) as u32;
+        match self {
+            AllGatherVariant::PeerMajor => (planned / peers).max(1) * peers,
+            _ => planned,
+        }
+    }
+}
 
 /// CTAs for an all-gather of `bytes` per PE: one per 16 KiB, at least 4 and at most 64. On the
 /// 4x H200 reference node 64 CTAs were best or within 2% of best from 1 MiB to 32 MiB
@@ -62,6 +135,24 @@ const MAX_CTAS: u32 = 112;
 pub fn allgather_ctas(bytes: usize) -> u32 {
     (bytes.div_ceil(16 << 10)).clamp(4, 64) as u32
 }
+
+/// Bytes per work item of the dynamic variant: about 8 items per CTA over the whole round, so the
+/// last item is a small part of a CTA's work, but at least 16 KiB (one or two passes of a CTA's
+/// threads, so the per-item claim and barriers stay small against the copy) and rounded to 16 KiB.
+pub fn allgather_chunk_bytes(bytes: usize, npes: usize, ctas: u32) -> usize {
+    const GRAIN: usize = 16 << 10;
+    let egress = bytes * npes.saturating_sub(1).max(1);
+    (egress / (ctas as usize * 8)).div_ceil(GRAIN).max(1) * GRAIN
+}
+
+/// Work items of one dynamic round: (npes - 1) peers times the chunks of a PE's bytes.
+fn dynamic_work_items(bytes: usize, npes: usize, chunk_bytes: usize) -> usize {
+    npes.saturating_sub(1) * bytes.div_ceil(chunk_bytes)
+}
+
+/// The dynamic kernel claims items with a 32-bit counter that also counts each CTA's one claim
+/// past the end: keep rounds well inside it.
+const MAX_WORK_ITEMS: usize = 1 << 30;
 
 fn device_addr<T>(slice: &CudaSlice<T>, stream: &CudaStream) -> u64 {
     slice.device_ptr(stream).0
@@ -81,13 +172,18 @@ pub struct AllGather {
     data_signal: SymmetricBuffer<u64>,
     credit: SymmetricBuffer<u64>,
     epoch: CudaSlice<u64>,
-    arrived: CudaSlice<u32>,
+    counters: CudaSlice<u32>,
     diag: CudaSlice<WaitDiagnostics>,
     mismatches: CudaSlice<u64>,
+    variant: AllGatherVariant,
     round: Kernel,
+    floor: Kernel,
     fill: Kernel,
     check: Kernel,
     ctas: u32,
+    threads: u32,
+    /// Set by [`AllGather::set_chunk_bytes`]; otherwise [`allgather_chunk_bytes`] of the plan.
+    chunk_bytes: Option<usize>,
 }
 
 impl AllGather {
@@ -114,13 +210,17 @@ impl AllGather {
             data_signal: runtime.alloc_zeroed(2 * npes)?,
             credit: runtime.alloc_zeroed(npes)?,
             epoch: stream.alloc_zeros(1)?,
-            arrived: stream.alloc_zeros(1)?,
+            counters: stream.alloc_zeros(counter_words(npes))?,
             diag: stream.alloc_zeros(1)?,
             mismatches: stream.alloc_zeros(1)?,
-            round: module.kernel("lasp_allgather")?,
+            variant: AllGatherVariant::CtaLoop,
+            round: module.kernel(AllGatherVariant::CtaLoop.kernel_name())?,
+            floor: module.kernel("lasp_allgather_floor")?,
             fill: module.kernel("lasp_allgather_fill")?,
             check: module.kernel("lasp_allgather_check")?,
             ctas: allgather_ctas(bytes),
+            threads: ALLGATHER_THREADS,
+            chunk_bytes: None,
         };
         stream.synchronize()?;
         Ok(gather)
@@ -152,29 +252,96 @@ impl AllGather {
         Ok(())
     }
 
+    /// Chooses how rounds spread their puts (every PE must choose the same before its next
+    /// round; the default is [`AllGatherVariant::CtaLoop`]).
+    pub fn set_variant(&mut self, variant: AllGatherVariant) -> Result<()> {
+        self.round = self.runtime.module().kernel(variant.kernel_name())?;
+        self.variant = variant;
+        Ok(())
+    }
+
+    /// The variant rounds use.
+    pub fn variant(&self) -> AllGatherVariant {
+        self.variant
+    }
+
+    /// Overrides the threads per CTA (a multiple of 32 up to 1024; default 512).
+    pub fn set_threads(&mut self, threads: u32) -> Result<()> {
+        if threads == 0 || threads % 32 != 0 || threads > MAX_THREADS {
+            return Err(Error::InvalidArgument(format!(
+                "{threads} threads per CTA: use a multiple of 32 up to {MAX_THREADS}"
+            )));
+        }
+        self.threads = threads;
+        Ok(())
+    }
+
+    /// Overrides the dynamic variant's work-item size (a positive multiple of 16 bytes).
+    pub fn set_chunk_bytes(&mut self, chunk_bytes: usize) -> Result<()> {
+        if chunk_bytes == 0 || chunk_bytes % 16 != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "chunk of {chunk_bytes} bytes: use a positive multiple of 16"
+            )));
+        }
+        if dynamic_work_items(self.bytes, self.runtime.npes(), chunk_bytes) > MAX_WORK_ITEMS {
+            return Err(Error::InvalidArgument(format!(
+                "chunk of {chunk_bytes} bytes: too many work items for {} bytes per PE",
+                self.bytes
+            )));
+        }
+        self.chunk_bytes = Some(chunk_bytes);
+        Ok(())
+    }
+
+    /// The dynamic variant's work-item size in bytes.
+    pub fn chunk_bytes(&self) -> usize {
+        self.chunk_bytes
+            .unwrap_or_else(|| allgather_chunk_bytes(self.bytes, self.runtime.npes(), self.ctas))
+    }
+
+    /// The launch shape of a round: (CTAs, threads per CTA).
+    pub fn launch_shape(&self) -> (u32, u32) {
+        (
+            self.variant.launch_ctas(self.ctas, self.runtime.npes()),
+            self.threads,
+        )
+    }
+
     /// Enqueues one round on `stream`.
     pub fn launch(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.launch_kernel(&self.round, stream)
+    }
+
+    /// Enqueues a kernel of a round's shape and parameters that does nothing: timed like a round,
+    /// it measures the harness's and the launch's own cost. Moves no data and no epoch.
+    pub fn launch_floor(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.launch_kernel(&self.floor, stream)
+    }
+
+    fn launch_kernel(&self, kernel: &Kernel, stream: &Arc<CudaStream>) -> Result<()> {
         let params = AllGatherParams {
             src: self.src.raw(),
             slots: self.slots.raw(),
             data_signal: self.data_signal.raw(),
             credit: self.credit.raw(),
             epoch: device_addr(&self.epoch, stream),
-            arrived: device_addr(&self.arrived, stream),
+            counters: device_addr(&self.counters, stream),
             diag: device_addr(&self.diag, stream),
             bytes: self.bytes as u64,
+            chunk_bytes: self.chunk_bytes() as u64,
             timeout_ns: self.runtime.wait_timeout().as_nanos() as u64,
             me: self.runtime.pe() as i32,
             npes: self.runtime.npes() as i32,
         };
+        let (ctas, threads) = self.launch_shape();
         let shape = LaunchShape {
-            grid: (self.ctas, 1, 1),
-            block: (ALLGATHER_THREADS, 1, 1),
+            grid: (ctas, 1, 1),
+            block: (threads, 1, 1),
             shared_bytes: 0,
         };
         // SAFETY: every pointer is owned by self and outlives the launch (self is borrowed until
         // the caller synchronises through `finish`, or drops self only after synchronising).
-        unsafe { self.round.launch(stream, shape, &params) }
+        unsafe { kernel.launch(stream, shape, &params) }
     }
 
     fn pattern_params(&mut self, stream: &Arc<CudaStream>) -> PatternParams {
@@ -317,9 +484,54 @@ mod tests {
     }
 
     #[test]
+    fn variants_round_trip_by_name_and_reject_others() {
+        for v in AllGatherVariant::ALL {
+            assert_eq!(AllGatherVariant::from_name(v.name()).unwrap(), v);
+        }
+        let err = AllGatherVariant::from_name("ring").unwrap_err().to_string();
+        assert!(err.contains("cta-loop, peer-major, dynamic"), "{err}");
+    }
+
+    #[test]
+    fn peer_major_launches_whole_peer_groups() {
+        let v = AllGatherVariant::PeerMajor;
+        assert_eq!(v.launch_ctas(64, 4), 63);
+        assert_eq!(v.launch_ctas(112, 4), 111);
+        assert_eq!(v.launch_ctas(2, 4), 3); // one CTA per peer at least
+        assert_eq!(v.launch_ctas(64, 2), 64);
+        assert_eq!(v.launch_ctas(4, 1), 4); // a single PE: no peers to group by
+        assert_eq!(AllGatherVariant::CtaLoop.launch_ctas(64, 4), 64);
+        assert_eq!(AllGatherVariant::Dynamic.launch_ctas(64, 4), 64);
+    }
+
+    #[test]
+    fn dynamic_chunks_are_16k_multiples_near_eight_per_cta() {
+        // 8 MiB to 3 peers over 64 CTAs: 24 MiB / 512 items = 48 KiB.
+        assert_eq!(allgather_chunk_bytes(8 << 20, 4, 64), 48 << 10);
+        // 4 MiB: 24 KiB rounds up to 32 KiB.
+        assert_eq!(allgather_chunk_bytes(4 << 20, 4, 64), 32 << 10);
+        // Small rounds keep the 16 KiB floor, and a single PE still gets a valid chunk.
+        assert_eq!(allgather_chunk_bytes(32 << 10, 4, 4), 16 << 10);
+        assert_eq!(allgather_chunk_bytes(32 << 10, 1, 4), 16 << 10);
+        // Planned chunks keep even a 4 GiB round far inside the kernel's 32-bit claim counter.
+        let chunk = allgather_chunk_bytes(4 << 30, 4, 64);
+        assert_eq!(
+            dynamic_work_items(4 << 30, 4, chunk),
+            3 * (4usize << 30).div_ceil(chunk)
+        );
+        assert!(dynamic_work_items(4 << 30, 4, chunk) <= MAX_WORK_ITEMS);
+        assert!(dynamic_work_items(16 << 30, 4, 16) > MAX_WORK_ITEMS);
+        assert_eq!(dynamic_work_items(1 << 20, 1, 16 << 10), 0);
+    }
+
+    #[test]
     fn params_have_the_c_layout() {
-        // lasp_allgather_params: 9 eight-byte fields, then two ints.
-        assert_eq!(std::mem::size_of::<AllGatherParams>(), 80);
+        // lasp_allgather_params: 10 eight-byte fields, then two ints.
+        assert_eq!(std::mem::size_of::<AllGatherParams>(), 88);
+        assert_eq!(std::mem::offset_of!(AllGatherParams, chunk_bytes), 64);
+        assert_eq!(std::mem::offset_of!(AllGatherParams, me), 80);
+        // The counters: LASP_COUNTER_PEER_GROUP (3) words before the per-peer ones.
+        assert_eq!(counter_words(4), 7);
         assert_eq!(std::mem::size_of::<PatternParams>(), 48);
         assert_eq!(std::mem::size_of::<PingPongParams>(), 48);
     }

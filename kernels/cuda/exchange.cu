@@ -38,21 +38,16 @@ __device__ __forceinline__ uint32_t pattern_word(int32_t source, uint64_t epoch,
   return h;
 }
 
-}  // namespace
-
-// One round of the all-gather. Roles inside the grid:
-//  - every CTA copies its slice of `src` into slot [parity][me] of every other PE, once the reader
-//    of that slot has returned its credit for the round two epochs back (in place: slot
-//    [parity][me] of this PE is not written, its data stays in `src`);
-//  - the last CTA to finish its puts signals every PE, then waits for every PE's signal and
-//    publishes the new epoch.
-// Launch with at most as many CTAs as fit on the device at once (the host plans <= 64).
-extern "C" __global__ void __launch_bounds__(512) lasp_allgather(const __grid_constant__ lasp_allgather_params p) {
+// Start of a round, in every CTA: returns this round's epoch and whether every reader has handed
+// back the slots it overwrites (false after an expired wait: the CTA must then skip its puts).
+struct RoundStart {
+  uint64_t epoch;
+  int parity;
+  bool peers_ready;
+};
+__device__ RoundStart begin_round(const lasp_allgather_params& p, const lasp::WaitSite& site) {
   const uint64_t epoch = *p.epoch + 1;
-  const int parity = static_cast<int>(epoch & 1);
-  const lasp::WaitSite site{p.diag, p.timeout_ns, p.me};
-  __shared__ int peer_ready;
-  __shared__ int is_last_cta;
+  __shared__ int peers_ready;
 
   // Whatever consumed epochs < `epoch` on this PE ran before this launch (stream order), so every
   // source may now reuse the slots this PE reads.
@@ -63,59 +58,177 @@ extern "C" __global__ void __launch_bounds__(512) lasp_allgather(const __grid_co
 
   // The slots this round overwrites were last read at epoch - 2: wait for every reader's credit
   // for it, all peers in parallel (one thread each), before the first put.
-  if (threadIdx.x == 0) peer_ready = 1;
+  if (threadIdx.x == 0) peers_ready = 1;
   __syncthreads();
   if (epoch > 2) {
     for (int pe = threadIdx.x; pe < p.npes; pe += blockDim.x)
       if (pe != p.me && !lasp::wait_signal_ge(site, p.credit + pe, epoch - 2, pe, pe, LASP_WAIT_CREDIT))
-        peer_ready = 0;
+        peers_ready = 0;
     __syncthreads();
   }
+  return {epoch, static_cast<int>(epoch & 1), peers_ready != 0};
+}
 
-  const Slice slice = cta_slice(p.bytes, blockIdx.x, gridDim.x);
-  uint8_t* const my_slot = p.slots + (static_cast<uint64_t>(parity) * p.npes + p.me) * p.bytes;
-  // In place: this PE's own contribution stays in `src`, only the peers' copies move. Each CTA
-  // starts at a different peer so every link is busy from the first byte.
-  for (int k = 0; k < p.npes - 1 && peer_ready && slice.end > slice.begin; ++k) {
-    const int pe = (p.me + 1 + (blockIdx.x + k) % (p.npes - 1)) % p.npes;
-    nvshmemx_putmem_nbi_block(my_slot + slice.begin, p.src + slice.begin, slice.end - slice.begin, pe);
-  }
+// Where this PE's contribution lands on every peer: its slot of the round's parity.
+__device__ __forceinline__ uint8_t* own_slot(const lasp_allgather_params& p, int parity) {
+  return p.slots + (static_cast<uint64_t>(parity) * p.npes + p.me) * p.bytes;
+}
 
-  // Completion of this CTA's puts, then count it in. The fences make the puts visible before the
-  // counter, and so before the last CTA's signals (fences are cumulative).
+// Called by every thread once the CTA's puts are issued: completes them (visible at their
+// targets: nvshmem_quiet is a system fence over NVLink and waits for the NIC over InfiniBand),
+// then counts the CTA in on `counter`. True, in every thread, in the CTA whose arrival makes it
+// `arrivals`; that CTA returns the counter to 0 for the next launch. The fences are cumulative, so
+// whatever the last CTA signals afterwards orders after every counted CTA's puts.
+__device__ bool last_to_arrive(uint32_t* counter, uint32_t arrivals) {
+  __shared__ int is_last;
   __syncthreads();
   if (threadIdx.x == 0) {
     nvshmem_quiet();
     __threadfence_system();
-    is_last_cta = atomicAdd(p.arrived, 1u) == gridDim.x - 1;
+    is_last = atomicAdd(counter, 1u) == arrivals - 1;
+    if (is_last) {
+      *counter = 0;
+      __threadfence_system();
+    }
   }
   __syncthreads();
-  if (!is_last_cta) return;
+  return is_last != 0;
+}
 
-  if (threadIdx.x == 0) {
-    *p.arrived = 0;
-    __threadfence_system();
-  }
-  __syncthreads();
-  // A CTA that gave up on a credit skipped its puts: signalling would hand peers torn data, so
-  // they are left to time out on this epoch instead, naming this PE.
-  const bool complete = *(volatile uint32_t*)&p.diag->failed == 0;
+// A CTA that gave up on a credit skipped its puts: signalling would hand peers torn data, so they
+// are left to time out on this epoch instead, naming this PE.
+__device__ __forceinline__ bool no_wait_failed(const lasp_allgather_params& p) {
+  return *(volatile uint32_t*)&p.diag->failed == 0;
+}
+
+// Tells `pe` that this PE's data of the round has landed in its slots.
+__device__ __forceinline__ void signal_data(const lasp_allgather_params& p, const RoundStart& round, int pe) {
+  nvshmemx_signal_op(p.data_signal + round.parity * p.npes + p.me, round.epoch, NVSHMEM_SIGNAL_SET, pe);
+}
+
+// Waits for `source`'s data of the round; false (recorded in p.diag) if it never came.
+__device__ __forceinline__ bool wait_data(const lasp_allgather_params& p, const lasp::WaitSite& site,
+                                          const RoundStart& round, int source) {
+  const int slot = round.parity * p.npes + source;
+  return lasp::wait_signal_ge(site, p.data_signal + slot, round.epoch, source, slot, LASP_WAIT_DATA);
+}
+
+// End of a round in the one CTA that saw every CTA's puts complete: signal every peer, wait for
+// every source (one thread each), publish the epoch.
+__device__ void signal_all_then_publish(const lasp_allgather_params& p, const lasp::WaitSite& site,
+                                        const RoundStart& round) {
+  const bool complete = no_wait_failed(p);
   if (complete) {
     for (int pe = threadIdx.x; pe < p.npes; pe += blockDim.x)
-      if (pe != p.me) nvshmemx_signal_op(p.data_signal + parity * p.npes + p.me, epoch, NVSHMEM_SIGNAL_SET, pe);
+      if (pe != p.me) signal_data(p, round, pe);
   }
   __shared__ int all_arrived;
   if (threadIdx.x == 0) all_arrived = complete;
   __syncthreads();
-  for (int source = threadIdx.x; source < p.npes && complete; source += blockDim.x) {
-    if (source == p.me) continue;
-    const int slot = parity * p.npes + source;
-    if (!lasp::wait_signal_ge(site, p.data_signal + slot, epoch, source, slot, LASP_WAIT_DATA))
-      all_arrived = 0;
-  }
+  for (int source = threadIdx.x; source < p.npes && complete; source += blockDim.x)
+    if (source != p.me && !wait_data(p, site, round, source)) all_arrived = 0;
   __syncthreads();
-  if (threadIdx.x == 0 && all_arrived) *p.epoch = epoch;
+  if (threadIdx.x == 0 && all_arrived) *p.epoch = round.epoch;
 }
+
+}  // namespace
+
+// Three kernels run the same protocol (exchange_params.h) and differ only in how the puts are
+// spread over CTAs and who signals; the host picks one (core/src/exchange.rs,
+// AllGatherVariant). All of them need every CTA of a launch resident at once (a CTA waits for the
+// others), so the host launches at most one CTA per SM; up to 1024 threads per CTA.
+
+// "cta-loop": CTA c moves slice c of `src` to every peer in turn (each CTA starting at a
+// different peer so every link is busy from the first byte); the last CTA to finish its puts
+// signals every PE, then waits for every PE's signal and publishes the new epoch.
+extern "C" __global__ void __launch_bounds__(1024) lasp_allgather(const __grid_constant__ lasp_allgather_params p) {
+  const lasp::WaitSite site{p.diag, p.timeout_ns, p.me};
+  const RoundStart round = begin_round(p, site);
+  const Slice slice = cta_slice(p.bytes, blockIdx.x, gridDim.x);
+  uint8_t* const slot = own_slot(p, round.parity);
+  // In place: this PE's own contribution stays in `src`, only the peers' copies move.
+  for (int k = 0; k < p.npes - 1 && round.peers_ready && slice.end > slice.begin; ++k) {
+    const int pe = (p.me + 1 + (blockIdx.x + k) % (p.npes - 1)) % p.npes;
+    nvshmemx_putmem_nbi_block(slot + slice.begin, p.src + slice.begin, slice.end - slice.begin, pe);
+  }
+  if (last_to_arrive(p.counters + LASP_COUNTER_CTAS_DONE, gridDim.x)) signal_all_then_publish(p, site, round);
+}
+
+// "peer-major": the grid is (npes - 1) groups of CTAs, group g serving one peer only (CTA c is in
+// group c % (npes - 1) and moves slice c / (npes - 1) of `src`), so every link gets the same
+// number of CTAs for the whole round and no CTA walks over peers. The last CTA of a group signals
+// its peer as soon as that peer's bytes are out, without waiting for the other groups, then waits
+// for the data of one source (the peer whose group of the same index sends to this PE); the last
+// group to finish publishes the epoch. The host launches a multiple of npes - 1 CTAs.
+extern "C" __global__ void __launch_bounds__(1024) lasp_allgather_peer_major(const __grid_constant__ lasp_allgather_params p) {
+  const lasp::WaitSite site{p.diag, p.timeout_ns, p.me};
+  const RoundStart round = begin_round(p, site);
+  const int peers = p.npes - 1;
+  if (peers == 0) {  // a single PE has nothing to move
+    if (blockIdx.x == 0 && threadIdx.x == 0) *p.epoch = round.epoch;
+    return;
+  }
+  const int group = blockIdx.x % peers;
+  const uint32_t group_ctas = gridDim.x / peers;
+  const int pe = (p.me + 1 + group) % p.npes;
+  const Slice slice = cta_slice(p.bytes, blockIdx.x / peers, group_ctas);
+  if (round.peers_ready && slice.end > slice.begin)
+    nvshmemx_putmem_nbi_block(own_slot(p, round.parity) + slice.begin, p.src + slice.begin, slice.end - slice.begin, pe);
+  if (!last_to_arrive(p.counters + LASP_COUNTER_PEER_GROUP + group, group_ctas)) return;
+
+  // Every byte for `pe` is out: signal it, then wait for the source that sends to this PE from
+  // its own group `group` (PE s's group g serves PE s + 1 + g).
+  const bool complete = no_wait_failed(p);
+  if (threadIdx.x == 0) {
+    const int source = (p.me + p.npes - 1 - group) % p.npes;
+    // An expired wait is recorded in p.diag, which the publisher below checks.
+    if (complete) {
+      signal_data(p, round, pe);
+      wait_data(p, site, round, source);
+    }
+  }
+  if (last_to_arrive(p.counters + LASP_COUNTER_PEERS_DONE, peers) && threadIdx.x == 0 && no_wait_failed(p))
+    *p.epoch = round.epoch;
+}
+
+// "dynamic": the round's (npes - 1) * ceil(bytes / chunk_bytes) puts (the host keeps that far
+// below 2^32), peer-interleaved so that consecutive items go to different peers, are handed out
+// one at a time from a counter, so a CTA that runs faster (a less loaded SM or link) takes more of
+// them and the round ends with all CTAs within one item of each other instead of waiting for the
+// slowest static slice. The next claim is issued before the current put so its latency overlaps
+// the copy. Completion as in cta-loop.
+extern "C" __global__ void __launch_bounds__(1024) lasp_allgather_dynamic(const __grid_constant__ lasp_allgather_params p) {
+  const lasp::WaitSite site{p.diag, p.timeout_ns, p.me};
+  const RoundStart round = begin_round(p, site);
+  const uint64_t peers = p.npes - 1;
+  const uint64_t chunks_per_peer = (p.bytes + p.chunk_bytes - 1) / p.chunk_bytes;
+  const uint64_t items = peers * chunks_per_peer;
+  uint32_t* const claims = p.counters + LASP_COUNTER_WORK_CLAIMED;
+  uint8_t* const slot = own_slot(p, round.parity);
+  __shared__ uint32_t claimed;
+  uint32_t next = 0;
+  if (threadIdx.x == 0 && round.peers_ready) next = atomicAdd(claims, 1u);
+  while (round.peers_ready) {
+    if (threadIdx.x == 0) claimed = next;
+    __syncthreads();
+    const uint32_t item = claimed;
+    __syncthreads();  // every thread has read `claimed` before thread 0 may overwrite it
+    if (item >= items) break;
+    if (threadIdx.x == 0) next = atomicAdd(claims, 1u);
+    const int pe = (p.me + 1 + static_cast<int>(item % peers)) % p.npes;
+    const uint64_t begin = (item / peers) * p.chunk_bytes;
+    const uint64_t end = min(p.bytes, begin + p.chunk_bytes);
+    nvshmemx_putmem_nbi_block(slot + begin, p.src + begin, end - begin, pe);
+  }
+  if (!last_to_arrive(p.counters + LASP_COUNTER_CTAS_DONE, gridDim.x)) return;
+  // Every CTA has stopped claiming (each counted itself in after its last claim).
+  if (threadIdx.x == 0) *claims = 0;
+  signal_all_then_publish(p, site, round);
+}
+
+// Launched with a round's shape and parameters, does nothing: what a launch costs in whatever
+// harness times it, the floor under every round's time.
+extern "C" __global__ void __launch_bounds__(1024) lasp_allgather_floor(const __grid_constant__ lasp_allgather_params) {}
 
 // Writes this PE's contribution for the next epoch.
 extern "C" __global__ void lasp_allgather_fill(const __grid_constant__ lasp_allgather_pattern_params p) {

@@ -90,7 +90,10 @@ fn the_crate_declares_the_exchange_kernels() {
     for kernel in [
         "lasp_allgather",
         "lasp_allgather_check",
+        "lasp_allgather_dynamic",
         "lasp_allgather_fill",
+        "lasp_allgather_floor",
+        "lasp_allgather_peer_major",
         "lasp_pingpong",
     ] {
         assert!(

@@ -9,10 +9,11 @@
 //!
 //! Options: `--sizes 32K,1M` (bytes per rank), `--rounds N` (epoch stress rounds, default 100),
 //! `--pingpong N` (round trips, default 10000), `--silent-rank K` (fault drill: rank K never
-//! sends, every other rank must fail with an error naming it).
+//! sends, every other rank must fail with an error naming it), `--variant NAME` (the all-gather
+//! kernel: cta-loop, the default, peer-major or dynamic), `--threads N` (threads per CTA).
 
 use cudarc::driver::sys::CUevent_flags;
-use lasp_shmem::exchange::{AllGather, PingPong};
+use lasp_shmem::exchange::{AllGather, AllGatherVariant, PingPong};
 use lasp_shmem::launch_env::LaunchEnv;
 use lasp_shmem::units::{format_bytes, parse_byte_list};
 use lasp_shmem::{Config, Error, Result, Runtime};
@@ -23,6 +24,20 @@ struct Options {
     rounds: u32,
     pingpong: u32,
     silent_rank: Option<usize>,
+    variant: AllGatherVariant,
+    threads: Option<u32>,
+}
+
+impl Options {
+    /// An all-gather of `bytes` per rank with the chosen kernel and shape.
+    fn all_gather(&self, rt: &Runtime, bytes: usize) -> Result<AllGather> {
+        let mut gather = AllGather::new(rt, bytes)?;
+        gather.set_variant(self.variant)?;
+        if let Some(threads) = self.threads {
+            gather.set_threads(threads)?;
+        }
+        Ok(gather)
+    }
 }
 
 fn parse_options() -> Result<Options> {
@@ -31,6 +46,8 @@ fn parse_options() -> Result<Options> {
         rounds: 100,
         pingpong: 10_000,
         silent_rank: None,
+        variant: AllGatherVariant::CtaLoop,
+        threads: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -47,6 +64,8 @@ fn parse_options() -> Result<Options> {
             "--rounds" => o.rounds = number(value()?)?,
             "--pingpong" => o.pingpong = number(value()?)?,
             "--silent-rank" => o.silent_rank = Some(number(value()?)? as usize),
+            "--variant" => o.variant = AllGatherVariant::from_name(&value()?)?,
+            "--threads" => o.threads = Some(number(value()?)?),
             other => {
                 return Err(Error::InvalidArgument(format!(
                     "unknown option {other}; see the header of examples/src/bin/exchange.rs"
@@ -58,10 +77,10 @@ fn parse_options() -> Result<Options> {
 }
 
 /// One patterned round per size: fill, all-gather, check every word from every rank.
-fn verify_sizes(rt: &Runtime, sizes: &[usize]) -> Result<()> {
+fn verify_sizes(rt: &Runtime, o: &Options) -> Result<()> {
     let stream = rt.stream().clone();
-    for &bytes in sizes {
-        let mut gather = AllGather::new(rt, bytes)?;
+    for &bytes in &o.sizes {
+        let mut gather = o.all_gather(rt, bytes)?;
         for _ in 0..3 {
             gather.fill_pattern(&stream)?;
             gather.launch(&stream)?;
@@ -76,9 +95,11 @@ fn verify_sizes(rt: &Runtime, sizes: &[usize]) -> Result<()> {
             )));
         }
         println!(
-            "all-gather {:>7} per rank x {} ranks: 3 rounds, every word verified",
+            "all-gather {:>7} per rank x {} ranks ({}, {:?} CTAs x threads): 3 rounds, every word verified",
             format_bytes(bytes),
-            rt.npes()
+            rt.npes(),
+            gather.variant().name(),
+            gather.launch_shape()
         );
         gather.free()?;
     }
@@ -87,10 +108,11 @@ fn verify_sizes(rt: &Runtime, sizes: &[usize]) -> Result<()> {
 
 /// `rounds` back-to-back rounds with no host synchronisation; each writes data derived from its
 /// epoch and checks what it received, so a stale or torn slot shows up as a mismatch.
-fn epoch_stress(rt: &Runtime, rounds: u32) -> Result<()> {
+fn epoch_stress(rt: &Runtime, o: &Options) -> Result<()> {
     let stream = rt.stream().clone();
     let bytes = 64 << 10;
-    let mut gather = AllGather::new(rt, bytes)?;
+    let rounds = o.rounds;
+    let mut gather = o.all_gather(rt, bytes)?;
     for _ in 0..rounds {
         gather.fill_pattern(&stream)?;
         gather.launch(&stream)?;
@@ -104,7 +126,8 @@ fn epoch_stress(rt: &Runtime, rounds: u32) -> Result<()> {
         )));
     }
     println!(
-        "epoch stress: {rounds} back-to-back rounds of {} per rank, no stale or torn data",
+        "epoch stress ({}): {rounds} back-to-back rounds of {} per rank, no stale or torn data",
+        gather.variant().name(),
         format_bytes(bytes)
     );
     gather.free()
@@ -125,9 +148,9 @@ fn pingpong(rt: &Runtime, rounds: u32) -> Result<()> {
     pp.free()
 }
 
-fn silent_rank_drill(rt: &Runtime, silent: usize) -> Result<()> {
+fn silent_rank_drill(rt: &Runtime, o: &Options, silent: usize) -> Result<()> {
     let stream = rt.stream().clone();
-    let gather = AllGather::new(rt, 64 << 10)?;
+    let gather = o.all_gather(rt, 64 << 10)?;
     if rt.pe() == silent {
         println!("rank {silent} stays silent (fault drill)");
         std::thread::sleep(rt.wait_timeout() + Duration::from_secs(10));
@@ -161,10 +184,10 @@ fn run() -> Result<()> {
         rt.launch_env().bootstrap
     );
     if let Some(silent) = options.silent_rank {
-        silent_rank_drill(&rt, silent)?;
+        silent_rank_drill(&rt, &options, silent)?;
     } else {
-        verify_sizes(&rt, &options.sizes)?;
-        epoch_stress(&rt, options.rounds)?;
+        verify_sizes(&rt, &options)?;
+        epoch_stress(&rt, &options)?;
         if rt.npes() >= 2 && options.pingpong > 0 {
             pingpong(&rt, options.pingpong)?;
         }

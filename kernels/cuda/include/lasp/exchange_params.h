@@ -1,5 +1,5 @@
 // Parameters of the device-initiated all-gather and ping-pong kernels (exchange.cu). C layout,
-// mirrored by core/src/exchange/params.rs.
+// mirrored by core/src/exchange.rs.
 #pragma once
 #include <stdint.h>
 #include "lasp/wait_diagnostics.h"
@@ -17,13 +17,26 @@ typedef struct {
                            // finished with, so s may overwrite r's copy of parity (e % 2) at e + 2
   uint64_t* epoch;         // device, 1 word: the last completed epoch; advanced by the kernel so a
                            // captured graph replays correctly
-  uint32_t* arrived;       // device, 1 word: CTAs of this launch done with their puts
+  uint32_t* counters;      // device, LASP_ALLGATHER_COUNTERS(npes) words, zero between launches:
+                           // arrivals and work claims within one launch (lasp_allgather_counter)
   lasp_wait_diag* diag;    // device: the first expired wait
   uint64_t bytes;          // per PE, a multiple of 16
+  uint64_t chunk_bytes;    // lasp_allgather_dynamic only: bytes per claimed work item, a multiple
+                           // of 16
   uint64_t timeout_ns;     // bound on every wait
   int32_t me;
   int32_t npes;
 } lasp_allgather_params;
+
+// Words of lasp_allgather_params::counters. Each is returned to 0 by the CTA that uses it last in
+// a launch, so the next launch on the stream starts from zero.
+enum lasp_allgather_counter {
+  LASP_COUNTER_CTAS_DONE = 0,    // CTAs done with their puts (lasp_allgather, _dynamic)
+  LASP_COUNTER_WORK_CLAIMED = 1, // work items handed out (lasp_allgather_dynamic)
+  LASP_COUNTER_PEERS_DONE = 2,   // peer groups done sending and receiving (_peer_major)
+  LASP_COUNTER_PEER_GROUP = 3,   // first of npes words: CTAs of peer group g done (_peer_major)
+};
+#define LASP_ALLGATHER_COUNTERS(npes) (LASP_COUNTER_PEER_GROUP + (npes))
 
 // Patterned data for the epoch checks: every 32-bit word a function of (source PE, epoch, index),
 // so a stale round, a torn copy or a wrong slot shows up as a mismatch.
