@@ -13,6 +13,8 @@
 //   3. lasp_scalar_decay_output_dk*  segment s from P_s: O for every token, S kept on chip in fp32,
 //                                    the last segment writes the final state
 // With S == 1 only kernel 3 runs.
+// Plus timed variants of kernel 3 for measurement (lasp_scalar_decay_output_dk*_probe_*, see
+// lasp::sd::Probe): launched like it, never part of the forward.
 //
 // CTA = 4 warps, one (Dv tile of 64 columns, segment, b*H+h). Warp w owns output rows
 // 16w..16w+15 of each chunk and state rows w*Dk/4 .. (w+1)*Dk/4-1 (all 64 columns of the tile).
@@ -31,8 +33,8 @@ namespace sd {
 // One CTA's segment of the single-GPU forward: the shared segment loop (run_segment_with) with
 // this forward's prologue and epilogue. kOutput = false: the states kernel (zero start; writes M_s,
 // Lambda_s). kOutput = true: the output kernel (starts from P_s, writes O and, for the last segment,
-// ht).
-template <int DK, bool kOutput>
+// ht), or with kProbe one of its timed variants (lasp::sd::Probe).
+template <int DK, bool kOutput, Probe kProbe = Probe::kNone>
 __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p) {
   const int seg = blockIdx.y;
   const SegmentArgs a = segment_args(p);
@@ -40,7 +42,7 @@ __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p) {
   const int64_t tile_elems = (int64_t)DK * p.Dv;  // one (b, h) state
   const int col0 = a.vt * kTileV;
   if constexpr (kOutput) {
-    run_segment_with<DK, true>(
+    run_segment_with<DK, true, kProbe>(
         a,
         [&](StateRegs<DK>& s, const StateLane& ln) {
           // P_s: the fold's prefix for s > 0, h0 (or zero) for s = 0.
@@ -110,4 +112,32 @@ extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
 extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
     lasp_scalar_decay_output_dk128(const __grid_constant__ lasp_scalar_decay_params p) {
   lasp::sd::run_segment<128, true>(p);
+}
+
+// Probes of pass 2 (lasp::sd::Probe; SCALAR_DECAY_NOTES.md, "Probes"): launched exactly like
+// lasp_scalar_decay_output_dk*, from the same params, to time parts of its work. Their O is not the
+// forward's output; the last segment still writes ht (if non-NULL) from whatever state it holds.
+extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
+    lasp_scalar_decay_output_dk64_probe_memory(const __grid_constant__ lasp_scalar_decay_params p) {
+  lasp::sd::run_segment<64, true, lasp::sd::Probe::kMemory>(p);
+}
+extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
+    lasp_scalar_decay_output_dk128_probe_memory(const __grid_constant__ lasp_scalar_decay_params p) {
+  lasp::sd::run_segment<128, true, lasp::sd::Probe::kMemory>(p);
+}
+extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
+    lasp_scalar_decay_output_dk64_probe_compute(const __grid_constant__ lasp_scalar_decay_params p) {
+  lasp::sd::run_segment<64, true, lasp::sd::Probe::kCompute>(p);
+}
+extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
+    lasp_scalar_decay_output_dk128_probe_compute(const __grid_constant__ lasp_scalar_decay_params p) {
+  lasp::sd::run_segment<128, true, lasp::sd::Probe::kCompute>(p);
+}
+extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
+    lasp_scalar_decay_output_dk64_probe_no_exp(const __grid_constant__ lasp_scalar_decay_params p) {
+  lasp::sd::run_segment<64, true, lasp::sd::Probe::kNoExp>(p);
+}
+extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
+    lasp_scalar_decay_output_dk128_probe_no_exp(const __grid_constant__ lasp_scalar_decay_params p) {
+  lasp::sd::run_segment<128, true, lasp::sd::Probe::kNoExp>(p);
 }

@@ -104,6 +104,19 @@ fn the_crate_declares_the_exchange_kernels() {
 }
 
 #[test]
+fn the_crate_declares_the_output_kernel_probes() {
+    for dk in [64, 128] {
+        for probe in ["memory", "compute", "no_exp"] {
+            let kernel = format!("lasp_scalar_decay_output_dk{dk}_probe_{probe}");
+            assert!(
+                KERNEL_NAMES.contains(&kernel.as_str()),
+                "{kernel} not declared: {KERNEL_NAMES:?}"
+            );
+        }
+    }
+}
+
+#[test]
 fn hopper_gets_the_sm90a_cubin_and_unknown_devices_none() {
     assert_eq!(cubin_for(9, 0).map(|c| c.arch), Some("sm_90a"));
     assert!(cubin_for(7, 5).is_none());

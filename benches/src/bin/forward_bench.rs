@@ -6,6 +6,7 @@
 //! forward_bench --dump /tmp/fwd                    # B=4,T=8K / B=1,T=32K / B=1,T=128K, H=16, D=128
 //! forward_bench --shapes 2x4096x16x128,1x65536x16x64 --iters 100
 //! forward_bench --segments 8                       # force S (tuning), --target-ctas 264
+//! forward_bench --probes --out probes.json         # + the output kernel alone and its probes
 //! ```
 //!
 //! Inputs: q, k, v ~ N(0, 1) rounded to bf16, g = logsigmoid(N(0, 1)) / 16 in fp32 (fla's
@@ -19,11 +20,19 @@
 //! output) and `meta.json`; `DIR/ours.json` lists them with the device and our timings. The
 //! HBM floor is (q, k, v read once + o written once) / 4.3e12 B/s: the device-to-device copy
 //! rate measured on the reference H200 image (reads + writes counted).
+//!
+//! With `--probes`, each shape also times, the same way and on the same input sets, the output
+//! kernel alone (`output_ms`: the forward without its states pass and fold) and its timed
+//! variants (`probe_memory_ms`, `probe_compute_ms`, `probe_no_exp_ms`; `ops::scalar_decay::OutputProbe`,
+//! kernels/cuda/SCALAR_DECAY_NOTES.md "Probes" says how to read them). The probes overwrite o;
+//! the dumped o is from a real forward run after them.
 
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
-use lasp_shmem::ops::scalar_decay::{ForwardArgs, ForwardPlan, ForwardShape, ScalarDecayForward};
+use lasp_shmem::ops::scalar_decay::{
+    ForwardArgs, ForwardPlan, ForwardShape, OutputProbe, ScalarDecayForward,
+};
 use lasp_shmem::ops::{DeviceMut, DeviceRef};
 use lasp_shmem::reference::SplitMix64;
 use lasp_shmem::{Config, Error, Result, Runtime};
@@ -46,12 +55,13 @@ struct Options {
     segments: Option<u32>,
     target_ctas: Option<u32>,
     timeout_s: u64,
+    probes: bool,
 }
 
 fn usage(problem: &str) -> Error {
     Error::InvalidArgument(format!(
         "{problem}; usage: forward_bench [--dump DIR] [--out FILE] [--shapes BxTxHxD,...] \
-         [--warmup N] [--iters N] [--segments S] [--target-ctas N] [--timeout SECONDS]"
+         [--warmup N] [--iters N] [--segments S] [--target-ctas N] [--timeout SECONDS] [--probes]"
     ))
 }
 
@@ -69,6 +79,7 @@ fn parse_options() -> Result<Options> {
         segments: None,
         target_ctas: None,
         timeout_s: 480,
+        probes: false,
     };
     let mut args = std::env::args().skip(1);
     const FLAGS: [&str; 8] = [
@@ -82,6 +93,10 @@ fn parse_options() -> Result<Options> {
         "--shapes",
     ];
     while let Some(flag) = args.next() {
+        if flag == "--probes" {
+            o.probes = true;
+            continue;
+        }
         if !FLAGS.contains(&flag.as_str()) {
             return Err(usage(&format!("unknown option {flag}")));
         }
@@ -205,26 +220,46 @@ struct DeviceSet {
     o: CudaSlice<bf16>,
 }
 
-fn launch(
-    fwd: &mut ScalarDecayForward,
+/// The forward's arguments over one input set: no h0, no ht, the default scale.
+fn forward_args(shape: ForwardShape, set: &mut DeviceSet) -> ForwardArgs<'_> {
+    ForwardArgs {
+        shape,
+        q: DeviceRef::new(&set.q),
+        k: DeviceRef::new(&set.k),
+        v: DeviceRef::new(&set.v),
+        g: DeviceRef::new(&set.g),
+        h0: None,
+        o: DeviceMut::new(&mut set.o),
+        ht: None,
+        scale: None,
+    }
+}
+
+/// `opts.warmup` calls (at least one), then `opts.iters` calls enqueued back to back, each between
+/// two CUDA events; `call(i)` enqueues call i. Returns (median, minimum) in ms.
+fn time_calls(
     stream: &Arc<CudaStream>,
-    shape: ForwardShape,
-    set: &mut DeviceSet,
-) -> Result<ForwardPlan> {
-    fwd.launch(
-        stream,
-        ForwardArgs {
-            shape,
-            q: DeviceRef::new(&set.q),
-            k: DeviceRef::new(&set.k),
-            v: DeviceRef::new(&set.v),
-            g: DeviceRef::new(&set.g),
-            h0: None,
-            o: DeviceMut::new(&mut set.o),
-            ht: None,
-            scale: None,
-        },
-    )
+    opts: &Options,
+    mut call: impl FnMut(usize) -> Result<()>,
+) -> Result<(f64, f64)> {
+    for i in 0..opts.warmup.max(1) {
+        call(i)?;
+    }
+    stream.synchronize()?;
+    let mut events = Vec::with_capacity(opts.iters);
+    for i in 0..opts.iters {
+        let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        call(i)?;
+        let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        events.push((start, end));
+    }
+    stream.synchronize()?;
+    let samples: Vec<f64> = events
+        .iter()
+        .map(|(a, b)| a.elapsed_ms(b).map(f64::from))
+        .collect::<std::result::Result<_, _>>()?;
+    let min_ms = samples.iter().copied().fold(f64::INFINITY, f64::min);
+    Ok((median(samples), min_ms))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -265,6 +300,8 @@ struct Row {
     hbm_floor_ms: f64,
     plan: ForwardPlan,
     sets: usize,
+    /// With --probes: the median ms of each OutputProbe variant, in OutputProbe::ALL order.
+    probes_ms: Vec<(OutputProbe, f64)>,
 }
 
 fn bench_shape(
@@ -302,27 +339,23 @@ fn bench_shape(
     let setup_s = t0.elapsed().as_secs_f64();
 
     let mut plan = None;
-    for i in 0..opts.warmup.max(1) {
-        plan = Some(launch(fwd, stream, shape, &mut device[i % sets])?);
+    let (ours_ms, min_ms) = time_calls(stream, opts, |i| {
+        plan = Some(fwd.launch(stream, forward_args(shape, &mut device[i % sets]))?);
+        Ok(())
+    })?;
+    let mut probes_ms = Vec::new();
+    if opts.probes {
+        for probe in OutputProbe::ALL {
+            let (ms, _) = time_calls(stream, opts, |i| {
+                let args = forward_args(shape, &mut device[i % sets]);
+                fwd.launch_output_probe(stream, args, probe).map(drop)
+            })?;
+            probes_ms.push((probe, ms));
+        }
     }
-    stream.synchronize()?;
-    let mut events = Vec::with_capacity(opts.iters);
-    for i in 0..opts.iters {
-        let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        launch(fwd, stream, shape, &mut device[i % sets])?;
-        let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        events.push((start, end));
-    }
-    stream.synchronize()?;
-    let samples: Vec<f64> = events
-        .iter()
-        .map(|(a, b)| a.elapsed_ms(b).map(f64::from))
-        .collect::<std::result::Result<_, _>>()?;
-    let min_ms = samples.iter().copied().fold(f64::INFINITY, f64::min);
-    let ours_ms = median(samples);
 
     // Set 0's output (every run of the same inputs gives the same bits).
-    launch(fwd, stream, shape, &mut device[0])?;
+    fwd.launch(stream, forward_args(shape, &mut device[0]))?;
     let o: Vec<bf16> = stream.clone_dtoh(&device[0].o)?;
     if let Some(pos) = o.iter().position(|x| !x.to_f32().is_finite()) {
         return Err(Error::State(format!(
@@ -339,6 +372,7 @@ fn bench_shape(
         hbm_floor_ms: floor_bytes / HBM_BYTES_PER_S * 1e3,
         plan: plan.expect("at least one warm-up launch"),
         sets,
+        probes_ms,
     };
     if let Some(root) = &opts.dump {
         let t1 = Instant::now();
@@ -396,7 +430,7 @@ fn results_json(device: &str, sm_count: u32, warmup: usize, iters: usize, rows: 
             format!(
                 "    {{\"dir\": \"{}\", \"B\": {}, \"T\": {}, \"H\": {}, \"D\": {}, \"ours_ms\": {:.5}, \
                  \"ours_min_ms\": {:.5}, \"hbm_floor_ms\": {:.5}, \"floor_fraction\": {:.4}, \
-                 \"num_segments\": {}, \"chunks_per_segment\": {}, \"workspace_bytes\": {}, \"sets\": {}}}",
+                 \"num_segments\": {}, \"chunks_per_segment\": {}, \"workspace_bytes\": {}, \"sets\": {}{}}}",
                 r.dir,
                 r.shape.b,
                 r.shape.t,
@@ -409,14 +443,23 @@ fn results_json(device: &str, sm_count: u32, warmup: usize, iters: usize, rows: 
                 r.plan.num_segments,
                 r.plan.chunks_per_segment,
                 r.plan.workspace_bytes,
-                r.sets
+                r.sets,
+                r.probes_ms
+                    .iter()
+                    .map(|(probe, ms)| format!(", \"{}_ms\": {ms:.5}", probe.label()))
+                    .collect::<String>()
             )
         })
         .collect();
+    let probes_note = if rows.iter().any(|r| !r.probes_ms.is_empty()) {
+        "  \"probes\": \"output_ms: the output kernel alone (no states pass, no fold); probe_memory_ms: its loads and O stores without math; probe_compute_ms: its math on pipeline stages loaded once (no input HBM traffic); probe_no_exp_ms: probe_compute without the gate exponentials, mask and scalings; same launch shape, timing method and input sets as ours_ms (kernels/cuda/SCALAR_DECAY_NOTES.md, Probes)\",\n"
+    } else {
+        ""
+    };
     format!(
         "{{\n  \"device\": \"{device}\",\n  \"sm_count\": {sm_count},\n  \"commit\": \"{}\",\n  \"date\": \"{}\",\n  \
          \"hbm_bytes_per_s\": {HBM_BYTES_PER_S:e},\n  \"hbm_floor\": \"(q, k, v read once + o written once, bf16) / 4.3e12 B/s, the device-to-device copy rate measured on the reference H200 image; gates (0.4%) not counted\",\n  \
-         \"method\": \"{} warm-up calls, then {} calls enqueued back to back on one stream, each between two CUDA events; median\",\n  \
+         \"method\": \"{} warm-up calls, then {} calls enqueued back to back on one stream, each between two CUDA events; median\",\n{probes_note}  \
          \"shapes\": [\n{}\n  ]\n}}\n",
         std::env::var("LASP_COMMIT").unwrap_or_else(|_| "unknown".into()),
         std::env::var("LASP_DATE").unwrap_or_else(|_| "unknown".into()),
@@ -466,6 +509,14 @@ fn run(opts: &Options) -> Result<()> {
             row.hbm_floor_ms,
             row.hbm_floor_ms / row.ours_ms
         );
+        if !row.probes_ms.is_empty() {
+            let probes: Vec<String> = row
+                .probes_ms
+                .iter()
+                .map(|(probe, ms)| format!("{} {ms:.4} ms", probe.label()))
+                .collect();
+            println!("  {}", probes.join(", "));
+        }
         rows.push(row);
     }
     let json = results_json(&device, fwd.sm_count(), opts.warmup, opts.iters, &rows);
@@ -562,6 +613,7 @@ mod tests {
             hbm_floor_ms: 0.25,
             plan: ForwardPlan::new(&shape, 132, None).unwrap(),
             sets: 1,
+            probes_ms: vec![(OutputProbe::Output, 0.3), (OutputProbe::Memory, 0.2)],
         };
         let keep = std::env::var_os("FORWARD_BENCH_TEST_DUMP").map(PathBuf::from);
         let root = keep.clone().unwrap_or_else(|| {
@@ -595,6 +647,11 @@ mod tests {
             "{meta}"
         );
         assert!(json.contains("\"dir\": \"B2_T130_H3_D64\""), "{json}");
+        assert!(
+            json.contains("\"sets\": 1, \"output_ms\": 0.30000, \"probe_memory_ms\": 0.20000}")
+                && json.contains("\"probes\": "),
+            "{json}"
+        );
         if keep.is_none() {
             std::fs::remove_dir_all(&root).unwrap();
         }

@@ -566,6 +566,66 @@ pub fn check_gate_values(g: &[f32], shape: &ForwardShape) -> Result<()> {
     )))
 }
 
+/// A timed variant of the output kernel, for [`ScalarDecayForward::launch_output_probe`].
+///
+/// A measurement tool (`forward_bench --probes`; `kernels/cuda/SCALAR_DECAY_NOTES.md`, "Probes"),
+/// not an API for users: only [`OutputProbe::Output`] computes the forward's output, and only
+/// after a full [`ScalarDecayForward::launch`] of the same inputs has left the segment prefixes in
+/// the workspace. Every variant runs with the output kernel's grid, block, shared memory and
+/// params; the probe kernels are `lasp::sd::Probe` in `scalar_decay.cuh`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OutputProbe {
+    /// The production output kernel alone: the forward without its states pass and fold.
+    Output,
+    /// The output kernel's loads (every chunk's q, k, v, g through the same cp.async pipeline)
+    /// and O stores, without its math.
+    Memory,
+    /// The output kernel's math with no HBM traffic for inputs: each pipeline stage is loaded
+    /// once and reused for every chunk; O stores go to the segment's first chunk (L2).
+    Compute,
+    /// [`OutputProbe::Compute`] without the gate exponentials, causal mask and scalings.
+    NoExp,
+}
+
+impl OutputProbe {
+    /// Every variant, the production kernel first.
+    pub const ALL: [OutputProbe; 4] = [
+        OutputProbe::Output,
+        OutputProbe::Memory,
+        OutputProbe::Compute,
+        OutputProbe::NoExp,
+    ];
+
+    /// A short name for reports (`output`, `probe_memory`, `probe_compute`, `probe_no_exp`).
+    pub fn label(self) -> &'static str {
+        match self {
+            OutputProbe::Output => "output",
+            OutputProbe::Memory => "probe_memory",
+            OutputProbe::Compute => "probe_compute",
+            OutputProbe::NoExp => "probe_no_exp",
+        }
+    }
+
+    /// The probe kernels, indexed by Dk `[64, 128]` (`None` for the production kernel).
+    fn probe_kernel_names(self) -> Option<[&'static str; 2]> {
+        match self {
+            OutputProbe::Output => None,
+            OutputProbe::Memory => Some([
+                "lasp_scalar_decay_output_dk64_probe_memory",
+                "lasp_scalar_decay_output_dk128_probe_memory",
+            ]),
+            OutputProbe::Compute => Some([
+                "lasp_scalar_decay_output_dk64_probe_compute",
+                "lasp_scalar_decay_output_dk128_probe_compute",
+            ]),
+            OutputProbe::NoExp => Some([
+                "lasp_scalar_decay_output_dk64_probe_no_exp",
+                "lasp_scalar_decay_output_dk128_probe_no_exp",
+            ]),
+        }
+    }
+}
+
 /// The scalar-decay forward: its kernels, its launch plan policy and its workspace.
 ///
 /// One instance may be launched many times on one stream. Its workspace is shared by the
@@ -573,12 +633,15 @@ pub fn check_gate_values(g: &[f32], shape: &ForwardShape) -> Result<()> {
 /// use one instance per stream). The workspace grows on demand (a context synchronisation then)
 /// and is freed when the instance is dropped (after a context synchronisation).
 pub struct ScalarDecayForward {
-    _runtime: Runtime,
+    runtime: Runtime,
     ctx: Arc<CudaContext>,
     /// Indexed by Dk: [64, 128].
     states: [Kernel; 2],
     output: [Kernel; 2],
     fold: Kernel,
+    /// The probe kernels (Memory, Compute, NoExp; each indexed by Dk), looked up on the first
+    /// [`ScalarDecayForward::launch_output_probe`].
+    probes: Option<[[Kernel; 2]; 3]>,
     sm_count: u32,
     /// Override of the plan's CTA target (None: geometry::target_ctas).
     target_ctas: Option<u32>,
@@ -641,11 +704,12 @@ impl ScalarDecayForward {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
             .max(1) as u32;
         Ok(ScalarDecayForward {
-            _runtime: runtime.clone(),
+            runtime: runtime.clone(),
             ctx,
             states,
             output,
             fold,
+            probes: None,
             sm_count,
             target_ctas: None,
             force_segments: None,
@@ -750,16 +814,15 @@ impl ScalarDecayForward {
         Ok(())
     }
 
-    /// Enqueues the forward on `stream` (a stream of the runtime's context) and returns the plan
-    /// it used. Everything is validated before the first launch; in debug builds the gates are
-    /// checked too, which synchronises `stream`.
-    pub fn launch(
+    /// Validates a call (shape, tensors, stream, in debug builds the gates), makes the workspace
+    /// large enough, and returns its plan and the kernels' params.
+    fn prepare(
         &mut self,
         stream: &Arc<CudaStream>,
-        args: ForwardArgs<'_>,
-    ) -> Result<ForwardPlan> {
+        args: &ForwardArgs<'_>,
+    ) -> Result<(ForwardPlan, ScalarDecayParams)> {
         let plan = self.plan(&args.shape)?;
-        let scale = check_args(&args)?;
+        let scale = check_args(args)?;
         if !Arc::ptr_eq(stream.context(), &self.ctx) {
             return Err(invalid(
                 "scalar-decay forward: the stream belongs to another CUDA context; launch on a \
@@ -800,11 +863,23 @@ impl ScalarDecayForward {
             chunks_per_segment: plan.chunks_per_segment as i32,
             scale,
         };
-        let i = dk_index(s.dk);
         self.ctx.bind_to_thread()?;
+        Ok((plan, params))
+    }
+
+    /// Enqueues the forward on `stream` (a stream of the runtime's context) and returns the plan
+    /// it used. Everything is validated before the first launch; in debug builds the gates are
+    /// checked too, which synchronises `stream`.
+    pub fn launch(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        args: ForwardArgs<'_>,
+    ) -> Result<ForwardPlan> {
+        let (plan, params) = self.prepare(stream, &args)?;
+        let i = dk_index(args.shape.dk);
         // SAFETY: ScalarDecayParams has the C layout of lasp_scalar_decay_params (tests below);
         // the shape is supported, every tensor has the length, alignment and non-overlap the
-        // kernels need (checked above), the views borrow their buffers for the call and their
+        // kernels need (checked in prepare), the views borrow their buffers for the call and their
         // contracts keep the memory valid until the kernels complete; the workspace is owned by
         // self and freed only after a context synchronisation.
         unsafe {
@@ -815,6 +890,59 @@ impl ScalarDecayForward {
             self.output[i].launch(stream, plan.output, &params)?;
         }
         Ok(plan)
+    }
+
+    /// Measurement tool, not an API for users (see [`OutputProbe`]): enqueues only the output
+    /// kernel, or one of its probes, exactly as [`ScalarDecayForward::launch`] would launch the
+    /// output kernel for `args` (same plan, params and workspace), and returns that plan. No
+    /// states pass and no fold run: the segments start from whatever prefixes the workspace
+    /// holds (the last forward's, or zeros). `args.o` (and `args.ht`, if given) receive the
+    /// variant's values, which are not the forward's output except for [`OutputProbe::Output`]
+    /// after a forward of the same inputs.
+    pub fn launch_output_probe(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        args: ForwardArgs<'_>,
+        probe: OutputProbe,
+    ) -> Result<ForwardPlan> {
+        let (plan, params) = self.prepare(stream, &args)?;
+        let i = dk_index(args.shape.dk);
+        let kernel = match probe {
+            OutputProbe::Output => self.output[i],
+            OutputProbe::Memory => self.probe_kernels()?[0][i],
+            OutputProbe::Compute => self.probe_kernels()?[1][i],
+            OutputProbe::NoExp => self.probe_kernels()?[2][i],
+        };
+        // SAFETY: as in `launch`: the probe kernels take the output kernel's params and read and
+        // write only what it does (q, k, v, g, workspace prefixes; o, ht), or less.
+        unsafe { kernel.launch(stream, plan.output, &params)? };
+        Ok(plan)
+    }
+
+    /// The probe kernels (Memory, Compute, NoExp), looked up and given the output kernel's
+    /// shared-memory limit on first use.
+    fn probe_kernels(&mut self) -> Result<[[Kernel; 2]; 3]> {
+        if let Some(probes) = self.probes {
+            return Ok(probes);
+        }
+        let module = self.runtime.module();
+        let load = |probe: OutputProbe| -> Result<[Kernel; 2]> {
+            let names = probe
+                .probe_kernel_names()
+                .expect("a probe, not the production kernel");
+            let kernels = [module.kernel(names[0])?, module.kernel(names[1])?];
+            for (kernel, dk) in kernels.iter().zip([64, 128]) {
+                kernel.set_max_dynamic_shared_bytes(geometry::output_smem_bytes(dk))?;
+            }
+            Ok(kernels)
+        };
+        let probes = [
+            load(OutputProbe::Memory)?,
+            load(OutputProbe::Compute)?,
+            load(OutputProbe::NoExp)?,
+        ];
+        self.probes = Some(probes);
+        Ok(probes)
     }
 }
 
@@ -913,6 +1041,27 @@ mod tests {
         // The exact offsets gcc gives for the header (offsetof), for the record.
         assert_eq!(offset_of!(ScalarDecayParams, b), 80);
         assert_eq!(offset_of!(ScalarDecayParams, scale), 108);
+    }
+
+    #[test]
+    fn every_probe_kernel_is_in_the_cubin_at_its_dk_index() {
+        assert_eq!(OutputProbe::Output.probe_kernel_names(), None);
+        for probe in OutputProbe::ALL {
+            let Some(names) = probe.probe_kernel_names() else {
+                continue;
+            };
+            for (name, dk) in names.into_iter().zip([64, 128]) {
+                assert!(
+                    name.starts_with(&format!("lasp_scalar_decay_output_dk{dk}_probe_")),
+                    "{name} is not the Dk {dk} kernel of {}",
+                    probe.label()
+                );
+                assert!(
+                    lasp_shmem_kernels::KERNEL_NAMES.contains(&name),
+                    "{name} is not declared by the kernels"
+                );
+            }
+        }
     }
 
     #[test]

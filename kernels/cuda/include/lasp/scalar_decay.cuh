@@ -307,6 +307,15 @@ __device__ __forceinline__ void scores_to_p(uint32_t (&pa)[4][4], const float (&
     }
 }
 
+// The no-exp probe's stand-in for scores_to_p: the scores rounded to bf16 A fragments as they are
+// (no mask, no decay, no sigma).
+__device__ __forceinline__ void scores_to_p_unweighted(uint32_t (&pa)[4][4], const float (&a)[8][4]) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) pa[nt >> 1][(nt & 1) * 2 + hh] = pack_bf16x2(a[nt][2 * hh], a[nt][2 * hh + 1]);
+}
+
 // S <- e^gamma S, and the key weights e^{gamma - b_j} of the update's K~ = diag(e^{gamma - b}) K.
 template <int DK>
 __device__ __forceinline__ void decay_state(StateRegs<DK>& s, float (&wk)[8][2], const ChunkGates& cg) {
@@ -340,18 +349,21 @@ __device__ __forceinline__ void pv_step(float (&o)[8][4], const uint32_t (&p)[4]
 }
 
 // S += K~[16kk.., rows]^T V[16kk.., :]: A[m = d][k = j] = K[j][d] (ldmatrix.trans), each k column j
-// scaled by e^{gamma - b_j} in fp32 before rounding to bf16.
-template <int DK>
+// scaled by e^{gamma - b_j} in fp32 before rounding to bf16 (kWeighK = false: K unweighted, wk
+// unused; only the no-exp probe asks for that).
+template <int DK, bool kWeighK = true>
 __device__ __forceinline__ void state_step(StateRegs<DK>& s, uint32_t sK, const FragOffsets<DK>& off, int kk,
                                            const float (&wk)[8][2], const uint32_t (&vb)[4][4]) {
 #pragma unroll
   for (int mt = 0; mt < DK / 64; ++mt) {
     uint32_t ka[4];
     ldsm_x4_trans(ka, sK + off.kt[mt] + kk * FragOffsets<DK>::kQKRow16);
-    ka[0] = scale_bf16x2(ka[0], wk[2 * kk][0], wk[2 * kk][1]);          // j = 16kk + 2t + {0,1}
-    ka[1] = scale_bf16x2(ka[1], wk[2 * kk][0], wk[2 * kk][1]);
-    ka[2] = scale_bf16x2(ka[2], wk[2 * kk + 1][0], wk[2 * kk + 1][1]);  // j = 16kk + 8 + 2t + {0,1}
-    ka[3] = scale_bf16x2(ka[3], wk[2 * kk + 1][0], wk[2 * kk + 1][1]);
+    if constexpr (kWeighK) {
+      ka[0] = scale_bf16x2(ka[0], wk[2 * kk][0], wk[2 * kk][1]);          // j = 16kk + 2t + {0,1}
+      ka[1] = scale_bf16x2(ka[1], wk[2 * kk][0], wk[2 * kk][1]);
+      ka[2] = scale_bf16x2(ka[2], wk[2 * kk + 1][0], wk[2 * kk + 1][1]);  // j = 16kk + 8 + 2t + {0,1}
+      ka[3] = scale_bf16x2(ka[3], wk[2 * kk + 1][0], wk[2 * kk + 1][1]);
+    }
 #pragma unroll
     for (int np = 0; np < 4; ++np) {
       mma_bf16(s[mt][2 * np], ka, vb[np][0], vb[np][1]);
@@ -380,18 +392,43 @@ __device__ __forceinline__ void store_state_bf16(uint8_t* smem, uint32_t buf, St
   });
 }
 
+// Timed variants of the output kernel, kernels of their own (…_probe_*) that forward_bench --probes
+// times next to the real one to split its time into memory and compute (SCALAR_DECAY_NOTES.md,
+// "Probes"). Measurement tools only: their O is not the forward's output. kNone is the production
+// kernel; every probe keeps its grid, CTA shape, shared-memory map, pipeline depth, barriers and
+// O stores.
+enum class Probe {
+  kNone,
+  // Every chunk's Q, K, V, gates through the same cp.async pipeline and O stored to the same
+  // addresses, but no math: O = bits of the staged Q, K, V tiles and gates (read from shared
+  // memory, so the tiles are used).
+  kMemory,
+  // All the math, but each stage is filled once (the segment's first kStages chunks) and chunk i
+  // computes on whatever stage i % kStages holds; every chunk's O goes to the rows of the segment's
+  // first chunk (same store instructions, absorbed by L2 instead of written to HBM).
+  kCompute,
+  // kCompute without the elementwise gate work: no e^{b_r} row scaling, no causal mask / decay / sigma
+  // on the scores, no state decay, no e^{gamma - b_j} weights on K (what is left: ldmatrix, mma,
+  // bf16 packing, the fragment and state stores; the gate scan is then dead and compiled out).
+  kNoExp,
+};
+
 // Runs one CTA's segment (kOutput = false: states only, K, V, gates; kOutput = true: outputs too).
 //   start(s, lane) -> bool: fills the fp32 start state (called once by every thread, before any
 //                   cp.async; it may contain __syncthreads). If it returns false (uniformly across the
 //                   CTA), the CTA still runs its loop but stores no O and does not call end.
 //   end(s, lane, lambda): the epilogue, given the segment's end state and its log-decay
 //                   (sum of the chunks' gamma in chunk order).
-template <int DK, bool kOutput, class Start, class End>
+// kProbe: Probe::kNone except in the output kernel's probes.
+template <int DK, bool kOutput, Probe kProbe = Probe::kNone, class Start, class End>
 __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& start, End&& end) {
   using L = Layout<DK, kOutput>;
   constexpr int kQKChunks = DK / 8;
   constexpr int kVChunks = kTileV / 8;
   static_assert(DK == 64 || DK == 128, "Dk must be 64 or 128");
+  static_assert(kOutput || kProbe == Probe::kNone, "probes are variants of the output kernel");
+  constexpr bool kMath = kProbe != Probe::kMemory;
+  constexpr bool kEveryChunkFromMemory = kProbe == Probe::kNone || kProbe == Probe::kMemory;
 
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t sbase = smem_addr(smem);
@@ -412,6 +449,8 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
   const uint16_t* v = a.v + row_bt0 * Dv + vt * kTileV;
   const float* gate = a.g + row_bt0;
 
+  // Chunks copied from global memory: all, or for the compute probes one per stage.
+  const int n_loaded = kEveryChunkFromMemory ? n_chunks : min(n_chunks, kStages);
   // Chunk i of this segment -> stage i % kStages.
   auto issue_chunk = [&](int i) {
     const uint32_t stage = sbase + (i % kStages) * L::kStageBytes;
@@ -439,7 +478,7 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
   // wait count below is uniform).
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
-    if (i < n_chunks) issue_chunk(i);
+    if (i < n_loaded) issue_chunk(i);
     cp_async_commit();
   }
   if constexpr (kOutput) store_state_bf16<DK>(smem, L::kSbf, s, ln);
@@ -450,7 +489,7 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
     // After this barrier: chunk i is in smem for every thread; every warp is done with chunk i-1,
     // so its stage can be refilled and the bf16 state buffer it read can be rewritten.
     __syncthreads();
-    if (i + kStages - 1 < n_chunks) issue_chunk(i + kStages - 1);
+    if (i + kStages - 1 < n_loaded) issue_chunk(i + kStages - 1);
     cp_async_commit();
 
     const uint32_t stage = (i % kStages) * L::kStageBytes;
@@ -467,24 +506,44 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
     } else {
       const uint32_t sQ = sbase + stage + L::kQ;
       const uint32_t sS = sbase + L::kSbf + (i & 1) * L::kSbfBytes;
-      const int tok0 = (c_begin + i) * kChunk;
-      // ---- Inter term Q S_n and scores Q K^T in one pass (rows 16 warp ..) ----
-      float o[8][4] = {};    // O rows of this warp, 64 columns (8 n-tiles)
-      float acc[8][4] = {};  // Q K^T
-      uint32_t pa[4][4];     // A fragments of sigma (Q K^T ⊙ D), one per 16-token k-step
-      q_products<DK>(o, acc, sQ, sS, sK, off);
-      scale_inter_rows(o, cg, a.scale);
-      scores_to_p(pa, acc, cg, warp, g, t, a.scale);
-      float wk[8][2];
-      decay_state<DK>(s, wk, cg);
-      // ---- Intra term P V and the state update, sharing the V fragments ----
+      const int tok0 = (c_begin + (kEveryChunkFromMemory ? i : 0)) * kChunk;  // first token of the O rows
+      float o[8][4] = {};  // O rows of this warp, 64 columns (8 n-tiles)
+      if constexpr (kMath) {
+        // ---- Inter term Q S_n and scores Q K^T in one pass (rows 16 warp ..) ----
+        float acc[8][4] = {};  // Q K^T
+        uint32_t pa[4][4];     // A fragments of sigma (Q K^T ⊙ D), one per 16-token k-step
+        q_products<DK>(o, acc, sQ, sS, sK, off);
+        float wk[8][2];
+        if constexpr (kProbe != Probe::kNoExp) {
+          scale_inter_rows(o, cg, a.scale);
+          scores_to_p(pa, acc, cg, warp, g, t, a.scale);
+          decay_state<DK>(s, wk, cg);
+        } else {
+          scores_to_p_unweighted(pa, acc);
+        }
+        // ---- Intra term P V and the state update, sharing the V fragments ----
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        uint32_t vb[4][4];
-        load_v<DK>(vb, sV, off, kk);
-        pv_step(o, pa[kk], vb);
-        state_step<DK>(s, sK, off, kk, wk, vb);
+        for (int kk = 0; kk < 4; ++kk) {
+          uint32_t vb[4][4];
+          load_v<DK>(vb, sV, off, kk);
+          pv_step(o, pa[kk], vb);
+          state_step<DK, kProbe != Probe::kNoExp>(s, sK, off, kk, wk, vb);
+        }
       }
+      // bf16 pair (columns 8 nt + 2t, +1) of O row 16 warp + 8 hh + g.
+      auto o_pair = [&](int nt, int hh) -> uint32_t {
+        if constexpr (kMath) {
+          return pack_bf16x2(o[nt][2 * hh], o[nt][2 * hh + 1]);
+        } else {
+          const int r = 16 * warp + 8 * hh + g;
+          const uint8_t* st = smem + stage;
+          const uint32_t in_chunk = 4 * t;  // the pair's byte offset in its 16-byte chunk nt
+          const uint32_t qw = *reinterpret_cast<const uint32_t*>(st + L::kQ + swizzle(r, nt, kQKChunks) + in_chunk);
+          const uint32_t kw = *reinterpret_cast<const uint32_t*>(st + L::kK + swizzle(r, nt, kQKChunks) + in_chunk);
+          const uint32_t vw = *reinterpret_cast<const uint32_t*>(st + L::kV + swizzle(r, nt, kVChunks) + in_chunk);
+          return qw ^ kw ^ vw ^ reinterpret_cast<const uint32_t*>(st + L::kG)[r];
+        }
+      };
       // O rows beyond T (ragged last chunk) are not stored.
       uint16_t* o_tile = a.o + row_bt0 * Dv + vt * kTileV + 2 * t;
 #pragma unroll
@@ -493,11 +552,10 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
         if (store && tok < T) {
           uint16_t* dst = o_tile + tok * v_stride;
 #pragma unroll
-          for (int nt = 0; nt < 8; ++nt)
-            *reinterpret_cast<uint32_t*>(dst + 8 * nt) = pack_bf16x2(o[nt][2 * hh], o[nt][2 * hh + 1]);
+          for (int nt = 0; nt < 8; ++nt) *reinterpret_cast<uint32_t*>(dst + 8 * nt) = o_pair(nt, hh);
         }
       }
-      if (i + 1 < n_chunks) store_state_bf16<DK>(smem, L::kSbf + ((i + 1) & 1) * L::kSbfBytes, s, ln);
+      if (kMath && i + 1 < n_chunks) store_state_bf16<DK>(smem, L::kSbf + ((i + 1) & 1) * L::kSbfBytes, s, ln);
     }
   }
 
