@@ -225,16 +225,32 @@ pub struct Lasp2Tuning {
     /// exchange between the states and the output passes.
     pub head_groups: usize,
     /// CTAs per SM that one group's states or output launch aims for (segments are cut to reach
-    /// it). 1 leaves room on every SM for the `fold_put` CTAs of the second stream; 2 hides more
-    /// latency inside the kernels but makes the exchange wait for SMs to free up.
+    /// it). 2 hides latency inside the kernels; 1 leaves more room beside them for the
+    /// `fold_put` CTAs of the exchange stream but places the compute CTAs unevenly when those
+    /// take SMs first (measured slower at every shape, benches/results/raw/run12).
     pub ctas_per_sm: u32,
 }
 
-impl Default for Lasp2Tuning {
-    fn default() -> Self {
+impl Lasp2Tuning {
+    /// Share of a call's bytes above which the exchange is worth splitting the heads for: the
+    /// busiest PE's egress, `(npes - 1)` fp32 states per head, over the q, k, v, o bytes per head.
+    /// Measured on 4x H200 (run12): at W = 4, B = 4, T_local = 8K (2.3 %) two groups hide the
+    /// exchange (output waits <= 4 us, one group: 44 us); at T_local = 32K (0.6 %) and 128K
+    /// (0.15 %) one group is faster (its exchange fits beside the segment-prefix kernel and the
+    /// first output CTAs) and two groups cost 20 % (twice the launches, S doubled).
+    const GROUPING_THRESHOLD: f64 = 0.0075;
+
+    /// The plan a call gets unless one was set ([`Lasp2Forward::set_tuning`]).
+    pub fn automatic(npes: usize, layout: Lasp2Layout, t_local: usize) -> Self {
+        let exchange = npes.saturating_sub(1) as f64 * (layout.dk * layout.dv * 4) as f64;
+        let tokens = t_local.max(1) as f64 * (2 * (layout.dk + layout.dv) * 2) as f64;
         Lasp2Tuning {
-            head_groups: 2,
-            ctas_per_sm: 1,
+            head_groups: if exchange > Self::GROUPING_THRESHOLD * tokens {
+                2
+            } else {
+                1
+            },
+            ctas_per_sm: 2,
         }
     }
 }
@@ -338,7 +354,8 @@ pub struct Lasp2Forward {
     calls: u64,
     mode: Option<ExchangeMode>,
     sm_count: u32,
-    tuning: Lasp2Tuning,
+    /// The user's plan, or `None` for [`Lasp2Tuning::automatic`] per call.
+    tuning: Option<Lasp2Tuning>,
     /// The second stream of the overlapped and no-communication modes: it runs each group's
     /// fold_put (and so the puts) beside the main stream's next kernels. Highest priority, so
     /// its CTAs are placed first when an SM frees up.
@@ -418,7 +435,7 @@ impl Lasp2Forward {
             calls: 0,
             mode: None,
             sm_count,
-            tuning: Lasp2Tuning::default(),
+            tuning: None,
             exchange_stream,
             states_done: Vec::new(),
             exchange_done,
@@ -436,13 +453,17 @@ impl Lasp2Forward {
         self.layout
     }
 
-    /// The launch plan's knobs (not collective: the plan changes neither the symmetric layout nor
-    /// the protocol). Changing `ctas_per_sm` can change S, and with it the rounding of the outputs.
-    pub fn set_tuning(&mut self, tuning: Lasp2Tuning) -> Result<()> {
-        if tuning.head_groups == 0 || tuning.ctas_per_sm == 0 {
-            return Err(invalid(format!(
-                "{tuning:?}: head_groups and ctas_per_sm must be at least 1"
-            )));
+    /// Fixes the launch plan's knobs, or with `None` returns to [`Lasp2Tuning::automatic`] (not
+    /// collective: the plan changes neither the symmetric layout nor the protocol). A plan with
+    /// another segment count S changes the rounding of the outputs (bits are equal across
+    /// modes and head groupings at one S).
+    pub fn set_tuning(&mut self, tuning: Option<Lasp2Tuning>) -> Result<()> {
+        if let Some(t) = tuning {
+            if t.head_groups == 0 || t.ctas_per_sm == 0 {
+                return Err(invalid(format!(
+                    "{t:?}: head_groups and ctas_per_sm must be at least 1"
+                )));
+            }
         }
         self.tuning = tuning;
         Ok(())
@@ -470,9 +491,10 @@ impl Lasp2Forward {
         )))
     }
 
-    /// The current launch plan's knobs.
-    pub fn tuning(&self) -> Lasp2Tuning {
+    /// The plan knobs a call with `t_local` tokens on this PE uses.
+    pub fn tuning_for(&self, t_local: usize) -> Lasp2Tuning {
         self.tuning
+            .unwrap_or_else(|| Lasp2Tuning::automatic(self.runtime.npes(), self.layout, t_local))
     }
 
     fn plan(&self, t: i32) -> CallPlan {
@@ -482,7 +504,7 @@ impl Lasp2Forward {
             t,
             l.dv as i32,
             self.sm_count,
-            self.tuning,
+            self.tuning_for(t as usize),
         )
     }
 
@@ -877,6 +899,26 @@ mod tests {
     }
 
     #[test]
+    fn automatic_plans_group_heads_only_where_the_exchange_is_a_sizeable_share() {
+        let l = Lasp2Layout {
+            b: 4,
+            h: 16,
+            dk: 128,
+            dv: 128,
+        };
+        let groups = |npes, t| Lasp2Tuning::automatic(npes, l, t).head_groups;
+        assert_eq!(
+            (groups(4, 8192), groups(2, 8192), groups(1, 8192)),
+            (2, 2, 1)
+        );
+        assert_eq!(
+            (groups(4, 32768), groups(8, 32768), groups(4, 131072)),
+            (1, 2, 1)
+        );
+        assert_eq!(Lasp2Tuning::automatic(4, l, 1).ctas_per_sm, 2);
+    }
+
+    #[test]
     fn timeline_words_split_into_puts_and_output_ctas() {
         // B=1, H=2, Dv=128 (2 tiles per head), S=3: 4 tiles x 2 put stamps, 12 CTAs x 3 stamps.
         assert_eq!(geometry::timeline_words(1, 2, 128, 3), 8 + 36);
@@ -893,7 +935,10 @@ mod tests {
     #[test]
     fn plans_cut_heads_into_contiguous_groups_with_one_segment_count() {
         let sms = 132;
-        let two = Lasp2Tuning::default();
+        let two = Lasp2Tuning {
+            head_groups: 2,
+            ctas_per_sm: 1,
+        };
         // B=4, H=16, D=128, T=8K: 64 heads -> 2 groups of 32 (64 tiles each); S = 2 for 128
         // CTAs per group launch (one per SM).
         let p = CallPlan::new(64, 8192, 128, sms, two);

@@ -14,7 +14,7 @@
 //! Fault drills: `--silent-rank K` (rank K never calls: the later ranks must fail naming it),
 //! `--mismatch-rank K` (rank K sets up another H: every rank must refuse before any state moves).
 //! Launch plan of the timed runs: `--groups G` head groups, `--ctas-per-sm K` (defaults:
-//! `Lasp2Tuning::default()`); the checks also compare other groupings bitwise.
+//! `Lasp2Tuning::automatic` per shape); the checks also compare other groupings bitwise.
 //! `--timeline PREFIX`: after timing a shape, one more overlapped call records `%globaltimer`
 //! stamps; every rank writes `PREFIX.B{B}_T{T}.rank{R}.json` (ns since its first output CTA
 //! started: puts issued / complete per tile, per output CTA start / data seen / loop start) and the
@@ -43,7 +43,8 @@ struct Options {
     json: Option<String>,
     silent_rank: Option<usize>,
     mismatch_rank: Option<usize>,
-    tuning: Lasp2Tuning,
+    head_groups: Option<usize>,
+    ctas_per_sm: Option<u32>,
     timeline: Option<String>,
 }
 
@@ -54,7 +55,8 @@ fn parse_options() -> Result<Options> {
         json: None,
         silent_rank: None,
         mismatch_rank: None,
-        tuning: Lasp2Tuning::default(),
+        head_groups: None,
+        ctas_per_sm: None,
         timeline: None,
     };
     let mut no_time = false;
@@ -75,8 +77,8 @@ fn parse_options() -> Result<Options> {
             "--json" => o.json = Some(value()?),
             "--silent-rank" => o.silent_rank = Some(number(value()?)? as usize),
             "--mismatch-rank" => o.mismatch_rank = Some(number(value()?)? as usize),
-            "--groups" => o.tuning.head_groups = number(value()?)? as usize,
-            "--ctas-per-sm" => o.tuning.ctas_per_sm = number(value()?)?,
+            "--groups" => o.head_groups = Some(number(value()?)? as usize),
+            "--ctas-per-sm" => o.ctas_per_sm = Some(number(value()?)?),
             "--timeline" => o.timeline = Some(value()?),
             other => {
                 return Err(Error::InvalidArgument(format!(
@@ -313,19 +315,19 @@ fn check(rt: &Runtime, graph_calls: u32) -> Result<()> {
         // Head groups change only which launch computes a head, never its arithmetic (S is
         // bounded by the shard's few chunks here, so it is the same for every grouping).
         op.set_mode(ExchangeMode::Overlapped)?;
-        let default_tuning = op.tuning();
+        let default_tuning = op.tuning_for(lengths[me]);
         for head_groups in [1, 3, 6] {
-            op.set_tuning(Lasp2Tuning {
+            op.set_tuning(Some(Lasp2Tuning {
                 head_groups,
                 ..default_tuning
-            })?;
+            }))?;
             if shard.run_checked(&mut op, &stream)? != (o.clone(), ht.clone()) {
                 return Err(Error::State(format!(
                     "PE {me}: {head_groups} head groups gave other bits than the default plan"
                 )));
             }
         }
-        op.set_tuning(default_tuning)?;
+        op.set_tuning(None)?;
         println!(
             "PE {me}: 1, 3 and 6 head groups give bitwise the same outputs as the default plan"
         );
@@ -398,7 +400,6 @@ fn time_modes(
     shape: ForwardShape,
     options: &Options,
 ) -> Result<String> {
-    let tuning = options.tuning;
     let stream = rt.stream().clone();
     let mut shard = benchmark_inputs(&stream, &shape)?;
     let mut op = Lasp2Forward::new(
@@ -411,7 +412,14 @@ fn time_modes(
         },
         ExchangeMode::Overlapped,
     )?;
-    op.set_tuning(tuning)?;
+    let automatic = op.tuning_for(shape.t);
+    let tuning = Lasp2Tuning {
+        head_groups: options.head_groups.unwrap_or(automatic.head_groups),
+        ctas_per_sm: options.ctas_per_sm.unwrap_or(automatic.ctas_per_sm),
+    };
+    if tuning != automatic {
+        op.set_tuning(Some(tuning))?;
+    }
     let mut line = format!(
         "W={} B={} T_local={} H={} D={} (head groups {}, {} CTA/SM):",
         rt.npes(),
