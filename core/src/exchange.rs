@@ -81,11 +81,17 @@ pub enum AllGatherVariant {
 }
 
 impl AllGatherVariant {
+    /// The variant a new [`AllGather`] uses: on the 4x H200 node (benches/results/raw/run12,
+    /// scripts/exchange-sweep.sh) dynamic was the only one at >= 300 GB/s egress at 8 MiB per
+    /// rank with 64 CTAs (303.5 and 304.1 GB/s in two runs; 299.7-308.8 with 16-128 KiB items;
+    /// cta-loop 291.2-295.1), and within 3 % of cta-loop at 1 and 4 MiB.
+    pub const DEFAULT: AllGatherVariant = AllGatherVariant::Dynamic;
+
     /// Every variant, the default first.
     pub const ALL: [AllGatherVariant; 3] = [
+        AllGatherVariant::Dynamic,
         AllGatherVariant::CtaLoop,
         AllGatherVariant::PeerMajor,
-        AllGatherVariant::Dynamic,
     ];
 
     /// The name programs accept and print.
@@ -213,8 +219,8 @@ impl AllGather {
             counters: stream.alloc_zeros(counter_words(npes))?,
             diag: stream.alloc_zeros(1)?,
             mismatches: stream.alloc_zeros(1)?,
-            variant: AllGatherVariant::CtaLoop,
-            round: module.kernel(AllGatherVariant::CtaLoop.kernel_name())?,
+            variant: AllGatherVariant::DEFAULT,
+            round: module.kernel(AllGatherVariant::DEFAULT.kernel_name())?,
             floor: module.kernel("lasp_allgather_floor")?,
             fill: module.kernel("lasp_allgather_fill")?,
             check: module.kernel("lasp_allgather_check")?,
@@ -253,7 +259,7 @@ impl AllGather {
     }
 
     /// Chooses how rounds spread their puts (every PE must choose the same before its next
-    /// round; the default is [`AllGatherVariant::CtaLoop`]).
+    /// round; the default is [`AllGatherVariant::DEFAULT`]).
     pub fn set_variant(&mut self, variant: AllGatherVariant) -> Result<()> {
         self.round = self.runtime.module().kernel(variant.kernel_name())?;
         self.variant = variant;
@@ -489,7 +495,7 @@ mod tests {
             assert_eq!(AllGatherVariant::from_name(v.name()).unwrap(), v);
         }
         let err = AllGatherVariant::from_name("ring").unwrap_err().to_string();
-        assert!(err.contains("cta-loop, peer-major, dynamic"), "{err}");
+        assert!(err.contains("dynamic, cta-loop, peer-major"), "{err}");
     }
 
     #[test]

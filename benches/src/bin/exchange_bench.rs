@@ -10,7 +10,7 @@
 //! those medians (the collective is done when its slowest rank is).
 //!
 //! Options: `--sizes 32K,1M` (bytes per rank), `--sweep-ctas 16,32,64` (also time these CTA
-//! counts), `--variant NAME` (cta-loop, the default, peer-major or dynamic), `--threads N`
+//! counts), `--variant NAME` (dynamic, the default, cta-loop or peer-major), `--threads N`
 //! (threads per CTA), `--chunk BYTES` (the dynamic variant's work item), and two diagnostics that
 //! add to the output without changing the numbers above:
 //!  - `--floor`: time a kernel that does nothing, launched with a round's shape and parameters in
@@ -134,7 +134,7 @@ fn parse_options() -> Result<Options> {
         out: None,
         sizes: parse_byte_list("32K,256K,1M,2M,4M,8M,32M")?,
         sweep: Vec::new(),
-        variant: AllGatherVariant::CtaLoop,
+        variant: AllGatherVariant::DEFAULT,
         threads: None,
         chunk_bytes: None,
         floor: false,
@@ -213,7 +213,7 @@ fn run() -> Result<()> {
     let stream = rt.stream().clone();
     let comm = NcclComm::new(&rt, &stream)?;
     let non_default_kernel =
-        o.variant != AllGatherVariant::CtaLoop || o.threads.is_some() || o.chunk_bytes.is_some();
+        o.variant != AllGatherVariant::DEFAULT || o.threads.is_some() || o.chunk_bytes.is_some();
     if rt.pe() == 0 && non_default_kernel {
         println!(
             "variant {}, {} threads per CTA{}",

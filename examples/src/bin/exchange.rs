@@ -10,7 +10,7 @@
 //! Options: `--sizes 32K,1M` (bytes per rank), `--rounds N` (epoch stress rounds, default 100),
 //! `--pingpong N` (round trips, default 10000), `--silent-rank K` (fault drill: rank K never
 //! sends, every other rank must fail with an error naming it), `--variant NAME` (the all-gather
-//! kernel: cta-loop, the default, peer-major or dynamic), `--threads N` (threads per CTA).
+//! kernel: dynamic, the default, cta-loop or peer-major), `--threads N` (threads per CTA).
 
 use cudarc::driver::sys::CUevent_flags;
 use lasp_shmem::exchange::{AllGather, AllGatherVariant, PingPong};
@@ -46,7 +46,7 @@ fn parse_options() -> Result<Options> {
         rounds: 100,
         pingpong: 10_000,
         silent_rank: None,
-        variant: AllGatherVariant::CtaLoop,
+        variant: AllGatherVariant::DEFAULT,
         threads: None,
     };
     let mut args = std::env::args().skip(1);
