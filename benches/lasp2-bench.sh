@@ -19,7 +19,7 @@ BIN="$PWD/target/release"
 export LASP_COMMIT="${LASP_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}"
 if [ -d .bundle/bin ]; then
   BIN="$PWD/.bundle/bin"
-  LASP_COMMIT="$(head -c 12 .bundle/commit)$(grep -q uncommitted .bundle/commit && echo +dirty)"
+  LASP_COMMIT="$(head -c 12 .bundle/commit)$(grep -q uncommitted .bundle/commit && echo +dirty || true)"
 fi
 export LASP_DATE="${LASP_DATE:-$(date -u +%Y-%m-%dT%H:%M:%SZ)}"
 PEER="${LASP2_PEER:-../shared/peers/lasp2_fla_baseline.py}"
