@@ -15,13 +15,7 @@ cd "$(dirname "$0")/.."
 source scripts/gpu-env.sh
 OUT="${OUT:-$PWD/lasp2-bench-out}"
 mkdir -p "$OUT"
-BIN="$PWD/target/release"
-export LASP_COMMIT="${LASP_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}"
-if [ -d .bundle/bin ]; then
-  BIN="$PWD/.bundle/bin"
-  LASP_COMMIT="$(head -c 12 .bundle/commit)$(grep -q uncommitted .bundle/commit && echo +dirty || true)"
-fi
-export LASP_DATE="${LASP_DATE:-$(date -u +%Y-%m-%dT%H:%M:%SZ)}"
+lasp_binaries -p lasp-shmem -p lasp-shmem-examples --bins
 PEER="${LASP2_PEER:-../shared/peers/lasp2_fla_baseline.py}"
 [ -f "$PEER" ] || PEER=.peers/lasp2_fla_baseline.py
 SHAPES=(4x8192x16x128 1x32768x16x128 1x131072x16x128)

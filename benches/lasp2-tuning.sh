@@ -10,8 +10,7 @@ cd "$(dirname "$0")/.."
 source scripts/gpu-env.sh
 OUT="${OUT:-$PWD/lasp2-tuning-out}"
 mkdir -p "$OUT"
-BIN="$PWD/target/release"
-[ -d .bundle/bin ] && BIN="$PWD/.bundle/bin"
+lasp_binaries -p lasp-shmem -p lasp-shmem-examples --bins || exit 1
 NGPU="$(nvidia-smi -L | wc -l)"
 W="${LASP2_TUNING_W:-$NGPU}"
 time_args=(--time 4x8192x16x128 --time 1x32768x16x128 --time 1x131072x16x128)

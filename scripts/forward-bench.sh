@@ -19,16 +19,7 @@ set -euo pipefail
 OUT="${OUT:-$PWD/gpu-test-out}"
 mkdir -p "$OUT"
 
-if [ -d .bundle/bin ]; then
-  BIN="$PWD/.bundle/bin"
-  export LASP_COMMIT="${LASP_COMMIT:-$(head -c 12 .bundle/commit)$(grep -q uncommitted .bundle/commit && echo +dirty)}"
-else
-  source scripts/toolchain.sh
-  cargo build --release -p lasp-shmem-benches --bin forward_bench
-  BIN="$PWD/target/release"
-  export LASP_COMMIT="${LASP_COMMIT:-$(git rev-parse --short=12 HEAD)}"
-fi
-export LASP_DATE="${LASP_DATE:-$(date -u +%Y-%m-%dT%H:%M:%SZ)}"
+lasp_binaries -p lasp-shmem-benches --bin forward_bench
 
 if [ ! -x "$BIN/forward_bench" ]; then
   echo "forward-bench: $BIN/forward_bench not found; rebuild the bundle with scripts/bundle.sh" >&2

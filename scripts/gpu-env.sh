@@ -1,8 +1,9 @@
 # Source this on a GPU node: makes NVSHMEM's and NCCL's libraries (pip or system installs) findable
 # and keeps NVLink multicast off. Idempotent.
 
+# Prints the folder of Python package $1, or nothing (status 0 either way, for callers under set -e).
 lasp_py_pkg_dir() {
-  python3 -c "import $1 as m; print(list(m.__path__)[0])" 2>/dev/null
+  python3 -c "import $1 as m; print(list(m.__path__)[0])" 2>/dev/null || true
 }
 
 if [ -z "${NVSHMEM_HOME:-}" ] || [ ! -e "$NVSHMEM_HOME/lib/libnvshmem_host.so.3" ]; then
@@ -24,3 +25,23 @@ fi
 
 # NVLink multicast can take a shared host's GPUs out of service: keep it off everywhere.
 export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+
+# lasp_binaries [cargo build arguments]: BIN = .bundle/bin when a bundle is present
+# (scripts/bundle.sh), else target/release after `cargo build --release ARGS` (default: every
+# binary of the workspace). Exports LASP_COMMIT (+dirty for a bundle built from uncommitted changes)
+# and LASP_DATE for the result files, keeping values a calling script already exported.
+lasp_binaries() {
+  local commit
+  if [ -d .bundle/bin ]; then
+    BIN="$PWD/.bundle/bin"
+    commit="$(head -c 12 .bundle/commit)"
+    if grep -q uncommitted .bundle/commit; then commit="$commit+dirty"; fi
+  else
+    [ $# -gt 0 ] || set -- --workspace --bins
+    source scripts/toolchain.sh && cargo build --release "$@" || return 1
+    BIN="$PWD/target/release"
+    commit="$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
+  fi
+  export LASP_COMMIT="${LASP_COMMIT:-$commit}"
+  export LASP_DATE="${LASP_DATE:-$(date -u +%Y-%m-%dT%H:%M:%SZ)}"
+}

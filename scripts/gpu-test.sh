@@ -11,15 +11,7 @@ source scripts/gpu-env.sh
 OUT="${OUT:-$PWD/gpu-test-out}"
 mkdir -p "$OUT"
 
-if [ -d .bundle/bin ]; then
-  BIN="$PWD/.bundle/bin"
-  export LASP_COMMIT="$(head -c 12 .bundle/commit)$(grep -q uncommitted .bundle/commit && echo +dirty)"
-else
-  source scripts/toolchain.sh && cargo build --release --workspace --bins || exit 1
-  BIN="$PWD/target/release"
-  export LASP_COMMIT="$(git rev-parse --short=12 HEAD)"
-fi
-export LASP_DATE="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+lasp_binaries || exit 1
 NGPU="$(nvidia-smi -L | wc -l)"
 echo "gpu-test: $NGPU GPU(s), commit $LASP_COMMIT, binaries from $BIN"
 
