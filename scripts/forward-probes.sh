@@ -20,8 +20,7 @@ if [ ! -x "$BIN/forward_bench" ]; then
   echo "forward-probes: $BIN/forward_bench not found; build the bundle with scripts/bundle.sh first" >&2
   exit 1
 fi
-export LASP_COMMIT="${LASP_COMMIT:-$(head -c 12 .bundle/commit)$(grep -q uncommitted .bundle/commit && echo +dirty)}"
-export LASP_DATE="${LASP_DATE:-$(date -u +%Y-%m-%dT%H:%M:%SZ)}"
+lasp_binaries  # the bundle is there: sets LASP_COMMIT and LASP_DATE
 echo "forward-probes: commit $LASP_COMMIT"
 
 shape_args=()

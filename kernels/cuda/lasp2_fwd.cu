@@ -119,6 +119,30 @@ __device__ __forceinline__ void output(const lasp_lasp2_params& p) {
       });
 }
 
+// Folds the segment states of tile (bh, vt) from zero, s ascending, for s < count:
+// acc = e^{Lambda_s} acc + M_s, and calls step(s, acc, d, c) after each s with the float4 of rows d,
+// columns c..c+3 of the tile. Thread i owns float4 columns (i % 16) of rows i / 16 + 16 j; fold_put
+// and segment_prefix share this loop, so M_me and the prefixes L_s are the same fold.
+template <class Step>
+__device__ __forceinline__ void fold_segments(const lasp_lasp2_params& p, int bh, int vt, int count, Step&& step) {
+  const int64_t state_elems = (int64_t)p.Dk * p.Dv;
+  const float* const m0 = p.ws_m + (int64_t)bh * p.num_segments * state_elems + vt * LASP2_TILE_V;
+  const float* const lam = p.ws_lambda + (int64_t)bh * p.num_segments;
+  for (int i = threadIdx.x; i < p.Dk * (LASP2_TILE_V / 4); i += LASP2_FOLD_THREADS) {
+    const int d = i / (LASP2_TILE_V / 4), c = (i % (LASP2_TILE_V / 4)) * 4;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s = 0; s < count; ++s) {
+      const float4 m = *reinterpret_cast<const float4*>(m0 + s * state_elems + (int64_t)d * p.Dv + c);
+      const float l = lam[s];
+      acc.x = sd::fold_step(acc.x, l, m.x);
+      acc.y = sd::fold_step(acc.y, l, m.y);
+      acc.z = sd::fold_step(acc.z, l, m.z);
+      acc.w = sd::fold_step(acc.w, l, m.w);
+      step(s, acc, d, c);
+    }
+  }
+}
+
 }  // namespace l2
 }  // namespace lasp
 
@@ -139,24 +163,11 @@ extern "C" __global__ void __launch_bounds__(LASP2_THREADS, 1)
 extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS)
     lasp_lasp2_segment_prefix(const __grid_constant__ lasp_lasp2_params p) {
   const int vt = blockIdx.x, bh = p.bh_begin + blockIdx.y;
-  const int S = p.num_segments;
   const int64_t state_elems = (int64_t)p.Dk * p.Dv;
-  const int64_t first = (int64_t)bh * S * state_elems + vt * LASP2_TILE_V;
-  const float* const lam = p.ws_lambda + (int64_t)bh * S;
-  // Thread i owns float4 columns (i % 16) of rows i / 16 + 16 j, as in fold_put.
-  for (int i = threadIdx.x; i < p.Dk * (LASP2_TILE_V / 4); i += LASP2_FOLD_THREADS) {
-    const int64_t at = (int64_t)(i / (LASP2_TILE_V / 4)) * p.Dv + (i % (LASP2_TILE_V / 4)) * 4;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s = 0; s + 1 < S; ++s) {
-      const float4 m = *reinterpret_cast<const float4*>(p.ws_m + first + s * state_elems + at);
-      const float l = lam[s];
-      acc.x = lasp::sd::fold_step(acc.x, l, m.x);
-      acc.y = lasp::sd::fold_step(acc.y, l, m.y);
-      acc.z = lasp::sd::fold_step(acc.z, l, m.z);
-      acc.w = lasp::sd::fold_step(acc.w, l, m.w);
-      *reinterpret_cast<float4*>(p.ws_p + first + s * state_elems + at) = acc;
-    }
-  }
+  float* const p0 = p.ws_p + (int64_t)bh * p.num_segments * state_elems + vt * LASP2_TILE_V;
+  lasp::l2::fold_segments(p, bh, vt, p.num_segments - 1, [&](int s, float4 acc, int d, int c) {
+    *reinterpret_cast<float4*>(p0 + s * state_elems + (int64_t)d * p.Dv + c) = acc;
+  });
 }
 
 // Kernel 2, one CTA per (Dv tile vt, head bh = bh_begin + blockIdx.y of the launch's group):
@@ -183,26 +194,14 @@ extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS)
   if (sends_credits)
     for (int u = 0; u < p.me; ++u) nvshmemx_signal_op(p.credit + p.me, epoch - 1, NVSHMEM_SIGNAL_SET, u);
 
-  // Fold in fp32, ascending s, from zero. Thread i owns float4 columns (i % 16) of rows i / 16 + 16 j.
+  // M_me: the fold of all S segments from zero, into the own slot tile (rows of 64 floats).
   float* const own = p.slots + lasp2_slot_tile_offset(parity, p.me, bh, vt, p.npes, p.B, p.H, p.Dk, p.Dv);
-  const int64_t state_elems = (int64_t)p.Dk * p.Dv;
-  const float* const m0 = p.ws_m + (int64_t)bh * S * state_elems + vt * LASP2_TILE_V;
-  const float* const lam = p.ws_lambda + (int64_t)bh * S;
-  for (int i = tid; i < p.Dk * (LASP2_TILE_V / 4); i += LASP2_FOLD_THREADS) {
-    const int d = i / (LASP2_TILE_V / 4), c = (i % (LASP2_TILE_V / 4)) * 4;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s = 0; s < S; ++s) {
-      const float4 m = *reinterpret_cast<const float4*>(m0 + s * state_elems + (int64_t)d * p.Dv + c);
-      const float l = lam[s];
-      acc.x = lasp::sd::fold_step(acc.x, l, m.x);
-      acc.y = lasp::sd::fold_step(acc.y, l, m.y);
-      acc.z = lasp::sd::fold_step(acc.z, l, m.z);
-      acc.w = lasp::sd::fold_step(acc.w, l, m.w);
-    }
-    *reinterpret_cast<float4*>(own + d * LASP2_TILE_V + c) = acc;
-  }
+  lasp::l2::fold_segments(p, bh, vt, S, [&](int s, float4 acc, int d, int c) {
+    if (s == S - 1) *reinterpret_cast<float4*>(own + d * LASP2_TILE_V + c) = acc;
+  });
   if (tid == 0) {
     float lambda = 0.f;
+    const float* const lam = p.ws_lambda + (int64_t)bh * S;
     for (int s = 0; s < S; ++s) lambda += lam[s];
     *reinterpret_cast<float4*>(own + p.Dk * LASP2_TILE_V) = make_float4(lambda, 0.f, 0.f, 0.f);
   }
