@@ -364,33 +364,45 @@ fn check(rt: &Runtime, graph_calls: u32) -> Result<()> {
     Ok(())
 }
 
-/// Median ms of `calls` back-to-back calls of `mode`, each after an on-stream barrier; the
-/// maximum over ranks is taken by the caller.
-fn time_mode(
-    rt: &Runtime,
-    op: &mut Lasp2Forward,
-    shard: &mut Shard,
-    mode: ExchangeMode,
-    iterations: usize,
-) -> Result<f64> {
+/// Calls per mode before timing, and timed calls per mode.
+const WARMUP_CALLS: usize = 5;
+const TIMED_CALLS: usize = 30;
+
+/// Ms of one call after an on-stream barrier (CUDA events around the call only).
+fn time_call(rt: &Runtime, op: &mut Lasp2Forward, shard: &mut Shard) -> Result<f64> {
     let stream = rt.stream().clone();
-    op.set_mode(mode)?;
-    for _ in 0..5 {
-        rt.barrier_on_stream(&stream)?;
-        shard.call(op, &stream)?;
+    rt.barrier_on_stream(&stream)?;
+    let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+    shard.call(op, &stream)?;
+    let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+    end.synchronize()?;
+    Ok(start.elapsed_ms(&end)? as f64)
+}
+
+/// Median ms per mode (in `ExchangeMode::ALL` order) on this rank. The modes take turns call by
+/// call, so every mode sees the same clocks and temperature: timed one after the other, the mode
+/// timed last ran up to 8 % slower at T_local = 128K even at W = 1 (runs 7-12), where the modes'
+/// kernels are identical.
+fn time_interleaved(rt: &Runtime, op: &mut Lasp2Forward, shard: &mut Shard) -> Result<[f64; 4]> {
+    let stream = rt.stream().clone();
+    for mode in ExchangeMode::ALL {
+        op.set_mode(mode)?;
+        for _ in 0..WARMUP_CALLS {
+            time_call(rt, op, shard)?;
+        }
     }
-    let mut samples = Vec::with_capacity(iterations);
-    for _ in 0..iterations {
-        rt.barrier_on_stream(&stream)?;
-        let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        shard.call(op, &stream)?;
-        let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        end.synchronize()?;
-        samples.push(start.elapsed_ms(&end)? as f64);
+    let mut samples: [Vec<f64>; 4] = Default::default();
+    for _ in 0..TIMED_CALLS {
+        for (mode, times) in ExchangeMode::ALL.into_iter().zip(samples.iter_mut()) {
+            op.set_mode(mode)?;
+            times.push(time_call(rt, op, shard)?);
+        }
     }
     op.finish(&stream)?;
-    samples.sort_by(f64::total_cmp);
-    Ok(samples[samples.len() / 2])
+    Ok(samples.map(|mut v| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    }))
 }
 
 /// Times every mode at `shape`; returns a JSON row (on every PE; PE 0 prints and writes it).
@@ -440,13 +452,14 @@ fn time_modes(
         tuning.head_groups,
         tuning.ctas_per_sm
     );
-    for (mode, key) in ExchangeMode::ALL.into_iter().zip([
+    let medians = time_interleaved(rt, &mut op, &mut shard)?;
+    for (median, key) in medians.into_iter().zip([
         "overlapped_ms",
         "sequential_nccl_ms",
         "sequential_nvshmem_ms",
         "no_comm_ms",
     ]) {
-        let ms = comm.max_f64(time_mode(rt, &mut op, &mut shard, mode, 30)?)?;
+        let ms = comm.max_f64(median)?;
         line += &format!(" {key} {ms:.4}");
         row += &format!(", \"{key}\": {ms:.5}");
     }
