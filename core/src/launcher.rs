@@ -46,7 +46,10 @@ pub fn run(plan: &LaunchPlan) -> Result<i32> {
             plan.ranks
         )));
     }
-    let port = TcpListener::bind("127.0.0.1:0")
+    // Probe on the address rank 0 will listen on (all interfaces): a port that is free on the
+    // loopback only can still be taken on another interface (seen on the GPU node: "rank 0
+    // cannot listen on port ..." between two jobs of a sweep).
+    let port = TcpListener::bind("0.0.0.0:0")
         .and_then(|l| l.local_addr())
         .map_err(|e| Error::Launch(format!("no free local TCP port for the rendezvous: {e}")))?
         .port();

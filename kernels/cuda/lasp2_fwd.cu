@@ -179,9 +179,8 @@ extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS)
 //  - LASP2_DEVICE_PUT: wait for every later PE's credit for epoch - 2 (bounded), then one
 //    put-with-signal of the contiguous tile per later PE (same offset; signal
 //    [parity][me][bh*ntiles + vt] := epoch), then nvshmem_quiet.
-// grid lasp2_fold_put_grid, block LASP2_FOLD_THREADS, no smem; registers capped so that a CTA fits
-// beside two output CTAs (LASP2_FOLD_PUT_MIN_CTAS_PER_SM).
-extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS, LASP2_FOLD_PUT_MIN_CTAS_PER_SM)
+// grid lasp2_fold_put_grid, block LASP2_FOLD_THREADS, no smem.
+extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS)
     lasp_lasp2_fold_put(const __grid_constant__ lasp_lasp2_params p) {
   const uint64_t epoch = lasp::l2::call_epoch(p);
   const int parity = static_cast<int>(epoch & 1);
@@ -245,13 +244,11 @@ extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS, LASP2_FOLD_PUT_
 
 // Kernel 3: outputs of the shard from P_me (see lasp::l2::output); PE npes-1's last segment writes
 // ht if write_final_state. grid lasp2_output_grid, block LASP2_THREADS, smem lasp2_output_smem_bytes(Dk).
-// Registers capped at LASP2_OUTPUT_MAX_REGS (nvcc picks ~254 otherwise, which leaves no room for a
-// fold_put CTA beside two output CTAs).
-extern "C" __global__ void __maxnreg__(LASP2_OUTPUT_MAX_REGS)
+extern "C" __global__ void __launch_bounds__(LASP2_THREADS, 1)
     lasp_lasp2_output_dk64(const __grid_constant__ lasp_lasp2_params p) {
   lasp::l2::output<64>(p);
 }
-extern "C" __global__ void __maxnreg__(LASP2_OUTPUT_MAX_REGS)
+extern "C" __global__ void __launch_bounds__(LASP2_THREADS, 1)
     lasp_lasp2_output_dk128(const __grid_constant__ lasp_lasp2_params p) {
   lasp::l2::output<128>(p);
 }

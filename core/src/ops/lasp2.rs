@@ -71,7 +71,7 @@ pub mod geometry {
     use super::sd;
 
     /// `LASP2_FOLD_THREADS`.
-    pub const FOLD_THREADS: u32 = 128;
+    pub const FOLD_THREADS: u32 = 256;
     /// `LASP2_SLOT_TRAILER_FLOATS`: Λ and padding after a tile's `Dk*64` floats.
     pub const SLOT_TRAILER_FLOATS: u64 = 4;
 
@@ -692,17 +692,15 @@ impl Lasp2Forward {
             }
         }
         self.gather_slots(stream, mode)?;
-        // One output launch for every group: its CTAs are numbered head-major, so the block
-        // scheduler places group 0's CTAs (whose tiles came first) in the first wave and group
-        // g + 1's in later waves, while group g + 1's puts are still travelling. Separate launches
-        // per group cost a launch gap and a drained GPU between groups (benches/results, run 13).
-        // SAFETY: as above; the grid covers heads 0 .. B*H, each CTA one (tile, segment, head).
-        unsafe {
-            self.output[i].launch(
-                stream,
-                segments_launch(b * h, sd::output_smem_bytes(dk)),
-                &group_params(0),
-            )?;
+        for &(bh_begin, heads) in &plan.groups {
+            // SAFETY: as above; outputs of different groups write disjoint heads.
+            unsafe {
+                self.output[i].launch(
+                    stream,
+                    segments_launch(heads, sd::output_smem_bytes(dk)),
+                    &group_params(bh_begin),
+                )?;
+            }
         }
         if side {
             self.exchange_done.record(&self.exchange_stream)?;

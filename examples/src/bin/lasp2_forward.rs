@@ -364,9 +364,12 @@ fn check(rt: &Runtime, graph_calls: u32) -> Result<()> {
     Ok(())
 }
 
-/// Calls per mode before timing, and timed calls per mode.
-const WARMUP_CALLS: usize = 5;
-const TIMED_CALLS: usize = 30;
+/// Timing schedule: ROUNDS rounds; in each, every mode in turn gets WARM_CALLS untimed calls (the
+/// mode switch is a host collective that leaves the GPU idle for milliseconds) and then
+/// CALLS_PER_VISIT timed ones: ROUNDS x CALLS_PER_VISIT samples per mode.
+const ROUNDS: usize = 6;
+const WARM_CALLS: usize = 2;
+const CALLS_PER_VISIT: usize = 5;
 
 /// Ms of one call after an on-stream barrier (CUDA events around the call only).
 fn time_call(rt: &Runtime, op: &mut Lasp2Forward, shard: &mut Shard) -> Result<f64> {
@@ -379,23 +382,22 @@ fn time_call(rt: &Runtime, op: &mut Lasp2Forward, shard: &mut Shard) -> Result<f
     Ok(start.elapsed_ms(&end)? as f64)
 }
 
-/// Median ms per mode (in `ExchangeMode::ALL` order) on this rank. The modes take turns call by
-/// call, so every mode sees the same clocks and temperature: timed one after the other, the mode
-/// timed last ran up to 8 % slower at T_local = 128K even at W = 1 (runs 7-12), where the modes'
-/// kernels are identical.
-fn time_interleaved(rt: &Runtime, op: &mut Lasp2Forward, shard: &mut Shard) -> Result<[f64; 4]> {
+/// Median ms per mode (in `ExchangeMode::ALL` order) on this rank. The modes take turns in
+/// rounds, so every mode sees the same clocks and temperature: timed one after the other (runs
+/// 7-12), the mode timed last was up to 7 % slower at T_local = 128K even at W = 1, where the
+/// modes' kernels are identical; timed in turns, they agree within 0.2 % there (run 13).
+fn time_in_turns(rt: &Runtime, op: &mut Lasp2Forward, shard: &mut Shard) -> Result<[f64; 4]> {
     let stream = rt.stream().clone();
-    for mode in ExchangeMode::ALL {
-        op.set_mode(mode)?;
-        for _ in 0..WARMUP_CALLS {
-            time_call(rt, op, shard)?;
-        }
-    }
     let mut samples: [Vec<f64>; 4] = Default::default();
-    for _ in 0..TIMED_CALLS {
+    for _ in 0..ROUNDS {
         for (mode, times) in ExchangeMode::ALL.into_iter().zip(samples.iter_mut()) {
             op.set_mode(mode)?;
-            times.push(time_call(rt, op, shard)?);
+            for _ in 0..WARM_CALLS {
+                time_call(rt, op, shard)?;
+            }
+            for _ in 0..CALLS_PER_VISIT {
+                times.push(time_call(rt, op, shard)?);
+            }
         }
     }
     op.finish(&stream)?;
@@ -452,7 +454,7 @@ fn time_modes(
         tuning.head_groups,
         tuning.ctas_per_sm
     );
-    let medians = time_interleaved(rt, &mut op, &mut shard)?;
+    let medians = time_in_turns(rt, &mut op, &mut shard)?;
     for (median, key) in medians.into_iter().zip([
         "overlapped_ms",
         "sequential_nccl_ms",

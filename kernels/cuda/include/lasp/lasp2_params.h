@@ -55,12 +55,7 @@
 #define LASP2_CHUNK LASP_SD_CHUNK      // 64 tokens per chunk
 #define LASP2_TILE_V LASP_SD_TILE_V    // 64 Dv columns per CTA / per exchanged tile
 #define LASP2_THREADS LASP_SD_THREADS  // 128: states and output kernels
-#define LASP2_FOLD_THREADS 128         // fold_put, segment_prefix
-// Residency budget that lets one fold_put CTA sit beside two output CTAs on an SM, so the puts
-// never wait for an output CTA to finish (65,536 registers = 2 x 128 x 240 + 128 x 32; shared
-// memory 2 x 115,200 B + 3 x 1 KiB reserved = 228 KiB exactly, fold_put uses none).
-#define LASP2_OUTPUT_MAX_REGS 240
-#define LASP2_FOLD_PUT_MIN_CTAS_PER_SM 16  // 65,536 / (16 x 128) = 32 registers per thread
+#define LASP2_FOLD_THREADS 256         // fold_put
 #define LASP2_SLOT_TRAILER_FLOATS 4    // after a tile's Dk*64 floats: [0] = Lambda, [1..3] = 0
 
 // Where the output kernel's (M_u, Lambda_u) tiles for u < me come from (same fold in every mode).
