@@ -76,14 +76,14 @@ __device__ __forceinline__ void copy_tile_async(uint32_t dst, const uint16_t* ro
 // The gate values one lane needs for one chunk. b_r = sum_{i<=r} a_i is the chunk-local inclusive
 // cumsum (natural log, fp32); tokens beyond T were zero-filled, so they count as a = 0.
 struct ChunkGates {
-  float row[2];     // b at this lane's fragment rows r = 16*row_block + g and r + 8
+  float row[2];     // b at this lane's fragment rows r = 16*warp + g and r + 8
   float col[8][2];  // b at this lane's fragment columns / k indices j = 8*nt + 2*t + e
   float gamma;      // b_63: the chunk's total log-decay
 };
 
 // Every warp scans the 64 gates itself (identical instructions, so identical bits): no barrier and
 // no shared-memory write between the chunk's arrival and its use. Lane l owns b_{2l}, b_{2l+1}.
-__device__ __forceinline__ ChunkGates scan_gates(const float* s_gates, int row_block, int lane) {
+__device__ __forceinline__ ChunkGates scan_gates(const float* s_gates, int warp, int lane) {
   constexpr unsigned kAll = 0xffffffffu;
   const float2 a = reinterpret_cast<const float2*>(s_gates)[lane];
   const float pair = a.x + a.y;
@@ -102,7 +102,7 @@ __device__ __forceinline__ ChunkGates scan_gates(const float* s_gates, int row_b
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int r = 16 * row_block + 8 * h + g;
+    const int r = 16 * warp + 8 * h + g;
     const float e = __shfl_sync(kAll, b_even, r >> 1);
     const float o = __shfl_sync(kAll, b_odd, r >> 1);
     cg.row[h] = (r & 1) ? o : e;
@@ -229,7 +229,7 @@ struct FragOffsets {
   static constexpr int kVChunks = kTileV / 8;
   static constexpr uint32_t kQKRow16 = 16 * kQKChunks * 16;  // bytes of 16 rows of a Q/K tile
   static constexpr uint32_t kVRow16 = 16 * kVChunks * 16;    // bytes of 16 rows of a V / state tile
-  uint32_t q[4];         // Q A-fragment,  rows 0.. (+ kQKRow16 per row block), chunk 2m (+ 8 per 4 k-steps)
+  uint32_t q[4];         // Q A-fragment,  rows 16 warp + .., chunk 2m (+ 8 per 4 k-steps)
   uint32_t k[4];         // K B-fragment,  rows 0.. (+ 16 per key n-tile pair), chunk 2m (+ 8 per 4 k-steps)
   uint32_t v[4];         // V / state B-fragment (.trans), rows 0.. (+ 16 per k-step), chunk 2m = n-tile pair m
   uint32_t kt[DK / 64];  // K^T A-fragment (.trans), rows 0.. (+ 16 per k-step), chunks of state rows d_warp + 16 mt
@@ -237,7 +237,7 @@ struct FragOffsets {
     const int l_row = lane & 7, l_b3 = (lane >> 3) & 1, l_b4 = lane >> 4;
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
-      q[m] = swizzle(l_row + 8 * l_b3, 2 * m + l_b4, kQKChunks);
+      q[m] = swizzle(16 * warp + l_row + 8 * l_b3, 2 * m + l_b4, kQKChunks);
       k[m] = swizzle(l_row + 8 * l_b4, 2 * m + l_b3, kQKChunks);
       v[m] = swizzle(l_row + 8 * l_b3, 2 * m + l_b4, kVChunks);
     }
@@ -246,14 +246,12 @@ struct FragOffsets {
   }
 };
 
-// One pass over Dk of the warp's 16 Q rows (row block rb: rows 16 rb ..), sharing the Q fragments:
-// o += Q S_n (bf16 state copy at sS) and a += Q K^T for the key columns j < 16 (rb + 1); the later
-// columns are masked for every row of the block (a stays 0 there), so their MMAs are skipped.
+// One pass over Dk of this warp's 16 Q rows, sharing the Q fragments: o += Q S_n (bf16 state copy at
+// sS) and a += Q K^T (all 64 keys).
 template <int DK>
 __device__ __forceinline__ void q_products(float (&o)[8][4], float (&a)[8][4], uint32_t sQ, uint32_t sS, uint32_t sK,
-                                           const FragOffsets<DK>& off, int rb) {
+                                           const FragOffsets<DK>& off) {
   using F = FragOffsets<DK>;
-  sQ += rb * F::kQKRow16;
 #pragma unroll
   for (int ks = 0; ks < DK / 16; ++ks) {
     uint32_t qa[4];
@@ -266,11 +264,11 @@ __device__ __forceinline__ void q_products(float (&o)[8][4], float (&a)[8][4], u
       mma_bf16(o[2 * np], qa, sb[0], sb[1]);
       mma_bf16(o[2 * np + 1], qa, sb[2], sb[3]);
     }
-    // a += Q K^T (B[k = d][n = j] = K[j][d]: K stored [j][d] is B's transpose -> plain ldmatrix),
-    // key columns 16 np .. 16 np + 15 for np <= rb (a warp-uniform branch).
+    // a += Q K^T (B[k = d][n = j] = K[j][d]: K stored [j][d] is B's transpose -> plain ldmatrix).
+    // All 64 key columns, although columns j > 16 warp + 15 are masked: branch-free identical streams,
+    // 8 independent accumulator chains, and the critical path (warp 3 needs every column) unchanged.
 #pragma unroll
     for (int np = 0; np < 4; ++np) {
-      if (np > rb) continue;
       uint32_t kb[4];
       ldsm_x4(kb, sK + off.k[ks & 3] + 128 * (ks >> 2) + np * F::kQKRow16);
       mma_bf16(a[2 * np], qa, kb[0], kb[1]);
@@ -294,12 +292,12 @@ __device__ __forceinline__ void scale_inter_rows(float (&o)[8][4], const ChunkGa
 // Scores get sigma [r >= j] e^{b_r - b_j}, then become bf16 A fragments (accumulator layout of
 // n-tiles 2kk, 2kk+1 = A layout of k-step kk). Masked before the exp (-inf -> 0): no branch, no inf.
 __device__ __forceinline__ void scores_to_p(uint32_t (&pa)[4][4], const float (&a)[8][4], const ChunkGates& cg,
-                                            int rb, int g, int t, float scale) {
+                                            int warp, int g, int t, float scale) {
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      const int r = 16 * rb + 8 * hh + g;
+      const int r = 16 * warp + 8 * hh + g;
       const int j = 8 * nt + 2 * t;
       const float d0 = exp_nonpos(j <= r ? cg.row[hh] - cg.col[nt][0] : -INFINITY);
       const float d1 = exp_nonpos(j + 1 <= r ? cg.row[hh] - cg.col[nt][1] : -INFINITY);
@@ -341,7 +339,7 @@ __device__ __forceinline__ void load_v(uint32_t (&vb)[4][4], uint32_t sV, const 
   for (int np = 0; np < 4; ++np) ldsm_x4_trans(vb[np], sV + off.v[np] + kk * FragOffsets<DK>::kVRow16);
 }
 
-// o += P[:, 16kk..16kk+15] V[16kk.., :] (the caller skips k-steps kk > rb: only masked zeros there).
+// o += P[:, 16kk..16kk+15] V[16kk.., :]  (k-steps kk > warp hold only masked zeros: kept, branch-free).
 __device__ __forceinline__ void pv_step(float (&o)[8][4], const uint32_t (&p)[4], const uint32_t (&vb)[4][4]) {
 #pragma unroll
   for (int np = 0; np < 4; ++np) {
@@ -495,14 +493,9 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
     cp_async_commit();
 
     const uint32_t stage = (i % kStages) * L::kStageBytes;
-    // The warp's 16 output rows of this chunk: row block rb. Causal masking leaves row block rb
-    // 16 (rb + 1) key columns and rb + 1 P V k-steps (152 to 224 MMAs per warp and chunk with the
-    // state's, Dk 128), so a fixed block per warp would load warp 3, and on a shared SM both CTAs'
-    // warp 3 (one scheduler), most in every chunk; rotating the blocks evens the load out.
-    const int rb = (warp + i) & 3;
     const uint32_t sK = sbase + stage + L::kK;
     const uint32_t sV = sbase + stage + L::kV;
-    const ChunkGates cg = scan_gates(reinterpret_cast<const float*>(smem + stage + L::kG), rb, lane);
+    const ChunkGates cg = scan_gates(reinterpret_cast<const float*>(smem + stage + L::kG), warp, lane);
     lambda += cg.gamma;
 
     if constexpr (!kOutput) {
@@ -516,14 +509,14 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
       const int tok0 = (c_begin + (kEveryChunkFromMemory ? i : 0)) * kChunk;  // first token of the O rows
       float o[8][4] = {};  // O rows of this warp, 64 columns (8 n-tiles)
       if constexpr (kMath) {
-        // ---- Inter term Q S_n and scores Q K^T in one pass (rows 16 rb ..) ----
+        // ---- Inter term Q S_n and scores Q K^T in one pass (rows 16 warp ..) ----
         float acc[8][4] = {};  // Q K^T
         uint32_t pa[4][4];     // A fragments of sigma (Q K^T ⊙ D), one per 16-token k-step
-        q_products<DK>(o, acc, sQ, sS, sK, off, rb);
+        q_products<DK>(o, acc, sQ, sS, sK, off);
         float wk[8][2];
         if constexpr (kProbe != Probe::kNoExp) {
           scale_inter_rows(o, cg, a.scale);
-          scores_to_p(pa, acc, cg, rb, g, t, a.scale);
+          scores_to_p(pa, acc, cg, warp, g, t, a.scale);
           decay_state<DK>(s, wk, cg);
         } else {
           scores_to_p_unweighted(pa, acc);
@@ -533,16 +526,16 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
         for (int kk = 0; kk < 4; ++kk) {
           uint32_t vb[4][4];
           load_v<DK>(vb, sV, off, kk);
-          if (kk <= rb) pv_step(o, pa[kk], vb);
+          pv_step(o, pa[kk], vb);
           state_step<DK, kProbe != Probe::kNoExp>(s, sK, off, kk, wk, vb);
         }
       }
-      // bf16 pair (columns 8 nt + 2t, +1) of O row 16 rb + 8 hh + g.
+      // bf16 pair (columns 8 nt + 2t, +1) of O row 16 warp + 8 hh + g.
       auto o_pair = [&](int nt, int hh) -> uint32_t {
         if constexpr (kMath) {
           return pack_bf16x2(o[nt][2 * hh], o[nt][2 * hh + 1]);
         } else {
-          const int r = 16 * rb + 8 * hh + g;
+          const int r = 16 * warp + 8 * hh + g;
           const uint8_t* st = smem + stage;
           const uint32_t in_chunk = 4 * t;  // the pair's byte offset in its 16-byte chunk nt
           const uint32_t qw = *reinterpret_cast<const uint32_t*>(st + L::kQ + swizzle(r, nt, kQKChunks) + in_chunk);
@@ -555,7 +548,7 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
       uint16_t* o_tile = a.o + row_bt0 * Dv + vt * kTileV + 2 * t;
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const int tok = tok0 + 16 * rb + 8 * hh + g;
+        const int tok = tok0 + 16 * warp + 8 * hh + g;
         if (store && tok < T) {
           uint16_t* dst = o_tile + tok * v_stride;
 #pragma unroll
