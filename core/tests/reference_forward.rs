@@ -5,46 +5,17 @@
 //! the expected norm-wise relative difference is ~1e-14; 1e-12 leaves 100x headroom yet catches
 //! any real formula slip (a wrong decay exponent or a dropped term gives >= 1e-3).
 //!
-//! Gate gradients are compared against [`Grads::gate_grad_scale`] instead of their own norm: the
+//! Gate gradients are compared against `Grads::gate_grad_scale` instead of their own norm: the
 //! chunkwise rule sums differences `q . dq - k . dk` of terms that nearly cancel under strong
 //! decay (a = -30 gives ||dg|| ~ 1e-12 from O(1) terms), so its rounding error is relative to
 //! those terms. The same 1e-12 then applies.
 
+mod common;
+
+use common::{check, check_forward, check_grads, generate, prefix_state, SHAPE, TOL};
 use lasp_shmem::reference::{
-    assert_close_to_scale, assert_rel_close, delta_rule, gla, lasp2, scalar_decay, Cotangents,
-    Family, Grads, InputSpec, Inputs, Regime, Shape, Tensor,
+    assert_rel_close, delta_rule, gla, lasp2, scalar_decay, Cotangents, Family, Regime,
 };
-
-const TOL: f64 = 1e-12;
-const SHAPE: Shape = Shape {
-    b: 2,
-    t: 37,
-    h: 2,
-    dk: 5,
-    dv: 4,
-};
-
-fn generate(family: Family, regime: Regime, seed: u64) -> Inputs {
-    let spec = InputSpec {
-        shape: SHAPE,
-        family,
-        regime,
-        seed,
-        round_to_bf16: false,
-        initial_state: true,
-    };
-    Inputs::generate(&spec).unwrap()
-}
-
-fn check(what: &str, got: &Tensor, want: &Tensor) {
-    assert_eq!(got.shape(), want.shape(), "{what}: shapes differ");
-    assert_rel_close(what, got.data(), want.data(), TOL).unwrap();
-}
-
-fn check_dg(what: &str, inputs: &Inputs, got: &Grads, want: &Grads) {
-    let scale = want.gate_grad_scale(inputs);
-    assert_close_to_scale(what, got.dg.data(), want.dg.data(), scale, TOL).unwrap();
-}
 
 #[test]
 fn scalar_decay_chunkwise_matches_recurrent() {
@@ -54,12 +25,8 @@ fn scalar_decay_chunkwise_matches_recurrent() {
         // 1 (every token its own chunk), divisors and non-divisors of T, and a chunk > T.
         for chunk in [1, 3, 7, 16, 64] {
             let got = scalar_decay::chunkwise_forward(&inputs, chunk).unwrap();
-            check(&format!("{regime:?} chunk {chunk}: o"), &got.o, &want.o);
-            check(
-                &format!("{regime:?} chunk {chunk}: S_T"),
-                &got.final_state,
-                &want.final_state,
-            );
+            let tag = format!("{regime:?} chunk {chunk}");
+            check_forward(&tag, &got.o, &got.final_state, &want);
         }
     }
 }
@@ -81,8 +48,7 @@ fn gla_chunkwise_with_secondary_chunking_matches_recurrent() {
         ] {
             let got = gla::chunkwise_forward(&inputs, chunk, sub).unwrap();
             let tag = format!("{regime:?} chunk {chunk} sub {sub}");
-            check(&format!("{tag}: o"), &got.o, &want.o);
-            check(&format!("{tag}: S_T"), &got.final_state, &want.final_state);
+            check_forward(&tag, &got.o, &got.final_state, &want);
         }
     }
 }
@@ -94,12 +60,8 @@ fn delta_rule_chunkwise_matches_recurrent() {
         let want = delta_rule::recurrent_forward(&inputs).unwrap();
         for chunk in [1, 5, 16, 64] {
             let got = delta_rule::chunkwise_forward(&inputs, chunk).unwrap();
-            check(&format!("{regime:?} chunk {chunk}: o"), &got.o, &want.o);
-            check(
-                &format!("{regime:?} chunk {chunk}: S_T"),
-                &got.final_state,
-                &want.final_state,
-            );
+            let tag = format!("{regime:?} chunk {chunk}");
+            check_forward(&tag, &got.o, &got.final_state, &want);
         }
     }
 }
@@ -124,11 +86,7 @@ fn chunkwise_backward_matches_recurrent_backward() {
             ];
             for (family, inputs, got, want) in cases {
                 let tag = format!("{family} {regime:?} chunk {chunk}");
-                check(&format!("{tag}: dq"), &got.dq, &want.dq);
-                check(&format!("{tag}: dk"), &got.dk, &want.dk);
-                check(&format!("{tag}: dv"), &got.dv, &want.dv);
-                check_dg(&format!("{tag}: dg"), inputs, got, want);
-                check(&format!("{tag}: dh0"), &got.dh0, &want.dh0);
+                check_grads(&tag, inputs, got, want);
                 assert!(got.dbeta.is_none(), "{tag}: only the delta rule has dbeta");
             }
         }
@@ -176,16 +134,7 @@ fn chunk_states_are_the_recurrent_states_at_chunk_starts() {
             let want = if c == 0 {
                 inputs.h0.clone().unwrap()
             } else {
-                let lengths = [c * chunk, s.t - c * chunk];
-                let mut prefix = lasp2::split_shards(&inputs, family, &lengths).unwrap()[0].clone();
-                prefix.h0 = inputs.h0.clone();
-                match family {
-                    Family::ScalarDecay => scalar_decay::recurrent_forward(&prefix),
-                    Family::Gla => gla::recurrent_forward(&prefix),
-                    Family::DeltaRule => delta_rule::recurrent_forward(&prefix),
-                }
-                .unwrap()
-                .final_state
+                prefix_state(family, &inputs, c * chunk)
             };
             let mut got = Vec::new();
             for b in 0..s.b {

@@ -8,20 +8,14 @@
 //! `Grads::gate_grad_scale`, the size of the terms their reverse cumsum adds, because under
 //! strong decay they are differences of nearly equal terms (see reference_forward.rs).
 
+mod common;
+
+use common::{check, check_forward, check_grads, prefix_state, SHAPE};
 use lasp_shmem::reference::lasp2::{self, Decay};
 use lasp_shmem::reference::{
-    assert_close_to_scale, assert_rel_close, delta_rule, gla, scalar_decay, Cotangents, Family,
-    Forward, Grads, InputSpec, Inputs, Regime, Shape, Tensor,
+    delta_rule, gla, scalar_decay, Cotangents, Family, InputSpec, Inputs, Regime, Tensor,
 };
 
-const TOL: f64 = 1e-12;
-const SHAPE: Shape = Shape {
-    b: 2,
-    t: 37,
-    h: 2,
-    dk: 5,
-    dv: 4,
-};
 /// Chunk size of every local pass; no shard length below is a multiple of it except by accident.
 const CHUNK: usize = 4;
 const SUB_CHUNK: usize = 3;
@@ -35,66 +29,12 @@ const SHARDS: [&[usize]; 5] = [
     &[7, 13, 1, 5, 2, 3, 4, 2],
 ];
 
+/// Inputs with an initial state, and cotangents with a final-state one.
 fn generate(family: Family, regime: Regime, seed: u64) -> (Inputs, Cotangents) {
-    let spec = InputSpec {
-        shape: SHAPE,
-        family,
-        regime,
-        seed,
-        round_to_bf16: false,
-        initial_state: true,
-    };
-    let inputs = Inputs::generate(&spec).unwrap();
     (
-        inputs,
+        common::generate(family, regime, seed),
         Cotangents::generate(SHAPE, seed + 500, true, false).unwrap(),
     )
-}
-
-fn check(what: &str, got: &Tensor, want: &Tensor) {
-    assert_eq!(got.shape(), want.shape(), "{what}: shapes differ");
-    assert_rel_close(what, got.data(), want.data(), TOL).unwrap();
-}
-
-fn check_forward(tag: &str, o: &Tensor, final_state: &Tensor, want: &Forward) {
-    check(&format!("{tag}: o"), o, &want.o);
-    check(&format!("{tag}: S_T"), final_state, &want.final_state);
-}
-
-fn check_grads(tag: &str, inputs: &Inputs, got: &Grads, want: &Grads) {
-    check(&format!("{tag}: dq"), &got.dq, &want.dq);
-    check(&format!("{tag}: dk"), &got.dk, &want.dk);
-    check(&format!("{tag}: dv"), &got.dv, &want.dv);
-    check(&format!("{tag}: dh0"), &got.dh0, &want.dh0);
-    let scale = want.gate_grad_scale(inputs);
-    assert_close_to_scale(
-        &format!("{tag}: dg"),
-        got.dg.data(),
-        want.dg.data(),
-        scale,
-        TOL,
-    )
-    .unwrap();
-    match (&got.dbeta, &want.dbeta) {
-        (Some(got), Some(want)) => check(&format!("{tag}: dbeta"), got, want),
-        (None, None) => {}
-        _ => panic!("{tag}: dbeta present on one side only"),
-    }
-}
-
-/// Prefix `[0, len)` of the sequence, keeping h0: its final state is the state entering the rank
-/// that starts at token `len`.
-fn prefix_state(family: Family, inputs: &Inputs, len: usize) -> Tensor {
-    let mut head =
-        lasp2::split_shards(inputs, family, &[len, inputs.shape.t - len]).unwrap()[0].clone();
-    head.h0 = inputs.h0.clone();
-    match family {
-        Family::ScalarDecay => scalar_decay::recurrent_forward(&head),
-        Family::Gla => gla::recurrent_forward(&head),
-        Family::DeltaRule => delta_rule::recurrent_forward(&head),
-    }
-    .unwrap()
-    .final_state
 }
 
 /// `P_w` is the single sequence's state at rank w's first token, `D_{w-1}` equals rank w's

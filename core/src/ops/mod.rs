@@ -23,6 +23,32 @@ pub mod scalar_decay;
 /// uses, so `CudaSlice<bf16>` works as is).
 pub use half::bf16;
 
+/// The accessors [`DeviceRef`] and [`DeviceMut`] share, for an `impl<T>` block of a view with
+/// `addr` and `len` fields.
+macro_rules! view_accessors {
+    () => {
+        /// The device address of element 0.
+        pub fn addr(&self) -> u64 {
+            self.addr
+        }
+
+        /// The number of elements.
+        pub fn len(&self) -> usize {
+            self.len
+        }
+
+        /// Whether the view has no elements.
+        pub fn is_empty(&self) -> bool {
+            self.len == 0
+        }
+
+        /// The byte range `[start, end)` the view covers.
+        pub fn byte_range(&self) -> (u64, u64) {
+            byte_range::<T>(self.addr, self.len)
+        }
+    };
+}
+
 /// A device tensor an operation reads: its base address and length in elements of `T`, borrowed
 /// from the buffer it came from for `'a`.
 #[derive(Debug)]
@@ -64,25 +90,7 @@ impl<'a, T> DeviceRef<'a, T> {
         }
     }
 
-    /// The device address of element 0.
-    pub fn addr(&self) -> u64 {
-        self.addr
-    }
-
-    /// The number of elements.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the view has no elements.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The byte range `[start, end)` the view covers.
-    pub fn byte_range(&self) -> (u64, u64) {
-        byte_range::<T>(self.addr, self.len)
-    }
+    view_accessors!();
 }
 
 /// A device tensor an operation writes: its base address and length in elements of `T`,
@@ -121,25 +129,7 @@ impl<'a, T> DeviceMut<'a, T> {
         }
     }
 
-    /// The device address of element 0.
-    pub fn addr(&self) -> u64 {
-        self.addr
-    }
-
-    /// The number of elements.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the view has no elements.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The byte range `[start, end)` the view covers.
-    pub fn byte_range(&self) -> (u64, u64) {
-        byte_range::<T>(self.addr, self.len)
-    }
+    view_accessors!();
 }
 
 fn byte_range<T>(addr: u64, len: usize) -> (u64, u64) {

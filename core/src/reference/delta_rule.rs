@@ -12,9 +12,10 @@
 //! new values `u_r = beta_r (v_r - k_r e^{a_r} S_{r-1})` satisfy `u = U0 - W S_n`, where
 //! `U0 = T V`, `W = T (e^b (.) K)` and `T = (I + L)^{-1} diag(beta)` with the strictly lower
 //! `L_rj = beta_r e^{b_r - b_j} (k_r . k_j)` (applied by forward substitution, never inverted).
-//! Then `O = sigma (diag(e^b) Q S_n + ((Q K^T) (.) D) u)`,
-//! `S_{n+1} = e^gamma S_n + (diag(e^{gamma - b}) K)^T u`, and the chunk's transition is
-//! `e^gamma I - (diag(e^{gamma - b}) K)^T W`.
+//! Then `O = sigma (diag(e^b) Q S_n + ((Q K^T) (.) D) u)` and
+//! `S_{n+1} = e^gamma S_n + (diag(e^{gamma - b}) K)^T u`, scalar-decay attention's chunk formulas
+//! with u in place of V (evaluated by [`scalar_decay`](super::scalar_decay)'s own code), and the
+//! chunk's transition is `e^gamma I - (diag(e^{gamma - b}) K)^T W`.
 //!
 //! The backward is the token-by-token reverse-mode derivative (there is no chunkwise backward);
 //! it returns `dbeta` besides the usual gradients, and its gate gradient comes out directly,
@@ -22,37 +23,30 @@
 
 use super::error::ReferenceError;
 use super::gates::chunk_local_cumsum;
-use super::head::{
-    backward_heads, chunk_states_heads, entry_states, forward_heads, Head, HeadGrads,
-};
+use super::head::{backward_heads, chunk_states_heads, forward_heads, Head, HeadGrads};
 use super::inputs::{Family, Inputs};
 use super::linalg::{axpy, dot, mat_vec_add, matmul, outer_add, vec_mat_add};
 use super::outputs::{Forward, Grads};
 use super::recurrent::{forward_sweep, reverse_sweep};
+use super::scalar_decay::{add_chunk_output, advance_state};
 use super::tensor::Tensor;
-use super::validate::{check_chunk, check_cotangents};
+use super::validate::check_chunk;
 
 /// Token-by-token forward: the definition itself.
 pub fn recurrent_forward(inputs: &Inputs) -> Result<Forward, ReferenceError> {
-    inputs.validate(Family::DeltaRule)?;
-    Ok(forward_heads(inputs, |h| forward_sweep(h, delta_step)))
+    forward_heads(inputs, Family::DeltaRule, |h| forward_sweep(h, delta_step))
 }
 
 /// Chunkwise (WY) forward with chunk size `chunk` (any value >= 1; it need not divide T).
 pub fn chunkwise_forward(inputs: &Inputs, chunk: usize) -> Result<Forward, ReferenceError> {
     check_chunk("chunk", chunk)?;
-    inputs.validate(Family::DeltaRule)?;
-    Ok(forward_heads(inputs, |h| chunk_forward_head(h, chunk)))
+    forward_heads(inputs, Family::DeltaRule, |h| chunk_forward_head(h, chunk))
 }
 
 /// The states entering each chunk, `[B, N, H, Dk, Dv]` with `N = ceil(T / chunk)` (fla's `h`
 /// layout; entry 0 is h0).
 pub fn chunk_states(inputs: &Inputs, chunk: usize) -> Result<Tensor, ReferenceError> {
-    check_chunk("chunk", chunk)?;
-    inputs.validate(Family::DeltaRule)?;
-    Ok(chunk_states_heads(inputs, chunk, |h| {
-        entry_states(h, chunk, chunk_step).0
-    }))
+    chunk_states_heads(inputs, Family::DeltaRule, chunk, chunk_step)
 }
 
 /// Reverse-mode backward of the recurrence: `dq, dk, dv, dg, dbeta, dh0` of
@@ -62,15 +56,9 @@ pub fn recurrent_backward(
     d_o: &Tensor,
     d_ht: Option<&Tensor>,
 ) -> Result<Grads, ReferenceError> {
-    inputs.validate(Family::DeltaRule)?;
-    check_cotangents(&inputs.shape, d_o, d_ht)?;
-    Ok(backward_heads(
-        inputs,
-        Family::DeltaRule,
-        d_o,
-        d_ht,
-        |h, d_o, d_ht| reverse_sweep(h, d_o, d_ht, delta_step, delta_back),
-    ))
+    backward_heads(inputs, Family::DeltaRule, d_o, d_ht, |h, d_o, d_ht| {
+        reverse_sweep(h, d_o, d_ht, delta_step, delta_back)
+    })
 }
 
 /// `P = e^{a_t} S_{t-1}`; `u = beta (v - k P)`; `S_t = P + k^T u`.
@@ -147,15 +135,6 @@ impl Wy {
         u
     }
 
-    /// `S_{n+1} = e^gamma S_n + (diag(e^{gamma - b}) K)^T u`, in place.
-    fn advance_state(&self, h: &Head, c0: usize, u: &[f64], s: &mut [f64]) {
-        let gamma = self.b[self.b.len() - 1];
-        s.iter_mut().for_each(|x| *x *= gamma.exp());
-        for (j, uj) in u.chunks(h.dv).enumerate() {
-            outer_add(s, self.end_decay(j), h.k(c0 + j), uj);
-        }
-    }
-
     /// `e^{gamma - b_j}`: how token j's write decays by the end of the chunk.
     fn end_decay(&self, j: usize) -> f64 {
         (self.b[self.b.len() - 1] - self.b[j]).exp()
@@ -163,23 +142,13 @@ impl Wy {
 }
 
 fn chunk_forward_head(h: &Head, chunk: usize) -> (Vec<f64>, Vec<f64>) {
-    let dv = h.dv;
     let mut s = h.h0.clone();
-    let mut o = vec![0.0; h.t * dv];
+    let mut o = vec![0.0; h.t * h.dv];
     for (c0, n) in h.chunks(chunk) {
         let wy = Wy::new(h, c0, n);
-        let b = &wy.b;
         let u = wy.new_values(&s, h.dk);
-        for r in 0..n {
-            let t = c0 + r;
-            let out = &mut o[t * dv..(t + 1) * dv];
-            vec_mat_add(out, h.scale * b[r].exp(), h.q(t), &s);
-            for j in 0..=r {
-                let w = h.scale * (b[r] - b[j]).exp() * dot(h.q(t), h.k(c0 + j));
-                axpy(out, w, &u[j * dv..(j + 1) * dv]);
-            }
-        }
-        wy.advance_state(h, c0, &u, &mut s);
+        add_chunk_output(h, c0, &wy.b, &s, &u, &mut o);
+        advance_state(h, &mut s, c0, &wy.b, &u);
     }
     (o, s)
 }
@@ -188,7 +157,7 @@ fn chunk_forward_head(h: &Head, chunk: usize) -> (Vec<f64>, Vec<f64>) {
 fn chunk_step(h: &Head, s: &mut [f64], c0: usize, n: usize) {
     let wy = Wy::new(h, c0, n);
     let u = wy.new_values(s, h.dk);
-    wy.advance_state(h, c0, &u, s);
+    advance_state(h, s, c0, &wy.b, &u);
 }
 
 /// The transition `A` (`[Dk, Dk]`) of the head's whole token range, `S_T = A S_0 + S_T|_{S_0=0}`,

@@ -23,12 +23,11 @@ use super::linalg::{axpy, dot, mat_vec_add, outer_add, vec_mat_add};
 use super::outputs::{Forward, Grads};
 use super::recurrent::{decay_back, decay_step, forward_sweep, reverse_sweep};
 use super::tensor::Tensor;
-use super::validate::{check_chunk, check_cotangents};
+use super::validate::check_chunk;
 
 /// Token-by-token forward: the definition itself.
 pub fn recurrent_forward(inputs: &Inputs) -> Result<Forward, ReferenceError> {
-    inputs.validate(Family::Gla)?;
-    Ok(forward_heads(inputs, |h| forward_sweep(h, decay_step)))
+    forward_heads(inputs, Family::Gla, |h| forward_sweep(h, decay_step))
 }
 
 /// Chunkwise forward with chunk size `chunk` and secondary chunk size `sub_chunk` (both >= 1;
@@ -41,20 +40,15 @@ pub fn chunkwise_forward(
 ) -> Result<Forward, ReferenceError> {
     check_chunk("chunk", chunk)?;
     check_chunk("sub_chunk", sub_chunk)?;
-    inputs.validate(Family::Gla)?;
-    Ok(forward_heads(inputs, |h| {
+    forward_heads(inputs, Family::Gla, |h| {
         chunk_forward_head(h, chunk, sub_chunk)
-    }))
+    })
 }
 
 /// The states entering each chunk, `[B, N, H, Dk, Dv]` with `N = ceil(T / chunk)` (fla's `h`
 /// layout; entry 0 is h0): what the chunk-state pass stores for the output pass and the backward.
 pub fn chunk_states(inputs: &Inputs, chunk: usize) -> Result<Tensor, ReferenceError> {
-    check_chunk("chunk", chunk)?;
-    inputs.validate(Family::Gla)?;
-    Ok(chunk_states_heads(inputs, chunk, |h| {
-        entry_states(h, chunk, chunk_step).0
-    }))
+    chunk_states_heads(inputs, Family::Gla, chunk, chunk_step)
 }
 
 /// Token-by-token reverse-mode backward (gate gradient directly, without a cumsum); the check for
@@ -64,15 +58,9 @@ pub fn recurrent_backward(
     d_o: &Tensor,
     d_ht: Option<&Tensor>,
 ) -> Result<Grads, ReferenceError> {
-    inputs.validate(Family::Gla)?;
-    check_cotangents(&inputs.shape, d_o, d_ht)?;
-    Ok(backward_heads(
-        inputs,
-        Family::Gla,
-        d_o,
-        d_ht,
-        |h, d_o, d_ht| reverse_sweep(h, d_o, d_ht, decay_step, decay_back),
-    ))
+    backward_heads(inputs, Family::Gla, d_o, d_ht, |h, d_o, d_ht| {
+        reverse_sweep(h, d_o, d_ht, decay_step, decay_back)
+    })
 }
 
 /// Chunkwise backward with secondary chunking (§5.2): `dS_n = Diag(e^gamma) dS_{n+1} +
@@ -88,15 +76,9 @@ pub fn backward(
 ) -> Result<Grads, ReferenceError> {
     check_chunk("chunk", chunk)?;
     check_chunk("sub_chunk", sub_chunk)?;
-    inputs.validate(Family::Gla)?;
-    check_cotangents(&inputs.shape, d_o, d_ht)?;
-    Ok(backward_heads(
-        inputs,
-        Family::Gla,
-        d_o,
-        d_ht,
-        |h, d_o, d_ht| chunk_backward_head(h, chunk, sub_chunk, d_o, d_ht),
-    ))
+    backward_heads(inputs, Family::Gla, d_o, d_ht, |h, d_o, d_ht| {
+        chunk_backward_head(h, chunk, sub_chunk, d_o, d_ht)
+    })
 }
 
 /// `x (.) e^{y - z}` elementwise (each exponent is `<= 0` at every call site).
@@ -111,6 +93,29 @@ fn scaled(x: &[f64], y: &[f64], z: &[f64]) -> Vec<f64> {
 /// The chunk-local cumsum rows `b_r` (`[n, Dk]`) of chunk `(c0, n)`.
 fn cumsum(h: &Head, c0: usize, n: usize) -> Vec<f64> {
     chunk_local_cumsum(h.gates(c0, n), h.dk)
+}
+
+/// `q_t (.) e^{b_r}`: query row t decayed from the chunk start (`b_r`, row r of the cumsum).
+fn decayed_query(h: &Head, t: usize, b_r: &[f64]) -> Vec<f64> {
+    h.q(t).iter().zip(b_r).map(|(q, b)| q * b.exp()).collect()
+}
+
+/// The sub-chunks `[start, end)` of a chunk of `n` rows (the last may be short).
+fn sub_chunks(n: usize, sub: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..n)
+        .step_by(sub)
+        .map(move |start| (start, n.min(start + sub)))
+}
+
+/// The keys of the rows before sub-chunk start `si`, each against the reference row
+/// `g* = b_{si}`: `k_j (.) e^{g* - b_j}` for `j < si` (exponents `<= 0`), the right-hand side of
+/// the off-diagonal GEMMs.
+fn keys_before(h: &Head, c0: usize, b: &[f64], si: usize) -> Vec<Vec<f64>> {
+    let dk = h.dk;
+    let g_star = &b[si * dk..(si + 1) * dk];
+    (0..si)
+        .map(|j| scaled(h.k(c0 + j), g_star, &b[j * dk..(j + 1) * dk]))
+        .collect()
 }
 
 /// `S_{n+1} = Diag(e^gamma) S_n + (K (.) e^{gamma - b})^T V`.
@@ -137,13 +142,10 @@ fn intra_scores(h: &Head, c0: usize, b: &[f64], sub: usize) -> Vec<f64> {
     let n = b.len() / dk;
     let row = |r: usize| &b[r * dk..(r + 1) * dk];
     let mut a = vec![0.0; n * n];
-    for si in (0..n).step_by(sub) {
-        let ei = n.min(si + sub);
+    for (si, ei) in sub_chunks(n, sub) {
         // Off-diagonal: every earlier row j < si against reference row g* = b_{si}.
         let g_star = row(si);
-        let kt: Vec<Vec<f64>> = (0..si)
-            .map(|j| scaled(h.k(c0 + j), g_star, row(j)))
-            .collect();
+        let kt = keys_before(h, c0, b, si);
         for r in si..ei {
             let qt = scaled(h.q(c0 + r), row(r), g_star);
             for (j, kj) in kt.iter().enumerate() {
@@ -165,12 +167,9 @@ fn intra_grads(h: &Head, c0: usize, b: &[f64], sub: usize, da: &[f64], g: &mut H
     let dk = h.dk;
     let n = b.len() / dk;
     let row = |r: usize| &b[r * dk..(r + 1) * dk];
-    for si in (0..n).step_by(sub) {
-        let ei = n.min(si + sub);
+    for (si, ei) in sub_chunks(n, sub) {
         let g_star = row(si);
-        let kt: Vec<Vec<f64>> = (0..si)
-            .map(|j| scaled(h.k(c0 + j), g_star, row(j)))
-            .collect();
+        let kt = keys_before(h, c0, b, si);
         for r in si..ei {
             let mut acc = vec![0.0; dk];
             for (j, kj) in kt.iter().enumerate() {
@@ -184,8 +183,7 @@ fn intra_grads(h: &Head, c0: usize, b: &[f64], sub: usize, da: &[f64], g: &mut H
             }
         }
     }
-    for sj in (0..n).step_by(sub) {
-        let ej = n.min(sj + sub);
+    for (sj, ej) in sub_chunks(n, sub) {
         let g_end = row(ej - 1);
         let qt: Vec<Vec<f64>> = (ej..n)
             .map(|r| scaled(h.q(c0 + r), row(r), g_end))
@@ -215,12 +213,7 @@ fn chunk_forward_head(h: &Head, chunk: usize, sub: usize) -> (Vec<f64>, Vec<f64>
         for r in 0..n {
             let t = c0 + r;
             let out = &mut o[t * dv..(t + 1) * dv];
-            let qb: Vec<f64> = h
-                .q(t)
-                .iter()
-                .zip(&b[r * dk..])
-                .map(|(q, br)| q * br.exp())
-                .collect();
+            let qb = decayed_query(h, t, &b[r * dk..(r + 1) * dk]);
             vec_mat_add(out, h.scale, &qb, &s);
             for j in 0..=r {
                 axpy(out, h.scale * a[r * n + j], h.v(c0 + j));
@@ -284,12 +277,7 @@ fn chunk_backward_head(h: &Head, chunk: usize, sub: usize, d_o: &[f64], d_ht: &[
             row.iter_mut().for_each(|x| *x *= gi.exp());
         }
         for r in 0..n {
-            let qb: Vec<f64> = h
-                .q(c0 + r)
-                .iter()
-                .zip(&b[r * dk..])
-                .map(|(q, br)| q * br.exp())
-                .collect();
+            let qb = decayed_query(h, c0 + r, &b[r * dk..(r + 1) * dk]);
             outer_add(&mut ds, sigma, &qb, do_row(r));
         }
     }

@@ -1,10 +1,16 @@
 //! Per-(batch, head) views. Every family computes one head at a time on contiguous row-major
 //! buffers; these helpers gather a head out of the `[B, T, H, ...]` tensors and scatter results
 //! back, so the maths code never deals with the 4-D layout.
+//!
+//! The runners ([`forward_heads`], [`chunk_states_heads`], [`backward_heads`]) validate what they
+//! are given before gathering anything, so every family's entry points check their inputs before
+//! any arithmetic by construction.
 
+use super::error::ReferenceError;
 use super::inputs::{Family, Inputs};
 use super::outputs::{Forward, Grads};
 use super::tensor::Tensor;
+use super::validate::{check_chunk, check_cotangents};
 
 /// One head of one sequence: rows `[T, Dk]` of q and k, `[T, Dv]` of v, `[T, gate_dim]` of g,
 /// `[T]` of beta (empty when absent), the `[Dk, Dv]` initial state (zeros when absent).
@@ -116,30 +122,41 @@ pub(crate) fn entry_states(
     (states, s)
 }
 
-/// Runs `f(head) -> states entering each chunk` on every head of validated inputs and lays them
-/// out as `[B, N, H, Dk, Dv]`, `N = ceil(T / chunk)` (fla's layout of `h`).
+/// Checks `chunk` and validates the inputs as `family`, then runs the chunk-state pass
+/// ([`entry_states`] with `advance`) on every head and lays the states entering each chunk out as
+/// `[B, N, H, Dk, Dv]`, `N = ceil(T / chunk)` (fla's layout of `h`).
 pub(crate) fn chunk_states_heads(
     inputs: &Inputs,
+    family: Family,
     chunk: usize,
-    f: impl Fn(&Head) -> Vec<Vec<f64>>,
-) -> Tensor {
+    advance: impl Fn(&Head, &mut [f64], usize, usize),
+) -> Result<Tensor, ReferenceError> {
+    check_chunk("chunk", chunk)?;
+    inputs.validate(family)?;
     let s = inputs.shape;
     let n = s.t.div_ceil(chunk);
     let size = s.dk * s.dv;
     let mut out = Tensor::zeros(&[s.b, n, s.h, s.dk, s.dv]);
     for b in 0..s.b {
         for h in 0..s.h {
-            for (c, state) in f(&Head::gather(inputs, b, h)).iter().enumerate() {
+            let (states, _) = entry_states(&Head::gather(inputs, b, h), chunk, &advance);
+            for (c, state) in states.iter().enumerate() {
                 let start = ((b * n + c) * s.h + h) * size;
                 out.data_mut()[start..start + size].copy_from_slice(state);
             }
         }
     }
-    out
+    Ok(out)
 }
 
-/// Runs `f(head) -> (o rows [T, Dv], final state [Dk, Dv])` on every head of validated inputs.
-pub(crate) fn forward_heads(inputs: &Inputs, f: impl Fn(&Head) -> (Vec<f64>, Vec<f64>)) -> Forward {
+/// Validates the inputs as `family`, then runs `f(head) -> (o rows [T, Dv], final state [Dk, Dv])`
+/// on every head.
+pub(crate) fn forward_heads(
+    inputs: &Inputs,
+    family: Family,
+    f: impl Fn(&Head) -> (Vec<f64>, Vec<f64>),
+) -> Result<Forward, ReferenceError> {
+    inputs.validate(family)?;
     let s = inputs.shape;
     let mut o = Tensor::zeros(&s.v());
     let mut final_state = Tensor::zeros(&s.state());
@@ -150,18 +167,21 @@ pub(crate) fn forward_heads(inputs: &Inputs, f: impl Fn(&Head) -> (Vec<f64>, Vec
             final_state.block_mut(b, h).copy_from_slice(&state);
         }
     }
-    Forward { o, final_state }
+    Ok(Forward { o, final_state })
 }
 
-/// Runs `f(head, d_o rows [T, Dv], d_ht [Dk, Dv]) -> HeadGrads` on every head of validated inputs
-/// and cotangents (`d_ht = None` is passed as zeros).
+/// Validates the inputs as `family` and the cotangents against them, then runs
+/// `f(head, d_o rows [T, Dv], d_ht [Dk, Dv]) -> HeadGrads` on every head (`d_ht = None` is passed
+/// as zeros).
 pub(crate) fn backward_heads(
     inputs: &Inputs,
     family: Family,
     d_o: &Tensor,
     d_ht: Option<&Tensor>,
     f: impl Fn(&Head, &[f64], &[f64]) -> HeadGrads,
-) -> Grads {
+) -> Result<Grads, ReferenceError> {
+    inputs.validate(family)?;
+    check_cotangents(&inputs.shape, d_o, d_ht)?;
     let s = inputs.shape;
     let mut grads = Grads {
         dq: Tensor::zeros(&s.qk()),
@@ -187,5 +207,5 @@ pub(crate) fn backward_heads(
             grads.dh0.block_mut(b, h).copy_from_slice(&hg.dh0);
         }
     }
-    grads
+    Ok(grads)
 }

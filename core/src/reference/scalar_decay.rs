@@ -18,29 +18,27 @@ use super::linalg::{axpy, dot, mat_vec_add, outer_add, vec_mat_add};
 use super::outputs::{Forward, Grads};
 use super::recurrent::{decay_back, decay_step, forward_sweep, reverse_sweep};
 use super::tensor::Tensor;
-use super::validate::{check_chunk, check_cotangents};
+use super::validate::check_chunk;
 
 /// Token-by-token forward: the definition itself.
 pub fn recurrent_forward(inputs: &Inputs) -> Result<Forward, ReferenceError> {
-    inputs.validate(Family::ScalarDecay)?;
-    Ok(forward_heads(inputs, |h| forward_sweep(h, decay_step)))
+    forward_heads(inputs, Family::ScalarDecay, |h| {
+        forward_sweep(h, decay_step)
+    })
 }
 
 /// Chunkwise forward with chunk size `chunk` (any value >= 1; it need not divide T).
 pub fn chunkwise_forward(inputs: &Inputs, chunk: usize) -> Result<Forward, ReferenceError> {
     check_chunk("chunk", chunk)?;
-    inputs.validate(Family::ScalarDecay)?;
-    Ok(forward_heads(inputs, |h| chunk_forward_head(h, chunk)))
+    forward_heads(inputs, Family::ScalarDecay, |h| {
+        chunk_forward_head(h, chunk)
+    })
 }
 
 /// The states entering each chunk, `[B, N, H, Dk, Dv]` with `N = ceil(T / chunk)` (fla's `h`
 /// layout; entry 0 is h0): what the chunk-state pass stores for the output pass and the backward.
 pub fn chunk_states(inputs: &Inputs, chunk: usize) -> Result<Tensor, ReferenceError> {
-    check_chunk("chunk", chunk)?;
-    inputs.validate(Family::ScalarDecay)?;
-    Ok(chunk_states_heads(inputs, chunk, |h| {
-        entry_states(h, chunk, chunk_step).0
-    }))
+    chunk_states_heads(inputs, Family::ScalarDecay, chunk, chunk_step)
 }
 
 /// Token-by-token reverse-mode backward (gate gradient directly, without a cumsum); the check for
@@ -50,15 +48,9 @@ pub fn recurrent_backward(
     d_o: &Tensor,
     d_ht: Option<&Tensor>,
 ) -> Result<Grads, ReferenceError> {
-    inputs.validate(Family::ScalarDecay)?;
-    check_cotangents(&inputs.shape, d_o, d_ht)?;
-    Ok(backward_heads(
-        inputs,
-        Family::ScalarDecay,
-        d_o,
-        d_ht,
-        |h, d_o, d_ht| reverse_sweep(h, d_o, d_ht, decay_step, decay_back),
-    ))
+    backward_heads(inputs, Family::ScalarDecay, d_o, d_ht, |h, d_o, d_ht| {
+        reverse_sweep(h, d_o, d_ht, decay_step, decay_back)
+    })
 }
 
 /// Chunkwise backward by the analytic formulas of §5.1: states recomputed chunk by chunk, `dS`
@@ -71,29 +63,53 @@ pub fn backward(
     d_ht: Option<&Tensor>,
 ) -> Result<Grads, ReferenceError> {
     check_chunk("chunk", chunk)?;
-    inputs.validate(Family::ScalarDecay)?;
-    check_cotangents(&inputs.shape, d_o, d_ht)?;
-    Ok(backward_heads(
-        inputs,
-        Family::ScalarDecay,
-        d_o,
-        d_ht,
-        |h, d_o, d_ht| chunk_backward_head(h, chunk, d_o, d_ht),
-    ))
+    backward_heads(inputs, Family::ScalarDecay, d_o, d_ht, |h, d_o, d_ht| {
+        chunk_backward_head(h, chunk, d_o, d_ht)
+    })
 }
 
-/// `S_{n+1} = e^gamma S_n + sum_j e^{gamma - b_j} k_j^T v_j`.
-fn advance_state(h: &Head, s: &mut [f64], c0: usize, b: &[f64]) {
+/// `S_{n+1} = e^gamma S_n + sum_j e^{gamma - b_j} k_j^T values_j` for chunk `c0` with cumsum `b`
+/// and value rows `values` (`[n, Dv]`): V itself here, the new values u for the delta rule.
+pub(crate) fn advance_state(h: &Head, s: &mut [f64], c0: usize, b: &[f64], values: &[f64]) {
     let gamma = b[b.len() - 1];
     s.iter_mut().for_each(|x| *x *= gamma.exp());
-    for (j, &bj) in b.iter().enumerate() {
-        outer_add(s, (gamma - bj).exp(), h.k(c0 + j), h.v(c0 + j));
+    for (j, (&bj, value)) in b.iter().zip(values.chunks(h.dv)).enumerate() {
+        outer_add(s, (gamma - bj).exp(), h.k(c0 + j), value);
     }
+}
+
+/// Adds chunk `c0`'s output rows `O = sigma (diag(e^b) Q S_n + ((Q K^T) (.) D) values)` to `o`
+/// (`[T, Dv]`), with cumsum `b`, entry state `s` and value rows `values` (`[n, Dv]`): V itself
+/// here, the new values u for the delta rule.
+pub(crate) fn add_chunk_output(
+    h: &Head,
+    c0: usize,
+    b: &[f64],
+    s: &[f64],
+    values: &[f64],
+    o: &mut [f64],
+) {
+    let dv = h.dv;
+    for (r, &br) in b.iter().enumerate() {
+        let (t, q) = (c0 + r, h.q(c0 + r));
+        let out = &mut o[t * dv..(t + 1) * dv];
+        vec_mat_add(out, h.scale * br.exp(), q, s);
+        for (j, value) in values.chunks(dv).take(r + 1).enumerate() {
+            let w = h.scale * (br - b[j]).exp() * dot(q, h.k(c0 + j));
+            axpy(out, w, value);
+        }
+    }
+}
+
+/// The value rows `[n, Dv]` of chunk `(c0, n)`.
+fn chunk_values(h: &Head, c0: usize, n: usize) -> &[f64] {
+    &h.v[c0 * h.dv..(c0 + n) * h.dv]
 }
 
 /// [`advance_state`] for chunk `(c0, n)`.
 fn chunk_step(h: &Head, s: &mut [f64], c0: usize, n: usize) {
-    advance_state(h, s, c0, &chunk_local_cumsum(h.gates(c0, n), 1));
+    let b = chunk_local_cumsum(h.gates(c0, n), 1);
+    advance_state(h, s, c0, &b, chunk_values(h, c0, n));
 }
 
 fn chunk_forward_head(h: &Head, chunk: usize) -> (Vec<f64>, Vec<f64>) {
@@ -101,16 +117,8 @@ fn chunk_forward_head(h: &Head, chunk: usize) -> (Vec<f64>, Vec<f64>) {
     let mut o = vec![0.0; h.t * h.dv];
     for (c0, n) in h.chunks(chunk) {
         let b = chunk_local_cumsum(h.gates(c0, n), 1);
-        for r in 0..n {
-            let (t, q) = (c0 + r, h.q(c0 + r));
-            let out = &mut o[t * h.dv..(t + 1) * h.dv];
-            vec_mat_add(out, h.scale * b[r].exp(), q, &s);
-            for j in 0..=r {
-                let w = h.scale * (b[r] - b[j]).exp() * dot(q, h.k(c0 + j));
-                axpy(out, w, h.v(c0 + j));
-            }
-        }
-        advance_state(h, &mut s, c0, &b);
+        add_chunk_output(h, c0, &b, &s, chunk_values(h, c0, n), &mut o);
+        advance_state(h, &mut s, c0, &b, chunk_values(h, c0, n));
     }
     (o, s)
 }

@@ -228,12 +228,7 @@ impl Tensor {
 /// If the lengths differ (comparing different tensors is a bug in the test).
 pub fn rel_err(x: &[f64], y: &[f64]) -> f64 {
     assert_eq!(x.len(), y.len(), "rel_err: lengths differ");
-    let diff = x
-        .iter()
-        .zip(y)
-        .map(|(a, b)| (a - b) * (a - b))
-        .sum::<f64>()
-        .sqrt();
+    let diff = diff_norm(x, y);
     let norm = y.iter().map(|b| b * b).sum::<f64>().sqrt();
     if diff == 0.0 {
         0.0
@@ -242,10 +237,17 @@ pub fn rel_err(x: &[f64], y: &[f64]) -> f64 {
     }
 }
 
-/// Checks `rel_err(got, want) <= tol` and, when it fails, says by how much and where the largest
-/// elementwise difference is (flat index), so a failing GPU test points at the bad region.
-/// Non-finite values in `got` always fail.
-pub fn assert_rel_close(what: &str, got: &[f64], want: &[f64], tol: f64) -> Result<(), String> {
+/// `||x - y||_2`.
+fn diff_norm(x: &[f64], y: &[f64]) -> f64 {
+    x.iter()
+        .zip(y)
+        .map(|(a, b)| (a - b) * (a - b))
+        .sum::<f64>()
+        .sqrt()
+}
+
+/// What every comparison checks first: equal lengths and finite values in `got`.
+fn check_comparable(what: &str, got: &[f64], want: &[f64]) -> Result<(), String> {
     if got.len() != want.len() {
         return Err(format!(
             "{what}: got {} values but the reference has {}",
@@ -259,6 +261,14 @@ pub fn assert_rel_close(what: &str, got: &[f64], want: &[f64], tol: f64) -> Resu
             got[pos]
         ));
     }
+    Ok(())
+}
+
+/// Checks `rel_err(got, want) <= tol` and, when it fails, says by how much and where the largest
+/// elementwise difference is (flat index), so a failing GPU test points at the bad region.
+/// Non-finite values in `got` always fail.
+pub fn assert_rel_close(what: &str, got: &[f64], want: &[f64], tol: f64) -> Result<(), String> {
+    check_comparable(what, got, want)?;
     let err = rel_err(got, want);
     if err <= tol {
         return Ok(());
@@ -291,25 +301,8 @@ pub fn assert_close_to_scale(
     scale: f64,
     tol: f64,
 ) -> Result<(), String> {
-    if got.len() != want.len() {
-        return Err(format!(
-            "{what}: got {} values but the reference has {}",
-            got.len(),
-            want.len()
-        ));
-    }
-    if let Some(pos) = got.iter().position(|x| !x.is_finite()) {
-        return Err(format!(
-            "{what}: value {} at flat index {pos} is not finite",
-            got[pos]
-        ));
-    }
-    let diff = got
-        .iter()
-        .zip(want)
-        .map(|(a, b)| (a - b) * (a - b))
-        .sum::<f64>()
-        .sqrt();
+    check_comparable(what, got, want)?;
+    let diff = diff_norm(got, want);
     if diff <= tol * scale {
         return Ok(());
     }

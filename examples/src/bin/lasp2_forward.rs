@@ -435,25 +435,12 @@ fn time_modes(
     if tuning != automatic {
         op.set_tuning(Some(tuning))?;
     }
-    let mut line = format!(
-        "W={} B={} T_local={} H={} D={} (head groups {}, {} CTA/SM):",
-        rt.npes(),
-        shape.b,
-        shape.t,
-        shape.h,
-        shape.dk,
-        tuning.head_groups,
-        tuning.ctas_per_sm
-    );
+    let (w, b, t, h, d) = (rt.npes(), shape.b, shape.t, shape.h, shape.dk);
+    let (groups, ctas) = (tuning.head_groups, tuning.ctas_per_sm);
+    let mut line =
+        format!("W={w} B={b} T_local={t} H={h} D={d} (head groups {groups}, {ctas} CTA/SM):");
     let mut row = format!(
-        "{{\"W\": {}, \"B\": {}, \"T_local\": {}, \"H\": {}, \"D\": {}, \"head_groups\": {}, \"ctas_per_sm\": {}",
-        rt.npes(),
-        shape.b,
-        shape.t,
-        shape.h,
-        shape.dk,
-        tuning.head_groups,
-        tuning.ctas_per_sm
+        "{{\"W\": {w}, \"B\": {b}, \"T_local\": {t}, \"H\": {h}, \"D\": {d}, \"head_groups\": {groups}, \"ctas_per_sm\": {ctas}"
     );
     let medians = time_in_turns(rt, &mut op, &mut shard)?;
     for (median, key) in medians.into_iter().zip([

@@ -2,8 +2,8 @@
 //! folds, and the epilogue terms that turn each rank's local pass into its share of the single
 //! sequence.
 
-use super::{check_rank_count, concat_grads, split_shards, split_time};
-use super::{Lasp2Backward, Lasp2Forward, RankForward};
+use super::{add, fold_prefix_states, fold_suffix_states, local_passes, state_shape};
+use super::{split_shards, split_time, Lasp2Backward, Lasp2Forward, RankForward, ShardMap};
 use crate::reference::error::ReferenceError;
 use crate::reference::gates::{
     add_state_term, gate_grad_rows, reverse_cumsum, shard_cumsum, suffix_sums, total,
@@ -122,14 +122,7 @@ fn local_pass(
 /// `Lambda [B, H]` or `[B, H, Dk]`, and returns the state shape.
 fn summary_shape(summaries: &[ShardSummary]) -> Result<Vec<usize>, ReferenceError> {
     let first = summaries.first().ok_or(ReferenceError::NoShards)?;
-    let state = first.m.shape().to_vec();
-    if state.len() != 4 {
-        return Err(ReferenceError::WrongRank {
-            tensor: "M_w",
-            layout: "[B, H, Dk, Dv]",
-            got: state,
-        });
-    }
+    let state = state_shape("M_w", &first.m)?;
     let scalar = vec![state[0], state[1]];
     let lambda = if first.lambda.shape() == scalar.as_slice() {
         scalar
@@ -148,8 +141,24 @@ fn summary_shape(summaries: &[ShardSummary]) -> Result<Vec<usize>, ReferenceErro
     Ok(state)
 }
 
-/// `e^{Lambda} (.) x`, row-wise for a vector Lambda, in place on `[B, H, Dk, Dv]`.
-fn decay_rows(x: &mut Tensor, lambda: &Tensor) {
+impl ShardMap for ShardSummary {
+    fn end_state(&self) -> &Tensor {
+        &self.m
+    }
+
+    fn carry(&self, x: &Tensor) -> Tensor {
+        decay_rows(x, &self.lambda)
+    }
+
+    /// A diagonal decay is its own adjoint.
+    fn carry_back(&self, x: &Tensor) -> Tensor {
+        decay_rows(x, &self.lambda)
+    }
+}
+
+/// `e^{Lambda} (.) x`, row-wise for a vector Lambda, on `[B, H, Dk, Dv]`.
+fn decay_rows(x: &Tensor, lambda: &Tensor) -> Tensor {
+    let mut x = x.clone();
     let (bs, hs, dv) = (x.shape()[0], x.shape()[1], x.shape()[3]);
     for b in 0..bs {
         for h in 0..hs {
@@ -160,14 +169,7 @@ fn decay_rows(x: &mut Tensor, lambda: &Tensor) {
             }
         }
     }
-}
-
-/// `x += y`.
-fn add(x: &mut Tensor, y: &Tensor) {
-    x.data_mut()
-        .iter_mut()
-        .zip(y.data())
-        .for_each(|(a, b)| *a += b);
+    x
 }
 
 /// The prefix fold in ascending rank order: `P_0 = h0` (zero if `None`),
@@ -177,18 +179,7 @@ pub fn fold_prefixes(
     summaries: &[ShardSummary],
     h0: Option<&Tensor>,
 ) -> Result<Vec<Tensor>, ReferenceError> {
-    let state = summary_shape(summaries)?;
-    if let Some(h0) = h0 {
-        check_shape("h0", "[B, H, Dk, Dv]", state.clone(), h0)?;
-    }
-    let mut prefixes = vec![h0.cloned().unwrap_or_else(|| Tensor::zeros(&state))];
-    for s in summaries {
-        let mut p = prefixes[prefixes.len() - 1].clone();
-        decay_rows(&mut p, &s.lambda);
-        add(&mut p, &s.m);
-        prefixes.push(p);
-    }
-    Ok(prefixes)
+    fold_prefix_states(summaries, &summary_shape(summaries)?, h0)
 }
 
 /// The state entering the rank after the given ones: the last entry of [`fold_prefixes`], i.e.
@@ -210,23 +201,7 @@ pub fn fold_suffixes(
     d_m: &[Tensor],
     d_ht: Option<&Tensor>,
 ) -> Result<Vec<Tensor>, ReferenceError> {
-    let state = summary_shape(summaries)?;
-    check_rank_count("d_m", summaries.len(), d_m.len())?;
-    for d in d_m {
-        check_shape("dM_w", "[B, H, Dk, Dv]", state.clone(), d)?;
-    }
-    if let Some(d_ht) = d_ht {
-        check_shape("d_ht", "[B, H, Dk, Dv]", state.clone(), d_ht)?;
-    }
-    let w = summaries.len();
-    let mut suffixes = vec![d_ht.cloned().unwrap_or_else(|| Tensor::zeros(&state)); w];
-    for u in (0..w - 1).rev() {
-        let mut d = suffixes[u + 1].clone();
-        decay_rows(&mut d, &summaries[u + 1].lambda);
-        add(&mut d, &d_m[u + 1]);
-        suffixes[u] = d;
-    }
-    Ok(suffixes)
+    fold_suffix_states(summaries, &summary_shape(summaries)?, d_m, d_ht)
 }
 
 /// LASP-2 forward over ranks with the given shard lengths (summing to T, each >= 1), each rank
@@ -239,13 +214,7 @@ pub fn forward(
 ) -> Result<Lasp2Forward<ShardSummary>, ReferenceError> {
     decay.check(chunk)?;
     let shards = split_shards(inputs, decay.family(), shard_lengths)?;
-    let mut locals = Vec::with_capacity(shards.len());
-    let mut summaries = Vec::with_capacity(shards.len());
-    for shard in &shards {
-        let (o_local, summary) = local_pass(shard, decay, chunk)?;
-        locals.push(o_local);
-        summaries.push(summary);
-    }
+    let (locals, summaries) = local_passes(&shards, |shard| local_pass(shard, decay, chunk))?;
     let prefixes = fold_prefixes(&summaries, inputs.h0.as_ref())?;
     let ranks: Vec<RankForward> = shards
         .iter()
@@ -257,15 +226,7 @@ pub fn forward(
             RankForward { o_local, o }
         })
         .collect();
-    let o = Tensor::concat_time(&ranks.iter().map(|r| r.o.clone()).collect::<Vec<_>>());
-    let final_state = prefixes[prefixes.len() - 1].clone();
-    Ok(Lasp2Forward {
-        summaries,
-        prefixes,
-        ranks,
-        o,
-        final_state,
-    })
+    Ok(Lasp2Forward::from_ranks(summaries, prefixes, ranks))
 }
 
 /// The epilogue: `o_t += sigma (q_t (.) e^{G_t}) P_w`.
@@ -323,13 +284,7 @@ pub fn backward(
         };
         boundary.add_terms(&shards[w], chunk, &d_os[w], grads);
     }
-    let grads = concat_grads(&ranks);
-    Ok(Lasp2Backward {
-        d_m,
-        suffixes,
-        ranks,
-        grads,
-    })
+    Ok(Lasp2Backward::from_ranks(d_m, suffixes, ranks))
 }
 
 /// What rank w knows about the rest of the sequence after both exchanges.
@@ -392,8 +347,6 @@ impl Boundary<'_> {
                 grads.dv.set_head_rows(b, h, &dv_rows);
             }
         }
-        let mut decayed_d = self.d.clone();
-        decay_rows(&mut decayed_d, self.lambda);
-        add(&mut grads.dh0, &decayed_d);
+        add(&mut grads.dh0, &decay_rows(self.d, self.lambda));
     }
 }

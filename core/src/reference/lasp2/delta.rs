@@ -1,8 +1,8 @@
 //! LASP-2 for the delta rule: the affine shard summary `(A_w, h_w)`, its folds, and the
 //! per-rank passes.
 
-use super::{check_rank_count, concat_grads, split_shards, split_time};
-use super::{Lasp2Backward, Lasp2Forward, RankForward};
+use super::{fold_prefix_states, fold_suffix_states, local_passes, state_shape};
+use super::{split_shards, split_time, Lasp2Backward, Lasp2Forward, RankForward, ShardMap};
 use crate::reference::delta_rule::{self, transition_head};
 use crate::reference::error::ReferenceError;
 use crate::reference::head::Head;
@@ -55,14 +55,7 @@ fn local_pass(shard: &Inputs, chunk: usize) -> Result<(Tensor, AffineSummary), R
 /// Checks that every summary has the first one's shapes and returns the state shape.
 fn summary_shape(summaries: &[AffineSummary]) -> Result<Vec<usize>, ReferenceError> {
     let first = summaries.first().ok_or(ReferenceError::NoShards)?;
-    let state = first.h.shape().to_vec();
-    if state.len() != 4 {
-        return Err(ReferenceError::WrongRank {
-            tensor: "h_w",
-            layout: "[B, H, Dk, Dv]",
-            got: state,
-        });
-    }
+    let state = state_shape("h_w", &first.h)?;
     let transition = vec![state[0], state[1], state[2], state[2]];
     for s in summaries {
         check_shape("h_w", "[B, H, Dk, Dv]", state.clone(), &s.h)?;
@@ -88,13 +81,18 @@ fn apply(m: &Tensor, x: &Tensor, transpose: bool) -> Tensor {
     out
 }
 
-/// `x + y`.
-fn sum(mut x: Tensor, y: &Tensor) -> Tensor {
-    x.data_mut()
-        .iter_mut()
-        .zip(y.data())
-        .for_each(|(a, b)| *a += b);
-    x
+impl ShardMap for AffineSummary {
+    fn end_state(&self) -> &Tensor {
+        &self.h
+    }
+
+    fn carry(&self, x: &Tensor) -> Tensor {
+        apply(&self.a, x, false)
+    }
+
+    fn carry_back(&self, x: &Tensor) -> Tensor {
+        apply(&self.a, x, true)
+    }
 }
 
 /// The prefix fold in ascending rank order: `P_0 = h0` (zero if `None`),
@@ -103,16 +101,7 @@ pub fn fold_affine_prefixes(
     summaries: &[AffineSummary],
     h0: Option<&Tensor>,
 ) -> Result<Vec<Tensor>, ReferenceError> {
-    let state = summary_shape(summaries)?;
-    if let Some(h0) = h0 {
-        check_shape("h0", "[B, H, Dk, Dv]", state.clone(), h0)?;
-    }
-    let mut prefixes = vec![h0.cloned().unwrap_or_else(|| Tensor::zeros(&state))];
-    for s in summaries {
-        let next = sum(apply(&s.a, &prefixes[prefixes.len() - 1], false), &s.h);
-        prefixes.push(next);
-    }
-    Ok(prefixes)
+    fold_prefix_states(summaries, &summary_shape(summaries)?, h0)
 }
 
 /// The suffix fold in descending rank order: `D_{W-1} = d_ht` (zero if `None`),
@@ -122,23 +111,7 @@ pub fn fold_affine_suffixes(
     d_m: &[Tensor],
     d_ht: Option<&Tensor>,
 ) -> Result<Vec<Tensor>, ReferenceError> {
-    let state = summary_shape(summaries)?;
-    check_rank_count("d_m", summaries.len(), d_m.len())?;
-    for d in d_m {
-        check_shape("dM_w", "[B, H, Dk, Dv]", state.clone(), d)?;
-    }
-    if let Some(d_ht) = d_ht {
-        check_shape("d_ht", "[B, H, Dk, Dv]", state.clone(), d_ht)?;
-    }
-    let w = summaries.len();
-    let mut suffixes = vec![d_ht.cloned().unwrap_or_else(|| Tensor::zeros(&state)); w];
-    for u in (0..w - 1).rev() {
-        suffixes[u] = sum(
-            apply(&summaries[u + 1].a, &suffixes[u + 1], true),
-            &d_m[u + 1],
-        );
-    }
-    Ok(suffixes)
+    fold_suffix_states(summaries, &summary_shape(summaries)?, d_m, d_ht)
 }
 
 /// Delta-rule LASP-2 forward: zero-state local passes give `(A_w, h_w)`, the fold gives `P_w`,
@@ -150,13 +123,7 @@ pub fn delta_forward(
 ) -> Result<Lasp2Forward<AffineSummary>, ReferenceError> {
     check_chunk("chunk", chunk)?;
     let shards = split_shards(inputs, Family::DeltaRule, shard_lengths)?;
-    let mut locals = Vec::with_capacity(shards.len());
-    let mut summaries = Vec::with_capacity(shards.len());
-    for shard in &shards {
-        let (o_local, summary) = local_pass(shard, chunk)?;
-        locals.push(o_local);
-        summaries.push(summary);
-    }
+    let (locals, summaries) = local_passes(&shards, |shard| local_pass(shard, chunk))?;
     let prefixes = fold_affine_prefixes(&summaries, inputs.h0.as_ref())?;
     let mut ranks = Vec::with_capacity(shards.len());
     for ((shard, o_local), p) in shards.iter().zip(locals).zip(&prefixes) {
@@ -167,15 +134,7 @@ pub fn delta_forward(
         let o = delta_rule::chunkwise_forward(&from_prefix, chunk)?.o;
         ranks.push(RankForward { o_local, o });
     }
-    let o = Tensor::concat_time(&ranks.iter().map(|r| r.o.clone()).collect::<Vec<_>>());
-    let final_state = prefixes[prefixes.len() - 1].clone();
-    Ok(Lasp2Forward {
-        summaries,
-        prefixes,
-        ranks,
-        o,
-        final_state,
-    })
+    Ok(Lasp2Forward::from_ranks(summaries, prefixes, ranks))
 }
 
 /// Delta-rule LASP-2 backward: `dM_w` from a zero-`d_ht` local backward (the gradient with
@@ -211,11 +170,5 @@ pub fn delta_backward(
             Some(&suffixes[w]),
         )?);
     }
-    let grads = concat_grads(&ranks);
-    Ok(Lasp2Backward {
-        d_m,
-        suffixes,
-        ranks,
-        grads,
-    })
+    Ok(Lasp2Backward::from_ranks(d_m, suffixes, ranks))
 }

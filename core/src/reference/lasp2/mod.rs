@@ -42,7 +42,7 @@ use super::error::ReferenceError;
 use super::inputs::{Family, Inputs, Shape};
 use super::outputs::Grads;
 use super::tensor::Tensor;
-use super::validate::check_shard_lengths;
+use super::validate::{check_shape, check_shard_lengths};
 
 /// One rank's forward output.
 #[derive(Clone, Debug, PartialEq)]
@@ -71,6 +71,22 @@ pub struct Lasp2Forward<S> {
     pub final_state: Tensor,
 }
 
+impl<S> Lasp2Forward<S> {
+    /// Completes the forward from what the ranks exchanged and computed: the output is the ranks'
+    /// outputs along time and the final state is the last prefix.
+    fn from_ranks(summaries: Vec<S>, prefixes: Vec<Tensor>, ranks: Vec<RankForward>) -> Self {
+        let o = Tensor::concat_time(&ranks.iter().map(|r| r.o.clone()).collect::<Vec<_>>());
+        let final_state = prefixes[prefixes.len() - 1].clone();
+        Lasp2Forward {
+            summaries,
+            prefixes,
+            ranks,
+            o,
+            final_state,
+        }
+    }
+}
+
 /// The LASP-2 backward over W ranks.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Lasp2Backward {
@@ -85,6 +101,114 @@ pub struct Lasp2Backward {
     pub ranks: Vec<Grads>,
     /// The ranks' gradients concatenated along time; `dh0` is rank 0's, i.e. `dL/dh0`.
     pub grads: Grads,
+}
+
+impl Lasp2Backward {
+    /// Completes the backward from the exchanged `dM_w`, the folded `D_w` and the ranks' gradients.
+    fn from_ranks(d_m: Vec<Tensor>, suffixes: Vec<Tensor>, ranks: Vec<Grads>) -> Self {
+        let grads = concat_grads(&ranks);
+        Lasp2Backward {
+            d_m,
+            suffixes,
+            ranks,
+            grads,
+        }
+    }
+}
+
+/// Runs `pass` (a shard's zero-state local pass) on every shard, in rank order: the local
+/// outputs and the summaries.
+fn local_passes<S>(
+    shards: &[Inputs],
+    pass: impl Fn(&Inputs) -> Result<(Tensor, S), ReferenceError>,
+) -> Result<(Vec<Tensor>, Vec<S>), ReferenceError> {
+    let mut locals = Vec::with_capacity(shards.len());
+    let mut summaries = Vec::with_capacity(shards.len());
+    for shard in shards {
+        let (o_local, summary) = pass(shard)?;
+        locals.push(o_local);
+        summaries.push(summary);
+    }
+    Ok((locals, summaries))
+}
+
+/// What the folds need of a rank's summary: the shard maps the state entering it to
+/// `S_out = carry(S_in) + end_state`.
+trait ShardMap {
+    /// The shard's end state from a zero start (`M_w`, `h_w`).
+    fn end_state(&self) -> &Tensor;
+    /// A state entering the shard carried to its end: `e^{Lambda_w} (.) x` or `A_w x`.
+    fn carry(&self, x: &Tensor) -> Tensor;
+    /// The adjoint of [`ShardMap::carry`], taking the gradient with respect to the state leaving
+    /// the shard to the one entering it: `e^{Lambda_w} (.) x` or `A_w^T x`.
+    fn carry_back(&self, x: &Tensor) -> Tensor;
+}
+
+/// The shape of a state `[B, H, Dk, Dv]` (the first summary's `tensor`), checked for its rank.
+fn state_shape(tensor: &'static str, state: &Tensor) -> Result<Vec<usize>, ReferenceError> {
+    let shape = state.shape().to_vec();
+    if shape.len() != 4 {
+        return Err(ReferenceError::WrongRank {
+            tensor,
+            layout: "[B, H, Dk, Dv]",
+            got: shape,
+        });
+    }
+    Ok(shape)
+}
+
+/// The prefix fold in ascending rank order over summaries already checked to have states shaped
+/// `state`: `P_0 = h0` (zero if `None`), `P_{u+1} = carry_u(P_u) + end_u`. Returns `P_0 ..= P_W`
+/// (W + 1 states).
+fn fold_prefix_states<S: ShardMap>(
+    summaries: &[S],
+    state: &[usize],
+    h0: Option<&Tensor>,
+) -> Result<Vec<Tensor>, ReferenceError> {
+    if let Some(h0) = h0 {
+        check_shape("h0", "[B, H, Dk, Dv]", state.to_vec(), h0)?;
+    }
+    let mut prefixes = vec![h0.cloned().unwrap_or_else(|| Tensor::zeros(state))];
+    for s in summaries {
+        let mut next = s.carry(&prefixes[prefixes.len() - 1]);
+        add(&mut next, s.end_state());
+        prefixes.push(next);
+    }
+    Ok(prefixes)
+}
+
+/// The suffix fold in descending rank order over W >= 1 summaries already checked to have states
+/// shaped `state`: `D_{W-1} = d_ht` (zero if `None`), `D_u = carry_back_{u+1}(D_{u+1}) + dM_{u+1}`.
+/// Returns `D_0 .. D_{W-1}`.
+fn fold_suffix_states<S: ShardMap>(
+    summaries: &[S],
+    state: &[usize],
+    d_m: &[Tensor],
+    d_ht: Option<&Tensor>,
+) -> Result<Vec<Tensor>, ReferenceError> {
+    check_rank_count("d_m", summaries.len(), d_m.len())?;
+    for d in d_m {
+        check_shape("dM_w", "[B, H, Dk, Dv]", state.to_vec(), d)?;
+    }
+    if let Some(d_ht) = d_ht {
+        check_shape("d_ht", "[B, H, Dk, Dv]", state.to_vec(), d_ht)?;
+    }
+    let w = summaries.len();
+    let mut suffixes = vec![d_ht.cloned().unwrap_or_else(|| Tensor::zeros(state)); w];
+    for u in (0..w - 1).rev() {
+        let mut d = summaries[u + 1].carry_back(&suffixes[u + 1]);
+        add(&mut d, &d_m[u + 1]);
+        suffixes[u] = d;
+    }
+    Ok(suffixes)
+}
+
+/// `x += y`.
+fn add(x: &mut Tensor, y: &Tensor) {
+    x.data_mut()
+        .iter_mut()
+        .zip(y.data())
+        .for_each(|(a, b)| *a += b);
 }
 
 /// Splits validated-as-`family` inputs into per-rank shards of the given lengths. Each shard
