@@ -1,5 +1,5 @@
 // Warp-level tensor-core and async-copy primitives (sm_80+ PTX, used on sm_90a): ldmatrix,
-// mma.sync m16n8k16 bf16 -> fp32, cp.async with zero fill, bf16x2 packing, a swizzled tile layout.
+// mma.sync m16n8k16 bf16 -> fp32, cp.async with zero fill, bf16x2 packing, the swizzled tile layout.
 //
 // Fragment layouts of mma.m16n8k16 (lane = 4*g + t, g = lane / 4, t = lane % 4):
 //   A 16x16 (row-major): a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]
@@ -15,11 +15,14 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// Byte offset of 16-byte chunk `chunk` of row `row` in a tile whose rows are `row_chunks` x 16 bytes
-// (row_chunks >= 8). The chunk index is XOR-ed with row % 8, so the 8 rows read by one 8x8 ldmatrix
-// (and the rows written by one fragment store) fall in 8 different bank groups: conflict-free.
-__device__ __forceinline__ uint32_t swizzle(int row, int chunk, int row_chunks) {
-  return static_cast<uint32_t>(row * row_chunks * 16 + ((chunk ^ (row & 7)) << 4));
+// The 128-byte-swizzled tile layout of every bf16 tile in shared memory, which is also the layout
+// wgmma reads with SWIZZLE_128B (K-major or MN-major) when a block starts 1024-byte aligned. Rows
+// are 64 elements (128 B); a tile wider than that is stored as column blocks of `rows` x 128 B one
+// after the other. Byte offset of 16-byte chunk `chunk` of row `row`: within a block, chunk c of row
+// r sits at c ^ (r % 8), so the 8 rows one 8x8 ldmatrix reads (and the rows one fragment store
+// writes) fall in 8 different bank groups: conflict-free.
+__device__ __forceinline__ uint32_t swizzle(int row, int chunk, int rows) {
+  return static_cast<uint32_t>((chunk >> 3) * rows * 128 + row * 128 + (((chunk ^ row) & 7) << 4));
 }
 
 // Four 8x8 b16 matrices; lane l gives the row address of matrix l / 8.

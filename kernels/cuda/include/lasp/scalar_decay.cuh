@@ -11,6 +11,14 @@
 #include "lasp/mma.cuh"
 #include "lasp/scalar_decay_params.h"
 
+// The output kernels' products run on wgmma where the target has it (sm_90a), else on mma.sync.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define LASP_SD_WGMMA 1
+#include "lasp/wgmma.cuh"
+#else
+#define LASP_SD_WGMMA 0
+#endif
+
 namespace lasp {
 namespace sd {
 
@@ -23,21 +31,24 @@ static_assert(kChunk == 64 && kTileV == 64 && kWarps == 4,
               "fragment bookkeeping assumes 64-token chunks, 64-column V tiles and 4 warps of 16 rows");
 static_assert(kStages >= 2, "the pipeline needs at least two stages");
 
-// Shared-memory map of one CTA (byte offsets). Each stage holds one chunk: [Q] K V-tile gates, all
-// bf16 tiles row-major with 16-byte chunks swizzled (lasp::swizzle). The output kernel (kHasQ) adds
-// two bf16 copies of its state tile [DK][kTileV]: one read this chunk, one written for the next.
+// Shared-memory map of one CTA (byte offsets): kStages stages of [Q] K V-tile (bf16, the swizzled
+// layout of lasp::swizzle), then, in the output kernel (kHasQ), two bf16 copies of its state tile
+// [DK][kTileV] (one read this chunk, one written for the next), then the stages' gates. Every tile
+// starts 1024-byte aligned (so does the buffer: checked at run time), which is what wgmma's
+// 128-byte swizzle needs.
 template <int DK, bool kHasQ>
 struct Layout {
   static constexpr uint32_t kQKBytes = kChunk * DK * 2;
   static constexpr uint32_t kQ = 0;
   static constexpr uint32_t kK = kHasQ ? kQKBytes : 0;
   static constexpr uint32_t kV = kK + kQKBytes;
-  static constexpr uint32_t kG = kV + kChunk * kTileV * 2;
-  static constexpr uint32_t kStageBytes = kG + kChunk * 4;
+  static constexpr uint32_t kStageBytes = kV + kChunk * kTileV * 2;
   static constexpr uint32_t kSbf = kStages * kStageBytes;
   static constexpr uint32_t kSbfBytes = DK * kTileV * 2;
-  static constexpr uint32_t kBytes = kSbf + (kHasQ ? 2 * kSbfBytes : 0);
-  static_assert(kStageBytes % 128 == 0, "stages stay 128-byte aligned");
+  static constexpr uint32_t kGates = kSbf + (kHasQ ? 2 * kSbfBytes : 0);
+  static constexpr uint32_t kGateBytes = kChunk * 4;
+  static constexpr uint32_t kBytes = kGates + kStages * kGateBytes;
+  static_assert(kStageBytes % 1024 == 0 && kSbfBytes % 1024 == 0, "tiles stay 1024-byte aligned");
   static_assert(kBytes == (kHasQ ? lasp_sd_output_smem_bytes(DK) : lasp_sd_states_smem_bytes(DK)),
                 "shared-memory map and host formula disagree");
 };
@@ -52,7 +63,7 @@ __device__ __forceinline__ float fold_step(float prefix, float lambda, float m) 
 }
 
 // Async copy of a [kChunk x 8*kRowChunks] bf16 tile whose row r starts at row0 + r*stride (elements)
-// into swizzled shared memory at dst. Rows >= valid_rows are zero-filled (ragged last chunk).
+// into swizzled shared memory at dst (lasp::swizzle with kChunk rows). Rows >= valid_rows are zero-filled (ragged last chunk).
 // Thread tid always copies 16-byte chunk tid % kRowChunks of rows tid / kRowChunks + i*kRowStep:
 // consecutive threads read consecutive 16 B of a row, and the shared offsets step by constants.
 template <int kRowChunks>
@@ -64,11 +75,11 @@ __device__ __forceinline__ void copy_tile_async(uint32_t dst, const uint16_t* ro
   const int r0 = tid / kRowChunks, c = tid % kRowChunks;
   const uint16_t* src = row0 + r0 * stride + c * 8;
   const int64_t src_step = kRowStep * stride;
-  dst += swizzle(r0, c, kRowChunks);  // rows r0 + i*kRowStep share r0 % 8, hence the swizzle
+  dst += swizzle(r0, c, kChunk);  // rows r0 + i*kRowStep share r0 % 8, hence the swizzle
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
     const bool ok = r0 + i * kRowStep < valid_rows;
-    cp_async_16(dst + i * kRowStep * kRowChunks * 16, ok ? src : row0, ok);
+    cp_async_16(dst + i * kRowStep * 128, ok ? src : row0, ok);
     src += src_step;
   }
 }
@@ -160,8 +171,9 @@ __device__ __forceinline__ SegmentArgs segment_args(const Params& p) {
   return a;
 }
 
-// The state elements a lane holds: s[mt][nt][2*hh + e] = S[d][c] with d = d_warp + 16*mt + 8*hh + g,
-// c = 8*nt + 2*t + e (column within the 64-column tile).
+// The state elements a lane holds: s[mt][nt][2*hh + e] = S[d][c] with d = 64*mt + d_warp + 8*hh + g,
+// d_warp = 16*warp, c = 8*nt + 2*t + e (column within the 64-column tile): the accumulator layout
+// of two m64n64 wgmma (or 2x4 m16 mma.sync) tiles stacked along Dk.
 struct StateLane {
   int d_warp, g, t;
 };
@@ -178,7 +190,7 @@ __device__ __forceinline__ void for_each_state_pair(StateRegs<DK>& s, const Stat
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh)
-        f(s[mt][nt][2 * hh], s[mt][nt][2 * hh + 1], ln.d_warp + 16 * mt + 8 * hh + ln.g, 8 * nt + 2 * ln.t);
+        f(s[mt][nt][2 * hh], s[mt][nt][2 * hh + 1], 64 * mt + ln.d_warp + 8 * hh + ln.g, 8 * nt + 2 * ln.t);
 }
 
 // s = 0.
@@ -220,29 +232,27 @@ __device__ __forceinline__ void state_store(StateRegs<DK>& s, const StateLane& l
 // ---- Chunk-step building blocks (one warp: its 16 output rows and DK/4 state rows) ----
 
 // Per-lane ldmatrix row offsets (swizzled). Every fragment load is a buffer base + one of these + a
-// compile-time constant: moving a row by 16 keeps row % 8, and moving a chunk index by 8 leaves its
-// low 3 bits (the swizzled ones) alone. Lane l addresses row (l & 7) + 8 * (one of its bits 3, 4) and
-// chunk + (the other bit) of its 8x8 matrix l / 8.
+// compile-time constant: moving a row by 16 keeps row % 8, and moving a chunk index by 8 is the next
+// 64-column block (kBlockBytes further) with the same low 3 bits (the swizzled ones). Lane l
+// addresses row (l & 7) + 8 * (one of its bits 3, 4) and chunk + (the other bit) of its 8x8 matrix l / 8.
 template <int DK>
 struct FragOffsets {
-  static constexpr int kQKChunks = DK / 8;
-  static constexpr int kVChunks = kTileV / 8;
-  static constexpr uint32_t kQKRow16 = 16 * kQKChunks * 16;  // bytes of 16 rows of a Q/K tile
-  static constexpr uint32_t kVRow16 = 16 * kVChunks * 16;    // bytes of 16 rows of a V / state tile
+  static constexpr uint32_t kRow16 = 16 * 128;             // bytes of 16 rows of any tile (128-byte rows)
+  static constexpr uint32_t kBlockBytes = kChunk * 128;    // bytes of one 64-column block of a Q / K tile
   uint32_t q[4];         // Q A-fragment,  rows 16 warp + .., chunk 2m (+ 8 per 4 k-steps)
   uint32_t k[4];         // K B-fragment,  rows 0.. (+ 16 per key n-tile pair), chunk 2m (+ 8 per 4 k-steps)
   uint32_t v[4];         // V / state B-fragment (.trans), rows 0.. (+ 16 per k-step), chunk 2m = n-tile pair m
-  uint32_t kt[DK / 64];  // K^T A-fragment (.trans), rows 0.. (+ 16 per k-step), chunks of state rows d_warp + 16 mt
+  uint32_t kt[DK / 64];  // K^T A-fragment (.trans), rows 0.. (+ 16 per k-step), chunks of state rows 64 mt + 16 warp
   __device__ __forceinline__ FragOffsets(int warp, int lane) {
     const int l_row = lane & 7, l_b3 = (lane >> 3) & 1, l_b4 = lane >> 4;
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
-      q[m] = swizzle(16 * warp + l_row + 8 * l_b3, 2 * m + l_b4, kQKChunks);
-      k[m] = swizzle(l_row + 8 * l_b4, 2 * m + l_b3, kQKChunks);
-      v[m] = swizzle(l_row + 8 * l_b3, 2 * m + l_b4, kVChunks);
+      q[m] = swizzle(16 * warp + l_row + 8 * l_b3, 2 * m + l_b4, kChunk);
+      k[m] = swizzle(l_row + 8 * l_b4, 2 * m + l_b3, kChunk);
+      v[m] = swizzle(l_row + 8 * l_b3, 2 * m + l_b4, kChunk);
     }
 #pragma unroll
-    for (int mt = 0; mt < DK / 64; ++mt) kt[mt] = swizzle(l_row + 8 * l_b4, (warp * DK / 4 + 16 * mt) / 8 + l_b3, kQKChunks);
+    for (int mt = 0; mt < DK / 64; ++mt) kt[mt] = swizzle(l_row + 8 * l_b4, (64 * mt + 16 * warp) / 8 + l_b3, kChunk);
   }
 };
 
@@ -255,12 +265,12 @@ __device__ __forceinline__ void q_products(float (&o)[8][4], float (&a)[8][4], u
 #pragma unroll
   for (int ks = 0; ks < DK / 16; ++ks) {
     uint32_t qa[4];
-    ldsm_x4(qa, sQ + off.q[ks & 3] + 128 * (ks >> 2));
+    ldsm_x4(qa, sQ + off.q[ks & 3] + F::kBlockBytes * (ks >> 2));
     // o += Q S_n (B[k = d][n = c] stored row-major -> ldmatrix.trans).
 #pragma unroll
     for (int np = 0; np < 4; ++np) {
       uint32_t sb[4];
-      ldsm_x4_trans(sb, sS + off.v[np] + ks * F::kVRow16);
+      ldsm_x4_trans(sb, sS + off.v[np] + ks * F::kRow16);
       mma_bf16(o[2 * np], qa, sb[0], sb[1]);
       mma_bf16(o[2 * np + 1], qa, sb[2], sb[3]);
     }
@@ -270,7 +280,7 @@ __device__ __forceinline__ void q_products(float (&o)[8][4], float (&a)[8][4], u
 #pragma unroll
     for (int np = 0; np < 4; ++np) {
       uint32_t kb[4];
-      ldsm_x4(kb, sK + off.k[ks & 3] + 128 * (ks >> 2) + np * F::kQKRow16);
+      ldsm_x4(kb, sK + off.k[ks & 3] + F::kBlockBytes * (ks >> 2) + np * F::kRow16);
       mma_bf16(a[2 * np], qa, kb[0], kb[1]);
       mma_bf16(a[2 * np + 1], qa, kb[2], kb[3]);
     }
@@ -336,7 +346,7 @@ __device__ __forceinline__ void decay_state(StateRegs<DK>& s, float (&wk)[8][2],
 template <int DK>
 __device__ __forceinline__ void load_v(uint32_t (&vb)[4][4], uint32_t sV, const FragOffsets<DK>& off, int kk) {
 #pragma unroll
-  for (int np = 0; np < 4; ++np) ldsm_x4_trans(vb[np], sV + off.v[np] + kk * FragOffsets<DK>::kVRow16);
+  for (int np = 0; np < 4; ++np) ldsm_x4_trans(vb[np], sV + off.v[np] + kk * FragOffsets<DK>::kRow16);
 }
 
 // o += P[:, 16kk..16kk+15] V[16kk.., :]  (k-steps kk > warp hold only masked zeros: kept, branch-free).
@@ -357,7 +367,7 @@ __device__ __forceinline__ void state_step(StateRegs<DK>& s, uint32_t sK, const 
 #pragma unroll
   for (int mt = 0; mt < DK / 64; ++mt) {
     uint32_t ka[4];
-    ldsm_x4_trans(ka, sK + off.kt[mt] + kk * FragOffsets<DK>::kQKRow16);
+    ldsm_x4_trans(ka, sK + off.kt[mt] + kk * FragOffsets<DK>::kRow16);
     if constexpr (kWeighK) {
       ka[0] = scale_bf16x2(ka[0], wk[2 * kk][0], wk[2 * kk][1]);          // j = 16kk + 2t + {0,1}
       ka[1] = scale_bf16x2(ka[1], wk[2 * kk][0], wk[2 * kk][1]);
@@ -388,7 +398,7 @@ __device__ __forceinline__ void state_update(StateRegs<DK>& s, uint32_t sK, uint
 template <int DK>
 __device__ __forceinline__ void store_state_bf16(uint8_t* smem, uint32_t buf, StateRegs<DK>& s, const StateLane& ln) {
   for_each_state_pair<DK>(s, ln, [&](float& x0, float& x1, int d, int c) {
-    *reinterpret_cast<uint32_t*>(smem + buf + swizzle(d, c / 8, kTileV / 8) + 4 * ln.t) = pack_bf16x2(x0, x1);
+    *reinterpret_cast<uint32_t*>(smem + buf + swizzle(d, c / 8, DK) + 4 * ln.t) = pack_bf16x2(x0, x1);
   });
 }
 
@@ -413,6 +423,112 @@ enum class Probe {
   kNoExp,
 };
 
+// One chunk of the output kernel: o = sigma (diag(e^b) Q S_n + (Q K^T ⊙ D) V) for this warp's 16 rows
+// (accumulator layout), S <- S_{n+1}. sQ, sK, sV: the chunk's stage; sS: the bf16 copy of S_n.
+// kProbe kNoExp drops the elementwise gate work (see Probe).
+#if LASP_SD_WGMMA
+// sm_90a: the four products on the warpgroup's tensor cores (wgmma m64n64k16; the CTA's 4 warps
+// are one warpgroup), in three groups so that the warps' elementwise work runs beside them:
+//            first S <- e^gamma S and the K~^T fragments (ldmatrix.trans of K, scaled by e^{gamma-b_j})
+//   group 1  o = Q S_n, a = Q K^T             A = Q, B = S_bf (MN-major) / K (K-major), shared memory
+//   group 2  S += K~^T V                       A = K~^T from registers, B = V (MN-major)
+//            wait for group 1: o *= sigma e^{b_r}; P = sigma (a ⊙ D) as bf16 A fragments
+//   group 3  o += P V                          A = P from registers, B = V
+// and wait for all. Same products, roundings and order of terms as the mma.sync path. The state's
+// registers are rewritten only while no wgmma is in flight (ptxas otherwise inserts a wait for
+// group 1 right there, serialising it with that work).
+template <int DK, Probe kProbe>
+__device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s, uint32_t sQ, uint32_t sK,
+                                             uint32_t sV, uint32_t sS, const FragOffsets<DK>& off,
+                                             const ChunkGates& cg, int warp, int g, int t, float scale) {
+  using F = FragOffsets<DK>;
+  constexpr bool kGates = kProbe != Probe::kNoExp;
+  float wk[8][2];
+  if constexpr (kGates) decay_state<DK>(s, wk, cg);
+  uint32_t kta[DK / 64][4][4];  // K~^T A fragments: state rows 64 mt + 16 warp .., tokens 16 kk ..
+#pragma unroll
+  for (int mt = 0; mt < DK / 64; ++mt)
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      uint32_t(&ka)[4] = kta[mt][kk];
+      ldsm_x4_trans(ka, sK + off.kt[mt] + kk * F::kRow16);
+      if constexpr (kGates) {
+        ka[0] = scale_bf16x2(ka[0], wk[2 * kk][0], wk[2 * kk][1]);  // j = 16kk + 2t + {0,1}
+        ka[1] = scale_bf16x2(ka[1], wk[2 * kk][0], wk[2 * kk][1]);
+        ka[2] = scale_bf16x2(ka[2], wk[2 * kk + 1][0], wk[2 * kk + 1][1]);  // j = 16kk + 8 + 2t + {0,1}
+        ka[3] = scale_bf16x2(ka[3], wk[2 * kk + 1][0], wk[2 * kk + 1][1]);
+      }
+    }
+
+  float acc[8][4];  // Q K^T
+  wg::fence();
+#pragma unroll
+  for (int ks = 0; ks < DK / 16; ++ks) {
+    const uint32_t k_step = F::kBlockBytes * (ks >> 2) + 32 * (ks & 3);  // of a K-major Q / K tile
+    const uint64_t q_desc = wg::desc_sw128(sQ + k_step);
+    wg::mma_ss<wg::Major::kMN>(o, q_desc, wg::desc_sw128(sS + ks * F::kRow16), ks > 0);
+    wg::mma_ss<wg::Major::kK>(acc, q_desc, wg::desc_sw128(sK + k_step), ks > 0);
+  }
+  wg::commit();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int mt = 0; mt < DK / 64; ++mt)
+      wg::mma_rs<wg::Major::kMN>(s[mt], kta[mt][kk], wg::desc_sw128(sV + kk * F::kRow16));
+  wg::commit();
+
+  wg::wait<1>();
+  wg::fence_operands(o);
+  wg::fence_operands(acc);
+  uint32_t pa[4][4];  // A fragments of sigma (Q K^T ⊙ D), one per 16-token k-step
+  if constexpr (kGates) {
+    scale_inter_rows(o, cg, scale);
+    scores_to_p(pa, acc, cg, warp, g, t, scale);
+  } else {
+    scores_to_p_unweighted(pa, acc);
+  }
+  wg::fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wg::mma_rs<wg::Major::kMN>(o, pa[kk], wg::desc_sw128(sV + kk * F::kRow16));
+  wg::commit();
+  wg::wait<0>();
+  wg::fence_operands(o);
+#pragma unroll
+  for (int mt = 0; mt < DK / 64; ++mt) wg::fence_operands(s[mt]);
+}
+#else
+// Other architectures: warp-level mma.sync, one pass over Dk for Q S_n and Q K^T sharing the Q
+// fragments, then P V and the state update sharing the V fragments.
+template <int DK, Probe kProbe>
+__device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s, uint32_t sQ, uint32_t sK,
+                                             uint32_t sV, uint32_t sS, const FragOffsets<DK>& off,
+                                             const ChunkGates& cg, int warp, int g, int t, float scale) {
+  constexpr bool kGates = kProbe != Probe::kNoExp;
+  float acc[8][4] = {};  // Q K^T
+  uint32_t pa[4][4];     // A fragments of sigma (Q K^T ⊙ D), one per 16-token k-step
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[nt][e] = 0.f;
+  q_products<DK>(o, acc, sQ, sS, sK, off);
+  float wk[8][2];
+  if constexpr (kGates) {
+    scale_inter_rows(o, cg, scale);
+    scores_to_p(pa, acc, cg, warp, g, t, scale);
+    decay_state<DK>(s, wk, cg);
+  } else {
+    scores_to_p_unweighted(pa, acc);
+  }
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    uint32_t vb[4][4];
+    load_v<DK>(vb, sV, off, kk);
+    pv_step(o, pa[kk], vb);
+    state_step<DK, kGates>(s, sK, off, kk, wk, vb);
+  }
+}
+#endif
+
 // Runs one CTA's segment (kOutput = false: states only, K, V, gates; kOutput = true: outputs too).
 //   start(s, lane) -> bool: fills the fp32 start state (called once by every thread, before any
 //                   cp.async; it may contain __syncthreads). If it returns false (uniformly across the
@@ -430,8 +546,14 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
   constexpr bool kMath = kProbe != Probe::kMemory;
   constexpr bool kEveryChunkFromMemory = kProbe == Probe::kNone || kProbe == Probe::kMemory;
 
-  extern __shared__ __align__(128) uint8_t smem[];
+  extern __shared__ __align__(1024) uint8_t smem[];
   const uint32_t sbase = smem_addr(smem);
+#if LASP_SD_WGMMA
+  // wgmma's 128-byte swizzle is a function of the address bits: a misaligned buffer would give wrong
+  // products, so it stops the kernel (a launch error) instead.
+  if constexpr (kOutput)
+    if (sbase & 1023u) __trap();
+#endif
   // `& 3` is a no-op in the 4-warp CTA that tells the compiler warp < 4 (nvcc 13.0 without it:
   // output_dk64 210 registers instead of 203, lasp2_output_dk64 228 instead of 223).
   const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
@@ -454,6 +576,7 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
   // Chunk i of this segment -> stage i % kStages.
   auto issue_chunk = [&](int i) {
     const uint32_t stage = sbase + (i % kStages) * L::kStageBytes;
+    const uint32_t gates = sbase + L::kGates + (i % kStages) * L::kGateBytes;
     const int tok0 = (c_begin + i) * kChunk;
     const int valid = min(kChunk, T - tok0);
     if constexpr (kOutput) copy_tile_async<kQKChunks>(stage + L::kQ, q + tok0 * qk_stride, qk_stride, valid, tid);
@@ -461,11 +584,11 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
     copy_tile_async<kVChunks>(stage + L::kV, v + tok0 * v_stride, v_stride, valid, tid);
     if (tid < kChunk) {
       const bool ok = tid < valid;
-      cp_async_4(stage + L::kG + 4 * tid, ok ? gate + (int64_t)(tok0 + tid) * a.H : gate, ok);
+      cp_async_4(gates + 4 * tid, ok ? gate + (int64_t)(tok0 + tid) * a.H : gate, ok);
     }
   };
 
-  const StateLane ln{warp * (DK / 4), g, t};
+  const StateLane ln{16 * warp, g, t};
   float s[DK / 64][8][4];
   const FragOffsets<DK> off(warp, lane);
 
@@ -486,6 +609,10 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
   float lambda = 0.f;  // segment log-decay, summed over chunks in order (deterministic)
   for (int i = 0; i < n_chunks; ++i) {
     cp_async_wait<kStages - 2>();
+#if LASP_SD_WGMMA
+    // This thread's landed chunk and its bf16 state writes, visible to wgmma's async proxy.
+    if constexpr (kOutput) wg::fence_proxy_async();
+#endif
     // After this barrier: chunk i is in smem for every thread; every warp is done with chunk i-1,
     // so its stage can be refilled and the bf16 state buffer it read can be rewritten.
     __syncthreads();
@@ -495,7 +622,8 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
     const uint32_t stage = (i % kStages) * L::kStageBytes;
     const uint32_t sK = sbase + stage + L::kK;
     const uint32_t sV = sbase + stage + L::kV;
-    const ChunkGates cg = scan_gates(reinterpret_cast<const float*>(smem + stage + L::kG), warp, lane);
+    const float* s_gates = reinterpret_cast<const float*>(smem + L::kGates + (i % kStages) * L::kGateBytes);
+    const ChunkGates cg = scan_gates(s_gates, warp, lane);
     lambda += cg.gamma;
 
     if constexpr (!kOutput) {
@@ -507,29 +635,8 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
       const uint32_t sQ = sbase + stage + L::kQ;
       const uint32_t sS = sbase + L::kSbf + (i & 1) * L::kSbfBytes;
       const int tok0 = (c_begin + (kEveryChunkFromMemory ? i : 0)) * kChunk;  // first token of the O rows
-      float o[8][4] = {};  // O rows of this warp, 64 columns (8 n-tiles)
-      if constexpr (kMath) {
-        // ---- Inter term Q S_n and scores Q K^T in one pass (rows 16 warp ..) ----
-        float acc[8][4] = {};  // Q K^T
-        uint32_t pa[4][4];     // A fragments of sigma (Q K^T ⊙ D), one per 16-token k-step
-        q_products<DK>(o, acc, sQ, sS, sK, off);
-        float wk[8][2];
-        if constexpr (kProbe != Probe::kNoExp) {
-          scale_inter_rows(o, cg, a.scale);
-          scores_to_p(pa, acc, cg, warp, g, t, a.scale);
-          decay_state<DK>(s, wk, cg);
-        } else {
-          scores_to_p_unweighted(pa, acc);
-        }
-        // ---- Intra term P V and the state update, sharing the V fragments ----
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          uint32_t vb[4][4];
-          load_v<DK>(vb, sV, off, kk);
-          pv_step(o, pa[kk], vb);
-          state_step<DK, kProbe != Probe::kNoExp>(s, sK, off, kk, wk, vb);
-        }
-      }
+      float o[8][4];  // O rows of this warp, 64 columns (8 n-tiles)
+      if constexpr (kMath) output_chunk<DK, kProbe>(o, s, sQ, sK, sV, sS, off, cg, warp, g, t, a.scale);
       // bf16 pair (columns 8 nt + 2t, +1) of O row 16 warp + 8 hh + g.
       auto o_pair = [&](int nt, int hh) -> uint32_t {
         if constexpr (kMath) {
@@ -538,10 +645,10 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
           const int r = 16 * warp + 8 * hh + g;
           const uint8_t* st = smem + stage;
           const uint32_t in_chunk = 4 * t;  // the pair's byte offset in its 16-byte chunk nt
-          const uint32_t qw = *reinterpret_cast<const uint32_t*>(st + L::kQ + swizzle(r, nt, kQKChunks) + in_chunk);
-          const uint32_t kw = *reinterpret_cast<const uint32_t*>(st + L::kK + swizzle(r, nt, kQKChunks) + in_chunk);
-          const uint32_t vw = *reinterpret_cast<const uint32_t*>(st + L::kV + swizzle(r, nt, kVChunks) + in_chunk);
-          return qw ^ kw ^ vw ^ reinterpret_cast<const uint32_t*>(st + L::kG)[r];
+          const uint32_t qw = *reinterpret_cast<const uint32_t*>(st + L::kQ + swizzle(r, nt, kChunk) + in_chunk);
+          const uint32_t kw = *reinterpret_cast<const uint32_t*>(st + L::kK + swizzle(r, nt, kChunk) + in_chunk);
+          const uint32_t vw = *reinterpret_cast<const uint32_t*>(st + L::kV + swizzle(r, nt, kChunk) + in_chunk);
+          return qw ^ kw ^ vw ^ reinterpret_cast<const uint32_t*>(s_gates)[r];
         }
       };
       // O rows beyond T (ragged last chunk) are not stored.
