@@ -50,7 +50,7 @@ template <int DK>
 __device__ __forceinline__ void states(const lasp_lasp2_params& p) {
   const sd::SegmentArgs a = group_segment_args(p);
   const int64_t slot = (int64_t)a.bh * p.num_segments + blockIdx.y;
-  sd::run_states_segment_with<DK>(
+  sd::run_segment_with<DK, false>(
       a,
       [&](StateRegs<DK>& s, const StateLane& ln) {
         sd::state_zero<DK>(s, ln);
@@ -74,7 +74,7 @@ __device__ __forceinline__ void output(const lasp_lasp2_params& p) {
   const int seg = blockIdx.y;
   const int64_t tile_elems = (int64_t)DK * p.Dv;  // one (b, h) state
   const int col0 = a.vt * sd::kTileV;
-  sd::run_output_segment_with<DK>(
+  sd::run_segment_with<DK, true>(
       a,
       [&](StateRegs<DK>& s, const StateLane& ln) {
         const uint64_t stamps = lasp2_timeline_output(a.bh, a.vt, seg, p.B, p.H, p.Dv, p.num_segments);
@@ -243,12 +243,12 @@ extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS)
 }
 
 // Kernel 3: outputs of the shard from P_me (see lasp::l2::output); PE npes-1's last segment writes
-// ht if write_final_state. grid lasp2_output_grid, block LASP2_OUTPUT_THREADS, smem lasp2_output_smem_bytes(Dk).
-extern "C" __global__ void __launch_bounds__(LASP2_OUTPUT_THREADS, 1)
+// ht if write_final_state. grid lasp2_output_grid, block LASP2_THREADS, smem lasp2_output_smem_bytes(Dk).
+extern "C" __global__ void __launch_bounds__(LASP2_THREADS, 1)
     lasp_lasp2_output_dk64(const __grid_constant__ lasp_lasp2_params p) {
   lasp::l2::output<64>(p);
 }
-extern "C" __global__ void __launch_bounds__(LASP2_OUTPUT_THREADS, 1)
+extern "C" __global__ void __launch_bounds__(LASP2_THREADS, 1)
     lasp_lasp2_output_dk128(const __grid_constant__ lasp_lasp2_params p) {
   lasp::l2::output<128>(p);
 }

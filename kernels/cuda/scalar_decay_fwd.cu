@@ -16,13 +16,10 @@
 // Plus timed variants of kernel 3 for measurement (lasp_scalar_decay_output_dk*_probe_*, see
 // lasp::sd::Probe): launched like it, never part of the forward.
 //
-// One CTA per (Dv tile of 64 columns, segment, b*H+h). Output kernel: 8 warps in two roles
-// (lasp::sd::run_output_segment_with): a state warpgroup that loads the chunks and advances the fp32
-// state in registers, one chunk ahead of an output warpgroup that computes and stores O; warp w of
-// a group owns rows 16w.. of each chunk and state rows 64 mt + 16w... States kernel: 4 warps.
-// Tensor cores: wgmma m64n64k16 bf16 -> fp32 (sm_90a; mma.sync m16n8k16 elsewhere and in the
-// states kernel), operands in 128-byte-swizzled shared memory. Pipeline: cp.async, kStages chunks
-// in flight.
+// CTA = 4 warps, one (Dv tile of 64 columns, segment, b*H+h). Warp w owns output rows
+// 16w..16w+15 of each chunk and state rows w*Dk/4 .. (w+1)*Dk/4-1 (all 64 columns of the tile).
+// Tensor cores: mma.sync m16n8k16 bf16 -> fp32, operands through ldmatrix from swizzled smem.
+// Pipeline: cp.async, kStages chunks in flight, one __syncthreads per chunk.
 #include <math.h>
 #include <stdint.h>
 
@@ -45,7 +42,7 @@ __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p) {
   const int64_t tile_elems = (int64_t)DK * p.Dv;  // one (b, h) state
   const int col0 = a.vt * kTileV;
   if constexpr (kOutput) {
-    run_output_segment_with<DK, kProbe>(
+    run_segment_with<DK, true, kProbe>(
         a,
         [&](StateRegs<DK>& s, const StateLane& ln) {
           // P_s: the fold's prefix for s > 0, h0 (or zero) for s = 0.
@@ -62,7 +59,7 @@ __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p) {
         });
   } else {
     const int64_t slot = (int64_t)a.bh * n_seg_slots + seg;
-    run_states_segment_with<DK>(
+    run_segment_with<DK, false>(
         a,
         [&](StateRegs<DK>& s, const StateLane& ln) {
           state_zero<DK>(s, ln);
@@ -107,12 +104,12 @@ extern "C" __global__ void __launch_bounds__(LASP_SD_FOLD_THREADS)
 }
 
 // Pass 2: outputs of every segment from its prefix state; the last segment writes ht (if non-NULL).
-// grid lasp_sd_output_grid, block LASP_SD_OUTPUT_THREADS, smem lasp_sd_output_smem_bytes(Dk).
-extern "C" __global__ void __launch_bounds__(LASP_SD_OUTPUT_THREADS, 1)
+// grid lasp_sd_output_grid, block LASP_SD_THREADS, smem lasp_sd_output_smem_bytes(Dk).
+extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
     lasp_scalar_decay_output_dk64(const __grid_constant__ lasp_scalar_decay_params p) {
   lasp::sd::run_segment<64, true>(p);
 }
-extern "C" __global__ void __launch_bounds__(LASP_SD_OUTPUT_THREADS, 1)
+extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
     lasp_scalar_decay_output_dk128(const __grid_constant__ lasp_scalar_decay_params p) {
   lasp::sd::run_segment<128, true>(p);
 }
@@ -120,27 +117,27 @@ extern "C" __global__ void __launch_bounds__(LASP_SD_OUTPUT_THREADS, 1)
 // Probes of pass 2 (lasp::sd::Probe; SCALAR_DECAY_NOTES.md, "Probes"): launched exactly like
 // lasp_scalar_decay_output_dk*, from the same params, to time parts of its work. Their O is not the
 // forward's output; the last segment still writes ht (if non-NULL) from whatever state it holds.
-extern "C" __global__ void __launch_bounds__(LASP_SD_OUTPUT_THREADS, 1)
+extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
     lasp_scalar_decay_output_dk64_probe_memory(const __grid_constant__ lasp_scalar_decay_params p) {
   lasp::sd::run_segment<64, true, lasp::sd::Probe::kMemory>(p);
 }
-extern "C" __global__ void __launch_bounds__(LASP_SD_OUTPUT_THREADS, 1)
+extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
     lasp_scalar_decay_output_dk128_probe_memory(const __grid_constant__ lasp_scalar_decay_params p) {
   lasp::sd::run_segment<128, true, lasp::sd::Probe::kMemory>(p);
 }
-extern "C" __global__ void __launch_bounds__(LASP_SD_OUTPUT_THREADS, 1)
+extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
     lasp_scalar_decay_output_dk64_probe_compute(const __grid_constant__ lasp_scalar_decay_params p) {
   lasp::sd::run_segment<64, true, lasp::sd::Probe::kCompute>(p);
 }
-extern "C" __global__ void __launch_bounds__(LASP_SD_OUTPUT_THREADS, 1)
+extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
     lasp_scalar_decay_output_dk128_probe_compute(const __grid_constant__ lasp_scalar_decay_params p) {
   lasp::sd::run_segment<128, true, lasp::sd::Probe::kCompute>(p);
 }
-extern "C" __global__ void __launch_bounds__(LASP_SD_OUTPUT_THREADS, 1)
+extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
     lasp_scalar_decay_output_dk64_probe_no_exp(const __grid_constant__ lasp_scalar_decay_params p) {
   lasp::sd::run_segment<64, true, lasp::sd::Probe::kNoExp>(p);
 }
-extern "C" __global__ void __launch_bounds__(LASP_SD_OUTPUT_THREADS, 1)
+extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
     lasp_scalar_decay_output_dk128_probe_no_exp(const __grid_constant__ lasp_scalar_decay_params p) {
   lasp::sd::run_segment<128, true, lasp::sd::Probe::kNoExp>(p);
 }

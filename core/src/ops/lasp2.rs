@@ -225,8 +225,9 @@ pub struct Lasp2Tuning {
     /// exchange between the states and the output passes.
     pub head_groups: usize,
     /// CTAs per SM that one group's states or output launch aims for (segments are cut to reach
-    /// it). 1 is one wave of output CTAs (the most an SM holds: their shared memory); more cuts
-    /// more segments and runs the output kernel in several waves.
+    /// it). 2 hides latency inside the kernels; 1 leaves more room beside them for the
+    /// `fold_put` CTAs of the exchange stream but places the compute CTAs unevenly when those
+    /// take SMs first (measured slower at every shape, benches/results/raw/run12).
     pub ctas_per_sm: u32,
 }
 
@@ -252,7 +253,7 @@ impl Lasp2Tuning {
             } else {
                 1
             },
-            ctas_per_sm: 1,
+            ctas_per_sm: 2,
         }
     }
 }
@@ -648,9 +649,9 @@ impl Lasp2Forward {
         };
         let i = usize::from(l.dk == 128);
         let group_params = |bh_begin| Lasp2Params { bh_begin, ..params };
-        let segments_launch = |heads, threads, smem| LaunchShape {
+        let segments_launch = |heads, smem| LaunchShape {
             grid: geometry::segments_grid(heads, dv, segments),
-            block: (threads, 1, 1),
+            block: (sd::THREADS, 1, 1),
             shared_bytes: smem,
         };
         let fold_put = |heads| LaunchShape {
@@ -672,7 +673,7 @@ impl Lasp2Forward {
             unsafe {
                 self.states[i].launch(
                     stream,
-                    segments_launch(heads, sd::THREADS, sd::states_smem_bytes(dk)),
+                    segments_launch(heads, sd::states_smem_bytes(dk)),
                     &p,
                 )?;
                 if side {
@@ -696,7 +697,7 @@ impl Lasp2Forward {
             unsafe {
                 self.output[i].launch(
                     stream,
-                    segments_launch(heads, sd::OUTPUT_THREADS, sd::output_smem_bytes(dk)),
+                    segments_launch(heads, sd::output_smem_bytes(dk)),
                     &group_params(bh_begin),
                 )?;
             }
@@ -917,7 +918,7 @@ mod tests {
             (groups(8, 32768), groups(32, 32768), groups(4, 131072)),
             (1, 2, 1)
         );
-        assert_eq!(Lasp2Tuning::automatic(4, l, 1).ctas_per_sm, 1);
+        assert_eq!(Lasp2Tuning::automatic(4, l, 1).ctas_per_sm, 2);
     }
 
     #[test]

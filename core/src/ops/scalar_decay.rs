@@ -59,14 +59,11 @@ pub mod geometry {
     pub const CHUNK: i32 = 64;
     /// Dv columns per CTA (`LASP_SD_TILE_V`).
     pub const TILE_V: i32 = 64;
-    /// Threads per CTA of the states kernel (`LASP_SD_THREADS`).
+    /// Threads per CTA of the states and output kernels (`LASP_SD_THREADS`).
     pub const THREADS: u32 = 128;
-    /// Threads per CTA of the output kernel (`LASP_SD_OUTPUT_THREADS`): a state warpgroup and an
-    /// output warpgroup.
-    pub const OUTPUT_THREADS: u32 = 256;
     /// cp.async pipeline depth the kernels are built with (`LASP_SD_STAGES`, default of the header;
     /// the build passes no override).
-    pub const STAGES: u32 = 4;
+    pub const STAGES: u32 = 2;
     /// Threads per CTA of the fold kernel (`LASP_SD_FOLD_THREADS`).
     pub const FOLD_THREADS: u32 = 256;
 
@@ -96,11 +93,18 @@ pub mod geometry {
         (nc + cps - 1) / cps
     }
 
-    /// The CTAs the automatic plan fills (host policy, not in the header): one output CTA per SM,
-    /// the most its shared memory allows (4 stages of Q, K, V). Segments are cut only where the
-    /// heads' Dv tiles leave SMs idle.
-    pub const fn target_ctas(sm_count: i32) -> i32 {
-        sm_count
+    /// The CTAs the automatic plan fills (host policy, not in the header). Two 2-stage output
+    /// CTAs fit an SM, but a second one pays only where one per SM already splits sequences into
+    /// segments (the states pass is paid anyway); where one per SM keeps every sequence whole, a
+    /// second would add a states pass. Measured on H200 (benches/results/raw/run10): B=1, H=16,
+    /// T=32K 0.376 -> 0.336 ms and T=128K 1.478 -> 1.355 ms with two per SM; B=4, T=8K 0.275 ms
+    /// with one, 0.315 ms with two.
+    pub const fn target_ctas(b: i32, h: i32, t: i32, dv: i32, sm_count: i32) -> i32 {
+        if num_segments(b, h, t, dv, sm_count) == 1 {
+            sm_count
+        } else {
+            2 * sm_count
+        }
     }
 
     /// `lasp_sd_chunks_per_segment`.
@@ -399,7 +403,7 @@ impl ForwardPlan {
             }),
             output: LaunchShape {
                 grid: geometry::output_grid(b, h, dv, s),
-                block: (geometry::OUTPUT_THREADS, 1, 1),
+                block: (geometry::THREADS, 1, 1),
                 shared_bytes: geometry::output_smem_bytes(dk),
             },
         })
@@ -719,9 +723,17 @@ impl ScalarDecayForward {
     }
 
     /// The CTA count the plan of `shape` fills: the override, else [`geometry::target_ctas`].
-    pub fn target_ctas(&self) -> u32 {
-        self.target_ctas
-            .unwrap_or_else(|| geometry::target_ctas(self.sm_count as i32).max(1) as u32)
+    pub fn target_ctas(&self, shape: &ForwardShape) -> u32 {
+        self.target_ctas.unwrap_or_else(|| {
+            geometry::target_ctas(
+                shape.b as i32,
+                shape.h as i32,
+                shape.t.min(i32::MAX as usize) as i32,
+                shape.dv as i32,
+                self.sm_count as i32,
+            )
+            .max(1) as u32
+        })
     }
 
     /// Overrides the CTA count the automatic plan fills (tuning). At least 1.
@@ -752,7 +764,7 @@ impl ScalarDecayForward {
 
     /// The plan a launch of `shape` would use (validates the shape).
     pub fn plan(&self, shape: &ForwardShape) -> Result<ForwardPlan> {
-        ForwardPlan::new(shape, self.target_ctas(), self.force_segments)
+        ForwardPlan::new(shape, self.target_ctas(shape), self.force_segments)
     }
 
     /// Copies `g` to the host (synchronising `stream`) and checks that every gate is finite and
@@ -1057,7 +1069,6 @@ mod tests {
         assert_eq!(define("LASP_SD_CHUNK"), g::CHUNK as i64);
         assert_eq!(define("LASP_SD_TILE_V"), g::TILE_V as i64);
         assert_eq!(define("LASP_SD_THREADS"), g::THREADS as i64);
-        assert_eq!(define("LASP_SD_OUTPUT_THREADS"), g::OUTPUT_THREADS as i64);
         assert_eq!(define("LASP_SD_STAGES"), g::STAGES as i64);
         assert_eq!(define("LASP_SD_FOLD_THREADS"), g::FOLD_THREADS as i64);
         // The build must not override the pipeline depth, or the shared-memory sizes differ.
@@ -1069,24 +1080,26 @@ mod tests {
     }
 
     #[test]
-    fn segments_only_where_the_tiles_leave_sms_idle() {
-        // B=4, H=16, Dv=128: 128 CTAs of whole sequences on 132 SMs.
-        assert_eq!(g::num_segments(4, 16, 8192, 128, g::target_ctas(132)), 1);
-        // B=1: 32 tiles, so 4 segments fill the SMs.
-        assert_eq!(g::num_segments(1, 16, 32768, 128, g::target_ctas(132)), 4);
-        // A sequence of one chunk cannot be split.
-        assert_eq!(g::num_segments(1, 1, 64, 64, g::target_ctas(132)), 1);
+    fn two_ctas_per_sm_only_where_one_per_tile_leaves_sms_idle() {
+        // B=4, H=16, Dv=128: one CTA per SM keeps sequences whole; a second would add a states pass.
+        assert_eq!(g::target_ctas(4, 16, 8192, 128, 132), 132);
+        assert_eq!(g::num_segments(4, 16, 8192, 128, 132), 1);
+        // B=1: one per SM already splits into 4 segments, so two per SM and 8 segments.
+        assert_eq!(g::target_ctas(1, 16, 32768, 128, 132), 264);
+        assert_eq!(g::num_segments(1, 16, 32768, 128, 264), 8);
+        // A sequence of one chunk cannot be split: one per SM.
+        assert_eq!(g::target_ctas(1, 1, 64, 64, 132), 132);
     }
 
     #[test]
     fn shared_memory_and_workspace_formulas() {
-        // 4 stages x (Q, K, V tile, gates) + 2 bf16 state tiles; one Dk=128 output CTA fits the
-        // 227 KiB a CTA may opt into on an H100/H200.
-        assert_eq!(g::output_smem_bytes(128), 197_632);
-        assert_eq!(g::output_smem_bytes(64), 115_712);
-        assert_eq!(g::states_smem_bytes(128), 99_328);
-        assert_eq!(g::states_smem_bytes(64), 66_560);
-        assert!(g::output_smem_bytes(128) <= 227 * 1024);
+        // 2 stages x (Q, K, V tile, gates) + 2 bf16 state tiles; two Dk=128 output CTAs fit the
+        // 228 KiB of an H100/H200 SM (with 1 KiB reserved per CTA).
+        assert_eq!(g::output_smem_bytes(128), 115_200);
+        assert_eq!(g::output_smem_bytes(64), 66_048);
+        assert_eq!(g::states_smem_bytes(128), 49_664);
+        assert_eq!(g::states_smem_bytes(64), 33_280);
+        assert!(2 * (g::output_smem_bytes(128) + 1024) <= 228 * 1024);
         // B*H*(S-1)*(2*Dk*Dv + 1)*4, with the values gcc computed from the header.
         assert_eq!(g::workspace_bytes(1, 1, 1, 128, 128), 0);
         assert_eq!(g::workspace_bytes(1, 1, 2, 128, 128), 131_076);
@@ -1177,11 +1190,10 @@ mod tests {
             (16, 16, 1)
         );
         assert_eq!(auto.states.unwrap().grid, (2, 15, 1));
-        assert_eq!(auto.states.unwrap().shared_bytes, 99_328);
+        assert_eq!(auto.states.unwrap().shared_bytes, 49_664);
         assert_eq!(auto.fold.unwrap().grid, (64, 1, 1));
         assert_eq!(auto.output.grid, (2, 16, 1));
-        assert_eq!(auto.output.shared_bytes, 197_632);
-        assert_eq!(auto.output.block, (256, 1, 1));
+        assert_eq!(auto.output.shared_bytes, 115_200);
         assert_eq!(auto.workspace_bytes, 1_966_140);
         assert_eq!(auto.workspace_offsets(), (15 * 65536, 30 * 65536));
         let five = ForwardPlan::new(&shape, 132, Some(5)).unwrap();

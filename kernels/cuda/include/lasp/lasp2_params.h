@@ -25,7 +25,7 @@
 //                                      waits for 1 of the same group, so it overlaps the next kernels)
 //   2b. LASP2_HOST_GATHERED only:      all-gather of slot half [epoch & 1] (lasp2_gather_* helpers)
 //   for g = 0 .. G-1:
-//     3. lasp_lasp2_output_dk{64,128}  grid lasp2_output_grid(group heads, Dv, S), block LASP2_OUTPUT_THREADS,
+//     3. lasp_lasp2_output_dk{64,128}  grid lasp2_output_grid(group heads, Dv, S), block LASP2_THREADS,
 //                                      smem lasp2_output_smem_bytes(Dk)
 //   4. lasp_lasp2_advance_epoch        grid (1, 1, 1), block (1, 1, 1), smem 0, after every kernel above
 //                                      (the second stream joined back first)
@@ -54,8 +54,7 @@
 
 #define LASP2_CHUNK LASP_SD_CHUNK      // 64 tokens per chunk
 #define LASP2_TILE_V LASP_SD_TILE_V    // 64 Dv columns per CTA / per exchanged tile
-#define LASP2_THREADS LASP_SD_THREADS                // 128: states kernel
-#define LASP2_OUTPUT_THREADS LASP_SD_OUTPUT_THREADS  // 256: output kernel (state + output warpgroups)
+#define LASP2_THREADS LASP_SD_THREADS  // 128: states and output kernels
 #define LASP2_FOLD_THREADS 256         // fold_put
 #define LASP2_SLOT_TRAILER_FLOATS 4    // after a tile's Dk*64 floats: [0] = Lambda, [1..3] = 0
 

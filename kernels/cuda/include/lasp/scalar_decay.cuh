@@ -24,14 +24,12 @@ namespace sd {
 
 constexpr int kChunk = LASP_SD_CHUNK;
 constexpr int kTileV = LASP_SD_TILE_V;
-constexpr int kThreads = LASP_SD_THREADS;              // states kernel; the loading group of the output kernel
-constexpr int kOutputThreads = LASP_SD_OUTPUT_THREADS;  // output kernel: state group + output group
+constexpr int kThreads = LASP_SD_THREADS;
 constexpr int kStages = LASP_SD_STAGES;
 constexpr int kWarps = kThreads / 32;
 static_assert(kChunk == 64 && kTileV == 64 && kWarps == 4,
               "fragment bookkeeping assumes 64-token chunks, 64-column V tiles and 4 warps of 16 rows");
 static_assert(kStages >= 2, "the pipeline needs at least two stages");
-static_assert(kOutputThreads == 2 * kThreads, "the output kernel is two 4-warp groups");
 
 // Shared-memory map of one CTA (byte offsets): kStages stages of [Q] K V-tile (bf16, the swizzled
 // layout of lasp::swizzle), then, in the output kernel (kHasQ), two bf16 copies of its state tile
@@ -425,21 +423,29 @@ enum class Probe {
   kNoExp,
 };
 
-// ---- The two roles' chunk steps (products on wgmma for sm_90a, on mma.sync elsewhere) ----
-
-// State role, one chunk: S <- e^gamma S + K~^T V, K~ = diag(e^{gamma - b}) K. sK, sV: the chunk's
-// stage. kProbe kNoExp leaves out the decay and the key weights (see Probe).
+// One chunk of the output kernel: o = sigma (diag(e^b) Q S_n + (Q K^T ⊙ D) V) for this warp's 16 rows
+// (accumulator layout), S <- S_{n+1}. sQ, sK, sV: the chunk's stage; sS: the bf16 copy of S_n.
+// kProbe kNoExp drops the elementwise gate work (see Probe).
+#if LASP_SD_WGMMA
+// sm_90a: the four products on the warpgroup's tensor cores (wgmma m64n64k16; the CTA's 4 warps
+// are one warpgroup), in three groups so that the warps' elementwise work runs beside them:
+//            first S <- e^gamma S and the K~^T fragments (ldmatrix.trans of K, scaled by e^{gamma-b_j})
+//   group 1  o = Q S_n, a = Q K^T             A = Q, B = S_bf (MN-major) / K (K-major), shared memory
+//   group 2  S += K~^T V                       A = K~^T from registers, B = V (MN-major)
+//            wait for group 1: o *= sigma e^{b_r}; P = sigma (a ⊙ D) as bf16 A fragments
+//   group 3  o += P V                          A = P from registers, B = V
+// and wait for all. Same products, roundings and order of terms as the mma.sync path. The state's
+// registers are rewritten only while no wgmma is in flight (ptxas otherwise inserts a wait for
+// group 1 right there, serialising it with that work).
 template <int DK, Probe kProbe>
-__device__ __forceinline__ void state_chunk(StateRegs<DK>& s, uint32_t sK, uint32_t sV, const FragOffsets<DK>& off,
-                                            const ChunkGates& cg) {
+__device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s, uint32_t sQ, uint32_t sK,
+                                             uint32_t sV, uint32_t sS, const FragOffsets<DK>& off,
+                                             const ChunkGates& cg, int warp, int g, int t, float scale) {
+  using F = FragOffsets<DK>;
   constexpr bool kGates = kProbe != Probe::kNoExp;
   float wk[8][2];
   if constexpr (kGates) decay_state<DK>(s, wk, cg);
-#if LASP_SD_WGMMA
-  // S (two m64n64 accumulators along Dk) += K~^T V: A = K~^T from registers (ldmatrix.trans of K,
-  // each token column scaled by its weight in fp32, one rounding), B = V (MN-major).
-  using F = FragOffsets<DK>;
-  uint32_t kta[DK / 64][4][4];  // state rows 64 mt + 16 warp .., tokens 16 kk ..
+  uint32_t kta[DK / 64][4][4];  // K~^T A fragments: state rows 64 mt + 16 warp .., tokens 16 kk ..
 #pragma unroll
   for (int mt = 0; mt < DK / 64; ++mt)
 #pragma unroll
@@ -453,67 +459,27 @@ __device__ __forceinline__ void state_chunk(StateRegs<DK>& s, uint32_t sK, uint3
         ka[3] = scale_bf16x2(ka[3], wk[2 * kk + 1][0], wk[2 * kk + 1][1]);
       }
     }
+
+  float acc[8][4];  // Q K^T
   wg::fence();
+#pragma unroll
+  for (int ks = 0; ks < DK / 16; ++ks) {
+    const uint32_t k_step = F::kBlockBytes * (ks >> 2) + 32 * (ks & 3);  // of a K-major Q / K tile
+    const uint64_t q_desc = wg::desc_sw128(sQ + k_step);
+    wg::mma_ss<wg::Major::kMN>(o, q_desc, wg::desc_sw128(sS + ks * F::kRow16), ks > 0);
+    wg::mma_ss<wg::Major::kK>(acc, q_desc, wg::desc_sw128(sK + k_step), ks > 0);
+  }
+  wg::commit();
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
     for (int mt = 0; mt < DK / 64; ++mt)
-      wg::mma_rs<wg::Major::kMN>(s[mt], kta[mt][kk], wg::desc_sw128(sV + kk * F::kRow16), true);
+      wg::mma_rs<wg::Major::kMN>(s[mt], kta[mt][kk], wg::desc_sw128(sV + kk * F::kRow16));
   wg::commit();
-  wg::wait<0>();
-#pragma unroll
-  for (int mt = 0; mt < DK / 64; ++mt) wg::fence_operands(s[mt]);
-#else
-  if constexpr (kGates) {
-    state_update<DK>(s, sK, sV, off, wk);
-  } else {
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      uint32_t vb[4][4];
-      load_v<DK>(vb, sV, off, kk);
-      state_step<DK, false>(s, sK, off, kk, wk, vb);
-    }
-  }
-#endif
-}
 
-// Output role, one chunk: o = sigma (diag(e^b) Q S_n + (Q K^T ⊙ D) V) for this warp's 16 rows
-// (accumulator layout). sQ, sK, sV: the chunk's stage; sS: the bf16 copy of S_n, of which the
-// products are done when sbf_read() is called (before the P V part).
-template <int DK, Probe kProbe, class SbfRead>
-__device__ __forceinline__ void output_chunk(float (&o)[8][4], uint32_t sQ, uint32_t sK, uint32_t sV, uint32_t sS,
-                                             const FragOffsets<DK>& off, const ChunkGates& cg, int warp, int g, int t,
-                                             float scale, SbfRead&& sbf_read) {
-  constexpr bool kGates = kProbe != Probe::kNoExp;
-  float acc[8][4];  // Q K^T
-#if LASP_SD_WGMMA
-  // o = Q S_n and acc = Q K^T (A = Q from registers, read once for both; B = S_bf, MN-major / K,
-  // K-major), then o += P V with P from registers (the accumulator layout is the A layout), B = V.
-  // A from shared memory would be read by each of the 16 products: at N = 64 that alone is the
-  // shared-memory bandwidth of the tensor cores' rate.
-  using F = FragOffsets<DK>;
-  uint32_t qa[DK / 16][4];
-#pragma unroll
-  for (int ks = 0; ks < DK / 16; ++ks) ldsm_x4(qa[ks], sQ + off.q[ks & 3] + F::kBlockBytes * (ks >> 2));
-  wg::fence();
-#pragma unroll
-  for (int ks = 0; ks < DK / 16; ++ks) {
-    const uint32_t k_step = F::kBlockBytes * (ks >> 2) + 32 * (ks & 3);  // of a K-major K tile
-    wg::mma_rs<wg::Major::kMN>(o, qa[ks], wg::desc_sw128(sS + ks * F::kRow16), ks > 0);
-    wg::mma_rs<wg::Major::kK>(acc, qa[ks], wg::desc_sw128(sK + k_step), ks > 0);
-  }
-  wg::commit();
-  wg::wait<0>();
+  wg::wait<1>();
   wg::fence_operands(o);
   wg::fence_operands(acc);
-#else
-#pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[nt][e] = acc[nt][e] = 0.f;
-  q_products<DK>(o, acc, sQ, sS, sK, off);
-#endif
-  sbf_read();
   uint32_t pa[4][4];  // A fragments of sigma (Q K^T ⊙ D), one per 16-token k-step
   if constexpr (kGates) {
     scale_inter_rows(o, cg, scale);
@@ -521,260 +487,186 @@ __device__ __forceinline__ void output_chunk(float (&o)[8][4], uint32_t sQ, uint
   } else {
     scores_to_p_unweighted(pa, acc);
   }
-#if LASP_SD_WGMMA
   wg::fence();
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wg::mma_rs<wg::Major::kMN>(o, pa[kk], wg::desc_sw128(sV + kk * F::kRow16), true);
+  for (int kk = 0; kk < 4; ++kk) wg::mma_rs<wg::Major::kMN>(o, pa[kk], wg::desc_sw128(sV + kk * F::kRow16));
   wg::commit();
   wg::wait<0>();
   wg::fence_operands(o);
+#pragma unroll
+  for (int mt = 0; mt < DK / 64; ++mt) wg::fence_operands(s[mt]);
+}
 #else
+// Other architectures: warp-level mma.sync, one pass over Dk for Q S_n and Q K^T sharing the Q
+// fragments, then P V and the state update sharing the V fragments.
+template <int DK, Probe kProbe>
+__device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s, uint32_t sQ, uint32_t sK,
+                                             uint32_t sV, uint32_t sS, const FragOffsets<DK>& off,
+                                             const ChunkGates& cg, int warp, int g, int t, float scale) {
+  constexpr bool kGates = kProbe != Probe::kNoExp;
+  float acc[8][4] = {};  // Q K^T
+  uint32_t pa[4][4];     // A fragments of sigma (Q K^T ⊙ D), one per 16-token k-step
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[nt][e] = 0.f;
+  q_products<DK>(o, acc, sQ, sS, sK, off);
+  float wk[8][2];
+  if constexpr (kGates) {
+    scale_inter_rows(o, cg, scale);
+    scores_to_p(pa, acc, cg, warp, g, t, scale);
+    decay_state<DK>(s, wk, cg);
+  } else {
+    scores_to_p_unweighted(pa, acc);
+  }
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
     uint32_t vb[4][4];
     load_v<DK>(vb, sV, off, kk);
     pv_step(o, pa[kk], vb);
+    state_step<DK, kGates>(s, sK, off, kk, wk, vb);
   }
-#endif
 }
+#endif
 
-// The chunks of one segment and where they go in shared memory: chunk i of the segment -> stage
-// i % kStages. issue(i, tid) starts the async copies of chunk i by the 128 loading threads
-// (tid 0..127), one commit group per call site.
-template <int DK, bool kHasQ>
-struct ChunkLoader {
-  using L = Layout<DK, kHasQ>;
-  const uint16_t *q, *k, *v;  // token 0 of (b, h), this CTA's V columns
-  const float* gate;
-  int64_t qk_stride, v_stride;
-  int H, T, c_begin;
-  uint32_t sbase;
-  __device__ __forceinline__ ChunkLoader(const SegmentArgs& a, uint32_t smem_base) {
-    const int b = a.bh / a.H, h = a.bh % a.H;
-    const int64_t row_bt0 = (int64_t)b * a.T * a.H + h;  // token 0 of (b, h); fla layout [B, T, H, D]
-    q = a.q + row_bt0 * DK;
-    k = a.k + row_bt0 * DK;
-    v = a.v + row_bt0 * a.Dv + a.vt * kTileV;
-    gate = a.g + row_bt0;
-    qk_stride = (int64_t)a.H * DK;
-    v_stride = (int64_t)a.H * a.Dv;
-    H = a.H;
-    T = a.T;
-    c_begin = a.c_begin;
-    sbase = smem_base;
-  }
-  __device__ __forceinline__ uint32_t stage(int i) const { return (i % kStages) * L::kStageBytes; }
-  __device__ __forceinline__ uint32_t gates(int i) const { return L::kGates + (i % kStages) * L::kGateBytes; }
-  __device__ __forceinline__ void issue(int i, int tid) const {
-    const uint32_t st = sbase + stage(i);
-    const int tok0 = (c_begin + i) * kChunk;
-    const int valid = min(kChunk, T - tok0);
-    if constexpr (kHasQ) copy_tile_async<DK / 8>(st + L::kQ, q + tok0 * qk_stride, qk_stride, valid, tid);
-    copy_tile_async<DK / 8>(st + L::kK, k + tok0 * qk_stride, qk_stride, valid, tid);
-    copy_tile_async<kTileV / 8>(st + L::kV, v + tok0 * v_stride, v_stride, valid, tid);
-    if (tid < kChunk) {
-      const bool ok = tid < valid;
-      cp_async_4(sbase + gates(i) + 4 * tid, ok ? gate + (int64_t)(tok0 + tid) * H : gate, ok);
-    }
-  }
-};
-
-// Runs one CTA's segment of the states kernel (K, V, gates only; 4 warps = one warpgroup, all in
-// the state role):
+// Runs one CTA's segment (kOutput = false: states only, K, V, gates; kOutput = true: outputs too).
 //   start(s, lane) -> bool: fills the fp32 start state (called once by every thread, before any
 //                   cp.async; it may contain __syncthreads). If it returns false (uniformly across the
-//                   CTA), the CTA still runs its loop but does not call end.
+//                   CTA), the CTA still runs its loop but stores no O and does not call end.
 //   end(s, lane, lambda): the epilogue, given the segment's end state and its log-decay
 //                   (sum of the chunks' gamma in chunk order).
-template <int DK, class Start, class End>
-__device__ __forceinline__ void run_states_segment_with(const SegmentArgs& a, Start&& start, End&& end) {
-  static_assert(DK == 64 || DK == 128, "Dk must be 64 or 128");
-  extern __shared__ __align__(1024) uint8_t smem[];
-  const ChunkLoader<DK, false> load(a, smem_addr(smem));
-#if LASP_SD_WGMMA
-  if (load.sbase & 1023u) __trap();  // wgmma's swizzle needs 1024-byte-aligned tiles
-#endif
-  // `& 3` is a no-op in the 4-warp CTA that tells the compiler warp < 4.
-  const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
-  const StateLane ln{16 * warp, lane >> 2, lane & 3};
-  const FragOffsets<DK> off(warp, lane);
-  float s[DK / 64][8][4];
-  const bool ok = start(s, ln);
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    if (i < a.n_chunks) load.issue(i, tid);
-    cp_async_commit();
-  }
-  float lambda = 0.f;  // segment log-decay, summed over chunks in order (deterministic)
-  for (int i = 0; i < a.n_chunks; ++i) {
-    cp_async_wait<kStages - 2>();
-#if LASP_SD_WGMMA
-    wg::fence_proxy_async();  // this thread's copies of chunk i, visible to wgmma's async proxy
-#endif
-    // After this barrier chunk i is in smem for every thread and every warp is done with chunk i-1,
-    // whose stage is refilled next.
-    __syncthreads();
-    if (i + kStages - 1 < a.n_chunks) load.issue(i + kStages - 1, tid);
-    cp_async_commit();
-    const ChunkGates cg = scan_gates(reinterpret_cast<const float*>(smem + load.gates(i)), warp, lane);
-    lambda += cg.gamma;
-    const uint32_t stage = load.sbase + load.stage(i);
-    state_chunk<DK, Probe::kNone>(s, stage + Layout<DK, false>::kK, stage + Layout<DK, false>::kV, off, cg);
-  }
-  if (ok) end(s, ln, lambda);
-}
-
-// Named barriers of the output kernel (id 0 is __syncthreads), each between the two warpgroups
-// (kOutputThreads arrive per phase: one group arrives, the other syncs) except kLoaded.
-struct OutputBarriers {
-  static constexpr int kLoaded = 1;                  // state group only: its copies of a chunk landed
-  static constexpr int kFull = 2;                    // + stage: chunk in the stage, for the output group
-  static constexpr int kEmpty = kFull + kStages;     // + stage: output group done with the stage
-  static constexpr int kSbfFull = kEmpty + kStages;  // + buffer: bf16 state copy written
-  static constexpr int kSbfEmpty = kSbfFull + 2;     // + buffer: bf16 state copy read
-  static_assert(kSbfEmpty + 2 <= 16, "16 named barriers per CTA");
-};
-
-// Runs one CTA's segment of the output kernel: 8 warps in two roles that overlap chunk by chunk.
-//   state group (warps 0-3): loads every chunk (cp.async, kStages in flight), advances the fp32
-//     state S_n -> S_{n+1} in registers, and writes the bf16 copy of S_{n+1} for the output group:
-//     it runs one chunk ahead.
-//   output group (warps 4-7): O of chunk n from Q, K, V and the bf16 S_n, stored to global memory.
-// They meet only at named barriers (OutputBarriers): chunk i landed (state -> output), stage read
-// (output -> state, before the state group refills it), bf16 state written / read (double
-// buffer). So a chunk costs the longer of the two roles' steps, not their sum.
-//   start(s, lane) -> bool: as run_states_segment_with (called by all 256 threads; the state
-//     group's s is the one used). If it returns false the CTA runs its loop but stores no O and
-//     does not call end.
-//   end(s, lane, lambda): the epilogue of the state group (128 threads).
 // kProbe: Probe::kNone except in the output kernel's probes.
-template <int DK, Probe kProbe = Probe::kNone, class Start, class End>
-__device__ __forceinline__ void run_output_segment_with(const SegmentArgs& a, Start&& start, End&& end) {
-  using L = Layout<DK, true>;
-  using B = OutputBarriers;
+template <int DK, bool kOutput, Probe kProbe = Probe::kNone, class Start, class End>
+__device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& start, End&& end) {
+  using L = Layout<DK, kOutput>;
+  constexpr int kQKChunks = DK / 8;
+  constexpr int kVChunks = kTileV / 8;
   static_assert(DK == 64 || DK == 128, "Dk must be 64 or 128");
+  static_assert(kOutput || kProbe == Probe::kNone, "probes are variants of the output kernel");
   constexpr bool kMath = kProbe != Probe::kMemory;
   constexpr bool kEveryChunkFromMemory = kProbe == Probe::kNone || kProbe == Probe::kMemory;
-  constexpr int kPair = kOutputThreads;  // arrivals per phase of a two-group barrier
 
   extern __shared__ __align__(1024) uint8_t smem[];
-  const ChunkLoader<DK, true> load(a, smem_addr(smem));
+  const uint32_t sbase = smem_addr(smem);
 #if LASP_SD_WGMMA
   // wgmma's 128-byte swizzle is a function of the address bits: a misaligned buffer would give wrong
   // products, so it stops the kernel (a launch error) instead.
-  if (load.sbase & 1023u) __trap();
+  if constexpr (kOutput)
+    if (sbase & 1023u) __trap();
 #endif
-  const int tid = threadIdx.x & 127, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const bool state_group = threadIdx.x < 128;
+  // `& 3` is a no-op in the 4-warp CTA that tells the compiler warp < 4 (nvcc 13.0 without it:
+  // output_dk64 210 registers instead of 203, lasp2_output_dk64 228 instead of 223).
+  const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
+  const int vt = a.vt, bh = a.bh;
+  const int b = bh / a.H, h = bh % a.H;
+  const int T = a.T, Dv = a.Dv;
+  const int c_begin = a.c_begin;
   const int n_chunks = a.n_chunks;
+
+  const int64_t row_bt0 = (int64_t)b * T * a.H + h;  // token 0 of (b, h); fla layout [B, T, H, D]
+  const int64_t qk_stride = (int64_t)a.H * DK, v_stride = (int64_t)a.H * Dv;
+  const uint16_t* q = a.q + row_bt0 * DK;
+  const uint16_t* k = a.k + row_bt0 * DK;
+  const uint16_t* v = a.v + row_bt0 * Dv + vt * kTileV;
+  const float* gate = a.g + row_bt0;
+
   // Chunks copied from global memory: all, or for the compute probes one per stage.
   const int n_loaded = kEveryChunkFromMemory ? n_chunks : min(n_chunks, kStages);
+  // Chunk i of this segment -> stage i % kStages.
+  auto issue_chunk = [&](int i) {
+    const uint32_t stage = sbase + (i % kStages) * L::kStageBytes;
+    const uint32_t gates = sbase + L::kGates + (i % kStages) * L::kGateBytes;
+    const int tok0 = (c_begin + i) * kChunk;
+    const int valid = min(kChunk, T - tok0);
+    if constexpr (kOutput) copy_tile_async<kQKChunks>(stage + L::kQ, q + tok0 * qk_stride, qk_stride, valid, tid);
+    copy_tile_async<kQKChunks>(stage + L::kK, k + tok0 * qk_stride, qk_stride, valid, tid);
+    copy_tile_async<kVChunks>(stage + L::kV, v + tok0 * v_stride, v_stride, valid, tid);
+    if (tid < kChunk) {
+      const bool ok = tid < valid;
+      cp_async_4(gates + 4 * tid, ok ? gate + (int64_t)(tok0 + tid) * a.H : gate, ok);
+    }
+  };
+
   const StateLane ln{16 * warp, g, t};
-  const FragOffsets<DK> off(warp, lane);
-  auto sbf = [&](int i) { return L::kSbf + (i & 1) * L::kSbfBytes; };  // bf16 copy of S_i
-
-  // An early exit on a failed start would make the compiler treat the loops as divergent code (more
-  // instructions per chunk); the CTA runs on and stores nothing instead.
   float s[DK / 64][8][4];
+  const FragOffsets<DK> off(warp, lane);
+
+  // A CTA whose start failed still runs the loop (on whatever state it has) but stores nothing: an
+  // early exit here would make the compiler treat the whole loop as divergent code and give up the
+  // uniform datapath (+25 integer instructions per chunk, +4 registers in output_dk128). Issuing the
+  // first cp.async before `start` (to overlap a wait) costs registers: 32 B of spills in output_dk128.
   const bool store = start(s, ln);
-
-  if (state_group) {
+  // Prologue: chunks 0 .. kStages-2 in flight (one commit group each, empty ones included, so the
+  // wait count below is uniform).
 #pragma unroll
-    for (int i = 0; i < kStages - 1; ++i) {
-      if (i < n_loaded) load.issue(i, tid);
-      cp_async_commit();
-    }
-    if constexpr (kMath) store_state_bf16<DK>(smem, sbf(0), s, ln);
-#if LASP_SD_WGMMA
-    wg::fence_proxy_async();
-#endif
-    named_barrier_arrive(B::kSbfFull + 0, kPair);
-    float lambda = 0.f;  // segment log-decay, summed over chunks in order (deterministic)
-    for (int i = 0; i < n_chunks; ++i) {
-      cp_async_wait<kStages - 2>();
-#if LASP_SD_WGMMA
-      wg::fence_proxy_async();  // this thread's copies of chunk i, visible to wgmma's async proxy
-#endif
-      named_barrier_sync(B::kLoaded, 128);
-      named_barrier_arrive(B::kFull + i % kStages, kPair);
-      if (i + kStages - 1 < n_loaded) {
-        // The stage of chunk i - 1 takes chunk i + kStages - 1 once the output group is done with it.
-        if (i >= 1) named_barrier_sync(B::kEmpty + (i - 1) % kStages, kPair);
-        load.issue(i + kStages - 1, tid);
-      }
-      cp_async_commit();
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < n_loaded) issue_chunk(i);
+    cp_async_commit();
+  }
+  if constexpr (kOutput) store_state_bf16<DK>(smem, L::kSbf, s, ln);
 
-      const uint32_t stage = load.sbase + load.stage(i);
-      const ChunkGates cg = scan_gates(reinterpret_cast<const float*>(smem + load.gates(i)), warp, lane);
-      lambda += cg.gamma;
-      if constexpr (kMath) state_chunk<DK, kProbe>(s, stage + L::kK, stage + L::kV, off, cg);
-      if (i + 1 < n_chunks) {
-        // S_{i+1}'s buffer last held S_{i-1}: the output group must be done reading it.
-        if (i >= 1) named_barrier_sync(B::kSbfEmpty + (i + 1) % 2, kPair);
-        if constexpr (kMath) store_state_bf16<DK>(smem, sbf(i + 1), s, ln);
+  float lambda = 0.f;  // segment log-decay, summed over chunks in order (deterministic)
+  for (int i = 0; i < n_chunks; ++i) {
+    cp_async_wait<kStages - 2>();
 #if LASP_SD_WGMMA
-        wg::fence_proxy_async();
+    // This thread's landed chunk and its bf16 state writes, visible to wgmma's async proxy.
+    if constexpr (kOutput) wg::fence_proxy_async();
 #endif
-        named_barrier_arrive(B::kSbfFull + (i + 1) % 2, kPair);
-      }
-    }
-    if (store) end(s, ln, lambda);
-  } else {
-    const int T = a.T, Dv = a.Dv;
-    const int b = a.bh / a.H, h = a.bh % a.H;
-    const int64_t v_stride = (int64_t)a.H * Dv;
-    uint16_t* o_tile = a.o + ((int64_t)b * T * a.H + h) * Dv + a.vt * kTileV + 2 * t;
-    for (int i = 0; i < n_chunks; ++i) {
-      named_barrier_sync(B::kFull + i % kStages, kPair);
-      named_barrier_sync(B::kSbfFull + i % 2, kPair);
-      const uint32_t stage = load.sbase + load.stage(i);
-      const float* s_gates = reinterpret_cast<const float*>(smem + load.gates(i));
-      const ChunkGates cg = scan_gates(s_gates, warp, lane);
-      // S_i's buffer is written again (with S_{i+2}) only if there is a chunk i + 2.
-      auto sbf_read = [&] {
-        if (i + 2 < n_chunks) named_barrier_arrive(B::kSbfEmpty + i % 2, kPair);
-      };
+    // After this barrier: chunk i is in smem for every thread; every warp is done with chunk i-1,
+    // so its stage can be refilled and the bf16 state buffer it read can be rewritten.
+    __syncthreads();
+    if (i + kStages - 1 < n_loaded) issue_chunk(i + kStages - 1);
+    cp_async_commit();
+
+    const uint32_t stage = (i % kStages) * L::kStageBytes;
+    const uint32_t sK = sbase + stage + L::kK;
+    const uint32_t sV = sbase + stage + L::kV;
+    const float* s_gates = reinterpret_cast<const float*>(smem + L::kGates + (i % kStages) * L::kGateBytes);
+    const ChunkGates cg = scan_gates(s_gates, warp, lane);
+    lambda += cg.gamma;
+
+    if constexpr (!kOutput) {
+      // ---- States kernel: S <- e^gamma S + K~^T V ----
+      float wk[8][2];
+      decay_state<DK>(s, wk, cg);
+      state_update<DK>(s, sK, sV, off, wk);
+    } else {
+      const uint32_t sQ = sbase + stage + L::kQ;
+      const uint32_t sS = sbase + L::kSbf + (i & 1) * L::kSbfBytes;
+      const int tok0 = (c_begin + (kEveryChunkFromMemory ? i : 0)) * kChunk;  // first token of the O rows
       float o[8][4];  // O rows of this warp, 64 columns (8 n-tiles)
-      if constexpr (kMath) {
-        output_chunk<DK, kProbe>(o, stage + L::kQ, stage + L::kK, stage + L::kV, load.sbase + sbf(i), off, cg, warp,
-                                 g, t, a.scale, sbf_read);
-      } else {
-        // Memory probe: O = bits of the staged Q, K, V tiles and the gates (read from shared memory).
-        sbf_read();
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const int r = 16 * warp + 8 * hh + g;
-            const uint8_t* st = smem + load.stage(i);
-            const uint32_t in_chunk = 4 * t;  // the pair's byte offset in its 16-byte chunk nt
-            const uint32_t qw = *reinterpret_cast<const uint32_t*>(st + L::kQ + swizzle(r, nt, kChunk) + in_chunk);
-            const uint32_t kw = *reinterpret_cast<const uint32_t*>(st + L::kK + swizzle(r, nt, kChunk) + in_chunk);
-            const uint32_t vw = *reinterpret_cast<const uint32_t*>(st + L::kV + swizzle(r, nt, kChunk) + in_chunk);
-            o[nt][2 * hh] = __uint_as_float(qw ^ kw ^ vw ^ reinterpret_cast<const uint32_t*>(s_gates)[r]);
-            o[nt][2 * hh + 1] = 0.f;
-          }
-      }
-      // The stage is refilled (with chunk i + kStages) only if that chunk is loaded.
-      if (i + kStages < n_loaded) named_barrier_arrive(B::kEmpty + i % kStages, kPair);
-      // O rows beyond T (ragged last chunk) are not stored; the compute probe stores every chunk's
-      // rows over the segment's first chunk.
-      const int tok0 = (a.c_begin + (kEveryChunkFromMemory ? i : 0)) * kChunk;
+      if constexpr (kMath) output_chunk<DK, kProbe>(o, s, sQ, sK, sV, sS, off, cg, warp, g, t, a.scale);
+      // bf16 pair (columns 8 nt + 2t, +1) of O row 16 warp + 8 hh + g.
+      auto o_pair = [&](int nt, int hh) -> uint32_t {
+        if constexpr (kMath) {
+          return pack_bf16x2(o[nt][2 * hh], o[nt][2 * hh + 1]);
+        } else {
+          const int r = 16 * warp + 8 * hh + g;
+          const uint8_t* st = smem + stage;
+          const uint32_t in_chunk = 4 * t;  // the pair's byte offset in its 16-byte chunk nt
+          const uint32_t qw = *reinterpret_cast<const uint32_t*>(st + L::kQ + swizzle(r, nt, kChunk) + in_chunk);
+          const uint32_t kw = *reinterpret_cast<const uint32_t*>(st + L::kK + swizzle(r, nt, kChunk) + in_chunk);
+          const uint32_t vw = *reinterpret_cast<const uint32_t*>(st + L::kV + swizzle(r, nt, kChunk) + in_chunk);
+          return qw ^ kw ^ vw ^ reinterpret_cast<const uint32_t*>(s_gates)[r];
+        }
+      };
+      // O rows beyond T (ragged last chunk) are not stored.
+      uint16_t* o_tile = a.o + row_bt0 * Dv + vt * kTileV + 2 * t;
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int tok = tok0 + 16 * warp + 8 * hh + g;
         if (store && tok < T) {
           uint16_t* dst = o_tile + tok * v_stride;
 #pragma unroll
-          for (int nt = 0; nt < 8; ++nt) {
-            const uint32_t pair = kMath ? pack_bf16x2(o[nt][2 * hh], o[nt][2 * hh + 1]) : __float_as_uint(o[nt][2 * hh]);
-            *reinterpret_cast<uint32_t*>(dst + 8 * nt) = pair;
-          }
+          for (int nt = 0; nt < 8; ++nt) *reinterpret_cast<uint32_t*>(dst + 8 * nt) = o_pair(nt, hh);
         }
       }
+      if (kMath && i + 1 < n_chunks) store_state_bf16<DK>(smem, L::kSbf + ((i + 1) & 1) * L::kSbfBytes, s, ln);
     }
   }
+
+  if (store) end(s, ln, lambda);
 }
 
 }  // namespace sd

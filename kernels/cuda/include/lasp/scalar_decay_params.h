@@ -9,7 +9,7 @@
 //                                                     smem lasp_sd_states_smem_bytes(Dk)
 //   2. if S > 1: lasp_scalar_decay_fold                grid lasp_sd_fold_grid,    block LASP_SD_FOLD_THREADS,
 //                                                     smem 0
-//   3.           lasp_scalar_decay_output_dk{64,128}  grid lasp_sd_output_grid,  block LASP_SD_OUTPUT_THREADS,
+//   3.           lasp_scalar_decay_output_dk{64,128}  grid lasp_sd_output_grid,  block LASP_SD_THREADS,
 //                                                     smem lasp_sd_output_smem_bytes(Dk)
 // All three take the same lasp_scalar_decay_params by value. The two big kernels need
 // cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem) once (> 48 KiB).
@@ -33,10 +33,10 @@
 
 #define LASP_SD_CHUNK 64        // tokens per chunk (C)
 #define LASP_SD_TILE_V 64       // Dv columns per CTA
-#define LASP_SD_THREADS 128         // 4 warps per CTA of the states kernel
-#define LASP_SD_OUTPUT_THREADS 256  // output kernel: a state warpgroup and an output warpgroup
+#define LASP_SD_THREADS 128     // 4 warps per CTA for the states and output kernels
 #ifndef LASP_SD_STAGES
-#define LASP_SD_STAGES 4            // cp.async pipeline depth (chunks in flight); one output CTA per SM
+#define LASP_SD_STAGES 2        // cp.async pipeline depth (chunks in flight): 2 lets 2 output CTAs share an SM
+                                // and was as fast as 4 at one CTA per SM (H200, benches/results/raw/run10)
 #endif
 #define LASP_SD_FOLD_THREADS 256
 
@@ -73,8 +73,8 @@ LASP_SD_FN int32_t lasp_sd_num_vtiles(int32_t Dv) { return Dv / LASP_SD_TILE_V; 
 
 // Segments per (b, h): enough CTAs of the output kernel (B*H*S*Dv/64) to fill the machine once,
 // never a second partial wave, never an empty segment. target_ctas: the host's policy (Rust
-// geometry::target_ctas): the multiprocessor count (one output CTA per SM: its shared memory at
-// LASP_SD_STAGES 4 leaves no room for a second).
+// geometry::target_ctas): the multiprocessor count when B*H*Dv/64 fills it, else two per SM
+// (2 output CTAs fit an SM with LASP_SD_STAGES 2).
 LASP_SD_FN int32_t lasp_sd_num_segments(int32_t B, int32_t H, int32_t T, int32_t Dv, int32_t target_ctas) {
   const int32_t base = B * H * lasp_sd_num_vtiles(Dv);
   const int32_t nc = lasp_sd_num_chunks(T);
