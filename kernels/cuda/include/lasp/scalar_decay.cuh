@@ -63,7 +63,8 @@ __device__ __forceinline__ float fold_step(float prefix, float lambda, float m) 
 }
 
 // Async copy of a [kChunk x 8*kRowChunks] bf16 tile whose row r starts at row0 + r*stride (elements)
-// into swizzled shared memory at dst (lasp::swizzle with kChunk rows). Rows >= valid_rows are zero-filled (ragged last chunk).
+// into swizzled shared memory at dst (lasp::swizzle with kChunk rows). Rows >= valid_rows are
+// zero-filled (ragged last chunk).
 // Thread tid always copies 16-byte chunk tid % kRowChunks of rows tid / kRowChunks + i*kRowStep:
 // consecutive threads read consecutive 16 B of a row, and the shared offsets step by constants.
 template <int kRowChunks>
