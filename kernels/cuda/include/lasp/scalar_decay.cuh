@@ -48,6 +48,9 @@ struct Layout {
   static constexpr uint32_t kGates = kSbf + (kHasQ ? 2 * kSbfBytes : 0);
   static constexpr uint32_t kGateBytes = kChunk * 4;
   static constexpr uint32_t kBytes = kGates + kStages * kGateBytes;
+  // Offsets of the stage and of the gate slot that hold chunk i of a segment.
+  static __device__ __forceinline__ uint32_t stage(int i) { return (i % kStages) * kStageBytes; }
+  static __device__ __forceinline__ uint32_t gates(int i) { return kGates + (i % kStages) * kGateBytes; }
   static_assert(kStageBytes % 1024 == 0 && kSbfBytes % 1024 == 0, "tiles stay 1024-byte aligned");
   static_assert(kBytes == (kHasQ ? lasp_sd_output_smem_bytes(DK) : lasp_sd_states_smem_bytes(DK)),
                 "shared-memory map and host formula disagree");
@@ -576,8 +579,8 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
   const int n_loaded = kEveryChunkFromMemory ? n_chunks : min(n_chunks, kStages);
   // Chunk i of this segment -> stage i % kStages.
   auto issue_chunk = [&](int i) {
-    const uint32_t stage = sbase + (i % kStages) * L::kStageBytes;
-    const uint32_t gates = sbase + L::kGates + (i % kStages) * L::kGateBytes;
+    const uint32_t stage = sbase + L::stage(i);
+    const uint32_t gates = sbase + L::gates(i);
     const int tok0 = (c_begin + i) * kChunk;
     const int valid = min(kChunk, T - tok0);
     if constexpr (kOutput) copy_tile_async<kQKChunks>(stage + L::kQ, q + tok0 * qk_stride, qk_stride, valid, tid);
@@ -620,10 +623,10 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
     if (i + kStages - 1 < n_loaded) issue_chunk(i + kStages - 1);
     cp_async_commit();
 
-    const uint32_t stage = (i % kStages) * L::kStageBytes;
+    const uint32_t stage = L::stage(i);
     const uint32_t sK = sbase + stage + L::kK;
     const uint32_t sV = sbase + stage + L::kV;
-    const float* s_gates = reinterpret_cast<const float*>(smem + L::kGates + (i % kStages) * L::kGateBytes);
+    const float* s_gates = reinterpret_cast<const float*>(smem + L::gates(i));
     const ChunkGates cg = scan_gates(s_gates, warp, lane);
     lambda += cg.gamma;
 
