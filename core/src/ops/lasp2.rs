@@ -263,18 +263,26 @@ pub struct Lasp2Tuning {
     pub state_splits: u32,
 }
 
-impl Default for Lasp2Tuning {
-    /// The plan a call gets unless one was set ([`Lasp2Forward::set_tuning`]): two output CTAs
-    /// per SM, no state splits. Splits put the first waves' tiles early, but over NVLink those
-    /// puts are copies by SM threads that crawl while every GPU's states CTAs load K and V (tiles
-    /// of the first wave started their puts 167 us before the output kernel and finished 24 us
-    /// before it, 4x H200, B = 4, T_local = 8K): at W = 4 one split was the fastest plan at every
-    /// benchmark shape (benches/results/raw/run18). Over InfiniBand the NIC moves the data, so
-    /// splits may pay there; measure with `lasp2_forward --state-splits`.
-    fn default() -> Self {
+impl Lasp2Tuning {
+    /// Share of a call's bytes above which the exchange is worth splitting the states pass for:
+    /// the busiest PE's egress, `(npes - 1)` fp32 states per head, over the q, k, v, o bytes per
+    /// head (2.3 % at W = 4, B = 4, T_local = 8K, H = 16, D = 128; 0.6 % at T_local = 32K).
+    const SPLIT_THRESHOLD: f64 = 0.01;
+    /// State segments per output segment above the threshold: four waves of the states kernel
+    /// leave a quarter of the exchange after it.
+    const SPLITS: u32 = 4;
+
+    /// The plan a call gets unless one was set ([`Lasp2Forward::set_tuning`]).
+    pub fn automatic(npes: usize, layout: Lasp2Layout, t_local: usize) -> Self {
+        let exchange = npes.saturating_sub(1) as f64 * (layout.dk * layout.dv * 4) as f64;
+        let tokens = t_local.max(1) as f64 * (2 * (layout.dk + layout.dv) * 2) as f64;
         Lasp2Tuning {
             ctas_per_sm: 2,
-            state_splits: 1,
+            state_splits: if exchange > Self::SPLIT_THRESHOLD * tokens {
+                Self::SPLITS
+            } else {
+                1
+            },
         }
     }
 }
@@ -376,7 +384,7 @@ pub struct Lasp2Forward {
     calls: u64,
     mode: Option<ExchangeMode>,
     sm_count: u32,
-    /// The user's plan, or `None` for [`Lasp2Tuning::default`].
+    /// The user's plan, or `None` for [`Lasp2Tuning::automatic`] per call.
     tuning: Option<Lasp2Tuning>,
     /// Stamps of the last call when recording ([`Lasp2Forward::record_timeline`]), with the
     /// segment count it was recorded at.
@@ -460,7 +468,7 @@ impl Lasp2Forward {
         self.layout
     }
 
-    /// Fixes the launch plan's knobs, or with `None` returns to the default plan (not
+    /// Fixes the launch plan's knobs, or with `None` returns to [`Lasp2Tuning::automatic`] (not
     /// collective: the plan changes neither the symmetric layout nor the protocol). Another
     /// plan changes the rounding of the outputs (bits are equal across modes at one plan).
     pub fn set_tuning(&mut self, tuning: Option<Lasp2Tuning>) -> Result<()> {
@@ -497,9 +505,10 @@ impl Lasp2Forward {
         )))
     }
 
-    /// The plan knobs of the following calls.
-    pub fn tuning(&self) -> Lasp2Tuning {
-        self.tuning.unwrap_or_default()
+    /// The plan knobs a call with `t_local` tokens on this PE uses.
+    pub fn tuning_for(&self, t_local: usize) -> Lasp2Tuning {
+        self.tuning
+            .unwrap_or_else(|| Lasp2Tuning::automatic(self.runtime.npes(), self.layout, t_local))
     }
 
     fn plan(&self, t: i32) -> CallPlan {
@@ -509,7 +518,7 @@ impl Lasp2Forward {
             t,
             l.dv as i32,
             self.sm_count,
-            self.tuning(),
+            self.tuning_for(t as usize),
         )
     }
 
@@ -840,7 +849,7 @@ mod tests {
         assert_eq!(geometry::gather_bytes(4, 16, 128, 128), 4_196_352);
         assert_eq!(geometry::slots_bytes(4, 4, 16, 128, 128), 33_570_816);
         assert_eq!(geometry::signals_count(4, 4, 16, 128), 1024);
-        // S = 2 output segments, S_st = 8 state segments (4 splits at T_local = 8K):
+        // S = 2 output segments, S_st = 8 state segments (the automatic plan at T_local = 8K):
         // ws_m 8 x 4 MiB, ws_p 2 x 4 MiB, then 128 tiles x 8 and x 2 Λ floats.
         assert_eq!(geometry::ws_p_offset(4, 16, 8, 128, 128), 33_554_432);
         assert_eq!(
@@ -880,6 +889,26 @@ mod tests {
         assert_ne!(a.fingerprint(4), a.fingerprint(2));
         assert_ne!(a.fingerprint(4), Lasp2Layout { h: 8, ..a }.fingerprint(4));
         assert_eq!(a.fingerprint(4), a.fingerprint(4));
+    }
+
+    #[test]
+    fn automatic_plans_split_the_states_pass_only_where_the_exchange_is_a_sizeable_share() {
+        let l = Lasp2Layout {
+            b: 4,
+            h: 16,
+            dk: 128,
+            dv: 128,
+        };
+        let splits = |npes, t| Lasp2Tuning::automatic(npes, l, t).state_splits;
+        assert_eq!(
+            (splits(8, 8192), splits(4, 8192), splits(1, 8192)),
+            (4, 4, 1)
+        );
+        assert_eq!(
+            (splits(4, 32768), splits(32, 32768), splits(4, 131072)),
+            (1, 4, 1)
+        );
+        assert_eq!(Lasp2Tuning::automatic(4, l, 1).ctas_per_sm, 2);
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //! Fault drills: `--silent-rank K` (rank K never calls: the later ranks must fail naming it),
 //! `--mismatch-rank K` (rank K sets up another H: every rank must refuse before any state moves).
 //! Launch plan of the timed runs: `--state-splits N` state segments per output segment,
-//! `--ctas-per-sm K` (defaults: `Lasp2Tuning::default`); the checks run three plans.
+//! `--ctas-per-sm K` (defaults: `Lasp2Tuning::automatic` per shape); the checks run three plans.
 //! `--timeline PREFIX`: after timing a shape, one more overlapped call records `%globaltimer`
 //! stamps; every rank writes `PREFIX.B{B}_T{T}.rank{R}.json` (ns since its first output CTA
 //! started: per tile, its puts issued / complete by the states kernel; per output CTA start /
@@ -283,7 +283,7 @@ fn check(rt: &Runtime, graph_calls: u32) -> Result<()> {
             ExchangeMode::Overlapped,
         )?;
 
-        // The default plan, then one CTA per SM (output segments of several chunks) with and
+        // The automatic plan, then one CTA per SM (output segments of several chunks) with and
         // without state splits: each must match the reference, in every mode, bitwise.
         let plans = [
             None,
@@ -296,11 +296,11 @@ fn check(rt: &Runtime, graph_calls: u32) -> Result<()> {
                 state_splits: 4,
             }),
         ];
-        let mut default_plan = None;
+        let mut automatic = None;
         for plan in plans {
             op.set_mode(ExchangeMode::Overlapped)?;
             op.set_tuning(plan)?;
-            let tuning = op.tuning();
+            let tuning = op.tuning_for(lengths[me]);
             let (o, ht) = shard.run_checked(&mut op, &stream)?;
             let got: Vec<f64> = o.iter().map(|&b| bf16::from_bits(b).to_f64()).collect();
             assert_rel_close(
@@ -329,10 +329,10 @@ fn check(rt: &Runtime, graph_calls: u32) -> Result<()> {
                 }
             }
             println!("PE {me}: Dk=Dv={dk}, shard {} of {total} tokens, {tuning:?}: matches the f64 reference (rel err <= {TOL}); overlapped, sequential NCCL and sequential NVSHMEM give bitwise the same outputs, twice each", lengths[me]);
-            default_plan.get_or_insert(o);
+            automatic.get_or_insert(o);
         }
         op.set_tuning(None)?;
-        let o = default_plan.expect("the default plan ran first");
+        let o = automatic.expect("the automatic plan ran first");
 
         // A captured graph of one overlapped call, replayed: epochs advance on the device.
         op.set_mode(ExchangeMode::Overlapped)?;
@@ -429,7 +429,7 @@ fn time_modes(
         },
         ExchangeMode::Overlapped,
     )?;
-    let automatic = op.tuning();
+    let automatic = op.tuning_for(shape.t);
     let tuning = Lasp2Tuning {
         ctas_per_sm: options.ctas_per_sm.unwrap_or(automatic.ctas_per_sm),
         state_splits: options.state_splits.unwrap_or(automatic.state_splits),
