@@ -6,7 +6,7 @@
 # $OUT/lasp2_forward.json and $OUT/lasp2_weak_scaling.png.
 #
 #   OUT=/tmp/lasp2 bash benches/lasp2-bench.sh
-# LASP2_ARGS: extra arguments for every lasp2_forward run (e.g. "--state-splits 2 --ctas-per-sm 1", or
+# LASP2_ARGS: extra arguments for every lasp2_forward run (e.g. "--groups 2 --ctas-per-sm 1", or
 # "--timeline DIR/tl" for per-CTA stamps of one overlapped call per shape).
 # Needs fla-core 0.6.0 importable by python3 and the peer script (LASP2_PEER; default: the
 # project's shared/peers/lasp2_fla_baseline.py beside the checkout, else .peers/).

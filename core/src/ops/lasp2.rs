@@ -2,19 +2,19 @@
 //! protocol in kernels/cuda/LASP2_NOTES.md).
 //!
 //! PE `w` holds the `w`-th slice of every sequence. Per call and per (b, h): the states kernel
-//! computes the local end state of every state segment; the last CTA to finish a tile folds them
-//! into the shard's state `M_w` (from zero) and decay `Λ_w` and, in [`ExchangeMode::Overlapped`],
-//! puts that tile into every later PE's slot with a signal, from the device; the output kernel
-//! waits for the earlier PEs' tiles, folds the prefix `P_w = fold_{u<w}(e^{Λ_u} P + M_u)` and runs
-//! the chunkwise forward of the shard from it. The sequential modes replace the device puts by a
-//! host-driven all-gather between the same kernels; [`ExchangeMode::NoComm`] drops the exchange
-//! (for timing). The fold and every other operation are the same in every mode, so outputs are
-//! bit-identical.
+//! computes every segment's local end state; `fold_put` folds them into the shard's state `M_w`
+//! (from zero) and decay `Λ_w` and, in [`ExchangeMode::Overlapped`], puts that tile into every
+//! later PE's slot with a signal, from the device; the output kernel waits for the earlier PEs'
+//! tiles, folds the prefix `P_w = fold_{u<w}(e^{Λ_u} P + M_u)` and runs the chunkwise forward of
+//! the shard from it. The sequential modes replace the device puts by a host-driven all-gather
+//! between the same kernels; [`ExchangeMode::NoComm`] drops the exchange (for timing). The fold
+//! and every other operation are the same in every mode, so outputs are bit-identical.
 //!
-//! The states kernel cuts each output segment into [`Lasp2Tuning::state_splits`] state segments,
-//! so it runs in several waves, tile by tile: the tiles of the first waves are folded and put
-//! while the later waves compute, and only the last wave's puts are left when the output kernel
-//! starts.
+//! The heads are cut into groups ([`Lasp2Tuning::head_groups`]) and every kernel runs once per
+//! group: states of every group, then outputs of every group. In the overlapped mode each group's
+//! `fold_put` runs on a second, high-priority stream as soon as that group's states are done, so
+//! group 0's exchange travels while group 1's states are computed and the last group's while
+//! group 0's outputs are: the exchange leaves the critical path.
 
 use super::scalar_decay::{
     self, check_args, geometry as sd, segment_kernels, ForwardArgs, ForwardShape,
@@ -25,14 +25,13 @@ use crate::kernel::{Kernel, LaunchShape};
 use crate::nccl::NcclComm;
 use crate::runtime::Runtime;
 use crate::symmetric::SymmetricBuffer;
-use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{result as cu, sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr};
 use std::sync::Arc;
 
 /// How the memory states move between PEs. Every PE must use the same mode in a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ExchangeMode {
-    /// The states kernel's CTAs put `(M_w, Λ_w)` into later PEs' slots with signals, tile by tile
-    /// as tiles are done; the output kernel waits
+    /// Producer CTAs put `(M_w, Λ_w)` into later PEs' slots with signals; the output kernel waits
     /// on the signals (bounded) before its prologue. No host collective, no stream sync.
     Overlapped,
     /// The same kernels with NCCL's all-gather of the slots between them.
@@ -71,6 +70,8 @@ impl ExchangeMode {
 pub mod geometry {
     use super::sd;
 
+    /// `LASP2_FOLD_THREADS`.
+    pub const FOLD_THREADS: u32 = 256;
     /// `LASP2_SLOT_TRAILER_FLOATS`: Λ and padding after a tile's `Dk*64` floats.
     pub const SLOT_TRAILER_FLOATS: u64 = 4;
 
@@ -117,64 +118,33 @@ pub mod geometry {
     ) -> u64 {
         (parity as u64 * npes as u64 + me as u64) * gather_bytes(b, h, dk, dv)
     }
-    const fn align16(bytes: u64) -> u64 {
-        bytes.div_ceil(16) * 16
-    }
-    /// `lasp2_ws_states_bytes`: fp32 `[B*H][segments][Dk][Dv]`.
-    pub const fn ws_states_bytes(b: i32, h: i32, segments: i32, dk: i32, dv: i32) -> u64 {
-        b as u64 * h as u64 * segments as u64 * dk as u64 * dv as u64 * 4
-    }
-    /// `lasp2_ws_tiles`.
-    const fn tiles(b: i32, h: i32, dv: i32) -> u64 {
-        b as u64 * h as u64 * sd::num_vtiles(dv) as u64
-    }
-    /// `lasp2_ws_p_offset`.
-    pub const fn ws_p_offset(b: i32, h: i32, s_st: i32, dk: i32, dv: i32) -> u64 {
-        ws_states_bytes(b, h, s_st, dk, dv)
-    }
-    /// `lasp2_ws_lambda_offset`.
-    pub const fn ws_lambda_offset(b: i32, h: i32, s: i32, s_st: i32, dk: i32, dv: i32) -> u64 {
-        ws_p_offset(b, h, s_st, dk, dv) + ws_states_bytes(b, h, s, dk, dv)
-    }
-    /// `lasp2_ws_lambda_p_offset`.
-    pub const fn ws_lambda_p_offset(b: i32, h: i32, s: i32, s_st: i32, dk: i32, dv: i32) -> u64 {
-        ws_lambda_offset(b, h, s, s_st, dk, dv) + align16(tiles(b, h, dv) * s_st as u64 * 4)
-    }
-    /// `lasp2_workspace_bytes`.
-    pub const fn workspace_bytes(b: i32, h: i32, s: i32, s_st: i32, dk: i32, dv: i32) -> u64 {
-        ws_lambda_p_offset(b, h, s, s_st, dk, dv) + align16(tiles(b, h, dv) * s as u64 * 4)
-    }
-    /// `lasp2_arrivals_count`: one counter per tile.
-    pub const fn arrivals_count(b: i32, h: i32, dv: i32) -> u64 {
-        tiles(b, h, dv)
+    /// `lasp2_ws_m_bytes` (= `lasp2_ws_lambda_offset`).
+    pub const fn ws_m_bytes(b: i32, h: i32, s: i32, dk: i32, dv: i32) -> u64 {
+        b as u64 * h as u64 * s as u64 * dk as u64 * dv as u64 * 4
     }
     /// `lasp2_timeline_words`.
     pub const fn timeline_words(b: i32, h: i32, dv: i32, s: i32) -> u64 {
-        tiles(b, h, dv) * (2 + 3 * s as u64)
+        b as u64 * h as u64 * sd::num_vtiles(dv) as u64 * (2 + 3 * s as u64)
     }
-    /// `lasp2_chunks_per_state_segment`: the largest divisor of `chunks_per_segment` that cuts
-    /// it into at most `splits` parts.
-    pub const fn chunks_per_state_segment(chunks_per_segment: i32, splits: i32) -> i32 {
-        let mut k = if splits < 1 { 1 } else { splits };
-        if k > chunks_per_segment {
-            k = chunks_per_segment;
-        }
-        while chunks_per_segment % k != 0 {
-            k -= 1;
-        }
-        chunks_per_segment / k
+    /// `lasp2_ws_p_offset` (16-byte aligned).
+    pub const fn ws_p_offset(b: i32, h: i32, s: i32, dk: i32, dv: i32) -> u64 {
+        (ws_m_bytes(b, h, s, dk, dv) + b as u64 * h as u64 * s as u64 * 4).div_ceil(16) * 16
     }
-    /// `lasp2_state_segments`.
-    pub const fn state_segments(t: i32, chunks_per_state_segment: i32) -> i32 {
-        (sd::num_chunks(t) + chunks_per_state_segment - 1) / chunks_per_state_segment
+    /// `lasp2_workspace_bytes`.
+    pub const fn workspace_bytes(b: i32, h: i32, s: i32, dk: i32, dv: i32) -> u64 {
+        ws_p_offset(b, h, s, dk, dv) + ws_m_bytes(b, h, s, dk, dv)
     }
-    /// `lasp2_states_grid` (S_st state segments) and `lasp2_output_grid` (S output segments).
+    /// `lasp2_states_grid` (all S segments) and `lasp2_output_grid`, for a group of `heads`.
     pub const fn segments_grid(heads: i32, dv: i32, s: i32) -> (u32, u32, u32) {
         (sd::num_vtiles(dv) as u32, s as u32, heads as u32)
     }
+    /// `lasp2_fold_put_grid`, for a group of `heads`.
+    pub const fn fold_put_grid(heads: i32, dv: i32) -> (u32, u32, u32) {
+        (sd::num_vtiles(dv) as u32, heads as u32, 1)
+    }
 }
 
-/// The C struct `lasp_lasp2_params` (208 bytes), passed by value to every LASP-2 kernel.
+/// The C struct `lasp_lasp2_params` (192 bytes), passed by value to every LASP-2 kernel.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 struct Lasp2Params {
@@ -188,8 +158,6 @@ struct Lasp2Params {
     ws_m: u64,
     ws_lambda: u64,
     ws_p: u64,
-    ws_lambda_p: u64,
-    arrivals: u64,
     slots: u64,
     signals: u64,
     credit: u64,
@@ -204,20 +172,19 @@ struct Lasp2Params {
     dv: i32,
     num_segments: i32,
     chunks_per_segment: i32,
-    state_segments: i32,
-    chunks_per_state_segment: i32,
     scale: f32,
     me: i32,
     npes: i32,
     exchange_mode: i32,
     write_final_state: i32,
+    bh_begin: i32,
 }
 
 /// `%globaltimer` stamps (ns, this GPU's clock) of one call, recorded on request
 /// ([`Lasp2Forward::record_timeline`]). Tile `i = bh * (Dv/64) + vt`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lasp2Timeline {
-    /// Per tile: its last states CTA is about to put (credits granted), and its puts are complete.
+    /// Per tile: the fold_put CTA is about to put (credits granted), and its puts are complete.
     pub puts: Vec<[u64; 2]>,
     /// Per (tile, segment), index `i * segments + s`: output CTA start, earlier PEs' tiles seen
     /// (signals), chunk loop start (prefix folded).
@@ -248,69 +215,75 @@ impl Lasp2Timeline {
     }
 }
 
-/// How a call is cut into CTAs. The arithmetic depends on the plan (chunk boundaries of the
-/// segments and the fold order), so another plan gives results that differ by rounding; every
-/// mode of a PE uses the same plan, so modes stay bitwise equal.
+/// How a call is cut into launches. Per head the arithmetic depends only on the segment count S
+/// (chunk boundaries and fold order), never on the groups, so any tuning gives the same bits as
+/// long as S is unchanged; every mode of a PE uses the same plan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Lasp2Tuning {
-    /// CTAs per SM the output kernel aims for (its segments S are cut to reach it): 2 hides
-    /// latency inside the chunk loop.
+    /// Head groups G (at most B*H). With 2 or more, group g's exchange overlaps group g + 1's
+    /// states pass and the last group's exchange overlaps group 0's output pass; 1 puts the whole
+    /// exchange between the states and the output passes.
+    pub head_groups: usize,
+    /// CTAs per SM that one group's states or output launch aims for (segments are cut to reach
+    /// it). 2 hides latency inside the kernels; 1 leaves more room beside them for the
+    /// `fold_put` CTAs of the exchange stream but places the compute CTAs unevenly when those
+    /// take SMs first (measured slower at every shape, benches/results/raw/run12).
     pub ctas_per_sm: u32,
-    /// State segments per output segment, at most (the states kernel runs `S * splits` CTAs per
-    /// tile, in waves when that exceeds one wave): with more than one, the tiles of the first
-    /// waves are put while the later waves compute, so only the last wave's share of the exchange
-    /// is left when the output kernel starts; each split adds a tile to fold and a wave to fill.
-    pub state_splits: u32,
 }
 
 impl Lasp2Tuning {
-    /// Share of a call's bytes above which the exchange is worth splitting the states pass for:
-    /// the busiest PE's egress, `(npes - 1)` fp32 states per head, over the q, k, v, o bytes per
-    /// head (2.3 % at W = 4, B = 4, T_local = 8K, H = 16, D = 128; 0.6 % at T_local = 32K).
-    const SPLIT_THRESHOLD: f64 = 0.01;
-    /// State segments per output segment above the threshold: four waves of the states kernel
-    /// leave a quarter of the exchange after it.
-    const SPLITS: u32 = 4;
+    /// Share of a call's bytes above which the exchange is worth splitting the heads for: the
+    /// busiest PE's egress, `(npes - 1)` fp32 states per head, over the q, k, v, o bytes per head.
+    /// Two groups hide the exchange (output CTAs wait <= 4 us) but cost compute: twice the
+    /// launches, S doubled. Measured on 4x H200 (benches/results/raw/run12, B1, same job): at
+    /// W = 4, B = 4, T_local = 8K (share 2.3 %) one group took 0.397 ms and two 0.424; at
+    /// T_local = 32K (0.6 %) 0.368 against 0.444; at 128K (0.15 %) 1.312 against 1.389. One
+    /// group's exposed exchange grows with npes - 1 while the grouping cost stays a fixed
+    /// fraction, so the break-even lies above 2.3 %; 3 % is an estimate (W = 8, where B = 4,
+    /// T_local = 8K has 5.5 %, was not available to measure).
+    const GROUPING_THRESHOLD: f64 = 0.03;
 
     /// The plan a call gets unless one was set ([`Lasp2Forward::set_tuning`]).
     pub fn automatic(npes: usize, layout: Lasp2Layout, t_local: usize) -> Self {
         let exchange = npes.saturating_sub(1) as f64 * (layout.dk * layout.dv * 4) as f64;
         let tokens = t_local.max(1) as f64 * (2 * (layout.dk + layout.dv) * 2) as f64;
         Lasp2Tuning {
-            ctas_per_sm: 2,
-            state_splits: if exchange > Self::SPLIT_THRESHOLD * tokens {
-                Self::SPLITS
+            head_groups: if exchange > Self::GROUPING_THRESHOLD * tokens {
+                2
             } else {
                 1
             },
+            ctas_per_sm: 2,
         }
     }
 }
 
-/// The launches of one call: S output segments per head and S_st state segments, which nest in
-/// them (`chunks_per_segment` is a multiple of `chunks_per_state_segment`).
+/// The launches of one call: S segments per head (the same for every group) and the head groups
+/// as `(first b*H+h, heads)`, contiguous and ascending.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct CallPlan {
     segments: i32,
     chunks_per_segment: i32,
-    state_segments: i32,
-    chunks_per_state_segment: i32,
+    groups: Vec<(i32, i32)>,
 }
 
 impl CallPlan {
     fn new(bh: i32, t: i32, dv: i32, sm_count: u32, tuning: Lasp2Tuning) -> Self {
+        let g = (tuning.head_groups.max(1) as i32).min(bh);
+        let groups: Vec<(i32, i32)> = (0..g)
+            .map(|i| {
+                let begin = (i as i64 * bh as i64 / g as i64) as i32;
+                let end = ((i + 1) as i64 * bh as i64 / g as i64) as i32;
+                (begin, end - begin)
+            })
+            .collect();
+        let widest = groups.iter().map(|&(_, n)| n).max().expect("g >= 1");
         let target = (sm_count.max(1) * tuning.ctas_per_sm.max(1)) as i32;
-        let segments = sd::num_segments(1, bh, t, dv, target);
-        let chunks_per_segment = sd::chunks_per_segment(t, segments);
-        let chunks_per_state_segment = geometry::chunks_per_state_segment(
-            chunks_per_segment,
-            tuning.state_splits.max(1) as i32,
-        );
+        let segments = sd::num_segments(1, widest, t, dv, target);
         CallPlan {
             segments,
-            chunks_per_segment,
-            state_segments: geometry::state_segments(t, chunks_per_state_segment),
-            chunks_per_state_segment,
+            chunks_per_segment: sd::chunks_per_segment(t, segments),
+            groups,
         }
     }
 }
@@ -368,6 +341,8 @@ pub struct Lasp2Forward {
     layout: Lasp2Layout,
     states: [Kernel; 2],
     output: [Kernel; 2],
+    fold_put: Kernel,
+    segment_prefix: Kernel,
     advance_epoch: Kernel,
     grant_credits: Kernel,
     slots: SymmetricBuffer<f32>,
@@ -376,8 +351,6 @@ pub struct Lasp2Forward {
     staging: SymmetricBuffer<u8>,
     epoch: CudaSlice<u64>,
     diag: CudaSlice<WaitDiagnostics>,
-    /// Per tile, the states CTAs done in the running call (zero between calls).
-    arrivals: CudaSlice<u32>,
     workspace: Option<CudaSlice<u8>>,
     nccl: Option<NcclComm>,
     /// Host mirror of the device epoch (completed calls), for the parity of host-side gathers.
@@ -386,6 +359,14 @@ pub struct Lasp2Forward {
     sm_count: u32,
     /// The user's plan, or `None` for [`Lasp2Tuning::automatic`] per call.
     tuning: Option<Lasp2Tuning>,
+    /// The second stream of the overlapped and no-communication modes: it runs each group's
+    /// fold_put (and so the puts) beside the main stream's next kernels. Highest priority, so
+    /// its CTAs are placed first when an SM frees up.
+    exchange_stream: Arc<CudaStream>,
+    /// `states_done[g]`: group g's states kernel finished (main -> exchange stream).
+    states_done: Vec<CudaEvent>,
+    /// Every fold_put of the call finished (exchange stream -> main, before the epoch advances).
+    exchange_done: CudaEvent,
     /// Stamps of the last call when recording ([`Lasp2Forward::record_timeline`]), with the
     /// segment count it was recorded at.
     timeline: Option<(CudaSlice<u64>, usize)>,
@@ -434,11 +415,16 @@ impl Lasp2Forward {
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
             .max(1) as u32;
+        let (_, highest_priority) = cu::stream::get_priority_range()?;
+        let exchange_stream = ctx.new_stream_with_priority(highest_priority)?;
+        let exchange_done = ctx.new_event(None)?;
         let mut op = Lasp2Forward {
             runtime: runtime.clone(),
             layout,
             states,
             output,
+            fold_put: module.kernel("lasp_lasp2_fold_put")?,
+            segment_prefix: module.kernel("lasp_lasp2_segment_prefix")?,
             advance_epoch: module.kernel("lasp_lasp2_advance_epoch")?,
             grant_credits: module.kernel("lasp_lasp2_grant_credits")?,
             slots: runtime.alloc_zeroed((geometry::slots_bytes(n, b, h, dk, dv) / 4) as usize)?,
@@ -447,13 +433,15 @@ impl Lasp2Forward {
             staging: runtime.alloc(geometry::gather_bytes(b, h, dk, dv) as usize)?,
             epoch: stream.alloc_zeros(1)?,
             diag: stream.alloc_zeros(1)?,
-            arrivals: stream.alloc_zeros(geometry::arrivals_count(b, h, dv) as usize)?,
             workspace: None,
             nccl: None,
             calls: 0,
             mode: None,
             sm_count,
             tuning: None,
+            exchange_stream,
+            states_done: Vec::new(),
+            exchange_done,
             timeline: None,
             record_timeline: false,
             ctx,
@@ -469,13 +457,14 @@ impl Lasp2Forward {
     }
 
     /// Fixes the launch plan's knobs, or with `None` returns to [`Lasp2Tuning::automatic`] (not
-    /// collective: the plan changes neither the symmetric layout nor the protocol). Another
-    /// plan changes the rounding of the outputs (bits are equal across modes at one plan).
+    /// collective: the plan changes neither the symmetric layout nor the protocol). A plan with
+    /// another segment count S changes the rounding of the outputs (bits are equal across
+    /// modes and head groupings at one S).
     pub fn set_tuning(&mut self, tuning: Option<Lasp2Tuning>) -> Result<()> {
         if let Some(t) = tuning {
-            if t.ctas_per_sm == 0 || t.state_splits == 0 {
+            if t.head_groups == 0 || t.ctas_per_sm == 0 {
                 return Err(invalid(format!(
-                    "{t:?}: ctas_per_sm and state_splits must be at least 1"
+                    "{t:?}: head_groups and ctas_per_sm must be at least 1"
                 )));
             }
         }
@@ -625,9 +614,12 @@ impl Lasp2Forward {
         let (b, h, dk, dv) = l.dims();
         let t = s.t as i32;
         let plan = self.plan(t);
-        let (segments, state_segments) = (plan.segments, plan.state_segments);
-        let ws_bytes = geometry::workspace_bytes(b, h, segments, state_segments, dk, dv);
+        let segments = plan.segments;
+        let ws_bytes = geometry::workspace_bytes(b, h, segments, dk, dv);
         self.ensure_workspace(stream, ws_bytes)?;
+        while self.states_done.len() < plan.groups.len() {
+            self.states_done.push(self.ctx.new_event(None)?);
+        }
         let ws = self
             .workspace
             .as_ref()
@@ -644,15 +636,11 @@ impl Lasp2Forward {
             h0: args.h0.map_or(0, |x| x.addr()),
             ht: args.ht.as_ref().map_or(0, |x| x.addr()),
             ws_m: ws,
-            ws_lambda: ws + geometry::ws_lambda_offset(b, h, segments, state_segments, dk, dv),
-            ws_p: ws + geometry::ws_p_offset(b, h, state_segments, dk, dv),
-            ws_lambda_p: ws + geometry::ws_lambda_p_offset(b, h, segments, state_segments, dk, dv),
-            arrivals: self.arrivals.device_ptr(stream).0,
+            ws_lambda: ws + geometry::ws_m_bytes(b, h, segments, dk, dv),
+            ws_p: ws + geometry::ws_p_offset(b, h, segments, dk, dv),
             t,
             num_segments: segments,
             chunks_per_segment: plan.chunks_per_segment,
-            state_segments,
-            chunks_per_state_segment: plan.chunks_per_state_segment,
             scale,
             exchange_mode: mode.kernel_mode(),
             write_final_state: (last && args.ht.is_some()) as i32,
@@ -660,27 +648,66 @@ impl Lasp2Forward {
             ..self.base_params(stream)
         };
         let i = usize::from(l.dk == 128);
-        let launch = |segments, smem| LaunchShape {
-            grid: geometry::segments_grid(b * h, dv, segments),
+        let group_params = |bh_begin| Lasp2Params { bh_begin, ..params };
+        let segments_launch = |heads, smem| LaunchShape {
+            grid: geometry::segments_grid(heads, dv, segments),
             block: (sd::THREADS, 1, 1),
             shared_bytes: smem,
         };
+        let fold_put = |heads| LaunchShape {
+            grid: geometry::fold_put_grid(heads, dv),
+            block: (geometry::FOLD_THREADS, 1, 1),
+            shared_bytes: 0,
+        };
+        // The sequential modes gather every group's slot tiles at once, so their fold_puts stay on
+        // the caller's stream; the others hand each group's fold_put to the exchange stream.
+        let side = matches!(mode, ExchangeMode::Overlapped | ExchangeMode::NoComm);
         self.ctx.bind_to_thread()?;
-        // SAFETY: Lasp2Params has the C layout of lasp_lasp2_params (tests); the shape, lengths,
-        // alignment and overlaps were checked above; views borrow their buffers for the call;
-        // symmetric buffers, epoch, diag, arrival counters (zero between calls) and workspace
-        // (sized for this plan) are owned by self. One stream orders the kernels.
-        unsafe {
-            self.states[i].launch(
-                stream,
-                launch(state_segments, sd::states_smem_bytes(dk)),
-                &params,
-            )?;
+        for (g, &(bh_begin, heads)) in plan.groups.iter().enumerate() {
+            let p = group_params(bh_begin);
+            // SAFETY: Lasp2Params has the C layout of lasp_lasp2_params (tests); the shape,
+            // lengths, alignment and overlaps were checked above; views borrow their buffers for
+            // the call; symmetric buffers, epoch, diag and workspace are owned by self. A group's
+            // fold_put reads only its own heads' workspace, written by its states kernel, which
+            // the event orders before it; the next call's states kernels wait for exchange_done.
+            unsafe {
+                self.states[i].launch(
+                    stream,
+                    segments_launch(heads, sd::states_smem_bytes(dk)),
+                    &p,
+                )?;
+                if side {
+                    self.states_done[g].record(stream)?;
+                    self.exchange_stream.wait(&self.states_done[g])?;
+                    self.fold_put
+                        .launch(&self.exchange_stream, fold_put(heads), &p)?;
+                } else {
+                    self.fold_put.launch(stream, fold_put(heads), &p)?;
+                }
+                // The group's shard-local segment prefixes, for its output kernel (reads the
+                // workspace as fold_put does; writes only ws_p).
+                if segments > 1 {
+                    self.segment_prefix.launch(stream, fold_put(heads), &p)?;
+                }
+            }
         }
         self.gather_slots(stream, mode)?;
+        for &(bh_begin, heads) in &plan.groups {
+            // SAFETY: as above; outputs of different groups write disjoint heads.
+            unsafe {
+                self.output[i].launch(
+                    stream,
+                    segments_launch(heads, sd::output_smem_bytes(dk)),
+                    &group_params(bh_begin),
+                )?;
+            }
+        }
+        if side {
+            self.exchange_done.record(&self.exchange_stream)?;
+            stream.wait(&self.exchange_done)?;
+        }
         // SAFETY: as above.
         unsafe {
-            self.output[i].launch(stream, launch(segments, sd::output_smem_bytes(dk)), &params)?;
             self.advance_epoch
                 .launch(stream, single_thread(), &params)?;
         }
@@ -788,13 +815,13 @@ mod tests {
 
     #[test]
     fn params_mirror_the_header() {
-        assert_eq!(size_of::<Lasp2Params>(), 208);
-        assert!(HEADER.contains("sizeof(lasp_lasp2_params) == 208"));
-        assert_eq!(offset_of!(Lasp2Params, timeout_ns), 144);
-        assert_eq!(offset_of!(Lasp2Params, b), 152);
-        assert_eq!(offset_of!(Lasp2Params, chunks_per_state_segment), 184);
-        assert_eq!(offset_of!(Lasp2Params, scale), 188);
-        assert_eq!(offset_of!(Lasp2Params, write_final_state), 204);
+        assert_eq!(size_of::<Lasp2Params>(), 192);
+        assert!(HEADER.contains("sizeof(lasp_lasp2_params) == 192"));
+        assert_eq!(offset_of!(Lasp2Params, timeout_ns), 128);
+        assert_eq!(offset_of!(Lasp2Params, b), 136);
+        assert_eq!(offset_of!(Lasp2Params, scale), 164);
+        assert_eq!(offset_of!(Lasp2Params, write_final_state), 180);
+        assert_eq!(offset_of!(Lasp2Params, bh_begin), 184);
         // Field order as in the header.
         let order = [
             "q;",
@@ -807,8 +834,6 @@ mod tests {
             "ws_m;",
             "ws_lambda;",
             "ws_p;",
-            "ws_lambda_p;",
-            "arrivals;",
             "slots;",
             "signals;",
             "credit;",
@@ -823,13 +848,12 @@ mod tests {
             "Dv;",
             "num_segments;",
             "chunks_per_segment;",
-            "state_segments;",
-            "chunks_per_state_segment;",
             "scale;",
             "me;",
             "npes;",
             "exchange_mode;",
             "write_final_state;",
+            "bh_begin;",
         ];
         let body = &HEADER[HEADER
             .find("typedef struct {\n  const uint16_t* q;")
@@ -849,25 +873,11 @@ mod tests {
         assert_eq!(geometry::gather_bytes(4, 16, 128, 128), 4_196_352);
         assert_eq!(geometry::slots_bytes(4, 4, 16, 128, 128), 33_570_816);
         assert_eq!(geometry::signals_count(4, 4, 16, 128), 1024);
-        // S = 2 output segments, S_st = 8 state segments (the automatic plan at T_local = 8K):
-        // ws_m 8 x 4 MiB, ws_p 2 x 4 MiB, then 128 tiles x 8 and x 2 Λ floats.
-        assert_eq!(geometry::ws_p_offset(4, 16, 8, 128, 128), 33_554_432);
-        assert_eq!(
-            geometry::ws_lambda_offset(4, 16, 2, 8, 128, 128),
-            41_943_040
-        );
-        assert_eq!(
-            geometry::ws_lambda_p_offset(4, 16, 2, 8, 128, 128),
-            41_947_136
-        );
-        assert_eq!(geometry::workspace_bytes(4, 16, 2, 8, 128, 128), 41_948_160);
-        assert_eq!(geometry::arrivals_count(4, 16, 128), 128);
-        // 3 heads x 64 x 64 floats per state; 3 Λ floats each rounded up to 16 bytes.
-        assert_eq!(geometry::ws_lambda_offset(1, 3, 1, 1, 64, 64), 2 * 49_152);
-        assert_eq!(
-            geometry::workspace_bytes(1, 3, 1, 1, 64, 64),
-            2 * 49_152 + 32
-        );
+        // ws_m 4,194,304 B + 64 Λ floats = 4,194,560 (16-aligned), then ws_p of ws_m's size.
+        assert_eq!(geometry::ws_p_offset(4, 16, 1, 128, 128), 4_194_560);
+        assert_eq!(geometry::workspace_bytes(4, 16, 1, 128, 128), 8_388_864);
+        // 3 heads x 1 segment x 64 x 64 floats + 3 Λ floats = 49,164 B, rounded up to 49,168.
+        assert_eq!(geometry::ws_p_offset(1, 3, 1, 64, 64), 49_168);
         assert_eq!(
             geometry::gather_send_offset(1, 2, 4, 4, 16, 128, 128),
             6 * 4_196_352
@@ -892,21 +902,21 @@ mod tests {
     }
 
     #[test]
-    fn automatic_plans_split_the_states_pass_only_where_the_exchange_is_a_sizeable_share() {
+    fn automatic_plans_group_heads_only_where_the_exchange_is_a_sizeable_share() {
         let l = Lasp2Layout {
             b: 4,
             h: 16,
             dk: 128,
             dv: 128,
         };
-        let splits = |npes, t| Lasp2Tuning::automatic(npes, l, t).state_splits;
+        let groups = |npes, t| Lasp2Tuning::automatic(npes, l, t).head_groups;
         assert_eq!(
-            (splits(8, 8192), splits(4, 8192), splits(1, 8192)),
-            (4, 4, 1)
+            (groups(8, 8192), groups(4, 8192), groups(1, 8192)),
+            (2, 1, 1)
         );
         assert_eq!(
-            (splits(4, 32768), splits(32, 32768), splits(4, 131072)),
-            (1, 4, 1)
+            (groups(8, 32768), groups(32, 32768), groups(4, 131072)),
+            (1, 2, 1)
         );
         assert_eq!(Lasp2Tuning::automatic(4, l, 1).ctas_per_sm, 2);
     }
@@ -926,47 +936,55 @@ mod tests {
     }
 
     #[test]
-    fn plans_nest_the_state_segments_in_the_output_segments() {
+    fn plans_cut_heads_into_contiguous_groups_with_one_segment_count() {
         let sms = 132;
-        let plan = |bh, t, splits| {
-            CallPlan::new(
-                bh,
-                t,
-                128,
-                sms,
-                Lasp2Tuning {
-                    ctas_per_sm: 2,
-                    state_splits: splits,
-                },
-            )
+        let two = Lasp2Tuning {
+            head_groups: 2,
+            ctas_per_sm: 1,
         };
-        // B=4, H=16, T=8K: 128 tiles, S = 2 for two CTAs per SM; 4 splits -> 16-chunk state
-        // segments, S_st = 8: 1,024 states CTAs, four waves.
-        let p = plan(64, 8192, 4);
+        // B=4, H=16, D=128, T=8K: 64 heads -> 2 groups of 32 (64 tiles each); S = 2 for 128
+        // CTAs per group launch (one per SM).
+        let p = CallPlan::new(64, 8192, 128, sms, two);
+        assert_eq!(p.groups, vec![(0, 32), (32, 32)]);
         assert_eq!((p.segments, p.chunks_per_segment), (2, 64));
-        assert_eq!((p.state_segments, p.chunks_per_state_segment), (8, 16));
-        // B=1, H=16, T=32K: S = 8 of 64 chunks; one split leaves the states pass as it was.
-        let p = plan(16, 32768, 1);
-        assert_eq!((p.segments, p.state_segments), (8, 8));
-        // Segments of 7 chunks split at most 4 ways: 7 is prime, so not at all; 6 chunks: 3 ways.
-        assert_eq!(geometry::chunks_per_state_segment(7, 4), 7);
-        assert_eq!(geometry::chunks_per_state_segment(6, 4), 2);
-        assert_eq!(geometry::chunks_per_state_segment(1, 8), 1);
-        // Every plan: state segments nest in the output segments, none is empty, and they cover
-        // the shard exactly.
-        for t in [1, 63, 64, 65, 1000, 8191, 8192, 40_000, 131_072] {
-            for bh in [1, 3, 64, 256] {
-                for splits in 1..=8 {
-                    let p = plan(bh, t, splits);
-                    let chunks = sd::num_chunks(t);
-                    let split = p.chunks_per_segment / p.chunks_per_state_segment;
-                    assert_eq!(p.chunks_per_segment % p.chunks_per_state_segment, 0);
-                    assert!(split >= 1 && split <= splits as i32, "{t} {bh} {splits}");
-                    assert!((p.state_segments - 1) * p.chunks_per_state_segment < chunks);
-                    assert!(p.state_segments * p.chunks_per_state_segment >= chunks);
-                    assert!((p.segments - 1) * p.chunks_per_segment < chunks);
-                }
-            }
-        }
+        // B=1, H=16, T=32K: 8 heads per group, S = 8.
+        let p = CallPlan::new(16, 32768, 128, sms, two);
+        assert_eq!(p.groups, vec![(0, 8), (8, 8)]);
+        assert_eq!(p.segments, 8);
+        // Odd head counts: groups differ by at most one head and S fits the wider one.
+        let p = CallPlan::new(
+            5,
+            4096,
+            64,
+            sms,
+            Lasp2Tuning {
+                head_groups: 3,
+                ..two
+            },
+        );
+        assert_eq!(p.groups, vec![(0, 1), (1, 2), (3, 2)]);
+        assert_eq!(p.segments, sd::num_segments(1, 2, 4096, 64, 132));
+        // More groups than heads: one head per group.
+        let p = CallPlan::new(1, 100, 64, sms, two);
+        assert_eq!(p.groups, vec![(0, 1)]);
+        // One group is the ungrouped plan of the single-GPU policy at one CTA per SM.
+        let one = Lasp2Tuning {
+            head_groups: 1,
+            ctas_per_sm: 1,
+        };
+        let p = CallPlan::new(64, 8192, 128, sms, one);
+        assert_eq!((p.groups.clone(), p.segments), (vec![(0, 64)], 1));
+        // Two CTAs per SM double the segments where the sequence allows it.
+        let p = CallPlan::new(
+            64,
+            8192,
+            128,
+            sms,
+            Lasp2Tuning {
+                ctas_per_sm: 2,
+                ..two
+            },
+        );
+        assert_eq!(p.segments, 4);
     }
 }

@@ -13,12 +13,11 @@
 //! into `--json FILE` when given (benches/lasp2-bench.sh runs it for W = 1, 2, 4).
 //! Fault drills: `--silent-rank K` (rank K never calls: the later ranks must fail naming it),
 //! `--mismatch-rank K` (rank K sets up another H: every rank must refuse before any state moves).
-//! Launch plan of the timed runs: `--state-splits N` state segments per output segment,
-//! `--ctas-per-sm K` (defaults: `Lasp2Tuning::automatic` per shape); the checks run three plans.
+//! Launch plan of the timed runs: `--groups G` head groups, `--ctas-per-sm K` (defaults:
+//! `Lasp2Tuning::automatic` per shape); the checks also compare other groupings bitwise.
 //! `--timeline PREFIX`: after timing a shape, one more overlapped call records `%globaltimer`
 //! stamps; every rank writes `PREFIX.B{B}_T{T}.rank{R}.json` (ns since its first output CTA
-//! started: per tile, its puts issued / complete by the states kernel; per output CTA start /
-//! data seen / loop start) and the
+//! started: puts issued / complete per tile, per output CTA start / data seen / loop start) and the
 //! row gets `max_output_wait_us`, the longest any output CTA waited for data, over ranks.
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -44,7 +43,7 @@ struct Options {
     json: Option<String>,
     silent_rank: Option<usize>,
     mismatch_rank: Option<usize>,
-    state_splits: Option<u32>,
+    head_groups: Option<usize>,
     ctas_per_sm: Option<u32>,
     timeline: Option<String>,
 }
@@ -56,7 +55,7 @@ fn parse_options() -> Result<Options> {
         json: None,
         silent_rank: None,
         mismatch_rank: None,
-        state_splits: None,
+        head_groups: None,
         ctas_per_sm: None,
         timeline: None,
     };
@@ -78,7 +77,7 @@ fn parse_options() -> Result<Options> {
             "--json" => o.json = Some(value()?),
             "--silent-rank" => o.silent_rank = Some(number(value()?)? as usize),
             "--mismatch-rank" => o.mismatch_rank = Some(number(value()?)? as usize),
-            "--state-splits" => o.state_splits = Some(number(value()?)?),
+            "--groups" => o.head_groups = Some(number(value()?)? as usize),
             "--ctas-per-sm" => o.ctas_per_sm = Some(number(value()?)?),
             "--timeline" => o.timeline = Some(value()?),
             other => {
@@ -253,9 +252,8 @@ impl Shard {
 fn check(rt: &Runtime, graph_calls: u32) -> Result<()> {
     let (me, npes) = (rt.pe(), rt.npes());
     let stream = rt.stream().clone();
-    // Ragged shards: 40 chunks and a bit per rank, the last rank 37 tokens shorter: long enough
-    // that the plans below cut output segments of several chunks into state segments.
-    let lengths = shard_lengths(npes, 40 * 64 + 11, 37);
+    // Ragged shards: 3 chunks and a bit per rank, the last rank 37 tokens shorter.
+    let lengths = shard_lengths(npes, 3 * 64 + 11, 37);
     let start: usize = lengths[..me].iter().sum();
     let total: usize = lengths.iter().sum();
     for (dk, dv) in [(64, 64), (128, 128)] {
@@ -283,56 +281,56 @@ fn check(rt: &Runtime, graph_calls: u32) -> Result<()> {
             ExchangeMode::Overlapped,
         )?;
 
-        // The automatic plan, then one CTA per SM (output segments of several chunks) with and
-        // without state splits: each must match the reference, in every mode, bitwise.
-        let plans = [
-            None,
-            Some(Lasp2Tuning {
-                ctas_per_sm: 1,
-                state_splits: 1,
-            }),
-            Some(Lasp2Tuning {
-                ctas_per_sm: 1,
-                state_splits: 4,
-            }),
-        ];
-        let mut automatic = None;
-        for plan in plans {
-            op.set_mode(ExchangeMode::Overlapped)?;
-            op.set_tuning(plan)?;
-            let tuning = op.tuning_for(lengths[me]);
-            let (o, ht) = shard.run_checked(&mut op, &stream)?;
-            let got: Vec<f64> = o.iter().map(|&b| bf16::from_bits(b).to_f64()).collect();
-            assert_rel_close(
-                &format!("PE {me} o (Dk={dk}, {tuning:?})"),
-                &got,
-                want.o.slice_time(start, lengths[me]).data(),
-                TOL,
-            )
-            .map_err(Error::State)?;
-            if !ht.is_empty() {
-                let got: Vec<f64> = ht.iter().map(|&b| f32::from_bits(b) as f64).collect();
-                assert_rel_close("final state", &got, want.final_state.data(), TOL)
-                    .map_err(Error::State)?;
+        let (o, ht) = shard.run_checked(&mut op, &stream)?;
+        let got: Vec<f64> = o.iter().map(|&b| bf16::from_bits(b).to_f64()).collect();
+        assert_rel_close(
+            &format!("PE {me} o (Dk={dk})"),
+            &got,
+            want.o.slice_time(start, lengths[me]).data(),
+            TOL,
+        )
+        .map_err(Error::State)?;
+        if !ht.is_empty() {
+            let got: Vec<f64> = ht.iter().map(|&b| f32::from_bits(b) as f64).collect();
+            assert_rel_close("final state", &got, want.final_state.data(), TOL)
+                .map_err(Error::State)?;
+        }
+        println!("PE {me}: Dk=Dv={dk}, shard {} of {total} tokens: matches the f64 reference (rel err <= {TOL})", lengths[me]);
+
+        for mode in ExchangeMode::ALL {
+            if mode == ExchangeMode::NoComm {
+                continue; // not the LASP-2 result on PEs > 0
             }
-            for mode in ExchangeMode::ALL {
-                if mode == ExchangeMode::NoComm {
-                    continue; // not the LASP-2 result on PEs > 0
-                }
-                op.set_mode(mode)?;
-                for _ in 0..2 {
-                    if shard.run_checked(&mut op, &stream)? != (o.clone(), ht.clone()) {
-                        return Err(Error::State(format!(
-                            "PE {me}: {mode:?} gave other bits than the first overlapped call ({tuning:?})"
-                        )));
-                    }
+            op.set_mode(mode)?;
+            for _ in 0..2 {
+                if shard.run_checked(&mut op, &stream)? != (o.clone(), ht.clone()) {
+                    return Err(Error::State(format!(
+                        "PE {me}: {mode:?} gave other bits than the first overlapped call"
+                    )));
                 }
             }
-            println!("PE {me}: Dk=Dv={dk}, shard {} of {total} tokens, {tuning:?}: matches the f64 reference (rel err <= {TOL}); overlapped, sequential NCCL and sequential NVSHMEM give bitwise the same outputs, twice each", lengths[me]);
-            automatic.get_or_insert(o);
+        }
+        println!("PE {me}: overlapped, sequential NCCL and sequential NVSHMEM give bitwise the same outputs, twice each");
+
+        // Head groups change only which launch computes a head, never its arithmetic (S is
+        // bounded by the shard's few chunks here, so it is the same for every grouping).
+        op.set_mode(ExchangeMode::Overlapped)?;
+        let default_tuning = op.tuning_for(lengths[me]);
+        for head_groups in [1, 3, 6] {
+            op.set_tuning(Some(Lasp2Tuning {
+                head_groups,
+                ..default_tuning
+            }))?;
+            if shard.run_checked(&mut op, &stream)? != (o.clone(), ht.clone()) {
+                return Err(Error::State(format!(
+                    "PE {me}: {head_groups} head groups gave other bits than the default plan"
+                )));
+            }
         }
         op.set_tuning(None)?;
-        let o = automatic.expect("the automatic plan ran first");
+        println!(
+            "PE {me}: 1, 3 and 6 head groups give bitwise the same outputs as the default plan"
+        );
 
         // A captured graph of one overlapped call, replayed: epochs advance on the device.
         op.set_mode(ExchangeMode::Overlapped)?;
@@ -431,18 +429,18 @@ fn time_modes(
     )?;
     let automatic = op.tuning_for(shape.t);
     let tuning = Lasp2Tuning {
+        head_groups: options.head_groups.unwrap_or(automatic.head_groups),
         ctas_per_sm: options.ctas_per_sm.unwrap_or(automatic.ctas_per_sm),
-        state_splits: options.state_splits.unwrap_or(automatic.state_splits),
     };
     if tuning != automatic {
         op.set_tuning(Some(tuning))?;
     }
     let (w, b, t, h, d) = (rt.npes(), shape.b, shape.t, shape.h, shape.dk);
-    let (splits, ctas) = (tuning.state_splits, tuning.ctas_per_sm);
+    let (groups, ctas) = (tuning.head_groups, tuning.ctas_per_sm);
     let mut line =
-        format!("W={w} B={b} T_local={t} H={h} D={d} (state splits {splits}, {ctas} CTA/SM):");
+        format!("W={w} B={b} T_local={t} H={h} D={d} (head groups {groups}, {ctas} CTA/SM):");
     let mut row = format!(
-        "{{\"W\": {w}, \"B\": {b}, \"T_local\": {t}, \"H\": {h}, \"D\": {d}, \"state_splits\": {splits}, \"ctas_per_sm\": {ctas}"
+        "{{\"W\": {w}, \"B\": {b}, \"T_local\": {t}, \"H\": {h}, \"D\": {d}, \"head_groups\": {groups}, \"ctas_per_sm\": {ctas}"
     );
     let medians = time_in_turns(rt, &mut op, &mut shard)?;
     for (median, key) in medians.into_iter().zip([
