@@ -176,9 +176,9 @@ extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS)
 //    kernels precede this call's states kernel, which this launch follows);
 //  - M_me tile = fold over s ascending of (M_s, Lambda_s) from ZERO, Lambda_me = sum_s Lambda_s
 //    -> own slot tile [parity][me][bh][vt] (+ trailer);
-//  - LASP2_DEVICE_PUT: wait for every later PE's credit for epoch - 2 (bounded), then one
-//    put-with-signal of the contiguous tile per later PE (same offset; signal
-//    [parity][me][bh*ntiles + vt] := epoch), then nvshmem_quiet.
+//  - LASP2_DEVICE_PUT: wait for every later PE's credit for epoch - 2 (bounded), then a put of
+//    the contiguous tile to every later PE (same offset), one nvshmem_quiet for all of them, and
+//    the signals [parity][me][bh*ntiles + vt] := epoch.
 // grid lasp2_fold_put_grid, block LASP2_FOLD_THREADS, no smem.
 extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS)
     lasp_lasp2_fold_put(const __grid_constant__ lasp_lasp2_params p) {
@@ -214,9 +214,13 @@ extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS)
     return;
   }
 
-  // The tile is complete in this PE's memory before any thread (or the NIC, over InfiniBand)
-  // reads it for the puts.
-  __threadfence_system();
+  // The tile is complete in this PE's memory before the NIC (over InfiniBand) reads it for the
+  // puts. A peer NVSHMEM reaches by load/store gets its copy from this CTA's threads, for which
+  // the barrier below is enough; skipping the fence there matters, because a system-scope fence
+  // waits tens of microseconds while the GPUs stream the kernels' traffic (LASP2_NOTES.md).
+  bool nic_reads = false;
+  for (int pe = p.me + 1; pe < p.npes; ++pe) nic_reads |= nvshmem_ptr(own, pe) == nullptr;
+  if (nic_reads) __threadfence_system();
   int ok = 1;
   if (epoch > 2) {
     // Slot [parity] of PE pe was last read at epoch - 2: wait for pe's credit, one thread per peer.
@@ -229,17 +233,22 @@ extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS)
   if (!__syncthreads_and(ok)) return;
   lasp::l2::stamp(p, stamps + 0);
 
+  // Every put first, then one quiet for all of them, then the signals: a put-with-signal per peer
+  // would wait for its own completion (a system-scope fence) before the next peer's copy starts,
+  // and such a fence waits long while the GPUs stream the output kernel's traffic.
   const uint64_t bytes = lasp2_slot_tile_floats(p.Dk) * 4u;
   uint64_t* const sig = p.signals + lasp2_signal_index(parity, p.me, bh, vt, p.npes, p.B, p.H, p.Dv);
   const int later = p.npes - 1 - p.me;
   const int first = (blockIdx.y * gridDim.x + blockIdx.x) % later;  // staggered: every link busy at once
-  for (int k = 0; k < later; ++k) {
-    const int pe = p.me + 1 + (first + k) % later;
-    nvshmemx_putmem_signal_nbi_block(own, own, bytes, sig, epoch, NVSHMEM_SIGNAL_SET, pe);
-  }
+  auto peer = [&](int k) { return p.me + 1 + (first + k) % later; };
+  for (int k = 0; k < later; ++k) nvshmemx_putmem_nbi_block(own, own, bytes, peer(k));
   __syncthreads();
-  if (tid == 0) nvshmem_quiet();
-  lasp::l2::stamp(p, stamps + 1);
+  if (tid == 0) {
+    nvshmem_quiet();  // the CTA's puts have landed: the signals may follow
+    for (int k = 0; k < later; ++k) nvshmemx_signal_op(sig, epoch, NVSHMEM_SIGNAL_SET, peer(k));
+    lasp::l2::stamp(p, stamps + 1);
+    nvshmem_quiet();
+  }
 }
 
 // Kernel 3: outputs of the shard from P_me (see lasp::l2::output); PE npes-1's last segment writes

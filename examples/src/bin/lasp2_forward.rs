@@ -593,8 +593,16 @@ fn drill(rt: &Runtime, options: &Options) -> Result<()> {
             "the fault drill expected the later ranks to fail first".into(),
         ));
     }
-    shard.call(&mut op, &stream)?;
-    op.finish(&stream)
+    let result = shard
+        .call(&mut op, &stream)
+        .and_then(|()| op.finish(&stream));
+    if let (Err(e), Some(_)) = (&result, options.silent_rank) {
+        // Every rank after the silent one times out at about the same moment; the launcher stops
+        // the others once the first exits, so each prints what it names before lingering.
+        println!("rank {} drill error: {e}", rt.pe());
+        std::thread::sleep(Duration::from_secs(3));
+    }
+    result
 }
 
 fn run() -> Result<()> {

@@ -168,7 +168,7 @@ LASP2_FN uint64_t lasp2_gather_send_offset(int32_t parity, int32_t me, int32_t n
 // Nanosecond %globaltimer stamps of one call, to show when the exchange lands relative to when the
 // output CTAs need it (stamps of different GPUs come from different clocks: compare within a PE).
 // Tile i = bh * (Dv/64) + vt.
-//   put stamps, 2 per tile: [0] fold_put about to put (credits granted), [1] its puts quiet'ed
+//   put stamps, 2 per tile: [0] fold_put about to put (credits granted), [1] its puts complete, signals issued
 //   output stamps, 3 per (tile, segment s): [0] CTA start, [1] earlier PEs' tiles seen (signals),
 //                                           [2] prologue done: the chunk loop starts from P
 #define LASP2_TIMELINE_PUT_STAMPS 2
