@@ -33,8 +33,9 @@ namespace sd {
 // One CTA's segment of the single-GPU forward: the shared segment loop (run_segment_with) with
 // this forward's prologue and epilogue. kOutput = false: the states kernel (zero start; writes M_s,
 // Lambda_s). kOutput = true: the output kernel (starts from P_s, writes O and, for the last segment,
-// ht), or with kProbe one of its timed variants (lasp::sd::Probe).
-template <int DK, bool kOutput, Probe kProbe = Probe::kNone>
+// ht), with kRoles as two warpgroups (run_roles_segment_with), or with kProbe one of its timed
+// variants (lasp::sd::Probe).
+template <int DK, bool kOutput, Probe kProbe = Probe::kNone, bool kRoles = false>
 __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p) {
   const int seg = blockIdx.y;
   const SegmentArgs a = segment_args(p);
@@ -42,21 +43,23 @@ __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p) {
   const int64_t tile_elems = (int64_t)DK * p.Dv;  // one (b, h) state
   const int col0 = a.vt * kTileV;
   if constexpr (kOutput) {
-    run_segment_with<DK, true, kProbe>(
-        a,
-        [&](StateRegs<DK>& s, const StateLane& ln) {
-          // P_s: the fold's prefix for s > 0, h0 (or zero) for s = 0.
-          const float* src = seg > 0 ? p.ws_p + ((int64_t)a.bh * n_seg_slots + seg - 1) * tile_elems
-                                     : p.h0 ? p.h0 + a.bh * tile_elems : nullptr;
-          if (src)
-            state_load<DK>(s, ln, src + col0, p.Dv);
-          else
-            state_zero<DK>(s, ln);
-          return true;
-        },
-        [&](StateRegs<DK>& s, const StateLane& ln, float) {
-          if (seg == p.num_segments - 1 && p.ht) state_store<DK>(s, ln, p.ht + a.bh * tile_elems + col0, p.Dv);
-        });
+    auto start = [&](StateRegs<DK>& s, const StateLane& ln) {
+      // P_s: the fold's prefix for s > 0, h0 (or zero) for s = 0.
+      const float* src = seg > 0 ? p.ws_p + ((int64_t)a.bh * n_seg_slots + seg - 1) * tile_elems
+                                 : p.h0 ? p.h0 + a.bh * tile_elems : nullptr;
+      if (src)
+        state_load<DK>(s, ln, src + col0, p.Dv);
+      else
+        state_zero<DK>(s, ln);
+      return true;
+    };
+    auto end = [&](StateRegs<DK>& s, const StateLane& ln, float) {
+      if (seg == p.num_segments - 1 && p.ht) state_store<DK>(s, ln, p.ht + a.bh * tile_elems + col0, p.Dv);
+    };
+    if constexpr (kRoles)
+      run_roles_segment_with<DK>(a, start, end);
+    else
+      run_segment_with<DK, true, kProbe>(a, start, end);
   } else {
     const int64_t slot = (int64_t)a.bh * n_seg_slots + seg;
     run_segment_with<DK, false>(
@@ -112,6 +115,18 @@ extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
 extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
     lasp_scalar_decay_output_dk128(const __grid_constant__ lasp_scalar_decay_params p) {
   lasp::sd::run_segment<128, true>(p);
+}
+
+// Pass 2 as two warpgroups (lasp::sd::run_roles_segment_with), for plans with S == 1: the host
+// launches it instead of lasp_scalar_decay_output_dk* when one CTA per SM keeps every sequence whole.
+// grid lasp_sd_output_grid, block LASP_SD_ROLES_THREADS, smem lasp_sd_roles_smem_bytes(Dk).
+extern "C" __global__ void __launch_bounds__(LASP_SD_ROLES_THREADS, 1)
+    lasp_scalar_decay_output_roles_dk64(const __grid_constant__ lasp_scalar_decay_params p) {
+  lasp::sd::run_segment<64, true, lasp::sd::Probe::kNone, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(LASP_SD_ROLES_THREADS, 1)
+    lasp_scalar_decay_output_roles_dk128(const __grid_constant__ lasp_scalar_decay_params p) {
+  lasp::sd::run_segment<128, true, lasp::sd::Probe::kNone, true>(p);
 }
 
 // Probes of pass 2 (lasp::sd::Probe; SCALAR_DECAY_NOTES.md, "Probes"): launched exactly like

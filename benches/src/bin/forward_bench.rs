@@ -501,10 +501,11 @@ fn run(opts: &Options) -> Result<()> {
         };
         let row = bench_shape(&mut fwd, &stream, shape, opts, l2_bytes)?;
         println!(
-            "B={b} T={t} H={h} D={d}: ours {:.4} ms (min {:.4}, S={}, {} input set(s)), HBM floor {:.4} ms = {:.2} of ours",
+            "B={b} T={t} H={h} D={d}: ours {:.4} ms (min {:.4}, S={}, {} output kernel, {} input set(s)), HBM floor {:.4} ms = {:.2} of ours",
             row.ours_ms,
             row.min_ms,
             row.plan.num_segments,
+            row.plan.output_kind(),
             row.sets,
             row.hbm_floor_ms,
             row.hbm_floor_ms / row.ours_ms

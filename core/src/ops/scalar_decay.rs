@@ -66,6 +66,10 @@ pub mod geometry {
     pub const STAGES: u32 = 2;
     /// Threads per CTA of the fold kernel (`LASP_SD_FOLD_THREADS`).
     pub const FOLD_THREADS: u32 = 256;
+    /// Threads per CTA of the two-role output kernel (`LASP_SD_ROLES_THREADS`).
+    pub const ROLES_THREADS: u32 = 256;
+    /// The two-role output kernel's pipeline depth (`LASP_SD_ROLES_STAGES`).
+    pub const ROLES_STAGES: u32 = 4;
 
     /// `lasp_sd_num_chunks`.
     pub const fn num_chunks(t: i32) -> i32 {
@@ -118,6 +122,13 @@ pub mod geometry {
         let (c, dk, tv) = (CHUNK as u32, dk as u32, TILE_V as u32);
         let stage = 2 * c * dk * 2 + c * tv * 2 + c * 4;
         STAGES * stage + 2 * dk * tv * 2
+    }
+
+    /// `lasp_sd_roles_smem_bytes`: ROLES_STAGES x (Q, K, V tile, gates) + 2 bf16 state tiles.
+    pub const fn roles_smem_bytes(dk: i32) -> u32 {
+        let (c, dk, tv) = (CHUNK as u32, dk as u32, TILE_V as u32);
+        let stage = 2 * c * dk * 2 + c * tv * 2 + c * 4;
+        ROLES_STAGES * stage + 2 * dk * tv * 2
     }
 
     /// `lasp_sd_states_smem_bytes`: STAGES x (K, V tile, gates).
@@ -341,6 +352,10 @@ pub struct ForwardPlan {
     pub fold: Option<LaunchShape>,
     /// The output kernel's launch.
     pub output: LaunchShape,
+    /// Whether the output kernel runs as two warpgroups (`lasp_scalar_decay_output_roles_dk*`):
+    /// plans with one segment, where one CTA per SM keeps every sequence whole and a second
+    /// warpgroup is the only other work its SM gets.
+    pub output_roles: bool,
 }
 
 impl ForwardPlan {
@@ -401,12 +416,44 @@ impl ForwardPlan {
                 block: (geometry::FOLD_THREADS, 1, 1),
                 shared_bytes: 0,
             }),
-            output: LaunchShape {
-                grid: geometry::output_grid(b, h, dv, s),
-                block: (geometry::THREADS, 1, 1),
-                shared_bytes: geometry::output_smem_bytes(dk),
+            output: if many {
+                LaunchShape {
+                    grid: geometry::output_grid(b, h, dv, s),
+                    block: (geometry::THREADS, 1, 1),
+                    shared_bytes: geometry::output_smem_bytes(dk),
+                }
+            } else {
+                LaunchShape {
+                    grid: geometry::output_grid(b, h, dv, s),
+                    block: (geometry::ROLES_THREADS, 1, 1),
+                    shared_bytes: geometry::roles_smem_bytes(dk),
+                }
             },
+            output_roles: !many,
         })
+    }
+
+    /// Which output kernel the plan launches, for reports: "two-role" or "one-warpgroup".
+    pub fn output_kind(&self) -> &'static str {
+        if self.output_roles {
+            "two-role"
+        } else {
+            "one-warpgroup"
+        }
+    }
+
+    /// The same plan with the one-warpgroup output kernel (for GPUs whose blocks cannot have the
+    /// two-role kernel's shared memory).
+    pub fn with_one_warpgroup_output(self) -> Self {
+        ForwardPlan {
+            output: LaunchShape {
+                block: (geometry::THREADS, 1, 1),
+                shared_bytes: geometry::output_smem_bytes(self.shape.dk as i32),
+                ..self.output
+            },
+            output_roles: false,
+            ..self
+        }
     }
 
     /// Byte offsets of `ws_p` and `ws_lambda` in the workspace (`ws_m` is at 0).
@@ -638,6 +685,9 @@ pub struct ScalarDecayForward {
     /// Indexed by Dk: [64, 128].
     states: [Kernel; 2],
     output: [Kernel; 2],
+    /// The two-role output kernels, for plans with one segment (None where this GPU cannot give a
+    /// block their shared memory: such plans use `output`).
+    output_roles: Option<[Kernel; 2]>,
     fold: Kernel,
     /// The probe kernels (Memory, Compute, NoExp; each indexed by Dk), looked up on the first
     /// [`ScalarDecayForward::launch_output_probe`].
@@ -699,7 +749,23 @@ impl ScalarDecayForward {
                 "lasp_scalar_decay_output_dk128",
             ],
         )?;
-        let fold = runtime.module().kernel("lasp_scalar_decay_fold")?;
+        let module = runtime.module();
+        let optin = ctx.attribute(
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )? as u32;
+        let output_roles = if optin >= geometry::roles_smem_bytes(128) {
+            let kernels = [
+                module.kernel("lasp_scalar_decay_output_roles_dk64")?,
+                module.kernel("lasp_scalar_decay_output_roles_dk128")?,
+            ];
+            for (i, dk) in [64, 128].into_iter().enumerate() {
+                kernels[i].set_max_dynamic_shared_bytes(geometry::roles_smem_bytes(dk))?;
+            }
+            Some(kernels)
+        } else {
+            None
+        };
+        let fold = module.kernel("lasp_scalar_decay_fold")?;
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
             .max(1) as u32;
@@ -708,6 +774,7 @@ impl ScalarDecayForward {
             ctx,
             states,
             output,
+            output_roles,
             fold,
             probes: None,
             sm_count,
@@ -764,7 +831,12 @@ impl ScalarDecayForward {
 
     /// The plan a launch of `shape` would use (validates the shape).
     pub fn plan(&self, shape: &ForwardShape) -> Result<ForwardPlan> {
-        ForwardPlan::new(shape, self.target_ctas(shape), self.force_segments)
+        let plan = ForwardPlan::new(shape, self.target_ctas(shape), self.force_segments)?;
+        Ok(if self.output_roles.is_some() {
+            plan
+        } else {
+            plan.with_one_warpgroup_output()
+        })
     }
 
     /// Copies `g` to the host (synchronising `stream`) and checks that every gate is finite and
@@ -887,9 +959,18 @@ impl ScalarDecayForward {
                 self.states[i].launch(stream, states, &params)?;
                 self.fold.launch(stream, fold, &params)?;
             }
-            self.output[i].launch(stream, plan.output, &params)?;
+            self.output_kernel(&plan, i)
+                .launch(stream, plan.output, &params)?;
         }
         Ok(plan)
+    }
+
+    /// The output kernel `plan` launches, for Dk index `i`.
+    fn output_kernel(&self, plan: &ForwardPlan, i: usize) -> Kernel {
+        match self.output_roles {
+            Some(roles) if plan.output_roles => roles[i],
+            _ => self.output[i],
+        }
     }
 
     /// Measurement tool, not an API for users (see [`OutputProbe`]): enqueues only the output
@@ -907,15 +988,22 @@ impl ScalarDecayForward {
     ) -> Result<ForwardPlan> {
         let (plan, params) = self.prepare(stream, &args)?;
         let i = dk_index(args.shape.dk);
-        let kernel = match probe {
-            OutputProbe::Output => self.output[i],
-            OutputProbe::Memory => self.probe_kernels()?[0][i],
-            OutputProbe::Compute => self.probe_kernels()?[1][i],
-            OutputProbe::NoExp => self.probe_kernels()?[2][i],
+        // The probes are variants of the one-warpgroup output kernel and launch like it, also
+        // where the plan runs the two-role kernel.
+        let one_warpgroup = LaunchShape {
+            block: (geometry::THREADS, 1, 1),
+            shared_bytes: geometry::output_smem_bytes(args.shape.dk as i32),
+            ..plan.output
+        };
+        let (kernel, shape) = match probe {
+            OutputProbe::Output => (self.output_kernel(&plan, i), plan.output),
+            OutputProbe::Memory => (self.probe_kernels()?[0][i], one_warpgroup),
+            OutputProbe::Compute => (self.probe_kernels()?[1][i], one_warpgroup),
+            OutputProbe::NoExp => (self.probe_kernels()?[2][i], one_warpgroup),
         };
         // SAFETY: as in `launch`: the probe kernels take the output kernel's params and read and
         // write only what it does (q, k, v, g, workspace prefixes; o, ht), or less.
-        unsafe { kernel.launch(stream, plan.output, &params)? };
+        unsafe { kernel.launch(stream, shape, &params)? };
         Ok(plan)
     }
 
@@ -1071,6 +1159,8 @@ mod tests {
         assert_eq!(define("LASP_SD_THREADS"), g::THREADS as i64);
         assert_eq!(define("LASP_SD_STAGES"), g::STAGES as i64);
         assert_eq!(define("LASP_SD_FOLD_THREADS"), g::FOLD_THREADS as i64);
+        assert_eq!(define("LASP_SD_ROLES_THREADS"), g::ROLES_THREADS as i64);
+        assert_eq!(define("LASP_SD_ROLES_STAGES"), g::ROLES_STAGES as i64);
         // The build must not override the pipeline depth, or the shared-memory sizes differ.
         let build = include_str!("../../../kernels/build.rs");
         assert!(
@@ -1100,6 +1190,10 @@ mod tests {
         assert_eq!(g::states_smem_bytes(128), 49_664);
         assert_eq!(g::states_smem_bytes(64), 33_280);
         assert!(2 * (g::output_smem_bytes(128) + 1024) <= 228 * 1024);
+        // 4 stages x (Q, K, V tile, gates) + 2 bf16 state tiles: one two-role CTA per SM.
+        assert_eq!(g::roles_smem_bytes(128), 197_632);
+        assert_eq!(g::roles_smem_bytes(64), 115_712);
+        assert!(g::roles_smem_bytes(128) + 1024 <= 228 * 1024);
         // B*H*(S-1)*(2*Dk*Dv + 1)*4, with the values gcc computed from the header.
         assert_eq!(g::workspace_bytes(1, 1, 1, 128, 128), 0);
         assert_eq!(g::workspace_bytes(1, 1, 2, 128, 128), 131_076);
@@ -1194,6 +1288,7 @@ mod tests {
         assert_eq!(auto.fold.unwrap().grid, (64, 1, 1));
         assert_eq!(auto.output.grid, (2, 16, 1));
         assert_eq!(auto.output.shared_bytes, 115_200);
+        assert_eq!((auto.output.block, auto.output_roles), ((128, 1, 1), false));
         assert_eq!(auto.workspace_bytes, 1_966_140);
         assert_eq!(auto.workspace_offsets(), (15 * 65536, 30 * 65536));
         let five = ForwardPlan::new(&shape, 132, Some(5)).unwrap();
@@ -1202,6 +1297,9 @@ mod tests {
         assert_eq!((one.num_segments, one.workspace_bytes), (1, 0));
         assert!(one.states.is_none() && one.fold.is_none());
         assert_eq!(one.output.grid, (2, 1, 1));
+        // One segment: the two-role output kernel.
+        assert_eq!((one.output.block, one.output_roles), ((256, 1, 1), true));
+        assert_eq!(one.output.shared_bytes, 197_632);
         let many = ForwardPlan::new(&shape, 132, Some(1000)).unwrap();
         assert_eq!(many.num_segments, 16);
         let long = ForwardShape {

@@ -364,8 +364,10 @@ fn run_case(fwd: &mut ScalarDecayForward, stream: &Arc<CudaStream>, case: &Case)
             None => f64::NAN,
         };
         let summary = format!(
-            "S={} cps={} rel err o {e_o:.2e} ht {e_ht:.2e}",
-            plan.num_segments, plan.chunks_per_segment
+            "S={} cps={} {} rel err o {e_o:.2e} ht {e_ht:.2e}",
+            plan.num_segments,
+            plan.chunks_per_segment,
+            plan.output_kind()
         );
         if problems.is_empty() {
             Ok(summary)

@@ -1,5 +1,6 @@
-// Warp-level tensor-core and async-copy primitives (sm_80+ PTX, used on sm_90a): ldmatrix,
-// mma.sync m16n8k16 bf16 -> fp32, cp.async with zero fill, bf16x2 packing, the swizzled tile layout.
+// Warp-level tensor-core, async-copy and barrier primitives (sm_80+ PTX, used on sm_90a): ldmatrix,
+// mma.sync m16n8k16 bf16 -> fp32, cp.async with zero fill, bf16x2 packing, the swizzled tile layout,
+// named barriers.
 //
 // Fragment layouts of mma.m16n8k16 (lane = 4*g + t, g = lane / 4, t = lane % 4):
 //   A 16x16 (row-major): a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]
@@ -86,6 +87,16 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Named barrier `id` (1..15; 0 is __syncthreads) whose phases complete when `count` threads (a
+// multiple of 32) have arrived. sync: count this warp in and wait for the phase to complete;
+// arrive: count this warp in and go on (the producer side of a producer / consumer handshake).
+__device__ __forceinline__ void named_barrier_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
 }  // namespace lasp

@@ -31,29 +31,27 @@ static_assert(kChunk == 64 && kTileV == 64 && kWarps == 4,
               "fragment bookkeeping assumes 64-token chunks, 64-column V tiles and 4 warps of 16 rows");
 static_assert(kStages >= 2, "the pipeline needs at least two stages");
 
-// Shared-memory map of one CTA (byte offsets): kStages stages of [Q] K V-tile (bf16, the swizzled
-// layout of lasp::swizzle), then, in the output kernel (kHasQ), two bf16 copies of its state tile
+// Shared-memory map of one CTA (byte offsets): kDepth stages of [Q] K V-tile (bf16, the swizzled
+// layout of lasp::swizzle), then, in the output kernels (kHasQ), two bf16 copies of its state tile
 // [DK][kTileV] (one read this chunk, one written for the next), then the stages' gates. Every tile
 // starts 1024-byte aligned (so does the buffer: checked at run time), which is what wgmma's
 // 128-byte swizzle needs.
-template <int DK, bool kHasQ>
+template <int DK, bool kHasQ, int kDepth = kStages>
 struct Layout {
   static constexpr uint32_t kQKBytes = kChunk * DK * 2;
   static constexpr uint32_t kQ = 0;
   static constexpr uint32_t kK = kHasQ ? kQKBytes : 0;
   static constexpr uint32_t kV = kK + kQKBytes;
   static constexpr uint32_t kStageBytes = kV + kChunk * kTileV * 2;
-  static constexpr uint32_t kSbf = kStages * kStageBytes;
+  static constexpr uint32_t kSbf = kDepth * kStageBytes;
   static constexpr uint32_t kSbfBytes = DK * kTileV * 2;
   static constexpr uint32_t kGates = kSbf + (kHasQ ? 2 * kSbfBytes : 0);
   static constexpr uint32_t kGateBytes = kChunk * 4;
-  static constexpr uint32_t kBytes = kGates + kStages * kGateBytes;
+  static constexpr uint32_t kBytes = kGates + kDepth * kGateBytes;
   // Offsets of the stage and of the gate slot that hold chunk i of a segment.
-  static __device__ __forceinline__ uint32_t stage(int i) { return (i % kStages) * kStageBytes; }
-  static __device__ __forceinline__ uint32_t gates(int i) { return kGates + (i % kStages) * kGateBytes; }
+  static __device__ __forceinline__ uint32_t stage(int i) { return (i % kDepth) * kStageBytes; }
+  static __device__ __forceinline__ uint32_t gates(int i) { return kGates + (i % kDepth) * kGateBytes; }
   static_assert(kStageBytes % 1024 == 0 && kSbfBytes % 1024 == 0, "tiles stay 1024-byte aligned");
-  static_assert(kBytes == (kHasQ ? lasp_sd_output_smem_bytes(DK) : lasp_sd_states_smem_bytes(DK)),
-                "shared-memory map and host formula disagree");
 };
 
 // e^x for x that is <= 0 in exact arithmetic; the clamp absorbs rounding of differences of cumsums.
@@ -441,31 +439,33 @@ enum class Probe {
 // and wait for all. Same products, roundings and order of terms as the mma.sync path. The state's
 // registers are rewritten only while no wgmma is in flight (ptxas otherwise inserts a wait for
 // group 1 right there, serialising it with that work).
-template <int DK, Probe kProbe>
-__device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s, uint32_t sQ, uint32_t sK,
-                                             uint32_t sV, uint32_t sS, const FragOffsets<DK>& off,
-                                             const ChunkGates& cg, int warp, int g, int t, float scale) {
-  using F = FragOffsets<DK>;
-  constexpr bool kGates = kProbe != Probe::kNoExp;
-  float wk[8][2];
-  if constexpr (kGates) decay_state<DK>(s, wk, cg);
-  uint32_t kta[DK / 64][4][4];  // K~^T A fragments: state rows 64 mt + 16 warp .., tokens 16 kk ..
+// The K~^T A fragments of the state update: state rows 64 mt + 16 warp .., tokens 16 kk ..
+// (ldmatrix.trans of K), each token column j scaled by e^{gamma - b_j} in fp32 before rounding to
+// bf16 (kWeighK = false: unweighted, for the no-exp probe).
+template <int DK, bool kWeighK>
+__device__ __forceinline__ void weighted_kt_fragments(uint32_t (&kta)[DK / 64][4][4], uint32_t sK,
+                                                      const FragOffsets<DK>& off, const float (&wk)[8][2]) {
 #pragma unroll
   for (int mt = 0; mt < DK / 64; ++mt)
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       uint32_t(&ka)[4] = kta[mt][kk];
-      ldsm_x4_trans(ka, sK + off.kt[mt] + kk * F::kRow16);
-      if constexpr (kGates) {
+      ldsm_x4_trans(ka, sK + off.kt[mt] + kk * FragOffsets<DK>::kRow16);
+      if constexpr (kWeighK) {
         ka[0] = scale_bf16x2(ka[0], wk[2 * kk][0], wk[2 * kk][1]);  // j = 16kk + 2t + {0,1}
         ka[1] = scale_bf16x2(ka[1], wk[2 * kk][0], wk[2 * kk][1]);
         ka[2] = scale_bf16x2(ka[2], wk[2 * kk + 1][0], wk[2 * kk + 1][1]);  // j = 16kk + 8 + 2t + {0,1}
         ka[3] = scale_bf16x2(ka[3], wk[2 * kk + 1][0], wk[2 * kk + 1][1]);
       }
     }
+}
 
-  float acc[8][4];  // Q K^T
-  wg::fence();
+// Issue (no fence, commit or wait) o = Q S_n and acc = Q K^T: A = Q, B = S_bf (MN-major) / K
+// (K-major), all from shared memory.
+template <int DK>
+__device__ __forceinline__ void issue_q_products(float (&o)[8][4], float (&acc)[8][4], uint32_t sQ, uint32_t sS,
+                                                 uint32_t sK) {
+  using F = FragOffsets<DK>;
 #pragma unroll
   for (int ks = 0; ks < DK / 16; ++ks) {
     const uint32_t k_step = F::kBlockBytes * (ks >> 2) + 32 * (ks & 3);  // of a K-major Q / K tile
@@ -473,12 +473,41 @@ __device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s,
     wg::mma_ss<wg::Major::kMN>(o, q_desc, wg::desc_sw128(sS + ks * F::kRow16), ks > 0);
     wg::mma_ss<wg::Major::kK>(acc, q_desc, wg::desc_sw128(sK + k_step), ks > 0);
   }
-  wg::commit();
+}
+
+// Issue S += K~^T V: A = K~^T from registers, B = V (MN-major).
+template <int DK>
+__device__ __forceinline__ void issue_state_update(StateRegs<DK>& s, const uint32_t (&kta)[DK / 64][4][4],
+                                                   uint32_t sV) {
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
     for (int mt = 0; mt < DK / 64; ++mt)
-      wg::mma_rs<wg::Major::kMN>(s[mt], kta[mt][kk], wg::desc_sw128(sV + kk * F::kRow16));
+      wg::mma_rs<wg::Major::kMN>(s[mt], kta[mt][kk], wg::desc_sw128(sV + kk * FragOffsets<DK>::kRow16));
+}
+
+// Issue o += P V: A = P from registers (the accumulator layout is the A layout), B = V.
+template <int DK>
+__device__ __forceinline__ void issue_pv(float (&o)[8][4], const uint32_t (&pa)[4][4], uint32_t sV) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wg::mma_rs<wg::Major::kMN>(o, pa[kk], wg::desc_sw128(sV + kk * FragOffsets<DK>::kRow16));
+}
+
+template <int DK, Probe kProbe>
+__device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s, uint32_t sQ, uint32_t sK,
+                                             uint32_t sV, uint32_t sS, const FragOffsets<DK>& off,
+                                             const ChunkGates& cg, int warp, int g, int t, float scale) {
+  constexpr bool kGates = kProbe != Probe::kNoExp;
+  float wk[8][2];
+  if constexpr (kGates) decay_state<DK>(s, wk, cg);
+  uint32_t kta[DK / 64][4][4];
+  weighted_kt_fragments<DK, kGates>(kta, sK, off, wk);
+
+  float acc[8][4];  // Q K^T
+  wg::fence();
+  issue_q_products<DK>(o, acc, sQ, sS, sK);
+  wg::commit();
+  issue_state_update<DK>(s, kta, sV);
   wg::commit();
 
   wg::wait<1>();
@@ -492,8 +521,7 @@ __device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s,
     scores_to_p_unweighted(pa, acc);
   }
   wg::fence();
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wg::mma_rs<wg::Major::kMN>(o, pa[kk], wg::desc_sw128(sV + kk * F::kRow16));
+  issue_pv<DK>(o, pa, sV);
   wg::commit();
   wg::wait<0>();
   wg::fence_operands(o);
@@ -543,6 +571,8 @@ __device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s,
 template <int DK, bool kOutput, Probe kProbe = Probe::kNone, class Start, class End>
 __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& start, End&& end) {
   using L = Layout<DK, kOutput>;
+  static_assert(L::kBytes == (kOutput ? lasp_sd_output_smem_bytes(DK) : lasp_sd_states_smem_bytes(DK)),
+                "shared-memory map and host formula disagree");
   constexpr int kQKChunks = DK / 8;
   constexpr int kVChunks = kTileV / 8;
   static_assert(DK == 64 || DK == 128, "Dk must be 64 or 128");
@@ -672,6 +702,213 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
 
   if (store) end(s, ln, lambda);
 }
+
+// ---------------------------------------------------------------------------------------------
+// The two-role segment loop: the single-GPU output kernel where S = 1 (one CTA per SM keeps every
+// sequence whole, so a single 4-warp CTA would run each chunk's dependent steps alone on its SM).
+// 8 warps in two warpgroups that overlap chunk by chunk:
+//   state group (warps 0-3): loads every chunk (cp.async, kRolesStages in flight), advances the
+//     fp32 state S_n -> S_{n+1} in registers and writes the bf16 copy of S_{n+1}: one chunk ahead;
+//   output group (warps 4-7): O of chunk n from Q, K, V and the bf16 S_n, stored to global memory.
+// They meet only at named barriers (RoleBarriers): chunk landed (state -> output), stage read
+// (output -> state, before the refill), bf16 state written / read (double buffer). So a chunk
+// costs the longer role's step instead of both in sequence. Same products, roundings and order of
+// terms as output_chunk: the same bits as the one-warpgroup kernel.
+// ---------------------------------------------------------------------------------------------
+constexpr int kRolesThreads = LASP_SD_ROLES_THREADS;
+constexpr int kRolesStages = LASP_SD_ROLES_STAGES;
+static_assert(kRolesThreads == 2 * kThreads, "the two-role kernel is two 4-warp groups");
+static_assert(kRolesStages >= 2, "the pipeline needs at least two stages");
+
+// Named barriers (id 0 is __syncthreads); all but kLoaded pair the groups: one arrives, one syncs.
+struct RoleBarriers {
+  static constexpr int kLoaded = 1;                       // state group only: its copies of a chunk landed
+  static constexpr int kFull = 2;                         // + stage: the chunk is there, for the output group
+  static constexpr int kEmpty = kFull + kRolesStages;     // + stage: the output group is done with it
+  static constexpr int kSbfFull = kEmpty + kRolesStages;  // + buffer: bf16 state copy written
+  static constexpr int kSbfEmpty = kSbfFull + 2;          // + buffer: bf16 state copy read
+  static_assert(kSbfEmpty + 2 <= 16, "16 named barriers per CTA");
+};
+
+// State role, one chunk: S <- e^gamma S + K~^T V (output_chunk's state update on its own).
+template <int DK>
+__device__ __forceinline__ void state_role_chunk(StateRegs<DK>& s, uint32_t sK, uint32_t sV, const FragOffsets<DK>& off,
+                                                 const ChunkGates& cg) {
+  float wk[8][2];
+  decay_state<DK>(s, wk, cg);
+#if LASP_SD_WGMMA
+  uint32_t kta[DK / 64][4][4];
+  weighted_kt_fragments<DK, true>(kta, sK, off, wk);
+  wg::fence();
+  issue_state_update<DK>(s, kta, sV);
+  wg::commit();
+  wg::wait<0>();
+#pragma unroll
+  for (int mt = 0; mt < DK / 64; ++mt) wg::fence_operands(s[mt]);
+#else
+  state_update<DK>(s, sK, sV, off, wk);
+#endif
+}
+
+// Output role, one chunk: o = sigma (diag(e^b) Q S_n + (Q K^T ⊙ D) V) for this warp's 16 rows
+// (output_chunk without the state update). sS: the bf16 copy of S_n; sbf_read() is called once
+// the products that read it are done.
+template <int DK, class SbfRead>
+__device__ __forceinline__ void output_role_chunk(float (&o)[8][4], uint32_t sQ, uint32_t sK, uint32_t sV, uint32_t sS,
+                                                  const FragOffsets<DK>& off, const ChunkGates& cg, int warp, int g,
+                                                  int t, float scale, SbfRead&& sbf_read) {
+  float acc[8][4];  // Q K^T
+#if LASP_SD_WGMMA
+  wg::fence();
+  issue_q_products<DK>(o, acc, sQ, sS, sK);
+  wg::commit();
+  wg::wait<0>();
+  wg::fence_operands(o);
+  wg::fence_operands(acc);
+#else
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[nt][e] = acc[nt][e] = 0.f;
+  q_products<DK>(o, acc, sQ, sS, sK, off);
+#endif
+  sbf_read();
+  uint32_t pa[4][4];  // A fragments of sigma (Q K^T ⊙ D), one per 16-token k-step
+  scale_inter_rows(o, cg, scale);
+  scores_to_p(pa, acc, cg, warp, g, t, scale);
+#if LASP_SD_WGMMA
+  wg::fence();
+  issue_pv<DK>(o, pa, sV);
+  wg::commit();
+  wg::wait<0>();
+  wg::fence_operands(o);
+#else
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    uint32_t vb[4][4];
+    load_v<DK>(vb, sV, off, kk);
+    pv_step(o, pa[kk], vb);
+  }
+#endif
+}
+
+// Runs one CTA's segment with the two roles (kRolesThreads threads). start and end as in
+// run_segment_with: start is called by all threads (the state group's s is the one used), end by
+// the state group only.
+template <int DK, class Start, class End>
+__device__ __forceinline__ void run_roles_segment_with(const SegmentArgs& a, Start&& start, End&& end) {
+  using L = Layout<DK, true, kRolesStages>;
+  using B = RoleBarriers;
+  static_assert(DK == 64 || DK == 128, "Dk must be 64 or 128");
+  static_assert(L::kBytes == lasp_sd_roles_smem_bytes(DK), "shared-memory map and host formula disagree");
+  constexpr int kPair = kRolesThreads;  // arrivals per phase of a barrier between the groups
+
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const uint32_t sbase = smem_addr(smem);
+#if LASP_SD_WGMMA
+  if (sbase & 1023u) __trap();  // wgmma's 128-byte swizzle needs 1024-byte-aligned tiles
+#endif
+  const int tid = threadIdx.x & 127, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const bool state_group = threadIdx.x < 128;
+  const int g = lane >> 2, t = lane & 3;
+  const int T = a.T, n_chunks = a.n_chunks;
+  const int64_t row_bt0 = (int64_t)(a.bh / a.H) * T * a.H + a.bh % a.H;  // token 0 of (b, h)
+  const int64_t qk_stride = (int64_t)a.H * DK, v_stride = (int64_t)a.H * a.Dv;
+  const StateLane ln{16 * warp, g, t};
+  const FragOffsets<DK> off(warp, lane);
+  auto sbf = [](int i) { return L::kSbf + (i & 1) * L::kSbfBytes; };  // bf16 copy of S_i
+
+  float s[DK / 64][8][4];
+  const bool store = start(s, ln);
+
+  if (state_group) {
+    const uint16_t* q = a.q + row_bt0 * DK;
+    const uint16_t* k = a.k + row_bt0 * DK;
+    const uint16_t* v = a.v + row_bt0 * a.Dv + a.vt * kTileV;
+    const float* gate = a.g + row_bt0;
+    auto issue_chunk = [&](int i) {  // chunk i of the segment -> stage i % kRolesStages
+      const uint32_t stage = sbase + L::stage(i);
+      const int tok0 = (a.c_begin + i) * kChunk;
+      const int valid = min(kChunk, T - tok0);
+      copy_tile_async<DK / 8>(stage + L::kQ, q + tok0 * qk_stride, qk_stride, valid, tid);
+      copy_tile_async<DK / 8>(stage + L::kK, k + tok0 * qk_stride, qk_stride, valid, tid);
+      copy_tile_async<kTileV / 8>(stage + L::kV, v + tok0 * v_stride, v_stride, valid, tid);
+      if (tid < kChunk) {
+        const bool ok = tid < valid;
+        cp_async_4(sbase + L::gates(i) + 4 * tid, ok ? gate + (int64_t)(tok0 + tid) * a.H : gate, ok);
+      }
+    };
+#pragma unroll
+    for (int i = 0; i < kRolesStages - 1; ++i) {
+      if (i < n_chunks) issue_chunk(i);
+      cp_async_commit();
+    }
+    store_state_bf16<DK>(smem, sbf(0), s, ln);
+#if LASP_SD_WGMMA
+    wg::fence_proxy_async();
+#endif
+    named_barrier_arrive(B::kSbfFull + 0, kPair);
+    float lambda = 0.f;  // segment log-decay, summed over chunks in order (deterministic)
+    for (int i = 0; i < n_chunks; ++i) {
+      cp_async_wait<kRolesStages - 2>();
+#if LASP_SD_WGMMA
+      wg::fence_proxy_async();  // this thread's copies of chunk i, visible to wgmma's async proxy
+#endif
+      named_barrier_sync(B::kLoaded, 128);
+      named_barrier_arrive(B::kFull + i % kRolesStages, kPair);
+      if (i + kRolesStages - 1 < n_chunks) {
+        // Chunk i + kRolesStages - 1 goes where chunk i - 1 was, once the output group is done with it.
+        if (i >= 1) named_barrier_sync(B::kEmpty + (i - 1) % kRolesStages, kPair);
+        issue_chunk(i + kRolesStages - 1);
+      }
+      cp_async_commit();
+      const uint32_t stage = sbase + L::stage(i);
+      const ChunkGates cg = scan_gates(reinterpret_cast<const float*>(smem + L::gates(i)), warp, lane);
+      lambda += cg.gamma;
+      state_role_chunk<DK>(s, stage + L::kK, stage + L::kV, off, cg);
+      if (i + 1 < n_chunks) {
+        // S_{i+1}'s buffer last held S_{i-1}: the output group must be done reading it.
+        if (i >= 1) named_barrier_sync(B::kSbfEmpty + (i + 1) % 2, kPair);
+        store_state_bf16<DK>(smem, sbf(i + 1), s, ln);
+#if LASP_SD_WGMMA
+        wg::fence_proxy_async();
+#endif
+        named_barrier_arrive(B::kSbfFull + (i + 1) % 2, kPair);
+      }
+    }
+    if (store) end(s, ln, lambda);
+  } else {
+    uint16_t* o_tile = a.o + row_bt0 * a.Dv + a.vt * kTileV + 2 * t;
+    for (int i = 0; i < n_chunks; ++i) {
+      named_barrier_sync(B::kFull + i % kRolesStages, kPair);
+      named_barrier_sync(B::kSbfFull + i % 2, kPair);
+      const uint32_t stage = sbase + L::stage(i);
+      const ChunkGates cg = scan_gates(reinterpret_cast<const float*>(smem + L::gates(i)), warp, lane);
+      // S_i's buffer is written again (with S_{i+2}) only if there is a chunk i + 2.
+      auto sbf_read = [&] {
+        if (i + 2 < n_chunks) named_barrier_arrive(B::kSbfEmpty + i % 2, kPair);
+      };
+      float o[8][4];  // O rows of this warp, 64 columns (8 n-tiles)
+      output_role_chunk<DK>(o, stage + L::kQ, stage + L::kK, stage + L::kV, sbase + sbf(i), off, cg, warp, g, t,
+                            a.scale, sbf_read);
+      // The stage is refilled (with chunk i + kRolesStages) only if there is such a chunk.
+      if (i + kRolesStages < n_chunks) named_barrier_arrive(B::kEmpty + i % kRolesStages, kPair);
+      // O rows beyond T (ragged last chunk) are not stored.
+      const int tok0 = (a.c_begin + i) * kChunk;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int tok = tok0 + 16 * warp + 8 * hh + g;
+        if (store && tok < T) {
+          uint16_t* dst = o_tile + tok * v_stride;
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+            *reinterpret_cast<uint32_t*>(dst + 8 * nt) = pack_bf16x2(o[nt][2 * hh], o[nt][2 * hh + 1]);
+        }
+      }
+    }
+  }
+}
+
 
 }  // namespace sd
 }  // namespace lasp

@@ -11,6 +11,9 @@
 //                                                     smem 0
 //   3.           lasp_scalar_decay_output_dk{64,128}  grid lasp_sd_output_grid,  block LASP_SD_THREADS,
 //                                                     smem lasp_sd_output_smem_bytes(Dk)
+//      or, when S == 1 (one CTA per SM keeps every sequence whole):
+//                lasp_scalar_decay_output_roles_dk{64,128}  grid lasp_sd_output_grid,
+//                                                     block LASP_SD_ROLES_THREADS, smem lasp_sd_roles_smem_bytes(Dk)
 // All three take the same lasp_scalar_decay_params by value. The two big kernels need
 // cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem) once (> 48 KiB).
 //
@@ -39,6 +42,8 @@
                                 // and was as fast as 4 at one CTA per SM (H200, benches/results/raw/run10)
 #endif
 #define LASP_SD_FOLD_THREADS 256
+#define LASP_SD_ROLES_THREADS 256  // two-role output kernel: a state warpgroup and an output warpgroup
+#define LASP_SD_ROLES_STAGES 4     // its pipeline depth: one CTA per SM, so it takes 4 chunks in flight
 
 typedef struct {
   const uint16_t* q;          // bf16 [B, T, H, Dk], contiguous
@@ -94,6 +99,13 @@ LASP_SD_FN int32_t lasp_sd_chunks_per_segment(int32_t T, int32_t S) {
 LASP_SD_FN uint32_t lasp_sd_output_smem_bytes(int32_t Dk) {
   const uint32_t stage = 2u * LASP_SD_CHUNK * Dk * 2u + LASP_SD_CHUNK * LASP_SD_TILE_V * 2u + LASP_SD_CHUNK * 4u;
   return LASP_SD_STAGES * stage + 2u * Dk * LASP_SD_TILE_V * 2u;
+}
+
+// Dynamic shared memory of the two-role output kernel: ROLES_STAGES x (Q, K, V-tile, gates) + 2 bf16
+// copies of the state tile.
+LASP_SD_FN uint32_t lasp_sd_roles_smem_bytes(int32_t Dk) {
+  const uint32_t stage = 2u * LASP_SD_CHUNK * Dk * 2u + LASP_SD_CHUNK * LASP_SD_TILE_V * 2u + LASP_SD_CHUNK * 4u;
+  return LASP_SD_ROLES_STAGES * stage + 2u * Dk * LASP_SD_TILE_V * 2u;
 }
 
 // Dynamic shared memory: STAGES x (K, V-tile, gates).
