@@ -73,15 +73,15 @@ check forward_check "$BIN/forward_check"
 check lasp2_forward_graph_10000 $RUN "$BIN/lasp2_forward" --graph-calls 10000 --no-time
 grep -h "^\[rank 0\] PE 0" "$OUT/lasp2_forward_graph_10000.log" || true
 LASP_WAIT_TIMEOUT_MS=3000 expect_failure lasp2_silent_rank_is_named 'waited [0-9]+ ms for data from PE 1 ' $RUN "$BIN/lasp2_forward" --silent-rank 1
-# The relay stalls every PE after the silent one: each must name PE 1, none its own predecessor.
-relay_names_the_silent_rank() {
+# Every PE after the silent one waits for its tiles: each must name PE 1, none another PE.
+later_ranks_name_the_silent_rank() {
   local log="$OUT/lasp2_silent_rank_is_named.log" named wrong
   named="$(grep -c "drill error: .*for data from PE 1 " "$log")"
   wrong="$(grep -Ec "drill error: .*for data from PE [02-9]" "$log")"
   echo "$named of $((NGPU - 2)) later ranks name PE 1, $wrong name another PE"
   [ "$named" -eq $((NGPU - 2)) ] && [ "$wrong" -eq 0 ]
 }
-if [ "$NGPU" -ge 3 ]; then check lasp2_relay_names_the_silent_rank relay_names_the_silent_rank; fi
+if [ "$NGPU" -ge 3 ]; then check lasp2_later_ranks_name_the_silent_rank later_ranks_name_the_silent_rank; fi
 expect_failure lasp2_layout_mismatch_caught 'PEs \[1\] set up a different layout' $RUN "$BIN/lasp2_forward" --mismatch-rank 1
 grep -E "^(FAIL|forward_check:)" "$OUT/forward_check.log" | head -40 || true
 if [ -n "${GPU_TEST_FORWARD_BENCH:-}" ]; then
