@@ -43,7 +43,8 @@
 //! [`ScalarDecayParams`] its parameter struct (unit tests compare both with the header's text).
 //! Call sequence (one stream): with `S > 1` segments per sequence, the states kernel (local end
 //! state of every segment but the last), the fold (prefix state entering every segment), then
-//! always the output kernel.
+//! always the output kernel: one warpgroup per CTA at two CTAs per SM when `S > 1`, two
+//! warpgroups (a state role one chunk ahead of an output role) at one CTA per SM when `S = 1`.
 
 use super::{bf16, ranges_overlap, DeviceMut, DeviceRef};
 use crate::error::{Error, Result};
@@ -400,6 +401,12 @@ impl ForwardPlan {
         }
         let cps = geometry::chunks_per_segment(t, s);
         let many = s > 1;
+        // One segment: every sequence is whole at one CTA per SM, where the two-role kernel wins.
+        let (output_threads, output_smem) = if many {
+            (geometry::THREADS, geometry::output_smem_bytes(dk))
+        } else {
+            (geometry::ROLES_THREADS, geometry::roles_smem_bytes(dk))
+        };
         Ok(ForwardPlan {
             shape: *shape,
             num_chunks: nc as u32,
@@ -416,18 +423,10 @@ impl ForwardPlan {
                 block: (geometry::FOLD_THREADS, 1, 1),
                 shared_bytes: 0,
             }),
-            output: if many {
-                LaunchShape {
-                    grid: geometry::output_grid(b, h, dv, s),
-                    block: (geometry::THREADS, 1, 1),
-                    shared_bytes: geometry::output_smem_bytes(dk),
-                }
-            } else {
-                LaunchShape {
-                    grid: geometry::output_grid(b, h, dv, s),
-                    block: (geometry::ROLES_THREADS, 1, 1),
-                    shared_bytes: geometry::roles_smem_bytes(dk),
-                }
+            output: LaunchShape {
+                grid: geometry::output_grid(b, h, dv, s),
+                block: (output_threads, 1, 1),
+                shared_bytes: output_smem,
             },
             output_roles: !many,
         })

@@ -425,20 +425,8 @@ enum class Probe {
   kNoExp,
 };
 
-// One chunk of the output kernel: o = sigma (diag(e^b) Q S_n + (Q K^T ⊙ D) V) for this warp's 16 rows
-// (accumulator layout), S <- S_{n+1}. sQ, sK, sV: the chunk's stage; sS: the bf16 copy of S_n.
-// kProbe kNoExp drops the elementwise gate work (see Probe).
 #if LASP_SD_WGMMA
-// sm_90a: the four products on the warpgroup's tensor cores (wgmma m64n64k16; the CTA's 4 warps
-// are one warpgroup), in three groups so that the warps' elementwise work runs beside them:
-//            first S <- e^gamma S and the K~^T fragments (ldmatrix.trans of K, scaled by e^{gamma-b_j})
-//   group 1  o = Q S_n, a = Q K^T             A = Q, B = S_bf (MN-major) / K (K-major), shared memory
-//   group 2  S += K~^T V                       A = K~^T from registers, B = V (MN-major)
-//            wait for group 1: o *= sigma e^{b_r}; P = sigma (a ⊙ D) as bf16 A fragments
-//   group 3  o += P V                          A = P from registers, B = V
-// and wait for all. Same products, roundings and order of terms as the mma.sync path. The state's
-// registers are rewritten only while no wgmma is in flight (ptxas otherwise inserts a wait for
-// group 1 right there, serialising it with that work).
+// wgmma building blocks of the output kernels' chunk steps (sm_90a).
 // The K~^T A fragments of the state update: state rows 64 mt + 16 warp .., tokens 16 kk ..
 // (ldmatrix.trans of K), each token column j scaled by e^{gamma - b_j} in fp32 before rounding to
 // bf16 (kWeighK = false: unweighted, for the no-exp probe).
@@ -493,6 +481,22 @@ __device__ __forceinline__ void issue_pv(float (&o)[8][4], const uint32_t (&pa)[
   for (int kk = 0; kk < 4; ++kk) wg::mma_rs<wg::Major::kMN>(o, pa[kk], wg::desc_sw128(sV + kk * FragOffsets<DK>::kRow16));
 }
 
+#endif
+
+// One chunk of the output kernel: o = sigma (diag(e^b) Q S_n + (Q K^T ⊙ D) V) for this warp's 16 rows
+// (accumulator layout), S <- S_{n+1}. sQ, sK, sV: the chunk's stage; sS: the bf16 copy of S_n.
+// kProbe kNoExp drops the elementwise gate work (see Probe).
+#if LASP_SD_WGMMA
+// sm_90a: the four products on the warpgroup's tensor cores (wgmma m64n64k16; the CTA's 4 warps
+// are one warpgroup), in three groups so that the warps' elementwise work runs beside them:
+//            first S <- e^gamma S and the K~^T fragments (ldmatrix.trans of K, scaled by e^{gamma-b_j})
+//   group 1  o = Q S_n, a = Q K^T             A = Q, B = S_bf (MN-major) / K (K-major), shared memory
+//   group 2  S += K~^T V                       A = K~^T from registers, B = V (MN-major)
+//            wait for group 1: o *= sigma e^{b_r}; P = sigma (a ⊙ D) as bf16 A fragments
+//   group 3  o += P V                          A = P from registers, B = V
+// and wait for all. Same products, roundings and order of terms as the mma.sync path. The state's
+// registers are rewritten only while no wgmma is in flight (ptxas otherwise inserts a wait for
+// group 1 right there, serialising it with that work).
 template <int DK, Probe kProbe>
 __device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s, uint32_t sQ, uint32_t sK,
                                              uint32_t sV, uint32_t sS, const FragOffsets<DK>& off,
