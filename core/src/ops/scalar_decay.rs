@@ -695,6 +695,8 @@ pub struct ScalarDecayForward {
     /// Override of the plan's CTA target (None: geometry::target_ctas).
     target_ctas: Option<u32>,
     force_segments: Option<u32>,
+    /// False: plans with one segment use the one-warpgroup output kernel too (tests, tuning).
+    two_role_output: bool,
     workspace: Option<CudaSlice<u8>>,
 }
 
@@ -779,6 +781,7 @@ impl ScalarDecayForward {
             sm_count,
             target_ctas: None,
             force_segments: None,
+            two_role_output: true,
             workspace: None,
         })
     }
@@ -828,10 +831,16 @@ impl ScalarDecayForward {
         Ok(())
     }
 
+    /// Whether plans with one segment run the two-role output kernel (the default) or the
+    /// one-warpgroup one (tests compare the two; both give the same bits).
+    pub fn set_two_role_output(&mut self, enabled: bool) {
+        self.two_role_output = enabled;
+    }
+
     /// The plan a launch of `shape` would use (validates the shape).
     pub fn plan(&self, shape: &ForwardShape) -> Result<ForwardPlan> {
         let plan = ForwardPlan::new(shape, self.target_ctas(shape), self.force_segments)?;
-        Ok(if self.output_roles.is_some() {
+        Ok(if self.output_roles.is_some() && self.two_role_output {
             plan
         } else {
             plan.with_one_warpgroup_output()

@@ -12,7 +12,8 @@
 //! scale), so the GPU sees exactly the values the reference computes with. For every case:
 //! o and ht are filled with NaN bit patterns (0xFFFF / 0xFFFFFFFF) before each run and must be
 //! fully overwritten; `||x - ref|| / ||ref|| <= 5e-3` for o and for the final state; a second
-//! run of the same inputs must give bitwise identical o and ht; h0 and g must be left unchanged.
+//! run of the same inputs must give bitwise identical o and ht, and so must the one-warpgroup
+//! output kernel where the plan runs the two-role one; h0 and g must be left unchanged.
 //! Then shapes and arguments that must be rejected are checked to fail before any launch.
 //!
 //! One `PASS`/`FAIL` line per case, then `forward_check: N passed, M failed`; exit status 1 on
@@ -324,6 +325,23 @@ fn run_case(fwd: &mut ScalarDecayForward, stream: &Arc<CudaStream>, case: &Case)
             problems.push(format!(
                 "not deterministic: {differ} elements differ between two runs"
             ));
+        }
+        // The two-role output kernel must give the one-warpgroup kernel's bits.
+        if plan.output_roles {
+            fwd.set_two_role_output(false);
+            let one = run_once(fwd, stream, &mut dev, case, scale);
+            fwd.set_two_role_output(true);
+            let RunOutput { o: o3, ht: ht3, .. } = one?;
+            let differ = o1.iter().zip(&o3).filter(|(a, b)| a != b).count()
+                + match (&ht1, &ht3) {
+                    (Some(a), Some(b)) => a.iter().zip(b).filter(|(x, y)| x != y).count(),
+                    _ => 0,
+                };
+            if differ > 0 {
+                problems.push(format!(
+                    "the two-role and one-warpgroup output kernels differ in {differ} elements"
+                ));
+            }
         }
         // Inputs must be left alone.
         let g_now: Vec<f32> = stream.clone_dtoh(&dev.g).map_err(err)?;
