@@ -316,11 +316,15 @@ fn run_case(fwd: &mut ScalarDecayForward, stream: &Arc<CudaStream>, case: &Case)
                 problems.push(e);
             }
         }
-        let differ = o1.iter().zip(&o2).filter(|(a, b)| a != b).count()
-            + match (&ht1, &ht2) {
-                (Some(a), Some(b)) => a.iter().zip(b).filter(|(x, y)| x != y).count(),
-                _ => 0,
-            };
+        // Elements of o and ht whose bits differ between two runs.
+        let bit_differences = |o_b: &[u16], ht_b: &Option<Vec<u32>>| {
+            o1.iter().zip(o_b).filter(|(x, y)| x != y).count()
+                + match (&ht1, ht_b) {
+                    (Some(a), Some(b)) => a.iter().zip(b).filter(|(x, y)| x != y).count(),
+                    _ => 0,
+                }
+        };
+        let differ = bit_differences(&o2, &ht2);
         if differ > 0 {
             problems.push(format!(
                 "not deterministic: {differ} elements differ between two runs"
@@ -332,11 +336,7 @@ fn run_case(fwd: &mut ScalarDecayForward, stream: &Arc<CudaStream>, case: &Case)
             let one = run_once(fwd, stream, &mut dev, case, scale);
             fwd.set_two_role_output(true);
             let RunOutput { o: o3, ht: ht3, .. } = one?;
-            let differ = o1.iter().zip(&o3).filter(|(a, b)| a != b).count()
-                + match (&ht1, &ht3) {
-                    (Some(a), Some(b)) => a.iter().zip(b).filter(|(x, y)| x != y).count(),
-                    _ => 0,
-                };
+            let differ = bit_differences(&o3, &ht3);
             if differ > 0 {
                 problems.push(format!(
                     "the two-role and one-warpgroup output kernels differ in {differ} elements"

@@ -360,22 +360,30 @@ __device__ __forceinline__ void pv_step(float (&o)[8][4], const uint32_t (&p)[4]
   }
 }
 
-// S += K~[16kk.., rows]^T V[16kk.., :]: A[m = d][k = j] = K[j][d] (ldmatrix.trans), each k column j
-// scaled by e^{gamma - b_j} in fp32 before rounding to bf16 (kWeighK = false: K unweighted, wk
-// unused; only the no-exp probe asks for that).
+// One K~^T A fragment of the state update: state rows 64 mt + 16 warp .., tokens 16 kk ..
+// (ldmatrix.trans of K, A[m = d][k = j] = K[j][d]), each token column j scaled by e^{gamma - b_j}
+// in fp32 before rounding to bf16 (kWeighK = false: K unweighted, wk unused; only the no-exp probe
+// asks for that).
+template <int DK, bool kWeighK>
+__device__ __forceinline__ void weighted_kt_fragment(uint32_t (&ka)[4], uint32_t sK, const FragOffsets<DK>& off,
+                                                     int mt, int kk, const float (&wk)[8][2]) {
+  ldsm_x4_trans(ka, sK + off.kt[mt] + kk * FragOffsets<DK>::kRow16);
+  if constexpr (kWeighK) {
+    ka[0] = scale_bf16x2(ka[0], wk[2 * kk][0], wk[2 * kk][1]);          // j = 16kk + 2t + {0,1}
+    ka[1] = scale_bf16x2(ka[1], wk[2 * kk][0], wk[2 * kk][1]);
+    ka[2] = scale_bf16x2(ka[2], wk[2 * kk + 1][0], wk[2 * kk + 1][1]);  // j = 16kk + 8 + 2t + {0,1}
+    ka[3] = scale_bf16x2(ka[3], wk[2 * kk + 1][0], wk[2 * kk + 1][1]);
+  }
+}
+
+// S += K~[16kk.., rows]^T V[16kk.., :] (kWeighK as in weighted_kt_fragment).
 template <int DK, bool kWeighK = true>
 __device__ __forceinline__ void state_step(StateRegs<DK>& s, uint32_t sK, const FragOffsets<DK>& off, int kk,
                                            const float (&wk)[8][2], const uint32_t (&vb)[4][4]) {
 #pragma unroll
   for (int mt = 0; mt < DK / 64; ++mt) {
     uint32_t ka[4];
-    ldsm_x4_trans(ka, sK + off.kt[mt] + kk * FragOffsets<DK>::kRow16);
-    if constexpr (kWeighK) {
-      ka[0] = scale_bf16x2(ka[0], wk[2 * kk][0], wk[2 * kk][1]);          // j = 16kk + 2t + {0,1}
-      ka[1] = scale_bf16x2(ka[1], wk[2 * kk][0], wk[2 * kk][1]);
-      ka[2] = scale_bf16x2(ka[2], wk[2 * kk + 1][0], wk[2 * kk + 1][1]);  // j = 16kk + 8 + 2t + {0,1}
-      ka[3] = scale_bf16x2(ka[3], wk[2 * kk + 1][0], wk[2 * kk + 1][1]);
-    }
+    weighted_kt_fragment<DK, kWeighK>(ka, sK, off, mt, kk, wk);
 #pragma unroll
     for (int np = 0; np < 4; ++np) {
       mma_bf16(s[mt][2 * np], ka, vb[np][0], vb[np][1]);
@@ -427,25 +435,14 @@ enum class Probe {
 
 #if LASP_SD_WGMMA
 // wgmma building blocks of the output kernels' chunk steps (sm_90a).
-// The K~^T A fragments of the state update: state rows 64 mt + 16 warp .., tokens 16 kk ..
-// (ldmatrix.trans of K), each token column j scaled by e^{gamma - b_j} in fp32 before rounding to
-// bf16 (kWeighK = false: unweighted, for the no-exp probe).
+// All K~^T A fragments of a chunk's state update (weighted_kt_fragment for every mt, kk).
 template <int DK, bool kWeighK>
 __device__ __forceinline__ void weighted_kt_fragments(uint32_t (&kta)[DK / 64][4][4], uint32_t sK,
                                                       const FragOffsets<DK>& off, const float (&wk)[8][2]) {
 #pragma unroll
   for (int mt = 0; mt < DK / 64; ++mt)
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      uint32_t(&ka)[4] = kta[mt][kk];
-      ldsm_x4_trans(ka, sK + off.kt[mt] + kk * FragOffsets<DK>::kRow16);
-      if constexpr (kWeighK) {
-        ka[0] = scale_bf16x2(ka[0], wk[2 * kk][0], wk[2 * kk][1]);  // j = 16kk + 2t + {0,1}
-        ka[1] = scale_bf16x2(ka[1], wk[2 * kk][0], wk[2 * kk][1]);
-        ka[2] = scale_bf16x2(ka[2], wk[2 * kk + 1][0], wk[2 * kk + 1][1]);  // j = 16kk + 8 + 2t + {0,1}
-        ka[3] = scale_bf16x2(ka[3], wk[2 * kk + 1][0], wk[2 * kk + 1][1]);
-      }
-    }
+    for (int kk = 0; kk < 4; ++kk) weighted_kt_fragment<DK, kWeighK>(kta[mt][kk], sK, off, mt, kk, wk);
 }
 
 // Issue (no fence, commit or wait) o = Q S_n and acc = Q K^T: A = Q, B = S_bf (MN-major) / K
