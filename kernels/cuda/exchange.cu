@@ -75,16 +75,16 @@ __device__ __forceinline__ uint8_t* own_slot(const lasp_allgather_params& p, int
 }
 
 // Called by every thread once the CTA's puts are issued: completes them (visible at their
-// targets: nvshmem_quiet is a system fence over NVLink and waits for the NIC over InfiniBand),
+// targets: nvshmem_quiet waits for the NIC where one moves the data and ends, on every transport,
+// in a system-scope fence by this thread, which after the barrier covers every thread's stores),
 // then counts the CTA in on `counter`. True, in every thread, in the CTA whose arrival makes it
 // `arrivals`; that CTA returns the counter to 0 for the next launch. The fences are cumulative, so
-// whatever the last CTA signals afterwards orders after every counted CTA's puts.
+// whatever the last CTA signals after its own fence orders after every counted CTA's puts.
 __device__ bool last_to_arrive(uint32_t* counter, uint32_t arrivals) {
   __shared__ int is_last;
   __syncthreads();
   if (threadIdx.x == 0) {
     nvshmem_quiet();
-    __threadfence_system();
     is_last = atomicAdd(counter, 1u) == arrivals - 1;
     if (is_last) {
       *counter = 0;
