@@ -16,7 +16,6 @@ struct AllGatherParams {
     src: u64,
     slots: u64,
     data_signal: u64,
-    credit: u64,
     epoch: u64,
     counters: u64,
     diag: u64,
@@ -68,7 +67,7 @@ const MAX_THREADS: u32 = 1024;
 const MAX_CTAS: u32 = 112;
 
 /// How a round's puts are spread over CTAs and who signals the peers. Every variant runs the same
-/// protocol (epochs, parity slots, credits) through NVSHMEM's put / signal API; the kernels in
+/// protocol (epochs, parity slots) through NVSHMEM's put / signal API; the kernels in
 /// kernels/cuda/exchange.cu describe each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AllGatherVariant {
@@ -168,7 +167,7 @@ fn device_addr<T>(slice: &CudaSlice<T>, stream: &CudaStream) -> u64 {
 
 /// A device-initiated, in-place all-gather of `bytes` per PE: after a round, slot `[e % 2][s]`
 /// of every PE holds PE `s`'s source, except a PE's own slot (its data stays in its source). 64-bit
-/// epoch signals, double-buffered slots and credits (see exchange_params.h for the protocol).
+/// epoch signals and double-buffered slots (see exchange_params.h for the protocol).
 ///
 /// Each [`AllGather::launch`] is one round, enqueued on a stream with no host synchronisation;
 /// rounds on one stream may follow each other back to back, or be captured in a CUDA graph.
@@ -178,7 +177,6 @@ pub struct AllGather {
     src: SymmetricBuffer<u8>,
     slots: SymmetricBuffer<u8>,
     data_signal: SymmetricBuffer<u64>,
-    credit: SymmetricBuffer<u64>,
     epoch: CudaSlice<u64>,
     counters: CudaSlice<u32>,
     diag: CudaSlice<WaitDiagnostics>,
@@ -197,7 +195,7 @@ pub struct AllGather {
 impl AllGather {
     /// Symmetric bytes one all-gather of `bytes` per PE needs on each PE.
     pub fn symmetric_bytes(bytes: usize, npes: usize) -> usize {
-        bytes * (1 + 2 * npes) + 8 * 3 * npes + 4096
+        bytes * (1 + 2 * npes) + 8 * 2 * npes + 4096
     }
 
     /// Allocates the buffers (collective). `bytes` must be a positive multiple of 16.
@@ -216,7 +214,6 @@ impl AllGather {
             src: runtime.alloc(bytes)?,
             slots: runtime.alloc(2 * npes * bytes)?,
             data_signal: runtime.alloc_zeroed(2 * npes)?,
-            credit: runtime.alloc_zeroed(npes)?,
             epoch: stream.alloc_zeros(1)?,
             counters: stream.alloc_zeros(counter_words(npes))?,
             diag: stream.alloc_zeros(1)?,
@@ -331,7 +328,6 @@ impl AllGather {
             src: self.src.raw(),
             slots: self.slots.raw(),
             data_signal: self.data_signal.raw(),
-            credit: self.credit.raw(),
             epoch: device_addr(&self.epoch, stream),
             counters: device_addr(&self.counters, stream),
             diag: device_addr(&self.diag, stream),
@@ -409,7 +405,6 @@ impl AllGather {
     /// Frees the symmetric buffers (collective).
     pub fn free(self) -> Result<()> {
         let rt = self.runtime.clone();
-        rt.free(self.credit)?;
         rt.free(self.data_signal)?;
         rt.free(self.slots)?;
         rt.free(self.src)
@@ -532,10 +527,10 @@ mod tests {
 
     #[test]
     fn params_have_the_c_layout() {
-        // lasp_allgather_params: 10 eight-byte fields, then two ints.
-        assert_eq!(std::mem::size_of::<AllGatherParams>(), 88);
-        assert_eq!(std::mem::offset_of!(AllGatherParams, chunk_bytes), 64);
-        assert_eq!(std::mem::offset_of!(AllGatherParams, me), 80);
+        // lasp_allgather_params: 9 eight-byte fields, then two ints.
+        assert_eq!(std::mem::size_of::<AllGatherParams>(), 80);
+        assert_eq!(std::mem::offset_of!(AllGatherParams, chunk_bytes), 56);
+        assert_eq!(std::mem::offset_of!(AllGatherParams, me), 72);
         // The counters: LASP_COUNTER_PEER_GROUP (3) words before the per-peer ones.
         assert_eq!(counter_words(4), 7);
         assert_eq!(std::mem::size_of::<PatternParams>(), 48);

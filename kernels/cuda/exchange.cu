@@ -38,35 +38,19 @@ __device__ __forceinline__ uint32_t pattern_word(int32_t source, uint64_t epoch,
   return h;
 }
 
-// Start of a round, in every CTA: returns this round's epoch and whether every reader has handed
-// back the slots it overwrites (false after an expired wait: the CTA must then skip its puts).
-struct RoundStart {
+// This launch's round. The puts may start at once, with no handshake: they overwrite, on every
+// peer, the parity that peer last read at epoch - 2, and every peer has finished with that
+// epoch's data. This PE completed epoch - 1 (stream order) only after every peer's data of
+// epoch - 1 had arrived, which that peer sent from its round epoch - 1, launched (stream order
+// again) after whatever read its slots of epoch - 2. The other parity, epoch - 1's, may still be
+// in use on a peer that is slower to finish; nothing of this round touches it.
+struct Round {
   uint64_t epoch;
   int parity;
-  bool peers_ready;
 };
-__device__ RoundStart begin_round(const lasp_allgather_params& p, const lasp::WaitSite& site) {
+__device__ __forceinline__ Round this_round(const lasp_allgather_params& p) {
   const uint64_t epoch = *p.epoch + 1;
-  __shared__ int peers_ready;
-
-  // Whatever consumed epochs < `epoch` on this PE ran before this launch (stream order), so every
-  // source may now reuse the slots this PE reads.
-  if (blockIdx.x == 0) {
-    for (int pe = threadIdx.x; pe < p.npes; pe += blockDim.x)
-      nvshmemx_signal_op(p.credit + p.me, epoch - 1, NVSHMEM_SIGNAL_SET, pe);
-  }
-
-  // The slots this round overwrites were last read at epoch - 2: wait for every reader's credit
-  // for it, all peers in parallel (one thread each), before the first put.
-  if (threadIdx.x == 0) peers_ready = 1;
-  __syncthreads();
-  if (epoch > 2) {
-    for (int pe = threadIdx.x; pe < p.npes; pe += blockDim.x)
-      if (pe != p.me && !lasp::wait_signal_ge(site, p.credit + pe, epoch - 2, pe, pe, LASP_WAIT_CREDIT))
-        peers_ready = 0;
-    __syncthreads();
-  }
-  return {epoch, static_cast<int>(epoch & 1), peers_ready != 0};
+  return {epoch, static_cast<int>(epoch & 1)};
 }
 
 // Where this PE's contribution lands on every peer: its slot of the round's parity.
@@ -95,37 +79,34 @@ __device__ bool last_to_arrive(uint32_t* counter, uint32_t arrivals) {
   return is_last != 0;
 }
 
-// A CTA that gave up on a credit skipped its puts: signalling would hand peers torn data, so they
-// are left to time out on this epoch instead, naming this PE.
+// False once a wait of this launch or of an earlier one on this all-gather has expired.
 __device__ __forceinline__ bool no_wait_failed(const lasp_allgather_params& p) {
   return *(volatile uint32_t*)&p.diag->failed == 0;
 }
 
 // Tells `pe` that this PE's data of the round has landed in its slots.
-__device__ __forceinline__ void signal_data(const lasp_allgather_params& p, const RoundStart& round, int pe) {
+__device__ __forceinline__ void signal_data(const lasp_allgather_params& p, const Round& round, int pe) {
   nvshmemx_signal_op(p.data_signal + round.parity * p.npes + p.me, round.epoch, NVSHMEM_SIGNAL_SET, pe);
 }
 
 // Waits for `source`'s data of the round; false (recorded in p.diag) if it never came.
 __device__ __forceinline__ bool wait_data(const lasp_allgather_params& p, const lasp::WaitSite& site,
-                                          const RoundStart& round, int source) {
+                                          const Round& round, int source) {
   const int slot = round.parity * p.npes + source;
   return lasp::wait_signal_ge(site, p.data_signal + slot, round.epoch, source, slot, LASP_WAIT_DATA);
 }
 
 // End of a round in the one CTA that saw every CTA's puts complete: signal every peer, wait for
-// every source (one thread each), publish the epoch.
+// every source (one thread each), publish the epoch. A wait of this round that expires (or one of
+// an earlier round, which makes every later wait fail at once) leaves the epoch unpublished.
 __device__ void signal_all_then_publish(const lasp_allgather_params& p, const lasp::WaitSite& site,
-                                        const RoundStart& round) {
-  const bool complete = no_wait_failed(p);
-  if (complete) {
-    for (int pe = threadIdx.x; pe < p.npes; pe += blockDim.x)
-      if (pe != p.me) signal_data(p, round, pe);
-  }
+                                        const Round& round) {
+  for (int pe = threadIdx.x; pe < p.npes; pe += blockDim.x)
+    if (pe != p.me) signal_data(p, round, pe);
   __shared__ int all_arrived;
-  if (threadIdx.x == 0) all_arrived = complete;
+  if (threadIdx.x == 0) all_arrived = 1;
   __syncthreads();
-  for (int source = threadIdx.x; source < p.npes && complete; source += blockDim.x)
+  for (int source = threadIdx.x; source < p.npes; source += blockDim.x)
     if (source != p.me && !wait_data(p, site, round, source)) all_arrived = 0;
   __syncthreads();
   if (threadIdx.x == 0 && all_arrived) *p.epoch = round.epoch;
@@ -143,11 +124,11 @@ __device__ void signal_all_then_publish(const lasp_allgather_params& p, const la
 // signals every PE, then waits for every PE's signal and publishes the new epoch.
 extern "C" __global__ void __launch_bounds__(1024) lasp_allgather(const __grid_constant__ lasp_allgather_params p) {
   const lasp::WaitSite site{p.diag, p.timeout_ns, p.me};
-  const RoundStart round = begin_round(p, site);
+  const Round round = this_round(p);
   const Slice slice = cta_slice(p.bytes, blockIdx.x, gridDim.x);
   uint8_t* const slot = own_slot(p, round.parity);
   // In place: this PE's own contribution stays in `src`, only the peers' copies move.
-  for (int k = 0; k < p.npes - 1 && round.peers_ready && slice.end > slice.begin; ++k) {
+  for (int k = 0; k < p.npes - 1 && slice.end > slice.begin; ++k) {
     const int pe = (p.me + 1 + (blockIdx.x + k) % (p.npes - 1)) % p.npes;
     nvshmemx_putmem_nbi_block(slot + slice.begin, p.src + slice.begin, slice.end - slice.begin, pe);
   }
@@ -162,7 +143,7 @@ extern "C" __global__ void __launch_bounds__(1024) lasp_allgather(const __grid_c
 // group to finish publishes the epoch. The host launches a multiple of npes - 1 CTAs.
 extern "C" __global__ void __launch_bounds__(1024) lasp_allgather_peer_major(const __grid_constant__ lasp_allgather_params p) {
   const lasp::WaitSite site{p.diag, p.timeout_ns, p.me};
-  const RoundStart round = begin_round(p, site);
+  const Round round = this_round(p);
   const int peers = p.npes - 1;
   if (peers == 0) {  // a single PE has nothing to move
     if (blockIdx.x == 0 && threadIdx.x == 0) *p.epoch = round.epoch;
@@ -172,20 +153,17 @@ extern "C" __global__ void __launch_bounds__(1024) lasp_allgather_peer_major(con
   const uint32_t group_ctas = gridDim.x / peers;
   const int pe = (p.me + 1 + group) % p.npes;
   const Slice slice = cta_slice(p.bytes, blockIdx.x / peers, group_ctas);
-  if (round.peers_ready && slice.end > slice.begin)
+  if (slice.end > slice.begin)
     nvshmemx_putmem_nbi_block(own_slot(p, round.parity) + slice.begin, p.src + slice.begin, slice.end - slice.begin, pe);
   if (!last_to_arrive(p.counters + LASP_COUNTER_PEER_GROUP + group, group_ctas)) return;
 
   // Every byte for `pe` is out: signal it, then wait for the source that sends to this PE from
-  // its own group `group` (PE s's group g serves PE s + 1 + g).
-  const bool complete = no_wait_failed(p);
+  // its own group `group` (PE s's group g serves PE s + 1 + g). An expired wait is recorded in
+  // p.diag, which the publisher below checks.
   if (threadIdx.x == 0) {
     const int source = (p.me + p.npes - 1 - group) % p.npes;
-    // An expired wait is recorded in p.diag, which the publisher below checks.
-    if (complete) {
-      signal_data(p, round, pe);
-      wait_data(p, site, round, source);
-    }
+    signal_data(p, round, pe);
+    wait_data(p, site, round, source);
   }
   if (last_to_arrive(p.counters + LASP_COUNTER_PEERS_DONE, peers) && threadIdx.x == 0 && no_wait_failed(p))
     *p.epoch = round.epoch;
@@ -195,30 +173,31 @@ extern "C" __global__ void __launch_bounds__(1024) lasp_allgather_peer_major(con
 // below 2^32), peer-interleaved so that consecutive items go to different peers, are handed out
 // one at a time from a counter, so a CTA that runs faster (a less loaded SM or link) takes more of
 // them and the round ends with all CTAs within one item of each other instead of waiting for the
-// slowest static slice. The next claim is issued before the current put so its latency overlaps
-// the copy. Completion as in cta-loop.
+// slowest static slice. A CTA's first item is its own index, so the first puts wait for no claim;
+// each later claim is issued before the current put so its latency overlaps the copy. Completion
+// as in cta-loop.
 extern "C" __global__ void __launch_bounds__(1024) lasp_allgather_dynamic(const __grid_constant__ lasp_allgather_params p) {
   const lasp::WaitSite site{p.diag, p.timeout_ns, p.me};
-  const RoundStart round = begin_round(p, site);
+  const Round round = this_round(p);
   const uint64_t peers = p.npes - 1;
   const uint64_t chunks_per_peer = (p.bytes + p.chunk_bytes - 1) / p.chunk_bytes;
   const uint64_t items = peers * chunks_per_peer;
   uint32_t* const claims = p.counters + LASP_COUNTER_WORK_CLAIMED;
   uint8_t* const slot = own_slot(p, round.parity);
-  __shared__ uint32_t claimed;
-  uint32_t next = 0;
-  if (threadIdx.x == 0 && round.peers_ready) next = atomicAdd(claims, 1u);
-  while (round.peers_ready) {
-    if (threadIdx.x == 0) claimed = next;
-    __syncthreads();
-    const uint32_t item = claimed;
-    __syncthreads();  // every thread has read `claimed` before thread 0 may overwrite it
-    if (item >= items) break;
-    if (threadIdx.x == 0) next = atomicAdd(claims, 1u);
+  // Claims alternate between two words, so thread 0 may publish the next one while others still
+  // read the last: a word is rewritten only after the barrier that follows its reads.
+  __shared__ uint32_t claimed[2];
+  uint32_t item = blockIdx.x;
+  for (int turn = 0; item < items; turn ^= 1) {
+    uint32_t next = 0;
+    if (threadIdx.x == 0) next = gridDim.x + atomicAdd(claims, 1u);
     const int pe = (p.me + 1 + static_cast<int>(item % peers)) % p.npes;
     const uint64_t begin = (item / peers) * p.chunk_bytes;
     const uint64_t end = min(p.bytes, begin + p.chunk_bytes);
     nvshmemx_putmem_nbi_block(slot + begin, p.src + begin, end - begin, pe);
+    if (threadIdx.x == 0) claimed[turn] = next;
+    __syncthreads();
+    item = claimed[turn];
   }
   if (!last_to_arrive(p.counters + LASP_COUNTER_CTAS_DONE, gridDim.x)) return;
   // Every CTA has stopped claiming (each counted itself in after its last claim).

@@ -7,14 +7,14 @@
 // Symmetric layout of one all-gather: every PE holds `slots` = [2 parities][npes][bytes], where
 // slot [parity][s] receives PE s's `src` (in place: a PE's own slot is not written). The
 // round with epoch e uses parity e % 2, so a round can start while readers still use the previous
-// one; the round after that waits for their credits first.
+// one. It needs no credits from the readers of the parity it overwrites: every PE's round waits for
+// data from every other PE, so a PE that completed epoch e - 1 knows each peer had started it, and
+// with it (stream order) finished reading epoch e - 2 (exchange.cu, this_round).
 typedef struct {
   const uint8_t* src;      // symmetric, `bytes`: this PE's contribution
   uint8_t* slots;          // symmetric, 2 * npes * bytes
   uint64_t* data_signal;   // symmetric, [2][npes]: set to e on PE p when source s's data of epoch e
                            // (parity e % 2) has landed in p's slots
-  uint64_t* credit;        // symmetric, [npes]: credit[r] on PE s = the last epoch reader r has
-                           // finished with, so s may overwrite r's copy of parity (e % 2) at e + 2
   uint64_t* epoch;         // device, 1 word: the last completed epoch; advanced by the kernel so a
                            // captured graph replays correctly
   uint32_t* counters;      // device, LASP_ALLGATHER_COUNTERS(npes) words, zero between launches:
