@@ -42,8 +42,9 @@ __device__ __forceinline__ uint32_t pattern_word(int32_t source, uint64_t epoch,
 // peer, the parity that peer last read at epoch - 2, and every peer has finished with that
 // epoch's data. This PE completed epoch - 1 (stream order) only after every peer's data of
 // epoch - 1 had arrived, which that peer sent from its round epoch - 1, launched (stream order
-// again) after whatever read its slots of epoch - 2. The other parity, epoch - 1's, may still be
-// in use on a peer that is slower to finish; nothing of this round touches it.
+// again) after whatever read its slots of epoch - 2: a peer's data signal of epoch - 1 is also its
+// "done reading" for epoch - 2, so no separate credit is sent. The other parity, epoch - 1's, may
+// still be in use on a peer that is slower to finish; nothing of this round touches it.
 struct Round {
   uint64_t epoch;
   int parity;
