@@ -998,11 +998,7 @@ impl ScalarDecayForward {
         let i = dk_index(args.shape.dk);
         // The probes are variants of the one-warpgroup output kernel and launch like it, also
         // where the plan runs the two-role kernel.
-        let one_warpgroup = LaunchShape {
-            block: (geometry::THREADS, 1, 1),
-            shared_bytes: geometry::output_smem_bytes(args.shape.dk as i32),
-            ..plan.output
-        };
+        let one_warpgroup = plan.with_one_warpgroup_output().output;
         let (kernel, shape) = match probe {
             OutputProbe::Output => (self.output_kernel(&plan, i), plan.output),
             OutputProbe::Memory => (self.probe_kernels()?[0][i], one_warpgroup),
