@@ -562,23 +562,6 @@ __device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s,
 }
 #endif
 
-// Stores this warp's O rows of a chunk whose first token is tok0: pair(nt, hh) is the bf16 pair of
-// columns 8 nt + 2t, +1 of row 16 warp + 8 hh + g (o_tile already offset by 2t). Rows at or beyond
-// T (ragged last chunk) are not stored.
-template <class Pair>
-__device__ __forceinline__ void store_o_rows(uint16_t* o_tile, int64_t v_stride, int tok0, int T, int warp, int g,
-                                             Pair&& pair) {
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int tok = tok0 + 16 * warp + 8 * hh + g;
-    if (tok < T) {
-      uint16_t* dst = o_tile + tok * v_stride;
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) *reinterpret_cast<uint32_t*>(dst + 8 * nt) = pair(nt, hh);
-    }
-  }
-}
-
 // Runs one CTA's segment (kOutput = false: states only, K, V, gates; kOutput = true: outputs too).
 //   start(s, lane) -> bool: fills the fp32 start state (called once by every thread, before any
 //                   cp.async; it may contain __syncthreads). If it returns false (uniformly across the
@@ -703,7 +686,17 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
           return qw ^ kw ^ vw ^ reinterpret_cast<const uint32_t*>(s_gates)[r];
         }
       };
-      if (store) store_o_rows(a.o + row_bt0 * Dv + vt * kTileV + 2 * t, v_stride, tok0, T, warp, g, o_pair);
+      // O rows beyond T (ragged last chunk) are not stored.
+      uint16_t* o_tile = a.o + row_bt0 * Dv + vt * kTileV + 2 * t;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int tok = tok0 + 16 * warp + 8 * hh + g;
+        if (store && tok < T) {
+          uint16_t* dst = o_tile + tok * v_stride;
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt) *reinterpret_cast<uint32_t*>(dst + 8 * nt) = o_pair(nt, hh);
+        }
+      }
       if (kMath && i + 1 < n_chunks) store_state_bf16<DK>(smem, L::kSbf + ((i + 1) & 1) * L::kSbfBytes, s, ln);
     }
   }
@@ -901,12 +894,22 @@ __device__ __forceinline__ void run_roles_segment_with(const SegmentArgs& a, Sta
                             a.scale, sbf_read);
       // The stage is refilled (with chunk i + kRolesStages) only if there is such a chunk.
       if (i + kRolesStages < n_chunks) named_barrier_arrive(B::kEmpty + i % kRolesStages, kPair);
-      if (store)
-        store_o_rows(o_tile, v_stride, (a.c_begin + i) * kChunk, T, warp, g,
-                     [&](int nt, int hh) { return pack_bf16x2(o[nt][2 * hh], o[nt][2 * hh + 1]); });
+      // O rows beyond T (ragged last chunk) are not stored.
+      const int tok0 = (a.c_begin + i) * kChunk;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int tok = tok0 + 16 * warp + 8 * hh + g;
+        if (store && tok < T) {
+          uint16_t* dst = o_tile + tok * v_stride;
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+            *reinterpret_cast<uint32_t*>(dst + 8 * nt) = pack_bf16x2(o[nt][2 * hh], o[nt][2 * hh + 1]);
+        }
+      }
     }
   }
 }
+
 
 }  // namespace sd
 }  // namespace lasp
