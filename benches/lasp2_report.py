@@ -44,7 +44,7 @@ result = {
     "device": os.environ.get("LASP_DEVICE", "unknown"),
     "commit": os.environ.get("LASP_COMMIT", "unknown"),
     "date": os.environ.get("LASP_DATE", "unknown"),
-    "method": "per rank median of 30 calls per mode: 6 rounds in which every mode in turn gets 2 untimed then 5 timed calls, each call after an on-stream barrier, CUDA events; max over ranks. fla peer: shared/peers/lasp2_fla_baseline.py (smart = states pass + NCCL all-gather + fold + fla forward), same job",
+    "method": "per rank median of 30 calls per mode: 6 rounds in which every mode in turn gets 2 untimed then 5 timed calls, each call after an on-stream barrier, CUDA events; max over ranks (every rank's median in per_rank_ms). fla peer: shared/peers/lasp2_fla_baseline.py (smart = states pass + NCCL all-gather + fold + fla forward), same job",
     "bit_identical": bit_identical,
     "weak_scaling_1_to_4": min(weak.values()) if weak else None,
     "weak_scaling_by_shape": weak,

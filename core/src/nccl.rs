@@ -80,6 +80,18 @@ impl NcclComm {
         .map_err(|e| nccl_error("ncclAllGather", e))
     }
 
+    /// Every rank's `value`, in rank order (collective; synchronises the stream).
+    pub fn gather_f64(&self, value: f64, nranks: usize) -> Result<Vec<f64>> {
+        let mut values = vec![0.0f64; nranks];
+        values[self.rank] = value;
+        let buf = self.stream.clone_htod(&values)?;
+        // SAFETY: `buf` holds `nranks` f64 of this context and outlives the synchronisation below.
+        unsafe {
+            self.all_gather_in_place(buf.device_ptr(&self.stream).0, std::mem::size_of::<f64>())?;
+        }
+        Ok(self.stream.clone_dtoh(&buf)?)
+    }
+
     /// The maximum of `value` over all ranks (collective; synchronises the stream).
     pub fn max_f64(&self, value: f64) -> Result<f64> {
         let buf = self.stream.clone_htod(&[value])?;

@@ -62,12 +62,55 @@ __device__ __forceinline__ void states(const lasp_lasp2_params& p) {
       });
 }
 
+// The output kernel's prologue tiles go through shared memory, which is free until the chunk
+// pipeline starts: cp.async puts a whole batch of tiles in flight at once, so a batch costs about one
+// L2 round trip, where folding from registers paid one round trip per tile (the last PE at W = 4
+// folds three slot tiles and a segment tile: ~6 us before its chunk loop against ~2 us on PE 0,
+// run 12 timelines). Staged rows are padded to 68 floats so that a warp's float2 reads of 8 rows
+// spread over the banks; a slot tile's 16-byte trailer (Lambda_u, 0, 0, 0) follows its rows.
+constexpr int kStagedLd = sd::kTileV + 4;  // floats per staged row
+constexpr int kStagedTiles = 3;            // staged slots; the last one holds the segment tile
+template <int DK>
+constexpr uint32_t staged_tile_bytes() {
+  return DK * kStagedLd * 4 + 16;
+}
+static_assert(kStagedTiles * staged_tile_bytes<128>() <= lasp2_output_smem_bytes(128), "staged tiles exceed smem");
+static_assert(kStagedTiles * staged_tile_bytes<64>() <= lasp2_output_smem_bytes(64), "staged tiles exceed smem");
+
+// Starts copying rows [0, DK) x columns [0, 64) of an fp32 tile (row stride `ld` floats) into the
+// staged slot at `slot` (every thread takes part; commit and wait are the caller's). `trailer`: also
+// the 16 bytes after the last row, contiguous with the rows in a slot tile.
+template <int DK>
+__device__ __forceinline__ void stage_tile(uint32_t slot, const float* rows, int64_t ld, bool trailer) {
+  constexpr int kPiecesPerRow = sd::kTileV / 4;  // 16-byte pieces
+#pragma unroll 4
+  for (int i = threadIdx.x; i < DK * kPiecesPerRow; i += sd::kThreads) {
+    const int row = i / kPiecesPerRow, piece = i % kPiecesPerRow;
+    cp_async_16(slot + (row * kStagedLd + 4 * piece) * 4, rows + row * ld + 4 * piece, true);
+  }
+  if (trailer && threadIdx.x == 0) cp_async_16(slot + DK * kStagedLd * 4, rows + DK * ld, true);
+}
+
+// s = e^{lambda} s + the staged tile at `slot` (fold_step per element, as sd::state_fold).
+template <int DK>
+__device__ __forceinline__ void fold_staged(StateRegs<DK>& s, const StateLane& ln, const uint8_t* slot, float lambda) {
+  sd::state_fold<DK>(s, ln, reinterpret_cast<const float*>(slot), kStagedLd, lambda);
+}
+
+// Lambda_u of a staged slot tile (its trailer's first float).
+template <int DK>
+__device__ __forceinline__ float staged_lambda(const uint8_t* slot) {
+  return *reinterpret_cast<const float*>(slot + DK * kStagedLd * 4);
+}
+
 // Kernel 3: the CTA's start state, then the single-GPU chunk loop.
 //   P = h0 tile (or 0); for u < me ascending: P = e^{Lambda_u} P + M_u (slot [parity][u][bh][vt]);
 //   s > 0: P = e^{Lambda_0 + .. + Lambda_{s-1}} P + L_s (ws_p slot s - 1). One tile read whatever s
 //   is: folding the s earlier segments here instead cost the last segment's CTA s tile reads on
 //   the critical path (+20-40 us per launch at S = 16, run A of 2026-11-21).
 // The fold is the same in every mode; LASP2_DEVICE_PUT only adds the wait for the tiles' signals.
+// L_s and the Lambdas before it are local (segment_prefix ran earlier on this stream), so their
+// loads start before the wait; the slot tiles are staged after it, kStagedTiles - 1 at a time.
 template <int DK>
 __device__ __forceinline__ void output(const lasp_lasp2_params& p) {
   const sd::SegmentArgs a = group_segment_args(p);
@@ -77,10 +120,21 @@ __device__ __forceinline__ void output(const lasp_lasp2_params& p) {
   sd::run_segment_with<DK, true>(
       a,
       [&](StateRegs<DK>& s, const StateLane& ln) {
+        extern __shared__ __align__(1024) uint8_t smem[];
+        constexpr uint32_t kTileBytes = staged_tile_bytes<DK>();
+        constexpr uint32_t kSegmentSlot = (kStagedTiles - 1) * kTileBytes;
+        const uint32_t sbase = smem_addr(smem);
         const uint64_t stamps = lasp2_timeline_output(a.bh, a.vt, seg, p.B, p.H, p.Dv, p.num_segments);
         stamp(p, stamps + 0);
         const uint64_t epoch = call_epoch(p);
         const int parity = static_cast<int>(epoch & 1);
+        float lambda_before = 0.f;  // summed in segment order, as fold_put sums Lambda_me
+        if (seg > 0) {
+          const int64_t first = (int64_t)a.bh * p.num_segments;
+          stage_tile<DK>(sbase + kSegmentSlot, p.ws_p + (first + seg - 1) * tile_elems + col0, p.Dv, false);
+          cp_async_commit();
+          for (int sp = 0; sp < seg; ++sp) lambda_before += p.ws_lambda[first + sp];
+        }
         if (p.h0)
           sd::state_load<DK>(s, ln, p.h0 + a.bh * tile_elems + col0, p.Dv);
         else
@@ -88,27 +142,40 @@ __device__ __forceinline__ void output(const lasp_lasp2_params& p) {
 
         if (p.exchange_mode == LASP2_DEVICE_PUT && p.me > 0) {
           // One thread per earlier PE waits for its tile of this epoch; the barrier then orders
-          // the acquire before every thread's reads of the slots (read through L2: __ldcg).
+          // the acquire before every thread's copies of the slots (cp.async.cg reads through L2).
           const WaitSite site{p.diag, p.timeout_ns, p.me};
           int ok = 1;
           for (int u = threadIdx.x; u < p.me; u += blockDim.x) {
             const uint64_t idx = lasp2_signal_index(parity, u, a.bh, a.vt, p.npes, p.B, p.H, p.Dv);
             ok &= wait_signal_ge(site, p.signals + idx, epoch, u, static_cast<int32_t>(idx), LASP_WAIT_DATA);
           }
-          if (!__syncthreads_and(ok)) return false;  // the host reports p.diag
+          if (!__syncthreads_and(ok)) {
+            cp_async_wait<0>();  // no copy may land in the pipeline's stages later
+            return false;        // the host reports p.diag
+          }
         }
         stamp(p, stamps + 1);
 
-        for (int u = 0; u < p.me; ++u) {
-          const float* tile = p.slots + lasp2_slot_tile_offset(parity, u, a.bh, a.vt, p.npes, p.B, p.H, DK, p.Dv);
-          const float lambda_u = __ldcg(tile + DK * sd::kTileV);
-          sd::state_fold<DK, true>(s, ln, tile, sd::kTileV, lambda_u);
+        for (int u0 = 0; u0 < p.me; u0 += kStagedTiles - 1) {
+          const int batch = min(kStagedTiles - 1, p.me - u0);
+          for (int j = 0; j < batch; ++j) {
+            const float* tile = p.slots + lasp2_slot_tile_offset(parity, u0 + j, a.bh, a.vt, p.npes, p.B, p.H, DK, p.Dv);
+            stage_tile<DK>(sbase + j * kTileBytes, tile, sd::kTileV, true);
+          }
+          cp_async_commit();
+          cp_async_wait<0>();
+          __syncthreads();
+          for (int j = 0; j < batch; ++j) {
+            const uint8_t* slot = smem + j * kTileBytes;
+            fold_staged<DK>(s, ln, slot, staged_lambda<DK>(slot));
+          }
+          __syncthreads();  // before the next batch, or the chunk pipeline, overwrites the slots
         }
         if (seg > 0) {
-          const int64_t first = (int64_t)a.bh * p.num_segments;
-          float lambda_before = 0.f;  // summed in segment order, as fold_put sums Lambda_me
-          for (int sp = 0; sp < seg; ++sp) lambda_before += p.ws_lambda[first + sp];
-          sd::state_fold<DK, false>(s, ln, p.ws_p + (first + seg - 1) * tile_elems + col0, p.Dv, lambda_before);
+          cp_async_wait<0>();
+          __syncthreads();
+          fold_staged<DK>(s, ln, smem + kSegmentSlot, lambda_before);
+          __syncthreads();
         }
         stamp(p, stamps + 2);
         return true;

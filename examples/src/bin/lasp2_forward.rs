@@ -443,16 +443,23 @@ fn time_modes(
         "{{\"W\": {w}, \"B\": {b}, \"T_local\": {t}, \"H\": {h}, \"D\": {d}, \"head_groups\": {groups}, \"ctas_per_sm\": {ctas}"
     );
     let medians = time_in_turns(rt, &mut op, &mut shard)?;
-    for (median, key) in medians.into_iter().zip([
-        "overlapped_ms",
-        "sequential_nccl_ms",
-        "sequential_nvshmem_ms",
-        "no_comm_ms",
+    // Every rank's median too: the call takes as long as its slowest rank, and which rank that is
+    // (the last one folds the most tiles) says where the time over W = 1 goes.
+    let mut per_rank = Vec::new();
+    for (median, mode) in medians.into_iter().zip([
+        "overlapped",
+        "sequential_nccl",
+        "sequential_nvshmem",
+        "no_comm",
     ]) {
-        let ms = comm.max_f64(median)?;
-        line += &format!(" {key} {ms:.4}");
-        row += &format!(", \"{key}\": {ms:.5}");
+        let ranks = comm.gather_f64(median, w)?;
+        let ms = ranks.iter().copied().fold(f64::MIN, f64::max);
+        line += &format!(" {mode}_ms {ms:.4}");
+        row += &format!(", \"{mode}_ms\": {ms:.5}");
+        let list: Vec<String> = ranks.iter().map(|v| format!("{v:.5}")).collect();
+        per_rank.push(format!("\"{mode}\": [{}]", list.join(", ")));
     }
+    row += &format!(", \"per_rank_ms\": {{{}}}", per_rank.join(", "));
     if let Some(prefix) = &options.timeline {
         let wait_us = comm.max_f64(record_timeline(rt, &mut op, &mut shard, prefix)?)?;
         line += &format!(" max_output_wait_us {wait_us:.2}");
