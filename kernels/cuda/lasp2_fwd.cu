@@ -66,9 +66,10 @@ __device__ __forceinline__ void states(const lasp_lasp2_params& p) {
 // pipeline starts: cp.async puts a whole batch of tiles in flight at once, so a batch costs about one
 // L2 round trip, where folding from registers paid one round trip per tile (the last PE at W = 4
 // folds three slot tiles and a segment tile: ~6 us before its chunk loop against ~2 us on PE 0,
-// run 12 timelines). Staged rows are padded to 68 floats so that a warp's float2 reads of 8 rows
-// spread over the banks; a slot tile's 16-byte trailer (Lambda_u, 0, 0, 0) follows its rows.
-constexpr int kStagedLd = sd::kTileV + 4;  // floats per staged row
+// run 12 timelines). Staged rows are padded to 72 floats: the 4 rows a half-warp's float2 reads
+// touch then start 8 banks apart, so the reads are free of bank conflicts (4-way unpadded). A slot
+// tile's 16-byte trailer (Lambda_u, 0, 0, 0) follows its rows.
+constexpr int kStagedLd = sd::kTileV + 8;  // floats per staged row
 constexpr int kStagedTiles = 3;            // staged slots; the last one holds the segment tile
 template <int DK>
 constexpr uint32_t staged_tile_bytes() {

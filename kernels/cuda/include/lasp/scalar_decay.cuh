@@ -210,14 +210,12 @@ __device__ __forceinline__ void state_load(StateRegs<DK>& s, const StateLane& ln
   });
 }
 
-// s = e^{lambda} s + tile (fold_step per element). kL2 reads through L2 only (ld.global.cg), for data
-// another GPU or a NIC wrote while this kernel ran.
-template <int DK, bool kL2 = false>
+// s = e^{lambda} s + tile (fold_step per element).
+template <int DK>
 __device__ __forceinline__ void state_fold(StateRegs<DK>& s, const StateLane& ln, const float* base, int64_t ld,
                                            float lambda) {
   for_each_state_pair<DK>(s, ln, [&](float& x0, float& x1, int d, int c) {
-    const float2* src = reinterpret_cast<const float2*>(base + d * ld + c);
-    const float2 m = kL2 ? __ldcg(src) : *src;
+    const float2 m = *reinterpret_cast<const float2*>(base + d * ld + c);
     x0 = fold_step(x0, lambda, m.x);
     x1 = fold_step(x1, lambda, m.y);
   });
