@@ -191,22 +191,37 @@ __device__ __forceinline__ void output(const lasp_lasp2_params& p) {
 // acc = e^{Lambda_s} acc + M_s, and calls step(s, acc, d, c) after each s with the float4 of rows d,
 // columns c..c+3 of the tile. Thread i owns float4 columns (i % 16) of rows i / 16 + 16 j; fold_put
 // and segment_prefix share this loop, so M_me and the prefixes L_s are the same fold.
+// A thread loads all its rows of a segment at once, so it waits about one memory round trip per
+// segment; walking its rows one at a time, as before run 52, waited one per (row, segment), 8 (S - 1)
+// round trips at Dk = 128 (the loads of the next row could not pass the stores of `step`).
 template <class Step>
 __device__ __forceinline__ void fold_segments(const lasp_lasp2_params& p, int bh, int vt, int count, Step&& step) {
+  constexpr int kCols = LASP2_TILE_V / 4;               // float4 columns of a tile row
+  constexpr int kRowStep = LASP2_FOLD_THREADS / kCols;  // rows between a thread's rows
+  constexpr int kMaxRows = 128 / kRowStep;              // a thread's rows at Dk = 128 (the largest Dk)
+  const int rows = p.Dk / kRowStep;
   const int64_t state_elems = (int64_t)p.Dk * p.Dv;
-  const float* const m0 = p.ws_m + (int64_t)bh * p.num_segments * state_elems + vt * LASP2_TILE_V;
+  const int d0 = threadIdx.x / kCols, c = (threadIdx.x % kCols) * 4;
+  const float* const m0 =
+      p.ws_m + (int64_t)bh * p.num_segments * state_elems + vt * LASP2_TILE_V + (int64_t)d0 * p.Dv + c;
   const float* const lam = p.ws_lambda + (int64_t)bh * p.num_segments;
-  for (int i = threadIdx.x; i < p.Dk * (LASP2_TILE_V / 4); i += LASP2_FOLD_THREADS) {
-    const int d = i / (LASP2_TILE_V / 4), c = (i % (LASP2_TILE_V / 4)) * 4;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s = 0; s < count; ++s) {
-      const float4 m = *reinterpret_cast<const float4*>(m0 + s * state_elems + (int64_t)d * p.Dv + c);
-      const float l = lam[s];
-      acc.x = sd::fold_step(acc.x, l, m.x);
-      acc.y = sd::fold_step(acc.y, l, m.y);
-      acc.z = sd::fold_step(acc.z, l, m.z);
-      acc.w = sd::fold_step(acc.w, l, m.w);
-      step(s, acc, d, c);
+  float4 acc[kMaxRows];
+#pragma unroll
+  for (int j = 0; j < kMaxRows; ++j) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int s = 0; s < count; ++s) {
+    float4 m[kMaxRows];
+#pragma unroll
+    for (int j = 0; j < kMaxRows; ++j)
+      if (j < rows) m[j] = __ldg(reinterpret_cast<const float4*>(m0 + s * state_elems + (int64_t)j * kRowStep * p.Dv));
+    const float l = __ldg(lam + s);
+#pragma unroll
+    for (int j = 0; j < kMaxRows; ++j) {
+      if (j >= rows) continue;
+      acc[j].x = sd::fold_step(acc[j].x, l, m[j].x);
+      acc[j].y = sd::fold_step(acc[j].y, l, m[j].y);
+      acc[j].z = sd::fold_step(acc[j].z, l, m[j].z);
+      acc[j].w = sd::fold_step(acc[j].w, l, m[j].w);
+      step(s, acc[j], d0 + j * kRowStep, c);
     }
   }
 }

@@ -101,7 +101,9 @@ extern "C" __global__ void __launch_bounds__(LASP_SD_FOLD_THREADS)
   float prefix = p.h0 ? p.h0[bh * n + e] : 0.f;
   for (int s = 0; s < slots; ++s) {
     const int64_t slot = bh * slots + s;
-    prefix = lasp::sd::fold_step(prefix, p.ws_lambda[slot], p.ws_m[slot * n + e]);
+    // Read-only loads (the states kernel wrote ws_m and ws_lambda), so the compiler may issue them
+    // ahead of the ws_p stores instead of one round trip per segment.
+    prefix = lasp::sd::fold_step(prefix, __ldg(p.ws_lambda + slot), __ldg(p.ws_m + slot * n + e));
     p.ws_p[slot * n + e] = prefix;
   }
 }
