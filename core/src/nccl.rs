@@ -16,6 +16,7 @@ pub struct NcclComm {
     raw: sys::ncclComm_t,
     stream: Arc<CudaStream>,
     rank: usize,
+    nranks: usize,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread, one call at a time (&self methods
@@ -57,6 +58,7 @@ impl NcclComm {
             raw,
             stream: stream.clone(),
             rank: runtime.pe(),
+            nranks: runtime.npes(),
         })
     }
 
@@ -81,11 +83,12 @@ impl NcclComm {
     }
 
     /// Every rank's `value`, in rank order (collective; synchronises the stream).
-    pub fn gather_f64(&self, value: f64, nranks: usize) -> Result<Vec<f64>> {
-        let mut values = vec![0.0f64; nranks];
+    pub fn gather_f64(&self, value: f64) -> Result<Vec<f64>> {
+        let mut values = vec![0.0f64; self.nranks];
         values[self.rank] = value;
         let buf = self.stream.clone_htod(&values)?;
-        // SAFETY: `buf` holds `nranks` f64 of this context and outlives the synchronisation below.
+        // SAFETY: `buf` holds one f64 per rank of the communicator, in this context, and outlives
+        // the synchronisation below.
         unsafe {
             self.all_gather_in_place(buf.device_ptr(&self.stream).0, std::mem::size_of::<f64>())?;
         }

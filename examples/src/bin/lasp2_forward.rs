@@ -452,7 +452,7 @@ fn time_modes(
         "sequential_nvshmem",
         "no_comm",
     ]) {
-        let ranks = comm.gather_f64(median, w)?;
+        let ranks = comm.gather_f64(median)?;
         let ms = ranks.iter().copied().fold(f64::MIN, f64::max);
         line += &format!(" {mode}_ms {ms:.4}");
         row += &format!(", \"{mode}_ms\": {ms:.5}");
