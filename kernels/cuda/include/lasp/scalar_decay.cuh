@@ -893,8 +893,8 @@ __device__ __forceinline__ void run_roles_segment_with(const SegmentArgs& a, Sta
     // Chunk j has landed (for the whole state group: each thread waits for its own copies), is
     // announced to the output group, and its StateStep is prepared. The chain is pipelined by one
     // chunk: chunk i + 1 is prepared while chunk i's update products run, so what is left in
-    // series per chunk is the decay, the products and the bf16 copy (run 62: 6 % faster at B=4,
-    // T=8K than preparing each chunk after the previous one's copy).
+    // series per chunk is the decay, the products and the bf16 copy (benches/results run 64: 7 %
+    // faster at B=4, T=8K than preparing each chunk after the previous one's bf16 copy).
     auto arrive_and_prepare = [&](int j, StateStep<DK>& st) {
       cp_async_wait<kRolesStages - 2>();  // with the commits so far, every chunk up to j has landed
 #if LASP_SD_WGMMA
