@@ -64,7 +64,7 @@ def merge(runs):
 
     eight = at(8 << 20)
     pingpongs = [run["pingpong_rtt_us"] for run in runs if run.get("pingpong_rtt_us") is not None]
-    merged = {key: first[key] for key in ("device", "commit", "date", "W", "variant", "threads_per_cta")}
+    merged = {key: first[key] for key in (*SETUP, "date")}
     merged["method"] = (
         first["method"]
         + f"; {len(runs)} processes, each measuring ours and NCCL's: every time is the median over"
