@@ -19,6 +19,7 @@ pub mod reference;
 pub mod rendezvous;
 pub mod runtime;
 pub mod symmetric;
+pub mod tensor_map;
 pub mod units;
 
 pub use error::{Error, Result};

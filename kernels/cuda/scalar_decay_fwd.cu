@@ -19,7 +19,8 @@
 // CTA = 4 warps, one (Dv tile of 64 columns, segment, b*H+h). Warp w owns output rows
 // 16w..16w+15 of each chunk and state rows w*Dk/4 .. (w+1)*Dk/4-1 (all 64 columns of the tile).
 // Tensor cores: mma.sync m16n8k16 bf16 -> fp32, operands through ldmatrix from swizzled smem.
-// Pipeline: cp.async, kStages chunks in flight, one __syncthreads per chunk.
+// Pipeline: cp.async, kStages chunks in flight, one __syncthreads per chunk (the two-role kernel:
+// tensor copies by a loading warp, mbarriers; lasp::sd::run_roles_segment_with).
 #include <math.h>
 #include <stdint.h>
 
@@ -33,10 +34,10 @@ namespace sd {
 // One CTA's segment of the single-GPU forward: the shared segment loop (run_segment_with) with
 // this forward's prologue and epilogue. kOutput = false: the states kernel (zero start; writes M_s,
 // Lambda_s). kOutput = true: the output kernel (starts from P_s, writes O and, for the last segment,
-// ht), with kRoles as two warpgroups (run_roles_segment_with), or with kProbe one of its timed
-// variants (lasp::sd::Probe).
+// ht), with kRoles as two warpgroups and a loading warp (run_roles_segment_with, loading through
+// `maps`), or with kProbe one of its timed variants (lasp::sd::Probe).
 template <int DK, bool kOutput, Probe kProbe = Probe::kNone, bool kRoles = false>
-__device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p) {
+__device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p, const QkvMaps* maps = nullptr) {
   const int seg = blockIdx.y;
   const SegmentArgs a = segment_args(p);
   const int n_seg_slots = p.num_segments - 1;  // workspace slots per (b, h)
@@ -57,7 +58,7 @@ __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p) {
       if (seg == p.num_segments - 1 && p.ht) state_store<DK>(s, ln, p.ht + a.bh * tile_elems + col0, p.Dv);
     };
     if constexpr (kRoles)
-      run_roles_segment_with<DK>(a, start, end);
+      run_roles_segment_with<DK>(a, *maps, start, end);
     else
       run_segment_with<DK, true, kProbe>(a, start, end);
   } else {
@@ -119,16 +120,20 @@ extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
   lasp::sd::run_segment<128, true>(p);
 }
 
-// Pass 2 as two warpgroups (lasp::sd::run_roles_segment_with), for plans with S == 1: the host
-// launches it instead of lasp_scalar_decay_output_dk* when one CTA per SM keeps every sequence whole.
-// grid lasp_sd_output_grid, block LASP_SD_ROLES_THREADS, smem lasp_sd_roles_smem_bytes(Dk).
+// Pass 2 as two warpgroups and a loading warp (lasp::sd::run_roles_segment_with), for plans with
+// S == 1: the host launches it instead of lasp_scalar_decay_output_dk* when one CTA per SM keeps
+// every sequence whole.
+// grid lasp_sd_output_grid, block LASP_SD_ROLES_THREADS, smem lasp_sd_roles_smem_bytes(Dk); its
+// parameters add the tensor maps of q, k, v to the forward's (lasp_sd_roles_params).
 extern "C" __global__ void __launch_bounds__(LASP_SD_ROLES_THREADS, 1)
-    lasp_scalar_decay_output_roles_dk64(const __grid_constant__ lasp_scalar_decay_params p) {
-  lasp::sd::run_segment<64, true, lasp::sd::Probe::kNone, true>(p);
+    lasp_scalar_decay_output_roles_dk64(const __grid_constant__ lasp_sd_roles_params rp) {
+  const lasp::sd::QkvMaps maps{rp.q, rp.k, rp.v};
+  lasp::sd::run_segment<64, true, lasp::sd::Probe::kNone, true>(rp.p, &maps);
 }
 extern "C" __global__ void __launch_bounds__(LASP_SD_ROLES_THREADS, 1)
-    lasp_scalar_decay_output_roles_dk128(const __grid_constant__ lasp_scalar_decay_params p) {
-  lasp::sd::run_segment<128, true, lasp::sd::Probe::kNone, true>(p);
+    lasp_scalar_decay_output_roles_dk128(const __grid_constant__ lasp_sd_roles_params rp) {
+  const lasp::sd::QkvMaps maps{rp.q, rp.k, rp.v};
+  lasp::sd::run_segment<128, true, lasp::sd::Probe::kNone, true>(rp.p, &maps);
 }
 
 // Probes of pass 2 (lasp::sd::Probe; SCALAR_DECAY_NOTES.md, "Probes"): launched exactly like

@@ -50,6 +50,7 @@ use super::{bf16, ranges_overlap, DeviceMut, DeviceRef};
 use crate::error::{Error, Result};
 use crate::kernel::{Kernel, LaunchShape};
 use crate::runtime::Runtime;
+use crate::tensor_map::{self, TensorMap};
 use cudarc::driver::{result as cu, sys, CudaContext, CudaSlice, CudaStream};
 use std::sync::Arc;
 
@@ -68,7 +69,7 @@ pub mod geometry {
     /// Threads per CTA of the fold kernel (`LASP_SD_FOLD_THREADS`).
     pub const FOLD_THREADS: u32 = 256;
     /// Threads per CTA of the two-role output kernel (`LASP_SD_ROLES_THREADS`).
-    pub const ROLES_THREADS: u32 = 256;
+    pub const ROLES_THREADS: u32 = 288;
     /// The two-role output kernel's pipeline depth (`LASP_SD_ROLES_STAGES`).
     pub const ROLES_STAGES: u32 = 4;
 
@@ -125,11 +126,12 @@ pub mod geometry {
         STAGES * stage + 2 * dk * tv * 2
     }
 
-    /// `lasp_sd_roles_smem_bytes`: ROLES_STAGES x (Q, K, V tile, gates) + 2 bf16 state tiles.
+    /// `lasp_sd_roles_smem_bytes`: ROLES_STAGES x (Q, K, V tile, gates, an 8-byte mbarrier) + 2
+    /// bf16 state tiles.
     pub const fn roles_smem_bytes(dk: i32) -> u32 {
         let (c, dk, tv) = (CHUNK as u32, dk as u32, TILE_V as u32);
         let stage = 2 * c * dk * 2 + c * tv * 2 + c * 4;
-        ROLES_STAGES * stage + 2 * dk * tv * 2
+        ROLES_STAGES * (stage + 8) + 2 * dk * tv * 2
     }
 
     /// `lasp_sd_states_smem_bytes`: STAGES x (K, V tile, gates).
@@ -179,7 +181,8 @@ pub mod geometry {
     }
 }
 
-/// The C struct `lasp_scalar_decay_params` (112 bytes), passed by value to all three kernels.
+/// The C struct `lasp_scalar_decay_params` (112 bytes), passed by value to the states, fold and
+/// one-warpgroup output kernels; the two-role output kernel takes it inside [`RolesParams`].
 /// Device pointers are raw addresses; NULL (0) where a tensor is absent.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -202,6 +205,42 @@ pub struct ScalarDecayParams {
     pub num_segments: i32,
     pub chunks_per_segment: i32,
     pub scale: f32,
+}
+
+/// The C struct `lasp_sd_roles_params` (512 bytes): the forward's parameters and the tensor maps
+/// the two-role output kernel copies q, k and v through.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RolesParams {
+    pub params: ScalarDecayParams,
+    pub q: TensorMap,
+    pub k: TensorMap,
+    pub v: TensorMap,
+}
+
+impl RolesParams {
+    /// `params` with the tensor maps of its q, k and v (`shape`'s dimensions).
+    fn new(params: ScalarDecayParams, shape: &ForwardShape) -> Result<Self> {
+        let (b, t, h) = (shape.b, shape.t, shape.h);
+        Ok(RolesParams {
+            params,
+            q: tensor_map::bf16_token_tiles(
+                "scalar-decay forward, q",
+                params.q,
+                [shape.dk, h, t, b],
+            )?,
+            k: tensor_map::bf16_token_tiles(
+                "scalar-decay forward, k",
+                params.k,
+                [shape.dk, h, t, b],
+            )?,
+            v: tensor_map::bf16_token_tiles(
+                "scalar-decay forward, v",
+                params.v,
+                [shape.dv, h, t, b],
+            )?,
+        })
+    }
 }
 
 /// The largest T accepted: token indices plus a chunk stay within `i32` in the kernels.
@@ -353,9 +392,9 @@ pub struct ForwardPlan {
     pub fold: Option<LaunchShape>,
     /// The output kernel's launch.
     pub output: LaunchShape,
-    /// Whether the output kernel runs as two warpgroups (`lasp_scalar_decay_output_roles_dk*`):
-    /// plans with one segment, where one CTA per SM keeps every sequence whole and a second
-    /// warpgroup is the only other work its SM gets.
+    /// Whether the output kernel runs as two warpgroups and a loading warp
+    /// (`lasp_scalar_decay_output_roles_dk*`): plans with one segment, where one CTA per SM keeps
+    /// every sequence whole and a second warpgroup is the only other work its SM gets.
     pub output_roles: bool,
 }
 
@@ -684,8 +723,8 @@ pub struct ScalarDecayForward {
     /// Indexed by Dk: [64, 128].
     states: [Kernel; 2],
     output: [Kernel; 2],
-    /// The two-role output kernels, for plans with one segment (None where this GPU cannot give a
-    /// block their shared memory: such plans use `output`).
+    /// The two-role output kernels, for plans with one segment (None where this GPU has no Tensor
+    /// Memory Accelerator or cannot give a block their shared memory: such plans use `output`).
     output_roles: Option<[Kernel; 2]>,
     fold: Kernel,
     /// The probe kernels (Memory, Compute, NoExp; each indexed by Dk), looked up on the first
@@ -702,6 +741,32 @@ pub struct ScalarDecayForward {
 
 fn dk_index(dk: usize) -> usize {
     usize::from(dk == 128)
+}
+
+/// An output-kernel launch with the parameters of its kind.
+enum OutputLaunch {
+    TwoRole(Kernel, LaunchShape, Box<RolesParams>),
+    OneWarpgroup(Kernel, LaunchShape, ScalarDecayParams),
+}
+
+impl OutputLaunch {
+    /// # Safety
+    /// As for [`Kernel::launch`]: the parameters describe tensors that stay valid, and are used
+    /// by nothing else in a conflicting way, until the kernel completes.
+    unsafe fn enqueue(&self, stream: &CudaStream) -> Result<()> {
+        // SAFETY: each kernel gets the parameter struct of its C signature; the caller's contract
+        // covers the tensors.
+        unsafe {
+            match self {
+                OutputLaunch::TwoRole(kernel, shape, params) => {
+                    kernel.launch(stream, *shape, params.as_ref())
+                }
+                OutputLaunch::OneWarpgroup(kernel, shape, params) => {
+                    kernel.launch(stream, *shape, params)
+                }
+            }
+        }
+    }
 }
 
 /// The Dk-indexed (`[64, 128]`) states and output kernels of a chunkwise family (the single-GPU
@@ -754,7 +819,8 @@ impl ScalarDecayForward {
         let optin = ctx.attribute(
             sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
         )? as u32;
-        let output_roles = if optin >= geometry::roles_smem_bytes(128) {
+        let (major, _) = ctx.compute_capability()?;
+        let output_roles = if major >= 9 && optin >= geometry::roles_smem_bytes(128) {
             let kernels = [
                 module.kernel("lasp_scalar_decay_output_roles_dk64")?,
                 module.kernel("lasp_scalar_decay_output_roles_dk128")?,
@@ -957,9 +1023,11 @@ impl ScalarDecayForward {
     ) -> Result<ForwardPlan> {
         let (plan, params) = self.prepare(stream, &args)?;
         let i = dk_index(args.shape.dk);
+        let output = self.output_launch(&plan, &params)?;
         // SAFETY: ScalarDecayParams has the C layout of lasp_scalar_decay_params (tests below);
-        // the shape is supported, every tensor has the length, alignment and non-overlap the
-        // kernels need (checked in prepare), the views borrow their buffers for the call and their
+        // RolesParams that of lasp_sd_roles_params, with maps of the same tensors; the shape is
+        // supported, every tensor has the length, alignment and non-overlap the kernels need
+        // (checked in prepare), the views borrow their buffers for the call and their
         // contracts keep the memory valid until the kernels complete; the workspace is owned by
         // self and freed only after a context synchronisation.
         unsafe {
@@ -967,18 +1035,27 @@ impl ScalarDecayForward {
                 self.states[i].launch(stream, states, &params)?;
                 self.fold.launch(stream, fold, &params)?;
             }
-            self.output_kernel(&plan, i)
-                .launch(stream, plan.output, &params)?;
+            output.enqueue(stream)?;
         }
         Ok(plan)
     }
 
-    /// The output kernel `plan` launches, for Dk index `i`.
-    fn output_kernel(&self, plan: &ForwardPlan, i: usize) -> Kernel {
-        match self.output_roles {
-            Some(roles) if plan.output_roles => roles[i],
-            _ => self.output[i],
-        }
+    /// The output kernel `plan` runs, with its parameters: the two-role kernel (with the tensor
+    /// maps of `params`' q, k, v) where the plan has it, else the one-warpgroup kernel.
+    fn output_launch(
+        &self,
+        plan: &ForwardPlan,
+        params: &ScalarDecayParams,
+    ) -> Result<OutputLaunch> {
+        let i = dk_index(plan.shape.dk);
+        Ok(match self.output_roles {
+            Some(roles) if plan.output_roles => OutputLaunch::TwoRole(
+                roles[i],
+                plan.output,
+                Box::new(RolesParams::new(*params, &plan.shape)?),
+            ),
+            _ => OutputLaunch::OneWarpgroup(self.output[i], plan.output, *params),
+        })
     }
 
     /// Measurement tool, not an API for users (see [`OutputProbe`]): enqueues only the output
@@ -999,15 +1076,21 @@ impl ScalarDecayForward {
         // The probes are variants of the one-warpgroup output kernel and launch like it, also
         // where the plan runs the two-role kernel.
         let one_warpgroup = plan.with_one_warpgroup_output().output;
-        let (kernel, shape) = match probe {
-            OutputProbe::Output => (self.output_kernel(&plan, i), plan.output),
-            OutputProbe::Memory => (self.probe_kernels()?[0][i], one_warpgroup),
-            OutputProbe::Compute => (self.probe_kernels()?[1][i], one_warpgroup),
-            OutputProbe::NoExp => (self.probe_kernels()?[2][i], one_warpgroup),
+        let launch = match probe {
+            OutputProbe::Output => self.output_launch(&plan, &params)?,
+            OutputProbe::Memory => {
+                OutputLaunch::OneWarpgroup(self.probe_kernels()?[0][i], one_warpgroup, params)
+            }
+            OutputProbe::Compute => {
+                OutputLaunch::OneWarpgroup(self.probe_kernels()?[1][i], one_warpgroup, params)
+            }
+            OutputProbe::NoExp => {
+                OutputLaunch::OneWarpgroup(self.probe_kernels()?[2][i], one_warpgroup, params)
+            }
         };
         // SAFETY: as in `launch`: the probe kernels take the output kernel's params and read and
         // write only what it does (q, k, v, g, workspace prefixes; o, ht), or less.
-        unsafe { kernel.launch(stream, shape, &params)? };
+        unsafe { launch.enqueue(stream)? };
         Ok(plan)
     }
 
@@ -1136,6 +1219,24 @@ mod tests {
     }
 
     #[test]
+    fn roles_params_match_the_header_layout() {
+        // lasp_sd_roles_params: the 112-byte params, then three 128-byte-aligned 128-byte maps.
+        assert_eq!(size_of::<RolesParams>(), 512);
+        assert_eq!(std::mem::align_of::<RolesParams>(), 128);
+        assert_eq!(offset_of!(RolesParams, params), 0);
+        assert_eq!(offset_of!(RolesParams, q), 128);
+        assert_eq!(offset_of!(RolesParams, k), 256);
+        assert_eq!(offset_of!(RolesParams, v), 384);
+        let body = HEADER
+            .split("typedef struct {\n  lasp_scalar_decay_params p;")
+            .nth(1)
+            .expect("lasp_sd_roles_params in the header");
+        let body = &body[..body.find("} lasp_sd_roles_params;").unwrap()];
+        assert_eq!(body.trim(), "lasp_tensor_map q, k, v;");
+        assert!(HEADER.contains("LASP_ALIGN_128 uint64_t opaque[16];"));
+    }
+
+    #[test]
     fn every_probe_kernel_is_in_the_cubin_at_its_dk_index() {
         assert_eq!(OutputProbe::Output.probe_kernel_names(), None);
         for probe in OutputProbe::ALL {
@@ -1195,8 +1296,8 @@ mod tests {
         assert_eq!(g::states_smem_bytes(64), 33_280);
         assert!(2 * (g::output_smem_bytes(128) + 1024) <= 228 * 1024);
         // 4 stages x (Q, K, V tile, gates) + 2 bf16 state tiles: one two-role CTA per SM.
-        assert_eq!(g::roles_smem_bytes(128), 197_632);
-        assert_eq!(g::roles_smem_bytes(64), 115_712);
+        assert_eq!(g::roles_smem_bytes(128), 197_664);
+        assert_eq!(g::roles_smem_bytes(64), 115_744);
         assert!(g::roles_smem_bytes(128) + 1024 <= 228 * 1024);
         // B*H*(S-1)*(2*Dk*Dv + 1)*4, with the values gcc computed from the header.
         assert_eq!(g::workspace_bytes(1, 1, 1, 128, 128), 0);
@@ -1302,8 +1403,8 @@ mod tests {
         assert!(one.states.is_none() && one.fold.is_none());
         assert_eq!(one.output.grid, (2, 1, 1));
         // One segment: the two-role output kernel.
-        assert_eq!((one.output.block, one.output_roles), ((256, 1, 1), true));
-        assert_eq!(one.output.shared_bytes, 197_632);
+        assert_eq!((one.output.block, one.output_roles), ((288, 1, 1), true));
+        assert_eq!(one.output.shared_bytes, 197_664);
         let many = ForwardPlan::new(&shape, 132, Some(1000)).unwrap();
         assert_eq!(many.num_segments, 16);
         let long = ForwardShape {

@@ -10,6 +10,7 @@
 
 #include "lasp/mma.cuh"
 #include "lasp/scalar_decay_params.h"
+#include "lasp/tma.cuh"
 
 // The output kernels' products run on wgmma where the target has it (sm_90a), else on mma.sync.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -34,8 +35,11 @@ static_assert(kStages >= 2, "the pipeline needs at least two stages");
 // Shared-memory map of one CTA (byte offsets): kDepth stages of [Q] K V-tile (bf16, the swizzled
 // layout of lasp::swizzle), then, in the output kernels (kHasQ), two bf16 copies of its state tile
 // [DK][kTileV] (one read this chunk, one written for the next), then the stages' gates. Every tile
-// starts 1024-byte aligned (so does the buffer: checked at run time), which is what wgmma's
-// 128-byte swizzle needs.
+// starts 1024-byte aligned, which is what wgmma's (and the tensor copies') 128-byte swizzle needs:
+// the buffer is declared __align__(1024), and these kernels declare no static shared memory, so
+// it starts at the CTA's first usable byte, which is aligned. (ptxas takes the declaration as given
+// and compiles any run-time test of it away; a static mbarrier array in front of the buffer made
+// the tensor copies fault, benches/results run 71.)
 template <int DK, bool kHasQ, int kDepth = kStages>
 struct Layout {
   static constexpr uint32_t kQKBytes = kChunk * DK * 2;
@@ -590,14 +594,8 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
   constexpr bool kMath = kProbe != Probe::kMemory;
   constexpr bool kEveryChunkFromMemory = kProbe == Probe::kNone || kProbe == Probe::kMemory;
 
-  extern __shared__ __align__(1024) uint8_t smem[];
+  extern __shared__ __align__(1024) uint8_t smem[];  // aligned: see Layout
   const uint32_t sbase = smem_addr(smem);
-#if LASP_SD_WGMMA
-  // wgmma's 128-byte swizzle is a function of the address bits: a misaligned buffer would give wrong
-  // products, so it stops the kernel (a launch error) instead.
-  if constexpr (kOutput)
-    if (sbase & 1023u) __trap();
-#endif
   // `& 3` is a no-op in the 4-warp CTA that tells the compiler warp < 4 (nvcc 13.0 without it:
   // output_dk64 210 registers instead of 203, lasp2_output_dk64 228 instead of 223).
   const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
@@ -716,28 +714,37 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
 // ---------------------------------------------------------------------------------------------
 // The two-role segment loop: the single-GPU output kernel where S = 1 (one CTA per SM keeps every
 // sequence whole, so a single 4-warp CTA would run each chunk's dependent steps alone on its SM).
-// 8 warps in two warpgroups that overlap chunk by chunk:
-//   state group (warps 0-3): loads every chunk (cp.async, kRolesStages in flight), advances the
-//     fp32 state S_n -> S_{n+1} in registers and writes the bf16 copy of S_{n+1}: one chunk ahead;
-//   output group (warps 4-7): O of chunk n from Q, K, V and the bf16 S_n, stored to global memory.
-// They meet only at named barriers (RoleBarriers): chunk landed (state -> output), stage read
-// (output -> state, before the refill), bf16 state written / read (double buffer). So a chunk
-// costs the longer role's step instead of both in sequence. Same products, roundings and order of
-// terms as output_chunk: the same bits as the one-warpgroup kernel.
+// Two warpgroups that overlap chunk by chunk, and a warp that feeds them:
+//   state group (warps 0-3): advances the fp32 state S_n -> S_{n+1} in registers and writes the
+//     bf16 copy of S_{n+1}: one chunk ahead;
+//   output group (warps 4-7): O of chunk n from Q, K, V and the bf16 S_n, stored to global memory;
+//   loading warp (warp 8): loads every chunk, Q, K, V by the Tensor Memory Accelerator and the
+//     gates by cp.async, kRolesStages chunks in flight.
+// They meet only at one mbarrier per stage (its chunk has landed) and at named barriers
+// (RoleBarriers): bf16 state written (which also frees the previous chunk's stage for the loading
+// warp) and read (double buffer). So a chunk costs the longer role's step instead of both in
+// sequence, and neither role spends instructions on copies (benches/results run 74: 2 % faster at
+// B=4, T=8K than the state group's cp.async copies; runs 72-73: one thread of either group issuing
+// the tensor copies was slower). Same products, roundings and order of terms as output_chunk: the
+// same bits as the one-warpgroup kernel.
 // ---------------------------------------------------------------------------------------------
 constexpr int kRolesThreads = LASP_SD_ROLES_THREADS;
 constexpr int kRolesStages = LASP_SD_ROLES_STAGES;
-static_assert(kRolesThreads == 2 * kThreads, "the two-role kernel is two 4-warp groups");
+static_assert(kRolesThreads == 2 * kThreads + 32, "the two-role kernel is two 4-warp groups and a loading warp");
 static_assert(kRolesStages >= 2, "the pipeline needs at least two stages");
 
-// Named barriers (id 0 is __syncthreads); all but kLoaded pair the groups: one arrives, one syncs.
+// Named barriers (id 0 is __syncthreads), each pairing the groups: one arrives, one syncs.
 struct RoleBarriers {
-  static constexpr int kLoaded = 1;                       // state group only: its copies of a chunk landed
-  static constexpr int kFull = 2;                         // + stage: the chunk is there, for the output group
-  static constexpr int kEmpty = kFull + kRolesStages;     // + stage: the output group is done with it
-  static constexpr int kSbfFull = kEmpty + kRolesStages;  // + buffer: bf16 state copy written
-  static constexpr int kSbfEmpty = kSbfFull + 2;          // + buffer: bf16 state copy read
+  static constexpr int kSbfFull = 1;              // + buffer: bf16 state copy written
+  static constexpr int kSbfEmpty = kSbfFull + 2;  // + buffer: bf16 state copy read
   static_assert(kSbfEmpty + 2 <= 16, "16 named barriers per CTA");
+};
+
+// The tensor maps the two-role kernel's copies read q, k and v through (lasp_sd_roles_params).
+struct QkvMaps {
+  const lasp_tensor_map& q;
+  const lasp_tensor_map& k;
+  const lasp_tensor_map& v;
 };
 
 // State role, one chunk: S <- e^gamma S + K~^T V (output_chunk's state update on its own), in
@@ -834,74 +841,108 @@ __device__ __forceinline__ void output_role_chunk(float (&o)[8][4], uint32_t sQ,
 #endif
 }
 
-// Runs one CTA's segment with the two roles (kRolesThreads threads). start and end as in
-// run_segment_with: start is called by all threads (the state group's s is the one used), end by
-// the state group only.
+// Runs one CTA's segment with the two roles and the loading warp (kRolesThreads threads), loading
+// through `maps`. start and end as in run_segment_with: start is called by both groups (the state
+// group's s is the one used), end by the state group only. Needs the Tensor Memory Accelerator (sm_90 and later); the
+// host launches it nowhere else (ForwardPlan), and elsewhere it traps.
 template <int DK, class Start, class End>
-__device__ __forceinline__ void run_roles_segment_with(const SegmentArgs& a, Start&& start, End&& end) {
+__device__ __forceinline__ void run_roles_segment_with(const SegmentArgs& a, const QkvMaps& maps, Start&& start,
+                                                       End&& end) {
+#if __CUDA_ARCH__ >= 900
   using L = Layout<DK, true, kRolesStages>;
   using B = RoleBarriers;
   static_assert(DK == 64 || DK == 128, "Dk must be 64 or 128");
-  static_assert(L::kBytes == lasp_sd_roles_smem_bytes(DK), "shared-memory map and host formula disagree");
-  constexpr int kPair = kRolesThreads;  // arrivals per phase of a barrier between the groups
+  // After the tiles and gates: one mbarrier per stage (its chunk has landed). In the dynamic
+  // buffer, not in static shared memory, which would move the buffer off its 1024-byte alignment.
+  constexpr uint32_t kLanded = L::kBytes;
+  static_assert(kLanded % 8 == 0, "mbarriers are 8-byte aligned");
+  static_assert(kLanded + 8 * kRolesStages == lasp_sd_roles_smem_bytes(DK),
+                "shared-memory map and host formula disagree");
+  constexpr int kPair = 2 * kThreads;  // arrivals per phase of kSbfEmpty: the two groups
+  constexpr int kAll = kRolesThreads;  // arrivals per phase of kSbfFull: the groups and the loading warp
+  constexpr uint32_t kBlockBytes = kChunk * 128;  // one box: 64 tokens x 64 columns, a 64-column block of a tile
+  constexpr uint32_t kChunkBoxBytes = (2 * DK / 64 + 1) * kBlockBytes;  // Q, K and the V tile of a chunk
+  constexpr uint32_t kLandedArrivals = 1 + 32;  // the issuing lane's byte count and the loading warp's gate copies
 
-  extern __shared__ __align__(1024) uint8_t smem[];
+  extern __shared__ __align__(1024) uint8_t smem[];  // aligned: see Layout
   const uint32_t sbase = smem_addr(smem);
-#if LASP_SD_WGMMA
-  if (sbase & 1023u) __trap();  // wgmma's 128-byte swizzle needs 1024-byte-aligned tiles
-#endif
-  const int tid = threadIdx.x & 127, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const bool state_group = threadIdx.x < 128;
+  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const bool state_group = threadIdx.x < 128, loading_warp = threadIdx.x >= 256;
   const int g = lane >> 2, t = lane & 3;
   const int T = a.T, n_chunks = a.n_chunks;
-  const int64_t row_bt0 = (int64_t)(a.bh / a.H) * T * a.H + a.bh % a.H;  // token 0 of (b, h)
-  const int64_t qk_stride = (int64_t)a.H * DK, v_stride = (int64_t)a.H * a.Dv;
+  const int b = a.bh / a.H, h = a.bh % a.H;
+  const int64_t row_bt0 = (int64_t)b * T * a.H + h;  // token 0 of (b, h)
+  const int64_t v_stride = (int64_t)a.H * a.Dv;
   const StateLane ln{16 * warp, g, t};
   const FragOffsets<DK> off(warp, lane);
   auto sbf = [](int i) { return L::kSbf + (i & 1) * L::kSbfBytes; };  // bf16 copy of S_i
+  // Chunk i is in stage i % kRolesStages; its arrival completes phase i / kRolesStages of that
+  // stage's mbarrier. A stage is refilled only after both groups are done with its chunk (see the
+  // output group's loop), so no waiter can miss a phase.
+  auto landed_bar = [&](int i) { return sbase + kLanded + 8 * (i % kRolesStages); };
+  auto wait_landed = [&](int i) { tma::wait(landed_bar(i), static_cast<uint32_t>(i / kRolesStages) & 1u); };
+
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int i = 0; i < kRolesStages; ++i) tma::init(landed_bar(i), kLandedArrivals);
+    tma::fence_init();
+    tma::prefetch_map(maps.q);
+    tma::prefetch_map(maps.k);
+    tma::prefetch_map(maps.v);
+  }
+  __syncthreads();
+
+  const float* gate = a.g + row_bt0;
+  // Chunk i of the segment -> stage i % kRolesStages, by the loading warp: lane 0
+  // issues the tensor copies (rows beyond T arrive as zeros), every lane copies two gates (zero
+  // beyond T) and arrives once they have landed.
+  auto issue_chunk = [&](int i) {
+    const uint32_t stage = sbase + L::stage(i), bar = landed_bar(i);
+    const int tok0 = (a.c_begin + i) * kChunk;
+    if (lane == 0) {
+      tma::arrive_expect_bytes(bar, kChunkBoxBytes);
+#pragma unroll
+      for (int kb = 0; kb < DK / 64; ++kb) {
+        tma::load_4d(stage + L::kQ + kb * kBlockBytes, maps.q, 64 * kb, h, tok0, b, bar);
+        tma::load_4d(stage + L::kK + kb * kBlockBytes, maps.k, 64 * kb, h, tok0, b, bar);
+      }
+      tma::load_4d(stage + L::kV, maps.v, a.vt * kTileV, h, tok0, b, bar);
+    }
+#pragma unroll
+    for (int r = lane; r < kChunk; r += 32) {
+      const bool ok = tok0 + r < T;
+      cp_async_4(sbase + L::gates(i) + 4 * r, ok ? gate + (int64_t)(tok0 + r) * a.H : gate, ok);
+    }
+    tma::arrive_after_cp_async(bar);
+  };
+  if (loading_warp) {
+    for (int i = 0; i < kRolesStages && i < n_chunks; ++i) issue_chunk(i);
+    // S_i written (kSbfFull) means the state group is done with chunk i - 1's stage (its update
+    // read it before S_i), and the phase completes only once every output warp has reached chunk
+    // i, past its reads of chunk i - 1: chunk i + kRolesStages - 1 goes there. This warp takes
+    // part in every phase, and waits for each (an arrival could count towards the phase before).
+    for (int i = 0; i < n_chunks; ++i) {
+      named_barrier_sync(B::kSbfFull + i % 2, kAll);
+      if (i >= 1 && i + kRolesStages - 1 < n_chunks) issue_chunk(i + kRolesStages - 1);
+    }
+    return;
+  }
 
   float s[DK / 64][8][4];
   const bool store = start(s, ln);
 
   if (state_group) {
-    const uint16_t* q = a.q + row_bt0 * DK;
-    const uint16_t* k = a.k + row_bt0 * DK;
-    const uint16_t* v = a.v + row_bt0 * a.Dv + a.vt * kTileV;
-    const float* gate = a.g + row_bt0;
-    auto issue_chunk = [&](int i) {  // chunk i of the segment -> stage i % kRolesStages
-      const uint32_t stage = sbase + L::stage(i);
-      const int tok0 = (a.c_begin + i) * kChunk;
-      const int valid = min(kChunk, T - tok0);
-      copy_tile_async<DK / 8>(stage + L::kQ, q + tok0 * qk_stride, qk_stride, valid, tid);
-      copy_tile_async<DK / 8>(stage + L::kK, k + tok0 * qk_stride, qk_stride, valid, tid);
-      copy_tile_async<kTileV / 8>(stage + L::kV, v + tok0 * v_stride, v_stride, valid, tid);
-      if (tid < kChunk) {
-        const bool ok = tid < valid;
-        cp_async_4(sbase + L::gates(i) + 4 * tid, ok ? gate + (int64_t)(tok0 + tid) * a.H : gate, ok);
-      }
-    };
-#pragma unroll
-    for (int i = 0; i < kRolesStages - 1; ++i) {
-      if (i < n_chunks) issue_chunk(i);
-      cp_async_commit();
-    }
     store_state_bf16<DK>(smem, sbf(0), s, ln);
 #if LASP_SD_WGMMA
     wg::fence_proxy_async();
 #endif
-    named_barrier_arrive(B::kSbfFull + 0, kPair);
-    // Chunk j has landed (for the whole state group: each thread waits for its own copies), is
-    // announced to the output group, and its StateStep is prepared. The chain is pipelined by one
-    // chunk: chunk i + 1 is prepared while chunk i's update products run, so what is left in
-    // series per chunk is the decay, the products and the bf16 copy (benches/results run 64: 7 %
-    // faster at B=4, T=8K than preparing each chunk after the previous one's bf16 copy).
+    named_barrier_arrive(B::kSbfFull + 0, kAll);
+    // Chunk j's StateStep once it has landed. The chain is pipelined by one chunk: chunk i + 1 is
+    // prepared while chunk i's update products run, so what is left in series per chunk is the
+    // decay, the products and the bf16 copy (benches/results run 64: 7 % faster at B=4, T=8K than
+    // preparing each chunk after the previous one's bf16 copy).
     auto arrive_and_prepare = [&](int j, StateStep<DK>& st) {
-      cp_async_wait<kRolesStages - 2>();  // with the commits so far, every chunk up to j has landed
-#if LASP_SD_WGMMA
-      wg::fence_proxy_async();  // this thread's copies of chunk j, visible to wgmma's async proxy
-#endif
-      named_barrier_sync(B::kLoaded, 128);
-      named_barrier_arrive(B::kFull + j % kRolesStages, kPair);
+      wait_landed(j);
       prepare_state_step<DK>(st, reinterpret_cast<const float*>(smem + L::gates(j)), sbase + L::stage(j) + L::kK,
                              off, warp, lane);
     };
@@ -909,12 +950,6 @@ __device__ __forceinline__ void run_roles_segment_with(const SegmentArgs& a, Sta
     arrive_and_prepare(0, step);
     float lambda = 0.f;  // segment log-decay, summed over chunks in order (deterministic)
     for (int i = 0; i < n_chunks; ++i) {
-      if (i + kRolesStages - 1 < n_chunks) {
-        // Chunk i + kRolesStages - 1 goes where chunk i - 1 was, once the output group is done with it.
-        if (i >= 1) named_barrier_sync(B::kEmpty + (i - 1) % kRolesStages, kPair);
-        issue_chunk(i + kRolesStages - 1);
-      }
-      cp_async_commit();
       const uint32_t stage = sbase + L::stage(i);
       lambda += step.cg.gamma;
       start_state_step<DK>(s, step, stage + L::kK, stage + L::kV, off);
@@ -928,7 +963,7 @@ __device__ __forceinline__ void run_roles_segment_with(const SegmentArgs& a, Sta
 #if LASP_SD_WGMMA
         wg::fence_proxy_async();
 #endif
-        named_barrier_arrive(B::kSbfFull + (i + 1) % 2, kPair);
+        named_barrier_arrive(B::kSbfFull + (i + 1) % 2, kAll);
         step = next;
       }
     }
@@ -936,8 +971,8 @@ __device__ __forceinline__ void run_roles_segment_with(const SegmentArgs& a, Sta
   } else {
     uint16_t* o_tile = a.o + row_bt0 * a.Dv + a.vt * kTileV + 2 * t;
     for (int i = 0; i < n_chunks; ++i) {
-      named_barrier_sync(B::kFull + i % kRolesStages, kPair);
-      named_barrier_sync(B::kSbfFull + i % 2, kPair);
+      wait_landed(i);
+      named_barrier_sync(B::kSbfFull + i % 2, kAll);
       const uint32_t stage = sbase + L::stage(i);
       const ChunkGates cg = scan_gates(reinterpret_cast<const float*>(smem + L::gates(i)), warp, lane);
       // S_i's buffer is written again (with S_{i+2}) only if there is a chunk i + 2.
@@ -947,8 +982,6 @@ __device__ __forceinline__ void run_roles_segment_with(const SegmentArgs& a, Sta
       float o[8][4];  // O rows of this warp, 64 columns (8 n-tiles)
       output_role_chunk<DK>(o, stage + L::kQ, stage + L::kK, stage + L::kV, sbase + sbf(i), off, cg, warp, g, t,
                             a.scale, sbf_read);
-      // The stage is refilled (with chunk i + kRolesStages) only if there is such a chunk.
-      if (i + kRolesStages < n_chunks) named_barrier_arrive(B::kEmpty + i % kRolesStages, kPair);
       // O rows beyond T (ragged last chunk) are not stored.
       const int tok0 = (a.c_begin + i) * kChunk;
 #pragma unroll
@@ -963,6 +996,9 @@ __device__ __forceinline__ void run_roles_segment_with(const SegmentArgs& a, Sta
       }
     }
   }
+#else
+  __trap();
+#endif
 }
 
 

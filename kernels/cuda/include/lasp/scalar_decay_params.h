@@ -14,7 +14,8 @@
 //      or, when S == 1 (one CTA per SM keeps every sequence whole):
 //                lasp_scalar_decay_output_roles_dk{64,128}  grid lasp_sd_output_grid,
 //                                                     block LASP_SD_ROLES_THREADS, smem lasp_sd_roles_smem_bytes(Dk)
-// All three take the same lasp_scalar_decay_params by value. The two big kernels need
+// All take lasp_scalar_decay_params by value, the two-role kernel inside lasp_sd_roles_params (with
+// tensor maps of q, k, v for its Tensor Memory Accelerator copies). The big kernels need
 // cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem) once (> 48 KiB).
 //
 // Supported: Dk in {64, 128}; Dv a positive multiple of 64; T >= 1; B*H in [1, 65535];
@@ -42,7 +43,7 @@
                                 // and was as fast as 4 at one CTA per SM (H200, benches/results/raw/run10)
 #endif
 #define LASP_SD_FOLD_THREADS 256
-#define LASP_SD_ROLES_THREADS 256  // two-role output kernel: a state warpgroup and an output warpgroup
+#define LASP_SD_ROLES_THREADS 288  // two-role output kernel: a state warpgroup, an output warpgroup, a loading warp
 #define LASP_SD_ROLES_STAGES 4     // its pipeline depth: one CTA per SM, so it takes 4 chunks in flight
 
 typedef struct {
@@ -65,6 +66,26 @@ typedef struct {
   int32_t chunks_per_segment; // ceil(num_chunks / S), from lasp_sd_chunks_per_segment; no segment empty
   float scale;                // sigma, usually Dk^-1/2
 } lasp_scalar_decay_params;
+
+// A CUtensorMap (CUDA 13's cuda.h): 128 opaque bytes, 128-byte aligned, encoded on the host by
+// cuTensorMapEncodeTiled and read by the Tensor Memory Accelerator from the kernel's parameters.
+#if defined(__cplusplus)
+#define LASP_ALIGN_128 alignas(128)
+#else
+#define LASP_ALIGN_128 _Alignas(128)
+#endif
+typedef struct {
+  LASP_ALIGN_128 uint64_t opaque[16];
+} lasp_tensor_map;
+
+// Parameters of the two-role output kernel (lasp_scalar_decay_output_roles_dk*), 512 bytes: the
+// forward's parameters and tensor maps of q, k and v, each viewed as bf16 [B][T][H][D] (dimensions
+// innermost first: D, H, T, B) with a box of 64 columns x 1 head x 64 tokens x 1 sequence, 128-byte
+// swizzle, zero fill outside the tensor (the ragged last chunk).
+typedef struct {
+  lasp_scalar_decay_params p;
+  lasp_tensor_map q, k, v;
+} lasp_sd_roles_params;
 
 typedef struct {
   uint32_t x, y, z;
@@ -102,10 +123,10 @@ LASP_SD_FN uint32_t lasp_sd_output_smem_bytes(int32_t Dk) {
 }
 
 // Dynamic shared memory of the two-role output kernel: ROLES_STAGES x (Q, K, V-tile, gates) + 2 bf16
-// copies of the state tile.
+// copies of the state tile + one 8-byte mbarrier per stage.
 LASP_SD_FN uint32_t lasp_sd_roles_smem_bytes(int32_t Dk) {
   const uint32_t stage = 2u * LASP_SD_CHUNK * Dk * 2u + LASP_SD_CHUNK * LASP_SD_TILE_V * 2u + LASP_SD_CHUNK * 4u;
-  return LASP_SD_ROLES_STAGES * stage + 2u * Dk * LASP_SD_TILE_V * 2u;
+  return LASP_SD_ROLES_STAGES * (stage + 8u) + 2u * Dk * LASP_SD_TILE_V * 2u;
 }
 
 // Dynamic shared memory: STAGES x (K, V-tile, gates).
