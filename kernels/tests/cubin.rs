@@ -1,12 +1,20 @@
 //! The embedded cubins are what `cuModuleLoadData` and `nvshmemx_cumodule_init` need: executable
 //! CUDA ELF images that carry NVSHMEM's device state and version symbols and every kernel the
-//! crate declares. Checked on the CPU by reading the ELF symbol table.
+//! crate declares, none of which spills. Checked on the CPU by reading the ELF symbol table and
+//! the `.nv.info` section.
 
 use lasp_shmem_kernels::{cubin_for, CUBINS, KERNEL_NAMES};
+use std::collections::HashMap;
 
 const ET_EXEC: u16 = 2;
 const EM_CUDA: u16 = 190;
 const SHT_SYMTAB: u32 = 2;
+/// `.nv.info` record formats (CUDA ELF): no value, a 16-bit value, a sized payload.
+const EIFMT_NVAL: u8 = 1;
+const EIFMT_HVAL: u8 = 3;
+const EIFMT_SVAL: u8 = 4;
+/// `.nv.info` attribute: a function's own stack frame in bytes (payload: symbol index, bytes).
+const EIATTR_FRAME_SIZE: u8 = 0x11;
 
 fn u16_at(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes(b[at..at + 2].try_into().unwrap())
@@ -18,17 +26,27 @@ fn u64_at(b: &[u8], at: usize) -> usize {
     u64::from_le_bytes(b[at..at + 8].try_into().unwrap()) as usize
 }
 
-/// Names in the ELF64 `.symtab`, read through its linked string table.
-fn symbol_names(elf: &[u8]) -> Vec<String> {
+/// The NUL-terminated string at `at`.
+fn c_str(elf: &[u8], at: usize) -> String {
+    let len = elf[at..].iter().position(|&c| c == 0).unwrap();
+    String::from_utf8_lossy(&elf[at..at + len]).into_owned()
+}
+
+/// Byte offsets of the ELF64 section headers.
+fn section_headers(elf: &[u8]) -> Vec<usize> {
     let (shoff, shentsize, shnum) = (
         u64_at(elf, 0x28),
         u16_at(elf, 0x3A) as usize,
         u16_at(elf, 0x3C) as usize,
     );
-    let section = |i: usize| shoff + i * shentsize;
+    (0..shnum).map(|i| shoff + i * shentsize).collect()
+}
+
+/// Names in the ELF64 `.symtab` (in symbol-index order), read through its linked string table.
+fn symbol_names(elf: &[u8]) -> Vec<String> {
+    let headers = section_headers(elf);
     let mut names = Vec::new();
-    for i in 0..shnum {
-        let sh = section(i);
+    for &sh in &headers {
         if u32_at(elf, sh + 4) != SHT_SYMTAB {
             continue;
         }
@@ -38,14 +56,47 @@ fn symbol_names(elf: &[u8]) -> Vec<String> {
             u32_at(elf, sh + 0x28) as usize,
             u64_at(elf, sh + 0x38),
         );
-        let strtab = u64_at(elf, section(link) + 0x18);
+        let strtab = u64_at(elf, headers[link] + 0x18);
         for sym in (offset..offset + size).step_by(entsize) {
-            let name_at = strtab + u32_at(elf, sym) as usize;
-            let len = elf[name_at..].iter().position(|&c| c == 0).unwrap();
-            names.push(String::from_utf8_lossy(&elf[name_at..name_at + len]).into_owned());
+            names.push(c_str(elf, strtab + u32_at(elf, sym) as usize));
         }
     }
     names
+}
+
+/// Stack-frame bytes per function, from the EIATTR_FRAME_SIZE records of `.nv.info`. Panics on a
+/// record format it does not know rather than misread the rest.
+fn frame_sizes(elf: &[u8]) -> HashMap<String, u32> {
+    let headers = section_headers(elf);
+    let names_at = u64_at(elf, headers[u16_at(elf, 0x3E) as usize] + 0x18);
+    let symbols = symbol_names(elf);
+    let mut frames = HashMap::new();
+    for &sh in &headers {
+        if c_str(elf, names_at + u32_at(elf, sh) as usize) != ".nv.info" {
+            continue;
+        }
+        let (mut at, end) = (
+            u64_at(elf, sh + 0x18),
+            u64_at(elf, sh + 0x18) + u64_at(elf, sh + 0x20),
+        );
+        while at < end {
+            let (format, attribute) = (elf[at], elf[at + 1]);
+            at += match format {
+                EIFMT_NVAL => 2,
+                EIFMT_HVAL => 4,
+                EIFMT_SVAL => {
+                    let size = u16_at(elf, at + 2) as usize;
+                    if attribute == EIATTR_FRAME_SIZE && size == 8 {
+                        let symbol = &symbols[u32_at(elf, at + 4) as usize];
+                        frames.insert(symbol.clone(), u32_at(elf, at + 8));
+                    }
+                    4 + size
+                }
+                other => panic!(".nv.info record format {other} at byte {at} is not known here"),
+            };
+        }
+    }
+    frames
 }
 
 #[test]
@@ -81,6 +132,28 @@ fn every_cubin_is_an_executable_cuda_image_with_nvshmem_state_and_all_kernels() 
                 "{}: kernel {kernel} missing",
                 cubin.arch
             );
+        }
+    }
+}
+
+/// A stack frame in a kernel means register spills or a local array. The chunk loops keep their
+/// state in registers, and the two-role output kernel uses exactly its cap of 168 registers (288
+/// threads), so a source or compiler change that spills fails here instead of showing up only as
+/// a slower kernel on a GPU.
+#[test]
+fn no_kernel_has_a_stack_frame() {
+    for cubin in CUBINS {
+        let frames = frame_sizes(cubin.image);
+        for kernel in KERNEL_NAMES {
+            match frames.get(*kernel) {
+                Some(0) => {}
+                Some(bytes) => panic!(
+                    "{}: {kernel} has a {bytes}-byte stack frame (register spills or a local \
+                     array; see `cuobjdump -res-usage`)",
+                    cubin.arch
+                ),
+                None => panic!("{}: no frame-size record for {kernel}", cubin.arch),
+            }
         }
     }
 }
