@@ -878,7 +878,7 @@ __device__ __forceinline__ void run_roles_segment_with(const SegmentArgs& a, con
   auto sbf = [](int i) { return L::kSbf + (i & 1) * L::kSbfBytes; };  // bf16 copy of S_i
   // Chunk i is in stage i % kRolesStages; its arrival completes phase i / kRolesStages of that
   // stage's mbarrier. A stage is refilled only after both groups are done with its chunk (see the
-  // output group's loop), so no waiter can miss a phase.
+  // loading warp's loop), so no waiter can miss a phase.
   auto landed_bar = [&](int i) { return sbase + kLanded + 8 * (i % kRolesStages); };
   auto wait_landed = [&](int i) { tma::wait(landed_bar(i), static_cast<uint32_t>(i / kRolesStages) & 1u); };
 
@@ -893,9 +893,9 @@ __device__ __forceinline__ void run_roles_segment_with(const SegmentArgs& a, con
   __syncthreads();
 
   const float* gate = a.g + row_bt0;
-  // Chunk i of the segment -> stage i % kRolesStages, by the loading warp: lane 0
-  // issues the tensor copies (rows beyond T arrive as zeros), every lane copies two gates (zero
-  // beyond T) and arrives once they have landed.
+  // Chunk i of the segment -> stage i % kRolesStages, by the loading warp: lane 0 issues the tensor
+  // copies (rows beyond T arrive as zeros), every lane copies two gates (zero beyond T) and
+  // arrives once they have landed.
   auto issue_chunk = [&](int i) {
     const uint32_t stage = sbase + L::stage(i), bar = landed_bar(i);
     const int tok0 = (a.c_begin + i) * kChunk;
