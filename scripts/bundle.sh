@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Builds the release programs and copies what a GPU node without a Rust toolchain needs into
 # .bundle/ (git-ignored): the binaries and the commit they were built from.
+#
+#   bash scripts/bundle.sh                          # .bundle/bin from the working tree
+#   BUNDLE_BASELINE=a2ceb13 bash scripts/bundle.sh  # also .bundle/baseline/forward_bench built
+#                                                   # from that commit, for scripts/forward-ab.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/toolchain.sh
@@ -9,9 +13,25 @@ rm -rf .bundle && mkdir -p .bundle/bin
 for bin in lasp-run exchange exchange_bench forward_check forward_bench lasp2_forward; do
   cp "target/release/$bin" .bundle/bin/
 done
-# Without their debug info (function names stay) the binaries are ~3 MB instead of ~15 MB each,
-# which keeps the bundle well inside the 64 MiB a device run may carry.
-if command -v strip >/dev/null; then strip --strip-debug .bundle/bin/*; fi
 git rev-parse HEAD >.bundle/commit
 if ! git diff --quiet HEAD -- . ':!benches/results'; then echo "+uncommitted" >>.bundle/commit; fi
-echo "bundle: $(du -sh .bundle | cut -f1) in .bundle/ (commit $(tr '\n' ' ' <.bundle/commit))"
+
+if [ -n "${BUNDLE_BASELINE:-}" ]; then
+  # A detached worktree of the baseline commit with a target folder of its own, so neither build
+  # invalidates the other's; the toolchain exported above is reused.
+  baseline_src=target/baseline/src
+  git worktree remove --force "$baseline_src" 2>/dev/null || rm -rf "$baseline_src"
+  git worktree prune
+  git worktree add --quiet --detach "$baseline_src" "$BUNDLE_BASELINE"
+  (cd "$baseline_src" && CARGO_TARGET_DIR="$PWD/../target" cargo build --release -p lasp-shmem-benches --bin forward_bench)
+  mkdir -p .bundle/baseline
+  cp target/baseline/target/release/forward_bench .bundle/baseline/
+  git -C "$baseline_src" rev-parse HEAD >.bundle/baseline/commit
+  git worktree remove --force "$baseline_src"
+fi
+
+# Without their debug info (function names stay) the binaries are ~3 MB instead of ~15 MB each,
+# which keeps the bundle well inside the 64 MiB a device run may carry.
+if command -v strip >/dev/null; then strip --strip-debug .bundle/bin/* .bundle/baseline/forward_bench 2>/dev/null || true; fi
+echo "bundle: $(du -sh .bundle | cut -f1) in .bundle/ (commit $(tr '\n' ' ' <.bundle/commit)$(
+  [ -f .bundle/baseline/commit ] && echo "; baseline $(head -c 12 .bundle/baseline/commit)"))"
