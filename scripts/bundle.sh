@@ -32,6 +32,9 @@ fi
 
 # Without their debug info (function names stay) the binaries are ~3 MB instead of ~15 MB each,
 # which keeps the bundle well inside the 64 MiB a device run may carry.
-if command -v strip >/dev/null; then strip --strip-debug .bundle/bin/* .bundle/baseline/forward_bench 2>/dev/null || true; fi
+if command -v strip >/dev/null; then
+  strip --strip-debug .bundle/bin/*
+  if [ -d .bundle/baseline ]; then strip --strip-debug .bundle/baseline/forward_bench; fi
+fi
 echo "bundle: $(du -sh .bundle | cut -f1) in .bundle/ (commit $(tr '\n' ' ' <.bundle/commit)$(
   [ -f .bundle/baseline/commit ] && echo "; baseline $(head -c 12 .bundle/baseline/commit)"))"
