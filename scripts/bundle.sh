@@ -3,8 +3,9 @@
 # .bundle/ (git-ignored): the binaries and the commit they were built from.
 #
 #   bash scripts/bundle.sh                          # .bundle/bin from the working tree
-#   BUNDLE_BASELINE=a2ceb13 bash scripts/bundle.sh  # also .bundle/baseline/forward_bench built
-#                                                   # from that commit, for scripts/forward-ab.sh
+#   BUNDLE_BASELINE=a2ceb13 bash scripts/bundle.sh  # also .bundle/baseline/{forward_bench,
+#                                                   # lasp2_forward} built from that commit, for
+#                                                   # scripts/forward-ab.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/toolchain.sh
@@ -23,9 +24,10 @@ if [ -n "${BUNDLE_BASELINE:-}" ]; then
   git worktree remove --force "$baseline_src" 2>/dev/null || rm -rf "$baseline_src"
   git worktree prune
   git worktree add --quiet --detach "$baseline_src" "$BUNDLE_BASELINE"
-  (cd "$baseline_src" && CARGO_TARGET_DIR="$PWD/../target" cargo build --release -p lasp-shmem-benches --bin forward_bench)
+  (cd "$baseline_src" && CARGO_TARGET_DIR="$PWD/../target" cargo build --release \
+    -p lasp-shmem-benches --bin forward_bench -p lasp-shmem-examples --bin lasp2_forward)
   mkdir -p .bundle/baseline
-  cp target/baseline/target/release/forward_bench .bundle/baseline/
+  cp target/baseline/target/release/forward_bench target/baseline/target/release/lasp2_forward .bundle/baseline/
   git -C "$baseline_src" rev-parse HEAD >.bundle/baseline/commit
   git worktree remove --force "$baseline_src"
 fi
@@ -34,7 +36,7 @@ fi
 # which keeps the bundle well inside the 64 MiB a device run may carry.
 if command -v strip >/dev/null; then
   strip --strip-debug .bundle/bin/*
-  if [ -d .bundle/baseline ]; then strip --strip-debug .bundle/baseline/forward_bench; fi
+  if [ -d .bundle/baseline ]; then strip --strip-debug .bundle/baseline/forward_bench .bundle/baseline/lasp2_forward; fi
 fi
 echo "bundle: $(du -sh .bundle | cut -f1) in .bundle/ (commit $(tr '\n' ' ' <.bundle/commit)$(
   [ -f .bundle/baseline/commit ] && echo "; baseline $(head -c 12 .bundle/baseline/commit)"))"
