@@ -50,16 +50,10 @@ template <int DK>
 __device__ __forceinline__ void states(const lasp_lasp2_params& p) {
   const sd::SegmentArgs a = group_segment_args(p);
   const int64_t slot = (int64_t)a.bh * p.num_segments + blockIdx.y;
-  sd::run_segment_with<DK, false>(
-      a,
-      [&](StateRegs<DK>& s, const StateLane& ln) {
-        sd::state_zero<DK>(s, ln);
-        return true;
-      },
-      [&](StateRegs<DK>& s, const StateLane& ln, float lambda) {
-        sd::state_store<DK>(s, ln, p.ws_m + slot * DK * p.Dv + a.vt * sd::kTileV, p.Dv);
-        if (a.vt == 0 && threadIdx.x == 0) p.ws_lambda[slot] = lambda;
-      });
+  sd::run_states_segment<DK>(a, [&](StateRegs<DK>& s, const StateLane& ln, float lambda) {
+    sd::state_store<DK>(s, ln, p.ws_m + slot * DK * p.Dv + a.vt * sd::kTileV, p.Dv);
+    if (a.vt == 0 && threadIdx.x == 0) p.ws_lambda[slot] = lambda;
+  });
 }
 
 // The output kernel's prologue tiles go through shared memory, which is free until the chunk
@@ -118,7 +112,7 @@ __device__ __forceinline__ void output(const lasp_lasp2_params& p) {
   const int seg = blockIdx.y;
   const int64_t tile_elems = (int64_t)DK * p.Dv;  // one (b, h) state
   const int col0 = a.vt * sd::kTileV;
-  sd::run_segment_with<DK, true>(
+  sd::run_segment_with<DK>(
       a,
       [&](StateRegs<DK>& s, const StateLane& ln) {
         extern __shared__ __align__(1024) uint8_t smem[];

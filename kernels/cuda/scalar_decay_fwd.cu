@@ -18,9 +18,11 @@
 //
 // CTA = 4 warps, one (Dv tile of 64 columns, segment, b*H+h). Warp w owns output rows
 // 16w..16w+15 of each chunk and state rows w*Dk/4 .. (w+1)*Dk/4-1 (all 64 columns of the tile).
-// Tensor cores: mma.sync m16n8k16 bf16 -> fp32, operands through ldmatrix from swizzled smem.
-// Pipeline: cp.async, kStages chunks in flight, one __syncthreads per chunk (the two-role kernel:
-// tensor copies by a loading warp, mbarriers; lasp::sd::run_roles_segment_with).
+// Tensor cores: wgmma m64n64k16 bf16 -> fp32 on sm_90a (mma.sync m16n8k16 elsewhere), operands
+// from swizzled smem. Pipeline: cp.async, kStages chunks in flight, one __syncthreads per chunk (the
+// two-role kernel: tensor copies by a loading warp, mbarriers; lasp::sd::run_roles_segment_with).
+// The states kernel walks its segment from the last chunk to the first with kStatesStages chunks in
+// flight and V weighted in smem, so its update is a plain product (lasp::sd::run_states_segment).
 #include <math.h>
 #include <stdint.h>
 
@@ -31,11 +33,11 @@
 namespace lasp {
 namespace sd {
 
-// One CTA's segment of the single-GPU forward: the shared segment loop (run_segment_with) with
-// this forward's prologue and epilogue. kOutput = false: the states kernel (zero start; writes M_s,
-// Lambda_s). kOutput = true: the output kernel (starts from P_s, writes O and, for the last segment,
-// ht), with kRoles as two warpgroups and a loading warp (run_roles_segment_with, loading through
-// `maps`), or with kProbe one of its timed variants (lasp::sd::Probe).
+// One CTA's segment of the single-GPU forward: the shared segment loops with this forward's
+// prologue and epilogue. kOutput = false: the states kernel (run_states_segment; writes M_s,
+// Lambda_s). kOutput = true: the output kernel (run_segment_with; starts from P_s, writes O and, for
+// the last segment, ht), with kRoles as two warpgroups and a loading warp (run_roles_segment_with,
+// loading through `maps`), or with kProbe one of its timed variants (lasp::sd::Probe).
 template <int DK, bool kOutput, Probe kProbe = Probe::kNone, bool kRoles = false>
 __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p, const QkvMaps* maps = nullptr) {
   const int seg = blockIdx.y;
@@ -60,19 +62,13 @@ __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p, c
     if constexpr (kRoles)
       run_roles_segment_with<DK>(a, *maps, start, end);
     else
-      run_segment_with<DK, true, kProbe>(a, start, end);
+      run_segment_with<DK, kProbe>(a, start, end);
   } else {
     const int64_t slot = (int64_t)a.bh * n_seg_slots + seg;
-    run_segment_with<DK, false>(
-        a,
-        [&](StateRegs<DK>& s, const StateLane& ln) {
-          state_zero<DK>(s, ln);
-          return true;
-        },
-        [&](StateRegs<DK>& s, const StateLane& ln, float lambda) {
-          state_store<DK>(s, ln, p.ws_m + slot * tile_elems + col0, p.Dv);
-          if (a.vt == 0 && threadIdx.x == 0) p.ws_lambda[slot] = lambda;
-        });
+    run_states_segment<DK>(a, [&](StateRegs<DK>& s, const StateLane& ln, float lambda) {
+      state_store<DK>(s, ln, p.ws_m + slot * tile_elems + col0, p.Dv);
+      if (a.vt == 0 && threadIdx.x == 0) p.ws_lambda[slot] = lambda;
+    });
   }
 }
 

@@ -72,6 +72,8 @@ pub mod geometry {
     pub const ROLES_THREADS: u32 = 288;
     /// The two-role output kernel's pipeline depth (`LASP_SD_ROLES_STAGES`).
     pub const ROLES_STAGES: u32 = 4;
+    /// The states kernels' pipeline depth (`LASP_SD_STATES_STAGES`).
+    pub const STATES_STAGES: u32 = 4;
 
     /// `lasp_sd_num_chunks`.
     pub const fn num_chunks(t: i32) -> i32 {
@@ -134,11 +136,11 @@ pub mod geometry {
         ROLES_STAGES * (stage + 8) + 2 * dk * tv * 2
     }
 
-    /// `lasp_sd_states_smem_bytes`: STAGES x (K, V tile, gates).
+    /// `lasp_sd_states_smem_bytes`: STATES_STAGES x (K, V tile, gates).
     pub const fn states_smem_bytes(dk: i32) -> u32 {
         let (c, dk, tv) = (CHUNK as u32, dk as u32, TILE_V as u32);
         let stage = c * dk * 2 + c * tv * 2 + c * 4;
-        STAGES * stage
+        STATES_STAGES * stage
     }
 
     /// `lasp_sd_output_grid`: one CTA per (Dv tile, segment, b*H+h).
@@ -1266,6 +1268,7 @@ mod tests {
         assert_eq!(define("LASP_SD_FOLD_THREADS"), g::FOLD_THREADS as i64);
         assert_eq!(define("LASP_SD_ROLES_THREADS"), g::ROLES_THREADS as i64);
         assert_eq!(define("LASP_SD_ROLES_STAGES"), g::ROLES_STAGES as i64);
+        assert_eq!(define("LASP_SD_STATES_STAGES"), g::STATES_STAGES as i64);
         // The build must not override the pipeline depth, or the shared-memory sizes differ.
         let build = include_str!("../../../kernels/build.rs");
         assert!(
@@ -1292,8 +1295,10 @@ mod tests {
         // 228 KiB of an H100/H200 SM (with 1 KiB reserved per CTA).
         assert_eq!(g::output_smem_bytes(128), 115_200);
         assert_eq!(g::output_smem_bytes(64), 66_048);
-        assert_eq!(g::states_smem_bytes(128), 49_664);
-        assert_eq!(g::states_smem_bytes(64), 33_280);
+        // 4 stages x (K, V tile, gates): two Dk=128 states CTAs per SM.
+        assert_eq!(g::states_smem_bytes(128), 99_328);
+        assert_eq!(g::states_smem_bytes(64), 66_560);
+        assert!(2 * (g::states_smem_bytes(128) + 1024) <= 228 * 1024);
         assert!(2 * (g::output_smem_bytes(128) + 1024) <= 228 * 1024);
         // 4 stages x (Q, K, V tile, gates) + 2 bf16 state tiles: one two-role CTA per SM.
         assert_eq!(g::roles_smem_bytes(128), 197_664);
@@ -1389,7 +1394,7 @@ mod tests {
             (16, 16, 1)
         );
         assert_eq!(auto.states.unwrap().grid, (2, 15, 1));
-        assert_eq!(auto.states.unwrap().shared_bytes, 49_664);
+        assert_eq!(auto.states.unwrap().shared_bytes, 99_328);
         assert_eq!(auto.fold.unwrap().grid, (64, 1, 1));
         assert_eq!(auto.output.grid, (2, 16, 1));
         assert_eq!(auto.output.shared_bytes, 115_200);

@@ -98,9 +98,14 @@ struct ChunkGates {
   float gamma;      // b_63: the chunk's total log-decay
 };
 
+// The chunk-local inclusive cumsums lane l owns after a warp's scan of the 64 gates: b_{2l}, b_{2l+1}.
+struct GatePair {
+  float even, odd;
+};
+
 // Every warp scans the 64 gates itself (identical instructions, so identical bits): no barrier and
-// no shared-memory write between the chunk's arrival and its use. Lane l owns b_{2l}, b_{2l+1}.
-__device__ __forceinline__ ChunkGates scan_gates(const float* s_gates, int warp, int lane) {
+// no shared-memory write between the chunk's arrival and its use.
+__device__ __forceinline__ GatePair scan_gate_pairs(const float* s_gates, int lane) {
   constexpr unsigned kAll = 0xffffffffu;
   const float2 a = reinterpret_cast<const float2*>(s_gates)[lane];
   const float pair = a.x + a.y;
@@ -112,8 +117,15 @@ __device__ __forceinline__ ChunkGates scan_gates(const float* s_gates, int warp,
   }
   float excl = __shfl_up_sync(kAll, incl, 1);
   if (lane == 0) excl = 0.f;
-  const float b_even = excl + a.x;
-  const float b_odd = excl + pair;
+  return {excl + a.x, excl + pair};
+}
+
+// The gates of a chunk as this lane's fragments need them (scan_gate_pairs, then shuffles).
+__device__ __forceinline__ ChunkGates scan_gates(const float* s_gates, int warp, int lane) {
+  constexpr unsigned kAll = 0xffffffffu;
+  const GatePair bp = scan_gate_pairs(s_gates, lane);
+  const float b_even = bp.even;
+  const float b_odd = bp.odd;
 
   ChunkGates cg;
   const int g = lane >> 2, t = lane & 3;
@@ -375,8 +387,8 @@ __device__ __forceinline__ void pv_step(float (&o)[8][4], const uint32_t (&p)[4]
 
 // One K~^T A fragment of the state update: state rows 64 mt + 16 warp .., tokens 16 kk ..
 // (ldmatrix.trans of K, A[m = d][k = j] = K[j][d]), each token column j scaled by e^{gamma - b_j}
-// in fp32 before rounding to bf16 (kWeighK = false: K unweighted, wk unused; only the no-exp probe
-// asks for that).
+// in fp32 before rounding to bf16 (kWeighK = false: K unweighted, wk unused; the no-exp probe and,
+// on architectures without wgmma, the states loop ask for that).
 template <int DK, bool kWeighK>
 __device__ __forceinline__ void weighted_kt_fragment(uint32_t (&ka)[4], uint32_t sK, const FragOffsets<DK>& off,
                                                      int mt, int kk, const float (&wk)[8][2]) {
@@ -405,15 +417,16 @@ __device__ __forceinline__ void state_step(StateRegs<DK>& s, uint32_t sK, const 
   }
 }
 
-// The state update over the chunk's 4 k-steps (the states kernel: no P V to share V fragments with).
-template <int DK>
+// The state update over the chunk's 4 k-steps, where no P V shares the V fragments (kWeighK as in
+// weighted_kt_fragment; false in the states loop, whose V is already weighted).
+template <int DK, bool kWeighK = true>
 __device__ __forceinline__ void state_update(StateRegs<DK>& s, uint32_t sK, uint32_t sV, const FragOffsets<DK>& off,
                                              const float (&wk)[8][2]) {
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
     uint32_t vb[4][4];
     load_v<DK>(vb, sV, off, kk);
-    state_step<DK>(s, sK, off, kk, wk, vb);
+    state_step<DK, kWeighK>(s, sK, off, kk, wk, vb);
   }
 }
 
@@ -575,22 +588,21 @@ __device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s,
 }
 #endif
 
-// Runs one CTA's segment (kOutput = false: states only, K, V, gates; kOutput = true: outputs too).
+// Runs one CTA's segment of an output kernel (O for every token; the states kernels run
+// run_states_segment).
 //   start(s, lane) -> bool: fills the fp32 start state (called once by every thread, before any
 //                   cp.async; it may contain __syncthreads). If it returns false (uniformly across the
 //                   CTA), the CTA still runs its loop but stores no O and does not call end.
 //   end(s, lane, lambda): the epilogue, given the segment's end state and its log-decay
 //                   (sum of the chunks' gamma in chunk order).
 // kProbe: Probe::kNone except in the output kernel's probes.
-template <int DK, bool kOutput, Probe kProbe = Probe::kNone, class Start, class End>
+template <int DK, Probe kProbe = Probe::kNone, class Start, class End>
 __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& start, End&& end) {
-  using L = Layout<DK, kOutput>;
-  static_assert(L::kBytes == (kOutput ? lasp_sd_output_smem_bytes(DK) : lasp_sd_states_smem_bytes(DK)),
-                "shared-memory map and host formula disagree");
+  using L = Layout<DK, true>;
+  static_assert(L::kBytes == lasp_sd_output_smem_bytes(DK), "shared-memory map and host formula disagree");
   constexpr int kQKChunks = DK / 8;
   constexpr int kVChunks = kTileV / 8;
   static_assert(DK == 64 || DK == 128, "Dk must be 64 or 128");
-  static_assert(kOutput || kProbe == Probe::kNone, "probes are variants of the output kernel");
   constexpr bool kMath = kProbe != Probe::kMemory;
   constexpr bool kEveryChunkFromMemory = kProbe == Probe::kNone || kProbe == Probe::kMemory;
 
@@ -621,7 +633,7 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
     const uint32_t gates = sbase + L::gates(i);
     const int tok0 = (c_begin + i) * kChunk;
     const int valid = min(kChunk, T - tok0);
-    if constexpr (kOutput) copy_tile_async<kQKChunks>(stage + L::kQ, q + tok0 * qk_stride, qk_stride, valid, tid);
+    copy_tile_async<kQKChunks>(stage + L::kQ, q + tok0 * qk_stride, qk_stride, valid, tid);
     copy_tile_async<kQKChunks>(stage + L::kK, k + tok0 * qk_stride, qk_stride, valid, tid);
     copy_tile_async<kVChunks>(stage + L::kV, v + tok0 * v_stride, v_stride, valid, tid);
     if (tid < kChunk) {
@@ -646,14 +658,14 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
     if (i < n_loaded) issue_chunk(i);
     cp_async_commit();
   }
-  if constexpr (kOutput) store_state_bf16<DK>(smem, L::kSbf, s, ln);
+  store_state_bf16<DK>(smem, L::kSbf, s, ln);
 
   float lambda = 0.f;  // segment log-decay, summed over chunks in order (deterministic)
   for (int i = 0; i < n_chunks; ++i) {
     cp_async_wait<kStages - 2>();
 #if LASP_SD_WGMMA
     // This thread's landed chunk and its bf16 state writes, visible to wgmma's async proxy.
-    if constexpr (kOutput) wg::fence_proxy_async();
+    wg::fence_proxy_async();
 #endif
     // After this barrier: chunk i is in smem for every thread; every warp is done with chunk i-1,
     // so its stage can be refilled and the bf16 state buffer it read can be rewritten.
@@ -668,47 +680,175 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
     const ChunkGates cg = scan_gates(s_gates, warp, lane);
     lambda += cg.gamma;
 
-    if constexpr (!kOutput) {
-      // ---- States kernel: S <- e^gamma S + K~^T V ----
-      float wk[8][2];
-      decay_state<DK>(s, wk, cg);
-      state_update<DK>(s, sK, sV, off, wk);
-    } else {
-      const uint32_t sQ = sbase + stage + L::kQ;
-      const uint32_t sS = sbase + L::kSbf + (i & 1) * L::kSbfBytes;
-      const int tok0 = (c_begin + (kEveryChunkFromMemory ? i : 0)) * kChunk;  // first token of the O rows
-      float o[8][4];  // O rows of this warp, 64 columns (8 n-tiles)
-      if constexpr (kMath) output_chunk<DK, kProbe>(o, s, sQ, sK, sV, sS, off, cg, warp, g, t, a.scale);
-      // bf16 pair (columns 8 nt + 2t, +1) of O row 16 warp + 8 hh + g.
-      auto o_pair = [&](int nt, int hh) -> uint32_t {
-        if constexpr (kMath) {
-          return pack_bf16x2(o[nt][2 * hh], o[nt][2 * hh + 1]);
-        } else {
-          const int r = 16 * warp + 8 * hh + g;
-          const uint8_t* st = smem + stage;
-          const uint32_t in_chunk = 4 * t;  // the pair's byte offset in its 16-byte chunk nt
-          const uint32_t qw = *reinterpret_cast<const uint32_t*>(st + L::kQ + swizzle(r, nt, kChunk) + in_chunk);
-          const uint32_t kw = *reinterpret_cast<const uint32_t*>(st + L::kK + swizzle(r, nt, kChunk) + in_chunk);
-          const uint32_t vw = *reinterpret_cast<const uint32_t*>(st + L::kV + swizzle(r, nt, kChunk) + in_chunk);
-          return qw ^ kw ^ vw ^ reinterpret_cast<const uint32_t*>(s_gates)[r];
-        }
-      };
-      // O rows beyond T (ragged last chunk) are not stored.
-      uint16_t* o_tile = a.o + row_bt0 * Dv + vt * kTileV + 2 * t;
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int tok = tok0 + 16 * warp + 8 * hh + g;
-        if (store && tok < T) {
-          uint16_t* dst = o_tile + tok * v_stride;
-#pragma unroll
-          for (int nt = 0; nt < 8; ++nt) *reinterpret_cast<uint32_t*>(dst + 8 * nt) = o_pair(nt, hh);
-        }
+    const uint32_t sQ = sbase + stage + L::kQ;
+    const uint32_t sS = sbase + L::kSbf + (i & 1) * L::kSbfBytes;
+    const int tok0 = (c_begin + (kEveryChunkFromMemory ? i : 0)) * kChunk;  // first token of the O rows
+    float o[8][4];  // O rows of this warp, 64 columns (8 n-tiles)
+    if constexpr (kMath) output_chunk<DK, kProbe>(o, s, sQ, sK, sV, sS, off, cg, warp, g, t, a.scale);
+    // bf16 pair (columns 8 nt + 2t, +1) of O row 16 warp + 8 hh + g.
+    auto o_pair = [&](int nt, int hh) -> uint32_t {
+      if constexpr (kMath) {
+        return pack_bf16x2(o[nt][2 * hh], o[nt][2 * hh + 1]);
+      } else {
+        const int r = 16 * warp + 8 * hh + g;
+        const uint8_t* st = smem + stage;
+        const uint32_t in_chunk = 4 * t;  // the pair's byte offset in its 16-byte chunk nt
+        const uint32_t qw = *reinterpret_cast<const uint32_t*>(st + L::kQ + swizzle(r, nt, kChunk) + in_chunk);
+        const uint32_t kw = *reinterpret_cast<const uint32_t*>(st + L::kK + swizzle(r, nt, kChunk) + in_chunk);
+        const uint32_t vw = *reinterpret_cast<const uint32_t*>(st + L::kV + swizzle(r, nt, kChunk) + in_chunk);
+        return qw ^ kw ^ vw ^ reinterpret_cast<const uint32_t*>(s_gates)[r];
       }
-      if (kMath && i + 1 < n_chunks) store_state_bf16<DK>(smem, L::kSbf + ((i + 1) & 1) * L::kSbfBytes, s, ln);
+    };
+    // O rows beyond T (ragged last chunk) are not stored.
+    uint16_t* o_tile = a.o + row_bt0 * Dv + vt * kTileV + 2 * t;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int tok = tok0 + 16 * warp + 8 * hh + g;
+      if (store && tok < T) {
+        uint16_t* dst = o_tile + tok * v_stride;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) *reinterpret_cast<uint32_t*>(dst + 8 * nt) = o_pair(nt, hh);
+      }
     }
+    if (kMath && i + 1 < n_chunks) store_state_bf16<DK>(smem, L::kSbf + ((i + 1) & 1) * L::kSbfBytes, s, ln);
   }
 
   if (store) end(s, ln, lambda);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The states loop: a segment's end state from zero and its log-decay (pass 1 of the single-GPU
+// forward, kernel 1 of LASP-2),
+//   M = sum_t e^{Lambda - B_t} k_t^T v_t,   Lambda = sum_t a_t,   B_t = a_1 + ... + a_t,
+// over the segment's tokens t, which is the output loop's S <- e^gamma S + K~^T V from zero,
+// unrolled. The chunks are walked from the segment's last to its first, so when a chunk arrives
+// the log-decay after it (E, summed so far) is known, and with it every token's weight to the
+// segment's end, e^{E + gamma - b_t} (exponent <= 0). The weights scale the chunk's V rows in
+// shared memory (V~ = diag(w) V, one rounding to bf16 as the output loop's K~) and the update is a
+// plain K^T V~ into an accumulator that is never rescaled: 8 wgmma per chunk with both operands in
+// shared memory, queued on the tensor cores behind the previous chunk's, and the loop streams K and
+// V at 72 % of the DRAM peak (benches/results runs 81-82). The forward walk it replaces decayed the
+// state every chunk, which had to wait for the previous chunk's products, and ran 64 mma.sync, 24
+// ldmatrix and 32 K weightings per thread and chunk: it was bound by what an SM issues (runs
+// 27-35). Same result up to rounding, not the same bits; every kernel that needs a segment's
+// (M, Lambda) gets them from here, so every LASP-2 mode sees the same bits.
+// ---------------------------------------------------------------------------------------------
+constexpr int kStatesStages = LASP_SD_STATES_STAGES;
+static_assert(kStatesStages >= 2, "the pipeline needs at least two stages");
+
+// V~ = diag(w) V for this thread's share of a swizzled V tile: half `half` (16-byte chunks
+// 4 half .. 4 half + 3, 32 columns) of row r, all of whose elements take weight w. A quarter-warp's
+// 16-byte accesses (4 rows, both halves) fall in 8 different chunk columns: no bank conflicts.
+__device__ __forceinline__ void weigh_v_half_row(uint8_t* tile, int r, int half, float w) {
+#pragma unroll
+  for (int c = 4 * half; c < 4 * half + 4; ++c) {
+    uint4* chunk = reinterpret_cast<uint4*>(tile + swizzle(r, c, kChunk));
+    uint4 x = *chunk;
+    x.x = scale_bf16x2(x.x, w, w);
+    x.y = scale_bf16x2(x.y, w, w);
+    x.z = scale_bf16x2(x.z, w, w);
+    x.w = scale_bf16x2(x.w, w, w);
+    *chunk = x;
+  }
+}
+
+#if LASP_SD_WGMMA
+// Issue S += K^T V~ for one chunk: A = K^T read in place (K stored [token][d] is an MN-major A, one
+// 64-column block per 64 state rows), B = V~ (MN-major), all from shared memory.
+template <int DK>
+__device__ __forceinline__ void issue_states_update(StateRegs<DK>& s, uint32_t sK, uint32_t sV) {
+  using F = FragOffsets<DK>;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int mt = 0; mt < DK / 64; ++mt)
+      wg::mma_ss<wg::Major::kMN, wg::Major::kMN>(s[mt], wg::desc_sw128(sK + mt * F::kBlockBytes + kk * F::kRow16),
+                                                 wg::desc_sw128(sV + kk * F::kRow16), true);
+}
+#endif
+
+// Runs one CTA's segment of a states kernel (grid as the output kernels': Dv tile, segment, b*H+h).
+//   end(s, lane, lambda): the epilogue, given the segment's end state M and its log-decay Lambda
+//                   (the chunks' gamma summed from the last chunk to the first).
+template <int DK, class End>
+__device__ __forceinline__ void run_states_segment(const SegmentArgs& a, End&& end) {
+  using L = Layout<DK, false, kStatesStages>;
+  static_assert(L::kBytes == lasp_sd_states_smem_bytes(DK), "shared-memory map and host formula disagree");
+  static_assert(DK == 64 || DK == 128, "Dk must be 64 or 128");
+  constexpr unsigned kAll = 0xffffffffu;
+
+  extern __shared__ __align__(1024) uint8_t smem[];  // aligned: see Layout
+  const uint32_t sbase = smem_addr(smem);
+  const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
+  const int b = a.bh / a.H, h = a.bh % a.H;
+  const int T = a.T;
+  const int64_t row_bt0 = (int64_t)b * T * a.H + h;  // token 0 of (b, h); fla layout [B, T, H, D]
+  const int64_t k_stride = (int64_t)a.H * DK, v_stride = (int64_t)a.H * a.Dv;
+  const uint16_t* k = a.k + row_bt0 * DK;
+  const uint16_t* v = a.v + row_bt0 * a.Dv + a.vt * kTileV;
+  const float* gate = a.g + row_bt0;
+
+  // Step j takes chunk n_chunks - 1 - j of the segment, in stage j % kStatesStages.
+  auto issue_step = [&](int j) {
+    const uint32_t stage = sbase + L::stage(j);
+    const int tok0 = (a.c_begin + a.n_chunks - 1 - j) * kChunk;
+    const int valid = min(kChunk, T - tok0);
+    copy_tile_async<DK / 8>(stage + L::kK, k + tok0 * k_stride, k_stride, valid, tid);
+    copy_tile_async<kTileV / 8>(stage + L::kV, v + tok0 * v_stride, v_stride, valid, tid);
+    if (tid < kChunk) {
+      const bool ok = tid < valid;
+      cp_async_4(sbase + L::gates(j) + 4 * tid, ok ? gate + (int64_t)(tok0 + tid) * a.H : gate, ok);
+    }
+  };
+
+  const StateLane ln{16 * warp, lane >> 2, lane & 3};
+  StateRegs<DK> s;
+  state_zero<DK>(s, ln);
+#if !LASP_SD_WGMMA
+  const FragOffsets<DK> off(warp, lane);
+  const float unweighted[8][2] = {};  // state_update's key weights, unused with kWeighK = false
+#endif
+#pragma unroll
+  for (int j = 0; j < kStatesStages - 1; ++j) {
+    if (j < a.n_chunks) issue_step(j);
+    cp_async_commit();
+  }
+
+  const int row = tid >> 1;  // the V row this thread weighs, and which half of it
+  const int half = tid & 1;
+  float after = 0.f;  // E: log-decay of the segment's chunks after this step's, summed from the last
+  for (int j = 0; j < a.n_chunks; ++j) {
+    cp_async_wait<kStatesStages - 2>();
+    __syncthreads();  // step j's chunk has landed, for every thread
+    const uint32_t stage = L::stage(j);
+    const GatePair bp = scan_gate_pairs(reinterpret_cast<const float*>(smem + L::gates(j)), lane);
+    const float gamma = __shfl_sync(kAll, bp.odd, 31);
+    const float b_even = __shfl_sync(kAll, bp.even, row >> 1);
+    const float b_odd = __shfl_sync(kAll, bp.odd, row >> 1);
+    const float b_row = (row & 1) ? b_odd : b_even;
+    weigh_v_half_row(smem + stage + L::kV, row, half, exp_nonpos(after + (gamma - b_row)));
+#if LASP_SD_WGMMA
+    wg::fence_proxy_async();  // V~ visible to wgmma's async proxy
+    wg::wait<0>();            // step j-1's products are done with its stage
+#endif
+    __syncthreads();  // V~ complete; no warp reads step j-1's stage any more: refill it
+    if (j + kStatesStages - 1 < a.n_chunks) issue_step(j + kStatesStages - 1);
+    cp_async_commit();
+#if LASP_SD_WGMMA
+    wg::fence();
+    issue_states_update<DK>(s, sbase + stage + L::kK, sbase + stage + L::kV);
+    wg::commit();
+#else
+    state_update<DK, false>(s, sbase + stage + L::kK, sbase + stage + L::kV, off, unweighted);
+#endif
+    after += gamma;
+  }
+#if LASP_SD_WGMMA
+  wg::wait<0>();
+#pragma unroll
+  for (int mt = 0; mt < DK / 64; ++mt) wg::fence_operands(s[mt]);
+#endif
+  end(s, ln, after);
 }
 
 // ---------------------------------------------------------------------------------------------

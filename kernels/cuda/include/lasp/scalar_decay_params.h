@@ -45,6 +45,7 @@
 #define LASP_SD_FOLD_THREADS 256
 #define LASP_SD_ROLES_THREADS 288  // two-role output kernel: a state warpgroup, an output warpgroup, a loading warp
 #define LASP_SD_ROLES_STAGES 4     // its pipeline depth: one CTA per SM, so it takes 4 chunks in flight
+#define LASP_SD_STATES_STAGES 4    // the states kernels' pipeline depth: a stream of K and V, two CTAs per SM
 
 typedef struct {
   const uint16_t* q;          // bf16 [B, T, H, Dk], contiguous
@@ -129,10 +130,10 @@ LASP_SD_FN uint32_t lasp_sd_roles_smem_bytes(int32_t Dk) {
   return LASP_SD_ROLES_STAGES * (stage + 8u) + 2u * Dk * LASP_SD_TILE_V * 2u;
 }
 
-// Dynamic shared memory: STAGES x (K, V-tile, gates).
+// Dynamic shared memory: STATES_STAGES x (K, V-tile, gates).
 LASP_SD_FN uint32_t lasp_sd_states_smem_bytes(int32_t Dk) {
   const uint32_t stage = LASP_SD_CHUNK * Dk * 2u + LASP_SD_CHUNK * LASP_SD_TILE_V * 2u + LASP_SD_CHUNK * 4u;
-  return LASP_SD_STAGES * stage;
+  return LASP_SD_STATES_STAGES * stage;
 }
 
 // One CTA per (Dv tile, segment, b*H+h); x fastest so the Dv tiles of one (b, h, s) share Q/K in L2.

@@ -1,6 +1,6 @@
 // Warpgroup-level tensor-core primitives of sm_90a (wgmma): the shared-memory operand descriptor of
-// the 128-byte-swizzled tiles of mma.cuh, m64n64k16 bf16 -> fp32 with A from shared memory or from
-// registers, and the fences, commits and waits that order them (PTX ISA, "Asynchronous
+// the 128-byte-swizzled tiles of mma.cuh, m64n64k16 bf16 -> fp32 with A from shared memory (either
+// major) or from registers, and the fences, commits and waits that order them (PTX ISA, "Asynchronous
 // Warpgroup Level Matrix Multiply-Accumulate").
 //
 // A warpgroup is 4 consecutive warps. Warp w of it supplies and receives rows 16w..16w+15 of the
@@ -14,9 +14,9 @@ namespace lasp {
 namespace wg {
 
 // Which index of an operand tile is contiguous in its 128-byte rows. K-major: the reduction index
-// (Q as A; K as B of Q K^T, stored [token][d]). MN-major: the N index, rows are reduction indices
-// (V as B, stored [token][column]; the bf16 state as B of Q S, stored [d][column]). The value is
-// the instruction's transpose flag.
+// (Q as A; K as B of Q K^T, stored [token][d]). MN-major: the M or N index, rows are reduction
+// indices (V as B, stored [token][column]; the bf16 state as B of Q S, stored [d][column]; K as A
+// of K^T V, stored [token][d]). The value is the instruction's transpose flag.
 enum class Major : int { kK = 0, kMN = 1 };
 
 // Descriptor of a 128-byte-swizzled operand at shared address `addr` (PTX "matrix descriptor"):
@@ -65,14 +65,17 @@ __device__ __forceinline__ void fence_operands(float (&d)[8][4]) {
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
   "%23, %24, %25, %26, %27, %28, %29, %30, %31}"
 
-// d = A B (accumulate = false) or d += A B, m64n64k16, A (K-major) and B from shared memory.
-template <Major kMajorB>
+// d = A B (accumulate = false) or d += A B, m64n64k16, A and B from shared memory. A is K-major
+// (Q) unless kMajorA says MN-major: rows are reduction indices and the 64 M indices are contiguous
+// (K stored [token][d] as A = K^T of the states loop's update), the same layout as an MN-major B.
+template <Major kMajorB, Major kMajorA = Major::kK>
 __device__ __forceinline__ void mma_ss(float (&d)[8][4], uint64_t a, uint64_t b, bool accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " LASP_WG_D32_LIST ", %32, %33, p, 1, 1, 0, %35;\n}\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " LASP_WG_D32_LIST ", %32, %33, p, 1, 1, %36, %35;\n}\n"
       : LASP_WG_D32(d)
-      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)), "n"(static_cast<int>(kMajorB)));
+      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)), "n"(static_cast<int>(kMajorB)),
+        "n"(static_cast<int>(kMajorA)));
 }
 
 // d += A B, m64n64k16, A from registers (this warp's 16 rows, mma.sync's A fragment), B from
