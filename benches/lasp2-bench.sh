@@ -18,6 +18,10 @@ mkdir -p "$OUT"
 lasp_binaries -p lasp-shmem -p lasp-shmem-examples --bins
 PEER="${LASP2_PEER:-../shared/peers/lasp2_fla_baseline.py}"
 [ -f "$PEER" ] || PEER=.peers/lasp2_fla_baseline.py
+if [ ! -f "$PEER" ]; then
+  # Not fatal (our modes are still timed), but the JSON then has no fla_peer_ms: say so up front.
+  echo "lasp2-bench: NOTICE: no fla peer script (tried ${LASP2_PEER:-../shared/peers/lasp2_fla_baseline.py} and .peers/); the fla + NCCL peer is skipped and fla_peer_ms stays null. Set LASP2_PEER to lasp2_fla_baseline.py."
+fi
 SHAPES=(4x8192x16x128 1x32768x16x128 1x131072x16x128)
 export LASP_DEVICE="${LASP_DEVICE:-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x$(nvidia-smi -L | wc -l)}"
 
