@@ -725,9 +725,9 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
 // the log-decay after it (E, summed so far) is known, and with it every token's weight to the
 // segment's end, e^{E + gamma - b_t} (exponent <= 0). The weights scale the chunk's V rows in
 // shared memory (V~ = diag(w) V, one rounding to bf16 as the output loop's K~) and the update is a
-// plain K^T V~ into an accumulator that is never rescaled: 8 wgmma per chunk with both operands in
-// shared memory, queued on the tensor cores behind the previous chunk's, and the loop streams K and
-// V at 72 % of the DRAM peak (benches/results runs 81-82). The forward walk it replaces decayed the
+// plain K^T V~ into an accumulator that is never rescaled: 8 wgmma per chunk at Dk 128, both
+// operands in shared memory, queued on the tensor cores behind the previous chunk's, and the loop
+// streams K and V at 72 % of the DRAM peak (benches/results runs 81-82). The forward walk it replaces decayed the
 // state every chunk, which had to wait for the previous chunk's products, and ran 64 mma.sync, 24
 // ldmatrix and 32 K weightings per thread and chunk: it was bound by what an SM issues (runs
 // 27-35). Same result up to rounding, not the same bits; every kernel that needs a segment's
