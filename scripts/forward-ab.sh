@@ -34,32 +34,36 @@ if [ $rc -ne 0 ]; then
   exit 1
 fi
 
-for pass in $(seq 1 "${FORWARD_AB_PASSES:-3}"); do
-  for build in base new; do
-    bin=.bundle/bin/forward_bench
-    [ $build = base ] && bin=.bundle/baseline/forward_bench
-    json="$OUT/$build.$pass.json"
-    if ! timeout 300 "$bin" --out "$json" "$@" >"$OUT/$build.$pass.log" 2>&1; then
-      echo "forward-ab: $build pass $pass failed; see $OUT/$build.$pass.log" >&2
-      exit 1
-    fi
-    echo "$build.$pass $(python3 -c "import json, sys; print(' '.join('%.4f' % s['ours_ms'] for s in json.load(open(sys.argv[1]))['shapes']))" "$json")"
-  done
-done
-
-if [ "${FORWARD_AB_LASP2:-0}" = 1 ]; then
-  shapes=(--time 4x8192x16x128 --time 1x32768x16x128 --time 1x131072x16x128)
+# turns PREFIX PROGRAM RUN SUMMARY: FORWARD_AB_PASSES times, the baseline's PROGRAM and then the
+# bundle's, each through the function RUN (arguments: the binary, its JSON file), its output in
+# $OUT/PREFIX{base,new}.N.{json,log}; one line per run with what the Python expression SUMMARY
+# prints of the JSON (sys.argv[1]). Stops at the first failed run.
+turns() {
+  local prefix="$1" program="$2" run="$3" summary="$4" pass build bin name
   for pass in $(seq 1 "${FORWARD_AB_PASSES:-3}"); do
     for build in base new; do
-      bin=.bundle/bin/lasp2_forward
-      [ $build = base ] && bin=.bundle/baseline/lasp2_forward
-      json="$OUT/lasp2.$build.$pass.json"
-      if ! .bundle/bin/lasp-run --timeout 300 -n 1 "$bin" --graph-calls 10 "${shapes[@]}" --json "$json" \
-        >"$OUT/lasp2.$build.$pass.log" 2>&1; then
-        echo "forward-ab: lasp2 $build pass $pass failed; see $OUT/lasp2.$build.$pass.log" >&2
+      bin=.bundle/bin/$program
+      [ $build = base ] && bin=.bundle/baseline/$program
+      name="$prefix$build.$pass"
+      if ! "$run" "$bin" "$OUT/$name.json" >"$OUT/$name.log" 2>&1; then
+        echo "forward-ab: $name failed; see $OUT/$name.log" >&2
         exit 1
       fi
-      echo "lasp2.$build.$pass $(python3 -c "import json, sys; print(' '.join('%.4f' % r['overlapped_ms'] for r in json.load(open(sys.argv[1]))))" "$json")"
+      echo "$name $(python3 -c "$summary" "$OUT/$name.json")"
     done
   done
+}
+
+forward_args=("$@")
+run_forward() { timeout 300 "$1" --out "$2" "${forward_args[@]}"; }
+turns "" forward_bench run_forward \
+  "import json, sys; print(' '.join('%.4f' % s['ours_ms'] for s in json.load(open(sys.argv[1]))['shapes']))"
+
+if [ "${FORWARD_AB_LASP2:-0}" = 1 ]; then
+  run_lasp2() {
+    .bundle/bin/lasp-run --timeout 300 -n 1 "$1" --graph-calls 10 \
+      --time 4x8192x16x128 --time 1x32768x16x128 --time 1x131072x16x128 --json "$2"
+  }
+  turns lasp2. lasp2_forward run_lasp2 \
+    "import json, sys; print(' '.join('%.4f' % r['overlapped_ms'] for r in json.load(open(sys.argv[1]))))"
 fi
