@@ -727,10 +727,10 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
 // shared memory (V~ = diag(w) V, one rounding to bf16 as the output loop's K~) and the update is a
 // plain K^T V~ into an accumulator that is never rescaled: 8 wgmma per chunk at Dk 128, both
 // operands in shared memory, queued on the tensor cores behind the previous chunk's, and the loop
-// streams K and V at 72 % of the DRAM peak (benches/results runs 81-82). The forward walk it replaces decayed the
-// state every chunk, which had to wait for the previous chunk's products, and ran 64 mma.sync, 24
-// ldmatrix and 32 K weightings per thread and chunk: it was bound by what an SM issues (runs
-// 27-35). Same result up to rounding, not the same bits; every kernel that needs a segment's
+// streams K and V at 72 % of the DRAM peak (benches/results runs 81-82). The forward walk it
+// replaces decayed the state every chunk, which had to wait for the previous chunk's products, and
+// ran 64 mma.sync, 24 ldmatrix and 32 K weightings per thread and chunk: it was bound by what an SM
+// issues (runs 27-35). Same result up to rounding, not the same bits; every kernel that needs a segment's
 // (M, Lambda) gets them from here, so every LASP-2 mode sees the same bits.
 // ---------------------------------------------------------------------------------------------
 constexpr int kStatesStages = LASP_SD_STATES_STAGES;
