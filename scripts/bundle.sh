@@ -10,8 +10,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/toolchain.sh
 cargo build --release --workspace --bins
+bash scripts/build-c-examples.sh
 rm -rf .bundle && mkdir -p .bundle/bin
-for bin in lasp-run exchange exchange_bench forward_check forward_bench lasp2_forward; do
+for bin in lasp-run exchange exchange_bench forward_check forward_bench lasp2_forward \
+  liblasp_shmem.so lasp2_forward_c; do
   cp "target/release/$bin" .bundle/bin/
 done
 git rev-parse HEAD >.bundle/commit

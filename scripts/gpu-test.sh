@@ -12,6 +12,7 @@ OUT="${OUT:-$PWD/gpu-test-out}"
 mkdir -p "$OUT"
 
 lasp_binaries || exit 1
+if [ ! -x "$BIN/lasp2_forward_c" ]; then bash scripts/build-c-examples.sh || exit 1; fi
 NGPU="$(nvidia-smi -L | wc -l)"
 echo "gpu-test: $NGPU GPU(s), commit $LASP_COMMIT, binaries from $BIN"
 
@@ -83,6 +84,16 @@ later_ranks_name_the_silent_rank() {
 }
 if [ "$NGPU" -ge 3 ]; then check lasp2_later_ranks_name_the_silent_rank later_ranks_name_the_silent_rank; fi
 expect_failure lasp2_layout_mismatch_caught 'PEs \[1\] set up a different layout' $RUN "$BIN/lasp2_forward" --mismatch-rank 1
+# The C ABI: from C under lasp-run, and from PyTorch under torchrun (bootstrap by unique id).
+check lasp2_forward_c $RUN "$BIN/lasp2_forward_c" --graph-calls 1000
+grep -h "rank 0:" "$OUT/lasp2_forward_c.log" || true
+if python3 -c "import torch" 2>/dev/null; then
+  check lasp2_torch timeout 600 python3 -m torch.distributed.run --standalone --nproc-per-node "$NGPU" \
+    examples/python/lasp2_torch.py --lib "$BIN/liblasp_shmem.so" ${GPU_TEST_TORCH_TIME:+--time}
+  grep -h "^rank " "$OUT/lasp2_torch.log" || true
+else
+  echo "NOTICE: lasp2_torch skipped: python3 cannot import torch"
+fi
 grep -E "^(FAIL|forward_check:)" "$OUT/forward_check.log" | head -40 || true
 if [ -n "${GPU_TEST_FORWARD_BENCH:-}" ]; then
   check forward_bench env OUT="$OUT" bash scripts/forward-bench.sh

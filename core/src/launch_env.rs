@@ -24,6 +24,9 @@ pub enum Rendezvous {
     Tcp { addr: String, port: u16 },
     /// Rank 0 writes the id to a file every rank can read (`LASP_RENDEZVOUS_FILE`).
     File(PathBuf),
+    /// The caller already handed rank 0's id to every rank (a trainer's own collective, through
+    /// the C ABI): nothing left to exchange.
+    Given([u8; crate::rendezvous::ID_BYTES]),
 }
 
 /// This process's place in the job.
@@ -143,6 +146,37 @@ impl LaunchEnv {
         })
     }
 
+    /// A place in a job the caller describes itself, bootstrapped by unique id through
+    /// `rendezvous` (for a trainer that already runs its own launcher and collectives).
+    pub fn explicit(
+        rank: usize,
+        world_size: usize,
+        local_rank: usize,
+        local_world_size: usize,
+        rendezvous: Rendezvous,
+    ) -> Result<Self> {
+        if world_size == 0 || rank >= world_size {
+            return Err(Error::Launch(format!(
+                "rank {rank} is not below the world size {world_size}; pass this process's rank \
+                 and the job's world size (torch.distributed: get_rank(), get_world_size())"
+            )));
+        }
+        if local_rank >= local_world_size || local_world_size > world_size {
+            return Err(Error::Launch(format!(
+                "local rank {local_rank} of {local_world_size} on this node (world size \
+                 {world_size}) is impossible; pass LOCAL_RANK and LOCAL_WORLD_SIZE as torchrun \
+                 sets them (the local rank selects the GPU)"
+            )));
+        }
+        Ok(LaunchEnv {
+            rank,
+            world_size,
+            local_rank,
+            local_world_size,
+            bootstrap: Bootstrap::UniqueId(rendezvous),
+        })
+    }
+
     /// Whether every rank runs on this node, so no network transport is needed.
     pub fn single_node(&self) -> bool {
         self.local_world_size == self.world_size
@@ -160,6 +194,28 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         LaunchEnv::from_lookup(|name| map.get(name).cloned())
+    }
+
+    #[test]
+    fn an_explicit_place_is_checked() {
+        let e = LaunchEnv::explicit(3, 8, 3, 4, Rendezvous::Given([5; 128])).unwrap();
+        assert!(!e.single_node());
+        assert_eq!(
+            e.bootstrap,
+            Bootstrap::UniqueId(Rendezvous::Given([5; 128]))
+        );
+        let msg = LaunchEnv::explicit(4, 4, 0, 4, Rendezvous::Alone)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("rank 4 is not below the world size 4"),
+            "{msg}"
+        );
+        let msg = LaunchEnv::explicit(1, 4, 2, 2, Rendezvous::Alone)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("local rank 2 of 2"), "{msg}");
+        assert!(LaunchEnv::explicit(0, 2, 0, 4, Rendezvous::Alone).is_err());
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! embedded kernels. Operations such as [`exchange::AllGather`] then run on caller streams with
 //! no host collective; [`Runtime::shutdown`] is the collective end.
 
+pub mod capi;
 pub mod diagnostics;
 pub mod error;
 pub mod exchange;

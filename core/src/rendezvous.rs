@@ -24,6 +24,7 @@ pub fn share_id(
     let deadline = Instant::now() + timeout;
     match rendezvous {
         Rendezvous::Alone => make(),
+        Rendezvous::Given(id) => Ok(*id),
         Rendezvous::Tcp { addr, port } if rank == 0 => {
             // Bind before making the id, so ranks that connect early are queued, not refused.
             let listener = TcpListener::bind(("0.0.0.0", *port)).map_err(|e| {
@@ -195,6 +196,15 @@ mod tests {
                 .contains("rank 2 could not get the NVSHMEM id"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_given_id_is_used_as_is_on_every_rank() {
+        let rdv = Rendezvous::Given(id(9));
+        for rank in 0..3 {
+            let got = share_id(&rdv, rank, 3, Duration::from_millis(1), || unreachable!());
+            assert_eq!(got.unwrap(), id(9));
+        }
     }
 
     #[test]

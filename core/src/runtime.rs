@@ -9,7 +9,8 @@
 
 use crate::error::{Error, Result};
 use crate::kernel::Module;
-use crate::launch_env::{Bootstrap, LaunchEnv};
+use crate::launch_env::{Bootstrap, LaunchEnv, Rendezvous};
+use crate::rendezvous::ID_BYTES;
 use crate::{gpu, rendezvous};
 use cudarc::driver::{CudaContext, CudaStream};
 use nvshmem_sys::NvshmemHost;
@@ -78,22 +79,41 @@ impl Runtime {
     /// Initialises NVSHMEM for this process, as the launch environment describes it
     /// ([`LaunchEnv::from_process_env`]). Collective: every rank must call it.
     pub fn init(config: Config) -> Result<Self> {
+        Self::init_with(config, LaunchEnv::from_process_env()?)
+    }
+
+    /// Initialises NVSHMEM for this process at the place in the job `env` gives (for a caller
+    /// with its own launcher: [`LaunchEnv::explicit`] with the id of
+    /// [`Runtime::create_unique_id`], handed to every rank by the caller's own collective).
+    /// Collective: every rank must call it.
+    pub fn init_with(config: Config, env: LaunchEnv) -> Result<Self> {
         if INITIALIZED.swap(true, Ordering::SeqCst) {
             return Err(Error::State(
                 "lasp-shmem is already initialised in this process; share the Runtime handle (it is Clone) instead of initialising twice".into(),
             ));
         }
-        let result = Self::init_once(config);
+        let result = Self::init_once(config, env);
         if result.is_err() {
             INITIALIZED.store(false, Ordering::SeqCst);
         }
         result
     }
 
-    fn init_once(config: Config) -> Result<Self> {
-        let env = LaunchEnv::from_process_env()?;
+    /// Rank 0's part of a bootstrap by unique id that the caller distributes itself: the id
+    /// every rank then passes to [`Runtime::init_with`] in a
+    /// [`Rendezvous::Given`](crate::launch_env::Rendezvous::Given). Call it on rank 0 only,
+    /// before any rank initialises, with the `config` rank 0 will initialise with and whether
+    /// every rank runs on this node (NVSHMEM may read its settings here already).
+    pub fn create_unique_id(config: &Config, single_node: bool) -> Result<[u8; ID_BYTES]> {
+        apply_nvshmem_settings(config, single_node, &Bootstrap::UniqueId(Rendezvous::Alone));
+        let lib = nvshmem_sys::load(config.nvshmem_library.as_deref())?;
+        check_versions(lib)?;
+        new_unique_id(lib)
+    }
+
+    fn init_once(config: Config, env: LaunchEnv) -> Result<Self> {
         let ctx = gpu::open_gpu(env.local_rank)?;
-        apply_nvshmem_settings(&env, &config);
+        apply_nvshmem_settings(&config, env.single_node(), &env.bootstrap);
         let lib = nvshmem_sys::load(config.nvshmem_library.as_deref())?;
         check_versions(lib)?;
 
@@ -107,20 +127,11 @@ impl Runtime {
                     env.rank,
                     env.world_size,
                     config.rendezvous_timeout,
-                    || {
-                        let mut id = nvshmem_sys::uniqueid_initializer();
-                        // SAFETY: `id` is a valid, version-stamped nvshmemx_uniqueid_t.
-                        let rc = unsafe { lib.nvshmemx_get_uniqueid(&mut id) };
-                        nvshmem_ok("nvshmemx_get_uniqueid", rc)?;
-                        // SAFETY: nvshmemx_uniqueid_t is 128 bytes of plain data.
-                        Ok(unsafe {
-                            std::mem::transmute::<nvshmem_sys::nvshmemx_uniqueid_t, [u8; 128]>(id)
-                        })
-                    },
+                    || new_unique_id(lib),
                 )?;
                 // SAFETY: the bytes came from an nvshmemx_uniqueid_t on rank 0.
                 uid = unsafe {
-                    std::mem::transmute::<[u8; 128], nvshmem_sys::nvshmemx_uniqueid_t>(bytes)
+                    std::mem::transmute::<[u8; ID_BYTES], nvshmem_sys::nvshmemx_uniqueid_t>(bytes)
                 };
                 // SAFETY: uid and attr are valid; uid lives until init returns.
                 let rc = unsafe {
@@ -353,6 +364,16 @@ pub fn exit_after_error(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
+/// A fresh NVSHMEM unique id (rank 0 of a unique-id bootstrap), as plain bytes.
+fn new_unique_id(lib: &NvshmemHost) -> Result<[u8; ID_BYTES]> {
+    let mut id = nvshmem_sys::uniqueid_initializer();
+    // SAFETY: `id` is a valid, version-stamped nvshmemx_uniqueid_t.
+    let rc = unsafe { lib.nvshmemx_get_uniqueid(&mut id) };
+    nvshmem_ok("nvshmemx_get_uniqueid", rc)?;
+    // SAFETY: nvshmemx_uniqueid_t is 128 bytes of plain data.
+    Ok(unsafe { std::mem::transmute::<nvshmem_sys::nvshmemx_uniqueid_t, [u8; ID_BYTES]>(id) })
+}
+
 pub(crate) fn nvshmem_ok(call: &'static str, rc: i32) -> Result<()> {
     if rc == 0 {
         Ok(())
@@ -366,7 +387,7 @@ pub(crate) fn nvshmem_ok(call: &'static str, rc: i32) -> Result<()> {
 
 /// NVSHMEM reads its NVSHMEM_* variables once, at its first call: set ours before that, never
 /// overriding what the user set.
-fn apply_nvshmem_settings(env: &LaunchEnv, config: &Config) {
+fn apply_nvshmem_settings(config: &Config, single_node: bool, bootstrap: &Bootstrap) {
     let set_default = |name: &str, value: String| {
         if std::env::var_os(name).is_none() {
             std::env::set_var(name, value);
@@ -378,14 +399,14 @@ fn apply_nvshmem_settings(env: &LaunchEnv, config: &Config) {
         "NVSHMEM_SYMMETRIC_SIZE",
         (config.symmetric_heap_bytes + HEAP_HEADROOM).to_string(),
     );
-    if env.single_node() {
+    if single_node {
         // No network transport is needed, and probing for one fails noisily on hosts without HCAs.
         set_default("NVSHMEM_REMOTE_TRANSPORT", "none".into());
     }
     if let Ok(ifname) = std::env::var("NCCL_SOCKET_IFNAME") {
         set_default("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME", ifname);
     }
-    match env.bootstrap {
+    match bootstrap {
         Bootstrap::Mpi => set_default("NVSHMEM_BOOTSTRAP", "MPI".into()),
         Bootstrap::Pmi => set_default("NVSHMEM_BOOTSTRAP", "PMI".into()),
         Bootstrap::UniqueId(_) => {}

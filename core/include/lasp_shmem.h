@@ -1,0 +1,157 @@
+/* lasp-shmem C ABI: device-initiated LASP-2 sequence parallelism for linear attention.
+ *
+ * Link with -llasp_shmem (liblasp_shmem.so, built by `cargo build --release -p lasp-shmem`).
+ * The library loads the CUDA driver and NVSHMEM's host library at run time; the caller needs
+ * neither at link time.
+ *
+ * Bootstrap from a trainer that runs its own launcher (torchrun):
+ *   rank 0:      lasp_unique_id_create(&opts, &place, &id);
+ *   every rank:  broadcast id's 128 bytes from rank 0 (torch.distributed.broadcast, MPI_Bcast);
+ *                lasp_runtime_init(&opts, &place, &id, &rt);
+ * Programs started by lasp-run, mpirun or nvshmrun call lasp_runtime_init_from_env instead.
+ *
+ * Then, per layout: lasp_lasp2_create (collective), lasp_lasp2_forward on the caller's stream
+ * with its own device pointers (not collective: the ranks meet through device signals), and at
+ * the end lasp_lasp2_free and lasp_runtime_shutdown (both collective).
+ *
+ * Every function returns LASP_OK or an error status; lasp_last_error() then says what went
+ * wrong and what to do. Arguments are checked before anything is enqueued: a bad shape, a host
+ * pointer, a tensor of another GPU, one shorter than its shape, a stream of another context or
+ * ranks that disagree on the layout or mode fail before any state moves. Every wait on another
+ * GPU is bounded (options.wait_timeout_ms); an expired one makes lasp_lasp2_finish return
+ * LASP_ERROR_PEER_TIMEOUT naming the rank that never sent, the signal slot and the epoch.
+ *
+ * Threads: a handle may be used from any thread; calls on one handle are serialised.
+ * Graphs: lasp_lasp2_forward may be captured into a CUDA graph after one uncaptured call of
+ * the same shape (which sizes the workspace); replays advance the epoch on the device. Call
+ * lasp_lasp2_note_replayed_calls after replaying a graph in a sequential mode.
+ */
+#ifndef LASP_SHMEM_H
+#define LASP_SHMEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LASP_SHMEM_ABI_VERSION 1u
+
+/* Status codes. */
+typedef int32_t lasp_status;
+#define LASP_OK 0
+#define LASP_ERROR_INVALID_ARGUMENT 1 /* rejected before anything was enqueued */
+#define LASP_ERROR_LAUNCH 2           /* launch environment, ranks, rendezvous */
+#define LASP_ERROR_CUDA 3             /* no driver, no GPU, a failed driver call */
+#define LASP_ERROR_NVSHMEM 4          /* NVSHMEM not found, wrong version, a failed call */
+#define LASP_ERROR_PEER_TIMEOUT 5     /* a wait on another GPU expired */
+#define LASP_ERROR_STATE 6            /* calls out of order */
+#define LASP_ERROR_INTERNAL 7         /* a bug in lasp-shmem: please report the message */
+
+/* Exchange modes of the LASP-2 forward. Outputs are bitwise the same in all but NO_COMM. */
+#define LASP_MODE_OVERLAPPED 0         /* device puts with signals, hidden behind compute */
+#define LASP_MODE_SEQUENTIAL_NCCL 1    /* the same kernels around NCCL's all-gather */
+#define LASP_MODE_SEQUENTIAL_NVSHMEM 2 /* the same kernels around NVSHMEM's fcollect */
+#define LASP_MODE_NO_COMM 3            /* no exchange: the compute's cost alone (timing only) */
+
+/* A CUstream or cudaStream_t (both are this type). NULL is the legacy default stream. */
+typedef struct CUstream_st *lasp_stream;
+
+typedef struct lasp_runtime lasp_runtime;
+typedef struct lasp_lasp2 lasp_lasp2;
+typedef struct lasp_scalar_decay lasp_scalar_decay;
+
+typedef struct lasp_runtime_options {
+  uint32_t abi_version;          /* LASP_SHMEM_ABI_VERSION */
+  uint32_t reserved;             /* 0 */
+  uint64_t symmetric_heap_bytes; /* 0: 256 MiB; sum lasp_lasp2_symmetric_bytes of the ops */
+  uint64_t wait_timeout_ms;      /* 0: LASP_WAIT_TIMEOUT_MS, else 10 s */
+  const char *nvshmem_library;   /* NULL: NVSHMEM_HOME, else the usual places */
+} lasp_runtime_options;
+
+/* This process's place in the job, as torchrun's RANK, WORLD_SIZE, LOCAL_RANK and
+ * LOCAL_WORLD_SIZE give it. The local rank selects the GPU. */
+typedef struct lasp_place {
+  int32_t rank;
+  int32_t world_size;
+  int32_t local_rank;
+  int32_t local_world_size;
+} lasp_place;
+
+typedef struct lasp_unique_id {
+  uint8_t bytes[128];
+} lasp_unique_id;
+
+/* One call's tensors, fla's layout, contiguous, on the runtime's GPU. */
+typedef struct lasp_forward_args {
+  int64_t batch;   /* B */
+  int64_t tokens;  /* T: this rank's tokens per sequence (LASP-2: its shard) */
+  int64_t heads;   /* H */
+  int64_t dk;      /* 64 or 128 */
+  int64_t dv;      /* a multiple of 64 */
+  const void *q;   /* [B, T, H, Dk] bf16, 16-byte aligned */
+  const void *k;   /* [B, T, H, Dk] bf16, 16-byte aligned */
+  const void *v;   /* [B, T, H, Dv] bf16, 16-byte aligned */
+  const float *g;  /* [B, T, H] fp32 log-decays, finite and <= 0 */
+  const float *h0; /* [B, H, Dk, Dv] fp32 initial state, or NULL for zero */
+  void *o;         /* [B, T, H, Dv] bf16 output, 16-byte aligned */
+  float *ht;       /* [B, H, Dk, Dv] fp32 final state, or NULL (LASP-2: last rank only) */
+  float scale;     /* sigma in o_t = sigma q_t S_t; 0 for Dk^-1/2 */
+  uint32_t reserved; /* 0 */
+} lasp_forward_args;
+
+#if defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+_Static_assert(sizeof(lasp_runtime_options) == 32, "lasp_runtime_options layout");
+_Static_assert(sizeof(lasp_place) == 16, "lasp_place layout");
+_Static_assert(sizeof(lasp_unique_id) == 128, "lasp_unique_id layout");
+_Static_assert(sizeof(lasp_forward_args) == 104, "lasp_forward_args layout");
+#elif defined(__cplusplus)
+static_assert(sizeof(lasp_runtime_options) == 32, "lasp_runtime_options layout");
+static_assert(sizeof(lasp_place) == 16, "lasp_place layout");
+static_assert(sizeof(lasp_unique_id) == 128, "lasp_unique_id layout");
+static_assert(sizeof(lasp_forward_args) == 104, "lasp_forward_args layout");
+#endif
+
+/* LASP_SHMEM_ABI_VERSION of the library. */
+uint32_t lasp_abi_version(void);
+
+/* The message of this thread's last call that failed ("" if none); valid until its next
+ * failing call. */
+const char *lasp_last_error(void);
+
+/* Runtime. options may be NULL (every default). */
+lasp_status lasp_unique_id_create(const lasp_runtime_options *options, const lasp_place *place,
+                                  lasp_unique_id *id); /* rank 0 only, before any init */
+lasp_status lasp_runtime_init(const lasp_runtime_options *options, const lasp_place *place,
+                              const lasp_unique_id *id, lasp_runtime **runtime); /* collective */
+lasp_status lasp_runtime_init_from_env(const lasp_runtime_options *options,
+                                       lasp_runtime **runtime); /* collective */
+lasp_status lasp_runtime_place(const lasp_runtime *runtime, lasp_place *place);
+/* Collective; fails (and the handle stays valid) while an operation handle is alive. */
+lasp_status lasp_runtime_shutdown(lasp_runtime *runtime);
+
+/* LASP-2 forward across the ranks. */
+lasp_status lasp_lasp2_symmetric_bytes(int64_t batch, int64_t heads, int64_t dk, int64_t dv,
+                                       int32_t world_size, uint64_t *bytes);
+lasp_status lasp_lasp2_create(const lasp_runtime *runtime, int64_t batch, int64_t heads,
+                              int64_t dk, int64_t dv, int32_t mode,
+                              lasp_lasp2 **op); /* collective */
+lasp_status lasp_lasp2_set_mode(lasp_lasp2 *op, int32_t mode); /* collective */
+lasp_status lasp_lasp2_forward(lasp_lasp2 *op, lasp_stream stream, const lasp_forward_args *args);
+/* Synchronises stream; LASP_ERROR_PEER_TIMEOUT if a wait of an earlier call expired. */
+lasp_status lasp_lasp2_finish(lasp_lasp2 *op, lasp_stream stream);
+lasp_status lasp_lasp2_note_replayed_calls(lasp_lasp2 *op, uint64_t calls);
+lasp_status lasp_lasp2_free(lasp_lasp2 *op); /* collective */
+
+/* The same forward on one GPU (whole sequences, no exchange). */
+lasp_status lasp_scalar_decay_create(const lasp_runtime *runtime, lasp_scalar_decay **op);
+lasp_status lasp_scalar_decay_forward(lasp_scalar_decay *op, lasp_stream stream,
+                                      const lasp_forward_args *args);
+lasp_status lasp_scalar_decay_free(lasp_scalar_decay *op);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LASP_SHMEM_H */

@@ -1,0 +1,831 @@
+//! The C ABI (`core/include/lasp_shmem.h`): the runtime and the forward operations for a C,
+//! C++ or PyTorch caller that brings its own launcher, streams and device pointers.
+//!
+//! A trainer started by torchrun already runs its own rendezvous on `MASTER_PORT`, so the
+//! library does not bootstrap by itself there: rank 0 makes a unique id
+//! ([`lasp_unique_id_create`]), the trainer hands it to every rank with its own collective
+//! (`torch.distributed.broadcast`), and every rank initialises with it ([`lasp_runtime_init`]).
+//! Programs started by lasp-run, mpirun or nvshmrun use [`lasp_runtime_init_from_env`].
+//!
+//! Every entry point returns a status ([`status`]); the message of a failure is
+//! [`status::lasp_last_error`]. Raw pointers are checked before use: handles and out-pointers
+//! for NULL, device pointers against the driver's record of their allocation ([`memory`]),
+//! streams against the runtime's context. A handle may be used from any thread; calls on one
+//! handle are serialised by a lock.
+
+pub mod memory;
+pub mod status;
+
+use crate::error::{Error, Result};
+use crate::launch_env::{LaunchEnv, Rendezvous};
+use crate::ops::lasp2::{ExchangeMode, Lasp2Forward, Lasp2Layout};
+use crate::ops::scalar_decay::{ForwardArgs, ForwardShape, ScalarDecayForward};
+use crate::ops::{bf16, DeviceMut, DeviceRef};
+use crate::rendezvous::ID_BYTES;
+use crate::runtime::{Config, Runtime};
+use cudarc::driver::{sys, CudaStream};
+use status::{run, Status};
+use std::ffi::{c_char, c_void, CStr};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// `LASP_SHMEM_ABI_VERSION`: bumped whenever a struct or a signature of the header changes.
+pub const ABI_VERSION: u32 = 1;
+
+/// `lasp_runtime_options`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct RuntimeOptions {
+    /// `LASP_SHMEM_ABI_VERSION` of the header the caller was compiled with.
+    pub abi_version: u32,
+    pub reserved: u32,
+    /// Symmetric memory the program will allocate (0: 256 MiB); see
+    /// [`lasp_lasp2_symmetric_bytes`].
+    pub symmetric_heap_bytes: u64,
+    /// Bound on every wait on another GPU (0: `LASP_WAIT_TIMEOUT_MS`, else 10 s).
+    pub wait_timeout_ms: u64,
+    /// An explicit `libnvshmem_host.so.3` (NULL: `NVSHMEM_HOME`, else the usual places).
+    pub nvshmem_library: *const c_char,
+}
+
+/// `lasp_place`: this process's place in the job, as torchrun's variables give it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Place {
+    pub rank: i32,
+    pub world_size: i32,
+    /// Selects the GPU (the ordinal among the visible GPUs).
+    pub local_rank: i32,
+    pub local_world_size: i32,
+}
+
+/// `lasp_unique_id`: NVSHMEM's bootstrap id, plain bytes to broadcast.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct UniqueId {
+    pub bytes: [u8; ID_BYTES],
+}
+
+/// `lasp_forward_args`: one call's tensors in fla's layout, contiguous.
+#[repr(C)]
+#[derive(Debug)]
+pub struct ForwardArgsC {
+    pub batch: i64,
+    /// This rank's tokens per sequence (LASP-2: its shard; ranks may differ).
+    pub tokens: i64,
+    pub heads: i64,
+    pub dk: i64,
+    pub dv: i64,
+    /// `[B, T, H, Dk]` bf16.
+    pub q: *const c_void,
+    /// `[B, T, H, Dk]` bf16.
+    pub k: *const c_void,
+    /// `[B, T, H, Dv]` bf16.
+    pub v: *const c_void,
+    /// `[B, T, H]` fp32 log-decays, finite and `<= 0`.
+    pub g: *const f32,
+    /// `[B, H, Dk, Dv]` fp32 initial state, or NULL for zero.
+    pub h0: *const f32,
+    /// `[B, T, H, Dv]` bf16 output.
+    pub o: *mut c_void,
+    /// `[B, H, Dk, Dv]` fp32 final state, or NULL (LASP-2: the last rank only).
+    pub ht: *mut f32,
+    /// `sigma` in `o_t = sigma q_t S_t`; 0 for `Dk^-1/2`.
+    pub scale: f32,
+    pub reserved: u32,
+}
+
+/// `lasp_runtime`.
+pub struct RuntimeHandle {
+    runtime: Runtime,
+}
+
+/// `lasp_lasp2`.
+pub struct Lasp2Handle {
+    runtime: Runtime,
+    op: Mutex<Lasp2Forward>,
+}
+
+/// `lasp_scalar_decay`.
+pub struct ScalarDecayHandle {
+    runtime: Runtime,
+    op: Mutex<ScalarDecayForward>,
+}
+
+fn invalid(msg: String) -> Error {
+    Error::InvalidArgument(msg)
+}
+
+/// `*ptr` for a pointer the caller passed, or an error naming the argument.
+///
+/// # Safety
+/// A non-NULL `ptr` must point at a live, properly aligned `T` for `'a`.
+unsafe fn arg<'a, T>(ptr: *const T, name: &str) -> Result<&'a T> {
+    // SAFETY: the caller's contract.
+    unsafe { ptr.as_ref() }.ok_or_else(|| invalid(format!("{name} is NULL")))
+}
+
+/// Writes `value` to an out-pointer the caller passed.
+///
+/// # Safety
+/// A non-NULL `ptr` must point at writable memory for a `T`.
+unsafe fn put<T>(ptr: *mut T, name: &str, value: T) -> Result<()> {
+    if ptr.is_null() {
+        return Err(invalid(format!(
+            "{name} is NULL; pass where to store the result"
+        )));
+    }
+    // SAFETY: the caller's contract; `write` does not drop the uninitialised old value.
+    unsafe { ptr.write(value) };
+    Ok(())
+}
+
+/// The runtime settings of `options` (NULL: every default).
+///
+/// # Safety
+/// `options` is NULL or points at a `lasp_runtime_options` whose `nvshmem_library` is NULL or
+/// a NUL-terminated string.
+unsafe fn config_of(options: *const RuntimeOptions) -> Result<Config> {
+    let mut config = Config::default();
+    // SAFETY: the caller's contract.
+    let Some(o) = (unsafe { options.as_ref() }) else {
+        return Ok(config);
+    };
+    if o.abi_version != ABI_VERSION {
+        return Err(invalid(format!(
+            "options.abi_version is {} but this library implements ABI {ABI_VERSION}; set it to \
+             LASP_SHMEM_ABI_VERSION and compile against the lasp_shmem.h of this library",
+            o.abi_version
+        )));
+    }
+    if o.symmetric_heap_bytes > 0 {
+        config.symmetric_heap_bytes = usize::try_from(o.symmetric_heap_bytes)
+            .map_err(|_| invalid("options.symmetric_heap_bytes does not fit".into()))?;
+    }
+    if o.wait_timeout_ms > 0 {
+        config.wait_timeout = Duration::from_millis(o.wait_timeout_ms);
+    }
+    if !o.nvshmem_library.is_null() {
+        // SAFETY: the caller's contract.
+        let path = unsafe { CStr::from_ptr(o.nvshmem_library) };
+        let path = path.to_str().map_err(|_| {
+            invalid("options.nvshmem_library is not UTF-8; pass the library's path".into())
+        })?;
+        config.nvshmem_library = Some(PathBuf::from(path));
+    }
+    Ok(config)
+}
+
+fn launch_env(place: &Place, rendezvous: Rendezvous) -> Result<LaunchEnv> {
+    let count = |name: &str, v: i32| {
+        usize::try_from(v).map_err(|_| invalid(format!("place.{name} = {v} is negative")))
+    };
+    LaunchEnv::explicit(
+        count("rank", place.rank)?,
+        count("world_size", place.world_size)?,
+        count("local_rank", place.local_rank)?,
+        count("local_world_size", place.local_world_size)?,
+        rendezvous,
+    )
+}
+
+/// The caller's stream, checked to belong to the runtime's context.
+fn borrowed_stream(runtime: &Runtime, stream: sys::CUstream) -> Result<Arc<CudaStream>> {
+    let ctx = runtime.context();
+    ctx.bind_to_thread()?;
+    let mut owner: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: writes one CUcontext; an invalid stream handle is reported, not dereferenced
+    // (the driver validates handles it was given).
+    let rc = unsafe { sys::cuStreamGetCtx(stream, &mut owner) };
+    if rc != sys::CUresult::CUDA_SUCCESS {
+        return Err(invalid(format!(
+            "stream {stream:p} is not a CUDA stream the driver knows ({rc:?}); pass a stream of \
+             GPU {} (torch.cuda.current_stream().cuda_stream)",
+            ctx.ordinal()
+        )));
+    }
+    if owner != ctx.cu_ctx() {
+        return Err(invalid(format!(
+            "stream {stream:p} belongs to another CUDA context than the runtime's (the primary \
+             context of GPU {}); create the stream on that GPU",
+            ctx.ordinal()
+        )));
+    }
+    // SAFETY: the stream belongs to this context (checked above); the caller keeps it alive
+    // during the call and orders its own work on it, which is the ABI's contract.
+    Ok(unsafe { ctx.wrap_borrowed_stream(stream) })
+}
+
+/// The validated views of one call's tensors.
+///
+/// # Safety
+/// The pointers of `a` stay valid until the enqueued kernels complete (the ABI's contract); the
+/// checks here make sure they are GPU memory of this device, long enough for the shape.
+unsafe fn device_views<'a>(a: &ForwardArgsC, ordinal: usize) -> Result<ForwardArgs<'a>> {
+    let dim = |name: &str, v: i64| {
+        usize::try_from(v).map_err(|_| invalid(format!("args.{name} = {v} is negative")))
+    };
+    let shape = ForwardShape {
+        b: dim("batch", a.batch)?,
+        t: dim("tokens", a.tokens)?,
+        h: dim("heads", a.heads)?,
+        dk: dim("dk", a.dk)?,
+        dv: dim("dv", a.dv)?,
+    };
+    shape.validate()?;
+    let check = |name: &str, what: &str, ptr: u64, elems: usize, elem_bytes: usize| {
+        memory::check_device_range(name, what, ptr, (elems * elem_bytes) as u64, ordinal)
+    };
+    let (qk, v, gates, state) = (
+        shape.qk_len(),
+        shape.v_len(),
+        shape.gate_len(),
+        shape.state_len(),
+    );
+    check("q", "[B, T, H, Dk] bf16", a.q as u64, qk, 2)?;
+    check("k", "[B, T, H, Dk] bf16", a.k as u64, qk, 2)?;
+    check("v", "[B, T, H, Dv] bf16", a.v as u64, v, 2)?;
+    check("g", "[B, T, H] fp32", a.g as u64, gates, 4)?;
+    check("o", "[B, T, H, Dv] bf16", a.o as u64, v, 2)?;
+    if !a.h0.is_null() {
+        check("h0", "[B, H, Dk, Dv] fp32", a.h0 as u64, state, 4)?;
+    }
+    if !a.ht.is_null() {
+        check("ht", "[B, H, Dk, Dv] fp32", a.ht as u64, state, 4)?;
+    }
+    // SAFETY: each range is device memory of this GPU holding the elements (checked above);
+    // validity until completion and the absence of concurrent writers are the caller's.
+    Ok(unsafe {
+        ForwardArgs {
+            shape,
+            q: DeviceRef::<bf16>::from_raw(a.q as u64, qk),
+            k: DeviceRef::from_raw(a.k as u64, qk),
+            v: DeviceRef::from_raw(a.v as u64, v),
+            g: DeviceRef::from_raw(a.g as u64, gates),
+            h0: (!a.h0.is_null()).then(|| DeviceRef::from_raw(a.h0 as u64, state)),
+            o: DeviceMut::from_raw(a.o as u64, v),
+            ht: (!a.ht.is_null()).then(|| DeviceMut::from_raw(a.ht as u64, state)),
+            scale: (a.scale != 0.0).then_some(a.scale),
+        }
+    })
+}
+
+fn exchange_mode(mode: i32) -> Result<ExchangeMode> {
+    match mode {
+        0 => Ok(ExchangeMode::Overlapped),
+        1 => Ok(ExchangeMode::SequentialNccl),
+        2 => Ok(ExchangeMode::SequentialNvshmem),
+        3 => Ok(ExchangeMode::NoComm),
+        other => Err(invalid(format!(
+            "exchange mode {other} is not one of LASP_MODE_OVERLAPPED (0), \
+             LASP_MODE_SEQUENTIAL_NCCL (1), LASP_MODE_SEQUENTIAL_NVSHMEM (2), LASP_MODE_NO_COMM (3)"
+        ))),
+    }
+}
+
+fn layout(b: i64, h: i64, dk: i64, dv: i64) -> Result<Lasp2Layout> {
+    let dim = |name: &str, v: i64| {
+        usize::try_from(v).map_err(|_| invalid(format!("{name} = {v} is negative")))
+    };
+    let layout = Lasp2Layout {
+        b: dim("batch", b)?,
+        h: dim("heads", h)?,
+        dk: dim("dk", dk)?,
+        dv: dim("dv", dv)?,
+    };
+    ForwardShape {
+        b: layout.b,
+        t: 1,
+        h: layout.h,
+        dk: layout.dk,
+        dv: layout.dv,
+    }
+    .validate()?;
+    Ok(layout)
+}
+
+fn lock<T>(m: &Mutex<T>) -> Result<std::sync::MutexGuard<'_, T>> {
+    m.lock().map_err(|_| {
+        Error::State(
+            "an earlier call on this handle failed inside the library (a bug); free the handle \
+             and create a new one"
+                .into(),
+        )
+    })
+}
+
+/// `LASP_SHMEM_ABI_VERSION` of this library.
+#[no_mangle]
+pub extern "C" fn lasp_abi_version() -> u32 {
+    ABI_VERSION
+}
+
+/// Rank 0 of a job the caller bootstraps: makes the id every rank passes to
+/// [`lasp_runtime_init`]. Call it before any rank initialises, with rank 0's options and place.
+///
+/// # Safety
+/// `options` is NULL or valid; `place` and `id` point at valid structs.
+#[no_mangle]
+pub unsafe extern "C" fn lasp_unique_id_create(
+    options: *const RuntimeOptions,
+    place: *const Place,
+    id: *mut UniqueId,
+) -> Status {
+    run(|| {
+        // SAFETY: the caller's contract.
+        let (config, place) = unsafe { (config_of(options)?, arg(place, "place")?) };
+        let env = launch_env(place, Rendezvous::Alone)?;
+        if env.rank != 0 {
+            return Err(Error::Launch(format!(
+                "rank {} asked for the unique id; only rank 0 makes it, the others receive it \
+                 from rank 0 (torch.distributed.broadcast)",
+                env.rank
+            )));
+        }
+        let bytes = Runtime::create_unique_id(&config, env.single_node())?;
+        // SAFETY: the caller's contract.
+        unsafe { put(id, "id", UniqueId { bytes }) }
+    })
+}
+
+/// Initialises the runtime on every rank with rank 0's id (collective).
+///
+/// # Safety
+/// `options` is NULL or valid; `place`, `id` and `runtime` point at valid structs.
+#[no_mangle]
+pub unsafe extern "C" fn lasp_runtime_init(
+    options: *const RuntimeOptions,
+    place: *const Place,
+    id: *const UniqueId,
+    runtime: *mut *mut RuntimeHandle,
+) -> Status {
+    run(|| {
+        if runtime.is_null() {
+            return Err(invalid(
+                "runtime is NULL; pass where to store the handle".into(),
+            ));
+        }
+        // SAFETY: the caller's contract.
+        let (config, place, id) =
+            unsafe { (config_of(options)?, arg(place, "place")?, arg(id, "id")?) };
+        let env = launch_env(place, Rendezvous::Given(id.bytes))?;
+        let handle = Box::new(RuntimeHandle {
+            runtime: Runtime::init_with(config, env)?,
+        });
+        // SAFETY: checked non-NULL above; the caller's contract.
+        unsafe { put(runtime, "runtime", Box::into_raw(handle)) }
+    })
+}
+
+/// Initialises the runtime from the launch environment (lasp-run, mpirun, nvshmrun, or
+/// torchrun's variables when no other library serves `MASTER_PORT`). Collective.
+///
+/// # Safety
+/// `options` is NULL or valid; `runtime` points at writable memory.
+#[no_mangle]
+pub unsafe extern "C" fn lasp_runtime_init_from_env(
+    options: *const RuntimeOptions,
+    runtime: *mut *mut RuntimeHandle,
+) -> Status {
+    run(|| {
+        if runtime.is_null() {
+            return Err(invalid(
+                "runtime is NULL; pass where to store the handle".into(),
+            ));
+        }
+        // SAFETY: the caller's contract.
+        let config = unsafe { config_of(options)? };
+        let handle = Box::new(RuntimeHandle {
+            runtime: Runtime::init(config)?,
+        });
+        // SAFETY: checked non-NULL above; the caller's contract.
+        unsafe { put(runtime, "runtime", Box::into_raw(handle)) }
+    })
+}
+
+/// This process's place: rank (= PE), world size, local rank (its GPU), ranks on its node.
+///
+/// # Safety
+/// `runtime` is a live handle; `place` points at writable memory.
+#[no_mangle]
+pub unsafe extern "C" fn lasp_runtime_place(
+    runtime: *const RuntimeHandle,
+    place: *mut Place,
+) -> Status {
+    run(|| {
+        // SAFETY: the caller's contract.
+        let env = unsafe { arg(runtime, "runtime")? }.runtime.launch_env();
+        let value = Place {
+            rank: env.rank as i32,
+            world_size: env.world_size as i32,
+            local_rank: env.local_rank as i32,
+            local_world_size: env.local_world_size as i32,
+        };
+        // SAFETY: the caller's contract.
+        unsafe { put(place, "place", value) }
+    })
+}
+
+/// Collective shutdown: frees the runtime and finalizes NVSHMEM. Every operation handle must
+/// be freed first; if one is alive the call fails and `runtime` stays valid.
+///
+/// # Safety
+/// `runtime` is a live handle, not used again after `LASP_OK`.
+#[no_mangle]
+pub unsafe extern "C" fn lasp_runtime_shutdown(runtime: *mut RuntimeHandle) -> Status {
+    run(|| {
+        // SAFETY: the caller's contract.
+        let handle = unsafe { arg(runtime, "runtime")? };
+        let others = Arc::strong_count(&handle.runtime.inner) - 1;
+        if others > 0 {
+            return Err(Error::State(format!(
+                "{others} operation handles (or buffers) still use the runtime; free them on \
+                 every rank (lasp_lasp2_free, lasp_scalar_decay_free) before the shutdown"
+            )));
+        }
+        // SAFETY: a live handle from Box::into_raw, owned by the caller until now.
+        let handle = unsafe { Box::from_raw(runtime) };
+        handle.runtime.shutdown()
+    })
+}
+
+/// Symmetric bytes one LASP-2 operation of this layout allocates per rank, to size
+/// `options.symmetric_heap_bytes` before init.
+///
+/// # Safety
+/// `bytes` points at writable memory.
+#[no_mangle]
+pub unsafe extern "C" fn lasp_lasp2_symmetric_bytes(
+    batch: i64,
+    heads: i64,
+    dk: i64,
+    dv: i64,
+    world_size: i32,
+    bytes: *mut u64,
+) -> Status {
+    run(|| {
+        let layout = layout(batch, heads, dk, dv)?;
+        let npes = usize::try_from(world_size)
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| invalid(format!("world_size = {world_size} must be at least 1")))?;
+        // SAFETY: the caller's contract.
+        unsafe { put(bytes, "bytes", layout.symmetric_bytes(npes) as u64) }
+    })
+}
+
+/// Creates the LASP-2 forward of one layout (collective: every rank passes the same B, H, Dk,
+/// Dv and mode, or every rank gets an error naming the ranks that differ).
+///
+/// # Safety
+/// `runtime` is a live handle; `op` points at writable memory.
+#[no_mangle]
+pub unsafe extern "C" fn lasp_lasp2_create(
+    runtime: *const RuntimeHandle,
+    batch: i64,
+    heads: i64,
+    dk: i64,
+    dv: i64,
+    mode: i32,
+    op: *mut *mut Lasp2Handle,
+) -> Status {
+    run(|| {
+        if op.is_null() {
+            return Err(invalid("op is NULL; pass where to store the handle".into()));
+        }
+        // SAFETY: the caller's contract.
+        let runtime = unsafe { arg(runtime, "runtime")? }.runtime.clone();
+        let (layout, mode) = (layout(batch, heads, dk, dv)?, exchange_mode(mode)?);
+        runtime.context().bind_to_thread()?;
+        let forward = Lasp2Forward::new(&runtime, layout, mode)?;
+        let handle = Box::new(Lasp2Handle {
+            runtime,
+            op: Mutex::new(forward),
+        });
+        // SAFETY: checked non-NULL above.
+        unsafe { put(op, "op", Box::into_raw(handle)) }
+    })
+}
+
+/// Switches every rank to another exchange mode (collective).
+///
+/// # Safety
+/// `op` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn lasp_lasp2_set_mode(op: *const Lasp2Handle, mode: i32) -> Status {
+    run(|| {
+        // SAFETY: the caller's contract.
+        let handle = unsafe { arg(op, "op")? };
+        let mode = exchange_mode(mode)?;
+        handle.runtime.context().bind_to_thread()?;
+        lock(&handle.op)?.set_mode(mode)
+    })
+}
+
+/// Enqueues one LASP-2 forward of this rank's shard on `stream` (not collective; in the
+/// overlapped mode the ranks meet only through device signals). Every argument is checked
+/// before anything is enqueued.
+///
+/// # Safety
+/// `op` is a live handle; `args` points at a valid struct whose tensors stay valid, and are
+/// not written by anything else, until the call completes on `stream`.
+#[no_mangle]
+pub unsafe extern "C" fn lasp_lasp2_forward(
+    op: *const Lasp2Handle,
+    stream: sys::CUstream,
+    args: *const ForwardArgsC,
+) -> Status {
+    run(|| {
+        // SAFETY: the caller's contract.
+        let (handle, args) = unsafe { (arg(op, "op")?, arg(args, "args")?) };
+        let stream = borrowed_stream(&handle.runtime, stream)?;
+        // SAFETY: the caller's contract covers the tensors' lifetime.
+        let views = unsafe { device_views(args, handle.runtime.context().ordinal())? };
+        lock(&handle.op)?.forward(&stream, views)
+    })
+}
+
+/// Waits for `stream` and returns `LASP_ERROR_PEER_TIMEOUT`, naming the rank that never sent,
+/// the slot and the epoch, if a wait of an earlier call expired.
+///
+/// # Safety
+/// `op` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn lasp_lasp2_finish(
+    op: *const Lasp2Handle,
+    stream: sys::CUstream,
+) -> Status {
+    run(|| {
+        // SAFETY: the caller's contract.
+        let handle = unsafe { arg(op, "op")? };
+        let stream = borrowed_stream(&handle.runtime, stream)?;
+        lock(&handle.op)?.finish(&stream)
+    })
+}
+
+/// Tells the operation that a captured CUDA graph holding one call was replayed `calls` times
+/// (the sequential modes pick their slot half on the host).
+///
+/// # Safety
+/// `op` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn lasp_lasp2_note_replayed_calls(
+    op: *const Lasp2Handle,
+    calls: u64,
+) -> Status {
+    run(|| {
+        // SAFETY: the caller's contract.
+        let handle = unsafe { arg(op, "op")? };
+        lock(&handle.op)?.note_replayed_calls(calls);
+        Ok(())
+    })
+}
+
+/// Frees the operation (collective: its symmetric buffers are freed on every rank).
+///
+/// # Safety
+/// `op` is a live handle, not used again afterwards (whatever the status).
+#[no_mangle]
+pub unsafe extern "C" fn lasp_lasp2_free(op: *mut Lasp2Handle) -> Status {
+    run(|| {
+        if op.is_null() {
+            return Err(invalid("op is NULL".into()));
+        }
+        // SAFETY: a live handle from Box::into_raw; the caller gives it up.
+        let handle = unsafe { Box::from_raw(op) };
+        handle.runtime.context().bind_to_thread()?;
+        let forward = handle.op.into_inner().map_err(|_| {
+            Error::State("the operation was poisoned by an internal error; its buffers leak".into())
+        })?;
+        forward.free()
+    })
+}
+
+/// Creates the single-GPU scalar-decay forward (not collective).
+///
+/// # Safety
+/// `runtime` is a live handle; `op` points at writable memory.
+#[no_mangle]
+pub unsafe extern "C" fn lasp_scalar_decay_create(
+    runtime: *const RuntimeHandle,
+    op: *mut *mut ScalarDecayHandle,
+) -> Status {
+    run(|| {
+        if op.is_null() {
+            return Err(invalid("op is NULL; pass where to store the handle".into()));
+        }
+        // SAFETY: the caller's contract.
+        let runtime = unsafe { arg(runtime, "runtime")? }.runtime.clone();
+        runtime.context().bind_to_thread()?;
+        let forward = ScalarDecayForward::new(&runtime)?;
+        let handle = Box::new(ScalarDecayHandle {
+            runtime,
+            op: Mutex::new(forward),
+        });
+        // SAFETY: checked non-NULL above.
+        unsafe { put(op, "op", Box::into_raw(handle)) }
+    })
+}
+
+/// Enqueues the chunkwise forward of one GPU's whole sequences on `stream`.
+///
+/// # Safety
+/// As [`lasp_lasp2_forward`].
+#[no_mangle]
+pub unsafe extern "C" fn lasp_scalar_decay_forward(
+    op: *const ScalarDecayHandle,
+    stream: sys::CUstream,
+    args: *const ForwardArgsC,
+) -> Status {
+    run(|| {
+        // SAFETY: the caller's contract.
+        let (handle, args) = unsafe { (arg(op, "op")?, arg(args, "args")?) };
+        let stream = borrowed_stream(&handle.runtime, stream)?;
+        // SAFETY: the caller's contract covers the tensors' lifetime.
+        let views = unsafe { device_views(args, handle.runtime.context().ordinal())? };
+        lock(&handle.op)?.launch(&stream, views).map(|_plan| ())
+    })
+}
+
+/// Frees the operation (after the GPU has finished with its workspace).
+///
+/// # Safety
+/// `op` is a live handle, not used again afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn lasp_scalar_decay_free(op: *mut ScalarDecayHandle) -> Status {
+    run(|| {
+        if op.is_null() {
+            return Err(invalid("op is NULL".into()));
+        }
+        // SAFETY: a live handle from Box::into_raw; the caller gives it up.
+        let handle = unsafe { Box::from_raw(op) };
+        handle.runtime.context().bind_to_thread()?;
+        drop(handle);
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::status::*;
+    use super::*;
+    use std::collections::BTreeSet;
+    use std::mem::{offset_of, size_of};
+
+    const HEADER: &str = include_str!("../../include/lasp_shmem.h");
+
+    /// `#define NAME VALUE` lines of the header (VALUE without a `u` suffix).
+    fn header_define(name: &str) -> u32 {
+        HEADER
+            .lines()
+            .filter_map(|l| l.strip_prefix("#define "))
+            .find_map(|l| {
+                let mut words = l.split_whitespace();
+                (words.next() == Some(name)).then(|| words.next().expect("a value"))
+            })
+            .unwrap_or_else(|| panic!("{name} is not defined in lasp_shmem.h"))
+            .trim_end_matches('u')
+            .parse()
+            .expect("a number")
+    }
+
+    #[test]
+    fn structs_have_the_layout_the_header_asserts() {
+        assert_eq!(size_of::<RuntimeOptions>(), 32);
+        assert_eq!(offset_of!(RuntimeOptions, symmetric_heap_bytes), 8);
+        assert_eq!(offset_of!(RuntimeOptions, nvshmem_library), 24);
+        assert_eq!(size_of::<Place>(), 16);
+        assert_eq!(size_of::<UniqueId>(), 128);
+        assert_eq!(size_of::<ForwardArgsC>(), 104);
+        assert_eq!(offset_of!(ForwardArgsC, q), 40);
+        assert_eq!(offset_of!(ForwardArgsC, ht), 88);
+        assert_eq!(offset_of!(ForwardArgsC, scale), 96);
+        for (name, size) in [
+            ("lasp_runtime_options", 32),
+            ("lasp_place", 16),
+            ("lasp_unique_id", 128),
+            ("lasp_forward_args", 104),
+        ] {
+            let assertion = format!("_Static_assert(sizeof({name}) == {size},");
+            assert!(HEADER.contains(&assertion), "the header lacks {assertion}");
+        }
+    }
+
+    #[test]
+    fn the_header_defines_the_codes_and_modes_of_the_library() {
+        assert_eq!(header_define("LASP_SHMEM_ABI_VERSION"), ABI_VERSION);
+        for (name, code) in [
+            ("LASP_OK", LASP_OK),
+            ("LASP_ERROR_INVALID_ARGUMENT", LASP_ERROR_INVALID_ARGUMENT),
+            ("LASP_ERROR_LAUNCH", LASP_ERROR_LAUNCH),
+            ("LASP_ERROR_CUDA", LASP_ERROR_CUDA),
+            ("LASP_ERROR_NVSHMEM", LASP_ERROR_NVSHMEM),
+            ("LASP_ERROR_PEER_TIMEOUT", LASP_ERROR_PEER_TIMEOUT),
+            ("LASP_ERROR_STATE", LASP_ERROR_STATE),
+            ("LASP_ERROR_INTERNAL", LASP_ERROR_INTERNAL),
+        ] {
+            assert_eq!(header_define(name) as Status, code, "{name}");
+        }
+        for (name, mode) in [
+            ("LASP_MODE_OVERLAPPED", ExchangeMode::Overlapped),
+            ("LASP_MODE_SEQUENTIAL_NCCL", ExchangeMode::SequentialNccl),
+            (
+                "LASP_MODE_SEQUENTIAL_NVSHMEM",
+                ExchangeMode::SequentialNvshmem,
+            ),
+            ("LASP_MODE_NO_COMM", ExchangeMode::NoComm),
+        ] {
+            assert_eq!(
+                exchange_mode(header_define(name) as i32).unwrap(),
+                mode,
+                "{name}"
+            );
+        }
+        assert!(exchange_mode(4).is_err() && exchange_mode(-1).is_err());
+    }
+
+    #[test]
+    fn the_header_declares_exactly_the_exported_functions() {
+        let sources = [include_str!("mod.rs"), include_str!("status.rs")];
+        let exported: BTreeSet<&str> = sources
+            .iter()
+            .flat_map(|s| s.split("extern \"C\" fn ").skip(1))
+            .map(|rest| rest.split('(').next().expect("a name"))
+            .collect();
+        // The identifier before each '(' of the header, where it names a lasp_ function.
+        let declared: BTreeSet<&str> = HEADER
+            .split('(')
+            .filter_map(|before| {
+                before
+                    .rsplit(|c: char| !(c.is_alphanumeric() || c == '_'))
+                    .next()
+            })
+            .filter(|w| w.starts_with("lasp_"))
+            .collect();
+        assert_eq!(exported, declared);
+        assert_eq!(exported.len(), 17);
+    }
+
+    #[test]
+    fn options_are_read_and_checked() {
+        assert_eq!(
+            unsafe { config_of(std::ptr::null()) }
+                .unwrap()
+                .symmetric_heap_bytes,
+            256 << 20
+        );
+        let library = c"/opt/nvshmem/lib/libnvshmem_host.so.3";
+        let options = RuntimeOptions {
+            abi_version: ABI_VERSION,
+            reserved: 0,
+            symmetric_heap_bytes: 1 << 30,
+            wait_timeout_ms: 2500,
+            nvshmem_library: library.as_ptr(),
+        };
+        // SAFETY: a valid struct with a NUL-terminated path.
+        let config = unsafe { config_of(&options) }.unwrap();
+        assert_eq!(config.symmetric_heap_bytes, 1 << 30);
+        assert_eq!(config.wait_timeout, Duration::from_millis(2500));
+        assert_eq!(
+            config.nvshmem_library.unwrap(),
+            PathBuf::from("/opt/nvshmem/lib/libnvshmem_host.so.3")
+        );
+        let stale = RuntimeOptions {
+            abi_version: 0,
+            ..options
+        };
+        // SAFETY: as above.
+        let msg = unsafe { config_of(&stale) }.unwrap_err().to_string();
+        assert!(
+            msg.contains("abi_version is 0 but this library implements ABI 1"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn forward_arguments_are_checked_before_the_driver_is_asked() {
+        let args = |dk: i64, tokens: i64| ForwardArgsC {
+            batch: 1,
+            tokens,
+            heads: 2,
+            dk,
+            dv: 64,
+            q: std::ptr::null(),
+            k: std::ptr::null(),
+            v: std::ptr::null(),
+            g: std::ptr::null(),
+            h0: std::ptr::null(),
+            o: std::ptr::null_mut(),
+            ht: std::ptr::null_mut(),
+            scale: 0.0,
+            reserved: 0,
+        };
+        // SAFETY: only the shape and NULL pointers are looked at: no device memory is touched.
+        let msg = |a: ForwardArgsC| unsafe { device_views(&a, 0) }.unwrap_err().to_string();
+        assert!(msg(args(128, -1)).contains("args.tokens = -1 is negative"));
+        assert!(msg(args(32, 8)).contains("Dk = 32 is not supported"));
+        assert!(msg(args(64, 0)).contains("B, T and H must be at least 1"));
+        assert!(msg(args(64, 8)).starts_with("q is NULL; pass the device pointer"));
+    }
+}
