@@ -11,7 +11,8 @@ use cudarc::nccl::{result, sys};
 use std::ffi::c_void;
 use std::sync::Arc;
 
-/// An NCCL communicator whose collectives run on one stream.
+/// An NCCL communicator. The all-gather runs on the stream its caller orders it on; the small
+/// host-value collectives on the stream given at creation.
 pub struct NcclComm {
     raw: sys::ncclComm_t,
     stream: Arc<CudaStream>,
@@ -20,7 +21,7 @@ pub struct NcclComm {
 }
 
 // SAFETY: an NCCL communicator may be used from any thread, one call at a time (&self methods
-// only enqueue work on the owned stream).
+// only enqueue work on streams of the communicator's context).
 unsafe impl Send for NcclComm {}
 
 fn nccl_error(call: &str, e: result::NcclError) -> Error {
@@ -63,12 +64,18 @@ impl NcclComm {
     }
 
     /// In-place all-gather of `bytes` per rank in the device range starting at `base`
-    /// (`[nranks][bytes]`; this rank's block is the source).
+    /// (`[nranks][bytes]`; this rank's block is the source), enqueued on `stream` (a stream of
+    /// the communicator's context), after the work already there.
     ///
     /// # Safety
     /// `base .. base + nranks * bytes` must be device memory of this context that stays valid,
-    /// and is not otherwise accessed, until the collective completes on the stream.
-    pub unsafe fn all_gather_in_place(&self, base: u64, bytes: usize) -> Result<()> {
+    /// and is not otherwise accessed, until the collective completes on `stream`.
+    pub unsafe fn all_gather_in_place(
+        &self,
+        stream: &CudaStream,
+        base: u64,
+        bytes: usize,
+    ) -> Result<()> {
         let send = base + (self.rank * bytes) as u64;
         result::all_gather(
             send as *const c_void,
@@ -76,7 +83,7 @@ impl NcclComm {
             bytes,
             sys::ncclDataType_t::ncclUint8,
             self.raw,
-            self.stream.cu_stream() as _,
+            stream.cu_stream() as _,
         )
         .map(|_| ())
         .map_err(|e| nccl_error("ncclAllGather", e))
@@ -90,7 +97,11 @@ impl NcclComm {
         // SAFETY: `buf` holds one f64 per rank of the communicator, in this context, and outlives
         // the synchronisation below.
         unsafe {
-            self.all_gather_in_place(buf.device_ptr(&self.stream).0, std::mem::size_of::<f64>())?;
+            self.all_gather_in_place(
+                &self.stream,
+                buf.device_ptr(&self.stream).0,
+                std::mem::size_of::<f64>(),
+            )?;
         }
         Ok(self.stream.clone_dtoh(&buf)?)
     }
@@ -118,8 +129,8 @@ impl NcclComm {
 
 impl Drop for NcclComm {
     fn drop(&mut self) {
-        // Pending collectives must finish before the communicator goes away.
-        let _ = self.stream.synchronize();
+        // Pending collectives, on whichever stream, must finish before the communicator goes.
+        let _ = self.stream.context().synchronize();
         // SAFETY: the handle came from ncclCommInitRank and is not used after this.
         let _ = unsafe { result::comm_destroy(self.raw) };
     }

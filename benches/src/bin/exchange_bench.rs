@@ -121,7 +121,7 @@ fn nccl_in_place_all_gather_us(
     let recv = stream.alloc_zeros::<u8>(bytes * rt.npes())?;
     let base = recv.device_ptr(stream).0;
     // SAFETY: `recv` holds npes blocks of `bytes` and outlives the timed calls.
-    let mut all_gather = || unsafe { comm.all_gather_in_place(base, bytes) };
+    let mut all_gather = || unsafe { comm.all_gather_in_place(stream, base, bytes) };
     let single = time_collective(rt, stream, &mut all_gather)?;
     let batched = batch
         .map(|rounds| time_batch(rt, stream, rounds, &mut all_gather))

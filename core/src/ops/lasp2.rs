@@ -517,6 +517,9 @@ impl Lasp2Forward {
         if self.mode == Some(mode) {
             return Ok(());
         }
+        // Calls still in flight on the caller's streams use the current mode's buffers and
+        // advance the epoch read below: let them finish first.
+        self.ctx.synchronize()?;
         let stream = self.runtime.stream().clone();
         let modes = self.runtime.all_gather_u64(mode.code())?;
         if let Some(p) = modes.iter().position(|&m| m != mode.code()) {
@@ -746,8 +749,9 @@ impl Lasp2Forward {
             ExchangeMode::Overlapped | ExchangeMode::NoComm => Ok(()),
             ExchangeMode::SequentialNccl => {
                 let comm = self.nccl.as_ref().expect("created by set_mode");
-                // SAFETY: the parity half of `slots`, [npes][bytes], owned by self.
-                unsafe { comm.all_gather_in_place(recv, bytes as usize) }
+                // SAFETY: the parity half of `slots`, [npes][bytes], owned by self; on the
+                // caller's stream, after this call's fold_puts.
+                unsafe { comm.all_gather_in_place(stream, recv, bytes as usize) }
             }
             ExchangeMode::SequentialNvshmem => {
                 // fcollect's source may not overlap its destination: stage this PE's block.

@@ -251,7 +251,9 @@ impl Shard {
 
 fn check(rt: &Runtime, graph_calls: u32) -> Result<()> {
     let (me, npes) = (rt.pe(), rt.npes());
-    let stream = rt.stream().clone();
+    // A stream of the caller's own, as a trainer's would be: work the library puts on the
+    // runtime's stream instead would not be ordered with it (every mode must follow it).
+    let stream = rt.context().new_stream()?;
     // Ragged shards: 3 chunks and a bit per rank, the last rank 37 tokens shorter.
     let lengths = shard_lengths(npes, 3 * 64 + 11, 37);
     let start: usize = lengths[..me].iter().sum();
