@@ -141,6 +141,38 @@ unsafe fn put<T>(ptr: *mut T, name: &str, value: T) -> Result<()> {
     Ok(())
 }
 
+/// Fails unless `out` can receive a handle; checked before the work that makes the handle, so
+/// that a NULL out-pointer leaks nothing.
+fn check_out<T>(out: *mut *mut T, name: &str) -> Result<()> {
+    if out.is_null() {
+        return Err(invalid(format!(
+            "{name} is NULL; pass where to store the handle"
+        )));
+    }
+    Ok(())
+}
+
+/// Hands `value` to the caller as a new handle at `*out` (checked by [`check_out`]).
+///
+/// # Safety
+/// `out` points at writable memory for a pointer.
+unsafe fn store_handle<T>(out: *mut *mut T, name: &str, value: T) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { put(out, name, Box::into_raw(Box::new(value))) }
+}
+
+/// Takes back a handle the caller gives up.
+///
+/// # Safety
+/// A non-NULL `handle` came from [`store_handle`] and is not used by the caller afterwards.
+unsafe fn take_handle<T>(handle: *mut T, name: &str) -> Result<Box<T>> {
+    if handle.is_null() {
+        return Err(invalid(format!("{name} is NULL")));
+    }
+    // SAFETY: the caller's contract.
+    Ok(unsafe { Box::from_raw(handle) })
+}
+
 /// The runtime settings of `options` (NULL: every default).
 ///
 /// # Safety
@@ -271,6 +303,24 @@ unsafe fn device_views<'a>(a: &ForwardArgsC, ordinal: usize) -> Result<ForwardAr
     })
 }
 
+/// The caller's stream and the checked views of `args`, for an operation of `runtime`.
+///
+/// # Safety
+/// `args` is NULL or points at a valid struct whose tensors stay valid until the enqueued
+/// kernels complete (see [`device_views`]).
+unsafe fn call_inputs<'a>(
+    runtime: &Runtime,
+    stream: sys::CUstream,
+    args: *const ForwardArgsC,
+) -> Result<(Arc<CudaStream>, ForwardArgs<'a>)> {
+    // SAFETY: the caller's contract.
+    let args = unsafe { arg(args, "args")? };
+    let stream = borrowed_stream(runtime, stream)?;
+    // SAFETY: the caller's contract covers the tensors' lifetime.
+    let views = unsafe { device_views(args, runtime.context().ordinal())? };
+    Ok((stream, views))
+}
+
 fn exchange_mode(mode: i32) -> Result<ExchangeMode> {
     match mode {
         0 => Ok(ExchangeMode::Overlapped),
@@ -294,14 +344,7 @@ fn layout(b: i64, h: i64, dk: i64, dv: i64) -> Result<Lasp2Layout> {
         dk: dim("dk", dk)?,
         dv: dim("dv", dv)?,
     };
-    ForwardShape {
-        b: layout.b,
-        t: 1,
-        h: layout.h,
-        dk: layout.dk,
-        dv: layout.dv,
-    }
-    .validate()?;
+    layout.validate()?;
     Ok(layout)
 }
 
@@ -361,20 +404,16 @@ pub unsafe extern "C" fn lasp_runtime_init(
     runtime: *mut *mut RuntimeHandle,
 ) -> Status {
     run(|| {
-        if runtime.is_null() {
-            return Err(invalid(
-                "runtime is NULL; pass where to store the handle".into(),
-            ));
-        }
+        check_out(runtime, "runtime")?;
         // SAFETY: the caller's contract.
         let (config, place, id) =
             unsafe { (config_of(options)?, arg(place, "place")?, arg(id, "id")?) };
         let env = launch_env(place, Rendezvous::Given(id.bytes))?;
-        let handle = Box::new(RuntimeHandle {
+        let handle = RuntimeHandle {
             runtime: Runtime::init_with(config, env)?,
-        });
-        // SAFETY: checked non-NULL above; the caller's contract.
-        unsafe { put(runtime, "runtime", Box::into_raw(handle)) }
+        };
+        // SAFETY: the caller\'s contract.
+        unsafe { store_handle(runtime, "runtime", handle) }
     })
 }
 
@@ -389,18 +428,14 @@ pub unsafe extern "C" fn lasp_runtime_init_from_env(
     runtime: *mut *mut RuntimeHandle,
 ) -> Status {
     run(|| {
-        if runtime.is_null() {
-            return Err(invalid(
-                "runtime is NULL; pass where to store the handle".into(),
-            ));
-        }
+        check_out(runtime, "runtime")?;
         // SAFETY: the caller's contract.
         let config = unsafe { config_of(options)? };
-        let handle = Box::new(RuntimeHandle {
+        let handle = RuntimeHandle {
             runtime: Runtime::init(config)?,
-        });
-        // SAFETY: checked non-NULL above; the caller's contract.
-        unsafe { put(runtime, "runtime", Box::into_raw(handle)) }
+        };
+        // SAFETY: the caller\'s contract.
+        unsafe { store_handle(runtime, "runtime", handle) }
     })
 }
 
@@ -444,9 +479,10 @@ pub unsafe extern "C" fn lasp_runtime_shutdown(runtime: *mut RuntimeHandle) -> S
                  every rank (lasp_lasp2_free, lasp_scalar_decay_free) before the shutdown"
             )));
         }
-        // SAFETY: a live handle from Box::into_raw, owned by the caller until now.
-        let handle = unsafe { Box::from_raw(runtime) };
-        handle.runtime.shutdown()
+        // SAFETY: the caller gives the handle up (nothing else uses it, checked above).
+        unsafe { take_handle(runtime, "runtime")? }
+            .runtime
+            .shutdown()
     })
 }
 
@@ -491,20 +527,18 @@ pub unsafe extern "C" fn lasp_lasp2_create(
     op: *mut *mut Lasp2Handle,
 ) -> Status {
     run(|| {
-        if op.is_null() {
-            return Err(invalid("op is NULL; pass where to store the handle".into()));
-        }
+        check_out(op, "op")?;
         // SAFETY: the caller's contract.
         let runtime = unsafe { arg(runtime, "runtime")? }.runtime.clone();
         let (layout, mode) = (layout(batch, heads, dk, dv)?, exchange_mode(mode)?);
         runtime.context().bind_to_thread()?;
         let forward = Lasp2Forward::new(&runtime, layout, mode)?;
-        let handle = Box::new(Lasp2Handle {
+        let handle = Lasp2Handle {
             runtime,
             op: Mutex::new(forward),
-        });
-        // SAFETY: checked non-NULL above.
-        unsafe { put(op, "op", Box::into_raw(handle)) }
+        };
+        // SAFETY: the caller\'s contract.
+        unsafe { store_handle(op, "op", handle) }
     })
 }
 
@@ -538,10 +572,9 @@ pub unsafe extern "C" fn lasp_lasp2_forward(
 ) -> Status {
     run(|| {
         // SAFETY: the caller's contract.
-        let (handle, args) = unsafe { (arg(op, "op")?, arg(args, "args")?) };
-        let stream = borrowed_stream(&handle.runtime, stream)?;
-        // SAFETY: the caller's contract covers the tensors' lifetime.
-        let views = unsafe { device_views(args, handle.runtime.context().ordinal())? };
+        let handle = unsafe { arg(op, "op")? };
+        // SAFETY: the caller's contract.
+        let (stream, views) = unsafe { call_inputs(&handle.runtime, stream, args)? };
         lock(&handle.op)?.forward(&stream, views)
     })
 }
@@ -589,11 +622,8 @@ pub unsafe extern "C" fn lasp_lasp2_note_replayed_calls(
 #[no_mangle]
 pub unsafe extern "C" fn lasp_lasp2_free(op: *mut Lasp2Handle) -> Status {
     run(|| {
-        if op.is_null() {
-            return Err(invalid("op is NULL".into()));
-        }
-        // SAFETY: a live handle from Box::into_raw; the caller gives it up.
-        let handle = unsafe { Box::from_raw(op) };
+        // SAFETY: the caller gives the handle up.
+        let handle = unsafe { take_handle(op, "op")? };
         handle.runtime.context().bind_to_thread()?;
         let forward = handle.op.into_inner().map_err(|_| {
             Error::State("the operation was poisoned by an internal error; its buffers leak".into())
@@ -612,19 +642,17 @@ pub unsafe extern "C" fn lasp_scalar_decay_create(
     op: *mut *mut ScalarDecayHandle,
 ) -> Status {
     run(|| {
-        if op.is_null() {
-            return Err(invalid("op is NULL; pass where to store the handle".into()));
-        }
+        check_out(op, "op")?;
         // SAFETY: the caller's contract.
         let runtime = unsafe { arg(runtime, "runtime")? }.runtime.clone();
         runtime.context().bind_to_thread()?;
         let forward = ScalarDecayForward::new(&runtime)?;
-        let handle = Box::new(ScalarDecayHandle {
+        let handle = ScalarDecayHandle {
             runtime,
             op: Mutex::new(forward),
-        });
-        // SAFETY: checked non-NULL above.
-        unsafe { put(op, "op", Box::into_raw(handle)) }
+        };
+        // SAFETY: the caller\'s contract.
+        unsafe { store_handle(op, "op", handle) }
     })
 }
 
@@ -640,10 +668,9 @@ pub unsafe extern "C" fn lasp_scalar_decay_forward(
 ) -> Status {
     run(|| {
         // SAFETY: the caller's contract.
-        let (handle, args) = unsafe { (arg(op, "op")?, arg(args, "args")?) };
-        let stream = borrowed_stream(&handle.runtime, stream)?;
-        // SAFETY: the caller's contract covers the tensors' lifetime.
-        let views = unsafe { device_views(args, handle.runtime.context().ordinal())? };
+        let handle = unsafe { arg(op, "op")? };
+        // SAFETY: the caller's contract.
+        let (stream, views) = unsafe { call_inputs(&handle.runtime, stream, args)? };
         lock(&handle.op)?.launch(&stream, views).map(|_plan| ())
     })
 }
@@ -655,11 +682,8 @@ pub unsafe extern "C" fn lasp_scalar_decay_forward(
 #[no_mangle]
 pub unsafe extern "C" fn lasp_scalar_decay_free(op: *mut ScalarDecayHandle) -> Status {
     run(|| {
-        if op.is_null() {
-            return Err(invalid("op is NULL".into()));
-        }
-        // SAFETY: a live handle from Box::into_raw; the caller gives it up.
-        let handle = unsafe { Box::from_raw(op) };
+        // SAFETY: the caller gives the handle up.
+        let handle = unsafe { take_handle(op, "op")? };
         handle.runtime.context().bind_to_thread()?;
         drop(handle);
         Ok(())

@@ -302,6 +302,18 @@ impl Lasp2Layout {
         (self.b as i32, self.h as i32, self.dk as i32, self.dv as i32)
     }
 
+    /// Checks that the kernels support the layout (as [`ForwardShape::validate`] for any T).
+    pub fn validate(&self) -> Result<()> {
+        ForwardShape {
+            b: self.b,
+            t: 1,
+            h: self.h,
+            dk: self.dk,
+            dv: self.dv,
+        }
+        .validate()
+    }
+
     /// Symmetric bytes one instance allocates on each PE (size the runtime's heap with it).
     pub fn symmetric_bytes(&self, npes: usize) -> usize {
         let (b, h, dk, dv) = self.dims();
@@ -383,14 +395,7 @@ impl Lasp2Forward {
     /// and [`Lasp2Forward::free`] are, so a PE that stops calling cannot block the others in a
     /// host collective; their calls end in a bounded wait that names it.
     pub fn new(runtime: &Runtime, layout: Lasp2Layout, mode: ExchangeMode) -> Result<Self> {
-        ForwardShape {
-            b: layout.b,
-            t: 1,
-            h: layout.h,
-            dk: layout.dk,
-            dv: layout.dv,
-        }
-        .validate()?;
+        layout.validate()?;
         let npes = runtime.npes();
         let fingerprints = runtime.all_gather_u64(layout.fingerprint(npes))?;
         let mine = fingerprints[runtime.pe()];
