@@ -8,7 +8,8 @@
  *   here in C (S_t = e^{g_t} S_{t-1} + k_t^T v_t, o_t = scale q_t S_t), rel. error <= 5e-3;
  * - the sequential NCCL and NVSHMEM modes give bitwise the same outputs as the overlapped one;
  * - a captured CUDA graph of one call, replayed N times, gives them too;
- * - a host pointer and a too-short output are rejected before anything is enqueued;
+ * - a host pointer, a too-short tensor and a first call inside a graph capture are rejected
+ *   before anything is enqueued;
  * - the single-GPU forward (lasp_scalar_decay_forward) of the whole sequence matches too.
  * Exits non-zero with the library's message on the first failure. */
 #include "lasp_shmem.h"
@@ -195,6 +196,14 @@ static void check_layout(const lasp_runtime *rt, const lasp_place *place, int dk
 
   lasp_lasp2 *op;
   LASP(lasp_lasp2_create(rt, b, h, dk, dv, LASP_MODE_OVERLAPPED, &op));
+  /* A first call inside a capture cannot allocate its workspace: refused, saying what to do. */
+  cudaGraph_t empty;
+  CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  lasp_status refused = lasp_lasp2_forward(op, stream, &args);
+  CUDA(cudaStreamEndCapture(stream, &empty));
+  CUDA(cudaGraphDestroy(empty));
+  if (refused != LASP_ERROR_INVALID_ARGUMENT || !strstr(lasp_last_error(), "before the capture"))
+    fail("a first call inside a graph capture was not refused");
   uint16_t *o = malloc(o_bytes), *o2 = malloc(o_bytes);
   float *ht = malloc(ht_bytes), *ht2 = malloc(ht_bytes);
   call(op, stream, &args, o_bytes, ht_bytes, o, ht);
@@ -247,7 +256,7 @@ static void check_layout(const lasp_runtime *rt, const lasp_place *place, int dk
   if (lasp_lasp2_forward(op, stream, &bad) != LASP_ERROR_INVALID_ARGUMENT ||
       !strstr(lasp_last_error(), "smaller than the shape"))
     fail("a tensor shorter than its shape was not rejected");
-  printf("rank %d: a host pointer and a too-short tensor are rejected: \"%.100s...\"\n", me,
+  printf("rank %d: a first call in a capture, a host pointer and a too-short tensor are rejected: \"%.100s...\"\n", me,
          lasp_last_error());
   LASP(lasp_lasp2_free(op));
 

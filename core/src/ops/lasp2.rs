@@ -581,6 +581,7 @@ impl Lasp2Forward {
         {
             return Ok(());
         }
+        super::refuse_workspace_growth_in_capture(stream, "LASP-2 forward")?;
         // Earlier calls may still use the old workspace.
         self.ctx.synchronize()?;
         self.workspace = Some(stream.alloc_zeros::<u8>(bytes.max(16) as usize)?);

@@ -13,7 +13,9 @@
 //! no event waits (the runtime turns cudarc's event tracking off), so every buffer must be ready
 //! on that stream when the call is made.
 
-use cudarc::driver::{DevicePtr, DevicePtrMut};
+use crate::error::{Error, Result};
+use cudarc::driver::sys::CUstreamCaptureStatus;
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 use std::marker::PhantomData;
 
 pub mod lasp2;
@@ -130,6 +132,20 @@ impl<'a, T> DeviceMut<'a, T> {
     }
 
     view_accessors!();
+}
+
+/// Fails, saying what to do, while `stream` is being captured into a CUDA graph: `op` needs a
+/// larger workspace, and neither the allocation nor the synchronisation before it (earlier
+/// calls may still use the old one) can be captured.
+pub(crate) fn refuse_workspace_growth_in_capture(stream: &CudaStream, op: &str) -> Result<()> {
+    if stream.capture_status()? == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument(format!(
+        "{op}: this call needs a larger workspace, which cannot be allocated while the stream is \
+         captured into a CUDA graph; make one call of the same shape before the capture (it \
+         sizes the workspace), then capture"
+    )))
 }
 
 fn byte_range<T>(addr: u64, len: usize) -> (u64, u64) {

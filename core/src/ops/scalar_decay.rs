@@ -947,6 +947,7 @@ impl ScalarDecayForward {
         if bytes <= have {
             return Ok(());
         }
+        super::refuse_workspace_growth_in_capture(stream, "scalar-decay forward")?;
         // Earlier launches (on any stream) may still use the old workspace.
         self.ctx.synchronize()?;
         self.workspace = None;
