@@ -256,8 +256,9 @@ static void check_layout(const lasp_runtime *rt, const lasp_place *place, int dk
   if (lasp_lasp2_forward(op, stream, &bad) != LASP_ERROR_INVALID_ARGUMENT ||
       !strstr(lasp_last_error(), "smaller than the shape"))
     fail("a tensor shorter than its shape was not rejected");
-  printf("rank %d: a first call in a capture, a host pointer and a too-short tensor are rejected: \"%.100s...\"\n", me,
-         lasp_last_error());
+  printf("rank %d: a first call in a capture, a host pointer and a too-short tensor are "
+         "rejected: \"%.100s...\"\n",
+         me, lasp_last_error());
   LASP(lasp_lasp2_free(op));
 
   /* The single-GPU forward of the whole sequence on this GPU. */
