@@ -105,6 +105,12 @@ class LaspError(RuntimeError):
         self.status = status
 
 
+def say(line):
+    """One write per line, so the ranks' lines do not interleave on a shared pipe."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def forward_args(q, k, v, g, h0, o, ht):
     b, t, h, dk = q.shape
     ptr = lambda x: None if x is None else x.data_ptr()  # noqa: E731
@@ -173,7 +179,7 @@ def check(lasp, runtime, rank, world, dev):
     line = f"rank {rank}: shard of {lengths[rank]} of {total} tokens: o rel err {err:.2e}"
     if last:
         line += f", final state rel err {rel_err(ht1, want_ht):.2e}"
-    print(line + f" (tolerance {TOL:g})", flush=True)
+    say(line + f" (tolerance {TOL:g})")
     assert err <= TOL and (not last or rel_err(ht1, want_ht) <= TOL), "does not match"
 
     lasp.lasp2_set_mode(op, MODE_SEQUENTIAL_NCCL)
@@ -181,7 +187,7 @@ def check(lasp, runtime, rank, world, dev):
     assert torch.equal(o1.view(torch.int16), o2.view(torch.int16)), "sequential NCCL differs"
     assert not last or torch.equal(ht1.view(torch.int32), ht2.view(torch.int32))
     lasp.lasp2_set_mode(op, MODE_OVERLAPPED)
-    print(f"rank {rank}: sequential NCCL gives bitwise the overlapped outputs", flush=True)
+    say(f"rank {rank}: sequential NCCL gives bitwise the overlapped outputs")
 
     graph, replays = torch.cuda.CUDAGraph(), 50
     o.fill_(float("nan"))
@@ -193,8 +199,7 @@ def check(lasp, runtime, rank, world, dev):
     lasp.lasp2_note_replayed_calls(op, replays)
     lasp.lasp2_finish(op, stream())
     assert torch.equal(o1.view(torch.int16), o.view(torch.int16)), "graph replays differ"
-    print(f"rank {rank}: {replays} replays of a torch.cuda.graph capture: bitwise identical",
-          flush=True)
+    say(f"rank {rank}: {replays} replays of a torch.cuda.graph capture: bitwise identical")
 
     bad = forward_args(*mine, h0, o, ht)
     bad.q = q.cpu().data_ptr()
@@ -203,7 +208,7 @@ def check(lasp, runtime, rank, world, dev):
         raise AssertionError("a CPU tensor for q was accepted")
     except LaspError as e:
         assert e.status == ERROR_INVALID_ARGUMENT and "q at 0x" in str(e), str(e)
-        print(f"rank {rank}: a CPU tensor is rejected: {str(e)[:110]}...", flush=True)
+        say(f"rank {rank}: a CPU tensor is rejected: {str(e)[:110]}...")
     lasp.lasp2_free(op)
 
 
@@ -236,9 +241,9 @@ def time_modes(lasp, runtime, rank, world, dev, iters=50, warmup=10):
         # stays hidden while the GPU queue is ahead of the host.
         results[name + "_host"] = 1e3 * host / len(events)
     lasp.lasp2_free(op)
-    print(f"rank {rank}: B={b} T_local={t} H={h} D={d}, W={world}, median of {iters} (ms; "
-          "_host: host ms per call while enqueuing): "
-          + ", ".join(f"{k} {v:.4f}" for k, v in results.items()), flush=True)
+    say(f"rank {rank}: B={b} T_local={t} H={h} D={d}, W={world}, median of {iters} (ms; "
+        "_host: host ms per call while enqueuing): "
+        + ", ".join(f"{k} {v:.4f}" for k, v in results.items()))
 
 
 def main():
@@ -277,7 +282,7 @@ def main():
         time_modes(lasp, runtime, rank, world, dev)
     lasp.runtime_shutdown(runtime)
     dist.destroy_process_group()
-    print(f"rank {rank}: lasp2_torch: every check passed", flush=True)
+    say(f"rank {rank}: lasp2_torch: every check passed")
 
 
 if __name__ == "__main__":
