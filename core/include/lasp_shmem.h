@@ -24,8 +24,10 @@
  * Threads: a handle may be used from any thread; calls on one handle are serialised.
  * Graphs: lasp_lasp2_forward may be captured into a CUDA graph after one uncaptured call of
  * the same shape (which sizes the workspace; a captured call that would have to allocate it is
- * refused with LASP_ERROR_INVALID_ARGUMENT); replays advance the epoch on the device. Call
- * lasp_lasp2_note_replayed_calls after replaying a graph in a sequential mode.
+ * refused with LASP_ERROR_INVALID_ARGUMENT); replays advance the epoch on the device. The
+ * sequential modes pick their slot half on the host, by the parity of the call: capture an even
+ * number of their calls per graph (or one graph per parity), and report replays with
+ * lasp_lasp2_note_replayed_calls.
  */
 #ifndef LASP_SHMEM_H
 #define LASP_SHMEM_H
