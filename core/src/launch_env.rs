@@ -101,11 +101,7 @@ impl LaunchEnv {
             } else {
                 (0, 1, 0, 1, "uid")
             };
-        if world_size == 0 || rank >= world_size {
-            return Err(Error::Launch(format!(
-                "rank {rank} is not below the world size {world_size}; fix the launcher's rank variables"
-            )));
-        }
+        check_rank(rank, world_size, "fix the launcher's rank variables")?;
         if local_rank >= local_world_size {
             return Err(Error::Launch(format!(
                 "local rank {local_rank} is not below the local world size {local_world_size}; fix the launcher's local-rank variables"
@@ -155,12 +151,12 @@ impl LaunchEnv {
         local_world_size: usize,
         rendezvous: Rendezvous,
     ) -> Result<Self> {
-        if world_size == 0 || rank >= world_size {
-            return Err(Error::Launch(format!(
-                "rank {rank} is not below the world size {world_size}; pass this process's rank \
-                 and the job's world size (torch.distributed: get_rank(), get_world_size())"
-            )));
-        }
+        check_rank(
+            rank,
+            world_size,
+            "pass this process's rank and the job's world size (torch.distributed: get_rank(), \
+             get_world_size())",
+        )?;
         if local_rank >= local_world_size || local_world_size > world_size {
             return Err(Error::Launch(format!(
                 "local rank {local_rank} of {local_world_size} on this node (world size \
@@ -181,6 +177,16 @@ impl LaunchEnv {
     pub fn single_node(&self) -> bool {
         self.local_world_size == self.world_size
     }
+}
+
+/// The rank must lie inside a non-empty world; `fix` says what to do about it.
+fn check_rank(rank: usize, world_size: usize, fix: &str) -> Result<()> {
+    if world_size == 0 || rank >= world_size {
+        return Err(Error::Launch(format!(
+            "rank {rank} is not below the world size {world_size}; {fix}"
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -173,6 +173,12 @@ unsafe fn take_handle<T>(handle: *mut T, name: &str) -> Result<Box<T>> {
     Ok(unsafe { Box::from_raw(handle) })
 }
 
+/// A count the caller passed as a signed C integer, as a `usize`; `name` goes into the error.
+fn count<T: TryInto<usize> + Copy + std::fmt::Display>(name: &str, v: T) -> Result<usize> {
+    v.try_into()
+        .map_err(|_| invalid(format!("{name} = {v} is negative")))
+}
+
 /// The runtime settings of `options` (NULL: every default).
 ///
 /// # Safety
@@ -210,14 +216,11 @@ unsafe fn config_of(options: *const RuntimeOptions) -> Result<Config> {
 }
 
 fn launch_env(place: &Place, rendezvous: Rendezvous) -> Result<LaunchEnv> {
-    let count = |name: &str, v: i32| {
-        usize::try_from(v).map_err(|_| invalid(format!("place.{name} = {v} is negative")))
-    };
     LaunchEnv::explicit(
-        count("rank", place.rank)?,
-        count("world_size", place.world_size)?,
-        count("local_rank", place.local_rank)?,
-        count("local_world_size", place.local_world_size)?,
+        count("place.rank", place.rank)?,
+        count("place.world_size", place.world_size)?,
+        count("place.local_rank", place.local_rank)?,
+        count("place.local_world_size", place.local_world_size)?,
         rendezvous,
     )
 }
@@ -255,15 +258,12 @@ fn borrowed_stream(runtime: &Runtime, stream: sys::CUstream) -> Result<Arc<CudaS
 /// The pointers of `a` stay valid until the enqueued kernels complete (the ABI's contract); the
 /// checks here make sure they are GPU memory of this device, long enough for the shape.
 unsafe fn device_views<'a>(a: &ForwardArgsC, ordinal: usize) -> Result<ForwardArgs<'a>> {
-    let dim = |name: &str, v: i64| {
-        usize::try_from(v).map_err(|_| invalid(format!("args.{name} = {v} is negative")))
-    };
     let shape = ForwardShape {
-        b: dim("batch", a.batch)?,
-        t: dim("tokens", a.tokens)?,
-        h: dim("heads", a.heads)?,
-        dk: dim("dk", a.dk)?,
-        dv: dim("dv", a.dv)?,
+        b: count("args.batch", a.batch)?,
+        t: count("args.tokens", a.tokens)?,
+        h: count("args.heads", a.heads)?,
+        dk: count("args.dk", a.dk)?,
+        dv: count("args.dv", a.dv)?,
     };
     shape.validate()?;
     let check = |name: &str, what: &str, ptr: u64, elems: usize, elem_bytes: usize| {
@@ -335,14 +335,11 @@ fn exchange_mode(mode: i32) -> Result<ExchangeMode> {
 }
 
 fn layout(b: i64, h: i64, dk: i64, dv: i64) -> Result<Lasp2Layout> {
-    let dim = |name: &str, v: i64| {
-        usize::try_from(v).map_err(|_| invalid(format!("{name} = {v} is negative")))
-    };
     let layout = Lasp2Layout {
-        b: dim("batch", b)?,
-        h: dim("heads", h)?,
-        dk: dim("dk", dk)?,
-        dv: dim("dv", dv)?,
+        b: count("batch", b)?,
+        h: count("heads", h)?,
+        dk: count("dk", dk)?,
+        dv: count("dv", dv)?,
     };
     layout.validate()?;
     Ok(layout)

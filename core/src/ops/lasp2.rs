@@ -573,22 +573,6 @@ impl Lasp2Forward {
         }
     }
 
-    fn ensure_workspace(&mut self, stream: &Arc<CudaStream>, bytes: u64) -> Result<()> {
-        if self
-            .workspace
-            .as_ref()
-            .is_some_and(|w| w.len() as u64 >= bytes)
-        {
-            return Ok(());
-        }
-        super::refuse_workspace_growth_in_capture(stream, "LASP-2 forward")?;
-        // Earlier calls may still use the old workspace.
-        self.ctx.synchronize()?;
-        self.workspace = Some(stream.alloc_zeros::<u8>(bytes.max(16) as usize)?);
-        stream.synchronize()?;
-        Ok(())
-    }
-
     /// Enqueues one LASP-2 forward of this PE's shard on `stream` in the current mode.
     /// `args.shape.t` is this
     /// PE's shard length (it may differ between PEs); `h0` is the global initial state (the same
@@ -625,7 +609,13 @@ impl Lasp2Forward {
         let plan = self.plan(t);
         let segments = plan.segments;
         let ws_bytes = geometry::workspace_bytes(b, h, segments, dk, dv);
-        self.ensure_workspace(stream, ws_bytes)?;
+        super::ensure_workspace(
+            &self.ctx,
+            stream,
+            &mut self.workspace,
+            ws_bytes,
+            "LASP-2 forward",
+        )?;
         while self.states_done.len() < plan.groups.len() {
             self.states_done.push(self.ctx.new_event(None)?);
         }

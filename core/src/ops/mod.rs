@@ -15,8 +15,9 @@
 
 use crate::error::{Error, Result};
 use cudarc::driver::sys::CUstreamCaptureStatus;
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 pub mod lasp2;
 pub mod scalar_decay;
@@ -134,18 +135,38 @@ impl<'a, T> DeviceMut<'a, T> {
     view_accessors!();
 }
 
-/// Fails, saying what to do, while `stream` is being captured into a CUDA graph: `op` needs a
-/// larger workspace, and neither the allocation nor the synchronisation before it (earlier
-/// calls may still use the old one) can be captured.
-pub(crate) fn refuse_workspace_growth_in_capture(stream: &CudaStream, op: &str) -> Result<()> {
-    if stream.capture_status()? == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+/// Makes `workspace` hold at least `bytes` bytes (`op` names the operation in errors). Growing
+/// it waits for the whole context first (earlier calls, on any stream, may still use the old
+/// one) and for `stream` after the allocation (so the new one is usable from any stream). Neither
+/// can be captured into a CUDA graph, so growing is refused, saying what to do, while `stream`
+/// is being captured.
+pub(crate) fn ensure_workspace(
+    ctx: &CudaContext,
+    stream: &Arc<CudaStream>,
+    workspace: &mut Option<CudaSlice<u8>>,
+    bytes: u64,
+    op: &str,
+) -> Result<()> {
+    if bytes <= workspace.as_ref().map_or(0, |w| w.len() as u64) {
         return Ok(());
     }
-    Err(Error::InvalidArgument(format!(
-        "{op}: this call needs a larger workspace, which cannot be allocated while the stream is \
-         captured into a CUDA graph; make one call of the same shape before the capture (it \
-         sizes the workspace), then capture"
-    )))
+    if stream.capture_status()? != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        return Err(Error::InvalidArgument(format!(
+            "{op}: this call needs a larger workspace, which cannot be allocated while the stream \
+             is captured into a CUDA graph; make one call of the same shape before the capture \
+             (it sizes the workspace), then capture"
+        )));
+    }
+    let len = usize::try_from(bytes).map_err(|_| {
+        Error::InvalidArgument(format!(
+            "{op}: workspace of {bytes} bytes does not fit this host"
+        ))
+    })?;
+    ctx.synchronize()?;
+    *workspace = None;
+    *workspace = Some(stream.alloc_zeros::<u8>(len)?);
+    stream.synchronize()?;
+    Ok(())
 }
 
 fn byte_range<T>(addr: u64, len: usize) -> (u64, u64) {

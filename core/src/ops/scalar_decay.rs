@@ -942,27 +942,6 @@ impl ScalarDecayForward {
         check_gate_values(&host, shape)
     }
 
-    fn ensure_workspace(&mut self, stream: &Arc<CudaStream>, bytes: u64) -> Result<()> {
-        let have = self.workspace.as_ref().map_or(0, |w| w.len() as u64);
-        if bytes <= have {
-            return Ok(());
-        }
-        super::refuse_workspace_growth_in_capture(stream, "scalar-decay forward")?;
-        // Earlier launches (on any stream) may still use the old workspace.
-        self.ctx.synchronize()?;
-        self.workspace = None;
-        let len = usize::try_from(bytes).map_err(|_| {
-            invalid(format!(
-                "scalar-decay forward: workspace of {bytes} bytes does not fit this host"
-            ))
-        })?;
-        let ws = stream.alloc_zeros::<u8>(len)?;
-        // Usable from any stream from now on.
-        stream.synchronize()?;
-        self.workspace = Some(ws);
-        Ok(())
-    }
-
     /// Validates a call (shape, tensors, stream, in debug builds the gates), makes the workspace
     /// large enough, and returns its plan and the kernels' params.
     fn prepare(
@@ -982,7 +961,13 @@ impl ScalarDecayForward {
         if cfg!(debug_assertions) {
             self.validate_gates(stream, args.g, &args.shape)?;
         }
-        self.ensure_workspace(stream, plan.workspace_bytes)?;
+        super::ensure_workspace(
+            &self.ctx,
+            stream,
+            &mut self.workspace,
+            plan.workspace_bytes,
+            "scalar-decay forward",
+        )?;
         let (ws_m, ws_p, ws_lambda) = match (&self.workspace, plan.num_segments > 1) {
             (Some(ws), true) => {
                 let (base, _no_events) = cudarc::driver::DevicePtr::device_ptr(ws, stream);
