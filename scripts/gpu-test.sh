@@ -71,6 +71,7 @@ expect_failure no_gpu 'CUDA .*(no GPU|CUDA_VISIBLE_DEVICES)' env CUDA_VISIBLE_DE
 expect_failure too_many_ranks "asked for $((NGPU + 1)) ranks but this node shows $NGPU GPU" "$BIN/lasp-run" -n $((NGPU + 1)) "$BIN/exchange"
 
 check forward_check "$BIN/forward_check"
+check backward_check "$BIN/backward_check"
 check lasp2_forward_graph_10000 $RUN "$BIN/lasp2_forward" --graph-calls 10000 --no-time
 grep -h "^\[rank 0\] PE 0" "$OUT/lasp2_forward_graph_10000.log" || true
 # A silent rank: every later rank must time out naming it (rank 1 when there are ranks after it).
@@ -97,7 +98,7 @@ if python3 -c "import torch" 2>/dev/null; then
 else
   echo "NOTICE: lasp2_torch skipped: python3 cannot import torch"
 fi
-grep -E "^(FAIL|forward_check:)" "$OUT/forward_check.log" | head -40 || true
+grep -hE "^(FAIL|forward_check:|backward_check:)" "$OUT/forward_check.log" "$OUT/backward_check.log" | head -40 || true
 if [ -n "${GPU_TEST_FORWARD_BENCH:-}" ]; then
   check forward_bench env OUT="$OUT" bash scripts/forward-bench.sh
   grep -h "^B=" "$OUT/forward_bench.log" || true

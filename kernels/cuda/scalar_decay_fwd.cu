@@ -37,9 +37,12 @@ namespace sd {
 // prologue and epilogue. kOutput = false: the states kernel (run_states_segment; writes M_s,
 // Lambda_s). kOutput = true: the output kernel (run_segment_with; starts from P_s, writes O and, for
 // the last segment, ht), with kRoles as two warpgroups and a loading warp (run_roles_segment_with,
-// loading through `maps`), or with kProbe one of its timed variants (lasp::sd::Probe).
-template <int DK, bool kOutput, Probe kProbe = Probe::kNone, bool kRoles = false>
+// loading through `maps`), or with kProbe one of its timed variants (lasp::sd::Probe). kReversed:
+// the time-reversed pass of the backward (lasp::sd::TimeAxis; the tensor maps of the two-role
+// kernel address tokens in order only, so it has no reversed form).
+template <int DK, bool kOutput, Probe kProbe = Probe::kNone, bool kRoles = false, bool kReversed = false>
 __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p, const QkvMaps* maps = nullptr) {
+  static_assert(!(kRoles && kReversed), "the two-role kernel reads tokens in order only");
   const int seg = blockIdx.y;
   const SegmentArgs a = segment_args(p);
   const int n_seg_slots = p.num_segments - 1;  // workspace slots per (b, h)
@@ -62,10 +65,10 @@ __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p, c
     if constexpr (kRoles)
       run_roles_segment_with<DK>(a, *maps, start, end);
     else
-      run_segment_with<DK, kProbe>(a, start, end);
+      run_segment_with<DK, kProbe, kReversed>(a, start, end);
   } else {
     const int64_t slot = (int64_t)a.bh * n_seg_slots + seg;
-    run_states_segment<DK>(a, [&](StateRegs<DK>& s, const StateLane& ln, float lambda) {
+    run_states_segment<DK, kReversed>(a, [&](StateRegs<DK>& s, const StateLane& ln, float lambda) {
       state_store<DK>(s, ln, p.ws_m + slot * tile_elems + col0, p.Dv);
       if (a.vt == 0 && threadIdx.x == 0) p.ws_lambda[slot] = lambda;
     });
@@ -114,6 +117,26 @@ extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
 extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
     lasp_scalar_decay_output_dk128(const __grid_constant__ lasp_scalar_decay_params p) {
   lasp::sd::run_segment<128, true>(p);
+}
+
+// The backward's time-reversed passes (lasp/scalar_decay_bwd_params.h): passes 1 and 2 over the
+// tokens from last to first, token t taking the log-decay a_{T-t} (0 for t = 0). Same grids, blocks
+// and shared memory as the forward's; the fold is direction-free.
+extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
+    lasp_scalar_decay_states_reversed_dk64(const __grid_constant__ lasp_scalar_decay_params p) {
+  lasp::sd::run_segment<64, false, lasp::sd::Probe::kNone, false, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
+    lasp_scalar_decay_states_reversed_dk128(const __grid_constant__ lasp_scalar_decay_params p) {
+  lasp::sd::run_segment<128, false, lasp::sd::Probe::kNone, false, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
+    lasp_scalar_decay_output_reversed_dk64(const __grid_constant__ lasp_scalar_decay_params p) {
+  lasp::sd::run_segment<64, true, lasp::sd::Probe::kNone, false, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
+    lasp_scalar_decay_output_reversed_dk128(const __grid_constant__ lasp_scalar_decay_params p) {
+  lasp::sd::run_segment<128, true, lasp::sd::Probe::kNone, false, true>(p);
 }
 
 // Pass 2 as two warpgroups and a loading warp (lasp::sd::run_roles_segment_with), for plans with

@@ -26,6 +26,10 @@
 //! variants (`probe_memory_ms`, `probe_compute_ms`, `probe_no_exp_ms`; `ops::scalar_decay::OutputProbe`,
 //! kernels/cuda/SCALAR_DECAY_NOTES.md "Probes" says how to read them). The probes overwrite o;
 //! the dumped o is from a real forward run after them.
+//!
+//! With `--backward`, each shape also times the backward (`ops::scalar_decay_backward`) on the
+//! same input sets with dO ~ N(0, 1) in bf16 (no h0, no dht, no dh0): `backward_ms`, and its HBM
+//! floor (q, k, v, dO read once + dq, dk, dv written once) / 4.3e12 B/s.
 
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
 use cudarc::driver::{CudaSlice, CudaStream};
@@ -33,6 +37,7 @@ use half::bf16;
 use lasp_shmem::ops::scalar_decay::{
     ForwardArgs, ForwardPlan, ForwardShape, OutputProbe, ScalarDecayForward,
 };
+use lasp_shmem::ops::scalar_decay_backward::{BackwardArgs, ScalarDecayBackward};
 use lasp_shmem::ops::{DeviceMut, DeviceRef};
 use lasp_shmem::reference::SplitMix64;
 use lasp_shmem::{Config, Error, Result, Runtime};
@@ -56,12 +61,14 @@ struct Options {
     target_ctas: Option<u32>,
     timeout_s: u64,
     probes: bool,
+    backward: bool,
 }
 
 fn usage(problem: &str) -> Error {
     Error::InvalidArgument(format!(
         "{problem}; usage: forward_bench [--dump DIR] [--out FILE] [--shapes BxTxHxD,...] \
-         [--warmup N] [--iters N] [--segments S] [--target-ctas N] [--timeout SECONDS] [--probes]"
+         [--warmup N] [--iters N] [--segments S] [--target-ctas N] [--timeout SECONDS] [--probes] \
+         [--backward]"
     ))
 }
 
@@ -80,6 +87,7 @@ fn parse_options() -> Result<Options> {
         target_ctas: None,
         timeout_s: 480,
         probes: false,
+        backward: false,
     };
     let mut args = std::env::args().skip(1);
     const FLAGS: [&str; 8] = [
@@ -95,6 +103,10 @@ fn parse_options() -> Result<Options> {
     while let Some(flag) = args.next() {
         if flag == "--probes" {
             o.probes = true;
+            continue;
+        }
+        if flag == "--backward" {
+            o.backward = true;
             continue;
         }
         if !FLAGS.contains(&flag.as_str()) {
@@ -218,6 +230,52 @@ struct DeviceSet {
     v: CudaSlice<bf16>,
     g: CudaSlice<f32>,
     o: CudaSlice<bf16>,
+    /// With --backward: dO and the gradients.
+    grads: Option<GradSet>,
+}
+
+struct GradSet {
+    d_o: CudaSlice<bf16>,
+    dq: CudaSlice<bf16>,
+    dk: CudaSlice<bf16>,
+    dv: CudaSlice<bf16>,
+    dg: CudaSlice<f32>,
+}
+
+impl GradSet {
+    /// dO drawn like q (tensor 5 of input set `set`), zeroed gradients.
+    fn new(stream: &Arc<CudaStream>, shape: &ForwardShape, set: u64) -> Result<Self> {
+        let mut d_o = vec![bf16::ZERO; shape.v_len()];
+        fill_parallel(&mut d_o, 5 + 16 * set, bf16::from_f32);
+        Ok(GradSet {
+            d_o: stream.clone_htod(&d_o)?,
+            dq: stream.alloc_zeros(shape.qk_len())?,
+            dk: stream.alloc_zeros(shape.qk_len())?,
+            dv: stream.alloc_zeros(shape.v_len())?,
+            dg: stream.alloc_zeros(shape.gate_len())?,
+        })
+    }
+}
+
+/// The backward's arguments over one input set: no h0, no dht, no dh0, the default scale.
+fn backward_args(shape: ForwardShape, set: &mut DeviceSet) -> BackwardArgs<'_> {
+    let grads = set.grads.as_mut().expect("allocated with --backward");
+    BackwardArgs {
+        shape,
+        q: DeviceRef::new(&set.q),
+        k: DeviceRef::new(&set.k),
+        v: DeviceRef::new(&set.v),
+        g: DeviceRef::new(&set.g),
+        h0: None,
+        d_o: DeviceRef::new(&grads.d_o),
+        d_ht: None,
+        dq: DeviceMut::new(&mut grads.dq),
+        dk: DeviceMut::new(&mut grads.dk),
+        dv: DeviceMut::new(&mut grads.dv),
+        dg: DeviceMut::new(&mut grads.dg),
+        dh0: None,
+        scale: None,
+    }
 }
 
 /// The forward's arguments over one input set: no h0, no ht, the default scale.
@@ -302,10 +360,13 @@ struct Row {
     sets: usize,
     /// With --probes: the median ms of each OutputProbe variant, in OutputProbe::ALL order.
     probes_ms: Vec<(OutputProbe, f64)>,
+    /// With --backward: the backward's (median, minimum, HBM floor) ms.
+    backward_ms: Option<(f64, f64, f64)>,
 }
 
 fn bench_shape(
     fwd: &mut ScalarDecayForward,
+    bwd: Option<&mut ScalarDecayBackward>,
     stream: &Arc<CudaStream>,
     shape: ForwardShape,
     opts: &Options,
@@ -313,7 +374,10 @@ fn bench_shape(
 ) -> Result<Row> {
     shape.validate()?;
     let dir = format!("B{}_T{}_H{}_D{}", shape.b, shape.t, shape.h, shape.dk);
-    let bytes_in_out = 2 * (2 * shape.qk_len() + 2 * shape.v_len()) + 4 * shape.gate_len();
+    let mut bytes_in_out = 2 * (2 * shape.qk_len() + 2 * shape.v_len()) + 4 * shape.gate_len();
+    if bwd.is_some() {
+        bytes_in_out += 2 * (2 * shape.qk_len() + 2 * shape.v_len()) + 4 * shape.gate_len();
+    }
     let sets = if bytes_in_out < 2 * l2_bytes {
         (2 * l2_bytes).div_ceil(bytes_in_out) + 1
     } else {
@@ -330,6 +394,10 @@ fn bench_shape(
             v: stream.clone_htod(&host.v)?,
             g: stream.clone_htod(&host.g)?,
             o: stream.alloc_zeros(shape.v_len())?,
+            grads: bwd
+                .is_some()
+                .then(|| GradSet::new(stream, &shape, set as u64))
+                .transpose()?,
         });
         if set == 0 {
             host0 = Some(host);
@@ -353,6 +421,24 @@ fn bench_shape(
             probes_ms.push((probe, ms));
         }
     }
+    let backward_ms = match bwd {
+        Some(bwd) => {
+            let (ms, min_ms) = time_calls(stream, opts, |i| {
+                bwd.launch(stream, backward_args(shape, &mut device[i % sets]))
+            })?;
+            let dg: Vec<f32> =
+                stream.clone_dtoh(&device[0].grads.as_ref().expect("--backward").dg)?;
+            if let Some(pos) = dg.iter().position(|x| !x.is_finite()) {
+                return Err(Error::State(format!(
+                    "{dir}: dg element {pos} is {} (not finite): run backward_check",
+                    dg[pos]
+                )));
+            }
+            let floor_bytes = 2.0 * (4 * shape.qk_len() + 3 * shape.v_len()) as f64;
+            Some((ms, min_ms, floor_bytes / HBM_BYTES_PER_S * 1e3))
+        }
+        None => None,
+    };
 
     // Set 0's output (every run of the same inputs gives the same bits).
     fwd.launch(stream, forward_args(shape, &mut device[0]))?;
@@ -373,6 +459,7 @@ fn bench_shape(
         plan: plan.expect("at least one warm-up launch"),
         sets,
         probes_ms,
+        backward_ms,
     };
     if let Some(root) = &opts.dump {
         let t1 = Instant::now();
@@ -447,6 +534,10 @@ fn results_json(device: &str, sm_count: u32, warmup: usize, iters: usize, rows: 
                 r.probes_ms
                     .iter()
                     .map(|(probe, ms)| format!(", \"{}_ms\": {ms:.5}", probe.label()))
+                    .chain(r.backward_ms.map(|(ms, min_ms, floor_ms)| format!(
+                        ", \"backward_ms\": {ms:.5}, \"backward_min_ms\": {min_ms:.5}, \
+                         \"backward_hbm_floor_ms\": {floor_ms:.5}"
+                    )))
                     .collect::<String>()
             )
         })
@@ -482,6 +573,16 @@ fn run(opts: &Options) -> Result<()> {
         .max(0) as usize;
     let mut fwd = ScalarDecayForward::new(&rt)?;
     fwd.set_num_segments(opts.segments)?;
+    let mut bwd = opts
+        .backward
+        .then(|| ScalarDecayBackward::new(&rt))
+        .transpose()?;
+    if let Some(bwd) = bwd.as_mut() {
+        bwd.forward_mut().set_num_segments(opts.segments)?;
+        if let Some(ctas) = opts.target_ctas {
+            bwd.forward_mut().set_target_ctas(ctas)?;
+        }
+    }
     if let Some(ctas) = opts.target_ctas {
         fwd.set_target_ctas(ctas)?;
     }
@@ -499,7 +600,7 @@ fn run(opts: &Options) -> Result<()> {
             dk: d,
             dv: d,
         };
-        let row = bench_shape(&mut fwd, &stream, shape, opts, l2_bytes)?;
+        let row = bench_shape(&mut fwd, bwd.as_mut(), &stream, shape, opts, l2_bytes)?;
         println!(
             "B={b} T={t} H={h} D={d}: ours {:.4} ms (min {:.4}, S={}, {} output kernel, {} input set(s)), HBM floor {:.4} ms = {:.2} of ours",
             row.ours_ms,
@@ -518,6 +619,13 @@ fn run(opts: &Options) -> Result<()> {
                 .collect();
             println!("  {}", probes.join(", "));
         }
+        if let Some((ms, min_ms, floor_ms)) = row.backward_ms {
+            println!(
+                "  backward {ms:.4} ms (min {min_ms:.4}), {:.2}x the forward, HBM floor {floor_ms:.4} ms = {:.2} of it",
+                ms / row.ours_ms,
+                floor_ms / ms
+            );
+        }
         rows.push(row);
     }
     let json = results_json(&device, fwd.sm_count(), opts.warmup, opts.iters, &rows);
@@ -530,6 +638,7 @@ fn run(opts: &Options) -> Result<()> {
         None if opts.dump.is_none() => print!("{json}"),
         None => {}
     }
+    drop(bwd);
     drop(fwd);
     rt.shutdown()
 }
@@ -615,6 +724,7 @@ mod tests {
             plan: ForwardPlan::new(&shape, 132, None).unwrap(),
             sets: 1,
             probes_ms: vec![(OutputProbe::Output, 0.3), (OutputProbe::Memory, 0.2)],
+            backward_ms: Some((1.25, 1.2, 0.5)),
         };
         let keep = std::env::var_os("FORWARD_BENCH_TEST_DUMP").map(PathBuf::from);
         let root = keep.clone().unwrap_or_else(|| {
@@ -649,7 +759,13 @@ mod tests {
         );
         assert!(json.contains("\"dir\": \"B2_T130_H3_D64\""), "{json}");
         assert!(
-            json.contains("\"sets\": 1, \"output_ms\": 0.30000, \"probe_memory_ms\": 0.20000}")
+            json.contains(
+                "\"backward_ms\": 1.25000, \"backward_min_ms\": 1.20000, \"backward_hbm_floor_ms\": 0.50000"
+            ),
+            "{json}"
+        );
+        assert!(
+            json.contains("\"sets\": 1, \"output_ms\": 0.30000, \"probe_memory_ms\": 0.20000, ")
                 && json.contains("\"probes\": "),
             "{json}"
         );

@@ -2,6 +2,8 @@
 //!
 //! * [`scalar_decay::ScalarDecayForward`]: the chunkwise forward of scalar-decay linear attention
 //!   (simple GLA / RetNet / Lightning) on one GPU.
+//! * [`scalar_decay_backward::ScalarDecayBackward`]: its backward (dq, dk, dv, dg, dh0) on one GPU.
+//! * [`lasp2::Lasp2Forward`]: the LASP-2 forward across GPUs.
 //!
 //! Tensors are passed as [`DeviceRef`] (read) and [`DeviceMut`] (written) views: a device address,
 //! an element count and a borrow of the buffer they came from, so the borrow checker keeps an
@@ -21,6 +23,7 @@ use std::sync::Arc;
 
 pub mod lasp2;
 pub mod scalar_decay;
+pub mod scalar_decay_backward;
 
 /// bfloat16, the element type of activations (`half::bf16`, which cudarc's `f16` feature also
 /// uses, so `CudaSlice<bf16>` works as is).

@@ -725,6 +725,9 @@ pub struct ScalarDecayForward {
     /// Indexed by Dk: [64, 128].
     states: [Kernel; 2],
     output: [Kernel; 2],
+    /// The time-reversed states and output kernels of the backward's dk and dv passes (Dk-indexed).
+    states_reversed: [Kernel; 2],
+    output_reversed: [Kernel; 2],
     /// The two-role output kernels, for plans with one segment (None where this GPU has no Tensor
     /// Memory Accelerator or cannot give a block their shared memory: such plans use `output`).
     output_roles: Option<[Kernel; 2]>,
@@ -739,6 +742,13 @@ pub struct ScalarDecayForward {
     /// False: plans with one segment use the one-warpgroup output kernel too (tests, tuning).
     two_role_output: bool,
     workspace: Option<CudaSlice<u8>>,
+}
+
+/// The order in which a pass walks the tokens (the backward's dk and dv passes run reversed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TimeDirection {
+    Forward,
+    Reversed,
 }
 
 fn dk_index(dk: usize) -> usize {
@@ -817,6 +827,17 @@ impl ScalarDecayForward {
                 "lasp_scalar_decay_output_dk128",
             ],
         )?;
+        let (states_reversed, output_reversed) = segment_kernels(
+            runtime,
+            [
+                "lasp_scalar_decay_states_reversed_dk64",
+                "lasp_scalar_decay_states_reversed_dk128",
+            ],
+            [
+                "lasp_scalar_decay_output_reversed_dk64",
+                "lasp_scalar_decay_output_reversed_dk128",
+            ],
+        )?;
         let module = runtime.module();
         let optin = ctx.attribute(
             sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
@@ -843,6 +864,8 @@ impl ScalarDecayForward {
             ctx,
             states,
             output,
+            states_reversed,
+            output_reversed,
             output_roles,
             fold,
             probes: None,
@@ -943,13 +966,18 @@ impl ScalarDecayForward {
     }
 
     /// Validates a call (shape, tensors, stream, in debug builds the gates), makes the workspace
-    /// large enough, and returns its plan and the kernels' params.
+    /// large enough, and returns its plan and the kernels' params. A time-reversed pass runs the
+    /// one-warpgroup output kernel (the two-role kernel's tensor maps read tokens in order only).
     fn prepare(
         &mut self,
         stream: &Arc<CudaStream>,
         args: &ForwardArgs<'_>,
+        direction: TimeDirection,
     ) -> Result<(ForwardPlan, ScalarDecayParams)> {
-        let plan = self.plan(&args.shape)?;
+        let plan = match direction {
+            TimeDirection::Forward => self.plan(&args.shape)?,
+            TimeDirection::Reversed => self.plan(&args.shape)?.with_one_warpgroup_output(),
+        };
         let scale = check_args(args)?;
         if !Arc::ptr_eq(stream.context(), &self.ctx) {
             return Err(invalid(
@@ -1009,18 +1037,38 @@ impl ScalarDecayForward {
         stream: &Arc<CudaStream>,
         args: ForwardArgs<'_>,
     ) -> Result<ForwardPlan> {
-        let (plan, params) = self.prepare(stream, &args)?;
+        self.launch_in(stream, args, TimeDirection::Forward)
+    }
+
+    /// [`ScalarDecayForward::launch`] over the tokens in `direction`: reversed, token `t` of the
+    /// recurrence is token `T-1-t` of the tensors (o included) with log-decay `g[T-t]` (0 for
+    /// `t = 0`), which turns the recurrence's prefix sums into the suffix sums of the backward.
+    pub(crate) fn launch_in(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        args: ForwardArgs<'_>,
+        direction: TimeDirection,
+    ) -> Result<ForwardPlan> {
+        let (plan, params) = self.prepare(stream, &args, direction)?;
         let i = dk_index(args.shape.dk);
-        let output = self.output_launch(&plan, &params)?;
+        let (states, output) = match direction {
+            TimeDirection::Forward => (self.states[i], self.output_launch(&plan, &params)?),
+            TimeDirection::Reversed => (
+                self.states_reversed[i],
+                OutputLaunch::OneWarpgroup(self.output_reversed[i], plan.output, params),
+            ),
+        };
         // SAFETY: ScalarDecayParams has the C layout of lasp_scalar_decay_params (tests below);
         // RolesParams that of lasp_sd_roles_params, with maps of the same tensors; the shape is
         // supported, every tensor has the length, alignment and non-overlap the kernels need
         // (checked in prepare), the views borrow their buffers for the call and their
         // contracts keep the memory valid until the kernels complete; the workspace is owned by
         // self and freed only after a context synchronisation.
+        // The reversed kernels take the same params and read and write the same tensors, tokens in
+        // the other order.
         unsafe {
-            if let (Some(states), Some(fold)) = (plan.states, plan.fold) {
-                self.states[i].launch(stream, states, &params)?;
+            if let (Some(states_shape), Some(fold)) = (plan.states, plan.fold) {
+                states.launch(stream, states_shape, &params)?;
                 self.fold.launch(stream, fold, &params)?;
             }
             output.enqueue(stream)?;
@@ -1059,7 +1107,7 @@ impl ScalarDecayForward {
         args: ForwardArgs<'_>,
         probe: OutputProbe,
     ) -> Result<ForwardPlan> {
-        let (plan, params) = self.prepare(stream, &args)?;
+        let (plan, params) = self.prepare(stream, &args, TimeDirection::Forward)?;
         let i = dk_index(args.shape.dk);
         // The probes are variants of the one-warpgroup output kernel and launch like it, also
         // where the plan runs the two-role kernel.

@@ -167,6 +167,30 @@ struct SegmentArgs {
   float scale;
 };
 
+// The loops' time axis over (b, h)'s rows of the fla layout [B, T, H, D] (multiply by D for
+// elements): loop token t is row first + t * step, its gate row gate_first + t * step.
+// In order (the forward): token t is token t. Reversed (kReversed, the backward's dk and dv passes,
+// lasp_scalar_decay_*_reversed_*): loop token t is token T-1-t of the tensors with log-decay
+// a_{T-t}, and token 0's log-decay is 0 (its gate row would lie past (b, h)'s last token; it is
+// zero-filled, never read: is_gate_read), so the same loops compute sums over later tokens.
+// A template parameter, so the in-order loops compile as if it did not exist.
+template <bool kReversed>
+struct TimeAxis {
+  int64_t first, gate_first, step;
+  __device__ __forceinline__ TimeAxis(const SegmentArgs& a, int b, int h) {
+    const int64_t row_b = (int64_t)b * a.T * a.H + h;  // token 0 of (b, h)
+    if constexpr (kReversed) {
+      first = row_b + (int64_t)(a.T - 1) * a.H;
+      gate_first = first + a.H;
+      step = -(int64_t)a.H;
+    } else {
+      first = gate_first = row_b;
+      step = a.H;
+    }
+  }
+  __device__ __forceinline__ static bool is_gate_read(int tok) { return !kReversed || tok != 0; }
+};
+
 // The segment of this CTA: grid (Dv tile, segment, b*H+h) with `chunks_per_segment` chunks per
 // segment (the last may hold fewer). Shared by every kernel family whose params carry the same
 // field names (lasp_scalar_decay_params, lasp_lasp2_params).
@@ -596,7 +620,7 @@ __device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s,
 //   end(s, lane, lambda): the epilogue, given the segment's end state and its log-decay
 //                   (sum of the chunks' gamma in chunk order).
 // kProbe: Probe::kNone except in the output kernel's probes.
-template <int DK, Probe kProbe = Probe::kNone, class Start, class End>
+template <int DK, Probe kProbe = Probe::kNone, bool kReversed = false, class Start, class End>
 __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& start, End&& end) {
   using L = Layout<DK, true>;
   static_assert(L::kBytes == lasp_sd_output_smem_bytes(DK), "shared-memory map and host formula disagree");
@@ -618,12 +642,13 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
   const int c_begin = a.c_begin;
   const int n_chunks = a.n_chunks;
 
-  const int64_t row_bt0 = (int64_t)b * T * a.H + h;  // token 0 of (b, h); fla layout [B, T, H, D]
-  const int64_t qk_stride = (int64_t)a.H * DK, v_stride = (int64_t)a.H * Dv;
+  const TimeAxis<kReversed> axis(a, b, h);
+  const int64_t row_bt0 = axis.first;  // loop token 0 of (b, h)
+  const int64_t qk_stride = axis.step * DK, v_stride = axis.step * Dv;
   const uint16_t* q = a.q + row_bt0 * DK;
   const uint16_t* k = a.k + row_bt0 * DK;
   const uint16_t* v = a.v + row_bt0 * Dv + vt * kTileV;
-  const float* gate = a.g + row_bt0;
+  const float* gate = a.g + axis.gate_first;
 
   // Chunks copied from global memory: all, or for the compute probes one per stage.
   const int n_loaded = kEveryChunkFromMemory ? n_chunks : min(n_chunks, kStages);
@@ -637,8 +662,8 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
     copy_tile_async<kQKChunks>(stage + L::kK, k + tok0 * qk_stride, qk_stride, valid, tid);
     copy_tile_async<kVChunks>(stage + L::kV, v + tok0 * v_stride, v_stride, valid, tid);
     if (tid < kChunk) {
-      const bool ok = tid < valid;
-      cp_async_4(gates + 4 * tid, ok ? gate + (int64_t)(tok0 + tid) * a.H : gate, ok);
+      const bool ok = tid < valid && axis.is_gate_read(tok0 + tid);
+      cp_async_4(gates + 4 * tid, ok ? gate + (tok0 + tid) * axis.step : kReversed ? a.g : gate, ok);
     }
   };
 
@@ -770,7 +795,7 @@ __device__ __forceinline__ void issue_states_update(StateRegs<DK>& s, uint32_t s
 // Runs one CTA's segment of a states kernel (grid as the output kernels': Dv tile, segment, b*H+h).
 //   end(s, lane, lambda): the epilogue, given the segment's end state M and its log-decay Lambda
 //                   (the chunks' gamma summed from the last chunk to the first).
-template <int DK, class End>
+template <int DK, bool kReversed = false, class End>
 __device__ __forceinline__ void run_states_segment(const SegmentArgs& a, End&& end) {
   using L = Layout<DK, false, kStatesStages>;
   static_assert(L::kBytes == lasp_sd_states_smem_bytes(DK), "shared-memory map and host formula disagree");
@@ -782,11 +807,12 @@ __device__ __forceinline__ void run_states_segment(const SegmentArgs& a, End&& e
   const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
   const int b = a.bh / a.H, h = a.bh % a.H;
   const int T = a.T;
-  const int64_t row_bt0 = (int64_t)b * T * a.H + h;  // token 0 of (b, h); fla layout [B, T, H, D]
-  const int64_t k_stride = (int64_t)a.H * DK, v_stride = (int64_t)a.H * a.Dv;
+  const TimeAxis<kReversed> axis(a, b, h);
+  const int64_t row_bt0 = axis.first;  // loop token 0 of (b, h)
+  const int64_t k_stride = axis.step * DK, v_stride = axis.step * a.Dv;
   const uint16_t* k = a.k + row_bt0 * DK;
   const uint16_t* v = a.v + row_bt0 * a.Dv + a.vt * kTileV;
-  const float* gate = a.g + row_bt0;
+  const float* gate = a.g + axis.gate_first;
 
   // Step j takes chunk n_chunks - 1 - j of the segment, in stage j % kStatesStages.
   auto issue_step = [&](int j) {
@@ -796,8 +822,8 @@ __device__ __forceinline__ void run_states_segment(const SegmentArgs& a, End&& e
     copy_tile_async<DK / 8>(stage + L::kK, k + tok0 * k_stride, k_stride, valid, tid);
     copy_tile_async<kTileV / 8>(stage + L::kV, v + tok0 * v_stride, v_stride, valid, tid);
     if (tid < kChunk) {
-      const bool ok = tid < valid;
-      cp_async_4(sbase + L::gates(j) + 4 * tid, ok ? gate + (int64_t)(tok0 + tid) * a.H : gate, ok);
+      const bool ok = tid < valid && axis.is_gate_read(tok0 + tid);
+      cp_async_4(sbase + L::gates(j) + 4 * tid, ok ? gate + (tok0 + tid) * axis.step : kReversed ? a.g : gate, ok);
     }
   };
 

@@ -1,0 +1,546 @@
+//! Scalar-decay linear attention backward on one GPU: the gradients of
+//! [`ScalarDecayForward`](super::scalar_decay::ScalarDecayForward)'s `o` (and `ht`) with respect to
+//! `q, k, v, g` (and `h0`).
+//!
+//! With `sigma = scale`, `G_t = a_0 + ... + a_t` and the reverse state
+//! `dH_s = sigma sum_{t >= s} e^{G_t - G_s} q_t^T do_t + e^{G_{T-1} - G_s} dht`:
+//! `dq_t = sigma S_t do_t^T`, `dk_s = v_s dH_s^T`, `dv_s = k_s dH_s`, `dh0 = e^{a_0} dH_0` and
+//! `dg_t = sum_{u >= t} (q_u . dq_u - k_u . dk_u) + <ht, dht>` (research/kernel-anchors.md §5.1,
+//! the CPU reference `reference::scalar_decay::backward`).
+//!
+//! `dq` is the forward recurrence with `dO, V, K` in the roles of `Q, K, V` and `h0^T` as its start;
+//! `dv` and `dk` are the same recurrence over the tokens from last to first (dH's suffix sums are
+//! the reversed sequence's prefix sums) with `K, Q, dO` and `V, dO, Q`, started from `dht / sigma`
+//! and its transpose. So the backward runs the forward's chunkwise kernels three times (the
+//! reversed passes in their time-reversed build) and three small kernels for the start states and
+//! the gate gradient (`kernels/cuda/scalar_decay_bwd.cu`, formulas in
+//! `kernels/cuda/include/lasp/scalar_decay_bwd_params.h`, mirrored by [`geometry`]).
+//! Gradients are bf16 (`dq, dk, dv`) and fp32 (`dg, dh0`), as fla returns them.
+
+use super::scalar_decay::{
+    check_args, ForwardArgs, ForwardShape, ScalarDecayForward, TimeDirection,
+};
+use super::{bf16, ranges_overlap, DeviceMut, DeviceRef};
+use crate::error::{Error, Result};
+use crate::kernel::{Kernel, LaunchShape};
+use crate::runtime::Runtime;
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+use std::sync::Arc;
+
+/// Launch and workspace formulas, a port of `scalar_decay_bwd_params.h` (same integer types).
+pub mod geometry {
+    /// `LASP_SDB_STATE_THREADS`.
+    pub const STATE_THREADS: u32 = 256;
+    /// `LASP_SDB_TERM_THREADS`.
+    pub const TERM_THREADS: u32 = 256;
+    /// `LASP_SDB_GRAD_THREADS`.
+    pub const GRAD_THREADS: u32 = 1024;
+
+    /// `lasp_sdb_state_inputs_grid`.
+    pub const fn state_inputs_grid(b: i32, h: i32, dk: i32, dv: i32) -> (u32, u32, u32) {
+        (
+            ((dk * dv + STATE_THREADS as i32 - 1) / STATE_THREADS as i32) as u32,
+            (b * h) as u32,
+            1,
+        )
+    }
+
+    /// `LASP_SDB_TERM_ROWS_PER_THREAD`.
+    pub const TERM_ROWS_PER_THREAD: i32 = 4;
+
+    /// `lasp_sdb_term_rows_per_cta`.
+    pub const fn term_rows_per_cta(dk: i32) -> i32 {
+        TERM_THREADS as i32 / (dk / 8) * TERM_ROWS_PER_THREAD
+    }
+
+    /// `lasp_sdb_gate_terms_grid`.
+    pub const fn gate_terms_grid(b: i32, t: i32, h: i32, dk: i32) -> (u32, u32, u32) {
+        let rows = b as i64 * t as i64 * h as i64;
+        let per_cta = term_rows_per_cta(dk) as i64;
+        (((rows + per_cta - 1) / per_cta) as u32, 1, 1)
+    }
+
+    /// `lasp_sdb_gate_grad_grid`.
+    pub const fn gate_grad_grid(b: i32, h: i32) -> (u32, u32, u32) {
+        ((b * h) as u32, 1, 1)
+    }
+
+    /// `lasp_sdb_state_bytes`: one fp32 `[B, H, Dk, Dv]` state.
+    pub const fn state_bytes(b: i32, h: i32, dk: i32, dv: i32) -> u64 {
+        b as u64 * h as u64 * dk as u64 * dv as u64 * 4
+    }
+
+    /// `lasp_sdb_gate_terms_offset`: after the five states.
+    pub const fn gate_terms_offset(b: i32, h: i32, dk: i32, dv: i32) -> u64 {
+        5 * state_bytes(b, h, dk, dv)
+    }
+
+    /// `lasp_sdb_workspace_bytes`.
+    pub const fn workspace_bytes(b: i32, t: i32, h: i32, dk: i32, dv: i32) -> u64 {
+        gate_terms_offset(b, h, dk, dv) + (b as u64 * h as u64 * t as u64 * 4).div_ceil(16) * 16
+    }
+}
+
+/// The C struct `lasp_sd_bwd_params` (144 bytes). Device pointers are raw addresses; NULL (0)
+/// where a tensor is absent.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BackwardParams {
+    pub q: u64,
+    pub k: u64,
+    pub dq: u64,
+    pub dk: u64,
+    pub g: u64,
+    pub h0: u64,
+    pub dht: u64,
+    pub h0_t: u64,
+    pub dht_scaled: u64,
+    pub dht_t_scaled: u64,
+    pub ht_t: u64,
+    pub dh0_scaled: u64,
+    pub gate_terms: u64,
+    pub dg: u64,
+    pub dh0: u64,
+    pub b: i32,
+    pub t: i32,
+    pub h: i32,
+    pub dk_dim: i32,
+    pub dv_dim: i32,
+    pub scale: f32,
+}
+
+/// The tensors of one backward call: the forward's inputs, the output gradients, and the
+/// gradients to write. All must live in the runtime's GPU context.
+#[derive(Debug)]
+pub struct BackwardArgs<'a> {
+    /// The dimensions every tensor must agree with (Dk and Dv each 64 or 128).
+    pub shape: ForwardShape,
+    /// The forward's q, k `[B, T, H, Dk]` and v `[B, T, H, Dv]`, bf16, 16-byte aligned.
+    pub q: DeviceRef<'a, bf16>,
+    pub k: DeviceRef<'a, bf16>,
+    pub v: DeviceRef<'a, bf16>,
+    /// The forward's log-decays `[B, T, H]`, fp32, finite and `<= 0`.
+    pub g: DeviceRef<'a, f32>,
+    /// The forward's initial state `[B, H, Dk, Dv]` fp32, or `None` for zero.
+    pub h0: Option<DeviceRef<'a, f32>>,
+    /// The gradient of o `[B, T, H, Dv]`, bf16, 16-byte aligned.
+    pub d_o: DeviceRef<'a, bf16>,
+    /// The gradient of the final state `[B, H, Dk, Dv]` fp32, or `None` for zero.
+    pub d_ht: Option<DeviceRef<'a, f32>>,
+    /// Gradients of q, k `[B, T, H, Dk]` and v `[B, T, H, Dv]`, bf16; every element is written.
+    pub dq: DeviceMut<'a, bf16>,
+    pub dk: DeviceMut<'a, bf16>,
+    pub dv: DeviceMut<'a, bf16>,
+    /// Gradient of g `[B, T, H]`, fp32; every element is written.
+    pub dg: DeviceMut<'a, f32>,
+    /// Gradient of h0 `[B, H, Dk, Dv]` fp32, or `None` to skip it.
+    pub dh0: Option<DeviceMut<'a, f32>>,
+    /// The forward's `sigma`; `None` for `Dk^-1/2`.
+    pub scale: Option<f32>,
+}
+
+fn invalid(msg: String) -> Error {
+    Error::InvalidArgument(msg)
+}
+
+/// Checks the shape, every tensor's length and alignment, and that no gradient overlaps an input
+/// or another gradient; returns the scale.
+fn check_backward_args(args: &BackwardArgs<'_>) -> Result<f32> {
+    let s = args.shape;
+    s.validate()?;
+    if s.dv != 64 && s.dv != 128 {
+        return Err(invalid(format!(
+            "scalar-decay backward: Dv = {} is not supported (the dq and dk passes run the \
+             forward kernels with Dv as their key width, built for 64 and 128); split v into \
+             blocks of 64 or 128 columns and run one forward and backward per block",
+            s.dv
+        )));
+    }
+    // Lengths, alignment and the scale, as the forward checks them (o stands for dv here).
+    // SAFETY: a second view of dv's memory, only read for its address and length by the check;
+    // nothing is launched with it.
+    let dv_for_check = unsafe { DeviceMut::from_raw(args.dv.addr(), args.dv.len()) };
+    let scale = check_args(&ForwardArgs {
+        shape: s,
+        q: args.q,
+        k: args.k,
+        v: args.v,
+        g: args.g,
+        h0: args.h0,
+        o: dv_for_check,
+        ht: None,
+        scale: args.scale,
+    })
+    .map_err(|e| match e {
+        Error::InvalidArgument(m) => {
+            invalid(m.replace("scalar-decay forward", "scalar-decay backward"))
+        }
+        other => other,
+    })?;
+    let dims = format!("B={}, T={}, H={}, Dk={}, Dv={}", s.b, s.t, s.h, s.dk, s.dv);
+    let length = |name: &str, layout: &str, got: usize, want: usize| -> Result<()> {
+        if got == want {
+            Ok(())
+        } else {
+            Err(invalid(format!(
+                "scalar-decay backward: {name} has {got} elements but {layout} with {dims} needs \
+                 {want}; pass the shape the tensors were made with (fla layout, contiguous)"
+            )))
+        }
+    };
+    length("d_o", "[B, T, H, Dv]", args.d_o.len(), s.v_len())?;
+    length("dq", "[B, T, H, Dk]", args.dq.len(), s.qk_len())?;
+    length("dk", "[B, T, H, Dk]", args.dk.len(), s.qk_len())?;
+    length("dv", "[B, T, H, Dv]", args.dv.len(), s.v_len())?;
+    length("dg", "[B, T, H]", args.dg.len(), s.gate_len())?;
+    if let Some(d_ht) = &args.d_ht {
+        length("d_ht", "[B, H, Dk, Dv]", d_ht.len(), s.state_len())?;
+    }
+    if let Some(dh0) = &args.dh0 {
+        length("dh0", "[B, H, Dk, Dv]", dh0.len(), s.state_len())?;
+    }
+    let aligned = |name: &str, addr: u64, to: u64| -> Result<()> {
+        if addr % to == 0 {
+            Ok(())
+        } else {
+            Err(invalid(format!(
+                "scalar-decay backward: {name} starts at device address {addr:#x}, which is not \
+                 {to}-byte aligned; pass a tensor whose data starts on a {to}-byte boundary"
+            )))
+        }
+    };
+    aligned("d_o", args.d_o.addr(), 16)?;
+    aligned("dq", args.dq.addr(), 16)?;
+    aligned("dk", args.dk.addr(), 16)?;
+    aligned("dv", args.dv.addr(), 16)?;
+    aligned("dg", args.dg.addr(), 4)?;
+    if let Some(d_ht) = &args.d_ht {
+        aligned("d_ht", d_ht.addr(), 8)?;
+    }
+    if let Some(dh0) = &args.dh0 {
+        aligned("dh0", dh0.addr(), 8)?;
+    }
+    let mut inputs = vec![
+        ("q", args.q.byte_range()),
+        ("k", args.k.byte_range()),
+        ("v", args.v.byte_range()),
+        ("g", args.g.byte_range()),
+        ("d_o", args.d_o.byte_range()),
+    ];
+    inputs.extend(args.h0.map(|x| ("h0", x.byte_range())));
+    inputs.extend(args.d_ht.map(|x| ("d_ht", x.byte_range())));
+    let mut outputs = vec![
+        ("dq", args.dq.byte_range()),
+        ("dk", args.dk.byte_range()),
+        ("dv", args.dv.byte_range()),
+        ("dg", args.dg.byte_range()),
+    ];
+    outputs.extend(args.dh0.as_ref().map(|x| ("dh0", x.byte_range())));
+    for (i, (out_name, out)) in outputs.iter().enumerate() {
+        let others = inputs.iter().chain(&outputs[i + 1..]);
+        if let Some((name, _)) = others.into_iter().find(|(_, r)| ranges_overlap(*out, *r)) {
+            return Err(invalid(format!(
+                "scalar-decay backward: {out_name} overlaps {name} (the passes read the inputs \
+                 and write every gradient while other gradients are being computed); give \
+                 {out_name} its own buffer"
+            )));
+        }
+    }
+    Ok(scale)
+}
+
+/// The scalar-decay backward: the forward's kernels (in both time directions), the three kernels
+/// of its own, and a workspace for the passes' start and end states and the per-token gate terms.
+///
+/// Launches of one instance on different streams must be ordered by the caller (the workspaces
+/// are shared). The workspace grows on demand (a context synchronisation then) and is freed when
+/// the instance is dropped (after a context synchronisation).
+pub struct ScalarDecayBackward {
+    ctx: Arc<CudaContext>,
+    forward: ScalarDecayForward,
+    state_inputs: Kernel,
+    gate_terms: Kernel,
+    gate_grad: Kernel,
+    workspace: Option<CudaSlice<u8>>,
+}
+
+impl ScalarDecayBackward {
+    /// Looks up the kernels in the runtime's module.
+    pub fn new(runtime: &Runtime) -> Result<Self> {
+        let module = runtime.module();
+        Ok(ScalarDecayBackward {
+            ctx: runtime.context().clone(),
+            forward: ScalarDecayForward::new(runtime)?,
+            state_inputs: module.kernel("lasp_sd_bwd_state_inputs")?,
+            gate_terms: module.kernel("lasp_sd_bwd_gate_terms")?,
+            gate_grad: module.kernel("lasp_sd_bwd_gate_grad")?,
+            workspace: None,
+        })
+    }
+
+    /// The forward whose kernels the passes run (its plan policy and overrides apply to them).
+    pub fn forward_mut(&mut self) -> &mut ScalarDecayForward {
+        &mut self.forward
+    }
+
+    /// Enqueues the backward on `stream` (a stream of the runtime's context). Everything is
+    /// validated before the first launch; in debug builds each pass also checks the gates,
+    /// which synchronises `stream`.
+    pub fn launch(&mut self, stream: &Arc<CudaStream>, args: BackwardArgs<'_>) -> Result<()> {
+        let scale = check_backward_args(&args)?;
+        if !Arc::ptr_eq(stream.context(), &self.ctx) {
+            return Err(invalid(
+                "scalar-decay backward: the stream belongs to another CUDA context; launch on a \
+                 stream of the runtime's GPU"
+                    .into(),
+            ));
+        }
+        let s = args.shape;
+        let (b, t, h, dk, dv) = (s.b as i32, s.t as i32, s.h as i32, s.dk as i32, s.dv as i32);
+        super::ensure_workspace(
+            &self.ctx,
+            stream,
+            &mut self.workspace,
+            geometry::workspace_bytes(b, t, h, dk, dv),
+            "scalar-decay backward",
+        )?;
+        let (ws, _no_events) = self
+            .workspace
+            .as_ref()
+            .expect("ensured above")
+            .device_ptr(stream);
+        let state = geometry::state_bytes(b, h, dk, dv);
+        let state_len = s.state_len();
+        let part = |i: u64| ws + i * state;
+        let params = BackwardParams {
+            q: args.q.addr(),
+            k: args.k.addr(),
+            dq: args.dq.addr(),
+            dk: args.dk.addr(),
+            g: args.g.addr(),
+            h0: args.h0.map_or(0, |x| x.addr()),
+            dht: args.d_ht.map_or(0, |x| x.addr()),
+            h0_t: part(0),
+            dht_scaled: part(1),
+            dht_t_scaled: part(2),
+            ht_t: part(3),
+            dh0_scaled: part(4),
+            gate_terms: ws + geometry::gate_terms_offset(b, h, dk, dv),
+            dg: args.dg.addr(),
+            dh0: args.dh0.as_ref().map_or(0, |x| x.addr()),
+            b,
+            t,
+            h,
+            dk_dim: dk,
+            dv_dim: dv,
+            scale,
+        };
+        // Views of one workspace state each.
+        // SAFETY: every address is a `state_len`-float part of the workspace (geometry), owned by
+        // self and freed only after a context synchronisation; each part is written by one
+        // kernel and read by later ones on this stream.
+        let ws_ref = |addr: u64| unsafe { DeviceRef::<f32>::from_raw(addr, state_len) };
+        // SAFETY: as for ws_ref.
+        let ws_mut = |addr: u64| unsafe { DeviceMut::<f32>::from_raw(addr, state_len) };
+        let transposed = ForwardShape {
+            dk: s.dv,
+            dv: s.dk,
+            ..s
+        };
+        let has_h0 = args.h0.is_some();
+        let has_dht = args.d_ht.is_some();
+        let has_dh0 = args.dh0.is_some();
+
+        self.ctx.bind_to_thread()?;
+        if has_h0 || has_dht {
+            // SAFETY: BackwardParams has the C layout of lasp_sd_bwd_params (tests); it reads h0
+            // and d_ht (checked lengths) and writes workspace states owned by self.
+            unsafe {
+                self.state_inputs.launch(
+                    stream,
+                    LaunchShape {
+                        grid: geometry::state_inputs_grid(b, h, dk, dv),
+                        block: (geometry::STATE_THREADS, 1, 1),
+                        shared_bytes: 0,
+                    },
+                    &params,
+                )?;
+            }
+        }
+        // dq: dO, V, K in the roles of Q, K, V from h0^T; its final state is ht^T (for dg).
+        self.forward.launch_in(
+            stream,
+            ForwardArgs {
+                shape: transposed,
+                q: args.d_o,
+                k: args.v,
+                v: args.k,
+                g: args.g,
+                h0: has_h0.then(|| ws_ref(params.h0_t)),
+                o: args.dq,
+                ht: has_dht.then(|| ws_mut(params.ht_t)),
+                scale: Some(scale),
+            },
+            TimeDirection::Forward,
+        )?;
+        // dv, reversed: K, Q, dO from dht / sigma; its final state is dH_0 / sigma (for dh0).
+        self.forward.launch_in(
+            stream,
+            ForwardArgs {
+                shape: s,
+                q: args.k,
+                k: args.q,
+                v: args.d_o,
+                g: args.g,
+                h0: has_dht.then(|| ws_ref(params.dht_scaled)),
+                o: args.dv,
+                ht: has_dh0.then(|| ws_mut(params.dh0_scaled)),
+                scale: Some(scale),
+            },
+            TimeDirection::Reversed,
+        )?;
+        // dk, reversed: V, dO, Q from dht^T / sigma.
+        self.forward.launch_in(
+            stream,
+            ForwardArgs {
+                shape: transposed,
+                q: args.v,
+                k: args.d_o,
+                v: args.q,
+                g: args.g,
+                h0: has_dht.then(|| ws_ref(params.dht_t_scaled)),
+                o: args.dk,
+                ht: None,
+                scale: Some(scale),
+            },
+            TimeDirection::Reversed,
+        )?;
+        self.ctx.bind_to_thread()?;
+        // SAFETY: as above; gate_terms reads q, k and the passes' dq, dk (ordered before it on the
+        // stream) and writes the workspace; gate_grad reads the workspace, g, d_ht and writes dg
+        // and dh0, whose lengths were checked.
+        unsafe {
+            self.gate_terms.launch(
+                stream,
+                LaunchShape {
+                    grid: geometry::gate_terms_grid(b, t, h, dk),
+                    block: (geometry::TERM_THREADS, 1, 1),
+                    shared_bytes: 0,
+                },
+                &params,
+            )?;
+            self.gate_grad.launch(
+                stream,
+                LaunchShape {
+                    grid: geometry::gate_grad_grid(b, h),
+                    block: (geometry::GRAD_THREADS, 1, 1),
+                    shared_bytes: 0,
+                },
+                &params,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ScalarDecayBackward {
+    fn drop(&mut self) {
+        if self.workspace.is_some() {
+            // Launches in flight may still use the workspace.
+            let _ = self.ctx.synchronize();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    const HEADER: &str =
+        include_str!("../../../kernels/cuda/include/lasp/scalar_decay_bwd_params.h");
+
+    fn define(name: &str) -> i64 {
+        HEADER
+            .lines()
+            .find_map(|l| {
+                let rest = l.trim().strip_prefix("#define ")?.strip_prefix(name)?;
+                rest.starts_with(' ')
+                    .then(|| rest.split_whitespace().next().unwrap().parse().unwrap())
+            })
+            .unwrap_or_else(|| panic!("#define {name} not in the header"))
+    }
+
+    #[test]
+    fn params_match_the_header_layout() {
+        let start = HEADER.find("typedef struct {").unwrap();
+        let end = HEADER.find("} lasp_sd_bwd_params;").unwrap();
+        let names: Vec<&str> = HEADER[start + "typedef struct {".len()..end]
+            .lines()
+            .filter_map(|l| {
+                let decl = l.split("//").next().unwrap().trim().strip_suffix(';')?;
+                decl.rsplit([' ', '*']).next()
+            })
+            .collect();
+        let rust = [
+            ("q", offset_of!(BackwardParams, q)),
+            ("k", offset_of!(BackwardParams, k)),
+            ("dq", offset_of!(BackwardParams, dq)),
+            ("dk", offset_of!(BackwardParams, dk)),
+            ("g", offset_of!(BackwardParams, g)),
+            ("h0", offset_of!(BackwardParams, h0)),
+            ("dht", offset_of!(BackwardParams, dht)),
+            ("h0_t", offset_of!(BackwardParams, h0_t)),
+            ("dht_scaled", offset_of!(BackwardParams, dht_scaled)),
+            ("dht_t_scaled", offset_of!(BackwardParams, dht_t_scaled)),
+            ("ht_t", offset_of!(BackwardParams, ht_t)),
+            ("dh0_scaled", offset_of!(BackwardParams, dh0_scaled)),
+            ("gate_terms", offset_of!(BackwardParams, gate_terms)),
+            ("dg", offset_of!(BackwardParams, dg)),
+            ("dh0", offset_of!(BackwardParams, dh0)),
+            ("B", offset_of!(BackwardParams, b)),
+            ("T", offset_of!(BackwardParams, t)),
+            ("H", offset_of!(BackwardParams, h)),
+            ("Dk", offset_of!(BackwardParams, dk_dim)),
+            ("Dv", offset_of!(BackwardParams, dv_dim)),
+            ("scale", offset_of!(BackwardParams, scale)),
+        ];
+        assert_eq!(
+            names,
+            rust.map(|(n, _)| n),
+            "field order differs from the header"
+        );
+        // 15 pointers, then six 4-byte fields, as a C compiler lays them out.
+        for (i, (name, offset)) in rust.iter().enumerate() {
+            let want = if i < 15 { 8 * i } else { 120 + 4 * (i - 15) };
+            assert_eq!(*offset, want, "offset of {name}");
+        }
+        assert_eq!(size_of::<BackwardParams>(), 144);
+    }
+
+    #[test]
+    fn geometry_matches_the_header() {
+        assert_eq!(
+            define("LASP_SDB_STATE_THREADS"),
+            geometry::STATE_THREADS as i64
+        );
+        assert_eq!(
+            define("LASP_SDB_TERM_THREADS"),
+            geometry::TERM_THREADS as i64
+        );
+        assert_eq!(
+            define("LASP_SDB_GRAD_THREADS"),
+            geometry::GRAD_THREADS as i64
+        );
+        assert_eq!(geometry::state_inputs_grid(4, 16, 128, 64), (32, 64, 1));
+        // 27 rows; 64 per CTA at Dk 128 (16 lanes per row), 128 at Dk 64.
+        assert_eq!(geometry::gate_terms_grid(1, 9, 3, 128), (1, 1, 1));
+        assert_eq!(geometry::gate_terms_grid(4, 8192, 16, 128), (8192, 1, 1));
+        assert_eq!(geometry::gate_terms_grid(4, 8192, 16, 64), (4096, 1, 1));
+        assert_eq!(geometry::gate_grad_grid(2, 3), (6, 1, 1));
+        assert_eq!(geometry::state_bytes(1, 2, 64, 128), 65536);
+        // Five states, then T*B*H floats rounded up to 16 bytes.
+        assert_eq!(geometry::workspace_bytes(1, 3, 1, 64, 64), 5 * 16384 + 16);
+        assert!(HEADER.contains("return 5u * lasp_sdb_state_bytes(B, H, Dk, Dv);"));
+    }
+}

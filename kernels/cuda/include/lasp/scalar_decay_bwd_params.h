@@ -1,0 +1,93 @@
+// Scalar-decay linear attention, backward: parameters and launch formulas of the kernels in
+// scalar_decay_bwd.cu, shared by the CUDA sources and the host (core/src/ops/scalar_decay_backward.rs
+// mirrors the struct and the formulas; its unit tests compare them with this file).
+//
+// The backward is three passes of the forward's chunkwise kernels with the roles of the tensors
+// exchanged (sigma = scale; states [Dk, Dv] as in the forward):
+//   dq pass   (in order):  q' = dO, k' = V, v' = K, h0' = h0^T          -> dq,  final state ht^T
+//   dv pass   (reversed):  q' = K,  k' = Q, v' = dO, h0' = dht / sigma  -> dv,  final state dH_0 / sigma
+//   dk pass   (reversed):  q' = V,  k' = dO, v' = Q, h0' = dht^T / sigma -> dk
+// A reversed pass reads token t as token T-1-t with log-decay a_{T-t} (a_T := 0), so its prefix
+// sums are the suffix sums dH_s = sigma sum_{t >= s} e^{G_t - G_s} q_t^T do_t + e^{G_{T-1} - G_s} dht.
+// Then the kernels here:
+//   lasp_sd_bwd_state_inputs  h0^T, dht / sigma, dht^T / sigma (the passes' start states)
+//   lasp_sd_bwd_gate_terms    dG_t = q_t . dq_t - k_t . dk_t        (per token and head)
+//   lasp_sd_bwd_gate_grad     dg_t = sum_{u >= t} dG_u + <ht, dht>, dh0 = sigma e^{a_0} (dH_0 / sigma)
+#pragma once
+#include <stdint.h>
+
+#if defined(__CUDACC__)
+#define LASP_SDB_FN static inline constexpr __host__ __device__
+#elif defined(__cplusplus)
+#define LASP_SDB_FN static inline constexpr
+#else
+#define LASP_SDB_FN static inline
+#endif
+
+#define LASP_SDB_STATE_THREADS 256   // lasp_sd_bwd_state_inputs: one thread per state element
+#define LASP_SDB_TERM_THREADS 256    // lasp_sd_bwd_gate_terms: Dk / 8 lanes per (b, t, h) row
+#define LASP_SDB_TERM_ROWS_PER_THREAD 4
+#define LASP_SDB_GRAD_THREADS 1024   // lasp_sd_bwd_gate_grad: one CTA per (b, h)
+
+typedef struct {
+  const uint16_t* q;        // bf16 [B, T, H, Dk]
+  const uint16_t* k;        // bf16 [B, T, H, Dk]
+  const uint16_t* dq;       // bf16 [B, T, H, Dk]: the dq pass's output
+  const uint16_t* dk;       // bf16 [B, T, H, Dk]: the dk pass's output
+  const float* g;           // fp32 [B, T, H]: log-decays
+  const float* h0;          // fp32 [B, H, Dk, Dv] or NULL
+  const float* dht;         // fp32 [B, H, Dk, Dv] or NULL (then the passes start from zero)
+  float* h0_t;              // fp32 [B, H, Dv, Dk]: h0^T (written when h0)
+  float* dht_scaled;        // fp32 [B, H, Dk, Dv]: dht / sigma (written when dht)
+  float* dht_t_scaled;      // fp32 [B, H, Dv, Dk]: dht^T / sigma (written when dht)
+  const float* ht_t;        // fp32 [B, H, Dv, Dk]: the dq pass's final state ht^T (read when dht)
+  const float* dh0_scaled;  // fp32 [B, H, Dk, Dv]: the dv pass's final state dH_0 / sigma (read when dh0)
+  float* gate_terms;        // fp32 [B, H, T]: dG_t
+  float* dg;                // fp32 [B, T, H]: the log-decays' gradient
+  float* dh0;               // fp32 [B, H, Dk, Dv] or NULL to skip
+  int32_t B;
+  int32_t T;
+  int32_t H;
+  int32_t Dk;               // 64 or 128
+  int32_t Dv;               // 64 or 128
+  float scale;              // sigma
+} lasp_sd_bwd_params;
+
+typedef struct {
+  uint32_t x, y, z;
+} lasp_sdb_dim3;
+
+LASP_SDB_FN lasp_sdb_dim3 lasp_sdb_state_inputs_grid(int32_t B, int32_t H, int32_t Dk, int32_t Dv) {
+  lasp_sdb_dim3 d = {(uint32_t)((Dk * Dv + LASP_SDB_STATE_THREADS - 1) / LASP_SDB_STATE_THREADS),
+                     (uint32_t)(B * H), 1u};
+  return d;
+}
+
+// Rows (b, t, h) per CTA of lasp_sd_bwd_gate_terms: Dk / 8 lanes per row, several rows per thread.
+LASP_SDB_FN int32_t lasp_sdb_term_rows_per_cta(int32_t Dk) {
+  return LASP_SDB_TERM_THREADS / (Dk / 8) * LASP_SDB_TERM_ROWS_PER_THREAD;
+}
+
+LASP_SDB_FN lasp_sdb_dim3 lasp_sdb_gate_terms_grid(int32_t B, int32_t T, int32_t H, int32_t Dk) {
+  const int64_t rows = (int64_t)B * T * H;
+  const int64_t per_cta = lasp_sdb_term_rows_per_cta(Dk);
+  lasp_sdb_dim3 d = {(uint32_t)((rows + per_cta - 1) / per_cta), 1u, 1u};
+  return d;
+}
+
+LASP_SDB_FN lasp_sdb_dim3 lasp_sdb_gate_grad_grid(int32_t B, int32_t H) {
+  lasp_sdb_dim3 d = {(uint32_t)(B * H), 1u, 1u};
+  return d;
+}
+
+// Workspace (bytes, 16-aligned parts): h0_t, dht_scaled, dht_t_scaled, ht_t, dh0_scaled (one
+// [B, H, Dk, Dv] fp32 state each), then gate_terms [B, H, T] fp32.
+LASP_SDB_FN uint64_t lasp_sdb_state_bytes(int32_t B, int32_t H, int32_t Dk, int32_t Dv) {
+  return (uint64_t)B * H * (uint64_t)Dk * Dv * 4u;
+}
+LASP_SDB_FN uint64_t lasp_sdb_gate_terms_offset(int32_t B, int32_t H, int32_t Dk, int32_t Dv) {
+  return 5u * lasp_sdb_state_bytes(B, H, Dk, Dv);
+}
+LASP_SDB_FN uint64_t lasp_sdb_workspace_bytes(int32_t B, int32_t T, int32_t H, int32_t Dk, int32_t Dv) {
+  return lasp_sdb_gate_terms_offset(B, H, Dk, Dv) + (((uint64_t)B * H * (uint64_t)T * 4u + 15u) / 16u) * 16u;
+}

@@ -1,0 +1,169 @@
+// Scalar-decay linear attention, backward: the kernels around the three chunkwise passes
+// (the passes and the maths: lasp/scalar_decay_bwd_params.h; the reversed passes:
+// lasp_scalar_decay_*_reversed_* in scalar_decay_fwd.cu).
+//
+// Gate gradient. Every log-decay enters through G_t = a_0 + ... + a_t, in e^{G_t - G_s} (query t,
+// key s), e^{G_t} (h0) and e^{G_{T-1} - G_s} (the final state), so
+//   dL/dG_t = q_t . dq_t - k_t . dk_t (+ <ht, dht> at t = T-1),   dL/da_t = sum_{u >= t} dL/dG_u.
+// dq and dk are the passes' bf16 outputs; the per-token dots accumulate in fp32 and the suffix sums
+// over up to 2^31 tokens in fp64, in a fixed order (the same bits on every run).
+#include <stdint.h>
+
+#include "lasp/scalar_decay_bwd_params.h"
+
+namespace {
+
+constexpr unsigned kAll = 0xffffffffu;
+
+// A 16-byte piece of a bf16 row: 8 values.
+__device__ __forceinline__ float dot8(uint4 a, uint4 b) {
+  const uint32_t x[4] = {a.x, a.y, a.z, a.w}, y[4] = {b.x, b.y, b.z, b.w};
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    sum = fmaf(__uint_as_float(x[i] << 16), __uint_as_float(y[i] << 16), sum);
+    sum = fmaf(__uint_as_float(x[i] & 0xffff0000u), __uint_as_float(y[i] & 0xffff0000u), sum);
+  }
+  return sum;
+}
+
+// Inclusive scan of one double per thread over the CTA (blockDim.x a multiple of 32, at most
+// 1024), in thread order; `total` receives the sum over the CTA; `warp_totals` holds 32 doubles.
+// Ends with a barrier, so the caller may reuse warp_totals.
+__device__ double block_inclusive_scan(double x, double* warp_totals, double& total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+#pragma unroll
+  for (int m = 1; m < 32; m <<= 1) {
+    const double y = __shfl_up_sync(kAll, x, m);
+    if (lane >= m) x += y;
+  }
+  if (lane == 31) warp_totals[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    double w = lane < warps ? warp_totals[lane] : 0.0;
+#pragma unroll
+    for (int m = 1; m < 32; m <<= 1) {
+      const double y = __shfl_up_sync(kAll, w, m);
+      if (lane >= m) w += y;
+    }
+    if (lane < warps) warp_totals[lane] = w;
+  }
+  __syncthreads();
+  const double before = warp > 0 ? warp_totals[warp - 1] : 0.0;
+  total = warp_totals[warps - 1];
+  __syncthreads();
+  return x + before;
+}
+
+}  // namespace
+
+// The passes' start states: h0^T (dq pass), dht / sigma (dv pass), dht^T / sigma (dk pass).
+// grid lasp_sdb_state_inputs_grid, block LASP_SDB_STATE_THREADS.
+extern "C" __global__ void __launch_bounds__(LASP_SDB_STATE_THREADS)
+    lasp_sd_bwd_state_inputs(const __grid_constant__ lasp_sd_bwd_params p) {
+  const int64_t n = (int64_t)p.Dk * p.Dv;
+  const int64_t e = (int64_t)blockIdx.x * LASP_SDB_STATE_THREADS + threadIdx.x;
+  if (e >= n) return;
+  const int64_t base = (int64_t)blockIdx.y * n;
+  const int64_t d = e / p.Dv, c = e % p.Dv;  // state row (key dim) and column (value dim)
+  const int64_t transposed = base + c * p.Dk + d;
+  if (p.h0) p.h0_t[transposed] = p.h0[base + e];
+  if (p.dht) {
+    const float x = p.dht[base + e] / p.scale;
+    p.dht_scaled[base + e] = x;
+    p.dht_t_scaled[transposed] = x;
+  }
+}
+
+// dG_t = q_t . dq_t - k_t . dk_t for every row (b, t, h) into gate_terms [B, H, T]. A row takes
+// Dk / 8 consecutive lanes, one 16-byte piece of each of q, dq, k, dk per lane, and every thread
+// takes LASP_SDB_TERM_ROWS_PER_THREAD rows, so that many loads are in flight per thread.
+// grid lasp_sdb_gate_terms_grid, block LASP_SDB_TERM_THREADS.
+extern "C" __global__ void __launch_bounds__(LASP_SDB_TERM_THREADS)
+    lasp_sd_bwd_gate_terms(const __grid_constant__ lasp_sd_bwd_params p) {
+  const int lanes = p.Dk / 8;  // per row: 8 or 16, a power of two dividing 32
+  const int piece = threadIdx.x % lanes;
+  const int64_t rows = (int64_t)p.B * p.T * p.H;
+  const int64_t row0 = (int64_t)blockIdx.x * lasp_sdb_term_rows_per_cta(p.Dk) + threadIdx.x / lanes;
+  constexpr int kRows = LASP_SDB_TERM_ROWS_PER_THREAD;
+  const int64_t stride = LASP_SDB_TERM_THREADS / lanes;  // rows between a thread's rows
+  uint4 q[kRows], dq[kRows], k[kRows], dk[kRows];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int64_t row = min(row0 + i * stride, rows - 1);  // past the end: a valid row, not stored
+    const int64_t at = row * (p.Dk / 8) + piece;
+    q[i] = __ldg(reinterpret_cast<const uint4*>(p.q) + at);
+    dq[i] = __ldg(reinterpret_cast<const uint4*>(p.dq) + at);
+    k[i] = __ldg(reinterpret_cast<const uint4*>(p.k) + at);
+    dk[i] = __ldg(reinterpret_cast<const uint4*>(p.dk) + at);
+  }
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    float qdq = dot8(q[i], dq[i]), kdk = dot8(k[i], dk[i]);
+    // Butterfly over the row's lanes (aligned groups of `lanes`), the same order in every lane.
+    for (int m = lanes / 2; m >= 1; m >>= 1) {
+      qdq += __shfl_xor_sync(kAll, qdq, m);
+      kdk += __shfl_xor_sync(kAll, kdk, m);
+    }
+    const int64_t row = row0 + i * stride;
+    if (piece == 0 && row < rows) {
+      const int64_t h = row % p.H, bt = row / p.H;
+      const int64_t t = bt % p.T, b = bt / p.T;
+      p.gate_terms[(b * p.H + h) * p.T + t] = qdq - kdk;
+    }
+  }
+}
+
+// One CTA per (b, h): dg_t = sum_{u >= t} dG_u + <ht, dht> (fp64 sums, written as fp32), and
+// dh0 = sigma e^{a_0} (dH_0 / sigma). The tokens are taken in blocks of LASP_SDB_GRAD_THREADS x
+// kPerThread from the end: a block is copied to shared memory (coalesced), thread j sums the j-th
+// run of kPerThread tokens counted from the block's end, the CTA scans the runs' sums, and thread j
+// writes its run's suffix sums.
+// grid lasp_sdb_gate_grad_grid, block LASP_SDB_GRAD_THREADS.
+extern "C" __global__ void __launch_bounds__(LASP_SDB_GRAD_THREADS)
+    lasp_sd_bwd_gate_grad(const __grid_constant__ lasp_sd_bwd_params p) {
+  constexpr int kPerThread = 8;
+  constexpr int kBlock = LASP_SDB_GRAD_THREADS * kPerThread;
+  __shared__ double warp_totals[32];
+  __shared__ float block[kBlock];
+  const int64_t bh = blockIdx.x;
+  const int64_t b = bh / p.H, h = bh % p.H;
+  const int64_t n = (int64_t)p.Dk * p.Dv;
+  const int tid = threadIdx.x;
+
+  // <ht, dht>: ht^T is the dq pass's final state, [Dv, Dk].
+  double after_block = 0.0;
+  if (p.dht) {
+    double part = 0.0;
+    for (int64_t e = tid; e < n; e += LASP_SDB_GRAD_THREADS) {
+      const int64_t d = e / p.Dv, c = e % p.Dv;
+      part += (double)p.ht_t[bh * n + c * p.Dk + d] * (double)p.dht[bh * n + e];
+    }
+    block_inclusive_scan(part, warp_totals, after_block);
+  }
+
+  const float* terms = p.gate_terms + bh * p.T;
+  for (int64_t end = p.T; end > 0; end -= kBlock) {
+    const int64_t begin = end > kBlock ? end - kBlock : 0;
+    const int count = (int)(end - begin);
+    for (int i = tid; i < count; i += LASP_SDB_GRAD_THREADS) block[i] = terms[begin + i];
+    __syncthreads();
+    const int hi = count - tid * kPerThread, lo = hi > kPerThread ? hi - kPerThread : 0;
+    double run = 0.0;
+    for (int i = hi - 1; i >= lo; --i) run += (double)block[i];
+    double total;
+    double after = after_block + block_inclusive_scan(run, warp_totals, total) - run;
+    for (int i = hi - 1; i >= lo; --i) {
+      after += (double)block[i];
+      p.dg[(b * p.T + begin + i) * p.H + h] = (float)after;
+    }
+    after_block += total;
+    __syncthreads();  // the block buffer is refilled next
+  }
+
+  if (p.dh0) {
+    const float decay0 = expf(fminf(p.g[b * p.T * p.H + h], 0.f));
+    for (int64_t e = tid; e < n; e += LASP_SDB_GRAD_THREADS)
+      p.dh0[bh * n + e] = p.scale * decay0 * p.dh0_scaled[bh * n + e];
+  }
+}
