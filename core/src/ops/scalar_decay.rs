@@ -541,29 +541,54 @@ pub struct ForwardArgs<'a> {
 /// Checks lengths, alignment, scale and overlaps against the (validated) shape; returns the
 /// scale to use.
 pub(crate) fn check_args(args: &ForwardArgs<'_>) -> Result<f32> {
-    let s = &args.shape;
-    let dims = format!("B={}, T={}, H={}, Dk={}, Dv={}", s.b, s.t, s.h, s.dk, s.dv);
-    let length = |name: &str, layout: &str, got: usize, want: usize| -> Result<()> {
+    check_args_of("scalar-decay forward", args)
+}
+
+/// The length and alignment checks of one call's tensors; `op` names the operation in errors.
+pub(crate) struct TensorChecks<'a> {
+    op: &'a str,
+    dims: String,
+}
+
+impl<'a> TensorChecks<'a> {
+    pub(crate) fn new(op: &'a str, s: &ForwardShape) -> Self {
+        let dims = format!("B={}, T={}, H={}, Dk={}, Dv={}", s.b, s.t, s.h, s.dk, s.dv);
+        TensorChecks { op, dims }
+    }
+
+    /// `got` elements where `layout` needs `want`.
+    pub(crate) fn length(&self, name: &str, layout: &str, got: usize, want: usize) -> Result<()> {
         if got == want {
-            Ok(())
-        } else {
-            Err(invalid(format!(
-                "scalar-decay forward: {name} has {got} elements but {layout} with {dims} needs \
-                 {want}; pass the shape the tensors were made with (fla layout, contiguous)"
-            )))
+            return Ok(());
         }
-    };
-    let aligned = |name: &str, addr: u64, to: u64| -> Result<()> {
+        Err(invalid(format!(
+            "{}: {name} has {got} elements but {layout} with {} needs {want}; pass the shape the \
+             tensors were made with (fla layout, contiguous)",
+            self.op, self.dims
+        )))
+    }
+
+    /// `addr` must be a multiple of `to` bytes.
+    pub(crate) fn aligned(&self, name: &str, addr: u64, to: u64) -> Result<()> {
         if addr % to == 0 {
-            Ok(())
-        } else {
-            Err(invalid(format!(
-                "scalar-decay forward: {name} starts at device address {addr:#x}, which is not \
-                 {to}-byte aligned; pass a tensor whose data starts on a {to}-byte boundary (e.g. \
-                 a .contiguous() copy instead of a view at an odd offset)"
-            )))
+            return Ok(());
         }
-    };
+        Err(invalid(format!(
+            "{}: {name} starts at device address {addr:#x}, which is not {to}-byte aligned; pass \
+             a tensor whose data starts on a {to}-byte boundary (e.g. a .contiguous() copy instead \
+             of a view at an odd offset)",
+            self.op
+        )))
+    }
+}
+
+/// [`check_args`] with `op` naming the operation in errors (the backward checks its inputs so).
+pub(crate) fn check_args_of(op: &str, args: &ForwardArgs<'_>) -> Result<f32> {
+    let s = &args.shape;
+    let checks = TensorChecks::new(op, s);
+    let length =
+        |name: &str, layout: &str, got: usize, want: usize| checks.length(name, layout, got, want);
+    let aligned = |name: &str, addr: u64, to: u64| checks.aligned(name, addr, to);
     length("q", "[B, T, H, Dk]", args.q.len(), s.qk_len())?;
     length("k", "[B, T, H, Dk]", args.k.len(), s.qk_len())?;
     length("v", "[B, T, H, Dv]", args.v.len(), s.v_len())?;
@@ -589,8 +614,8 @@ pub(crate) fn check_args(args: &ForwardArgs<'_>) -> Result<f32> {
     let scale = args.scale.unwrap_or_else(|| s.default_scale());
     if !(scale.is_finite() && scale > 0.0) {
         return Err(invalid(format!(
-            "scalar-decay forward: scale = {scale} must be finite and > 0; pass None for the \
-             default Dk^-1/2"
+            "{op}: scale = {scale} must be finite and > 0; pass None for the default \
+             Dk^-1/2"
         )));
     }
     let mut inputs = vec![
@@ -610,7 +635,7 @@ pub(crate) fn check_args(args: &ForwardArgs<'_>) -> Result<f32> {
         for (in_name, input) in &inputs {
             if ranges_overlap(*out, *input) {
                 return Err(invalid(format!(
-                    "scalar-decay forward: output {out_name} overlaps input {in_name} (the kernels \
+                    "{op}: output {out_name} overlaps input {in_name} (the kernels \
                      read {in_name} while other CTAs write {out_name}); give {out_name} its own \
                      buffer{}",
                     if *out_name == "ht" && *in_name == "h0" {
@@ -623,9 +648,9 @@ pub(crate) fn check_args(args: &ForwardArgs<'_>) -> Result<f32> {
         }
     }
     if outputs.len() == 2 && ranges_overlap(outputs[0].1, outputs[1].1) {
-        return Err(invalid(
-            "scalar-decay forward: o and ht overlap; give each its own buffer".into(),
-        ));
+        return Err(invalid(format!(
+            "{op}: o and ht overlap; give each its own buffer"
+        )));
     }
     Ok(scale)
 }

@@ -18,7 +18,7 @@
 //! Gradients are bf16 (`dq, dk, dv`) and fp32 (`dg, dh0`), as fla returns them.
 
 use super::scalar_decay::{
-    check_args, ForwardArgs, ForwardShape, ScalarDecayForward, TimeDirection,
+    check_args_of, ForwardArgs, ForwardShape, ScalarDecayForward, TensorChecks, TimeDirection,
 };
 use super::{bf16, ranges_overlap, DeviceMut, DeviceRef};
 use crate::error::{Error, Result};
@@ -160,65 +160,42 @@ fn check_backward_args(args: &BackwardArgs<'_>) -> Result<f32> {
     // SAFETY: a second view of dv's memory, only read for its address and length by the check;
     // nothing is launched with it.
     let dv_for_check = unsafe { DeviceMut::from_raw(args.dv.addr(), args.dv.len()) };
-    let scale = check_args(&ForwardArgs {
-        shape: s,
-        q: args.q,
-        k: args.k,
-        v: args.v,
-        g: args.g,
-        h0: args.h0,
-        o: dv_for_check,
-        ht: None,
-        scale: args.scale,
-    })
-    .map_err(|e| match e {
-        Error::InvalidArgument(m) => {
-            invalid(m.replace("scalar-decay forward", "scalar-decay backward"))
-        }
-        other => other,
-    })?;
-    let dims = format!("B={}, T={}, H={}, Dk={}, Dv={}", s.b, s.t, s.h, s.dk, s.dv);
-    let length = |name: &str, layout: &str, got: usize, want: usize| -> Result<()> {
-        if got == want {
-            Ok(())
-        } else {
-            Err(invalid(format!(
-                "scalar-decay backward: {name} has {got} elements but {layout} with {dims} needs \
-                 {want}; pass the shape the tensors were made with (fla layout, contiguous)"
-            )))
-        }
-    };
-    length("d_o", "[B, T, H, Dv]", args.d_o.len(), s.v_len())?;
-    length("dq", "[B, T, H, Dk]", args.dq.len(), s.qk_len())?;
-    length("dk", "[B, T, H, Dk]", args.dk.len(), s.qk_len())?;
-    length("dv", "[B, T, H, Dv]", args.dv.len(), s.v_len())?;
-    length("dg", "[B, T, H]", args.dg.len(), s.gate_len())?;
+    let scale = check_args_of(
+        "scalar-decay backward",
+        &ForwardArgs {
+            shape: s,
+            q: args.q,
+            k: args.k,
+            v: args.v,
+            g: args.g,
+            h0: args.h0,
+            o: dv_for_check,
+            ht: None,
+            scale: args.scale,
+        },
+    )?;
+    let checks = TensorChecks::new("scalar-decay backward", &s);
+    checks.length("d_o", "[B, T, H, Dv]", args.d_o.len(), s.v_len())?;
+    checks.length("dq", "[B, T, H, Dk]", args.dq.len(), s.qk_len())?;
+    checks.length("dk", "[B, T, H, Dk]", args.dk.len(), s.qk_len())?;
+    checks.length("dv", "[B, T, H, Dv]", args.dv.len(), s.v_len())?;
+    checks.length("dg", "[B, T, H]", args.dg.len(), s.gate_len())?;
     if let Some(d_ht) = &args.d_ht {
-        length("d_ht", "[B, H, Dk, Dv]", d_ht.len(), s.state_len())?;
+        checks.length("d_ht", "[B, H, Dk, Dv]", d_ht.len(), s.state_len())?;
     }
     if let Some(dh0) = &args.dh0 {
-        length("dh0", "[B, H, Dk, Dv]", dh0.len(), s.state_len())?;
+        checks.length("dh0", "[B, H, Dk, Dv]", dh0.len(), s.state_len())?;
     }
-    let aligned = |name: &str, addr: u64, to: u64| -> Result<()> {
-        if addr % to == 0 {
-            Ok(())
-        } else {
-            Err(invalid(format!(
-                "scalar-decay backward: {name} starts at device address {addr:#x}, which is not \
-                 {to}-byte aligned; pass a tensor whose data starts on a {to}-byte boundary"
-            )))
-        }
-    };
-    aligned("d_o", args.d_o.addr(), 16)?;
-    aligned("dq", args.dq.addr(), 16)?;
-    aligned("dk", args.dk.addr(), 16)?;
-    aligned("dv", args.dv.addr(), 16)?;
-    aligned("dg", args.dg.addr(), 4)?;
+    checks.aligned("d_o", args.d_o.addr(), 16)?;
+    checks.aligned("dq", args.dq.addr(), 16)?;
+    checks.aligned("dk", args.dk.addr(), 16)?;
+    checks.aligned("dv", args.dv.addr(), 16)?;
+    checks.aligned("dg", args.dg.addr(), 4)?;
     if let Some(d_ht) = &args.d_ht {
-        aligned("d_ht", d_ht.addr(), 8)?;
+        checks.aligned("d_ht", d_ht.addr(), 8)?;
     }
     if let Some(dh0) = &args.dh0 {
-        aligned("dh0", dh0.addr(), 8)?;
+        checks.aligned("dh0", dh0.addr(), 8)?;
     }
     let mut inputs = vec![
         ("q", args.q.byte_range()),
