@@ -13,7 +13,7 @@ cargo build --release --workspace --bins
 bash scripts/build-c-examples.sh
 rm -rf .bundle && mkdir -p .bundle/bin
 for bin in lasp-run exchange exchange_bench forward_check backward_check forward_bench lasp2_forward \
-  liblasp_shmem.so lasp2_forward_c; do
+  lasp2_backward liblasp_shmem.so lasp2_forward_c; do
   cp "target/release/$bin" .bundle/bin/
 done
 git rev-parse HEAD >.bundle/commit

@@ -73,6 +73,8 @@ expect_failure too_many_ranks "asked for $((NGPU + 1)) ranks but this node shows
 check forward_check "$BIN/forward_check"
 check backward_check "$BIN/backward_check"
 check lasp2_forward_graph_10000 $RUN "$BIN/lasp2_forward" --graph-calls 10000 --no-time
+check lasp2_backward_graph_1000 $RUN "$BIN/lasp2_backward" --graph-calls 1000 --no-time
+grep -h "^\[rank 0\] PE 0" "$OUT/lasp2_backward_graph_1000.log" || true
 grep -h "^\[rank 0\] PE 0" "$OUT/lasp2_forward_graph_10000.log" || true
 # A silent rank: every later rank must time out naming it (rank 1 when there are ranks after it).
 SILENT=$(( NGPU >= 3 ? 1 : 0 ))

@@ -145,7 +145,7 @@ fn invalid(msg: String) -> Error {
 
 /// Checks the shape, every tensor's length and alignment, and that no gradient overlaps an input
 /// or another gradient; returns the scale.
-fn check_backward_args(args: &BackwardArgs<'_>) -> Result<f32> {
+pub(crate) fn check_backward_args(args: &BackwardArgs<'_>) -> Result<f32> {
     let s = args.shape;
     s.validate()?;
     if s.dv != 64 && s.dv != 128 {
@@ -264,6 +264,18 @@ impl ScalarDecayBackward {
     /// validated before the first launch; in debug builds each pass also checks the gates,
     /// which synchronises `stream`.
     pub fn launch(&mut self, stream: &Arc<CudaStream>, args: BackwardArgs<'_>) -> Result<()> {
+        self.launch_with(stream, args, || Ok(()))
+    }
+
+    /// [`ScalarDecayBackward::launch`] with `before_reversed_passes` enqueued after the dq pass
+    /// and before anything reads `args.d_ht`: LASP-2 computes the shard's `d_ht` there, while
+    /// the dq pass (which needs only `h0`) has kept the GPU busy.
+    pub(crate) fn launch_with(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        args: BackwardArgs<'_>,
+        before_reversed_passes: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
         let scale = check_backward_args(&args)?;
         if !Arc::ptr_eq(stream.context(), &self.ctx) {
             return Err(invalid(
@@ -328,21 +340,27 @@ impl ScalarDecayBackward {
         let has_dht = args.d_ht.is_some();
         let has_dh0 = args.dh0.is_some();
 
-        self.ctx.bind_to_thread()?;
-        if has_h0 || has_dht {
-            // SAFETY: BackwardParams has the C layout of lasp_sd_bwd_params (tests); it reads h0
-            // and d_ht (checked lengths) and writes workspace states owned by self.
+        // The start states: h0^T before the dq pass; dht / sigma and its transpose after the
+        // hook, in a second launch of the same kernel (it converts what it is given).
+        let state_inputs = |kernel: &Kernel, params: &BackwardParams| {
+            // SAFETY: BackwardParams has the C layout of lasp_sd_bwd_params (tests); the kernel
+            // reads h0 and d_ht (checked lengths) where given and writes workspace states owned
+            // by self.
             unsafe {
-                self.state_inputs.launch(
+                kernel.launch(
                     stream,
                     LaunchShape {
                         grid: geometry::state_inputs_grid(b, h, dk, dv),
                         block: (geometry::STATE_THREADS, 1, 1),
                         shared_bytes: 0,
                     },
-                    &params,
-                )?;
+                    params,
+                )
             }
+        };
+        self.ctx.bind_to_thread()?;
+        if has_h0 {
+            state_inputs(&self.state_inputs, &BackwardParams { dht: 0, ..params })?;
         }
         // dq: dO, V, K in the roles of Q, K, V from h0^T; its final state is ht^T (for dg).
         self.forward.launch_in(
@@ -360,6 +378,11 @@ impl ScalarDecayBackward {
             },
             TimeDirection::Forward,
         )?;
+        before_reversed_passes()?;
+        self.ctx.bind_to_thread()?;
+        if has_dht {
+            state_inputs(&self.state_inputs, &BackwardParams { h0: 0, ..params })?;
+        }
         // dv, reversed: K, Q, dO from dht / sigma; its final state is dH_0 / sigma (for dh0).
         self.forward.launch_in(
             stream,

@@ -20,7 +20,7 @@
 //! started: puts issued / complete per tile, per output CTA start / data seen / loop start) and the
 //! row gets `max_output_wait_us`, the longest any output CTA waited for data, over ranks.
 
-use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream};
 use lasp_shmem::launch_env::LaunchEnv;
 use lasp_shmem::ops::lasp2::{ExchangeMode, Lasp2Forward, Lasp2Layout, Lasp2Tuning};
@@ -30,6 +30,7 @@ use lasp_shmem::reference::{
     assert_rel_close, scalar_decay, Family, InputSpec, Inputs, Regime, Shape,
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
+use lasp_shmem_examples::{parse_shape, shard_lengths, time_in_turns, ModeCall, MODE_NAMES};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -91,41 +92,6 @@ fn parse_options() -> Result<Options> {
         o.time.push(parse_shape("4x8192x16x128")?);
     }
     Ok(o)
-}
-
-fn parse_shape(text: &str) -> Result<ForwardShape> {
-    let dims: Vec<usize> = text
-        .split('x')
-        .map(|d| {
-            d.parse()
-                .map_err(|_| Error::InvalidArgument(format!("shape {text:?}: use BxTxHxD")))
-        })
-        .collect::<Result<_>>()?;
-    match dims[..] {
-        [b, t, h, d] => Ok(ForwardShape {
-            b,
-            t,
-            h,
-            dk: d,
-            dv: d,
-        }),
-        _ => Err(Error::InvalidArgument(format!(
-            "shape {text:?}: use BxTxHxD"
-        ))),
-    }
-}
-
-/// Shard lengths: equal slices of `per_rank` tokens, the last rank's shorter by `short`.
-fn shard_lengths(npes: usize, per_rank: usize, short: usize) -> Vec<usize> {
-    (0..npes)
-        .map(|r| {
-            if r + 1 == npes {
-                per_rank - short
-            } else {
-                per_rank
-            }
-        })
-        .collect()
 }
 
 /// This rank's tensors on the device, and its outputs.
@@ -366,48 +332,22 @@ fn check(rt: &Runtime, graph_calls: u32) -> Result<()> {
     Ok(())
 }
 
-/// Timing schedule: ROUNDS rounds; in each, every mode in turn gets WARM_CALLS untimed calls (the
-/// mode switch is a host collective that leaves the GPU idle for milliseconds) and then
-/// CALLS_PER_VISIT timed ones: ROUNDS x CALLS_PER_VISIT samples per mode.
-const ROUNDS: usize = 6;
-const WARM_CALLS: usize = 2;
-const CALLS_PER_VISIT: usize = 5;
-
-/// Ms of one call after an on-stream barrier (CUDA events around the call only).
-fn time_call(rt: &Runtime, op: &mut Lasp2Forward, shard: &mut Shard) -> Result<f64> {
-    let stream = rt.stream().clone();
-    rt.barrier_on_stream(&stream)?;
-    let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-    shard.call(op, &stream)?;
-    let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-    end.synchronize()?;
-    Ok(start.elapsed_ms(&end)? as f64)
+/// The forward of one shard, as the timing loop drives it.
+struct Timed<'a> {
+    op: &'a mut Lasp2Forward,
+    shard: &'a mut Shard,
 }
 
-/// Median ms per mode (in `ExchangeMode::ALL` order) on this rank. The modes take turns in
-/// rounds, so every mode sees the same clocks and temperature: timed one after the other (runs
-/// 7-12), the mode timed last was up to 7 % slower at T_local = 128K even at W = 1, where the
-/// modes' kernels are identical; timed in turns, within 1.3 % (run 13 C). Switching mode every
-/// call instead left the GPU idle between all calls and made every mode 2-6 % slower (run 13 B).
-fn time_in_turns(rt: &Runtime, op: &mut Lasp2Forward, shard: &mut Shard) -> Result<[f64; 4]> {
-    let stream = rt.stream().clone();
-    let mut samples: [Vec<f64>; 4] = Default::default();
-    for _ in 0..ROUNDS {
-        for (mode, times) in ExchangeMode::ALL.into_iter().zip(samples.iter_mut()) {
-            op.set_mode(mode)?;
-            for _ in 0..WARM_CALLS {
-                time_call(rt, op, shard)?;
-            }
-            for _ in 0..CALLS_PER_VISIT {
-                times.push(time_call(rt, op, shard)?);
-            }
-        }
+impl ModeCall for Timed<'_> {
+    fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
+        self.op.set_mode(mode)
     }
-    op.finish(&stream)?;
-    Ok(samples.map(|mut v| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    }))
+    fn call(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.shard.call(self.op, stream)
+    }
+    fn finish(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.op.finish(stream)
+    }
 }
 
 /// Times every mode at `shape`; returns a JSON row (on every PE; PE 0 prints and writes it).
@@ -444,16 +384,17 @@ fn time_modes(
     let mut row = format!(
         "{{\"W\": {w}, \"B\": {b}, \"T_local\": {t}, \"H\": {h}, \"D\": {d}, \"head_groups\": {groups}, \"ctas_per_sm\": {ctas}"
     );
-    let medians = time_in_turns(rt, &mut op, &mut shard)?;
+    let medians = time_in_turns(
+        rt,
+        &mut Timed {
+            op: &mut op,
+            shard: &mut shard,
+        },
+    )?;
     // Every rank's median too: the call takes as long as its slowest rank, and which rank that is
     // (the last one folds the most tiles) says where the time over W = 1 goes.
     let mut per_rank = Vec::new();
-    for (median, mode) in medians.into_iter().zip([
-        "overlapped",
-        "sequential_nccl",
-        "sequential_nvshmem",
-        "no_comm",
-    ]) {
+    for (median, mode) in medians.into_iter().zip(MODE_NAMES) {
         let ranks = comm.gather_f64(median)?;
         let ms = ranks.iter().copied().fold(f64::MIN, f64::max);
         line += &format!(" {mode}_ms {ms:.4}");

@@ -72,7 +72,8 @@ typedef struct {
   const uint16_t* v;          // bf16 [B, T, H, Dv]
   const float* g;             // fp32 [B, T, H]: per-token log-decay a_t <= 0 (natural log)
   uint16_t* o;                // bf16 [B, T, H, Dv]: output of this shard
-  const float* h0;            // fp32 [B, H, Dk, Dv] global initial state (the same on every PE), or NULL
+  const float* h0;            // fp32 [B, H, Dk, Dv] or NULL. Ascending: the global initial state (the same on
+                              // every PE). Descending: the chain's start (dht), on position 0 only
   float* ht;                  // fp32 [B, H, Dk, Dv] final state, or NULL; written only if write_final_state
   float* ws_m;                // device fp32 [B*H, S, Dk, Dv]: end state M_s of segment s from zero
   float* ws_lambda;           // device fp32 [B*H, S]: log-decay Lambda_s of segment s
@@ -88,6 +89,9 @@ typedef struct {
   lasp_wait_diag* diag;       // device: the first expired bounded wait (reset by the host after a failure)
   uint64_t* timeline;         // device u64 [lasp2_timeline_words], or NULL: %globaltimer stamps of the call
                               // (layout at lasp2_timeline_put / lasp2_timeline_output)
+  float* start_state;         // fp32 [B, H, Dk, Dv], or NULL: the state this PE's shard starts from, after
+                              // the fold of the earlier PEs' tiles (output kernel: P_me, which the
+                              // backward's dq pass starts from; carry_in kernel: the folded carry)
   uint64_t timeout_ns;        // bound on every wait (credit, data)
   int32_t B;                  // batch
   int32_t T;                  // T_local: tokens of this PE's shard (>= 1)
@@ -103,11 +107,30 @@ typedef struct {
   int32_t write_final_state;  // 1: this PE writes ht (set it on PE npes-1 only), 0: never
   int32_t bh_begin;           // first b*H+h of this launch's head group: a launch covers heads
                               // [bh_begin, bh_begin + its grid's head extent) (see "Head groups")
+  int32_t chain;              // enum lasp2_chain: which way the tiles travel
 } lasp_lasp2_params;
 
 #ifdef __cplusplus
-static_assert(sizeof(lasp_lasp2_params) == 192, "lasp_lasp2_params layout changed: update the Rust mirror");
+static_assert(sizeof(lasp_lasp2_params) == 200, "lasp_lasp2_params layout changed: update the Rust mirror");
 #endif
+
+// ---- The chain: the order in which PEs fold each other's tiles -------------------------------
+// Position 0 is the chain's first PE; the PE at position i folds the tiles of positions 0 .. i-1,
+// in that order, and puts its own tile to positions i+1 .. npes-1. Slots and signals stay indexed
+// by the sending PE's number (so the host all-gather of the sequential modes is the same for
+// both chains), credits by the reading PE's.
+enum lasp2_chain {
+  LASP2_CHAIN_ASCENDING = 0,   // the forward: PE u's (M_u, Lambda_u) to every later PE; position = PE
+  LASP2_CHAIN_DESCENDING = 1,  // the backward (lasp2_bwd.cu): the gradient's carry to every EARLIER PE;
+                               // position = npes - 1 - PE
+};
+// The position of PE `pe`, and the PE at position `pos` (the same map: it is an involution).
+LASP2_FN int32_t lasp2_chain_position(int32_t chain, int32_t pe, int32_t npes) {
+  return chain == LASP2_CHAIN_DESCENDING ? npes - 1 - pe : pe;
+}
+LASP2_FN int32_t lasp2_chain_pe(int32_t chain, int32_t pos, int32_t npes) {
+  return lasp2_chain_position(chain, pos, npes);
+}
 
 typedef struct {
   uint32_t x, y, z;
@@ -231,3 +254,6 @@ LASP2_FN lasp2_dim3 lasp2_output_grid(int32_t heads, int32_t Dv, int32_t S) {
 
 LASP2_FN uint32_t lasp2_states_smem_bytes(int32_t Dk) { return lasp_sd_states_smem_bytes(Dk); }
 LASP2_FN uint32_t lasp2_output_smem_bytes(int32_t Dk) { return lasp_sd_output_smem_bytes(Dk); }
+// The backward's carry_in (lasp2_bwd.cu; grid lasp2_fold_put_grid, block LASP2_THREADS): two staged
+// slot tiles of Dk rows padded to 72 floats, and their 16-byte trailers (lasp2_chain.cuh).
+LASP2_FN uint32_t lasp2_carry_in_smem_bytes(int32_t Dk) { return 2u * ((uint32_t)Dk * 72u * 4u + 16u); }

@@ -1,0 +1,259 @@
+//! The LASP-2 backward (kernels/cuda/lasp2_bwd.cu, the chain kernels of lasp2_chain.cu, and the
+//! single-GPU backward of the shard).
+//!
+//! PE `w`'s gradients are exactly the single-GPU backward of its shard
+//! ([`ScalarDecayBackward`]) started from the two states at the shard's ends: `P_w`, the state
+//! entering it (what [`Lasp2Forward::forward_saving`](super::Lasp2Forward::forward_saving) wrote
+//! as `start_state`), and `D_w`, the gradient with respect to the state leaving it. `D_w` comes
+//! down the chain from the later PEs (research/kernel-anchors.md §5.4,
+//! `reference::lasp2::backward`):
+//! `D_{W-1} = dht`, `D_{u-1} = e^{Λ_u} D_u + dM_u`, where
+//! `dM_u = σ e^{a_0} Σ_t e^{G_t - G_0} q_t^T do_t` is the gradient with respect to the state
+//! entering shard `u` from its own tokens and `Λ_u` the shard's log-decay. `dM_u` is the forward's
+//! state recurrence over the shard's tokens from last to first with `Q, dO` in the roles of
+//! `K, V`, so the forward's states kernel computes it in its time-reversed build, and the
+//! forward's exchange moves it: the chain runs from the last PE down ([`Chain::Descending`]).
+//!
+//! Per call, on each PE (the overlapped mode):
+//! ```text
+//! main stream:      reversed states (Q, dO) ─ev─ h0^T, dq pass ─ carry_in (waits) ─ dv, dk passes, dg, dh0 ─ join ─ advance
+//! exchange stream:                   fold_put: dM_w, puts to every earlier PE ────────────────────────────┘
+//! ```
+//! so the puts travel while the dq pass, which needs only `P_w`, runs. The sequential modes run
+//! fold_put on the caller's stream and gather the slots before the dq pass.
+
+use super::chain::StateChain;
+use super::forward::CallPlan;
+use super::{geometry, Chain, ExchangeMode, Lasp2Layout, Lasp2Params, Lasp2Tuning};
+use crate::error::Result;
+use crate::kernel::{Kernel, LaunchShape};
+use crate::ops::scalar_decay::geometry as sd;
+use crate::ops::scalar_decay_backward::{check_backward_args, BackwardArgs, ScalarDecayBackward};
+use crate::ops::DeviceRef;
+use crate::runtime::Runtime;
+use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr};
+use std::sync::Arc;
+
+/// The LASP-2 backward on one PE: its chain's symmetric buffers, the epoch counter, the
+/// single-GPU backward it runs on the shard, and a workspace for the reversed segment states and
+/// the carried gradient `D_w`. Creating it and switching modes are collective; calls are not.
+pub struct Lasp2Backward {
+    chain: StateChain,
+    /// `lasp_lasp2_states_reversed_dk{64,128}`.
+    states: [Kernel; 2],
+    /// `lasp_lasp2_carry_in_dk{64,128}`.
+    carry_in: [Kernel; 2],
+    shard: ScalarDecayBackward,
+    /// Reversed segment states and decays (the forward's ws_m and ws_lambda layout), then `D_w`
+    /// where the forward keeps ws_p.
+    workspace: Option<CudaSlice<u8>>,
+    sm_count: u32,
+}
+
+impl Lasp2Backward {
+    /// Allocates the symmetric buffers, checks that every PE has the same layout and sets the
+    /// exchange mode (collective). Dv must be 64 or 128, as for [`ScalarDecayBackward`].
+    pub fn new(runtime: &Runtime, layout: Lasp2Layout, mode: ExchangeMode) -> Result<Self> {
+        let chain = StateChain::new(runtime, layout, mode, Chain::Descending, "LASP-2 backward")?;
+        if layout.dv != 64 && layout.dv != 128 {
+            return Err(chain.invalid(format!(
+                "Dv = {} is not supported (the shard's dq and dk passes use Dv as their key \
+                 width, built for 64 and 128); split v into blocks of 64 or 128 columns",
+                layout.dv
+            )));
+        }
+        let shard = ScalarDecayBackward::new(runtime)?;
+        let module = runtime.module();
+        let states = [
+            module.kernel("lasp_lasp2_states_reversed_dk64")?,
+            module.kernel("lasp_lasp2_states_reversed_dk128")?,
+        ];
+        let carry_in = [
+            module.kernel("lasp_lasp2_carry_in_dk64")?,
+            module.kernel("lasp_lasp2_carry_in_dk128")?,
+        ];
+        for (i, dk) in [64, 128].into_iter().enumerate() {
+            states[i].set_max_dynamic_shared_bytes(sd::states_smem_bytes(dk))?;
+            carry_in[i].set_max_dynamic_shared_bytes(geometry::carry_in_smem_bytes(dk))?;
+        }
+        let sm_count = runtime
+            .context()
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+            .max(1) as u32;
+        Ok(Lasp2Backward {
+            chain,
+            states,
+            carry_in,
+            shard,
+            workspace: None,
+            sm_count,
+        })
+    }
+
+    /// The layout every PE agreed on.
+    pub fn layout(&self) -> Lasp2Layout {
+        self.chain.layout()
+    }
+
+    /// Switches every PE to `mode` (collective, as [`super::Lasp2Forward::set_mode`]).
+    pub fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
+        self.chain.set_mode(mode)
+    }
+
+    /// Enqueues the backward of this PE's shard on `stream` in the current mode. With
+    /// `args.shape.t` this PE's shard length:
+    /// - `q, k, v, g` are the shard's forward inputs and `d_o` the gradient of its output;
+    /// - `h0` is the state the shard started from: the `start_state` that
+    ///   [`Lasp2Forward::forward_saving`](super::Lasp2Forward::forward_saving) wrote on this PE
+    ///   (`None` only where it is zero, e.g. on PE 0 without an initial state);
+    /// - `d_ht`, the gradient of the sequence's final state, is given on the last PE only;
+    /// - `dq, dk, dv, dg` receive the shard's gradients; `dh0`, the gradient of the sequence's
+    ///   initial state, is written on PE 0 only.
+    ///
+    /// Everything is validated before the first launch.
+    pub fn backward(&mut self, stream: &Arc<CudaStream>, args: BackwardArgs<'_>) -> Result<()> {
+        let s = args.shape;
+        s.validate()?;
+        let l = self.layout();
+        if (s.b, s.h, s.dk, s.dv) != (l.b, l.h, l.dk, l.dv) {
+            return Err(self.chain.invalid(format!(
+                "the call's B={}, H={}, Dk={}, Dv={} differ from the layout {l:?} every PE agreed \
+                 on; create another Lasp2Backward for another layout",
+                s.b, s.h, s.dk, s.dv
+            )));
+        }
+        let scale = check_backward_args(&args)?;
+        let (me, npes) = (self.chain.runtime().pe(), self.chain.runtime().npes());
+        if args.d_ht.is_some() && me + 1 != npes {
+            return Err(self.chain.invalid(format!(
+                "only the last PE ({}) holds the final state's gradient; pass d_ht = None on PE \
+                 {me}",
+                npes - 1
+            )));
+        }
+        if args.dh0.is_some() && me != 0 {
+            return Err(self.chain.invalid(format!(
+                "only PE 0 computes the initial state's gradient; pass dh0 = None on PE {me}"
+            )));
+        }
+        if !Arc::ptr_eq(stream.context(), self.chain.context()) {
+            return Err(self.chain.invalid(
+                "the stream belongs to another CUDA context; use a stream of the runtime's GPU",
+            ));
+        }
+        let (b, h, dk, dv) = l.dims();
+        let t = s.t as i32;
+        let heads = b * h;
+        // One head group: the dq pass, not the next group's states, hides the exchange.
+        let plan = CallPlan::new(
+            heads,
+            t,
+            dv,
+            self.sm_count,
+            Lasp2Tuning {
+                head_groups: 1,
+                ctas_per_sm: 2,
+            },
+        );
+        let segments = plan.segments;
+        let carry_offset = geometry::ws_p_offset(b, h, segments, dk, dv);
+        super::super::ensure_workspace(
+            self.chain.context(),
+            stream,
+            &mut self.workspace,
+            carry_offset + 4 * s.state_len() as u64,
+            "LASP-2 backward",
+        )?;
+        let ws = self
+            .workspace
+            .as_ref()
+            .expect("ensured above")
+            .device_ptr(stream)
+            .0;
+        let carry = ws + carry_offset;
+        let params = Lasp2Params {
+            // The reversed states pass: Q and dO in the roles of K and V.
+            k: args.q.addr(),
+            v: args.d_o.addr(),
+            g: args.g.addr(),
+            // The chain's start, folded into the last PE's tile and carried in there.
+            h0: args.d_ht.map_or(0, |x| x.addr()),
+            ws_m: ws,
+            ws_lambda: ws + geometry::ws_m_bytes(b, h, segments, dk, dv),
+            start_state: carry,
+            t,
+            num_segments: segments,
+            chunks_per_segment: plan.chunks_per_segment,
+            scale,
+            ..self.chain.base_params(stream)
+        };
+        let i = usize::from(l.dk == 128);
+        self.chain.context().bind_to_thread()?;
+        // SAFETY: Lasp2Params has the C layout of lasp_lasp2_params (tests); q, d_o, g and d_ht
+        // were checked (lengths, alignment) above and are borrowed for the call; the workspace,
+        // symmetric buffers, epoch and diag are owned by self. fold_put reads the workspace the
+        // states kernel wrote, which it follows.
+        unsafe {
+            self.states[i].launch(
+                stream,
+                LaunchShape {
+                    grid: geometry::segments_grid(heads, dv, segments),
+                    block: (sd::THREADS, 1, 1),
+                    shared_bytes: sd::states_smem_bytes(dk),
+                },
+                &params,
+            )?;
+            self.chain.launch_fold_put(stream, 0, heads, &params)?;
+        }
+        self.chain.gather_slots(stream)?;
+        // SAFETY: the carry is a [B, H, Dk, Dv] fp32 part of the workspace owned by self, written
+        // by carry_in before the shard's backward reads it on this stream.
+        let carried = unsafe { DeviceRef::<f32>::from_raw(carry, s.state_len()) };
+        let carry_in = &self.carry_in[i];
+        self.shard.launch_with(
+            stream,
+            BackwardArgs {
+                d_ht: Some(carried),
+                ..args
+            },
+            || {
+                // SAFETY: as for the states kernel; carry_in reads the slots (after the bounded
+                // waits in the overlapped mode) and d_ht, and writes the carry.
+                unsafe {
+                    carry_in.launch(
+                        stream,
+                        LaunchShape {
+                            grid: geometry::fold_put_grid(heads, dv),
+                            block: (sd::THREADS, 1, 1),
+                            shared_bytes: geometry::carry_in_smem_bytes(dk),
+                        },
+                        &params,
+                    )
+                }
+            },
+        )?;
+        self.chain.end_call(stream, &params)
+    }
+
+    /// Waits for `stream`, then returns the error of the first expired wait, if any (naming the
+    /// PE that never sent, the signal slot and the epoch).
+    pub fn finish(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.chain.finish(stream)
+    }
+
+    /// Completed calls (the device epoch; synchronises `stream`).
+    pub fn epoch(&self, stream: &Arc<CudaStream>) -> Result<u64> {
+        self.chain.epoch(stream)
+    }
+
+    /// Records `calls` calls replayed from a captured CUDA graph, so host-side gathers of later
+    /// calls use the right parity.
+    pub fn note_replayed_calls(&mut self, calls: u64) {
+        self.chain.note_replayed_calls(calls);
+    }
+
+    /// Frees the symmetric buffers (collective).
+    pub fn free(self) -> Result<()> {
+        self.chain.free()
+    }
+}

@@ -1,0 +1,546 @@
+//! The LASP-2 forward (kernels/cuda/lasp2_fwd.cu; protocol in kernels/cuda/LASP2_NOTES.md).
+//!
+//! Per call and per (b, h): the states kernel computes every segment's local end state;
+//! `fold_put` folds them into the shard's state `M_w` (from zero) and decay `Λ_w` and, in
+//! [`ExchangeMode::Overlapped`], puts that tile into every later PE's slot with a signal, from the
+//! device; the output kernel waits for the earlier PEs' tiles, folds the prefix
+//! `P_w = fold_{u<w}(e^{Λ_u} P + M_u)` and runs the chunkwise forward of the shard from it.
+//!
+//! The heads are cut into groups ([`Lasp2Tuning::head_groups`]) and every kernel runs once per
+//! group: states of every group, then outputs of every group. In the overlapped mode each group's
+//! `fold_put` runs on a second, high-priority stream as soon as that group's states are done, so
+//! group 0's exchange travels while group 1's states are computed and the last group's while
+//! group 0's outputs are: the exchange leaves the critical path.
+
+use super::chain::StateChain;
+use super::scalar_decay::{check_args, geometry as sd, segment_kernels, ForwardArgs, TensorChecks};
+use super::{geometry, Chain, ExchangeMode, Lasp2Layout, Lasp2Params};
+use crate::error::{Error, Result};
+use crate::kernel::{Kernel, LaunchShape};
+use crate::ops::{ranges_overlap, DeviceMut};
+use crate::runtime::Runtime;
+use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr};
+use std::sync::Arc;
+
+/// `%globaltimer` stamps (ns, this GPU's clock) of one call, recorded on request
+/// ([`Lasp2Forward::record_timeline`]). Tile `i = bh * (Dv/64) + vt`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lasp2Timeline {
+    /// Per tile: the fold_put CTA is about to put (credits granted), and its puts are complete.
+    pub puts: Vec<[u64; 2]>,
+    /// Per (tile, segment), index `i * segments + s`: output CTA start, earlier PEs' tiles seen
+    /// (signals), chunk loop start (prefix folded).
+    pub outputs: Vec<[u64; 3]>,
+    pub segments: usize,
+}
+
+impl Lasp2Timeline {
+    fn from_words(words: &[u64], tiles: usize, segments: usize) -> Self {
+        let (puts, outputs) = words.split_at(2 * tiles);
+        Lasp2Timeline {
+            puts: puts.chunks_exact(2).map(|c| [c[0], c[1]]).collect(),
+            outputs: outputs
+                .chunks_exact(3)
+                .map(|c| [c[0], c[1], c[2]])
+                .collect(),
+            segments,
+        }
+    }
+
+    /// Nanoseconds each output CTA spent waiting for the earlier PEs' tiles (0 where the data
+    /// was there when the CTA started): the part of the exchange left on the critical path.
+    pub fn output_waits_ns(&self) -> Vec<u64> {
+        self.outputs
+            .iter()
+            .map(|o| o[1].saturating_sub(o[0]))
+            .collect()
+    }
+}
+
+/// How a call is cut into launches. Per head the arithmetic depends only on the segment count S
+/// (chunk boundaries and fold order), never on the groups, so any tuning gives the same bits as
+/// long as S is unchanged; every mode of a PE uses the same plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lasp2Tuning {
+    /// Head groups G (at most B*H). With 2 or more, group g's exchange overlaps group g + 1's
+    /// states pass and the last group's exchange overlaps group 0's output pass; 1 puts the whole
+    /// exchange between the states and the output passes.
+    pub head_groups: usize,
+    /// CTAs per SM that one group's states or output launch aims for (segments are cut to reach
+    /// it). 2 hides latency inside the kernels; 1 leaves more room beside them for the
+    /// `fold_put` CTAs of the exchange stream but places the compute CTAs unevenly when those
+    /// take SMs first (measured slower at every shape, benches/results/raw/run12).
+    pub ctas_per_sm: u32,
+}
+
+impl Lasp2Tuning {
+    /// Share of a call's bytes above which the exchange is worth splitting the heads for: the
+    /// busiest PE's egress, `(npes - 1)` fp32 states per head, over the q, k, v, o bytes per head.
+    /// Two groups hide the exchange (output CTAs wait <= 4 us) but cost compute: twice the
+    /// launches, S doubled. Measured on 4x H200 (benches/results/raw/run12, B1, same job): at
+    /// W = 4, B = 4, T_local = 8K (share 2.3 %) one group took 0.397 ms and two 0.424; at
+    /// T_local = 32K (0.6 %) 0.368 against 0.444; at 128K (0.15 %) 1.312 against 1.389. One
+    /// group's exposed exchange grows with npes - 1 while the grouping cost stays a fixed
+    /// fraction, so the break-even lies above 2.3 %; 3 % is an estimate (W = 8, where B = 4,
+    /// T_local = 8K has 5.5 %, was not available to measure).
+    const GROUPING_THRESHOLD: f64 = 0.03;
+
+    /// The plan a call gets unless one was set ([`Lasp2Forward::set_tuning`]).
+    pub fn automatic(npes: usize, layout: Lasp2Layout, t_local: usize) -> Self {
+        let exchange = npes.saturating_sub(1) as f64 * (layout.dk * layout.dv * 4) as f64;
+        let tokens = t_local.max(1) as f64 * (2 * (layout.dk + layout.dv) * 2) as f64;
+        Lasp2Tuning {
+            head_groups: if exchange > Self::GROUPING_THRESHOLD * tokens {
+                2
+            } else {
+                1
+            },
+            ctas_per_sm: 2,
+        }
+    }
+}
+
+/// The launches of one call: S segments per head (the same for every group) and the head groups
+/// as `(first b*H+h, heads)`, contiguous and ascending.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct CallPlan {
+    pub(super) segments: i32,
+    pub(super) chunks_per_segment: i32,
+    pub(super) groups: Vec<(i32, i32)>,
+}
+
+impl CallPlan {
+    pub(super) fn new(bh: i32, t: i32, dv: i32, sm_count: u32, tuning: Lasp2Tuning) -> Self {
+        let g = (tuning.head_groups.max(1) as i32).min(bh);
+        let groups: Vec<(i32, i32)> = (0..g)
+            .map(|i| {
+                let begin = (i as i64 * bh as i64 / g as i64) as i32;
+                let end = ((i + 1) as i64 * bh as i64 / g as i64) as i32;
+                (begin, end - begin)
+            })
+            .collect();
+        let widest = groups.iter().map(|&(_, n)| n).max().expect("g >= 1");
+        let target = (sm_count.max(1) * tuning.ctas_per_sm.max(1)) as i32;
+        let segments = sd::num_segments(1, widest, t, dv, target);
+        CallPlan {
+            segments,
+            chunks_per_segment: sd::chunks_per_segment(t, segments),
+            groups,
+        }
+    }
+}
+
+/// The LASP-2 forward on one PE: owns its chain's symmetric slots and signals, the epoch counter
+/// and the workspace. Creating it and switching modes are collective; each call is not (in the
+/// overlapped mode, it synchronises with the other PEs only through device signals).
+pub struct Lasp2Forward {
+    chain: StateChain,
+    states: [Kernel; 2],
+    output: [Kernel; 2],
+    segment_prefix: Kernel,
+    workspace: Option<CudaSlice<u8>>,
+    sm_count: u32,
+    /// The user's plan, or `None` for [`Lasp2Tuning::automatic`] per call.
+    tuning: Option<Lasp2Tuning>,
+    /// Stamps of the last call when recording ([`Lasp2Forward::record_timeline`]), with the
+    /// segment count it was recorded at.
+    timeline: Option<(CudaSlice<u64>, usize)>,
+    record_timeline: bool,
+}
+
+impl Lasp2Forward {
+    /// Allocates the symmetric buffers, checks that every PE has the same layout and sets the
+    /// exchange mode (collective). Calls are then not collective: only [`Lasp2Forward::set_mode`]
+    /// and [`Lasp2Forward::free`] are, so a PE that stops calling cannot block the others in a
+    /// host collective; their calls end in a bounded wait that names it.
+    pub fn new(runtime: &Runtime, layout: Lasp2Layout, mode: ExchangeMode) -> Result<Self> {
+        let chain = StateChain::new(runtime, layout, mode, Chain::Ascending, "LASP-2 forward")?;
+        let (states, output) = segment_kernels(
+            runtime,
+            ["lasp_lasp2_states_dk64", "lasp_lasp2_states_dk128"],
+            ["lasp_lasp2_output_dk64", "lasp_lasp2_output_dk128"],
+        )?;
+        let sm_count = runtime
+            .context()
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+            .max(1) as u32;
+        Ok(Lasp2Forward {
+            chain,
+            states,
+            output,
+            segment_prefix: runtime.module().kernel("lasp_lasp2_segment_prefix")?,
+            workspace: None,
+            sm_count,
+            tuning: None,
+            timeline: None,
+            record_timeline: false,
+        })
+    }
+
+    /// The layout every PE agreed on.
+    pub fn layout(&self) -> Lasp2Layout {
+        self.chain.layout()
+    }
+
+    /// Fixes the launch plan's knobs, or with `None` returns to [`Lasp2Tuning::automatic`] (not
+    /// collective: the plan changes neither the symmetric layout nor the protocol). A plan with
+    /// another segment count S changes the rounding of the outputs (bits are equal across
+    /// modes and head groupings at one S).
+    pub fn set_tuning(&mut self, tuning: Option<Lasp2Tuning>) -> Result<()> {
+        if let Some(t) = tuning {
+            if t.head_groups == 0 || t.ctas_per_sm == 0 {
+                return Err(self.chain.invalid(format!(
+                    "{t:?}: head_groups and ctas_per_sm must be at least 1"
+                )));
+            }
+        }
+        self.tuning = tuning;
+        Ok(())
+    }
+
+    /// Records `%globaltimer` stamps of every following call (puts, data seen, loop start per
+    /// CTA), read back with [`Lasp2Forward::timeline`]. Costs a few stores per CTA.
+    pub fn record_timeline(&mut self, on: bool) {
+        self.record_timeline = on;
+    }
+
+    /// The stamps of the last call made while recording (synchronises `stream`), or `None`.
+    pub fn timeline(&self, stream: &Arc<CudaStream>) -> Result<Option<Lasp2Timeline>> {
+        let Some((buffer, segments)) = &self.timeline else {
+            return Ok(None);
+        };
+        let l = self.layout();
+        let tiles = l.b * l.h * (l.dv / sd::TILE_V as usize);
+        let words = stream.clone_dtoh(buffer)?;
+        let used = geometry::timeline_words(l.b as i32, l.h as i32, l.dv as i32, *segments as i32);
+        Ok(Some(Lasp2Timeline::from_words(
+            &words[..used as usize],
+            tiles,
+            *segments,
+        )))
+    }
+
+    /// The plan knobs a call with `t_local` tokens on this PE uses.
+    pub fn tuning_for(&self, t_local: usize) -> Lasp2Tuning {
+        self.tuning.unwrap_or_else(|| {
+            Lasp2Tuning::automatic(self.chain.runtime().npes(), self.layout(), t_local)
+        })
+    }
+
+    fn plan(&self, t: i32) -> CallPlan {
+        let l = self.layout();
+        CallPlan::new(
+            (l.b * l.h) as i32,
+            t,
+            l.dv as i32,
+            self.sm_count,
+            self.tuning_for(t as usize),
+        )
+    }
+
+    /// Switches every PE to `mode` (collective: checks that all PEs ask for the same mode, sets
+    /// up NCCL on first use, and re-arms the credits when leaving [`ExchangeMode::NoComm`]).
+    pub fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
+        self.chain.set_mode(mode)
+    }
+
+    /// Enqueues one LASP-2 forward of this PE's shard on `stream` in the current mode.
+    /// `args.shape.t` is this PE's shard length (it may differ between PEs); `h0` is the global
+    /// initial state (the same on every PE); `ht`, the final state of the whole sequence, is
+    /// written by the last PE only and must be `None` elsewhere. Everything is validated before
+    /// the first launch.
+    pub fn forward(&mut self, stream: &Arc<CudaStream>, args: ForwardArgs<'_>) -> Result<()> {
+        self.forward_saving(stream, args, None)
+    }
+
+    /// [`Lasp2Forward::forward`], also writing `start_state` `[B, H, Dk, Dv]` fp32: the state this
+    /// PE's shard starts from (`h0` folded with the earlier PEs' tiles), which
+    /// [`Lasp2Backward`](super::Lasp2Backward) takes as the shard's `h0`.
+    pub fn forward_saving(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        args: ForwardArgs<'_>,
+        start_state: Option<DeviceMut<'_, f32>>,
+    ) -> Result<()> {
+        let s = args.shape;
+        s.validate()?;
+        let l = self.layout();
+        if (s.b, s.h, s.dk, s.dv) != (l.b, l.h, l.dk, l.dv) {
+            return Err(self.chain.invalid(format!(
+                "the call's B={}, H={}, Dk={}, Dv={} differ from the layout {l:?} every PE agreed \
+                 on; create another Lasp2Forward for another layout",
+                s.b, s.h, s.dk, s.dv
+            )));
+        }
+        let scale = check_args(&args)?;
+        let (me, npes) = (self.chain.runtime().pe(), self.chain.runtime().npes());
+        let last = me + 1 == npes;
+        if args.ht.is_some() && !last {
+            return Err(self.chain.invalid(format!(
+                "only the last PE ({}) holds the final state of the sequence; pass ht = None on \
+                 PE {me}",
+                npes - 1
+            )));
+        }
+        if let Some(start) = &start_state {
+            check_start_state(start, &args)?;
+        }
+        if !Arc::ptr_eq(stream.context(), self.chain.context()) {
+            return Err(self.chain.invalid(
+                "the stream belongs to another CUDA context; use a stream of the runtime's GPU",
+            ));
+        }
+        let (b, h, dk, dv) = l.dims();
+        let t = s.t as i32;
+        let plan = self.plan(t);
+        let segments = plan.segments;
+        let ws_bytes = geometry::workspace_bytes(b, h, segments, dk, dv);
+        super::super::ensure_workspace(
+            self.chain.context(),
+            stream,
+            &mut self.workspace,
+            ws_bytes,
+            "LASP-2 forward",
+        )?;
+        let ws = self
+            .workspace
+            .as_ref()
+            .expect("ensured above")
+            .device_ptr(stream)
+            .0;
+        let timeline = self.prepare_timeline(stream, segments)?;
+        let params = Lasp2Params {
+            q: args.q.addr(),
+            k: args.k.addr(),
+            v: args.v.addr(),
+            g: args.g.addr(),
+            o: args.o.addr(),
+            h0: args.h0.map_or(0, |x| x.addr()),
+            ht: args.ht.as_ref().map_or(0, |x| x.addr()),
+            ws_m: ws,
+            ws_lambda: ws + geometry::ws_m_bytes(b, h, segments, dk, dv),
+            ws_p: ws + geometry::ws_p_offset(b, h, segments, dk, dv),
+            start_state: start_state.as_ref().map_or(0, |x| x.addr()),
+            t,
+            num_segments: segments,
+            chunks_per_segment: plan.chunks_per_segment,
+            scale,
+            write_final_state: (last && args.ht.is_some()) as i32,
+            timeline,
+            ..self.chain.base_params(stream)
+        };
+        let i = usize::from(l.dk == 128);
+        let group_params = |bh_begin| Lasp2Params { bh_begin, ..params };
+        let segments_launch = |heads, smem| LaunchShape {
+            grid: geometry::segments_grid(heads, dv, segments),
+            block: (sd::THREADS, 1, 1),
+            shared_bytes: smem,
+        };
+        self.chain.context().bind_to_thread()?;
+        for (g, &(bh_begin, heads)) in plan.groups.iter().enumerate() {
+            let p = group_params(bh_begin);
+            // SAFETY: Lasp2Params has the C layout of lasp_lasp2_params (tests); the shape,
+            // lengths, alignment and overlaps were checked above; views borrow their buffers for
+            // the call; symmetric buffers, epoch, diag and workspace are owned by self. A group's
+            // fold_put reads only its own heads' workspace, written by its states kernel, which
+            // it follows; the next call's states kernels follow the end of this call.
+            unsafe {
+                self.states[i].launch(
+                    stream,
+                    segments_launch(heads, sd::states_smem_bytes(dk)),
+                    &p,
+                )?;
+                self.chain.launch_fold_put(stream, g, heads, &p)?;
+                // The group's shard-local segment prefixes, for its output kernel (reads the
+                // workspace as fold_put does; writes only ws_p).
+                if segments > 1 {
+                    self.segment_prefix.launch(
+                        stream,
+                        LaunchShape {
+                            grid: geometry::fold_put_grid(heads, dv),
+                            block: (geometry::FOLD_THREADS, 1, 1),
+                            shared_bytes: 0,
+                        },
+                        &p,
+                    )?;
+                }
+            }
+        }
+        self.chain.gather_slots(stream)?;
+        for &(bh_begin, heads) in &plan.groups {
+            // SAFETY: as above; outputs of different groups write disjoint heads.
+            unsafe {
+                self.output[i].launch(
+                    stream,
+                    segments_launch(heads, sd::output_smem_bytes(dk)),
+                    &group_params(bh_begin),
+                )?;
+            }
+        }
+        self.chain.end_call(stream, &params)
+    }
+
+    /// The timeline buffer of this call, zeroed on `stream` (0 = not recording).
+    fn prepare_timeline(&mut self, stream: &Arc<CudaStream>, segments: i32) -> Result<u64> {
+        if !self.record_timeline {
+            return Ok(0);
+        }
+        let (b, h, _, dv) = self.layout().dims();
+        let words = geometry::timeline_words(b, h, dv, segments) as usize;
+        if self.timeline.as_ref().is_none_or(|(t, _)| t.len() < words) {
+            // An earlier call may still write the old buffer.
+            self.chain.context().synchronize()?;
+            self.timeline = Some((stream.alloc_zeros(words)?, 0));
+        }
+        let (buffer, recorded_segments) = self.timeline.as_mut().expect("allocated above");
+        *recorded_segments = segments as usize;
+        stream.memset_zeros(buffer)?;
+        Ok(buffer.device_ptr(stream).0)
+    }
+
+    /// Waits for `stream`, then returns the error of the first expired wait, if any (naming the
+    /// PE that never sent, the signal slot and the epoch).
+    pub fn finish(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.chain.finish(stream)
+    }
+
+    /// Completed calls (the device epoch; synchronises `stream`).
+    pub fn epoch(&self, stream: &Arc<CudaStream>) -> Result<u64> {
+        self.chain.epoch(stream)
+    }
+
+    /// Records `calls` calls replayed from a captured CUDA graph, so host-side gathers of later
+    /// calls use the right parity.
+    pub fn note_replayed_calls(&mut self, calls: u64) {
+        self.chain.note_replayed_calls(calls);
+    }
+
+    /// Frees the symmetric buffers (collective).
+    pub fn free(self) -> Result<()> {
+        self.chain.free()
+    }
+}
+
+/// Checks the optional `start_state` output: its length and alignment, and that it overlaps none
+/// of the call's other tensors.
+fn check_start_state(start: &DeviceMut<'_, f32>, args: &ForwardArgs<'_>) -> Result<()> {
+    const OP: &str = "LASP-2 forward";
+    let checks = TensorChecks::new(OP, &args.shape);
+    checks.length(
+        "start_state",
+        "[B, H, Dk, Dv]",
+        start.len(),
+        args.shape.state_len(),
+    )?;
+    checks.aligned("start_state", start.addr(), 8)?;
+    let others = [
+        ("q", Some(args.q.byte_range())),
+        ("k", Some(args.k.byte_range())),
+        ("v", Some(args.v.byte_range())),
+        ("g", Some(args.g.byte_range())),
+        ("h0", args.h0.map(|x| x.byte_range())),
+        ("o", Some(args.o.byte_range())),
+        ("ht", args.ht.as_ref().map(|x| x.byte_range())),
+    ];
+    match others
+        .into_iter()
+        .find(|(_, r)| r.is_some_and(|r| ranges_overlap(start.byte_range(), r)))
+    {
+        Some((name, _)) => Err(Error::InvalidArgument(format!(
+            "{OP}: start_state overlaps {name}; give start_state its own buffer"
+        ))),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn automatic_plans_group_heads_only_where_the_exchange_is_a_sizeable_share() {
+        let l = Lasp2Layout {
+            b: 4,
+            h: 16,
+            dk: 128,
+            dv: 128,
+        };
+        let groups = |npes, t| Lasp2Tuning::automatic(npes, l, t).head_groups;
+        assert_eq!(
+            (groups(8, 8192), groups(4, 8192), groups(1, 8192)),
+            (2, 1, 1)
+        );
+        assert_eq!(
+            (groups(8, 32768), groups(32, 32768), groups(4, 131072)),
+            (1, 2, 1)
+        );
+        assert_eq!(Lasp2Tuning::automatic(4, l, 1).ctas_per_sm, 2);
+    }
+
+    #[test]
+    fn timeline_words_split_into_puts_and_output_ctas() {
+        // B=1, H=2, Dv=128 (2 tiles per head), S=3: 4 tiles x 2 put stamps, 12 CTAs x 3 stamps.
+        assert_eq!(geometry::timeline_words(1, 2, 128, 3), 8 + 36);
+        let words: Vec<u64> = (0..44).collect();
+        let t = Lasp2Timeline::from_words(&words, 4, 3);
+        assert_eq!(t.puts.len(), 4);
+        assert_eq!(t.puts[3], [6, 7]);
+        assert_eq!(t.outputs.len(), 12);
+        // CTA (tile 1, segment 2) is output index 1 * 3 + 2 = 5: words 8 + 15 ..
+        assert_eq!(t.outputs[5], [23, 24, 25]);
+        assert_eq!(t.output_waits_ns(), vec![1; 12]);
+    }
+
+    #[test]
+    fn plans_cut_heads_into_contiguous_groups_with_one_segment_count() {
+        let sms = 132;
+        let two = Lasp2Tuning {
+            head_groups: 2,
+            ctas_per_sm: 1,
+        };
+        // B=4, H=16, D=128, T=8K: 64 heads -> 2 groups of 32 (64 tiles each); S = 2 for 128
+        // CTAs per group launch (one per SM).
+        let p = CallPlan::new(64, 8192, 128, sms, two);
+        assert_eq!(p.groups, vec![(0, 32), (32, 32)]);
+        assert_eq!((p.segments, p.chunks_per_segment), (2, 64));
+        // B=1, H=16, T=32K: 8 heads per group, S = 8.
+        let p = CallPlan::new(16, 32768, 128, sms, two);
+        assert_eq!(p.groups, vec![(0, 8), (8, 8)]);
+        assert_eq!(p.segments, 8);
+        // Odd head counts: groups differ by at most one head and S fits the wider one.
+        let p = CallPlan::new(
+            5,
+            4096,
+            64,
+            sms,
+            Lasp2Tuning {
+                head_groups: 3,
+                ..two
+            },
+        );
+        assert_eq!(p.groups, vec![(0, 1), (1, 2), (3, 2)]);
+        assert_eq!(p.segments, sd::num_segments(1, 2, 4096, 64, 132));
+        // More groups than heads: one head per group.
+        let p = CallPlan::new(1, 100, 64, sms, two);
+        assert_eq!(p.groups, vec![(0, 1)]);
+        // One group is the ungrouped plan of the single-GPU policy at one CTA per SM.
+        let one = Lasp2Tuning {
+            head_groups: 1,
+            ctas_per_sm: 1,
+        };
+        let p = CallPlan::new(64, 8192, 128, sms, one);
+        assert_eq!((p.groups.clone(), p.segments), (vec![(0, 64)], 1));
+        // Two CTAs per SM double the segments where the sequence allows it.
+        let p = CallPlan::new(
+            64,
+            8192,
+            128,
+            sms,
+            Lasp2Tuning {
+                ctas_per_sm: 2,
+                ..two
+            },
+        );
+        assert_eq!(p.segments, 4);
+    }
+}

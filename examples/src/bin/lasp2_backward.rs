@@ -1,0 +1,598 @@
+//! LASP-2 backward of scalar-decay linear attention on every launched GPU, checked.
+//!
+//! ```text
+//! lasp-run -n 2 target/release/lasp2_backward                      # checks, then times every mode
+//! lasp-run -n 2 target/release/lasp2_backward --graph-calls 10000  # + a long graph replay
+//! ```
+//!
+//! Each rank holds one slice of every sequence (the last rank's slice is shorter). Per (Dk, Dv)
+//! the program runs the LASP-2 forward, saving each shard's start state, then the LASP-2
+//! backward from it, and checks against the CPU f64 reference (`reference::lasp2`): the start
+//! state, every rank's dq, dk, dv (rel err <= 5e-3), dg (within 5e-3 of the shard's
+//! `Grads::gate_grad_scale`) and PE 0's dh0. Gradients are poisoned before every call. Every
+//! exchange mode must give bitwise the same gradients, twice each, and a captured CUDA graph
+//! replayed `--graph-calls` times must give them too. Then it times every mode of the backward
+//! at each `--time BxTxHxD` (per-rank shard length T, repeatable; default 4x8192x16x128), as
+//! JSON rows into `--json FILE` when given (benches/lasp2-bench.sh runs it at W = 1, 2, 4).
+
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaSlice, CudaStream};
+use lasp_shmem::launch_env::LaunchEnv;
+use lasp_shmem::ops::lasp2::{ExchangeMode, Lasp2Backward, Lasp2Forward, Lasp2Layout};
+use lasp_shmem::ops::scalar_decay::{ForwardArgs, ForwardShape};
+use lasp_shmem::ops::scalar_decay_backward::BackwardArgs;
+use lasp_shmem::ops::{bf16, DeviceMut, DeviceRef};
+use lasp_shmem::reference::lasp2::{self, Decay};
+use lasp_shmem::reference::{
+    assert_close_to_scale, rel_err, Cotangents, Family, InputSpec, Inputs, Regime, Shape, Tensor,
+};
+use lasp_shmem::{Config, Error, Result, Runtime};
+use lasp_shmem_examples::{parse_shape, shard_lengths, time_in_turns, ModeCall, MODE_NAMES};
+use std::sync::Arc;
+
+/// Tolerance of dq, dk, dv, dh0 and the start state against the f64 reference (bf16 inputs and
+/// bf16 gradients, as backward_check), and of dg against its scale.
+const TOL: f64 = 5e-3;
+const POISON_BF16: u16 = 0xFFFF;
+
+struct Options {
+    graph_calls: u32,
+    time: Vec<ForwardShape>,
+    json: Option<String>,
+}
+
+fn parse_options() -> Result<Options> {
+    let mut o = Options {
+        graph_calls: 100,
+        time: Vec::new(),
+        json: None,
+    };
+    let mut no_time = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let mut value = || {
+            args.next()
+                .ok_or_else(|| Error::InvalidArgument(format!("{flag} needs a value")))
+        };
+        match flag.as_str() {
+            "--graph-calls" => {
+                let v = value()?;
+                o.graph_calls = v
+                    .parse()
+                    .map_err(|_| Error::InvalidArgument(format!("{v:?} is not a number")))?
+            }
+            "--time" => o.time.push(parse_shape(&value()?)?),
+            "--no-time" => no_time = true,
+            "--json" => o.json = Some(value()?),
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "unknown option {other}; see the header of examples/src/bin/lasp2_backward.rs"
+                )))
+            }
+        }
+    }
+    if o.time.is_empty() && !no_time {
+        o.time.push(parse_shape("4x8192x16x128")?);
+    }
+    Ok(o)
+}
+
+fn state_err(e: impl std::fmt::Display) -> Error {
+    Error::State(e.to_string())
+}
+
+/// This rank's tensors on the device: the forward's inputs and outputs (with the start state it
+/// saves), the output gradients, and the gradients.
+struct Shard {
+    shape: ForwardShape,
+    q: CudaSlice<bf16>,
+    k: CudaSlice<bf16>,
+    v: CudaSlice<bf16>,
+    g: CudaSlice<f32>,
+    h0: Option<CudaSlice<f32>>,
+    o: CudaSlice<bf16>,
+    start: CudaSlice<f32>,
+    d_o: CudaSlice<bf16>,
+    d_ht: Option<CudaSlice<f32>>,
+    dq: CudaSlice<bf16>,
+    dk: CudaSlice<bf16>,
+    dv: CudaSlice<bf16>,
+    dg: CudaSlice<f32>,
+    dh0: Option<CudaSlice<f32>>,
+}
+
+/// The gradients' bits after a call (dh0 empty off PE 0).
+#[derive(Clone, PartialEq)]
+struct GradBits {
+    dq: Vec<u16>,
+    dk: Vec<u16>,
+    dv: Vec<u16>,
+    dg: Vec<u32>,
+    dh0: Vec<u32>,
+}
+
+impl Shard {
+    /// Tokens `[start, start + len)` of `inputs` and `cot`; `h0` and `dh0` on every rank and PE 0
+    /// respectively, `d_ht` on the last rank.
+    fn upload(
+        stream: &Arc<CudaStream>,
+        inputs: &Inputs,
+        cot: &Cotangents,
+        (start, len): (usize, usize),
+        (first, last): (bool, bool),
+    ) -> Result<Self> {
+        let shape = ForwardShape {
+            t: len,
+            ..ForwardShape::from(inputs.shape)
+        };
+        let bf = |t: &Tensor| -> Vec<bf16> {
+            t.slice_time(start, len)
+                .data()
+                .iter()
+                .map(|&x| bf16::from_f64(x))
+                .collect()
+        };
+        let f32s = |t: &Tensor| -> Vec<f32> { t.data().iter().map(|&x| x as f32).collect() };
+        Ok(Shard {
+            shape,
+            q: stream.clone_htod(&bf(&inputs.q))?,
+            k: stream.clone_htod(&bf(&inputs.k))?,
+            v: stream.clone_htod(&bf(&inputs.v))?,
+            g: stream.clone_htod(&f32s(&inputs.g.slice_time(start, len)))?,
+            h0: inputs
+                .h0
+                .as_ref()
+                .map(|h0| stream.clone_htod(&f32s(h0)))
+                .transpose()?,
+            o: stream.alloc_zeros(shape.v_len())?,
+            start: stream.alloc_zeros(shape.state_len())?,
+            d_o: stream.clone_htod(&bf(&cot.d_o))?,
+            d_ht: match (&cot.d_ht, last) {
+                (Some(d), true) => Some(stream.clone_htod(&f32s(d))?),
+                _ => None,
+            },
+            dq: stream.alloc_zeros(shape.qk_len())?,
+            dk: stream.alloc_zeros(shape.qk_len())?,
+            dv: stream.alloc_zeros(shape.v_len())?,
+            dg: stream.alloc_zeros(shape.gate_len())?,
+            dh0: if first {
+                Some(stream.alloc_zeros(shape.state_len())?)
+            } else {
+                None
+            },
+        })
+    }
+
+    /// Benchmark tensors of `shape`: a random block repeated over each tensor (timing does not
+    /// depend on the values; gates are log-sigmoids of normals / 16 as in fla's benchmark).
+    fn benchmark(
+        stream: &Arc<CudaStream>,
+        shape: ForwardShape,
+        (first, last): (bool, bool),
+    ) -> Result<Self> {
+        let block_shape = Shape {
+            b: 1,
+            t: 64,
+            h: 1,
+            dk: shape.dk,
+            dv: shape.dv,
+        };
+        let spec = InputSpec {
+            shape: block_shape,
+            family: Family::ScalarDecay,
+            regime: Regime::Typical,
+            seed: 11,
+            round_to_bf16: true,
+            initial_state: true,
+        };
+        let block = Inputs::generate(&spec).map_err(state_err)?;
+        let cot = Cotangents::generate(block_shape, 11, true, true).map_err(state_err)?;
+        fn cycle(t: &Tensor, n: usize) -> impl Iterator<Item = f64> + '_ {
+            t.data().iter().copied().cycle().take(n)
+        }
+        let bf = |t: &Tensor, n: usize| -> Result<CudaSlice<bf16>> {
+            Ok(stream.clone_htod(&cycle(t, n).map(bf16::from_f64).collect::<Vec<_>>())?)
+        };
+        let f32s = |t: &Tensor, n: usize| -> Result<CudaSlice<f32>> {
+            Ok(stream.clone_htod(&cycle(t, n).map(|x| x as f32).collect::<Vec<_>>())?)
+        };
+        let h0 = block.h0.as_ref().expect("generated with a state");
+        let d_ht = cot
+            .d_ht
+            .as_ref()
+            .expect("generated with a final-state gradient");
+        Ok(Shard {
+            shape,
+            q: bf(&block.q, shape.qk_len())?,
+            k: bf(&block.k, shape.qk_len())?,
+            v: bf(&block.v, shape.v_len())?,
+            g: f32s(&block.g, shape.gate_len())?,
+            h0: Some(f32s(h0, shape.state_len())?),
+            o: stream.alloc_zeros(shape.v_len())?,
+            start: stream.alloc_zeros(shape.state_len())?,
+            d_o: bf(&cot.d_o, shape.v_len())?,
+            d_ht: if last {
+                Some(f32s(d_ht, shape.state_len())?)
+            } else {
+                None
+            },
+            dq: stream.alloc_zeros(shape.qk_len())?,
+            dk: stream.alloc_zeros(shape.qk_len())?,
+            dv: stream.alloc_zeros(shape.v_len())?,
+            dg: stream.alloc_zeros(shape.gate_len())?,
+            dh0: if first {
+                Some(stream.alloc_zeros(shape.state_len())?)
+            } else {
+                None
+            },
+        })
+    }
+
+    /// The LASP-2 forward, saving the shard's start state.
+    fn forward(&mut self, op: &mut Lasp2Forward, stream: &Arc<CudaStream>) -> Result<()> {
+        let args = ForwardArgs {
+            shape: self.shape,
+            q: DeviceRef::new(&self.q),
+            k: DeviceRef::new(&self.k),
+            v: DeviceRef::new(&self.v),
+            g: DeviceRef::new(&self.g),
+            h0: self.h0.as_ref().map(DeviceRef::new),
+            o: DeviceMut::new(&mut self.o),
+            ht: None,
+            scale: None,
+        };
+        op.forward_saving(stream, args, Some(DeviceMut::new(&mut self.start)))
+    }
+
+    /// The LASP-2 backward from the saved start state.
+    fn backward(&mut self, op: &mut Lasp2Backward, stream: &Arc<CudaStream>) -> Result<()> {
+        let args = BackwardArgs {
+            shape: self.shape,
+            q: DeviceRef::new(&self.q),
+            k: DeviceRef::new(&self.k),
+            v: DeviceRef::new(&self.v),
+            g: DeviceRef::new(&self.g),
+            h0: Some(DeviceRef::new(&self.start)),
+            d_o: DeviceRef::new(&self.d_o),
+            d_ht: self.d_ht.as_ref().map(DeviceRef::new),
+            dq: DeviceMut::new(&mut self.dq),
+            dk: DeviceMut::new(&mut self.dk),
+            dv: DeviceMut::new(&mut self.dv),
+            dg: DeviceMut::new(&mut self.dg),
+            dh0: self.dh0.as_mut().map(DeviceMut::new),
+            scale: None,
+        };
+        op.backward(stream, args)
+    }
+
+    /// Fills the gradients with NaN, so anything a call does not write shows.
+    fn poison(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        for t in [&mut self.dq, &mut self.dk, &mut self.dv] {
+            stream.memcpy_htod(&vec![bf16::from_bits(POISON_BF16); t.len()], t)?;
+        }
+        stream.memcpy_htod(&vec![f32::NAN; self.dg.len()], &mut self.dg)?;
+        if let Some(dh0) = &mut self.dh0 {
+            stream.memcpy_htod(&vec![f32::NAN; dh0.len()], dh0)?;
+        }
+        Ok(())
+    }
+
+    /// The gradients' bits; an error if any poison is left.
+    fn grads(&self, stream: &Arc<CudaStream>) -> Result<GradBits> {
+        let bf = |t: &CudaSlice<bf16>| -> Result<Vec<u16>> {
+            Ok(stream.clone_dtoh(t)?.iter().map(|x| x.to_bits()).collect())
+        };
+        let f = |t: &CudaSlice<f32>| -> Result<Vec<u32>> {
+            Ok(stream.clone_dtoh(t)?.iter().map(|x| x.to_bits()).collect())
+        };
+        let bits = GradBits {
+            dq: bf(&self.dq)?,
+            dk: bf(&self.dk)?,
+            dv: bf(&self.dv)?,
+            dg: f(&self.dg)?,
+            dh0: self.dh0.as_ref().map(f).transpose()?.unwrap_or_default(),
+        };
+        let nan16 = |v: &[u16]| v.iter().any(|&b| bf16::from_bits(b).is_nan());
+        let nan32 = |v: &[u32]| v.iter().any(|&b| f32::from_bits(b).is_nan());
+        if nan16(&bits.dq) || nan16(&bits.dk) || nan16(&bits.dv) || nan32(&bits.dg) {
+            return Err(Error::State(
+                "a gradient element was not written (NaN poison left)".into(),
+            ));
+        }
+        if nan32(&bits.dh0) {
+            return Err(Error::State("dh0 was not written (NaN poison left)".into()));
+        }
+        Ok(bits)
+    }
+
+    /// One poisoned backward call, finished; its gradients' bits.
+    fn run_checked(
+        &mut self,
+        op: &mut Lasp2Backward,
+        stream: &Arc<CudaStream>,
+    ) -> Result<GradBits> {
+        self.poison(stream)?;
+        self.backward(op, stream)?;
+        op.finish(stream)?;
+        self.grads(stream)
+    }
+}
+
+fn bf16_values(bits: &[u16]) -> Vec<f64> {
+    bits.iter().map(|&b| bf16::from_bits(b).to_f64()).collect()
+}
+
+fn f32_values(bits: &[u32]) -> Vec<f64> {
+    bits.iter().map(|&b| f32::from_bits(b) as f64).collect()
+}
+
+/// `rel err <= TOL` or an error naming `what`.
+fn close(what: &str, got: &[f64], want: &Tensor) -> Result<f64> {
+    let e = rel_err(got, want.data());
+    if e.is_nan() || e > TOL {
+        return Err(Error::State(format!("{what}: rel err {e:.3e} > {TOL:.0e}")));
+    }
+    Ok(e)
+}
+
+fn check(rt: &Runtime, graph_calls: u32) -> Result<()> {
+    let (me, npes) = (rt.pe(), rt.npes());
+    let stream = rt.context().new_stream()?;
+    // Ragged shards: 3 chunks and a bit per rank, the last rank 37 tokens shorter.
+    let lengths = shard_lengths(npes, 3 * 64 + 11, 37);
+    let start: usize = lengths[..me].iter().sum();
+    let total: usize = lengths.iter().sum();
+    for (dk, dv) in [(64, 64), (128, 128), (64, 128)] {
+        let shape = Shape {
+            b: 2,
+            t: total,
+            h: 3,
+            dk,
+            dv,
+        };
+        let spec = InputSpec {
+            shape,
+            family: Family::ScalarDecay,
+            regime: Regime::Mixed,
+            seed: 17 + dk as u64 + dv as u64,
+            round_to_bf16: true,
+            initial_state: true,
+        };
+        let inputs = Inputs::generate(&spec).map_err(state_err)?;
+        let cot = Cotangents::generate(shape, spec.seed, true, true).map_err(state_err)?;
+        let forward_ref =
+            lasp2::forward(&inputs, Decay::Scalar, &lengths, 64).map_err(state_err)?;
+        let want = lasp2::backward(
+            &inputs,
+            Decay::Scalar,
+            &lengths,
+            64,
+            &cot.d_o,
+            cot.d_ht.as_ref(),
+        )
+        .map_err(state_err)?;
+        let shards =
+            lasp2::split_shards(&inputs, Family::ScalarDecay, &lengths).map_err(state_err)?;
+        let mine = &want.ranks[me];
+        let mut shard = Shard::upload(
+            &stream,
+            &inputs,
+            &cot,
+            (start, lengths[me]),
+            (me == 0, me + 1 == npes),
+        )?;
+        let layout = Lasp2Layout { b: 2, h: 3, dk, dv };
+        let mut fwd = Lasp2Forward::new(rt, layout, ExchangeMode::Overlapped)?;
+        let mut bwd = Lasp2Backward::new(rt, layout, ExchangeMode::Overlapped)?;
+        let tag = format!("PE {me} (Dk={dk}, Dv={dv})");
+
+        stream.memcpy_htod(&vec![f32::NAN; shard.start.len()], &mut shard.start)?;
+        shard.forward(&mut fwd, &stream)?;
+        fwd.finish(&stream)?;
+        let start_state: Vec<f64> = stream
+            .clone_dtoh(&shard.start)?
+            .iter()
+            .map(|&x| x as f64)
+            .collect();
+        let e_start = close(
+            &format!("{tag} start state"),
+            &start_state,
+            &forward_ref.prefixes[me],
+        )?;
+
+        let bits = shard.run_checked(&mut bwd, &stream)?;
+        let mut report = vec![format!("start state {e_start:.2e}")];
+        for (what, got, want) in [
+            ("dq", bf16_values(&bits.dq), &mine.dq),
+            ("dk", bf16_values(&bits.dk), &mine.dk),
+            ("dv", bf16_values(&bits.dv), &mine.dv),
+        ] {
+            let e = close(&format!("{tag} {what}"), &got, want)?;
+            report.push(format!("{what} {e:.2e}"));
+        }
+        if me == 0 {
+            let e = close(
+                &format!("{tag} dh0"),
+                &f32_values(&bits.dh0),
+                &want.grads.dh0,
+            )?;
+            report.push(format!("dh0 {e:.2e}"));
+        }
+        let dg_scale = mine.gate_grad_scale(&shards[me]);
+        assert_close_to_scale(
+            &format!("{tag} dg"),
+            &f32_values(&bits.dg),
+            mine.dg.data(),
+            dg_scale,
+            TOL,
+        )
+        .map_err(Error::State)?;
+        println!(
+            "{tag}, shard {} of {total} tokens: matches the f64 reference (rel err {}; dg within \
+             {TOL:.0e} of its scale)",
+            lengths[me],
+            report.join(", ")
+        );
+
+        for mode in [
+            ExchangeMode::SequentialNccl,
+            ExchangeMode::SequentialNvshmem,
+            ExchangeMode::Overlapped,
+        ] {
+            bwd.set_mode(mode)?;
+            for _ in 0..2 {
+                if shard.run_checked(&mut bwd, &stream)? != bits {
+                    return Err(Error::State(format!(
+                        "{tag}: {mode:?} gave other gradient bits than the first overlapped call"
+                    )));
+                }
+            }
+        }
+        println!("{tag}: overlapped, sequential NCCL and sequential NVSHMEM give bitwise the same gradients, twice each");
+
+        // A captured graph of one overlapped backward call, replayed: epochs advance on the device.
+        shard.poison(&stream)?;
+        let before = bwd.epoch(&stream)?;
+        rt.barrier_on_stream(&stream)?;
+        stream.synchronize()?;
+        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        let captured = shard.backward(&mut bwd, &stream);
+        let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
+        captured?;
+        let graph = graph.ok_or_else(|| Error::State("the capture recorded nothing".into()))?;
+        for _ in 0..graph_calls {
+            graph.launch()?;
+        }
+        bwd.note_replayed_calls(graph_calls as u64);
+        bwd.finish(&stream)?;
+        let after = bwd.epoch(&stream)?;
+        let replayed = shard.grads(&stream)?;
+        if after != before + graph_calls as u64 || replayed != bits {
+            return Err(Error::State(format!(
+                "{tag}: graph replay: epoch {before} -> {after} for {graph_calls} replays, \
+                 gradients {}",
+                if replayed == bits {
+                    "identical"
+                } else {
+                    "DIFFER"
+                }
+            )));
+        }
+        println!("{tag}: {graph_calls} graph-replayed calls, no error, gradients bitwise identical at the end");
+        drop(graph);
+        bwd.free()?;
+        fwd.free()?;
+    }
+    Ok(())
+}
+
+/// The backward of one shard, as the timing loop drives it.
+struct Timed<'a> {
+    op: &'a mut Lasp2Backward,
+    shard: &'a mut Shard,
+}
+
+impl ModeCall for Timed<'_> {
+    fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
+        self.op.set_mode(mode)
+    }
+    fn call(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.shard.backward(self.op, stream)
+    }
+    fn finish(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.op.finish(stream)
+    }
+}
+
+/// Times every mode of the backward at `shape`; returns a JSON row (PE 0 prints it).
+fn time_modes(
+    rt: &Runtime,
+    comm: &lasp_shmem::nccl::NcclComm,
+    shape: ForwardShape,
+) -> Result<String> {
+    let stream = rt.stream().clone();
+    let (me, npes) = (rt.pe(), rt.npes());
+    let mut shard = Shard::benchmark(&stream, shape, (me == 0, me + 1 == npes))?;
+    let layout = Lasp2Layout {
+        b: shape.b,
+        h: shape.h,
+        dk: shape.dk,
+        dv: shape.dv,
+    };
+    let mut fwd = Lasp2Forward::new(rt, layout, ExchangeMode::Overlapped)?;
+    shard.forward(&mut fwd, &stream)?;
+    fwd.finish(&stream)?;
+    let mut bwd = Lasp2Backward::new(rt, layout, ExchangeMode::Overlapped)?;
+    let medians = time_in_turns(
+        rt,
+        &mut Timed {
+            op: &mut bwd,
+            shard: &mut shard,
+        },
+    )?;
+    let (b, t, h, d) = (shape.b, shape.t, shape.h, shape.dk);
+    let mut line = format!("backward W={npes} B={b} T_local={t} H={h} D={d}:");
+    let mut row = format!("{{\"W\": {npes}, \"B\": {b}, \"T_local\": {t}, \"H\": {h}, \"D\": {d}");
+    let mut per_rank = Vec::new();
+    for (median, mode) in medians.into_iter().zip(MODE_NAMES) {
+        // The call takes as long as its slowest rank.
+        let ranks = comm.gather_f64(median)?;
+        let ms = ranks.iter().copied().fold(f64::MIN, f64::max);
+        line += &format!(" {mode}_ms {ms:.4}");
+        row += &format!(", \"{mode}_ms\": {ms:.5}");
+        let list: Vec<String> = ranks.iter().map(|v| format!("{v:.5}")).collect();
+        per_rank.push(format!("\"{mode}\": [{}]", list.join(", ")));
+    }
+    row += &format!(", \"per_rank_ms\": {{{}}}", per_rank.join(", "));
+    if me == 0 {
+        println!("{line}");
+    }
+    bwd.free()?;
+    fwd.free()?;
+    Ok(row + "}")
+}
+
+fn run() -> Result<()> {
+    let options = parse_options()?;
+    let npes = LaunchEnv::from_process_env()?.world_size;
+    // A forward and a backward live at once, each with its own symmetric buffers.
+    let heap = options
+        .time
+        .iter()
+        .map(|s| {
+            2 * Lasp2Layout {
+                b: s.b,
+                h: s.h,
+                dk: s.dk,
+                dv: s.dv,
+            }
+            .symmetric_bytes(npes)
+        })
+        .max()
+        .unwrap_or(0);
+    let rt = Runtime::init(Config {
+        symmetric_heap_bytes: heap + (64 << 20),
+        ..Config::default()
+    })?;
+    check(&rt, options.graph_calls)?;
+    if !options.time.is_empty() {
+        let comm = lasp_shmem::nccl::NcclComm::new(&rt, rt.stream())?;
+        let rows = options
+            .time
+            .iter()
+            .map(|&shape| time_modes(&rt, &comm, shape))
+            .collect::<Result<Vec<_>>>()?;
+        if let (Some(path), 0) = (&options.json, rt.pe()) {
+            std::fs::write(path, format!("[\n{}\n]\n", rows.join(",\n")))
+                .map_err(|e| Error::State(format!("cannot write {path}: {e}")))?;
+        }
+    }
+    rt.shutdown()
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("lasp2_backward: {e}");
+        lasp_shmem::runtime::exit_after_error(1);
+    }
+}

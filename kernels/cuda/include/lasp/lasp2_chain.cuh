@@ -1,0 +1,186 @@
+// Device side of the LASP-2 chain (lasp2_params.h, "The chain"), shared by the forward
+// (lasp2_fwd.cu), the backward (lasp2_bwd.cu) and the exchange kernels (lasp2_chain.cu): the call's
+// epoch, timeline stamps, the segment fold of the states kernels' output, and the bounded wait for
+// and fold of the tiles of the PEs before this one on the chain.
+#pragma once
+#include <stdint.h>
+
+#include "lasp/lasp2_params.h"
+#include "lasp/scalar_decay.cuh"
+#include "lasp/wait.cuh"
+
+namespace lasp {
+namespace l2 {
+
+using sd::StateLane;
+using sd::StateRegs;
+
+// The epoch every kernel of the current call works on (the advance kernel runs last).
+__device__ __forceinline__ uint64_t call_epoch(const lasp_lasp2_params& p) { return *p.epoch + 1; }
+
+// Timeline stamp (thread 0 of a CTA; no-op without a timeline buffer).
+__device__ __forceinline__ void stamp(const lasp_lasp2_params& p, uint64_t word) {
+  if (p.timeline && threadIdx.x == 0) p.timeline[word] = global_ns();
+}
+
+// This PE's position on the chain, and the PE at position `pos`.
+__device__ __forceinline__ int chain_position(const lasp_lasp2_params& p) {
+  return lasp2_chain_position(p.chain, p.me, p.npes);
+}
+__device__ __forceinline__ int chain_pe(const lasp_lasp2_params& p, int pos) {
+  return lasp2_chain_pe(p.chain, pos, p.npes);
+}
+
+// The CTA's segment of a states or output launch; grid z spans the launch's head group, which
+// starts at head p.bh_begin.
+__device__ __forceinline__ sd::SegmentArgs group_segment_args(const lasp_lasp2_params& p) {
+  sd::SegmentArgs a = sd::segment_args(p);
+  a.bh += p.bh_begin;
+  return a;
+}
+
+// The states kernels' CTA (grid lasp2_states_grid): segment s's end state from zero -> ws_m [bh][s],
+// its log-decay -> ws_lambda [bh][s]; the shard's tokens in order (the forward) or from last to
+// first (kReversed, the backward: sd::TimeAxis).
+template <int DK, bool kReversed>
+__device__ __forceinline__ void shard_states(const lasp_lasp2_params& p) {
+  const sd::SegmentArgs a = group_segment_args(p);
+  const int64_t slot = (int64_t)a.bh * p.num_segments + blockIdx.y;
+  sd::run_states_segment<DK, kReversed>(a, [&](StateRegs<DK>& s, const StateLane& ln, float lambda) {
+    sd::state_store<DK>(s, ln, p.ws_m + slot * DK * p.Dv + a.vt * sd::kTileV, p.Dv);
+    if (a.vt == 0 && threadIdx.x == 0) p.ws_lambda[slot] = lambda;
+  });
+}
+
+// Folds the segment states of tile (bh, vt) from zero, s ascending, for s < count:
+// acc = e^{Lambda_s} acc + M_s, and calls step(s, acc, d, c) after each s with the float4 of rows d,
+// columns c..c+3 of the tile. Thread i owns float4 columns (i % 16) of rows i / 16 + 16 j; fold_put
+// and segment_prefix share this loop, so M_me and the prefixes L_s are the same fold.
+// A thread loads all its rows of a segment at once, so it waits about one memory round trip per
+// segment; walking its rows one at a time, as before run 52, waited one per (row, segment), 8 (S - 1)
+// round trips at Dk = 128 (the loads of the next row could not pass the stores of `step`).
+template <class Step>
+__device__ __forceinline__ void fold_segments(const lasp_lasp2_params& p, int bh, int vt, int count, Step&& step) {
+  constexpr int kCols = LASP2_TILE_V / 4;               // float4 columns of a tile row
+  constexpr int kRowStep = LASP2_FOLD_THREADS / kCols;  // rows between a thread's rows
+  constexpr int kMaxRows = 128 / kRowStep;              // a thread's rows at Dk = 128 (the largest Dk)
+  const int rows = p.Dk / kRowStep;
+  const int64_t state_elems = (int64_t)p.Dk * p.Dv;
+  const int d0 = threadIdx.x / kCols, c = (threadIdx.x % kCols) * 4;
+  const float* const m0 =
+      p.ws_m + (int64_t)bh * p.num_segments * state_elems + vt * LASP2_TILE_V + (int64_t)d0 * p.Dv + c;
+  const float* const lam = p.ws_lambda + (int64_t)bh * p.num_segments;
+  float4 acc[kMaxRows];
+#pragma unroll
+  for (int j = 0; j < kMaxRows; ++j) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int s = 0; s < count; ++s) {
+    float4 m[kMaxRows];
+#pragma unroll
+    for (int j = 0; j < kMaxRows; ++j)
+      if (j < rows) m[j] = __ldg(reinterpret_cast<const float4*>(m0 + s * state_elems + (int64_t)j * kRowStep * p.Dv));
+    const float l = __ldg(lam + s);
+#pragma unroll
+    for (int j = 0; j < kMaxRows; ++j) {
+      if (j >= rows) continue;
+      acc[j].x = sd::fold_step(acc[j].x, l, m[j].x);
+      acc[j].y = sd::fold_step(acc[j].y, l, m[j].y);
+      acc[j].z = sd::fold_step(acc[j].z, l, m[j].z);
+      acc[j].w = sd::fold_step(acc[j].w, l, m[j].w);
+      step(s, acc[j], d0 + j * kRowStep, c);
+    }
+  }
+}
+
+// The chain tiles go through shared memory (free until a chunk pipeline starts): cp.async puts a
+// whole batch of tiles in flight at once, so a batch costs about one L2 round trip, where folding
+// from registers paid one round trip per tile (the last PE at W = 4 folds three slot tiles and a
+// segment tile: ~6 us before its chunk loop against ~2 us on PE 0, run 12 timelines). Staged rows
+// are padded to 72 floats: the 4 rows a half-warp's float2 reads touch then start 8 banks apart, so
+// the reads are free of bank conflicts (4-way unpadded). A slot tile's 16-byte trailer
+// (Lambda_u, 0, 0, 0) follows its rows.
+constexpr int kStagedLd = sd::kTileV + 8;  // floats per staged row
+constexpr int kStagedTiles = 3;            // staged slots; the output kernel's last one holds the segment tile
+template <int DK>
+constexpr uint32_t staged_tile_bytes() {
+  return DK * kStagedLd * 4 + 16;
+}
+static_assert(kStagedTiles * staged_tile_bytes<128>() <= lasp2_output_smem_bytes(128), "staged tiles exceed smem");
+static_assert(kStagedTiles * staged_tile_bytes<64>() <= lasp2_output_smem_bytes(64), "staged tiles exceed smem");
+// fold_chain_tiles uses the first kStagedTiles - 1 slots: the shared memory of a kernel that folds
+// chain tiles and nothing else (carry_in).
+static_assert((kStagedTiles - 1) * staged_tile_bytes<128>() == lasp2_carry_in_smem_bytes(128), "host formula");
+static_assert((kStagedTiles - 1) * staged_tile_bytes<64>() == lasp2_carry_in_smem_bytes(64), "host formula");
+
+// Starts copying rows [0, DK) x columns [0, 64) of an fp32 tile (row stride `ld` floats) into the
+// staged slot at shared address `slot`, with the 16 bytes after the rows if `trailer` (a slot tile).
+template <int DK>
+__device__ __forceinline__ void stage_tile(uint32_t slot, const float* rows, int64_t ld, bool trailer) {
+  constexpr int kPiecesPerRow = sd::kTileV / 4;  // 16-byte pieces
+#pragma unroll 4
+  for (int i = threadIdx.x; i < DK * kPiecesPerRow; i += sd::kThreads) {
+    const int row = i / kPiecesPerRow, piece = i % kPiecesPerRow;
+    cp_async_16(slot + (row * kStagedLd + 4 * piece) * 4, rows + row * ld + 4 * piece, true);
+  }
+  if (trailer && threadIdx.x == 0) cp_async_16(slot + DK * kStagedLd * 4, rows + DK * ld, true);
+}
+
+// s = e^{lambda} s + the staged tile at `slot` (fold_step per element, as sd::state_fold).
+template <int DK>
+__device__ __forceinline__ void fold_staged(StateRegs<DK>& s, const StateLane& ln, const uint8_t* slot, float lambda) {
+  sd::state_fold<DK>(s, ln, reinterpret_cast<const float*>(slot), kStagedLd, lambda);
+}
+
+// Lambda_u of a staged slot tile (its trailer's first float).
+template <int DK>
+__device__ __forceinline__ float staged_lambda(const uint8_t* slot) {
+  return *reinterpret_cast<const float*>(slot + DK * kStagedLd * 4);
+}
+
+// LASP2_DEVICE_PUT: waits (bounded) until tile (bh, vt) of this epoch has landed from every PE
+// before this one on the chain, one thread per such PE; the barrier then orders the acquires before
+// every thread's copies of the slots (cp.async.cg reads through L2). False on every thread if a wait
+// expired (p.diag names the PE). Other modes: true at once.
+__device__ __forceinline__ bool wait_chain_tiles(const lasp_lasp2_params& p, int bh, int vt) {
+  if (p.exchange_mode != LASP2_DEVICE_PUT) return true;
+  const uint64_t epoch = call_epoch(p);
+  const int parity = static_cast<int>(epoch & 1);
+  const WaitSite site{p.diag, p.timeout_ns, p.me};
+  int ok = 1;
+  for (int pos = threadIdx.x; pos < chain_position(p); pos += blockDim.x) {
+    const int u = chain_pe(p, pos);
+    const uint64_t idx = lasp2_signal_index(parity, u, bh, vt, p.npes, p.B, p.H, p.Dv);
+    ok &= wait_signal_ge(site, p.signals + idx, epoch, u, static_cast<int32_t>(idx), LASP_WAIT_DATA);
+  }
+  return __syncthreads_and(ok);
+}
+
+// s = fold over the chain positions before this PE's, in chain order, of e^{Lambda_u} s + M_u
+// (slot tiles [parity][u][bh][vt]); staged through shared memory at `smem` (the first
+// kStagedTiles - 1 staged slots), kStagedTiles - 1 tiles per batch. Call after wait_chain_tiles.
+template <int DK>
+__device__ __forceinline__ void fold_chain_tiles(const lasp_lasp2_params& p, StateRegs<DK>& s, const StateLane& ln,
+                                                 int bh, int vt, uint8_t* smem) {
+  constexpr uint32_t kTileBytes = staged_tile_bytes<DK>();
+  const int parity = static_cast<int>(call_epoch(p) & 1);
+  const uint32_t sbase = smem_addr(smem);
+  const int before = chain_position(p);
+  for (int pos0 = 0; pos0 < before; pos0 += kStagedTiles - 1) {
+    const int batch = min(kStagedTiles - 1, before - pos0);
+    for (int j = 0; j < batch; ++j) {
+      const int u = chain_pe(p, pos0 + j);
+      const float* tile = p.slots + lasp2_slot_tile_offset(parity, u, bh, vt, p.npes, p.B, p.H, DK, p.Dv);
+      stage_tile<DK>(sbase + j * kTileBytes, tile, sd::kTileV, true);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    for (int j = 0; j < batch; ++j) {
+      const uint8_t* slot = smem + j * kTileBytes;
+      fold_staged<DK>(s, ln, slot, staged_lambda<DK>(slot));
+    }
+    __syncthreads();  // before the next batch, or a chunk pipeline, overwrites the slots
+  }
+}
+
+}  // namespace l2
+}  // namespace lasp
