@@ -89,6 +89,11 @@ later_ranks_name_the_silent_rank() {
   [ "$named" -eq $((NGPU - 1 - SILENT)) ] && [ "$wrong" -eq 0 ]
 }
 if [ "$NGPU" -ge 2 ]; then check lasp2_later_ranks_name_the_silent_rank later_ranks_name_the_silent_rank; fi
+# The backward's chain runs the other way: every rank BEFORE the silent one waits for its tile.
+if [ "$NGPU" -ge 2 ]; then
+  SILENT_BWD=$(( NGPU >= 3 ? 1 : NGPU - 1 ))
+  LASP_WAIT_TIMEOUT_MS=3000 expect_failure lasp2_backward_silent_rank_is_named "waited [0-9]+ ms for data from PE $SILENT_BWD " $RUN "$BIN/lasp2_backward" --silent-rank $SILENT_BWD
+fi
 expect_failure lasp2_layout_mismatch_caught 'PEs \[1\] set up a different layout' $RUN "$BIN/lasp2_forward" --mismatch-rank 1
 # The C ABI: from C under lasp-run, and from PyTorch under torchrun (bootstrap by unique id).
 check lasp2_forward_c $RUN "$BIN/lasp2_forward_c" --graph-calls 1000

@@ -13,7 +13,9 @@
 //! exchange mode must give bitwise the same gradients, twice each, and a captured CUDA graph
 //! replayed `--graph-calls` times must give them too. Then it times every mode of the backward
 //! at each `--time BxTxHxD` (per-rank shard length T, repeatable; default 4x8192x16x128), as
-//! JSON rows into `--json FILE` when given (benches/lasp2-bench.sh runs it at W = 1, 2, 4).
+//! JSON rows into `--json FILE` when given (benches/lasp2-backward-bench.sh runs it at W = 1, 2,
+//! 4). Fault drill: `--silent-rank K` (rank K never calls the backward: every earlier rank, which
+//! waits for its tile, must fail naming it).
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream};
@@ -39,6 +41,7 @@ struct Options {
     graph_calls: u32,
     time: Vec<ForwardShape>,
     json: Option<String>,
+    silent_rank: Option<usize>,
 }
 
 fn parse_options() -> Result<Options> {
@@ -46,8 +49,13 @@ fn parse_options() -> Result<Options> {
         graph_calls: 100,
         time: Vec::new(),
         json: None,
+        silent_rank: None,
     };
     let mut no_time = false;
+    let number = |v: String| {
+        v.parse::<usize>()
+            .map_err(|_| Error::InvalidArgument(format!("{v:?} is not a number")))
+    };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let mut value = || {
@@ -55,12 +63,8 @@ fn parse_options() -> Result<Options> {
                 .ok_or_else(|| Error::InvalidArgument(format!("{flag} needs a value")))
         };
         match flag.as_str() {
-            "--graph-calls" => {
-                let v = value()?;
-                o.graph_calls = v
-                    .parse()
-                    .map_err(|_| Error::InvalidArgument(format!("{v:?} is not a number")))?
-            }
+            "--graph-calls" => o.graph_calls = number(value()?)? as u32,
+            "--silent-rank" => o.silent_rank = Some(number(value()?)?),
             "--time" => o.time.push(parse_shape(&value()?)?),
             "--no-time" => no_time = true,
             "--json" => o.json = Some(value()?),
@@ -552,6 +556,44 @@ fn time_modes(
     Ok(row + "}")
 }
 
+/// Rank `silent` never calls the backward; the others call it once and report what `finish` says.
+fn drill(rt: &Runtime, silent: usize) -> Result<()> {
+    let stream = rt.stream().clone();
+    let (me, npes) = (rt.pe(), rt.npes());
+    let shape = ForwardShape {
+        b: 1,
+        t: 256,
+        h: 2,
+        dk: 64,
+        dv: 64,
+    };
+    let layout = Lasp2Layout {
+        b: 1,
+        h: 2,
+        dk: 64,
+        dv: 64,
+    };
+    let mut shard = Shard::benchmark(&stream, shape, (me == 0, me + 1 == npes))?;
+    let mut bwd = Lasp2Backward::new(rt, layout, ExchangeMode::Overlapped)?;
+    if me == silent {
+        println!("rank {me} stays silent (fault drill)");
+        std::thread::sleep(rt.wait_timeout() + std::time::Duration::from_secs(10));
+        return Err(Error::State(
+            "the fault drill expected the earlier ranks to fail first".into(),
+        ));
+    }
+    let result = shard
+        .backward(&mut bwd, &stream)
+        .and_then(|()| bwd.finish(&stream));
+    if let Err(e) = &result {
+        // Every rank before the silent one times out at about the same moment; the launcher stops
+        // the others once the first exits, so each prints what it names before lingering.
+        println!("rank {me} drill error: {e}");
+        std::thread::sleep(std::time::Duration::from_secs(3));
+    }
+    result
+}
+
 fn run() -> Result<()> {
     let options = parse_options()?;
     let npes = LaunchEnv::from_process_env()?.world_size;
@@ -574,6 +616,9 @@ fn run() -> Result<()> {
         symmetric_heap_bytes: heap + (64 << 20),
         ..Config::default()
     })?;
+    if let Some(silent) = options.silent_rank {
+        return drill(&rt, silent).and_then(|()| rt.shutdown());
+    }
     check(&rt, options.graph_calls)?;
     if !options.time.is_empty() {
         let comm = lasp_shmem::nccl::NcclComm::new(&rt, rt.stream())?;

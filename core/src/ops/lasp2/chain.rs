@@ -62,9 +62,9 @@ impl StateChain {
         let differ: Vec<usize> = (0..npes).filter(|&p| fingerprints[p] != mine).collect();
         if !differ.is_empty() {
             return Err(Error::InvalidArgument(format!(
-                "{op}: PEs {differ:?} set up another layout or operation than PE {} ({layout:?}, \
-                 {npes} PEs); every PE must create the same operations, in the same order, with \
-                 the same B, H, Dk and Dv",
+                "{op}: PEs {differ:?} set up a different layout than PE {} ({layout:?}, {npes} \
+                 PEs, {chain:?} chain); every PE must pass the same B, H, Dk and Dv, and create \
+                 the same LASP-2 operations in the same order",
                 runtime.pe()
             )));
         }
