@@ -3,6 +3,7 @@
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::CudaStream;
+use lasp_shmem::nccl::NcclComm;
 use lasp_shmem::ops::lasp2::ExchangeMode;
 use lasp_shmem::ops::scalar_decay::ForwardShape;
 use lasp_shmem::{Error, Result, Runtime};
@@ -99,9 +100,28 @@ pub fn time_in_turns(rt: &Runtime, op: &mut impl ModeCall) -> Result<[f64; 4]> {
 }
 
 /// Mode names as the JSON rows spell them, in `ExchangeMode::ALL` order.
-pub const MODE_NAMES: [&str; 4] = [
+const MODE_NAMES: [&str; 4] = [
     "overlapped",
     "sequential_nccl",
     "sequential_nvshmem",
     "no_comm",
 ];
+
+/// Every rank's medians per mode (from [`time_in_turns`]) as text to append: ` {mode}_ms X` to
+/// the printed line and `, "{mode}_ms": X` plus `"per_rank_ms"` to the JSON row. A mode's time
+/// is its slowest rank's median: the call takes as long as that rank, and which rank it is (the
+/// chain's last folds the most tiles) says where the time over W = 1 goes. Collective.
+pub fn mode_columns(comm: &NcclComm, medians: [f64; 4]) -> Result<(String, String)> {
+    let (mut line, mut row) = (String::new(), String::new());
+    let mut per_rank = Vec::new();
+    for (median, mode) in medians.into_iter().zip(MODE_NAMES) {
+        let ranks = comm.gather_f64(median)?;
+        let ms = ranks.iter().copied().fold(f64::MIN, f64::max);
+        line += &format!(" {mode}_ms {ms:.4}");
+        row += &format!(", \"{mode}_ms\": {ms:.5}");
+        let list: Vec<String> = ranks.iter().map(|v| format!("{v:.5}")).collect();
+        per_rank.push(format!("\"{mode}\": [{}]", list.join(", ")));
+    }
+    row += &format!(", \"per_rank_ms\": {{{}}}", per_rank.join(", "));
+    Ok((line, row))
+}

@@ -29,7 +29,7 @@ use lasp_shmem::reference::{
     assert_close_to_scale, rel_err, Cotangents, Family, InputSpec, Inputs, Regime, Shape, Tensor,
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
-use lasp_shmem_examples::{parse_shape, shard_lengths, time_in_turns, ModeCall, MODE_NAMES};
+use lasp_shmem_examples::{mode_columns, parse_shape, shard_lengths, time_in_turns, ModeCall};
 use std::sync::Arc;
 
 /// Tolerance of dq, dk, dv, dh0 and the start state against the f64 reference (bf16 inputs and
@@ -537,17 +537,9 @@ fn time_modes(
     let (b, t, h, d) = (shape.b, shape.t, shape.h, shape.dk);
     let mut line = format!("backward W={npes} B={b} T_local={t} H={h} D={d}:");
     let mut row = format!("{{\"W\": {npes}, \"B\": {b}, \"T_local\": {t}, \"H\": {h}, \"D\": {d}");
-    let mut per_rank = Vec::new();
-    for (median, mode) in medians.into_iter().zip(MODE_NAMES) {
-        // The call takes as long as its slowest rank.
-        let ranks = comm.gather_f64(median)?;
-        let ms = ranks.iter().copied().fold(f64::MIN, f64::max);
-        line += &format!(" {mode}_ms {ms:.4}");
-        row += &format!(", \"{mode}_ms\": {ms:.5}");
-        let list: Vec<String> = ranks.iter().map(|v| format!("{v:.5}")).collect();
-        per_rank.push(format!("\"{mode}\": [{}]", list.join(", ")));
-    }
-    row += &format!(", \"per_rank_ms\": {{{}}}", per_rank.join(", "));
+    let (columns, json_columns) = mode_columns(comm, medians)?;
+    line += &columns;
+    row += &json_columns;
     if me == 0 {
         println!("{line}");
     }

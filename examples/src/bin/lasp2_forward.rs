@@ -30,7 +30,7 @@ use lasp_shmem::reference::{
     assert_rel_close, scalar_decay, Family, InputSpec, Inputs, Regime, Shape,
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
-use lasp_shmem_examples::{parse_shape, shard_lengths, time_in_turns, ModeCall, MODE_NAMES};
+use lasp_shmem_examples::{mode_columns, parse_shape, shard_lengths, time_in_turns, ModeCall};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -391,18 +391,9 @@ fn time_modes(
             shard: &mut shard,
         },
     )?;
-    // Every rank's median too: the call takes as long as its slowest rank, and which rank that is
-    // (the last one folds the most tiles) says where the time over W = 1 goes.
-    let mut per_rank = Vec::new();
-    for (median, mode) in medians.into_iter().zip(MODE_NAMES) {
-        let ranks = comm.gather_f64(median)?;
-        let ms = ranks.iter().copied().fold(f64::MIN, f64::max);
-        line += &format!(" {mode}_ms {ms:.4}");
-        row += &format!(", \"{mode}_ms\": {ms:.5}");
-        let list: Vec<String> = ranks.iter().map(|v| format!("{v:.5}")).collect();
-        per_rank.push(format!("\"{mode}\": [{}]", list.join(", ")));
-    }
-    row += &format!(", \"per_rank_ms\": {{{}}}", per_rank.join(", "));
+    let (columns, json_columns) = mode_columns(comm, medians)?;
+    line += &columns;
+    row += &json_columns;
     if let Some(prefix) = &options.timeline {
         let wait_us = comm.max_f64(record_timeline(rt, &mut op, &mut shard, prefix)?)?;
         line += &format!(" max_output_wait_us {wait_us:.2}");
