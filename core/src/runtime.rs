@@ -101,7 +101,7 @@ impl Runtime {
 
     /// Rank 0's part of a bootstrap by unique id that the caller distributes itself: the id
     /// every rank then passes to [`Runtime::init_with`] in a
-    /// [`Rendezvous::Given`](crate::launch_env::Rendezvous::Given). Call it on rank 0 only,
+    /// [`Rendezvous::Given`]. Call it on rank 0 only,
     /// before any rank initialises, with the `config` rank 0 will initialise with and whether
     /// every rank runs on this node (NVSHMEM may read its settings here already).
     pub fn create_unique_id(config: &Config, single_node: bool) -> Result<[u8; ID_BYTES]> {

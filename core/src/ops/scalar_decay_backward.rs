@@ -1,5 +1,5 @@
 //! Scalar-decay linear attention backward on one GPU: the gradients of
-//! [`ScalarDecayForward`](super::scalar_decay::ScalarDecayForward)'s `o` (and `ht`) with respect to
+//! [`ScalarDecayForward`]'s `o` (and `ht`) with respect to
 //! `q, k, v, g` (and `h0`).
 //!
 //! With `sigma = scale`, `G_t = a_0 + ... + a_t` and the reverse state
