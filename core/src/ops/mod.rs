@@ -138,6 +138,15 @@ impl<'a, T> DeviceMut<'a, T> {
     view_accessors!();
 }
 
+/// The GPU's streaming multiprocessors (at least 1): what launch plans aim their CTA counts at.
+pub(crate) fn sm_count(ctx: &CudaContext) -> Result<u32> {
+    Ok(ctx
+        .attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )?
+        .max(1) as u32)
+}
+
 /// Makes `workspace` hold at least `bytes` bytes (`op` names the operation in errors). Growing
 /// it waits for the whole context first (earlier calls, on any stream, may still use the old
 /// one) and for `stream` after the allocation (so the new one is usable from any stream). Neither

@@ -881,9 +881,7 @@ impl ScalarDecayForward {
             None
         };
         let fold = module.kernel("lasp_scalar_decay_fold")?;
-        let sm_count = ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
-            .max(1) as u32;
+        let sm_count = super::sm_count(&ctx)?;
         Ok(ScalarDecayForward {
             runtime: runtime.clone(),
             ctx,

@@ -29,9 +29,10 @@ use crate::error::Result;
 use crate::kernel::{Kernel, LaunchShape};
 use crate::ops::scalar_decay::geometry as sd;
 use crate::ops::scalar_decay_backward::{check_backward_args, BackwardArgs, ScalarDecayBackward};
+use crate::ops::sm_count;
 use crate::ops::DeviceRef;
 use crate::runtime::Runtime;
-use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use std::sync::Arc;
 
 /// The LASP-2 backward on one PE: its chain's symmetric buffers, the epoch counter, the
@@ -76,10 +77,7 @@ impl Lasp2Backward {
             states[i].set_max_dynamic_shared_bytes(sd::states_smem_bytes(dk))?;
             carry_in[i].set_max_dynamic_shared_bytes(geometry::carry_in_smem_bytes(dk))?;
         }
-        let sm_count = runtime
-            .context()
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
-            .max(1) as u32;
+        let sm_count = sm_count(runtime.context())?;
         Ok(Lasp2Backward {
             chain,
             states,
@@ -113,15 +111,8 @@ impl Lasp2Backward {
     /// Everything is validated before the first launch.
     pub fn backward(&mut self, stream: &Arc<CudaStream>, args: BackwardArgs<'_>) -> Result<()> {
         let s = args.shape;
-        s.validate()?;
+        self.chain.check_call(stream, &s)?;
         let l = self.layout();
-        if (s.b, s.h, s.dk, s.dv) != (l.b, l.h, l.dk, l.dv) {
-            return Err(self.chain.invalid(format!(
-                "the call's B={}, H={}, Dk={}, Dv={} differ from the layout {l:?} every PE agreed \
-                 on; create another Lasp2Backward for another layout",
-                s.b, s.h, s.dk, s.dv
-            )));
-        }
         let scale = check_backward_args(&args)?;
         let (me, npes) = (self.chain.runtime().pe(), self.chain.runtime().npes());
         if args.d_ht.is_some() && me + 1 != npes {
@@ -135,11 +126,6 @@ impl Lasp2Backward {
             return Err(self.chain.invalid(format!(
                 "only PE 0 computes the initial state's gradient; pass dh0 = None on PE {me}"
             )));
-        }
-        if !Arc::ptr_eq(stream.context(), self.chain.context()) {
-            return Err(self.chain.invalid(
-                "the stream belongs to another CUDA context; use a stream of the runtime's GPU",
-            ));
         }
         let (b, h, dk, dv) = l.dims();
         let t = s.t as i32;

@@ -3,11 +3,12 @@
 //! the `fold_put` kernels beside the compute, and the sequential modes' host-driven all-gathers.
 //! The forward and the backward each own one; they differ only in the chain's direction.
 
-use super::{geometry, single_thread, Chain, ExchangeMode, Lasp2Layout, Lasp2Params};
+use super::{fold_launch, geometry, single_thread, Chain, ExchangeMode, Lasp2Layout, Lasp2Params};
 use crate::diagnostics::WaitDiagnostics;
 use crate::error::{Error, Result};
-use crate::kernel::{Kernel, LaunchShape};
+use crate::kernel::Kernel;
 use crate::nccl::NcclComm;
+use crate::ops::scalar_decay::ForwardShape;
 use crate::runtime::Runtime;
 use crate::symmetric::SymmetricBuffer;
 use cudarc::driver::{result as cu, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr};
@@ -117,6 +118,26 @@ impl StateChain {
         self.mode.expect("set by new")
     }
 
+    /// The checks every call of the operation starts with: a supported shape whose B, H, Dk and
+    /// Dv are the layout every PE agreed on, and a stream of the runtime's GPU.
+    pub(crate) fn check_call(&self, stream: &CudaStream, shape: &ForwardShape) -> Result<()> {
+        shape.validate()?;
+        let (s, l) = (shape, self.layout);
+        if (s.b, s.h, s.dk, s.dv) != (l.b, l.h, l.dk, l.dv) {
+            return Err(self.invalid(format!(
+                "the call's B={}, H={}, Dk={}, Dv={} differ from the layout {l:?} every PE agreed \
+                 on; create another instance for another layout",
+                s.b, s.h, s.dk, s.dv
+            )));
+        }
+        if !Arc::ptr_eq(stream.context(), &self.ctx) {
+            return Err(self.invalid(
+                "the stream belongs to another CUDA context; use a stream of the runtime's GPU",
+            ));
+        }
+        Ok(())
+    }
+
     /// `InvalidArgument` with the operation's name in front.
     pub(crate) fn invalid(&self, msg: impl std::fmt::Display) -> Error {
         Error::InvalidArgument(format!("{}: {msg}", self.op))
@@ -204,11 +225,7 @@ impl StateChain {
         heads: i32,
         params: &Lasp2Params,
     ) -> Result<()> {
-        let shape = LaunchShape {
-            grid: geometry::fold_put_grid(heads, params.dv),
-            block: (geometry::FOLD_THREADS, 1, 1),
-            shared_bytes: 0,
-        };
+        let shape = fold_launch(heads, params.dv);
         if !self.on_side_stream() {
             return self.fold_put.launch(stream, shape, params);
         }

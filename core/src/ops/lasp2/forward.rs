@@ -17,9 +17,10 @@ use super::scalar_decay::{check_args, geometry as sd, segment_kernels, ForwardAr
 use super::{geometry, Chain, ExchangeMode, Lasp2Layout, Lasp2Params};
 use crate::error::{Error, Result};
 use crate::kernel::{Kernel, LaunchShape};
+use crate::ops::sm_count;
 use crate::ops::{ranges_overlap, DeviceMut};
 use crate::runtime::Runtime;
-use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use std::sync::Arc;
 
 /// `%globaltimer` stamps (ns, this GPU's clock) of one call, recorded on request
@@ -160,10 +161,7 @@ impl Lasp2Forward {
             ["lasp_lasp2_states_dk64", "lasp_lasp2_states_dk128"],
             ["lasp_lasp2_output_dk64", "lasp_lasp2_output_dk128"],
         )?;
-        let sm_count = runtime
-            .context()
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
-            .max(1) as u32;
+        let sm_count = sm_count(runtime.context())?;
         Ok(Lasp2Forward {
             chain,
             states,
@@ -263,15 +261,8 @@ impl Lasp2Forward {
         start_state: Option<DeviceMut<'_, f32>>,
     ) -> Result<()> {
         let s = args.shape;
-        s.validate()?;
+        self.chain.check_call(stream, &s)?;
         let l = self.layout();
-        if (s.b, s.h, s.dk, s.dv) != (l.b, l.h, l.dk, l.dv) {
-            return Err(self.chain.invalid(format!(
-                "the call's B={}, H={}, Dk={}, Dv={} differ from the layout {l:?} every PE agreed \
-                 on; create another Lasp2Forward for another layout",
-                s.b, s.h, s.dk, s.dv
-            )));
-        }
         let scale = check_args(&args)?;
         let (me, npes) = (self.chain.runtime().pe(), self.chain.runtime().npes());
         let last = me + 1 == npes;
@@ -284,11 +275,6 @@ impl Lasp2Forward {
         }
         if let Some(start) = &start_state {
             check_start_state(start, &args)?;
-        }
-        if !Arc::ptr_eq(stream.context(), self.chain.context()) {
-            return Err(self.chain.invalid(
-                "the stream belongs to another CUDA context; use a stream of the runtime's GPU",
-            ));
         }
         let (b, h, dk, dv) = l.dims();
         let t = s.t as i32;
@@ -354,15 +340,8 @@ impl Lasp2Forward {
                 // The group's shard-local segment prefixes, for its output kernel (reads the
                 // workspace as fold_put does; writes only ws_p).
                 if segments > 1 {
-                    self.segment_prefix.launch(
-                        stream,
-                        LaunchShape {
-                            grid: geometry::fold_put_grid(heads, dv),
-                            block: (geometry::FOLD_THREADS, 1, 1),
-                            shared_bytes: 0,
-                        },
-                        &p,
-                    )?;
+                    self.segment_prefix
+                        .launch(stream, super::fold_launch(heads, dv), &p)?;
                 }
             }
         }

@@ -252,6 +252,16 @@ impl Lasp2Layout {
     }
 }
 
+/// One CTA of `LASP2_FOLD_THREADS` per (Dv tile, head) of a group of `heads`: the launch of
+/// fold_put and of the forward's segment_prefix.
+fn fold_launch(heads: i32, dv: i32) -> LaunchShape {
+    LaunchShape {
+        grid: geometry::fold_put_grid(heads, dv),
+        block: (geometry::FOLD_THREADS, 1, 1),
+        shared_bytes: 0,
+    }
+}
+
 fn single_thread() -> LaunchShape {
     LaunchShape {
         grid: (1, 1, 1),
