@@ -14,6 +14,12 @@
  * with its own device pointers (not collective: the ranks meet through device signals), and at
  * the end lasp_lasp2_free and lasp_runtime_shutdown (both collective).
  *
+ * Training: lasp_lasp2_forward_saving also writes the state this rank's shard starts from;
+ * keep it, and pass it as args.h0 of lasp_lasp2_backward on a lasp_lasp2_grad of the same
+ * layout (lasp_lasp2_grad_create, collective). The backward sends the state gradients down the
+ * ranks the way the forward sends the states up: every rank calls it once per forward call,
+ * in the same order. The single-GPU pair is lasp_scalar_decay_forward / _backward.
+ *
  * Every function returns LASP_OK or an error status; lasp_last_error() then says what went
  * wrong and what to do. Arguments are checked before anything is enqueued: a bad shape, a host
  * pointer, a tensor of another GPU, one shorter than its shape, a stream of another context or
@@ -22,12 +28,13 @@
  * LASP_ERROR_PEER_TIMEOUT naming the rank that never sent, the signal slot and the epoch.
  *
  * Threads: a handle may be used from any thread; calls on one handle are serialised.
- * Graphs: lasp_lasp2_forward may be captured into a CUDA graph after one uncaptured call of
- * the same shape (which sizes the workspace; a captured call that would have to allocate it is
- * refused with LASP_ERROR_INVALID_ARGUMENT); replays advance the epoch on the device. The
+ * Graphs: lasp_lasp2_forward and lasp_lasp2_backward may be captured into a CUDA graph after
+ * one uncaptured call of the same shape (which sizes the workspace; a captured call that would
+ * have to allocate it is refused with LASP_ERROR_INVALID_ARGUMENT); replays advance the epoch on
+ * the device. The
  * sequential modes pick their slot half on the host, by the parity of the call: capture an even
  * number of their calls per graph (or one graph per parity), and report replays with
- * lasp_lasp2_note_replayed_calls.
+ * lasp_lasp2_note_replayed_calls (lasp_lasp2_grad_note_replayed_calls).
  */
 #ifndef LASP_SHMEM_H
 #define LASP_SHMEM_H
@@ -52,7 +59,8 @@ typedef int32_t lasp_status;
 #define LASP_ERROR_STATE 6            /* calls out of order */
 #define LASP_ERROR_INTERNAL 7         /* a bug in lasp-shmem: please report the message */
 
-/* Exchange modes of the LASP-2 forward. Outputs are bitwise the same in all but NO_COMM. */
+/* Exchange modes of the LASP-2 forward and backward. Outputs are bitwise the same in all but
+ * NO_COMM. */
 #define LASP_MODE_OVERLAPPED 0         /* device puts with signals, hidden behind compute */
 #define LASP_MODE_SEQUENTIAL_NCCL 1    /* the same kernels around NCCL's all-gather */
 #define LASP_MODE_SEQUENTIAL_NVSHMEM 2 /* the same kernels around NVSHMEM's fcollect */
@@ -62,8 +70,10 @@ typedef int32_t lasp_status;
 typedef struct CUstream_st *lasp_stream;
 
 typedef struct lasp_runtime lasp_runtime;
-typedef struct lasp_lasp2 lasp_lasp2;
-typedef struct lasp_scalar_decay lasp_scalar_decay;
+typedef struct lasp_lasp2 lasp_lasp2;             /* LASP-2 forward */
+typedef struct lasp_lasp2_grad lasp_lasp2_grad;   /* LASP-2 backward */
+typedef struct lasp_scalar_decay lasp_scalar_decay;           /* one GPU, forward */
+typedef struct lasp_scalar_decay_grad lasp_scalar_decay_grad; /* one GPU, backward */
 
 typedef struct lasp_runtime_options {
   uint32_t abi_version;          /* LASP_SHMEM_ABI_VERSION */
@@ -104,16 +114,43 @@ typedef struct lasp_forward_args {
   uint32_t reserved; /* 0 */
 } lasp_forward_args;
 
+/* One backward call's tensors, fla's layout, contiguous, on the runtime's GPU. The inputs are
+ * the forward's and the gradients of its outputs; every grad_* output is written whole. */
+typedef struct lasp_backward_args {
+  int64_t batch;          /* B */
+  int64_t tokens;         /* T: as in the forward call */
+  int64_t heads;          /* H */
+  int64_t dk;             /* 64 or 128 */
+  int64_t dv;             /* 64 or 128 */
+  const void *q;          /* the forward's q [B, T, H, Dk] bf16 */
+  const void *k;          /* the forward's k [B, T, H, Dk] bf16 */
+  const void *v;          /* the forward's v [B, T, H, Dv] bf16 */
+  const float *g;         /* the forward's g [B, T, H] fp32 */
+  const float *h0;        /* [B, H, Dk, Dv] fp32 or NULL for zero: the forward's h0; LASP-2: the
+                             start_state of lasp_lasp2_forward_saving on this rank */
+  const void *grad_o;     /* [B, T, H, Dv] bf16 */
+  const float *grad_ht;   /* [B, H, Dk, Dv] fp32 or NULL for zero (LASP-2: last rank only) */
+  void *grad_q;           /* [B, T, H, Dk] bf16 */
+  void *grad_k;           /* [B, T, H, Dk] bf16 */
+  void *grad_v;           /* [B, T, H, Dv] bf16 */
+  float *grad_g;          /* [B, T, H] fp32 */
+  float *grad_h0;         /* [B, H, Dk, Dv] fp32 or NULL (LASP-2: rank 0 only) */
+  float scale;            /* the forward's scale; 0 for Dk^-1/2 */
+  uint32_t reserved;      /* 0 */
+} lasp_backward_args;
+
 #if defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
 _Static_assert(sizeof(lasp_runtime_options) == 32, "lasp_runtime_options layout");
 _Static_assert(sizeof(lasp_place) == 16, "lasp_place layout");
 _Static_assert(sizeof(lasp_unique_id) == 128, "lasp_unique_id layout");
 _Static_assert(sizeof(lasp_forward_args) == 104, "lasp_forward_args layout");
+_Static_assert(sizeof(lasp_backward_args) == 144, "lasp_backward_args layout");
 #elif defined(__cplusplus)
 static_assert(sizeof(lasp_runtime_options) == 32, "lasp_runtime_options layout");
 static_assert(sizeof(lasp_place) == 16, "lasp_place layout");
 static_assert(sizeof(lasp_unique_id) == 128, "lasp_unique_id layout");
 static_assert(sizeof(lasp_forward_args) == 104, "lasp_forward_args layout");
+static_assert(sizeof(lasp_backward_args) == 144, "lasp_backward_args layout");
 #endif
 
 /* LASP_SHMEM_ABI_VERSION of the library. */
@@ -142,16 +179,34 @@ lasp_status lasp_lasp2_create(const lasp_runtime *runtime, int64_t batch, int64_
                               lasp_lasp2 **op); /* collective */
 lasp_status lasp_lasp2_set_mode(lasp_lasp2 *op, int32_t mode); /* collective */
 lasp_status lasp_lasp2_forward(lasp_lasp2 *op, lasp_stream stream, const lasp_forward_args *args);
+/* The same, also writing start_state [B, H, Dk, Dv] fp32 for the backward. */
+lasp_status lasp_lasp2_forward_saving(lasp_lasp2 *op, lasp_stream stream,
+                                      const lasp_forward_args *args, float *start_state);
 /* Synchronises stream; LASP_ERROR_PEER_TIMEOUT if a wait of an earlier call expired. */
 lasp_status lasp_lasp2_finish(lasp_lasp2 *op, lasp_stream stream);
 lasp_status lasp_lasp2_note_replayed_calls(lasp_lasp2 *op, uint64_t calls);
 lasp_status lasp_lasp2_free(lasp_lasp2 *op); /* collective */
 
-/* The same forward on one GPU (whole sequences, no exchange). */
+/* LASP-2 backward across the ranks (Dv 64 or 128); the same rules as the forward. */
+lasp_status lasp_lasp2_grad_create(const lasp_runtime *runtime, int64_t batch, int64_t heads,
+                                   int64_t dk, int64_t dv, int32_t mode,
+                                   lasp_lasp2_grad **op); /* collective */
+lasp_status lasp_lasp2_grad_set_mode(lasp_lasp2_grad *op, int32_t mode); /* collective */
+lasp_status lasp_lasp2_backward(lasp_lasp2_grad *op, lasp_stream stream,
+                                const lasp_backward_args *args);
+lasp_status lasp_lasp2_grad_finish(lasp_lasp2_grad *op, lasp_stream stream);
+lasp_status lasp_lasp2_grad_note_replayed_calls(lasp_lasp2_grad *op, uint64_t calls);
+lasp_status lasp_lasp2_grad_free(lasp_lasp2_grad *op); /* collective */
+
+/* The same forward and its backward on one GPU (whole sequences, no exchange). */
 lasp_status lasp_scalar_decay_create(const lasp_runtime *runtime, lasp_scalar_decay **op);
 lasp_status lasp_scalar_decay_forward(lasp_scalar_decay *op, lasp_stream stream,
                                       const lasp_forward_args *args);
 lasp_status lasp_scalar_decay_free(lasp_scalar_decay *op);
+lasp_status lasp_scalar_decay_grad_create(const lasp_runtime *runtime, lasp_scalar_decay_grad **op);
+lasp_status lasp_scalar_decay_backward(lasp_scalar_decay_grad *op, lasp_stream stream,
+                                       const lasp_backward_args *args); /* Dv 64 or 128 */
+lasp_status lasp_scalar_decay_grad_free(lasp_scalar_decay_grad *op);
 
 #ifdef __cplusplus
 }

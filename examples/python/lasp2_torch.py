@@ -1,4 +1,5 @@
-"""LASP-2 forward from PyTorch through lasp-shmem's C ABI (ctypes), launched by torchrun.
+"""LASP-2 forward and backward from PyTorch through lasp-shmem's C ABI (ctypes), launched by
+torchrun.
 
     bash scripts/build-c-examples.sh      # builds target/release/liblasp_shmem.so
     torchrun --nproc-per-node 4 examples/python/lasp2_torch.py [--lib PATH] [--time]
@@ -11,9 +12,17 @@ current stream with the tensors' own device pointers. Checks, each of which fail
   torch (the quadratic form with the decay mask), rel. error <= 5e-3;
 - the sequential NCCL mode gives bitwise the overlapped outputs;
 - a torch.cuda.graph capture of one call, replayed, gives them too;
-- a CPU tensor is rejected with the library's message, before anything is enqueued.
+- a CPU tensor is rejected with the library's message, before anything is enqueued;
+- training: `Lasp2Attention`, a torch.autograd.Function over lasp_lasp2_forward_saving and
+  lasp_lasp2_backward, gives every rank's dq, dk, dv (rel. error <= 5e-3), dg (within 5e-3 of
+  its scale, see `gate_grad_scale`) and rank 0's dh0 against torch.autograd through the float64
+  reference of the whole sequence; the sequential NCCL mode gives bitwise the same gradients;
+  a gradient of the final state on a rank other than the last is rejected;
+- the single-GPU pair (lasp_scalar_decay_forward / _backward) as `ScalarDecayAttention`, the same
+  gradient checks on each rank's own sequences.
 With --time it then times the overlapped call against the sequential NCCL mode and the compute
-alone (no exchange) at B=4, T_local=8192, H=16, D=128 (CUDA events, medians).
+alone (no exchange) at B=4, T_local=8192, H=16, D=128 (CUDA events, medians), forward and
+backward.
 """
 
 import argparse
@@ -54,7 +63,16 @@ class ForwardArgs(ctypes.Structure):
                 + [("scale", ctypes.c_float), ("reserved", ctypes.c_uint32)])
 
 
-for struct, size in ((RuntimeOptions, 32), (Place, 16), (UniqueId, 128), (ForwardArgs, 104)):
+class BackwardArgs(ctypes.Structure):
+    _fields_ = ([(n, ctypes.c_int64) for n in ("batch", "tokens", "heads", "dk", "dv")]
+                + [(n, ctypes.c_void_p) for n in ("q", "k", "v", "g", "h0", "grad_o", "grad_ht",
+                                                  "grad_q", "grad_k", "grad_v", "grad_g",
+                                                  "grad_h0")]
+                + [("scale", ctypes.c_float), ("reserved", ctypes.c_uint32)])
+
+
+for struct, size in ((RuntimeOptions, 32), (Place, 16), (UniqueId, 128), (ForwardArgs, 104),
+                     (BackwardArgs, 144)):
     assert ctypes.sizeof(struct) == size, f"{struct.__name__} does not match lasp_shmem.h"
 
 
@@ -69,9 +87,21 @@ SIGNATURES = {
     "lasp2_create": [HANDLE, I64, I64, I64, I64, I32, OUT],
     "lasp2_set_mode": [HANDLE, I32],
     "lasp2_forward": [HANDLE, HANDLE, P(ForwardArgs)],
+    "lasp2_forward_saving": [HANDLE, HANDLE, P(ForwardArgs), HANDLE],
     "lasp2_finish": [HANDLE, HANDLE],
     "lasp2_note_replayed_calls": [HANDLE, ctypes.c_uint64],
     "lasp2_free": [HANDLE],
+    "lasp2_grad_create": [HANDLE, I64, I64, I64, I64, I32, OUT],
+    "lasp2_grad_set_mode": [HANDLE, I32],
+    "lasp2_backward": [HANDLE, HANDLE, P(BackwardArgs)],
+    "lasp2_grad_finish": [HANDLE, HANDLE],
+    "lasp2_grad_free": [HANDLE],
+    "scalar_decay_create": [HANDLE, OUT],
+    "scalar_decay_forward": [HANDLE, HANDLE, P(ForwardArgs)],
+    "scalar_decay_free": [HANDLE],
+    "scalar_decay_grad_create": [HANDLE, OUT],
+    "scalar_decay_backward": [HANDLE, HANDLE, P(BackwardArgs)],
+    "scalar_decay_grad_free": [HANDLE],
 }
 
 
@@ -111,31 +141,179 @@ def say(line):
     sys.stdout.flush()
 
 
+def ptr(x):
+    return None if x is None else x.data_ptr()
+
+
 def forward_args(q, k, v, g, h0, o, ht):
     b, t, h, dk = q.shape
-    ptr = lambda x: None if x is None else x.data_ptr()  # noqa: E731
     return ForwardArgs(b, t, h, dk, v.shape[-1], ptr(q), ptr(k), ptr(v), ptr(g), ptr(h0), ptr(o),
                        ptr(ht), 0.0, 0)
 
 
+def backward_args(q, k, v, g, h0, grad_o, grad_ht, grad_q, grad_k, grad_v, grad_g, grad_h0):
+    b, t, h, dk = q.shape
+    return BackwardArgs(b, t, h, dk, v.shape[-1], *(ptr(x) for x in (
+        q, k, v, g, h0, grad_o, grad_ht, grad_q, grad_k, grad_v, grad_g, grad_h0)), 0.0, 0)
+
+
+def current_stream():
+    return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+
+class Lasp2Layer:
+    """One LASP-2 attention layout on every rank: a forward and a backward operation (each
+    created collectively), called through `Lasp2Attention`."""
+
+    def __init__(self, lasp, runtime, b, h, dk, dv, rank, world, mode=MODE_OVERLAPPED):
+        self.lasp, self.rank, self.world = lasp, rank, world
+        self.forward_op, self.grad_op = ctypes.c_void_p(), ctypes.c_void_p()
+        lasp.lasp2_create(runtime, b, h, dk, dv, mode, ctypes.byref(self.forward_op))
+        lasp.lasp2_grad_create(runtime, b, h, dk, dv, mode, ctypes.byref(self.grad_op))
+
+    def set_mode(self, mode):
+        self.lasp.lasp2_set_mode(self.forward_op, mode)
+        self.lasp.lasp2_grad_set_mode(self.grad_op, mode)
+
+    def finish(self):
+        self.lasp.lasp2_finish(self.forward_op, current_stream())
+        self.lasp.lasp2_grad_finish(self.grad_op, current_stream())
+
+    def free(self):
+        self.lasp.lasp2_free(self.forward_op)
+        self.lasp.lasp2_grad_free(self.grad_op)
+
+    def __call__(self, q, k, v, g, h0=None):
+        """This rank's shard of o, and the sequence's final state on the last rank (None on the
+        others). h0, the sequence's initial state, is the same on every rank; its gradient lands
+        on rank 0, the others return zeros (a sum over the ranks gives the gradient)."""
+        return Lasp2Attention.apply(self, q, k, v, g, h0)
+
+
+class Lasp2Attention(torch.autograd.Function):
+    """LASP-2 linear attention with scalar decay over the shards of the ranks: the forward keeps
+    the state its shard starts from, which the backward starts from; the gradients of the state
+    travel from the last rank down inside lasp_lasp2_backward. Every rank calls the forward, and
+    later the backward, of the same layers in the same order."""
+
+    @staticmethod
+    def forward(ctx, layer, q, k, v, g, h0):
+        require_contiguous(q, k, v, g, h0)
+        b, t, h, dk = q.shape
+        dv = v.shape[-1]
+        o = torch.empty(b, t, h, dv, dtype=torch.bfloat16, device=q.device)
+        last = layer.rank == layer.world - 1
+        ht = torch.empty(b, h, dk, dv, device=q.device) if last else None
+        start = torch.empty(b, h, dk, dv, device=q.device)
+        args = forward_args(q, k, v, g, h0, o, ht)
+        layer.lasp.lasp2_forward_saving(layer.forward_op, current_stream(), ctypes.byref(args),
+                                        start.data_ptr())
+        ctx.layer, ctx.has_h0 = layer, h0 is not None
+        ctx.save_for_backward(q, k, v, g, start)
+        if ht is None:
+            return o
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, grad_o, grad_ht=None):
+        layer = ctx.layer
+        q, k, v, g, start = ctx.saved_tensors
+        grads = [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+                 torch.empty_like(g)]
+        grad_h0 = torch.zeros_like(start) if ctx.has_h0 else None
+        args = backward_args(q, k, v, g, start, grad_o.contiguous(), contiguous(grad_ht), *grads,
+                             grad_h0 if layer.rank == 0 else None)
+        layer.lasp.lasp2_backward(layer.grad_op, current_stream(), ctypes.byref(args))
+        return (None, *grads, grad_h0)
+
+
+class ScalarDecayAttention(torch.autograd.Function):
+    """The same attention over whole sequences on one GPU (lasp_scalar_decay_forward and
+    _backward): (o, ht)."""
+
+    @staticmethod
+    def forward(ctx, ops, q, k, v, g, h0):
+        require_contiguous(q, k, v, g, h0)
+        lasp, forward_op, _ = ops
+        b, t, h, dk = q.shape
+        dv = v.shape[-1]
+        o = torch.empty(b, t, h, dv, dtype=torch.bfloat16, device=q.device)
+        ht = torch.empty(b, h, dk, dv, device=q.device)
+        args = forward_args(q, k, v, g, h0, o, ht)
+        lasp.scalar_decay_forward(forward_op, current_stream(), ctypes.byref(args))
+        ctx.ops = ops
+        ctx.save_for_backward(q, k, v, g, h0)
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, grad_o, grad_ht):
+        lasp, _, grad_op = ctx.ops
+        q, k, v, g, h0 = ctx.saved_tensors
+        grads = [torch.empty_like(x) for x in (q, k, v, g)]
+        grad_h0 = None if h0 is None else torch.empty_like(h0)
+        args = backward_args(q, k, v, g, h0, grad_o.contiguous(), contiguous(grad_ht), *grads,
+                             grad_h0)
+        lasp.scalar_decay_backward(grad_op, current_stream(), ctypes.byref(args))
+        return (None, *grads, grad_h0)
+
+
+def contiguous(x):
+    return None if x is None else x.contiguous()
+
+
+def require_contiguous(*tensors):
+    """The library takes bare pointers in fla's contiguous layout."""
+    if any(x is not None and not x.is_contiguous() for x in tensors):
+        raise ValueError("lasp-shmem takes contiguous q, k, v, g and h0; call .contiguous()")
+
+
 def reference(q, k, v, g, h0):
-    """o and the final state of whole sequences in float64: o = s ((Q K^T) * D) V + s e^{G} Q h0
-    with D_ij = e^{G_i - G_j} for j <= i, G the cumulative log-decay."""
+    """o and the final state of whole sequences in float64 (differentiable: torch.autograd
+    through it gives the reference gradients): o = s ((Q K^T) * D) V + s e^{G} Q h0 with
+    D_ij = e^{G_i - G_j} for j <= i, G the cumulative log-decay. Inputs that are float64
+    already are used as they are, so gradients reach them."""
     q, k, v, g, h0 = (x.double() for x in (q, k, v, g, h0))
     b, t, h, dk = q.shape
     scale = dk ** -0.5
-    o = torch.empty(b, t, h, v.shape[-1], dtype=torch.float64, device=q.device)
-    ht = torch.empty_like(h0)
     causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    o_heads, ht_heads = [], []
     for bi in range(b):
         for hi in range(h):
             G = g[bi, :, hi].cumsum(0)
-            D = torch.where(causal, (G[:, None] - G[None, :]).clamp(max=0).exp(), 0.0)
+            # Masked before the exponential, so no clamp cuts the gradient where gates are 0.
+            D = torch.where(causal, G[:, None] - G[None, :], float("-inf")).exp()
             Q, K, V = q[bi, :, hi], k[bi, :, hi], v[bi, :, hi]
-            o[bi, :, hi] = scale * (((Q @ K.T) * D) @ V + G.exp()[:, None] * (Q @ h0[bi, hi]))
+            o_heads.append(scale * (((Q @ K.T) * D) @ V + G.exp()[:, None] * (Q @ h0[bi, hi])))
             w = (G[-1] - G).exp()
-            ht[bi, hi] = G[-1].exp() * h0[bi, hi] + (K * w[:, None]).T @ V
+            ht_heads.append(G[-1].exp() * h0[bi, hi] + (K * w[:, None]).T @ V)
+    o = torch.stack(o_heads, 1).unflatten(1, (b, h)).permute(1, 0, 2, 3)  # [B, T, H, Dv]
+    ht = torch.stack(ht_heads).unflatten(0, (b, h))
     return o, ht
+
+
+def reference_grads(q, k, v, g, h0, grad_o, grad_ht):
+    """torch.autograd's gradients of <o, grad_o> + <ht, grad_ht> through `reference`, and the
+    scale dg is compared against (`gate_grad_scale`)."""
+    leaves = [x.detach().double().requires_grad_() for x in (q, k, v, g, h0)]
+    o, ht = reference(*leaves)
+    torch.autograd.backward((o, ht), (grad_o.double(), grad_ht.double()))
+    dq, dk, dv, dg, dh0 = (x.grad for x in leaves)
+    return (dq, dk, dv, dg, dh0), gate_grad_scale(leaves[0], dq, leaves[1], dk)
+
+
+def gate_grad_scale(q, dq, k, dk):
+    """Per token, the size of the terms dg sums: dg_t = sum_{s >= t} (q_s . dq_s - k_s . dk_s)
+    (plus boundary terms), so |q_s . dq_s| + |k_s . dk_s| summed the same way measures them. With
+    strong decays those terms nearly cancel and ||dg|| is far below them, so dg is compared
+    within a fraction of this scale, not relative to itself (as fla, too, gives dg its own
+    tolerance). [B, T, H]."""
+    terms = ((q.detach() * dq).sum(-1).abs() + (k.detach() * dk).sum(-1).abs())
+    return terms.flip(1).cumsum(1).flip(1)
+
+
+def bits(x):
+    """x's bit patterns, so that a comparison tells -0.0 from 0.0 and sees NaNs."""
+    return x.view({2: torch.int16, 4: torch.int32}[x.element_size()])
 
 
 def rel_err(got, want):
@@ -144,6 +322,23 @@ def rel_err(got, want):
 
 def shard(x, start, length):
     return x[:, start:start + length].contiguous()
+
+
+def gradient_checks(rank, got, want, scale, names, start, length):
+    """Checks this rank's gradients against the reference's (shards of the whole sequence),
+    printing the errors; dg within TOL of its scale, the others relative."""
+    line = []
+    for name, x, y in zip(names, got, want):
+        if name == "dg":
+            s = shard(scale, start, length)
+            err = ((x.double() - shard(y, start, length)).norm() / s.norm()).item()
+        elif name == "dh0":
+            err = rel_err(x, y)
+        else:
+            err = rel_err(x, shard(y, start, length))
+        line.append(f"{name} {err:.2e}")
+        assert err <= TOL, f"rank {rank}: {name} does not match: {err:.2e} > {TOL:g}"
+    return ", ".join(line)
 
 
 def check(lasp, runtime, rank, world, dev):
@@ -184,8 +379,8 @@ def check(lasp, runtime, rank, world, dev):
 
     lasp.lasp2_set_mode(op, MODE_SEQUENTIAL_NCCL)
     o2, ht2 = run()
-    assert torch.equal(o1.view(torch.int16), o2.view(torch.int16)), "sequential NCCL differs"
-    assert not last or torch.equal(ht1.view(torch.int32), ht2.view(torch.int32))
+    assert torch.equal(bits(o1), bits(o2)), "sequential NCCL differs"
+    assert not last or torch.equal(bits(ht1), bits(ht2))
     lasp.lasp2_set_mode(op, MODE_OVERLAPPED)
     say(f"rank {rank}: sequential NCCL gives bitwise the overlapped outputs")
 
@@ -198,7 +393,7 @@ def check(lasp, runtime, rank, world, dev):
         graph.replay()
     lasp.lasp2_note_replayed_calls(op, replays)
     lasp.lasp2_finish(op, stream())
-    assert torch.equal(o1.view(torch.int16), o.view(torch.int16)), "graph replays differ"
+    assert torch.equal(bits(o1), bits(o)), "graph replays differ"
     say(f"rank {rank}: {replays} replays of a torch.cuda.graph capture: bitwise identical")
 
     bad = forward_args(*mine, h0, o, ht)
@@ -212,35 +407,138 @@ def check(lasp, runtime, rank, world, dev):
     lasp.lasp2_free(op)
 
 
+def check_training(lasp, runtime, rank, world, dev):
+    """The LASP-2 forward and backward through torch.autograd against the float64 reference."""
+    b, h, d = 2, 4, 128
+    per_rank, short = 700, 45
+    lengths = [per_rank] * (world - 1) + [per_rank - short if world > 1 else per_rank]
+    start, total, last = sum(lengths[:rank]), sum(lengths), rank == world - 1
+    gen = torch.Generator(device=dev).manual_seed(23)  # the same sequence on every rank
+    rand = lambda *s: torch.rand(*s, generator=gen, device=dev)  # noqa: E731
+    q, k, v = ((2 * rand(b, total, h, d) - 1).bfloat16() for _ in range(3))
+    g = torch.where(rand(b, total, h) < 0.05, 0.0, -0.5 * rand(b, total, h))
+    h0 = rand(b, h, d, d) - 0.5
+    grad_o = (2 * rand(b, total, h, d) - 1).bfloat16()
+    grad_ht = rand(b, h, d, d) - 0.5
+    want, scale = reference_grads(q, k, v, g, h0, grad_o, grad_ht)
+
+    layer = Lasp2Layer(lasp, runtime, b, h, d, d, rank, world)
+
+    def step():
+        inputs = [shard(x, start, lengths[rank]).requires_grad_() for x in (q, k, v, g)]
+        h0_leaf = h0.clone().requires_grad_()
+        out = layer(*inputs, h0_leaf)
+        o, ht = out if last else (out, None)
+        outputs, grads = [o], [shard(grad_o, start, lengths[rank])]
+        if last:
+            outputs.append(ht)
+            grads.append(grad_ht)
+        torch.autograd.backward(outputs, grads)
+        layer.finish()
+        return [x.grad.clone() for x in inputs] + [h0_leaf.grad.clone()]
+
+    got = step()
+    names = ("dq", "dk", "dv", "dg", "dh0")
+    if rank == 0:
+        errors = gradient_checks(rank, got, want, scale, names, start, lengths[rank])
+    else:
+        errors = gradient_checks(rank, got[:4], want[:4], scale, names[:4], start, lengths[rank])
+        assert torch.count_nonzero(got[4]) == 0, "dh0 on a rank other than 0 is not zero"
+    say(f"rank {rank}: LASP-2 through torch.autograd, shard of {lengths[rank]} of {total} "
+        f"tokens: {errors} (tolerance {TOL:g}; dg against its scale)")
+
+    layer.set_mode(MODE_SEQUENTIAL_NCCL)
+    again = step()
+    layer.set_mode(MODE_OVERLAPPED)
+    for name, x, y in zip(names, got, again):
+        assert torch.equal(bits(x), bits(y)), f"rank {rank}: sequential NCCL gives another {name}"
+    say(f"rank {rank}: sequential NCCL gives bitwise the overlapped gradients")
+
+    if not last:
+        mine = [shard(x, start, lengths[rank]) for x in (q, k, v, g)]
+        start_state = torch.empty_like(h0)
+        outs = [torch.empty_like(x) for x in mine]
+        bad = backward_args(*mine, start_state, shard(grad_o, start, lengths[rank]), grad_ht,
+                            *outs, None)
+        try:
+            lasp.lasp2_backward(layer.grad_op, current_stream(), ctypes.byref(bad))
+            raise AssertionError("a final-state gradient on a rank other than the last was accepted")
+        except LaspError as e:
+            assert e.status == ERROR_INVALID_ARGUMENT and "only the last PE" in str(e), str(e)
+            say(f"rank {rank}: grad_ht off the last rank is rejected: {str(e)[:100]}...")
+    layer.free()
+
+
+def check_single_gpu_training(lasp, runtime, rank, dev):
+    """lasp_scalar_decay_forward / _backward through torch.autograd on this rank's own sequences
+    (Dk 64, Dv 128, ragged T), against the float64 reference."""
+    b, t, h, dk, dv = 2, 333, 3, 64, 128
+    gen = torch.Generator(device=dev).manual_seed(300 + rank)
+    rand = lambda *s: torch.rand(*s, generator=gen, device=dev)  # noqa: E731
+    q, k = ((2 * rand(b, t, h, dk) - 1).bfloat16() for _ in range(2))
+    v = (2 * rand(b, t, h, dv) - 1).bfloat16()
+    g = -rand(b, t, h)
+    h0 = rand(b, h, dk, dv) - 0.5
+    grad_o = (2 * rand(b, t, h, dv) - 1).bfloat16()
+    grad_ht = rand(b, h, dk, dv) - 0.5
+    want, scale = reference_grads(q, k, v, g, h0, grad_o, grad_ht)
+    forward_op, grad_op = ctypes.c_void_p(), ctypes.c_void_p()
+    lasp.scalar_decay_create(runtime, ctypes.byref(forward_op))
+    lasp.scalar_decay_grad_create(runtime, ctypes.byref(grad_op))
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g, h0)]
+    o, ht = ScalarDecayAttention.apply((lasp, forward_op, grad_op), *leaves)
+    torch.autograd.backward((o, ht), (grad_o, grad_ht))
+    torch.cuda.synchronize()
+    errors = gradient_checks(rank, [x.grad for x in leaves], want, scale,
+                             ("dq", "dk", "dv", "dg", "dh0"), 0, t)
+    say(f"rank {rank}: one GPU through torch.autograd (B={b} T={t} H={h} Dk={dk} Dv={dv}): "
+        f"{errors} (tolerance {TOL:g}; dg against its scale)")
+    lasp.scalar_decay_free(forward_op)
+    lasp.scalar_decay_grad_free(grad_op)
+
+
 def time_modes(lasp, runtime, rank, world, dev, iters=50, warmup=10):
+    """Forward and backward of one layout in every mode, enqueued back to back as a training
+    step would: CUDA-event medians, and the host's enqueue cost per call."""
     b, t, h, d = 4, 8192, 16, 128
+    last = rank == world - 1
     gen = torch.Generator(device=dev).manual_seed(100 + rank)
-    q, k, v = ((torch.rand(b, t, h, d, generator=gen, device=dev) - 0.5).bfloat16()
-               for _ in range(3))
+    q, k, v, grad_o = ((torch.rand(b, t, h, d, generator=gen, device=dev) - 0.5).bfloat16()
+                       for _ in range(4))
     g = -0.1 * torch.rand(b, t, h, generator=gen, device=dev)
     o = torch.empty(b, t, h, d, dtype=torch.bfloat16, device=dev)
-    args = forward_args(q, k, v, g, None, o, None)
-    op = ctypes.c_void_p()
-    lasp.lasp2_create(runtime, b, h, d, d, MODE_OVERLAPPED, ctypes.byref(op))
-    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    start_state = torch.empty(b, h, d, d, device=dev)
+    grad_ht = torch.rand(b, h, d, d, generator=gen, device=dev) - 0.5 if last else None
+    grads = [torch.empty_like(x) for x in (q, k, v, g)]
+    fwd = forward_args(q, k, v, g, None, o, None)
+    bwd = backward_args(q, k, v, g, start_state, grad_o, grad_ht, *grads, None)
+    layer = Lasp2Layer(lasp, runtime, b, h, d, d, rank, world)
+    stream = current_stream()
+    calls = {
+        "forward": lambda: lasp.lasp2_forward_saving(layer.forward_op, stream, ctypes.byref(fwd),
+                                                     start_state.data_ptr()),
+        "backward": lambda: lasp.lasp2_backward(layer.grad_op, stream, ctypes.byref(bwd)),
+    }
     results = {}
     for name, mode in (("overlapped", MODE_OVERLAPPED), ("sequential_nccl", MODE_SEQUENTIAL_NCCL),
                        ("no_comm", MODE_NO_COMM)):
-        lasp.lasp2_set_mode(op, mode)
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(warmup + iters)]
-        host = time.perf_counter()
-        for start, end in events:  # enqueued back to back, as a training step would
-            start.record()
-            lasp.lasp2_forward(op, stream, ctypes.byref(args))
-            end.record()
-        host = time.perf_counter() - host
-        lasp.lasp2_finish(op, stream)
-        results[name] = statistics.median(s.elapsed_time(e) for s, e in events[warmup:])
-        # The host's enqueue cost per call (ctypes, argument checks, launches, two events); it
-        # stays hidden while the GPU queue is ahead of the host.
-        results[name + "_host"] = 1e3 * host / len(events)
-    lasp.lasp2_free(op)
+        layer.set_mode(mode)
+        for direction, call in calls.items():
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in range(warmup + iters)]
+            host = time.perf_counter()
+            for begin, end in events:
+                begin.record()
+                call()
+                end.record()
+            host = time.perf_counter() - host
+            layer.finish()
+            key = f"{direction}_{name}"
+            results[key] = statistics.median(s.elapsed_time(e) for s, e in events[warmup:])
+            # The host's enqueue cost per call (ctypes, argument checks, launches, two events);
+            # it stays hidden while the GPU queue is ahead of the host.
+            results[key + "_host"] = 1e3 * host / len(events)
+    layer.free()
     say(f"rank {rank}: B={b} T_local={t} H={h} D={d}, W={world}, median of {iters} (ms; "
         "_host: host ms per call while enqueuing): "
         + ", ".join(f"{k} {v:.4f}" for k, v in results.items()))
@@ -278,6 +576,8 @@ def main():
                       ctypes.byref(runtime))
 
     check(lasp, runtime, rank, world, dev)
+    check_training(lasp, runtime, rank, world, dev)
+    check_single_gpu_training(lasp, runtime, rank, dev)
     if opts.time:
         time_modes(lasp, runtime, rank, world, dev)
     lasp.runtime_shutdown(runtime)

@@ -1,5 +1,6 @@
-//! The C ABI (`core/include/lasp_shmem.h`): the runtime and the forward operations for a C,
-//! C++ or PyTorch caller that brings its own launcher, streams and device pointers.
+//! The C ABI (`core/include/lasp_shmem.h`): the runtime and the operations, forward and
+//! backward, for a C, C++ or PyTorch caller that brings its own launcher, streams and device
+//! pointers.
 //!
 //! A trainer started by torchrun already runs its own rendezvous on `MASTER_PORT`, so the
 //! library does not bootstrap by itself there: rank 0 makes a unique id
@@ -18,9 +19,10 @@ pub mod status;
 
 use crate::error::{Error, Result};
 use crate::launch_env::{LaunchEnv, Rendezvous};
-use crate::ops::lasp2::{ExchangeMode, Lasp2Forward, Lasp2Layout};
+use crate::ops::lasp2::{ExchangeMode, Lasp2Backward, Lasp2Forward, Lasp2Layout};
 use crate::ops::scalar_decay::{ForwardArgs, ForwardShape, ScalarDecayForward};
-use crate::ops::{bf16, DeviceMut, DeviceRef};
+use crate::ops::scalar_decay_backward::{BackwardArgs, ScalarDecayBackward};
+use crate::ops::{DeviceMut, DeviceRef};
 use crate::rendezvous::ID_BYTES;
 use crate::runtime::{Config, Runtime};
 use cudarc::driver::{sys, CudaStream};
@@ -96,22 +98,94 @@ pub struct ForwardArgsC {
     pub reserved: u32,
 }
 
+/// `lasp_backward_args`: one backward call's tensors in fla's layout, contiguous. The inputs
+/// are the forward's and the gradients of its outputs; the `grad_*` outputs are written whole.
+#[repr(C)]
+#[derive(Debug)]
+pub struct BackwardArgsC {
+    pub batch: i64,
+    pub tokens: i64,
+    pub heads: i64,
+    /// 64 or 128.
+    pub dk: i64,
+    /// 64 or 128.
+    pub dv: i64,
+    /// The forward's q, k `[B, T, H, Dk]` and v `[B, T, H, Dv]`, bf16.
+    pub q: *const c_void,
+    pub k: *const c_void,
+    pub v: *const c_void,
+    /// The forward's `[B, T, H]` fp32 log-decays.
+    pub g: *const f32,
+    /// `[B, H, Dk, Dv]` fp32, or NULL for zero: the forward's initial state (LASP-2: the
+    /// `start_state` that `lasp_lasp2_forward_saving` wrote on this rank).
+    pub h0: *const f32,
+    /// `[B, T, H, Dv]` bf16: the gradient of o.
+    pub grad_o: *const c_void,
+    /// `[B, H, Dk, Dv]` fp32 gradient of the final state, or NULL (LASP-2: last rank only).
+    pub grad_ht: *const f32,
+    /// `[B, T, H, Dk]`, `[B, T, H, Dk]`, `[B, T, H, Dv]` bf16 and `[B, T, H]` fp32.
+    pub grad_q: *mut c_void,
+    pub grad_k: *mut c_void,
+    pub grad_v: *mut c_void,
+    pub grad_g: *mut f32,
+    /// `[B, H, Dk, Dv]` fp32 gradient of the initial state, or NULL (LASP-2: rank 0 only).
+    pub grad_h0: *mut f32,
+    /// The forward's `sigma`; 0 for `Dk^-1/2`.
+    pub scale: f32,
+    pub reserved: u32,
+}
+
 /// `lasp_runtime`.
 pub struct RuntimeHandle {
     runtime: Runtime,
 }
 
-/// `lasp_lasp2`.
-pub struct Lasp2Handle {
+/// An operation behind a C handle: the runtime it keeps alive and the operation, locked per
+/// call so that a handle may be used from any thread.
+pub struct OpHandle<T> {
     runtime: Runtime,
-    op: Mutex<Lasp2Forward>,
+    op: Mutex<T>,
 }
 
-/// `lasp_scalar_decay`.
-pub struct ScalarDecayHandle {
-    runtime: Runtime,
-    op: Mutex<ScalarDecayForward>,
+/// `lasp_lasp2`: the LASP-2 forward.
+pub type Lasp2Handle = OpHandle<Lasp2Forward>;
+/// `lasp_lasp2_grad`: the LASP-2 backward.
+pub type Lasp2GradHandle = OpHandle<Lasp2Backward>;
+/// `lasp_scalar_decay`: the single-GPU forward.
+pub type ScalarDecayHandle = OpHandle<ScalarDecayForward>;
+/// `lasp_scalar_decay_grad`: the single-GPU backward.
+pub type ScalarDecayGradHandle = OpHandle<ScalarDecayBackward>;
+
+/// What the C ABI calls on both LASP-2 operations, whose ranks meet through one state chain
+/// each: the collective mode switch, the completion check, graph replays and the collective
+/// free.
+trait ChainOp: Sized {
+    fn set_mode(&mut self, mode: ExchangeMode) -> Result<()>;
+    fn finish(&self, stream: &Arc<CudaStream>) -> Result<()>;
+    fn note_replayed_calls(&mut self, calls: u64);
+    fn free(self) -> Result<()>;
 }
+
+macro_rules! chain_op {
+    ($op:ty) => {
+        impl ChainOp for $op {
+            fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
+                <$op>::set_mode(self, mode)
+            }
+            fn finish(&self, stream: &Arc<CudaStream>) -> Result<()> {
+                <$op>::finish(self, stream)
+            }
+            fn note_replayed_calls(&mut self, calls: u64) {
+                <$op>::note_replayed_calls(self, calls)
+            }
+            fn free(self) -> Result<()> {
+                <$op>::free(self)
+            }
+        }
+    };
+}
+chain_op!(Lasp2Forward);
+chain_op!(Lasp2Backward);
 
 fn invalid(msg: String) -> Error {
     Error::InvalidArgument(msg)
@@ -252,72 +326,187 @@ fn borrowed_stream(runtime: &Runtime, stream: sys::CUstream) -> Result<Arc<CudaS
     Ok(unsafe { ctx.wrap_borrowed_stream(stream) })
 }
 
-/// The validated views of one call's tensors.
+/// The shape a call's arguments give, validated.
+fn call_shape(batch: i64, tokens: i64, heads: i64, dk: i64, dv: i64) -> Result<ForwardShape> {
+    let shape = ForwardShape {
+        b: count("args.batch", batch)?,
+        t: count("args.tokens", tokens)?,
+        h: count("args.heads", heads)?,
+        dk: count("args.dk", dk)?,
+        dv: count("args.dv", dv)?,
+    };
+    shape.validate()?;
+    Ok(shape)
+}
+
+/// Checks raw device pointers against the driver's record of one GPU's allocations, and turns
+/// them into views.
+struct DeviceTensors {
+    ordinal: usize,
+}
+
+impl DeviceTensors {
+    /// `ptr` holds `elems` elements of `T` on this GPU (see [`memory::check_device_range`]).
+    fn check<T>(&self, name: &str, what: &str, ptr: *const T, elems: usize) -> Result<()> {
+        let bytes = (elems * std::mem::size_of::<T>()) as u64;
+        memory::check_device_range(name, what, ptr as u64, bytes, self.ordinal)
+    }
+
+    /// A checked input of `elems` elements.
+    ///
+    /// # Safety
+    /// The memory stays valid, and unwritten by others, until the enqueued kernels complete.
+    unsafe fn input<'a, T>(
+        &self,
+        name: &str,
+        what: &str,
+        ptr: *const c_void,
+        elems: usize,
+    ) -> Result<DeviceRef<'a, T>> {
+        self.check(name, what, ptr.cast::<T>(), elems)?;
+        // SAFETY: device memory of this GPU holding the elements (checked above); the rest is
+        // the caller's contract.
+        Ok(unsafe { DeviceRef::from_raw(ptr as u64, elems) })
+    }
+
+    /// A checked output of `elems` elements.
+    ///
+    /// # Safety
+    /// As [`DeviceTensors::input`], and nothing else reads or writes the memory meanwhile.
+    unsafe fn output<'a, T>(
+        &self,
+        name: &str,
+        what: &str,
+        ptr: *mut c_void,
+        elems: usize,
+    ) -> Result<DeviceMut<'a, T>> {
+        self.check(name, what, ptr.cast_const().cast::<T>(), elems)?;
+        // SAFETY: as in `input`.
+        Ok(unsafe { DeviceMut::from_raw(ptr as u64, elems) })
+    }
+
+    /// [`DeviceTensors::input`] where NULL stands for "none".
+    ///
+    /// # Safety
+    /// As [`DeviceTensors::input`].
+    unsafe fn optional_input<'a, T>(
+        &self,
+        name: &str,
+        what: &str,
+        ptr: *const c_void,
+        elems: usize,
+    ) -> Result<Option<DeviceRef<'a, T>>> {
+        // SAFETY: the caller's contract.
+        (!ptr.is_null())
+            .then(|| unsafe { self.input(name, what, ptr, elems) })
+            .transpose()
+    }
+
+    /// [`DeviceTensors::output`] where NULL stands for "not wanted".
+    ///
+    /// # Safety
+    /// As [`DeviceTensors::output`].
+    unsafe fn optional_output<'a, T>(
+        &self,
+        name: &str,
+        what: &str,
+        ptr: *mut c_void,
+        elems: usize,
+    ) -> Result<Option<DeviceMut<'a, T>>> {
+        // SAFETY: the caller's contract.
+        (!ptr.is_null())
+            .then(|| unsafe { self.output(name, what, ptr, elems) })
+            .transpose()
+    }
+}
+
+const QK: &str = "[B, T, H, Dk] bf16";
+const V: &str = "[B, T, H, Dv] bf16";
+const GATES: &str = "[B, T, H] fp32";
+const STATE: &str = "[B, H, Dk, Dv] fp32";
+
+/// The validated views of one forward call's tensors.
 ///
 /// # Safety
 /// The pointers of `a` stay valid until the enqueued kernels complete (the ABI's contract); the
 /// checks here make sure they are GPU memory of this device, long enough for the shape.
 unsafe fn device_views<'a>(a: &ForwardArgsC, ordinal: usize) -> Result<ForwardArgs<'a>> {
-    let shape = ForwardShape {
-        b: count("args.batch", a.batch)?,
-        t: count("args.tokens", a.tokens)?,
-        h: count("args.heads", a.heads)?,
-        dk: count("args.dk", a.dk)?,
-        dv: count("args.dv", a.dv)?,
-    };
-    shape.validate()?;
-    let check = |name: &str, what: &str, ptr: u64, elems: usize, elem_bytes: usize| {
-        memory::check_device_range(name, what, ptr, (elems * elem_bytes) as u64, ordinal)
-    };
+    let shape = call_shape(a.batch, a.tokens, a.heads, a.dk, a.dv)?;
+    let t = DeviceTensors { ordinal };
     let (qk, v, gates, state) = (
         shape.qk_len(),
         shape.v_len(),
         shape.gate_len(),
         shape.state_len(),
     );
-    check("q", "[B, T, H, Dk] bf16", a.q as u64, qk, 2)?;
-    check("k", "[B, T, H, Dk] bf16", a.k as u64, qk, 2)?;
-    check("v", "[B, T, H, Dv] bf16", a.v as u64, v, 2)?;
-    check("g", "[B, T, H] fp32", a.g as u64, gates, 4)?;
-    check("o", "[B, T, H, Dv] bf16", a.o as u64, v, 2)?;
-    if !a.h0.is_null() {
-        check("h0", "[B, H, Dk, Dv] fp32", a.h0 as u64, state, 4)?;
-    }
-    if !a.ht.is_null() {
-        check("ht", "[B, H, Dk, Dv] fp32", a.ht as u64, state, 4)?;
-    }
-    // SAFETY: each range is device memory of this GPU holding the elements (checked above);
-    // validity until completion and the absence of concurrent writers are the caller's.
-    Ok(unsafe {
-        ForwardArgs {
+    // SAFETY (every view below): checked against the driver's record; validity until
+    // completion and the absence of concurrent writers are the caller's.
+    unsafe {
+        Ok(ForwardArgs {
             shape,
-            q: DeviceRef::<bf16>::from_raw(a.q as u64, qk),
-            k: DeviceRef::from_raw(a.k as u64, qk),
-            v: DeviceRef::from_raw(a.v as u64, v),
-            g: DeviceRef::from_raw(a.g as u64, gates),
-            h0: (!a.h0.is_null()).then(|| DeviceRef::from_raw(a.h0 as u64, state)),
-            o: DeviceMut::from_raw(a.o as u64, v),
-            ht: (!a.ht.is_null()).then(|| DeviceMut::from_raw(a.ht as u64, state)),
+            q: t.input("q", QK, a.q, qk)?,
+            k: t.input("k", QK, a.k, qk)?,
+            v: t.input("v", V, a.v, v)?,
+            g: t.input("g", GATES, a.g.cast(), gates)?,
+            o: t.output("o", V, a.o, v)?,
+            h0: t.optional_input("h0", STATE, a.h0.cast(), state)?,
+            ht: t.optional_output("ht", STATE, a.ht.cast(), state)?,
             scale: (a.scale != 0.0).then_some(a.scale),
-        }
-    })
+        })
+    }
 }
 
-/// The caller's stream and the checked views of `args`, for an operation of `runtime`.
+/// The validated views of one backward call's tensors.
+///
+/// # Safety
+/// As [`device_views`].
+unsafe fn backward_views<'a>(a: &BackwardArgsC, ordinal: usize) -> Result<BackwardArgs<'a>> {
+    let shape = call_shape(a.batch, a.tokens, a.heads, a.dk, a.dv)?;
+    let t = DeviceTensors { ordinal };
+    let (qk, v, gates, state) = (
+        shape.qk_len(),
+        shape.v_len(),
+        shape.gate_len(),
+        shape.state_len(),
+    );
+    // SAFETY: as in `device_views`.
+    unsafe {
+        Ok(BackwardArgs {
+            shape,
+            q: t.input("q", QK, a.q, qk)?,
+            k: t.input("k", QK, a.k, qk)?,
+            v: t.input("v", V, a.v, v)?,
+            g: t.input("g", GATES, a.g.cast(), gates)?,
+            h0: t.optional_input("h0", STATE, a.h0.cast(), state)?,
+            d_o: t.input("grad_o", V, a.grad_o, v)?,
+            d_ht: t.optional_input("grad_ht", STATE, a.grad_ht.cast(), state)?,
+            dq: t.output("grad_q", QK, a.grad_q, qk)?,
+            dk: t.output("grad_k", QK, a.grad_k, qk)?,
+            dv: t.output("grad_v", V, a.grad_v, v)?,
+            dg: t.output("grad_g", GATES, a.grad_g.cast(), gates)?,
+            dh0: t.optional_output("grad_h0", STATE, a.grad_h0.cast(), state)?,
+            scale: (a.scale != 0.0).then_some(a.scale),
+        })
+    }
+}
+
+/// The caller's stream and the checked views of a call's arguments, for an operation of
+/// `runtime`.
 ///
 /// # Safety
 /// `args` is NULL or points at a valid struct whose tensors stay valid until the enqueued
 /// kernels complete (see [`device_views`]).
-unsafe fn call_inputs<'a>(
+unsafe fn call_inputs<A, V>(
     runtime: &Runtime,
     stream: sys::CUstream,
-    args: *const ForwardArgsC,
-) -> Result<(Arc<CudaStream>, ForwardArgs<'a>)> {
+    args: *const A,
+    views: unsafe fn(&A, usize) -> Result<V>,
+) -> Result<(Arc<CudaStream>, V)> {
     // SAFETY: the caller's contract.
     let args = unsafe { arg(args, "args")? };
     let stream = borrowed_stream(runtime, stream)?;
     // SAFETY: the caller's contract covers the tensors' lifetime.
-    let views = unsafe { device_views(args, runtime.context().ordinal())? };
+    let views = unsafe { views(args, runtime.context().ordinal())? };
     Ok((stream, views))
 }
 
@@ -473,7 +662,8 @@ pub unsafe extern "C" fn lasp_runtime_shutdown(runtime: *mut RuntimeHandle) -> S
         if others > 0 {
             return Err(Error::State(format!(
                 "{others} operation handles (or buffers) still use the runtime; free them on \
-                 every rank (lasp_lasp2_free, lasp_scalar_decay_free) before the shutdown"
+                 every rank (lasp_lasp2_free, lasp_lasp2_grad_free, lasp_scalar_decay_free, \
+                 lasp_scalar_decay_grad_free) before the shutdown"
             )));
         }
         // SAFETY: the caller gives the handle up (nothing else uses it, checked above).
@@ -508,6 +698,117 @@ pub unsafe extern "C" fn lasp_lasp2_symmetric_bytes(
     })
 }
 
+/// Makes an operation with the runtime behind `runtime` and hands it to the caller at `*out`.
+///
+/// # Safety
+/// `runtime` is a live handle; `out` points at writable memory.
+unsafe fn create_op<T>(
+    runtime: *const RuntimeHandle,
+    out: *mut *mut OpHandle<T>,
+    make: impl FnOnce(&Runtime) -> Result<T>,
+) -> Result<()> {
+    check_out(out, "op")?;
+    // SAFETY: the caller's contract.
+    let runtime = unsafe { arg(runtime, "runtime")? }.runtime.clone();
+    runtime.context().bind_to_thread()?;
+    let op = Mutex::new(make(&runtime)?);
+    // SAFETY: the caller's contract.
+    unsafe { store_handle(out, "op", OpHandle { runtime, op }) }
+}
+
+/// Runs `f` on the operation behind `op` (locked), with its runtime's context current.
+///
+/// # Safety
+/// `op` is a live handle.
+unsafe fn with_op<T, R>(
+    op: *const OpHandle<T>,
+    f: impl FnOnce(&Runtime, &mut T) -> Result<R>,
+) -> Result<R> {
+    // SAFETY: the caller's contract.
+    let handle = unsafe { arg(op, "op")? };
+    handle.runtime.context().bind_to_thread()?;
+    f(&handle.runtime, &mut *lock(&handle.op)?)
+}
+
+/// Takes back the handle the caller gives up and releases its operation with `release`.
+///
+/// # Safety
+/// `op` is a live handle, not used by the caller afterwards.
+unsafe fn free_op<T>(op: *mut OpHandle<T>, release: impl FnOnce(T) -> Result<()>) -> Result<()> {
+    // SAFETY: the caller's contract.
+    let handle = unsafe { take_handle(op, "op")? };
+    handle.runtime.context().bind_to_thread()?;
+    let op = handle.op.into_inner().map_err(|_| {
+        Error::State("the operation was poisoned by an internal error; its buffers leak".into())
+    })?;
+    release(op)
+}
+
+/// Releases a single-GPU operation: dropping it frees its workspace after a context
+/// synchronisation.
+fn drop_op<T>(op: T) -> Result<()> {
+    drop(op);
+    Ok(())
+}
+
+/// A LASP-2 operation of one layout and mode (collective).
+///
+/// # Safety
+/// As [`create_op`].
+unsafe fn create_chain_op<T>(
+    runtime: *const RuntimeHandle,
+    (batch, heads, dk, dv): (i64, i64, i64, i64),
+    mode: i32,
+    out: *mut *mut OpHandle<T>,
+    make: impl FnOnce(&Runtime, Lasp2Layout, ExchangeMode) -> Result<T>,
+) -> Status {
+    run(|| {
+        let (layout, mode) = (layout(batch, heads, dk, dv)?, exchange_mode(mode)?);
+        // SAFETY: the caller's contract.
+        unsafe { create_op(runtime, out, |rt| make(rt, layout, mode)) }
+    })
+}
+
+/// # Safety
+/// `op` is a live handle.
+unsafe fn set_mode_of<T: ChainOp>(op: *const OpHandle<T>, mode: i32) -> Status {
+    run(|| {
+        let mode = exchange_mode(mode)?;
+        // SAFETY: the caller's contract.
+        unsafe { with_op(op, |_, op| op.set_mode(mode)) }
+    })
+}
+
+/// # Safety
+/// `op` is a live handle.
+unsafe fn finish_of<T: ChainOp>(op: *const OpHandle<T>, stream: sys::CUstream) -> Status {
+    run(|| {
+        // SAFETY: the caller's contract.
+        unsafe { with_op(op, |rt, op| op.finish(&borrowed_stream(rt, stream)?)) }
+    })
+}
+
+/// # Safety
+/// `op` is a live handle.
+unsafe fn note_replayed_calls_of<T: ChainOp>(op: *const OpHandle<T>, calls: u64) -> Status {
+    run(|| {
+        // SAFETY: the caller's contract.
+        unsafe {
+            with_op(op, |_, op| {
+                op.note_replayed_calls(calls);
+                Ok(())
+            })
+        }
+    })
+}
+
+/// # Safety
+/// `op` is a live handle, not used again afterwards (whatever the status).
+unsafe fn free_chain_op<T: ChainOp>(op: *mut OpHandle<T>) -> Status {
+    // SAFETY: the caller's contract.
+    run(|| unsafe { free_op(op, T::free) })
+}
+
 /// Creates the LASP-2 forward of one layout (collective: every rank passes the same B, H, Dk,
 /// Dv and mode, or every rank gets an error naming the ranks that differ).
 ///
@@ -523,20 +824,9 @@ pub unsafe extern "C" fn lasp_lasp2_create(
     mode: i32,
     op: *mut *mut Lasp2Handle,
 ) -> Status {
-    run(|| {
-        check_out(op, "op")?;
-        // SAFETY: the caller's contract.
-        let runtime = unsafe { arg(runtime, "runtime")? }.runtime.clone();
-        let (layout, mode) = (layout(batch, heads, dk, dv)?, exchange_mode(mode)?);
-        runtime.context().bind_to_thread()?;
-        let forward = Lasp2Forward::new(&runtime, layout, mode)?;
-        let handle = Lasp2Handle {
-            runtime,
-            op: Mutex::new(forward),
-        };
-        // SAFETY: the caller\'s contract.
-        unsafe { store_handle(op, "op", handle) }
-    })
+    let dims = (batch, heads, dk, dv);
+    // SAFETY: the caller's contract.
+    unsafe { create_chain_op(runtime, dims, mode, op, Lasp2Forward::new) }
 }
 
 /// Switches every rank to another exchange mode (collective).
@@ -545,13 +835,8 @@ pub unsafe extern "C" fn lasp_lasp2_create(
 /// `op` is a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn lasp_lasp2_set_mode(op: *const Lasp2Handle, mode: i32) -> Status {
-    run(|| {
-        // SAFETY: the caller's contract.
-        let handle = unsafe { arg(op, "op")? };
-        let mode = exchange_mode(mode)?;
-        handle.runtime.context().bind_to_thread()?;
-        lock(&handle.op)?.set_mode(mode)
-    })
+    // SAFETY: the caller's contract.
+    unsafe { set_mode_of(op, mode) }
 }
 
 /// Enqueues one LASP-2 forward of this rank's shard on `stream` (not collective; in the
@@ -569,10 +854,42 @@ pub unsafe extern "C" fn lasp_lasp2_forward(
 ) -> Status {
     run(|| {
         // SAFETY: the caller's contract.
-        let handle = unsafe { arg(op, "op")? };
+        unsafe {
+            with_op(op, |rt, forward| {
+                let (stream, views) = call_inputs(rt, stream, args, device_views)?;
+                forward.forward(&stream, views)
+            })
+        }
+    })
+}
+
+/// [`lasp_lasp2_forward`], also writing `start_state` `[B, H, Dk, Dv]` fp32: the state this
+/// rank's shard starts from, which the backward takes as its `h0` (keep it for
+/// [`lasp_lasp2_backward`]).
+///
+/// # Safety
+/// As [`lasp_lasp2_forward`]; `start_state` is written by the call and must not be read or
+/// written by anything else until it completes.
+#[no_mangle]
+pub unsafe extern "C" fn lasp_lasp2_forward_saving(
+    op: *const Lasp2Handle,
+    stream: sys::CUstream,
+    args: *const ForwardArgsC,
+    start_state: *mut f32,
+) -> Status {
+    run(|| {
         // SAFETY: the caller's contract.
-        let (stream, views) = unsafe { call_inputs(&handle.runtime, stream, args)? };
-        lock(&handle.op)?.forward(&stream, views)
+        unsafe {
+            with_op(op, |rt, forward| {
+                let (stream, views) = call_inputs(rt, stream, args, device_views)?;
+                let tensors = DeviceTensors {
+                    ordinal: rt.context().ordinal(),
+                };
+                let elems = views.shape.state_len();
+                let start = tensors.output("start_state", STATE, start_state.cast(), elems)?;
+                forward.forward_saving(&stream, views, Some(start))
+            })
+        }
     })
 }
 
@@ -586,12 +903,8 @@ pub unsafe extern "C" fn lasp_lasp2_finish(
     op: *const Lasp2Handle,
     stream: sys::CUstream,
 ) -> Status {
-    run(|| {
-        // SAFETY: the caller's contract.
-        let handle = unsafe { arg(op, "op")? };
-        let stream = borrowed_stream(&handle.runtime, stream)?;
-        lock(&handle.op)?.finish(&stream)
-    })
+    // SAFETY: the caller's contract.
+    unsafe { finish_of(op, stream) }
 }
 
 /// Tells the operation that a captured CUDA graph holding one call was replayed `calls` times
@@ -604,12 +917,8 @@ pub unsafe extern "C" fn lasp_lasp2_note_replayed_calls(
     op: *const Lasp2Handle,
     calls: u64,
 ) -> Status {
-    run(|| {
-        // SAFETY: the caller's contract.
-        let handle = unsafe { arg(op, "op")? };
-        lock(&handle.op)?.note_replayed_calls(calls);
-        Ok(())
-    })
+    // SAFETY: the caller's contract.
+    unsafe { note_replayed_calls_of(op, calls) }
 }
 
 /// Frees the operation (collective: its symmetric buffers are freed on every rank).
@@ -618,15 +927,99 @@ pub unsafe extern "C" fn lasp_lasp2_note_replayed_calls(
 /// `op` is a live handle, not used again afterwards (whatever the status).
 #[no_mangle]
 pub unsafe extern "C" fn lasp_lasp2_free(op: *mut Lasp2Handle) -> Status {
+    // SAFETY: the caller's contract.
+    unsafe { free_chain_op(op) }
+}
+
+/// Creates the LASP-2 backward of one layout (collective, as [`lasp_lasp2_create`]; Dv 64 or
+/// 128). It allocates `lasp_lasp2_symmetric_bytes` of its own.
+///
+/// # Safety
+/// `runtime` is a live handle; `op` points at writable memory.
+#[no_mangle]
+pub unsafe extern "C" fn lasp_lasp2_grad_create(
+    runtime: *const RuntimeHandle,
+    batch: i64,
+    heads: i64,
+    dk: i64,
+    dv: i64,
+    mode: i32,
+    op: *mut *mut Lasp2GradHandle,
+) -> Status {
+    let dims = (batch, heads, dk, dv);
+    // SAFETY: the caller's contract.
+    unsafe { create_chain_op(runtime, dims, mode, op, Lasp2Backward::new) }
+}
+
+/// Switches every rank's backward to another exchange mode (collective).
+///
+/// # Safety
+/// `op` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn lasp_lasp2_grad_set_mode(op: *const Lasp2GradHandle, mode: i32) -> Status {
+    // SAFETY: the caller's contract.
+    unsafe { set_mode_of(op, mode) }
+}
+
+/// Enqueues the backward of this rank's shard on `stream` (not collective, as the forward).
+/// `args.h0` is the `start_state` of this rank's forward call; `grad_ht` is given on the last
+/// rank only and `grad_h0` written on rank 0 only (NULL elsewhere). Every argument is checked
+/// before anything is enqueued.
+///
+/// # Safety
+/// `op` is a live handle; `args` points at a valid struct whose tensors stay valid, and are
+/// not written by anything else, until the call completes on `stream`.
+#[no_mangle]
+pub unsafe extern "C" fn lasp_lasp2_backward(
+    op: *const Lasp2GradHandle,
+    stream: sys::CUstream,
+    args: *const BackwardArgsC,
+) -> Status {
     run(|| {
-        // SAFETY: the caller gives the handle up.
-        let handle = unsafe { take_handle(op, "op")? };
-        handle.runtime.context().bind_to_thread()?;
-        let forward = handle.op.into_inner().map_err(|_| {
-            Error::State("the operation was poisoned by an internal error; its buffers leak".into())
-        })?;
-        forward.free()
+        // SAFETY: the caller's contract.
+        unsafe {
+            with_op(op, |rt, backward| {
+                let (stream, views) = call_inputs(rt, stream, args, backward_views)?;
+                backward.backward(&stream, views)
+            })
+        }
     })
+}
+
+/// As [`lasp_lasp2_finish`], for the backward.
+///
+/// # Safety
+/// `op` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn lasp_lasp2_grad_finish(
+    op: *const Lasp2GradHandle,
+    stream: sys::CUstream,
+) -> Status {
+    // SAFETY: the caller's contract.
+    unsafe { finish_of(op, stream) }
+}
+
+/// As [`lasp_lasp2_note_replayed_calls`], for the backward.
+///
+/// # Safety
+/// `op` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn lasp_lasp2_grad_note_replayed_calls(
+    op: *const Lasp2GradHandle,
+    calls: u64,
+) -> Status {
+    // SAFETY: the caller's contract.
+    unsafe { note_replayed_calls_of(op, calls) }
+}
+
+/// Frees the backward (collective).
+///
+/// # Safety
+/// `op` is a live handle, not used again afterwards (whatever the status).
+#[no_mangle]
+pub unsafe extern "C" fn lasp_lasp2_grad_free(op: *mut Lasp2GradHandle) -> Status {
+    // SAFETY: the caller's contract.
+    unsafe { free_chain_op(op) }
 }
 
 /// Creates the single-GPU scalar-decay forward (not collective).
@@ -638,19 +1031,8 @@ pub unsafe extern "C" fn lasp_scalar_decay_create(
     runtime: *const RuntimeHandle,
     op: *mut *mut ScalarDecayHandle,
 ) -> Status {
-    run(|| {
-        check_out(op, "op")?;
-        // SAFETY: the caller's contract.
-        let runtime = unsafe { arg(runtime, "runtime")? }.runtime.clone();
-        runtime.context().bind_to_thread()?;
-        let forward = ScalarDecayForward::new(&runtime)?;
-        let handle = ScalarDecayHandle {
-            runtime,
-            op: Mutex::new(forward),
-        };
-        // SAFETY: the caller\'s contract.
-        unsafe { store_handle(op, "op", handle) }
-    })
+    // SAFETY: the caller's contract.
+    run(|| unsafe { create_op(runtime, op, ScalarDecayForward::new) })
 }
 
 /// Enqueues the chunkwise forward of one GPU's whole sequences on `stream`.
@@ -665,10 +1047,12 @@ pub unsafe extern "C" fn lasp_scalar_decay_forward(
 ) -> Status {
     run(|| {
         // SAFETY: the caller's contract.
-        let handle = unsafe { arg(op, "op")? };
-        // SAFETY: the caller's contract.
-        let (stream, views) = unsafe { call_inputs(&handle.runtime, stream, args)? };
-        lock(&handle.op)?.launch(&stream, views).map(|_plan| ())
+        unsafe {
+            with_op(op, |rt, forward| {
+                let (stream, views) = call_inputs(rt, stream, args, device_views)?;
+                forward.launch(&stream, views).map(|_plan| ())
+            })
+        }
     })
 }
 
@@ -678,13 +1062,54 @@ pub unsafe extern "C" fn lasp_scalar_decay_forward(
 /// `op` is a live handle, not used again afterwards.
 #[no_mangle]
 pub unsafe extern "C" fn lasp_scalar_decay_free(op: *mut ScalarDecayHandle) -> Status {
+    // SAFETY: the caller's contract.
+    run(|| unsafe { free_op(op, drop_op) })
+}
+
+/// Creates the single-GPU scalar-decay backward (not collective).
+///
+/// # Safety
+/// `runtime` is a live handle; `op` points at writable memory.
+#[no_mangle]
+pub unsafe extern "C" fn lasp_scalar_decay_grad_create(
+    runtime: *const RuntimeHandle,
+    op: *mut *mut ScalarDecayGradHandle,
+) -> Status {
+    // SAFETY: the caller's contract.
+    run(|| unsafe { create_op(runtime, op, ScalarDecayBackward::new) })
+}
+
+/// Enqueues the backward of one GPU's whole sequences on `stream`: `args.h0` and `grad_ht` as
+/// the forward's `h0` and the gradient of its `ht` (NULL for zero), `grad_h0` written unless
+/// NULL. Dv 64 or 128.
+///
+/// # Safety
+/// As [`lasp_lasp2_backward`].
+#[no_mangle]
+pub unsafe extern "C" fn lasp_scalar_decay_backward(
+    op: *const ScalarDecayGradHandle,
+    stream: sys::CUstream,
+    args: *const BackwardArgsC,
+) -> Status {
     run(|| {
-        // SAFETY: the caller gives the handle up.
-        let handle = unsafe { take_handle(op, "op")? };
-        handle.runtime.context().bind_to_thread()?;
-        drop(handle);
-        Ok(())
+        // SAFETY: the caller's contract.
+        unsafe {
+            with_op(op, |rt, backward| {
+                let (stream, views) = call_inputs(rt, stream, args, backward_views)?;
+                backward.launch(&stream, views)
+            })
+        }
     })
+}
+
+/// Frees the backward (after the GPU has finished with its workspace).
+///
+/// # Safety
+/// `op` is a live handle, not used again afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn lasp_scalar_decay_grad_free(op: *mut ScalarDecayGradHandle) -> Status {
+    // SAFETY: the caller's contract.
+    run(|| unsafe { free_op(op, drop_op) })
 }
 
 #[cfg(test)]
@@ -722,11 +1147,18 @@ mod tests {
         assert_eq!(offset_of!(ForwardArgsC, q), 40);
         assert_eq!(offset_of!(ForwardArgsC, ht), 88);
         assert_eq!(offset_of!(ForwardArgsC, scale), 96);
+        assert_eq!(size_of::<BackwardArgsC>(), 144);
+        assert_eq!(offset_of!(BackwardArgsC, q), 40);
+        assert_eq!(offset_of!(BackwardArgsC, grad_o), 80);
+        assert_eq!(offset_of!(BackwardArgsC, grad_q), 96);
+        assert_eq!(offset_of!(BackwardArgsC, grad_h0), 128);
+        assert_eq!(offset_of!(BackwardArgsC, scale), 136);
         for (name, size) in [
             ("lasp_runtime_options", 32),
             ("lasp_place", 16),
             ("lasp_unique_id", 128),
             ("lasp_forward_args", 104),
+            ("lasp_backward_args", 144),
         ] {
             let assertion = format!("_Static_assert(sizeof({name}) == {size},");
             assert!(HEADER.contains(&assertion), "the header lacks {assertion}");
@@ -785,7 +1217,7 @@ mod tests {
             .filter(|w| w.starts_with("lasp_"))
             .collect();
         assert_eq!(exported, declared);
-        assert_eq!(exported.len(), 17);
+        assert_eq!(exported.len(), 27);
     }
 
     #[test]
@@ -848,5 +1280,35 @@ mod tests {
         assert!(msg(args(32, 8)).contains("Dk = 32 is not supported"));
         assert!(msg(args(64, 0)).contains("B, T and H must be at least 1"));
         assert!(msg(args(64, 8)).starts_with("q is NULL; pass the device pointer"));
+    }
+
+    #[test]
+    fn backward_arguments_are_checked_before_the_driver_is_asked() {
+        let args = |dv: i64, heads: i64| BackwardArgsC {
+            batch: 2,
+            tokens: 100,
+            heads,
+            dk: 128,
+            dv,
+            q: std::ptr::null(),
+            k: std::ptr::null(),
+            v: std::ptr::null(),
+            g: std::ptr::null(),
+            h0: std::ptr::null(),
+            grad_o: std::ptr::null(),
+            grad_ht: std::ptr::null(),
+            grad_q: std::ptr::null_mut(),
+            grad_k: std::ptr::null_mut(),
+            grad_v: std::ptr::null_mut(),
+            grad_g: std::ptr::null_mut(),
+            grad_h0: std::ptr::null_mut(),
+            scale: 0.0,
+            reserved: 0,
+        };
+        // SAFETY: only the shape and NULL pointers are looked at: no device memory is touched.
+        let msg = |a: BackwardArgsC| unsafe { backward_views(&a, 0) }.unwrap_err().to_string();
+        assert!(msg(args(64, -3)).contains("args.heads = -3 is negative"));
+        assert!(msg(args(64, 0)).contains("B, T and H must be at least 1"));
+        assert!(msg(args(64, 4)).starts_with("q is NULL; pass the device pointer"));
     }
 }

@@ -117,14 +117,15 @@ impl Lasp2Backward {
         let (me, npes) = (self.chain.runtime().pe(), self.chain.runtime().npes());
         if args.d_ht.is_some() && me + 1 != npes {
             return Err(self.chain.invalid(format!(
-                "only the last PE ({}) holds the final state's gradient; pass d_ht = None on PE \
-                 {me}",
+                "only the last PE ({}) holds the final state's gradient; pass none (d_ht = None, \
+                 grad_ht = NULL in C) on PE {me}",
                 npes - 1
             )));
         }
         if args.dh0.is_some() && me != 0 {
             return Err(self.chain.invalid(format!(
-                "only PE 0 computes the initial state's gradient; pass dh0 = None on PE {me}"
+                "only PE 0 computes the initial state's gradient; pass no buffer for it (dh0 = \
+                 None, grad_h0 = NULL in C) on PE {me}"
             )));
         }
         let (b, h, dk, dv) = l.dims();
