@@ -18,6 +18,10 @@ current stream with the tensors' own device pointers. Checks, each of which fail
   its scale, see `gate_grad_scale`) and rank 0's dh0 against torch.autograd through the float64
   reference of the whole sequence; the sequential NCCL mode gives bitwise the same gradients;
   a gradient of the final state on a rank other than the last is rejected;
+- one `Lasp2Layer` serving two stacked calls (the first's output as the second's queries),
+  differentiated in reverse order: the same checks against the stacked reference;
+- a forward and a backward captured in one torch.cuda.graph and replayed give bitwise the
+  uncaptured step's outputs and gradients;
 - the single-GPU pair (lasp_scalar_decay_forward / _backward) as `ScalarDecayAttention`, the same
   gradient checks on each rank's own sequences.
 With --time it then times the overlapped call against the sequential NCCL mode and the compute
@@ -95,6 +99,7 @@ SIGNATURES = {
     "lasp2_grad_set_mode": [HANDLE, I32],
     "lasp2_backward": [HANDLE, HANDLE, P(BackwardArgs)],
     "lasp2_grad_finish": [HANDLE, HANDLE],
+    "lasp2_grad_note_replayed_calls": [HANDLE, ctypes.c_uint64],
     "lasp2_grad_free": [HANDLE],
     "scalar_decay_create": [HANDLE, OUT],
     "scalar_decay_forward": [HANDLE, HANDLE, P(ForwardArgs)],
@@ -301,6 +306,33 @@ def reference_grads(q, k, v, g, h0, grad_o, grad_ht):
     return (dq, dk, dv, dg, dh0), gate_grad_scale(leaves[0], dq, leaves[1], dk)
 
 
+class Bf16Boundary(torch.autograd.Function):
+    """What happens between two of our calls: the output is bf16, and so is its gradient."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.bfloat16().double()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.bfloat16().double()
+
+
+def stacked_reference_grads(q, k, v, g, h0, grad_o):
+    """Two calls of one layer, the first's output as the second's queries (through
+    `Bf16Boundary`), h0 only into the first: torch.autograd's gradients of <o2, grad_o>, and dg's
+    scale from both calls' terms."""
+    q1, h0_ = (x.detach().double().requires_grad_() for x in (q, h0))
+    k1, v1, g1, k2, v2, g2 = (x.detach().double().requires_grad_() for x in (k, v, g, k, v, g))
+    o1, _ = reference(q1, k1, v1, g1, h0_)
+    q2 = Bf16Boundary.apply(o1)
+    o2, _ = reference(q2, k2, v2, g2, torch.zeros_like(h0_))
+    dq1, dk1, dv1, dg1, dh0, dq2, dk2, dv2, dg2 = torch.autograd.grad(
+        o2, (q1, k1, v1, g1, h0_, q2, k2, v2, g2), grad_o.double())
+    scale = gate_grad_scale(q1, dq1, k1, dk1) + gate_grad_scale(q2, dq2, k2, dk2)
+    return (dq1, dk1 + dk2, dv1 + dv2, dg1 + dg2, dh0), scale
+
+
 def gate_grad_scale(q, dq, k, dk):
     """Per token, the size of the terms dg sums: dg_t = sum_{s >= t} (q_s . dq_s - k_s . dk_s)
     (plus boundary terms), so |q_s . dq_s| + |k_s . dk_s| summed the same way measures them. With
@@ -454,6 +486,23 @@ def check_training(lasp, runtime, rank, world, dev):
         assert torch.equal(bits(x), bits(y)), f"rank {rank}: sequential NCCL gives another {name}"
     say(f"rank {rank}: sequential NCCL gives bitwise the overlapped gradients")
 
+    # One layer object serves every layer of its layout: two stacked calls, the first's output
+    # as the second's queries, differentiated in reverse order as a model's layers are.
+    want2, scale2 = stacked_reference_grads(q, k, v, g, h0, grad_o)
+    inputs = [shard(x, start, lengths[rank]).requires_grad_() for x in (q, k, v, g)]
+    h0_leaf = h0.clone().requires_grad_()
+    first = layer(*inputs, h0_leaf)
+    second = layer(first[0] if last else first, *inputs[1:])
+    torch.autograd.backward(second[0] if last else second, shard(grad_o, start, lengths[rank]))
+    layer.finish()
+    got2 = [x.grad for x in inputs] + [h0_leaf.grad]
+    n = 5 if rank == 0 else 4
+    errors = gradient_checks(rank, got2[:n], want2[:n], scale2, names[:n], start, lengths[rank])
+    say(f"rank {rank}: two stacked calls of one layer through torch.autograd: {errors}")
+
+    check_captured_training_step(lasp, layer, rank, last, [
+        shard(x, start, lengths[rank]) for x in (q, k, v, g, grad_o)], h0, grad_ht)
+
     if not last:
         mine = [shard(x, start, lengths[rank]) for x in (q, k, v, g)]
         start_state = torch.empty_like(h0)
@@ -467,6 +516,43 @@ def check_training(lasp, runtime, rank, world, dev):
             assert e.status == ERROR_INVALID_ARGUMENT and "only the last PE" in str(e), str(e)
             say(f"rank {rank}: grad_ht off the last rank is rejected: {str(e)[:100]}...")
     layer.free()
+
+
+def check_captured_training_step(lasp, layer, rank, last, shard_tensors, h0, grad_ht, replays=50):
+    """A forward (saving its start state) and a backward captured together in one
+    torch.cuda.graph and replayed: every output and gradient bitwise as the uncaptured step's."""
+    q, k, v, g, grad_o = shard_tensors
+    o = torch.empty_like(v)
+    start_state = torch.empty_like(h0)
+    ht = torch.empty_like(h0) if last else None
+    grads = [torch.empty_like(x) for x in (q, k, v, g)]
+    dh0 = torch.empty_like(h0) if rank == 0 else None
+    fwd = forward_args(q, k, v, g, h0, o, ht)
+    bwd = backward_args(q, k, v, g, start_state, grad_o, grad_ht if last else None, *grads, dh0)
+    written = [x for x in (o, start_state, ht, *grads, dh0) if x is not None]
+
+    def training_step():
+        lasp.lasp2_forward_saving(layer.forward_op, current_stream(), ctypes.byref(fwd),
+                                  start_state.data_ptr())
+        lasp.lasp2_backward(layer.grad_op, current_stream(), ctypes.byref(bwd))
+
+    training_step()  # uncaptured first: it sizes the workspaces
+    layer.finish()
+    want = [x.clone() for x in written]
+    for x in written:
+        x.fill_(float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        training_step()
+    for _ in range(replays):
+        graph.replay()
+    lasp.lasp2_note_replayed_calls(layer.forward_op, replays)
+    lasp.lasp2_grad_note_replayed_calls(layer.grad_op, replays)
+    layer.finish()
+    for x, y in zip(written, want):
+        assert torch.equal(bits(x), bits(y)), f"rank {rank}: a replayed training step differs"
+    say(f"rank {rank}: {replays} replays of a captured forward + backward: bitwise identical")
 
 
 def check_single_gpu_training(lasp, runtime, rank, dev):
