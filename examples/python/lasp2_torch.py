@@ -373,20 +373,37 @@ def gradient_checks(rank, got, want, scale, names, start, length):
     return ", ".join(line)
 
 
+class Sequences:
+    """B sequences of H heads (Dk = Dv = d), the same on every rank (one seed), cut into shards
+    of `per_rank` tokens, the last one `short` tokens shorter; this rank's shard starts at
+    `start`. `rand` draws more of the same stream (e.g. output gradients)."""
+
+    def __init__(self, rank, world, dev, seed, per_rank, short, b=2, h=4, d=128):
+        self.b, self.h, self.d = b, h, d
+        self.lengths = [per_rank] * (world - 1) + [per_rank - short if world > 1 else per_rank]
+        self.length = self.lengths[rank]
+        self.start, self.total = sum(self.lengths[:rank]), sum(self.lengths)
+        self.last = rank == world - 1
+        gen = torch.Generator(device=dev).manual_seed(seed)
+        self.rand = lambda *s: torch.rand(*s, generator=gen, device=dev)  # noqa: E731
+        rand, total = self.rand, self.total
+        self.q, self.k, self.v = ((2 * rand(b, total, h, d) - 1).bfloat16() for _ in range(3))
+        self.g = torch.where(rand(b, total, h) < 0.05, 0.0, -0.5 * rand(b, total, h))
+        self.h0 = rand(b, h, d, d) - 0.5
+
+    def mine(self, x):
+        """This rank's shard of a [B, T, ...] tensor of the whole sequences."""
+        return shard(x, self.start, self.length)
+
+
 def check(lasp, runtime, rank, world, dev):
-    b, h, d = 2, 4, 128
-    per_rank, short = 1000, 37
-    lengths = [per_rank] * (world - 1) + [per_rank - short if world > 1 else per_rank]
-    start, total, last = sum(lengths[:rank]), sum(lengths), rank == world - 1
-    gen = torch.Generator(device=dev).manual_seed(11)  # the same sequence on every rank
-    rand = lambda *s: torch.rand(*s, generator=gen, device=dev)  # noqa: E731
-    q, k, v = ((2 * rand(b, total, h, d) - 1).bfloat16() for _ in range(3))
-    g = torch.where(rand(b, total, h) < 0.05, 0.0, -0.5 * rand(b, total, h))
-    h0 = rand(b, h, d, d) - 0.5
+    seqs = Sequences(rank, world, dev, seed=11, per_rank=1000, short=37)
+    b, h, d, q, k, v, g, h0 = seqs.b, seqs.h, seqs.d, seqs.q, seqs.k, seqs.v, seqs.g, seqs.h0
+    total, last = seqs.total, seqs.last
     want_o, want_ht = reference(q, k, v, g, h0)
 
-    mine = [shard(x, start, lengths[rank]) for x in (q, k, v, g)]
-    o = torch.empty(b, lengths[rank], h, d, dtype=torch.bfloat16, device=dev)
+    mine = [seqs.mine(x) for x in (q, k, v, g)]
+    o = torch.empty(b, seqs.length, h, d, dtype=torch.bfloat16, device=dev)
     ht = torch.empty(b, h, d, d, device=dev) if last else None
     args = forward_args(*mine, h0, o, ht)
     op = ctypes.c_void_p()
@@ -402,8 +419,8 @@ def check(lasp, runtime, rank, world, dev):
         return o.clone(), None if ht is None else ht.clone()
 
     o1, ht1 = run()
-    err = rel_err(o1, shard(want_o, start, lengths[rank]))
-    line = f"rank {rank}: shard of {lengths[rank]} of {total} tokens: o rel err {err:.2e}"
+    err = rel_err(o1, seqs.mine(want_o))
+    line = f"rank {rank}: shard of {seqs.length} of {total} tokens: o rel err {err:.2e}"
     if last:
         line += f", final state rel err {rel_err(ht1, want_ht):.2e}"
     say(line + f" (tolerance {TOL:g})")
@@ -441,15 +458,9 @@ def check(lasp, runtime, rank, world, dev):
 
 def check_training(lasp, runtime, rank, world, dev):
     """The LASP-2 forward and backward through torch.autograd against the float64 reference."""
-    b, h, d = 2, 4, 128
-    per_rank, short = 700, 45
-    lengths = [per_rank] * (world - 1) + [per_rank - short if world > 1 else per_rank]
-    start, total, last = sum(lengths[:rank]), sum(lengths), rank == world - 1
-    gen = torch.Generator(device=dev).manual_seed(23)  # the same sequence on every rank
-    rand = lambda *s: torch.rand(*s, generator=gen, device=dev)  # noqa: E731
-    q, k, v = ((2 * rand(b, total, h, d) - 1).bfloat16() for _ in range(3))
-    g = torch.where(rand(b, total, h) < 0.05, 0.0, -0.5 * rand(b, total, h))
-    h0 = rand(b, h, d, d) - 0.5
+    seqs = Sequences(rank, world, dev, seed=23, per_rank=700, short=45)
+    b, h, d, q, k, v, g, h0 = seqs.b, seqs.h, seqs.d, seqs.q, seqs.k, seqs.v, seqs.g, seqs.h0
+    start, total, last, rand = seqs.start, seqs.total, seqs.last, seqs.rand
     grad_o = (2 * rand(b, total, h, d) - 1).bfloat16()
     grad_ht = rand(b, h, d, d) - 0.5
     want, scale = reference_grads(q, k, v, g, h0, grad_o, grad_ht)
@@ -457,11 +468,11 @@ def check_training(lasp, runtime, rank, world, dev):
     layer = Lasp2Layer(lasp, runtime, b, h, d, d, rank, world)
 
     def step():
-        inputs = [shard(x, start, lengths[rank]).requires_grad_() for x in (q, k, v, g)]
+        inputs = [seqs.mine(x).requires_grad_() for x in (q, k, v, g)]
         h0_leaf = h0.clone().requires_grad_()
         out = layer(*inputs, h0_leaf)
         o, ht = out if last else (out, None)
-        outputs, grads = [o], [shard(grad_o, start, lengths[rank])]
+        outputs, grads = [o], [seqs.mine(grad_o)]
         if last:
             outputs.append(ht)
             grads.append(grad_ht)
@@ -472,11 +483,11 @@ def check_training(lasp, runtime, rank, world, dev):
     got = step()
     names = ("dq", "dk", "dv", "dg", "dh0")
     if rank == 0:
-        errors = gradient_checks(rank, got, want, scale, names, start, lengths[rank])
+        errors = gradient_checks(rank, got, want, scale, names, start, seqs.length)
     else:
-        errors = gradient_checks(rank, got[:4], want[:4], scale, names[:4], start, lengths[rank])
+        errors = gradient_checks(rank, got[:4], want[:4], scale, names[:4], start, seqs.length)
         assert torch.count_nonzero(got[4]) == 0, "dh0 on a rank other than 0 is not zero"
-    say(f"rank {rank}: LASP-2 through torch.autograd, shard of {lengths[rank]} of {total} "
+    say(f"rank {rank}: LASP-2 through torch.autograd, shard of {seqs.length} of {total} "
         f"tokens: {errors} (tolerance {TOL:g}; dg against its scale)")
 
     layer.set_mode(MODE_SEQUENTIAL_NCCL)
@@ -489,25 +500,25 @@ def check_training(lasp, runtime, rank, world, dev):
     # One layer object serves every layer of its layout: two stacked calls, the first's output
     # as the second's queries, differentiated in reverse order as a model's layers are.
     want2, scale2 = stacked_reference_grads(q, k, v, g, h0, grad_o)
-    inputs = [shard(x, start, lengths[rank]).requires_grad_() for x in (q, k, v, g)]
+    inputs = [seqs.mine(x).requires_grad_() for x in (q, k, v, g)]
     h0_leaf = h0.clone().requires_grad_()
     first = layer(*inputs, h0_leaf)
     second = layer(first[0] if last else first, *inputs[1:])
-    torch.autograd.backward(second[0] if last else second, shard(grad_o, start, lengths[rank]))
+    torch.autograd.backward(second[0] if last else second, seqs.mine(grad_o))
     layer.finish()
     got2 = [x.grad for x in inputs] + [h0_leaf.grad]
     n = 5 if rank == 0 else 4
-    errors = gradient_checks(rank, got2[:n], want2[:n], scale2, names[:n], start, lengths[rank])
+    errors = gradient_checks(rank, got2[:n], want2[:n], scale2, names[:n], start, seqs.length)
     say(f"rank {rank}: two stacked calls of one layer through torch.autograd: {errors}")
 
     check_captured_training_step(lasp, layer, rank, last, [
-        shard(x, start, lengths[rank]) for x in (q, k, v, g, grad_o)], h0, grad_ht)
+        seqs.mine(x) for x in (q, k, v, g, grad_o)], h0, grad_ht)
 
     if not last:
-        mine = [shard(x, start, lengths[rank]) for x in (q, k, v, g)]
+        mine = [seqs.mine(x) for x in (q, k, v, g)]
         start_state = torch.empty_like(h0)
         outs = [torch.empty_like(x) for x in mine]
-        bad = backward_args(*mine, start_state, shard(grad_o, start, lengths[rank]), grad_ht,
+        bad = backward_args(*mine, start_state, seqs.mine(grad_o), grad_ht,
                             *outs, None)
         try:
             lasp.lasp2_backward(layer.grad_op, current_stream(), ctypes.byref(bad))
