@@ -223,8 +223,7 @@ class Lasp2Attention(torch.autograd.Function):
     def backward(ctx, grad_o, grad_ht=None):
         layer = ctx.layer
         q, k, v, g, start = ctx.saved_tensors
-        grads = [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
-                 torch.empty_like(g)]
+        grads = [torch.empty_like(x) for x in (q, k, v, g)]
         grad_h0 = torch.zeros_like(start) if ctx.has_h0 else None
         args = backward_args(q, k, v, g, start, grad_o.contiguous(), contiguous(grad_ht), *grads,
                              grad_h0 if layer.rank == 0 else None)
@@ -408,14 +407,13 @@ def check(lasp, runtime, rank, world, dev):
     args = forward_args(*mine, h0, o, ht)
     op = ctypes.c_void_p()
     lasp.lasp2_create(runtime, b, h, d, d, MODE_OVERLAPPED, ctypes.byref(op))
-    stream = lambda: ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)  # noqa: E731
 
     def run():
         o.fill_(float("nan"))
         if ht is not None:
             ht.fill_(float("nan"))
-        lasp.lasp2_forward(op, stream(), ctypes.byref(args))
-        lasp.lasp2_finish(op, stream())
+        lasp.lasp2_forward(op, current_stream(), ctypes.byref(args))
+        lasp.lasp2_finish(op, current_stream())
         return o.clone(), None if ht is None else ht.clone()
 
     o1, ht1 = run()
@@ -437,18 +435,18 @@ def check(lasp, runtime, rank, world, dev):
     o.fill_(float("nan"))
     torch.cuda.synchronize()
     with torch.cuda.graph(graph):
-        lasp.lasp2_forward(op, stream(), ctypes.byref(args))
+        lasp.lasp2_forward(op, current_stream(), ctypes.byref(args))
     for _ in range(replays):
         graph.replay()
     lasp.lasp2_note_replayed_calls(op, replays)
-    lasp.lasp2_finish(op, stream())
+    lasp.lasp2_finish(op, current_stream())
     assert torch.equal(bits(o1), bits(o)), "graph replays differ"
     say(f"rank {rank}: {replays} replays of a torch.cuda.graph capture: bitwise identical")
 
     bad = forward_args(*mine, h0, o, ht)
     bad.q = q.cpu().data_ptr()
     try:
-        lasp.lasp2_forward(op, stream(), ctypes.byref(bad))
+        lasp.lasp2_forward(op, current_stream(), ctypes.byref(bad))
         raise AssertionError("a CPU tensor for q was accepted")
     except LaspError as e:
         assert e.status == ERROR_INVALID_ARGUMENT and "q at 0x" in str(e), str(e)

@@ -339,48 +339,70 @@ fn call_shape(batch: i64, tokens: i64, heads: i64, dk: i64, dv: i64) -> Result<F
     Ok(shape)
 }
 
-/// Checks raw device pointers against the driver's record of one GPU's allocations, and turns
-/// them into views.
+/// The layouts of a call's tensors: what the message of a failed check calls them, and how many
+/// elements the shape gives them.
+#[derive(Clone, Copy)]
+enum Layout {
+    /// q, k and their gradients.
+    Qk,
+    /// v, o and their gradients.
+    V,
+    /// g and its gradient.
+    Gates,
+    /// h0, ht and their gradients, LASP-2's start state.
+    State,
+}
+
+/// Checks raw device pointers against the driver's record of one GPU's allocations and one
+/// call's shape, and turns them into views.
 struct DeviceTensors {
+    shape: ForwardShape,
     ordinal: usize,
 }
 
 impl DeviceTensors {
-    /// `ptr` holds `elems` elements of `T` on this GPU (see [`memory::check_device_range`]).
-    fn check<T>(&self, name: &str, what: &str, ptr: *const T, elems: usize) -> Result<()> {
+    /// `ptr` holds a tensor of `layout` on this GPU (see [`memory::check_device_range`]);
+    /// returns its element count.
+    fn check<T>(&self, name: &str, layout: Layout, ptr: *const c_void) -> Result<usize> {
+        let s = &self.shape;
+        let (what, elems) = match layout {
+            Layout::Qk => ("[B, T, H, Dk] bf16", s.qk_len()),
+            Layout::V => ("[B, T, H, Dv] bf16", s.v_len()),
+            Layout::Gates => ("[B, T, H] fp32", s.gate_len()),
+            Layout::State => ("[B, H, Dk, Dv] fp32", s.state_len()),
+        };
         let bytes = (elems * std::mem::size_of::<T>()) as u64;
-        memory::check_device_range(name, what, ptr as u64, bytes, self.ordinal)
+        memory::check_device_range(name, what, ptr as u64, bytes, self.ordinal)?;
+        Ok(elems)
     }
 
-    /// A checked input of `elems` elements.
+    /// A checked input.
     ///
     /// # Safety
     /// The memory stays valid, and unwritten by others, until the enqueued kernels complete.
     unsafe fn input<'a, T>(
         &self,
         name: &str,
-        what: &str,
+        layout: Layout,
         ptr: *const c_void,
-        elems: usize,
     ) -> Result<DeviceRef<'a, T>> {
-        self.check(name, what, ptr.cast::<T>(), elems)?;
+        let elems = self.check::<T>(name, layout, ptr)?;
         // SAFETY: device memory of this GPU holding the elements (checked above); the rest is
         // the caller's contract.
         Ok(unsafe { DeviceRef::from_raw(ptr as u64, elems) })
     }
 
-    /// A checked output of `elems` elements.
+    /// A checked output.
     ///
     /// # Safety
     /// As [`DeviceTensors::input`], and nothing else reads or writes the memory meanwhile.
     unsafe fn output<'a, T>(
         &self,
         name: &str,
-        what: &str,
+        layout: Layout,
         ptr: *mut c_void,
-        elems: usize,
     ) -> Result<DeviceMut<'a, T>> {
-        self.check(name, what, ptr.cast_const().cast::<T>(), elems)?;
+        let elems = self.check::<T>(name, layout, ptr.cast_const())?;
         // SAFETY: as in `input`.
         Ok(unsafe { DeviceMut::from_raw(ptr as u64, elems) })
     }
@@ -392,13 +414,12 @@ impl DeviceTensors {
     unsafe fn optional_input<'a, T>(
         &self,
         name: &str,
-        what: &str,
+        layout: Layout,
         ptr: *const c_void,
-        elems: usize,
     ) -> Result<Option<DeviceRef<'a, T>>> {
         // SAFETY: the caller's contract.
         (!ptr.is_null())
-            .then(|| unsafe { self.input(name, what, ptr, elems) })
+            .then(|| unsafe { self.input(name, layout, ptr) })
             .transpose()
     }
 
@@ -409,21 +430,15 @@ impl DeviceTensors {
     unsafe fn optional_output<'a, T>(
         &self,
         name: &str,
-        what: &str,
+        layout: Layout,
         ptr: *mut c_void,
-        elems: usize,
     ) -> Result<Option<DeviceMut<'a, T>>> {
         // SAFETY: the caller's contract.
         (!ptr.is_null())
-            .then(|| unsafe { self.output(name, what, ptr, elems) })
+            .then(|| unsafe { self.output(name, layout, ptr) })
             .transpose()
     }
 }
-
-const QK: &str = "[B, T, H, Dk] bf16";
-const V: &str = "[B, T, H, Dv] bf16";
-const GATES: &str = "[B, T, H] fp32";
-const STATE: &str = "[B, H, Dk, Dv] fp32";
 
 /// The validated views of one forward call's tensors.
 ///
@@ -432,25 +447,20 @@ const STATE: &str = "[B, H, Dk, Dv] fp32";
 /// checks here make sure they are GPU memory of this device, long enough for the shape.
 unsafe fn device_views<'a>(a: &ForwardArgsC, ordinal: usize) -> Result<ForwardArgs<'a>> {
     let shape = call_shape(a.batch, a.tokens, a.heads, a.dk, a.dv)?;
-    let t = DeviceTensors { ordinal };
-    let (qk, v, gates, state) = (
-        shape.qk_len(),
-        shape.v_len(),
-        shape.gate_len(),
-        shape.state_len(),
-    );
+    let t = DeviceTensors { shape, ordinal };
+    use Layout::{Gates, Qk, State, V};
     // SAFETY (every view below): checked against the driver's record; validity until
     // completion and the absence of concurrent writers are the caller's.
     unsafe {
         Ok(ForwardArgs {
             shape,
-            q: t.input("q", QK, a.q, qk)?,
-            k: t.input("k", QK, a.k, qk)?,
-            v: t.input("v", V, a.v, v)?,
-            g: t.input("g", GATES, a.g.cast(), gates)?,
-            o: t.output("o", V, a.o, v)?,
-            h0: t.optional_input("h0", STATE, a.h0.cast(), state)?,
-            ht: t.optional_output("ht", STATE, a.ht.cast(), state)?,
+            q: t.input("q", Qk, a.q)?,
+            k: t.input("k", Qk, a.k)?,
+            v: t.input("v", V, a.v)?,
+            g: t.input("g", Gates, a.g.cast())?,
+            o: t.output("o", V, a.o)?,
+            h0: t.optional_input("h0", State, a.h0.cast())?,
+            ht: t.optional_output("ht", State, a.ht.cast())?,
             scale: (a.scale != 0.0).then_some(a.scale),
         })
     }
@@ -462,29 +472,24 @@ unsafe fn device_views<'a>(a: &ForwardArgsC, ordinal: usize) -> Result<ForwardAr
 /// As [`device_views`].
 unsafe fn backward_views<'a>(a: &BackwardArgsC, ordinal: usize) -> Result<BackwardArgs<'a>> {
     let shape = call_shape(a.batch, a.tokens, a.heads, a.dk, a.dv)?;
-    let t = DeviceTensors { ordinal };
-    let (qk, v, gates, state) = (
-        shape.qk_len(),
-        shape.v_len(),
-        shape.gate_len(),
-        shape.state_len(),
-    );
+    let t = DeviceTensors { shape, ordinal };
+    use Layout::{Gates, Qk, State, V};
     // SAFETY: as in `device_views`.
     unsafe {
         Ok(BackwardArgs {
             shape,
-            q: t.input("q", QK, a.q, qk)?,
-            k: t.input("k", QK, a.k, qk)?,
-            v: t.input("v", V, a.v, v)?,
-            g: t.input("g", GATES, a.g.cast(), gates)?,
-            h0: t.optional_input("h0", STATE, a.h0.cast(), state)?,
-            d_o: t.input("grad_o", V, a.grad_o, v)?,
-            d_ht: t.optional_input("grad_ht", STATE, a.grad_ht.cast(), state)?,
-            dq: t.output("grad_q", QK, a.grad_q, qk)?,
-            dk: t.output("grad_k", QK, a.grad_k, qk)?,
-            dv: t.output("grad_v", V, a.grad_v, v)?,
-            dg: t.output("grad_g", GATES, a.grad_g.cast(), gates)?,
-            dh0: t.optional_output("grad_h0", STATE, a.grad_h0.cast(), state)?,
+            q: t.input("q", Qk, a.q)?,
+            k: t.input("k", Qk, a.k)?,
+            v: t.input("v", V, a.v)?,
+            g: t.input("g", Gates, a.g.cast())?,
+            h0: t.optional_input("h0", State, a.h0.cast())?,
+            d_o: t.input("grad_o", V, a.grad_o)?,
+            d_ht: t.optional_input("grad_ht", State, a.grad_ht.cast())?,
+            dq: t.output("grad_q", Qk, a.grad_q)?,
+            dk: t.output("grad_k", Qk, a.grad_k)?,
+            dv: t.output("grad_v", V, a.grad_v)?,
+            dg: t.output("grad_g", Gates, a.grad_g.cast())?,
+            dh0: t.optional_output("grad_h0", State, a.grad_h0.cast())?,
             scale: (a.scale != 0.0).then_some(a.scale),
         })
     }
@@ -883,10 +888,10 @@ pub unsafe extern "C" fn lasp_lasp2_forward_saving(
             with_op(op, |rt, forward| {
                 let (stream, views) = call_inputs(rt, stream, args, device_views)?;
                 let tensors = DeviceTensors {
+                    shape: views.shape,
                     ordinal: rt.context().ordinal(),
                 };
-                let elems = views.shape.state_len();
-                let start = tensors.output("start_state", STATE, start_state.cast(), elems)?;
+                let start = tensors.output("start_state", Layout::State, start_state.cast())?;
                 forward.forward_saving(&stream, views, Some(start))
             })
         }
