@@ -4,8 +4,9 @@
 #
 #   bash scripts/bundle.sh                          # .bundle/bin from the working tree
 #   BUNDLE_BASELINE=a2ceb13 bash scripts/bundle.sh  # also .bundle/baseline/{forward_bench,
-#                                                   # lasp2_forward} built from that commit, for
-#                                                   # scripts/forward-ab.sh
+#                                                   # lasp2_forward, lasp2_backward} built from
+#                                                   # that commit, for scripts/forward-ab.sh and
+#                                                   # side-by-side LASP-2 timings
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/toolchain.sh
@@ -27,9 +28,9 @@ if [ -n "${BUNDLE_BASELINE:-}" ]; then
   git worktree prune
   git worktree add --quiet --detach "$baseline_src" "$BUNDLE_BASELINE"
   (cd "$baseline_src" && CARGO_TARGET_DIR="$PWD/../target" cargo build --release \
-    -p lasp-shmem-benches --bin forward_bench -p lasp-shmem-examples --bin lasp2_forward)
+    -p lasp-shmem-benches --bin forward_bench -p lasp-shmem-examples --bin lasp2_forward --bin lasp2_backward)
   mkdir -p .bundle/baseline
-  cp target/baseline/target/release/forward_bench target/baseline/target/release/lasp2_forward .bundle/baseline/
+  for bin in forward_bench lasp2_forward lasp2_backward; do cp "target/baseline/target/release/$bin" .bundle/baseline/; done
   git -C "$baseline_src" rev-parse HEAD >.bundle/baseline/commit
   git worktree remove --force "$baseline_src"
 fi
@@ -38,7 +39,7 @@ fi
 # which keeps the bundle well inside the 64 MiB a device run may carry.
 if command -v strip >/dev/null; then
   strip --strip-debug .bundle/bin/*
-  if [ -d .bundle/baseline ]; then strip --strip-debug .bundle/baseline/forward_bench .bundle/baseline/lasp2_forward; fi
+  if [ -d .bundle/baseline ]; then strip --strip-debug .bundle/baseline/{forward_bench,lasp2_forward,lasp2_backward}; fi
 fi
 echo "bundle: $(du -sh .bundle | cut -f1) in .bundle/ (commit $(tr '\n' ' ' <.bundle/commit)$(
   [ -f .bundle/baseline/commit ] && echo "; baseline $(head -c 12 .bundle/baseline/commit)"))"

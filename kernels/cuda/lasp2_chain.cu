@@ -61,20 +61,26 @@ extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS)
   const int64_t state_elems = (int64_t)p.Dk * p.Dv;
   const float* const start = descending && p.h0 ? p.h0 + bh * state_elems + vt * LASP2_TILE_V : nullptr;
 
-  // The fold of all S segments from zero, into the own slot tile (rows of 64 floats).
+  // The fold of all S segments from zero, then into the own slot tile (rows of 64 floats).
+  float4 acc[lasp::l2::FoldLane::kMaxRows];
+  lasp::l2::fold_segments(p, bh, vt, S, acc, [](int, float4, int, int) {});
+  const lasp::l2::FoldLane ln(p.Dk);
   float* const own = p.slots + lasp2_slot_tile_offset(parity, p.me, bh, vt, p.npes, p.B, p.H, p.Dk, p.Dv);
-  lasp::l2::fold_segments(p, bh, vt, S, [&](int s, float4 acc, int d, int c) {
-    if (s != S - 1) return;
+#pragma unroll
+  for (int j = 0; j < lasp::l2::FoldLane::kMaxRows; ++j) {
+    if (j >= ln.rows) continue;
+    const int d = ln.row(j);
+    float4 x = acc[j];
     if (descending) {
-      acc = make_float4(boundary * acc.x, boundary * acc.y, boundary * acc.z, boundary * acc.w);
+      x = make_float4(boundary * x.x, boundary * x.y, boundary * x.z, boundary * x.w);
       if (start) {
-        const float4 x = *reinterpret_cast<const float4*>(start + (int64_t)d * p.Dv + c);
-        acc = make_float4(lasp::sd::fold_step(x.x, lambda, acc.x), lasp::sd::fold_step(x.y, lambda, acc.y),
-                          lasp::sd::fold_step(x.z, lambda, acc.z), lasp::sd::fold_step(x.w, lambda, acc.w));
+        const float4 h = *reinterpret_cast<const float4*>(start + (int64_t)d * p.Dv + ln.c);
+        x = make_float4(lasp::sd::fold_step(h.x, lambda, x.x), lasp::sd::fold_step(h.y, lambda, x.y),
+                        lasp::sd::fold_step(h.z, lambda, x.z), lasp::sd::fold_step(h.w, lambda, x.w));
       }
     }
-    *reinterpret_cast<float4*>(own + d * LASP2_TILE_V + c) = acc;
-  });
+    *reinterpret_cast<float4*>(own + d * LASP2_TILE_V + ln.c) = x;
+  }
   if (tid == 0) *reinterpret_cast<float4*>(own + p.Dk * LASP2_TILE_V) = make_float4(lambda, 0.f, 0.f, 0.f);
 
   const uint64_t stamps = lasp2_timeline_put(bh, vt, p.Dv);

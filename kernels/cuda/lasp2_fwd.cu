@@ -102,8 +102,9 @@ extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS)
   const int vt = blockIdx.x, bh = p.bh_begin + blockIdx.y;
   const int64_t state_elems = (int64_t)p.Dk * p.Dv;
   float* const p0 = p.ws_p + (int64_t)bh * p.num_segments * state_elems + vt * LASP2_TILE_V;
-  lasp::l2::fold_segments(p, bh, vt, p.num_segments - 1, [&](int s, float4 acc, int d, int c) {
-    *reinterpret_cast<float4*>(p0 + s * state_elems + (int64_t)d * p.Dv + c) = acc;
+  float4 acc[lasp::l2::FoldLane::kMaxRows];
+  lasp::l2::fold_segments(p, bh, vt, p.num_segments - 1, acc, [&](int s, float4 x, int d, int c) {
+    *reinterpret_cast<float4*>(p0 + s * state_elems + (int64_t)d * p.Dv + c) = x;
   });
 }
 

@@ -68,7 +68,7 @@ pub mod geometry {
     use super::sd;
 
     /// `LASP2_FOLD_THREADS`.
-    pub const FOLD_THREADS: u32 = 256;
+    pub const FOLD_THREADS: u32 = 512;
     /// `LASP2_SLOT_TRAILER_FLOATS`: Λ and padding after a tile's `Dk*64` floats.
     pub const SLOT_TRAILER_FLOATS: u64 = 4;
 
@@ -386,5 +386,9 @@ mod tests {
         // Two staged tiles of 128 rows x 72 floats plus trailers.
         assert_eq!(geometry::carry_in_smem_bytes(128), 73_760);
         assert!(HEADER.contains("return 2u * ((uint32_t)Dk * 72u * 4u + 16u);"));
+        assert!(HEADER.contains(&format!(
+            "#define LASP2_FOLD_THREADS {} ",
+            geometry::FOLD_THREADS
+        )));
     }
 }

@@ -54,39 +54,59 @@ __device__ __forceinline__ void shard_states(const lasp_lasp2_params& p) {
 
 // Folds the segment states of tile (bh, vt) from zero, s ascending, for s < count:
 // acc = e^{Lambda_s} acc + M_s, and calls step(s, acc, d, c) after each s with the float4 of rows d,
-// columns c..c+3 of the tile. Thread i owns float4 columns (i % 16) of rows i / 16 + 16 j; fold_put
-// and segment_prefix share this loop, so M_me and the prefixes L_s are the same fold.
-// A thread loads all its rows of a segment at once, so it waits about one memory round trip per
-// segment; walking its rows one at a time, as before run 52, waited one per (row, segment), 8 (S - 1)
-// round trips at Dk = 128 (the loads of the next row could not pass the stores of `step`).
+// columns c..c+3 of the tile; `acc` ends as the fold of all `count` segments. Thread i owns float4
+// columns (i % 16) of rows i / 16 + 32 j (FoldLane); fold_put and segment_prefix share this loop, so
+// M_me and the prefixes L_s are the same fold.
+// The fold is a chain of memory round trips, so the loads of LASP2_FOLD_BATCH segments are issued
+// together: S segments cost ceil(S / LASP2_FOLD_BATCH) round trips. One segment at a time (as
+// before run 108) cost one per segment, 8 at S = 8: about 10 us of fold_put before its puts and as
+// much of segment_prefix before the output kernel (Nsight Compute, B=1 T=32K, run 107).
+struct FoldLane {
+  static constexpr int kCols = LASP2_TILE_V / 4;               // float4 columns of a tile row
+  static constexpr int kRowStep = LASP2_FOLD_THREADS / kCols;  // rows between a thread's rows
+  static constexpr int kMaxRows = 128 / kRowStep;              // a thread's rows at Dk = 128 (the largest)
+  int rows;                                                    // a thread's rows at this Dk
+  int d0, c;                                                   // its first row, its first column
+  __device__ __forceinline__ explicit FoldLane(int Dk)
+      : rows(Dk / kRowStep), d0(threadIdx.x / kCols), c((threadIdx.x % kCols) * 4) {}
+  __device__ __forceinline__ int row(int j) const { return d0 + j * kRowStep; }
+};
 template <class Step>
-__device__ __forceinline__ void fold_segments(const lasp_lasp2_params& p, int bh, int vt, int count, Step&& step) {
-  constexpr int kCols = LASP2_TILE_V / 4;               // float4 columns of a tile row
-  constexpr int kRowStep = LASP2_FOLD_THREADS / kCols;  // rows between a thread's rows
-  constexpr int kMaxRows = 128 / kRowStep;              // a thread's rows at Dk = 128 (the largest Dk)
-  const int rows = p.Dk / kRowStep;
+__device__ __forceinline__ void fold_segments(const lasp_lasp2_params& p, int bh, int vt, int count,
+                                              float4 (&acc)[FoldLane::kMaxRows], Step&& step) {
+  constexpr int kMaxRows = FoldLane::kMaxRows, kBatch = LASP2_FOLD_BATCH;
+  const FoldLane ln(p.Dk);
   const int64_t state_elems = (int64_t)p.Dk * p.Dv;
-  const int d0 = threadIdx.x / kCols, c = (threadIdx.x % kCols) * 4;
-  const float* const m0 =
-      p.ws_m + (int64_t)bh * p.num_segments * state_elems + vt * LASP2_TILE_V + (int64_t)d0 * p.Dv + c;
+  const float* const m0 = p.ws_m + (int64_t)bh * p.num_segments * state_elems + vt * LASP2_TILE_V +
+                          (int64_t)ln.d0 * p.Dv + ln.c;
   const float* const lam = p.ws_lambda + (int64_t)bh * p.num_segments;
-  float4 acc[kMaxRows];
 #pragma unroll
   for (int j = 0; j < kMaxRows; ++j) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int s = 0; s < count; ++s) {
-    float4 m[kMaxRows];
+  for (int s0 = 0; s0 < count; s0 += kBatch) {
+    float4 m[kBatch][kMaxRows];
+    float l[kBatch];
 #pragma unroll
-    for (int j = 0; j < kMaxRows; ++j)
-      if (j < rows) m[j] = __ldg(reinterpret_cast<const float4*>(m0 + s * state_elems + (int64_t)j * kRowStep * p.Dv));
-    const float l = __ldg(lam + s);
+    for (int i = 0; i < kBatch; ++i) {
+      if (s0 + i >= count) continue;
+      l[i] = __ldg(lam + s0 + i);
 #pragma unroll
-    for (int j = 0; j < kMaxRows; ++j) {
-      if (j >= rows) continue;
-      acc[j].x = sd::fold_step(acc[j].x, l, m[j].x);
-      acc[j].y = sd::fold_step(acc[j].y, l, m[j].y);
-      acc[j].z = sd::fold_step(acc[j].z, l, m[j].z);
-      acc[j].w = sd::fold_step(acc[j].w, l, m[j].w);
-      step(s, acc[j], d0 + j * kRowStep, c);
+      for (int j = 0; j < kMaxRows; ++j)
+        if (j < ln.rows)
+          m[i][j] = __ldg(reinterpret_cast<const float4*>(m0 + (s0 + i) * state_elems +
+                                                          (int64_t)j * FoldLane::kRowStep * p.Dv));
+    }
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      if (s0 + i >= count) continue;
+#pragma unroll
+      for (int j = 0; j < kMaxRows; ++j) {
+        if (j >= ln.rows) continue;
+        acc[j].x = sd::fold_step(acc[j].x, l[i], m[i][j].x);
+        acc[j].y = sd::fold_step(acc[j].y, l[i], m[i][j].y);
+        acc[j].z = sd::fold_step(acc[j].z, l[i], m[i][j].z);
+        acc[j].w = sd::fold_step(acc[j].w, l[i], m[i][j].w);
+        step(s0 + i, acc[j], ln.row(j), ln.c);
+      }
     }
   }
 }
