@@ -61,7 +61,9 @@ extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS)
   const int64_t state_elems = (int64_t)p.Dk * p.Dv;
   const float* const start = descending && p.h0 ? p.h0 + bh * state_elems + vt * LASP2_TILE_V : nullptr;
 
-  // The fold of all S segments from zero, then into the own slot tile (rows of 64 floats).
+  // The fold of all S segments from zero, then into the own slot tile (rows of 64 floats). The
+  // tile is written after the loop rather than from its last step, so that the slot and h0
+  // pointers are not live across the batched loads (which spilled at 512 threads' 128 registers).
   float4 acc[lasp::l2::FoldLane::kMaxRows];
   lasp::l2::fold_segments(p, bh, vt, S, acc, [](int, float4, int, int) {});
   const lasp::l2::FoldLane ln(p.Dk);
