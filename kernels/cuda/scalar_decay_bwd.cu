@@ -114,56 +114,101 @@ extern "C" __global__ void __launch_bounds__(LASP_SDB_TERM_THREADS)
   }
 }
 
-// One CTA per (b, h): dg_t = sum_{u >= t} dG_u + <ht, dht> (fp64 sums, written as fp32), and
-// dh0 = sigma e^{a_0} (dH_0 / sigma). The tokens are taken in blocks of LASP_SDB_GRAD_THREADS x
-// kPerThread from the end: a block is copied to shared memory (coalesced), thread j sums the j-th
-// run of kPerThread tokens counted from the block's end, the CTA scans the runs' sums, and thread j
-// writes its run's suffix sums.
+// The suffix sums of dG. Block j of a sequence holds the LASP_SDB_GRAD_BLOCK tokens before
+// T - j * LASP_SDB_GRAD_BLOCK (fewer in the last block). Both gate kernels copy their block to shared
+// memory (coalesced) and cut it into runs: thread i sums the i-th run of LASP_SDB_GRAD_PER_THREAD
+// tokens counted from the block's end, from its last token back; the CTA scans the runs' sums in
+// thread order. The sum of block j and the suffix sums inside it therefore have the same bits in
+// both kernels, and the same bits as when one CTA walked a whole sequence block by block.
+namespace {
+
+struct GradBlock {
+  float* tokens;  // shared memory: dG of the block's tokens, in token order
+  int64_t begin;  // first token of the block in the sequence
+  int lo, hi;     // this thread's run: tokens [lo, hi) of the block (empty when hi <= 0)
+};
+
+__device__ GradBlock load_grad_block(const lasp_sd_bwd_params& p, int64_t bh, int j, float* tokens) {
+  const int64_t end = (int64_t)p.T - (int64_t)j * LASP_SDB_GRAD_BLOCK;
+  const int64_t begin = end > LASP_SDB_GRAD_BLOCK ? end - LASP_SDB_GRAD_BLOCK : 0;
+  const int count = (int)(end - begin);
+  const float* terms = p.gate_terms + bh * p.T;
+  for (int i = threadIdx.x; i < count; i += LASP_SDB_GRAD_THREADS) tokens[i] = terms[begin + i];
+  __syncthreads();
+  const int hi = count - (int)threadIdx.x * LASP_SDB_GRAD_PER_THREAD;
+  return {tokens, begin, hi > LASP_SDB_GRAD_PER_THREAD ? hi - LASP_SDB_GRAD_PER_THREAD : 0, hi};
+}
+
+__device__ double run_sum(const GradBlock& blk) {
+  double run = 0.0;
+  for (int i = blk.hi - 1; i >= blk.lo; --i) run += (double)blk.tokens[i];
+  return run;
+}
+
+}  // namespace
+
+// Per (block j, b*H+h): the block's sum of dG into block_totals[bh][1 + j]; block 0's CTA also
+// writes <ht, dht> (0 without dht) into block_totals[bh][0].
+// grid lasp_sdb_gate_grad_grid, block LASP_SDB_GRAD_THREADS.
+extern "C" __global__ void __launch_bounds__(LASP_SDB_GRAD_THREADS)
+    lasp_sd_bwd_gate_block_sums(const __grid_constant__ lasp_sd_bwd_params p) {
+  __shared__ double warp_totals[32];
+  __shared__ float tokens[LASP_SDB_GRAD_BLOCK];
+  const int j = blockIdx.x;
+  const int64_t bh = blockIdx.y;
+  double* totals = p.block_totals + bh * (1 + (int64_t)gridDim.x);
+
+  if (j == 0) {
+    // <ht, dht>: ht^T is the dq pass's final state, [Dv, Dk].
+    double dot = 0.0;
+    if (p.dht) {
+      const int64_t n = (int64_t)p.Dk * p.Dv;
+      double part = 0.0;
+      for (int64_t e = threadIdx.x; e < n; e += LASP_SDB_GRAD_THREADS) {
+        const int64_t d = e / p.Dv, c = e % p.Dv;
+        part += (double)p.ht_t[bh * n + c * p.Dk + d] * (double)p.dht[bh * n + e];
+      }
+      block_inclusive_scan(part, warp_totals, dot);
+    }
+    if (threadIdx.x == 0) totals[0] = dot;
+  }
+
+  const GradBlock blk = load_grad_block(p, bh, j, tokens);
+  double total;
+  block_inclusive_scan(run_sum(blk), warp_totals, total);
+  if (threadIdx.x == 0) totals[1 + j] = total;
+}
+
+// Per (block j, b*H+h): dg_t = sum_{u >= t} dG_u + <ht, dht> (fp64 sums, written as fp32) for the
+// block's tokens, starting from <ht, dht> plus the sums of blocks 0 .. j-1 added in that order;
+// the CTAs of (b, h) share the writing of dh0 = sigma e^{a_0} (dH_0 / sigma).
 // grid lasp_sdb_gate_grad_grid, block LASP_SDB_GRAD_THREADS.
 extern "C" __global__ void __launch_bounds__(LASP_SDB_GRAD_THREADS)
     lasp_sd_bwd_gate_grad(const __grid_constant__ lasp_sd_bwd_params p) {
-  constexpr int kPerThread = 8;
-  constexpr int kBlock = LASP_SDB_GRAD_THREADS * kPerThread;
   __shared__ double warp_totals[32];
-  __shared__ float block[kBlock];
-  const int64_t bh = blockIdx.x;
+  __shared__ float tokens[LASP_SDB_GRAD_BLOCK];
+  const int j = blockIdx.x;
+  const int64_t bh = blockIdx.y;
   const int64_t b = bh / p.H, h = bh % p.H;
-  const int64_t n = (int64_t)p.Dk * p.Dv;
-  const int tid = threadIdx.x;
+  const double* totals = p.block_totals + bh * (1 + (int64_t)gridDim.x);
 
-  // <ht, dht>: ht^T is the dq pass's final state, [Dv, Dk].
-  double after_block = 0.0;
-  if (p.dht) {
-    double part = 0.0;
-    for (int64_t e = tid; e < n; e += LASP_SDB_GRAD_THREADS) {
-      const int64_t d = e / p.Dv, c = e % p.Dv;
-      part += (double)p.ht_t[bh * n + c * p.Dk + d] * (double)p.dht[bh * n + e];
-    }
-    block_inclusive_scan(part, warp_totals, after_block);
-  }
+  double after_blocks = totals[0];
+  for (int i = 0; i < j; ++i) after_blocks += totals[1 + i];
 
-  const float* terms = p.gate_terms + bh * p.T;
-  for (int64_t end = p.T; end > 0; end -= kBlock) {
-    const int64_t begin = end > kBlock ? end - kBlock : 0;
-    const int count = (int)(end - begin);
-    for (int i = tid; i < count; i += LASP_SDB_GRAD_THREADS) block[i] = terms[begin + i];
-    __syncthreads();
-    const int hi = count - tid * kPerThread, lo = hi > kPerThread ? hi - kPerThread : 0;
-    double run = 0.0;
-    for (int i = hi - 1; i >= lo; --i) run += (double)block[i];
-    double total;
-    double after = after_block + block_inclusive_scan(run, warp_totals, total) - run;
-    for (int i = hi - 1; i >= lo; --i) {
-      after += (double)block[i];
-      p.dg[(b * p.T + begin + i) * p.H + h] = (float)after;
-    }
-    after_block += total;
-    __syncthreads();  // the block buffer is refilled next
+  const GradBlock blk = load_grad_block(p, bh, j, tokens);
+  const double run = run_sum(blk);
+  double total;
+  double after = after_blocks + block_inclusive_scan(run, warp_totals, total) - run;
+  for (int i = blk.hi - 1; i >= blk.lo; --i) {
+    after += (double)blk.tokens[i];
+    p.dg[(b * p.T + blk.begin + i) * p.H + h] = (float)after;
   }
 
   if (p.dh0) {
+    const int64_t n = (int64_t)p.Dk * p.Dv;
     const float decay0 = expf(fminf(p.g[b * p.T * p.H + h], 0.f));
-    for (int64_t e = tid; e < n; e += LASP_SDB_GRAD_THREADS)
+    for (int64_t e = (int64_t)j * LASP_SDB_GRAD_THREADS + threadIdx.x; e < n;
+         e += (int64_t)gridDim.x * LASP_SDB_GRAD_THREADS)
       p.dh0[bh * n + e] = p.scale * decay0 * p.dh0_scaled[bh * n + e];
   }
 }

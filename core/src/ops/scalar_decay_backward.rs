@@ -35,6 +35,10 @@ pub mod geometry {
     pub const TERM_THREADS: u32 = 256;
     /// `LASP_SDB_GRAD_THREADS`.
     pub const GRAD_THREADS: u32 = 1024;
+    /// `LASP_SDB_GRAD_PER_THREAD`.
+    pub const GRAD_PER_THREAD: i32 = 8;
+    /// `LASP_SDB_GRAD_BLOCK`: tokens per block of the gate kernels' suffix sums.
+    pub const GRAD_BLOCK: i32 = GRAD_THREADS as i32 * GRAD_PER_THREAD;
 
     /// `lasp_sdb_state_inputs_grid`.
     pub const fn state_inputs_grid(b: i32, h: i32, dk: i32, dv: i32) -> (u32, u32, u32) {
@@ -60,9 +64,14 @@ pub mod geometry {
         (((rows + per_cta - 1) / per_cta) as u32, 1, 1)
     }
 
-    /// `lasp_sdb_gate_grad_grid`.
-    pub const fn gate_grad_grid(b: i32, h: i32) -> (u32, u32, u32) {
-        ((b * h) as u32, 1, 1)
+    /// `lasp_sdb_grad_blocks`.
+    pub const fn grad_blocks(t: i32) -> i32 {
+        ((t as i64 + GRAD_BLOCK as i64 - 1) / GRAD_BLOCK as i64) as i32
+    }
+
+    /// `lasp_sdb_gate_grad_grid`: both gate kernels.
+    pub const fn gate_grad_grid(b: i32, t: i32, h: i32) -> (u32, u32, u32) {
+        (grad_blocks(t) as u32, (b * h) as u32, 1)
     }
 
     /// `lasp_sdb_state_bytes`: one fp32 `[B, H, Dk, Dv]` state.
@@ -75,13 +84,19 @@ pub mod geometry {
         5 * state_bytes(b, h, dk, dv)
     }
 
+    /// `lasp_sdb_block_totals_offset`: after the gate terms.
+    pub const fn block_totals_offset(b: i32, t: i32, h: i32, dk: i32, dv: i32) -> u64 {
+        gate_terms_offset(b, h, dk, dv) + (b as u64 * h as u64 * t as u64 * 4).div_ceil(16) * 16
+    }
+
     /// `lasp_sdb_workspace_bytes`.
     pub const fn workspace_bytes(b: i32, t: i32, h: i32, dk: i32, dv: i32) -> u64 {
-        gate_terms_offset(b, h, dk, dv) + (b as u64 * h as u64 * t as u64 * 4).div_ceil(16) * 16
+        let totals = b as u64 * h as u64 * (1 + grad_blocks(t) as u64) * 8;
+        block_totals_offset(b, t, h, dk, dv) + totals.div_ceil(16) * 16
     }
 }
 
-/// The C struct `lasp_sd_bwd_params` (144 bytes). Device pointers are raw addresses; NULL (0)
+/// The C struct `lasp_sd_bwd_params` (152 bytes). Device pointers are raw addresses; NULL (0)
 /// where a tensor is absent.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -99,6 +114,7 @@ pub struct BackwardParams {
     pub ht_t: u64,
     pub dh0_scaled: u64,
     pub gate_terms: u64,
+    pub block_totals: u64,
     pub dg: u64,
     pub dh0: u64,
     pub b: i32,
@@ -237,6 +253,7 @@ pub struct ScalarDecayBackward {
     forward: ScalarDecayForward,
     state_inputs: Kernel,
     gate_terms: Kernel,
+    gate_block_sums: Kernel,
     gate_grad: Kernel,
     workspace: Option<CudaSlice<u8>>,
 }
@@ -250,6 +267,7 @@ impl ScalarDecayBackward {
             forward: ScalarDecayForward::new(runtime)?,
             state_inputs: module.kernel("lasp_sd_bwd_state_inputs")?,
             gate_terms: module.kernel("lasp_sd_bwd_gate_terms")?,
+            gate_block_sums: module.kernel("lasp_sd_bwd_gate_block_sums")?,
             gate_grad: module.kernel("lasp_sd_bwd_gate_grad")?,
             workspace: None,
         })
@@ -315,6 +333,7 @@ impl ScalarDecayBackward {
             ht_t: part(3),
             dh0_scaled: part(4),
             gate_terms: ws + geometry::gate_terms_offset(b, h, dk, dv),
+            block_totals: ws + geometry::block_totals_offset(b, t, h, dk, dv),
             dg: args.dg.addr(),
             dh0: args.dh0.as_ref().map_or(0, |x| x.addr()),
             b,
@@ -416,9 +435,15 @@ impl ScalarDecayBackward {
             TimeDirection::Reversed,
         )?;
         self.ctx.bind_to_thread()?;
+        let gate_grad_shape = LaunchShape {
+            grid: geometry::gate_grad_grid(b, t, h),
+            block: (geometry::GRAD_THREADS, 1, 1),
+            shared_bytes: 0,
+        };
         // SAFETY: as above; gate_terms reads q, k and the passes' dq, dk (ordered before it on the
-        // stream) and writes the workspace; gate_grad reads the workspace, g, d_ht and writes dg
-        // and dh0, whose lengths were checked.
+        // stream) and writes the workspace's gate terms; gate_block_sums reads them (and ht^T,
+        // d_ht) and writes the workspace's block totals; gate_grad reads both, g and the dv pass's
+        // dH_0 and writes dg and dh0, whose lengths were checked.
         unsafe {
             self.gate_terms.launch(
                 stream,
@@ -429,15 +454,9 @@ impl ScalarDecayBackward {
                 },
                 &params,
             )?;
-            self.gate_grad.launch(
-                stream,
-                LaunchShape {
-                    grid: geometry::gate_grad_grid(b, h),
-                    block: (geometry::GRAD_THREADS, 1, 1),
-                    shared_bytes: 0,
-                },
-                &params,
-            )?;
+            self.gate_block_sums
+                .launch(stream, gate_grad_shape, &params)?;
+            self.gate_grad.launch(stream, gate_grad_shape, &params)?;
         }
         Ok(())
     }
@@ -496,6 +515,7 @@ mod tests {
             ("ht_t", offset_of!(BackwardParams, ht_t)),
             ("dh0_scaled", offset_of!(BackwardParams, dh0_scaled)),
             ("gate_terms", offset_of!(BackwardParams, gate_terms)),
+            ("block_totals", offset_of!(BackwardParams, block_totals)),
             ("dg", offset_of!(BackwardParams, dg)),
             ("dh0", offset_of!(BackwardParams, dh0)),
             ("B", offset_of!(BackwardParams, b)),
@@ -510,12 +530,12 @@ mod tests {
             rust.map(|(n, _)| n),
             "field order differs from the header"
         );
-        // 15 pointers, then six 4-byte fields, as a C compiler lays them out.
+        // 16 pointers, then six 4-byte fields, as a C compiler lays them out.
         for (i, (name, offset)) in rust.iter().enumerate() {
-            let want = if i < 15 { 8 * i } else { 120 + 4 * (i - 15) };
+            let want = if i < 16 { 8 * i } else { 128 + 4 * (i - 16) };
             assert_eq!(*offset, want, "offset of {name}");
         }
-        assert_eq!(size_of::<BackwardParams>(), 144);
+        assert_eq!(size_of::<BackwardParams>(), 152);
     }
 
     #[test]
@@ -532,15 +552,38 @@ mod tests {
             define("LASP_SDB_GRAD_THREADS"),
             geometry::GRAD_THREADS as i64
         );
+        assert_eq!(
+            define("LASP_SDB_GRAD_PER_THREAD"),
+            geometry::GRAD_PER_THREAD as i64
+        );
+        assert!(HEADER.contains(
+            "#define LASP_SDB_GRAD_BLOCK (LASP_SDB_GRAD_THREADS * LASP_SDB_GRAD_PER_THREAD)"
+        ));
         assert_eq!(geometry::state_inputs_grid(4, 16, 128, 64), (32, 64, 1));
         // 27 rows; 64 per CTA at Dk 128 (16 lanes per row), 128 at Dk 64.
         assert_eq!(geometry::gate_terms_grid(1, 9, 3, 128), (1, 1, 1));
         assert_eq!(geometry::gate_terms_grid(4, 8192, 16, 128), (8192, 1, 1));
         assert_eq!(geometry::gate_terms_grid(4, 8192, 16, 64), (4096, 1, 1));
-        assert_eq!(geometry::gate_grad_grid(2, 3), (6, 1, 1));
+        // Blocks of 8192 tokens: a ragged first block counts as one.
+        assert_eq!(geometry::gate_grad_grid(2, 1, 3), (1, 6, 1));
+        assert_eq!(geometry::gate_grad_grid(2, 8192, 3), (1, 6, 1));
+        assert_eq!(geometry::gate_grad_grid(1, 8193, 16), (2, 16, 1));
+        assert_eq!(geometry::gate_grad_grid(1, 131072, 16), (16, 16, 1));
+        assert_eq!(geometry::grad_blocks(i32::MAX), 262144);
         assert_eq!(geometry::state_bytes(1, 2, 64, 128), 65536);
-        // Five states, then T*B*H floats rounded up to 16 bytes.
-        assert_eq!(geometry::workspace_bytes(1, 3, 1, 64, 64), 5 * 16384 + 16);
+        // Five states, then T*B*H floats rounded up to 16 bytes, then B*H*(1 + blocks) doubles.
+        assert_eq!(
+            geometry::block_totals_offset(1, 3, 1, 64, 64),
+            5 * 16384 + 16
+        );
+        assert_eq!(
+            geometry::workspace_bytes(1, 3, 1, 64, 64),
+            5 * 16384 + 16 + 16
+        );
+        assert_eq!(
+            geometry::workspace_bytes(1, 8193, 3, 64, 64),
+            5 * 3 * 16384 + 3 * 8193 * 4 + 4 + 3 * 3 * 8 + 8
+        );
         assert!(HEADER.contains("return 5u * lasp_sdb_state_bytes(B, H, Dk, Dv);"));
     }
 }

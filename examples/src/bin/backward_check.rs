@@ -107,6 +107,10 @@ fn cases() -> Vec<Case> {
     add(3, 5, 130, 64, 128, Mixed, true, true, None);
     add(4, 64, 200, 64, 64, Typical, true, true, None);
     add(2, 32, 300, 128, 128, Mixed, false, true, Some(2));
+    // Sequences longer than one block of the gate kernels' suffix sums (8192 tokens): three blocks,
+    // the first ragged, with and without dht (the suffix sums start from <ht, dht>).
+    add(1, 2, 20000, 64, 64, Mixed, true, true, None);
+    add(2, 1, 16385, 64, 128, Typical, false, false, None);
     out
 }
 

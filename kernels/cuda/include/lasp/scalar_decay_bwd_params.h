@@ -12,7 +12,11 @@
 // Then the kernels here:
 //   lasp_sd_bwd_state_inputs  h0^T, dht / sigma, dht^T / sigma (the passes' start states)
 //   lasp_sd_bwd_gate_terms    dG_t = q_t . dq_t - k_t . dk_t        (per token and head)
+//   lasp_sd_bwd_gate_block_sums  <ht, dht> and the sum of dG over every block of tokens
 //   lasp_sd_bwd_gate_grad     dg_t = sum_{u >= t} dG_u + <ht, dht>, dh0 = sigma e^{a_0} (dH_0 / sigma)
+// The suffix sums run over blocks of LASP_SDB_GRAD_BLOCK tokens counted from the end (block 0 ends
+// at T; the last block starts at 0 and may be shorter), one CTA per (block, b*H+h) in both gate
+// kernels, so that a long sequence is spread over the GPU instead of walked by one CTA per head.
 #pragma once
 #include <stdint.h>
 
@@ -27,7 +31,9 @@
 #define LASP_SDB_STATE_THREADS 256   // lasp_sd_bwd_state_inputs: one thread per state element
 #define LASP_SDB_TERM_THREADS 256    // lasp_sd_bwd_gate_terms: Dk / 8 lanes per (b, t, h) row
 #define LASP_SDB_TERM_ROWS_PER_THREAD 4
-#define LASP_SDB_GRAD_THREADS 1024   // lasp_sd_bwd_gate_grad: one CTA per (b, h)
+#define LASP_SDB_GRAD_THREADS 1024   // the two gate kernels: one CTA per (block, b*H+h)
+#define LASP_SDB_GRAD_PER_THREAD 8    // tokens per thread and block
+#define LASP_SDB_GRAD_BLOCK (LASP_SDB_GRAD_THREADS * LASP_SDB_GRAD_PER_THREAD)
 
 typedef struct {
   const uint16_t* q;        // bf16 [B, T, H, Dk]
@@ -43,6 +49,8 @@ typedef struct {
   const float* ht_t;        // fp32 [B, H, Dv, Dk]: the dq pass's final state ht^T (read when dht)
   const float* dh0_scaled;  // fp32 [B, H, Dk, Dv]: the dv pass's final state dH_0 / sigma (read when dh0)
   float* gate_terms;        // fp32 [B, H, T]: dG_t
+  double* block_totals;     // fp64 [B*H][1 + lasp_sdb_grad_blocks(T)]: <ht, dht> (0 without dht),
+                            // then the sum of dG over block 0, 1, ... (from the end)
   float* dg;                // fp32 [B, T, H]: the log-decays' gradient
   float* dh0;               // fp32 [B, H, Dk, Dv] or NULL to skip
   int32_t B;
@@ -75,19 +83,29 @@ LASP_SDB_FN lasp_sdb_dim3 lasp_sdb_gate_terms_grid(int32_t B, int32_t T, int32_t
   return d;
 }
 
-LASP_SDB_FN lasp_sdb_dim3 lasp_sdb_gate_grad_grid(int32_t B, int32_t H) {
-  lasp_sdb_dim3 d = {(uint32_t)(B * H), 1u, 1u};
+// Blocks of the gate kernels' suffix sums per sequence.
+LASP_SDB_FN int32_t lasp_sdb_grad_blocks(int32_t T) {
+  return (int32_t)(((int64_t)T + LASP_SDB_GRAD_BLOCK - 1) / LASP_SDB_GRAD_BLOCK);
+}
+
+// Both gate kernels: lasp_sd_bwd_gate_block_sums and lasp_sd_bwd_gate_grad.
+LASP_SDB_FN lasp_sdb_dim3 lasp_sdb_gate_grad_grid(int32_t B, int32_t T, int32_t H) {
+  lasp_sdb_dim3 d = {(uint32_t)lasp_sdb_grad_blocks(T), (uint32_t)(B * H), 1u};
   return d;
 }
 
 // Workspace (bytes, 16-aligned parts): h0_t, dht_scaled, dht_t_scaled, ht_t, dh0_scaled (one
-// [B, H, Dk, Dv] fp32 state each), then gate_terms [B, H, T] fp32.
+// [B, H, Dk, Dv] fp32 state each), then gate_terms [B, H, T] fp32, then block_totals.
 LASP_SDB_FN uint64_t lasp_sdb_state_bytes(int32_t B, int32_t H, int32_t Dk, int32_t Dv) {
   return (uint64_t)B * H * (uint64_t)Dk * Dv * 4u;
 }
 LASP_SDB_FN uint64_t lasp_sdb_gate_terms_offset(int32_t B, int32_t H, int32_t Dk, int32_t Dv) {
   return 5u * lasp_sdb_state_bytes(B, H, Dk, Dv);
 }
-LASP_SDB_FN uint64_t lasp_sdb_workspace_bytes(int32_t B, int32_t T, int32_t H, int32_t Dk, int32_t Dv) {
+LASP_SDB_FN uint64_t lasp_sdb_block_totals_offset(int32_t B, int32_t T, int32_t H, int32_t Dk, int32_t Dv) {
   return lasp_sdb_gate_terms_offset(B, H, Dk, Dv) + (((uint64_t)B * H * (uint64_t)T * 4u + 15u) / 16u) * 16u;
+}
+LASP_SDB_FN uint64_t lasp_sdb_workspace_bytes(int32_t B, int32_t T, int32_t H, int32_t Dk, int32_t Dv) {
+  return lasp_sdb_block_totals_offset(B, T, H, Dk, Dv) +
+         (((uint64_t)B * H * (1u + (uint64_t)lasp_sdb_grad_blocks(T)) * 8u + 15u) / 16u) * 16u;
 }
