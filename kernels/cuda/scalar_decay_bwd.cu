@@ -139,6 +139,21 @@ __device__ GradBlock load_grad_block(const lasp_sd_bwd_params& p, int64_t bh, in
   return {tokens, begin, hi > LASP_SDB_GRAD_PER_THREAD ? hi - LASP_SDB_GRAD_PER_THREAD : 0, hi};
 }
 
+// <ht, dht> of head bh (0 without dht), over the CTA; ht^T is the dq pass's final state, [Dv, Dk].
+__device__ double ht_dht_dot(const lasp_sd_bwd_params& p, int64_t bh, double* warp_totals) {
+  double dot = 0.0;
+  if (p.dht) {
+    const int64_t n = (int64_t)p.Dk * p.Dv;
+    double part = 0.0;
+    for (int64_t e = threadIdx.x; e < n; e += LASP_SDB_GRAD_THREADS) {
+      const int64_t d = e / p.Dv, c = e % p.Dv;
+      part += (double)p.ht_t[bh * n + c * p.Dk + d] * (double)p.dht[bh * n + e];
+    }
+    block_inclusive_scan(part, warp_totals, dot);
+  }
+  return dot;
+}
+
 __device__ double run_sum(const GradBlock& blk) {
   double run = 0.0;
   for (int i = blk.hi - 1; i >= blk.lo; --i) run += (double)blk.tokens[i];
@@ -148,7 +163,8 @@ __device__ double run_sum(const GradBlock& blk) {
 }  // namespace
 
 // Per (block j, b*H+h): the block's sum of dG into block_totals[bh][1 + j]; block 0's CTA also
-// writes <ht, dht> (0 without dht) into block_totals[bh][0].
+// writes <ht, dht> (0 without dht) into block_totals[bh][0]. Launched only where T is longer than
+// one block: with one block, lasp_sd_bwd_gate_grad needs neither.
 // grid lasp_sdb_gate_grad_grid, block LASP_SDB_GRAD_THREADS.
 extern "C" __global__ void __launch_bounds__(LASP_SDB_GRAD_THREADS)
     lasp_sd_bwd_gate_block_sums(const __grid_constant__ lasp_sd_bwd_params p) {
@@ -159,17 +175,7 @@ extern "C" __global__ void __launch_bounds__(LASP_SDB_GRAD_THREADS)
   double* totals = p.block_totals + bh * (1 + (int64_t)gridDim.x);
 
   if (j == 0) {
-    // <ht, dht>: ht^T is the dq pass's final state, [Dv, Dk].
-    double dot = 0.0;
-    if (p.dht) {
-      const int64_t n = (int64_t)p.Dk * p.Dv;
-      double part = 0.0;
-      for (int64_t e = threadIdx.x; e < n; e += LASP_SDB_GRAD_THREADS) {
-        const int64_t d = e / p.Dv, c = e % p.Dv;
-        part += (double)p.ht_t[bh * n + c * p.Dk + d] * (double)p.dht[bh * n + e];
-      }
-      block_inclusive_scan(part, warp_totals, dot);
-    }
+    const double dot = ht_dht_dot(p, bh, warp_totals);
     if (threadIdx.x == 0) totals[0] = dot;
   }
 
@@ -180,7 +186,8 @@ extern "C" __global__ void __launch_bounds__(LASP_SDB_GRAD_THREADS)
 }
 
 // Per (block j, b*H+h): dg_t = sum_{u >= t} dG_u + <ht, dht> (fp64 sums, written as fp32) for the
-// block's tokens, starting from <ht, dht> plus the sums of blocks 0 .. j-1 added in that order;
+// block's tokens, starting from <ht, dht> plus the sums of blocks 0 .. j-1 added in that order
+// (from block_totals; with one block, the CTA takes <ht, dht> itself and block_totals is not read);
 // the CTAs of (b, h) share the writing of dh0 = sigma e^{a_0} (dH_0 / sigma).
 // grid lasp_sdb_gate_grad_grid, block LASP_SDB_GRAD_THREADS.
 extern "C" __global__ void __launch_bounds__(LASP_SDB_GRAD_THREADS)
@@ -192,7 +199,7 @@ extern "C" __global__ void __launch_bounds__(LASP_SDB_GRAD_THREADS)
   const int64_t b = bh / p.H, h = bh % p.H;
   const double* totals = p.block_totals + bh * (1 + (int64_t)gridDim.x);
 
-  double after_blocks = totals[0];
+  double after_blocks = gridDim.x == 1 ? ht_dht_dot(p, bh, warp_totals) : totals[0];
   for (int i = 0; i < j; ++i) after_blocks += totals[1 + i];
 
   const GradBlock blk = load_grad_block(p, bh, j, tokens);

@@ -442,8 +442,9 @@ impl ScalarDecayBackward {
         };
         // SAFETY: as above; gate_terms reads q, k and the passes' dq, dk (ordered before it on the
         // stream) and writes the workspace's gate terms; gate_block_sums reads them (and ht^T,
-        // d_ht) and writes the workspace's block totals; gate_grad reads both, g and the dv pass's
-        // dH_0 and writes dg and dh0, whose lengths were checked.
+        // d_ht) and writes the workspace's block totals; gate_grad reads both (with one block,
+        // ht^T and d_ht instead of the totals), g and the dv pass's dH_0 and writes dg and dh0,
+        // whose lengths were checked.
         unsafe {
             self.gate_terms.launch(
                 stream,
@@ -454,8 +455,11 @@ impl ScalarDecayBackward {
                 },
                 &params,
             )?;
-            self.gate_block_sums
-                .launch(stream, gate_grad_shape, &params)?;
+            // With one block gate_grad needs no block sums (it takes <ht, dht> itself).
+            if geometry::grad_blocks(t) > 1 {
+                self.gate_block_sums
+                    .launch(stream, gate_grad_shape, &params)?;
+            }
             self.gate_grad.launch(stream, gate_grad_shape, &params)?;
         }
         Ok(())

@@ -12,7 +12,8 @@
 // Then the kernels here:
 //   lasp_sd_bwd_state_inputs  h0^T, dht / sigma, dht^T / sigma (the passes' start states)
 //   lasp_sd_bwd_gate_terms    dG_t = q_t . dq_t - k_t . dk_t        (per token and head)
-//   lasp_sd_bwd_gate_block_sums  <ht, dht> and the sum of dG over every block of tokens
+//   lasp_sd_bwd_gate_block_sums  <ht, dht> and the sum of dG over every block of tokens (only
+//                             where T is longer than one block)
 //   lasp_sd_bwd_gate_grad     dg_t = sum_{u >= t} dG_u + <ht, dht>, dh0 = sigma e^{a_0} (dH_0 / sigma)
 // The suffix sums run over blocks of LASP_SDB_GRAD_BLOCK tokens counted from the end (block 0 ends
 // at T; the last block starts at 0 and may be shorter), one CTA per (block, b*H+h) in both gate
