@@ -125,7 +125,6 @@ namespace {
 struct GradBlock {
   float* tokens;  // shared memory: dG of the block's tokens, in token order
   int64_t begin;  // first token of the block in the sequence
-  int count;      // tokens in the block
   int lo, hi;     // this thread's run: tokens [lo, hi) of the block (empty when hi <= 0)
 };
 
@@ -137,7 +136,7 @@ __device__ GradBlock load_grad_block(const lasp_sd_bwd_params& p, int64_t bh, in
   for (int i = threadIdx.x; i < count; i += LASP_SDB_GRAD_THREADS) tokens[i] = terms[begin + i];
   __syncthreads();
   const int hi = count - (int)threadIdx.x * LASP_SDB_GRAD_PER_THREAD;
-  return {tokens, begin, count, hi > LASP_SDB_GRAD_PER_THREAD ? hi - LASP_SDB_GRAD_PER_THREAD : 0, hi};
+  return {tokens, begin, hi > LASP_SDB_GRAD_PER_THREAD ? hi - LASP_SDB_GRAD_PER_THREAD : 0, hi};
 }
 
 // <ht, dht> of head bh (0 without dht), over the CTA; ht^T is the dq pass's final state, [Dv, Dk].
@@ -186,9 +185,8 @@ extern "C" __global__ void __launch_bounds__(LASP_SDB_GRAD_THREADS)
   if (threadIdx.x == 0) totals[1 + j] = total;
 }
 
-// Per (block j, b*H+h): dg_t = sum_{u >= t} dG_u + <ht, dht> (fp64 sums, rounded to fp32) for the
-// block's tokens, over the block's dG in gate_terms (each CTA reads and writes its own block only),
-// starting from <ht, dht> plus the sums of blocks 0 .. j-1 added in that order
+// Per (block j, b*H+h): dg_t = sum_{u >= t} dG_u + <ht, dht> (fp64 sums, written as fp32) for the
+// block's tokens, starting from <ht, dht> plus the sums of blocks 0 .. j-1 added in that order
 // (from block_totals; with one block, the CTA takes <ht, dht> itself and block_totals is not read);
 // the CTAs of (b, h) share the writing of dh0 = sigma e^{a_0} (dH_0 / sigma).
 // grid lasp_sdb_gate_grad_grid, block LASP_SDB_GRAD_THREADS.
@@ -210,11 +208,8 @@ extern "C" __global__ void __launch_bounds__(LASP_SDB_GRAD_THREADS)
   double after = after_blocks + block_inclusive_scan(run, warp_totals, total) - run;
   for (int i = blk.hi - 1; i >= blk.lo; --i) {
     after += (double)blk.tokens[i];
-    blk.tokens[i] = (float)after;  // this thread's run only: no other thread reads it again
+    p.dg[(b * p.T + blk.begin + i) * p.H + h] = (float)after;
   }
-  __syncthreads();
-  float* const out = p.gate_terms + bh * p.T + blk.begin;
-  for (int i = threadIdx.x; i < blk.count; i += LASP_SDB_GRAD_THREADS) out[i] = blk.tokens[i];
 
   if (p.dh0) {
     const int64_t n = (int64_t)p.Dk * p.Dv;
@@ -222,28 +217,5 @@ extern "C" __global__ void __launch_bounds__(LASP_SDB_GRAD_THREADS)
     for (int64_t e = (int64_t)j * LASP_SDB_GRAD_THREADS + threadIdx.x; e < n;
          e += (int64_t)gridDim.x * LASP_SDB_GRAD_THREADS)
       p.dh0[bh * n + e] = p.scale * decay0 * p.dh0_scaled[bh * n + e];
-  }
-}
-
-// dg [B, T, H] from the suffix sums [B, H, T] that lasp_sd_bwd_gate_grad left in gate_terms: one
-// CTA per (32 tokens, 32 heads, b), through a padded shared-memory tile, so that both the reads
-// (along tokens) and the writes (along heads) are contiguous.
-// grid lasp_sdb_gate_transpose_grid, block (LASP_SDB_TRANSPOSE_TILE, LASP_SDB_TRANSPOSE_ROWS).
-extern "C" __global__ void __launch_bounds__(LASP_SDB_TRANSPOSE_TILE * LASP_SDB_TRANSPOSE_ROWS)
-    lasp_sd_bwd_gate_transpose(const __grid_constant__ lasp_sd_bwd_params p) {
-  constexpr int kTile = LASP_SDB_TRANSPOSE_TILE;
-  __shared__ float tile[kTile][kTile + 1];  // [head][token]; the pad keeps the columns' reads apart
-  const int64_t t0 = (int64_t)blockIdx.x * kTile, b = blockIdx.z;
-  const int h0 = blockIdx.y * kTile;
-  for (int r = threadIdx.y; r < kTile; r += LASP_SDB_TRANSPOSE_ROWS) {
-    const int h = h0 + r;
-    const int64_t t = t0 + threadIdx.x;
-    if (h < p.H && t < p.T) tile[r][threadIdx.x] = p.gate_terms[(b * p.H + h) * p.T + t];
-  }
-  __syncthreads();
-  for (int r = threadIdx.y; r < kTile; r += LASP_SDB_TRANSPOSE_ROWS) {
-    const int64_t t = t0 + r;
-    const int h = h0 + threadIdx.x;
-    if (h < p.H && t < p.T) p.dg[(b * p.T + t) * p.H + h] = tile[threadIdx.x][r];
   }
 }

@@ -39,10 +39,6 @@ pub mod geometry {
     pub const GRAD_PER_THREAD: i32 = 8;
     /// `LASP_SDB_GRAD_BLOCK`: tokens per block of the gate kernels' suffix sums.
     pub const GRAD_BLOCK: i32 = GRAD_THREADS as i32 * GRAD_PER_THREAD;
-    /// `LASP_SDB_TRANSPOSE_TILE`.
-    pub const TRANSPOSE_TILE: u32 = 32;
-    /// `LASP_SDB_TRANSPOSE_ROWS`.
-    pub const TRANSPOSE_ROWS: u32 = 8;
 
     /// `lasp_sdb_state_inputs_grid`.
     pub const fn state_inputs_grid(b: i32, h: i32, dk: i32, dv: i32) -> (u32, u32, u32) {
@@ -76,15 +72,6 @@ pub mod geometry {
     /// `lasp_sdb_gate_grad_grid`: both gate kernels.
     pub const fn gate_grad_grid(b: i32, t: i32, h: i32) -> (u32, u32, u32) {
         (grad_blocks(t) as u32, (b * h) as u32, 1)
-    }
-
-    /// `lasp_sdb_gate_transpose_grid`.
-    pub const fn gate_transpose_grid(b: i32, t: i32, h: i32) -> (u32, u32, u32) {
-        (
-            (t as u32).div_ceil(TRANSPOSE_TILE),
-            (h as u32).div_ceil(TRANSPOSE_TILE),
-            b as u32,
-        )
     }
 
     /// `lasp_sdb_state_bytes`: one fp32 `[B, H, Dk, Dv]` state.
@@ -268,7 +255,6 @@ pub struct ScalarDecayBackward {
     gate_terms: Kernel,
     gate_block_sums: Kernel,
     gate_grad: Kernel,
-    gate_transpose: Kernel,
     workspace: Option<CudaSlice<u8>>,
 }
 
@@ -283,7 +269,6 @@ impl ScalarDecayBackward {
             gate_terms: module.kernel("lasp_sd_bwd_gate_terms")?,
             gate_block_sums: module.kernel("lasp_sd_bwd_gate_block_sums")?,
             gate_grad: module.kernel("lasp_sd_bwd_gate_grad")?,
-            gate_transpose: module.kernel("lasp_sd_bwd_gate_transpose")?,
             workspace: None,
         })
     }
@@ -458,9 +443,8 @@ impl ScalarDecayBackward {
         // SAFETY: as above; gate_terms reads q, k and the passes' dq, dk (ordered before it on the
         // stream) and writes the workspace's gate terms; gate_block_sums reads them (and ht^T,
         // d_ht) and writes the workspace's block totals; gate_grad reads both (with one block,
-        // ht^T and d_ht instead of the totals), g and the dv pass's dH_0, writes its suffix sums
-        // over the gate terms and writes dh0; gate_transpose reads them and writes dg. dg and dh0
-        // have checked lengths.
+        // ht^T and d_ht instead of the totals), g and the dv pass's dH_0 and writes dg and dh0,
+        // whose lengths were checked.
         unsafe {
             self.gate_terms.launch(
                 stream,
@@ -477,15 +461,6 @@ impl ScalarDecayBackward {
                     .launch(stream, gate_grad_shape, &params)?;
             }
             self.gate_grad.launch(stream, gate_grad_shape, &params)?;
-            self.gate_transpose.launch(
-                stream,
-                LaunchShape {
-                    grid: geometry::gate_transpose_grid(b, t, h),
-                    block: (geometry::TRANSPOSE_TILE, geometry::TRANSPOSE_ROWS, 1),
-                    shared_bytes: 0,
-                },
-                &params,
-            )?;
         }
         Ok(())
     }
@@ -588,16 +563,6 @@ mod tests {
         assert!(HEADER.contains(
             "#define LASP_SDB_GRAD_BLOCK (LASP_SDB_GRAD_THREADS * LASP_SDB_GRAD_PER_THREAD)"
         ));
-        assert_eq!(
-            define("LASP_SDB_TRANSPOSE_TILE"),
-            geometry::TRANSPOSE_TILE as i64
-        );
-        assert_eq!(
-            define("LASP_SDB_TRANSPOSE_ROWS"),
-            geometry::TRANSPOSE_ROWS as i64
-        );
-        assert_eq!(geometry::gate_transpose_grid(4, 8192, 16), (256, 1, 4));
-        assert_eq!(geometry::gate_transpose_grid(1, 33, 33), (2, 2, 1));
         assert_eq!(geometry::state_inputs_grid(4, 16, 128, 64), (32, 64, 1));
         // 27 rows; 64 per CTA at Dk 128 (16 lanes per row), 128 at Dk 64.
         assert_eq!(geometry::gate_terms_grid(1, 9, 3, 128), (1, 1, 1));

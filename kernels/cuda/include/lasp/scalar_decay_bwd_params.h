@@ -14,14 +14,10 @@
 //   lasp_sd_bwd_gate_terms    dG_t = q_t . dq_t - k_t . dk_t        (per token and head)
 //   lasp_sd_bwd_gate_block_sums  <ht, dht> and the sum of dG over every block of tokens (only
 //                             where T is longer than one block)
-//   lasp_sd_bwd_gate_grad     dg_t = sum_{u >= t} dG_u + <ht, dht> over dG in place ([B, H, T]),
-//                             dh0 = sigma e^{a_0} (dH_0 / sigma)
-//   lasp_sd_bwd_gate_transpose  dg [B, T, H] from the suffix sums [B, H, T]
+//   lasp_sd_bwd_gate_grad     dg_t = sum_{u >= t} dG_u + <ht, dht>, dh0 = sigma e^{a_0} (dH_0 / sigma)
 // The suffix sums run over blocks of LASP_SDB_GRAD_BLOCK tokens counted from the end (block 0 ends
 // at T; the last block starts at 0 and may be shorter), one CTA per (block, b*H+h) in both gate
 // kernels, so that a long sequence is spread over the GPU instead of walked by one CTA per head.
-// A CTA holds one head, whose dg values lie H floats apart; it stores the head's suffix sums
-// contiguously over its dG, and a tiled transpose writes dg in whole rows of heads.
 #pragma once
 #include <stdint.h>
 
@@ -39,8 +35,6 @@
 #define LASP_SDB_GRAD_THREADS 1024   // the two gate kernels: one CTA per (block, b*H+h)
 #define LASP_SDB_GRAD_PER_THREAD 8    // tokens per thread and block
 #define LASP_SDB_GRAD_BLOCK (LASP_SDB_GRAD_THREADS * LASP_SDB_GRAD_PER_THREAD)
-#define LASP_SDB_TRANSPOSE_TILE 32    // lasp_sd_bwd_gate_transpose: 32 x 32 (token, head) tiles,
-#define LASP_SDB_TRANSPOSE_ROWS 8     // blocks of 32 x 8 threads
 
 typedef struct {
   const uint16_t* q;        // bf16 [B, T, H, Dk]
@@ -55,7 +49,7 @@ typedef struct {
   float* dht_t_scaled;      // fp32 [B, H, Dv, Dk]: dht^T / sigma (written when dht)
   const float* ht_t;        // fp32 [B, H, Dv, Dk]: the dq pass's final state ht^T (read when dht)
   const float* dh0_scaled;  // fp32 [B, H, Dk, Dv]: the dv pass's final state dH_0 / sigma (read when dh0)
-  float* gate_terms;        // fp32 [B, H, T]: dG_t, then (lasp_sd_bwd_gate_grad) dg_t
+  float* gate_terms;        // fp32 [B, H, T]: dG_t
   double* block_totals;     // fp64 [B*H][1 + lasp_sdb_grad_blocks(T)]: <ht, dht> (0 without dht),
                             // then the sum of dG over block 0, 1, ... (from the end)
   float* dg;                // fp32 [B, T, H]: the log-decays' gradient
@@ -98,12 +92,6 @@ LASP_SDB_FN int32_t lasp_sdb_grad_blocks(int32_t T) {
 // Both gate kernels: lasp_sd_bwd_gate_block_sums and lasp_sd_bwd_gate_grad.
 LASP_SDB_FN lasp_sdb_dim3 lasp_sdb_gate_grad_grid(int32_t B, int32_t T, int32_t H) {
   lasp_sdb_dim3 d = {(uint32_t)lasp_sdb_grad_blocks(T), (uint32_t)(B * H), 1u};
-  return d;
-}
-
-LASP_SDB_FN lasp_sdb_dim3 lasp_sdb_gate_transpose_grid(int32_t B, int32_t T, int32_t H) {
-  lasp_sdb_dim3 d = {(uint32_t)(((int64_t)T + LASP_SDB_TRANSPOSE_TILE - 1) / LASP_SDB_TRANSPOSE_TILE),
-                     (uint32_t)((H + LASP_SDB_TRANSPOSE_TILE - 1) / LASP_SDB_TRANSPOSE_TILE), (uint32_t)B};
   return d;
 }
 
