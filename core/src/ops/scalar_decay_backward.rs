@@ -12,7 +12,7 @@
 //! `dv` and `dk` are the same recurrence over the tokens from last to first (dH's suffix sums are
 //! the reversed sequence's prefix sums) with `K, Q, dO` and `V, dO, Q`, started from `dht / sigma`
 //! and its transpose. So the backward runs the forward's chunkwise kernels three times (the
-//! reversed passes in their time-reversed build) and three small kernels for the start states and
+//! reversed passes in their time-reversed build) and four small kernels for the start states and
 //! the gate gradient (`kernels/cuda/scalar_decay_bwd.cu`, formulas in
 //! `kernels/cuda/include/lasp/scalar_decay_bwd_params.h`, mirrored by [`geometry`]).
 //! Gradients are bf16 (`dq, dk, dv`) and fp32 (`dg, dh0`), as fla returns them.
@@ -242,8 +242,9 @@ pub(crate) fn check_backward_args(args: &BackwardArgs<'_>) -> Result<f32> {
     Ok(scale)
 }
 
-/// The scalar-decay backward: the forward's kernels (in both time directions), the three kernels
-/// of its own, and a workspace for the passes' start and end states and the per-token gate terms.
+/// The scalar-decay backward: the forward's kernels (in both time directions), the four kernels
+/// of its own, and a workspace for the passes' start and end states, the per-token gate terms and
+/// their block sums.
 ///
 /// Launches of one instance on different streams must be ordered by the caller (the workspaces
 /// are shared). The workspace grows on demand (a context synchronisation then) and is freed when
