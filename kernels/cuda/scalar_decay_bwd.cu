@@ -57,21 +57,37 @@ __device__ double block_inclusive_scan(double x, double* warp_totals, double& to
 
 }  // namespace
 
-// The passes' start states: h0^T (dq pass), dht / sigma (dv pass), dht^T / sigma (dk pass).
+// The passes' start states: h0^T (dq pass), dht / sigma (dv pass), dht^T / sigma (dk pass). A CTA
+// takes one 32 x 32 tile of a state: it reads the tile's rows, 32 consecutive floats per warp, and
+// writes the transposed tile's rows through shared memory, so that every global access is a whole
+// 128-byte line. (One thread per element, writing the transposes straight to global memory, put
+// each store of a warp in its own line: 17 us per launch at B*H = 64, Dk = Dv = 128, run 113.)
 // grid lasp_sdb_state_inputs_grid, block LASP_SDB_STATE_THREADS.
 extern "C" __global__ void __launch_bounds__(LASP_SDB_STATE_THREADS)
     lasp_sd_bwd_state_inputs(const __grid_constant__ lasp_sd_bwd_params p) {
-  const int64_t n = (int64_t)p.Dk * p.Dv;
-  const int64_t e = (int64_t)blockIdx.x * LASP_SDB_STATE_THREADS + threadIdx.x;
-  if (e >= n) return;
-  const int64_t base = (int64_t)blockIdx.y * n;
-  const int64_t d = e / p.Dv, c = e % p.Dv;  // state row (key dim) and column (value dim)
-  const int64_t transposed = base + c * p.Dk + d;
-  if (p.h0) p.h0_t[transposed] = p.h0[base + e];
-  if (p.dht) {
-    const float x = p.dht[base + e] / p.scale;
-    p.dht_scaled[base + e] = x;
-    p.dht_t_scaled[transposed] = x;
+  constexpr int kTile = LASP_SDB_STATE_TILE, kRowsPerPass = LASP_SDB_STATE_THREADS / kTile;
+  // Rows padded to 33 floats: the transposed reads of a warp (one column) hit 32 banks.
+  __shared__ float h0_tile[kTile][kTile + 1], dht_tile[kTile][kTile + 1];
+  const int64_t base = (int64_t)blockIdx.y * p.Dk * p.Dv;
+  const int tiles_per_row = p.Dv / kTile;
+  const int d0 = blockIdx.x / tiles_per_row * kTile, c0 = blockIdx.x % tiles_per_row * kTile;
+  const int lane = threadIdx.x % kTile, row = threadIdx.x / kTile;
+#pragma unroll
+  for (int r = row; r < kTile; r += kRowsPerPass) {
+    const int64_t e = base + (int64_t)(d0 + r) * p.Dv + c0 + lane;  // state row d0 + r, column c0 + lane
+    if (p.h0) h0_tile[r][lane] = p.h0[e];
+    if (p.dht) {
+      const float x = p.dht[e] / p.scale;
+      p.dht_scaled[e] = x;
+      dht_tile[r][lane] = x;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int r = row; r < kTile; r += kRowsPerPass) {
+    const int64_t e = base + (int64_t)(c0 + r) * p.Dk + d0 + lane;  // transposed row c0 + r, column d0 + lane
+    if (p.h0) p.h0_t[e] = h0_tile[lane][r];
+    if (p.dht) p.dht_t_scaled[e] = dht_tile[lane][r];
   }
 }
 
@@ -139,20 +155,60 @@ __device__ GradBlock load_grad_block(const lasp_sd_bwd_params& p, int64_t bh, in
   return {tokens, begin, hi > LASP_SDB_GRAD_PER_THREAD ? hi - LASP_SDB_GRAD_PER_THREAD : 0, hi};
 }
 
-// <ht, dht> of head bh (0 without dht), over the CTA; ht^T is the dq pass's final state, [Dv, Dk].
-__device__ double ht_dht_dot(const lasp_sd_bwd_params& p, int64_t bh, double* warp_totals) {
+// <ht, dht> of head bh (0 without dht), over the CTA in a fixed order. ht^T, the dq pass's final
+// state, is [Dv][Dk] and dht is [Dk][Dv]: the CTA reads both in rows (whole 128-byte lines per warp)
+// and meets them in `scratch`, kDotRows rows of ht^T per round, padded to Dk + 1 floats so that a
+// warp's reads down a column hit 32 banks. Every load of every round is issued before the first
+// barrier. (Reading ht^T down its columns put each load of a warp in a line of its own: gate_grad
+// took 35 us instead of 16 at B*H = 64, Dk = Dv = 128, run 113.)
+constexpr int kDotRows = 32;                                      // rows of ht^T per round
+constexpr int kDotRounds = 128 / kDotRows;                        // at most (Dv <= 128)
+constexpr int kDotPerRound = kDotRows * 128 / LASP_SDB_GRAD_THREADS;  // per thread, at most (Dk <= 128)
+constexpr int kDotScratchFloats = kDotRows * (128 + 1);
+
+__device__ double ht_dht_dot(const lasp_sd_bwd_params& p, int64_t bh, double* warp_totals, float* scratch) {
   double dot = 0.0;
-  if (p.dht) {
-    const int64_t n = (int64_t)p.Dk * p.Dv;
-    double part = 0.0;
-    for (int64_t e = threadIdx.x; e < n; e += LASP_SDB_GRAD_THREADS) {
-      const int64_t d = e / p.Dv, c = e % p.Dv;
-      part += (double)p.ht_t[bh * n + c * p.Dk + d] * (double)p.dht[bh * n + e];
+  if (!p.dht) return dot;
+  const int64_t n = (int64_t)p.Dk * p.Dv;
+  const float* const ht_t = p.ht_t + bh * n;
+  const float* const dht = p.dht + bh * n;
+  const int rounds = p.Dv / kDotRows, per_round = p.Dk * kDotRows / LASP_SDB_GRAD_THREADS;
+  // Element i of round r: ht^T[kDotRows r + i / Dk][i % Dk] (contiguous in i), and the dht element
+  // it pairs with for the thread that takes i: dht[i / kDotRows][kDotRows r + i % kDotRows]. The
+  // ht^T loads of all rounds go first; a round's dht loads fly while its tile goes to shared memory
+  // (all of them at once spilled at 1024 threads' 64 registers).
+  float ht[kDotRounds][kDotPerRound];
+#pragma unroll
+  for (int r = 0; r < kDotRounds; ++r)
+#pragma unroll
+    for (int k = 0; k < kDotPerRound; ++k)
+      if (r < rounds && k < per_round)
+        ht[r][k] = ht_t[(int64_t)r * kDotRows * p.Dk + threadIdx.x + k * LASP_SDB_GRAD_THREADS];
+  double part = 0.0;
+#pragma unroll
+  for (int r = 0; r < kDotRounds; ++r) {
+    if (r >= rounds) continue;
+    float dh[kDotPerRound];
+#pragma unroll
+    for (int k = 0; k < kDotPerRound; ++k) {
+      const int i = threadIdx.x + k * LASP_SDB_GRAD_THREADS;
+      if (k < per_round) {
+        dh[k] = dht[(int64_t)(i / kDotRows) * p.Dv + r * kDotRows + i % kDotRows];
+        scratch[(i / p.Dk) * (p.Dk + 1) + i % p.Dk] = ht[r][k];
+      }
     }
-    block_inclusive_scan(part, warp_totals, dot);
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kDotPerRound; ++k) {
+      const int i = threadIdx.x + k * LASP_SDB_GRAD_THREADS;
+      if (k < per_round) part += (double)scratch[(i % kDotRows) * (p.Dk + 1) + i / kDotRows] * (double)dh[k];
+    }
+    __syncthreads();
   }
+  block_inclusive_scan(part, warp_totals, dot);
   return dot;
 }
+static_assert(kDotScratchFloats <= LASP_SDB_GRAD_BLOCK, "the dot's scratch is the block's token buffer");
 
 __device__ double run_sum(const GradBlock& blk) {
   double run = 0.0;
@@ -175,7 +231,7 @@ extern "C" __global__ void __launch_bounds__(LASP_SDB_GRAD_THREADS)
   double* totals = p.block_totals + bh * (1 + (int64_t)gridDim.x);
 
   if (j == 0) {
-    const double dot = ht_dht_dot(p, bh, warp_totals);
+    const double dot = ht_dht_dot(p, bh, warp_totals, tokens);
     if (threadIdx.x == 0) totals[0] = dot;
   }
 
@@ -199,7 +255,7 @@ extern "C" __global__ void __launch_bounds__(LASP_SDB_GRAD_THREADS)
   const int64_t b = bh / p.H, h = bh % p.H;
   const double* totals = p.block_totals + bh * (1 + (int64_t)gridDim.x);
 
-  double after_blocks = gridDim.x == 1 ? ht_dht_dot(p, bh, warp_totals) : totals[0];
+  double after_blocks = gridDim.x == 1 ? ht_dht_dot(p, bh, warp_totals, tokens) : totals[0];
   for (int i = 0; i < j; ++i) after_blocks += totals[1 + i];
 
   const GradBlock blk = load_grad_block(p, bh, j, tokens);

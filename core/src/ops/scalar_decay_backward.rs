@@ -29,6 +29,8 @@ use std::sync::Arc;
 
 /// Launch and workspace formulas, a port of `scalar_decay_bwd_params.h` (same integer types).
 pub mod geometry {
+    /// `LASP_SDB_STATE_TILE`: state_inputs transposes tiles of this many rows and columns.
+    pub const STATE_TILE: i32 = 32;
     /// `LASP_SDB_STATE_THREADS`.
     pub const STATE_THREADS: u32 = 256;
     /// `LASP_SDB_TERM_THREADS`.
@@ -43,7 +45,7 @@ pub mod geometry {
     /// `lasp_sdb_state_inputs_grid`.
     pub const fn state_inputs_grid(b: i32, h: i32, dk: i32, dv: i32) -> (u32, u32, u32) {
         (
-            ((dk * dv + STATE_THREADS as i32 - 1) / STATE_THREADS as i32) as u32,
+            ((dk / STATE_TILE) * (dv / STATE_TILE)) as u32,
             (b * h) as u32,
             1,
         )
@@ -545,6 +547,7 @@ mod tests {
 
     #[test]
     fn geometry_matches_the_header() {
+        assert_eq!(define("LASP_SDB_STATE_TILE"), geometry::STATE_TILE as i64);
         assert_eq!(
             define("LASP_SDB_STATE_THREADS"),
             geometry::STATE_THREADS as i64
@@ -564,7 +567,7 @@ mod tests {
         assert!(HEADER.contains(
             "#define LASP_SDB_GRAD_BLOCK (LASP_SDB_GRAD_THREADS * LASP_SDB_GRAD_PER_THREAD)"
         ));
-        assert_eq!(geometry::state_inputs_grid(4, 16, 128, 64), (32, 64, 1));
+        assert_eq!(geometry::state_inputs_grid(4, 16, 128, 64), (8, 64, 1));
         // 27 rows; 64 per CTA at Dk 128 (16 lanes per row), 128 at Dk 64.
         assert_eq!(geometry::gate_terms_grid(1, 9, 3, 128), (1, 1, 1));
         assert_eq!(geometry::gate_terms_grid(4, 8192, 16, 128), (8192, 1, 1));

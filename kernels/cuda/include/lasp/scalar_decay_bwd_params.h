@@ -29,7 +29,8 @@
 #define LASP_SDB_FN static inline
 #endif
 
-#define LASP_SDB_STATE_THREADS 256   // lasp_sd_bwd_state_inputs: one thread per state element
+#define LASP_SDB_STATE_TILE 32       // lasp_sd_bwd_state_inputs: one CTA per 32 x 32 tile of a state
+#define LASP_SDB_STATE_THREADS 256   // (32 columns x 8 rows of threads, 4 elements each)
 #define LASP_SDB_TERM_THREADS 256    // lasp_sd_bwd_gate_terms: Dk / 8 lanes per (b, t, h) row
 #define LASP_SDB_TERM_ROWS_PER_THREAD 4
 #define LASP_SDB_GRAD_THREADS 1024   // the two gate kernels: one CTA per (block, b*H+h)
@@ -67,8 +68,7 @@ typedef struct {
 } lasp_sdb_dim3;
 
 LASP_SDB_FN lasp_sdb_dim3 lasp_sdb_state_inputs_grid(int32_t B, int32_t H, int32_t Dk, int32_t Dv) {
-  lasp_sdb_dim3 d = {(uint32_t)((Dk * Dv + LASP_SDB_STATE_THREADS - 1) / LASP_SDB_STATE_THREADS),
-                     (uint32_t)(B * H), 1u};
+  lasp_sdb_dim3 d = {(uint32_t)((Dk / LASP_SDB_STATE_TILE) * (Dv / LASP_SDB_STATE_TILE)), (uint32_t)(B * H), 1u};
   return d;
 }
 
