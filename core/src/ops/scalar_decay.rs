@@ -769,6 +769,17 @@ pub struct ScalarDecayForward {
     workspace: Option<CudaSlice<u8>>,
 }
 
+/// Where a reversed pass's segments start when the caller computed the starts
+/// ([`ScalarDecayForward::launch_reversed_output`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SegmentStarts {
+    /// Segments per sequence, S.
+    pub(crate) segments: u32,
+    /// Device address of the starts of segments 1 .. S-1, fp32 `[B*H][S-1][Dk][Dv]` (Dk, Dv of
+    /// the pass's shape); unused (0 is fine) when S = 1.
+    pub(crate) prefixes: u64,
+}
+
 /// The order in which a pass walks the tokens (the backward's dk and dv passes run reversed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum TimeDirection {
@@ -1001,6 +1012,16 @@ impl ScalarDecayForward {
             TimeDirection::Forward => self.plan(&args.shape)?,
             TimeDirection::Reversed => self.plan(&args.shape)?.with_one_warpgroup_output(),
         };
+        self.prepare_plan(stream, args, plan)
+    }
+
+    /// [`ScalarDecayForward::prepare`] for a given plan.
+    fn prepare_plan(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        args: &ForwardArgs<'_>,
+        plan: ForwardPlan,
+    ) -> Result<(ForwardPlan, ScalarDecayParams)> {
         let scale = check_args(args)?;
         if !Arc::ptr_eq(stream.context(), &self.ctx) {
             return Err(invalid(
@@ -1097,6 +1118,49 @@ impl ScalarDecayForward {
             output.enqueue(stream)?;
         }
         Ok(plan)
+    }
+
+    /// The output kernel of a reversed pass alone, cut into `starts.segments` segments that
+    /// start from `args.h0` (segment 0) and from `starts.prefixes` (segment s > 0: slot s - 1 of
+    /// a `[B*H][S-1][Dk][Dv]` fp32 buffer, the layout the fold kernel writes). The LASP-2
+    /// backward computes those starts from its own reversed states pass, which is the states
+    /// pass these passes would otherwise run again.
+    pub(crate) fn launch_reversed_output(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        args: ForwardArgs<'_>,
+        starts: SegmentStarts,
+    ) -> Result<()> {
+        let plan =
+            ForwardPlan::new(&args.shape, 1, Some(starts.segments))?.with_one_warpgroup_output();
+        if plan.num_segments != starts.segments {
+            return Err(invalid(format!(
+                "scalar-decay reversed pass: {} segments do not cut T = {} into non-empty \
+                 segments of whole chunks ({} would); compute the starts for that count",
+                starts.segments, args.shape.t, plan.num_segments
+            )));
+        }
+        // No workspace of this forward's: the starts are the caller's.
+        let plan = ForwardPlan {
+            workspace_bytes: 0,
+            ..plan
+        };
+        let (plan, params) = self.prepare_plan(stream, &args, plan)?;
+        let params = ScalarDecayParams {
+            ws_m: 0,
+            ws_p: starts.prefixes,
+            ws_lambda: 0,
+            ..params
+        };
+        let launch = OutputLaunch::OneWarpgroup(
+            self.output_reversed[dk_index(args.shape.dk)],
+            plan.output,
+            params,
+        );
+        // SAFETY: as in `launch_in`; the output kernel reads of the workspace only the segment
+        // starts, which the caller's `starts.prefixes` holds for every segment s > 0 (its
+        // contract: B*H*(S-1)*Dk*Dv floats, written before this launch on `stream`).
+        unsafe { launch.enqueue(stream) }
     }
 
     /// The output kernel `plan` runs, with its parameters: the two-role kernel (with the tensor

@@ -18,7 +18,8 @@
 //! Gradients are bf16 (`dq, dk, dv`) and fp32 (`dg, dh0`), as fla returns them.
 
 use super::scalar_decay::{
-    check_args_of, ForwardArgs, ForwardShape, ScalarDecayForward, TensorChecks, TimeDirection,
+    check_args_of, ForwardArgs, ForwardShape, ScalarDecayForward, SegmentStarts, TensorChecks,
+    TimeDirection,
 };
 use super::{bf16, ranges_overlap, DeviceMut, DeviceRef};
 use crate::error::{Error, Result};
@@ -244,6 +245,24 @@ pub(crate) fn check_backward_args(args: &BackwardArgs<'_>) -> Result<f32> {
     Ok(scale)
 }
 
+/// Start states of the reversed (dv, dk) passes that a caller computes itself: the LASP-2
+/// backward, from its own reversed states pass, whose segment states are the dv pass's (and
+/// their transposes the dk pass's). With them the passes run their output kernels only, cut into
+/// `segments` segments. Device addresses of fp32 buffers, written before the passes run.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ReversedStarts {
+    /// Segments per sequence, S.
+    pub(crate) segments: u32,
+    /// `d_ht / σ`, `[B*H][Dk][Dv]`: where the dv pass starts.
+    pub(crate) dht_scaled: u64,
+    /// Its transpose, `[B*H][Dv][Dk]`: where the dk pass starts.
+    pub(crate) dht_t_scaled: u64,
+    /// The dv pass's starts of segments 1 .. S-1, `[B*H][S-1][Dk][Dv]`.
+    pub(crate) dv_prefixes: u64,
+    /// Their transposes, the dk pass's, `[B*H][S-1][Dv][Dk]`.
+    pub(crate) dk_prefixes: u64,
+}
+
 /// The scalar-decay backward: the forward's kernels (in both time directions), the four kernels
 /// of its own, and a workspace for the passes' start and end states, the per-token gate terms and
 /// their block sums.
@@ -285,19 +304,29 @@ impl ScalarDecayBackward {
     /// validated before the first launch; in debug builds each pass also checks the gates,
     /// which synchronises `stream`.
     pub fn launch(&mut self, stream: &Arc<CudaStream>, args: BackwardArgs<'_>) -> Result<()> {
-        self.launch_with(stream, args, || Ok(()))
+        self.launch_with(stream, args, None, || Ok(()))
     }
 
     /// [`ScalarDecayBackward::launch`] with `before_reversed_passes` enqueued after the dq pass
     /// and before anything reads `args.d_ht`: LASP-2 computes the shard's `d_ht` there, while
-    /// the dq pass (which needs only `h0`) has kept the GPU busy.
+    /// the dq pass (which needs only `h0`) has kept the GPU busy. With `starts` (which needs
+    /// `args.d_ht`), the dv and dk passes start from the states the hook writes there and run
+    /// their output kernels only.
     pub(crate) fn launch_with(
         &mut self,
         stream: &Arc<CudaStream>,
         args: BackwardArgs<'_>,
+        starts: Option<ReversedStarts>,
         before_reversed_passes: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
         let scale = check_backward_args(&args)?;
+        if starts.is_some() && args.d_ht.is_none() {
+            return Err(invalid(
+                "scalar-decay backward: reversed-pass starts are computed from d_ht; pass d_ht \
+                 with them"
+                    .into(),
+            ));
+        }
         if !Arc::ptr_eq(stream.context(), &self.ctx) {
             return Err(invalid(
                 "scalar-decay backward: the stream belongs to another CUDA context; launch on a \
@@ -402,41 +431,55 @@ impl ScalarDecayBackward {
         )?;
         before_reversed_passes()?;
         self.ctx.bind_to_thread()?;
-        if has_dht {
+        if has_dht && starts.is_none() {
             state_inputs(&self.state_inputs, &BackwardParams { h0: 0, ..params })?;
         }
         // dv, reversed: K, Q, dO from dht / sigma; its final state is dH_0 / sigma (for dh0).
-        self.forward.launch_in(
-            stream,
-            ForwardArgs {
-                shape: s,
-                q: args.k,
-                k: args.q,
-                v: args.d_o,
-                g: args.g,
-                h0: has_dht.then(|| ws_ref(params.dht_scaled)),
-                o: args.dv,
-                ht: has_dh0.then(|| ws_mut(params.dh0_scaled)),
-                scale: Some(scale),
-            },
-            TimeDirection::Reversed,
-        )?;
+        let (dht_scaled, dht_t_scaled) = match &starts {
+            Some(st) => (st.dht_scaled, st.dht_t_scaled),
+            None => (params.dht_scaled, params.dht_t_scaled),
+        };
+        let dv_pass = ForwardArgs {
+            shape: s,
+            q: args.k,
+            k: args.q,
+            v: args.d_o,
+            g: args.g,
+            h0: has_dht.then(|| ws_ref(dht_scaled)),
+            o: args.dv,
+            ht: has_dh0.then(|| ws_mut(params.dh0_scaled)),
+            scale: Some(scale),
+        };
         // dk, reversed: V, dO, Q from dht^T / sigma.
-        self.forward.launch_in(
-            stream,
-            ForwardArgs {
-                shape: transposed,
-                q: args.v,
-                k: args.d_o,
-                v: args.q,
-                g: args.g,
-                h0: has_dht.then(|| ws_ref(params.dht_t_scaled)),
-                o: args.dk,
-                ht: None,
-                scale: Some(scale),
-            },
-            TimeDirection::Reversed,
-        )?;
+        let dk_pass = ForwardArgs {
+            shape: transposed,
+            q: args.v,
+            k: args.d_o,
+            v: args.q,
+            g: args.g,
+            h0: has_dht.then(|| ws_ref(dht_t_scaled)),
+            o: args.dk,
+            ht: None,
+            scale: Some(scale),
+        };
+        match starts {
+            None => {
+                self.forward
+                    .launch_in(stream, dv_pass, TimeDirection::Reversed)?;
+                self.forward
+                    .launch_in(stream, dk_pass, TimeDirection::Reversed)?;
+            }
+            Some(st) => {
+                let starts = |prefixes| SegmentStarts {
+                    segments: st.segments,
+                    prefixes,
+                };
+                self.forward
+                    .launch_reversed_output(stream, dv_pass, starts(st.dv_prefixes))?;
+                self.forward
+                    .launch_reversed_output(stream, dk_pass, starts(st.dk_prefixes))?;
+            }
+        }
         self.ctx.bind_to_thread()?;
         let gate_grad_shape = LaunchShape {
             grid: geometry::gate_grad_grid(b, t, h),

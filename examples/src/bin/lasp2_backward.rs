@@ -5,8 +5,9 @@
 //! lasp-run -n 2 target/release/lasp2_backward --graph-calls 10000  # + a long graph replay
 //! ```
 //!
-//! Each rank holds one slice of every sequence (the last rank's slice is shorter). Per (Dk, Dv)
-//! the program runs the LASP-2 forward, saving each shard's start state, then the LASP-2
+//! Each rank holds one slice of every sequence (the last rank's slice is shorter). Per case
+//! (shards of several segments for each (Dk, Dv) in (64, 64), (128, 128), (64, 128); shards of
+//! one segment at (128, 64)) the program runs the LASP-2 forward, saving each shard's start state, then the LASP-2
 //! backward from it, and checks against the CPU f64 reference (`reference::lasp2`): the start
 //! state, every rank's dq, dk, dv (rel err <= 5e-3), dg (within 5e-3 of the shard's
 //! `Grads::gate_grad_scale`) and PE 0's dh0. Gradients are poisoned before every call. Every
@@ -347,11 +348,18 @@ fn close(what: &str, got: &[f64], want: &Tensor) -> Result<f64> {
 fn check(rt: &Runtime, graph_calls: u32) -> Result<()> {
     let (me, npes) = (rt.pe(), rt.npes());
     let stream = rt.context().new_stream()?;
-    // Ragged shards: 3 chunks and a bit per rank, the last rank 37 tokens shorter.
-    let lengths = shard_lengths(npes, 3 * 64 + 11, 37);
-    let start: usize = lengths[..me].iter().sum();
-    let total: usize = lengths.iter().sum();
-    for (dk, dv) in [(64, 64), (128, 128), (64, 128)] {
+    // Ragged shards: 3 chunks and a bit per rank, the last rank 37 tokens shorter (several
+    // segments per shard); then shards of less than a chunk (one segment: the reversed passes
+    // start from the carry alone).
+    for (per_rank, dk, dv) in [
+        (3 * 64 + 11, 64, 64),
+        (3 * 64 + 11, 128, 128),
+        (3 * 64 + 11, 64, 128),
+        (50, 128, 64),
+    ] {
+        let lengths = shard_lengths(npes, per_rank, 37);
+        let start: usize = lengths[..me].iter().sum();
+        let total: usize = lengths.iter().sum();
         let shape = Shape {
             b: 2,
             t: total,

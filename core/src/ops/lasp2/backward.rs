@@ -16,11 +16,17 @@
 //!
 //! Per call, on each PE (the overlapped mode):
 //! ```text
-//! main stream:      reversed states (Q, dO) ─ev─ h0^T, dq pass ─ carry_in (waits) ─ dv, dk passes, dg, dh0 ─ join ─ advance
-//! exchange stream:                   fold_put: dM_w, puts to every earlier PE ────────────────────────────┘
+//! main stream:      reversed states (Q, dO) ─ev─ h0^T, dq pass ─ carry_in (waits) ─ starts ─ dv, dk passes, dg, dh0 ─ join ─ advance
+//! exchange stream:                   fold_put: dM_w, puts to every earlier PE ──────────────────────────────────┘
 //! ```
 //! so the puts travel while the dq pass, which needs only `P_w`, runs. The sequential modes run
 //! fold_put on the caller's stream and gather the slots before the dq pass.
+//!
+//! The reversed states pass walks the shard's tokens from last to first in the segments the dv
+//! and dk passes use, with `Q, dO` in the roles those passes' own states passes give them: its
+//! segment states are theirs (the dk pass's transposed). So `starts` (lasp_lasp2_reversed_starts)
+//! folds them from `D_w / σ` into both passes' segment starts, and the passes run their output
+//! kernels only ([`ReversedStarts`]), instead of two more passes over `Q, dO`.
 
 use super::chain::StateChain;
 use super::forward::CallPlan;
@@ -28,7 +34,9 @@ use super::{geometry, Chain, ExchangeMode, Lasp2Layout, Lasp2Params, Lasp2Tuning
 use crate::error::Result;
 use crate::kernel::{Kernel, LaunchShape};
 use crate::ops::scalar_decay::geometry as sd;
-use crate::ops::scalar_decay_backward::{check_backward_args, BackwardArgs, ScalarDecayBackward};
+use crate::ops::scalar_decay_backward::{
+    check_backward_args, BackwardArgs, ReversedStarts, ScalarDecayBackward,
+};
 use crate::ops::sm_count;
 use crate::ops::DeviceRef;
 use crate::runtime::Runtime;
@@ -44,9 +52,12 @@ pub struct Lasp2Backward {
     states: [Kernel; 2],
     /// `lasp_lasp2_carry_in_dk{64,128}`.
     carry_in: [Kernel; 2],
+    /// `lasp_lasp2_reversed_starts`.
+    reversed_starts: Kernel,
     shard: ScalarDecayBackward,
     /// Reversed segment states and decays (the forward's ws_m and ws_lambda layout), then `D_w`
-    /// where the forward keeps ws_p.
+    /// where the forward keeps ws_p, then the dv and dk passes' starts
+    /// (`geometry::starts_offsets`).
     workspace: Option<CudaSlice<u8>>,
     sm_count: u32,
 }
@@ -82,6 +93,7 @@ impl Lasp2Backward {
             chain,
             states,
             carry_in,
+            reversed_starts: module.kernel("lasp_lasp2_reversed_starts")?,
             shard,
             workspace: None,
             sm_count,
@@ -144,11 +156,13 @@ impl Lasp2Backward {
         );
         let segments = plan.segments;
         let carry_offset = geometry::ws_p_offset(b, h, segments, dk, dv);
+        let [dht_scaled, dht_t_scaled, dv_prefixes, dk_prefixes, starts_end] =
+            geometry::starts_offsets(b, h, segments, dk, dv).map(|floats| 4 * floats);
         super::super::ensure_workspace(
             self.chain.context(),
             stream,
             &mut self.workspace,
-            carry_offset + 4 * s.state_len() as u64,
+            carry_offset + starts_end,
             "LASP-2 backward",
         )?;
         let ws = self
@@ -196,16 +210,26 @@ impl Lasp2Backward {
         // SAFETY: the carry is a [B, H, Dk, Dv] fp32 part of the workspace owned by self, written
         // by carry_in before the shard's backward reads it on this stream.
         let carried = unsafe { DeviceRef::<f32>::from_raw(carry, s.state_len()) };
-        let carry_in = &self.carry_in[i];
+        let starts = ReversedStarts {
+            segments: segments as u32,
+            dht_scaled: carry + dht_scaled,
+            dht_t_scaled: carry + dht_t_scaled,
+            dv_prefixes: carry + dv_prefixes,
+            dk_prefixes: carry + dk_prefixes,
+        };
+        let (carry_in, reversed_starts) = (&self.carry_in[i], &self.reversed_starts);
         self.shard.launch_with(
             stream,
             BackwardArgs {
                 d_ht: Some(carried),
                 ..args
             },
+            Some(starts),
             || {
                 // SAFETY: as for the states kernel; carry_in reads the slots (after the bounded
-                // waits in the overlapped mode) and d_ht, and writes the carry.
+                // waits in the overlapped mode) and d_ht, and writes the carry; reversed_starts
+                // reads the carry and the states kernel's R_s and Λ_s, and writes the starts
+                // (all in the workspace, sized for them above).
                 unsafe {
                     carry_in.launch(
                         stream,
@@ -213,6 +237,15 @@ impl Lasp2Backward {
                             grid: geometry::fold_put_grid(heads, dv),
                             block: (sd::THREADS, 1, 1),
                             shared_bytes: geometry::carry_in_smem_bytes(dk),
+                        },
+                        &params,
+                    )?;
+                    reversed_starts.launch(
+                        stream,
+                        LaunchShape {
+                            grid: geometry::reversed_starts_grid(heads, dk, dv),
+                            block: (geometry::STARTS_THREADS, 1, 1),
+                            shared_bytes: 0,
                         },
                         &params,
                     )
