@@ -9,6 +9,7 @@
 // over up to 2^31 tokens in fp64, in a fixed order (the same bits on every run).
 #include <stdint.h>
 
+#include "lasp/scalar_decay.cuh"
 #include "lasp/scalar_decay_bwd_params.h"
 
 namespace {
@@ -55,39 +56,77 @@ __device__ double block_inclusive_scan(double x, double* warp_totals, double& to
   return x + before;
 }
 
+// A CTA of the state kernels below takes one 32 x 32 tile of a [Dk, Dv] state (rows d0.., columns
+// c0..): each thread holds kRows elements of it (rows row + 8 i, column lane), reads and writes them
+// in rows, and writes the transposed tile through shared memory (rows padded to 33 floats, so a
+// warp's reads down a column hit 32 banks): every global access is a whole 128-byte line. (One
+// thread per element, writing the transposes straight to global memory, put each store of a warp
+// in its own line: 17 us per launch at B*H = 64, Dk = Dv = 128, run 113.)
+struct StateTile {
+  static constexpr int kTile = LASP_SDB_STATE_TILE, kRowsPerPass = LASP_SDB_STATE_THREADS / kTile;
+  static constexpr int kRows = kTile / kRowsPerPass;
+  int64_t base;  // the head's first element
+  int Dk, Dv, d0, c0, lane, row;
+  __device__ StateTile(const lasp_sd_bwd_params& p)
+      : base((int64_t)blockIdx.y * p.Dk * p.Dv), Dk(p.Dk), Dv(p.Dv),
+        d0(blockIdx.x / (p.Dv / kTile) * kTile), c0(blockIdx.x % (p.Dv / kTile) * kTile),
+        lane(threadIdx.x % kTile), row(threadIdx.x / kTile) {}
+  // Element i of the thread in a [Dk, Dv] state, and in its [Dv, Dk] transpose.
+  __device__ int64_t at(int i) const { return (int64_t)(d0 + row + i * kRowsPerPass) * Dv + c0 + lane; }
+  __device__ int64_t at_t(int i) const { return (int64_t)(c0 + row + i * kRowsPerPass) * Dk + d0 + lane; }
+  // Writes x to the state at `rows` ([Dk, Dv], unless NULL) and its transpose to `cols` ([Dv, Dk]).
+  __device__ void store(const float (&x)[kRows], float* rows, float* cols, float (*tile)[kTile + 1]) const {
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      if (rows) rows[at(i)] = x[i];
+      tile[row + i * kRowsPerPass][lane] = x[i];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) cols[at_t(i)] = tile[lane][row + i * kRowsPerPass];
+    __syncthreads();  // before the next store overwrites the tile
+  }
+};
+
 }  // namespace
 
-// The passes' start states: h0^T (dq pass), dht / sigma (dv pass), dht^T / sigma (dk pass). A CTA
-// takes one 32 x 32 tile of a state: it reads the tile's rows, 32 consecutive floats per warp, and
-// writes the transposed tile's rows through shared memory, so that every global access is a whole
-// 128-byte line. (One thread per element, writing the transposes straight to global memory, put
-// each store of a warp in its own line: 17 us per launch at B*H = 64, Dk = Dv = 128, run 113.)
-// grid lasp_sdb_state_inputs_grid, block LASP_SDB_STATE_THREADS.
+// h0^T, the dq pass's start state. grid lasp_sdb_state_inputs_grid, block LASP_SDB_STATE_THREADS.
 extern "C" __global__ void __launch_bounds__(LASP_SDB_STATE_THREADS)
     lasp_sd_bwd_state_inputs(const __grid_constant__ lasp_sd_bwd_params p) {
-  constexpr int kTile = LASP_SDB_STATE_TILE, kRowsPerPass = LASP_SDB_STATE_THREADS / kTile;
-  // Rows padded to 33 floats: the transposed reads of a warp (one column) hit 32 banks.
-  __shared__ float h0_tile[kTile][kTile + 1], dht_tile[kTile][kTile + 1];
-  const int64_t base = (int64_t)blockIdx.y * p.Dk * p.Dv;
-  const int tiles_per_row = p.Dv / kTile;
-  const int d0 = blockIdx.x / tiles_per_row * kTile, c0 = blockIdx.x % tiles_per_row * kTile;
-  const int lane = threadIdx.x % kTile, row = threadIdx.x / kTile;
+  __shared__ float tile[StateTile::kTile][StateTile::kTile + 1];
+  const StateTile st(p);
+  float x[StateTile::kRows];
 #pragma unroll
-  for (int r = row; r < kTile; r += kRowsPerPass) {
-    const int64_t e = base + (int64_t)(d0 + r) * p.Dv + c0 + lane;  // state row d0 + r, column c0 + lane
-    if (p.h0) h0_tile[r][lane] = p.h0[e];
-    if (p.dht) {
-      const float x = p.dht[e] / p.scale;
-      p.dht_scaled[e] = x;
-      dht_tile[r][lane] = x;
-    }
-  }
-  __syncthreads();
+  for (int i = 0; i < StateTile::kRows; ++i) x[i] = p.h0[st.base + st.at(i)];
+  st.store(x, nullptr, p.h0_t + st.base, tile);
+}
+
+// The reversed passes' start states: P_0 = dht / sigma (zero without dht; written when dht, as
+// dht_scaled), P_{s+1} = e^{Lambda_s} P_s + R_s for s < S - 1 (rev_m, rev_lambda; written to
+// dv_starts slot s), and the transposes of all of them (dht_t_scaled, dk_starts), the dk pass's:
+// the fold is elementwise, so they are exact. The fold is the forward's lasp_scalar_decay_fold,
+// so the dv pass starts where it would have with a states pass and fold of its own.
+// grid lasp_sdb_state_inputs_grid, block LASP_SDB_STATE_THREADS.
+extern "C" __global__ void __launch_bounds__(LASP_SDB_STATE_THREADS)
+    lasp_sd_bwd_reversed_starts(const __grid_constant__ lasp_sd_bwd_params p) {
+  __shared__ float tile[StateTile::kTile][StateTile::kTile + 1];
+  const StateTile st(p);
+  const int64_t n = (int64_t)p.Dk * p.Dv, bh = blockIdx.y;
+  const int later = p.rev_segments - 1;
+  float x[StateTile::kRows];
 #pragma unroll
-  for (int r = row; r < kTile; r += kRowsPerPass) {
-    const int64_t e = base + (int64_t)(c0 + r) * p.Dk + d0 + lane;  // transposed row c0 + r, column d0 + lane
-    if (p.h0) p.h0_t[e] = h0_tile[lane][r];
-    if (p.dht) p.dht_t_scaled[e] = dht_tile[lane][r];
+  for (int i = 0; i < StateTile::kRows; ++i) x[i] = p.dht ? p.dht[st.base + st.at(i)] / p.scale : 0.f;
+  if (p.dht) st.store(x, p.dht_scaled + st.base, p.dht_t_scaled + st.base, tile);
+  // Slot s of head bh: R_s at rev_m + (bh * rev_slots + s) * n, the starts at (bh * (S-1) + s) * n.
+  for (int s = 0; s < later; ++s) {
+    const int64_t in = bh * p.rev_slots + s, out = (bh * later + s) * n;
+    const float l = __ldg(p.rev_lambda + in);
+    float m[StateTile::kRows];
+#pragma unroll
+    for (int i = 0; i < StateTile::kRows; ++i) m[i] = __ldg(p.rev_m + in * n + st.at(i));
+#pragma unroll
+    for (int i = 0; i < StateTile::kRows; ++i) x[i] = lasp::sd::fold_step(x[i], l, m[i]);
+    st.store(x, p.dv_starts + out, p.dk_starts + out, tile);
   }
 }
 

@@ -780,13 +780,6 @@ pub(crate) struct SegmentStarts {
     pub(crate) prefixes: u64,
 }
 
-/// The order in which a pass walks the tokens (the backward's dk and dv passes run reversed).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum TimeDirection {
-    Forward,
-    Reversed,
-}
-
 fn dk_index(dk: usize) -> usize {
     usize::from(dk == 128)
 }
@@ -1000,22 +993,7 @@ impl ScalarDecayForward {
     }
 
     /// Validates a call (shape, tensors, stream, in debug builds the gates), makes the workspace
-    /// large enough, and returns its plan and the kernels' params. A time-reversed pass runs the
-    /// one-warpgroup output kernel (the two-role kernel's tensor maps read tokens in order only).
-    fn prepare(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        args: &ForwardArgs<'_>,
-        direction: TimeDirection,
-    ) -> Result<(ForwardPlan, ScalarDecayParams)> {
-        let plan = match direction {
-            TimeDirection::Forward => self.plan(&args.shape)?,
-            TimeDirection::Reversed => self.plan(&args.shape)?.with_one_warpgroup_output(),
-        };
-        self.prepare_plan(stream, args, plan)
-    }
-
-    /// [`ScalarDecayForward::prepare`] for a given plan.
+    /// large enough for `plan`, and returns it with the kernels' params.
     fn prepare_plan(
         &mut self,
         stream: &Arc<CudaStream>,
@@ -1081,38 +1059,18 @@ impl ScalarDecayForward {
         stream: &Arc<CudaStream>,
         args: ForwardArgs<'_>,
     ) -> Result<ForwardPlan> {
-        self.launch_in(stream, args, TimeDirection::Forward)
-    }
-
-    /// [`ScalarDecayForward::launch`] over the tokens in `direction`: reversed, token `t` of the
-    /// recurrence is token `T-1-t` of the tensors (o included) with log-decay `g[T-t]` (0 for
-    /// `t = 0`), which turns the recurrence's prefix sums into the suffix sums of the backward.
-    pub(crate) fn launch_in(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        args: ForwardArgs<'_>,
-        direction: TimeDirection,
-    ) -> Result<ForwardPlan> {
-        let (plan, params) = self.prepare(stream, &args, direction)?;
-        let i = dk_index(args.shape.dk);
-        let (states, output) = match direction {
-            TimeDirection::Forward => (self.states[i], self.output_launch(&plan, &params)?),
-            TimeDirection::Reversed => (
-                self.states_reversed[i],
-                OutputLaunch::OneWarpgroup(self.output_reversed[i], plan.output, params),
-            ),
-        };
+        let plan = self.plan(&args.shape)?;
+        let (plan, params) = self.prepare_plan(stream, &args, plan)?;
+        let output = self.output_launch(&plan, &params)?;
         // SAFETY: ScalarDecayParams has the C layout of lasp_scalar_decay_params (tests below);
         // RolesParams that of lasp_sd_roles_params, with maps of the same tensors; the shape is
         // supported, every tensor has the length, alignment and non-overlap the kernels need
-        // (checked in prepare), the views borrow their buffers for the call and their
+        // (checked in prepare_plan), the views borrow their buffers for the call and their
         // contracts keep the memory valid until the kernels complete; the workspace is owned by
         // self and freed only after a context synchronisation.
-        // The reversed kernels take the same params and read and write the same tensors, tokens in
-        // the other order.
         unsafe {
             if let (Some(states_shape), Some(fold)) = (plan.states, plan.fold) {
-                states.launch(stream, states_shape, &params)?;
+                self.states[dk_index(args.shape.dk)].launch(stream, states_shape, &params)?;
                 self.fold.launch(stream, fold, &params)?;
             }
             output.enqueue(stream)?;
@@ -1120,31 +1078,68 @@ impl ScalarDecayForward {
         Ok(plan)
     }
 
+    /// The segments both reversed passes of the backward run in: they run the one-warpgroup
+    /// kernel, whose plans fill two CTAs per SM, and share one states pass (the overrides of
+    /// [`ScalarDecayForward::set_target_ctas`] and [`ScalarDecayForward::set_num_segments`]
+    /// apply).
+    pub(crate) fn reversed_segments(&self, shape: &ForwardShape) -> Result<u32> {
+        let target = self.target_ctas.unwrap_or(2 * self.sm_count);
+        Ok(ForwardPlan::new(shape, target, self.force_segments)?.num_segments)
+    }
+
+    /// The one-warpgroup plan of `shape` in exactly `segments` segments, without a workspace of
+    /// this forward's (the caller's buffers hold the segment states and starts).
+    fn reversed_plan(shape: &ForwardShape, segments: u32) -> Result<ForwardPlan> {
+        let plan = ForwardPlan::new(shape, 1, Some(segments))?.with_one_warpgroup_output();
+        if plan.num_segments != segments {
+            return Err(invalid(format!(
+                "scalar-decay reversed pass: {segments} segments do not cut T = {} into \
+                 non-empty segments of whole chunks ({} would); use that count",
+                shape.t, plan.num_segments
+            )));
+        }
+        Ok(ForwardPlan {
+            workspace_bytes: 0,
+            ..plan
+        })
+    }
+
+    /// The states kernel of a reversed pass alone: the end states from zero of segments
+    /// 0 .. S-2 (tokens from last to first) into `m` (fp32 `[B*H][S-1][Dk][Dv]`) and their
+    /// log-decays into `lambda` (`[B*H][S-1]`). Nothing to do when S = 1.
+    pub(crate) fn launch_reversed_states(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        args: &ForwardArgs<'_>,
+        segments: u32,
+        (m, lambda): (u64, u64),
+    ) -> Result<()> {
+        let plan = Self::reversed_plan(&args.shape, segments)?;
+        let (plan, params) = self.prepare_plan(stream, args, plan)?;
+        let Some(states) = plan.states else {
+            return Ok(());
+        };
+        let params = ScalarDecayParams {
+            ws_m: m,
+            ws_p: 0,
+            ws_lambda: lambda,
+            ..params
+        };
+        // SAFETY: as in `launch`; the states kernel reads k, v and g (checked in prepare_plan)
+        // and writes only ws_m and ws_lambda, which the caller's contract sizes for the plan.
+        unsafe { self.states_reversed[dk_index(args.shape.dk)].launch(stream, states, &params) }
+    }
+
     /// The output kernel of a reversed pass alone, cut into `starts.segments` segments that
     /// start from `args.h0` (segment 0) and from `starts.prefixes` (segment s > 0: slot s - 1 of
-    /// a `[B*H][S-1][Dk][Dv]` fp32 buffer, the layout the fold kernel writes). The LASP-2
-    /// backward computes those starts from its own reversed states pass, which is the states
-    /// pass these passes would otherwise run again.
+    /// a `[B*H][S-1][Dk][Dv]` fp32 buffer, the layout the fold kernel writes).
     pub(crate) fn launch_reversed_output(
         &mut self,
         stream: &Arc<CudaStream>,
         args: ForwardArgs<'_>,
         starts: SegmentStarts,
     ) -> Result<()> {
-        let plan =
-            ForwardPlan::new(&args.shape, 1, Some(starts.segments))?.with_one_warpgroup_output();
-        if plan.num_segments != starts.segments {
-            return Err(invalid(format!(
-                "scalar-decay reversed pass: {} segments do not cut T = {} into non-empty \
-                 segments of whole chunks ({} would); compute the starts for that count",
-                starts.segments, args.shape.t, plan.num_segments
-            )));
-        }
-        // No workspace of this forward's: the starts are the caller's.
-        let plan = ForwardPlan {
-            workspace_bytes: 0,
-            ..plan
-        };
+        let plan = Self::reversed_plan(&args.shape, starts.segments)?;
         let (plan, params) = self.prepare_plan(stream, &args, plan)?;
         let params = ScalarDecayParams {
             ws_m: 0,
@@ -1157,7 +1152,7 @@ impl ScalarDecayForward {
             plan.output,
             params,
         );
-        // SAFETY: as in `launch_in`; the output kernel reads of the workspace only the segment
+        // SAFETY: as in `launch`; the output kernel reads of the workspace only the segment
         // starts, which the caller's `starts.prefixes` holds for every segment s > 0 (its
         // contract: B*H*(S-1)*Dk*Dv floats, written before this launch on `stream`).
         unsafe { launch.enqueue(stream) }
@@ -1194,7 +1189,8 @@ impl ScalarDecayForward {
         args: ForwardArgs<'_>,
         probe: OutputProbe,
     ) -> Result<ForwardPlan> {
-        let (plan, params) = self.prepare(stream, &args, TimeDirection::Forward)?;
+        let plan = self.plan(&args.shape)?;
+        let (plan, params) = self.prepare_plan(stream, &args, plan)?;
         let i = dk_index(args.shape.dk);
         // The probes are variants of the one-warpgroup output kernel and launch like it, also
         // where the plan runs the two-role kernel.

@@ -19,7 +19,6 @@
 
 use super::scalar_decay::{
     check_args_of, ForwardArgs, ForwardShape, ScalarDecayForward, SegmentStarts, TensorChecks,
-    TimeDirection,
 };
 use super::{bf16, ranges_overlap, DeviceMut, DeviceRef};
 use crate::error::{Error, Result};
@@ -97,9 +96,31 @@ pub mod geometry {
         let totals = b as u64 * h as u64 * (1 + grad_blocks(t) as u64) * 8;
         block_totals_offset(b, t, h, dk, dv) + totals.div_ceil(16) * 16
     }
+
+    /// `lasp_sdb_rev_lambda_offset`: the reversed passes' workspace holds `rev_m` at 0, then the
+    /// log-decays, then the dv and dk passes' starts (S - 1 states each).
+    pub const fn rev_lambda_offset(b: i32, h: i32, s: i32, dk: i32, dv: i32) -> u64 {
+        (s as u64 - 1) * state_bytes(b, h, dk, dv)
+    }
+
+    /// `lasp_sdb_dv_starts_offset`.
+    pub const fn dv_starts_offset(b: i32, h: i32, s: i32, dk: i32, dv: i32) -> u64 {
+        rev_lambda_offset(b, h, s, dk, dv)
+            + (b as u64 * h as u64 * (s as u64 - 1) * 4).div_ceil(16) * 16
+    }
+
+    /// `lasp_sdb_dk_starts_offset`.
+    pub const fn dk_starts_offset(b: i32, h: i32, s: i32, dk: i32, dv: i32) -> u64 {
+        dv_starts_offset(b, h, s, dk, dv) + (s as u64 - 1) * state_bytes(b, h, dk, dv)
+    }
+
+    /// `lasp_sdb_reversed_bytes` (0 when S == 1).
+    pub const fn reversed_bytes(b: i32, h: i32, s: i32, dk: i32, dv: i32) -> u64 {
+        dk_starts_offset(b, h, s, dk, dv) + (s as u64 - 1) * state_bytes(b, h, dk, dv)
+    }
 }
 
-/// The C struct `lasp_sd_bwd_params` (152 bytes). Device pointers are raw addresses; NULL (0)
+/// The C struct `lasp_sd_bwd_params` (192 bytes). Device pointers are raw addresses; NULL (0)
 /// where a tensor is absent.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -114,6 +135,10 @@ pub struct BackwardParams {
     pub h0_t: u64,
     pub dht_scaled: u64,
     pub dht_t_scaled: u64,
+    pub rev_m: u64,
+    pub rev_lambda: u64,
+    pub dv_starts: u64,
+    pub dk_starts: u64,
     pub ht_t: u64,
     pub dh0_scaled: u64,
     pub gate_terms: u64,
@@ -126,6 +151,8 @@ pub struct BackwardParams {
     pub dk_dim: i32,
     pub dv_dim: i32,
     pub scale: f32,
+    pub rev_segments: i32,
+    pub rev_slots: i32,
 }
 
 /// The tensors of one backward call: the forward's inputs, the output gradients, and the
@@ -245,27 +272,24 @@ pub(crate) fn check_backward_args(args: &BackwardArgs<'_>) -> Result<f32> {
     Ok(scale)
 }
 
-/// Start states of the reversed (dv, dk) passes that a caller computes itself: the LASP-2
-/// backward, from its own reversed states pass, whose segment states are the dv pass's (and
-/// their transposes the dk pass's). With them the passes run their output kernels only, cut into
-/// `segments` segments. Device addresses of fp32 buffers, written before the passes run.
+/// The reversed states pass's output, from a caller that ran it itself: the LASP-2 backward,
+/// whose pass over the shard (for the state gradient it exchanges) walks the same tokens in the
+/// same segments with `Q, dO` in the roles the dv pass gives them.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct ReversedStarts {
-    /// Segments per sequence, S.
+pub(crate) struct ReversedStates {
+    /// Segments per sequence, S (the dv and dk passes run in as many).
     pub(crate) segments: u32,
-    /// `d_ht / σ`, `[B*H][Dk][Dv]`: where the dv pass starts.
-    pub(crate) dht_scaled: u64,
-    /// Its transpose, `[B*H][Dv][Dk]`: where the dk pass starts.
-    pub(crate) dht_t_scaled: u64,
-    /// The dv pass's starts of segments 1 .. S-1, `[B*H][S-1][Dk][Dv]`.
-    pub(crate) dv_prefixes: u64,
-    /// Their transposes, the dk pass's, `[B*H][S-1][Dv][Dk]`.
-    pub(crate) dk_prefixes: u64,
+    /// Device address of `R_s`, fp32 `[B*H][slots][Dk][Dv]` (segments s < S - 1 are read).
+    pub(crate) m: u64,
+    /// Device address of their log-decays `Λ_s`, fp32 `[B*H][slots]`.
+    pub(crate) lambda: u64,
+    /// Segment states per head in `m` and `lambda`: S - 1, or S where the last is there too.
+    pub(crate) slots: u32,
 }
 
-/// The scalar-decay backward: the forward's kernels (in both time directions), the four kernels
-/// of its own, and a workspace for the passes' start and end states, the per-token gate terms and
-/// their block sums.
+/// The scalar-decay backward: the forward's kernels (in both time directions), the five kernels
+/// of its own, and workspaces for the passes' start and end states, the per-token gate terms and
+/// their block sums, and the reversed passes' segment states and starts.
 ///
 /// Launches of one instance on different streams must be ordered by the caller (the workspaces
 /// are shared). The workspace grows on demand (a context synchronisation then) and is freed when
@@ -274,10 +298,13 @@ pub struct ScalarDecayBackward {
     ctx: Arc<CudaContext>,
     forward: ScalarDecayForward,
     state_inputs: Kernel,
+    reversed_starts: Kernel,
     gate_terms: Kernel,
     gate_block_sums: Kernel,
     gate_grad: Kernel,
     workspace: Option<CudaSlice<u8>>,
+    /// The reversed passes' (geometry::reversed_bytes; none while they run one segment).
+    reversed: Option<CudaSlice<u8>>,
 }
 
 impl ScalarDecayBackward {
@@ -288,10 +315,12 @@ impl ScalarDecayBackward {
             ctx: runtime.context().clone(),
             forward: ScalarDecayForward::new(runtime)?,
             state_inputs: module.kernel("lasp_sd_bwd_state_inputs")?,
+            reversed_starts: module.kernel("lasp_sd_bwd_reversed_starts")?,
             gate_terms: module.kernel("lasp_sd_bwd_gate_terms")?,
             gate_block_sums: module.kernel("lasp_sd_bwd_gate_block_sums")?,
             gate_grad: module.kernel("lasp_sd_bwd_gate_grad")?,
             workspace: None,
+            reversed: None,
         })
     }
 
@@ -309,24 +338,16 @@ impl ScalarDecayBackward {
 
     /// [`ScalarDecayBackward::launch`] with `before_reversed_passes` enqueued after the dq pass
     /// and before anything reads `args.d_ht`: LASP-2 computes the shard's `d_ht` there, while
-    /// the dq pass (which needs only `h0`) has kept the GPU busy. With `starts` (which needs
-    /// `args.d_ht`), the dv and dk passes start from the states the hook writes there and run
-    /// their output kernels only.
+    /// the dq pass (which needs only `h0`) has kept the GPU busy. With `states`, the reversed
+    /// passes start from the caller's reversed states pass instead of running one.
     pub(crate) fn launch_with(
         &mut self,
         stream: &Arc<CudaStream>,
         args: BackwardArgs<'_>,
-        starts: Option<ReversedStarts>,
+        states: Option<ReversedStates>,
         before_reversed_passes: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
         let scale = check_backward_args(&args)?;
-        if starts.is_some() && args.d_ht.is_none() {
-            return Err(invalid(
-                "scalar-decay backward: reversed-pass starts are computed from d_ht; pass d_ht \
-                 with them"
-                    .into(),
-            ));
-        }
         if !Arc::ptr_eq(stream.context(), &self.ctx) {
             return Err(invalid(
                 "scalar-decay backward: the stream belongs to another CUDA context; launch on a \
@@ -336,6 +357,11 @@ impl ScalarDecayBackward {
         }
         let s = args.shape;
         let (b, t, h, dk, dv) = (s.b as i32, s.t as i32, s.h as i32, s.dk as i32, s.dv as i32);
+        let rev_segments = match &states {
+            Some(st) => st.segments,
+            None => self.forward.reversed_segments(&s)?,
+        };
+        let rs = rev_segments as i32;
         super::ensure_workspace(
             &self.ctx,
             stream,
@@ -343,11 +369,27 @@ impl ScalarDecayBackward {
             geometry::workspace_bytes(b, t, h, dk, dv),
             "scalar-decay backward",
         )?;
+        super::ensure_workspace(
+            &self.ctx,
+            stream,
+            &mut self.reversed,
+            geometry::reversed_bytes(b, h, rs, dk, dv),
+            "scalar-decay backward",
+        )?;
         let (ws, _no_events) = self
             .workspace
             .as_ref()
             .expect("ensured above")
             .device_ptr(stream);
+        let rev = match (&self.reversed, rs > 1) {
+            (Some(r), true) => r.device_ptr(stream).0,
+            _ => 0,
+        };
+        let own_states = (rev, rev + geometry::rev_lambda_offset(b, h, rs, dk, dv));
+        let (rev_m, rev_lambda, rev_slots) = match &states {
+            Some(st) => (st.m, st.lambda, st.slots as i32),
+            None => (own_states.0, own_states.1, rs - 1),
+        };
         let state = geometry::state_bytes(b, h, dk, dv);
         let state_len = s.state_len();
         let part = |i: u64| ws + i * state;
@@ -362,6 +404,10 @@ impl ScalarDecayBackward {
             h0_t: part(0),
             dht_scaled: part(1),
             dht_t_scaled: part(2),
+            rev_m,
+            rev_lambda,
+            dv_starts: rev + geometry::dv_starts_offset(b, h, rs, dk, dv),
+            dk_starts: rev + geometry::dk_starts_offset(b, h, rs, dk, dv),
             ht_t: part(3),
             dh0_scaled: part(4),
             gate_terms: ws + geometry::gate_terms_offset(b, h, dk, dv),
@@ -374,6 +420,8 @@ impl ScalarDecayBackward {
             dk_dim: dk,
             dv_dim: dv,
             scale,
+            rev_segments: rs,
+            rev_slots,
         };
         // Views of one workspace state each.
         // SAFETY: every address is a `state_len`-float part of the workspace (geometry), owned by
@@ -390,31 +438,20 @@ impl ScalarDecayBackward {
         let has_h0 = args.h0.is_some();
         let has_dht = args.d_ht.is_some();
         let has_dh0 = args.dh0.is_some();
-
-        // The start states: h0^T before the dq pass; dht / sigma and its transpose after the
-        // hook, in a second launch of the same kernel (it converts what it is given).
-        let state_inputs = |kernel: &Kernel, params: &BackwardParams| {
-            // SAFETY: BackwardParams has the C layout of lasp_sd_bwd_params (tests); the kernel
-            // reads h0 and d_ht (checked lengths) where given and writes workspace states owned
-            // by self.
-            unsafe {
-                kernel.launch(
-                    stream,
-                    LaunchShape {
-                        grid: geometry::state_inputs_grid(b, h, dk, dv),
-                        block: (geometry::STATE_THREADS, 1, 1),
-                        shared_bytes: 0,
-                    },
-                    params,
-                )
-            }
+        let state_shape = LaunchShape {
+            grid: geometry::state_inputs_grid(b, h, dk, dv),
+            block: (geometry::STATE_THREADS, 1, 1),
+            shared_bytes: 0,
         };
+
         self.ctx.bind_to_thread()?;
         if has_h0 {
-            state_inputs(&self.state_inputs, &BackwardParams { dht: 0, ..params })?;
+            // SAFETY: BackwardParams has the C layout of lasp_sd_bwd_params (tests); the kernel
+            // reads h0 (checked length) and writes h0^T, a workspace state owned by self.
+            unsafe { self.state_inputs.launch(stream, state_shape, &params)? };
         }
         // dq: dO, V, K in the roles of Q, K, V from h0^T; its final state is ht^T (for dg).
-        self.forward.launch_in(
+        self.forward.launch(
             stream,
             ForwardArgs {
                 shape: transposed,
@@ -427,25 +464,17 @@ impl ScalarDecayBackward {
                 ht: has_dht.then(|| ws_mut(params.ht_t)),
                 scale: Some(scale),
             },
-            TimeDirection::Forward,
         )?;
         before_reversed_passes()?;
         self.ctx.bind_to_thread()?;
-        if has_dht && starts.is_none() {
-            state_inputs(&self.state_inputs, &BackwardParams { h0: 0, ..params })?;
-        }
         // dv, reversed: K, Q, dO from dht / sigma; its final state is dH_0 / sigma (for dh0).
-        let (dht_scaled, dht_t_scaled) = match &starts {
-            Some(st) => (st.dht_scaled, st.dht_t_scaled),
-            None => (params.dht_scaled, params.dht_t_scaled),
-        };
         let dv_pass = ForwardArgs {
             shape: s,
             q: args.k,
             k: args.q,
             v: args.d_o,
             g: args.g,
-            h0: has_dht.then(|| ws_ref(dht_scaled)),
+            h0: has_dht.then(|| ws_ref(params.dht_scaled)),
             o: args.dv,
             ht: has_dh0.then(|| ws_mut(params.dh0_scaled)),
             scale: Some(scale),
@@ -457,28 +486,29 @@ impl ScalarDecayBackward {
             k: args.d_o,
             v: args.q,
             g: args.g,
-            h0: has_dht.then(|| ws_ref(dht_t_scaled)),
+            h0: has_dht.then(|| ws_ref(params.dht_t_scaled)),
             o: args.dk,
             ht: None,
             scale: Some(scale),
         };
-        match starts {
-            None => {
-                self.forward
-                    .launch_in(stream, dv_pass, TimeDirection::Reversed)?;
-                self.forward
-                    .launch_in(stream, dk_pass, TimeDirection::Reversed)?;
-            }
-            Some(st) => {
-                let starts = |prefixes| SegmentStarts {
-                    segments: st.segments,
-                    prefixes,
-                };
-                self.forward
-                    .launch_reversed_output(stream, dv_pass, starts(st.dv_prefixes))?;
-                self.forward
-                    .launch_reversed_output(stream, dk_pass, starts(st.dk_prefixes))?;
-            }
+        // One reversed states pass (over Q and dO, in the dv pass's roles) serves both passes.
+        if states.is_none() {
+            self.forward
+                .launch_reversed_states(stream, &dv_pass, rev_segments, own_states)?;
+        }
+        if has_dht || rev_segments > 1 {
+            self.ctx.bind_to_thread()?;
+            // SAFETY: as above; the kernel reads d_ht (checked length) and the reversed states
+            // (the caller's, sized for `rev_segments` by its contract, or the workspace's) and
+            // writes the starts, workspace parts owned by self.
+            unsafe { self.reversed_starts.launch(stream, state_shape, &params)? };
+        }
+        for (pass, prefixes) in [(dv_pass, params.dv_starts), (dk_pass, params.dk_starts)] {
+            let starts = SegmentStarts {
+                segments: rev_segments,
+                prefixes,
+            };
+            self.forward.launch_reversed_output(stream, pass, starts)?;
         }
         self.ctx.bind_to_thread()?;
         let gate_grad_shape = LaunchShape {
@@ -562,6 +592,10 @@ mod tests {
             ("h0_t", offset_of!(BackwardParams, h0_t)),
             ("dht_scaled", offset_of!(BackwardParams, dht_scaled)),
             ("dht_t_scaled", offset_of!(BackwardParams, dht_t_scaled)),
+            ("rev_m", offset_of!(BackwardParams, rev_m)),
+            ("rev_lambda", offset_of!(BackwardParams, rev_lambda)),
+            ("dv_starts", offset_of!(BackwardParams, dv_starts)),
+            ("dk_starts", offset_of!(BackwardParams, dk_starts)),
             ("ht_t", offset_of!(BackwardParams, ht_t)),
             ("dh0_scaled", offset_of!(BackwardParams, dh0_scaled)),
             ("gate_terms", offset_of!(BackwardParams, gate_terms)),
@@ -574,18 +608,20 @@ mod tests {
             ("Dk", offset_of!(BackwardParams, dk_dim)),
             ("Dv", offset_of!(BackwardParams, dv_dim)),
             ("scale", offset_of!(BackwardParams, scale)),
+            ("rev_segments", offset_of!(BackwardParams, rev_segments)),
+            ("rev_slots", offset_of!(BackwardParams, rev_slots)),
         ];
         assert_eq!(
             names,
             rust.map(|(n, _)| n),
             "field order differs from the header"
         );
-        // 16 pointers, then six 4-byte fields, as a C compiler lays them out.
+        // 20 pointers, then eight 4-byte fields, as a C compiler lays them out.
         for (i, (name, offset)) in rust.iter().enumerate() {
-            let want = if i < 16 { 8 * i } else { 128 + 4 * (i - 16) };
+            let want = if i < 20 { 8 * i } else { 160 + 4 * (i - 20) };
             assert_eq!(*offset, want, "offset of {name}");
         }
-        assert_eq!(size_of::<BackwardParams>(), 152);
+        assert_eq!(size_of::<BackwardParams>(), 192);
     }
 
     #[test]
@@ -636,5 +672,21 @@ mod tests {
             5 * 3 * 16384 + 3 * 8193 * 4 + 4 + 3 * 3 * 8 + 8
         );
         assert!(HEADER.contains("return 5u * lasp_sdb_state_bytes(B, H, Dk, Dv);"));
+        // The reversed passes' workspace at B=1, H=3, S=4, Dk=64, Dv=128: three segment states per
+        // head each way, 9 log-decays (36 bytes, rounded up to 48).
+        let state = 3 * 64 * 128 * 4;
+        assert_eq!(geometry::rev_lambda_offset(1, 3, 4, 64, 128), 3 * state);
+        assert_eq!(geometry::dv_starts_offset(1, 3, 4, 64, 128), 3 * state + 48);
+        assert_eq!(geometry::dk_starts_offset(1, 3, 4, 64, 128), 6 * state + 48);
+        assert_eq!(geometry::reversed_bytes(1, 3, 4, 64, 128), 9 * state + 48);
+        assert_eq!(geometry::reversed_bytes(2, 16, 1, 128, 128), 0);
+        for formula in [
+            "return (uint64_t)(S - 1) * lasp_sdb_state_bytes(B, H, Dk, Dv);",
+            "return lasp_sdb_rev_lambda_offset(B, H, S, Dk, Dv) + (((uint64_t)B * H * (uint64_t)(S - 1) * 4u + 15u) / 16u) * 16u;",
+            "return lasp_sdb_dv_starts_offset(B, H, S, Dk, Dv) + (uint64_t)(S - 1) * lasp_sdb_state_bytes(B, H, Dk, Dv);",
+            "return lasp_sdb_dk_starts_offset(B, H, S, Dk, Dv) + (uint64_t)(S - 1) * lasp_sdb_state_bytes(B, H, Dk, Dv);",
+        ] {
+            assert!(HEADER.contains(formula), "{formula}");
+        }
     }
 }

@@ -16,17 +16,16 @@
 //!
 //! Per call, on each PE (the overlapped mode):
 //! ```text
-//! main stream:      reversed states (Q, dO) ─ev─ h0^T, dq pass ─ carry_in (waits) ─ starts ─ dv, dk passes, dg, dh0 ─ join ─ advance
-//! exchange stream:                   fold_put: dM_w, puts to every earlier PE ──────────────────────────────────┘
+//! main stream:      reversed states (Q, dO) ─ev─ h0^T, dq pass ─ carry_in (waits) ─ starts, dv, dk passes, dg, dh0 ─ join ─ advance
+//! exchange stream:                   fold_put: dM_w, puts to every earlier PE ────────────────────────────────────┘
 //! ```
 //! so the puts travel while the dq pass, which needs only `P_w`, runs. The sequential modes run
 //! fold_put on the caller's stream and gather the slots before the dq pass.
 //!
-//! The reversed states pass walks the shard's tokens from last to first in the segments the dv
-//! and dk passes use, with `Q, dO` in the roles those passes' own states passes give them: its
-//! segment states are theirs (the dk pass's transposed). So `starts` (lasp_lasp2_reversed_starts)
-//! folds them from `D_w / σ` into both passes' segment starts, and the passes run their output
-//! kernels only ([`ReversedStarts`]), instead of two more passes over `Q, dO`.
+//! The reversed states pass walks the shard's tokens from last to first in S segments with `Q, dO`
+//! in the roles the shard's dv pass gives them, so its segment states are the ones the shard's
+//! reversed passes would compute again: the shard's backward starts them from these
+//! ([`ReversedStates`]), folded from `D_w / σ`, and runs no reversed states pass of its own.
 
 use super::chain::StateChain;
 use super::forward::CallPlan;
@@ -35,7 +34,7 @@ use crate::error::Result;
 use crate::kernel::{Kernel, LaunchShape};
 use crate::ops::scalar_decay::geometry as sd;
 use crate::ops::scalar_decay_backward::{
-    check_backward_args, BackwardArgs, ReversedStarts, ScalarDecayBackward,
+    check_backward_args, BackwardArgs, ReversedStates, ScalarDecayBackward,
 };
 use crate::ops::sm_count;
 use crate::ops::DeviceRef;
@@ -52,12 +51,9 @@ pub struct Lasp2Backward {
     states: [Kernel; 2],
     /// `lasp_lasp2_carry_in_dk{64,128}`.
     carry_in: [Kernel; 2],
-    /// `lasp_lasp2_reversed_starts`.
-    reversed_starts: Kernel,
     shard: ScalarDecayBackward,
     /// Reversed segment states and decays (the forward's ws_m and ws_lambda layout), then `D_w`
-    /// where the forward keeps ws_p, then the dv and dk passes' starts
-    /// (`geometry::starts_offsets`).
+    /// where the forward keeps ws_p.
     workspace: Option<CudaSlice<u8>>,
     sm_count: u32,
 }
@@ -93,7 +89,6 @@ impl Lasp2Backward {
             chain,
             states,
             carry_in,
-            reversed_starts: module.kernel("lasp_lasp2_reversed_starts")?,
             shard,
             workspace: None,
             sm_count,
@@ -156,13 +151,11 @@ impl Lasp2Backward {
         );
         let segments = plan.segments;
         let carry_offset = geometry::ws_p_offset(b, h, segments, dk, dv);
-        let [dht_scaled, dht_t_scaled, dv_prefixes, dk_prefixes, starts_end] =
-            geometry::starts_offsets(b, h, segments, dk, dv).map(|floats| 4 * floats);
         super::super::ensure_workspace(
             self.chain.context(),
             stream,
             &mut self.workspace,
-            carry_offset + starts_end,
+            carry_offset + 4 * s.state_len() as u64,
             "LASP-2 backward",
         )?;
         let ws = self
@@ -210,26 +203,23 @@ impl Lasp2Backward {
         // SAFETY: the carry is a [B, H, Dk, Dv] fp32 part of the workspace owned by self, written
         // by carry_in before the shard's backward reads it on this stream.
         let carried = unsafe { DeviceRef::<f32>::from_raw(carry, s.state_len()) };
-        let starts = ReversedStarts {
+        let reversed = ReversedStates {
             segments: segments as u32,
-            dht_scaled: carry + dht_scaled,
-            dht_t_scaled: carry + dht_t_scaled,
-            dv_prefixes: carry + dv_prefixes,
-            dk_prefixes: carry + dk_prefixes,
+            m: params.ws_m,
+            lambda: params.ws_lambda,
+            slots: segments as u32,
         };
-        let (carry_in, reversed_starts) = (&self.carry_in[i], &self.reversed_starts);
+        let carry_in = &self.carry_in[i];
         self.shard.launch_with(
             stream,
             BackwardArgs {
                 d_ht: Some(carried),
                 ..args
             },
-            Some(starts),
+            Some(reversed),
             || {
                 // SAFETY: as for the states kernel; carry_in reads the slots (after the bounded
-                // waits in the overlapped mode) and d_ht, and writes the carry; reversed_starts
-                // reads the carry and the states kernel's R_s and Λ_s, and writes the starts
-                // (all in the workspace, sized for them above).
+                // waits in the overlapped mode) and d_ht, and writes the carry.
                 unsafe {
                     carry_in.launch(
                         stream,
@@ -237,15 +227,6 @@ impl Lasp2Backward {
                             grid: geometry::fold_put_grid(heads, dv),
                             block: (sd::THREADS, 1, 1),
                             shared_bytes: geometry::carry_in_smem_bytes(dk),
-                        },
-                        &params,
-                    )?;
-                    reversed_starts.launch(
-                        stream,
-                        LaunchShape {
-                            grid: geometry::reversed_starts_grid(heads, dk, dv),
-                            block: (geometry::STARTS_THREADS, 1, 1),
-                            shared_bytes: 0,
                         },
                         &params,
                     )

@@ -144,27 +144,6 @@ pub mod geometry {
     pub const fn fold_put_grid(heads: i32, dv: i32) -> (u32, u32, u32) {
         (sd::num_vtiles(dv) as u32, heads as u32, 1)
     }
-    /// `LASP2_STARTS_TILE`: the backward's reversed_starts kernel takes tiles of this many rows
-    /// and columns.
-    pub const STARTS_TILE: i32 = 32;
-    /// `LASP2_STARTS_THREADS`.
-    pub const STARTS_THREADS: u32 = 256;
-    /// `lasp2_reversed_starts_grid`.
-    pub const fn reversed_starts_grid(heads: i32, dk: i32, dv: i32) -> (u32, u32, u32) {
-        (
-            ((dk / STARTS_TILE) * (dv / STARTS_TILE)) as u32,
-            heads as u32,
-            1,
-        )
-    }
-    /// `lasp2_starts_dht_scaled`, `lasp2_starts_dht_t_scaled`, `lasp2_starts_dv_prefixes`,
-    /// `lasp2_starts_dk_prefixes` and `lasp2_starts_floats`: floats from the carry to each of
-    /// the reversed passes' starts, and to their end.
-    pub const fn starts_offsets(b: i32, h: i32, s: i32, dk: i32, dv: i32) -> [u64; 5] {
-        let n = b as u64 * h as u64 * dk as u64 * dv as u64;
-        let later = s as u64 - 1;
-        [n, 2 * n, 3 * n, (3 + later) * n, (3 + 2 * later) * n]
-    }
 }
 
 /// The C struct `lasp_lasp2_params` (200 bytes), passed by value to every LASP-2 kernel.
@@ -404,28 +383,6 @@ mod tests {
         assert!(HEADER.contains("LASP2_CHAIN_DESCENDING = 1,"));
         assert!(HEADER.contains("return chain == LASP2_CHAIN_DESCENDING ? npes - 1 - pe : pe;"));
         assert_eq!((Chain::Ascending as i32, Chain::Descending as i32), (0, 1));
-        assert!(HEADER.contains(&format!(
-            "#define LASP2_STARTS_TILE {}\n#define LASP2_STARTS_THREADS {} ",
-            geometry::STARTS_TILE,
-            geometry::STARTS_THREADS
-        )));
-        for formula in [
-            "return (uint64_t)B * H * Dk * Dv;",
-            "return 2u * (uint64_t)B * H * Dk * Dv;",
-            "return 3u * (uint64_t)B * H * Dk * Dv;",
-            "return (3u + (uint64_t)(S - 1)) * B * H * Dk * Dv;",
-            "return (3u + 2u * (uint64_t)(S - 1)) * B * H * Dk * Dv;",
-            "{(uint32_t)((Dk / LASP2_STARTS_TILE) * (Dv / LASP2_STARTS_TILE)), (uint32_t)heads, 1u};",
-        ] {
-            assert!(HEADER.contains(formula), "{formula}");
-        }
-        // B=1, H=2, S=3, Dk=64, Dv=128: n = 16,384 floats; two later segments each way.
-        let n = 16_384;
-        assert_eq!(
-            geometry::starts_offsets(1, 2, 3, 64, 128),
-            [n, 2 * n, 3 * n, 5 * n, 7 * n]
-        );
-        assert_eq!(geometry::reversed_starts_grid(2, 64, 128), (8, 2, 1));
         // Two staged tiles of 128 rows x 72 floats plus trailers.
         assert_eq!(geometry::carry_in_smem_bytes(128), 73_760);
         assert!(HEADER.contains("return 2u * ((uint32_t)Dk * 72u * 4u + 16u);"));

@@ -255,36 +255,6 @@ LASP2_FN lasp2_dim3 lasp2_output_grid(int32_t heads, int32_t Dv, int32_t S) {
 
 LASP2_FN uint32_t lasp2_states_smem_bytes(int32_t Dk) { return lasp_sd_states_smem_bytes(Dk); }
 LASP2_FN uint32_t lasp2_output_smem_bytes(int32_t Dk) { return lasp_sd_output_smem_bytes(Dk); }
-// ---- The backward's reversed-pass starts (lasp_lasp2_reversed_starts, lasp2_bwd.cu) -------------
-// The shard's dv and dk passes walk its tokens from last to first in S segments, like the reversed
-// states pass, whose R_s (ws_m) are exactly the dv pass's segment states. One CTA per 32 x 32 tile
-// of a state and head writes, after the carry D_me at start_state (floats from start_state, n =
-// B*H*Dk*Dv): D_me / sigma [B*H][Dk][Dv] and its transpose [B*H][Dv][Dk] (segment 0's starts of
-// the dv and dk passes), then the later segments' starts P_s, s = 1 .. S-1, [B*H][S-1][Dk][Dv], and
-// their transposes [B*H][S-1][Dv][Dk], with P_0 = D_me / sigma, P_{s+1} = e^{Lambda_s} P_s + R_s.
-#define LASP2_STARTS_TILE 32
-#define LASP2_STARTS_THREADS 256  // 32 columns x 8 rows of threads, 4 elements each
-LASP2_FN uint64_t lasp2_starts_dht_scaled(int32_t B, int32_t H, int32_t Dk, int32_t Dv) {
-  return (uint64_t)B * H * Dk * Dv;
-}
-LASP2_FN uint64_t lasp2_starts_dht_t_scaled(int32_t B, int32_t H, int32_t Dk, int32_t Dv) {
-  return 2u * (uint64_t)B * H * Dk * Dv;
-}
-LASP2_FN uint64_t lasp2_starts_dv_prefixes(int32_t B, int32_t H, int32_t Dk, int32_t Dv) {
-  return 3u * (uint64_t)B * H * Dk * Dv;
-}
-LASP2_FN uint64_t lasp2_starts_dk_prefixes(int32_t B, int32_t H, int32_t S, int32_t Dk, int32_t Dv) {
-  return (3u + (uint64_t)(S - 1)) * B * H * Dk * Dv;
-}
-// Floats from start_state to the end of the starts (the carry included).
-LASP2_FN uint64_t lasp2_starts_floats(int32_t B, int32_t H, int32_t S, int32_t Dk, int32_t Dv) {
-  return (3u + 2u * (uint64_t)(S - 1)) * B * H * Dk * Dv;
-}
-LASP2_FN lasp2_dim3 lasp2_reversed_starts_grid(int32_t heads, int32_t Dk, int32_t Dv) {
-  lasp2_dim3 d = {(uint32_t)((Dk / LASP2_STARTS_TILE) * (Dv / LASP2_STARTS_TILE)), (uint32_t)heads, 1u};
-  return d;
-}
-
 // The backward's carry_in (lasp2_bwd.cu; grid lasp2_fold_put_grid, block LASP2_THREADS): two staged
 // slot tiles of Dk rows padded to 72 floats, and their 16-byte trailers (lasp2_chain.cuh).
 LASP2_FN uint32_t lasp2_carry_in_smem_bytes(int32_t Dk) { return 2u * ((uint32_t)Dk * 72u * 4u + 16u); }

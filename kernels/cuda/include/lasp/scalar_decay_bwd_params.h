@@ -9,8 +9,15 @@
 //   dk pass   (reversed):  q' = V,  k' = dO, v' = Q, h0' = dht^T / sigma -> dk
 // A reversed pass reads token t as token T-1-t with log-decay a_{T-t} (a_T := 0), so its prefix
 // sums are the suffix sums dH_s = sigma sum_{t >= s} e^{G_t - G_s} q_t^T do_t + e^{G_{T-1} - G_s} dht.
+// Both reversed passes run in the same S segments, and the dk pass's segment states are the
+// transposes of the dv pass's (both are the sums of e^{..} q_t^T do_t over the segment), so one
+// reversed states pass over Q and dO (the forward's lasp_scalar_decay_states_reversed with the dv
+// pass's roles; LASP-2 has its own) serves both, and the passes run their output kernels only.
 // Then the kernels here:
-//   lasp_sd_bwd_state_inputs  h0^T, dht / sigma, dht^T / sigma (the passes' start states)
+//   lasp_sd_bwd_state_inputs  h0^T (the dq pass's start state)
+//   lasp_sd_bwd_reversed_starts  the dv pass's start states: segment 0's dht / sigma, segment s + 1's
+//                             P_{s+1} = e^{Lambda_s} P_s + R_s (R_s, Lambda_s: the reversed states
+//                             pass's), and their transposes, the dk pass's
 //   lasp_sd_bwd_gate_terms    dG_t = q_t . dq_t - k_t . dk_t        (per token and head)
 //   lasp_sd_bwd_gate_block_sums  <ht, dht> and the sum of dG over every block of tokens (only
 //                             where T is longer than one block)
@@ -29,8 +36,8 @@
 #define LASP_SDB_FN static inline
 #endif
 
-#define LASP_SDB_STATE_TILE 32       // lasp_sd_bwd_state_inputs: one CTA per 32 x 32 tile of a state
-#define LASP_SDB_STATE_THREADS 256   // (32 columns x 8 rows of threads, 4 elements each)
+#define LASP_SDB_STATE_TILE 32       // lasp_sd_bwd_state_inputs and _reversed_starts: one CTA per
+#define LASP_SDB_STATE_THREADS 256   // 32 x 32 tile of a state (32 columns x 8 rows of threads)
 #define LASP_SDB_TERM_THREADS 256    // lasp_sd_bwd_gate_terms: Dk / 8 lanes per (b, t, h) row
 #define LASP_SDB_TERM_ROWS_PER_THREAD 4
 #define LASP_SDB_GRAD_THREADS 1024   // the two gate kernels: one CTA per (block, b*H+h)
@@ -48,6 +55,10 @@ typedef struct {
   float* h0_t;              // fp32 [B, H, Dv, Dk]: h0^T (written when h0)
   float* dht_scaled;        // fp32 [B, H, Dk, Dv]: dht / sigma (written when dht)
   float* dht_t_scaled;      // fp32 [B, H, Dv, Dk]: dht^T / sigma (written when dht)
+  const float* rev_m;       // fp32 [B*H][rev_slots][Dk, Dv]: R_s of the reversed states pass, s < S-1 read
+  const float* rev_lambda;  // fp32 [B*H][rev_slots]: its log-decays Lambda_s
+  float* dv_starts;         // fp32 [B*H][S-1][Dk, Dv]: the dv pass's starts of segments 1 .. S-1
+  float* dk_starts;         // fp32 [B*H][S-1][Dv, Dk]: their transposes, the dk pass's
   const float* ht_t;        // fp32 [B, H, Dv, Dk]: the dq pass's final state ht^T (read when dht)
   const float* dh0_scaled;  // fp32 [B, H, Dk, Dv]: the dv pass's final state dH_0 / sigma (read when dh0)
   float* gate_terms;        // fp32 [B, H, T]: dG_t
@@ -61,6 +72,9 @@ typedef struct {
   int32_t Dk;               // 64 or 128
   int32_t Dv;               // 64 or 128
   float scale;              // sigma
+  int32_t rev_segments;     // S, the reversed passes' segments (>= 1)
+  int32_t rev_slots;        // segment states per head in rev_m: S - 1 (this backward's states pass)
+                            // or S (LASP-2's, which covers the last segment too)
 } lasp_sd_bwd_params;
 
 typedef struct {
@@ -109,4 +123,19 @@ LASP_SDB_FN uint64_t lasp_sdb_block_totals_offset(int32_t B, int32_t T, int32_t 
 LASP_SDB_FN uint64_t lasp_sdb_workspace_bytes(int32_t B, int32_t T, int32_t H, int32_t Dk, int32_t Dv) {
   return lasp_sdb_block_totals_offset(B, T, H, Dk, Dv) +
          (((uint64_t)B * H * (1u + (uint64_t)lasp_sdb_grad_blocks(T)) * 8u + 15u) / 16u) * 16u;
+}
+
+// The reversed passes' workspace (a second allocation; none when S == 1): rev_m, rev_lambda (the
+// reversed states pass's output, where this backward runs that pass), dv_starts, dk_starts.
+LASP_SDB_FN uint64_t lasp_sdb_rev_lambda_offset(int32_t B, int32_t H, int32_t S, int32_t Dk, int32_t Dv) {
+  return (uint64_t)(S - 1) * lasp_sdb_state_bytes(B, H, Dk, Dv);
+}
+LASP_SDB_FN uint64_t lasp_sdb_dv_starts_offset(int32_t B, int32_t H, int32_t S, int32_t Dk, int32_t Dv) {
+  return lasp_sdb_rev_lambda_offset(B, H, S, Dk, Dv) + (((uint64_t)B * H * (uint64_t)(S - 1) * 4u + 15u) / 16u) * 16u;
+}
+LASP_SDB_FN uint64_t lasp_sdb_dk_starts_offset(int32_t B, int32_t H, int32_t S, int32_t Dk, int32_t Dv) {
+  return lasp_sdb_dv_starts_offset(B, H, S, Dk, Dv) + (uint64_t)(S - 1) * lasp_sdb_state_bytes(B, H, Dk, Dv);
+}
+LASP_SDB_FN uint64_t lasp_sdb_reversed_bytes(int32_t B, int32_t H, int32_t S, int32_t Dk, int32_t Dv) {
+  return lasp_sdb_dk_starts_offset(B, H, S, Dk, Dv) + (uint64_t)(S - 1) * lasp_sdb_state_bytes(B, H, Dk, Dv);
 }
