@@ -12,9 +12,11 @@
 //! `dv` and `dk` are the same recurrence over the tokens from last to first (dH's suffix sums are
 //! the reversed sequence's prefix sums) with `K, Q, dO` and `V, dO, Q`, started from `dht / sigma`
 //! and its transpose. So the backward runs the forward's chunkwise kernels three times (the
-//! reversed passes in their time-reversed build) and four small kernels for the start states and
+//! reversed passes in their time-reversed build) and five small kernels for the start states and
 //! the gate gradient (`kernels/cuda/scalar_decay_bwd.cu`, formulas in
-//! `kernels/cuda/include/lasp/scalar_decay_bwd_params.h`, mirrored by [`geometry`]).
+//! `kernels/cuda/include/lasp/scalar_decay_bwd_params.h`, mirrored by [`geometry`]). The two
+//! reversed passes share one states pass: in the same segments, the dk pass's segment states are
+//! the transposes of the dv pass's.
 //! Gradients are bf16 (`dq, dk, dv`) and fp32 (`dg, dh0`), as fla returns them.
 
 use super::scalar_decay::{
