@@ -2,7 +2,6 @@
 // (lasp2_fwd.cu) and the backward (lasp2_bwd.cu):
 //   lasp_lasp2_fold_put        per (Dv tile, b*H+h): the PE's tile into its own slot; credits;
 //                              LASP2_DEVICE_PUT: put the tile + signal to every later PE on the chain
-//   lasp_lasp2_fold, _put      the same in two kernels (the second with small CTAs)
 //   lasp_lasp2_advance_epoch   *epoch += 1, last in every call
 //   lasp_lasp2_grant_credits   only when a plan switches from LASP2_NO_COMM to a communicating mode
 // Protocol (epochs, parities, credits, why the puts are ordered as they are): LASP2_NOTES.md.
@@ -12,26 +11,42 @@
 
 #include "lasp/lasp2_chain.cuh"
 
-namespace {
-
-// The PE's tile of (Dv tile vt, head bh = bh_begin + blockIdx.y of the launch's group) into its own
-// slot [parity][me][bh][vt] (+ trailer):
-//   ascending chain (forward):   M_me = fold over s ascending of (M_s, Lambda_s) from ZERO,
-//                                Lambda_me = sum_s Lambda_s;
-//   descending chain (backward): the segments are the shard's tokens from last to first, so the
-//                                fold is the reversed pass from zero, R = sum_t e^{G_t - G_0} q_t^T do_t
-//                                (G the shard's inclusive cumsum of a). The gradient with respect
-//                                to the state entering the shard, from the shard's own tokens, is
-//                                dM = sigma e^{a_0} R, and its carry Lambda = sum_s Lambda_s + a_0
-//                                (the reversed pass skips a_0). The chain's first PE (the last
-//                                one) has h0 = dht and sends e^{Lambda} dht + dM, so every other
-//                                PE folds from zero.
-// Block LASP2_FOLD_THREADS (the fold's lanes).
-__device__ __forceinline__ void write_own_tile(const lasp_lasp2_params& p) {
-  const int parity = static_cast<int>(lasp::l2::call_epoch(p) & 1);
+// One CTA per (Dv tile vt, head bh = bh_begin + blockIdx.y of the launch's group):
+//  - block (0, 0) of the group with bh_begin == 0 (once per call), communicating modes:
+//    credit[me] = epoch - 1 on every PE before this one on the chain (this PE finished reading
+//    epoch - 1: the kernels that read it precede this call's states kernel, which this launch
+//    follows);
+//  - the tile, into the own slot [parity][me][bh][vt] (+ trailer):
+//      ascending chain (forward):   M_me = fold over s ascending of (M_s, Lambda_s) from ZERO,
+//                                   Lambda_me = sum_s Lambda_s;
+//      descending chain (backward): the segments are the shard's tokens from last to first, so the
+//                                   fold is the reversed pass from zero, R = sum_t e^{G_t - G_0} q_t^T do_t
+//                                   (G the shard's inclusive cumsum of a). The gradient with respect
+//                                   to the state entering the shard, from the shard's own tokens, is
+//                                   dM = sigma e^{a_0} R, and its carry Lambda = sum_s Lambda_s + a_0
+//                                   (the reversed pass skips a_0). The chain's first PE (the last
+//                                   one) has h0 = dht and sends e^{Lambda} dht + dM, so every other
+//                                   PE folds from zero;
+//  - LASP2_DEVICE_PUT: wait for every later PE's credit for epoch - 2 (bounded), then a put of
+//    the contiguous tile to every later PE on the chain (same offset), one nvshmem_quiet for all of
+//    them, and the signals [parity][me][bh*ntiles + vt] := epoch.
+// grid lasp2_fold_put_grid, block LASP2_FOLD_THREADS, no smem.
+extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS)
+    lasp_lasp2_fold_put(const __grid_constant__ lasp_lasp2_params p) {
+  const uint64_t epoch = lasp::l2::call_epoch(p);
+  const int parity = static_cast<int>(epoch & 1);
   const int vt = blockIdx.x, bh = p.bh_begin + blockIdx.y;
+  const int tid = threadIdx.x;
   const int S = p.num_segments;
+  const bool comm = p.exchange_mode != LASP2_NO_COMM;
   const bool descending = p.chain == LASP2_CHAIN_DESCENDING;
+  const int position = lasp::l2::chain_position(p);
+
+  // One thread sends the credits and later quiets them (with this CTA's puts, if any).
+  const bool sends_credits = comm && bh == 0 && vt == 0 && tid == 0 && position > 0;
+  if (sends_credits)
+    for (int pos = 0; pos < position; ++pos)
+      nvshmemx_signal_op(p.credit + p.me, epoch - 1, NVSHMEM_SIGNAL_SET, lasp::l2::chain_pe(p, pos));
 
   // Lambda_me, summed in segment order by every thread (the descending tile needs it).
   const float* const lam = p.ws_lambda + (int64_t)bh * S;
@@ -68,34 +83,8 @@ __device__ __forceinline__ void write_own_tile(const lasp_lasp2_params& p) {
     }
     *reinterpret_cast<float4*>(own + d * LASP2_TILE_V + ln.c) = x;
   }
-  if (threadIdx.x == 0) *reinterpret_cast<float4*>(own + p.Dk * LASP2_TILE_V) = make_float4(lambda, 0.f, 0.f, 0.f);
-}
+  if (tid == 0) *reinterpret_cast<float4*>(own + p.Dk * LASP2_TILE_V) = make_float4(lambda, 0.f, 0.f, 0.f);
 
-// What the PE owes the others for its tile of (vt, bh), once the tile is in the own slot (written
-// by this CTA before a barrier, or by an earlier kernel):
-//  - block (0, 0) of the group with bh_begin == 0 (once per call), communicating modes:
-//    credit[me] = epoch - 1 on every PE before this one on the chain (this PE finished reading
-//    epoch - 1: the kernels that read it precede this call's states kernel, which this launch
-//    follows);
-//  - LASP2_DEVICE_PUT: wait for every later PE's credit for epoch - 2 (bounded), then a put of
-//    the contiguous tile to every later PE on the chain (same offset), one nvshmem_quiet for all of
-//    them, and the signals [parity][me][bh*ntiles + vt] := epoch.
-// Any block size: every thread takes part in the block-scope puts.
-__device__ __forceinline__ void send_own_tile(const lasp_lasp2_params& p) {
-  const uint64_t epoch = lasp::l2::call_epoch(p);
-  const int parity = static_cast<int>(epoch & 1);
-  const int vt = blockIdx.x, bh = p.bh_begin + blockIdx.y;
-  const int tid = threadIdx.x;
-  const bool comm = p.exchange_mode != LASP2_NO_COMM;
-  const int position = lasp::l2::chain_position(p);
-
-  // One thread sends the credits and later quiets them (with this CTA's puts, if any).
-  const bool sends_credits = comm && bh == 0 && vt == 0 && tid == 0 && position > 0;
-  if (sends_credits)
-    for (int pos = 0; pos < position; ++pos)
-      nvshmemx_signal_op(p.credit + p.me, epoch - 1, NVSHMEM_SIGNAL_SET, lasp::l2::chain_pe(p, pos));
-
-  float* const own = p.slots + lasp2_slot_tile_offset(parity, p.me, bh, vt, p.npes, p.B, p.H, p.Dk, p.Dv);
   const uint64_t stamps = lasp2_timeline_put(bh, vt, p.Dv);
   const int later = p.npes - 1 - position;  // PEs after this one on the chain
   if (p.exchange_mode != LASP2_DEVICE_PUT || later == 0) {
@@ -142,32 +131,6 @@ __device__ __forceinline__ void send_own_tile(const lasp_lasp2_params& p) {
     lasp::l2::stamp(p, stamps + 1);
     nvshmem_quiet();
   }
-}
-
-}  // namespace
-
-// One CTA per (Dv tile vt, head bh = bh_begin + blockIdx.y of the launch's group): the PE's tile
-// into its own slot, then what it owes the others for it (write_own_tile, send_own_tile; the
-// barrier in send_own_tile's credit check orders the tile's writes before the puts).
-// grid lasp2_fold_put_grid, block LASP2_FOLD_THREADS, no smem.
-extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS)
-    lasp_lasp2_fold_put(const __grid_constant__ lasp_lasp2_params p) {
-  write_own_tile(p);
-  send_own_tile(p);
-}
-
-// The same in two kernels, for a schedule whose puts should not hold an SM: lasp_lasp2_fold (the
-// tile, on the compute stream) and lasp_lasp2_put (credits, puts and signals, after it on the
-// exchange stream), whose LASP2_PUT_THREADS-thread CTAs with few registers and no shared memory
-// fit beside the compute kernel's CTAs (the backward's dq pass, LASP2_NOTES.md "Backward").
-// grid lasp2_fold_put_grid, block LASP2_FOLD_THREADS / LASP2_PUT_THREADS, no smem.
-extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS)
-    lasp_lasp2_fold(const __grid_constant__ lasp_lasp2_params p) {
-  write_own_tile(p);
-}
-extern "C" __global__ void __launch_bounds__(LASP2_PUT_THREADS)
-    lasp_lasp2_put(const __grid_constant__ lasp_lasp2_params p) {
-  send_own_tile(p);
 }
 
 // Launched last in every call (all modes): the call's epoch is complete on this PE.

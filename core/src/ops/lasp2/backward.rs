@@ -197,10 +197,7 @@ impl Lasp2Backward {
                 },
                 &params,
             )?;
-            // In two kernels: the put's small CTAs fit beside the dq pass's (one two-role CTA
-            // per SM where the shard is one segment), where fold_put's would hold their SMs
-            // until the puts land and start the dq pass that much later.
-            self.chain.launch_fold_then_put(stream, heads, &params)?;
+            self.chain.launch_fold_put(stream, 0, heads, &params)?;
         }
         self.chain.gather_slots(stream)?;
         // SAFETY: the carry is a [B, H, Dk, Dv] fp32 part of the workspace owned by self, written

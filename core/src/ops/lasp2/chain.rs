@@ -6,7 +6,7 @@
 use super::{fold_launch, geometry, single_thread, Chain, ExchangeMode, Lasp2Layout, Lasp2Params};
 use crate::diagnostics::WaitDiagnostics;
 use crate::error::{Error, Result};
-use crate::kernel::{Kernel, LaunchShape};
+use crate::kernel::Kernel;
 use crate::nccl::NcclComm;
 use crate::ops::scalar_decay::ForwardShape;
 use crate::runtime::Runtime;
@@ -24,9 +24,6 @@ pub(crate) struct StateChain {
     /// The operation's name, for messages ("LASP-2 forward").
     op: &'static str,
     fold_put: Kernel,
-    /// `lasp_lasp2_fold` and `lasp_lasp2_put`: fold_put in two kernels.
-    fold: Kernel,
-    put: Kernel,
     advance_epoch: Kernel,
     grant_credits: Kernel,
     slots: SymmetricBuffer<f32>,
@@ -84,8 +81,6 @@ impl StateChain {
             chain,
             op,
             fold_put: module.kernel("lasp_lasp2_fold_put")?,
-            fold: module.kernel("lasp_lasp2_fold")?,
-            put: module.kernel("lasp_lasp2_put")?,
             advance_epoch: module.kernel("lasp_lasp2_advance_epoch")?,
             grant_credits: module.kernel("lasp_lasp2_grant_credits")?,
             slots: runtime.alloc_zeroed((geometry::slots_bytes(n, b, h, dk, dv) / 4) as usize)?,
@@ -240,37 +235,6 @@ impl StateChain {
         self.tiles_ready[group].record(stream)?;
         self.exchange_stream.wait(&self.tiles_ready[group])?;
         self.fold_put.launch(&self.exchange_stream, shape, params)
-    }
-
-    /// [`StateChain::launch_fold_put`] in two kernels for one group of `heads` heads: the fold on
-    /// `stream`, then the credits, puts and signals on the exchange stream (overlapped, no-comm)
-    /// or on `stream`, in CTAs of `LASP2_PUT_THREADS` threads that fit beside a compute kernel
-    /// whose CTAs leave an SM that much room (the backward's dq pass at one CTA per SM), where
-    /// fold_put's CTAs take a whole SM until their puts land.
-    ///
-    /// # Safety
-    /// As for [`StateChain::launch_fold_put`].
-    pub(crate) unsafe fn launch_fold_then_put(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        heads: i32,
-        params: &Lasp2Params,
-    ) -> Result<()> {
-        let fold = fold_launch(heads, params.dv);
-        let put = LaunchShape {
-            block: (geometry::PUT_THREADS, 1, 1),
-            ..fold
-        };
-        self.fold.launch(stream, fold, params)?;
-        if !self.on_side_stream() {
-            return self.put.launch(stream, put, params);
-        }
-        if self.tiles_ready.is_empty() {
-            self.tiles_ready.push(self.ctx.new_event(None)?);
-        }
-        self.tiles_ready[0].record(stream)?;
-        self.exchange_stream.wait(&self.tiles_ready[0])?;
-        self.put.launch(&self.exchange_stream, put, params)
     }
 
     /// The sequential modes' host-driven all-gather of this call's slot half, on `stream` after

@@ -69,8 +69,6 @@ pub mod geometry {
 
     /// `LASP2_FOLD_THREADS`.
     pub const FOLD_THREADS: u32 = 512;
-    /// `LASP2_PUT_THREADS`.
-    pub const PUT_THREADS: u32 = 128;
     /// `LASP2_SLOT_TRAILER_FLOATS`: Λ and padding after a tile's `Dk*64` floats.
     pub const SLOT_TRAILER_FLOATS: u64 = 4;
 
@@ -391,10 +389,6 @@ mod tests {
         assert!(HEADER.contains(&format!(
             "#define LASP2_FOLD_THREADS {} ",
             geometry::FOLD_THREADS
-        )));
-        assert!(HEADER.contains(&format!(
-            "#define LASP2_PUT_THREADS {} ",
-            geometry::PUT_THREADS
         )));
     }
 }

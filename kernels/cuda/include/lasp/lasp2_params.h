@@ -55,8 +55,7 @@
 #define LASP2_CHUNK LASP_SD_CHUNK      // 64 tokens per chunk
 #define LASP2_TILE_V LASP_SD_TILE_V    // 64 Dv columns per CTA / per exchanged tile
 #define LASP2_THREADS LASP_SD_THREADS  // 128: states and output kernels
-#define LASP2_FOLD_THREADS 512         // fold_put, fold, segment_prefix
-#define LASP2_PUT_THREADS 128          // put: credits, puts and signals only
+#define LASP2_FOLD_THREADS 512         // fold_put, segment_prefix
 #define LASP2_FOLD_BATCH 4             // segments whose loads a fold issues together
 #define LASP2_SLOT_TRAILER_FLOATS 4    // after a tile's Dk*64 floats: [0] = Lambda, [1..3] = 0
 
