@@ -1107,7 +1107,11 @@ impl ScalarDecayForward {
     /// The states kernel of a reversed pass alone: the end states from zero of segments
     /// 0 .. S-2 (tokens from last to first) into `m` (fp32 `[B*H][S-1][Dk][Dv]`) and their
     /// log-decays into `lambda` (`[B*H][S-1]`). Nothing to do when S = 1.
-    pub(crate) fn launch_reversed_states(
+    ///
+    /// # Safety
+    /// `m` and `lambda` must address live device buffers of those sizes (B, H, Dk, Dv of
+    /// `args.shape`), used by nothing else until the kernel completes.
+    pub(crate) unsafe fn launch_reversed_states(
         &mut self,
         stream: &Arc<CudaStream>,
         args: &ForwardArgs<'_>,
@@ -1126,14 +1130,18 @@ impl ScalarDecayForward {
             ..params
         };
         // SAFETY: as in `launch`; the states kernel reads k, v and g (checked in prepare_plan)
-        // and writes only ws_m and ws_lambda, which the caller's contract sizes for the plan.
+        // and writes only ws_m and ws_lambda, which this function's contract sizes for the plan.
         unsafe { self.states_reversed[dk_index(args.shape.dk)].launch(stream, states, &params) }
     }
 
     /// The output kernel of a reversed pass alone, cut into `starts.segments` segments that
     /// start from `args.h0` (segment 0) and from `starts.prefixes` (segment s > 0: slot s - 1 of
     /// a `[B*H][S-1][Dk][Dv]` fp32 buffer, the layout the fold kernel writes).
-    pub(crate) fn launch_reversed_output(
+    ///
+    /// # Safety
+    /// Where S > 1, `starts.prefixes` must address a live device buffer of that size, written
+    /// before this launch on `stream` and not written again until the kernel completes.
+    pub(crate) unsafe fn launch_reversed_output(
         &mut self,
         stream: &Arc<CudaStream>,
         args: ForwardArgs<'_>,
@@ -1153,8 +1161,8 @@ impl ScalarDecayForward {
             params,
         );
         // SAFETY: as in `launch`; the output kernel reads of the workspace only the segment
-        // starts, which the caller's `starts.prefixes` holds for every segment s > 0 (its
-        // contract: B*H*(S-1)*Dk*Dv floats, written before this launch on `stream`).
+        // starts, which `starts.prefixes` holds for every segment s > 0 (this function's
+        // contract).
         unsafe { launch.enqueue(stream) }
     }
 

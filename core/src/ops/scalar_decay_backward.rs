@@ -335,14 +335,21 @@ impl ScalarDecayBackward {
     /// validated before the first launch; in debug builds each pass also checks the gates,
     /// which synchronises `stream`.
     pub fn launch(&mut self, stream: &Arc<CudaStream>, args: BackwardArgs<'_>) -> Result<()> {
-        self.launch_with(stream, args, None, || Ok(()))
+        // SAFETY: no caller-computed states: every buffer the launches address is a view the
+        // arguments check, or a workspace of self's.
+        unsafe { self.launch_with(stream, args, None, || Ok(())) }
     }
 
     /// [`ScalarDecayBackward::launch`] with `before_reversed_passes` enqueued after the dq pass
     /// and before anything reads `args.d_ht`: LASP-2 computes the shard's `d_ht` there, while
     /// the dq pass (which needs only `h0`) has kept the GPU busy. With `states`, the reversed
     /// passes start from the caller's reversed states pass instead of running one.
-    pub(crate) fn launch_with(
+    ///
+    /// # Safety
+    /// Where `states` is given, its `m` and `lambda` must address live device buffers of the
+    /// sizes it states (B, H, Dk, Dv of `args.shape`), written before this call on `stream` and
+    /// not written again until the backward's kernels complete.
+    pub(crate) unsafe fn launch_with(
         &mut self,
         stream: &Arc<CudaStream>,
         args: BackwardArgs<'_>,
@@ -495,8 +502,12 @@ impl ScalarDecayBackward {
         };
         // One reversed states pass (over Q and dO, in the dv pass's roles) serves both passes.
         if states.is_none() {
-            self.forward
-                .launch_reversed_states(stream, &dv_pass, rev_segments, own_states)?;
+            // SAFETY: own_states are the reversed workspace's rev_m and rev_lambda, owned by
+            // self and sized for rev_segments (geometry::reversed_bytes).
+            unsafe {
+                self.forward
+                    .launch_reversed_states(stream, &dv_pass, rev_segments, own_states)?
+            };
         }
         if has_dht || rev_segments > 1 {
             self.ctx.bind_to_thread()?;
@@ -510,7 +521,9 @@ impl ScalarDecayBackward {
                 segments: rev_segments,
                 prefixes,
             };
-            self.forward.launch_reversed_output(stream, pass, starts)?;
+            // SAFETY: the starts are parts of the reversed workspace owned by self, sized for
+            // rev_segments and written by reversed_starts just before on this stream.
+            unsafe { self.forward.launch_reversed_output(stream, pass, starts)? };
         }
         self.ctx.bind_to_thread()?;
         let gate_grad_shape = LaunchShape {

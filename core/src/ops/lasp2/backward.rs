@@ -210,29 +210,32 @@ impl Lasp2Backward {
             slots: segments as u32,
         };
         let carry_in = &self.carry_in[i];
-        self.shard.launch_with(
-            stream,
-            BackwardArgs {
-                d_ht: Some(carried),
-                ..args
-            },
-            Some(reversed),
-            || {
-                // SAFETY: as for the states kernel; carry_in reads the slots (after the bounded
-                // waits in the overlapped mode) and d_ht, and writes the carry.
-                unsafe {
-                    carry_in.launch(
-                        stream,
-                        LaunchShape {
-                            grid: geometry::fold_put_grid(heads, dv),
-                            block: (sd::THREADS, 1, 1),
-                            shared_bytes: geometry::carry_in_smem_bytes(dk),
-                        },
-                        &params,
-                    )
-                }
-            },
-        )?;
+        let enqueue_carry_in = || {
+            // SAFETY: as for the states kernel; carry_in reads the slots (after the bounded waits
+            // in the overlapped mode) and d_ht, and writes the carry.
+            unsafe {
+                carry_in.launch(
+                    stream,
+                    LaunchShape {
+                        grid: geometry::fold_put_grid(heads, dv),
+                        block: (sd::THREADS, 1, 1),
+                        shared_bytes: geometry::carry_in_smem_bytes(dk),
+                    },
+                    &params,
+                )
+            }
+        };
+        let shard_args = BackwardArgs {
+            d_ht: Some(carried),
+            ..args
+        };
+        // SAFETY: `reversed` addresses ws_m and ws_lambda of the workspace owned by self, sized
+        // for `segments` and written by the states kernel above on this stream; the next call's
+        // states kernel rewrites them only after this call's kernels on the same stream.
+        unsafe {
+            self.shard
+                .launch_with(stream, shard_args, Some(reversed), enqueue_carry_in)?
+        };
         self.chain.end_call(stream, &params)
     }
 
