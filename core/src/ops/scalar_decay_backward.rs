@@ -99,26 +99,27 @@ pub mod geometry {
         block_totals_offset(b, t, h, dk, dv) + totals.div_ceil(16) * 16
     }
 
-    /// `lasp_sdb_rev_lambda_offset`: the reversed passes' workspace holds `rev_m` at 0, then the
-    /// log-decays, then the dv and dk passes' starts (S - 1 states each).
-    pub const fn rev_lambda_offset(b: i32, h: i32, s: i32, dk: i32, dv: i32) -> u64 {
+    /// `lasp_sdb_dk_starts_offset`: the reversed passes' workspace holds the dv pass's starts
+    /// at 0 (S - 1 states), then the dk pass's, then `rev_m` and the log-decays where the
+    /// backward runs the reversed states pass itself.
+    pub const fn dk_starts_offset(b: i32, h: i32, s: i32, dk: i32, dv: i32) -> u64 {
         (s as u64 - 1) * state_bytes(b, h, dk, dv)
     }
 
-    /// `lasp_sdb_dv_starts_offset`.
-    pub const fn dv_starts_offset(b: i32, h: i32, s: i32, dk: i32, dv: i32) -> u64 {
-        rev_lambda_offset(b, h, s, dk, dv)
-            + (b as u64 * h as u64 * (s as u64 - 1) * 4).div_ceil(16) * 16
+    /// `lasp_sdb_rev_m_offset`: also the bytes of the starts alone.
+    pub const fn rev_m_offset(b: i32, h: i32, s: i32, dk: i32, dv: i32) -> u64 {
+        2 * (s as u64 - 1) * state_bytes(b, h, dk, dv)
     }
 
-    /// `lasp_sdb_dk_starts_offset`.
-    pub const fn dk_starts_offset(b: i32, h: i32, s: i32, dk: i32, dv: i32) -> u64 {
-        dv_starts_offset(b, h, s, dk, dv) + (s as u64 - 1) * state_bytes(b, h, dk, dv)
+    /// `lasp_sdb_rev_lambda_offset`.
+    pub const fn rev_lambda_offset(b: i32, h: i32, s: i32, dk: i32, dv: i32) -> u64 {
+        3 * (s as u64 - 1) * state_bytes(b, h, dk, dv)
     }
 
     /// `lasp_sdb_reversed_bytes` (0 when S == 1).
     pub const fn reversed_bytes(b: i32, h: i32, s: i32, dk: i32, dv: i32) -> u64 {
-        dk_starts_offset(b, h, s, dk, dv) + (s as u64 - 1) * state_bytes(b, h, dk, dv)
+        rev_lambda_offset(b, h, s, dk, dv)
+            + (b as u64 * h as u64 * (s as u64 - 1) * 4).div_ceil(16) * 16
     }
 }
 
@@ -305,7 +306,8 @@ pub struct ScalarDecayBackward {
     gate_block_sums: Kernel,
     gate_grad: Kernel,
     workspace: Option<CudaSlice<u8>>,
-    /// The reversed passes' (geometry::reversed_bytes; none while they run one segment).
+    /// The reversed passes' (geometry::reversed_bytes, the starts alone where the caller gives
+    /// the reversed states; none while they run one segment).
     reversed: Option<CudaSlice<u8>>,
 }
 
@@ -378,11 +380,16 @@ impl ScalarDecayBackward {
             geometry::workspace_bytes(b, t, h, dk, dv),
             "scalar-decay backward",
         )?;
+        // The starts, and the reversed states unless the caller gives its own.
+        let reversed_bytes = match &states {
+            Some(_) => geometry::rev_m_offset(b, h, rs, dk, dv),
+            None => geometry::reversed_bytes(b, h, rs, dk, dv),
+        };
         super::ensure_workspace(
             &self.ctx,
             stream,
             &mut self.reversed,
-            geometry::reversed_bytes(b, h, rs, dk, dv),
+            reversed_bytes,
             "scalar-decay backward",
         )?;
         let (ws, _no_events) = self
@@ -394,7 +401,10 @@ impl ScalarDecayBackward {
             (Some(r), true) => r.device_ptr(stream).0,
             _ => 0,
         };
-        let own_states = (rev, rev + geometry::rev_lambda_offset(b, h, rs, dk, dv));
+        let own_states = (
+            rev + geometry::rev_m_offset(b, h, rs, dk, dv),
+            rev + geometry::rev_lambda_offset(b, h, rs, dk, dv),
+        );
         let (rev_m, rev_lambda, rev_slots) = match &states {
             Some(st) => (st.m, st.lambda, st.slots as i32),
             None => (own_states.0, own_states.1, rs - 1),
@@ -415,7 +425,7 @@ impl ScalarDecayBackward {
             dht_t_scaled: part(2),
             rev_m,
             rev_lambda,
-            dv_starts: rev + geometry::dv_starts_offset(b, h, rs, dk, dv),
+            dv_starts: rev,
             dk_starts: rev + geometry::dk_starts_offset(b, h, rs, dk, dv),
             ht_t: part(3),
             dh0_scaled: part(4),
@@ -687,19 +697,19 @@ mod tests {
             5 * 3 * 16384 + 3 * 8193 * 4 + 4 + 3 * 3 * 8 + 8
         );
         assert!(HEADER.contains("return 5u * lasp_sdb_state_bytes(B, H, Dk, Dv);"));
-        // The reversed passes' workspace at B=1, H=3, S=4, Dk=64, Dv=128: three segment states per
-        // head each way, 9 log-decays (36 bytes, rounded up to 48).
+        // The reversed passes' workspace at B=1, H=3, S=4, Dk=64, Dv=128: three segment starts per
+        // head each way, three segment states, 9 log-decays (36 bytes, rounded up to 48).
         let state = 3 * 64 * 128 * 4;
-        assert_eq!(geometry::rev_lambda_offset(1, 3, 4, 64, 128), 3 * state);
-        assert_eq!(geometry::dv_starts_offset(1, 3, 4, 64, 128), 3 * state + 48);
-        assert_eq!(geometry::dk_starts_offset(1, 3, 4, 64, 128), 6 * state + 48);
+        assert_eq!(geometry::dk_starts_offset(1, 3, 4, 64, 128), 3 * state);
+        assert_eq!(geometry::rev_m_offset(1, 3, 4, 64, 128), 6 * state);
+        assert_eq!(geometry::rev_lambda_offset(1, 3, 4, 64, 128), 9 * state);
         assert_eq!(geometry::reversed_bytes(1, 3, 4, 64, 128), 9 * state + 48);
         assert_eq!(geometry::reversed_bytes(2, 16, 1, 128, 128), 0);
         for formula in [
             "return (uint64_t)(S - 1) * lasp_sdb_state_bytes(B, H, Dk, Dv);",
+            "return 2u * (uint64_t)(S - 1) * lasp_sdb_state_bytes(B, H, Dk, Dv);",
+            "return 3u * (uint64_t)(S - 1) * lasp_sdb_state_bytes(B, H, Dk, Dv);",
             "return lasp_sdb_rev_lambda_offset(B, H, S, Dk, Dv) + (((uint64_t)B * H * (uint64_t)(S - 1) * 4u + 15u) / 16u) * 16u;",
-            "return lasp_sdb_dv_starts_offset(B, H, S, Dk, Dv) + (uint64_t)(S - 1) * lasp_sdb_state_bytes(B, H, Dk, Dv);",
-            "return lasp_sdb_dk_starts_offset(B, H, S, Dk, Dv) + (uint64_t)(S - 1) * lasp_sdb_state_bytes(B, H, Dk, Dv);",
         ] {
             assert!(HEADER.contains(formula), "{formula}");
         }

@@ -125,17 +125,18 @@ LASP_SDB_FN uint64_t lasp_sdb_workspace_bytes(int32_t B, int32_t T, int32_t H, i
          (((uint64_t)B * H * (1u + (uint64_t)lasp_sdb_grad_blocks(T)) * 8u + 15u) / 16u) * 16u;
 }
 
-// The reversed passes' workspace (a second allocation; none when S == 1): rev_m, rev_lambda (the
-// reversed states pass's output, where this backward runs that pass), dv_starts, dk_starts.
-LASP_SDB_FN uint64_t lasp_sdb_rev_lambda_offset(int32_t B, int32_t H, int32_t S, int32_t Dk, int32_t Dv) {
+// The reversed passes' workspace (a second allocation; none when S == 1): dv_starts at 0, dk_starts,
+// then rev_m and rev_lambda where this backward runs the reversed states pass itself (a caller that
+// gives its own states, LASP-2, needs only the starts: lasp_sdb_rev_m_offset bytes).
+LASP_SDB_FN uint64_t lasp_sdb_dk_starts_offset(int32_t B, int32_t H, int32_t S, int32_t Dk, int32_t Dv) {
   return (uint64_t)(S - 1) * lasp_sdb_state_bytes(B, H, Dk, Dv);
 }
-LASP_SDB_FN uint64_t lasp_sdb_dv_starts_offset(int32_t B, int32_t H, int32_t S, int32_t Dk, int32_t Dv) {
-  return lasp_sdb_rev_lambda_offset(B, H, S, Dk, Dv) + (((uint64_t)B * H * (uint64_t)(S - 1) * 4u + 15u) / 16u) * 16u;
+LASP_SDB_FN uint64_t lasp_sdb_rev_m_offset(int32_t B, int32_t H, int32_t S, int32_t Dk, int32_t Dv) {
+  return 2u * (uint64_t)(S - 1) * lasp_sdb_state_bytes(B, H, Dk, Dv);
 }
-LASP_SDB_FN uint64_t lasp_sdb_dk_starts_offset(int32_t B, int32_t H, int32_t S, int32_t Dk, int32_t Dv) {
-  return lasp_sdb_dv_starts_offset(B, H, S, Dk, Dv) + (uint64_t)(S - 1) * lasp_sdb_state_bytes(B, H, Dk, Dv);
+LASP_SDB_FN uint64_t lasp_sdb_rev_lambda_offset(int32_t B, int32_t H, int32_t S, int32_t Dk, int32_t Dv) {
+  return 3u * (uint64_t)(S - 1) * lasp_sdb_state_bytes(B, H, Dk, Dv);
 }
 LASP_SDB_FN uint64_t lasp_sdb_reversed_bytes(int32_t B, int32_t H, int32_t S, int32_t Dk, int32_t Dv) {
-  return lasp_sdb_dk_starts_offset(B, H, S, Dk, Dv) + (uint64_t)(S - 1) * lasp_sdb_state_bytes(B, H, Dk, Dv);
+  return lasp_sdb_rev_lambda_offset(B, H, S, Dk, Dv) + (((uint64_t)B * H * (uint64_t)(S - 1) * 4u + 15u) / 16u) * 16u;
 }
