@@ -10,11 +10,11 @@
 //! exchange mode gives bitwise the same outputs, that repeated calls and a captured CUDA graph
 //! replayed `--graph-calls` times give them too, and prints the time of every mode at each
 //! `--time BxTxHxD` (per-rank shard length T, repeatable; default 4x8192x16x128), as JSON rows
-//! into `--json FILE` when given (benches/lasp2-bench.sh runs it for W = 1, 2, 4).
+//! into `--json FILE` when given (benches/lasp2-bench.sh runs it for W = 1, 2, 4, ... up to the node's GPU count).
 //! Fault drills: `--silent-rank K` (rank K never calls: the later ranks must fail naming it),
 //! `--mismatch-rank K` (rank K sets up another H: every rank must refuse before any state moves).
 //! Launch plan of the timed runs: `--groups G` head groups, `--ctas-per-sm K` (defaults:
-//! `Lasp2Tuning::automatic` per shape); the checks also compare other groupings bitwise.
+//! `Lasp2Tuning::default()`); the checks also compare other groupings bitwise.
 //! `--timeline PREFIX`: after timing a shape, one more overlapped call records `%globaltimer`
 //! stamps; every rank writes `PREFIX.B{B}_T{T}.rank{R}.json` (ns since its first output CTA
 //! started: puts issued / complete per tile, per output CTA start / data seen / loop start) and the
@@ -288,7 +288,7 @@ fn check(rt: &Runtime, graph_calls: u32) -> Result<()> {
         // Head groups change only which launch computes a head, never its arithmetic (S is
         // bounded by the shard's few chunks here, so it is the same for every grouping).
         op.set_mode(ExchangeMode::Overlapped)?;
-        let default_tuning = op.tuning_for(lengths[me]);
+        let default_tuning = op.tuning();
         for head_groups in [1, 3, 6] {
             op.set_tuning(Some(Lasp2Tuning {
                 head_groups,
@@ -374,12 +374,12 @@ fn time_modes(
         },
         ExchangeMode::Overlapped,
     )?;
-    let automatic = op.tuning_for(shape.t);
+    let default = op.tuning();
     let tuning = Lasp2Tuning {
-        head_groups: options.head_groups.unwrap_or(automatic.head_groups),
-        ctas_per_sm: options.ctas_per_sm.unwrap_or(automatic.ctas_per_sm),
+        head_groups: options.head_groups.unwrap_or(default.head_groups),
+        ctas_per_sm: options.ctas_per_sm.unwrap_or(default.ctas_per_sm),
     };
-    if tuning != automatic {
+    if tuning != default {
         op.set_tuning(Some(tuning))?;
     }
     let (w, b, t, h, d) = (rt.npes(), shape.b, shape.t, shape.h, shape.dk);

@@ -139,16 +139,7 @@ impl Lasp2Backward {
         let t = s.t as i32;
         let heads = b * h;
         // One head group: the dq pass, not the next group's states, hides the exchange.
-        let plan = CallPlan::new(
-            heads,
-            t,
-            dv,
-            self.sm_count,
-            Lasp2Tuning {
-                head_groups: 1,
-                ctas_per_sm: 2,
-            },
-        );
+        let plan = CallPlan::new(heads, t, dv, self.sm_count, Lasp2Tuning::default());
         let segments = plan.segments;
         let carry_offset = geometry::ws_p_offset(b, h, segments, dk, dv);
         super::super::ensure_workspace(

@@ -6,11 +6,11 @@
 //! device; the output kernel waits for the earlier PEs' tiles, folds the prefix
 //! `P_w = fold_{u<w}(e^{Λ_u} P + M_u)` and runs the chunkwise forward of the shard from it.
 //!
-//! The heads are cut into groups ([`Lasp2Tuning::head_groups`]) and every kernel runs once per
-//! group: states of every group, then outputs of every group. In the overlapped mode each group's
-//! `fold_put` runs on a second, high-priority stream as soon as that group's states are done, so
-//! group 0's exchange travels while group 1's states are computed and the last group's while
-//! group 0's outputs are: the exchange leaves the critical path.
+//! The heads can be cut into groups ([`Lasp2Tuning::head_groups`]; one by default) and every
+//! kernel runs once per group: states of every group, then outputs of every group. In the
+//! overlapped mode each group's `fold_put` runs on a second, high-priority stream as soon as that
+//! group's states are done, so with two or more groups group 0's exchange travels while group 1's
+//! states are computed and the last group's while group 0's outputs are.
 
 use super::chain::StateChain;
 use super::scalar_decay::{check_args, geometry as sd, segment_kernels, ForwardArgs, TensorChecks};
@@ -74,28 +74,18 @@ pub struct Lasp2Tuning {
     pub ctas_per_sm: u32,
 }
 
-impl Lasp2Tuning {
-    /// Share of a call's bytes above which the exchange is worth splitting the heads for: the
-    /// busiest PE's egress, `(npes - 1)` fp32 states per head, over the q, k, v, o bytes per head.
-    /// Two groups hide the exchange (output CTAs wait <= 4 us) but cost compute: twice the
-    /// launches, S doubled. Measured on 4x H200 (benches/results/raw/run12, B1, same job): at
-    /// W = 4, B = 4, T_local = 8K (share 2.3 %) one group took 0.397 ms and two 0.424; at
-    /// T_local = 32K (0.6 %) 0.368 against 0.444; at 128K (0.15 %) 1.312 against 1.389. One
-    /// group's exposed exchange grows with npes - 1 while the grouping cost stays a fixed
-    /// fraction, so the break-even lies above 2.3 %; 3 % is an estimate (W = 8, where B = 4,
-    /// T_local = 8K has 5.5 %, was not available to measure).
-    const GROUPING_THRESHOLD: f64 = 0.03;
-
-    /// The plan a call gets unless one was set ([`Lasp2Forward::set_tuning`]).
-    pub fn automatic(npes: usize, layout: Lasp2Layout, t_local: usize) -> Self {
-        let exchange = npes.saturating_sub(1) as f64 * (layout.dk * layout.dv * 4) as f64;
-        let tokens = t_local.max(1) as f64 * (2 * (layout.dk + layout.dv) * 2) as f64;
+/// The plan a call gets unless one was set ([`Lasp2Forward::set_tuning`]): one head group, two
+/// CTAs per SM. Two or more groups were slower at every shape measured on H200 NVLink, also where
+/// the exchange is the largest share of a call's bytes: W = 4 (benches/results/raw/run12: B=4,
+/// T_local=8K 0.397 ms with one group against 0.424 with two; 32K 0.368 / 0.444; 128K 1.312 /
+/// 1.389) and W = 8, B=4, T_local=8K, where the busiest PE's egress is 5.5 % of the q, k, v, o
+/// bytes (raw/run124, two passes: 0.4037, 0.4009 ms with one group; 0.4134, 0.4178 with two;
+/// 0.4762, 0.4791 with four). The grouping costs launches and doubles S, and the output CTAs of
+/// group 0 still wait for the last PE's ingress, so it does not buy back its cost there.
+impl Default for Lasp2Tuning {
+    fn default() -> Self {
         Lasp2Tuning {
-            head_groups: if exchange > Self::GROUPING_THRESHOLD * tokens {
-                2
-            } else {
-                1
-            },
+            head_groups: 1,
             ctas_per_sm: 2,
         }
     }
@@ -141,7 +131,7 @@ pub struct Lasp2Forward {
     segment_prefix: Kernel,
     workspace: Option<CudaSlice<u8>>,
     sm_count: u32,
-    /// The user's plan, or `None` for [`Lasp2Tuning::automatic`] per call.
+    /// The user's plan, or `None` for [`Lasp2Tuning::default`].
     tuning: Option<Lasp2Tuning>,
     /// Stamps of the last call when recording ([`Lasp2Forward::record_timeline`]), with the
     /// segment count it was recorded at.
@@ -180,7 +170,7 @@ impl Lasp2Forward {
         self.chain.layout()
     }
 
-    /// Fixes the launch plan's knobs, or with `None` returns to [`Lasp2Tuning::automatic`] (not
+    /// Fixes the launch plan's knobs, or with `None` returns to [`Lasp2Tuning::default`] (not
     /// collective: the plan changes neither the symmetric layout nor the protocol). A plan with
     /// another segment count S changes the rounding of the outputs (bits are equal across
     /// modes and head groupings at one S).
@@ -218,11 +208,9 @@ impl Lasp2Forward {
         )))
     }
 
-    /// The plan knobs a call with `t_local` tokens on this PE uses.
-    pub fn tuning_for(&self, t_local: usize) -> Lasp2Tuning {
-        self.tuning.unwrap_or_else(|| {
-            Lasp2Tuning::automatic(self.chain.runtime().npes(), self.layout(), t_local)
-        })
+    /// The plan knobs every call uses.
+    pub fn tuning(&self) -> Lasp2Tuning {
+        self.tuning.unwrap_or_default()
     }
 
     fn plan(&self, t: i32) -> CallPlan {
@@ -232,7 +220,7 @@ impl Lasp2Forward {
             t,
             l.dv as i32,
             self.sm_count,
-            self.tuning_for(t as usize),
+            self.tuning(),
         )
     }
 
@@ -435,26 +423,6 @@ fn check_start_state(start: &DeviceMut<'_, f32>, args: &ForwardArgs<'_>) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn automatic_plans_group_heads_only_where_the_exchange_is_a_sizeable_share() {
-        let l = Lasp2Layout {
-            b: 4,
-            h: 16,
-            dk: 128,
-            dv: 128,
-        };
-        let groups = |npes, t| Lasp2Tuning::automatic(npes, l, t).head_groups;
-        assert_eq!(
-            (groups(8, 8192), groups(4, 8192), groups(1, 8192)),
-            (2, 1, 1)
-        );
-        assert_eq!(
-            (groups(8, 32768), groups(32, 32768), groups(4, 131072)),
-            (1, 2, 1)
-        );
-        assert_eq!(Lasp2Tuning::automatic(4, l, 1).ctas_per_sm, 2);
-    }
 
     #[test]
     fn timeline_words_split_into_puts_and_output_ctas() {
