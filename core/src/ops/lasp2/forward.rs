@@ -80,8 +80,9 @@ pub struct Lasp2Tuning {
 /// T_local=8K 0.397 ms with one group against 0.424 with two; 32K 0.368 / 0.444; 128K 1.312 /
 /// 1.389) and W = 8, B=4, T_local=8K, where the busiest PE's egress is 5.5 % of the q, k, v, o
 /// bytes (raw/run124, two passes: 0.4037, 0.4009 ms with one group; 0.4134, 0.4178 with two;
-/// 0.4762, 0.4791 with four). The grouping costs launches and doubles S, and the output CTAs of
-/// group 0 still wait for the last PE's ingress, so it does not buy back its cost there.
+/// 0.4762, 0.4791 with four). The grouping costs launches and doubles S (no-comm 0.3117 ms with
+/// one group, 0.3490 with two), and the output CTAs still waited up to 74 us for their tiles
+/// (raw/run122 timeline), so it does not buy back its cost there.
 impl Default for Lasp2Tuning {
     fn default() -> Self {
         Lasp2Tuning {
