@@ -2,11 +2,9 @@
 // (the passes and the maths: lasp/scalar_decay_bwd_params.h; the reversed passes:
 // lasp_scalar_decay_*_reversed_* in scalar_decay_fwd.cu).
 //
-// Gate gradient. Every log-decay enters through G_t = a_0 + ... + a_t, in e^{G_t - G_s} (query t,
-// key s), e^{G_t} (h0) and e^{G_{T-1} - G_s} (the final state), so
-//   dL/dG_t = q_t . dq_t - k_t . dk_t (+ <ht, dht> at t = T-1),   dL/da_t = sum_{u >= t} dL/dG_u.
-// dq and dk are the passes' bf16 outputs; the per-token dots accumulate in fp32 and the suffix sums
-// over up to 2^31 tokens in fp64, in a fixed order (the same bits on every run).
+// The gate gradient's kernels (lasp_sd_bwd_gate_terms_dk*, lasp_sd_bwd_gate_grad) sum the pairs of
+// tokens that straddle each token (the derivation and the split into Z, x_q, x_k and A:
+// lasp/scalar_decay_bwd_params.h).
 #include <stdint.h>
 
 #include "lasp/scalar_decay.cuh"
@@ -15,18 +13,6 @@
 namespace {
 
 constexpr unsigned kAll = 0xffffffffu;
-
-// A 16-byte piece of a bf16 row: 8 values.
-__device__ __forceinline__ float dot8(uint4 a, uint4 b) {
-  const uint32_t x[4] = {a.x, a.y, a.z, a.w}, y[4] = {b.x, b.y, b.z, b.w};
-  float sum = 0.f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    sum = fmaf(__uint_as_float(x[i] << 16), __uint_as_float(y[i] << 16), sum);
-    sum = fmaf(__uint_as_float(x[i] & 0xffff0000u), __uint_as_float(y[i] & 0xffff0000u), sum);
-  }
-  return sum;
-}
 
 // Inclusive scan of one double per thread over the CTA (blockDim.x a multiple of 32, at most
 // 1024), in thread order; `total` receives the sum over the CTA; `warp_totals` holds 32 doubles.
@@ -130,198 +116,426 @@ extern "C" __global__ void __launch_bounds__(LASP_SDB_STATE_THREADS)
   }
 }
 
-// dG_t = q_t . dq_t - k_t . dk_t for every row (b, t, h) into gate_terms [B, H, T]. A row takes
-// Dk / 8 consecutive lanes, one 16-byte piece of each of q, dq, k, dk per lane, and every thread
-// takes LASP_SDB_TERM_ROWS_PER_THREAD rows, so that many loads are in flight per thread.
-// grid lasp_sdb_gate_terms_grid, block LASP_SDB_TERM_THREADS.
-extern "C" __global__ void __launch_bounds__(LASP_SDB_TERM_THREADS)
-    lasp_sd_bwd_gate_terms(const __grid_constant__ lasp_sd_bwd_params p) {
-  const int lanes = p.Dk / 8;  // per row: 8 or 16, a power of two dividing 32
-  const int piece = threadIdx.x % lanes;
-  const int64_t rows = (int64_t)p.B * p.T * p.H;
-  const int64_t row0 = (int64_t)blockIdx.x * lasp_sdb_term_rows_per_cta(p.Dk) + threadIdx.x / lanes;
-  constexpr int kRows = LASP_SDB_TERM_ROWS_PER_THREAD;
-  const int64_t stride = LASP_SDB_TERM_THREADS / lanes;  // rows between a thread's rows
-  uint4 q[kRows], dq[kRows], k[kRows], dk[kRows];
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    const int64_t row = min(row0 + i * stride, rows - 1);  // past the end: a valid row, not stored
-    const int64_t at = row * (p.Dk / 8) + piece;
-    q[i] = __ldg(reinterpret_cast<const uint4*>(p.q) + at);
-    dq[i] = __ldg(reinterpret_cast<const uint4*>(p.dq) + at);
-    k[i] = __ldg(reinterpret_cast<const uint4*>(p.k) + at);
-    dk[i] = __ldg(reinterpret_cast<const uint4*>(p.dk) + at);
-  }
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    float qdq = dot8(q[i], dq[i]), kdk = dot8(k[i], dk[i]);
-    // Butterfly over the row's lanes (aligned groups of `lanes`), the same order in every lane.
-    for (int m = lanes / 2; m >= 1; m >>= 1) {
-      qdq += __shfl_xor_sync(kAll, qdq, m);
-      kdk += __shfl_xor_sync(kAll, kdk, m);
-    }
-    const int64_t row = row0 + i * stride;
-    if (piece == 0 && row < rows) {
-      const int64_t h = row % p.H, bt = row / p.H;
-      const int64_t t = bt % p.T, b = bt / p.T;
-      p.gate_terms[(b * p.H + h) * p.T + t] = qdq - kdk;
-    }
-  }
-}
 
-// The suffix sums of dG. Block j of a sequence holds the LASP_SDB_GRAD_BLOCK tokens before
-// T - j * LASP_SDB_GRAD_BLOCK (fewer in the last block). Both gate kernels copy their block to shared
-// memory (coalesced) and cut it into runs: thread i sums the i-th run of LASP_SDB_GRAD_PER_THREAD
-// tokens counted from the block's end, from its last token back; the CTA scans the runs' sums in
-// thread order. The sum of block j and the suffix sums inside it therefore have the same bits in
-// both kernels, and the same bits as when one CTA walked a whole sequence block by block.
+// ---------------------------------------------------------------------------------------------
+// The gate gradient (lasp/scalar_decay_bwd_params.h, "Gate gradient"): block [s0, s1) of
+// LASP_SD_BLOCK_CHUNKS chunks, Z from the block states, x_q and x_k from the bf16 hi + lo copies of
+// the states, the block's pair matrix A tile by tile.
+// ---------------------------------------------------------------------------------------------
 namespace {
 
-struct GradBlock {
-  float* tokens;  // shared memory: dG of the block's tokens, in token order
-  int64_t begin;  // first token of the block in the sequence
-  int lo, hi;     // this thread's run: tokens [lo, hi) of the block (empty when hi <= 0)
+using lasp::sd::exp_nonpos;
+using lasp::sd::kChunk;
+using lasp::sd::kTileV;
+constexpr int kBlockChunks = LASP_SD_BLOCK_CHUNKS;
+
+// The chunks of the block that holds chunk `chunk` (a multiple of kBlockChunks starts each block).
+struct Block {
+  int index;  // blocks before it in the sequence
+  int first;  // its first chunk
+  int n;      // its chunks (fewer in the last block)
+  int s0, s1; // its tokens [s0, s1)
+  __device__ Block(int block, int T) {
+    const int nc = lasp_sd_num_chunks(T);
+    index = block;
+    first = block * kBlockChunks;
+    n = min(kBlockChunks, nc - first);
+    s0 = first * kChunk;
+    s1 = min(T, s0 + kBlockChunks * kChunk);
+  }
 };
 
-__device__ GradBlock load_grad_block(const lasp_sd_bwd_params& p, int64_t bh, int j, float* tokens) {
-  const int64_t end = (int64_t)p.T - (int64_t)j * LASP_SDB_GRAD_BLOCK;
-  const int64_t begin = end > LASP_SDB_GRAD_BLOCK ? end - LASP_SDB_GRAD_BLOCK : 0;
-  const int count = (int)(end - begin);
-  const float* terms = p.gate_terms + bh * p.T;
-  for (int i = threadIdx.x; i < count; i += LASP_SDB_GRAD_THREADS) tokens[i] = terms[begin + i];
+// The block's gates: cum[m][r] = b^m_r, the inclusive cumsum of chunk m's log-decays (zero past T),
+// decay[m] = gamma_m = b^m_63 for m < blk.n, and decay[kBlockChunks] = a_{s1} (0 when s1 = T). Warp
+// m scans chunk m with the chunk loops' scan (lasp::sd::scan_gate_pairs). Ends with a barrier.
+__device__ void block_gates(const lasp_sd_bwd_params& p, const Block& blk, int b, int h, float* cum, float* decay) {
+  for (int i = threadIdx.x; i < kBlockChunks * kChunk; i += blockDim.x) {
+    const int tok = blk.s0 + i;
+    cum[i] = i < blk.n * kChunk && tok < p.T ? p.g[((int64_t)b * p.T + tok) * p.H + h] : 0.f;
+  }
+  if (threadIdx.x == 0) decay[kBlockChunks] = blk.s1 < p.T ? p.g[((int64_t)b * p.T + blk.s1) * p.H + h] : 0.f;
   __syncthreads();
-  const int hi = count - (int)threadIdx.x * LASP_SDB_GRAD_PER_THREAD;
-  return {tokens, begin, hi > LASP_SDB_GRAD_PER_THREAD ? hi - LASP_SDB_GRAD_PER_THREAD : 0, hi};
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (warp < blk.n) {
+    const lasp::sd::GatePair bp = lasp::sd::scan_gate_pairs(cum + warp * kChunk, lane);
+    __syncwarp();
+    cum[warp * kChunk + 2 * lane] = bp.even;
+    cum[warp * kChunk + 2 * lane + 1] = bp.odd;
+    if (lane == 31) decay[warp] = bp.odd;
+  }
+  __syncthreads();
 }
 
-// <ht, dht> of head bh (0 without dht), over the CTA in a fixed order. ht^T, the dq pass's final
-// state, is [Dv][Dk] and dht is [Dk][Dv]: the CTA reads both in rows (whole 128-byte lines per warp)
-// and meets them in `scratch`, kDotRows rows of ht^T per round, padded to Dk + 1 floats so that a
-// warp's reads down a column hit 32 banks. Every load of every round is issued before the first
-// barrier. (Reading ht^T down its columns put each load of a warp in a line of its own: gate_grad
-// took 35 us instead of 16 at B*H = 64, Dk = Dv = 128, run 113.)
-constexpr int kDotRows = 32;                                      // rows of ht^T per round
-constexpr int kDotRounds = 128 / kDotRows;                        // at most (Dv <= 128)
-constexpr int kDotPerRound = kDotRows * 128 / LASP_SDB_GRAD_THREADS;  // per thread, at most (Dk <= 128)
-constexpr int kDotScratchFloats = kDotRows * (128 + 1);
+// A state of the block's boundaries, fp32 in global memory: [Dv][Dk] (S^T, the dq pass's) where
+// `transposed`, else [Dk][Dv]; its elements count `scale` times (the dv pass's dH / sigma). NULL:
+// a zero state.
+struct StateView {
+  const float* base;
+  bool transposed;
+  float scale;
+  __device__ float at(int d, int e, int Dk, int Dv) const {
+    return scale * (transposed ? base[(int64_t)e * Dk + d] : base[(int64_t)d * Dv + e]);
+  }
+};
 
-__device__ double ht_dht_dot(const lasp_sd_bwd_params& p, int64_t bh, double* warp_totals, float* scratch) {
-  double dot = 0.0;
-  if (!p.dht) return dot;
-  const int64_t n = (int64_t)p.Dk * p.Dv;
-  const float* const ht_t = p.ht_t + bh * n;
-  const float* const dht = p.dht + bh * n;
-  const int rounds = p.Dv / kDotRows, per_round = p.Dk * kDotRows / LASP_SDB_GRAD_THREADS;
-  // Element i of round r: ht^T[kDotRows r + i / Dk][i % Dk] (contiguous in i), and the dht element
-  // it pairs with for the thread that takes i: dht[i / kDotRows][kDotRows r + i % kDotRows]. The
-  // ht^T loads of all rounds go first; a round's dht loads fly while its tile goes to shared memory
-  // (all of them at once spilled at 1024 threads' 64 registers).
-  float ht[kDotRounds][kDotPerRound];
+// S_{s0-1} (the state entering the block) and dH_{s1} (the gradient with respect to the state
+// leaving it) of block `blk` of head bh.
+__device__ StateView entering_state(const lasp_sd_bwd_params& p, const Block& blk, int64_t bh) {
+  const int64_t n = (int64_t)p.Dk * p.Dv, slots = lasp_sd_num_blocks(p.T) - 1;
+  if (blk.index > 0) return {p.fwd_blocks + (bh * slots + blk.index - 1) * n, true, 1.f};
+  return {p.h0 ? p.h0 + bh * n : nullptr, false, 1.f};
+}
+__device__ StateView leaving_gradient(const lasp_sd_bwd_params& p, const Block& blk, int64_t bh) {
+  const int64_t n = (int64_t)p.Dk * p.Dv, slots = lasp_sd_num_blocks(p.T) - 1;
+  if (blk.s1 < p.T) return {p.rev_blocks + (bh * slots + blk.index) * n, false, p.scale};
+  return {p.dht ? p.dht + bh * n : nullptr, false, 1.f};
+}
+
+__device__ __forceinline__ uint16_t bf16_bits(float x) {
+  uint16_t r;
+  asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ float bf16_value(uint16_t x) { return __uint_as_float(static_cast<uint32_t>(x) << 16); }
+
+// Shared-memory map of lasp_sd_bwd_gate_terms (byte offsets). Every bf16 tile is stored as the chunk
+// loops store theirs (lasp::swizzle, 64-column blocks) and starts 1024-byte aligned, as wgmma's
+// 128-byte swizzle needs.
+template <int DK>
+struct TermsLayout {
+  static constexpr uint32_t kQKTile = kChunk * DK * 2;      // Q or K of a chunk
+  static constexpr uint32_t kVTile = kChunk * kTileV * 2;   // the 64 columns of V or dO of a chunk
+  static constexpr uint32_t kStateTile = DK * kTileV * 2;   // a [DK][64] state tile
+  static constexpr uint32_t kQ = 0;                         // chunk I's Q, K, dO and V tiles
+  static constexpr uint32_t kK = kQ + kQKTile;
+  static constexpr uint32_t kKj = kK + kQKTile;             // K of an earlier chunk J of the block
+  static constexpr uint32_t kDo = kKj + kQKTile;
+  static constexpr uint32_t kV = kDo + kVTile;
+  static constexpr uint32_t kVj = kV + kVTile;              // chunk J's V tile
+  static constexpr uint32_t kHi = kVj + kVTile;             // a state tile as bf16 hi + lo
+  static constexpr uint32_t kLo = kHi + kStateTile;
+  static constexpr uint32_t kCum = kLo + kStateTile;        // block_gates' cum
+  static constexpr uint32_t kDecay = kCum + kBlockChunks * kChunk * 4;  // block_gates' decay
+  static constexpr uint32_t kCols = kDecay + 64;            // float [4 warps][64]: column sums
+  static constexpr uint32_t kBytes = kCols + 4 * kChunk * 4;
+  static_assert(kQKTile % 1024 == 0 && kVTile % 1024 == 0 && kStateTile % 1024 == 0, "tiles stay 1024-byte aligned");
+  static_assert((kBlockChunks + 1) * 4 <= 64, "decay fits its slot");
+};
+
+// The [DK][64] tile (rows d < DK, columns 64 vt ..) of a state as bf16 hi = bf16(x) and lo =
+// bf16(x - hi) tiles: x = hi + lo to 16 significant bits, so that products with bf16 operands lose
+// no more than fp32 accumulation does.
+template <int DK>
+__device__ void state_tile_hi_lo(uint8_t* smem, uint32_t hi, uint32_t lo, const StateView& st, int Dk, int Dv,
+                                 int vt) {
+  for (int i = threadIdx.x; i < DK * kTileV; i += blockDim.x) {
+    // Walk the stored rows: consecutive threads read consecutive addresses.
+    const int d = st.transposed ? i % DK : i / kTileV, e = st.transposed ? i / DK : i % kTileV;
+    const float x = st.at(d, vt * kTileV + e, Dk, Dv);
+    const uint16_t xh = bf16_bits(x);
+    const uint32_t at = lasp::swizzle(d, e / 8, DK) + 2 * (e % 8);
+    *reinterpret_cast<uint16_t*>(smem + hi + at) = xh;
+    *reinterpret_cast<uint16_t*>(smem + lo + at) = bf16_bits(x - bf16_value(xh));
+  }
+}
+
+#if LASP_SD_WGMMA
+// acc = A (hi + lo): A a chunk's [64][DK] K-major tile (Q or K), the state tile from state_tile_hi_lo
+// as B (MN-major), all from shared memory; waited for.
+template <int DK>
+__device__ __forceinline__ void state_product(float (&acc)[8][4], uint32_t a, uint32_t hi, uint32_t lo) {
+  constexpr uint32_t kRow16 = 16 * 128, kBlockBytes = kChunk * 128;
+  lasp::wg::fence();
 #pragma unroll
-  for (int r = 0; r < kDotRounds; ++r)
+  for (int ks = 0; ks < DK / 16; ++ks) {
+    const uint64_t a_desc = lasp::wg::desc_sw128(a + kBlockBytes * (ks >> 2) + 32 * (ks & 3));
+    lasp::wg::mma_ss<lasp::wg::Major::kMN>(acc, a_desc, lasp::wg::desc_sw128(hi + ks * kRow16), ks > 0);
+    lasp::wg::mma_ss<lasp::wg::Major::kMN>(acc, a_desc, lasp::wg::desc_sw128(lo + ks * kRow16), true);
+  }
+  lasp::wg::commit();
+  lasp::wg::wait<0>();
+  lasp::wg::fence_operands(acc);
+}
+
+// out[hh] = sum_c acc[r][c] X[r][c] for this lane's rows r = 16 warp + 8 hh + g, X a [64][64] bf16 tile
+// at `tile`; summed over the row's four lanes (the same bits in each).
+__device__ __forceinline__ void row_dots(float (&out)[2], const float (&acc)[8][4], const uint8_t* tile, int warp,
+                                         int g, int t) {
 #pragma unroll
-    for (int k = 0; k < kDotPerRound; ++k)
-      if (r < rounds && k < per_round)
-        ht[r][k] = ht_t[(int64_t)r * kDotRows * p.Dk + threadIdx.x + k * LASP_SDB_GRAD_THREADS];
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = 16 * warp + 8 * hh + g;
+    float x = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      const uint32_t w = *reinterpret_cast<const uint32_t*>(tile + lasp::swizzle(r, nt, kChunk) + 4 * t);
+      x = fmaf(acc[nt][2 * hh], __uint_as_float(w << 16), x);
+      x = fmaf(acc[nt][2 * hh + 1], __uint_as_float(w & 0xffff0000u), x);
+    }
+    x += __shfl_xor_sync(kAll, x, 1);
+    x += __shfl_xor_sync(kAll, x, 2);
+    out[hh] = x;
+  }
+}
+
+// One CTA: chunk I of its block, head bh, Dv tile vt (every (do . v) below is over the tile's 64
+// columns; gate_grad adds the tiles). Writes, for the chunk's tokens u, x_q(u), x_k(u) and
+// R(u) = sum over j < u of the block of A_uj, and the column sums of the tile pairs (I, J <= I).
+template <int DK>
+__device__ __forceinline__ void gate_terms(const lasp_sd_bwd_params& p) {
+  using L = TermsLayout<DK>;
+  static_assert(L::kBytes == lasp_sdb_gate_terms_smem_bytes(DK), "shared-memory map and host formula disagree");
+  static_assert(LASP_SDB_TERM_THREADS == lasp::sd::kThreads, "one warpgroup, loading with the chunk loops' copies");
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const uint32_t sbase = lasp::smem_addr(smem);
+  const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int chunk = blockIdx.x, vt = blockIdx.z;
+  const int64_t bh = blockIdx.y, heads = (int64_t)p.B * p.H;
+  const int b = bh / p.H, h = bh % p.H, T = p.T;
+  const Block blk(chunk / kBlockChunks, T);
+  const int local = chunk - blk.first, tok0 = chunk * kChunk;
+  float* const cum = reinterpret_cast<float*>(smem + L::kCum);
+  float* const decay = reinterpret_cast<float*>(smem + L::kDecay);
+
+  // Token tok of (b, h): row (b T + tok) H + h of the [B, T, H, D] tensors.
+  const int64_t row0 = (int64_t)b * T * p.H + h, qk_stride = (int64_t)p.H * DK, v_stride = (int64_t)p.H * p.Dv;
+  auto copy_chunk = [&](uint32_t sqk, const uint16_t* x, uint32_t sv, const uint16_t* y, int c) {
+    const int tok = c * kChunk;
+    lasp::sd::copy_tile_async<DK / 8>(sbase + sqk, x + (row0 + (int64_t)tok * p.H) * DK, qk_stride, 0, T - tok, x,
+                                      tid);
+    lasp::sd::copy_tile_async<kTileV / 8>(sbase + sv, y + (row0 + (int64_t)tok * p.H) * p.Dv + vt * kTileV,
+                                          v_stride, 0, T - tok, y, tid);
+  };
+  // Chunk I's tiles (group 0), the first earlier chunk's (group 1, possibly empty).
+  copy_chunk(L::kQ, p.q, L::kDo, p.d_o, chunk);
+  copy_chunk(L::kK, p.k, L::kV, p.v, chunk);
+  lasp::cp_async_commit();
+  if (local > 0) copy_chunk(L::kKj, p.k, L::kVj, p.v, chunk - 1);
+  lasp::cp_async_commit();
+
+  block_gates(p, blk, b, h, cum, decay);
+  const float* const cum_i = cum + local * kChunk;
+  float before = 0.f, after = 0.f;  // log-decay of the block's chunks before I (E_I) and after it
+  for (int m = 0; m < local; ++m) before += decay[m];
+  for (int m = local + 1; m < blk.n; ++m) after += decay[m];
+  const float gamma_i = decay[local], a_next = decay[kBlockChunks];
+
+  float* const rows = p.gate_rows + ((int64_t)vt * 3 * heads + bh) * T;  // x_q; x_k and R follow
+  auto store_rows = [&](int which, const float (&x)[2], auto&& weight) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = 16 * warp + 8 * hh + g;
+      if (t == 0 && tok0 + r < T) rows[which * heads * T + tok0 + r] = x[hh] * weight(r);
+    }
+  };
+
+  // x_q: pairs (j < s0, u in chunk I): sigma e^{G_u - G_{s0-1}} q_u S_{s0-1} do_u^T.
+  const StateView s_in = entering_state(p, blk, bh);
+  if (s_in.base) state_tile_hi_lo<DK>(smem, L::kHi, L::kLo, s_in, p.Dk, p.Dv, vt);
+  lasp::cp_async_wait<1>();
+  lasp::wg::fence_proxy_async();  // this thread's landed tiles and state writes, visible to wgmma
+  __syncthreads();
+  float xq[2] = {0.f, 0.f};
+  if (s_in.base) {
+    float acc[8][4];
+    state_product<DK>(acc, sbase + L::kQ, sbase + L::kHi, sbase + L::kLo);
+    row_dots(xq, acc, smem + L::kDo, warp, g, t);
+  }
+  store_rows(0, xq, [&](int r) { return p.scale * exp_nonpos(before + cum_i[r]); });
+
+  // x_k: pairs (j in chunk I, u >= s1): e^{G_{s1} - G_j} k_j dH_{s1} v_j^T.
+  __syncthreads();  // every warp's products that read the state tile are done
+  const StateView d_out = leaving_gradient(p, blk, bh);
+  if (d_out.base) state_tile_hi_lo<DK>(smem, L::kHi, L::kLo, d_out, p.Dk, p.Dv, vt);
+  lasp::wg::fence_proxy_async();
+  __syncthreads();
+  float xk[2] = {0.f, 0.f};
+  if (d_out.base) {
+    float acc[8][4];
+    state_product<DK>(acc, sbase + L::kK, sbase + L::kHi, sbase + L::kLo);
+    row_dots(xk, acc, smem + L::kV, warp, g, t);
+  }
+  store_rows(1, xk, [&](int r) { return exp_nonpos((gamma_i - cum_i[r]) + after + a_next); });
+
+  // A: tile pairs (I, J) for J = I, I - 1, .., the block's first chunk.
+  constexpr uint32_t kBlockBytes = kChunk * 128;
+  float* const cols_smem = reinterpret_cast<float*>(smem + L::kCols);
+  float r_part[2] = {0.f, 0.f};  // this thread's share of R, tile by tile
+  for (int jd = 0; jd <= local; ++jd) {
+    const int jl = local - jd;  // chunk J, in the block
+    const uint32_t s_kj = sbase + (jd == 0 ? L::kK : L::kKj), s_vj = sbase + (jd == 0 ? L::kV : L::kVj);
+    if (jd > 0) {
+      lasp::cp_async_wait<0>();
+      lasp::wg::fence_proxy_async();
+      __syncthreads();  // chunk J's tiles have landed, for every thread
+    }
+    // qk = Q_I K_J^T (over Dk), dov = dO_I V_J^T (over the tile's 64 columns).
+    float qk[8][4], dov[8][4];
+    lasp::wg::fence();
+#pragma unroll
+    for (int ks = 0; ks < DK / 16; ++ks) {
+      const uint32_t k_step = kBlockBytes * (ks >> 2) + 32 * (ks & 3);
+      lasp::wg::mma_ss<lasp::wg::Major::kK>(qk, lasp::wg::desc_sw128(sbase + L::kQ + k_step),
+                                            lasp::wg::desc_sw128(s_kj + k_step), ks > 0);
+    }
+#pragma unroll
+    for (int ks = 0; ks < kTileV / 16; ++ks)
+      lasp::wg::mma_ss<lasp::wg::Major::kK>(dov, lasp::wg::desc_sw128(sbase + L::kDo + 32 * ks),
+                                            lasp::wg::desc_sw128(s_vj + 32 * ks), ks > 0);
+    lasp::wg::commit();
+    lasp::wg::wait<0>();
+    lasp::wg::fence_operands(qk);
+    lasp::wg::fence_operands(dov);
+
+    // A_uj = sigma qk dov e^{G_u - G_j}: within chunk I (jd = 0) for j < u, else with the exponent
+    // b^I_u + (gammas strictly between J and I) + (gamma_J - b^J_j), each part <= 0.
+    const float* const cum_j = cum + jl * kChunk;
+    float between = 0.f;
+    for (int m = jl + 1; m < local; ++m) between += decay[m];
+    const float gamma_j = decay[jl];
+    float col[8][2];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int j = 8 * nt + 2 * t + e;
+        float sum = 0.f;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = 16 * warp + 8 * hh + g;
+          const float w = jd == 0 ? (j < r ? exp_nonpos(cum_i[r] - cum_i[j]) : 0.f)
+                                  : exp_nonpos(cum_i[r] + between + (gamma_j - cum_j[j]));
+          const float x = p.scale * qk[nt][2 * hh + e] * dov[nt][2 * hh + e] * w;
+          r_part[hh] += x;
+          sum += x;
+        }
+        col[nt][e] = sum;
+      }
+    // Column sums: over the warp's 16 rows (lanes of equal t), then over the warps in order.
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float c = col[nt][e];
+        c += __shfl_xor_sync(kAll, c, 4);
+        c += __shfl_xor_sync(kAll, c, 8);
+        c += __shfl_xor_sync(kAll, c, 16);
+        if (g == 0) cols_smem[warp * kChunk + 8 * nt + 2 * t + e] = c;
+      }
+    __syncthreads();
+    if (tid < kChunk) {
+      const float c = cols_smem[tid] + cols_smem[kChunk + tid] + cols_smem[2 * kChunk + tid] +
+                      cols_smem[3 * kChunk + tid];
+      const int64_t pair = (((int64_t)vt * heads + bh) * lasp_sd_num_chunks(T) + blk.first + jl) * kBlockChunks + jd;
+      p.gate_cols[pair * kChunk + tid] = c;
+    }
+    __syncthreads();  // cols_smem and chunk J's tiles are free again
+    if (jd >= 1 && jd < local) {
+      copy_chunk(L::kKj, p.k, L::kVj, p.v, blk.first + jl - 1);
+      lasp::cp_async_commit();
+    }
+  }
+  float r_sum[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    r_sum[hh] = r_part[hh];
+    r_sum[hh] += __shfl_xor_sync(kAll, r_sum[hh], 1);
+    r_sum[hh] += __shfl_xor_sync(kAll, r_sum[hh], 2);
+  }
+  store_rows(2, r_sum, [](int) { return 1.f; });
+}
+#else
+// The gate terms' products are written for wgmma (sm_90a); the host launches the backward nowhere
+// else (the chunk kernels' shared memory already needs an H100 / H200).
+template <int DK>
+__device__ __forceinline__ void gate_terms(const lasp_sd_bwd_params&) {
+  __trap();
+}
+#endif
+
+// <S, dH> = sum over (d, e) of S[d][e] dH[d][e] for two states of one head (S possibly stored
+// transposed), in fp64, in a fixed order; 32 x 32 tiles, a transposed S through shared memory so
+// that every global read is a whole line. Needs blockDim.x = 256.
+__device__ double state_dot(const StateView& s, const StateView& dh, int Dk, int Dv, float (*tile)[33],
+                            double* warp_totals) {
+  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
   double part = 0.0;
-#pragma unroll
-  for (int r = 0; r < kDotRounds; ++r) {
-    if (r >= rounds) continue;
-    float dh[kDotPerRound];
-#pragma unroll
-    for (int k = 0; k < kDotPerRound; ++k) {
-      const int i = threadIdx.x + k * LASP_SDB_GRAD_THREADS;
-      if (k < per_round) {
-        dh[k] = dht[(int64_t)(i / kDotRows) * p.Dv + r * kDotRows + i % kDotRows];
-        scratch[(i / p.Dk) * (p.Dk + 1) + i % p.Dk] = ht[r][k];
+  for (int d0 = 0; d0 < Dk; d0 += 32)
+    for (int e0 = 0; e0 < Dv; e0 += 32) {
+      if (s.transposed) {
+        for (int r = ty; r < 32; r += 8) tile[r][tx] = s.at(d0 + tx, e0 + r, Dk, Dv);  // tile[e][d]
+        __syncthreads();
+        for (int r = ty; r < 32; r += 8) part += (double)tile[tx][r] * (double)dh.at(d0 + r, e0 + tx, Dk, Dv);
+        __syncthreads();
+      } else {
+        for (int r = ty; r < 32; r += 8)
+          part += (double)s.at(d0 + r, e0 + tx, Dk, Dv) * (double)dh.at(d0 + r, e0 + tx, Dk, Dv);
       }
     }
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < kDotPerRound; ++k) {
-      const int i = threadIdx.x + k * LASP_SDB_GRAD_THREADS;
-      if (k < per_round) part += (double)scratch[(i % kDotRows) * (p.Dk + 1) + i / kDotRows] * (double)dh[k];
-    }
-    __syncthreads();
-  }
-  block_inclusive_scan(part, warp_totals, dot);
-  return dot;
-}
-static_assert(kDotScratchFloats <= LASP_SDB_GRAD_BLOCK, "the dot's scratch is the block's token buffer");
-
-__device__ double run_sum(const GradBlock& blk) {
-  double run = 0.0;
-  for (int i = blk.hi - 1; i >= blk.lo; --i) run += (double)blk.tokens[i];
-  return run;
+  double total;
+  block_inclusive_scan(part, warp_totals, total);
+  return total;
 }
 
 }  // namespace
 
-// Per (block j, b*H+h): the block's sum of dG into block_totals[bh][1 + j]; block 0's CTA also
-// writes <ht, dht> (0 without dht) into block_totals[bh][0]. Launched only where T is longer than
-// one block: with one block, lasp_sd_bwd_gate_grad needs neither.
-// grid lasp_sdb_gate_grad_grid, block LASP_SDB_GRAD_THREADS.
-extern "C" __global__ void __launch_bounds__(LASP_SDB_GRAD_THREADS)
-    lasp_sd_bwd_gate_block_sums(const __grid_constant__ lasp_sd_bwd_params p) {
-  __shared__ double warp_totals[32];
-  __shared__ float tokens[LASP_SDB_GRAD_BLOCK];
-  const int j = blockIdx.x;
-  const int64_t bh = blockIdx.y;
-  double* totals = p.block_totals + bh * (1 + (int64_t)gridDim.x);
-
-  if (j == 0) {
-    const double dot = ht_dht_dot(p, bh, warp_totals, tokens);
-    if (threadIdx.x == 0) totals[0] = dot;
-  }
-
-  const GradBlock blk = load_grad_block(p, bh, j, tokens);
-  double total;
-  block_inclusive_scan(run_sum(blk), warp_totals, total);
-  if (threadIdx.x == 0) totals[1 + j] = total;
+// grid lasp_sdb_gate_terms_grid, block LASP_SDB_TERM_THREADS, smem lasp_sdb_gate_terms_smem_bytes(Dk).
+extern "C" __global__ void __launch_bounds__(LASP_SDB_TERM_THREADS)
+    lasp_sd_bwd_gate_terms_dk64(const __grid_constant__ lasp_sd_bwd_params p) {
+  gate_terms<64>(p);
+}
+extern "C" __global__ void __launch_bounds__(LASP_SDB_TERM_THREADS)
+    lasp_sd_bwd_gate_terms_dk128(const __grid_constant__ lasp_sd_bwd_params p) {
+  gate_terms<128>(p);
 }
 
-// Per (block j, b*H+h): dg_t = sum_{u >= t} dG_u + <ht, dht> (fp64 sums, written as fp32) for the
-// block's tokens, starting from <ht, dht> plus the sums of blocks 0 .. j-1 added in that order
-// (from block_totals; with one block, the CTA takes <ht, dht> itself and block_totals is not read);
-// the CTAs of (b, h) share the writing of dh0 = sigma e^{a_0} (dH_0 / sigma).
+// Per (block, b*H+h), a thread per token u of the block: dg_u = Z + sum_{i >= u} (x_q + R - C)_i +
+// sum_{j < u} x_k(j) (C: the column sums of u's tile pairs), the Dv tiles' parts added in order and
+// the block's sums in fp64; and the CTAs of (b, h) share the writing of dh0 = sigma e^{a_0} (dH_0 / sigma).
 // grid lasp_sdb_gate_grad_grid, block LASP_SDB_GRAD_THREADS.
 extern "C" __global__ void __launch_bounds__(LASP_SDB_GRAD_THREADS)
     lasp_sd_bwd_gate_grad(const __grid_constant__ lasp_sd_bwd_params p) {
+  __shared__ float cum[kBlockChunks * kChunk];
+  __shared__ float decay[16];
   __shared__ double warp_totals[32];
-  __shared__ float tokens[LASP_SDB_GRAD_BLOCK];
-  const int j = blockIdx.x;
-  const int64_t bh = blockIdx.y;
-  const int64_t b = bh / p.H, h = bh % p.H;
-  const double* totals = p.block_totals + bh * (1 + (int64_t)gridDim.x);
+  __shared__ float tile[32][33];
+  const int64_t bh = blockIdx.y, heads = (int64_t)p.B * p.H;
+  const int b = bh / p.H, h = bh % p.H, T = p.T;
+  const Block blk(blockIdx.x, T);
+  block_gates(p, blk, b, h, cum, decay);
 
-  double after_blocks = gridDim.x == 1 ? ht_dht_dot(p, bh, warp_totals, tokens) : totals[0];
-  for (int i = 0; i < j; ++i) after_blocks += totals[1 + i];
-
-  const GradBlock blk = load_grad_block(p, bh, j, tokens);
-  const double run = run_sum(blk);
-  double total;
-  double after = after_blocks + block_inclusive_scan(run, warp_totals, total) - run;
-  for (int i = blk.hi - 1; i >= blk.lo; --i) {
-    after += (double)blk.tokens[i];
-    p.dg[(b * p.T + blk.begin + i) * p.H + h] = (float)after;
+  // Z: the pairs (j < s0, u >= s1).
+  const StateView s_in = entering_state(p, blk, bh), d_out = leaving_gradient(p, blk, bh);
+  double z = 0.0;
+  if (s_in.base && d_out.base) {
+    float log_decay = decay[kBlockChunks];  // G_{s1} - G_{s0-1}
+    for (int m = 0; m < blk.n; ++m) log_decay += decay[m];
+    z = (double)exp_nonpos(log_decay) * state_dot(s_in, d_out, p.Dk, p.Dv, tile, warp_totals);
   }
 
+  const int tok = blk.s0 + threadIdx.x;
+  const bool valid = tok < blk.s1;
+  double a = 0.0, bk = 0.0;  // x_q + R - C and x_k of this token
+  if (valid) {
+    const int c = tok / kChunk, jl = c - blk.first, r = tok % kChunk;
+    const int nc = lasp_sd_num_chunks(T);
+    for (int vt = 0; vt < lasp_sd_num_vtiles(p.Dv); ++vt) {
+      const float* rows = p.gate_rows + ((int64_t)vt * 3 * heads + bh) * T + tok;
+      a += (double)rows[0] + (double)rows[2 * heads * T];
+      bk += (double)rows[heads * T];
+      const float* cols = p.gate_cols + ((((int64_t)vt * heads + bh) * nc + c) * kBlockChunks) * kChunk + r;
+      for (int d = 0; d < blk.n - jl; ++d) a -= (double)cols[d * kChunk];
+    }
+  }
+  double total_a, total_b;
+  const double incl_a = block_inclusive_scan(a, warp_totals, total_a);
+  const double incl_b = block_inclusive_scan(bk, warp_totals, total_b);
+  if (valid) p.dg[((int64_t)b * T + tok) * p.H + h] = (float)(z + (total_a - incl_a + a) + (incl_b - bk));
+
   if (p.dh0) {
-    // kDh0Batch loads in flight per thread before the stores: one element per round trip took
-    // ~12 us of gate_grad at B*H = 64, Dk = Dv = 128 (16 elements per thread, run 114).
-    constexpr int kDh0Batch = 8;
-    const int64_t n = (int64_t)p.Dk * p.Dv, stride = (int64_t)gridDim.x * LASP_SDB_GRAD_THREADS;
-    const float factor = p.scale * expf(fminf(p.g[b * p.T * p.H + h], 0.f));  // sigma e^{a_0}
+    const int64_t n = (int64_t)p.Dk * p.Dv, stride = (int64_t)gridDim.x * blockDim.x;
+    const float factor = p.scale * expf(fminf(p.g[(int64_t)b * T * p.H + h], 0.f));  // sigma e^{a_0}
     const float* const src = p.dh0_scaled + bh * n;
     float* const dst = p.dh0 + bh * n;
-    for (int64_t e0 = (int64_t)j * LASP_SDB_GRAD_THREADS + threadIdx.x; e0 < n; e0 += kDh0Batch * stride) {
-      float x[kDh0Batch];
-#pragma unroll
-      for (int i = 0; i < kDh0Batch; ++i)
-        if (e0 + i * stride < n) x[i] = src[e0 + i * stride];
-#pragma unroll
-      for (int i = 0; i < kDh0Batch; ++i)
-        if (e0 + i * stride < n) dst[e0 + i * stride] = factor * x[i];
-    }
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += stride) dst[e] = factor * src[e];
   }
 }

@@ -39,10 +39,14 @@ namespace sd {
 // the last segment, ht), with kRoles as two warpgroups and a loading warp (run_roles_segment_with,
 // loading through `maps`), or with kProbe one of its timed variants (lasp::sd::Probe). kReversed:
 // the time-reversed pass of the backward (lasp::sd::TimeAxis; the tensor maps of the two-role
-// kernel address tokens in order only, so it has no reversed form).
-template <int DK, bool kOutput, Probe kProbe = Probe::kNone, bool kRoles = false, bool kReversed = false>
+// kernel address tokens in order only, so it has no reversed form). kBlockStates: the output kernel
+// also writes the state entering every block boundary of its segment to p.block_states (the
+// backward's dq and dv passes, for the gate gradient).
+template <int DK, bool kOutput, Probe kProbe = Probe::kNone, bool kRoles = false, bool kReversed = false,
+          bool kBlockStates = false>
 __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p, const QkvMaps* maps = nullptr) {
   static_assert(!(kRoles && kReversed), "the two-role kernel reads tokens in order only");
+  static_assert(kOutput || !kBlockStates, "the states kernels write no block states");
   const int seg = blockIdx.y;
   const SegmentArgs a = segment_args(p);
   const int n_seg_slots = p.num_segments - 1;  // workspace slots per (b, h)
@@ -62,10 +66,19 @@ __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p, c
     auto end = [&](StateRegs<DK>& s, const StateLane& ln, float) {
       if (seg == p.num_segments - 1 && p.ht) state_store<DK>(s, ln, p.ht + a.bh * tile_elems + col0, p.Dv);
     };
+    const int num_chunks = lasp_sd_num_chunks(p.T);
+    const int64_t block_slots = lasp_sd_num_blocks(p.T) - 1;  // per (b, h)
+    auto block_states = [&](StateRegs<DK>& s, const StateLane& ln, int chunk) {
+      if constexpr (kBlockStates) {
+        const int slot = lasp_sd_block_slot(num_chunks, chunk, kReversed);
+        if (slot >= 0)
+          state_store<DK>(s, ln, p.block_states + (a.bh * block_slots + slot) * tile_elems + col0, p.Dv);
+      }
+    };
     if constexpr (kRoles)
-      run_roles_segment_with<DK>(a, *maps, start, end);
+      run_roles_segment_with<DK>(a, *maps, start, end, block_states);
     else
-      run_segment_with<DK, kProbe, kReversed>(a, start, end);
+      run_segment_with<DK, kProbe, kReversed>(a, start, end, block_states);
   } else {
     const int64_t slot = (int64_t)a.bh * n_seg_slots + seg;
     run_states_segment<DK, kReversed>(a, [&](StateRegs<DK>& s, const StateLane& ln, float lambda) {
@@ -139,6 +152,25 @@ extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
   lasp::sd::run_segment<128, true, lasp::sd::Probe::kNone, false, true>(p);
 }
 
+// The backward's dq pass (in order) and dv pass (reversed) with the block states they hand the gate
+// gradient (lasp/scalar_decay_bwd_params.h): pass 2 as above, also writing p.block_states.
+extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
+    lasp_scalar_decay_output_block_states_dk64(const __grid_constant__ lasp_scalar_decay_params p) {
+  lasp::sd::run_segment<64, true, lasp::sd::Probe::kNone, false, false, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
+    lasp_scalar_decay_output_block_states_dk128(const __grid_constant__ lasp_scalar_decay_params p) {
+  lasp::sd::run_segment<128, true, lasp::sd::Probe::kNone, false, false, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
+    lasp_scalar_decay_output_reversed_block_states_dk64(const __grid_constant__ lasp_scalar_decay_params p) {
+  lasp::sd::run_segment<64, true, lasp::sd::Probe::kNone, false, true, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)
+    lasp_scalar_decay_output_reversed_block_states_dk128(const __grid_constant__ lasp_scalar_decay_params p) {
+  lasp::sd::run_segment<128, true, lasp::sd::Probe::kNone, false, true, true>(p);
+}
+
 // Pass 2 as two warpgroups and a loading warp (lasp::sd::run_roles_segment_with), for plans with
 // S == 1: the host launches it instead of lasp_scalar_decay_output_dk* when one CTA per SM keeps
 // every sequence whole.
@@ -153,6 +185,17 @@ extern "C" __global__ void __launch_bounds__(LASP_SD_ROLES_THREADS, 1)
     lasp_scalar_decay_output_roles_dk128(const __grid_constant__ lasp_sd_roles_params rp) {
   const lasp::sd::QkvMaps maps{rp.q, rp.k, rp.v};
   lasp::sd::run_segment<128, true, lasp::sd::Probe::kNone, true>(rp.p, &maps);
+}
+// The backward's dq pass where it runs the two-role kernel: also writes rp.p.block_states.
+extern "C" __global__ void __launch_bounds__(LASP_SD_ROLES_THREADS, 1)
+    lasp_scalar_decay_output_roles_block_states_dk64(const __grid_constant__ lasp_sd_roles_params rp) {
+  const lasp::sd::QkvMaps maps{rp.q, rp.k, rp.v};
+  lasp::sd::run_segment<64, true, lasp::sd::Probe::kNone, true, false, true>(rp.p, &maps);
+}
+extern "C" __global__ void __launch_bounds__(LASP_SD_ROLES_THREADS, 1)
+    lasp_scalar_decay_output_roles_block_states_dk128(const __grid_constant__ lasp_sd_roles_params rp) {
+  const lasp::sd::QkvMaps maps{rp.q, rp.k, rp.v};
+  lasp::sd::run_segment<128, true, lasp::sd::Probe::kNone, true, false, true>(rp.p, &maps);
 }
 
 // Probes of pass 2 (lasp::sd::Probe; SCALAR_DECAY_NOTES.md, "Probes"): launched exactly like

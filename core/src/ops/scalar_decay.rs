@@ -115,6 +115,14 @@ pub mod geometry {
         }
     }
 
+    /// `LASP_SD_BLOCK_CHUNKS`: chunks per block of the backward's gate gradient.
+    pub const BLOCK_CHUNKS: i32 = 4;
+
+    /// `lasp_sd_num_blocks`.
+    pub const fn num_blocks(t: i32) -> i32 {
+        (num_chunks(t) + BLOCK_CHUNKS - 1) / BLOCK_CHUNKS
+    }
+
     /// `lasp_sd_chunks_per_segment`.
     pub const fn chunks_per_segment(t: i32, s: i32) -> i32 {
         let nc = num_chunks(t);
@@ -183,7 +191,7 @@ pub mod geometry {
     }
 }
 
-/// The C struct `lasp_scalar_decay_params` (112 bytes), passed by value to the states, fold and
+/// The C struct `lasp_scalar_decay_params` (120 bytes), passed by value to the states, fold and
 /// one-warpgroup output kernels; the two-role output kernel takes it inside [`RolesParams`].
 /// Device pointers are raw addresses; NULL (0) where a tensor is absent.
 #[repr(C)]
@@ -199,6 +207,7 @@ pub struct ScalarDecayParams {
     pub ws_m: u64,
     pub ws_p: u64,
     pub ws_lambda: u64,
+    pub block_states: u64,
     pub b: i32,
     pub t: i32,
     pub h: i32,
@@ -753,6 +762,11 @@ pub struct ScalarDecayForward {
     /// The time-reversed states and output kernels of the backward's dk and dv passes (Dk-indexed).
     states_reversed: [Kernel; 2],
     output_reversed: [Kernel; 2],
+    /// The output kernels that also write the states at the block boundaries, for the backward's
+    /// dq pass (in order; two-role where `output_roles` is there) and dv pass (reversed).
+    output_block_states: [Kernel; 2],
+    output_roles_block_states: Option<[Kernel; 2]>,
+    output_reversed_block_states: [Kernel; 2],
     /// The two-role output kernels, for plans with one segment (None where this GPU has no Tensor
     /// Memory Accelerator or cannot give a block their shared memory: such plans use `output`).
     output_roles: Option<[Kernel; 2]>,
@@ -867,23 +881,55 @@ impl ScalarDecayForward {
                 "lasp_scalar_decay_output_reversed_dk128",
             ],
         )?;
+        let (_, output_block_states) = segment_kernels(
+            runtime,
+            [
+                "lasp_scalar_decay_states_dk64",
+                "lasp_scalar_decay_states_dk128",
+            ],
+            [
+                "lasp_scalar_decay_output_block_states_dk64",
+                "lasp_scalar_decay_output_block_states_dk128",
+            ],
+        )?;
+        let (_, output_reversed_block_states) = segment_kernels(
+            runtime,
+            [
+                "lasp_scalar_decay_states_reversed_dk64",
+                "lasp_scalar_decay_states_reversed_dk128",
+            ],
+            [
+                "lasp_scalar_decay_output_reversed_block_states_dk64",
+                "lasp_scalar_decay_output_reversed_block_states_dk128",
+            ],
+        )?;
         let module = runtime.module();
         let optin = ctx.attribute(
             sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
         )? as u32;
         let (major, _) = ctx.compute_capability()?;
-        let output_roles = if major >= 9 && optin >= geometry::roles_smem_bytes(128) {
-            let kernels = [
-                module.kernel("lasp_scalar_decay_output_roles_dk64")?,
-                module.kernel("lasp_scalar_decay_output_roles_dk128")?,
-            ];
+        let roles = |names: [&'static str; 2]| -> Result<[Kernel; 2]> {
+            let kernels = [module.kernel(names[0])?, module.kernel(names[1])?];
             for (i, dk) in [64, 128].into_iter().enumerate() {
                 kernels[i].set_max_dynamic_shared_bytes(geometry::roles_smem_bytes(dk))?;
             }
-            Some(kernels)
-        } else {
-            None
+            Ok(kernels)
         };
+        let (output_roles, output_roles_block_states) =
+            if major >= 9 && optin >= geometry::roles_smem_bytes(128) {
+                (
+                    Some(roles([
+                        "lasp_scalar_decay_output_roles_dk64",
+                        "lasp_scalar_decay_output_roles_dk128",
+                    ])?),
+                    Some(roles([
+                        "lasp_scalar_decay_output_roles_block_states_dk64",
+                        "lasp_scalar_decay_output_roles_block_states_dk128",
+                    ])?),
+                )
+            } else {
+                (None, None)
+            };
         let fold = module.kernel("lasp_scalar_decay_fold")?;
         let sm_count = super::sm_count(&ctx)?;
         Ok(ScalarDecayForward {
@@ -893,6 +939,9 @@ impl ScalarDecayForward {
             output,
             states_reversed,
             output_reversed,
+            output_block_states,
+            output_roles_block_states,
+            output_reversed_block_states,
             output_roles,
             fold,
             probes: None,
@@ -1038,6 +1087,7 @@ impl ScalarDecayForward {
             ws_m,
             ws_p,
             ws_lambda,
+            block_states: 0,
             b: s.b as i32,
             t: s.t as i32,
             h: s.h as i32,
@@ -1071,6 +1121,46 @@ impl ScalarDecayForward {
         unsafe {
             if let (Some(states_shape), Some(fold)) = (plan.states, plan.fold) {
                 self.states[dk_index(args.shape.dk)].launch(stream, states_shape, &params)?;
+                self.fold.launch(stream, fold, &params)?;
+            }
+            output.enqueue(stream)?;
+        }
+        Ok(plan)
+    }
+
+    /// [`ScalarDecayForward::launch`] with the output kernel that also writes the state entering
+    /// every block boundary (`geometry::num_blocks`) to `block_states`, fp32
+    /// `[B*H][blocks-1][Dk][Dv]` (the backward's dq pass, for the gate gradient).
+    ///
+    /// # Safety
+    /// Where the sequence has more than one block, `block_states` must address a live device
+    /// buffer of that size, used by nothing else until the kernels complete.
+    pub(crate) unsafe fn launch_writing_block_states(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        args: ForwardArgs<'_>,
+        block_states: u64,
+    ) -> Result<ForwardPlan> {
+        let plan = self.plan(&args.shape)?;
+        let (plan, params) = self.prepare_plan(stream, &args, plan)?;
+        let params = ScalarDecayParams {
+            block_states,
+            ..params
+        };
+        let i = dk_index(args.shape.dk);
+        let output = match self.output_roles_block_states {
+            Some(roles) if plan.output_roles => OutputLaunch::TwoRole(
+                roles[i],
+                plan.output,
+                Box::new(RolesParams::new(params, &plan.shape)?),
+            ),
+            _ => OutputLaunch::OneWarpgroup(self.output_block_states[i], plan.output, params),
+        };
+        // SAFETY: as in `launch`; the output kernel also writes the block states, which this
+        // function's contract sizes.
+        unsafe {
+            if let (Some(states_shape), Some(fold)) = (plan.states, plan.fold) {
+                self.states[i].launch(stream, states_shape, &params)?;
                 self.fold.launch(stream, fold, &params)?;
             }
             output.enqueue(stream)?;
@@ -1136,16 +1226,21 @@ impl ScalarDecayForward {
 
     /// The output kernel of a reversed pass alone, cut into `starts.segments` segments that
     /// start from `args.h0` (segment 0) and from `starts.prefixes` (segment s > 0: slot s - 1 of
-    /// a `[B*H][S-1][Dk][Dv]` fp32 buffer, the layout the fold kernel writes).
+    /// a `[B*H][S-1][Dk][Dv]` fp32 buffer, the layout the fold kernel writes). With
+    /// `block_states`, it also writes the state entering every block boundary there (fp32
+    /// `[B*H][blocks-1][Dk][Dv]`; the backward's dv pass, for the gate gradient).
     ///
     /// # Safety
     /// Where S > 1, `starts.prefixes` must address a live device buffer of that size, written
-    /// before this launch on `stream` and not written again until the kernel completes.
+    /// before this launch on `stream` and not written again until the kernel completes; where
+    /// given and the sequence has more than one block, `block_states` must address a live device
+    /// buffer of its size, used by nothing else until the kernel completes.
     pub(crate) unsafe fn launch_reversed_output(
         &mut self,
         stream: &Arc<CudaStream>,
         args: ForwardArgs<'_>,
         starts: SegmentStarts,
+        block_states: Option<u64>,
     ) -> Result<()> {
         let plan = Self::reversed_plan(&args.shape, starts.segments)?;
         let (plan, params) = self.prepare_plan(stream, &args, plan)?;
@@ -1153,13 +1248,15 @@ impl ScalarDecayForward {
             ws_m: 0,
             ws_p: starts.prefixes,
             ws_lambda: 0,
+            block_states: block_states.unwrap_or(0),
             ..params
         };
-        let launch = OutputLaunch::OneWarpgroup(
-            self.output_reversed[dk_index(args.shape.dk)],
-            plan.output,
-            params,
-        );
+        let i = dk_index(args.shape.dk);
+        let kernel = match block_states {
+            Some(_) => self.output_reversed_block_states[i],
+            None => self.output_reversed[i],
+        };
+        let launch = OutputLaunch::OneWarpgroup(kernel, plan.output, params);
         // SAFETY: as in `launch`; the output kernel reads of the workspace only the segment
         // starts, which `starts.prefixes` holds for every segment s > 0 (this function's
         // contract).
@@ -1295,7 +1392,7 @@ mod tests {
 
     #[test]
     fn params_match_the_header_layout() {
-        assert_eq!(size_of::<ScalarDecayParams>(), 112);
+        assert_eq!(size_of::<ScalarDecayParams>(), 120);
         assert_eq!(std::mem::align_of::<ScalarDecayParams>(), 8);
         // Offsets from the header's declarations (natural alignment, as the C compiler lays
         // them out), compared with the Rust struct's.
@@ -1310,6 +1407,7 @@ mod tests {
             ("ws_m", offset_of!(ScalarDecayParams, ws_m)),
             ("ws_p", offset_of!(ScalarDecayParams, ws_p)),
             ("ws_lambda", offset_of!(ScalarDecayParams, ws_lambda)),
+            ("block_states", offset_of!(ScalarDecayParams, block_states)),
             ("B", offset_of!(ScalarDecayParams, b)),
             ("T", offset_of!(ScalarDecayParams, t)),
             ("H", offset_of!(ScalarDecayParams, h)),

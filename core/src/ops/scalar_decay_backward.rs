@@ -5,15 +5,17 @@
 //! With `sigma = scale`, `G_t = a_0 + ... + a_t` and the reverse state
 //! `dH_s = sigma sum_{t >= s} e^{G_t - G_s} q_t^T do_t + e^{G_{T-1} - G_s} dht`:
 //! `dq_t = sigma S_t do_t^T`, `dk_s = v_s dH_s^T`, `dv_s = k_s dH_s`, `dh0 = e^{a_0} dH_0` and
-//! `dg_t = sum_{u >= t} (q_u . dq_u - k_u . dk_u) + <ht, dht>` (research/kernel-anchors.md §5.1,
-//! the CPU reference `reference::scalar_decay::backward`).
+//! `dg_t = e^{a_t} <S_{t-1}, dH_t>`, the pairs of tokens that straddle `t` (research/kernel-anchors.md
+//! §5.1, the CPU reference `reference::scalar_decay::backward`).
 //!
 //! `dq` is the forward recurrence with `dO, V, K` in the roles of `Q, K, V` and `h0^T` as its start;
 //! `dv` and `dk` are the same recurrence over the tokens from last to first (dH's suffix sums are
 //! the reversed sequence's prefix sums) with `K, Q, dO` and `V, dO, Q`, started from `dht / sigma`
 //! and its transpose. So the backward runs the forward's chunkwise kernels three times (the
-//! reversed passes in their time-reversed build) and five small kernels for the start states and
-//! the gate gradient (`kernels/cuda/scalar_decay_bwd.cu`, formulas in
+//! reversed passes in their time-reversed build; the dq and dv passes also write their states at
+//! every block boundary) and four kernels of its own for the start states and the gate gradient,
+//! which meets the two directions' states at the block boundaries and sums each block's pairs
+//! exactly (`kernels/cuda/scalar_decay_bwd.cu`, formulas in
 //! `kernels/cuda/include/lasp/scalar_decay_bwd_params.h`, mirrored by [`geometry`]). The two
 //! reversed passes share one states pass: in the same segments, the dk pass's segment states are
 //! the transposes of the dv pass's.
@@ -31,18 +33,16 @@ use std::sync::Arc;
 
 /// Launch and workspace formulas, a port of `scalar_decay_bwd_params.h` (same integer types).
 pub mod geometry {
+    use crate::ops::scalar_decay::geometry as sd;
+
     /// `LASP_SDB_STATE_TILE`: state_inputs transposes tiles of this many rows and columns.
     pub const STATE_TILE: i32 = 32;
     /// `LASP_SDB_STATE_THREADS`.
     pub const STATE_THREADS: u32 = 256;
     /// `LASP_SDB_TERM_THREADS`.
-    pub const TERM_THREADS: u32 = 256;
-    /// `LASP_SDB_GRAD_THREADS`.
-    pub const GRAD_THREADS: u32 = 1024;
-    /// `LASP_SDB_GRAD_PER_THREAD`.
-    pub const GRAD_PER_THREAD: i32 = 8;
-    /// `LASP_SDB_GRAD_BLOCK`: tokens per block of the gate kernels' suffix sums.
-    pub const GRAD_BLOCK: i32 = GRAD_THREADS as i32 * GRAD_PER_THREAD;
+    pub const TERM_THREADS: u32 = 128;
+    /// `LASP_SDB_GRAD_THREADS`: a thread per token of a block.
+    pub const GRAD_THREADS: u32 = (sd::BLOCK_CHUNKS * sd::CHUNK) as u32;
 
     /// `lasp_sdb_state_inputs_grid`.
     pub const fn state_inputs_grid(b: i32, h: i32, dk: i32, dv: i32) -> (u32, u32, u32) {
@@ -53,29 +53,25 @@ pub mod geometry {
         )
     }
 
-    /// `LASP_SDB_TERM_ROWS_PER_THREAD`.
-    pub const TERM_ROWS_PER_THREAD: i32 = 4;
-
-    /// `lasp_sdb_term_rows_per_cta`.
-    pub const fn term_rows_per_cta(dk: i32) -> i32 {
-        TERM_THREADS as i32 / (dk / 8) * TERM_ROWS_PER_THREAD
+    /// `lasp_sdb_gate_terms_grid`: one CTA per (chunk, b*H+h, Dv tile).
+    pub const fn gate_terms_grid(b: i32, t: i32, h: i32, dv: i32) -> (u32, u32, u32) {
+        (
+            sd::num_chunks(t) as u32,
+            (b * h) as u32,
+            sd::num_vtiles(dv) as u32,
+        )
     }
 
-    /// `lasp_sdb_gate_terms_grid`.
-    pub const fn gate_terms_grid(b: i32, t: i32, h: i32, dk: i32) -> (u32, u32, u32) {
-        let rows = b as i64 * t as i64 * h as i64;
-        let per_cta = term_rows_per_cta(dk) as i64;
-        (((rows + per_cta - 1) / per_cta) as u32, 1, 1)
+    /// `lasp_sdb_gate_terms_smem_bytes`.
+    pub const fn gate_terms_smem_bytes(dk: i32) -> u32 {
+        let (c, dk, tv) = (sd::CHUNK as u32, dk as u32, sd::TILE_V as u32);
+        let (qk, vtile) = (c * dk * 2, c * tv * 2);
+        3 * qk + 3 * vtile + 2 * dk * tv * 2 + sd::BLOCK_CHUNKS as u32 * c * 4 + 64 + 4 * c * 4
     }
 
-    /// `lasp_sdb_grad_blocks`.
-    pub const fn grad_blocks(t: i32) -> i32 {
-        ((t as i64 + GRAD_BLOCK as i64 - 1) / GRAD_BLOCK as i64) as i32
-    }
-
-    /// `lasp_sdb_gate_grad_grid`: both gate kernels.
+    /// `lasp_sdb_gate_grad_grid`: one CTA per (block, b*H+h).
     pub const fn gate_grad_grid(b: i32, t: i32, h: i32) -> (u32, u32, u32) {
-        (grad_blocks(t) as u32, (b * h) as u32, 1)
+        (sd::num_blocks(t) as u32, (b * h) as u32, 1)
     }
 
     /// `lasp_sdb_state_bytes`: one fp32 `[B, H, Dk, Dv]` state.
@@ -83,20 +79,42 @@ pub mod geometry {
         b as u64 * h as u64 * dk as u64 * dv as u64 * 4
     }
 
-    /// `lasp_sdb_gate_terms_offset`: after the five states.
-    pub const fn gate_terms_offset(b: i32, h: i32, dk: i32, dv: i32) -> u64 {
-        5 * state_bytes(b, h, dk, dv)
+    /// `lasp_sdb_block_states_bytes`: one state per head and inner block boundary.
+    pub const fn block_states_bytes(b: i32, t: i32, h: i32, dk: i32, dv: i32) -> u64 {
+        (sd::num_blocks(t) - 1) as u64 * state_bytes(b, h, dk, dv)
     }
 
-    /// `lasp_sdb_block_totals_offset`: after the gate terms.
-    pub const fn block_totals_offset(b: i32, t: i32, h: i32, dk: i32, dv: i32) -> u64 {
-        gate_terms_offset(b, h, dk, dv) + (b as u64 * h as u64 * t as u64 * 4).div_ceil(16) * 16
+    /// `lasp_sdb_fwd_blocks_offset`: after four states.
+    pub const fn fwd_blocks_offset(b: i32, h: i32, dk: i32, dv: i32) -> u64 {
+        4 * state_bytes(b, h, dk, dv)
+    }
+
+    /// `lasp_sdb_rev_blocks_offset`.
+    pub const fn rev_blocks_offset(b: i32, t: i32, h: i32, dk: i32, dv: i32) -> u64 {
+        fwd_blocks_offset(b, h, dk, dv) + block_states_bytes(b, t, h, dk, dv)
+    }
+
+    /// `lasp_sdb_gate_rows_offset`.
+    pub const fn gate_rows_offset(b: i32, t: i32, h: i32, dk: i32, dv: i32) -> u64 {
+        rev_blocks_offset(b, t, h, dk, dv) + block_states_bytes(b, t, h, dk, dv)
+    }
+
+    /// `lasp_sdb_gate_cols_offset`: after x_q, x_k and R of every token and Dv tile.
+    pub const fn gate_cols_offset(b: i32, t: i32, h: i32, dk: i32, dv: i32) -> u64 {
+        let rows = sd::num_vtiles(dv) as u64 * 3 * b as u64 * h as u64 * t as u64 * 4;
+        gate_rows_offset(b, t, h, dk, dv) + rows.div_ceil(16) * 16
     }
 
     /// `lasp_sdb_workspace_bytes`.
     pub const fn workspace_bytes(b: i32, t: i32, h: i32, dk: i32, dv: i32) -> u64 {
-        let totals = b as u64 * h as u64 * (1 + grad_blocks(t) as u64) * 8;
-        block_totals_offset(b, t, h, dk, dv) + totals.div_ceil(16) * 16
+        let cols = sd::num_vtiles(dv) as u64
+            * b as u64
+            * h as u64
+            * sd::num_chunks(t) as u64
+            * sd::BLOCK_CHUNKS as u64
+            * sd::CHUNK as u64
+            * 4;
+        gate_cols_offset(b, t, h, dk, dv) + cols
     }
 
     /// `lasp_sdb_dk_starts_offset`: the reversed passes' workspace holds the dv pass's starts
@@ -123,15 +141,15 @@ pub mod geometry {
     }
 }
 
-/// The C struct `lasp_sd_bwd_params` (192 bytes). Device pointers are raw addresses; NULL (0)
+/// The C struct `lasp_sd_bwd_params` (200 bytes). Device pointers are raw addresses; NULL (0)
 /// where a tensor is absent.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct BackwardParams {
     pub q: u64,
     pub k: u64,
-    pub dq: u64,
-    pub dk: u64,
+    pub v: u64,
+    pub d_o: u64,
     pub g: u64,
     pub h0: u64,
     pub dht: u64,
@@ -142,10 +160,11 @@ pub struct BackwardParams {
     pub rev_lambda: u64,
     pub dv_starts: u64,
     pub dk_starts: u64,
-    pub ht_t: u64,
     pub dh0_scaled: u64,
-    pub gate_terms: u64,
-    pub block_totals: u64,
+    pub fwd_blocks: u64,
+    pub rev_blocks: u64,
+    pub gate_rows: u64,
+    pub gate_cols: u64,
     pub dg: u64,
     pub dh0: u64,
     pub b: i32,
@@ -302,8 +321,8 @@ pub struct ScalarDecayBackward {
     forward: ScalarDecayForward,
     state_inputs: Kernel,
     reversed_starts: Kernel,
-    gate_terms: Kernel,
-    gate_block_sums: Kernel,
+    /// Dk-indexed (`[64, 128]`).
+    gate_terms: [Kernel; 2],
     gate_grad: Kernel,
     workspace: Option<CudaSlice<u8>>,
     /// The reversed passes' (geometry::reversed_bytes, the starts alone where the caller gives
@@ -315,13 +334,19 @@ impl ScalarDecayBackward {
     /// Looks up the kernels in the runtime's module.
     pub fn new(runtime: &Runtime) -> Result<Self> {
         let module = runtime.module();
+        let gate_terms = [
+            module.kernel("lasp_sd_bwd_gate_terms_dk64")?,
+            module.kernel("lasp_sd_bwd_gate_terms_dk128")?,
+        ];
+        for (kernel, dk) in gate_terms.iter().zip([64, 128]) {
+            kernel.set_max_dynamic_shared_bytes(geometry::gate_terms_smem_bytes(dk))?;
+        }
         Ok(ScalarDecayBackward {
             ctx: runtime.context().clone(),
             forward: ScalarDecayForward::new(runtime)?,
             state_inputs: module.kernel("lasp_sd_bwd_state_inputs")?,
             reversed_starts: module.kernel("lasp_sd_bwd_reversed_starts")?,
-            gate_terms: module.kernel("lasp_sd_bwd_gate_terms")?,
-            gate_block_sums: module.kernel("lasp_sd_bwd_gate_block_sums")?,
+            gate_terms,
             gate_grad: module.kernel("lasp_sd_bwd_gate_grad")?,
             workspace: None,
             reversed: None,
@@ -415,8 +440,8 @@ impl ScalarDecayBackward {
         let params = BackwardParams {
             q: args.q.addr(),
             k: args.k.addr(),
-            dq: args.dq.addr(),
-            dk: args.dk.addr(),
+            v: args.v.addr(),
+            d_o: args.d_o.addr(),
             g: args.g.addr(),
             h0: args.h0.map_or(0, |x| x.addr()),
             dht: args.d_ht.map_or(0, |x| x.addr()),
@@ -427,10 +452,11 @@ impl ScalarDecayBackward {
             rev_lambda,
             dv_starts: rev,
             dk_starts: rev + geometry::dk_starts_offset(b, h, rs, dk, dv),
-            ht_t: part(3),
-            dh0_scaled: part(4),
-            gate_terms: ws + geometry::gate_terms_offset(b, h, dk, dv),
-            block_totals: ws + geometry::block_totals_offset(b, t, h, dk, dv),
+            dh0_scaled: part(3),
+            fwd_blocks: ws + geometry::fwd_blocks_offset(b, h, dk, dv),
+            rev_blocks: ws + geometry::rev_blocks_offset(b, t, h, dk, dv),
+            gate_rows: ws + geometry::gate_rows_offset(b, t, h, dk, dv),
+            gate_cols: ws + geometry::gate_cols_offset(b, t, h, dk, dv),
             dg: args.dg.addr(),
             dh0: args.dh0.as_ref().map_or(0, |x| x.addr()),
             b,
@@ -469,21 +495,27 @@ impl ScalarDecayBackward {
             // reads h0 (checked length) and writes h0^T, a workspace state owned by self.
             unsafe { self.state_inputs.launch(stream, state_shape, &params)? };
         }
-        // dq: dO, V, K in the roles of Q, K, V from h0^T; its final state is ht^T (for dg).
-        self.forward.launch(
-            stream,
-            ForwardArgs {
-                shape: transposed,
-                q: args.d_o,
-                k: args.v,
-                v: args.k,
-                g: args.g,
-                h0: has_h0.then(|| ws_ref(params.h0_t)),
-                o: args.dq,
-                ht: has_dht.then(|| ws_mut(params.ht_t)),
-                scale: Some(scale),
-            },
-        )?;
+        // dq: dO, V, K in the roles of Q, K, V from h0^T; it writes S^T at the block boundaries
+        // (for dg).
+        // SAFETY: fwd_blocks is the workspace part of geometry::block_states_bytes for this
+        // shape (the dq pass's state is [Dv][Dk], of the same size), owned by self.
+        unsafe {
+            self.forward.launch_writing_block_states(
+                stream,
+                ForwardArgs {
+                    shape: transposed,
+                    q: args.d_o,
+                    k: args.v,
+                    v: args.k,
+                    g: args.g,
+                    h0: has_h0.then(|| ws_ref(params.h0_t)),
+                    o: args.dq,
+                    ht: None,
+                    scale: Some(scale),
+                },
+                params.fwd_blocks,
+            )?
+        };
         before_reversed_passes()?;
         self.ctx.bind_to_thread()?;
         // dv, reversed: K, Q, dO from dht / sigma; its final state is dH_0 / sigma (for dh0).
@@ -526,42 +558,47 @@ impl ScalarDecayBackward {
             // writes the starts, workspace parts owned by self.
             unsafe { self.reversed_starts.launch(stream, state_shape, &params)? };
         }
-        for (pass, prefixes) in [(dv_pass, params.dv_starts), (dk_pass, params.dk_starts)] {
+        // The dv pass also writes dH / sigma at the block boundaries (for dg).
+        for (pass, prefixes, blocks) in [
+            (dv_pass, params.dv_starts, Some(params.rev_blocks)),
+            (dk_pass, params.dk_starts, None),
+        ] {
             let starts = SegmentStarts {
                 segments: rev_segments,
                 prefixes,
             };
             // SAFETY: the starts are parts of the reversed workspace owned by self, sized for
-            // rev_segments and written by reversed_starts just before on this stream.
-            unsafe { self.forward.launch_reversed_output(stream, pass, starts)? };
+            // rev_segments and written by reversed_starts just before on this stream; rev_blocks
+            // is the workspace part of geometry::block_states_bytes, owned by self.
+            unsafe {
+                self.forward
+                    .launch_reversed_output(stream, pass, starts, blocks)?
+            };
         }
         self.ctx.bind_to_thread()?;
-        let gate_grad_shape = LaunchShape {
-            grid: geometry::gate_grad_grid(b, t, h),
-            block: (geometry::GRAD_THREADS, 1, 1),
-            shared_bytes: 0,
-        };
-        // SAFETY: as above; gate_terms reads q, k and the passes' dq, dk (ordered before it on the
-        // stream) and writes the workspace's gate terms; gate_block_sums reads them (and ht^T,
-        // d_ht) and writes the workspace's block totals; gate_grad reads both (with one block,
-        // ht^T and d_ht instead of the totals), g and the dv pass's dH_0 and writes dg and dh0,
-        // whose lengths were checked.
+        // SAFETY: as above; gate_terms reads q, k, v, d_o, g, h0 / d_ht (checked lengths) and the
+        // block states the dq and dv passes wrote before it on this stream, and writes the
+        // workspace's gate rows and columns; gate_grad reads them (and the block states, g, the dv
+        // pass's dH_0) and writes dg and dh0, whose lengths were checked.
         unsafe {
-            self.gate_terms.launch(
+            self.gate_terms[usize::from(s.dk == 128)].launch(
                 stream,
                 LaunchShape {
-                    grid: geometry::gate_terms_grid(b, t, h, dk),
+                    grid: geometry::gate_terms_grid(b, t, h, dv),
                     block: (geometry::TERM_THREADS, 1, 1),
+                    shared_bytes: geometry::gate_terms_smem_bytes(dk),
+                },
+                &params,
+            )?;
+            self.gate_grad.launch(
+                stream,
+                LaunchShape {
+                    grid: geometry::gate_grad_grid(b, t, h),
+                    block: (geometry::GRAD_THREADS, 1, 1),
                     shared_bytes: 0,
                 },
                 &params,
             )?;
-            // With one block gate_grad needs no block sums (it takes <ht, dht> itself).
-            if geometry::grad_blocks(t) > 1 {
-                self.gate_block_sums
-                    .launch(stream, gate_grad_shape, &params)?;
-            }
-            self.gate_grad.launch(stream, gate_grad_shape, &params)?;
         }
         Ok(())
     }
@@ -609,8 +646,8 @@ mod tests {
         let rust = [
             ("q", offset_of!(BackwardParams, q)),
             ("k", offset_of!(BackwardParams, k)),
-            ("dq", offset_of!(BackwardParams, dq)),
-            ("dk", offset_of!(BackwardParams, dk)),
+            ("v", offset_of!(BackwardParams, v)),
+            ("d_o", offset_of!(BackwardParams, d_o)),
             ("g", offset_of!(BackwardParams, g)),
             ("h0", offset_of!(BackwardParams, h0)),
             ("dht", offset_of!(BackwardParams, dht)),
@@ -621,10 +658,11 @@ mod tests {
             ("rev_lambda", offset_of!(BackwardParams, rev_lambda)),
             ("dv_starts", offset_of!(BackwardParams, dv_starts)),
             ("dk_starts", offset_of!(BackwardParams, dk_starts)),
-            ("ht_t", offset_of!(BackwardParams, ht_t)),
             ("dh0_scaled", offset_of!(BackwardParams, dh0_scaled)),
-            ("gate_terms", offset_of!(BackwardParams, gate_terms)),
-            ("block_totals", offset_of!(BackwardParams, block_totals)),
+            ("fwd_blocks", offset_of!(BackwardParams, fwd_blocks)),
+            ("rev_blocks", offset_of!(BackwardParams, rev_blocks)),
+            ("gate_rows", offset_of!(BackwardParams, gate_rows)),
+            ("gate_cols", offset_of!(BackwardParams, gate_cols)),
             ("dg", offset_of!(BackwardParams, dg)),
             ("dh0", offset_of!(BackwardParams, dh0)),
             ("B", offset_of!(BackwardParams, b)),
@@ -641,12 +679,12 @@ mod tests {
             rust.map(|(n, _)| n),
             "field order differs from the header"
         );
-        // 20 pointers, then eight 4-byte fields, as a C compiler lays them out.
+        // 21 pointers, then eight 4-byte fields, as a C compiler lays them out.
         for (i, (name, offset)) in rust.iter().enumerate() {
-            let want = if i < 20 { 8 * i } else { 160 + 4 * (i - 20) };
+            let want = if i < 21 { 8 * i } else { 168 + 4 * (i - 21) };
             assert_eq!(*offset, want, "offset of {name}");
         }
-        assert_eq!(size_of::<BackwardParams>(), 192);
+        assert_eq!(size_of::<BackwardParams>(), 200);
     }
 
     #[test]
@@ -660,43 +698,39 @@ mod tests {
             define("LASP_SDB_TERM_THREADS"),
             geometry::TERM_THREADS as i64
         );
-        assert_eq!(
-            define("LASP_SDB_GRAD_THREADS"),
-            geometry::GRAD_THREADS as i64
-        );
-        assert_eq!(
-            define("LASP_SDB_GRAD_PER_THREAD"),
-            geometry::GRAD_PER_THREAD as i64
-        );
         assert!(HEADER.contains(
-            "#define LASP_SDB_GRAD_BLOCK (LASP_SDB_GRAD_THREADS * LASP_SDB_GRAD_PER_THREAD)"
+            "#define LASP_SDB_GRAD_THREADS (LASP_SD_BLOCK_CHUNKS * LASP_SD_CHUNK)"
         ));
+        assert_eq!(geometry::GRAD_THREADS, 256);
         assert_eq!(geometry::state_inputs_grid(4, 16, 128, 64), (8, 64, 1));
-        // 27 rows; 64 per CTA at Dk 128 (16 lanes per row), 128 at Dk 64.
-        assert_eq!(geometry::gate_terms_grid(1, 9, 3, 128), (1, 1, 1));
-        assert_eq!(geometry::gate_terms_grid(4, 8192, 16, 128), (8192, 1, 1));
-        assert_eq!(geometry::gate_terms_grid(4, 8192, 16, 64), (4096, 1, 1));
-        // Blocks of 8192 tokens: a ragged first block counts as one.
+        // A CTA per (chunk, head, Dv tile); a CTA per (block of 4 chunks, head).
+        assert_eq!(geometry::gate_terms_grid(1, 9, 3, 128), (1, 3, 2));
+        assert_eq!(geometry::gate_terms_grid(4, 8192, 16, 64), (128, 64, 1));
         assert_eq!(geometry::gate_grad_grid(2, 1, 3), (1, 6, 1));
-        assert_eq!(geometry::gate_grad_grid(2, 8192, 3), (1, 6, 1));
-        assert_eq!(geometry::gate_grad_grid(1, 8193, 16), (2, 16, 1));
-        assert_eq!(geometry::gate_grad_grid(1, 131072, 16), (16, 16, 1));
-        assert_eq!(geometry::grad_blocks(i32::MAX), 262144);
+        assert_eq!(geometry::gate_grad_grid(2, 256, 3), (1, 6, 1));
+        assert_eq!(geometry::gate_grad_grid(1, 257, 16), (2, 16, 1));
+        assert_eq!(geometry::gate_grad_grid(1, 131072, 16), (512, 16, 1));
+        // Q, K, K_J (16 KiB each at Dk 128), dO, V, V_J tiles (8 KiB), two state tiles (16 KiB),
+        // the gates (1 KiB), the decays (64 B), the column sums (1 KiB).
+        assert_eq!(
+            geometry::gate_terms_smem_bytes(128),
+            3 * 16384 + 3 * 8192 + 2 * 16384 + 1024 + 64 + 1024
+        );
         assert_eq!(geometry::state_bytes(1, 2, 64, 128), 65536);
-        // Five states, then T*B*H floats rounded up to 16 bytes, then B*H*(1 + blocks) doubles.
+        // One block: no block states; x_q, x_k, R and the column sums of every token.
+        let s = 16384u64;
+        assert_eq!(geometry::fwd_blocks_offset(1, 1, 64, 64), 4 * s);
+        assert_eq!(geometry::rev_blocks_offset(1, 3, 1, 64, 64), 4 * s);
+        assert_eq!(geometry::gate_cols_offset(1, 3, 1, 64, 64), 4 * s + 48);
+        assert_eq!(geometry::workspace_bytes(1, 3, 1, 64, 64), 4 * s + 48 + 4 * 64 * 4);
+        // T = 300: two blocks, one boundary state each way; Dv 128: two tiles.
+        let s = 64u64 * 128 * 4;
+        assert_eq!(geometry::rev_blocks_offset(1, 300, 1, 64, 128), 5 * s);
+        assert_eq!(geometry::gate_rows_offset(1, 300, 1, 64, 128), 6 * s);
         assert_eq!(
-            geometry::block_totals_offset(1, 3, 1, 64, 64),
-            5 * 16384 + 16
+            geometry::workspace_bytes(1, 300, 1, 64, 128),
+            6 * s + 2 * 3 * 300 * 4 + 2 * 5 * 4 * 64 * 4
         );
-        assert_eq!(
-            geometry::workspace_bytes(1, 3, 1, 64, 64),
-            5 * 16384 + 16 + 16
-        );
-        assert_eq!(
-            geometry::workspace_bytes(1, 8193, 3, 64, 64),
-            5 * 3 * 16384 + 3 * 8193 * 4 + 4 + 3 * 3 * 8 + 8
-        );
-        assert!(HEADER.contains("return 5u * lasp_sdb_state_bytes(B, H, Dk, Dv);"));
         // The reversed passes' workspace at B=1, H=3, S=4, Dk=64, Dv=128: three segment starts per
         // head each way, three segment states, 9 log-decays (36 bytes, rounded up to 48).
         let state = 3 * 64 * 128 * 4;
@@ -705,13 +739,5 @@ mod tests {
         assert_eq!(geometry::rev_lambda_offset(1, 3, 4, 64, 128), 9 * state);
         assert_eq!(geometry::reversed_bytes(1, 3, 4, 64, 128), 9 * state + 48);
         assert_eq!(geometry::reversed_bytes(2, 16, 1, 128, 128), 0);
-        for formula in [
-            "return (uint64_t)(S - 1) * lasp_sdb_state_bytes(B, H, Dk, Dv);",
-            "return 2u * (uint64_t)(S - 1) * lasp_sdb_state_bytes(B, H, Dk, Dv);",
-            "return 3u * (uint64_t)(S - 1) * lasp_sdb_state_bytes(B, H, Dk, Dv);",
-            "return lasp_sdb_rev_lambda_offset(B, H, S, Dk, Dv) + (((uint64_t)B * H * (uint64_t)(S - 1) * 4u + 15u) / 16u) * 16u;",
-        ] {
-            assert!(HEADER.contains(formula), "{formula}");
-        }
     }
 }

@@ -10,10 +10,10 @@
 //! Inputs and output gradients come from `reference::Inputs::generate` and
 //! `reference::Cotangents::generate`, rounded to bf16 / f32, so the GPU sees exactly the values the
 //! reference computes with. For every case the gradients are filled with NaN bit patterns before
-//! each run and must be fully overwritten; `||x - ref|| / ||ref|| <= 5e-3` for dq, dk, dv and dh0;
-//! dg within 5e-3 of `Grads::gate_grad_scale` (its terms cancel, so its own norm is no scale: see
-//! that function); a second run must give bitwise identical gradients. Then arguments that must be
-//! rejected are checked to fail before any launch.
+//! each run and must be fully overwritten; `||x - ref|| / ||ref|| <= 5e-3` for dq, dk, dv, dh0 and
+//! dg (the gate gradient sums only terms that do not cancel, so its own norm is its scale); a
+//! second run must give bitwise identical gradients. Then arguments that must be rejected are
+//! checked to fail before any launch.
 //!
 //! One `PASS`/`FAIL` line per case, then `backward_check: N passed, M failed`; exit status 1 on
 //! any failure.
@@ -23,17 +23,15 @@ use lasp_shmem::ops::scalar_decay::ForwardShape;
 use lasp_shmem::ops::scalar_decay_backward::{BackwardArgs, ScalarDecayBackward};
 use lasp_shmem::ops::{bf16, DeviceMut, DeviceRef};
 use lasp_shmem::reference::{
-    assert_close_to_scale, rel_err, scalar_decay, Cotangents, Family, InputSpec, Inputs, Regime,
-    Shape, Tensor,
+    rel_err, scalar_decay, Cotangents, Family, InputSpec, Inputs, Regime, Shape, Tensor,
 };
 use lasp_shmem::{Config, Error, Runtime};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// dq, dk, dv (bf16) and dh0: the forward kernel's tolerance; the passes are its kernels.
+/// dq, dk, dv (bf16), dh0 and dg: the forward kernel's tolerance; the passes are its kernels, and
+/// fla's chunk_gla reaches 3e-4 .. 1.5e-3 on dg (benches/gradient_accuracy.py measures both).
 const TOL: f64 = 5e-3;
-/// dg against `gate_grad_scale`: its terms are dots of bf16-rounded dq, dk with q, k.
-const TOL_DG: f64 = 5e-3;
 const POISON_BF16: u16 = 0xFFFF;
 const POISON_F32: u32 = 0xFFFF_FFFF;
 
@@ -107,8 +105,12 @@ fn cases() -> Vec<Case> {
     add(3, 5, 130, 64, 128, Mixed, true, true, None);
     add(4, 64, 200, 64, 64, Typical, true, true, None);
     add(2, 32, 300, 128, 128, Mixed, false, true, Some(2));
-    // Sequences longer than one block of the gate kernels' suffix sums (8192 tokens): three blocks,
-    // the first ragged, with and without dht (the suffix sums start from <ht, dht>).
+    // The gate gradient's blocks of 256 tokens: one whole block, a block and one token, two
+    // whole blocks (reversed passes of one segment and of uneven ones), and long sequences.
+    for t in [256, 257, 512] {
+        add(1, 1, t, 128, 128, Typical, true, true, Some(1));
+    }
+    add(1, 1, 513, 64, 64, NoDecay, true, true, Some(3));
     add(1, 2, 20000, 64, 64, Mixed, true, true, None);
     add(2, 1, 16385, 64, 128, Typical, false, false, None);
     out
@@ -303,6 +305,7 @@ fn run_case(bwd: &mut ScalarDecayBackward, stream: &Arc<CudaStream>, case: &Case
             ("dk", bf16_values(&first.dk), &want.dk),
             ("dv", bf16_values(&first.dv), &want.dv),
             ("dh0", f32_values(&first.dh0), &want.dh0),
+            ("dg", f32_values(&first.dg), &want.dg),
         ] {
             let e = rel_err(&got, want.data());
             errors.push(format!("{what} {e:.2e}"));
@@ -310,15 +313,6 @@ fn run_case(bwd: &mut ScalarDecayBackward, stream: &Arc<CudaStream>, case: &Case
             if e.is_nan() || e > TOL {
                 problems.push(format!("{what}: rel err {e:.3e} > {TOL:.0e}"));
             }
-        }
-        let dg = f32_values(&first.dg);
-        let dg_scale = want.gate_grad_scale(&inputs);
-        let dg_err = rel_err(&dg, want.dg.data())
-            * want.dg.data().iter().map(|x| x * x).sum::<f64>().sqrt()
-            / dg_scale.max(f64::MIN_POSITIVE);
-        errors.push(format!("dg {dg_err:.2e} of scale"));
-        if let Err(e) = assert_close_to_scale("dg", &dg, want.dg.data(), dg_scale, TOL_DG) {
-            problems.push(e);
         }
         let summary = format!("rel err {}", errors.join(", "));
         if problems.is_empty() {

@@ -9,8 +9,7 @@
 //! (shards of several segments for each (Dk, Dv) in (64, 64), (128, 128), (64, 128); shards of
 //! one segment at (128, 64)) the program runs the LASP-2 forward, saving each shard's start state, then the LASP-2
 //! backward from it, and checks against the CPU f64 reference (`reference::lasp2`): the start
-//! state, every rank's dq, dk, dv (rel err <= 5e-3), dg (within 5e-3 of the shard's
-//! `Grads::gate_grad_scale`) and PE 0's dh0. Gradients are poisoned before every call. Every
+//! state, every rank's dq, dk, dv, dg (rel err <= 5e-3) and PE 0's dh0. Gradients are poisoned before every call. Every
 //! exchange mode must give bitwise the same gradients, twice each, and a captured CUDA graph
 //! replayed `--graph-calls` times must give them too. Then it times every mode of the backward
 //! at each `--time BxTxHxD` (per-rank shard length T, repeatable; default 4x8192x16x128), as
@@ -29,7 +28,7 @@ use lasp_shmem::ops::scalar_decay_backward::BackwardArgs;
 use lasp_shmem::ops::{bf16, DeviceMut, DeviceRef};
 use lasp_shmem::reference::lasp2::{self, Decay};
 use lasp_shmem::reference::{
-    assert_close_to_scale, rel_err, Cotangents, Family, InputSpec, Inputs, Regime, Shape, Tensor,
+    rel_err, Cotangents, Family, InputSpec, Inputs, Regime, Shape, Tensor,
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::{mode_columns, parse_shape, shard_lengths, time_in_turns, ModeCall};
@@ -388,8 +387,6 @@ fn check(rt: &Runtime, graph_calls: u32) -> Result<()> {
             cot.d_ht.as_ref(),
         )
         .map_err(state_err)?;
-        let shards =
-            lasp2::split_shards(&inputs, Family::ScalarDecay, &lengths).map_err(state_err)?;
         let mine = &want.ranks[me];
         let mut shard = Shard::upload(
             &stream,
@@ -423,6 +420,7 @@ fn check(rt: &Runtime, graph_calls: u32) -> Result<()> {
             ("dq", bf16_values(&bits.dq), &mine.dq),
             ("dk", bf16_values(&bits.dk), &mine.dk),
             ("dv", bf16_values(&bits.dv), &mine.dv),
+            ("dg", f32_values(&bits.dg), &mine.dg),
         ] {
             let e = close(&format!("{tag} {what}"), &got, want)?;
             report.push(format!("{what} {e:.2e}"));
@@ -435,18 +433,8 @@ fn check(rt: &Runtime, graph_calls: u32) -> Result<()> {
             )?;
             report.push(format!("dh0 {e:.2e}"));
         }
-        let dg_scale = mine.gate_grad_scale(&shards[me]);
-        assert_close_to_scale(
-            &format!("{tag} dg"),
-            &f32_values(&bits.dg),
-            mine.dg.data(),
-            dg_scale,
-            TOL,
-        )
-        .map_err(Error::State)?;
         println!(
-            "{tag}, shard {} of {total} tokens: matches the f64 reference (rel err {}; dg within \
-             {TOL:.0e} of its scale)",
+            "{tag}, shard {} of {total} tokens: matches the f64 reference (rel err {})",
             lengths[me],
             report.join(", ")
         );

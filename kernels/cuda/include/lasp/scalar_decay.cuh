@@ -68,13 +68,15 @@ __device__ __forceinline__ float fold_step(float prefix, float lambda, float m) 
 }
 
 // Async copy of a [kChunk x 8*kRowChunks] bf16 tile whose row r starts at row0 + r*stride (elements)
-// into swizzled shared memory at dst (lasp::swizzle with kChunk rows). Rows >= valid_rows are
-// zero-filled (ragged last chunk).
+// into swizzled shared memory at dst (lasp::swizzle with kChunk rows). Rows outside
+// [first_valid, valid_rows) are zero-filled (the ragged chunk of a sequence; a reversed loop's
+// leading virtual tokens) and not read: `mapped` is any mapped address the zero-filling copies
+// name instead (row0 itself may lie outside the tensor).
 // Thread tid always copies 16-byte chunk tid % kRowChunks of rows tid / kRowChunks + i*kRowStep:
 // consecutive threads read consecutive 16 B of a row, and the shared offsets step by constants.
 template <int kRowChunks>
-__device__ __forceinline__ void copy_tile_async(uint32_t dst, const uint16_t* row0, int64_t stride, int valid_rows,
-                                                int tid) {
+__device__ __forceinline__ void copy_tile_async(uint32_t dst, const uint16_t* row0, int64_t stride, int first_valid,
+                                                int valid_rows, const uint16_t* mapped, int tid) {
   constexpr int kRowStep = kThreads / kRowChunks;
   constexpr int kPerThread = kChunk / kRowStep;
   static_assert(kRowStep % 8 == 0 && kPerThread * kRowStep == kChunk, "rows must keep their swizzle phase");
@@ -84,8 +86,9 @@ __device__ __forceinline__ void copy_tile_async(uint32_t dst, const uint16_t* ro
   dst += swizzle(r0, c, kChunk);  // rows r0 + i*kRowStep share r0 % 8, hence the swizzle
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
-    const bool ok = r0 + i * kRowStep < valid_rows;
-    cp_async_16(dst + i * kRowStep * 128, ok ? src : row0, ok);
+    const int r = r0 + i * kRowStep;
+    const bool ok = r >= first_valid && r < valid_rows;
+    cp_async_16(dst + i * kRowStep * 128, ok ? src : mapped, ok);
     src += src_step;
   }
 }
@@ -168,27 +171,54 @@ struct SegmentArgs {
 };
 
 // The loops' time axis over (b, h)'s rows of the fla layout [B, T, H, D] (multiply by D for
-// elements): loop token t is row first + t * step, its gate row gate_first + t * step.
-// In order (the forward): token t is token t. Reversed (kReversed, the backward's dk and dv passes,
-// lasp_scalar_decay_*_reversed_*): loop token t is token T-1-t of the tensors with log-decay
-// a_{T-t}, and token 0's log-decay is 0 (its gate row would lie past (b, h)'s last token; it is
-// zero-filled, never read: is_gate_read), so the same loops compute sums over later tokens.
-// A template parameter, so the in-order loops compile as if it did not exist.
+// elements): loop token t is row first + t * step, its gate row gate_first + t * step; loop tokens
+// outside [lo, hi) are virtual (q = k = v = 0 and a = 0: they change neither the cumsums nor the
+// state, and their outputs are not stored).
+// In order (the forward): loop token t is token t, [lo, hi) = [0, T), and the ragged chunk is the
+// last. Reversed (kReversed, the backward's dk and dv passes, lasp_scalar_decay_*_reversed_*):
+// loop token t is token T_pad-1-t, T_pad = 64 * num_chunks, with log-decay a_{T_pad-t} (a_T := 0),
+// so the same loops compute sums over later tokens; the T_pad - T virtual tokens come first
+// ([lo, hi) = [T_pad - T, T_pad)), which puts every loop chunk boundary on a multiple of 64 of the
+// tensors, where the in-order passes have theirs (the gate gradient meets the two directions' states
+// there, scalar_decay_bwd.cu). The gate of the first real token (token T-1) lies past (b, h)'s last
+// token: it is zero-filled, never read (is_gate_read). A template parameter, so the in-order loops
+// compile as if it did not exist.
 template <bool kReversed>
 struct TimeAxis {
   int64_t first, gate_first, step;
+  int lo, hi;
   __device__ __forceinline__ TimeAxis(const SegmentArgs& a, int b, int h) {
     const int64_t row_b = (int64_t)b * a.T * a.H + h;  // token 0 of (b, h)
     if constexpr (kReversed) {
-      first = row_b + (int64_t)(a.T - 1) * a.H;
+      const int t_pad = lasp_sd_num_chunks(a.T) * kChunk;
+      first = row_b + (int64_t)(t_pad - 1) * a.H;
       gate_first = first + a.H;
       step = -(int64_t)a.H;
+      lo = t_pad - a.T;
+      hi = t_pad;
     } else {
       first = gate_first = row_b;
       step = a.H;
+      lo = 0;
+      hi = a.T;
     }
   }
-  __device__ __forceinline__ static bool is_gate_read(int tok) { return !kReversed || tok != 0; }
+  // Loop token `tok` is a token of the tensors.
+  __device__ __forceinline__ bool is_token(int tok) const {
+    if constexpr (kReversed) return tok >= lo;  // the loop ends at hi
+    return tok < hi;
+  }
+  // The gate of loop token `tok` is read (else it is zero).
+  __device__ __forceinline__ bool is_gate_read(int tok) const {
+    if constexpr (kReversed) return tok > lo;
+    return tok < hi;
+  }
+  // Rows [first valid, valid rows) of the chunk starting at loop token tok0 are tokens.
+  __device__ __forceinline__ int first_valid_row(int tok0) const {
+    if constexpr (kReversed) return lo - tok0;  // <= 0 except in loop chunk 0
+    return 0;
+  }
+  __device__ __forceinline__ int valid_rows(int tok0) const { return hi - tok0; }
 };
 
 // The segment of this CTA: grid (Dv tile, segment, b*H+h) with `chunks_per_segment` chunks per
@@ -612,6 +642,12 @@ __device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s,
 }
 #endif
 
+// The default chunk hook of the segment loops: nothing.
+struct NoChunkHook {
+  template <class S, class Lane>
+  __device__ __forceinline__ void operator()(S&, const Lane&, int) const {}
+};
+
 // Runs one CTA's segment of an output kernel (O for every token; the states kernels run
 // run_states_segment).
 //   start(s, lane) -> bool: fills the fp32 start state (called once by every thread, before any
@@ -619,9 +655,13 @@ __device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s,
 //                   CTA), the CTA still runs its loop but stores no O and does not call end.
 //   end(s, lane, lambda): the epilogue, given the segment's end state and its log-decay
 //                   (sum of the chunks' gamma in chunk order).
+//   at_chunk(s, lane, c): called by every thread at the start of loop chunk c (of the sequence),
+//                   with the state entering it (the backward's passes write some of them).
 // kProbe: Probe::kNone except in the output kernel's probes.
-template <int DK, Probe kProbe = Probe::kNone, bool kReversed = false, class Start, class End>
-__device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& start, End&& end) {
+template <int DK, Probe kProbe = Probe::kNone, bool kReversed = false, class Start, class End,
+          class AtChunk = NoChunkHook>
+__device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& start, End&& end,
+                                                 AtChunk&& at_chunk = AtChunk{}) {
   using L = Layout<DK, true>;
   static_assert(L::kBytes == lasp_sd_output_smem_bytes(DK), "shared-memory map and host formula disagree");
   constexpr int kQKChunks = DK / 8;
@@ -657,13 +697,13 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
     const uint32_t stage = sbase + L::stage(i);
     const uint32_t gates = sbase + L::gates(i);
     const int tok0 = (c_begin + i) * kChunk;
-    const int valid = min(kChunk, T - tok0);
-    copy_tile_async<kQKChunks>(stage + L::kQ, q + tok0 * qk_stride, qk_stride, valid, tid);
-    copy_tile_async<kQKChunks>(stage + L::kK, k + tok0 * qk_stride, qk_stride, valid, tid);
-    copy_tile_async<kVChunks>(stage + L::kV, v + tok0 * v_stride, v_stride, valid, tid);
+    const int lo = axis.first_valid_row(tok0), hi = axis.valid_rows(tok0);
+    copy_tile_async<kQKChunks>(stage + L::kQ, q + tok0 * qk_stride, qk_stride, lo, hi, a.q, tid);
+    copy_tile_async<kQKChunks>(stage + L::kK, k + tok0 * qk_stride, qk_stride, lo, hi, a.k, tid);
+    copy_tile_async<kVChunks>(stage + L::kV, v + tok0 * v_stride, v_stride, lo, hi, a.v, tid);
     if (tid < kChunk) {
-      const bool ok = tid < valid && axis.is_gate_read(tok0 + tid);
-      cp_async_4(gates + 4 * tid, ok ? gate + (tok0 + tid) * axis.step : kReversed ? a.g : gate, ok);
+      const bool ok = axis.is_gate_read(tok0 + tid);
+      cp_async_4(gates + 4 * tid, ok ? gate + (tok0 + tid) * axis.step : a.g, ok);
     }
   };
 
@@ -709,6 +749,7 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
     const uint32_t sS = sbase + L::kSbf + (i & 1) * L::kSbfBytes;
     const int tok0 = (c_begin + (kEveryChunkFromMemory ? i : 0)) * kChunk;  // first token of the O rows
     float o[8][4];  // O rows of this warp, 64 columns (8 n-tiles)
+    at_chunk(s, ln, c_begin + i);
     if constexpr (kMath) output_chunk<DK, kProbe>(o, s, sQ, sK, sV, sS, off, cg, warp, g, t, a.scale);
     // bf16 pair (columns 8 nt + 2t, +1) of O row 16 warp + 8 hh + g.
     auto o_pair = [&](int nt, int hh) -> uint32_t {
@@ -724,12 +765,12 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
         return qw ^ kw ^ vw ^ reinterpret_cast<const uint32_t*>(s_gates)[r];
       }
     };
-    // O rows beyond T (ragged last chunk) are not stored.
+    // O rows of virtual tokens (the ragged chunk) are not stored.
     uint16_t* o_tile = a.o + row_bt0 * Dv + vt * kTileV + 2 * t;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int tok = tok0 + 16 * warp + 8 * hh + g;
-      if (store && tok < T) {
+      if (store && axis.is_token(tok)) {
         uint16_t* dst = o_tile + tok * v_stride;
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) *reinterpret_cast<uint32_t*>(dst + 8 * nt) = o_pair(nt, hh);
@@ -818,12 +859,12 @@ __device__ __forceinline__ void run_states_segment(const SegmentArgs& a, End&& e
   auto issue_step = [&](int j) {
     const uint32_t stage = sbase + L::stage(j);
     const int tok0 = (a.c_begin + a.n_chunks - 1 - j) * kChunk;
-    const int valid = min(kChunk, T - tok0);
-    copy_tile_async<DK / 8>(stage + L::kK, k + tok0 * k_stride, k_stride, valid, tid);
-    copy_tile_async<kTileV / 8>(stage + L::kV, v + tok0 * v_stride, v_stride, valid, tid);
+    const int lo = axis.first_valid_row(tok0), hi = axis.valid_rows(tok0);
+    copy_tile_async<DK / 8>(stage + L::kK, k + tok0 * k_stride, k_stride, lo, hi, a.k, tid);
+    copy_tile_async<kTileV / 8>(stage + L::kV, v + tok0 * v_stride, v_stride, lo, hi, a.v, tid);
     if (tid < kChunk) {
-      const bool ok = tid < valid && axis.is_gate_read(tok0 + tid);
-      cp_async_4(sbase + L::gates(j) + 4 * tid, ok ? gate + (tok0 + tid) * axis.step : kReversed ? a.g : gate, ok);
+      const bool ok = axis.is_gate_read(tok0 + tid);
+      cp_async_4(sbase + L::gates(j) + 4 * tid, ok ? gate + (tok0 + tid) * axis.step : a.g, ok);
     }
   };
 
@@ -1008,12 +1049,13 @@ __device__ __forceinline__ void output_role_chunk(float (&o)[8][4], uint32_t sQ,
 }
 
 // Runs one CTA's segment with the two roles and the loading warp (kRolesThreads threads), loading
-// through `maps`. start and end as in run_segment_with: start is called by both groups (the state
-// group's s is the one used), end by the state group only. Needs the Tensor Memory Accelerator (sm_90 and later); the
-// host launches it nowhere else (ForwardPlan), and elsewhere it traps.
-template <int DK, class Start, class End>
+// through `maps`. start, end and at_chunk as in run_segment_with: start is called by both groups
+// (the state group's s is the one used), end and at_chunk by the state group only. Needs the Tensor
+// Memory Accelerator (sm_90 and later); the host launches it nowhere else (ForwardPlan), and
+// elsewhere it traps.
+template <int DK, class Start, class End, class AtChunk = NoChunkHook>
 __device__ __forceinline__ void run_roles_segment_with(const SegmentArgs& a, const QkvMaps& maps, Start&& start,
-                                                       End&& end) {
+                                                       End&& end, AtChunk&& at_chunk = AtChunk{}) {
 #if __CUDA_ARCH__ >= 900
   using L = Layout<DK, true, kRolesStages>;
   using B = RoleBarriers;
@@ -1118,6 +1160,7 @@ __device__ __forceinline__ void run_roles_segment_with(const SegmentArgs& a, con
     for (int i = 0; i < n_chunks; ++i) {
       const uint32_t stage = sbase + L::stage(i);
       lambda += step.cg.gamma;
+      at_chunk(s, ln, a.c_begin + i);
       start_state_step<DK>(s, step, stage + L::kK, stage + L::kV, off);
       StateStep<DK> next;
       if (i + 1 < n_chunks) arrive_and_prepare(i + 1, next);

@@ -4,11 +4,13 @@
 //
 // The backward is three passes of the forward's chunkwise kernels with the roles of the tensors
 // exchanged (sigma = scale; states [Dk, Dv] as in the forward):
-//   dq pass   (in order):  q' = dO, k' = V, v' = K, h0' = h0^T          -> dq,  final state ht^T
-//   dv pass   (reversed):  q' = K,  k' = Q, v' = dO, h0' = dht / sigma  -> dv,  final state dH_0 / sigma
+//   dq pass   (in order):  q' = dO, k' = V, v' = K, h0' = h0^T          -> dq,  block states S^T
+//   dv pass   (reversed):  q' = K,  k' = Q, v' = dO, h0' = dht / sigma  -> dv,  block states dH / sigma,
+//                                                                          final state dH_0 / sigma
 //   dk pass   (reversed):  q' = V,  k' = dO, v' = Q, h0' = dht^T / sigma -> dk
-// A reversed pass reads token t as token T-1-t with log-decay a_{T-t} (a_T := 0), so its prefix
-// sums are the suffix sums dH_s = sigma sum_{t >= s} e^{G_t - G_s} q_t^T do_t + e^{G_{T-1} - G_s} dht.
+// A reversed pass reads token t as token T-1-t with log-decay a_{T-t} (a_T := 0; lasp::sd::TimeAxis),
+// so its prefix sums are the suffix sums dH_s = sigma sum_{t >= s} e^{G_t - G_s} q_t^T do_t +
+// e^{G_{T-1} - G_s} dht.
 // Both reversed passes run in the same S segments, and the dk pass's segment states are the
 // transposes of the dv pass's (both are the sums of e^{..} q_t^T do_t over the segment), so one
 // reversed states pass over Q and dO (the forward's lasp_scalar_decay_states_reversed with the dv
@@ -18,13 +20,30 @@
 //   lasp_sd_bwd_reversed_starts  the dv pass's start states: segment 0's dht / sigma, segment s + 1's
 //                             P_{s+1} = e^{Lambda_s} P_s + R_s (R_s, Lambda_s: the reversed states
 //                             pass's), and their transposes, the dk pass's
-//   lasp_sd_bwd_gate_terms    dG_t = q_t . dq_t - k_t . dk_t        (per token and head)
-//   lasp_sd_bwd_gate_block_sums  <ht, dht> and the sum of dG over every block of tokens (only
-//                             where T is longer than one block)
-//   lasp_sd_bwd_gate_grad     dg_t = sum_{u >= t} dG_u + <ht, dht>, dh0 = sigma e^{a_0} (dH_0 / sigma)
-// The suffix sums run over blocks of LASP_SDB_GRAD_BLOCK tokens counted from the end (block 0 ends
-// at T; the last block starts at 0 and may be shorter), one CTA per (block, b*H+h) in both gate
-// kernels, so that a long sequence is spread over the GPU instead of walked by one CTA per head.
+//   lasp_sd_bwd_gate_terms_dk{64,128}  per (chunk, b*H+h, Dv tile): the gate gradient's terms of the
+//                             chunk's tokens (below)
+//   lasp_sd_bwd_gate_grad     per (block, b*H+h): dg of the block's tokens, and dh0 = sigma e^{a_0} dH_0
+//
+// Gate gradient. With S_t the state after token t (S_{-1} = h0) and dH_t = dL/dS_t (dH_{T-1} includes
+// dht), dL/da_t = e^{a_t} <S_{t-1}, dH_t>: the sum of sigma (q_u . k_j)(do_u . v_j) e^{G_u - G_j} over the
+// pairs j < t <= u that straddle t (h0 as j = -1, dht as u = T, G_T := G_{T-1}). No term cancels another,
+// so the sum keeps the accuracy of its terms. (The form dg_t = sum_{u >= t} (q_u . dq_u - k_u . dk_u)
+// sums the pairs on both sides of t and lets them cancel; from bf16 gradients that left 2-50 % of
+// error where the decay is strong.) The sequence is cut into blocks of LASP_SD_BLOCK_CHUNKS chunks
+// [s0, s1); the backward's dq pass writes S_{s0-1} (as S^T) and its dv pass dH_{s0} / sigma at every
+// block boundary (lasp_sd_block_slot; the reversed loops put their chunk boundaries on the in-order
+// ones, lasp::sd::TimeAxis). For t in a block, the straddling pairs are
+//   Z     j < s0,  u >= s1:   e^{G_{s1} - G_{s0-1}} <S_{s0-1}, dH_{s1}>             (fp64 sum)
+//   x_q   j < s0,  t <= u < s1:  sum_u sigma e^{G_u - G_{s0-1}} q_u S_{s0-1} do_u^T
+//   x_k   s0 <= j < t,  u >= s1:  sum_j e^{G_{s1} - G_j} k_j dH_{s1} v_j^T
+//   A     s0 <= j < t <= u < s1:  from the block's pair matrix A_uj, in fp32 from the bf16 inputs
+// The states enter the products as bf16 hi + lo pairs (16 significant bits); the exponents are sums of
+// chunk-local cumsums, each part <= 0. For A, per token u the row sum R_u = sum_{s0 <= j < u} A_uj and
+// column sum C_u = sum_{u < i < s1} A_iu give the straddling sum as the suffix sum of R - C (the same
+// fp32 values on both sides, so only fp32 rounding is left of what cancels). gate_terms writes x_q,
+// x_k and R per token and the column sums per tile pair, each per Dv tile (the (do . v) factor is split
+// over the tiles); gate_grad adds the tiles in order and scans the block in fp64. Every order is fixed:
+// the same bits on every run.
 #pragma once
 #include <stdint.h>
 
@@ -36,19 +55,18 @@
 #define LASP_SDB_FN static inline
 #endif
 
+#include "lasp/scalar_decay_params.h"
+
 #define LASP_SDB_STATE_TILE 32       // lasp_sd_bwd_state_inputs and _reversed_starts: one CTA per
 #define LASP_SDB_STATE_THREADS 256   // 32 x 32 tile of a state (32 columns x 8 rows of threads)
-#define LASP_SDB_TERM_THREADS 256    // lasp_sd_bwd_gate_terms: Dk / 8 lanes per (b, t, h) row
-#define LASP_SDB_TERM_ROWS_PER_THREAD 4
-#define LASP_SDB_GRAD_THREADS 1024   // the two gate kernels: one CTA per (block, b*H+h)
-#define LASP_SDB_GRAD_PER_THREAD 8    // tokens per thread and block
-#define LASP_SDB_GRAD_BLOCK (LASP_SDB_GRAD_THREADS * LASP_SDB_GRAD_PER_THREAD)
+#define LASP_SDB_TERM_THREADS 128    // lasp_sd_bwd_gate_terms: one warpgroup per (chunk, b*H+h, Dv tile)
+#define LASP_SDB_GRAD_THREADS (LASP_SD_BLOCK_CHUNKS * LASP_SD_CHUNK)  // lasp_sd_bwd_gate_grad: a thread per token
 
 typedef struct {
   const uint16_t* q;        // bf16 [B, T, H, Dk]
   const uint16_t* k;        // bf16 [B, T, H, Dk]
-  const uint16_t* dq;       // bf16 [B, T, H, Dk]: the dq pass's output
-  const uint16_t* dk;       // bf16 [B, T, H, Dk]: the dk pass's output
+  const uint16_t* v;        // bf16 [B, T, H, Dv]
+  const uint16_t* d_o;      // bf16 [B, T, H, Dv]: the gradient of o
   const float* g;           // fp32 [B, T, H]: log-decays
   const float* h0;          // fp32 [B, H, Dk, Dv] or NULL
   const float* dht;         // fp32 [B, H, Dk, Dv] or NULL (then the passes start from zero)
@@ -59,11 +77,12 @@ typedef struct {
   const float* rev_lambda;  // fp32 [B*H][rev_slots]: its log-decays Lambda_s
   float* dv_starts;         // fp32 [B*H][S-1][Dk, Dv]: the dv pass's starts of segments 1 .. S-1
   float* dk_starts;         // fp32 [B*H][S-1][Dv, Dk]: their transposes, the dk pass's
-  const float* ht_t;        // fp32 [B, H, Dv, Dk]: the dq pass's final state ht^T (read when dht)
   const float* dh0_scaled;  // fp32 [B, H, Dk, Dv]: the dv pass's final state dH_0 / sigma (read when dh0)
-  float* gate_terms;        // fp32 [B, H, T]: dG_t
-  double* block_totals;     // fp64 [B*H][1 + lasp_sdb_grad_blocks(T)]: <ht, dht> (0 without dht),
-                            // then the sum of dG over block 0, 1, ... (from the end)
+  const float* fwd_blocks;  // fp32 [B*H][blocks-1][Dv, Dk]: S^T at the block boundaries (the dq pass's)
+  const float* rev_blocks;  // fp32 [B*H][blocks-1][Dk, Dv]: dH / sigma there (the dv pass's)
+  float* gate_rows;         // fp32 [Dv/64][3][B*H][T]: per Dv tile, x_q, x_k and R of every token
+  float* gate_cols;         // fp32 [Dv/64][B*H][chunks][LASP_SD_BLOCK_CHUNKS][64]: per Dv tile, the column
+                            // sums of tile pair (chunk I, chunk J <= I of its block) at [J][I - J]
   float* dg;                // fp32 [B, T, H]: the log-decays' gradient
   float* dh0;               // fp32 [B, H, Dk, Dv] or NULL to skip
   int32_t B;
@@ -86,43 +105,53 @@ LASP_SDB_FN lasp_sdb_dim3 lasp_sdb_state_inputs_grid(int32_t B, int32_t H, int32
   return d;
 }
 
-// Rows (b, t, h) per CTA of lasp_sd_bwd_gate_terms: Dk / 8 lanes per row, several rows per thread.
-LASP_SDB_FN int32_t lasp_sdb_term_rows_per_cta(int32_t Dk) {
-  return LASP_SDB_TERM_THREADS / (Dk / 8) * LASP_SDB_TERM_ROWS_PER_THREAD;
-}
-
-LASP_SDB_FN lasp_sdb_dim3 lasp_sdb_gate_terms_grid(int32_t B, int32_t T, int32_t H, int32_t Dk) {
-  const int64_t rows = (int64_t)B * T * H;
-  const int64_t per_cta = lasp_sdb_term_rows_per_cta(Dk);
-  lasp_sdb_dim3 d = {(uint32_t)((rows + per_cta - 1) / per_cta), 1u, 1u};
+// One CTA per (chunk, b*H+h, Dv tile).
+LASP_SDB_FN lasp_sdb_dim3 lasp_sdb_gate_terms_grid(int32_t B, int32_t T, int32_t H, int32_t Dv) {
+  lasp_sdb_dim3 d = {(uint32_t)lasp_sd_num_chunks(T), (uint32_t)(B * H), (uint32_t)lasp_sd_num_vtiles(Dv)};
   return d;
 }
 
-// Blocks of the gate kernels' suffix sums per sequence.
-LASP_SDB_FN int32_t lasp_sdb_grad_blocks(int32_t T) {
-  return (int32_t)(((int64_t)T + LASP_SDB_GRAD_BLOCK - 1) / LASP_SDB_GRAD_BLOCK);
+// Dynamic shared memory of lasp_sd_bwd_gate_terms_dk*: Q, K of the chunk, its dO and V tiles, the hi
+// and lo bf16 copies of a [Dk][64] state tile, K and the V tile of an earlier chunk of the block, the
+// block's chunk-local cumsums (+ the chunks' total log-decays and the next token's), and the warps'
+// column sums.
+LASP_SDB_FN uint32_t lasp_sdb_gate_terms_smem_bytes(int32_t Dk) {
+  const uint32_t qk = LASP_SD_CHUNK * Dk * 2u, vtile = LASP_SD_CHUNK * LASP_SD_TILE_V * 2u;
+  return 3u * qk + 3u * vtile + 2u * Dk * LASP_SD_TILE_V * 2u + LASP_SD_BLOCK_CHUNKS * LASP_SD_CHUNK * 4u + 64u +
+         4u * LASP_SD_CHUNK * 4u;
 }
 
-// Both gate kernels: lasp_sd_bwd_gate_block_sums and lasp_sd_bwd_gate_grad.
+// One CTA per (block, b*H+h).
 LASP_SDB_FN lasp_sdb_dim3 lasp_sdb_gate_grad_grid(int32_t B, int32_t T, int32_t H) {
-  lasp_sdb_dim3 d = {(uint32_t)lasp_sdb_grad_blocks(T), (uint32_t)(B * H), 1u};
+  lasp_sdb_dim3 d = {(uint32_t)lasp_sd_num_blocks(T), (uint32_t)(B * H), 1u};
   return d;
 }
 
-// Workspace (bytes, 16-aligned parts): h0_t, dht_scaled, dht_t_scaled, ht_t, dh0_scaled (one
-// [B, H, Dk, Dv] fp32 state each), then gate_terms [B, H, T] fp32, then block_totals.
+// Workspace (bytes, 16-aligned parts): h0_t, dht_scaled, dht_t_scaled, dh0_scaled (one [B, H, Dk, Dv]
+// fp32 state each), the two directions' block states (fwd_blocks, rev_blocks), gate_rows, gate_cols.
 LASP_SDB_FN uint64_t lasp_sdb_state_bytes(int32_t B, int32_t H, int32_t Dk, int32_t Dv) {
   return (uint64_t)B * H * (uint64_t)Dk * Dv * 4u;
 }
-LASP_SDB_FN uint64_t lasp_sdb_gate_terms_offset(int32_t B, int32_t H, int32_t Dk, int32_t Dv) {
-  return 5u * lasp_sdb_state_bytes(B, H, Dk, Dv);
+LASP_SDB_FN uint64_t lasp_sdb_block_states_bytes(int32_t B, int32_t T, int32_t H, int32_t Dk, int32_t Dv) {
+  return (uint64_t)(lasp_sd_num_blocks(T) - 1) * lasp_sdb_state_bytes(B, H, Dk, Dv);
 }
-LASP_SDB_FN uint64_t lasp_sdb_block_totals_offset(int32_t B, int32_t T, int32_t H, int32_t Dk, int32_t Dv) {
-  return lasp_sdb_gate_terms_offset(B, H, Dk, Dv) + (((uint64_t)B * H * (uint64_t)T * 4u + 15u) / 16u) * 16u;
+LASP_SDB_FN uint64_t lasp_sdb_fwd_blocks_offset(int32_t B, int32_t H, int32_t Dk, int32_t Dv) {
+  return 4u * lasp_sdb_state_bytes(B, H, Dk, Dv);
+}
+LASP_SDB_FN uint64_t lasp_sdb_rev_blocks_offset(int32_t B, int32_t T, int32_t H, int32_t Dk, int32_t Dv) {
+  return lasp_sdb_fwd_blocks_offset(B, H, Dk, Dv) + lasp_sdb_block_states_bytes(B, T, H, Dk, Dv);
+}
+LASP_SDB_FN uint64_t lasp_sdb_gate_rows_offset(int32_t B, int32_t T, int32_t H, int32_t Dk, int32_t Dv) {
+  return lasp_sdb_rev_blocks_offset(B, T, H, Dk, Dv) + lasp_sdb_block_states_bytes(B, T, H, Dk, Dv);
+}
+LASP_SDB_FN uint64_t lasp_sdb_gate_cols_offset(int32_t B, int32_t T, int32_t H, int32_t Dk, int32_t Dv) {
+  const uint64_t rows = (uint64_t)lasp_sd_num_vtiles(Dv) * 3u * B * H * (uint64_t)T * 4u;
+  return lasp_sdb_gate_rows_offset(B, T, H, Dk, Dv) + (rows + 15u) / 16u * 16u;
 }
 LASP_SDB_FN uint64_t lasp_sdb_workspace_bytes(int32_t B, int32_t T, int32_t H, int32_t Dk, int32_t Dv) {
-  return lasp_sdb_block_totals_offset(B, T, H, Dk, Dv) +
-         (((uint64_t)B * H * (1u + (uint64_t)lasp_sdb_grad_blocks(T)) * 8u + 15u) / 16u) * 16u;
+  const uint64_t cols = (uint64_t)lasp_sd_num_vtiles(Dv) * B * H * (uint64_t)lasp_sd_num_chunks(T) *
+                        LASP_SD_BLOCK_CHUNKS * LASP_SD_CHUNK * 4u;
+  return lasp_sdb_gate_cols_offset(B, T, H, Dk, Dv) + cols;
 }
 
 // The reversed passes' workspace (a second allocation; none when S == 1): dv_starts at 0, dk_starts,

@@ -46,6 +46,7 @@
 #define LASP_SD_ROLES_THREADS 288  // two-role output kernel: a state warpgroup, an output warpgroup, a loading warp
 #define LASP_SD_ROLES_STAGES 4     // its pipeline depth: one CTA per SM, so it takes 4 chunks in flight
 #define LASP_SD_STATES_STAGES 4    // the states kernels' pipeline depth: a stream of K and V, two CTAs per SM
+#define LASP_SD_BLOCK_CHUNKS 4     // chunks per block of the backward's gate gradient (scalar_decay_bwd.cu)
 
 typedef struct {
   const uint16_t* q;          // bf16 [B, T, H, Dk], contiguous
@@ -58,6 +59,9 @@ typedef struct {
   float* ws_m;                // fp32 [B*H, S-1, Dk, Dv]: local end state M_s of segment s (zero start)
   float* ws_p;                // fp32 [B*H, S-1, Dk, Dv]: slot s holds the prefix P_{s+1} entering segment s+1
   float* ws_lambda;           // fp32 [B*H, S-1]: total log-decay Lambda_s of segment s
+  float* block_states;        // fp32 [B*H, lasp_sd_num_blocks(T)-1, Dk, Dv]: the state at every block boundary
+                              // (lasp_sd_block_slot), written by the backward's dq and dv passes only
+                              // (the *_block_states_* kernels); NULL elsewhere
   int32_t B;                  // batch
   int32_t T;                  // tokens per sequence (>= 1)
   int32_t H;                  // heads
@@ -97,6 +101,24 @@ LASP_SD_FN int32_t lasp_sd_num_chunks(int32_t T) {
 }
 
 LASP_SD_FN int32_t lasp_sd_num_vtiles(int32_t Dv) { return Dv / LASP_SD_TILE_V; }
+
+// Blocks of LASP_SD_BLOCK_CHUNKS chunks per sequence (the last may hold fewer). The backward's gate
+// gradient meets the two time directions' states at their boundaries, tokens 64 * LASP_SD_BLOCK_CHUNKS
+// * j for 0 < j < blocks: block_states slot j - 1.
+LASP_SD_FN int32_t lasp_sd_num_blocks(int32_t T) {
+  return (lasp_sd_num_chunks(T) + LASP_SD_BLOCK_CHUNKS - 1) / LASP_SD_BLOCK_CHUNKS;
+}
+
+// The block_states slot of the state entering loop chunk `chunk` of a pass over a sequence of
+// `num_chunks` chunks, or -1 where that is no block boundary. In order, loop chunk c starts at
+// token 64 c; reversed (lasp::sd::TimeAxis), at token 64 (num_chunks - c), where its state is the
+// gradient with respect to the state after token 64 (num_chunks - c) - 1.
+LASP_SD_FN int32_t lasp_sd_block_slot(int32_t num_chunks, int32_t chunk, int32_t reversed) {
+  const int32_t boundary = reversed ? num_chunks - chunk : chunk;  // in chunks of the tensors
+  return boundary > 0 && boundary < num_chunks && boundary % LASP_SD_BLOCK_CHUNKS == 0
+             ? boundary / LASP_SD_BLOCK_CHUNKS - 1
+             : -1;
+}
 
 // Segments per (b, h): enough CTAs of the output kernel (B*H*S*Dv/64) to fill the machine once,
 // never a second partial wave, never an empty segment. target_ctas: the host's policy (Rust
