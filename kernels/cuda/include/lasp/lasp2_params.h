@@ -2,7 +2,7 @@
 // (lasp2_fwd.cu). C layout, mirrored by a #[repr(C)] Rust struct: keep field order, types and the
 // helpers in sync. Design, protocol and host sequence: kernels/cuda/LASP2_NOTES.md.
 //
-// Maths (research/kernel-anchors.md §5.4), per (b, h), PE `me` of `npes` holding T_local tokens:
+// Maths (kernels/docs/maths.md, "LASP-2: forward"), per (b, h), PE `me` of `npes` holding T_local tokens:
 //   M_me = local end state from a ZERO start (fp32 [Dk, Dv]),  Lambda_me = sum_t a_t over the shard
 //   P_0 = h0 (or 0);  P_{u+1} = e^{Lambda_u} P_u + M_u  (fp32, ascending u < me)
 //   outputs of the shard = the single-GPU forward started from P_me; the final state of the whole

@@ -1,7 +1,7 @@
 // Device building blocks of the scalar-decay forward (scalar_decay_fwd.cu): shared-memory map,
 // chunk loader, chunk-local gate cumsum, and the fold step that LASP-2 reuses across ranks.
 //
-// Numerics (research/kernel-anchors.md §5.5): gates, cumsums, exponent arguments and every state
+// Numerics (kernels/docs/maths.md, "Numerics"): gates, cumsums, exponent arguments and every state
 // (S on chip, M_s, P_s, Lambda_s) are fp32; cumsums are chunk-local; every exponent is clamped to
 // <= 0 (exp_nonpos), so nothing overflows and e^{G}·e^{-G} never appears.
 #pragma once
