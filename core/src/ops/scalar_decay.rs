@@ -680,7 +680,7 @@ pub fn check_gate_values(g: &[f32], shape: &ForwardShape) -> Result<()> {
 
 /// A timed variant of the output kernel, for [`ScalarDecayForward::launch_output_probe`].
 ///
-/// A measurement tool (`forward_bench --probes`; `kernels/cuda/SCALAR_DECAY_NOTES.md`, "Probes"),
+/// A measurement tool (`forward_bench --probes`; `kernels/docs/scalar-decay.md`, "Probes"),
 /// not an API for users: only [`OutputProbe::Output`] computes the forward's output, and only
 /// after a full [`ScalarDecayForward::launch`] of the same inputs has left the segment prefixes in
 /// the workspace. Every variant runs with the output kernel's grid, block, shared memory and

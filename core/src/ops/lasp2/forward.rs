@@ -1,4 +1,4 @@
-//! The LASP-2 forward (kernels/cuda/lasp2_fwd.cu; protocol in kernels/cuda/LASP2_NOTES.md).
+//! The LASP-2 forward (kernels/cuda/lasp2_fwd.cu; protocol in kernels/docs/lasp2.md).
 //!
 //! Per call and per (b, h): the states kernel computes every segment's local end state;
 //! `fold_put` folds them into the shard's state `M_w` (from zero) and decay `Λ_w` and, in

@@ -463,7 +463,7 @@ __device__ __forceinline__ void store_state_bf16(uint8_t* smem, uint32_t buf, St
 }
 
 // Timed variants of the output kernel, kernels of their own (…_probe_*) that forward_bench --probes
-// times next to the real one to split its time into memory and compute (SCALAR_DECAY_NOTES.md,
+// times next to the real one to split its time into memory and compute (kernels/docs/scalar-decay.md,
 // "Probes"). Measurement tools only: their O is not the forward's output. kNone is the production
 // kernel; every probe keeps its grid, CTA shape, shared-memory map, pipeline depth, barriers and
 // O stores.
