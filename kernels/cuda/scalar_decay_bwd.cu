@@ -61,7 +61,7 @@ __device__ double block_inclusive_scan(double x, double* warp_totals, double& to
 // in rows, and writes the transposed tile through shared memory (rows padded to 33 floats, so a
 // warp's reads down a column hit 32 banks): every global access is a whole 128-byte line. (One
 // thread per element, writing the transposes straight to global memory, put each store of a warp
-// in its own line: 17 us per launch at B*H = 64, Dk = Dv = 128, run 113.)
+// in its own line: 17 us per launch at B*H = 64, Dk = Dv = 128.)
 struct StateTile {
   static constexpr int kTile = LASP_SDB_STATE_TILE, kRowsPerPass = LASP_SDB_STATE_THREADS / kTile;
   static constexpr int kRows = kTile / kRowsPerPass;
@@ -199,7 +199,7 @@ __device__ GradBlock load_grad_block(const lasp_sd_bwd_params& p, int64_t bh, in
 // and meets them in `scratch`, kDotRows rows of ht^T per round, padded to Dk + 1 floats so that a
 // warp's reads down a column hit 32 banks. Every load of every round is issued before the first
 // barrier. (Reading ht^T down its columns put each load of a warp in a line of its own: gate_grad
-// took 35 us instead of 16 at B*H = 64, Dk = Dv = 128, run 113.)
+// took 35 us instead of 16 at B*H = 64, Dk = Dv = 128.)
 constexpr int kDotRows = 32;                                      // rows of ht^T per round
 constexpr int kDotRounds = 128 / kDotRows;                        // at most (Dv <= 128)
 constexpr int kDotPerRound = kDotRows * 128 / LASP_SDB_GRAD_THREADS;  // per thread, at most (Dk <= 128)
@@ -308,7 +308,7 @@ extern "C" __global__ void __launch_bounds__(LASP_SDB_GRAD_THREADS)
 
   if (p.dh0) {
     // kDh0Batch loads in flight per thread before the stores: one element per round trip took
-    // ~12 us of gate_grad at B*H = 64, Dk = Dv = 128 (16 elements per thread, run 114).
+    // ~12 us of gate_grad at B*H = 64, Dk = Dv = 128 (16 elements per thread).
     constexpr int kDh0Batch = 8;
     const int64_t n = (int64_t)p.Dk * p.Dv, stride = (int64_t)gridDim.x * LASP_SDB_GRAD_THREADS;
     const float factor = p.scale * expf(fminf(p.g[b * p.T * p.H + h], 0.f));  // sigma e^{a_0}

@@ -104,7 +104,7 @@ pub mod geometry {
     /// The CTAs the automatic plan fills (host policy, not in the header). Two 2-stage output
     /// CTAs fit an SM, but a second one pays only where one per SM already splits sequences into
     /// segments (the states pass is paid anyway); where one per SM keeps every sequence whole, a
-    /// second would add a states pass. Measured on H200 (benches/results/raw/run10): B=1, H=16,
+    /// second would add a states pass. Measured on H200: B=1, H=16,
     /// T=32K 0.376 -> 0.336 ms and T=128K 1.478 -> 1.355 ms with two per SM; B=4, T=8K 0.275 ms
     /// with one, 0.315 ms with two.
     pub const fn target_ctas(b: i32, h: i32, t: i32, dv: i32, sm_count: i32) -> i32 {
