@@ -3,8 +3,8 @@ median over processes of our time and of NCCL's, the speedup as the ratio of tho
 every process's value beside them (`*_runs`).
 
 Why several processes: on the 4x H200 node NCCL's all-gather time is set per process and moves by
-a few per cent from one to the next (66.1-69.6 us at 4 MiB per rank over 16 processes,
-benches/results/raw/run42 and run44), while ours stays within 0.3 us; one process's ratio is a
+a few per cent from one to the next (66.1-69.6 us at 4 MiB per rank over 16 processes in
+two jobs), while ours stays within 0.3 us; one process's ratio is a
 draw from NCCL's spread, the ratio of medians over processes is not.
 
 Usage: python3 benches/exchange_report.py OUT.json RUN.json [RUN.json ...]

@@ -11,7 +11,7 @@ then 50 calls enqueued back to back, each between two CUDA events, median) and w
 merging both: device, commit (env LASP_COMMIT), date (env LASP_DATE) and per shape
 {B, T, H, D, ours_ms, fla_ms, speedup, hbm_floor_ms, floor_fraction, rel_err_vs_fla, ...}.
 
-Needs torch with CUDA and fla-core (0.6.0 was measured in research/baseline.md) on PYTHONPATH.
+Needs torch with CUDA and fla-core (0.6.0 in benches/results/forward_kernel.json) on PYTHONPATH.
 Exit status: 0 when every shape ran and agreed, 1 otherwise (the JSON is written either way, with
 null where fla could not run).
 """

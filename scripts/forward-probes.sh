@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Where the scalar-decay output kernel's time goes, on one GPU: forward_bench --probes times the
 # forward, the output kernel alone and its memory / compute / no-exp probes on the same shapes and
-# input sets (kernels/cuda/SCALAR_DECAY_NOTES.md, "Probes", says how to read them). No fla, no dump.
+# input sets (kernels/docs/scalar-decay.md, "Probes", says how to read them). No fla, no dump.
 # Binaries come from .bundle/bin (scripts/bundle.sh); about a minute for the default shapes.
 #
 #   bash scripts/forward-probes.sh                                   # B=4,T=8K / B=1,T=32K / B=1,T=128K, H=16, D=128

@@ -80,7 +80,7 @@ pub enum AllGatherVariant {
 }
 
 impl AllGatherVariant {
-    /// The variant a new [`AllGather`] uses: on the 4x H200 node (benches/results/raw/run12,
+    /// The variant a new [`AllGather`] uses: on the 4x H200 node (measured with
     /// scripts/exchange-sweep.sh) dynamic was the only one at >= 300 GB/s egress at 8 MiB per
     /// rank with 64 CTAs (303.5 and 304.1 GB/s in two runs; 299.7-308.8 with 16-128 KiB items;
     /// cta-loop 291.2-295.1), and within 3 % of cta-loop at 1 and 4 MiB.
@@ -136,7 +136,7 @@ impl AllGatherVariant {
 
 /// CTAs for an all-gather of `bytes` per PE: one per 16 KiB, at least 4 and at most 64. On the
 /// 4x H200 reference node 64 CTAs were best or within 2% of best from 1 MiB to 32 MiB
-/// (benches/results/raw/2026-11-21-h200x4-exchange-sweep.txt).
+/// (scripts/exchange-sweep.sh's CTA sweep).
 pub fn allgather_ctas(bytes: usize) -> u32 {
     (bytes.div_ceil(16 << 10)).clamp(4, 64) as u32
 }
@@ -145,7 +145,7 @@ pub fn allgather_ctas(bytes: usize) -> u32 {
 /// copies), larger only where a round would otherwise overflow the kernel's 32-bit claim counter.
 /// Small items end a round more evenly: on the 4x H200 node 16 KiB against the earlier "about 8
 /// items per CTA" (32, 48 and 192 KiB at 4, 8 and 32 MiB per rank) took 45.8 / 46.2 us at 4 MiB
-/// and 80.8 / 82.4 us at 8 MiB (benches/results/raw/run38), 291.7 / 303.1 us at 32 MiB (run 12).
+/// and 80.8 / 82.4 us at 8 MiB, and 291.7 / 303.1 us at 32 MiB in another job.
 pub fn allgather_chunk_bytes(bytes: usize, npes: usize) -> usize {
     const GRAIN: usize = 16 << 10;
     let items_per_peer = MAX_WORK_ITEMS / npes.saturating_sub(1).max(1);

@@ -1,7 +1,7 @@
 //! The process-wide NVSHMEM runtime: explicit init, the kernel module, symmetric allocation,
 //! barriers, and an explicit collective shutdown.
 //!
-//! Order (research/comm-anchors.md §6.2): GPU context first; NVSHMEM_* settings before the
+//! Order: GPU context first; NVSHMEM_* settings before the
 //! library reads them; host library and version check; bootstrap and `hostlib_init_attr`; init
 //! status checked; cubin loaded and registered with `nvshmemx_cumodule_init`. Shutdown reverses
 //! it: synchronise, free symmetric memory (collective, newest first), unregister and unload the

@@ -74,10 +74,10 @@ pub fn time_call(rt: &Runtime, op: &mut impl ModeCall) -> Result<f64> {
 }
 
 /// Median ms per mode (in `ExchangeMode::ALL` order) on this rank. The modes take turns in
-/// rounds, so every mode sees the same clocks and temperature: timed one after the other (runs
-/// 7-12), the mode timed last was up to 7 % slower at T_local = 128K even at W = 1, where the
-/// modes' kernels are identical; timed in turns, within 1.3 % (run 13 C). Switching mode every
-/// call instead left the GPU idle between all calls and made every mode 2-6 % slower (run 13 B).
+/// rounds, so every mode sees the same clocks and temperature: timed one after the other, the
+/// mode timed last was up to 7 % slower at T_local = 128K even at W = 1, where the modes'
+/// kernels are identical; timed in turns, within 1.3 %. Switching mode every call instead left
+/// the GPU idle between all calls and made every mode 2-6 % slower.
 pub fn time_in_turns(rt: &Runtime, op: &mut impl ModeCall) -> Result<[f64; 4]> {
     let stream = rt.stream().clone();
     let mut samples: [Vec<f64>; 4] = Default::default();

@@ -179,7 +179,7 @@ extern "C" __global__ void __launch_bounds__(1024) lasp_allgather_peer_major(con
 // The items go peer by peer: all of them for PE me + 1 first, then me + 2, ...; while the PEs keep
 // pace every phase is a permutation, one sender per receiver. Against items interleaved over the
 // peers (every PE sending to, and receiving from, all at once) that moved 0.4 us less at 4 MiB per
-// rank and 1.2 us less at 8 MiB (benches/results/README.md, run 102).
+// rank and 1.2 us less at 8 MiB (measured on 4x H200).
 extern "C" __global__ void __launch_bounds__(1024) lasp_allgather_dynamic(const __grid_constant__ lasp_allgather_params p) {
   const lasp::WaitSite site{p.diag, p.timeout_ns, p.me};
   const Round round = this_round(p);

@@ -6,8 +6,8 @@
 // respect to the state leaving the shard (dht on the last PE):
 //   dM_me = sigma e^{a_0} sum_t e^{G_t - G_0} q_t^T do_t (the gradient with respect to the state
 //   entering the shard, from its own tokens), Lambda_me = sum of the shard's log-decays;
-//   D_me = fold_{u > me, descending} (D = e^{Lambda_u} D + dM_u) from dht           (research/
-//   kernel-anchors.md §5.4; reference::lasp2::backward's `suffixes`).
+//   D_me = fold_{u > me, descending} (D = e^{Lambda_u} D + dM_u) from dht           (kernels/docs/
+//   maths.md, "LASP-2: backward"; reference::lasp2::backward's `suffixes`).
 // That is the forward's chain run the other way (lasp2_params.h, LASP2_CHAIN_DESCENDING):
 //   1. lasp_lasp2_states_reversed_dk{64,128}  every segment of the shard, tokens from last to first,
 //                                   with k = Q and v = dO: R_s from zero, Lambda_s

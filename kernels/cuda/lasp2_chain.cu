@@ -4,7 +4,7 @@
 //                              LASP2_DEVICE_PUT: put the tile + signal to every later PE on the chain
 //   lasp_lasp2_advance_epoch   *epoch += 1, last in every call
 //   lasp_lasp2_grant_credits   only when a plan switches from LASP2_NO_COMM to a communicating mode
-// Protocol (epochs, parities, credits, why the puts are ordered as they are): LASP2_NOTES.md.
+// Protocol (epochs, parities, credits, why the puts are ordered as they are): kernels/docs/lasp2.md.
 // Only the put / signal API touches remote memory, so the same code runs over NVLink and InfiniBand.
 #include <nvshmem.h>
 #include <nvshmemx.h>
@@ -98,7 +98,7 @@ extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS)
   // The tile is complete in this PE's memory before the NIC (over InfiniBand) reads it for the
   // puts. A peer NVSHMEM reaches by load/store gets its copy from this CTA's threads, for which
   // the barrier below is enough; skipping the fence there matters, because a system-scope fence
-  // waits tens of microseconds while the GPUs stream the kernels' traffic (LASP2_NOTES.md).
+  // waits tens of microseconds while the GPUs stream the kernels' traffic (kernels/docs/lasp2.md).
   bool nic_reads = false;
   for (int k = 0; k < later; ++k) nic_reads |= nvshmem_ptr(own, reader(k)) == nullptr;
   if (nic_reads) __threadfence_system();

@@ -47,7 +47,7 @@ __device__ double block_inclusive_scan(double x, double* warp_totals, double& to
 // in rows, and writes the transposed tile through shared memory (rows padded to 33 floats, so a
 // warp's reads down a column hit 32 banks): every global access is a whole 128-byte line. (One
 // thread per element, writing the transposes straight to global memory, put each store of a warp
-// in its own line: 17 us per launch at B*H = 64, Dk = Dv = 128, run 113.)
+// in its own line: 17 us per launch at B*H = 64, Dk = Dv = 128.)
 struct StateTile {
   static constexpr int kTile = LASP_SDB_STATE_TILE, kRowsPerPass = LASP_SDB_STATE_THREADS / kTile;
   static constexpr int kRows = kTile / kRowsPerPass;

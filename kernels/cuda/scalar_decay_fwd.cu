@@ -198,7 +198,7 @@ extern "C" __global__ void __launch_bounds__(LASP_SD_ROLES_THREADS, 1)
   lasp::sd::run_segment<128, true, lasp::sd::Probe::kNone, true, false, true>(rp.p, &maps);
 }
 
-// Probes of pass 2 (lasp::sd::Probe; SCALAR_DECAY_NOTES.md, "Probes"): launched exactly like
+// Probes of pass 2 (lasp::sd::Probe; kernels/docs/scalar-decay.md, "Probes"): launched exactly like
 // lasp_scalar_decay_output_dk*, from the same params, to time parts of its work. Their O is not the
 // forward's output; the last segment still writes ht (if non-NULL) from whatever state it holds.
 extern "C" __global__ void __launch_bounds__(LASP_SD_THREADS, 1)

@@ -24,7 +24,7 @@
 //! With `--probes`, each shape also times, the same way and on the same input sets, the output
 //! kernel alone (`output_ms`: the forward without its states pass and fold) and its timed
 //! variants (`probe_memory_ms`, `probe_compute_ms`, `probe_no_exp_ms`; `ops::scalar_decay::OutputProbe`,
-//! kernels/cuda/SCALAR_DECAY_NOTES.md "Probes" says how to read them). The probes overwrite o;
+//! kernels/docs/scalar-decay.md "Probes" says how to read them). The probes overwrite o;
 //! the dumped o is from a real forward run after them.
 //!
 //! With `--backward`, each shape also times the backward (`ops::scalar_decay_backward`) on the
@@ -543,7 +543,7 @@ fn results_json(device: &str, sm_count: u32, warmup: usize, iters: usize, rows: 
         })
         .collect();
     let probes_note = if rows.iter().any(|r| !r.probes_ms.is_empty()) {
-        "  \"probes\": \"output_ms: the output kernel alone (no states pass, no fold); probe_memory_ms: its loads and O stores without math; probe_compute_ms: its math on pipeline stages loaded once (no input HBM traffic); probe_no_exp_ms: probe_compute without the gate exponentials, mask and scalings; same launch shape, timing method and input sets as ours_ms (kernels/cuda/SCALAR_DECAY_NOTES.md, Probes)\",\n"
+        "  \"probes\": \"output_ms: the output kernel alone (no states pass, no fold); probe_memory_ms: its loads and O stores without math; probe_compute_ms: its math on pipeline stages loaded once (no input HBM traffic); probe_no_exp_ms: probe_compute without the gate exponentials, mask and scalings; same launch shape, timing method and input sets as ours_ms (kernels/docs/scalar-decay.md, Probes)\",\n"
     } else {
         ""
     };

@@ -104,7 +104,7 @@ pub mod geometry {
     /// The CTAs the automatic plan fills (host policy, not in the header). Two 2-stage output
     /// CTAs fit an SM, but a second one pays only where one per SM already splits sequences into
     /// segments (the states pass is paid anyway); where one per SM keeps every sequence whole, a
-    /// second would add a states pass. Measured on H200 (benches/results/raw/run10): B=1, H=16,
+    /// second would add a states pass. Measured on H200: B=1, H=16,
     /// T=32K 0.376 -> 0.336 ms and T=128K 1.478 -> 1.355 ms with two per SM; B=4, T=8K 0.275 ms
     /// with one, 0.315 ms with two.
     pub const fn target_ctas(b: i32, h: i32, t: i32, dv: i32, sm_count: i32) -> i32 {
@@ -689,7 +689,7 @@ pub fn check_gate_values(g: &[f32], shape: &ForwardShape) -> Result<()> {
 
 /// A timed variant of the output kernel, for [`ScalarDecayForward::launch_output_probe`].
 ///
-/// A measurement tool (`forward_bench --probes`; `kernels/cuda/SCALAR_DECAY_NOTES.md`, "Probes"),
+/// A measurement tool (`forward_bench --probes`; `kernels/docs/scalar-decay.md`, "Probes"),
 /// not an API for users: only [`OutputProbe::Output`] computes the forward's output, and only
 /// after a full [`ScalarDecayForward::launch`] of the same inputs has left the segment prefixes in
 /// the workspace. Every variant runs with the output kernel's grid, block, shared memory and

@@ -5,8 +5,8 @@
 //! With `sigma = scale`, `G_t = a_0 + ... + a_t` and the reverse state
 //! `dH_s = sigma sum_{t >= s} e^{G_t - G_s} q_t^T do_t + e^{G_{T-1} - G_s} dht`:
 //! `dq_t = sigma S_t do_t^T`, `dk_s = v_s dH_s^T`, `dv_s = k_s dH_s`, `dh0 = e^{a_0} dH_0` and
-//! `dg_t = e^{a_t} <S_{t-1}, dH_t>`, the pairs of tokens that straddle `t` (research/kernel-anchors.md
-//! §5.1, the CPU reference `reference::scalar_decay::backward`).
+//! `dg_t = e^{a_t} <S_{t-1}, dH_t>`, the pairs of tokens that straddle `t` (kernels/docs/maths.md,
+//! "Scalar decay: backward"; the CPU reference `reference::scalar_decay::backward`).
 //!
 //! `dq` is the forward recurrence with `dO, V, K` in the roles of `Q, K, V` and `h0^T` as its start;
 //! `dv` and `dk` are the same recurrence over the tokens from last to first (dH's suffix sums are

@@ -1,6 +1,7 @@
-//! Gate cumulative sums, built the way the kernels build them (§5.5 rule 2): cumsums are
-//! chunk-local, long prefixes are sums of chunk totals, and decays between two positions come from
-//! a direct sum over the positions between them, never from the difference of two long cumsums.
+//! Gate cumulative sums, built the way the kernels build them (kernels/docs/maths.md,
+//! "Numerics", rule 2): cumsums are chunk-local, long prefixes are sums of chunk totals, and
+//! decays between two positions come from a direct sum over the positions between them, never
+//! from the difference of two long cumsums.
 //!
 //! Gate buffers are `[n, gate_dim]` rows with `gate_dim` 1 (scalar) or Dk (vector).
 

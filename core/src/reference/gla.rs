@@ -1,4 +1,4 @@
-//! GLA: linear attention with per-key vector gates, kernel-anchors.md §5.2.
+//! GLA: linear attention with per-key vector gates (kernels/docs/maths.md, "Vector decay (GLA)").
 //!
 //! `S_t = Diag(e^{a_t}) S_{t-1} + k_t^T v_t`, `o_t = sigma q_t S_t`, with `a_t in R^{Dk}`, `<= 0`
 //! (`g: [B, T, H, Dk]`).
@@ -63,10 +63,10 @@ pub fn recurrent_backward(
     })
 }
 
-/// Chunkwise backward with secondary chunking (§5.2): `dS_n = Diag(e^gamma) dS_{n+1} +
-/// sigma (Q (.) e^b)^T dO`, intra-chunk dq and dk through the sub-chunk reference rows, per-key
-/// `dG_t = q_t (.) dq_t - k_t (.) dk_t` (+ `rowsum(S_T (.) d_ht)` at the last token) and
-/// `da = reverse-cumsum(dG)`.
+/// Chunkwise backward with secondary chunking (kernels/docs/maths.md, "Vector decay (GLA)"):
+/// `dS_n = Diag(e^gamma) dS_{n+1} + sigma (Q (.) e^b)^T dO`, intra-chunk dq and dk through the
+/// sub-chunk reference rows, per-key `dG_t = q_t (.) dq_t - k_t (.) dk_t`
+/// (+ `rowsum(S_T (.) d_ht)` at the last token) and `da = reverse-cumsum(dG)`.
 pub fn backward(
     inputs: &Inputs,
     chunk: usize,

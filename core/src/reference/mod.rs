@@ -1,7 +1,7 @@
 //! CPU `f64` reference for chunked gated linear attention and the LASP-2 decomposition, forward
 //! and backward. It is the oracle every GPU test compares against and pins the maths before (and
 //! independently of) the kernels: conventions and formulas are those of
-//! `research/kernel-anchors.md` §5.
+//! `kernels/docs/maths.md`.
 //!
 //! # Conventions
 //! * Layout `[B, T, H, D]` (fla's): `q, k [B, T, H, Dk]`, `v, o [B, T, H, Dv]`, gates `[B, T, H]`

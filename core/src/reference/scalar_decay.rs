@@ -1,4 +1,5 @@
-//! Scalar-decay linear attention (simple GLA / RetNet / Lightning), kernel-anchors.md §5.1.
+//! Scalar-decay linear attention (simple GLA / RetNet / Lightning), kernels/docs/maths.md,
+//! "Scalar decay: forward" and "Scalar decay: backward".
 //!
 //! `S_t = e^{a_t} S_{t-1} + k_t^T v_t`, `o_t = sigma q_t S_t`, one log-decay `a_t <= 0` per token
 //! and head (`g: [B, T, H]`).
@@ -53,9 +54,10 @@ pub fn recurrent_backward(
     })
 }
 
-/// Chunkwise backward by the analytic formulas of §5.1: states recomputed chunk by chunk, `dS`
-/// swept in reverse, `dG_t = q_t . dq_t - k_t . dk_t` (+ `<S_T, d_ht>` at the last token) and the
-/// gate gradient `da_t = sum_{s >= t} dG_s`.
+/// Chunkwise backward by the analytic formulas of kernels/docs/maths.md, "Scalar decay:
+/// backward": states recomputed chunk by chunk, `dS` swept in reverse,
+/// `dG_t = q_t . dq_t - k_t . dk_t` (+ `<S_T, d_ht>` at the last token) and the gate gradient
+/// `da_t = sum_{s >= t} dG_s`.
 pub fn backward(
     inputs: &Inputs,
     chunk: usize,

@@ -5,7 +5,7 @@
 //! ([`ScalarDecayBackward`]) started from the two states at the shard's ends: `P_w`, the state
 //! entering it (what [`Lasp2Forward::forward_saving`](super::Lasp2Forward::forward_saving) wrote
 //! as `start_state`), and `D_w`, the gradient with respect to the state leaving it. `D_w` comes
-//! down the chain from the later PEs (research/kernel-anchors.md §5.4,
+//! down the chain from the later PEs (kernels/docs/maths.md, "LASP-2: backward",
 //! `reference::lasp2::backward`):
 //! `D_{W-1} = dht`, `D_{u-1} = e^{Λ_u} D_u + dM_u`, where
 //! `dM_u = σ e^{a_0} Σ_t e^{G_t - G_0} q_t^T do_t` is the gradient with respect to the state

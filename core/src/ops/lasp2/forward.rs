@@ -1,4 +1,4 @@
-//! The LASP-2 forward (kernels/cuda/lasp2_fwd.cu; protocol in kernels/cuda/LASP2_NOTES.md).
+//! The LASP-2 forward (kernels/cuda/lasp2_fwd.cu; protocol in kernels/docs/lasp2.md).
 //!
 //! Per call and per (b, h): the states kernel computes every segment's local end state;
 //! `fold_put` folds them into the shard's state `M_w` (from zero) and decay `Λ_w` and, in
@@ -70,19 +70,19 @@ pub struct Lasp2Tuning {
     /// CTAs per SM that one group's states or output launch aims for (segments are cut to reach
     /// it). 2 hides latency inside the kernels; 1 leaves more room beside them for the
     /// `fold_put` CTAs of the exchange stream but places the compute CTAs unevenly when those
-    /// take SMs first (measured slower at every shape, benches/results/raw/run12).
+    /// take SMs first (measured slower at every shape at W = 4).
     pub ctas_per_sm: u32,
 }
 
 /// The plan a call gets unless one was set ([`Lasp2Forward::set_tuning`]): one head group, two
 /// CTAs per SM. Two or more groups were slower at every shape measured on H200 NVLink, also where
-/// the exchange is the largest share of a call's bytes: W = 4 (benches/results/raw/run12: B=4,
+/// the exchange is the largest share of a call's bytes: W = 4 (plan sweep on 4x H200: B=4,
 /// T_local=8K 0.397 ms with one group against 0.424 with two; 32K 0.368 / 0.444; 128K 1.312 /
 /// 1.389) and W = 8, B=4, T_local=8K, where the busiest PE's egress is 5.5 % of the q, k, v, o
-/// bytes (raw/run124, two passes: 0.4037, 0.4009 ms with one group; 0.4134, 0.4178 with two;
+/// bytes (8x H200, two passes: 0.4037, 0.4009 ms with one group; 0.4134, 0.4178 with two;
 /// 0.4762, 0.4791 with four). The grouping costs launches and doubles S (no-comm 0.3117 ms with
 /// one group, 0.3490 with two), and the output CTAs still waited up to 74 us for their tiles
-/// (raw/run122 timeline), so it does not buy back its cost there.
+/// (timeline of the 8-GPU benchmark), so it does not buy back its cost there.
 impl Default for Lasp2Tuning {
     fn default() -> Self {
         Lasp2Tuning {

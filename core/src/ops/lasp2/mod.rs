@@ -1,6 +1,6 @@
 //! LASP-2 of scalar-decay linear attention across PEs: the forward ([`Lasp2Forward`]) and the
 //! backward ([`Lasp2Backward`]). Kernels: kernels/cuda/lasp2_{fwd,bwd,chain}.cu; protocol:
-//! kernels/cuda/LASP2_NOTES.md.
+//! kernels/docs/lasp2.md.
 //!
 //! PE `w` holds the `w`-th slice of every sequence. Both directions are a chain
 //! (`chain::StateChain`): every PE computes a tile per (b, h) from its own shard alone, puts it

@@ -1,5 +1,6 @@
-//! The LASP-2 decomposition over W simulated ranks (kernel-anchors.md §5.4): what each GPU
-//! computes, what it exchanges, and how the pieces recombine into the single-sequence result.
+//! The LASP-2 decomposition over W simulated ranks (kernels/docs/maths.md, "LASP-2: forward"
+//! and "LASP-2: backward"): what each GPU computes, what it exchanges, and how the pieces
+//! recombine into the single-sequence result.
 //!
 //! Rank w owns tokens `[sum_{u<w} T_u, sum_{u<=w} T_u)` of every sequence; shards may have
 //! different lengths and need not be multiples of the chunk size.

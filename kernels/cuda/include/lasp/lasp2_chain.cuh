@@ -58,9 +58,9 @@ __device__ __forceinline__ void shard_states(const lasp_lasp2_params& p) {
 // columns (i % 16) of rows i / 16 + 32 j (FoldLane); fold_put and segment_prefix share this loop, so
 // M_me and the prefixes L_s are the same fold.
 // The fold is a chain of memory round trips, so the loads of LASP2_FOLD_BATCH segments are issued
-// together: S segments cost ceil(S / LASP2_FOLD_BATCH) round trips. One segment at a time (as
-// before run 108) cost one per segment, 8 at S = 8: about 10 us of fold_put before its puts and as
-// much of segment_prefix before the output kernel (Nsight Compute, B=1 T=32K, run 107).
+// together: S segments cost ceil(S / LASP2_FOLD_BATCH) round trips. One segment at a time (an
+// earlier version) cost one per segment, 8 at S = 8: about 10 us of fold_put before its puts and as
+// much of segment_prefix before the output kernel (Nsight Compute, B=1 T=32K).
 struct FoldLane {
   static constexpr int kCols = LASP2_TILE_V / 4;               // float4 columns of a tile row
   static constexpr int kRowStep = LASP2_FOLD_THREADS / kCols;  // rows between a thread's rows
@@ -114,7 +114,7 @@ __device__ __forceinline__ void fold_segments(const lasp_lasp2_params& p, int bh
 // The chain tiles go through shared memory (free until a chunk pipeline starts): cp.async puts a
 // whole batch of tiles in flight at once, so a batch costs about one L2 round trip, where folding
 // from registers paid one round trip per tile (the last PE at W = 4 folds three slot tiles and a
-// segment tile: ~6 us before its chunk loop against ~2 us on PE 0, run 12 timelines). Staged rows
+// segment tile: ~6 us before its chunk loop against ~2 us on PE 0, in timelines). Staged rows
 // are padded to 72 floats: the 4 rows a half-warp's float2 reads touch then start 8 banks apart, so
 // the reads are free of bank conflicts (4-way unpadded). A slot tile's 16-byte trailer
 // (Lambda_u, 0, 0, 0) follows its rows.

@@ -1,8 +1,8 @@
 // Parameters, symmetric-buffer layouts and launch geometry of the LASP-2 forward with scalar decay
 // (lasp2_fwd.cu). C layout, mirrored by a #[repr(C)] Rust struct: keep field order, types and the
-// helpers in sync. Design, protocol and host sequence: kernels/cuda/LASP2_NOTES.md.
+// helpers in sync. Design, protocol and host sequence: kernels/docs/lasp2.md.
 //
-// Maths (research/kernel-anchors.md §5.4), per (b, h), PE `me` of `npes` holding T_local tokens:
+// Maths (kernels/docs/maths.md, "LASP-2: forward"), per (b, h), PE `me` of `npes` holding T_local tokens:
 //   M_me = local end state from a ZERO start (fp32 [Dk, Dv]),  Lambda_me = sum_t a_t over the shard
 //   P_0 = h0 (or 0);  P_{u+1} = e^{Lambda_u} P_u + M_u  (fp32, ascending u < me)
 //   outputs of the shard = the single-GPU forward started from P_me; the final state of the whole
@@ -12,7 +12,7 @@
 // sequence). Every kernel below covers one group: grid z (states, output) or y (fold_put) spans
 // the group's heads and `bh_begin` is its first head. Per head the arithmetic does not depend on
 // G, so every G gives the same bits. Groups let the exchange of group g overlap the compute of
-// group g + 1 (host schedule in LASP2_NOTES.md, "Schedule").
+// group g + 1 (host schedule in kernels/docs/lasp2.md, "Schedule").
 //
 // Host call sequence per layer call (S = num_segments of this PE, the same for every group):
 //   for g = 0 .. G-1:

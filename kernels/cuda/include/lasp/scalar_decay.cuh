@@ -1,7 +1,7 @@
 // Device building blocks of the scalar-decay forward (scalar_decay_fwd.cu): shared-memory map,
 // chunk loader, chunk-local gate cumsum, and the fold step that LASP-2 reuses across ranks.
 //
-// Numerics (research/kernel-anchors.md §5.5): gates, cumsums, exponent arguments and every state
+// Numerics (kernels/docs/maths.md, "Numerics"): gates, cumsums, exponent arguments and every state
 // (S on chip, M_s, P_s, Lambda_s) are fp32; cumsums are chunk-local; every exponent is clamped to
 // <= 0 (exp_nonpos), so nothing overflows and e^{G}·e^{-G} never appears.
 #pragma once
@@ -39,7 +39,7 @@ static_assert(kStages >= 2, "the pipeline needs at least two stages");
 // the buffer is declared __align__(1024), and these kernels declare no static shared memory, so
 // it starts at the CTA's first usable byte, which is aligned. (ptxas takes the declaration as given
 // and compiles any run-time test of it away; a static mbarrier array in front of the buffer made
-// the tensor copies fault, benches/results run 71.)
+// the tensor copies fault.)
 template <int DK, bool kHasQ, int kDepth = kStages>
 struct Layout {
   static constexpr uint32_t kQKBytes = kChunk * DK * 2;
@@ -493,7 +493,7 @@ __device__ __forceinline__ void store_state_bf16(uint8_t* smem, uint32_t buf, St
 }
 
 // Timed variants of the output kernel, kernels of their own (…_probe_*) that forward_bench --probes
-// times next to the real one to split its time into memory and compute (SCALAR_DECAY_NOTES.md,
+// times next to the real one to split its time into memory and compute (kernels/docs/scalar-decay.md,
 // "Probes"). Measurement tools only: their O is not the forward's output. kNone is the production
 // kernel; every probe keeps its grid, CTA shape, shared-memory map, pipeline depth, barriers and
 // O stores.
@@ -793,10 +793,10 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
 // shared memory (V~ = diag(w) V, one rounding to bf16 as the output loop's K~) and the update is a
 // plain K^T V~ into an accumulator that is never rescaled: 8 wgmma per chunk at Dk 128, both
 // operands in shared memory, queued on the tensor cores behind the previous chunk's, and the loop
-// streams K and V at 72 % of the DRAM peak (benches/results runs 81-82). The forward walk it
+// streams K and V at 72 % of the DRAM peak (Nsight Compute, B=1 T=32K). The forward walk it
 // replaces decayed the state every chunk, which had to wait for the previous chunk's products, and
 // ran 64 mma.sync, 24 ldmatrix and 32 K weightings per thread and chunk: it was bound by what an SM
-// issues (runs 27-35). Same result up to rounding, not the same bits; every kernel that needs a segment's
+// issues. Same result up to rounding, not the same bits; every kernel that needs a segment's
 // (M, Lambda) gets them from here, so every LASP-2 mode sees the same bits.
 // ---------------------------------------------------------------------------------------------
 constexpr int kStatesStages = LASP_SD_STATES_STAGES;
@@ -930,8 +930,8 @@ __device__ __forceinline__ void run_states_segment(const SegmentArgs& a, End&& e
 // They meet only at one mbarrier per stage (its chunk has landed) and at named barriers
 // (RoleBarriers): bf16 state written (which also frees the previous chunk's stage for the loading
 // warp) and read (double buffer). So a chunk costs the longer role's step instead of both in
-// sequence, and neither role spends instructions on copies (benches/results run 74: 2 % faster at
-// B=4, T=8K than the state group's cp.async copies; runs 72-73: one thread of either group issuing
+// sequence, and neither role spends instructions on copies (measured: 2 % faster at
+// B=4, T=8K than the state group's cp.async copies; one thread of either group issuing
 // the tensor copies was slower). Same products, roundings and order of terms as output_chunk: the
 // same bits as the one-warpgroup kernel.
 // ---------------------------------------------------------------------------------------------
@@ -1147,7 +1147,7 @@ __device__ __forceinline__ void run_roles_segment_with(const SegmentArgs& a, con
     named_barrier_arrive(B::kSbfFull + 0, kAll);
     // Chunk j's StateStep once it has landed. The chain is pipelined by one chunk: chunk i + 1 is
     // prepared while chunk i's update products run, so what is left in series per chunk is the
-    // decay, the products and the bf16 copy (benches/results run 64: 7 % faster at B=4, T=8K than
+    // decay, the products and the bf16 copy (measured: 7 % faster at B=4, T=8K than
     // preparing each chunk after the previous one's bf16 copy).
     auto arrive_and_prepare = [&](int j, StateStep<DK>& st) {
       wait_landed(j);

@@ -40,7 +40,7 @@
 #define LASP_SD_THREADS 128     // 4 warps per CTA for the states and output kernels
 #ifndef LASP_SD_STAGES
 #define LASP_SD_STAGES 2        // cp.async pipeline depth (chunks in flight): 2 lets 2 output CTAs share an SM
-                                // and was as fast as 4 at one CTA per SM (H200, benches/results/raw/run10)
+                                // and was as fast as 4 at one CTA per SM (measured on H200)
 #endif
 #define LASP_SD_FOLD_THREADS 256
 #define LASP_SD_ROLES_THREADS 288  // two-role output kernel: a state warpgroup, an output warpgroup, a loading warp

@@ -1,9 +1,0 @@
-#!/usr/bin/env bash
-# Run 53: the LASP-2 benchmark at c937f7c (W = 1, 2, 4, fla + NCCL peer, timelines).
-set -uo pipefail
-O=$OUT/run53; mkdir -p $O/bench/tl
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site
-OUT=$O/bench LASP2_ARGS="--timeline $O/bench/tl/tl" bash benches/lasp2-bench.sh > $O/bench.txt 2>&1; echo "lasp2-bench rc=$?"
-tail -14 $O/bench.txt
-cd $OUT && tar czf run53.tgz run53 && rm -rf run53
