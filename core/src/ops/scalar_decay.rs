@@ -1437,10 +1437,10 @@ mod tests {
             assert_eq!(offset, rust_offset, "offset of {name}");
             offset += size;
         }
-        assert_eq!(offset.div_ceil(8) * 8, 112);
+        assert_eq!(offset.div_ceil(8) * 8, 120);
         // The exact offsets gcc gives for the header (offsetof), for the record.
-        assert_eq!(offset_of!(ScalarDecayParams, b), 80);
-        assert_eq!(offset_of!(ScalarDecayParams, scale), 108);
+        assert_eq!(offset_of!(ScalarDecayParams, b), 88);
+        assert_eq!(offset_of!(ScalarDecayParams, scale), 116);
     }
 
     #[test]
