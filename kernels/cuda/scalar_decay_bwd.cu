@@ -200,24 +200,27 @@ __device__ __forceinline__ float bf16_value(uint16_t x) { return __uint_as_float
 
 // Shared-memory map of lasp_sd_bwd_gate_terms (byte offsets). Every bf16 tile is stored as the chunk
 // loops store theirs (lasp::swizzle, 64-column blocks) and starts 1024-byte aligned, as wgmma's
-// 128-byte swizzle needs.
+// 128-byte swizzle needs. K and the V tile of every chunk of the block stay (the pair tiles of a
+// chunk read those of every earlier chunk); Q and the dO tile go through two buffers (chunk I + 1's
+// land while chunk I is computed).
 template <int DK>
 struct TermsLayout {
   static constexpr uint32_t kQKTile = kChunk * DK * 2;      // Q or K of a chunk
   static constexpr uint32_t kVTile = kChunk * kTileV * 2;   // the 64 columns of V or dO of a chunk
   static constexpr uint32_t kStateTile = DK * kTileV * 2;   // a [DK][64] state tile
-  static constexpr uint32_t kQ = 0;                         // chunk I's Q, K, dO and V tiles
-  static constexpr uint32_t kK = kQ + kQKTile;
-  static constexpr uint32_t kKj = kK + kQKTile;             // K of an earlier chunk J of the block
-  static constexpr uint32_t kDo = kKj + kQKTile;
-  static constexpr uint32_t kV = kDo + kVTile;
-  static constexpr uint32_t kVj = kV + kVTile;              // chunk J's V tile
-  static constexpr uint32_t kHi = kVj + kVTile;             // a state tile as bf16 hi + lo
-  static constexpr uint32_t kLo = kHi + kStateTile;
-  static constexpr uint32_t kCum = kLo + kStateTile;        // block_gates' cum
+  static constexpr uint32_t kK = 0;                         // [kBlockChunks] K tiles
+  static constexpr uint32_t kV = kK + kBlockChunks * kQKTile;   // [kBlockChunks] V tiles
+  static constexpr uint32_t kQ = kV + kBlockChunks * kVTile;    // [2] Q tiles
+  static constexpr uint32_t kDo = kQ + 2 * kQKTile;             // [2] dO tiles
+  static constexpr uint32_t kSHi = kDo + 2 * kVTile;            // S_{s0-1} as bf16 hi + lo
+  static constexpr uint32_t kSLo = kSHi + kStateTile;
+  static constexpr uint32_t kDHi = kSLo + kStateTile;           // dH_{s1} as bf16 hi + lo
+  static constexpr uint32_t kDLo = kDHi + kStateTile;
+  static constexpr uint32_t kCum = kDLo + kStateTile;           // block_gates' cum
   static constexpr uint32_t kDecay = kCum + kBlockChunks * kChunk * 4;  // block_gates' decay
-  static constexpr uint32_t kCols = kDecay + 64;            // float [4 warps][64]: column sums
-  static constexpr uint32_t kBytes = kCols + 4 * kChunk * 4;
+  static constexpr uint32_t kWarpCols = kDecay + 64;            // float [4 warps][64]: a tile's column sums
+  static constexpr uint32_t kCols = kWarpCols + 4 * kChunk * 4; // float [kBlockChunks][64]: C per chunk
+  static constexpr uint32_t kBytes = kCols + kBlockChunks * kChunk * 4;
   static_assert(kQKTile % 1024 == 0 && kVTile % 1024 == 0 && kStateTile % 1024 == 0, "tiles stay 1024-byte aligned");
   static_assert((kBlockChunks + 1) * 4 <= 64, "decay fits its slot");
 };
@@ -240,21 +243,17 @@ __device__ void state_tile_hi_lo(uint8_t* smem, uint32_t hi, uint32_t lo, const 
 }
 
 #if LASP_SD_WGMMA
-// acc = A (hi + lo): A a chunk's [64][DK] K-major tile (Q or K), the state tile from state_tile_hi_lo
-// as B (MN-major), all from shared memory; waited for.
+// Issues acc = A (hi + lo): A a chunk's [64][DK] K-major tile (Q or K), the state tile from
+// state_tile_hi_lo as B (MN-major), all from shared memory (no fence, commit or wait).
 template <int DK>
-__device__ __forceinline__ void state_product(float (&acc)[8][4], uint32_t a, uint32_t hi, uint32_t lo) {
+__device__ __forceinline__ void issue_state_product(float (&acc)[8][4], uint32_t a, uint32_t hi, uint32_t lo) {
   constexpr uint32_t kRow16 = 16 * 128, kBlockBytes = kChunk * 128;
-  lasp::wg::fence();
 #pragma unroll
   for (int ks = 0; ks < DK / 16; ++ks) {
     const uint64_t a_desc = lasp::wg::desc_sw128(a + kBlockBytes * (ks >> 2) + 32 * (ks & 3));
     lasp::wg::mma_ss<lasp::wg::Major::kMN>(acc, a_desc, lasp::wg::desc_sw128(hi + ks * kRow16), ks > 0);
     lasp::wg::mma_ss<lasp::wg::Major::kMN>(acc, a_desc, lasp::wg::desc_sw128(lo + ks * kRow16), true);
   }
-  lasp::wg::commit();
-  lasp::wg::wait<0>();
-  lasp::wg::fence_operands(acc);
 }
 
 // out[hh] = sum_c acc[r][c] X[r][c] for this lane's rows r = 16 warp + 8 hh + g, X a [64][64] bf16 tile
@@ -277,171 +276,176 @@ __device__ __forceinline__ void row_dots(float (&out)[2], const float (&acc)[8][
   }
 }
 
-// One CTA: chunk I of its block, head bh, Dv tile vt (every (do . v) below is over the tile's 64
-// columns; gate_grad adds the tiles). Writes, for the chunk's tokens u, x_q(u), x_k(u) and
-// R(u) = sum over j < u of the block of A_uj, and the column sums of the tile pairs (I, J <= I).
+// One CTA: block `blk` of head bh, Dv tile vt (every (do . v) below is over the tile's 64 columns;
+// gate_grad adds the tiles). Walks the block's chunks I in order, the next chunk's tiles landing
+// while one is computed, and writes for every token u of the block x_q(u), x_k(u),
+// R(u) = sum over j < u of the block of A_uj and C(u) = sum over i > u of the block of A_iu.
 template <int DK>
 __device__ __forceinline__ void gate_terms(const lasp_sd_bwd_params& p) {
   using L = TermsLayout<DK>;
   static_assert(L::kBytes == lasp_sdb_gate_terms_smem_bytes(DK), "shared-memory map and host formula disagree");
   static_assert(LASP_SDB_TERM_THREADS == lasp::sd::kThreads, "one warpgroup, loading with the chunk loops' copies");
+  constexpr uint32_t kBlockBytes = kChunk * 128;
   extern __shared__ __align__(1024) uint8_t smem[];
   const uint32_t sbase = lasp::smem_addr(smem);
   const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int chunk = blockIdx.x, vt = blockIdx.z;
-  const int64_t bh = blockIdx.y, heads = (int64_t)p.B * p.H;
+  const int vt = blockIdx.x;
+  const int64_t bh = blockIdx.z, heads = (int64_t)p.B * p.H;
   const int b = bh / p.H, h = bh % p.H, T = p.T;
-  const Block blk(chunk / kBlockChunks, T);
-  const int local = chunk - blk.first, tok0 = chunk * kChunk;
+  const Block blk(blockIdx.y, T);
   float* const cum = reinterpret_cast<float*>(smem + L::kCum);
   float* const decay = reinterpret_cast<float*>(smem + L::kDecay);
+  float* const warp_cols = reinterpret_cast<float*>(smem + L::kWarpCols);
+  float* const cols = reinterpret_cast<float*>(smem + L::kCols);
 
-  // Token tok of (b, h): row (b T + tok) H + h of the [B, T, H, D] tensors.
+  // Chunk c of the block: K and the V tile to their slots, Q and the dO tile to buffer c % 2.
+  // Token tok of (b, h) is row (b T + tok) H + h of the [B, T, H, D] tensors.
   const int64_t row0 = (int64_t)b * T * p.H + h, qk_stride = (int64_t)p.H * DK, v_stride = (int64_t)p.H * p.Dv;
-  auto copy_chunk = [&](uint32_t sqk, const uint16_t* x, uint32_t sv, const uint16_t* y, int c) {
-    const int tok = c * kChunk;
-    lasp::sd::copy_tile_async<DK / 8>(sbase + sqk, x + (row0 + (int64_t)tok * p.H) * DK, qk_stride, 0, T - tok, x,
-                                      tid);
-    lasp::sd::copy_tile_async<kTileV / 8>(sbase + sv, y + (row0 + (int64_t)tok * p.H) * p.Dv + vt * kTileV,
-                                          v_stride, 0, T - tok, y, tid);
+  auto issue_chunk = [&](int c) {
+    const int tok = blk.s0 + c * kChunk;
+    const int64_t row = row0 + (int64_t)tok * p.H;
+    lasp::sd::copy_tile_async<DK / 8>(sbase + L::kK + c * L::kQKTile, p.k + row * DK, qk_stride, T - tok, tid);
+    lasp::sd::copy_tile_async<DK / 8>(sbase + L::kQ + (c & 1) * L::kQKTile, p.q + row * DK, qk_stride, T - tok, tid);
+    const int64_t v_col = row * p.Dv + vt * kTileV;
+    lasp::sd::copy_tile_async<kTileV / 8>(sbase + L::kV + c * L::kVTile, p.v + v_col, v_stride, T - tok, tid);
+    lasp::sd::copy_tile_async<kTileV / 8>(sbase + L::kDo + (c & 1) * L::kVTile, p.d_o + v_col, v_stride, T - tok,
+                                          tid);
   };
-  // Chunk I's tiles (group 0), the first earlier chunk's (group 1, possibly empty).
-  copy_chunk(L::kQ, p.q, L::kDo, p.d_o, chunk);
-  copy_chunk(L::kK, p.k, L::kV, p.v, chunk);
+  issue_chunk(0);
   lasp::cp_async_commit();
-  if (local > 0) copy_chunk(L::kKj, p.k, L::kVj, p.v, chunk - 1);
+  if (blk.n > 1) issue_chunk(1);
   lasp::cp_async_commit();
 
   block_gates(p, blk, b, h, cum, decay);
-  const float* const cum_i = cum + local * kChunk;
-  float before = 0.f, after = 0.f;  // log-decay of the block's chunks before I (E_I) and after it
-  for (int m = 0; m < local; ++m) before += decay[m];
-  for (int m = local + 1; m < blk.n; ++m) after += decay[m];
-  const float gamma_i = decay[local], a_next = decay[kBlockChunks];
+  const StateView s_in = entering_state(p, blk, bh), d_out = leaving_gradient(p, blk, bh);
+  if (s_in.base) state_tile_hi_lo<DK>(smem, L::kSHi, L::kSLo, s_in, p.Dk, p.Dv, vt);
+  if (d_out.base) state_tile_hi_lo<DK>(smem, L::kDHi, L::kDLo, d_out, p.Dk, p.Dv, vt);
+  for (int i = tid; i < kBlockChunks * kChunk; i += blockDim.x) cols[i] = 0.f;
 
-  float* const rows = p.gate_rows + ((int64_t)vt * 3 * heads + bh) * T;  // x_q; x_k and R follow
-  auto store_rows = [&](int which, const float (&x)[2], auto&& weight) {
+  float* const rows = p.gate_rows + ((int64_t)vt * 4 * heads + bh) * T;  // x_q; x_k, R and C follow
+  auto store_rows = [&](int which, int tok0, const float (&x)[2], auto&& weight) {
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int r = 16 * warp + 8 * hh + g;
       if (t == 0 && tok0 + r < T) rows[which * heads * T + tok0 + r] = x[hh] * weight(r);
     }
   };
-
-  // x_q: pairs (j < s0, u in chunk I): sigma e^{G_u - G_{s0-1}} q_u S_{s0-1} do_u^T.
-  const StateView s_in = entering_state(p, blk, bh);
-  if (s_in.base) state_tile_hi_lo<DK>(smem, L::kHi, L::kLo, s_in, p.Dk, p.Dv, vt);
-  lasp::cp_async_wait<1>();
-  lasp::wg::fence_proxy_async();  // this thread's landed tiles and state writes, visible to wgmma
-  __syncthreads();
-  float xq[2] = {0.f, 0.f};
-  if (s_in.base) {
-    float acc[8][4];
-    state_product<DK>(acc, sbase + L::kQ, sbase + L::kHi, sbase + L::kLo);
-    row_dots(xq, acc, smem + L::kDo, warp, g, t);
-  }
-  store_rows(0, xq, [&](int r) { return p.scale * exp_nonpos(before + cum_i[r]); });
-
-  // x_k: pairs (j in chunk I, u >= s1): e^{G_{s1} - G_j} k_j dH_{s1} v_j^T.
-  __syncthreads();  // every warp's products that read the state tile are done
-  const StateView d_out = leaving_gradient(p, blk, bh);
-  if (d_out.base) state_tile_hi_lo<DK>(smem, L::kHi, L::kLo, d_out, p.Dk, p.Dv, vt);
-  lasp::wg::fence_proxy_async();
-  __syncthreads();
-  float xk[2] = {0.f, 0.f};
-  if (d_out.base) {
-    float acc[8][4];
-    state_product<DK>(acc, sbase + L::kK, sbase + L::kHi, sbase + L::kLo);
-    row_dots(xk, acc, smem + L::kV, warp, g, t);
-  }
-  store_rows(1, xk, [&](int r) { return exp_nonpos((gamma_i - cum_i[r]) + after + a_next); });
-
-  // A: tile pairs (I, J) for J = I, I - 1, .., the block's first chunk.
-  constexpr uint32_t kBlockBytes = kChunk * 128;
-  float* const cols_smem = reinterpret_cast<float*>(smem + L::kCols);
-  float r_part[2] = {0.f, 0.f};  // this thread's share of R, tile by tile
-  for (int jd = 0; jd <= local; ++jd) {
-    const int jl = local - jd;  // chunk J, in the block
-    const uint32_t s_kj = sbase + (jd == 0 ? L::kK : L::kKj), s_vj = sbase + (jd == 0 ? L::kV : L::kVj);
-    if (jd > 0) {
+  const float a_next = decay[kBlockChunks];
+  for (int ci = 0; ci < blk.n; ++ci) {
+    if (ci + 1 < blk.n)
+      lasp::cp_async_wait<1>();
+    else
       lasp::cp_async_wait<0>();
-      lasp::wg::fence_proxy_async();
-      __syncthreads();  // chunk J's tiles have landed, for every thread
-    }
-    // qk = Q_I K_J^T (over Dk), dov = dO_I V_J^T (over the tile's 64 columns).
-    float qk[8][4], dov[8][4];
-    lasp::wg::fence();
-#pragma unroll
-    for (int ks = 0; ks < DK / 16; ++ks) {
-      const uint32_t k_step = kBlockBytes * (ks >> 2) + 32 * (ks & 3);
-      lasp::wg::mma_ss<lasp::wg::Major::kK>(qk, lasp::wg::desc_sw128(sbase + L::kQ + k_step),
-                                            lasp::wg::desc_sw128(s_kj + k_step), ks > 0);
-    }
-#pragma unroll
-    for (int ks = 0; ks < kTileV / 16; ++ks)
-      lasp::wg::mma_ss<lasp::wg::Major::kK>(dov, lasp::wg::desc_sw128(sbase + L::kDo + 32 * ks),
-                                            lasp::wg::desc_sw128(s_vj + 32 * ks), ks > 0);
-    lasp::wg::commit();
-    lasp::wg::wait<0>();
-    lasp::wg::fence_operands(qk);
-    lasp::wg::fence_operands(dov);
+    lasp::wg::fence_proxy_async();  // this thread's landed tiles and state writes, visible to wgmma
+    __syncthreads();                // chunk ci has landed for every thread (and the state tiles are written)
+    const uint32_t s_q = sbase + L::kQ + (ci & 1) * L::kQKTile, s_k = sbase + L::kK + ci * L::kQKTile;
+    const uint8_t* const do_tile = smem + L::kDo + (ci & 1) * L::kVTile;
+    const uint8_t* const v_tile = smem + L::kV + ci * L::kVTile;
+    const float* const cum_i = cum + ci * kChunk;
+    float before = 0.f, after = 0.f;  // log-decay of the block's chunks before ci (E_I) and after it
+    for (int m = 0; m < ci; ++m) before += decay[m];
+    for (int m = ci + 1; m < blk.n; ++m) after += decay[m];
+    const float gamma_i = decay[ci];
+    const int tok0 = blk.s0 + ci * kChunk;
 
-    // A_uj = sigma qk dov e^{G_u - G_j}: within chunk I (jd = 0) for j < u, else with the exponent
-    // b^I_u + (gammas strictly between J and I) + (gamma_J - b^J_j), each part <= 0.
-    const float* const cum_j = cum + jl * kChunk;
-    float between = 0.f;
-    for (int m = jl + 1; m < local; ++m) between += decay[m];
-    const float gamma_j = decay[jl];
-    float col[8][2];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int j = 8 * nt + 2 * t + e;
-        float sum = 0.f;
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int r = 16 * warp + 8 * hh + g;
-          const float w = jd == 0 ? (j < r ? exp_nonpos(cum_i[r] - cum_i[j]) : 0.f)
-                                  : exp_nonpos(cum_i[r] + between + (gamma_j - cum_j[j]));
-          const float x = p.scale * qk[nt][2 * hh + e] * dov[nt][2 * hh + e] * w;
-          r_part[hh] += x;
-          sum += x;
-        }
-        col[nt][e] = sum;
-      }
-    // Column sums: over the warp's 16 rows (lanes of equal t), then over the warps in order.
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float c = col[nt][e];
-        c += __shfl_xor_sync(kAll, c, 4);
-        c += __shfl_xor_sync(kAll, c, 8);
-        c += __shfl_xor_sync(kAll, c, 16);
-        if (g == 0) cols_smem[warp * kChunk + 8 * nt + 2 * t + e] = c;
-      }
-    __syncthreads();
-    if (tid < kChunk) {
-      const float c = cols_smem[tid] + cols_smem[kChunk + tid] + cols_smem[2 * kChunk + tid] +
-                      cols_smem[3 * kChunk + tid];
-      const int64_t pair = (((int64_t)vt * heads + bh) * lasp_sd_num_chunks(T) + blk.first + jl) * kBlockChunks + jd;
-      p.gate_cols[pair * kChunk + tid] = c;
+    // x_q: pairs (j < s0, u in chunk ci): sigma e^{G_u - G_{s0-1}} q_u S_{s0-1} do_u^T; x_k: pairs
+    // (j in chunk ci, u >= s1): e^{G_{s1} - G_j} k_j dH_{s1} v_j^T. One group for both.
+    float xq[2] = {0.f, 0.f}, xk[2] = {0.f, 0.f};
+    {
+      float acc_q[8][4], acc_k[8][4];
+      lasp::wg::fence();
+      if (s_in.base) issue_state_product<DK>(acc_q, s_q, sbase + L::kSHi, sbase + L::kSLo);
+      if (d_out.base) issue_state_product<DK>(acc_k, s_k, sbase + L::kDHi, sbase + L::kDLo);
+      lasp::wg::commit();
+      lasp::wg::wait<0>();
+      lasp::wg::fence_operands(acc_q);
+      lasp::wg::fence_operands(acc_k);
+      if (s_in.base) row_dots(xq, acc_q, do_tile, warp, g, t);
+      if (d_out.base) row_dots(xk, acc_k, v_tile, warp, g, t);
     }
-    __syncthreads();  // cols_smem and chunk J's tiles are free again
-    if (jd >= 1 && jd < local) {
-      copy_chunk(L::kKj, p.k, L::kVj, p.v, blk.first + jl - 1);
+    store_rows(0, tok0, xq, [&](int r) { return p.scale * exp_nonpos(before + cum_i[r]); });
+    store_rows(1, tok0, xk, [&](int r) { return exp_nonpos((gamma_i - cum_i[r]) + after + a_next); });
+
+    // A: tile pairs (ci, cj) for cj = 0 .. ci. R(u) adds the row sums in that order; C(j) of chunk
+    // cj adds the column sums of (cj, cj), (cj + 1, cj), .. in that order (ci ascends).
+    float r_part[2] = {0.f, 0.f};
+    for (int cj = 0; cj <= ci; ++cj) {
+      const uint32_t s_kj = sbase + L::kK + cj * L::kQKTile, s_vj = sbase + L::kV + cj * L::kVTile;
+      float qk[8][4], dov[8][4];  // Q_I K_J^T (over Dk), dO_I V_J^T (over the tile's 64 columns)
+      lasp::wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < DK / 16; ++ks) {
+        const uint32_t k_step = kBlockBytes * (ks >> 2) + 32 * (ks & 3);
+        lasp::wg::mma_ss<lasp::wg::Major::kK>(qk, lasp::wg::desc_sw128(s_q + k_step),
+                                              lasp::wg::desc_sw128(s_kj + k_step), ks > 0);
+      }
+      const uint32_t s_do = sbase + L::kDo + (ci & 1) * L::kVTile;
+#pragma unroll
+      for (int ks = 0; ks < kTileV / 16; ++ks)
+        lasp::wg::mma_ss<lasp::wg::Major::kK>(dov, lasp::wg::desc_sw128(s_do + 32 * ks),
+                                              lasp::wg::desc_sw128(s_vj + 32 * ks), ks > 0);
+      lasp::wg::commit();
+      lasp::wg::wait<0>();
+      lasp::wg::fence_operands(qk);
+      lasp::wg::fence_operands(dov);
+
+      // A_uj = sigma qk dov e^{G_u - G_j}: within the chunk (cj = ci) for j < u, else with the
+      // exponent b^I_u + (gammas strictly between J and I) + (gamma_J - b^J_j), each part <= 0.
+      const float* const cum_j = cum + cj * kChunk;
+      float between = 0.f;
+      for (int m = cj + 1; m < ci; ++m) between += decay[m];
+      const float gamma_j = decay[cj];
+      float col[8][2];
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int j = 8 * nt + 2 * t + e;
+          float sum = 0.f;
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int r = 16 * warp + 8 * hh + g;
+            const float w = cj == ci ? (j < r ? exp_nonpos(cum_i[r] - cum_i[j]) : 0.f)
+                                     : exp_nonpos(cum_i[r] + between + (gamma_j - cum_j[j]));
+            const float x = p.scale * qk[nt][2 * hh + e] * dov[nt][2 * hh + e] * w;
+            r_part[hh] += x;
+            sum += x;
+          }
+          col[nt][e] = sum;
+        }
+      // Column sums: over the warp's 16 rows (lanes of equal t), then over the warps in order.
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float c = col[nt][e];
+          c += __shfl_xor_sync(kAll, c, 4);
+          c += __shfl_xor_sync(kAll, c, 8);
+          c += __shfl_xor_sync(kAll, c, 16);
+          if (g == 0) warp_cols[warp * kChunk + 8 * nt + 2 * t + e] = c;
+        }
+      __syncthreads();
+      if (tid < kChunk)
+        cols[cj * kChunk + tid] += warp_cols[tid] + warp_cols[kChunk + tid] + warp_cols[2 * kChunk + tid] +
+                                   warp_cols[3 * kChunk + tid];
+      __syncthreads();  // warp_cols is free again
+    }
+    float r_sum[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      r_sum[hh] = r_part[hh];
+      r_sum[hh] += __shfl_xor_sync(kAll, r_sum[hh], 1);
+      r_sum[hh] += __shfl_xor_sync(kAll, r_sum[hh], 2);
+    }
+    store_rows(2, tok0, r_sum, [](int) { return 1.f; });
+    // Every warp is done with chunk ci's Q and dO buffer (the barrier above): chunk ci + 2 there.
+    if (ci + 2 < blk.n) {
+      issue_chunk(ci + 2);
       lasp::cp_async_commit();
     }
   }
-  float r_sum[2];
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    r_sum[hh] = r_part[hh];
-    r_sum[hh] += __shfl_xor_sync(kAll, r_sum[hh], 1);
-    r_sum[hh] += __shfl_xor_sync(kAll, r_sum[hh], 2);
-  }
-  store_rows(2, r_sum, [](int) { return 1.f; });
+  for (int i = tid; i < blk.n * kChunk; i += blockDim.x)
+    if (blk.s0 + i < T) rows[3 * heads * T + blk.s0 + i] = cols[i];
 }
 #else
 // The gate terms' products are written for wgmma (sm_90a); the host launches the backward nowhere
@@ -489,7 +493,7 @@ extern "C" __global__ void __launch_bounds__(LASP_SDB_TERM_THREADS)
 }
 
 // Per (block, b*H+h), a thread per token u of the block: dg_u = Z + sum_{i >= u} (x_q + R - C)_i +
-// sum_{j < u} x_k(j) (C: the column sums of u's tile pairs), the Dv tiles' parts added in order and
+// sum_{j < u} x_k(j), the Dv tiles' parts added in order and
 // the block's sums in fp64; and the CTAs of (b, h) share the writing of dh0 = sigma e^{a_0} (dH_0 / sigma).
 // grid lasp_sdb_gate_grad_grid, block LASP_SDB_GRAD_THREADS.
 extern "C" __global__ void __launch_bounds__(LASP_SDB_GRAD_THREADS)
@@ -516,14 +520,10 @@ extern "C" __global__ void __launch_bounds__(LASP_SDB_GRAD_THREADS)
   const bool valid = tok < blk.s1;
   double a = 0.0, bk = 0.0;  // x_q + R - C and x_k of this token
   if (valid) {
-    const int c = tok / kChunk, jl = c - blk.first, r = tok % kChunk;
-    const int nc = lasp_sd_num_chunks(T);
     for (int vt = 0; vt < lasp_sd_num_vtiles(p.Dv); ++vt) {
-      const float* rows = p.gate_rows + ((int64_t)vt * 3 * heads + bh) * T + tok;
-      a += (double)rows[0] + (double)rows[2 * heads * T];
+      const float* rows = p.gate_rows + ((int64_t)vt * 4 * heads + bh) * T + tok;
+      a += (double)rows[0] + (double)rows[2 * heads * T] - (double)rows[3 * heads * T];
       bk += (double)rows[heads * T];
-      const float* cols = p.gate_cols + ((((int64_t)vt * heads + bh) * nc + c) * kBlockChunks) * kChunk + r;
-      for (int d = 0; d < blk.n - jl; ++d) a -= (double)cols[d * kChunk];
     }
   }
   double total_a, total_b;

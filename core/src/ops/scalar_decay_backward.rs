@@ -53,20 +53,26 @@ pub mod geometry {
         )
     }
 
-    /// `lasp_sdb_gate_terms_grid`: one CTA per (chunk, b*H+h, Dv tile).
+    /// `lasp_sdb_gate_terms_grid`: one CTA per (Dv tile, block, b*H+h).
     pub const fn gate_terms_grid(b: i32, t: i32, h: i32, dv: i32) -> (u32, u32, u32) {
         (
-            sd::num_chunks(t) as u32,
-            (b * h) as u32,
             sd::num_vtiles(dv) as u32,
+            sd::num_blocks(t) as u32,
+            (b * h) as u32,
         )
     }
 
     /// `lasp_sdb_gate_terms_smem_bytes`.
     pub const fn gate_terms_smem_bytes(dk: i32) -> u32 {
         let (c, dk, tv) = (sd::CHUNK as u32, dk as u32, sd::TILE_V as u32);
-        let (qk, vtile) = (c * dk * 2, c * tv * 2);
-        3 * qk + 3 * vtile + 2 * dk * tv * 2 + sd::BLOCK_CHUNKS as u32 * c * 4 + 64 + 4 * c * 4
+        let (qk, vtile, chunks) = (c * dk * 2, c * tv * 2, sd::BLOCK_CHUNKS as u32);
+        chunks * (qk + vtile)
+            + 2 * (qk + vtile)
+            + 4 * dk * tv * 2
+            + chunks * c * 4
+            + 64
+            + 4 * c * 4
+            + chunks * c * 4
     }
 
     /// `lasp_sdb_gate_grad_grid`: one CTA per (block, b*H+h).
@@ -99,22 +105,11 @@ pub mod geometry {
         rev_blocks_offset(b, t, h, dk, dv) + block_states_bytes(b, t, h, dk, dv)
     }
 
-    /// `lasp_sdb_gate_cols_offset`: after x_q, x_k and R of every token and Dv tile.
-    pub const fn gate_cols_offset(b: i32, t: i32, h: i32, dk: i32, dv: i32) -> u64 {
-        let rows = sd::num_vtiles(dv) as u64 * 3 * b as u64 * h as u64 * t as u64 * 4;
-        gate_rows_offset(b, t, h, dk, dv) + rows.div_ceil(16) * 16
-    }
-
-    /// `lasp_sdb_workspace_bytes`.
+    /// `lasp_sdb_workspace_bytes`: after the gate rows, x_q, x_k, R and C of every token and Dv
+    /// tile.
     pub const fn workspace_bytes(b: i32, t: i32, h: i32, dk: i32, dv: i32) -> u64 {
-        let cols = sd::num_vtiles(dv) as u64
-            * b as u64
-            * h as u64
-            * sd::num_chunks(t) as u64
-            * sd::BLOCK_CHUNKS as u64
-            * sd::CHUNK as u64
-            * 4;
-        gate_cols_offset(b, t, h, dk, dv) + cols
+        gate_rows_offset(b, t, h, dk, dv)
+            + sd::num_vtiles(dv) as u64 * 4 * b as u64 * h as u64 * t as u64 * 4
     }
 
     /// `lasp_sdb_dk_starts_offset`: the reversed passes' workspace holds the dv pass's starts
@@ -141,7 +136,7 @@ pub mod geometry {
     }
 }
 
-/// The C struct `lasp_sd_bwd_params` (200 bytes). Device pointers are raw addresses; NULL (0)
+/// The C struct `lasp_sd_bwd_params` (192 bytes). Device pointers are raw addresses; NULL (0)
 /// where a tensor is absent.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -164,7 +159,6 @@ pub struct BackwardParams {
     pub fwd_blocks: u64,
     pub rev_blocks: u64,
     pub gate_rows: u64,
-    pub gate_cols: u64,
     pub dg: u64,
     pub dh0: u64,
     pub b: i32,
@@ -456,7 +450,6 @@ impl ScalarDecayBackward {
             fwd_blocks: ws + geometry::fwd_blocks_offset(b, h, dk, dv),
             rev_blocks: ws + geometry::rev_blocks_offset(b, t, h, dk, dv),
             gate_rows: ws + geometry::gate_rows_offset(b, t, h, dk, dv),
-            gate_cols: ws + geometry::gate_cols_offset(b, t, h, dk, dv),
             dg: args.dg.addr(),
             dh0: args.dh0.as_ref().map_or(0, |x| x.addr()),
             b,
@@ -662,7 +655,6 @@ mod tests {
             ("fwd_blocks", offset_of!(BackwardParams, fwd_blocks)),
             ("rev_blocks", offset_of!(BackwardParams, rev_blocks)),
             ("gate_rows", offset_of!(BackwardParams, gate_rows)),
-            ("gate_cols", offset_of!(BackwardParams, gate_cols)),
             ("dg", offset_of!(BackwardParams, dg)),
             ("dh0", offset_of!(BackwardParams, dh0)),
             ("B", offset_of!(BackwardParams, b)),
@@ -679,12 +671,12 @@ mod tests {
             rust.map(|(n, _)| n),
             "field order differs from the header"
         );
-        // 21 pointers, then eight 4-byte fields, as a C compiler lays them out.
+        // 20 pointers, then eight 4-byte fields, as a C compiler lays them out.
         for (i, (name, offset)) in rust.iter().enumerate() {
-            let want = if i < 21 { 8 * i } else { 168 + 4 * (i - 21) };
+            let want = if i < 20 { 8 * i } else { 160 + 4 * (i - 20) };
             assert_eq!(*offset, want, "offset of {name}");
         }
-        assert_eq!(size_of::<BackwardParams>(), 200);
+        assert_eq!(size_of::<BackwardParams>(), 192);
     }
 
     #[test]
@@ -698,38 +690,41 @@ mod tests {
             define("LASP_SDB_TERM_THREADS"),
             geometry::TERM_THREADS as i64
         );
-        assert!(HEADER.contains(
-            "#define LASP_SDB_GRAD_THREADS (LASP_SD_BLOCK_CHUNKS * LASP_SD_CHUNK)"
-        ));
+        assert!(
+            HEADER.contains("#define LASP_SDB_GRAD_THREADS (LASP_SD_BLOCK_CHUNKS * LASP_SD_CHUNK)")
+        );
         assert_eq!(geometry::GRAD_THREADS, 256);
         assert_eq!(geometry::state_inputs_grid(4, 16, 128, 64), (8, 64, 1));
-        // A CTA per (chunk, head, Dv tile); a CTA per (block of 4 chunks, head).
-        assert_eq!(geometry::gate_terms_grid(1, 9, 3, 128), (1, 3, 2));
-        assert_eq!(geometry::gate_terms_grid(4, 8192, 16, 64), (128, 64, 1));
+        // A CTA per (Dv tile, block of 4 chunks, head), for both gate kernels.
+        assert_eq!(geometry::gate_terms_grid(1, 9, 3, 128), (2, 1, 3));
+        assert_eq!(geometry::gate_terms_grid(4, 8192, 16, 64), (1, 32, 64));
         assert_eq!(geometry::gate_grad_grid(2, 1, 3), (1, 6, 1));
         assert_eq!(geometry::gate_grad_grid(2, 256, 3), (1, 6, 1));
         assert_eq!(geometry::gate_grad_grid(1, 257, 16), (2, 16, 1));
         assert_eq!(geometry::gate_grad_grid(1, 131072, 16), (512, 16, 1));
-        // Q, K, K_J (16 KiB each at Dk 128), dO, V, V_J tiles (8 KiB), two state tiles (16 KiB),
-        // the gates (1 KiB), the decays (64 B), the column sums (1 KiB).
+        // At Dk 128: K and V tiles of 4 chunks (16 + 8 KiB each), two Q and dO buffers, four state
+        // tiles (16 KiB), the gates (1 KiB), the decays (64 B), the warps' and the block's column
+        // sums (1 KiB each).
         assert_eq!(
             geometry::gate_terms_smem_bytes(128),
-            3 * 16384 + 3 * 8192 + 2 * 16384 + 1024 + 64 + 1024
+            4 * 24576 + 2 * 24576 + 4 * 16384 + 1024 + 64 + 1024 + 1024
         );
         assert_eq!(geometry::state_bytes(1, 2, 64, 128), 65536);
-        // One block: no block states; x_q, x_k, R and the column sums of every token.
+        // One block: no block states; x_q, x_k, R and C of every token.
         let s = 16384u64;
         assert_eq!(geometry::fwd_blocks_offset(1, 1, 64, 64), 4 * s);
         assert_eq!(geometry::rev_blocks_offset(1, 3, 1, 64, 64), 4 * s);
-        assert_eq!(geometry::gate_cols_offset(1, 3, 1, 64, 64), 4 * s + 48);
-        assert_eq!(geometry::workspace_bytes(1, 3, 1, 64, 64), 4 * s + 48 + 4 * 64 * 4);
+        assert_eq!(
+            geometry::workspace_bytes(1, 3, 1, 64, 64),
+            4 * s + 4 * 3 * 4
+        );
         // T = 300: two blocks, one boundary state each way; Dv 128: two tiles.
         let s = 64u64 * 128 * 4;
         assert_eq!(geometry::rev_blocks_offset(1, 300, 1, 64, 128), 5 * s);
         assert_eq!(geometry::gate_rows_offset(1, 300, 1, 64, 128), 6 * s);
         assert_eq!(
             geometry::workspace_bytes(1, 300, 1, 64, 128),
-            6 * s + 2 * 3 * 300 * 4 + 2 * 5 * 4 * 64 * 4
+            6 * s + 2 * 4 * 300 * 4
         );
         // The reversed passes' workspace at B=1, H=3, S=4, Dk=64, Dv=128: three segment starts per
         // head each way, three segment states, 9 log-decays (36 bytes, rounded up to 48).

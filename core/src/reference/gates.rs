@@ -69,19 +69,6 @@ pub(crate) fn reverse_cumsum(dg: &mut [f64], gate_dim: usize) {
     }
 }
 
-/// `dG_t = q_t . dq_t - k_t . dk_t` per gate dimension (summed over Dk for scalar gates): how the
-/// loss moves when every exponent involving `G_t` moves together.
-pub(crate) fn gate_grad_rows(
-    q: &[f64],
-    dq: &[f64],
-    k: &[f64],
-    dk: &[f64],
-    dk_width: usize,
-    gate_dim: usize,
-) -> Vec<f64> {
-    gate_grad_terms(q, dq, k, dk, dk_width, gate_dim, |qdq, kdk| qdq - kdk)
-}
-
 /// `sum_i combine(q_ti dq_ti, k_ti dk_ti)` per row and gate dimension (over all of Dk for scalar
 /// gates).
 pub(crate) fn gate_grad_terms(
@@ -103,15 +90,4 @@ pub(crate) fn gate_grad_terms(
         }
     }
     dg
-}
-
-/// Adds the final-state term of the gate gradient to the last row: `<S_T, d_ht>` for a scalar gate,
-/// `rowsum(S_T (.) d_ht)` for a vector gate.
-pub(crate) fn add_state_term(dg: &mut [f64], gate_dim: usize, state: &[f64], d_ht: &[f64]) {
-    let last = dg.len() - gate_dim;
-    let dk = if gate_dim == 1 { 1 } else { gate_dim };
-    let dv = state.len() / dk;
-    for (i, (srow, drow)) in state.chunks(dv).zip(d_ht.chunks(dv)).enumerate() {
-        dg[last + if gate_dim == 1 { 0 } else { i }] += super::linalg::dot(srow, drow);
-    }
 }

@@ -73,6 +73,17 @@ pub(crate) fn reverse_sweep(
     grads
 }
 
+/// The gate gradient of scalar-decay attention or GLA by the straddling pairs:
+/// `da_{t,i} = e^{a_{t,i}} <dS_t[i], S_{t-1}[i]>` ([`decay_back`]), with `dS_{T-1}` including
+/// `d_ht`. Every term is a sum of decayed pair products on one side of `t`, so even where the
+/// decay is strong (where `dg` is many orders of magnitude below `q . dq`) the result keeps f64's
+/// relative accuracy; the chunkwise rule `dg_t = sum_{u >= t} (q_u . dq_u - k_u . dk_u)` sums
+/// pairs on both sides of `t` that cancel, and loses that accuracy to the cancellation. The
+/// chunkwise references take their `dg` from here.
+pub(crate) fn decay_gate_grad(h: &Head, d_o: &[f64], d_ht: &[f64]) -> Vec<f64> {
+    reverse_sweep(h, d_o, d_ht, decay_step, decay_back).dg
+}
+
 /// The decayed update of scalar-decay attention and GLA: `S_t = Diag(e^{a_t}) S_{t-1} + k_t^T v_t`
 /// (a scalar gate decays every row alike).
 pub(crate) fn decay_step(h: &Head, t: usize, s: &mut [f64]) {

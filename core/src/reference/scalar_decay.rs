@@ -10,14 +10,14 @@
 //! evaluated only where `r >= j`.
 
 use super::error::ReferenceError;
-use super::gates::{add_state_term, chunk_local_cumsum, gate_grad_rows, reverse_cumsum};
+use super::gates::chunk_local_cumsum;
 use super::head::{
     backward_heads, chunk_states_heads, entry_states, forward_heads, Head, HeadGrads,
 };
 use super::inputs::{Family, Inputs};
 use super::linalg::{axpy, dot, mat_vec_add, outer_add, vec_mat_add};
 use super::outputs::{Forward, Grads};
-use super::recurrent::{decay_back, decay_step, forward_sweep, reverse_sweep};
+use super::recurrent::{decay_back, decay_gate_grad, decay_step, forward_sweep, reverse_sweep};
 use super::tensor::Tensor;
 use super::validate::check_chunk;
 
@@ -128,7 +128,7 @@ fn chunk_forward_head(h: &Head, chunk: usize) -> (Vec<f64>, Vec<f64>) {
 fn chunk_backward_head(h: &Head, chunk: usize, d_o: &[f64], d_ht: &[f64]) -> HeadGrads {
     let (dk, dv, sigma) = (h.dk, h.dv, h.scale);
     // Chunk-entry states S_n, recomputed as fla's backward does (`chunk_fwd_h`, fp32 states).
-    let (states, final_state) = entry_states(h, chunk, chunk_step);
+    let (states, _) = entry_states(h, chunk, chunk_step);
     let mut g = HeadGrads::zeros(h);
     // ds holds dS_{n+1} while chunk n is processed.
     let mut ds = d_ht.to_vec();
@@ -174,8 +174,6 @@ fn chunk_backward_head(h: &Head, chunk: usize, d_o: &[f64], d_ht: &[f64]) -> Hea
         }
     }
     g.dh0 = ds;
-    g.dg = gate_grad_rows(&h.q, &g.dq, &h.k, &g.dk, dk, 1);
-    add_state_term(&mut g.dg, 1, &final_state, d_ht);
-    reverse_cumsum(&mut g.dg, 1);
+    g.dg = decay_gate_grad(h, d_o, d_ht);
     g
 }

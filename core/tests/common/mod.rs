@@ -2,8 +2,8 @@
 //! reference_lasp2.rs): the problem, the tolerance and the comparisons.
 
 use lasp_shmem::reference::{
-    assert_close_to_scale, assert_rel_close, delta_rule, gla, lasp2, scalar_decay, Family, Forward,
-    Grads, InputSpec, Inputs, Regime, Shape, Tensor,
+    assert_rel_close, delta_rule, gla, lasp2, scalar_decay, Family, Forward, Grads, InputSpec,
+    Inputs, Regime, Shape, Tensor,
 };
 
 /// Relative tolerance between two f64 evaluations of the same sums in different orders (each
@@ -40,22 +40,22 @@ pub fn check_forward(tag: &str, o: &Tensor, final_state: &Tensor, want: &Forward
     check(&format!("{tag}: S_T"), final_state, &want.final_state);
 }
 
-/// Every gradient; `dg` against [`Grads::gate_grad_scale`], since under strong decay it is a
-/// difference of nearly equal terms.
-pub fn check_grads(tag: &str, inputs: &Inputs, got: &Grads, want: &Grads) {
+/// Every gradient, each relative to its own norm: the gate gradients of the references are sums
+/// of straddling pairs (`reference::recurrent`), with nothing to cancel, so f64's accuracy holds
+/// for them too, even under strong decay. (Each test binary compiles this module; reference_lasp2.rs
+/// uses this one.)
+#[allow(dead_code)]
+pub fn check_grads(tag: &str, got: &Grads, want: &Grads) {
+    check_grads_but_dg(tag, got, want);
+    check(&format!("{tag}: dg"), &got.dg, &want.dg);
+}
+
+/// [`check_grads`] without dg, for two evaluations whose dg comes from the same computation.
+pub fn check_grads_but_dg(tag: &str, got: &Grads, want: &Grads) {
     check(&format!("{tag}: dq"), &got.dq, &want.dq);
     check(&format!("{tag}: dk"), &got.dk, &want.dk);
     check(&format!("{tag}: dv"), &got.dv, &want.dv);
     check(&format!("{tag}: dh0"), &got.dh0, &want.dh0);
-    let scale = want.gate_grad_scale(inputs);
-    assert_close_to_scale(
-        &format!("{tag}: dg"),
-        got.dg.data(),
-        want.dg.data(),
-        scale,
-        TOL,
-    )
-    .unwrap();
     match (&got.dbeta, &want.dbeta) {
         (Some(got), Some(want)) => check(&format!("{tag}: dbeta"), got, want),
         (None, None) => {}

@@ -5,13 +5,12 @@
 use super::{add, fold_prefix_states, fold_suffix_states, local_passes, state_shape};
 use super::{split_shards, split_time, Lasp2Backward, Lasp2Forward, RankForward, ShardMap};
 use crate::reference::error::ReferenceError;
-use crate::reference::gates::{
-    add_state_term, gate_grad_rows, reverse_cumsum, shard_cumsum, suffix_sums, total,
-};
+use crate::reference::gates::{shard_cumsum, suffix_sums, total};
 use crate::reference::head::Head;
 use crate::reference::inputs::{Family, Inputs};
 use crate::reference::linalg::{axpy, mat_vec_add, vec_mat_add};
 use crate::reference::outputs::{Forward, Grads};
+use crate::reference::recurrent::decay_gate_grad;
 use crate::reference::tensor::Tensor;
 use crate::reference::validate::{check_chunk, check_cotangents, check_shape};
 use crate::reference::{gla, scalar_decay};
@@ -278,7 +277,6 @@ pub fn backward(
     for (w, grads) in ranks.iter_mut().enumerate() {
         let boundary = Boundary {
             p: &fwd.prefixes[w],
-            p_next: &fwd.prefixes[w + 1],
             lambda: &fwd.summaries[w].lambda,
             d: &suffixes[w],
         };
@@ -291,8 +289,6 @@ pub fn backward(
 struct Boundary<'a> {
     /// `P_w`, the state entering the rank.
     p: &'a Tensor,
-    /// `P_{w+1} = e^{Lambda_w} (.) P_w + M_w`, the state leaving it.
-    p_next: &'a Tensor,
     /// `Lambda_w`.
     lambda: &'a Tensor,
     /// `D_w`, the gradient with respect to the state leaving it.
@@ -300,9 +296,10 @@ struct Boundary<'a> {
 }
 
 impl Boundary<'_> {
-    /// Adds to a zero-state local backward the terms from `P_w` and `D_w`: dq, dk, dv, their gate
-    /// terms and the boundary gate term reverse-cumsummed within the shard, and
-    /// `e^{Lambda_w} (.) D_w` to `dh0` (making it the gradient with respect to `P_w`).
+    /// Adds to a zero-state local backward the terms from `P_w` and `D_w` to dq, dk and dv, and
+    /// `e^{Lambda_w} (.) D_w` to `dh0` (making it the gradient with respect to `P_w`); the gate
+    /// gradient is the shard's straddling pairs from `P_w` and `D_w`
+    /// ([`decay_gate_grad`], exact where the decay is strong).
     fn add_terms(&self, shard: &Inputs, chunk: usize, d_o: &Tensor, grads: &mut Grads) {
         let s = shard.shape;
         let (dk, dv) = (s.dk, s.dv);
@@ -333,9 +330,6 @@ impl Boundary<'_> {
                         d,
                     );
                 }
-                let mut ddg = gate_grad_rows(&head.q, &ddq, &head.k, &ddk, dk, gd);
-                add_state_term(&mut ddg, gd, self.p_next.block(b, h), d);
-                reverse_cumsum(&mut ddg, gd);
                 let add_rows = |t: &mut Tensor, extra: &[f64]| {
                     let mut rows = t.head_rows(b, h);
                     axpy(&mut rows, 1.0, extra);
@@ -343,8 +337,14 @@ impl Boundary<'_> {
                 };
                 add_rows(&mut grads.dq, &ddq);
                 add_rows(&mut grads.dk, &ddk);
-                add_rows(&mut grads.dg, &ddg);
                 grads.dv.set_head_rows(b, h, &dv_rows);
+                let from_p = Head {
+                    h0: p.to_vec(),
+                    ..head
+                };
+                grads
+                    .dg
+                    .set_head_rows(b, h, &decay_gate_grad(&from_p, &d_o_rows, d));
             }
         }
         add(&mut grads.dh0, &decay_rows(self.d, self.lambda));

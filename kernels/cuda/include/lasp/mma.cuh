@@ -93,15 +93,13 @@ __device__ __forceinline__ void cp_async_wait() {
 // multiple of 32) have arrived. sync: count this warp in and wait for the phase to complete;
 // arrive: count this warp in and go on (the producer side of a producer / consumer handshake).
 // bar.sync and bar.arrive are the .aligned forms: every thread of the warp must execute the same
-// instruction converged. A warp may reach them after lane-divergent code (the loading warp's
-// single-lane tensor copies), and independent thread scheduling does not promise reconvergence
-// there, so both first converge the warp (compute-sanitizer's synccheck rejects the divergent form).
+// instruction converged. Independent thread scheduling does not promise reconvergence after
+// lane-divergent code, so a warp that reaches one from such code converges first (__syncwarp;
+// compute-sanitizer's synccheck rejects the divergent form).
 __device__ __forceinline__ void named_barrier_sync(int id, int count) {
-  __syncwarp();
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 __device__ __forceinline__ void named_barrier_arrive(int id, int count) {
-  __syncwarp();
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 

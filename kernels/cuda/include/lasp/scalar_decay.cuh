@@ -68,15 +68,13 @@ __device__ __forceinline__ float fold_step(float prefix, float lambda, float m) 
 }
 
 // Async copy of a [kChunk x 8*kRowChunks] bf16 tile whose row r starts at row0 + r*stride (elements)
-// into swizzled shared memory at dst (lasp::swizzle with kChunk rows). Rows outside
-// [first_valid, valid_rows) are zero-filled (the ragged chunk of a sequence; a reversed loop's
-// leading virtual tokens) and not read: `mapped` is any mapped address the zero-filling copies
-// name instead (row0 itself may lie outside the tensor).
+// into swizzled shared memory at dst (lasp::swizzle with kChunk rows). Rows >= valid_rows are
+// zero-filled (ragged last chunk).
 // Thread tid always copies 16-byte chunk tid % kRowChunks of rows tid / kRowChunks + i*kRowStep:
 // consecutive threads read consecutive 16 B of a row, and the shared offsets step by constants.
 template <int kRowChunks>
-__device__ __forceinline__ void copy_tile_async(uint32_t dst, const uint16_t* row0, int64_t stride, int first_valid,
-                                                int valid_rows, const uint16_t* mapped, int tid) {
+__device__ __forceinline__ void copy_tile_async(uint32_t dst, const uint16_t* row0, int64_t stride, int valid_rows,
+                                                int tid) {
   constexpr int kRowStep = kThreads / kRowChunks;
   constexpr int kPerThread = kChunk / kRowStep;
   static_assert(kRowStep % 8 == 0 && kPerThread * kRowStep == kChunk, "rows must keep their swizzle phase");
@@ -84,6 +82,28 @@ __device__ __forceinline__ void copy_tile_async(uint32_t dst, const uint16_t* ro
   const uint16_t* src = row0 + r0 * stride + c * 8;
   const int64_t src_step = kRowStep * stride;
   dst += swizzle(r0, c, kChunk);  // rows r0 + i*kRowStep share r0 % 8, hence the swizzle
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const bool ok = r0 + i * kRowStep < valid_rows;
+    cp_async_16(dst + i * kRowStep * 128, ok ? src : row0, ok);
+    src += src_step;
+  }
+}
+
+// copy_tile_async for a chunk whose first rows may be virtual too: rows outside [first_valid,
+// valid_rows) are zero-filled and not read, and `mapped` is the mapped address the zero-filling
+// copies name (row0 itself may lie outside the tensor: a reversed loop's leading virtual tokens).
+template <int kRowChunks>
+__device__ __forceinline__ void copy_tile_range_async(uint32_t dst, const uint16_t* row0, int64_t stride,
+                                                      int first_valid, int valid_rows, const uint16_t* mapped,
+                                                      int tid) {
+  constexpr int kRowStep = kThreads / kRowChunks;
+  constexpr int kPerThread = kChunk / kRowStep;
+  static_assert(kRowStep % 8 == 0 && kPerThread * kRowStep == kChunk, "rows must keep their swizzle phase");
+  const int r0 = tid / kRowChunks, c = tid % kRowChunks;
+  const uint16_t* src = row0 + r0 * stride + c * 8;
+  const int64_t src_step = kRowStep * stride;
+  dst += swizzle(r0, c, kChunk);
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
     const int r = r0 + i * kRowStep;
@@ -697,13 +717,24 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
     const uint32_t stage = sbase + L::stage(i);
     const uint32_t gates = sbase + L::gates(i);
     const int tok0 = (c_begin + i) * kChunk;
-    const int lo = axis.first_valid_row(tok0), hi = axis.valid_rows(tok0);
-    copy_tile_async<kQKChunks>(stage + L::kQ, q + tok0 * qk_stride, qk_stride, lo, hi, a.q, tid);
-    copy_tile_async<kQKChunks>(stage + L::kK, k + tok0 * qk_stride, qk_stride, lo, hi, a.k, tid);
-    copy_tile_async<kVChunks>(stage + L::kV, v + tok0 * v_stride, v_stride, lo, hi, a.v, tid);
-    if (tid < kChunk) {
-      const bool ok = axis.is_gate_read(tok0 + tid);
-      cp_async_4(gates + 4 * tid, ok ? gate + (tok0 + tid) * axis.step : a.g, ok);
+    if constexpr (kReversed) {
+      const int lo = axis.first_valid_row(tok0), hi = axis.valid_rows(tok0);
+      copy_tile_range_async<kQKChunks>(stage + L::kQ, q + tok0 * qk_stride, qk_stride, lo, hi, a.q, tid);
+      copy_tile_range_async<kQKChunks>(stage + L::kK, k + tok0 * qk_stride, qk_stride, lo, hi, a.k, tid);
+      copy_tile_range_async<kVChunks>(stage + L::kV, v + tok0 * v_stride, v_stride, lo, hi, a.v, tid);
+      if (tid < kChunk) {
+        const bool ok = axis.is_gate_read(tok0 + tid);
+        cp_async_4(gates + 4 * tid, ok ? gate + (tok0 + tid) * axis.step : a.g, ok);
+      }
+    } else {
+      const int valid = min(kChunk, T - tok0);
+      copy_tile_async<kQKChunks>(stage + L::kQ, q + tok0 * qk_stride, qk_stride, valid, tid);
+      copy_tile_async<kQKChunks>(stage + L::kK, k + tok0 * qk_stride, qk_stride, valid, tid);
+      copy_tile_async<kVChunks>(stage + L::kV, v + tok0 * v_stride, v_stride, valid, tid);
+      if (tid < kChunk) {
+        const bool ok = tid < valid;
+        cp_async_4(gates + 4 * tid, ok ? gate + (tok0 + tid) * axis.step : gate, ok);
+      }
     }
   };
 
@@ -770,7 +801,7 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int tok = tok0 + 16 * warp + 8 * hh + g;
-      if (store && axis.is_token(tok)) {
+      if (store && (kReversed ? axis.is_token(tok) : tok < T)) {
         uint16_t* dst = o_tile + tok * v_stride;
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) *reinterpret_cast<uint32_t*>(dst + 8 * nt) = o_pair(nt, hh);
@@ -859,12 +890,22 @@ __device__ __forceinline__ void run_states_segment(const SegmentArgs& a, End&& e
   auto issue_step = [&](int j) {
     const uint32_t stage = sbase + L::stage(j);
     const int tok0 = (a.c_begin + a.n_chunks - 1 - j) * kChunk;
-    const int lo = axis.first_valid_row(tok0), hi = axis.valid_rows(tok0);
-    copy_tile_async<DK / 8>(stage + L::kK, k + tok0 * k_stride, k_stride, lo, hi, a.k, tid);
-    copy_tile_async<kTileV / 8>(stage + L::kV, v + tok0 * v_stride, v_stride, lo, hi, a.v, tid);
-    if (tid < kChunk) {
-      const bool ok = axis.is_gate_read(tok0 + tid);
-      cp_async_4(sbase + L::gates(j) + 4 * tid, ok ? gate + (tok0 + tid) * axis.step : a.g, ok);
+    if constexpr (kReversed) {
+      const int lo = axis.first_valid_row(tok0), hi = axis.valid_rows(tok0);
+      copy_tile_range_async<DK / 8>(stage + L::kK, k + tok0 * k_stride, k_stride, lo, hi, a.k, tid);
+      copy_tile_range_async<kTileV / 8>(stage + L::kV, v + tok0 * v_stride, v_stride, lo, hi, a.v, tid);
+      if (tid < kChunk) {
+        const bool ok = axis.is_gate_read(tok0 + tid);
+        cp_async_4(sbase + L::gates(j) + 4 * tid, ok ? gate + (tok0 + tid) * axis.step : a.g, ok);
+      }
+    } else {
+      const int valid = min(kChunk, T - tok0);
+      copy_tile_async<DK / 8>(stage + L::kK, k + tok0 * k_stride, k_stride, valid, tid);
+      copy_tile_async<kTileV / 8>(stage + L::kV, v + tok0 * v_stride, v_stride, valid, tid);
+      if (tid < kChunk) {
+        const bool ok = tid < valid;
+        cp_async_4(sbase + L::gates(j) + 4 * tid, ok ? gate + (tok0 + tid) * axis.step : gate, ok);
+      }
     }
   };
 
@@ -1130,6 +1171,7 @@ __device__ __forceinline__ void run_roles_segment_with(const SegmentArgs& a, con
     // i, past its reads of chunk i - 1: chunk i + kRolesStages - 1 goes there. This warp takes
     // part in every phase, and waits for each (an arrival could count towards the phase before).
     for (int i = 0; i < n_chunks; ++i) {
+      __syncwarp();  // issue_chunk's single-lane copies diverged the warp; bar.sync needs it whole
       named_barrier_sync(B::kSbfFull + i % 2, kAll);
       if (i >= 1 && i + kRolesStages - 1 < n_chunks) issue_chunk(i + kRolesStages - 1);
     }

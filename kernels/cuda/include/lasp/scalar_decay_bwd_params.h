@@ -20,8 +20,8 @@
 //   lasp_sd_bwd_reversed_starts  the dv pass's start states: segment 0's dht / sigma, segment s + 1's
 //                             P_{s+1} = e^{Lambda_s} P_s + R_s (R_s, Lambda_s: the reversed states
 //                             pass's), and their transposes, the dk pass's
-//   lasp_sd_bwd_gate_terms_dk{64,128}  per (chunk, b*H+h, Dv tile): the gate gradient's terms of the
-//                             chunk's tokens (below)
+//   lasp_sd_bwd_gate_terms_dk{64,128}  per (Dv tile, block, b*H+h): the gate gradient's terms of the
+//                             block's tokens (below)
 //   lasp_sd_bwd_gate_grad     per (block, b*H+h): dg of the block's tokens, and dh0 = sigma e^{a_0} dH_0
 //
 // Gate gradient. With S_t the state after token t (S_{-1} = h0) and dH_t = dL/dS_t (dH_{T-1} includes
@@ -41,9 +41,8 @@
 // chunk-local cumsums, each part <= 0. For A, per token u the row sum R_u = sum_{s0 <= j < u} A_uj and
 // column sum C_u = sum_{u < i < s1} A_iu give the straddling sum as the suffix sum of R - C (the same
 // fp32 values on both sides, so only fp32 rounding is left of what cancels). gate_terms writes x_q,
-// x_k and R per token and the column sums per tile pair, each per Dv tile (the (do . v) factor is split
-// over the tiles); gate_grad adds the tiles in order and scans the block in fp64. Every order is fixed:
-// the same bits on every run.
+// x_k, R and C per token and Dv tile (the (do . v) factor is split over the tiles); gate_grad adds
+// the tiles in order and scans the block in fp64. Every order is fixed: the same bits on every run.
 #pragma once
 #include <stdint.h>
 
@@ -59,7 +58,7 @@
 
 #define LASP_SDB_STATE_TILE 32       // lasp_sd_bwd_state_inputs and _reversed_starts: one CTA per
 #define LASP_SDB_STATE_THREADS 256   // 32 x 32 tile of a state (32 columns x 8 rows of threads)
-#define LASP_SDB_TERM_THREADS 128    // lasp_sd_bwd_gate_terms: one warpgroup per (chunk, b*H+h, Dv tile)
+#define LASP_SDB_TERM_THREADS 128    // lasp_sd_bwd_gate_terms: one warpgroup per (Dv tile, block, b*H+h)
 #define LASP_SDB_GRAD_THREADS (LASP_SD_BLOCK_CHUNKS * LASP_SD_CHUNK)  // lasp_sd_bwd_gate_grad: a thread per token
 
 typedef struct {
@@ -80,9 +79,7 @@ typedef struct {
   const float* dh0_scaled;  // fp32 [B, H, Dk, Dv]: the dv pass's final state dH_0 / sigma (read when dh0)
   const float* fwd_blocks;  // fp32 [B*H][blocks-1][Dv, Dk]: S^T at the block boundaries (the dq pass's)
   const float* rev_blocks;  // fp32 [B*H][blocks-1][Dk, Dv]: dH / sigma there (the dv pass's)
-  float* gate_rows;         // fp32 [Dv/64][3][B*H][T]: per Dv tile, x_q, x_k and R of every token
-  float* gate_cols;         // fp32 [Dv/64][B*H][chunks][LASP_SD_BLOCK_CHUNKS][64]: per Dv tile, the column
-                            // sums of tile pair (chunk I, chunk J <= I of its block) at [J][I - J]
+  float* gate_rows;         // fp32 [Dv/64][4][B*H][T]: per Dv tile, x_q, x_k, R and C of every token
   float* dg;                // fp32 [B, T, H]: the log-decays' gradient
   float* dh0;               // fp32 [B, H, Dk, Dv] or NULL to skip
   int32_t B;
@@ -105,20 +102,21 @@ LASP_SDB_FN lasp_sdb_dim3 lasp_sdb_state_inputs_grid(int32_t B, int32_t H, int32
   return d;
 }
 
-// One CTA per (chunk, b*H+h, Dv tile).
+// One CTA per (Dv tile, block, b*H+h); x fastest, so the Dv tiles of a block share Q and K in L2.
 LASP_SDB_FN lasp_sdb_dim3 lasp_sdb_gate_terms_grid(int32_t B, int32_t T, int32_t H, int32_t Dv) {
-  lasp_sdb_dim3 d = {(uint32_t)lasp_sd_num_chunks(T), (uint32_t)(B * H), (uint32_t)lasp_sd_num_vtiles(Dv)};
+  lasp_sdb_dim3 d = {(uint32_t)lasp_sd_num_vtiles(Dv), (uint32_t)lasp_sd_num_blocks(T), (uint32_t)(B * H)};
   return d;
 }
 
-// Dynamic shared memory of lasp_sd_bwd_gate_terms_dk*: Q, K of the chunk, its dO and V tiles, the hi
-// and lo bf16 copies of a [Dk][64] state tile, K and the V tile of an earlier chunk of the block, the
-// block's chunk-local cumsums (+ the chunks' total log-decays and the next token's), and the warps'
-// column sums.
+// Dynamic shared memory of lasp_sd_bwd_gate_terms_dk*: K and the V tile of every chunk of a block, two
+// buffers of Q and the dO tile, the hi and lo bf16 copies of two [Dk][64] state tiles, the block's
+// chunk-local cumsums (+ the chunks' total log-decays and the next token's), the warps' column sums
+// and the block's C.
 LASP_SDB_FN uint32_t lasp_sdb_gate_terms_smem_bytes(int32_t Dk) {
   const uint32_t qk = LASP_SD_CHUNK * Dk * 2u, vtile = LASP_SD_CHUNK * LASP_SD_TILE_V * 2u;
-  return 3u * qk + 3u * vtile + 2u * Dk * LASP_SD_TILE_V * 2u + LASP_SD_BLOCK_CHUNKS * LASP_SD_CHUNK * 4u + 64u +
-         4u * LASP_SD_CHUNK * 4u;
+  return LASP_SD_BLOCK_CHUNKS * (qk + vtile) + 2u * (qk + vtile) + 4u * Dk * LASP_SD_TILE_V * 2u +
+         LASP_SD_BLOCK_CHUNKS * LASP_SD_CHUNK * 4u + 64u + 4u * LASP_SD_CHUNK * 4u +
+         LASP_SD_BLOCK_CHUNKS * LASP_SD_CHUNK * 4u;
 }
 
 // One CTA per (block, b*H+h).
@@ -128,7 +126,7 @@ LASP_SDB_FN lasp_sdb_dim3 lasp_sdb_gate_grad_grid(int32_t B, int32_t T, int32_t 
 }
 
 // Workspace (bytes, 16-aligned parts): h0_t, dht_scaled, dht_t_scaled, dh0_scaled (one [B, H, Dk, Dv]
-// fp32 state each), the two directions' block states (fwd_blocks, rev_blocks), gate_rows, gate_cols.
+// fp32 state each), the two directions' block states (fwd_blocks, rev_blocks), gate_rows.
 LASP_SDB_FN uint64_t lasp_sdb_state_bytes(int32_t B, int32_t H, int32_t Dk, int32_t Dv) {
   return (uint64_t)B * H * (uint64_t)Dk * Dv * 4u;
 }
@@ -144,14 +142,8 @@ LASP_SDB_FN uint64_t lasp_sdb_rev_blocks_offset(int32_t B, int32_t T, int32_t H,
 LASP_SDB_FN uint64_t lasp_sdb_gate_rows_offset(int32_t B, int32_t T, int32_t H, int32_t Dk, int32_t Dv) {
   return lasp_sdb_rev_blocks_offset(B, T, H, Dk, Dv) + lasp_sdb_block_states_bytes(B, T, H, Dk, Dv);
 }
-LASP_SDB_FN uint64_t lasp_sdb_gate_cols_offset(int32_t B, int32_t T, int32_t H, int32_t Dk, int32_t Dv) {
-  const uint64_t rows = (uint64_t)lasp_sd_num_vtiles(Dv) * 3u * B * H * (uint64_t)T * 4u;
-  return lasp_sdb_gate_rows_offset(B, T, H, Dk, Dv) + (rows + 15u) / 16u * 16u;
-}
 LASP_SDB_FN uint64_t lasp_sdb_workspace_bytes(int32_t B, int32_t T, int32_t H, int32_t Dk, int32_t Dv) {
-  const uint64_t cols = (uint64_t)lasp_sd_num_vtiles(Dv) * B * H * (uint64_t)lasp_sd_num_chunks(T) *
-                        LASP_SD_BLOCK_CHUNKS * LASP_SD_CHUNK * 4u;
-  return lasp_sdb_gate_cols_offset(B, T, H, Dk, Dv) + cols;
+  return lasp_sdb_gate_rows_offset(B, T, H, Dk, Dv) + (uint64_t)lasp_sd_num_vtiles(Dv) * 4u * B * H * (uint64_t)T * 4u;
 }
 
 // The reversed passes' workspace (a second allocation; none when S == 1): dv_starts at 0, dk_starts,
