@@ -26,7 +26,10 @@ for tool in memcheck racecheck synccheck initcheck; do
     NVSHMEM_DISABLE_NCCL=1 "$SANITIZER" --tool "$tool" --error-exitcode 99 --print-limit 20 \
       "$BIN/$check" --quick >"$log" 2>&1
     code=$?
+    # memcheck, synccheck, initcheck: "ERROR SUMMARY: N errors"; racecheck: "RACECHECK SUMMARY: H
+    # hazards displayed (E errors, W warnings)".
     found="$(grep -Eo 'ERROR SUMMARY: [0-9]+' "$log" | tail -n 1 | grep -Eo '[0-9]+$')"
+    [ -z "$found" ] && found="$(grep -Eo 'RACECHECK SUMMARY: .*\(([0-9]+) errors' "$log" | tail -n 1 | grep -Eo '[0-9]+ errors' | grep -Eo '[0-9]+')"
     if [ -z "$found" ]; then
       echo "sanitize: $tool on $check printed no error summary (exit $code); last lines:"
       tail -n 10 "$log" | sed 's/^/    /'
@@ -37,7 +40,11 @@ for tool in memcheck racecheck synccheck initcheck; do
       tail -n 10 "$log" | sed 's/^/    /'
       status=1
     fi
-    [ "$found" -gt 0 ] && status=1
+    if [ "$found" -gt 0 ]; then
+      status=1
+      echo "sanitize: first reports of $tool on $check:"
+      grep -E '^=========' "$log" | grep -v 'COMPUTE-SANITIZER' | head -n 12 | sed 's/^/    /'
+    fi
     [ "$found" -ge 0 ] && errors=$((errors + found))
     echo "sanitize: $tool $check: $found errors (exit $code)"
   done

@@ -135,7 +135,7 @@ struct Block {
   int first;  // its first chunk
   int n;      // its chunks (fewer in the last block)
   int s0, s1; // its tokens [s0, s1)
-  __device__ Block(int block, int T) {
+  __device__ __forceinline__ Block(int block, int T) {
     const int nc = lasp_sd_num_chunks(T);
     index = block;
     first = block * kBlockChunks;
@@ -148,7 +148,7 @@ struct Block {
 // The block's gates: cum[m][r] = b^m_r, the inclusive cumsum of chunk m's log-decays (zero past T),
 // decay[m] = gamma_m = b^m_63 for m < blk.n, and decay[kBlockChunks] = a_{s1} (0 when s1 = T). Warp
 // m scans chunk m with the chunk loops' scan (lasp::sd::scan_gate_pairs). Ends with a barrier.
-__device__ void block_gates(const lasp_sd_bwd_params& p, const Block& blk, int b, int h, float* cum, float* decay) {
+__device__ __forceinline__ void block_gates(const lasp_sd_bwd_params& p, const Block& blk, int b, int h, float* cum, float* decay) {
   for (int i = threadIdx.x; i < kBlockChunks * kChunk; i += blockDim.x) {
     const int tok = blk.s0 + i;
     cum[i] = i < blk.n * kChunk && tok < p.T ? p.g[((int64_t)b * p.T + tok) * p.H + h] : 0.f;
@@ -173,19 +173,20 @@ struct StateView {
   const float* base;
   bool transposed;
   float scale;
-  __device__ float at(int d, int e, int Dk, int Dv) const {
+  __device__ __forceinline__ float at(int d, int e, int Dk, int Dv) const {
+    if (!base) return 0.f;
     return scale * (transposed ? base[(int64_t)e * Dk + d] : base[(int64_t)d * Dv + e]);
   }
 };
 
 // S_{s0-1} (the state entering the block) and dH_{s1} (the gradient with respect to the state
 // leaving it) of block `blk` of head bh.
-__device__ StateView entering_state(const lasp_sd_bwd_params& p, const Block& blk, int64_t bh) {
+__device__ __forceinline__ StateView entering_state(const lasp_sd_bwd_params& p, const Block& blk, int64_t bh) {
   const int64_t n = (int64_t)p.Dk * p.Dv, slots = lasp_sd_num_blocks(p.T) - 1;
   if (blk.index > 0) return {p.fwd_blocks + (bh * slots + blk.index - 1) * n, true, 1.f};
   return {p.h0 ? p.h0 + bh * n : nullptr, false, 1.f};
 }
-__device__ StateView leaving_gradient(const lasp_sd_bwd_params& p, const Block& blk, int64_t bh) {
+__device__ __forceinline__ StateView leaving_gradient(const lasp_sd_bwd_params& p, const Block& blk, int64_t bh) {
   const int64_t n = (int64_t)p.Dk * p.Dv, slots = lasp_sd_num_blocks(p.T) - 1;
   if (blk.s1 < p.T) return {p.rev_blocks + (bh * slots + blk.index) * n, false, p.scale};
   return {p.dht ? p.dht + bh * n : nullptr, false, 1.f};
@@ -218,27 +219,40 @@ struct TermsLayout {
   static constexpr uint32_t kDLo = kDHi + kStateTile;
   static constexpr uint32_t kCum = kDLo + kStateTile;           // block_gates' cum
   static constexpr uint32_t kDecay = kCum + kBlockChunks * kChunk * 4;  // block_gates' decay
-  static constexpr uint32_t kWarpCols = kDecay + 64;            // float [4 warps][64]: a tile's column sums
-  static constexpr uint32_t kCols = kWarpCols + 4 * kChunk * 4; // float [kBlockChunks][64]: C per chunk
-  static constexpr uint32_t kBytes = kCols + kBlockChunks * kChunk * 4;
+  static constexpr uint32_t kCols = kDecay + 64;  // float [4 warps][kBlockChunks][64]: column sums, per warp
+  static constexpr uint32_t kBytes = kCols + 4 * kBlockChunks * kChunk * 4;
   static_assert(kQKTile % 1024 == 0 && kVTile % 1024 == 0 && kStateTile % 1024 == 0, "tiles stay 1024-byte aligned");
   static_assert((kBlockChunks + 1) * 4 <= 64, "decay fits its slot");
 };
 
 // The [DK][64] tile (rows d < DK, columns 64 vt ..) of a state as bf16 hi = bf16(x) and lo =
 // bf16(x - hi) tiles: x = hi + lo to 16 significant bits, so that products with bf16 operands lose
-// no more than fp32 accumulation does.
+// no more than fp32 accumulation does (zeros for a zero state). One warpgroup; its loads go out
+// kBatch at a time, so the tile costs a few round trips to memory instead of one per element.
 template <int DK>
-__device__ void state_tile_hi_lo(uint8_t* smem, uint32_t hi, uint32_t lo, const StateView& st, int Dk, int Dv,
-                                 int vt) {
-  for (int i = threadIdx.x; i < DK * kTileV; i += blockDim.x) {
-    // Walk the stored rows: consecutive threads read consecutive addresses.
-    const int d = st.transposed ? i % DK : i / kTileV, e = st.transposed ? i / DK : i % kTileV;
-    const float x = st.at(d, vt * kTileV + e, Dk, Dv);
-    const uint16_t xh = bf16_bits(x);
-    const uint32_t at = lasp::swizzle(d, e / 8, DK) + 2 * (e % 8);
-    *reinterpret_cast<uint16_t*>(smem + hi + at) = xh;
-    *reinterpret_cast<uint16_t*>(smem + lo + at) = bf16_bits(x - bf16_value(xh));
+__device__ __forceinline__ void state_tile_hi_lo(uint8_t* smem, uint32_t hi, uint32_t lo, const StateView& st, int Dk, int Dv,
+                                 int vt, int tid) {
+  constexpr int kThreads = LASP_SDB_TERM_THREADS / 2, kPerThread = DK * kTileV / kThreads, kBatch = 16;
+  static_assert(kPerThread % kBatch == 0, "whole batches");
+#pragma unroll 1
+  for (int i0 = 0; i0 < kPerThread; i0 += kBatch) {
+    float x[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      // Walk the stored rows: consecutive threads read consecutive addresses.
+      const int i = (i0 + k) * kThreads + tid;
+      const int d = st.transposed ? i % DK : i / kTileV, e = st.transposed ? i / DK : i % kTileV;
+      x[k] = st.at(d, vt * kTileV + e, Dk, Dv);
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int i = (i0 + k) * kThreads + tid;
+      const int d = st.transposed ? i % DK : i / kTileV, e = st.transposed ? i / DK : i % kTileV;
+      const uint16_t xh = bf16_bits(x[k]);
+      const uint32_t at = lasp::swizzle(d, e / 8, DK) + 2 * (e % 8);
+      *reinterpret_cast<uint16_t*>(smem + hi + at) = xh;
+      *reinterpret_cast<uint16_t*>(smem + lo + at) = bf16_bits(x[k] - bf16_value(xh));
+    }
   }
 }
 
@@ -277,26 +291,33 @@ __device__ __forceinline__ void row_dots(float (&out)[2], const float (&acc)[8][
 }
 
 // One CTA: block `blk` of head bh, Dv tile vt (every (do . v) below is over the tile's 64 columns;
-// gate_grad adds the tiles). Walks the block's chunks I in order, the next chunk's tiles landing
-// while one is computed, and writes for every token u of the block x_q(u), x_k(u),
-// R(u) = sum over j < u of the block of A_uj and C(u) = sum over i > u of the block of A_iu.
+// gate_grad adds the tiles), as two warpgroups with roles:
+//   state products (warps 0-3): load every chunk (cp.async, chunk I + 1's landing while chunk I is
+//     computed), build the state tiles, and per chunk x_q(u) and x_k(u) (32 wgmma at Dk 128);
+//   pair tiles (warps 4-7): per chunk I the tiles (I, J) for J = 0 .. I (12 wgmma each at Dk 128):
+//     R(u) = sum over j < u of the block of A_uj, and every warp's column sums, which give
+//     C(u) = sum over i > u of the block of A_iu at the end.
+// The two roles meet at one barrier per chunk (it has landed) and one after it (its buffers are
+// free): a chunk costs the longer role's work instead of both in sequence.
 template <int DK>
 __device__ __forceinline__ void gate_terms(const lasp_sd_bwd_params& p) {
   using L = TermsLayout<DK>;
   static_assert(L::kBytes == lasp_sdb_gate_terms_smem_bytes(DK), "shared-memory map and host formula disagree");
-  static_assert(LASP_SDB_TERM_THREADS == lasp::sd::kThreads, "one warpgroup, loading with the chunk loops' copies");
+  static_assert(LASP_SDB_TERM_THREADS == 2 * lasp::sd::kThreads, "two warpgroups; the first loads with the chunk "
+                                                                 "loops' copies");
   constexpr uint32_t kBlockBytes = kChunk * 128;
   extern __shared__ __align__(1024) uint8_t smem[];
   const uint32_t sbase = lasp::smem_addr(smem);
-  const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const bool products = threadIdx.x < lasp::sd::kThreads;  // else the pair tiles
+  const int tid = threadIdx.x % lasp::sd::kThreads, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2,
+            t = lane & 3;
   const int vt = blockIdx.x;
   const int64_t bh = blockIdx.z, heads = (int64_t)p.B * p.H;
-  const int b = bh / p.H, h = bh % p.H, T = p.T;
+  const int b = (int)bh / p.H, h = (int)bh % p.H, T = p.T;
   const Block blk(blockIdx.y, T);
   float* const cum = reinterpret_cast<float*>(smem + L::kCum);
   float* const decay = reinterpret_cast<float*>(smem + L::kDecay);
-  float* const warp_cols = reinterpret_cast<float*>(smem + L::kWarpCols);
-  float* const cols = reinterpret_cast<float*>(smem + L::kCols);
+  float* const cols = reinterpret_cast<float*>(smem + L::kCols) + warp * kBlockChunks * kChunk;  // this warp's
 
   // Chunk c of the block: K and the V tile to their slots, Q and the dO tile to buffer c % 2.
   // Token tok of (b, h) is row (b T + tok) H + h of the [B, T, H, D] tensors.
@@ -311,16 +332,20 @@ __device__ __forceinline__ void gate_terms(const lasp_sd_bwd_params& p) {
     lasp::sd::copy_tile_async<kTileV / 8>(sbase + L::kDo + (c & 1) * L::kVTile, p.d_o + v_col, v_stride, T - tok,
                                           tid);
   };
-  issue_chunk(0);
-  lasp::cp_async_commit();
-  if (blk.n > 1) issue_chunk(1);
-  lasp::cp_async_commit();
-
-  block_gates(p, blk, b, h, cum, decay);
   const StateView s_in = entering_state(p, blk, bh), d_out = leaving_gradient(p, blk, bh);
-  if (s_in.base) state_tile_hi_lo<DK>(smem, L::kSHi, L::kSLo, s_in, p.Dk, p.Dv, vt);
-  if (d_out.base) state_tile_hi_lo<DK>(smem, L::kDHi, L::kDLo, d_out, p.Dk, p.Dv, vt);
-  for (int i = tid; i < kBlockChunks * kChunk; i += blockDim.x) cols[i] = 0.f;
+  if (products) {
+    issue_chunk(0);
+    lasp::cp_async_commit();
+    if (blk.n > 1) issue_chunk(1);
+    lasp::cp_async_commit();
+  }
+  block_gates(p, blk, b, h, cum, decay);
+  if (products) {
+    state_tile_hi_lo<DK>(smem, L::kSHi, L::kSLo, s_in, p.Dk, p.Dv, vt, tid);
+    state_tile_hi_lo<DK>(smem, L::kDHi, L::kDLo, d_out, p.Dk, p.Dv, vt, tid);
+  } else {
+    for (int i = lane; i < kBlockChunks * kChunk; i += 32) cols[i] = 0.f;
+  }
 
   float* const rows = p.gate_rows + ((int64_t)vt * 4 * heads + bh) * T;  // x_q; x_k, R and C follow
   auto store_rows = [&](int which, int tok0, const float (&x)[2], auto&& weight) {
@@ -332,120 +357,113 @@ __device__ __forceinline__ void gate_terms(const lasp_sd_bwd_params& p) {
   };
   const float a_next = decay[kBlockChunks];
   for (int ci = 0; ci < blk.n; ++ci) {
-    if (ci + 1 < blk.n)
-      lasp::cp_async_wait<1>();
-    else
-      lasp::cp_async_wait<0>();
-    lasp::wg::fence_proxy_async();  // this thread's landed tiles and state writes, visible to wgmma
-    __syncthreads();                // chunk ci has landed for every thread (and the state tiles are written)
-    const uint32_t s_q = sbase + L::kQ + (ci & 1) * L::kQKTile, s_k = sbase + L::kK + ci * L::kQKTile;
-    const uint8_t* const do_tile = smem + L::kDo + (ci & 1) * L::kVTile;
-    const uint8_t* const v_tile = smem + L::kV + ci * L::kVTile;
+    if (products) {
+      if (ci + 1 < blk.n)
+        lasp::cp_async_wait<1>();
+      else
+        lasp::cp_async_wait<0>();
+      lasp::wg::fence_proxy_async();  // this thread's landed tiles and state writes, visible to wgmma
+    }
+    __syncthreads();  // chunk ci has landed (and the state tiles are written), for both roles
+    const uint32_t s_q = sbase + L::kQ + (ci & 1) * L::kQKTile;
+    const uint32_t s_do = sbase + L::kDo + (ci & 1) * L::kVTile;
     const float* const cum_i = cum + ci * kChunk;
-    float before = 0.f, after = 0.f;  // log-decay of the block's chunks before ci (E_I) and after it
-    for (int m = 0; m < ci; ++m) before += decay[m];
-    for (int m = ci + 1; m < blk.n; ++m) after += decay[m];
-    const float gamma_i = decay[ci];
     const int tok0 = blk.s0 + ci * kChunk;
-
-    // x_q: pairs (j < s0, u in chunk ci): sigma e^{G_u - G_{s0-1}} q_u S_{s0-1} do_u^T; x_k: pairs
-    // (j in chunk ci, u >= s1): e^{G_{s1} - G_j} k_j dH_{s1} v_j^T. One group for both.
-    float xq[2] = {0.f, 0.f}, xk[2] = {0.f, 0.f};
-    {
+    if (products) {
+      // x_q: pairs (j < s0, u in chunk ci): sigma e^{G_u - G_{s0-1}} q_u S_{s0-1} do_u^T; x_k: pairs
+      // (j in chunk ci, u >= s1): e^{G_{s1} - G_j} k_j dH_{s1} v_j^T. One group for both.
+      float before = 0.f, after = 0.f;  // log-decay of the block's chunks before ci (E_I) and after it
+      for (int m = 0; m < ci; ++m) before += decay[m];
+      for (int m = ci + 1; m < blk.n; ++m) after += decay[m];
+      const float gamma_i = decay[ci];
+      float xq[2], xk[2];
       float acc_q[8][4], acc_k[8][4];
       lasp::wg::fence();
-      if (s_in.base) issue_state_product<DK>(acc_q, s_q, sbase + L::kSHi, sbase + L::kSLo);
-      if (d_out.base) issue_state_product<DK>(acc_k, s_k, sbase + L::kDHi, sbase + L::kDLo);
+      issue_state_product<DK>(acc_q, s_q, sbase + L::kSHi, sbase + L::kSLo);
+      issue_state_product<DK>(acc_k, sbase + L::kK + ci * L::kQKTile, sbase + L::kDHi, sbase + L::kDLo);
       lasp::wg::commit();
       lasp::wg::wait<0>();
       lasp::wg::fence_operands(acc_q);
       lasp::wg::fence_operands(acc_k);
-      if (s_in.base) row_dots(xq, acc_q, do_tile, warp, g, t);
-      if (d_out.base) row_dots(xk, acc_k, v_tile, warp, g, t);
-    }
-    store_rows(0, tok0, xq, [&](int r) { return p.scale * exp_nonpos(before + cum_i[r]); });
-    store_rows(1, tok0, xk, [&](int r) { return exp_nonpos((gamma_i - cum_i[r]) + after + a_next); });
+      row_dots(xq, acc_q, smem + L::kDo + (ci & 1) * L::kVTile, warp, g, t);
+      row_dots(xk, acc_k, smem + L::kV + ci * L::kVTile, warp, g, t);
+      store_rows(0, tok0, xq, [&](int r) { return p.scale * exp_nonpos(before + cum_i[r]); });
+      store_rows(1, tok0, xk, [&](int r) { return exp_nonpos((gamma_i - cum_i[r]) + after + a_next); });
+    } else {
+      // A: tile pairs (ci, cj) for cj = 0 .. ci. R(u) adds the row sums in that order; this warp's
+      // column sums of chunk cj add those of (cj, cj), (cj + 1, cj), .. in that order (ci ascends).
+      float r_part[2] = {0.f, 0.f};
+      for (int cj = 0; cj <= ci; ++cj) {
+        const uint32_t s_kj = sbase + L::kK + cj * L::kQKTile, s_vj = sbase + L::kV + cj * L::kVTile;
+        float qk[8][4], dov[8][4];  // Q_I K_J^T (over Dk), dO_I V_J^T (over the tile's 64 columns)
+        lasp::wg::fence();
+#pragma unroll
+        for (int ks = 0; ks < DK / 16; ++ks) {
+          const uint32_t k_step = kBlockBytes * (ks >> 2) + 32 * (ks & 3);
+          lasp::wg::mma_ss<lasp::wg::Major::kK>(qk, lasp::wg::desc_sw128(s_q + k_step),
+                                                lasp::wg::desc_sw128(s_kj + k_step), ks > 0);
+        }
+#pragma unroll
+        for (int ks = 0; ks < kTileV / 16; ++ks)
+          lasp::wg::mma_ss<lasp::wg::Major::kK>(dov, lasp::wg::desc_sw128(s_do + 32 * ks),
+                                                lasp::wg::desc_sw128(s_vj + 32 * ks), ks > 0);
+        lasp::wg::commit();
+        lasp::wg::wait<0>();
+        lasp::wg::fence_operands(qk);
+        lasp::wg::fence_operands(dov);
 
-    // A: tile pairs (ci, cj) for cj = 0 .. ci. R(u) adds the row sums in that order; C(j) of chunk
-    // cj adds the column sums of (cj, cj), (cj + 1, cj), .. in that order (ci ascends).
-    float r_part[2] = {0.f, 0.f};
-    for (int cj = 0; cj <= ci; ++cj) {
-      const uint32_t s_kj = sbase + L::kK + cj * L::kQKTile, s_vj = sbase + L::kV + cj * L::kVTile;
-      float qk[8][4], dov[8][4];  // Q_I K_J^T (over Dk), dO_I V_J^T (over the tile's 64 columns)
-      lasp::wg::fence();
+        // A_uj = sigma qk dov e^{G_u - G_j}: within the chunk (cj = ci) for j < u, else with the
+        // exponent b^I_u + (gammas strictly between J and I) + (gamma_J - b^J_j), each part <= 0.
+        const float* const cum_j = cum + cj * kChunk;
+        float between = 0.f;
+        for (int m = cj + 1; m < ci; ++m) between += decay[m];
+        const float gamma_j = decay[cj];
 #pragma unroll
-      for (int ks = 0; ks < DK / 16; ++ks) {
-        const uint32_t k_step = kBlockBytes * (ks >> 2) + 32 * (ks & 3);
-        lasp::wg::mma_ss<lasp::wg::Major::kK>(qk, lasp::wg::desc_sw128(s_q + k_step),
-                                              lasp::wg::desc_sw128(s_kj + k_step), ks > 0);
-      }
-      const uint32_t s_do = sbase + L::kDo + (ci & 1) * L::kVTile;
+        for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-      for (int ks = 0; ks < kTileV / 16; ++ks)
-        lasp::wg::mma_ss<lasp::wg::Major::kK>(dov, lasp::wg::desc_sw128(s_do + 32 * ks),
-                                              lasp::wg::desc_sw128(s_vj + 32 * ks), ks > 0);
-      lasp::wg::commit();
-      lasp::wg::wait<0>();
-      lasp::wg::fence_operands(qk);
-      lasp::wg::fence_operands(dov);
-
-      // A_uj = sigma qk dov e^{G_u - G_j}: within the chunk (cj = ci) for j < u, else with the
-      // exponent b^I_u + (gammas strictly between J and I) + (gamma_J - b^J_j), each part <= 0.
-      const float* const cum_j = cum + cj * kChunk;
-      float between = 0.f;
-      for (int m = cj + 1; m < ci; ++m) between += decay[m];
-      const float gamma_j = decay[cj];
-      float col[8][2];
+          for (int e = 0; e < 2; ++e) {
+            const int j = 8 * nt + 2 * t + e;
+            float col = 0.f;
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int j = 8 * nt + 2 * t + e;
-          float sum = 0.f;
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const int r = 16 * warp + 8 * hh + g;
-            const float w = cj == ci ? (j < r ? exp_nonpos(cum_i[r] - cum_i[j]) : 0.f)
-                                     : exp_nonpos(cum_i[r] + between + (gamma_j - cum_j[j]));
-            const float x = p.scale * qk[nt][2 * hh + e] * dov[nt][2 * hh + e] * w;
-            r_part[hh] += x;
-            sum += x;
+            for (int hh = 0; hh < 2; ++hh) {
+              const int r = 16 * warp + 8 * hh + g;
+              const float w = cj == ci ? (j < r ? exp_nonpos(cum_i[r] - cum_i[j]) : 0.f)
+                                       : exp_nonpos(cum_i[r] + between + (gamma_j - cum_j[j]));
+              const float x = p.scale * qk[nt][2 * hh + e] * dov[nt][2 * hh + e] * w;
+              r_part[hh] += x;
+              col += x;
+            }
+            // Over the warp's 16 rows (the lanes of equal t), into this warp's column sums.
+            col += __shfl_xor_sync(kAll, col, 4);
+            col += __shfl_xor_sync(kAll, col, 8);
+            col += __shfl_xor_sync(kAll, col, 16);
+            if (g == 0) cols[cj * kChunk + j] += col;
           }
-          col[nt][e] = sum;
-        }
-      // Column sums: over the warp's 16 rows (lanes of equal t), then over the warps in order.
+      }
+      float r_sum[2];
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float c = col[nt][e];
-          c += __shfl_xor_sync(kAll, c, 4);
-          c += __shfl_xor_sync(kAll, c, 8);
-          c += __shfl_xor_sync(kAll, c, 16);
-          if (g == 0) warp_cols[warp * kChunk + 8 * nt + 2 * t + e] = c;
-        }
-      __syncthreads();
-      if (tid < kChunk)
-        cols[cj * kChunk + tid] += warp_cols[tid] + warp_cols[kChunk + tid] + warp_cols[2 * kChunk + tid] +
-                                   warp_cols[3 * kChunk + tid];
-      __syncthreads();  // warp_cols is free again
+      for (int hh = 0; hh < 2; ++hh) {
+        r_sum[hh] = r_part[hh];
+        r_sum[hh] += __shfl_xor_sync(kAll, r_sum[hh], 1);
+        r_sum[hh] += __shfl_xor_sync(kAll, r_sum[hh], 2);
+      }
+      store_rows(2, tok0, r_sum, [](int) { return 1.f; });
     }
-    float r_sum[2];
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      r_sum[hh] = r_part[hh];
-      r_sum[hh] += __shfl_xor_sync(kAll, r_sum[hh], 1);
-      r_sum[hh] += __shfl_xor_sync(kAll, r_sum[hh], 2);
-    }
-    store_rows(2, tok0, r_sum, [](int) { return 1.f; });
-    // Every warp is done with chunk ci's Q and dO buffer (the barrier above): chunk ci + 2 there.
-    if (ci + 2 < blk.n) {
+    __syncthreads();  // both roles are done with chunk ci's Q and dO buffer: chunk ci + 2 goes there
+    if (products && ci + 2 < blk.n) {
       issue_chunk(ci + 2);
       lasp::cp_async_commit();
     }
   }
-  for (int i = tid; i < blk.n * kChunk; i += blockDim.x)
-    if (blk.s0 + i < T) rows[3 * heads * T + blk.s0 + i] = cols[i];
+  if (!products) {
+    // C: the warps' column sums, added in warp order.
+    const float* const all = reinterpret_cast<const float*>(smem + L::kCols);
+    for (int i = tid; i < blk.n * kChunk; i += lasp::sd::kThreads) {
+      constexpr int kWarpStride = kBlockChunks * kChunk;
+      const float c = all[i] + all[kWarpStride + i] + all[2 * kWarpStride + i] + all[3 * kWarpStride + i];
+      if (blk.s0 + i < T) rows[3 * heads * T + blk.s0 + i] = c;
+    }
+  }
 }
 #else
 // The gate terms' products are written for wgmma (sm_90a); the host launches the backward nowhere
@@ -503,7 +521,7 @@ extern "C" __global__ void __launch_bounds__(LASP_SDB_GRAD_THREADS)
   __shared__ double warp_totals[32];
   __shared__ float tile[32][33];
   const int64_t bh = blockIdx.y, heads = (int64_t)p.B * p.H;
-  const int b = bh / p.H, h = bh % p.H, T = p.T;
+  const int b = (int)bh / p.H, h = (int)bh % p.H, T = p.T;
   const Block blk(blockIdx.x, T);
   block_gates(p, blk, b, h, cum, decay);
 

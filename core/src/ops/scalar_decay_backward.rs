@@ -40,7 +40,7 @@ pub mod geometry {
     /// `LASP_SDB_STATE_THREADS`.
     pub const STATE_THREADS: u32 = 256;
     /// `LASP_SDB_TERM_THREADS`.
-    pub const TERM_THREADS: u32 = 128;
+    pub const TERM_THREADS: u32 = 256;
     /// `LASP_SDB_GRAD_THREADS`: a thread per token of a block.
     pub const GRAD_THREADS: u32 = (sd::BLOCK_CHUNKS * sd::CHUNK) as u32;
 
@@ -71,8 +71,7 @@ pub mod geometry {
             + 4 * dk * tv * 2
             + chunks * c * 4
             + 64
-            + 4 * c * 4
-            + chunks * c * 4
+            + 4 * chunks * c * 4
     }
 
     /// `lasp_sdb_gate_grad_grid`: one CTA per (block, b*H+h).
@@ -703,11 +702,10 @@ mod tests {
         assert_eq!(geometry::gate_grad_grid(1, 257, 16), (2, 16, 1));
         assert_eq!(geometry::gate_grad_grid(1, 131072, 16), (512, 16, 1));
         // At Dk 128: K and V tiles of 4 chunks (16 + 8 KiB each), two Q and dO buffers, four state
-        // tiles (16 KiB), the gates (1 KiB), the decays (64 B), the warps' and the block's column
-        // sums (1 KiB each).
+        // tiles (16 KiB), the gates (1 KiB), the decays (64 B), four warps' column sums (4 KiB).
         assert_eq!(
             geometry::gate_terms_smem_bytes(128),
-            4 * 24576 + 2 * 24576 + 4 * 16384 + 1024 + 64 + 1024 + 1024
+            4 * 24576 + 2 * 24576 + 4 * 16384 + 1024 + 64 + 4096
         );
         assert_eq!(geometry::state_bytes(1, 2, 64, 128), 65536);
         // One block: no block states; x_q, x_k, R and C of every token.

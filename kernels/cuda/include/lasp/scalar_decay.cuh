@@ -1129,7 +1129,12 @@ __device__ __forceinline__ void run_roles_segment_with(const SegmentArgs& a, con
   // stage's mbarrier. A stage is refilled only after both groups are done with its chunk (see the
   // loading warp's loop), so no waiter can miss a phase.
   auto landed_bar = [&](int i) { return sbase + kLanded + 8 * (i % kRolesStages); };
-  auto wait_landed = [&](int i) { tma::wait(landed_bar(i), static_cast<uint32_t>(i / kRolesStages) & 1u); };
+  // Each lane spins on the mbarrier on its own: the warp leaves the wait whole (__syncwarp) before
+  // the named barriers after it, which need every lane of the warp converged.
+  auto wait_landed = [&](int i) {
+    tma::wait(landed_bar(i), static_cast<uint32_t>(i / kRolesStages) & 1u);
+    __syncwarp();
+  };
 
   if (threadIdx.x == 0) {
 #pragma unroll

@@ -58,7 +58,7 @@
 
 #define LASP_SDB_STATE_TILE 32       // lasp_sd_bwd_state_inputs and _reversed_starts: one CTA per
 #define LASP_SDB_STATE_THREADS 256   // 32 x 32 tile of a state (32 columns x 8 rows of threads)
-#define LASP_SDB_TERM_THREADS 128    // lasp_sd_bwd_gate_terms: one warpgroup per (Dv tile, block, b*H+h)
+#define LASP_SDB_TERM_THREADS 256    // lasp_sd_bwd_gate_terms: two warpgroups per (Dv tile, block, b*H+h)
 #define LASP_SDB_GRAD_THREADS (LASP_SD_BLOCK_CHUNKS * LASP_SD_CHUNK)  // lasp_sd_bwd_gate_grad: a thread per token
 
 typedef struct {
@@ -110,13 +110,12 @@ LASP_SDB_FN lasp_sdb_dim3 lasp_sdb_gate_terms_grid(int32_t B, int32_t T, int32_t
 
 // Dynamic shared memory of lasp_sd_bwd_gate_terms_dk*: K and the V tile of every chunk of a block, two
 // buffers of Q and the dO tile, the hi and lo bf16 copies of two [Dk][64] state tiles, the block's
-// chunk-local cumsums (+ the chunks' total log-decays and the next token's), the warps' column sums
-// and the block's C.
+// chunk-local cumsums (+ the chunks' total log-decays and the next token's), and the column sums of
+// each of the pair role's four warps.
 LASP_SDB_FN uint32_t lasp_sdb_gate_terms_smem_bytes(int32_t Dk) {
   const uint32_t qk = LASP_SD_CHUNK * Dk * 2u, vtile = LASP_SD_CHUNK * LASP_SD_TILE_V * 2u;
   return LASP_SD_BLOCK_CHUNKS * (qk + vtile) + 2u * (qk + vtile) + 4u * Dk * LASP_SD_TILE_V * 2u +
-         LASP_SD_BLOCK_CHUNKS * LASP_SD_CHUNK * 4u + 64u + 4u * LASP_SD_CHUNK * 4u +
-         LASP_SD_BLOCK_CHUNKS * LASP_SD_CHUNK * 4u;
+         LASP_SD_BLOCK_CHUNKS * LASP_SD_CHUNK * 4u + 64u + 4u * LASP_SD_BLOCK_CHUNKS * LASP_SD_CHUNK * 4u;
 }
 
 // One CTA per (block, b*H+h).
