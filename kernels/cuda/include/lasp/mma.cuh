@@ -92,15 +92,15 @@ __device__ __forceinline__ void cp_async_wait() {
 // Named barrier `id` (1..15; 0 is __syncthreads) whose phases complete when `count` threads (a
 // multiple of 32) have arrived. sync: count this warp in and wait for the phase to complete;
 // arrive: count this warp in and go on (the producer side of a producer / consumer handshake).
-// bar.sync and bar.arrive are the .aligned forms: every thread of the warp must execute the same
-// instruction converged. Independent thread scheduling does not promise reconvergence after
-// lane-divergent code, so a warp that reaches one from such code converges first (__syncwarp;
-// compute-sanitizer's synccheck rejects the divergent form).
+// The non-.aligned forms (barrier.sync / barrier.arrive, not bar.sync / bar.arrive, which are
+// barrier.*.aligned): the warps of different roles meet at the same barrier from different
+// instructions, which .aligned forbids (every thread of the CTA must then execute the same
+// barrier instruction; compute-sanitizer's synccheck reports the divergence).
 __device__ __forceinline__ void named_barrier_sync(int id, int count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 __device__ __forceinline__ void named_barrier_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+  asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
 }  // namespace lasp

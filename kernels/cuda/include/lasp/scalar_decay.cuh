@@ -1129,12 +1129,7 @@ __device__ __forceinline__ void run_roles_segment_with(const SegmentArgs& a, con
   // stage's mbarrier. A stage is refilled only after both groups are done with its chunk (see the
   // loading warp's loop), so no waiter can miss a phase.
   auto landed_bar = [&](int i) { return sbase + kLanded + 8 * (i % kRolesStages); };
-  // Each lane spins on the mbarrier on its own: the warp leaves the wait whole (__syncwarp) before
-  // the named barriers after it, which need every lane of the warp converged.
-  auto wait_landed = [&](int i) {
-    tma::wait(landed_bar(i), static_cast<uint32_t>(i / kRolesStages) & 1u);
-    __syncwarp();
-  };
+  auto wait_landed = [&](int i) { tma::wait(landed_bar(i), static_cast<uint32_t>(i / kRolesStages) & 1u); };
 
   if (threadIdx.x == 0) {
 #pragma unroll
@@ -1176,7 +1171,6 @@ __device__ __forceinline__ void run_roles_segment_with(const SegmentArgs& a, con
     // i, past its reads of chunk i - 1: chunk i + kRolesStages - 1 goes there. This warp takes
     // part in every phase, and waits for each (an arrival could count towards the phase before).
     for (int i = 0; i < n_chunks; ++i) {
-      __syncwarp();  // issue_chunk's single-lane copies diverged the warp; bar.sync needs it whole
       named_barrier_sync(B::kSbfFull + i % 2, kAll);
       if (i >= 1 && i + kRolesStages - 1 < n_chunks) issue_chunk(i + kRolesStages - 1);
     }
