@@ -166,56 +166,25 @@ __device__ __forceinline__ void block_gates(const lasp_sd_bwd_params& p, const B
   __syncthreads();
 }
 
-// A state of the block's boundaries, fp32 in global memory: [Dv][Dk] (S^T, the dq pass's) where
-// `transposed`, else [Dk][Dv]; its elements count `scale` times (the dv pass's dH / sigma). NULL:
-// a zero state.
-struct StateView {
-  const float* base;
-  bool transposed;
-  float scale;
-  __device__ __forceinline__ float at(int d, int e, int Dk, int Dv) const {
-    if (!base) return 0.f;
-    return scale * (transposed ? base[(int64_t)e * Dk + d] : base[(int64_t)d * Dv + e]);
-  }
-};
-
-// S_{s0-1} (the state entering the block) and dH_{s1} (the gradient with respect to the state
-// leaving it) of block `blk` of head bh.
-__device__ __forceinline__ StateView entering_state(const lasp_sd_bwd_params& p, const Block& blk, int64_t bh) {
-  const int64_t n = (int64_t)p.Dk * p.Dv, slots = lasp_sd_num_blocks(p.T) - 1;
-  if (blk.index > 0) return {p.fwd_blocks + (bh * slots + blk.index - 1) * n, true, 1.f};
-  return {p.h0 ? p.h0 + bh * n : nullptr, false, 1.f};
-}
-__device__ __forceinline__ StateView leaving_gradient(const lasp_sd_bwd_params& p, const Block& blk, int64_t bh) {
-  const int64_t n = (int64_t)p.Dk * p.Dv, slots = lasp_sd_num_blocks(p.T) - 1;
-  if (blk.s1 < p.T) return {p.rev_blocks + (bh * slots + blk.index) * n, false, p.scale};
-  return {p.dht ? p.dht + bh * n : nullptr, false, 1.f};
-}
-
-__device__ __forceinline__ uint16_t bf16_bits(float x) {
-  uint16_t r;
-  asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(r) : "f"(x));
-  return r;
-}
-__device__ __forceinline__ float bf16_value(uint16_t x) { return __uint_as_float(static_cast<uint32_t>(x) << 16); }
-
-// Shared-memory map of lasp_sd_bwd_gate_terms (byte offsets). Every bf16 tile is stored as the chunk
-// loops store theirs (lasp::swizzle, 64-column blocks) and starts 1024-byte aligned, as wgmma's
-// 128-byte swizzle needs. K and the V tile of every chunk of the block stay (the pair tiles of a
-// chunk read those of every earlier chunk); Q and the dO tile go through two buffers (chunk I + 1's
-// land while chunk I is computed).
+// Shared-memory map of lasp_sd_bwd_gate_terms (byte offsets). Every bf16 tile is stored as wgmma
+// reads it (lasp::swizzle, 64-column blocks) and starts 1024-byte aligned, as its 128-byte swizzle
+// needs. K and the V tile of every chunk of the block stay (the pair tiles of a chunk read those of
+// every earlier chunk); Q and the dO tile go through two buffers (chunk I + 1's land while chunk I
+// is computed). The block's two boundary states arrive as the dq and dv passes laid them out
+// (lasp::sd::state_store_tiles): S^T's rows e of this Dv tile (K-major, the B of Q S) and dH's
+// columns e of this Dv tile (MN-major, the B of K dH), each as hi and lo.
 template <int DK>
 struct TermsLayout {
   static constexpr uint32_t kQKTile = kChunk * DK * 2;      // Q or K of a chunk
   static constexpr uint32_t kVTile = kChunk * kTileV * 2;   // the 64 columns of V or dO of a chunk
-  static constexpr uint32_t kStateTile = DK * kTileV * 2;   // a [DK][64] state tile
+  static constexpr uint32_t kStateTile = DK * kTileV * 2;   // a state's tile, DK x 64 bf16
   static constexpr uint32_t kK = 0;                         // [kBlockChunks] K tiles
   static constexpr uint32_t kV = kK + kBlockChunks * kQKTile;   // [kBlockChunks] V tiles
   static constexpr uint32_t kQ = kV + kBlockChunks * kVTile;    // [2] Q tiles
   static constexpr uint32_t kDo = kQ + 2 * kQKTile;             // [2] dO tiles
-  static constexpr uint32_t kSHi = kDo + 2 * kVTile;            // S_{s0-1} as bf16 hi + lo
+  static constexpr uint32_t kSHi = kDo + 2 * kVTile;            // S_{s0-1}^T as bf16 hi + lo
   static constexpr uint32_t kSLo = kSHi + kStateTile;
-  static constexpr uint32_t kDHi = kSLo + kStateTile;           // dH_{s1} as bf16 hi + lo
+  static constexpr uint32_t kDHi = kSLo + kStateTile;           // dH_{s1} / sigma as bf16 hi + lo
   static constexpr uint32_t kDLo = kDHi + kStateTile;
   static constexpr uint32_t kCum = kDLo + kStateTile;           // block_gates' cum
   static constexpr uint32_t kDecay = kCum + kBlockChunks * kChunk * 4;  // block_gates' decay
@@ -225,51 +194,12 @@ struct TermsLayout {
   static_assert((kBlockChunks + 1) * 4 <= 64, "decay fits its slot");
 };
 
-// The [DK][64] tile (rows d < DK, columns 64 vt ..) of a state as bf16 hi = bf16(x) and lo =
-// bf16(x - hi) tiles: x = hi + lo to 16 significant bits, so that products with bf16 operands lose
-// no more than fp32 accumulation does (zeros for a zero state). One warpgroup; its loads go out
-// kBatch at a time, so the tile costs a few round trips to memory instead of one per element.
-template <int DK>
-__device__ __forceinline__ void state_tile_hi_lo(uint8_t* smem, uint32_t hi, uint32_t lo, const StateView& st, int Dk, int Dv,
-                                 int vt, int tid) {
-  constexpr int kThreads = LASP_SDB_TERM_THREADS / 2, kPerThread = DK * kTileV / kThreads, kBatch = 16;
-  static_assert(kPerThread % kBatch == 0, "whole batches");
-#pragma unroll 1
-  for (int i0 = 0; i0 < kPerThread; i0 += kBatch) {
-    float x[kBatch];
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k) {
-      // Walk the stored rows: consecutive threads read consecutive addresses.
-      const int i = (i0 + k) * kThreads + tid;
-      const int d = st.transposed ? i % DK : i / kTileV, e = st.transposed ? i / DK : i % kTileV;
-      x[k] = st.at(d, vt * kTileV + e, Dk, Dv);
-    }
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k) {
-      const int i = (i0 + k) * kThreads + tid;
-      const int d = st.transposed ? i % DK : i / kTileV, e = st.transposed ? i / DK : i % kTileV;
-      const uint16_t xh = bf16_bits(x[k]);
-      const uint32_t at = lasp::swizzle(d, e / 8, DK) + 2 * (e % 8);
-      *reinterpret_cast<uint16_t*>(smem + hi + at) = xh;
-      *reinterpret_cast<uint16_t*>(smem + lo + at) = bf16_bits(x[k] - bf16_value(xh));
-    }
-  }
+// Copies `bytes` (a multiple of 16 x the warpgroup) from global `src` to shared `dst` as they are.
+__device__ __forceinline__ void copy_bytes_async(uint32_t dst, const uint8_t* src, uint32_t bytes, int tid) {
+  for (uint32_t at = 16 * tid; at < bytes; at += 16 * lasp::sd::kThreads) lasp::cp_async_16(dst + at, src + at, true);
 }
 
 #if LASP_SD_WGMMA
-// Issues acc = A (hi + lo): A a chunk's [64][DK] K-major tile (Q or K), the state tile from
-// state_tile_hi_lo as B (MN-major), all from shared memory (no fence, commit or wait).
-template <int DK>
-__device__ __forceinline__ void issue_state_product(float (&acc)[8][4], uint32_t a, uint32_t hi, uint32_t lo) {
-  constexpr uint32_t kRow16 = 16 * 128, kBlockBytes = kChunk * 128;
-#pragma unroll
-  for (int ks = 0; ks < DK / 16; ++ks) {
-    const uint64_t a_desc = lasp::wg::desc_sw128(a + kBlockBytes * (ks >> 2) + 32 * (ks & 3));
-    lasp::wg::mma_ss<lasp::wg::Major::kMN>(acc, a_desc, lasp::wg::desc_sw128(hi + ks * kRow16), ks > 0);
-    lasp::wg::mma_ss<lasp::wg::Major::kMN>(acc, a_desc, lasp::wg::desc_sw128(lo + ks * kRow16), true);
-  }
-}
-
 // out[hh] = sum_c acc[r][c] X[r][c] for this lane's rows r = 16 warp + 8 hh + g, X a [64][64] bf16 tile
 // at `tile`; summed over the row's four lanes (the same bits in each).
 __device__ __forceinline__ void row_dots(float (&out)[2], const float (&acc)[8][4], const uint8_t* tile, int warp,
@@ -290,10 +220,15 @@ __device__ __forceinline__ void row_dots(float (&out)[2], const float (&acc)[8][
   }
 }
 
-// One CTA: block `blk` of head bh, Dv tile vt (every (do . v) below is over the tile's 64 columns;
-// gate_grad adds the tiles), as two warpgroups with roles:
+__device__ __forceinline__ float bf16_at(const uint8_t* p) {
+  return __uint_as_float(static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(p)) << 16);
+}
+
+// One CTA: block `blk` of head bh, Dv tile vt (every (do . v) and every state column below is over
+// the tile's 64 columns; gate_grad adds the tiles), as two warpgroups with roles:
 //   state products (warps 0-3): load every chunk (cp.async, chunk I + 1's landing while chunk I is
-//     computed), build the state tiles, and per chunk x_q(u) and x_k(u) (32 wgmma at Dk 128);
+//     computed) and the two states, then per chunk x_q(u) and x_k(u) (32 wgmma at Dk 128), and
+//     the tile's part of <S_{s0-1}, dH_{s1}>;
 //   pair tiles (warps 4-7): per chunk I the tiles (I, J) for J = 0 .. I (12 wgmma each at Dk 128):
 //     R(u) = sum over j < u of the block of A_uj, and every warp's column sums, which give
 //     C(u) = sum over i > u of the block of A_iu at the end.
@@ -305,7 +240,7 @@ __device__ __forceinline__ void gate_terms(const lasp_sd_bwd_params& p) {
   static_assert(L::kBytes == lasp_sdb_gate_terms_smem_bytes(DK), "shared-memory map and host formula disagree");
   static_assert(LASP_SDB_TERM_THREADS == 2 * lasp::sd::kThreads, "two warpgroups; the first loads with the chunk "
                                                                  "loops' copies");
-  constexpr uint32_t kBlockBytes = kChunk * 128;
+  constexpr uint32_t kBlockBytes = kChunk * 128, kRow16 = 16 * 128;
   extern __shared__ __align__(1024) uint8_t smem[];
   const uint32_t sbase = lasp::smem_addr(smem);
   const bool products = threadIdx.x < lasp::sd::kThreads;  // else the pair tiles
@@ -332,20 +267,25 @@ __device__ __forceinline__ void gate_terms(const lasp_sd_bwd_params& p) {
     lasp::sd::copy_tile_async<kTileV / 8>(sbase + L::kDo + (c & 1) * L::kVTile, p.d_o + v_col, v_stride, T - tok,
                                           tid);
   };
-  const StateView s_in = entering_state(p, blk, bh), d_out = leaving_gradient(p, blk, bh);
   if (products) {
+    // The block's boundary states (slot blk.index of each direction: the dq pass's S^T entering the
+    // block, the dv pass's dH / sigma leaving it), this Dv tile's part, hi then lo.
+    const int64_t state_bytes = 4ll * p.Dk * p.Dv, slot = bh * lasp_sd_num_blocks(T) + blk.index;
+    const uint8_t* const s_state = static_cast<const uint8_t*>(p.fwd_blocks) + slot * state_bytes;
+    const uint8_t* const d_state = static_cast<const uint8_t*>(p.rev_blocks) + slot * state_bytes;
+    const int64_t tile = (int64_t)vt * L::kStateTile, lo = state_bytes / 2;
+    copy_bytes_async(sbase + L::kSHi, s_state + tile, L::kStateTile, tid);
+    copy_bytes_async(sbase + L::kSLo, s_state + lo + tile, L::kStateTile, tid);
+    copy_bytes_async(sbase + L::kDHi, d_state + tile, L::kStateTile, tid);
+    copy_bytes_async(sbase + L::kDLo, d_state + lo + tile, L::kStateTile, tid);
     issue_chunk(0);
     lasp::cp_async_commit();
     if (blk.n > 1) issue_chunk(1);
     lasp::cp_async_commit();
-  }
-  block_gates(p, blk, b, h, cum, decay);
-  if (products) {
-    state_tile_hi_lo<DK>(smem, L::kSHi, L::kSLo, s_in, p.Dk, p.Dv, vt, tid);
-    state_tile_hi_lo<DK>(smem, L::kDHi, L::kDLo, d_out, p.Dk, p.Dv, vt, tid);
   } else {
     for (int i = lane; i < kBlockChunks * kChunk; i += 32) cols[i] = 0.f;
   }
+  block_gates(p, blk, b, h, cum, decay);
 
   float* const rows = p.gate_rows + ((int64_t)vt * 4 * heads + bh) * T;  // x_q; x_k, R and C follow
   auto store_rows = [&](int which, int tok0, const float (&x)[2], auto&& weight) {
@@ -362,33 +302,44 @@ __device__ __forceinline__ void gate_terms(const lasp_sd_bwd_params& p) {
         lasp::cp_async_wait<1>();
       else
         lasp::cp_async_wait<0>();
-      lasp::wg::fence_proxy_async();  // this thread's landed tiles and state writes, visible to wgmma
+      lasp::wg::fence_proxy_async();  // this thread's landed tiles, visible to wgmma
     }
-    __syncthreads();  // chunk ci has landed (and the state tiles are written), for both roles
+    __syncthreads();  // chunk ci (and the states) have landed, for both roles
     const uint32_t s_q = sbase + L::kQ + (ci & 1) * L::kQKTile;
     const uint32_t s_do = sbase + L::kDo + (ci & 1) * L::kVTile;
     const float* const cum_i = cum + ci * kChunk;
     const int tok0 = blk.s0 + ci * kChunk;
     if (products) {
       // x_q: pairs (j < s0, u in chunk ci): sigma e^{G_u - G_{s0-1}} q_u S_{s0-1} do_u^T; x_k: pairs
-      // (j in chunk ci, u >= s1): e^{G_{s1} - G_j} k_j dH_{s1} v_j^T. One group for both.
+      // (j in chunk ci, u >= s1): e^{G_{s1} - G_j} k_j dH_{s1} v_j^T. One group for both, the states
+      // as hi + lo: acc_q = Q (S^T)^T (B K-major), acc_k = K (dH / sigma) (B MN-major).
       float before = 0.f, after = 0.f;  // log-decay of the block's chunks before ci (E_I) and after it
       for (int m = 0; m < ci; ++m) before += decay[m];
       for (int m = ci + 1; m < blk.n; ++m) after += decay[m];
       const float gamma_i = decay[ci];
-      float xq[2], xk[2];
       float acc_q[8][4], acc_k[8][4];
+      const uint32_t s_k = sbase + L::kK + ci * L::kQKTile;
       lasp::wg::fence();
-      issue_state_product<DK>(acc_q, s_q, sbase + L::kSHi, sbase + L::kSLo);
-      issue_state_product<DK>(acc_k, sbase + L::kK + ci * L::kQKTile, sbase + L::kDHi, sbase + L::kDLo);
+#pragma unroll
+      for (int ks = 0; ks < DK / 16; ++ks) {
+        const uint32_t k_step = kBlockBytes * (ks >> 2) + 32 * (ks & 3);
+        const uint64_t q_desc = lasp::wg::desc_sw128(s_q + k_step), k_desc = lasp::wg::desc_sw128(s_k + k_step);
+        lasp::wg::mma_ss<lasp::wg::Major::kK>(acc_q, q_desc, lasp::wg::desc_sw128(sbase + L::kSHi + k_step), ks > 0);
+        lasp::wg::mma_ss<lasp::wg::Major::kK>(acc_q, q_desc, lasp::wg::desc_sw128(sbase + L::kSLo + k_step), true);
+        lasp::wg::mma_ss<lasp::wg::Major::kMN>(acc_k, k_desc, lasp::wg::desc_sw128(sbase + L::kDHi + ks * kRow16),
+                                               ks > 0);
+        lasp::wg::mma_ss<lasp::wg::Major::kMN>(acc_k, k_desc, lasp::wg::desc_sw128(sbase + L::kDLo + ks * kRow16),
+                                               true);
+      }
       lasp::wg::commit();
       lasp::wg::wait<0>();
       lasp::wg::fence_operands(acc_q);
       lasp::wg::fence_operands(acc_k);
+      float xq[2], xk[2];
       row_dots(xq, acc_q, smem + L::kDo + (ci & 1) * L::kVTile, warp, g, t);
       row_dots(xk, acc_k, smem + L::kV + ci * L::kVTile, warp, g, t);
       store_rows(0, tok0, xq, [&](int r) { return p.scale * exp_nonpos(before + cum_i[r]); });
-      store_rows(1, tok0, xk, [&](int r) { return exp_nonpos((gamma_i - cum_i[r]) + after + a_next); });
+      store_rows(1, tok0, xk, [&](int r) { return p.scale * exp_nonpos((gamma_i - cum_i[r]) + after + a_next); });
     } else {
       // A: tile pairs (ci, cj) for cj = 0 .. ci. R(u) adds the row sums in that order; this warp's
       // column sums of chunk cj add those of (cj, cj), (cj + 1, cj), .. in that order (ci ascends).
@@ -455,7 +406,27 @@ __device__ __forceinline__ void gate_terms(const lasp_sd_bwd_params& p) {
       lasp::cp_async_commit();
     }
   }
-  if (!products) {
+  if (products) {
+    // Z's part of this Dv tile: sum over d < DK, e of S[d][e] dH[d][e] / sigma, each as hi + lo
+    // (S^T K-major: (e, d) at [d / 64][e][..]; dH MN-major: (d, e) at [d][..]), in a fixed order.
+    float part = 0.f;
+    for (int i = tid; i < DK * kTileV; i += lasp::sd::kThreads) {
+      const int d = i / kTileV, e = i % kTileV;
+      const uint32_t at_s = (d / 64) * kBlockBytes + lasp::swizzle(e, (d % 64) / 8, kChunk) + 2 * (d % 8);
+      const uint32_t at_d = lasp::swizzle(d, e / 8, DK) + 2 * (e % 8);
+      const float sv = bf16_at(smem + L::kSHi + at_s) + bf16_at(smem + L::kSLo + at_s);
+      const float dv = bf16_at(smem + L::kDHi + at_d) + bf16_at(smem + L::kDLo + at_d);
+      part = fmaf(sv, dv, part);
+    }
+#pragma unroll
+    for (int m = 16; m >= 1; m >>= 1) part += __shfl_xor_sync(kAll, part, m);
+    float* const warp_parts = reinterpret_cast<float*>(smem + L::kCum);  // cum is read no more
+    if (lane == 0) warp_parts[warp] = part;
+    lasp::named_barrier_sync(1, lasp::sd::kThreads);  // the products' warps only
+    if (tid == 0)
+      p.gate_z[((int64_t)vt * heads + bh) * lasp_sd_num_blocks(T) + blk.index] =
+          p.scale * (warp_parts[0] + warp_parts[1] + warp_parts[2] + warp_parts[3]);
+  } else {
     // C: the warps' column sums, added in warp order.
     const float* const all = reinterpret_cast<const float*>(smem + L::kCols);
     for (int i = tid; i < blk.n * kChunk; i += lasp::sd::kThreads) {
@@ -474,30 +445,6 @@ __device__ __forceinline__ void gate_terms(const lasp_sd_bwd_params&) {
 }
 #endif
 
-// <S, dH> = sum over (d, e) of S[d][e] dH[d][e] for two states of one head (S possibly stored
-// transposed), in fp64, in a fixed order; 32 x 32 tiles, a transposed S through shared memory so
-// that every global read is a whole line. Needs blockDim.x = 256.
-__device__ double state_dot(const StateView& s, const StateView& dh, int Dk, int Dv, float (*tile)[33],
-                            double* warp_totals) {
-  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
-  double part = 0.0;
-  for (int d0 = 0; d0 < Dk; d0 += 32)
-    for (int e0 = 0; e0 < Dv; e0 += 32) {
-      if (s.transposed) {
-        for (int r = ty; r < 32; r += 8) tile[r][tx] = s.at(d0 + tx, e0 + r, Dk, Dv);  // tile[e][d]
-        __syncthreads();
-        for (int r = ty; r < 32; r += 8) part += (double)tile[tx][r] * (double)dh.at(d0 + r, e0 + tx, Dk, Dv);
-        __syncthreads();
-      } else {
-        for (int r = ty; r < 32; r += 8)
-          part += (double)s.at(d0 + r, e0 + tx, Dk, Dv) * (double)dh.at(d0 + r, e0 + tx, Dk, Dv);
-      }
-    }
-  double total;
-  block_inclusive_scan(part, warp_totals, total);
-  return total;
-}
-
 }  // namespace
 
 // grid lasp_sdb_gate_terms_grid, block LASP_SDB_TERM_THREADS, smem lasp_sdb_gate_terms_smem_bytes(Dk).
@@ -511,28 +458,26 @@ extern "C" __global__ void __launch_bounds__(LASP_SDB_TERM_THREADS)
 }
 
 // Per (block, b*H+h), a thread per token u of the block: dg_u = Z + sum_{i >= u} (x_q + R - C)_i +
-// sum_{j < u} x_k(j), the Dv tiles' parts added in order and
-// the block's sums in fp64; and the CTAs of (b, h) share the writing of dh0 = sigma e^{a_0} (dH_0 / sigma).
+// sum_{j < u} x_k(j), the Dv tiles' parts added in order and the block's sums in fp64; and the CTAs
+// of (b, h) share the writing of dh0 = sigma e^{a_0} (dH_0 / sigma).
 // grid lasp_sdb_gate_grad_grid, block LASP_SDB_GRAD_THREADS.
 extern "C" __global__ void __launch_bounds__(LASP_SDB_GRAD_THREADS)
     lasp_sd_bwd_gate_grad(const __grid_constant__ lasp_sd_bwd_params p) {
   __shared__ float cum[kBlockChunks * kChunk];
   __shared__ float decay[16];
   __shared__ double warp_totals[32];
-  __shared__ float tile[32][33];
   const int64_t bh = blockIdx.y, heads = (int64_t)p.B * p.H;
   const int b = (int)bh / p.H, h = (int)bh % p.H, T = p.T;
   const Block blk(blockIdx.x, T);
   block_gates(p, blk, b, h, cum, decay);
 
-  // Z: the pairs (j < s0, u >= s1).
-  const StateView s_in = entering_state(p, blk, bh), d_out = leaving_gradient(p, blk, bh);
+  // Z: the pairs (j < s0, u >= s1), e^{G_{s1} - G_{s0-1}} <S_{s0-1}, dH_{s1}>, from the Dv tiles' parts.
+  float log_decay = decay[kBlockChunks];  // G_{s1} - G_{s0-1}
+  for (int m = 0; m < blk.n; ++m) log_decay += decay[m];
   double z = 0.0;
-  if (s_in.base && d_out.base) {
-    float log_decay = decay[kBlockChunks];  // G_{s1} - G_{s0-1}
-    for (int m = 0; m < blk.n; ++m) log_decay += decay[m];
-    z = (double)exp_nonpos(log_decay) * state_dot(s_in, d_out, p.Dk, p.Dv, tile, warp_totals);
-  }
+  for (int vt = 0; vt < lasp_sd_num_vtiles(p.Dv); ++vt)
+    z += (double)p.gate_z[((int64_t)vt * heads + bh) * lasp_sd_num_blocks(T) + blk.index];
+  z *= (double)exp_nonpos(log_decay);
 
   const int tok = blk.s0 + threadIdx.x;
   const bool valid = tok < blk.s1;

@@ -40,8 +40,8 @@ namespace sd {
 // loading through `maps`), or with kProbe one of its timed variants (lasp::sd::Probe). kReversed:
 // the time-reversed pass of the backward (lasp::sd::TimeAxis; the tensor maps of the two-role
 // kernel address tokens in order only, so it has no reversed form). kBlockStates: the output kernel
-// also writes the state entering every block boundary of its segment to p.block_states (the
-// backward's dq and dv passes, for the gate gradient).
+// also writes its state at every block boundary of its segment to p.block_states (the backward's dq
+// and dv passes, for the gate gradient: lasp_sd_block_slot, lasp::sd::state_store_tiles).
 template <int DK, bool kOutput, Probe kProbe = Probe::kNone, bool kRoles = false, bool kReversed = false,
           bool kBlockStates = false>
 __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p, const QkvMaps* maps = nullptr) {
@@ -67,12 +67,14 @@ __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p, c
       if (seg == p.num_segments - 1 && p.ht) state_store<DK>(s, ln, p.ht + a.bh * tile_elems + col0, p.Dv);
     };
     const int num_chunks = lasp_sd_num_chunks(p.T);
-    const int64_t block_slots = lasp_sd_num_blocks(p.T) - 1;  // per (b, h)
+    const int64_t block_slots = lasp_sd_num_blocks(p.T);  // per (b, h)
     auto block_states = [&](StateRegs<DK>& s, const StateLane& ln, int chunk) {
       if constexpr (kBlockStates) {
         const int slot = lasp_sd_block_slot(num_chunks, chunk, kReversed);
-        if (slot >= 0)
-          state_store<DK>(s, ln, p.block_states + (a.bh * block_slots + slot) * tile_elems + col0, p.Dv);
+        if (slot >= 0) {
+          uint8_t* base = static_cast<uint8_t*>(p.block_states) + (a.bh * block_slots + slot) * tile_elems * 4;
+          state_store_tiles<DK, !kReversed>(s, ln, base, a.vt, p.Dv / kTileV);
+        }
       }
     };
     if constexpr (kRoles)

@@ -1129,12 +1129,13 @@ impl ScalarDecayForward {
     }
 
     /// [`ScalarDecayForward::launch`] with the output kernel that also writes the state entering
-    /// every block boundary (`geometry::num_blocks`) to `block_states`, fp32
-    /// `[B*H][blocks-1][Dk][Dv]` (the backward's dq pass, for the gate gradient).
+    /// every block (`geometry::num_blocks`) to `block_states`, `4 Dk Dv` bytes per head and block
+    /// (bf16 hi + lo tiles, `lasp::sd::state_store_tiles`; the backward's dq pass, for the gate
+    /// gradient).
     ///
     /// # Safety
-    /// Where the sequence has more than one block, `block_states` must address a live device
-    /// buffer of that size, used by nothing else until the kernels complete.
+    /// `block_states` must address a live device buffer of that size, used by nothing else until
+    /// the kernels complete.
     pub(crate) unsafe fn launch_writing_block_states(
         &mut self,
         stream: &Arc<CudaStream>,
@@ -1227,14 +1228,14 @@ impl ScalarDecayForward {
     /// The output kernel of a reversed pass alone, cut into `starts.segments` segments that
     /// start from `args.h0` (segment 0) and from `starts.prefixes` (segment s > 0: slot s - 1 of
     /// a `[B*H][S-1][Dk][Dv]` fp32 buffer, the layout the fold kernel writes). With
-    /// `block_states`, it also writes the state entering every block boundary there (fp32
-    /// `[B*H][blocks-1][Dk][Dv]`; the backward's dv pass, for the gate gradient).
+    /// `block_states`, it also writes its state at the end of every block there (`4 Dk Dv` bytes
+    /// per head and block, bf16 hi + lo tiles; the backward's dv pass, for the gate gradient).
     ///
     /// # Safety
     /// Where S > 1, `starts.prefixes` must address a live device buffer of that size, written
     /// before this launch on `stream` and not written again until the kernel completes; where
-    /// given and the sequence has more than one block, `block_states` must address a live device
-    /// buffer of its size, used by nothing else until the kernel completes.
+    /// given, `block_states` must address a live device buffer of its size, used by nothing else
+    /// until the kernel completes.
     pub(crate) unsafe fn launch_reversed_output(
         &mut self,
         stream: &Arc<CudaStream>,

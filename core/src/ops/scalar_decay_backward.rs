@@ -84,9 +84,9 @@ pub mod geometry {
         b as u64 * h as u64 * dk as u64 * dv as u64 * 4
     }
 
-    /// `lasp_sdb_block_states_bytes`: one state per head and inner block boundary.
+    /// `lasp_sdb_block_states_bytes`: one state per head and block (as bf16 hi + lo).
     pub const fn block_states_bytes(b: i32, t: i32, h: i32, dk: i32, dv: i32) -> u64 {
-        (sd::num_blocks(t) - 1) as u64 * state_bytes(b, h, dk, dv)
+        sd::num_blocks(t) as u64 * state_bytes(b, h, dk, dv)
     }
 
     /// `lasp_sdb_fwd_blocks_offset`: after four states.
@@ -104,11 +104,16 @@ pub mod geometry {
         rev_blocks_offset(b, t, h, dk, dv) + block_states_bytes(b, t, h, dk, dv)
     }
 
-    /// `lasp_sdb_workspace_bytes`: after the gate rows, x_q, x_k, R and C of every token and Dv
-    /// tile.
+    /// `lasp_sdb_gate_z_offset`: after x_q, x_k, R and C of every token and Dv tile.
+    pub const fn gate_z_offset(b: i32, t: i32, h: i32, dk: i32, dv: i32) -> u64 {
+        let rows = sd::num_vtiles(dv) as u64 * 4 * b as u64 * h as u64 * t as u64 * 4;
+        gate_rows_offset(b, t, h, dk, dv) + rows.div_ceil(16) * 16
+    }
+
+    /// `lasp_sdb_workspace_bytes`: after the blocks' parts of Z, per Dv tile.
     pub const fn workspace_bytes(b: i32, t: i32, h: i32, dk: i32, dv: i32) -> u64 {
-        gate_rows_offset(b, t, h, dk, dv)
-            + sd::num_vtiles(dv) as u64 * 4 * b as u64 * h as u64 * t as u64 * 4
+        gate_z_offset(b, t, h, dk, dv)
+            + sd::num_vtiles(dv) as u64 * b as u64 * h as u64 * sd::num_blocks(t) as u64 * 4
     }
 
     /// `lasp_sdb_dk_starts_offset`: the reversed passes' workspace holds the dv pass's starts
@@ -135,7 +140,7 @@ pub mod geometry {
     }
 }
 
-/// The C struct `lasp_sd_bwd_params` (192 bytes). Device pointers are raw addresses; NULL (0)
+/// The C struct `lasp_sd_bwd_params` (200 bytes). Device pointers are raw addresses; NULL (0)
 /// where a tensor is absent.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -158,6 +163,7 @@ pub struct BackwardParams {
     pub fwd_blocks: u64,
     pub rev_blocks: u64,
     pub gate_rows: u64,
+    pub gate_z: u64,
     pub dg: u64,
     pub dh0: u64,
     pub b: i32,
@@ -449,6 +455,7 @@ impl ScalarDecayBackward {
             fwd_blocks: ws + geometry::fwd_blocks_offset(b, h, dk, dv),
             rev_blocks: ws + geometry::rev_blocks_offset(b, t, h, dk, dv),
             gate_rows: ws + geometry::gate_rows_offset(b, t, h, dk, dv),
+            gate_z: ws + geometry::gate_z_offset(b, t, h, dk, dv),
             dg: args.dg.addr(),
             dh0: args.dh0.as_ref().map_or(0, |x| x.addr()),
             b,
@@ -490,7 +497,7 @@ impl ScalarDecayBackward {
         // dq: dO, V, K in the roles of Q, K, V from h0^T; it writes S^T at the block boundaries
         // (for dg).
         // SAFETY: fwd_blocks is the workspace part of geometry::block_states_bytes for this
-        // shape (the dq pass's state is [Dv][Dk], of the same size), owned by self.
+        // shape (the dq pass's state, [Dv][Dk], has the same size), owned by self.
         unsafe {
             self.forward.launch_writing_block_states(
                 stream,
@@ -654,6 +661,7 @@ mod tests {
             ("fwd_blocks", offset_of!(BackwardParams, fwd_blocks)),
             ("rev_blocks", offset_of!(BackwardParams, rev_blocks)),
             ("gate_rows", offset_of!(BackwardParams, gate_rows)),
+            ("gate_z", offset_of!(BackwardParams, gate_z)),
             ("dg", offset_of!(BackwardParams, dg)),
             ("dh0", offset_of!(BackwardParams, dh0)),
             ("B", offset_of!(BackwardParams, b)),
@@ -670,12 +678,12 @@ mod tests {
             rust.map(|(n, _)| n),
             "field order differs from the header"
         );
-        // 20 pointers, then eight 4-byte fields, as a C compiler lays them out.
+        // 21 pointers, then eight 4-byte fields, as a C compiler lays them out.
         for (i, (name, offset)) in rust.iter().enumerate() {
-            let want = if i < 20 { 8 * i } else { 160 + 4 * (i - 20) };
+            let want = if i < 21 { 8 * i } else { 168 + 4 * (i - 21) };
             assert_eq!(*offset, want, "offset of {name}");
         }
-        assert_eq!(size_of::<BackwardParams>(), 192);
+        assert_eq!(size_of::<BackwardParams>(), 200);
     }
 
     #[test]
@@ -708,21 +716,19 @@ mod tests {
             4 * 24576 + 2 * 24576 + 4 * 16384 + 1024 + 64 + 4096
         );
         assert_eq!(geometry::state_bytes(1, 2, 64, 128), 65536);
-        // One block: no block states; x_q, x_k, R and C of every token.
+        // One block: a boundary state each way; x_q, x_k, R and C of every token; one Z part.
         let s = 16384u64;
         assert_eq!(geometry::fwd_blocks_offset(1, 1, 64, 64), 4 * s);
-        assert_eq!(geometry::rev_blocks_offset(1, 3, 1, 64, 64), 4 * s);
-        assert_eq!(
-            geometry::workspace_bytes(1, 3, 1, 64, 64),
-            4 * s + 4 * 3 * 4
-        );
-        // T = 300: two blocks, one boundary state each way; Dv 128: two tiles.
+        assert_eq!(geometry::rev_blocks_offset(1, 3, 1, 64, 64), 5 * s);
+        assert_eq!(geometry::gate_z_offset(1, 3, 1, 64, 64), 6 * s + 48);
+        assert_eq!(geometry::workspace_bytes(1, 3, 1, 64, 64), 6 * s + 48 + 4);
+        // T = 300: two blocks, two boundary states each way; Dv 128: two tiles.
         let s = 64u64 * 128 * 4;
-        assert_eq!(geometry::rev_blocks_offset(1, 300, 1, 64, 128), 5 * s);
-        assert_eq!(geometry::gate_rows_offset(1, 300, 1, 64, 128), 6 * s);
+        assert_eq!(geometry::rev_blocks_offset(1, 300, 1, 64, 128), 6 * s);
+        assert_eq!(geometry::gate_rows_offset(1, 300, 1, 64, 128), 8 * s);
         assert_eq!(
             geometry::workspace_bytes(1, 300, 1, 64, 128),
-            6 * s + 2 * 4 * 300 * 4
+            8 * s + 2 * 4 * 300 * 4 + 2 * 2 * 4
         );
         // The reversed passes' workspace at B=1, H=3, S=4, Dk=64, Dv=128: three segment starts per
         // head each way, three segment states, 9 log-decays (36 bytes, rounded up to 48).

@@ -319,6 +319,33 @@ __device__ __forceinline__ void state_store(StateRegs<DK>& s, const StateLane& l
   });
 }
 
+// The state as the bf16 operand tiles of the backward's gate gradient (scalar_decay_bwd.cu):
+// x = hi + lo with hi = bf16(x), lo = bf16(x - hi) (16 significant bits), each laid out as wgmma
+// reads it from shared memory, so the gate kernels copy the tiles as they are. `tile` is this CTA's
+// 64-column tile of the state, `tiles` the state's column tiles; hi at `base`, lo `rows * 64 *
+// tiles` elements further (rows: DK).
+// kKMajor (the in-order dq pass, whose state is S^T: rows e of Dv, columns d of Dk): per 64 rows e,
+//   S^T[e][..] as the K-major B of Q S: tile e / 64 = [d / 64][e % 64][128 B, lasp::swizzle].
+// Else (the reversed dv pass, state dH / sigma: rows d of Dk, columns e of Dv): per 64 columns e,
+//   dH as the MN-major B of K dH: tile e / 64 = [d][128 B, lasp::swizzle].
+template <int DK, bool kKMajor>
+__device__ __forceinline__ void state_store_tiles(StateRegs<DK>& s, const StateLane& ln, uint8_t* base, int tile,
+                                                  int tiles) {
+  const int64_t lo = (int64_t)DK * 64 * tiles * 2;  // bytes from hi to lo
+  for_each_state_pair<DK>(s, ln, [&](float& x0, float& x1, int r, int c) {
+    int64_t at;
+    if constexpr (kKMajor) {
+      at = (int64_t)(r / 64) * tiles * 8192 + tile * 8192 + swizzle(r % 64, c / 8, 64) + 2 * (c % 8);
+    } else {
+      at = (int64_t)tile * DK * 128 + swizzle(r, c / 8, DK) + 2 * (c % 8);
+    }
+    const uint32_t hi = pack_bf16x2(x0, x1);
+    const uint32_t rest = pack_bf16x2(x0 - __uint_as_float(hi << 16), x1 - __uint_as_float(hi & 0xffff0000u));
+    *reinterpret_cast<uint32_t*>(base + at) = hi;
+    *reinterpret_cast<uint32_t*>(base + lo + at) = rest;
+  });
+}
+
 // ---- Chunk-step building blocks (one warp: its 16 output rows and DK/4 state rows) ----
 
 // Per-lane ldmatrix row offsets (swizzled). Every fragment load is a buffer base + one of these + a

@@ -30,9 +30,10 @@
 // so the sum keeps the accuracy of its terms. (The form dg_t = sum_{u >= t} (q_u . dq_u - k_u . dk_u)
 // sums the pairs on both sides of t and lets them cancel; from bf16 gradients that left 2-50 % of
 // error where the decay is strong.) The sequence is cut into blocks of LASP_SD_BLOCK_CHUNKS chunks
-// [s0, s1); the backward's dq pass writes S_{s0-1} (as S^T) and its dv pass dH_{s0} / sigma at every
-// block boundary (lasp_sd_block_slot; the reversed loops put their chunk boundaries on the in-order
-// ones, lasp::sd::TimeAxis). For t in a block, the straddling pairs are
+// [s0, s1); the backward's dq pass writes S_{s0-1} (as S^T) entering each block and its dv pass
+// dH_{s1} / sigma leaving it (lasp_sd_block_slot; the reversed loops put their chunk boundaries on the
+// in-order ones, lasp::sd::TimeAxis), as the bf16 hi + lo tiles the gate kernel's products read
+// (lasp::sd::state_store_tiles). For t in a block, the straddling pairs are
 //   Z     j < s0,  u >= s1:   e^{G_{s1} - G_{s0-1}} <S_{s0-1}, dH_{s1}>             (fp64 sum)
 //   x_q   j < s0,  t <= u < s1:  sum_u sigma e^{G_u - G_{s0-1}} q_u S_{s0-1} do_u^T
 //   x_k   s0 <= j < t,  u >= s1:  sum_j e^{G_{s1} - G_j} k_j dH_{s1} v_j^T
@@ -41,8 +42,9 @@
 // chunk-local cumsums, each part <= 0. For A, per token u the row sum R_u = sum_{s0 <= j < u} A_uj and
 // column sum C_u = sum_{u < i < s1} A_iu give the straddling sum as the suffix sum of R - C (the same
 // fp32 values on both sides, so only fp32 rounding is left of what cancels). gate_terms writes x_q,
-// x_k, R and C per token and Dv tile (the (do . v) factor is split over the tiles); gate_grad adds
-// the tiles in order and scans the block in fp64. Every order is fixed: the same bits on every run.
+// x_k, R and C per token and Dv tile (the (do . v) factor is split over the tiles) and each tile's
+// part of Z; gate_grad adds the tiles in order and scans the block in fp64. Every order is fixed: the
+// same bits on every run.
 #pragma once
 #include <stdint.h>
 
@@ -77,9 +79,11 @@ typedef struct {
   float* dv_starts;         // fp32 [B*H][S-1][Dk, Dv]: the dv pass's starts of segments 1 .. S-1
   float* dk_starts;         // fp32 [B*H][S-1][Dv, Dk]: their transposes, the dk pass's
   const float* dh0_scaled;  // fp32 [B, H, Dk, Dv]: the dv pass's final state dH_0 / sigma (read when dh0)
-  const float* fwd_blocks;  // fp32 [B*H][blocks-1][Dv, Dk]: S^T at the block boundaries (the dq pass's)
-  const float* rev_blocks;  // fp32 [B*H][blocks-1][Dk, Dv]: dH / sigma there (the dv pass's)
+  void* fwd_blocks;         // [B*H][blocks][4 Dk Dv bytes]: S^T entering each block (the dq pass's)
+  void* rev_blocks;         // [B*H][blocks][4 Dk Dv bytes]: dH / sigma leaving each block (the dv pass's)
+                            // (both laid out by lasp::sd::state_store_tiles)
   float* gate_rows;         // fp32 [Dv/64][4][B*H][T]: per Dv tile, x_q, x_k, R and C of every token
+  float* gate_z;            // fp32 [Dv/64][B*H][blocks]: per Dv tile, Z / e^{G_{s1} - G_{s0-1}} of every block
   float* dg;                // fp32 [B, T, H]: the log-decays' gradient
   float* dh0;               // fp32 [B, H, Dk, Dv] or NULL to skip
   int32_t B;
@@ -109,7 +113,7 @@ LASP_SDB_FN lasp_sdb_dim3 lasp_sdb_gate_terms_grid(int32_t B, int32_t T, int32_t
 }
 
 // Dynamic shared memory of lasp_sd_bwd_gate_terms_dk*: K and the V tile of every chunk of a block, two
-// buffers of Q and the dO tile, the hi and lo bf16 copies of two [Dk][64] state tiles, the block's
+// buffers of Q and the dO tile, the hi and lo bf16 tiles of two states (Dk x 64 each), the block's
 // chunk-local cumsums (+ the chunks' total log-decays and the next token's), and the column sums of
 // each of the pair role's four warps.
 LASP_SDB_FN uint32_t lasp_sdb_gate_terms_smem_bytes(int32_t Dk) {
@@ -125,12 +129,12 @@ LASP_SDB_FN lasp_sdb_dim3 lasp_sdb_gate_grad_grid(int32_t B, int32_t T, int32_t 
 }
 
 // Workspace (bytes, 16-aligned parts): h0_t, dht_scaled, dht_t_scaled, dh0_scaled (one [B, H, Dk, Dv]
-// fp32 state each), the two directions' block states (fwd_blocks, rev_blocks), gate_rows.
+// fp32 state each), the two directions' block states (fwd_blocks, rev_blocks), gate_rows, gate_z.
 LASP_SDB_FN uint64_t lasp_sdb_state_bytes(int32_t B, int32_t H, int32_t Dk, int32_t Dv) {
   return (uint64_t)B * H * (uint64_t)Dk * Dv * 4u;
 }
 LASP_SDB_FN uint64_t lasp_sdb_block_states_bytes(int32_t B, int32_t T, int32_t H, int32_t Dk, int32_t Dv) {
-  return (uint64_t)(lasp_sd_num_blocks(T) - 1) * lasp_sdb_state_bytes(B, H, Dk, Dv);
+  return (uint64_t)lasp_sd_num_blocks(T) * lasp_sdb_state_bytes(B, H, Dk, Dv);
 }
 LASP_SDB_FN uint64_t lasp_sdb_fwd_blocks_offset(int32_t B, int32_t H, int32_t Dk, int32_t Dv) {
   return 4u * lasp_sdb_state_bytes(B, H, Dk, Dv);
@@ -141,8 +145,13 @@ LASP_SDB_FN uint64_t lasp_sdb_rev_blocks_offset(int32_t B, int32_t T, int32_t H,
 LASP_SDB_FN uint64_t lasp_sdb_gate_rows_offset(int32_t B, int32_t T, int32_t H, int32_t Dk, int32_t Dv) {
   return lasp_sdb_rev_blocks_offset(B, T, H, Dk, Dv) + lasp_sdb_block_states_bytes(B, T, H, Dk, Dv);
 }
+LASP_SDB_FN uint64_t lasp_sdb_gate_z_offset(int32_t B, int32_t T, int32_t H, int32_t Dk, int32_t Dv) {
+  const uint64_t rows = (uint64_t)lasp_sd_num_vtiles(Dv) * 4u * B * H * (uint64_t)T * 4u;
+  return lasp_sdb_gate_rows_offset(B, T, H, Dk, Dv) + (rows + 15u) / 16u * 16u;
+}
 LASP_SDB_FN uint64_t lasp_sdb_workspace_bytes(int32_t B, int32_t T, int32_t H, int32_t Dk, int32_t Dv) {
-  return lasp_sdb_gate_rows_offset(B, T, H, Dk, Dv) + (uint64_t)lasp_sd_num_vtiles(Dv) * 4u * B * H * (uint64_t)T * 4u;
+  return lasp_sdb_gate_z_offset(B, T, H, Dk, Dv) +
+         (uint64_t)lasp_sd_num_vtiles(Dv) * B * H * (uint64_t)lasp_sd_num_blocks(T) * 4u;
 }
 
 // The reversed passes' workspace (a second allocation; none when S == 1): dv_starts at 0, dk_starts,

@@ -59,9 +59,10 @@ typedef struct {
   float* ws_m;                // fp32 [B*H, S-1, Dk, Dv]: local end state M_s of segment s (zero start)
   float* ws_p;                // fp32 [B*H, S-1, Dk, Dv]: slot s holds the prefix P_{s+1} entering segment s+1
   float* ws_lambda;           // fp32 [B*H, S-1]: total log-decay Lambda_s of segment s
-  float* block_states;        // fp32 [B*H, lasp_sd_num_blocks(T)-1, Dk, Dv]: the state at every block boundary
-                              // (lasp_sd_block_slot), written by the backward's dq and dv passes only
-                              // (the *_block_states_* kernels); NULL elsewhere
+  void* block_states;         // [B*H, lasp_sd_num_blocks(T), 4 * Dk * Dv bytes]: the state at the block
+                              // boundaries (lasp_sd_block_slot) as bf16 operand tiles of the backward's
+                              // gate gradient (lasp::sd::state_store_tiles), written by the backward's dq
+                              // and dv passes only (the *_block_states_* kernels); NULL elsewhere
   int32_t B;                  // batch
   int32_t T;                  // tokens per sequence (>= 1)
   int32_t H;                  // heads
@@ -103,20 +104,22 @@ LASP_SD_FN int32_t lasp_sd_num_chunks(int32_t T) {
 LASP_SD_FN int32_t lasp_sd_num_vtiles(int32_t Dv) { return Dv / LASP_SD_TILE_V; }
 
 // Blocks of LASP_SD_BLOCK_CHUNKS chunks per sequence (the last may hold fewer). The backward's gate
-// gradient meets the two time directions' states at their boundaries, tokens 64 * LASP_SD_BLOCK_CHUNKS
-// * j for 0 < j < blocks: block_states slot j - 1.
+// gradient meets the two time directions' states at their boundaries.
 LASP_SD_FN int32_t lasp_sd_num_blocks(int32_t T) {
   return (lasp_sd_num_chunks(T) + LASP_SD_BLOCK_CHUNKS - 1) / LASP_SD_BLOCK_CHUNKS;
 }
 
 // The block_states slot of the state entering loop chunk `chunk` of a pass over a sequence of
-// `num_chunks` chunks, or -1 where that is no block boundary. In order, loop chunk c starts at
-// token 64 c; reversed (lasp::sd::TimeAxis), at token 64 (num_chunks - c), where its state is the
-// gradient with respect to the state after token 64 (num_chunks - c) - 1.
+// `num_chunks` chunks, or -1. In order, loop chunk c starts at token 64 c, and the state entering
+// block j (h0 for j = 0) goes to slot j. Reversed (lasp::sd::TimeAxis), loop chunk c starts at
+// token 64 (num_chunks - c), where the state is the gradient with respect to the state after the
+// token before it: at the end of block j (for the last block, the end of the sequence: dht) it
+// goes to slot j.
 LASP_SD_FN int32_t lasp_sd_block_slot(int32_t num_chunks, int32_t chunk, int32_t reversed) {
-  const int32_t boundary = reversed ? num_chunks - chunk : chunk;  // in chunks of the tensors
-  return boundary > 0 && boundary < num_chunks && boundary % LASP_SD_BLOCK_CHUNKS == 0
-             ? boundary / LASP_SD_BLOCK_CHUNKS - 1
+  if (!reversed) return chunk % LASP_SD_BLOCK_CHUNKS == 0 ? chunk / LASP_SD_BLOCK_CHUNKS : -1;
+  const int32_t boundary = num_chunks - chunk;  // in chunks of the tensors
+  return (boundary % LASP_SD_BLOCK_CHUNKS == 0 || chunk == 0) && boundary > 0
+             ? (boundary + LASP_SD_BLOCK_CHUNKS - 1) / LASP_SD_BLOCK_CHUNKS - 1
              : -1;
 }
 
