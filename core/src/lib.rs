@@ -23,7 +23,6 @@ pub mod runtime;
 pub mod settings;
 pub mod symmetric;
 pub mod tensor_map;
-pub mod units;
 
 pub use error::{Error, Result};
 pub use runtime::{Config, Runtime};
