@@ -73,9 +73,8 @@ struct Options {
     /// Untimed calls first (at least one runs).
     #[arg(long, value_name = "N", default_value_t = 10)]
     warmup: usize,
-    /// Timed calls (at least 1).
-    #[arg(long, value_name = "N", default_value_t = 50,
-          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    /// Timed calls (0 counts as 1).
+    #[arg(long, value_name = "N", default_value_t = 50)]
     iters: usize,
     /// Force the number of segments S (tuning).
     #[arg(long, value_name = "S")]
@@ -663,7 +662,8 @@ fn run(opts: &Options, config: Config) -> Result<()> {
 }
 
 fn main() {
-    let opts = Options::parse();
+    let mut opts = Options::parse();
+    opts.iters = opts.iters.max(1);
     let config = Config::from_env().and_then(|base| {
         let config = Config {
             symmetric_heap_bytes: 1 << 20,
@@ -732,7 +732,7 @@ mod tests {
         assert_eq!((o.warmup, o.iters, o.timeout_s), (3, 100, 110));
         assert_eq!((o.segments, o.target_ctas), (Some(8), Some(264)));
         assert!(o.probes && o.backward && o.dump.is_some() && o.out.is_some());
-        assert!(Options::try_parse_from(["forward_bench", "--iters", "0"]).is_err());
+        assert!(Options::try_parse_from(["forward_bench", "--iters", "x"]).is_err());
         assert!(Options::try_parse_from(["forward_bench", "--shapes", "2x4096"]).is_err());
     }
 
