@@ -99,7 +99,9 @@ expect_failure lasp2_layout_mismatch_caught 'PEs \[1\] set up a different layout
 check lasp2_forward_c $RUN "$BIN/lasp2_forward_c" --graph-calls 1000
 grep -h "rank 0:" "$OUT/lasp2_forward_c.log" || true
 if python3 -c "import torch" 2>/dev/null; then
-  check lasp2_torch timeout 600 python3 -m torch.distributed.run --standalone --nproc-per-node "$NGPU" \
+  # NVSHMEM's settings come from the environment (the library never writes it); gpu-env.sh
+  # already keeps NVLink multicast off, and every rank is on this node.
+  check lasp2_torch env NVSHMEM_REMOTE_TRANSPORT=none timeout 600 python3 -m torch.distributed.run --standalone --nproc-per-node "$NGPU" \
     examples/python/lasp2_torch.py --lib "$BIN/liblasp_shmem.so" ${GPU_TEST_TORCH_TIME:+--time}
   grep -h "^rank " "$OUT/lasp2_torch.log" || true
 else

@@ -10,6 +10,20 @@
  *                lasp_runtime_init(&opts, &place, &id, &rt);
  * Programs started by lasp-run, mpirun or nvshmrun call lasp_runtime_init_from_env instead.
  *
+ * Environment: NVSHMEM reads its NVSHMEM_* settings from the process environment, once, at init,
+ * and the library never writes the environment (setenv races with getenv in every other thread,
+ * and a trainer runs threads long before it calls in). Put them in the environment before the
+ * process starts (the job script, the launcher's -x / --export):
+ *   NVSHMEM_DISABLE_NVLS=1          keeps NVLink multicast off (recommended on shared nodes);
+ *   NVSHMEM_REMOTE_TRANSPORT=none   when every rank runs on one node;
+ *   NVSHMEM_SYMMETRIC_SIZE=bytes    at least options.symmetric_heap_bytes + 256 MiB; required
+ *                                   when that exceeds NVSHMEM's 1 GiB default (init fails with
+ *                                   LASP_ERROR_INVALID_ARGUMENT otherwise);
+ *   NVSHMEM_BOOTSTRAP=MPI           under mpirun (init fails with LASP_ERROR_LAUNCH otherwise).
+ * lasp-run sets the first two (and a per-job LASP_RENDEZVOUS_NONCE) for the ranks it starts.
+ * A malformed LASP_WAIT_TIMEOUT_MS (a positive number of milliseconds) or NVSHMEM_SYMMETRIC_SIZE
+ * is an error at init, never silently replaced by a default.
+ *
  * Then, per layout: lasp_lasp2_create (collective), lasp_lasp2_forward on the caller's stream
  * with its own device pointers (not collective: the ranks meet through device signals), and at
  * the end lasp_lasp2_free and lasp_runtime_shutdown (both collective).
@@ -53,11 +67,18 @@ typedef int32_t lasp_status;
 #define LASP_OK 0
 #define LASP_ERROR_INVALID_ARGUMENT 1 /* rejected before anything was enqueued */
 #define LASP_ERROR_LAUNCH 2           /* launch environment, ranks, rendezvous */
-#define LASP_ERROR_CUDA 3             /* no driver, no GPU, a failed driver call */
+#define LASP_ERROR_CUDA 3             /* no driver, no GPU, another failed driver call */
 #define LASP_ERROR_NVSHMEM 4          /* NVSHMEM not found, wrong version, a failed call */
 #define LASP_ERROR_PEER_TIMEOUT 5     /* a wait on another GPU expired */
 #define LASP_ERROR_STATE 6            /* calls out of order */
 #define LASP_ERROR_INTERNAL 7         /* a bug in lasp-shmem: please report the message */
+/* Codes are only ever appended; a caller should treat an unknown code as an error. */
+#define LASP_ERROR_NCCL 8             /* an NCCL call failed (sequential NCCL mode) */
+#define LASP_ERROR_KERNEL_FAULT 9     /* a kernel faulted: the CUDA context is unusable, exit
+                                         the process; a bug to report */
+#define LASP_ERROR_KERNEL_LAUNCH 10   /* the driver refused a launch; nothing was enqueued; a
+                                         bug to report */
+#define LASP_ERROR_BUILD 11           /* built without a kernel this call or GPU needs: rebuild */
 
 /* Exchange modes of the LASP-2 forward and backward. Outputs are bitwise the same in all but
  * NO_COMM. */
@@ -78,7 +99,8 @@ typedef struct lasp_scalar_decay_grad lasp_scalar_decay_grad; /* one GPU, backwa
 typedef struct lasp_runtime_options {
   uint32_t abi_version;          /* LASP_SHMEM_ABI_VERSION */
   uint32_t reserved;             /* 0 */
-  uint64_t symmetric_heap_bytes; /* 0: 256 MiB; sum lasp_lasp2_symmetric_bytes of the ops */
+  uint64_t symmetric_heap_bytes; /* 0: 256 MiB; sum lasp_lasp2_symmetric_bytes of the ops;
+                                    NVSHMEM_SYMMETRIC_SIZE must hold it (see Environment) */
   uint64_t wait_timeout_ms;      /* 0: LASP_WAIT_TIMEOUT_MS, else 10 s */
   const char *nvshmem_library;   /* NULL: NVSHMEM_HOME, else the usual places */
 } lasp_runtime_options;

@@ -18,8 +18,10 @@ pub struct WaitDiagnostics {
     pub waited_ns: u64,
 }
 
-// SAFETY: plain C struct of integers, valid for any bit pattern and as all zeros.
+// SAFETY: a #[repr(C)] struct of integers only (layout checked against the C struct below), so
+// copying its bytes to and from the device is valid for any bit pattern.
 unsafe impl DeviceRepr for WaitDiagnostics {}
+// SAFETY: integers only: all zero bits is a valid value (the "no wait expired" record).
 unsafe impl ValidAsZeroBits for WaitDiagnostics {}
 
 impl WaitDiagnostics {

@@ -3,7 +3,7 @@
 //! kernels/cuda/include/lasp/exchange_params.h.
 
 use crate::diagnostics::WaitDiagnostics;
-use crate::error::{Error, Result};
+use crate::error::{CudaCall, Error, Result};
 use crate::kernel::{Kernel, LaunchShape};
 use crate::runtime::Runtime;
 use crate::symmetric::SymmetricBuffer;
@@ -171,6 +171,9 @@ fn device_addr<T>(slice: &CudaSlice<T>, stream: &CudaStream) -> u64 {
 ///
 /// Each [`AllGather::launch`] is one round, enqueued on a stream with no host synchronisation;
 /// rounds on one stream may follow each other back to back, or be captured in a CUDA graph.
+///
+/// End with [`AllGather::finish`] on the stream of the last round, then [`AllGather::free`]
+/// (collective): dropping it while a round is still in flight frees memory the kernel uses.
 pub struct AllGather {
     runtime: Runtime,
     bytes: usize,
@@ -214,10 +217,12 @@ impl AllGather {
             src: runtime.alloc(bytes)?,
             slots: runtime.alloc(2 * npes * bytes)?,
             data_signal: runtime.alloc_zeroed(2 * npes)?,
-            epoch: stream.alloc_zeros(1)?,
-            counters: stream.alloc_zeros(counter_words(npes))?,
-            diag: stream.alloc_zeros(1)?,
-            mismatches: stream.alloc_zeros(1)?,
+            epoch: stream.alloc_zeros(1).cuda_call("cuMemAllocAsync")?,
+            counters: stream
+                .alloc_zeros(counter_words(npes))
+                .cuda_call("cuMemAllocAsync")?,
+            diag: stream.alloc_zeros(1).cuda_call("cuMemAllocAsync")?,
+            mismatches: stream.alloc_zeros(1).cuda_call("cuMemAllocAsync")?,
             variant: AllGatherVariant::DEFAULT,
             round: module.kernel(AllGatherVariant::DEFAULT.kernel_name())?,
             floor: module.kernel("lasp_allgather_floor")?,
@@ -227,7 +232,9 @@ impl AllGather {
             threads: ALLGATHER_THREADS,
             chunk_bytes: None,
         };
-        stream.synchronize()?;
+        // The device buffers are zeroed on the runtime's stream and used on the caller's: their
+        // allocation must be complete first (event tracking is off, see gpu::open_gpu).
+        stream.synchronize().cuda_call("cuStreamSynchronize")?;
         Ok(gather)
     }
 
@@ -343,8 +350,10 @@ impl AllGather {
             block: (threads, 1, 1),
             shared_bytes: 0,
         };
-        // SAFETY: every pointer is owned by self and outlives the launch (self is borrowed until
-        // the caller synchronises through `finish`, or drops self only after synchronising).
+        // SAFETY: the parameters have the layout of lasp_allgather_params (params_have_the_c_layout)
+        // and point into buffers owned by self. They outlive the kernel as long as the caller
+        // keeps its documented obligation: `finish` (or `free`, which synchronises the device)
+        // before dropping self. The types do not enforce it (see gpu::open_gpu).
         unsafe { kernel.launch(stream, shape, &params) }
     }
 
@@ -369,7 +378,8 @@ impl AllGather {
             block: (256, 1, 1),
             shared_bytes: 0,
         };
-        // SAFETY: pointers owned by self.
+        // SAFETY: lasp_pattern_params' layout; pointers into buffers owned by self, which outlive
+        // the kernel under the same obligation as `launch`.
         unsafe { self.fill.launch(stream, shape, &params) }
     }
 
@@ -382,29 +392,35 @@ impl AllGather {
             block: (256, 1, 1),
             shared_bytes: 0,
         };
-        // SAFETY: pointers owned by self.
+        // SAFETY: as in fill_pattern.
         unsafe { self.check.launch(stream, shape, &params) }
     }
 
     /// Waits for `stream`, then returns the error of the first expired wait, if any.
     pub fn finish(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        stream.synchronize()?;
-        stream.clone_dtoh(&self.diag)?[0].into_result()
+        stream.synchronize().cuda_call("cuStreamSynchronize")?;
+        read_diagnostics(stream, &self.diag)
     }
 
     /// The last completed epoch (synchronises `stream`).
     pub fn epoch(&self, stream: &Arc<CudaStream>) -> Result<u64> {
-        Ok(stream.clone_dtoh(&self.epoch)?[0])
+        Ok(stream
+            .clone_dtoh(&self.epoch)
+            .cuda_call("cuMemcpyDtoHAsync")?[0])
     }
 
     /// Mismatching words counted by [`AllGather::check_pattern`] so far (synchronises `stream`).
     pub fn mismatches(&self, stream: &Arc<CudaStream>) -> Result<u64> {
-        Ok(stream.clone_dtoh(&self.mismatches)?[0])
+        Ok(stream
+            .clone_dtoh(&self.mismatches)
+            .cuda_call("cuMemcpyDtoHAsync")?[0])
     }
 
-    /// Frees the symmetric buffers (collective).
+    /// Frees the buffers (collective). Waits for the whole device first, so rounds still in
+    /// flight on any stream finish before their memory goes.
     pub fn free(self) -> Result<()> {
         let rt = self.runtime.clone();
+        rt.context().synchronize().cuda_call("cuCtxSynchronize")?;
         rt.free(self.data_signal)?;
         rt.free(self.slots)?;
         rt.free(self.src)
@@ -429,13 +445,16 @@ impl PingPong {
             ));
         }
         let stream = runtime.stream();
-        Ok(PingPong {
+        let pingpong = PingPong {
             runtime: runtime.clone(),
             flags: runtime.alloc_zeroed(2)?,
-            round: stream.alloc_zeros(1)?,
-            diag: stream.alloc_zeros(1)?,
+            round: stream.alloc_zeros(1).cuda_call("cuMemAllocAsync")?,
+            diag: stream.alloc_zeros(1).cuda_call("cuMemAllocAsync")?,
             kernel: runtime.module().kernel("lasp_pingpong")?,
-        })
+        };
+        // Zeroed on the runtime's stream, used on the caller's: complete the allocation first.
+        stream.synchronize().cuda_call("cuStreamSynchronize")?;
+        Ok(pingpong)
     }
 
     /// Enqueues `rounds` round trips on `stream` (PEs other than 0 and 1 enqueue nothing).
@@ -459,20 +478,31 @@ impl PingPong {
             block: (32, 1, 1),
             shared_bytes: 0,
         };
-        // SAFETY: pointers owned by self.
+        // SAFETY: lasp_pingpong_params' layout; pointers into buffers owned by self, which
+        // outlive the kernel as long as the caller calls `finish` or `free` before dropping self.
         unsafe { self.kernel.launch(stream, shape, &params) }
     }
 
     /// Waits for `stream`, then returns the error of an expired wait, if any.
     pub fn finish(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        stream.synchronize()?;
-        stream.clone_dtoh(&self.diag)?[0].into_result()
+        stream.synchronize().cuda_call("cuStreamSynchronize")?;
+        read_diagnostics(stream, &self.diag)
     }
 
-    /// Frees the flags (collective).
+    /// Frees the buffers (collective). Waits for the whole device first, so round trips still
+    /// in flight on any stream finish before their memory goes.
     pub fn free(self) -> Result<()> {
+        self.runtime
+            .context()
+            .synchronize()
+            .cuda_call("cuCtxSynchronize")?;
         self.runtime.free(self.flags)
     }
+}
+
+/// The wait record in `diag`, read after `stream` (synchronises it), as a result.
+fn read_diagnostics(stream: &Arc<CudaStream>, diag: &CudaSlice<WaitDiagnostics>) -> Result<()> {
+    stream.clone_dtoh(diag).cuda_call("cuMemcpyDtoHAsync")?[0].into_result()
 }
 
 #[cfg(test)]

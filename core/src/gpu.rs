@@ -1,6 +1,6 @@
 //! Opening this rank's GPU, with one-line errors where cudarc would panic.
 
-use crate::error::{describe_driver_error, Error, Result};
+use crate::error::{describe_driver_error, CudaCall, Error, Result};
 use cudarc::driver::CudaContext;
 use std::sync::Arc;
 
@@ -9,14 +9,14 @@ pub fn visible_gpu_count() -> Result<usize> {
     // cudarc panics when it cannot find the driver library: look for it first.
     // SAFETY: loading the driver library runs no code of ours; it is closed again at once.
     if let Err(e) = unsafe { libloading::Library::new("libcuda.so.1") } {
-        return Err(Error::Cuda {
+        return Err(Error::DriverUnavailable {
             call: "loading libcuda.so.1".into(),
             detail: format!("no NVIDIA driver on this machine ({e})"),
         });
     }
     CudaContext::device_count()
         .map(|n| n as usize)
-        .map_err(|e| Error::Cuda {
+        .map_err(|e| Error::DriverUnavailable {
             call: "cuInit/cuDeviceGetCount".into(),
             detail: format!(
                 "{}: no GPU is usable (is CUDA_VISIBLE_DEVICES empty or wrong?)",
@@ -30,7 +30,7 @@ pub fn visible_gpu_count() -> Result<usize> {
 pub fn open_gpu(local_rank: usize) -> Result<Arc<CudaContext>> {
     let count = visible_gpu_count()?;
     if count == 0 {
-        return Err(Error::Cuda {
+        return Err(Error::DriverUnavailable {
             call: "cuDeviceGetCount".into(),
             detail: "no GPU is visible".into(),
         });
@@ -40,10 +40,26 @@ pub fn open_gpu(local_rank: usize) -> Result<Arc<CudaContext>> {
             "local rank {local_rank} needs GPU {local_rank} but this node shows {count} GPU(s); start at most {count} ranks per node (check CUDA_VISIBLE_DEVICES)"
         )));
     }
-    let ctx = CudaContext::new(local_rank)?;
+    let ctx = CudaContext::new(local_rank).cuda_call("cuDevicePrimaryCtxRetain")?;
     // Ordering is ours to keep (one stream per operation, explicit events); cudarc's per-buffer
     // event tracking would add an event record to every launch on the hot path.
-    // SAFETY: no cudarc buffer exists on this context yet.
+    //
+    // SAFETY: this only switches tracking off for the CudaSlices allocated on this context from
+    // now on (none exists yet, so none is left half-tracked). It hands cudarc's obligations for
+    // each such slice to whoever uses it on more than one stream: (1) it is not freed (dropped)
+    // before every use on another stream has finished, (2) it is not used on another stream
+    // before its allocation on the allocating stream has finished, (3) it is not written by two
+    // streams at once. They are discharged:
+    // - for the buffers of `exchange::AllGather` and `PingPong` (allocated on the runtime's
+    //   stream, then synchronised in `new`, used on the caller's stream), by their `finish` and
+    //   `free`, which the caller must call after its last round, before dropping (the types do
+    //   not enforce this: a caller that drops one with a round in flight breaks (1));
+    // - for the runtime's own scratch (`broadcast_bytes`, `all_gather_u64`), by synchronising
+    //   the runtime's stream before freeing;
+    // - for the operations of `crate::ops` and the slices callers pass to them as `DeviceRef` /
+    //   `DeviceMut`, NOT by the types: their safe `launch`/`forward` functions leave (1)-(3) to
+    //   the caller ("ordering is the caller's"), which is the open soundness gap of that layer,
+    //   to be closed there (unsafe launches, or guards that `finish` consumes).
     unsafe { ctx.disable_event_tracking() };
     Ok(ctx)
 }

@@ -1,9 +1,9 @@
 //! The embedded kernel module: loading it for this GPU, registering it with NVSHMEM, launching
 //! its kernels. This is the one place that holds raw `CUmodule`/`CUfunction` handles.
 
-use crate::error::{describe_driver_error, Error, Result};
+use crate::error::{classify, describe_driver_error, CudaCall, DriverErrorClass, Error, Result};
+use crate::nvshmem::Nvshmem;
 use cudarc::driver::{result as cu, sys, CudaContext, CudaStream};
-use nvshmem_sys::NvshmemHost;
 use std::ffi::{c_void, CString};
 use std::sync::Arc;
 
@@ -14,43 +14,52 @@ pub struct Module {
     ctx: Arc<CudaContext>,
 }
 
-// SAFETY: a CUmodule may be used from any thread once its context is current there; every use
-// binds the context first.
+// SAFETY: CUDA driver handles are not tied to a thread: a CUmodule may be used from any thread
+// while its context is current there, and every method of Module binds `ctx` before it uses the
+// handle. The driver serialises calls on one context internally.
 unsafe impl Send for Module {}
+// SAFETY: as for Send; no method mutates the handle (the driver owns the module's state).
 unsafe impl Sync for Module {}
 
 /// A kernel of the module. Every kernel takes one by-value parameter struct.
+///
+/// Valid while the [`Module`] it came from is loaded (the runtime keeps it until shutdown).
 #[derive(Clone, Copy)]
 pub struct Kernel {
     function: sys::CUfunction,
+    /// The module's context (the device's primary context): bound before every use.
+    ctx: sys::CUcontext,
     name: &'static str,
 }
 
-// SAFETY: see Module.
+// SAFETY: as for Module: the handles may be used from any thread while their context is current,
+// and every method binds `ctx` first (bind_context).
 unsafe impl Send for Kernel {}
+// SAFETY: as for Send; the handles are only read.
 unsafe impl Sync for Kernel {}
 
 impl Module {
-    pub(crate) fn load(lib: &NvshmemHost, ctx: &Arc<CudaContext>) -> Result<Self> {
-        let (major, minor) = ctx.compute_capability()?;
-        let cubin = lasp_shmem_kernels::cubin_for(major, minor).ok_or_else(|| {
-            Error::Launch(format!(
-                "no kernels were built for this GPU (compute capability {major}.{minor}; built: {:?}); rebuild with LASP_EXTRA_CUDA_ARCHS=sm_{major}{minor}a",
-                lasp_shmem_kernels::CUBINS.iter().map(|c| c.arch).collect::<Vec<_>>()
-            ))
-        })?;
-        ctx.bind_to_thread()?;
-        // SAFETY: the image is a complete executable cubin (checked by the kernels crate's tests).
-        let handle = unsafe { cu::module::load_data(cubin.image.as_ptr() as *const c_void) }?;
-        // SAFETY: NVSHMEM is initialised and the module is loaded in the current context.
-        let rc = unsafe { lib.nvshmemx_cumodule_init(handle as _) };
-        if rc != 0 {
-            // SAFETY: the module was loaded above and is not in use.
+    /// Loads the cubin for `ctx`'s GPU and registers it with NVSHMEM.
+    pub(crate) fn load(nvshmem: Nvshmem, ctx: &Arc<CudaContext>) -> Result<Self> {
+        let (major, minor) = ctx
+            .compute_capability()
+            .cuda_call("cuDeviceGetAttribute(COMPUTE_CAPABILITY)")?;
+        let cubin =
+            lasp_shmem_kernels::cubin_for(major, minor).ok_or_else(|| Error::UnsupportedGpu {
+                compute_capability: (major, minor),
+                built: lasp_shmem_kernels::CUBINS.iter().map(|c| c.arch).collect(),
+            })?;
+        ctx.bind_to_thread().cuda_call("cuCtxSetCurrent")?;
+        // SAFETY: the image is a complete executable cubin (checked by the kernels crate's tests)
+        // that lives for the whole program; the context is current (bound above).
+        let handle = unsafe { cu::module::load_data(cubin.image.as_ptr() as *const c_void) }
+            .cuda_call("cuModuleLoadData")?;
+        // SAFETY: NVSHMEM is initialised (the runtime loads the module after init) and the module
+        // is loaded in the current context.
+        if let Err(e) = unsafe { nvshmem.cumodule_init(handle) } {
+            // SAFETY: the module was loaded above and nothing uses it.
             let _ = unsafe { cu::module::unload(handle) };
-            return Err(Error::Nvshmem {
-                call: "nvshmemx_cumodule_init",
-                detail: format!("returned {rc}: the cubin's NVSHMEM device library does not match the host library"),
-            });
+            return Err(e);
         }
         Ok(Module {
             handle,
@@ -58,27 +67,35 @@ impl Module {
         })
     }
 
-    /// The kernel `name`, which must be one of `lasp_shmem_kernels::KERNEL_NAMES`.
+    /// The kernel `name`, which must be one of `lasp_shmem_kernels::KERNEL_NAMES`; a name the
+    /// module lacks is [`Error::MissingKernel`] (a build problem).
     pub fn kernel(&self, name: &'static str) -> Result<Kernel> {
-        self.ctx.bind_to_thread()?;
+        self.ctx.bind_to_thread().cuda_call("cuCtxSetCurrent")?;
         let c_name = CString::new(name).expect("kernel names have no NUL");
-        // SAFETY: the module is loaded in the current context.
-        let function = unsafe { cu::module::get_function(self.handle, c_name) }.map_err(|e| {
-            Error::State(format!(
-                "kernel {name} is not in the module ({})",
-                describe_driver_error(&e)
-            ))
-        })?;
-        Ok(Kernel { function, name })
+        // SAFETY: the module is loaded in the current context (bound above).
+        let function =
+            unsafe { cu::module::get_function(self.handle, c_name) }.map_err(|e| match e.0 {
+                sys::CUresult::CUDA_ERROR_NOT_FOUND => Error::MissingKernel {
+                    kernel: name.into(),
+                    detail: describe_driver_error(&e),
+                },
+                _ => Error::from_driver(format!("cuModuleGetFunction({name})"), &e),
+            })?;
+        Ok(Kernel {
+            function,
+            ctx: self.ctx.cu_ctx(),
+            name,
+        })
     }
 
-    pub(crate) fn finalize(&self, lib: &NvshmemHost) -> Result<()> {
-        self.ctx.bind_to_thread()?;
-        // SAFETY: no kernel of the module is running (the caller synchronised).
-        let rc = unsafe { lib.nvshmemx_cumodule_finalize(self.handle as _) };
-        crate::runtime::nvshmem_ok("nvshmemx_cumodule_finalize", rc)?;
+    /// Unregisters the module from NVSHMEM and unloads it.
+    pub(crate) fn finalize(&self, nvshmem: Nvshmem) -> Result<()> {
+        self.ctx.bind_to_thread().cuda_call("cuCtxSetCurrent")?;
+        // SAFETY: no kernel of the module is running (the caller synchronised) and none is
+        // launched after this (the runtime is shutting down); the context is current.
+        unsafe { nvshmem.cumodule_finalize(self.handle)? };
         // SAFETY: as above; the handle is not used after this.
-        unsafe { cu::module::unload(self.handle) }?;
+        unsafe { cu::module::unload(self.handle) }.cuda_call("cuModuleUnload")?;
         Ok(())
     }
 }
@@ -97,43 +114,70 @@ impl Kernel {
         self.name
     }
 
+    /// Makes the kernel's context current on this thread (a no-op where it already is).
+    fn bind_context(&self) -> Result<()> {
+        if cu::ctx::get_current().cuda_call("cuCtxGetCurrent")? != Some(self.ctx) {
+            // SAFETY: `ctx` is the primary context the module was loaded in, retained by the
+            // runtime for as long as its module (and so this kernel) is usable.
+            unsafe { cu::ctx::set_current(self.ctx) }.cuda_call("cuCtxSetCurrent")?;
+        }
+        Ok(())
+    }
+
     /// Raises the kernel's dynamic shared-memory limit (needed above 48 KiB).
     pub fn set_max_dynamic_shared_bytes(&self, bytes: u32) -> Result<()> {
-        // SAFETY: a valid function handle and attribute.
+        self.bind_context()?;
+        let bytes = i32::try_from(bytes).map_err(|_| {
+            Error::InvalidArgument(format!("{bytes} bytes of shared memory for {}", self.name))
+        })?;
+        // SAFETY: a valid function handle of the current context, and a valid attribute.
         unsafe {
             cu::function::set_function_attribute(
                 self.function,
                 sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                bytes as i32,
+                bytes,
             )
-        }?;
+        }
+        .cuda_call(&format!("cuFuncSetAttribute({})", self.name))?;
         Ok(())
     }
 
     /// Enqueues the kernel on `stream` with `params` as its single by-value argument.
     ///
+    /// A launch the driver refuses is [`Error::KernelLaunch`]; a fault of an earlier kernel that
+    /// the driver reports here is [`Error::KernelFault`].
+    ///
     /// # Safety
     /// `P` must have the C layout of the kernel's parameter struct, and every device pointer in
     /// it must stay valid, and be used by nothing else in a conflicting way, until the kernel
-    /// completes.
+    /// completes. `stream` must belong to the module's context.
     pub unsafe fn launch<P: Copy>(
         &self,
         stream: &CudaStream,
         shape: LaunchShape,
         params: &P,
     ) -> Result<()> {
+        self.bind_context()?;
         let mut args = [params as *const P as *mut c_void];
-        cu::launch_kernel(
-            self.function,
-            shape.grid,
-            shape.block,
-            shape.shared_bytes,
-            stream.cu_stream(),
-            &mut args,
-        )
-        .map_err(|e| Error::Cuda {
-            call: format!("launching {}", self.name),
-            detail: describe_driver_error(&e),
+        // SAFETY: the function is of the current context, `args` holds one pointer to a value of
+        // the kernel's parameter type that outlives the call (the driver copies it at launch);
+        // the caller's contract covers the pointers inside it and the stream.
+        unsafe {
+            cu::launch_kernel(
+                self.function,
+                shape.grid,
+                shape.block,
+                shape.shared_bytes,
+                stream.cu_stream(),
+                &mut args,
+            )
+        }
+        .map_err(|e| match classify(e.0) {
+            DriverErrorClass::Other => Error::KernelLaunch {
+                kernel: self.name.into(),
+                detail: format!("{} with {shape:?}", describe_driver_error(&e)),
+            },
+            _ => Error::from_driver(format!("cuLaunchKernel({})", self.name), &e),
         })
     }
 }

@@ -1,6 +1,8 @@
 //! Who this process is in the job, read from the environment its launcher set.
 
 use crate::error::{Error, Result};
+use crate::rendezvous::NONCE_VAR;
+pub use crate::rendezvous::{JobNonce, Rendezvous};
 use std::path::PathBuf;
 
 /// How NVSHMEM's PEs find each other.
@@ -15,20 +17,6 @@ pub enum Bootstrap {
     Mpi,
 }
 
-/// Where the unique id is exchanged.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Rendezvous {
-    /// One process: nothing to exchange.
-    Alone,
-    /// Rank 0 serves the id over TCP on `MASTER_ADDR:MASTER_PORT`.
-    Tcp { addr: String, port: u16 },
-    /// Rank 0 writes the id to a file every rank can read (`LASP_RENDEZVOUS_FILE`).
-    File(PathBuf),
-    /// The caller already handed rank 0's id to every rank (a trainer's own collective, through
-    /// the C ABI): nothing left to exchange.
-    Given([u8; crate::rendezvous::ID_BYTES]),
-}
-
 /// This process's place in the job.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaunchEnv {
@@ -41,15 +29,18 @@ pub struct LaunchEnv {
 }
 
 impl LaunchEnv {
-    /// Reads the launch variables of the process environment.
+    /// Reads the launch variables of the process environment. A value that is not UTF-8 is read
+    /// with its invalid bytes replaced, so a number shows up as malformed instead of as unset.
     pub fn from_process_env() -> Result<Self> {
-        Self::from_lookup(|name| std::env::var(name).ok())
+        Self::from_lookup(|name| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()))
     }
 
     /// Reads the launch variables through `get`, in this order: `LASP_BOOTSTRAP` (uid, mpi or
     /// pmi) forces a mode; torchrun-style `RANK`/`WORLD_SIZE` (lasp-run sets these) select the
     /// unique-id bootstrap; Open MPI's `OMPI_COMM_WORLD_*` select MPI; `PMI_RANK`/`PMI_SIZE`
     /// (nvshmrun, Hydra) or `SLURM_PROCID` select PMI; none of them means a single process.
+    /// `LASP_RENDEZVOUS_NONCE`, when set, ties the unique-id rendezvous to one job (see
+    /// [`crate::rendezvous`]).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let num = |name: &str| -> Result<Option<usize>> {
             match get(name) {
@@ -61,6 +52,7 @@ impl LaunchEnv {
                 }),
             }
         };
+        let nonce = || get(NONCE_VAR).map(|v| JobNonce::new(&v)).transpose();
         let forced = get("LASP_BOOTSTRAP").map(|v| v.to_ascii_lowercase());
         let torch = (num("RANK")?, num("WORLD_SIZE")?);
         let ompi = (num("OMPI_COMM_WORLD_RANK")?, num("OMPI_COMM_WORLD_SIZE")?);
@@ -111,7 +103,10 @@ impl LaunchEnv {
             "mpi" => Bootstrap::Mpi,
             "pmi" => Bootstrap::Pmi,
             "uid" => Bootstrap::UniqueId(if let Some(file) = get("LASP_RENDEZVOUS_FILE") {
-                Rendezvous::File(PathBuf::from(file))
+                Rendezvous::File {
+                    path: PathBuf::from(file),
+                    nonce: nonce()?,
+                }
             } else if world_size == 1 {
                 Rendezvous::Alone
             } else {
@@ -120,12 +115,22 @@ impl LaunchEnv {
                         "{world_size} ranks need a rendezvous: set MASTER_ADDR and MASTER_PORT (lasp-run and torchrun do) or LASP_RENDEZVOUS_FILE"
                     ))
                 })?;
-                let port = num("MASTER_PORT")?
-                    .and_then(|p| u16::try_from(p).ok())
+                let port = get("MASTER_PORT");
+                let port = port
+                    .as_deref()
+                    .and_then(|p| p.trim().parse::<u16>().ok())
+                    .filter(|&p| p > 0)
                     .ok_or_else(|| {
-                        Error::Launch("MASTER_PORT must be set to a TCP port (1-65535)".into())
+                        Error::Launch(match &port {
+                            Some(p) => format!("MASTER_PORT={p:?} is not a TCP port (1-65535)"),
+                            None => "MASTER_PORT must be set to a TCP port (1-65535)".into(),
+                        })
                     })?;
-                Rendezvous::Tcp { addr, port }
+                Rendezvous::Tcp {
+                    addr,
+                    port,
+                    nonce: nonce()?,
+                }
             }),
             other => {
                 return Err(Error::Launch(format!(
@@ -250,10 +255,48 @@ mod tests {
             e.bootstrap,
             Bootstrap::UniqueId(Rendezvous::Tcp {
                 addr: "10.0.0.1".into(),
-                port: 29500
+                port: 29500,
+                nonce: None,
             })
         );
         assert!(!e.single_node());
+    }
+
+    #[test]
+    fn a_job_nonce_goes_with_the_rendezvous() {
+        let base = [
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "29500"),
+        ];
+        let e = env(&[&base[..], &[("LASP_RENDEZVOUS_NONCE", "abc123")]].concat()).unwrap();
+        assert_eq!(
+            e.bootstrap,
+            Bootstrap::UniqueId(Rendezvous::Tcp {
+                addr: "127.0.0.1".into(),
+                port: 29500,
+                nonce: Some(JobNonce::new("abc123").unwrap()),
+            })
+        );
+        let e = env(&[
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("LASP_RENDEZVOUS_FILE", "/shared/id"),
+            ("LASP_RENDEZVOUS_NONCE", "abc123"),
+        ])
+        .unwrap();
+        assert_eq!(
+            e.bootstrap,
+            Bootstrap::UniqueId(Rendezvous::File {
+                path: "/shared/id".into(),
+                nonce: Some(JobNonce::new("abc123").unwrap()),
+            })
+        );
+        let msg = env(&[&base[..], &[("LASP_RENDEZVOUS_NONCE", "not a nonce")]].concat())
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("LASP_RENDEZVOUS_NONCE must be"), "{msg}");
     }
 
     #[test]
@@ -300,6 +343,20 @@ mod tests {
         );
         let msg = env(&[("RANK", "x")]).unwrap_err().to_string();
         assert!(msg.contains("RANK=\"x\""), "{msg}");
+        for port in ["0", "65536", "http"] {
+            let msg = env(&[
+                ("RANK", "0"),
+                ("WORLD_SIZE", "2"),
+                ("MASTER_ADDR", "x"),
+                ("MASTER_PORT", port),
+            ])
+            .unwrap_err()
+            .to_string();
+            assert!(
+                msg.contains(&format!("MASTER_PORT={port:?} is not a TCP port")),
+                "{msg}"
+            );
+        }
         let msg = env(&[("LASP_BOOTSTRAP", "carrier-pigeon")])
             .unwrap_err()
             .to_string();
@@ -316,7 +373,10 @@ mod tests {
         .unwrap();
         assert_eq!(
             e.bootstrap,
-            Bootstrap::UniqueId(Rendezvous::File("/shared/id".into()))
+            Bootstrap::UniqueId(Rendezvous::File {
+                path: "/shared/id".into(),
+                nonce: None,
+            })
         );
     }
 }

@@ -1,8 +1,14 @@
 //! A local launcher: N ranks of one program on this node, bootstrapped through the unique-id
 //! rendezvous (torchrun-style variables), with rank-prefixed output, fail-fast and a timeout.
+//!
+//! The plan (which ranks, which variables each gets) is plain data, built and checked by
+//! [`LaunchPlan::check`] and [`LaunchPlan::rank_commands`] without a GPU; [`run`] adds the
+//! node's GPU count, a free port, a fresh job nonce and the processes.
 
 use crate::error::{Error, Result};
 use crate::gpu;
+use crate::rendezvous::{JobNonce, NONCE_VAR};
+use crate::settings;
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
@@ -13,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// What to launch.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct LaunchPlan {
     /// Number of ranks, one per GPU.
     pub ranks: usize,
@@ -21,6 +27,67 @@ pub struct LaunchPlan {
     pub args: Vec<OsString>,
     /// Wall-clock limit for the whole job.
     pub timeout: Option<Duration>,
+}
+
+/// One rank's process: the plan's program and arguments, and the variables the launcher adds to
+/// the environment it inherits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankCommand {
+    pub rank: usize,
+    pub env: Vec<(String, String)>,
+}
+
+impl LaunchPlan {
+    /// Whether the plan fits a node that shows `gpus` GPUs: at least one rank, at most one per
+    /// GPU.
+    pub fn check(&self, gpus: usize) -> Result<()> {
+        self.check_ranks()?;
+        if self.ranks > gpus {
+            return Err(Error::Launch(format!(
+                "asked for {} ranks but this node shows {gpus} GPU(s); use -n {gpus} or fewer (check CUDA_VISIBLE_DEVICES)",
+                self.ranks
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether the plan has at least one rank (checked before the GPUs are counted).
+    fn check_ranks(&self) -> Result<()> {
+        if self.ranks == 0 {
+            return Err(Error::Launch("lasp-run needs -n of at least 1".into()));
+        }
+        Ok(())
+    }
+
+    /// Every rank's variables: torchrun's `RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+    /// `LOCAL_WORLD_SIZE`, `MASTER_ADDR` (this host) and `MASTER_PORT` (`port`), the job's
+    /// `LASP_RENDEZVOUS_NONCE`, and NVSHMEM's settings for a single node
+    /// ([`settings::launcher_nvshmem_defaults`]) where the launcher's own environment, read
+    /// through `get`, does not set them. The ranks read the settings at init; the launcher sets
+    /// them here, in the children's environment, so that no rank has to write its own.
+    pub fn rank_commands(
+        &self,
+        port: u16,
+        nonce: &JobNonce,
+        get: impl Fn(&str) -> Option<String>,
+    ) -> Vec<RankCommand> {
+        let nvshmem = settings::launcher_nvshmem_defaults(get);
+        (0..self.ranks)
+            .map(|rank| {
+                let mut env = vec![
+                    ("RANK".to_string(), rank.to_string()),
+                    ("WORLD_SIZE".into(), self.ranks.to_string()),
+                    ("LOCAL_RANK".into(), rank.to_string()),
+                    ("LOCAL_WORLD_SIZE".into(), self.ranks.to_string()),
+                    ("MASTER_ADDR".into(), "127.0.0.1".into()),
+                    ("MASTER_PORT".into(), port.to_string()),
+                    (NONCE_VAR.into(), nonce.as_str().into()),
+                ];
+                env.extend(nvshmem.iter().map(|(k, v)| (k.to_string(), v.clone())));
+                RankCommand { rank, env }
+            })
+            .collect()
+    }
 }
 
 /// How long ranks get to exit after SIGTERM before SIGKILL.
@@ -36,16 +103,8 @@ extern "C" fn on_signal(_: libc::c_int) {
 /// failing rank's code (128 + signal for a killed rank), 124 on timeout, 130 when interrupted.
 /// The other ranks are stopped as soon as one fails.
 pub fn run(plan: &LaunchPlan) -> Result<i32> {
-    if plan.ranks == 0 {
-        return Err(Error::Launch("lasp-run needs -n of at least 1".into()));
-    }
-    let gpus = gpu::visible_gpu_count()?;
-    if plan.ranks > gpus {
-        return Err(Error::Launch(format!(
-            "asked for {} ranks but this node shows {gpus} GPU(s); use -n {gpus} or fewer (check CUDA_VISIBLE_DEVICES)",
-            plan.ranks
-        )));
-    }
+    plan.check_ranks()?;
+    plan.check(gpu::visible_gpu_count()?)?;
     // Probe on the address rank 0 will listen on (all interfaces): a port that is free on the
     // loopback only can still be taken on another interface (seen on the GPU node: "rank 0
     // cannot listen on port ..." between two jobs of a sweep).
@@ -53,7 +112,11 @@ pub fn run(plan: &LaunchPlan) -> Result<i32> {
         .and_then(|l| l.local_addr())
         .map_err(|e| Error::Launch(format!("no free local TCP port for the rendezvous: {e}")))?
         .port();
-    // SAFETY: the handler only stores to an atomic.
+    let nonce = JobNonce::generate()?;
+    let commands = plan.rank_commands(port, &nonce, |name| {
+        std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+    });
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
@@ -61,15 +124,11 @@ pub fn run(plan: &LaunchPlan) -> Result<i32> {
 
     let mut children = Vec::with_capacity(plan.ranks);
     let mut pumps = Vec::new();
-    for rank in 0..plan.ranks {
+    for command in commands {
+        let rank = command.rank;
         let mut cmd = Command::new(&plan.program);
         cmd.args(&plan.args)
-            .env("RANK", rank.to_string())
-            .env("WORLD_SIZE", plan.ranks.to_string())
-            .env("LOCAL_RANK", rank.to_string())
-            .env("LOCAL_WORLD_SIZE", plan.ranks.to_string())
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string())
+            .envs(command.env)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -158,7 +217,8 @@ fn pump(
 fn stop(children: &mut [Option<Child>]) {
     let signal_all = |children: &mut [Option<Child>], sig| {
         for child in children.iter_mut().flatten() {
-            // SAFETY: signalling the child's own process group.
+            // SAFETY: kill has no memory effects; the target is the process group the child was
+            // started in (process_group(0)), which it leads and we have not reaped yet.
             unsafe { libc::kill(-(child.id() as libc::pid_t), sig) };
         }
     };
@@ -184,7 +244,8 @@ fn stop(children: &mut [Option<Child>]) {
     }
 }
 
-fn describe(status: ExitStatus) -> String {
+/// How a rank ended, for the launcher's message.
+pub fn describe(status: ExitStatus) -> String {
     match (status.code(), status.signal()) {
         (Some(code), _) => format!("exited with code {code}"),
         (None, Some(sig)) => format!("was killed by signal {sig}"),
@@ -192,9 +253,101 @@ fn describe(status: ExitStatus) -> String {
     }
 }
 
-fn exit_code(status: ExitStatus) -> i32 {
+/// The job's exit code after a rank ended with `status`: its code, 128 + signal for a killed
+/// rank, and never 0 (a rank that failed must fail the job).
+pub fn exit_code(status: ExitStatus) -> i32 {
     status
         .code()
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
         .max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn plan(ranks: usize) -> LaunchPlan {
+        LaunchPlan {
+            ranks,
+            program: "/bin/prog".into(),
+            args: vec!["--x".into()],
+            timeout: None,
+        }
+    }
+
+    #[test]
+    fn a_plan_needs_a_rank_and_a_gpu_for_each() {
+        assert!(plan(4).check(4).is_ok());
+        let msg = plan(5).check(4).unwrap_err().to_string();
+        assert!(
+            msg.contains("asked for 5 ranks but this node shows 4 GPU(s); use -n 4"),
+            "{msg}"
+        );
+        let msg = plan(0).check(8).unwrap_err().to_string();
+        assert!(msg.contains("-n of at least 1"), "{msg}");
+    }
+
+    #[test]
+    fn every_rank_gets_its_place_the_rendezvous_and_the_job_nonce() {
+        let nonce = JobNonce::new("n0nce").unwrap();
+        let commands = plan(3).rank_commands(29500, &nonce, |_| None);
+        assert_eq!(commands.len(), 3);
+        for (rank, command) in commands.iter().enumerate() {
+            assert_eq!(command.rank, rank);
+            let env: HashMap<&str, &str> = command
+                .env
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            let rank = rank.to_string();
+            for (name, value) in [
+                ("RANK", rank.as_str()),
+                ("LOCAL_RANK", &rank),
+                ("WORLD_SIZE", "3"),
+                ("LOCAL_WORLD_SIZE", "3"),
+                ("MASTER_ADDR", "127.0.0.1"),
+                ("MASTER_PORT", "29500"),
+                ("LASP_RENDEZVOUS_NONCE", "n0nce"),
+                // What the runtime used to set inside every rank, now set by the launcher.
+                ("NVSHMEM_DISABLE_NVLS", "1"),
+                ("NVSHMEM_REMOTE_TRANSPORT", "none"),
+            ] {
+                assert_eq!(env.get(name), Some(&value), "{name} of rank {rank}");
+            }
+            // Only the program knows its heap; the launcher leaves it to the program.
+            assert!(!env.contains_key("NVSHMEM_SYMMETRIC_SIZE"));
+        }
+    }
+
+    #[test]
+    fn the_launchers_own_settings_pass_through_unchanged() {
+        let nonce = JobNonce::new("n").unwrap();
+        let outer: HashMap<&str, &str> = [
+            ("NVSHMEM_DISABLE_NVLS", "0"),
+            ("NCCL_SOCKET_IFNAME", "eth1"),
+        ]
+        .into();
+        let commands =
+            plan(1).rank_commands(1, &nonce, |name| outer.get(name).map(|v| v.to_string()));
+        let names: Vec<&str> = commands[0].env.iter().map(|(k, _)| k.as_str()).collect();
+        // Not overridden (the child inherits the launcher's value), and derived where asked.
+        assert!(!names.contains(&"NVSHMEM_DISABLE_NVLS"), "{names:?}");
+        assert!(commands[0]
+            .env
+            .contains(&("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME".into(), "eth1".into())));
+    }
+
+    #[test]
+    fn exit_codes_say_how_a_rank_ended() {
+        // Wait statuses as waitpid reports them: code << 8, or the signal number.
+        let exited = |code: i32| ExitStatus::from_raw(code << 8);
+        let killed = |signal: i32| ExitStatus::from_raw(signal);
+        assert_eq!(exit_code(exited(3)), 3);
+        assert_eq!(describe(exited(3)), "exited with code 3");
+        assert_eq!(exit_code(killed(libc::SIGKILL)), 128 + 9);
+        assert_eq!(describe(killed(libc::SIGSEGV)), "was killed by signal 11");
+        // A failure never turns into success.
+        assert_eq!(exit_code(exited(0)), 1);
+    }
 }

@@ -15,13 +15,14 @@ pub mod kernel;
 pub mod launch_env;
 pub mod launcher;
 pub mod nccl;
+mod nvshmem;
 pub mod ops;
 pub mod reference;
 pub mod rendezvous;
 pub mod runtime;
+pub mod settings;
 pub mod symmetric;
 pub mod tensor_map;
-pub mod units;
 
 pub use error::{Error, Result};
 pub use runtime::{Config, Runtime};

@@ -4,7 +4,7 @@
 //! Built on cudarc's `result` layer because its safe `Comm` exposes neither the raw handle nor an
 //! in-place all-gather.
 
-use crate::error::{Error, Result};
+use crate::error::{CudaCall, Error, Result};
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaStream, DevicePtr};
 use cudarc::nccl::{result, sys};
@@ -20,14 +20,16 @@ pub struct NcclComm {
     nranks: usize,
 }
 
-// SAFETY: an NCCL communicator may be used from any thread, one call at a time (&self methods
-// only enqueue work on streams of the communicator's context).
+// SAFETY: an NCCL communicator may be used from any thread, one call at a time; NcclComm is not
+// Sync, so its &self methods (which only enqueue work on streams of the communicator's context)
+// never run on two threads at once.
 unsafe impl Send for NcclComm {}
 
-fn nccl_error(call: &str, e: result::NcclError) -> Error {
-    Error::State(format!(
-        "NCCL {call} failed: {e:?}; rerun with NCCL_DEBUG=WARN for NCCL's own diagnostics"
-    ))
+fn nccl_error(call: &'static str, e: result::NcclError) -> Error {
+    Error::Nccl {
+        call,
+        detail: format!("{e:?}"),
+    }
 }
 
 impl NcclComm {
@@ -36,12 +38,14 @@ impl NcclComm {
     pub fn new(runtime: &Runtime, stream: &Arc<CudaStream>) -> Result<Self> {
         // cudarc panics when it cannot find NCCL: look first, so the error says what to do.
         // SAFETY: only loads and closes the library.
-        if unsafe { libloading::Library::new("libnccl.so") }.is_err() {
-            return Err(Error::Launch(
-                "libnccl.so not found: add NCCL's lib folder to LD_LIBRARY_PATH (pip's nvidia-nccl \
-                 ships libnccl.so.2; scripts/gpu-env.sh links libnccl.so to it)"
-                    .into(),
-            ));
+        if let Err(e) = unsafe { libloading::Library::new("libnccl.so") } {
+            return Err(Error::Nccl {
+                call: "loading libnccl.so",
+                detail: format!(
+                    "not found ({e}): add NCCL's lib folder to LD_LIBRARY_PATH (pip's nvidia-nccl \
+                     ships libnccl.so.2; scripts/gpu-env.sh links libnccl.so to it)"
+                ),
+            });
         }
         let mut id = sys::ncclUniqueId { internal: [0; 128] };
         if runtime.pe() == 0 {
@@ -51,8 +55,12 @@ impl NcclComm {
         runtime.broadcast_bytes(&mut bytes, 0)?;
         id.internal = bytes.map(|b| b as std::ffi::c_char);
         let mut raw = std::ptr::null_mut();
-        runtime.context().bind_to_thread()?;
-        // SAFETY: `raw` receives the new communicator; the id is rank 0's.
+        runtime
+            .context()
+            .bind_to_thread()
+            .cuda_call("cuCtxSetCurrent")?;
+        // SAFETY: `raw` receives the new communicator; the id is rank 0's, broadcast above, and
+        // every rank makes this call (collective by this fn's contract).
         unsafe { result::comm_init_rank(&mut raw, runtime.npes() as i32, id, runtime.pe() as i32) }
             .map_err(|e| nccl_error("ncclCommInitRank", e))?;
         Ok(NcclComm {
@@ -77,14 +85,18 @@ impl NcclComm {
         bytes: usize,
     ) -> Result<()> {
         let send = base + (self.rank * bytes) as u64;
-        result::all_gather(
-            send as *const c_void,
-            base as *mut c_void,
-            bytes,
-            sys::ncclDataType_t::ncclUint8,
-            self.raw,
-            stream.cu_stream() as _,
-        )
+        // SAFETY: the caller's contract covers the range and its ordering; `raw` is a live
+        // communicator of this context.
+        unsafe {
+            result::all_gather(
+                send as *const c_void,
+                base as *mut c_void,
+                bytes,
+                sys::ncclDataType_t::ncclUint8,
+                self.raw,
+                stream.cu_stream() as _,
+            )
+        }
         .map(|_| ())
         .map_err(|e| nccl_error("ncclAllGather", e))
     }
@@ -93,7 +105,10 @@ impl NcclComm {
     pub fn gather_f64(&self, value: f64) -> Result<Vec<f64>> {
         let mut values = vec![0.0f64; self.nranks];
         values[self.rank] = value;
-        let buf = self.stream.clone_htod(&values)?;
+        let buf = self
+            .stream
+            .clone_htod(&values)
+            .cuda_call("cuMemcpyHtoDAsync")?;
         // SAFETY: `buf` holds one f64 per rank of the communicator, in this context, and outlives
         // the synchronisation below.
         unsafe {
@@ -103,12 +118,15 @@ impl NcclComm {
                 std::mem::size_of::<f64>(),
             )?;
         }
-        Ok(self.stream.clone_dtoh(&buf)?)
+        self.stream.clone_dtoh(&buf).cuda_call("cuMemcpyDtoHAsync")
     }
 
     /// The maximum of `value` over all ranks (collective; synchronises the stream).
     pub fn max_f64(&self, value: f64) -> Result<f64> {
-        let buf = self.stream.clone_htod(&[value])?;
+        let buf = self
+            .stream
+            .clone_htod(&[value])
+            .cuda_call("cuMemcpyHtoDAsync")?;
         let ptr = buf.device_ptr(&self.stream).0;
         // SAFETY: in-place all-reduce of one f64 in `buf`, which outlives the synchronisation.
         unsafe {
@@ -123,7 +141,10 @@ impl NcclComm {
             )
         }
         .map_err(|e| nccl_error("ncclAllReduce", e))?;
-        Ok(self.stream.clone_dtoh(&buf)?[0])
+        Ok(self
+            .stream
+            .clone_dtoh(&buf)
+            .cuda_call("cuMemcpyDtoHAsync")?[0])
     }
 }
 

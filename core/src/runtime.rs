@@ -1,19 +1,18 @@
 //! The process-wide NVSHMEM runtime: explicit init, the kernel module, symmetric allocation,
 //! barriers, and an explicit collective shutdown.
 //!
-//! Order: GPU context first; NVSHMEM_* settings before the
-//! library reads them; host library and version check; bootstrap and `hostlib_init_attr`; init
-//! status checked; cubin loaded and registered with `nvshmemx_cumodule_init`. Shutdown reverses
-//! it: synchronise, free symmetric memory (collective, newest first), unregister and unload the
-//! module, finalize.
+//! Order: the environment checked; GPU context first; host
+//! library and version check; bootstrap and `hostlib_init_attr`; init status checked; cubin
+//! loaded and registered with `nvshmemx_cumodule_init`. Shutdown reverses it: synchronise, free
+//! symmetric memory (collective, newest first), unregister and unload the module, finalize.
 
-use crate::error::{Error, Result};
+use crate::error::{CudaCall, Error, Result};
 use crate::kernel::Module;
 use crate::launch_env::{Bootstrap, LaunchEnv, Rendezvous};
+use crate::nvshmem::Nvshmem;
 use crate::rendezvous::ID_BYTES;
-use crate::{gpu, rendezvous};
+use crate::{gpu, rendezvous, settings};
 use cudarc::driver::{CudaContext, CudaStream};
-use nvshmem_sys::NvshmemHost;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,8 +22,10 @@ use std::time::Duration;
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Symmetric memory the program will allocate, in bytes. NVSHMEM reserves its heap once at
-    /// init, so this sizes `NVSHMEM_SYMMETRIC_SIZE` (with headroom for NVSHMEM's own buffers)
-    /// unless the environment already sets it.
+    /// init, sized by `NVSHMEM_SYMMETRIC_SIZE` from the environment (1 GiB when unset), which
+    /// lasp-shmem does not write: [`Config::nvshmem_env`] gives the value that fits this field
+    /// (with headroom for NVSHMEM's own buffers), and [`Runtime::init`] refuses a field the
+    /// default heap cannot hold when the variable is unset.
     pub symmetric_heap_bytes: usize,
     /// Bound on every device-side wait on another PE; an expired wait becomes
     /// [`Error::PeerTimeout`]. Default: `LASP_WAIT_TIMEOUT_MS`, else 10 s.
@@ -35,19 +36,59 @@ pub struct Config {
     pub nvshmem_library: Option<PathBuf>,
 }
 
-impl Default for Config {
-    fn default() -> Self {
-        let wait_ms = std::env::var("LASP_WAIT_TIMEOUT_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(10_000);
-        Config {
+impl Config {
+    /// The defaults, with `LASP_WAIT_TIMEOUT_MS` from the process environment; a malformed value
+    /// is an [`Error::InvalidArgument`] that names it.
+    pub fn from_env() -> Result<Self> {
+        Self::from_lookup(process_env)
+    }
+
+    /// [`Config::from_env`] with the variables read through `get`.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let wait_timeout = settings::wait_timeout(get)?.unwrap_or(settings::DEFAULT_WAIT_TIMEOUT);
+        Ok(Config {
             symmetric_heap_bytes: 256 << 20,
-            wait_timeout: Duration::from_millis(wait_ms),
+            wait_timeout,
             rendezvous_timeout: Duration::from_secs(120),
             nvshmem_library: None,
-        }
+        })
     }
+
+    /// The symmetric heap NVSHMEM needs for this configuration: [`Config::symmetric_heap_bytes`]
+    /// and NVSHMEM's own allocations.
+    pub fn nvshmem_heap_bytes(&self) -> usize {
+        self.symmetric_heap_bytes.saturating_add(HEAP_HEADROOM)
+    }
+
+    /// The `NVSHMEM_*` settings a process that runs with this configuration at `env` should
+    /// start with, as `(name, value)`, leaving out those the process environment already sets
+    /// ([`settings::nvshmem_defaults`]). NVSHMEM reads them once, from the environment, and
+    /// lasp-shmem never writes it: put them there before the process starts its threads (a
+    /// launcher's environment for its ranks, or the top of `main`).
+    pub fn nvshmem_env(&self, env: &LaunchEnv) -> Vec<(&'static str, String)> {
+        settings::nvshmem_defaults(
+            Some(self.nvshmem_heap_bytes()),
+            env.single_node(),
+            Some(&env.bootstrap),
+            process_env,
+        )
+    }
+}
+
+impl Default for Config {
+    /// As [`Config::from_env`], except that a malformed `LASP_WAIT_TIMEOUT_MS` leaves the 10 s
+    /// default here; [`Runtime::init`] then refuses to start with it.
+    fn default() -> Self {
+        Self::from_env().unwrap_or_else(|_| {
+            Self::from_lookup(|_| None).expect("the defaults need no environment")
+        })
+    }
+}
+
+/// A variable of the process environment; a value that is not UTF-8 is read with its invalid
+/// bytes replaced, so it shows up as malformed instead of as unset.
+fn process_env(name: &str) -> Option<String> {
+    std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
 }
 
 /// NVSHMEM's own symmetric allocations (teams, collectives' scratch) on top of ours.
@@ -58,13 +99,25 @@ const HEAP_HEADROOM: usize = 256 << 20;
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
 
 /// A handle to the initialised runtime. Clones share it; [`Runtime::shutdown`] needs the last one.
+///
+/// # NVSHMEM's settings come from the environment
+///
+/// NVSHMEM reads its `NVSHMEM_*` variables (heap size, transports, bootstrap plugin) from the
+/// process environment once, at init; its init attribute carries none of them. lasp-shmem never
+/// writes the environment (a `setenv` races with `getenv` on every other thread), so they must be
+/// set before the process starts threads: `lasp-run` sets the launcher's share for its ranks
+/// ([`settings::launcher_nvshmem_defaults`]), [`Config::nvshmem_env`] lists what a given
+/// configuration needs, and [`Runtime::init`] checks what it can ([`settings::check_environment`]):
+/// a malformed `LASP_WAIT_TIMEOUT_MS` or `NVSHMEM_SYMMETRIC_SIZE`, a heap larger than NVSHMEM's
+/// default with no `NVSHMEM_SYMMETRIC_SIZE`, or an MPI job without `NVSHMEM_BOOTSTRAP` are errors
+/// that name what to set.
 #[derive(Clone)]
 pub struct Runtime {
     pub(crate) inner: Arc<Inner>,
 }
 
 pub(crate) struct Inner {
-    pub(crate) lib: &'static NvshmemHost,
+    pub(crate) nvshmem: Nvshmem,
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
     pub(crate) env: LaunchEnv,
@@ -77,7 +130,8 @@ pub(crate) struct Inner {
 
 impl Runtime {
     /// Initialises NVSHMEM for this process, as the launch environment describes it
-    /// ([`LaunchEnv::from_process_env`]). Collective: every rank must call it.
+    /// ([`LaunchEnv::from_process_env`]). Collective: every rank must call it. See the type's
+    /// documentation for the `NVSHMEM_*` settings it expects in the environment.
     pub fn init(config: Config) -> Result<Self> {
         Self::init_with(config, LaunchEnv::from_process_env()?)
     }
@@ -87,6 +141,7 @@ impl Runtime {
     /// [`Runtime::create_unique_id`], handed to every rank by the caller's own collective).
     /// Collective: every rank must call it.
     pub fn init_with(config: Config, env: LaunchEnv) -> Result<Self> {
+        settings::check_environment(config.nvshmem_heap_bytes(), &env.bootstrap, process_env)?;
         if INITIALIZED.swap(true, Ordering::SeqCst) {
             return Err(Error::State(
                 "lasp-shmem is already initialised in this process; share the Runtime handle (it is Clone) instead of initialising twice".into(),
@@ -102,78 +157,51 @@ impl Runtime {
     /// Rank 0's part of a bootstrap by unique id that the caller distributes itself: the id
     /// every rank then passes to [`Runtime::init_with`] in a
     /// [`Rendezvous::Given`]. Call it on rank 0 only,
-    /// before any rank initialises, with the `config` rank 0 will initialise with and whether
-    /// every rank runs on this node (NVSHMEM may read its settings here already).
+    /// before any rank initialises, with the `config` rank 0 will initialise with (NVSHMEM may
+    /// read its settings here already). `single_node` is not needed any more: the settings come
+    /// from the environment (see [`Runtime`]).
     pub fn create_unique_id(config: &Config, single_node: bool) -> Result<[u8; ID_BYTES]> {
-        apply_nvshmem_settings(config, single_node, &Bootstrap::UniqueId(Rendezvous::Alone));
-        let lib = nvshmem_sys::load(config.nvshmem_library.as_deref())?;
-        check_versions(lib)?;
-        new_unique_id(lib)
+        let _ = single_node;
+        settings::check_environment(
+            config.nvshmem_heap_bytes(),
+            &Bootstrap::UniqueId(Rendezvous::Alone),
+            process_env,
+        )?;
+        let nvshmem = load_checked(config)?;
+        nvshmem.unique_id()
     }
 
     fn init_once(config: Config, env: LaunchEnv) -> Result<Self> {
         let ctx = gpu::open_gpu(env.local_rank)?;
-        apply_nvshmem_settings(&config, env.single_node(), &env.bootstrap);
-        let lib = nvshmem_sys::load(config.nvshmem_library.as_deref())?;
-        check_versions(lib)?;
-
-        let mut attr = nvshmem_sys::init_attr_initializer();
-        // The unique id must outlive the init call: NVSHMEM keeps a pointer to it.
-        let uid: nvshmem_sys::nvshmemx_uniqueid_t;
-        let flags = match &env.bootstrap {
-            Bootstrap::UniqueId(rdv) => {
-                let bytes = rendezvous::share_id(
-                    rdv,
-                    env.rank,
-                    env.world_size,
-                    config.rendezvous_timeout,
-                    || new_unique_id(lib),
-                )?;
-                // SAFETY: the bytes came from an nvshmemx_uniqueid_t on rank 0.
-                uid = unsafe {
-                    std::mem::transmute::<[u8; ID_BYTES], nvshmem_sys::nvshmemx_uniqueid_t>(bytes)
-                };
-                // SAFETY: uid and attr are valid; uid lives until init returns.
-                let rc = unsafe {
-                    lib.nvshmemx_set_attr_uniqueid_args(
-                        env.rank as i32,
-                        env.world_size as i32,
-                        &uid,
-                        &mut attr,
-                    )
-                };
-                nvshmem_ok("nvshmemx_set_attr_uniqueid_args", rc)?;
-                nvshmem_sys::flags_NVSHMEMX_INIT_WITH_UNIQUEID as u32
-            }
-            // NVSHMEM_BOOTSTRAP (set by apply_nvshmem_settings) selects the plugin.
-            Bootstrap::Pmi | Bootstrap::Mpi => 0,
+        let nvshmem = load_checked(&config)?;
+        let unique_id = match &env.bootstrap {
+            Bootstrap::UniqueId(rdv) => Some(rendezvous::share_id(
+                rdv,
+                env.rank,
+                env.world_size,
+                config.rendezvous_timeout,
+                || nvshmem.unique_id(),
+            )?),
+            // NVSHMEM_BOOTSTRAP in the environment selects the plugin (checked in init_with).
+            Bootstrap::Pmi | Bootstrap::Mpi => None,
         };
-        // SAFETY: attr is version-stamped; the primary context is current on this thread.
-        let rc = unsafe { lib.nvshmemx_hostlib_init_attr(flags, &mut attr) };
-        nvshmem_ok("nvshmemx_hostlib_init_attr", rc)?;
-        // init can return 0 while only bootstrapped (it swallows some failures): check the state.
-        // SAFETY: plain query.
-        let status = unsafe { lib.nvshmemx_init_status() };
-        if status < nvshmem_sys::nvshmemx_init_status_t_NVSHMEM_STATUS_IS_INITIALIZED as i32 {
-            return Err(Error::Nvshmem {
-                call: "nvshmemx_hostlib_init_attr",
-                detail: format!("NVSHMEM is not initialised after init (status {status})"),
-            });
-        }
-        // SAFETY: plain queries after init.
-        let (pe, npes) = unsafe { (lib.nvshmem_my_pe(), lib.nvshmem_n_pes()) };
-        if pe as usize != env.rank || npes as usize != env.world_size {
+        ctx.bind_to_thread().cuda_call("cuCtxSetCurrent")?;
+        // SAFETY: INITIALIZED admits one initialisation per process; the primary context is
+        // current on this thread (open_gpu bound it, and it is bound again just above).
+        let (pe, npes) =
+            unsafe { nvshmem.init(unique_id.as_ref().map(|id| (id, env.rank, env.world_size)))? };
+        if pe != env.rank || npes != env.world_size {
             return Err(Error::Launch(format!(
                 "NVSHMEM made this process PE {pe} of {npes}, but the launcher said rank {} of {}; every rank must be started by the same launcher",
                 env.rank, env.world_size
             )));
         }
-        ctx.bind_to_thread()?;
-        let stream = ctx.new_stream()?;
-        let module = Module::load(lib, &ctx)?;
+        ctx.bind_to_thread().cuda_call("cuCtxSetCurrent")?;
+        let stream = ctx.new_stream().cuda_call("cuStreamCreate")?;
+        let module = Module::load(nvshmem, &ctx)?;
         Ok(Runtime {
             inner: Arc::new(Inner {
-                lib,
+                nvshmem,
                 ctx,
                 stream,
                 env,
@@ -221,15 +249,29 @@ impl Runtime {
         &self.inner.module
     }
 
-    /// A barrier across all PEs, ordered on `stream` (no host synchronisation).
+    /// A barrier across all PEs, ordered on `stream` (no host synchronisation). Collective.
     pub fn barrier_on_stream(&self, stream: &CudaStream) -> Result<()> {
-        self.inner.ctx.bind_to_thread()?;
-        // SAFETY: the stream belongs to this runtime's context.
-        unsafe {
-            self.inner
-                .lib
-                .nvshmemx_barrier_all_on_stream(stream.cu_stream() as _)
-        };
+        self.check_stream(stream)?;
+        // SAFETY: NVSHMEM is initialised (self exists); the stream belongs to its context
+        // (checked above); every PE makes the same collective calls (this fn's contract, which
+        // a missing PE breaks only into a hang bounded by nothing but the job's timeout).
+        unsafe { self.inner.nvshmem.barrier_all_on_stream(stream) };
+        Ok(())
+    }
+
+    /// Binds the runtime's context and checks that `stream` belongs to it.
+    fn check_stream(&self, stream: &CudaStream) -> Result<()> {
+        self.inner
+            .ctx
+            .bind_to_thread()
+            .cuda_call("cuCtxSetCurrent")?;
+        if stream.context().cu_ctx() != self.inner.ctx.cu_ctx() {
+            return Err(Error::InvalidArgument(
+                "the stream belongs to another CUDA context than the runtime's; create it with \
+                 runtime.context().new_stream()"
+                    .into(),
+            ));
+        }
         Ok(())
     }
 
@@ -245,23 +287,29 @@ impl Runtime {
         let mut scratch = self.alloc::<u8>(bytes.len())?;
         let stream = self.stream().clone();
         if self.pe() == root {
-            stream.memcpy_htod(bytes, &mut scratch)?;
+            stream
+                .memcpy_htod(bytes, &mut scratch)
+                .cuda_call("cuMemcpyHtoDAsync")?;
         }
         self.barrier_on_stream(&stream)?;
         if self.pe() != root {
-            // SAFETY: scratch is symmetric and holds bytes.len() bytes on every PE.
+            // SAFETY: scratch is symmetric and holds bytes.len() bytes on every PE; root wrote
+            // its copy before the barrier above and nothing writes it until the free below,
+            // which synchronises the stream first.
             unsafe {
-                self.inner.lib.nvshmemx_getmem_on_stream(
-                    scratch.raw() as _,
-                    scratch.raw() as _,
+                self.inner.nvshmem.getmem_on_stream(
+                    &stream,
+                    scratch.raw(),
+                    scratch.raw(),
                     bytes.len(),
-                    root as i32,
-                    stream.cu_stream() as _,
+                    root,
                 )
             };
         }
-        stream.memcpy_dtoh(&scratch, bytes)?;
-        stream.synchronize()?;
+        stream
+            .memcpy_dtoh(&scratch, bytes)
+            .cuda_call("cuMemcpyDtoHAsync")?;
+        stream.synchronize().cuda_call("cuStreamSynchronize")?;
         self.free(scratch)
     }
 
@@ -272,36 +320,48 @@ impl Runtime {
         let mut mine = self.alloc::<u64>(1)?;
         let all = self.alloc::<u64>(npes)?;
         let stream = self.stream().clone();
-        stream.memcpy_htod(&[value], &mut mine)?;
-        self.fcollect_on_stream(&stream, all.raw(), mine.raw(), 8)?;
+        stream
+            .memcpy_htod(&[value], &mut mine)
+            .cuda_call("cuMemcpyHtoDAsync")?;
+        // SAFETY: `mine` (8 bytes) and `all` (npes x 8) are distinct symmetric buffers that every
+        // PE allocated in the same order; nothing else touches them, and they are freed only
+        // after the stream is synchronised below.
+        unsafe { self.fcollect_on_stream(&stream, all.raw(), mine.raw(), 8)? };
         let mut values = vec![0u64; npes];
-        stream.memcpy_dtoh(&all, &mut values)?;
-        stream.synchronize()?;
+        stream
+            .memcpy_dtoh(&all, &mut values)
+            .cuda_call("cuMemcpyDtoHAsync")?;
+        stream.synchronize().cuda_call("cuStreamSynchronize")?;
         self.free(all)?;
         self.free(mine)?;
         Ok(values)
     }
 
-    /// NVSHMEM's on-stream all-gather of `bytes` per PE from symmetric `src` into symmetric
-    /// `dest` (`[npes][bytes]`), ordered on `stream` (collective; the ranges must not overlap).
-    pub fn fcollect_on_stream(
+    /// NVSHMEM's on-stream all-gather of `bytes` per PE from `src` into `dest` (`[npes][bytes]`),
+    /// ordered on `stream` (collective).
+    ///
+    /// # Safety
+    /// Every PE makes the same call with the same offsets. `src .. src + bytes` and `dest ..
+    /// dest + npes * bytes` lie inside symmetric buffers of this runtime (from [`Runtime::alloc`],
+    /// the same offsets on every PE), do not overlap, stay allocated, and are not otherwise
+    /// accessed (on any stream, on any PE) until the collective has completed on `stream`.
+    /// Freeing a buffer synchronises only the runtime's stream, so a caller that enqueues on
+    /// another stream must synchronise that one before freeing.
+    pub unsafe fn fcollect_on_stream(
         &self,
         stream: &CudaStream,
         dest: u64,
         src: u64,
         bytes: usize,
     ) -> Result<()> {
-        // SAFETY: the caller passes symmetric ranges of the sizes fcollect needs.
-        let rc = unsafe {
-            self.inner.lib.nvshmemx_fcollectmem_on_stream(
-                nvshmem_sys::nvshmem_team_id_t_NVSHMEM_TEAM_WORLD,
-                dest as _,
-                src as _,
-                bytes,
-                stream.cu_stream() as _,
-            )
-        };
-        nvshmem_ok("nvshmemx_fcollectmem_on_stream", rc)
+        self.check_stream(stream)?;
+        // SAFETY: the caller's contract covers the ranges, the collective and the ordering;
+        // NVSHMEM is initialised (self exists) and the stream is of its context (checked above).
+        unsafe {
+            self.inner
+                .nvshmem
+                .fcollect_on_stream(stream, dest, src, bytes)
+        }
     }
 
     /// Collective shutdown: synchronises, frees every symmetric buffer still allocated (newest
@@ -324,18 +384,21 @@ impl Inner {
         if self.finalized.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        self.ctx.bind_to_thread()?;
-        self.stream.synchronize()?;
-        // SAFETY: collective; every PE frees the same allocations in the same order.
-        unsafe { self.lib.nvshmem_barrier_all() };
+        self.ctx.bind_to_thread().cuda_call("cuCtxSetCurrent")?;
+        self.stream.synchronize().cuda_call("cuStreamSynchronize")?;
+        // SAFETY: NVSHMEM is initialised; shutdown is collective, so every PE is here.
+        unsafe { self.nvshmem.barrier_all() };
         let mut allocations = self.allocations.lock().unwrap();
         while let Some(ptr) = allocations.pop() {
-            // SAFETY: ptr came from nvshmem_malloc and no live buffer refers to it any more.
-            unsafe { self.lib.nvshmem_free(ptr as _) };
+            // SAFETY: ptr came from nvshmem_malloc; no live buffer refers to it any more (the
+            // runtime's last handle is being shut down, and buffers hold one); every PE frees
+            // the same allocations newest first.
+            unsafe { self.nvshmem.free(ptr) };
         }
-        self.module.finalize(self.lib)?;
-        // SAFETY: all NVSHMEM resources of this process are released above.
-        unsafe { self.lib.nvshmemx_hostlib_finalize() };
+        self.module.finalize(self.nvshmem)?;
+        // SAFETY: collective (as above); every NVSHMEM resource of this process was released
+        // above and none is used after this.
+        unsafe { self.nvshmem.finalize() };
         Ok(())
     }
 }
@@ -364,71 +427,21 @@ pub fn exit_after_error(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
-/// A fresh NVSHMEM unique id (rank 0 of a unique-id bootstrap), as plain bytes.
-fn new_unique_id(lib: &NvshmemHost) -> Result<[u8; ID_BYTES]> {
-    let mut id = nvshmem_sys::uniqueid_initializer();
-    // SAFETY: `id` is a valid, version-stamped nvshmemx_uniqueid_t.
-    let rc = unsafe { lib.nvshmemx_get_uniqueid(&mut id) };
-    nvshmem_ok("nvshmemx_get_uniqueid", rc)?;
-    // SAFETY: nvshmemx_uniqueid_t is 128 bytes of plain data.
-    Ok(unsafe { std::mem::transmute::<nvshmem_sys::nvshmemx_uniqueid_t, [u8; ID_BYTES]>(id) })
-}
-
-pub(crate) fn nvshmem_ok(call: &'static str, rc: i32) -> Result<()> {
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(Error::Nvshmem {
-            call,
-            detail: format!("returned {rc}"),
-        })
-    }
-}
-
-/// NVSHMEM reads its NVSHMEM_* variables once, at its first call: set ours before that, never
-/// overriding what the user set.
-fn apply_nvshmem_settings(config: &Config, single_node: bool, bootstrap: &Bootstrap) {
-    let set_default = |name: &str, value: String| {
-        if std::env::var_os(name).is_none() {
-            std::env::set_var(name, value);
-        }
-    };
-    // NVLink multicast can map huge ranges and has taken shared nodes out of service.
-    set_default("NVSHMEM_DISABLE_NVLS", "1".into());
-    set_default(
-        "NVSHMEM_SYMMETRIC_SIZE",
-        (config.symmetric_heap_bytes + HEAP_HEADROOM).to_string(),
+/// The host library, loaded and checked against the device code linked into our cubins.
+fn load_checked(config: &Config) -> Result<Nvshmem> {
+    let nvshmem = Nvshmem::new(nvshmem_sys::load(config.nvshmem_library.as_deref())?);
+    let (host, device) = (
+        nvshmem.version(),
+        lasp_shmem_kernels::NVSHMEM_DEVICE_VERSION,
     );
-    if single_node {
-        // No network transport is needed, and probing for one fails noisily on hosts without HCAs.
-        set_default("NVSHMEM_REMOTE_TRANSPORT", "none".into());
+    if !versions_compatible(host, device) {
+        return Err(Error::VersionMismatch { host, device });
     }
-    if let Ok(ifname) = std::env::var("NCCL_SOCKET_IFNAME") {
-        set_default("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME", ifname);
-    }
-    match bootstrap {
-        Bootstrap::Mpi => set_default("NVSHMEM_BOOTSTRAP", "MPI".into()),
-        Bootstrap::Pmi => set_default("NVSHMEM_BOOTSTRAP", "PMI".into()),
-        Bootstrap::UniqueId(_) => {}
-    }
+    Ok(nvshmem)
 }
 
 /// The host library must be able to run the device code linked into our cubins: same major,
 /// host minor >= device minor (NVSHMEM's own rule, checked here with both numbers in the error).
-fn check_versions(lib: &NvshmemHost) -> Result<()> {
-    let (mut major, mut minor, mut patch) = (0, 0, 0);
-    // SAFETY: callable before init; writes three ints.
-    unsafe { lib.nvshmemx_vendor_get_version_info(&mut major, &mut minor, &mut patch) };
-    let device = lasp_shmem_kernels::NVSHMEM_DEVICE_VERSION;
-    if !versions_compatible((major, minor, patch), device) {
-        return Err(Error::VersionMismatch {
-            host: (major, minor, patch),
-            device,
-        });
-    }
-    Ok(())
-}
-
 pub(crate) fn versions_compatible(host: (i32, i32, i32), device: (u32, u32, u32)) -> bool {
     host.0 as u32 == device.0 && host.1 as u32 >= device.1
 }
@@ -449,5 +462,25 @@ mod tests {
         }
         .to_string();
         assert!(msg.contains("3.3.9") && msg.contains("3.4.5"), "{msg}");
+    }
+
+    #[test]
+    fn a_malformed_wait_timeout_is_an_error_not_the_default() {
+        let config = |value: &str| {
+            let value = value.to_string();
+            Config::from_lookup(move |name| (name == "LASP_WAIT_TIMEOUT_MS").then(|| value.clone()))
+        };
+        assert_eq!(
+            config("2500").unwrap().wait_timeout,
+            Duration::from_millis(2500)
+        );
+        let msg = config("10s").unwrap_err().to_string();
+        assert!(
+            msg.contains("LASP_WAIT_TIMEOUT_MS=\"10s\"") && msg.contains("milliseconds"),
+            "{msg}"
+        );
+        let defaults = Config::from_lookup(|_| None).unwrap();
+        assert_eq!(defaults.wait_timeout, Duration::from_secs(10));
+        assert_eq!(defaults.nvshmem_heap_bytes(), 512 << 20);
     }
 }

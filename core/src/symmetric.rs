@@ -1,6 +1,6 @@
 //! Typed buffers in NVSHMEM's symmetric heap, usable with cudarc copies.
 
-use crate::error::{Error, Result};
+use crate::error::{CudaCall, Error, Result};
 use crate::runtime::Runtime;
 use cudarc::driver::{
     sys, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, SyncOnDrop,
@@ -12,7 +12,8 @@ use std::sync::Arc;
 ///
 /// Allocation and freeing are collective (every PE, same order, same sizes). Dropping a buffer
 /// does not free it (that would be a collective on one rank's drop path); its memory returns at
-/// [`Runtime::free`] or [`Runtime::shutdown`].
+/// [`Runtime::free`] or [`Runtime::shutdown`], which synchronise the runtime's stream only: work
+/// that uses the buffer on another stream must be finished (synchronised) before either.
 pub struct SymmetricBuffer<T> {
     runtime: Runtime,
     ptr: sys::CUdeviceptr,
@@ -22,6 +23,7 @@ pub struct SymmetricBuffer<T> {
 
 impl<T: DeviceRepr> SymmetricBuffer<T> {
     /// The device address on this PE (the same offset is valid on every PE for NVSHMEM calls).
+    /// Reading it is safe; using it (in a kernel's parameters, an NVSHMEM call) is `unsafe` there.
     pub fn raw(&self) -> sys::CUdeviceptr {
         self.ptr
     }
@@ -39,15 +41,13 @@ impl Runtime {
                     std::mem::size_of::<T>()
                 ))
             })?;
-        self.inner.ctx.bind_to_thread()?;
-        // SAFETY: collective allocation; every PE calls with the same size.
-        let ptr = unsafe { self.inner.lib.nvshmem_malloc(bytes) } as sys::CUdeviceptr;
-        if ptr == 0 {
-            return Err(Error::Nvshmem {
-                call: "nvshmem_malloc",
-                detail: format!("no room for {bytes} bytes in the symmetric heap; raise Config::symmetric_heap_bytes (or NVSHMEM_SYMMETRIC_SIZE)"),
-            });
-        }
+        self.inner
+            .ctx
+            .bind_to_thread()
+            .cuda_call("cuCtxSetCurrent")?;
+        // SAFETY: NVSHMEM is initialised (self exists); allocation is collective by this fn's
+        // contract: every PE calls it with the same size, in the same order.
+        let ptr = unsafe { self.inner.nvshmem.malloc(bytes)? };
         self.inner.allocations.lock().unwrap().push(ptr);
         Ok(SymmetricBuffer {
             runtime: self.clone(),
@@ -62,7 +62,8 @@ impl Runtime {
     pub fn alloc_zeroed<T: DeviceRepr>(&self, len: usize) -> Result<SymmetricBuffer<T>> {
         let buffer = self.alloc::<T>(len)?;
         let stream = self.stream();
-        // SAFETY: the range is this PE's allocation.
+        // SAFETY: the range is this PE's allocation, just made; no peer writes to it before the
+        // barrier below, which is ordered after the memset on the same stream.
         unsafe {
             cudarc::driver::result::memset_d8_async(
                 buffer.ptr,
@@ -70,24 +71,33 @@ impl Runtime {
                 len * std::mem::size_of::<T>(),
                 stream.cu_stream(),
             )
-        }?;
+        }
+        .cuda_call("cuMemsetD8Async")?;
         self.barrier_on_stream(stream)?;
-        stream.synchronize()?;
+        stream.synchronize().cuda_call("cuStreamSynchronize")?;
         Ok(buffer)
     }
 
     /// Frees a buffer on every PE (collective; every PE frees the same buffers in the same order).
     pub fn free<T>(&self, buffer: SymmetricBuffer<T>) -> Result<()> {
-        self.inner.ctx.bind_to_thread()?;
-        self.stream().synchronize()?;
+        self.inner
+            .ctx
+            .bind_to_thread()
+            .cuda_call("cuCtxSetCurrent")?;
+        self.stream()
+            .synchronize()
+            .cuda_call("cuStreamSynchronize")?;
         let mut allocations = self.inner.allocations.lock().unwrap();
         let index = allocations
             .iter()
             .rposition(|&p| p == buffer.ptr)
             .ok_or_else(|| Error::State("this buffer was already freed".into()))?;
         allocations.remove(index);
-        // SAFETY: collective free of a pointer nvshmem_malloc returned; the buffer is consumed.
-        unsafe { self.inner.lib.nvshmem_free(buffer.ptr as _) };
+        // SAFETY: a pointer nvshmem_malloc returned (it was in `allocations`); the buffer is
+        // consumed, and the runtime's stream synchronised above (work on other streams is the
+        // caller's to finish first, as the type's docs say); freeing is collective by this fn's
+        // contract.
+        unsafe { self.inner.nvshmem.free(buffer.ptr) };
         Ok(())
     }
 }

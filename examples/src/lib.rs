@@ -1,13 +1,61 @@
-//! What the LASP-2 example programs share: shard lengths, shape options, and the timing of one
-//! operation's exchange modes in turns.
+//! What the example and benchmark programs share: shard lengths, shape and size options, NVSHMEM's
+//! settings in the environment, JSON output, and the timing of one operation's exchange modes in
+//! turns.
+
+pub mod units;
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::CudaStream;
+use lasp_shmem::launch_env::LaunchEnv;
 use lasp_shmem::nccl::NcclComm;
 use lasp_shmem::ops::lasp2::ExchangeMode;
 use lasp_shmem::ops::scalar_decay::ForwardShape;
-use lasp_shmem::{Error, Result, Runtime};
+use lasp_shmem::{Config, Error, Result, Runtime};
+use serde::Serialize;
+use std::path::Path;
 use std::sync::Arc;
+
+/// Puts the `NVSHMEM_*` settings `config` needs into this process's environment, each only where
+/// the environment does not set it already ([`Config::nvshmem_env`]: the heap for
+/// `config.symmetric_heap_bytes`, NVLink multicast off, the bootstrap plugin under mpirun, ...),
+/// and returns the launch environment they were computed for. NVSHMEM reads them at
+/// [`Runtime::init`]; the library itself never writes the environment.
+///
+/// # Safety
+/// No other thread may run during the call or have been started before it (`setenv` races with
+/// `getenv` on other threads): call it from `main` before anything starts a thread, the CUDA
+/// driver included (no CUDA call may have been made yet).
+pub unsafe fn export_nvshmem_env(config: &Config) -> Result<LaunchEnv> {
+    let env = LaunchEnv::from_process_env()?;
+    for (name, value) in config.nvshmem_env(&env) {
+        // Edition 2021: set_var is a safe fn, but it has the same requirement as in edition 2024,
+        // which this fn's caller discharges.
+        std::env::set_var(name, value);
+    }
+    Ok(env)
+}
+
+/// `value` rounded to `digits` decimals, for JSON files that people read (`serde_json` writes
+/// the shortest text that reads back as the rounded value).
+pub fn round(value: f64, digits: i32) -> f64 {
+    let scale = 10f64.powi(digits);
+    (value * scale).round() / scale
+}
+
+/// Writes `value` to `path` as pretty-printed JSON with a final newline.
+pub fn write_json(path: impl AsRef<Path>, value: &impl Serialize) -> Result<()> {
+    let path = path.as_ref();
+    let text = to_json(value);
+    std::fs::write(path, text)
+        .map_err(|e| Error::State(format!("cannot write {}: {e}", path.display())))
+}
+
+/// `value` as pretty-printed JSON with a final newline.
+pub fn to_json(value: &impl Serialize) -> String {
+    let mut text = serde_json::to_string_pretty(value).expect("plain data serialises");
+    text.push('\n');
+    text
+}
 
 /// Shard lengths: equal slices of `per_rank` tokens, the last rank's shorter by `short`.
 pub fn shard_lengths(npes: usize, per_rank: usize, short: usize) -> Vec<usize> {
@@ -27,7 +75,8 @@ pub fn parse_shape(text: &str) -> Result<ForwardShape> {
     let dims: Vec<usize> = text
         .split('x')
         .map(|d| {
-            d.parse()
+            d.trim()
+                .parse()
                 .map_err(|_| Error::InvalidArgument(format!("shape {text:?}: use BxTxHxD")))
         })
         .collect::<Result<_>>()?;
@@ -100,28 +149,120 @@ pub fn time_in_turns(rt: &Runtime, op: &mut impl ModeCall) -> Result<[f64; 4]> {
 }
 
 /// Mode names as the JSON rows spell them, in `ExchangeMode::ALL` order.
-const MODE_NAMES: [&str; 4] = [
+pub const MODE_NAMES: [&str; 4] = [
     "overlapped",
     "sequential_nccl",
     "sequential_nvshmem",
     "no_comm",
 ];
 
-/// Every rank's medians per mode (from [`time_in_turns`]) as text to append: ` {mode}_ms X` to
-/// the printed line and `, "{mode}_ms": X` plus `"per_rank_ms"` to the JSON row. A mode's time
-/// is its slowest rank's median: the call takes as long as that rank, and which rank it is (the
-/// chain's last folds the most tiles) says where the time over W = 1 goes. Collective.
-pub fn mode_columns(comm: &NcclComm, medians: [f64; 4]) -> Result<(String, String)> {
-    let (mut line, mut row) = (String::new(), String::new());
-    let mut per_rank = Vec::new();
-    for (median, mode) in medians.into_iter().zip(MODE_NAMES) {
-        let ranks = comm.gather_f64(median)?;
-        let ms = ranks.iter().copied().fold(f64::MIN, f64::max);
-        line += &format!(" {mode}_ms {ms:.4}");
-        row += &format!(", \"{mode}_ms\": {ms:.5}");
-        let list: Vec<String> = ranks.iter().map(|v| format!("{v:.5}")).collect();
-        per_rank.push(format!("\"{mode}\": [{}]", list.join(", ")));
+/// The time of every mode, as the JSON rows of `lasp2_forward` and `lasp2_backward` hold it
+/// (flattened into the row): `{mode}_ms`, the slowest rank's median, and `per_rank_ms`, every
+/// rank's median per mode.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModeTimes {
+    pub overlapped_ms: f64,
+    pub sequential_nccl_ms: f64,
+    pub sequential_nvshmem_ms: f64,
+    pub no_comm_ms: f64,
+    pub per_rank_ms: PerRankMs,
+}
+
+/// Every rank's median per mode, indexed by rank.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PerRankMs {
+    pub overlapped: Vec<f64>,
+    pub sequential_nccl: Vec<f64>,
+    pub sequential_nvshmem: Vec<f64>,
+    pub no_comm: Vec<f64>,
+}
+
+impl ModeTimes {
+    /// From every rank's medians, `per_rank_by_mode[mode][rank]` (modes in `ExchangeMode::ALL`
+    /// order). A mode's time is its slowest rank's median: the call takes as long as that rank.
+    pub fn from_per_rank(per_rank_by_mode: [Vec<f64>; 4]) -> Self {
+        let rounded = |v: &Vec<f64>| v.iter().map(|&x| round(x, 5)).collect::<Vec<_>>();
+        let slowest = |v: &Vec<f64>| round(v.iter().copied().fold(f64::MIN, f64::max), 5);
+        let [o, n, s, c] = &per_rank_by_mode;
+        ModeTimes {
+            overlapped_ms: slowest(o),
+            sequential_nccl_ms: slowest(n),
+            sequential_nvshmem_ms: slowest(s),
+            no_comm_ms: slowest(c),
+            per_rank_ms: PerRankMs {
+                overlapped: rounded(o),
+                sequential_nccl: rounded(n),
+                sequential_nvshmem: rounded(s),
+                no_comm: rounded(c),
+            },
+        }
     }
-    row += &format!(", \"per_rank_ms\": {{{}}}", per_rank.join(", "));
-    Ok((line, row))
+
+    /// The slowest rank's time per mode, in `ExchangeMode::ALL` order.
+    pub fn slowest(&self) -> [f64; 4] {
+        [
+            self.overlapped_ms,
+            self.sequential_nccl_ms,
+            self.sequential_nvshmem_ms,
+            self.no_comm_ms,
+        ]
+    }
+
+    /// ` {mode}_ms X` per mode, for the printed line.
+    pub fn line(&self) -> String {
+        MODE_NAMES
+            .iter()
+            .zip(self.slowest())
+            .map(|(mode, ms)| format!(" {mode}_ms {ms:.4}"))
+            .collect()
+    }
+}
+
+/// Every rank's medians per mode (from [`time_in_turns`]) gathered on every rank. Collective.
+/// Which rank is slowest (the chain's last folds the most tiles) says where the time over W = 1
+/// goes.
+pub fn mode_times(comm: &NcclComm, medians: [f64; 4]) -> Result<ModeTimes> {
+    let mut per_mode: [Vec<f64>; 4] = Default::default();
+    for (median, ranks) in medians.into_iter().zip(per_mode.iter_mut()) {
+        *ranks = comm.gather_f64(median)?;
+    }
+    Ok(ModeTimes::from_per_rank(per_mode))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mode_times_are_the_slowest_rank_and_every_rank_in_json() {
+        let times = ModeTimes::from_per_rank([
+            vec![1.0, 1.25],
+            vec![2.0, 1.5],
+            vec![3.0, 3.123456789],
+            vec![0.5, 0.25],
+        ]);
+        assert_eq!(times.slowest(), [1.25, 2.0, 3.12346, 0.5]);
+        let json: serde_json::Value = serde_json::from_str(&to_json(&times)).unwrap();
+        assert_eq!(json["overlapped_ms"], 1.25);
+        assert_eq!(json["sequential_nvshmem_ms"], 3.12346);
+        assert_eq!(json["per_rank_ms"]["sequential_nccl"][1], 1.5);
+        assert_eq!(json["per_rank_ms"]["no_comm"].as_array().unwrap().len(), 2);
+        assert_eq!(
+            times.line(),
+            " overlapped_ms 1.2500 sequential_nccl_ms 2.0000 sequential_nvshmem_ms 3.1235 no_comm_ms 0.5000"
+        );
+    }
+
+    #[test]
+    fn shapes_and_rounding() {
+        let s = parse_shape("4x8192x16x128").unwrap();
+        assert_eq!((s.b, s.t, s.h, s.dk, s.dv), (4, 8192, 16, 128, 128));
+        assert!(parse_shape("4x8192x16").is_err());
+        assert!(parse_shape("4xTx16x128").is_err());
+        assert_eq!(round(0.123456, 3), 0.123);
+        assert_eq!(
+            serde_json::to_string(&round(1.0 / 3.0, 5)).unwrap(),
+            "0.33333"
+        );
+    }
 }

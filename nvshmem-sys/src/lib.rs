@@ -19,7 +19,10 @@
     non_snake_case,
     clippy::all
 )]
+// Generated code: its dynamic-loading wrappers call through function pointers inside unsafe fns
+// whose contract is the C function's own.
 #[rustfmt::skip]
+#[allow(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 mod bindings;
 pub use bindings::*;
 

@@ -18,13 +18,16 @@
 //!  - `--batch N`: also time N back-to-back rounds between one pair of events, with no barrier
 //!    between them (as nccl-tests do), for both ours and NCCL; per round = total / N.
 
+use clap::Parser;
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaStream, DevicePtr};
 use lasp_shmem::exchange::{AllGather, AllGatherVariant, PingPong};
-use lasp_shmem::launch_env::LaunchEnv;
 use lasp_shmem::nccl::NcclComm;
-use lasp_shmem::units::{format_bytes, parse_byte_list};
 use lasp_shmem::{Config, Error, Result, Runtime};
+use lasp_shmem_examples::units::{format_bytes, parse_bytes};
+use lasp_shmem_examples::{export_nvshmem_env, round, to_json};
+use serde::Serialize;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 const WARMUP: usize = 10;
@@ -32,15 +35,37 @@ const ITERATIONS: usize = 100;
 /// Repetitions of a `--batch` measurement (each one barrier, then N rounds).
 const BATCH_REPETITIONS: usize = 20;
 
+/// The device-initiated all-gather against NCCL's all-gather of the same bytes, plus the device
+/// ping-pong; JSON results to --out (else standard output).
+#[derive(Parser, Debug)]
+#[command(name = "exchange_bench")]
 struct Options {
-    out: Option<String>,
+    /// Write the JSON results here (rank 0) instead of printing them.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// Bytes per rank, comma-separated (K, M, G suffixes).
+    #[arg(long, value_name = "LIST", value_parser = parse_bytes, value_delimiter = ',',
+          default_values = ["32K", "256K", "1M", "2M", "4M", "8M", "32M"])]
     sizes: Vec<usize>,
+    /// Also time these CTA counts, comma-separated.
+    #[arg(long = "sweep-ctas", value_name = "LIST", value_delimiter = ',')]
     sweep: Vec<u32>,
+    /// The all-gather kernel: dynamic (the default), cta-loop or peer-major.
+    #[arg(long, value_name = "NAME", value_parser = AllGatherVariant::from_name,
+          default_value = AllGatherVariant::DEFAULT.name())]
     variant: AllGatherVariant,
+    /// Threads per CTA.
+    #[arg(long, value_name = "N")]
     threads: Option<u32>,
+    /// The dynamic variant's work item (one size, K, M, G suffixes).
+    #[arg(long = "chunk", value_name = "BYTES", value_parser = parse_bytes)]
     chunk_bytes: Option<usize>,
+    /// Also time an empty kernel of a round's shape and parameters in the same harness.
+    #[arg(long)]
     floor: bool,
-    batch: Option<usize>,
+    /// Also time N back-to-back rounds between one pair of events (per round = total / N).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    batch: Option<u64>,
 }
 
 struct Row {
@@ -116,7 +141,7 @@ fn nccl_in_place_all_gather_us(
     comm: &NcclComm,
     stream: &Arc<CudaStream>,
     bytes: usize,
-    batch: Option<usize>,
+    batch: Option<u64>,
 ) -> Result<(f64, Option<f64>)> {
     let recv = stream.alloc_zeros::<u8>(bytes * rt.npes())?;
     let base = recv.device_ptr(stream).0;
@@ -124,69 +149,9 @@ fn nccl_in_place_all_gather_us(
     let mut all_gather = || unsafe { comm.all_gather_in_place(stream, base, bytes) };
     let single = time_collective(rt, stream, &mut all_gather)?;
     let batched = batch
-        .map(|rounds| time_batch(rt, stream, rounds, &mut all_gather))
+        .map(|rounds| time_batch(rt, stream, rounds as usize, &mut all_gather))
         .transpose()?;
     Ok((single, batched))
-}
-
-fn parse_options() -> Result<Options> {
-    let mut o = Options {
-        out: None,
-        sizes: parse_byte_list("32K,256K,1M,2M,4M,8M,32M")?,
-        sweep: Vec::new(),
-        variant: AllGatherVariant::DEFAULT,
-        threads: None,
-        chunk_bytes: None,
-        floor: false,
-        batch: None,
-    };
-    let usage = "usage: exchange_bench [--out FILE] [--sizes 32K,1M] [--sweep-ctas 16,32,64] \
-                 [--variant cta-loop|peer-major|dynamic] [--threads N] [--chunk BYTES] [--floor] [--batch N]";
-    let number = |flag: &str, v: &str| {
-        v.parse::<u32>()
-            .map_err(|_| Error::InvalidArgument(format!("{flag} {v}: not a number")))
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        if flag == "--floor" {
-            o.floor = true;
-            continue;
-        }
-        let Some(value) = args.next() else {
-            return Err(Error::InvalidArgument(format!(
-                "{usage} ({flag} needs a value)"
-            )));
-        };
-        match flag.as_str() {
-            "--out" => o.out = Some(value),
-            "--sizes" => o.sizes = parse_byte_list(&value)?,
-            "--sweep-ctas" => {
-                o.sweep = value
-                    .split(',')
-                    .map(|v| number(&flag, v))
-                    .collect::<Result<_>>()?
-            }
-            "--variant" => o.variant = AllGatherVariant::from_name(&value)?,
-            "--threads" => o.threads = Some(number(&flag, &value)?),
-            "--chunk" => {
-                let chunk = parse_byte_list(&value)?;
-                o.chunk_bytes = chunk.first().copied().filter(|_| chunk.len() == 1);
-                if o.chunk_bytes.is_none() {
-                    return Err(Error::InvalidArgument(format!("--chunk {value}: one size")));
-                }
-            }
-            "--batch" => match number(&flag, &value)? {
-                0 => {
-                    return Err(Error::InvalidArgument(
-                        "--batch 0: give at least 1 round".into(),
-                    ))
-                }
-                rounds => o.batch = Some(rounds as usize),
-            },
-            _ => return Err(Error::InvalidArgument(format!("{usage} (got {flag})"))),
-        }
-    }
-    Ok(o)
 }
 
 /// An all-gather of `bytes` per rank with the kernel and shape the options ask for.
@@ -202,14 +167,8 @@ fn all_gather(rt: &Runtime, o: &Options, bytes: usize) -> Result<AllGather> {
     Ok(gather)
 }
 
-fn run() -> Result<()> {
-    let o = parse_options()?;
-    let npes = LaunchEnv::from_process_env()?.world_size;
-    let largest = o.sizes.iter().copied().max().unwrap_or(1);
-    let rt = Runtime::init(Config {
-        symmetric_heap_bytes: AllGather::symmetric_bytes(largest, npes) + (1 << 20),
-        ..Config::default()
-    })?;
+fn run(o: Options, config: Config) -> Result<()> {
+    let rt = Runtime::init(config)?;
     let stream = rt.stream().clone();
     let comm = NcclComm::new(&rt, &stream)?;
     let non_default_kernel =
@@ -238,7 +197,7 @@ fn run() -> Result<()> {
             .transpose()?;
         let ours_batch = o
             .batch
-            .map(|rounds| time_batch(&rt, &stream, rounds, || gather.launch(&stream)))
+            .map(|rounds| time_batch(&rt, &stream, rounds as usize, || gather.launch(&stream)))
             .transpose()?;
         gather.finish(&stream)?;
         for &ctas in &o.sweep {
@@ -323,11 +282,11 @@ fn run() -> Result<()> {
 
     if rt.pe() == 0 {
         let device = format!("{} x{}", rt.context().name()?, rt.npes());
-        let json = results_json(&device, rt.npes(), &o, &rows, pingpong_us);
+        let json = to_json(&results(&device, rt.npes(), &o, &rows, pingpong_us));
         match &o.out {
             Some(path) => std::fs::write(path, &json)
-                .map_err(|e| Error::State(format!("cannot write {path}: {e}")))?,
-            None => println!("{json}"),
+                .map_err(|e| Error::State(format!("cannot write {}: {e}", path.display())))?,
+            None => print!("{json}"),
         }
     }
     drop(comm);
@@ -338,47 +297,80 @@ fn egress_gbps(bytes: usize, npes: usize, us: f64) -> f64 {
     (bytes * (npes - 1)) as f64 / (us * 1e-6) / 1e9
 }
 
-/// `"key": value` pairs of the optional diagnostics, each with a leading comma (empty when the
-/// diagnostic was not asked for).
-fn optional_fields(fields: &[(&str, Option<f64>)]) -> String {
-    fields
-        .iter()
-        .filter_map(|(key, value)| value.map(|v| format!(", \"{key}\": {v:.3}")))
-        .collect()
+/// The results file (top level).
+#[derive(Serialize)]
+struct Results {
+    /// The GPUs ("NVIDIA H200 x4").
+    device: String,
+    commit: String,
+    date: String,
+    #[serde(rename = "W")]
+    w: usize,
+    variant: &'static str,
+    threads_per_cta: u32,
+    method: String,
+    #[serde(rename = "gbps_egress_8MiB")]
+    gbps_egress_8mib: Option<f64>,
+    pingpong_rtt_us: Option<f64>,
+    #[serde(rename = "speedup_vs_nccl_1MiB")]
+    speedup_vs_nccl_1mib: Option<f64>,
+    #[serde(rename = "speedup_vs_nccl_4MiB")]
+    speedup_vs_nccl_4mib: Option<f64>,
+    /// The floor under the largest round: its launch is the shape the big sizes use.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    harness_floor_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    batch_rounds: Option<u64>,
+    rows: Vec<ResultRow>,
+}
+
+/// One size of the results file.
+#[derive(Serialize)]
+struct ResultRow {
+    bytes_per_rank: usize,
+    device_us: f64,
+    nccl_us: f64,
+    speedup_vs_nccl: f64,
+    egress_gbps: f64,
+    ctas: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    harness_floor_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    device_batch_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    nccl_batch_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    speedup_vs_nccl_batch: Option<f64>,
 }
 
 /// The results file: `device` names the GPUs ("NVIDIA H200 x4"), `npes` the ranks.
-fn results_json(
+fn results(
     device: &str,
     npes: usize,
     o: &Options,
     rows: &[Row],
     pingpong_us: Option<f64>,
-) -> String {
+) -> Results {
     let at = |size: usize| rows.iter().find(|r| r.bytes == size);
-    let num = |v: Option<f64>| v.map_or("null".to_string(), |v| format!("{v:.4}"));
-    let rows_json: Vec<String> = rows
+    let speedup_at = |size: usize| at(size).map(|r| round(r.nccl_us / r.ours_us, 4));
+    let result_rows = rows
         .iter()
-        .map(|r| {
-            let batch_speedup = r.ours_batch_us.zip(r.nccl_batch_us).map(|(ours, nccl)| nccl / ours);
-            format!(
-                "    {{\"bytes_per_rank\": {}, \"device_us\": {:.3}, \"nccl_us\": {:.3}, \"speedup_vs_nccl\": {:.4}, \"egress_gbps\": {:.2}, \"ctas\": {}{}}}",
-                r.bytes,
-                r.ours_us,
-                r.nccl_us,
-                r.nccl_us / r.ours_us,
-                egress_gbps(r.bytes, npes, r.ours_us),
-                r.shape.0,
-                optional_fields(&[
-                    ("harness_floor_us", r.floor_us),
-                    ("device_batch_us", r.ours_batch_us),
-                    ("nccl_batch_us", r.nccl_batch_us),
-                    ("speedup_vs_nccl_batch", batch_speedup),
-                ])
-            )
+        .map(|r| ResultRow {
+            bytes_per_rank: r.bytes,
+            device_us: round(r.ours_us, 3),
+            nccl_us: round(r.nccl_us, 3),
+            speedup_vs_nccl: round(r.nccl_us / r.ours_us, 4),
+            egress_gbps: round(egress_gbps(r.bytes, npes, r.ours_us), 2),
+            ctas: r.shape.0,
+            harness_floor_us: r.floor_us.map(|v| round(v, 3)),
+            device_batch_us: r.ours_batch_us.map(|v| round(v, 3)),
+            nccl_batch_us: r.nccl_batch_us.map(|v| round(v, 3)),
+            speedup_vs_nccl_batch: r
+                .ours_batch_us
+                .zip(r.nccl_batch_us)
+                .map(|(ours, nccl)| round(nccl / ours, 3)),
         })
         .collect();
-    // The floor under the largest round: its launch is the shape the big sizes use.
     let floor_of_largest = rows.iter().max_by_key(|r| r.bytes).and_then(|r| r.floor_us);
     let mut method = format!(
         "in-place all-gather on both sides (own block not copied); per rank median of {ITERATIONS} iterations after {WARMUP} warm-up, each after an on-stream barrier, CUDA events; max over ranks"
@@ -389,25 +381,40 @@ fn results_json(
     if let Some(rounds) = o.batch {
         method.push_str(&format!("; *_batch_us: {rounds} back-to-back calls between one pair of events, no barrier between them, per call, median of {BATCH_REPETITIONS} repetitions each after a barrier, max over ranks"));
     }
-    format!(
-        "{{\n  \"device\": \"{device}\",\n  \"commit\": \"{}\",\n  \"date\": \"{}\",\n  \"W\": {},\n  \"variant\": \"{}\",\n  \"threads_per_cta\": {},\n  \"method\": \"{method}\",\n  \"gbps_egress_8MiB\": {},\n  \"pingpong_rtt_us\": {},\n  \"speedup_vs_nccl_1MiB\": {},\n  \"speedup_vs_nccl_4MiB\": {},{}{}\n  \"rows\": [\n{}\n  ]\n}}\n",
-        std::env::var("LASP_COMMIT").unwrap_or_else(|_| "unknown".into()),
-        std::env::var("LASP_DATE").unwrap_or_else(|_| "unknown".into()),
-        npes,
-        o.variant.name(),
-        rows.first().map_or(0, |r| r.shape.1),
-        num(at(8 << 20).map(|r| egress_gbps(r.bytes, npes, r.ours_us))),
-        num(pingpong_us),
-        num(at(1 << 20).map(|r| r.nccl_us / r.ours_us)),
-        num(at(4 << 20).map(|r| r.nccl_us / r.ours_us)),
-        floor_of_largest.map_or(String::new(), |v| format!("\n  \"harness_floor_us\": {v:.3},")),
-        o.batch.map_or(String::new(), |n| format!("\n  \"batch_rounds\": {n},")),
-        rows_json.join(",\n")
-    )
+    Results {
+        device: device.into(),
+        commit: std::env::var("LASP_COMMIT").unwrap_or_else(|_| "unknown".into()),
+        date: std::env::var("LASP_DATE").unwrap_or_else(|_| "unknown".into()),
+        w: npes,
+        variant: o.variant.name(),
+        threads_per_cta: rows.first().map_or(0, |r| r.shape.1),
+        method,
+        gbps_egress_8mib: at(8 << 20).map(|r| round(egress_gbps(r.bytes, npes, r.ours_us), 4)),
+        pingpong_rtt_us: pingpong_us.map(|v| round(v, 4)),
+        speedup_vs_nccl_1mib: speedup_at(1 << 20),
+        speedup_vs_nccl_4mib: speedup_at(4 << 20),
+        harness_floor_us: floor_of_largest.map(|v| round(v, 3)),
+        batch_rounds: o.batch,
+        rows: result_rows,
+    }
 }
 
 fn main() {
-    if let Err(e) = run() {
+    let o = Options::parse();
+    let prepared = lasp_shmem::launch_env::LaunchEnv::from_process_env()
+        .and_then(|env| {
+            let largest = o.sizes.iter().copied().max().unwrap_or(1);
+            Ok(Config {
+                symmetric_heap_bytes: AllGather::symmetric_bytes(largest, env.world_size)
+                    + (1 << 20),
+                ..Config::from_env()?
+            })
+        })
+        .and_then(|config| {
+            // SAFETY: first thing in main: no thread has been started and no CUDA call made.
+            unsafe { export_nvshmem_env(&config) }.map(|_| config)
+        });
+    if let Err(e) = prepared.and_then(|config| run(o, config)) {
         eprintln!("exchange_bench: {e}");
         lasp_shmem::runtime::exit_after_error(1);
     }
@@ -416,18 +423,11 @@ fn main() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
-    fn options(floor: bool, batch: Option<usize>) -> Options {
-        Options {
-            out: None,
-            sizes: vec![1 << 20, 8 << 20],
-            sweep: Vec::new(),
-            variant: AllGatherVariant::PeerMajor,
-            threads: None,
-            chunk_bytes: None,
-            floor,
-            batch,
-        }
+    fn options(args: &[&str]) -> Options {
+        Options::try_parse_from(std::iter::once("exchange_bench").chain(args.iter().copied()))
+            .unwrap()
     }
 
     fn row(bytes: usize, diagnostics: bool) -> Row {
@@ -442,40 +442,109 @@ mod tests {
         }
     }
 
+    fn json(o: &Options, rows: &[Row], pingpong_us: Option<f64>) -> Value {
+        serde_json::from_str(&to_json(&results("GPU x4", 4, o, rows, pingpong_us))).unwrap()
+    }
+
+    #[test]
+    fn every_flag_parses_with_the_old_defaults() {
+        let o = options(&[]);
+        assert_eq!(o.sizes.len(), 7);
+        assert_eq!(o.sizes[3], 2 << 20);
+        assert_eq!(o.variant, AllGatherVariant::DEFAULT);
+        assert!(o.out.is_none() && o.sweep.is_empty() && !o.floor && o.batch.is_none());
+        let o = options(&[
+            "--out",
+            "x.json",
+            "--sizes",
+            "1M,8M",
+            "--sweep-ctas",
+            "16,32,64",
+            "--variant",
+            "cta-loop",
+            "--threads",
+            "1024",
+            "--chunk",
+            "32K",
+            "--floor",
+            "--batch",
+            "20",
+        ]);
+        assert_eq!(o.sizes, [1 << 20, 8 << 20]);
+        assert_eq!(o.sweep, [16, 32, 64]);
+        assert_eq!(o.variant, AllGatherVariant::CtaLoop);
+        assert_eq!(
+            (o.threads, o.chunk_bytes, o.batch),
+            (Some(1024), Some(32 << 10), Some(20))
+        );
+        assert!(o.floor);
+        for bad in [
+            &["--batch", "0"][..],
+            &["--chunk", "1K,2K"],
+            &["--sizes", "4X"],
+        ] {
+            assert!(
+                Options::try_parse_from(
+                    std::iter::once("exchange_bench").chain(bad.iter().copied())
+                )
+                .is_err(),
+                "{bad:?}"
+            );
+        }
+    }
+
     #[test]
     fn default_results_have_no_diagnostic_fields() {
         let rows = [row(1 << 20, false), row(8 << 20, false)];
-        let json = results_json("GPU x4", 4, &options(false, None), &rows, Some(1.8));
-        for absent in ["harness_floor_us", "batch"] {
-            assert!(!json.contains(absent), "{absent} in {json}");
+        let o = options(&["--variant", "peer-major"]);
+        let json = json(&o, &rows, Some(1.8));
+        let top = json.as_object().unwrap();
+        for absent in ["harness_floor_us", "batch_rounds"] {
+            assert!(!top.contains_key(absent), "{absent} in {json}");
         }
-        assert!(json.contains("\"speedup_vs_nccl_1MiB\": 2.0000"), "{json}");
-        assert!(json.contains("\"variant\": \"peer-major\""), "{json}");
-        assert!(json.contains("\"ctas\": 63}"), "{json}");
+        for row in json["rows"].as_array().unwrap() {
+            // (serde_json's Value sorts keys.)
+            let keys: Vec<&String> = row.as_object().unwrap().keys().collect();
+            assert_eq!(
+                keys,
+                [
+                    "bytes_per_rank",
+                    "ctas",
+                    "device_us",
+                    "egress_gbps",
+                    "nccl_us",
+                    "speedup_vs_nccl",
+                ]
+            );
+        }
+        assert_eq!(json["speedup_vs_nccl_1MiB"], 2.0);
+        assert_eq!(json["speedup_vs_nccl_4MiB"], Value::Null);
+        assert_eq!(json["variant"], "peer-major");
+        assert_eq!(json["W"], 4);
+        assert_eq!(json["rows"][1]["ctas"], 63);
+        assert_eq!(json["pingpong_rtt_us"], 1.8);
         // 3 x 8 MiB in 20 us.
-        assert!(json.contains("\"gbps_egress_8MiB\": 1258.2912"), "{json}");
+        assert_eq!(json["gbps_egress_8MiB"], 1258.2912);
+        for key in ["device", "commit", "date", "threads_per_cta", "method"] {
+            assert!(top.contains_key(key), "{key}");
+        }
     }
 
     #[test]
     fn floor_and_batch_add_fields_without_changing_the_single_shot_numbers() {
         let rows = [row(1 << 20, true), row(8 << 20, true)];
-        let json = results_json("GPU x4", 4, &options(true, Some(20)), &rows, None);
-        for present in [
-            "\"harness_floor_us\": 5.000,",
-            "\"batch_rounds\": 20,",
-            "\"device_us\": 20.000",
-            "\"device_batch_us\": 16.000, \"nccl_batch_us\": 32.000, \"speedup_vs_nccl_batch\": 2.000}",
-            "\"pingpong_rtt_us\": null",
-        ] {
-            assert!(json.contains(present), "{present} not in {json}");
-        }
-        // Balanced braces and brackets, and no trailing comma before a closing one.
-        let depth = json.chars().fold(0i32, |d, c| match c {
-            '{' | '[' => d + 1,
-            '}' | ']' => d - 1,
-            _ => d,
-        });
-        assert_eq!(depth, 0);
-        assert!(!json.contains(",\n  ]") && !json.contains(",}") && !json.contains(", }"));
+        let o = options(&["--floor", "--batch", "20"]);
+        let json = json(&o, &rows, None);
+        assert_eq!(json["harness_floor_us"], 5.0);
+        assert_eq!(json["batch_rounds"], 20);
+        assert_eq!(json["pingpong_rtt_us"], Value::Null);
+        let row = &json["rows"][0];
+        assert_eq!(row["device_us"], 20.0);
+        assert_eq!(row["nccl_us"], 40.0);
+        assert_eq!(row["device_batch_us"], 16.0);
+        assert_eq!(row["nccl_batch_us"], 32.0);
+        assert_eq!(row["speedup_vs_nccl_batch"], 2.0);
+        let method = json["method"].as_str().unwrap();
+        assert!(method.contains("harness_floor_us") && method.contains("20 back-to-back"));
     }
 }

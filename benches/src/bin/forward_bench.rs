@@ -31,6 +31,7 @@
 //! same input sets with dO ~ N(0, 1) in bf16 (no h0, no dht, no dh0): `backward_ms`, and its HBM
 //! floor (q, k, v, dO read once + dq, dk, dv written once) / 4.3e12 B/s.
 
+use clap::Parser;
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
@@ -41,6 +42,9 @@ use lasp_shmem::ops::scalar_decay_backward::{BackwardArgs, ScalarDecayBackward};
 use lasp_shmem::ops::{DeviceMut, DeviceRef};
 use lasp_shmem::reference::SplitMix64;
 use lasp_shmem::{Config, Error, Result, Runtime};
+use lasp_shmem_examples::{export_nvshmem_env, parse_shape, round, to_json};
+use serde::ser::SerializeMap;
+use serde::{Serialize, Serializer};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -51,102 +55,42 @@ use std::time::{Duration, Instant};
 const HBM_BYTES_PER_S: f64 = 4.3e12;
 const SEED: u64 = 0x5EED_F0D0;
 
+/// Times the scalar-decay forward (and optionally its backward and the output kernel's probes)
+/// on one GPU, and dumps inputs and output for the comparison with fla.
+#[derive(Parser, Debug)]
+#[command(name = "forward_bench")]
 struct Options {
-    shapes: Vec<(usize, usize, usize, usize)>,
+    /// Shapes to time, comma-separated.
+    #[arg(long, value_name = "BxTxHxD,...", value_parser = parse_shape, value_delimiter = ',',
+          default_values = ["4x8192x16x128", "1x32768x16x128", "1x131072x16x128"])]
+    shapes: Vec<ForwardShape>,
+    /// Dump each shape's inputs, output and meta.json under DIR (and DIR/ours.json).
+    #[arg(long, value_name = "DIR")]
     dump: Option<PathBuf>,
+    /// Write the results JSON here (else standard output, unless --dump).
+    #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
+    /// Untimed calls first (at least one runs).
+    #[arg(long, value_name = "N", default_value_t = 10)]
     warmup: usize,
+    /// Timed calls (0 counts as 1).
+    #[arg(long, value_name = "N", default_value_t = 50)]
     iters: usize,
+    /// Force the number of segments S (tuning).
+    #[arg(long, value_name = "S")]
     segments: Option<u32>,
+    /// The CTAs the launch plan aims at.
+    #[arg(long, value_name = "N")]
     target_ctas: Option<u32>,
+    /// Give up (exit 1) after this many seconds (a kernel hung?).
+    #[arg(long = "timeout", value_name = "SECONDS", default_value_t = 480)]
     timeout_s: u64,
+    /// Also time the output kernel alone and its probes.
+    #[arg(long)]
     probes: bool,
+    /// Also time the backward.
+    #[arg(long)]
     backward: bool,
-}
-
-fn usage(problem: &str) -> Error {
-    Error::InvalidArgument(format!(
-        "{problem}; usage: forward_bench [--dump DIR] [--out FILE] [--shapes BxTxHxD,...] \
-         [--warmup N] [--iters N] [--segments S] [--target-ctas N] [--timeout SECONDS] [--probes] \
-         [--backward]"
-    ))
-}
-
-fn parse_options() -> Result<Options> {
-    let mut o = Options {
-        shapes: vec![
-            (4, 8192, 16, 128),
-            (1, 32768, 16, 128),
-            (1, 131072, 16, 128),
-        ],
-        dump: None,
-        out: None,
-        warmup: 10,
-        iters: 50,
-        segments: None,
-        target_ctas: None,
-        timeout_s: 480,
-        probes: false,
-        backward: false,
-    };
-    let mut args = std::env::args().skip(1);
-    const FLAGS: [&str; 8] = [
-        "--dump",
-        "--out",
-        "--warmup",
-        "--iters",
-        "--segments",
-        "--target-ctas",
-        "--timeout",
-        "--shapes",
-    ];
-    while let Some(flag) = args.next() {
-        if flag == "--probes" {
-            o.probes = true;
-            continue;
-        }
-        if flag == "--backward" {
-            o.backward = true;
-            continue;
-        }
-        if !FLAGS.contains(&flag.as_str()) {
-            return Err(usage(&format!("unknown option {flag}")));
-        }
-        let value = args
-            .next()
-            .ok_or_else(|| usage(&format!("{flag} needs a value")))?;
-        let number = |v: &str| {
-            v.parse::<usize>()
-                .map_err(|_| usage(&format!("{flag} {v}: not a number")))
-        };
-        match flag.as_str() {
-            "--dump" => o.dump = Some(PathBuf::from(value)),
-            "--out" => o.out = Some(PathBuf::from(value)),
-            "--warmup" => o.warmup = number(&value)?,
-            "--iters" => o.iters = number(&value)?.max(1),
-            "--segments" => o.segments = Some(number(&value)? as u32),
-            "--target-ctas" => o.target_ctas = Some(number(&value)? as u32),
-            "--timeout" => o.timeout_s = number(&value)? as u64,
-            "--shapes" => {
-                o.shapes = value
-                    .split(',')
-                    .map(|s| {
-                        let d: Vec<usize> = s
-                            .split('x')
-                            .map(|x| x.trim().parse::<usize>())
-                            .collect::<std::result::Result<_, _>>()
-                            .map_err(|_| usage(&format!("shape {s:?} is not BxTxHxD")))?;
-                        match d[..] {
-                            [b, t, h, dd] => Ok((b, t, h, dd)),
-                            _ => Err(usage(&format!("shape {s:?} is not BxTxHxD"))),
-                        }
-                    })
-                    .collect::<Result<_>>()?
-            }
-            _ => return Err(usage(&format!("unknown option {flag}"))),
-        }
-    }
-    Ok(o)
 }
 
 /// One independent SplitMix64 stream per (tensor, block), so generation runs in parallel and gives
@@ -474,27 +418,52 @@ fn bench_shape(
 }
 
 /// `meta.json` of one shape's dump folder.
-fn meta_json(r: &Row) -> String {
+#[derive(Serialize)]
+struct Meta {
+    #[serde(rename = "B")]
+    b: usize,
+    #[serde(rename = "T")]
+    t: usize,
+    #[serde(rename = "H")]
+    h: usize,
+    #[serde(rename = "D")]
+    d: usize,
+    #[serde(rename = "Dk")]
+    dk: usize,
+    #[serde(rename = "Dv")]
+    dv: usize,
+    scale: f32,
+    dtype_qkvo: &'static str,
+    dtype_g: &'static str,
+    layout: &'static str,
+    ours_ms: f64,
+    ours_min_ms: f64,
+    hbm_floor_ms: f64,
+    num_segments: u32,
+    chunks_per_segment: u32,
+    sets: usize,
+}
+
+fn meta_of(r: &Row) -> Meta {
     let s = &r.shape;
-    format!(
-        "{{\"B\": {}, \"T\": {}, \"H\": {}, \"D\": {}, \"Dk\": {}, \"Dv\": {}, \"scale\": {:e}, \
-         \"dtype_qkvo\": \"bf16\", \"dtype_g\": \"f32\", \"layout\": \"q, k, v, o [B, T, H, D]; g [B, T, H]\", \
-         \"ours_ms\": {:.5}, \"ours_min_ms\": {:.5}, \"hbm_floor_ms\": {:.5}, \"num_segments\": {}, \
-         \"chunks_per_segment\": {}, \"sets\": {}}}\n",
-        s.b,
-        s.t,
-        s.h,
-        s.dk,
-        s.dk,
-        s.dv,
-        s.default_scale(),
-        r.ours_ms,
-        r.min_ms,
-        r.hbm_floor_ms,
-        r.plan.num_segments,
-        r.plan.chunks_per_segment,
-        r.sets
-    )
+    Meta {
+        b: s.b,
+        t: s.t,
+        h: s.h,
+        d: s.dk,
+        dk: s.dk,
+        dv: s.dv,
+        scale: s.default_scale(),
+        dtype_qkvo: "bf16",
+        dtype_g: "f32",
+        layout: "q, k, v, o [B, T, H, D]; g [B, T, H]",
+        ours_ms: round(r.ours_ms, 5),
+        ours_min_ms: round(r.min_ms, 5),
+        hbm_floor_ms: round(r.hbm_floor_ms, 5),
+        num_segments: r.plan.num_segments,
+        chunks_per_segment: r.plan.chunks_per_segment,
+        sets: r.sets,
+    }
 }
 
 /// Writes `root/<row.dir>/{q,k,v,g,o}.bin` and `meta.json`.
@@ -507,64 +476,113 @@ fn write_dump(root: &Path, row: &Row, host: &HostInputs, o: &[bf16]) -> Result<(
     write_raw(&path.join("g.bin"), &host.g)?;
     write_raw(&path.join("o.bin"), o)?;
     let meta = path.join("meta.json");
-    std::fs::write(&meta, meta_json(row)).map_err(|e| io_error(&meta, e))
+    std::fs::write(&meta, to_json(&meta_of(row))).map_err(|e| io_error(&meta, e))
 }
 
-fn results_json(device: &str, sm_count: u32, warmup: usize, iters: usize, rows: &[Row]) -> String {
-    let rows_json: Vec<String> = rows
+/// The results file (`--out`, `DIR/ours.json`).
+#[derive(Serialize)]
+struct Results {
+    device: String,
+    sm_count: u32,
+    commit: String,
+    date: String,
+    hbm_bytes_per_s: f64,
+    hbm_floor: &'static str,
+    method: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    probes: Option<&'static str>,
+    shapes: Vec<ShapeRow>,
+}
+
+/// One shape of the results file.
+#[derive(Serialize)]
+struct ShapeRow {
+    dir: String,
+    #[serde(rename = "B")]
+    b: usize,
+    #[serde(rename = "T")]
+    t: usize,
+    #[serde(rename = "H")]
+    h: usize,
+    #[serde(rename = "D")]
+    d: usize,
+    ours_ms: f64,
+    ours_min_ms: f64,
+    hbm_floor_ms: f64,
+    floor_fraction: f64,
+    num_segments: u32,
+    chunks_per_segment: u32,
+    workspace_bytes: u64,
+    sets: usize,
+    /// `{probe label}_ms` per probe, in `OutputProbe::ALL` order.
+    #[serde(flatten)]
+    probes: ProbeTimes,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    backward_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    backward_min_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    backward_hbm_floor_ms: Option<f64>,
+}
+
+/// The probes' times as `"{label}_ms": ms` entries, in the order they were timed.
+struct ProbeTimes(Vec<(OutputProbe, f64)>);
+
+impl Serialize for ProbeTimes {
+    fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (probe, ms) in &self.0 {
+            map.serialize_entry(&format!("{}_ms", probe.label()), &round(*ms, 5))?;
+        }
+        map.end()
+    }
+}
+
+const PROBES_NOTE: &str = "output_ms: the output kernel alone (no states pass, no fold); probe_memory_ms: its loads and O stores without math; probe_compute_ms: its math on pipeline stages loaded once (no input HBM traffic); probe_no_exp_ms: probe_compute without the gate exponentials, mask and scalings; same launch shape, timing method and input sets as ours_ms (kernels/docs/scalar-decay.md, Probes)";
+
+fn results(device: &str, sm_count: u32, warmup: usize, iters: usize, rows: &[Row]) -> Results {
+    let shapes = rows
         .iter()
-        .map(|r| {
-            format!(
-                "    {{\"dir\": \"{}\", \"B\": {}, \"T\": {}, \"H\": {}, \"D\": {}, \"ours_ms\": {:.5}, \
-                 \"ours_min_ms\": {:.5}, \"hbm_floor_ms\": {:.5}, \"floor_fraction\": {:.4}, \
-                 \"num_segments\": {}, \"chunks_per_segment\": {}, \"workspace_bytes\": {}, \"sets\": {}{}}}",
-                r.dir,
-                r.shape.b,
-                r.shape.t,
-                r.shape.h,
-                r.shape.dk,
-                r.ours_ms,
-                r.min_ms,
-                r.hbm_floor_ms,
-                r.hbm_floor_ms / r.ours_ms,
-                r.plan.num_segments,
-                r.plan.chunks_per_segment,
-                r.plan.workspace_bytes,
-                r.sets,
-                r.probes_ms
-                    .iter()
-                    .map(|(probe, ms)| format!(", \"{}_ms\": {ms:.5}", probe.label()))
-                    .chain(r.backward_ms.map(|(ms, min_ms, floor_ms)| format!(
-                        ", \"backward_ms\": {ms:.5}, \"backward_min_ms\": {min_ms:.5}, \
-                         \"backward_hbm_floor_ms\": {floor_ms:.5}"
-                    )))
-                    .collect::<String>()
-            )
+        .map(|r| ShapeRow {
+            dir: r.dir.clone(),
+            b: r.shape.b,
+            t: r.shape.t,
+            h: r.shape.h,
+            d: r.shape.dk,
+            ours_ms: round(r.ours_ms, 5),
+            ours_min_ms: round(r.min_ms, 5),
+            hbm_floor_ms: round(r.hbm_floor_ms, 5),
+            floor_fraction: round(r.hbm_floor_ms / r.ours_ms, 4),
+            num_segments: r.plan.num_segments,
+            chunks_per_segment: r.plan.chunks_per_segment,
+            workspace_bytes: r.plan.workspace_bytes,
+            sets: r.sets,
+            probes: ProbeTimes(r.probes_ms.clone()),
+            backward_ms: r.backward_ms.map(|(ms, _, _)| round(ms, 5)),
+            backward_min_ms: r.backward_ms.map(|(_, min_ms, _)| round(min_ms, 5)),
+            backward_hbm_floor_ms: r.backward_ms.map(|(_, _, floor_ms)| round(floor_ms, 5)),
         })
         .collect();
-    let probes_note = if rows.iter().any(|r| !r.probes_ms.is_empty()) {
-        "  \"probes\": \"output_ms: the output kernel alone (no states pass, no fold); probe_memory_ms: its loads and O stores without math; probe_compute_ms: its math on pipeline stages loaded once (no input HBM traffic); probe_no_exp_ms: probe_compute without the gate exponentials, mask and scalings; same launch shape, timing method and input sets as ours_ms (kernels/docs/scalar-decay.md, Probes)\",\n"
-    } else {
-        ""
-    };
-    format!(
-        "{{\n  \"device\": \"{device}\",\n  \"sm_count\": {sm_count},\n  \"commit\": \"{}\",\n  \"date\": \"{}\",\n  \
-         \"hbm_bytes_per_s\": {HBM_BYTES_PER_S:e},\n  \"hbm_floor\": \"(q, k, v read once + o written once, bf16) / 4.3e12 B/s, the device-to-device copy rate measured on the reference H200 image; gates (0.4%) not counted\",\n  \
-         \"method\": \"{} warm-up calls, then {} calls enqueued back to back on one stream, each between two CUDA events; median\",\n{probes_note}  \
-         \"shapes\": [\n{}\n  ]\n}}\n",
-        std::env::var("LASP_COMMIT").unwrap_or_else(|_| "unknown".into()),
-        std::env::var("LASP_DATE").unwrap_or_else(|_| "unknown".into()),
-        warmup,
-        iters,
-        rows_json.join(",\n")
-    )
+    Results {
+        device: device.into(),
+        sm_count,
+        commit: std::env::var("LASP_COMMIT").unwrap_or_else(|_| "unknown".into()),
+        date: std::env::var("LASP_DATE").unwrap_or_else(|_| "unknown".into()),
+        hbm_bytes_per_s: HBM_BYTES_PER_S,
+        hbm_floor: "(q, k, v read once + o written once, bf16) / 4.3e12 B/s, the device-to-device copy rate measured on the reference H200 image; gates (0.4%) not counted",
+        method: format!(
+            "{warmup} warm-up calls, then {iters} calls enqueued back to back on one stream, each between two CUDA events; median"
+        ),
+        probes: rows
+            .iter()
+            .any(|r| !r.probes_ms.is_empty())
+            .then_some(PROBES_NOTE),
+        shapes,
+    }
 }
 
-fn run(opts: &Options) -> Result<()> {
-    let rt = Runtime::init(Config {
-        symmetric_heap_bytes: 1 << 20,
-        ..Config::default()
-    })?;
+fn run(opts: &Options, config: Config) -> Result<()> {
+    let rt = Runtime::init(config)?;
     let stream = rt.stream().clone();
     let device = rt.context().name()?;
     let l2_bytes = rt
@@ -592,14 +610,8 @@ fn run(opts: &Options) -> Result<()> {
         l2_bytes >> 20
     );
     let mut rows = Vec::new();
-    for &(b, t, h, d) in &opts.shapes {
-        let shape = ForwardShape {
-            b,
-            t,
-            h,
-            dk: d,
-            dv: d,
-        };
+    for &shape in &opts.shapes {
+        let (b, t, h, d) = (shape.b, shape.t, shape.h, shape.dk);
         let row = bench_shape(&mut fwd, bwd.as_mut(), &stream, shape, opts, l2_bytes)?;
         println!(
             "B={b} T={t} H={h} D={d}: ours {:.4} ms (min {:.4}, S={}, {} output kernel, {} input set(s)), HBM floor {:.4} ms = {:.2} of ours",
@@ -628,7 +640,13 @@ fn run(opts: &Options) -> Result<()> {
         }
         rows.push(row);
     }
-    let json = results_json(&device, fwd.sm_count(), opts.warmup, opts.iters, &rows);
+    let json = to_json(&results(
+        &device,
+        fwd.sm_count(),
+        opts.warmup,
+        opts.iters,
+        &rows,
+    ));
     if let Some(root) = &opts.dump {
         let path = root.join("ours.json");
         std::fs::write(&path, &json).map_err(|e| io_error(&path, e))?;
@@ -644,8 +662,19 @@ fn run(opts: &Options) -> Result<()> {
 }
 
 fn main() {
-    let opts = match parse_options() {
-        Ok(o) => o,
+    let mut opts = Options::parse();
+    opts.iters = opts.iters.max(1);
+    let config = Config::from_env().and_then(|base| {
+        let config = Config {
+            symmetric_heap_bytes: 1 << 20,
+            ..base
+        };
+        // SAFETY: first thing in main, before the watchdog thread below: no thread has been
+        // started and no CUDA call made.
+        unsafe { export_nvshmem_env(&config) }.map(|_| config)
+    });
+    let config = match config {
+        Ok(config) => config,
         Err(e) => {
             eprintln!("forward_bench: {e}");
             std::process::exit(2);
@@ -657,7 +686,7 @@ fn main() {
         eprintln!("forward_bench: still running after {timeout_s} s (a kernel hung?); giving up");
         lasp_shmem::runtime::exit_after_error(1);
     });
-    if let Err(e) = run(&opts) {
+    if let Err(e) = run(&opts, config) {
         eprintln!("forward_bench: {e}");
         lasp_shmem::runtime::exit_after_error(1);
     }
@@ -667,6 +696,45 @@ fn main() {
 mod tests {
     use super::*;
     use lasp_shmem::reference::{scalar_decay, Inputs, Shape, Tensor};
+
+    #[test]
+    fn every_flag_parses_with_the_old_defaults() {
+        let o = Options::try_parse_from(["forward_bench"]).unwrap();
+        assert_eq!(
+            o.shapes.iter().map(|s| s.t).collect::<Vec<_>>(),
+            [8192, 32768, 131072]
+        );
+        assert_eq!((o.warmup, o.iters, o.timeout_s), (10, 50, 480));
+        let o = Options::try_parse_from([
+            "forward_bench",
+            "--dump",
+            "/tmp/fwd",
+            "--out",
+            "p.json",
+            "--shapes",
+            "2x4096x16x128,1x65536x16x64",
+            "--warmup",
+            "3",
+            "--iters",
+            "100",
+            "--segments",
+            "8",
+            "--target-ctas",
+            "264",
+            "--timeout",
+            "110",
+            "--probes",
+            "--backward",
+        ])
+        .unwrap();
+        assert_eq!(o.shapes.len(), 2);
+        assert_eq!((o.shapes[1].t, o.shapes[1].dk), (65536, 64));
+        assert_eq!((o.warmup, o.iters, o.timeout_s), (3, 100, 110));
+        assert_eq!((o.segments, o.target_ctas), (Some(8), Some(264)));
+        assert!(o.probes && o.backward && o.dump.is_some() && o.out.is_some());
+        assert!(Options::try_parse_from(["forward_bench", "--iters", "x"]).is_err());
+        assert!(Options::try_parse_from(["forward_bench", "--shapes", "2x4096"]).is_err());
+    }
 
     /// The dump a GPU run writes, with the CPU reference standing in for our output: checks the
     /// writer (files, sizes, JSON) and, with FORWARD_BENCH_TEST_DUMP=DIR set, leaves the dump
@@ -731,7 +799,13 @@ mod tests {
             std::env::temp_dir().join(format!("forward-bench-test-{}", std::process::id()))
         });
         write_dump(&root, &row, &host, &o).unwrap();
-        let json = results_json("test device", 132, 10, 50, std::slice::from_ref(&row));
+        let json = to_json(&results(
+            "test device",
+            132,
+            10,
+            50,
+            std::slice::from_ref(&row),
+        ));
         std::fs::write(root.join("ours.json"), &json).unwrap();
         let size = |name: &str| {
             std::fs::metadata(root.join(&row.dir).join(name))
@@ -748,27 +822,60 @@ mod tests {
             u16::from_le_bytes([bytes[0], bytes[1]]),
             host.q[0].to_bits()
         );
-        let meta = std::fs::read_to_string(root.join(&row.dir).join("meta.json")).unwrap();
-        for text in [&meta, &json] {
-            assert_eq!(text.matches('{').count(), text.matches('}').count());
-            assert!(!text.contains("NaN") && !text.contains("inf"), "{text}");
+        // The files parse, with the fields benches/fla_forward.py and scripts/forward-ab.sh read.
+        let meta: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(root.join(&row.dir).join("meta.json")).unwrap(),
+        )
+        .unwrap();
+        for (key, value) in [
+            ("B", 2.0),
+            ("T", 130.0),
+            ("H", 3.0),
+            ("D", 64.0),
+            ("Dv", 64.0),
+        ] {
+            assert_eq!(meta[key].as_f64(), Some(value), "{key}");
         }
-        assert!(
-            meta.contains("\"B\": 2, \"T\": 130, \"H\": 3, \"D\": 64"),
-            "{meta}"
+        assert_eq!(
+            meta["scale"].as_f64(),
+            Some(f64::from(shape.default_scale()))
         );
-        assert!(json.contains("\"dir\": \"B2_T130_H3_D64\""), "{json}");
-        assert!(
-            json.contains(
-                "\"backward_ms\": 1.25000, \"backward_min_ms\": 1.20000, \"backward_hbm_floor_ms\": 0.50000"
-            ),
-            "{json}"
-        );
-        assert!(
-            json.contains("\"sets\": 1, \"output_ms\": 0.30000, \"probe_memory_ms\": 0.20000, ")
-                && json.contains("\"probes\": "),
-            "{json}"
-        );
+        assert_eq!(meta["ours_ms"], 0.5);
+        let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(json["sm_count"], 132);
+        assert_eq!(json["hbm_bytes_per_s"], 4.3e12);
+        assert!(json["probes"].is_string());
+        let s = &json["shapes"][0];
+        assert_eq!(s["dir"], "B2_T130_H3_D64");
+        assert_eq!(s["ours_ms"], 0.5);
+        assert_eq!(s["floor_fraction"], 0.5);
+        assert_eq!(s["sets"], 1);
+        assert_eq!(s["output_ms"], 0.3);
+        assert_eq!(s["probe_memory_ms"], 0.2);
+        assert_eq!(s["backward_ms"], 1.25);
+        assert_eq!(s["backward_min_ms"], 1.2);
+        assert_eq!(s["backward_hbm_floor_ms"], 0.5);
+        for key in [
+            "num_segments",
+            "chunks_per_segment",
+            "workspace_bytes",
+            "ours_min_ms",
+        ] {
+            assert!(s[key].is_number(), "{key}");
+        }
+        // Without probes and backward, neither their fields nor the probes note.
+        let plain = Row {
+            probes_ms: Vec::new(),
+            backward_ms: None,
+            plan: row.plan,
+            dir: row.dir.clone(),
+            ..row
+        };
+        let json: serde_json::Value =
+            serde_json::from_str(&to_json(&results("d", 132, 10, 50, &[plain]))).unwrap();
+        assert!(json.get("probes").is_none());
+        let keys = json["shapes"][0].as_object().unwrap();
+        assert!(!keys.contains_key("output_ms") && !keys.contains_key("backward_ms"));
         if keep.is_none() {
             std::fs::remove_dir_all(&root).unwrap();
         }

@@ -5,7 +5,7 @@
 //! otherwise fault inside a kernel (which ends the whole CUDA context) or read a neighbour's
 //! memory: the driver's pointer attributes catch those here, with the tensor's name.
 
-use crate::error::{describe_driver_error, Error, Result};
+use crate::error::{Error, Result};
 use cudarc::driver::sys::{self, CUmemorytype, CUpointer_attribute};
 use std::ffi::c_void;
 
@@ -47,10 +47,10 @@ pub fn pointer_facts(addr: u64) -> Result<PointerFacts> {
         )
     };
     if rc != sys::CUresult::CUDA_SUCCESS {
-        return Err(Error::Cuda {
-            call: "cuPointerGetAttributes".into(),
-            detail: describe_driver_error(&cudarc::driver::DriverError(rc)),
-        });
+        return Err(Error::from_driver(
+            "cuPointerGetAttributes",
+            &cudarc::driver::DriverError(rc),
+        ));
     }
     facts.range_bytes = range_bytes as u64;
     Ok(facts)

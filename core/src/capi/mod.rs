@@ -14,6 +14,9 @@
 //! streams against the runtime's context. A handle may be used from any thread; calls on one
 //! handle are serialised by a lock.
 
+// Lint debt: this module is being rewritten; remove with the rewrite.
+#![allow(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
+
 pub mod memory;
 pub mod status;
 

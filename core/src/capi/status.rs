@@ -18,7 +18,9 @@ pub const LASP_OK: Status = 0;
 pub const LASP_ERROR_INVALID_ARGUMENT: Status = 1;
 /// The launch environment or the bootstrap rendezvous is inconsistent.
 pub const LASP_ERROR_LAUNCH: Status = 2;
-/// A CUDA driver call failed (no driver, no GPU, a failed launch).
+/// A CUDA driver call failed: no driver or no usable GPU (the message says to check
+/// `nvidia-smi`), or another driver call failed (out of memory, a bad handle). Kernel faults and
+/// refused launches have their own codes.
 pub const LASP_ERROR_CUDA: Status = 3;
 /// NVSHMEM could not be loaded, is of another version, or one of its calls failed.
 pub const LASP_ERROR_NVSHMEM: Status = 4;
@@ -28,6 +30,17 @@ pub const LASP_ERROR_PEER_TIMEOUT: Status = 5;
 pub const LASP_ERROR_STATE: Status = 6;
 /// A bug in lasp-shmem (a panic was caught); the message says where.
 pub const LASP_ERROR_INTERNAL: Status = 7;
+/// An NCCL call failed (the sequential NCCL exchange mode).
+pub const LASP_ERROR_NCCL: Status = 8;
+/// A kernel faulted on the GPU (illegal address, device-side assert), here or at an earlier
+/// call: the CUDA context is unusable and the process must exit. A bug to report.
+pub const LASP_ERROR_KERNEL_FAULT: Status = 9;
+/// The driver refused to launch a kernel (shape or shared memory too large for this GPU);
+/// nothing was enqueued. A bug to report.
+pub const LASP_ERROR_KERNEL_LAUNCH: Status = 10;
+/// The library was built without a kernel this call needs, or without kernels for this GPU's
+/// architecture: rebuild it.
+pub const LASP_ERROR_BUILD: Status = 11;
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
@@ -38,12 +51,16 @@ pub fn status_of(error: &Error) -> Status {
     match error {
         Error::InvalidArgument(_) => LASP_ERROR_INVALID_ARGUMENT,
         Error::Launch(_) | Error::Rendezvous(_) => LASP_ERROR_LAUNCH,
-        Error::Cuda { .. } => LASP_ERROR_CUDA,
+        Error::Cuda { .. } | Error::DriverUnavailable { .. } => LASP_ERROR_CUDA,
         Error::NvshmemLoad(_) | Error::Nvshmem { .. } | Error::VersionMismatch { .. } => {
             LASP_ERROR_NVSHMEM
         }
         Error::PeerTimeout { .. } => LASP_ERROR_PEER_TIMEOUT,
         Error::State(_) => LASP_ERROR_STATE,
+        Error::Nccl { .. } => LASP_ERROR_NCCL,
+        Error::KernelFault { .. } => LASP_ERROR_KERNEL_FAULT,
+        Error::KernelLaunch { .. } => LASP_ERROR_KERNEL_LAUNCH,
+        Error::MissingKernel { .. } | Error::UnsupportedGpu { .. } => LASP_ERROR_BUILD,
     }
 }
 
@@ -157,9 +174,87 @@ mod tests {
             ),
             (timeout, LASP_ERROR_PEER_TIMEOUT),
             (Error::State(String::new()), LASP_ERROR_STATE),
+            (
+                Error::DriverUnavailable {
+                    call: String::new(),
+                    detail: String::new(),
+                },
+                LASP_ERROR_CUDA,
+            ),
+            (
+                Error::Nccl {
+                    call: "ncclAllGather",
+                    detail: String::new(),
+                },
+                LASP_ERROR_NCCL,
+            ),
+            (
+                Error::KernelFault {
+                    call: String::new(),
+                    detail: String::new(),
+                },
+                LASP_ERROR_KERNEL_FAULT,
+            ),
+            (
+                Error::KernelLaunch {
+                    kernel: String::new(),
+                    detail: String::new(),
+                },
+                LASP_ERROR_KERNEL_LAUNCH,
+            ),
+            (
+                Error::MissingKernel {
+                    kernel: String::new(),
+                    detail: String::new(),
+                },
+                LASP_ERROR_BUILD,
+            ),
+            (
+                Error::UnsupportedGpu {
+                    compute_capability: (8, 0),
+                    built: Vec::new(),
+                },
+                LASP_ERROR_BUILD,
+            ),
         ];
         for (error, code) in cases {
             assert_eq!(status_of(&error), code, "{error:?}");
+        }
+    }
+
+    /// Every status code, as the header must define it.
+    const CODES: [(&str, Status); 12] = [
+        ("LASP_OK", LASP_OK),
+        ("LASP_ERROR_INVALID_ARGUMENT", LASP_ERROR_INVALID_ARGUMENT),
+        ("LASP_ERROR_LAUNCH", LASP_ERROR_LAUNCH),
+        ("LASP_ERROR_CUDA", LASP_ERROR_CUDA),
+        ("LASP_ERROR_NVSHMEM", LASP_ERROR_NVSHMEM),
+        ("LASP_ERROR_PEER_TIMEOUT", LASP_ERROR_PEER_TIMEOUT),
+        ("LASP_ERROR_STATE", LASP_ERROR_STATE),
+        ("LASP_ERROR_INTERNAL", LASP_ERROR_INTERNAL),
+        ("LASP_ERROR_NCCL", LASP_ERROR_NCCL),
+        ("LASP_ERROR_KERNEL_FAULT", LASP_ERROR_KERNEL_FAULT),
+        ("LASP_ERROR_KERNEL_LAUNCH", LASP_ERROR_KERNEL_LAUNCH),
+        ("LASP_ERROR_BUILD", LASP_ERROR_BUILD),
+    ];
+
+    #[test]
+    fn the_header_defines_every_code_with_its_value_and_codes_only_grow() {
+        const HEADER: &str = include_str!("../../include/lasp_shmem.h");
+        for (i, (name, value)) in CODES.into_iter().enumerate() {
+            // Codes are appended, never renumbered: C callers compiled against an older header
+            // keep meaning the same thing.
+            assert_eq!(value, i as Status, "{name}");
+            let defined = HEADER
+                .lines()
+                .filter_map(|line| line.strip_prefix("#define "))
+                .find_map(|rest| {
+                    let mut words = rest.split_whitespace();
+                    (words.next() == Some(name)).then(|| words.next().map(str::parse::<Status>))
+                })
+                .flatten()
+                .unwrap_or_else(|| panic!("{name} is not defined in lasp_shmem.h"));
+            assert_eq!(defined, Ok(value), "{name}");
         }
     }
 }

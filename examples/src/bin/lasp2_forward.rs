@@ -22,9 +22,9 @@
 //! `--no-check`: only the timed calls (for a profiler, which then sees no checking launches
 //! before them); the checks are what make the times mean anything, so run them once per build.
 
+use clap::Parser;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream};
-use lasp_shmem::launch_env::LaunchEnv;
 use lasp_shmem::ops::lasp2::{ExchangeMode, Lasp2Forward, Lasp2Layout, Lasp2Tuning};
 use lasp_shmem::ops::scalar_decay::{ForwardArgs, ForwardShape};
 use lasp_shmem::ops::{bf16, DeviceMut, DeviceRef};
@@ -32,7 +32,12 @@ use lasp_shmem::reference::{
     assert_rel_close, scalar_decay, Family, InputSpec, Inputs, Regime, Shape,
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
-use lasp_shmem_examples::{mode_columns, parse_shape, shard_lengths, time_in_turns, ModeCall};
+use lasp_shmem_examples::{
+    export_nvshmem_env, mode_times, parse_shape, round, shard_lengths, time_in_turns, write_json,
+    ModeCall, ModeTimes,
+};
+use serde::Serialize;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,63 +45,54 @@ use std::time::Duration;
 /// rounding is ~4e-3 relative at worst; fla's tests use 5e-3 likewise).
 const TOL: f64 = 5e-3;
 
+/// LASP-2 forward of scalar-decay linear attention on every launched GPU: checks against the
+/// f64 reference, then times every exchange mode.
+#[derive(Parser, Debug)]
+#[command(name = "lasp2_forward")]
 struct Options {
+    /// Graph replays of one captured overlapped call in the checks.
+    #[arg(long, value_name = "N", default_value_t = 100)]
     graph_calls: u32,
+    /// Time every mode at this shape (per-rank shard length T; repeatable; default
+    /// 4x8192x16x128).
+    #[arg(long, value_name = "BxTxHxD", value_parser = parse_shape)]
     time: Vec<ForwardShape>,
+    /// Time nothing (only the checks).
+    #[arg(long)]
+    no_time: bool,
+    /// Skip the checks (only the timed calls, e.g. for a profiler).
+    #[arg(long = "no-check")]
     skip_check: bool,
-    json: Option<String>,
+    /// Write the timed rows as a JSON array here (rank 0).
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Fault drill: rank K never calls; the later ranks must fail naming it.
+    #[arg(long, value_name = "K")]
     silent_rank: Option<usize>,
+    /// Fault drill: rank K sets up another H; every rank must refuse before any state moves.
+    #[arg(long, value_name = "K")]
     mismatch_rank: Option<usize>,
+    /// Head groups of the timed runs (default: Lasp2Tuning::default()).
+    #[arg(long = "groups", value_name = "G")]
     head_groups: Option<usize>,
+    /// CTAs per SM of the timed runs (default: Lasp2Tuning::default()).
+    #[arg(long, value_name = "K")]
     ctas_per_sm: Option<u32>,
+    /// After timing a shape, record one overlapped call's timeline into
+    /// PREFIX.B{B}_T{T}.rank{R}.json.
+    #[arg(long, value_name = "PREFIX")]
     timeline: Option<String>,
 }
 
-fn parse_options() -> Result<Options> {
-    let mut o = Options {
-        graph_calls: 100,
-        time: Vec::new(),
-        skip_check: false,
-        json: None,
-        silent_rank: None,
-        mismatch_rank: None,
-        head_groups: None,
-        ctas_per_sm: None,
-        timeline: None,
-    };
-    let mut no_time = false;
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let mut value = || {
-            args.next()
-                .ok_or_else(|| Error::InvalidArgument(format!("{flag} needs a value")))
-        };
-        let number = |v: String| {
-            v.parse::<u32>()
-                .map_err(|_| Error::InvalidArgument(format!("{v:?} is not a number")))
-        };
-        match flag.as_str() {
-            "--graph-calls" => o.graph_calls = number(value()?)?,
-            "--time" => o.time.push(parse_shape(&value()?)?),
-            "--no-time" => no_time = true,
-            "--no-check" => o.skip_check = true,
-            "--json" => o.json = Some(value()?),
-            "--silent-rank" => o.silent_rank = Some(number(value()?)? as usize),
-            "--mismatch-rank" => o.mismatch_rank = Some(number(value()?)? as usize),
-            "--groups" => o.head_groups = Some(number(value()?)? as usize),
-            "--ctas-per-sm" => o.ctas_per_sm = Some(number(value()?)?),
-            "--timeline" => o.timeline = Some(value()?),
-            other => {
-                return Err(Error::InvalidArgument(format!(
-                    "unknown option {other}; see the header of examples/src/bin/lasp2_forward.rs"
-                )))
-            }
+impl Options {
+    /// The shapes to time: `--time`, else the default one, none with `--no-time`.
+    fn shapes(&self) -> Vec<ForwardShape> {
+        match (self.no_time, self.time.is_empty()) {
+            (true, _) => Vec::new(),
+            (false, true) => vec![parse_shape("4x8192x16x128").expect("a valid shape")],
+            (false, false) => self.time.clone(),
         }
     }
-    if o.time.is_empty() && !no_time {
-        o.time.push(parse_shape("4x8192x16x128")?);
-    }
-    Ok(o)
 }
 
 /// This rank's tensors on the device, and its outputs.
@@ -355,13 +351,34 @@ impl ModeCall for Timed<'_> {
     }
 }
 
-/// Times every mode at `shape`; returns a JSON row (on every PE; PE 0 prints and writes it).
+/// One timed shape, as a row of the `--json` file.
+#[derive(Serialize)]
+struct Row {
+    #[serde(rename = "W")]
+    w: usize,
+    #[serde(rename = "B")]
+    b: usize,
+    #[serde(rename = "T_local")]
+    t_local: usize,
+    #[serde(rename = "H")]
+    h: usize,
+    #[serde(rename = "D")]
+    d: usize,
+    head_groups: usize,
+    ctas_per_sm: u32,
+    #[serde(flatten)]
+    modes: ModeTimes,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_output_wait_us: Option<f64>,
+}
+
+/// Times every mode at `shape`; returns its row (on every PE; PE 0 prints it).
 fn time_modes(
     rt: &Runtime,
     comm: &lasp_shmem::nccl::NcclComm,
     shape: ForwardShape,
     options: &Options,
-) -> Result<String> {
+) -> Result<Row> {
     let stream = rt.stream().clone();
     let mut shard = benchmark_inputs(&stream, &shape)?;
     let mut op = Lasp2Forward::new(
@@ -386,9 +403,6 @@ fn time_modes(
     let (groups, ctas) = (tuning.head_groups, tuning.ctas_per_sm);
     let mut line =
         format!("W={w} B={b} T_local={t} H={h} D={d} (head groups {groups}, {ctas} CTA/SM):");
-    let mut row = format!(
-        "{{\"W\": {w}, \"B\": {b}, \"T_local\": {t}, \"H\": {h}, \"D\": {d}, \"head_groups\": {groups}, \"ctas_per_sm\": {ctas}"
-    );
     let medians = time_in_turns(
         rt,
         &mut Timed {
@@ -396,19 +410,42 @@ fn time_modes(
             shard: &mut shard,
         },
     )?;
-    let (columns, json_columns) = mode_columns(comm, medians)?;
-    line += &columns;
-    row += &json_columns;
+    let modes = mode_times(comm, medians)?;
+    line += &modes.line();
+    let mut max_output_wait_us = None;
     if let Some(prefix) = &options.timeline {
         let wait_us = comm.max_f64(record_timeline(rt, &mut op, &mut shard, prefix)?)?;
         line += &format!(" max_output_wait_us {wait_us:.2}");
-        row += &format!(", \"max_output_wait_us\": {wait_us:.3}");
+        max_output_wait_us = Some(round(wait_us, 3));
     }
     if rt.pe() == 0 {
         println!("{line}");
     }
     op.free()?;
-    Ok(row + "}")
+    Ok(Row {
+        w,
+        b,
+        t_local: t,
+        h,
+        d,
+        head_groups: groups,
+        ctas_per_sm: ctas,
+        modes,
+        max_output_wait_us,
+    })
+}
+
+/// One rank's `--timeline` file.
+#[derive(Serialize)]
+struct TimelineFile {
+    rank: usize,
+    segments: usize,
+    clock: &'static str,
+    max_output_wait_ns: u64,
+    /// Per tile: puts issued, puts complete.
+    puts: Vec<[i64; 2]>,
+    /// Per output CTA: start, data seen, loop start.
+    outputs: Vec<[i64; 3]>,
 }
 
 /// One overlapped call with the timeline on; writes this rank's stamps and returns the longest
@@ -431,29 +468,23 @@ fn record_timeline(
         .ok_or_else(|| Error::State("no timeline was recorded".into()))?;
     let origin = t.outputs.iter().map(|o| o[0]).min().unwrap_or(0);
     let rel = |x: u64| x as i64 - origin as i64;
-    let list = |rows: Vec<String>| rows.join(", ");
-    let puts = list(
-        t.puts
-            .iter()
-            .map(|p| format!("[{}, {}]", rel(p[0]), rel(p[1])))
-            .collect(),
-    );
-    let outputs = list(
-        t.outputs
-            .iter()
-            .map(|o| format!("[{}, {}, {}]", rel(o[0]), rel(o[1]), rel(o[2])))
-            .collect(),
-    );
     let waits = t.output_waits_ns();
     let max_wait = waits.iter().copied().max().unwrap_or(0);
     let s = &shard.shape;
     let path = format!("{prefix}.B{}_T{}.rank{}.json", s.b, s.t, rt.pe());
-    let json = format!(
-        "{{\"rank\": {}, \"segments\": {}, \"clock\": \"ns since this rank's first output CTA started (this GPU's globaltimer)\", \"max_output_wait_ns\": {max_wait}, \"puts\": [{puts}], \"outputs\": [{outputs}]}}\n",
-        rt.pe(),
-        t.segments
-    );
-    std::fs::write(&path, json).map_err(|e| Error::State(format!("cannot write {path}: {e}")))?;
+    let file = TimelineFile {
+        rank: rt.pe(),
+        segments: t.segments,
+        clock: "ns since this rank's first output CTA started (this GPU's globaltimer)",
+        max_output_wait_ns: max_wait,
+        puts: t.puts.iter().map(|p| [rel(p[0]), rel(p[1])]).collect(),
+        outputs: t
+            .outputs
+            .iter()
+            .map(|o| [rel(o[0]), rel(o[1]), rel(o[2])])
+            .collect(),
+    };
+    write_json(&path, &file)?;
     Ok(max_wait as f64 * 1e-3)
 }
 
@@ -551,11 +582,32 @@ fn drill(rt: &Runtime, options: &Options) -> Result<()> {
     result
 }
 
-fn run() -> Result<()> {
-    let options = parse_options()?;
-    let npes = LaunchEnv::from_process_env()?.world_size;
+fn run(options: Options, config: Config) -> Result<()> {
+    let rt = Runtime::init(config)?;
+    if options.silent_rank.is_some() || options.mismatch_rank.is_some() {
+        return drill(&rt, &options).and_then(|()| rt.shutdown());
+    }
+    if !options.skip_check {
+        check(&rt, options.graph_calls)?;
+    }
+    let shapes = options.shapes();
+    if !shapes.is_empty() {
+        let comm = lasp_shmem::nccl::NcclComm::new(&rt, rt.stream())?;
+        let rows = shapes
+            .iter()
+            .map(|&shape| time_modes(&rt, &comm, shape, &options))
+            .collect::<Result<Vec<_>>>()?;
+        if let (Some(path), 0) = (&options.json, rt.pe()) {
+            write_json(path, &rows)?;
+        }
+    }
+    rt.shutdown()
+}
+
+/// The runtime's settings for `options`: a symmetric heap for the largest timed layout.
+fn config(options: &Options, npes: usize) -> Result<Config> {
     let heap = options
-        .time
+        .shapes()
         .iter()
         .map(|s| {
             Lasp2Layout {
@@ -568,34 +620,107 @@ fn run() -> Result<()> {
         })
         .max()
         .unwrap_or(0);
-    let rt = Runtime::init(Config {
+    Ok(Config {
         symmetric_heap_bytes: heap + (64 << 20),
-        ..Config::default()
-    })?;
-    if options.silent_rank.is_some() || options.mismatch_rank.is_some() {
-        return drill(&rt, &options).and_then(|()| rt.shutdown());
-    }
-    if !options.skip_check {
-        check(&rt, options.graph_calls)?;
-    }
-    if !options.time.is_empty() {
-        let comm = lasp_shmem::nccl::NcclComm::new(&rt, rt.stream())?;
-        let rows = options
-            .time
-            .iter()
-            .map(|&shape| time_modes(&rt, &comm, shape, &options))
-            .collect::<Result<Vec<_>>>()?;
-        if let (Some(path), 0) = (&options.json, rt.pe()) {
-            std::fs::write(path, format!("[\n{}\n]\n", rows.join(",\n")))
-                .map_err(|e| Error::State(format!("cannot write {path}: {e}")))?;
-        }
-    }
-    rt.shutdown()
+        ..Config::from_env()?
+    })
 }
 
 fn main() {
-    if let Err(e) = run() {
+    let options = Options::parse();
+    let prepared = lasp_shmem::launch_env::LaunchEnv::from_process_env()
+        .and_then(|env| config(&options, env.world_size))
+        .and_then(|config| {
+            // SAFETY: first thing in main: no thread has been started and no CUDA call made.
+            unsafe { export_nvshmem_env(&config) }.map(|_| config)
+        });
+    if let Err(e) = prepared.and_then(|config| run(options, config)) {
         eprintln!("lasp2_forward: {e}");
         lasp_shmem::runtime::exit_after_error(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_flag_parses_and_the_default_shape_is_timed() {
+        let o = Options::try_parse_from(["lasp2_forward"]).unwrap();
+        assert_eq!(o.graph_calls, 100);
+        assert_eq!(o.shapes().len(), 1);
+        let o = Options::try_parse_from([
+            "lasp2_forward",
+            "--graph-calls",
+            "10000",
+            "--time",
+            "4x8192x16x128",
+            "--time",
+            "1x32768x16x64",
+            "--no-check",
+            "--json",
+            "out.json",
+            "--groups",
+            "3",
+            "--ctas-per-sm",
+            "2",
+            "--timeline",
+            "tl",
+        ])
+        .unwrap();
+        assert_eq!(o.graph_calls, 10000);
+        assert_eq!(
+            o.shapes().iter().map(|s| s.t).collect::<Vec<_>>(),
+            [8192, 32768]
+        );
+        assert!(o.skip_check && o.json.is_some());
+        assert_eq!((o.head_groups, o.ctas_per_sm), (Some(3), Some(2)));
+        let o =
+            Options::try_parse_from(["lasp2_forward", "--no-time", "--silent-rank", "1"]).unwrap();
+        assert!(o.shapes().is_empty());
+        assert_eq!((o.silent_rank, o.mismatch_rank), (Some(1), None));
+        assert!(Options::try_parse_from(["lasp2_forward", "--mismatch-rank", "1"]).is_ok());
+        assert!(Options::try_parse_from(["lasp2_forward", "--time", "4x8192"]).is_err());
+        assert!(Options::try_parse_from(["lasp2_forward", "--bogus"]).is_err());
+    }
+
+    #[test]
+    fn rows_have_the_field_names_the_report_reads() {
+        let row = Row {
+            w: 2,
+            b: 4,
+            t_local: 8192,
+            h: 16,
+            d: 128,
+            head_groups: 1,
+            ctas_per_sm: 2,
+            modes: ModeTimes::from_per_rank([
+                vec![1.0, 1.5],
+                vec![2.0, 2.0],
+                vec![2.5, 2.0],
+                vec![0.5, 0.75],
+            ]),
+            max_output_wait_us: None,
+        };
+        let json: serde_json::Value =
+            serde_json::from_str(&lasp_shmem_examples::to_json(&vec![row])).unwrap();
+        let r = &json[0];
+        for (key, value) in [
+            ("W", 2.0),
+            ("B", 4.0),
+            ("T_local", 8192.0),
+            ("H", 16.0),
+            ("D", 128.0),
+            ("head_groups", 1.0),
+            ("ctas_per_sm", 2.0),
+            ("overlapped_ms", 1.5),
+            ("sequential_nccl_ms", 2.0),
+            ("sequential_nvshmem_ms", 2.5),
+            ("no_comm_ms", 0.75),
+        ] {
+            assert_eq!(r[key].as_f64(), Some(value), "{key}");
+        }
+        assert_eq!(r["per_rank_ms"]["overlapped"][1], 1.5);
+        assert!(r.get("max_output_wait_us").is_none());
     }
 }

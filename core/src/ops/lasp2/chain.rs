@@ -266,8 +266,17 @@ impl StateChain {
                         stream.cu_stream(),
                     )
                 }?;
-                self.runtime
-                    .fcollect_on_stream(stream, recv, self.staging.raw(), bytes as usize)
+                // SAFETY: `staging` and the parity half of `slots` are distinct symmetric
+                // buffers owned by self, of `bytes` and npes x `bytes` from `recv`; every PE
+                // makes this call in the same mode and order; on the caller's stream.
+                unsafe {
+                    self.runtime.fcollect_on_stream(
+                        stream,
+                        recv,
+                        self.staging.raw(),
+                        bytes as usize,
+                    )
+                }
             }
         }
     }

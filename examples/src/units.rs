@@ -1,6 +1,6 @@
 //! Byte sizes as people write them on command lines (`32K`, `4M`, `1G`, binary units).
 
-use crate::error::{Error, Result};
+use lasp_shmem::{Error, Result};
 
 /// Parses `123`, `32K`, `4M`, `1G` (also `KiB`/`MiB`/`GiB`) into bytes.
 pub fn parse_bytes(text: &str) -> Result<usize> {
