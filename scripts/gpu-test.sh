@@ -5,6 +5,7 @@
 #
 #   bash scripts/gpu-test.sh            # tests, then the benchmark
 #   GPU_TEST_SKIP_BENCH=1 bash scripts/gpu-test.sh
+#   GPU_TEST_SKIP_SANITIZE=1 ...     # without compute-sanitizer's four tools (minutes)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu-env.sh
@@ -108,6 +109,21 @@ else
   echo "NOTICE: lasp2_torch skipped: python3 cannot import torch"
 fi
 grep -hE "^(FAIL|forward_check:|backward_check:)" "$OUT/forward_check.log" "$OUT/backward_check.log" | head -40 || true
+# compute-sanitizer's four tools over every single-GPU kernel (a few minutes).
+if [ -z "${GPU_TEST_SKIP_SANITIZE:-}" ]; then
+  check sanitize env OUT="$OUT" bash scripts/sanitize.sh
+  grep -h "^sanitize: .*errors" "$OUT/sanitize.log" || true
+fi
+# Every gradient against fla's chunk_gla on the same inputs, single GPU and LASP-2 at W = NGPU.
+if python3 -c "import torch, fla" 2>/dev/null; then
+  sanitized=(); [ -f "$OUT/sanitizer.json" ] && sanitized=(--sanitizer "$OUT/sanitizer.json")
+  check gradient_accuracy env NVSHMEM_REMOTE_TRANSPORT=none timeout 900 python3 -m torch.distributed.run --standalone --nproc-per-node "$NGPU" \
+    benches/gradient_accuracy.py --lib "$BIN/liblasp_shmem.so" --out "$OUT/gradient_accuracy.json" \
+    "${sanitized[@]}"
+  grep -hE "^(PASS|FAIL) " "$OUT/gradient_accuracy.log" || true
+else
+  echo "NOTICE: gradient_accuracy skipped: python3 cannot import torch and fla (pip install fla-core)"
+fi
 if [ -n "${GPU_TEST_FORWARD_BENCH:-}" ]; then
   check forward_bench env OUT="$OUT" bash scripts/forward-bench.sh
   grep -h "^B=" "$OUT/forward_bench.log" || true
