@@ -129,8 +129,8 @@ def accuracy_row(regime, w, inputs, got):
     q = inputs[0]
     b, t, h, d = q.shape
     want = lt.reference_grads(*inputs)
-    ours = dict(zip(GRADS, (rel(x, y) for x, y in zip(got, want))))
-    fla = dict(zip(GRADS, (rel(x, y) for x, y in zip(fla_grads(*inputs), want))))
+    ours = dict(zip(GRADS, (lt.rel_err(x, y) for x, y in zip(got, want))))
+    fla = dict(zip(GRADS, (lt.rel_err(x, y) for x, y in zip(fla_grads(*inputs), want))))
     return {"regime": regime, "W": w, "B": b, "T": t, "H": h, "Dk": d, "Dv": d,
             "ours_dg": ours["dg"], "fla_dg": fla["dg"], "ours_dq": ours["dq"],
             "ours_dk": ours["dk"], "ours_dv": ours["dv"], "ours_dh0": ours["dh0"],
@@ -152,10 +152,6 @@ def verdict(row):
     return None
 
 
-def rel(x, y):
-    return lt.rel_err(x, y)
-
-
 def device_name():
     return torch.cuda.get_device_name()
 
@@ -174,10 +170,7 @@ def commit():
 
 def main():
     parser = argparse.ArgumentParser()
-    repo = Path(__file__).resolve().parents[1]
-    default = next((p for p in (repo / ".bundle/bin/liblasp_shmem.so",
-                                repo / "target/release/liblasp_shmem.so") if p.exists()), None)
-    parser.add_argument("--lib", default=os.environ.get("LASP_SHMEM_LIB", default))
+    parser.add_argument("--lib", default=lt.default_lib())
     parser.add_argument("--out")
     parser.add_argument("--sanitizer", help="scripts/sanitize.sh's JSON of error counts")
     opts = parser.parse_args()
@@ -190,17 +183,7 @@ def main():
     torch.cuda.set_device(local_rank)
     dev = torch.device("cuda", local_rank)
     lasp = lt.Lasp(opts.lib)
-    options = lt.RuntimeOptions(lt.ABI_VERSION, 0, 256 << 20, 0, None)
-    place = lt.Place(rank, world, local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
-    uid = lt.UniqueId()
-    if rank == 0:
-        lasp.unique_id_create(ctypes.byref(options), ctypes.byref(place), ctypes.byref(uid))
-    id_bytes = torch.tensor(list(bytes(uid.bytes)), dtype=torch.uint8)
-    dist.broadcast(id_bytes, src=0)
-    uid.bytes[:] = id_bytes.tolist()
-    runtime = ctypes.c_void_p()
-    lasp.runtime_init(ctypes.byref(options), ctypes.byref(place), ctypes.byref(uid),
-                      ctypes.byref(runtime))
+    runtime = lt.init_runtime(lasp)
 
     problems = [(w, b, t_local * w, h, d, regime) for w in sorted({1, world})
                 for b, t_local, h, d in SHAPES for regime in REGIMES]

@@ -622,25 +622,21 @@ def time_modes(lasp, runtime, rank, world, dev, iters=50, warmup=10):
         + ", ".join(f"{k} {v:.4f}" for k, v in results.items()))
 
 
-def main():
-    parser = argparse.ArgumentParser()
+def default_lib():
+    """liblasp_shmem.so of a bundle or a release build of this checkout (None if neither), unless
+    LASP_SHMEM_LIB names one."""
     repo = Path(__file__).resolve().parents[2]
-    default = next((p for p in (repo / ".bundle/bin/liblasp_shmem.so",
-                                repo / "target/release/liblasp_shmem.so") if p.exists()), None)
-    parser.add_argument("--lib", default=os.environ.get("LASP_SHMEM_LIB", default))
-    parser.add_argument("--time", action="store_true")
-    opts = parser.parse_args()
-    if opts.lib is None:
-        sys.exit("liblasp_shmem.so not found: run bash scripts/build-c-examples.sh or pass --lib")
+    built = next((p for p in (repo / ".bundle/bin/liblasp_shmem.so",
+                              repo / "target/release/liblasp_shmem.so") if p.exists()), None)
+    return os.environ.get("LASP_SHMEM_LIB", built)
 
-    dist.init_process_group("gloo")  # CPU only: it carries just the 128-byte id
+
+def init_runtime(lasp):
+    """The library's runtime on every rank of the torch.distributed job (init_process_group done):
+    rank 0 makes the unique id, the process group broadcasts it (128 bytes), every rank joins."""
     rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ["LOCAL_RANK"])
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    torch.cuda.set_device(local_rank)
-    dev = torch.device("cuda", local_rank)
-
-    lasp = Lasp(opts.lib)
     options = RuntimeOptions(ABI_VERSION, 0, 256 << 20, 0, None)
     place = Place(rank, world, local_rank, local_world)
     uid = UniqueId()
@@ -652,6 +648,24 @@ def main():
     runtime = ctypes.c_void_p()
     lasp.runtime_init(ctypes.byref(options), ctypes.byref(place), ctypes.byref(uid),
                       ctypes.byref(runtime))
+    return runtime
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lib", default=default_lib())
+    parser.add_argument("--time", action="store_true")
+    opts = parser.parse_args()
+    if opts.lib is None:
+        sys.exit("liblasp_shmem.so not found: run bash scripts/build-c-examples.sh or pass --lib")
+
+    dist.init_process_group("gloo")  # CPU only: it carries just the 128-byte id
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    dev = torch.device("cuda", local_rank)
+    lasp = Lasp(opts.lib)
+    runtime = init_runtime(lasp)
 
     check(lasp, runtime, rank, world, dev)
     check_training(lasp, runtime, rank, world, dev)
