@@ -4,7 +4,7 @@
 #
 #   bash scripts/bundle.sh                          # .bundle/bin from the working tree
 #   BUNDLE_BASELINE=a2ceb13 bash scripts/bundle.sh  # also .bundle/baseline/{forward_bench,
-#                                                   # lasp2_forward, lasp2_backward} built from
+#                                                   # lasp2_forward, lasp2_backward, digest} built from
 #                                                   # that commit, for scripts/forward-ab.sh and
 #                                                   # side-by-side LASP-2 timings
 set -euo pipefail
@@ -14,7 +14,7 @@ cargo build --release --workspace --bins
 bash scripts/build-c-examples.sh
 rm -rf .bundle && mkdir -p .bundle/bin
 for bin in lasp-run exchange exchange_bench forward_check backward_check forward_bench lasp2_forward \
-  lasp2_backward liblasp_shmem.so lasp2_forward_c; do
+  lasp2_backward digest liblasp_shmem.so lasp2_forward_c; do
   cp "target/release/$bin" .bundle/bin/
 done
 git rev-parse HEAD >.bundle/commit
@@ -28,9 +28,9 @@ if [ -n "${BUNDLE_BASELINE:-}" ]; then
   git worktree prune
   git worktree add --quiet --detach "$baseline_src" "$BUNDLE_BASELINE"
   (cd "$baseline_src" && CARGO_TARGET_DIR="$PWD/../target" cargo build --release \
-    -p lasp-shmem-benches --bin forward_bench -p lasp-shmem-examples --bin lasp2_forward --bin lasp2_backward)
+    -p lasp-shmem-benches --bin forward_bench -p lasp-shmem-examples --bin lasp2_forward --bin lasp2_backward --bin digest)
   mkdir -p .bundle/baseline
-  for bin in forward_bench lasp2_forward lasp2_backward; do cp "target/baseline/target/release/$bin" .bundle/baseline/; done
+  for bin in forward_bench lasp2_forward lasp2_backward digest; do cp "target/baseline/target/release/$bin" .bundle/baseline/; done
   git -C "$baseline_src" rev-parse HEAD >.bundle/baseline/commit
   git worktree remove --force "$baseline_src"
 fi
@@ -39,7 +39,7 @@ fi
 # which keeps the bundle well inside the 64 MiB a device run may carry.
 if command -v strip >/dev/null; then
   strip --strip-debug .bundle/bin/*
-  if [ -d .bundle/baseline ]; then strip --strip-debug .bundle/baseline/{forward_bench,lasp2_forward,lasp2_backward}; fi
+  if [ -d .bundle/baseline ]; then strip --strip-debug .bundle/baseline/{forward_bench,lasp2_forward,lasp2_backward,digest}; fi
 fi
 echo "bundle: $(du -sh .bundle | cut -f1) in .bundle/ (commit $(tr '\n' ' ' <.bundle/commit)$(
   [ -f .bundle/baseline/commit ] && echo "; baseline $(head -c 12 .bundle/baseline/commit)"))"
