@@ -1,14 +1,20 @@
-//! Compiles every `cuda/*.cu` with nvcc as relocatable device code, device-links the objects with
-//! NVSHMEM's device archive into one executable cubin per target architecture, and embeds the
+//! Compiles every `.cu` under `cuda/` with nvcc as relocatable device code, device-links the objects
+//! with NVSHMEM's device archive into one executable cubin per target architecture, and embeds the
 //! bytes (`OUT_DIR/cubins.rs`) together with the list of kernels the sources declare.
+//!
+//! The templated kernels come from one table, `instances.rs`: each source is compiled as a unit
+//! that includes it and then defines the `extern "C"` wrappers of its rows, and
+//! `OUT_DIR/instances.rs` names every instance for the host (`lasp_shmem_kernels::instances`).
 //!
 //! Where the tools come from, first match wins: `NVCC`, else `CUDA_HOME/bin/nvcc`, else the
 //! project's own toolchain (`.toolchain/python`, installed by `scripts/toolchain.sh`);
 //! `NVSHMEM_HOME` and `CUTLASS_HOME` likewise. Architectures: sm_90a, plus any listed in
 //! `LASP_EXTRA_CUDA_ARCHS` (comma-separated, e.g. `sm_100a`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+
+include!("instances.rs");
 
 const SETUP_HINT: &str =
     "run `bash scripts/test.sh` (or `source scripts/toolchain.sh`) to install the pinned CUDA \
@@ -67,20 +73,18 @@ fn main() {
 
     let cuda_dir = manifest_dir.join("cuda");
     println!("cargo::rerun-if-changed={}", cuda_dir.display());
-    let mut sources: Vec<PathBuf> = std::fs::read_dir(&cuda_dir)
-        .unwrap_or_else(|e| fail(format!("cannot read {}: {e}", cuda_dir.display())))
-        .map(|entry| entry.unwrap().path())
-        .filter(|path| path.extension().is_some_and(|ext| ext == "cu"))
-        .collect();
+    println!("cargo::rerun-if-changed=instances.rs");
+    let mut sources = Vec::new();
+    find_sources(&cuda_dir, &mut sources);
     sources.sort();
-
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").unwrap());
+    let units = write_units(&cuda_dir, &sources, &out_dir);
     let mut embedded = String::new();
     for arch in &archs {
         let gencode = format!("-gencode=arch=compute_{0},code={arch}", &arch[3..]);
         // Compile the sources in parallel: each nvcc run is single-threaded and takes seconds.
         let objects: Vec<PathBuf> = std::thread::scope(|scope| {
-            let jobs: Vec<_> = sources
+            let jobs: Vec<_> = units
                 .iter()
                 .map(|source| {
                     let object = out_dir.join(format!(
@@ -123,7 +127,9 @@ fn main() {
         ));
     }
 
-    let kernels = declared_kernels(&sources);
+    // The sources declare the plain kernels, the units add the table's wrappers.
+    let kernels = declared_kernels(&[sources.as_slice(), units.as_slice()].concat());
+    std::fs::write(out_dir.join("instances.rs"), instance_constants()).unwrap();
     let version = nvshmem_version(&nvshmem);
     let generated = format!(
         "/// One executable cubin per target architecture.\n\
@@ -134,6 +140,105 @@ fn main() {
          pub const NVSHMEM_DEVICE_VERSION: (u32, u32, u32) = {version:?};\n"
     );
     std::fs::write(out_dir.join("cubins.rs"), generated).unwrap();
+}
+
+/// Every `.cu` file under `dir`, recursively.
+fn find_sources(dir: &Path, sources: &mut Vec<PathBuf>) {
+    let entries = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| fail(format!("cannot read {}: {e}", dir.display())));
+    for entry in entries {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            find_sources(&path, sources);
+        } else if path.extension().is_some_and(|ext| ext == "cu") {
+            sources.push(path);
+        }
+    }
+}
+
+/// `name` (a table row's name or call) for key width `dk`.
+fn for_dk(text: &str, dk: u32) -> String {
+    text.replace("{dk}", &dk.to_string())
+}
+
+/// The widths a row is built for: every one of `DK_WIDTHS` if its name has `{dk}`, else one.
+fn widths(instance: &Instance) -> Vec<u32> {
+    if instance.name.contains("{dk}") {
+        DK_WIDTHS.to_vec()
+    } else {
+        vec![0]
+    }
+}
+
+/// One compilation unit per source, `OUT_DIR/units/<path with '_' for '/'>.cu`: the source itself
+/// (by absolute path), then the wrappers of its rows in `INSTANCES`. Rows naming a source that
+/// does not exist stop the build.
+fn write_units(cuda_dir: &Path, sources: &[PathBuf], out_dir: &Path) -> Vec<PathBuf> {
+    for instance in INSTANCES {
+        if !sources.iter().any(|s| s.ends_with(instance.source)) {
+            fail(format!(
+                "instances.rs: {} names the source {}, which is not under {}",
+                instance.name,
+                instance.source,
+                cuda_dir.display()
+            ));
+        }
+    }
+    let units_dir = out_dir.join("units");
+    std::fs::create_dir_all(&units_dir).unwrap();
+    sources
+        .iter()
+        .map(|source| {
+            let relative = source.strip_prefix(cuda_dir).unwrap();
+            let mut text = format!("#include \"{}\"\n", source.display());
+            for instance in INSTANCES.iter().filter(|i| relative == Path::new(i.source)) {
+                for dk in widths(instance) {
+                    text.push_str(&format!(
+                        "extern \"C\" __global__ void __launch_bounds__({})\n    {}(const __grid_constant__ {} p) {{\n  {};\n}}\n",
+                        instance.bounds,
+                        for_dk(instance.name, dk),
+                        instance.params,
+                        for_dk(instance.call, dk)
+                    ));
+                }
+            }
+            let unit = units_dir.join(relative.to_string_lossy().replace('/', "_"));
+            // Unchanged text keeps the file's time, so nvcc reruns only where something changed.
+            if std::fs::read_to_string(&unit).ok().as_deref() != Some(text.as_str()) {
+                std::fs::write(&unit, text).unwrap();
+            }
+            unit
+        })
+        .collect()
+}
+
+/// The Rust constants of `INSTANCES`: a `&str` per plain row, `[&str; DK_WIDTHS.len()]` (indexed
+/// like `DK_WIDTHS`) per `{dk}` row.
+fn instance_constants() -> String {
+    let mut text = format!(
+        "/// Key widths every per-Dk kernel is built for.\npub const DK_WIDTHS: [u32; {}] = {DK_WIDTHS:?};\n",
+        DK_WIDTHS.len()
+    );
+    for instance in INSTANCES {
+        let names: Vec<String> = widths(instance)
+            .into_iter()
+            .map(|dk| for_dk(instance.name, dk))
+            .collect();
+        let doc = format!("/// `{}` (`{}`).\n", instance.name, instance.source);
+        if instance.name.contains("{dk}") {
+            text.push_str(&format!(
+                "{doc}pub const {}: [&str; {}] = {names:?};\n",
+                instance.constant,
+                names.len()
+            ));
+        } else {
+            text.push_str(&format!(
+                "{doc}pub const {}: &str = {:?};\n",
+                instance.constant, names[0]
+            ));
+        }
+    }
+    text
 }
 
 /// (major, minor, patch) from the NVSHMEM headers the cubins were built with.

@@ -88,6 +88,12 @@ impl Module {
         })
     }
 
+    /// The kernels of one row of the instantiation table, one per key width
+    /// (`lasp_shmem_kernels::instances::DK_WIDTHS`).
+    pub fn kernels_per_width(&self, names: [&'static str; 2]) -> Result<[Kernel; 2]> {
+        Ok([self.kernel(names[0])?, self.kernel(names[1])?])
+    }
+
     /// Unregisters the module from NVSHMEM and unloads it.
     pub(crate) fn finalize(&self, nvshmem: Nvshmem) -> Result<()> {
         self.ctx.bind_to_thread().cuda_call("cuCtxSetCurrent")?;

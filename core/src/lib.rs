@@ -10,6 +10,7 @@ pub mod capi;
 pub mod diagnostics;
 pub mod error;
 pub mod exchange;
+pub mod family;
 pub mod gpu;
 pub mod kernel;
 pub mod launch_env;

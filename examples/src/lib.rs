@@ -8,7 +8,7 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::CudaStream;
 use lasp_shmem::launch_env::LaunchEnv;
 use lasp_shmem::nccl::NcclComm;
-use lasp_shmem::ops::lasp2::ExchangeMode;
+use lasp_shmem::ops::scalar_decay::lasp2::ExchangeMode;
 use lasp_shmem::ops::scalar_decay::ForwardShape;
 use lasp_shmem::{Config, Error, Result, Runtime};
 use serde::Serialize;

@@ -25,3 +25,9 @@ pub fn cubin_for(major: i32, minor: i32) -> Option<&'static Cubin> {
         .iter()
         .find(|cubin| cubin.arch.trim_end_matches(['a', 'f']) == wanted)
 }
+
+/// The names of the templated kernels, one constant per row of `kernels/instances.rs` (an array
+/// indexed like [`instances::DK_WIDTHS`] for per-Dk rows).
+pub mod instances {
+    include!(concat!(env!("OUT_DIR"), "/instances.rs"));
+}

@@ -21,7 +21,7 @@
 use clap::Parser;
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaStream, DevicePtr};
-use lasp_shmem::exchange::{AllGather, AllGatherVariant, PingPong};
+use lasp_shmem::exchange::transport::{AllGather, AllGatherVariant, PingPong};
 use lasp_shmem::nccl::NcclComm;
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::units::{format_bytes, parse_bytes};

@@ -35,10 +35,10 @@ use clap::Parser;
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
+use lasp_shmem::ops::scalar_decay::{BackwardArgs, ScalarDecayBackward};
 use lasp_shmem::ops::scalar_decay::{
     ForwardArgs, ForwardPlan, ForwardShape, OutputProbe, ScalarDecayForward,
 };
-use lasp_shmem::ops::scalar_decay_backward::{BackwardArgs, ScalarDecayBackward};
 use lasp_shmem::ops::{DeviceMut, DeviceRef};
 use lasp_shmem::reference::SplitMix64;
 use lasp_shmem::{Config, Error, Result, Runtime};

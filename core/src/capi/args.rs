@@ -8,8 +8,8 @@
 use super::abi::{BackwardArgsC, ForwardArgsC};
 use super::memory;
 use crate::error::{Error, Result};
+use crate::ops::scalar_decay::BackwardArgs;
 use crate::ops::scalar_decay::{ForwardArgs, ForwardShape};
-use crate::ops::scalar_decay_backward::BackwardArgs;
 use crate::ops::{DeviceMut, DeviceRef};
 use crate::runtime::Runtime;
 use cudarc::driver::{sys, CudaStream};

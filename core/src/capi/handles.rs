@@ -3,9 +3,9 @@
 
 use super::args::{arg, invalid, put};
 use crate::error::{Error, Result};
-use crate::ops::lasp2::{Lasp2Backward, Lasp2Forward};
+use crate::ops::scalar_decay::lasp2::{Lasp2Backward, Lasp2Forward};
+use crate::ops::scalar_decay::ScalarDecayBackward;
 use crate::ops::scalar_decay::ScalarDecayForward;
-use crate::ops::scalar_decay_backward::ScalarDecayBackward;
 use crate::runtime::Runtime;
 use std::sync::Mutex;
 

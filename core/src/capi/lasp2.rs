@@ -12,7 +12,9 @@ use super::handles::{
 };
 use super::status::{run, Status};
 use crate::error::Result;
-use crate::ops::lasp2::{ExchangeMode, Lasp2Backward, Lasp2Forward, Lasp2Layout};
+use crate::family::Family;
+use crate::ops::scalar_decay::lasp2::{ExchangeMode, Lasp2Backward, Lasp2Forward, Lasp2Layout};
+use crate::ops::scalar_decay::ScalarDecay;
 use crate::runtime::Runtime;
 use cudarc::driver::{sys, CudaStream};
 use std::sync::Arc;
@@ -68,7 +70,7 @@ fn layout(b: i64, h: i64, dk: i64, dv: i64) -> Result<Lasp2Layout> {
         dk: count("dk", dk)?,
         dv: count("dv", dv)?,
     };
-    layout.validate()?;
+    ScalarDecay::validate_layout(&layout)?;
     Ok(layout)
 }
 
@@ -93,7 +95,13 @@ pub unsafe extern "C" fn lasp_lasp2_symmetric_bytes(
             .filter(|&n| n > 0)
             .ok_or_else(|| invalid(format!("world_size = {world_size} must be at least 1")))?;
         // SAFETY: the caller's contract.
-        unsafe { put(bytes, "bytes", layout.symmetric_bytes(npes) as u64) }
+        unsafe {
+            put(
+                bytes,
+                "bytes",
+                layout.symmetric_bytes::<ScalarDecay>(npes) as u64,
+            )
+        }
     })
 }
 

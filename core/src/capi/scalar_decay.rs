@@ -8,8 +8,8 @@ use super::handles::{
 };
 use super::status::{run, Status};
 use crate::error::Result;
+use crate::ops::scalar_decay::ScalarDecayBackward;
 use crate::ops::scalar_decay::ScalarDecayForward;
-use crate::ops::scalar_decay_backward::ScalarDecayBackward;
 use cudarc::driver::sys;
 
 /// Releases a single-GPU operation: dropping it frees its workspace after a context

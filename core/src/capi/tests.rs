@@ -9,7 +9,7 @@ use super::lasp2::exchange_mode;
 use super::runtime::config_of;
 use super::status::*;
 use super::*;
-use crate::ops::lasp2::ExchangeMode;
+use crate::ops::scalar_decay::lasp2::ExchangeMode;
 use std::collections::BTreeSet;
 use std::mem::{offset_of, size_of};
 use std::path::PathBuf;

@@ -24,9 +24,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-pub mod lasp2;
 pub mod scalar_decay;
-pub mod scalar_decay_backward;
 
 /// bfloat16, the element type of activations (`half::bf16`, which cudarc's `f16` feature also
 /// uses, so `CudaSlice<bf16>` works as is).

@@ -20,7 +20,7 @@
 
 use cudarc::driver::{CudaSlice, CudaStream};
 use lasp_shmem::ops::scalar_decay::ForwardShape;
-use lasp_shmem::ops::scalar_decay_backward::{BackwardArgs, ScalarDecayBackward};
+use lasp_shmem::ops::scalar_decay::{BackwardArgs, ScalarDecayBackward};
 use lasp_shmem::ops::{bf16, DeviceMut, DeviceRef};
 use lasp_shmem::reference::{
     rel_err, scalar_decay, Cotangents, Family, InputSpec, Inputs, Regime, Shape, Tensor,

@@ -13,9 +13,11 @@
 
 use clap::Parser;
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
-use lasp_shmem::ops::lasp2::{ExchangeMode, Lasp2Backward, Lasp2Forward, Lasp2Layout};
+use lasp_shmem::ops::scalar_decay::lasp2::{
+    ExchangeMode, Lasp2Backward, Lasp2Forward, Lasp2Layout,
+};
+use lasp_shmem::ops::scalar_decay::{BackwardArgs, ScalarDecayBackward};
 use lasp_shmem::ops::scalar_decay::{ForwardArgs, ForwardShape, ScalarDecayForward};
-use lasp_shmem::ops::scalar_decay_backward::{BackwardArgs, ScalarDecayBackward};
 use lasp_shmem::ops::{bf16, DeviceMut, DeviceRef};
 use lasp_shmem::reference::SplitMix64;
 use lasp_shmem::{Config, Result, Runtime};

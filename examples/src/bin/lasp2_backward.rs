@@ -22,9 +22,11 @@
 use clap::Parser;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream};
-use lasp_shmem::ops::lasp2::{ExchangeMode, Lasp2Backward, Lasp2Forward, Lasp2Layout};
+use lasp_shmem::ops::scalar_decay::lasp2::{
+    ExchangeMode, Lasp2Backward, Lasp2Forward, Lasp2Layout,
+};
+use lasp_shmem::ops::scalar_decay::BackwardArgs;
 use lasp_shmem::ops::scalar_decay::{ForwardArgs, ForwardShape};
-use lasp_shmem::ops::scalar_decay_backward::BackwardArgs;
 use lasp_shmem::ops::{bf16, DeviceMut, DeviceRef};
 use lasp_shmem::reference::lasp2::{self, Decay};
 use lasp_shmem::reference::{
@@ -636,7 +638,7 @@ fn config(options: &Options, npes: usize) -> Result<Config> {
                 dk: s.dk,
                 dv: s.dv,
             }
-            .symmetric_bytes(npes)
+            .symmetric_bytes::<lasp_shmem::ops::scalar_decay::ScalarDecay>(npes)
         })
         .max()
         .unwrap_or(0);

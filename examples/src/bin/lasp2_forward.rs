@@ -25,7 +25,7 @@
 use clap::Parser;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream};
-use lasp_shmem::ops::lasp2::{ExchangeMode, Lasp2Forward, Lasp2Layout, Lasp2Tuning};
+use lasp_shmem::ops::scalar_decay::lasp2::{ExchangeMode, Lasp2Forward, Lasp2Layout, Lasp2Tuning};
 use lasp_shmem::ops::scalar_decay::{ForwardArgs, ForwardShape};
 use lasp_shmem::ops::{bf16, DeviceMut, DeviceRef};
 use lasp_shmem::reference::{
@@ -616,7 +616,7 @@ fn config(options: &Options, npes: usize) -> Result<Config> {
                 dk: s.dk,
                 dv: s.dv,
             }
-            .symmetric_bytes(npes)
+            .symmetric_bytes::<lasp_shmem::ops::scalar_decay::ScalarDecay>(npes)
         })
         .max()
         .unwrap_or(0);

@@ -11,6 +11,7 @@ use crate::kernel::{Kernel, LaunchShape};
 use crate::ops::DeviceRef;
 use crate::runtime::Runtime;
 use cudarc::driver::{result as cu, sys, CudaContext, CudaSlice, CudaStream};
+use lasp_shmem_kernels::instances;
 use std::sync::Arc;
 
 /// The scalar-decay forward: its kernels, its launch plan policy and its workspace.
@@ -125,49 +126,22 @@ impl ScalarDecayForward {
     /// Looks up the kernels in the runtime's module and raises their shared-memory limits.
     pub fn new(runtime: &Runtime) -> Result<Self> {
         let ctx = runtime.context().clone();
-        let (states, output) = segment_kernels(
-            runtime,
-            [
-                "lasp_scalar_decay_states_dk64",
-                "lasp_scalar_decay_states_dk128",
-            ],
-            [
-                "lasp_scalar_decay_output_dk64",
-                "lasp_scalar_decay_output_dk128",
-            ],
-        )?;
+        let (states, output) =
+            segment_kernels(runtime, instances::SD_STATES, instances::SD_OUTPUT)?;
         let (states_reversed, output_reversed) = segment_kernels(
             runtime,
-            [
-                "lasp_scalar_decay_states_reversed_dk64",
-                "lasp_scalar_decay_states_reversed_dk128",
-            ],
-            [
-                "lasp_scalar_decay_output_reversed_dk64",
-                "lasp_scalar_decay_output_reversed_dk128",
-            ],
+            instances::SD_STATES_REVERSED,
+            instances::SD_OUTPUT_REVERSED,
         )?;
         let (_, output_block_states) = segment_kernels(
             runtime,
-            [
-                "lasp_scalar_decay_states_dk64",
-                "lasp_scalar_decay_states_dk128",
-            ],
-            [
-                "lasp_scalar_decay_output_block_states_dk64",
-                "lasp_scalar_decay_output_block_states_dk128",
-            ],
+            instances::SD_STATES,
+            instances::SD_OUTPUT_BLOCK_STATES,
         )?;
         let (_, output_reversed_block_states) = segment_kernels(
             runtime,
-            [
-                "lasp_scalar_decay_states_reversed_dk64",
-                "lasp_scalar_decay_states_reversed_dk128",
-            ],
-            [
-                "lasp_scalar_decay_output_reversed_block_states_dk64",
-                "lasp_scalar_decay_output_reversed_block_states_dk128",
-            ],
+            instances::SD_STATES_REVERSED,
+            instances::SD_OUTPUT_REVERSED_BLOCK_STATES,
         )?;
         let module = runtime.module();
         let optin = ctx.attribute(
@@ -175,7 +149,7 @@ impl ScalarDecayForward {
         )? as u32;
         let (major, _) = ctx.compute_capability()?;
         let roles = |names: [&'static str; 2]| -> Result<[Kernel; 2]> {
-            let kernels = [module.kernel(names[0])?, module.kernel(names[1])?];
+            let kernels = module.kernels_per_width(names)?;
             for (i, dk) in [64, 128].into_iter().enumerate() {
                 kernels[i].set_max_dynamic_shared_bytes(geometry::roles_smem_bytes(dk))?;
             }
@@ -184,14 +158,8 @@ impl ScalarDecayForward {
         let (output_roles, output_roles_block_states) =
             if major >= 9 && optin >= geometry::roles_smem_bytes(128) {
                 (
-                    Some(roles([
-                        "lasp_scalar_decay_output_roles_dk64",
-                        "lasp_scalar_decay_output_roles_dk128",
-                    ])?),
-                    Some(roles([
-                        "lasp_scalar_decay_output_roles_block_states_dk64",
-                        "lasp_scalar_decay_output_roles_block_states_dk128",
-                    ])?),
+                    Some(roles(instances::SD_OUTPUT_ROLES)?),
+                    Some(roles(instances::SD_OUTPUT_ROLES_BLOCK_STATES)?),
                 )
             } else {
                 (None, None)
@@ -596,7 +564,7 @@ impl ScalarDecayForward {
             let names = probe
                 .probe_kernel_names()
                 .expect("a probe, not the production kernel");
-            let kernels = [module.kernel(names[0])?, module.kernel(names[1])?];
+            let kernels = module.kernels_per_width(names)?;
             for (kernel, dk) in kernels.iter().zip([64, 128]) {
                 kernel.set_max_dynamic_shared_bytes(geometry::output_smem_bytes(dk))?;
             }

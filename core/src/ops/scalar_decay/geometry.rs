@@ -1,5 +1,5 @@
 //! Launch geometry, shared memory and workspace formulas, a line-by-line port of the helpers in
-//! `scalar_decay_params.h` (same integer types and rounding). Keep both in sync.
+//! `scalar_decay/forward_params.h` (same integer types and rounding). Keep both in sync.
 
 /// Tokens per chunk (`LASP_SD_CHUNK`).
 pub const CHUNK: i32 = 64;

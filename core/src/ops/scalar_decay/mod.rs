@@ -38,8 +38,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! The kernels are `kernels/cuda/scalar_decay_fwd.cu`; [`geometry`] mirrors the launch, shared
-//! memory and workspace formulas of `kernels/cuda/include/lasp/scalar_decay_params.h` and
+//! The kernels are `kernels/cuda/scalar_decay/forward.cu`; [`geometry`] mirrors the launch, shared
+//! memory and workspace formulas of `kernels/cuda/include/lasp/scalar_decay/forward_params.h` and
 //! [`ScalarDecayParams`] its parameter struct (unit tests compare both with the header's text).
 //! Call sequence (one stream): with `S > 1` segments per sequence, the states kernel (local end
 //! state of every segment but the last), the fold (prefix state entering every segment), then
@@ -49,8 +49,11 @@
 use crate::error::Error;
 
 mod args;
+pub mod backward;
+mod family;
 mod forward;
 pub mod geometry;
+pub mod lasp2;
 mod params;
 mod plan;
 mod probe;
@@ -60,6 +63,8 @@ mod tests;
 
 pub(crate) use args::{check_args, check_args_of, TensorChecks};
 pub use args::{check_gate_values, ForwardArgs};
+pub use backward::{BackwardArgs, ScalarDecayBackward};
+pub use family::ScalarDecay;
 pub use forward::ScalarDecayForward;
 pub(crate) use forward::{segment_kernels, SegmentStarts};
 pub use params::{RolesParams, ScalarDecayParams};

@@ -1,5 +1,5 @@
 //! The C parameter structs of the forward's kernels, mirrored field for field:
-//! `lasp_scalar_decay_params` and `lasp_sd_roles_params` of `scalar_decay_params.h` (the layout
+//! `lasp_scalar_decay_params` and `lasp_sd_roles_params` of `scalar_decay/forward_params.h` (the layout
 //! tests in `tests.rs` compare them with the header's text).
 
 use super::ForwardShape;

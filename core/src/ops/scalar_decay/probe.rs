@@ -1,13 +1,15 @@
 //! [`OutputProbe`]: the timed variants of the output kernel that `forward_bench --probes`
 //! measures, and the names of their kernels.
 
+use lasp_shmem_kernels::instances;
+
 /// A timed variant of the output kernel, for [`ScalarDecayForward::launch_output_probe`].
 ///
 /// A measurement tool (`forward_bench --probes`; `kernels/docs/scalar-decay.md`, "Probes"),
 /// not an API for users: only [`OutputProbe::Output`] computes the forward's output, and only
 /// after a full [`ScalarDecayForward::launch`] of the same inputs has left the segment prefixes in
 /// the workspace. Every variant runs with the output kernel's grid, block, shared memory and
-/// params; the probe kernels are `lasp::sd::Probe` in `scalar_decay.cuh`.
+/// params; the probe kernels are `lasp::sd::Probe` in `scalar_decay/chunk.cuh`.
 ///
 /// [`ScalarDecayForward::launch_output_probe`]: super::ScalarDecayForward::launch_output_probe
 /// [`ScalarDecayForward::launch`]: super::ScalarDecayForward::launch
@@ -48,18 +50,9 @@ impl OutputProbe {
     pub(super) fn probe_kernel_names(self) -> Option<[&'static str; 2]> {
         match self {
             OutputProbe::Output => None,
-            OutputProbe::Memory => Some([
-                "lasp_scalar_decay_output_dk64_probe_memory",
-                "lasp_scalar_decay_output_dk128_probe_memory",
-            ]),
-            OutputProbe::Compute => Some([
-                "lasp_scalar_decay_output_dk64_probe_compute",
-                "lasp_scalar_decay_output_dk128_probe_compute",
-            ]),
-            OutputProbe::NoExp => Some([
-                "lasp_scalar_decay_output_dk64_probe_no_exp",
-                "lasp_scalar_decay_output_dk128_probe_no_exp",
-            ]),
+            OutputProbe::Memory => Some(instances::SD_OUTPUT_PROBE_MEMORY),
+            OutputProbe::Compute => Some(instances::SD_OUTPUT_PROBE_COMPUTE),
+            OutputProbe::NoExp => Some(instances::SD_OUTPUT_PROBE_NO_EXP),
         }
     }
 }

@@ -37,6 +37,16 @@ impl From<crate::reference::Shape> for ForwardShape {
 }
 
 impl ForwardShape {
+    /// The dimensions every PE of a LASP-2 operation agrees on (all but T).
+    pub fn layout(&self) -> crate::exchange::Lasp2Layout {
+        crate::exchange::Lasp2Layout {
+            b: self.b,
+            h: self.h,
+            dk: self.dk,
+            dv: self.dv,
+        }
+    }
+
     /// Elements of q and k, `B*T*H*Dk`.
     pub fn qk_len(&self) -> usize {
         self.b * self.t * self.h * self.dk

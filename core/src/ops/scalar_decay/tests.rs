@@ -7,7 +7,8 @@ use crate::error::{Error, Result};
 use crate::ops::{DeviceMut, DeviceRef};
 use std::mem::{offset_of, size_of};
 
-const HEADER: &str = include_str!("../../../../kernels/cuda/include/lasp/scalar_decay_params.h");
+const HEADER: &str =
+    include_str!("../../../../kernels/cuda/include/lasp/scalar_decay/forward_params.h");
 
 /// `#define NAME value` of the header (first token of the value).
 fn define(name: &str) -> i64 {

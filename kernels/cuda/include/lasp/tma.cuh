@@ -8,7 +8,7 @@
 #pragma once
 #include <stdint.h>
 
-#include "lasp/scalar_decay_params.h"
+#include "lasp/scalar_decay/forward_params.h"
 
 namespace lasp {
 namespace tma {

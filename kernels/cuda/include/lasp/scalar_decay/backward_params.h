@@ -1,5 +1,5 @@
 // Scalar-decay linear attention, backward: parameters and launch formulas of the kernels in
-// scalar_decay_bwd.cu, shared by the CUDA sources and the host (core/src/ops/scalar_decay_backward.rs
+// scalar_decay/backward.cu, shared by the CUDA sources and the host (core/src/ops/scalar_decay_backward.rs
 // mirrors the struct and the formulas; its unit tests compare them with this file).
 //
 // The backward is three passes of the forward's chunkwise kernels with the roles of the tensors
@@ -56,7 +56,7 @@
 #define LASP_SDB_FN static inline
 #endif
 
-#include "lasp/scalar_decay_params.h"
+#include "lasp/scalar_decay/forward_params.h"
 
 #define LASP_SDB_STATE_TILE 32       // lasp_sd_bwd_state_inputs and _reversed_starts: one CTA per
 #define LASP_SDB_STATE_THREADS 256   // 32 x 32 tile of a state (32 columns x 8 rows of threads)

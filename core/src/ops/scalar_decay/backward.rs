@@ -15,23 +15,24 @@
 //! reversed passes in their time-reversed build; the dq and dv passes also write their states at
 //! every block boundary) and four kernels of its own for the start states and the gate gradient,
 //! which meets the two directions' states at the block boundaries and sums each block's pairs
-//! exactly (`kernels/cuda/scalar_decay_bwd.cu`, formulas in
-//! `kernels/cuda/include/lasp/scalar_decay_bwd_params.h`, mirrored by [`geometry`]). The two
+//! exactly (`kernels/cuda/scalar_decay/backward.cu`, formulas in
+//! `kernels/cuda/include/lasp/scalar_decay/backward_params.h`, mirrored by [`geometry`]). The two
 //! reversed passes share one states pass: in the same segments, the dk pass's segment states are
 //! the transposes of the dv pass's.
 //! Gradients are bf16 (`dq, dk, dv`) and fp32 (`dg, dh0`), as fla returns them.
 
-use super::scalar_decay::{
+use super::{
     check_args_of, ForwardArgs, ForwardShape, ScalarDecayForward, SegmentStarts, TensorChecks,
 };
-use super::{bf16, ranges_overlap, DeviceMut, DeviceRef};
 use crate::error::{Error, Result};
 use crate::kernel::{Kernel, LaunchShape};
+use crate::ops::{bf16, ranges_overlap, DeviceMut, DeviceRef};
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+use lasp_shmem_kernels::instances;
 use std::sync::Arc;
 
-/// Launch and workspace formulas, a port of `scalar_decay_bwd_params.h` (same integer types).
+/// Launch and workspace formulas, a port of `scalar_decay/backward_params.h` (same integer types).
 pub mod geometry {
     use crate::ops::scalar_decay::geometry as sd;
 
@@ -333,10 +334,7 @@ impl ScalarDecayBackward {
     /// Looks up the kernels in the runtime's module.
     pub fn new(runtime: &Runtime) -> Result<Self> {
         let module = runtime.module();
-        let gate_terms = [
-            module.kernel("lasp_sd_bwd_gate_terms_dk64")?,
-            module.kernel("lasp_sd_bwd_gate_terms_dk128")?,
-        ];
+        let gate_terms = module.kernels_per_width(instances::SD_BWD_GATE_TERMS)?;
         for (kernel, dk) in gate_terms.iter().zip([64, 128]) {
             kernel.set_max_dynamic_shared_bytes(geometry::gate_terms_smem_bytes(dk))?;
         }
@@ -397,7 +395,7 @@ impl ScalarDecayBackward {
             None => self.forward.reversed_segments(&s)?,
         };
         let rs = rev_segments as i32;
-        super::ensure_workspace(
+        crate::ops::ensure_workspace(
             &self.ctx,
             stream,
             &mut self.workspace,
@@ -409,7 +407,7 @@ impl ScalarDecayBackward {
             Some(_) => geometry::rev_m_offset(b, h, rs, dk, dv),
             None => geometry::reversed_bytes(b, h, rs, dk, dv),
         };
-        super::ensure_workspace(
+        crate::ops::ensure_workspace(
             &self.ctx,
             stream,
             &mut self.reversed,
@@ -618,7 +616,7 @@ mod tests {
     use std::mem::{offset_of, size_of};
 
     const HEADER: &str =
-        include_str!("../../../kernels/cuda/include/lasp/scalar_decay_bwd_params.h");
+        include_str!("../../../../kernels/cuda/include/lasp/scalar_decay/backward_params.h");
 
     fn define(name: &str) -> i64 {
         HEADER

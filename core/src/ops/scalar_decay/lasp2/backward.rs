@@ -1,4 +1,4 @@
-//! The LASP-2 backward (kernels/cuda/lasp2_bwd.cu, the chain kernels of lasp2_chain.cu, and the
+//! The LASP-2 backward (kernels/cuda/scalar_decay/lasp2_backward.cu, the chain kernels of exchange/chain.cu, and the
 //! single-GPU backward of the shard).
 //!
 //! PE `w`'s gradients are exactly the single-GPU backward of its shard
@@ -12,7 +12,7 @@
 //! entering shard `u` from its own tokens and `Λ_u` the shard's log-decay. `dM_u` is the forward's
 //! state recurrence over the shard's tokens from last to first with `Q, dO` in the roles of
 //! `K, V`, so the forward's states kernel computes it in its time-reversed build, and the
-//! forward's exchange moves it: the chain runs from the last PE down ([`Chain::Descending`]).
+//! forward's exchange moves it: the chain runs from the last PE down ([`Direction::Descending`]).
 //!
 //! Per call, on each PE (the overlapped mode):
 //! ```text
@@ -27,26 +27,29 @@
 //! reversed passes would compute again: the shard's backward starts them from these
 //! ([`ReversedStates`]), folded from `D_w / σ`, and runs no reversed states pass of its own.
 
-use super::chain::StateChain;
 use super::forward::CallPlan;
-use super::{geometry, Chain, ExchangeMode, Lasp2Layout, Lasp2Params, Lasp2Tuning};
+use super::{geometry, ExchangeMode, Lasp2Layout, Lasp2Params, Lasp2Tuning};
 use crate::error::Result;
+use crate::exchange::chain::StateChain;
+use crate::exchange::Direction;
 use crate::kernel::{Kernel, LaunchShape};
-use crate::ops::scalar_decay::geometry as sd;
-use crate::ops::scalar_decay_backward::{
+use crate::ops::scalar_decay::backward::{
     check_backward_args, BackwardArgs, ReversedStates, ScalarDecayBackward,
 };
+use crate::ops::scalar_decay::geometry as sd;
+use crate::ops::scalar_decay::ScalarDecay;
 use crate::ops::sm_count;
 use crate::ops::DeviceRef;
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use lasp_shmem_kernels::instances;
 use std::sync::Arc;
 
 /// The LASP-2 backward on one PE: its chain's symmetric buffers, the epoch counter, the
 /// single-GPU backward it runs on the shard, and a workspace for the reversed segment states and
 /// the carried gradient `D_w`. Creating it and switching modes are collective; calls are not.
 pub struct Lasp2Backward {
-    chain: StateChain,
+    chain: StateChain<ScalarDecay>,
     /// `lasp_lasp2_states_reversed_dk{64,128}`.
     states: [Kernel; 2],
     /// `lasp_lasp2_carry_in_dk{64,128}`.
@@ -62,7 +65,13 @@ impl Lasp2Backward {
     /// Allocates the symmetric buffers, checks that every PE has the same layout and sets the
     /// exchange mode (collective). Dv must be 64 or 128, as for [`ScalarDecayBackward`].
     pub fn new(runtime: &Runtime, layout: Lasp2Layout, mode: ExchangeMode) -> Result<Self> {
-        let chain = StateChain::new(runtime, layout, mode, Chain::Descending, "LASP-2 backward")?;
+        let chain = StateChain::new(
+            runtime,
+            layout,
+            mode,
+            Direction::Descending,
+            "LASP-2 backward",
+        )?;
         if layout.dv != 64 && layout.dv != 128 {
             return Err(chain.invalid(format!(
                 "Dv = {} is not supported (the shard's dq and dk passes use Dv as their key \
@@ -72,14 +81,8 @@ impl Lasp2Backward {
         }
         let shard = ScalarDecayBackward::new(runtime)?;
         let module = runtime.module();
-        let states = [
-            module.kernel("lasp_lasp2_states_reversed_dk64")?,
-            module.kernel("lasp_lasp2_states_reversed_dk128")?,
-        ];
-        let carry_in = [
-            module.kernel("lasp_lasp2_carry_in_dk64")?,
-            module.kernel("lasp_lasp2_carry_in_dk128")?,
-        ];
+        let states = module.kernels_per_width(instances::SD_LASP2_STATES_REVERSED)?;
+        let carry_in = module.kernels_per_width(instances::SD_LASP2_CARRY_IN)?;
         for (i, dk) in [64, 128].into_iter().enumerate() {
             states[i].set_max_dynamic_shared_bytes(sd::states_smem_bytes(dk))?;
             carry_in[i].set_max_dynamic_shared_bytes(geometry::carry_in_smem_bytes(dk))?;
@@ -118,7 +121,8 @@ impl Lasp2Backward {
     /// Everything is validated before the first launch.
     pub fn backward(&mut self, stream: &Arc<CudaStream>, args: BackwardArgs<'_>) -> Result<()> {
         let s = args.shape;
-        self.chain.check_call(stream, &s)?;
+        s.validate()?;
+        self.chain.check_call(stream, s.layout())?;
         let l = self.layout();
         let scale = check_backward_args(&args)?;
         let (me, npes) = (self.chain.runtime().pe(), self.chain.runtime().npes());
@@ -142,7 +146,7 @@ impl Lasp2Backward {
         let plan = CallPlan::new(heads, t, dv, self.sm_count, Lasp2Tuning::default());
         let segments = plan.segments;
         let carry_offset = geometry::ws_p_offset(b, h, segments, dk, dv);
-        super::super::ensure_workspace(
+        crate::ops::ensure_workspace(
             self.chain.context(),
             stream,
             &mut self.workspace,
@@ -188,7 +192,7 @@ impl Lasp2Backward {
                 },
                 &params,
             )?;
-            self.chain.launch_fold_put(stream, 0, heads, &params)?;
+            self.chain.launch_summary(stream, 0, heads, &params)?;
         }
         self.chain.gather_slots(stream)?;
         // SAFETY: the carry is a [B, H, Dk, Dv] fp32 part of the workspace owned by self, written
@@ -208,7 +212,11 @@ impl Lasp2Backward {
                 carry_in.launch(
                     stream,
                     LaunchShape {
-                        grid: geometry::fold_put_grid(heads, dv),
+                        grid: (
+                            crate::exchange::geometry::num_vtiles(dv) as u32,
+                            heads as u32,
+                            1,
+                        ),
                         block: (sd::THREADS, 1, 1),
                         shared_bytes: geometry::carry_in_smem_bytes(dk),
                     },

@@ -1,4 +1,4 @@
-// Parameters and launch geometry of the scalar-decay linear-attention forward (scalar_decay_fwd.cu).
+// Parameters and launch geometry of the scalar-decay linear-attention forward (scalar_decay/forward.cu).
 // C layout, mirrored by a #[repr(C)] Rust struct: keep field order, types and the helpers in sync.
 //
 // Maths (per batch b, head h; row vectors; sigma = scale):
@@ -46,7 +46,7 @@
 #define LASP_SD_ROLES_THREADS 288  // two-role output kernel: a state warpgroup, an output warpgroup, a loading warp
 #define LASP_SD_ROLES_STAGES 4     // its pipeline depth: one CTA per SM, so it takes 4 chunks in flight
 #define LASP_SD_STATES_STAGES 4    // the states kernels' pipeline depth: a stream of K and V, two CTAs per SM
-#define LASP_SD_BLOCK_CHUNKS 4     // chunks per block of the backward's gate gradient (scalar_decay_bwd.cu)
+#define LASP_SD_BLOCK_CHUNKS 4     // chunks per block of the backward's gate gradient (scalar_decay/backward.cu)
 
 typedef struct {
   const uint16_t* q;          // bf16 [B, T, H, Dk], contiguous

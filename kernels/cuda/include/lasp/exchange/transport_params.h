@@ -1,4 +1,4 @@
-// Parameters of the device-initiated all-gather and ping-pong kernels (exchange.cu). C layout,
+// Parameters of the device-initiated all-gather and ping-pong kernels (exchange/transport.cu). C layout,
 // mirrored by core/src/exchange.rs.
 #pragma once
 #include <stdint.h>
@@ -9,7 +9,7 @@
 // round with epoch e uses parity e % 2, so a round can start while readers still use the previous
 // one. It needs no credits from the readers of the parity it overwrites: every PE's round waits for
 // data from every other PE, so a PE that completed epoch e - 1 knows each peer had started it, and
-// with it (stream order) finished reading epoch e - 2 (exchange.cu, this_round).
+// with it (stream order) finished reading epoch e - 2 (exchange/transport.cu, this_round).
 typedef struct {
   const uint8_t* src;      // symmetric, `bytes`: this PE's contribution
   uint8_t* slots;          // symmetric, 2 * npes * bytes

@@ -1,35 +1,33 @@
-//! The exchange of one LASP-2 operation along its chain (kernels/cuda/lasp2_chain.cu): the
-//! symmetric slots, signals and credits, the epoch counter, the mode, the second stream that runs
-//! the `fold_put` kernels beside the compute, and the sequential modes' host-driven all-gathers.
-//! The forward and the backward each own one; they differ only in the chain's direction.
+//! The exchange of one LASP-2 operation along its chain, for any [`Family`]: the schedule's
+//! symmetric buffers, the epoch counter, the mode, the second stream that runs the family's
+//! summary kernels beside the compute, and the sequential modes' host-driven all-gathers. A
+//! family's forward and backward each own one; they differ only in the chain's direction.
 
-use super::{fold_launch, geometry, single_thread, Chain, ExchangeMode, Lasp2Layout, Lasp2Params};
+use super::schedule::{AllGatherBuffers, Schedule};
+use super::{Direction, ExchangeMode, Lasp2Layout};
 use crate::diagnostics::WaitDiagnostics;
 use crate::error::{Error, Result};
-use crate::kernel::Kernel;
+use crate::family::{ExchangeFields, Family};
+use crate::kernel::{Kernel, LaunchShape};
 use crate::nccl::NcclComm;
-use crate::ops::scalar_decay::ForwardShape;
 use crate::runtime::Runtime;
-use crate::symmetric::SymmetricBuffer;
 use cudarc::driver::{result as cu, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr};
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 /// One operation's exchange. Creating it and switching modes are collective; calls are not (in
 /// the overlapped mode the PEs synchronise only through device signals).
-pub(crate) struct StateChain {
+pub(crate) struct StateChain<F: Family> {
     runtime: Runtime,
     ctx: Arc<CudaContext>,
     layout: Lasp2Layout,
-    chain: Chain,
+    direction: Direction,
     /// The operation's name, for messages ("LASP-2 forward").
     op: &'static str,
-    fold_put: Kernel,
+    summary: Kernel,
     advance_epoch: Kernel,
     grant_credits: Kernel,
-    slots: SymmetricBuffer<f32>,
-    signals: SymmetricBuffer<u64>,
-    credit: SymmetricBuffer<u64>,
-    staging: SymmetricBuffer<u8>,
+    buffers: AllGatherBuffers,
     epoch: CudaSlice<u64>,
     diag: CudaSlice<WaitDiagnostics>,
     nccl: Option<NcclComm>,
@@ -37,56 +35,66 @@ pub(crate) struct StateChain {
     calls: u64,
     mode: Option<ExchangeMode>,
     /// The second stream of the overlapped and no-communication modes: it runs each group's
-    /// fold_put (and so the puts) beside the main stream's next kernels. Highest priority, so
+    /// summary kernel (and so the puts) beside the main stream's next kernels. Highest priority, so
     /// its CTAs are placed first when an SM frees up.
     exchange_stream: Arc<CudaStream>,
     /// `tiles_ready[g]`: group g's states kernel finished (main -> exchange stream).
     tiles_ready: Vec<CudaEvent>,
-    /// Every fold_put of the call finished (exchange stream -> main, before the epoch advances).
+    /// Every summary kernel of the call finished (exchange stream -> main, before the epoch advances).
     exchange_done: CudaEvent,
+    family: PhantomData<F>,
 }
 
-impl StateChain {
+/// One thread: the launch of the epoch and credit kernels.
+const SINGLE_THREAD: LaunchShape = LaunchShape {
+    grid: (1, 1, 1),
+    block: (1, 1, 1),
+    shared_bytes: 0,
+};
+
+impl<F: Family> StateChain<F> {
     /// Allocates the symmetric buffers, checks that every PE set up the same layout and chain,
     /// and sets the mode (collective).
     pub(crate) fn new(
         runtime: &Runtime,
         layout: Lasp2Layout,
         mode: ExchangeMode,
-        chain: Chain,
+        direction: Direction,
         op: &'static str,
     ) -> Result<Self> {
-        layout.validate()?;
+        F::validate_layout(&layout)?;
         let npes = runtime.npes();
-        let fingerprints = runtime.all_gather_u64(layout.fingerprint(npes, chain))?;
+        let schedule = Schedule::AllGather;
+        let fingerprints =
+            runtime.all_gather_u64(layout.fingerprint::<F>(npes, direction, schedule))?;
         let mine = fingerprints[runtime.pe()];
         let differ: Vec<usize> = (0..npes).filter(|&p| fingerprints[p] != mine).collect();
         if !differ.is_empty() {
             return Err(Error::InvalidArgument(format!(
-                "{op}: PEs {differ:?} set up a different layout than PE {} ({layout:?}, {npes} \
-                 PEs, {chain:?} chain); every PE must pass the same B, H, Dk and Dv, and create \
-                 the same LASP-2 operations in the same order",
-                runtime.pe()
+                "{op}: PEs {differ:?} set up a different layout than PE {} ({} {layout:?}, {npes} \
+                 PEs, {direction:?} chain, {schedule:?}); every PE must pass the same family, B, \
+                 H, Dk and Dv, and create the same LASP-2 operations in the same order",
+                runtime.pe(),
+                F::NAME
             )));
         }
         let ctx = runtime.context().clone();
         let module = runtime.module();
-        let (b, h, dk, dv) = layout.dims();
-        let n = npes as i32;
         let stream = runtime.stream();
         let (_, highest_priority) = cu::stream::get_priority_range()?;
         let mut exchange = StateChain {
             runtime: runtime.clone(),
             layout,
-            chain,
+            direction,
             op,
-            fold_put: module.kernel("lasp_lasp2_fold_put")?,
-            advance_epoch: module.kernel("lasp_lasp2_advance_epoch")?,
-            grant_credits: module.kernel("lasp_lasp2_grant_credits")?,
-            slots: runtime.alloc_zeroed((geometry::slots_bytes(n, b, h, dk, dv) / 4) as usize)?,
-            signals: runtime.alloc_zeroed(geometry::signals_count(n, b, h, dv) as usize)?,
-            credit: runtime.alloc_zeroed(npes)?,
-            staging: runtime.alloc(geometry::gather_bytes(b, h, dk, dv) as usize)?,
+            summary: module.kernel(F::SUMMARY_KERNEL)?,
+            advance_epoch: module.kernel(F::ADVANCE_EPOCH_KERNEL)?,
+            grant_credits: module.kernel(F::GRANT_CREDITS_KERNEL)?,
+            buffers: AllGatherBuffers::new(
+                runtime,
+                layout,
+                F::summary_tile_floats(layout.dk as i32),
+            )?,
             epoch: stream.alloc_zeros(1)?,
             diag: stream.alloc_zeros(1)?,
             nccl: None,
@@ -96,6 +104,7 @@ impl StateChain {
             tiles_ready: Vec::new(),
             exchange_done: ctx.new_event(None)?,
             ctx,
+            family: PhantomData,
         };
         stream.synchronize()?;
         exchange.set_mode(mode)?;
@@ -118,16 +127,16 @@ impl StateChain {
         self.mode.expect("set by new")
     }
 
-    /// The checks every call of the operation starts with: a supported shape whose B, H, Dk and
-    /// Dv are the layout every PE agreed on, and a stream of the runtime's GPU.
-    pub(crate) fn check_call(&self, stream: &CudaStream, shape: &ForwardShape) -> Result<()> {
-        shape.validate()?;
-        let (s, l) = (shape, self.layout);
-        if (s.b, s.h, s.dk, s.dv) != (l.b, l.h, l.dk, l.dv) {
+    /// The checks every call of the operation starts with: the call's B, H, Dk and Dv are the
+    /// layout every PE agreed on, and the stream is of the runtime's GPU. The family checks the
+    /// rest of its shape.
+    pub(crate) fn check_call(&self, stream: &CudaStream, call: Lasp2Layout) -> Result<()> {
+        let l = self.layout;
+        if call != l {
             return Err(self.invalid(format!(
                 "the call's B={}, H={}, Dk={}, Dv={} differ from the layout {l:?} every PE agreed \
                  on; create another instance for another layout",
-                s.b, s.h, s.dk, s.dv
+                call.b, call.h, call.dk, call.dv
             )));
         }
         if !Arc::ptr_eq(stream.context(), &self.ctx) {
@@ -170,10 +179,7 @@ impl StateChain {
             let params = self.base_params(&stream);
             self.runtime.barrier_on_stream(&stream)?;
             // SAFETY: params point at buffers owned by self.
-            unsafe {
-                self.grant_credits
-                    .launch(&stream, single_thread(), &params)?
-            };
+            unsafe { self.grant_credits.launch(&stream, SINGLE_THREAD, &params)? };
             self.runtime.barrier_on_stream(&stream)?;
         }
         stream.synchronize()?;
@@ -183,13 +189,13 @@ impl StateChain {
     }
 
     /// The parameters every kernel of a call shares: the symmetric buffers, the epoch, the
-    /// diagnostics, the layout, the PE, the mode and the chain.
-    pub(crate) fn base_params(&self, stream: &CudaStream) -> Lasp2Params {
+    /// diagnostics, the layout, the PE, the mode and the chain; the family adds the rest.
+    pub(crate) fn base_params(&self, stream: &CudaStream) -> F::Lasp2Params {
         let (b, h, dk, dv) = self.layout.dims();
-        Lasp2Params {
-            slots: self.slots.raw(),
-            signals: self.signals.raw(),
-            credit: self.credit.raw(),
+        F::lasp2_params(ExchangeFields {
+            slots: self.buffers.slots.raw(),
+            signals: self.buffers.signals.raw(),
+            credit: self.buffers.credit.raw(),
             epoch: self.epoch.device_ptr(stream).0,
             diag: self.diag.device_ptr(stream).0,
             timeout_ns: self.runtime.wait_timeout().as_nanos() as u64,
@@ -200,85 +206,63 @@ impl StateChain {
             me: self.runtime.pe() as i32,
             npes: self.runtime.npes() as i32,
             exchange_mode: self.mode.map_or(0, ExchangeMode::kernel_mode),
-            chain: self.chain as i32,
-            ..Default::default()
-        }
+            chain: self.direction as i32,
+        })
     }
 
-    /// Whether each group's fold_put runs on the exchange stream (overlapped, no-comm) rather
+    /// Whether each group's summary kernel runs on the exchange stream (overlapped, no-comm) rather
     /// than on the caller's stream before a host gather (the sequential modes).
     fn on_side_stream(&self) -> bool {
         matches!(self.mode(), ExchangeMode::Overlapped | ExchangeMode::NoComm)
     }
 
-    /// Enqueues group `group`'s fold_put (`heads` heads from `params.bh_begin`), after what
-    /// `stream` holds so far: on the exchange stream in the overlapped and no-comm modes, else
-    /// on `stream`.
+    /// Enqueues group `group`'s summary kernel (one CTA per Dv tile and head of the group's
+    /// `heads`, from the params' first head), after what `stream` holds so far: on the exchange
+    /// stream in the overlapped and no-comm modes, else on `stream`.
     ///
     /// # Safety
-    /// `params` must describe live buffers: the workspace with the group's segment states (written
-    /// on `stream` before this call), `g`, and `h0` where the chain reads it.
-    pub(crate) unsafe fn launch_fold_put(
+    /// `params` must describe live buffers: the family's workspace with what its summary kernel
+    /// reads (written on `stream` before this call), and the tensors the kernel reads.
+    pub(crate) unsafe fn launch_summary(
         &mut self,
         stream: &Arc<CudaStream>,
         group: usize,
         heads: i32,
-        params: &Lasp2Params,
+        params: &F::Lasp2Params,
     ) -> Result<()> {
-        let shape = fold_launch(heads, params.dv);
+        let shape = LaunchShape {
+            grid: (
+                super::geometry::num_vtiles(self.layout.dv as i32) as u32,
+                heads as u32,
+                1,
+            ),
+            block: (F::SUMMARY_THREADS, 1, 1),
+            shared_bytes: 0,
+        };
         if !self.on_side_stream() {
-            return self.fold_put.launch(stream, shape, params);
+            // SAFETY: the caller's contract covers `params`; `stream` is the caller's.
+            return unsafe { self.summary.launch(stream, shape, params) };
         }
         while self.tiles_ready.len() <= group {
             self.tiles_ready.push(self.ctx.new_event(None)?);
         }
         self.tiles_ready[group].record(stream)?;
         self.exchange_stream.wait(&self.tiles_ready[group])?;
-        self.fold_put.launch(&self.exchange_stream, shape, params)
+        // SAFETY: as above; the exchange stream waits for what `stream` held (tiles_ready).
+        unsafe { self.summary.launch(&self.exchange_stream, shape, params) }
     }
 
-    /// The sequential modes' host-driven all-gather of this call's slot half, on `stream` after
-    /// the call's fold_puts; nothing in the other modes.
+    /// The sequential modes' host-driven all-gather of this call's summaries, on `stream` after
+    /// the call's summary kernels; nothing in the other modes.
     pub(crate) fn gather_slots(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        let (b, h, dk, dv) = self.layout.dims();
-        let (me, npes) = (self.runtime.pe() as i32, self.runtime.npes() as i32);
         let parity = ((self.calls + 1) & 1) as i32;
-        let bytes = geometry::gather_bytes(b, h, dk, dv);
-        let base = self.slots.raw();
-        let send = base + geometry::gather_send_offset(parity, me, npes, b, h, dk, dv);
-        let recv = base + geometry::gather_recv_offset(parity, npes, b, h, dk, dv);
-        match self.mode() {
-            ExchangeMode::Overlapped | ExchangeMode::NoComm => Ok(()),
-            ExchangeMode::SequentialNccl => {
-                let comm = self.nccl.as_ref().expect("created by set_mode");
-                // SAFETY: the parity half of `slots`, [npes][bytes], owned by self; on the
-                // caller's stream, after this call's fold_puts.
-                unsafe { comm.all_gather_in_place(stream, recv, bytes as usize) }
-            }
-            ExchangeMode::SequentialNvshmem => {
-                // fcollect's source may not overlap its destination: stage this PE's block.
-                // SAFETY: both ranges are `bytes` long inside symmetric buffers owned by self.
-                unsafe {
-                    cudarc::driver::result::memcpy_dtod_async(
-                        self.staging.raw(),
-                        send,
-                        bytes as usize,
-                        stream.cu_stream(),
-                    )
-                }?;
-                // SAFETY: `staging` and the parity half of `slots` are distinct symmetric
-                // buffers owned by self, of `bytes` and npes x `bytes` from `recv`; every PE
-                // makes this call in the same mode and order; on the caller's stream.
-                unsafe {
-                    self.runtime.fcollect_on_stream(
-                        stream,
-                        recv,
-                        self.staging.raw(),
-                        bytes as usize,
-                    )
-                }
-            }
-        }
+        self.buffers.gather_on_host(
+            &self.runtime,
+            self.nccl.as_ref(),
+            self.mode(),
+            stream,
+            parity,
+        )
     }
 
     /// Ends the call on `stream`: joins the exchange stream back (where it was used) and
@@ -286,7 +270,7 @@ impl StateChain {
     pub(crate) fn end_call(
         &mut self,
         stream: &Arc<CudaStream>,
-        params: &Lasp2Params,
+        params: &F::Lasp2Params,
     ) -> Result<()> {
         if self.on_side_stream() {
             self.exchange_done.record(&self.exchange_stream)?;
@@ -294,7 +278,7 @@ impl StateChain {
         }
         // SAFETY: the kernel increments the epoch word owned by self.
         unsafe {
-            self.advance_epoch.launch(stream, single_thread(), params)?;
+            self.advance_epoch.launch(stream, SINGLE_THREAD, params)?;
         }
         self.calls += 1;
         Ok(())
@@ -321,10 +305,7 @@ impl StateChain {
     /// Frees the symmetric buffers (collective).
     pub(crate) fn free(mut self) -> Result<()> {
         self.nccl = None;
-        let rt = self.runtime.clone();
-        rt.free(self.staging)?;
-        rt.free(self.credit)?;
-        rt.free(self.signals)?;
-        rt.free(self.slots)
+        let runtime = self.runtime.clone();
+        self.buffers.free(&runtime)
     }
 }

@@ -1,4 +1,4 @@
-//! The LASP-2 forward (kernels/cuda/lasp2_fwd.cu; protocol in kernels/docs/lasp2.md).
+//! The LASP-2 forward (kernels/cuda/scalar_decay/lasp2_forward.cu; protocol in kernels/docs/lasp2.md).
 //!
 //! Per call and per (b, h): the states kernel computes every segment's local end state;
 //! `fold_put` folds them into the shard's state `M_w` (from zero) and decay `Λ_w` and, in
@@ -12,15 +12,19 @@
 //! group's states are done, so with two or more groups group 0's exchange travels while group 1's
 //! states are computed and the last group's while group 0's outputs are.
 
-use super::chain::StateChain;
-use super::scalar_decay::{check_args, geometry as sd, segment_kernels, ForwardArgs, TensorChecks};
-use super::{geometry, Chain, ExchangeMode, Lasp2Layout, Lasp2Params};
+use super::super::{
+    check_args, geometry as sd, segment_kernels, ForwardArgs, ScalarDecay, TensorChecks,
+};
+use super::{geometry, ExchangeMode, Lasp2Layout, Lasp2Params};
 use crate::error::{Error, Result};
+use crate::exchange::chain::StateChain;
+use crate::exchange::Direction;
 use crate::kernel::{Kernel, LaunchShape};
 use crate::ops::sm_count;
 use crate::ops::{ranges_overlap, DeviceMut};
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use lasp_shmem_kernels::instances;
 use std::sync::Arc;
 
 /// `%globaltimer` stamps (ns, this GPU's clock) of one call, recorded on request
@@ -126,7 +130,7 @@ impl CallPlan {
 /// and the workspace. Creating it and switching modes are collective; each call is not (in the
 /// overlapped mode, it synchronises with the other PEs only through device signals).
 pub struct Lasp2Forward {
-    chain: StateChain,
+    chain: StateChain<ScalarDecay>,
     states: [Kernel; 2],
     output: [Kernel; 2],
     segment_prefix: Kernel,
@@ -146,11 +150,17 @@ impl Lasp2Forward {
     /// and [`Lasp2Forward::free`] are, so a PE that stops calling cannot block the others in a
     /// host collective; their calls end in a bounded wait that names it.
     pub fn new(runtime: &Runtime, layout: Lasp2Layout, mode: ExchangeMode) -> Result<Self> {
-        let chain = StateChain::new(runtime, layout, mode, Chain::Ascending, "LASP-2 forward")?;
+        let chain = StateChain::new(
+            runtime,
+            layout,
+            mode,
+            Direction::Ascending,
+            "LASP-2 forward",
+        )?;
         let (states, output) = segment_kernels(
             runtime,
-            ["lasp_lasp2_states_dk64", "lasp_lasp2_states_dk128"],
-            ["lasp_lasp2_output_dk64", "lasp_lasp2_output_dk128"],
+            instances::SD_LASP2_STATES,
+            instances::SD_LASP2_OUTPUT,
         )?;
         let sm_count = sm_count(runtime.context())?;
         Ok(Lasp2Forward {
@@ -201,7 +211,12 @@ impl Lasp2Forward {
         let l = self.layout();
         let tiles = l.b * l.h * (l.dv / sd::TILE_V as usize);
         let words = stream.clone_dtoh(buffer)?;
-        let used = geometry::timeline_words(l.b as i32, l.h as i32, l.dv as i32, *segments as i32);
+        let used = crate::exchange::geometry::timeline_words(
+            l.b as i32,
+            l.h as i32,
+            l.dv as i32,
+            *segments as i32,
+        );
         Ok(Some(Lasp2Timeline::from_words(
             &words[..used as usize],
             tiles,
@@ -250,7 +265,8 @@ impl Lasp2Forward {
         start_state: Option<DeviceMut<'_, f32>>,
     ) -> Result<()> {
         let s = args.shape;
-        self.chain.check_call(stream, &s)?;
+        s.validate()?;
+        self.chain.check_call(stream, s.layout())?;
         let l = self.layout();
         let scale = check_args(&args)?;
         let (me, npes) = (self.chain.runtime().pe(), self.chain.runtime().npes());
@@ -270,7 +286,7 @@ impl Lasp2Forward {
         let plan = self.plan(t);
         let segments = plan.segments;
         let ws_bytes = geometry::workspace_bytes(b, h, segments, dk, dv);
-        super::super::ensure_workspace(
+        crate::ops::ensure_workspace(
             self.chain.context(),
             stream,
             &mut self.workspace,
@@ -325,7 +341,7 @@ impl Lasp2Forward {
                     segments_launch(heads, sd::states_smem_bytes(dk)),
                     &p,
                 )?;
-                self.chain.launch_fold_put(stream, g, heads, &p)?;
+                self.chain.launch_summary(stream, g, heads, &p)?;
                 // The group's shard-local segment prefixes, for its output kernel (reads the
                 // workspace as fold_put does; writes only ws_p).
                 if segments > 1 {
@@ -354,7 +370,7 @@ impl Lasp2Forward {
             return Ok(0);
         }
         let (b, h, _, dv) = self.layout().dims();
-        let words = geometry::timeline_words(b, h, dv, segments) as usize;
+        let words = crate::exchange::geometry::timeline_words(b, h, dv, segments) as usize;
         if self.timeline.as_ref().is_none_or(|(t, _)| t.len() < words) {
             // An earlier call may still write the old buffer.
             self.chain.context().synchronize()?;
@@ -428,7 +444,10 @@ mod tests {
     #[test]
     fn timeline_words_split_into_puts_and_output_ctas() {
         // B=1, H=2, Dv=128 (2 tiles per head), S=3: 4 tiles x 2 put stamps, 12 CTAs x 3 stamps.
-        assert_eq!(geometry::timeline_words(1, 2, 128, 3), 8 + 36);
+        assert_eq!(
+            crate::exchange::geometry::timeline_words(1, 2, 128, 3),
+            8 + 36
+        );
         let words: Vec<u64> = (0..44).collect();
         let t = Lasp2Timeline::from_words(&words, 4, 3);
         assert_eq!(t.puts.len(), 4);

@@ -1,5 +1,5 @@
 // Parameters, symmetric-buffer layouts and launch geometry of the LASP-2 forward with scalar decay
-// (lasp2_fwd.cu). C layout, mirrored by a #[repr(C)] Rust struct: keep field order, types and the
+// (scalar_decay/lasp2_forward.cu). C layout, mirrored by a #[repr(C)] Rust struct: keep field order, types and the
 // helpers in sync. Design, protocol and host sequence: kernels/docs/lasp2.md.
 //
 // Maths (kernels/docs/maths.md, "LASP-2: forward"), per (b, h), PE `me` of `npes` holding T_local tokens:
@@ -41,31 +41,15 @@
 #pragma once
 #include <stdint.h>
 
-#include "lasp/scalar_decay_params.h"
+#include "lasp/exchange/chain_params.h"
+#include "lasp/scalar_decay/forward_params.h"
 #include "lasp/wait_diagnostics.h"
 
-#if defined(__CUDACC__)
-#define LASP2_FN static inline constexpr __host__ __device__
-#elif defined(__cplusplus)
-#define LASP2_FN static inline constexpr
-#else
-#define LASP2_FN static inline
-#endif
-
 #define LASP2_CHUNK LASP_SD_CHUNK      // 64 tokens per chunk
-#define LASP2_TILE_V LASP_SD_TILE_V    // 64 Dv columns per CTA / per exchanged tile
 #define LASP2_THREADS LASP_SD_THREADS  // 128: states and output kernels
 #define LASP2_FOLD_THREADS 512         // fold_put, segment_prefix
 #define LASP2_FOLD_BATCH 4             // segments whose loads a fold issues together
 #define LASP2_SLOT_TRAILER_FLOATS 4    // after a tile's Dk*64 floats: [0] = Lambda, [1..3] = 0
-
-// Where the output kernel's (M_u, Lambda_u) tiles for u < me come from (same fold in every mode).
-enum lasp2_exchange_mode {
-  LASP2_NO_COMM = 0,        // no NVSHMEM call at all (no credits, puts or waits): folds whatever the
-                            // slots hold; for timing the same kernels without communication
-  LASP2_DEVICE_PUT = 1,     // fold_put puts its tile to every later PE with a signal; output waits
-  LASP2_HOST_GATHERED = 2,  // the host all-gathers slot half [parity] between fold_put and output
-};
 
 typedef struct {
   const uint16_t* q;          // bf16 [B, T, H, Dk] (T = this PE's T_local), contiguous
@@ -115,98 +99,12 @@ typedef struct {
 static_assert(sizeof(lasp_lasp2_params) == 200, "lasp_lasp2_params layout changed: update the Rust mirror");
 #endif
 
-// ---- The chain: the order in which PEs fold each other's tiles -------------------------------
-// Position 0 is the chain's first PE; the PE at position i folds the tiles of positions 0 .. i-1,
-// in that order, and puts its own tile to positions i+1 .. npes-1. Slots and signals stay indexed
-// by the sending PE's number (so the host all-gather of the sequential modes is the same for
-// both chains), credits by the reading PE's.
-enum lasp2_chain {
-  LASP2_CHAIN_ASCENDING = 0,   // the forward: PE u's (M_u, Lambda_u) to every later PE; position = PE
-  LASP2_CHAIN_DESCENDING = 1,  // the backward (lasp2_bwd.cu): the gradient's carry to every EARLIER PE;
-                               // position = npes - 1 - PE
-};
-// The position of PE `pe`, and the PE at position `pos` (the same map: it is an involution).
-LASP2_FN int32_t lasp2_chain_position(int32_t chain, int32_t pe, int32_t npes) {
-  return chain == LASP2_CHAIN_DESCENDING ? npes - 1 - pe : pe;
-}
-LASP2_FN int32_t lasp2_chain_pe(int32_t chain, int32_t pos, int32_t npes) {
-  return lasp2_chain_position(chain, pos, npes);
-}
-
-typedef struct {
-  uint32_t x, y, z;
-} lasp2_dim3;
-
-LASP2_FN int32_t lasp2_num_vtiles(int32_t Dv) { return Dv / LASP2_TILE_V; }
-
-// ---- Symmetric buffers (identical sizes and offsets on every PE) -------------------------------
+// ---- Symmetric buffers: the exchange's layouts (lasp/exchange/chain_params.h) at this family's tile
 
 // Floats of one exchanged tile: the [Dk][64] block of M_u and the 4-float trailer (Lambda_u at [0]).
 // (Dk*64 + 4) * 4 bytes is a multiple of 16, so every tile starts 16-byte aligned.
 LASP2_FN uint64_t lasp2_slot_tile_floats(int32_t Dk) {
   return (uint64_t)Dk * LASP2_TILE_V + LASP2_SLOT_TRAILER_FLOATS;
-}
-// Floats of one PE's slot in one parity: [B*H][Dv/64] tiles.
-LASP2_FN uint64_t lasp2_slot_pe_floats(int32_t B, int32_t H, int32_t Dk, int32_t Dv) {
-  return (uint64_t)B * H * lasp2_num_vtiles(Dv) * lasp2_slot_tile_floats(Dk);
-}
-LASP2_FN uint64_t lasp2_slots_bytes(int32_t npes, int32_t B, int32_t H, int32_t Dk, int32_t Dv) {
-  return 2u * (uint64_t)npes * lasp2_slot_pe_floats(B, H, Dk, Dv) * 4u;
-}
-// Float offset of tile [parity][pe][bh][vt] in `slots`.
-LASP2_FN uint64_t lasp2_slot_tile_offset(int32_t parity, int32_t pe, int32_t bh, int32_t vt, int32_t npes, int32_t B,
-                                         int32_t H, int32_t Dk, int32_t Dv) {
-  return ((uint64_t)parity * npes + pe) * lasp2_slot_pe_floats(B, H, Dk, Dv) +
-         ((uint64_t)bh * lasp2_num_vtiles(Dv) + vt) * lasp2_slot_tile_floats(Dk);
-}
-// Signal words: [2][npes][B*H*(Dv/64)] u64 (zero before the first call).
-LASP2_FN uint64_t lasp2_signals_count(int32_t npes, int32_t B, int32_t H, int32_t Dv) {
-  return 2u * (uint64_t)npes * B * H * lasp2_num_vtiles(Dv);
-}
-LASP2_FN uint64_t lasp2_signal_index(int32_t parity, int32_t pe, int32_t bh, int32_t vt, int32_t npes, int32_t B,
-                                     int32_t H, int32_t Dv) {
-  return ((uint64_t)parity * npes + pe) * ((uint64_t)B * H * lasp2_num_vtiles(Dv)) +
-         (uint64_t)bh * lasp2_num_vtiles(Dv) + vt;
-}
-// Credit words: [npes] u64 (zero before the first call).
-LASP2_FN uint64_t lasp2_credit_count(int32_t npes) { return (uint64_t)npes; }
-
-// LASP2_HOST_GATHERED: after fold_put, every PE's own slot [parity][me] (lasp2_gather_bytes bytes at
-// byte lasp2_gather_send_offset) goes to slot [parity][me] of every PE; the receive region is the
-// whole parity half, [npes][per PE] contiguous at byte lasp2_gather_recv_offset. That is exactly an
-// in-place all-gather (ncclAllGather(sendbuff = slots + send_offset, recvbuff = slots + recv_offset,
-// count = gather_bytes, ncclUint8 or count / 4 with ncclFloat32), or nvshmemx_fcollectmem_on_stream).
-LASP2_FN uint64_t lasp2_gather_bytes(int32_t B, int32_t H, int32_t Dk, int32_t Dv) {
-  return lasp2_slot_pe_floats(B, H, Dk, Dv) * 4u;
-}
-LASP2_FN uint64_t lasp2_gather_recv_offset(int32_t parity, int32_t npes, int32_t B, int32_t H, int32_t Dk,
-                                           int32_t Dv) {
-  return (uint64_t)parity * npes * lasp2_gather_bytes(B, H, Dk, Dv);
-}
-LASP2_FN uint64_t lasp2_gather_send_offset(int32_t parity, int32_t me, int32_t npes, int32_t B, int32_t H,
-                                           int32_t Dk, int32_t Dv) {
-  return ((uint64_t)parity * npes + me) * lasp2_gather_bytes(B, H, Dk, Dv);
-}
-
-// ---- Timeline (optional, per PE, plain device memory) -----------------------------------------
-// Nanosecond %globaltimer stamps of one call, to show when the exchange lands relative to when the
-// output CTAs need it (stamps of different GPUs come from different clocks: compare within a PE).
-// Tile i = bh * (Dv/64) + vt.
-//   put stamps, 2 per tile: [0] fold_put about to put (credits granted), [1] its puts complete, signals issued
-//   output stamps, 3 per (tile, segment s): [0] CTA start, [1] earlier PEs' tiles seen (signals),
-//                                           [2] prologue done: the chunk loop starts from P
-#define LASP2_TIMELINE_PUT_STAMPS 2
-#define LASP2_TIMELINE_OUTPUT_STAMPS 3
-LASP2_FN uint64_t lasp2_timeline_put(int32_t bh, int32_t vt, int32_t Dv) {
-  return ((uint64_t)bh * lasp2_num_vtiles(Dv) + vt) * LASP2_TIMELINE_PUT_STAMPS;
-}
-LASP2_FN uint64_t lasp2_timeline_output(int32_t bh, int32_t vt, int32_t s, int32_t B, int32_t H, int32_t Dv,
-                                        int32_t S) {
-  return (uint64_t)B * H * lasp2_num_vtiles(Dv) * LASP2_TIMELINE_PUT_STAMPS +
-         (((uint64_t)bh * lasp2_num_vtiles(Dv) + vt) * S + s) * LASP2_TIMELINE_OUTPUT_STAMPS;
-}
-LASP2_FN uint64_t lasp2_timeline_words(int32_t B, int32_t H, int32_t Dv, int32_t S) {
-  return (uint64_t)B * H * lasp2_num_vtiles(Dv) * (LASP2_TIMELINE_PUT_STAMPS + (uint64_t)S * LASP2_TIMELINE_OUTPUT_STAMPS);
 }
 
 // ---- Per-PE workspace (plain device memory): ws_m at byte 0, ws_lambda at lasp2_ws_lambda_offset,
@@ -255,6 +153,6 @@ LASP2_FN lasp2_dim3 lasp2_output_grid(int32_t heads, int32_t Dv, int32_t S) {
 
 LASP2_FN uint32_t lasp2_states_smem_bytes(int32_t Dk) { return lasp_sd_states_smem_bytes(Dk); }
 LASP2_FN uint32_t lasp2_output_smem_bytes(int32_t Dk) { return lasp_sd_output_smem_bytes(Dk); }
-// The backward's carry_in (lasp2_bwd.cu; grid lasp2_fold_put_grid, block LASP2_THREADS): two staged
-// slot tiles of Dk rows padded to 72 floats, and their 16-byte trailers (lasp2_chain.cuh).
+// The backward's carry_in (scalar_decay/lasp2_backward.cu; grid lasp2_fold_put_grid, block LASP2_THREADS): two staged
+// slot tiles of Dk rows padded to 72 floats, and their 16-byte trailers (exchange/chain.cuh).
 LASP2_FN uint32_t lasp2_carry_in_smem_bytes(int32_t Dk) { return 2u * ((uint32_t)Dk * 72u * 4u + 16u); }

@@ -1,6 +1,6 @@
 //! Device-initiated exchange: an all-gather whose puts and signals are issued by the kernel's own
-//! warps, and a device ping-pong. Kernels in kernels/cuda/exchange.cu; parameter structs mirror
-//! kernels/cuda/include/lasp/exchange_params.h.
+//! warps, and a device ping-pong. Kernels in kernels/cuda/exchange/transport.cu; parameter structs mirror
+//! kernels/cuda/include/lasp/exchange/transport_params.h.
 
 use crate::diagnostics::WaitDiagnostics;
 use crate::error::{CudaCall, Error, Result};
@@ -68,7 +68,7 @@ const MAX_CTAS: u32 = 112;
 
 /// How a round's puts are spread over CTAs and who signals the peers. Every variant runs the same
 /// protocol (epochs, parity slots) through NVSHMEM's put / signal API; the kernels in
-/// kernels/cuda/exchange.cu describe each.
+/// kernels/cuda/exchange/transport.cu describe each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AllGatherVariant {
     /// Each CTA moves its slice to every peer in turn; the last CTA signals all peers.
@@ -167,7 +167,7 @@ fn device_addr<T>(slice: &CudaSlice<T>, stream: &CudaStream) -> u64 {
 
 /// A device-initiated, in-place all-gather of `bytes` per PE: after a round, slot `[e % 2][s]`
 /// of every PE holds PE `s`'s source, except a PE's own slot (its data stays in its source). 64-bit
-/// epoch signals and double-buffered slots (see exchange_params.h for the protocol).
+/// epoch signals and double-buffered slots (see exchange/transport_params.h for the protocol).
 ///
 /// Each [`AllGather::launch`] is one round, enqueued on a stream with no host synchronisation;
 /// rounds on one stream may follow each other back to back, or be captured in a CUDA graph.

@@ -1,14 +1,14 @@
 // Scalar-decay linear attention, backward: the kernels around the three chunkwise passes
-// (the passes and the maths: lasp/scalar_decay_bwd_params.h; the reversed passes:
-// lasp_scalar_decay_*_reversed_* in scalar_decay_fwd.cu).
+// (the passes and the maths: lasp/scalar_decay/backward_params.h; the reversed passes:
+// lasp_scalar_decay_*_reversed_* in scalar_decay/forward.cu).
 //
 // The gate gradient's kernels (lasp_sd_bwd_gate_terms_dk*, lasp_sd_bwd_gate_grad) sum the pairs of
 // tokens that straddle each token (the derivation and the split into Z, x_q, x_k and A:
-// lasp/scalar_decay_bwd_params.h).
+// lasp/scalar_decay/backward_params.h).
 #include <stdint.h>
 
-#include "lasp/scalar_decay.cuh"
-#include "lasp/scalar_decay_bwd_params.h"
+#include "lasp/scalar_decay/chunk.cuh"
+#include "lasp/scalar_decay/backward_params.h"
 
 namespace {
 
@@ -118,7 +118,7 @@ extern "C" __global__ void __launch_bounds__(LASP_SDB_STATE_THREADS)
 
 
 // ---------------------------------------------------------------------------------------------
-// The gate gradient (lasp/scalar_decay_bwd_params.h, "Gate gradient"): block [s0, s1) of
+// The gate gradient (lasp/scalar_decay/backward_params.h, "Gate gradient"): block [s0, s1) of
 // LASP_SD_BLOCK_CHUNKS chunks, Z from the block states, x_q and x_k from the bf16 hi + lo copies of
 // the states, the block's pair matrix A tile by tile.
 // ---------------------------------------------------------------------------------------------
@@ -447,15 +447,8 @@ __device__ __forceinline__ void gate_terms(const lasp_sd_bwd_params&) {
 
 }  // namespace
 
-// grid lasp_sdb_gate_terms_grid, block LASP_SDB_TERM_THREADS, smem lasp_sdb_gate_terms_smem_bytes(Dk).
-extern "C" __global__ void __launch_bounds__(LASP_SDB_TERM_THREADS)
-    lasp_sd_bwd_gate_terms_dk64(const __grid_constant__ lasp_sd_bwd_params p) {
-  gate_terms<64>(p);
-}
-extern "C" __global__ void __launch_bounds__(LASP_SDB_TERM_THREADS)
-    lasp_sd_bwd_gate_terms_dk128(const __grid_constant__ lasp_sd_bwd_params p) {
-  gate_terms<128>(p);
-}
+// gate_terms<DK> is exported as lasp_sd_bwd_gate_terms_dk{64,128} (kernels/instances.rs): grid
+// lasp_sdb_gate_terms_grid, block LASP_SDB_TERM_THREADS, smem lasp_sdb_gate_terms_smem_bytes(Dk).
 
 // Per (block, b*H+h), a thread per token u of the block: dg_u = Z + sum_{i >= u} (x_q + R - C)_i +
 // sum_{j < u} x_k(j), the Dv tiles' parts added in order and the block's sums in fp64; and the CTAs

@@ -1,4 +1,4 @@
-// Device building blocks of the scalar-decay forward (scalar_decay_fwd.cu): shared-memory map,
+// Device building blocks of the scalar-decay forward (scalar_decay/forward.cu): shared-memory map,
 // chunk loader, chunk-local gate cumsum, and the fold step that LASP-2 reuses across ranks.
 //
 // Numerics (kernels/docs/maths.md, "Numerics"): gates, cumsums, exponent arguments and every state
@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 #include "lasp/mma.cuh"
-#include "lasp/scalar_decay_params.h"
+#include "lasp/scalar_decay/forward_params.h"
 #include "lasp/tma.cuh"
 
 // The output kernels' products run on wgmma where the target has it (sm_90a), else on mma.sync.
@@ -173,7 +173,7 @@ __device__ __forceinline__ ChunkGates scan_gates(const float* s_gates, int warp,
 
 // ---------------------------------------------------------------------------------------------
 // The segment loop: one CTA walks the chunks of its segment with the state on chip. Every forward
-// kernel runs it (single-GPU: scalar_decay_fwd.cu; LASP-2: lasp2_fwd.cu), each with a prologue that
+// kernel runs it (single-GPU: scalar_decay/forward.cu; LASP-2: scalar_decay/lasp2_forward.cu), each with a prologue that
 // supplies the start state and an epilogue that takes the end state.
 // ---------------------------------------------------------------------------------------------
 
@@ -202,7 +202,7 @@ struct SegmentArgs {
 // so the same loops compute sums over later tokens; the T_pad - T virtual tokens come first
 // ([lo, hi) = [T_pad - T, T_pad)), which puts every loop chunk boundary on a multiple of 64 of the
 // tensors, where the in-order passes have theirs (the gate gradient meets the two directions' states
-// there, scalar_decay_bwd.cu). The gate of the first real token (token T-1) lies past (b, h)'s last
+// there, scalar_decay/backward.cu). The gate of the first real token (token T-1) lies past (b, h)'s last
 // token: it is zero-filled, never read (is_gate_read). A template parameter, so the in-order loops
 // compile as if it did not exist.
 template <bool kReversed>
@@ -321,7 +321,7 @@ __device__ __forceinline__ void state_store(StateRegs<DK>& s, const StateLane& l
   });
 }
 
-// The state as the bf16 operand tiles of the backward's gate gradient (scalar_decay_bwd.cu):
+// The state as the bf16 operand tiles of the backward's gate gradient (scalar_decay/backward.cu):
 // x = hi + lo with hi = bf16(x), lo = bf16(x - hi) (16 significant bits), each laid out as wgmma
 // reads it from shared memory, so the gate kernels copy the tiles as they are. `tile` is this CTA's
 // 64-column tile of the state, `tiles` the state's column tiles; hi at `base`, lo `rows * 64 *

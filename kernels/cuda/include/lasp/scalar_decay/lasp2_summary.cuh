@@ -1,35 +1,26 @@
-// Device side of the LASP-2 chain (lasp2_params.h, "The chain"), shared by the forward
-// (lasp2_fwd.cu), the backward (lasp2_bwd.cu) and the exchange kernels (lasp2_chain.cu): the call's
-// epoch, timeline stamps, the segment fold of the states kernels' output, and the bounded wait for
-// and fold of the tiles of the PEs before this one on the chain.
+// The scalar-decay family's side of the LASP-2 exchange: the shard summary (M, Lambda) and its
+// folds. The states kernels' segment states, their fold into the PE's own slot tile and into the
+// shard-local prefixes, and the staging and fold of the other PEs' tiles; the protocol around
+// them (epochs, waits, puts) is lasp/exchange/chain.cuh.
+//   tile = M [Dk][64] row-major, then a 16-byte trailer (Lambda, 0, 0, 0);
+//   fold: P = e^{Lambda} P + M, elementwise (sd::fold_step), in chain order.
 #pragma once
 #include <stdint.h>
 
-#include "lasp/lasp2_params.h"
-#include "lasp/scalar_decay.cuh"
-#include "lasp/wait.cuh"
+#include "lasp/exchange/chain.cuh"
+#include "lasp/scalar_decay/chunk.cuh"
+#include "lasp/scalar_decay/lasp2_params.h"
 
 namespace lasp {
 namespace l2 {
 
+using exchange::call_epoch;
+using exchange::chain_pe;
+using exchange::chain_position;
+using exchange::stamp;
+using exchange::wait_chain_tiles;
 using sd::StateLane;
 using sd::StateRegs;
-
-// The epoch every kernel of the current call works on (the advance kernel runs last).
-__device__ __forceinline__ uint64_t call_epoch(const lasp_lasp2_params& p) { return *p.epoch + 1; }
-
-// Timeline stamp (thread 0 of a CTA; no-op without a timeline buffer).
-__device__ __forceinline__ void stamp(const lasp_lasp2_params& p, uint64_t word) {
-  if (p.timeline && threadIdx.x == 0) p.timeline[word] = global_ns();
-}
-
-// This PE's position on the chain, and the PE at position `pos`.
-__device__ __forceinline__ int chain_position(const lasp_lasp2_params& p) {
-  return lasp2_chain_position(p.chain, p.me, p.npes);
-}
-__device__ __forceinline__ int chain_pe(const lasp_lasp2_params& p, int pos) {
-  return lasp2_chain_pe(p.chain, pos, p.npes);
-}
 
 // The CTA's segment of a states or output launch; grid z spans the launch's head group, which
 // starts at head p.bh_begin.
@@ -156,24 +147,6 @@ __device__ __forceinline__ float staged_lambda(const uint8_t* slot) {
   return *reinterpret_cast<const float*>(slot + DK * kStagedLd * 4);
 }
 
-// LASP2_DEVICE_PUT: waits (bounded) until tile (bh, vt) of this epoch has landed from every PE
-// before this one on the chain, one thread per such PE; the barrier then orders the acquires before
-// every thread's copies of the slots (cp.async.cg reads through L2). False on every thread if a wait
-// expired (p.diag names the PE). Other modes: true at once.
-__device__ __forceinline__ bool wait_chain_tiles(const lasp_lasp2_params& p, int bh, int vt) {
-  if (p.exchange_mode != LASP2_DEVICE_PUT) return true;
-  const uint64_t epoch = call_epoch(p);
-  const int parity = static_cast<int>(epoch & 1);
-  const WaitSite site{p.diag, p.timeout_ns, p.me};
-  int ok = 1;
-  for (int pos = threadIdx.x; pos < chain_position(p); pos += blockDim.x) {
-    const int u = chain_pe(p, pos);
-    const uint64_t idx = lasp2_signal_index(parity, u, bh, vt, p.npes, p.B, p.H, p.Dv);
-    ok &= wait_signal_ge(site, p.signals + idx, epoch, u, static_cast<int32_t>(idx), LASP_WAIT_DATA);
-  }
-  return __syncthreads_and(ok);
-}
-
 // s = fold over the chain positions before this PE's, in chain order, of e^{Lambda_u} s + M_u
 // (slot tiles [parity][u][bh][vt]); staged through shared memory at `smem` (the first
 // kStagedTiles - 1 staged slots), kStagedTiles - 1 tiles per batch. Call after wait_chain_tiles.
@@ -181,25 +154,14 @@ template <int DK>
 __device__ __forceinline__ void fold_chain_tiles(const lasp_lasp2_params& p, StateRegs<DK>& s, const StateLane& ln,
                                                  int bh, int vt, uint8_t* smem) {
   constexpr uint32_t kTileBytes = staged_tile_bytes<DK>();
-  const int parity = static_cast<int>(call_epoch(p) & 1);
   const uint32_t sbase = smem_addr(smem);
-  const int before = chain_position(p);
-  for (int pos0 = 0; pos0 < before; pos0 += kStagedTiles - 1) {
-    const int batch = min(kStagedTiles - 1, before - pos0);
-    for (int j = 0; j < batch; ++j) {
-      const int u = chain_pe(p, pos0 + j);
-      const float* tile = p.slots + lasp2_slot_tile_offset(parity, u, bh, vt, p.npes, p.B, p.H, DK, p.Dv);
-      stage_tile<DK>(sbase + j * kTileBytes, tile, sd::kTileV, true);
-    }
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-    for (int j = 0; j < batch; ++j) {
-      const uint8_t* slot = smem + j * kTileBytes;
-      fold_staged<DK>(s, ln, slot, staged_lambda<DK>(slot));
-    }
-    __syncthreads();  // before the next batch, or a chunk pipeline, overwrites the slots
-  }
+  exchange::fold_chain_tiles(
+      p, bh, vt, lasp2_slot_tile_floats(DK), kStagedTiles - 1,
+      [&](int j, const float* tile) { stage_tile<DK>(sbase + j * kTileBytes, tile, sd::kTileV, true); },
+      [&](int j) {
+        const uint8_t* slot = smem + j * kTileBytes;
+        fold_staged<DK>(s, ln, slot, staged_lambda<DK>(slot));
+      });
 }
 
 }  // namespace l2

@@ -7,17 +7,17 @@
 //   e^{Lambda_0 + .. + Lambda_{s-1}} P_me + L_s (L_s = the fold of segments < s from zero,
 //   kernel 1b); the chunk loop of the single-GPU output kernel from that start        (kernel 3)
 //
-// Kernels (geometry, buffers and call order: lasp/lasp2_params.h; protocol: kernels/docs/lasp2.md):
+// Kernels (geometry, buffers and call order: lasp/exchange/lasp2_params.h; protocol: kernels/docs/lasp2.md):
 //   1. lasp_lasp2_states_dk{64,128}  every segment s of the shard: M_s from zero, Lambda_s
 //   1b. lasp_lasp2_segment_prefix    per (Dv tile, b*H+h), S > 1: L_1 .. L_{S-1}
-//   2. lasp_lasp2_fold_put           (lasp2_chain.cu) per (Dv tile, b*H+h): M_me, Lambda_me into the own
+//   2. lasp_lasp2_fold_put           (scalar_decay/lasp2_fold_put.cu) per (Dv tile, b*H+h): M_me, Lambda_me into the own
 //                                    slot; credits; LASP2_DEVICE_PUT: put the tile + signal to every later PE
 //   3. lasp_lasp2_output_dk{64,128}  per (Dv tile, segment, b*H+h): prologue fold, chunk loop, O, ht,
 //                                    and P_me for the backward (start_state)
-//   4. lasp_lasp2_advance_epoch      (lasp2_chain.cu) *epoch += 1
+//   4. lasp_lasp2_advance_epoch      (scalar_decay/lasp2_fold_put.cu) *epoch += 1
 //
 // Only the put / signal API touches remote memory, so the same code runs over NVLink and InfiniBand.
-#include "lasp/lasp2_chain.cuh"
+#include "lasp/scalar_decay/lasp2_summary.cuh"
 
 namespace lasp {
 namespace l2 {
@@ -83,16 +83,13 @@ __device__ __forceinline__ void output(const lasp_lasp2_params& p) {
 }  // namespace l2
 }  // namespace lasp
 
-// Kernel 1: end states M_s (zero start) and log-decays Lambda_s of ALL S segments of the shard.
-// grid lasp2_states_grid, block LASP2_THREADS, smem lasp2_states_smem_bytes(Dk).
-extern "C" __global__ void __launch_bounds__(LASP2_THREADS, 1)
-    lasp_lasp2_states_dk64(const __grid_constant__ lasp_lasp2_params p) {
-  lasp::l2::shard_states<64, false>(p);
-}
-extern "C" __global__ void __launch_bounds__(LASP2_THREADS, 1)
-    lasp_lasp2_states_dk128(const __grid_constant__ lasp_lasp2_params p) {
-  lasp::l2::shard_states<128, false>(p);
-}
+// Exported from kernels/instances.rs, per Dk in {64, 128}:
+//   lasp_lasp2_states_dk*  kernel 1 (shard_states): end states M_s (zero start) and log-decays Lambda_s
+//                          of ALL S segments of the shard; grid lasp2_states_grid, block LASP2_THREADS,
+//                          smem lasp2_states_smem_bytes(Dk)
+//   lasp_lasp2_output_dk*  kernel 3 (output): outputs of the shard from P_me; PE npes-1's last segment
+//                          writes ht if write_final_state; grid lasp2_output_grid, block LASP2_THREADS,
+//                          smem lasp2_output_smem_bytes(Dk)
 
 // Kernel 1b (S > 1), one CTA per (Dv tile vt, head bh = bh_begin + blockIdx.y): the shard-local
 // prefixes L_{s+1} = fold_{s' <= s} (e^{Lambda_s'} L + M_s') from zero -> ws_p slot s, s < S - 1.
@@ -106,15 +103,4 @@ extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS)
   lasp::l2::fold_segments(p, bh, vt, p.num_segments - 1, acc, [&](int s, float4 x, int d, int c) {
     *reinterpret_cast<float4*>(p0 + s * state_elems + (int64_t)d * p.Dv + c) = x;
   });
-}
-
-// Kernel 3: outputs of the shard from P_me (see lasp::l2::output); PE npes-1's last segment writes
-// ht if write_final_state. grid lasp2_output_grid, block LASP2_THREADS, smem lasp2_output_smem_bytes(Dk).
-extern "C" __global__ void __launch_bounds__(LASP2_THREADS, 1)
-    lasp_lasp2_output_dk64(const __grid_constant__ lasp_lasp2_params p) {
-  lasp::l2::output<64>(p);
-}
-extern "C" __global__ void __launch_bounds__(LASP2_THREADS, 1)
-    lasp_lasp2_output_dk128(const __grid_constant__ lasp_lasp2_params p) {
-  lasp::l2::output<128>(p);
 }

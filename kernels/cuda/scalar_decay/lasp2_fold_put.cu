@@ -1,15 +1,11 @@
-// The LASP-2 exchange along the chain (lasp/lasp2_params.h, "The chain"), shared by the forward
-// (lasp2_fwd.cu) and the backward (lasp2_bwd.cu):
-//   lasp_lasp2_fold_put        per (Dv tile, b*H+h): the PE's tile into its own slot; credits;
-//                              LASP2_DEVICE_PUT: put the tile + signal to every later PE on the chain
+// The scalar-decay family's LASP-2 summary kernel, shared by the forward (lasp2_forward.cu) and the
+// backward (lasp2_backward.cu), and the exchange's generic kernels instantiated for its params:
+//   lasp_lasp2_fold_put        per (Dv tile, b*H+h): the PE's summary tile into its own slot, then
+//                              published (credits; LASP2_DEVICE_PUT: put + signal to every later PE)
 //   lasp_lasp2_advance_epoch   *epoch += 1, last in every call
 //   lasp_lasp2_grant_credits   only when a plan switches from LASP2_NO_COMM to a communicating mode
 // Protocol (epochs, parities, credits, why the puts are ordered as they are): kernels/docs/lasp2.md.
-// Only the put / signal API touches remote memory, so the same code runs over NVLink and InfiniBand.
-#include <nvshmem.h>
-#include <nvshmemx.h>
-
-#include "lasp/lasp2_chain.cuh"
+#include "lasp/scalar_decay/lasp2_summary.cuh"
 
 // One CTA per (Dv tile vt, head bh = bh_begin + blockIdx.y of the launch's group):
 //  - block (0, 0) of the group with bh_begin == 0 (once per call), communicating modes:
@@ -33,20 +29,15 @@
 // grid lasp2_fold_put_grid, block LASP2_FOLD_THREADS, no smem.
 extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS)
     lasp_lasp2_fold_put(const __grid_constant__ lasp_lasp2_params p) {
-  const uint64_t epoch = lasp::l2::call_epoch(p);
+  const uint64_t epoch = lasp::exchange::call_epoch(p);
   const int parity = static_cast<int>(epoch & 1);
   const int vt = blockIdx.x, bh = p.bh_begin + blockIdx.y;
   const int tid = threadIdx.x;
   const int S = p.num_segments;
-  const bool comm = p.exchange_mode != LASP2_NO_COMM;
   const bool descending = p.chain == LASP2_CHAIN_DESCENDING;
-  const int position = lasp::l2::chain_position(p);
 
   // One thread sends the credits and later quiets them (with this CTA's puts, if any).
-  const bool sends_credits = comm && bh == 0 && vt == 0 && tid == 0 && position > 0;
-  if (sends_credits)
-    for (int pos = 0; pos < position; ++pos)
-      nvshmemx_signal_op(p.credit + p.me, epoch - 1, NVSHMEM_SIGNAL_SET, lasp::l2::chain_pe(p, pos));
+  const bool sent_credits = lasp::exchange::send_credits(p, epoch, bh, vt);
 
   // Lambda_me, summed in segment order by every thread (the descending tile needs it).
   const float* const lam = p.ws_lambda + (int64_t)bh * S;
@@ -67,7 +58,7 @@ extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS)
   float4 acc[lasp::l2::FoldLane::kMaxRows];
   lasp::l2::fold_segments(p, bh, vt, S, acc, [](int, float4, int, int) {});
   const lasp::l2::FoldLane ln(p.Dk);
-  float* const own = p.slots + lasp2_slot_tile_offset(parity, p.me, bh, vt, p.npes, p.B, p.H, p.Dk, p.Dv);
+  float* const own = p.slots + lasp2_slot_tile_offset(parity, p.me, bh, vt, p.npes, p.B, p.H, p.Dv, lasp2_slot_tile_floats(p.Dk));
 #pragma unroll
   for (int j = 0; j < lasp::l2::FoldLane::kMaxRows; ++j) {
     if (j >= ln.rows) continue;
@@ -85,69 +76,17 @@ extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS)
   }
   if (tid == 0) *reinterpret_cast<float4*>(own + p.Dk * LASP2_TILE_V) = make_float4(lambda, 0.f, 0.f, 0.f);
 
-  const uint64_t stamps = lasp2_timeline_put(bh, vt, p.Dv);
-  const int later = p.npes - 1 - position;  // PEs after this one on the chain
-  if (p.exchange_mode != LASP2_DEVICE_PUT || later == 0) {
-    if (sends_credits) nvshmem_quiet();
-    lasp::l2::stamp(p, stamps + 0);
-    lasp::l2::stamp(p, stamps + 1);
-    return;
-  }
-  auto reader = [&](int k) { return lasp::l2::chain_pe(p, position + 1 + k); };  // k < later
-
-  // The tile is complete in this PE's memory before the NIC (over InfiniBand) reads it for the
-  // puts. A peer NVSHMEM reaches by load/store gets its copy from this CTA's threads, for which
-  // the barrier below is enough; skipping the fence there matters, because a system-scope fence
-  // waits tens of microseconds while the GPUs stream the kernels' traffic (kernels/docs/lasp2.md).
-  bool nic_reads = false;
-  for (int k = 0; k < later; ++k) nic_reads |= nvshmem_ptr(own, reader(k)) == nullptr;
-  if (nic_reads) __threadfence_system();
-  int ok = 1;
-  if (epoch > 2) {
-    // Slot [parity] of reader pe was last read at epoch - 2: wait for its credit, one thread per reader.
-    const lasp::WaitSite site{p.diag, p.timeout_ns, p.me};
-    for (int k = tid; k < later; k += blockDim.x) {
-      const int pe = reader(k);
-      ok &= lasp::wait_signal_ge(site, p.credit + pe, epoch - 2, pe, pe, LASP_WAIT_CREDIT);
-    }
-  }
-  // A CTA that gave up on a credit sends nothing: the readers then time out on this epoch's data,
-  // and this PE's diag names the peer whose credit never came.
-  if (!__syncthreads_and(ok)) return;
-  lasp::l2::stamp(p, stamps + 0);
-
-  // Every put first, then one quiet for all of them, then the signals: a put-with-signal per peer
-  // would wait for its own completion (a system-scope fence) before the next peer's copy starts,
-  // and such a fence waits long while the GPUs stream the output kernel's traffic.
-  const uint64_t bytes = lasp2_slot_tile_floats(p.Dk) * 4u;
-  uint64_t* const sig = p.signals + lasp2_signal_index(parity, p.me, bh, vt, p.npes, p.B, p.H, p.Dv);
-  const int first = (blockIdx.y * gridDim.x + blockIdx.x) % later;  // staggered: every link busy at once
-  auto peer = [&](int k) { return reader((first + k) % later); };
-  for (int k = 0; k < later; ++k) nvshmemx_putmem_nbi_block(own, own, bytes, peer(k));
-  __syncthreads();
-  if (tid == 0) {
-    nvshmem_quiet();  // the CTA's puts have landed: the signals may follow
-    for (int k = 0; k < later; ++k) nvshmemx_signal_op(sig, epoch, NVSHMEM_SIGNAL_SET, peer(k));
-    lasp::l2::stamp(p, stamps + 1);
-    nvshmem_quiet();
-  }
+  lasp::exchange::publish_tile(p, epoch, own, lasp2_slot_tile_floats(p.Dk) * 4u, bh, vt, sent_credits);
 }
 
 // Launched last in every call (all modes): the call's epoch is complete on this PE.
 // grid (1, 1, 1), block (1, 1, 1).
 extern "C" __global__ void lasp_lasp2_advance_epoch(const __grid_constant__ lasp_lasp2_params p) {
-  if (threadIdx.x == 0 && blockIdx.x == 0) *p.epoch += 1;
+  lasp::exchange::advance_epoch(p);
 }
 
-// Re-synchronises credits after LASP2_NO_COMM calls (which send none), before the first call of a
-// communicating mode: credit[me] = *epoch (every epoch so far is finished here) on every PE before
-// this one on the chain.
-// Host: nvshmemx_barrier_all_on_stream; this kernel (grid (1, 1, 1), block (1, 1, 1));
-// nvshmemx_barrier_all_on_stream (every credit is in place before any writer waits for one).
+// Re-synchronises credits after LASP2_NO_COMM calls (lasp::exchange::grant_credits); the host
+// brackets it with nvshmemx_barrier_all_on_stream. grid (1, 1, 1), block (1, 1, 1).
 extern "C" __global__ void lasp_lasp2_grant_credits(const __grid_constant__ lasp_lasp2_params p) {
-  if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  const uint64_t done = *p.epoch;
-  for (int pos = 0; pos < lasp::l2::chain_position(p); ++pos)
-    nvshmemx_signal_op(p.credit + p.me, done, NVSHMEM_SIGNAL_SET, lasp::l2::chain_pe(p, pos));
-  nvshmem_quiet();
+  lasp::exchange::grant_credits(p);
 }

@@ -1,0 +1,218 @@
+//! The exchange of shard summaries between PEs, written once for every model family:
+//!
+//! * [`chain`]: one LASP-2 operation's exchange (epochs, modes, credits, the side stream, bounded
+//!   waits' diagnostics, the layout every PE agrees on), generic over the [`Family`] whose
+//!   summaries it moves;
+//! * [`schedule`]: how summaries travel ([`Schedule::AllGather`] today), with the symmetric
+//!   buffers and host-side collectives a schedule needs;
+//! * [`transport`]: the device-initiated all-gather and ping-pong primitives, standalone (the
+//!   exchange benchmark measures them against NCCL).
+//!
+//! The device side is `kernels/cuda/include/lasp/exchange/` (chain_params.h, chain.cuh); the
+//! protocol is kernels/docs/lasp2.md.
+//!
+//! [`Family`]: crate::family::Family
+
+pub mod chain;
+pub mod schedule;
+pub mod transport;
+
+pub use schedule::Schedule;
+
+use crate::family::Family;
+
+/// How the summaries move between PEs. Every PE must use the same mode in a call; every mode
+/// gives bitwise the same outputs (the fold and every other operation are the same).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ExchangeMode {
+    /// Producer CTAs put their PE's tile (forward: `(M_w, Λ_w)`) into the slots of the PEs that
+    /// fold it with signals; the consuming kernel waits on the signals (bounded) before its
+    /// prologue. No host collective, no stream sync.
+    Overlapped,
+    /// The same kernels with NCCL's all-gather of the slots between them.
+    SequentialNccl,
+    /// The same kernels with NVSHMEM's on-stream all-gather (`fcollect`) between them.
+    SequentialNvshmem,
+    /// The same kernels with no exchange at all: the cost of the compute alone. Outputs of PEs
+    /// other than the chain's first (forward: PE 0, backward: the last PE) are then not the
+    /// LASP-2 result.
+    NoComm,
+}
+
+impl ExchangeMode {
+    /// All modes, in benchmark order.
+    pub const ALL: [ExchangeMode; 4] = [
+        ExchangeMode::Overlapped,
+        ExchangeMode::SequentialNccl,
+        ExchangeMode::SequentialNvshmem,
+        ExchangeMode::NoComm,
+    ];
+
+    /// `enum lasp2_exchange_mode`.
+    pub(crate) fn kernel_mode(self) -> i32 {
+        match self {
+            ExchangeMode::NoComm => 0,
+            ExchangeMode::Overlapped => 1,
+            ExchangeMode::SequentialNccl | ExchangeMode::SequentialNvshmem => 2,
+        }
+    }
+
+    /// A number per mode, for checking that every PE asked for the same one.
+    pub(crate) fn code(self) -> u64 {
+        self.kernel_mode() as u64 * 2 + matches!(self, ExchangeMode::SequentialNvshmem) as u64
+    }
+}
+
+/// Which way the summaries travel (`enum lasp2_chain`): the PE at chain position `i` folds the
+/// summaries of positions `0..i` in that order and sends its own to positions `i+1..`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// The forward: position = PE; the prefix state toward every later PE.
+    Ascending = 0,
+    /// The backward: position = `npes - 1 - PE`; the state gradient toward every earlier PE
+    /// (through the transposed transition).
+    Descending = 1,
+}
+
+/// What every PE must agree on: it fixes the symmetric layouts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Lasp2Layout {
+    pub b: usize,
+    pub h: usize,
+    pub dk: usize,
+    pub dv: usize,
+}
+
+impl Lasp2Layout {
+    pub(crate) fn dims(&self) -> (i32, i32, i32, i32) {
+        (self.b as i32, self.h as i32, self.dk as i32, self.dv as i32)
+    }
+
+    /// Symmetric bytes one LASP-2 operation of family `F` allocates on each PE with the
+    /// all-gather schedule (size the runtime's heap with the sum over the operations).
+    pub fn symmetric_bytes<F: Family>(&self, npes: usize) -> usize {
+        Schedule::AllGather.symmetric_bytes(self, npes, F::summary_tile_floats(self.dk as i32))
+    }
+
+    /// A 64-bit digest of the family, the layout, the PE count, the direction, the schedule and
+    /// the size of the kernels' parameter struct: what every PE's instance must agree on.
+    pub(crate) fn fingerprint<F: Family>(
+        &self,
+        npes: usize,
+        direction: Direction,
+        schedule: Schedule,
+    ) -> u64 {
+        // FNV-1a over the fields: stable across builds and platforms (unlike std's hasher).
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        for v in [
+            F::KIND as usize,
+            self.b,
+            self.h,
+            self.dk,
+            self.dv,
+            npes,
+            direction as usize,
+            schedule as usize,
+            std::mem::size_of::<F::Lasp2Params>(),
+        ] {
+            for byte in (v as u64).to_le_bytes() {
+                h = (h ^ byte as u64).wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        }
+        h
+    }
+}
+
+/// The exchange's layouts and launch formulas (`lasp/exchange/chain_params.h`), for a family's
+/// summary tile of `tile_floats` floats.
+pub mod geometry {
+    /// `LASP2_TILE_V`: Dv columns of one exchanged tile.
+    pub const TILE_V: i32 = 64;
+
+    /// `lasp2_num_vtiles`.
+    pub const fn num_vtiles(dv: i32) -> i32 {
+        dv / TILE_V
+    }
+    /// `lasp2_slot_pe_floats`: one PE's slot in one parity.
+    pub const fn slot_pe_floats(b: i32, h: i32, dv: i32, tile_floats: u64) -> u64 {
+        b as u64 * h as u64 * num_vtiles(dv) as u64 * tile_floats
+    }
+    /// `lasp2_slots_bytes`.
+    pub const fn slots_bytes(npes: i32, b: i32, h: i32, dv: i32, tile_floats: u64) -> u64 {
+        2 * npes as u64 * slot_pe_floats(b, h, dv, tile_floats) * 4
+    }
+    /// `lasp2_signals_count`.
+    pub const fn signals_count(npes: i32, b: i32, h: i32, dv: i32) -> u64 {
+        2 * npes as u64 * b as u64 * h as u64 * num_vtiles(dv) as u64
+    }
+    /// `lasp2_gather_bytes`.
+    pub const fn gather_bytes(b: i32, h: i32, dv: i32, tile_floats: u64) -> u64 {
+        slot_pe_floats(b, h, dv, tile_floats) * 4
+    }
+    /// `lasp2_gather_recv_offset`.
+    pub const fn gather_recv_offset(
+        parity: i32,
+        npes: i32,
+        b: i32,
+        h: i32,
+        dv: i32,
+        tile_floats: u64,
+    ) -> u64 {
+        parity as u64 * npes as u64 * gather_bytes(b, h, dv, tile_floats)
+    }
+    /// `lasp2_gather_send_offset`.
+    pub const fn gather_send_offset(
+        parity: i32,
+        me: i32,
+        npes: i32,
+        b: i32,
+        h: i32,
+        dv: i32,
+        tile_floats: u64,
+    ) -> u64 {
+        (parity as u64 * npes as u64 + me as u64) * gather_bytes(b, h, dv, tile_floats)
+    }
+    /// `lasp2_timeline_words`.
+    pub const fn timeline_words(b: i32, h: i32, dv: i32, s: i32) -> u64 {
+        b as u64 * h as u64 * num_vtiles(dv) as u64 * (2 + 3 * s as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::scalar_decay::ScalarDecay;
+
+    #[test]
+    fn layouts_match_the_worked_example_of_the_notes() {
+        // B=4, H=16, Dk=Dv=128, 4 PEs, scalar decay (128 x 64 + 4 floats a tile): 4,196,352 B
+        // per PE and parity; 1,024 signal words.
+        let tile = 128 * 64 + 4;
+        assert_eq!(geometry::gather_bytes(4, 16, 128, tile), 4_196_352);
+        assert_eq!(geometry::slots_bytes(4, 4, 16, 128, tile), 33_570_816);
+        assert_eq!(geometry::signals_count(4, 4, 16, 128), 1024);
+        assert_eq!(
+            geometry::gather_send_offset(1, 2, 4, 4, 16, 128, tile),
+            6 * 4_196_352
+        );
+    }
+
+    #[test]
+    fn modes_and_fingerprints_distinguish_what_must_agree() {
+        let codes: std::collections::HashSet<u64> =
+            ExchangeMode::ALL.iter().map(|m| m.code()).collect();
+        assert_eq!(codes.len(), 4);
+        let a = Lasp2Layout {
+            b: 4,
+            h: 16,
+            dk: 128,
+            dv: 128,
+        };
+        let (up, all) = (Direction::Ascending, Schedule::AllGather);
+        let print = |l: Lasp2Layout, npes, d| l.fingerprint::<ScalarDecay>(npes, d, all);
+        assert_ne!(print(a, 4, up), print(a, 2, up));
+        assert_ne!(print(a, 4, up), print(Lasp2Layout { h: 8, ..a }, 4, up));
+        assert_ne!(print(a, 4, up), print(a, 4, Direction::Descending));
+        assert_eq!(print(a, 4, up), print(a, 4, up));
+    }
+}

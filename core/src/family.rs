@@ -1,0 +1,75 @@
+//! Model families: the host side of what differs between linear-RNN families in LASP-2. A family
+//! implements [`Family`] in its own folder under `ops/` (scalar decay:
+//! [`ScalarDecay`](crate::ops::scalar_decay::ScalarDecay)); the exchange
+//! ([`crate::exchange::chain::StateChain`]), its schedules, epochs, credits, modes, bounded waits
+//! and diagnostics are generic over it. The shard summaries per family
+//! (kernels/docs/maths.md, "LASP-2"):
+//!
+//! | family | summary that crosses GPUs | fold of the prefix P |
+//! |---|---|---|
+//! | scalar decay | M [Dk x Dv], Λ | e^Λ P + M |
+//! | GLA | M, Λ [Dk] | diag(e^Λ) P + M |
+//! | Gated DeltaNet | A [Dk x Dk], b [Dk x Dv] | A P + b |
+//! | mLSTM | C, n [Dk], stabiliser m, log forget sum F | both rescaled to max(F + m_P, m), added |
+
+use crate::error::Result;
+use crate::exchange::Lasp2Layout;
+
+/// The families the C ABI and the layout fingerprint know, by code (`LASP_FAMILY_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FamilyKind {
+    ScalarDecay = 1,
+    Gla = 2,
+    GatedDeltaNet = 3,
+    Mlstm = 4,
+}
+
+/// The exchange fields of a family's LASP-2 parameter struct: the ones
+/// `lasp/exchange/chain_params.h` lists, which the exchange's device code reads. The exchange
+/// fills them; the family fills the rest (its tensors, its workspace, its shapes).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ExchangeFields {
+    pub slots: u64,
+    pub signals: u64,
+    pub credit: u64,
+    pub epoch: u64,
+    pub diag: u64,
+    pub timeout_ns: u64,
+    pub b: i32,
+    pub h: i32,
+    pub dk: i32,
+    pub dv: i32,
+    pub me: i32,
+    pub npes: i32,
+    pub exchange_mode: i32,
+    pub chain: i32,
+}
+
+/// One family's side of LASP-2 on the host.
+pub trait Family {
+    /// Its code in the C ABI and the layout fingerprint.
+    const KIND: FamilyKind;
+    /// Its name in messages ("scalar decay").
+    const NAME: &'static str;
+    /// The C parameter struct its LASP-2 kernels take (by value).
+    type Lasp2Params: Copy;
+    /// The kernel that computes the PE's summary tile into its own slot and publishes it
+    /// (`lasp::exchange::send_credits` and `publish_tile`), per (Dv tile, head).
+    const SUMMARY_KERNEL: &'static str;
+    /// `lasp::exchange::advance_epoch` for its params struct.
+    const ADVANCE_EPOCH_KERNEL: &'static str;
+    /// `lasp::exchange::grant_credits` for its params struct.
+    const GRANT_CREDITS_KERNEL: &'static str;
+    /// Threads per CTA of the summary kernel.
+    const SUMMARY_THREADS: u32;
+
+    /// Floats of one summary tile (one head, 64 Dv columns), a multiple of 4.
+    fn summary_tile_floats(dk: i32) -> u64;
+
+    /// Checks that the family's kernels support `layout`.
+    fn validate_layout(layout: &Lasp2Layout) -> Result<()>;
+
+    /// Its params struct with the exchange's fields set and everything else zero (NULL).
+    fn lasp2_params(fields: ExchangeFields) -> Self::Lasp2Params;
+}

@@ -1,0 +1,58 @@
+//! Scalar decay as a [`Family`]: its summary tile (M, Λ) and the kernels of its exchange.
+
+use super::lasp2::{geometry, Lasp2Params};
+use super::ForwardShape;
+use crate::error::Result;
+use crate::exchange::Lasp2Layout;
+use crate::family::{ExchangeFields, Family, FamilyKind};
+
+/// Scalar-decay linear attention (simple GLA, RetNet, Lightning): one log-decay per token and
+/// head; the summary is the shard's end state from zero M and its log-decay Λ, folded as
+/// `e^Λ P + M`.
+#[derive(Clone, Copy, Debug)]
+pub struct ScalarDecay;
+
+impl Family for ScalarDecay {
+    const KIND: FamilyKind = FamilyKind::ScalarDecay;
+    const NAME: &'static str = "scalar decay";
+    type Lasp2Params = Lasp2Params;
+    const SUMMARY_KERNEL: &'static str = "lasp_lasp2_fold_put";
+    const ADVANCE_EPOCH_KERNEL: &'static str = "lasp_lasp2_advance_epoch";
+    const GRANT_CREDITS_KERNEL: &'static str = "lasp_lasp2_grant_credits";
+    const SUMMARY_THREADS: u32 = geometry::FOLD_THREADS;
+
+    fn summary_tile_floats(dk: i32) -> u64 {
+        geometry::slot_tile_floats(dk)
+    }
+
+    fn validate_layout(layout: &Lasp2Layout) -> Result<()> {
+        ForwardShape {
+            b: layout.b,
+            t: 1,
+            h: layout.h,
+            dk: layout.dk,
+            dv: layout.dv,
+        }
+        .validate()
+    }
+
+    fn lasp2_params(f: ExchangeFields) -> Lasp2Params {
+        Lasp2Params {
+            slots: f.slots,
+            signals: f.signals,
+            credit: f.credit,
+            epoch: f.epoch,
+            diag: f.diag,
+            timeout_ns: f.timeout_ns,
+            b: f.b,
+            h: f.h,
+            dk: f.dk,
+            dv: f.dv,
+            me: f.me,
+            npes: f.npes,
+            exchange_mode: f.exchange_mode,
+            chain: f.chain,
+            ..Default::default()
+        }
+    }
+}

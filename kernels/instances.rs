@@ -1,0 +1,96 @@
+// The one table of kernel instantiations: every templated kernel the cubin exports, by the
+// source that defines its body. `build.rs` includes this file to write the `extern "C"` wrappers
+// (appended to their source's compilation unit) and the Rust constants that name them
+// (`lasp_shmem_kernels::instances`), so the host never spells a kernel's name by hand.
+//
+// A row with `{dk}` in its name is instantiated once per key width in `DK_WIDTHS`, with `{dk}`
+// replaced in the name and in `call`; its constant is then an array indexed like `DK_WIDTHS`.
+
+/// Key widths every per-Dk kernel is built for.
+pub const DK_WIDTHS: [u32; 2] = [64, 128];
+
+/// One exported kernel (or one per key width).
+pub struct Instance {
+    /// The Rust constant that names it (upper case).
+    pub constant: &'static str,
+    /// The exported name; `{dk}` is the key width.
+    pub name: &'static str,
+    /// The source (relative to `kernels/cuda`) whose compilation unit defines the body.
+    pub source: &'static str,
+    /// `__launch_bounds__` arguments.
+    pub bounds: &'static str,
+    /// The C parameter struct, passed by value as a `__grid_constant__`.
+    pub params: &'static str,
+    /// The body: a call with the parameters named `p`.
+    pub call: &'static str,
+}
+
+const fn row(
+    constant: &'static str,
+    name: &'static str,
+    source: &'static str,
+    bounds: &'static str,
+    params: &'static str,
+    call: &'static str,
+) -> Instance {
+    Instance {
+        constant,
+        name,
+        source,
+        bounds,
+        params,
+        call,
+    }
+}
+
+const SD_FORWARD: &str = "scalar_decay/forward.cu";
+const SD_BACKWARD: &str = "scalar_decay/backward.cu";
+const SD_LASP2_FORWARD: &str = "scalar_decay/lasp2_forward.cu";
+const SD_LASP2_BACKWARD: &str = "scalar_decay/lasp2_backward.cu";
+const SD_PARAMS: &str = "lasp_scalar_decay_params";
+const SD_ROLES_PARAMS: &str = "lasp_sd_roles_params";
+const SD_THREADS: &str = "LASP_SD_THREADS, 1";
+const SD_ROLES_THREADS: &str = "LASP_SD_ROLES_THREADS, 1";
+const L2_PARAMS: &str = "lasp_lasp2_params";
+
+/// Every templated kernel. Template arguments of `run_segment`: key width, output pass, probe,
+/// two roles, reversed time axis, block states (lasp/scalar_decay/chunk.cuh).
+pub const INSTANCES: &[Instance] = &[
+    // The scalar-decay forward (single GPU) and the time-reversed builds its backward uses.
+    row("SD_STATES", "lasp_scalar_decay_states_dk{dk}", SD_FORWARD, SD_THREADS, SD_PARAMS,
+        "lasp::sd::run_segment<{dk}, false>(p)"),
+    row("SD_OUTPUT", "lasp_scalar_decay_output_dk{dk}", SD_FORWARD, SD_THREADS, SD_PARAMS,
+        "lasp::sd::run_segment<{dk}, true>(p)"),
+    row("SD_STATES_REVERSED", "lasp_scalar_decay_states_reversed_dk{dk}", SD_FORWARD, SD_THREADS,
+        SD_PARAMS, "lasp::sd::run_segment<{dk}, false, lasp::sd::Probe::kNone, false, true>(p)"),
+    row("SD_OUTPUT_REVERSED", "lasp_scalar_decay_output_reversed_dk{dk}", SD_FORWARD, SD_THREADS,
+        SD_PARAMS, "lasp::sd::run_segment<{dk}, true, lasp::sd::Probe::kNone, false, true>(p)"),
+    row("SD_OUTPUT_BLOCK_STATES", "lasp_scalar_decay_output_block_states_dk{dk}", SD_FORWARD,
+        SD_THREADS, SD_PARAMS,
+        "lasp::sd::run_segment<{dk}, true, lasp::sd::Probe::kNone, false, false, true>(p)"),
+    row("SD_OUTPUT_REVERSED_BLOCK_STATES", "lasp_scalar_decay_output_reversed_block_states_dk{dk}",
+        SD_FORWARD, SD_THREADS, SD_PARAMS,
+        "lasp::sd::run_segment<{dk}, true, lasp::sd::Probe::kNone, false, true, true>(p)"),
+    row("SD_OUTPUT_ROLES", "lasp_scalar_decay_output_roles_dk{dk}", SD_FORWARD, SD_ROLES_THREADS,
+        SD_ROLES_PARAMS, "lasp::sd::run_roles_output<{dk}, false>(p)"),
+    row("SD_OUTPUT_ROLES_BLOCK_STATES", "lasp_scalar_decay_output_roles_block_states_dk{dk}",
+        SD_FORWARD, SD_ROLES_THREADS, SD_ROLES_PARAMS, "lasp::sd::run_roles_output<{dk}, true>(p)"),
+    row("SD_OUTPUT_PROBE_MEMORY", "lasp_scalar_decay_output_dk{dk}_probe_memory", SD_FORWARD,
+        SD_THREADS, SD_PARAMS, "lasp::sd::run_segment<{dk}, true, lasp::sd::Probe::kMemory>(p)"),
+    row("SD_OUTPUT_PROBE_COMPUTE", "lasp_scalar_decay_output_dk{dk}_probe_compute", SD_FORWARD,
+        SD_THREADS, SD_PARAMS, "lasp::sd::run_segment<{dk}, true, lasp::sd::Probe::kCompute>(p)"),
+    row("SD_OUTPUT_PROBE_NO_EXP", "lasp_scalar_decay_output_dk{dk}_probe_no_exp", SD_FORWARD,
+        SD_THREADS, SD_PARAMS, "lasp::sd::run_segment<{dk}, true, lasp::sd::Probe::kNoExp>(p)"),
+    // Its backward's gate terms.
+    row("SD_BWD_GATE_TERMS", "lasp_sd_bwd_gate_terms_dk{dk}", SD_BACKWARD,
+        "LASP_SDB_TERM_THREADS", "lasp_sd_bwd_params", "gate_terms<{dk}>(p)"),
+    // Its LASP-2 forward and backward.
+    row("SD_LASP2_STATES", "lasp_lasp2_states_dk{dk}", SD_LASP2_FORWARD, "LASP2_THREADS, 1",
+        L2_PARAMS, "lasp::l2::shard_states<{dk}, false>(p)"),
+    row("SD_LASP2_OUTPUT", "lasp_lasp2_output_dk{dk}", SD_LASP2_FORWARD, "LASP2_THREADS, 1",
+        L2_PARAMS, "lasp::l2::output<{dk}>(p)"),
+    row("SD_LASP2_STATES_REVERSED", "lasp_lasp2_states_reversed_dk{dk}", SD_LASP2_BACKWARD,
+        "LASP2_THREADS, 1", L2_PARAMS, "lasp::l2::shard_states<{dk}, true>(p)"),
+    row("SD_LASP2_CARRY_IN", "lasp_lasp2_carry_in_dk{dk}", SD_LASP2_BACKWARD, "LASP2_THREADS",
+        L2_PARAMS, "lasp::l2::carry_in<{dk}>(p)"),
+];
