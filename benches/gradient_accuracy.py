@@ -11,10 +11,10 @@ peer is fla's `chunk_gla` with the scalar gate broadcast over Dk (its dg summed 
 `chunk_simple_gla` backward refuses to run with Triton 3.4 - 3.7.0 on Hopper, `chunk_gla`'s does.
 Four gate regimes (log-decays per token): typical logsigmoid(x)/16, x ~ N(0, 1); mixed 0 (45 %),
 -20 (10 %) or typical; strong -30 u, u ~ U(0, 1); none 0. With W > 1 every rank first runs its
-shard of the LASP-2 rows (our lasp_lasp2_backward, the shards' gradients gathered); then the
-problems are dealt out to the ranks, each running its share of the single-GPU rows (our
-lasp_scalar_decay_backward), the float64 references and fla on the whole sequences, so that fla's
-Triton compilation and autotuning happen once per rank, side by side.
+shard of the LASP-2 rows (our lasp_op_backward of a LASP-2 op, the shards' gradients gathered);
+then the problems are dealt out to the ranks, each running its share of the single-GPU rows (our
+lasp_op_backward of a single-GPU op), the float64 references and fla on the whole sequences, so
+that fla's Triton compilation and autotuning happen once per rank, side by side.
 
 The run fails (exit 1) where our dg is worse than 2x fla's or than 5e-3, or where dq, dk, dv or
 dh0 exceed 5e-3. Rank 0 writes `--out`: device, commit, date, rows (regime, W, B, T, H, Dk, Dv,
@@ -23,7 +23,6 @@ compute-sanitizer tool's error count, from scripts/sanitize.sh's JSON).
 """
 
 import argparse
-import ctypes
 import datetime
 import json
 import os
@@ -85,12 +84,11 @@ def ours_single(lasp, runtime, q, k, v, g, h0, grad_o, grad_ht):
     grads = [torch.empty_like(x) for x in (q, k, v, g, h0)]
     for x in grads:
         x.fill_(float("nan"))
-    op = ctypes.c_void_p()
-    lasp.scalar_decay_grad_create(runtime, ctypes.byref(op))
-    args = lt.backward_args(q, k, v, g, h0, grad_o, grad_ht, *grads)
-    lasp.scalar_decay_backward(op, lt.current_stream(), ctypes.byref(args))
+    b, _, h, d = q.shape
+    op = lt.Op(lasp, runtime, lt.KIND_SINGLE_GPU, b, h, d, d)
+    op.backward(lt.backward_args(q, k, v, g, h0, grad_o, grad_ht, *grads))
     torch.cuda.synchronize()
-    lasp.scalar_decay_grad_free(op)
+    op.free()
     return grads
 
 

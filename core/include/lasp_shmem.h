@@ -24,31 +24,45 @@
  * A malformed LASP_WAIT_TIMEOUT_MS (a positive number of milliseconds) or NVSHMEM_SYMMETRIC_SIZE
  * is an error at init, never silently replaced by a default.
  *
- * Then, per layout: lasp_lasp2_create (collective), lasp_lasp2_forward on the caller's stream
- * with its own device pointers (not collective: the ranks meet through device signals), and at
- * the end lasp_lasp2_free and lasp_runtime_shutdown (both collective).
+ * Operations: one object, lasp_op, for every family of linear attention (scalar decay today;
+ * GLA, Gated DeltaNet and mLSTM are reserved), run on one GPU or across the ranks (LASP-2). A
+ * versioned descriptor (lasp_op_desc) says which family, kind, exchange schedule and mode, and the
+ * layout; lasp_op_create makes it (collective for LASP-2). Each call passes its scalars in a
+ * lasp_call and its tensors in named slots (lasp_tensors, indexed by LASP_SLOT_*) on the caller's
+ * stream: lasp_op_forward, and lasp_op_backward on an op created with LASP_OP_WITH_BACKWARD.
+ * A new family or schedule adds descriptor values and slots, never functions.
  *
- * Training: lasp_lasp2_forward_saving also writes the state this rank's shard starts from;
- * keep it, and pass it as args.h0 of lasp_lasp2_backward on a lasp_lasp2_grad of the same
- * layout (lasp_lasp2_grad_create, collective). The backward sends the state gradients down the
- * ranks the way the forward sends the states up: every rank calls it once per forward call,
- * in the same order. The single-GPU pair is lasp_scalar_decay_forward / _backward.
+ * Training with LASP-2: fill LASP_SLOT_START_STATE in the forward call; it receives the state
+ * this rank's shard starts from. Keep it and pass it in the same slot to the backward, which
+ * sends the state gradients down the ranks the way the forward sends the states up: every rank
+ * calls it once per forward call, in the same order. Calls are not collective (the ranks meet
+ * through device signals); lasp_op_create, lasp_op_set_mode and lasp_op_free are.
+ *
+ * Every struct begins with struct_size (= sizeof at the caller's compile time); the library
+ * rejects a size it does not know, non-zero reserved fields, unknown families, kinds, schedules,
+ * modes, flags and slots, a slot the call does not read, a missing tensor, a wrong dtype or
+ * element count, each with a message that says what to do. Zero-initialise the structs
+ * (lasp_op_desc desc = {0}; or memset) and fill what you use.
  *
  * Every function returns LASP_OK or an error status; lasp_last_error() then says what went
  * wrong and what to do. Arguments are checked before anything is enqueued: a bad shape, a host
  * pointer, a tensor of another GPU, one shorter than its shape, a stream of another context or
  * ranks that disagree on the layout or mode fail before any state moves. Every wait on another
- * GPU is bounded (options.wait_timeout_ms); an expired one makes lasp_lasp2_finish return
+ * GPU is bounded (options.wait_timeout_ms); an expired one makes lasp_op_finish return
  * LASP_ERROR_PEER_TIMEOUT naming the rank that never sent, the signal slot and the epoch.
  *
  * Threads: a handle may be used from any thread; calls on one handle are serialised.
- * Graphs: lasp_lasp2_forward and lasp_lasp2_backward may be captured into a CUDA graph after
- * one uncaptured call of the same shape (which sizes the workspace; a captured call that would
- * have to allocate it is refused with LASP_ERROR_INVALID_ARGUMENT); replays advance the epoch on
- * the device. The
- * sequential modes pick their slot half on the host, by the parity of the call: capture an even
- * number of their calls per graph (or one graph per parity), and report replays with
- * lasp_lasp2_note_replayed_calls (lasp_lasp2_grad_note_replayed_calls).
+ * Graphs: lasp_op_forward and lasp_op_backward may be captured into a CUDA graph after one
+ * uncaptured call of the same shape (which sizes the workspace; a captured call that would have
+ * to allocate it is refused with LASP_ERROR_INVALID_ARGUMENT); replays advance the epoch on the
+ * device. The sequential modes pick their slot half on the host, by the parity of the call:
+ * capture an even number of their calls per graph (or one graph per parity), and report replays
+ * with lasp_op_note_replayed_calls.
+ *
+ * ABI 2 replaced ABI 1's per-operation functions (lasp_lasp2_*, lasp_lasp2_grad_*,
+ * lasp_scalar_decay_*, lasp_scalar_decay_grad_*) and its lasp_forward_args /
+ * lasp_backward_args by lasp_op; they were removed, not kept as wrappers, so that there is one
+ * way to call each operation.
  */
 #ifndef LASP_SHMEM_H
 #define LASP_SHMEM_H
@@ -60,7 +74,7 @@
 extern "C" {
 #endif
 
-#define LASP_SHMEM_ABI_VERSION 1u
+#define LASP_SHMEM_ABI_VERSION 2u
 
 /* Status codes. */
 typedef int32_t lasp_status;
@@ -80,33 +94,91 @@ typedef int32_t lasp_status;
                                          bug to report */
 #define LASP_ERROR_BUILD 11           /* built without a kernel this call or GPU needs: rebuild */
 
-/* Exchange modes of the LASP-2 forward and backward. Outputs are bitwise the same in all but
- * NO_COMM. */
+/* Families of linear attention (lasp_op_desc.family). The reserved ones are rejected with
+ * "not available in this build" until a release implements them. */
+#define LASP_FAMILY_SCALAR_DECAY 1 /* S_t = e^{g_t} S_{t-1} + k_t^T v_t: simple GLA, RetNet */
+#define LASP_FAMILY_GLA 2          /* reserved: per-key gates g [B, T, H, Dk] */
+#define LASP_FAMILY_GATED_DELTA 3  /* reserved: Gated DeltaNet, g and beta [B, T, H] */
+#define LASP_FAMILY_MLSTM 4        /* reserved: input and forget gate pre-activations */
+
+/* Where an operation runs (lasp_op_desc.kind). */
+#define LASP_KIND_SINGLE_GPU 1 /* whole sequences on this rank's GPU, no exchange */
+#define LASP_KIND_LASP2 2      /* sequence parallel: this rank holds a shard of every sequence */
+
+/* How LASP-2 moves the states between ranks (lasp_op_desc.schedule; 0 on one GPU). */
+#define LASP_SCHEDULE_AUTO 0            /* the library's choice: LASP_SCHEDULE_ALL_GATHER today */
+#define LASP_SCHEDULE_ALL_GATHER 1      /* every rank sends its state tile to every later rank */
+#define LASP_SCHEDULE_PIPELINED_CHAIN 2 /* reserved: each rank folds and forwards to the next */
+
+/* Exchange modes of LASP-2 (lasp_op_desc.mode, lasp_op_set_mode; 0 on one GPU). Outputs are
+ * bitwise the same in all but NO_COMM. */
 #define LASP_MODE_OVERLAPPED 0         /* device puts with signals, hidden behind compute */
 #define LASP_MODE_SEQUENTIAL_NCCL 1    /* the same kernels around NCCL's all-gather */
 #define LASP_MODE_SEQUENTIAL_NVSHMEM 2 /* the same kernels around NVSHMEM's fcollect */
 #define LASP_MODE_NO_COMM 3            /* no exchange: the compute's cost alone (timing only) */
 
+/* lasp_op_desc.flags. */
+#define LASP_OP_WITH_BACKWARD 1u /* also create the backward (at lasp_op_create, collectively,
+                                    so that no call allocates symmetric memory; LASP-2 then
+                                    needs twice lasp_op_symmetric_bytes of a forward alone) */
+
+/* Element types (lasp_tensor.dtype; 0 in an empty slot). */
+#define LASP_DTYPE_BF16 1
+#define LASP_DTYPE_F16 2
+#define LASP_DTYPE_F32 3
+#define LASP_DTYPE_I32 4
+#define LASP_DTYPE_I64 5
+
+/* Tensor slots (lasp_tensors.slot[LASP_SLOT_*]), fla's layout, contiguous, on the runtime's GPU.
+ * A call reads the slots its family and direction use (below for scalar decay) and rejects any
+ * other slot that is not empty. Slots are only ever appended, up to LASP_SLOT_CAPACITY.
+ * Scalar decay, forward:  Q, K [B, T, H, Dk] bf16; V [B, T, H, Dv] bf16; G [B, T, H] fp32
+ *                         log-decays, finite and <= 0; H0 [B, H, Dk, Dv] fp32 or empty for zero;
+ *                         O [B, T, H, Dv] bf16 out; HT [B, H, Dk, Dv] fp32 out, or empty (LASP-2:
+ *                         last rank only); START_STATE (LASP-2) [B, H, Dk, Dv] fp32 out, or empty.
+ * Scalar decay, backward: the forward's Q, K, V, G; one GPU: its H0 (or empty), LASP-2: the
+ *                         START_STATE the forward wrote on this rank; DO [B, T, H, Dv] bf16; DHT
+ *                         [B, H, Dk, Dv] fp32 or empty for zero (LASP-2: last rank only); DQ, DK,
+ *                         DV, DG out, as Q, K, V, G; DH0 out, as H0, or empty (LASP-2: rank 0). */
+#define LASP_SLOT_Q 0
+#define LASP_SLOT_K 1
+#define LASP_SLOT_V 2
+#define LASP_SLOT_G 3
+#define LASP_SLOT_BETA 4 /* reserved (Gated DeltaNet) */
+#define LASP_SLOT_H0 5
+#define LASP_SLOT_O 6
+#define LASP_SLOT_HT 7
+#define LASP_SLOT_START_STATE 8
+#define LASP_SLOT_DO 9
+#define LASP_SLOT_DHT 10
+#define LASP_SLOT_DQ 11
+#define LASP_SLOT_DK 12
+#define LASP_SLOT_DV 13
+#define LASP_SLOT_DG 14
+#define LASP_SLOT_DBETA 15      /* reserved (Gated DeltaNet) */
+#define LASP_SLOT_DH0 16
+#define LASP_SLOT_CU_SEQLENS 17 /* reserved: sequence boundaries of a packed batch */
+#define LASP_SLOT_COUNT 18      /* slots this header defines */
+#define LASP_SLOT_CAPACITY 32   /* room in lasp_tensors: new slots need no new struct size */
+
 /* A CUstream or cudaStream_t (both are this type). NULL is the legacy default stream. */
 typedef struct CUstream_st *lasp_stream;
 
 typedef struct lasp_runtime lasp_runtime;
-typedef struct lasp_lasp2 lasp_lasp2;             /* LASP-2 forward */
-typedef struct lasp_lasp2_grad lasp_lasp2_grad;   /* LASP-2 backward */
-typedef struct lasp_scalar_decay lasp_scalar_decay;           /* one GPU, forward */
-typedef struct lasp_scalar_decay_grad lasp_scalar_decay_grad; /* one GPU, backward */
+typedef struct lasp_op lasp_op;
 
 typedef struct lasp_runtime_options {
+  uint32_t struct_size;          /* sizeof(lasp_runtime_options) */
   uint32_t abi_version;          /* LASP_SHMEM_ABI_VERSION */
-  uint32_t reserved;             /* 0 */
-  uint64_t symmetric_heap_bytes; /* 0: 256 MiB; sum lasp_lasp2_symmetric_bytes of the ops;
+  uint64_t symmetric_heap_bytes; /* 0: 256 MiB; sum lasp_op_symmetric_bytes of the ops;
                                     NVSHMEM_SYMMETRIC_SIZE must hold it (see Environment) */
   uint64_t wait_timeout_ms;      /* 0: LASP_WAIT_TIMEOUT_MS, else 10 s */
   const char *nvshmem_library;   /* NULL: NVSHMEM_HOME, else the usual places */
 } lasp_runtime_options;
 
 /* This process's place in the job, as torchrun's RANK, WORLD_SIZE, LOCAL_RANK and
- * LOCAL_WORLD_SIZE give it. The local rank selects the GPU. */
+ * LOCAL_WORLD_SIZE give it. The local rank selects the GPU. (Four numbers that will not grow:
+ * no struct_size.) */
 typedef struct lasp_place {
   int32_t rank;
   int32_t world_size;
@@ -118,61 +190,64 @@ typedef struct lasp_unique_id {
   uint8_t bytes[128];
 } lasp_unique_id;
 
-/* One call's tensors, fla's layout, contiguous, on the runtime's GPU. */
-typedef struct lasp_forward_args {
-  int64_t batch;   /* B */
-  int64_t tokens;  /* T: this rank's tokens per sequence (LASP-2: its shard) */
-  int64_t heads;   /* H */
-  int64_t dk;      /* 64 or 128 */
-  int64_t dv;      /* a multiple of 64 */
-  const void *q;   /* [B, T, H, Dk] bf16, 16-byte aligned */
-  const void *k;   /* [B, T, H, Dk] bf16, 16-byte aligned */
-  const void *v;   /* [B, T, H, Dv] bf16, 16-byte aligned */
-  const float *g;  /* [B, T, H] fp32 log-decays, finite and <= 0 */
-  const float *h0; /* [B, H, Dk, Dv] fp32 initial state, or NULL for zero */
-  void *o;         /* [B, T, H, Dv] bf16 output, 16-byte aligned */
-  float *ht;       /* [B, H, Dk, Dv] fp32 final state, or NULL (LASP-2: last rank only) */
-  float scale;     /* sigma in o_t = sigma q_t S_t; 0 for Dk^-1/2 */
-  uint32_t reserved; /* 0 */
-} lasp_forward_args;
+/* What an operation is: fixed at creation (LASP-2: every rank passes the same). */
+typedef struct lasp_op_desc {
+  uint32_t struct_size; /* sizeof(lasp_op_desc) */
+  uint32_t abi_version; /* LASP_SHMEM_ABI_VERSION */
+  int32_t family;       /* LASP_FAMILY_* */
+  int32_t kind;         /* LASP_KIND_* */
+  int32_t schedule;     /* LASP_SCHEDULE_* (LASP-2; 0 on one GPU) */
+  int32_t mode;         /* LASP_MODE_* (LASP-2; 0 on one GPU) */
+  int64_t batch;        /* B */
+  int64_t heads;        /* H */
+  int64_t dk;           /* 64 or 128 */
+  int64_t dv;           /* a multiple of 64; 64 or 128 with LASP_OP_WITH_BACKWARD */
+  int64_t tokens;       /* T of every call (LASP-2: this rank's shard), or 0: given per call */
+  uint64_t flags;       /* LASP_OP_* */
+  uint64_t reserved[8]; /* 0 */
+} lasp_op_desc;
 
-/* One backward call's tensors, fla's layout, contiguous, on the runtime's GPU. The inputs are
- * the forward's and the gradients of its outputs; every grad_* output is written whole. */
-typedef struct lasp_backward_args {
-  int64_t batch;          /* B */
-  int64_t tokens;         /* T: as in the forward call */
-  int64_t heads;          /* H */
-  int64_t dk;             /* 64 or 128 */
-  int64_t dv;             /* 64 or 128 */
-  const void *q;          /* the forward's q [B, T, H, Dk] bf16 */
-  const void *k;          /* the forward's k [B, T, H, Dk] bf16 */
-  const void *v;          /* the forward's v [B, T, H, Dv] bf16 */
-  const float *g;         /* the forward's g [B, T, H] fp32 */
-  const float *h0;        /* [B, H, Dk, Dv] fp32 or NULL for zero: the forward's h0; LASP-2: the
-                             start_state of lasp_lasp2_forward_saving on this rank */
-  const void *grad_o;     /* [B, T, H, Dv] bf16 */
-  const float *grad_ht;   /* [B, H, Dk, Dv] fp32 or NULL for zero (LASP-2: last rank only) */
-  void *grad_q;           /* [B, T, H, Dk] bf16 */
-  void *grad_k;           /* [B, T, H, Dk] bf16 */
-  void *grad_v;           /* [B, T, H, Dv] bf16 */
-  float *grad_g;          /* [B, T, H] fp32 */
-  float *grad_h0;         /* [B, H, Dk, Dv] fp32 or NULL (LASP-2: rank 0 only) */
-  float scale;            /* the forward's scale; 0 for Dk^-1/2 */
-  uint32_t reserved;      /* 0 */
-} lasp_backward_args;
+/* One call's scalars. */
+typedef struct lasp_call {
+  uint32_t struct_size; /* sizeof(lasp_call) */
+  float scale;          /* sigma in o_t = sigma q_t S_t; 0 for Dk^-1/2; the backward: the
+                           forward's */
+  int64_t tokens;       /* T: tokens per sequence (LASP-2: this rank's shard; ranks may
+                           differ); 0: desc.tokens */
+  uint64_t reserved[6]; /* 0 */
+} lasp_call;
 
-#if defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
-_Static_assert(sizeof(lasp_runtime_options) == 32, "lasp_runtime_options layout");
-_Static_assert(sizeof(lasp_place) == 16, "lasp_place layout");
-_Static_assert(sizeof(lasp_unique_id) == 128, "lasp_unique_id layout");
-_Static_assert(sizeof(lasp_forward_args) == 104, "lasp_forward_args layout");
-_Static_assert(sizeof(lasp_backward_args) == 144, "lasp_backward_args layout");
-#elif defined(__cplusplus)
-static_assert(sizeof(lasp_runtime_options) == 32, "lasp_runtime_options layout");
-static_assert(sizeof(lasp_place) == 16, "lasp_place layout");
-static_assert(sizeof(lasp_unique_id) == 128, "lasp_unique_id layout");
-static_assert(sizeof(lasp_forward_args) == 104, "lasp_forward_args layout");
-static_assert(sizeof(lasp_backward_args) == 144, "lasp_backward_args layout");
+/* One tensor: a device address, its element count and type. All zero: an empty slot. */
+typedef struct lasp_tensor {
+  uint64_t data;    /* device address (torch: tensor.data_ptr()) */
+  int64_t numel;    /* elements */
+  int32_t dtype;    /* LASP_DTYPE_* */
+  int32_t reserved; /* 0 */
+} lasp_tensor;
+
+/* One call's tensors by slot. Optional outputs (HT, START_STATE, DH0) are asked for by filling
+ * their slot, optional inputs (H0, DHT) are zero when empty: the slot is the one place that says
+ * so, with no flag to keep in step with it. */
+typedef struct lasp_tensors {
+  uint32_t struct_size; /* sizeof(lasp_tensors) */
+  uint32_t reserved;    /* 0 */
+  lasp_tensor slot[LASP_SLOT_CAPACITY];
+} lasp_tensors;
+
+#if defined(__cplusplus)
+#define LASP_STATIC_ASSERT static_assert
+#elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+#define LASP_STATIC_ASSERT _Static_assert
+#endif
+#ifdef LASP_STATIC_ASSERT
+LASP_STATIC_ASSERT(sizeof(lasp_runtime_options) == 32, "lasp_runtime_options layout");
+LASP_STATIC_ASSERT(sizeof(lasp_place) == 16, "lasp_place layout");
+LASP_STATIC_ASSERT(sizeof(lasp_unique_id) == 128, "lasp_unique_id layout");
+LASP_STATIC_ASSERT(sizeof(lasp_op_desc) == 136, "lasp_op_desc layout");
+LASP_STATIC_ASSERT(sizeof(lasp_call) == 64, "lasp_call layout");
+LASP_STATIC_ASSERT(sizeof(lasp_tensor) == 24, "lasp_tensor layout");
+LASP_STATIC_ASSERT(sizeof(lasp_tensors) == 776, "lasp_tensors layout");
+#undef LASP_STATIC_ASSERT
 #endif
 
 /* LASP_SHMEM_ABI_VERSION of the library. */
@@ -190,45 +265,40 @@ lasp_status lasp_runtime_init(const lasp_runtime_options *options, const lasp_pl
 lasp_status lasp_runtime_init_from_env(const lasp_runtime_options *options,
                                        lasp_runtime **runtime); /* collective */
 lasp_status lasp_runtime_place(const lasp_runtime *runtime, lasp_place *place);
-/* Collective; fails (and the handle stays valid) while an operation handle is alive. */
+/* Collective; fails (and the handle stays valid) while an operation is alive. */
 lasp_status lasp_runtime_shutdown(lasp_runtime *runtime);
 
-/* LASP-2 forward across the ranks. */
-lasp_status lasp_lasp2_symmetric_bytes(int64_t batch, int64_t heads, int64_t dk, int64_t dv,
-                                       int32_t world_size, uint64_t *bytes);
-lasp_status lasp_lasp2_create(const lasp_runtime *runtime, int64_t batch, int64_t heads,
-                              int64_t dk, int64_t dv, int32_t mode,
-                              lasp_lasp2 **op); /* collective */
-lasp_status lasp_lasp2_set_mode(lasp_lasp2 *op, int32_t mode); /* collective */
-lasp_status lasp_lasp2_forward(lasp_lasp2 *op, lasp_stream stream, const lasp_forward_args *args);
-/* The same, also writing start_state [B, H, Dk, Dv] fp32 for the backward. */
-lasp_status lasp_lasp2_forward_saving(lasp_lasp2 *op, lasp_stream stream,
-                                      const lasp_forward_args *args, float *start_state);
+/* Operations. */
+
+/* Symmetric memory per rank that lasp_op_create(desc) allocates on npes ranks (0 on one GPU),
+ * to size options.symmetric_heap_bytes before init. Checks desc as lasp_op_create does. */
+lasp_status lasp_op_symmetric_bytes(const lasp_op_desc *desc, int32_t npes, uint64_t *bytes);
+/* Collective for LASP-2: every rank passes the same descriptor, or every rank gets an error
+ * naming the ranks that differ. The descriptor is checked before the runtime is used. */
+lasp_status lasp_op_create(const lasp_runtime *runtime, const lasp_op_desc *desc, lasp_op **op);
+/* Enqueue one call on stream; every argument is checked before anything is enqueued. The
+ * tensors must stay valid, and unwritten by anything else, until the call completes. */
+lasp_status lasp_op_forward(lasp_op *op, lasp_stream stream, const lasp_call *call,
+                            const lasp_tensors *tensors);
+lasp_status lasp_op_backward(lasp_op *op, lasp_stream stream, const lasp_call *call,
+                             const lasp_tensors *tensors);
+/* Checks a call against a descriptor as lasp_op_forward (direction 0) or lasp_op_backward (1)
+ * does, up to the device pointers and the stream, with no runtime or GPU: for the tests of a
+ * binding. */
+#define LASP_DIRECTION_FORWARD 0
+#define LASP_DIRECTION_BACKWARD 1
+lasp_status lasp_op_check_call(const lasp_op_desc *desc, int32_t direction, const lasp_call *call,
+                               const lasp_tensors *tensors);
+/* LASP-2: switches every rank's forward and backward to another LASP_MODE_* (collective). */
+lasp_status lasp_op_set_mode(lasp_op *op, int32_t mode);
 /* Synchronises stream; LASP_ERROR_PEER_TIMEOUT if a wait of an earlier call expired. */
-lasp_status lasp_lasp2_finish(lasp_lasp2 *op, lasp_stream stream);
-lasp_status lasp_lasp2_note_replayed_calls(lasp_lasp2 *op, uint64_t calls);
-lasp_status lasp_lasp2_free(lasp_lasp2 *op); /* collective */
-
-/* LASP-2 backward across the ranks (Dv 64 or 128); the same rules as the forward. */
-lasp_status lasp_lasp2_grad_create(const lasp_runtime *runtime, int64_t batch, int64_t heads,
-                                   int64_t dk, int64_t dv, int32_t mode,
-                                   lasp_lasp2_grad **op); /* collective */
-lasp_status lasp_lasp2_grad_set_mode(lasp_lasp2_grad *op, int32_t mode); /* collective */
-lasp_status lasp_lasp2_backward(lasp_lasp2_grad *op, lasp_stream stream,
-                                const lasp_backward_args *args);
-lasp_status lasp_lasp2_grad_finish(lasp_lasp2_grad *op, lasp_stream stream);
-lasp_status lasp_lasp2_grad_note_replayed_calls(lasp_lasp2_grad *op, uint64_t calls);
-lasp_status lasp_lasp2_grad_free(lasp_lasp2_grad *op); /* collective */
-
-/* The same forward and its backward on one GPU (whole sequences, no exchange). */
-lasp_status lasp_scalar_decay_create(const lasp_runtime *runtime, lasp_scalar_decay **op);
-lasp_status lasp_scalar_decay_forward(lasp_scalar_decay *op, lasp_stream stream,
-                                      const lasp_forward_args *args);
-lasp_status lasp_scalar_decay_free(lasp_scalar_decay *op);
-lasp_status lasp_scalar_decay_grad_create(const lasp_runtime *runtime, lasp_scalar_decay_grad **op);
-lasp_status lasp_scalar_decay_backward(lasp_scalar_decay_grad *op, lasp_stream stream,
-                                       const lasp_backward_args *args); /* Dv 64 or 128 */
-lasp_status lasp_scalar_decay_grad_free(lasp_scalar_decay_grad *op);
+lasp_status lasp_op_finish(lasp_op *op, lasp_stream stream);
+/* Calls replayed from captured CUDA graphs since the last report: a graph of one training step
+ * replayed n times is (op, n, n). */
+lasp_status lasp_op_note_replayed_calls(lasp_op *op, uint64_t forward_calls,
+                                        uint64_t backward_calls);
+/* Collective for LASP-2 (its symmetric buffers are freed on every rank). */
+lasp_status lasp_op_free(lasp_op *op);
 
 #ifdef __cplusplus
 }

@@ -8,9 +8,9 @@
  *   here in C (S_t = e^{g_t} S_{t-1} + k_t^T v_t, o_t = scale q_t S_t), rel. error <= 5e-3;
  * - the sequential NCCL and NVSHMEM modes give bitwise the same outputs as the overlapped one;
  * - a captured CUDA graph of one call, replayed N times, gives them too;
- * - a host pointer, a too-short tensor and a first call inside a graph capture are rejected
- *   before anything is enqueued;
- * - the single-GPU forward (lasp_scalar_decay_forward) of the whole sequence matches too.
+ * - a host pointer, tokens that disagree with the element counts, a too-short tensor, a wrong
+ *   dtype and a first call inside a graph capture are rejected before anything is enqueued;
+ * - the single-GPU forward (a LASP_KIND_SINGLE_GPU lasp_op) of the whole sequence matches too.
  * Exits non-zero with the library's message on the first failure. */
 #include "lasp_shmem.h"
 
@@ -158,15 +158,54 @@ static void *device_copy(const void *host, size_t bytes) {
 
 /* ---- the checks ------------------------------------------------------------------------ */
 
-/* One call of the current mode with o (and ht) poisoned first; returns o's bits (and ht's). */
-static void call(lasp_lasp2 *op, cudaStream_t stream, const lasp_forward_args *args,
-                 size_t o_bytes, size_t ht_bytes, void *o_host, void *ht_host) {
-  CUDA(cudaMemsetAsync(args->o, 0xff, o_bytes, stream)); /* bf16 NaN everywhere */
-  if (args->ht) CUDA(cudaMemsetAsync(args->ht, 0xff, ht_bytes, stream));
-  LASP(lasp_lasp2_forward(op, stream, args));
-  LASP(lasp_lasp2_finish(op, stream));
-  CUDA(cudaMemcpy(o_host, args->o, o_bytes, cudaMemcpyDeviceToHost));
-  if (args->ht) CUDA(cudaMemcpy(ht_host, args->ht, ht_bytes, cudaMemcpyDeviceToHost));
+static lasp_tensor device_tensor(const void *data, size_t numel, int32_t dtype) {
+  lasp_tensor t = {(uint64_t)(uintptr_t)data, (int64_t)numel, dtype, 0};
+  return t;
+}
+
+static void *slot_data(const lasp_tensors *tensors, int slot) {
+  return (void *)(uintptr_t)tensors->slot[slot].data;
+}
+
+static lasp_tensors empty_tensors(void) {
+  lasp_tensors tensors;
+  memset(&tensors, 0, sizeof tensors);
+  tensors.struct_size = sizeof tensors;
+  return tensors;
+}
+
+static lasp_call call_of(int64_t tokens) {
+  lasp_call call;
+  memset(&call, 0, sizeof call);
+  call.struct_size = sizeof call;
+  call.tokens = tokens; /* scale 0: Dk^-1/2 */
+  return call;
+}
+
+/* Scalar decay of one layout; forward only. */
+static lasp_op_desc scalar_decay_desc(int32_t kind, int b, int h, int dk, int dv) {
+  lasp_op_desc desc;
+  memset(&desc, 0, sizeof desc);
+  desc.struct_size = sizeof desc;
+  desc.abi_version = LASP_SHMEM_ABI_VERSION;
+  desc.family = LASP_FAMILY_SCALAR_DECAY;
+  desc.kind = kind;
+  if (kind == LASP_KIND_LASP2) desc.schedule = LASP_SCHEDULE_ALL_GATHER;
+  desc.batch = b, desc.heads = h, desc.dk = dk, desc.dv = dv;
+  return desc;
+}
+
+/* One forward of the current mode with O (and HT) poisoned first; returns o's bits (and ht's). */
+static void call(lasp_op *op, cudaStream_t stream, const lasp_call *scalars,
+                 const lasp_tensors *tensors, size_t o_bytes, size_t ht_bytes, void *o_host,
+                 void *ht_host) {
+  void *o = slot_data(tensors, LASP_SLOT_O), *ht = slot_data(tensors, LASP_SLOT_HT);
+  CUDA(cudaMemsetAsync(o, 0xff, o_bytes, stream)); /* bf16 NaN everywhere */
+  if (ht) CUDA(cudaMemsetAsync(ht, 0xff, ht_bytes, stream));
+  LASP(lasp_op_forward(op, stream, scalars, tensors));
+  LASP(lasp_op_finish(op, stream));
+  CUDA(cudaMemcpy(o_host, o, o_bytes, cudaMemcpyDeviceToHost));
+  if (ht) CUDA(cudaMemcpy(ht_host, ht, ht_bytes, cudaMemcpyDeviceToHost));
 }
 
 static void check_layout(const lasp_runtime *rt, const lasp_place *place, int dk, int dv,
@@ -181,32 +220,43 @@ static void check_layout(const lasp_runtime *rt, const lasp_place *place, int dk
   void *q = slice_time(s.q, &s, start, len, dk, 2), *k = slice_time(s.k, &s, start, len, dk, 2);
   void *v = slice_time(s.v, &s, start, len, dv, 2), *g = slice_time(s.g, &s, start, len, 1, 4);
   double *want_o = slice_time(s.o, &s, start, len, dv, 8);
-  size_t o_elems = (size_t)b * len * h * dv, st_elems = (size_t)b * h * dk * dv;
+  size_t qk_elems = (size_t)b * len * h * dk, o_elems = (size_t)b * len * h * dv;
+  size_t g_elems = (size_t)b * len * h, st_elems = (size_t)b * h * dk * dv;
   size_t o_bytes = o_elems * 2, ht_bytes = st_elems * 4;
-  lasp_forward_args args = {.batch = b, .tokens = len, .heads = h, .dk = dk, .dv = dv};
-  args.q = device_copy(q, (size_t)b * len * h * dk * 2);
-  args.k = device_copy(k, (size_t)b * len * h * dk * 2);
-  args.v = device_copy(v, o_bytes);
-  args.g = device_copy(g, (size_t)b * len * h * 4);
-  args.h0 = device_copy(s.h0, ht_bytes);
-  CUDA(cudaMalloc(&args.o, o_bytes));
-  if (last) CUDA(cudaMalloc((void **)&args.ht, ht_bytes));
+  lasp_call shard = call_of(len);
+  lasp_tensors tensors = empty_tensors();
+  tensors.slot[LASP_SLOT_Q] = device_tensor(device_copy(q, qk_elems * 2), qk_elems,
+                                            LASP_DTYPE_BF16);
+  tensors.slot[LASP_SLOT_K] = device_tensor(device_copy(k, qk_elems * 2), qk_elems,
+                                            LASP_DTYPE_BF16);
+  tensors.slot[LASP_SLOT_V] = device_tensor(device_copy(v, o_bytes), o_elems, LASP_DTYPE_BF16);
+  tensors.slot[LASP_SLOT_G] = device_tensor(device_copy(g, g_elems * 4), g_elems, LASP_DTYPE_F32);
+  tensors.slot[LASP_SLOT_H0] = device_tensor(device_copy(s.h0, ht_bytes), st_elems,
+                                             LASP_DTYPE_F32);
+  void *d_o, *d_ht = NULL;
+  CUDA(cudaMalloc(&d_o, o_bytes));
+  tensors.slot[LASP_SLOT_O] = device_tensor(d_o, o_elems, LASP_DTYPE_BF16);
+  if (last) {
+    CUDA(cudaMalloc(&d_ht, ht_bytes));
+    tensors.slot[LASP_SLOT_HT] = device_tensor(d_ht, st_elems, LASP_DTYPE_F32);
+  }
   cudaStream_t stream;
   CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
-  lasp_lasp2 *op;
-  LASP(lasp_lasp2_create(rt, b, h, dk, dv, LASP_MODE_OVERLAPPED, &op));
+  lasp_op_desc desc = scalar_decay_desc(LASP_KIND_LASP2, b, h, dk, dv);
+  lasp_op *op;
+  LASP(lasp_op_create(rt, &desc, &op));
   /* A first call inside a capture cannot allocate its workspace: refused, saying what to do. */
   cudaGraph_t empty;
   CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  lasp_status refused = lasp_lasp2_forward(op, stream, &args);
+  lasp_status refused = lasp_op_forward(op, stream, &shard, &tensors);
   CUDA(cudaStreamEndCapture(stream, &empty));
   CUDA(cudaGraphDestroy(empty));
   if (refused != LASP_ERROR_INVALID_ARGUMENT || !strstr(lasp_last_error(), "before the capture"))
     fail("a first call inside a graph capture was not refused");
   uint16_t *o = malloc(o_bytes), *o2 = malloc(o_bytes);
   float *ht = malloc(ht_bytes), *ht2 = malloc(ht_bytes);
-  call(op, stream, &args, o_bytes, ht_bytes, o, ht);
+  call(op, stream, &shard, &tensors, o_bytes, ht_bytes, o, ht);
   double err = rel_err_bf16(o, want_o, o_elems);
   printf("rank %d: Dk=Dv=%d, shard of %d of %d tokens: o rel err %.2e", me, dk, len, total, err);
   if (last) printf(", final state rel err %.2e", rel_err_f32(ht, s.ht, st_elems));
@@ -216,8 +266,8 @@ static void check_layout(const lasp_runtime *rt, const lasp_place *place, int dk
 
   const int modes[2] = {LASP_MODE_SEQUENTIAL_NCCL, LASP_MODE_SEQUENTIAL_NVSHMEM};
   for (int m = 0; m < 2; m++) {
-    LASP(lasp_lasp2_set_mode(op, modes[m]));
-    call(op, stream, &args, o_bytes, ht_bytes, o2, ht2);
+    LASP(lasp_op_set_mode(op, modes[m]));
+    call(op, stream, &shard, &tensors, o_bytes, ht_bytes, o2, ht2);
     if (memcmp(o, o2, o_bytes) != 0 || (last && memcmp(ht, ht2, ht_bytes) != 0))
       fail(m == 0 ? "sequential NCCL gave other bits" : "sequential NVSHMEM gave other bits");
   }
@@ -225,72 +275,88 @@ static void check_layout(const lasp_runtime *rt, const lasp_place *place, int dk
          me, dk);
 
   /* A captured graph of one overlapped call (the calls above sized the workspace). */
-  LASP(lasp_lasp2_set_mode(op, LASP_MODE_OVERLAPPED));
-  CUDA(cudaMemsetAsync(args.o, 0xff, o_bytes, stream));
+  LASP(lasp_op_set_mode(op, LASP_MODE_OVERLAPPED));
+  CUDA(cudaMemsetAsync(d_o, 0xff, o_bytes, stream));
   CUDA(cudaStreamSynchronize(stream));
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  lasp_status captured = lasp_lasp2_forward(op, stream, &args);
+  lasp_status captured = lasp_op_forward(op, stream, &shard, &tensors);
   CUDA(cudaStreamEndCapture(stream, &graph));
   LASP(captured);
   CUDA(cudaGraphInstantiate(&exec, graph, 0));
   for (int i = 0; i < graph_calls; i++) CUDA(cudaGraphLaunch(exec, stream));
-  LASP(lasp_lasp2_note_replayed_calls(op, (uint64_t)graph_calls));
-  LASP(lasp_lasp2_finish(op, stream));
-  CUDA(cudaMemcpy(o2, args.o, o_bytes, cudaMemcpyDeviceToHost));
+  LASP(lasp_op_note_replayed_calls(op, (uint64_t)graph_calls, 0));
+  LASP(lasp_op_finish(op, stream));
+  CUDA(cudaMemcpy(o2, d_o, o_bytes, cudaMemcpyDeviceToHost));
   if (memcmp(o, o2, o_bytes) != 0) fail("the graph-replayed calls gave other bits");
   printf("rank %d: Dk=Dv=%d: %d graph-replayed calls, outputs bitwise identical\n", me, dk,
          graph_calls);
   CUDA(cudaGraphExecDestroy(exec));
   CUDA(cudaGraphDestroy(graph));
 
-  /* Bad pointers are caught before anything is enqueued (no rank waits for this call). */
-  lasp_forward_args bad = args;
-  bad.q = q; /* host memory */
-  if (lasp_lasp2_forward(op, stream, &bad) != LASP_ERROR_INVALID_ARGUMENT ||
-      !strstr(lasp_last_error(), "q at 0x"))
+  /* Bad tensors are caught before anything is enqueued (no rank waits for these calls). */
+  lasp_tensors bad = tensors;
+  bad.slot[LASP_SLOT_Q].data = (uint64_t)(uintptr_t)q; /* host memory */
+  if (lasp_op_forward(op, stream, &shard, &bad) != LASP_ERROR_INVALID_ARGUMENT ||
+      !strstr(lasp_last_error(), "LASP_SLOT_Q at 0x"))
     fail("a host pointer for q was not rejected");
-  bad = args;
-  bad.tokens = 64 * len; /* far longer than every tensor */
-  if (lasp_lasp2_forward(op, stream, &bad) != LASP_ERROR_INVALID_ARGUMENT ||
+  lasp_call longer = call_of(64 * len); /* far longer than every tensor */
+  if (lasp_op_forward(op, stream, &longer, &tensors) != LASP_ERROR_INVALID_ARGUMENT ||
+      !strstr(lasp_last_error(), "elements but [B, T, H, Dk]"))
+    fail("tokens that disagree with the element counts were not rejected");
+  /* Element counts that agree with those tokens, but allocations too short for them. */
+  bad = tensors;
+  const int per_token[] = {LASP_SLOT_Q, LASP_SLOT_K, LASP_SLOT_V, LASP_SLOT_G, LASP_SLOT_O};
+  for (int i = 0; i < 5; i++) bad.slot[per_token[i]].numel *= 64;
+  if (lasp_op_forward(op, stream, &longer, &bad) != LASP_ERROR_INVALID_ARGUMENT ||
       !strstr(lasp_last_error(), "smaller than the shape"))
     fail("a tensor shorter than its shape was not rejected");
-  printf("rank %d: a first call in a capture, a host pointer and a too-short tensor are "
-         "rejected: \"%.100s...\"\n",
+  bad = tensors;
+  bad.slot[LASP_SLOT_G].dtype = LASP_DTYPE_BF16;
+  if (lasp_op_forward(op, stream, &shard, &bad) != LASP_ERROR_INVALID_ARGUMENT ||
+      !strstr(lasp_last_error(), "LASP_SLOT_G is LASP_DTYPE_BF16 but must be LASP_DTYPE_F32"))
+    fail("a gate tensor of the wrong dtype was not rejected");
+  printf("rank %d: a first call in a capture, a host pointer, wrong tokens, a too-short tensor "
+         "and a wrong dtype are rejected: \"%.100s...\"\n",
          me, lasp_last_error());
-  LASP(lasp_lasp2_free(op));
+  LASP(lasp_op_free(op));
 
   /* The single-GPU forward of the whole sequence on this GPU. */
   if (me == 0) {
-    lasp_scalar_decay *single;
-    LASP(lasp_scalar_decay_create(rt, &single));
-    size_t all_o = (size_t)b * total * h * dv;
-    lasp_forward_args whole = {.batch = b, .tokens = total, .heads = h, .dk = dk, .dv = dv};
-    whole.q = device_copy(s.q, (size_t)b * total * h * dk * 2);
-    whole.k = device_copy(s.k, (size_t)b * total * h * dk * 2);
-    whole.v = device_copy(s.v, all_o * 2);
-    whole.g = device_copy(s.g, (size_t)b * total * h * 4);
-    whole.h0 = args.h0;
-    CUDA(cudaMalloc(&whole.o, all_o * 2));
-    CUDA(cudaMemsetAsync(whole.o, 0xff, all_o * 2, stream));
-    LASP(lasp_scalar_decay_forward(single, stream, &whole));
-    CUDA(cudaStreamSynchronize(stream));
+    lasp_op_desc single_desc = scalar_decay_desc(LASP_KIND_SINGLE_GPU, b, h, dk, dv);
+    lasp_op *single;
+    LASP(lasp_op_create(rt, &single_desc, &single));
+    size_t all_qk = (size_t)b * total * h * dk, all_o = (size_t)b * total * h * dv;
+    size_t all_g = (size_t)b * total * h;
+    lasp_call whole_call = call_of(total);
+    lasp_tensors whole = empty_tensors();
+    whole.slot[LASP_SLOT_Q] = device_tensor(device_copy(s.q, all_qk * 2), all_qk, LASP_DTYPE_BF16);
+    whole.slot[LASP_SLOT_K] = device_tensor(device_copy(s.k, all_qk * 2), all_qk, LASP_DTYPE_BF16);
+    whole.slot[LASP_SLOT_V] = device_tensor(device_copy(s.v, all_o * 2), all_o, LASP_DTYPE_BF16);
+    whole.slot[LASP_SLOT_G] = device_tensor(device_copy(s.g, all_g * 4), all_g, LASP_DTYPE_F32);
+    whole.slot[LASP_SLOT_H0] = tensors.slot[LASP_SLOT_H0];
+    void *whole_o;
+    CUDA(cudaMalloc(&whole_o, all_o * 2));
+    whole.slot[LASP_SLOT_O] = device_tensor(whole_o, all_o, LASP_DTYPE_BF16);
+    CUDA(cudaMemsetAsync(whole_o, 0xff, all_o * 2, stream));
+    LASP(lasp_op_forward(single, stream, &whole_call, &whole));
+    LASP(lasp_op_finish(single, stream));
     uint16_t *got = malloc(all_o * 2);
-    CUDA(cudaMemcpy(got, whole.o, all_o * 2, cudaMemcpyDeviceToHost));
+    CUDA(cudaMemcpy(got, whole_o, all_o * 2, cudaMemcpyDeviceToHost));
     double e = rel_err_bf16(got, s.o, all_o);
     printf("rank 0: Dk=Dv=%d: single-GPU forward of all %d tokens: o rel err %.2e\n", dk, total,
            e);
     if (!(e <= TOL)) fail("the single-GPU forward does not match the float64 recurrence");
-    LASP(lasp_scalar_decay_free(single));
+    LASP(lasp_op_free(single));
     free(got);
-    const void *whole_buffers[] = {whole.q, whole.k, whole.v, whole.g, whole.o};
-    for (int i = 0; i < 5; i++) CUDA(cudaFree((void *)whole_buffers[i]));
+    const int whole_slots[] = {LASP_SLOT_Q, LASP_SLOT_K, LASP_SLOT_V, LASP_SLOT_G, LASP_SLOT_O};
+    for (int i = 0; i < 5; i++) CUDA(cudaFree(slot_data(&whole, whole_slots[i])));
   }
 
   CUDA(cudaStreamDestroy(stream));
-  const void *buffers[] = {args.q, args.k, args.v, args.g, args.h0, args.o, args.ht};
-  for (int i = 0; i < 7; i++) CUDA(cudaFree((void *)buffers[i])); /* cudaFree(NULL) is a no-op */
+  /* Every filled slot; cudaFree(NULL) of an empty one is a no-op. */
+  for (int i = 0; i < LASP_SLOT_COUNT; i++) CUDA(cudaFree(slot_data(&tensors, i)));
   free(q), free(k), free(v), free(g), free(want_o), free(o), free(o2), free(ht), free(ht2);
   free(s.q), free(s.k), free(s.v), free(s.g), free(s.h0), free(s.o), free(s.ht);
 }
@@ -305,7 +371,8 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
-  lasp_runtime_options options = {.abi_version = LASP_SHMEM_ABI_VERSION,
+  lasp_runtime_options options = {.struct_size = sizeof options,
+                                  .abi_version = LASP_SHMEM_ABI_VERSION,
                                   .symmetric_heap_bytes = 64u << 20};
   lasp_runtime *rt;
   LASP(lasp_runtime_init_from_env(&options, &rt));

@@ -6,15 +6,17 @@ torchrun.
 
 Every rank holds a slice of each sequence as torch tensors on its GPU. Rank 0 makes NVSHMEM's
 unique id and torch.distributed broadcasts it, so the library never needs MASTER_PORT (torchrun's
-store holds it); every rank then initialises lasp-shmem with the id. The forward runs on torch's
-current stream with the tensors' own device pointers. Checks, each of which fails the job:
+store holds it); every rank then initialises lasp-shmem with the id. Each operation is one
+`lasp_op` (`Op`) made from a descriptor (family, kind, layout); its calls run on torch's current
+stream with the tensors' own device pointers in named slots. Checks, each of which fails the job:
 - the output and the final state against a float64 reference of the whole sequence computed in
   torch (the quadratic form with the decay mask), rel. error <= 5e-3;
 - the sequential NCCL mode gives bitwise the overlapped outputs;
 - a torch.cuda.graph capture of one call, replayed, gives them too;
 - a CPU tensor is rejected with the library's message, before anything is enqueued;
-- training: `Lasp2Attention`, a torch.autograd.Function over lasp_lasp2_forward_saving and
-  lasp_lasp2_backward, gives every rank's dq, dk, dv, dg (rel. error <= 5e-3) and rank 0's dh0
+- training: `Lasp2Attention`, a torch.autograd.Function over lasp_op_forward (saving the shard's
+  start state) and lasp_op_backward, gives every rank's dq, dk, dv, dg (rel. error <= 5e-3) and rank
+  0's dh0
   against torch.autograd through the float64 reference of the whole sequence; the sequential
   NCCL mode gives bitwise the same gradients;
   a gradient of the final state on a rank other than the last is rejected;
@@ -22,8 +24,8 @@ current stream with the tensors' own device pointers. Checks, each of which fail
   differentiated in reverse order: the same checks against the stacked reference;
 - a forward and a backward captured in one torch.cuda.graph and replayed give bitwise the
   uncaptured step's outputs and gradients;
-- the single-GPU pair (lasp_scalar_decay_forward / _backward) as `ScalarDecayAttention`, the same
-  gradient checks on each rank's own sequences.
+- the single-GPU op (LASP_KIND_SINGLE_GPU) as `ScalarDecayAttention`, the same gradient checks on
+  each rank's own sequences.
 With --time it then times the overlapped call against the sequential NCCL mode and the compute
 alone (no exchange) at B=4, T_local=8192, H=16, D=128 (CUDA events, medians), forward and
 backward.
@@ -40,14 +42,32 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-ABI_VERSION = 1
-OK, MODE_OVERLAPPED, MODE_SEQUENTIAL_NCCL, MODE_NO_COMM = 0, 0, 1, 3
-ERROR_INVALID_ARGUMENT = 1
+ABI_VERSION = 2
+OK, ERROR_INVALID_ARGUMENT = 0, 1
+MODE_OVERLAPPED, MODE_SEQUENTIAL_NCCL, MODE_NO_COMM = 0, 1, 3
+FAMILY_SCALAR_DECAY = 1
+KIND_SINGLE_GPU, KIND_LASP2 = 1, 2
+SCHEDULE_ALL_GATHER = 1
+OP_WITH_BACKWARD = 1
+# LASP_SLOT_* of lasp_shmem.h: where each tensor of a call goes in Tensors.slot.
+(SLOT_Q, SLOT_K, SLOT_V, SLOT_G, SLOT_H0, SLOT_O, SLOT_HT, SLOT_START_STATE, SLOT_DO, SLOT_DHT,
+ SLOT_DQ, SLOT_DK, SLOT_DV, SLOT_DG, SLOT_DH0) = (0, 1, 2, 3, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 16)
+SLOT_CAPACITY = 32
+# LASP_DTYPE_* of the torch dtypes the library names.
+DTYPES = {torch.bfloat16: 1, torch.float16: 2, torch.float32: 3, torch.int32: 4, torch.int64: 5}
 TOL = 5e-3
 
 
-class RuntimeOptions(ctypes.Structure):
-    _fields_ = [("abi_version", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+class SizedStruct(ctypes.Structure):
+    """A struct of lasp_shmem.h that begins with struct_size: filled in with this mirror's size;
+    every other field is zero unless given (the reserved ones must stay so)."""
+
+    def __init__(self, **fields):
+        super().__init__(struct_size=ctypes.sizeof(type(self)), **fields)
+
+
+class RuntimeOptions(SizedStruct):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("abi_version", ctypes.c_uint32),
                 ("symmetric_heap_bytes", ctypes.c_uint64), ("wait_timeout_ms", ctypes.c_uint64),
                 ("nvshmem_library", ctypes.c_char_p)]
 
@@ -61,52 +81,48 @@ class UniqueId(ctypes.Structure):
     _fields_ = [("bytes", ctypes.c_uint8 * 128)]
 
 
-class ForwardArgs(ctypes.Structure):
-    _fields_ = ([(n, ctypes.c_int64) for n in ("batch", "tokens", "heads", "dk", "dv")]
-                + [(n, ctypes.c_void_p) for n in ("q", "k", "v", "g", "h0", "o", "ht")]
-                + [("scale", ctypes.c_float), ("reserved", ctypes.c_uint32)])
+class OpDesc(SizedStruct):
+    _fields_ = ([("struct_size", ctypes.c_uint32), ("abi_version", ctypes.c_uint32)]
+                + [(n, ctypes.c_int32) for n in ("family", "kind", "schedule", "mode")]
+                + [(n, ctypes.c_int64) for n in ("batch", "heads", "dk", "dv", "tokens")]
+                + [("flags", ctypes.c_uint64), ("reserved", ctypes.c_uint64 * 8)])
 
 
-class BackwardArgs(ctypes.Structure):
-    _fields_ = ([(n, ctypes.c_int64) for n in ("batch", "tokens", "heads", "dk", "dv")]
-                + [(n, ctypes.c_void_p) for n in ("q", "k", "v", "g", "h0", "grad_o", "grad_ht",
-                                                  "grad_q", "grad_k", "grad_v", "grad_g",
-                                                  "grad_h0")]
-                + [("scale", ctypes.c_float), ("reserved", ctypes.c_uint32)])
+class Call(SizedStruct):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("scale", ctypes.c_float),
+                ("tokens", ctypes.c_int64), ("reserved", ctypes.c_uint64 * 6)]
 
 
-for struct, size in ((RuntimeOptions, 32), (Place, 16), (UniqueId, 128), (ForwardArgs, 104),
-                     (BackwardArgs, 144)):
+class Tensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_uint64), ("numel", ctypes.c_int64), ("dtype", ctypes.c_int32),
+                ("reserved", ctypes.c_int32)]
+
+
+class Tensors(SizedStruct):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+                ("slot", Tensor * SLOT_CAPACITY)]
+
+
+for struct, size in ((RuntimeOptions, 32), (Place, 16), (UniqueId, 128), (OpDesc, 136),
+                     (Call, 64), (Tensor, 24), (Tensors, 776)):
     assert ctypes.sizeof(struct) == size, f"{struct.__name__} does not match lasp_shmem.h"
 
 
 P, HANDLE, OUT = ctypes.POINTER, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
-I64, I32 = ctypes.c_int64, ctypes.c_int32
+I32, U64 = ctypes.c_int32, ctypes.c_uint64
 # Every entry point this script calls, with the argument types of lasp_shmem.h (ctypes would
 # otherwise pass Python ints as 32-bit C ints).
 SIGNATURES = {
     "unique_id_create": [P(RuntimeOptions), P(Place), P(UniqueId)],
     "runtime_init": [P(RuntimeOptions), P(Place), P(UniqueId), OUT],
     "runtime_shutdown": [HANDLE],
-    "lasp2_create": [HANDLE, I64, I64, I64, I64, I32, OUT],
-    "lasp2_set_mode": [HANDLE, I32],
-    "lasp2_forward": [HANDLE, HANDLE, P(ForwardArgs)],
-    "lasp2_forward_saving": [HANDLE, HANDLE, P(ForwardArgs), HANDLE],
-    "lasp2_finish": [HANDLE, HANDLE],
-    "lasp2_note_replayed_calls": [HANDLE, ctypes.c_uint64],
-    "lasp2_free": [HANDLE],
-    "lasp2_grad_create": [HANDLE, I64, I64, I64, I64, I32, OUT],
-    "lasp2_grad_set_mode": [HANDLE, I32],
-    "lasp2_backward": [HANDLE, HANDLE, P(BackwardArgs)],
-    "lasp2_grad_finish": [HANDLE, HANDLE],
-    "lasp2_grad_note_replayed_calls": [HANDLE, ctypes.c_uint64],
-    "lasp2_grad_free": [HANDLE],
-    "scalar_decay_create": [HANDLE, OUT],
-    "scalar_decay_forward": [HANDLE, HANDLE, P(ForwardArgs)],
-    "scalar_decay_free": [HANDLE],
-    "scalar_decay_grad_create": [HANDLE, OUT],
-    "scalar_decay_backward": [HANDLE, HANDLE, P(BackwardArgs)],
-    "scalar_decay_grad_free": [HANDLE],
+    "op_create": [HANDLE, P(OpDesc), OUT],
+    "op_forward": [HANDLE, HANDLE, P(Call), P(Tensors)],
+    "op_backward": [HANDLE, HANDLE, P(Call), P(Tensors)],
+    "op_set_mode": [HANDLE, I32],
+    "op_finish": [HANDLE, HANDLE],
+    "op_note_replayed_calls": [HANDLE, U64, U64],
+    "op_free": [HANDLE],
 }
 
 
@@ -146,47 +162,103 @@ def say(line):
     sys.stdout.flush()
 
 
-def ptr(x):
-    return None if x is None else x.data_ptr()
+def tensor_of(x):
+    """The lasp_tensor of a contiguous torch tensor on the GPU (an empty slot for None)."""
+    if x is None:
+        return Tensor()
+    if x.dtype not in DTYPES:
+        raise ValueError(f"lasp-shmem takes no {x.dtype} tensors")
+    return Tensor(x.data_ptr(), x.numel(), DTYPES[x.dtype], 0)
 
 
-def forward_args(q, k, v, g, h0, o, ht):
-    b, t, h, dk = q.shape
-    return ForwardArgs(b, t, h, dk, v.shape[-1], ptr(q), ptr(k), ptr(v), ptr(g), ptr(h0), ptr(o),
-                       ptr(ht), 0.0, 0)
+class CallArgs:
+    """One call's scalars (`call`: this call's tokens per sequence, the default scale) and its
+    tensors by slot (`tensors`)."""
+
+    def __init__(self, tokens, slots):
+        self.call = Call(tokens=tokens)
+        self.tensors = Tensors()
+        for slot, x in slots.items():
+            self.tensors.slot[slot] = tensor_of(x)
+
+    def refs(self):
+        return ctypes.byref(self.call), ctypes.byref(self.tensors)
 
 
-def backward_args(q, k, v, g, h0, grad_o, grad_ht, grad_q, grad_k, grad_v, grad_g, grad_h0):
-    b, t, h, dk = q.shape
-    return BackwardArgs(b, t, h, dk, v.shape[-1], *(ptr(x) for x in (
-        q, k, v, g, h0, grad_o, grad_ht, grad_q, grad_k, grad_v, grad_g, grad_h0)), 0.0, 0)
+def forward_args(q, k, v, g, h0, o, ht, start_state=None):
+    """A forward call; LASP-2 writes the state this rank's shard starts from to start_state."""
+    return CallArgs(q.shape[1], {SLOT_Q: q, SLOT_K: k, SLOT_V: v, SLOT_G: g, SLOT_H0: h0, SLOT_O: o,
+                                 SLOT_HT: ht, SLOT_START_STATE: start_state})
+
+
+def backward_args(q, k, v, g, h0, grad_o, grad_ht, grad_q, grad_k, grad_v, grad_g, grad_h0,
+                  start_state=None):
+    """A backward call: one GPU starts from h0, LASP-2 from the forward's start_state (h0 None)."""
+    return CallArgs(q.shape[1], {
+        SLOT_Q: q, SLOT_K: k, SLOT_V: v, SLOT_G: g, SLOT_H0: h0, SLOT_START_STATE: start_state,
+        SLOT_DO: grad_o, SLOT_DHT: grad_ht, SLOT_DQ: grad_q, SLOT_DK: grad_k, SLOT_DV: grad_v,
+        SLOT_DG: grad_g, SLOT_DH0: grad_h0})
 
 
 def current_stream():
     return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
 
+def scalar_decay_desc(kind, b, h, dk, dv, mode=MODE_OVERLAPPED, backward=True):
+    """The lasp_op_desc of scalar decay of one layout (the schedule and mode only for LASP-2)."""
+    lasp2 = kind == KIND_LASP2
+    return OpDesc(abi_version=ABI_VERSION, family=FAMILY_SCALAR_DECAY, kind=kind,
+                  schedule=SCHEDULE_ALL_GATHER if lasp2 else 0, mode=mode if lasp2 else 0,
+                  batch=b, heads=h, dk=dk, dv=dv, flags=OP_WITH_BACKWARD if backward else 0)
+
+
+class Op:
+    """One scalar-decay lasp_op of a layout: on this rank's GPU (KIND_SINGLE_GPU) or across the
+    ranks (KIND_LASP2: created, switched and freed collectively), forward and, unless
+    backward=False, backward. Calls run on `stream`, by default torch's current stream."""
+
+    def __init__(self, lasp, runtime, kind, b, h, dk, dv, mode=MODE_OVERLAPPED, backward=True):
+        desc = scalar_decay_desc(kind, b, h, dk, dv, mode, backward)
+        self.lasp, self.handle = lasp, ctypes.c_void_p()
+        lasp.op_create(runtime, ctypes.byref(desc), ctypes.byref(self.handle))
+
+    def forward(self, args, stream=None):
+        self.lasp.op_forward(self.handle, current_stream() if stream is None else stream,
+                             *args.refs())
+
+    def backward(self, args, stream=None):
+        self.lasp.op_backward(self.handle, current_stream() if stream is None else stream,
+                              *args.refs())
+
+    def set_mode(self, mode):
+        self.lasp.op_set_mode(self.handle, mode)
+
+    def finish(self):
+        self.lasp.op_finish(self.handle, current_stream())
+
+    def note_replayed_calls(self, forward_calls, backward_calls):
+        self.lasp.op_note_replayed_calls(self.handle, forward_calls, backward_calls)
+
+    def free(self):
+        self.lasp.op_free(self.handle)
+
+
 class Lasp2Layer:
-    """One LASP-2 attention layout on every rank: a forward and a backward operation (each
-    created collectively), called through `Lasp2Attention`."""
+    """One LASP-2 attention layout on every rank: a forward and backward operation (created
+    collectively), called through `Lasp2Attention`."""
 
     def __init__(self, lasp, runtime, b, h, dk, dv, rank, world, mode=MODE_OVERLAPPED):
         self.lasp, self.rank, self.world = lasp, rank, world
-        self.forward_op, self.grad_op = ctypes.c_void_p(), ctypes.c_void_p()
-        lasp.lasp2_create(runtime, b, h, dk, dv, mode, ctypes.byref(self.forward_op))
-        lasp.lasp2_grad_create(runtime, b, h, dk, dv, mode, ctypes.byref(self.grad_op))
+        self.op = Op(lasp, runtime, KIND_LASP2, b, h, dk, dv, mode)
 
     def set_mode(self, mode):
-        self.lasp.lasp2_set_mode(self.forward_op, mode)
-        self.lasp.lasp2_grad_set_mode(self.grad_op, mode)
+        self.op.set_mode(mode)
 
     def finish(self):
-        self.lasp.lasp2_finish(self.forward_op, current_stream())
-        self.lasp.lasp2_grad_finish(self.grad_op, current_stream())
+        self.op.finish()
 
     def free(self):
-        self.lasp.lasp2_free(self.forward_op)
-        self.lasp.lasp2_grad_free(self.grad_op)
+        self.op.free()
 
     def __call__(self, q, k, v, g, h0=None):
         """This rank's shard of o, and the sequence's final state on the last rank (None on the
@@ -198,7 +270,7 @@ class Lasp2Layer:
 class Lasp2Attention(torch.autograd.Function):
     """LASP-2 linear attention with scalar decay over the shards of the ranks: the forward keeps
     the state its shard starts from, which the backward starts from; the gradients of the state
-    travel from the last rank down inside lasp_lasp2_backward. Every rank calls the forward, and
+    travel from the last rank down inside lasp_op_backward. Every rank calls the forward, and
     later the backward, of the same layers in the same order."""
 
     @staticmethod
@@ -210,9 +282,7 @@ class Lasp2Attention(torch.autograd.Function):
         last = layer.rank == layer.world - 1
         ht = torch.empty(b, h, dk, dv, device=q.device) if last else None
         start = torch.empty(b, h, dk, dv, device=q.device)
-        args = forward_args(q, k, v, g, h0, o, ht)
-        layer.lasp.lasp2_forward_saving(layer.forward_op, current_stream(), ctypes.byref(args),
-                                        start.data_ptr())
+        layer.op.forward(forward_args(q, k, v, g, h0, o, ht, start_state=start))
         ctx.layer, ctx.has_h0 = layer, h0 is not None
         ctx.save_for_backward(q, k, v, g, start)
         if ht is None:
@@ -225,39 +295,36 @@ class Lasp2Attention(torch.autograd.Function):
         q, k, v, g, start = ctx.saved_tensors
         grads = [torch.empty_like(x) for x in (q, k, v, g)]
         grad_h0 = torch.zeros_like(start) if ctx.has_h0 else None
-        args = backward_args(q, k, v, g, start, grad_o.contiguous(), contiguous(grad_ht), *grads,
-                             grad_h0 if layer.rank == 0 else None)
-        layer.lasp.lasp2_backward(layer.grad_op, current_stream(), ctypes.byref(args))
+        args = backward_args(q, k, v, g, None, grad_o.contiguous(), contiguous(grad_ht), *grads,
+                             grad_h0 if layer.rank == 0 else None, start_state=start)
+        layer.op.backward(args)
         return (None, *grads, grad_h0)
 
 
 class ScalarDecayAttention(torch.autograd.Function):
-    """The same attention over whole sequences on one GPU (lasp_scalar_decay_forward and
-    _backward): (o, ht)."""
+    """The same attention over whole sequences on one GPU (`op`, a KIND_SINGLE_GPU `Op` of the
+    layout): (o, ht)."""
 
     @staticmethod
-    def forward(ctx, ops, q, k, v, g, h0):
+    def forward(ctx, op, q, k, v, g, h0):
         require_contiguous(q, k, v, g, h0)
-        lasp, forward_op, _ = ops
         b, t, h, dk = q.shape
         dv = v.shape[-1]
         o = torch.empty(b, t, h, dv, dtype=torch.bfloat16, device=q.device)
         ht = torch.empty(b, h, dk, dv, device=q.device)
-        args = forward_args(q, k, v, g, h0, o, ht)
-        lasp.scalar_decay_forward(forward_op, current_stream(), ctypes.byref(args))
-        ctx.ops = ops
+        op.forward(forward_args(q, k, v, g, h0, o, ht))
+        ctx.op = op
         ctx.save_for_backward(q, k, v, g, h0)
         return o, ht
 
     @staticmethod
     def backward(ctx, grad_o, grad_ht):
-        lasp, _, grad_op = ctx.ops
         q, k, v, g, h0 = ctx.saved_tensors
         grads = [torch.empty_like(x) for x in (q, k, v, g)]
         grad_h0 = None if h0 is None else torch.empty_like(h0)
         args = backward_args(q, k, v, g, h0, grad_o.contiguous(), contiguous(grad_ht), *grads,
                              grad_h0)
-        lasp.scalar_decay_backward(grad_op, current_stream(), ctypes.byref(args))
+        ctx.op.backward(args)
         return (None, *grads, grad_h0)
 
 
@@ -388,15 +455,14 @@ def check(lasp, runtime, rank, world, dev):
     o = torch.empty(b, seqs.length, h, d, dtype=torch.bfloat16, device=dev)
     ht = torch.empty(b, h, d, d, device=dev) if last else None
     args = forward_args(*mine, h0, o, ht)
-    op = ctypes.c_void_p()
-    lasp.lasp2_create(runtime, b, h, d, d, MODE_OVERLAPPED, ctypes.byref(op))
+    op = Op(lasp, runtime, KIND_LASP2, b, h, d, d, backward=False)
 
     def run():
         o.fill_(float("nan"))
         if ht is not None:
             ht.fill_(float("nan"))
-        lasp.lasp2_forward(op, current_stream(), ctypes.byref(args))
-        lasp.lasp2_finish(op, current_stream())
+        op.forward(args)
+        op.finish()
         return o.clone(), None if ht is None else ht.clone()
 
     o1, ht1 = run()
@@ -407,34 +473,34 @@ def check(lasp, runtime, rank, world, dev):
     say(line + f" (tolerance {TOL:g})")
     assert err <= TOL and (not last or rel_err(ht1, want_ht) <= TOL), "does not match"
 
-    lasp.lasp2_set_mode(op, MODE_SEQUENTIAL_NCCL)
+    op.set_mode(MODE_SEQUENTIAL_NCCL)
     o2, ht2 = run()
     assert torch.equal(bits(o1), bits(o2)), "sequential NCCL differs"
     assert not last or torch.equal(bits(ht1), bits(ht2))
-    lasp.lasp2_set_mode(op, MODE_OVERLAPPED)
+    op.set_mode(MODE_OVERLAPPED)
     say(f"rank {rank}: sequential NCCL gives bitwise the overlapped outputs")
 
     graph, replays = torch.cuda.CUDAGraph(), 50
     o.fill_(float("nan"))
     torch.cuda.synchronize()
     with torch.cuda.graph(graph):
-        lasp.lasp2_forward(op, current_stream(), ctypes.byref(args))
+        op.forward(args)
     for _ in range(replays):
         graph.replay()
-    lasp.lasp2_note_replayed_calls(op, replays)
-    lasp.lasp2_finish(op, current_stream())
+    op.note_replayed_calls(replays, 0)
+    op.finish()
     assert torch.equal(bits(o1), bits(o)), "graph replays differ"
     say(f"rank {rank}: {replays} replays of a torch.cuda.graph capture: bitwise identical")
 
     bad = forward_args(*mine, h0, o, ht)
-    bad.q = q.cpu().data_ptr()
+    bad.tensors.slot[SLOT_Q].data = q.cpu().data_ptr()
     try:
-        lasp.lasp2_forward(op, current_stream(), ctypes.byref(bad))
+        op.forward(bad)
         raise AssertionError("a CPU tensor for q was accepted")
     except LaspError as e:
-        assert e.status == ERROR_INVALID_ARGUMENT and "q at 0x" in str(e), str(e)
+        assert e.status == ERROR_INVALID_ARGUMENT and "LASP_SLOT_Q at 0x" in str(e), str(e)
         say(f"rank {rank}: a CPU tensor is rejected: {str(e)[:110]}...")
-    lasp.lasp2_free(op)
+    op.free()
 
 
 def check_training(lasp, runtime, rank, world, dev):
@@ -499,10 +565,10 @@ def check_training(lasp, runtime, rank, world, dev):
         mine = [seqs.mine(x) for x in (q, k, v, g)]
         start_state = torch.empty_like(h0)
         outs = [torch.empty_like(x) for x in mine]
-        bad = backward_args(*mine, start_state, seqs.mine(grad_o), grad_ht,
-                            *outs, None)
+        bad = backward_args(*mine, None, seqs.mine(grad_o), grad_ht, *outs, None,
+                            start_state=start_state)
         try:
-            lasp.lasp2_backward(layer.grad_op, current_stream(), ctypes.byref(bad))
+            layer.op.backward(bad)
             raise AssertionError("a final-state gradient on a rank other than the last was accepted")
         except LaspError as e:
             assert e.status == ERROR_INVALID_ARGUMENT and "only the last PE" in str(e), str(e)
@@ -519,14 +585,14 @@ def check_captured_training_step(lasp, layer, rank, last, shard_tensors, h0, gra
     ht = torch.empty_like(h0) if last else None
     grads = [torch.empty_like(x) for x in (q, k, v, g)]
     dh0 = torch.empty_like(h0) if rank == 0 else None
-    fwd = forward_args(q, k, v, g, h0, o, ht)
-    bwd = backward_args(q, k, v, g, start_state, grad_o, grad_ht if last else None, *grads, dh0)
+    fwd = forward_args(q, k, v, g, h0, o, ht, start_state=start_state)
+    bwd = backward_args(q, k, v, g, None, grad_o, grad_ht if last else None, *grads, dh0,
+                        start_state=start_state)
     written = [x for x in (o, start_state, ht, *grads, dh0) if x is not None]
 
     def training_step():
-        lasp.lasp2_forward_saving(layer.forward_op, current_stream(), ctypes.byref(fwd),
-                                  start_state.data_ptr())
-        lasp.lasp2_backward(layer.grad_op, current_stream(), ctypes.byref(bwd))
+        layer.op.forward(fwd)
+        layer.op.backward(bwd)
 
     training_step()  # uncaptured first: it sizes the workspaces
     layer.finish()
@@ -539,8 +605,7 @@ def check_captured_training_step(lasp, layer, rank, last, shard_tensors, h0, gra
         training_step()
     for _ in range(replays):
         graph.replay()
-    lasp.lasp2_note_replayed_calls(layer.forward_op, replays)
-    lasp.lasp2_grad_note_replayed_calls(layer.grad_op, replays)
+    layer.op.note_replayed_calls(replays, replays)
     layer.finish()
     for x, y in zip(written, want):
         assert torch.equal(bits(x), bits(y)), f"rank {rank}: a replayed training step differs"
@@ -548,8 +613,8 @@ def check_captured_training_step(lasp, layer, rank, last, shard_tensors, h0, gra
 
 
 def check_single_gpu_training(lasp, runtime, rank, dev):
-    """lasp_scalar_decay_forward / _backward through torch.autograd on this rank's own sequences
-    (Dk 64, Dv 128, ragged T), against the float64 reference."""
+    """A single-GPU lasp_op (forward and backward) through torch.autograd on this rank's own
+    sequences (Dk 64, Dv 128, ragged T), against the float64 reference."""
     b, t, h, dk, dv = 2, 333, 3, 64, 128
     gen = torch.Generator(device=dev).manual_seed(300 + rank)
     rand = lambda *s: torch.rand(*s, generator=gen, device=dev)  # noqa: E731
@@ -560,19 +625,16 @@ def check_single_gpu_training(lasp, runtime, rank, dev):
     grad_o = (2 * rand(b, t, h, dv) - 1).bfloat16()
     grad_ht = rand(b, h, dk, dv) - 0.5
     want = reference_grads(q, k, v, g, h0, grad_o, grad_ht)
-    forward_op, grad_op = ctypes.c_void_p(), ctypes.c_void_p()
-    lasp.scalar_decay_create(runtime, ctypes.byref(forward_op))
-    lasp.scalar_decay_grad_create(runtime, ctypes.byref(grad_op))
+    op = Op(lasp, runtime, KIND_SINGLE_GPU, b, h, dk, dv)
     leaves = [x.clone().requires_grad_() for x in (q, k, v, g, h0)]
-    o, ht = ScalarDecayAttention.apply((lasp, forward_op, grad_op), *leaves)
+    o, ht = ScalarDecayAttention.apply(op, *leaves)
     torch.autograd.backward((o, ht), (grad_o, grad_ht))
     torch.cuda.synchronize()
     errors = gradient_checks(rank, [x.grad for x in leaves], want,
                              ("dq", "dk", "dv", "dg", "dh0"), 0, t)
     say(f"rank {rank}: one GPU through torch.autograd (B={b} T={t} H={h} Dk={dk} Dv={dv}): "
         f"{errors} (tolerance {TOL:g})")
-    lasp.scalar_decay_free(forward_op)
-    lasp.scalar_decay_grad_free(grad_op)
+    op.free()
 
 
 def time_modes(lasp, runtime, rank, world, dev, iters=50, warmup=10):
@@ -588,14 +650,13 @@ def time_modes(lasp, runtime, rank, world, dev, iters=50, warmup=10):
     start_state = torch.empty(b, h, d, d, device=dev)
     grad_ht = torch.rand(b, h, d, d, generator=gen, device=dev) - 0.5 if last else None
     grads = [torch.empty_like(x) for x in (q, k, v, g)]
-    fwd = forward_args(q, k, v, g, None, o, None)
-    bwd = backward_args(q, k, v, g, start_state, grad_o, grad_ht, *grads, None)
+    fwd = forward_args(q, k, v, g, None, o, None, start_state=start_state)
+    bwd = backward_args(q, k, v, g, None, grad_o, grad_ht, *grads, None, start_state=start_state)
     layer = Lasp2Layer(lasp, runtime, b, h, d, d, rank, world)
     stream = current_stream()
     calls = {
-        "forward": lambda: lasp.lasp2_forward_saving(layer.forward_op, stream, ctypes.byref(fwd),
-                                                     start_state.data_ptr()),
-        "backward": lambda: lasp.lasp2_backward(layer.grad_op, stream, ctypes.byref(bwd)),
+        "forward": lambda: layer.op.forward(fwd, stream),
+        "backward": lambda: layer.op.backward(bwd, stream),
     }
     results = {}
     for name, mode in (("overlapped", MODE_OVERLAPPED), ("sequential_nccl", MODE_SEQUENTIAL_NCCL),
@@ -637,7 +698,7 @@ def init_runtime(lasp):
     rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ["LOCAL_RANK"])
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    options = RuntimeOptions(ABI_VERSION, 0, 256 << 20, 0, None)
+    options = RuntimeOptions(abi_version=ABI_VERSION, symmetric_heap_bytes=256 << 20)
     place = Place(rank, world, local_rank, local_world)
     uid = UniqueId()
     if rank == 0:

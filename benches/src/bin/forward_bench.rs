@@ -27,7 +27,7 @@
 //! kernels/docs/scalar-decay.md "Probes" says how to read them). The probes overwrite o;
 //! the dumped o is from a real forward run after them.
 //!
-//! With `--backward`, each shape also times the backward (`ops::scalar_decay_backward`) on the
+//! With `--backward`, each shape also times the backward (`ops::scalar_decay::backward`) on the
 //! same input sets with dO ~ N(0, 1) in bf16 (no h0, no dht, no dh0): `backward_ms`, and its HBM
 //! floor (q, k, v, dO read once + dq, dk, dv written once) / 4.3e12 B/s.
 

@@ -1,23 +1,22 @@
-//! Checks of what a caller passes, before anything uses it: pointers to its structs and
-//! out-pointers, counts, its stream, and the device pointers of a call's tensors, checked against
-//! the driver's record and the shape and turned into views.
+//! Checks of what a caller passes, before anything uses it: pointers to its structs and their
+//! sizes and reserved fields, out-pointers, counts and its stream.
 
-// Lint debt: this module is being rewritten; remove with the rewrite.
-#![allow(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
-
-use super::abi::{BackwardArgsC, ForwardArgsC};
-use super::memory;
+use super::abi::{SizedStruct, ABI_VERSION};
 use crate::error::{Error, Result};
-use crate::ops::scalar_decay::BackwardArgs;
-use crate::ops::scalar_decay::{ForwardArgs, ForwardShape};
-use crate::ops::{DeviceMut, DeviceRef};
 use crate::runtime::Runtime;
 use cudarc::driver::{sys, CudaStream};
-use std::ffi::c_void;
 use std::sync::Arc;
 
 pub(super) fn invalid(msg: String) -> Error {
     Error::InvalidArgument(msg)
+}
+
+/// This library, as messages name it.
+pub(super) fn this_library() -> String {
+    format!(
+        "lasp-shmem {} (ABI {ABI_VERSION})",
+        env!("CARGO_PKG_VERSION")
+    )
 }
 
 /// `*ptr` for a pointer the caller passed, or an error naming the argument.
@@ -27,6 +26,62 @@ pub(super) fn invalid(msg: String) -> Error {
 pub(super) unsafe fn arg<'a, T>(ptr: *const T, name: &str) -> Result<&'a T> {
     // SAFETY: the caller's contract.
     unsafe { ptr.as_ref() }.ok_or_else(|| invalid(format!("{name} is NULL")))
+}
+
+/// `*ptr` for a struct of the header that begins with `struct_size`, once that size is this
+/// build's. The size is read first, alone, so that a struct of another size is never read whole.
+///
+/// # Safety
+/// A non-NULL `ptr` must point at a live, aligned struct of at least 4 bytes whose first field
+/// is its `struct_size`, and, where that says `size_of::<T>()`, at a `T` for `'a`.
+pub(super) unsafe fn sized_arg<'a, T: SizedStruct>(ptr: *const T, name: &str) -> Result<&'a T> {
+    if ptr.is_null() {
+        return Err(invalid(format!("{name} is NULL")));
+    }
+    // SAFETY: the caller's contract: the struct begins with its u32 size (SizedStruct).
+    let size = unsafe { ptr.cast::<u32>().read() };
+    check_struct_size::<T>(name, size)?;
+    // SAFETY: the caller's contract, now that the caller's struct has this build's size.
+    Ok(unsafe { &*ptr })
+}
+
+/// The one `struct_size` this build knows for `T`. (When a struct grows, the older sizes are
+/// accepted here and the missing tail read as zero.)
+pub(super) fn check_struct_size<T: SizedStruct>(name: &str, size: u32) -> Result<()> {
+    let known = std::mem::size_of::<T>();
+    if size as usize == known {
+        return Ok(());
+    }
+    let c_name = T::C_NAME;
+    let what = if size == 0 {
+        format!("{name}.struct_size is 0; set it to sizeof({c_name})")
+    } else {
+        format!(
+            "{name}.struct_size is {size} but {} knows {c_name} of {known} bytes; set it to \
+             sizeof({c_name}) and compile against the lasp_shmem.h of the library you load",
+            this_library()
+        )
+    };
+    Err(invalid(what))
+}
+
+/// Fails on the first non-zero entry of reserved fields, which a later ABI may give a meaning.
+pub(super) fn check_reserved<T: Into<u64> + Copy>(name: &str, fields: &[T]) -> Result<()> {
+    match fields.iter().position(|&v| v.into() != 0) {
+        None => Ok(()),
+        Some(i) => {
+            let index = if fields.len() > 1 {
+                format!("[{i}]")
+            } else {
+                String::new()
+            };
+            Err(invalid(format!(
+                "{name}{index} is {:#x}; reserved fields must be 0: zero-initialise the struct \
+                 (= {{0}} or memset) before filling it",
+                fields[i].into()
+            )))
+        }
+    }
 }
 
 /// Writes `value` to an out-pointer the caller passed.
@@ -78,196 +133,4 @@ pub(super) fn borrowed_stream(runtime: &Runtime, stream: sys::CUstream) -> Resul
     // SAFETY: the stream belongs to this context (checked above); the caller keeps it alive
     // during the call and orders its own work on it, which is the ABI's contract.
     Ok(unsafe { ctx.wrap_borrowed_stream(stream) })
-}
-
-/// The shape a call's arguments give, validated.
-fn call_shape(batch: i64, tokens: i64, heads: i64, dk: i64, dv: i64) -> Result<ForwardShape> {
-    let shape = ForwardShape {
-        b: count("args.batch", batch)?,
-        t: count("args.tokens", tokens)?,
-        h: count("args.heads", heads)?,
-        dk: count("args.dk", dk)?,
-        dv: count("args.dv", dv)?,
-    };
-    shape.validate()?;
-    Ok(shape)
-}
-
-/// The layouts of a call's tensors: what the message of a failed check calls them, and how many
-/// elements the shape gives them.
-#[derive(Clone, Copy)]
-pub(super) enum Layout {
-    /// q, k and their gradients.
-    Qk,
-    /// v, o and their gradients.
-    V,
-    /// g and its gradient.
-    Gates,
-    /// h0, ht and their gradients, LASP-2's start state.
-    State,
-}
-
-/// Checks raw device pointers against the driver's record of one GPU's allocations and one
-/// call's shape, and turns them into views.
-pub(super) struct DeviceTensors {
-    pub(super) shape: ForwardShape,
-    pub(super) ordinal: usize,
-}
-
-impl DeviceTensors {
-    /// `ptr` holds a tensor of `layout` on this GPU (see [`memory::check_device_range`]);
-    /// returns its element count.
-    fn check<T>(&self, name: &str, layout: Layout, ptr: *const c_void) -> Result<usize> {
-        let s = &self.shape;
-        let (what, elems) = match layout {
-            Layout::Qk => ("[B, T, H, Dk] bf16", s.qk_len()),
-            Layout::V => ("[B, T, H, Dv] bf16", s.v_len()),
-            Layout::Gates => ("[B, T, H] fp32", s.gate_len()),
-            Layout::State => ("[B, H, Dk, Dv] fp32", s.state_len()),
-        };
-        let bytes = (elems * std::mem::size_of::<T>()) as u64;
-        memory::check_device_range(name, what, ptr as u64, bytes, self.ordinal)?;
-        Ok(elems)
-    }
-
-    /// A checked input.
-    ///
-    /// # Safety
-    /// The memory stays valid, and unwritten by others, until the enqueued kernels complete.
-    unsafe fn input<'a, T>(
-        &self,
-        name: &str,
-        layout: Layout,
-        ptr: *const c_void,
-    ) -> Result<DeviceRef<'a, T>> {
-        let elems = self.check::<T>(name, layout, ptr)?;
-        // SAFETY: device memory of this GPU holding the elements (checked above); the rest is
-        // the caller's contract.
-        Ok(unsafe { DeviceRef::from_raw(ptr as u64, elems) })
-    }
-
-    /// A checked output.
-    ///
-    /// # Safety
-    /// As [`DeviceTensors::input`], and nothing else reads or writes the memory meanwhile.
-    pub(super) unsafe fn output<'a, T>(
-        &self,
-        name: &str,
-        layout: Layout,
-        ptr: *mut c_void,
-    ) -> Result<DeviceMut<'a, T>> {
-        let elems = self.check::<T>(name, layout, ptr.cast_const())?;
-        // SAFETY: as in `input`.
-        Ok(unsafe { DeviceMut::from_raw(ptr as u64, elems) })
-    }
-
-    /// [`DeviceTensors::input`] where NULL stands for "none".
-    ///
-    /// # Safety
-    /// As [`DeviceTensors::input`].
-    unsafe fn optional_input<'a, T>(
-        &self,
-        name: &str,
-        layout: Layout,
-        ptr: *const c_void,
-    ) -> Result<Option<DeviceRef<'a, T>>> {
-        // SAFETY: the caller's contract.
-        (!ptr.is_null())
-            .then(|| unsafe { self.input(name, layout, ptr) })
-            .transpose()
-    }
-
-    /// [`DeviceTensors::output`] where NULL stands for "not wanted".
-    ///
-    /// # Safety
-    /// As [`DeviceTensors::output`].
-    unsafe fn optional_output<'a, T>(
-        &self,
-        name: &str,
-        layout: Layout,
-        ptr: *mut c_void,
-    ) -> Result<Option<DeviceMut<'a, T>>> {
-        // SAFETY: the caller's contract.
-        (!ptr.is_null())
-            .then(|| unsafe { self.output(name, layout, ptr) })
-            .transpose()
-    }
-}
-
-/// The validated views of one forward call's tensors.
-///
-/// # Safety
-/// The pointers of `a` stay valid until the enqueued kernels complete (the ABI's contract); the
-/// checks here make sure they are GPU memory of this device, long enough for the shape.
-pub(super) unsafe fn device_views<'a>(a: &ForwardArgsC, ordinal: usize) -> Result<ForwardArgs<'a>> {
-    let shape = call_shape(a.batch, a.tokens, a.heads, a.dk, a.dv)?;
-    let t = DeviceTensors { shape, ordinal };
-    use Layout::{Gates, Qk, State, V};
-    // SAFETY (every view below): checked against the driver's record; validity until
-    // completion and the absence of concurrent writers are the caller's.
-    unsafe {
-        Ok(ForwardArgs {
-            shape,
-            q: t.input("q", Qk, a.q)?,
-            k: t.input("k", Qk, a.k)?,
-            v: t.input("v", V, a.v)?,
-            g: t.input("g", Gates, a.g.cast())?,
-            o: t.output("o", V, a.o)?,
-            h0: t.optional_input("h0", State, a.h0.cast())?,
-            ht: t.optional_output("ht", State, a.ht.cast())?,
-            scale: (a.scale != 0.0).then_some(a.scale),
-        })
-    }
-}
-
-/// The validated views of one backward call's tensors.
-///
-/// # Safety
-/// As [`device_views`].
-pub(super) unsafe fn backward_views<'a>(
-    a: &BackwardArgsC,
-    ordinal: usize,
-) -> Result<BackwardArgs<'a>> {
-    let shape = call_shape(a.batch, a.tokens, a.heads, a.dk, a.dv)?;
-    let t = DeviceTensors { shape, ordinal };
-    use Layout::{Gates, Qk, State, V};
-    // SAFETY: as in `device_views`.
-    unsafe {
-        Ok(BackwardArgs {
-            shape,
-            q: t.input("q", Qk, a.q)?,
-            k: t.input("k", Qk, a.k)?,
-            v: t.input("v", V, a.v)?,
-            g: t.input("g", Gates, a.g.cast())?,
-            h0: t.optional_input("h0", State, a.h0.cast())?,
-            d_o: t.input("grad_o", V, a.grad_o)?,
-            d_ht: t.optional_input("grad_ht", State, a.grad_ht.cast())?,
-            dq: t.output("grad_q", Qk, a.grad_q)?,
-            dk: t.output("grad_k", Qk, a.grad_k)?,
-            dv: t.output("grad_v", V, a.grad_v)?,
-            dg: t.output("grad_g", Gates, a.grad_g.cast())?,
-            dh0: t.optional_output("grad_h0", State, a.grad_h0.cast())?,
-            scale: (a.scale != 0.0).then_some(a.scale),
-        })
-    }
-}
-
-/// The caller's stream and the checked views of a call's arguments, for an operation of
-/// `runtime`.
-///
-/// # Safety
-/// `args` is NULL or points at a valid struct whose tensors stay valid until the enqueued
-/// kernels complete (see [`device_views`]).
-pub(super) unsafe fn call_inputs<A, V>(
-    runtime: &Runtime,
-    stream: sys::CUstream,
-    args: *const A,
-    views: unsafe fn(&A, usize) -> Result<V>,
-) -> Result<(Arc<CudaStream>, V)> {
-    // SAFETY: the caller's contract.
-    let args = unsafe { arg(args, "args")? };
-    let stream = borrowed_stream(runtime, stream)?;
-    // SAFETY: the caller's contract covers the tensors' lifetime.
-    let views = unsafe { views(args, runtime.context().ordinal())? };
-    Ok((stream, views))
 }

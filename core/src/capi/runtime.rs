@@ -2,7 +2,7 @@
 //! that id or from the launch environment), this process's place, and the collective shutdown.
 
 use super::abi::{Place, RuntimeOptions, UniqueId, ABI_VERSION};
-use super::args::{arg, count, invalid, put};
+use super::args::{arg, count, invalid, put, sized_arg, this_library};
 use super::handles::{check_out, store_handle, take_handle, RuntimeHandle};
 use super::status::{run, Status};
 use crate::error::{Error, Result};
@@ -16,19 +16,21 @@ use std::time::Duration;
 /// The runtime settings of `options` (NULL: every default).
 ///
 /// # Safety
-/// `options` is NULL or points at a `lasp_runtime_options` whose `nvshmem_library` is NULL or
-/// a NUL-terminated string.
+/// `options` is NULL or points at a `lasp_runtime_options` whose `struct_size` is its size and
+/// whose `nvshmem_library` is NULL or a NUL-terminated string.
 pub(super) unsafe fn config_of(options: *const RuntimeOptions) -> Result<Config> {
     let mut config = Config::default();
-    // SAFETY: the caller's contract.
-    let Some(o) = (unsafe { options.as_ref() }) else {
+    if options.is_null() {
         return Ok(config);
-    };
+    }
+    // SAFETY: the caller's contract.
+    let o = unsafe { sized_arg(options, "options")? };
     if o.abi_version != ABI_VERSION {
         return Err(invalid(format!(
-            "options.abi_version is {} but this library implements ABI {ABI_VERSION}; set it to \
+            "options.abi_version is {} but this library is {}; set it to \
              LASP_SHMEM_ABI_VERSION and compile against the lasp_shmem.h of this library",
-            o.abi_version
+            o.abi_version,
+            this_library()
         )));
     }
     if o.symmetric_heap_bytes > 0 {
@@ -113,7 +115,7 @@ pub unsafe extern "C" fn lasp_runtime_init(
         let handle = RuntimeHandle {
             runtime: Runtime::init_with(config, env)?,
         };
-        // SAFETY: the caller\'s contract.
+        // SAFETY: the caller's contract.
         unsafe { store_handle(runtime, "runtime", handle) }
     })
 }
@@ -135,7 +137,7 @@ pub unsafe extern "C" fn lasp_runtime_init_from_env(
         let handle = RuntimeHandle {
             runtime: Runtime::init(config)?,
         };
-        // SAFETY: the caller\'s contract.
+        // SAFETY: the caller's contract.
         unsafe { store_handle(runtime, "runtime", handle) }
     })
 }
@@ -176,9 +178,8 @@ pub unsafe extern "C" fn lasp_runtime_shutdown(runtime: *mut RuntimeHandle) -> S
         let others = Arc::strong_count(&handle.runtime.inner) - 1;
         if others > 0 {
             return Err(Error::State(format!(
-                "{others} operation handles (or buffers) still use the runtime; free them on \
-                 every rank (lasp_lasp2_free, lasp_lasp2_grad_free, lasp_scalar_decay_free, \
-                 lasp_scalar_decay_grad_free) before the shutdown"
+                "{others} operations (or buffers) still use the runtime; free them on every \
+                 rank (lasp_op_free) before the shutdown"
             )));
         }
         // SAFETY: the caller gives the handle up (nothing else uses it, checked above).

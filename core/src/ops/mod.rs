@@ -2,8 +2,9 @@
 //!
 //! * [`scalar_decay::ScalarDecayForward`]: the chunkwise forward of scalar-decay linear attention
 //!   (simple GLA / RetNet / Lightning) on one GPU.
-//! * [`scalar_decay_backward::ScalarDecayBackward`]: its backward (dq, dk, dv, dg, dh0) on one GPU.
-//! * [`lasp2::Lasp2Forward`]: the LASP-2 forward across GPUs.
+//! * [`scalar_decay::ScalarDecayBackward`]: its backward (dq, dk, dv, dg, dh0) on one GPU.
+//! * [`scalar_decay::lasp2::Lasp2Forward`] and [`scalar_decay::lasp2::Lasp2Backward`]: both
+//!   across GPUs (LASP-2), on the family-generic exchange of [`crate::exchange`].
 //!
 //! Tensors are passed as [`DeviceRef`] (read) and [`DeviceMut`] (written) views: a device address,
 //! an element count and a borrow of the buffer they came from, so the borrow checker keeps an

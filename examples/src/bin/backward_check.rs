@@ -1,4 +1,4 @@
-//! GPU check of the scalar-decay backward (`ops::scalar_decay_backward`) against the CPU f64
+//! GPU check of the scalar-decay backward (`ops::scalar_decay::backward`) against the CPU f64
 //! reference (`reference::scalar_decay::backward`), on one GPU, in one process:
 //!
 //! ```text
