@@ -41,8 +41,8 @@ pub fn open_gpu(local_rank: usize) -> Result<Arc<CudaContext>> {
         )));
     }
     let ctx = CudaContext::new(local_rank).cuda_call("cuDevicePrimaryCtxRetain")?;
-    // Ordering is ours to keep (one stream per operation, explicit events); cudarc's per-buffer
-    // event tracking would add an event record to every launch on the hot path.
+    // Ordering is ours to keep, once per call and only across streams: cudarc's per-buffer
+    // event tracking would record an event per buffer on every launch of the hot path.
     //
     // SAFETY: this only switches tracking off for the CudaSlices allocated on this context from
     // now on (none exists yet, so none is left half-tracked). It hands cudarc's obligations for
@@ -50,16 +50,18 @@ pub fn open_gpu(local_rank: usize) -> Result<Arc<CudaContext>> {
     // before every use on another stream has finished, (2) it is not used on another stream
     // before its allocation on the allocating stream has finished, (3) it is not written by two
     // streams at once. They are discharged:
-    // - for the buffers of `exchange::AllGather` and `PingPong` (allocated on the runtime's
-    //   stream, then synchronised in `new`, used on the caller's stream), by their `finish` and
-    //   `free`, which the caller must call after its last round, before dropping (the types do
-    //   not enforce this: a caller that drops one with a round in flight breaks (1));
+    // - for slices callers pass to the operations as `DeviceRef` / `DeviceMut`, by the operation
+    //   (`ops::StreamOrder`): where the slice's stream is not the call's, the call's stream
+    //   waits for the slice's before the first launch (2, 3) and the slice's stream waits for
+    //   the call's work after the last (1: cudarc frees the slice on its own stream); the view
+    //   borrows the slice for the call (3: no safe code writes it meanwhile);
+    // - for the slices the operations and the exchange own and use on callers' streams (the
+    //   chain's epoch and diagnostics, the workspaces, the transport's round words), by drops
+    //   that synchronise the context before they are freed (`StateChain`, the transport's
+    //   words; the LASP-2 operations' workspaces drop after their chain, which comes first), and
+    //   by synchronising before a workspace is replaced (`ops::ensure_workspace`);
     // - for the runtime's own scratch (`broadcast_bytes`, `all_gather_u64`), by synchronising
-    //   the runtime's stream before freeing;
-    // - for the operations of `crate::ops` and the slices callers pass to them as `DeviceRef` /
-    //   `DeviceMut`, NOT by the types: their safe `launch`/`forward` functions leave (1)-(3) to
-    //   the caller ("ordering is the caller's"), which is the open soundness gap of that layer,
-    //   to be closed there (unsafe launches, or guards that `finish` consumes).
+    //   the runtime's stream before freeing.
     unsafe { ctx.disable_event_tracking() };
     Ok(ctx)
 }

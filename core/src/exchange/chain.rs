@@ -27,7 +27,8 @@ pub(crate) struct StateChain<F: Family> {
     summary: Kernel,
     advance_epoch: Kernel,
     grant_credits: Kernel,
-    buffers: AllGatherBuffers,
+    /// `None` only once [`StateChain::free`] has released them.
+    buffers: Option<AllGatherBuffers>,
     epoch: CudaSlice<u64>,
     diag: CudaSlice<WaitDiagnostics>,
     nccl: Option<NcclComm>,
@@ -90,11 +91,11 @@ impl<F: Family> StateChain<F> {
             summary: module.kernel(F::SUMMARY_KERNEL)?,
             advance_epoch: module.kernel(F::ADVANCE_EPOCH_KERNEL)?,
             grant_credits: module.kernel(F::GRANT_CREDITS_KERNEL)?,
-            buffers: AllGatherBuffers::new(
+            buffers: Some(AllGatherBuffers::new(
                 runtime,
                 layout,
                 F::summary_tile_floats(layout.dk as i32),
-            )?,
+            )?),
             epoch: stream.alloc_zeros(1)?,
             diag: stream.alloc_zeros(1)?,
             nccl: None,
@@ -193,9 +194,9 @@ impl<F: Family> StateChain<F> {
     pub(crate) fn base_params(&self, stream: &CudaStream) -> F::Lasp2Params {
         let (b, h, dk, dv) = self.layout.dims();
         F::lasp2_params(ExchangeFields {
-            slots: self.buffers.slots.raw(),
-            signals: self.buffers.signals.raw(),
-            credit: self.buffers.credit.raw(),
+            slots: self.buffers().slots.raw(),
+            signals: self.buffers().signals.raw(),
+            credit: self.buffers().credit.raw(),
             epoch: self.epoch.device_ptr(stream).0,
             diag: self.diag.device_ptr(stream).0,
             timeout_ns: self.runtime.wait_timeout().as_nanos() as u64,
@@ -256,7 +257,7 @@ impl<F: Family> StateChain<F> {
     /// the call's summary kernels; nothing in the other modes.
     pub(crate) fn gather_slots(&self, stream: &Arc<CudaStream>) -> Result<()> {
         let parity = ((self.calls + 1) & 1) as i32;
-        self.buffers.gather_on_host(
+        self.buffers().gather_on_host(
             &self.runtime,
             self.nccl.as_ref(),
             self.mode(),
@@ -305,7 +306,27 @@ impl<F: Family> StateChain<F> {
     /// Frees the symmetric buffers (collective).
     pub(crate) fn free(mut self) -> Result<()> {
         self.nccl = None;
-        let runtime = self.runtime.clone();
-        self.buffers.free(&runtime)
+        // Calls still in flight on the callers' streams use the buffers.
+        self.ctx.synchronize()?;
+        let buffers = self
+            .buffers
+            .take()
+            .expect("freed once: free consumes the chain");
+        buffers.free(&self.runtime)
+    }
+
+    fn buffers(&self) -> &AllGatherBuffers {
+        self.buffers
+            .as_ref()
+            .expect("present until free, which consumes the chain")
+    }
+}
+
+/// The epoch and diagnostics words (and, until `free`, the symmetric buffers) are used on the
+/// callers' streams: wait for every call before cudarc frees them on the runtime's stream. A chain
+/// dropped without `free` leaks its symmetric buffers (freeing them is collective).
+impl<F: Family> Drop for StateChain<F> {
+    fn drop(&mut self) {
+        let _ = self.ctx.synchronize();
     }
 }

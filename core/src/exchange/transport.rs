@@ -7,7 +7,7 @@ use crate::error::{CudaCall, Error, Result};
 use crate::kernel::{Kernel, LaunchShape};
 use crate::runtime::Runtime;
 use crate::symmetric::SymmetricBuffer;
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use std::sync::Arc;
 
 #[repr(C)]
@@ -173,17 +173,15 @@ fn device_addr<T>(slice: &CudaSlice<T>, stream: &CudaStream) -> u64 {
 /// rounds on one stream may follow each other back to back, or be captured in a CUDA graph.
 ///
 /// End with [`AllGather::finish`] on the stream of the last round, then [`AllGather::free`]
-/// (collective): dropping it while a round is still in flight frees memory the kernel uses.
+/// (collective). Dropping it instead waits for the rounds in flight and leaks the symmetric
+/// buffers (freeing them is collective).
 pub struct AllGather {
     runtime: Runtime,
     bytes: usize,
     src: SymmetricBuffer<u8>,
     slots: SymmetricBuffer<u8>,
     data_signal: SymmetricBuffer<u64>,
-    epoch: CudaSlice<u64>,
-    counters: CudaSlice<u32>,
-    diag: CudaSlice<WaitDiagnostics>,
-    mismatches: CudaSlice<u64>,
+    words: AllGatherWords,
     variant: AllGatherVariant,
     round: Kernel,
     floor: Kernel,
@@ -193,6 +191,23 @@ pub struct AllGather {
     threads: u32,
     /// Set by [`AllGather::set_chunk_bytes`]; otherwise [`allgather_chunk_bytes`].
     chunk_bytes: Option<usize>,
+}
+
+/// The device words a round uses on the caller's stream. Dropping them waits for the context
+/// first: cudarc frees them stream-ordered on the runtime's stream, which does not order the free
+/// after a round on another stream.
+struct AllGatherWords {
+    ctx: Arc<CudaContext>,
+    epoch: CudaSlice<u64>,
+    counters: CudaSlice<u32>,
+    diag: CudaSlice<WaitDiagnostics>,
+    mismatches: CudaSlice<u64>,
+}
+
+impl Drop for AllGatherWords {
+    fn drop(&mut self) {
+        let _ = self.ctx.synchronize();
+    }
 }
 
 impl AllGather {
@@ -217,12 +232,15 @@ impl AllGather {
             src: runtime.alloc(bytes)?,
             slots: runtime.alloc(2 * npes * bytes)?,
             data_signal: runtime.alloc_zeroed(2 * npes)?,
-            epoch: stream.alloc_zeros(1).cuda_call("cuMemAllocAsync")?,
-            counters: stream
-                .alloc_zeros(counter_words(npes))
-                .cuda_call("cuMemAllocAsync")?,
-            diag: stream.alloc_zeros(1).cuda_call("cuMemAllocAsync")?,
-            mismatches: stream.alloc_zeros(1).cuda_call("cuMemAllocAsync")?,
+            words: AllGatherWords {
+                ctx: runtime.context().clone(),
+                epoch: stream.alloc_zeros(1).cuda_call("cuMemAllocAsync")?,
+                counters: stream
+                    .alloc_zeros(counter_words(npes))
+                    .cuda_call("cuMemAllocAsync")?,
+                diag: stream.alloc_zeros(1).cuda_call("cuMemAllocAsync")?,
+                mismatches: stream.alloc_zeros(1).cuda_call("cuMemAllocAsync")?,
+            },
             variant: AllGatherVariant::DEFAULT,
             round: module.kernel(AllGatherVariant::DEFAULT.kernel_name())?,
             floor: module.kernel("lasp_allgather_floor")?,
@@ -335,9 +353,9 @@ impl AllGather {
             src: self.src.raw(),
             slots: self.slots.raw(),
             data_signal: self.data_signal.raw(),
-            epoch: device_addr(&self.epoch, stream),
-            counters: device_addr(&self.counters, stream),
-            diag: device_addr(&self.diag, stream),
+            epoch: device_addr(&self.words.epoch, stream),
+            counters: device_addr(&self.words.counters, stream),
+            diag: device_addr(&self.words.diag, stream),
             bytes: self.bytes as u64,
             chunk_bytes: self.chunk_bytes() as u64,
             timeout_ns: self.runtime.wait_timeout().as_nanos() as u64,
@@ -361,8 +379,8 @@ impl AllGather {
         PatternParams {
             src: self.src.raw(),
             slots: self.slots.raw(),
-            epoch: device_addr(&self.epoch, stream),
-            mismatches: device_addr(&self.mismatches, stream),
+            epoch: device_addr(&self.words.epoch, stream),
+            mismatches: device_addr(&self.words.mismatches, stream),
             bytes: self.bytes as u64,
             me: self.runtime.pe() as i32,
             npes: self.runtime.npes() as i32,
@@ -399,20 +417,20 @@ impl AllGather {
     /// Waits for `stream`, then returns the error of the first expired wait, if any.
     pub fn finish(&self, stream: &Arc<CudaStream>) -> Result<()> {
         stream.synchronize().cuda_call("cuStreamSynchronize")?;
-        read_diagnostics(stream, &self.diag)
+        read_diagnostics(stream, &self.words.diag)
     }
 
     /// The last completed epoch (synchronises `stream`).
     pub fn epoch(&self, stream: &Arc<CudaStream>) -> Result<u64> {
         Ok(stream
-            .clone_dtoh(&self.epoch)
+            .clone_dtoh(&self.words.epoch)
             .cuda_call("cuMemcpyDtoHAsync")?[0])
     }
 
     /// Mismatching words counted by [`AllGather::check_pattern`] so far (synchronises `stream`).
     pub fn mismatches(&self, stream: &Arc<CudaStream>) -> Result<u64> {
         Ok(stream
-            .clone_dtoh(&self.mismatches)
+            .clone_dtoh(&self.words.mismatches)
             .cuda_call("cuMemcpyDtoHAsync")?[0])
     }
 
@@ -431,9 +449,21 @@ impl AllGather {
 pub struct PingPong {
     runtime: Runtime,
     flags: SymmetricBuffer<u64>,
+    words: PingPongWords,
+    kernel: Kernel,
+}
+
+/// The device words of the ping-pong's rounds (see [`AllGatherWords`] for the drop).
+struct PingPongWords {
+    ctx: Arc<CudaContext>,
     round: CudaSlice<u64>,
     diag: CudaSlice<WaitDiagnostics>,
-    kernel: Kernel,
+}
+
+impl Drop for PingPongWords {
+    fn drop(&mut self) {
+        let _ = self.ctx.synchronize();
+    }
 }
 
 impl PingPong {
@@ -448,8 +478,11 @@ impl PingPong {
         let pingpong = PingPong {
             runtime: runtime.clone(),
             flags: runtime.alloc_zeroed(2)?,
-            round: stream.alloc_zeros(1).cuda_call("cuMemAllocAsync")?,
-            diag: stream.alloc_zeros(1).cuda_call("cuMemAllocAsync")?,
+            words: PingPongWords {
+                ctx: runtime.context().clone(),
+                round: stream.alloc_zeros(1).cuda_call("cuMemAllocAsync")?,
+                diag: stream.alloc_zeros(1).cuda_call("cuMemAllocAsync")?,
+            },
             kernel: runtime.module().kernel("lasp_pingpong")?,
         };
         // Zeroed on the runtime's stream, used on the caller's: complete the allocation first.
@@ -465,8 +498,8 @@ impl PingPong {
         }
         let params = PingPongParams {
             flags: self.flags.raw(),
-            round: device_addr(&self.round, stream),
-            diag: device_addr(&self.diag, stream),
+            round: device_addr(&self.words.round, stream),
+            diag: device_addr(&self.words.diag, stream),
             timeout_ns: self.runtime.wait_timeout().as_nanos() as u64,
             me: me as i32,
             peer: 1 - me as i32,
@@ -486,7 +519,7 @@ impl PingPong {
     /// Waits for `stream`, then returns the error of an expired wait, if any.
     pub fn finish(&self, stream: &Arc<CudaStream>) -> Result<()> {
         stream.synchronize().cuda_call("cuStreamSynchronize")?;
-        read_diagnostics(stream, &self.diag)
+        read_diagnostics(stream, &self.words.diag)
     }
 
     /// Frees the buffers (collective). Waits for the whole device first, so round trips still

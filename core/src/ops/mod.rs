@@ -12,12 +12,16 @@
 //! ([`DeviceRef::new`], [`DeviceMut::new`]) or, behind `unsafe`, from raw device pointers (a C
 //! ABI, a PyTorch tensor's `data_ptr()`).
 //!
-//! Ordering is the caller's: an operation enqueues its kernels on the stream it is given and adds
-//! no event waits (the runtime turns cudarc's event tracking off), so every buffer must be ready
-//! on that stream when the call is made.
-
-// Lint debt: this module is being rewritten; remove with the rewrite.
-#![allow(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
+//! Ordering: an operation enqueues its kernels on the stream it is given. A view made from a
+//! cudarc buffer remembers the buffer's own stream (where cudarc frees it, stream-ordered, when
+//! it is dropped); where that differs from the call's stream, the call makes its stream wait for
+//! the buffer's (the buffer is ready) and the buffer's stream wait for the call's work (a drop
+//! right after the call frees it only after the kernels that use it). That is cudarc's event
+//! tracking, which the runtime turns off, done once per call and only across streams: a call
+//! whose buffers live on its own stream records no event. Under CUDA graph capture every such
+//! buffer must live on the capturing stream. Views made from raw addresses (the C ABI, a
+//! PyTorch tensor) carry no stream: ordering them is the caller's contract
+//! ([`DeviceRef::from_raw`]).
 
 use crate::error::{Error, Result};
 use cudarc::driver::sys::CUstreamCaptureStatus;
@@ -58,11 +62,12 @@ macro_rules! view_accessors {
 }
 
 /// A device tensor an operation reads: its base address and length in elements of `T`, borrowed
-/// from the buffer it came from for `'a`.
+/// from the buffer it came from for `'a`, and that buffer's stream.
 #[derive(Debug)]
 pub struct DeviceRef<'a, T> {
     addr: u64,
     len: usize,
+    home: Option<&'a Arc<CudaStream>>,
     _borrow: PhantomData<&'a [T]>,
 }
 
@@ -80,6 +85,7 @@ impl<'a, T> DeviceRef<'a, T> {
         DeviceRef {
             addr,
             len: buf.len(),
+            home: Some(buf.stream()),
             _borrow: PhantomData,
         }
     }
@@ -94,8 +100,14 @@ impl<'a, T> DeviceRef<'a, T> {
         DeviceRef {
             addr,
             len,
+            home: None,
             _borrow: PhantomData,
         }
+    }
+
+    /// The stream of the buffer the view was made from (none for a raw view).
+    pub(crate) fn home(&self) -> Option<&'a Arc<CudaStream>> {
+        self.home
     }
 
     view_accessors!();
@@ -107,6 +119,7 @@ impl<'a, T> DeviceRef<'a, T> {
 pub struct DeviceMut<'a, T> {
     addr: u64,
     len: usize,
+    home: Option<&'a Arc<CudaStream>>,
     _borrow: PhantomData<&'a mut [T]>,
 }
 
@@ -115,10 +128,15 @@ impl<'a, T> DeviceMut<'a, T> {
     pub fn new<S: DevicePtrMut<T>>(buf: &'a mut S) -> Self {
         let stream = buf.stream().clone();
         let len = buf.len();
-        let (addr, _no_events) = buf.device_ptr_mut(&stream);
+        // The guard records nothing (tracking is off); it ends its borrow of `buf` here.
+        let addr = buf.device_ptr_mut(&stream).0;
+        // The exclusive borrow stays with the view (nothing else can reach the buffer for 'a);
+        // through it, the view keeps the buffer's stream.
+        let buf: &'a S = buf;
         DeviceMut {
             addr,
             len,
+            home: Some(buf.stream()),
             _borrow: PhantomData,
         }
     }
@@ -133,11 +151,71 @@ impl<'a, T> DeviceMut<'a, T> {
         DeviceMut {
             addr,
             len,
+            home: None,
             _borrow: PhantomData,
         }
     }
 
+    /// The stream of the buffer the view was made from (none for a raw view).
+    pub(crate) fn home(&self) -> Option<&'a Arc<CudaStream>> {
+        self.home
+    }
+
     view_accessors!();
+}
+
+/// Orders the streams of one call's buffers around its work on the call's stream (see the module
+/// documentation): [`StreamOrder::enter`] before the first launch, [`StreamOrder::exit`] after the
+/// last, also when a launch failed (what was enqueued still uses the buffers).
+pub(crate) struct StreamOrder {
+    stream: Arc<CudaStream>,
+    homes: Vec<Arc<CudaStream>>,
+}
+
+impl StreamOrder {
+    /// Makes `stream` wait for every buffer stream in `homes` that is not `stream` itself.
+    /// Refused, naming `op`, while `stream` is captured and a buffer lives on another stream.
+    pub(crate) fn enter<'a>(
+        stream: &Arc<CudaStream>,
+        homes: impl IntoIterator<Item = Option<&'a Arc<CudaStream>>>,
+        op: &str,
+    ) -> Result<Self> {
+        let mut others: Vec<Arc<CudaStream>> = Vec::new();
+        for home in homes.into_iter().flatten() {
+            let same = |s: &Arc<CudaStream>| s.cu_stream() == home.cu_stream();
+            if !same(stream) && !others.iter().any(same) {
+                others.push(home.clone());
+            }
+        }
+        if !others.is_empty() {
+            if stream.capture_status()? != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+                return Err(Error::InvalidArgument(format!(
+                    "{op}: a buffer lives on another stream than the one being captured; a \
+                     captured call cannot order other streams, so allocate the buffers on the \
+                     capturing stream (or make the call outside the capture)"
+                )));
+            }
+            for home in &others {
+                stream.join(home)?;
+            }
+        }
+        Ok(StreamOrder {
+            stream: stream.clone(),
+            homes: others,
+        })
+    }
+
+    /// Makes every buffer stream wait for what the call enqueued on its stream.
+    pub(crate) fn exit(self) -> Result<()> {
+        if self.homes.is_empty() {
+            return Ok(());
+        }
+        let done = self.stream.record_event(None)?;
+        for home in &self.homes {
+            home.wait(&done)?;
+        }
+        Ok(())
+    }
 }
 
 /// The GPU's streaming multiprocessors (at least 1): what launch plans aim their CTA counts at.
@@ -208,6 +286,7 @@ mod tests {
         // SAFETY: views of fake addresses are only measured, never launched.
         let v = unsafe { DeviceRef::<f32>::from_raw(256, 10) };
         assert_eq!(v.byte_range(), (256, 296));
+        // SAFETY: as above.
         let m = unsafe { DeviceMut::<bf16>::from_raw(512, 10) };
         assert_eq!(m.byte_range(), (512, 532));
     }

@@ -8,7 +8,7 @@
 //   entering the shard, from its own tokens), Lambda_me = sum of the shard's log-decays;
 //   D_me = fold_{u > me, descending} (D = e^{Lambda_u} D + dM_u) from dht           (kernels/docs/
 //   maths.md, "LASP-2: backward"; reference::lasp2::backward's `suffixes`).
-// That is the forward's chain run the other way (exchange/lasp2_params.h, LASP2_CHAIN_DESCENDING):
+// That is the forward's chain run the other way (lasp/exchange/chain_params.h, LASP2_CHAIN_DESCENDING):
 //   1. lasp_lasp2_states_reversed_dk{64,128}  every segment of the shard, tokens from last to first,
 //                                   with k = Q and v = dO: R_s from zero, Lambda_s
 //   2. lasp_lasp2_fold_put          (scalar_decay/lasp2_fold_put.cu) dM_me, Lambda_me (the last PE: e^{Lambda} dht +

@@ -7,7 +7,7 @@
 //   e^{Lambda_0 + .. + Lambda_{s-1}} P_me + L_s (L_s = the fold of segments < s from zero,
 //   kernel 1b); the chunk loop of the single-GPU output kernel from that start        (kernel 3)
 //
-// Kernels (geometry, buffers and call order: lasp/exchange/lasp2_params.h; protocol: kernels/docs/lasp2.md):
+// Kernels (geometry, buffers and call order: lasp/scalar_decay/lasp2_params.h; protocol: kernels/docs/lasp2.md):
 //   1. lasp_lasp2_states_dk{64,128}  every segment s of the shard: M_s from zero, Lambda_s
 //   1b. lasp_lasp2_segment_prefix    per (Dv tile, b*H+h), S > 1: L_1 .. L_{S-1}
 //   2. lasp_lasp2_fold_put           (scalar_decay/lasp2_fold_put.cu) per (Dv tile, b*H+h): M_me, Lambda_me into the own

@@ -4,6 +4,8 @@
 use super::{invalid, ForwardShape};
 use crate::error::Result;
 use crate::ops::{bf16, ranges_overlap, DeviceMut, DeviceRef};
+use cudarc::driver::CudaStream;
+use std::sync::Arc;
 
 /// The tensors of one call. Views come from cudarc buffers ([`DeviceRef::new`],
 /// [`DeviceMut::new`]) or raw pointers; all must live in the runtime's GPU context.
@@ -30,6 +32,21 @@ pub struct ForwardArgs<'a> {
     pub ht: Option<DeviceMut<'a, f32>>,
     /// `sigma` in `o_t = sigma q_t S_t`; `None` for `Dk^-1/2`.
     pub scale: Option<f32>,
+}
+
+impl<'a> ForwardArgs<'a> {
+    /// The streams of the buffers the views come from ([`crate::ops`], "Ordering").
+    pub(crate) fn homes(&self) -> [Option<&'a Arc<CudaStream>>; 7] {
+        [
+            self.q.home(),
+            self.k.home(),
+            self.v.home(),
+            self.g.home(),
+            self.h0.and_then(|h0| h0.home()),
+            self.o.home(),
+            self.ht.as_ref().and_then(DeviceMut::home),
+        ]
+    }
 }
 
 /// Checks lengths, alignment, scale and overlaps against the (validated) shape; returns the

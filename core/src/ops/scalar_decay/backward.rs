@@ -26,7 +26,7 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::kernel::{Kernel, LaunchShape};
-use crate::ops::{bf16, ranges_overlap, DeviceMut, DeviceRef};
+use crate::ops::{bf16, ranges_overlap, DeviceMut, DeviceRef, StreamOrder};
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use lasp_shmem_kernels::instances;
@@ -207,6 +207,26 @@ pub struct BackwardArgs<'a> {
     pub scale: Option<f32>,
 }
 
+impl<'a> BackwardArgs<'a> {
+    /// The streams of the buffers the views come from ([`crate::ops`], "Ordering").
+    pub(crate) fn homes(&self) -> [Option<&'a Arc<CudaStream>>; 12] {
+        [
+            self.q.home(),
+            self.k.home(),
+            self.v.home(),
+            self.g.home(),
+            self.h0.and_then(|h0| h0.home()),
+            self.d_o.home(),
+            self.d_ht.and_then(|d| d.home()),
+            self.dq.home(),
+            self.dk.home(),
+            self.dv.home(),
+            self.dg.home(),
+            self.dh0.as_ref().and_then(DeviceMut::home),
+        ]
+    }
+}
+
 fn invalid(msg: String) -> Error {
     Error::InvalidArgument(msg)
 }
@@ -359,9 +379,12 @@ impl ScalarDecayBackward {
     /// validated before the first launch; in debug builds each pass also checks the gates,
     /// which synchronises `stream`.
     pub fn launch(&mut self, stream: &Arc<CudaStream>, args: BackwardArgs<'_>) -> Result<()> {
+        let order = StreamOrder::enter(stream, args.homes(), "scalar-decay backward")?;
         // SAFETY: no caller-computed states: every buffer the launches address is a view the
         // arguments check, or a workspace of self's.
-        unsafe { self.launch_with(stream, args, None, || Ok(())) }
+        let enqueued = unsafe { self.launch_with(stream, args, None, || Ok(())) };
+        order.exit()?;
+        enqueued
     }
 
     /// [`ScalarDecayBackward::launch`] with `before_reversed_passes` enqueued after the dq pass

@@ -8,7 +8,7 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::kernel::{Kernel, LaunchShape};
-use crate::ops::DeviceRef;
+use crate::ops::{DeviceRef, StreamOrder};
 use crate::runtime::Runtime;
 use cudarc::driver::{result as cu, sys, CudaContext, CudaSlice, CudaStream};
 use lasp_shmem_kernels::instances;
@@ -343,6 +343,14 @@ impl ScalarDecayForward {
         stream: &Arc<CudaStream>,
         args: ForwardArgs<'_>,
     ) -> Result<ForwardPlan> {
+        let order = StreamOrder::enter(stream, args.homes(), "scalar-decay forward")?;
+        let enqueued = self.enqueue(stream, args);
+        order.exit()?;
+        enqueued
+    }
+
+    /// The body of [`ScalarDecayForward::launch`], with the buffers' streams already ordered.
+    fn enqueue(&mut self, stream: &Arc<CudaStream>, args: ForwardArgs<'_>) -> Result<ForwardPlan> {
         let plan = self.plan(&args.shape)?;
         let (plan, params) = self.prepare_plan(stream, &args, plan)?;
         let output = self.output_launch(&plan, &params)?;
@@ -524,6 +532,19 @@ impl ScalarDecayForward {
     /// variant's values, which are not the forward's output except for [`OutputProbe::Output`]
     /// after a forward of the same inputs.
     pub fn launch_output_probe(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        args: ForwardArgs<'_>,
+        probe: OutputProbe,
+    ) -> Result<ForwardPlan> {
+        let order = StreamOrder::enter(stream, args.homes(), "scalar-decay output probe")?;
+        let enqueued = self.enqueue_output_probe(stream, args, probe);
+        order.exit()?;
+        enqueued
+    }
+
+    /// The body of [`ScalarDecayForward::launch_output_probe`].
+    fn enqueue_output_probe(
         &mut self,
         stream: &Arc<CudaStream>,
         args: ForwardArgs<'_>,

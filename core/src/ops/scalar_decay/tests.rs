@@ -370,6 +370,7 @@ fn argument_checks() {
     check_args(&fake_args(shape, false, false)).unwrap();
 
     let mut a = fake_args(shape, true, true);
+    // SAFETY: a view of a fake address, only checked, never launched.
     a.q = unsafe { DeviceRef::from_raw(a.q.addr(), a.q.len() - 1) };
     let msg = err_text(check_args(&a));
     assert!(
@@ -378,10 +379,12 @@ fn argument_checks() {
     );
 
     let mut a = fake_args(shape, true, true);
+    // SAFETY: a view of a fake address, only checked, never launched.
     a.ht = Some(unsafe { DeviceMut::from_raw(1 << 40, 5) });
     assert!(err_text(check_args(&a)).contains("ht has 5 elements"));
 
     let mut a = fake_args(shape, true, true);
+    // SAFETY: a view of a fake address, only checked, never launched.
     a.v = unsafe { DeviceRef::from_raw(a.v.addr() + 2, a.v.len()) };
     let msg = err_text(check_args(&a));
     assert!(
@@ -390,6 +393,7 @@ fn argument_checks() {
     );
 
     let mut a = fake_args(shape, true, true);
+    // SAFETY: a view of a fake address, only checked, never launched.
     a.h0 = Some(unsafe { DeviceRef::from_raw((5 << 36) + 4, shape.state_len()) });
     assert!(err_text(check_args(&a)).contains("8-byte"));
 
@@ -402,6 +406,7 @@ fn argument_checks() {
     // ht overlapping h0 (in place) is refused with advice.
     let mut a = fake_args(shape, true, true);
     let h0 = a.h0.unwrap();
+    // SAFETY: a view of a fake address, only checked, never launched.
     a.ht = Some(unsafe { DeviceMut::from_raw(h0.addr(), h0.len()) });
     let msg = err_text(check_args(&a));
     assert!(
@@ -411,11 +416,13 @@ fn argument_checks() {
 
     // o overlapping q.
     let mut a = fake_args(shape, true, true);
+    // SAFETY: a view of a fake address, only checked, never launched.
     a.o = unsafe { DeviceMut::from_raw(a.q.addr() + 64, shape.v_len()) };
     assert!(err_text(check_args(&a)).contains("o overlaps input q"));
 
     // o overlapping ht.
     let mut a = fake_args(shape, true, true);
+    // SAFETY: a view of a fake address, only checked, never launched.
     a.ht = Some(unsafe { DeviceMut::from_raw(a.o.addr() + 1024, shape.state_len()) });
     assert!(err_text(check_args(&a)).contains("o and ht overlap"));
 }

@@ -39,7 +39,7 @@ use crate::ops::scalar_decay::backward::{
 use crate::ops::scalar_decay::geometry as sd;
 use crate::ops::scalar_decay::ScalarDecay;
 use crate::ops::sm_count;
-use crate::ops::DeviceRef;
+use crate::ops::{DeviceRef, StreamOrder};
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use lasp_shmem_kernels::instances;
@@ -49,6 +49,8 @@ use std::sync::Arc;
 /// single-GPU backward it runs on the shard, and a workspace for the reversed segment states and
 /// the carried gradient `D_w`. Creating it and switching modes are collective; calls are not.
 pub struct Lasp2Backward {
+    /// First: fields drop in order, and the chain's drop waits for every call before the
+    /// workspace (used on the callers' streams) is freed.
     chain: StateChain<ScalarDecay>,
     /// `lasp_lasp2_states_reversed_dk{64,128}`.
     states: [Kernel; 2],
@@ -120,6 +122,14 @@ impl Lasp2Backward {
     ///
     /// Everything is validated before the first launch.
     pub fn backward(&mut self, stream: &Arc<CudaStream>, args: BackwardArgs<'_>) -> Result<()> {
+        let order = StreamOrder::enter(stream, args.homes(), "LASP-2 backward")?;
+        let enqueued = self.enqueue(stream, args);
+        order.exit()?;
+        enqueued
+    }
+
+    /// The body of [`Lasp2Backward::backward`], with the buffers' streams already ordered.
+    fn enqueue(&mut self, stream: &Arc<CudaStream>, args: BackwardArgs<'_>) -> Result<()> {
         let s = args.shape;
         s.validate()?;
         self.chain.check_call(stream, s.layout())?;

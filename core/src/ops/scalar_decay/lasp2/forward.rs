@@ -21,7 +21,7 @@ use crate::exchange::chain::StateChain;
 use crate::exchange::Direction;
 use crate::kernel::{Kernel, LaunchShape};
 use crate::ops::sm_count;
-use crate::ops::{ranges_overlap, DeviceMut};
+use crate::ops::{ranges_overlap, DeviceMut, StreamOrder};
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use lasp_shmem_kernels::instances;
@@ -130,6 +130,8 @@ impl CallPlan {
 /// and the workspace. Creating it and switching modes are collective; each call is not (in the
 /// overlapped mode, it synchronises with the other PEs only through device signals).
 pub struct Lasp2Forward {
+    /// First: fields drop in order, and the chain's drop waits for every call before the
+    /// workspace (used on the callers' streams) is freed.
     chain: StateChain<ScalarDecay>,
     states: [Kernel; 2],
     output: [Kernel; 2],
@@ -259,6 +261,21 @@ impl Lasp2Forward {
     /// PE's shard starts from (`h0` folded with the earlier PEs' tiles), which
     /// [`Lasp2Backward`](super::Lasp2Backward) takes as the shard's `h0`.
     pub fn forward_saving(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        args: ForwardArgs<'_>,
+        start_state: Option<DeviceMut<'_, f32>>,
+    ) -> Result<()> {
+        let homes = args.homes().into_iter();
+        let homes = homes.chain([start_state.as_ref().and_then(DeviceMut::home)]);
+        let order = StreamOrder::enter(stream, homes, "LASP-2 forward")?;
+        let enqueued = self.enqueue(stream, args, start_state);
+        order.exit()?;
+        enqueued
+    }
+
+    /// The body of [`Lasp2Forward::forward_saving`], with the buffers' streams already ordered.
+    fn enqueue(
         &mut self,
         stream: &Arc<CudaStream>,
         args: ForwardArgs<'_>,
