@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 source scripts/toolchain.sh
 cargo test --workspace --all-targets
 python3 benches/exchange_report.py --self-test
+python3 benches/port_report.py --self-test
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   echo "NOTICE: GPUs found; run the GPU suite with: bash scripts/gpu-test.sh"
 else
