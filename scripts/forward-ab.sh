@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# A kernel change timed against a baseline on one GPU: forward_check of the bundle's build, then
-# forward_bench of the baseline and of the bundle in turns, FORWARD_AB_PASSES times (default 3),
-# so that both see the same node, clocks and neighbours. Needs a bundle with a baseline:
+# A kernel change timed against a baseline on one GPU: the forward's GPU tests of the bundle's
+# build (.bundle/tests/gpu forward::), then forward_bench of the baseline and of the bundle in
+# turns, FORWARD_AB_PASSES times (default 3), so that both see the same node, clocks and
+# neighbours. Needs a bundle with a baseline:
 #
 #   BUNDLE_BASELINE=<commit> bash scripts/bundle.sh          # on the build machine
 #   OUT=out bash scripts/forward-ab.sh [forward_bench options]  # on the GPU node
 #
 # Output under $OUT: check.log, base.N.json / new.N.json with their logs, and on stdout one line
-# per run with ours_ms of every shape. Nothing is timed when forward_check fails.
+# per run with ours_ms of every shape. Nothing is timed when a forward test fails.
 # FORWARD_AB_LASP2=1 also times LASP-2 on one GPU (W = 1: its states, fold and output kernels, no
 # exchange) in turns after that: lasp2_forward's checks and every mode on the three benchmark
 # shapes, lasp2.base.N.json / lasp2.new.N.json, one line per run with the overlapped ms per shape.
@@ -16,7 +17,7 @@ source scripts/gpu-env.sh
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu-test-out}"
 mkdir -p "$OUT"
-bins=(.bundle/bin/forward_check .bundle/bin/forward_bench .bundle/baseline/forward_bench)
+bins=(.bundle/tests/gpu .bundle/bin/forward_bench .bundle/baseline/forward_bench)
 if [ "${FORWARD_AB_LASP2:-0}" = 1 ]; then bins+=(.bundle/bin/lasp-run .bundle/bin/lasp2_forward .bundle/baseline/lasp2_forward); fi
 for bin in "${bins[@]}"; do
   if [ ! -x "$bin" ]; then
@@ -26,11 +27,11 @@ for bin in "${bins[@]}"; do
 done
 echo "forward-ab: new $(tr '\n' ' ' <.bundle/commit), baseline $(cat .bundle/baseline/commit)"
 
-timeout 600 .bundle/bin/forward_check >"$OUT/check.log" 2>&1
+timeout 900 .bundle/tests/gpu forward:: --test-threads=1 >"$OUT/check.log" 2>&1
 rc=$?
-grep -E "^forward_check:|FAIL" "$OUT/check.log" | tail -5
+grep -E "^test result:|FAIL" "$OUT/check.log" | tail -5
 if [ $rc -ne 0 ]; then
-  echo "forward-ab: forward_check failed (rc $rc), nothing timed; see $OUT/check.log" >&2
+  echo "forward-ab: the forward tests failed (rc $rc), nothing timed; see $OUT/check.log" >&2
   exit 1
 fi
 

@@ -45,3 +45,15 @@ lasp_binaries() {
   export LASP_COMMIT="${LASP_COMMIT:-$commit}"
   export LASP_DATE="${LASP_DATE:-$(date -u +%Y-%m-%dT%H:%M:%SZ)}"
 }
+
+# lasp_gpu_tests: GPU_TESTS = the GPU test executables (cargo test targets that skip without a GPU):
+# .bundle/tests/* when a bundle is present, else built by scripts/gpu-test-executables.sh.
+lasp_gpu_tests() {
+  if [ -d .bundle/tests ]; then
+    GPU_TESTS=("$PWD"/.bundle/tests/*)
+  else
+    local paths
+    paths="$(bash scripts/gpu-test-executables.sh)" || return 1
+    mapfile -t GPU_TESTS <<<"$paths"
+  fi
+}

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # compute-sanitizer's memcheck, racecheck, synccheck and initcheck over every single-GPU kernel:
-# the forward and backward checks' small cases (every kernel of the forward, the backward and
-# their plans runs there) under each tool. Prints each tool's error count and writes them as JSON
-# to $OUT/sanitizer.json ({"memcheck": 0, ...}); exits 1 if any tool reports an error or a check
-# fails under it.
+# the GPU tests' small forward and backward cases and their rejection checks (every kernel of the
+# forward, the backward and their plans runs there) under each tool. Each test runs in the process
+# the sanitizer starts: the test executable (examples/tests/gpu) runs a test's checks itself when
+# LASP_GPU_TEST_CHILD names it, as in the child process it starts for them otherwise. Prints each
+# tool's error count and writes them as JSON to $OUT/sanitizer.json ({"memcheck": 0, ...}); exits
+# 1 if any tool reports an error or a check fails under it.
 #
 #   OUT=out bash scripts/sanitize.sh
 #
@@ -14,17 +16,18 @@ cd "$(dirname "$0")/.."
 source scripts/gpu-env.sh
 OUT="${OUT:-$PWD/sanitize-out}"
 mkdir -p "$OUT"
-lasp_binaries || exit 1
+lasp_gpu_tests || exit 1
 SANITIZER="${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}"
 
 status=0
 json="{"
 for tool in memcheck racecheck synccheck initcheck; do
   errors=0
-  for check in forward_check backward_check; do
-    log="$OUT/sanitize-$tool-$check.log"
-    NVSHMEM_DISABLE_NCCL=1 "$SANITIZER" --tool "$tool" --error-exitcode 99 --print-limit 20 \
-      "$BIN/$check" --quick >"$log" 2>&1
+  for check in forward::small_cases_match_the_f64_reference forward::bad_arguments_are_rejected_before_any_launch \
+    backward::small_cases_match_the_f64_reference backward::bad_arguments_are_rejected_before_any_launch; do
+    log="$OUT/sanitize-$tool-${check//::/-}.log"
+    LASP_GPU_TEST_CHILD="$check" NVSHMEM_DISABLE_NCCL=1 "$SANITIZER" --tool "$tool" --error-exitcode 99 \
+      --print-limit 20 "${GPU_TESTS[0]}" --exact "$check" --nocapture --test-threads=1 >"$log" 2>&1
     code=$?
     # memcheck, synccheck, initcheck: "ERROR SUMMARY: N errors"; racecheck: "RACECHECK SUMMARY: H
     # hazards displayed (E errors, W warnings)".
@@ -37,6 +40,10 @@ for tool in memcheck racecheck synccheck initcheck; do
       found=-1
     elif [ "$code" -ne 0 ] && [ "$found" -eq 0 ]; then
       echo "sanitize: $check failed under $tool (exit $code); last lines:"
+      tail -n 10 "$log" | sed 's/^/    /'
+      status=1
+    elif [ "$code" -eq 0 ] && ! grep -q "^gpu test child: every check passed" "$log"; then
+      echo "sanitize: $check ran no checks under $tool (was the test renamed?); last lines:"
       tail -n 10 "$log" | sed 's/^/    /'
       status=1
     fi

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The test command: installs the pinned CUDA toolchain if needed, builds every crate (kernels
-# included) and runs every CPU test. GPU tests need a GPU node: see scripts/gpu-test.sh.
+# included) and runs every test and doctest. The GPU tests (examples/tests/gpu) pass with a notice
+# on a machine without a GPU; on a GPU node run them in a release build: see scripts/gpu-test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/toolchain.sh
 cargo test --workspace --all-targets
+# --all-targets leaves the doctests out.
+cargo test --workspace --doc
 python3 benches/exchange_report.py --self-test
 python3 benches/port_report.py --self-test
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then

@@ -374,7 +374,7 @@ fn bench_shape(
                 stream.clone_dtoh(&device[0].grads.as_ref().expect("--backward").dg)?;
             if let Some(pos) = dg.iter().position(|x| !x.is_finite()) {
                 return Err(Error::State(format!(
-                    "{dir}: dg element {pos} is {} (not finite): run backward_check",
+                    "{dir}: dg element {pos} is {} (not finite): run the GPU tests (gpu backward::)",
                     dg[pos]
                 )));
             }
@@ -389,7 +389,7 @@ fn bench_shape(
     let o: Vec<bf16> = stream.clone_dtoh(&device[0].o)?;
     if let Some(pos) = o.iter().position(|x| !x.to_f32().is_finite()) {
         return Err(Error::State(format!(
-            "{dir}: output element {pos} is {} (not finite): run forward_check",
+            "{dir}: output element {pos} is {} (not finite): run the GPU tests (gpu forward::)",
             o[pos]
         )));
     }

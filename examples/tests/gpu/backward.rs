@@ -1,22 +1,15 @@
-//! GPU check of the scalar-decay backward (`ops::scalar_decay::backward`) against the CPU f64
-//! reference (`reference::scalar_decay::backward`), on one GPU, in one process:
-//!
-//! ```text
-//! target/release/backward_check            # every case
-//! target/release/backward_check --quick    # the small cases only
-//! target/release/backward_check --filter T1000
-//! ```
+//! The scalar-decay backward (`ops::scalar_decay::backward`) against the CPU f64 reference
+//! (`reference::scalar_decay::backward`), on one GPU.
 //!
 //! Inputs and output gradients come from `reference::Inputs::generate` and
 //! `reference::Cotangents::generate`, rounded to bf16 / f32, so the GPU sees exactly the values the
 //! reference computes with. For every case the gradients are filled with NaN bit patterns before
 //! each run and must be fully overwritten; `||x - ref|| / ||ref|| <= 5e-3` for dq, dk, dv, dh0 and
 //! dg (the gate gradient sums only terms that do not cancel, so its own norm is its scale); a
-//! second run must give bitwise identical gradients. Then arguments that must be rejected are
-//! checked to fail before any launch.
+//! second run must give bitwise identical gradients. Arguments that must be rejected are checked
+//! to fail before any launch.
 //!
-//! One `PASS`/`FAIL` line per case, then `backward_check: N passed, M failed`; exit status 1 on
-//! any failure.
+//! One `PASS`/`FAIL` line per case; a test fails when any of its cases does.
 
 use cudarc::driver::{CudaSlice, CudaStream};
 use lasp_shmem::ops::scalar_decay::ForwardShape;
@@ -25,21 +18,17 @@ use lasp_shmem::ops::{bf16, DeviceMut, DeviceRef};
 use lasp_shmem::reference::{
     rel_err, scalar_decay, Cotangents, Family, InputSpec, Inputs, Regime, Shape, Tensor,
 };
-use lasp_shmem::{Config, Error, Runtime};
+use lasp_shmem::Error;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use crate::common::{err, is_small, on_one_gpu, CheckResult, Report};
 
 /// dq, dk, dv (bf16), dh0 and dg: the forward kernel's tolerance; the passes are its kernels, and
 /// fla's chunk_gla reaches 3e-4 .. 1.5e-3 on dg (benches/gradient_accuracy.py measures both).
 const TOL: f64 = 5e-3;
 const POISON_BF16: u16 = 0xFFFF;
 const POISON_F32: u32 = 0xFFFF_FFFF;
-
-type CheckResult = std::result::Result<String, String>;
-
-fn err(e: impl std::fmt::Display) -> String {
-    e.to_string()
-}
 
 #[derive(Clone, Debug)]
 struct Case {
@@ -428,76 +417,48 @@ fn rejection_checks(
     Ok(out)
 }
 
-fn main() {
-    let mut quick = false;
-    let mut filter: Option<String> = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--quick" => quick = true,
-            "--filter" => filter = args.next(),
-            other => {
-                eprintln!(
-                    "backward_check: unknown option {other}; options: --quick, --filter SUBSTRING"
-                );
-                std::process::exit(2);
-            }
-        }
-    }
-    let (mut passed, mut failed) = (0, 0);
-    let mut report = |name: &str, result: CheckResult, seconds: f64| match result {
-        Ok(detail) => {
-            passed += 1;
-            println!("PASS {name} ({seconds:.2} s) {detail}");
-        }
-        Err(detail) => {
-            failed += 1;
-            println!("FAIL {name} ({seconds:.2} s) {detail}");
-        }
-    };
-    let rt = match Runtime::init(Config {
-        symmetric_heap_bytes: 1 << 20,
-        ..Config::default()
-    }) {
-        Ok(rt) => rt,
-        Err(e) => {
-            report("runtime_init", Err(e.to_string()), 0.0);
-            println!("backward_check: 0 passed, 1 failed");
-            std::process::exit(1);
-        }
-    };
-    let stream = rt.stream().clone();
-    match ScalarDecayBackward::new(&rt) {
-        Err(e) => report("op_init", Err(e.to_string()), 0.0),
+/// Ends a backward test's process when it runs longer: a hung kernel fails instead of hanging.
+const LIMIT: Duration = Duration::from_secs(600);
+
+/// Runs `checks` with the backward operation of a fresh runtime on GPU 0, in a process of its
+/// own.
+fn with_backward(checks: impl FnOnce(&mut ScalarDecayBackward, &Arc<CudaStream>, &mut Report)) {
+    on_one_gpu(LIMIT, |rt, report| match ScalarDecayBackward::new(rt) {
+        Err(e) => report.record("op_init", Err(e.to_string()), 0.0),
         Ok(mut bwd) => {
-            println!(
-                "backward_check: {}",
-                rt.context().name().unwrap_or_default()
-            );
-            for case in cases() {
-                let name = case.name();
-                if quick && case.shape.t * case.shape.b * case.shape.h > 4096 {
-                    continue;
-                }
-                if filter.as_ref().is_some_and(|f| !name.contains(f.as_str())) {
-                    continue;
-                }
-                let t0 = Instant::now();
-                let result = run_case(&mut bwd, &stream, &case);
-                report(&name, result, t0.elapsed().as_secs_f64());
-            }
-            if filter.is_none() {
-                match rejection_checks(&mut bwd, &stream) {
-                    Ok(checks) => checks.into_iter().for_each(|(n, r)| report(&n, r, 0.0)),
-                    Err(e) => report("bwd_rejection_setup", Err(e), 0.0),
-                }
-            }
-            drop(bwd);
+            println!("backward: {}", rt.context().name().unwrap_or_default());
+            checks(&mut bwd, rt.stream(), report);
         }
-    }
-    if let Err(e) = rt.shutdown() {
-        report("runtime_shutdown", Err(e.to_string()), 0.0);
-    }
-    println!("backward_check: {passed} passed, {failed} failed");
-    std::process::exit(i32::from(failed > 0));
+    });
+}
+
+/// Every case that `select` keeps, against the reference.
+fn check_cases(select: impl Fn(&Case) -> bool) {
+    with_backward(|bwd, stream, report| {
+        for case in cases().into_iter().filter(|case| select(case)) {
+            let t0 = Instant::now();
+            let result = run_case(bwd, stream, &case);
+            report.record(&case.name(), result, t0.elapsed().as_secs_f64());
+        }
+    });
+}
+
+#[test]
+fn small_cases_match_the_f64_reference() {
+    check_cases(|case| is_small(&case.shape));
+}
+
+#[test]
+fn large_cases_match_the_f64_reference() {
+    check_cases(|case| !is_small(&case.shape));
+}
+
+#[test]
+fn bad_arguments_are_rejected_before_any_launch() {
+    with_backward(|bwd, stream, report| match rejection_checks(bwd, stream) {
+        Ok(checks) => checks
+            .into_iter()
+            .for_each(|(name, result)| report.record(&name, result, 0.0)),
+        Err(e) => report.record("bwd_rejection_setup", Err(e), 0.0),
+    });
 }

@@ -1,12 +1,4 @@
-//! GPU check of the scalar-decay forward (`ops::scalar_decay`) against the CPU f64 reference, on
-//! one GPU, in one process (no launcher needed):
-//!
-//! ```text
-//! target/release/forward_check            # every case
-//! target/release/forward_check --quick    # the small cases only
-//! target/release/forward_check --filter T1000
-//! target/release/forward_check --timeout 600   # watchdog (default 300 s): a hung kernel fails
-//! ```
+//! The scalar-decay forward (`ops::scalar_decay`) against the CPU f64 reference, on one GPU.
 //!
 //! Inputs come from `reference::Inputs::generate` rounded to bf16 (q, k, v) and f32 (g, h0,
 //! scale), so the GPU sees exactly the values the reference computes with. For every case:
@@ -14,10 +6,9 @@
 //! fully overwritten; `||x - ref|| / ||ref|| <= 5e-3` for o and for the final state; a second
 //! run of the same inputs must give bitwise identical o and ht, and so must the one-warpgroup
 //! output kernel where the plan runs the two-role one; h0 and g must be left unchanged.
-//! Then shapes and arguments that must be rejected are checked to fail before any launch.
+//! Shapes and arguments that must be rejected are checked to fail before any launch.
 //!
-//! One `PASS`/`FAIL` line per case, then `forward_check: N passed, M failed`; exit status 1 on
-//! any failure.
+//! One `PASS`/`FAIL` line per case; a test fails when any of its cases does.
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use lasp_shmem::ops::scalar_decay::{ForwardArgs, ForwardPlan, ForwardShape, ScalarDecayForward};
@@ -25,17 +16,16 @@ use lasp_shmem::ops::{bf16, DeviceMut, DeviceRef};
 use lasp_shmem::reference::{
     rel_err, scalar_decay, Family, InputSpec, Inputs, Regime, Shape, Tensor,
 };
-use lasp_shmem::{Config, Error, Runtime};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use lasp_shmem::Error;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use crate::common::{err, is_small, on_one_gpu, CheckResult, Report};
 
 const TOL_O: f64 = 5e-3;
 const TOL_HT: f64 = 5e-3;
 const POISON_BF16: u16 = 0xFFFF;
 const POISON_F32: u32 = 0xFFFF_FFFF;
-
-type CheckResult = std::result::Result<String, String>;
 
 #[derive(Clone, Debug)]
 struct Case {
@@ -131,10 +121,6 @@ fn to_bf16(t: &Tensor) -> Vec<bf16> {
 
 fn to_f32(t: &Tensor) -> Vec<f32> {
     t.data().iter().map(|&x| x as f32).collect()
-}
-
-fn err(e: impl std::fmt::Display) -> String {
-    e.to_string()
 }
 
 struct Device {
@@ -598,103 +584,53 @@ fn rejection_checks(
     Ok(out)
 }
 
-fn main() {
-    let mut quick = false;
-    let mut timeout_s = 300u64;
-    let mut filter: Option<String> = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--quick" => quick = true,
-            "--filter" => filter = args.next(),
-            "--timeout" => {
-                timeout_s = args.next().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
-                    eprintln!("forward_check: --timeout needs a number of seconds");
-                    std::process::exit(2);
-                })
-            }
-            other => {
-                eprintln!(
-                    "forward_check: unknown option {other}; options: --quick, --filter SUBSTRING, --timeout SECONDS"
-                );
-                std::process::exit(2);
-            }
-        }
-    }
-    static PASSED: AtomicUsize = AtomicUsize::new(0);
-    static FAILED: AtomicUsize = AtomicUsize::new(0);
-    // A hung kernel must not hang the suite: give up after `--timeout` seconds.
-    std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(timeout_s));
-        println!(
-            "FAIL watchdog: still running after {timeout_s} s (a kernel hung, or the machine is far slower than expected)"
-        );
-        println!(
-            "forward_check: {} passed, {} failed",
-            PASSED.load(Ordering::SeqCst),
-            FAILED.load(Ordering::SeqCst) + 1
-        );
-        lasp_shmem::runtime::exit_after_error(1);
-    });
-    let report = |name: &str, result: CheckResult, seconds: f64| match result {
-        Ok(detail) => {
-            PASSED.fetch_add(1, Ordering::SeqCst);
-            println!("PASS {name} ({seconds:.2} s) {detail}");
-        }
-        Err(detail) => {
-            FAILED.fetch_add(1, Ordering::SeqCst);
-            println!("FAIL {name} ({seconds:.2} s) {detail}");
-        }
-    };
-    let rt = match Runtime::init(Config {
-        symmetric_heap_bytes: 1 << 20,
-        ..Config::default()
-    }) {
-        Ok(rt) => rt,
-        Err(e) => {
-            report("runtime_init", Err(e.to_string()), 0.0);
-            println!("forward_check: 0 passed, 1 failed");
-            std::process::exit(1);
-        }
-    };
-    let stream = rt.stream().clone();
-    match ScalarDecayForward::new(&rt) {
-        Err(e) => report("op_init", Err(e.to_string()), 0.0),
+/// Ends a forward test's process when it runs longer: a hung kernel fails instead of hanging.
+const LIMIT: Duration = Duration::from_secs(300);
+
+/// Runs `checks` with the forward operation of a fresh runtime on GPU 0, in a process of its own.
+fn with_forward(checks: impl FnOnce(&mut ScalarDecayForward, &Arc<CudaStream>, &mut Report)) {
+    on_one_gpu(LIMIT, |rt, report| match ScalarDecayForward::new(rt) {
+        Err(e) => report.record("op_init", Err(e.to_string()), 0.0),
         Ok(mut fwd) => {
             println!(
-                "forward_check: {} ({} SMs)",
+                "forward: {} ({} SMs)",
                 rt.context().name().unwrap_or_default(),
                 fwd.sm_count()
             );
-            for case in cases() {
-                let name = case.name();
-                if quick && case.shape.t * case.shape.b * case.shape.h > 4096 {
-                    continue;
-                }
-                if filter.as_ref().is_some_and(|f| !name.contains(f.as_str())) {
-                    continue;
-                }
-                let t0 = Instant::now();
-                let result = run_case(&mut fwd, &stream, &case);
-                report(&name, result, t0.elapsed().as_secs_f64());
-            }
-            if filter.is_none() {
-                match rejection_checks(&mut fwd, &stream) {
-                    Ok(checks) => {
-                        for (name, result) in checks {
-                            report(&name, result, 0.0);
-                        }
-                    }
-                    Err(e) => report("rejection_checks_setup", Err(e), 0.0),
-                }
-            }
-            drop(fwd);
+            checks(&mut fwd, rt.stream(), report);
         }
-    }
-    if let Err(e) = rt.shutdown() {
-        report("runtime_shutdown", Err(e.to_string()), 0.0);
-    }
-    let (passed, failed) = (PASSED.load(Ordering::SeqCst), FAILED.load(Ordering::SeqCst));
-    println!("forward_check: {passed} passed, {failed} failed");
-    std::process::exit(i32::from(failed > 0));
+    });
+}
+
+/// Every case that `select` keeps, against the reference.
+fn check_cases(select: impl Fn(&Case) -> bool) {
+    with_forward(|fwd, stream, report| {
+        for case in cases().into_iter().filter(|case| select(case)) {
+            let t0 = Instant::now();
+            let result = run_case(fwd, stream, &case);
+            report.record(&case.name(), result, t0.elapsed().as_secs_f64());
+        }
+    });
+}
+
+#[test]
+fn small_cases_match_the_f64_reference() {
+    check_cases(|case| is_small(&case.shape));
+}
+
+#[test]
+fn large_cases_match_the_f64_reference() {
+    check_cases(|case| !is_small(&case.shape));
+}
+
+#[test]
+fn bad_arguments_are_rejected_before_any_launch() {
+    with_forward(|fwd, stream, report| match rejection_checks(fwd, stream) {
+        Ok(checks) => {
+            for (name, result) in checks {
+                report.record(&name, result, 0.0);
+            }
+        }
+        Err(e) => report.record("rejection_checks_setup", Err(e), 0.0),
+    });
 }

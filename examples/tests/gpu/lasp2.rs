@@ -1,0 +1,147 @@
+//! LASP-2 forward and backward on every GPU of the node, under `lasp-run`: the programs'
+//! own checks (every rank against the f64 reference, every exchange mode bitwise the same, long
+//! graph replays), then their fault drills (a silent rank named by the ranks that wait for it, a
+//! layout mismatch refused before any state moves).
+
+use crate::common::{
+    expect_failure, expect_success, gpus_or_skip, launch, program, two_or_more_gpus_or_skip,
+    Finished,
+};
+use regex::Regex;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The launcher's limit on a checking job.
+const JOB_LIMIT: Duration = Duration::from_secs(300);
+/// A drill must end within this: every wait on another rank is bounded.
+const DRILL_LIMIT: Duration = Duration::from_secs(60);
+/// The drills' bound on every wait (the default 10 s would make them slow).
+const DRILL_WAIT: (&str, &str) = ("LASP_WAIT_TIMEOUT_MS", "3000");
+
+fn lasp2_forward() -> PathBuf {
+    program(
+        "lasp2_forward",
+        None,
+        Some(env!("CARGO_BIN_EXE_lasp2_forward")),
+    )
+}
+
+fn lasp2_backward() -> PathBuf {
+    program(
+        "lasp2_backward",
+        None,
+        Some(env!("CARGO_BIN_EXE_lasp2_backward")),
+    )
+}
+
+/// The programs exit 1 when a check fails; this also makes sure every rank got as far as the
+/// graph replay, the last of its checks (lasp-run prefixes each line with `[rank R]`).
+fn expect_checks_passed(what: &str, run: &Finished, ranks: usize, graph_calls: u32) {
+    expect_success(what, run);
+    for rank in 0..ranks {
+        let replayed = format!("[rank {rank}] PE {rank}");
+        let done = format!(": {graph_calls} graph-replayed calls, no error");
+        assert!(
+            run.output
+                .lines()
+                .any(|line| line.starts_with(&replayed) && line.contains(&done)),
+            "{what}: rank {rank} never reported its {graph_calls} graph-replayed calls"
+        );
+    }
+}
+
+#[test]
+fn forward_matches_the_reference_in_every_mode_and_graph_replay() {
+    let Some(gpus) = gpus_or_skip() else { return };
+    let graph_calls = 10_000;
+    let calls = graph_calls.to_string();
+    let args = ["--graph-calls", &calls, "--no-time"];
+    let run = launch(gpus, JOB_LIMIT, &lasp2_forward(), &args, &[]);
+    expect_checks_passed("lasp2_forward", &run, gpus, graph_calls);
+}
+
+#[test]
+fn backward_matches_the_reference_in_every_mode_and_graph_replay() {
+    let Some(gpus) = gpus_or_skip() else { return };
+    let graph_calls = 1000;
+    let calls = graph_calls.to_string();
+    let args = ["--graph-calls", &calls, "--no-time"];
+    let run = launch(gpus, JOB_LIMIT, &lasp2_backward(), &args, &[]);
+    expect_checks_passed("lasp2_backward", &run, gpus, graph_calls);
+}
+
+/// Every PE after the silent one waits for its tiles: each must name it, and none another PE.
+#[test]
+fn forward_silent_rank_is_named_by_every_later_rank() {
+    let Some(gpus) = two_or_more_gpus_or_skip() else {
+        return;
+    };
+    // Rank 1 where ranks come after it, so that a rank before it runs on too.
+    let silent = if gpus >= 3 { 1 } else { 0 };
+    let run = launch(
+        gpus,
+        DRILL_LIMIT,
+        &lasp2_forward(),
+        &["--silent-rank", &silent.to_string()],
+        &[DRILL_WAIT],
+    );
+    expect_failure(
+        "LASP-2 forward, silent rank",
+        &format!("waited [0-9]+ ms for data from PE {silent} "),
+        &run,
+    );
+    let drill_error = Regex::new(r"drill error: .*for data from PE ([0-9]+) ").expect("a pattern");
+    let named: Vec<usize> = run
+        .output
+        .lines()
+        .filter_map(|line| drill_error.captures(line))
+        .map(|c| c[1].parse().expect("a PE number"))
+        .collect();
+    let later_ranks = gpus - 1 - silent;
+    let naming_it = named.iter().filter(|&&pe| pe == silent).count();
+    assert!(
+        naming_it == later_ranks && naming_it == named.len(),
+        "{naming_it} of {later_ranks} later ranks name PE {silent}, {} name another PE",
+        named.len() - naming_it
+    );
+}
+
+/// The backward's chain runs the other way: every rank before the silent one waits for its tile.
+#[test]
+fn backward_silent_rank_is_named() {
+    let Some(gpus) = two_or_more_gpus_or_skip() else {
+        return;
+    };
+    let silent = if gpus >= 3 { 1 } else { gpus - 1 };
+    let run = launch(
+        gpus,
+        DRILL_LIMIT,
+        &lasp2_backward(),
+        &["--silent-rank", &silent.to_string()],
+        &[DRILL_WAIT],
+    );
+    expect_failure(
+        "LASP-2 backward, silent rank",
+        &format!("waited [0-9]+ ms for data from PE {silent} "),
+        &run,
+    );
+}
+
+#[test]
+fn forward_layout_mismatch_is_caught_before_any_state_moves() {
+    let Some(gpus) = two_or_more_gpus_or_skip() else {
+        return;
+    };
+    let run = launch(
+        gpus,
+        DRILL_LIMIT,
+        &lasp2_forward(),
+        &["--mismatch-rank", "1"],
+        &[],
+    );
+    expect_failure(
+        "LASP-2 forward, layout mismatch",
+        r"PEs \[1\] set up a different layout",
+        &run,
+    );
+}
