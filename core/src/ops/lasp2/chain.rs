@@ -187,16 +187,16 @@ impl StateChain {
     pub(crate) fn base_params(&self, stream: &CudaStream) -> Lasp2Params {
         let (b, h, dk, dv) = self.layout.dims();
         Lasp2Params {
-            slots: self.slots.raw(),
-            signals: self.signals.raw(),
-            credit: self.credit.raw(),
-            epoch: self.epoch.device_ptr(stream).0,
-            diag: self.diag.device_ptr(stream).0,
+            slots: self.slots.raw() as _,
+            signals: self.signals.raw() as _,
+            credit: self.credit.raw() as _,
+            epoch: self.epoch.device_ptr(stream).0 as _,
+            diag: self.diag.device_ptr(stream).0 as _,
             timeout_ns: self.runtime.wait_timeout().as_nanos() as u64,
-            b,
-            h,
-            dk,
-            dv,
+            B: b,
+            H: h,
+            Dk: dk,
+            Dv: dv,
             me: self.runtime.pe() as i32,
             npes: self.runtime.npes() as i32,
             exchange_mode: self.mode.map_or(0, ExchangeMode::kernel_mode),
@@ -225,7 +225,7 @@ impl StateChain {
         heads: i32,
         params: &Lasp2Params,
     ) -> Result<()> {
-        let shape = fold_launch(heads, params.dv);
+        let shape = fold_launch(heads, params.Dv);
         if !self.on_side_stream() {
             return self.fold_put.launch(stream, shape, params);
         }

@@ -22,6 +22,7 @@ pub use forward::{Lasp2Forward, Lasp2Timeline, Lasp2Tuning};
 use super::scalar_decay::{self, geometry as sd, ForwardShape};
 use crate::error::Result;
 use crate::kernel::LaunchShape;
+use lasp_shmem_kernels::params as header;
 
 /// How the memory states move between PEs. Every PE must use the same mode in a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -51,11 +52,13 @@ impl ExchangeMode {
 
     /// `enum lasp2_exchange_mode`.
     pub(crate) fn kernel_mode(self) -> i32 {
-        match self {
-            ExchangeMode::NoComm => 0,
-            ExchangeMode::Overlapped => 1,
-            ExchangeMode::SequentialNccl | ExchangeMode::SequentialNvshmem => 2,
-        }
+        (match self {
+            ExchangeMode::NoComm => header::LASP2_NO_COMM,
+            ExchangeMode::Overlapped => header::LASP2_DEVICE_PUT,
+            ExchangeMode::SequentialNccl | ExchangeMode::SequentialNvshmem => {
+                header::LASP2_HOST_GATHERED
+            }
+        }) as i32
     }
 
     pub(crate) fn code(self) -> u64 {
@@ -63,14 +66,15 @@ impl ExchangeMode {
     }
 }
 
-/// Mirrors of the header's layout and launch formulas (`lasp2_params.h`).
+/// The header's layout and launch formulas (`lasp2_params.h`): its constants (generated from it)
+/// and a port of its helpers.
 pub mod geometry {
-    use super::sd;
+    use super::{header, sd};
 
     /// `LASP2_FOLD_THREADS`.
-    pub const FOLD_THREADS: u32 = 512;
+    pub const FOLD_THREADS: u32 = header::LASP2_FOLD_THREADS;
     /// `LASP2_SLOT_TRAILER_FLOATS`: Λ and padding after a tile's `Dk*64` floats.
-    pub const SLOT_TRAILER_FLOATS: u64 = 4;
+    pub const SLOT_TRAILER_FLOATS: u64 = header::LASP2_SLOT_TRAILER_FLOATS as u64;
 
     /// `lasp2_slot_tile_floats`.
     pub const fn slot_tile_floats(dk: i32) -> u64 {
@@ -121,7 +125,11 @@ pub mod geometry {
     }
     /// `lasp2_timeline_words`.
     pub const fn timeline_words(b: i32, h: i32, dv: i32, s: i32) -> u64 {
-        b as u64 * h as u64 * sd::num_vtiles(dv) as u64 * (2 + 3 * s as u64)
+        let (put, output) = (
+            header::LASP2_TIMELINE_PUT_STAMPS as u64,
+            header::LASP2_TIMELINE_OUTPUT_STAMPS as u64,
+        );
+        b as u64 * h as u64 * sd::num_vtiles(dv) as u64 * (put + s as u64 * output)
     }
     /// `lasp2_ws_p_offset` (16-byte aligned).
     pub const fn ws_p_offset(b: i32, h: i32, s: i32, dk: i32, dv: i32) -> u64 {
@@ -146,52 +154,18 @@ pub mod geometry {
     }
 }
 
-/// The C struct `lasp_lasp2_params` (200 bytes), passed by value to every LASP-2 kernel.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Lasp2Params {
-    pub(crate) q: u64,
-    pub(crate) k: u64,
-    pub(crate) v: u64,
-    pub(crate) g: u64,
-    pub(crate) o: u64,
-    pub(crate) h0: u64,
-    pub(crate) ht: u64,
-    pub(crate) ws_m: u64,
-    pub(crate) ws_lambda: u64,
-    pub(crate) ws_p: u64,
-    pub(crate) slots: u64,
-    pub(crate) signals: u64,
-    pub(crate) credit: u64,
-    pub(crate) epoch: u64,
-    pub(crate) diag: u64,
-    pub(crate) timeline: u64,
-    pub(crate) start_state: u64,
-    pub(crate) timeout_ns: u64,
-    pub(crate) b: i32,
-    pub(crate) t: i32,
-    pub(crate) h: i32,
-    pub(crate) dk: i32,
-    pub(crate) dv: i32,
-    pub(crate) num_segments: i32,
-    pub(crate) chunks_per_segment: i32,
-    pub(crate) scale: f32,
-    pub(crate) me: i32,
-    pub(crate) npes: i32,
-    pub(crate) exchange_mode: i32,
-    pub(crate) write_final_state: i32,
-    pub(crate) bh_begin: i32,
-    pub(crate) chain: i32,
-}
+/// The C struct `lasp_lasp2_params`, generated from its header, passed by value to every LASP-2
+/// kernel. Pointer fields hold device addresses; NULL where a buffer is absent.
+pub(crate) type Lasp2Params = header::lasp_lasp2_params;
 
 /// Which way the tiles travel (`enum lasp2_chain`): the PE at chain position `i` folds the tiles
 /// of positions `0..i` in that order and puts its own to positions `i+1..`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Chain {
     /// The forward: position = PE; `(M_u, Λ_u)` to every later PE.
-    Ascending = 0,
+    Ascending = header::LASP2_CHAIN_ASCENDING as isize,
     /// The backward: position = `npes - 1 - PE`; the gradient's carry to every earlier PE.
-    Descending = 1,
+    Descending = header::LASP2_CHAIN_DESCENDING as isize,
 }
 
 /// What every PE must agree on: it fixes the symmetric layouts.
@@ -276,67 +250,6 @@ pub type ShardShape = scalar_decay::ForwardShape;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::mem::{offset_of, size_of};
-
-    const HEADER: &str = include_str!("../../../../kernels/cuda/include/lasp/lasp2_params.h");
-
-    #[test]
-    fn params_mirror_the_header() {
-        assert_eq!(size_of::<Lasp2Params>(), 200);
-        assert!(HEADER.contains("sizeof(lasp_lasp2_params) == 200"));
-        assert_eq!(offset_of!(Lasp2Params, start_state), 128);
-        assert_eq!(offset_of!(Lasp2Params, timeout_ns), 136);
-        assert_eq!(offset_of!(Lasp2Params, b), 144);
-        assert_eq!(offset_of!(Lasp2Params, scale), 172);
-        assert_eq!(offset_of!(Lasp2Params, write_final_state), 188);
-        assert_eq!(offset_of!(Lasp2Params, bh_begin), 192);
-        assert_eq!(offset_of!(Lasp2Params, chain), 196);
-        // Field order as in the header.
-        let order = [
-            "q;",
-            "k;",
-            "v;",
-            "g;",
-            "o;",
-            "h0;",
-            "ht;",
-            "ws_m;",
-            "ws_lambda;",
-            "ws_p;",
-            "slots;",
-            "signals;",
-            "credit;",
-            "epoch;",
-            "diag;",
-            "timeline;",
-            "start_state;",
-            "timeout_ns;",
-            "B;",
-            "T;",
-            "H;",
-            "Dk;",
-            "Dv;",
-            "num_segments;",
-            "chunks_per_segment;",
-            "scale;",
-            "me;",
-            "npes;",
-            "exchange_mode;",
-            "write_final_state;",
-            "bh_begin;",
-            "chain;",
-        ];
-        let body = &HEADER[HEADER
-            .find("typedef struct {\n  const uint16_t* q;")
-            .unwrap()..];
-        let mut at = 0;
-        for field in order {
-            let found = body[at..]
-                .find(field)
-                .unwrap_or_else(|| panic!("{field} out of order"));
-            at += found + field.len();
-        }
-    }
 
     #[test]
     fn layouts_match_the_worked_example_of_the_notes() {
@@ -354,6 +267,10 @@ mod tests {
             6 * 4_196_352
         );
         assert_eq!(geometry::slot_tile_floats(64) * 4, 16_400);
+        // Two staged tiles of 128 rows x 72 floats plus trailers.
+        assert_eq!(geometry::carry_in_smem_bytes(128), 73_760);
+        // Per tile 2 put stamps, and 3 output stamps per segment.
+        assert_eq!(geometry::timeline_words(1, 2, 128, 3), 4 * (2 + 3 * 3));
     }
 
     #[test]
@@ -375,20 +292,5 @@ mod tests {
         );
         assert_ne!(a.fingerprint(4, up), a.fingerprint(4, Chain::Descending));
         assert_eq!(a.fingerprint(4, up), a.fingerprint(4, up));
-    }
-
-    #[test]
-    fn chains_mirror_the_header() {
-        assert!(HEADER.contains("LASP2_CHAIN_ASCENDING = 0,"));
-        assert!(HEADER.contains("LASP2_CHAIN_DESCENDING = 1,"));
-        assert!(HEADER.contains("return chain == LASP2_CHAIN_DESCENDING ? npes - 1 - pe : pe;"));
-        assert_eq!((Chain::Ascending as i32, Chain::Descending as i32), (0, 1));
-        // Two staged tiles of 128 rows x 72 floats plus trailers.
-        assert_eq!(geometry::carry_in_smem_bytes(128), 73_760);
-        assert!(HEADER.contains("return 2u * ((uint32_t)Dk * 72u * 4u + 16u);"));
-        assert!(HEADER.contains(&format!(
-            "#define LASP2_FOLD_THREADS {} ",
-            geometry::FOLD_THREADS
-        )));
     }
 }

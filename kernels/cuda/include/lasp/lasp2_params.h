@@ -1,6 +1,7 @@
 // Parameters, symmetric-buffer layouts and launch geometry of the LASP-2 forward with scalar decay
-// (lasp2_fwd.cu). C layout, mirrored by a #[repr(C)] Rust struct: keep field order, types and the
-// helpers in sync. Design, protocol and host sequence: kernels/docs/lasp2.md.
+// (lasp2_fwd.cu). C: bindgen generates the host's struct and constants from this file
+// (kernels/build.rs); keep the helpers in sync with their Rust port (core/src/ops/lasp2/mod.rs,
+// `geometry`). Design, protocol and host sequence: kernels/docs/lasp2.md.
 //
 // Maths (kernels/docs/maths.md, "LASP-2: forward"), per (b, h), PE `me` of `npes` holding T_local tokens:
 //   M_me = local end state from a ZERO start (fp32 [Dk, Dv]),  Lambda_me = sum_t a_t over the shard
@@ -112,7 +113,7 @@ typedef struct {
 } lasp_lasp2_params;
 
 #ifdef __cplusplus
-static_assert(sizeof(lasp_lasp2_params) == 200, "lasp_lasp2_params layout changed: update the Rust mirror");
+static_assert(sizeof(lasp_lasp2_params) == 200, "lasp_lasp2_params layout changed");
 #endif
 
 // ---- The chain: the order in which PEs fold each other's tiles -------------------------------
