@@ -1,6 +1,7 @@
 //! Compiles every `.cu` under `cuda/` with nvcc as relocatable device code, device-links the objects
 //! with NVSHMEM's device archive into one executable cubin per target architecture, and embeds the
-//! bytes (`OUT_DIR/cubins.rs`) together with the list of kernels the sources declare.
+//! bytes (`OUT_DIR/cubins.rs`) together with the list of kernels the sources declare. Reads the
+//! kernels' parameter headers with bindgen into `OUT_DIR/params.rs` (the crate's `params`).
 //!
 //! The templated kernels come from one table, `instances.rs`: each source is compiled as a unit
 //! that includes it and then defines the `extern "C"` wrappers of its rows, and
@@ -78,6 +79,7 @@ fn main() {
     find_sources(&cuda_dir, &mut sources);
     sources.sort();
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").unwrap());
+    generate_params(&cuda_dir.join("include"), &toolchain, &out_dir);
     let units = write_units(&cuda_dir, &sources, &out_dir);
     let mut embedded = String::new();
     for arch in &archs {
@@ -140,6 +142,84 @@ fn main() {
          pub const NVSHMEM_DEVICE_VERSION: (u32, u32, u32) = {version:?};\n"
     );
     std::fs::write(out_dir.join("cubins.rs"), generated).unwrap();
+}
+
+/// `stdint.h` for bindgen: the fixed-width types from clang's predefined macros for the target.
+/// libclang's wheel ships no resource headers, and the build must not depend on the system's.
+const STDINT_SHIM: &str = "#pragma once
+typedef __INT8_TYPE__ int8_t;
+typedef __INT16_TYPE__ int16_t;
+typedef __INT32_TYPE__ int32_t;
+typedef __INT64_TYPE__ int64_t;
+typedef __UINT8_TYPE__ uint8_t;
+typedef __UINT16_TYPE__ uint16_t;
+typedef __UINT32_TYPE__ uint32_t;
+typedef __UINT64_TYPE__ uint64_t;
+";
+
+/// Writes `out_dir/params.rs`: the structs, enums and constants of every parameter header
+/// (`*_params.h`, `wait_diagnostics.h`, wherever they sit under `include_dir`), read by bindgen
+/// as a C compiler lays them out, so the host passes the kernels the headers' own types.
+fn generate_params(include_dir: &Path, toolchain: &Path, out_dir: &Path) {
+    // clang-sys looks where LIBCLANG_PATH says, then in the system's folders.
+    let toolchain_libclang = toolchain.join("clang/native");
+    if env_path("LIBCLANG_PATH").is_none() && toolchain_libclang.join("libclang.so").exists() {
+        std::env::set_var("LIBCLANG_PATH", &toolchain_libclang);
+    }
+    if let Err(e) = clang_sys::load() {
+        fail(format!(
+            "no libclang for bindgen to read the kernels' parameter headers with (set \
+             LIBCLANG_PATH to the folder holding libclang.so): {e}"
+        ));
+    }
+    let mut headers = Vec::new();
+    find_param_headers(include_dir, &mut headers);
+    headers.sort();
+    if headers.is_empty() {
+        fail(format!("no *_params.h under {}", include_dir.display()));
+    }
+    let wrapper: String = headers
+        .iter()
+        .map(|header| format!("#include \"{}\"\n", header.display()))
+        .collect();
+    let shim_dir = out_dir.join("bindgen-include");
+    std::fs::create_dir_all(&shim_dir).unwrap();
+    std::fs::write(shim_dir.join("stdint.h"), STDINT_SHIM).unwrap();
+    let bindings = bindgen::Builder::default()
+        .header_contents("lasp_params.h", &wrapper)
+        .clang_arg("-nostdinc")
+        .clang_arg(format!("-isystem{}", shim_dir.display()))
+        .clang_arg(format!("-I{}", include_dir.display()))
+        .detect_include_paths(false)
+        .allowlist_type("lasp2?_.*")
+        // No -D here, as none for nvcc: the constants (LASP_SD_STAGES) are the kernels' own.
+        .allowlist_var("LASP2?_.*")
+        // The return type of the header's launch helpers; the host computes its grids in Rust.
+        .blocklist_type("lasp2?_.*dim3")
+        .default_enum_style(bindgen::EnumVariation::Consts)
+        .prepend_enum_name(false)
+        .derive_default(true)
+        .generate()
+        .unwrap_or_else(|e| fail(format!("bindgen could not read the parameter headers: {e}")));
+    let generated = out_dir.join("params.rs");
+    bindings
+        .write_to_file(&generated)
+        .unwrap_or_else(|e| fail(format!("cannot write {}: {e}", generated.display())));
+}
+
+/// Every `*_params.h` and `wait_diagnostics.h` in `dir` and its subfolders.
+fn find_param_headers(dir: &Path, headers: &mut Vec<PathBuf>) {
+    let entries = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| fail(format!("cannot read {}: {e}", dir.display())));
+    for entry in entries {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy();
+        if path.is_dir() {
+            find_param_headers(&path, headers);
+        } else if name.ends_with("_params.h") || name == "wait_diagnostics.h" {
+            headers.push(path);
+        }
+    }
 }
 
 /// Every `.cu` file under `dir`, recursively.

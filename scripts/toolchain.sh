@@ -1,14 +1,17 @@
-# Source this file: it makes nvcc, NVSHMEM and CUTLASS/CuTe available and exports where they are.
+# Source this file: it makes nvcc, NVSHMEM, CUTLASS/CuTe and libclang available and exports where
+# they are.
 #
-# A user's own installs win: NVCC or CUDA_HOME (nvcc), NVSHMEM_HOME, CUTLASS_HOME. Whatever is not
-# given is installed once from PyPI, at the pinned versions, into .toolchain/python in this
-# repository (git-ignored) and reused on later calls.
+# A user's own installs win: NVCC or CUDA_HOME (nvcc), NVSHMEM_HOME, CUTLASS_HOME, LIBCLANG_PATH.
+# Whatever is not given is installed once from PyPI, at the pinned versions, into .toolchain/python
+# in this repository (git-ignored) and reused on later calls.
 
 lasp_repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 LASP_TOOLCHAIN_DIR="${LASP_TOOLCHAIN_DIR:-$lasp_repo_root/.toolchain/python}"
 
 # The device archive linked into our cubins and the node's host library must be the same NVSHMEM;
-# nvidia-nvvm is pinned because pip otherwise pulls one that does not match nvcc 13.0.
+# nvidia-nvvm is pinned because pip otherwise pulls one that does not match nvcc 13.0. libclang
+# (clang/native/libclang.so) is what bindgen reads the kernels' parameter headers with at build
+# time (kernels/build.rs).
 LASP_TOOLCHAIN_PINS=(
   nvidia-cuda-nvcc==13.0.88
   nvidia-cuda-runtime==13.0.96
@@ -17,6 +20,7 @@ LASP_TOOLCHAIN_PINS=(
   nvidia-nvvm==13.0.88
   nvidia-nvshmem-cu13==3.4.5
   nvidia-cutlass==4.2.0.0
+  libclang==18.1.1
 )
 
 lasp_install_toolchain() {
@@ -31,13 +35,14 @@ lasp_install_toolchain() {
   # (numpy, scipy, cuda-python) are not needed for its headers.
   "$python" -m pip install --quiet --disable-pip-version-check --no-deps \
     --target "$LASP_TOOLCHAIN_DIR" "${LASP_TOOLCHAIN_PINS[@]}" || {
-    echo "lasp-shmem: pip could not install the CUDA toolchain; install nvcc and NVSHMEM yourself and set CUDA_HOME and NVSHMEM_HOME" >&2
+    echo "lasp-shmem: pip could not install the CUDA toolchain; install nvcc, NVSHMEM and libclang yourself and set CUDA_HOME, NVSHMEM_HOME and LIBCLANG_PATH" >&2
     return 1
   }
   echo "${LASP_TOOLCHAIN_PINS[*]}" >"$stamp"
 }
 
-if [ -z "${NVCC:-}" ] && [ -z "${CUDA_HOME:-}" ] || [ -z "${NVSHMEM_HOME:-}" ] || [ -z "${CUTLASS_HOME:-}" ]; then
+if [ -z "${NVCC:-}" ] && [ -z "${CUDA_HOME:-}" ] || [ -z "${NVSHMEM_HOME:-}" ] || [ -z "${CUTLASS_HOME:-}" ] ||
+  [ -z "${LIBCLANG_PATH:-}" ]; then
   lasp_install_toolchain || return 1
 fi
 if [ -z "${NVCC:-}" ]; then
@@ -49,3 +54,4 @@ if [ -z "${NVCC:-}" ]; then
 fi
 export NVSHMEM_HOME="${NVSHMEM_HOME:-$LASP_TOOLCHAIN_DIR/nvidia/nvshmem}"
 export CUTLASS_HOME="${CUTLASS_HOME:-$LASP_TOOLCHAIN_DIR/cutlass_library/source}"
+export LIBCLANG_PATH="${LIBCLANG_PATH:-$LASP_TOOLCHAIN_DIR/clang/native}"

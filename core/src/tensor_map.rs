@@ -5,9 +5,9 @@
 use crate::error::{describe_driver_error, Error, Result};
 use cudarc::driver::sys;
 
-/// An encoded `CUtensorMap`: 128 opaque bytes, 128-byte aligned (CUDA 13), the C layout of
-/// `lasp_tensor_map`.
-pub type TensorMap = sys::CUtensorMap;
+/// An encoded `CUtensorMap` as the kernels' parameters hold it: `lasp_tensor_map`, 128 opaque
+/// bytes, 128-byte aligned (CUDA 13).
+pub type TensorMap = lasp_shmem_kernels::params::lasp_tensor_map;
 
 /// The map of a dense bf16 tensor `[B][T][H][D]` (`dims_inner_first` = `[D, H, T, B]`, the last
 /// index contiguous) at device address `addr`, read in boxes of 64 columns x 1 head x 64 tokens x
@@ -24,7 +24,7 @@ pub fn bf16_token_tiles(what: &str, addr: u64, dims_inner_first: [usize; 4]) -> 
     ];
     let box_dims: [u32; 4] = [64, 1, 64, 1];
     let element_strides: [u32; 4] = [1; 4];
-    let mut map = std::mem::MaybeUninit::<TensorMap>::uninit();
+    let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::uninit();
     // SAFETY: every pointer refers to a live local array of the length the call reads (rank 4:
     // 4 dimensions, 3 strides, 4 box sizes, 4 element strides) and `map` has room for one
     // CUtensorMap. The call only encodes: it does not touch device memory.
@@ -53,17 +53,6 @@ pub fn bf16_token_tiles(what: &str, addr: u64, dims_inner_first: [usize; 4]) -> 
         ))
     })?;
     // SAFETY: cuTensorMapEncodeTiled returned success, so it wrote the whole map.
-    Ok(unsafe { map.assume_init() })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::mem::{align_of, size_of};
-
-    #[test]
-    fn map_has_the_layout_of_lasp_tensor_map() {
-        assert_eq!(size_of::<TensorMap>(), 128);
-        assert_eq!(align_of::<TensorMap>(), 128);
-    }
+    let map = unsafe { map.assume_init() };
+    Ok(TensorMap { opaque: map.opaque })
 }

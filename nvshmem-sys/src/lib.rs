@@ -1,7 +1,7 @@
 //! Raw bindings to the NVSHMEM 3.x host library, `libnvshmem_host.so.3`, loaded at run time.
 //!
-//! `bindings.rs` is bindgen output from the pinned headers (NVSHMEM 3.4.5), committed so that no
-//! build needs libclang or NVSHMEM. Regenerate it with
+//! `bindings.rs` is bindgen output from the pinned headers (NVSHMEM 3.4.5), committed so that
+//! building this crate needs neither libclang nor NVSHMEM. Regenerate it with
 //! `source scripts/toolchain.sh && cargo run -p nvshmem-sys-bindgen && cargo fmt -p nvshmem-sys`.
 //!
 //! Only entry points the shared library exports are bound. The `static inline` initialisers of the

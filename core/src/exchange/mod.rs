@@ -20,6 +20,7 @@ pub mod transport;
 pub use schedule::Schedule;
 
 use crate::family::Family;
+use lasp_shmem_kernels::params as header;
 
 /// How the summaries move between PEs. Every PE must use the same mode in a call; every mode
 /// gives bitwise the same outputs (the fold and every other operation are the same).
@@ -50,11 +51,13 @@ impl ExchangeMode {
 
     /// `enum lasp2_exchange_mode`.
     pub(crate) fn kernel_mode(self) -> i32 {
-        match self {
-            ExchangeMode::NoComm => 0,
-            ExchangeMode::Overlapped => 1,
-            ExchangeMode::SequentialNccl | ExchangeMode::SequentialNvshmem => 2,
-        }
+        (match self {
+            ExchangeMode::NoComm => header::LASP2_NO_COMM,
+            ExchangeMode::Overlapped => header::LASP2_DEVICE_PUT,
+            ExchangeMode::SequentialNccl | ExchangeMode::SequentialNvshmem => {
+                header::LASP2_HOST_GATHERED
+            }
+        }) as i32
     }
 
     /// A number per mode, for checking that every PE asked for the same one.
@@ -68,10 +71,10 @@ impl ExchangeMode {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Direction {
     /// The forward: position = PE; the prefix state toward every later PE.
-    Ascending = 0,
+    Ascending = header::LASP2_CHAIN_ASCENDING as isize,
     /// The backward: position = `npes - 1 - PE`; the state gradient toward every earlier PE
     /// (through the transposed transition).
-    Descending = 1,
+    Descending = header::LASP2_CHAIN_DESCENDING as isize,
 }
 
 /// What every PE must agree on: it fixes the symmetric layouts.
@@ -126,8 +129,10 @@ impl Lasp2Layout {
 /// The exchange's layouts and launch formulas (`lasp/exchange/chain_params.h`), for a family's
 /// summary tile of `tile_floats` floats.
 pub mod geometry {
+    use super::header;
+
     /// `LASP2_TILE_V`: Dv columns of one exchanged tile.
-    pub const TILE_V: i32 = 64;
+    pub const TILE_V: i32 = header::LASP2_TILE_V as i32;
 
     /// `lasp2_num_vtiles`.
     pub const fn num_vtiles(dv: i32) -> i32 {
@@ -174,7 +179,11 @@ pub mod geometry {
     }
     /// `lasp2_timeline_words`.
     pub const fn timeline_words(b: i32, h: i32, dv: i32, s: i32) -> u64 {
-        b as u64 * h as u64 * num_vtiles(dv) as u64 * (2 + 3 * s as u64)
+        let (put, output) = (
+            header::LASP2_TIMELINE_PUT_STAMPS as u64,
+            header::LASP2_TIMELINE_OUTPUT_STAMPS as u64,
+        );
+        b as u64 * h as u64 * num_vtiles(dv) as u64 * (put + s as u64 * output)
     }
 }
 

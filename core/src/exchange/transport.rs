@@ -1,6 +1,6 @@
 //! Device-initiated exchange: an all-gather whose puts and signals are issued by the kernel's own
-//! warps, and a device ping-pong. Kernels in kernels/cuda/exchange/transport.cu; parameter structs mirror
-//! kernels/cuda/include/lasp/exchange/transport_params.h.
+//! warps, and a device ping-pong. Kernels in kernels/cuda/exchange/transport.cu; parameter structs from
+//! kernels/cuda/include/lasp/exchange/transport_params.h (`lasp_shmem_kernels::params`).
 
 use crate::diagnostics::WaitDiagnostics;
 use crate::error::{CudaCall, Error, Result};
@@ -8,53 +8,17 @@ use crate::kernel::{Kernel, LaunchShape};
 use crate::runtime::Runtime;
 use crate::symmetric::SymmetricBuffer;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+use lasp_shmem_kernels::params as header;
 use std::sync::Arc;
 
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct AllGatherParams {
-    src: u64,
-    slots: u64,
-    data_signal: u64,
-    epoch: u64,
-    counters: u64,
-    diag: u64,
-    bytes: u64,
-    chunk_bytes: u64,
-    timeout_ns: u64,
-    me: i32,
-    npes: i32,
-}
+type AllGatherParams = header::lasp_allgather_params;
+type PatternParams = header::lasp_allgather_pattern_params;
+type PingPongParams = header::lasp_pingpong_params;
 
-/// Words of `lasp_allgather_params::counters` for `npes` PEs (`LASP_ALLGATHER_COUNTERS`): three
+/// Words of `lasp_allgather_params::counters` for `npes` PEs (`LASP_ALLGATHER_COUNTERS`): the
 /// launch-wide counters, then one per peer group.
 fn counter_words(npes: usize) -> usize {
-    3 + npes
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct PatternParams {
-    src: u64,
-    slots: u64,
-    epoch: u64,
-    mismatches: u64,
-    bytes: u64,
-    me: i32,
-    npes: i32,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct PingPongParams {
-    flags: u64,
-    round: u64,
-    diag: u64,
-    timeout_ns: u64,
-    me: i32,
-    peer: i32,
-    initiator: i32,
-    rounds: i32,
+    header::LASP_COUNTER_PEER_GROUP as usize + npes
 }
 
 /// Threads per CTA unless [`AllGather::set_threads`] says otherwise (the best of the CTA sweeps
@@ -350,12 +314,12 @@ impl AllGather {
 
     fn launch_kernel(&self, kernel: &Kernel, stream: &Arc<CudaStream>) -> Result<()> {
         let params = AllGatherParams {
-            src: self.src.raw(),
-            slots: self.slots.raw(),
-            data_signal: self.data_signal.raw(),
-            epoch: device_addr(&self.words.epoch, stream),
-            counters: device_addr(&self.words.counters, stream),
-            diag: device_addr(&self.words.diag, stream),
+            src: self.src.raw() as _,
+            slots: self.slots.raw() as _,
+            data_signal: self.data_signal.raw() as _,
+            epoch: device_addr(&self.words.epoch, stream) as _,
+            counters: device_addr(&self.words.counters, stream) as _,
+            diag: device_addr(&self.words.diag, stream) as _,
             bytes: self.bytes as u64,
             chunk_bytes: self.chunk_bytes() as u64,
             timeout_ns: self.runtime.wait_timeout().as_nanos() as u64,
@@ -368,8 +332,8 @@ impl AllGather {
             block: (threads, 1, 1),
             shared_bytes: 0,
         };
-        // SAFETY: the parameters have the layout of lasp_allgather_params (params_have_the_c_layout)
-        // and point into buffers owned by self. They outlive the kernel as long as the caller
+        // SAFETY: the parameters are lasp_allgather_params, generated from the header, and point
+        // into buffers owned by self. They outlive the kernel as long as the caller
         // keeps its documented obligation: `finish` (or `free`, which synchronises the device)
         // before dropping self. The types do not enforce it (see gpu::open_gpu).
         unsafe { kernel.launch(stream, shape, &params) }
@@ -377,10 +341,10 @@ impl AllGather {
 
     fn pattern_params(&mut self, stream: &Arc<CudaStream>) -> PatternParams {
         PatternParams {
-            src: self.src.raw(),
-            slots: self.slots.raw(),
-            epoch: device_addr(&self.words.epoch, stream),
-            mismatches: device_addr(&self.words.mismatches, stream),
+            src: self.src.raw() as _,
+            slots: self.slots.raw() as _,
+            epoch: device_addr(&self.words.epoch, stream) as _,
+            mismatches: device_addr(&self.words.mismatches, stream) as _,
             bytes: self.bytes as u64,
             me: self.runtime.pe() as i32,
             npes: self.runtime.npes() as i32,
@@ -396,8 +360,8 @@ impl AllGather {
             block: (256, 1, 1),
             shared_bytes: 0,
         };
-        // SAFETY: lasp_pattern_params' layout; pointers into buffers owned by self, which outlive
-        // the kernel under the same obligation as `launch`.
+        // SAFETY: lasp_allgather_pattern_params, generated from the header; pointers into buffers
+        // owned by self, which outlive the kernel under the same obligation as `launch`.
         unsafe { self.fill.launch(stream, shape, &params) }
     }
 
@@ -497,9 +461,9 @@ impl PingPong {
             return Ok(());
         }
         let params = PingPongParams {
-            flags: self.flags.raw(),
-            round: device_addr(&self.words.round, stream),
-            diag: device_addr(&self.words.diag, stream),
+            flags: self.flags.raw() as _,
+            round: device_addr(&self.words.round, stream) as _,
+            diag: device_addr(&self.words.diag, stream) as _,
             timeout_ns: self.runtime.wait_timeout().as_nanos() as u64,
             me: me as i32,
             peer: 1 - me as i32,
@@ -511,8 +475,9 @@ impl PingPong {
             block: (32, 1, 1),
             shared_bytes: 0,
         };
-        // SAFETY: lasp_pingpong_params' layout; pointers into buffers owned by self, which
-        // outlive the kernel as long as the caller calls `finish` or `free` before dropping self.
+        // SAFETY: lasp_pingpong_params, generated from the header; pointers into buffers owned by
+        // self, which outlive the kernel as long as the caller calls `finish` or `free` before
+        // dropping self.
         unsafe { self.kernel.launch(stream, shape, &params) }
     }
 
@@ -589,14 +554,7 @@ mod tests {
     }
 
     #[test]
-    fn params_have_the_c_layout() {
-        // lasp_allgather_params: 9 eight-byte fields, then two ints.
-        assert_eq!(std::mem::size_of::<AllGatherParams>(), 80);
-        assert_eq!(std::mem::offset_of!(AllGatherParams, chunk_bytes), 56);
-        assert_eq!(std::mem::offset_of!(AllGatherParams, me), 72);
-        // The counters: LASP_COUNTER_PEER_GROUP (3) words before the per-peer ones.
+    fn counters_are_three_launch_wide_words_then_one_per_peer_group() {
         assert_eq!(counter_words(4), 7);
-        assert_eq!(std::mem::size_of::<PatternParams>(), 48);
-        assert_eq!(std::mem::size_of::<PingPongParams>(), 48);
     }
 }

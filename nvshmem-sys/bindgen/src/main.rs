@@ -4,8 +4,9 @@
 //! source scripts/toolchain.sh && cargo run -p nvshmem-sys-bindgen
 //! ```
 //!
-//! Needs libclang (Debian: `apt-get install libclang-dev`). The output is committed, so nobody else
-//! needs libclang. Only host entry points that `libnvshmem_host.so.3` really exports are bound: the
+//! Needs libclang with its resource headers (Debian: `apt-get install libclang-dev`; the pinned
+//! toolchain's wheel has none). The output is committed, so building nvshmem-sys needs no libclang.
+//! Only host entry points that `libnvshmem_host.so.3` really exports are bound: the
 //! `static inline` initialisers (`nvshmem_init`, `nvshmemx_init_attr`, `nvshmem_finalize`, ...)
 //! call into the device archive and cannot be resolved from the shared library.
 

@@ -16,7 +16,7 @@
 //! every block boundary) and four kernels of its own for the start states and the gate gradient,
 //! which meets the two directions' states at the block boundaries and sums each block's pairs
 //! exactly (`kernels/cuda/scalar_decay/backward.cu`, formulas in
-//! `kernels/cuda/include/lasp/scalar_decay/backward_params.h`, mirrored by [`geometry`]). The two
+//! `kernels/cuda/include/lasp/scalar_decay/backward_params.h`, ported by [`geometry`]). The two
 //! reversed passes share one states pass: in the same segments, the dk pass's segment states are
 //! the transposes of the dv pass's.
 //! Gradients are bf16 (`dq, dk, dv`) and fp32 (`dg, dh0`), as fla returns them.
@@ -32,18 +32,20 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use lasp_shmem_kernels::instances;
 use std::sync::Arc;
 
-/// Launch and workspace formulas, a port of `scalar_decay/backward_params.h` (same integer types).
+/// Launch and workspace formulas: the constants of `scalar_decay/backward_params.h` (generated from
+/// it) and a port of its helpers (same integer types).
 pub mod geometry {
     use crate::ops::scalar_decay::geometry as sd;
+    use lasp_shmem_kernels::params as header;
 
     /// `LASP_SDB_STATE_TILE`: state_inputs transposes tiles of this many rows and columns.
-    pub const STATE_TILE: i32 = 32;
+    pub const STATE_TILE: i32 = header::LASP_SDB_STATE_TILE as i32;
     /// `LASP_SDB_STATE_THREADS`.
-    pub const STATE_THREADS: u32 = 256;
+    pub const STATE_THREADS: u32 = header::LASP_SDB_STATE_THREADS;
     /// `LASP_SDB_TERM_THREADS`.
-    pub const TERM_THREADS: u32 = 256;
+    pub const TERM_THREADS: u32 = header::LASP_SDB_TERM_THREADS;
     /// `LASP_SDB_GRAD_THREADS`: a thread per token of a block.
-    pub const GRAD_THREADS: u32 = (sd::BLOCK_CHUNKS * sd::CHUNK) as u32;
+    pub const GRAD_THREADS: u32 = header::LASP_SDB_GRAD_THREADS;
 
     /// `lasp_sdb_state_inputs_grid`.
     pub const fn state_inputs_grid(b: i32, h: i32, dk: i32, dv: i32) -> (u32, u32, u32) {
@@ -141,41 +143,9 @@ pub mod geometry {
     }
 }
 
-/// The C struct `lasp_sd_bwd_params` (200 bytes). Device pointers are raw addresses; NULL (0)
-/// where a tensor is absent.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct BackwardParams {
-    pub q: u64,
-    pub k: u64,
-    pub v: u64,
-    pub d_o: u64,
-    pub g: u64,
-    pub h0: u64,
-    pub dht: u64,
-    pub h0_t: u64,
-    pub dht_scaled: u64,
-    pub dht_t_scaled: u64,
-    pub rev_m: u64,
-    pub rev_lambda: u64,
-    pub dv_starts: u64,
-    pub dk_starts: u64,
-    pub dh0_scaled: u64,
-    pub fwd_blocks: u64,
-    pub rev_blocks: u64,
-    pub gate_rows: u64,
-    pub gate_z: u64,
-    pub dg: u64,
-    pub dh0: u64,
-    pub b: i32,
-    pub t: i32,
-    pub h: i32,
-    pub dk_dim: i32,
-    pub dv_dim: i32,
-    pub scale: f32,
-    pub rev_segments: i32,
-    pub rev_slots: i32,
-}
+/// The C struct `lasp_sd_bwd_params`, generated from its header. Pointer fields hold device
+/// addresses; NULL where a tensor is absent.
+pub type BackwardParams = lasp_shmem_kernels::params::lasp_sd_bwd_params;
 
 /// The tensors of one backward call: the forward's inputs, the output gradients, and the
 /// gradients to write. All must live in the runtime's GPU context.
@@ -458,32 +428,32 @@ impl ScalarDecayBackward {
         let state_len = s.state_len();
         let part = |i: u64| ws + i * state;
         let params = BackwardParams {
-            q: args.q.addr(),
-            k: args.k.addr(),
-            v: args.v.addr(),
-            d_o: args.d_o.addr(),
-            g: args.g.addr(),
-            h0: args.h0.map_or(0, |x| x.addr()),
-            dht: args.d_ht.map_or(0, |x| x.addr()),
-            h0_t: part(0),
-            dht_scaled: part(1),
-            dht_t_scaled: part(2),
-            rev_m,
-            rev_lambda,
-            dv_starts: rev,
-            dk_starts: rev + geometry::dk_starts_offset(b, h, rs, dk, dv),
-            dh0_scaled: part(3),
-            fwd_blocks: ws + geometry::fwd_blocks_offset(b, h, dk, dv),
-            rev_blocks: ws + geometry::rev_blocks_offset(b, t, h, dk, dv),
-            gate_rows: ws + geometry::gate_rows_offset(b, t, h, dk, dv),
-            gate_z: ws + geometry::gate_z_offset(b, t, h, dk, dv),
-            dg: args.dg.addr(),
-            dh0: args.dh0.as_ref().map_or(0, |x| x.addr()),
-            b,
-            t,
-            h,
-            dk_dim: dk,
-            dv_dim: dv,
+            q: args.q.addr() as _,
+            k: args.k.addr() as _,
+            v: args.v.addr() as _,
+            d_o: args.d_o.addr() as _,
+            g: args.g.addr() as _,
+            h0: args.h0.map_or(0, |x| x.addr()) as _,
+            dht: args.d_ht.map_or(0, |x| x.addr()) as _,
+            h0_t: part(0) as _,
+            dht_scaled: part(1) as _,
+            dht_t_scaled: part(2) as _,
+            rev_m: rev_m as _,
+            rev_lambda: rev_lambda as _,
+            dv_starts: rev as _,
+            dk_starts: (rev + geometry::dk_starts_offset(b, h, rs, dk, dv)) as _,
+            dh0_scaled: part(3) as _,
+            fwd_blocks: (ws + geometry::fwd_blocks_offset(b, h, dk, dv)) as _,
+            rev_blocks: (ws + geometry::rev_blocks_offset(b, t, h, dk, dv)) as _,
+            gate_rows: (ws + geometry::gate_rows_offset(b, t, h, dk, dv)) as _,
+            gate_z: (ws + geometry::gate_z_offset(b, t, h, dk, dv)) as _,
+            dg: args.dg.addr() as _,
+            dh0: args.dh0.as_ref().map_or(0, |x| x.addr()) as _,
+            B: b,
+            T: t,
+            H: h,
+            Dk: dk,
+            Dv: dv,
             scale,
             rev_segments: rs,
             rev_slots,
@@ -511,7 +481,7 @@ impl ScalarDecayBackward {
 
         self.ctx.bind_to_thread()?;
         if has_h0 {
-            // SAFETY: BackwardParams has the C layout of lasp_sd_bwd_params (tests); the kernel
+            // SAFETY: BackwardParams is lasp_sd_bwd_params, generated from the header; the kernel
             // reads h0 (checked length) and writes h0^T, a workspace state owned by self.
             unsafe { self.state_inputs.launch(stream, state_shape, &params)? };
         }
@@ -528,12 +498,12 @@ impl ScalarDecayBackward {
                     k: args.v,
                     v: args.k,
                     g: args.g,
-                    h0: has_h0.then(|| ws_ref(params.h0_t)),
+                    h0: has_h0.then(|| ws_ref(params.h0_t as u64)),
                     o: args.dq,
                     ht: None,
                     scale: Some(scale),
                 },
-                params.fwd_blocks,
+                params.fwd_blocks as u64,
             )?
         };
         before_reversed_passes()?;
@@ -545,9 +515,9 @@ impl ScalarDecayBackward {
             k: args.q,
             v: args.d_o,
             g: args.g,
-            h0: has_dht.then(|| ws_ref(params.dht_scaled)),
+            h0: has_dht.then(|| ws_ref(params.dht_scaled as u64)),
             o: args.dv,
-            ht: has_dh0.then(|| ws_mut(params.dh0_scaled)),
+            ht: has_dh0.then(|| ws_mut(params.dh0_scaled as u64)),
             scale: Some(scale),
         };
         // dk, reversed: V, dO, Q from dht^T / sigma.
@@ -557,7 +527,7 @@ impl ScalarDecayBackward {
             k: args.d_o,
             v: args.q,
             g: args.g,
-            h0: has_dht.then(|| ws_ref(params.dht_t_scaled)),
+            h0: has_dht.then(|| ws_ref(params.dht_t_scaled as u64)),
             o: args.dk,
             ht: None,
             scale: Some(scale),
@@ -580,8 +550,12 @@ impl ScalarDecayBackward {
         }
         // The dv pass also writes dH / sigma at the block boundaries (for dg).
         for (pass, prefixes, blocks) in [
-            (dv_pass, params.dv_starts, Some(params.rev_blocks)),
-            (dk_pass, params.dk_starts, None),
+            (
+                dv_pass,
+                params.dv_starts as u64,
+                Some(params.rev_blocks as u64),
+            ),
+            (dk_pass, params.dk_starts as u64, None),
         ] {
             let starts = SegmentStarts {
                 segments: rev_segments,
@@ -636,91 +610,10 @@ impl Drop for ScalarDecayBackward {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::mem::{offset_of, size_of};
-
-    const HEADER: &str =
-        include_str!("../../../../kernels/cuda/include/lasp/scalar_decay/backward_params.h");
-
-    fn define(name: &str) -> i64 {
-        HEADER
-            .lines()
-            .find_map(|l| {
-                let rest = l.trim().strip_prefix("#define ")?.strip_prefix(name)?;
-                rest.starts_with(' ')
-                    .then(|| rest.split_whitespace().next().unwrap().parse().unwrap())
-            })
-            .unwrap_or_else(|| panic!("#define {name} not in the header"))
-    }
 
     #[test]
-    fn params_match_the_header_layout() {
-        let start = HEADER.find("typedef struct {").unwrap();
-        let end = HEADER.find("} lasp_sd_bwd_params;").unwrap();
-        let names: Vec<&str> = HEADER[start + "typedef struct {".len()..end]
-            .lines()
-            .filter_map(|l| {
-                let decl = l.split("//").next().unwrap().trim().strip_suffix(';')?;
-                decl.rsplit([' ', '*']).next()
-            })
-            .collect();
-        let rust = [
-            ("q", offset_of!(BackwardParams, q)),
-            ("k", offset_of!(BackwardParams, k)),
-            ("v", offset_of!(BackwardParams, v)),
-            ("d_o", offset_of!(BackwardParams, d_o)),
-            ("g", offset_of!(BackwardParams, g)),
-            ("h0", offset_of!(BackwardParams, h0)),
-            ("dht", offset_of!(BackwardParams, dht)),
-            ("h0_t", offset_of!(BackwardParams, h0_t)),
-            ("dht_scaled", offset_of!(BackwardParams, dht_scaled)),
-            ("dht_t_scaled", offset_of!(BackwardParams, dht_t_scaled)),
-            ("rev_m", offset_of!(BackwardParams, rev_m)),
-            ("rev_lambda", offset_of!(BackwardParams, rev_lambda)),
-            ("dv_starts", offset_of!(BackwardParams, dv_starts)),
-            ("dk_starts", offset_of!(BackwardParams, dk_starts)),
-            ("dh0_scaled", offset_of!(BackwardParams, dh0_scaled)),
-            ("fwd_blocks", offset_of!(BackwardParams, fwd_blocks)),
-            ("rev_blocks", offset_of!(BackwardParams, rev_blocks)),
-            ("gate_rows", offset_of!(BackwardParams, gate_rows)),
-            ("gate_z", offset_of!(BackwardParams, gate_z)),
-            ("dg", offset_of!(BackwardParams, dg)),
-            ("dh0", offset_of!(BackwardParams, dh0)),
-            ("B", offset_of!(BackwardParams, b)),
-            ("T", offset_of!(BackwardParams, t)),
-            ("H", offset_of!(BackwardParams, h)),
-            ("Dk", offset_of!(BackwardParams, dk_dim)),
-            ("Dv", offset_of!(BackwardParams, dv_dim)),
-            ("scale", offset_of!(BackwardParams, scale)),
-            ("rev_segments", offset_of!(BackwardParams, rev_segments)),
-            ("rev_slots", offset_of!(BackwardParams, rev_slots)),
-        ];
-        assert_eq!(
-            names,
-            rust.map(|(n, _)| n),
-            "field order differs from the header"
-        );
-        // 21 pointers, then eight 4-byte fields, as a C compiler lays them out.
-        for (i, (name, offset)) in rust.iter().enumerate() {
-            let want = if i < 21 { 8 * i } else { 168 + 4 * (i - 21) };
-            assert_eq!(*offset, want, "offset of {name}");
-        }
-        assert_eq!(size_of::<BackwardParams>(), 200);
-    }
-
-    #[test]
-    fn geometry_matches_the_header() {
-        assert_eq!(define("LASP_SDB_STATE_TILE"), geometry::STATE_TILE as i64);
-        assert_eq!(
-            define("LASP_SDB_STATE_THREADS"),
-            geometry::STATE_THREADS as i64
-        );
-        assert_eq!(
-            define("LASP_SDB_TERM_THREADS"),
-            geometry::TERM_THREADS as i64
-        );
-        assert!(
-            HEADER.contains("#define LASP_SDB_GRAD_THREADS (LASP_SD_BLOCK_CHUNKS * LASP_SD_CHUNK)")
-        );
+    fn geometry_values() {
+        // A thread per token of a block of 4 chunks.
         assert_eq!(geometry::GRAD_THREADS, 256);
         assert_eq!(geometry::state_inputs_grid(4, 16, 128, 64), (8, 64, 1));
         // A CTA per (Dv tile, block of 4 chunks, head), for both gate kernels.

@@ -37,17 +37,18 @@ impl Family for ScalarDecay {
     }
 
     fn lasp2_params(f: ExchangeFields) -> Lasp2Params {
+        // Device addresses into the struct's pointer fields.
         Lasp2Params {
-            slots: f.slots,
-            signals: f.signals,
-            credit: f.credit,
-            epoch: f.epoch,
-            diag: f.diag,
+            slots: f.slots as _,
+            signals: f.signals as _,
+            credit: f.credit as _,
+            epoch: f.epoch as _,
+            diag: f.diag as _,
             timeout_ns: f.timeout_ns,
-            b: f.b,
-            h: f.h,
-            dk: f.dk,
-            dv: f.dv,
+            B: f.b,
+            H: f.h,
+            Dk: f.dk,
+            Dv: f.dv,
             me: f.me,
             npes: f.npes,
             exchange_mode: f.exchange_mode,

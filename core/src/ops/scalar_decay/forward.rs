@@ -3,8 +3,8 @@
 //! block states) and the output probes.
 
 use super::{
-    check_args, check_gate_values, geometry, invalid, ForwardArgs, ForwardPlan, ForwardShape,
-    OutputProbe, RolesParams, ScalarDecayParams,
+    check_args, check_gate_values, geometry, invalid, roles_params, ForwardArgs, ForwardPlan,
+    ForwardShape, OutputProbe, RolesParams, ScalarDecayParams,
 };
 use crate::error::{Error, Result};
 use crate::kernel::{Kernel, LaunchShape};
@@ -311,22 +311,22 @@ impl ScalarDecayForward {
         };
         let s = &args.shape;
         let params = ScalarDecayParams {
-            q: args.q.addr(),
-            k: args.k.addr(),
-            v: args.v.addr(),
-            g: args.g.addr(),
-            o: args.o.addr(),
-            h0: args.h0.map_or(0, |x| x.addr()),
-            ht: args.ht.as_ref().map_or(0, |x| x.addr()),
-            ws_m,
-            ws_p,
-            ws_lambda,
-            block_states: 0,
-            b: s.b as i32,
-            t: s.t as i32,
-            h: s.h as i32,
-            dk: s.dk as i32,
-            dv: s.dv as i32,
+            q: args.q.addr() as _,
+            k: args.k.addr() as _,
+            v: args.v.addr() as _,
+            g: args.g.addr() as _,
+            o: args.o.addr() as _,
+            h0: args.h0.map_or(0, |x| x.addr()) as _,
+            ht: args.ht.as_ref().map_or(0, |x| x.addr()) as _,
+            ws_m: ws_m as _,
+            ws_p: ws_p as _,
+            ws_lambda: ws_lambda as _,
+            block_states: std::ptr::null_mut(),
+            B: s.b as i32,
+            T: s.t as i32,
+            H: s.h as i32,
+            Dk: s.dk as i32,
+            Dv: s.dv as i32,
             num_segments: plan.num_segments as i32,
             chunks_per_segment: plan.chunks_per_segment as i32,
             scale,
@@ -354,8 +354,8 @@ impl ScalarDecayForward {
         let plan = self.plan(&args.shape)?;
         let (plan, params) = self.prepare_plan(stream, &args, plan)?;
         let output = self.output_launch(&plan, &params)?;
-        // SAFETY: ScalarDecayParams has the C layout of lasp_scalar_decay_params (see tests.rs);
-        // RolesParams that of lasp_sd_roles_params, with maps of the same tensors; the shape is
+        // SAFETY: ScalarDecayParams is lasp_scalar_decay_params, generated from the header;
+        // RolesParams is lasp_sd_roles_params, with maps of the same tensors; the shape is
         // supported, every tensor has the length, alignment and non-overlap the kernels need
         // (checked in prepare_plan), the views borrow their buffers for the call and their
         // contracts keep the memory valid until the kernels complete; the workspace is owned by
@@ -387,7 +387,7 @@ impl ScalarDecayForward {
         let plan = self.plan(&args.shape)?;
         let (plan, params) = self.prepare_plan(stream, &args, plan)?;
         let params = ScalarDecayParams {
-            block_states,
+            block_states: block_states as _,
             ..params
         };
         let i = dk_index(args.shape.dk);
@@ -395,7 +395,7 @@ impl ScalarDecayForward {
             Some(roles) if plan.output_roles => OutputLaunch::TwoRole(
                 roles[i],
                 plan.output,
-                Box::new(RolesParams::new(params, &plan.shape)?),
+                Box::new(roles_params(params, &plan.shape)?),
             ),
             _ => OutputLaunch::OneWarpgroup(self.output_block_states[i], plan.output, params),
         };
@@ -457,9 +457,9 @@ impl ScalarDecayForward {
             return Ok(());
         };
         let params = ScalarDecayParams {
-            ws_m: m,
-            ws_p: 0,
-            ws_lambda: lambda,
+            ws_m: m as _,
+            ws_p: std::ptr::null_mut(),
+            ws_lambda: lambda as _,
             ..params
         };
         // SAFETY: as in `launch`; the states kernel reads k, v and g (checked in prepare_plan)
@@ -488,10 +488,10 @@ impl ScalarDecayForward {
         let plan = Self::reversed_plan(&args.shape, starts.segments)?;
         let (plan, params) = self.prepare_plan(stream, &args, plan)?;
         let params = ScalarDecayParams {
-            ws_m: 0,
-            ws_p: starts.prefixes,
-            ws_lambda: 0,
-            block_states: block_states.unwrap_or(0),
+            ws_m: std::ptr::null_mut(),
+            ws_p: starts.prefixes as _,
+            ws_lambda: std::ptr::null_mut(),
+            block_states: block_states.unwrap_or(0) as _,
             ..params
         };
         let i = dk_index(args.shape.dk);
@@ -518,7 +518,7 @@ impl ScalarDecayForward {
             Some(roles) if plan.output_roles => OutputLaunch::TwoRole(
                 roles[i],
                 plan.output,
-                Box::new(RolesParams::new(*params, &plan.shape)?),
+                Box::new(roles_params(*params, &plan.shape)?),
             ),
             _ => OutputLaunch::OneWarpgroup(self.output[i], plan.output, *params),
         })

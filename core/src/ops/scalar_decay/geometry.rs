@@ -1,23 +1,26 @@
-//! Launch geometry, shared memory and workspace formulas, a line-by-line port of the helpers in
-//! `scalar_decay/forward_params.h` (same integer types and rounding). Keep both in sync.
+//! Launch geometry, shared memory and workspace formulas: the constants of
+//! `scalar_decay/forward_params.h` (generated from it) and a line-by-line port of its helpers (same
+//! integer types and rounding; keep both in sync, the unit tests pin their values).
+
+use lasp_shmem_kernels::params as header;
 
 /// Tokens per chunk (`LASP_SD_CHUNK`).
-pub const CHUNK: i32 = 64;
+pub const CHUNK: i32 = header::LASP_SD_CHUNK as i32;
 /// Dv columns per CTA (`LASP_SD_TILE_V`).
-pub const TILE_V: i32 = 64;
+pub const TILE_V: i32 = header::LASP_SD_TILE_V as i32;
 /// Threads per CTA of the states and output kernels (`LASP_SD_THREADS`).
-pub const THREADS: u32 = 128;
-/// cp.async pipeline depth the kernels are built with (`LASP_SD_STAGES`, default of the header;
-/// the build passes no override).
-pub const STAGES: u32 = 2;
+pub const THREADS: u32 = header::LASP_SD_THREADS;
+/// cp.async pipeline depth the kernels are built with (`LASP_SD_STAGES`: the header's default,
+/// as nvcc and bindgen both read it without an override).
+pub const STAGES: u32 = header::LASP_SD_STAGES;
 /// Threads per CTA of the fold kernel (`LASP_SD_FOLD_THREADS`).
-pub const FOLD_THREADS: u32 = 256;
+pub const FOLD_THREADS: u32 = header::LASP_SD_FOLD_THREADS;
 /// Threads per CTA of the two-role output kernel (`LASP_SD_ROLES_THREADS`).
-pub const ROLES_THREADS: u32 = 288;
+pub const ROLES_THREADS: u32 = header::LASP_SD_ROLES_THREADS;
 /// The two-role output kernel's pipeline depth (`LASP_SD_ROLES_STAGES`).
-pub const ROLES_STAGES: u32 = 4;
+pub const ROLES_STAGES: u32 = header::LASP_SD_ROLES_STAGES;
 /// The states kernels' pipeline depth (`LASP_SD_STATES_STAGES`).
-pub const STATES_STAGES: u32 = 4;
+pub const STATES_STAGES: u32 = header::LASP_SD_STATES_STAGES;
 
 /// `lasp_sd_num_chunks`.
 pub const fn num_chunks(t: i32) -> i32 {
@@ -60,7 +63,7 @@ pub const fn target_ctas(b: i32, h: i32, t: i32, dv: i32, sm_count: i32) -> i32 
 }
 
 /// `LASP_SD_BLOCK_CHUNKS`: chunks per block of the backward's gate gradient.
-pub const BLOCK_CHUNKS: i32 = 4;
+pub const BLOCK_CHUNKS: i32 = header::LASP_SD_BLOCK_CHUNKS as i32;
 
 /// `lasp_sd_num_blocks`.
 pub const fn num_blocks(t: i32) -> i32 {

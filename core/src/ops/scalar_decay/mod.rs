@@ -38,9 +38,9 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! The kernels are `kernels/cuda/scalar_decay/forward.cu`; [`geometry`] mirrors the launch, shared
-//! memory and workspace formulas of `kernels/cuda/include/lasp/scalar_decay/forward_params.h` and
-//! [`ScalarDecayParams`] its parameter struct (unit tests compare both with the header's text).
+//! The kernels are `kernels/cuda/scalar_decay/forward.cu`; [`geometry`] ports the launch, shared
+//! memory and workspace formulas of `kernels/cuda/include/lasp/scalar_decay/forward_params.h` (with its
+//! constants), and [`ScalarDecayParams`] is its parameter struct, generated from it.
 //! Call sequence (one stream): with `S > 1` segments per sequence, the states kernel (local end
 //! state of every segment but the last), the fold (prefix state entering every segment), then
 //! always the output kernel: one warpgroup per CTA at two CTAs per SM when `S > 1`, two
@@ -67,6 +67,7 @@ pub use backward::{BackwardArgs, ScalarDecayBackward};
 pub use family::ScalarDecay;
 pub use forward::ScalarDecayForward;
 pub(crate) use forward::{segment_kernels, SegmentStarts};
+use params::roles_params;
 pub use params::{RolesParams, ScalarDecayParams};
 pub use plan::ForwardPlan;
 pub use probe::OutputProbe;

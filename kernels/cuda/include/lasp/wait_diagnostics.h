@@ -1,6 +1,6 @@
-// What a bounded wait on another PE leaves behind when it expires. Shared with the host (C layout;
-// mirrored by `WaitDiagnostics` in core/src/diagnostics.rs), which turns it into an error naming
-// the PE that never sent, the signal slot and the epoch.
+// What a bounded wait on another PE leaves behind when it expires. Shared with the host (C; bindgen
+// generates its struct from this file, wrapped by `WaitDiagnostics` in core/src/diagnostics.rs),
+// which turns it into an error naming the PE that never sent, the signal slot and the epoch.
 #pragma once
 #include <stdint.h>
 

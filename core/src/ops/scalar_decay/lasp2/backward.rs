@@ -172,15 +172,15 @@ impl Lasp2Backward {
         let carry = ws + carry_offset;
         let params = Lasp2Params {
             // The reversed states pass: Q and dO in the roles of K and V.
-            k: args.q.addr(),
-            v: args.d_o.addr(),
-            g: args.g.addr(),
+            k: args.q.addr() as _,
+            v: args.d_o.addr() as _,
+            g: args.g.addr() as _,
             // The chain's start, folded into the last PE's tile and carried in there.
-            h0: args.d_ht.map_or(0, |x| x.addr()),
-            ws_m: ws,
-            ws_lambda: ws + geometry::ws_m_bytes(b, h, segments, dk, dv),
-            start_state: carry,
-            t,
+            h0: args.d_ht.map_or(0, |x| x.addr()) as _,
+            ws_m: ws as _,
+            ws_lambda: (ws + geometry::ws_m_bytes(b, h, segments, dk, dv)) as _,
+            start_state: carry as _,
+            T: t,
             num_segments: segments,
             chunks_per_segment: plan.chunks_per_segment,
             scale,
@@ -188,7 +188,7 @@ impl Lasp2Backward {
         };
         let i = usize::from(l.dk == 128);
         self.chain.context().bind_to_thread()?;
-        // SAFETY: Lasp2Params has the C layout of lasp_lasp2_params (tests); q, d_o, g and d_ht
+        // SAFETY: Lasp2Params is lasp_lasp2_params, generated from the header; q, d_o, g and d_ht
         // were checked (lengths, alignment) above and are borrowed for the call; the workspace,
         // symmetric buffers, epoch and diag are owned by self. fold_put reads the workspace the
         // states kernel wrote, which it follows.
@@ -210,8 +210,8 @@ impl Lasp2Backward {
         let carried = unsafe { DeviceRef::<f32>::from_raw(carry, s.state_len()) };
         let reversed = ReversedStates {
             segments: segments as u32,
-            m: params.ws_m,
-            lambda: params.ws_lambda,
+            m: params.ws_m as u64,
+            lambda: params.ws_lambda as u64,
             slots: segments as u32,
         };
         let carry_in = &self.carry_in[i];

@@ -318,23 +318,23 @@ impl Lasp2Forward {
             .0;
         let timeline = self.prepare_timeline(stream, segments)?;
         let params = Lasp2Params {
-            q: args.q.addr(),
-            k: args.k.addr(),
-            v: args.v.addr(),
-            g: args.g.addr(),
-            o: args.o.addr(),
-            h0: args.h0.map_or(0, |x| x.addr()),
-            ht: args.ht.as_ref().map_or(0, |x| x.addr()),
-            ws_m: ws,
-            ws_lambda: ws + geometry::ws_m_bytes(b, h, segments, dk, dv),
-            ws_p: ws + geometry::ws_p_offset(b, h, segments, dk, dv),
-            start_state: start_state.as_ref().map_or(0, |x| x.addr()),
-            t,
+            q: args.q.addr() as _,
+            k: args.k.addr() as _,
+            v: args.v.addr() as _,
+            g: args.g.addr() as _,
+            o: args.o.addr() as _,
+            h0: args.h0.map_or(0, |x| x.addr()) as _,
+            ht: args.ht.as_ref().map_or(0, |x| x.addr()) as _,
+            ws_m: ws as _,
+            ws_lambda: (ws + geometry::ws_m_bytes(b, h, segments, dk, dv)) as _,
+            ws_p: (ws + geometry::ws_p_offset(b, h, segments, dk, dv)) as _,
+            start_state: start_state.as_ref().map_or(0, |x| x.addr()) as _,
+            T: t,
             num_segments: segments,
             chunks_per_segment: plan.chunks_per_segment,
             scale,
             write_final_state: (last && args.ht.is_some()) as i32,
-            timeline,
+            timeline: timeline as _,
             ..self.chain.base_params(stream)
         };
         let i = usize::from(l.dk == 128);
@@ -347,7 +347,7 @@ impl Lasp2Forward {
         self.chain.context().bind_to_thread()?;
         for (g, &(bh_begin, heads)) in plan.groups.iter().enumerate() {
             let p = group_params(bh_begin);
-            // SAFETY: Lasp2Params has the C layout of lasp_lasp2_params (tests); the shape,
+            // SAFETY: Lasp2Params is lasp_lasp2_params, generated from the header; the shape,
             // lengths, alignment and overlaps were checked above; views borrow their buffers for
             // the call; symmetric buffers, epoch, diag and workspace are owned by self. A group's
             // fold_put reads only its own heads' workspace, written by its states kernel, which

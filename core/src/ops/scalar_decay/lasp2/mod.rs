@@ -22,15 +22,17 @@ pub use crate::exchange::{ExchangeMode, Lasp2Layout};
 
 use super::geometry as sd;
 use crate::kernel::LaunchShape;
+use lasp_shmem_kernels::params as header;
 
-/// Mirrors of the family's layout and launch formulas (`lasp/scalar_decay/lasp2_params.h`).
+/// The family's layout and launch formulas (`lasp/scalar_decay/lasp2_params.h`): its constants
+/// (generated from it) and a port of its helpers.
 pub mod geometry {
-    use super::sd;
+    use super::{header, sd};
 
     /// `LASP2_FOLD_THREADS`.
-    pub const FOLD_THREADS: u32 = 512;
+    pub const FOLD_THREADS: u32 = header::LASP2_FOLD_THREADS;
     /// `LASP2_SLOT_TRAILER_FLOATS`: Λ and padding after a tile's `Dk*64` floats.
-    pub const SLOT_TRAILER_FLOATS: u64 = 4;
+    pub const SLOT_TRAILER_FLOATS: u64 = header::LASP2_SLOT_TRAILER_FLOATS as u64;
 
     /// `lasp2_slot_tile_floats`.
     pub const fn slot_tile_floats(dk: i32) -> u64 {
@@ -59,43 +61,9 @@ pub mod geometry {
     }
 }
 
-/// The C struct `lasp_lasp2_params` (200 bytes), passed by value to every LASP-2 kernel.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Lasp2Params {
-    pub(crate) q: u64,
-    pub(crate) k: u64,
-    pub(crate) v: u64,
-    pub(crate) g: u64,
-    pub(crate) o: u64,
-    pub(crate) h0: u64,
-    pub(crate) ht: u64,
-    pub(crate) ws_m: u64,
-    pub(crate) ws_lambda: u64,
-    pub(crate) ws_p: u64,
-    pub(crate) slots: u64,
-    pub(crate) signals: u64,
-    pub(crate) credit: u64,
-    pub(crate) epoch: u64,
-    pub(crate) diag: u64,
-    pub(crate) timeline: u64,
-    pub(crate) start_state: u64,
-    pub(crate) timeout_ns: u64,
-    pub(crate) b: i32,
-    pub(crate) t: i32,
-    pub(crate) h: i32,
-    pub(crate) dk: i32,
-    pub(crate) dv: i32,
-    pub(crate) num_segments: i32,
-    pub(crate) chunks_per_segment: i32,
-    pub(crate) scale: f32,
-    pub(crate) me: i32,
-    pub(crate) npes: i32,
-    pub(crate) exchange_mode: i32,
-    pub(crate) write_final_state: i32,
-    pub(crate) bh_begin: i32,
-    pub(crate) chain: i32,
-}
+/// The C struct `lasp_lasp2_params`, generated from its header, passed by value to every LASP-2
+/// kernel. Pointer fields hold device addresses; NULL where a buffer is absent.
+pub type Lasp2Params = header::lasp_lasp2_params;
 
 /// One CTA of `LASP2_FOLD_THREADS` per (Dv tile, head) of a group of `heads`: the launch of the
 /// forward's segment_prefix (the summary kernel's, which the exchange launches).

@@ -1,5 +1,5 @@
-// Parameters of the device-initiated all-gather and ping-pong kernels (exchange/transport.cu). C layout,
-// mirrored by core/src/exchange.rs.
+// Parameters of the device-initiated all-gather and ping-pong kernels (exchange/transport.cu). C, so that
+// bindgen generates the host's structs from this file (kernels/build.rs).
 #pragma once
 #include <stdint.h>
 #include "lasp/wait_diagnostics.h"

@@ -1,6 +1,6 @@
 // Scalar-decay linear attention, backward: parameters and launch formulas of the kernels in
-// scalar_decay/backward.cu, shared by the CUDA sources and the host (core/src/ops/scalar_decay_backward.rs
-// mirrors the struct and the formulas; its unit tests compare them with this file).
+// scalar_decay/backward.cu, shared by the CUDA sources and the host (bindgen generates the struct and
+// constants from this file; core/src/ops/scalar_decay/backward.rs ports the formulas).
 //
 // The backward is three passes of the forward's chunkwise kernels with the roles of the tensors
 // exchanged (sigma = scale; states [Dk, Dv] as in the forward):

@@ -1,5 +1,6 @@
 // Parameters and launch geometry of the scalar-decay linear-attention forward (scalar_decay/forward.cu).
-// C layout, mirrored by a #[repr(C)] Rust struct: keep field order, types and the helpers in sync.
+// C: bindgen generates the host's struct and constants from this file (kernels/build.rs); keep the
+// helpers in sync with their Rust port (core/src/ops/scalar_decay/geometry.rs).
 //
 // Maths (per batch b, head h; row vectors; sigma = scale):
 //   S_t = e^{a_t} S_{t-1} + k_t^T v_t,   o_t = sigma q_t S_t,   a_t = g[b, t, h] <= 0 (natural log).

@@ -1,6 +1,7 @@
 // Parameters, symmetric-buffer layouts and launch geometry of the LASP-2 forward with scalar decay
-// (scalar_decay/lasp2_forward.cu). C layout, mirrored by a #[repr(C)] Rust struct: keep field order, types and the
-// helpers in sync. Design, protocol and host sequence: kernels/docs/lasp2.md.
+// (scalar_decay/lasp2_forward.cu). C: bindgen generates the host's struct and constants from this file
+// (kernels/build.rs); keep the helpers in sync with their Rust port (core/src/ops/scalar_decay/lasp2/mod.rs,
+// `geometry`). Design, protocol and host sequence: kernels/docs/lasp2.md.
 //
 // Maths (kernels/docs/maths.md, "LASP-2: forward"), per (b, h), PE `me` of `npes` holding T_local tokens:
 //   M_me = local end state from a ZERO start (fp32 [Dk, Dv]),  Lambda_me = sum_t a_t over the shard
@@ -96,7 +97,7 @@ typedef struct {
 } lasp_lasp2_params;
 
 #ifdef __cplusplus
-static_assert(sizeof(lasp_lasp2_params) == 200, "lasp_lasp2_params layout changed: update the Rust mirror");
+static_assert(sizeof(lasp_lasp2_params) == 200, "lasp_lasp2_params layout changed");
 #endif
 
 // ---- Symmetric buffers: the exchange's layouts (lasp/exchange/chain_params.h) at this family's tile
