@@ -69,7 +69,7 @@ def single_gpu(before_files, after_files):
             for s in json.loads(Path(path).read_text())["shapes"]:
                 row = per.setdefault(s["dir"], {"forward": [], "backward": []})
                 row["forward"].append(s["ours_ms"])
-                row["backward"].append(s["backward_ms"][0])
+                row["backward"].append(s["backward_ms"])
         return per
 
     before, after = load(before_files), load(after_files)
