@@ -42,7 +42,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 /// Tolerance of dq, dk, dv, dh0 and the start state against the f64 reference (bf16 inputs and
-/// bf16 gradients, as backward_check), and of dg against its scale.
+/// bf16 gradients, as the single-GPU backward tests), and of dg against its scale.
 const TOL: f64 = 5e-3;
 const POISON_BF16: u16 = 0xFFFF;
 

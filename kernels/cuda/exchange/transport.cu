@@ -116,7 +116,7 @@ __device__ void signal_all_then_publish(const lasp_allgather_params& p, const la
 }  // namespace
 
 // Three kernels run the same protocol (exchange/transport_params.h) and differ only in how the puts are
-// spread over CTAs and who signals; the host picks one (core/src/exchange.rs,
+// spread over CTAs and who signals; the host picks one (core/src/exchange/transport.rs,
 // AllGatherVariant). All of them need every CTA of a launch resident at once (a CTA waits for the
 // others), so the host launches at most one CTA per SM; up to 1024 threads per CTA.
 
