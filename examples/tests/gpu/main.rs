@@ -23,3 +23,4 @@ mod common;
 mod exchange;
 mod forward;
 mod lasp2;
+mod streams;
