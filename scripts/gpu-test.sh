@@ -3,8 +3,9 @@
 # or a .bundle/ made by scripts/bundle.sh. First the GPU tests, cargo test executables
 # (examples/tests/gpu: the forward and backward against the f64 reference, the exchange, LASP-2 on
 # every GPU, their fault drills), then what cannot be a test: a rank killed under the launcher,
-# mpirun, the C ABI from C and from PyTorch, compute-sanitizer, the gradients against fla and the
-# exchange benchmark. Every test and check prints PASS, FAIL or SKIP; the last line counts them.
+# mpirun, the C ABI from C and from PyTorch, the lasp_shmem package (where installed),
+# compute-sanitizer, the gradients against fla and the exchange benchmark. Every test and check
+# prints PASS, FAIL or SKIP; the last line counts them.
 # Logs and JSON results go to $OUT (default: ./gpu-test-out).
 #
 #   bash scripts/gpu-test.sh            # tests, then the benchmark
@@ -93,6 +94,16 @@ if python3 -c "import torch" 2>/dev/null; then
   grep -h "^rank " "$OUT/lasp2_torch.log" || true
 else
   echo "NOTICE: lasp2_torch skipped: python3 cannot import torch"
+fi
+# The lasp_shmem package where it is installed (pip install --no-deps dist/lasp_shmem-*.whl): its
+# tests on one GPU, then LASP-2 through it on every GPU.
+if python3 -c "import torch, pytest, lasp_shmem.torch" 2>/dev/null; then
+  check python_package env NVSHMEM_REMOTE_TRANSPORT=none timeout 900 python3 -m pytest -rs python/tests
+  check python_package_lasp2 env NVSHMEM_REMOTE_TRANSPORT=none timeout 900 python3 -m torch.distributed.run --standalone --nproc-per-node "$NGPU" \
+    -m pytest -rs python/tests/test_lasp2.py
+  grep -h "passed\|failed" "$OUT"/python_package*.log || true
+else
+  echo "NOTICE: python_package skipped: python3 cannot import torch, pytest and lasp_shmem (pip install --no-deps dist/lasp_shmem-*.whl)"
 fi
 # compute-sanitizer's four tools over every single-GPU kernel (a few minutes).
 if [ -z "${GPU_TEST_SKIP_SANITIZE:-}" ]; then

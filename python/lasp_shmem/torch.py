@@ -1,0 +1,383 @@
+"""lasp-shmem from PyTorch: the runtime on a torch.distributed process group (`init`,
+`shutdown`, `synchronize`) and fla's `chunk_simple_gla` (linear attention with one log-decay per
+token and head) on one GPU or, with `cp_group`, sequence parallel across the group's ranks
+(LASP-2).
+
+The forward and backward are torch.library custom ops (`torch.ops.lasp_shmem.
+chunk_simple_gla_fwd` and `chunk_simple_gla_bwd`, linked by `register_autograd`, with fake
+implementations), so torch.compile traces them without a graph break and CUDA graphs capture
+them; they run on torch's current stream.
+
+Each layout (B, H, Dk, Dv, one GPU or LASP-2) is one `lasp_op` of the library, made by the first
+call of that layout and kept until `shutdown`. Making a LASP-2 op is collective: every rank of the
+group makes the same layouts in the same order, which SPMD training does by itself (every rank
+runs the same layers on its shard). LASP-2 calls are ordered across the ranks the same way: every
+rank calls the forward, and later the backward, of the same layers in the same order. The first
+call of a layout must not be captured into a CUDA graph (it makes the op and sizes its
+workspaces): run one step before capturing, as torch.compile's "reduce-overhead" mode does.
+"""
+
+import ctypes
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from . import _abi
+
+__all__ = ["init", "shutdown", "synchronize", "chunk_simple_gla", "LaspError"]
+
+LaspError = _abi.LaspError
+SUPPORTED_DIMS = (64, 128)
+
+
+class _Runtime:
+    """lasp-shmem's runtime on this process: the group it spans (global ranks, or None without
+    torch.distributed), this rank's place in it, its GPU, and the ops made so far by layout."""
+
+    def __init__(self, handle, ranks, rank, world, device):
+        self.handle, self.ranks, self.rank, self.world = handle, ranks, rank, world
+        self.device = device
+        self.ops = {}
+
+
+_runtime: Optional[_Runtime] = None
+_stopped = False  # NVSHMEM starts once per process: after shutdown() it cannot start again
+
+
+def _group_place(group):
+    """(the group's global ranks or None, this process's rank in it, its size)."""
+    if not dist.is_initialized():
+        if group is not None:
+            raise ValueError("a process group was given but torch.distributed is not initialised")
+        return None, 0, 1
+    group = dist.group.WORLD if group is None else group
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ValueError("this process is not a member of the group passed to init()")
+    ranks = tuple(dist.get_process_group_ranks(group))
+    return ranks, rank, len(ranks)
+
+
+def init(group=None, *, symmetric_heap_bytes=0):
+    """Starts lasp-shmem's runtime (NVSHMEM) on the ranks of `group` (torch.distributed's default
+    group if None; a runtime of this process alone if torch.distributed is not initialised), on
+    this process's current CUDA device. Collective over the group: rank 0 makes NVSHMEM's unique
+    id and the group broadcasts it (no second rendezvous). Calling it again with the same group
+    does nothing; the runtime starts once per process (not again after `shutdown`).
+
+    NVSHMEM reads its settings from the environment once (the library never writes it): start
+    the processes with `NVSHMEM_DISABLE_NVLS=1`, `NVSHMEM_REMOTE_TRANSPORT=none` on one node, and
+    `NVSHMEM_SYMMETRIC_SIZE` if `symmetric_heap_bytes` (0: the library's 256 MiB; LASP-2 ops
+    take their room from it) plus 256 MiB exceeds NVSHMEM's 1 GiB default.
+
+    Raises RuntimeError where NVSHMEM was already initialised in this process by someone else
+    (PyTorch's SymmetricMemory NVSHMEM backend): the runtime cannot attach to it yet.
+    """
+    global _runtime
+    ranks, rank, world = _group_place(group)
+    if _runtime is not None:
+        if _runtime.ranks != ranks:
+            raise RuntimeError(f"lasp-shmem already runs on the ranks {_runtime.ranks}, not "
+                               f"{ranks}, and NVSHMEM starts once per process: pass the same "
+                               "group to every init()")
+        return
+    if _stopped:
+        raise RuntimeError("lasp-shmem was shut down in this process, and NVSHMEM starts once "
+                           "per process: call shutdown() only when the process is done with it")
+    if not torch.cuda.is_available():
+        raise RuntimeError("lasp-shmem needs a CUDA GPU, and torch sees none")
+    if _abi.nvshmem_initialized():
+        raise RuntimeError(
+            "NVSHMEM is already initialised in this process, but not by lasp-shmem (PyTorch's "
+            "SymmetricMemory initialises it when torch.distributed._symmetric_memory's backend "
+            "is NVSHMEM); lasp-shmem's runtime cannot attach to an existing NVSHMEM yet. Use "
+            "another symmetric-memory backend in processes that run lasp-shmem "
+            "(torch.distributed._symmetric_memory.set_backend('NCCL') or 'CUDA', before its "
+            "first allocation)")
+    device = torch.cuda.current_device()
+    # The library opens GPU `local_rank`, and uses the local world size only to check the place.
+    local_world = min(world, torch.cuda.device_count())
+    if device >= local_world:
+        raise ValueError(
+            f"this process runs on cuda:{device}, but lasp-shmem's runtime selects the GPU by "
+            f"local rank, which must be below the group's size on this node ({local_world}); "
+            "give the group's ranks the GPUs cuda:0, cuda:1, ... of each node "
+            "(torch.cuda.set_device(LOCAL_RANK) under torchrun)")
+    lib = _abi.library()
+    options = _abi.RuntimeOptions(abi_version=_abi.ABI_VERSION,
+                                  symmetric_heap_bytes=symmetric_heap_bytes)
+    place = _abi.Place(rank, world, device, local_world)
+    uid = _abi.UniqueId()
+    error, message = None, None
+    if rank == 0:
+        try:
+            lib.unique_id_create(ctypes.byref(options), ctypes.byref(place), ctypes.byref(uid))
+            message = bytes(uid.bytes)
+        except LaspError as e:
+            error, message = e, str(e)
+    if world > 1:
+        # Rank 0's failure travels too, so that no rank waits for an id that never comes.
+        sent = [message]
+        dist.broadcast_object_list(sent, group_src=0, group=group)
+        message = sent[0]
+    if error is not None:
+        raise error
+    if isinstance(message, str):
+        raise RuntimeError(f"rank 0 of the group could not start lasp-shmem: {message}")
+    uid.bytes[:] = message
+    handle = ctypes.c_void_p()
+    lib.runtime_init(ctypes.byref(options), ctypes.byref(place), ctypes.byref(uid),
+                     ctypes.byref(handle))
+    _runtime = _Runtime(handle, ranks, rank, world, device)
+
+
+def shutdown():
+    """Frees every op (collective for LASP-2 ops) and stops the runtime (collective), for good:
+    it does not start again in this process. Nothing if it is not running. Call it on every rank
+    before destroying the process group."""
+    global _runtime, _stopped
+    if _runtime is None:
+        return
+    lib = _abi.library()
+    while _runtime.ops:
+        layout = next(iter(_runtime.ops))
+        lib.op_free(_runtime.ops[layout])
+        del _runtime.ops[layout]
+    lib.runtime_shutdown(_runtime.handle)
+    _runtime, _stopped = None, True
+
+
+def synchronize():
+    """Waits for torch's current stream, and raises LaspError if a wait on another GPU of an
+    earlier LASP-2 call expired (every such wait is bounded, LASP_WAIT_TIMEOUT_MS, and reported
+    here, naming the rank that never sent)."""
+    runtime = _running()
+    stream = ctypes.c_void_p(torch.cuda.current_stream(runtime.device).cuda_stream)
+    for op in runtime.ops.values():
+        _abi.library().op_finish(op, stream)
+
+
+def _running():
+    if _runtime is None:
+        raise RuntimeError("lasp-shmem is not initialised: call lasp_shmem.torch.init() first "
+                           "(after torch.distributed.init_process_group, if the job has one)")
+    return _runtime
+
+
+def chunk_simple_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
+                     cu_seqlens=None, cp_group=None):
+    """Linear attention with scalar decay, as fla's `chunk_simple_gla`:
+    S_t = exp(g_t) S_{t-1} + k_t^T v_t, o_t = scale q_t S_t.
+
+    q, k: [B, T, H, Dk] bf16; v: [B, T, H, Dv] bf16; g: [B, T, H] fp32 log-decays, finite and
+    <= 0 (not checked on the host, which would wait for the GPU); Dk and Dv 64 or 128; every
+    tensor contiguous, on the runtime's GPU. scale: None for Dk ** -0.5. initial_state:
+    [B, H, Dk, Dv] fp32 or None for zero. Returns (o [B, T, H, Dv] bf16, the final state
+    [B, H, Dk, Dv] fp32 if output_final_state else None). Differentiable in q, k, v, g and
+    initial_state.
+
+    cp_group: None runs whole sequences on this GPU. A process group (the one `init` was given)
+    runs LASP-2 across its ranks: every rank of the group calls with its own slice of every
+    sequence, the group-rank-th contiguous one (slices may differ in length), and the same
+    initial_state; o is that slice of the output, and the final state is returned on the
+    group's last rank only (None on the others). initial_state's gradient lands on the group's
+    rank 0 (zeros on the others: their sum is the gradient).
+
+    cu_seqlens (packed sequences) is not supported yet.
+    """
+    if cu_seqlens is not None:
+        raise NotImplementedError(
+            "chunk_simple_gla: cu_seqlens (packed sequences) is not supported yet; pass a batch "
+            "of equal-length sequences [B, T, H, D] and cu_seqlens=None (padding a sequence at "
+            "its end with k = v = 0 and g = 0 leaves its final state as it is)")
+    if scale == 0:
+        raise ValueError("chunk_simple_gla: scale must not be 0 (None gives Dk ** -0.5)")
+    _check_inputs(q, k, v, g, initial_state)
+    runtime = _running()
+    lasp2 = cp_group is not None
+    if lasp2 and tuple(dist.get_process_group_ranks(cp_group)) != runtime.ranks:
+        raise ValueError(f"cp_group has the ranks {dist.get_process_group_ranks(cp_group)}, but "
+                         f"lasp-shmem runs on {runtime.ranks}: LASP-2 spans the group given "
+                         "to init()")
+    _check_device(runtime.device, q=q, k=k, v=v, g=g, initial_state=initial_state)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    want_ht = output_final_state and (not lasp2 or runtime.rank == runtime.world - 1)
+    o, ht, _ = torch.ops.lasp_shmem.chunk_simple_gla_fwd(q, k, v, g, initial_state,
+                                                         float(scale), want_ht, lasp2)
+    return o, ht if want_ht else None
+
+
+def _check_inputs(q, k, v, g, h0):
+    """The library's contract on the arguments' types, shapes, dtypes and strides, checked before
+    anything is enqueued (and while torch.compile traces)."""
+    named = {"q": q, "k": k, "v": v, "g": g, "initial_state": h0}
+    for name, x in named.items():
+        if not (isinstance(x, torch.Tensor) or (name == "initial_state" and x is None)):
+            raise TypeError(f"chunk_simple_gla: {name} must be a torch.Tensor, not "
+                            f"{type(x).__name__}")
+    for name, x, width in (("q", q, "Dk"), ("v", v, "Dv")):
+        if x.dim() != 4:
+            raise ValueError(f"chunk_simple_gla: {name} must be [B, T, H, {width}], not of "
+                             f"shape {tuple(x.shape)}")
+    b, t, h, dk = q.shape
+    dv = v.shape[-1]
+    shapes = {"k": (b, t, h, dk), "v": (b, t, h, dv), "g": (b, t, h),
+              "initial_state": (b, h, dk, dv)}
+    for name, want in shapes.items():
+        x = named[name]
+        if x is not None and tuple(x.shape) != want:
+            raise ValueError(f"chunk_simple_gla: {name} has the shape {tuple(x.shape)}, but q "
+                             f"{tuple(q.shape)} and v {tuple(v.shape)} make it {want} "
+                             "([B, T, H, Dk] q and k, [B, T, H, Dv] v, [B, T, H] g, "
+                             "[B, H, Dk, Dv] initial_state)")
+    if min(b, t, h) < 1:
+        raise ValueError(f"chunk_simple_gla: B, T and H must be at least 1 (q has the shape "
+                         f"{tuple(q.shape)}); skip the call when there is nothing to compute")
+    if dk not in SUPPORTED_DIMS or dv not in SUPPORTED_DIMS:
+        raise ValueError(f"chunk_simple_gla: Dk = {dk} and Dv = {dv} must each be 64 or 128 "
+                         "(the kernels' widths); pad the heads with zero columns (and pass the "
+                         "unpadded Dk's scale) or split them")
+    for name, x in named.items():
+        want = torch.float32 if name in ("g", "initial_state") else torch.bfloat16
+        if x is not None and x.dtype != want:
+            raise TypeError(f"chunk_simple_gla: {name} must be {want}, not {x.dtype}")
+    for name, x in named.items():
+        if x is not None and not x.is_contiguous():
+            raise ValueError(f"chunk_simple_gla: {name} (strides {x.stride()}) is not "
+                             "contiguous; call .contiguous() on it")
+
+
+def _check_device(device, **named):
+    for name, x in named.items():
+        if x is not None and (x.device.type != "cuda" or x.device.index != device):
+            raise ValueError(f"chunk_simple_gla: {name} is on {x.device}, but lasp-shmem runs "
+                             f"on cuda:{device}")
+
+
+# The custom ops: the library's forward and backward on torch's current stream.
+
+def _forward_outputs(q, v, want_ht, lasp2):
+    """o, the final state (shape (0,) unless asked for) and the state this rank's shard starts
+    from (LASP-2 only, else shape (0,)): what the forward returns, real or fake."""
+    b, t, h, dk = q.shape
+    dv = v.shape[-1]
+    state = (b, h, dk, dv)
+    o = v.new_empty(b, t, h, dv)
+    ht = q.new_empty(state if want_ht else (0,), dtype=torch.float32)
+    start = q.new_empty(state if lasp2 else (0,), dtype=torch.float32)
+    return o, ht, start
+
+
+def _backward_outputs(q, k, v, g, want_dh0):
+    dh0 = q.new_empty((q.shape[0], q.shape[2], q.shape[3], v.shape[3]) if want_dh0 else (0,),
+                      dtype=torch.float32)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g), dh0
+
+
+class _OpCall:
+    """One call of a lasp_op: its layout (the op's key), scalars and tensors by slot."""
+
+    def __init__(self, q, v, lasp2, scale, slots):
+        b, t, h, dk = q.shape
+        self.layout = (b, h, dk, v.shape[-1], lasp2)
+        self.call = _abi.Call(scale=scale, tokens=t)
+        self.tensors = _abi.tensors({
+            slot: None if x is None else (x.data_ptr(), x.numel(), str(x.dtype))
+            for slot, x in slots.items()})
+
+    def desc(self):
+        b, h, dk, dv, lasp2 = self.layout
+        return _abi.scalar_decay_desc(_abi.KIND_LASP2 if lasp2 else _abi.KIND_SINGLE_GPU,
+                                      b, h, dk, dv)
+
+    def enqueue(self, backward, device):
+        runtime = _running()
+        lib = _abi.library()
+        op = runtime.ops.get(self.layout)
+        if op is None:
+            op = ctypes.c_void_p()
+            lib.op_create(runtime.handle, ctypes.byref(self.desc()), ctypes.byref(op))
+            runtime.ops[self.layout] = op
+        stream = ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
+        run = lib.op_backward if backward else lib.op_forward
+        run(op, stream, ctypes.byref(self.call), ctypes.byref(self.tensors))
+
+
+def _forward_call(q, k, v, g, h0, scale, want_ht, lasp2):
+    """The forward's outputs and its call."""
+    o, ht, start = _forward_outputs(q, v, want_ht, lasp2)
+    call = _OpCall(q, v, lasp2, scale, {
+        _abi.SLOT_Q: q, _abi.SLOT_K: k, _abi.SLOT_V: v, _abi.SLOT_G: g, _abi.SLOT_H0: h0,
+        _abi.SLOT_O: o, _abi.SLOT_HT: ht if want_ht else None,
+        _abi.SLOT_START_STATE: start if lasp2 else None})
+    return (o, ht, start), call
+
+
+def _backward_call(q, k, v, g, state, do, dht, scale, want_dh0, lasp2, writes_dh0):
+    """The backward's outputs and its call; `state` is the forward's h0 on one GPU, the start
+    state it saved with LASP-2. dh0 is written where `writes_dh0` (LASP-2: rank 0), else zero."""
+    dq, dk, dv, dg, dh0 = _backward_outputs(q, k, v, g, want_dh0)
+    if want_dh0 and not writes_dh0:
+        dh0.zero_()
+    call = _OpCall(q, v, lasp2, scale, {
+        _abi.SLOT_Q: q, _abi.SLOT_K: k, _abi.SLOT_V: v, _abi.SLOT_G: g,
+        _abi.SLOT_START_STATE if lasp2 else _abi.SLOT_H0: state, _abi.SLOT_DO: do,
+        _abi.SLOT_DHT: dht, _abi.SLOT_DQ: dq, _abi.SLOT_DK: dk, _abi.SLOT_DV: dv,
+        _abi.SLOT_DG: dg, _abi.SLOT_DH0: dh0 if want_dh0 and writes_dh0 else None})
+    return (dq, dk, dv, dg, dh0), call
+
+
+@torch.library.custom_op("lasp_shmem::chunk_simple_gla_fwd", mutates_args=(),
+                         device_types="cuda")
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+             h0: Optional[torch.Tensor], scale: float, want_ht: bool,
+             lasp2: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    outputs, call = _forward_call(q, k, v, g, h0, scale, want_ht, lasp2)
+    call.enqueue(backward=False, device=q.device)
+    return outputs
+
+
+@torch.library.custom_op("lasp_shmem::chunk_simple_gla_bwd", mutates_args=(),
+                         device_types="cuda")
+def _backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+              state: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor],
+              scale: float, want_dh0: bool, lasp2: bool
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    writes_dh0 = not lasp2 or _running().rank == 0
+    outputs, call = _backward_call(q, k, v, g, state, do, dht, scale, want_dh0, lasp2,
+                                   writes_dh0)
+    call.enqueue(backward=True, device=q.device)
+    return outputs
+
+
+@_forward.register_fake
+def _(q, k, v, g, h0, scale, want_ht, lasp2):
+    return _forward_outputs(q, v, want_ht, lasp2)
+
+
+@_backward.register_fake
+def _(q, k, v, g, state, do, dht, scale, want_dh0, lasp2):
+    return _backward_outputs(q, k, v, g, want_dh0)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, g, h0, scale, want_ht, lasp2 = inputs
+    start = output[2]
+    ctx.mark_non_differentiable(start)
+    # The backward starts from the sequence's initial state on one GPU, from the state the
+    # forward found at this rank's shard with LASP-2.
+    ctx.save_for_backward(q, k, v, g, start if lasp2 else h0)
+    ctx.scale, ctx.want_ht, ctx.lasp2 = scale, want_ht, lasp2
+
+
+def _differentiate(ctx, grad_o, grad_ht, _grad_start):
+    q, k, v, g, state = ctx.saved_tensors
+    dht = grad_ht.contiguous() if ctx.want_ht and grad_ht is not None else None
+    want_dh0 = ctx.needs_input_grad[4]
+    dq, dk, dv, dg, dh0 = torch.ops.lasp_shmem.chunk_simple_gla_bwd(
+        q, k, v, g, state, grad_o.contiguous(), dht, ctx.scale, want_dh0, ctx.lasp2)
+    return dq, dk, dv, dg, dh0 if want_dh0 else None, None, None, None
+
+
+_forward.register_autograd(_differentiate, setup_context=_setup_context)

@@ -1,0 +1,69 @@
+"""The float64 reference of scalar decay for the tests: the recurrence itself, token by token,
+forwards and backwards."""
+
+import torch
+
+
+def recurrent(q, k, v, g, h0=None, scale=None):
+    """o [B, T, H, Dv] and the final state [B, H, Dk, Dv] of S_t = e^{g_t} S_{t-1} + k_t^T v_t,
+    o_t = scale q_t S_t, in float64 (inputs that are float64 already are used as they are, so
+    gradients reach them)."""
+    q, k, v, g = (x.double() for x in (q, k, v, g))
+    b, t, h, dk = q.shape
+    scale = dk ** -0.5 if scale is None else scale
+    s = q.new_zeros(b, h, dk, v.shape[-1]) if h0 is None else h0.double()
+    outputs = []
+    for i in range(t):
+        s = g[:, i, :, None, None].exp() * s + k[:, i, :, :, None] * v[:, i, :, None, :]
+        outputs.append(scale * torch.einsum("bhk,bhkv->bhv", q[:, i], s))
+    return torch.stack(outputs, 1), s
+
+
+def gradients(q, k, v, g, h0, grad_o, grad_ht=None, scale=None):
+    """dq, dk, dv, dg and dh0 (None without h0) of <o, grad_o> + <ht, grad_ht> through
+    `recurrent`, in float64, by the recurrence run backwards (no torch.autograd, so that it can
+    stand in for a kernel): dS_t = scale q_t^T do_t + e^{g_{t+1}} dS_{t+1}, dS_T also takes
+    grad_ht; dq_t = scale S_t do_t, dk_t = dS_t v_t, dv_t = k_t dS_t,
+    dg_t = e^{g_t} <dS_t, S_{t-1}>, dh0 = e^{g_1} dS_1."""
+    q, k, v, g, do = (x.double() for x in (q, k, v, g, grad_o))
+    b, t, h, dk = q.shape
+    scale = dk ** -0.5 if scale is None else scale
+    states = [q.new_zeros(b, h, dk, v.shape[-1]) if h0 is None else h0.double()]
+    for i in range(t):
+        states.append(g[:, i, :, None, None].exp() * states[-1]
+                      + k[:, i, :, :, None] * v[:, i, :, None, :])
+    dq, dk_, dv, dg = (torch.zeros_like(x) for x in (q, k, v, g))
+    ds = torch.zeros_like(states[0]) if grad_ht is None else grad_ht.double()
+    for i in reversed(range(t)):
+        ds = ds + scale * q[:, i, :, :, None] * do[:, i, :, None, :]
+        dq[:, i] = scale * torch.einsum("bhkv,bhv->bhk", states[i + 1], do[:, i])
+        dk_[:, i] = torch.einsum("bhkv,bhv->bhk", ds, v[:, i])
+        dv[:, i] = torch.einsum("bhk,bhkv->bhv", k[:, i], ds)
+        decay = g[:, i].exp()
+        dg[:, i] = decay * (ds * states[i]).sum((-2, -1))
+        ds = decay[:, :, None, None] * ds
+    return dq, dk_, dv, dg, None if h0 is None else ds
+
+
+def inputs(b, t, h, dk, dv, device, seed, requires_grad=False):
+    """q, k, v (bf16 in [-1, 1)), g (log-decays in [-0.5, 0], some exactly 0) and h0 (fp32)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def rand(*shape):
+        return torch.rand(*shape, generator=gen, device=device)
+
+    q, k = ((2 * rand(b, t, h, dk) - 1).bfloat16() for _ in range(2))
+    v = (2 * rand(b, t, h, dv) - 1).bfloat16()
+    g = torch.where(rand(b, t, h) < 0.05, 0.0, -0.5 * rand(b, t, h))
+    h0 = rand(b, h, dk, dv) - 0.5
+    tensors = (q, k, v, g, h0)
+    return tuple(x.requires_grad_() for x in tensors) if requires_grad else tensors
+
+
+def rel_err(got, want):
+    return ((got.double() - want.double()).norm() / want.double().norm()).item()
+
+
+def bits(x):
+    """x's bit patterns, so that a comparison tells -0.0 from 0.0 and sees NaNs."""
+    return x.view({2: torch.int16, 4: torch.int32}[x.element_size()])

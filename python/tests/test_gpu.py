@@ -1,0 +1,144 @@
+"""lasp_shmem.torch on one GPU (skipped with a notice without one): forward and backward against
+the float64 reference, torch.compile without a graph break, a CUDA graph of a training step, and
+the library's errors. Run it in a plain pytest process (torchrun runs test_lasp2.py), started
+with NVSHMEM_DISABLE_NVLS=1 and NVSHMEM_REMOTE_TRANSPORT=none."""
+
+import os
+
+import pytest
+import torch
+from reference import bits, gradients, inputs, recurrent, rel_err
+
+import lasp_shmem.torch as lt
+
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(),
+                       reason="NOTICE: GPU tests skipped: torch sees no CUDA GPU"),
+    pytest.mark.skipif(int(os.environ.get("WORLD_SIZE", "1")) > 1,
+                       reason="NOTICE: the one-GPU tests run in a plain pytest process, not under "
+                              "torchrun"),
+]
+TOL = 5e-3
+
+
+@pytest.fixture(scope="module", autouse=True)
+def runtime():
+    torch.cuda.set_device(0)
+    lt.init()
+    lt.init()  # idempotent
+    yield
+    lt.shutdown()
+
+
+def step(q, k, v, g, h0, grad_o, grad_ht, **kwargs):
+    """o, the final state and the gradients of <o, grad_o> + <ht, grad_ht>."""
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, g, h0)]
+    o, ht = lt.chunk_simple_gla(*leaves[:4], initial_state=leaves[4], output_final_state=True,
+                                **kwargs)
+    grads = torch.autograd.grad((o, ht), leaves, (grad_o, grad_ht))
+    return (o, ht, *grads)
+
+
+@pytest.mark.parametrize("dk, dv, t, scale", [(64, 128, 200, None), (128, 64, 77, 0.3)])
+def test_forward_and_backward_match_the_float64_reference(dk, dv, t, scale):
+    b, h = 2, 3
+    q, k, v, g, h0 = inputs(b, t, h, dk, dv, "cuda", seed=5)
+    grad_o = (2 * torch.rand(b, t, h, dv, device="cuda") - 1).bfloat16()
+    grad_ht = torch.rand(b, h, dk, dv, device="cuda") - 0.5
+    got = step(q, k, v, g, h0, grad_o, grad_ht, scale=scale)
+    want = (*recurrent(q, k, v, g, h0, scale), *gradients(q, k, v, g, h0, grad_o, grad_ht, scale))
+    names = ("o", "ht", "dq", "dk", "dv", "dg", "dh0")
+    errors = {name: rel_err(x, y) for name, x, y in zip(names, got, want)}
+    assert [x.dtype for x in got] == [torch.bfloat16, torch.float32, *(x.dtype for x in
+                                                                      (q, k, v, g, h0))]
+    assert max(errors.values()) <= TOL, errors
+    lt.synchronize()
+
+
+def test_without_initial_state_or_final_state():
+    q, k, v, g, _ = inputs(1, 130, 2, 64, 64, "cuda", seed=6)
+    grad_o = (2 * torch.rand(1, 130, 2, 64, device="cuda") - 1).bfloat16()
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g)]
+    o, ht = lt.chunk_simple_gla(*leaves)
+    assert ht is None
+    got = (o, *torch.autograd.grad(o, leaves, grad_o))
+    want = (recurrent(q, k, v, g)[0], *gradients(q, k, v, g, None, grad_o)[:4])
+    errors = {name: rel_err(x, y) for name, x, y in zip(("o", "dq", "dk", "dv", "dg"), got, want)}
+    assert max(errors.values()) <= TOL, errors
+
+
+def test_compiled_block_has_no_graph_break_and_the_eager_results():
+    b, t, h, d = 2, 100, 2, 64
+    q, k, v, g, h0 = inputs(b, t, h, d, d, "cuda", seed=7)
+    # Weights that bf16 holds exactly: the gradients reaching the ops are the same bits in both.
+    w_o = (2 * torch.rand(b, t, h, d, device="cuda") - 1).bfloat16().float()
+    w_ht = torch.rand(b, h, d, d, device="cuda")
+
+    def block(q, k, v, g, h0):
+        o, ht = lt.chunk_simple_gla(q, k, v, g, initial_state=h0, output_final_state=True)
+        return (o.float() * w_o).sum() + (ht * w_ht).sum()
+
+    explained = torch._dynamo.explain(block)(q, k, v, g, h0)
+    assert explained.graph_break_count == 0, explained.break_reasons
+
+    def run(fn):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, g, h0)]
+        loss = fn(*leaves)
+        loss.backward()
+        return [loss] + [x.grad for x in leaves]
+
+    eager = run(block)
+    compiled = run(torch.compile(block, fullgraph=True))
+    assert rel_err(compiled[0], eager[0]) <= 1e-5
+    for x, y in zip(compiled[1:], eager[1:]):
+        assert torch.equal(bits(x), bits(y))
+
+
+def test_a_captured_training_step_replays_bitwise():
+    """Forward and backward captured in one torch.cuda.graph (after one uncaptured step of the
+    layout, which makes the op and sizes its workspaces) and replayed: every output and gradient
+    as the uncaptured step's, bit for bit."""
+    b, t, h, dk, dv = 2, 150, 2, 128, 128
+    q, k, v, g, h0 = inputs(b, t, h, dk, dv, "cuda", seed=8)
+    grad_o = (2 * torch.rand(b, t, h, dv, device="cuda") - 1).bfloat16()
+    grad_ht = torch.rand(b, h, dk, dv, device="cuda") - 0.5
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g, h0)]
+
+    def training_step():
+        o, ht = lt.chunk_simple_gla(*leaves[:4], initial_state=leaves[4],
+                                    output_final_state=True)
+        return (o, ht, *torch.autograd.grad((o, ht), leaves, (grad_o, grad_ht)))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        want = [x.clone() for x in training_step()]
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = training_step()
+    for _ in range(20):
+        for x in captured:
+            x.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        for x, y in zip(captured, want):
+            assert torch.equal(bits(x), bits(y))
+    lt.synchronize()
+
+
+def test_the_library_refuses_a_misaligned_tensor_with_its_message():
+    q, k, v, g, _ = inputs(1, 64, 2, 64, 64, "cuda", seed=9)
+    shifted = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")[1:].view(q.shape)
+    shifted.copy_(q)
+    with pytest.raises(lt.LaspError, match="not 16-byte aligned") as e:
+        lt.chunk_simple_gla(shifted, k, v, g)
+    assert e.value.status == 1  # LASP_ERROR_INVALID_ARGUMENT
+
+
+def test_a_tensor_on_another_gpu_is_refused():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("NOTICE: needs a second GPU")
+    q, k, v, g, _ = inputs(1, 64, 2, 64, 64, "cuda", seed=10)
+    with pytest.raises(ValueError, match="k is on cuda:1, but lasp-shmem runs on cuda:0"):
+        lt.chunk_simple_gla(q, k.to("cuda:1"), v, g)

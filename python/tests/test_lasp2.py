@@ -1,0 +1,108 @@
+"""LASP-2 through lasp_shmem.torch across the ranks of a torchrun job (skipped with a notice
+elsewhere): each rank's shard of o and of the gradients, the last rank's final state and the
+initial state's gradient against the single-GPU op on the whole sequences, and torch.compile
+without a graph break, forward and backward as in eager mode.
+
+    NVSHMEM_DISABLE_NVLS=1 NVSHMEM_REMOTE_TRANSPORT=none \\
+        torchrun --nproc-per-node 4 -m pytest python/tests/test_lasp2.py
+"""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+from reference import bits, inputs, rel_err
+
+import lasp_shmem.torch as lt
+
+WORLD = int(os.environ.get("WORLD_SIZE", "1"))
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or WORLD < 2,
+    reason="NOTICE: LASP-2 tests skipped: run them under torchrun with 2 or more GPUs "
+           "(torchrun --nproc-per-node N -m pytest python/tests/test_lasp2.py)")
+TOL = 5e-3
+
+
+@pytest.fixture(scope="module")
+def group():
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl")
+    lt.init()
+    yield dist.group.WORLD
+    lt.shutdown()
+    dist.destroy_process_group()
+
+
+class Sequences:
+    """B sequences of H heads, the same on every rank (one seed), cut into contiguous shards of
+    `per_rank` tokens, the last one `short` tokens shorter."""
+
+    def __init__(self, seed, per_rank, short, b=2, h=3, dk=64, dv=128):
+        rank = dist.get_rank()
+        lengths = [per_rank] * (WORLD - 1) + [per_rank - short]
+        self.start, self.length, total = sum(lengths[:rank]), lengths[rank], sum(lengths)
+        self.last = rank == WORLD - 1
+        self.q, self.k, self.v, self.g, self.h0 = inputs(b, total, h, dk, dv, "cuda", seed)
+        gen = torch.Generator(device="cuda").manual_seed(seed + 1)
+        self.grad_o = (2 * torch.rand(b, total, h, dv, generator=gen, device="cuda") - 1)
+        self.grad_o = self.grad_o.bfloat16()
+        self.grad_ht = torch.rand(b, h, dk, dv, generator=gen, device="cuda") - 0.5
+
+    def mine(self, x):
+        """This rank's shard of a [B, T, ...] tensor of the whole sequences."""
+        return x[:, self.start:self.start + self.length].contiguous()
+
+
+def step(seqs, q, k, v, g, grad_o, cp_group):
+    """o, the final state (or None) and dq, dk, dv, dg, dh0 of <o, grad_o> + <ht, grad_ht>."""
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g, seqs.h0)]
+    o, ht = lt.chunk_simple_gla(*leaves[:4], initial_state=leaves[4], output_final_state=True,
+                                cp_group=cp_group)
+    outputs, grads = ([o], [grad_o]) if ht is None else ([o, ht], [grad_o, seqs.grad_ht])
+    return (o, ht, *torch.autograd.grad(outputs, leaves, grads))
+
+
+def test_lasp2_matches_one_gpu_on_the_whole_sequences(group):
+    seqs = Sequences(seed=21, per_rank=300, short=37)
+    whole = (seqs.q, seqs.k, seqs.v, seqs.g, seqs.grad_o)
+    o1, ht1, *grads1 = step(seqs, *whole, cp_group=None)
+    o, ht, dq, dk, dv, dg, dh0 = step(seqs, *(seqs.mine(x) for x in whole), cp_group=group)
+    lt.synchronize()
+    # Every collective before the first assertion, so that a failing rank stops no other.
+    summed_dh0 = dh0.clone()
+    dist.all_reduce(summed_dh0)
+    assert (ht is not None) == seqs.last
+    if dist.get_rank() != 0:
+        assert torch.count_nonzero(dh0) == 0, "the initial state's gradient off rank 0"
+    errors = {"o": rel_err(o, seqs.mine(o1)), "dh0 (summed)": rel_err(summed_dh0, grads1[4])}
+    for name, x, y in zip(("dq", "dk", "dv", "dg"), (dq, dk, dv, dg), grads1):
+        errors[name] = rel_err(x, seqs.mine(y))
+    if seqs.last:
+        errors["ht"] = rel_err(ht, ht1)
+    assert max(errors.values()) <= TOL, f"rank {dist.get_rank()}: {errors}"
+
+
+def test_a_compiled_lasp2_block_has_no_graph_break_and_the_eager_results(group):
+    seqs = Sequences(seed=31, per_rank=200, short=11)
+    q, k, v, g = (seqs.mine(x) for x in (seqs.q, seqs.k, seqs.v, seqs.g))
+    # A weight that bf16 holds exactly: the gradient reaching the ops is the same bits in both.
+    w_o = seqs.mine(seqs.grad_o).float()
+
+    def block(q, k, v, g):
+        o, _ = lt.chunk_simple_gla(q, k, v, g, cp_group=group)
+        return (o.float() * w_o).sum()
+
+    explained = torch._dynamo.explain(block)(q, k, v, g)
+
+    def run(fn):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, g)]
+        fn(*leaves).backward()
+        return [x.grad for x in leaves]
+
+    eager = run(block)
+    compiled = run(torch.compile(block, fullgraph=True))
+    lt.synchronize()
+    assert explained.graph_break_count == 0, explained.break_reasons
+    for x, y in zip(compiled, eager):
+        assert torch.equal(bits(x), bits(y))

@@ -1,0 +1,239 @@
+"""lasp_shmem.torch without a GPU: the argument checks, init's refusals, the custom ops'
+registration and fake implementations (torch.library.opcheck, torch.compile), and the calls the
+ops make, checked by the library itself (lasp_op_check_call).
+
+The ops' CUDA kernels need a GPU; here the float64 reference stands in as their CPU kernel
+(registered by this module only), so that opcheck and torch.compile run every other part."""
+
+import ctypes
+
+import pytest
+import torch
+import torch.distributed as dist
+from reference import gradients, inputs, recurrent
+
+import lasp_shmem.torch as lt
+from lasp_shmem import _abi
+
+B, T, H, DK, DV = 2, 9, 2, 64, 128
+FWD, BWD = torch.ops.lasp_shmem.chunk_simple_gla_fwd, torch.ops.lasp_shmem.chunk_simple_gla_bwd
+
+
+@torch.library.register_kernel("lasp_shmem::chunk_simple_gla_fwd", "cpu")
+def _forward_on_cpu(q, k, v, g, h0, scale, want_ht, lasp2):
+    o, ht, start = lt._forward_outputs(q, v, want_ht, lasp2)
+    want_o, want_ht_ = recurrent(q, k, v, g, h0, scale)
+    o.copy_(want_o)
+    if want_ht:
+        ht.copy_(want_ht_)
+    if lasp2:  # one rank: the shard starts from the sequence's initial state
+        start.copy_(torch.zeros_like(start) if h0 is None else h0)
+    return o, ht, start
+
+
+@torch.library.register_kernel("lasp_shmem::chunk_simple_gla_bwd", "cpu")
+def _backward_on_cpu(q, k, v, g, state, do, dht, scale, want_dh0, lasp2):
+    outputs = lt._backward_outputs(q, k, v, g, want_dh0)
+    for out, grad in zip(outputs, gradients(q, k, v, g, state, do, dht, scale)):
+        if out.numel():  # not dh0 unless wanted
+            out.copy_(grad)
+    return outputs
+
+
+def test_the_reference_backward_is_autograds():
+    q, k, v, g, h0 = (x.double().requires_grad_() for x in cpu_inputs(t=6))
+    do, dht = torch.rand(B, 6, H, DV, dtype=torch.float64), torch.rand(B, H, DK, DV).double()
+    o, ht = recurrent(q, k, v, g, h0, 0.3)
+    want = torch.autograd.grad((o, ht), (q, k, v, g, h0), (do, dht))
+    for got, expected in zip(gradients(q, k, v, g, h0, do, dht, 0.3), want):
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.fixture
+def runtime(monkeypatch):
+    """A runtime of one process on cuda:0 as the torch layer sees it, with no library behind it:
+    enough for the checks that come before any call."""
+    monkeypatch.setattr(lt, "_runtime", lt._Runtime(None, None, 0, 1, 0))
+
+
+@pytest.fixture
+def one_rank_group():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+def cpu_inputs(**shape):
+    dims = dict(b=B, t=T, h=H, dk=DK, dv=DV) | shape
+    return inputs(**dims, device="cpu", seed=1)
+
+
+def bad_arguments():
+    q, k, v, g, h0 = cpu_inputs()
+    return [
+        ("q 3-D", dict(q=q[0]), ValueError, r"q must be \[B, T, H, Dk\]"),
+        ("k shape", dict(k=k[:, :-1]), ValueError,
+         r"k has the shape \(2, 8, 2, 64\).*make it \(2, 9, 2, 64\)"),
+        ("v shape", dict(v=v[:1]), ValueError, "v has the shape"),
+        ("v 3-D", dict(v=v[0]), ValueError, r"v must be \[B, T, H, Dv\]"),
+        ("g shape", dict(g=g[..., None]), ValueError, "g has the shape"),
+        ("h0 shape", dict(initial_state=h0[:, :, :32]), ValueError, "initial_state has the shape"),
+        ("T 0", dict(q=q[:, :0], k=k[:, :0], v=v[:, :0], g=g[:, :0]), ValueError,
+         "must be at least 1"),
+        ("Dk 32", dict(q=q[..., :32].contiguous(), k=k[..., :32].contiguous(), initial_state=None),
+         ValueError, "Dk = 32 and Dv = 128 must each be 64 or 128"),
+        ("q fp16", dict(q=q.half()), TypeError, "q must be torch.bfloat16, not torch.float16"),
+        ("g bf16", dict(g=g.bfloat16()), TypeError, "g must be torch.float32"),
+        ("h0 fp64", dict(initial_state=h0.double()), TypeError,
+         "initial_state must be torch.float32"),
+        ("v not a tensor", dict(v=v.tolist()), TypeError, "v must be a torch.Tensor, not list"),
+        ("k strided", dict(k=k.transpose(1, 2).contiguous().transpose(1, 2)), ValueError,
+         r"k \(strides .*\) is not contiguous; call .contiguous\(\)"),
+        ("on the CPU", {}, ValueError, "q is on cpu, but lasp-shmem runs on cuda:0"),
+        ("scale 0", dict(scale=0.0), ValueError, "scale must not be 0"),
+    ]
+
+
+BAD_ARGUMENTS = bad_arguments()
+
+
+@pytest.mark.parametrize("name, change, error, message", BAD_ARGUMENTS,
+                         ids=[case[0] for case in BAD_ARGUMENTS])
+def test_bad_arguments_are_refused_before_any_call(runtime, name, change, error, message):
+    q, k, v, g, h0 = cpu_inputs()
+    args = dict(q=q, k=k, v=v, g=g, initial_state=h0) | change
+    with pytest.raises(error, match=message):
+        lt.chunk_simple_gla(**args)
+
+
+def test_packed_sequences_are_not_supported_yet():
+    q, k, v, g, _ = cpu_inputs()
+    with pytest.raises(NotImplementedError, match="cu_seqlens.*not supported yet"):
+        lt.chunk_simple_gla(q, k, v, g, cu_seqlens=torch.tensor([0, T], dtype=torch.int32))
+
+
+def test_a_call_before_init_says_to_call_init():
+    q, k, v, g, _ = cpu_inputs()
+    with pytest.raises(RuntimeError, match=r"call lasp_shmem.torch.init\(\) first"):
+        lt.chunk_simple_gla(q, k, v, g)
+
+
+def test_lasp2_spans_the_group_of_init(runtime, one_rank_group):
+    q, k, v, g, _ = cpu_inputs()
+    with pytest.raises(ValueError, match=r"cp_group has the ranks \[0\].*LASP-2 spans the group"):
+        lt.chunk_simple_gla(q, k, v, g, cp_group=one_rank_group)
+
+
+@pytest.fixture
+def fresh_process(monkeypatch):
+    """The torch layer as in a process where no test ran the runtime."""
+    monkeypatch.setattr(lt, "_runtime", None)
+    monkeypatch.setattr(lt, "_stopped", False)
+
+
+def test_init_needs_a_gpu(fresh_process, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        lt.init()
+    with pytest.raises(ValueError, match="torch.distributed is not initialised"):
+        lt.init(group=object())
+
+
+def test_init_refuses_an_nvshmem_it_did_not_start(fresh_process, monkeypatch):
+    """Guest mode: PyTorch's SymmetricMemory NVSHMEM backend started NVSHMEM in this process."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(_abi, "nvshmem_initialized", lambda: True)
+    with pytest.raises(RuntimeError, match="already initialised.*cannot attach.*set_backend"):
+        lt.init()
+    assert lt._runtime is None
+
+
+def test_the_runtime_does_not_start_again_after_shutdown(fresh_process, monkeypatch):
+    monkeypatch.setattr(lt, "_stopped", True)
+    with pytest.raises(RuntimeError, match="was shut down in this process"):
+        lt.init()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU test may have started NVSHMEM")
+def test_without_a_gpu_nobody_started_nvshmem():
+    assert not _abi.nvshmem_initialized()
+
+
+@pytest.mark.parametrize("want_ht", [False, True])
+@pytest.mark.parametrize("lasp2", [False, True])
+def test_fake_outputs_have_the_real_shapes(want_ht, lasp2):
+    q, k, v, g, h0 = (x.to("meta") for x in cpu_inputs())
+    o, ht, start = FWD(q, k, v, g, h0, 0.125, want_ht, lasp2)
+    state = (B, H, DK, DV)
+    assert (o.shape, o.dtype) == ((B, T, H, DV), torch.bfloat16)
+    assert (ht.shape, ht.dtype) == (state if want_ht else (0,), torch.float32)
+    assert (start.shape, start.dtype) == (state if lasp2 else (0,), torch.float32)
+    grads = BWD(q, k, v, g, start if lasp2 else h0, o, ht if want_ht else None, 0.125, True,
+                lasp2)
+    assert [x.shape for x in grads] == [q.shape, k.shape, v.shape, g.shape, state]
+    assert [x.dtype for x in grads] == [q.dtype, k.dtype, v.dtype, g.dtype, torch.float32]
+
+
+@pytest.mark.parametrize("with_h0", [False, True])
+@pytest.mark.parametrize("lasp2", [False, True])
+def test_opcheck(with_h0, lasp2):
+    """Schema, fake implementation against the kernel, autograd registration, and tracing with
+    AOTAutograd (dynamic shapes), forward and backward."""
+    q, k, v, g, h0 = (x.requires_grad_() for x in cpu_inputs(dk=64, dv=64, t=5))
+    torch.library.opcheck(FWD, (q, k, v, g, h0 if with_h0 else None, 0.125, True, lasp2))
+    do = torch.rand(B, 5, H, 64).bfloat16()
+    torch.library.opcheck(BWD, (q.detach(), k.detach(), v.detach(), g.detach(),
+                                h0.detach() if with_h0 else None, do, None, 0.125, with_h0,
+                                lasp2))
+
+
+def test_a_compiled_block_has_no_graph_break_and_the_eager_gradients():
+    q, k, v, g, h0 = cpu_inputs(dk=64, dv=64, t=5)
+
+    def block(q, k, v, g, h0):
+        o, ht, _ = FWD(q, k, v, g, h0, 0.125, True, False)
+        return (o.float() ** 2).sum() + ht.sum()
+
+    explained = torch._dynamo.explain(block)(q, k, v, g, h0)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+
+    def grads(fn):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, g, h0)]
+        fn(*leaves).backward()
+        return [x.grad for x in leaves]
+
+    compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
+    for got, want in zip(grads(compiled), grads(block)):
+        assert torch.equal(got, want)
+
+
+def call_is_accepted(library, call, direction):
+    library.op_check_call(ctypes.byref(call.desc()), direction, ctypes.byref(call.call),
+                          ctypes.byref(call.tensors))
+
+
+@pytest.mark.parametrize("with_h0", [False, True])
+@pytest.mark.parametrize("want_ht", [False, True])
+@pytest.mark.parametrize("lasp2", [False, True])
+def test_the_library_accepts_the_calls_of_the_ops(library, with_h0, want_ht, lasp2):
+    """The slots, dtypes, element counts and scalars the ops pass, checked by the library's own
+    lasp_op_check_call (everything but the device pointers and the stream)."""
+    q, k, v, g, h0 = cpu_inputs()
+    h0 = h0 if with_h0 else None
+    (o, ht, start), forward = lt._forward_call(q, k, v, g, h0, 0.125, want_ht, lasp2)
+    call_is_accepted(library, forward, _abi.DIRECTION_FORWARD)
+    for writes_dh0 in (False, True):
+        _, backward = lt._backward_call(q, k, v, g, start if lasp2 else h0, o,
+                                        ht if want_ht else None, 0.125, with_h0, lasp2,
+                                        writes_dh0)
+        call_is_accepted(library, backward, _abi.DIRECTION_BACKWARD)
+
+
+def test_the_library_would_catch_a_wrong_slot(library):
+    """The check above can fail: the single-GPU backward does not read a start state."""
+    q, k, v, g, h0 = cpu_inputs()
+    (o, _, start), _ = lt._forward_call(q, k, v, g, h0, 0.125, False, True)
+    _, backward = lt._backward_call(q, k, v, g, start, o, None, 0.125, False, True, False)
+    backward.layout = backward.layout[:4] + (False,)
+    with pytest.raises(_abi.LaspError, match="LASP_SLOT_START_STATE"):
+        call_is_accepted(library, backward, _abi.DIRECTION_BACKWARD)
