@@ -101,6 +101,11 @@ if python3 -c "import torch, pytest, lasp_shmem.torch" 2>/dev/null; then
   check python_package env NVSHMEM_REMOTE_TRANSPORT=none timeout 900 python3 -m pytest -rs python/tests
   check python_package_lasp2 env NVSHMEM_REMOTE_TRANSPORT=none timeout 900 python3 -m torch.distributed.run --standalone --nproc-per-node "$NGPU" \
     -m pytest -rs python/tests/test_lasp2.py
+  # Guest mode: PyTorch's SymmetricMemory starts NVSHMEM, lasp_shmem joins it (a process of its own).
+  if [ "$NGPU" -ge 2 ]; then
+    check python_package_guest env LASP_TEST_GUEST=1 NVSHMEM_REMOTE_TRANSPORT=none timeout 600 python3 -m torch.distributed.run --standalone \
+      --nproc-per-node "$NGPU" -m pytest -rs python/tests/test_guest.py
+  fi
   grep -h "passed\|failed" "$OUT"/python_package*.log || true
 else
   echo "NOTICE: python_package skipped: python3 cannot import torch, pytest and lasp_shmem (pip install --no-deps dist/lasp_shmem-*.whl)"

@@ -264,6 +264,13 @@ lasp_status lasp_runtime_init(const lasp_runtime_options *options, const lasp_pl
                               const lasp_unique_id *id, lasp_runtime **runtime); /* collective */
 lasp_status lasp_runtime_init_from_env(const lasp_runtime_options *options,
                                        lasp_runtime **runtime); /* collective */
+/* Guest mode: joins the NVSHMEM another library of this process has initialised (PyTorch's
+ * SymmetricMemory NVSHMEM backend) on CUDA device `device`, instead of initialising it. The PEs
+ * and the symmetric heap are that library's; the same NVSHMEM release as the kernels' is required
+ * (the message names both otherwise); lasp_runtime_shutdown never finalizes it. Collective over
+ * NVSHMEM's PEs. */
+lasp_status lasp_runtime_attach(const lasp_runtime_options *options, int32_t device,
+                                lasp_runtime **runtime);
 lasp_status lasp_runtime_place(const lasp_runtime *runtime, lasp_place *place);
 /* Collective; fails (and the handle stays valid) while an operation is alive. */
 lasp_status lasp_runtime_shutdown(lasp_runtime *runtime);

@@ -15,6 +15,9 @@ pub enum Bootstrap {
     Pmi,
     /// NVSHMEM's MPI bootstrap plugin (mpirun).
     Mpi,
+    /// None: another library of this process initialised NVSHMEM and lasp-shmem joined it
+    /// ([`Runtime::attach`](crate::Runtime::attach)).
+    Guest,
 }
 
 /// This process's place in the job.

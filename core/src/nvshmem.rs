@@ -48,6 +48,19 @@ impl Nvshmem {
         (major, minor, patch)
     }
 
+    /// NVSHMEM's (PE, number of PEs) where it is already initialised in this process (by another
+    /// library: PyTorch's SymmetricMemory NVSHMEM backend), else `None`.
+    pub(crate) fn initialized_place(self) -> Option<(usize, usize)> {
+        // SAFETY: a plain query, callable at any time.
+        let status = unsafe { self.lib.nvshmemx_init_status() };
+        if status < nvshmem_sys::nvshmemx_init_status_t_NVSHMEM_STATUS_IS_INITIALIZED as i32 {
+            return None;
+        }
+        // SAFETY: plain queries of an initialised NVSHMEM.
+        let (pe, npes) = unsafe { (self.lib.nvshmem_my_pe(), self.lib.nvshmem_n_pes()) };
+        Some((pe.max(0) as usize, npes.max(0) as usize))
+    }
+
     /// A fresh unique id (rank 0 of a unique-id bootstrap), as plain bytes. Callable before init.
     pub(crate) fn unique_id(self) -> Result<[u8; ID_BYTES]> {
         let mut id = nvshmem_sys::uniqueid_initializer();

@@ -126,6 +126,9 @@ pub(crate) struct Inner {
     pub(crate) allocations: Mutex<Vec<u64>>,
     pub(crate) wait_timeout: Duration,
     finalized: AtomicBool,
+    /// Whether this runtime initialised NVSHMEM (and so finalizes it), or joined the NVSHMEM
+    /// another library of the process initialised ([`Runtime::attach`]), which stays theirs.
+    owns_nvshmem: bool,
 }
 
 impl Runtime {
@@ -154,6 +157,74 @@ impl Runtime {
         result
     }
 
+    /// Joins the NVSHMEM that another library of this process has initialised (PyTorch's
+    /// SymmetricMemory NVSHMEM backend), on GPU `device` (the process's current CUDA device),
+    /// instead of initialising it: the PEs are NVSHMEM's, the symmetric heap and its settings are
+    /// the other library's, and [`Runtime::shutdown`] releases only what lasp-shmem allocated and
+    /// registered, never finalizing NVSHMEM. Collective over NVSHMEM's PEs (the module
+    /// registration and later symmetric allocations are).
+    ///
+    /// The process must hold exactly the NVSHMEM release the kernels were built with (both are
+    /// named otherwise): the other library's host library runs lasp-shmem's device code.
+    pub fn attach(config: Config, device: usize) -> Result<Self> {
+        if INITIALIZED.swap(true, Ordering::SeqCst) {
+            return Err(Error::State(
+                "lasp-shmem is already initialised in this process; share the Runtime handle (it is Clone) instead of initialising twice".into(),
+            ));
+        }
+        let result = Self::attach_once(config, device);
+        if result.is_err() {
+            INITIALIZED.store(false, Ordering::SeqCst);
+        }
+        result
+    }
+
+    fn attach_once(config: Config, device: usize) -> Result<Self> {
+        let ctx = gpu::open_gpu(device)?;
+        // The other library's copy of NVSHMEM, wherever it was loaded from: a second copy would
+        // be a second, uninitialised NVSHMEM. `config.nvshmem_library` does not apply.
+        let nvshmem = Nvshmem::new(nvshmem_sys::load_resident()?);
+        let (host, built) = (
+            nvshmem.version(),
+            lasp_shmem_kernels::NVSHMEM_DEVICE_VERSION,
+        );
+        if (host.0 as u32, host.1 as u32, host.2 as u32) != built {
+            return Err(Error::State(format!(
+                "this process runs NVSHMEM {}.{}.{} (initialised by another library), but                  lasp-shmem's kernels were built with NVSHMEM {}.{}.{}; joining it needs the same                  release: install nvidia-nvshmem-cu13=={}.{}.{} for both, or rebuild lasp-shmem                  against the process's NVSHMEM (NVSHMEM_HOME)",
+                host.0, host.1, host.2, built.0, built.1, built.2, built.0, built.1, built.2
+            )));
+        }
+        let Some((pe, npes)) = nvshmem.initialized_place() else {
+            return Err(Error::State(
+                "NVSHMEM is not initialised in this process, so there is nothing to join; start                  it with Runtime::init (or lasp_runtime_init) instead"
+                    .into(),
+            ));
+        };
+        ctx.bind_to_thread().cuda_call("cuCtxSetCurrent")?;
+        let stream = ctx.new_stream().cuda_call("cuStreamCreate")?;
+        let module = Module::load(nvshmem, &ctx)?;
+        let gpus = gpu::visible_gpu_count()?;
+        Ok(Runtime {
+            inner: Arc::new(Inner {
+                nvshmem,
+                ctx,
+                stream,
+                env: LaunchEnv {
+                    rank: pe,
+                    world_size: npes,
+                    local_rank: device,
+                    local_world_size: gpus.min(npes),
+                    bootstrap: Bootstrap::Guest,
+                },
+                module,
+                allocations: Mutex::new(Vec::new()),
+                wait_timeout: config.wait_timeout,
+                finalized: AtomicBool::new(false),
+                owns_nvshmem: false,
+            }),
+        })
+    }
+
     /// Rank 0's part of a bootstrap by unique id that the caller distributes itself: the id
     /// every rank then passes to [`Runtime::init_with`] in a
     /// [`Rendezvous::Given`]. Call it on rank 0 only,
@@ -174,17 +245,23 @@ impl Runtime {
     fn init_once(config: Config, env: LaunchEnv) -> Result<Self> {
         let ctx = gpu::open_gpu(env.local_rank)?;
         let nvshmem = load_checked(&config)?;
-        let unique_id = match &env.bootstrap {
-            Bootstrap::UniqueId(rdv) => Some(rendezvous::share_id(
-                rdv,
-                env.rank,
-                env.world_size,
-                config.rendezvous_timeout,
-                || nvshmem.unique_id(),
-            )?),
-            // NVSHMEM_BOOTSTRAP in the environment selects the plugin (checked in init_with).
-            Bootstrap::Pmi | Bootstrap::Mpi => None,
-        };
+        let unique_id =
+            match &env.bootstrap {
+                Bootstrap::UniqueId(rdv) => Some(rendezvous::share_id(
+                    rdv,
+                    env.rank,
+                    env.world_size,
+                    config.rendezvous_timeout,
+                    || nvshmem.unique_id(),
+                )?),
+                // NVSHMEM_BOOTSTRAP in the environment selects the plugin (checked in init_with).
+                Bootstrap::Pmi | Bootstrap::Mpi => None,
+                Bootstrap::Guest => return Err(Error::Launch(
+                    "this launch environment describes a runtime that joined another library's \
+                     NVSHMEM; such a runtime comes from Runtime::attach, not from init"
+                        .into(),
+                )),
+            };
         ctx.bind_to_thread().cuda_call("cuCtxSetCurrent")?;
         // SAFETY: INITIALIZED admits one initialisation per process; the primary context is
         // current on this thread (open_gpu bound it, and it is bound again just above).
@@ -209,6 +286,7 @@ impl Runtime {
                 allocations: Mutex::new(Vec::new()),
                 wait_timeout: config.wait_timeout,
                 finalized: AtomicBool::new(false),
+                owns_nvshmem: true,
             }),
         })
     }
@@ -366,7 +444,7 @@ impl Runtime {
 
     /// Collective shutdown: synchronises, frees every symmetric buffer still allocated (newest
     /// first, on every PE in the same order), unregisters and unloads the kernel module, and
-    /// finalizes NVSHMEM. Every PE must call it, after dropping every other handle (buffers and
+    /// finalizes NVSHMEM where this runtime initialised it (not after [`Runtime::attach`]). Every PE must call it, after dropping every other handle (buffers and
     /// operations hold one).
     pub fn shutdown(self) -> Result<()> {
         let inner = Arc::try_unwrap(self.inner).map_err(|inner| {
@@ -396,9 +474,11 @@ impl Inner {
             unsafe { self.nvshmem.free(ptr) };
         }
         self.module.finalize(self.nvshmem)?;
-        // SAFETY: collective (as above); every NVSHMEM resource of this process was released
-        // above and none is used after this.
-        unsafe { self.nvshmem.finalize() };
+        if self.owns_nvshmem {
+            // SAFETY: collective (as above); every NVSHMEM resource of this process was released
+            // above and none is used after this.
+            unsafe { self.nvshmem.finalize() };
+        }
         Ok(())
     }
 }
@@ -408,7 +488,15 @@ impl Drop for Inner {
         if !self.finalized.load(Ordering::SeqCst) {
             // Finalizing is collective: doing it here, on one rank's unwind path, could hang
             // the others. The process exit releases the GPU resources.
-            eprintln!("lasp-shmem: runtime dropped without shutdown(); NVSHMEM was not finalized on PE {}", self.env.rank);
+            let what = if self.owns_nvshmem {
+                "NVSHMEM was not finalized"
+            } else {
+                "its symmetric buffers and kernel module stay registered with NVSHMEM"
+            };
+            eprintln!(
+                "lasp-shmem: runtime dropped without shutdown(); {what} on PE {}",
+                self.env.rank
+            );
         }
     }
 }

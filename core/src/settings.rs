@@ -113,7 +113,7 @@ pub fn nvshmem_defaults(
     match bootstrap {
         Some(Bootstrap::Mpi) => wanted.push((BOOTSTRAP_VAR, "MPI".into())),
         Some(Bootstrap::Pmi) => wanted.push((BOOTSTRAP_VAR, "PMI".into())),
-        Some(Bootstrap::UniqueId(_)) | None => {}
+        Some(Bootstrap::UniqueId(_) | Bootstrap::Guest) | None => {}
     }
     wanted.retain(|(name, _)| get(name).is_none());
     wanted

@@ -27,7 +27,7 @@ mod bindings;
 pub use bindings::*;
 
 mod loader;
-pub use loader::{load, LoadError, LIBRARY_SONAME};
+pub use loader::{load, load_resident, LoadError, LIBRARY_SONAME};
 
 /// `NVSHMEMX_UNIQUEID_INITIALIZER`: a zeroed unique id with its version field stamped.
 pub fn uniqueid_initializer() -> nvshmemx_uniqueid_t {

@@ -86,6 +86,33 @@ pub fn load(explicit: Option<&Path>) -> Result<&'static NvshmemHost, LoadError> 
     Err(LoadError::NotFound { tried })
 }
 
+/// The host library another library of this process has already loaded (PyTorch's
+/// SymmetricMemory NVSHMEM backend), found by its SONAME without loading anything: joining that
+/// NVSHMEM must use its very copy (NVSHMEM's state is per library instance), wherever it came
+/// from. [`LoadError::NotFound`] where the process holds none.
+pub fn load_resident() -> Result<&'static NvshmemHost, LoadError> {
+    if let Some((_, host)) = LIBRARY.get() {
+        return Ok(host);
+    }
+    let not_loaded = |reason: String| LoadError::NotFound {
+        tried: vec![(format!("{LIBRARY_SONAME} already in this process"), reason)],
+    };
+    // SAFETY: RTLD_NOLOAD opens nothing new: it only returns a handle to a library the process
+    // has loaded (and initialised) already, or fails.
+    let library = unsafe {
+        libloading::os::unix::Library::open(
+            Some(LIBRARY_SONAME),
+            libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL | libc::RTLD_NOLOAD,
+        )
+    }
+    .map_err(|e| not_loaded(e.to_string()))?;
+    // SAFETY: as in `open`.
+    let host = unsafe { NvshmemHost::from_library(library) }
+        .map_err(|e| not_loaded(format!("loaded, but it lacks a NVSHMEM 3.x symbol ({e})")))?;
+    let (_, host) = LIBRARY.get_or_init(|| (PathBuf::from(LIBRARY_SONAME), host));
+    Ok(host)
+}
+
 /// The places to try, in order: the override (`explicit`, else `$nvshmem_home/lib`) alone, or the
 /// usual places (`python_dir` is called only then).
 fn candidates(

@@ -81,6 +81,8 @@ P, HANDLE, OUT = ctypes.POINTER, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p
 SIGNATURES = {
     "unique_id_create": [P(RuntimeOptions), P(Place), P(UniqueId)],
     "runtime_init": [P(RuntimeOptions), P(Place), P(UniqueId), OUT],
+    "runtime_attach": [P(RuntimeOptions), ctypes.c_int32, OUT],
+    "runtime_place": [HANDLE, P(Place)],
     "runtime_shutdown": [HANDLE],
     "op_symmetric_bytes": [P(OpDesc), ctypes.c_int32, P(ctypes.c_uint64)],
     "op_create": [HANDLE, P(OpDesc), OUT],

@@ -71,8 +71,11 @@ def init(group=None, *, symmetric_heap_bytes=0):
     `NVSHMEM_SYMMETRIC_SIZE` if `symmetric_heap_bytes` (0: the library's 256 MiB; LASP-2 ops
     take their room from it) plus 256 MiB exceeds NVSHMEM's 1 GiB default.
 
-    Raises RuntimeError where NVSHMEM was already initialised in this process by someone else
-    (PyTorch's SymmetricMemory NVSHMEM backend): the runtime cannot attach to it yet.
+    Guest mode: where another library of this process already initialised NVSHMEM (PyTorch's
+    SymmetricMemory NVSHMEM backend), the runtime joins it instead, never initialising or
+    finalizing it: NVSHMEM's PEs must be the group's ranks, its settings and symmetric heap are
+    that library's, and it must be the NVSHMEM release lasp-shmem's kernels were built with
+    (the error names both otherwise).
     """
     global _runtime
     ranks, rank, world = _group_place(group)
@@ -87,15 +90,10 @@ def init(group=None, *, symmetric_heap_bytes=0):
                            "per process: call shutdown() only when the process is done with it")
     if not torch.cuda.is_available():
         raise RuntimeError("lasp-shmem needs a CUDA GPU, and torch sees none")
-    if _abi.nvshmem_initialized():
-        raise RuntimeError(
-            "NVSHMEM is already initialised in this process, but not by lasp-shmem (PyTorch's "
-            "SymmetricMemory initialises it when torch.distributed._symmetric_memory's backend "
-            "is NVSHMEM); lasp-shmem's runtime cannot attach to an existing NVSHMEM yet. Use "
-            "another symmetric-memory backend in processes that run lasp-shmem "
-            "(torch.distributed._symmetric_memory.set_backend('NCCL') or 'CUDA', before its "
-            "first allocation)")
     device = torch.cuda.current_device()
+    if _abi.nvshmem_initialized():
+        _runtime = _attach(ranks, rank, world, device, symmetric_heap_bytes)
+        return
     # The library opens GPU `local_rank`, and uses the local world size only to check the place.
     local_world = min(world, torch.cuda.device_count())
     if device >= local_world:
@@ -130,6 +128,25 @@ def init(group=None, *, symmetric_heap_bytes=0):
     lib.runtime_init(ctypes.byref(options), ctypes.byref(place), ctypes.byref(uid),
                      ctypes.byref(handle))
     _runtime = _Runtime(handle, ranks, rank, world, device)
+
+
+def _attach(ranks, rank, world, device, symmetric_heap_bytes):
+    """Guest mode: joins the NVSHMEM another library of this process initialised (PyTorch's
+    SymmetricMemory NVSHMEM backend); its PEs must be the group's ranks in order."""
+    lib = _abi.library()
+    options = _abi.RuntimeOptions(abi_version=_abi.ABI_VERSION,
+                                  symmetric_heap_bytes=symmetric_heap_bytes)
+    handle = ctypes.c_void_p()
+    lib.runtime_attach(ctypes.byref(options), device, ctypes.byref(handle))
+    place = _abi.Place()
+    lib.runtime_place(handle, ctypes.byref(place))
+    if (place.rank, place.world_size) != (rank, world):
+        lib.runtime_shutdown(handle)
+        raise RuntimeError(
+            f"NVSHMEM, initialised in this process by another library, made it PE {place.rank} "
+            f"of {place.world_size}, but this is rank {rank} of {world} in the group passed to "
+            "init(); pass the group NVSHMEM spans (the one its SymmetricMemory rendezvous used)")
+    return _Runtime(handle, ranks, rank, world, device)
 
 
 def shutdown():

@@ -139,12 +139,50 @@ def test_init_needs_a_gpu(fresh_process, monkeypatch):
         lt.init(group=object())
 
 
-def test_init_refuses_an_nvshmem_it_did_not_start(fresh_process, monkeypatch):
-    """Guest mode: PyTorch's SymmetricMemory NVSHMEM backend started NVSHMEM in this process."""
+class FakeGuestLibrary:
+    """The library's entry points that guest mode uses, recording the calls; NVSHMEM makes this
+    process PE `pe` of `npes`."""
+
+    def __init__(self, pe, npes):
+        self.pe, self.npes, self.calls = pe, npes, []
+
+    def runtime_attach(self, options, device, handle):
+        self.calls.append(("attach", device))
+        handle._obj.value = 1234
+
+    def runtime_place(self, handle, place):
+        place._obj.rank, place._obj.world_size = self.pe, self.npes
+
+    def runtime_shutdown(self, handle):
+        self.calls.append(("shutdown", handle.value))
+
+    def __getattr__(self, name):
+        raise AssertionError(f"guest mode must not call {name}")
+
+
+def test_init_joins_an_nvshmem_it_did_not_start(fresh_process, monkeypatch):
+    """Guest mode: PyTorch's SymmetricMemory NVSHMEM backend started NVSHMEM in this process;
+    init attaches instead of initialising (no unique id, no runtime_init)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(_abi, "nvshmem_initialized", lambda: True)
-    with pytest.raises(RuntimeError, match="already initialised.*cannot attach.*set_backend"):
+    fake = FakeGuestLibrary(pe=0, npes=1)
+    monkeypatch.setattr(_abi, "library", lambda: fake)
+    lt.init()
+    assert fake.calls == [("attach", 0)]
+    assert lt._runtime is not None and lt._runtime.handle.value == 1234
+    monkeypatch.setattr(lt, "_runtime", None)
+
+
+def test_guest_mode_refuses_an_nvshmem_of_other_pes(fresh_process, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(_abi, "nvshmem_initialized", lambda: True)
+    fake = FakeGuestLibrary(pe=1, npes=2)
+    monkeypatch.setattr(_abi, "library", lambda: fake)
+    with pytest.raises(RuntimeError, match="made it PE 1 of 2, but this is rank 0 of 1"):
         lt.init()
+    assert fake.calls == [("attach", 0), ("shutdown", 1234)]
     assert lt._runtime is None
 
 

@@ -41,6 +41,6 @@ pub use op::{
     lasp_op_free, lasp_op_note_replayed_calls, lasp_op_set_mode, lasp_op_symmetric_bytes,
 };
 pub use runtime::{
-    lasp_abi_version, lasp_runtime_init, lasp_runtime_init_from_env, lasp_runtime_place,
-    lasp_runtime_shutdown, lasp_unique_id_create,
+    lasp_abi_version, lasp_runtime_attach, lasp_runtime_init, lasp_runtime_init_from_env,
+    lasp_runtime_place, lasp_runtime_shutdown, lasp_unique_id_create,
 };

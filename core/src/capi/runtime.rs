@@ -142,6 +142,34 @@ pub unsafe extern "C" fn lasp_runtime_init_from_env(
     })
 }
 
+/// Joins the NVSHMEM another library of this process has initialised, on CUDA device `device`
+/// ([`Runtime::attach`]). Collective over NVSHMEM's PEs.
+///
+/// # Safety
+/// `options` is NULL or valid; `runtime` points at writable memory.
+#[no_mangle]
+pub unsafe extern "C" fn lasp_runtime_attach(
+    options: *const RuntimeOptions,
+    device: i32,
+    runtime: *mut *mut RuntimeHandle,
+) -> Status {
+    run(|| {
+        check_out(runtime, "runtime")?;
+        // SAFETY: the caller's contract.
+        let config = unsafe { config_of(options)? };
+        let device = usize::try_from(device).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "device {device} is negative; pass the process's CUDA device index"
+            ))
+        })?;
+        let handle = RuntimeHandle {
+            runtime: Runtime::attach(config, device)?,
+        };
+        // SAFETY: the caller's contract.
+        unsafe { store_handle(runtime, "runtime", handle) }
+    })
+}
+
 /// This process's place: rank (= PE), world size, local rank (its GPU), ranks on its node.
 ///
 /// # Safety

@@ -55,7 +55,7 @@ fn the_header_declares_exactly_the_exported_functions() {
         .filter(|w| w.starts_with("lasp_"))
         .collect();
     assert_eq!(exported, declared);
-    assert_eq!(exported.len(), 16);
+    assert_eq!(exported.len(), 17);
 }
 
 #[test]
@@ -591,5 +591,12 @@ fn entry_points_answer_with_a_status_and_a_message() {
             assert_eq!(status, LASP_ERROR_INVALID_ARGUMENT);
             assert!(last_error().contains("op is NULL"));
         }
+
+        // Guest mode checks its arguments before it looks for NVSHMEM or a GPU.
+        let mut runtime = std::ptr::null_mut();
+        let status = lasp_runtime_attach(std::ptr::null(), -1, &mut runtime);
+        assert_eq!(status, LASP_ERROR_INVALID_ARGUMENT);
+        assert!(last_error().contains("device -1 is negative"));
+        assert!(runtime.is_null());
     }
 }
