@@ -47,6 +47,7 @@ const SD_FORWARD: &str = "scalar_decay/forward.cu";
 const SD_BACKWARD: &str = "scalar_decay/backward.cu";
 const SD_LASP2_FORWARD: &str = "scalar_decay/lasp2_forward.cu";
 const SD_LASP2_BACKWARD: &str = "scalar_decay/lasp2_backward.cu";
+const SD_LASP2_SUMMARY: &str = "scalar_decay/lasp2_fold_put.cu";
 const SD_PARAMS: &str = "lasp_scalar_decay_params";
 const SD_ROLES_PARAMS: &str = "lasp_sd_roles_params";
 const SD_THREADS: &str = "LASP_SD_THREADS, 1";
@@ -54,7 +55,8 @@ const SD_ROLES_THREADS: &str = "LASP_SD_ROLES_THREADS, 1";
 const L2_PARAMS: &str = "lasp_lasp2_params";
 
 /// Every templated kernel. Template arguments of `run_segment`: key width, output pass, probe,
-/// two roles, reversed time axis, block states (lasp/scalar_decay/chunk.cuh).
+/// two roles, reversed time axis, block states (lasp/scalar_decay/chunk.cuh). The LASP-2 kernels
+/// that exchange take the schedule (lasp/exchange/chain.cuh): a schedule adds its rows here.
 pub const INSTANCES: &[Instance] = &[
     // The scalar-decay forward (single GPU) and the time-reversed builds its backward uses.
     row("SD_STATES", "lasp_scalar_decay_states_dk{dk}", SD_FORWARD, SD_THREADS, SD_PARAMS,
@@ -84,13 +86,15 @@ pub const INSTANCES: &[Instance] = &[
     // Its backward's gate terms.
     row("SD_BWD_GATE_TERMS", "lasp_sd_bwd_gate_terms_dk{dk}", SD_BACKWARD,
         "LASP_SDB_TERM_THREADS", "lasp_sd_bwd_params", "gate_terms<{dk}>(p)"),
-    // Its LASP-2 forward and backward.
+    // Its LASP-2 forward and backward, on the all-gather schedule.
     row("SD_LASP2_STATES", "lasp_lasp2_states_dk{dk}", SD_LASP2_FORWARD, "LASP2_THREADS, 1",
         L2_PARAMS, "lasp::l2::shard_states<{dk}, false>(p)"),
+    row("SD_LASP2_SUMMARY", "lasp_lasp2_fold_put", SD_LASP2_SUMMARY, "LASP2_FOLD_THREADS",
+        L2_PARAMS, "lasp::l2::fold_put<lasp::exchange::AllGather>(p)"),
     row("SD_LASP2_OUTPUT", "lasp_lasp2_output_dk{dk}", SD_LASP2_FORWARD, "LASP2_THREADS, 1",
-        L2_PARAMS, "lasp::l2::output<{dk}>(p)"),
+        L2_PARAMS, "lasp::l2::output<{dk}, lasp::exchange::AllGather>(p)"),
     row("SD_LASP2_STATES_REVERSED", "lasp_lasp2_states_reversed_dk{dk}", SD_LASP2_BACKWARD,
         "LASP2_THREADS, 1", L2_PARAMS, "lasp::l2::shard_states<{dk}, true>(p)"),
     row("SD_LASP2_CARRY_IN", "lasp_lasp2_carry_in_dk{dk}", SD_LASP2_BACKWARD, "LASP2_THREADS",
-        L2_PARAMS, "lasp::l2::carry_in<{dk}>(p)"),
+        L2_PARAMS, "lasp::l2::carry_in<{dk}, lasp::exchange::AllGather>(p)"),
 ];

@@ -55,7 +55,7 @@ pub trait Family {
     /// The C parameter struct its LASP-2 kernels take (by value).
     type Lasp2Params: Copy;
     /// The kernel that computes the PE's summary tile into its own slot and publishes it
-    /// (`lasp::exchange::send_credits` and `publish_tile`), per (Dv tile, head).
+    /// (the schedule's `send_credits` and `publish`), per (Dv tile, head).
     const SUMMARY_KERNEL: &'static str;
     /// `lasp::exchange::advance_epoch` for its params struct.
     const ADVANCE_EPOCH_KERNEL: &'static str;

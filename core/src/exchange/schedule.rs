@@ -2,9 +2,10 @@
 //! symmetric buffers each needs and its host-driven form for the sequential modes.
 //!
 //! A schedule is independent of the family: it moves summary tiles of the family's size and the
-//! family folds whatever arrives, in chain order. Its device side is the matching part of
-//! `lasp/exchange/chain.cuh` (for the all-gather: `publish_tile`, `wait_chain_tiles`,
-//! `fold_chain_tiles`).
+//! family folds whatever arrives, in chain order. Its device side is a type of
+//! `lasp/exchange/chain.cuh` (`lasp::exchange::AllGather`: `send_credits`, `publish`, `wait`,
+//! `fold_arrived`, `grant_credits`) that the families' kernels take as a template parameter, with
+//! a row per kernel in `kernels/instances.rs`.
 
 use super::{geometry, ExchangeMode, Lasp2Layout};
 use crate::error::Result;

@@ -28,7 +28,7 @@ namespace l2 {
 
 // Kernel 3: start_state tile = h0 tile (dht, on the last PE) or 0, folded with the tiles of the
 // PEs before this one on the chain, in chain order (the same fold as the output kernel's prologue).
-template <int DK>
+template <int DK, class Schedule>
 __device__ __forceinline__ void carry_in(const lasp_lasp2_params& p) {
   extern __shared__ __align__(1024) uint8_t smem[];
   const int vt = blockIdx.x, bh = p.bh_begin + blockIdx.y;
@@ -40,8 +40,8 @@ __device__ __forceinline__ void carry_in(const lasp_lasp2_params& p) {
     sd::state_load<DK>(s, ln, p.h0 + tile, p.Dv);
   else
     sd::state_zero<DK>(s, ln);
-  if (!wait_chain_tiles(p, bh, vt)) return;  // the host reports p.diag
-  fold_chain_tiles<DK>(p, s, ln, bh, vt, smem);
+  if (!Schedule::wait(p, bh, vt)) return;  // the host reports p.diag
+  fold_arrived_tiles<DK, Schedule>(p, s, ln, bh, vt, smem);
   sd::state_store<DK>(s, ln, p.start_state + tile, p.Dv);
 }
 

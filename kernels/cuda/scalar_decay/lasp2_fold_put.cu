@@ -26,9 +26,12 @@
 //  - LASP2_DEVICE_PUT: wait for every later PE's credit for epoch - 2 (bounded), then a put of
 //    the contiguous tile to every later PE on the chain (same offset), one nvshmem_quiet for all of
 //    them, and the signals [parity][me][bh*ntiles + vt] := epoch.
-// grid lasp2_fold_put_grid, block LASP2_FOLD_THREADS, no smem.
-extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS)
-    lasp_lasp2_fold_put(const __grid_constant__ lasp_lasp2_params p) {
+// Exported as lasp_lasp2_fold_put for the all-gather schedule (kernels/instances.rs): grid
+// lasp2_fold_put_grid, block LASP2_FOLD_THREADS, no smem.
+namespace lasp {
+namespace l2 {
+template <class Schedule>
+__device__ __forceinline__ void fold_put(const lasp_lasp2_params& p) {
   const uint64_t epoch = lasp::exchange::call_epoch(p);
   const int parity = static_cast<int>(epoch & 1);
   const int vt = blockIdx.x, bh = p.bh_begin + blockIdx.y;
@@ -37,7 +40,7 @@ extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS)
   const bool descending = p.chain == LASP2_CHAIN_DESCENDING;
 
   // One thread sends the credits and later quiets them (with this CTA's puts, if any).
-  const bool sent_credits = lasp::exchange::send_credits(p, epoch, bh, vt);
+  const bool sent_credits = Schedule::send_credits(p, epoch, bh, vt);
 
   // Lambda_me, summed in segment order by every thread (the descending tile needs it).
   const float* const lam = p.ws_lambda + (int64_t)bh * S;
@@ -76,8 +79,10 @@ extern "C" __global__ void __launch_bounds__(LASP2_FOLD_THREADS)
   }
   if (tid == 0) *reinterpret_cast<float4*>(own + p.Dk * LASP2_TILE_V) = make_float4(lambda, 0.f, 0.f, 0.f);
 
-  lasp::exchange::publish_tile(p, epoch, own, lasp2_slot_tile_floats(p.Dk) * 4u, bh, vt, sent_credits);
+  Schedule::publish(p, epoch, own, lasp2_slot_tile_floats(p.Dk) * 4u, bh, vt, sent_credits);
 }
+}  // namespace l2
+}  // namespace lasp
 
 // Launched last in every call (all modes): the call's epoch is complete on this PE.
 // grid (1, 1, 1), block (1, 1, 1).
@@ -85,8 +90,9 @@ extern "C" __global__ void lasp_lasp2_advance_epoch(const __grid_constant__ lasp
   lasp::exchange::advance_epoch(p);
 }
 
-// Re-synchronises credits after LASP2_NO_COMM calls (lasp::exchange::grant_credits); the host
-// brackets it with nvshmemx_barrier_all_on_stream. grid (1, 1, 1), block (1, 1, 1).
+// Re-synchronises the all-gather's credits after LASP2_NO_COMM calls
+// (lasp::exchange::AllGather::grant_credits); the host brackets it with
+// nvshmemx_barrier_all_on_stream. grid (1, 1, 1), block (1, 1, 1).
 extern "C" __global__ void lasp_lasp2_grant_credits(const __grid_constant__ lasp_lasp2_params p) {
-  lasp::exchange::grant_credits(p);
+  lasp::exchange::AllGather::grant_credits(p);
 }

@@ -32,7 +32,7 @@ namespace l2 {
 // loads start before the wait; the slot tiles are staged after it, kStagedTiles - 1 at a time.
 // Segment 0's CTA starts from P_me itself, which it stores to start_state when asked (the
 // backward's dq pass starts from it).
-template <int DK>
+template <int DK, class Schedule>
 __device__ __forceinline__ void output(const lasp_lasp2_params& p) {
   const sd::SegmentArgs a = group_segment_args(p);
   const int seg = blockIdx.y;
@@ -57,12 +57,12 @@ __device__ __forceinline__ void output(const lasp_lasp2_params& p) {
           sd::state_load<DK>(s, ln, p.h0 + a.bh * tile_elems + col0, p.Dv);
         else
           sd::state_zero<DK>(s, ln);
-        if (!wait_chain_tiles(p, a.bh, a.vt)) {
+        if (!Schedule::wait(p, a.bh, a.vt)) {
           cp_async_wait<0>();  // no copy may land in the pipeline's stages later
           return false;        // the host reports p.diag
         }
         stamp(p, stamps + 1);
-        fold_chain_tiles<DK>(p, s, ln, a.bh, a.vt, smem);
+        fold_arrived_tiles<DK, Schedule>(p, s, ln, a.bh, a.vt, smem);
         if (seg > 0) {
           cp_async_wait<0>();
           __syncthreads();

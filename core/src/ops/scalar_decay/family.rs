@@ -5,6 +5,7 @@ use super::ForwardShape;
 use crate::error::Result;
 use crate::exchange::Lasp2Layout;
 use crate::family::{ExchangeFields, Family, FamilyKind};
+use lasp_shmem_kernels::instances;
 
 /// Scalar-decay linear attention (simple GLA, RetNet, Lightning): one log-decay per token and
 /// head; the summary is the shard's end state from zero M and its log-decay Λ, folded as
@@ -16,7 +17,7 @@ impl Family for ScalarDecay {
     const KIND: FamilyKind = FamilyKind::ScalarDecay;
     const NAME: &'static str = "scalar decay";
     type Lasp2Params = Lasp2Params;
-    const SUMMARY_KERNEL: &'static str = "lasp_lasp2_fold_put";
+    const SUMMARY_KERNEL: &'static str = instances::SD_LASP2_SUMMARY;
     const ADVANCE_EPOCH_KERNEL: &'static str = "lasp_lasp2_advance_epoch";
     const GRANT_CREDITS_KERNEL: &'static str = "lasp_lasp2_grant_credits";
     const SUMMARY_THREADS: u32 = geometry::FOLD_THREADS;

@@ -1,7 +1,7 @@
 // Device side of the exchange, the same for every family (lasp/exchange/chain_params.h): the
-// call's epoch, timeline stamps, the chain's positions, the bounded wait for the summaries of the
-// PEs before this one on the chain, their fold in chain order (the family supplies how a tile is
-// staged and folded), and the publication of this PE's own tile (credits, puts, signals).
+// call's epoch, timeline stamps, the chain's positions, and the schedules (AllGather): the
+// bounded wait for the summaries a PE folds, their fold in chain order (the family supplies how a
+// tile is staged and folded), and the publication of this PE's own tile (credits, puts, signals).
 //
 // Every function takes the family's LASP-2 params struct `P` by reference; it reads only the
 // exchange fields that chain_params.h lists, so a family's struct adds its own tensors freely.
@@ -39,141 +39,156 @@ __device__ __forceinline__ int chain_pe(const P& p, int pos) {
   return lasp2_chain_pe(p.chain, pos, p.npes);
 }
 
-// LASP2_DEVICE_PUT: waits (bounded) until tile (bh, vt) of this epoch has landed from every PE
-// before this one on the chain, one thread per such PE; the barrier then orders the acquires before
-// every thread's copies of the slots (cp.async.cg reads through L2). False on every thread if a wait
-// expired (p.diag names the PE). Other modes: true at once.
-template <class P>
-__device__ __forceinline__ bool wait_chain_tiles(const P& p, int bh, int vt) {
-  if (p.exchange_mode != LASP2_DEVICE_PUT) return true;
-  const uint64_t epoch = call_epoch(p);
-  const int parity = static_cast<int>(epoch & 1);
-  const WaitSite site{p.diag, p.timeout_ns, p.me};
-  int ok = 1;
-  for (int pos = threadIdx.x; pos < chain_position(p); pos += blockDim.x) {
-    const int u = chain_pe(p, pos);
-    const uint64_t idx = lasp2_signal_index(parity, u, bh, vt, p.npes, p.B, p.H, p.Dv);
-    ok &= wait_signal_ge(site, p.signals + idx, epoch, u, static_cast<int32_t>(idx), LASP_WAIT_DATA);
-  }
-  return __syncthreads_and(ok);
-}
-
-// Folds the tiles (slot [parity][u][bh][vt], `tile_floats` floats each) of the chain positions
-// before this PE's, in chain order, `batch` at a time: stage(j, tile) starts the cp.async copy of
-// the batch's j-th tile into the family's staging slot j, fold(j) folds staging slot j into the
-// family's accumulator. A batch's copies land before its folds start (one L2 round trip per batch,
-// not per tile); the barriers keep the staging slots free until they are folded. Call after
-// wait_chain_tiles.
-template <class P, class Stage, class Fold>
-__device__ __forceinline__ void fold_chain_tiles(const P& p, int bh, int vt, uint64_t tile_floats, int batch,
-                                                 Stage&& stage, Fold&& fold) {
-  const int parity = static_cast<int>(call_epoch(p) & 1);
-  const int before = chain_position(p);
-  for (int pos0 = 0; pos0 < before; pos0 += batch) {
-    const int count = min(batch, before - pos0);
-    for (int j = 0; j < count; ++j) {
-      const int u = chain_pe(p, pos0 + j);
-      stage(j, p.slots + lasp2_slot_tile_offset(parity, u, bh, vt, p.npes, p.B, p.H, p.Dv, tile_floats));
-    }
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-    for (int j = 0; j < count; ++j) fold(j);
-    __syncthreads();  // before the next batch, or a chunk pipeline, overwrites the slots
-  }
-}
-
-
-// The call's credits, before this PE's summary is computed: one thread of the call's first CTA
-// (head 0, Dv tile 0) sets credit[me] = epoch - 1 on every PE before this one on the chain (this PE
-// finished reading epoch - 1: the kernels that read it precede this call's). Communicating modes
-// only. `epoch` is call_epoch(p), read once per kernel. True on the thread that sent them (it quiets them, with its puts if any, in publish_tile).
-template <class P>
-__device__ __forceinline__ bool send_credits(const P& p, uint64_t epoch, int bh, int vt) {
-  const int position = chain_position(p);
-  const bool sends = p.exchange_mode != LASP2_NO_COMM && bh == 0 && vt == 0 && threadIdx.x == 0 && position > 0;
-  if (sends)
-    for (int pos = 0; pos < position; ++pos)
-      nvshmemx_signal_op(p.credit + p.me, epoch - 1, NVSHMEM_SIGNAL_SET, chain_pe(p, pos));
-  return sends;
-}
-
-// Publishes this PE's own slot tile `own` (`bytes` long, already written by the CTA's threads)
-// of tile (bh, vt). LASP2_DEVICE_PUT: waits for every later PE's credit for epoch - 2 (bounded),
-// then puts the tile to every later PE on the chain (same offset), one nvshmem_quiet for all of
-// them, and the signals [parity][me][bh*ntiles + vt] := epoch. Other modes: only the stamps.
-// Called by every thread of the CTA.
-template <class P>
-__device__ __forceinline__ void publish_tile(const P& p, uint64_t epoch, float* own, uint64_t bytes, int bh, int vt,
-                                             bool sent_credits) {
-  const int parity = static_cast<int>(epoch & 1);
-  const int tid = threadIdx.x;
-  const int position = chain_position(p);
-  const uint64_t stamps = lasp2_timeline_put(bh, vt, p.Dv);
-  const int later = p.npes - 1 - position;  // PEs after this one on the chain
-  if (p.exchange_mode != LASP2_DEVICE_PUT || later == 0) {
-    if (sent_credits) nvshmem_quiet();
-    stamp(p, stamps + 0);
-    stamp(p, stamps + 1);
-    return;
-  }
-  auto reader = [&](int k) { return chain_pe(p, position + 1 + k); };  // k < later
-  // The tile is complete in this PE's memory before the NIC (over InfiniBand) reads it for the
-  // puts. A peer NVSHMEM reaches by load/store gets its copy from this CTA's threads, for which
-  // the barrier below is enough; skipping the fence there matters, because a system-scope fence
-  // waits tens of microseconds while the GPUs stream the kernels' traffic (kernels/docs/lasp2.md).
-  bool nic_reads = false;
-  for (int k = 0; k < later; ++k) nic_reads |= nvshmem_ptr(own, reader(k)) == nullptr;
-  if (nic_reads) __threadfence_system();
-  int ok = 1;
-  if (epoch > 2) {
-    // Slot [parity] of reader pe was last read at epoch - 2: wait for its credit, one thread per reader.
+// A schedule: how the summaries of one call travel, as the static functions the families' kernels
+// call (templates on the schedule, instantiated from kernels/instances.rs), so a schedule is added
+// beside this one without touching a family:
+//   send_credits(p, epoch, bh, vt)   before the summary is computed: the readers' credits it owes
+//   publish(p, epoch, own, bytes, ...) the summary kernel's own tile, written: send it on
+//   wait(p, bh, vt)                  a consuming CTA: bounded wait for what it folds
+//   fold_arrived(p, bh, vt, ...)     fold what arrived, in chain order, with the family's stage and
+//                                    fold of one tile
+//   grant_credits(p)                 re-arm the credits after no-communication calls
+//
+// AllGather: every PE puts its own summary tile to every PE after it on the chain (one put and one
+// signal per tile and reader); each PE folds all earlier PEs' tiles, in chain order. One hop of
+// latency; the last PE takes in W - 1 tiles (core/src/exchange/schedule.rs, Schedule::AllGather).
+struct AllGather {
+  // LASP2_DEVICE_PUT: waits (bounded) until tile (bh, vt) of this epoch has landed from every PE
+  // before this one on the chain, one thread per such PE; the barrier then orders the acquires before
+  // every thread's copies of the slots (cp.async.cg reads through L2). False on every thread if a wait
+  // expired (p.diag names the PE). Other modes: true at once.
+  template <class P>
+  static __device__ __forceinline__ bool wait(const P& p, int bh, int vt) {
+    if (p.exchange_mode != LASP2_DEVICE_PUT) return true;
+    const uint64_t epoch = call_epoch(p);
+    const int parity = static_cast<int>(epoch & 1);
     const WaitSite site{p.diag, p.timeout_ns, p.me};
-    for (int k = tid; k < later; k += blockDim.x) {
-      const int pe = reader(k);
-      ok &= wait_signal_ge(site, p.credit + pe, epoch - 2, pe, pe, LASP_WAIT_CREDIT);
+    int ok = 1;
+    for (int pos = threadIdx.x; pos < chain_position(p); pos += blockDim.x) {
+      const int u = chain_pe(p, pos);
+      const uint64_t idx = lasp2_signal_index(parity, u, bh, vt, p.npes, p.B, p.H, p.Dv);
+      ok &= wait_signal_ge(site, p.signals + idx, epoch, u, static_cast<int32_t>(idx), LASP_WAIT_DATA);
+    }
+    return __syncthreads_and(ok);
+  }
+
+  // Folds the tiles (slot [parity][u][bh][vt], `tile_floats` floats each) of the chain positions
+  // before this PE's, in chain order, `batch` at a time: stage(j, tile) starts the cp.async copy of
+  // the batch's j-th tile into the family's staging slot j, fold(j) folds staging slot j into the
+  // family's accumulator. A batch's copies land before its folds start (one L2 round trip per batch,
+  // not per tile); the barriers keep the staging slots free until they are folded. Call after
+  // wait.
+  template <class P, class Stage, class Fold>
+  static __device__ __forceinline__ void fold_arrived(const P& p, int bh, int vt, uint64_t tile_floats, int batch,
+                                                     Stage&& stage, Fold&& fold) {
+    const int parity = static_cast<int>(call_epoch(p) & 1);
+    const int before = chain_position(p);
+    for (int pos0 = 0; pos0 < before; pos0 += batch) {
+      const int count = min(batch, before - pos0);
+      for (int j = 0; j < count; ++j) {
+        const int u = chain_pe(p, pos0 + j);
+        stage(j, p.slots + lasp2_slot_tile_offset(parity, u, bh, vt, p.npes, p.B, p.H, p.Dv, tile_floats));
+      }
+      cp_async_commit();
+      cp_async_wait<0>();
+      __syncthreads();
+      for (int j = 0; j < count; ++j) fold(j);
+      __syncthreads();  // before the next batch, or a chunk pipeline, overwrites the slots
     }
   }
-  // A CTA that gave up on a credit sends nothing: the readers then time out on this epoch's data,
-  // and this PE's diag names the peer whose credit never came.
-  if (!__syncthreads_and(ok)) return;
-  stamp(p, stamps + 0);
 
-  // Every put first, then one quiet for all of them, then the signals: a put-with-signal per peer
-  // would wait for its own completion (a system-scope fence) before the next peer's copy starts,
-  // and such a fence waits long while the GPUs stream the output kernel's traffic.
-  uint64_t* const sig = p.signals + lasp2_signal_index(parity, p.me, bh, vt, p.npes, p.B, p.H, p.Dv);
-  const int first = (blockIdx.y * gridDim.x + blockIdx.x) % later;  // staggered: every link busy at once
-  auto peer = [&](int k) { return reader((first + k) % later); };
-  for (int k = 0; k < later; ++k) nvshmemx_putmem_nbi_block(own, own, bytes, peer(k));
-  __syncthreads();
-  if (tid == 0) {
-    nvshmem_quiet();  // the CTA's puts have landed: the signals may follow
-    for (int k = 0; k < later; ++k) nvshmemx_signal_op(sig, epoch, NVSHMEM_SIGNAL_SET, peer(k));
-    stamp(p, stamps + 1);
+
+  // The call's credits, before this PE's summary is computed: one thread of the call's first CTA
+  // (head 0, Dv tile 0) sets credit[me] = epoch - 1 on every PE before this one on the chain (this PE
+  // finished reading epoch - 1: the kernels that read it precede this call's). Communicating modes
+  // only. `epoch` is call_epoch(p), read once per kernel. True on the thread that sent them (it quiets them, with its puts if any, in publish).
+  template <class P>
+  static __device__ __forceinline__ bool send_credits(const P& p, uint64_t epoch, int bh, int vt) {
+    const int position = chain_position(p);
+    const bool sends = p.exchange_mode != LASP2_NO_COMM && bh == 0 && vt == 0 && threadIdx.x == 0 && position > 0;
+    if (sends)
+      for (int pos = 0; pos < position; ++pos)
+        nvshmemx_signal_op(p.credit + p.me, epoch - 1, NVSHMEM_SIGNAL_SET, chain_pe(p, pos));
+    return sends;
+  }
+
+  // Publishes this PE's own slot tile `own` (`bytes` long, already written by the CTA's threads)
+  // of tile (bh, vt). LASP2_DEVICE_PUT: waits for every later PE's credit for epoch - 2 (bounded),
+  // then puts the tile to every later PE on the chain (same offset), one nvshmem_quiet for all of
+  // them, and the signals [parity][me][bh*ntiles + vt] := epoch. Other modes: only the stamps.
+  // Called by every thread of the CTA.
+  template <class P>
+  static __device__ __forceinline__ void publish(const P& p, uint64_t epoch, float* own, uint64_t bytes, int bh, int vt,
+                                                bool sent_credits) {
+    const int parity = static_cast<int>(epoch & 1);
+    const int tid = threadIdx.x;
+    const int position = chain_position(p);
+    const uint64_t stamps = lasp2_timeline_put(bh, vt, p.Dv);
+    const int later = p.npes - 1 - position;  // PEs after this one on the chain
+    if (p.exchange_mode != LASP2_DEVICE_PUT || later == 0) {
+      if (sent_credits) nvshmem_quiet();
+      stamp(p, stamps + 0);
+      stamp(p, stamps + 1);
+      return;
+    }
+    auto reader = [&](int k) { return chain_pe(p, position + 1 + k); };  // k < later
+    // The tile is complete in this PE's memory before the NIC (over InfiniBand) reads it for the
+    // puts. A peer NVSHMEM reaches by load/store gets its copy from this CTA's threads, for which
+    // the barrier below is enough; skipping the fence there matters, because a system-scope fence
+    // waits tens of microseconds while the GPUs stream the kernels' traffic (kernels/docs/lasp2.md).
+    bool nic_reads = false;
+    for (int k = 0; k < later; ++k) nic_reads |= nvshmem_ptr(own, reader(k)) == nullptr;
+    if (nic_reads) __threadfence_system();
+    int ok = 1;
+    if (epoch > 2) {
+      // Slot [parity] of reader pe was last read at epoch - 2: wait for its credit, one thread per reader.
+      const WaitSite site{p.diag, p.timeout_ns, p.me};
+      for (int k = tid; k < later; k += blockDim.x) {
+        const int pe = reader(k);
+        ok &= wait_signal_ge(site, p.credit + pe, epoch - 2, pe, pe, LASP_WAIT_CREDIT);
+      }
+    }
+    // A CTA that gave up on a credit sends nothing: the readers then time out on this epoch's data,
+    // and this PE's diag names the peer whose credit never came.
+    if (!__syncthreads_and(ok)) return;
+    stamp(p, stamps + 0);
+
+    // Every put first, then one quiet for all of them, then the signals: a put-with-signal per peer
+    // would wait for its own completion (a system-scope fence) before the next peer's copy starts,
+    // and such a fence waits long while the GPUs stream the output kernel's traffic.
+    uint64_t* const sig = p.signals + lasp2_signal_index(parity, p.me, bh, vt, p.npes, p.B, p.H, p.Dv);
+    const int first = (blockIdx.y * gridDim.x + blockIdx.x) % later;  // staggered: every link busy at once
+    auto peer = [&](int k) { return reader((first + k) % later); };
+    for (int k = 0; k < later; ++k) nvshmemx_putmem_nbi_block(own, own, bytes, peer(k));
+    __syncthreads();
+    if (tid == 0) {
+      nvshmem_quiet();  // the CTA's puts have landed: the signals may follow
+      for (int k = 0; k < later; ++k) nvshmemx_signal_op(sig, epoch, NVSHMEM_SIGNAL_SET, peer(k));
+      stamp(p, stamps + 1);
+      nvshmem_quiet();
+    }
+  }
+
+  // Re-synchronises credits after LASP2_NO_COMM calls (which send none), before the first call of a
+  // communicating mode: credit[me] = *epoch (every epoch so far is finished here) on every PE before
+  // this one on the chain.
+  // Host: nvshmemx_barrier_all_on_stream; this kernel (grid (1, 1, 1), block (1, 1, 1));
+  // nvshmemx_barrier_all_on_stream (every credit is in place before any writer waits for one).
+  template <class P>
+  static __device__ __forceinline__ void grant_credits(const P& p) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    const uint64_t done = *p.epoch;
+    for (int pos = 0; pos < chain_position(p); ++pos)
+      nvshmemx_signal_op(p.credit + p.me, done, NVSHMEM_SIGNAL_SET, chain_pe(p, pos));
     nvshmem_quiet();
   }
-}
+};
 
 // Launched last in every call (all modes): the call's epoch is complete on this PE.
 // grid (1, 1, 1), block (1, 1, 1).
 template <class P>
 __device__ __forceinline__ void advance_epoch(const P& p) {
   if (threadIdx.x == 0 && blockIdx.x == 0) *p.epoch += 1;
-}
-
-// Re-synchronises credits after LASP2_NO_COMM calls (which send none), before the first call of a
-// communicating mode: credit[me] = *epoch (every epoch so far is finished here) on every PE before
-// this one on the chain.
-// Host: nvshmemx_barrier_all_on_stream; this kernel (grid (1, 1, 1), block (1, 1, 1));
-// nvshmemx_barrier_all_on_stream (every credit is in place before any writer waits for one).
-template <class P>
-__device__ __forceinline__ void grant_credits(const P& p) {
-  if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  const uint64_t done = *p.epoch;
-  for (int pos = 0; pos < chain_position(p); ++pos)
-    nvshmemx_signal_op(p.credit + p.me, done, NVSHMEM_SIGNAL_SET, chain_pe(p, pos));
-  nvshmem_quiet();
 }
 
 }  // namespace exchange

@@ -18,7 +18,6 @@ using exchange::call_epoch;
 using exchange::chain_pe;
 using exchange::chain_position;
 using exchange::stamp;
-using exchange::wait_chain_tiles;
 using sd::StateLane;
 using sd::StateRegs;
 
@@ -117,7 +116,7 @@ constexpr uint32_t staged_tile_bytes() {
 }
 static_assert(kStagedTiles * staged_tile_bytes<128>() <= lasp2_output_smem_bytes(128), "staged tiles exceed smem");
 static_assert(kStagedTiles * staged_tile_bytes<64>() <= lasp2_output_smem_bytes(64), "staged tiles exceed smem");
-// fold_chain_tiles uses the first kStagedTiles - 1 slots: the shared memory of a kernel that folds
+// fold_arrived_tiles uses the first kStagedTiles - 1 slots: the shared memory of a kernel that folds
 // chain tiles and nothing else (carry_in).
 static_assert((kStagedTiles - 1) * staged_tile_bytes<128>() == lasp2_carry_in_smem_bytes(128), "host formula");
 static_assert((kStagedTiles - 1) * staged_tile_bytes<64>() == lasp2_carry_in_smem_bytes(64), "host formula");
@@ -147,15 +146,15 @@ __device__ __forceinline__ float staged_lambda(const uint8_t* slot) {
   return *reinterpret_cast<const float*>(slot + DK * kStagedLd * 4);
 }
 
-// s = fold over the chain positions before this PE's, in chain order, of e^{Lambda_u} s + M_u
+// s = the fold of what the schedule delivered, in chain order: e^{Lambda_u} s + M_u per tile u
 // (slot tiles [parity][u][bh][vt]); staged through shared memory at `smem` (the first
-// kStagedTiles - 1 staged slots), kStagedTiles - 1 tiles per batch. Call after wait_chain_tiles.
-template <int DK>
-__device__ __forceinline__ void fold_chain_tiles(const lasp_lasp2_params& p, StateRegs<DK>& s, const StateLane& ln,
-                                                 int bh, int vt, uint8_t* smem) {
+// kStagedTiles - 1 staged slots), kStagedTiles - 1 tiles per batch. Call after Schedule::wait.
+template <int DK, class Schedule>
+__device__ __forceinline__ void fold_arrived_tiles(const lasp_lasp2_params& p, StateRegs<DK>& s, const StateLane& ln,
+                                                   int bh, int vt, uint8_t* smem) {
   constexpr uint32_t kTileBytes = staged_tile_bytes<DK>();
   const uint32_t sbase = smem_addr(smem);
-  exchange::fold_chain_tiles(
+  Schedule::fold_arrived(
       p, bh, vt, lasp2_slot_tile_floats(DK), kStagedTiles - 1,
       [&](int j, const float* tile) { stage_tile<DK>(sbase + j * kTileBytes, tile, sd::kTileV, true); },
       [&](int j) {
