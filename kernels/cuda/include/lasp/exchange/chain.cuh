@@ -97,15 +97,16 @@ struct AllGather {
     }
   }
 
-
   // The call's credits, before this PE's summary is computed: one thread of the call's first CTA
-  // (head 0, Dv tile 0) sets credit[me] = epoch - 1 on every PE before this one on the chain (this PE
-  // finished reading epoch - 1: the kernels that read it precede this call's). Communicating modes
-  // only. `epoch` is call_epoch(p), read once per kernel. True on the thread that sent them (it quiets them, with its puts if any, in publish).
+  // (head 0, Dv tile 0) sets credit[me] = epoch - 1 on every PE before this one on the chain (this
+  // PE finished reading epoch - 1: the kernels that read it precede this call's). Communicating
+  // modes only. `epoch` is call_epoch(p), read once per kernel. True on the thread that sent them
+  // (it quiets them, with its puts if any, in publish).
   template <class P>
   static __device__ __forceinline__ bool send_credits(const P& p, uint64_t epoch, int bh, int vt) {
     const int position = chain_position(p);
-    const bool sends = p.exchange_mode != LASP2_NO_COMM && bh == 0 && vt == 0 && threadIdx.x == 0 && position > 0;
+    const bool sends =
+        p.exchange_mode != LASP2_NO_COMM && bh == 0 && vt == 0 && threadIdx.x == 0 && position > 0;
     if (sends)
       for (int pos = 0; pos < position; ++pos)
         nvshmemx_signal_op(p.credit + p.me, epoch - 1, NVSHMEM_SIGNAL_SET, chain_pe(p, pos));
