@@ -91,6 +91,34 @@ pub enum ReferenceError {
         /// The sequence length T.
         t: usize,
     },
+    /// `cu_seqlens` has fewer than two entries, so it describes no document.
+    CuSeqlensTooShort {
+        /// Its length.
+        len: usize,
+    },
+    /// `cu_seqlens` does not start at 0.
+    CuSeqlensFirst {
+        /// Its first entry.
+        first: usize,
+    },
+    /// `cu_seqlens` does not end at T.
+    CuSeqlensLast {
+        /// Its last entry.
+        last: usize,
+        /// The packed sequence length T.
+        t: usize,
+    },
+    /// `cu_seqlens` is not strictly increasing: a document would be empty or run backwards.
+    CuSeqlensNotIncreasing {
+        /// The position of the offending entry.
+        index: usize,
+        /// The entry before it.
+        previous: usize,
+        /// The entry.
+        value: usize,
+    },
+    /// A packed problem was given an unpacked initial state (`Inputs::h0`).
+    InitialStateNotPerDocument,
 }
 
 impl fmt::Display for ReferenceError {
@@ -174,6 +202,34 @@ impl fmt::Display for ReferenceError {
             Self::ShardLengthSum { sum, t } => write!(
                 f,
                 "shard lengths sum to {sum} but the sequence has T = {t} tokens; they must sum to T"
+            ),
+            Self::CuSeqlensTooShort { len } => write!(
+                f,
+                "cu_seqlens has {len} entries; it needs at least two, [0, ..., T], one more than \
+                 the number of documents"
+            ),
+            Self::CuSeqlensFirst { first } => write!(
+                f,
+                "cu_seqlens starts at {first}; the first document starts at token 0"
+            ),
+            Self::CuSeqlensLast { last, t } => write!(
+                f,
+                "cu_seqlens ends at {last} but the packed sequence has T = {t} tokens; the last \
+                 entry must be T"
+            ),
+            Self::CuSeqlensNotIncreasing {
+                index,
+                previous,
+                value,
+            } => write!(
+                f,
+                "cu_seqlens[{index}] = {value} does not exceed the entry before it ({previous}); \
+                 offsets must be strictly increasing (drop empty documents)"
+            ),
+            Self::InitialStateNotPerDocument => write!(
+                f,
+                "packed inputs take one initial state per document in PackedInputs::h0 \
+                 [B, N, H, Dk, Dv]; leave Inputs::h0 unset"
             ),
         }
     }

@@ -71,6 +71,26 @@ impl Head {
         &self.g[start * self.gate_dim..(start + n) * self.gate_dim]
     }
 
+    /// Tokens `range` of this head as a sequence of their own, entered from `h0` (`[Dk, Dv]`): one
+    /// packed document.
+    pub(crate) fn tokens(&self, range: std::ops::Range<usize>, h0: Vec<f64>) -> Head {
+        let (dk, dv, gd) = (self.dk, self.dv, self.gate_dim);
+        let (t0, t1) = (range.start, range.end);
+        Head {
+            t: t1 - t0,
+            dk,
+            dv,
+            gate_dim: gd,
+            q: self.q[t0 * dk..t1 * dk].to_vec(),
+            k: self.k[t0 * dk..t1 * dk].to_vec(),
+            v: self.v[t0 * dv..t1 * dv].to_vec(),
+            g: self.g[t0 * gd..t1 * gd].to_vec(),
+            beta: self.beta.get(t0..t1).map_or_else(Vec::new, <[f64]>::to_vec),
+            h0,
+            scale: self.scale,
+        }
+    }
+
     /// Chunk starts `0, chunk, 2 chunk, ...` with their lengths (the last may be short).
     pub(crate) fn chunks(
         &self,

@@ -19,6 +19,8 @@
 //! * [`scalar_decay`], [`gla`], [`delta_rule`]: recurrent and chunkwise forwards, recurrent and
 //!   (scalar, GLA) chunkwise backwards of the three families.
 //! * [`lasp2`]: the decomposition over W simulated ranks, with every exchanged intermediate.
+//! * [`packed`]: packed documents (fla's `cu_seqlens`) for the decay families, whose LASP-2
+//!   decomposition is [`lasp2::packed_forward`] / [`lasp2::packed_backward`].
 //! * [`Inputs`], [`InputSpec`], [`Regime`], [`Cotangents`]: the seeded inputs the GPU tests share.
 //! * [`tensor`]: the tensor type and the comparison metric [`rel_err`] / [`assert_rel_close`].
 //!
@@ -66,6 +68,7 @@ mod inputs;
 pub mod lasp2;
 mod linalg;
 mod outputs;
+pub mod packed;
 mod recurrent;
 mod rng;
 pub mod scalar_decay;

@@ -9,7 +9,8 @@ use super::tensor::Tensor;
 pub struct Forward {
     /// `o [B, T, H, Dv]`, `o_t = sigma q_t S_t`.
     pub o: Tensor,
-    /// `S_T [B, H, Dk, Dv]`.
+    /// `S_T [B, H, Dk, Dv]`; for packed documents ([`super::packed`]) each document's final
+    /// state, `[B, N, H, Dk, Dv]`.
     pub final_state: Tensor,
 }
 
@@ -39,7 +40,8 @@ pub struct Grads {
     /// `dL/dbeta [B, T, H]` for the delta rule, `None` for the other families.
     pub dbeta: Option<Tensor>,
     /// `dL/dh0 [B, H, Dk, Dv]`, returned even when `h0` is `None` (the gradient with respect to
-    /// a zero initial state is what LASP-2 exchanges as `dM_w`).
+    /// a zero initial state is what LASP-2 exchanges as `dM_w`); for packed documents
+    /// ([`super::packed`]) one per document, `[B, N, H, Dk, Dv]`.
     pub dh0: Tensor,
 }
 

@@ -47,7 +47,7 @@ pub(crate) fn check_shape(
     Ok(())
 }
 
-fn check_finite(tensor: &'static str, t: &Tensor) -> Result<(), ReferenceError> {
+pub(crate) fn check_finite(tensor: &'static str, t: &Tensor) -> Result<(), ReferenceError> {
     match t.first_non_finite() {
         Some((index, value)) => Err(ReferenceError::NonFinite {
             tensor,

@@ -28,14 +28,14 @@ pub enum Decay {
 }
 
 impl Decay {
-    fn family(self) -> Family {
+    pub(super) fn family(self) -> Family {
         match self {
             Decay::Scalar => Family::ScalarDecay,
             Decay::Vector { .. } => Family::Gla,
         }
     }
 
-    fn check(self, chunk: usize) -> Result<(), ReferenceError> {
+    pub(super) fn check(self, chunk: usize) -> Result<(), ReferenceError> {
         check_chunk("chunk", chunk)?;
         match self {
             Decay::Scalar => Ok(()),
@@ -43,22 +43,29 @@ impl Decay {
         }
     }
 
-    fn local_forward(self, shard: &Inputs, chunk: usize) -> Result<Forward, ReferenceError> {
+    pub(super) fn local_forward(
+        self,
+        shard: &Inputs,
+        chunk: usize,
+    ) -> Result<Forward, ReferenceError> {
         match self {
             Decay::Scalar => scalar_decay::chunkwise_forward(shard, chunk),
             Decay::Vector { sub_chunk } => gla::chunkwise_forward(shard, chunk, sub_chunk),
         }
     }
 
-    fn local_backward(
+    /// The local backward with the gradient `d_end` with respect to the state leaving the tokens
+    /// (what is known before the exchange: a packed document's `d_ht`, or nothing).
+    pub(super) fn local_backward(
         self,
         shard: &Inputs,
         chunk: usize,
         d_o: &Tensor,
+        d_end: Option<&Tensor>,
     ) -> Result<Grads, ReferenceError> {
         match self {
-            Decay::Scalar => scalar_decay::backward(shard, chunk, d_o, None),
-            Decay::Vector { sub_chunk } => gla::backward(shard, chunk, sub_chunk, d_o, None),
+            Decay::Scalar => scalar_decay::backward(shard, chunk, d_o, d_end),
+            Decay::Vector { sub_chunk } => gla::backward(shard, chunk, sub_chunk, d_o, d_end),
         }
     }
 }
@@ -94,7 +101,19 @@ fn local_pass(
         ..shard.clone()
     };
     let local = decay.local_forward(&zero_start, chunk)?;
-    let s = shard.shape;
+    Ok((
+        local.o,
+        ShardSummary {
+            m: local.final_state,
+            lambda: log_decay(shard, decay),
+        },
+    ))
+}
+
+/// `Lambda = sum_t a_t` over all the tokens of `tokens`: `[B, H]` (scalar gates) or
+/// `[B, H, Dk]` (vector gates).
+pub(super) fn log_decay(tokens: &Inputs, decay: Decay) -> Tensor {
+    let s = tokens.shape;
     let gate_shape = match decay {
         Decay::Scalar => vec![s.b, s.h],
         Decay::Vector { .. } => vec![s.b, s.h, s.dk],
@@ -105,16 +124,10 @@ fn local_pass(
             let gd = lambda.block(b, h).len();
             lambda
                 .block_mut(b, h)
-                .copy_from_slice(&total(&shard.g.head_rows(b, h), gd));
+                .copy_from_slice(&total(&tokens.g.head_rows(b, h), gd));
         }
     }
-    Ok((
-        local.o,
-        ShardSummary {
-            m: local.final_state,
-            lambda,
-        },
-    ))
+    lambda
 }
 
 /// Checks that every summary has the first one's shapes, `M [B, H, Dk, Dv]` and
@@ -156,7 +169,7 @@ impl ShardMap for ShardSummary {
 }
 
 /// `e^{Lambda} (.) x`, row-wise for a vector Lambda, on `[B, H, Dk, Dv]`.
-fn decay_rows(x: &Tensor, lambda: &Tensor) -> Tensor {
+pub(super) fn decay_rows(x: &Tensor, lambda: &Tensor) -> Tensor {
     let mut x = x.clone();
     let (bs, hs, dv) = (x.shape()[0], x.shape()[1], x.shape()[3]);
     for b in 0..bs {
@@ -229,7 +242,7 @@ pub fn forward(
 }
 
 /// The epilogue: `o_t += sigma (q_t (.) e^{G_t}) P_w`.
-fn add_prefix_term(shard: &Inputs, p: &Tensor, chunk: usize, o: &mut Tensor) {
+pub(super) fn add_prefix_term(shard: &Inputs, p: &Tensor, chunk: usize, o: &mut Tensor) {
     let s = shard.shape;
     for b in 0..s.b {
         for h in 0..s.h {
@@ -270,65 +283,83 @@ pub fn backward(
     let d_os = split_time(d_o, shard_lengths)?;
     let mut ranks = Vec::with_capacity(shards.len());
     for (shard, d_o_w) in shards.iter().zip(&d_os) {
-        ranks.push(decay.local_backward(shard, chunk, d_o_w)?);
+        ranks.push(decay.local_backward(shard, chunk, d_o_w, None)?);
     }
     let d_m: Vec<Tensor> = ranks.iter().map(|g| g.dh0.clone()).collect();
     let suffixes = fold_suffixes(&fwd.summaries, &d_m, d_ht)?;
     for (w, grads) in ranks.iter_mut().enumerate() {
         let boundary = Boundary {
-            p: &fwd.prefixes[w],
-            lambda: &fwd.summaries[w].lambda,
-            d: &suffixes[w],
+            incoming: Some(&fwd.prefixes[w]),
+            outgoing: Some((&suffixes[w], &fwd.summaries[w].lambda)),
+            d_end: None,
         };
         boundary.add_terms(&shards[w], chunk, &d_os[w], grads);
     }
     Ok(Lasp2Backward::from_ranks(d_m, suffixes, ranks))
 }
 
-/// What rank w knows about the rest of the sequence after both exchanges.
-struct Boundary<'a> {
-    /// `P_w`, the state entering the rank.
-    p: &'a Tensor,
-    /// `Lambda_w`.
-    lambda: &'a Tensor,
-    /// `D_w`, the gradient with respect to the state leaving it.
-    d: &'a Tensor,
+/// What a run of a rank's tokens learns from the other ranks after both exchanges: the state
+/// entering it and the gradient leaving it. Unpacked, the run is the whole shard and both are
+/// exchanged; packed, a run ends at a document start or the shard's end, and only the run before
+/// the shard's first document start is entered from earlier ranks, only a run that ends
+/// mid-document at the shard's end sends its gradient on to later ranks.
+pub(super) struct Boundary<'a> {
+    /// `P_w`, the state entering the run from earlier ranks; `None` when the run starts a
+    /// document (entered from its own `h0`, already in the local pass).
+    pub(super) incoming: Option<&'a Tensor>,
+    /// `(D_w, Lambda)`: the gradient with respect to the state leaving the run toward later ranks
+    /// and the run's log-decay; `None` when the run ends a document.
+    pub(super) outgoing: Option<(&'a Tensor, &'a Tensor)>,
+    /// The gradient with respect to the state leaving the run known before the exchange (a
+    /// packed document's `d_ht`), already in the local backward; `None` for zero.
+    pub(super) d_end: Option<&'a Tensor>,
 }
 
 impl Boundary<'_> {
-    /// Adds to a zero-state local backward the terms from `P_w` and `D_w` to dq, dk and dv, and
-    /// `e^{Lambda_w} (.) D_w` to `dh0` (making it the gradient with respect to `P_w`); the gate
-    /// gradient is the shard's straddling pairs from `P_w` and `D_w`
-    /// ([`decay_gate_grad`], exact where the decay is strong).
-    fn add_terms(&self, shard: &Inputs, chunk: usize, d_o: &Tensor, grads: &mut Grads) {
-        let s = shard.shape;
+    /// Adds to a run's local backward (entered from `run.h0`, zero if `None`, and left with
+    /// `d_end`) the terms from `P_w` to dq and from `D_w` to dk and dv, and
+    /// `e^{Lambda} (.) D_w` to `dh0` (making it the gradient with respect to the true incoming
+    /// state); the gate gradient is the run's straddling pairs from its true incoming state and
+    /// outgoing gradient ([`decay_gate_grad`], exact where the decay is strong).
+    pub(super) fn add_terms(&self, run: &Inputs, chunk: usize, d_o: &Tensor, grads: &mut Grads) {
+        let s = run.shape;
         let (dk, dv) = (s.dk, s.dv);
+        let zero_state = vec![0.0; dk * dv];
         for b in 0..s.b {
             for h in 0..s.h {
-                let head = Head::gather(shard, b, h);
+                let head = Head::gather(run, b, h);
                 let gd = head.gate_dim;
                 let big_g = shard_cumsum(&head.g, gd, chunk);
-                // Lambda_w - G_t as a direct suffix sum, so the exponent is exactly <= 0.
+                // Lambda - G_t as a direct suffix sum, so the exponent is exactly <= 0.
                 let rest = suffix_sums(&head.g, gd);
                 let d_o_rows = d_o.head_rows(b, h);
-                let (p, d) = (self.p.block(b, h), self.d.block(b, h));
                 let mut ddq = vec![0.0; s.t * dk];
                 let mut ddk = vec![0.0; s.t * dk];
                 let mut dv_rows = grads.dv.head_rows(b, h);
                 for t in 0..s.t {
                     let (gt, rt) = (&big_g[t * gd..(t + 1) * gd], &rest[t * gd..(t + 1) * gd]);
-                    let mut pd = vec![0.0; dk];
-                    mat_vec_add(&mut pd, head.scale, p, &d_o_rows[t * dv..(t + 1) * dv]);
-                    ddq[t * dk..(t + 1) * dk].copy_from_slice(&decayed(&pd, gt));
-                    let mut dvv = vec![0.0; dk];
-                    mat_vec_add(&mut dvv, 1.0, d, head.v(t));
-                    ddk[t * dk..(t + 1) * dk].copy_from_slice(&decayed(&dvv, rt));
-                    vec_mat_add(
-                        &mut dv_rows[t * dv..(t + 1) * dv],
-                        1.0,
-                        &decayed(head.k(t), rt),
-                        d,
-                    );
+                    if let Some(p) = self.incoming {
+                        let mut pd = vec![0.0; dk];
+                        mat_vec_add(
+                            &mut pd,
+                            head.scale,
+                            p.block(b, h),
+                            &d_o_rows[t * dv..(t + 1) * dv],
+                        );
+                        ddq[t * dk..(t + 1) * dk].copy_from_slice(&decayed(&pd, gt));
+                    }
+                    if let Some((d, _)) = self.outgoing {
+                        let d = d.block(b, h);
+                        let mut dvv = vec![0.0; dk];
+                        mat_vec_add(&mut dvv, 1.0, d, head.v(t));
+                        ddk[t * dk..(t + 1) * dk].copy_from_slice(&decayed(&dvv, rt));
+                        vec_mat_add(
+                            &mut dv_rows[t * dv..(t + 1) * dv],
+                            1.0,
+                            &decayed(head.k(t), rt),
+                            d,
+                        );
+                    }
                 }
                 let add_rows = |t: &mut Tensor, extra: &[f64]| {
                     let mut rows = t.head_rows(b, h);
@@ -338,15 +369,23 @@ impl Boundary<'_> {
                 add_rows(&mut grads.dq, &ddq);
                 add_rows(&mut grads.dk, &ddk);
                 grads.dv.set_head_rows(b, h, &dv_rows);
-                let from_p = Head {
-                    h0: p.to_vec(),
+                let d_leaving = match (self.outgoing, self.d_end) {
+                    (Some((d, _)), _) | (None, Some(d)) => d.block(b, h),
+                    (None, None) => zero_state.as_slice(),
+                };
+                let entered = Head {
+                    h0: self
+                        .incoming
+                        .map_or(head.h0.clone(), |p| p.block(b, h).to_vec()),
                     ..head
                 };
                 grads
                     .dg
-                    .set_head_rows(b, h, &decay_gate_grad(&from_p, &d_o_rows, d));
+                    .set_head_rows(b, h, &decay_gate_grad(&entered, &d_o_rows, d_leaving));
             }
         }
-        add(&mut grads.dh0, &decay_rows(self.d, self.lambda));
+        if let Some((d, lambda)) = self.outgoing {
+            add(&mut grads.dh0, &decay_rows(d, lambda));
+        }
     }
 }

@@ -25,11 +25,17 @@
 //! reference reruns each rank's local pass from `P_w` (forward) and with `(P_w, D_w)` (backward)
 //! instead of adding a rank-1 epilogue term.
 //!
+//! Packed documents ([`packed_forward`], [`packed_backward`]; scalar and vector gates): a shard
+//! holding a document start forgets the state entering it (`Lambda_w = -inf`, [`Carry::Forget`]),
+//! and `P_w` and `D_w` reach only the tokens before the shard's first document start and after its
+//! last one; the module's header has the details.
+//!
 //! Compare per-token tensors against the single sequence, never per-chunk states: shard cuts move
 //! chunk boundaries (fla `tests/context_parallel/debug.md`).
 
 mod decay;
 mod delta;
+mod packed;
 
 pub use decay::{
     backward, fold_prefix, fold_prefixes, fold_suffixes, forward, local_state, Decay, ShardSummary,
@@ -37,6 +43,10 @@ pub use decay::{
 pub use delta::{
     delta_backward, delta_forward, fold_affine_prefixes, fold_affine_suffixes, local_affine,
     AffineSummary,
+};
+pub use packed::{
+    packed_backward, packed_forward, Carry, PackedLasp2Backward, PackedLasp2Forward,
+    PackedRankBackward, PackedRankForward, PackedShardSummary,
 };
 
 use super::error::ReferenceError;

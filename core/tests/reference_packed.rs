@@ -1,0 +1,385 @@
+//! Packed documents (`cu_seqlens`) for scalar and vector gates: the packed token-by-token
+//! reference against each document run on its own through the unpacked reference, its gradients
+//! against finite differences, its LASP-2 decomposition against it for W = 2, 3, 4 with documents
+//! and shards cut every way that matters, and the rejection of malformed `cu_seqlens`.
+//!
+//! Tolerance 1e-10 relative: both sides are f64 and differ only in summation order (chunkwise
+//! local passes against the token-by-token sweep, shard cuts moving chunk boundaries), ~1e-14;
+//! the finite differences use reference_gradients.rs's step and bounds.
+
+use lasp_shmem::reference::lasp2::{self, Carry, Decay};
+use lasp_shmem::reference::packed::{self, PackedInputs};
+use lasp_shmem::reference::{
+    assert_rel_close, gla, rel_err, scalar_decay, Cotangents, Family, Forward, GateKind, Grads,
+    InputSpec, Inputs, ReferenceError, Regime, Shape, SplitMix64, Tensor,
+};
+
+const TOL: f64 = 1e-10;
+
+/// Selects the input tensor a finite difference perturbs.
+type Pick = fn(&mut PackedInputs) -> &mut Tensor;
+const CHUNK: usize = 16;
+const SUB_CHUNK: usize = 5;
+
+/// Documents of 65, 1, 63, 64, 1, 40 and 30 tokens: T = 264.
+const CU_SEQLENS: [usize; 8] = [0, 65, 66, 129, 193, 194, 234, 264];
+
+/// Shard lengths, each summing to T = 264, and what each set exercises.
+const SHARDS: [&[usize]; 5] = [
+    // Doc [66, 129) ends exactly on the boundary and doc [129, 193) starts on it.
+    &[129, 135],
+    // Both boundaries mid-document.
+    &[100, 164],
+    // Doc [0, 65) is exactly shard 0; shard 1 opens with a 1-token doc and ends mid-document.
+    &[65, 100, 99],
+    // Doc [66, 129) spans three shards; shard 1 holds no document start (it only carries).
+    &[70, 30, 50, 114],
+    // 1-token shards: the last token of doc 0, then the 1-token doc [65, 66) as a whole shard.
+    &[64, 1, 1, 198],
+];
+
+fn shape(t: usize) -> Shape {
+    Shape {
+        b: 2,
+        t,
+        h: 2,
+        dk: 5,
+        dv: 4,
+    }
+}
+
+fn family(gates: GateKind) -> Family {
+    match gates {
+        GateKind::Scalar => Family::ScalarDecay,
+        GateKind::Vector => Family::Gla,
+    }
+}
+
+/// A tensor of standard normals (per-document states and their cotangents).
+fn normal(shape: &[usize], seed: u64) -> Tensor {
+    let mut rng = SplitMix64::new(seed);
+    let data = (0..shape.iter().product()).map(|_| rng.normal()).collect();
+    Tensor::from_vec(shape, data).unwrap()
+}
+
+/// Packed inputs over `cu_seqlens` with a random initial state per document, and cotangents with
+/// a random final-state gradient per document.
+fn generate(
+    gates: GateKind,
+    regime: Regime,
+    cu_seqlens: &[usize],
+    seed: u64,
+) -> (PackedInputs, Tensor, Tensor) {
+    let shape = shape(*cu_seqlens.last().unwrap());
+    let spec = InputSpec {
+        shape,
+        family: family(gates),
+        regime,
+        seed,
+        round_to_bf16: false,
+        initial_state: false,
+    };
+    let inputs = Inputs::generate(&spec).unwrap();
+    let mut packed = PackedInputs {
+        inputs,
+        cu_seqlens: cu_seqlens.to_vec(),
+        h0: None,
+    };
+    let states = packed.document_states_shape();
+    packed.h0 = Some(normal(&states, seed + 100));
+    let d_o = Cotangents::generate(shape, seed + 200, false, false)
+        .unwrap()
+        .d_o;
+    (packed, d_o, normal(&states, seed + 300))
+}
+
+fn check(what: &str, got: &Tensor, want: &Tensor) {
+    assert_eq!(got.shape(), want.shape(), "{what}: shapes differ");
+    assert_rel_close(what, got.data(), want.data(), TOL).unwrap();
+}
+
+fn check_grads(tag: &str, got: &Grads, want: &Grads) {
+    check(&format!("{tag}: dq"), &got.dq, &want.dq);
+    check(&format!("{tag}: dk"), &got.dk, &want.dk);
+    check(&format!("{tag}: dv"), &got.dv, &want.dv);
+    check(&format!("{tag}: dg"), &got.dg, &want.dg);
+    check(&format!("{tag}: dh0"), &got.dh0, &want.dh0);
+}
+
+/// Document n's state `[B, H, Dk, Dv]` of a per-document tensor `[B, N, H, Dk, Dv]` (documents
+/// sit on axis 1, as time does in per-token tensors).
+fn document(states: &Tensor, n: usize) -> Tensor {
+    let s = states.shape();
+    let one = states.slice_time(n, 1);
+    Tensor::from_vec(&[s[0], s[2], s[3], s[4]], one.data().to_vec()).unwrap()
+}
+
+/// Each document as unpacked inputs entered from its own initial state.
+fn documents(packed: &PackedInputs, gates: GateKind) -> Vec<Inputs> {
+    let lengths: Vec<usize> = packed.cu_seqlens.windows(2).map(|w| w[1] - w[0]).collect();
+    let mut docs = lasp2::split_shards(&packed.inputs, family(gates), &lengths).unwrap();
+    for (n, doc) in docs.iter_mut().enumerate() {
+        doc.h0 = Some(document(packed.h0.as_ref().unwrap(), n));
+    }
+    docs
+}
+
+fn unpacked_forward(gates: GateKind, doc: &Inputs) -> Forward {
+    match gates {
+        GateKind::Scalar => scalar_decay::recurrent_forward(doc),
+        GateKind::Vector => gla::recurrent_forward(doc),
+    }
+    .unwrap()
+}
+
+fn unpacked_backward(gates: GateKind, doc: &Inputs, d_o: &Tensor, d_ht: &Tensor) -> Grads {
+    match gates {
+        GateKind::Scalar => scalar_decay::recurrent_backward(doc, d_o, Some(d_ht)),
+        GateKind::Vector => gla::recurrent_backward(doc, d_o, Some(d_ht)),
+    }
+    .unwrap()
+}
+
+fn check_against_separate_documents(gates: GateKind) {
+    for (seed, regime) in Regime::ALL.into_iter().enumerate() {
+        let (packed, d_o, d_ht) = generate(gates, regime, &CU_SEQLENS, 10 + seed as u64);
+        let fwd = packed::recurrent_forward(&packed, gates).unwrap();
+        let grads = packed::recurrent_backward(&packed, gates, &d_o, Some(&d_ht)).unwrap();
+        for (n, doc) in documents(&packed, gates).iter().enumerate() {
+            let tag = format!("{gates:?} {regime:?} document {n}");
+            let (start, len) = (packed.cu_seqlens[n], doc.shape.t);
+            let want = unpacked_forward(gates, doc);
+            check(&format!("{tag}: o"), &fwd.o.slice_time(start, len), &want.o);
+            let final_state = document(&fwd.final_state, n);
+            check(&format!("{tag}: S_n"), &final_state, &want.final_state);
+            let d_o_doc = d_o.slice_time(start, len);
+            let want = unpacked_backward(gates, doc, &d_o_doc, &document(&d_ht, n));
+            let piece = |t: &Tensor| t.slice_time(start, len);
+            check(&format!("{tag}: dq"), &piece(&grads.dq), &want.dq);
+            check(&format!("{tag}: dk"), &piece(&grads.dk), &want.dk);
+            check(&format!("{tag}: dv"), &piece(&grads.dv), &want.dv);
+            check(&format!("{tag}: dg"), &piece(&grads.dg), &want.dg);
+            check(&format!("{tag}: dh0"), &document(&grads.dh0, n), &want.dh0);
+        }
+    }
+}
+
+#[test]
+fn scalar_packed_recurrent_equals_documents_run_separately() {
+    check_against_separate_documents(GateKind::Scalar);
+}
+
+#[test]
+fn vector_packed_recurrent_equals_documents_run_separately() {
+    check_against_separate_documents(GateKind::Vector);
+}
+
+/// The packed problem cut after its first `len` tokens: the documents before the cut, the last
+/// one truncated there.
+fn prefix(packed: &PackedInputs, len: usize) -> PackedInputs {
+    let mut cu: Vec<usize> = packed
+        .cu_seqlens
+        .iter()
+        .copied()
+        .filter(|&c| c < len)
+        .collect();
+    cu.push(len);
+    let inputs = &packed.inputs;
+    let slice = |t: &Tensor| t.slice_time(0, len);
+    PackedInputs {
+        inputs: Inputs {
+            shape: Shape {
+                t: len,
+                ..inputs.shape
+            },
+            q: slice(&inputs.q),
+            k: slice(&inputs.k),
+            v: slice(&inputs.v),
+            g: slice(&inputs.g),
+            beta: None,
+            h0: None,
+            scale: inputs.scale,
+        },
+        h0: packed.h0.as_ref().map(|h0| h0.slice_time(0, cu.len() - 1)),
+        cu_seqlens: cu,
+    }
+}
+
+fn check_decomposition(decay: Decay) {
+    let gates = match decay {
+        Decay::Scalar => GateKind::Scalar,
+        Decay::Vector { .. } => GateKind::Vector,
+    };
+    for (seed, regime) in Regime::ALL.into_iter().enumerate() {
+        let (packed, d_o, d_ht) = generate(gates, regime, &CU_SEQLENS, 50 + seed as u64);
+        let want = packed::recurrent_forward(&packed, gates).unwrap();
+        let want_grads = packed::recurrent_backward(&packed, gates, &d_o, Some(&d_ht)).unwrap();
+        for lengths in SHARDS {
+            let tag = format!("{gates:?} {regime:?} W={} {lengths:?}", lengths.len());
+            let fwd = lasp2::packed_forward(&packed, decay, lengths, CHUNK).unwrap();
+            check(&format!("{tag}: o"), &fwd.o, &want.o);
+            check(&format!("{tag}: S_n"), &fwd.final_states, &want.final_state);
+            let back =
+                lasp2::packed_backward(&packed, decay, lengths, CHUNK, &d_o, Some(&d_ht)).unwrap();
+            check_grads(&tag, &back.grads, &want_grads);
+            check_intermediates(&tag, &packed, gates, lengths, &fwd, &back);
+        }
+    }
+}
+
+/// Per rank: the carry forgets exactly when a document starts in the shard; `P_w` is the packed
+/// state after the token before rank w; `D_{w-1}` is rank w's gradient with respect to `P_w`;
+/// each document's final state and `dh0` come from the ranks holding its last and first token.
+fn check_intermediates(
+    tag: &str,
+    packed: &PackedInputs,
+    gates: GateKind,
+    lengths: &[usize],
+    fwd: &lasp2::PackedLasp2Forward,
+    back: &lasp2::PackedLasp2Backward,
+) {
+    let cu = &packed.cu_seqlens;
+    let mut start = 0;
+    for (w, &len) in lengths.iter().enumerate() {
+        let end = start + len;
+        let starts_inside = cu.iter().any(|&c| c >= start && c < end);
+        let forgets = fwd.summaries[w].carry == Carry::Forget;
+        assert_eq!(forgets, starts_inside, "{tag}: carry of rank {w}");
+        if w > 0 {
+            let before = packed::recurrent_forward(&prefix(packed, start), gates).unwrap();
+            let n = before.final_state.shape()[1] - 1;
+            let want = document(&before.final_state, n);
+            check(&format!("{tag}: P_{w}"), &fwd.prefixes[w], &want);
+            let d = &back.suffixes[w - 1];
+            check(
+                &format!("{tag}: D_{} vs dL/dP_{w}", w - 1),
+                d,
+                &back.ranks[w].grads.dh0,
+            );
+        }
+        let held = |range: &dyn Fn(usize) -> usize| -> Vec<usize> {
+            (0..cu.len() - 1)
+                .filter(|&n| (start..end).contains(&range(n)))
+                .collect()
+        };
+        let finals: Vec<usize> = fwd.ranks[w].final_states.iter().map(|x| x.0).collect();
+        assert_eq!(
+            finals,
+            held(&|n| cu[n + 1] - 1),
+            "{tag}: finals on rank {w}"
+        );
+        for (n, state) in &fwd.ranks[w].final_states {
+            check(
+                &format!("{tag}: S_{n} on rank {w}"),
+                state,
+                &document(&fwd.final_states, *n),
+            );
+        }
+        let firsts: Vec<usize> = back.ranks[w].dh0.iter().map(|x| x.0).collect();
+        assert_eq!(firsts, held(&|n| cu[n]), "{tag}: dh0 on rank {w}");
+        for (n, dh0) in &back.ranks[w].dh0 {
+            check(
+                &format!("{tag}: dh0_{n} on rank {w}"),
+                dh0,
+                &document(&back.grads.dh0, *n),
+            );
+        }
+        start = end;
+    }
+}
+
+#[test]
+fn scalar_packed_decomposition_equals_packed_sequence() {
+    check_decomposition(Decay::Scalar);
+}
+
+#[test]
+fn vector_packed_decomposition_equals_packed_sequence() {
+    check_decomposition(Decay::Vector {
+        sub_chunk: SUB_CHUNK,
+    });
+}
+
+/// Central finite differences of `L = sum(o * d_o) + sum_n <S_n, d_ht_n>` on a tiny packed
+/// problem, for q, k, v, g and the per-document h0 (bounds as in reference_gradients.rs; the
+/// forward rejects a positive gate, so this passing shows no step crossed 0).
+#[test]
+fn packed_gradients_match_finite_differences() {
+    const STEP: f64 = 1e-5;
+    const REL_TOL: f64 = 1e-6;
+    let cu = [0, 1, 4, 5, 9];
+    for gates in [GateKind::Scalar, GateKind::Vector] {
+        let (packed, d_o, d_ht) = generate(gates, Regime::Typical, &cu, 7);
+        let grads = packed::recurrent_backward(&packed, gates, &d_o, Some(&d_ht)).unwrap();
+        let loss = |p: &PackedInputs| {
+            packed::recurrent_forward(p, gates)
+                .unwrap()
+                .loss(&d_o, Some(&d_ht))
+        };
+        let picks: [(&str, Pick, &Tensor); 5] = [
+            ("dq", |p| &mut p.inputs.q, &grads.dq),
+            ("dk", |p| &mut p.inputs.k, &grads.dk),
+            ("dv", |p| &mut p.inputs.v, &grads.dv),
+            ("dg", |p| &mut p.inputs.g, &grads.dg),
+            ("dh0", |p| p.h0.as_mut().unwrap(), &grads.dh0),
+        ];
+        for (what, pick, analytic) in picks {
+            let mut x = packed.clone();
+            let numeric: Vec<f64> = (0..analytic.len())
+                .map(|i| {
+                    let original = pick(&mut x).data()[i];
+                    pick(&mut x).data_mut()[i] = original + STEP;
+                    let up = loss(&x);
+                    pick(&mut x).data_mut()[i] = original - STEP;
+                    let down = loss(&x);
+                    pick(&mut x).data_mut()[i] = original;
+                    (up - down) / (2.0 * STEP)
+                })
+                .collect();
+            let err = rel_err(analytic.data(), &numeric);
+            assert!(err <= REL_TOL, "{gates:?} {what}: relative error {err:.3e}");
+        }
+    }
+}
+
+#[test]
+fn malformed_cu_seqlens_are_rejected() {
+    let (good, _, _) = generate(GateKind::Scalar, Regime::Typical, &[0, 3, 9], 1);
+    let with = |cu: &[usize]| PackedInputs {
+        cu_seqlens: cu.to_vec(),
+        h0: None,
+        ..good.clone()
+    };
+    let cases: [(&[usize], ReferenceError); 5] = [
+        (&[], ReferenceError::CuSeqlensTooShort { len: 0 }),
+        (&[0], ReferenceError::CuSeqlensTooShort { len: 1 }),
+        (&[1, 9], ReferenceError::CuSeqlensFirst { first: 1 }),
+        (&[0, 3, 8], ReferenceError::CuSeqlensLast { last: 8, t: 9 }),
+        (
+            &[0, 3, 3, 9],
+            ReferenceError::CuSeqlensNotIncreasing {
+                index: 2,
+                previous: 3,
+                value: 3,
+            },
+        ),
+    ];
+    for (cu, want) in cases {
+        let got = packed::recurrent_forward(&with(cu), GateKind::Scalar).unwrap_err();
+        assert_eq!(got, want, "cu_seqlens {cu:?}");
+        let got = lasp2::packed_forward(&with(cu), Decay::Scalar, &[4, 5], CHUNK).unwrap_err();
+        assert_eq!(got, want, "cu_seqlens {cu:?} (LASP-2)");
+    }
+    let mut unpacked_h0 = good.clone();
+    unpacked_h0.inputs.h0 = Some(Tensor::zeros(&good.inputs.shape.state()));
+    assert_eq!(
+        packed::recurrent_forward(&unpacked_h0, GateKind::Scalar).unwrap_err(),
+        ReferenceError::InitialStateNotPerDocument
+    );
+    let mut wrong_h0 = good.clone();
+    wrong_h0.h0 = Some(Tensor::zeros(&good.inputs.shape.state()));
+    assert!(matches!(
+        packed::recurrent_forward(&wrong_h0, GateKind::Scalar).unwrap_err(),
+        ReferenceError::ShapeMismatch { tensor: "h0", .. }
+    ));
+}
