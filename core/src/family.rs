@@ -1,16 +1,16 @@
 //! Model families: the host side of what differs between linear-RNN families in LASP-2. A family
 //! implements [`Family`] in its own folder under `ops/` (scalar decay:
 //! [`ScalarDecay`](crate::ops::scalar_decay::ScalarDecay)); the exchange
-//! ([`crate::exchange::chain::StateChain`]), its schedules, epochs, credits, modes, bounded waits
+//! (`exchange::chain::StateChain`), its schedules, epochs, credits, modes, bounded waits
 //! and diagnostics are generic over it. The shard summaries per family
 //! (kernels/docs/maths.md, "LASP-2"):
 //!
 //! | family | summary that crosses GPUs | fold of the prefix P |
 //! |---|---|---|
 //! | scalar decay | M [Dk x Dv], Λ | e^Λ P + M |
-//! | GLA | M, Λ [Dk] | diag(e^Λ) P + M |
+//! | GLA | M, Λ \[Dk\] | diag(e^Λ) P + M |
 //! | Gated DeltaNet | A [Dk x Dk], b [Dk x Dv] | A P + b |
-//! | mLSTM | C, n [Dk], stabiliser m, log forget sum F | both rescaled to max(F + m_P, m), added |
+//! | mLSTM | C, n \[Dk\], stabiliser m, log forget sum F | both rescaled to max(F + m_P, m), added |
 
 use crate::error::Result;
 use crate::exchange::Lasp2Layout;

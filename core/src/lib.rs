@@ -3,7 +3,7 @@
 //!
 //! Start with [`Runtime::init`]: it reads the launch environment (lasp-run, torchrun-style
 //! variables, mpirun or nvshmrun), opens this rank's GPU, initialises NVSHMEM and registers the
-//! embedded kernels. Operations such as [`exchange::AllGather`] then run on caller streams with
+//! embedded kernels. Operations such as [`exchange::transport::AllGather`] then run on caller streams with
 //! no host collective; [`Runtime::shutdown`] is the collective end.
 
 pub mod capi;

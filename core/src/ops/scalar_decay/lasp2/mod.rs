@@ -3,7 +3,7 @@
 //! fold_put}.cu; the exchange they run on: [`crate::exchange`]; protocol: kernels/docs/lasp2.md.
 //!
 //! PE `w` holds the `w`-th slice of every sequence. Both directions are a chain
-//! ([`StateChain`](crate::exchange::chain::StateChain)): every PE computes a tile per (b, h) from
+//! (`exchange::chain::StateChain`): every PE computes a tile per (b, h) from
 //! its own shard alone, sends it (in [`ExchangeMode::Overlapped`], from the device, with a
 //! signal) to the PEs after it on the chain, and folds the tiles of the PEs before it,
 //! `X = e^{Λ_u} X + tile_u`. The forward's chain runs from PE 0 up (the prefix state entering each
