@@ -110,7 +110,14 @@ fn check(what: &str, got: &Tensor, want: &[f64], l: f64) {
     );
 }
 
-fn check_family(family: Family) {
+/// The delta rule's chunkwise backward (through the WY form), chunk size 3 of T = 13: five chunks,
+/// the last one token.
+fn delta_rule_chunkwise(_: Family, inputs: &Inputs, cot: &Cotangents) -> Grads {
+    delta_rule::chunkwise_backward(inputs, SUB_CHUNK, &cot.d_o, cot.d_ht.as_ref()).unwrap()
+}
+
+/// Every gradient `analytic` returns for `family` against finite differences, in every regime.
+fn check_family(family: Family, analytic: fn(Family, &Inputs, &Cotangents) -> Grads) {
     for (seed, regime) in Regime::ALL.into_iter().enumerate() {
         let spec = InputSpec {
             shape: SHAPE,
@@ -168,17 +175,22 @@ fn check_family(family: Family) {
 
 #[test]
 fn scalar_decay_gradients_match_finite_differences() {
-    check_family(Family::ScalarDecay);
+    check_family(Family::ScalarDecay, analytic);
 }
 
 #[test]
 fn gla_gradients_match_finite_differences() {
-    check_family(Family::Gla);
+    check_family(Family::Gla, analytic);
 }
 
 #[test]
 fn delta_rule_gradients_match_finite_differences() {
-    check_family(Family::DeltaRule);
+    check_family(Family::DeltaRule, analytic);
+}
+
+#[test]
+fn delta_rule_chunkwise_gradients_match_finite_differences() {
+    check_family(Family::DeltaRule, delta_rule_chunkwise);
 }
 
 /// Without a final-state gradient and initial state the loss is `sum(o * d_o)` alone; the

@@ -17,9 +17,10 @@
 //! with u in place of V (evaluated by [`scalar_decay`](super::scalar_decay)'s own code), and the
 //! chunk's transition is `e^gamma I - (diag(e^{gamma - b}) K)^T W`.
 //!
-//! The backward is the token-by-token reverse-mode derivative (there is no chunkwise backward);
-//! it returns `dbeta` besides the usual gradients, and its gate gradient comes out directly,
-//! `da_t = <dP_t, P_t>` with `P_t = e^{a_t} S_{t-1}`.
+//! Two backwards return `dbeta` besides the usual gradients: the token-by-token reverse-mode
+//! derivative ([`recurrent_backward`]), whose gate gradient comes out directly,
+//! `da_t = <dP_t, P_t>` with `P_t = e^{a_t} S_{t-1}`, and the chunkwise one through each chunk's
+//! WY form ([`chunkwise_backward`], derived in its module), which it checks.
 
 use super::error::ReferenceError;
 use super::gates::chunk_local_cumsum;
@@ -31,6 +32,9 @@ use super::recurrent::{forward_sweep, reverse_sweep};
 use super::scalar_decay::{add_chunk_output, advance_state};
 use super::tensor::Tensor;
 use super::validate::check_chunk;
+
+mod chunk_backward;
+pub use chunk_backward::chunkwise_backward;
 
 /// Token-by-token forward: the definition itself.
 pub fn recurrent_forward(inputs: &Inputs) -> Result<Forward, ReferenceError> {
@@ -117,7 +121,7 @@ impl Wy {
             axpy(ur, beta, h.v(c0 + r));
             axpy(wr, beta * b[r].exp(), h.k(c0 + r));
             for j in 0..r {
-                let c = beta * (b[r] - b[j]).exp() * dot(h.k(c0 + r), h.k(c0 + j));
+                let c = lower_entry(h, c0, &b, r, j);
                 axpy(ur, -c, &done_u[j * dv..(j + 1) * dv]);
                 axpy(wr, -c, &done_w[j * dk..(j + 1) * dk]);
             }
@@ -139,6 +143,12 @@ impl Wy {
     fn end_decay(&self, j: usize) -> f64 {
         (self.b[self.b.len() - 1] - self.b[j]).exp()
     }
+}
+
+/// `L_rj = beta_r e^{b_r - b_j} (k_r . k_j)` (`j < r`), the strictly lower part of the chunk's
+/// triangular system `(I + L) X = diag(beta) Y`, for chunk `c0` with cumsum `b`.
+fn lower_entry(h: &Head, c0: usize, b: &[f64], r: usize, j: usize) -> f64 {
+    h.beta[c0 + r] * (b[r] - b[j]).exp() * dot(h.k(c0 + r), h.k(c0 + j))
 }
 
 fn chunk_forward_head(h: &Head, chunk: usize) -> (Vec<f64>, Vec<f64>) {

@@ -17,7 +17,7 @@
 //!
 //! # Modules
 //! * [`scalar_decay`], [`gla`], [`delta_rule`]: recurrent and chunkwise forwards, recurrent and
-//!   (scalar, GLA) chunkwise backwards of the three families.
+//!   chunkwise backwards of the three families.
 //! * [`lasp2`]: the decomposition over W simulated ranks, with every exchanged intermediate.
 //! * [`packed`]: packed documents (fla's `cu_seqlens`) for the decay families, whose LASP-2
 //!   decomposition is [`lasp2::packed_forward`] / [`lasp2::packed_backward`].
