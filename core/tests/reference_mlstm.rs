@@ -7,8 +7,8 @@
 //! real error is O(1)).
 
 use lasp_shmem::reference::mlstm::{
-    chunkwise_forward, recurrent_forward, unstabilised_forward, MlstmForward, MlstmInputs,
-    MlstmRegime, MlstmSpec,
+    chunkwise_forward, fold, lasp2_forward, recurrent_forward, unstabilised_forward, MlstmForward,
+    MlstmInputs, MlstmRegime, MlstmSpec,
 };
 use lasp_shmem::reference::{assert_rel_close, Shape, Tensor};
 
@@ -157,6 +157,109 @@ fn chunkwise_equals_recurrent() {
     }
 }
 
+/// The first `len` tokens of `inputs` as a problem of their own, with the same initial state.
+fn prefix_tokens(inputs: &MlstmInputs, len: usize) -> MlstmInputs {
+    MlstmInputs {
+        shape: Shape {
+            t: len,
+            ..inputs.shape
+        },
+        q: inputs.q.slice_time(0, len),
+        k: inputs.k.slice_time(0, len),
+        v: inputs.v.slice_time(0, len),
+        input_gate: inputs.input_gate.slice_time(0, len),
+        forget_gate: inputs.forget_gate.slice_time(0, len),
+        ..inputs.clone()
+    }
+}
+
+/// Ragged shard layouts of T = 37, from one rank to one token per rank at the ends.
+const LAYOUTS: [&[usize]; 4] = [&[37], &[7, 20, 10], &[1, 35, 1], &[5, 5, 5, 5, 5, 5, 7]];
+
+#[test]
+fn lasp2_equals_one_sequence() {
+    for regime in MlstmRegime::ALL {
+        for initial_state in [false, true] {
+            let inputs = generate(regime, 13, initial_state);
+            let want = recurrent_forward(&inputs).unwrap();
+            for shards in LAYOUTS {
+                for chunk in [1, 4, 16] {
+                    let tag =
+                        format!("{regime:?}, initial {initial_state}, {shards:?}, chunk {chunk}");
+                    let got = lasp2_forward(&inputs, shards, chunk).unwrap();
+                    check(&format!("{tag}: h"), &got.h, &want.h);
+                    let last = &got.final_state;
+                    check(&format!("{tag}: C_T"), &last.c, &want.final_state.c);
+                    check(&format!("{tag}: n_T"), &last.n, &want.final_state.n);
+                    check(&format!("{tag}: m_T"), &last.m, &want.final_state.m);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn lasp2_prefixes_are_the_states_at_shard_starts() {
+    for regime in MlstmRegime::ALL {
+        let inputs = generate(regime, 17, true);
+        let shards = [7, 20, 10];
+        let got = lasp2_forward(&inputs, &shards, 4).unwrap();
+        assert_eq!(got.prefixes.len(), shards.len());
+        assert_eq!(got.prefixes[0], *inputs.initial_state.as_ref().unwrap());
+        let mut start = 0;
+        for (w, len) in shards.iter().enumerate().take(shards.len() - 1) {
+            start += len;
+            let want = recurrent_forward(&prefix_tokens(&inputs, start))
+                .unwrap()
+                .final_state;
+            let tag = format!("{regime:?}, P_{}", w + 1);
+            check(&format!("{tag}: C"), &got.prefixes[w + 1].c, &want.c);
+            check(&format!("{tag}: n"), &got.prefixes[w + 1].n, &want.n);
+            check(&format!("{tag}: m"), &got.prefixes[w + 1].m, &want.m);
+        }
+    }
+}
+
+#[test]
+fn fold_reproduces_the_prefixes_in_rank_order() {
+    let inputs = generate(MlstmRegime::LargeInputGate, 19, true);
+    let got = lasp2_forward(&inputs, &[5, 5, 5, 5, 5, 5, 7], 3).unwrap();
+    let mut prefix = inputs.initial_state.clone().unwrap();
+    for (w, summary) in got.summaries.iter().enumerate() {
+        prefix = fold(SHAPE, &prefix, summary).unwrap();
+        let want = got.prefixes.get(w + 1).unwrap_or(&got.final_state);
+        assert_eq!(&prefix, want, "P_{}", w + 1);
+    }
+}
+
+#[test]
+fn shard_summary_is_stabilised_by_its_largest_log_weight() {
+    // m_w = max_j (i_j + sum_{s > j in shard} lf_s), F_w = sum_{s in shard} lf_s.
+    let inputs = generate(MlstmRegime::LargeInputGate, 23, false);
+    let shards = [7, 20, 10];
+    let got = lasp2_forward(&inputs, &shards, 4).unwrap();
+    let (i, lf) = (&inputs.input_gate, inputs.log_forget_gate());
+    let mut start = 0;
+    for (summary, len) in got.summaries.iter().zip(shards) {
+        for b in 0..SHAPE.b {
+            for h in 0..SHAPE.h {
+                let decay_after =
+                    |j: usize| (j..start + len).map(|s| lf.get(&[b, s, h])).sum::<f64>();
+                let m = (start..start + len)
+                    .map(|j| i.get(&[b, j, h]) + decay_after(j + 1))
+                    .fold(f64::NEG_INFINITY, f64::max);
+                let close = |x: f64, y: f64| (x - y).abs() <= 1e-12 * y.abs().max(1.0);
+                assert!(close(summary.state.m.get(&[b, h]), m));
+                assert!(close(
+                    summary.log_forget_total.get(&[b, h]),
+                    decay_after(start)
+                ));
+            }
+        }
+        start += len;
+    }
+}
+
 #[test]
 fn validation_rejects_bad_inputs() {
     let mut inputs = generate(MlstmRegime::Typical, 7, true);
@@ -170,4 +273,6 @@ fn validation_rejects_bad_inputs() {
     assert!(recurrent_forward(&inputs).is_err());
     let inputs = generate(MlstmRegime::Typical, 7, true);
     assert!(chunkwise_forward(&inputs, 0).is_err());
+    assert!(lasp2_forward(&inputs, &[10, 10], 4).is_err());
+    assert!(lasp2_forward(&inputs, &[37, 0], 4).is_err());
 }

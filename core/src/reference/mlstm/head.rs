@@ -3,6 +3,7 @@
 
 use super::super::error::ReferenceError;
 use super::super::generate::logsigmoid;
+use super::super::inputs::Shape;
 use super::super::linalg::{dot, vec_mat_add};
 use super::super::tensor::Tensor;
 use super::inputs::{MlstmForward, MlstmInputs, MlstmState};
@@ -37,6 +38,15 @@ impl HeadState {
             c: vec![0.0; dk * dv],
             n: vec![0.0; dk],
             m: 0.0,
+        }
+    }
+
+    /// The empty state, `m = -inf`: no contribution at all, so the first token sets `m` to its
+    /// own `i_t` (a shard's summary starts here; `e^{-inf} = 0` keeps every update finite).
+    pub(crate) fn empty(dk: usize, dv: usize) -> HeadState {
+        HeadState {
+            m: f64::NEG_INFINITY,
+            ..HeadState::zero(dk, dv)
         }
     }
 
@@ -146,8 +156,7 @@ pub(crate) fn head_state(state: &MlstmState, b: usize, h: usize) -> HeadState {
 }
 
 /// A state of shape `[B, H, ...]` from per-head states in `(b, h)` order.
-pub(crate) fn assemble_state(inputs: &MlstmInputs, heads: &[HeadState]) -> MlstmState {
-    let s = inputs.shape;
+pub(crate) fn assemble_state(s: &Shape, heads: &[HeadState]) -> MlstmState {
     let mut state = MlstmState {
         c: Tensor::zeros(&s.state()),
         n: Tensor::zeros(&[s.b, s.h, s.dk]),
@@ -182,6 +191,6 @@ pub(crate) fn forward_heads(
     }
     Ok(MlstmForward {
         h: out,
-        final_state: assemble_state(inputs, &finals),
+        final_state: assemble_state(&s, &finals),
     })
 }

@@ -48,12 +48,28 @@
 //! m' = max(m + gamma, m_c),  C' = e^{m + gamma - m'} C + e^{m_c - m'} C_c  (n' likewise)
 //! ```
 //! Every exponent is `<= 0`.
+//!
+//! # LASP-2
+//! Rank w owns a shard of consecutive tokens. Its summary `(C_w, n_w, m_w)` is the state the shard
+//! reaches from the empty state (`m = -inf`, no contribution; the chunk steps above from there),
+//! so `m_w = max_j (i_j + sum_{s > j, s in shard} lf_s)`, together with the shard's total log
+//! forget gate `F_w = sum_{s in shard} lf_s`. After the all-gather every rank folds the summaries
+//! of the ranks before it, in rank order, onto the initial state `P_0 = (C_0, n_0, m_0)`:
+//! ```text
+//! m_{P_{w+1}} = max(F_w + m_{P_w}, m_w)
+//! C_{P_{w+1}} = e^{F_w + m_{P_w} - m_{P_{w+1}}} C_{P_w} + e^{m_w - m_{P_{w+1}}} C_w  (n likewise)
+//! ```
+//! (the chunk step's rule with the shard as the chunk), and computes its outputs chunkwise from
+//! `P_w`. `P_w` is the recurrent state at the shard's start, `m` included (the fold's maximum is
+//! the same largest log-weight), and `P_W` the final state.
 
 mod chunkwise;
 mod head;
 mod inputs;
+mod lasp2;
 mod recurrent;
 
 pub use chunkwise::chunkwise_forward;
 pub use inputs::{MlstmForward, MlstmInputs, MlstmRegime, MlstmSpec, MlstmState, MLSTM_EPS};
+pub use lasp2::{fold, lasp2_forward, MlstmLasp2, ShardSummary};
 pub use recurrent::{recurrent_forward, unstabilised_forward};
