@@ -276,3 +276,119 @@ fn validation_rejects_bad_inputs() {
     assert!(lasp2_forward(&inputs, &[10, 10], 4).is_err());
     assert!(lasp2_forward(&inputs, &[37, 0], 4).is_err());
 }
+
+/// Central finite differences of `MlstmForward::loss` (recurrent forward) for every input value,
+/// against the analytic backward. Step 1e-5: truncation `h^2 |L'''| / 6` and rounding
+/// `eps |L| / h` are both ~1e-10 per element here; norm-wise 1e-6 relative leaves margin (a
+/// missing term is O(1)), plus the rounding floor `1e-9 (1 + |L|)` per element for gradients that
+/// are themselves that small (`dn_0` once large input gates swamp the initial state). Inputs are
+/// random, so no max and no `|qn|` sits at its kink.
+mod finite_differences {
+    use super::*;
+    use lasp_shmem::reference::mlstm::{recurrent_backward, MlstmCotangents, MlstmState};
+    use lasp_shmem::reference::{assert_close_to_scale, SplitMix64};
+
+    const STEP: f64 = 1e-5;
+    const REL_TOL: f64 = 1e-6;
+    const ABS_TOL: f64 = 1e-9;
+    const FD_SHAPE: Shape = Shape {
+        b: 1,
+        t: 9,
+        h: 2,
+        dk: 3,
+        dv: 2,
+    };
+
+    fn normal(rng: &mut SplitMix64, shape: &[usize]) -> Tensor {
+        let data = (0..shape.iter().product()).map(|_| rng.normal()).collect();
+        Tensor::from_vec(shape, data).unwrap()
+    }
+
+    fn cotangents(seed: u64) -> MlstmCotangents {
+        let s = FD_SHAPE;
+        let mut rng = SplitMix64::new(seed);
+        MlstmCotangents {
+            d_h: normal(&mut rng, &s.v()),
+            d_final_state: Some(MlstmState {
+                c: normal(&mut rng, &s.state()),
+                n: normal(&mut rng, &[s.b, s.h, s.dk]),
+                m: normal(&mut rng, &[s.b, s.h]),
+            }),
+        }
+    }
+
+    /// The named input tensor of `inputs`, mutably.
+    fn input_mut<'a>(inputs: &'a mut MlstmInputs, name: &str) -> &'a mut Tensor {
+        let state = inputs.initial_state.as_mut().unwrap();
+        match name {
+            "q" => &mut inputs.q,
+            "k" => &mut inputs.k,
+            "v" => &mut inputs.v,
+            "input_gate" => &mut inputs.input_gate,
+            "forget_gate" => &mut inputs.forget_gate,
+            "C_0" => &mut state.c,
+            "n_0" => &mut state.n,
+            "m_0" => &mut state.m,
+            _ => unreachable!("no input {name}"),
+        }
+    }
+
+    /// `dL/dx` by central differences for every element of input `name`.
+    fn numeric_gradient(inputs: &MlstmInputs, cot: &MlstmCotangents, name: &str) -> Vec<f64> {
+        let loss = |x: &MlstmInputs| recurrent_forward(x).unwrap().loss(cot);
+        let mut x = inputs.clone();
+        (0..input_mut(&mut x, name).len())
+            .map(|i| {
+                let original = input_mut(&mut x, name).data()[i];
+                input_mut(&mut x, name).data_mut()[i] = original + STEP;
+                let up = loss(&x);
+                input_mut(&mut x, name).data_mut()[i] = original - STEP;
+                let down = loss(&x);
+                input_mut(&mut x, name).data_mut()[i] = original;
+                (up - down) / (2.0 * STEP)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn recurrent_backward_matches_finite_differences() {
+        for regime in MlstmRegime::ALL {
+            for eps in [0.0, 1e-6, 0.5] {
+                let spec = MlstmSpec {
+                    shape: FD_SHAPE,
+                    regime,
+                    seed: 29,
+                    initial_state: true,
+                };
+                let mut inputs = MlstmInputs::generate(&spec).unwrap();
+                inputs.eps = eps;
+                if regime == MlstmRegime::LargeInputGate {
+                    // Keep the loss O(1) in the region finite differences can resolve: large
+                    // gates (and the stabiliser's max switching sides), but a bounded m_T.
+                    inputs.input_gate = inputs.input_gate.map(|x| x / 20.0);
+                }
+                let cot = cotangents(31);
+                let grads = recurrent_backward(&inputs, &cot).unwrap();
+                let loss = recurrent_forward(&inputs).unwrap().loss(&cot);
+                let state = &grads.d_initial_state;
+                for (name, analytic) in [
+                    ("q", &grads.dq),
+                    ("k", &grads.dk),
+                    ("v", &grads.dv),
+                    ("input_gate", &grads.d_input_gate),
+                    ("forget_gate", &grads.d_forget_gate),
+                    ("C_0", &state.c),
+                    ("n_0", &state.n),
+                    ("m_0", &state.m),
+                ] {
+                    let numeric = numeric_gradient(&inputs, &cot, name);
+                    let what = format!("{regime:?}, eps {eps}: d{name}");
+                    let norm = numeric.iter().map(|x| x * x).sum::<f64>().sqrt();
+                    let floor = ABS_TOL * (1.0 + loss.abs()) * (numeric.len() as f64).sqrt();
+                    let allowed = REL_TOL * norm + floor;
+                    assert_close_to_scale(&what, analytic.data(), &numeric, allowed, 1.0).unwrap();
+                }
+            }
+        }
+    }
+}

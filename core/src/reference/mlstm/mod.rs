@@ -63,12 +63,22 @@
 //! `P_w`. `P_w` is the recurrent state at the shard's start, `m` included (the fold's maximum is
 //! the same largest log-weight), and `P_W` the final state.
 
+//! # Backward
+//! [`recurrent_backward`] is reverse mode through the stabilised recurrence as written, `m`
+//! included: each max passes its gradient to the side that won, the denominator's to `|qn|` or to
+//! `e^{-m_t}`. Through `h` alone `m` matters only via `eps` (see above), but the final state's
+//! `(C_T, n_T, m_T)` depends on it, so its cotangent flows through `m` too. The gradient is that of
+//! `L = sum(h * d_h) + <C_T, dC_T> + <n_T, dn_T> + sum(m_T dm_T)` ([`MlstmForward::loss`]),
+//! checked against central finite differences of the forward.
+
+mod backward;
 mod chunkwise;
 mod head;
 mod inputs;
 mod lasp2;
 mod recurrent;
 
+pub use backward::{recurrent_backward, MlstmCotangents, MlstmGrads};
 pub use chunkwise::chunkwise_forward;
 pub use inputs::{MlstmForward, MlstmInputs, MlstmRegime, MlstmSpec, MlstmState, MLSTM_EPS};
 pub use lasp2::{fold, lasp2_forward, MlstmLasp2, ShardSummary};
