@@ -61,6 +61,11 @@ pub enum ReferenceError {
         /// The scale.
         value: f64,
     },
+    /// The mLSTM's denominator epsilon is negative or not finite.
+    InvalidEpsilon {
+        /// The epsilon.
+        value: f64,
+    },
     /// The delta rule was asked to run without `beta`.
     MissingBeta,
     /// A chunk size is zero.
@@ -171,6 +176,10 @@ impl fmt::Display for ReferenceError {
             Self::InvalidScale { value } => write!(
                 f,
                 "scale = {value} is not finite; use a finite scale such as Dk^-1/2"
+            ),
+            Self::InvalidEpsilon { value } => write!(
+                f,
+                "eps = {value} must be finite and >= 0; mlstm_kernels uses 1e-6"
             ),
             Self::MissingBeta => write!(
                 f,

@@ -84,7 +84,7 @@ impl Stream {
 }
 
 /// `log(sigmoid(x))`, computed without overflow for either sign of x.
-fn logsigmoid(x: f64) -> f64 {
+pub(crate) fn logsigmoid(x: f64) -> f64 {
     if x >= 0.0 {
         -(-x).exp().ln_1p()
     } else {

@@ -19,6 +19,8 @@
 //! * [`scalar_decay`], [`gla`], [`delta_rule`]: recurrent and chunkwise forwards, recurrent and
 //!   chunkwise backwards of the three families.
 //! * [`lasp2`]: the decomposition over W simulated ranks, with every exchanged intermediate.
+//! * [`mlstm`]: xLSTM's matrix LSTM (mlstm_kernels' "mLSTMexp"), with its own inputs (input and
+//!   forget gate pre-activations, a stabilised state `(C, n, m)`): recurrent, chunkwise and LASP-2.
 //! * [`packed`]: packed documents (fla's `cu_seqlens`) for the decay families, whose LASP-2
 //!   decomposition is [`lasp2::packed_forward`] / [`lasp2::packed_backward`].
 //! * [`Inputs`], [`InputSpec`], [`Regime`], [`Cotangents`]: the seeded inputs the GPU tests share.
@@ -67,6 +69,7 @@ mod head;
 mod inputs;
 pub mod lasp2;
 mod linalg;
+pub mod mlstm;
 mod outputs;
 pub mod packed;
 mod recurrent;

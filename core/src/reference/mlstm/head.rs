@@ -1,0 +1,196 @@
+//! Per-(batch, head) views of the mLSTM inputs and state, and the runner that validates, gathers
+//! every head, runs the maths on contiguous buffers and scatters the results back.
+
+use super::super::error::ReferenceError;
+use super::super::generate::logsigmoid;
+use super::super::inputs::Shape;
+use super::super::linalg::{dot, vec_mat_add};
+use super::super::tensor::Tensor;
+use super::inputs::{MlstmForward, MlstmInputs, MlstmState};
+
+/// One head: rows `[T, Dk]` of q and k, `[T, Dv]` of v, `[T]` of the input-gate pre-activations
+/// and of the log forget gates `logsigmoid(f_t)`.
+pub(crate) struct MlstmHead {
+    pub(crate) t: usize,
+    pub(crate) dk: usize,
+    pub(crate) dv: usize,
+    pub(crate) q: Vec<f64>,
+    pub(crate) k: Vec<f64>,
+    pub(crate) v: Vec<f64>,
+    pub(crate) input_gate: Vec<f64>,
+    pub(crate) log_forget: Vec<f64>,
+    pub(crate) scale: f64,
+    pub(crate) eps: f64,
+}
+
+/// One head's stabilised state: `C [Dk, Dv]`, `n [Dk]`, `m`.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct HeadState {
+    pub(crate) c: Vec<f64>,
+    pub(crate) n: Vec<f64>,
+    pub(crate) m: f64,
+}
+
+impl HeadState {
+    /// `C = 0, n = 0, m = 0`: mlstm_kernels' default initial state.
+    pub(crate) fn zero(dk: usize, dv: usize) -> HeadState {
+        HeadState {
+            c: vec![0.0; dk * dv],
+            n: vec![0.0; dk],
+            m: 0.0,
+        }
+    }
+
+    /// The empty state, `m = -inf`: no contribution at all, so the first token sets `m` to its
+    /// own `i_t` (a shard's summary starts here; `e^{-inf} = 0` keeps every update finite).
+    pub(crate) fn empty(dk: usize, dv: usize) -> HeadState {
+        HeadState {
+            m: f64::NEG_INFINITY,
+            ..HeadState::zero(dk, dv)
+        }
+    }
+
+    /// In place, `self <- e^{a - m_new} self + e^{b - m_new} (c, n)` with `m_new = max(a, b)`: the
+    /// sum of two stabilised contributions with log-weights `a` (self, before the weight) and `b`,
+    /// rescaled to the larger stabiliser. Both factors are `<= 1`.
+    pub(crate) fn combine(&mut self, a: f64, other: &HeadState, b: f64) {
+        let m = a.max(b);
+        let (fa, fb) = ((a - m).exp(), (b - m).exp());
+        self.c
+            .iter_mut()
+            .zip(&other.c)
+            .for_each(|(x, y)| *x = fa * *x + fb * y);
+        self.n
+            .iter_mut()
+            .zip(&other.n)
+            .for_each(|(x, y)| *x = fa * *x + fb * y);
+        self.m = m;
+    }
+}
+
+impl MlstmHead {
+    /// Gathers head `(b, h)` of validated inputs.
+    pub(crate) fn gather(inputs: &MlstmInputs, b: usize, h: usize) -> MlstmHead {
+        let s = inputs.shape;
+        MlstmHead {
+            t: s.t,
+            dk: s.dk,
+            dv: s.dv,
+            q: inputs.q.head_rows(b, h),
+            k: inputs.k.head_rows(b, h),
+            v: inputs.v.head_rows(b, h),
+            input_gate: inputs.input_gate.head_rows(b, h),
+            log_forget: inputs
+                .forget_gate
+                .head_rows(b, h)
+                .into_iter()
+                .map(logsigmoid)
+                .collect(),
+            scale: inputs.scale,
+            eps: inputs.eps,
+        }
+    }
+
+    pub(crate) fn q(&self, t: usize) -> &[f64] {
+        &self.q[t * self.dk..(t + 1) * self.dk]
+    }
+
+    pub(crate) fn k(&self, t: usize) -> &[f64] {
+        &self.k[t * self.dk..(t + 1) * self.dk]
+    }
+
+    pub(crate) fn v(&self, t: usize) -> &[f64] {
+        &self.v[t * self.dv..(t + 1) * self.dv]
+    }
+
+    /// Tokens `[start, start + len)` as a head of their own (one LASP-2 shard).
+    pub(crate) fn tokens(&self, start: usize, len: usize) -> MlstmHead {
+        let (dk, dv, end) = (self.dk, self.dv, start + len);
+        MlstmHead {
+            t: len,
+            dk,
+            dv,
+            q: self.q[start * dk..end * dk].to_vec(),
+            k: self.k[start * dk..end * dk].to_vec(),
+            v: self.v[start * dv..end * dv].to_vec(),
+            input_gate: self.input_gate[start..end].to_vec(),
+            log_forget: self.log_forget[start..end].to_vec(),
+            scale: self.scale,
+            eps: self.eps,
+        }
+    }
+
+    /// Writes `h_t` into `out [Dv]` from the stabilised numerator `sigma q_t C` (`num`) and
+    /// `sigma q_t . n` (`qn`) at stabiliser `m_t`: `h_t = num / (max(|qn|, e^{-m_t}) + eps)`.
+    pub(crate) fn normalise(&self, out: &mut [f64], num: &[f64], qn: f64, m: f64) {
+        let denominator = qn.abs().max((-m).exp()) + self.eps;
+        out.iter_mut()
+            .zip(num)
+            .for_each(|(o, x)| *o = x / denominator);
+    }
+
+    /// `(sigma q_t C, sigma q_t . n)` of a stabilised state.
+    pub(crate) fn read(&self, t: usize, state: &HeadState) -> (Vec<f64>, f64) {
+        let mut num = vec![0.0; self.dv];
+        vec_mat_add(&mut num, self.scale, self.q(t), &state.c);
+        (num, self.scale * dot(self.q(t), &state.n))
+    }
+}
+
+/// The initial state of head `(b, h)` of validated inputs.
+pub(crate) fn initial_head_state(inputs: &MlstmInputs, b: usize, h: usize) -> HeadState {
+    let s = inputs.shape;
+    inputs
+        .initial_state
+        .as_ref()
+        .map_or_else(|| HeadState::zero(s.dk, s.dv), |st| head_state(st, b, h))
+}
+
+/// Head `(b, h)` of a state.
+pub(crate) fn head_state(state: &MlstmState, b: usize, h: usize) -> HeadState {
+    HeadState {
+        c: state.c.block(b, h).to_vec(),
+        n: state.n.block(b, h).to_vec(),
+        m: state.m.block(b, h)[0],
+    }
+}
+
+/// A state of shape `[B, H, ...]` from per-head states in `(b, h)` order.
+pub(crate) fn assemble_state(s: &Shape, heads: &[HeadState]) -> MlstmState {
+    let mut state = MlstmState {
+        c: Tensor::zeros(&s.state()),
+        n: Tensor::zeros(&[s.b, s.h, s.dk]),
+        m: Tensor::zeros(&[s.b, s.h]),
+    };
+    for (index, head) in heads.iter().enumerate() {
+        let (b, h) = (index / s.h, index % s.h);
+        state.c.block_mut(b, h).copy_from_slice(&head.c);
+        state.n.block_mut(b, h).copy_from_slice(&head.n);
+        state.m.block_mut(b, h)[0] = head.m;
+    }
+    state
+}
+
+/// Validates `inputs`, runs `per_head(head, initial state)` -> `(h rows [T, Dv], final state)`
+/// on every head and assembles the forward.
+pub(crate) fn forward_heads(
+    inputs: &MlstmInputs,
+    per_head: impl Fn(&MlstmHead, HeadState) -> (Vec<f64>, HeadState),
+) -> Result<MlstmForward, ReferenceError> {
+    inputs.validate()?;
+    let s = inputs.shape;
+    let mut out = Tensor::zeros(&s.v());
+    let mut finals = Vec::with_capacity(s.b * s.h);
+    for b in 0..s.b {
+        for h in 0..s.h {
+            let head = MlstmHead::gather(inputs, b, h);
+            let (rows, state) = per_head(&head, initial_head_state(inputs, b, h));
+            out.set_head_rows(b, h, &rows);
+            finals.push(state);
+        }
+    }
+    Ok(MlstmForward {
+        h: out,
+        final_state: assemble_state(&s, &finals),
+    })
+}

@@ -1,0 +1,227 @@
+//! The mLSTM's inputs, state and outputs, their validation, and the seeded generator.
+
+use super::super::error::ReferenceError;
+use super::super::generate::logsigmoid;
+use super::super::inputs::Shape;
+use super::super::rng::SplitMix64;
+use super::super::tensor::Tensor;
+use super::super::validate::{check_dims, check_finite, check_shape};
+
+/// mlstm_kernels' default denominator epsilon.
+pub const MLSTM_EPS: f64 = 1e-6;
+
+/// A stabilised mLSTM state `(C, n, m)` for every (batch, head); it stands for the unstabilised
+/// `(e^m C, e^m n)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlstmState {
+    /// The matrix memory `C [B, H, Dk, Dv]`.
+    pub c: Tensor,
+    /// The normaliser `n [B, H, Dk]`.
+    pub n: Tensor,
+    /// The stabiliser `m [B, H]`.
+    pub m: Tensor,
+}
+
+impl MlstmState {
+    /// The same state with stabiliser 0, i.e. the unstabilised `(e^m C, e^m n, 0)` (overflows
+    /// where `m > ~709`).
+    pub fn unstabilised(&self) -> MlstmState {
+        let (heads, dk) = (self.m.len(), self.n.len() / self.m.len());
+        let rescale = |t: &Tensor, width: usize| {
+            let data = t
+                .data()
+                .chunks(width)
+                .zip(self.m.data())
+                .flat_map(|(block, m)| block.iter().map(move |x| x * m.exp()))
+                .collect();
+            Tensor::from_vec(t.shape(), data).expect("same length")
+        };
+        MlstmState {
+            c: rescale(&self.c, self.c.len() / heads),
+            n: rescale(&self.n, dk),
+            m: self.m.map(|_| 0.0),
+        }
+    }
+}
+
+/// The inputs of one mLSTM layer, in fla's `[B, T, H, D]` layout.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlstmInputs {
+    /// The dimensions every tensor below must agree with.
+    pub shape: Shape,
+    /// Queries `[B, T, H, Dk]`.
+    pub q: Tensor,
+    /// Keys `[B, T, H, Dk]`.
+    pub k: Tensor,
+    /// Values `[B, T, H, Dv]`.
+    pub v: Tensor,
+    /// Input-gate pre-activations `i_t [B, T, H]` (any real; the gate is `e^{i_t}`).
+    pub input_gate: Tensor,
+    /// Forget-gate pre-activations `f_t [B, T, H]` (any real; the gate is `sigmoid(f_t)`).
+    pub forget_gate: Tensor,
+    /// Initial state; `None` means `C_0 = 0, n_0 = 0, m_0 = 0`.
+    pub initial_state: Option<MlstmState>,
+    /// The query scale `sigma`, [`Shape::default_scale`] (`Dk^-1/2`) unless a test says otherwise.
+    pub scale: f64,
+    /// The denominator epsilon, [`MLSTM_EPS`] unless a test says otherwise.
+    pub eps: f64,
+}
+
+/// The result of an mLSTM forward.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlstmForward {
+    /// The hidden states `h [B, T, H, Dv]`.
+    pub h: Tensor,
+    /// The state after the last token.
+    pub final_state: MlstmState,
+}
+
+/// Gate regimes of the generator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MlstmRegime {
+    /// `i ~ N(0, 1)`, `f ~ 3 + N(0, 1)` (forget gates near 1, like xLSTM's forget-gate bias
+    /// initialisation): the unstabilised form is still finite.
+    Typical,
+    /// `i ~ 400 N(0, 1)`, `f` as in `Typical`: `e^{i}` overflows f64 for many tokens, so only the
+    /// stabilised forms are finite, and tokens whose `i` is far below the running maximum are
+    /// written with weights that underflow to 0.
+    LargeInputGate,
+    /// `i ~ N(0, 1)`, `f ~ -8 + N(0, 1)` (forget gates near 0): the state nearly resets every
+    /// token, `|q . n|` falls below `e^{-m}` and the denominator's floor is active.
+    ForgetNearZero,
+}
+
+impl MlstmRegime {
+    /// Every regime, for tests that sweep them.
+    pub const ALL: [MlstmRegime; 3] = [
+        MlstmRegime::Typical,
+        MlstmRegime::LargeInputGate,
+        MlstmRegime::ForgetNearZero,
+    ];
+
+    /// `(offset, spread)` of the input and forget pre-activations.
+    fn gate_distributions(self) -> ((f64, f64), (f64, f64)) {
+        match self {
+            MlstmRegime::Typical => ((0.0, 1.0), (3.0, 1.0)),
+            MlstmRegime::LargeInputGate => ((0.0, 400.0), (3.0, 1.0)),
+            MlstmRegime::ForgetNearZero => ((0.0, 1.0), (-8.0, 1.0)),
+        }
+    }
+}
+
+/// What [`MlstmInputs::generate`] should produce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MlstmSpec {
+    /// The dimensions.
+    pub shape: Shape,
+    /// The gate regime.
+    pub regime: MlstmRegime,
+    /// The seed; equal specs give bit-identical inputs.
+    pub seed: u64,
+    /// Whether to draw an initial state (`C_0, n_0 ~ N(0, 1)`, `m_0 ~ N(0, 1)`).
+    pub initial_state: bool,
+}
+
+/// One independent stream per tensor, so regimes and optional tensors never shift other tensors.
+#[derive(Clone, Copy)]
+enum Stream {
+    Q = 1,
+    K,
+    V,
+    InputGate,
+    ForgetGate,
+    C0,
+    N0,
+    M0,
+}
+
+impl Stream {
+    fn rng(self, seed: u64) -> SplitMix64 {
+        // A different multiplier from the decay families' streams: mLSTM inputs are their own.
+        SplitMix64::new(seed ^ (self as u64).wrapping_mul(0x9FB2_1C65_1E98_DF25))
+    }
+
+    fn normal(self, seed: u64, shape: &[usize], offset: f64, spread: f64) -> Tensor {
+        self.rng(seed)
+            .normal_tensor(shape, spread)
+            .map(|x| x + offset)
+    }
+}
+
+impl MlstmInputs {
+    /// Draws the inputs of `spec`: q, k, v ~ N(0, 1), gates by regime, scale `Dk^-1/2`,
+    /// eps [`MLSTM_EPS`].
+    pub fn generate(spec: &MlstmSpec) -> Result<MlstmInputs, ReferenceError> {
+        let s = spec.shape;
+        check_dims(&s)?;
+        let seed = spec.seed;
+        let ((i_off, i_spread), (f_off, f_spread)) = spec.regime.gate_distributions();
+        let initial_state = spec.initial_state.then(|| MlstmState {
+            c: Stream::C0.normal(seed, &s.state(), 0.0, 1.0),
+            n: Stream::N0.normal(seed, &[s.b, s.h, s.dk], 0.0, 1.0),
+            m: Stream::M0.normal(seed, &[s.b, s.h], 0.0, 1.0),
+        });
+        Ok(MlstmInputs {
+            shape: s,
+            q: Stream::Q.normal(seed, &s.qk(), 0.0, 1.0),
+            k: Stream::K.normal(seed, &s.qk(), 0.0, 1.0),
+            v: Stream::V.normal(seed, &s.v(), 0.0, 1.0),
+            input_gate: Stream::InputGate.normal(seed, &s.per_token(), i_off, i_spread),
+            forget_gate: Stream::ForgetGate.normal(seed, &s.per_token(), f_off, f_spread),
+            initial_state,
+            scale: s.default_scale(),
+            eps: MLSTM_EPS,
+        })
+    }
+
+    /// Checks shapes, finiteness (gates included: any finite pre-activation is valid), the scale
+    /// and `eps >= 0`. Errors name the first offending tensor and index.
+    pub fn validate(&self) -> Result<(), ReferenceError> {
+        let s = &self.shape;
+        check_dims(s)?;
+        check_shape("q", "[B, T, H, Dk]", s.qk(), &self.q)?;
+        check_shape("k", "[B, T, H, Dk]", s.qk(), &self.k)?;
+        check_shape("v", "[B, T, H, Dv]", s.v(), &self.v)?;
+        check_shape("input_gate", "[B, T, H]", s.per_token(), &self.input_gate)?;
+        check_shape("forget_gate", "[B, T, H]", s.per_token(), &self.forget_gate)?;
+        if let Some(state) = &self.initial_state {
+            check_state("initial_state", s, state)?;
+        }
+        for (name, t) in [
+            ("q", &self.q),
+            ("k", &self.k),
+            ("v", &self.v),
+            ("input_gate", &self.input_gate),
+            ("forget_gate", &self.forget_gate),
+        ] {
+            check_finite(name, t)?;
+        }
+        if !self.scale.is_finite() {
+            return Err(ReferenceError::InvalidScale { value: self.scale });
+        }
+        if !(self.eps.is_finite() && self.eps >= 0.0) {
+            return Err(ReferenceError::InvalidEpsilon { value: self.eps });
+        }
+        Ok(())
+    }
+
+    /// The log forget gates `logsigmoid(f) [B, T, H]`.
+    pub fn log_forget_gate(&self) -> Tensor {
+        self.forget_gate.map(logsigmoid)
+    }
+}
+
+/// Checks a state's three shapes and finiteness against the problem shape.
+pub(crate) fn check_state(
+    what: &'static str,
+    s: &Shape,
+    state: &MlstmState,
+) -> Result<(), ReferenceError> {
+    check_shape(what, "C [B, H, Dk, Dv]", s.state(), &state.c)?;
+    check_shape(what, "n [B, H, Dk]", vec![s.b, s.h, s.dk], &state.n)?;
+    check_shape(what, "m [B, H]", vec![s.b, s.h], &state.m)?;
+    for t in [&state.c, &state.n, &state.m] {
+        check_finite(what, t)?;
+    }
+    Ok(())
+}

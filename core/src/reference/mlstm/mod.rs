@@ -1,0 +1,85 @@
+//! xLSTM's matrix LSTM (mLSTM) in mlstm_kernels' "mLSTMexp" semantics: exponential input gate,
+//! sigmoid forget gate, a matrix memory `C`, a normaliser `n` and a stabiliser `m`, per
+//! (batch, head).
+//!
+//! # Recurrence
+//! With `q_t, k_t [Dk]`, `v_t [Dv]`, input-gate pre-activation `i_t`, forget-gate pre-activation
+//! `f_t` and the log forget gate `lf_t = logsigmoid(f_t)`:
+//! ```text
+//! m_t  = max(lf_t + m_{t-1}, i_t)
+//! i'_t = e^{i_t - m_t},   f'_t = e^{lf_t + m_{t-1} - m_t}         (both <= 1)
+//! C_t  = f'_t C_{t-1} + i'_t k_t^T v_t
+//! n_t  = f'_t n_{t-1} + i'_t k_t
+//! h_t  = sigma q_t C_t / (max(|sigma q_t . n_t|, e^{-m_t}) + eps)
+//! ```
+//! * Scale convention (mlstm_kernels'): the query is scaled, `sigma = Dk^-1/2` by default
+//!   ([`MlstmInputs::scale`]); `C` and `n` hold unscaled keys. Scaling `k` instead gives the same
+//!   `h` (numerator and `q . n` are both linear in the scaled vector) but states `sigma` times
+//!   these; this module scales `q` everywhere.
+//! * `eps` ([`MlstmInputs::eps`], mlstm_kernels' default [`MLSTM_EPS`] = 1e-6) is added after the
+//!   max, as mlstm_kernels does.
+//! * Initial state `(C_0, n_0, m_0)` optional; absent means `C_0 = 0, n_0 = 0, m_0 = 0`
+//!   (mlstm_kernels' zero initial state). The final state is `(C_T, n_T, m_T)`.
+//!
+//! # Why the stabiliser changes nothing but `eps`
+//! `(C, n, m)` represents the unstabilised state `(e^m C, e^m n)`: unrolled,
+//! `m_t = max(m_0 + sum_{s<=t} lf_s, max_{j<=t} (i_j + sum_{j<s<=t} lf_s))` is the largest
+//! log-weight of any contribution, and `C~_t = e^{m_t} C_t` obeys
+//! `C~_t = e^{lf_t} C~_{t-1} + e^{i_t} k_t^T v_t` (same for `n~`), so
+//! `h_t = sigma q_t C~_t / (max(|sigma q_t . n~_t|, 1) + eps e^{m_t})`: with `eps = 0`, `h` does
+//! not depend on `m` at all ([`unstabilised_forward`] computes that form, which overflows once
+//! `i_t` exceeds ~709 in f64 or ~88 in f32). Every stabilised evaluation here produces the same
+//! `m_t` (the maximum above, summed in a different order), so they agree including `eps`.
+
+//! # Chunkwise
+//! Chunk-local inclusive cumsums `b_r = sum_{s<=r} lf_s` of the log forget gates, `gamma = b_last`,
+//! and the state `(C, n, m)` entering the chunk. Row `r` has the log-weights `m + b_r` (the
+//! carried state) and `D_rj = i_j + b_r - b_j` (token `j <= r` of the chunk), and
+//! `m_r = max(m + b_r, max_j D_rj)`, the recurrent `m_t` of the same token. Then
+//! ```text
+//! num_r = e^{m + b_r - m_r} sigma q_r C + sum_{j<=r} e^{D_rj - m_r} (sigma q_r . k_j) v_j
+//! qn_r  = e^{m + b_r - m_r} sigma q_r . n + sum_{j<=r} e^{D_rj - m_r} (sigma q_r . k_j)
+//! h_r   = num_r / (max(|qn_r|, e^{-m_r}) + eps)
+//! ```
+//! and the chunk's own contribution, stabilised on its own, `m_c = max_j (i_j + gamma - b_j)`,
+//! `C_c = sum_j e^{i_j + gamma - b_j - m_c} k_j^T v_j` (`n_c` likewise), is added to the carried
+//! state decayed by `gamma`, both rescaled to the larger stabiliser:
+//! ```text
+//! m' = max(m + gamma, m_c),  C' = e^{m + gamma - m'} C + e^{m_c - m'} C_c  (n' likewise)
+//! ```
+//! Every exponent is `<= 0`.
+//!
+//! # LASP-2
+//! Rank w owns a shard of consecutive tokens. Its summary `(C_w, n_w, m_w)` is the state the shard
+//! reaches from the empty state (`m = -inf`, no contribution; the chunk steps above from there),
+//! so `m_w = max_j (i_j + sum_{s > j, s in shard} lf_s)`, together with the shard's total log
+//! forget gate `F_w = sum_{s in shard} lf_s`. After the all-gather every rank folds the summaries
+//! of the ranks before it, in rank order, onto the initial state `P_0 = (C_0, n_0, m_0)`:
+//! ```text
+//! m_{P_{w+1}} = max(F_w + m_{P_w}, m_w)
+//! C_{P_{w+1}} = e^{F_w + m_{P_w} - m_{P_{w+1}}} C_{P_w} + e^{m_w - m_{P_{w+1}}} C_w  (n likewise)
+//! ```
+//! (the chunk step's rule with the shard as the chunk), and computes its outputs chunkwise from
+//! `P_w`. `P_w` is the recurrent state at the shard's start, `m` included (the fold's maximum is
+//! the same largest log-weight), and `P_W` the final state.
+
+//! # Backward
+//! [`recurrent_backward`] is reverse mode through the stabilised recurrence as written, `m`
+//! included: each max passes its gradient to the side that won, the denominator's to `|qn|` or to
+//! `e^{-m_t}`. Through `h` alone `m` matters only via `eps` (see above), but the final state's
+//! `(C_T, n_T, m_T)` depends on it, so its cotangent flows through `m` too. The gradient is that of
+//! `L = sum(h * d_h) + <C_T, dC_T> + <n_T, dn_T> + sum(m_T dm_T)` ([`MlstmForward::loss`]),
+//! checked against central finite differences of the forward.
+
+mod backward;
+mod chunkwise;
+mod head;
+mod inputs;
+mod lasp2;
+mod recurrent;
+
+pub use backward::{recurrent_backward, MlstmCotangents, MlstmGrads};
+pub use chunkwise::chunkwise_forward;
+pub use inputs::{MlstmForward, MlstmInputs, MlstmRegime, MlstmSpec, MlstmState, MLSTM_EPS};
+pub use lasp2::{fold, lasp2_forward, MlstmLasp2, ShardSummary};
+pub use recurrent::{recurrent_forward, unstabilised_forward};

@@ -1,0 +1,394 @@
+//! The mLSTM reference ("mLSTMexp"): every stabilised evaluation against the recurrent definition,
+//! and the definition against the unstabilised form.
+//!
+//! Tolerances: two f64 evaluations of the same sums in different orders agree to ~1e-14
+//! relative; the stabilisers `m_t` agree to a few ulps of `|m_t|` (up to ~1e3 here), which moves
+//! the rescaled states by ~1e-13 relative. 1e-10 leaves margin without hiding a wrong term (any
+//! real error is O(1)).
+
+use lasp_shmem::reference::mlstm::{
+    chunkwise_forward, fold, lasp2_forward, recurrent_forward, unstabilised_forward, MlstmForward,
+    MlstmInputs, MlstmRegime, MlstmSpec,
+};
+use lasp_shmem::reference::{assert_rel_close, Shape, Tensor};
+
+const TOL: f64 = 1e-10;
+const SHAPE: Shape = Shape {
+    b: 2,
+    t: 37,
+    h: 2,
+    dk: 5,
+    dv: 4,
+};
+
+fn generate(regime: MlstmRegime, seed: u64, initial_state: bool) -> MlstmInputs {
+    let spec = MlstmSpec {
+        shape: SHAPE,
+        regime,
+        seed,
+        initial_state,
+    };
+    MlstmInputs::generate(&spec).unwrap()
+}
+
+fn check(what: &str, got: &Tensor, want: &Tensor) {
+    assert_eq!(got.shape(), want.shape(), "{what}: shapes differ");
+    assert_rel_close(what, got.data(), want.data(), TOL).unwrap();
+}
+
+fn check_forward(tag: &str, got: &MlstmForward, want: &MlstmForward) {
+    check(&format!("{tag}: h"), &got.h, &want.h);
+    check(
+        &format!("{tag}: C_T"),
+        &got.final_state.c,
+        &want.final_state.c,
+    );
+    check(
+        &format!("{tag}: n_T"),
+        &got.final_state.n,
+        &want.final_state.n,
+    );
+    check(
+        &format!("{tag}: m_T"),
+        &got.final_state.m,
+        &want.final_state.m,
+    );
+}
+
+#[test]
+fn stabilised_equals_unstabilised_on_moderate_gates() {
+    for initial_state in [false, true] {
+        for seed in 0..3 {
+            let mut inputs = generate(MlstmRegime::Typical, seed, initial_state);
+            inputs.eps = 0.0;
+            let stabilised = recurrent_forward(&inputs).unwrap();
+            let plain = unstabilised_forward(&inputs).unwrap();
+            let tag = format!("seed {seed}, initial state {initial_state}");
+            check(&format!("{tag}: h"), &stabilised.h, &plain.h);
+            let lifted = stabilised.final_state.unstabilised();
+            check(&format!("{tag}: e^m C"), &lifted.c, &plain.final_state.c);
+            check(&format!("{tag}: e^m n"), &lifted.n, &plain.final_state.n);
+        }
+    }
+}
+
+#[test]
+fn stabiliser_is_the_largest_log_weight() {
+    // m_T = max(m_0 + sum_s lf_s, max_j (i_j + sum_{s > j} lf_s)), per head.
+    let inputs = generate(MlstmRegime::LargeInputGate, 4, true);
+    let got = recurrent_forward(&inputs).unwrap().final_state.m;
+    let (i, lf) = (&inputs.input_gate, inputs.log_forget_gate());
+    let m0 = &inputs.initial_state.as_ref().unwrap().m;
+    for b in 0..SHAPE.b {
+        for h in 0..SHAPE.h {
+            let decay_after = |j: usize| (j..SHAPE.t).map(|s| lf.get(&[b, s, h])).sum::<f64>();
+            let want = (0..SHAPE.t)
+                .map(|j| i.get(&[b, j, h]) + decay_after(j + 1))
+                .fold(m0.get(&[b, h]) + decay_after(0), f64::max);
+            let err = (got.get(&[b, h]) - want).abs();
+            assert!(err <= 1e-12 * want.abs().max(1.0), "({b}, {h}): {err:.3e}");
+        }
+    }
+}
+
+#[test]
+fn large_input_gates_overflow_only_the_unstabilised_form() {
+    let mut inputs = generate(MlstmRegime::LargeInputGate, 5, false);
+    inputs.eps = 0.0;
+    let stabilised = recurrent_forward(&inputs).unwrap();
+    assert!(stabilised.h.first_non_finite().is_none());
+    assert!(stabilised.final_state.c.first_non_finite().is_none());
+    let plain = unstabilised_forward(&inputs).unwrap();
+    assert!(plain.h.first_non_finite().is_some());
+}
+
+/// How many (token, head) pairs have `|sigma q_t . n~_t| < 1`, i.e. take the denominator's floor
+/// `e^{-m_t}` in the stabilised form (no initial state: `n~_0 = 0`).
+fn floored_tokens(inputs: &MlstmInputs) -> usize {
+    let lf = inputs.log_forget_gate();
+    let mut count = 0;
+    for b in 0..SHAPE.b {
+        for h in 0..SHAPE.h {
+            let mut n = [0.0; SHAPE.dk];
+            for t in 0..SHAPE.t {
+                let (forget, input) = (
+                    lf.get(&[b, t, h]).exp(),
+                    inputs.input_gate.get(&[b, t, h]).exp(),
+                );
+                let mut qn = 0.0;
+                for (d, x) in n.iter_mut().enumerate() {
+                    *x = forget * *x + input * inputs.k.get(&[b, t, h, d]);
+                    qn += inputs.scale * inputs.q.get(&[b, t, h, d]) * *x;
+                }
+                count += usize::from(qn.abs() < 1.0);
+            }
+        }
+    }
+    count
+}
+
+#[test]
+fn stabilised_equals_unstabilised_where_the_denominator_floor_is_active() {
+    let mut inputs = generate(MlstmRegime::ForgetNearZero, 6, false);
+    inputs.eps = 0.0;
+    let floored = floored_tokens(&inputs);
+    let all = SHAPE.b * SHAPE.h * SHAPE.t;
+    assert!(0 < floored && floored < all, "{floored} of {all} floored");
+    let stabilised = recurrent_forward(&inputs).unwrap();
+    let plain = unstabilised_forward(&inputs).unwrap();
+    check("h", &stabilised.h, &plain.h);
+}
+
+#[test]
+fn chunkwise_equals_recurrent() {
+    for regime in MlstmRegime::ALL {
+        for initial_state in [false, true] {
+            let inputs = generate(regime, 11, initial_state);
+            let want = recurrent_forward(&inputs).unwrap();
+            for chunk in [1, 4, 16, 37, 64] {
+                let got = chunkwise_forward(&inputs, chunk).unwrap();
+                check_forward(
+                    &format!("{regime:?}, initial state {initial_state}, chunk {chunk}"),
+                    &got,
+                    &want,
+                );
+            }
+        }
+    }
+}
+
+/// The first `len` tokens of `inputs` as a problem of their own, with the same initial state.
+fn prefix_tokens(inputs: &MlstmInputs, len: usize) -> MlstmInputs {
+    MlstmInputs {
+        shape: Shape {
+            t: len,
+            ..inputs.shape
+        },
+        q: inputs.q.slice_time(0, len),
+        k: inputs.k.slice_time(0, len),
+        v: inputs.v.slice_time(0, len),
+        input_gate: inputs.input_gate.slice_time(0, len),
+        forget_gate: inputs.forget_gate.slice_time(0, len),
+        ..inputs.clone()
+    }
+}
+
+/// Ragged shard layouts of T = 37, from one rank to one token per rank at the ends.
+const LAYOUTS: [&[usize]; 4] = [&[37], &[7, 20, 10], &[1, 35, 1], &[5, 5, 5, 5, 5, 5, 7]];
+
+#[test]
+fn lasp2_equals_one_sequence() {
+    for regime in MlstmRegime::ALL {
+        for initial_state in [false, true] {
+            let inputs = generate(regime, 13, initial_state);
+            let want = recurrent_forward(&inputs).unwrap();
+            for shards in LAYOUTS {
+                for chunk in [1, 4, 16] {
+                    let tag =
+                        format!("{regime:?}, initial {initial_state}, {shards:?}, chunk {chunk}");
+                    let got = lasp2_forward(&inputs, shards, chunk).unwrap();
+                    check(&format!("{tag}: h"), &got.h, &want.h);
+                    let last = &got.final_state;
+                    check(&format!("{tag}: C_T"), &last.c, &want.final_state.c);
+                    check(&format!("{tag}: n_T"), &last.n, &want.final_state.n);
+                    check(&format!("{tag}: m_T"), &last.m, &want.final_state.m);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn lasp2_prefixes_are_the_states_at_shard_starts() {
+    for regime in MlstmRegime::ALL {
+        let inputs = generate(regime, 17, true);
+        let shards = [7, 20, 10];
+        let got = lasp2_forward(&inputs, &shards, 4).unwrap();
+        assert_eq!(got.prefixes.len(), shards.len());
+        assert_eq!(got.prefixes[0], *inputs.initial_state.as_ref().unwrap());
+        let mut start = 0;
+        for (w, len) in shards.iter().enumerate().take(shards.len() - 1) {
+            start += len;
+            let want = recurrent_forward(&prefix_tokens(&inputs, start))
+                .unwrap()
+                .final_state;
+            let tag = format!("{regime:?}, P_{}", w + 1);
+            check(&format!("{tag}: C"), &got.prefixes[w + 1].c, &want.c);
+            check(&format!("{tag}: n"), &got.prefixes[w + 1].n, &want.n);
+            check(&format!("{tag}: m"), &got.prefixes[w + 1].m, &want.m);
+        }
+    }
+}
+
+#[test]
+fn fold_reproduces_the_prefixes_in_rank_order() {
+    let inputs = generate(MlstmRegime::LargeInputGate, 19, true);
+    let got = lasp2_forward(&inputs, &[5, 5, 5, 5, 5, 5, 7], 3).unwrap();
+    let mut prefix = inputs.initial_state.clone().unwrap();
+    for (w, summary) in got.summaries.iter().enumerate() {
+        prefix = fold(SHAPE, &prefix, summary).unwrap();
+        let want = got.prefixes.get(w + 1).unwrap_or(&got.final_state);
+        assert_eq!(&prefix, want, "P_{}", w + 1);
+    }
+}
+
+#[test]
+fn shard_summary_is_stabilised_by_its_largest_log_weight() {
+    // m_w = max_j (i_j + sum_{s > j in shard} lf_s), F_w = sum_{s in shard} lf_s.
+    let inputs = generate(MlstmRegime::LargeInputGate, 23, false);
+    let shards = [7, 20, 10];
+    let got = lasp2_forward(&inputs, &shards, 4).unwrap();
+    let (i, lf) = (&inputs.input_gate, inputs.log_forget_gate());
+    let mut start = 0;
+    for (summary, len) in got.summaries.iter().zip(shards) {
+        for b in 0..SHAPE.b {
+            for h in 0..SHAPE.h {
+                let decay_after =
+                    |j: usize| (j..start + len).map(|s| lf.get(&[b, s, h])).sum::<f64>();
+                let m = (start..start + len)
+                    .map(|j| i.get(&[b, j, h]) + decay_after(j + 1))
+                    .fold(f64::NEG_INFINITY, f64::max);
+                let close = |x: f64, y: f64| (x - y).abs() <= 1e-12 * y.abs().max(1.0);
+                assert!(close(summary.state.m.get(&[b, h]), m));
+                assert!(close(
+                    summary.log_forget_total.get(&[b, h]),
+                    decay_after(start)
+                ));
+            }
+        }
+        start += len;
+    }
+}
+
+#[test]
+fn validation_rejects_bad_inputs() {
+    let mut inputs = generate(MlstmRegime::Typical, 7, true);
+    inputs.eps = -1.0;
+    assert!(recurrent_forward(&inputs).is_err());
+    let mut inputs = generate(MlstmRegime::Typical, 7, true);
+    inputs.forget_gate = Tensor::zeros(&[1, 2, 3]);
+    assert!(recurrent_forward(&inputs).is_err());
+    let mut inputs = generate(MlstmRegime::Typical, 7, true);
+    inputs.input_gate.data_mut()[3] = f64::NAN;
+    assert!(recurrent_forward(&inputs).is_err());
+    let inputs = generate(MlstmRegime::Typical, 7, true);
+    assert!(chunkwise_forward(&inputs, 0).is_err());
+    assert!(lasp2_forward(&inputs, &[10, 10], 4).is_err());
+    assert!(lasp2_forward(&inputs, &[37, 0], 4).is_err());
+}
+
+/// Central finite differences of `MlstmForward::loss` (recurrent forward) for every input value,
+/// against the analytic backward. Step 1e-5: truncation `h^2 |L'''| / 6` and rounding
+/// `eps |L| / h` are both ~1e-10 per element here; norm-wise 1e-6 relative leaves margin (a
+/// missing term is O(1)), plus the rounding floor `1e-9 (1 + |L|)` per element for gradients that
+/// are themselves that small (`dn_0` once large input gates swamp the initial state). Inputs are
+/// random, so no max and no `|qn|` sits at its kink.
+mod finite_differences {
+    use super::*;
+    use lasp_shmem::reference::mlstm::{recurrent_backward, MlstmCotangents, MlstmState};
+    use lasp_shmem::reference::{assert_close_to_scale, SplitMix64};
+
+    const STEP: f64 = 1e-5;
+    const REL_TOL: f64 = 1e-6;
+    const ABS_TOL: f64 = 1e-9;
+    const FD_SHAPE: Shape = Shape {
+        b: 1,
+        t: 9,
+        h: 2,
+        dk: 3,
+        dv: 2,
+    };
+
+    fn normal(rng: &mut SplitMix64, shape: &[usize]) -> Tensor {
+        let data = (0..shape.iter().product()).map(|_| rng.normal()).collect();
+        Tensor::from_vec(shape, data).unwrap()
+    }
+
+    fn cotangents(seed: u64) -> MlstmCotangents {
+        let s = FD_SHAPE;
+        let mut rng = SplitMix64::new(seed);
+        MlstmCotangents {
+            d_h: normal(&mut rng, &s.v()),
+            d_final_state: Some(MlstmState {
+                c: normal(&mut rng, &s.state()),
+                n: normal(&mut rng, &[s.b, s.h, s.dk]),
+                m: normal(&mut rng, &[s.b, s.h]),
+            }),
+        }
+    }
+
+    /// The named input tensor of `inputs`, mutably.
+    fn input_mut<'a>(inputs: &'a mut MlstmInputs, name: &str) -> &'a mut Tensor {
+        let state = inputs.initial_state.as_mut().unwrap();
+        match name {
+            "q" => &mut inputs.q,
+            "k" => &mut inputs.k,
+            "v" => &mut inputs.v,
+            "input_gate" => &mut inputs.input_gate,
+            "forget_gate" => &mut inputs.forget_gate,
+            "C_0" => &mut state.c,
+            "n_0" => &mut state.n,
+            "m_0" => &mut state.m,
+            _ => unreachable!("no input {name}"),
+        }
+    }
+
+    /// `dL/dx` by central differences for every element of input `name`.
+    fn numeric_gradient(inputs: &MlstmInputs, cot: &MlstmCotangents, name: &str) -> Vec<f64> {
+        let loss = |x: &MlstmInputs| recurrent_forward(x).unwrap().loss(cot);
+        let mut x = inputs.clone();
+        (0..input_mut(&mut x, name).len())
+            .map(|i| {
+                let original = input_mut(&mut x, name).data()[i];
+                input_mut(&mut x, name).data_mut()[i] = original + STEP;
+                let up = loss(&x);
+                input_mut(&mut x, name).data_mut()[i] = original - STEP;
+                let down = loss(&x);
+                input_mut(&mut x, name).data_mut()[i] = original;
+                (up - down) / (2.0 * STEP)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn recurrent_backward_matches_finite_differences() {
+        for regime in MlstmRegime::ALL {
+            for eps in [0.0, 1e-6, 0.5] {
+                let spec = MlstmSpec {
+                    shape: FD_SHAPE,
+                    regime,
+                    seed: 29,
+                    initial_state: true,
+                };
+                let mut inputs = MlstmInputs::generate(&spec).unwrap();
+                inputs.eps = eps;
+                if regime == MlstmRegime::LargeInputGate {
+                    // Keep the loss O(1) in the region finite differences can resolve: large
+                    // gates (and the stabiliser's max switching sides), but a bounded m_T.
+                    inputs.input_gate = inputs.input_gate.map(|x| x / 20.0);
+                }
+                let cot = cotangents(31);
+                let grads = recurrent_backward(&inputs, &cot).unwrap();
+                let loss = recurrent_forward(&inputs).unwrap().loss(&cot);
+                let state = &grads.d_initial_state;
+                for (name, analytic) in [
+                    ("q", &grads.dq),
+                    ("k", &grads.dk),
+                    ("v", &grads.dv),
+                    ("input_gate", &grads.d_input_gate),
+                    ("forget_gate", &grads.d_forget_gate),
+                    ("C_0", &state.c),
+                    ("n_0", &state.n),
+                    ("m_0", &state.m),
+                ] {
+                    let numeric = numeric_gradient(&inputs, &cot, name);
+                    let what = format!("{regime:?}, eps {eps}: d{name}");
+                    let norm = numeric.iter().map(|x| x * x).sum::<f64>().sqrt();
+                    let floor = ABS_TOL * (1.0 + loss.abs()) * (numeric.len() as f64).sqrt();
+                    let allowed = REL_TOL * norm + floor;
+                    assert_close_to_scale(&what, analytic.data(), &numeric, allowed, 1.0).unwrap();
+                }
+            }
+        }
+    }
+}
