@@ -27,6 +27,17 @@ pub fn visible_gpu_count() -> Result<usize> {
 
 /// Retains the primary context of GPU `local_rank` and binds it to this thread. The primary
 /// context is the one NVSHMEM and the CUDA runtime adopt, so it must be current before init.
+/// Waits for the whole context when dropped. Declared before device memory that kernels on other
+/// streams may still use (fields drop in declaration order), it puts that memory's free, which
+/// cudarc orders only on the memory's own stream, after every such kernel.
+pub(crate) struct ContextSync(pub(crate) Arc<CudaContext>);
+
+impl Drop for ContextSync {
+    fn drop(&mut self) {
+        let _ = self.0.synchronize();
+    }
+}
+
 pub fn open_gpu(local_rank: usize) -> Result<Arc<CudaContext>> {
     let count = visible_gpu_count()?;
     if count == 0 {
@@ -56,9 +67,10 @@ pub fn open_gpu(local_rank: usize) -> Result<Arc<CudaContext>> {
     //   the call's work after the last (1: cudarc frees the slice on its own stream); the view
     //   borrows the slice for the call (3: no safe code writes it meanwhile);
     // - for the slices the operations and the exchange own and use on callers' streams (the
-    //   chain's epoch and diagnostics, the workspaces, the transport's round words), by drops
-    //   that synchronise the context before they are freed (`StateChain`, the transport's
-    //   words; the LASP-2 operations' workspaces drop after their chain, which comes first), and
+    //   chain's epoch and diagnostics, the workspaces, the transport's round words), by a
+    //   `ContextSync` declared before them, which synchronises the context when it drops
+    //   (`StateChain`, `AllGather`, `PingPong`; the LASP-2 operations' workspaces drop after
+    //   their chain, which comes first), and
     //   by synchronising before a workspace is replaced (`ops::ensure_workspace`);
     // - for the runtime's own scratch (`broadcast_bytes`, `all_gather_u64`), by synchronising
     //   the runtime's stream before freeing.

@@ -76,7 +76,7 @@ static LASP2_BACKWARD: [SlotUse; 12] = [
 
 impl AbiFamily for ScalarDecay {
     fn name(&self) -> &'static str {
-        "scalar decay"
+        <Self as Family>::NAME
     }
 
     fn check(&self, spec: &OpSpec) -> Result<()> {

@@ -8,6 +8,7 @@ use super::{Direction, ExchangeMode, Lasp2Layout};
 use crate::diagnostics::WaitDiagnostics;
 use crate::error::{Error, Result};
 use crate::family::{ExchangeFields, Family};
+use crate::gpu::ContextSync;
 use crate::kernel::{Kernel, LaunchShape};
 use crate::nccl::NcclComm;
 use crate::runtime::Runtime;
@@ -18,6 +19,11 @@ use std::sync::Arc;
 /// One operation's exchange. Creating it and switching modes are collective; calls are not (in
 /// the overlapped mode the PEs synchronise only through device signals).
 pub(crate) struct StateChain<F: Family> {
+    /// First: every call finishes before the fields below are freed (the epoch and diagnostics
+    /// words and, where `free` was not called, the symmetric buffers are used on the callers'
+    /// streams; a chain dropped without `free` leaks its symmetric buffers, since freeing them is
+    /// collective).
+    _calls_done: ContextSync,
     runtime: Runtime,
     ctx: Arc<CudaContext>,
     layout: Lasp2Layout,
@@ -27,8 +33,7 @@ pub(crate) struct StateChain<F: Family> {
     summary: Kernel,
     advance_epoch: Kernel,
     grant_credits: Kernel,
-    /// `None` only once [`StateChain::free`] has released them.
-    buffers: Option<AllGatherBuffers>,
+    buffers: AllGatherBuffers,
     epoch: CudaSlice<u64>,
     diag: CudaSlice<WaitDiagnostics>,
     nccl: Option<NcclComm>,
@@ -84,6 +89,7 @@ impl<F: Family> StateChain<F> {
         let stream = runtime.stream();
         let (_, highest_priority) = cu::stream::get_priority_range()?;
         let mut exchange = StateChain {
+            _calls_done: ContextSync(runtime.context().clone()),
             runtime: runtime.clone(),
             layout,
             direction,
@@ -91,11 +97,11 @@ impl<F: Family> StateChain<F> {
             summary: module.kernel(F::SUMMARY_KERNEL)?,
             advance_epoch: module.kernel(F::ADVANCE_EPOCH_KERNEL)?,
             grant_credits: module.kernel(F::GRANT_CREDITS_KERNEL)?,
-            buffers: Some(AllGatherBuffers::new(
+            buffers: AllGatherBuffers::new(
                 runtime,
                 layout,
                 F::summary_tile_floats(layout.dk as i32),
-            )?),
+            )?,
             epoch: stream.alloc_zeros(1)?,
             diag: stream.alloc_zeros(1)?,
             nccl: None,
@@ -194,9 +200,9 @@ impl<F: Family> StateChain<F> {
     pub(crate) fn base_params(&self, stream: &CudaStream) -> F::Lasp2Params {
         let (b, h, dk, dv) = self.layout.dims();
         F::lasp2_params(ExchangeFields {
-            slots: self.buffers().slots.raw(),
-            signals: self.buffers().signals.raw(),
-            credit: self.buffers().credit.raw(),
+            slots: self.buffers.slots.raw(),
+            signals: self.buffers.signals.raw(),
+            credit: self.buffers.credit.raw(),
             epoch: self.epoch.device_ptr(stream).0,
             diag: self.diag.device_ptr(stream).0,
             timeout_ns: self.runtime.wait_timeout().as_nanos() as u64,
@@ -232,11 +238,7 @@ impl<F: Family> StateChain<F> {
         params: &F::Lasp2Params,
     ) -> Result<()> {
         let shape = LaunchShape {
-            grid: (
-                super::geometry::num_vtiles(self.layout.dv as i32) as u32,
-                heads as u32,
-                1,
-            ),
+            grid: super::geometry::tile_grid(heads, self.layout.dv as i32),
             block: (F::SUMMARY_THREADS, 1, 1),
             shared_bytes: 0,
         };
@@ -257,7 +259,7 @@ impl<F: Family> StateChain<F> {
     /// the call's summary kernels; nothing in the other modes.
     pub(crate) fn gather_slots(&self, stream: &Arc<CudaStream>) -> Result<()> {
         let parity = ((self.calls + 1) & 1) as i32;
-        self.buffers().gather_on_host(
+        self.buffers.gather_on_host(
             &self.runtime,
             self.nccl.as_ref(),
             self.mode(),
@@ -308,25 +310,6 @@ impl<F: Family> StateChain<F> {
         self.nccl = None;
         // Calls still in flight on the callers' streams use the buffers.
         self.ctx.synchronize()?;
-        let buffers = self
-            .buffers
-            .take()
-            .expect("freed once: free consumes the chain");
-        buffers.free(&self.runtime)
-    }
-
-    fn buffers(&self) -> &AllGatherBuffers {
-        self.buffers
-            .as_ref()
-            .expect("present until free, which consumes the chain")
-    }
-}
-
-/// The epoch and diagnostics words (and, until `free`, the symmetric buffers) are used on the
-/// callers' streams: wait for every call before cudarc frees them on the runtime's stream. A chain
-/// dropped without `free` leaks its symmetric buffers (freeing them is collective).
-impl<F: Family> Drop for StateChain<F> {
-    fn drop(&mut self) {
-        let _ = self.ctx.synchronize();
+        self.buffers.free(&self.runtime)
     }
 }

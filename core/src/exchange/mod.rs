@@ -146,6 +146,12 @@ pub mod geometry {
     pub const fn slots_bytes(npes: i32, b: i32, h: i32, dv: i32, tile_floats: u64) -> u64 {
         2 * npes as u64 * slot_pe_floats(b, h, dv, tile_floats) * 4
     }
+    /// One CTA per (Dv tile, head) of a group of `heads` (a family header's
+    /// `lasp2_fold_put_grid`): the launch of the summary kernels and of every other per-tile
+    /// kernel of a chain.
+    pub const fn tile_grid(heads: i32, dv: i32) -> (u32, u32, u32) {
+        (num_vtiles(dv) as u32, heads as u32, 1)
+    }
     /// `lasp2_signals_count`.
     pub const fn signals_count(npes: i32, b: i32, h: i32, dv: i32) -> u64 {
         2 * npes as u64 * b as u64 * h as u64 * num_vtiles(dv) as u64

@@ -4,10 +4,11 @@
 
 use crate::diagnostics::WaitDiagnostics;
 use crate::error::{CudaCall, Error, Result};
+use crate::gpu::ContextSync;
 use crate::kernel::{Kernel, LaunchShape};
 use crate::runtime::Runtime;
 use crate::symmetric::SymmetricBuffer;
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use lasp_shmem_kernels::params as header;
 use std::sync::Arc;
 
@@ -145,7 +146,13 @@ pub struct AllGather {
     src: SymmetricBuffer<u8>,
     slots: SymmetricBuffer<u8>,
     data_signal: SymmetricBuffer<u64>,
-    words: AllGatherWords,
+    /// Before the round words: every round finishes before they are freed (they are used on the
+    /// caller's stream).
+    _rounds_done: ContextSync,
+    epoch: CudaSlice<u64>,
+    counters: CudaSlice<u32>,
+    diag: CudaSlice<WaitDiagnostics>,
+    mismatches: CudaSlice<u64>,
     variant: AllGatherVariant,
     round: Kernel,
     floor: Kernel,
@@ -155,23 +162,6 @@ pub struct AllGather {
     threads: u32,
     /// Set by [`AllGather::set_chunk_bytes`]; otherwise [`allgather_chunk_bytes`].
     chunk_bytes: Option<usize>,
-}
-
-/// The device words a round uses on the caller's stream. Dropping them waits for the context
-/// first: cudarc frees them stream-ordered on the runtime's stream, which does not order the free
-/// after a round on another stream.
-struct AllGatherWords {
-    ctx: Arc<CudaContext>,
-    epoch: CudaSlice<u64>,
-    counters: CudaSlice<u32>,
-    diag: CudaSlice<WaitDiagnostics>,
-    mismatches: CudaSlice<u64>,
-}
-
-impl Drop for AllGatherWords {
-    fn drop(&mut self) {
-        let _ = self.ctx.synchronize();
-    }
 }
 
 impl AllGather {
@@ -196,15 +186,13 @@ impl AllGather {
             src: runtime.alloc(bytes)?,
             slots: runtime.alloc(2 * npes * bytes)?,
             data_signal: runtime.alloc_zeroed(2 * npes)?,
-            words: AllGatherWords {
-                ctx: runtime.context().clone(),
-                epoch: stream.alloc_zeros(1).cuda_call("cuMemAllocAsync")?,
-                counters: stream
-                    .alloc_zeros(counter_words(npes))
-                    .cuda_call("cuMemAllocAsync")?,
-                diag: stream.alloc_zeros(1).cuda_call("cuMemAllocAsync")?,
-                mismatches: stream.alloc_zeros(1).cuda_call("cuMemAllocAsync")?,
-            },
+            _rounds_done: ContextSync(runtime.context().clone()),
+            epoch: stream.alloc_zeros(1).cuda_call("cuMemAllocAsync")?,
+            counters: stream
+                .alloc_zeros(counter_words(npes))
+                .cuda_call("cuMemAllocAsync")?,
+            diag: stream.alloc_zeros(1).cuda_call("cuMemAllocAsync")?,
+            mismatches: stream.alloc_zeros(1).cuda_call("cuMemAllocAsync")?,
             variant: AllGatherVariant::DEFAULT,
             round: module.kernel(AllGatherVariant::DEFAULT.kernel_name())?,
             floor: module.kernel("lasp_allgather_floor")?,
@@ -317,9 +305,9 @@ impl AllGather {
             src: self.src.raw() as _,
             slots: self.slots.raw() as _,
             data_signal: self.data_signal.raw() as _,
-            epoch: device_addr(&self.words.epoch, stream) as _,
-            counters: device_addr(&self.words.counters, stream) as _,
-            diag: device_addr(&self.words.diag, stream) as _,
+            epoch: device_addr(&self.epoch, stream) as _,
+            counters: device_addr(&self.counters, stream) as _,
+            diag: device_addr(&self.diag, stream) as _,
             bytes: self.bytes as u64,
             chunk_bytes: self.chunk_bytes() as u64,
             timeout_ns: self.runtime.wait_timeout().as_nanos() as u64,
@@ -343,8 +331,8 @@ impl AllGather {
         PatternParams {
             src: self.src.raw() as _,
             slots: self.slots.raw() as _,
-            epoch: device_addr(&self.words.epoch, stream) as _,
-            mismatches: device_addr(&self.words.mismatches, stream) as _,
+            epoch: device_addr(&self.epoch, stream) as _,
+            mismatches: device_addr(&self.mismatches, stream) as _,
             bytes: self.bytes as u64,
             me: self.runtime.pe() as i32,
             npes: self.runtime.npes() as i32,
@@ -381,20 +369,20 @@ impl AllGather {
     /// Waits for `stream`, then returns the error of the first expired wait, if any.
     pub fn finish(&self, stream: &Arc<CudaStream>) -> Result<()> {
         stream.synchronize().cuda_call("cuStreamSynchronize")?;
-        read_diagnostics(stream, &self.words.diag)
+        read_diagnostics(stream, &self.diag)
     }
 
     /// The last completed epoch (synchronises `stream`).
     pub fn epoch(&self, stream: &Arc<CudaStream>) -> Result<u64> {
         Ok(stream
-            .clone_dtoh(&self.words.epoch)
+            .clone_dtoh(&self.epoch)
             .cuda_call("cuMemcpyDtoHAsync")?[0])
     }
 
     /// Mismatching words counted by [`AllGather::check_pattern`] so far (synchronises `stream`).
     pub fn mismatches(&self, stream: &Arc<CudaStream>) -> Result<u64> {
         Ok(stream
-            .clone_dtoh(&self.words.mismatches)
+            .clone_dtoh(&self.mismatches)
             .cuda_call("cuMemcpyDtoHAsync")?[0])
     }
 
@@ -413,21 +401,11 @@ impl AllGather {
 pub struct PingPong {
     runtime: Runtime,
     flags: SymmetricBuffer<u64>,
-    words: PingPongWords,
-    kernel: Kernel,
-}
-
-/// The device words of the ping-pong's rounds (see [`AllGatherWords`] for the drop).
-struct PingPongWords {
-    ctx: Arc<CudaContext>,
+    /// Before the round words (see [`AllGather`]'s).
+    _rounds_done: ContextSync,
     round: CudaSlice<u64>,
     diag: CudaSlice<WaitDiagnostics>,
-}
-
-impl Drop for PingPongWords {
-    fn drop(&mut self) {
-        let _ = self.ctx.synchronize();
-    }
+    kernel: Kernel,
 }
 
 impl PingPong {
@@ -442,11 +420,9 @@ impl PingPong {
         let pingpong = PingPong {
             runtime: runtime.clone(),
             flags: runtime.alloc_zeroed(2)?,
-            words: PingPongWords {
-                ctx: runtime.context().clone(),
-                round: stream.alloc_zeros(1).cuda_call("cuMemAllocAsync")?,
-                diag: stream.alloc_zeros(1).cuda_call("cuMemAllocAsync")?,
-            },
+            _rounds_done: ContextSync(runtime.context().clone()),
+            round: stream.alloc_zeros(1).cuda_call("cuMemAllocAsync")?,
+            diag: stream.alloc_zeros(1).cuda_call("cuMemAllocAsync")?,
             kernel: runtime.module().kernel("lasp_pingpong")?,
         };
         // Zeroed on the runtime's stream, used on the caller's: complete the allocation first.
@@ -462,8 +438,8 @@ impl PingPong {
         }
         let params = PingPongParams {
             flags: self.flags.raw() as _,
-            round: device_addr(&self.words.round, stream) as _,
-            diag: device_addr(&self.words.diag, stream) as _,
+            round: device_addr(&self.round, stream) as _,
+            diag: device_addr(&self.diag, stream) as _,
             timeout_ns: self.runtime.wait_timeout().as_nanos() as u64,
             me: me as i32,
             peer: 1 - me as i32,
@@ -484,7 +460,7 @@ impl PingPong {
     /// Waits for `stream`, then returns the error of an expired wait, if any.
     pub fn finish(&self, stream: &Arc<CudaStream>) -> Result<()> {
         stream.synchronize().cuda_call("cuStreamSynchronize")?;
-        read_diagnostics(stream, &self.words.diag)
+        read_diagnostics(stream, &self.diag)
     }
 
     /// Frees the buffers (collective). Waits for the whole device first, so round trips still

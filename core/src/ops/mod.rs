@@ -165,17 +165,31 @@ impl<'a, T> DeviceMut<'a, T> {
 }
 
 /// Orders the streams of one call's buffers around its work on the call's stream (see the module
-/// documentation): [`StreamOrder::enter`] before the first launch, [`StreamOrder::exit`] after the
-/// last, also when a launch failed (what was enqueued still uses the buffers).
+/// documentation): [`StreamOrder::around`] the call's launches.
 pub(crate) struct StreamOrder {
     stream: Arc<CudaStream>,
     homes: Vec<Arc<CudaStream>>,
 }
 
 impl StreamOrder {
+    /// Runs `enqueue` (the call's launches on `stream`) between [`StreamOrder::enter`] and
+    /// [`StreamOrder::exit`]; the exit runs also when `enqueue` failed, since what it enqueued
+    /// before failing still uses the buffers.
+    pub(crate) fn around<'a, T>(
+        stream: &Arc<CudaStream>,
+        homes: impl IntoIterator<Item = Option<&'a Arc<CudaStream>>>,
+        op: &str,
+        enqueue: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        let order = Self::enter(stream, homes, op)?;
+        let enqueued = enqueue();
+        order.exit()?;
+        enqueued
+    }
+
     /// Makes `stream` wait for every buffer stream in `homes` that is not `stream` itself.
     /// Refused, naming `op`, while `stream` is captured and a buffer lives on another stream.
-    pub(crate) fn enter<'a>(
+    fn enter<'a>(
         stream: &Arc<CudaStream>,
         homes: impl IntoIterator<Item = Option<&'a Arc<CudaStream>>>,
         op: &str,
@@ -206,7 +220,7 @@ impl StreamOrder {
     }
 
     /// Makes every buffer stream wait for what the call enqueued on its stream.
-    pub(crate) fn exit(self) -> Result<()> {
+    fn exit(self) -> Result<()> {
         if self.homes.is_empty() {
             return Ok(());
         }

@@ -349,12 +349,11 @@ impl ScalarDecayBackward {
     /// validated before the first launch; in debug builds each pass also checks the gates,
     /// which synchronises `stream`.
     pub fn launch(&mut self, stream: &Arc<CudaStream>, args: BackwardArgs<'_>) -> Result<()> {
-        let order = StreamOrder::enter(stream, args.homes(), "scalar-decay backward")?;
-        // SAFETY: no caller-computed states: every buffer the launches address is a view the
-        // arguments check, or a workspace of self's.
-        let enqueued = unsafe { self.launch_with(stream, args, None, || Ok(())) };
-        order.exit()?;
-        enqueued
+        StreamOrder::around(stream, args.homes(), "scalar-decay backward", || {
+            // SAFETY: no caller-computed states: every buffer the launches address is a view the
+            // arguments check, or a workspace of self's.
+            unsafe { self.launch_with(stream, args, None, || Ok(())) }
+        })
     }
 
     /// [`ScalarDecayBackward::launch`] with `before_reversed_passes` enqueued after the dq pass

@@ -343,10 +343,9 @@ impl ScalarDecayForward {
         stream: &Arc<CudaStream>,
         args: ForwardArgs<'_>,
     ) -> Result<ForwardPlan> {
-        let order = StreamOrder::enter(stream, args.homes(), "scalar-decay forward")?;
-        let enqueued = self.enqueue(stream, args);
-        order.exit()?;
-        enqueued
+        StreamOrder::around(stream, args.homes(), "scalar-decay forward", || {
+            self.enqueue(stream, args)
+        })
     }
 
     /// The body of [`ScalarDecayForward::launch`], with the buffers' streams already ordered.
@@ -537,10 +536,9 @@ impl ScalarDecayForward {
         args: ForwardArgs<'_>,
         probe: OutputProbe,
     ) -> Result<ForwardPlan> {
-        let order = StreamOrder::enter(stream, args.homes(), "scalar-decay output probe")?;
-        let enqueued = self.enqueue_output_probe(stream, args, probe);
-        order.exit()?;
-        enqueued
+        StreamOrder::around(stream, args.homes(), "scalar-decay output probe", || {
+            self.enqueue_output_probe(stream, args, probe)
+        })
     }
 
     /// The body of [`ScalarDecayForward::launch_output_probe`].

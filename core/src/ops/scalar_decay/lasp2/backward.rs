@@ -122,10 +122,9 @@ impl Lasp2Backward {
     ///
     /// Everything is validated before the first launch.
     pub fn backward(&mut self, stream: &Arc<CudaStream>, args: BackwardArgs<'_>) -> Result<()> {
-        let order = StreamOrder::enter(stream, args.homes(), "LASP-2 backward")?;
-        let enqueued = self.enqueue(stream, args);
-        order.exit()?;
-        enqueued
+        StreamOrder::around(stream, args.homes(), "LASP-2 backward", || {
+            self.enqueue(stream, args)
+        })
     }
 
     /// The body of [`Lasp2Backward::backward`], with the buffers' streams already ordered.
@@ -222,11 +221,7 @@ impl Lasp2Backward {
                 carry_in.launch(
                     stream,
                     LaunchShape {
-                        grid: (
-                            crate::exchange::geometry::num_vtiles(dv) as u32,
-                            heads as u32,
-                            1,
-                        ),
+                        grid: crate::exchange::geometry::tile_grid(heads, dv),
                         block: (sd::THREADS, 1, 1),
                         shared_bytes: geometry::carry_in_smem_bytes(dk),
                     },

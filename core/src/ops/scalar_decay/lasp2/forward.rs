@@ -268,10 +268,9 @@ impl Lasp2Forward {
     ) -> Result<()> {
         let homes = args.homes().into_iter();
         let homes = homes.chain([start_state.as_ref().and_then(DeviceMut::home)]);
-        let order = StreamOrder::enter(stream, homes, "LASP-2 forward")?;
-        let enqueued = self.enqueue(stream, args, start_state);
-        order.exit()?;
-        enqueued
+        StreamOrder::around(stream, homes, "LASP-2 forward", || {
+            self.enqueue(stream, args, start_state)
+        })
     }
 
     /// The body of [`Lasp2Forward::forward_saving`], with the buffers' streams already ordered.

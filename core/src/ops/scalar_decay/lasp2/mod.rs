@@ -69,11 +69,7 @@ pub type Lasp2Params = header::lasp_lasp2_params;
 /// forward's segment_prefix (the summary kernel's, which the exchange launches).
 fn fold_launch(heads: i32, dv: i32) -> LaunchShape {
     LaunchShape {
-        grid: (
-            crate::exchange::geometry::num_vtiles(dv) as u32,
-            heads as u32,
-            1,
-        ),
+        grid: crate::exchange::geometry::tile_grid(heads, dv),
         block: (geometry::FOLD_THREADS, 1, 1),
         shared_bytes: 0,
     }
