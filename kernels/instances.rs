@@ -53,6 +53,8 @@ const SD_ROLES_PARAMS: &str = "lasp_sd_roles_params";
 const SD_THREADS: &str = "LASP_SD_THREADS, 1";
 const SD_ROLES_THREADS: &str = "LASP_SD_ROLES_THREADS, 1";
 const L2_PARAMS: &str = "lasp_lasp2_params";
+const GLA_FORWARD: &str = "gla/forward.cu";
+const GLA_PARAMS: &str = "lasp_gla_params";
 
 /// Every templated kernel. Template arguments of `run_segment`: key width, output pass, probe,
 /// two roles, reversed time axis, block states (lasp/scalar_decay/chunk.cuh). The LASP-2 kernels
@@ -97,4 +99,11 @@ pub const INSTANCES: &[Instance] = &[
         "LASP2_THREADS, 1", L2_PARAMS, "lasp::l2::shard_states<{dk}, true>(p)"),
     row("SD_LASP2_CARRY_IN", "lasp_lasp2_carry_in_dk{dk}", SD_LASP2_BACKWARD, "LASP2_THREADS",
         L2_PARAMS, "lasp::l2::carry_in<{dk}, lasp::exchange::AllGather>(p)"),
+    // GLA's forward (single GPU): its states pass, and its output pass per value width.
+    row("GLA_STATES", "lasp_gla_states_dk{dk}", GLA_FORWARD, "LASP_GLA_STATES_THREADS, 1",
+        GLA_PARAMS, "lasp::gla::run_states<{dk}>(p)"),
+    row("GLA_OUTPUT_DV64", "lasp_gla_output_dk{dk}_dv64", GLA_FORWARD, "128, 1", GLA_PARAMS,
+        "lasp::gla::run_output<{dk}, 64>(p)"),
+    row("GLA_OUTPUT_DV128", "lasp_gla_output_dk{dk}_dv128", GLA_FORWARD, "256, 1", GLA_PARAMS,
+        "lasp::gla::run_output<{dk}, 128>(p)"),
 ];

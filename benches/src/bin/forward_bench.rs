@@ -32,7 +32,7 @@
 //! floor (q, k, v, dO read once + dq, dk, dv written once) / 4.3e12 B/s.
 
 use clap::Parser;
-use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
+use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
 use lasp_shmem::ops::scalar_decay::{BackwardArgs, ScalarDecayBackward};
@@ -40,12 +40,11 @@ use lasp_shmem::ops::scalar_decay::{
     ForwardArgs, ForwardPlan, ForwardShape, OutputProbe, ScalarDecayForward,
 };
 use lasp_shmem::ops::{DeviceMut, DeviceRef};
-use lasp_shmem::reference::SplitMix64;
 use lasp_shmem::{Config, Error, Result, Runtime};
+use lasp_shmem_benches::{fill_parallel, io_error, logsigmoid, time_calls, write_raw};
 use lasp_shmem_examples::{export_nvshmem_env, parse_shape, round, to_json};
 use serde::ser::SerializeMap;
 use serde::{Serialize, Serializer};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -53,7 +52,6 @@ use std::time::{Duration, Instant};
 /// Device-to-device copy rate of the reference H200 image, bytes read + written per second
 /// (/work/.library/device/KINDS.md: "about 4.3 TB/s counting bytes read and written").
 const HBM_BYTES_PER_S: f64 = 4.3e12;
-const SEED: u64 = 0x5EED_F0D0;
 
 /// Times the scalar-decay forward (and optionally its backward and the output kernel's probes)
 /// on one GPU, and dumps inputs and output for the comparison with fla.
@@ -91,58 +89,6 @@ struct Options {
     /// Also time the backward.
     #[arg(long)]
     backward: bool,
-}
-
-/// One independent SplitMix64 stream per (tensor, block), so generation runs in parallel and gives
-/// the same values for any thread count.
-fn block_rng(tensor: u64, block: u64) -> SplitMix64 {
-    SplitMix64::new(
-        SEED ^ tensor.wrapping_mul(0xD1B5_4A32_D192_ED03)
-            ^ block.wrapping_mul(0x9E37_79B9_7F4A_7C15),
-    )
-}
-
-/// Two standard normals in f32 (Box-Muller, both branches: the bench fills gigabytes).
-fn normal_pair(rng: &mut SplitMix64) -> (f32, f32) {
-    let u1 = ((rng.next_u64() >> 40) as f32 + 0.5) / (1u64 << 24) as f32;
-    let u2 = ((rng.next_u64() >> 40) as f32 + 0.5) / (1u64 << 24) as f32;
-    let r = (-2.0 * u1.ln()).sqrt();
-    let (s, c) = (std::f32::consts::TAU * u2).sin_cos();
-    (r * c, r * s)
-}
-
-const BLOCK: usize = 1 << 16;
-
-/// Fills `out` block by block on every core: `f(value index, normal)`.
-fn fill_parallel<T: Send>(out: &mut [T], tensor: u64, f: impl Fn(f32) -> T + Sync) {
-    let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
-    let per_thread = out.len().div_ceil(threads).div_ceil(BLOCK) * BLOCK;
-    std::thread::scope(|scope| {
-        for (t, part) in out.chunks_mut(per_thread.max(BLOCK)).enumerate() {
-            let f = &f;
-            scope.spawn(move || {
-                for (i, block) in part.chunks_mut(BLOCK).enumerate() {
-                    let block_index = (t * per_thread.max(BLOCK) / BLOCK + i) as u64;
-                    let mut rng = block_rng(tensor, block_index);
-                    for pair in block.chunks_mut(2) {
-                        let (a, b) = normal_pair(&mut rng);
-                        pair[0] = f(a);
-                        if pair.len() > 1 {
-                            pair[1] = f(b);
-                        }
-                    }
-                }
-            });
-        }
-    });
-}
-
-fn logsigmoid(x: f32) -> f32 {
-    if x >= 0.0 {
-        -(-x).exp().ln_1p()
-    } else {
-        x - x.exp().ln_1p()
-    }
 }
 
 struct HostInputs {
@@ -237,63 +183,6 @@ fn forward_args(shape: ForwardShape, set: &mut DeviceSet) -> ForwardArgs<'_> {
     }
 }
 
-/// `opts.warmup` calls (at least one), then `opts.iters` calls enqueued back to back, each between
-/// two CUDA events; `call(i)` enqueues call i. Returns (median, minimum) in ms.
-fn time_calls(
-    stream: &Arc<CudaStream>,
-    opts: &Options,
-    mut call: impl FnMut(usize) -> Result<()>,
-) -> Result<(f64, f64)> {
-    for i in 0..opts.warmup.max(1) {
-        call(i)?;
-    }
-    stream.synchronize()?;
-    let mut events = Vec::with_capacity(opts.iters);
-    for i in 0..opts.iters {
-        let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        call(i)?;
-        let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        events.push((start, end));
-    }
-    stream.synchronize()?;
-    let samples: Vec<f64> = events
-        .iter()
-        .map(|(a, b)| a.elapsed_ms(b).map(f64::from))
-        .collect::<std::result::Result<_, _>>()?;
-    let min_ms = samples.iter().copied().fold(f64::INFINITY, f64::min);
-    Ok((median(samples), min_ms))
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
-fn io_error(path: &Path, e: std::io::Error) -> Error {
-    Error::State(format!(
-        "cannot write {}: {e}; check that the dump directory's disk has room (the 128K shape \
-         needs about 2.2 GB)",
-        path.display()
-    ))
-}
-
-/// Writes the raw little-endian bytes of a bf16 or f32 buffer.
-fn write_raw<T: Copy>(path: &Path, data: &[T]) -> Result<()> {
-    const { assert!(cfg!(target_endian = "little")) };
-    // SAFETY: bf16 and f32 are plain old data without padding; the bytes are their
-    // little-endian representation on this (little-endian) host.
-    let bytes = unsafe {
-        std::slice::from_raw_parts(data.as_ptr() as *const u8, std::mem::size_of_val(data))
-    };
-    let mut f = std::fs::File::create(path).map_err(|e| io_error(path, e))?;
-    f.write_all(bytes).map_err(|e| io_error(path, e))
-}
-
 struct Row {
     shape: ForwardShape,
     dir: String,
@@ -351,14 +240,14 @@ fn bench_shape(
     let setup_s = t0.elapsed().as_secs_f64();
 
     let mut plan = None;
-    let (ours_ms, min_ms) = time_calls(stream, opts, |i| {
+    let (ours_ms, min_ms) = time_calls(stream, opts.warmup, opts.iters, |i| {
         plan = Some(fwd.launch(stream, forward_args(shape, &mut device[i % sets]))?);
         Ok(())
     })?;
     let mut probes_ms = Vec::new();
     if opts.probes {
         for probe in OutputProbe::ALL {
-            let (ms, _) = time_calls(stream, opts, |i| {
+            let (ms, _) = time_calls(stream, opts.warmup, opts.iters, |i| {
                 let args = forward_args(shape, &mut device[i % sets]);
                 fwd.launch_output_probe(stream, args, probe).map(drop)
             })?;
@@ -367,7 +256,7 @@ fn bench_shape(
     }
     let backward_ms = match bwd {
         Some(bwd) => {
-            let (ms, min_ms) = time_calls(stream, opts, |i| {
+            let (ms, min_ms) = time_calls(stream, opts.warmup, opts.iters, |i| {
                 bwd.launch(stream, backward_args(shape, &mut device[i % sets]))
             })?;
             let dg: Vec<f32> =

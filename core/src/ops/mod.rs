@@ -29,6 +29,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+pub mod gla;
 pub mod scalar_decay;
 
 /// bfloat16, the element type of activations (`half::bf16`, which cudarc's `f16` feature also

@@ -5,7 +5,8 @@
 use cudarc::driver::result::DriverError;
 use cudarc::driver::sys::CUresult;
 use lasp_shmem::launch_env::LaunchEnv;
-use lasp_shmem::reference::Shape;
+use lasp_shmem::ops::bf16;
+use lasp_shmem::reference::{rel_err, Shape, Tensor};
 use lasp_shmem::{Config, Runtime};
 use regex::Regex;
 use std::fs::File;
@@ -413,4 +414,71 @@ pub fn expect_failure(what: &str, pattern: &str, run: &Finished) -> String {
         line.chars().take(220).collect::<String>()
     );
     line.to_string()
+}
+
+/// The bit pattern written into every bf16 output before a run (a NaN), so that an element the
+/// kernels never write is caught.
+pub const POISON_BF16: u16 = 0xFFFF;
+/// The same for f32 outputs.
+pub const POISON_F32: u32 = 0xFFFF_FFFF;
+
+/// The values of a reference tensor as the bf16 the GPU gets.
+pub fn to_bf16(t: &Tensor) -> Vec<bf16> {
+    t.data().iter().map(|&x| bf16::from_f64(x)).collect()
+}
+
+/// The values of a reference tensor as the f32 the GPU gets.
+pub fn to_f32(t: &Tensor) -> Vec<f32> {
+    t.data().iter().map(|&x| x as f32).collect()
+}
+
+/// An error naming the elements of `what` that still hold the poison written before the run.
+pub fn unwritten<T: PartialEq + Copy>(
+    bits: &[T],
+    poison: T,
+    what: &str,
+    shape: &[usize],
+) -> CheckResult {
+    let count = bits.iter().filter(|&&x| x == poison).count();
+    if count == 0 {
+        return Ok(String::new());
+    }
+    let first = bits.iter().position(|&x| x == poison).unwrap();
+    let index = Tensor::zeros(shape).unravel(first);
+    Err(format!(
+        "{count} of {} elements of {what} were never written (first at {index:?})",
+        bits.len()
+    ))
+}
+
+/// `||got - want|| / ||want|| <= tol`, with the largest difference named where it is not.
+pub fn compare(
+    what: &str,
+    got: &[f64],
+    want: &Tensor,
+    tol: f64,
+) -> std::result::Result<f64, String> {
+    if let Some(pos) = got.iter().position(|x| !x.is_finite()) {
+        return Err(format!(
+            "{what}: {} at {:?} is not finite",
+            got[pos],
+            want.unravel(pos)
+        ));
+    }
+    let e = rel_err(got, want.data());
+    if e <= tol {
+        return Ok(e);
+    }
+    let (worst, diff) = got
+        .iter()
+        .zip(want.data())
+        .map(|(a, b)| (a - b).abs())
+        .enumerate()
+        .fold((0, 0.0), |m, (i, d)| if d > m.1 { (i, d) } else { m });
+    Err(format!(
+        "{what}: rel err {e:.3e} > {tol:.0e}; largest difference {diff:.3e} at {:?}: got {}, want {}",
+        want.unravel(worst),
+        got[worst],
+        want.data()[worst]
+    ))
 }

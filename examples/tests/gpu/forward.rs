@@ -13,19 +13,18 @@
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use lasp_shmem::ops::scalar_decay::{ForwardArgs, ForwardPlan, ForwardShape, ScalarDecayForward};
 use lasp_shmem::ops::{bf16, DeviceMut, DeviceRef};
-use lasp_shmem::reference::{
-    rel_err, scalar_decay, Family, InputSpec, Inputs, Regime, Shape, Tensor,
-};
+use lasp_shmem::reference::{scalar_decay, Family, InputSpec, Inputs, Regime, Shape};
 use lasp_shmem::Error;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::{err, is_small, on_one_gpu, CheckResult, Report};
+use crate::common::{
+    compare, err, is_small, on_one_gpu, to_bf16, to_f32, unwritten, CheckResult, Report,
+    POISON_BF16, POISON_F32,
+};
 
 const TOL_O: f64 = 5e-3;
 const TOL_HT: f64 = 5e-3;
-const POISON_BF16: u16 = 0xFFFF;
-const POISON_F32: u32 = 0xFFFF_FFFF;
 
 #[derive(Clone, Debug)]
 struct Case {
@@ -113,14 +112,6 @@ fn cases() -> Vec<Case> {
     add(16, 16, 130, 128, 128, Mixed, true, true, Some(3));
     add(4, 64, 1000, 128, 128, Typical, true, true, None);
     out
-}
-
-fn to_bf16(t: &Tensor) -> Vec<bf16> {
-    t.data().iter().map(|&x| bf16::from_f64(x)).collect()
-}
-
-fn to_f32(t: &Tensor) -> Vec<f32> {
-    t.data().iter().map(|&x| x as f32).collect()
 }
 
 struct Device {
@@ -225,50 +216,6 @@ fn run_once(
         None
     };
     Ok(RunOutput { o, ht, plan })
-}
-
-fn unwritten<T: PartialEq + Copy>(
-    bits: &[T],
-    poison: T,
-    what: &str,
-    shape: &[usize],
-) -> CheckResult {
-    let count = bits.iter().filter(|&&x| x == poison).count();
-    if count == 0 {
-        return Ok(String::new());
-    }
-    let first = bits.iter().position(|&x| x == poison).unwrap();
-    let index = Tensor::zeros(shape).unravel(first);
-    Err(format!(
-        "{count} of {} elements of {what} were never written (first at {index:?})",
-        bits.len()
-    ))
-}
-
-fn compare(what: &str, got: &[f64], want: &Tensor, tol: f64) -> std::result::Result<f64, String> {
-    if let Some(pos) = got.iter().position(|x| !x.is_finite()) {
-        return Err(format!(
-            "{what}: {} at {:?} is not finite",
-            got[pos],
-            want.unravel(pos)
-        ));
-    }
-    let e = rel_err(got, want.data());
-    if e <= tol {
-        return Ok(e);
-    }
-    let (worst, diff) = got
-        .iter()
-        .zip(want.data())
-        .map(|(a, b)| (a - b).abs())
-        .enumerate()
-        .fold((0, 0.0), |m, (i, d)| if d > m.1 { (i, d) } else { m });
-    Err(format!(
-        "{what}: rel err {e:.3e} > {tol:.0e}; largest difference {diff:.3e} at {:?}: got {}, want {}",
-        want.unravel(worst),
-        got[worst],
-        want.data()[worst]
-    ))
 }
 
 fn run_case(fwd: &mut ScalarDecayForward, stream: &Arc<CudaStream>, case: &Case) -> CheckResult {

@@ -22,5 +22,6 @@ mod backward;
 mod common;
 mod exchange;
 mod forward;
+mod gla;
 mod lasp2;
 mod streams;

@@ -74,10 +74,16 @@ impl ForwardShape {
 
     /// Checks that the kernels support the shape; the error says what to change.
     pub fn validate(&self) -> Result<()> {
+        self.validate_as("scalar-decay forward")
+    }
+
+    /// [`ForwardShape::validate`] for the chunkwise kernels of any family; `op` names the
+    /// operation in errors.
+    pub(crate) fn validate_as(&self, op: &str) -> Result<()> {
         let ForwardShape { b, t, h, dk, dv } = *self;
         if b == 0 || t == 0 || h == 0 {
             return Err(invalid(format!(
-                "scalar-decay forward: B, T and H must be at least 1 (got B={b}, T={t}, H={h}); \
+                "{op}: B, T and H must be at least 1 (got B={b}, T={t}, H={h}); \
                  skip the call when there is nothing to compute"
             )));
         }
@@ -94,27 +100,27 @@ impl ForwardShape {
                     .to_string()
             };
             return Err(invalid(format!(
-                "scalar-decay forward: Dk = {dk} is not supported (the kernels are built for Dk 64 \
+                "{op}: Dk = {dk} is not supported (the kernels are built for Dk 64 \
                  and 128); {advice}"
             )));
         }
         if dv == 0 || dv % 64 != 0 {
             return Err(invalid(format!(
-                "scalar-decay forward: Dv = {dv} is not a positive multiple of 64; pad v with zero \
+                "{op}: Dv = {dv} is not a positive multiple of 64; pad v with zero \
                  columns to the next multiple of 64 and drop the extra columns of o (and ht)"
             )));
         }
         let bh = b.saturating_mul(h);
         if bh > MAX_BH {
             return Err(invalid(format!(
-                "scalar-decay forward: B*H = {b}*{h} exceeds {MAX_BH} (the kernels' grid limit); \
+                "{op}: B*H = {b}*{h} exceeds {MAX_BH} (the kernels' grid limit); \
                  split the batch into calls of at most {} sequences",
                 (MAX_BH / h).max(1)
             )));
         }
         if t > MAX_T {
             return Err(invalid(format!(
-                "scalar-decay forward: T = {t} exceeds {MAX_T}; split the sequence and carry the \
+                "{op}: T = {t} exceeds {MAX_T}; split the sequence and carry the \
                  state between the calls with ht -> h0"
             )));
         }
@@ -130,7 +136,7 @@ impl ForwardShape {
             .is_some_and(|x| x <= i32::MAX as usize);
         if elems.is_none() || !ctas_ok {
             return Err(invalid(format!(
-                "scalar-decay forward: shape B={b}, T={t}, H={h}, Dk={dk}, Dv={dv} is too large \
+                "{op}: shape B={b}, T={t}, H={h}, Dk={dk}, Dv={dv} is too large \
                  to index; split it into several calls"
             )));
         }

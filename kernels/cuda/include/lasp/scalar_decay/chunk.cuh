@@ -8,6 +8,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "lasp/chunk/state_tile.cuh"
+#include "lasp/chunk/tile_copy.cuh"
 #include "lasp/mma.cuh"
 #include "lasp/scalar_decay/forward_params.h"
 #include "lasp/tma.cuh"
@@ -31,6 +33,27 @@ constexpr int kWarps = kThreads / 32;
 static_assert(kChunk == 64 && kTileV == 64 && kWarps == 4,
               "fragment bookkeeping assumes 64-token chunks, 64-column V tiles and 4 warps of 16 rows");
 static_assert(kStages >= 2, "the pipeline needs at least two stages");
+static_assert(kChunk == chunk::kChunk, "the shared tile loads assume this chunk size");
+
+using chunk::exp_nonpos;
+using chunk::for_each_state_pair;
+using chunk::state_load;
+using chunk::state_store;
+using chunk::state_zero;
+using chunk::StateLane;
+using chunk::StateRegs;
+// The shared tile loads for this CTA size.
+template <int kRowChunks>
+__device__ __forceinline__ void copy_tile_async(uint32_t dst, const uint16_t* row0, int64_t stride, int valid_rows,
+                                                int tid) {
+  chunk::copy_tile_async<kRowChunks, kThreads>(dst, row0, stride, valid_rows, tid);
+}
+template <int kRowChunks>
+__device__ __forceinline__ void copy_tile_range_async(uint32_t dst, const uint16_t* row0, int64_t stride,
+                                                      int first_valid, int valid_rows, const uint16_t* mapped,
+                                                      int tid) {
+  chunk::copy_tile_range_async<kRowChunks, kThreads>(dst, row0, stride, first_valid, valid_rows, mapped, tid);
+}
 
 // Shared-memory map of one CTA (byte offsets): kDepth stages of [Q] K V-tile (bf16, the swizzled
 // layout of lasp::swizzle), then, in the output kernels (kHasQ), two bf16 copies of its state tile
@@ -58,61 +81,9 @@ struct Layout {
   static_assert(kStageBytes % 1024 == 0 && kSbfBytes % 1024 == 0, "tiles stay 1024-byte aligned");
 };
 
-// e^x for x that is <= 0 in exact arithmetic; the clamp absorbs rounding of differences of cumsums.
-// x = -inf (a masked entry) gives exactly 0.
-__device__ __forceinline__ float exp_nonpos(float x) { return ex2_approx(fminf(x, 0.f) * 1.4426950408889634f); }
-
 // The fold of segment (or rank) prefixes: P_{s+1} = e^{Lambda_s} P_s + M_s, fp32, one element.
 __device__ __forceinline__ float fold_step(float prefix, float lambda, float m) {
   return fmaf(expf(fminf(lambda, 0.f)), prefix, m);
-}
-
-// Async copy of a [kChunk x 8*kRowChunks] bf16 tile whose row r starts at row0 + r*stride (elements)
-// into swizzled shared memory at dst (lasp::swizzle with kChunk rows). Rows >= valid_rows are
-// zero-filled (ragged last chunk).
-// Thread tid always copies 16-byte chunk tid % kRowChunks of rows tid / kRowChunks + i*kRowStep:
-// consecutive threads read consecutive 16 B of a row, and the shared offsets step by constants.
-template <int kRowChunks>
-__device__ __forceinline__ void copy_tile_async(uint32_t dst, const uint16_t* row0, int64_t stride, int valid_rows,
-                                                int tid) {
-  constexpr int kRowStep = kThreads / kRowChunks;
-  constexpr int kPerThread = kChunk / kRowStep;
-  static_assert(kRowStep % 8 == 0 && kPerThread * kRowStep == kChunk, "rows must keep their swizzle phase");
-  const int r0 = tid / kRowChunks, c = tid % kRowChunks;
-  const uint16_t* src = row0 + r0 * stride + c * 8;
-  const int64_t src_step = kRowStep * stride;
-  dst += swizzle(r0, c, kChunk);  // rows r0 + i*kRowStep share r0 % 8, hence the swizzle
-#pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    const bool ok = r0 + i * kRowStep < valid_rows;
-    cp_async_16(dst + i * kRowStep * 128, ok ? src : row0, ok);
-    src += src_step;
-  }
-}
-
-// copy_tile_async for a chunk whose first rows may be virtual too: rows outside [first_valid,
-// valid_rows) are zero-filled and not read, and `mapped` is the mapped address the zero-filling
-// copies name (row0 itself may lie outside the tensor: a reversed loop's leading virtual tokens).
-// Kept beside copy_tile_async rather than serving as it with first_valid = 0: ptxas keeps the
-// r >= 0 test (it cannot prove tid >= 0), which adds 8-40 instructions to every in-order loop.
-template <int kRowChunks>
-__device__ __forceinline__ void copy_tile_range_async(uint32_t dst, const uint16_t* row0, int64_t stride,
-                                                      int first_valid, int valid_rows, const uint16_t* mapped,
-                                                      int tid) {
-  constexpr int kRowStep = kThreads / kRowChunks;
-  constexpr int kPerThread = kChunk / kRowStep;
-  static_assert(kRowStep % 8 == 0 && kPerThread * kRowStep == kChunk, "rows must keep their swizzle phase");
-  const int r0 = tid / kRowChunks, c = tid % kRowChunks;
-  const uint16_t* src = row0 + r0 * stride + c * 8;
-  const int64_t src_step = kRowStep * stride;
-  dst += swizzle(r0, c, kChunk);
-#pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    const int r = r0 + i * kRowStep;
-    const bool ok = r >= first_valid && r < valid_rows;
-    cp_async_16(dst + i * kRowStep * 128, ok ? src : mapped, ok);
-    src += src_step;
-  }
 }
 
 // The gate values one lane needs for one chunk. b_r = sum_{i<=r} a_i is the chunk-local inclusive
@@ -265,43 +236,6 @@ __device__ __forceinline__ SegmentArgs segment_args(const Params& p) {
   return a;
 }
 
-// The state elements a lane holds: s[mt][nt][2*hh + e] = S[d][c] with d = 64*mt + d_warp + 8*hh + g,
-// d_warp = 16*warp, c = 8*nt + 2*t + e (column within the 64-column tile): the accumulator layout
-// of two m64n64 wgmma (or 2x4 m16 mma.sync) tiles stacked along Dk.
-struct StateLane {
-  int d_warp, g, t;
-};
-
-template <int DK>
-using StateRegs = float[DK / 64][8][4];
-
-// f(x0, x1, d, c) for every element pair (columns c, c + 1 of row d) the lane holds.
-template <int DK, class F>
-__device__ __forceinline__ void for_each_state_pair(StateRegs<DK>& s, const StateLane& ln, F&& f) {
-#pragma unroll
-  for (int mt = 0; mt < DK / 64; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-        f(s[mt][nt][2 * hh], s[mt][nt][2 * hh + 1], 64 * mt + ln.d_warp + 8 * hh + ln.g, 8 * nt + 2 * ln.t);
-}
-
-// s = 0.
-template <int DK>
-__device__ __forceinline__ void state_zero(StateRegs<DK>& s, const StateLane& ln) {
-  for_each_state_pair<DK>(s, ln, [](float& x0, float& x1, int, int) { x0 = 0.f, x1 = 0.f; });
-}
-
-// s = tile, element (d, c) at base[d * ld + c] (fp32, 8-byte aligned rows).
-template <int DK>
-__device__ __forceinline__ void state_load(StateRegs<DK>& s, const StateLane& ln, const float* base, int64_t ld) {
-  for_each_state_pair<DK>(s, ln, [&](float& x0, float& x1, int d, int c) {
-    const float2 x = *reinterpret_cast<const float2*>(base + d * ld + c);
-    x0 = x.x, x1 = x.y;
-  });
-}
-
 // s = e^{lambda} s + tile (fold_step per element).
 template <int DK>
 __device__ __forceinline__ void state_fold(StateRegs<DK>& s, const StateLane& ln, const float* base, int64_t ld,
@@ -310,14 +244,6 @@ __device__ __forceinline__ void state_fold(StateRegs<DK>& s, const StateLane& ln
     const float2 m = *reinterpret_cast<const float2*>(base + d * ld + c);
     x0 = fold_step(x0, lambda, m.x);
     x1 = fold_step(x1, lambda, m.y);
-  });
-}
-
-// tile = s.
-template <int DK>
-__device__ __forceinline__ void state_store(StateRegs<DK>& s, const StateLane& ln, float* base, int64_t ld) {
-  for_each_state_pair<DK>(s, ln, [&](float& x0, float& x1, int d, int c) {
-    *reinterpret_cast<float2*>(base + d * ld + c) = make_float2(x0, x1);
   });
 }
 

@@ -1,0 +1,210 @@
+//! Times the GLA forward (`ops::gla`) on one GPU and dumps its inputs and output for the
+//! comparison with fla's `chunk_gla` (`benches/fla_gla.py`); `scripts/gla-bench.sh` runs both.
+//!
+//! ```text
+//! gla_bench --dump /tmp/gla                 # B=4,T=8K / B=1,T=32K / B=1,T=128K, H=16, D=128
+//! gla_bench --shapes 2x4096x16x64 --segments 4
+//! ```
+//!
+//! Inputs: q, k, v ~ N(0, 1) rounded to bf16, g = logsigmoid(N(0, 1)) / 16 per key dimension in
+//! fp32 (fla's GLA layer and benchmark gates), scale D^-1/2, no h0, no ht; a fixed-seed host PRNG.
+//! Timing: warm-up calls, then calls enqueued back to back, each between two CUDA events; the
+//! median. With `--dump DIR`: `DIR/<name>/{q,k,v,g,o}.bin` (raw little-endian; q, k, g
+//! `[B, T, H, Dk]`, v, o `[B, T, H, Dv]`) and `DIR/ours.json` (device, commit, per shape its
+//! name, dimensions, scale, `ours_fwd_ms`, the plan).
+
+use clap::Parser;
+use cudarc::driver::CudaSlice;
+use half::bf16;
+use lasp_shmem::ops::gla::{GlaArgs, GlaForward};
+use lasp_shmem::ops::scalar_decay::ForwardShape;
+use lasp_shmem::ops::{DeviceMut, DeviceRef};
+use lasp_shmem::{Config, Result, Runtime};
+use lasp_shmem_benches::{fill_parallel, io_error, logsigmoid, time_calls, write_raw};
+use lasp_shmem_examples::{export_nvshmem_env, parse_shape, round, to_json};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Parser, Debug)]
+#[command(name = "gla_bench")]
+struct Options {
+    /// Shapes to time, comma-separated (Dk = Dv = D).
+    #[arg(long, value_name = "BxTxHxD,...", value_parser = parse_shape, value_delimiter = ',',
+          default_values = ["4x8192x16x128", "1x32768x16x128", "1x131072x16x128"])]
+    shapes: Vec<ForwardShape>,
+    /// Dump each shape's inputs and output under DIR, and DIR/ours.json.
+    #[arg(long, value_name = "DIR")]
+    dump: Option<PathBuf>,
+    /// Untimed calls first (at least one runs).
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    warmup: usize,
+    /// Timed calls.
+    #[arg(long, value_name = "N", default_value_t = 50)]
+    iters: usize,
+    /// Force the number of segments per sequence (tuning).
+    #[arg(long, value_name = "S")]
+    segments: Option<u32>,
+    /// Give up (exit 1) after this many seconds (a kernel hung?).
+    #[arg(long = "timeout", value_name = "SECONDS", default_value_t = 480)]
+    timeout_s: u64,
+}
+
+#[derive(Serialize)]
+struct ShapeRow {
+    name: String,
+    #[serde(rename = "B")]
+    b: usize,
+    #[serde(rename = "T")]
+    t: usize,
+    #[serde(rename = "H")]
+    h: usize,
+    #[serde(rename = "Dk")]
+    dk: usize,
+    #[serde(rename = "Dv")]
+    dv: usize,
+    scale: f32,
+    ours_fwd_ms: f64,
+    ours_fwd_min_ms: f64,
+    ours_fwdbwd_ms: Option<f64>,
+    num_segments: u32,
+    chunks_per_segment: u32,
+}
+
+#[derive(Serialize)]
+struct Results {
+    device: String,
+    commit: String,
+    method: String,
+    inputs: &'static str,
+    shapes: Vec<ShapeRow>,
+}
+
+fn run(opts: &Options, config: Config) -> Result<()> {
+    let rt = Runtime::init(config)?;
+    let stream = rt.stream().clone();
+    let device = rt.context().name()?;
+    let mut fwd = GlaForward::new(&rt)?;
+    fwd.set_num_segments(opts.segments)?;
+    let mut rows = Vec::new();
+    for &shape in &opts.shapes {
+        let name = format!("b{}_t{}_h{}_d{}", shape.b, shape.t, shape.h, shape.dk);
+        let normal = |len: usize, tensor: u64| {
+            let mut x = vec![bf16::ZERO; len];
+            fill_parallel(&mut x, tensor, bf16::from_f32);
+            x
+        };
+        let (q, k, v) = (
+            normal(shape.qk_len(), 1),
+            normal(shape.qk_len(), 2),
+            normal(shape.v_len(), 3),
+        );
+        let mut g = vec![0f32; shape.qk_len()];
+        fill_parallel(&mut g, 4, |x| logsigmoid(x) / 16.0);
+        let dq = stream.clone_htod(&q)?;
+        let dk = stream.clone_htod(&k)?;
+        let dv = stream.clone_htod(&v)?;
+        let dg = stream.clone_htod(&g)?;
+        let mut o: CudaSlice<bf16> = stream.alloc_zeros(shape.v_len())?;
+        let mut plan = None;
+        let (ms, min_ms) = time_calls(&stream, opts.warmup, opts.iters, |_| {
+            let args = GlaArgs {
+                shape,
+                q: DeviceRef::new(&dq),
+                k: DeviceRef::new(&dk),
+                v: DeviceRef::new(&dv),
+                g: DeviceRef::new(&dg),
+                h0: None,
+                o: DeviceMut::new(&mut o),
+                ht: None,
+                scale: None,
+            };
+            plan = Some(fwd.launch(&stream, args)?);
+            Ok(())
+        })?;
+        let plan = plan.expect("at least one warm-up launch");
+        let floor_bytes =
+            (2 * (2 * shape.qk_len() + 2 * shape.v_len()) + 4 * shape.qk_len()) as f64;
+        println!(
+            "{name}: ours {ms:.4} ms (min {min_ms:.4}, S={}), {:.1} GB/s of q, k, v, g, o",
+            plan.num_segments,
+            floor_bytes / ms / 1e6
+        );
+        if let Some(root) = &opts.dump {
+            let dir = root.join(&name);
+            std::fs::create_dir_all(&dir).map_err(|e| io_error(&dir, e))?;
+            let o_host: Vec<bf16> = stream.clone_dtoh(&o)?;
+            write_raw(&dir.join("q.bin"), &q)?;
+            write_raw(&dir.join("k.bin"), &k)?;
+            write_raw(&dir.join("v.bin"), &v)?;
+            write_raw(&dir.join("g.bin"), &g)?;
+            write_raw(&dir.join("o.bin"), &o_host)?;
+        }
+        rows.push(ShapeRow {
+            name,
+            b: shape.b,
+            t: shape.t,
+            h: shape.h,
+            dk: shape.dk,
+            dv: shape.dv,
+            scale: shape.default_scale(),
+            ours_fwd_ms: round(ms, 5),
+            ours_fwd_min_ms: round(min_ms, 5),
+            ours_fwdbwd_ms: None,
+            num_segments: plan.num_segments,
+            chunks_per_segment: plan.chunks_per_segment,
+        });
+    }
+    let json = to_json(&Results {
+        device,
+        commit: std::env::var("LASP_COMMIT").unwrap_or_else(|_| "unknown".into()),
+        method: format!(
+            "{} warm-up calls, then {} calls enqueued back to back on one stream, each between \
+             two CUDA events; median",
+            opts.warmup.max(1),
+            opts.iters
+        ),
+        inputs: "q, k, v ~ N(0, 1) in bf16; g = logsigmoid(N(0, 1)) / 16 per key dimension; scale D^-1/2",
+        shapes: rows,
+    });
+    match &opts.dump {
+        Some(root) => {
+            let path = root.join("ours.json");
+            std::fs::write(&path, &json).map_err(|e| io_error(&path, e))?;
+        }
+        None => print!("{json}"),
+    }
+    drop(fwd);
+    rt.shutdown()
+}
+
+fn main() {
+    let mut opts = Options::parse();
+    opts.iters = opts.iters.max(1);
+    let config = Config::from_env().and_then(|base| {
+        let config = Config {
+            symmetric_heap_bytes: 1 << 20,
+            ..base
+        };
+        // SAFETY: first thing in main, before the watchdog thread below: no thread has been
+        // started and no CUDA call made.
+        unsafe { export_nvshmem_env(&config) }.map(|_| config)
+    });
+    let config = match config {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("gla_bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    let timeout_s = opts.timeout_s;
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(timeout_s));
+        eprintln!("gla_bench: still running after {timeout_s} s (a kernel hung?); giving up");
+        lasp_shmem::runtime::exit_after_error(1);
+    });
+    if let Err(e) = run(&opts, config) {
+        eprintln!("gla_bench: {e}");
+        lasp_shmem::runtime::exit_after_error(1);
+    }
+}

@@ -1,0 +1,323 @@
+//! [`GlaForward`]: the GLA forward's kernels, workspace and launches, and the checks of one
+//! call's tensors ([`GlaArgs`]) before anything is launched.
+
+use super::plan::{output_smem_bytes, states_smem_bytes};
+use super::{GlaParams, GlaPlan};
+use crate::error::{Error, Result};
+use crate::kernel::Kernel;
+use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
+use crate::ops::{bf16, ranges_overlap, DeviceMut, DeviceRef, StreamOrder};
+use crate::runtime::Runtime;
+use cudarc::driver::{result as cu, sys, CudaContext, CudaSlice, CudaStream};
+use lasp_shmem_kernels::instances;
+use std::sync::Arc;
+
+const OP: &str = "GLA forward";
+
+/// The tensors of one call; views from cudarc buffers ([`DeviceRef::new`], [`DeviceMut::new`])
+/// or raw pointers, all in the runtime's GPU context.
+#[derive(Debug)]
+pub struct GlaArgs<'a> {
+    /// The dimensions every tensor must agree with (Dk and Dv 64 or 128).
+    pub shape: ForwardShape,
+    /// Queries `[B, T, H, Dk]`, bf16, contiguous, 16-byte aligned.
+    pub q: DeviceRef<'a, bf16>,
+    /// Keys `[B, T, H, Dk]`, bf16, contiguous, 16-byte aligned.
+    pub k: DeviceRef<'a, bf16>,
+    /// Values `[B, T, H, Dv]`, bf16, contiguous, 16-byte aligned.
+    pub v: DeviceRef<'a, bf16>,
+    /// Log-decays per key dimension `[B, T, H, Dk]`, fp32, 16-byte aligned, finite and `<= 0`
+    /// (the caller's contract: checked in debug builds and by [`GlaForward::validate_gates`]).
+    pub g: DeviceRef<'a, f32>,
+    /// Initial state `[B, H, Dk, Dv]` fp32, 8-byte aligned; `None` for zero.
+    pub h0: Option<DeviceRef<'a, f32>>,
+    /// Output `[B, T, H, Dv]`, bf16, 16-byte aligned; every element is written.
+    pub o: DeviceMut<'a, bf16>,
+    /// Final state `[B, H, Dk, Dv]` fp32, 8-byte aligned; `None` to skip it.
+    pub ht: Option<DeviceMut<'a, f32>>,
+    /// `sigma` in `o_t = sigma q_t S_t`; `None` for `Dk^-1/2`.
+    pub scale: Option<f32>,
+}
+
+impl<'a> GlaArgs<'a> {
+    /// The streams of the buffers the views come from ([`crate::ops`], "Ordering").
+    fn homes(&self) -> [Option<&'a Arc<CudaStream>>; 7] {
+        [
+            self.q.home(),
+            self.k.home(),
+            self.v.home(),
+            self.g.home(),
+            self.h0.and_then(|h0| h0.home()),
+            self.o.home(),
+            self.ht.as_ref().and_then(DeviceMut::home),
+        ]
+    }
+
+    /// Checks lengths, alignment, scale and overlaps against the (validated) shape; returns the
+    /// scale to use.
+    fn check(&self) -> Result<f32> {
+        let s = &self.shape;
+        let checks = TensorChecks::new(OP, s);
+        let state = s.b * s.h * s.dk * s.dv;
+        checks.length("q", "[B, T, H, Dk]", self.q.len(), s.qk_len())?;
+        checks.length("k", "[B, T, H, Dk]", self.k.len(), s.qk_len())?;
+        checks.length("v", "[B, T, H, Dv]", self.v.len(), s.v_len())?;
+        checks.length("g", "[B, T, H, Dk]", self.g.len(), s.qk_len())?;
+        checks.length("o", "[B, T, H, Dv]", self.o.len(), s.v_len())?;
+        if let Some(h0) = &self.h0 {
+            checks.length("h0", "[B, H, Dk, Dv]", h0.len(), state)?;
+            checks.aligned("h0", h0.addr(), 8)?;
+        }
+        if let Some(ht) = &self.ht {
+            checks.length("ht", "[B, H, Dk, Dv]", ht.len(), state)?;
+            checks.aligned("ht", ht.addr(), 8)?;
+        }
+        for (name, addr) in [
+            ("q", self.q.addr()),
+            ("k", self.k.addr()),
+            ("v", self.v.addr()),
+            ("g", self.g.addr()),
+            ("o", self.o.addr()),
+        ] {
+            checks.aligned(name, addr, 16)?;
+        }
+        let scale = self.scale.unwrap_or_else(|| s.default_scale());
+        if !(scale.is_finite() && scale > 0.0) {
+            return Err(invalid(format!(
+                "{OP}: scale = {scale} must be finite and > 0; pass None for the default Dk^-1/2"
+            )));
+        }
+        let mut inputs = vec![
+            ("q", self.q.byte_range()),
+            ("k", self.k.byte_range()),
+            ("v", self.v.byte_range()),
+            ("g", self.g.byte_range()),
+        ];
+        inputs.extend(self.h0.map(|h0| ("h0", h0.byte_range())));
+        let mut outputs = vec![("o", self.o.byte_range())];
+        outputs.extend(self.ht.as_ref().map(|ht| ("ht", ht.byte_range())));
+        for (out_name, out) in &outputs {
+            for (in_name, input) in &inputs {
+                if ranges_overlap(*out, *input) {
+                    return Err(invalid(format!(
+                        "{OP}: output {out_name} overlaps input {in_name} (the kernels read \
+                         {in_name} while other CTAs write {out_name}); give {out_name} its own \
+                         buffer"
+                    )));
+                }
+            }
+        }
+        if outputs.len() == 2 && ranges_overlap(outputs[0].1, outputs[1].1) {
+            return Err(invalid(format!(
+                "{OP}: o and ht overlap; give each its own buffer"
+            )));
+        }
+        Ok(scale)
+    }
+}
+
+fn invalid(msg: String) -> Error {
+    Error::InvalidArgument(msg)
+}
+
+/// The first gate that breaks the contract (finite and `<= 0`), as an error naming
+/// `[b, t, h, d]`.
+pub fn check_gate_values(g: &[f32], shape: &ForwardShape) -> Result<()> {
+    let Some(pos) = g.iter().position(|x| !(x.is_finite() && *x <= 0.0)) else {
+        return Ok(());
+    };
+    let (dk, h, t) = (shape.dk.max(1), shape.h.max(1), shape.t.max(1));
+    let (d, rest) = (pos % dk, pos / dk);
+    let (hh, rest) = (rest % h, rest / h);
+    let (tt, b) = (rest % t, rest / t);
+    Err(invalid(format!(
+        "{OP}: gate g[b={b}, t={tt}, h={hh}, d={d}] = {} must be finite and <= 0: gates are \
+         natural-log decays (e.g. logsigmoid(x) / 16 as fla's GLA layer makes them), not decay \
+         factors",
+        g[pos]
+    )))
+}
+
+/// The GLA forward: its kernels and its workspace.
+///
+/// One instance may be launched many times on one stream; launches of one instance on different
+/// streams must be ordered by the caller (they share the workspace). The workspace grows on
+/// demand (a context synchronisation then) and is freed when the instance is dropped.
+pub struct GlaForward {
+    ctx: Arc<CudaContext>,
+    /// Indexed by Dk: [64, 128].
+    states: [Kernel; 2],
+    /// Indexed by [Dv][Dk]: Dv 64, 128.
+    output: [[Kernel; 2]; 2],
+    fold: Kernel,
+    sm_count: u32,
+    force_segments: Option<u32>,
+    workspace: Option<CudaSlice<u8>>,
+}
+
+fn width_index(d: usize) -> usize {
+    usize::from(d == 128)
+}
+
+impl GlaForward {
+    /// Looks up the kernels in the runtime's module and raises their shared-memory limits; an
+    /// error if this GPU cannot give a block that much shared memory.
+    pub fn new(runtime: &Runtime) -> Result<Self> {
+        let ctx = runtime.context().clone();
+        ctx.bind_to_thread()?;
+        let optin = ctx.attribute(
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )? as u32;
+        let need = output_smem_bytes(128, 128);
+        if optin < need {
+            return Err(Error::Launch(format!(
+                "{OP}: the kernels need {need} bytes of shared memory per block but this GPU \
+                 ({}) allows {optin}; run on an H100/H200 (sm_90)",
+                ctx.name().unwrap_or_default()
+            )));
+        }
+        let module = runtime.module();
+        let states = module.kernels_per_width(instances::GLA_STATES)?;
+        let output = [
+            module.kernels_per_width(instances::GLA_OUTPUT_DV64)?,
+            module.kernels_per_width(instances::GLA_OUTPUT_DV128)?,
+        ];
+        for (i, dk) in [64, 128].into_iter().enumerate() {
+            states[i].set_max_dynamic_shared_bytes(states_smem_bytes(dk))?;
+            for (j, dv) in [64, 128].into_iter().enumerate() {
+                output[j][i].set_max_dynamic_shared_bytes(output_smem_bytes(dk, dv))?;
+            }
+        }
+        Ok(GlaForward {
+            fold: module.kernel("lasp_gla_fold")?,
+            sm_count: crate::ops::sm_count(&ctx)?,
+            ctx,
+            states,
+            output,
+            force_segments: None,
+            workspace: None,
+        })
+    }
+
+    /// Forces the number of segments per sequence (tests and tuning), or restores the automatic
+    /// plan with `None`.
+    pub fn set_num_segments(&mut self, segments: Option<u32>) -> Result<()> {
+        if segments == Some(0) {
+            return Err(invalid(format!(
+                "{OP}: a forced segment count must be at least 1 (use None for the automatic plan)"
+            )));
+        }
+        self.force_segments = segments;
+        Ok(())
+    }
+
+    /// The plan a launch of `shape` would use (validates the shape).
+    pub fn plan(&self, shape: &ForwardShape) -> Result<GlaPlan> {
+        GlaPlan::new(shape, self.sm_count, self.force_segments)
+    }
+
+    /// Copies `g` to the host (synchronising `stream`) and checks that every gate is finite and
+    /// `<= 0`; the error names the first offending `[b, t, h, d]`.
+    pub fn validate_gates(
+        &self,
+        stream: &Arc<CudaStream>,
+        g: DeviceRef<'_, f32>,
+        shape: &ForwardShape,
+    ) -> Result<()> {
+        if g.len() != shape.qk_len() {
+            return Err(invalid(format!(
+                "{OP}: g has {} elements but [B, T, H, Dk] needs {}",
+                g.len(),
+                shape.qk_len()
+            )));
+        }
+        let mut host = vec![0f32; g.len()];
+        self.ctx.bind_to_thread()?;
+        // SAFETY: g is a live device allocation of at least g.len() f32 (DeviceRef's contract);
+        // the copy completes before `host` is read (stream synchronised below).
+        unsafe { cu::memcpy_dtoh_async(&mut host, g.addr(), stream.cu_stream()) }?;
+        stream.synchronize()?;
+        check_gate_values(&host, shape)
+    }
+
+    /// Enqueues the forward on `stream` (a stream of the runtime's context) and returns the plan
+    /// it used. Everything is validated before the first launch; in debug builds the gates are
+    /// checked too, which synchronises `stream`.
+    pub fn launch(&mut self, stream: &Arc<CudaStream>, args: GlaArgs<'_>) -> Result<GlaPlan> {
+        StreamOrder::around(stream, args.homes(), OP, || self.enqueue(stream, args))
+    }
+
+    fn enqueue(&mut self, stream: &Arc<CudaStream>, args: GlaArgs<'_>) -> Result<GlaPlan> {
+        let plan = self.plan(&args.shape)?;
+        let scale = args.check()?;
+        if !Arc::ptr_eq(stream.context(), &self.ctx) {
+            return Err(invalid(format!(
+                "{OP}: the stream belongs to another CUDA context; launch on a stream of the \
+                 runtime's GPU"
+            )));
+        }
+        if cfg!(debug_assertions) {
+            self.validate_gates(stream, args.g, &args.shape)?;
+        }
+        crate::ops::ensure_workspace(
+            &self.ctx,
+            stream,
+            &mut self.workspace,
+            plan.workspace_bytes,
+            OP,
+        )?;
+        let (ws_m, ws_p, ws_lambda) = match (&self.workspace, plan.num_segments > 1) {
+            (Some(ws), true) => {
+                let (base, _no_events) = cudarc::driver::DevicePtr::device_ptr(ws, stream);
+                let (p, lambda) = plan.workspace_offsets();
+                (base, base + p, base + lambda)
+            }
+            _ => (0, 0, 0),
+        };
+        let s = &args.shape;
+        let params = GlaParams {
+            q: args.q.addr() as _,
+            k: args.k.addr() as _,
+            v: args.v.addr() as _,
+            g: args.g.addr() as _,
+            o: args.o.addr() as _,
+            h0: args.h0.map_or(0, |x| x.addr()) as _,
+            ht: args.ht.as_ref().map_or(0, |x| x.addr()) as _,
+            ws_m: ws_m as _,
+            ws_p: ws_p as _,
+            ws_lambda: ws_lambda as _,
+            B: s.b as i32,
+            T: s.t as i32,
+            H: s.h as i32,
+            Dk: s.dk as i32,
+            Dv: s.dv as i32,
+            num_segments: plan.num_segments as i32,
+            chunks_per_segment: plan.chunks_per_segment as i32,
+            scale,
+        };
+        self.ctx.bind_to_thread()?;
+        let (i, j) = (width_index(s.dk), width_index(s.dv));
+        // SAFETY: GlaParams is lasp_gla_params, generated from the header; the shape is
+        // supported and every tensor has the length, alignment and non-overlap the kernels need
+        // (checked above); the views borrow their buffers for the call and their contracts keep
+        // the memory valid until the kernels complete; the workspace is owned by self and freed
+        // only after a context synchronisation.
+        unsafe {
+            if let (Some(states), Some(fold)) = (plan.states, plan.fold) {
+                self.states[i].launch(stream, states, &params)?;
+                self.fold.launch(stream, fold, &params)?;
+            }
+            self.output[j][i].launch(stream, plan.output, &params)?;
+        }
+        Ok(plan)
+    }
+}
+
+impl Drop for GlaForward {
+    fn drop(&mut self) {
+        // Earlier launches may still read the workspace.
+        if self.workspace.is_some() {
+            let _ = self.ctx.synchronize();
+        }
+    }
+}

@@ -1,0 +1,24 @@
+//! GLA forward on one GPU: gated linear attention with a log-decay per key dimension (fla's
+//! `chunk_gla`).
+//!
+//! Per batch `b` and head `h`, with row vectors and `sigma = scale`:
+//! `S_t = diag(e^{a_t}) S_{t-1} + k_t^T v_t`, `o_t = sigma q_t S_t`, `a_t = g[b, t, h, :] <= 0`.
+//! Tensors are in fla's layout: `q, k [B, T, H, Dk]`, `v, o [B, T, H, Dv]` bf16, `g [B, T, H, Dk]`
+//! fp32 (natural-log decays), optional `h0` / `ht` fp32 `[B, H, Dk, Dv]`; Dk and Dv 64 or 128.
+//!
+//! The kernels are `kernels/cuda/gla/forward.cu` (the chunk maths: `lasp/gla/chunk.cuh`); the
+//! parameter struct [`GlaParams`] and the shared-memory and workspace formulas come from
+//! `lasp/gla/forward_params.h`. Call sequence (one stream): with `S > 1` segments per sequence,
+//! the states kernel (end state and log-decays of every segment but the last), the fold (the
+//! prefix entering every segment), then always the output kernel, one CTA per (segment, b*H+h)
+//! with one warpgroup per 64 columns of Dv.
+
+mod forward;
+mod plan;
+
+pub use forward::{GlaArgs, GlaForward};
+pub use plan::GlaPlan;
+
+/// The C struct `lasp_gla_params` of `lasp/gla/forward_params.h`, passed by value to every GLA
+/// forward kernel. Pointer fields hold device addresses; NULL where a tensor is absent.
+pub type GlaParams = lasp_shmem_kernels::params::lasp_gla_params;

@@ -1,0 +1,126 @@
+//! [`GlaPlan`]: how one GLA forward call runs (segments per sequence, the launches, the
+//! workspace), from the shape and the GPU's multiprocessor count.
+
+use crate::error::{Error, Result};
+use crate::kernel::LaunchShape;
+use crate::ops::scalar_decay::ForwardShape;
+use lasp_shmem_kernels::params as header;
+
+/// Tokens per chunk.
+pub(crate) const CHUNK: usize = header::LASP_GLA_CHUNK as usize;
+const STATES_THREADS: u32 = header::LASP_GLA_STATES_THREADS;
+const FOLD_THREADS: u32 = header::LASP_GLA_FOLD_THREADS;
+/// The most segments per sequence (the kernels' grid y).
+const MAX_SEGMENTS: usize = 65_535;
+
+/// How one call runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GlaPlan {
+    /// The shape the plan is for.
+    pub shape: ForwardShape,
+    /// Segments per (b, h), S >= 1; none is empty.
+    pub num_segments: u32,
+    /// Chunks of 64 tokens per segment (the last segment may hold fewer).
+    pub chunks_per_segment: u32,
+    /// Workspace bytes (0 when S == 1).
+    pub workspace_bytes: u64,
+    /// The states kernel's launch (only when S > 1).
+    pub states: Option<LaunchShape>,
+    /// The fold kernel's launch (only when S > 1).
+    pub fold: Option<LaunchShape>,
+    /// The output kernel's launch.
+    pub output: LaunchShape,
+}
+
+/// Shared-memory bytes of the output kernel (`lasp_gla_output_smem_bytes`).
+pub(crate) fn output_smem_bytes(dk: usize, dv: usize) -> u32 {
+    let (c, dk, dv) = (CHUNK as u32, dk as u32, dv as u32);
+    let stage = 2 * c * dk * 2 + c * dv * 2 + c * dk * 4;
+    header::LASP_GLA_STAGES * stage + c * dk * 2 + dk * dv * 2 + 3 * dk * 4
+}
+
+/// Threads of the output kernel (`lasp_gla_output_threads`): a warpgroup per 64 columns of Dv.
+pub(crate) fn output_threads(dv: usize) -> u32 {
+    128 * (dv as u32 / 64)
+}
+
+/// Shared-memory bytes of the states kernel (`lasp_gla_states_smem_bytes`).
+pub(crate) fn states_smem_bytes(dk: usize) -> u32 {
+    let (c, dk) = (CHUNK as u32, dk as u32);
+    header::LASP_GLA_STATES_STAGES * (c * dk * 2 + c * 64 * 2 + c * dk * 4)
+}
+
+impl GlaPlan {
+    /// The plan for `shape` on a GPU of `sm_count` multiprocessors (one output CTA each), or
+    /// with `force_segments` segments per sequence (clamped to one chunk each at least and
+    /// rounded so that none is empty).
+    pub fn new(shape: &ForwardShape, sm_count: u32, force_segments: Option<u32>) -> Result<Self> {
+        validate(shape)?;
+        let (b, t, h, dk, dv) = (shape.b, shape.t, shape.h, shape.dk, shape.dv);
+        let chunks = t.div_ceil(CHUNK);
+        let want = match force_segments {
+            Some(0) => {
+                return Err(Error::InvalidArgument(
+                    "GLA forward: a forced segment count must be at least 1 (use None for the \
+                     automatic plan)"
+                        .into(),
+                ))
+            }
+            Some(s) => s as usize,
+            // One output CTA per (segment, b*H+h) and SM: as many segments as fill the SMs once.
+            None => (sm_count as usize / (b * h)).max(1),
+        };
+        let per_segment = chunks.div_ceil(want.min(chunks));
+        let segments = chunks.div_ceil(per_segment);
+        if segments > MAX_SEGMENTS {
+            return Err(Error::InvalidArgument(format!(
+                "GLA forward: {segments} segments per sequence exceed {MAX_SEGMENTS} (the kernels' \
+                 grid limit); force fewer segments"
+            )));
+        }
+        let bh = (b * h) as u32;
+        let many = segments > 1;
+        let state_bytes = (b * h * (segments - 1) * dk * dv * 4) as u64;
+        Ok(GlaPlan {
+            shape: *shape,
+            num_segments: segments as u32,
+            chunks_per_segment: per_segment as u32,
+            workspace_bytes: 2 * state_bytes + (b * h * (segments - 1) * dk * 4) as u64,
+            states: many.then_some(LaunchShape {
+                grid: ((dv / 64) as u32, segments as u32 - 1, bh),
+                block: (STATES_THREADS, 1, 1),
+                shared_bytes: states_smem_bytes(dk),
+            }),
+            fold: many.then_some(LaunchShape {
+                grid: (((dk * dv) as u32).div_ceil(FOLD_THREADS), bh, 1),
+                block: (FOLD_THREADS, 1, 1),
+                shared_bytes: 0,
+            }),
+            output: LaunchShape {
+                grid: (1, segments as u32, bh),
+                block: (output_threads(dv), 1, 1),
+                shared_bytes: output_smem_bytes(dk, dv),
+            },
+        })
+    }
+
+    /// Byte offsets of `ws_p` and `ws_lambda` in the workspace (`ws_m` is at 0).
+    pub fn workspace_offsets(&self) -> (u64, u64) {
+        let s = &self.shape;
+        let state_bytes = (s.b * s.h * (self.num_segments as usize - 1) * s.dk * s.dv * 4) as u64;
+        (state_bytes, 2 * state_bytes)
+    }
+}
+
+/// Checks that the GLA kernels support `shape`; the error says what to change.
+pub(crate) fn validate(shape: &ForwardShape) -> Result<()> {
+    shape.validate_as("GLA forward")?;
+    if shape.dv != 64 && shape.dv != 128 {
+        return Err(Error::InvalidArgument(format!(
+            "GLA forward: Dv = {} is not supported (the kernels are built for Dv 64 and 128); \
+             split v into blocks of 128 columns and run one call per block with the same q, k, g",
+            shape.dv
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,93 @@
+// GLA (gated linear attention with a log-decay per key dimension), forward, chunkwise (C = 64),
+// for sm_90a (wgmma).
+//
+//   S_t = diag(e^{a_t}) S_{t-1} + k_t^T v_t,   o_t = sigma q_t S_t      (per batch b, head h)
+//
+// Three kernels (launch geometry and call order: lasp/gla/forward_params.h):
+//   1. lasp_gla_states_dk*        segment s < S-1: its local end state M_s from zero and its
+//                                 log-decay Lambda_s in R^Dk (lasp::gla::run_states_segment)
+//   2. lasp_gla_fold              P_0 = h0, P_{s+1} = diag(e^{Lambda_s}) P_s + M_s
+//   3. lasp_gla_output_dk*_dv*    segment s from P_s: O for every token, S on chip in fp32, the last
+//                                 segment writes the final state (lasp::gla::run_output_segment)
+// With S == 1 only kernel 3 runs. The chunk maths, and how the scores stay a tensor-core product
+// under per-key decays: lasp/gla/chunk.cuh.
+#include <math.h>
+#include <stdint.h>
+
+#include "lasp/gla/chunk.cuh"
+#include "lasp/gla/forward_params.h"
+
+namespace lasp {
+namespace gla {
+
+// The segment of this CTA (grid y) and its (b, h) (grid z).
+__device__ __forceinline__ Segment segment_of(const lasp_gla_params& p) {
+  Segment sg;
+  sg.T = p.T;
+  sg.H = p.H;
+  sg.Dv = p.Dv;
+  sg.b = blockIdx.z / p.H;
+  sg.h = blockIdx.z % p.H;
+  sg.c_begin = blockIdx.y * p.chunks_per_segment;
+  sg.n_chunks = min(p.chunks_per_segment, lasp_gla_num_chunks(p.T) - sg.c_begin);  // >= 1 by the host's S
+  return sg;
+}
+
+// Kernel 1: segment blockIdx.y's (M, Lambda) into workspace slot (b*H+h, s); Dv tile blockIdx.x.
+template <int DK>
+__device__ __forceinline__ void run_states(const lasp_gla_params& p) {
+  const Segment sg = segment_of(p);
+  const int64_t slot = (int64_t)blockIdx.z * (p.num_segments - 1) + blockIdx.y;
+  const int vt = blockIdx.x;
+  run_states_segment<DK>(p, sg, vt, [&](StateRegs<DK>& s, const StateLane& ln, float2 lambda, const auto& gl) {
+    chunk::state_store<DK>(s, ln, p.ws_m + slot * DK * p.Dv + vt * 64, p.Dv);
+    if (vt == 0 && gl.first == 0) reinterpret_cast<float2*>(p.ws_lambda + slot * DK)[gl.pair] = lambda;
+  });
+}
+
+// Kernel 3: segment blockIdx.y from its prefix; the last segment writes ht.
+template <int DK, int DV>
+__device__ __forceinline__ void run_output(const lasp_gla_params& p) {
+  const Segment sg = segment_of(p);
+  const int seg = blockIdx.y;
+  const int64_t bh = blockIdx.z;
+  const int64_t tile = (int64_t)DK * DV;
+  const float* prefix = seg > 0 ? p.ws_p + (bh * (p.num_segments - 1) + seg - 1) * tile
+                                : p.h0 ? p.h0 + bh * tile : nullptr;
+  run_output_segment<DK, DV>(
+      p, sg,
+      [&](StateRegs<DK>& s, const StateLane& ln, int group) {
+        if (prefix)
+          chunk::state_load<DK>(s, ln, prefix + group * 64, DV);
+        else
+          chunk::state_zero<DK>(s, ln);
+      },
+      [&](StateRegs<DK>& s, const StateLane& ln, int group) {
+        if (seg == p.num_segments - 1 && p.ht) chunk::state_store<DK>(s, ln, p.ht + bh * tile + group * 64, DV);
+      });
+}
+
+}  // namespace gla
+}  // namespace lasp
+
+// Kernel 2: ws_p slot s = P_{s+1} = diag(e^{Lambda_s}) P_s + M_s, ascending s, P_0 = h0 (or 0).
+// One thread per state element (d, c) per b*H+h; only when S > 1.
+extern "C" __global__ void __launch_bounds__(LASP_GLA_FOLD_THREADS)
+    lasp_gla_fold(const __grid_constant__ lasp_gla_params p) {
+  const int64_t n = (int64_t)p.Dk * p.Dv;
+  const int64_t e = (int64_t)blockIdx.x * LASP_GLA_FOLD_THREADS + threadIdx.x;
+  if (e >= n) return;
+  const int64_t bh = blockIdx.y;
+  const int d = static_cast<int>(e / p.Dv);
+  const int slots = p.num_segments - 1;
+  float prefix = p.h0 ? p.h0[bh * n + e] : 0.f;
+  for (int s = 0; s < slots; ++s) {
+    const int64_t slot = bh * slots + s;
+    prefix = lasp::gla::fold_step(prefix, __ldg(p.ws_lambda + slot * p.Dk + d), __ldg(p.ws_m + slot * n + e));
+    p.ws_p[slot * n + e] = prefix;
+  }
+}
+
+// The templated kernels are instantiated from kernels/instances.rs:
+//   lasp_gla_states_dk*           kernel 1, grid (Dv/64, S-1, B*H), block LASP_GLA_STATES_THREADS
+//   lasp_gla_output_dk*_dv{64,128} kernel 3, grid (1, S, B*H), block lasp_gla_output_threads(Dv)

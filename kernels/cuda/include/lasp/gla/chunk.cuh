@@ -1,0 +1,449 @@
+// Device building blocks of the GLA forward (gla/forward.cu): the per-key gate work of a chunk
+// (column cumsums of the [64 x Dk] log-gates and the decayed Q and K tiles it weighs), the states
+// loop and the output loop, and the fold of segment summaries.
+//
+// Per chunk, b_r in R^Dk is the chunk-local inclusive cumsum of the gates, gamma = b_63, and
+//   O       = sigma ( (Q (.) e^{b}) S_n + A V ),   A_rj = [r >= j] sum_d q_rd k_jd e^{b_rd - b_jd}
+//   S_{n+1} = diag(e^{gamma}) S_n + (K (.) e^{gamma - b})^T V.
+// A per-key decay does not factor out of the scores as a scalar mask does, and e^{b_r} e^{-b_j}
+// overflows once -b_j is large. The scores are one tensor-core product anyway: with a reference row
+// c in R^Dk (the cumsum after the chunk's first half, row 31),
+//   A_rj = sum_d (q_rd e^{b_rd - c_d}) (k_jd e^{c_d - b_jd}),
+// whose positive exponents are at most the log-decay of one half of the chunk: for rows r < 32,
+// b_r - c <= b_0 - c, and for keys j >= 32, c - b_j <= c - gamma; every unmasked term (r >= j) has
+// b_r - b_j <= 0 in every dimension. Where both half-chunk spans are <= kSpanLimit in every dimension
+// (log-decays above -1 per token on average: every chunk of the usual GLA gates) the factored
+// product is exact up to bf16 rounding. A chunk where some dimension decays faster (a "steep"
+// chunk) computes its scores term by term in fp32 instead (exact_scores: correct for any gates,
+// about ten times the cost of the chunk). The inter-chunk term uses the same decayed queries:
+// (Q (.) e^{b - c}) (diag(e^{c}) S_n), the reference folded into the bf16 copy of the state.
+#pragma once
+#include <math.h>
+#include <stdint.h>
+
+#include "lasp/chunk/state_tile.cuh"
+#include "lasp/chunk/tile_copy.cuh"
+#include "lasp/gla/forward_params.h"
+#include "lasp/mma.cuh"
+#include "lasp/wgmma.cuh"
+
+namespace lasp {
+namespace gla {
+
+using chunk::exp_nonpos;
+using chunk::for_each_state_pair;
+using chunk::kChunk;
+using chunk::StateLane;
+using chunk::StateRegs;
+static_assert(kChunk == LASP_GLA_CHUNK, "one chunk size");
+
+// Bound on the positive exponents of the factored scores (natural log): e^64 |q| stays far from
+// the bf16 / fp32 range, and the masked scores above the diagonal (at most e^128 |q||k|) may
+// overflow to inf only where the mask discards them.
+constexpr float kSpanLimit = 64.f;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr uint32_t kRow16 = 16 * 128;           // bytes of 16 rows of a swizzled tile
+constexpr uint32_t kBlockBytes = kChunk * 128;  // one 64-column block of a [64 x D] tile
+
+// e^x for x of either sign (the callers bound it).
+__device__ __forceinline__ float exp_any(float x) { return ex2_approx(x * kLog2e); }
+
+// The fold of segment (or rank) prefixes, one element of row d: P = diag(e^{Lambda}) P + M.
+__device__ __forceinline__ float fold_step(float prefix, float lambda_d, float m) {
+  return fmaf(expf(fminf(lambda_d, 0.f)), prefix, m);
+}
+
+// Async copy of a chunk's [64 x DK] fp32 gates (rows of the fla layout [B, T, H, Dk], `stride`
+// floats apart) into a plain row-major tile at dst; rows >= valid_rows are zero (a = 0 changes
+// neither the cumsums nor the state).
+template <int DK, int kThreads>
+__device__ __forceinline__ void copy_gates_async(uint32_t dst, const float* row0, int64_t stride, int valid_rows,
+                                                 int tid) {
+  constexpr int kRowChunks = DK / 4;
+  static_assert((kChunk * kRowChunks) % kThreads == 0, "whole rounds of 16-byte copies");
+#pragma unroll
+  for (int i = tid; i < kChunk * kRowChunks; i += kThreads) {
+    const int r = i / kRowChunks, c = i % kRowChunks;
+    const bool ok = r < valid_rows;
+    cp_async_16(dst + r * DK * 4 + c * 16, ok ? row0 + r * stride + 4 * c : row0, ok);
+  }
+}
+
+// Which gate elements a thread owns in the chunk's gate work: the column pair (2 pair, 2 pair + 1)
+// of rows [first, first + kRows). A warp's 32 consecutive pairs cover one 128-byte row of a
+// swizzled bf16 tile and 256 contiguous bytes of the gate tile: no bank conflicts.
+template <int DK, int kThreads>
+struct GateLane {
+  static constexpr int kPairs = DK / 2;
+  static constexpr int kRowBlocks = kThreads / kPairs;
+  static constexpr int kRows = kChunk / kRowBlocks;
+  static_assert(kThreads % kPairs == 0 && kChunk % kRowBlocks == 0, "whole row blocks");
+  int pair, first;
+  __device__ __forceinline__ explicit GateLane(int tid) : pair(tid % kPairs), first((tid / kPairs) * kRows) {}
+  // Byte offset of the pair in row r of a swizzled [64 x DK] bf16 tile.
+  __device__ __forceinline__ uint32_t tile_offset(int r) const {
+    return swizzle(r, pair / 4, kChunk) + 4 * (pair % 4);
+  }
+};
+
+// The column scan of a chunk's gates for one thread's pair: every thread adds the column's rows in
+// order from row 0, so every cumsum of a column has the same bits in every thread and kernel.
+struct ColumnScan {
+  float2 before;  // b at row first - 1 (0 for first = 0)
+  float2 half;    // b at row 31: the reference row c
+  float2 head;    // b at row 0
+  float2 gamma;   // b at row 63
+};
+
+__device__ __forceinline__ float2 add2(float2 x, float2 y) { return make_float2(x.x + y.x, x.y + y.y); }
+
+__device__ __forceinline__ ColumnScan scan_columns(const float* s_gates, int DK, int pair, int first) {
+  ColumnScan cs;
+  float2 run = make_float2(0.f, 0.f);
+  cs.before = run;
+#pragma unroll
+  for (int r = 0; r < kChunk; ++r) {
+    run = add2(run, reinterpret_cast<const float2*>(s_gates + r * DK)[pair]);
+    if (r + 1 == first) cs.before = run;
+    if (r == 0) cs.head = run;
+    if (r == kChunk / 2 - 1) cs.half = run;
+  }
+  cs.gamma = run;
+  return cs;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The states loop: a segment's end state from zero M = sum_t diag(e^{Lambda - B_t}) k_t^T v_t and
+// its log-decay Lambda = sum_t a_t (per key dimension), walking the segment's chunks from the last
+// to the first so that each key's weight to the segment's end, e^{E + gamma - b_t} (E: the
+// log-decay of the chunks after it), is known when its chunk arrives (exponent <= 0). The weights
+// scale K in shared memory and the update is a plain K~^T V on the tensor cores, never rescaled.
+// One warpgroup per (64 Dv columns, segment, b*H+h).
+// ---------------------------------------------------------------------------------------------
+constexpr int kStatesThreads = LASP_GLA_STATES_THREADS;
+constexpr int kStatesStages = LASP_GLA_STATES_STAGES;
+
+template <int DK>
+struct StatesLayout {
+  static constexpr uint32_t kK = 0;
+  static constexpr uint32_t kV = kChunk * DK * 2;
+  static constexpr uint32_t kGates = kV + kChunk * 64 * 2;
+  static constexpr uint32_t kStageBytes = kGates + kChunk * DK * 4;
+  static constexpr uint32_t kBytes = kStatesStages * kStageBytes;
+  static_assert(kV % 1024 == 0 && kGates % 1024 == 0 && kStageBytes % 1024 == 0, "tiles stay 1024-byte aligned");
+  static __device__ __forceinline__ uint32_t stage(int i) { return (i % kStatesStages) * kStageBytes; }
+};
+
+// What one CTA of the states kernel walks: (b, h)'s rows of the fla layout and its chunks.
+struct Segment {
+  int T, H, Dv;
+  int b, h;
+  int c_begin, n_chunks;
+};
+
+// Runs the states loop; end(s, lane, lambda, gate_lane) gets M in the state registers and, in
+// each thread, Lambda of the gate lane's column pair.
+template <int DK, class End>
+__device__ __forceinline__ void run_states_segment(const lasp_gla_params& p, const Segment& sg, int vt, End&& end) {
+  using L = StatesLayout<DK>;
+  using G = GateLane<DK, kStatesThreads>;
+  static_assert(L::kBytes == lasp_gla_states_smem_bytes(DK), "shared-memory map and host formula disagree");
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const uint32_t sbase = smem_addr(smem);
+  const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
+  const int64_t row0 = (int64_t)sg.b * sg.T * sg.H + sg.h;  // token 0 of (b, h)
+  const int64_t k_stride = (int64_t)sg.H * DK, v_stride = (int64_t)sg.H * sg.Dv;
+  const uint16_t* k = p.k + row0 * DK;
+  const uint16_t* v = p.v + row0 * sg.Dv + vt * 64;
+  const float* gate = p.g + row0 * DK;
+
+  auto issue_step = [&](int j) {  // step j takes chunk n_chunks - 1 - j of the segment
+    const uint32_t stage = sbase + L::stage(j);
+    const int tok0 = (sg.c_begin + sg.n_chunks - 1 - j) * kChunk;
+    const int valid = min(kChunk, sg.T - tok0);
+    chunk::copy_tile_async<DK / 8, kStatesThreads>(stage + L::kK, k + tok0 * k_stride, k_stride, valid, tid);
+    chunk::copy_tile_async<8, kStatesThreads>(stage + L::kV, v + tok0 * v_stride, v_stride, valid, tid);
+    copy_gates_async<DK, kStatesThreads>(stage + L::kGates, gate + tok0 * k_stride, k_stride, valid, tid);
+  };
+
+  const StateLane ln{16 * warp, lane >> 2, lane & 3};
+  StateRegs<DK> s;
+  chunk::state_zero<DK>(s, ln);
+  const G gl(tid);
+#pragma unroll
+  for (int j = 0; j < kStatesStages - 1; ++j) {
+    if (j < sg.n_chunks) issue_step(j);
+    cp_async_commit();
+  }
+  float2 after = make_float2(0.f, 0.f);  // E: log-decay of the chunks after this step's, per column
+  for (int j = 0; j < sg.n_chunks; ++j) {
+    cp_async_wait<kStatesStages - 2>();
+    __syncthreads();  // step j's chunk has landed, for every thread
+    const uint32_t stage = L::stage(j);
+    const float* s_gates = reinterpret_cast<const float*>(smem + stage + L::kGates);
+    const ColumnScan cs = scan_columns(s_gates, DK, gl.pair, gl.first);
+    // K~ = K (.) e^{E + gamma - b}, in place.
+    float2 run = cs.before;
+#pragma unroll
+    for (int i = 0; i < G::kRows; ++i) {
+      const int r = gl.first + i;
+      run = add2(run, reinterpret_cast<const float2*>(s_gates + r * DK)[gl.pair]);
+      uint32_t* kp = reinterpret_cast<uint32_t*>(smem + stage + L::kK + gl.tile_offset(r));
+      *kp = scale_bf16x2(*kp, exp_nonpos(after.x + (cs.gamma.x - run.x)), exp_nonpos(after.y + (cs.gamma.y - run.y)));
+    }
+    after = add2(after, cs.gamma);
+    wg::fence_proxy_async();  // K~ visible to wgmma's async proxy
+    wg::wait<0>();            // step j-1's products are done with its stage
+    __syncthreads();          // K~ complete; no warp reads step j-1's stage any more: refill it
+    if (j + kStatesStages - 1 < sg.n_chunks) issue_step(j + kStatesStages - 1);
+    cp_async_commit();
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int mt = 0; mt < DK / 64; ++mt)
+        wg::mma_ss<wg::Major::kMN, wg::Major::kMN>(s[mt], wg::desc_sw128(sbase + stage + L::kK + mt * kBlockBytes + kk * kRow16),
+                                                   wg::desc_sw128(sbase + stage + L::kV + kk * kRow16), true);
+    wg::commit();
+  }
+  wg::wait<0>();
+#pragma unroll
+  for (int mt = 0; mt < DK / 64; ++mt) wg::fence_operands(s[mt]);
+  end(s, ln, after, gl);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The output loop: one CTA per (segment, b*H+h) with one warpgroup per 64 columns of Dv, each
+// holding its fp32 state tile [Dk x 64] in registers. Per chunk:
+//   gate work (all threads)    column cumsums; Q~ = Q (.) e^{b - c} and K^ = K (.) e^{c - b} for the
+//                              scores, K- = K (.) e^{gamma - b} for the update; e^{c}, e^{gamma}
+//   warpgroup (its 64 columns) S_bf = bf16(diag(e^{c}) S_n)
+//                              S <- diag(e^{gamma}) S
+//     group 1                  o = Q~ S_bf, a = Q~ K^^T           (wgmma, shared memory)
+//     group 2                  S += K-^T V                        (wgmma, shared memory)
+//     wait for group 1         (steep chunk: a term by term); P = sigma [r >= j] a, o *= sigma
+//     group 3                  o += P V                           (P from registers)
+// cp.async brings chunk i+1 while chunk i computes (LASP_GLA_STAGES = 2: the gates take as many
+// bytes as Q, K and V together). Three barriers per chunk: landed, gate scan done (and whether
+// the chunk is steep), tiles written.
+// ---------------------------------------------------------------------------------------------
+constexpr int kStages = LASP_GLA_STAGES;
+
+template <int DK, int DV>
+struct OutputLayout {
+  static constexpr int kGroups = DV / 64;
+  static constexpr int kThreads = 128 * kGroups;
+  static constexpr uint32_t kQ = 0;
+  static constexpr uint32_t kK = kChunk * DK * 2;
+  static constexpr uint32_t kV = 2 * kK;
+  static constexpr uint32_t kGates = kV + kChunk * DV * 2;
+  static constexpr uint32_t kStageBytes = kGates + kChunk * DK * 4;
+  static constexpr uint32_t kKhat = kStages * kStageBytes;
+  static constexpr uint32_t kSbf = kKhat + kChunk * DK * 2;  // per warpgroup: DK * 64 * 2 bytes
+  static constexpr uint32_t kSbfBytes = DK * 64 * 2;
+  static constexpr uint32_t kRefScale = kSbf + kGroups * kSbfBytes;  // fp32 [DK]: e^{c}
+  static constexpr uint32_t kDecay = kRefScale + DK * 4;               // fp32 [DK]: e^{gamma}
+  static constexpr uint32_t kBytes = kDecay + 2 * DK * 4;
+  static_assert(kStageBytes % 1024 == 0 && kKhat % 1024 == 0 && kSbfBytes % 1024 == 0, "tiles stay 1024-byte aligned");
+  static __device__ __forceinline__ uint32_t stage(int i) { return (i % kStages) * kStageBytes; }
+};
+
+// The steep chunk's scores, term by term in fp32: a[r][j] = sum_d q_rd k_jd e^{b_rd - b_jd} for
+// this lane's entries (r = 16 warp + 8 hh + g, j = 8 nt + 2 t + e) with j <= r, zero above the
+// diagonal. Q and K come again from global memory (their tiles hold the decayed copies), the
+// cumsums b from the gate tile (where the gate work left them).
+template <int DK>
+__device__ __forceinline__ void exact_scores(float (&a)[8][4], const uint16_t* q, const uint16_t* k, int64_t stride,
+                                             const float* s_b, int tok0, int T, int warp, int g, int t) {
+  auto bf = [](uint16_t x) { return __uint_as_float(static_cast<uint32_t>(x) << 16); };
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) a[nt][e] = 0.f;
+  for (int d = 0; d < DK; ++d) {
+    float qv[2], br[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = 16 * warp + 8 * hh + g;
+      qv[hh] = tok0 + r < T ? bf(q[(int64_t)(tok0 + r) * stride + d]) : 0.f;
+      br[hh] = s_b[r * DK + d];
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int j = 8 * nt + 2 * t + e;
+        const float kv = tok0 + j < T ? bf(k[(int64_t)(tok0 + j) * stride + d]) : 0.f;
+        const float bj = s_b[j * DK + d];
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = 16 * warp + 8 * hh + g;
+          if (j <= r) a[nt][2 * hh + e] = fmaf(qv[hh] * kv, exp_nonpos(br[hh] - bj), a[nt][2 * hh + e]);
+        }
+      }
+  }
+}
+
+// Runs one CTA's segment of the output loop.
+//   start(s, lane, group) -> void: the fp32 start state of the group's 64 columns.
+//   end(s, lane, group): the epilogue, given the segment's end state.
+template <int DK, int DV, class Start, class End>
+__device__ __forceinline__ void run_output_segment(const lasp_gla_params& p, const Segment& sg, Start&& start,
+                                                   End&& end) {
+  using L = OutputLayout<DK, DV>;
+  using G = GateLane<DK, L::kThreads>;
+  constexpr int kThreads = L::kThreads;
+  static_assert(DK == 64 || DK == 128, "Dk must be 64 or 128");
+  static_assert(L::kBytes == lasp_gla_output_smem_bytes(DK, DV), "shared-memory map and host formula disagree");
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const uint32_t sbase = smem_addr(smem);
+  const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31, group = tid >> 7;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t row0 = (int64_t)sg.b * sg.T * sg.H + sg.h;
+  const int64_t qk_stride = (int64_t)sg.H * DK, v_stride = (int64_t)sg.H * DV;
+  const uint16_t* q = p.q + row0 * DK;
+  const uint16_t* k = p.k + row0 * DK;
+  const uint16_t* v = p.v + row0 * DV;
+  const float* gate = p.g + row0 * DK;
+  float* ref_scale = reinterpret_cast<float*>(smem + L::kRefScale);
+  float* decay = reinterpret_cast<float*>(smem + L::kDecay);
+
+  auto issue_chunk = [&](int i) {
+    const uint32_t stage = sbase + L::stage(i);
+    const int tok0 = (sg.c_begin + i) * kChunk;
+    const int valid = min(kChunk, sg.T - tok0);
+    chunk::copy_tile_async<DK / 8, kThreads>(stage + L::kQ, q + tok0 * qk_stride, qk_stride, valid, tid);
+    chunk::copy_tile_async<DK / 8, kThreads>(stage + L::kK, k + tok0 * qk_stride, qk_stride, valid, tid);
+    chunk::copy_tile_async<DV / 8, kThreads>(stage + L::kV, v + tok0 * v_stride, v_stride, valid, tid);
+    copy_gates_async<DK, kThreads>(stage + L::kGates, gate + tok0 * qk_stride, qk_stride, valid, tid);
+  };
+
+  const StateLane ln{16 * warp, g, t};
+  StateRegs<DK> s;
+  start(s, ln, group);
+  const G gl(tid);
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < sg.n_chunks) issue_chunk(i);
+    cp_async_commit();
+  }
+
+  for (int i = 0; i < sg.n_chunks; ++i) {
+    cp_async_wait<kStages - 2>();
+    // Chunk i has landed for every thread; every warp is done with chunk i-1 (its stage, K^, the
+    // bf16 states and the vectors may be rewritten).
+    __syncthreads();
+    if (i + kStages - 1 < sg.n_chunks) issue_chunk(i + kStages - 1);
+    cp_async_commit();
+    const uint32_t stage = L::stage(i);
+    float* s_gates = reinterpret_cast<float*>(smem + stage + L::kGates);
+    const int tok0 = (sg.c_begin + i) * kChunk;
+
+    // Gate work, part 1: the scan, the reference row, the vectors.
+    const ColumnScan cs = scan_columns(s_gates, DK, gl.pair, gl.first);
+    const bool flat_x = cs.head.x - cs.half.x <= kSpanLimit && cs.half.x - cs.gamma.x <= kSpanLimit;
+    const bool flat_y = cs.head.y - cs.half.y <= kSpanLimit && cs.half.y - cs.gamma.y <= kSpanLimit;
+    // A steep column takes the chunk start as its reference: its Q~ and S_bf stay exact, and its
+    // K^ (clamped, finite) is not used, since the chunk's scores are then computed term by term.
+    const float2 ref = make_float2(flat_x ? cs.half.x : 0.f, flat_y ? cs.half.y : 0.f);
+    if (gl.first == 0) {
+      reinterpret_cast<float2*>(ref_scale)[gl.pair] = make_float2(exp_nonpos(ref.x), exp_nonpos(ref.y));
+      reinterpret_cast<float2*>(decay)[gl.pair] = make_float2(exp_nonpos(cs.gamma.x), exp_nonpos(cs.gamma.y));
+    }
+    // Every thread has read the gates it scans (so they may become cumsums) and the vectors are
+    // written.
+    const bool steep = __syncthreads_or(!(flat_x && flat_y));
+
+    // Gate work, part 2: the decayed tiles and the cumsums, in place (K^ in its own tile).
+    float2 run = cs.before;
+#pragma unroll
+    for (int j = 0; j < G::kRows; ++j) {
+      const int r = gl.first + j;
+      float2* gp = reinterpret_cast<float2*>(s_gates + r * DK) + gl.pair;
+      run = add2(run, *gp);
+      *gp = run;
+      const uint32_t off = gl.tile_offset(r);
+      uint32_t* qp = reinterpret_cast<uint32_t*>(smem + stage + L::kQ + off);
+      uint32_t* kp = reinterpret_cast<uint32_t*>(smem + stage + L::kK + off);
+      const uint32_t kraw = *kp;
+      *qp = scale_bf16x2(*qp, exp_any(run.x - ref.x), exp_any(run.y - ref.y));
+      *reinterpret_cast<uint32_t*>(smem + L::kKhat + off) =
+          scale_bf16x2(kraw, exp_any(fminf(ref.x - run.x, kSpanLimit)), exp_any(fminf(ref.y - run.y, kSpanLimit)));
+      *kp = scale_bf16x2(kraw, exp_nonpos(cs.gamma.x - run.x), exp_nonpos(cs.gamma.y - run.y));
+    }
+    // This warpgroup's bf16 state copy, scaled by e^{c} per row.
+    const uint32_t s_bf = L::kSbf + group * L::kSbfBytes;
+    for_each_state_pair<DK>(s, ln, [&](float& x0, float& x1, int d, int c) {
+      const float w = ref_scale[d];
+      *reinterpret_cast<uint32_t*>(smem + s_bf + swizzle(d, c / 8, DK) + 4 * ln.t) = pack_bf16x2(x0 * w, x1 * w);
+    });
+    wg::fence_proxy_async();
+    __syncthreads();  // the tiles of chunk i are complete
+
+    const uint32_t sQ = sbase + stage + L::kQ, sK = sbase + stage + L::kK, sKh = sbase + L::kKhat;
+    const uint32_t sV = sbase + stage + L::kV + group * kBlockBytes;
+    float o[8][4], acc[8][4];
+    // S <- diag(e^{gamma}) S before any product is in flight (ptxas would otherwise wait for group
+    // 1 where the registers are rewritten).
+    for_each_state_pair<DK>(s, ln, [&](float& x0, float& x1, int d, int) {
+      const float w = decay[d];
+      x0 *= w, x1 *= w;
+    });
+    wg::fence();
+#pragma unroll
+    for (int ks = 0; ks < DK / 16; ++ks) {
+      const uint32_t k_step = kBlockBytes * (ks >> 2) + 32 * (ks & 3);
+      const uint64_t q_desc = wg::desc_sw128(sQ + k_step);
+      wg::mma_ss<wg::Major::kMN>(o, q_desc, wg::desc_sw128(sbase + s_bf + ks * kRow16), ks > 0);
+      wg::mma_ss<wg::Major::kK>(acc, q_desc, wg::desc_sw128(sKh + k_step), ks > 0);
+    }
+    wg::commit();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int mt = 0; mt < DK / 64; ++mt)
+        wg::mma_ss<wg::Major::kMN, wg::Major::kMN>(s[mt], wg::desc_sw128(sK + mt * kBlockBytes + kk * kRow16),
+                                                   wg::desc_sw128(sV + kk * kRow16), true);
+    wg::commit();
+    wg::wait<1>();
+    wg::fence_operands(o);
+    wg::fence_operands(acc);
+    if (steep) exact_scores<DK>(acc, q, k, qk_stride, s_gates, tok0, sg.T, warp, g, t);
+    uint32_t pa[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = 16 * warp + 8 * hh + g, j = 8 * nt + 2 * t;
+        const float x0 = j <= r ? p.scale * acc[nt][2 * hh] : 0.f;
+        const float x1 = j + 1 <= r ? p.scale * acc[nt][2 * hh + 1] : 0.f;
+        pa[nt >> 1][(nt & 1) * 2 + hh] = pack_bf16x2(x0, x1);
+        o[nt][2 * hh] *= p.scale;
+        o[nt][2 * hh + 1] *= p.scale;
+      }
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wg::mma_rs<wg::Major::kMN>(o, pa[kk], wg::desc_sw128(sV + kk * kRow16));
+    wg::commit();
+    wg::wait<0>();
+    wg::fence_operands(o);
+#pragma unroll
+    for (int mt = 0; mt < DK / 64; ++mt) wg::fence_operands(s[mt]);
+
+    uint16_t* o_rows = p.o + row0 * DV + group * 64 + 2 * t;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int tok = tok0 + 16 * warp + 8 * hh + g;
+      if (tok < sg.T) {
+        uint16_t* dst = o_rows + tok * v_stride;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+          *reinterpret_cast<uint32_t*>(dst + 8 * nt) = pack_bf16x2(o[nt][2 * hh], o[nt][2 * hh + 1]);
+      }
+    }
+  }
+  end(s, ln, group);
+}
+
+}  // namespace gla
+}  // namespace lasp
