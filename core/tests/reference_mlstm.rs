@@ -10,7 +10,7 @@ use lasp_shmem::reference::mlstm::{
     chunkwise_forward, fold, lasp2_forward, recurrent_forward, unstabilised_forward, MlstmForward,
     MlstmInputs, MlstmRegime, MlstmSpec,
 };
-use lasp_shmem::reference::{assert_rel_close, Shape, Tensor};
+use lasp_shmem::reference::{assert_rel_close, rel_err, Shape, Tensor};
 
 const TOL: f64 = 1e-10;
 const SHAPE: Shape = Shape {
@@ -26,6 +26,7 @@ fn generate(regime: MlstmRegime, seed: u64, initial_state: bool) -> MlstmInputs 
         shape: SHAPE,
         regime,
         seed,
+        round_to_bf16: false,
         initial_state,
     };
     MlstmInputs::generate(&spec).unwrap()
@@ -261,6 +262,37 @@ fn shard_summary_is_stabilised_by_its_largest_log_weight() {
 }
 
 #[test]
+fn bf16_rounding_makes_device_copies_exact() {
+    let spec = MlstmSpec {
+        shape: SHAPE,
+        regime: MlstmRegime::LargeInputGate,
+        seed: 3,
+        round_to_bf16: true,
+        initial_state: true,
+    };
+    let x = MlstmInputs::generate(&spec).unwrap();
+    let is_bf16 = |t: &Tensor| {
+        t.data()
+            .iter()
+            .all(|&v| half::bf16::from_f64(v).to_f64() == v)
+    };
+    let is_f32 = |t: &Tensor| t.data().iter().all(|&v| f64::from(v as f32) == v);
+    assert!([&x.q, &x.k, &x.v].into_iter().all(is_bf16));
+    let state = x.initial_state.as_ref().unwrap();
+    assert!(
+        [&x.input_gate, &x.forget_gate, &state.c, &state.n, &state.m]
+            .into_iter()
+            .all(is_f32)
+    );
+    assert_eq!(f64::from(x.scale as f32), x.scale);
+    assert_eq!(f64::from(x.eps as f32), x.eps);
+    // The same draws, rounded: bf16 moves q by at most its relative precision 2^-8.
+    let unrounded = generate(MlstmRegime::LargeInputGate, 3, true);
+    assert!(rel_err(x.q.data(), unrounded.q.data()) < 1.0 / 256.0);
+    assert!(rel_err(x.input_gate.data(), unrounded.input_gate.data()) < 1e-7);
+}
+
+#[test]
 fn validation_rejects_bad_inputs() {
     let mut inputs = generate(MlstmRegime::Typical, 7, true);
     inputs.eps = -1.0;
@@ -358,6 +390,7 @@ mod finite_differences {
                     shape: FD_SHAPE,
                     regime,
                     seed: 29,
+                    round_to_bf16: false,
                     initial_state: true,
                 };
                 let mut inputs = MlstmInputs::generate(&spec).unwrap();

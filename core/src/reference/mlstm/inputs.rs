@@ -118,6 +118,10 @@ pub struct MlstmSpec {
     pub regime: MlstmRegime,
     /// The seed; equal specs give bit-identical inputs.
     pub seed: u64,
+    /// Round q, k, v to bf16-representable values and the gate pre-activations, the initial state,
+    /// the scale and eps to f32-representable ones, so device copies (bf16 activations, fp32 gates and
+    /// states) hold exactly the values the reference computes with.
+    pub round_to_bf16: bool,
     /// Whether to draw an initial state (`C_0, n_0 ~ N(0, 1)`, `m_0 ~ N(0, 1)`).
     pub initial_state: bool,
 }
@@ -150,7 +154,8 @@ impl Stream {
 
 impl MlstmInputs {
     /// Draws the inputs of `spec`: q, k, v ~ N(0, 1), gates by regime, scale `Dk^-1/2`,
-    /// eps [`MLSTM_EPS`].
+    /// eps [`MLSTM_EPS`]; rounded after drawing when `spec.round_to_bf16`, so rounding changes no
+    /// stream.
     pub fn generate(spec: &MlstmSpec) -> Result<MlstmInputs, ReferenceError> {
         let s = spec.shape;
         check_dims(&s)?;
@@ -161,7 +166,7 @@ impl MlstmInputs {
             n: Stream::N0.normal(seed, &[s.b, s.h, s.dk], 0.0, 1.0),
             m: Stream::M0.normal(seed, &[s.b, s.h], 0.0, 1.0),
         });
-        Ok(MlstmInputs {
+        let inputs = MlstmInputs {
             shape: s,
             q: Stream::Q.normal(seed, &s.qk(), 0.0, 1.0),
             k: Stream::K.normal(seed, &s.qk(), 0.0, 1.0),
@@ -171,7 +176,31 @@ impl MlstmInputs {
             initial_state,
             scale: s.default_scale(),
             eps: MLSTM_EPS,
+        };
+        Ok(if spec.round_to_bf16 {
+            inputs.rounded_for_device()
+        } else {
+            inputs
         })
+    }
+
+    /// q, k, v rounded to bf16; the gates, initial state, scale and eps to f32.
+    fn rounded_for_device(self) -> MlstmInputs {
+        MlstmInputs {
+            q: self.q.round_to_bf16(),
+            k: self.k.round_to_bf16(),
+            v: self.v.round_to_bf16(),
+            input_gate: self.input_gate.round_to_f32(),
+            forget_gate: self.forget_gate.round_to_f32(),
+            initial_state: self.initial_state.map(|st| MlstmState {
+                c: st.c.round_to_f32(),
+                n: st.n.round_to_f32(),
+                m: st.m.round_to_f32(),
+            }),
+            scale: f64::from(self.scale as f32),
+            eps: f64::from(self.eps as f32),
+            ..self
+        }
     }
 
     /// Checks shapes, finiteness (gates included: any finite pre-activation is valid), the scale
