@@ -7,10 +7,11 @@
 //! real error is O(1)).
 
 use lasp_shmem::reference::mlstm::{
-    chunkwise_forward, fold, lasp2_forward, recurrent_forward, unstabilised_forward, MlstmForward,
-    MlstmInputs, MlstmRegime, MlstmSpec,
+    chunkwise_forward, fold, lasp2_forward, recurrent_backward, recurrent_forward,
+    unstabilised_forward, MlstmCotangents, MlstmForward, MlstmInputs, MlstmRegime, MlstmSpec,
+    MlstmState,
 };
-use lasp_shmem::reference::{assert_rel_close, rel_err, Shape, Tensor};
+use lasp_shmem::reference::{assert_rel_close, rel_err, Shape, SplitMix64, Tensor};
 
 const TOL: f64 = 1e-10;
 const SHAPE: Shape = Shape {
@@ -22,14 +23,41 @@ const SHAPE: Shape = Shape {
 };
 
 fn generate(regime: MlstmRegime, seed: u64, initial_state: bool) -> MlstmInputs {
+    generate_shape(SHAPE, regime, seed, initial_state)
+}
+
+fn generate_shape(
+    shape: Shape,
+    regime: MlstmRegime,
+    seed: u64,
+    initial_state: bool,
+) -> MlstmInputs {
     let spec = MlstmSpec {
-        shape: SHAPE,
+        shape,
         regime,
         seed,
         round_to_bf16: false,
         initial_state,
     };
     MlstmInputs::generate(&spec).unwrap()
+}
+
+fn normal(rng: &mut SplitMix64, shape: &[usize]) -> Tensor {
+    let data = (0..shape.iter().product()).map(|_| rng.normal()).collect();
+    Tensor::from_vec(shape, data).unwrap()
+}
+
+/// `d_h ~ N(0, 1)` and, when `final_state`, a final-state cotangent ~ N(0, 1) (`dm_T` included).
+fn cotangents(s: Shape, seed: u64, final_state: bool) -> MlstmCotangents {
+    let mut rng = SplitMix64::new(seed);
+    MlstmCotangents {
+        d_h: normal(&mut rng, &s.v()),
+        d_final_state: final_state.then(|| MlstmState {
+            c: normal(&mut rng, &s.state()),
+            n: normal(&mut rng, &[s.b, s.h, s.dk]),
+            m: normal(&mut rng, &[s.b, s.h]),
+        }),
+    }
 }
 
 fn check(what: &str, got: &Tensor, want: &Tensor) {
@@ -317,8 +345,7 @@ fn validation_rejects_bad_inputs() {
 /// random, so no max and no `|qn|` sits at its kink.
 mod finite_differences {
     use super::*;
-    use lasp_shmem::reference::mlstm::{recurrent_backward, MlstmCotangents, MlstmState};
-    use lasp_shmem::reference::{assert_close_to_scale, SplitMix64};
+    use lasp_shmem::reference::assert_close_to_scale;
 
     const STEP: f64 = 1e-5;
     const REL_TOL: f64 = 1e-6;
@@ -330,24 +357,6 @@ mod finite_differences {
         dk: 3,
         dv: 2,
     };
-
-    fn normal(rng: &mut SplitMix64, shape: &[usize]) -> Tensor {
-        let data = (0..shape.iter().product()).map(|_| rng.normal()).collect();
-        Tensor::from_vec(shape, data).unwrap()
-    }
-
-    fn cotangents(seed: u64) -> MlstmCotangents {
-        let s = FD_SHAPE;
-        let mut rng = SplitMix64::new(seed);
-        MlstmCotangents {
-            d_h: normal(&mut rng, &s.v()),
-            d_final_state: Some(MlstmState {
-                c: normal(&mut rng, &s.state()),
-                n: normal(&mut rng, &[s.b, s.h, s.dk]),
-                m: normal(&mut rng, &[s.b, s.h]),
-            }),
-        }
-    }
 
     /// The named input tensor of `inputs`, mutably.
     fn input_mut<'a>(inputs: &'a mut MlstmInputs, name: &str) -> &'a mut Tensor {
@@ -400,7 +409,7 @@ mod finite_differences {
                     // gates (and the stabiliser's max switching sides), but a bounded m_T.
                     inputs.input_gate = inputs.input_gate.map(|x| x / 20.0);
                 }
-                let cot = cotangents(31);
+                let cot = cotangents(FD_SHAPE, 31, true);
                 let grads = recurrent_backward(&inputs, &cot).unwrap();
                 let loss = recurrent_forward(&inputs).unwrap().loss(&cot);
                 let state = &grads.d_initial_state;

@@ -1,12 +1,12 @@
-//! Per-(batch, head) views of the mLSTM inputs and state, and the runner that validates, gathers
-//! every head, runs the maths on contiguous buffers and scatters the results back.
+//! Per-(batch, head) views of the mLSTM inputs, state and gradients, and the runners that
+//! validate, gather every head, run the maths on contiguous buffers and scatter the results back.
 
 use super::super::error::ReferenceError;
 use super::super::generate::logsigmoid;
 use super::super::inputs::Shape;
 use super::super::linalg::{dot, vec_mat_add};
 use super::super::tensor::Tensor;
-use super::inputs::{MlstmForward, MlstmInputs, MlstmState};
+use super::inputs::{MlstmCotangents, MlstmForward, MlstmGrads, MlstmInputs, MlstmState};
 
 /// One head: rows `[T, Dk]` of q and k, `[T, Dv]` of v, `[T]` of the input-gate pre-activations
 /// and of the log forget gates `logsigmoid(f_t)`.
@@ -103,6 +103,16 @@ impl MlstmHead {
         &self.v[t * self.dv..(t + 1) * self.dv]
     }
 
+    /// The chunks `(start, len)` of size `chunk`, the last one short where `chunk` does not divide
+    /// T.
+    pub(crate) fn chunks(
+        &self,
+        chunk: usize,
+    ) -> impl DoubleEndedIterator<Item = (usize, usize)> + ExactSizeIterator {
+        let t = self.t;
+        (0..t.div_ceil(chunk)).map(move |c| (c * chunk, chunk.min(t - c * chunk)))
+    }
+
     /// Tokens `[start, start + len)` as a head of their own (one LASP-2 shard).
     pub(crate) fn tokens(&self, start: usize, len: usize) -> MlstmHead {
         let (dk, dv, end) = (self.dk, self.dv, start + len);
@@ -134,6 +144,31 @@ impl MlstmHead {
         let mut num = vec![0.0; self.dv];
         vec_mat_add(&mut num, self.scale, self.q(t), &state.c);
         (num, self.scale * dot(self.q(t), &state.n))
+    }
+}
+
+/// One head's gradients: `[T, ...]` rows of q, k, v, the input gates and the log forget gates
+/// `lf = logsigmoid(f)` (the runner turns `dL/dlf` into `dL/df`), and the entry state's.
+pub(crate) struct HeadGrads {
+    pub(crate) dq: Vec<f64>,
+    pub(crate) dk: Vec<f64>,
+    pub(crate) dv: Vec<f64>,
+    pub(crate) di: Vec<f64>,
+    pub(crate) d_log_forget: Vec<f64>,
+    pub(crate) d_state: HeadState,
+}
+
+impl HeadGrads {
+    /// Zero token gradients for `head`, and `d_state` as the entry state's.
+    pub(crate) fn zeros(head: &MlstmHead, d_state: HeadState) -> HeadGrads {
+        HeadGrads {
+            dq: vec![0.0; head.t * head.dk],
+            dk: vec![0.0; head.t * head.dk],
+            dv: vec![0.0; head.t * head.dv],
+            di: vec![0.0; head.t],
+            d_log_forget: vec![0.0; head.t],
+            d_state,
+        }
     }
 }
 
@@ -192,5 +227,60 @@ pub(crate) fn forward_heads(
     Ok(MlstmForward {
         h: out,
         final_state: assemble_state(&s, &finals),
+    })
+}
+
+/// Validates `inputs` and `cot`, runs `per_head(head, initial state, d_h rows [T, Dv], final-state
+/// cotangent)` on every head and assembles the gradients, `dL/df = dL/dlf sigmoid(-f)` (the
+/// derivative of `lf = logsigmoid(f)`).
+pub(crate) fn backward_heads(
+    inputs: &MlstmInputs,
+    cot: &MlstmCotangents,
+    per_head: impl Fn(&MlstmHead, HeadState, &[f64], HeadState) -> HeadGrads,
+) -> Result<MlstmGrads, ReferenceError> {
+    inputs.validate()?;
+    let s = inputs.shape;
+    cot.validate(&s)?;
+    let (mut dq, mut dk, mut dv) = (
+        Tensor::zeros(&s.qk()),
+        Tensor::zeros(&s.qk()),
+        Tensor::zeros(&s.v()),
+    );
+    let (mut di, mut df) = (Tensor::zeros(&s.per_token()), Tensor::zeros(&s.per_token()));
+    let mut d_initial = Vec::with_capacity(s.b * s.h);
+    for b in 0..s.b {
+        for h in 0..s.h {
+            let head = MlstmHead::gather(inputs, b, h);
+            let d_final = cot
+                .d_final_state
+                .as_ref()
+                .map_or_else(|| HeadState::zero(s.dk, s.dv), |d| head_state(d, b, h));
+            let g = per_head(
+                &head,
+                initial_head_state(inputs, b, h),
+                &cot.d_h.head_rows(b, h),
+                d_final,
+            );
+            let d_forget: Vec<f64> = g
+                .d_log_forget
+                .iter()
+                .zip(inputs.forget_gate.head_rows(b, h))
+                .map(|(d, f)| d / (1.0 + f.exp()))
+                .collect();
+            dq.set_head_rows(b, h, &g.dq);
+            dk.set_head_rows(b, h, &g.dk);
+            dv.set_head_rows(b, h, &g.dv);
+            di.set_head_rows(b, h, &g.di);
+            df.set_head_rows(b, h, &d_forget);
+            d_initial.push(g.d_state);
+        }
+    }
+    Ok(MlstmGrads {
+        dq,
+        dk,
+        dv,
+        d_input_gate: di,
+        d_forget_gate: df,
+        d_initial_state: assemble_state(&s, &d_initial),
     })
 }

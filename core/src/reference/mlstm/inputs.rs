@@ -1,8 +1,10 @@
-//! The mLSTM's inputs, state and outputs, their validation, and the seeded generator.
+//! The mLSTM's inputs, state, outputs, cotangents and gradients, their validation, and the seeded
+//! generator.
 
 use super::super::error::ReferenceError;
 use super::super::generate::logsigmoid;
 use super::super::inputs::Shape;
+use super::super::linalg::dot;
 use super::super::rng::SplitMix64;
 use super::super::tensor::Tensor;
 use super::super::validate::{check_dims, check_finite, check_shape};
@@ -74,6 +76,59 @@ pub struct MlstmForward {
     pub h: Tensor,
     /// The state after the last token.
     pub final_state: MlstmState,
+}
+
+/// Upstream gradients: `d_h = dL/dh [B, T, H, Dv]` and the final-state cotangent
+/// `(dL/dC_T, dL/dn_T, dL/dm_T)` (`None` means zero).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlstmCotangents {
+    /// Gradient with respect to the hidden states, `[B, T, H, Dv]`.
+    pub d_h: Tensor,
+    /// Gradient with respect to the final state, or `None` for zero.
+    pub d_final_state: Option<MlstmState>,
+}
+
+/// Gradients of `L = sum(h * d_h) + <C_T, dC_T> + <n_T, dn_T> + sum(m_T * dm_T)`
+/// ([`MlstmForward::loss`]) with respect to every input, each shaped like its input.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlstmGrads {
+    /// `dL/dq [B, T, H, Dk]`.
+    pub dq: Tensor,
+    /// `dL/dk [B, T, H, Dk]`.
+    pub dk: Tensor,
+    /// `dL/dv [B, T, H, Dv]`.
+    pub dv: Tensor,
+    /// `dL/di [B, T, H]` (input-gate pre-activations).
+    pub d_input_gate: Tensor,
+    /// `dL/df [B, T, H]` (forget-gate pre-activations).
+    pub d_forget_gate: Tensor,
+    /// `dL/d(C_0, n_0, m_0)`, returned even when the initial state is `None` (zero).
+    pub d_initial_state: MlstmState,
+}
+
+impl MlstmForward {
+    /// `L = sum(h * d_h) + <C_T, dC_T> + <n_T, dn_T> + sum(m_T * dm_T)`: the scalar the backwards
+    /// differentiate (finite-difference tests differentiate it too).
+    pub fn loss(&self, cot: &MlstmCotangents) -> f64 {
+        let dot = |a: &Tensor, b: &Tensor| -> f64 { dot(a.data(), b.data()) };
+        dot(&self.h, &cot.d_h)
+            + cot.d_final_state.as_ref().map_or(0.0, |d| {
+                let s = &self.final_state;
+                dot(&s.c, &d.c) + dot(&s.n, &d.n) + dot(&s.m, &d.m)
+            })
+    }
+}
+
+impl MlstmCotangents {
+    /// Checks shapes and finiteness against the problem shape.
+    pub(crate) fn validate(&self, s: &Shape) -> Result<(), ReferenceError> {
+        check_shape("d_h", "[B, T, H, Dv]", s.v(), &self.d_h)?;
+        check_finite("d_h", &self.d_h)?;
+        if let Some(d) = &self.d_final_state {
+            check_state("d_final_state", s, d)?;
+        }
+        Ok(())
+    }
 }
 
 /// Gate regimes of the generator.

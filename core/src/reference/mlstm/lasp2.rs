@@ -4,7 +4,7 @@ use super::super::error::ReferenceError;
 use super::super::inputs::Shape;
 use super::super::tensor::Tensor;
 use super::super::validate::{check_chunk, check_finite, check_shape, check_shard_lengths};
-use super::chunkwise::{chunk_contribution, forward_from};
+use super::chunkwise::{advance, forward_from};
 use super::head::{assemble_state, head_state, initial_head_state, HeadState, MlstmHead};
 use super::inputs::{check_state, MlstmInputs, MlstmState};
 
@@ -128,11 +128,9 @@ pub fn fold(
 /// (the sum of the chunk totals).
 fn summarise(shard: &MlstmHead, chunk: usize) -> (HeadState, f64) {
     let mut summary = HeadState::empty(shard.dk, shard.dv);
-    let mut total = 0.0;
-    for c0 in (0..shard.t).step_by(chunk) {
-        let (contribution, gamma) = chunk_contribution(shard, c0, chunk.min(shard.t - c0));
-        summary.combine(summary.m + gamma, &contribution, contribution.m);
-        total += gamma;
-    }
+    let total = shard
+        .chunks(chunk)
+        .map(|(c0, len)| advance(shard, &mut summary, c0, len))
+        .sum();
     (summary, total)
 }

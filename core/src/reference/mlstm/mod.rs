@@ -78,8 +78,11 @@ mod inputs;
 mod lasp2;
 mod recurrent;
 
-pub use backward::{recurrent_backward, MlstmCotangents, MlstmGrads};
+pub use backward::recurrent_backward;
 pub use chunkwise::chunkwise_forward;
-pub use inputs::{MlstmForward, MlstmInputs, MlstmRegime, MlstmSpec, MlstmState, MLSTM_EPS};
+pub use inputs::{
+    MlstmCotangents, MlstmForward, MlstmGrads, MlstmInputs, MlstmRegime, MlstmSpec, MlstmState,
+    MLSTM_EPS,
+};
 pub use lasp2::{fold, lasp2_forward, MlstmLasp2, ShardSummary};
 pub use recurrent::{recurrent_forward, unstabilised_forward};
