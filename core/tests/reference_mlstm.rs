@@ -7,11 +7,13 @@
 //! real error is O(1)).
 
 use lasp_shmem::reference::mlstm::{
-    chunkwise_forward, fold, lasp2_forward, recurrent_backward, recurrent_forward,
-    unstabilised_forward, MlstmCotangents, MlstmForward, MlstmInputs, MlstmRegime, MlstmSpec,
-    MlstmState,
+    chunkwise_backward, chunkwise_forward, fold, lasp2_forward, recurrent_backward,
+    recurrent_forward, unstabilised_forward, MlstmCotangents, MlstmForward, MlstmGrads,
+    MlstmInputs, MlstmRegime, MlstmSpec, MlstmState,
 };
-use lasp_shmem::reference::{assert_rel_close, rel_err, Shape, SplitMix64, Tensor};
+use lasp_shmem::reference::{
+    assert_close_to_scale, assert_rel_close, rel_err, Shape, SplitMix64, Tensor,
+};
 
 const TOL: f64 = 1e-10;
 const SHAPE: Shape = Shape {
@@ -335,6 +337,92 @@ fn validation_rejects_bad_inputs() {
     assert!(chunkwise_forward(&inputs, 0).is_err());
     assert!(lasp2_forward(&inputs, &[10, 10], 4).is_err());
     assert!(lasp2_forward(&inputs, &[37, 0], 4).is_err());
+    let cot = cotangents(SHAPE, 1, true);
+    assert!(chunkwise_backward(&inputs, 0, &cot).is_err());
+    let short = cotangents(Shape { t: 36, ..SHAPE }, 1, true);
+    assert!(chunkwise_backward(&inputs, 4, &short).is_err());
+}
+
+/// Two f64 backwards through different stabilised forms sum the same terms in different orders
+/// and cancel the stabiliser's terms differently. dq, dk, dv and the initial state's C, n are
+/// compared relative to their own norm; the gate gradients and `dm_0` relative to the terms they
+/// cancel from ([`MlstmGrads::gate_grad_scale`]). Either way a wrong or missing term is O(1).
+const GRAD_TOL: f64 = 1e-9;
+
+fn check_grads(tag: &str, inputs: &MlstmInputs, got: &MlstmGrads, want: &MlstmGrads) {
+    let (g, w) = (&got.d_initial_state, &want.d_initial_state);
+    for (name, got, want) in [
+        ("dq", &got.dq, &want.dq),
+        ("dk", &got.dk, &want.dk),
+        ("dv", &got.dv, &want.dv),
+        ("dC_0", &g.c, &w.c),
+        ("dn_0", &g.n, &w.n),
+    ] {
+        assert_eq!(got.shape(), want.shape(), "{tag}: {name}: shapes differ");
+        assert_rel_close(&format!("{tag}: {name}"), got.data(), want.data(), GRAD_TOL).unwrap();
+    }
+    let norm = |t: &Tensor| t.data().iter().map(|x| x * x).sum::<f64>().sqrt();
+    let terms = want.gate_grad_scale(inputs);
+    for (name, got, want) in [
+        ("d_input_gate", &got.d_input_gate, &want.d_input_gate),
+        ("d_forget_gate", &got.d_forget_gate, &want.d_forget_gate),
+        ("dm_0", &g.m, &w.m),
+    ] {
+        assert_eq!(got.shape(), want.shape(), "{tag}: {name}: shapes differ");
+        let what = format!("{tag}: {name}");
+        let scale = terms + norm(want);
+        assert_close_to_scale(&what, got.data(), want.data(), scale, GRAD_TOL).unwrap();
+    }
+}
+
+/// T = 100 with wider heads: chunk sizes 16 and 64 leave a short last chunk.
+const LONG_SHAPE: Shape = Shape {
+    b: 1,
+    t: 100,
+    h: 2,
+    dk: 8,
+    dv: 6,
+};
+
+#[test]
+fn chunkwise_backward_equals_recurrent_backward() {
+    for (shape, chunks) in [(SHAPE, &[1, 4, 16, 37, 64][..]), (LONG_SHAPE, &[1, 16, 64])] {
+        for regime in MlstmRegime::ALL {
+            for initial_state in [false, true] {
+                let inputs = generate_shape(shape, regime, 41, initial_state);
+                for final_state in [false, true] {
+                    let cot = cotangents(shape, 43, final_state);
+                    let want = recurrent_backward(&inputs, &cot).unwrap();
+                    for &chunk in chunks {
+                        let got = chunkwise_backward(&inputs, chunk, &cot).unwrap();
+                        let tag = format!(
+                            "T {}, {regime:?}, initial state {initial_state}, \
+                             final-state cotangent {final_state}, chunk {chunk}",
+                            shape.t
+                        );
+                        check_grads(&tag, &inputs, &got, &want);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn chunkwise_backward_with_the_denominator_floor_and_large_eps() {
+    // eps = 0.5 makes the eps-dependence on m_t visible; the forget-near-zero regime has many rows
+    // on the floor e^{-m_t}.
+    for regime in [MlstmRegime::ForgetNearZero, MlstmRegime::LargeInputGate] {
+        let mut inputs = generate(regime, 47, true);
+        inputs.eps = 0.5;
+        let cot = cotangents(SHAPE, 53, true);
+        let want = recurrent_backward(&inputs, &cot).unwrap();
+        for chunk in [3, 16] {
+            let got = chunkwise_backward(&inputs, chunk, &cot).unwrap();
+            let tag = format!("{regime:?}, eps 0.5, chunk {chunk}");
+            check_grads(&tag, &inputs, &got, &want);
+        }
+    }
 }
 
 /// Central finite differences of `MlstmForward::loss` (recurrent forward) for every input value,
@@ -345,7 +433,6 @@ fn validation_rejects_bad_inputs() {
 /// random, so no max and no `|qn|` sits at its kink.
 mod finite_differences {
     use super::*;
-    use lasp_shmem::reference::assert_close_to_scale;
 
     const STEP: f64 = 1e-5;
     const REL_TOL: f64 = 1e-6;

@@ -70,8 +70,24 @@
 //! `(C_T, n_T, m_T)` depends on it, so its cotangent flows through `m` too. The gradient is that of
 //! `L = sum(h * d_h) + <C_T, dC_T> + <n_T, dn_T> + sum(m_T dm_T)` ([`MlstmForward::loss`]),
 //! checked against central finite differences of the forward.
+//!
+//! # Chunkwise backward
+//! [`chunkwise_backward`] is reverse mode through the chunk form ("Chunkwise" above), from the
+//! chunk-entry states recomputed as the forward carries them. Every term of a chunk is
+//! `e^{l - m_r} x` with a log-weight `l` (the carried state's `m + b_r` or token j's `D_rj`) and
+//! `m_r` the row's largest log-weight, the winner's; the state leaving the chunk is such a sum too,
+//! at the last row's `m_r`. A term's exponent `l - m_r` passes its gradient `g` (the term times
+//! its cotangent) to the inputs of `l` and `-g` to those of the winner's log-weight. Both hold the
+//! log forget gates up to row r, so only the gates between their starts remain
+//! (`l_j - l_j' = i_j - i_j' + sum_{j < s <= j'} lf_s` for `j < j'`), and the gradient goes to those
+//! directly: no term enters a gradient as `+g - g`, and the winner's own term adds nothing. What
+//! depends on `m_r` itself, the floor `e^{-m_r}` and the exit cotangent `dm'`, goes to the
+//! winner's log-weight. This is the full derivative of the stabilised forward, normaliser and
+//! stabiliser included, the same function as the recurrent form's: it equals
+//! [`recurrent_backward`] wherever no max is tied.
 
 mod backward;
+mod chunk_backward;
 mod chunkwise;
 mod head;
 mod inputs;
@@ -79,6 +95,7 @@ mod lasp2;
 mod recurrent;
 
 pub use backward::recurrent_backward;
+pub use chunk_backward::chunkwise_backward;
 pub use chunkwise::chunkwise_forward;
 pub use inputs::{
     MlstmCotangents, MlstmForward, MlstmGrads, MlstmInputs, MlstmRegime, MlstmSpec, MlstmState,
