@@ -7,9 +7,9 @@
 //! real error is O(1)).
 
 use lasp_shmem::reference::mlstm::{
-    chunkwise_backward, chunkwise_forward, fold, lasp2_forward, recurrent_backward,
-    recurrent_forward, unstabilised_forward, MlstmCotangents, MlstmForward, MlstmGrads,
-    MlstmInputs, MlstmRegime, MlstmSpec, MlstmState,
+    chunkwise_backward, chunkwise_forward, fold, fold_backward, lasp2_backward, lasp2_forward,
+    recurrent_backward, recurrent_forward, unstabilised_forward, MlstmCotangents, MlstmForward,
+    MlstmGrads, MlstmInputs, MlstmRegime, MlstmSpec, MlstmState, ShardSummary,
 };
 use lasp_shmem::reference::{
     assert_close_to_scale, assert_rel_close, rel_err, Shape, SplitMix64, Tensor,
@@ -361,7 +361,6 @@ fn check_grads(tag: &str, inputs: &MlstmInputs, got: &MlstmGrads, want: &MlstmGr
         assert_eq!(got.shape(), want.shape(), "{tag}: {name}: shapes differ");
         assert_rel_close(&format!("{tag}: {name}"), got.data(), want.data(), GRAD_TOL).unwrap();
     }
-    let norm = |t: &Tensor| t.data().iter().map(|x| x * x).sum::<f64>().sqrt();
     let terms = want.gate_grad_scale(inputs);
     for (name, got, want) in [
         ("d_input_gate", &got.d_input_gate, &want.d_input_gate),
@@ -421,6 +420,200 @@ fn chunkwise_backward_with_the_denominator_floor_and_large_eps() {
             let got = chunkwise_backward(&inputs, chunk, &cot).unwrap();
             let tag = format!("{regime:?}, eps 0.5, chunk {chunk}");
             check_grads(&tag, &inputs, &got, &want);
+        }
+    }
+}
+
+/// Ragged layouts of T = 37 on W = 1 to 4 ranks, single-token shards included.
+const BACKWARD_LAYOUTS: [&[usize]; 5] =
+    [&[37], &[30, 7], &[7, 20, 10], &[1, 35, 1], &[5, 13, 1, 18]];
+
+#[test]
+fn lasp2_backward_equals_one_sequence() {
+    for regime in MlstmRegime::ALL {
+        for initial_state in [false, true] {
+            let inputs = generate(regime, 59, initial_state);
+            for final_state in [false, true] {
+                let cot = cotangents(SHAPE, 61, final_state);
+                let want = recurrent_backward(&inputs, &cot).unwrap();
+                for shards in BACKWARD_LAYOUTS {
+                    for chunk in [1, 4, 16] {
+                        let got = lasp2_backward(&inputs, shards, chunk, &cot).unwrap();
+                        let tag = format!(
+                            "{regime:?}, initial {initial_state}, final {final_state}, \
+                             {shards:?}, chunk {chunk}"
+                        );
+                        check_grads(&tag, &inputs, &got.grads, &want);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Tokens `[start, start + len)` of `inputs` and `cot` as a problem of their own, entered from
+/// `initial`; the final-state cotangent is kept only when the tokens run to the end.
+fn tokens(
+    inputs: &MlstmInputs,
+    cot: &MlstmCotangents,
+    start: usize,
+    len: usize,
+    initial: &MlstmState,
+) -> (MlstmInputs, MlstmCotangents) {
+    let slice = |t: &Tensor| t.slice_time(start, len);
+    let part = MlstmInputs {
+        shape: Shape {
+            t: len,
+            ..inputs.shape
+        },
+        q: slice(&inputs.q),
+        k: slice(&inputs.k),
+        v: slice(&inputs.v),
+        input_gate: slice(&inputs.input_gate),
+        forget_gate: slice(&inputs.forget_gate),
+        initial_state: Some(initial.clone()),
+        ..inputs.clone()
+    };
+    let to_end = start + len == inputs.shape.t;
+    let part_cot = MlstmCotangents {
+        d_h: slice(&cot.d_h),
+        d_final_state: cot.d_final_state.clone().filter(|_| to_end),
+    };
+    (part, part_cot)
+}
+
+fn norm(t: &Tensor) -> f64 {
+    t.data().iter().map(|x| x * x).sum::<f64>().sqrt()
+}
+
+/// Compares state cotangents as [`check_grads`] does: C and n relative to their own norm, m
+/// against `m_scale`, the scale of the terms it cancels from.
+fn check_state_grad(tag: &str, got: &MlstmState, want: &MlstmState, m_scale: f64) {
+    let rel = |name: &str, got: &Tensor, want: &Tensor| {
+        assert_rel_close(&format!("{tag}: {name}"), got.data(), want.data(), GRAD_TOL).unwrap()
+    };
+    rel("C", &got.c, &want.c);
+    rel("n", &got.n, &want.n);
+    let (what, scale) = (format!("{tag}: m"), m_scale + norm(&want.m));
+    assert_close_to_scale(&what, got.m.data(), want.m.data(), scale, GRAD_TOL).unwrap();
+}
+
+/// The one-sequence gradient of the tokens `[start, start + len)` entered from `initial`, and
+/// their gate scale.
+fn part_backward(
+    inputs: &MlstmInputs,
+    cot: &MlstmCotangents,
+    start: usize,
+    len: usize,
+    initial: &MlstmState,
+) -> (MlstmState, f64) {
+    let (part, part_cot) = tokens(inputs, cot, start, len, initial);
+    let grads = recurrent_backward(&part, &part_cot).unwrap();
+    let scale = grads.gate_grad_scale(&part);
+    (grads.d_initial_state, scale)
+}
+
+#[test]
+fn lasp2_backward_exchanges_the_state_gradients_of_the_one_sequence() {
+    // E_w: the gradient of shard w's outputs alone with respect to its entry state P_w;
+    // D_w: the gradient of everything after shard w with respect to the state there.
+    for regime in MlstmRegime::ALL {
+        let inputs = generate(regime, 67, true);
+        let cot = cotangents(SHAPE, 71, true);
+        let shards = [5, 13, 1, 18];
+        let forward = lasp2_forward(&inputs, &shards, 4).unwrap();
+        let got = lasp2_backward(&inputs, &shards, 4, &cot).unwrap();
+        let own = MlstmCotangents {
+            d_final_state: None,
+            ..cot.clone()
+        };
+        let mut start = 0;
+        for (w, len) in shards.into_iter().enumerate() {
+            let (want, scale) = part_backward(&inputs, &own, start, len, &forward.prefixes[w]);
+            let tag = format!("{regime:?}, E_{w}");
+            check_state_grad(&tag, &got.output_state_grads[w], &want, scale);
+            start += len;
+            let tag = format!("{regime:?}, D_{w}");
+            let got = &got.exit_state_grads[w];
+            if start == SHAPE.t {
+                assert_eq!(got, cot.d_final_state.as_ref().unwrap(), "{tag}");
+            } else {
+                let exit = &forward.prefixes[w + 1];
+                let (want, scale) = part_backward(&inputs, &cot, start, SHAPE.t - start, exit);
+                check_state_grad(&tag, got, &want, scale);
+            }
+        }
+    }
+}
+
+/// `fold_input_mut(prefix, summary, name)`: the named argument of [`fold`].
+fn fold_input_mut<'a>(
+    prefix: &'a mut MlstmState,
+    summary: &'a mut ShardSummary,
+    name: &str,
+) -> &'a mut Tensor {
+    match name {
+        "C_P" => &mut prefix.c,
+        "n_P" => &mut prefix.n,
+        "m_P" => &mut prefix.m,
+        "C_w" => &mut summary.state.c,
+        "n_w" => &mut summary.state.n,
+        "m_w" => &mut summary.state.m,
+        "F_w" => &mut summary.log_forget_total,
+        _ => unreachable!("no fold argument {name}"),
+    }
+}
+
+#[test]
+fn fold_backward_matches_finite_differences() {
+    // Central differences of <fold(P, summary), D>; the fold is smooth away from the max's tie,
+    // so step 1e-6 leaves only rounding, ~1e-16 |L| / 1e-6 per element.
+    const STEP: f64 = 1e-6;
+    let inputs = generate(MlstmRegime::Typical, 73, true);
+    let lasp = lasp2_forward(&inputs, &[7, 20, 10], 4).unwrap();
+    let d = cotangents(SHAPE, 79, true).d_final_state.unwrap();
+    let loss = |p: &MlstmState, w: &ShardSummary| {
+        let f = fold(SHAPE, p, w).unwrap();
+        let dot = |a: &Tensor, b: &Tensor| -> f64 {
+            a.data().iter().zip(b.data()).map(|(x, y)| x * y).sum()
+        };
+        dot(&f.c, &d.c) + dot(&f.n, &d.n) + dot(&f.m, &d.m)
+    };
+    // The summary's stabiliser 5 below, then 5 above, the prefix's decayed one: each side wins.
+    for shift in [-5.0, 5.0] {
+        let prefix = lasp.prefixes[1].clone();
+        let mut summary = lasp.summaries[1].clone();
+        let decayed: Vec<f64> = (prefix.m.data().iter())
+            .zip(summary.log_forget_total.data())
+            .map(|(m, f)| m + f + shift)
+            .collect();
+        summary.state.m = Tensor::from_vec(&[SHAPE.b, SHAPE.h], decayed).unwrap();
+        let got = fold_backward(SHAPE, &prefix, &summary, &d).unwrap();
+        for (name, analytic) in [
+            ("C_P", &got.d_prefix.c),
+            ("n_P", &got.d_prefix.n),
+            ("m_P", &got.d_prefix.m),
+            ("C_w", &got.d_summary.state.c),
+            ("n_w", &got.d_summary.state.n),
+            ("m_w", &got.d_summary.state.m),
+            ("F_w", &got.d_summary.log_forget_total),
+        ] {
+            let (mut p, mut w) = (prefix.clone(), summary.clone());
+            let len = fold_input_mut(&mut p, &mut w, name).len();
+            let numeric: Vec<f64> = (0..len)
+                .map(|i| {
+                    let original = fold_input_mut(&mut p, &mut w, name).data()[i];
+                    fold_input_mut(&mut p, &mut w, name).data_mut()[i] = original + STEP;
+                    let up = loss(&p, &w);
+                    fold_input_mut(&mut p, &mut w, name).data_mut()[i] = original - STEP;
+                    let down = loss(&p, &w);
+                    fold_input_mut(&mut p, &mut w, name).data_mut()[i] = original;
+                    (up - down) / (2.0 * STEP)
+                })
+                .collect();
+            let what = format!("shift {shift}: d{name}");
+            let scale = numeric.iter().map(|x| x * x).sum::<f64>().sqrt() + loss(&p, &w).abs();
+            assert_close_to_scale(&what, analytic.data(), &numeric, scale, 1e-7).unwrap();
         }
     }
 }

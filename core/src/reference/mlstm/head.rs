@@ -4,7 +4,7 @@
 use super::super::error::ReferenceError;
 use super::super::generate::logsigmoid;
 use super::super::inputs::Shape;
-use super::super::linalg::{dot, vec_mat_add};
+use super::super::linalg::{axpy, dot, vec_mat_add};
 use super::super::tensor::Tensor;
 use super::inputs::{MlstmCotangents, MlstmForward, MlstmGrads, MlstmInputs, MlstmState};
 
@@ -65,6 +65,35 @@ impl HeadState {
             .zip(&other.n)
             .for_each(|(x, y)| *x = fa * *x + fb * y);
         self.m = m;
+    }
+
+    /// The transpose of [`combine`](Self::combine) at the same arguments (`self` before the
+    /// combine): from the cotangent `d` of the result (`d.m`: of its stabiliser `max(a, b)`), the
+    /// cotangents of `self` and `other`, each with `m` holding that of its log-weight, `a` or `b`.
+    /// Each side's term `e^{x - max(a, b)} (c, n)` passes its share `g` of `<d, result>` to its own
+    /// log-weight and `-g` to the larger one, so the larger side's own share drops out; `d.m` goes
+    /// to the larger side (`self` on ties, as `combine`'s max).
+    pub(crate) fn combine_backward(
+        &self,
+        a: f64,
+        other: &HeadState,
+        b: f64,
+        d: &HeadState,
+    ) -> (HeadState, HeadState) {
+        let m = a.max(b);
+        let (fa, fb) = ((a - m).exp(), (b - m).exp());
+        let share = |f: f64, x: &HeadState| f * (dot(&d.c, &x.c) + dot(&d.n, &x.n));
+        let (da, db) = if a >= b {
+            (d.m - share(fb, other), share(fb, other))
+        } else {
+            (share(fa, self), d.m - share(fa, self))
+        };
+        let scaled = |f: f64, m: f64| HeadState {
+            c: d.c.iter().map(|x| f * x).collect(),
+            n: d.n.iter().map(|x| f * x).collect(),
+            m,
+        };
+        (scaled(fa, da), scaled(fb, db))
     }
 }
 
@@ -170,6 +199,34 @@ impl HeadGrads {
             d_state,
         }
     }
+
+    /// Adds the token gradients of `tokens`, a pass over this head's tokens from `start` on (its
+    /// `d_state` is the gradient of another state and is left out).
+    pub(crate) fn add_tokens(&mut self, start: usize, tokens: &HeadGrads) {
+        let len = tokens.di.len();
+        let (dk, dv) = (tokens.dq.len() / len, tokens.dv.len() / len);
+        axpy(
+            &mut self.dq[start * dk..(start + len) * dk],
+            1.0,
+            &tokens.dq,
+        );
+        axpy(
+            &mut self.dk[start * dk..(start + len) * dk],
+            1.0,
+            &tokens.dk,
+        );
+        axpy(
+            &mut self.dv[start * dv..(start + len) * dv],
+            1.0,
+            &tokens.dv,
+        );
+        axpy(&mut self.di[start..start + len], 1.0, &tokens.di);
+        axpy(
+            &mut self.d_log_forget[start..start + len],
+            1.0,
+            &tokens.d_log_forget,
+        );
+    }
 }
 
 /// The initial state of head `(b, h)` of validated inputs.
@@ -231,12 +288,12 @@ pub(crate) fn forward_heads(
 }
 
 /// Validates `inputs` and `cot`, runs `per_head(head, initial state, d_h rows [T, Dv], final-state
-/// cotangent)` on every head and assembles the gradients, `dL/df = dL/dlf sigmoid(-f)` (the
+/// cotangent)` on every head in `(b, h)` order and assembles the gradients, `dL/df = dL/dlf sigmoid(-f)` (the
 /// derivative of `lf = logsigmoid(f)`).
 pub(crate) fn backward_heads(
     inputs: &MlstmInputs,
     cot: &MlstmCotangents,
-    per_head: impl Fn(&MlstmHead, HeadState, &[f64], HeadState) -> HeadGrads,
+    mut per_head: impl FnMut(&MlstmHead, HeadState, &[f64], HeadState) -> HeadGrads,
 ) -> Result<MlstmGrads, ReferenceError> {
     inputs.validate()?;
     let s = inputs.shape;

@@ -85,6 +85,24 @@
 //! winner's log-weight. This is the full derivative of the stabilised forward, normaliser and
 //! stabiliser included, the same function as the recurrent form's: it equals
 //! [`recurrent_backward`] wherever no max is tied.
+//!
+//! # LASP-2 backward
+//! `L = sum_w L_w(P_w, shard w) + <P_W, d_final>` with `P_{w+1} = fold(P_w, summary_w)` and
+//! `summary_w` a function of shard w alone, so ([`lasp2_backward`]):
+//! * each rank runs the chunkwise backward of its outputs from `P_w` with no exit cotangent: its
+//!   tokens' share, and `E_w = dL_w/dP_w`, which it all-gathers;
+//! * every rank folds the state gradients downwards through the transposed fold
+//!   ([`fold_backward`]): `D_{W-1} = d_final`, `D_{w-1} = E_w + (fold_P)^T D_w`, so
+//!   `D_w = dL/dP_{w+1}`, the gradient of the state leaving rank w, and `E_0 + (fold_P)^T D_0` is
+//!   the initial state's;
+//! * rank w's summary gets `(fold_summary)^T D_w`; its chunkwise backward from the empty state
+//!   (no outputs) gives the tokens' other share, and `dF_w` goes to every log forget gate of the
+//!   shard.
+//!
+//! The transposed fold is the chunk step's (`m' = max(F + m_P, m_w)`): the prefix gets
+//! `e^{F + m_P - m'} (dC', dn')` and the summary `e^{m_w - m'} (dC', dn')`; the log-weight that
+//! lost the max gets its term's share `g = e^{l - m'} (<dC', C> + <dn', n>)`, the winner's gets
+//! `dm' - g`, and the prefix's log-weight `F + m_P` passes its gradient to both `m_P` and `F`.
 
 mod backward;
 mod chunk_backward;
@@ -101,5 +119,8 @@ pub use inputs::{
     MlstmCotangents, MlstmForward, MlstmGrads, MlstmInputs, MlstmRegime, MlstmSpec, MlstmState,
     MLSTM_EPS,
 };
-pub use lasp2::{fold, lasp2_forward, MlstmLasp2, ShardSummary};
+pub use lasp2::{
+    fold, fold_backward, lasp2_backward, lasp2_forward, FoldCotangents, MlstmLasp2,
+    MlstmLasp2Backward, ShardSummary,
+};
 pub use recurrent::{recurrent_forward, unstabilised_forward};
