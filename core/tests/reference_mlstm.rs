@@ -1,10 +1,11 @@
 //! The mLSTM reference ("mLSTMexp"): every stabilised evaluation against the recurrent definition,
-//! and the definition against the unstabilised form.
+//! and the definition against the unstabilised form; the chunkwise and LASP-2 backwards against
+//! the recurrent backward, and that against finite differences.
 //!
 //! Tolerances: two f64 evaluations of the same sums in different orders agree to ~1e-14
 //! relative; the stabilisers `m_t` agree to a few ulps of `|m_t|` (up to ~1e3 here), which moves
 //! the rescaled states by ~1e-13 relative. 1e-10 leaves margin without hiding a wrong term (any
-//! real error is O(1)).
+//! real error is O(1)). Gradients: see [`GRAD_TOL`].
 
 use lasp_shmem::reference::mlstm::{
     chunkwise_backward, chunkwise_forward, fold, fold_backward, lasp2_backward, lasp2_forward,

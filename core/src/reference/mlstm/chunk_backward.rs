@@ -47,7 +47,7 @@ pub(crate) fn backward_from(
     // The cotangent of the state leaving the chunk being processed; after chunk 0, of `initial`.
     let mut d_state = d_exit;
     for ((c0, len), entry) in head.chunks(chunk).zip(&entries).rev() {
-        let chunk = Chunk::recompute(head, c0, len, entry);
+        let recomputed = Chunk::recompute(head, c0, len, entry);
         let mut acc = ChunkCotangents {
             grads: &mut grads,
             c0,
@@ -56,10 +56,10 @@ pub(crate) fn backward_from(
         if let Some(d_h) = d_h {
             for r in 0..len {
                 let t = c0 + r;
-                chunk.output_backward(r, &d_h[t * head.dv..(t + 1) * head.dv], &mut acc);
+                recomputed.output_backward(r, &d_h[t * head.dv..(t + 1) * head.dv], &mut acc);
             }
         }
-        chunk.transition_backward(&d_state, &mut acc);
+        recomputed.transition_backward(&d_state, &mut acc);
         d_state = acc.d_entry;
     }
     grads.d_state = d_state;
