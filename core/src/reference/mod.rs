@@ -20,7 +20,8 @@
 //!   chunkwise backwards of the three families.
 //! * [`lasp2`]: the decomposition over W simulated ranks, with every exchanged intermediate.
 //! * [`mlstm`]: xLSTM's matrix LSTM (mlstm_kernels' "mLSTMexp"), with its own inputs (input and
-//!   forget gate pre-activations, a stabilised state `(C, n, m)`): recurrent, chunkwise and LASP-2.
+//!   forget gate pre-activations, a stabilised state `(C, n, m)`): recurrent, chunkwise and LASP-2,
+//!   forward and backward.
 //! * [`packed`]: packed documents (fla's `cu_seqlens`) for the decay families, whose LASP-2
 //!   decomposition is [`lasp2::packed_forward`] / [`lasp2::packed_backward`].
 //! * [`Inputs`], [`InputSpec`], [`Regime`], [`Cotangents`]: the seeded inputs the GPU tests share.

@@ -23,8 +23,7 @@ pub(crate) fn forward_from(
     chunk: usize,
 ) -> (Vec<f64>, HeadState) {
     let mut out = vec![0.0; head.t * head.dv];
-    for c0 in (0..head.t).step_by(chunk) {
-        let len = chunk.min(head.t - c0);
+    for (c0, len) in head.chunks(chunk) {
         let b = chunk_local_cumsum(&head.log_forget[c0..c0 + len], 1);
         for r in 0..len {
             let t = c0 + r;
@@ -44,16 +43,23 @@ pub(crate) fn forward_from(
             }
             head.normalise(&mut out[t * head.dv..(t + 1) * head.dv], &num, qn, m);
         }
-        let (contribution, gamma) = chunk_contribution(head, c0, len);
-        state.combine(state.m + gamma, &contribution, contribution.m);
+        advance(head, &mut state, c0, len);
     }
     (out, state)
+}
+
+/// Carries `state` across chunk `[c0, c0 + len)`: decayed by the chunk's total log forget gate
+/// `gamma`, plus the chunk's contribution, at the larger stabiliser. Returns `gamma`.
+pub(crate) fn advance(head: &MlstmHead, state: &mut HeadState, c0: usize, len: usize) -> f64 {
+    let (contribution, gamma) = chunk_contribution(head, c0, len);
+    state.combine(state.m + gamma, &contribution, contribution.m);
+    gamma
 }
 
 /// What chunk `[c0, c0 + len)` adds to the state, stabilised on its own, and its total log forget
 /// gate `gamma = b_{len-1}`: `m_c = max_j (i_j + gamma - b_j)`,
 /// `C_c = sum_j e^{i_j + gamma - b_j - m_c} k_j^T v_j`, `n_c` likewise.
-pub(crate) fn chunk_contribution(head: &MlstmHead, c0: usize, len: usize) -> (HeadState, f64) {
+fn chunk_contribution(head: &MlstmHead, c0: usize, len: usize) -> (HeadState, f64) {
     let b = chunk_local_cumsum(&head.log_forget[c0..c0 + len], 1);
     let gamma = b[len - 1];
     let log_weights: Vec<f64> = (0..len)

@@ -1,12 +1,12 @@
-//! Per-(batch, head) views of the mLSTM inputs and state, and the runner that validates, gathers
-//! every head, runs the maths on contiguous buffers and scatters the results back.
+//! Per-(batch, head) views of the mLSTM inputs, state and gradients, and the runners that
+//! validate, gather every head, run the maths on contiguous buffers and scatter the results back.
 
 use super::super::error::ReferenceError;
 use super::super::generate::logsigmoid;
 use super::super::inputs::Shape;
-use super::super::linalg::{dot, vec_mat_add};
+use super::super::linalg::{axpy, dot, vec_mat_add};
 use super::super::tensor::Tensor;
-use super::inputs::{MlstmForward, MlstmInputs, MlstmState};
+use super::inputs::{MlstmCotangents, MlstmForward, MlstmGrads, MlstmInputs, MlstmState};
 
 /// One head: rows `[T, Dk]` of q and k, `[T, Dv]` of v, `[T]` of the input-gate pre-activations
 /// and of the log forget gates `logsigmoid(f_t)`.
@@ -66,6 +66,35 @@ impl HeadState {
             .for_each(|(x, y)| *x = fa * *x + fb * y);
         self.m = m;
     }
+
+    /// The transpose of [`combine`](Self::combine) at the same arguments (`self` before the
+    /// combine): from the cotangent `d` of the result (`d.m`: of its stabiliser `max(a, b)`), the
+    /// cotangents of `self` and `other`, each with `m` holding that of its log-weight, `a` or `b`.
+    /// Each side's term `e^{x - max(a, b)} (c, n)` passes its share `g` of `<d, result>` to its own
+    /// log-weight and `-g` to the larger one, so the larger side's own share drops out; `d.m` goes
+    /// to the larger side (`self` on ties, as `combine`'s max).
+    pub(crate) fn combine_backward(
+        &self,
+        a: f64,
+        other: &HeadState,
+        b: f64,
+        d: &HeadState,
+    ) -> (HeadState, HeadState) {
+        let m = a.max(b);
+        let (fa, fb) = ((a - m).exp(), (b - m).exp());
+        let share = |f: f64, x: &HeadState| f * (dot(&d.c, &x.c) + dot(&d.n, &x.n));
+        let (da, db) = if a >= b {
+            (d.m - share(fb, other), share(fb, other))
+        } else {
+            (share(fa, self), d.m - share(fa, self))
+        };
+        let scaled = |f: f64, m: f64| HeadState {
+            c: d.c.iter().map(|x| f * x).collect(),
+            n: d.n.iter().map(|x| f * x).collect(),
+            m,
+        };
+        (scaled(fa, da), scaled(fb, db))
+    }
 }
 
 impl MlstmHead {
@@ -103,6 +132,16 @@ impl MlstmHead {
         &self.v[t * self.dv..(t + 1) * self.dv]
     }
 
+    /// The chunks `(start, len)` of size `chunk`, the last one short where `chunk` does not divide
+    /// T.
+    pub(crate) fn chunks(
+        &self,
+        chunk: usize,
+    ) -> impl DoubleEndedIterator<Item = (usize, usize)> + ExactSizeIterator {
+        let t = self.t;
+        (0..t.div_ceil(chunk)).map(move |c| (c * chunk, chunk.min(t - c * chunk)))
+    }
+
     /// Tokens `[start, start + len)` as a head of their own (one LASP-2 shard).
     pub(crate) fn tokens(&self, start: usize, len: usize) -> MlstmHead {
         let (dk, dv, end) = (self.dk, self.dv, start + len);
@@ -134,6 +173,59 @@ impl MlstmHead {
         let mut num = vec![0.0; self.dv];
         vec_mat_add(&mut num, self.scale, self.q(t), &state.c);
         (num, self.scale * dot(self.q(t), &state.n))
+    }
+}
+
+/// One head's gradients: `[T, ...]` rows of q, k, v, the input gates and the log forget gates
+/// `lf = logsigmoid(f)` (the runner turns `dL/dlf` into `dL/df`), and the entry state's.
+pub(crate) struct HeadGrads {
+    pub(crate) dq: Vec<f64>,
+    pub(crate) dk: Vec<f64>,
+    pub(crate) dv: Vec<f64>,
+    pub(crate) di: Vec<f64>,
+    pub(crate) d_log_forget: Vec<f64>,
+    pub(crate) d_state: HeadState,
+}
+
+impl HeadGrads {
+    /// Zero token gradients for `head`, and `d_state` as the entry state's.
+    pub(crate) fn zeros(head: &MlstmHead, d_state: HeadState) -> HeadGrads {
+        HeadGrads {
+            dq: vec![0.0; head.t * head.dk],
+            dk: vec![0.0; head.t * head.dk],
+            dv: vec![0.0; head.t * head.dv],
+            di: vec![0.0; head.t],
+            d_log_forget: vec![0.0; head.t],
+            d_state,
+        }
+    }
+
+    /// Adds the token gradients of `tokens`, a pass over this head's tokens from `start` on (its
+    /// `d_state` is the gradient of another state and is left out).
+    pub(crate) fn add_tokens(&mut self, start: usize, tokens: &HeadGrads) {
+        let len = tokens.di.len();
+        let (dk, dv) = (tokens.dq.len() / len, tokens.dv.len() / len);
+        axpy(
+            &mut self.dq[start * dk..(start + len) * dk],
+            1.0,
+            &tokens.dq,
+        );
+        axpy(
+            &mut self.dk[start * dk..(start + len) * dk],
+            1.0,
+            &tokens.dk,
+        );
+        axpy(
+            &mut self.dv[start * dv..(start + len) * dv],
+            1.0,
+            &tokens.dv,
+        );
+        axpy(&mut self.di[start..start + len], 1.0, &tokens.di);
+        axpy(
+            &mut self.d_log_forget[start..start + len],
+            1.0,
+            &tokens.d_log_forget,
+        );
     }
 }
 
@@ -192,5 +284,60 @@ pub(crate) fn forward_heads(
     Ok(MlstmForward {
         h: out,
         final_state: assemble_state(&s, &finals),
+    })
+}
+
+/// Validates `inputs` and `cot`, runs `per_head(head, initial state, d_h rows [T, Dv], final-state
+/// cotangent)` on every head in `(b, h)` order and assembles the gradients, `dL/df = dL/dlf sigmoid(-f)` (the
+/// derivative of `lf = logsigmoid(f)`).
+pub(crate) fn backward_heads(
+    inputs: &MlstmInputs,
+    cot: &MlstmCotangents,
+    mut per_head: impl FnMut(&MlstmHead, HeadState, &[f64], HeadState) -> HeadGrads,
+) -> Result<MlstmGrads, ReferenceError> {
+    inputs.validate()?;
+    let s = inputs.shape;
+    cot.validate(&s)?;
+    let (mut dq, mut dk, mut dv) = (
+        Tensor::zeros(&s.qk()),
+        Tensor::zeros(&s.qk()),
+        Tensor::zeros(&s.v()),
+    );
+    let (mut di, mut df) = (Tensor::zeros(&s.per_token()), Tensor::zeros(&s.per_token()));
+    let mut d_initial = Vec::with_capacity(s.b * s.h);
+    for b in 0..s.b {
+        for h in 0..s.h {
+            let head = MlstmHead::gather(inputs, b, h);
+            let d_final = cot
+                .d_final_state
+                .as_ref()
+                .map_or_else(|| HeadState::zero(s.dk, s.dv), |d| head_state(d, b, h));
+            let g = per_head(
+                &head,
+                initial_head_state(inputs, b, h),
+                &cot.d_h.head_rows(b, h),
+                d_final,
+            );
+            let d_forget: Vec<f64> = g
+                .d_log_forget
+                .iter()
+                .zip(inputs.forget_gate.head_rows(b, h))
+                .map(|(d, f)| d / (1.0 + f.exp()))
+                .collect();
+            dq.set_head_rows(b, h, &g.dq);
+            dk.set_head_rows(b, h, &g.dk);
+            dv.set_head_rows(b, h, &g.dv);
+            di.set_head_rows(b, h, &g.di);
+            df.set_head_rows(b, h, &d_forget);
+            d_initial.push(g.d_state);
+        }
+    }
+    Ok(MlstmGrads {
+        dq,
+        dk,
+        dv,
+        d_input_gate: di,
+        d_forget_gate: df,
+        d_initial_state: assemble_state(&s, &d_initial),
     })
 }

@@ -1,8 +1,11 @@
-//! The mLSTM's inputs, state and outputs, their validation, and the seeded generator.
+//! The mLSTM's inputs, state, outputs, cotangents and gradients, their validation, and the seeded
+//! generator.
 
 use super::super::error::ReferenceError;
+use super::super::gates::{gate_grad_terms, reverse_cumsum};
 use super::super::generate::logsigmoid;
 use super::super::inputs::Shape;
+use super::super::linalg::dot;
 use super::super::rng::SplitMix64;
 use super::super::tensor::Tensor;
 use super::super::validate::{check_dims, check_finite, check_shape};
@@ -76,6 +79,98 @@ pub struct MlstmForward {
     pub final_state: MlstmState,
 }
 
+/// Upstream gradients: `d_h = dL/dh [B, T, H, Dv]` and the final-state cotangent
+/// `(dL/dC_T, dL/dn_T, dL/dm_T)` (`None` means zero).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlstmCotangents {
+    /// Gradient with respect to the hidden states, `[B, T, H, Dv]`.
+    pub d_h: Tensor,
+    /// Gradient with respect to the final state, or `None` for zero.
+    pub d_final_state: Option<MlstmState>,
+}
+
+/// Gradients of `L = sum(h * d_h) + <C_T, dC_T> + <n_T, dn_T> + sum(m_T * dm_T)`
+/// ([`MlstmForward::loss`]) with respect to every input, each shaped like its input.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlstmGrads {
+    /// `dL/dq [B, T, H, Dk]`.
+    pub dq: Tensor,
+    /// `dL/dk [B, T, H, Dk]`.
+    pub dk: Tensor,
+    /// `dL/dv [B, T, H, Dv]`.
+    pub dv: Tensor,
+    /// `dL/di [B, T, H]` (input-gate pre-activations).
+    pub d_input_gate: Tensor,
+    /// `dL/df [B, T, H]` (forget-gate pre-activations).
+    pub d_forget_gate: Tensor,
+    /// `dL/d(C_0, n_0, m_0)`, returned even when the initial state is `None` (zero).
+    pub d_initial_state: MlstmState,
+}
+
+impl MlstmForward {
+    /// `L = sum(h * d_h) + <C_T, dC_T> + <n_T, dn_T> + sum(m_T * dm_T)`: the scalar the backwards
+    /// differentiate (finite-difference tests differentiate it too).
+    pub fn loss(&self, cot: &MlstmCotangents) -> f64 {
+        let dot = |a: &Tensor, b: &Tensor| -> f64 { dot(a.data(), b.data()) };
+        dot(&self.h, &cot.d_h)
+            + cot.d_final_state.as_ref().map_or(0.0, |d| {
+                let s = &self.final_state;
+                dot(&s.c, &d.c) + dot(&s.n, &d.n) + dot(&s.m, &d.m)
+            })
+    }
+}
+
+impl MlstmGrads {
+    /// The scale to measure the gate and stabiliser gradients' errors against (`d_input_gate`,
+    /// `d_forget_gate`, `dm_0`): `||reverse-cumsum(a)||_2` with
+    /// `a_t = sum_i |q_ti dq_ti| + |k_ti dk_ti|`, per head.
+    ///
+    /// Every term of `h_r` or of a state is `e^{l - m} x` with a log-weight `l`, and its exponent's
+    /// gradient is that term's share of `q_r . dq_r` (row r's terms) or `k_j . dk_j` (token j's
+    /// writes). The gate gradients sum these with signs, `dlf_t` over every term whose log-weight
+    /// spans t, and largely cancel: `h` does not depend on the stabiliser, so the winning term's
+    /// share drops out, and where one token dominates a row `h_r` barely depends on any gate
+    /// (`||d_input_gate||` ~ 1e-28 from O(1) terms under large input gates). A relative error on
+    /// those gradients then measures only the cancellation; compare them with
+    /// [`assert_close_to_scale`](crate::reference::assert_close_to_scale) against this scale plus
+    /// their own norm (for the floor and `dm_T`, which enter without such a term).
+    ///
+    /// # Panics
+    /// If `self` and `inputs` describe different problems.
+    pub fn gate_grad_scale(&self, inputs: &MlstmInputs) -> f64 {
+        let s = inputs.shape;
+        let mut sum_sq = 0.0;
+        for b in 0..s.b {
+            for h in 0..s.h {
+                let mut a = gate_grad_terms(
+                    &inputs.q.head_rows(b, h),
+                    &self.dq.head_rows(b, h),
+                    &inputs.k.head_rows(b, h),
+                    &self.dk.head_rows(b, h),
+                    s.dk,
+                    1,
+                    |qdq, kdk| qdq.abs() + kdk.abs(),
+                );
+                reverse_cumsum(&mut a, 1);
+                sum_sq += a.iter().map(|x| x * x).sum::<f64>();
+            }
+        }
+        sum_sq.sqrt()
+    }
+}
+
+impl MlstmCotangents {
+    /// Checks shapes and finiteness against the problem shape.
+    pub(crate) fn validate(&self, s: &Shape) -> Result<(), ReferenceError> {
+        check_shape("d_h", "[B, T, H, Dv]", s.v(), &self.d_h)?;
+        check_finite("d_h", &self.d_h)?;
+        if let Some(d) = &self.d_final_state {
+            check_state("d_final_state", s, d)?;
+        }
+        Ok(())
+    }
+}
+
 /// Gate regimes of the generator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MlstmRegime {
@@ -118,6 +213,10 @@ pub struct MlstmSpec {
     pub regime: MlstmRegime,
     /// The seed; equal specs give bit-identical inputs.
     pub seed: u64,
+    /// Round q, k, v to bf16-representable values and the gate pre-activations, the initial state,
+    /// the scale and eps to f32-representable ones, so device copies (bf16 activations, fp32 gates and
+    /// states) hold exactly the values the reference computes with.
+    pub round_to_bf16: bool,
     /// Whether to draw an initial state (`C_0, n_0 ~ N(0, 1)`, `m_0 ~ N(0, 1)`).
     pub initial_state: bool,
 }
@@ -150,7 +249,8 @@ impl Stream {
 
 impl MlstmInputs {
     /// Draws the inputs of `spec`: q, k, v ~ N(0, 1), gates by regime, scale `Dk^-1/2`,
-    /// eps [`MLSTM_EPS`].
+    /// eps [`MLSTM_EPS`]; rounded after drawing when `spec.round_to_bf16`, so rounding changes no
+    /// stream.
     pub fn generate(spec: &MlstmSpec) -> Result<MlstmInputs, ReferenceError> {
         let s = spec.shape;
         check_dims(&s)?;
@@ -161,7 +261,7 @@ impl MlstmInputs {
             n: Stream::N0.normal(seed, &[s.b, s.h, s.dk], 0.0, 1.0),
             m: Stream::M0.normal(seed, &[s.b, s.h], 0.0, 1.0),
         });
-        Ok(MlstmInputs {
+        let inputs = MlstmInputs {
             shape: s,
             q: Stream::Q.normal(seed, &s.qk(), 0.0, 1.0),
             k: Stream::K.normal(seed, &s.qk(), 0.0, 1.0),
@@ -171,7 +271,31 @@ impl MlstmInputs {
             initial_state,
             scale: s.default_scale(),
             eps: MLSTM_EPS,
+        };
+        Ok(if spec.round_to_bf16 {
+            inputs.rounded_for_device()
+        } else {
+            inputs
         })
+    }
+
+    /// q, k, v rounded to bf16; the gates, initial state, scale and eps to f32.
+    fn rounded_for_device(self) -> MlstmInputs {
+        MlstmInputs {
+            q: self.q.round_to_bf16(),
+            k: self.k.round_to_bf16(),
+            v: self.v.round_to_bf16(),
+            input_gate: self.input_gate.round_to_f32(),
+            forget_gate: self.forget_gate.round_to_f32(),
+            initial_state: self.initial_state.map(|st| MlstmState {
+                c: st.c.round_to_f32(),
+                n: st.n.round_to_f32(),
+                m: st.m.round_to_f32(),
+            }),
+            scale: f64::from(self.scale as f32),
+            eps: f64::from(self.eps as f32),
+            ..self
+        }
     }
 
     /// Checks shapes, finiteness (gates included: any finite pre-activation is valid), the scale

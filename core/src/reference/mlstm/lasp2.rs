@@ -1,12 +1,17 @@
-//! The LASP-2 decomposition of the mLSTM over W simulated ranks (module doc, "LASP-2").
+//! The LASP-2 decomposition of the mLSTM over W simulated ranks, forward and backward (module doc,
+//! "LASP-2" and "LASP-2 backward").
 
 use super::super::error::ReferenceError;
 use super::super::inputs::Shape;
+use super::super::linalg::axpy;
 use super::super::tensor::Tensor;
 use super::super::validate::{check_chunk, check_finite, check_shape, check_shard_lengths};
-use super::chunkwise::{chunk_contribution, forward_from};
-use super::head::{assemble_state, head_state, initial_head_state, HeadState, MlstmHead};
-use super::inputs::{check_state, MlstmInputs, MlstmState};
+use super::chunk_backward::backward_from;
+use super::chunkwise::{advance, forward_from};
+use super::head::{
+    assemble_state, backward_heads, head_state, initial_head_state, HeadGrads, HeadState, MlstmHead,
+};
+use super::inputs::{check_state, MlstmCotangents, MlstmGrads, MlstmInputs, MlstmState};
 
 /// What rank w all-gathers: its shard's own contribution, stabilised on its own, and its total
 /// log forget gate.
@@ -33,6 +38,29 @@ pub struct MlstmLasp2 {
     pub final_state: MlstmState,
 }
 
+/// Everything the backward computes, per rank.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlstmLasp2Backward {
+    /// `E_w`: the gradient of rank w's own outputs with respect to the state entering it, `P_w`
+    /// (its local backward from `P_w` with no exit cotangent): what rank w all-gathers.
+    pub output_state_grads: Vec<MlstmState>,
+    /// `D_w = dL/dP_{w+1}`: the gradient with respect to the state leaving rank w, from the suffix
+    /// fold `D_{W-1} = dL/d(final state)`, `D_{w-1} = E_w + ` [`fold_backward`]`(P_w, summary_w,
+    /// D_w).d_prefix`.
+    pub exit_state_grads: Vec<MlstmState>,
+    /// The gradients of the whole sequence.
+    pub grads: MlstmGrads,
+}
+
+/// The cotangents of [`fold`]'s arguments.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FoldCotangents {
+    /// `dL/dP`, `(C [B, H, Dk, Dv], n [B, H, Dk], m [B, H])`.
+    pub d_prefix: MlstmState,
+    /// `dL/d(C_w, n_w, m_w)` and `dL/dF_w`, shaped like the summary.
+    pub d_summary: ShardSummary,
+}
+
 /// LASP-2 on `shard_lengths.len()` ranks (ragged lengths summing to T, none empty): each rank
 /// summarises its shard chunkwise (chunk size `chunk`), every rank folds the summaries of the
 /// ranks before it in rank order onto the initial state, and computes its outputs chunkwise from
@@ -57,20 +85,23 @@ pub fn lasp2_forward(
     for b in 0..s.b {
         for h in 0..s.h {
             let head = MlstmHead::gather(inputs, b, h);
-            let mut prefix = initial_head_state(inputs, b, h);
-            let mut start = 0;
-            for (w, &len) in shard_lengths.iter().enumerate() {
-                let shard = head.tokens(start, len);
-                let (summary, total) = summarise(&shard, chunk);
-                let (rows, _) = forward_from(&shard, prefix.clone(), chunk);
+            let ex = Exchanged::new(
+                &head,
+                initial_head_state(inputs, b, h),
+                shard_lengths,
+                chunk,
+            );
+            for (w, ((_, shard), prefix)) in ex.shards.iter().zip(&ex.prefixes).enumerate() {
+                let (rows, _) = forward_from(shard, prefix.clone(), chunk);
                 outputs[w].set_head_rows(b, h, &rows);
-                prefixes[w].push(prefix.clone());
-                prefix.combine(prefix.m + total, &summary, summary.m);
+            }
+            for (w, prefix) in ex.prefixes.into_iter().enumerate() {
+                prefixes[w].push(prefix);
+            }
+            for (w, (summary, total)) in ex.summaries.into_iter().enumerate() {
                 summaries[w].push(summary);
                 totals[w].block_mut(b, h)[0] = total;
-                start += len;
             }
-            prefixes[ranks].push(prefix);
         }
     }
     let mut prefixes: Vec<MlstmState> = prefixes
@@ -102,15 +133,7 @@ pub fn fold(
     prefix: &MlstmState,
     summary: &ShardSummary,
 ) -> Result<MlstmState, ReferenceError> {
-    check_state("prefix", &s, prefix)?;
-    check_state("summary", &s, &summary.state)?;
-    check_shape(
-        "log_forget_total",
-        "[B, H]",
-        vec![s.b, s.h],
-        &summary.log_forget_total,
-    )?;
-    check_finite("log_forget_total", &summary.log_forget_total)?;
+    check_fold_arguments(&s, prefix, summary)?;
     let heads: Vec<HeadState> = (0..s.b * s.h)
         .map(|index| {
             let (b, h) = (index / s.h, index % s.h);
@@ -124,15 +147,238 @@ pub fn fold(
     Ok(assemble_state(&s, &heads))
 }
 
+/// Checks [`fold`]'s states and the summary's `F_w` against `s`.
+fn check_fold_arguments(
+    s: &Shape,
+    prefix: &MlstmState,
+    summary: &ShardSummary,
+) -> Result<(), ReferenceError> {
+    check_state("prefix", s, prefix)?;
+    check_state("summary", s, &summary.state)?;
+    check_shape(
+        "log_forget_total",
+        "[B, H]",
+        vec![s.b, s.h],
+        &summary.log_forget_total,
+    )?;
+    check_finite("log_forget_total", &summary.log_forget_total)
+}
+
+/// The transpose of [`fold`] at the same `prefix` and `summary`: from the cotangent `d_folded` of
+/// its result, those of the prefix and of the summary (module doc, "LASP-2 backward"). The states
+/// are checked against `s`.
+pub fn fold_backward(
+    s: Shape,
+    prefix: &MlstmState,
+    summary: &ShardSummary,
+    d_folded: &MlstmState,
+) -> Result<FoldCotangents, ReferenceError> {
+    check_fold_arguments(&s, prefix, summary)?;
+    check_state("d_folded", &s, d_folded)?;
+    let mut d_prefixes = Vec::with_capacity(s.b * s.h);
+    let mut d_states = Vec::with_capacity(s.b * s.h);
+    let mut d_totals = Tensor::zeros(&[s.b, s.h]);
+    for index in 0..s.b * s.h {
+        let (b, h) = (index / s.h, index % s.h);
+        let (d_prefix, d_summary, d_total) = fold_head_backward(
+            &head_state(prefix, b, h),
+            &head_state(&summary.state, b, h),
+            summary.log_forget_total.block(b, h)[0],
+            &head_state(d_folded, b, h),
+        );
+        d_prefixes.push(d_prefix);
+        d_states.push(d_summary);
+        d_totals.block_mut(b, h)[0] = d_total;
+    }
+    Ok(FoldCotangents {
+        d_prefix: assemble_state(&s, &d_prefixes),
+        d_summary: ShardSummary {
+            state: assemble_state(&s, &d_states),
+            log_forget_total: d_totals,
+        },
+    })
+}
+
+/// One head's transposed fold step: the cotangents of the prefix, of the summary's state and of
+/// its total log forget gate `F`. The prefix's log-weight `m_P + F` carries both `m_P` and `F`,
+/// so they get the same gradient.
+fn fold_head_backward(
+    prefix: &HeadState,
+    summary: &HeadState,
+    total: f64,
+    d_folded: &HeadState,
+) -> (HeadState, HeadState, f64) {
+    let (d_prefix, d_summary) =
+        prefix.combine_backward(prefix.m + total, summary, summary.m, d_folded);
+    let d_total = d_prefix.m;
+    (d_prefix, d_summary, d_total)
+}
+
+/// LASP-2 backward on `shard_lengths.len()` ranks (as [`lasp2_forward`]; module doc, "LASP-2
+/// backward"): the gradients of [`MlstmForward::loss`](super::MlstmForward::loss), with the
+/// exchanged `E_w` and the folded `D_w`.
+pub fn lasp2_backward(
+    inputs: &MlstmInputs,
+    shard_lengths: &[usize],
+    chunk: usize,
+    cot: &MlstmCotangents,
+) -> Result<MlstmLasp2Backward, ReferenceError> {
+    check_chunk("chunk", chunk)?;
+    check_shard_lengths(shard_lengths, inputs.shape.t)?;
+    let s = inputs.shape;
+    let ranks = shard_lengths.len();
+    let mut exchanged = vec![Vec::with_capacity(s.b * s.h); ranks];
+    let mut exits = vec![Vec::with_capacity(s.b * s.h); ranks];
+    let grads = backward_heads(inputs, cot, |head, initial, d_h, d_final| {
+        let head_backward =
+            HeadLasp2Backward::run(head, initial, shard_lengths, chunk, d_h, d_final);
+        for (w, rank) in head_backward.ranks.into_iter().enumerate() {
+            exchanged[w].push(rank.output_state_grad);
+            exits[w].push(rank.exit_state_grad);
+        }
+        head_backward.grads
+    })?;
+    let assemble = |heads: Vec<Vec<HeadState>>| -> Vec<MlstmState> {
+        heads.iter().map(|h| assemble_state(&s, h)).collect()
+    };
+    Ok(MlstmLasp2Backward {
+        output_state_grads: assemble(exchanged),
+        exit_state_grads: assemble(exits),
+        grads,
+    })
+}
+
+/// One rank's part of one head's backward: `E_w` and `D_w`.
+struct RankBackward {
+    output_state_grad: HeadState,
+    exit_state_grad: HeadState,
+}
+
+/// One head's LASP-2 backward: every rank's `E_w`, `D_w` and the head's gradients.
+struct HeadLasp2Backward {
+    ranks: Vec<RankBackward>,
+    grads: HeadGrads,
+}
+
+impl HeadLasp2Backward {
+    /// The whole decomposition on one head: the forward's exchange, each rank's output pass from
+    /// `P_w`, the exchange of `E_w`, the suffix fold, and each rank's summary pass with the
+    /// summary's cotangent.
+    fn run(
+        head: &MlstmHead,
+        initial: HeadState,
+        shard_lengths: &[usize],
+        chunk: usize,
+        d_h: &[f64],
+        d_final: HeadState,
+    ) -> HeadLasp2Backward {
+        let (dk, dv) = (head.dk, head.dv);
+        let Exchanged {
+            shards,
+            summaries,
+            prefixes,
+        } = Exchanged::new(head, initial, shard_lengths, chunk);
+        // Each rank's outputs, from its prefix; the exit cotangent comes later, through the
+        // summary, so here it is zero.
+        let outputs: Vec<HeadGrads> = shards
+            .iter()
+            .zip(&prefixes)
+            .map(|((start, shard), prefix)| {
+                let rows = &d_h[start * dv..(start + shard.t) * dv];
+                backward_from(
+                    shard,
+                    prefix.clone(),
+                    chunk,
+                    Some(rows),
+                    HeadState::zero(dk, dv),
+                )
+            })
+            .collect();
+        // The suffix fold, descending: `d` is `D_w` on entry to step w and `D_{w-1}` after it.
+        let mut d = d_final;
+        let mut exit_grads = vec![HeadState::zero(dk, dv); shards.len()];
+        let mut summary_grads = Vec::with_capacity(shards.len());
+        for w in (0..shards.len()).rev() {
+            let (summary, total) = &summaries[w];
+            let (mut d_prefix, d_summary, d_total) =
+                fold_head_backward(&prefixes[w], summary, *total, &d);
+            let e = &outputs[w].d_state;
+            axpy(&mut d_prefix.c, 1.0, &e.c);
+            axpy(&mut d_prefix.n, 1.0, &e.n);
+            d_prefix.m += e.m;
+            exit_grads[w] = std::mem::replace(&mut d, d_prefix);
+            summary_grads.push((d_summary, d_total));
+        }
+        summary_grads.reverse();
+        // `d` is now the gradient of the initial state. Each rank's tokens: its output pass, its
+        // summary's backward from the empty state, and `dF_w` on every log forget gate.
+        let mut grads = HeadGrads::zeros(head, d);
+        for ((start, shard), (output, (d_summary, d_total))) in
+            shards.iter().zip(outputs.iter().zip(summary_grads))
+        {
+            let empty = HeadState::empty(dk, dv);
+            let summary = backward_from(shard, empty, chunk, None, d_summary);
+            grads.add_tokens(*start, output);
+            grads.add_tokens(*start, &summary);
+            grads.d_log_forget[*start..start + shard.t]
+                .iter_mut()
+                .for_each(|x| *x += d_total);
+        }
+        let ranks = outputs
+            .into_iter()
+            .zip(exit_grads)
+            .map(|(output, exit_state_grad)| RankBackward {
+                output_state_grad: output.d_state,
+                exit_state_grad,
+            })
+            .collect();
+        HeadLasp2Backward { ranks, grads }
+    }
+}
+
+/// What every rank knows of one head after the forward's all-gather: the shards (with the index
+/// of their first token), their summaries `(state, F_w)` and the prefixes `P_0 ..= P_W`.
+struct Exchanged {
+    shards: Vec<(usize, MlstmHead)>,
+    summaries: Vec<(HeadState, f64)>,
+    prefixes: Vec<HeadState>,
+}
+
+impl Exchanged {
+    fn new(head: &MlstmHead, initial: HeadState, shard_lengths: &[usize], chunk: usize) -> Self {
+        let mut start = 0;
+        let shards: Vec<(usize, MlstmHead)> = shard_lengths
+            .iter()
+            .map(|&len| {
+                start += len;
+                (start - len, head.tokens(start - len, len))
+            })
+            .collect();
+        let summaries: Vec<(HeadState, f64)> = shards
+            .iter()
+            .map(|(_, shard)| summarise(shard, chunk))
+            .collect();
+        let mut prefixes = vec![initial];
+        for (summary, total) in &summaries {
+            let mut next = prefixes[prefixes.len() - 1].clone();
+            next.combine(next.m + total, summary, summary.m);
+            prefixes.push(next);
+        }
+        Exchanged {
+            shards,
+            summaries,
+            prefixes,
+        }
+    }
+}
+
 /// A shard's summary, chunk by chunk from the empty state, and its total log forget gate
 /// (the sum of the chunk totals).
 fn summarise(shard: &MlstmHead, chunk: usize) -> (HeadState, f64) {
     let mut summary = HeadState::empty(shard.dk, shard.dv);
-    let mut total = 0.0;
-    for c0 in (0..shard.t).step_by(chunk) {
-        let (contribution, gamma) = chunk_contribution(shard, c0, chunk.min(shard.t - c0));
-        summary.combine(summary.m + gamma, &contribution, contribution.m);
-        total += gamma;
-    }
+    let total = shard
+        .chunks(chunk)
+        .map(|(c0, len)| advance(shard, &mut summary, c0, len))
+        .sum();
     (summary, total)
 }

@@ -70,16 +70,57 @@
 //! `(C_T, n_T, m_T)` depends on it, so its cotangent flows through `m` too. The gradient is that of
 //! `L = sum(h * d_h) + <C_T, dC_T> + <n_T, dn_T> + sum(m_T dm_T)` ([`MlstmForward::loss`]),
 //! checked against central finite differences of the forward.
+//!
+//! # Chunkwise backward
+//! [`chunkwise_backward`] is reverse mode through the chunk form ("Chunkwise" above), from the
+//! chunk-entry states recomputed as the forward carries them. Every term of a chunk is
+//! `e^{l - m_r} x` with a log-weight `l` (the carried state's `m + b_r` or token j's `D_rj`) and
+//! `m_r` the row's largest log-weight, the winner's; the state leaving the chunk is such a sum too,
+//! at the last row's `m_r`. A term's exponent `l - m_r` passes its gradient `g` (the term times
+//! its cotangent) to the inputs of `l` and `-g` to those of the winner's log-weight. Both hold the
+//! log forget gates up to row r, so only the gates between their starts remain
+//! (`l_j - l_j' = i_j - i_j' + sum_{j < s <= j'} lf_s` for `j < j'`), and the gradient goes to those
+//! directly: no term enters a gradient as `+g - g`, and the winner's own term adds nothing. What
+//! depends on `m_r` itself, the floor `e^{-m_r}` and the exit cotangent `dm'`, goes to the
+//! winner's log-weight. This is the full derivative of the stabilised forward, normaliser and
+//! stabiliser included, the same function as the recurrent form's: it equals
+//! [`recurrent_backward`] wherever no max is tied.
+//!
+//! # LASP-2 backward
+//! `L = sum_w L_w(P_w, shard w) + <P_W, d_final>` with `P_{w+1} = fold(P_w, summary_w)` and
+//! `summary_w` a function of shard w alone, so ([`lasp2_backward`]):
+//! * each rank runs the chunkwise backward of its outputs from `P_w` with no exit cotangent: its
+//!   tokens' share, and `E_w = dL_w/dP_w`, which it all-gathers;
+//! * every rank folds the state gradients downwards through the transposed fold
+//!   ([`fold_backward`]): `D_{W-1} = d_final`, `D_{w-1} = E_w + (fold_P)^T D_w`, so
+//!   `D_w = dL/dP_{w+1}`, the gradient of the state leaving rank w, and `E_0 + (fold_P)^T D_0` is
+//!   the initial state's;
+//! * rank w's summary gets `(fold_summary)^T D_w`; its chunkwise backward from the empty state
+//!   (no outputs) gives the tokens' other share, and `dF_w` goes to every log forget gate of the
+//!   shard.
+//!
+//! The transposed fold is the chunk step's (`m' = max(F + m_P, m_w)`): the prefix gets
+//! `e^{F + m_P - m'} (dC', dn')` and the summary `e^{m_w - m'} (dC', dn')`; the log-weight that
+//! lost the max gets its term's share `g = e^{l - m'} (<dC', C> + <dn', n>)`, the winner's gets
+//! `dm' - g`, and the prefix's log-weight `F + m_P` passes its gradient to both `m_P` and `F`.
 
 mod backward;
+mod chunk_backward;
 mod chunkwise;
 mod head;
 mod inputs;
 mod lasp2;
 mod recurrent;
 
-pub use backward::{recurrent_backward, MlstmCotangents, MlstmGrads};
+pub use backward::recurrent_backward;
+pub use chunk_backward::chunkwise_backward;
 pub use chunkwise::chunkwise_forward;
-pub use inputs::{MlstmForward, MlstmInputs, MlstmRegime, MlstmSpec, MlstmState, MLSTM_EPS};
-pub use lasp2::{fold, lasp2_forward, MlstmLasp2, ShardSummary};
+pub use inputs::{
+    MlstmCotangents, MlstmForward, MlstmGrads, MlstmInputs, MlstmRegime, MlstmSpec, MlstmState,
+    MLSTM_EPS,
+};
+pub use lasp2::{
+    fold, fold_backward, lasp2_backward, lasp2_forward, FoldCotangents, MlstmLasp2,
+    MlstmLasp2Backward, ShardSummary,
+};
 pub use recurrent::{recurrent_forward, unstabilised_forward};
