@@ -1,0 +1,517 @@
+"""fla's chunk_gla (GLA, per-key gates) forward and forward+backward on the inputs our bench dumped.
+
+    python3 benches/fla_gla.py --dump DIR --out benches/results/gla.json
+    python3 benches/fla_gla.py --dump DIR --processes 5 --only b4_t8192_h16_d128
+    python3 benches/fla_gla.py --self-test          # CPU only: the pure parts, no GPU, no fla
+
+DIR is what our Rust bench's dump option wrote:
+    DIR/ours.json  {"device", "commit", "shapes": [{"name", "B", "T", "H", "Dk", "Dv", "scale",
+                    "ours_fwd_ms", "ours_fwdbwd_ms" (or null)}, ...]}
+    DIR/<name>/q.bin, k.bin   bf16 [B, T, H, Dk], raw little-endian
+    DIR/<name>/v.bin          bf16 [B, T, H, Dv]
+    DIR/<name>/g.bin          fp32 [B, T, H, Dk], log-gates (<= 0)
+    DIR/<name>/o.bin          our bf16 output [B, T, H, Dv]
+
+What is measured, per shape, by fla.ops.gla.chunk_gla(q, k, v, g, scale=<the dump's scale, Dk**-0.5
+by default>, output_final_state=False) (fla-core 0.6.0):
+  - agreement: ||ours - fla|| / ||fla|| (float64 norms) of o must be <= 5e-3;
+  - forward: 10 warm-up calls, then 50 calls enqueued back to back on one stream, each between
+    two CUDA events, median (the minimum beside it), under torch.no_grad, as fla_forward.py;
+  - forward+backward: the same, each call being the forward plus
+    torch.autograd.grad(o, (q, k, v, g), do) with a fixed random do (seed 0); grads are returned,
+    not accumulated, so no extra accumulation kernels are timed.
+fla's times move by up to 2x between processes while ours stay put, so every timing runs in
+--processes (at least 3) separate Python processes: this script re-invokes itself with --worker
+for one shape at a time, the shapes taking turns round by round (round r times every shape once
+before round r + 1 starts). Each process loads the inputs, checks agreement and times fla; the
+row reports the median of the per-process medians and keeps the per-process medians. A shape
+whose process fails (no GPU, fla missing, a bad file) is not tried again in later rounds.
+
+Output JSON: device (ours.json's), torch_device, commit (env LASP_COMMIT), date (env LASP_DATE),
+method, hbm_bytes_per_s, hbm_floor, versions, tolerance_rel_err_vs_fla, processes, errors and
+single_gpu: one row per shape with B, T, H, D (= Dk), Dv, ours_fwd_ms, fla_fwd_ms, ours_fwdbwd_ms
+(null if ours.json has none), fla_fwdbwd_ms, hbm_floor_fwd_ms (q, k, v read and o written once in
+bf16, g read once in fp32, over the device's HBM bandwidth: H100 SXM 3.35e12 B/s, H200 4.8e12 B/s,
+from torch.cuda.get_device_name; --hbm-bytes-per-s overrides), floor_fraction_fwd
+(hbm_floor_fwd_ms / ours_fwd_ms), speedup_fwd (fla_fwd_ms / ours_fwd_ms), speedup_fwdbwd,
+rel_err_vs_fla (the largest over processes), and the per-process medians and minima.
+
+Needs torch with CUDA and fla-core (its wheel unpacked on PYTHONPATH; einops beside it).
+Exit status: 0 when every shape ran in every process (forward and, unless --no-backward, backward)
+and agreed; 1 otherwise (the JSON is written either way, with null where fla could not run);
+2 for bad arguments or an unreadable dump.
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TOL = 5e-3
+MIN_PROCESSES = 3
+WORKER_TAG = "FLA_GLA_WORKER_RESULT "
+# HBM bandwidth by device name (spec sheet numbers), matched in order, first hit wins.
+HBM_BYTES_PER_S = [
+    ("H200", 4.8e12),
+    ("H100 PCIe", 2.0e12),
+    ("H100 NVL", 3.9e12),
+    ("H100", 3.35e12),  # SXM (e.g. "NVIDIA H100 80GB HBM3")
+]
+SHAPE_KEYS = ("name", "B", "T", "H", "Dk", "Dv", "ours_fwd_ms")
+# Where the worker puts the tensors: a hook for a CPU dry run of the plumbing (with torch.cuda and
+# fla stubbed); leave it unset for measurements.
+DEVICE = os.environ.get("FLA_GLA_DEVICE", "cuda")
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure parts (no torch needed): checked by --self-test on CPU.
+# ---------------------------------------------------------------------------------------------
+
+def parse_ours(ours):
+    """Validate ours.json's content; returns its shape rows with scale filled in."""
+    if not isinstance(ours, dict) or not isinstance(ours.get("shapes"), list) or not ours["shapes"]:
+        raise ValueError("ours.json: expected an object with a non-empty 'shapes' list")
+    rows, names = [], set()
+    for i, row in enumerate(ours["shapes"]):
+        missing = [key for key in SHAPE_KEYS if key not in row]
+        if missing:
+            raise ValueError(f"ours.json shapes[{i}]: missing {', '.join(missing)}")
+        for key in ("B", "T", "H", "Dk", "Dv"):
+            if not isinstance(row[key], int) or row[key] <= 0:
+                raise ValueError(f"ours.json shapes[{i}]: {key} = {row[key]!r} is not a positive integer")
+        if row["name"] in names or "/" in row["name"] or row["name"] in ("", ".", ".."):
+            raise ValueError(f"ours.json shapes[{i}]: bad or repeated name {row['name']!r}")
+        names.add(row["name"])
+        out = dict(row)
+        out["scale"] = float(row["scale"]) if row.get("scale") is not None else row["Dk"] ** -0.5
+        out["ours_fwdbwd_ms"] = row.get("ours_fwdbwd_ms")
+        rows.append(out)
+    return rows
+
+
+def hbm_bytes_per_s(device_name):
+    """The device's HBM bandwidth in B/s from its torch name, or None when unknown."""
+    for key, bw in HBM_BYTES_PER_S:
+        if key in (device_name or ""):
+            return bw
+    return None
+
+
+def fwd_bytes(B, T, H, Dk, Dv):
+    """q, k, v read and o written once in bf16, g read once in fp32."""
+    n = B * T * H
+    return n * (2 * Dk * 2 + 2 * Dv * 2 + Dk * 4)
+
+
+def hbm_floor_ms(B, T, H, Dk, Dv, bw):
+    return None if not bw else fwd_bytes(B, T, H, Dk, Dv) / bw * 1e3
+
+
+def median_of(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _ratio(num, den, digits=4):
+    return round(num / den, digits) if num is not None and den else None
+
+
+def _round(x, digits=5):
+    return None if x is None else round(x, digits)
+
+
+def assemble_row(shape, results, bw, need_backward=True, processes=MIN_PROCESSES):
+    """One single_gpu row from a shape of ours.json and its workers' results (dicts, one per
+    process; a failed process is a dict with 'error'). Returns (row, list of failure strings)."""
+    name = shape["name"]
+    failures = []
+    good = [r for r in results if "error" not in r]
+    for r in results:
+        if "error" in r:
+            failures.append(f"{name}: process {r.get('process', '?')}: {r['error']}")
+    if len(results) < processes:
+        failures.append(f"{name}: {len(results)} of {processes} processes ran")
+    errs = [r.get("rel_err") for r in good]
+    bad_err = [e for e in errs if e is None or not math.isfinite(e) or e > TOL]
+    if bad_err:
+        failures.append(f"{name}: rel err vs fla {max(bad_err, key=lambda e: -1 if e is None else e)} > {TOL:.0e}"
+                        f" (per process: {errs})")
+    fwd = [r.get("fwd_ms") for r in good]
+    fwd_min = [r.get("fwd_min_ms") for r in good]
+    fb = [r.get("fwdbwd_ms") for r in good]
+    fb_min = [r.get("fwdbwd_min_ms") for r in good]
+    for r in good:
+        if need_backward and r.get("fwdbwd_ms") is None:
+            failures.append(f"{name}: process {r.get('process', '?')}: fla forward+backward did not run: "
+                            f"{r.get('fwdbwd_error', 'no time reported')}")
+    fla_fwd = median_of(fwd) if good else None
+    fla_fb = median_of(fb) if good else None
+    B, T, H, Dk, Dv = shape["B"], shape["T"], shape["H"], shape["Dk"], shape["Dv"]
+    floor = hbm_floor_ms(B, T, H, Dk, Dv, bw)
+    ours_fwd, ours_fb = shape["ours_fwd_ms"], shape.get("ours_fwdbwd_ms")
+    finite_errs = [e for e in errs if e is not None and math.isfinite(e)]
+    row = dict(
+        B=B, T=T, H=H, D=Dk, Dv=Dv,
+        ours_fwd_ms=ours_fwd, fla_fwd_ms=_round(fla_fwd),
+        ours_fwdbwd_ms=ours_fb, fla_fwdbwd_ms=_round(fla_fb),
+        hbm_floor_fwd_ms=_round(floor),
+        floor_fraction_fwd=_ratio(floor, ours_fwd),
+        speedup_fwd=_ratio(fla_fwd, ours_fwd),
+        speedup_fwdbwd=_ratio(fla_fb, ours_fb),
+        rel_err_vs_fla=float(f"{max(finite_errs):.4e}") if finite_errs and len(finite_errs) == len(errs) else None,
+        fla_fwd_ms_per_process=[_round(x) for x in fwd],
+        fla_fwd_min_ms_per_process=[_round(x) for x in fwd_min],
+        fla_fwdbwd_ms_per_process=[_round(x) for x in fb],
+        fla_fwdbwd_min_ms_per_process=[_round(x) for x in fb_min],
+        name=name, scale=shape["scale"],
+    )
+    return row, failures
+
+
+def parse_worker_output(stdout):
+    """The result dict a worker printed (the last line starting with WORKER_TAG), or None."""
+    found = None
+    for line in stdout.splitlines():
+        if line.startswith(WORKER_TAG):
+            found = json.loads(line[len(WORKER_TAG):])
+    return found
+
+
+def run_worker(cmd, timeout, env=None):
+    """Run one worker process; its stderr goes to ours, its stdout is parsed. Always a dict."""
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"worker timed out after {timeout} s"}
+    try:
+        res = parse_worker_output(p.stdout)
+    except ValueError as e:
+        res = {"error": f"unparsable worker result: {e}"}
+    if res is None:
+        tail = " | ".join(p.stdout.strip().splitlines()[-5:])
+        res = {"error": f"worker exited {p.returncode} without a result" + (f" (stdout: {tail})" if tail else "")}
+    elif p.returncode != 0 and "error" not in res:
+        res["error"] = f"worker exited {p.returncode}"
+    res["wall_s"] = round(time.time() - t0, 1)
+    return res
+
+
+def build_result(ours, rows, failures, worker_info, bw, args_desc):
+    """The output JSON object."""
+    return {
+        "device": ours.get("device"),
+        "torch_device": worker_info.get("device_name"),
+        "commit": os.environ.get("LASP_COMMIT", ours.get("commit", "unknown")),
+        "date": os.environ.get("LASP_DATE", ours.get("date", "unknown")),
+        "method": (ours.get("method", "ours: as recorded in ours.json") + "; fla: " + args_desc),
+        "hbm_bytes_per_s": bw,
+        "hbm_floor": "(q, k, v read + o written once in bf16, g read once in fp32) / hbm_bytes_per_s "
+                     "(spec bandwidth by device name: H100 SXM 3.35e12, H200 4.8e12 B/s)",
+        "versions": {k: worker_info.get(k) for k in ("torch", "triton", "fla")},
+        "tolerance_rel_err_vs_fla": TOL,
+        "errors": failures,
+        "single_gpu": rows,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU parts.
+# ---------------------------------------------------------------------------------------------
+
+def load(path, dtype, shape, torch):
+    n = math.prod(shape)
+    size = path.stat().st_size
+    want = n * torch.empty((), dtype=dtype).element_size()
+    if size != want:
+        raise ValueError(f"{path}: {size} bytes, expected {want} for {shape} {dtype}; redo the dump")
+    return torch.from_file(str(path), shared=False, size=n, dtype=dtype).view(*shape)
+
+
+def rel_err(ours, ref):
+    ref = ref.double()
+    return ((ours.double() - ref).norm() / ref.norm()).item()
+
+
+def time_calls(fn, warmup, iters, torch):
+    """Median and minimum ms of `iters` calls enqueued back to back, each between two CUDA events."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    pairs = []
+    for _ in range(iters):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        pairs.append((a, b))
+    torch.cuda.synchronize()
+    samples = [a.elapsed_time(b) for a, b in pairs]
+    return statistics.median(samples), min(samples)
+
+
+def worker(args):
+    """One process, one shape: check agreement, time fla's forward and forward+backward."""
+    import torch
+
+    res = {"name": args.worker, "process": args.process}
+    try:
+        if not torch.cuda.is_available():
+            raise RuntimeError("torch sees no GPU: run this on the GPU node")
+        import fla
+        from fla.ops.gla import chunk_gla
+        res.update(device_name=torch.cuda.get_device_name(), torch=torch.__version__,
+                   triton=_version("triton"), fla=getattr(fla, "__version__", "unknown"))
+        shape = {s["name"]: s for s in parse_ours(json.loads((args.dump / "ours.json").read_text()))}[args.worker]
+        d = args.dump / shape["name"]
+        B, T, H, Dk, Dv, scale = (shape[k] for k in ("B", "T", "H", "Dk", "Dv", "scale"))
+        dev = torch.device(DEVICE)
+        q = load(d / "q.bin", torch.bfloat16, (B, T, H, Dk), torch).to(dev)
+        k = load(d / "k.bin", torch.bfloat16, (B, T, H, Dk), torch).to(dev)
+        v = load(d / "v.bin", torch.bfloat16, (B, T, H, Dv), torch).to(dev)
+        g = load(d / "g.bin", torch.float32, (B, T, H, Dk), torch).to(dev)
+        o_ours = load(d / "o.bin", torch.bfloat16, (B, T, H, Dv), torch).to(dev)
+
+        def fwd():
+            return chunk_gla(q, k, v, g, scale=scale, output_final_state=False)
+
+        with torch.no_grad():
+            o_fla, _ = fwd()
+            torch.cuda.synchronize()
+            res["rel_err"] = rel_err(o_ours, o_fla)
+            del o_fla, o_ours
+            res["fwd_ms"], res["fwd_min_ms"] = time_calls(fwd, args.warmup, args.iters, torch)
+        if not args.no_backward:
+            try:
+                leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, g)]
+                gen = torch.Generator(device=dev).manual_seed(0)
+                do = torch.randn(B, T, H, Dv, device=dev, generator=gen).to(torch.bfloat16)
+
+                def fwdbwd():
+                    o, _ = chunk_gla(*leaves, scale=scale, output_final_state=False)
+                    return torch.autograd.grad(o, leaves, do)
+
+                res["fwdbwd_ms"], res["fwdbwd_min_ms"] = time_calls(fwdbwd, args.warmup, args.iters, torch)
+            except Exception as e:  # fla's backward refuses some Triton versions; report it
+                res["fwdbwd_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    except Exception as e:
+        res["error"] = f"{type(e).__name__}: {str(e)[:500]}"
+    print(WORKER_TAG + json.dumps(res), flush=True)
+    return 0 if "error" not in res else 1
+
+
+def _fmt(x):
+    return "n/a" if x is None else f"{x:.4g}"
+
+
+def _version(name):
+    try:
+        return __import__(name).__version__
+    except Exception:
+        return None
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dump", type=Path, help="directory our bench's dump wrote (ours.json + one folder per shape)")
+    ap.add_argument("--out", type=Path, default=Path("benches/results/gla.json"))
+    ap.add_argument("--processes", type=int, default=MIN_PROCESSES,
+                    help=f"separate Python processes timing fla per shape (at least {MIN_PROCESSES})")
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--only", action="append", default=[], metavar="NAME",
+                    help="run only this shape of ours.json (repeatable)")
+    ap.add_argument("--no-backward", action="store_true", help="time fla's forward only")
+    ap.add_argument("--hbm-bytes-per-s", type=float, default=None,
+                    help="HBM bandwidth for the floor, overriding the device-name table")
+    ap.add_argument("--worker-timeout", type=float, default=1800.0, help="seconds per worker process")
+    ap.add_argument("--self-test", action="store_true", help="check the pure parts on CPU and exit")
+    ap.add_argument("--worker", metavar="NAME", help=argparse.SUPPRESS)
+    ap.add_argument("--process", type=int, default=1, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    if args.self_test:
+        return self_test()
+    if args.dump is None:
+        ap.error("--dump is required")
+    if args.warmup < 0 or args.iters < 1:
+        ap.error("--warmup must be >= 0 and --iters >= 1")
+    if args.worker:
+        return worker(args)
+    if args.processes < MIN_PROCESSES:
+        ap.error(f"--processes must be at least {MIN_PROCESSES}: fla's times vary between processes")
+
+    ours_path = args.dump / "ours.json"
+    if not ours_path.exists():
+        print(f"fla_gla: {ours_path} not found: run our bench with its dump option first", file=sys.stderr)
+        return 2
+    ours = json.loads(ours_path.read_text())
+    try:
+        shapes = parse_ours(ours)
+    except ValueError as e:
+        print(f"fla_gla: {e}", file=sys.stderr)
+        return 2
+    if args.only:
+        unknown = sorted(set(args.only) - {s["name"] for s in shapes})
+        if unknown:
+            print(f"fla_gla: --only {', '.join(unknown)}: not in {ours_path}", file=sys.stderr)
+            return 2
+        shapes = [s for s in shapes if s["name"] in args.only]
+
+    results = {s["name"]: [] for s in shapes}
+    for r in range(1, args.processes + 1):
+        for s in shapes:
+            if any("error" in x for x in results[s["name"]]):
+                continue  # its first failure is reported; the rest would repeat it
+            cmd = [sys.executable, os.path.abspath(__file__), "--worker", s["name"], "--process", str(r),
+                   "--dump", str(args.dump), "--warmup", str(args.warmup), "--iters", str(args.iters)]
+            if args.no_backward:
+                cmd.append("--no-backward")
+            res = run_worker(cmd, args.worker_timeout)
+            res["process"] = r  # 1-based
+            results[s["name"]].append(res)
+            msg = res.get("error") or (
+                f"fla fwd {res.get('fwd_ms', float('nan')):.4f} ms, fwd+bwd "
+                + (f"{res['fwdbwd_ms']:.4f} ms" if res.get("fwdbwd_ms") is not None
+                   else f"n/a ({res.get('fwdbwd_error', 'skipped')})")
+                + f", rel err vs ours {res.get('rel_err', float('nan')):.2e}")
+            print(f"fla_gla: process {r}/{args.processes} {s['name']}: {msg} ({res.get('wall_s')} s)", flush=True)
+
+    worker_info = next((x for rs in results.values() for x in rs if "device_name" in x), {})
+    bw = args.hbm_bytes_per_s or hbm_bytes_per_s(worker_info.get("device_name"))
+    failures, rows = [], []
+    for s in shapes:
+        row, fails = assemble_row(s, results[s["name"]], bw, need_backward=not args.no_backward,
+                                  processes=args.processes)
+        rows.append(row)
+        failures += fails
+        print(f"B={row['B']} T={row['T']} H={row['H']} D={row['D']}: fwd ours {row['ours_fwd_ms']} ms, "
+              f"fla {_fmt(row['fla_fwd_ms'])} ms (fla / ours {_fmt(row['speedup_fwd'])}); fwd+bwd ours "
+              f"{_fmt(row['ours_fwdbwd_ms'])} ms, fla {_fmt(row['fla_fwdbwd_ms'])} ms (fla / ours "
+              f"{_fmt(row['speedup_fwdbwd'])}); HBM floor {_fmt(row['hbm_floor_fwd_ms'])} ms "
+              f"({_fmt(row['floor_fraction_fwd'])} of ours); rel err vs fla {_fmt(row['rel_err_vs_fla'])}", flush=True)
+    if bw is None:
+        failures.append(f"unknown HBM bandwidth for {worker_info.get('device_name')!r}: pass --hbm-bytes-per-s")
+    desc = (f"fla.ops.gla.chunk_gla(q, k, v, g, scale, output_final_state=False) on the same inputs, after "
+            f"ours, in {args.processes} separate Python processes per shape (shapes in turns, round by "
+            f"round); in each: {args.warmup} warm-up calls, then {args.iters} calls enqueued back to back "
+            f"on one stream, each between two CUDA events, median; forward under torch.no_grad; "
+            f"forward+backward = forward + torch.autograd.grad of (q, k, v, g) with a fixed random do; "
+            f"row = median of the per-process medians")
+    result = build_result(ours, rows, failures, worker_info, bw, desc)
+    result["processes"] = args.processes
+    if worker_info.get("device_name") and ours.get("device") and worker_info["device_name"] != ours["device"]:
+        result["warnings"] = [f"ours.json was measured on {ours['device']!r}, fla on {worker_info['device_name']!r}"]
+        print(f"fla_gla: warning: {result['warnings'][0]}", file=sys.stderr, flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"fla_gla: wrote {args.out}", flush=True)
+    if failures:
+        print("fla_gla: FAILED: " + "; ".join(failures), file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def self_test():
+    """CPU checks of the pure parts (and of the worker plumbing with a stand-in process)."""
+    import tempfile
+
+    shape = dict(name="b4_t8192_h16_d128", B=4, T=8192, H=16, Dk=128, Dv=128, scale=128 ** -0.5,
+                 ours_fwd_ms=0.3, ours_fwdbwd_ms=2.0)
+    [s] = parse_ours({"device": "x", "shapes": [shape]})
+    assert s["scale"] == 128 ** -0.5
+    [s2] = parse_ours({"shapes": [{k: v for k, v in shape.items() if k not in ("scale", "ours_fwdbwd_ms")}]})
+    assert s2["scale"] == 128 ** -0.5 and s2["ours_fwdbwd_ms"] is None
+    for bad in ({"shapes": []}, {"shapes": [dict(shape, B=0)]}, {"shapes": [shape, shape]},
+                {"shapes": [{k: v for k, v in shape.items() if k != "T"}]}, {"shapes": [dict(shape, name="../x")]}):
+        try:
+            parse_ours(bad)
+        except ValueError:
+            pass
+        else:
+            raise AssertionError(f"parse_ours accepted {bad}")
+
+    assert hbm_bytes_per_s("NVIDIA H100 80GB HBM3") == 3.35e12
+    assert hbm_bytes_per_s("NVIDIA H200") == 4.8e12
+    assert hbm_bytes_per_s("NVIDIA H100 PCIe") == 2.0e12
+    assert hbm_bytes_per_s("NVIDIA A100-SXM4-80GB") is None and hbm_bytes_per_s(None) is None
+    # B=4 T=8K H=16 D=128: q, k, v, o 128 MiB each in bf16, g 256 MiB in fp32 = 768 MiB
+    assert fwd_bytes(4, 8192, 16, 128, 128) == 768 * 2 ** 20
+    assert abs(hbm_floor_ms(4, 8192, 16, 128, 128, 3.35e12) - 768 * 2 ** 20 / 3.35e9) < 1e-12
+
+    ok = [dict(process=i, rel_err=3e-3, fwd_ms=f, fwd_min_ms=f - 0.01, fwdbwd_ms=fb, fwdbwd_min_ms=fb - 0.1)
+          for i, (f, fb) in enumerate([(0.9, 4.0), (0.45, 3.0), (0.6, 5.0)])]
+    row, fails = assemble_row(s, ok, 3.35e12)
+    assert not fails, fails
+    assert row["fla_fwd_ms"] == 0.6 and row["fla_fwdbwd_ms"] == 4.0
+    assert row["fla_fwd_ms_per_process"] == [0.9, 0.45, 0.6]
+    assert row["speedup_fwd"] == 2.0 and row["speedup_fwdbwd"] == 2.0
+    assert row["hbm_floor_fwd_ms"] == round(768 * 2 ** 20 / 3.35e9, 5)
+    assert row["floor_fraction_fwd"] == round(768 * 2 ** 20 / 3.35e9 / 0.3, 4)
+    assert row["rel_err_vs_fla"] == 3e-3
+    for k in ("B", "T", "H", "D", "ours_fwd_ms", "fla_fwd_ms", "ours_fwdbwd_ms", "fla_fwdbwd_ms",
+              "hbm_floor_fwd_ms", "floor_fraction_fwd", "speedup_fwd", "speedup_fwdbwd", "rel_err_vs_fla"):
+        assert k in row, k
+    row, fails = assemble_row(s2, ok, None)
+    assert not fails and row["speedup_fwdbwd"] is None and row["hbm_floor_fwd_ms"] is None
+    # disagreement, a failed process, a missing backward, too few processes: all failures
+    _, fails = assemble_row(s, [dict(ok[0], rel_err=6e-3)] + ok[1:], 3.35e12)
+    assert len(fails) == 1 and "rel err" in fails[0], fails
+    _, fails = assemble_row(s, [ok[0], {"process": 1, "error": "boom"}, ok[2]], 3.35e12)
+    assert len(fails) == 1 and "boom" in fails[0], fails
+    _, fails = assemble_row(s, [dict(ok[0], fwdbwd_ms=None, fwdbwd_error="refused")] + ok[1:], 3.35e12)
+    assert len(fails) == 1 and "refused" in fails[0], fails
+    _, fails = assemble_row(s, [dict(ok[0], fwdbwd_ms=None)] + ok[1:], 3.35e12, need_backward=False)
+    assert not fails
+    _, fails = assemble_row(s, ok[:2], 3.35e12)
+    assert len(fails) == 1 and "2 of 3" in fails[0], fails
+    _, fails = assemble_row(s, [dict(ok[0], rel_err=float("nan"))] + ok[1:], 3.35e12)
+    assert len(fails) == 1, fails
+
+    # worker plumbing with stand-in processes
+    good = {"name": "x", "rel_err": 1e-3, "fwd_ms": 1.0}
+    cmd = [sys.executable, "-c", f"print('noise'); print({WORKER_TAG + json.dumps(good)!r})"]
+    res = run_worker(cmd, 60)
+    assert res["rel_err"] == 1e-3 and "error" not in res, res
+    res = run_worker([sys.executable, "-c", "print('no result'); raise SystemExit(3)"], 60)
+    assert "exited 3" in res["error"], res
+    res = run_worker([sys.executable, "-c", "import time; time.sleep(5)"], 0.5)
+    assert "timed out" in res["error"], res
+
+    result = build_result({"device": "NVIDIA H100", "commit": "c"}, [row], [], {"device_name": "NVIDIA H100",
+                          "torch": "t", "triton": "tr", "fla": "0.6.0"}, 3.35e12, "m")
+    json.dumps(result)
+    for k in ("device", "commit", "date", "method", "single_gpu"):
+        assert k in result, k
+
+    # load / rel_err with torch on CPU, when torch is importable
+    try:
+        import torch
+    except ImportError:
+        print("fla_gla self-test: torch not importable, skipped load/rel_err")
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            x = torch.randn(2, 3, 4, 5).to(torch.bfloat16)
+            p = Path(tmp) / "x.bin"
+            p.write_bytes(x.view(torch.int16).numpy().astype("<i2").tobytes())
+            y = load(p, torch.bfloat16, (2, 3, 4, 5), torch)
+            assert torch.equal(x, y)
+            try:
+                load(p, torch.float32, (2, 3, 4, 5), torch)
+            except ValueError:
+                pass
+            else:
+                raise AssertionError("load accepted a wrong size")
+            assert rel_err(y, x) == 0.0
+            assert abs(rel_err(x.double() * 1.001, x.double()) - 1e-3) < 1e-9
+    print("fla_gla self-test: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
