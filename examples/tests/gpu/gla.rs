@@ -31,6 +31,8 @@ struct Case {
     regime: Regime,
     h0: bool,
     segments: Option<u32>,
+    /// Forced states pieces per segment (else the plan's).
+    splits: Option<u32>,
     seed: u64,
 }
 
@@ -38,7 +40,7 @@ impl Case {
     fn name(&self) -> String {
         let s = &self.shape;
         format!(
-            "gla_B{}_H{}_T{}_Dk{}_Dv{}_{:?}{}{}",
+            "gla_B{}_H{}_T{}_Dk{}_Dv{}_{:?}{}{}{}",
             s.b,
             s.h,
             s.t,
@@ -46,7 +48,8 @@ impl Case {
             s.dv,
             self.regime,
             if self.h0 { "_h0" } else { "" },
-            self.segments.map_or(String::new(), |n| format!("_S{n}"))
+            self.segments.map_or(String::new(), |n| format!("_S{n}")),
+            self.splits.map_or(String::new(), |n| format!("_R{n}"))
         )
     }
 }
@@ -54,15 +57,19 @@ impl Case {
 fn cases() -> Vec<Case> {
     let mut out = Vec::new();
     let mut seed = 700;
-    let mut add = |b, h, t, dk, dv, regime, h0, segments| {
+    let mut add_split = |b, h, t, dk, dv, regime, h0, segments, splits| {
         seed += 1;
         out.push(Case {
             shape: Shape { b, t, h, dk, dv },
             regime,
             h0,
             segments,
+            splits,
             seed,
         });
+    };
+    let mut add = |b, h, t, dk, dv, regime, h0, segments| {
+        add_split(b, h, t, dk, dv, regime, h0, segments, None)
     };
     use Regime::*;
     // B*H = 1: ragged and whole chunks, every (Dk, Dv); the automatic plan splits T >= 65.
@@ -89,6 +96,9 @@ fn cases() -> Vec<Case> {
     add(3, 5, 130, 64, 128, Mixed, true, Some(2));
     add(4, 64, 200, 64, 64, Typical, true, None);
     add(4, 64, 130, 128, 128, Mixed, true, Some(2));
+    // States pieces: one per segment, and 4 over segments of 5 chunks (the last piece empty).
+    add_split(1, 2, 1000, 128, 128, Mixed, true, Some(3), Some(1));
+    add_split(1, 2, 1600, 64, 128, Typical, true, Some(5), Some(4));
     out
 }
 
@@ -178,6 +188,7 @@ fn run_case(fwd: &mut GlaForward, stream: &Arc<CudaStream>, case: &Case) -> Chec
     let scale = inputs.scale as f32;
     let shape = ForwardShape::from(case.shape);
     fwd.set_num_segments(case.segments).map_err(err)?;
+    fwd.set_states_splits(case.splits);
     std::thread::scope(|scope| {
         let reference = scope.spawn(|| gla::recurrent_forward(&inputs));
         let mut dev = Device::upload(stream, &inputs)?;
@@ -230,8 +241,8 @@ fn run_case(fwd: &mut GlaForward, stream: &Arc<CudaStream>, case: &Case) -> Chec
         let e_o = error_of("o", &o, &want.o);
         let e_ht = error_of("ht", &ht, &want.final_state);
         let summary = format!(
-            "S={} cps={} rel err o {e_o:.2e} ht {e_ht:.2e}",
-            plan.num_segments, plan.chunks_per_segment
+            "S={} cps={} R={} rel err o {e_o:.2e} ht {e_ht:.2e}",
+            plan.num_segments, plan.chunks_per_segment, plan.states_splits
         );
         if problems.is_empty() {
             Ok(summary)

@@ -4,9 +4,9 @@
 //   S_t = diag(e^{a_t}) S_{t-1} + k_t^T v_t,   o_t = sigma q_t S_t      (per batch b, head h)
 //
 // Three kernels (launch geometry and call order: lasp/gla/forward_params.h):
-//   1. lasp_gla_states_dk*        segment s < S-1: its local end state M_s from zero and its
-//                                 log-decay Lambda_s in R^Dk (lasp::gla::run_states_segment)
-//   2. lasp_gla_fold              P_0 = h0, P_{s+1} = diag(e^{Lambda_s}) P_s + M_s
+//   1. lasp_gla_states_dk*        each of R pieces of segment s < S-1: its local end state M from
+//                                 zero and its log-decay Lambda in R^Dk (lasp::gla::run_states_segment)
+//   2. lasp_gla_fold              P_0 = h0, P <- diag(e^{Lambda}) P + M over the pieces in order
 //   3. lasp_gla_output_dk*_dv*    segment s from P_s: O for every token, S on chip in fp32, the last
 //                                 segment writes the final state (lasp::gla::run_output_segment)
 // With S == 1 only kernel 3 runs. The chunk maths, and how the scores stay a tensor-core product
@@ -20,24 +20,29 @@
 namespace lasp {
 namespace gla {
 
-// The segment of this CTA (grid y) and its (b, h) (grid z).
-__device__ __forceinline__ Segment segment_of(const lasp_gla_params& p) {
+// Chunks [c_begin, c_begin + n_chunks) of (b, h) = grid z, cut from the sequence's chunks (at
+// most `limit` of them from c_begin).
+__device__ __forceinline__ Segment segment_of(const lasp_gla_params& p, int c_begin, int limit) {
   Segment sg;
   sg.T = p.T;
   sg.H = p.H;
   sg.Dv = p.Dv;
   sg.b = blockIdx.z / p.H;
   sg.h = blockIdx.z % p.H;
-  sg.c_begin = blockIdx.y * p.chunks_per_segment;
-  sg.n_chunks = min(p.chunks_per_segment, lasp_gla_num_chunks(p.T) - sg.c_begin);  // >= 1 by the host's S
+  sg.c_begin = c_begin;
+  sg.n_chunks = min(limit, lasp_gla_num_chunks(p.T) - c_begin);
   return sg;
 }
 
-// Kernel 1: segment blockIdx.y's (M, Lambda) into workspace slot (b*H+h, s); Dv tile blockIdx.x.
+// Kernel 1: piece u = blockIdx.y (piece r of segment s = u / R) into workspace slot (b*H+h, u);
+// Dv tile blockIdx.x. An empty piece writes the identity (M = 0, Lambda = 0).
 template <int DK>
 __device__ __forceinline__ void run_states(const lasp_gla_params& p) {
-  const Segment sg = segment_of(p);
-  const int64_t slot = (int64_t)blockIdx.z * (p.num_segments - 1) + blockIdx.y;
+  const int R = p.states_splits, u = blockIdx.y;
+  const int per_piece = (p.chunks_per_segment + R - 1) / R;
+  const int seg_begin = (u / R) * p.chunks_per_segment, in_seg = (u % R) * per_piece;
+  const Segment sg = segment_of(p, seg_begin + in_seg, max(0, min(per_piece, p.chunks_per_segment - in_seg)));
+  const int64_t slot = (int64_t)blockIdx.z * (p.num_segments - 1) * R + u;
   const int vt = blockIdx.x;
   run_states_segment<DK>(p, sg, vt, [&](StateRegs<DK>& s, const StateLane& ln, float2 lambda, const auto& gl) {
     chunk::state_store<DK>(s, ln, p.ws_m + slot * DK * p.Dv + vt * 64, p.Dv);
@@ -48,7 +53,7 @@ __device__ __forceinline__ void run_states(const lasp_gla_params& p) {
 // Kernel 3: segment blockIdx.y from its prefix; the last segment writes ht.
 template <int DK, int DV>
 __device__ __forceinline__ void run_output(const lasp_gla_params& p) {
-  const Segment sg = segment_of(p);
+  const Segment sg = segment_of(p, blockIdx.y * p.chunks_per_segment, p.chunks_per_segment);  // never empty
   const int seg = blockIdx.y;
   const int64_t bh = blockIdx.z;
   const int64_t tile = (int64_t)DK * DV;
@@ -70,8 +75,9 @@ __device__ __forceinline__ void run_output(const lasp_gla_params& p) {
 }  // namespace gla
 }  // namespace lasp
 
-// Kernel 2: ws_p slot s = P_{s+1} = diag(e^{Lambda_s}) P_s + M_s, ascending s, P_0 = h0 (or 0).
-// One thread per state element (d, c) per b*H+h; only when S > 1.
+// Kernel 2: ws_p slot s = P_{s+1}, the fold P <- diag(e^{Lambda_u}) P + M_u over the pieces u of
+// segments 0..s in ascending order, from P_0 = h0 (or 0). One thread per state element (d, c) per
+// b*H+h; only when S > 1.
 extern "C" __global__ void __launch_bounds__(LASP_GLA_FOLD_THREADS)
     lasp_gla_fold(const __grid_constant__ lasp_gla_params p) {
   const int64_t n = (int64_t)p.Dk * p.Dv;
@@ -79,15 +85,17 @@ extern "C" __global__ void __launch_bounds__(LASP_GLA_FOLD_THREADS)
   if (e >= n) return;
   const int64_t bh = blockIdx.y;
   const int d = static_cast<int>(e / p.Dv);
-  const int slots = p.num_segments - 1;
+  const int slots = p.num_segments - 1, R = p.states_splits;
   float prefix = p.h0 ? p.h0[bh * n + e] : 0.f;
   for (int s = 0; s < slots; ++s) {
-    const int64_t slot = bh * slots + s;
-    prefix = lasp::gla::fold_step(prefix, __ldg(p.ws_lambda + slot * p.Dk + d), __ldg(p.ws_m + slot * n + e));
-    p.ws_p[slot * n + e] = prefix;
+    for (int r = 0; r < R; ++r) {
+      const int64_t piece = (bh * slots + s) * R + r;
+      prefix = lasp::gla::fold_step(prefix, __ldg(p.ws_lambda + piece * p.Dk + d), __ldg(p.ws_m + piece * n + e));
+    }
+    p.ws_p[(bh * slots + s) * n + e] = prefix;
   }
 }
 
 // The templated kernels are instantiated from kernels/instances.rs:
-//   lasp_gla_states_dk*           kernel 1, grid (Dv/64, S-1, B*H), block LASP_GLA_STATES_THREADS
+//   lasp_gla_states_dk*           kernel 1, grid (Dv/64, (S-1)*R, B*H), block LASP_GLA_STATES_THREADS
 //   lasp_gla_output_dk*_dv{64,128} kernel 3, grid (1, S, B*H), block lasp_gla_output_threads(Dv)

@@ -152,6 +152,7 @@ pub struct GlaForward {
     fold: Kernel,
     sm_count: u32,
     force_segments: Option<u32>,
+    force_splits: Option<u32>,
     workspace: Option<CudaSlice<u8>>,
 }
 
@@ -195,6 +196,7 @@ impl GlaForward {
             states,
             output,
             force_segments: None,
+            force_splits: None,
             workspace: None,
         })
     }
@@ -211,9 +213,15 @@ impl GlaForward {
         Ok(())
     }
 
+    /// Forces the number of pieces the states pass cuts each segment into (tests and tuning),
+    /// or restores the automatic choice with `None`.
+    pub fn set_states_splits(&mut self, splits: Option<u32>) {
+        self.force_splits = splits;
+    }
+
     /// The plan a launch of `shape` would use (validates the shape).
     pub fn plan(&self, shape: &ForwardShape) -> Result<GlaPlan> {
-        GlaPlan::new(shape, self.sm_count, self.force_segments)
+        GlaPlan::new(shape, self.sm_count, self.force_segments, self.force_splits)
     }
 
     /// Copies `g` to the host (synchronising `stream`) and checks that every gate is finite and
@@ -293,6 +301,7 @@ impl GlaForward {
             Dv: s.dv as i32,
             num_segments: plan.num_segments as i32,
             chunks_per_segment: plan.chunks_per_segment as i32,
+            states_splits: plan.states_splits as i32,
             scale,
         };
         self.ctx.bind_to_thread()?;

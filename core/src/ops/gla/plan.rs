@@ -22,6 +22,9 @@ pub struct GlaPlan {
     pub num_segments: u32,
     /// Chunks of 64 tokens per segment (the last segment may hold fewer).
     pub chunks_per_segment: u32,
+    /// Pieces R the states pass cuts each of segments 0..S-2 into (one CTA each), so that it
+    /// fills the GPU with two CTAs per SM where S is small.
+    pub states_splits: u32,
     /// Workspace bytes (0 when S == 1).
     pub workspace_bytes: u64,
     /// The states kernel's launch (only when S > 1).
@@ -36,7 +39,11 @@ pub struct GlaPlan {
 pub(crate) fn output_smem_bytes(dk: usize, dv: usize) -> u32 {
     let (c, dk, dv) = (CHUNK as u32, dk as u32, dv as u32);
     let stage = 2 * c * dk * 2 + c * dv * 2 + c * dk * 4;
-    header::LASP_GLA_STAGES * stage + c * dk * 2 + dk * dv * 2 + 3 * dk * 4
+    header::LASP_GLA_STAGES * stage
+        + c * dk * 2
+        + dk * dv * 2
+        + 3 * dk * 4
+        + 8 * output_threads(dv as usize)
 }
 
 /// Threads of the output kernel (`lasp_gla_output_threads`): a warpgroup per 64 columns of Dv.
@@ -47,14 +54,20 @@ pub(crate) fn output_threads(dv: usize) -> u32 {
 /// Shared-memory bytes of the states kernel (`lasp_gla_states_smem_bytes`).
 pub(crate) fn states_smem_bytes(dk: usize) -> u32 {
     let (c, dk) = (CHUNK as u32, dk as u32);
-    header::LASP_GLA_STATES_STAGES * (c * dk * 2 + c * 64 * 2 + c * dk * 4)
+    header::LASP_GLA_STATES_STAGES * (c * dk * 2 + c * 64 * 2 + c * dk * 4) + 8 * STATES_THREADS
 }
 
 impl GlaPlan {
     /// The plan for `shape` on a GPU of `sm_count` multiprocessors (one output CTA each), or
     /// with `force_segments` segments per sequence (clamped to one chunk each at least and
-    /// rounded so that none is empty).
-    pub fn new(shape: &ForwardShape, sm_count: u32, force_segments: Option<u32>) -> Result<Self> {
+    /// rounded so that none is empty) and `force_splits` states pieces per segment (clamped to
+    /// its chunks; pieces past the segment's end are empty).
+    pub fn new(
+        shape: &ForwardShape,
+        sm_count: u32,
+        force_segments: Option<u32>,
+        force_splits: Option<u32>,
+    ) -> Result<Self> {
         validate(shape)?;
         let (b, t, h, dk, dv) = (shape.b, shape.t, shape.h, shape.dk, shape.dv);
         let chunks = t.div_ceil(CHUNK);
@@ -80,14 +93,26 @@ impl GlaPlan {
         }
         let bh = (b * h) as u32;
         let many = segments > 1;
-        let state_bytes = (b * h * (segments - 1) * dk * dv * 4) as u64;
+        let vtiles = dv / 64;
+        let boundaries = segments - 1;
+        let splits = match (many, force_splits) {
+            (false, _) => 1,
+            (true, Some(r)) => (r as usize).clamp(1, per_segment),
+            (true, None) => {
+                (2 * sm_count as usize / (vtiles * boundaries * b * h)).clamp(1, per_segment)
+            }
+        };
+        let pieces = boundaries * splits;
+        let tile = (dk * dv * 4) as u64;
+        let per_bh = (pieces as u64 + boundaries as u64) * tile + (pieces * dk * 4) as u64;
         Ok(GlaPlan {
             shape: *shape,
             num_segments: segments as u32,
             chunks_per_segment: per_segment as u32,
-            workspace_bytes: 2 * state_bytes + (b * h * (segments - 1) * dk * 4) as u64,
+            states_splits: splits as u32,
+            workspace_bytes: (b * h) as u64 * per_bh,
             states: many.then_some(LaunchShape {
-                grid: ((dv / 64) as u32, segments as u32 - 1, bh),
+                grid: (vtiles as u32, pieces as u32, bh),
                 block: (STATES_THREADS, 1, 1),
                 shared_bytes: states_smem_bytes(dk),
             }),
@@ -107,8 +132,11 @@ impl GlaPlan {
     /// Byte offsets of `ws_p` and `ws_lambda` in the workspace (`ws_m` is at 0).
     pub fn workspace_offsets(&self) -> (u64, u64) {
         let s = &self.shape;
-        let state_bytes = (s.b * s.h * (self.num_segments as usize - 1) * s.dk * s.dv * 4) as u64;
-        (state_bytes, 2 * state_bytes)
+        let boundaries = (self.num_segments - 1) as u64;
+        let tiles = (s.b * s.h) as u64 * boundaries;
+        let tile = (s.dk * s.dv * 4) as u64;
+        let p = tiles * self.states_splits as u64 * tile;
+        (p, p + tiles * tile)
     }
 }
 

@@ -70,24 +70,44 @@ __device__ __forceinline__ void copy_gates_async(uint32_t dst, const float* row0
 }
 
 // Which gate elements a thread owns in the chunk's gate work: the column pair (2 pair, 2 pair + 1)
-// of rows [first, first + kRows). A warp's 32 consecutive pairs cover one 128-byte row of a
-// swizzled bf16 tile and 256 contiguous bytes of the gate tile: no bank conflicts.
+// of row block `block`, rows [first, first + kRows). A warp's 32 consecutive pairs cover one
+// 128-byte row of a swizzled bf16 tile and 256 contiguous bytes of the gate tile: no bank conflicts.
 template <int DK, int kThreads>
 struct GateLane {
   static constexpr int kPairs = DK / 2;
   static constexpr int kRowBlocks = kThreads / kPairs;
   static constexpr int kRows = kChunk / kRowBlocks;
   static_assert(kThreads % kPairs == 0 && kChunk % kRowBlocks == 0, "whole row blocks");
-  int pair, first;
-  __device__ __forceinline__ explicit GateLane(int tid) : pair(tid % kPairs), first((tid / kPairs) * kRows) {}
+  static_assert(kRows <= kChunk / 2, "the reference row ends a row block");
+  int pair, block, first;
+  __device__ __forceinline__ explicit GateLane(int tid)
+      : pair(tid % kPairs), block(tid / kPairs), first((tid / kPairs) * kRows) {}
   // Byte offset of the pair in row r of a swizzled [64 x DK] bf16 tile.
   __device__ __forceinline__ uint32_t tile_offset(int r) const {
     return swizzle(r, pair / 4, kChunk) + 4 * (pair % 4);
   }
 };
 
-// The column scan of a chunk's gates for one thread's pair: every thread adds the column's rows in
-// order from row 0, so every cumsum of a column has the same bits in every thread and kernel.
+__device__ __forceinline__ float2 add2(float2 x, float2 y) { return make_float2(x.x + y.x, x.y + y.y); }
+
+// The gate row r of a thread's column pair.
+template <int DK>
+__device__ __forceinline__ float2& gate_pair(float* s_gates, int r, int pair) {
+  return reinterpret_cast<float2*>(s_gates + r * DK)[pair];
+}
+
+// Column scan, part 1: the sum of this thread's rows (in order) into `totals` ([row block][pair]).
+template <int DK, int kThreads>
+__device__ __forceinline__ void scan_row_block(float* s_gates, float2* totals, const GateLane<DK, kThreads>& gl) {
+  float2 sum = make_float2(0.f, 0.f);
+#pragma unroll
+  for (int i = 0; i < GateLane<DK, kThreads>::kRows; ++i) sum = add2(sum, gate_pair<DK>(s_gates, gl.first + i, gl.pair));
+  totals[gl.block * GateLane<DK, kThreads>::kPairs + gl.pair] = sum;
+}
+
+// Column scan, part 2 (once every block's total is written): the cumsums the gate work needs for
+// this thread's pair. Every thread adds the block totals in block order, so each value has the
+// same bits in every thread that forms it.
 struct ColumnScan {
   float2 before;  // b at row first - 1 (0 for first = 0)
   float2 half;    // b at row 31: the reference row c
@@ -95,20 +115,21 @@ struct ColumnScan {
   float2 gamma;   // b at row 63
 };
 
-__device__ __forceinline__ float2 add2(float2 x, float2 y) { return make_float2(x.x + y.x, x.y + y.y); }
-
-__device__ __forceinline__ ColumnScan scan_columns(const float* s_gates, int DK, int pair, int first) {
+template <int DK, int kThreads>
+__device__ __forceinline__ ColumnScan scan_columns(float* s_gates, const float2* totals,
+                                                   const GateLane<DK, kThreads>& gl) {
+  using G = GateLane<DK, kThreads>;
   ColumnScan cs;
   float2 run = make_float2(0.f, 0.f);
-  cs.before = run;
+  cs.before = cs.half = run;
 #pragma unroll
-  for (int r = 0; r < kChunk; ++r) {
-    run = add2(run, reinterpret_cast<const float2*>(s_gates + r * DK)[pair]);
-    if (r + 1 == first) cs.before = run;
-    if (r == 0) cs.head = run;
-    if (r == kChunk / 2 - 1) cs.half = run;
+  for (int k = 0; k < G::kRowBlocks; ++k) {
+    if (k == gl.block) cs.before = run;
+    if (k * G::kRows == kChunk / 2) cs.half = run;
+    run = add2(run, totals[k * G::kPairs + gl.pair]);
   }
   cs.gamma = run;
+  cs.head = gate_pair<DK>(s_gates, 0, gl.pair);
   return cs;
 }
 
@@ -129,7 +150,8 @@ struct StatesLayout {
   static constexpr uint32_t kV = kChunk * DK * 2;
   static constexpr uint32_t kGates = kV + kChunk * 64 * 2;
   static constexpr uint32_t kStageBytes = kGates + kChunk * DK * 4;
-  static constexpr uint32_t kBytes = kStatesStages * kStageBytes;
+  static constexpr uint32_t kTotals = kStatesStages * kStageBytes;  // float2 [row block][pair]
+  static constexpr uint32_t kBytes = kTotals + kStatesThreads * 8;
   static_assert(kV % 1024 == 0 && kGates % 1024 == 0 && kStageBytes % 1024 == 0, "tiles stay 1024-byte aligned");
   static __device__ __forceinline__ uint32_t stage(int i) { return (i % kStatesStages) * kStageBytes; }
 };
@@ -180,16 +202,31 @@ __device__ __forceinline__ void run_states_segment(const lasp_gla_params& p, con
     cp_async_wait<kStatesStages - 2>();
     __syncthreads();  // step j's chunk has landed, for every thread
     const uint32_t stage = L::stage(j);
-    const float* s_gates = reinterpret_cast<const float*>(smem + stage + L::kGates);
-    const ColumnScan cs = scan_columns(s_gates, DK, gl.pair, gl.first);
-    // K~ = K (.) e^{E + gamma - b}, in place.
+    float* s_gates = reinterpret_cast<float*>(smem + stage + L::kGates);
+    float2* totals = reinterpret_cast<float2*>(smem + L::kTotals);
+    scan_row_block(s_gates, totals, gl);
+    __syncthreads();  // every row block's total is written
+    const ColumnScan cs = scan_columns(s_gates, totals, gl);
+    // K~ = K (.) e^{E + gamma - b}, in place, eight rows at a time with their loads first.
     float2 run = cs.before;
+    constexpr int kBatch = 8;
+    static_assert(G::kRows % kBatch == 0, "whole batches of rows");
 #pragma unroll
-    for (int i = 0; i < G::kRows; ++i) {
-      const int r = gl.first + i;
-      run = add2(run, reinterpret_cast<const float2*>(s_gates + r * DK)[gl.pair]);
-      uint32_t* kp = reinterpret_cast<uint32_t*>(smem + stage + L::kK + gl.tile_offset(r));
-      *kp = scale_bf16x2(*kp, exp_nonpos(after.x + (cs.gamma.x - run.x)), exp_nonpos(after.y + (cs.gamma.y - run.y)));
+    for (int i0 = 0; i0 < G::kRows; i0 += kBatch) {
+      float2 a[kBatch];
+      uint32_t kw[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int r = gl.first + i0 + i;
+        a[i] = gate_pair<DK>(s_gates, r, gl.pair);
+        kw[i] = *reinterpret_cast<const uint32_t*>(smem + stage + L::kK + gl.tile_offset(r));
+      }
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        run = add2(run, a[i]);
+        *reinterpret_cast<uint32_t*>(smem + stage + L::kK + gl.tile_offset(gl.first + i0 + i)) = scale_bf16x2(
+            kw[i], exp_nonpos(after.x + (cs.gamma.x - run.x)), exp_nonpos(after.y + (cs.gamma.y - run.y)));
+      }
     }
     after = add2(after, cs.gamma);
     wg::fence_proxy_async();  // K~ visible to wgmma's async proxy
@@ -217,15 +254,16 @@ __device__ __forceinline__ void run_states_segment(const lasp_gla_params& p, con
 // holding its fp32 state tile [Dk x 64] in registers. Per chunk:
 //   gate work (all threads)    column cumsums; Q~ = Q (.) e^{b - c} and K^ = K (.) e^{c - b} for the
 //                              scores, K- = K (.) e^{gamma - b} for the update; e^{c}, e^{gamma}
-//   warpgroup (its 64 columns) S_bf = bf16(diag(e^{c}) S_n)
-//                              S <- diag(e^{gamma}) S
-//     group 1                  o = Q~ S_bf, a = Q~ K^^T           (wgmma, shared memory)
-//     group 2                  S += K-^T V                        (wgmma, shared memory)
-//     wait for group 1         (steep chunk: a term by term); P = sigma [r >= j] a, o *= sigma
-//     group 3                  o += P V                           (P from registers)
+//   warpgroup (its 64 columns)
+//     group 1                  a = Q~ K^^T                        (wgmma, shared memory)
+//                              S_bf = bf16(diag(e^{c}) S_n) meanwhile; S <- diag(e^{gamma}) S
+//     group 2                  o = Q~ S_bf                        (wgmma, shared memory)
+//     group 3                  S += K-^T V                        (wgmma, shared memory)
+//     wait for groups 1, 2     (steep chunk: a term by term); P = sigma [r >= j] a, o *= sigma
+//     group 4                  o += P V                           (P from registers)
 // cp.async brings chunk i+1 while chunk i computes (LASP_GLA_STAGES = 2: the gates take as many
-// bytes as Q, K and V together). Three barriers per chunk: landed, gate scan done (and whether
-// the chunk is steep), tiles written.
+// bytes as Q, K and V together). Four barriers per chunk: landed, row-block totals written, gate
+// scan done (and whether the chunk is steep), tiles written.
 // ---------------------------------------------------------------------------------------------
 constexpr int kStages = LASP_GLA_STAGES;
 
@@ -243,7 +281,8 @@ struct OutputLayout {
   static constexpr uint32_t kSbfBytes = DK * 64 * 2;
   static constexpr uint32_t kRefScale = kSbf + kGroups * kSbfBytes;  // fp32 [DK]: e^{c}
   static constexpr uint32_t kDecay = kRefScale + DK * 4;               // fp32 [DK]: e^{gamma}
-  static constexpr uint32_t kBytes = kDecay + 2 * DK * 4;
+  static constexpr uint32_t kTotals = kDecay + 2 * DK * 4;             // float2 [row block][pair]
+  static constexpr uint32_t kBytes = kTotals + kThreads * 8;
   static_assert(kStageBytes % 1024 == 0 && kKhat % 1024 == 0 && kSbfBytes % 1024 == 0, "tiles stay 1024-byte aligned");
   static __device__ __forceinline__ uint32_t stage(int i) { return (i % kStages) * kStageBytes; }
 };
@@ -340,9 +379,13 @@ __device__ __forceinline__ void run_output_segment(const lasp_gla_params& p, con
     const int tok0 = (sg.c_begin + i) * kChunk;
 
     // Gate work, part 1: the scan, the reference row, the vectors.
-    const ColumnScan cs = scan_columns(s_gates, DK, gl.pair, gl.first);
+    float2* totals = reinterpret_cast<float2*>(smem + L::kTotals);
+    scan_row_block(s_gates, totals, gl);
+    __syncthreads();  // every row block's total is written
+    const ColumnScan cs = scan_columns(s_gates, totals, gl);
     const bool flat_x = cs.head.x - cs.half.x <= kSpanLimit && cs.half.x - cs.gamma.x <= kSpanLimit;
     const bool flat_y = cs.head.y - cs.half.y <= kSpanLimit && cs.half.y - cs.gamma.y <= kSpanLimit;
+    const bool flat = flat_x && flat_y;
     // A steep column takes the chunk start as its reference: its Q~ and S_bf stay exact, and its
     // K^ (clamped, finite) is not used, since the chunk's scores are then computed term by term.
     const float2 ref = make_float2(flat_x ? cs.half.x : 0.f, flat_y ? cs.half.y : 0.f);
@@ -350,52 +393,83 @@ __device__ __forceinline__ void run_output_segment(const lasp_gla_params& p, con
       reinterpret_cast<float2*>(ref_scale)[gl.pair] = make_float2(exp_nonpos(ref.x), exp_nonpos(ref.y));
       reinterpret_cast<float2*>(decay)[gl.pair] = make_float2(exp_nonpos(cs.gamma.x), exp_nonpos(cs.gamma.y));
     }
-    // Every thread has read the gates it scans (so they may become cumsums) and the vectors are
-    // written.
-    const bool steep = __syncthreads_or(!(flat_x && flat_y));
+    // Every thread has read the totals and row 0 (so the gates may become cumsums), and the
+    // vectors are written.
+    const bool steep = __syncthreads_or(!flat);
 
-    // Gate work, part 2: the decayed tiles and the cumsums, in place (K^ in its own tile).
+    // Gate work, part 2: the decayed tiles and the cumsums, in place (K^ in its own tile). In a
+    // flat column e^{c - b} <= e^{kSpanLimit}, so K- = K (.) e^{c - b} e^{gamma - c} costs a
+    // product instead of an exponential.
+    const float2 to_end = make_float2(exp_nonpos(cs.gamma.x - ref.x), exp_nonpos(cs.gamma.y - ref.y));
     float2 run = cs.before;
+    // Eight rows at a time, their loads first: the in-place stores would otherwise keep the compiler
+    // from moving the next row's loads above them.
+    constexpr int kBatch = 8;
+    static_assert(G::kRows % kBatch == 0, "whole batches of rows");
 #pragma unroll
-    for (int j = 0; j < G::kRows; ++j) {
-      const int r = gl.first + j;
-      float2* gp = reinterpret_cast<float2*>(s_gates + r * DK) + gl.pair;
-      run = add2(run, *gp);
-      *gp = run;
-      const uint32_t off = gl.tile_offset(r);
-      uint32_t* qp = reinterpret_cast<uint32_t*>(smem + stage + L::kQ + off);
-      uint32_t* kp = reinterpret_cast<uint32_t*>(smem + stage + L::kK + off);
-      const uint32_t kraw = *kp;
-      *qp = scale_bf16x2(*qp, exp_any(run.x - ref.x), exp_any(run.y - ref.y));
-      *reinterpret_cast<uint32_t*>(smem + L::kKhat + off) =
-          scale_bf16x2(kraw, exp_any(fminf(ref.x - run.x, kSpanLimit)), exp_any(fminf(ref.y - run.y, kSpanLimit)));
-      *kp = scale_bf16x2(kraw, exp_nonpos(cs.gamma.x - run.x), exp_nonpos(cs.gamma.y - run.y));
+    for (int j0 = 0; j0 < G::kRows; j0 += kBatch) {
+      float2 a[kBatch];
+      uint32_t qw[kBatch], kw[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int r = gl.first + j0 + j;
+        const uint32_t off = gl.tile_offset(r);
+        a[j] = gate_pair<DK>(s_gates, r, gl.pair);
+        qw[j] = *reinterpret_cast<const uint32_t*>(smem + stage + L::kQ + off);
+        kw[j] = *reinterpret_cast<const uint32_t*>(smem + stage + L::kK + off);
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int r = gl.first + j0 + j;
+        const uint32_t off = gl.tile_offset(r);
+        run = add2(run, a[j]);
+        gate_pair<DK>(s_gates, r, gl.pair) = run;
+        float2 khat, kbar;
+        if (flat) {
+          khat = make_float2(exp_any(ref.x - run.x), exp_any(ref.y - run.y));
+          kbar = make_float2(khat.x * to_end.x, khat.y * to_end.y);
+        } else {
+          khat = make_float2(exp_any(fminf(ref.x - run.x, kSpanLimit)), exp_any(fminf(ref.y - run.y, kSpanLimit)));
+          kbar = make_float2(exp_nonpos(cs.gamma.x - run.x), exp_nonpos(cs.gamma.y - run.y));
+        }
+        *reinterpret_cast<uint32_t*>(smem + stage + L::kQ + off) =
+            scale_bf16x2(qw[j], exp_any(run.x - ref.x), exp_any(run.y - ref.y));
+        *reinterpret_cast<uint32_t*>(smem + L::kKhat + off) = scale_bf16x2(kw[j], khat.x, khat.y);
+        *reinterpret_cast<uint32_t*>(smem + stage + L::kK + off) = scale_bf16x2(kw[j], kbar.x, kbar.y);
+      }
     }
-    // This warpgroup's bf16 state copy, scaled by e^{c} per row.
-    const uint32_t s_bf = L::kSbf + group * L::kSbfBytes;
-    for_each_state_pair<DK>(s, ln, [&](float& x0, float& x1, int d, int c) {
-      const float w = ref_scale[d];
-      *reinterpret_cast<uint32_t*>(smem + s_bf + swizzle(d, c / 8, DK) + 4 * ln.t) = pack_bf16x2(x0 * w, x1 * w);
-    });
     wg::fence_proxy_async();
     __syncthreads();  // the tiles of chunk i are complete
 
     const uint32_t sQ = sbase + stage + L::kQ, sK = sbase + stage + L::kK, sKh = sbase + L::kKhat;
     const uint32_t sV = sbase + stage + L::kV + group * kBlockBytes;
+    const uint32_t s_bf = L::kSbf + group * L::kSbfBytes;
     float o[8][4], acc[8][4];
-    // S <- diag(e^{gamma}) S before any product is in flight (ptxas would otherwise wait for group
-    // 1 where the registers are rewritten).
-    for_each_state_pair<DK>(s, ln, [&](float& x0, float& x1, int d, int) {
-      const float w = decay[d];
-      x0 *= w, x1 *= w;
-    });
+    // Group 1: a = Q~ K^^T, which needs no state; the bf16 state copy is written meanwhile.
     wg::fence();
 #pragma unroll
     for (int ks = 0; ks < DK / 16; ++ks) {
       const uint32_t k_step = kBlockBytes * (ks >> 2) + 32 * (ks & 3);
-      const uint64_t q_desc = wg::desc_sw128(sQ + k_step);
-      wg::mma_ss<wg::Major::kMN>(o, q_desc, wg::desc_sw128(sbase + s_bf + ks * kRow16), ks > 0);
-      wg::mma_ss<wg::Major::kK>(acc, q_desc, wg::desc_sw128(sKh + k_step), ks > 0);
+      wg::mma_ss<wg::Major::kK>(acc, wg::desc_sw128(sQ + k_step), wg::desc_sw128(sKh + k_step), ks > 0);
+    }
+    wg::commit();
+    // This warpgroup's bf16 state copy, scaled by e^{c} per row, then S <- diag(e^{gamma}) S.
+    for_each_state_pair<DK>(s, ln, [&](float& x0, float& x1, int d, int c) {
+      const float w = ref_scale[d];
+      *reinterpret_cast<uint32_t*>(smem + s_bf + swizzle(d, c / 8, DK) + 4 * ln.t) = pack_bf16x2(x0 * w, x1 * w);
+    });
+    wg::fence_proxy_async();
+    named_barrier_sync(1 + group, 128);  // the warpgroup's state copy is complete
+    for_each_state_pair<DK>(s, ln, [&](float& x0, float& x1, int d, int) {
+      const float w = decay[d];
+      x0 *= w, x1 *= w;
+    });
+    // Group 2: o = Q~ S_bf. Group 3: S += K-^T V.
+    wg::fence();
+#pragma unroll
+    for (int ks = 0; ks < DK / 16; ++ks) {
+      const uint32_t k_step = kBlockBytes * (ks >> 2) + 32 * (ks & 3);
+      wg::mma_ss<wg::Major::kMN>(o, wg::desc_sw128(sQ + k_step), wg::desc_sw128(sbase + s_bf + ks * kRow16), ks > 0);
     }
     wg::commit();
 #pragma unroll

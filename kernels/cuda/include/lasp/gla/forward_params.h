@@ -6,7 +6,7 @@
 //   S_t = diag(e^{a_t}) S_{t-1} + k_t^T v_t,   o_t = sigma q_t S_t.
 //
 // Host call sequence (one stream, in this order; S = num_segments):
-//   1. if S > 1: lasp_gla_states_dk{64,128}         grid (Dv/64, S-1, B*H), block LASP_GLA_STATES_THREADS,
+//   1. if S > 1: lasp_gla_states_dk{64,128}         grid (Dv/64, (S-1)*R, B*H), block LASP_GLA_STATES_THREADS,
 //                                                  smem lasp_gla_states_smem_bytes(Dk)
 //   2. if S > 1: lasp_gla_fold                      grid (ceil(Dk*Dv/LASP_GLA_FOLD_THREADS), B*H),
 //                                                  block LASP_GLA_FOLD_THREADS, smem 0
@@ -31,7 +31,7 @@
 #define LASP_GLA_CHUNK 64           // tokens per chunk
 #define LASP_GLA_STAGES 2           // the output kernel's cp.async pipeline depth (chunks in flight)
 #define LASP_GLA_STATES_THREADS 128 // the states kernel: one warpgroup per (64 Dv columns, segment, b*H+h)
-#define LASP_GLA_STATES_STAGES 3    // its pipeline depth
+#define LASP_GLA_STATES_STAGES 2    // its pipeline depth: two CTAs per SM
 #define LASP_GLA_FOLD_THREADS 256
 
 typedef struct {
@@ -42,9 +42,9 @@ typedef struct {
   uint16_t* o;         // bf16 [B, T, H, Dv]: output
   const float* h0;     // fp32 [B, H, Dk, Dv] initial state, or NULL for zero
   float* ht;           // fp32 [B, H, Dk, Dv] final state, or NULL to skip
-  float* ws_m;         // fp32 [B*H, S-1, Dk, Dv]: local end state M_s of segment s (zero start)
+  float* ws_m;         // fp32 [B*H, (S-1)*R, Dk, Dv]: local end state M_u of states piece u (zero start)
   float* ws_p;         // fp32 [B*H, S-1, Dk, Dv]: slot s holds the prefix P_{s+1} entering segment s+1
-  float* ws_lambda;    // fp32 [B*H, S-1, Dk]: log-decay Lambda_s of segment s per key dimension
+  float* ws_lambda;    // fp32 [B*H, (S-1)*R, Dk]: log-decay Lambda_u of piece u per key dimension
   int32_t B;           // batch
   int32_t T;           // tokens per sequence (>= 1)
   int32_t H;           // heads
@@ -52,6 +52,9 @@ typedef struct {
   int32_t Dv;          // value head dim: 64 or 128 (must match the output kernel's suffix)
   int32_t num_segments;        // S >= 1 segments of whole chunks per (b, h)
   int32_t chunks_per_segment;  // ceil(num_chunks / S); no segment empty
+  int32_t states_splits;       // R >= 1: the states pass cuts each of segments 0..S-2 into R pieces of
+                               // ceil(chunks_per_segment / R) chunks (the last ones may be short or
+                               // empty), one CTA each, so that it fills the GPU where S is small
   float scale;                 // sigma, usually Dk^-1/2
 } lasp_gla_params;
 
@@ -62,23 +65,28 @@ LASP_GLA_FN int32_t lasp_gla_num_chunks(int32_t T) { return (T + LASP_GLA_CHUNK 
 LASP_GLA_FN int32_t lasp_gla_output_threads(int32_t Dv) { return 128 * (Dv / 64); }
 
 // Output kernel: STAGES x (Q, K, V, gates) + the key tile of the intra-chunk scores + one bf16
-// state tile per warpgroup + three fp32 vectors of Dk (reference row, its and the chunk's decays).
+// state tile per warpgroup + three fp32 vectors of Dk (reference row, its and the chunk's decays)
+// + the gate scan's row-block totals (8 bytes per thread).
 LASP_GLA_FN uint32_t lasp_gla_output_smem_bytes(int32_t Dk, int32_t Dv) {
   const uint32_t stage = 2u * LASP_GLA_CHUNK * Dk * 2u + LASP_GLA_CHUNK * Dv * 2u + LASP_GLA_CHUNK * Dk * 4u;
-  return LASP_GLA_STAGES * stage + LASP_GLA_CHUNK * Dk * 2u + Dk * Dv * 2u + 3u * Dk * 4u;
+  return LASP_GLA_STAGES * stage + LASP_GLA_CHUNK * Dk * 2u + Dk * Dv * 2u + 3u * Dk * 4u +
+         8u * (uint32_t)lasp_gla_output_threads(Dv);
 }
 
-// States kernel: STATES_STAGES x (K, V tile of 64 columns, gates).
+// States kernel: STATES_STAGES x (K, V tile of 64 columns, gates) + the row-block totals.
 LASP_GLA_FN uint32_t lasp_gla_states_smem_bytes(int32_t Dk) {
   const uint32_t stage = LASP_GLA_CHUNK * Dk * 2u + LASP_GLA_CHUNK * 64u * 2u + LASP_GLA_CHUNK * Dk * 4u;
-  return LASP_GLA_STATES_STAGES * stage;
+  return LASP_GLA_STATES_STAGES * stage + 8u * LASP_GLA_STATES_THREADS;
 }
 
 // Workspace (one allocation): ws_m at byte 0, ws_p after it, ws_lambda after both. Zero bytes when
-// S == 1 (pass NULL pointers then).
-LASP_GLA_FN uint64_t lasp_gla_ws_state_bytes(int32_t B, int32_t H, int32_t S, int32_t Dk, int32_t Dv) {
-  return (uint64_t)B * H * (uint64_t)(S - 1) * Dk * Dv * 4u;
+// S == 1 (pass NULL pointers then). Pieces: (S-1)*R per (b, h).
+LASP_GLA_FN uint64_t lasp_gla_ws_p_offset(int32_t B, int32_t H, int32_t S, int32_t R, int32_t Dk, int32_t Dv) {
+  return (uint64_t)B * H * (uint64_t)(S - 1) * R * Dk * Dv * 4u;
 }
-LASP_GLA_FN uint64_t lasp_gla_workspace_bytes(int32_t B, int32_t H, int32_t S, int32_t Dk, int32_t Dv) {
-  return 2u * lasp_gla_ws_state_bytes(B, H, S, Dk, Dv) + (uint64_t)B * H * (uint64_t)(S - 1) * Dk * 4u;
+LASP_GLA_FN uint64_t lasp_gla_ws_lambda_offset(int32_t B, int32_t H, int32_t S, int32_t R, int32_t Dk, int32_t Dv) {
+  return lasp_gla_ws_p_offset(B, H, S, R, Dk, Dv) + (uint64_t)B * H * (uint64_t)(S - 1) * Dk * Dv * 4u;
+}
+LASP_GLA_FN uint64_t lasp_gla_workspace_bytes(int32_t B, int32_t H, int32_t S, int32_t R, int32_t Dk, int32_t Dv) {
+  return lasp_gla_ws_lambda_offset(B, H, S, R, Dk, Dv) + (uint64_t)B * H * (uint64_t)(S - 1) * R * Dk * 4u;
 }
