@@ -169,6 +169,9 @@ def assemble_row(shape, results, bw, need_backward=True, processes=MIN_PROCESSES
         fla_fwdbwd_min_ms_per_process=[_round(x) for x in fb_min],
         name=name, scale=shape["scale"],
     )
+    for key in ("ours_fwd_ms_per_process", "num_segments", "states_splits"):
+        if key in shape:
+            row[key] = shape[key]
     return row, failures
 
 

@@ -36,6 +36,9 @@ struct Options {
     /// Dump each shape's inputs and output under DIR, and DIR/ours.json.
     #[arg(long, value_name = "DIR")]
     dump: Option<PathBuf>,
+    /// Write the results JSON here (else DIR/ours.json with --dump, else standard output).
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
     /// Untimed calls first (at least one runs).
     #[arg(long, value_name = "N", default_value_t = 10)]
     warmup: usize,
@@ -69,6 +72,7 @@ struct ShapeRow {
     ours_fwdbwd_ms: Option<f64>,
     num_segments: u32,
     chunks_per_segment: u32,
+    states_splits: u32,
 }
 
 #[derive(Serialize)]
@@ -153,6 +157,7 @@ fn run(opts: &Options, config: Config) -> Result<()> {
             ours_fwdbwd_ms: None,
             num_segments: plan.num_segments,
             chunks_per_segment: plan.chunks_per_segment,
+            states_splits: plan.states_splits,
         });
     }
     let json = to_json(&Results {
@@ -167,12 +172,13 @@ fn run(opts: &Options, config: Config) -> Result<()> {
         inputs: "q, k, v ~ N(0, 1) in bf16; g = logsigmoid(N(0, 1)) / 16 per key dimension; scale D^-1/2",
         shapes: rows,
     });
-    match &opts.dump {
-        Some(root) => {
+    match (&opts.out, &opts.dump) {
+        (Some(path), _) => std::fs::write(path, &json).map_err(|e| io_error(path, e))?,
+        (None, Some(root)) => {
             let path = root.join("ours.json");
             std::fs::write(&path, &json).map_err(|e| io_error(&path, e))?;
         }
-        None => print!("{json}"),
+        (None, None) => print!("{json}"),
     }
     drop(fwd);
     rt.shutdown()
