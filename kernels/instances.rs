@@ -55,6 +55,8 @@ const SD_ROLES_THREADS: &str = "LASP_SD_ROLES_THREADS, 1";
 const L2_PARAMS: &str = "lasp_lasp2_params";
 const GLA_FORWARD: &str = "gla/forward.cu";
 const GLA_PARAMS: &str = "lasp_gla_params";
+const GLA_LASP2: &str = "gla/lasp2_forward.cu";
+const GLA_L2_PARAMS: &str = "lasp_gla_lasp2_params";
 
 /// Every templated kernel. Template arguments of `run_segment`: key width, output pass, probe,
 /// two roles, reversed time axis, block states (lasp/scalar_decay/chunk.cuh). The LASP-2 kernels
@@ -106,4 +108,13 @@ pub const INSTANCES: &[Instance] = &[
         "lasp::gla::run_output<{dk}, 64>(p)"),
     row("GLA_OUTPUT_DV128", "lasp_gla_output_dk{dk}_dv128", GLA_FORWARD, "256, 1", GLA_PARAMS,
         "lasp::gla::run_output<{dk}, 128>(p)"),
+    // GLA's LASP-2 forward, on the all-gather schedule.
+    row("GLA_LASP2_STATES", "lasp_gla_lasp2_states_dk{dk}", GLA_LASP2, "LASP_GLA_STATES_THREADS, 1",
+        GLA_L2_PARAMS, "lasp::gla::lasp2_states<{dk}>(p)"),
+    row("GLA_LASP2_SUMMARY", "lasp_gla_lasp2_summary", GLA_LASP2, "LASP_GLA_LASP2_SUMMARY_THREADS",
+        GLA_L2_PARAMS, "lasp::gla::lasp2_summary<lasp::exchange::AllGather>(p)"),
+    row("GLA_LASP2_OUTPUT_DV64", "lasp_gla_lasp2_output_dk{dk}_dv64", GLA_LASP2, "128, 1",
+        GLA_L2_PARAMS, "lasp::gla::lasp2_output<{dk}, 64, lasp::exchange::AllGather>(p)"),
+    row("GLA_LASP2_OUTPUT_DV128", "lasp_gla_lasp2_output_dk{dk}_dv128", GLA_LASP2, "256, 1",
+        GLA_L2_PARAMS, "lasp::gla::lasp2_output<{dk}, 128, lasp::exchange::AllGather>(p)"),
 ];

@@ -34,6 +34,10 @@ fn lasp2_backward() -> PathBuf {
     )
 }
 
+fn gla_lasp2() -> PathBuf {
+    program("gla_lasp2", None, Some(env!("CARGO_BIN_EXE_gla_lasp2")))
+}
+
 /// The programs exit 1 when a check fails; this also makes sure every rank got as far as the
 /// graph replay, the last of its checks (lasp-run prefixes each line with `[rank R]`).
 fn expect_checks_passed(what: &str, run: &Finished, ranks: usize, graph_calls: u32) {
@@ -58,6 +62,24 @@ fn forward_matches_the_reference_in_every_mode_and_graph_replay() {
     let args = ["--graph-calls", &calls, "--no-time"];
     let run = launch(gpus, JOB_LIMIT, &lasp2_forward(), &args, &[]);
     expect_checks_passed("lasp2_forward", &run, gpus, graph_calls);
+}
+
+/// GLA: every rank's shard against the f64 reference of the whole sequence, every exchange mode
+/// bitwise equal (the program's eight cases, each reported by every rank).
+#[test]
+fn gla_forward_matches_the_reference_in_every_mode() {
+    let Some(gpus) = gpus_or_skip() else { return };
+    let run = launch(gpus, JOB_LIMIT, &gla_lasp2(), &[], &[]);
+    expect_success("gla_lasp2", &run);
+    for rank in 0..gpus {
+        let passed = format!("[rank {rank}] PE {rank}: PASS");
+        let count = run
+            .output
+            .lines()
+            .filter(|l| l.starts_with(&passed))
+            .count();
+        assert_eq!(count, 8, "gla_lasp2: rank {rank} passed {count} of 8 cases");
+    }
 }
 
 #[test]

@@ -20,29 +20,13 @@
 namespace lasp {
 namespace gla {
 
-// Chunks [c_begin, c_begin + n_chunks) of (b, h) = grid z, cut from the sequence's chunks (at
-// most `limit` of them from c_begin).
-__device__ __forceinline__ Segment segment_of(const lasp_gla_params& p, int c_begin, int limit) {
-  Segment sg;
-  sg.T = p.T;
-  sg.H = p.H;
-  sg.Dv = p.Dv;
-  sg.b = blockIdx.z / p.H;
-  sg.h = blockIdx.z % p.H;
-  sg.c_begin = c_begin;
-  sg.n_chunks = min(limit, lasp_gla_num_chunks(p.T) - c_begin);
-  return sg;
-}
-
 // Kernel 1: piece u = blockIdx.y (piece r of segment s = u / R) into workspace slot (b*H+h, u);
 // Dv tile blockIdx.x. An empty piece writes the identity (M = 0, Lambda = 0).
 template <int DK>
 __device__ __forceinline__ void run_states(const lasp_gla_params& p) {
-  const int R = p.states_splits, u = blockIdx.y;
-  const int per_piece = (p.chunks_per_segment + R - 1) / R;
-  const int seg_begin = (u / R) * p.chunks_per_segment, in_seg = (u % R) * per_piece;
-  const Segment sg = segment_of(p, seg_begin + in_seg, max(0, min(per_piece, p.chunks_per_segment - in_seg)));
-  const int64_t slot = (int64_t)blockIdx.z * (p.num_segments - 1) * R + u;
+  const int u = blockIdx.y;
+  const Segment sg = piece_of(p, u);
+  const int64_t slot = (int64_t)blockIdx.z * (p.num_segments - 1) * p.states_splits + u;
   const int vt = blockIdx.x;
   run_states_segment<DK>(p, sg, vt, [&](StateRegs<DK>& s, const StateLane& ln, float2 lambda, const auto& gl) {
     chunk::state_store<DK>(s, ln, p.ws_m + slot * DK * p.Dv + vt * 64, p.Dv);
@@ -66,6 +50,7 @@ __device__ __forceinline__ void run_output(const lasp_gla_params& p) {
           chunk::state_load<DK>(s, ln, prefix + group * 64, DV);
         else
           chunk::state_zero<DK>(s, ln);
+        return true;
       },
       [&](StateRegs<DK>& s, const StateLane& ln, int group) {
         if (seg == p.num_segments - 1 && p.ht) chunk::state_store<DK>(s, ln, p.ht + bh * tile + group * 64, DV);

@@ -41,7 +41,7 @@ pub struct GlaArgs<'a> {
 
 impl<'a> GlaArgs<'a> {
     /// The streams of the buffers the views come from ([`crate::ops`], "Ordering").
-    fn homes(&self) -> [Option<&'a Arc<CudaStream>>; 7] {
+    pub(crate) fn homes(&self) -> [Option<&'a Arc<CudaStream>>; 7] {
         [
             self.q.home(),
             self.k.home(),
@@ -54,10 +54,10 @@ impl<'a> GlaArgs<'a> {
     }
 
     /// Checks lengths, alignment, scale and overlaps against the (validated) shape; returns the
-    /// scale to use.
-    fn check(&self) -> Result<f32> {
+    /// scale to use. `op` names the operation in errors.
+    pub(crate) fn check(&self, op: &str) -> Result<f32> {
         let s = &self.shape;
-        let checks = TensorChecks::new(OP, s);
+        let checks = TensorChecks::new(op, s);
         let state = s.b * s.h * s.dk * s.dv;
         checks.length("q", "[B, T, H, Dk]", self.q.len(), s.qk_len())?;
         checks.length("k", "[B, T, H, Dk]", self.k.len(), s.qk_len())?;
@@ -84,7 +84,7 @@ impl<'a> GlaArgs<'a> {
         let scale = self.scale.unwrap_or_else(|| s.default_scale());
         if !(scale.is_finite() && scale > 0.0) {
             return Err(invalid(format!(
-                "{OP}: scale = {scale} must be finite and > 0; pass None for the default Dk^-1/2"
+                "{op}: scale = {scale} must be finite and > 0; pass None for the default Dk^-1/2"
             )));
         }
         let mut inputs = vec![
@@ -100,7 +100,7 @@ impl<'a> GlaArgs<'a> {
             for (in_name, input) in &inputs {
                 if ranges_overlap(*out, *input) {
                     return Err(invalid(format!(
-                        "{OP}: output {out_name} overlaps input {in_name} (the kernels read \
+                        "{op}: output {out_name} overlaps input {in_name} (the kernels read \
                          {in_name} while other CTAs write {out_name}); give {out_name} its own \
                          buffer"
                     )));
@@ -109,7 +109,7 @@ impl<'a> GlaArgs<'a> {
         }
         if outputs.len() == 2 && ranges_overlap(outputs[0].1, outputs[1].1) {
             return Err(invalid(format!(
-                "{OP}: o and ht overlap; give each its own buffer"
+                "{op}: o and ht overlap; give each its own buffer"
             )));
         }
         Ok(scale)
@@ -257,7 +257,7 @@ impl GlaForward {
 
     fn enqueue(&mut self, stream: &Arc<CudaStream>, args: GlaArgs<'_>) -> Result<GlaPlan> {
         let plan = self.plan(&args.shape)?;
-        let scale = args.check()?;
+        let scale = args.check(OP)?;
         if !Arc::ptr_eq(stream.context(), &self.ctx) {
             return Err(invalid(format!(
                 "{OP}: the stream belongs to another CUDA context; launch on a stream of the \

@@ -11,12 +11,17 @@
 //! `lasp/gla/forward_params.h`. Call sequence (one stream): with `S > 1` segments per sequence,
 //! the states kernel (end state and log-decays of every segment but the last), the fold (the
 //! prefix entering every segment), then always the output kernel, one CTA per (segment, b*H+h)
-//! with one warpgroup per 64 columns of Dv.
+//! with one warpgroup per 64 columns of Dv. [`GlaLasp2Forward`] is the same forward across PEs
+//! (LASP-2), with the summary (M, Λ per key dimension) exchanged from the device.
 
+mod family;
 mod forward;
+mod lasp2;
 mod plan;
 
-pub use forward::{GlaArgs, GlaForward};
+pub use family::Gla;
+pub use forward::{check_gate_values, GlaArgs, GlaForward};
+pub use lasp2::{GlaLasp2Forward, Lasp2Params};
 pub use plan::GlaPlan;
 
 /// The C struct `lasp_gla_params` of `lasp/gla/forward_params.h`, passed by value to every GLA

@@ -156,17 +156,41 @@ struct StatesLayout {
   static __device__ __forceinline__ uint32_t stage(int i) { return (i % kStatesStages) * kStageBytes; }
 };
 
-// What one CTA of the states kernel walks: (b, h)'s rows of the fla layout and its chunks.
+// What one CTA walks: (b, h)'s rows of the fla layout and its chunks [c_begin, c_begin + n_chunks).
 struct Segment {
   int T, H, Dv;
   int b, h;
   int c_begin, n_chunks;
 };
 
-// Runs the states loop; end(s, lane, lambda, gate_lane) gets M in the state registers and, in
-// each thread, Lambda of the gate lane's column pair.
-template <int DK, class End>
-__device__ __forceinline__ void run_states_segment(const lasp_gla_params& p, const Segment& sg, int vt, End&& end) {
+// Chunks [c_begin, c_begin + min(limit, what is left)) of (b, h) = grid z (p: GLA's T, H, Dv).
+template <class P>
+__device__ __forceinline__ Segment segment_of(const P& p, int c_begin, int limit) {
+  Segment sg;
+  sg.T = p.T;
+  sg.H = p.H;
+  sg.Dv = p.Dv;
+  sg.b = blockIdx.z / p.H;
+  sg.h = blockIdx.z % p.H;
+  sg.c_begin = c_begin;
+  sg.n_chunks = max(0, min(limit, lasp_gla_num_chunks(p.T) - c_begin));
+  return sg;
+}
+
+// Piece u of the states pass: piece u % R of segment u / R, ceil(chunks_per_segment / R) chunks
+// (the segment's last pieces may be short or empty: the identity summary).
+template <class P>
+__device__ __forceinline__ Segment piece_of(const P& p, int u) {
+  const int R = p.states_splits, per_piece = (p.chunks_per_segment + R - 1) / R;
+  const int seg_begin = (u / R) * p.chunks_per_segment, in_seg = (u % R) * per_piece;
+  return segment_of(p, seg_begin + in_seg, max(0, min(per_piece, p.chunks_per_segment - in_seg)));
+}
+
+// Runs the states loop over the tensors of `p` (any params struct with GLA's q, k, v, g fields);
+// end(s, lane, lambda, gate_lane) gets M in the state registers and, in each thread, Lambda of
+// the gate lane's column pair.
+template <int DK, class P, class End>
+__device__ __forceinline__ void run_states_segment(const P& p, const Segment& sg, int vt, End&& end) {
   using L = StatesLayout<DK>;
   using G = GateLane<DK, kStatesThreads>;
   static_assert(L::kBytes == lasp_gla_states_smem_bytes(DK), "shared-memory map and host formula disagree");
@@ -323,12 +347,12 @@ __device__ __forceinline__ void exact_scores(float (&a)[8][4], const uint16_t* q
   }
 }
 
-// Runs one CTA's segment of the output loop.
-//   start(s, lane, group) -> void: the fp32 start state of the group's 64 columns.
+// Runs one CTA's segment of the output loop over the tensors of `p` (GLA's q, k, v, g, o, scale).
+//   start(s, lane, group) -> bool: the fp32 start state of the group's 64 columns (every thread
+//                   calls it; it may hold barriers). False on every thread: the CTA stops there.
 //   end(s, lane, group): the epilogue, given the segment's end state.
-template <int DK, int DV, class Start, class End>
-__device__ __forceinline__ void run_output_segment(const lasp_gla_params& p, const Segment& sg, Start&& start,
-                                                   End&& end) {
+template <int DK, int DV, class P, class Start, class End>
+__device__ __forceinline__ void run_output_segment(const P& p, const Segment& sg, Start&& start, End&& end) {
   using L = OutputLayout<DK, DV>;
   using G = GateLane<DK, L::kThreads>;
   constexpr int kThreads = L::kThreads;
@@ -359,7 +383,7 @@ __device__ __forceinline__ void run_output_segment(const lasp_gla_params& p, con
 
   const StateLane ln{16 * warp, g, t};
   StateRegs<DK> s;
-  start(s, ln, group);
+  if (!start(s, ln, group)) return;
   const G gl(tid);
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {

@@ -1,0 +1,199 @@
+//! GLA's LASP-2 forward across PEs ([`GlaLasp2Forward`]; kernels: kernels/cuda/gla/lasp2_forward.cu,
+//! call order in `lasp/gla/lasp2_params.h`).
+//!
+//! PE `w` holds the `w`-th slice of every sequence. Each PE computes its shard's summary (M from
+//! a zero start, Λ per key dimension), sends it along the exchange's chain
+//! ([`crate::exchange`]; in [`ExchangeMode::Overlapped`] from the device, with a signal) to every
+//! later PE, folds the earlier PEs' summaries `P = diag(e^{Λ_u}) P + M_u` in rank order and runs
+//! the single-GPU chunk loop of its shard from that prefix. The sequential modes put a host
+//! all-gather between the same kernels; [`ExchangeMode::NoComm`] drops the exchange (timing). The
+//! fold is the same in every mode, so outputs are bit-identical across modes.
+
+use super::plan::{output_smem_bytes, output_threads, states_smem_bytes, CHUNK};
+use super::{Gla, GlaArgs};
+use crate::error::Result;
+use crate::exchange::chain::StateChain;
+use crate::exchange::{Direction, ExchangeMode, Lasp2Layout};
+use crate::kernel::{Kernel, LaunchShape};
+use crate::ops::StreamOrder;
+use crate::runtime::Runtime;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use lasp_shmem_kernels::{instances, params as header};
+use std::sync::Arc;
+
+/// The C struct `lasp_gla_lasp2_params`, passed by value to every kernel of the operation.
+pub type Lasp2Params = header::lasp_gla_lasp2_params;
+
+const OP: &str = "GLA LASP-2 forward";
+
+/// How one call cuts its shard: S segments (one output CTA per SM), R states pieces per segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ShardPlan {
+    segments: usize,
+    chunks_per_segment: usize,
+    splits: usize,
+}
+
+impl ShardPlan {
+    fn new(b: usize, h: usize, t: usize, dv: usize, sm_count: usize) -> Self {
+        let chunks = t.div_ceil(CHUNK);
+        let want = (sm_count / (b * h)).clamp(1, chunks);
+        let chunks_per_segment = chunks.div_ceil(want);
+        let segments = chunks.div_ceil(chunks_per_segment);
+        let splits = (2 * sm_count / (dv / 64 * segments * b * h)).clamp(1, chunks_per_segment);
+        ShardPlan {
+            segments,
+            chunks_per_segment,
+            splits,
+        }
+    }
+}
+
+/// GLA's LASP-2 forward on one PE: its exchange (collective to create and to switch modes), its
+/// kernels and its workspace.
+pub struct GlaLasp2Forward {
+    chain: StateChain<Gla>,
+    /// Indexed by Dk: [64, 128].
+    states: [Kernel; 2],
+    /// Indexed by [Dv][Dk].
+    output: [[Kernel; 2]; 2],
+    workspace: Option<CudaSlice<u8>>,
+    sm_count: usize,
+}
+
+fn width_index(d: usize) -> usize {
+    usize::from(d == 128)
+}
+
+impl GlaLasp2Forward {
+    /// Sets up the exchange for `layout` on every PE (collective; every PE must pass the same
+    /// layout and mode).
+    pub fn new(runtime: &Runtime, layout: Lasp2Layout, mode: ExchangeMode) -> Result<Self> {
+        let chain = StateChain::new(runtime, layout, mode, Direction::Ascending, OP)?;
+        let module = runtime.module();
+        let states = module.kernels_per_width(instances::GLA_LASP2_STATES)?;
+        let output = [
+            module.kernels_per_width(instances::GLA_LASP2_OUTPUT_DV64)?,
+            module.kernels_per_width(instances::GLA_LASP2_OUTPUT_DV128)?,
+        ];
+        for (i, dk) in [64, 128].into_iter().enumerate() {
+            states[i].set_max_dynamic_shared_bytes(states_smem_bytes(dk))?;
+            for (j, dv) in [64, 128].into_iter().enumerate() {
+                output[j][i].set_max_dynamic_shared_bytes(output_smem_bytes(dk, dv))?;
+            }
+        }
+        Ok(GlaLasp2Forward {
+            sm_count: crate::ops::sm_count(runtime.context())? as usize,
+            chain,
+            states,
+            output,
+            workspace: None,
+        })
+    }
+
+    /// The layout every PE agreed on.
+    pub fn layout(&self) -> Lasp2Layout {
+        self.chain.layout()
+    }
+
+    /// Switches every PE to `mode` (collective).
+    pub fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
+        self.chain.set_mode(mode)
+    }
+
+    /// Enqueues one call on `stream`: `args` holds this PE's shard (T = its T_local; shards may
+    /// differ in length), h0 the global initial state (the same on every PE), ht only on the last
+    /// PE. Everything is validated before the first launch. Expired waits are reported by
+    /// [`GlaLasp2Forward::finish`].
+    pub fn forward(&mut self, stream: &Arc<CudaStream>, args: GlaArgs<'_>) -> Result<()> {
+        StreamOrder::around(stream, args.homes(), OP, || self.enqueue(stream, args))
+    }
+
+    fn enqueue(&mut self, stream: &Arc<CudaStream>, args: GlaArgs<'_>) -> Result<()> {
+        let s = args.shape;
+        super::plan::validate(&s)?;
+        self.chain.check_call(stream, s.layout())?;
+        let scale = args.check(OP)?;
+        let (me, npes) = (self.chain.runtime().pe(), self.chain.runtime().npes());
+        let last = me + 1 == npes;
+        if args.ht.is_some() && !last {
+            return Err(self.chain.invalid(format!(
+                "only the last PE ({}) holds the final state of the sequence; pass ht = None on \
+                 PE {me}",
+                npes - 1
+            )));
+        }
+        let plan = ShardPlan::new(s.b, s.h, s.t, s.dv, self.sm_count);
+        let pieces = plan.segments * plan.splits;
+        let bh = s.b * s.h;
+        let m_bytes = (bh * pieces * s.dk * s.dv * 4) as u64;
+        let ws_bytes = m_bytes + (bh * pieces * s.dk * 4) as u64;
+        crate::ops::ensure_workspace(
+            self.chain.context(),
+            stream,
+            &mut self.workspace,
+            ws_bytes,
+            OP,
+        )?;
+        let ws = self
+            .workspace
+            .as_ref()
+            .expect("ensured above")
+            .device_ptr(stream)
+            .0;
+        let params = Lasp2Params {
+            q: args.q.addr() as _,
+            k: args.k.addr() as _,
+            v: args.v.addr() as _,
+            g: args.g.addr() as _,
+            o: args.o.addr() as _,
+            h0: args.h0.map_or(0, |x| x.addr()) as _,
+            ht: args.ht.as_ref().map_or(0, |x| x.addr()) as _,
+            ws_m: ws as _,
+            ws_lambda: (ws + m_bytes) as _,
+            T: s.t as i32,
+            num_segments: plan.segments as i32,
+            chunks_per_segment: plan.chunks_per_segment as i32,
+            states_splits: plan.splits as i32,
+            scale,
+            write_final_state: (last && args.ht.is_some()) as i32,
+            ..self.chain.base_params(stream)
+        };
+        let (i, j) = (width_index(s.dk), width_index(s.dv));
+        let states = LaunchShape {
+            grid: ((s.dv / 64) as u32, pieces as u32, bh as u32),
+            block: (header::LASP_GLA_STATES_THREADS, 1, 1),
+            shared_bytes: states_smem_bytes(s.dk),
+        };
+        let output = LaunchShape {
+            grid: (1, plan.segments as u32, bh as u32),
+            block: (output_threads(s.dv), 1, 1),
+            shared_bytes: output_smem_bytes(s.dk, s.dv),
+        };
+        self.chain.context().bind_to_thread()?;
+        // SAFETY: Lasp2Params is lasp_gla_lasp2_params, generated from the header; the shape,
+        // lengths, alignment and overlaps were checked above; the views borrow their buffers for
+        // the call; the symmetric buffers, epoch, diagnostics and workspace are owned by self. The
+        // summary kernel reads the workspace its states kernel wrote, which it follows; the next
+        // call's states kernel follows the end of this call.
+        unsafe {
+            self.states[i].launch(stream, states, &params)?;
+            self.chain.launch_summary(stream, 0, bh as i32, &params)?;
+        }
+        self.chain.gather_slots(stream)?;
+        // SAFETY: as above.
+        unsafe { self.output[j][i].launch(stream, output, &params)? };
+        self.chain.end_call(stream, &params)
+    }
+
+    /// Waits for `stream`, then returns the error of the first expired wait, if any (naming the
+    /// PE that never sent, the signal slot and the epoch).
+    pub fn finish(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.chain.finish(stream)
+    }
+
+    /// Frees the symmetric buffers (collective).
+    pub fn free(self) -> Result<()> {
+        self.chain.free()
+    }
+}

@@ -1,0 +1,441 @@
+//! GLA's LASP-2 forward (`ops::gla::GlaLasp2Forward`) on every GPU under `lasp-run`.
+//!
+//! ```text
+//! lasp-run -n 2 gla_lasp2                            # the checks
+//! lasp-run -n 4 gla_lasp2 --no-check --time 4x8192x16x128 --time 8x2048x16x128 --json out.json
+//! ```
+//!
+//! Checks (every PE): the whole sequence's inputs from the f64 reference's generator (GLA gates,
+//! q, k, v rounded to bf16), cut into shards of unequal length; this PE's outputs against the
+//! reference's recurrent forward of the whole sequence (relative error <= 5e-3; the final state on
+//! the last PE), in every exchange mode, each mode's outputs bitwise equal to the overlapped
+//! mode's, and a repeated call bitwise equal; outputs poisoned before each call. One line per
+//! case and PE; exit status 1 when any check failed. Timing (`--time BxTxHxD`, T per GPU): the
+//! modes in turns (`time_in_turns`), the row is the slowest rank's median.
+
+use clap::Parser;
+use cudarc::driver::{CudaSlice, CudaStream};
+use lasp_shmem::exchange::{ExchangeMode, Lasp2Layout};
+use lasp_shmem::nccl::NcclComm;
+use lasp_shmem::ops::bf16;
+use lasp_shmem::ops::gla::{Gla, GlaArgs, GlaLasp2Forward};
+use lasp_shmem::ops::scalar_decay::ForwardShape;
+use lasp_shmem::ops::{DeviceMut, DeviceRef};
+use lasp_shmem::reference::{gla, rel_err, Family, InputSpec, Inputs, Regime, Shape, Tensor};
+use lasp_shmem::{Config, Error, Result, Runtime};
+use lasp_shmem_examples::{
+    export_nvshmem_env, mode_times, parse_shape, round, time_in_turns, write_json, ModeCall,
+    ModeTimes,
+};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Parser, Debug)]
+#[command(name = "gla_lasp2")]
+struct Options {
+    /// Time these per-GPU shapes (BxTxHxD, T per GPU) in every mode.
+    #[arg(long = "time", value_name = "BxTxHxD", value_parser = parse_shape)]
+    time: Vec<ForwardShape>,
+    /// Skip the checks.
+    #[arg(long)]
+    no_check: bool,
+    /// Write the timing rows here (rank 0).
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+const TOL: f64 = 5e-3;
+const POISON: u16 = 0xFFFF;
+
+/// One check: dimensions, the shards' lengths (one per PE), the gates, h0.
+struct Case {
+    b: usize,
+    h: usize,
+    dk: usize,
+    dv: usize,
+    lengths: Vec<usize>,
+    regime: Regime,
+    h0: bool,
+}
+
+impl Case {
+    fn name(&self) -> String {
+        format!(
+            "B{}_H{}_Dk{}_Dv{}_{:?}_shards{:?}{}",
+            self.b,
+            self.h,
+            self.dk,
+            self.dv,
+            self.regime,
+            self.lengths,
+            if self.h0 { "_h0" } else { "" }
+        )
+    }
+}
+
+fn cases(npes: usize) -> Vec<Case> {
+    // Unequal shards: every PE 200 + 64 r tokens, the last 37 fewer (ragged chunks everywhere).
+    let ragged = |base: usize| -> Vec<usize> {
+        (0..npes)
+            .map(|r| base + 64 * r - if r + 1 == npes { 37 } else { 0 })
+            .collect()
+    };
+    let mut out = Vec::new();
+    for (dk, dv) in [(128, 128), (64, 64), (64, 128), (128, 64)] {
+        out.push(Case {
+            b: 1,
+            h: 2,
+            dk,
+            dv,
+            lengths: ragged(200),
+            regime: Regime::Typical,
+            h0: true,
+        });
+    }
+    for regime in [Regime::Mixed, Regime::StrongDecay, Regime::NoDecay] {
+        out.push(Case {
+            b: 2,
+            h: 2,
+            dk: 128,
+            dv: 128,
+            lengths: ragged(300),
+            regime,
+            h0: regime != Regime::NoDecay,
+        });
+    }
+    // Long shards: several segments and states pieces per shard.
+    out.push(Case {
+        b: 1,
+        h: 1,
+        dk: 128,
+        dv: 128,
+        lengths: ragged(2000),
+        regime: Regime::Typical,
+        h0: true,
+    });
+    out
+}
+
+/// Rows [b][start .. start + len] of a [B, T, H, D] tensor, as [B, len, H, D].
+fn shard_rows(t: &Tensor, start: usize, len: usize) -> Vec<f64> {
+    let (b, tt, h, d) = (t.shape()[0], t.shape()[1], t.shape()[2], t.shape()[3]);
+    let row = h * d;
+    let mut out = Vec::with_capacity(b * len * row);
+    for bi in 0..b {
+        let base = (bi * tt + start) * row;
+        out.extend_from_slice(&t.data()[base..base + len * row]);
+    }
+    out
+}
+
+fn bf16s(x: &[f64]) -> Vec<bf16> {
+    x.iter().map(|&v| bf16::from_f64(v)).collect()
+}
+
+fn f32s(x: &[f64]) -> Vec<f32> {
+    x.iter().map(|&v| v as f32).collect()
+}
+
+/// One PE's shard on the device.
+struct Shard {
+    shape: ForwardShape,
+    q: CudaSlice<bf16>,
+    k: CudaSlice<bf16>,
+    v: CudaSlice<bf16>,
+    g: CudaSlice<f32>,
+    h0: Option<CudaSlice<f32>>,
+    o: CudaSlice<bf16>,
+    ht: Option<CudaSlice<f32>>,
+}
+
+impl Shard {
+    fn args(&mut self) -> GlaArgs<'_> {
+        GlaArgs {
+            shape: self.shape,
+            q: DeviceRef::new(&self.q),
+            k: DeviceRef::new(&self.k),
+            v: DeviceRef::new(&self.v),
+            g: DeviceRef::new(&self.g),
+            h0: self.h0.as_ref().map(DeviceRef::new),
+            o: DeviceMut::new(&mut self.o),
+            ht: self.ht.as_mut().map(DeviceMut::new),
+            scale: None,
+        }
+    }
+
+    /// One call on poisoned outputs; the bits of o and ht.
+    fn call(
+        &mut self,
+        op: &mut GlaLasp2Forward,
+        stream: &Arc<CudaStream>,
+    ) -> Result<(Vec<u16>, Vec<u32>)> {
+        stream.memcpy_htod(&vec![bf16::from_bits(POISON); self.o.len()], &mut self.o)?;
+        if let Some(ht) = self.ht.as_mut() {
+            stream.memcpy_htod(&vec![f32::from_bits(u32::MAX); ht.len()], ht)?;
+        }
+        op.forward(stream, self.args())?;
+        op.finish(stream)?;
+        let o = stream
+            .clone_dtoh(&self.o)?
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
+        let ht = match &self.ht {
+            Some(ht) => stream.clone_dtoh(ht)?.iter().map(|x| x.to_bits()).collect(),
+            None => Vec::new(),
+        };
+        Ok((o, ht))
+    }
+}
+
+fn check_case(rt: &Runtime, case: &Case, seed: u64) -> Result<std::result::Result<String, String>> {
+    let (me, npes) = (rt.pe(), rt.npes());
+    let total: usize = case.lengths.iter().sum();
+    let inputs = Inputs::generate(&InputSpec {
+        shape: Shape {
+            b: case.b,
+            t: total,
+            h: case.h,
+            dk: case.dk,
+            dv: case.dv,
+        },
+        family: Family::Gla,
+        regime: case.regime,
+        seed,
+        round_to_bf16: true,
+        initial_state: case.h0,
+    })
+    .map_err(|e| Error::State(format!("input generation: {e}")))?;
+    let want =
+        gla::recurrent_forward(&inputs).map_err(|e| Error::State(format!("reference: {e}")))?;
+    let start: usize = case.lengths[..me].iter().sum();
+    let len = case.lengths[me];
+    let last = me + 1 == npes;
+    let stream = rt.stream().clone();
+    let shape = ForwardShape {
+        b: case.b,
+        t: len,
+        h: case.h,
+        dk: case.dk,
+        dv: case.dv,
+    };
+    let mut shard = Shard {
+        shape,
+        q: stream.clone_htod(&bf16s(&shard_rows(&inputs.q, start, len)))?,
+        k: stream.clone_htod(&bf16s(&shard_rows(&inputs.k, start, len)))?,
+        v: stream.clone_htod(&bf16s(&shard_rows(&inputs.v, start, len)))?,
+        g: stream.clone_htod(&f32s(&shard_rows(&inputs.g, start, len)))?,
+        h0: match &inputs.h0 {
+            Some(h0) => Some(stream.clone_htod(&f32s(h0.data()))?),
+            None => None,
+        },
+        o: stream.alloc_zeros(shape.v_len())?,
+        ht: if last {
+            Some(stream.alloc_zeros(shape.state_len())?)
+        } else {
+            None
+        },
+    };
+    let layout = Lasp2Layout {
+        b: case.b,
+        h: case.h,
+        dk: case.dk,
+        dv: case.dv,
+    };
+    let mut op = GlaLasp2Forward::new(rt, layout, ExchangeMode::Overlapped)?;
+    let (o, ht) = shard.call(&mut op, &stream)?;
+    let mut problems = Vec::new();
+    let (o2, ht2) = shard.call(&mut op, &stream)?;
+    if o != o2 || ht != ht2 {
+        problems.push("a repeated call gave other bits".to_string());
+    }
+    for mode in [
+        ExchangeMode::SequentialNccl,
+        ExchangeMode::SequentialNvshmem,
+    ] {
+        op.set_mode(mode)?;
+        let (om, htm) = shard.call(&mut op, &stream)?;
+        if om != o || htm != ht {
+            problems.push(format!("{mode:?} differs from Overlapped"));
+        }
+    }
+    op.free()?;
+    let got: Vec<f64> = o.iter().map(|&x| bf16::from_bits(x).to_f64()).collect();
+    let e_o = rel_err(&got, &shard_rows(&want.o, start, len));
+    if e_o.is_nan() || e_o > TOL {
+        problems.push(format!("o: rel err {e_o:.3e} > {TOL:.0e}"));
+    }
+    let mut detail = format!("rel err o {e_o:.2e}");
+    if last {
+        let got: Vec<f64> = ht.iter().map(|&x| f64::from(f32::from_bits(x))).collect();
+        let e_ht = rel_err(&got, want.final_state.data());
+        if e_ht.is_nan() || e_ht > TOL {
+            problems.push(format!("ht: rel err {e_ht:.3e} > {TOL:.0e}"));
+        }
+        detail += &format!(" ht {e_ht:.2e}");
+    }
+    Ok(if problems.is_empty() {
+        Ok(format!("{detail}, every mode bitwise equal"))
+    } else {
+        Err(format!("{detail}: {}", problems.join("; ")))
+    })
+}
+
+/// The operation over one random shard, as `time_in_turns` drives it.
+struct Timed {
+    op: GlaLasp2Forward,
+    shard: Shard,
+}
+
+impl ModeCall for Timed {
+    fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
+        self.op.set_mode(mode)
+    }
+    fn call(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.op.forward(stream, self.shard.args())
+    }
+    fn finish(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.op.finish(stream)
+    }
+}
+
+#[derive(Serialize)]
+struct Row {
+    #[serde(rename = "W")]
+    w: usize,
+    #[serde(rename = "B")]
+    b: usize,
+    #[serde(rename = "T_local")]
+    t_local: usize,
+    #[serde(rename = "H")]
+    h: usize,
+    #[serde(rename = "D")]
+    d: usize,
+    #[serde(flatten)]
+    modes: ModeTimes,
+}
+
+fn time_shape(rt: &Runtime, comm: &NcclComm, shape: ForwardShape) -> Result<Row> {
+    let stream = rt.stream().clone();
+    let normal = |len: usize, seed: u64| -> Vec<bf16> {
+        let mut rng = lasp_shmem::reference::SplitMix64::new(seed ^ rt.pe() as u64);
+        (0..len)
+            .map(|_| bf16::from_f64(rng.next_u64() as f64 / u64::MAX as f64 * 2.0 - 1.0))
+            .collect()
+    };
+    let mut rng = lasp_shmem::reference::SplitMix64::new(7 + rt.pe() as u64);
+    let gates: Vec<f32> = (0..shape.qk_len())
+        .map(|_| -((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32) / 8.0)
+        .collect();
+    let shard = Shard {
+        shape,
+        q: stream.clone_htod(&normal(shape.qk_len(), 1))?,
+        k: stream.clone_htod(&normal(shape.qk_len(), 2))?,
+        v: stream.clone_htod(&normal(shape.v_len(), 3))?,
+        g: stream.clone_htod(&gates)?,
+        h0: None,
+        o: stream.alloc_zeros(shape.v_len())?,
+        ht: None,
+    };
+    let layout = shape.layout();
+    let mut timed = Timed {
+        op: GlaLasp2Forward::new(rt, layout, ExchangeMode::Overlapped)?,
+        shard,
+    };
+    let medians = time_in_turns(rt, &mut timed)?;
+    let modes = mode_times(comm, medians)?;
+    timed.op.free()?;
+    let row = Row {
+        w: rt.npes(),
+        b: shape.b,
+        t_local: shape.t,
+        h: shape.h,
+        d: shape.dk,
+        modes,
+    };
+    if rt.pe() == 0 {
+        println!(
+            "W={} B={} T_local={} H={} D={}: overlapped {:.4} ms, sequential NCCL {:.4}, sequential NVSHMEM {:.4}, no-comm {:.4}",
+            row.w,
+            row.b,
+            row.t_local,
+            row.h,
+            row.d,
+            round(row.modes.overlapped_ms, 4),
+            round(row.modes.sequential_nccl_ms, 4),
+            round(row.modes.sequential_nvshmem_ms, 4),
+            round(row.modes.no_comm_ms, 4)
+        );
+    }
+    Ok(row)
+}
+
+fn run(options: Options, config: Config) -> Result<bool> {
+    let rt = Runtime::init(config)?;
+    let mut failed = 0;
+    if !options.no_check {
+        for (i, case) in cases(rt.npes()).iter().enumerate() {
+            let verdict = check_case(&rt, case, 900 + i as u64)?;
+            let name = case.name();
+            match verdict {
+                Ok(detail) => println!("PE {}: PASS {name}: {detail}", rt.pe()),
+                Err(detail) => {
+                    failed += 1;
+                    println!("PE {}: FAIL {name}: {detail}", rt.pe());
+                }
+            }
+        }
+    }
+    if !options.time.is_empty() {
+        let comm = NcclComm::new(&rt, rt.stream())?;
+        let rows = options
+            .time
+            .iter()
+            .map(|&shape| time_shape(&rt, &comm, shape))
+            .collect::<Result<Vec<_>>>()?;
+        if let (Some(path), 0) = (&options.json, rt.pe()) {
+            write_json(path, &rows)?;
+        }
+    }
+    rt.shutdown()?;
+    Ok(failed == 0)
+}
+
+fn config(options: &Options, npes: usize) -> Result<Config> {
+    let largest = options
+        .time
+        .iter()
+        .map(|s| s.layout().symmetric_bytes::<Gla>(npes))
+        .chain([Lasp2Layout {
+            b: 2,
+            h: 2,
+            dk: 128,
+            dv: 128,
+        }
+        .symmetric_bytes::<Gla>(npes)])
+        .max()
+        .unwrap_or(0);
+    Ok(Config {
+        symmetric_heap_bytes: largest + (64 << 20),
+        ..Config::from_env()?
+    })
+}
+
+fn main() {
+    let options = Options::parse();
+    let prepared = lasp_shmem::launch_env::LaunchEnv::from_process_env()
+        .and_then(|env| config(&options, env.world_size))
+        .and_then(|config| {
+            // SAFETY: first thing in main: no thread has been started and no CUDA call made.
+            unsafe { export_nvshmem_env(&config) }.map(|_| config)
+        });
+    match prepared.and_then(|config| run(options, config)) {
+        Ok(true) => {}
+        Ok(false) => std::process::exit(1),
+        Err(e) => {
+            eprintln!("gla_lasp2: {e}");
+            lasp_shmem::runtime::exit_after_error(1);
+        }
+    }
+}

@@ -1,0 +1,130 @@
+// GLA's LASP-2 forward with a device-initiated state exchange, for sm_90a. The chunk loops are the
+// single-GPU forward's (lasp/gla/chunk.cuh); the summary is (M, Lambda) with Lambda per key
+// dimension, folded as P = diag(e^{Lambda}) P + M; the protocol around it (epochs, credits, puts,
+// bounded waits) is the generic exchange's (lasp/exchange/chain.cuh). Kernels and call order:
+// lasp/gla/lasp2_params.h.
+#include "lasp/exchange/chain.cuh"
+#include "lasp/gla/chunk.cuh"
+#include "lasp/gla/lasp2_params.h"
+
+namespace lasp {
+namespace gla {
+
+// Kernel 1: piece u = blockIdx.y of the shard (all S segments) -> ws_m / ws_lambda [bh][u].
+template <int DK>
+__device__ __forceinline__ void lasp2_states(const lasp_gla_lasp2_params& p) {
+  const int u = blockIdx.y, vt = blockIdx.x;
+  const int64_t slot = (int64_t)blockIdx.z * p.num_segments * p.states_splits + u;
+  run_states_segment<DK>(p, piece_of(p, u), vt,
+                         [&](StateRegs<DK>& s, const StateLane& ln, float2 lambda, const auto& gl) {
+                           chunk::state_store<DK>(s, ln, p.ws_m + slot * DK * p.Dv + vt * 64, p.Dv);
+                           if (vt == 0 && gl.first == 0)
+                             reinterpret_cast<float2*>(p.ws_lambda + slot * DK)[gl.pair] = lambda;
+                         });
+}
+
+// Kernel 2, one CTA per (Dv tile, head): the shard's summary tile, the fold of its pieces from zero
+// in order, into the own slot [parity][me][bh][vt], then published by the schedule.
+template <class Schedule>
+__device__ __forceinline__ void lasp2_summary(const lasp_gla_lasp2_params& p) {
+  const uint64_t epoch = exchange::call_epoch(p);
+  const int parity = static_cast<int>(epoch & 1);
+  const int vt = blockIdx.x, bh = blockIdx.y;
+  const bool sent_credits = Schedule::send_credits(p, epoch, bh, vt);
+  const int pieces = p.num_segments * p.states_splits;
+  const int64_t tile = (int64_t)p.Dk * p.Dv;
+  const uint64_t tile_floats = lasp_gla_lasp2_tile_floats(p.Dk);
+  float* const own = p.slots + lasp2_slot_tile_offset(parity, p.me, bh, vt, p.npes, p.B, p.H, p.Dv, tile_floats);
+  const float* const m = p.ws_m + (int64_t)bh * pieces * tile + vt * LASP2_TILE_V;
+  const float* const lam = p.ws_lambda + (int64_t)bh * pieces * p.Dk;
+  for (int e = threadIdx.x; e < p.Dk * LASP2_TILE_V; e += blockDim.x) {
+    const int d = e / LASP2_TILE_V, c = e % LASP2_TILE_V;
+    float acc = 0.f;
+    for (int u = 0; u < pieces; ++u)
+      acc = fold_step(acc, __ldg(lam + (int64_t)u * p.Dk + d), __ldg(m + u * tile + (int64_t)d * p.Dv + c));
+    own[e] = acc;
+  }
+  for (int d = threadIdx.x; d < p.Dk; d += blockDim.x) {
+    float lambda = 0.f;
+    for (int u = 0; u < pieces; ++u) lambda += __ldg(lam + (int64_t)u * p.Dk + d);
+    own[p.Dk * LASP2_TILE_V + d] = lambda;
+  }
+  __syncthreads();  // the tile is complete before it is published
+  Schedule::publish(p, epoch, own, tile_floats * 4u, bh, vt, sent_credits);
+}
+
+// s = diag(e^{Lambda}) s + M for a tile of rows [d][ld] (fp32) and Lambda [d].
+template <int DK>
+__device__ __forceinline__ void fold_tile(StateRegs<DK>& s, const StateLane& ln, const float* rows, int64_t ld,
+                                          const float* lambda) {
+  for_each_state_pair<DK>(s, ln, [&](float& x0, float& x1, int d, int c) {
+    const float2 m = *reinterpret_cast<const float2*>(rows + d * ld + c);
+    const float l = lambda[d];
+    x0 = fold_step(x0, l, m.x);
+    x1 = fold_step(x1, l, m.y);
+  });
+}
+
+// Kernel 3: segment blockIdx.y of the shard. Its start: h0 (or 0), the earlier PEs' tiles in chain
+// order (staged through shared memory, which is free before the chunk pipeline starts), then this
+// shard's pieces before the segment, in order; the same fold in every mode.
+template <int DK, int DV, class Schedule>
+__device__ __forceinline__ void lasp2_output(const lasp_gla_lasp2_params& p) {
+  const Segment sg = segment_of(p, blockIdx.y * p.chunks_per_segment, p.chunks_per_segment);
+  const int seg = blockIdx.y;
+  const int64_t bh = blockIdx.z;
+  const int64_t tile = (int64_t)DK * DV;
+  const uint64_t tile_floats = lasp_gla_lasp2_tile_floats(DK);
+  run_output_segment<DK, DV>(
+      p, sg,
+      [&](StateRegs<DK>& s, const StateLane& ln, int group) {
+        extern __shared__ __align__(1024) uint8_t smem[];
+        const uint32_t sbase = smem_addr(smem);
+        if (p.h0)
+          chunk::state_load<DK>(s, ln, p.h0 + bh * tile + group * 64, DV);
+        else
+          chunk::state_zero<DK>(s, ln);
+        for (int vt = 0; vt < DV / 64; ++vt) {
+          if (!Schedule::wait(p, static_cast<int>(bh), vt)) return false;  // the host reports p.diag
+          Schedule::fold_arrived(
+              p, static_cast<int>(bh), vt, tile_floats, 2,
+              [&](int j, const float* src) {
+                for (int i = threadIdx.x; i < static_cast<int>(tile_floats / 4); i += blockDim.x)
+                  cp_async_16(sbase + (j * tile_floats + 4 * i) * 4, src + 4 * i, true);
+              },
+              [&](int j) {
+                const float* staged = reinterpret_cast<const float*>(smem) + j * tile_floats;
+                if (group == vt) fold_tile<DK>(s, ln, staged, LASP2_TILE_V, staged + DK * LASP2_TILE_V);
+              });
+        }
+        const int pieces = p.num_segments * p.states_splits;
+        for (int u = 0; u < seg * p.states_splits; ++u) {
+          const int64_t piece = bh * pieces + u;
+          fold_tile<DK>(s, ln, p.ws_m + piece * tile + group * 64, DV, p.ws_lambda + piece * DK);
+        }
+        __syncthreads();  // the staged tiles are read before the pipeline's copies reuse the memory
+        return true;
+      },
+      [&](StateRegs<DK>& s, const StateLane& ln, int group) {
+        if (p.write_final_state && p.ht && seg == p.num_segments - 1)
+          chunk::state_store<DK>(s, ln, p.ht + bh * tile + group * 64, DV);
+      });
+}
+
+}  // namespace gla
+}  // namespace lasp
+
+// Launched last in every call (all modes): the call's epoch is complete on this PE.
+extern "C" __global__ void lasp_gla_lasp2_advance_epoch(const __grid_constant__ lasp_gla_lasp2_params p) {
+  lasp::exchange::advance_epoch(p);
+}
+
+// Re-synchronises the all-gather's credits after LASP2_NO_COMM calls (the host brackets it with
+// barriers). grid (1, 1, 1), block (1, 1, 1).
+extern "C" __global__ void lasp_gla_lasp2_grant_credits(const __grid_constant__ lasp_gla_lasp2_params p) {
+  lasp::exchange::AllGather::grant_credits(p);
+}
+
+// The templated kernels are instantiated from kernels/instances.rs (geometry:
+// lasp/gla/lasp2_params.h): lasp_gla_lasp2_states_dk*, lasp_gla_lasp2_summary (all-gather
+// schedule), lasp_gla_lasp2_output_dk*_dv{64,128}.
