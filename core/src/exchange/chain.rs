@@ -225,7 +225,10 @@ impl<F: Family> StateChain<F> {
 
     /// Enqueues group `group`'s summary kernel (one CTA per Dv tile and head of the group's
     /// `heads`, from the params' first head), after what `stream` holds so far: on the exchange
-    /// stream in the overlapped and no-comm modes, else on `stream`.
+    /// stream in the overlapped and no-comm modes where `beside` (the family's next kernels leave
+    /// the summary's CTAs room on the SMs), else on `stream`. A summary whose CTAs cannot find
+    /// room beside the next kernel's would start only as that kernel's CTAs finish, and every
+    /// later PE would wait that long for it; in line, it costs its own short run.
     ///
     /// # Safety
     /// `params` must describe live buffers: the family's workspace with what its summary kernel
@@ -236,13 +239,14 @@ impl<F: Family> StateChain<F> {
         group: usize,
         heads: i32,
         params: &F::Lasp2Params,
+        beside: bool,
     ) -> Result<()> {
         let shape = LaunchShape {
             grid: super::geometry::tile_grid(heads, self.layout.dv as i32),
             block: (F::SUMMARY_THREADS, 1, 1),
             shared_bytes: 0,
         };
-        if !self.on_side_stream() {
+        if !(self.on_side_stream() && beside) {
             // SAFETY: the caller's contract covers `params`; `stream` is the caller's.
             return unsafe { self.summary.launch(stream, shape, params) };
         }

@@ -178,7 +178,11 @@ impl GlaLasp2Forward {
         // call's states kernel follows the end of this call.
         unsafe {
             self.states[i].launch(stream, states, &params)?;
-            self.chain.launch_summary(stream, 0, bh as i32, &params)?;
+            // The output CTAs take a whole SM each (shared memory and registers): the summary
+            // runs beside them only where they leave at least half the SMs free.
+            let beside = 2 * plan.segments * bh <= self.sm_count;
+            self.chain
+                .launch_summary(stream, 0, bh as i32, &params, beside)?;
         }
         self.chain.gather_slots(stream)?;
         // SAFETY: as above.

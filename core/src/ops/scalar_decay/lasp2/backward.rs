@@ -201,7 +201,7 @@ impl Lasp2Backward {
                 },
                 &params,
             )?;
-            self.chain.launch_summary(stream, 0, heads, &params)?;
+            self.chain.launch_summary(stream, 0, heads, &params, true)?;
         }
         self.chain.gather_slots(stream)?;
         // SAFETY: the carry is a [B, H, Dk, Dv] fp32 part of the workspace owned by self, written

@@ -357,7 +357,7 @@ impl Lasp2Forward {
                     segments_launch(heads, sd::states_smem_bytes(dk)),
                     &p,
                 )?;
-                self.chain.launch_summary(stream, g, heads, &p)?;
+                self.chain.launch_summary(stream, g, heads, &p, true)?;
                 // The group's shard-local segment prefixes, for its output kernel (reads the
                 // workspace as fold_put does; writes only ws_p).
                 if segments > 1 {
