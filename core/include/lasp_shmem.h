@@ -24,8 +24,8 @@
  * A malformed LASP_WAIT_TIMEOUT_MS (a positive number of milliseconds) or NVSHMEM_SYMMETRIC_SIZE
  * is an error at init, never silently replaced by a default.
  *
- * Operations: one object, lasp_op, for every family of linear attention (scalar decay today;
- * GLA, Gated DeltaNet and mLSTM are reserved), run on one GPU or across the ranks (LASP-2). A
+ * Operations: one object, lasp_op, for every family of linear attention (scalar decay; GLA's
+ * forward; Gated DeltaNet and mLSTM are reserved), run on one GPU or across the ranks (LASP-2). A
  * versioned descriptor (lasp_op_desc) says which family, kind, exchange schedule and mode, and the
  * layout; lasp_op_create makes it (collective for LASP-2). Each call passes its scalars in a
  * lasp_call and its tensors in named slots (lasp_tensors, indexed by LASP_SLOT_*) on the caller's
@@ -97,7 +97,8 @@ typedef int32_t lasp_status;
 /* Families of linear attention (lasp_op_desc.family). The reserved ones are rejected with
  * "not available in this build" until a release implements them. */
 #define LASP_FAMILY_SCALAR_DECAY 1 /* S_t = e^{g_t} S_{t-1} + k_t^T v_t: simple GLA, RetNet */
-#define LASP_FAMILY_GLA 2          /* reserved: per-key gates g [B, T, H, Dk] */
+#define LASP_FAMILY_GLA 2          /* diag(e^{g_t}) per key: g [B, T, H, Dk]; forward only (no
+                                      LASP_OP_WITH_BACKWARD), Dk and Dv 64 or 128 */
 #define LASP_FAMILY_GATED_DELTA 3  /* reserved: Gated DeltaNet, g and beta [B, T, H] */
 #define LASP_FAMILY_MLSTM 4        /* reserved: input and forget gate pre-activations */
 
@@ -139,7 +140,9 @@ typedef int32_t lasp_status;
  * Scalar decay, backward: the forward's Q, K, V, G; one GPU: its H0 (or empty), LASP-2: the
  *                         START_STATE the forward wrote on this rank; DO [B, T, H, Dv] bf16; DHT
  *                         [B, H, Dk, Dv] fp32 or empty for zero (LASP-2: last rank only); DQ, DK,
- *                         DV, DG out, as Q, K, V, G; DH0 out, as H0, or empty (LASP-2: rank 0). */
+ *                         DV, DG out, as Q, K, V, G; DH0 out, as H0, or empty (LASP-2: rank 0).
+ * GLA, forward: Q, K, V as scalar decay's; G [B, T, H, Dk] fp32 (a log-decay per key dimension);
+ *               H0, O, HT as scalar decay's; no START_STATE. */
 #define LASP_SLOT_Q 0
 #define LASP_SLOT_K 1
 #define LASP_SLOT_V 2

@@ -9,6 +9,7 @@ from pathlib import Path
 ABI_VERSION = 2
 OK, ERROR_INVALID_ARGUMENT = 0, 1
 FAMILY_SCALAR_DECAY = 1
+FAMILY_GLA = 2
 KIND_SINGLE_GPU, KIND_LASP2 = 1, 2
 SCHEDULE_ALL_GATHER = 1
 MODE_OVERLAPPED = 0
@@ -165,13 +166,18 @@ def library():
     return _library
 
 
-def scalar_decay_desc(kind, b, h, dk, dv):
-    """The descriptor of scalar decay's forward and backward of one layout, tokens given per
-    call (LASP-2: the overlapped all-gather exchange)."""
+def op_desc(family, kind, b, h, dk, dv, with_backward):
+    """The descriptor of one family's op of one layout, tokens given per call (LASP-2: the
+    overlapped all-gather exchange)."""
     lasp2 = kind == KIND_LASP2
-    return OpDesc(abi_version=ABI_VERSION, family=FAMILY_SCALAR_DECAY, kind=kind,
+    return OpDesc(abi_version=ABI_VERSION, family=family, kind=kind,
                   schedule=SCHEDULE_ALL_GATHER if lasp2 else 0, mode=MODE_OVERLAPPED,
-                  batch=b, heads=h, dk=dk, dv=dv, flags=OP_WITH_BACKWARD)
+                  batch=b, heads=h, dk=dk, dv=dv, flags=OP_WITH_BACKWARD if with_backward else 0)
+
+
+def scalar_decay_desc(kind, b, h, dk, dv):
+    """The descriptor of scalar decay's forward and backward of one layout."""
+    return op_desc(FAMILY_SCALAR_DECAY, kind, b, h, dk, dv, with_backward=True)
 
 
 def tensors(slots):

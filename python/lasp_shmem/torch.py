@@ -1,7 +1,7 @@
 """lasp-shmem from PyTorch: the runtime on a torch.distributed process group (`init`,
-`shutdown`, `synchronize`) and fla's `chunk_simple_gla` (linear attention with one log-decay per
-token and head) on one GPU or, with `cp_group`, sequence parallel across the group's ranks
-(LASP-2).
+`shutdown`, `synchronize`), fla's `chunk_simple_gla` (linear attention with one log-decay per
+token and head) and the forward of fla's `chunk_gla` (a log-decay per key dimension), each on one
+GPU or, with `cp_group`, sequence parallel across the group's ranks (LASP-2).
 
 The forward and backward are torch.library custom ops (`torch.ops.lasp_shmem.
 chunk_simple_gla_fwd` and `chunk_simple_gla_bwd`, linked by `register_autograd`, with fake
@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from . import _abi
 
-__all__ = ["init", "shutdown", "synchronize", "chunk_simple_gla", "LaspError"]
+__all__ = ["init", "shutdown", "synchronize", "chunk_simple_gla", "chunk_gla", "LaspError"]
 
 LaspError = _abi.LaspError
 SUPPORTED_DIMS = (64, 128)
@@ -210,14 +210,10 @@ def chunk_simple_gla(q, k, v, g, scale=None, initial_state=None, output_final_st
             "its end with k = v = 0 and g = 0 leaves its final state as it is)")
     if scale == 0:
         raise ValueError("chunk_simple_gla: scale must not be 0 (None gives Dk ** -0.5)")
-    _check_inputs(q, k, v, g, initial_state)
-    runtime = _running()
-    lasp2 = cp_group is not None
-    if lasp2 and tuple(dist.get_process_group_ranks(cp_group)) != runtime.ranks:
-        raise ValueError(f"cp_group has the ranks {dist.get_process_group_ranks(cp_group)}, but "
-                         f"lasp-shmem runs on {runtime.ranks}: LASP-2 spans the group given "
-                         "to init()")
-    _check_device(runtime.device, q=q, k=k, v=v, g=g, initial_state=initial_state)
+    _check_inputs("chunk_simple_gla", q, k, v, g, initial_state, per_key_gates=False)
+    runtime, lasp2 = _placement("chunk_simple_gla", cp_group)
+    _check_device("chunk_simple_gla", runtime.device, q=q, k=k, v=v, g=g,
+                  initial_state=initial_state)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     want_ht = output_final_state and (not lasp2 or runtime.rank == runtime.world - 1)
     o, ht, _ = torch.ops.lasp_shmem.chunk_simple_gla_fwd(q, k, v, g, initial_state,
@@ -225,50 +221,98 @@ def chunk_simple_gla(q, k, v, g, scale=None, initial_state=None, output_final_st
     return o, ht if want_ht else None
 
 
-def _check_inputs(q, k, v, g, h0):
+def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
+              cu_seqlens=None, cp_group=None):
+    """The forward of gated linear attention with a log-decay per key dimension, as fla's
+    `chunk_gla`: S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t, o_t = scale q_t S_t.
+
+    q, k: [B, T, H, Dk] bf16; v: [B, T, H, Dv] bf16; g: [B, T, H, Dk] fp32 log-decays, finite
+    and <= 0 (e.g. logsigmoid(x) / 16 as fla's GLA layer makes them); Dk and Dv 64 or 128; every
+    tensor contiguous, on the runtime's GPU. scale, initial_state, output_final_state and
+    cp_group as for `chunk_simple_gla` (LASP-2 across the group's ranks with cp_group). Returns
+    (o, the final state or None).
+
+    Forward only in this release: the call refuses inputs that require gradients (run it under
+    torch.no_grad(), e.g. for prefill, or train with fla's chunk_gla). cu_seqlens (packed
+    sequences) is not supported yet.
+    """
+    if cu_seqlens is not None:
+        raise NotImplementedError(
+            "chunk_gla: cu_seqlens (packed sequences) is not supported yet; pass a batch of "
+            "equal-length sequences [B, T, H, D] and cu_seqlens=None")
+    if scale == 0:
+        raise ValueError("chunk_gla: scale must not be 0 (None gives Dk ** -0.5)")
+    _check_inputs("chunk_gla", q, k, v, g, initial_state, per_key_gates=True)
+    if torch.is_grad_enabled() and any(
+            x is not None and x.requires_grad for x in (q, k, v, g, initial_state)):
+        raise NotImplementedError(
+            "chunk_gla: this release has GLA's forward only, and an input requires gradients; "
+            "call it under torch.no_grad() (inference, prefill) or train with fla's chunk_gla")
+    runtime, lasp2 = _placement("chunk_gla", cp_group)
+    _check_device("chunk_gla", runtime.device, q=q, k=k, v=v, g=g, initial_state=initial_state)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    want_ht = output_final_state and (not lasp2 or runtime.rank == runtime.world - 1)
+    o, ht = torch.ops.lasp_shmem.chunk_gla_fwd(q, k, v, g, initial_state, float(scale), want_ht,
+                                               lasp2)
+    return o, ht if want_ht else None
+
+
+def _placement(op, cp_group):
+    """The runtime, and whether the call runs LASP-2 (a cp_group, which must be init's)."""
+    runtime = _running()
+    lasp2 = cp_group is not None
+    if lasp2 and tuple(dist.get_process_group_ranks(cp_group)) != runtime.ranks:
+        raise ValueError(f"{op}: cp_group has the ranks {dist.get_process_group_ranks(cp_group)}, "
+                         f"but lasp-shmem runs on {runtime.ranks}: LASP-2 spans the group given "
+                         "to init()")
+    return runtime, lasp2
+
+
+def _check_inputs(op, q, k, v, g, h0, per_key_gates):
     """The library's contract on the arguments' types, shapes, dtypes and strides, checked before
-    anything is enqueued (and while torch.compile traces)."""
+    anything is enqueued (and while torch.compile traces). `per_key_gates`: g is [B, T, H, Dk]
+    (GLA), else [B, T, H]."""
     named = {"q": q, "k": k, "v": v, "g": g, "initial_state": h0}
     for name, x in named.items():
         if not (isinstance(x, torch.Tensor) or (name == "initial_state" and x is None)):
-            raise TypeError(f"chunk_simple_gla: {name} must be a torch.Tensor, not "
-                            f"{type(x).__name__}")
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, not {type(x).__name__}")
     for name, x, width in (("q", q, "Dk"), ("v", v, "Dv")):
         if x.dim() != 4:
-            raise ValueError(f"chunk_simple_gla: {name} must be [B, T, H, {width}], not of "
-                             f"shape {tuple(x.shape)}")
+            raise ValueError(f"{op}: {name} must be [B, T, H, {width}], not of shape "
+                             f"{tuple(x.shape)}")
     b, t, h, dk = q.shape
     dv = v.shape[-1]
-    shapes = {"k": (b, t, h, dk), "v": (b, t, h, dv), "g": (b, t, h),
+    gates, gates_dims = ((b, t, h, dk), "[B, T, H, Dk]") if per_key_gates else ((b, t, h), "[B, T, H]")
+    shapes = {"k": (b, t, h, dk), "v": (b, t, h, dv), "g": gates,
               "initial_state": (b, h, dk, dv)}
     for name, want in shapes.items():
         x = named[name]
         if x is not None and tuple(x.shape) != want:
-            raise ValueError(f"chunk_simple_gla: {name} has the shape {tuple(x.shape)}, but q "
+            raise ValueError(f"{op}: {name} has the shape {tuple(x.shape)}, but q "
                              f"{tuple(q.shape)} and v {tuple(v.shape)} make it {want} "
-                             "([B, T, H, Dk] q and k, [B, T, H, Dv] v, [B, T, H] g, "
+                             f"([B, T, H, Dk] q and k, [B, T, H, Dv] v, {gates_dims} g, "
                              "[B, H, Dk, Dv] initial_state)")
     if min(b, t, h) < 1:
-        raise ValueError(f"chunk_simple_gla: B, T and H must be at least 1 (q has the shape "
+        raise ValueError(f"{op}: B, T and H must be at least 1 (q has the shape "
                          f"{tuple(q.shape)}); skip the call when there is nothing to compute")
     if dk not in SUPPORTED_DIMS or dv not in SUPPORTED_DIMS:
-        raise ValueError(f"chunk_simple_gla: Dk = {dk} and Dv = {dv} must each be 64 or 128 "
+        raise ValueError(f"{op}: Dk = {dk} and Dv = {dv} must each be 64 or 128 "
                          "(the kernels' widths); pad the heads with zero columns (and pass the "
                          "unpadded Dk's scale) or split them")
     for name, x in named.items():
         want = torch.float32 if name in ("g", "initial_state") else torch.bfloat16
         if x is not None and x.dtype != want:
-            raise TypeError(f"chunk_simple_gla: {name} must be {want}, not {x.dtype}")
+            raise TypeError(f"{op}: {name} must be {want}, not {x.dtype}")
     for name, x in named.items():
         if x is not None and not x.is_contiguous():
-            raise ValueError(f"chunk_simple_gla: {name} (strides {x.stride()}) is not "
+            raise ValueError(f"{op}: {name} (strides {x.stride()}) is not "
                              "contiguous; call .contiguous() on it")
 
 
-def _check_device(device, **named):
+def _check_device(op, device, **named):
     for name, x in named.items():
         if x is not None and (x.device.type != "cuda" or x.device.index != device):
-            raise ValueError(f"chunk_simple_gla: {name} is on {x.device}, but lasp-shmem runs "
+            raise ValueError(f"{op}: {name} is on {x.device}, but lasp-shmem runs "
                              f"on cuda:{device}")
 
 
@@ -295,18 +339,19 @@ def _backward_outputs(q, k, v, g, want_dh0):
 class _OpCall:
     """One call of a lasp_op: its layout (the op's key), scalars and tensors by slot."""
 
-    def __init__(self, q, v, lasp2, scale, slots):
+    def __init__(self, q, v, lasp2, scale, slots, family=_abi.FAMILY_SCALAR_DECAY):
         b, t, h, dk = q.shape
-        self.layout = (b, h, dk, v.shape[-1], lasp2)
+        self.layout = (family, b, h, dk, v.shape[-1], lasp2)
         self.call = _abi.Call(scale=scale, tokens=t)
         self.tensors = _abi.tensors({
             slot: None if x is None else (x.data_ptr(), x.numel(), str(x.dtype))
             for slot, x in slots.items()})
 
     def desc(self):
-        b, h, dk, dv, lasp2 = self.layout
-        return _abi.scalar_decay_desc(_abi.KIND_LASP2 if lasp2 else _abi.KIND_SINGLE_GPU,
-                                      b, h, dk, dv)
+        family, b, h, dk, dv, lasp2 = self.layout
+        # Scalar decay's ops carry the backward; GLA's are forward only in this release.
+        return _abi.op_desc(family, _abi.KIND_LASP2 if lasp2 else _abi.KIND_SINGLE_GPU, b, h, dk,
+                            dv, with_backward=family == _abi.FAMILY_SCALAR_DECAY)
 
     def enqueue(self, backward, device):
         runtime = _running()
@@ -398,3 +443,34 @@ def _differentiate(ctx, grad_o, grad_ht, _grad_start):
 
 
 _forward.register_autograd(_differentiate, setup_context=_setup_context)
+
+
+def _gla_forward_outputs(q, v, want_ht):
+    """GLA's o and final state (shape (0,) unless asked for), real or fake."""
+    b, t, h, dk = q.shape
+    dv = v.shape[-1]
+    return v.new_empty(b, t, h, dv), q.new_empty((b, h, dk, dv) if want_ht else (0,),
+                                                 dtype=torch.float32)
+
+
+def _gla_forward_call(q, k, v, g, h0, scale, want_ht, lasp2):
+    """GLA's forward outputs and its call."""
+    o, ht = _gla_forward_outputs(q, v, want_ht)
+    call = _OpCall(q, v, lasp2, scale, {
+        _abi.SLOT_Q: q, _abi.SLOT_K: k, _abi.SLOT_V: v, _abi.SLOT_G: g, _abi.SLOT_H0: h0,
+        _abi.SLOT_O: o, _abi.SLOT_HT: ht if want_ht else None}, family=_abi.FAMILY_GLA)
+    return (o, ht), call
+
+
+@torch.library.custom_op("lasp_shmem::chunk_gla_fwd", mutates_args=(), device_types="cuda")
+def _gla_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                 h0: Optional[torch.Tensor], scale: float, want_ht: bool,
+                 lasp2: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    outputs, call = _gla_forward_call(q, k, v, g, h0, scale, want_ht, lasp2)
+    call.enqueue(backward=False, device=q.device)
+    return outputs
+
+
+@_gla_forward.register_fake
+def _(q, k, v, g, h0, scale, want_ht, lasp2):
+    return _gla_forward_outputs(q, v, want_ht)

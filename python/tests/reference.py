@@ -1,5 +1,5 @@
-"""The float64 reference of scalar decay for the tests: the recurrence itself, token by token,
-forwards and backwards."""
+"""The float64 reference for the tests: the recurrence itself, token by token, forwards (scalar
+decay and GLA's per-key decay) and backwards (scalar decay)."""
 
 import torch
 
@@ -7,14 +7,16 @@ import torch
 def recurrent(q, k, v, g, h0=None, scale=None):
     """o [B, T, H, Dv] and the final state [B, H, Dk, Dv] of S_t = e^{g_t} S_{t-1} + k_t^T v_t,
     o_t = scale q_t S_t, in float64 (inputs that are float64 already are used as they are, so
-    gradients reach them)."""
+    gradients reach them). g [B, T, H] decays the state as a whole (scalar decay), g [B, T, H, Dk]
+    row by row (GLA: diag(e^{g_t}) S_{t-1})."""
     q, k, v, g = (x.double() for x in (q, k, v, g))
     b, t, h, dk = q.shape
     scale = dk ** -0.5 if scale is None else scale
     s = q.new_zeros(b, h, dk, v.shape[-1]) if h0 is None else h0.double()
     outputs = []
     for i in range(t):
-        s = g[:, i, :, None, None].exp() * s + k[:, i, :, :, None] * v[:, i, :, None, :]
+        decay = g[:, i, :, None, None] if g.dim() == 3 else g[:, i, :, :, None]
+        s = decay.exp() * s + k[:, i, :, :, None] * v[:, i, :, None, :]
         outputs.append(scale * torch.einsum("bhk,bhkv->bhv", q[:, i], s))
     return torch.stack(outputs, 1), s
 

@@ -142,3 +142,18 @@ def test_a_tensor_on_another_gpu_is_refused():
     q, k, v, g, _ = inputs(1, 64, 2, 64, 64, "cuda", seed=10)
     with pytest.raises(ValueError, match="k is on cuda:1, but lasp-shmem runs on cuda:0"):
         lt.chunk_simple_gla(q, k.to("cuda:1"), v, g)
+
+
+@pytest.mark.parametrize("dk, dv, t", [(64, 128, 200), (128, 128, 1000), (128, 64, 77)])
+def test_gla_forward_matches_the_float64_reference(dk, dv, t):
+    b, h = 2, 3
+    q, k, v, g, h0 = inputs(b, t, h, dk, dv, "cuda", seed=8)
+    # Per-key gates: the scalar ones spread over the key dimensions (some stay exactly 0).
+    g = (g[..., None] * torch.linspace(0.0, 2.0, dk, device="cuda")).contiguous()
+    with torch.no_grad():
+        o, ht = lt.chunk_gla(q, k, v, g, initial_state=h0, output_final_state=True)
+        again, _ = lt.chunk_gla(q, k, v, g, initial_state=h0)
+    want_o, want_ht = recurrent(q, k, v, g, h0)
+    errors = {"o": rel_err(o, want_o), "ht": rel_err(ht, want_ht)}
+    assert max(errors.values()) <= TOL, errors
+    assert torch.equal(bits(o), bits(again))

@@ -272,6 +272,45 @@ def test_the_library_would_catch_a_wrong_slot(library):
     q, k, v, g, h0 = cpu_inputs()
     (o, _, start), _ = lt._forward_call(q, k, v, g, h0, 0.125, False, True)
     _, backward = lt._backward_call(q, k, v, g, start, o, None, 0.125, False, True, False)
-    backward.layout = backward.layout[:4] + (False,)
+    backward.layout = backward.layout[:5] + (False,)
     with pytest.raises(_abi.LaspError, match="LASP_SLOT_START_STATE"):
         call_is_accepted(library, backward, _abi.DIRECTION_BACKWARD)
+
+
+def gla_inputs():
+    """cpu_inputs with GLA's gates, one per key dimension."""
+    q, k, v, g, h0 = cpu_inputs()
+    return q, k, v, (g[..., None] * torch.linspace(0.5, 1.5, DK)).contiguous(), h0
+
+
+@pytest.mark.parametrize("with_h0", [False, True])
+@pytest.mark.parametrize("want_ht", [False, True])
+@pytest.mark.parametrize("lasp2", [False, True])
+def test_the_library_accepts_the_gla_forward_calls(library, with_h0, want_ht, lasp2):
+    q, k, v, g, h0 = gla_inputs()
+    (o, ht), call = lt._gla_forward_call(q, k, v, g, h0 if with_h0 else None, 0.125, want_ht,
+                                         lasp2)
+    assert (o.shape, ht.shape) == ((B, T, H, DV), (B, H, DK, DV) if want_ht else (0,))
+    call_is_accepted(library, call, _abi.DIRECTION_FORWARD)
+    # The check can fail: scalar decay's [B, T, H] gates are not GLA's.
+    (_, _), wrong = lt._gla_forward_call(q, k, v, g[..., 0].contiguous(), None, 0.125, False,
+                                         lasp2)
+    with pytest.raises(_abi.LaspError, match=r"\[B, T, H, Dk\]"):
+        call_is_accepted(library, wrong, _abi.DIRECTION_FORWARD)
+
+
+def test_gla_refuses_scalar_gates_and_gradients(runtime):
+    q, k, v, g, h0 = gla_inputs()
+    with pytest.raises(ValueError, match=r"g has the shape \(2, 9, 2\).*\[B, T, H, Dk\] g"):
+        lt.chunk_gla(q, k, v, g[..., 0].contiguous())
+    with pytest.raises(NotImplementedError, match="forward only.*torch.no_grad"):
+        lt.chunk_gla(q.requires_grad_(), k, v, g)
+    with torch.no_grad(), pytest.raises(ValueError, match="q is on cpu"):
+        lt.chunk_gla(q, k, v, g)
+
+
+def test_gla_fake_outputs_have_the_real_shapes():
+    q, k, v, g, h0 = (x.to("meta") for x in gla_inputs())
+    o, ht = torch.ops.lasp_shmem.chunk_gla_fwd(q, k, v, g, h0, 0.125, True, False)
+    assert (o.shape, o.dtype, ht.shape, ht.dtype) == (
+        (B, T, H, DV), torch.bfloat16, (B, H, DK, DV), torch.float32)

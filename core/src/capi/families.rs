@@ -15,6 +15,7 @@ use super::spec::OpSpec;
 use super::tensors::{CheckedCall, SlotUse};
 use crate::error::Result;
 use crate::exchange::ExchangeMode;
+use crate::ops::gla::Gla;
 use crate::ops::scalar_decay::ScalarDecay;
 use crate::runtime::Runtime;
 use cudarc::driver::CudaStream;
@@ -24,7 +25,7 @@ use std::sync::Arc;
 pub(super) fn family(code: i32) -> Result<&'static dyn AbiFamily> {
     match code {
         LASP_FAMILY_SCALAR_DECAY => Ok(&ScalarDecay),
-        LASP_FAMILY_GLA => Err(not_in_this_build("LASP_FAMILY_GLA", code)),
+        LASP_FAMILY_GLA => Ok(&Gla),
         LASP_FAMILY_GATED_DELTA => Err(not_in_this_build("LASP_FAMILY_GATED_DELTA", code)),
         LASP_FAMILY_MLSTM => Err(not_in_this_build("LASP_FAMILY_MLSTM", code)),
         0 => Err(invalid(
@@ -42,7 +43,7 @@ pub(super) fn family(code: i32) -> Result<&'static dyn AbiFamily> {
 fn not_in_this_build(name: &str, code: i32) -> crate::Error {
     invalid(format!(
         "family {name} ({code}) is not available in this build ({}); this build has \
-         LASP_FAMILY_SCALAR_DECAY",
+         LASP_FAMILY_SCALAR_DECAY and LASP_FAMILY_GLA (forward)",
         this_library()
     ))
 }

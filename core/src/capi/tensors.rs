@@ -22,6 +22,8 @@ pub(super) enum Layout {
     V,
     /// `[B, T, H]`: scalar gates and their gradients.
     Gates,
+    /// `[B, T, H, Dk]`: gates per key dimension (GLA).
+    KeyGates,
     /// `[B, H, Dk, Dv]`: states and their gradients.
     State,
 }
@@ -32,6 +34,7 @@ impl Layout {
             Layout::Qk => "[B, T, H, Dk]",
             Layout::V => "[B, T, H, Dv]",
             Layout::Gates => "[B, T, H]",
+            Layout::KeyGates => "[B, T, H, Dk]",
             Layout::State => "[B, H, Dk, Dv]",
         }
     }
@@ -39,7 +42,7 @@ impl Layout {
     /// Elements of the layout (the shape is validated, so the products do not overflow).
     fn numel(self, s: &ForwardShape) -> usize {
         match self {
-            Layout::Qk => s.qk_len(),
+            Layout::Qk | Layout::KeyGates => s.qk_len(),
             Layout::V => s.v_len(),
             Layout::Gates => s.gate_len(),
             Layout::State => s.state_len(),

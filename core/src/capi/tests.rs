@@ -175,7 +175,7 @@ fn descriptors_are_checked_field_by_field() {
                 family: LASP_FAMILY_GLA,
                 ..lasp2_desc()
             },
-            "family LASP_FAMILY_GLA (2) is not available in this build (lasp-shmem",
+            "GLA: this build has GLA's forward only; create the op without LASP_OP_WITH_BACKWARD",
         ),
         (
             OpDesc {
@@ -541,6 +541,30 @@ fn each_kind_and_direction_reads_its_own_slots() {
 }
 
 #[test]
+fn gla_calls_take_gates_per_key_dimension_and_no_start_state() {
+    let desc = OpDesc {
+        family: LASP_FAMILY_GLA,
+        flags: 0,
+        ..lasp2_desc()
+    };
+    let spec = OpSpec::of(&desc).unwrap();
+    let mut tensors = forward_tensors(10);
+    tensors.slot[Slot::StartState as usize] = Tensor::default();
+    // [B, T, H] gates are scalar decay's: GLA wants one per key dimension.
+    let msg = plan_error(desc, Direction::Forward, call(10), tensors);
+    assert!(msg.contains("[B, T, H, Dk]"), "{msg}");
+    tensors.slot[Slot::G as usize] = tensor(Dtype::F32, 2 * 10 * 3 * 64);
+    assert!(plan_call(&spec, Direction::Forward, &call(10), &tensors).is_ok());
+    // GLA's forward saves no start state.
+    tensors.slot[Slot::StartState as usize] = tensor(Dtype::F32, 2 * 3 * 64 * 64);
+    let msg = plan_error(desc, Direction::Forward, call(10), tensors);
+    assert!(msg.contains("LASP_SLOT_START_STATE is filled"), "{msg}");
+    // Dv 192 has no GLA kernel.
+    let msg = desc_error(OpDesc { dv: 192, ..desc });
+    assert!(msg.contains("Dv = 192 is not supported"), "{msg}");
+}
+
+#[test]
 fn entry_points_answer_with_a_status_and_a_message() {
     let desc = lasp2_desc();
     let tensors = forward_tensors(10);
@@ -568,15 +592,15 @@ fn entry_points_answer_with_a_status_and_a_message() {
         assert_eq!(status, LASP_ERROR_INVALID_ARGUMENT);
         assert!(last_error().contains("runtime is NULL"));
         // The descriptor is checked before the runtime.
-        let gla = OpDesc {
-            family: LASP_FAMILY_GLA,
+        let mlstm = OpDesc {
+            family: LASP_FAMILY_MLSTM,
             ..desc
         };
         assert_eq!(
-            lasp_op_create(std::ptr::null(), &gla, &mut op),
+            lasp_op_create(std::ptr::null(), &mlstm, &mut op),
             LASP_ERROR_INVALID_ARGUMENT
         );
-        assert!(last_error().contains("LASP_FAMILY_GLA (2) is not available"));
+        assert!(last_error().contains("LASP_FAMILY_MLSTM (4) is not available"));
         assert!(op.is_null());
 
         let status = lasp_op_forward(std::ptr::null(), std::ptr::null_mut(), &good, &tensors);

@@ -227,9 +227,9 @@ static void runtime_and_handles(void) {
   lasp_op_desc desc = lasp2_desc();
   expect("NULL runtime", lasp_op_create(NULL, &desc, &op), LASP_ERROR_INVALID_ARGUMENT,
          "runtime is NULL");
-  desc.family = LASP_FAMILY_GLA;
+  desc.family = LASP_FAMILY_MLSTM;
   expect("the descriptor before the runtime", lasp_op_create(NULL, &desc, &op),
-         LASP_ERROR_INVALID_ARGUMENT, "LASP_FAMILY_GLA (2) is not available");
+         LASP_ERROR_INVALID_ARGUMENT, "LASP_FAMILY_MLSTM (4) is not available");
   expect_true("a failed create stores no handle", op == NULL);
   lasp_call call;
   memset(&call, 0, sizeof call);

@@ -53,6 +53,18 @@ __device__ __forceinline__ void lasp2_summary(const lasp_gla_lasp2_params& p) {
   Schedule::publish(p, epoch, own, tile_floats * 4u, bh, vt, sent_credits);
 }
 
+// s = diag(e^{Lambda}) s + M for an exchanged tile (M rows [d][64], then Lambda [d]) in global
+// memory, read through L2 (ld.global.cg: another PE wrote it).
+template <int DK>
+__device__ __forceinline__ void fold_landed_tile(StateRegs<DK>& s, const StateLane& ln, const float* tile) {
+  for_each_state_pair<DK>(s, ln, [&](float& x0, float& x1, int d, int c) {
+    const float2 m = __ldcg(reinterpret_cast<const float2*>(tile + d * LASP2_TILE_V + c));
+    const float l = __ldcg(tile + DK * LASP2_TILE_V + d);
+    x0 = fold_step(x0, l, m.x);
+    x1 = fold_step(x1, l, m.y);
+  });
+}
+
 // s = diag(e^{Lambda}) s + M for a tile of rows [d][ld] (fp32) and Lambda [d].
 template <int DK>
 __device__ __forceinline__ void fold_tile(StateRegs<DK>& s, const StateLane& ln, const float* rows, int64_t ld,
@@ -66,8 +78,7 @@ __device__ __forceinline__ void fold_tile(StateRegs<DK>& s, const StateLane& ln,
 }
 
 // Kernel 3: segment blockIdx.y of the shard. Its start: h0 (or 0), the earlier PEs' tiles in chain
-// order (staged through shared memory, which is free before the chunk pipeline starts), then this
-// shard's pieces before the segment, in order; the same fold in every mode.
+// order, then this shard's pieces before the segment, in order; the same fold in every mode.
 template <int DK, int DV, class Schedule>
 __device__ __forceinline__ void lasp2_output(const lasp_gla_lasp2_params& p) {
   const Segment sg = segment_of(p, blockIdx.y * p.chunks_per_segment, p.chunks_per_segment);
@@ -78,23 +89,20 @@ __device__ __forceinline__ void lasp2_output(const lasp_gla_lasp2_params& p) {
   run_output_segment<DK, DV>(
       p, sg,
       [&](StateRegs<DK>& s, const StateLane& ln, int group) {
-        extern __shared__ __align__(1024) uint8_t smem[];
-        const uint32_t sbase = smem_addr(smem);
         if (p.h0)
           chunk::state_load<DK>(s, ln, p.h0 + bh * tile + group * 64, DV);
         else
           chunk::state_zero<DK>(s, ln);
         for (int vt = 0; vt < DV / 64; ++vt) {
           if (!Schedule::wait(p, static_cast<int>(bh), vt)) return false;  // the host reports p.diag
+          // The tiles are folded where they landed (read through L2, as the signals' waits
+          // acquired them), by the warpgroup whose columns they hold.
+          // One tile per round (a batch would index its pointers at run time: local memory).
+          const float* arrived = nullptr;
           Schedule::fold_arrived(
-              p, static_cast<int>(bh), vt, tile_floats, 2,
-              [&](int j, const float* src) {
-                for (int i = threadIdx.x; i < static_cast<int>(tile_floats / 4); i += blockDim.x)
-                  cp_async_16(sbase + (j * tile_floats + 4 * i) * 4, src + 4 * i, true);
-              },
-              [&](int j) {
-                const float* staged = reinterpret_cast<const float*>(smem) + j * tile_floats;
-                if (group == vt) fold_tile<DK>(s, ln, staged, LASP2_TILE_V, staged + DK * LASP2_TILE_V);
+              p, static_cast<int>(bh), vt, tile_floats, 1, [&](int, const float* tile) { arrived = tile; },
+              [&](int) {
+                if (group == vt) fold_landed_tile<DK>(s, ln, arrived);
               });
         }
         const int pieces = p.num_segments * p.states_splits;
@@ -102,7 +110,6 @@ __device__ __forceinline__ void lasp2_output(const lasp_gla_lasp2_params& p) {
           const int64_t piece = bh * pieces + u;
           fold_tile<DK>(s, ln, p.ws_m + piece * tile + group * 64, DV, p.ws_lambda + piece * DK);
         }
-        __syncthreads();  // the staged tiles are read before the pipeline's copies reuse the memory
         return true;
       },
       [&](StateRegs<DK>& s, const StateLane& ln, int group) {

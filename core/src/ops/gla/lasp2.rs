@@ -196,6 +196,12 @@ impl GlaLasp2Forward {
         self.chain.finish(stream)
     }
 
+    /// Records `calls` calls replayed from a captured CUDA graph, so host-side gathers of later
+    /// calls use the right parity.
+    pub fn note_replayed_calls(&mut self, calls: u64) {
+        self.chain.note_replayed_calls(calls);
+    }
+
     /// Frees the symmetric buffers (collective).
     pub fn free(self) -> Result<()> {
         self.chain.free()
