@@ -5,7 +5,7 @@
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::CudaStream;
 use lasp_shmem::reference::SplitMix64;
-use lasp_shmem::{Error, Result};
+use lasp_shmem::{Config, Error, Result};
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
@@ -123,4 +123,37 @@ pub fn write_raw<T: Copy>(path: &Path, data: &[T]) -> Result<()> {
     };
     let mut f = std::fs::File::create(path).map_err(|e| io_error(path, e))?;
     f.write_all(bytes).map_err(|e| io_error(path, e))
+}
+
+/// The body of a single-GPU benchmark program's `main`: the runtime's settings from the
+/// environment with a small symmetric heap (the programs exchange nothing), exported to NVSHMEM
+/// first; a watchdog that ends the process after `timeout_s` (a kernel hung?); then `run`.
+/// Exits 2 on bad settings and 1 when `run` fails, naming `program`.
+pub fn bench_main(program: &str, timeout_s: u64, run: impl FnOnce(Config) -> Result<()>) {
+    let config = Config::from_env().and_then(|base| {
+        let config = Config {
+            symmetric_heap_bytes: 1 << 20,
+            ..base
+        };
+        // SAFETY: called first thing in main, before the watchdog thread below: no thread has
+        // been started and no CUDA call made.
+        unsafe { lasp_shmem_examples::export_nvshmem_env(&config) }.map(|_| config)
+    });
+    let config = match config {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("{program}: {e}");
+            std::process::exit(2);
+        }
+    };
+    let name = program.to_string();
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(timeout_s));
+        eprintln!("{name}: still running after {timeout_s} s (a kernel hung?); giving up");
+        lasp_shmem::runtime::exit_after_error(1);
+    });
+    if let Err(e) = run(config) {
+        eprintln!("{program}: {e}");
+        lasp_shmem::runtime::exit_after_error(1);
+    }
 }

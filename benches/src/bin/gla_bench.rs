@@ -21,10 +21,9 @@ use lasp_shmem::ops::scalar_decay::ForwardShape;
 use lasp_shmem::ops::{DeviceMut, DeviceRef};
 use lasp_shmem::{Config, Result, Runtime};
 use lasp_shmem_benches::{fill_parallel, io_error, logsigmoid, time_calls, write_raw};
-use lasp_shmem_examples::{export_nvshmem_env, parse_shape, round, to_json};
+use lasp_shmem_examples::{parse_shape, round, to_json};
 use serde::Serialize;
 use std::path::PathBuf;
-use std::time::Duration;
 
 #[derive(Parser, Debug)]
 #[command(name = "gla_bench")]
@@ -187,30 +186,5 @@ fn run(opts: &Options, config: Config) -> Result<()> {
 fn main() {
     let mut opts = Options::parse();
     opts.iters = opts.iters.max(1);
-    let config = Config::from_env().and_then(|base| {
-        let config = Config {
-            symmetric_heap_bytes: 1 << 20,
-            ..base
-        };
-        // SAFETY: first thing in main, before the watchdog thread below: no thread has been
-        // started and no CUDA call made.
-        unsafe { export_nvshmem_env(&config) }.map(|_| config)
-    });
-    let config = match config {
-        Ok(config) => config,
-        Err(e) => {
-            eprintln!("gla_bench: {e}");
-            std::process::exit(2);
-        }
-    };
-    let timeout_s = opts.timeout_s;
-    std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(timeout_s));
-        eprintln!("gla_bench: still running after {timeout_s} s (a kernel hung?); giving up");
-        lasp_shmem::runtime::exit_after_error(1);
-    });
-    if let Err(e) = run(&opts, config) {
-        eprintln!("gla_bench: {e}");
-        lasp_shmem::runtime::exit_after_error(1);
-    }
+    lasp_shmem_benches::bench_main("gla_bench", opts.timeout_s, |config| run(&opts, config));
 }

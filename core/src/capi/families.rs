@@ -100,15 +100,30 @@ pub(super) trait FamilyOp: Send {
     /// Only called on an op created with the backward.
     fn backward(&mut self, stream: &Arc<CudaStream>, call: CheckedCall<'_>) -> Result<()>;
 
-    /// Switches every rank to `mode` (collective).
-    fn set_mode(&mut self, mode: ExchangeMode) -> Result<()>;
+    /// Switches every rank to `mode` (collective). The default is a single-GPU op's answer: it
+    /// exchanges nothing, so it has no mode.
+    fn set_mode(&mut self, _mode: ExchangeMode) -> Result<()> {
+        Err(invalid(
+            "lasp_op_set_mode: a LASP_KIND_SINGLE_GPU op exchanges nothing, so it has no mode; \
+             modes are for LASP_KIND_LASP2 ops"
+                .into(),
+        ))
+    }
 
-    /// Synchronises `stream` and reports an expired wait of an earlier call.
-    fn finish(&self, stream: &Arc<CudaStream>) -> Result<()>;
+    /// Synchronises `stream` and reports an expired wait of an earlier call (a single-GPU op
+    /// waits for nothing else).
+    fn finish(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        Ok(stream.synchronize()?)
+    }
 
-    /// Counts calls replayed from captured CUDA graphs.
-    fn note_replayed_calls(&mut self, forward: u64, backward: u64);
+    /// Counts calls replayed from captured CUDA graphs (a single-GPU op picks nothing on the
+    /// host by call parity, so it counts nothing).
+    fn note_replayed_calls(&mut self, _forward: u64, _backward: u64) {}
 
-    /// Releases the operation (collective for LASP-2).
-    fn free(self: Box<Self>) -> Result<()>;
+    /// Releases the operation (collective for LASP-2; a single-GPU op frees its workspaces when
+    /// dropped, after a context synchronisation).
+    fn free(self: Box<Self>) -> Result<()> {
+        drop(self);
+        Ok(())
+    }
 }

@@ -99,27 +99,6 @@ impl FamilyOp for SingleGpu {
     fn backward(&mut self, _stream: &Arc<CudaStream>, _call: CheckedCall<'_>) -> Result<()> {
         unreachable!("{FORWARD_ONLY}")
     }
-
-    fn set_mode(&mut self, _mode: ExchangeMode) -> Result<()> {
-        Err(invalid(
-            "lasp_op_set_mode: a LASP_KIND_SINGLE_GPU op exchanges nothing, so it has no mode; \
-             modes are for LASP_KIND_LASP2 ops"
-                .into(),
-        ))
-    }
-
-    fn finish(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        Ok(stream.synchronize()?)
-    }
-
-    /// Nothing to count: the single-GPU calls pick nothing on the host by call parity.
-    fn note_replayed_calls(&mut self, _forward: u64, _backward: u64) {}
-
-    /// Dropping the operation frees its workspace after a context synchronisation.
-    fn free(self: Box<Self>) -> Result<()> {
-        drop(self);
-        Ok(())
-    }
 }
 
 /// A shard of every sequence on each rank.

@@ -195,27 +195,6 @@ impl FamilyOp for SingleGpu {
         let backward = self.backward.as_mut().expect(CREATED_WITH_BACKWARD);
         backward.launch(stream, backward_args(&mut call, Slot::H0))
     }
-
-    fn set_mode(&mut self, _mode: ExchangeMode) -> Result<()> {
-        Err(invalid(
-            "lasp_op_set_mode: a LASP_KIND_SINGLE_GPU op exchanges nothing, so it has no mode; \
-             modes are for LASP_KIND_LASP2 ops"
-                .into(),
-        ))
-    }
-
-    fn finish(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        Ok(stream.synchronize()?)
-    }
-
-    /// Nothing to count: the single-GPU calls pick nothing on the host by call parity.
-    fn note_replayed_calls(&mut self, _forward: u64, _backward: u64) {}
-
-    /// Dropping the operations frees their workspaces after a context synchronisation.
-    fn free(self: Box<Self>) -> Result<()> {
-        drop(self);
-        Ok(())
-    }
 }
 
 /// A shard of every sequence on each rank: one state chain per direction.

@@ -6,7 +6,7 @@ use super::{GlaParams, GlaPlan};
 use crate::error::{Error, Result};
 use crate::kernel::Kernel;
 use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
-use crate::ops::{bf16, ranges_overlap, DeviceMut, DeviceRef, StreamOrder};
+use crate::ops::{bf16, DeviceMut, DeviceRef, StreamOrder};
 use crate::runtime::Runtime;
 use cudarc::driver::{result as cu, sys, CudaContext, CudaSlice, CudaStream};
 use lasp_shmem_kernels::instances;
@@ -81,12 +81,7 @@ impl<'a> GlaArgs<'a> {
         ] {
             checks.aligned(name, addr, 16)?;
         }
-        let scale = self.scale.unwrap_or_else(|| s.default_scale());
-        if !(scale.is_finite() && scale > 0.0) {
-            return Err(invalid(format!(
-                "{op}: scale = {scale} must be finite and > 0; pass None for the default Dk^-1/2"
-            )));
-        }
+        let scale = checks.scale(self.scale, s)?;
         let mut inputs = vec![
             ("q", self.q.byte_range()),
             ("k", self.k.byte_range()),
@@ -96,22 +91,7 @@ impl<'a> GlaArgs<'a> {
         inputs.extend(self.h0.map(|h0| ("h0", h0.byte_range())));
         let mut outputs = vec![("o", self.o.byte_range())];
         outputs.extend(self.ht.as_ref().map(|ht| ("ht", ht.byte_range())));
-        for (out_name, out) in &outputs {
-            for (in_name, input) in &inputs {
-                if ranges_overlap(*out, *input) {
-                    return Err(invalid(format!(
-                        "{op}: output {out_name} overlaps input {in_name} (the kernels read \
-                         {in_name} while other CTAs write {out_name}); give {out_name} its own \
-                         buffer"
-                    )));
-                }
-            }
-        }
-        if outputs.len() == 2 && ranges_overlap(outputs[0].1, outputs[1].1) {
-            return Err(invalid(format!(
-                "{op}: o and ht overlap; give each its own buffer"
-            )));
-        }
+        checks.disjoint(&inputs, &outputs)?;
         Ok(scale)
     }
 }

@@ -79,6 +79,52 @@ impl<'a> TensorChecks<'a> {
         )))
     }
 
+    /// The scale to use: `scale`, or `Dk^-1/2` for `None`; finite and > 0.
+    pub(crate) fn scale(&self, scale: Option<f32>, s: &ForwardShape) -> Result<f32> {
+        let scale = scale.unwrap_or_else(|| s.default_scale());
+        if scale.is_finite() && scale > 0.0 {
+            return Ok(scale);
+        }
+        Err(invalid(format!(
+            "{}: scale = {scale} must be finite and > 0; pass None for the default Dk^-1/2",
+            self.op
+        )))
+    }
+
+    /// No output may share a byte with an input or with another output (kernels read the
+    /// inputs while other CTAs write the outputs). Byte ranges by name.
+    pub(crate) fn disjoint(
+        &self,
+        inputs: &[(&str, (u64, u64))],
+        outputs: &[(&str, (u64, u64))],
+    ) -> Result<()> {
+        let op = self.op;
+        for (i, (out_name, out)) in outputs.iter().enumerate() {
+            for (in_name, input) in inputs {
+                if ranges_overlap(*out, *input) {
+                    return Err(invalid(format!(
+                        "{op}: output {out_name} overlaps input {in_name} (the kernels \
+                         read {in_name} while other CTAs write {out_name}); give {out_name} its \
+                         own buffer{}",
+                        if *out_name == "ht" && *in_name == "h0" {
+                            " (copy ht into h0 after the call if you want it in place)"
+                        } else {
+                            ""
+                        }
+                    )));
+                }
+            }
+            for (other_name, other) in &outputs[i + 1..] {
+                if ranges_overlap(*out, *other) {
+                    return Err(invalid(format!(
+                        "{op}: {out_name} and {other_name} overlap; give each its own buffer"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// `addr` must be a multiple of `to` bytes.
     pub(crate) fn aligned(&self, name: &str, addr: u64, to: u64) -> Result<()> {
         if addr % to == 0 {
@@ -122,13 +168,7 @@ pub(crate) fn check_args_of(op: &str, args: &ForwardArgs<'_>) -> Result<f32> {
     if let Some(ht) = &args.ht {
         aligned("ht", ht.addr(), 8)?;
     }
-    let scale = args.scale.unwrap_or_else(|| s.default_scale());
-    if !(scale.is_finite() && scale > 0.0) {
-        return Err(invalid(format!(
-            "{op}: scale = {scale} must be finite and > 0; pass None for the default \
-             Dk^-1/2"
-        )));
-    }
+    let scale = checks.scale(args.scale, s)?;
     let mut inputs = vec![
         ("q", args.q.byte_range()),
         ("k", args.k.byte_range()),
@@ -142,27 +182,7 @@ pub(crate) fn check_args_of(op: &str, args: &ForwardArgs<'_>) -> Result<f32> {
     if let Some(ht) = &args.ht {
         outputs.push(("ht", ht.byte_range()));
     }
-    for (out_name, out) in &outputs {
-        for (in_name, input) in &inputs {
-            if ranges_overlap(*out, *input) {
-                return Err(invalid(format!(
-                    "{op}: output {out_name} overlaps input {in_name} (the kernels \
-                     read {in_name} while other CTAs write {out_name}); give {out_name} its own \
-                     buffer{}",
-                    if *out_name == "ht" && *in_name == "h0" {
-                        " (copy ht into h0 after the call if you want it in place)"
-                    } else {
-                        ""
-                    }
-                )));
-            }
-        }
-    }
-    if outputs.len() == 2 && ranges_overlap(outputs[0].1, outputs[1].1) {
-        return Err(invalid(format!(
-            "{op}: o and ht overlap; give each its own buffer"
-        )));
-    }
+    checks.disjoint(&inputs, &outputs)?;
     Ok(scale)
 }
 
