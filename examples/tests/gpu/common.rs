@@ -4,9 +4,11 @@
 
 use cudarc::driver::result::DriverError;
 use cudarc::driver::sys::CUresult;
+use cudarc::driver::{CudaSlice, CudaStream};
 use lasp_shmem::launch_env::LaunchEnv;
 use lasp_shmem::ops::bf16;
-use lasp_shmem::reference::{rel_err, Shape, Tensor};
+use lasp_shmem::ops::scalar_decay::ForwardShape;
+use lasp_shmem::reference::{rel_err, Inputs, Shape, Tensor};
 use lasp_shmem::{Config, Runtime};
 use regex::Regex;
 use std::fs::File;
@@ -14,7 +16,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The result of one check: a detail line when it passed, what went wrong when it failed.
@@ -481,4 +483,45 @@ pub fn compare(
         got[worst],
         want.data()[worst]
     ))
+}
+
+/// A forward's inputs (from the f64 reference's generator, rounded as the GPU sees them) and its
+/// outputs o and ht on the device, for any family whose forward takes q, k, v, g, h0.
+pub struct ForwardBuffers {
+    pub q: CudaSlice<bf16>,
+    pub k: CudaSlice<bf16>,
+    pub v: CudaSlice<bf16>,
+    pub g: CudaSlice<f32>,
+    pub h0: Option<CudaSlice<f32>>,
+    pub o: CudaSlice<bf16>,
+    pub ht: CudaSlice<f32>,
+}
+
+impl ForwardBuffers {
+    pub fn upload(stream: &Arc<CudaStream>, inputs: &Inputs) -> std::result::Result<Self, String> {
+        let shape = ForwardShape::from(inputs.shape);
+        let dev = ForwardBuffers {
+            q: stream.clone_htod(&to_bf16(&inputs.q)).map_err(err)?,
+            k: stream.clone_htod(&to_bf16(&inputs.k)).map_err(err)?,
+            v: stream.clone_htod(&to_bf16(&inputs.v)).map_err(err)?,
+            g: stream.clone_htod(&to_f32(&inputs.g)).map_err(err)?,
+            h0: match &inputs.h0 {
+                Some(h0) => Some(stream.clone_htod(&to_f32(h0)).map_err(err)?),
+                None => None,
+            },
+            o: stream.alloc_zeros(shape.v_len()).map_err(err)?,
+            ht: stream.alloc_zeros(shape.state_len()).map_err(err)?,
+        };
+        stream.synchronize().map_err(err)?;
+        Ok(dev)
+    }
+
+    /// o and ht filled with the poison bit patterns.
+    pub fn poison(&mut self, stream: &Arc<CudaStream>) -> std::result::Result<(), String> {
+        let o = vec![bf16::from_bits(POISON_BF16); self.o.len()];
+        let ht = vec![f32::from_bits(POISON_F32); self.ht.len()];
+        stream.memcpy_htod(&o, &mut self.o).map_err(err)?;
+        stream.memcpy_htod(&ht, &mut self.ht).map_err(err)?;
+        stream.synchronize().map_err(err)
+    }
 }

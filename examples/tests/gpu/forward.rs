@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    compare, err, is_small, on_one_gpu, to_bf16, to_f32, unwritten, CheckResult, Report,
+    compare, err, is_small, on_one_gpu, to_f32, unwritten, CheckResult, ForwardBuffers, Report,
     POISON_BF16, POISON_F32,
 };
 
@@ -114,44 +114,6 @@ fn cases() -> Vec<Case> {
     out
 }
 
-struct Device {
-    q: CudaSlice<bf16>,
-    k: CudaSlice<bf16>,
-    v: CudaSlice<bf16>,
-    g: CudaSlice<f32>,
-    h0: Option<CudaSlice<f32>>,
-    o: CudaSlice<bf16>,
-    ht: CudaSlice<f32>,
-}
-
-impl Device {
-    fn upload(stream: &Arc<CudaStream>, inputs: &Inputs) -> std::result::Result<Self, String> {
-        let shape = ForwardShape::from(inputs.shape);
-        let dev = Device {
-            q: stream.clone_htod(&to_bf16(&inputs.q)).map_err(err)?,
-            k: stream.clone_htod(&to_bf16(&inputs.k)).map_err(err)?,
-            v: stream.clone_htod(&to_bf16(&inputs.v)).map_err(err)?,
-            g: stream.clone_htod(&to_f32(&inputs.g)).map_err(err)?,
-            h0: match &inputs.h0 {
-                Some(h0) => Some(stream.clone_htod(&to_f32(h0)).map_err(err)?),
-                None => None,
-            },
-            o: stream.alloc_zeros(shape.v_len()).map_err(err)?,
-            ht: stream.alloc_zeros(shape.state_len()).map_err(err)?,
-        };
-        stream.synchronize().map_err(err)?;
-        Ok(dev)
-    }
-
-    fn poison(&mut self, stream: &Arc<CudaStream>) -> std::result::Result<(), String> {
-        let o = vec![bf16::from_bits(POISON_BF16); self.o.len()];
-        let ht = vec![f32::from_bits(POISON_F32); self.ht.len()];
-        stream.memcpy_htod(&o, &mut self.o).map_err(err)?;
-        stream.memcpy_htod(&ht, &mut self.ht).map_err(err)?;
-        stream.synchronize().map_err(err)
-    }
-}
-
 /// What one run returns: the bits of o and (if requested) ht, and the plan used.
 struct RunOutput {
     o: Vec<u16>,
@@ -163,7 +125,7 @@ struct RunOutput {
 fn run_once(
     fwd: &mut ScalarDecayForward,
     stream: &Arc<CudaStream>,
-    dev: &mut Device,
+    dev: &mut ForwardBuffers,
     case: &Case,
     scale: f32,
 ) -> std::result::Result<RunOutput, String> {
@@ -233,7 +195,7 @@ fn run_case(fwd: &mut ScalarDecayForward, stream: &Arc<CudaStream>, case: &Case)
     std::thread::scope(|scope| {
         // The f64 reference runs on the CPU while the GPU works.
         let reference = scope.spawn(|| scalar_decay::recurrent_forward(&inputs));
-        let mut dev = Device::upload(stream, &inputs)?;
+        let mut dev = ForwardBuffers::upload(stream, &inputs)?;
         let RunOutput {
             o: o1,
             ht: ht1,

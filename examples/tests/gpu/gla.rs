@@ -9,7 +9,7 @@
 //! (every chunk steep: its scores term by term) and a mix within a chunk. Calls that must be
 //! rejected are checked to fail before any launch.
 
-use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::driver::CudaStream;
 use lasp_shmem::ops::gla::{GlaArgs, GlaForward, GlaPlan};
 use lasp_shmem::ops::scalar_decay::ForwardShape;
 use lasp_shmem::ops::{bf16, DeviceMut, DeviceRef};
@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    compare, err, is_small, on_one_gpu, to_bf16, to_f32, unwritten, CheckResult, Report,
+    compare, err, is_small, on_one_gpu, to_f32, unwritten, CheckResult, ForwardBuffers, Report,
     POISON_BF16, POISON_F32,
 };
 
@@ -102,35 +102,12 @@ fn cases() -> Vec<Case> {
     out
 }
 
-struct Device {
-    q: CudaSlice<bf16>,
-    k: CudaSlice<bf16>,
-    v: CudaSlice<bf16>,
-    g: CudaSlice<f32>,
-    h0: Option<CudaSlice<f32>>,
-    o: CudaSlice<bf16>,
-    ht: CudaSlice<f32>,
+/// GLA's arguments over the shared forward buffers.
+trait GlaArgsOf {
+    fn args(&mut self, shape: ForwardShape, scale: f32) -> GlaArgs<'_>;
 }
 
-impl Device {
-    fn upload(stream: &Arc<CudaStream>, inputs: &Inputs) -> std::result::Result<Self, String> {
-        let shape = ForwardShape::from(inputs.shape);
-        let dev = Device {
-            q: stream.clone_htod(&to_bf16(&inputs.q)).map_err(err)?,
-            k: stream.clone_htod(&to_bf16(&inputs.k)).map_err(err)?,
-            v: stream.clone_htod(&to_bf16(&inputs.v)).map_err(err)?,
-            g: stream.clone_htod(&to_f32(&inputs.g)).map_err(err)?,
-            h0: match &inputs.h0 {
-                Some(h0) => Some(stream.clone_htod(&to_f32(h0)).map_err(err)?),
-                None => None,
-            },
-            o: stream.alloc_zeros(shape.v_len()).map_err(err)?,
-            ht: stream.alloc_zeros(shape.state_len()).map_err(err)?,
-        };
-        stream.synchronize().map_err(err)?;
-        Ok(dev)
-    }
-
+impl GlaArgsOf for ForwardBuffers {
     fn args(&mut self, shape: ForwardShape, scale: f32) -> GlaArgs<'_> {
         GlaArgs {
             shape,
@@ -150,16 +127,11 @@ impl Device {
 fn run_once(
     fwd: &mut GlaForward,
     stream: &Arc<CudaStream>,
-    dev: &mut Device,
+    dev: &mut ForwardBuffers,
     shape: ForwardShape,
     scale: f32,
 ) -> std::result::Result<(Vec<u16>, Vec<u32>, GlaPlan), String> {
-    stream
-        .memcpy_htod(&vec![bf16::from_bits(POISON_BF16); dev.o.len()], &mut dev.o)
-        .map_err(err)?;
-    stream
-        .memcpy_htod(&vec![f32::from_bits(POISON_F32); dev.ht.len()], &mut dev.ht)
-        .map_err(err)?;
+    dev.poison(stream)?;
     let plan = fwd
         .launch(stream, dev.args(shape, scale))
         .map_err(|e| format!("launch: {e}"))?;
@@ -191,7 +163,7 @@ fn run_case(fwd: &mut GlaForward, stream: &Arc<CudaStream>, case: &Case) -> Chec
     fwd.set_states_splits(case.splits);
     std::thread::scope(|scope| {
         let reference = scope.spawn(|| gla::recurrent_forward(&inputs));
-        let mut dev = Device::upload(stream, &inputs)?;
+        let mut dev = ForwardBuffers::upload(stream, &inputs)?;
         let (o1, ht1, plan) = run_once(fwd, stream, &mut dev, shape, scale)?;
         let (o2, ht2, _) = run_once(fwd, stream, &mut dev, shape, scale)?;
         let mut problems = Vec::new();
@@ -277,7 +249,7 @@ fn rejection_checks(fwd: &mut GlaForward, stream: &Arc<CudaStream>) -> Vec<(Stri
     });
     let mut dev = match inputs
         .map_err(err)
-        .and_then(|inputs| Device::upload(stream, &inputs))
+        .and_then(|inputs| ForwardBuffers::upload(stream, &inputs))
     {
         Ok(dev) => dev,
         Err(e) => return vec![("rejection_setup".into(), Err(e))],
@@ -286,7 +258,7 @@ fn rejection_checks(fwd: &mut GlaForward, stream: &Arc<CudaStream>) -> Vec<(Stri
     let mut check = |name: &str,
                      want: &str,
                      fwd: &mut GlaForward,
-                     dev: &mut Device,
+                     dev: &mut ForwardBuffers,
                      edit: &dyn Fn(&mut GlaArgs<'_>)| {
         let result = (|| {
             stream
