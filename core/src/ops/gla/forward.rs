@@ -136,6 +136,43 @@ pub struct GlaForward {
     workspace: Option<CudaSlice<u8>>,
 }
 
+/// The states kernels (by Dk) and output kernels (by Dv, then Dk) of one of GLA's forwards, with
+/// their shared-memory limits raised to what the plans launch with; an error (naming `op`) where
+/// this GPU cannot give a block the output kernel's shared memory.
+pub(crate) fn chunk_kernels(
+    runtime: &Runtime,
+    op: &str,
+    states: [&'static str; 2],
+    output: [[&'static str; 2]; 2],
+) -> Result<([Kernel; 2], [[Kernel; 2]; 2])> {
+    let ctx = runtime.context();
+    ctx.bind_to_thread()?;
+    let optin = ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
+        as u32;
+    let need = output_smem_bytes(128, 128);
+    if optin < need {
+        return Err(Error::Launch(format!(
+            "{op}: the kernels need {need} bytes of shared memory per block but this GPU ({}) \
+             allows {optin}; run on an H100/H200 (sm_90)",
+            ctx.name().unwrap_or_default()
+        )));
+    }
+    let module = runtime.module();
+    let states = module.kernels_per_width(states)?;
+    let output = [
+        module.kernels_per_width(output[0])?,
+        module.kernels_per_width(output[1])?,
+    ];
+    for (i, dk) in [64, 128].into_iter().enumerate() {
+        states[i].set_max_dynamic_shared_bytes(states_smem_bytes(dk))?;
+        for (j, dv) in [64, 128].into_iter().enumerate() {
+            output[j][i].set_max_dynamic_shared_bytes(output_smem_bytes(dk, dv))?;
+        }
+    }
+    Ok((states, output))
+}
+
 fn width_index(d: usize) -> usize {
     usize::from(d == 128)
 }
@@ -145,30 +182,13 @@ impl GlaForward {
     /// error if this GPU cannot give a block that much shared memory.
     pub fn new(runtime: &Runtime) -> Result<Self> {
         let ctx = runtime.context().clone();
-        ctx.bind_to_thread()?;
-        let optin = ctx.attribute(
-            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-        )? as u32;
-        let need = output_smem_bytes(128, 128);
-        if optin < need {
-            return Err(Error::Launch(format!(
-                "{OP}: the kernels need {need} bytes of shared memory per block but this GPU \
-                 ({}) allows {optin}; run on an H100/H200 (sm_90)",
-                ctx.name().unwrap_or_default()
-            )));
-        }
+        let (states, output) = chunk_kernels(
+            runtime,
+            OP,
+            instances::GLA_STATES,
+            [instances::GLA_OUTPUT_DV64, instances::GLA_OUTPUT_DV128],
+        )?;
         let module = runtime.module();
-        let states = module.kernels_per_width(instances::GLA_STATES)?;
-        let output = [
-            module.kernels_per_width(instances::GLA_OUTPUT_DV64)?,
-            module.kernels_per_width(instances::GLA_OUTPUT_DV128)?,
-        ];
-        for (i, dk) in [64, 128].into_iter().enumerate() {
-            states[i].set_max_dynamic_shared_bytes(states_smem_bytes(dk))?;
-            for (j, dv) in [64, 128].into_iter().enumerate() {
-                output[j][i].set_max_dynamic_shared_bytes(output_smem_bytes(dk, dv))?;
-            }
-        }
         Ok(GlaForward {
             fold: module.kernel("lasp_gla_fold")?,
             sm_count: crate::ops::sm_count(&ctx)?,

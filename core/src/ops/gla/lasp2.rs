@@ -9,6 +9,7 @@
 //! all-gather between the same kernels; [`ExchangeMode::NoComm`] drops the exchange (timing). The
 //! fold is the same in every mode, so outputs are bit-identical across modes.
 
+use super::forward::chunk_kernels;
 use super::plan::{output_smem_bytes, output_threads, states_smem_bytes, CHUNK};
 use super::{Gla, GlaArgs};
 use crate::error::Result;
@@ -69,19 +70,16 @@ impl GlaLasp2Forward {
     /// Sets up the exchange for `layout` on every PE (collective; every PE must pass the same
     /// layout and mode).
     pub fn new(runtime: &Runtime, layout: Lasp2Layout, mode: ExchangeMode) -> Result<Self> {
+        let (states, output) = chunk_kernels(
+            runtime,
+            OP,
+            instances::GLA_LASP2_STATES,
+            [
+                instances::GLA_LASP2_OUTPUT_DV64,
+                instances::GLA_LASP2_OUTPUT_DV128,
+            ],
+        )?;
         let chain = StateChain::new(runtime, layout, mode, Direction::Ascending, OP)?;
-        let module = runtime.module();
-        let states = module.kernels_per_width(instances::GLA_LASP2_STATES)?;
-        let output = [
-            module.kernels_per_width(instances::GLA_LASP2_OUTPUT_DV64)?,
-            module.kernels_per_width(instances::GLA_LASP2_OUTPUT_DV128)?,
-        ];
-        for (i, dk) in [64, 128].into_iter().enumerate() {
-            states[i].set_max_dynamic_shared_bytes(states_smem_bytes(dk))?;
-            for (j, dv) in [64, 128].into_iter().enumerate() {
-                output[j][i].set_max_dynamic_shared_bytes(output_smem_bytes(dk, dv))?;
-            }
-        }
         Ok(GlaLasp2Forward {
             sm_count: crate::ops::sm_count(runtime.context())? as usize,
             chain,
