@@ -227,9 +227,26 @@ fn check_decomposition(decay: Decay) {
     }
 }
 
-/// Per rank: the carry forgets exactly when a document starts in the shard; `P_w` is the packed
-/// state after the token before rank w; `D_{w-1}` is rank w's gradient with respect to `P_w`;
-/// each document's final state and `dh0` come from the ranks holding its last and first token.
+/// `sum_t a_t` over all the tokens: `[B, H]` (scalar gates) or `[B, H, Dk]` (vector gates), summed
+/// here directly from `g [B, T, H(, Dk)]` rather than through the decomposition's own helper.
+fn gate_total(tokens: &Inputs) -> Tensor {
+    let g = tokens.g.shape();
+    let (steps, per_token) = (g[1], g[2..].iter().product::<usize>());
+    let shape: Vec<usize> = [g[0]].into_iter().chain(g[2..].iter().copied()).collect();
+    let mut total = Tensor::zeros(&shape);
+    for (i, a) in tokens.g.data().iter().enumerate() {
+        let (b, within) = (i / (steps * per_token), i % per_token);
+        total.data_mut()[b * per_token + within] += a;
+    }
+    total
+}
+
+/// Per rank: the carry forgets exactly when a document starts in the shard; the exchanged `M_w` is
+/// the packed state at the shard's end when it does, the shard's state from zero otherwise, and
+/// then `Lambda_w` is the shard's gate total (per key dimension for vector gates); `P_w` is the
+/// packed state after the token before rank w; `D_{w-1}` is rank w's gradient with respect to
+/// `P_w`; each document's final state and `dh0` come from the ranks holding its last and first
+/// token.
 fn check_intermediates(
     tag: &str,
     packed: &PackedInputs,
@@ -239,12 +256,34 @@ fn check_intermediates(
     back: &lasp2::PackedLasp2Backward,
 ) {
     let cu = &packed.cu_seqlens;
+    let shards = lasp2::split_shards(&packed.inputs, family(gates), lengths).unwrap();
     let mut start = 0;
     for (w, &len) in lengths.iter().enumerate() {
         let end = start + len;
         let starts_inside = cu.iter().any(|&c| c >= start && c < end);
-        let forgets = fwd.summaries[w].carry == Carry::Forget;
-        assert_eq!(forgets, starts_inside, "{tag}: carry of rank {w}");
+        let summary = &fwd.summaries[w];
+        assert_eq!(
+            summary.carry == Carry::Forget,
+            starts_inside,
+            "{tag}: carry of rank {w}"
+        );
+        let m_tag = format!("{tag}: M_{w}");
+        match &summary.carry {
+            Carry::Forget => {
+                let through = packed::recurrent_forward(&prefix(packed, end), gates).unwrap();
+                let n = through.final_state.shape()[1] - 1;
+                check(&m_tag, &summary.m, &document(&through.final_state, n));
+            }
+            Carry::Decay { lambda } => {
+                let from_zero = unpacked_forward(gates, &shards[w]);
+                check(&m_tag, &summary.m, &from_zero.final_state);
+                check(
+                    &format!("{tag}: Lambda_{w}"),
+                    lambda,
+                    &gate_total(&shards[w]),
+                );
+            }
+        }
         if w > 0 {
             let before = packed::recurrent_forward(&prefix(packed, start), gates).unwrap();
             let n = before.final_state.shape()[1] - 1;
