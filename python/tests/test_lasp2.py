@@ -1,7 +1,7 @@
 """LASP-2 through lasp_shmem.torch across the ranks of a torchrun job (skipped with a notice
 elsewhere): each rank's shard of o and of the gradients, the last rank's final state and the
 initial state's gradient against the single-GPU op on the whole sequences, and torch.compile
-without a graph break, forward and backward as in eager mode.
+without a graph break, forward and backward as in eager mode; GLA's forward likewise.
 
     NVSHMEM_DISABLE_NVLS=1 NVSHMEM_REMOTE_TRANSPORT=none \\
         torchrun --nproc-per-node 4 -m pytest python/tests/test_lasp2.py
@@ -106,3 +106,24 @@ def test_a_compiled_lasp2_block_has_no_graph_break_and_the_eager_results(group):
     assert explained.graph_break_count == 0, explained.break_reasons
     for x, y in zip(compiled, eager):
         assert torch.equal(bits(x), bits(y))
+
+
+def test_gla_lasp2_matches_one_gpu_on_the_whole_sequences(group):
+    """GLA's forward (per-key gates) through the C ABI's LASP-2 op: each rank's shard of o and the
+    last rank's final state against the one-GPU op on the whole sequences, bitwise repeats."""
+    seqs = Sequences(seed=41, per_rank=300, short=37)
+    dk = seqs.q.shape[-1]
+    g = (seqs.g[..., None] * torch.linspace(0.0, 2.0, dk, device="cuda")).contiguous()
+    with torch.no_grad():
+        o1, ht1 = lt.chunk_gla(seqs.q, seqs.k, seqs.v, g, initial_state=seqs.h0,
+                               output_final_state=True)
+        mine = [seqs.mine(x) for x in (seqs.q, seqs.k, seqs.v, g)]
+        o, ht = lt.chunk_gla(*mine, initial_state=seqs.h0, output_final_state=True, cp_group=group)
+        again, _ = lt.chunk_gla(*mine, initial_state=seqs.h0, cp_group=group)
+    lt.synchronize()
+    assert (ht is not None) == seqs.last
+    errors = {"o": rel_err(o, seqs.mine(o1))}
+    if seqs.last:
+        errors["ht"] = rel_err(ht, ht1)
+    assert max(errors.values()) <= TOL, f"rank {dist.get_rank()}: {errors}"
+    assert torch.equal(bits(o), bits(again))
