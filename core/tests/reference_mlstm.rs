@@ -1012,4 +1012,71 @@ mod tfla_gradient {
             }
         }
     }
+
+    /// TFLA's gradient depends on where calls split the sequence: with the state handed from one
+    /// call to the next (the second call's `dC_0` as the first's `dC_T`), the first call's log
+    /// forget gates lack `<dC_P, P>` (the handed-over state `P`'s `e^{G}`), and nothing else
+    /// changes. A LASP-2 backward built from TFLA's per-shard backward must add it back.
+    #[test]
+    fn tfla_split_into_two_calls_lacks_the_handover_decay() {
+        let split = 20;
+        for regime in MlstmRegime::ALL {
+            let inputs = generate(regime, 111, true);
+            let cot = cotangents(SHAPE, 113, false);
+            let one_call = recurrent_backward(&inputs, &cot, Tfla).unwrap();
+            let initial = inputs.initial_state.as_ref().unwrap();
+            let (first, first_cot) = tokens(&inputs, &cot, 0, split, initial);
+            let handover = recurrent_forward(&first).unwrap().final_state;
+            let (second, second_cot) = tokens(&inputs, &cot, split, SHAPE.t - split, &handover);
+            let second_grads = recurrent_backward(&second, &second_cot, Tfla).unwrap();
+            let d_handover = second_grads.d_initial_state.clone();
+            let first_cot = MlstmCotangents {
+                d_final_state: Some(d_handover.clone()),
+                ..first_cot
+            };
+            let first_grads = recurrent_backward(&first, &first_cot, Tfla).unwrap();
+            let block = SHAPE.dk * SHAPE.dv;
+            let decays: Vec<f64> = d_handover
+                .c
+                .data()
+                .chunks(block)
+                .zip(handover.c.data().chunks(block))
+                .map(|(d, c)| dot(d, c))
+                .collect();
+            // One call's gradients of each part, less the decay on the first part's gates.
+            let part = |t: &Tensor, start: usize, len: usize| t.slice_time(start, len);
+            let mut want_first_df = part(&one_call.d_forget_gate, 0, split);
+            for (index, d) in want_first_df.data_mut().iter_mut().enumerate() {
+                let [b, t, h] = [
+                    index / (split * SHAPE.h),
+                    index / SHAPE.h % split,
+                    index % SHAPE.h,
+                ];
+                let sigmoid_minus_f = 1.0 / (1.0 + inputs.forget_gate.get(&[b, t, h]).exp());
+                *d -= decays[b * SHAPE.h + h] * sigmoid_minus_f;
+            }
+            let scale = one_call.gate_grad_scale(&inputs);
+            for (tag, grads, start, len) in [
+                ("first call", &first_grads, 0, split),
+                ("second call", &second_grads, split, SHAPE.t - split),
+            ] {
+                for name in ["dq", "dk", "dv"] {
+                    let what = format!("{regime:?}, {tag}: {name}");
+                    let want = part(field(&one_call, name), start, len);
+                    let got = field(grads, name).data();
+                    assert_rel_close(&what, got, want.data(), GRAD_TOL).unwrap();
+                }
+                for name in ["d_input_gate", "d_forget_gate"] {
+                    let what = format!("{regime:?}, {tag}: {name}");
+                    let want = if (tag, name) == ("first call", "d_forget_gate") {
+                        want_first_df.clone()
+                    } else {
+                        part(field(&one_call, name), start, len)
+                    };
+                    let got = field(grads, name).data();
+                    assert_close_to_scale(&what, got, want.data(), scale, GRAD_TOL).unwrap();
+                }
+            }
+        }
+    }
 }

@@ -107,6 +107,10 @@
 //! row's `d_h_t` is orthogonal to `h_t` (what a scale-invariant norm of each head's `h_t`, xLSTM's
 //! group norm without its epsilon, passes back), `<dC_T, C_T> = 0` and `dn_T = dm_T = 0`, the two
 //! agree except `dm_0`: TFLA's 0, the full derivative's `<dC_0, C_0>` (`m_0` scales `C_0`).
+//! The dropped `e^{G_T}` also makes TFLA's gradient depend on where calls split the sequence: a
+//! call handing its state `P` to the next (whose `dC_0` is its `dC_T`) lacks `<dC_P, P>` on its
+//! log forget gates, which one call over both has. [`lasp2_backward`] computes the full derivative
+//! only.
 
 //! # LASP-2 backward
 //! `L = sum_w L_w(P_w, shard w) + <P_W, d_final>` with `P_{w+1} = fold(P_w, summary_w)` and
