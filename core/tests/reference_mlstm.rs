@@ -1,6 +1,7 @@
 //! The mLSTM reference ("mLSTMexp"): every stabilised evaluation against the recurrent definition,
 //! and the definition against the unstabilised form; the chunkwise and LASP-2 backwards against
-//! the recurrent backward, and that against finite differences.
+//! the recurrent backward, and that against finite differences; mlstm_kernels' (TFLA's) gradient
+//! against a transcription of its formulas and against the full derivative.
 //!
 //! Tolerances: two f64 evaluations of the same sums in different orders agree to ~1e-14
 //! relative; the stabilisers `m_t` agree to a few ulps of `|m_t|` (up to ~1e3 here), which moves
@@ -10,6 +11,7 @@
 use lasp_shmem::reference::mlstm::{
     chunkwise_backward, chunkwise_forward, fold, fold_backward, lasp2_backward, lasp2_forward,
     recurrent_backward, recurrent_forward, unstabilised_forward, MlstmCotangents, MlstmForward,
+    MlstmGradient::{Full, Tfla},
     MlstmGrads, MlstmInputs, MlstmRegime, MlstmSpec, MlstmState, ShardSummary,
 };
 use lasp_shmem::reference::{
@@ -339,9 +341,9 @@ fn validation_rejects_bad_inputs() {
     assert!(lasp2_forward(&inputs, &[10, 10], 4).is_err());
     assert!(lasp2_forward(&inputs, &[37, 0], 4).is_err());
     let cot = cotangents(SHAPE, 1, true);
-    assert!(chunkwise_backward(&inputs, 0, &cot).is_err());
+    assert!(chunkwise_backward(&inputs, 0, &cot, Full).is_err());
     let short = cotangents(Shape { t: 36, ..SHAPE }, 1, true);
-    assert!(chunkwise_backward(&inputs, 4, &short).is_err());
+    assert!(chunkwise_backward(&inputs, 4, &short, Full).is_err());
 }
 
 /// Two f64 backwards through different stabilised forms sum the same terms in different orders
@@ -392,15 +394,17 @@ fn chunkwise_backward_equals_recurrent_backward() {
                 let inputs = generate_shape(shape, regime, 41, initial_state);
                 for final_state in [false, true] {
                     let cot = cotangents(shape, 43, final_state);
-                    let want = recurrent_backward(&inputs, &cot).unwrap();
-                    for &chunk in chunks {
-                        let got = chunkwise_backward(&inputs, chunk, &cot).unwrap();
-                        let tag = format!(
-                            "T {}, {regime:?}, initial state {initial_state}, \
-                             final-state cotangent {final_state}, chunk {chunk}",
-                            shape.t
-                        );
-                        check_grads(&tag, &inputs, &got, &want);
+                    for gradient in [Full, Tfla] {
+                        let want = recurrent_backward(&inputs, &cot, gradient).unwrap();
+                        for &chunk in chunks {
+                            let got = chunkwise_backward(&inputs, chunk, &cot, gradient).unwrap();
+                            let tag = format!(
+                                "T {}, {regime:?}, initial state {initial_state}, \
+                                 final-state cotangent {final_state}, {gradient:?}, chunk {chunk}",
+                                shape.t
+                            );
+                            check_grads(&tag, &inputs, &got, &want);
+                        }
                     }
                 }
             }
@@ -416,11 +420,13 @@ fn chunkwise_backward_with_the_denominator_floor_and_large_eps() {
         let mut inputs = generate(regime, 47, true);
         inputs.eps = 0.5;
         let cot = cotangents(SHAPE, 53, true);
-        let want = recurrent_backward(&inputs, &cot).unwrap();
-        for chunk in [3, 16] {
-            let got = chunkwise_backward(&inputs, chunk, &cot).unwrap();
-            let tag = format!("{regime:?}, eps 0.5, chunk {chunk}");
-            check_grads(&tag, &inputs, &got, &want);
+        for gradient in [Full, Tfla] {
+            let want = recurrent_backward(&inputs, &cot, gradient).unwrap();
+            for chunk in [3, 16] {
+                let got = chunkwise_backward(&inputs, chunk, &cot, gradient).unwrap();
+                let tag = format!("{regime:?}, eps 0.5, {gradient:?}, chunk {chunk}");
+                check_grads(&tag, &inputs, &got, &want);
+            }
         }
     }
 }
@@ -436,7 +442,7 @@ fn lasp2_backward_equals_one_sequence() {
             let inputs = generate(regime, 59, initial_state);
             for final_state in [false, true] {
                 let cot = cotangents(SHAPE, 61, final_state);
-                let want = recurrent_backward(&inputs, &cot).unwrap();
+                let want = recurrent_backward(&inputs, &cot, Full).unwrap();
                 for shards in BACKWARD_LAYOUTS {
                     for chunk in [1, 4, 16] {
                         let got = lasp2_backward(&inputs, shards, chunk, &cot).unwrap();
@@ -509,7 +515,7 @@ fn part_backward(
     initial: &MlstmState,
 ) -> (MlstmState, f64) {
     let (part, part_cot) = tokens(inputs, cot, start, len, initial);
-    let grads = recurrent_backward(&part, &part_cot).unwrap();
+    let grads = recurrent_backward(&part, &part_cot, Full).unwrap();
     let scale = grads.gate_grad_scale(&part);
     (grads.d_initial_state, scale)
 }
@@ -691,7 +697,7 @@ mod finite_differences {
                     inputs.input_gate = inputs.input_gate.map(|x| x / 20.0);
                 }
                 let cot = cotangents(FD_SHAPE, 31, true);
-                let grads = recurrent_backward(&inputs, &cot).unwrap();
+                let grads = recurrent_backward(&inputs, &cot, Full).unwrap();
                 let loss = recurrent_forward(&inputs).unwrap().loss(&cot);
                 let state = &grads.d_initial_state;
                 for (name, analytic) in [
@@ -710,6 +716,365 @@ mod finite_differences {
                     let floor = ABS_TOL * (1.0 + loss.abs()) * (numeric.len() as f64).sqrt();
                     let allowed = REL_TOL * norm + floor;
                     assert_close_to_scale(&what, analytic.data(), &numeric, allowed, 1.0).unwrap();
+                }
+            }
+        }
+    }
+}
+
+/// mlstm_kernels' (TFLA's) gradient, `MlstmGradient::Tfla` (the reference's module doc, "TFLA's
+/// gradient"): against a transcription of mlstm_kernels' formulas, and against the full
+/// derivative where the terms it drops vanish and where they do not.
+mod tfla_gradient {
+    use super::*;
+
+    fn dot(x: &[f64], y: &[f64]) -> f64 {
+        x.iter().zip(y).map(|(a, b)| a * b).sum()
+    }
+
+    /// `x <- x - (<x, y> / <y, y>) y`: `x` orthogonal to `y`.
+    fn project_out(x: &mut [f64], y: &[f64]) {
+        let along = dot(x, y) / dot(y, y);
+        if along.is_finite() {
+            x.iter_mut().zip(y).for_each(|(a, b)| *a -= along * b);
+        }
+    }
+
+    /// Cotangents under which the terms TFLA drops vanish: every row of `d_h` orthogonal to its
+    /// `h_t` (what a scale-invariant norm of each head's output passes back), `dC_T` orthogonal
+    /// to `C_T` per head, `dn_T = dm_T = 0`.
+    fn norm_invariant_cotangents(inputs: &MlstmInputs, seed: u64) -> MlstmCotangents {
+        let s = inputs.shape;
+        let forward = recurrent_forward(inputs).unwrap();
+        let mut cot = cotangents(s, seed, true);
+        let rows = forward.h.data().chunks(s.dv);
+        cot.d_h
+            .data_mut()
+            .chunks_mut(s.dv)
+            .zip(rows)
+            .for_each(|(d, h)| project_out(d, h));
+        let d = cot.d_final_state.as_mut().unwrap();
+        let states = forward.final_state.c.data().chunks(s.dk * s.dv);
+        d.c.data_mut()
+            .chunks_mut(s.dk * s.dv)
+            .zip(states)
+            .for_each(|(d, c)| project_out(d, c));
+        d.n = d.n.map(|_| 0.0);
+        d.m = d.m.map(|_| 0.0);
+        cot
+    }
+
+    fn field<'a>(g: &'a MlstmGrads, name: &str) -> &'a Tensor {
+        match name {
+            "dq" => &g.dq,
+            "dk" => &g.dk,
+            "dv" => &g.dv,
+            "d_input_gate" => &g.d_input_gate,
+            "d_forget_gate" => &g.d_forget_gate,
+            "dC_0" => &g.d_initial_state.c,
+            "dn_0" => &g.d_initial_state.n,
+            "dm_0" => &g.d_initial_state.m,
+            _ => unreachable!("no gradient {name}"),
+        }
+    }
+
+    #[test]
+    fn tfla_is_the_full_derivative_where_the_dropped_terms_vanish() {
+        for regime in MlstmRegime::ALL {
+            for initial_state in [false, true] {
+                for eps in [1e-6, 0.5] {
+                    let mut inputs = generate(regime, 71, initial_state);
+                    inputs.eps = eps;
+                    if regime == MlstmRegime::ForgetNearZero && !initial_state {
+                        assert!(floored_tokens(&inputs) > 0, "the floor is never active");
+                    }
+                    let cot = norm_invariant_cotangents(&inputs, 73);
+                    let full = recurrent_backward(&inputs, &cot, Full).unwrap();
+                    let tfla = recurrent_backward(&inputs, &cot, Tfla).unwrap();
+                    let tag = format!("{regime:?}, initial state {initial_state}, eps {eps}");
+                    for name in ["dq", "dk", "dv", "dC_0"] {
+                        let (got, want) = (field(&tfla, name).data(), field(&full, name).data());
+                        assert_rel_close(&format!("{tag}: {name}"), got, want, GRAD_TOL).unwrap();
+                    }
+                    let gates = full.gate_grad_scale(&inputs);
+                    for name in ["d_input_gate", "d_forget_gate"] {
+                        let (got, want) = (field(&tfla, name).data(), field(&full, name).data());
+                        let (what, scale) =
+                            (format!("{tag}: {name}"), gates + norm(field(&full, name)));
+                        assert_close_to_scale(&what, got, want, scale, GRAD_TOL).unwrap();
+                    }
+                    // The full dn_0 is sum_t sigma q_t <d_h_t, h_t> (...): zero up to the rounding
+                    // of <d_h_t, h_t>, so it is measured against dC_0, the same sum of
+                    // sigma q_t d_h_t / den_t without that factor.
+                    let (what, scale) = (format!("{tag}: dn_0"), norm(&full.d_initial_state.c));
+                    let (got, want) =
+                        (tfla.d_initial_state.n.data(), full.d_initial_state.n.data());
+                    assert_close_to_scale(&what, got, want, scale, GRAD_TOL).unwrap();
+                    // m_0 scales C_0: the full derivative's dm_0 is <dC_0, C_0>; TFLA's is 0.
+                    let block = SHAPE.dk * SHAPE.dv;
+                    let c_0 = inputs.initial_state.as_ref().map_or_else(
+                        || vec![0.0; full.d_initial_state.c.len()],
+                        |state| state.c.data().to_vec(),
+                    );
+                    let d_c_0 = full.d_initial_state.c.data().chunks(block);
+                    let want_m_0: Vec<f64> = d_c_0
+                        .zip(c_0.chunks(block))
+                        .map(|(d, c)| dot(d, c))
+                        .collect();
+                    let full_m_0 = full.d_initial_state.m.data();
+                    let what = format!("{tag}: full dm_0");
+                    assert_close_to_scale(&what, full_m_0, &want_m_0, gates, GRAD_TOL).unwrap();
+                    let tfla_m_0 = tfla.d_initial_state.m.data();
+                    assert!(
+                        tfla_m_0.iter().all(|&x| x == 0.0),
+                        "{tag}: TFLA's dm_0 {tfla_m_0:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A relative difference this large is a term, not rounding.
+    const MEASURABLE: f64 = 1e-3;
+
+    #[test]
+    fn tfla_differs_from_the_full_derivative_where_they_do_not() {
+        for regime in MlstmRegime::ALL {
+            let inputs = generate(regime, 79, true);
+            // A generic d_h reaches the normaliser, the floor and eps e^{m_t}; a generic dC_T
+            // (with d_h orthogonal to h) reaches m_T and the dropped e^{G_T}, both only through
+            // the gates (d_input_gate only at the stabiliser's winner, so it is left out).
+            let generic_d_h = cotangents(SHAPE, 83, false);
+            let mut generic_d_c = norm_invariant_cotangents(&inputs, 89);
+            let d_c = normal(&mut SplitMix64::new(97), &SHAPE.state());
+            generic_d_c.d_final_state.as_mut().unwrap().c = d_c;
+            let cases = [
+                (
+                    "generic d_h",
+                    generic_d_h,
+                    &["dv", "dC_0"][..],
+                    &["dq", "dk", "d_input_gate", "d_forget_gate", "dn_0", "dm_0"][..],
+                ),
+                (
+                    "generic dC_T",
+                    generic_d_c,
+                    &["dq", "dk", "dv", "dC_0"][..],
+                    &["d_forget_gate", "dm_0"][..],
+                ),
+            ];
+            for (case, cot, same, different) in cases {
+                let full = recurrent_backward(&inputs, &cot, Full).unwrap();
+                let tfla = recurrent_backward(&inputs, &cot, Tfla).unwrap();
+                for name in same {
+                    let what = format!("{regime:?}, {case}: {name}");
+                    let (got, want) = (field(&tfla, name).data(), field(&full, name).data());
+                    assert_rel_close(&what, got, want, GRAD_TOL).unwrap();
+                }
+                for name in different {
+                    let err = rel_err(field(&tfla, name).data(), field(&full, name).data());
+                    let what = format!("{regime:?}, {case}: {name}");
+                    assert!(
+                        err > MEASURABLE,
+                        "{what}: relative difference only {err:.1e}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// One head's gradients as mlstm_kernels computes them, from the zero initial state with the
+    /// whole sequence as one chunk: `dq, dk, dv, di, df`. The rows as `mlstm_parallel_bw`
+    /// (mlstm_kernels/torch/parallel/native/bw.py) forms them, `dC_T` through the keys and values
+    /// with `vecAbar` as `_mlstm_chunkwise__parallel_bw_dQKV` (torch/chunkwise/native/bw.py), the
+    /// gates as `compute_gate_grads_vecDeltaI_vecDeltaF`
+    /// (torch/chunkwise/triton_xl_chunk/chunkwise_gates.py). `m_t` and the denominators are the
+    /// forward's (its chunkwise form starts from `m = 0`, as mlstm_kernels' does).
+    fn transcribed_head(
+        inputs: &MlstmInputs,
+        d_h: &Tensor,
+        d_c_t: &[f64],
+        b: usize,
+        h: usize,
+    ) -> [Vec<f64>; 5] {
+        let (s, sigma, eps) = (inputs.shape, inputs.scale, inputs.eps);
+        let lf = inputs.log_forget_gate();
+        let q = |t: usize| -> Vec<f64> { (0..s.dk).map(|d| inputs.q.get(&[b, t, h, d])).collect() };
+        let k = |t: usize| -> Vec<f64> { (0..s.dk).map(|d| inputs.k.get(&[b, t, h, d])).collect() };
+        let v = |t: usize| -> Vec<f64> { (0..s.dv).map(|d| inputs.v.get(&[b, t, h, d])).collect() };
+        let i = |t: usize| inputs.input_gate.get(&[b, t, h]);
+        let g: Vec<f64> = (0..s.t)
+            .scan(0.0, |sum, t| {
+                *sum += lf.get(&[b, t, h]);
+                Some(*sum)
+            })
+            .collect();
+        let m: Vec<f64> = (0..s.t)
+            .map(|t| (0..=t).map(|j| i(j) + g[t] - g[j]).fold(g[t], f64::max))
+            .collect();
+        let d = |t: usize, j: usize| (i(j) + g[t] - g[j] - m[t]).exp();
+        let score = |t: usize, j: usize| sigma * dot(&q(t), &k(j));
+        let den: Vec<f64> = (0..s.t)
+            .map(|t| {
+                let qn: f64 = (0..=t).map(|j| d(t, j) * score(t, j)).sum();
+                qn.abs().max((-m[t]).exp()) + eps
+            })
+            .collect();
+        let d_h_n =
+            |t: usize| -> Vec<f64> { (0..s.dv).map(|e| d_h.get(&[b, t, h, e]) / den[t]).collect() };
+        let (mut dq, mut dk, mut dv) = (
+            vec![vec![0.0; s.dk]; s.t],
+            vec![vec![0.0; s.dk]; s.t],
+            vec![vec![0.0; s.dv]; s.t],
+        );
+        for (t, dq_t) in dq.iter_mut().enumerate() {
+            for j in 0..=t {
+                let p = dot(&d_h_n(t), &v(j)) * d(t, j);
+                dq_t.iter_mut()
+                    .zip(k(j))
+                    .for_each(|(x, y)| *x += sigma * p * y);
+                dk[j]
+                    .iter_mut()
+                    .zip(q(t))
+                    .for_each(|(x, y)| *x += sigma * p * y);
+                let w = score(t, j) * d(t, j);
+                dv[j]
+                    .iter_mut()
+                    .zip(d_h_n(t))
+                    .for_each(|(x, y)| *x += w * y);
+            }
+        }
+        let last = s.t - 1;
+        for j in 0..s.t {
+            let a_bar = (g[last] - g[j] + i(j) - m[last]).exp();
+            for (r, x) in dk[j].iter_mut().enumerate() {
+                *x += a_bar * dot(&d_c_t[r * s.dv..(r + 1) * s.dv], &v(j));
+            }
+            for (c, x) in dv[j].iter_mut().enumerate() {
+                *x += a_bar
+                    * (0..s.dk)
+                        .map(|r| k(j)[r] * d_c_t[r * s.dv + c])
+                        .sum::<f64>();
+            }
+        }
+        let di: Vec<f64> = (0..s.t).map(|t| dot(&k(t), &dk[t])).collect();
+        let mut df = vec![0.0; s.t];
+        let mut suffix = 0.0;
+        for t in (0..s.t).rev() {
+            suffix += dot(&q(t), &dq[t]) - dot(&k(t), &dk[t]);
+            df[t] = suffix / (1.0 + inputs.forget_gate.get(&[b, t, h]).exp());
+        }
+        [dq.concat(), dk.concat(), dv.concat(), di, df]
+    }
+
+    #[test]
+    fn tfla_is_mlstm_kernels_gradient() {
+        for regime in MlstmRegime::ALL {
+            for eps in [1e-6, 0.5] {
+                let mut inputs = generate(regime, 101, false);
+                inputs.eps = eps;
+                // dn_T and dm_T too: mlstm_kernels ignores them.
+                let cot = cotangents(SHAPE, 103, true);
+                let got = recurrent_backward(&inputs, &cot, Tfla).unwrap();
+                let scale = got.gate_grad_scale(&inputs);
+                let d_final = cot.d_final_state.as_ref().unwrap();
+                let block = SHAPE.dk * SHAPE.dv;
+                for b in 0..SHAPE.b {
+                    for h in 0..SHAPE.h {
+                        let head = b * SHAPE.h + h;
+                        let d_c_t = &d_final.c.data()[head * block..(head + 1) * block];
+                        let want = transcribed_head(&inputs, &cot.d_h, d_c_t, b, h);
+                        let per_token = |t: &Tensor, width: usize| -> Vec<f64> {
+                            (0..SHAPE.t)
+                                .flat_map(|s| (0..width).map(move |e| (s, e)))
+                                .map(|(s, e)| {
+                                    t.data()[((b * SHAPE.t + s) * SHAPE.h + h) * width + e]
+                                })
+                                .collect()
+                        };
+                        let tag = format!("{regime:?}, eps {eps}, head ({b}, {h})");
+                        for (name, got, want) in [
+                            ("dq", per_token(&got.dq, SHAPE.dk), &want[0]),
+                            ("dk", per_token(&got.dk, SHAPE.dk), &want[1]),
+                            ("dv", per_token(&got.dv, SHAPE.dv), &want[2]),
+                        ] {
+                            assert_rel_close(&format!("{tag}: {name}"), &got, want, GRAD_TOL)
+                                .unwrap();
+                        }
+                        for (name, got, want) in [
+                            ("d_input_gate", per_token(&got.d_input_gate, 1), &want[3]),
+                            ("d_forget_gate", per_token(&got.d_forget_gate, 1), &want[4]),
+                        ] {
+                            let what = format!("{tag}: {name}");
+                            assert_close_to_scale(&what, &got, want, scale, GRAD_TOL).unwrap();
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// TFLA's gradient depends on where calls split the sequence: with the state handed from one
+    /// call to the next (the second call's `dC_0` as the first's `dC_T`), the first call's log
+    /// forget gates lack `<dC_P, P>` (the handed-over state `P`'s `e^{G}`), and nothing else
+    /// changes. A LASP-2 backward built from TFLA's per-shard backward must add it back.
+    #[test]
+    fn tfla_split_into_two_calls_lacks_the_handover_decay() {
+        let split = 20;
+        for regime in MlstmRegime::ALL {
+            let inputs = generate(regime, 111, true);
+            let cot = cotangents(SHAPE, 113, false);
+            let one_call = recurrent_backward(&inputs, &cot, Tfla).unwrap();
+            let initial = inputs.initial_state.as_ref().unwrap();
+            let (first, first_cot) = tokens(&inputs, &cot, 0, split, initial);
+            let handover = recurrent_forward(&first).unwrap().final_state;
+            let (second, second_cot) = tokens(&inputs, &cot, split, SHAPE.t - split, &handover);
+            let second_grads = recurrent_backward(&second, &second_cot, Tfla).unwrap();
+            let d_handover = second_grads.d_initial_state.clone();
+            let first_cot = MlstmCotangents {
+                d_final_state: Some(d_handover.clone()),
+                ..first_cot
+            };
+            let first_grads = recurrent_backward(&first, &first_cot, Tfla).unwrap();
+            let block = SHAPE.dk * SHAPE.dv;
+            let decays: Vec<f64> = d_handover
+                .c
+                .data()
+                .chunks(block)
+                .zip(handover.c.data().chunks(block))
+                .map(|(d, c)| dot(d, c))
+                .collect();
+            // One call's gradients of each part, less the decay on the first part's gates.
+            let part = |t: &Tensor, start: usize, len: usize| t.slice_time(start, len);
+            let mut want_first_df = part(&one_call.d_forget_gate, 0, split);
+            for (index, d) in want_first_df.data_mut().iter_mut().enumerate() {
+                let [b, t, h] = [
+                    index / (split * SHAPE.h),
+                    index / SHAPE.h % split,
+                    index % SHAPE.h,
+                ];
+                let sigmoid_minus_f = 1.0 / (1.0 + inputs.forget_gate.get(&[b, t, h]).exp());
+                *d -= decays[b * SHAPE.h + h] * sigmoid_minus_f;
+            }
+            let scale = one_call.gate_grad_scale(&inputs);
+            for (tag, grads, start, len) in [
+                ("first call", &first_grads, 0, split),
+                ("second call", &second_grads, split, SHAPE.t - split),
+            ] {
+                for name in ["dq", "dk", "dv"] {
+                    let what = format!("{regime:?}, {tag}: {name}");
+                    let want = part(field(&one_call, name), start, len);
+                    let got = field(grads, name).data();
+                    assert_rel_close(&what, got, want.data(), GRAD_TOL).unwrap();
+                }
+                for name in ["d_input_gate", "d_forget_gate"] {
+                    let what = format!("{regime:?}, {tag}: {name}");
+                    let want = if (tag, name) == ("first call", "d_forget_gate") {
+                        want_first_df.clone()
+                    } else {
+                        part(field(&one_call, name), start, len)
+                    };
+                    let got = field(grads, name).data();
+                    assert_close_to_scale(&what, got, want.data(), scale, GRAD_TOL).unwrap();
                 }
             }
         }

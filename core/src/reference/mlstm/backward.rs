@@ -2,16 +2,21 @@
 
 use super::super::error::ReferenceError;
 use super::super::linalg::{axpy, dot, mat_vec_add, outer_add, vec_mat_add};
+use super::gradient::MlstmGradient;
 use super::head::{backward_heads, HeadGrads, HeadState, MlstmHead};
 use super::inputs::{MlstmCotangents, MlstmGrads, MlstmInputs};
 
-/// Reverse-mode backward of [`recurrent_forward`](super::recurrent_forward), the stabiliser
-/// included (through the active branch of each max).
+/// Reverse-mode backward of [`recurrent_forward`](super::recurrent_forward): with
+/// [`MlstmGradient::Full`], the stabiliser included (through the active branch of each max); with
+/// [`MlstmGradient::Tfla`], mlstm_kernels' gradient.
 pub fn recurrent_backward(
     inputs: &MlstmInputs,
     cot: &MlstmCotangents,
+    gradient: MlstmGradient,
 ) -> Result<MlstmGrads, ReferenceError> {
-    backward_heads(inputs, cot, head_backward)
+    backward_heads(inputs, cot, |head, initial, d_h, d_final| {
+        head_backward(head, initial, d_h, d_final, gradient)
+    })
 }
 
 /// One forward step's stabiliser, decay and write weights, and which side won the max.
@@ -38,6 +43,7 @@ fn head_backward(
     initial: HeadState,
     d_h: &[f64],
     d_final: HeadState,
+    gradient: MlstmGradient,
 ) -> HeadGrads {
     let (dk, dv, sigma) = (head.dk, head.dv, head.scale);
     // Forward, keeping every state: states[t] is the state before token t.
@@ -52,7 +58,8 @@ fn head_backward(
         next.m = w.m;
         states.push(next);
     }
-    let mut g = HeadGrads::zeros(head, d_final);
+    let d_final = gradient.exit_cotangent(d_final);
+    let mut g = HeadGrads::zeros(head, d_final.clone());
     for t in (0..head.t).rev() {
         let (prev, cur) = (&states[t], &states[t + 1]);
         let w = step_weights(head, t, prev.m);
@@ -63,12 +70,18 @@ fn head_backward(
         let den = qn.abs().max(floor) + head.eps;
         let dh_t = &d_h[t * dv..(t + 1) * dv];
         let d_num: Vec<f64> = dh_t.iter().map(|x| x / den).collect();
-        let d_den = -dot(dh_t, &num) / (den * den);
-        let d_qn = if qn.abs() >= floor {
-            d_den * qn.signum()
-        } else {
-            d.m -= d_den * floor;
-            0.0
+        let d_qn = match gradient {
+            // TFLA divides d_h by the forward's denominator and stops there.
+            MlstmGradient::Tfla => 0.0,
+            MlstmGradient::Full => {
+                let d_den = -dot(dh_t, &num) / (den * den);
+                if qn.abs() >= floor {
+                    d_den * qn.signum()
+                } else {
+                    d.m -= d_den * floor;
+                    0.0
+                }
+            }
         };
         let dq = &mut g.dq[t * dk..(t + 1) * dk];
         mat_vec_add(dq, sigma, &cur.c, &d_num);
@@ -85,21 +98,27 @@ fn head_backward(
         vec_mat_add(&mut g.dv[t * dv..(t + 1) * dv], w.input, head.k(t), &d.c);
         // Exponents: f' = e^{lf + m_{t-1} - m_t}, i' = e^{i - m_t}.
         let (d_log_forget_exp, d_input_exp) = (w.forget * d_forget, w.input * d_input);
-        let mut d_lf = d_log_forget_exp;
-        let mut d_m_prev = d_log_forget_exp;
         g.di[t] += d_input_exp;
-        let d_m = d.m - d_log_forget_exp - d_input_exp;
-        // m_t = max(lf + m_{t-1}, i).
-        if w.decay_won {
-            d_lf += d_m;
-            d_m_prev += d_m;
-        } else {
-            g.di[t] += d_m;
-        }
-        g.d_log_forget[t] = d_lf;
+        g.d_log_forget[t] = d_log_forget_exp;
+        let d_m_prev = match gradient {
+            // m_{t-1} and m_t are constants: the exponents pass their gradients to lf and i alone.
+            MlstmGradient::Tfla => 0.0,
+            MlstmGradient::Full => {
+                // m_{t-1} enters f' as lf does, and m_t = max(lf + m_{t-1}, i).
+                let d_m = d.m - d_log_forget_exp - d_input_exp;
+                if w.decay_won {
+                    g.d_log_forget[t] += d_m;
+                    d_log_forget_exp + d_m
+                } else {
+                    g.di[t] += d_m;
+                    d_log_forget_exp
+                }
+            }
+        };
         d.c.iter_mut().for_each(|x| *x *= w.forget);
         d.n.iter_mut().for_each(|x| *x *= w.forget);
         d.m = d_m_prev;
     }
+    gradient.drop_exit_decay(&mut g, &states[head.t], &d_final);
     g
 }

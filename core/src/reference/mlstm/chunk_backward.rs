@@ -8,33 +8,38 @@ use super::super::gates::chunk_local_cumsum;
 use super::super::linalg::{axpy, dot, mat_vec_add, outer_add, vec_mat_add};
 use super::super::validate::check_chunk;
 use super::chunkwise::advance;
+use super::gradient::MlstmGradient;
 use super::head::{backward_heads, HeadGrads, HeadState, MlstmHead};
 use super::inputs::{MlstmCotangents, MlstmGrads, MlstmInputs};
 
-/// Chunkwise backward with chunk size `chunk` (>= 1; it need not divide T): the gradients of
-/// [`MlstmForward::loss`](super::MlstmForward::loss) through the chunk form of
+/// Chunkwise backward with chunk size `chunk` (>= 1; it need not divide T): `gradient`'s
+/// gradients of [`MlstmForward::loss`](super::MlstmForward::loss) through the chunk form of
 /// [`chunkwise_forward`](super::chunkwise_forward). The check for it is
-/// [`recurrent_backward`](super::recurrent_backward).
+/// [`recurrent_backward`](super::recurrent_backward) with the same `gradient`.
 pub fn chunkwise_backward(
     inputs: &MlstmInputs,
     chunk: usize,
     cot: &MlstmCotangents,
+    gradient: MlstmGradient,
 ) -> Result<MlstmGrads, ReferenceError> {
     check_chunk("chunk", chunk)?;
     backward_heads(inputs, cot, |head, initial, d_h, d_final| {
-        backward_from(head, initial, chunk, Some(d_h), d_final)
+        backward_from(head, initial, chunk, Some(d_h), d_final, gradient)
     })
 }
 
 /// One head's chunkwise backward from the entry state `initial`, with `d_exit` the cotangent of
 /// the state after the last token. `d_h = None` differentiates that state alone (a LASP-2 shard's
-/// summary, which has no outputs). The result's `d_state` is the gradient of `initial`.
+/// summary, which has no outputs). The result's `d_state` is the gradient of `initial`. With
+/// [`MlstmGradient::Tfla`] it is what one call of mlstm_kernels' backward over these tokens
+/// computes.
 pub(crate) fn backward_from(
     head: &MlstmHead,
     initial: HeadState,
     chunk: usize,
     d_h: Option<&[f64]>,
     d_exit: HeadState,
+    gradient: MlstmGradient,
 ) -> HeadGrads {
     // Chunk-entry states, recomputed as the forward carries them.
     let mut entries = Vec::new();
@@ -43,15 +48,18 @@ pub(crate) fn backward_from(
         entries.push(state.clone());
         advance(head, &mut state, c0, len);
     }
+    let exit = state;
+    let d_exit = gradient.exit_cotangent(d_exit);
     let mut grads = HeadGrads::zeros(head, HeadState::zero(head.dk, head.dv));
     // The cotangent of the state leaving the chunk being processed; after chunk 0, of `initial`.
-    let mut d_state = d_exit;
+    let mut d_state = d_exit.clone();
     for ((c0, len), entry) in head.chunks(chunk).zip(&entries).rev() {
         let recomputed = Chunk::recompute(head, c0, len, entry);
         let mut acc = ChunkCotangents {
             grads: &mut grads,
             c0,
             d_entry: HeadState::zero(head.dk, head.dv),
+            gradient,
         };
         if let Some(d_h) = d_h {
             for r in 0..len {
@@ -62,6 +70,7 @@ pub(crate) fn backward_from(
         recomputed.transition_backward(&d_state, &mut acc);
         d_state = acc.d_entry;
     }
+    gradient.drop_exit_decay(&mut grads, &exit, &d_exit);
     grads.d_state = d_state;
     grads
 }
@@ -96,11 +105,12 @@ struct Chunk<'a> {
 }
 
 /// Where one chunk's backward accumulates: the head's token gradients and the gradient of the
-/// chunk's entry state.
+/// chunk's entry state, as `gradient` defines them.
 struct ChunkCotangents<'g> {
     grads: &'g mut HeadGrads,
     c0: usize,
     d_entry: HeadState,
+    gradient: MlstmGradient,
 }
 
 impl ChunkCotangents<'_> {
@@ -141,6 +151,22 @@ impl ChunkCotangents<'_> {
             self.add_log_forget(from..to, x);
         } else {
             self.add_log_forget(to..from, -x);
+        }
+    }
+
+    /// Adds `x` times the derivative of the exponent of a term of row `r` with `source`'s
+    /// log-weight, stabilised by `winner`'s. The full derivative differentiates
+    /// `l_source - l_winner`; TFLA's holds every stabiliser constant, so only the gates and input
+    /// gate in `l_source` (the carried state's `m` is a stabiliser too).
+    fn add_term_exponent(&mut self, source: Source, winner: Source, r: usize, x: f64) {
+        match self.gradient {
+            MlstmGradient::Full => self.add_log_ratio(source, winner, x),
+            MlstmGradient::Tfla => {
+                if let Source::Token(_) = source {
+                    self.add_base(source, x);
+                }
+                self.add_log_forget(source.after()..r + 1, x);
+            }
         }
     }
 }
@@ -210,16 +236,22 @@ impl<'a> Chunk<'a> {
         let floor = (-m).exp();
         let den = qn.abs().max(floor) + head.eps;
         let d_num: Vec<f64> = d_h_r.iter().map(|x| x / den).collect();
-        let d_den = -dot(d_h_r, &num) / (den * den);
-        let d_qn = if qn.abs() >= floor {
-            d_den * qn.signum()
-        } else {
-            acc.add_log_weight(winner, r, -d_den * floor);
-            0.0
+        let d_qn = match acc.gradient {
+            // TFLA divides d_h by the forward's denominator and stops there.
+            MlstmGradient::Tfla => 0.0,
+            MlstmGradient::Full => {
+                let d_den = -dot(d_h_r, &num) / (den * den);
+                if qn.abs() >= floor {
+                    d_den * qn.signum()
+                } else {
+                    acc.add_log_weight(winner, r, -d_den * floor);
+                    0.0
+                }
+            }
         };
         // The carried term.
         let d_carried = dot(&read_num, &d_num) + read_qn * d_qn;
-        acc.add_log_ratio(Source::Carried, winner, carried * d_carried);
+        acc.add_term_exponent(Source::Carried, winner, r, carried * d_carried);
         let dq = &mut acc.grads.dq[t * dk..(t + 1) * dk];
         mat_vec_add(dq, sigma * carried, &self.entry.c, &d_num);
         axpy(dq, sigma * carried * d_qn, &self.entry.n);
@@ -229,7 +261,7 @@ impl<'a> Chunk<'a> {
         for (j, (w, s)) in weights.iter().zip(&scores).enumerate() {
             let tj = self.c0 + j;
             let d_score = w * (dot(head.v(tj), &d_num) + d_qn);
-            acc.add_log_ratio(Source::Token(j), winner, s * d_score);
+            acc.add_term_exponent(Source::Token(j), winner, r, s * d_score);
             axpy(
                 &mut acc.grads.dq[t * dk..(t + 1) * dk],
                 sigma * d_score,
@@ -252,7 +284,7 @@ impl<'a> Chunk<'a> {
         let (winner, m) = self.winner(last);
         let carried = (self.log_weight(Source::Carried, last) - m).exp();
         let d_carried = dot(&d_exit.c, &self.entry.c) + dot(&d_exit.n, &self.entry.n);
-        acc.add_log_ratio(Source::Carried, winner, carried * d_carried);
+        acc.add_term_exponent(Source::Carried, winner, last, carried * d_carried);
         axpy(&mut acc.d_entry.c, carried, &d_exit.c);
         axpy(&mut acc.d_entry.n, carried, &d_exit.n);
         for j in 0..self.len {
@@ -261,7 +293,7 @@ impl<'a> Chunk<'a> {
             // dC' v_j + dn': the cotangent of the key token j writes.
             let mut d_key = d_exit.n.clone();
             mat_vec_add(&mut d_key, 1.0, &d_exit.c, head.v(tj));
-            acc.add_log_ratio(Source::Token(j), winner, w * dot(head.k(tj), &d_key));
+            acc.add_term_exponent(Source::Token(j), winner, last, w * dot(head.k(tj), &d_key));
             axpy(&mut acc.grads.dk[tj * dk..(tj + 1) * dk], w, &d_key);
             vec_mat_add(
                 &mut acc.grads.dv[tj * dv..(tj + 1) * dv],

@@ -8,6 +8,7 @@ use super::super::tensor::Tensor;
 use super::super::validate::{check_chunk, check_finite, check_shape, check_shard_lengths};
 use super::chunk_backward::backward_from;
 use super::chunkwise::{advance, forward_from};
+use super::gradient::MlstmGradient;
 use super::head::{
     assemble_state, backward_heads, head_state, initial_head_state, HeadGrads, HeadState, MlstmHead,
 };
@@ -291,6 +292,7 @@ impl HeadLasp2Backward {
                     chunk,
                     Some(rows),
                     HeadState::zero(dk, dv),
+                    MlstmGradient::Full,
                 )
             })
             .collect();
@@ -317,7 +319,7 @@ impl HeadLasp2Backward {
             shards.iter().zip(outputs.iter().zip(summary_grads))
         {
             let empty = HeadState::empty(dk, dv);
-            let summary = backward_from(shard, empty, chunk, None, d_summary);
+            let summary = backward_from(shard, empty, chunk, None, d_summary, MlstmGradient::Full);
             grads.add_tokens(*start, output);
             grads.add_tokens(*start, &summary);
             grads.d_log_forget[*start..start + shard.t]

@@ -86,6 +86,32 @@
 //! stabiliser included, the same function as the recurrent form's: it equals
 //! [`recurrent_backward`] wherever no max is tied.
 //!
+//! # TFLA's gradient
+//! NX-AI/mlstm_kernels' chunkwise backward (`mlstm_kernels/torch/chunkwise/native/bw.py`, and the
+//! Triton kernels under `mlstm_kernels/triton/chunkwise/xl_chunk/` that
+//! `mlstm_kernels/torch/chunkwise/triton_xl_chunk/bw.py` drives) is not the full derivative.
+//! It divides `d_h_t` by the forward's stored denominator `max(|qn_t|, e^{-m_t})` (+ eps) and
+//! reuses the forward's stabilisers as constants, which is the exact gradient of the surrogate
+//! ```text
+//! h_t = [e^{-m_t} / den_t] num~_t
+//! C_T = [e^{G_T - m_T}] (e^{[m_0]} C_0 + sum_j e^{i_j - G_j} k_j^T v_j)
+//! ```
+//! with `[.]` held constant, `num~_t = sigma q_t C~_t` the unstabilised numerator and `G` the
+//! inclusive cumsum of `lf`: no gradient through `n` (`qn_t`), the floor or any `m`; `dn_T`,
+//! `dm_T` ignored; `dn_0 = dm_0 = 0`. ([`MlstmGradient::Tfla`]: reverse mode with every `m`
+//! constant and `d_qn = 0`, then `-<dC_T, C_T>` on every `lf`, the final state's `e^{G_T}`.)
+//! Against the full derivative, `dv` and `dC_0` are the same; the rest differ by terms
+//! proportional to `<d_h_t, h_t>` per row (the denominator, floor included, and `eps e^{m_t}` are
+//! per-row scalars, see "Why the stabiliser changes nothing but `eps`"), to `<dC_T, C_T>`
+//! (through `m_T`; for TFLA also the dropped `e^{G_T}`), and to `dn_T`, `dm_T`. So where every
+//! row's `d_h_t` is orthogonal to `h_t` (what a scale-invariant norm of each head's `h_t`, xLSTM's
+//! group norm without its epsilon, passes back), `<dC_T, C_T> = 0` and `dn_T = dm_T = 0`, the two
+//! agree except `dm_0`: TFLA's 0, the full derivative's `<dC_0, C_0>` (`m_0` scales `C_0`).
+//! The dropped `e^{G_T}` also makes TFLA's gradient depend on where calls split the sequence: a
+//! call handing its state `P` to the next (whose `dC_0` is its `dC_T`) lacks `<dC_P, P>` on its
+//! log forget gates, which one call over both has. [`lasp2_backward`] computes the full derivative
+//! only.
+
 //! # LASP-2 backward
 //! `L = sum_w L_w(P_w, shard w) + <P_W, d_final>` with `P_{w+1} = fold(P_w, summary_w)` and
 //! `summary_w` a function of shard w alone, so ([`lasp2_backward`]):
@@ -107,6 +133,7 @@
 mod backward;
 mod chunk_backward;
 mod chunkwise;
+mod gradient;
 mod head;
 mod inputs;
 mod lasp2;
@@ -115,6 +142,7 @@ mod recurrent;
 pub use backward::recurrent_backward;
 pub use chunk_backward::chunkwise_backward;
 pub use chunkwise::chunkwise_forward;
+pub use gradient::MlstmGradient;
 pub use inputs::{
     MlstmCotangents, MlstmForward, MlstmGrads, MlstmInputs, MlstmRegime, MlstmSpec, MlstmState,
     MLSTM_EPS,
