@@ -295,8 +295,9 @@ __device__ __forceinline__ void run_states_segment(const P& p, const Segment& sg
 //     wait for groups 1, 2     (steep chunk: a term by term); P = sigma [r >= j] a, o *= sigma
 //     group 4                  o += P V                           (P from registers)
 // cp.async brings chunk i+1 while chunk i computes (LASP_GLA_STAGES = 2: the gates take as many
-// bytes as Q, K and V together). Four barriers per chunk: landed, row-block totals written, gate
-// scan done (and whether the chunk is steep), tiles written.
+// bytes as Q, K and V together). Four CTA barriers per chunk (landed, row-block totals written,
+// gate scan done and whether the chunk is steep, tiles written) and one per warpgroup (its state
+// copy written).
 // ---------------------------------------------------------------------------------------------
 constexpr int kStages = LASP_GLA_STAGES;
 
