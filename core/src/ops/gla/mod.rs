@@ -18,6 +18,8 @@ mod family;
 mod forward;
 mod lasp2;
 mod plan;
+#[cfg(test)]
+mod tests;
 
 pub use family::Gla;
 pub use forward::{check_gate_values, GlaArgs, GlaForward};
