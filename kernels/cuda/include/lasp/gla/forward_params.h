@@ -42,6 +42,8 @@ typedef struct {
   uint16_t* o;         // bf16 [B, T, H, Dv]: output
   const float* h0;     // fp32 [B, H, Dk, Dv] initial state, or NULL for zero
   float* ht;           // fp32 [B, H, Dk, Dv] final state, or NULL to skip
+  // The workspace (one allocation, none when S == 1): ws_m at byte 0, ws_p after it, ws_lambda
+  // after both (core/src/ops/gla/plan.rs sizes it).
   float* ws_m;         // fp32 [B*H, (S-1)*R, Dk, Dv]: local end state M_u of states piece u (zero start)
   float* ws_p;         // fp32 [B*H, S-1, Dk, Dv]: slot s holds the prefix P_{s+1} entering segment s+1
   float* ws_lambda;    // fp32 [B*H, (S-1)*R, Dk]: log-decay Lambda_u of piece u per key dimension
@@ -77,16 +79,4 @@ LASP_GLA_FN uint32_t lasp_gla_output_smem_bytes(int32_t Dk, int32_t Dv) {
 LASP_GLA_FN uint32_t lasp_gla_states_smem_bytes(int32_t Dk) {
   const uint32_t stage = LASP_GLA_CHUNK * Dk * 2u + LASP_GLA_CHUNK * 64u * 2u + LASP_GLA_CHUNK * Dk * 4u;
   return LASP_GLA_STATES_STAGES * stage + 8u * LASP_GLA_STATES_THREADS;
-}
-
-// Workspace (one allocation): ws_m at byte 0, ws_p after it, ws_lambda after both. Zero bytes when
-// S == 1 (pass NULL pointers then). Pieces: (S-1)*R per (b, h).
-LASP_GLA_FN uint64_t lasp_gla_ws_p_offset(int32_t B, int32_t H, int32_t S, int32_t R, int32_t Dk, int32_t Dv) {
-  return (uint64_t)B * H * (uint64_t)(S - 1) * R * Dk * Dv * 4u;
-}
-LASP_GLA_FN uint64_t lasp_gla_ws_lambda_offset(int32_t B, int32_t H, int32_t S, int32_t R, int32_t Dk, int32_t Dv) {
-  return lasp_gla_ws_p_offset(B, H, S, R, Dk, Dv) + (uint64_t)B * H * (uint64_t)(S - 1) * Dk * Dv * 4u;
-}
-LASP_GLA_FN uint64_t lasp_gla_workspace_bytes(int32_t B, int32_t H, int32_t S, int32_t R, int32_t Dk, int32_t Dv) {
-  return lasp_gla_ws_lambda_offset(B, H, S, R, Dk, Dv) + (uint64_t)B * H * (uint64_t)(S - 1) * R * Dk * 4u;
 }
