@@ -29,14 +29,14 @@ const OP: &str = "GLA LASP-2 forward";
 
 /// How one call cuts its shard: S segments (one output CTA per SM), R states pieces per segment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct ShardPlan {
-    segments: usize,
-    chunks_per_segment: usize,
-    splits: usize,
+pub(super) struct ShardPlan {
+    pub(super) segments: usize,
+    pub(super) chunks_per_segment: usize,
+    pub(super) splits: usize,
 }
 
 impl ShardPlan {
-    fn new(b: usize, h: usize, t: usize, dv: usize, sm_count: usize) -> Self {
+    pub(super) fn new(b: usize, h: usize, t: usize, dv: usize, sm_count: usize) -> Self {
         let chunks = t.div_ceil(CHUNK);
         let want = (sm_count / (b * h)).clamp(1, chunks);
         let chunks_per_segment = chunks.div_ceil(want);

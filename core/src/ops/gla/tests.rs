@@ -62,6 +62,27 @@ fn plans_fill_the_sms_once_and_cut_the_states_pass_into_pieces() {
 }
 
 #[test]
+fn shard_plans_cover_every_segment_with_states_pieces() {
+    use super::lasp2::ShardPlan;
+    let plan = |b, h, t| {
+        let p = ShardPlan::new(b, h, t, 128, 132);
+        (p.segments, p.chunks_per_segment, p.splits)
+    };
+    // LASP-2's states pass covers every segment of the shard (the last one too): S pieces x R.
+    assert_eq!(plan(4, 16, 8192), (2, 64, 1));
+    assert_eq!(plan(1, 16, 32768), (8, 64, 1));
+    assert_eq!(plan(8, 16, 2048), (1, 32, 1));
+    // Few heads: 128 chunks over 66 wanted segments round to 64 of 2 chunks; one chunk per
+    // segment leaves nothing to cut.
+    assert_eq!(plan(1, 2, 8192), (64, 2, 1));
+    assert_eq!(plan(1, 1, 4000), (63, 1, 1));
+    // 1563 chunks: 131 segments of 12 (130 would leave 3 chunks over); one Dv tile, so two
+    // pieces per segment fill the SMs at two states CTAs each.
+    let p = ShardPlan::new(1, 1, 100_000, 64, 132);
+    assert_eq!((p.segments, p.chunks_per_segment, p.splits), (131, 12, 2));
+}
+
+#[test]
 fn shapes_the_kernels_lack_are_refused_with_what_to_do() {
     let msg = |s: ForwardShape| match GlaPlan::new(&s, 132, None, None) {
         Err(Error::InvalidArgument(m)) => m,
