@@ -124,6 +124,11 @@ pub enum ReferenceError {
     },
     /// A packed problem was given an unpacked initial state (`Inputs::h0`).
     InitialStateNotPerDocument,
+    /// A dimension of the short convolution (B, T, C or the kernel size K) is zero.
+    ZeroConvDimension {
+        /// The dimension's name, e.g. `"K"`.
+        name: &'static str,
+    },
 }
 
 impl fmt::Display for ReferenceError {
@@ -239,6 +244,11 @@ impl fmt::Display for ReferenceError {
                 f,
                 "packed inputs take one initial state per document in PackedInputs::h0 \
                  [B, N, H, Dk, Dv]; leave Inputs::h0 unset"
+            ),
+            Self::ZeroConvDimension { name } => write!(
+                f,
+                "short convolution dimension {name} is 0; B, T, C and the kernel size K must all \
+                 be at least 1"
             ),
         }
     }

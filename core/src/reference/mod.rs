@@ -24,6 +24,8 @@
 //!   forward and backward.
 //! * [`packed`]: packed documents (fla's `cu_seqlens`) for the decay families, whose LASP-2
 //!   decomposition is [`lasp2::packed_forward`] / [`lasp2::packed_backward`].
+//! * [`short_conv`]: the short causal depthwise convolution before the attention (fla's
+//!   `ShortConvolution`), on one sequence, on packed documents and on LASP-2 shards with a halo.
 //! * [`Inputs`], [`InputSpec`], [`Regime`], [`Cotangents`]: the seeded inputs the GPU tests share.
 //! * [`tensor`]: the tensor type and the comparison metric [`rel_err`] / [`assert_rel_close`].
 //!
@@ -76,6 +78,7 @@ pub mod packed;
 mod recurrent;
 mod rng;
 pub mod scalar_decay;
+pub mod short_conv;
 pub mod tensor;
 mod validate;
 

@@ -79,7 +79,7 @@ impl PackedInputs {
 
 /// Checks fla's `cu_seqlens` convention for a packed sequence of `t` tokens: at least one
 /// document, first entry 0, last entry T, strictly increasing (no empty document).
-fn check_cu_seqlens(cu_seqlens: &[usize], t: usize) -> Result<(), ReferenceError> {
+pub(crate) fn check_cu_seqlens(cu_seqlens: &[usize], t: usize) -> Result<(), ReferenceError> {
     let (&first, &last) = match (cu_seqlens.first(), cu_seqlens.last()) {
         (Some(first), Some(last)) if cu_seqlens.len() >= 2 => (first, last),
         _ => {
