@@ -22,13 +22,13 @@ use lasp_shmem::Error;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::{err, is_small, on_one_gpu, CheckResult, Report};
+use crate::common::{
+    err, is_small, on_one_gpu, to_bf16, to_f32, CheckResult, Report, POISON_BF16, POISON_F32,
+};
 
 /// dq, dk, dv (bf16), dh0 and dg: the forward kernel's tolerance; the passes are its kernels, and
 /// fla's chunk_gla reaches 3e-4 .. 1.5e-3 on dg (benches/gradient_accuracy.py measures both).
 const TOL: f64 = 5e-3;
-const POISON_BF16: u16 = 0xFFFF;
-const POISON_F32: u32 = 0xFFFF_FFFF;
 
 #[derive(Clone, Debug)]
 struct Case {
@@ -103,14 +103,6 @@ fn cases() -> Vec<Case> {
     add(1, 2, 20000, 64, 64, Mixed, true, true, None);
     add(2, 1, 16385, 64, 128, Typical, false, false, None);
     out
-}
-
-fn to_bf16(t: &Tensor) -> Vec<bf16> {
-    t.data().iter().map(|&x| bf16::from_f64(x)).collect()
-}
-
-fn to_f32(t: &Tensor) -> Vec<f32> {
-    t.data().iter().map(|&x| x as f32).collect()
 }
 
 /// The case's tensors on the device.

@@ -516,6 +516,31 @@ impl ForwardBuffers {
         Ok(dev)
     }
 
+    /// The inputs the kernels only read (g, h0) whose device bits no longer match `inputs`.
+    pub fn modified_inputs(
+        &self,
+        stream: &Arc<CudaStream>,
+        inputs: &Inputs,
+    ) -> std::result::Result<Vec<String>, String> {
+        let mut modified = Vec::new();
+        let same = |device: &CudaSlice<f32>, want: &Tensor| -> std::result::Result<bool, String> {
+            let now: Vec<f32> = stream.clone_dtoh(device).map_err(err)?;
+            Ok(now
+                .iter()
+                .zip(to_f32(want))
+                .all(|(a, b)| a.to_bits() == b.to_bits()))
+        };
+        if !same(&self.g, &inputs.g)? {
+            modified.push("g was modified".to_string());
+        }
+        if let (Some(h0_dev), Some(h0)) = (&self.h0, &inputs.h0) {
+            if !same(h0_dev, h0)? {
+                modified.push("h0 was modified".to_string());
+            }
+        }
+        Ok(modified)
+    }
+
     /// o and ht filled with the poison bit patterns.
     pub fn poison(&mut self, stream: &Arc<CudaStream>) -> std::result::Result<(), String> {
         let o = vec![bf16::from_bits(POISON_BF16); self.o.len()];

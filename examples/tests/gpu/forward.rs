@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    compare, err, is_small, on_one_gpu, to_f32, unwritten, CheckResult, ForwardBuffers, Report,
+    compare, err, is_small, on_one_gpu, unwritten, CheckResult, ForwardBuffers, Report,
     POISON_BF16, POISON_F32,
 };
 
@@ -239,24 +239,7 @@ fn run_case(fwd: &mut ScalarDecayForward, stream: &Arc<CudaStream>, case: &Case)
             }
         }
         // Inputs must be left alone.
-        let g_now: Vec<f32> = stream.clone_dtoh(&dev.g).map_err(err)?;
-        if g_now
-            .iter()
-            .zip(to_f32(&inputs.g))
-            .any(|(a, b)| a.to_bits() != b.to_bits())
-        {
-            problems.push("g was modified".into());
-        }
-        if let (Some(h0_dev), Some(h0)) = (&dev.h0, &inputs.h0) {
-            let now: Vec<f32> = stream.clone_dtoh(h0_dev).map_err(err)?;
-            if now
-                .iter()
-                .zip(to_f32(h0))
-                .any(|(a, b)| a.to_bits() != b.to_bits())
-            {
-                problems.push("h0 was modified".into());
-            }
-        }
+        problems.extend(dev.modified_inputs(stream, &inputs)?);
         let want = reference
             .join()
             .map_err(|_| "the reference panicked".to_string())?
