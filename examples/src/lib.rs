@@ -218,6 +218,38 @@ impl ModeTimes {
     }
 }
 
+/// One timed LASP-2 shape (per-GPU dimensions, Dk = Dv = D) and its modes, as a row of a
+/// program's `--json` file.
+#[derive(Debug, Serialize)]
+pub struct ModeRow {
+    #[serde(rename = "W")]
+    pub w: usize,
+    #[serde(rename = "B")]
+    pub b: usize,
+    #[serde(rename = "T_local")]
+    pub t_local: usize,
+    #[serde(rename = "H")]
+    pub h: usize,
+    #[serde(rename = "D")]
+    pub d: usize,
+    #[serde(flatten)]
+    pub modes: ModeTimes,
+}
+
+impl ModeRow {
+    /// The row of `shape` (T is T_local) timed on `w` ranks.
+    pub fn new(w: usize, shape: ForwardShape, modes: ModeTimes) -> Self {
+        ModeRow {
+            w,
+            b: shape.b,
+            t_local: shape.t,
+            h: shape.h,
+            d: shape.dk,
+            modes,
+        }
+    }
+}
+
 /// Every rank's medians per mode (from [`time_in_turns`]) gathered on every rank. Collective.
 /// Which rank is slowest (the chain's last folds the most tiles) says where the time over W = 1
 /// goes.

@@ -25,9 +25,8 @@ use lasp_shmem::reference::{gla, rel_err, Family, InputSpec, Inputs, Regime, Sha
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::{
     export_nvshmem_env, mode_times, parse_shape, round, time_in_turns, write_json, ModeCall,
-    ModeTimes,
+    ModeRow,
 };
-use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -300,23 +299,7 @@ impl ModeCall for Timed {
     }
 }
 
-#[derive(Serialize)]
-struct Row {
-    #[serde(rename = "W")]
-    w: usize,
-    #[serde(rename = "B")]
-    b: usize,
-    #[serde(rename = "T_local")]
-    t_local: usize,
-    #[serde(rename = "H")]
-    h: usize,
-    #[serde(rename = "D")]
-    d: usize,
-    #[serde(flatten)]
-    modes: ModeTimes,
-}
-
-fn time_shape(rt: &Runtime, comm: &NcclComm, shape: ForwardShape) -> Result<Row> {
+fn time_shape(rt: &Runtime, comm: &NcclComm, shape: ForwardShape) -> Result<ModeRow> {
     let stream = rt.stream().clone();
     let normal = |len: usize, seed: u64| -> Vec<bf16> {
         let mut rng = lasp_shmem::reference::SplitMix64::new(seed ^ rt.pe() as u64);
@@ -346,14 +329,7 @@ fn time_shape(rt: &Runtime, comm: &NcclComm, shape: ForwardShape) -> Result<Row>
     let medians = time_in_turns(rt, &mut timed)?;
     let modes = mode_times(comm, medians)?;
     timed.op.free()?;
-    let row = Row {
-        w: rt.npes(),
-        b: shape.b,
-        t_local: shape.t,
-        h: shape.h,
-        d: shape.dk,
-        modes,
-    };
+    let row = ModeRow::new(rt.npes(), shape, modes);
     if rt.pe() == 0 {
         println!(
             "W={} B={} T_local={} H={} D={}: overlapped {:.4} ms, sequential NCCL {:.4}, sequential NVSHMEM {:.4}, no-comm {:.4}",

@@ -35,9 +35,8 @@ use lasp_shmem::reference::{
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::{
     export_nvshmem_env, mode_times, parse_shape, shard_lengths, time_in_turns, write_json,
-    ModeCall, ModeTimes,
+    ModeCall, ModeRow,
 };
-use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -506,25 +505,12 @@ impl ModeCall for Timed<'_> {
     }
 }
 
-/// One timed shape, as a row of the `--json` file.
-#[derive(Serialize)]
-struct Row {
-    #[serde(rename = "W")]
-    w: usize,
-    #[serde(rename = "B")]
-    b: usize,
-    #[serde(rename = "T_local")]
-    t_local: usize,
-    #[serde(rename = "H")]
-    h: usize,
-    #[serde(rename = "D")]
-    d: usize,
-    #[serde(flatten)]
-    modes: ModeTimes,
-}
-
 /// Times every mode of the backward at `shape`; returns its row (PE 0 prints it).
-fn time_modes(rt: &Runtime, comm: &lasp_shmem::nccl::NcclComm, shape: ForwardShape) -> Result<Row> {
+fn time_modes(
+    rt: &Runtime,
+    comm: &lasp_shmem::nccl::NcclComm,
+    shape: ForwardShape,
+) -> Result<ModeRow> {
     let stream = rt.stream().clone();
     let (me, npes) = (rt.pe(), rt.npes());
     let mut shard = Shard::benchmark(&stream, shape, (me == 0, me + 1 == npes))?;
@@ -555,14 +541,7 @@ fn time_modes(rt: &Runtime, comm: &lasp_shmem::nccl::NcclComm, shape: ForwardSha
     }
     bwd.free()?;
     fwd.free()?;
-    Ok(Row {
-        w: npes,
-        b,
-        t_local: t,
-        h,
-        d,
-        modes,
-    })
+    Ok(ModeRow::new(npes, shape, modes))
 }
 
 /// Rank `silent` never calls the backward; the others call it once and report what `finish` says.
@@ -665,6 +644,7 @@ fn main() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lasp_shmem_examples::ModeTimes;
 
     #[test]
     fn every_flag_parses() {
@@ -692,7 +672,7 @@ mod tests {
 
     #[test]
     fn rows_have_the_field_names_the_report_reads() {
-        let row = Row {
+        let row = ModeRow {
             w: 4,
             b: 1,
             t_local: 4096,
