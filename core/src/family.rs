@@ -46,6 +46,35 @@ pub struct ExchangeFields {
     pub chain: i32,
 }
 
+/// A family's LASP-2 params struct `$params` (generated from its header, whose exchange fields
+/// carry the names `lasp/exchange/chain_params.h` lists) with the exchange's fields from the
+/// [`ExchangeFields`] `$fields` and every other field zero (NULL): the body of every
+/// [`Family::lasp2_params`].
+macro_rules! params_with_exchange_fields {
+    ($params:path, $fields:expr) => {{
+        let f: $crate::family::ExchangeFields = $fields;
+        // Device addresses into the struct's pointer fields.
+        $params {
+            slots: f.slots as _,
+            signals: f.signals as _,
+            credit: f.credit as _,
+            epoch: f.epoch as _,
+            diag: f.diag as _,
+            timeout_ns: f.timeout_ns,
+            B: f.b,
+            H: f.h,
+            Dk: f.dk,
+            Dv: f.dv,
+            me: f.me,
+            npes: f.npes,
+            exchange_mode: f.exchange_mode,
+            chain: f.chain,
+            ..Default::default()
+        }
+    }};
+}
+pub(crate) use params_with_exchange_fields;
+
 /// One family's side of LASP-2 on the host.
 pub trait Family {
     /// Its code in the C ABI and the layout fingerprint.

@@ -4,7 +4,7 @@ use super::lasp2::{geometry, Lasp2Params};
 use super::ForwardShape;
 use crate::error::Result;
 use crate::exchange::Lasp2Layout;
-use crate::family::{ExchangeFields, Family, FamilyKind};
+use crate::family::{params_with_exchange_fields, ExchangeFields, Family, FamilyKind};
 use lasp_shmem_kernels::instances;
 
 /// Scalar-decay linear attention (simple GLA, RetNet, Lightning): one log-decay per token and
@@ -38,23 +38,6 @@ impl Family for ScalarDecay {
     }
 
     fn lasp2_params(f: ExchangeFields) -> Lasp2Params {
-        // Device addresses into the struct's pointer fields.
-        Lasp2Params {
-            slots: f.slots as _,
-            signals: f.signals as _,
-            credit: f.credit as _,
-            epoch: f.epoch as _,
-            diag: f.diag as _,
-            timeout_ns: f.timeout_ns,
-            B: f.b,
-            H: f.h,
-            Dk: f.dk,
-            Dv: f.dv,
-            me: f.me,
-            npes: f.npes,
-            exchange_mode: f.exchange_mode,
-            chain: f.chain,
-            ..Default::default()
-        }
+        params_with_exchange_fields!(Lasp2Params, f)
     }
 }
