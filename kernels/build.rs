@@ -275,7 +275,7 @@ fn write_units(cuda_dir: &Path, sources: &[PathBuf], out_dir: &Path) -> Vec<Path
                 for dk in widths(instance) {
                     text.push_str(&format!(
                         "extern \"C\" __global__ void __launch_bounds__({})\n    {}(const __grid_constant__ {} p) {{\n  {};\n}}\n",
-                        instance.bounds,
+                        for_dk(instance.bounds, dk),
                         for_dk(instance.name, dk),
                         instance.params,
                         for_dk(instance.call, dk)

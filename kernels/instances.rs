@@ -4,7 +4,7 @@
 // (`lasp_shmem_kernels::instances`), so the host never spells a kernel's name by hand.
 //
 // A row with `{dk}` in its name is instantiated once per key width in `DK_WIDTHS`, with `{dk}`
-// replaced in the name and in `call`; its constant is then an array indexed like `DK_WIDTHS`.
+// replaced in the name, in `bounds` and in `call`; its constant is then an array indexed like `DK_WIDTHS`.
 
 /// Key widths every per-Dk kernel is built for.
 pub const DK_WIDTHS: [u32; 2] = [64, 128];
@@ -57,6 +57,8 @@ const GLA_FORWARD: &str = "gla/forward.cu";
 const GLA_PARAMS: &str = "lasp_gla_params";
 const GLA_LASP2: &str = "gla/lasp2_forward.cu";
 const GLA_L2_PARAMS: &str = "lasp_gla_lasp2_params";
+const GLA_BACKWARD: &str = "gla/backward.cu";
+const GLA_BWD_PARAMS: &str = "lasp_gla_bwd_params";
 
 /// Every templated kernel. Template arguments of `run_segment`: key width, output pass, probe,
 /// two roles, reversed time axis, block states (lasp/scalar_decay/chunk.cuh). The LASP-2 kernels
@@ -117,4 +119,13 @@ pub const INSTANCES: &[Instance] = &[
         GLA_L2_PARAMS, "lasp::gla::lasp2_output<{dk}, 64, lasp::exchange::AllGather>(p)"),
     row("GLA_LASP2_OUTPUT_DV128", "lasp_gla_lasp2_output_dk{dk}_dv128", GLA_LASP2, "256, 1",
         GLA_L2_PARAMS, "lasp::gla::lasp2_output<{dk}, 128, lasp::exchange::AllGather>(p)"),
+    // GLA's backward (single GPU): the walks' summaries, the walks, the gradients per value width.
+    row("GLA_BWD_SUMMARY", "lasp_gla_bwd_summary_dk{dk}", GLA_BACKWARD, "LASP_GLA_WALK_THREADS, 1",
+        GLA_BWD_PARAMS, "lasp::gla::bwd_summary<{dk}>(p)"),
+    row("GLA_BWD_WALK", "lasp_gla_bwd_walk_dk{dk}", GLA_BACKWARD, "LASP_GLA_WALK_THREADS, 1",
+        GLA_BWD_PARAMS, "lasp::gla::bwd_walk<{dk}>(p)"),
+    row("GLA_BWD_GRADS_DV64", "lasp_gla_bwd_grads_dk{dk}_dv64", GLA_BACKWARD,
+        "lasp_gla_bwd_grads_threads({dk}, 64), 1", GLA_BWD_PARAMS, "lasp::gla::bwd_grads<{dk}, 64>(p)"),
+    row("GLA_BWD_GRADS_DV128", "lasp_gla_bwd_grads_dk{dk}_dv128", GLA_BACKWARD,
+        "lasp_gla_bwd_grads_threads({dk}, 128), 1", GLA_BWD_PARAMS, "lasp::gla::bwd_grads<{dk}, 128>(p)"),
 ];
