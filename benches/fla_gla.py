@@ -11,10 +11,22 @@ DIR is what our Rust bench's dump option wrote:
     DIR/<name>/v.bin          bf16 [B, T, H, Dv]
     DIR/<name>/g.bin          fp32 [B, T, H, Dk], log-gates (<= 0)
     DIR/<name>/o.bin          our bf16 output [B, T, H, Dv]
+    DIR/<name>/do.bin         bf16 [B, T, H, Dv], the output gradient our backward was given
+    DIR/<name>/dq.bin, dk.bin our bf16 gradients [B, T, H, Dk] (no h0, no dht)
+    DIR/<name>/dv.bin         our bf16 gradient [B, T, H, Dv]
+    DIR/<name>/dg.bin         our fp32 gradient [B, T, H, Dk] of the log-gates
+The five gradient files come together or not at all (older dumps and forward-only runs have none).
 
 What is measured, per shape, by fla.ops.gla.chunk_gla(q, k, v, g, scale=<the dump's scale, Dk**-0.5
 by default>, output_final_state=False) (fla-core 0.6.0):
   - agreement: ||ours - fla|| / ||fla|| (float64 norms) of o must be <= 5e-3;
+  - gradient agreement, when the dump has our gradients (unless --no-backward): fla's forward on
+    requires_grad q, k, v (bf16) and g (fp32), then torch.autograd.grad(o, (q, k, v, g), do) with
+    the dump's do; the same relative error must be <= 5e-3 for dq, dk, dv and <= 1e-2 for dg. dg
+    gets the looser bound because fla's dg is no exact reference either: fla computes it from its
+    chunk states stored in bf16, and sums its terms in another order than ours. The check runs
+    after the forward timing and frees its tensors before the forward+backward timing, so the
+    memory held stays that of one forward+backward;
   - forward: 10 warm-up calls, then 50 calls enqueued back to back on one stream, each between
     two CUDA events, median (the minimum beside it), under torch.no_grad, as fla_forward.py;
   - forward+backward: the same, each call being the forward plus
@@ -23,23 +35,27 @@ by default>, output_final_state=False) (fla-core 0.6.0):
 fla's times move by up to 2x between processes while ours stay put, so every timing runs in
 --processes (at least 3) separate Python processes: this script re-invokes itself with --worker
 for one shape at a time, the shapes taking turns round by round (round r times every shape once
-before round r + 1 starts). Each process loads the inputs, checks agreement and times fla; the
-row reports the median of the per-process medians and keeps the per-process medians. A shape
-whose process fails (no GPU, fla missing, a bad file) is not tried again in later rounds.
+before round r + 1 starts). Each process loads the inputs, checks agreement, times fla's forward,
+checks the gradients and times fla's forward+backward; the row reports the median of the
+per-process medians and keeps the per-process medians. A shape whose process fails (no GPU, fla
+missing, a bad file) is not tried again in later rounds.
 
 Output JSON: device (ours.json's), torch_device, commit (env LASP_COMMIT), date (env LASP_DATE),
-method, hbm_bytes_per_s, hbm_floor, versions, tolerance_rel_err_vs_fla, processes, errors and
-single_gpu: one row per shape with B, T, H, D (= Dk), Dv, ours_fwd_ms, fla_fwd_ms, ours_fwdbwd_ms
-(null if ours.json has none), fla_fwdbwd_ms, hbm_floor_fwd_ms (q, k, v read and o written once in
+method, hbm_bytes_per_s, hbm_floor, versions, tolerance_rel_err_vs_fla,
+tolerance_grad_rel_err_vs_fla ({"dq", "dk", "dv", "dg"}), processes, errors and single_gpu: one
+row per shape with B, T, H, D (= Dk), Dv, ours_fwd_ms, fla_fwd_ms, ours_fwdbwd_ms (null if
+ours.json has none), fla_fwdbwd_ms, hbm_floor_fwd_ms (q, k, v read and o written once in
 bf16, g read once in fp32, over the device's HBM bandwidth: H100 SXM 3.35e12 B/s, H200 4.8e12 B/s,
 from torch.cuda.get_device_name; --hbm-bytes-per-s overrides), floor_fraction_fwd
 (hbm_floor_fwd_ms / ours_fwd_ms), speedup_fwd (fla_fwd_ms / ours_fwd_ms), speedup_fwdbwd,
-rel_err_vs_fla (the largest over processes), and the per-process medians and minima.
+rel_err_vs_fla (the largest over processes), grad_rel_err_vs_fla ({"dq", "dk", "dv", "dg"}, each
+the largest over processes; null when the dump has no gradients or --no-backward), and the
+per-process medians and minima.
 
 Needs torch with CUDA and fla-core (its wheel unpacked on PYTHONPATH; einops beside it).
 Exit status: 0 when every shape ran in every process (forward and, unless --no-backward, backward)
-and agreed; 1 otherwise (the JSON is written either way, with null where fla could not run);
-2 for bad arguments or an unreadable dump.
+and agreed (the output and, where dumped, the gradients); 1 otherwise (the JSON is written either
+way, with null where fla could not run); 2 for bad arguments or an unreadable dump.
 """
 import argparse
 import json
@@ -48,10 +64,15 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 TOL = 5e-3
+# dg is looser: fla's dg comes from its bf16 chunk states and sums in another order than ours.
+GRAD_TOL = {"dq": TOL, "dk": TOL, "dv": TOL, "dg": 1e-2}
+# Our backward's dump, per shape: the output gradient it was given, then its gradients.
+GRAD_FILES = ("do", "dq", "dk", "dv", "dg")
 MIN_PROCESSES = 3
 WORKER_TAG = "FLA_GLA_WORKER_RESULT "
 # HBM bandwidth by device name (spec sheet numbers), matched in order, first hit wins.
@@ -111,6 +132,33 @@ def hbm_floor_ms(B, T, H, Dk, Dv, bw):
     return None if not bw else fwd_bytes(B, T, H, Dk, Dv) / bw * 1e3
 
 
+def grad_dump_present(d):
+    """Whether the shape folder d has our gradients: True when all of GRAD_FILES are there, False
+    when none is (a dump from before the backward, or of a forward-only run); ValueError otherwise."""
+    missing = [f"{n}.bin" for n in GRAD_FILES if not (d / f"{n}.bin").exists()]
+    if missing and len(missing) < len(GRAD_FILES):
+        raise ValueError(f"{d}: gradient dump incomplete, {', '.join(missing)} missing; redo the dump")
+    return not missing
+
+
+def grad_rel_errs(name, good):
+    """Per gradient, the largest rel err over the processes that checked the gradients (None when
+    none did, or for a gradient some process got no finite error for), and the failure strings."""
+    reported = [r["grad_rel_err"] for r in good if r.get("grad_rel_err") is not None]
+    if not reported:
+        return None, []
+    worst, failures = {}, []
+    for grad, tol in GRAD_TOL.items():
+        errs = [x.get(grad) for x in reported]
+        bad = [e for e in errs if e is None or not math.isfinite(e) or e > tol]
+        if bad:
+            failures.append(f"{name}: {grad} rel err vs fla {max(bad, key=lambda e: -1 if e is None else e)}"
+                            f" > {tol:.0e} (per process: {errs})")
+        finite = [e for e in errs if e is not None and math.isfinite(e)]
+        worst[grad] = float(f"{max(finite):.4e}") if len(finite) == len(errs) else None
+    return worst, failures
+
+
 def median_of(values):
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
@@ -148,6 +196,11 @@ def assemble_row(shape, results, bw, need_backward=True, processes=MIN_PROCESSES
         if need_backward and r.get("fwdbwd_ms") is None:
             failures.append(f"{name}: process {r.get('process', '?')}: fla forward+backward did not run: "
                             f"{r.get('fwdbwd_error', 'no time reported')}")
+        if "grad_error" in r:
+            failures.append(f"{name}: process {r.get('process', '?')}: gradient check did not run: "
+                            f"{r['grad_error']}")
+    grad_worst, grad_failures = grad_rel_errs(name, good)
+    failures += grad_failures
     fla_fwd = median_of(fwd) if good else None
     fla_fb = median_of(fb) if good else None
     B, T, H, Dk, Dv = shape["B"], shape["T"], shape["H"], shape["Dk"], shape["Dv"]
@@ -163,6 +216,7 @@ def assemble_row(shape, results, bw, need_backward=True, processes=MIN_PROCESSES
         speedup_fwd=_ratio(fla_fwd, ours_fwd),
         speedup_fwdbwd=_ratio(fla_fb, ours_fb),
         rel_err_vs_fla=float(f"{max(finite_errs):.4e}") if finite_errs and len(finite_errs) == len(errs) else None,
+        grad_rel_err_vs_fla=grad_worst,
         fla_fwd_ms_per_process=[_round(x) for x in fwd],
         fla_fwd_min_ms_per_process=[_round(x) for x in fwd_min],
         fla_fwdbwd_ms_per_process=[_round(x) for x in fb],
@@ -217,6 +271,7 @@ def build_result(ours, rows, failures, worker_info, bw, args_desc):
                      "(spec bandwidth by device name: H100 SXM 3.35e12, H200 4.8e12 B/s)",
         "versions": {k: worker_info.get(k) for k in ("torch", "triton", "fla")},
         "tolerance_rel_err_vs_fla": TOL,
+        "tolerance_grad_rel_err_vs_fla": GRAD_TOL,
         "errors": failures,
         "single_gpu": rows,
     }
@@ -240,6 +295,30 @@ def rel_err(ours, ref):
     return ((ours.double() - ref).norm() / ref.norm()).item()
 
 
+def grad_check(d, shape, q, k, v, g, chunk_gla, torch):
+    """rel err of our dumped dq, dk, dv, dg against fla's, from one fla forward+backward with the
+    dumped do; None when the dump has no gradients. Ours are loaded one at a time and each of fla's
+    gradients is dropped once compared, to keep memory bounded at the largest shapes; nothing
+    outlives the call."""
+    if not grad_dump_present(d):
+        return None
+    B, T, H, Dk, Dv, scale = (shape[k] for k in ("B", "T", "H", "Dk", "Dv", "scale"))
+    dev = q.device
+    do = load(d / "do.bin", torch.bfloat16, (B, T, H, Dv), torch).to(dev)
+    # detach() shares the inputs' storage: fresh leaves without copying the inputs.
+    leaves = [x.detach().requires_grad_() for x in (q, k, v, g)]
+    o, _ = chunk_gla(*leaves, scale=scale, output_final_state=False)
+    grads = dict(zip(("dq", "dk", "dv", "dg"), torch.autograd.grad(o, leaves, do)))
+    del o, do, leaves
+    errs = {}
+    for name, dtype, last in (("dq", torch.bfloat16, Dk), ("dk", torch.bfloat16, Dk),
+                              ("dv", torch.bfloat16, Dv), ("dg", torch.float32, Dk)):
+        ours = load(d / f"{name}.bin", dtype, (B, T, H, last), torch).to(dev)
+        errs[name] = rel_err(ours, grads.pop(name))
+        del ours
+    return errs
+
+
 def time_calls(fn, warmup, iters, torch):
     """Median and minimum ms of `iters` calls enqueued back to back, each between two CUDA events."""
     for _ in range(warmup):
@@ -259,7 +338,8 @@ def time_calls(fn, warmup, iters, torch):
 
 
 def worker(args):
-    """One process, one shape: check agreement, time fla's forward and forward+backward."""
+    """One process, one shape: check agreement, time fla's forward, check the gradients, time fla's
+    forward+backward."""
     import torch
 
     res = {"name": args.worker, "process": args.process}
@@ -291,6 +371,10 @@ def worker(args):
             res["fwd_ms"], res["fwd_min_ms"] = time_calls(fwd, args.warmup, args.iters, torch)
         if not args.no_backward:
             try:
+                res["grad_rel_err"] = grad_check(d, shape, q, k, v, g, chunk_gla, torch)
+            except Exception as e:  # reported apart, so the forward+backward is still timed
+                res["grad_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            try:
                 leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, g)]
                 gen = torch.Generator(device=dev).manual_seed(0)
                 do = torch.randn(B, T, H, Dv, device=dev, generator=gen).to(torch.bfloat16)
@@ -312,6 +396,10 @@ def _fmt(x):
     return "n/a" if x is None else f"{x:.4g}"
 
 
+def _fmt_grads(errs):
+    return "n/a" if errs is None else " ".join(f"{k} {_fmt(v)}" for k, v in errs.items())
+
+
 def _version(name):
     try:
         return __import__(name).__version__
@@ -329,7 +417,8 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--only", action="append", default=[], metavar="NAME",
                     help="run only this shape of ours.json (repeatable)")
-    ap.add_argument("--no-backward", action="store_true", help="time fla's forward only")
+    ap.add_argument("--no-backward", action="store_true",
+                    help="run fla's forward only: no forward+backward timing, no gradient check")
     ap.add_argument("--hbm-bytes-per-s", type=float, default=None,
                     help="HBM bandwidth for the floor, overriding the device-name table")
     ap.add_argument("--worker-timeout", type=float, default=1800.0, help="seconds per worker process")
@@ -382,7 +471,8 @@ def main(argv=None):
                 f"fla fwd {res.get('fwd_ms', float('nan')):.4f} ms, fwd+bwd "
                 + (f"{res['fwdbwd_ms']:.4f} ms" if res.get("fwdbwd_ms") is not None
                    else f"n/a ({res.get('fwdbwd_error', 'skipped')})")
-                + f", rel err vs ours {res.get('rel_err', float('nan')):.2e}")
+                + f", rel err vs ours {res.get('rel_err', float('nan')):.2e}"
+                + f", grads {_fmt_grads(res.get('grad_rel_err')) if 'grad_error' not in res else res['grad_error']}")
             print(f"fla_gla: process {r}/{args.processes} {s['name']}: {msg} ({res.get('wall_s')} s)", flush=True)
 
     worker_info = next((x for rs in results.values() for x in rs if "device_name" in x), {})
@@ -397,7 +487,8 @@ def main(argv=None):
               f"fla {_fmt(row['fla_fwd_ms'])} ms (fla / ours {_fmt(row['speedup_fwd'])}); fwd+bwd ours "
               f"{_fmt(row['ours_fwdbwd_ms'])} ms, fla {_fmt(row['fla_fwdbwd_ms'])} ms (fla / ours "
               f"{_fmt(row['speedup_fwdbwd'])}); HBM floor {_fmt(row['hbm_floor_fwd_ms'])} ms "
-              f"({_fmt(row['floor_fraction_fwd'])} of ours); rel err vs fla {_fmt(row['rel_err_vs_fla'])}", flush=True)
+              f"({_fmt(row['floor_fraction_fwd'])} of ours); rel err vs fla {_fmt(row['rel_err_vs_fla'])}, "
+              f"grads {_fmt_grads(row['grad_rel_err_vs_fla'])}", flush=True)
     if bw is None:
         failures.append(f"unknown HBM bandwidth for {worker_info.get('device_name')!r}: pass --hbm-bytes-per-s")
     desc = (f"fla.ops.gla.chunk_gla(q, k, v, g, scale, output_final_state=False) on the same inputs, after "
@@ -405,7 +496,8 @@ def main(argv=None):
             f"round); in each: {args.warmup} warm-up calls, then {args.iters} calls enqueued back to back "
             f"on one stream, each between two CUDA events, median; forward under torch.no_grad; "
             f"forward+backward = forward + torch.autograd.grad of (q, k, v, g) with a fixed random do; "
-            f"row = median of the per-process medians")
+            f"row = median of the per-process medians; gradients (where dumped) checked once per process "
+            f"before the forward+backward timing, with the dump's do")
     result = build_result(ours, rows, failures, worker_info, bw, desc)
     result["processes"] = args.processes
     if worker_info.get("device_name") and ours.get("device") and worker_info["device_name"] != ours["device"]:
@@ -422,8 +514,6 @@ def main(argv=None):
 
 def self_test():
     """CPU checks of the pure parts (and of the worker plumbing with a stand-in process)."""
-    import tempfile
-
     shape = dict(name="b4_t8192_h16_d128", B=4, T=8192, H=16, Dk=128, Dv=128, scale=128 ** -0.5,
                  ours_fwd_ms=0.3, ours_fwdbwd_ms=2.0)
     [s] = parse_ours({"device": "x", "shapes": [shape]})
@@ -476,6 +566,41 @@ def self_test():
     _, fails = assemble_row(s, [dict(ok[0], rel_err=float("nan"))] + ok[1:], 3.35e12)
     assert len(fails) == 1, fails
 
+    # gradients: the largest per gradient over processes; dg has its own tolerance; null if unchecked
+    assert row["grad_rel_err_vs_fla"] is None
+    gerr = dict(dq=2e-3, dk=3e-3, dv=1e-3, dg=8e-3)
+    gok = [dict(r, grad_rel_err=dict(gerr, dq=gerr["dq"] + i * 1e-3)) for i, r in enumerate(ok)]
+    row, fails = assemble_row(s, gok, 3.35e12)
+    assert not fails, fails
+    assert row["grad_rel_err_vs_fla"] == dict(dq=4e-3, dk=3e-3, dv=1e-3, dg=8e-3), row["grad_rel_err_vs_fla"]
+    row, fails = assemble_row(s, [dict(gok[0], grad_rel_err=dict(gerr, dk=6e-3))] + gok[1:], 3.35e12)
+    assert len(fails) == 1 and fails[0].startswith(s["name"] + ": dk rel err vs fla 0.006 > 5e-03"), fails
+    assert row["grad_rel_err_vs_fla"]["dk"] == 6e-3
+    _, fails = assemble_row(s, [dict(gok[0], grad_rel_err=dict(gerr, dg=1.1e-2))] + gok[1:], 3.35e12)
+    assert len(fails) == 1 and ": dg rel err vs fla 0.011 > 1e-02" in fails[0], fails
+    row, fails = assemble_row(s, [dict(gok[0], grad_rel_err=dict(gerr, dv=float("nan")))] + gok[1:], 3.35e12)
+    assert len(fails) == 1 and ": dv rel err" in fails[0] and row["grad_rel_err_vs_fla"]["dv"] is None, fails
+    _, fails = assemble_row(s, [dict(gok[0], grad_rel_err={k: v for k, v in gerr.items() if k != "dq"})]
+                            + gok[1:], 3.35e12)
+    assert len(fails) == 1 and ": dq rel err vs fla None" in fails[0], fails
+    row, fails = assemble_row(s, [dict(ok[0], grad_error="ValueError: short file")] + gok[1:], 3.35e12)
+    assert len(fails) == 1 and "gradient check did not run: ValueError" in fails[0], fails
+    assert row["grad_rel_err_vs_fla"]["dq"] == 4e-3
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        assert grad_dump_present(d) is False
+        for n in GRAD_FILES[:2]:
+            (d / f"{n}.bin").write_bytes(b"")
+        try:
+            grad_dump_present(d)
+        except ValueError as e:
+            assert "dk.bin, dv.bin, dg.bin missing" in str(e), e
+        else:
+            raise AssertionError("grad_dump_present accepted an incomplete dump")
+        for n in GRAD_FILES:
+            (d / f"{n}.bin").write_bytes(b"")
+        assert grad_dump_present(d) is True
+
     # worker plumbing with stand-in processes
     good = {"name": "x", "rel_err": 1e-3, "fwd_ms": 1.0}
     cmd = [sys.executable, "-c", f"print('noise'); print({WORKER_TAG + json.dumps(good)!r})"]
@@ -489,14 +614,14 @@ def self_test():
     result = build_result({"device": "NVIDIA H100", "commit": "c"}, [row], [], {"device_name": "NVIDIA H100",
                           "torch": "t", "triton": "tr", "fla": "0.6.0"}, 3.35e12, "m")
     json.dumps(result)
-    for k in ("device", "commit", "date", "method", "single_gpu"):
+    for k in ("device", "commit", "date", "method", "tolerance_grad_rel_err_vs_fla", "single_gpu"):
         assert k in result, k
 
     # load / rel_err with torch on CPU, when torch is importable
     try:
         import torch
     except ImportError:
-        print("fla_gla self-test: torch not importable, skipped load/rel_err")
+        print("fla_gla self-test: torch not importable, skipped load/rel_err/grad_check")
     else:
         with tempfile.TemporaryDirectory() as tmp:
             x = torch.randn(2, 3, 4, 5).to(torch.bfloat16)
@@ -512,8 +637,48 @@ def self_test():
                 raise AssertionError("load accepted a wrong size")
             assert rel_err(y, x) == 0.0
             assert abs(rel_err(x.double() * 1.001, x.double()) - 1e-3) < 1e-9
+        self_test_grad_check(torch)
     print("fla_gla self-test: ok")
     return 0
+
+
+def self_test_grad_check(torch):
+    """grad_check's plumbing on CPU, fla stood in for by a differentiable toy with chunk_gla's
+    signature: a dump of the toy's own gradients agrees exactly, a perturbed one by as much."""
+    def toy_gla(q, k, v, g, scale, output_final_state):
+        o = (q.float() * k.float() * g.exp()).sum(-1, keepdim=True) * scale * v.float()
+        return o.to(torch.bfloat16), None
+
+    def write(path, x):
+        path.write_bytes(x.contiguous().view(torch.uint8).numpy().tobytes())
+
+    B, T, H, Dk, Dv = 1, 6, 2, 4, 3
+    shape = dict(B=B, T=T, H=H, Dk=Dk, Dv=Dv, scale=Dk ** -0.5)
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(B, T, H, Dk, generator=gen).to(torch.bfloat16) for _ in range(2))
+    v = torch.randn(B, T, H, Dv, generator=gen).to(torch.bfloat16)
+    g = -torch.rand(B, T, H, Dk, generator=gen)
+    do = torch.randn(B, T, H, Dv, generator=gen).to(torch.bfloat16)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g)]
+    o, _ = toy_gla(*leaves, scale=shape["scale"], output_final_state=False)
+    grads = torch.autograd.grad(o, leaves, do)
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        assert grad_check(d, shape, q, k, v, g, toy_gla, torch) is None
+        write(d / "do.bin", do)
+        for name, x in zip(("dq", "dk", "dv", "dg"), grads):
+            write(d / f"{name}.bin", x)
+        assert grad_check(d, shape, q, k, v, g, toy_gla, torch) == dict(dq=0.0, dk=0.0, dv=0.0, dg=0.0)
+        write(d / "dg.bin", grads[3] * 1.01)
+        errs = grad_check(d, shape, q, k, v, g, toy_gla, torch)
+        assert abs(errs["dg"] - 1e-2) < 1e-6 and errs["dv"] == 0.0, errs
+        (d / "dv.bin").write_bytes(b"\0" * 4)
+        try:
+            grad_check(d, shape, q, k, v, g, toy_gla, torch)
+        except ValueError as e:
+            assert "dv.bin" in str(e), e
+        else:
+            raise AssertionError("grad_check accepted a short dv.bin")
 
 
 if __name__ == "__main__":
