@@ -104,8 +104,8 @@ pub(crate) fn check_inputs(
     Ok(ranges)
 }
 
-/// Checks the length of every tensor in `wide` (16-byte aligned: the kernels load them in
-/// 16-byte vectors) and in `states` (8-byte aligned fp32 states), in that order.
+/// Checks every tensor's length and alignment, in order: those in `wide` 16-byte aligned (the
+/// kernels move them in 16-byte vectors), those in `states` (fp32 states) 8-byte aligned.
 pub(crate) fn check_measured<'n>(
     checks: &TensorChecks<'_>,
     wide: &[Measured<'n>],
