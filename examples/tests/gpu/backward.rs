@@ -23,7 +23,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    err, is_small, on_one_gpu, to_bf16, to_f32, CheckResult, Report, POISON_BF16, POISON_F32,
+    bf16_values, err, f32_values, is_small, on_one_gpu, to_bf16, to_f32, CheckResult, Report,
+    POISON_BF16, POISON_F32,
 };
 
 /// dq, dk, dv (bf16), dh0 and dg: the forward kernel's tolerance; the passes are its kernels, and
@@ -231,14 +232,6 @@ fn unwritten<T: PartialEq + Copy>(bits: &[T], poison: T, what: &str) -> Option<S
             bits.len()
         )
     })
-}
-
-fn bf16_values(bits: &[u16]) -> Vec<f64> {
-    bits.iter().map(|&b| bf16::from_bits(b).to_f64()).collect()
-}
-
-fn f32_values(bits: &[u32]) -> Vec<f64> {
-    bits.iter().map(|&b| f64::from(f32::from_bits(b))).collect()
 }
 
 fn run_case(bwd: &mut ScalarDecayBackward, stream: &Arc<CudaStream>, case: &Case) -> CheckResult {

@@ -1,4 +1,4 @@
-//! The GLA forward (`ops::gla`) against the CPU f64 reference, on one GPU.
+//! The GLA forward and backward (`ops::gla`) against the CPU f64 reference, on one GPU.
 //!
 //! Inputs come from `reference::Inputs::generate` for the GLA family, rounded to bf16 (q, k, v)
 //! and f32 (g, h0, scale), so the GPU sees exactly the values the reference computes with. For
@@ -8,19 +8,30 @@
 //! usual gates (every chunk's scores one tensor-core product), gates at 0, gates at -30 per token
 //! (every chunk steep: its scores term by term) and a mix within a chunk. Calls that must be
 //! rejected are checked to fail before any launch.
+//!
+//! The backward gets the same inputs and a random d_o and dht (`reference::Cotangents`), and is
+//! held to the chunkwise reference `reference::gla::backward` (chunks of 64, sub-chunks of 16):
+//! dq, dk, dv and dh0 are poisoned before each run and must be fully overwritten, with
+//! `||x - ref|| / ||ref|| <= 5e-3`; dg too, within `5e-3` of its scale
+//! (`Grads::gate_grad_scale`: under steep gates its terms cancel to far below their size, so its
+//! own norm is no measure). A second run gives bitwise identical gradients; g and h0 are left
+//! unchanged.
 
+use cudarc::driver::CudaSlice;
 use cudarc::driver::CudaStream;
-use lasp_shmem::ops::gla::{GlaArgs, GlaForward, GlaPlan};
+use lasp_shmem::ops::gla::{GlaArgs, GlaBackward, GlaBackwardArgs, GlaForward, GlaPlan};
 use lasp_shmem::ops::scalar_decay::ForwardShape;
 use lasp_shmem::ops::{bf16, DeviceMut, DeviceRef};
-use lasp_shmem::reference::{gla, Family, InputSpec, Inputs, Regime, Shape};
+use lasp_shmem::reference::{
+    assert_close_to_scale, gla, Cotangents, Family, InputSpec, Inputs, Regime, Shape, Tensor,
+};
 use lasp_shmem::Error;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    compare, err, is_small, on_one_gpu, unwritten, CheckResult, ForwardBuffers, Report,
-    POISON_BF16, POISON_F32,
+    bf16_values, compare, err, f32_values, is_small, on_one_gpu, to_bf16, to_f32, unwritten,
+    CheckResult, ForwardBuffers, Report, POISON_BF16, POISON_F32,
 };
 
 const TOL: f64 = 5e-3;
@@ -185,8 +196,8 @@ fn run_case(fwd: &mut GlaForward, stream: &Arc<CudaStream>, case: &Case) -> Chec
             .join()
             .map_err(|_| "the reference panicked".to_string())?
             .map_err(err)?;
-        let o: Vec<f64> = o1.iter().map(|&b| bf16::from_bits(b).to_f64()).collect();
-        let ht: Vec<f64> = ht1.iter().map(|&b| f64::from(f32::from_bits(b))).collect();
+        let o = bf16_values(&o1);
+        let ht = f32_values(&ht1);
         let mut error_of = |what: &str, got: &[f64], want| {
             compare(what, got, want, TOL).unwrap_or_else(|e| {
                 problems.push(e);
@@ -321,4 +332,381 @@ fn gla_bad_arguments_are_rejected_before_any_launch() {
             report.record(&name, result, 0.0);
         }
     });
+}
+
+/// One backward case.
+#[derive(Clone, Debug)]
+struct BackwardCase {
+    shape: Shape,
+    regime: Regime,
+    h0: bool,
+    dht: bool,
+    segments: Option<u32>,
+    seed: u64,
+}
+
+impl BackwardCase {
+    fn name(&self) -> String {
+        let s = &self.shape;
+        format!(
+            "gla_bwd_B{}_H{}_T{}_Dk{}_Dv{}_{:?}{}{}{}",
+            s.b,
+            s.h,
+            s.t,
+            s.dk,
+            s.dv,
+            self.regime,
+            if self.h0 { "_h0" } else { "" },
+            if self.dht { "_dht" } else { "" },
+            self.segments.map_or(String::new(), |n| format!("_S{n}"))
+        )
+    }
+}
+
+/// The backward's cases: about 33K tokens in all, so that the f64 reference takes a few seconds.
+fn backward_cases() -> Vec<BackwardCase> {
+    let mut out = Vec::new();
+    let mut seed = 900;
+    let mut add = |b, h, t, dk, dv, regime, h0, dht, segments| {
+        seed += 1;
+        out.push(BackwardCase {
+            shape: Shape { b, t, h, dk, dv },
+            regime,
+            h0,
+            dht,
+            segments,
+            seed,
+        });
+    };
+    use Regime::*;
+    // B*H = 1: ragged and whole chunks, every (Dk, Dv); the automatic plan has S > 1 from T = 65
+    // on.
+    for t in [1, 63, 64, 65, 1000] {
+        for (dk, dv) in [(64, 64), (128, 128), (64, 128), (128, 64)] {
+            add(1, 1, t, dk, dv, Typical, true, true, None);
+        }
+    }
+    // Every gate regime the forward test uses, with several segments and with one, h0 and dht
+    // present and absent.
+    for regime in [NoDecay, StrongDecay, Mixed] {
+        add(1, 1, 1000, 128, 128, regime, true, true, None);
+        add(1, 1, 130, 64, 64, regime, false, false, Some(1));
+    }
+    add(1, 1, 1000, 128, 128, Mixed, false, true, None);
+    add(1, 1, 1000, 64, 128, Typical, true, false, None);
+    // Forced segment counts: one walk per direction, two, and an uneven last segment (16 chunks
+    // in 3).
+    for s in [1, 2, 3] {
+        add(1, 1, 1000, 128, 128, Mixed, true, true, Some(s));
+    }
+    // Several batches and heads (the [B, T, H, D] indexing), B*H = 256, and a long sequence.
+    add(2, 3, 200, 128, 64, Typical, true, true, None);
+    add(4, 64, 40, 64, 64, Mixed, true, true, None);
+    add(1, 1, 8191, 128, 128, Typical, true, true, None);
+    out
+}
+
+/// A backward case's tensors on the device: the forward's inputs, d_o and dht, the gradients.
+struct BackwardBuffers {
+    inputs: ForwardBuffers,
+    d_o: CudaSlice<bf16>,
+    dht: Option<CudaSlice<f32>>,
+    dq: CudaSlice<bf16>,
+    dk: CudaSlice<bf16>,
+    dv: CudaSlice<bf16>,
+    dg: CudaSlice<f32>,
+    dh0: CudaSlice<f32>,
+}
+
+/// The gradients' bits after one run.
+#[derive(PartialEq)]
+struct GradBits {
+    dq: Vec<u16>,
+    dk: Vec<u16>,
+    dv: Vec<u16>,
+    dg: Vec<u32>,
+    dh0: Vec<u32>,
+}
+
+fn bits_of_bf16(
+    stream: &Arc<CudaStream>,
+    buf: &CudaSlice<bf16>,
+) -> std::result::Result<Vec<u16>, String> {
+    Ok(stream
+        .clone_dtoh(buf)
+        .map_err(err)?
+        .iter()
+        .map(|x| x.to_bits())
+        .collect())
+}
+
+fn bits_of_f32(
+    stream: &Arc<CudaStream>,
+    buf: &CudaSlice<f32>,
+) -> std::result::Result<Vec<u32>, String> {
+    Ok(stream
+        .clone_dtoh(buf)
+        .map_err(err)?
+        .iter()
+        .map(|x| x.to_bits())
+        .collect())
+}
+
+impl BackwardBuffers {
+    fn upload(
+        stream: &Arc<CudaStream>,
+        inputs: &Inputs,
+        cot: &Cotangents,
+    ) -> std::result::Result<Self, String> {
+        let s = ForwardShape::from(inputs.shape);
+        let dev = BackwardBuffers {
+            inputs: ForwardBuffers::upload(stream, inputs)?,
+            d_o: stream.clone_htod(&to_bf16(&cot.d_o)).map_err(err)?,
+            dht: match &cot.d_ht {
+                Some(d) => Some(stream.clone_htod(&to_f32(d)).map_err(err)?),
+                None => None,
+            },
+            dq: stream.alloc_zeros(s.qk_len()).map_err(err)?,
+            dk: stream.alloc_zeros(s.qk_len()).map_err(err)?,
+            dv: stream.alloc_zeros(s.v_len()).map_err(err)?,
+            dg: stream.alloc_zeros(s.qk_len()).map_err(err)?,
+            dh0: stream.alloc_zeros(s.state_len()).map_err(err)?,
+        };
+        stream.synchronize().map_err(err)?;
+        Ok(dev)
+    }
+
+    fn args(&mut self, shape: ForwardShape, scale: f32) -> GlaBackwardArgs<'_> {
+        let i = &self.inputs;
+        GlaBackwardArgs {
+            shape,
+            q: DeviceRef::new(&i.q),
+            k: DeviceRef::new(&i.k),
+            v: DeviceRef::new(&i.v),
+            g: DeviceRef::new(&i.g),
+            h0: i.h0.as_ref().map(DeviceRef::new),
+            d_o: DeviceRef::new(&self.d_o),
+            dht: self.dht.as_ref().map(DeviceRef::new),
+            dq: DeviceMut::new(&mut self.dq),
+            dk: DeviceMut::new(&mut self.dk),
+            dv: DeviceMut::new(&mut self.dv),
+            dg: DeviceMut::new(&mut self.dg),
+            dh0: Some(DeviceMut::new(&mut self.dh0)),
+            scale: Some(scale),
+        }
+    }
+
+    /// Every gradient filled with the poison bit patterns.
+    fn poison(&mut self, stream: &Arc<CudaStream>) -> std::result::Result<(), String> {
+        for buf in [&mut self.dq, &mut self.dk, &mut self.dv] {
+            let poison = vec![bf16::from_bits(POISON_BF16); buf.len()];
+            stream.memcpy_htod(&poison, buf).map_err(err)?;
+        }
+        for buf in [&mut self.dg, &mut self.dh0] {
+            let poison = vec![f32::from_bits(POISON_F32); buf.len()];
+            stream.memcpy_htod(&poison, buf).map_err(err)?;
+        }
+        stream.synchronize().map_err(err)
+    }
+
+    /// One run on poisoned gradients: their bits.
+    fn run(
+        &mut self,
+        bwd: &mut GlaBackward,
+        stream: &Arc<CudaStream>,
+        shape: ForwardShape,
+        scale: f32,
+    ) -> std::result::Result<GradBits, String> {
+        self.poison(stream)?;
+        bwd.launch(stream, self.args(shape, scale))
+            .map_err(|e| format!("launch: {e}"))?;
+        stream
+            .synchronize()
+            .map_err(|e| format!("kernel execution: {e}"))?;
+        Ok(GradBits {
+            dq: bits_of_bf16(stream, &self.dq)?,
+            dk: bits_of_bf16(stream, &self.dk)?,
+            dv: bits_of_bf16(stream, &self.dv)?,
+            dg: bits_of_f32(stream, &self.dg)?,
+            dh0: bits_of_f32(stream, &self.dh0)?,
+        })
+    }
+}
+
+fn run_backward_case(
+    bwd: &mut GlaBackward,
+    stream: &Arc<CudaStream>,
+    case: &BackwardCase,
+) -> CheckResult {
+    let spec = InputSpec {
+        shape: case.shape,
+        family: Family::Gla,
+        regime: case.regime,
+        seed: case.seed,
+        round_to_bf16: true,
+        initial_state: case.h0,
+    };
+    let inputs = Inputs::generate(&spec).map_err(err)?;
+    let cot = Cotangents::generate(case.shape, case.seed, case.dht, true).map_err(err)?;
+    let scale = inputs.scale as f32;
+    let shape = ForwardShape::from(case.shape);
+    bwd.set_num_segments(case.segments).map_err(err)?;
+    let plan = bwd.plan(&shape).map_err(err)?;
+    std::thread::scope(|scope| {
+        let reference = scope.spawn(|| gla::backward(&inputs, 64, 16, &cot.d_o, cot.d_ht.as_ref()));
+        let mut dev = BackwardBuffers::upload(stream, &inputs, &cot)?;
+        let first = dev.run(bwd, stream, shape, scale)?;
+        let second = dev.run(bwd, stream, shape, scale)?;
+        let s = &case.shape;
+        let mut problems: Vec<String> = [
+            unwritten(&first.dq, POISON_BF16, "dq", &s.qk()),
+            unwritten(&first.dk, POISON_BF16, "dk", &s.qk()),
+            unwritten(&first.dv, POISON_BF16, "dv", &s.v()),
+            unwritten(&first.dg, POISON_F32, "dg", &s.qk()),
+            unwritten(&first.dh0, POISON_F32, "dh0", &s.state()),
+        ]
+        .into_iter()
+        .filter_map(|r| r.err())
+        .collect();
+        if first != second {
+            problems.push("not deterministic: two runs gave different bits".into());
+        }
+        problems.extend(dev.inputs.modified_inputs(stream, &inputs)?);
+        let want = reference
+            .join()
+            .map_err(|_| "the reference panicked".to_string())?
+            .map_err(err)?;
+        let mut errors = Vec::new();
+        for (what, got, want) in [
+            ("dq", bf16_values(&first.dq), &want.dq),
+            ("dk", bf16_values(&first.dk), &want.dk),
+            ("dv", bf16_values(&first.dv), &want.dv),
+            ("dh0", f32_values(&first.dh0), &want.dh0),
+        ] {
+            match compare(what, &got, want, TOL) {
+                Ok(e) => errors.push(format!("{what} {e:.2e}")),
+                Err(e) => problems.push(e),
+            }
+        }
+        let dg = f32_values(&first.dg);
+        let dg_scale = want.gate_grad_scale(&inputs);
+        match assert_close_to_scale("dg", &dg, want.dg.data(), dg_scale, TOL) {
+            Ok(()) => errors.push(format!(
+                "dg {:.2e} of its scale",
+                diff_norm(&dg, &want.dg) / dg_scale
+            )),
+            Err(e) => problems.push(e),
+        }
+        let summary = format!(
+            "S={} cps={} rel err {}",
+            plan.num_segments,
+            plan.chunks_per_segment,
+            errors.join(", ")
+        );
+        if problems.is_empty() {
+            Ok(summary)
+        } else {
+            Err(format!("{summary}: {}", problems.join("; ")))
+        }
+    })
+}
+
+/// `||got - want||`.
+fn diff_norm(got: &[f64], want: &Tensor) -> f64 {
+    got.iter()
+        .zip(want.data())
+        .map(|(a, b)| (a - b) * (a - b))
+        .sum::<f64>()
+        .sqrt()
+}
+
+/// A change that makes a valid backward call invalid.
+type Edit = dyn Fn(&mut GlaBackwardArgs<'_>);
+
+/// Backward calls that must fail with `InvalidArgument` before any launch (dq stays poisoned):
+/// a d_o one element short, and Dv = 96.
+fn backward_rejection_checks(
+    bwd: &mut GlaBackward,
+    stream: &Arc<CudaStream>,
+) -> std::result::Result<Vec<(String, CheckResult)>, String> {
+    bwd.set_num_segments(None).map_err(err)?;
+    let shape = Shape {
+        b: 1,
+        t: 100,
+        h: 2,
+        dk: 64,
+        dv: 64,
+    };
+    let inputs = Inputs::generate(&InputSpec {
+        shape,
+        family: Family::Gla,
+        regime: Regime::Typical,
+        seed: 7,
+        round_to_bf16: true,
+        initial_state: true,
+    })
+    .map_err(err)?;
+    let cot = Cotangents::generate(shape, 7, true, true).map_err(err)?;
+    let mut dev = BackwardBuffers::upload(stream, &inputs, &cot)?;
+    let valid = ForwardShape::from(shape);
+    let mut out = Vec::new();
+    let edits: [(&str, &str, &Edit); 2] = [
+        ("short_d_o", "d_o has", &|a| {
+            // SAFETY: only the length is wrong; the call must refuse before reading it.
+            a.d_o = unsafe { DeviceRef::from_raw(a.d_o.addr(), a.d_o.len() - 1) };
+        }),
+        ("dv_96", "Dv = 96", &|a| a.shape.dv = 96),
+    ];
+    for (name, want, edit) in edits {
+        dev.poison(stream)?;
+        let mut args = dev.args(valid, inputs.scale as f32);
+        edit(&mut args);
+        let result = bwd.launch(stream, args);
+        stream.synchronize().map_err(err)?;
+        let untouched = bits_of_bf16(stream, &dev.dq)?
+            .iter()
+            .all(|&x| x == POISON_BF16);
+        let verdict = match result {
+            Ok(plan) => Err(format!("accepted (plan {plan:?}) but must be rejected")),
+            Err(Error::InvalidArgument(m)) if !untouched => {
+                Err(format!("rejected ({m}) but dq was written: a kernel ran"))
+            }
+            Err(Error::InvalidArgument(m)) if m.contains(want) => Ok(m),
+            Err(e) => Err(format!(
+                "wrong error (want InvalidArgument mentioning {want:?}): {e}"
+            )),
+        };
+        out.push((format!("gla_bwd_rejects_{name}"), verdict));
+    }
+    Ok(out)
+}
+
+fn with_backward(checks: impl FnOnce(&mut GlaBackward, &Arc<CudaStream>, &mut Report)) {
+    on_one_gpu(LIMIT, |rt, report| match GlaBackward::new(rt) {
+        Err(e) => report.record("gla_bwd_init", Err(e.to_string()), 0.0),
+        Ok(mut bwd) => checks(&mut bwd, rt.stream(), report),
+    });
+}
+
+#[test]
+fn gla_backward_matches_the_reference() {
+    with_backward(|bwd, stream, report| {
+        for case in backward_cases() {
+            let t0 = Instant::now();
+            let result = run_backward_case(bwd, stream, &case);
+            report.record(&case.name(), result, t0.elapsed().as_secs_f64());
+        }
+    });
+}
+
+#[test]
+fn gla_backward_bad_arguments_are_rejected_before_any_launch() {
+    with_backward(
+        |bwd, stream, report| match backward_rejection_checks(bwd, stream) {
+            Ok(checks) => checks
+                .into_iter()
+                .for_each(|(name, result)| report.record(&name, result, 0.0)),
+            Err(e) => report.record("gla_bwd_rejection_setup", Err(e), 0.0),
+        },
+    );
 }

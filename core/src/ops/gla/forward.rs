@@ -1,7 +1,7 @@
 //! [`GlaForward`]: the GLA forward's kernels, workspace and launches, and the checks of one
 //! call's tensors ([`GlaArgs`]) before anything is launched.
 
-use super::plan::{output_smem_bytes, states_smem_bytes};
+use super::plan::{check_forced_segments, output_smem_bytes, states_smem_bytes};
 use super::{GlaParams, GlaPlan};
 use crate::error::{Error, Result};
 use crate::kernel::Kernel;
@@ -58,42 +58,68 @@ impl<'a> GlaArgs<'a> {
     pub(crate) fn check(&self, op: &str) -> Result<f32> {
         let s = &self.shape;
         let checks = TensorChecks::new(op, s);
-        let state = s.b * s.h * s.dk * s.dv;
-        checks.length("q", "[B, T, H, Dk]", self.q.len(), s.qk_len())?;
-        checks.length("k", "[B, T, H, Dk]", self.k.len(), s.qk_len())?;
-        checks.length("v", "[B, T, H, Dv]", self.v.len(), s.v_len())?;
-        checks.length("g", "[B, T, H, Dk]", self.g.len(), s.qk_len())?;
+        let inputs = check_inputs(&checks, s, [self.q, self.k, self.v], self.g, self.h0)?;
         checks.length("o", "[B, T, H, Dv]", self.o.len(), s.v_len())?;
-        if let Some(h0) = &self.h0 {
-            checks.length("h0", "[B, H, Dk, Dv]", h0.len(), state)?;
-            checks.aligned("h0", h0.addr(), 8)?;
-        }
+        checks.aligned("o", self.o.addr(), 16)?;
         if let Some(ht) = &self.ht {
-            checks.length("ht", "[B, H, Dk, Dv]", ht.len(), state)?;
+            checks.length("ht", "[B, H, Dk, Dv]", ht.len(), s.state_len())?;
             checks.aligned("ht", ht.addr(), 8)?;
         }
-        for (name, addr) in [
-            ("q", self.q.addr()),
-            ("k", self.k.addr()),
-            ("v", self.v.addr()),
-            ("g", self.g.addr()),
-            ("o", self.o.addr()),
-        ] {
-            checks.aligned(name, addr, 16)?;
-        }
         let scale = checks.scale(self.scale, s)?;
-        let mut inputs = vec![
-            ("q", self.q.byte_range()),
-            ("k", self.k.byte_range()),
-            ("v", self.v.byte_range()),
-            ("g", self.g.byte_range()),
-        ];
-        inputs.extend(self.h0.map(|h0| ("h0", h0.byte_range())));
         let mut outputs = vec![("o", self.o.byte_range())];
         outputs.extend(self.ht.as_ref().map(|ht| ("ht", ht.byte_range())));
         checks.disjoint(&inputs, &outputs)?;
         Ok(scale)
     }
+}
+
+/// A tensor's name, its length and layout as [`TensorChecks`] names them, and its address.
+type Measured<'n> = (&'n str, usize, &'n str, usize, u64);
+
+/// The lengths and alignment of the inputs GLA's forward and backward share (q, k, v
+/// 16-byte aligned bf16, g 16-byte aligned fp32, h0 8-byte aligned fp32), against the shape;
+/// returns their byte ranges by name, for the overlap check.
+pub(crate) fn check_inputs(
+    checks: &TensorChecks<'_>,
+    s: &ForwardShape,
+    [q, k, v]: [DeviceRef<'_, bf16>; 3],
+    g: DeviceRef<'_, f32>,
+    h0: Option<DeviceRef<'_, f32>>,
+) -> Result<Vec<(&'static str, (u64, u64))>> {
+    let wide: [Measured<'_>; 4] = [
+        ("q", q.len(), "[B, T, H, Dk]", s.qk_len(), q.addr()),
+        ("k", k.len(), "[B, T, H, Dk]", s.qk_len(), k.addr()),
+        ("v", v.len(), "[B, T, H, Dv]", s.v_len(), v.addr()),
+        ("g", g.len(), "[B, T, H, Dk]", s.qk_len(), g.addr()),
+    ];
+    let state = h0.map(|h0| ("h0", h0.len(), "[B, H, Dk, Dv]", s.state_len(), h0.addr()));
+    check_measured(checks, &wide, state)?;
+    let mut ranges = vec![
+        ("q", q.byte_range()),
+        ("k", k.byte_range()),
+        ("v", v.byte_range()),
+        ("g", g.byte_range()),
+    ];
+    ranges.extend(h0.map(|h0| ("h0", h0.byte_range())));
+    Ok(ranges)
+}
+
+/// Checks every tensor's length and alignment, in order: those in `wide` 16-byte aligned (the
+/// kernels move them in 16-byte vectors), those in `states` (fp32 states) 8-byte aligned.
+pub(crate) fn check_measured<'n>(
+    checks: &TensorChecks<'_>,
+    wide: &[Measured<'n>],
+    states: impl IntoIterator<Item = Measured<'n>>,
+) -> Result<()> {
+    let aligned = wide
+        .iter()
+        .map(|m| (*m, 16))
+        .chain(states.into_iter().map(|m| (m, 8)));
+    for ((name, len, layout, want, addr), to) in aligned {
+        checks.length(name, layout, len, want)?;
+        checks.aligned(name, addr, to)?;
+    }
+    Ok(())
 }
 
 fn invalid(msg: String) -> Error {
@@ -103,6 +129,11 @@ fn invalid(msg: String) -> Error {
 /// The first gate that breaks the contract (finite and `<= 0`), as an error naming
 /// `[b, t, h, d]`.
 pub fn check_gate_values(g: &[f32], shape: &ForwardShape) -> Result<()> {
+    check_gate_values_of(OP, g, shape)
+}
+
+/// [`check_gate_values`] with `op` naming the operation in the error.
+pub(crate) fn check_gate_values_of(op: &str, g: &[f32], shape: &ForwardShape) -> Result<()> {
     let Some(pos) = g.iter().position(|x| !(x.is_finite() && *x <= 0.0)) else {
         return Ok(());
     };
@@ -111,11 +142,35 @@ pub fn check_gate_values(g: &[f32], shape: &ForwardShape) -> Result<()> {
     let (hh, rest) = (rest % h, rest / h);
     let (tt, b) = (rest % t, rest / t);
     Err(invalid(format!(
-        "{OP}: gate g[b={b}, t={tt}, h={hh}, d={d}] = {} must be finite and <= 0: gates are \
+        "{op}: gate g[b={b}, t={tt}, h={hh}, d={d}] = {} must be finite and <= 0: gates are \
          natural-log decays (e.g. logsigmoid(x) / 16 as fla's GLA layer makes them), not decay \
          factors",
         g[pos]
     )))
+}
+
+/// [`GlaForward::validate_gates`] for GLA's operations, `op` naming the operation in errors.
+pub(crate) fn validate_gates_of(
+    op: &str,
+    ctx: &CudaContext,
+    stream: &Arc<CudaStream>,
+    g: DeviceRef<'_, f32>,
+    shape: &ForwardShape,
+) -> Result<()> {
+    if g.len() != shape.qk_len() {
+        return Err(invalid(format!(
+            "{op}: g has {} elements but [B, T, H, Dk] needs {}",
+            g.len(),
+            shape.qk_len()
+        )));
+    }
+    let mut host = vec![0f32; g.len()];
+    ctx.bind_to_thread()?;
+    // SAFETY: g is a live device allocation of at least g.len() f32 (DeviceRef's contract);
+    // the copy completes before `host` is read (stream synchronised below).
+    unsafe { cu::memcpy_dtoh_async(&mut host, g.addr(), stream.cu_stream()) }?;
+    stream.synchronize()?;
+    check_gate_values_of(op, &host, shape)
 }
 
 /// The GLA forward: its kernels and its workspace.
@@ -136,6 +191,24 @@ pub struct GlaForward {
     workspace: Option<CudaSlice<u8>>,
 }
 
+/// An error (naming `op`) where this GPU cannot give a block `need` bytes of shared memory, the
+/// most any of the operation's kernels launches with.
+pub(crate) fn require_shared_memory(runtime: &Runtime, op: &str, need: u32) -> Result<()> {
+    let ctx = runtime.context();
+    ctx.bind_to_thread()?;
+    let optin = ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
+        as u32;
+    if optin < need {
+        return Err(Error::Launch(format!(
+            "{op}: the kernels need {need} bytes of shared memory per block but this GPU ({}) \
+             allows {optin}; run on an H100/H200 (sm_90)",
+            ctx.name().unwrap_or_default()
+        )));
+    }
+    Ok(())
+}
+
 /// The states kernels (by Dk) and output kernels (by Dv, then Dk) of one of GLA's forwards, with
 /// their shared-memory limits raised to what the plans launch with; an error (naming `op`) where
 /// this GPU cannot give a block the output kernel's shared memory.
@@ -145,19 +218,7 @@ pub(crate) fn chunk_kernels(
     states: [&'static str; 2],
     output: [[&'static str; 2]; 2],
 ) -> Result<([Kernel; 2], [[Kernel; 2]; 2])> {
-    let ctx = runtime.context();
-    ctx.bind_to_thread()?;
-    let optin = ctx
-        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
-        as u32;
-    let need = output_smem_bytes(128, 128);
-    if optin < need {
-        return Err(Error::Launch(format!(
-            "{op}: the kernels need {need} bytes of shared memory per block but this GPU ({}) \
-             allows {optin}; run on an H100/H200 (sm_90)",
-            ctx.name().unwrap_or_default()
-        )));
-    }
+    require_shared_memory(runtime, op, output_smem_bytes(128, 128))?;
     let module = runtime.module();
     let states = module.kernels_per_width(states)?;
     let output = [
@@ -173,7 +234,8 @@ pub(crate) fn chunk_kernels(
     Ok((states, output))
 }
 
-fn width_index(d: usize) -> usize {
+/// The index of a key or value width (64 or 128) in the kernel arrays.
+pub(crate) fn width_index(d: usize) -> usize {
     usize::from(d == 128)
 }
 
@@ -204,11 +266,7 @@ impl GlaForward {
     /// Forces the number of segments per sequence (tests and tuning), or restores the automatic
     /// plan with `None`.
     pub fn set_num_segments(&mut self, segments: Option<u32>) -> Result<()> {
-        if segments == Some(0) {
-            return Err(invalid(format!(
-                "{OP}: a forced segment count must be at least 1 (use None for the automatic plan)"
-            )));
-        }
+        check_forced_segments(segments, OP)?;
         self.force_segments = segments;
         Ok(())
     }
@@ -232,20 +290,7 @@ impl GlaForward {
         g: DeviceRef<'_, f32>,
         shape: &ForwardShape,
     ) -> Result<()> {
-        if g.len() != shape.qk_len() {
-            return Err(invalid(format!(
-                "{OP}: g has {} elements but [B, T, H, Dk] needs {}",
-                g.len(),
-                shape.qk_len()
-            )));
-        }
-        let mut host = vec![0f32; g.len()];
-        self.ctx.bind_to_thread()?;
-        // SAFETY: g is a live device allocation of at least g.len() f32 (DeviceRef's contract);
-        // the copy completes before `host` is read (stream synchronised below).
-        unsafe { cu::memcpy_dtoh_async(&mut host, g.addr(), stream.cu_stream()) }?;
-        stream.synchronize()?;
-        check_gate_values(&host, shape)
+        validate_gates_of(OP, &self.ctx, stream, g, shape)
     }
 
     /// Enqueues the forward on `stream` (a stream of the runtime's context) and returns the plan

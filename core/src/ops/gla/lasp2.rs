@@ -9,7 +9,7 @@
 //! all-gather between the same kernels; [`ExchangeMode::NoComm`] drops the exchange (timing). The
 //! fold is the same in every mode, so outputs are bit-identical across modes.
 
-use super::forward::chunk_kernels;
+use super::forward::{chunk_kernels, width_index};
 use super::plan::{output_smem_bytes, output_threads, states_smem_bytes, CHUNK};
 use super::{Gla, GlaArgs};
 use crate::error::Result;
@@ -60,10 +60,6 @@ pub struct GlaLasp2Forward {
     output: [[Kernel; 2]; 2],
     workspace: Option<CudaSlice<u8>>,
     sm_count: usize,
-}
-
-fn width_index(d: usize) -> usize {
-    usize::from(d == 128)
 }
 
 impl GlaLasp2Forward {

@@ -1,4 +1,4 @@
-//! GLA forward on one GPU: gated linear attention with a log-decay per key dimension (fla's
+//! GLA forward and backward on one GPU: gated linear attention with a log-decay per key dimension (fla's
 //! `chunk_gla`).
 //!
 //! Per batch `b` and head `h`, with row vectors and `sigma = scale`:
@@ -13,7 +13,18 @@
 //! prefix entering every segment), then always the output kernel, one CTA per (segment, b*H+h)
 //! with one warpgroup per 64 columns of Dv. [`GlaLasp2Forward`] is the same forward across PEs
 //! (LASP-2), with the summary (M, Λ per key dimension) exchanged from the device.
+//!
+//! [`GlaBackward`] returns the gradients of `o` (and `ht`) with respect to `q, k, v, g` (and
+//! `h0`): `dq, dk, dv` bf16 and `dg, dh0` fp32, as fla's `chunk_gla` does. Its kernels are
+//! `kernels/cuda/gla/backward.cu`, its parameters [`GlaBackwardParams`] and formulas
+//! `lasp/gla/backward_params.h`. Call sequence (one stream): with `S > 1` segments per sequence,
+//! the summary kernel (each segment's state from zero and its log-decays, forward and in reverse)
+//! and the fold (the state entering and the state gradient leaving every segment); then always
+//! the walks (both directions of every segment, storing the state entering and the gradient
+//! leaving every chunk in the workspace) and the grads kernel, one CTA per (chunk, b*H+h), which
+//! computes every chunk's gradients on its own.
 
+mod backward;
 mod family;
 mod forward;
 mod lasp2;
@@ -21,6 +32,7 @@ mod plan;
 #[cfg(test)]
 mod tests;
 
+pub use backward::{GlaBackward, GlaBackwardArgs, GlaBackwardPlan, SegmentOffsets};
 pub use family::Gla;
 pub use forward::{check_gate_values, GlaArgs, GlaForward};
 pub use lasp2::{GlaLasp2Forward, Lasp2Params};
@@ -29,3 +41,7 @@ pub use plan::GlaPlan;
 /// The C struct `lasp_gla_params` of `lasp/gla/forward_params.h`, passed by value to every GLA
 /// forward kernel. Pointer fields hold device addresses; NULL where a tensor is absent.
 pub type GlaParams = lasp_shmem_kernels::params::lasp_gla_params;
+
+/// The C struct `lasp_gla_bwd_params` of `lasp/gla/backward_params.h`, passed by value to every
+/// GLA backward kernel. Pointer fields hold device addresses; NULL where a tensor is absent.
+pub type GlaBackwardParams = lasp_shmem_kernels::params::lasp_gla_bwd_params;

@@ -71,26 +71,14 @@ impl GlaPlan {
         validate(shape)?;
         let (b, t, h, dk, dv) = (shape.b, shape.t, shape.h, shape.dk, shape.dv);
         let chunks = t.div_ceil(CHUNK);
-        let want = match force_segments {
-            Some(0) => {
-                return Err(Error::InvalidArgument(
-                    "GLA forward: a forced segment count must be at least 1 (use None for the \
-                     automatic plan)"
-                        .into(),
-                ))
-            }
-            Some(s) => s as usize,
-            // One output CTA per (segment, b*H+h) and SM: as many segments as fill the SMs once.
-            None => (sm_count as usize / (b * h)).max(1),
-        };
-        let per_segment = chunks.div_ceil(want.min(chunks));
-        let segments = chunks.div_ceil(per_segment);
-        if segments > MAX_SEGMENTS {
-            return Err(Error::InvalidArgument(format!(
-                "GLA forward: {segments} segments per sequence exceed {MAX_SEGMENTS} (the kernels' \
-                 grid limit); force fewer segments"
-            )));
-        }
+        // One output CTA per (segment, b*H+h) and SM: as many segments as fill the SMs once.
+        let (segments, per_segment) = split_into_segments(
+            chunks,
+            force_segments,
+            sm_count as usize / (b * h),
+            MAX_SEGMENTS,
+            "GLA forward",
+        )?;
         let bh = (b * h) as u32;
         let many = segments > 1;
         let vtiles = dv / 64;
@@ -140,13 +128,55 @@ impl GlaPlan {
     }
 }
 
-/// Checks that the GLA kernels support `shape`; the error says what to change.
+/// An error (naming `op`) for a forced segment count of 0.
+pub(crate) fn check_forced_segments(segments: Option<u32>, op: &str) -> Result<()> {
+    if segments == Some(0) {
+        return Err(Error::InvalidArgument(format!(
+            "{op}: a forced segment count must be at least 1 (use None for the automatic plan)"
+        )));
+    }
+    Ok(())
+}
+
+/// Cuts `chunks` chunks into segments of whole chunks: `force` segments, else `auto`, clamped to
+/// [1, chunks] and rounded so that none is empty. Returns (segments, chunks per segment); an
+/// error (naming `op`) past `max`, the kernels' grid limit.
+pub(crate) fn split_into_segments(
+    chunks: usize,
+    force: Option<u32>,
+    auto: usize,
+    max: usize,
+    op: &str,
+) -> Result<(usize, usize)> {
+    check_forced_segments(force, op)?;
+    let want = force.map_or(auto, |s| s as usize).clamp(1, chunks);
+    let per_segment = chunks.div_ceil(want);
+    let segments = chunks.div_ceil(per_segment);
+    if segments > max {
+        return Err(Error::InvalidArgument(format!(
+            "{op}: {segments} segments per sequence exceed {max} (the kernels' grid limit); \
+             force fewer segments"
+        )));
+    }
+    Ok((segments, per_segment))
+}
+
+/// Checks that the GLA forward kernels support `shape`; the error says what to change.
 pub(crate) fn validate(shape: &ForwardShape) -> Result<()> {
-    shape.validate_as("GLA forward")?;
+    validate_as(
+        shape,
+        "GLA forward",
+        "split v into blocks of 128 columns and run one call per block with the same q, k, g",
+    )
+}
+
+/// Checks that GLA's kernels support `shape`, `op` naming the operation and `split_v` saying how
+/// to run a wider v.
+pub(crate) fn validate_as(shape: &ForwardShape, op: &str, split_v: &str) -> Result<()> {
+    shape.validate_as(op)?;
     if shape.dv != 64 && shape.dv != 128 {
         return Err(Error::InvalidArgument(format!(
-            "GLA forward: Dv = {} is not supported (the kernels are built for Dv 64 and 128); \
-             split v into blocks of 128 columns and run one call per block with the same q, k, g",
+            "{op}: Dv = {} is not supported (the kernels are built for Dv 64 and 128); {split_v}",
             shape.dv
         )));
     }

@@ -1,6 +1,8 @@
 //! Unit tests of GLA's host side: the shared-memory formulas against the header's, the plans
-//! (segments, states pieces, launches, workspace) and the argument checks.
+//! (segments, states pieces, launches, workspace) and the argument checks, of the forward and of
+//! the backward.
 
+use super::backward::{grads_smem_bytes, grads_threads, walk_smem_bytes};
 use super::forward::check_gate_values;
 use super::plan::{output_smem_bytes, states_smem_bytes};
 use super::*;
@@ -141,4 +143,215 @@ fn arguments_are_checked_against_the_shape_before_any_launch() {
     assert!(err(args(64 * 2 * 64 / 64, base + 0x40_0000, None)).contains("g has 128 elements"));
     assert!(err(args(n, base + 0x40_0000, Some(0.0))).contains("scale = 0 must be finite"));
     assert!(err(args(n, base + 0x10, None)).contains("output o overlaps input q"));
+}
+
+#[test]
+fn backward_shared_memory_matches_the_header() {
+    // bindgen does not export the header's inline functions: their values worked out by hand.
+    // The walks: two stages of a [64 x Dk] and a [64 x 64] bf16 tile and the [64 x Dk] fp32
+    // gates, e^gamma (Dk floats), 8 bytes of scan totals per thread.
+    assert_eq!(
+        walk_smem_bytes(64),
+        2 * (8_192 + 8_192 + 16_384) + 256 + 1_024
+    );
+    assert_eq!(
+        walk_smem_bytes(128),
+        2 * (16_384 + 8_192 + 32_768) + 512 + 1_024
+    );
+    // The grads kernel: a warpgroup per 64 columns of max(Dk, Dv).
+    let threads = [
+        (64, 64, 128),
+        (64, 128, 256),
+        (128, 64, 256),
+        (128, 128, 256),
+    ];
+    for (dk, dv, want) in threads {
+        assert_eq!(grads_threads(dk, dv), want, "Dk={dk} Dv={dv}");
+    }
+    // Q, K, V, dO, S_n, dS_{n+1} (bf16), the gates, dA, 11 vectors of Dk, 8 bytes per thread.
+    let smem = [
+        (64, 64, 85_760),
+        (64, 128, 119_552),
+        (128, 64, 138_752),
+        (128, 128, 187_904),
+    ];
+    for (dk, dv, want) in smem {
+        let tiles = 2 * 64 * dk * 2 + 2 * 64 * dv * 2 + 2 * dk * dv * 2;
+        let by_parts =
+            tiles + 64 * dk * 4 + 64 * 64 * 4 + 11 * dk * 4 + 8 * grads_threads(dk, dv) as usize;
+        assert_eq!(by_parts, want, "Dk={dk} Dv={dv}");
+        assert_eq!(grads_smem_bytes(dk, dv), want as u32, "Dk={dk} Dv={dv}");
+        // Within one block's opt-in limit on sm_90 (227 KiB).
+        assert!(grads_smem_bytes(dk, dv) <= 227 * 1024);
+    }
+    assert!(walk_smem_bytes(128) <= 227 * 1024);
+}
+
+#[test]
+fn backward_plans_give_every_sm_a_walk_per_direction() {
+    // B*H = 1, Dv 128: 66 segments wanted, 16 chunks -> one chunk per segment.
+    let p = GlaBackwardPlan::new(&shape(1, 1000, 1, 128, 128), 132, None).unwrap();
+    assert_eq!((p.num_segments, p.chunks_per_segment), (16, 1));
+    let walk = p.walk;
+    assert_eq!(walk.grid, (2, 32, 1));
+    assert_eq!(walk.block, (128, 1, 1));
+    assert_eq!(walk.shared_bytes, walk_smem_bytes(128));
+    assert_eq!(p.summary.unwrap().grid, (2, 30, 1));
+    assert_eq!(p.summary.unwrap().shared_bytes, walk_smem_bytes(128));
+    let fold = p.fold.unwrap();
+    assert_eq!(
+        (fold.grid, fold.block, fold.shared_bytes),
+        ((64, 1, 2), (256, 1, 1), 0)
+    );
+    assert_eq!(p.grads.grid, (16, 1, 1));
+    assert_eq!(p.grads.block, (256, 1, 1));
+    assert_eq!(p.grads.shared_bytes, grads_smem_bytes(128, 128));
+    // h and dh: 16 chunks of a bf16 [128 x 128] state; then ws_m and ws_p, two directions of 15
+    // fp32 states; then ws_lambda, 2 x 15 x 128 floats.
+    let states = 16 * 128 * 128 * 2;
+    let summaries = 2 * 15 * 128 * 128 * 4;
+    assert_eq!(p.dh_offset, states);
+    assert_eq!(
+        p.segment_offsets,
+        Some(SegmentOffsets {
+            ws_m: 2 * states,
+            ws_p: 2 * states + summaries,
+            ws_lambda: 2 * states + 2 * summaries,
+        })
+    );
+    assert_eq!(
+        p.workspace_bytes,
+        2 * states + 2 * summaries + 2 * 15 * 128 * 4
+    );
+
+    // B*H = 64, Dv 64: ceil(132 / 64) = 3 segments of 43 chunks (the last of 42).
+    let p = GlaBackwardPlan::new(&shape(4, 8192, 16, 128, 64), 132, None).unwrap();
+    assert_eq!((p.num_segments, p.chunks_per_segment), (3, 43));
+    assert_eq!(p.walk.grid, (1, 6, 64));
+    assert_eq!(p.summary.unwrap().grid, (1, 4, 64));
+    assert_eq!(p.fold.unwrap().grid, (32, 64, 2));
+    assert_eq!(p.grads.grid, (128, 64, 1));
+    assert_eq!(p.grads.block, (256, 1, 1));
+
+    // B*H >= SMs: one segment, no summary or fold, a workspace of h and dh only.
+    let p = GlaBackwardPlan::new(&shape(4, 200, 64, 64, 64), 132, None).unwrap();
+    assert_eq!((p.num_segments, p.chunks_per_segment), (1, 4));
+    assert_eq!((p.summary, p.fold, p.segment_offsets), (None, None, None));
+    let states = 256 * 4 * 64 * 64 * 2;
+    assert_eq!((p.dh_offset, p.workspace_bytes), (states, 2 * states));
+    assert_eq!(p.walk.grid, (1, 2, 256));
+    assert_eq!(p.grads.grid, (4, 256, 1));
+    assert_eq!(p.grads.block, (128, 1, 1));
+    assert_eq!(p.grads.shared_bytes, grads_smem_bytes(64, 64));
+}
+
+#[test]
+fn backward_plans_take_forced_segments_and_keep_none_empty() {
+    let segments = |t, force| {
+        let p = GlaBackwardPlan::new(&shape(1, t, 1, 64, 128), 132, force).unwrap();
+        (p.num_segments, p.chunks_per_segment)
+    };
+    // 16 chunks: 5 segments asked -> 4 of 4; 3 -> 3 of 6 (the last of 4); more than chunks ->
+    // one chunk each; one chunk -> one segment whatever is asked.
+    assert_eq!(segments(1000, Some(5)), (4, 4));
+    assert_eq!(segments(1000, Some(3)), (3, 6));
+    assert_eq!(segments(1000, Some(1)), (1, 16));
+    assert_eq!(segments(1000, Some(100)), (16, 1));
+    assert_eq!(segments(63, Some(4)), (1, 1));
+    assert_eq!(segments(1, None), (1, 1));
+    assert!(matches!(
+        GlaBackwardPlan::new(&shape(1, 10, 1, 64, 64), 132, Some(0)),
+        Err(Error::InvalidArgument(_))
+    ));
+}
+
+#[test]
+fn backward_workspace_parts_are_256_byte_aligned_and_disjoint() {
+    for (b, t, h, dk, dv) in [
+        (1, 1, 1, 64, 64),
+        (1, 65, 3, 64, 128),
+        (2, 1000, 3, 128, 64),
+        (1, 8191, 1, 128, 128),
+        (3, 777, 5, 64, 64),
+    ] {
+        for force in [None, Some(1), Some(2), Some(3), Some(7)] {
+            let p = GlaBackwardPlan::new(&shape(b, t, h, dk, dv), 132, force).unwrap();
+            let states = (b * h * t.div_ceil(64) * dk * dv * 2) as u64;
+            assert!(p.dh_offset >= states && p.dh_offset % 256 == 0);
+            let end = match p.segment_offsets {
+                None => {
+                    assert_eq!(p.num_segments, 1);
+                    p.workspace_bytes
+                }
+                Some(o) => {
+                    let slots = (2 * b * h * (p.num_segments as usize - 1)) as u64;
+                    let summaries = slots * (dk * dv * 4) as u64;
+                    assert!(o.ws_m >= p.dh_offset + states);
+                    assert!(o.ws_p >= o.ws_m + summaries);
+                    assert!(o.ws_lambda >= o.ws_p + summaries);
+                    for part in [o.ws_m, o.ws_p, o.ws_lambda] {
+                        assert_eq!(part % 256, 0, "{p:?}");
+                    }
+                    assert_eq!(p.workspace_bytes, o.ws_lambda + slots * dk as u64 * 4);
+                    o.ws_m
+                }
+            };
+            assert!(end >= p.dh_offset + states, "{p:?}");
+        }
+    }
+}
+
+#[test]
+fn backward_shapes_the_kernels_lack_are_refused_with_what_to_do() {
+    let msg = |s: ForwardShape| match GlaBackwardPlan::new(&s, 132, None) {
+        Err(Error::InvalidArgument(m)) => m,
+        other => panic!("{s:?}: {other:?}"),
+    };
+    let m = msg(shape(1, 10, 1, 128, 192));
+    assert!(m.contains("GLA backward: Dv = 192 is not supported"), "{m}");
+    assert!(m.contains("add the blocks' dq, dk and dg"), "{m}");
+    assert!(msg(shape(1, 10, 1, 64, 96)).contains("GLA backward: Dv = 96"));
+    assert!(msg(shape(1, 10, 1, 96, 128)).contains("GLA backward: Dk = 96 is not supported"));
+}
+
+#[test]
+fn backward_arguments_are_checked_against_the_shape_before_any_launch() {
+    let s = shape(1, 64, 2, 64, 64);
+    let n = s.qk_len();
+    // SAFETY: views of fake addresses are only measured, never launched.
+    let view = |addr: u64, len: usize| unsafe { DeviceRef::<bf16>::from_raw(addr, len) };
+    // SAFETY: as above.
+    let floats = |addr: u64, len: usize| unsafe { DeviceRef::<f32>::from_raw(addr, len) };
+    // SAFETY: as above.
+    let out = |addr: u64, len: usize| unsafe { DeviceMut::<bf16>::from_raw(addr, len) };
+    // SAFETY: as above.
+    let out_f32 = |addr: u64, len: usize| unsafe { DeviceMut::<f32>::from_raw(addr, len) };
+    let base = 1u64 << 32;
+    let at = |i: u64| base + i * 0x10_0000;
+    let args = |d_o_len: usize, dg_addr: u64, dh0_addr: u64| GlaBackwardArgs {
+        shape: s,
+        q: view(at(0), n),
+        k: view(at(1), n),
+        v: view(at(2), n),
+        g: floats(at(3), n),
+        h0: Some(floats(at(4), s.state_len())),
+        d_o: view(at(5), d_o_len),
+        dht: Some(floats(at(6), s.state_len())),
+        dq: out(at(7), n),
+        dk: out(at(8), n),
+        dv: out(at(9), n),
+        dg: out_f32(dg_addr, n),
+        dh0: Some(out_f32(dh0_addr, s.state_len())),
+        scale: None,
+    };
+    assert_eq!(
+        args(n, at(10), at(11)).check("GLA backward").unwrap(),
+        0.125
+    );
+    let err = |a: GlaBackwardArgs<'_>| a.check("GLA backward").unwrap_err().to_string();
+    assert!(err(args(n - 1, at(10), at(11))).contains("d_o has 8191 elements"));
+    assert!(err(args(n, at(0) + 16, at(11))).contains("output dg overlaps input q"));
+    assert!(err(args(n, at(10), at(6))).contains("output dh0 overlaps input dht"));
+    assert!(err(args(n, at(10) + 8, at(11))).contains("dg starts at device address"));
+    assert!(err(args(n, at(10), at(11) + 4)).contains("not 8-byte aligned"));
 }
