@@ -79,6 +79,7 @@ fn forward_args<'a>(call: &mut CheckedCall<'a>) -> GlaArgs<'a> {
         h0: call.optional_input(Slot::H0),
         o: call.output(Slot::O),
         ht: call.optional_output(Slot::Ht),
+        chunk_states: None,
         scale: call.scale,
     }
 }

@@ -159,6 +159,7 @@ impl Shard {
             h0: self.h0.as_ref().map(DeviceRef::new),
             o: DeviceMut::new(&mut self.o),
             ht: self.ht.as_mut().map(DeviceMut::new),
+            chunk_states: None,
             scale: None,
         }
     }

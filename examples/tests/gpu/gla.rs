@@ -19,7 +19,9 @@
 
 use cudarc::driver::CudaSlice;
 use cudarc::driver::CudaStream;
-use lasp_shmem::ops::gla::{GlaArgs, GlaBackward, GlaBackwardArgs, GlaForward, GlaPlan};
+use lasp_shmem::ops::gla::{
+    chunk_states_len, GlaArgs, GlaBackward, GlaBackwardArgs, GlaForward, GlaPlan,
+};
 use lasp_shmem::ops::scalar_decay::ForwardShape;
 use lasp_shmem::ops::{bf16, DeviceMut, DeviceRef};
 use lasp_shmem::reference::{
@@ -129,33 +131,76 @@ impl GlaArgsOf for ForwardBuffers {
             h0: self.h0.as_ref().map(DeviceRef::new),
             o: DeviceMut::new(&mut self.o),
             ht: Some(DeviceMut::new(&mut self.ht)),
+            chunk_states: None,
             scale: Some(scale),
         }
     }
 }
 
-/// One run on poisoned outputs: the bits of o and ht, and the plan.
+/// The bits one forward run left in o, ht and the chunk states.
+struct ForwardBits {
+    o: Vec<u16>,
+    ht: Vec<u32>,
+    states: Vec<u16>,
+}
+
+/// One run on poisoned outputs: their bits, and the plan.
 fn run_once(
     fwd: &mut GlaForward,
     stream: &Arc<CudaStream>,
     dev: &mut ForwardBuffers,
+    states: &mut CudaSlice<bf16>,
     shape: ForwardShape,
     scale: f32,
-) -> std::result::Result<(Vec<u16>, Vec<u32>, GlaPlan), String> {
+) -> std::result::Result<(ForwardBits, GlaPlan), String> {
     dev.poison(stream)?;
+    let poison = vec![bf16::from_bits(POISON_BF16); states.len()];
+    stream.memcpy_htod(&poison, states).map_err(err)?;
+    let mut args = dev.args(shape, scale);
+    args.chunk_states = Some(DeviceMut::new(states));
     let plan = fwd
-        .launch(stream, dev.args(shape, scale))
+        .launch(stream, args)
         .map_err(|e| format!("launch: {e}"))?;
     stream
         .synchronize()
         .map_err(|e| format!("kernel execution: {e}"))?;
-    let o = stream.clone_dtoh(&dev.o).map_err(err)?;
-    let ht = stream.clone_dtoh(&dev.ht).map_err(err)?;
-    Ok((
-        o.iter().map(|x| x.to_bits()).collect(),
-        ht.iter().map(|x| x.to_bits()).collect(),
-        plan,
-    ))
+    let bits = ForwardBits {
+        o: bits_of_bf16(stream, &dev.o)?,
+        ht: bits_of_f32(stream, &dev.ht)?,
+        states: bits_of_bf16(stream, states)?,
+    };
+    Ok((bits, plan))
+}
+
+/// The reference's chunk states `[B, N, H, Dk, Dv]` as the forward stores them: in the order
+/// `[B, H, N, Dk, Dv]`, each row d scaled by e^{c_d}, the chunk's reference row (the gates' cumsum
+/// after its first 32 tokens; 0 in a steep column, whose half-chunk log-decays pass -64).
+fn stored_states(states: &Tensor, inputs: &Inputs) -> Vec<f64> {
+    let s = &inputs.shape;
+    let (n, tile) = (s.t.div_ceil(64), s.dk * s.dv);
+    let gate = |b: usize, t: usize, h: usize, d: usize| {
+        if t < s.t {
+            inputs.g.get(&[b, t, h, d])
+        } else {
+            0.0
+        }
+    };
+    let mut out = vec![0.0; s.b * s.h * n * tile];
+    for (i, chunk) in states.data().chunks(tile).enumerate() {
+        let (h, rest) = (i % s.h, i / s.h);
+        let (c, b) = (rest % n, rest / n);
+        let at = ((b * s.h + h) * n + c) * tile;
+        for d in 0..s.dk {
+            let cum = |rows: usize| (0..rows).map(|r| gate(b, 64 * c + r, h, d)).sum::<f64>();
+            let (head, half, gamma) = (cum(1), cum(32), cum(64));
+            let flat = head - half <= 64.0 && half - gamma <= 64.0;
+            let scale = if flat { half.exp() } else { 1.0 };
+            for e in 0..s.dv {
+                out[at + d * s.dv + e] = chunk[d * s.dv + e] * scale;
+            }
+        }
+    }
+    out
 }
 
 fn run_case(fwd: &mut GlaForward, stream: &Arc<CudaStream>, case: &Case) -> CheckResult {
@@ -174,18 +219,46 @@ fn run_case(fwd: &mut GlaForward, stream: &Arc<CudaStream>, case: &Case) -> Chec
     fwd.set_states_splits(case.splits);
     std::thread::scope(|scope| {
         let reference = scope.spawn(|| gla::recurrent_forward(&inputs));
+        let reference_states = scope.spawn(|| gla::chunk_states(&inputs, 64));
         let mut dev = ForwardBuffers::upload(stream, &inputs)?;
-        let (o1, ht1, plan) = run_once(fwd, stream, &mut dev, shape, scale)?;
-        let (o2, ht2, _) = run_once(fwd, stream, &mut dev, shape, scale)?;
+        let mut states = stream
+            .alloc_zeros::<bf16>(chunk_states_len(&shape))
+            .map_err(err)?;
+        let (first, plan) = run_once(fwd, stream, &mut dev, &mut states, shape, scale)?;
+        let (second, _) = run_once(fwd, stream, &mut dev, &mut states, shape, scale)?;
         let mut problems = Vec::new();
-        if let Err(e) = unwritten(&o1, POISON_BF16, "o", &case.shape.v()) {
-            problems.push(e);
+        let s = &case.shape;
+        let n = s.t.div_ceil(64);
+        for check in [
+            unwritten(&first.o, POISON_BF16, "o", &s.v()),
+            unwritten(&first.ht, POISON_F32, "ht", &s.state()),
+            unwritten(
+                &first.states,
+                POISON_BF16,
+                "chunk_states",
+                &[s.b * s.h, n, s.dk, s.dv],
+            ),
+        ] {
+            problems.extend(check.err());
         }
-        if let Err(e) = unwritten(&ht1, POISON_F32, "ht", &case.shape.state()) {
-            problems.push(e);
-        }
-        let differ = o1.iter().zip(&o2).filter(|(x, y)| x != y).count()
-            + ht1.iter().zip(&ht2).filter(|(x, y)| x != y).count();
+        let differ = first
+            .o
+            .iter()
+            .zip(&second.o)
+            .filter(|(x, y)| x != y)
+            .count()
+            + first
+                .ht
+                .iter()
+                .zip(&second.ht)
+                .filter(|(x, y)| x != y)
+                .count()
+            + first
+                .states
+                .iter()
+                .zip(&second.states)
+                .filter(|(x, y)| x != y)
+                .count();
         if differ > 0 {
             problems.push(format!(
                 "not deterministic: {differ} elements differ between two runs"
@@ -196,8 +269,18 @@ fn run_case(fwd: &mut GlaForward, stream: &Arc<CudaStream>, case: &Case) -> Chec
             .join()
             .map_err(|_| "the reference panicked".to_string())?
             .map_err(err)?;
-        let o = bf16_values(&o1);
-        let ht = f32_values(&ht1);
+        let want_states = reference_states
+            .join()
+            .map_err(|_| "the reference panicked".to_string())?
+            .map_err(err)?;
+        let want_states = Tensor::from_vec(
+            &[s.b * s.h, n, s.dk, s.dv],
+            stored_states(&want_states, &inputs),
+        )
+        .map_err(err)?;
+        let o = bf16_values(&first.o);
+        let ht = f32_values(&first.ht);
+        let states = bf16_values(&first.states);
         let mut error_of = |what: &str, got: &[f64], want| {
             compare(what, got, want, TOL).unwrap_or_else(|e| {
                 problems.push(e);
@@ -206,8 +289,9 @@ fn run_case(fwd: &mut GlaForward, stream: &Arc<CudaStream>, case: &Case) -> Chec
         };
         let e_o = error_of("o", &o, &want.o);
         let e_ht = error_of("ht", &ht, &want.final_state);
+        let e_states = error_of("chunk_states", &states, &want_states);
         let summary = format!(
-            "S={} cps={} R={} rel err o {e_o:.2e} ht {e_ht:.2e}",
+            "S={} cps={} R={} rel err o {e_o:.2e} ht {e_ht:.2e} chunk states {e_states:.2e}",
             plan.num_segments, plan.chunks_per_segment, plan.states_splits
         );
         if problems.is_empty() {
@@ -406,9 +490,11 @@ fn backward_cases() -> Vec<BackwardCase> {
     out
 }
 
-/// A backward case's tensors on the device: the forward's inputs, d_o and dht, the gradients.
+/// A backward case's tensors on the device: the forward's inputs and outputs (with the chunk
+/// states the backward takes), d_o and dht, the gradients.
 struct BackwardBuffers {
     inputs: ForwardBuffers,
+    chunk_states: CudaSlice<bf16>,
     d_o: CudaSlice<bf16>,
     dht: Option<CudaSlice<f32>>,
     dq: CudaSlice<bf16>,
@@ -453,14 +539,17 @@ fn bits_of_f32(
 }
 
 impl BackwardBuffers {
+    /// Uploads the inputs and runs the forward for its chunk states.
     fn upload(
+        fwd: &mut GlaForward,
         stream: &Arc<CudaStream>,
         inputs: &Inputs,
         cot: &Cotangents,
     ) -> std::result::Result<Self, String> {
         let s = ForwardShape::from(inputs.shape);
-        let dev = BackwardBuffers {
+        let mut dev = BackwardBuffers {
             inputs: ForwardBuffers::upload(stream, inputs)?,
+            chunk_states: stream.alloc_zeros(chunk_states_len(&s)).map_err(err)?,
             d_o: stream.clone_htod(&to_bf16(&cot.d_o)).map_err(err)?,
             dht: match &cot.d_ht {
                 Some(d) => Some(stream.clone_htod(&to_f32(d)).map_err(err)?),
@@ -472,6 +561,10 @@ impl BackwardBuffers {
             dg: stream.alloc_zeros(s.qk_len()).map_err(err)?,
             dh0: stream.alloc_zeros(s.state_len()).map_err(err)?,
         };
+        let mut args = dev.inputs.args(s, inputs.scale as f32);
+        args.chunk_states = Some(DeviceMut::new(&mut dev.chunk_states));
+        fwd.launch(stream, args)
+            .map_err(|e| format!("forward launch: {e}"))?;
         stream.synchronize().map_err(err)?;
         Ok(dev)
     }
@@ -485,6 +578,7 @@ impl BackwardBuffers {
             v: DeviceRef::new(&i.v),
             g: DeviceRef::new(&i.g),
             h0: i.h0.as_ref().map(DeviceRef::new),
+            chunk_states: DeviceRef::new(&self.chunk_states),
             d_o: DeviceRef::new(&self.d_o),
             dht: self.dht.as_ref().map(DeviceRef::new),
             dq: DeviceMut::new(&mut self.dq),
@@ -534,6 +628,7 @@ impl BackwardBuffers {
 }
 
 fn run_backward_case(
+    fwd: &mut GlaForward,
     bwd: &mut GlaBackward,
     stream: &Arc<CudaStream>,
     case: &BackwardCase,
@@ -554,7 +649,7 @@ fn run_backward_case(
     let plan = bwd.plan(&shape).map_err(err)?;
     std::thread::scope(|scope| {
         let reference = scope.spawn(|| gla::backward(&inputs, 64, 16, &cot.d_o, cot.d_ht.as_ref()));
-        let mut dev = BackwardBuffers::upload(stream, &inputs, &cot)?;
+        let mut dev = BackwardBuffers::upload(fwd, stream, &inputs, &cot)?;
         let first = dev.run(bwd, stream, shape, scale)?;
         let second = dev.run(bwd, stream, shape, scale)?;
         let s = &case.shape;
@@ -624,8 +719,9 @@ fn diff_norm(got: &[f64], want: &Tensor) -> f64 {
 type Edit = dyn Fn(&mut GlaBackwardArgs<'_>);
 
 /// Backward calls that must fail with `InvalidArgument` before any launch (dq stays poisoned):
-/// a d_o one element short, and Dv = 96.
+/// a d_o one element short, chunk states one row short, and Dv = 96.
 fn backward_rejection_checks(
+    fwd: &mut GlaForward,
     bwd: &mut GlaBackward,
     stream: &Arc<CudaStream>,
 ) -> std::result::Result<Vec<(String, CheckResult)>, String> {
@@ -647,13 +743,18 @@ fn backward_rejection_checks(
     })
     .map_err(err)?;
     let cot = Cotangents::generate(shape, 7, true, true).map_err(err)?;
-    let mut dev = BackwardBuffers::upload(stream, &inputs, &cot)?;
+    let mut dev = BackwardBuffers::upload(fwd, stream, &inputs, &cot)?;
     let valid = ForwardShape::from(shape);
     let mut out = Vec::new();
-    let edits: [(&str, &str, &Edit); 2] = [
+    let edits: [(&str, &str, &Edit); 3] = [
         ("short_d_o", "d_o has", &|a| {
             // SAFETY: only the length is wrong; the call must refuse before reading it.
             a.d_o = unsafe { DeviceRef::from_raw(a.d_o.addr(), a.d_o.len() - 1) };
+        }),
+        ("short_chunk_states", "chunk_states has", &|a| {
+            // SAFETY: as above.
+            let states = a.chunk_states;
+            a.chunk_states = unsafe { DeviceRef::from_raw(states.addr(), states.len() - 64) };
         }),
         ("dv_96", "Dv = 96", &|a| a.shape.dv = 96),
     ];
@@ -681,19 +782,24 @@ fn backward_rejection_checks(
     Ok(out)
 }
 
-fn with_backward(checks: impl FnOnce(&mut GlaBackward, &Arc<CudaStream>, &mut Report)) {
-    on_one_gpu(LIMIT, |rt, report| match GlaBackward::new(rt) {
-        Err(e) => report.record("gla_bwd_init", Err(e.to_string()), 0.0),
-        Ok(mut bwd) => checks(&mut bwd, rt.stream(), report),
+/// Runs `checks` with a forward (for the chunk states) and a backward on the one GPU.
+fn with_backward(
+    checks: impl FnOnce(&mut GlaForward, &mut GlaBackward, &Arc<CudaStream>, &mut Report),
+) {
+    on_one_gpu(LIMIT, |rt, report| {
+        match GlaForward::new(rt).and_then(|fwd| Ok((fwd, GlaBackward::new(rt)?))) {
+            Err(e) => report.record("gla_bwd_init", Err(e.to_string()), 0.0),
+            Ok((mut fwd, mut bwd)) => checks(&mut fwd, &mut bwd, rt.stream(), report),
+        }
     });
 }
 
 #[test]
 fn gla_backward_matches_the_reference() {
-    with_backward(|bwd, stream, report| {
+    with_backward(|fwd, bwd, stream, report| {
         for case in backward_cases() {
             let t0 = Instant::now();
-            let result = run_backward_case(bwd, stream, &case);
+            let result = run_backward_case(fwd, bwd, stream, &case);
             report.record(&case.name(), result, t0.elapsed().as_secs_f64());
         }
     });
@@ -702,7 +808,7 @@ fn gla_backward_matches_the_reference() {
 #[test]
 fn gla_backward_bad_arguments_are_rejected_before_any_launch() {
     with_backward(
-        |bwd, stream, report| match backward_rejection_checks(bwd, stream) {
+        |fwd, bwd, stream, report| match backward_rejection_checks(fwd, bwd, stream) {
             Ok(checks) => checks
                 .into_iter()
                 .for_each(|(name, result)| report.record(&name, result, 0.0)),

@@ -1,13 +1,13 @@
 // GLA (per-key log-decays), backward, chunkwise (C = 64), for sm_90a (wgmma).
 //
-// Two walks carry the states and one fully parallel kernel computes the gradients (the maths and
-// the launch sequence: lasp/gla/backward_params.h):
-//   lasp_gla_bwd_summary_dk*   every segment but the first (reverse: but the last) from zero: its
-//                              end state and log-decay, so that the walks can start in parallel
-//   lasp_gla_bwd_fold          the state entering each segment, and the gradient leaving it
-//   lasp_gla_bwd_walk_dk*      forward: S_n of every chunk into h; reverse: dS_{n+1} of every chunk
-//                              into dh (and dh0), both bf16
-//   lasp_gla_bwd_grads_dk*_dv* chunk by chunk, from q, k, v, dO, g, S_n and dS_{n+1}: dq, dk, dv, dg
+// The forward leaves the state entering every chunk (chunk_states); the backward walks the reverse
+// recurrence for the state gradients and then computes every chunk's gradients on its own (the
+// maths and the launch sequence: lasp/gla/backward_params.h):
+//   lasp_gla_bwd_summary_dk*_dv*  every segment but the first, from zero: its gradient summary and
+//                                 log-decay, so that the walks can start in parallel
+//   lasp_gla_bwd_fold             the gradient leaving each segment
+//   lasp_gla_bwd_walk_dk*_dv*     dS_{n+1} of every chunk into dh (bf16), and dh0
+//   lasp_gla_bwd_grads_dk*_dv*    chunk by chunk, from q, k, v, dO, g, S_n and dS_{n+1}: dq, dk, dv, dg
 // A chunk's gradients need nothing from another chunk beyond S_n and dS_{n+1} (the gate gradient's
 // sum over later chunks is rowsum(S_{n+1} (.) dS_{n+1})), so the grads kernel runs one CTA per
 // chunk with no order between them.
@@ -21,119 +21,125 @@ namespace lasp {
 namespace gla {
 
 // ---------------------------------------------------------------------------------------------
-// The walks: one warpgroup per (64 Dv columns, segment, direction, b*H+h), its fp32 state tile
-// [Dk x 64] in registers. Per chunk, with X the chunk's K (forward) or Q (reverse) and Y the
-// matching 64 columns of V or dO:
-//   forward   store S_n;      S <- diag(e^{gamma}) S + (X (.) e^{gamma - b})^T Y
-//   reverse   store dS_{n+1}; S <- diag(e^{gamma}) S + (X (.) sigma e^{b})^T Y
-// Every weight is <= 1 (<= sigma): no chunk is steep here. The store goes through shared memory
-// (the chunk's gate tile, read no more by then) so that every global store is a whole 16 bytes of
-// a row.
+// The walk: one CTA per (segment, b*H+h) with one warpgroup per 64 columns of Dv, each holding its
+// fp32 gradient tile [Dk x 64] in registers; the gate work of a chunk is done once for all of them.
+// From the segment's last chunk to its first:
+//   store dS_{n+1};  dS <- diag(e^{gamma}) dS + (Q (.) sigma e^{b})^T dO
+// Every weight is <= sigma: no chunk is steep here. The store goes through shared memory (the
+// chunk's gate tile, read no more by then) so that every global store is a whole 16 bytes of a
+// row.
 // ---------------------------------------------------------------------------------------------
-constexpr int kWalkThreads = LASP_GLA_WALK_THREADS;
 constexpr int kWalkStages = LASP_GLA_WALK_STAGES;
 
-template <int DK>
+template <int DK, int DV>
 struct WalkLayout {
-  static constexpr uint32_t kX = 0;
-  static constexpr uint32_t kY = kChunk * DK * 2;
-  static constexpr uint32_t kGates = kY + kChunk * 64 * 2;
+  static constexpr int kThreads = 128 * (DV / 64);
+  static constexpr uint32_t kQ = 0;
+  static constexpr uint32_t kDo = kChunk * DK * 2;
+  static constexpr uint32_t kGates = kDo + kChunk * DV * 2;
   static constexpr uint32_t kStageBytes = kGates + kChunk * DK * 4;
-  static constexpr uint32_t kDecay = kWalkStages * kStageBytes;  // fp32 [DK]: e^{gamma}
-  static constexpr uint32_t kTotals = kDecay + DK * 4;           // float2 [row block][pair]
-  static constexpr uint32_t kBytes = kTotals + kWalkThreads * 8;
-  static_assert(kY % 1024 == 0 && kGates % 1024 == 0 && kStageBytes % 1024 == 0, "tiles stay 1024-byte aligned");
-  static_assert(DK * 64 * 2 <= kChunk * DK * 4, "a bf16 state tile fits in the gate tile it is staged in");
+  static constexpr uint32_t kTotals = kWalkStages * kStageBytes;  // float2 [row block][pair], then e^{gamma}
+  static constexpr uint32_t kBytes = kTotals + kThreads * 8;
+  static constexpr uint32_t kStagingBlock = DK * 64 * 2;  // a warpgroup's bf16 state tile
+  static_assert(kDo % 1024 == 0 && kGates % 1024 == 0 && kStageBytes % 1024 == 0, "tiles stay 1024-byte aligned");
+  static_assert(DK * DV * 2 <= kChunk * DK * 4, "the staged state fits in the gate tile");
+  static_assert(DK * 4 <= kThreads * 8, "e^{gamma} fits where the scan totals were");
   static __device__ __forceinline__ uint32_t stage(int i) { return (i % kWalkStages) * kStageBytes; }
 };
 
-// Walks segment `sg` for Dv tile vt in the direction `reverse` from the state in `s`, storing the
-// bf16 state before each chunk's update to `store` + chunk * Dk * Dv (row-major [Dk, Dv]) unless
-// it is NULL; leaves the end state in `s` and the segment's log-decay (this thread's column pair
-// of the gate lane `gl`) in `lambda`.
-template <int DK>
-__device__ __forceinline__ void run_walk(const lasp_gla_bwd_params& p, const Segment& sg, int vt, bool reverse,
-                                         StateRegs<DK>& s, uint16_t* store, float2& lambda) {
-  using L = WalkLayout<DK>;
-  using G = GateLane<DK, kWalkThreads>;
-  static_assert(L::kBytes == lasp_gla_walk_smem_bytes(DK), "shared-memory map and host formula disagree");
+// Walks segment `sg` from its last chunk to its first, from the gradient in `s` (warpgroup
+// `group`'s 64 columns), storing the bf16 gradient leaving each chunk to `store` + chunk * Dk * Dv
+// (row-major [Dk, Dv]) unless it is NULL; leaves the gradient entering the segment in `s` and the
+// segment's log-decay (this thread's column pair of its gate lane) in `lambda`.
+template <int DK, int DV>
+__device__ __forceinline__ void run_walk(const lasp_gla_bwd_params& p, const Segment& sg, StateRegs<DK>& s,
+                                         uint16_t* store, float2& lambda) {
+  using L = WalkLayout<DK, DV>;
+  constexpr int kThreads = L::kThreads;
+  using G = GateLane<DK, kThreads>;
+  static_assert(L::kBytes == lasp_gla_walk_smem_bytes(DK, DV), "shared-memory map and host formula disagree");
   extern __shared__ __align__(1024) uint8_t smem[];
   const uint32_t sbase = smem_addr(smem);
-  const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
+  const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31, group = tid >> 7;
   const int64_t row0 = (int64_t)sg.b * sg.T * sg.H + sg.h;  // token 0 of (b, h)
-  const int64_t x_stride = (int64_t)sg.H * DK, y_stride = (int64_t)sg.H * sg.Dv;
-  const uint16_t* x = (reverse ? p.q : p.k) + row0 * DK;
-  const uint16_t* y = (reverse ? p.d_o : p.v) + row0 * sg.Dv + vt * 64;
+  const int64_t qk_stride = (int64_t)sg.H * DK, v_stride = (int64_t)sg.H * DV;
+  const uint16_t* q = p.q + row0 * DK;
+  const uint16_t* d_o = p.d_o + row0 * DV;
   const float* gate = p.g + row0 * DK;
-  float* decay = reinterpret_cast<float*>(smem + L::kDecay);
-  auto chunk_of = [&](int j) { return reverse ? sg.c_begin + sg.n_chunks - 1 - j : sg.c_begin + j; };
+  float* decay = reinterpret_cast<float*>(smem + L::kTotals);
+  auto chunk_of = [&](int j) { return sg.c_begin + sg.n_chunks - 1 - j; };
 
   auto issue_step = [&](int j) {
     const uint32_t stage = sbase + L::stage(j);
     const int tok0 = chunk_of(j) * kChunk;
     const int valid = min(kChunk, sg.T - tok0);
-    chunk::copy_tile_async<DK / 8, kWalkThreads>(stage + L::kX, x + tok0 * x_stride, x_stride, valid, tid);
-    chunk::copy_tile_async<8, kWalkThreads>(stage + L::kY, y + tok0 * y_stride, y_stride, valid, tid);
-    copy_gates_async<DK, kWalkThreads>(stage + L::kGates, gate + tok0 * x_stride, x_stride, valid, tid);
+    chunk::copy_tile_async<DK / 8, kThreads>(stage + L::kQ, q + tok0 * qk_stride, qk_stride, valid, tid);
+    chunk::copy_tile_async<DV / 8, kThreads>(stage + L::kDo, d_o + tok0 * v_stride, v_stride, valid, tid);
+    copy_gates_async<DK, kThreads>(stage + L::kGates, gate + tok0 * qk_stride, qk_stride, valid, tid);
   };
 
   const StateLane ln{16 * warp, lane >> 2, lane & 3};
   const G gl(tid);
-  if (sg.n_chunks > 0) issue_step(0);
-  cp_async_commit();
+#pragma unroll
+  for (int j = 0; j < kWalkStages - 1; ++j) {
+    if (j < sg.n_chunks) issue_step(j);
+    cp_async_commit();
+  }
   lambda = make_float2(0.f, 0.f);
   for (int j = 0; j < sg.n_chunks; ++j) {
-    cp_async_wait<0>();
-    __syncthreads();  // chunk j has landed, for every thread
+    cp_async_wait<kWalkStages - 2>();
+    __syncthreads();  // chunk j has landed, for every thread; chunk j-1's e^{gamma} is read
     const uint32_t stage = L::stage(j);
     float* s_gates = reinterpret_cast<float*>(smem + stage + L::kGates);
     float2* totals = reinterpret_cast<float2*>(smem + L::kTotals);
     scan_row_block(s_gates, totals, gl);
     __syncthreads();  // every row block's total is written
     const ColumnScan cs = scan_columns(s_gates, totals, gl);
-    if (gl.first == 0)
-      reinterpret_cast<float2*>(decay)[gl.pair] = make_float2(exp_nonpos(cs.gamma.x), exp_nonpos(cs.gamma.y));
-    // X~ in place, eight rows at a time with their loads first.
+    // Q (.) sigma e^{b} in place, eight rows at a time with their loads first.
     float2 run = cs.before;
     constexpr int kBatch = 8;
     static_assert(G::kRows % kBatch == 0, "whole batches of rows");
 #pragma unroll
     for (int i0 = 0; i0 < G::kRows; i0 += kBatch) {
       float2 a[kBatch];
-      uint32_t xw[kBatch];
+      uint32_t qw[kBatch];
 #pragma unroll
       for (int i = 0; i < kBatch; ++i) {
         const int r = gl.first + i0 + i;
         a[i] = gate_pair<DK>(s_gates, r, gl.pair);
-        xw[i] = *reinterpret_cast<const uint32_t*>(smem + stage + L::kX + gl.tile_offset(r));
+        qw[i] = *reinterpret_cast<const uint32_t*>(smem + stage + L::kQ + gl.tile_offset(r));
       }
 #pragma unroll
       for (int i = 0; i < kBatch; ++i) {
         run = add2(run, a[i]);
-        const float2 w = reverse ? make_float2(p.scale * exp_nonpos(run.x), p.scale * exp_nonpos(run.y))
-                                 : make_float2(exp_nonpos(cs.gamma.x - run.x), exp_nonpos(cs.gamma.y - run.y));
-        *reinterpret_cast<uint32_t*>(smem + stage + L::kX + gl.tile_offset(gl.first + i0 + i)) =
-            scale_bf16x2(xw[i], w.x, w.y);
+        *reinterpret_cast<uint32_t*>(smem + stage + L::kQ + gl.tile_offset(gl.first + i0 + i)) =
+            scale_bf16x2(qw[i], p.scale * exp_nonpos(run.x), p.scale * exp_nonpos(run.y));
       }
     }
     lambda = add2(lambda, cs.gamma);
-    wg::fence_proxy_async();  // X~ visible to wgmma's async proxy
+    wg::fence_proxy_async();  // the decayed Q visible to wgmma's async proxy
     wg::wait<0>();            // chunk j-1's update is done: s is final, its stage is free
-    __syncthreads();          // X~ and e^{gamma} complete; the gate tile is read no more
-    if (j + 1 < sg.n_chunks) issue_step(j + 1);
+    __syncthreads();          // the decayed Q complete; the gates and the scan totals are read no more
+    if (j + kWalkStages - 1 < sg.n_chunks) issue_step(j + kWalkStages - 1);
     cp_async_commit();
+    if (gl.first == 0)
+      reinterpret_cast<float2*>(decay)[gl.pair] = make_float2(exp_nonpos(cs.gamma.x), exp_nonpos(cs.gamma.y));
+    // The gradient leaving this chunk, as bf16 rows.
+    uint8_t* staging = smem + stage + L::kGates;
     if (store) {
-      // The state entering this chunk (forward) or leaving it (reverse), as bf16 rows.
-      uint8_t* staging = smem + stage + L::kGates;
+      uint8_t* mine = staging + group * L::kStagingBlock;
       for_each_state_pair<DK>(s, ln, [&](float& x0, float& x1, int d, int c) {
-        *reinterpret_cast<uint32_t*>(staging + swizzle(d, c / 8, DK) + 4 * ln.t) = pack_bf16x2(x0, x1);
+        *reinterpret_cast<uint32_t*>(mine + swizzle(d, c / 8, DK) + 4 * ln.t) = pack_bf16x2(x0, x1);
       });
-      __syncthreads();
-      uint16_t* dst = store + (int64_t)chunk_of(j) * DK * sg.Dv + vt * 64;
-      for (int i = tid; i < DK * 8; i += kWalkThreads) {
-        const int d = i / 8, c16 = i % 8;
-        *reinterpret_cast<uint4*>(dst + (int64_t)d * sg.Dv + 8 * c16) =
-            *reinterpret_cast<const uint4*>(staging + swizzle(d, c16, DK));
+    }
+    __syncthreads();  // e^{gamma} and the staged state are written
+    if (store) {
+      uint16_t* dst = store + (int64_t)chunk_of(j) * DK * DV;
+      constexpr int kPieces = DK * DV / 8;  // 16-byte pieces: [warpgroup][row d][8]
+      for (int i = tid; i < kPieces; i += kThreads) {
+        const int vt = i / (DK * 8), d = (i / 8) % DK, c16 = i % 8;
+        *reinterpret_cast<uint4*>(dst + (int64_t)d * DV + vt * 64 + 8 * c16) =
+            *reinterpret_cast<const uint4*>(staging + vt * L::kStagingBlock + swizzle(d, c16, DK));
       }
     }
     for_each_state_pair<DK>(s, ln, [&](float& x0, float& x1, int d, int) {
@@ -146,8 +152,8 @@ __device__ __forceinline__ void run_walk(const lasp_gla_bwd_params& p, const Seg
 #pragma unroll
       for (int mt = 0; mt < DK / 64; ++mt)
         wg::mma_ss<wg::Major::kMN, wg::Major::kMN>(
-            s[mt], wg::desc_sw128(sbase + stage + L::kX + mt * kBlockBytes + kk * kRow16),
-            wg::desc_sw128(sbase + stage + L::kY + kk * kRow16), true);
+            s[mt], wg::desc_sw128(sbase + stage + L::kQ + mt * kBlockBytes + kk * kRow16),
+            wg::desc_sw128(sbase + stage + L::kDo + group * kBlockBytes + kk * kRow16), true);
     wg::commit();
   }
   wg::wait<0>();
@@ -155,55 +161,50 @@ __device__ __forceinline__ void run_walk(const lasp_gla_bwd_params& p, const Seg
   for (int mt = 0; mt < DK / 64; ++mt) wg::fence_operands(s[mt]);
 }
 
-// The workspace slot (direction, b*H+h, s) of the summaries and the fold, s < S-1.
-__device__ __forceinline__ int64_t summary_slot(const lasp_gla_bwd_params& p, int direction, int64_t bh, int s) {
-  return ((int64_t)direction * p.B * p.H + bh) * (p.num_segments - 1) + s;
+// The workspace slot (b*H+h, s) of the summaries and the fold, s < S-1.
+__device__ __forceinline__ int64_t summary_slot(const lasp_gla_bwd_params& p, int64_t bh, int s) {
+  return bh * (p.num_segments - 1) + s;
 }
 
-// Summary y (grid y): y < S-1 the forward summary of segment y, else the reverse summary of
-// segment y - (S-1) + 1, from zero into slot (direction, b*H+h, y mod (S-1)).
-template <int DK>
+// The state lane of this thread in its warpgroup's tile.
+__device__ __forceinline__ StateLane walk_lane() {
+  const int lane = threadIdx.x & 31;
+  return StateLane{16 * (int)((threadIdx.x >> 5) & 3), lane >> 2, lane & 3};
+}
+
+// Summary y (grid y): segment y + 1 from a zero gradient at its end into slot (b*H+h, y).
+template <int DK, int DV>
 __device__ __forceinline__ void bwd_summary(const lasp_gla_bwd_params& p) {
-  const int slots = p.num_segments - 1, vt = blockIdx.x;
-  const bool reverse = (int)blockIdx.y >= slots;
-  const int slot = blockIdx.y % slots, seg = reverse ? slot + 1 : slot;
-  const Segment sg = segment_of(p, seg * p.chunks_per_segment, p.chunks_per_segment);
-  const StateLane ln{16 * (int)((threadIdx.x >> 5) & 3), (int)(threadIdx.x & 31) >> 2, (int)(threadIdx.x & 3)};
+  const int slot = blockIdx.y, col = 64 * (threadIdx.x >> 7);
+  const Segment sg = segment_of(p, (slot + 1) * p.chunks_per_segment, p.chunks_per_segment);
+  const StateLane ln = walk_lane();
   StateRegs<DK> s;
   chunk::state_zero<DK>(s, ln);
   float2 lambda;
-  run_walk<DK>(p, sg, vt, reverse, s, nullptr, lambda);
-  const int64_t at = summary_slot(p, reverse, blockIdx.z, slot);
-  chunk::state_store<DK>(s, ln, p.ws_m + at * DK * p.Dv + vt * 64, p.Dv);
-  const GateLane<DK, kWalkThreads> gl(threadIdx.x);
-  if (vt == 0 && gl.first == 0) reinterpret_cast<float2*>(p.ws_lambda + at * DK)[gl.pair] = lambda;
+  run_walk<DK, DV>(p, sg, s, nullptr, lambda);
+  const int64_t at = summary_slot(p, blockIdx.z, slot);
+  chunk::state_store<DK>(s, ln, p.ws_m + at * DK * DV + col, DV);
+  const GateLane<DK, WalkLayout<DK, DV>::kThreads> gl(threadIdx.x);
+  if (gl.first == 0) reinterpret_cast<float2*>(p.ws_lambda + at * DK)[gl.pair] = lambda;
 }
 
-// Walk y (grid y): y < S the forward walk of segment y into h, else the reverse walk of segment
-// y - S into dh (segment 0 also writes dh0).
-template <int DK>
+// Walk y (grid y): segment y from the gradient leaving it (dht, or the fold's) into dh; segment
+// 0 also writes dh0.
+template <int DK, int DV>
 __device__ __forceinline__ void bwd_walk(const lasp_gla_bwd_params& p) {
-  const int S = p.num_segments, vt = blockIdx.x;
-  const bool reverse = (int)blockIdx.y >= S;
-  const int seg = blockIdx.y % S;
-  const int64_t bh = blockIdx.z, tile = (int64_t)DK * p.Dv;
+  const int S = p.num_segments, seg = blockIdx.y, col = 64 * (threadIdx.x >> 7);
+  const int64_t bh = blockIdx.z, tile = (int64_t)DK * DV;
   const Segment sg = segment_of(p, seg * p.chunks_per_segment, p.chunks_per_segment);
-  const StateLane ln{16 * (int)((threadIdx.x >> 5) & 3), (int)(threadIdx.x & 31) >> 2, (int)(threadIdx.x & 3)};
-  // The start: forward, h0 or the fold's P_seg; reverse, dht or the gradient leaving segment seg.
-  const float* start = nullptr;
-  if (!reverse)
-    start = seg > 0 ? p.ws_p + summary_slot(p, 0, bh, seg - 1) * tile : p.h0 ? p.h0 + bh * tile : nullptr;
-  else
-    start = seg < S - 1 ? p.ws_p + summary_slot(p, 1, bh, seg) * tile : p.dht ? p.dht + bh * tile : nullptr;
+  const StateLane ln = walk_lane();
+  const float* leaving = seg < S - 1 ? p.ws_p + summary_slot(p, bh, seg) * tile : p.dht ? p.dht + bh * tile : nullptr;
   StateRegs<DK> s;
-  if (start)
-    chunk::state_load<DK>(s, ln, start + vt * 64, p.Dv);
+  if (leaving)
+    chunk::state_load<DK>(s, ln, leaving + col, DV);
   else
     chunk::state_zero<DK>(s, ln);
-  const int64_t chunks = lasp_gla_num_chunks(p.T);
   float2 lambda;
-  run_walk<DK>(p, sg, vt, reverse, s, (reverse ? p.dh : p.h) + bh * chunks * tile, lambda);
-  if (reverse && seg == 0 && p.dh0) chunk::state_store<DK>(s, ln, p.dh0 + bh * tile + vt * 64, p.Dv);
+  run_walk<DK, DV>(p, sg, s, p.dh + bh * lasp_gla_num_chunks(p.T) * tile, lambda);
+  if (seg == 0 && p.dh0) chunk::state_store<DK>(s, ln, p.dh0 + bh * tile + col, DV);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -348,8 +349,13 @@ __device__ __forceinline__ void pack_masked(uint32_t (&pa)[4][4], const float (&
 template <int DK, int DV>
 __device__ __forceinline__ void bwd_grads(const lasp_gla_bwd_params& p) {
   using L = GradsLayout<DK, DV>;
-  using G = GateLane<DK, L::kThreads>;
   constexpr int kThreads = L::kThreads;
+  // The chunk's cumsums, formed by as many threads in the same row blocks as the forward's output
+  // pass forms them: the same bits, hence the same reference row c as the one the forward scaled
+  // the chunk states with.
+  constexpr int kScanThreads = lasp_gla_output_threads(DV);
+  using G = GateLane<DK, kScanThreads>;
+  static_assert(kScanThreads <= kThreads, "the scan's threads are the CTA's first");
   static_assert(L::kBytes == lasp_gla_bwd_grads_smem_bytes(DK, DV), "shared-memory map and host formula disagree");
   static_assert(kThreads == lasp_gla_bwd_grads_threads(DK, DV), "one warpgroup per 64 columns");
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -373,42 +379,52 @@ __device__ __forceinline__ void bwd_grads(const lasp_gla_bwd_params& p) {
   float* cols_g = reinterpret_cast<float*>(smem + L::kColsG);
   float* s_da = reinterpret_cast<float*>(smem + L::kDa);
 
-  // Everything the chunk needs, in one group of copies.
+  // The copies in three groups, in the order of use: the gates, Q and K (the gate work); V and dO
+  // (the score products); the two states (their scaling pass runs under the score products).
+  copy_gates_async<DK, kThreads>(sbase + L::kGates, p.g + row0 * DK, qk_stride, valid, tid);
   chunk::copy_tile_async<DK / 8, kThreads>(sbase + L::kQ, q, qk_stride, valid, tid);
   chunk::copy_tile_async<DK / 8, kThreads>(sbase + L::kK, k, qk_stride, valid, tid);
+  cp_async_commit();
   chunk::copy_tile_async<DV / 8, kThreads>(sbase + L::kV, p.v + row0 * DV, v_stride, valid, tid);
   chunk::copy_tile_async<DV / 8, kThreads>(sbase + L::kDo, p.d_o + row0 * DV, v_stride, valid, tid);
-  copy_gates_async<DK, kThreads>(sbase + L::kGates, p.g + row0 * DK, qk_stride, valid, tid);
+  cp_async_commit();
 #pragma unroll
   for (int mt = 0; mt < DK / 64; ++mt) {
-    chunk::copy_tile_async<DV / 8, kThreads>(sbase + L::kS + mt * L::kStateBlock, p.h + state + mt * 64 * DV, DV,
+    chunk::copy_tile_async<DV / 8, kThreads>(sbase + L::kS + mt * L::kStateBlock, p.chunk_states + state + mt * 64 * DV, DV,
                                              kChunk, tid);
     chunk::copy_tile_async<DV / 8, kThreads>(sbase + L::kDs + mt * L::kStateBlock, p.dh + state + mt * 64 * DV, DV,
                                              kChunk, tid);
   }
   cp_async_commit();
-  cp_async_wait<0>();
-  __syncthreads();
+  cp_async_wait<2>();
+  __syncthreads();  // the gates, Q and K have landed
 
-  // Gate work, part 1: the scan and the references.
+  // Gate work, part 1: the scan and the references (the forward's flat test and reference row).
+  const bool scans = tid < kScanThreads;
   const G gl(tid);
   float2* totals = reinterpret_cast<float2*>(smem + L::kTotals);
-  scan_row_block(s_b, totals, gl);
+  if (scans) scan_row_block(s_b, totals, gl);
   __syncthreads();
-  const ColumnScan cs = scan_columns(s_b, totals, gl);
-  const bool flat_x = cs.head.x - cs.half.x <= kSpanLimit && cs.half.x - cs.gamma.x <= kSpanLimit;
-  const bool flat_y = cs.head.y - cs.half.y <= kSpanLimit && cs.half.y - cs.gamma.y <= kSpanLimit;
-  const float2 rq = make_float2(flat_x ? cs.half.x : 0.f, flat_y ? cs.half.y : 0.f);
-  const float2 rk = make_float2(flat_x ? cs.half.x : cs.gamma.x, flat_y ? cs.half.y : cs.gamma.y);
-  if (gl.first == 0) {
-    reinterpret_cast<float2*>(ref_q)[gl.pair] = rq;
-    reinterpret_cast<float2*>(ref_k)[gl.pair] = rk;
-    reinterpret_cast<float2*>(carry)[gl.pair] = cs.gamma;
+  ColumnScan cs{};
+  bool flat = true;
+  float2 rq{}, rk{};
+  if (scans) {
+    cs = scan_columns(s_b, totals, gl);
+    const bool flat_x = cs.head.x - cs.half.x <= kSpanLimit && cs.half.x - cs.gamma.x <= kSpanLimit;
+    const bool flat_y = cs.head.y - cs.half.y <= kSpanLimit && cs.half.y - cs.gamma.y <= kSpanLimit;
+    flat = flat_x && flat_y;
+    rq = make_float2(flat_x ? cs.half.x : 0.f, flat_y ? cs.half.y : 0.f);
+    rk = make_float2(flat_x ? cs.half.x : cs.gamma.x, flat_y ? cs.half.y : cs.gamma.y);
+    if (gl.first == 0) {
+      reinterpret_cast<float2*>(ref_q)[gl.pair] = rq;
+      reinterpret_cast<float2*>(ref_k)[gl.pair] = rk;
+      reinterpret_cast<float2*>(carry)[gl.pair] = cs.gamma;
+    }
   }
-  const bool steep = __syncthreads_or(!(flat_x && flat_y));
+  const bool steep = __syncthreads_or(!flat);
 
   // Gate work, part 2: Q~ and K^ in place, the cumsums in place of the gates.
-  {
+  if (scans) {
     float2 run = cs.before;
     constexpr int kBatch = 8;
     static_assert(G::kRows % kBatch == 0, "whole batches of rows");
@@ -435,10 +451,38 @@ __device__ __forceinline__ void bwd_grads(const lasp_gla_bwd_params& p) {
       }
     }
   }
-  __syncthreads();  // the references and gamma are written
+  cp_async_wait<1>();
+  wg::fence_proxy_async();  // Q~, K^ and the landed V, dO visible to wgmma's async proxy
+  __syncthreads();          // ... for every thread; the references and gamma are written
 
-  // The state tiles: S_c = diag(e^{c}) S_n and dS' = diag(e^{gamma - c'}) dS_{n+1} in place, and
-  // carry = e^{gamma} rowsum(S_n (.) dS_{n+1}). The 16-byte pieces of a row are DV/8 consecutive
+  const uint32_t sQ = sbase + L::kQ, sK = sbase + L::kK, sV = sbase + L::kV, sDo = sbase + L::kDo;
+  const uint32_t sS = sbase + L::kS, sDs = sbase + L::kDs;
+  const float sigma = p.scale;
+
+  // The score products, every warpgroup its own copy: A^T (rows j, columns r), dA^T, dA. They run
+  // while the states are scaled below.
+  float at[8][4], dat[8][4], da[8][4];
+  wg::fence();
+  if (!steep) {
+#pragma unroll
+    for (int ks = 0; ks < DK / 16; ++ks) {
+      const uint32_t k_step = kBlockBytes * (ks >> 2) + 32 * (ks & 3);
+      wg::mma_ss<wg::Major::kK>(at, wg::desc_sw128(sK + k_step), wg::desc_sw128(sQ + k_step), ks > 0);
+    }
+  }
+#pragma unroll
+  for (int ks = 0; ks < DV / 16; ++ks) {
+    const uint32_t k_step = kBlockBytes * (ks >> 2) + 32 * (ks & 3);
+    wg::mma_ss<wg::Major::kK>(dat, wg::desc_sw128(sV + k_step), wg::desc_sw128(sDo + k_step), ks > 0);
+    wg::mma_ss<wg::Major::kK>(da, wg::desc_sw128(sDo + k_step), wg::desc_sw128(sV + k_step), ks > 0);
+  }
+  wg::commit();
+  cp_async_wait<0>();
+  __syncthreads();  // the states have landed
+
+  // The state tiles: S_c = diag(e^{c}) S_n arrives so (the forward's chunk states); dS' =
+  // diag(e^{gamma - c'}) dS_{n+1} in place, and carry = e^{gamma} rowsum(S_n (.) dS_{n+1}) =
+  // e^{gamma - c} rowsum(S_c (.) dS_{n+1}). The 16-byte pieces of a row are DV/8 consecutive
   // threads, which add their parts with shuffles.
   {
     constexpr int kRowPieces = DV / 8;
@@ -447,53 +491,30 @@ __device__ __forceinline__ void bwd_grads(const lasp_gla_bwd_params& p) {
     for (int i = tid; i < DK * kRowPieces; i += kThreads) {
       const int d = i / kRowPieces, piece = i % kRowPieces;
       const uint32_t at = (d / 64) * L::kStateBlock + swizzle(d % 64, piece, kChunk);
-      uint4 sw = *reinterpret_cast<const uint4*>(smem + L::kS + at);
+      const uint4 sw = *reinterpret_cast<const uint4*>(smem + L::kS + at);
       uint4 dw = *reinterpret_cast<const uint4*>(smem + L::kDs + at);
       const float gamma = carry[d];
-      const float s_scale = exp_nonpos(ref_q[d]), d_scale = exp_nonpos(gamma - ref_k[d]);
+      const float d_scale = exp_nonpos(gamma - ref_k[d]);
       float dot = 0.f;
-      uint32_t* sv = reinterpret_cast<uint32_t*>(&sw);
+      const uint32_t* sv = reinterpret_cast<const uint32_t*>(&sw);
       uint32_t* dv = reinterpret_cast<uint32_t*>(&dw);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         dot = fmaf(bf16_lo(sv[e]), bf16_lo(dv[e]), dot);
         dot = fmaf(bf16_hi(sv[e]), bf16_hi(dv[e]), dot);
-        sv[e] = scale_bf16x2(sv[e], s_scale, s_scale);
         dv[e] = scale_bf16x2(dv[e], d_scale, d_scale);
       }
-      *reinterpret_cast<uint4*>(smem + L::kS + at) = sw;
       *reinterpret_cast<uint4*>(smem + L::kDs + at) = dw;
 #pragma unroll
       for (int m = 1; m < kRowPieces; m <<= 1) dot += __shfl_xor_sync(0xffffffffu, dot, m);
-      if (piece == 0) carry[d] = exp_nonpos(gamma) * dot;
+      if (piece == 0) carry[d] = exp_nonpos(gamma - ref_q[d]) * dot;
     }
   }
   wg::fence_proxy_async();
   __syncthreads();  // every decayed tile is complete
 
-  const uint32_t sQ = sbase + L::kQ, sK = sbase + L::kK, sV = sbase + L::kV, sDo = sbase + L::kDo;
-  const uint32_t sS = sbase + L::kS, sDs = sbase + L::kDs;
-  const float sigma = p.scale;
-
-  // The score fragments, every warpgroup its own copy: A^T (rows j, columns r), dA^T, dA.
   uint32_t p_at[4][4], p_dat[4][4], p_da[4][4];
   {
-    float at[8][4], dat[8][4], da[8][4];
-    wg::fence();
-    if (!steep) {
-#pragma unroll
-      for (int ks = 0; ks < DK / 16; ++ks) {
-        const uint32_t k_step = kBlockBytes * (ks >> 2) + 32 * (ks & 3);
-        wg::mma_ss<wg::Major::kK>(at, wg::desc_sw128(sK + k_step), wg::desc_sw128(sQ + k_step), ks > 0);
-      }
-    }
-#pragma unroll
-    for (int ks = 0; ks < DV / 16; ++ks) {
-      const uint32_t k_step = kBlockBytes * (ks >> 2) + 32 * (ks & 3);
-      wg::mma_ss<wg::Major::kK>(dat, wg::desc_sw128(sV + k_step), wg::desc_sw128(sDo + k_step), ks > 0);
-      wg::mma_ss<wg::Major::kK>(da, wg::desc_sw128(sDo + k_step), wg::desc_sw128(sV + k_step), ks > 0);
-    }
-    wg::commit();
     wg::wait<0>();
     wg::fence_operands(at);
     wg::fence_operands(dat);
@@ -686,10 +707,10 @@ __device__ __forceinline__ void bwd_grads(const lasp_gla_bwd_params& p) {
 }  // namespace gla
 }  // namespace lasp
 
-// The fold, z = 0: ws_p slot (0, bh, s) = P_{s+1} = diag(e^{Lambda_s}) P_s + M_s from P_0 = h0
-// (or 0), ascending; z = 1: ws_p slot (1, bh, s) = the gradient leaving segment s, from dht (or 0)
-// leaving segment S-1, descending through the reverse summaries of segments S-1 .. s+1. One thread
-// per state element (d, c) per b*H+h and direction; only when S > 1.
+// The fold: ws_p slot (bh, s) = the gradient leaving segment s, from dht (or 0) leaving segment
+// S-1, descending through the reverse summaries of segments S-1 .. s+1 (slot s holds segment
+// s+1's): G <- diag(e^{Lambda}) G + M. One thread per state element (d, c) per b*H+h; only when
+// S > 1.
 extern "C" __global__ void __launch_bounds__(LASP_GLA_BWD_FOLD_THREADS)
     lasp_gla_bwd_fold(const __grid_constant__ lasp_gla_bwd_params p) {
   const int64_t n = (int64_t)p.Dk * p.Dv;
@@ -697,13 +718,10 @@ extern "C" __global__ void __launch_bounds__(LASP_GLA_BWD_FOLD_THREADS)
   if (e >= n) return;
   const int64_t bh = blockIdx.y;
   const int d = static_cast<int>(e / p.Dv), slots = p.num_segments - 1;
-  const bool reverse = blockIdx.z == 1;
-  const float* start = reverse ? p.dht : p.h0;
-  float prefix = start ? start[bh * n + e] : 0.f;
-  for (int i = 0; i < slots; ++i) {
-    const int s = reverse ? slots - 1 - i : i;
-    const int64_t slot = lasp::gla::summary_slot(p, reverse, bh, s);
-    prefix = lasp::gla::fold_step(prefix, __ldg(p.ws_lambda + slot * p.Dk + d), __ldg(p.ws_m + slot * n + e));
-    p.ws_p[slot * n + e] = prefix;
+  float leaving = p.dht ? p.dht[bh * n + e] : 0.f;
+  for (int s = slots - 1; s >= 0; --s) {
+    const int64_t slot = lasp::gla::summary_slot(p, bh, s);
+    leaving = lasp::gla::fold_step(leaving, __ldg(p.ws_lambda + slot * p.Dk + d), __ldg(p.ws_m + slot * n + e));
+    p.ws_p[slot * n + e] = leaving;
   }
 }

@@ -8,7 +8,8 @@
 //                                 zero and its log-decay Lambda in R^Dk (lasp::gla::run_states_segment)
 //   2. lasp_gla_fold              P_0 = h0, P <- diag(e^{Lambda}) P + M over the pieces in order
 //   3. lasp_gla_output_dk*_dv*    segment s from P_s: O for every token, S on chip in fp32, the last
-//                                 segment writes the final state (lasp::gla::run_output_segment)
+//                                 segment writes the final state (lasp::gla::run_output_segment);
+//                                 in training, the bf16 state entering every chunk (chunk_states)
 // With S == 1 only kernel 3 runs. The chunk maths, and how the scores stay a tensor-core product
 // under per-key decays: lasp/gla/chunk.cuh.
 #include <math.h>
@@ -43,8 +44,9 @@ __device__ __forceinline__ void run_output(const lasp_gla_params& p) {
   const int64_t tile = (int64_t)DK * DV;
   const float* prefix = seg > 0 ? p.ws_p + (bh * (p.num_segments - 1) + seg - 1) * tile
                                 : p.h0 ? p.h0 + bh * tile : nullptr;
+  uint16_t* chunk_states = p.chunk_states ? p.chunk_states + bh * lasp_gla_num_chunks(p.T) * tile : nullptr;
   run_output_segment<DK, DV>(
-      p, sg,
+      p, sg, chunk_states,
       [&](StateRegs<DK>& s, const StateLane& ln, int group) {
         if (prefix)
           chunk::state_load<DK>(s, ln, prefix + group * 64, DV);

@@ -87,7 +87,7 @@ __device__ __forceinline__ void lasp2_output(const lasp_gla_lasp2_params& p) {
   const int64_t tile = (int64_t)DK * DV;
   const uint64_t tile_floats = lasp_gla_lasp2_tile_floats(DK);
   run_output_segment<DK, DV>(
-      p, sg,
+      p, sg, nullptr,
       [&](StateRegs<DK>& s, const StateLane& ln, int group) {
         if (p.h0)
           chunk::state_load<DK>(s, ln, p.h0 + bh * tile + group * 64, DV);

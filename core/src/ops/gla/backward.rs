@@ -8,7 +8,10 @@
 use super::forward::{
     check_inputs, check_measured, require_shared_memory, validate_gates_of, width_index,
 };
-use super::plan::{check_forced_segments, split_into_segments, validate_as, CHUNK};
+use super::plan::{
+    check_forced_segments, chunk_states_len, split_into_segments, validate_as, CHUNK,
+    CHUNK_STATES_LAYOUT,
+};
 use super::GlaBackwardParams;
 use crate::error::{Error, Result};
 use crate::kernel::{Kernel, LaunchShape};
@@ -20,10 +23,12 @@ use lasp_shmem_kernels::{instances, params as header};
 use std::sync::Arc;
 
 const OP: &str = "GLA backward";
-const WALK_THREADS: u32 = header::LASP_GLA_WALK_THREADS;
 const FOLD_THREADS: u32 = header::LASP_GLA_BWD_FOLD_THREADS;
-/// The most segments per sequence: the walks' grid y is 2S.
-const MAX_SEGMENTS: usize = 65_535 / 2;
+/// The most segments per sequence (the walk's grid y).
+const MAX_SEGMENTS: usize = 65_535;
+/// The share of the SMs that walks of one segment per (b, h) must fill for the plan to take one
+/// segment.
+const ONE_SEGMENT_FILL: f64 = 0.45;
 /// Alignment of every part of the workspace.
 const PART_ALIGN: u64 = 256;
 
@@ -45,6 +50,9 @@ pub struct GlaBackwardArgs<'a> {
     pub g: DeviceRef<'a, f32>,
     /// The forward's initial state `[B, H, Dk, Dv]` fp32, 8-byte aligned; `None` for zero.
     pub h0: Option<DeviceRef<'a, f32>>,
+    /// The state entering every chunk, as the forward wrote it
+    /// ([`super::GlaArgs::chunk_states`]): `[B*H, ceil(T / 64), Dk, Dv]` bf16, 16-byte aligned.
+    pub chunk_states: DeviceRef<'a, bf16>,
     /// The gradient of o `[B, T, H, Dv]`, bf16, contiguous, 16-byte aligned.
     pub d_o: DeviceRef<'a, bf16>,
     /// The gradient of the final state `[B, H, Dk, Dv]` fp32, 8-byte aligned; `None` for zero.
@@ -65,13 +73,14 @@ pub struct GlaBackwardArgs<'a> {
 
 impl<'a> GlaBackwardArgs<'a> {
     /// The streams of the buffers the views come from ([`crate::ops`], "Ordering").
-    pub(crate) fn homes(&self) -> [Option<&'a Arc<CudaStream>>; 12] {
+    pub(crate) fn homes(&self) -> [Option<&'a Arc<CudaStream>>; 13] {
         [
             self.q.home(),
             self.k.home(),
             self.v.home(),
             self.g.home(),
             self.h0.and_then(|h0| h0.home()),
+            self.chunk_states.home(),
             self.d_o.home(),
             self.dht.and_then(|d| d.home()),
             self.dq.home(),
@@ -93,6 +102,13 @@ impl<'a> GlaBackwardArgs<'a> {
             &checks,
             &[
                 ("d_o", self.d_o.len(), v, s.v_len(), self.d_o.addr()),
+                (
+                    "chunk_states",
+                    self.chunk_states.len(),
+                    CHUNK_STATES_LAYOUT,
+                    chunk_states_len(s),
+                    self.chunk_states.addr(),
+                ),
                 ("dq", self.dq.len(), qk, s.qk_len(), self.dq.addr()),
                 ("dk", self.dk.len(), qk, s.qk_len(), self.dk.addr()),
                 ("dv", self.dv.len(), v, s.v_len(), self.dv.addr()),
@@ -109,6 +125,7 @@ impl<'a> GlaBackwardArgs<'a> {
         )?;
         let scale = checks.scale(self.scale, s)?;
         inputs.push(("d_o", self.d_o.byte_range()));
+        inputs.push(("chunk_states", self.chunk_states.byte_range()));
         inputs.extend(self.dht.map(|d| ("dht", d.byte_range())));
         let mut outputs = vec![
             ("dq", self.dq.byte_range()),
@@ -122,11 +139,17 @@ impl<'a> GlaBackwardArgs<'a> {
     }
 }
 
+/// Threads of the walks and the summary kernel (`lasp_gla_walk_threads`): a warpgroup per 64
+/// columns of Dv.
+pub(crate) fn walk_threads(dv: usize) -> u32 {
+    128 * (dv as u32 / 64)
+}
+
 /// Shared-memory bytes of the walks and the summary kernel (`lasp_gla_walk_smem_bytes`).
-pub(crate) fn walk_smem_bytes(dk: usize) -> u32 {
-    let (c, dk) = (CHUNK as u32, dk as u32);
-    let stage = c * dk * 2 + c * 64 * 2 + c * dk * 4;
-    header::LASP_GLA_WALK_STAGES * stage + dk * 4 + 8 * WALK_THREADS
+pub(crate) fn walk_smem_bytes(dk: usize, dv: usize) -> u32 {
+    let (c, dk, dv_) = (CHUNK as u32, dk as u32, dv as u32);
+    let stage = c * dk * 2 + c * dv_ * 2 + c * dk * 4;
+    header::LASP_GLA_WALK_STAGES * stage + 8 * walk_threads(dv)
 }
 
 /// Threads of the grads kernel (`lasp_gla_bwd_grads_threads`): a warpgroup per 64 columns of
@@ -143,14 +166,14 @@ pub(crate) fn grads_smem_bytes(dk: usize, dv: usize) -> u32 {
 }
 
 /// Byte offsets of the workspace's parts that only a backward of several segments per sequence
-/// has (after `h` and `dh`).
+/// has (after `dh`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SegmentOffsets {
-    /// The segments' summaries, fp32 `[2, B*H, S-1, Dk, Dv]`.
+    /// The reverse summaries of segments 1..S-1, fp32 `[B*H, S-1, Dk, Dv]`.
     pub ws_m: u64,
-    /// The fold's prefixes, fp32 `[2, B*H, S-1, Dk, Dv]`.
+    /// The gradient leaving segments 0..S-2, fp32 `[B*H, S-1, Dk, Dv]`.
     pub ws_p: u64,
-    /// The summaries' log-decays, fp32 `[2, B*H, S-1, Dk]`.
+    /// The summaries' log-decays, fp32 `[B*H, S-1, Dk]`.
     pub ws_lambda: u64,
 }
 
@@ -159,22 +182,20 @@ pub struct SegmentOffsets {
 pub struct GlaBackwardPlan {
     /// The shape the plan is for.
     pub shape: ForwardShape,
-    /// Segments per (b, h) that the walks cut each sequence into, S >= 1; none is empty.
+    /// Segments per (b, h) that the walk cuts each sequence into, S >= 1; none is empty.
     pub num_segments: u32,
     /// Chunks of 64 tokens per segment (the last segment may hold fewer).
     pub chunks_per_segment: u32,
-    /// Workspace bytes: `h` at 0 and `dh`, bf16 `[B*H, N, Dk, Dv]` each, then the
-    /// [`SegmentOffsets`] parts when S > 1.
+    /// Workspace bytes: `dh` at 0, bf16 `[B*H, N, Dk, Dv]`, then the [`SegmentOffsets`] parts
+    /// when S > 1.
     pub workspace_bytes: u64,
-    /// Byte offset of `dh` (`h` is at 0).
-    pub dh_offset: u64,
     /// Byte offsets of `ws_m`, `ws_p`, `ws_lambda` (only when S > 1).
     pub segment_offsets: Option<SegmentOffsets>,
     /// The summary kernel's launch (only when S > 1).
     pub summary: Option<LaunchShape>,
     /// The fold kernel's launch (only when S > 1).
     pub fold: Option<LaunchShape>,
-    /// The walks' launch: both directions of every segment.
+    /// The walk's launch: every segment.
     pub walk: LaunchShape,
     /// The grads kernel's launch: one CTA per (chunk, b*H+h).
     pub grads: LaunchShape,
@@ -198,22 +219,23 @@ impl GlaBackwardPlan {
         let (b, t, h, dk, dv) = (shape.b, shape.t, shape.h, shape.dk, shape.dv);
         let chunks = t.div_ceil(CHUNK);
         let bh = b * h;
-        let vtiles = dv / 64;
-        // Each walk CTA covers 64 value columns of one (segment, b*H+h): as many segments as
-        // give every SM one CTA per direction.
-        let (segments, per_segment) = split_into_segments(
-            chunks,
-            force_segments,
-            (sm_count as usize).div_ceil(bh * vtiles),
-            MAX_SEGMENTS,
-            OP,
-        )?;
+        // A walk CTA takes a whole SM. Walks on about half the SMs already draw most of the
+        // memory's bandwidth, and a segment after the first costs its summary's reads too: one
+        // segment unless B*H walks would leave more of the SMs idle, else as many as give every
+        // SM a walk (H100, B=4 T=8K H=16: one segment 0.05 ms faster than two; B=1 T=32K:
+        // eight 0.17 ms faster than four).
+        let auto = if bh as f64 >= ONE_SEGMENT_FILL * sm_count as f64 {
+            1
+        } else {
+            sm_count as usize / bh
+        };
+        let (segments, per_segment) =
+            split_into_segments(chunks, force_segments, auto, MAX_SEGMENTS, OP)?;
         let many = segments > 1;
         let states = (bh * chunks * dk * dv * 2) as u64;
-        let dh_offset = align_part(states);
-        let after_dh = dh_offset + align_part(states);
+        let after_dh = align_part(states);
         let boundaries = (bh * (segments - 1)) as u64;
-        let summaries = 2 * boundaries * (dk * dv * 4) as u64;
+        let summaries = boundaries * (dk * dv * 4) as u64;
         let segment_offsets = many.then(|| {
             let ws_p = after_dh + align_part(summaries);
             SegmentOffsets {
@@ -223,29 +245,28 @@ impl GlaBackwardPlan {
             }
         });
         let workspace_bytes = match segment_offsets {
-            Some(o) => o.ws_lambda + 2 * boundaries * (dk * 4) as u64,
-            None => dh_offset + states,
+            Some(o) => o.ws_lambda + boundaries * (dk * 4) as u64,
+            None => states,
         };
-        let (bh, vtiles, segments) = (bh as u32, vtiles as u32, segments as u32);
+        let (bh, segments) = (bh as u32, segments as u32);
         let walk_kernel = |y| LaunchShape {
-            grid: (vtiles, y, bh),
-            block: (WALK_THREADS, 1, 1),
-            shared_bytes: walk_smem_bytes(dk),
+            grid: (1, y, bh),
+            block: (walk_threads(dv), 1, 1),
+            shared_bytes: walk_smem_bytes(dk, dv),
         };
         Ok(GlaBackwardPlan {
             shape: *shape,
             num_segments: segments,
             chunks_per_segment: per_segment as u32,
             workspace_bytes,
-            dh_offset,
             segment_offsets,
-            summary: many.then(|| walk_kernel(2 * (segments - 1))),
+            summary: many.then(|| walk_kernel(segments - 1)),
             fold: many.then_some(LaunchShape {
-                grid: (((dk * dv) as u32).div_ceil(FOLD_THREADS), bh, 2),
+                grid: (((dk * dv) as u32).div_ceil(FOLD_THREADS), bh, 1),
                 block: (FOLD_THREADS, 1, 1),
                 shared_bytes: 0,
             }),
-            walk: walk_kernel(2 * segments),
+            walk: walk_kernel(segments),
             grads: LaunchShape {
                 grid: (chunks as u32, bh, 1),
                 block: (grads_threads(dk, dv), 1, 1),
@@ -263,10 +284,10 @@ impl GlaBackwardPlan {
 /// demand (a context synchronisation then) and is freed when the instance is dropped.
 pub struct GlaBackward {
     ctx: Arc<CudaContext>,
-    /// Indexed by Dk: [64, 128].
-    summary: [Kernel; 2],
-    /// Indexed by Dk: [64, 128].
-    walk: [Kernel; 2],
+    /// Indexed by [Dv][Dk]: Dv 64, 128.
+    summary: [[Kernel; 2]; 2],
+    /// Indexed by [Dv][Dk]: Dv 64, 128.
+    walk: [[Kernel; 2]; 2],
     /// Indexed by [Dv][Dk]: Dv 64, 128.
     grads: [[Kernel; 2]; 2],
     fold: Kernel,
@@ -282,19 +303,25 @@ impl GlaBackward {
         require_shared_memory(
             runtime,
             OP,
-            walk_smem_bytes(128).max(grads_smem_bytes(128, 128)),
+            walk_smem_bytes(128, 128).max(grads_smem_bytes(128, 128)),
         )?;
         let module = runtime.module();
-        let summary = module.kernels_per_width(instances::GLA_BWD_SUMMARY)?;
-        let walk = module.kernels_per_width(instances::GLA_BWD_WALK)?;
+        let summary = [
+            module.kernels_per_width(instances::GLA_BWD_SUMMARY_DV64)?,
+            module.kernels_per_width(instances::GLA_BWD_SUMMARY_DV128)?,
+        ];
+        let walk = [
+            module.kernels_per_width(instances::GLA_BWD_WALK_DV64)?,
+            module.kernels_per_width(instances::GLA_BWD_WALK_DV128)?,
+        ];
         let grads = [
             module.kernels_per_width(instances::GLA_BWD_GRADS_DV64)?,
             module.kernels_per_width(instances::GLA_BWD_GRADS_DV128)?,
         ];
         for (i, dk) in [64, 128].into_iter().enumerate() {
-            summary[i].set_max_dynamic_shared_bytes(walk_smem_bytes(dk))?;
-            walk[i].set_max_dynamic_shared_bytes(walk_smem_bytes(dk))?;
             for (j, dv) in [64, 128].into_iter().enumerate() {
+                summary[j][i].set_max_dynamic_shared_bytes(walk_smem_bytes(dk, dv))?;
+                walk[j][i].set_max_dynamic_shared_bytes(walk_smem_bytes(dk, dv))?;
                 grads[j][i].set_max_dynamic_shared_bytes(grads_smem_bytes(dk, dv))?;
             }
         }
@@ -358,7 +385,7 @@ impl GlaBackward {
             plan.workspace_bytes,
             OP,
         )?;
-        // h and dh are never empty, so the workspace is there.
+        // dh is never empty, so the workspace is there.
         let ws = self
             .workspace
             .as_ref()
@@ -381,8 +408,8 @@ impl GlaBackward {
             dv: args.dv.addr() as _,
             dg: args.dg.addr() as _,
             dh0: args.dh0.as_ref().map_or(0, |x| x.addr()) as _,
-            h: base as _,
-            dh: (base + plan.dh_offset) as _,
+            chunk_states: args.chunk_states.addr() as _,
+            dh: base as _,
             ws_m: ws_m as _,
             ws_p: ws_p as _,
             ws_lambda: ws_lambda as _,
@@ -405,10 +432,10 @@ impl GlaBackward {
         // context synchronisation.
         unsafe {
             if let (Some(summary), Some(fold)) = (plan.summary, plan.fold) {
-                self.summary[i].launch(stream, summary, &params)?;
+                self.summary[j][i].launch(stream, summary, &params)?;
                 self.fold.launch(stream, fold, &params)?;
             }
-            self.walk[i].launch(stream, plan.walk, &params)?;
+            self.walk[j][i].launch(stream, plan.walk, &params)?;
             self.grads[j][i].launch(stream, plan.grads, &params)?;
         }
         Ok(plan)

@@ -1,7 +1,10 @@
 //! [`GlaForward`]: the GLA forward's kernels, workspace and launches, and the checks of one
 //! call's tensors ([`GlaArgs`]) before anything is launched.
 
-use super::plan::{check_forced_segments, output_smem_bytes, states_smem_bytes};
+use super::plan::{
+    check_forced_segments, chunk_states_len, output_smem_bytes, states_smem_bytes,
+    CHUNK_STATES_LAYOUT,
+};
 use super::{GlaParams, GlaPlan};
 use crate::error::{Error, Result};
 use crate::kernel::Kernel;
@@ -35,13 +38,18 @@ pub struct GlaArgs<'a> {
     pub o: DeviceMut<'a, bf16>,
     /// Final state `[B, H, Dk, Dv]` fp32, 8-byte aligned; `None` to skip it.
     pub ht: Option<DeviceMut<'a, f32>>,
+    /// The state entering every chunk of 64 tokens, `[B*H, ceil(T / 64), Dk, Dv]` bf16
+    /// ([`chunk_states_len`] elements), 16-byte aligned, each row scaled by the chunk's reference
+    /// decay (`kernels/docs/gla.md`): what the backward takes
+    /// ([`super::GlaBackwardArgs::chunk_states`]). `None` where no backward follows.
+    pub chunk_states: Option<DeviceMut<'a, bf16>>,
     /// `sigma` in `o_t = sigma q_t S_t`; `None` for `Dk^-1/2`.
     pub scale: Option<f32>,
 }
 
 impl<'a> GlaArgs<'a> {
     /// The streams of the buffers the views come from ([`crate::ops`], "Ordering").
-    pub(crate) fn homes(&self) -> [Option<&'a Arc<CudaStream>>; 7] {
+    pub(crate) fn homes(&self) -> [Option<&'a Arc<CudaStream>>; 8] {
         [
             self.q.home(),
             self.k.home(),
@@ -50,6 +58,7 @@ impl<'a> GlaArgs<'a> {
             self.h0.and_then(|h0| h0.home()),
             self.o.home(),
             self.ht.as_ref().and_then(DeviceMut::home),
+            self.chunk_states.as_ref().and_then(DeviceMut::home),
         ]
     }
 
@@ -65,9 +74,23 @@ impl<'a> GlaArgs<'a> {
             checks.length("ht", "[B, H, Dk, Dv]", ht.len(), s.state_len())?;
             checks.aligned("ht", ht.addr(), 8)?;
         }
+        if let Some(states) = &self.chunk_states {
+            checks.length(
+                "chunk_states",
+                CHUNK_STATES_LAYOUT,
+                states.len(),
+                chunk_states_len(s),
+            )?;
+            checks.aligned("chunk_states", states.addr(), 16)?;
+        }
         let scale = checks.scale(self.scale, s)?;
         let mut outputs = vec![("o", self.o.byte_range())];
         outputs.extend(self.ht.as_ref().map(|ht| ("ht", ht.byte_range())));
+        outputs.extend(
+            self.chunk_states
+                .as_ref()
+                .map(|x| ("chunk_states", x.byte_range())),
+        );
         checks.disjoint(&inputs, &outputs)?;
         Ok(scale)
     }
@@ -336,6 +359,7 @@ impl GlaForward {
             o: args.o.addr() as _,
             h0: args.h0.map_or(0, |x| x.addr()) as _,
             ht: args.ht.as_ref().map_or(0, |x| x.addr()) as _,
+            chunk_states: args.chunk_states.as_ref().map_or(0, |x| x.addr()) as _,
             ws_m: ws_m as _,
             ws_p: ws_p as _,
             ws_lambda: ws_lambda as _,

@@ -36,7 +36,7 @@ pub use backward::{GlaBackward, GlaBackwardArgs, GlaBackwardPlan, SegmentOffsets
 pub use family::Gla;
 pub use forward::{check_gate_values, GlaArgs, GlaForward};
 pub use lasp2::{GlaLasp2Forward, Lasp2Params};
-pub use plan::GlaPlan;
+pub use plan::{chunk_states_len, GlaPlan};
 
 /// The C struct `lasp_gla_params` of `lasp/gla/forward_params.h`, passed by value to every GLA
 /// forward kernel. Pointer fields hold device addresses; NULL where a tensor is absent.

@@ -161,6 +161,15 @@ pub(crate) fn split_into_segments(
     Ok((segments, per_segment))
 }
 
+/// How errors name the layout of the states entering every chunk.
+pub(crate) const CHUNK_STATES_LAYOUT: &str = "[B*H, ceil(T / 64), Dk, Dv]";
+
+/// Elements of the states entering every chunk ([`super::GlaArgs::chunk_states`]):
+/// `B*H * ceil(T / 64) * Dk * Dv`.
+pub fn chunk_states_len(shape: &ForwardShape) -> usize {
+    shape.b * shape.h * shape.t.div_ceil(CHUNK) * shape.dk * shape.dv
+}
+
 /// Checks that the GLA forward kernels support `shape`; the error says what to change.
 pub(crate) fn validate(shape: &ForwardShape) -> Result<()> {
     validate_as(

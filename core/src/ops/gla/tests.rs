@@ -2,7 +2,7 @@
 //! (segments, states pieces, launches, workspace) and the argument checks, of the forward and of
 //! the backward.
 
-use super::backward::{grads_smem_bytes, grads_threads, walk_smem_bytes};
+use super::backward::{grads_smem_bytes, grads_threads, walk_smem_bytes, walk_threads};
 use super::forward::check_gate_values;
 use super::plan::{output_smem_bytes, states_smem_bytes};
 use super::*;
@@ -131,6 +131,7 @@ fn arguments_are_checked_against_the_shape_before_any_launch() {
         h0: None,
         o: out(o_addr, n),
         ht: None,
+        chunk_states: None,
         scale,
     };
     assert_eq!(
@@ -148,15 +149,24 @@ fn arguments_are_checked_against_the_shape_before_any_launch() {
 #[test]
 fn backward_shared_memory_matches_the_header() {
     // bindgen does not export the header's inline functions: their values worked out by hand.
-    // The walks: two stages of a [64 x Dk] and a [64 x 64] bf16 tile and the [64 x Dk] fp32
-    // gates, e^gamma (Dk floats), 8 bytes of scan totals per thread.
+    // The walks: a warpgroup per 64 columns of Dv; three stages of a [64 x Dk] and a [64 x Dv]
+    // bf16 tile and the [64 x Dk] fp32 gates, 8 bytes of scan totals per thread.
+    assert_eq!((walk_threads(64), walk_threads(128)), (128, 256));
     assert_eq!(
-        walk_smem_bytes(64),
-        2 * (8_192 + 8_192 + 16_384) + 256 + 1_024
+        walk_smem_bytes(64, 64),
+        3 * (8_192 + 8_192 + 16_384) + 1_024
     );
     assert_eq!(
-        walk_smem_bytes(128),
-        2 * (16_384 + 8_192 + 32_768) + 512 + 1_024
+        walk_smem_bytes(64, 128),
+        3 * (8_192 + 16_384 + 16_384) + 2_048
+    );
+    assert_eq!(
+        walk_smem_bytes(128, 64),
+        3 * (16_384 + 8_192 + 32_768) + 1_024
+    );
+    assert_eq!(
+        walk_smem_bytes(128, 128),
+        3 * (16_384 + 16_384 + 32_768) + 2_048
     );
     // The grads kernel: a warpgroup per 64 columns of max(Dk, Dv).
     let threads = [
@@ -184,62 +194,65 @@ fn backward_shared_memory_matches_the_header() {
         // Within one block's opt-in limit on sm_90 (227 KiB).
         assert!(grads_smem_bytes(dk, dv) <= 227 * 1024);
     }
-    assert!(walk_smem_bytes(128) <= 227 * 1024);
+    assert!(walk_smem_bytes(128, 128) <= 227 * 1024);
 }
 
 #[test]
-fn backward_plans_give_every_sm_a_walk_per_direction() {
-    // B*H = 1, Dv 128: 66 segments wanted, 16 chunks -> one chunk per segment.
+fn backward_plans_cut_sequences_into_segments_for_the_walk() {
+    // B*H = 1: 132 segments wanted (a walk per SM), 16 chunks -> one chunk per segment.
     let p = GlaBackwardPlan::new(&shape(1, 1000, 1, 128, 128), 132, None).unwrap();
     assert_eq!((p.num_segments, p.chunks_per_segment), (16, 1));
     let walk = p.walk;
-    assert_eq!(walk.grid, (2, 32, 1));
-    assert_eq!(walk.block, (128, 1, 1));
-    assert_eq!(walk.shared_bytes, walk_smem_bytes(128));
-    assert_eq!(p.summary.unwrap().grid, (2, 30, 1));
-    assert_eq!(p.summary.unwrap().shared_bytes, walk_smem_bytes(128));
+    assert_eq!(walk.grid, (1, 16, 1));
+    assert_eq!(walk.block, (256, 1, 1));
+    assert_eq!(walk.shared_bytes, walk_smem_bytes(128, 128));
+    assert_eq!(p.summary.unwrap().grid, (1, 15, 1));
+    assert_eq!(p.summary.unwrap().shared_bytes, walk_smem_bytes(128, 128));
     let fold = p.fold.unwrap();
     assert_eq!(
         (fold.grid, fold.block, fold.shared_bytes),
-        ((64, 1, 2), (256, 1, 1), 0)
+        ((64, 1, 1), (256, 1, 1), 0)
     );
     assert_eq!(p.grads.grid, (16, 1, 1));
     assert_eq!(p.grads.block, (256, 1, 1));
     assert_eq!(p.grads.shared_bytes, grads_smem_bytes(128, 128));
-    // h and dh: 16 chunks of a bf16 [128 x 128] state; then ws_m and ws_p, two directions of 15
-    // fp32 states; then ws_lambda, 2 x 15 x 128 floats.
+    // dh: 16 chunks of a bf16 [128 x 128] gradient; then ws_m and ws_p, 15 fp32 states each;
+    // then ws_lambda, 15 x 128 floats.
     let states = 16 * 128 * 128 * 2;
-    let summaries = 2 * 15 * 128 * 128 * 4;
-    assert_eq!(p.dh_offset, states);
+    let summaries = 15 * 128 * 128 * 4;
     assert_eq!(
         p.segment_offsets,
         Some(SegmentOffsets {
-            ws_m: 2 * states,
-            ws_p: 2 * states + summaries,
-            ws_lambda: 2 * states + 2 * summaries,
+            ws_m: states,
+            ws_p: states + summaries,
+            ws_lambda: states + 2 * summaries,
         })
     );
-    assert_eq!(
-        p.workspace_bytes,
-        2 * states + 2 * summaries + 2 * 15 * 128 * 4
-    );
+    assert_eq!(p.workspace_bytes, states + 2 * summaries + 15 * 128 * 4);
 
-    // B*H = 64, Dv 64: ceil(132 / 64) = 3 segments of 43 chunks (the last of 42).
+    // B*H = 16, Dv 64: 132 / 16 = 8 segments of 16 chunks.
+    let p = GlaBackwardPlan::new(&shape(1, 8192, 16, 128, 64), 132, None).unwrap();
+    assert_eq!((p.num_segments, p.chunks_per_segment), (8, 16));
+    assert_eq!(p.walk.grid, (1, 8, 16));
+    assert_eq!(p.walk.block, (128, 1, 1));
+    assert_eq!(p.summary.unwrap().grid, (1, 7, 16));
+    assert_eq!(p.fold.unwrap().grid, (32, 16, 1));
+    assert_eq!(p.grads.grid, (128, 16, 1));
+
+    // B*H = 64: walks on half the SMs draw the bandwidth; one segment, no summary.
     let p = GlaBackwardPlan::new(&shape(4, 8192, 16, 128, 64), 132, None).unwrap();
-    assert_eq!((p.num_segments, p.chunks_per_segment), (3, 43));
-    assert_eq!(p.walk.grid, (1, 6, 64));
-    assert_eq!(p.summary.unwrap().grid, (1, 4, 64));
-    assert_eq!(p.fold.unwrap().grid, (32, 64, 2));
+    assert_eq!((p.num_segments, p.chunks_per_segment), (1, 128));
+    assert_eq!(p.walk.grid, (1, 1, 64));
+    assert_eq!((p.summary, p.fold), (None, None));
     assert_eq!(p.grads.grid, (128, 64, 1));
     assert_eq!(p.grads.block, (256, 1, 1));
 
-    // B*H >= SMs: one segment, no summary or fold, a workspace of h and dh only.
+    // B*H >= SMs: one segment, no summary or fold, a workspace of dh only.
     let p = GlaBackwardPlan::new(&shape(4, 200, 64, 64, 64), 132, None).unwrap();
     assert_eq!((p.num_segments, p.chunks_per_segment), (1, 4));
     assert_eq!((p.summary, p.fold, p.segment_offsets), (None, None, None));
-    let states = 256 * 4 * 64 * 64 * 2;
-    assert_eq!((p.dh_offset, p.workspace_bytes), (states, 2 * states));
-    assert_eq!(p.walk.grid, (1, 2, 256));
+    assert_eq!(p.workspace_bytes, 256 * 4 * 64 * 64 * 2);
+    assert_eq!(p.walk.grid, (1, 1, 256));
     assert_eq!(p.grads.grid, (4, 256, 1));
     assert_eq!(p.grads.block, (128, 1, 1));
     assert_eq!(p.grads.shared_bytes, grads_smem_bytes(64, 64));
@@ -277,16 +290,15 @@ fn backward_workspace_parts_are_256_byte_aligned_and_disjoint() {
         for force in [None, Some(1), Some(2), Some(3), Some(7)] {
             let p = GlaBackwardPlan::new(&shape(b, t, h, dk, dv), 132, force).unwrap();
             let states = (b * h * t.div_ceil(64) * dk * dv * 2) as u64;
-            assert!(p.dh_offset >= states && p.dh_offset % 256 == 0);
             let end = match p.segment_offsets {
                 None => {
                     assert_eq!(p.num_segments, 1);
                     p.workspace_bytes
                 }
                 Some(o) => {
-                    let slots = (2 * b * h * (p.num_segments as usize - 1)) as u64;
+                    let slots = (b * h * (p.num_segments as usize - 1)) as u64;
                     let summaries = slots * (dk * dv * 4) as u64;
-                    assert!(o.ws_m >= p.dh_offset + states);
+                    assert!(o.ws_m >= states);
                     assert!(o.ws_p >= o.ws_m + summaries);
                     assert!(o.ws_lambda >= o.ws_p + summaries);
                     for part in [o.ws_m, o.ws_p, o.ws_lambda] {
@@ -296,7 +308,7 @@ fn backward_workspace_parts_are_256_byte_aligned_and_disjoint() {
                     o.ws_m
                 }
             };
-            assert!(end >= p.dh_offset + states, "{p:?}");
+            assert!(end >= states, "{p:?}");
         }
     }
 }
@@ -336,6 +348,7 @@ fn backward_arguments_are_checked_against_the_shape_before_any_launch() {
         g: floats(at(3), n),
         h0: Some(floats(at(4), s.state_len())),
         d_o: view(at(5), d_o_len),
+        chunk_states: view(at(12), chunk_states_len(&s)),
         dht: Some(floats(at(6), s.state_len())),
         dq: out(at(7), n),
         dk: out(at(8), n),
@@ -350,6 +363,7 @@ fn backward_arguments_are_checked_against_the_shape_before_any_launch() {
     );
     let err = |a: GlaBackwardArgs<'_>| a.check("GLA backward").unwrap_err().to_string();
     assert!(err(args(n - 1, at(10), at(11))).contains("d_o has 8191 elements"));
+    assert!(err(args(n, at(12) + 32, at(11))).contains("output dg overlaps input chunk_states"));
     assert!(err(args(n, at(0) + 16, at(11))).contains("output dg overlaps input q"));
     assert!(err(args(n, at(10), at(6))).contains("output dh0 overlaps input dht"));
     assert!(err(args(n, at(10) + 8, at(11))).contains("dg starts at device address"));

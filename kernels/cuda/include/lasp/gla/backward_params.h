@@ -15,36 +15,36 @@
 //          dS_{n+1}) + sum_j k_j (.) dk_j^{inter} (the intra-chunk parts of q dq and k dk cancel
 //          over a chunk), so every chunk is computed on its own;
 //   dh0 = dS_0.
+// The states S_n come from the forward (lasp_gla_params.chunk_states, written by its output pass,
+// each row d scaled by e^{c_d}, the chunk's reference row, which the grads kernel forms again
+// from the gates with the same bits); the backward walks the reverse recurrence for dS_{n+1},
+// then computes every chunk's gradients.
 //
 // Host call sequence (one stream, in this order; S = num_segments, N = ceil(T / 64)):
-//   1. if S > 1: lasp_gla_bwd_summary_dk{64,128}  grid (Dv/64, 2(S-1), B*H), block LASP_GLA_WALK_THREADS,
-//                                                 smem lasp_gla_walk_smem_bytes(Dk)
-//        y < S-1: the forward summary (M, Lambda) of segment y from zero, into slot (0, b*H+h, y);
-//        y >= S-1: the reverse summary of segment y - (S-1) + 1 from zero, into slot (1, b*H+h, y - (S-1)).
-//   2. if S > 1: lasp_gla_bwd_fold                grid (ceil(Dk*Dv/LASP_GLA_BWD_FOLD_THREADS), B*H, 2),
+//   1. if S > 1: lasp_gla_bwd_summary_dk{64,128}_dv{64,128}  grid (1, S-1, B*H),
+//                                                 block lasp_gla_walk_threads(Dv), smem lasp_gla_walk_smem_bytes(Dk, Dv)
+//        y: the reverse summary (M, Lambda) of segment y + 1 from zero, into slot (b*H+h, y).
+//   2. if S > 1: lasp_gla_bwd_fold                grid (ceil(Dk*Dv/LASP_GLA_BWD_FOLD_THREADS), B*H),
 //                                                 block LASP_GLA_BWD_FOLD_THREADS, smem 0
-//        z = 0: ws_p slot (0, bh, s) = P_{s+1}, the state entering segment s+1 (from h0, ascending);
-//        z = 1: ws_p slot (1, bh, s) = the gradient of the state leaving segment s (from dht, descending).
-//   3.           lasp_gla_bwd_walk_dk{64,128}     grid (Dv/64, 2S, B*H), block LASP_GLA_WALK_THREADS,
-//                                                 smem lasp_gla_walk_smem_bytes(Dk)
-//        y < S: segment y forward from its prefix, writing h (S_n of every chunk n);
-//        y >= S: segment y - S in reverse from its suffix, writing dh (dS_{n+1} of every chunk n)
-//        and, for segment 0, dh0.
+//        ws_p slot (bh, s) = the gradient of the state leaving segment s (from dht, descending).
+//   3.           lasp_gla_bwd_walk_dk{64,128}_dv{64,128}  grid (1, S, B*H),
+//                                                 block lasp_gla_walk_threads(Dv), smem lasp_gla_walk_smem_bytes(Dk, Dv)
+//        y: segment y in reverse from the gradient leaving it, writing dh (dS_{n+1} of every
+//        chunk n) and, for segment 0, dh0.
 //   4.           lasp_gla_bwd_grads_dk{64,128}_dv{64,128}  grid (N, B*H), block
 //                                                 lasp_gla_bwd_grads_threads(Dk, Dv),
 //                                                 smem lasp_gla_bwd_grads_smem_bytes(Dk, Dv)
 //        chunk x of b*H+h = y: dq, dk, dv, dg of its tokens.
 // The kernels with dynamic shared memory need cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES).
 //
-// Supported: as the forward (lasp/gla/forward_params.h); d_o like v; dq, dk, dv bf16 and dg fp32
-// 16-byte aligned; dht, dh0 fp32 8-byte aligned. Same inputs -> bitwise same outputs.
+// Supported: as the forward (lasp/gla/forward_params.h); d_o like v; chunk_states, dq, dk, dv bf16
+// and dg fp32 16-byte aligned; dht, dh0 fp32 8-byte aligned. Same inputs -> bitwise same outputs.
 #pragma once
 #include <stdint.h>
 
 #include "lasp/gla/forward_params.h"
 
-#define LASP_GLA_WALK_THREADS 128    // the walks: one warpgroup per (64 Dv columns, segment, direction, b*H+h)
-#define LASP_GLA_WALK_STAGES 2       // their pipeline depth: two CTAs per SM
+#define LASP_GLA_WALK_STAGES 3       // the walk's pipeline depth (chunks in flight)
 #define LASP_GLA_BWD_FOLD_THREADS 256
 
 typedef struct {
@@ -60,13 +60,13 @@ typedef struct {
   uint16_t* dv;        // bf16 [B, T, H, Dv]
   float* dg;           // fp32 [B, T, H, Dk]
   float* dh0;          // fp32 [B, H, Dk, Dv], or NULL to skip
-  // The workspace (one allocation; core/src/ops/gla/backward.rs sizes it): h at byte 0, then dh,
-  // then (only when S > 1) ws_m, ws_p, ws_lambda.
-  uint16_t* h;         // bf16 [B*H, N, Dk, Dv]: S_n, the state entering chunk n
+  const uint16_t* chunk_states;  // bf16 [B*H, N, Dk, Dv]: diag(e^{c}) S_n entering chunk n (the forward's)
+  // The workspace (one allocation; core/src/ops/gla/backward.rs sizes it): dh at byte 0, then
+  // (only when S > 1) ws_m, ws_p, ws_lambda.
   uint16_t* dh;        // bf16 [B*H, N, Dk, Dv]: dS_{n+1}, the gradient of the state leaving chunk n
-  float* ws_m;         // fp32 [2, B*H, S-1, Dk, Dv]: the segments' summaries (direction, head, slot)
-  float* ws_p;         // fp32 [2, B*H, S-1, Dk, Dv]: the fold's prefixes (step 2)
-  float* ws_lambda;    // fp32 [2, B*H, S-1, Dk]: the summaries' log-decays per key dimension
+  float* ws_m;         // fp32 [B*H, S-1, Dk, Dv]: the reverse summaries of segments 1..S-1
+  float* ws_p;         // fp32 [B*H, S-1, Dk, Dv]: the gradient leaving segments 0..S-2 (step 2)
+  float* ws_lambda;    // fp32 [B*H, S-1, Dk]: the summaries' log-decays per key dimension
   int32_t B;           // batch
   int32_t T;           // tokens per sequence (>= 1)
   int32_t H;           // heads
@@ -77,12 +77,15 @@ typedef struct {
   float scale;                 // sigma
 } lasp_gla_bwd_params;
 
-// The walks: STAGES x (a [64 x Dk] bf16 tile, a [64 x 64] bf16 tile, the [64 x Dk] fp32 gates) +
-// e^{gamma} per key dimension + the gate scan's row-block totals. The staging of a bf16 state tile
-// for its store reuses the gates of the chunk being computed.
-LASP_GLA_FN uint32_t lasp_gla_walk_smem_bytes(int32_t Dk) {
-  const uint32_t stage = LASP_GLA_CHUNK * Dk * 2u + LASP_GLA_CHUNK * 64u * 2u + LASP_GLA_CHUNK * Dk * 4u;
-  return LASP_GLA_WALK_STAGES * stage + Dk * 4u + 8u * LASP_GLA_WALK_THREADS;
+// The walk and its summaries: one warpgroup per 64 columns of Dv.
+LASP_GLA_FN int32_t lasp_gla_walk_threads(int32_t Dv) { return 128 * (Dv / 64); }
+
+// The walk: STAGES x (Q [64 x Dk] and dO [64 x Dv] bf16, the [64 x Dk] fp32 gates) + the gate
+// scan's row-block totals (8 bytes per thread): 198,656 bytes at Dk = Dv = 128. The bf16 state of
+// a store goes where the chunk's gates were, e^{gamma} where the totals were, once read.
+LASP_GLA_FN uint32_t lasp_gla_walk_smem_bytes(int32_t Dk, int32_t Dv) {
+  const uint32_t stage = LASP_GLA_CHUNK * Dk * 2u + LASP_GLA_CHUNK * Dv * 2u + LASP_GLA_CHUNK * Dk * 4u;
+  return LASP_GLA_WALK_STAGES * stage + 8u * (uint32_t)lasp_gla_walk_threads(Dv);
 }
 
 // The grads kernel: one warpgroup per 64 columns of max(Dk, Dv).

@@ -361,8 +361,12 @@ __device__ __forceinline__ void exact_scores(float (&a)[8][4], const uint16_t* q
 //   start(s, lane, group) -> bool: the fp32 start state of the group's 64 columns (every thread
 //                   calls it; it may hold barriers). False on every thread: the CTA stops there.
 //   end(s, lane, group): the epilogue, given the segment's end state.
+// Unless `chunk_states` is NULL, the bf16 copy of the state entering chunk c of (b, h) that the
+// chunk's products read, diag(e^{ref}) S_c, goes to chunk_states + c * DK * DV (row-major
+// [DK, DV]), for the backward, which forms the same reference row from the same gates.
 template <int DK, int DV, class P, class Start, class End>
-__device__ __forceinline__ void run_output_segment(const P& p, const Segment& sg, Start&& start, End&& end) {
+__device__ __forceinline__ void run_output_segment(const P& p, const Segment& sg, uint16_t* chunk_states,
+                                                   Start&& start, End&& end) {
   using L = OutputLayout<DK, DV>;
   using G = GateLane<DK, L::kThreads>;
   constexpr int kThreads = L::kThreads;
@@ -496,6 +500,15 @@ __device__ __forceinline__ void run_output_segment(const P& p, const Segment& sg
     });
     wg::fence_proxy_async();
     named_barrier_sync(1 + group, 128);  // the warpgroup's state copy is complete
+    if (chunk_states) {
+      // The copy as it is, for the backward, in whole 16-byte pieces of its rows.
+      uint16_t* entering = chunk_states + (int64_t)(sg.c_begin + i) * DK * DV + group * 64;
+      for (int piece = tid % 128; piece < DK * 8; piece += 128) {
+        const int d = piece / 8, c16 = piece % 8;
+        *reinterpret_cast<uint4*>(entering + d * DV + 8 * c16) =
+            *reinterpret_cast<const uint4*>(smem + s_bf + swizzle(d, c16, DK));
+      }
+    }
     for_each_state_pair<DK>(s, ln, [&](float& x0, float& x1, int d, int) {
       const float w = decay[d];
       x0 *= w, x1 *= w;

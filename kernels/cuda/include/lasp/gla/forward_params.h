@@ -15,7 +15,7 @@
 // All take lasp_gla_params by value and need cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES).
 //
 // Supported: Dk, Dv in {64, 128}; T >= 1; B*H in [1, 65535]; q, k, v, o 16-byte aligned, g 16-byte
-// aligned, h0 / ht / workspace 8-byte aligned; g finite and <= 0; scale > 0; ht must not overlap h0.
+// aligned, h0 / ht / workspace 8-byte aligned, chunk_states 16-byte aligned; g finite and <= 0; scale > 0; ht must not overlap h0.
 // Same inputs -> bitwise same outputs (no atomics; every sum has a fixed order).
 #pragma once
 #include <stdint.h>
@@ -42,6 +42,9 @@ typedef struct {
   uint16_t* o;         // bf16 [B, T, H, Dv]: output
   const float* h0;     // fp32 [B, H, Dk, Dv] initial state, or NULL for zero
   float* ht;           // fp32 [B, H, Dk, Dv] final state, or NULL to skip
+  uint16_t* chunk_states;  // bf16 [B*H, N, Dk, Dv] (N = ceil(T / 64)): the state entering every
+                           // chunk n, each row d scaled by e^{c_d} (the chunk's reference row,
+                           // lasp/gla/chunk.cuh), which the backward takes; or NULL
   // The workspace (one allocation, none when S == 1): ws_m at byte 0, ws_p after it, ws_lambda
   // after both (core/src/ops/gla/plan.rs sizes it).
   float* ws_m;         // fp32 [B*H, (S-1)*R, Dk, Dv]: local end state M_u of states piece u (zero start)
