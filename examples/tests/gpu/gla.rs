@@ -752,8 +752,8 @@ fn backward_rejection_checks(
             a.d_o = unsafe { DeviceRef::from_raw(a.d_o.addr(), a.d_o.len() - 1) };
         }),
         ("short_chunk_states", "chunk_states has", &|a| {
-            // SAFETY: as above.
             let states = a.chunk_states;
+            // SAFETY: as above.
             a.chunk_states = unsafe { DeviceRef::from_raw(states.addr(), states.len() - 64) };
         }),
         ("dv_96", "Dv = 96", &|a| a.shape.dv = 96),
