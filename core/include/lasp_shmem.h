@@ -24,8 +24,8 @@
  * A malformed LASP_WAIT_TIMEOUT_MS (a positive number of milliseconds) or NVSHMEM_SYMMETRIC_SIZE
  * is an error at init, never silently replaced by a default.
  *
- * Operations: one object, lasp_op, for every family of linear attention (scalar decay; GLA's
- * forward; Gated DeltaNet and mLSTM are reserved), run on one GPU or across the ranks (LASP-2). A
+ * Operations: one object, lasp_op, for every family of linear attention (scalar decay; GLA,
+ * whose backward runs on one GPU only; Gated DeltaNet and mLSTM are reserved), run on one GPU or across the ranks (LASP-2). A
  * versioned descriptor (lasp_op_desc) says which family, kind, exchange schedule and mode, and the
  * layout; lasp_op_create makes it (collective for LASP-2). Each call passes its scalars in a
  * lasp_call and its tensors in named slots (lasp_tensors, indexed by LASP_SLOT_*) on the caller's
@@ -97,8 +97,9 @@ typedef int32_t lasp_status;
 /* Families of linear attention (lasp_op_desc.family). The reserved ones are rejected with
  * "not available in this build" until a release implements them. */
 #define LASP_FAMILY_SCALAR_DECAY 1 /* S_t = e^{g_t} S_{t-1} + k_t^T v_t: simple GLA, RetNet */
-#define LASP_FAMILY_GLA 2          /* diag(e^{g_t}) per key: g [B, T, H, Dk]; forward only (no
-                                      LASP_OP_WITH_BACKWARD), Dk and Dv 64 or 128 */
+#define LASP_FAMILY_GLA 2          /* diag(e^{g_t}) per key: g [B, T, H, Dk]; Dk and Dv 64 or
+                                      128; LASP_OP_WITH_BACKWARD on one GPU only (LASP-2:
+                                      forward only) */
 #define LASP_FAMILY_GATED_DELTA 3  /* reserved: Gated DeltaNet, g and beta [B, T, H] */
 #define LASP_FAMILY_MLSTM 4        /* reserved: input and forget gate pre-activations */
 
@@ -131,8 +132,9 @@ typedef int32_t lasp_status;
 #define LASP_DTYPE_I64 5
 
 /* Tensor slots (lasp_tensors.slot[LASP_SLOT_*]), fla's layout, contiguous, on the runtime's GPU.
- * A call reads the slots its family and direction use (below for scalar decay) and rejects any
- * other slot that is not empty. Slots are only ever appended, up to LASP_SLOT_CAPACITY.
+ * A call reads the slots its family and direction use (below for scalar decay and GLA) and
+ * rejects any other slot that is not empty. Slots are only ever appended, up to
+ * LASP_SLOT_CAPACITY.
  * Scalar decay, forward:  Q, K [B, T, H, Dk] bf16; V [B, T, H, Dv] bf16; G [B, T, H] fp32
  *                         log-decays, finite and <= 0; H0 [B, H, Dk, Dv] fp32 or empty for zero;
  *                         O [B, T, H, Dv] bf16 out; HT [B, H, Dk, Dv] fp32 out, or empty (LASP-2:
@@ -142,7 +144,11 @@ typedef int32_t lasp_status;
  *                         [B, H, Dk, Dv] fp32 or empty for zero (LASP-2: last rank only); DQ, DK,
  *                         DV, DG out, as Q, K, V, G; DH0 out, as H0, or empty (LASP-2: rank 0).
  * GLA, forward: Q, K, V as scalar decay's; G [B, T, H, Dk] fp32 (a log-decay per key dimension);
- *               H0, O, HT as scalar decay's; no START_STATE. */
+ *               H0, O, HT as scalar decay's; no START_STATE. One GPU with LASP_OP_WITH_BACKWARD:
+ *               also CHUNK_STATES [B*H, ceil(T/64), Dk, Dv] bf16 out (the state entering every
+ *               chunk of 64 tokens, kept for the backward), or empty where no backward follows.
+ * GLA, backward (one GPU): the forward's Q, K, V, G, H0 (or empty) and the CHUNK_STATES it
+ *               wrote; DO, DHT, DQ, DK, DV, DH0 as scalar decay's; DG out, as G. */
 #define LASP_SLOT_Q 0
 #define LASP_SLOT_K 1
 #define LASP_SLOT_V 2
@@ -161,7 +167,8 @@ typedef int32_t lasp_status;
 #define LASP_SLOT_DBETA 15      /* reserved (Gated DeltaNet) */
 #define LASP_SLOT_DH0 16
 #define LASP_SLOT_CU_SEQLENS 17 /* reserved: sequence boundaries of a packed batch */
-#define LASP_SLOT_COUNT 18      /* slots this header defines */
+#define LASP_SLOT_CHUNK_STATES 18
+#define LASP_SLOT_COUNT 19      /* slots this header defines */
 #define LASP_SLOT_CAPACITY 32   /* room in lasp_tensors: new slots need no new struct size */
 
 /* A CUstream or cudaStream_t (both are this type). NULL is the legacy default stream. */
@@ -228,9 +235,9 @@ typedef struct lasp_tensor {
   int32_t reserved; /* 0 */
 } lasp_tensor;
 
-/* One call's tensors by slot. Optional outputs (HT, START_STATE, DH0) are asked for by filling
- * their slot, optional inputs (H0, DHT) are zero when empty: the slot is the one place that says
- * so, with no flag to keep in step with it. */
+/* One call's tensors by slot. Optional outputs (HT, START_STATE, CHUNK_STATES, DH0) are asked
+ * for by filling their slot, optional inputs (H0, DHT) are zero when empty: the slot is the one
+ * place that says so, with no flag to keep in step with it. */
 typedef struct lasp_tensors {
   uint32_t struct_size; /* sizeof(lasp_tensors) */
   uint32_t reserved;    /* 0 */

@@ -60,11 +60,12 @@ pub enum Slot {
     Dbeta = 15,
     Dh0 = 16,
     CuSeqlens = 17,
+    ChunkStates = 18,
 }
 
 impl Slot {
     /// Every slot this build knows, by index (`LASP_SLOT_COUNT` of them).
-    pub const ALL: [Slot; 18] = [
+    pub const ALL: [Slot; 19] = [
         Slot::Q,
         Slot::K,
         Slot::V,
@@ -83,6 +84,7 @@ impl Slot {
         Slot::Dbeta,
         Slot::Dh0,
         Slot::CuSeqlens,
+        Slot::ChunkStates,
     ];
 
     /// The header's name, which messages use.
@@ -106,6 +108,7 @@ impl Slot {
             Slot::Dbeta => "LASP_SLOT_DBETA",
             Slot::Dh0 => "LASP_SLOT_DH0",
             Slot::CuSeqlens => "LASP_SLOT_CU_SEQLENS",
+            Slot::ChunkStates => "LASP_SLOT_CHUNK_STATES",
         }
     }
 }

@@ -1,18 +1,18 @@
-//! `LASP_FAMILY_GLA`: linear attention with a log-decay per key dimension, forward only, on one
-//! GPU ([`GlaForward`]) or across the ranks ([`GlaLasp2Forward`]).
+//! `LASP_FAMILY_GLA`: linear attention with a log-decay per key dimension, on one GPU
+//! ([`GlaForward`], [`GlaBackward`]) or, forward only, across the ranks ([`GlaLasp2Forward`]).
 
 use super::abi::Dtype::{Bf16, F32};
 use super::abi::Slot;
 use super::args::invalid;
 use super::families::{AbiFamily, Direction, FamilyOp};
 use super::spec::{Kind, OpSpec};
-use super::tensors::Layout::{KeyGates, Qk, State, V};
+use super::tensors::Layout::{ChunkStates, KeyGates, Qk, State, V};
 use super::tensors::Role::{Input, OptionalInput, OptionalOutput, Output};
 use super::tensors::{CheckedCall, SlotUse};
 use crate::error::Result;
 use crate::exchange::ExchangeMode;
 use crate::family::Family;
-use crate::ops::gla::{Gla, GlaArgs, GlaForward, GlaLasp2Forward};
+use crate::ops::gla::{Gla, GlaArgs, GlaBackward, GlaBackwardArgs, GlaForward, GlaLasp2Forward};
 use crate::runtime::Runtime;
 use cudarc::driver::CudaStream;
 use std::sync::Arc;
@@ -29,6 +29,38 @@ static FORWARD: [SlotUse; 7] = [
     SlotUse::new(Slot::Ht, OptionalOutput, F32, State),
 ];
 
+/// The forward's slots on one GPU with the backward: also the state entering every chunk, which
+/// the backward reads instead of recomputing it (optional: a forward that no backward follows,
+/// such as inference, leaves it empty and writes nothing more).
+static SAVING_FORWARD: [SlotUse; 8] = [
+    SlotUse::new(Slot::Q, Input, Bf16, Qk),
+    SlotUse::new(Slot::K, Input, Bf16, Qk),
+    SlotUse::new(Slot::V, Input, Bf16, V),
+    SlotUse::new(Slot::G, Input, F32, KeyGates),
+    SlotUse::new(Slot::H0, OptionalInput, F32, State),
+    SlotUse::new(Slot::O, Output, Bf16, V),
+    SlotUse::new(Slot::Ht, OptionalOutput, F32, State),
+    SlotUse::new(Slot::ChunkStates, OptionalOutput, Bf16, ChunkStates),
+];
+
+/// The single-GPU backward's slots: the forward's inputs, the chunk states it saved, the
+/// gradients of its outputs and the gradients to write.
+static BACKWARD: [SlotUse; 13] = [
+    SlotUse::new(Slot::Q, Input, Bf16, Qk),
+    SlotUse::new(Slot::K, Input, Bf16, Qk),
+    SlotUse::new(Slot::V, Input, Bf16, V),
+    SlotUse::new(Slot::G, Input, F32, KeyGates),
+    SlotUse::new(Slot::H0, OptionalInput, F32, State),
+    SlotUse::new(Slot::ChunkStates, Input, Bf16, ChunkStates),
+    SlotUse::new(Slot::DO, Input, Bf16, V),
+    SlotUse::new(Slot::Dht, OptionalInput, F32, State),
+    SlotUse::new(Slot::Dq, Output, Bf16, Qk),
+    SlotUse::new(Slot::Dk, Output, Bf16, Qk),
+    SlotUse::new(Slot::Dv, Output, Bf16, V),
+    SlotUse::new(Slot::Dg, Output, F32, KeyGates),
+    SlotUse::new(Slot::Dh0, OptionalOutput, F32, State),
+];
+
 impl AbiFamily for Gla {
     fn name(&self) -> &'static str {
         <Self as Family>::NAME
@@ -36,21 +68,25 @@ impl AbiFamily for Gla {
 
     fn check(&self, spec: &OpSpec) -> Result<()> {
         <Gla as Family>::validate_layout(&spec.layout)?;
-        if spec.with_backward {
+        if spec.with_backward && matches!(spec.kind, Kind::Lasp2 { .. }) {
             return Err(invalid(
-                "GLA: this build has GLA's forward only; create the op without \
-                 LASP_OP_WITH_BACKWARD (and compute the gradients elsewhere, e.g. fla's chunk_gla)"
+                "GLA: this build has GLA's backward on one GPU only; create the LASP_KIND_LASP2 \
+                 op without LASP_OP_WITH_BACKWARD (forward only, e.g. for prefill), or train on \
+                 whole sequences with a LASP_KIND_SINGLE_GPU op"
                     .into(),
             ));
         }
         Ok(())
     }
 
-    fn slots(&self, _spec: &OpSpec, direction: Direction) -> &'static [SlotUse] {
-        match direction {
-            Direction::Forward => &FORWARD,
-            // check() refuses ops with the backward, so no backward call reaches a GLA op.
-            Direction::Backward => &[],
+    fn slots(&self, spec: &OpSpec, direction: Direction) -> &'static [SlotUse] {
+        match (spec.with_backward, direction) {
+            (false, Direction::Forward) => &FORWARD,
+            // check() lets only single-GPU ops have the backward.
+            (true, Direction::Forward) => &SAVING_FORWARD,
+            (true, Direction::Backward) => &BACKWARD,
+            // plan_call refuses a backward call of an op created without the backward.
+            (false, Direction::Backward) => &[],
         }
     }
 
@@ -60,7 +96,13 @@ impl AbiFamily for Gla {
 
     fn create(&self, runtime: &Runtime, spec: &OpSpec) -> Result<Box<dyn FamilyOp>> {
         Ok(match spec.kind {
-            Kind::SingleGpu => Box::new(SingleGpu(GlaForward::new(runtime)?)),
+            Kind::SingleGpu => Box::new(SingleGpu {
+                forward: GlaForward::new(runtime)?,
+                backward: spec
+                    .with_backward
+                    .then(|| GlaBackward::new(runtime))
+                    .transpose()?,
+            }),
             Kind::Lasp2 { mode } => {
                 Box::new(Lasp2(GlaLasp2Forward::new(runtime, spec.layout, mode)?))
             }
@@ -68,7 +110,8 @@ impl AbiFamily for Gla {
     }
 }
 
-/// The forward's views of a checked call.
+/// The forward's views of a checked call (the chunk states where the slot is declared and
+/// given).
 fn forward_args<'a>(call: &mut CheckedCall<'a>) -> GlaArgs<'a> {
     GlaArgs {
         shape: call.shape,
@@ -79,26 +122,51 @@ fn forward_args<'a>(call: &mut CheckedCall<'a>) -> GlaArgs<'a> {
         h0: call.optional_input(Slot::H0),
         o: call.output(Slot::O),
         ht: call.optional_output(Slot::Ht),
-        chunk_states: None,
+        chunk_states: call.optional_output(Slot::ChunkStates),
         scale: call.scale,
     }
 }
 
-const FORWARD_ONLY: &str =
-    "GLA ops are created without the backward, so no backward call reaches one";
+/// The backward's views of a checked call.
+fn backward_args<'a>(call: &mut CheckedCall<'a>) -> GlaBackwardArgs<'a> {
+    GlaBackwardArgs {
+        shape: call.shape,
+        q: call.input(Slot::Q),
+        k: call.input(Slot::K),
+        v: call.input(Slot::V),
+        g: call.input(Slot::G),
+        h0: call.optional_input(Slot::H0),
+        chunk_states: call.input(Slot::ChunkStates),
+        d_o: call.input(Slot::DO),
+        dht: call.optional_input(Slot::Dht),
+        dq: call.output(Slot::Dq),
+        dk: call.output(Slot::Dk),
+        dv: call.output(Slot::Dv),
+        dg: call.output(Slot::Dg),
+        dh0: call.optional_output(Slot::Dh0),
+        scale: call.scale,
+    }
+}
+
+const CREATED_WITH_BACKWARD: &str = "lasp_op_backward runs only on ops created with the backward";
 
 /// Whole sequences on one GPU.
-struct SingleGpu(GlaForward);
+struct SingleGpu {
+    forward: GlaForward,
+    backward: Option<GlaBackward>,
+}
 
 impl FamilyOp for SingleGpu {
     fn forward(&mut self, stream: &Arc<CudaStream>, mut call: CheckedCall<'_>) -> Result<()> {
-        self.0
-            .launch(stream, forward_args(&mut call))
-            .map(|_plan| ())
+        let args = forward_args(&mut call);
+        self.forward.launch(stream, args).map(|_plan| ())
     }
 
-    fn backward(&mut self, _stream: &Arc<CudaStream>, _call: CheckedCall<'_>) -> Result<()> {
-        unreachable!("{FORWARD_ONLY}")
+    fn backward(&mut self, stream: &Arc<CudaStream>, mut call: CheckedCall<'_>) -> Result<()> {
+        let backward = self.backward.as_mut().expect(CREATED_WITH_BACKWARD);
+        backward
+            .launch(stream, backward_args(&mut call))
+            .map(|_plan| ())
     }
 }
 
@@ -111,7 +179,9 @@ impl FamilyOp for Lasp2 {
     }
 
     fn backward(&mut self, _stream: &Arc<CudaStream>, _call: CheckedCall<'_>) -> Result<()> {
-        unreachable!("{FORWARD_ONLY}")
+        // check() refuses LASP-2 GLA ops with the backward, and plan_call refuses backward
+        // calls of ops without it.
+        unreachable!("LASP-2 GLA ops are created without the backward")
     }
 
     fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {

@@ -9,6 +9,7 @@ use super::families::Direction;
 use super::memory;
 use super::spec::{Kind, OpSpec};
 use crate::error::Result;
+use crate::ops::gla::{chunk_states_len, CHUNK_STATES_LAYOUT};
 use crate::ops::scalar_decay::ForwardShape;
 use crate::ops::{bf16, DeviceMut, DeviceRef};
 use std::marker::PhantomData;
@@ -26,6 +27,9 @@ pub(super) enum Layout {
     KeyGates,
     /// `[B, H, Dk, Dv]`: states and their gradients.
     State,
+    /// `[B*H, ceil(T / 64), Dk, Dv]`: the state entering every chunk of 64 tokens, which GLA's
+    /// forward saves for its backward.
+    ChunkStates,
 }
 
 impl Layout {
@@ -36,6 +40,7 @@ impl Layout {
             Layout::Gates => "[B, T, H]",
             Layout::KeyGates => "[B, T, H, Dk]",
             Layout::State => "[B, H, Dk, Dv]",
+            Layout::ChunkStates => CHUNK_STATES_LAYOUT,
         }
     }
 
@@ -46,6 +51,7 @@ impl Layout {
             Layout::V => s.v_len(),
             Layout::Gates => s.gate_len(),
             Layout::State => s.state_len(),
+            Layout::ChunkStates => chunk_states_len(s),
         }
     }
 }

@@ -175,7 +175,8 @@ fn descriptors_are_checked_field_by_field() {
                 family: LASP_FAMILY_GLA,
                 ..lasp2_desc()
             },
-            "GLA: this build has GLA's forward only; create the op without LASP_OP_WITH_BACKWARD",
+            "GLA: this build has GLA's backward on one GPU only; create the LASP_KIND_LASP2 op \
+             without LASP_OP_WITH_BACKWARD",
         ),
         (
             OpDesc {
@@ -459,7 +460,7 @@ fn slots_are_checked_against_what_the_family_reads() {
     let msg = forward(beyond);
     assert!(
         msg.contains("tensors.slot[20] is filled but lasp-shmem")
-            && msg.contains("knows slots 0 to 17 (LASP_SLOT_COUNT = 18)"),
+            && msg.contains("knows slots 0 to 18 (LASP_SLOT_COUNT = 19)"),
         "{msg}"
     );
     let reserved = Tensors {
@@ -562,6 +563,172 @@ fn gla_calls_take_gates_per_key_dimension_and_no_start_state() {
     // Dv 192 has no GLA kernel.
     let msg = desc_error(OpDesc { dv: 192, ..desc });
     assert!(msg.contains("Dv = 192 is not supported"), "{msg}");
+}
+
+/// The forward's slots of a single-GPU GLA call of `lasp2_desc`'s layout with `t` tokens and
+/// the chunk states saved.
+fn gla_saving_forward_tensors(t: usize) -> Tensors {
+    let (qk, v) = (2 * t * 3 * 64, 2 * t * 3 * 64);
+    let mut tensors = Tensors::default();
+    for (slot, dtype, numel) in [
+        (Slot::Q, Dtype::Bf16, qk),
+        (Slot::K, Dtype::Bf16, qk),
+        (Slot::V, Dtype::Bf16, v),
+        (Slot::G, Dtype::F32, qk),
+        (Slot::O, Dtype::Bf16, v),
+        (Slot::ChunkStates, Dtype::Bf16, gla_chunk_states(t)),
+    ] {
+        tensors.slot[slot as usize] = tensor(dtype, numel);
+    }
+    tensors
+}
+
+/// Elements of the chunk states of `lasp2_desc`'s layout with `t` tokens: B*H*ceil(T/64)*Dk*Dv.
+fn gla_chunk_states(t: usize) -> usize {
+    2 * 3 * t.div_ceil(64) * 64 * 64
+}
+
+/// The backward's slots of a single-GPU GLA call of `lasp2_desc`'s layout with `t` tokens, from
+/// zero (no h0, dht or dh0).
+fn gla_backward_tensors(t: usize) -> Tensors {
+    let (qk, v) = (2 * t * 3 * 64, 2 * t * 3 * 64);
+    let mut tensors = Tensors::default();
+    for (slot, dtype, numel) in [
+        (Slot::Q, Dtype::Bf16, qk),
+        (Slot::K, Dtype::Bf16, qk),
+        (Slot::V, Dtype::Bf16, v),
+        (Slot::G, Dtype::F32, qk),
+        (Slot::ChunkStates, Dtype::Bf16, gla_chunk_states(t)),
+        (Slot::DO, Dtype::Bf16, v),
+        (Slot::Dq, Dtype::Bf16, qk),
+        (Slot::Dk, Dtype::Bf16, qk),
+        (Slot::Dv, Dtype::Bf16, v),
+        (Slot::Dg, Dtype::F32, qk),
+    ] {
+        tensors.slot[slot as usize] = tensor(dtype, numel);
+    }
+    tensors
+}
+
+#[test]
+fn gla_on_one_gpu_saves_chunk_states_for_its_backward() {
+    let desc = OpDesc {
+        family: LASP_FAMILY_GLA,
+        kind: LASP_KIND_SINGLE_GPU,
+        ..lasp2_desc()
+    };
+    let spec = OpSpec::of(&desc).unwrap();
+    let accepted = |direction, t: usize, tensors: &Tensors| {
+        plan_call(&spec, direction, &call(t as i64), tensors).map(|_| ())
+    };
+    // T = 130: three chunks, the last partial.
+    let forward = gla_saving_forward_tensors(130);
+    accepted(Direction::Forward, 130, &forward).unwrap();
+    // The chunk states are optional: a forward that no backward follows writes none.
+    let mut inference = forward;
+    inference.slot[Slot::ChunkStates as usize] = Tensor::default();
+    accepted(Direction::Forward, 130, &inference).unwrap();
+    let mut per_token = forward;
+    per_token.slot[Slot::ChunkStates as usize] = tensor(Dtype::Bf16, 2 * 3 * 130 * 64 * 64);
+    let msg = plan_error(desc, Direction::Forward, call(130), per_token);
+    assert!(
+        msg.contains(
+            "LASP_SLOT_CHUNK_STATES has 3194880 elements but [B*H, ceil(T / 64), Dk, Dv] with \
+             B=2, T=130, H=3, Dk=64, Dv=64 needs 73728"
+        ),
+        "{msg}"
+    );
+    let mut fp32 = forward;
+    fp32.slot[Slot::ChunkStates as usize] = tensor(Dtype::F32, gla_chunk_states(130));
+    let msg = plan_error(desc, Direction::Forward, call(130), fp32);
+    assert!(
+        msg.contains("LASP_SLOT_CHUNK_STATES is LASP_DTYPE_F32 but must be LASP_DTYPE_BF16"),
+        "{msg}"
+    );
+
+    // The backward: h0, dht and dh0 optional, the chunk states required.
+    let mut backward = gla_backward_tensors(130);
+    accepted(Direction::Backward, 130, &backward).unwrap();
+    let state = 2 * 3 * 64 * 64;
+    for slot in [Slot::H0, Slot::Dht, Slot::Dh0] {
+        backward.slot[slot as usize] = tensor(Dtype::F32, state);
+    }
+    accepted(Direction::Backward, 130, &backward).unwrap();
+    let mut unsaved = backward;
+    unsaved.slot[Slot::ChunkStates as usize] = Tensor::default();
+    let msg = plan_error(desc, Direction::Backward, call(130), unsaved);
+    assert!(
+        msg.contains(
+            "LASP_SLOT_CHUNK_STATES is empty but lasp_op_backward of GLA (one GPU) needs it: \
+             [B*H, ceil(T / 64), Dk, Dv] bf16"
+        ),
+        "{msg}"
+    );
+    // dg is per key dimension, like g.
+    let mut scalar_dg = backward;
+    scalar_dg.slot[Slot::Dg as usize] = tensor(Dtype::F32, 2 * 130 * 3);
+    let msg = plan_error(desc, Direction::Backward, call(130), scalar_dg);
+    assert!(
+        msg.contains("LASP_SLOT_DG has 780 elements but [B, T, H, Dk]"),
+        "{msg}"
+    );
+    let mut with_start_state = backward;
+    with_start_state.slot[Slot::StartState as usize] = tensor(Dtype::F32, state);
+    let msg = plan_error(desc, Direction::Backward, call(130), with_start_state);
+    assert!(msg.contains("LASP_SLOT_START_STATE is filled"), "{msg}");
+
+    // A forward-only op writes no chunk states and has no backward.
+    let forward_only = OpDesc { flags: 0, ..desc };
+    let msg = plan_error(forward_only, Direction::Forward, call(130), forward);
+    assert!(
+        msg.contains("LASP_SLOT_CHUNK_STATES is filled but lasp_op_forward of GLA (one GPU)"),
+        "{msg}"
+    );
+    let msg = plan_error(forward_only, Direction::Backward, call(130), backward);
+    assert!(
+        msg.contains("the op was created without LASP_OP_WITH_BACKWARD"),
+        "{msg}"
+    );
+
+    // The same checks through the entry point, as a binding's tests call it.
+    // SAFETY: every pointer points at a live struct of its type.
+    unsafe {
+        let status = lasp_op_check_call(
+            &desc,
+            LASP_DIRECTION_BACKWARD,
+            &call(130),
+            &gla_backward_tensors(130),
+        );
+        assert_eq!(status, LASP_OK, "{}", last_error());
+        let status = lasp_op_check_call(&desc, LASP_DIRECTION_BACKWARD, &call(130), &unsaved);
+        assert_eq!(status, LASP_ERROR_INVALID_ARGUMENT);
+        assert!(last_error().contains("LASP_SLOT_CHUNK_STATES is empty"));
+    }
+}
+
+#[test]
+fn gla_across_the_ranks_is_forward_only() {
+    let desc = OpDesc {
+        family: LASP_FAMILY_GLA,
+        ..lasp2_desc()
+    };
+    let msg = desc_error(desc);
+    assert!(
+        msg.contains("GLA's backward on one GPU only") && msg.contains("LASP_KIND_SINGLE_GPU"),
+        "{msg}"
+    );
+    // Its forward saves no chunk states (nothing would read them).
+    let forward_only = OpDesc { flags: 0, ..desc };
+    let msg = plan_error(
+        forward_only,
+        Direction::Forward,
+        call(130),
+        gla_saving_forward_tensors(130),
+    );
+    assert!(
+        msg.contains("LASP_SLOT_CHUNK_STATES is filled but lasp_op_forward of GLA (LASP-2)"),
+        "{msg}"
+    );
 }
 
 #[test]

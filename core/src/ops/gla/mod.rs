@@ -36,6 +36,7 @@ pub use backward::{GlaBackward, GlaBackwardArgs, GlaBackwardPlan, SegmentOffsets
 pub use family::Gla;
 pub use forward::{check_gate_values, GlaArgs, GlaForward};
 pub use lasp2::{GlaLasp2Forward, Lasp2Params};
+pub(crate) use plan::CHUNK_STATES_LAYOUT;
 pub use plan::{chunk_states_len, GlaPlan};
 
 /// The C struct `lasp_gla_params` of `lasp/gla/forward_params.h`, passed by value to every GLA
