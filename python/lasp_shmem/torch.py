@@ -1,12 +1,12 @@
 """lasp-shmem from PyTorch: the runtime on a torch.distributed process group (`init`,
 `shutdown`, `synchronize`), fla's `chunk_simple_gla` (linear attention with one log-decay per
-token and head) and the forward of fla's `chunk_gla` (a log-decay per key dimension), each on one
-GPU or, with `cp_group`, sequence parallel across the group's ranks (LASP-2).
+token and head) and fla's `chunk_gla` (a log-decay per key dimension), each on one GPU or, with
+`cp_group`, sequence parallel across the group's ranks (LASP-2; GLA's forward only).
 
-The forward and backward are torch.library custom ops (`torch.ops.lasp_shmem.
-chunk_simple_gla_fwd` and `chunk_simple_gla_bwd`, linked by `register_autograd`, with fake
-implementations), so torch.compile traces them without a graph break and CUDA graphs capture
-them; they run on torch's current stream.
+The forwards and backwards are torch.library custom ops (`torch.ops.lasp_shmem.
+chunk_simple_gla_fwd` and `chunk_simple_gla_bwd`, `chunk_gla_fwd` and `chunk_gla_bwd`, each pair
+linked by `register_autograd`, with fake implementations), so torch.compile traces them without a
+graph break and CUDA graphs capture them; they run on torch's current stream.
 
 Each layout (B, H, Dk, Dv, one GPU or LASP-2) is one `lasp_op` of the library, made by the first
 call of that layout and kept until `shutdown`. Making a LASP-2 op is collective: every rank of the
@@ -223,8 +223,8 @@ def chunk_simple_gla(q, k, v, g, scale=None, initial_state=None, output_final_st
 
 def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
               cu_seqlens=None, cp_group=None):
-    """The forward of gated linear attention with a log-decay per key dimension, as fla's
-    `chunk_gla`: S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t, o_t = scale q_t S_t.
+    """Gated linear attention with a log-decay per key dimension, as fla's `chunk_gla`:
+    S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t, o_t = scale q_t S_t.
 
     q, k: [B, T, H, Dk] bf16; v: [B, T, H, Dv] bf16; g: [B, T, H, Dk] fp32 log-decays, finite
     and <= 0 (e.g. logsigmoid(x) / 16 as fla's GLA layer makes them); Dk and Dv 64 or 128; every
@@ -232,9 +232,13 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
     cp_group as for `chunk_simple_gla` (LASP-2 across the group's ranks with cp_group). Returns
     (o, the final state or None).
 
-    Forward only in this release: the call refuses inputs that require gradients (run it under
-    torch.no_grad(), e.g. for prefill, or train with fla's chunk_gla). cu_seqlens (packed
-    sequences) is not supported yet.
+    On one GPU (cp_group=None) it is differentiable in q, k, v, g and initial_state (g's gradient
+    is fp32, like g). Where an input requires gradients the forward also keeps the state
+    entering every chunk of 64 tokens for the backward ([B*H, ceil(T/64), Dk, Dv] bf16); without
+    gradients (torch.no_grad(), or no input requiring them) it keeps nothing. With cp_group the
+    call is forward only in this release: it refuses inputs that require gradients (run it under
+    torch.no_grad(), e.g. for prefill, or train on whole sequences with cp_group=None).
+    cu_seqlens (packed sequences) is not supported yet.
     """
     if cu_seqlens is not None:
         raise NotImplementedError(
@@ -243,17 +247,20 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
     if scale == 0:
         raise ValueError("chunk_gla: scale must not be 0 (None gives Dk ** -0.5)")
     _check_inputs("chunk_gla", q, k, v, g, initial_state, per_key_gates=True)
-    if torch.is_grad_enabled() and any(
-            x is not None and x.requires_grad for x in (q, k, v, g, initial_state)):
+    # The chunk states cost a write of B*H*ceil(T/64)*Dk*Dv bf16: only for a backward.
+    save_states = torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in (q, k, v, g, initial_state))
+    if save_states and cp_group is not None:
         raise NotImplementedError(
-            "chunk_gla: this release has GLA's forward only, and an input requires gradients; "
-            "call it under torch.no_grad() (inference, prefill) or train with fla's chunk_gla")
+            "chunk_gla: GLA's backward runs on one GPU only in this release, and an input "
+            "requires gradients with cp_group; call it under torch.no_grad() for LASP-2 "
+            "(inference, prefill), or train on whole sequences with cp_group=None")
     runtime, lasp2 = _placement("chunk_gla", cp_group)
     _check_device("chunk_gla", runtime.device, q=q, k=k, v=v, g=g, initial_state=initial_state)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     want_ht = output_final_state and (not lasp2 or runtime.rank == runtime.world - 1)
-    o, ht = torch.ops.lasp_shmem.chunk_gla_fwd(q, k, v, g, initial_state, float(scale), want_ht,
-                                               lasp2)
+    o, ht, _ = torch.ops.lasp_shmem.chunk_gla_fwd(q, k, v, g, initial_state, float(scale),
+                                                  want_ht, lasp2, save_states)
     return o, ht if want_ht else None
 
 
@@ -349,9 +356,11 @@ class _OpCall:
 
     def desc(self):
         family, b, h, dk, dv, lasp2 = self.layout
-        # Scalar decay's ops carry the backward; GLA's are forward only in this release.
+        # Scalar decay's ops carry the backward; GLA's on one GPU only (its LASP-2 op is forward
+        # only in this release). A forward that saves nothing costs the same either way.
+        with_backward = family == _abi.FAMILY_SCALAR_DECAY or not lasp2
         return _abi.op_desc(family, _abi.KIND_LASP2 if lasp2 else _abi.KIND_SINGLE_GPU, b, h, dk,
-                            dv, with_backward=family == _abi.FAMILY_SCALAR_DECAY)
+                            dv, with_backward=with_backward)
 
     def enqueue(self, backward, device):
         runtime = _running()
@@ -445,32 +454,93 @@ def _differentiate(ctx, grad_o, grad_ht, _grad_start):
 _forward.register_autograd(_differentiate, setup_context=_setup_context)
 
 
-def _gla_forward_outputs(q, v, want_ht):
-    """GLA's o and final state (shape (0,) unless asked for), real or fake."""
+# GLA's forward keeps the state entering every chunk of this many tokens for the backward.
+GLA_CHUNK = 64
+
+
+def _gla_forward_outputs(q, v, want_ht, save_states):
+    """GLA's o, final state (shape (0,) unless asked for) and the states entering every chunk,
+    [B*H, ceil(T/64), Dk, Dv] bf16 (shape (0,) unless saved): what the forward returns, real or
+    fake."""
     b, t, h, dk = q.shape
     dv = v.shape[-1]
-    return v.new_empty(b, t, h, dv), q.new_empty((b, h, dk, dv) if want_ht else (0,),
-                                                 dtype=torch.float32)
+    states = (b * h, (t + GLA_CHUNK - 1) // GLA_CHUNK, dk, dv)
+    return (v.new_empty(b, t, h, dv),
+            q.new_empty((b, h, dk, dv) if want_ht else (0,), dtype=torch.float32),
+            q.new_empty(states if save_states else (0,), dtype=torch.bfloat16))
 
 
-def _gla_forward_call(q, k, v, g, h0, scale, want_ht, lasp2):
+def _gla_forward_call(q, k, v, g, h0, scale, want_ht, lasp2, save_states):
     """GLA's forward outputs and its call."""
-    o, ht = _gla_forward_outputs(q, v, want_ht)
+    o, ht, states = _gla_forward_outputs(q, v, want_ht, save_states)
     call = _OpCall(q, v, lasp2, scale, {
         _abi.SLOT_Q: q, _abi.SLOT_K: k, _abi.SLOT_V: v, _abi.SLOT_G: g, _abi.SLOT_H0: h0,
-        _abi.SLOT_O: o, _abi.SLOT_HT: ht if want_ht else None}, family=_abi.FAMILY_GLA)
-    return (o, ht), call
+        _abi.SLOT_O: o, _abi.SLOT_HT: ht if want_ht else None,
+        _abi.SLOT_CHUNK_STATES: states if save_states else None}, family=_abi.FAMILY_GLA)
+    return (o, ht, states), call
+
+
+def _gla_backward_call(q, k, v, g, h0, states, do, dht, scale, want_dh0):
+    """GLA's backward outputs (dg fp32 [B, T, H, Dk], like g) and its call, on one GPU."""
+    dq, dk, dv, dg, dh0 = _backward_outputs(q, k, v, g, want_dh0)
+    call = _OpCall(q, v, False, scale, {
+        _abi.SLOT_Q: q, _abi.SLOT_K: k, _abi.SLOT_V: v, _abi.SLOT_G: g, _abi.SLOT_H0: h0,
+        _abi.SLOT_CHUNK_STATES: states, _abi.SLOT_DO: do, _abi.SLOT_DHT: dht,
+        _abi.SLOT_DQ: dq, _abi.SLOT_DK: dk, _abi.SLOT_DV: dv, _abi.SLOT_DG: dg,
+        _abi.SLOT_DH0: dh0 if want_dh0 else None}, family=_abi.FAMILY_GLA)
+    return (dq, dk, dv, dg, dh0), call
 
 
 @torch.library.custom_op("lasp_shmem::chunk_gla_fwd", mutates_args=(), device_types="cuda")
 def _gla_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                 h0: Optional[torch.Tensor], scale: float, want_ht: bool,
-                 lasp2: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    outputs, call = _gla_forward_call(q, k, v, g, h0, scale, want_ht, lasp2)
+                 h0: Optional[torch.Tensor], scale: float, want_ht: bool, lasp2: bool,
+                 save_states: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    outputs, call = _gla_forward_call(q, k, v, g, h0, scale, want_ht, lasp2, save_states)
     call.enqueue(backward=False, device=q.device)
     return outputs
 
 
+@torch.library.custom_op("lasp_shmem::chunk_gla_bwd", mutates_args=(), device_types="cuda")
+def _gla_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                  h0: Optional[torch.Tensor], states: torch.Tensor, do: torch.Tensor,
+                  dht: Optional[torch.Tensor], scale: float, want_dh0: bool
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    outputs, call = _gla_backward_call(q, k, v, g, h0, states, do, dht, scale, want_dh0)
+    call.enqueue(backward=True, device=q.device)
+    return outputs
+
+
 @_gla_forward.register_fake
-def _(q, k, v, g, h0, scale, want_ht, lasp2):
-    return _gla_forward_outputs(q, v, want_ht)
+def _(q, k, v, g, h0, scale, want_ht, lasp2, save_states):
+    return _gla_forward_outputs(q, v, want_ht, save_states)
+
+
+@_gla_backward.register_fake
+def _(q, k, v, g, h0, states, do, dht, scale, want_dh0):
+    return _backward_outputs(q, k, v, g, want_dh0)
+
+
+def _gla_setup_context(ctx, inputs, output):
+    q, k, v, g, h0, scale, want_ht, lasp2, save_states = inputs
+    states = output[2]
+    ctx.mark_non_differentiable(states)
+    ctx.save_for_backward(q, k, v, g, h0, states)
+    ctx.scale, ctx.want_ht, ctx.saved_states = scale, want_ht, save_states
+
+
+def _gla_differentiate(ctx, grad_o, grad_ht, _grad_states):
+    if not ctx.saved_states:
+        # Only a direct call of the op gets here: chunk_gla saves the states whenever an input
+        # requires gradients.
+        raise RuntimeError(
+            "lasp_shmem::chunk_gla_fwd ran with save_states=False, so it kept no chunk states "
+            "for its backward; call lasp_shmem.torch.chunk_gla, or the op with save_states=True")
+    q, k, v, g, h0, states = ctx.saved_tensors
+    dht = grad_ht.contiguous() if ctx.want_ht and grad_ht is not None else None
+    want_dh0 = ctx.needs_input_grad[4]
+    dq, dk, dv, dg, dh0 = torch.ops.lasp_shmem.chunk_gla_bwd(
+        q, k, v, g, h0, states, grad_o.contiguous(), dht, ctx.scale, want_dh0)
+    return dq, dk, dv, dg, dh0 if want_dh0 else None, None, None, None, None
+
+
+_gla_forward.register_autograd(_gla_differentiate, setup_context=_gla_setup_context)

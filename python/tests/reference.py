@@ -1,5 +1,5 @@
-"""The float64 reference for the tests: the recurrence itself, token by token, forwards (scalar
-decay and GLA's per-key decay) and backwards (scalar decay)."""
+"""The float64 reference for the tests: the recurrence itself, token by token, forwards and
+backwards (scalar decay and GLA's per-key decay)."""
 
 import torch
 
@@ -15,25 +15,29 @@ def recurrent(q, k, v, g, h0=None, scale=None):
     s = q.new_zeros(b, h, dk, v.shape[-1]) if h0 is None else h0.double()
     outputs = []
     for i in range(t):
-        decay = g[:, i, :, None, None] if g.dim() == 3 else g[:, i, :, :, None]
-        s = decay.exp() * s + k[:, i, :, :, None] * v[:, i, :, None, :]
+        s = _decay(g, i) * s + k[:, i, :, :, None] * v[:, i, :, None, :]
         outputs.append(scale * torch.einsum("bhk,bhkv->bhv", q[:, i], s))
     return torch.stack(outputs, 1), s
+
+
+def _decay(g, i):
+    """e^{g_i}, shaped to multiply states [B, H, Dk, Dv]: the whole state (g [B, T, H]) or row by
+    row (g [B, T, H, Dk])."""
+    return (g[:, i, :, None, None] if g.dim() == 3 else g[:, i, :, :, None]).exp()
 
 
 def gradients(q, k, v, g, h0, grad_o, grad_ht=None, scale=None):
     """dq, dk, dv, dg and dh0 (None without h0) of <o, grad_o> + <ht, grad_ht> through
     `recurrent`, in float64, by the recurrence run backwards (no torch.autograd, so that it can
     stand in for a kernel): dS_t = scale q_t^T do_t + e^{g_{t+1}} dS_{t+1}, dS_T also takes
-    grad_ht; dq_t = scale S_t do_t, dk_t = dS_t v_t, dv_t = k_t dS_t,
-    dg_t = e^{g_t} <dS_t, S_{t-1}>, dh0 = e^{g_1} dS_1."""
+    grad_ht; dq_t = scale S_t do_t, dk_t = dS_t v_t, dv_t = k_t dS_t, dh0 = e^{g_1} dS_1, and
+    dg_t = e^{g_t} <dS_t, S_{t-1}> over the whole state (scalar decay) or per row (GLA)."""
     q, k, v, g, do = (x.double() for x in (q, k, v, g, grad_o))
     b, t, h, dk = q.shape
     scale = dk ** -0.5 if scale is None else scale
     states = [q.new_zeros(b, h, dk, v.shape[-1]) if h0 is None else h0.double()]
     for i in range(t):
-        states.append(g[:, i, :, None, None].exp() * states[-1]
-                      + k[:, i, :, :, None] * v[:, i, :, None, :])
+        states.append(_decay(g, i) * states[-1] + k[:, i, :, :, None] * v[:, i, :, None, :])
     dq, dk_, dv, dg = (torch.zeros_like(x) for x in (q, k, v, g))
     ds = torch.zeros_like(states[0]) if grad_ht is None else grad_ht.double()
     for i in reversed(range(t)):
@@ -41,9 +45,10 @@ def gradients(q, k, v, g, h0, grad_o, grad_ht=None, scale=None):
         dq[:, i] = scale * torch.einsum("bhkv,bhv->bhk", states[i + 1], do[:, i])
         dk_[:, i] = torch.einsum("bhkv,bhv->bhk", ds, v[:, i])
         dv[:, i] = torch.einsum("bhk,bhkv->bhv", k[:, i], ds)
-        decay = g[:, i].exp()
-        dg[:, i] = decay * (ds * states[i]).sum((-2, -1))
-        ds = decay[:, :, None, None] * ds
+        decay = _decay(g, i)
+        terms = decay * ds * states[i]
+        dg[:, i] = terms.sum((-2, -1)) if g.dim() == 3 else terms.sum(-1)
+        ds = decay * ds
     return dq, dk_, dv, dg, None if h0 is None else ds
 
 
@@ -60,6 +65,26 @@ def inputs(b, t, h, dk, dv, device, seed, requires_grad=False):
     h0 = rand(b, h, dk, dv) - 0.5
     tensors = (q, k, v, g, h0)
     return tuple(x.requires_grad_() for x in tensors) if requires_grad else tensors
+
+
+def gla_inputs(b, t, h, dk, dv, device, seed, requires_grad=False):
+    """`inputs` with GLA's gates, one per key dimension: logsigmoid(randn) / 16, as fla's GLA
+    layer makes them (in [-0.5, 0), mostly near -0.05)."""
+    q, k, v, _, h0 = inputs(b, t, h, dk, dv, device, seed)
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    g = torch.nn.functional.logsigmoid(
+        torch.randn(b, t, h, dk, generator=gen, device=device)) / 16
+    tensors = (q, k, v, g, h0)
+    return tuple(x.requires_grad_() for x in tensors) if requires_grad else tensors
+
+
+def gate_grad_scale(q, k, dq, dk):
+    """The size of the terms GLA's dg is the difference of: ||reverse cumsum over T of
+    |q dq| + |k dk|||, per key dimension (dg_t = sum_{s >= t} (q_s dq_s - k_s dk_s) row by row).
+    Under strong decays those terms nearly cancel, so dg's own norm is no measure of its error
+    (the Rust GPU tests hold dg to the same scale)."""
+    terms = (q.double() * dq.double()).abs() + (k.double() * dk.double()).abs()
+    return terms.flip(1).cumsum(1).flip(1).norm().item()
 
 
 def rel_err(got, want):

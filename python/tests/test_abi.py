@@ -3,15 +3,31 @@ descriptors (no GPU needed)."""
 
 import ctypes
 import ctypes.util
+import re
+from pathlib import Path
 
 import pytest
 
 from lasp_shmem import _abi
 
+HEADER = Path(__file__).resolve().parents[2] / "core" / "include" / "lasp_shmem.h"
+
 
 def test_structs_have_the_sizes_of_the_header():
     for struct, size in _abi.STRUCT_SIZES.items():
         assert ctypes.sizeof(struct) == size, struct.__name__
+
+
+def test_the_constants_are_the_headers():
+    """Every LASP_* code the mirror spells out (slots included) has the header's value."""
+    if not HEADER.exists():
+        pytest.skip(f"NOTICE: no {HEADER} (the tests run outside a checkout)")
+    defines = {name: int(value) for name, value in
+               re.findall(r"^#define LASP_(\w+) (\d+)u?\b", HEADER.read_text(), re.M)}
+    mirrored = {name: value for name, value in vars(_abi).items()
+                if name.isupper() and type(value) is int}
+    mirrored["SHMEM_ABI_VERSION"] = mirrored.pop("ABI_VERSION")
+    assert {name: defines.get(name) for name in mirrored} == mirrored
 
 
 def test_a_missing_library_says_where_it_looked_and_what_to_do(monkeypatch, tmp_path):

@@ -1,13 +1,13 @@
 """lasp_shmem.torch on one GPU (skipped with a notice without one): forward and backward against
-the float64 reference, torch.compile without a graph break, a CUDA graph of a training step, and
-the library's errors. Run it in a plain pytest process (torchrun runs test_lasp2.py), started
-with NVSHMEM_DISABLE_NVLS=1 and NVSHMEM_REMOTE_TRANSPORT=none."""
+the float64 reference (scalar decay and GLA), torch.compile without a graph break, a CUDA graph of
+a training step, and the library's errors. Run it in a plain pytest process (torchrun runs
+test_lasp2.py), started with NVSHMEM_DISABLE_NVLS=1 and NVSHMEM_REMOTE_TRANSPORT=none."""
 
 import os
 
 import pytest
 import torch
-from reference import bits, gradients, inputs, recurrent, rel_err
+from reference import bits, gate_grad_scale, gla_inputs, gradients, inputs, recurrent, rel_err
 
 import lasp_shmem.torch as lt
 
@@ -157,3 +157,58 @@ def test_gla_forward_matches_the_float64_reference(dk, dv, t):
     errors = {"o": rel_err(o, want_o), "ht": rel_err(ht, want_ht)}
     assert max(errors.values()) <= TOL, errors
     assert torch.equal(bits(o), bits(again))
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("t", [1, 100, 300])
+@pytest.mark.parametrize("with_h0, with_dht", [(False, False), (True, True), (True, False)])
+def test_gla_forward_and_backward_match_the_float64_reference(d, t, with_h0, with_dht):
+    """chunk_gla on one GPU, forward and backward, against float64 autograd through the
+    recurrence: ||x - ref|| / ||ref|| <= 5e-3 for o, ht, dq, dk, dv and dh0; dg to within 5e-3
+    of its scale, the larger of ||ref dg|| and `gate_grad_scale` (the size of the terms dg is
+    the difference of, which cancel under strong decays)."""
+    b, h = 2, 2
+    q, k, v, g, h0 = gla_inputs(b, t, h, d, d, "cuda", seed=11)
+    h0 = h0 if with_h0 else None
+    grad_o = (2 * torch.rand(b, t, h, d, device="cuda") - 1).bfloat16()
+    grad_ht = torch.rand(b, h, d, d, device="cuda") - 0.5
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g, h0) if x is not None]
+    o, ht = lt.chunk_gla(*leaves[:4], initial_state=leaves[4] if with_h0 else None,
+                         output_final_state=with_dht)
+    outputs, cotangents = ((o, ht), (grad_o, grad_ht)) if with_dht else ((o,), (grad_o,))
+    got = dict(zip(("dq", "dk", "dv", "dg", "dh0"),
+                   torch.autograd.grad(outputs, leaves, cotangents)))
+    wide = [x.double().requires_grad_() for x in (q, k, v, g, h0) if x is not None]
+    o64, ht64 = recurrent(*wide[:4], wide[4] if with_h0 else None)
+    want = dict(zip(("dq", "dk", "dv", "dg", "dh0"), torch.autograd.grad(
+        (o64, ht64) if with_dht else (o64,), wide,
+        tuple(x.double() for x in cotangents))))
+    assert [got[n].dtype for n in got] == [x.dtype for x in leaves]
+    errors = {"o": rel_err(o, o64)}
+    if with_dht:
+        errors["ht"] = rel_err(ht, ht64)
+    errors |= {n: rel_err(got[n], want[n]) for n in ("dq", "dk", "dv", "dh0") if n in got}
+    dg_scale = max(want["dg"].norm().item(),
+                   gate_grad_scale(q, k, want["dq"], want["dk"]))
+    errors["dg"] = (got["dg"].double() - want["dg"]).norm().item() / dg_scale
+    assert max(errors.values()) <= TOL, errors
+    lt.synchronize()
+
+
+def test_gla_training_repeats_bitwise_and_inference_agrees():
+    """Two training steps of one layout give the same bits; a forward without gradients (which
+    keeps no chunk states) gives the training forward's o."""
+    q, k, v, g, h0 = gla_inputs(2, 200, 2, 64, 128, "cuda", seed=12)
+    grad_o = (2 * torch.rand(2, 200, 2, 128, device="cuda") - 1).bfloat16()
+
+    def train():
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, g, h0)]
+        o, _ = lt.chunk_gla(*leaves[:4], initial_state=leaves[4])
+        return (o, *torch.autograd.grad(o, leaves, grad_o))
+
+    first, second = train(), train()
+    for x, y in zip(first, second):
+        assert torch.equal(bits(x), bits(y))
+    with torch.no_grad():
+        o, _ = lt.chunk_gla(q, k, v, g, initial_state=h0)
+    assert rel_err(o, first[0]) <= TOL

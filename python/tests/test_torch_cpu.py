@@ -17,6 +17,9 @@ from lasp_shmem import _abi
 
 B, T, H, DK, DV = 2, 9, 2, 64, 128
 FWD, BWD = torch.ops.lasp_shmem.chunk_simple_gla_fwd, torch.ops.lasp_shmem.chunk_simple_gla_bwd
+GLA_FWD, GLA_BWD = torch.ops.lasp_shmem.chunk_gla_fwd, torch.ops.lasp_shmem.chunk_gla_bwd
+# The save_states argument of every call of GLA's forward kernel below, in order.
+GLA_SAVES = []
 
 
 @torch.library.register_kernel("lasp_shmem::chunk_simple_gla_fwd", "cpu")
@@ -40,8 +43,40 @@ def _backward_on_cpu(q, k, v, g, state, do, dht, scale, want_dh0, lasp2):
     return outputs
 
 
-def test_the_reference_backward_is_autograds():
-    q, k, v, g, h0 = (x.double().requires_grad_() for x in cpu_inputs(t=6))
+@torch.library.register_kernel("lasp_shmem::chunk_gla_fwd", "cpu")
+def _gla_forward_on_cpu(q, k, v, g, h0, scale, want_ht, lasp2, save_states):
+    GLA_SAVES.append(save_states)
+    o, ht, states = lt._gla_forward_outputs(q, v, want_ht, save_states)
+    want_o, want_ht_ = recurrent(q, k, v, g, h0, scale)
+    o.copy_(want_o)
+    if want_ht:
+        ht.copy_(want_ht_)
+    if save_states:
+        # The state entering each chunk (the kernels scale it their own way; the reference
+        # backward below recomputes what it needs and reads none of it).
+        b, _, h, dk = q.shape
+        state = torch.zeros(b, h, dk, v.shape[-1]) if h0 is None else h0
+        for n in range(states.shape[1]):
+            if n:
+                chunk = slice((n - 1) * lt.GLA_CHUNK, n * lt.GLA_CHUNK)
+                state = recurrent(q[:, chunk], k[:, chunk], v[:, chunk], g[:, chunk], state)[1]
+            states[:, n] = state.reshape(b * h, dk, -1)
+    return o, ht, states
+
+
+@torch.library.register_kernel("lasp_shmem::chunk_gla_bwd", "cpu")
+def _gla_backward_on_cpu(q, k, v, g, h0, states, do, dht, scale, want_dh0):
+    outputs = lt._backward_outputs(q, k, v, g, want_dh0)
+    for out, grad in zip(outputs, gradients(q, k, v, g, h0, do, dht, scale)):
+        if out.numel():  # not dh0 unless wanted
+            out.copy_(grad)
+    return outputs
+
+
+@pytest.mark.parametrize("per_key_gates", [False, True])
+def test_the_reference_backward_is_autograds(per_key_gates):
+    q, k, v, g, h0 = (x.double().requires_grad_()
+                      for x in (gla_inputs(t=6) if per_key_gates else cpu_inputs(t=6)))
     do, dht = torch.rand(B, 6, H, DV, dtype=torch.float64), torch.rand(B, H, DK, DV).double()
     o, ht = recurrent(q, k, v, g, h0, 0.3)
     want = torch.autograd.grad((o, ht), (q, k, v, g, h0), (do, dht))
@@ -277,40 +312,158 @@ def test_the_library_would_catch_a_wrong_slot(library):
         call_is_accepted(library, backward, _abi.DIRECTION_BACKWARD)
 
 
-def gla_inputs():
-    """cpu_inputs with GLA's gates, one per key dimension."""
-    q, k, v, g, h0 = cpu_inputs()
-    return q, k, v, (g[..., None] * torch.linspace(0.5, 1.5, DK)).contiguous(), h0
-
-
 @pytest.mark.parametrize("with_h0", [False, True])
 @pytest.mark.parametrize("want_ht", [False, True])
-@pytest.mark.parametrize("lasp2", [False, True])
-def test_the_library_accepts_the_gla_forward_calls(library, with_h0, want_ht, lasp2):
+@pytest.mark.parametrize("lasp2, save_states", [(False, False), (False, True), (True, False)])
+def test_the_library_accepts_the_gla_forward_calls(library, with_h0, want_ht, lasp2,
+                                                   save_states):
     q, k, v, g, h0 = gla_inputs()
-    (o, ht), call = lt._gla_forward_call(q, k, v, g, h0 if with_h0 else None, 0.125, want_ht,
-                                         lasp2)
+    (o, ht, states), call = lt._gla_forward_call(q, k, v, g, h0 if with_h0 else None, 0.125,
+                                                 want_ht, lasp2, save_states)
     assert (o.shape, ht.shape) == ((B, T, H, DV), (B, H, DK, DV) if want_ht else (0,))
+    assert states.shape == ((B * H, 1, DK, DV) if save_states else (0,))
     call_is_accepted(library, call, _abi.DIRECTION_FORWARD)
     # The check can fail: scalar decay's [B, T, H] gates are not GLA's.
-    (_, _), wrong = lt._gla_forward_call(q, k, v, g[..., 0].contiguous(), None, 0.125, False,
-                                         lasp2)
+    _, wrong = lt._gla_forward_call(q, k, v, g[..., 0].contiguous(), None, 0.125, False, lasp2,
+                                    save_states)
     with pytest.raises(_abi.LaspError, match=r"\[B, T, H, Dk\]"):
         call_is_accepted(library, wrong, _abi.DIRECTION_FORWARD)
 
 
-def test_gla_refuses_scalar_gates_and_gradients(runtime):
+@pytest.mark.parametrize("t", [1, 64, 130])
+@pytest.mark.parametrize("with_h0, with_dht", [(False, False), (True, True), (True, False)])
+def test_the_library_accepts_the_gla_backward_calls(library, t, with_h0, with_dht):
+    q, k, v, g, h0 = gla_inputs(t=t)
+    h0 = h0 if with_h0 else None
+    (o, ht, states), _ = lt._gla_forward_call(q, k, v, g, h0, 0.125, with_dht, False, True)
+    assert states.shape == (B * H, (t + 63) // 64, DK, DV)
+    (dq, dk, dv, dg, dh0), call = lt._gla_backward_call(
+        q, k, v, g, h0, states, o, ht if with_dht else None, 0.125, with_h0)
+    assert (dg.shape, dg.dtype) == (g.shape, torch.float32)
+    assert dh0.shape == ((B, H, DK, DV) if with_h0 else (0,))
+    call_is_accepted(library, call, _abi.DIRECTION_BACKWARD)
+    # The check can fail: chunk states of another length.
+    _, wrong = lt._gla_backward_call(q, k, v, g, h0, states.flatten()[1:], o, None, 0.125,
+                                     with_h0)
+    with pytest.raises(_abi.LaspError, match=r"LASP_SLOT_CHUNK_STATES .*\[B\*H, ceil\(T / 64\)"):
+        call_is_accepted(library, wrong, _abi.DIRECTION_BACKWARD)
+
+
+def test_the_library_refuses_gla_gradients_across_the_ranks(library):
+    """GLA's LASP-2 op is forward only: the op chunk_gla would make for a backward across the
+    ranks is refused, with what to do."""
+    desc = _abi.op_desc(_abi.FAMILY_GLA, _abi.KIND_LASP2, B, H, DK, DV, with_backward=True)
+    with pytest.raises(_abi.LaspError, match="backward on one GPU only.*LASP_KIND_SINGLE_GPU"):
+        library.op_check_call(ctypes.byref(desc), _abi.DIRECTION_FORWARD,
+                              ctypes.byref(_abi.Call(tokens=T)), ctypes.byref(_abi.Tensors()))
+
+
+def gla_inputs(t=T):
+    """cpu_inputs with GLA's gates, one per key dimension."""
+    q, k, v, g, h0 = cpu_inputs(t=t)
+    return q, k, v, (g[..., None] * torch.linspace(0.5, 1.5, DK)).contiguous(), h0
+
+
+def test_gla_refuses_scalar_gates_and_gradients_across_the_ranks(runtime, one_rank_group):
     q, k, v, g, h0 = gla_inputs()
     with pytest.raises(ValueError, match=r"g has the shape \(2, 9, 2\).*\[B, T, H, Dk\] g"):
         lt.chunk_gla(q, k, v, g[..., 0].contiguous())
-    with pytest.raises(NotImplementedError, match="forward only.*torch.no_grad"):
-        lt.chunk_gla(q.requires_grad_(), k, v, g)
-    with torch.no_grad(), pytest.raises(ValueError, match="q is on cpu"):
+    with pytest.raises(NotImplementedError, match="one GPU only.*torch.no_grad.*cp_group=None"):
+        lt.chunk_gla(q, k, v, g.requires_grad_(), cp_group=one_rank_group)
+    # On one GPU gradients are welcome: the call goes on to the device check.
+    with pytest.raises(ValueError, match="q is on cpu"):
         lt.chunk_gla(q, k, v, g)
 
 
-def test_gla_fake_outputs_have_the_real_shapes():
-    q, k, v, g, h0 = (x.to("meta") for x in gla_inputs())
-    o, ht = torch.ops.lasp_shmem.chunk_gla_fwd(q, k, v, g, h0, 0.125, True, False)
-    assert (o.shape, o.dtype, ht.shape, ht.dtype) == (
-        (B, T, H, DV), torch.bfloat16, (B, H, DK, DV), torch.float32)
+@pytest.fixture
+def cpu_runtime(runtime, monkeypatch):
+    """The runtime fixture, with the CPU tensors let through to the ops (whose CPU kernels are
+    this module's float64 reference)."""
+    monkeypatch.setattr(lt, "_check_device", lambda *args, **kwargs: None)
+    GLA_SAVES.clear()
+
+
+@pytest.mark.parametrize("with_h0, with_ht", [(False, False), (True, True), (True, False)])
+def test_gla_gradients_flow_through_the_ops(cpu_runtime, with_h0, with_ht):
+    """chunk_gla's autograd on the CPU stand-ins: the gradients of every input (g's fp32, like
+    g) are float64 autograd's through the recurrence, and the forward saves the chunk states
+    because a gradient is needed."""
+    q, k, v, g, h0 = gla_inputs(t=70)
+    h0 = h0 if with_h0 else None
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g, h0) if x is not None]
+    o, ht = lt.chunk_gla(*leaves[:4], scale=0.125, initial_state=leaves[4] if with_h0 else None,
+                         output_final_state=with_ht)
+    assert GLA_SAVES == [True] and (ht is not None) == with_ht
+    do = torch.rand(B, 70, H, DV).bfloat16()
+    dht = torch.rand(B, H, DK, DV)
+    outputs, cotangents = ((o, ht), (do, dht)) if with_ht else ((o,), (do,))
+    got = torch.autograd.grad(outputs, leaves, cotangents)
+    assert [x.dtype for x in got] == [x.dtype for x in leaves]
+    wide = [x.detach().double().requires_grad_() for x in leaves]
+    o64, ht64 = recurrent(*wide[:4], wide[4] if with_h0 else None, 0.125)
+    want = torch.autograd.grad((o64, ht64) if with_ht else (o64,), wide,
+                               (do.double(), dht.double()) if with_ht else (do.double(),))
+    for x, y in zip(got, want):
+        torch.testing.assert_close(x.double(), y, rtol=1e-2, atol=1e-2)
+
+
+def test_gla_without_gradients_saves_no_chunk_states(cpu_runtime):
+    q, k, v, g, h0 = gla_inputs()
+    lt.chunk_gla(q, k, v, g, initial_state=h0)
+    with torch.no_grad():
+        lt.chunk_gla(q.requires_grad_(), k, v, g, initial_state=h0)
+    assert GLA_SAVES == [False, False]
+
+
+def test_gla_direct_op_calls_without_saved_states_say_what_to_do():
+    q, k, v, g, h0 = gla_inputs()
+    o, _, _ = GLA_FWD(q.requires_grad_(), k, v, g, h0, 0.125, False, False, False)
+    with pytest.raises(RuntimeError, match="save_states=False.*call lasp_shmem.torch.chunk_gla"):
+        o.float().sum().backward()
+
+
+@pytest.mark.parametrize("want_ht", [False, True])
+@pytest.mark.parametrize("save_states", [False, True])
+def test_gla_fake_outputs_have_the_real_shapes(want_ht, save_states):
+    q, k, v, g, h0 = (x.to("meta") for x in gla_inputs(t=130))
+    o, ht, states = GLA_FWD(q, k, v, g, h0, 0.125, want_ht, False, save_states)
+    assert (o.shape, o.dtype) == ((B, 130, H, DV), torch.bfloat16)
+    assert (ht.shape, ht.dtype) == ((B, H, DK, DV) if want_ht else (0,), torch.float32)
+    assert (states.shape, states.dtype) == (
+        (B * H, 3, DK, DV) if save_states else (0,), torch.bfloat16)
+    grads = GLA_BWD(q, k, v, g, h0, states, o, ht if want_ht else None, 0.125, True)
+    assert [x.shape for x in grads] == [q.shape, k.shape, v.shape, g.shape, (B, H, DK, DV)]
+    assert [x.dtype for x in grads] == [q.dtype, k.dtype, v.dtype, torch.float32, torch.float32]
+
+
+@pytest.mark.parametrize("with_h0", [False, True])
+def test_gla_opcheck(with_h0):
+    """Schema, fake implementations against the kernels, autograd registration, and tracing
+    with AOTAutograd (dynamic shapes), forward and backward."""
+    q, k, v, g, h0 = (x.requires_grad_() for x in gla_inputs(t=5))
+    h0 = h0 if with_h0 else None
+    torch.library.opcheck(GLA_FWD, (q, k, v, g, h0, 0.125, True, False, True))
+    detached = [None if x is None else x.detach() for x in (q, k, v, g, h0)]
+    _, _, states = GLA_FWD(*detached, 0.125, False, False, True)
+    do = torch.rand(B, 5, H, DV).bfloat16()
+    torch.library.opcheck(GLA_BWD, (*detached, states, do, None, 0.125, with_h0))
+
+
+def test_a_compiled_gla_block_has_no_graph_break_and_the_eager_gradients():
+    q, k, v, g, h0 = gla_inputs(t=5)
+
+    def block(q, k, v, g, h0):
+        o, ht, _ = GLA_FWD(q, k, v, g, h0, 0.125, True, False, True)
+        return (o.float() ** 2).sum() + ht.sum()
+
+    explained = torch._dynamo.explain(block)(q, k, v, g, h0)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+
+    def grads(fn):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, g, h0)]
+        fn(*leaves).backward()
+        return [x.grad for x in leaves]
+
+    compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
+    for got, want in zip(grads(compiled), grads(block)):
+        assert torch.equal(got, want)
