@@ -58,6 +58,7 @@ const GLA_PARAMS: &str = "lasp_gla_params";
 const GLA_LASP2: &str = "gla/lasp2_forward.cu";
 const GLA_L2_PARAMS: &str = "lasp_gla_lasp2_params";
 const GLA_BACKWARD: &str = "gla/backward.cu";
+const GLA_LASP2_BACKWARD: &str = "gla/lasp2_backward.cu";
 const GLA_BWD_PARAMS: &str = "lasp_gla_bwd_params";
 
 /// Every templated kernel. Template arguments of `run_segment`: key width, output pass, probe,
@@ -119,6 +120,16 @@ pub const INSTANCES: &[Instance] = &[
         GLA_L2_PARAMS, "lasp::gla::lasp2_output<{dk}, 64, lasp::exchange::AllGather>(p)"),
     row("GLA_LASP2_OUTPUT_DV128", "lasp_gla_lasp2_output_dk{dk}_dv128", GLA_LASP2, "256, 1",
         GLA_L2_PARAMS, "lasp::gla::lasp2_output<{dk}, 128, lasp::exchange::AllGather>(p)"),
+    // GLA's LASP-2 backward: the shard's segment summaries and its walk, per value width (the
+    // summary and advance kernels are the forward's; the gradients the single-GPU grads kernel).
+    row("GLA_LASP2_BWD_STATES_DV64", "lasp_gla_lasp2_bwd_states_dk{dk}_dv64", GLA_LASP2_BACKWARD, "128, 1",
+        GLA_L2_PARAMS, "lasp::gla::lasp2_bwd_states<{dk}, 64>(p)"),
+    row("GLA_LASP2_BWD_STATES_DV128", "lasp_gla_lasp2_bwd_states_dk{dk}_dv128", GLA_LASP2_BACKWARD, "256, 1",
+        GLA_L2_PARAMS, "lasp::gla::lasp2_bwd_states<{dk}, 128>(p)"),
+    row("GLA_LASP2_BWD_WALK_DV64", "lasp_gla_lasp2_bwd_walk_dk{dk}_dv64", GLA_LASP2_BACKWARD, "128, 1",
+        GLA_L2_PARAMS, "lasp::gla::lasp2_bwd_walk<{dk}, 64, lasp::exchange::AllGather>(p)"),
+    row("GLA_LASP2_BWD_WALK_DV128", "lasp_gla_lasp2_bwd_walk_dk{dk}_dv128", GLA_LASP2_BACKWARD, "256, 1",
+        GLA_L2_PARAMS, "lasp::gla::lasp2_bwd_walk<{dk}, 128, lasp::exchange::AllGather>(p)"),
     // GLA's backward (single GPU): the walks' summaries, the walks, the gradients per value width.
     row("GLA_BWD_SUMMARY_DV64", "lasp_gla_bwd_summary_dk{dk}_dv64", GLA_BACKWARD, "128, 1", GLA_BWD_PARAMS,
         "lasp::gla::bwd_summary<{dk}, 64>(p)"),

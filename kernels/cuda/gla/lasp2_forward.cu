@@ -5,6 +5,7 @@
 // lasp/gla/lasp2_params.h.
 #include "lasp/exchange/chain.cuh"
 #include "lasp/gla/chunk.cuh"
+#include "lasp/gla/lasp2_fold.cuh"
 #include "lasp/gla/lasp2_params.h"
 
 namespace lasp {
@@ -24,7 +25,8 @@ __device__ __forceinline__ void lasp2_states(const lasp_gla_lasp2_params& p) {
 }
 
 // Kernel 2, one CTA per (Dv tile, head): the shard's summary tile, the fold of its pieces from zero
-// in order, into the own slot [parity][me][bh][vt], then published by the schedule.
+// (the backward's last PE: from dht) in order, into the own slot [parity][me][bh][vt], then
+// published by the schedule. The backward's pieces run down the shard (lasp/gla/lasp2_params.h).
 template <class Schedule>
 __device__ __forceinline__ void lasp2_summary(const lasp_gla_lasp2_params& p) {
   const uint64_t epoch = exchange::call_epoch(p);
@@ -39,7 +41,8 @@ __device__ __forceinline__ void lasp2_summary(const lasp_gla_lasp2_params& p) {
   const float* const lam = p.ws_lambda + (int64_t)bh * pieces * p.Dk;
   for (int e = threadIdx.x; e < p.Dk * LASP2_TILE_V; e += blockDim.x) {
     const int d = e / LASP2_TILE_V, c = e % LASP2_TILE_V;
-    float acc = 0.f;
+    // The backward's last PE starts its tile from dht (NULL in the forward and elsewhere).
+    float acc = p.dht ? __ldg(p.dht + (int64_t)bh * tile + (int64_t)d * p.Dv + vt * LASP2_TILE_V + c) : 0.f;
     for (int u = 0; u < pieces; ++u)
       acc = fold_step(acc, __ldg(lam + (int64_t)u * p.Dk + d), __ldg(m + u * tile + (int64_t)d * p.Dv + c));
     own[e] = acc;
@@ -53,30 +56,6 @@ __device__ __forceinline__ void lasp2_summary(const lasp_gla_lasp2_params& p) {
   Schedule::publish(p, epoch, own, tile_floats * 4u, bh, vt, sent_credits);
 }
 
-// s = diag(e^{Lambda}) s + M for an exchanged tile (M rows [d][64], then Lambda [d]) in global
-// memory, read through L2 (ld.global.cg: another PE wrote it).
-template <int DK>
-__device__ __forceinline__ void fold_landed_tile(StateRegs<DK>& s, const StateLane& ln, const float* tile) {
-  for_each_state_pair<DK>(s, ln, [&](float& x0, float& x1, int d, int c) {
-    const float2 m = __ldcg(reinterpret_cast<const float2*>(tile + d * LASP2_TILE_V + c));
-    const float l = __ldcg(tile + DK * LASP2_TILE_V + d);
-    x0 = fold_step(x0, l, m.x);
-    x1 = fold_step(x1, l, m.y);
-  });
-}
-
-// s = diag(e^{Lambda}) s + M for a tile of rows [d][ld] (fp32) and Lambda [d].
-template <int DK>
-__device__ __forceinline__ void fold_tile(StateRegs<DK>& s, const StateLane& ln, const float* rows, int64_t ld,
-                                          const float* lambda) {
-  for_each_state_pair<DK>(s, ln, [&](float& x0, float& x1, int d, int c) {
-    const float2 m = *reinterpret_cast<const float2*>(rows + d * ld + c);
-    const float l = lambda[d];
-    x0 = fold_step(x0, l, m.x);
-    x1 = fold_step(x1, l, m.y);
-  });
-}
-
 // Kernel 3: segment blockIdx.y of the shard. Its start: h0 (or 0), the earlier PEs' tiles in chain
 // order, then this shard's pieces before the segment, in order; the same fold in every mode.
 template <int DK, int DV, class Schedule>
@@ -86,8 +65,9 @@ __device__ __forceinline__ void lasp2_output(const lasp_gla_lasp2_params& p) {
   const int64_t bh = blockIdx.z;
   const int64_t tile = (int64_t)DK * DV;
   const uint64_t tile_floats = lasp_gla_lasp2_tile_floats(DK);
+  uint16_t* chunk_states = p.chunk_states ? p.chunk_states + bh * lasp_gla_num_chunks(p.T) * tile : nullptr;
   run_output_segment<DK, DV>(
-      p, sg, nullptr,
+      p, sg, chunk_states,
       [&](StateRegs<DK>& s, const StateLane& ln, int group) {
         if (p.h0)
           chunk::state_load<DK>(s, ln, p.h0 + bh * tile + group * 64, DV);

@@ -97,7 +97,8 @@ impl GlaLasp2Forward {
 
     /// Enqueues one call on `stream`: `args` holds this PE's shard (T = its T_local; shards may
     /// differ in length), h0 the global initial state (the same on every PE), ht only on the last
-    /// PE. Everything is validated before the first launch. Expired waits are reported by
+    /// PE, and `chunk_states`, where a backward ([`super::GlaLasp2Backward`]) follows, the shard's
+    /// chunk states. Everything is validated before the first launch. Expired waits are reported by
     /// [`GlaLasp2Forward::finish`].
     pub fn forward(&mut self, stream: &Arc<CudaStream>, args: GlaArgs<'_>) -> Result<()> {
         StreamOrder::around(stream, args.homes(), OP, || self.enqueue(stream, args))
@@ -143,6 +144,7 @@ impl GlaLasp2Forward {
             o: args.o.addr() as _,
             h0: args.h0.map_or(0, |x| x.addr()) as _,
             ht: args.ht.as_ref().map_or(0, |x| x.addr()) as _,
+            chunk_states: args.chunk_states.as_ref().map_or(0, |x| x.addr()) as _,
             ws_m: ws as _,
             ws_lambda: (ws + m_bytes) as _,
             T: s.t as i32,

@@ -19,6 +19,30 @@
 //                                         PEs' tiles, folds them and its own earlier pieces, then the
 //                                         single-GPU chunk loop
 //   4. lasp_gla_lasp2_advance_epoch       grid (1, 1, 1), block (1, 1, 1), last
+// With chunk_states set, step 3 also saves the shard's chunk states for the backward.
+//
+// The backward (gla/lasp2_backward.cu) is the forward's chain run the other way
+// (LASP2_CHAIN_DESCENDING), per (b, h), with dS the gradient of the state:
+//   M'_me = the gradient entering the shard from a ZERO gradient leaving it (the shard's own
+//   tokens), Lambda_me as above;  D_{W-1} = dht;  D_{u-1} = diag(e^{Lambda_u}) D_u + M'_u
+//   (descending u > me): the gradient leaving the shard is D_me, and the shard's gradients are
+//   the single-GPU backward's (lasp/gla/backward_params.h) from its chunk states and D_me.
+// Host call sequence per backward call (S segments of the shard, one piece each):
+//   1. lasp_gla_lasp2_bwd_states_dk*_dv*  grid (1, S, B*H), block lasp_gla_walk_threads(Dv),
+//                                         smem lasp_gla_walk_smem_bytes(Dk, Dv): every segment's
+//                                         (M', Lambda) into ws_m / ws_lambda piece S-1-s, so that
+//                                         the pieces in ascending order run down the shard
+//   2. lasp_gla_lasp2_summary             as the forward's: the pieces folded (from dht on the last
+//                                         PE) into the own slot tile, published to every EARLIER PE
+//   2b. sequential modes only:            the host all-gather of the slots
+//   3. lasp_gla_lasp2_bwd_walk_dk*_dv*    grid (1, S, B*H), block lasp_gla_walk_threads(Dv), smem
+//                                         lasp_gla_walk_smem_bytes(Dk, Dv): segment s from dht (last
+//                                         PE) or 0, the later PEs' tiles in chain order, then the
+//                                         shard's pieces of the segments after s; its walk writes dh
+//                                         (and on PE 0 segment 0, dh0)
+//   4. lasp_gla_bwd_grads_dk*_dv*         the single-GPU grads kernel (lasp_gla_bwd_params) on the
+//                                         shard, from chunk_states and dh
+//   5. lasp_gla_lasp2_advance_epoch       last
 // Same inputs -> bitwise same outputs in every exchange mode.
 #pragma once
 #include <stdint.h>
@@ -37,7 +61,15 @@ typedef struct {
   uint16_t* o;                // bf16 [B, T, H, Dv]: this shard's output
   const float* h0;            // fp32 [B, H, Dk, Dv] global initial state (the same on every PE), or NULL
   float* ht;                  // fp32 [B, H, Dk, Dv] final state, or NULL; written only if write_final_state
+  uint16_t* chunk_states;     // bf16 [B*H, N, Dk, Dv] (N = ceil(T / 64)): the forward saves the shard's
+                              // chunk states here (lasp/gla/forward_params.h), or NULL
+  // The backward's tensors (NULL in the forward):
+  const uint16_t* d_o;        // bf16 [B, T, H, Dv]: the gradient of the shard's output
+  const float* dht;           // fp32 [B, H, Dk, Dv]: the final state's gradient, on the last PE, or NULL
+  float* dh0;                 // fp32 [B, H, Dk, Dv]: the initial state's gradient, on PE 0, or NULL
+  uint16_t* dh;               // device bf16 [B*H, N, Dk, Dv]: the gradient leaving every chunk
   float* ws_m;                // device fp32 [B*H, S*R, Dk, Dv]: end state of every piece of the shard from zero
+                              // (the backward: the gradient entering every segment, segments descending)
   float* ws_lambda;           // device fp32 [B*H, S*R, Dk]: its log-decay per key dimension
   float* slots;               // SYMMETRIC fp32 [2][npes][B*H][Dv/64][lasp_gla_lasp2_tile_floats(Dk)]:
                               // tile = (M_u rows [Dk][64], Lambda_u [Dk])
@@ -60,7 +92,7 @@ typedef struct {
   int32_t npes;
   int32_t exchange_mode;      // enum lasp2_exchange_mode
   int32_t write_final_state;  // 1 on the PE that writes ht (the last), else 0
-  int32_t chain;              // enum lasp2_chain (the forward: ascending)
+  int32_t chain;              // enum lasp2_chain (the forward: ascending; the backward: descending)
 } lasp_gla_lasp2_params;
 
 // Floats of one exchanged tile: M_u's [Dk][64] block, then Lambda_u's Dk floats (a multiple of 4).
