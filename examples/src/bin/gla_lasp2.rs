@@ -1,4 +1,5 @@
-//! GLA's LASP-2 forward (`ops::gla::GlaLasp2Forward`) on every GPU under `lasp-run`.
+//! GLA's LASP-2 forward and backward (`ops::gla::GlaLasp2Forward`, `GlaLasp2Backward`) on every
+//! GPU under `lasp-run`.
 //!
 //! ```text
 //! lasp-run -n 2 gla_lasp2                            # the checks
@@ -9,7 +10,11 @@
 //! q, k, v rounded to bf16), cut into shards of unequal length; this PE's outputs against the
 //! reference's recurrent forward of the whole sequence (relative error <= 5e-3; the final state on
 //! the last PE), in every exchange mode, each mode's outputs bitwise equal to the overlapped
-//! mode's, and a repeated call bitwise equal; outputs poisoned before each call. One line per
+//! mode's, and a repeated call bitwise equal; outputs poisoned before each call. Then the backward
+//! from the forward's chunk states, with a random do (and dht on the last PE): dq, dk, dv (and
+//! dh0 on PE 0) against the reference's chunkwise backward of the whole sequence (relative error
+//! <= 5e-3), dg within 5e-3 of the sequence's gate-gradient scale, every mode and a repeat
+//! bitwise equal. One line per
 //! case and PE; exit status 1 when any check failed. Timing (`--time BxTxHxD`, T per GPU): the
 //! modes in turns (`time_in_turns`), the row is the slowest rank's median.
 
@@ -18,10 +23,15 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use lasp_shmem::exchange::{ExchangeMode, Lasp2Layout};
 use lasp_shmem::nccl::NcclComm;
 use lasp_shmem::ops::bf16;
-use lasp_shmem::ops::gla::{Gla, GlaArgs, GlaLasp2Forward};
+use lasp_shmem::ops::gla::{
+    chunk_states_len, Gla, GlaArgs, GlaBackwardArgs, GlaLasp2Backward, GlaLasp2Forward,
+};
 use lasp_shmem::ops::scalar_decay::ForwardShape;
 use lasp_shmem::ops::{DeviceMut, DeviceRef};
-use lasp_shmem::reference::{gla, rel_err, Family, InputSpec, Inputs, Regime, Shape, Tensor};
+use lasp_shmem::reference::{
+    assert_close_to_scale, gla, rel_err, Cotangents, Family, InputSpec, Inputs, Regime, Shape,
+    Tensor,
+};
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::{
     export_nvshmem_env, mode_times, parse_shape, round, time_in_turns, write_json, ModeCall,
@@ -146,9 +156,93 @@ struct Shard {
     h0: Option<CudaSlice<f32>>,
     o: CudaSlice<bf16>,
     ht: Option<CudaSlice<f32>>,
+    /// Saved by the forward where a backward follows.
+    chunk_states: Option<CudaSlice<bf16>>,
+}
+
+/// One PE's backward tensors: do, dht (the last PE), the gradients (dh0 on PE 0).
+struct ShardGrads {
+    d_o: CudaSlice<bf16>,
+    dht: Option<CudaSlice<f32>>,
+    dq: CudaSlice<bf16>,
+    dk: CudaSlice<bf16>,
+    dv: CudaSlice<bf16>,
+    dg: CudaSlice<f32>,
+    dh0: Option<CudaSlice<f32>>,
+}
+
+/// The bits of one backward call's gradients.
+#[derive(PartialEq)]
+struct GradBits {
+    dq: Vec<u16>,
+    dk: Vec<u16>,
+    dv: Vec<u16>,
+    dg: Vec<u32>,
+    dh0: Vec<u32>,
+}
+
+fn bits16(stream: &Arc<CudaStream>, x: &CudaSlice<bf16>) -> Result<Vec<u16>> {
+    Ok(stream.clone_dtoh(x)?.iter().map(|x| x.to_bits()).collect())
+}
+
+fn bits32(stream: &Arc<CudaStream>, x: &CudaSlice<f32>) -> Result<Vec<u32>> {
+    Ok(stream.clone_dtoh(x)?.iter().map(|x| x.to_bits()).collect())
 }
 
 impl Shard {
+    /// One backward call on poisoned gradients; their bits.
+    fn backward(
+        &mut self,
+        grads: &mut ShardGrads,
+        op: &mut GlaLasp2Backward,
+        stream: &Arc<CudaStream>,
+    ) -> Result<GradBits> {
+        for x in [&mut grads.dq, &mut grads.dk, &mut grads.dv] {
+            stream.memcpy_htod(&vec![bf16::from_bits(POISON); x.len()], x)?;
+        }
+        for x in [Some(&mut grads.dg), grads.dh0.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            stream.memcpy_htod(&vec![f32::from_bits(u32::MAX); x.len()], x)?;
+        }
+        let states = self
+            .chunk_states
+            .as_ref()
+            .expect("the checks' shards save their chunk states");
+        op.backward(
+            stream,
+            GlaBackwardArgs {
+                shape: self.shape,
+                q: DeviceRef::new(&self.q),
+                k: DeviceRef::new(&self.k),
+                v: DeviceRef::new(&self.v),
+                g: DeviceRef::new(&self.g),
+                h0: self.h0.as_ref().map(DeviceRef::new),
+                chunk_states: DeviceRef::new(states),
+                d_o: DeviceRef::new(&grads.d_o),
+                dht: grads.dht.as_ref().map(DeviceRef::new),
+                dq: DeviceMut::new(&mut grads.dq),
+                dk: DeviceMut::new(&mut grads.dk),
+                dv: DeviceMut::new(&mut grads.dv),
+                dg: DeviceMut::new(&mut grads.dg),
+                dh0: grads.dh0.as_mut().map(DeviceMut::new),
+                scale: None,
+            },
+        )?;
+        op.finish(stream)?;
+        Ok(GradBits {
+            dq: bits16(stream, &grads.dq)?,
+            dk: bits16(stream, &grads.dk)?,
+            dv: bits16(stream, &grads.dv)?,
+            dg: bits32(stream, &grads.dg)?,
+            dh0: match &grads.dh0 {
+                Some(x) => bits32(stream, x)?,
+                None => Vec::new(),
+            },
+        })
+    }
+
     fn args(&mut self) -> GlaArgs<'_> {
         GlaArgs {
             shape: self.shape,
@@ -159,7 +253,7 @@ impl Shard {
             h0: self.h0.as_ref().map(DeviceRef::new),
             o: DeviceMut::new(&mut self.o),
             ht: self.ht.as_mut().map(DeviceMut::new),
-            chunk_states: None,
+            chunk_states: self.chunk_states.as_mut().map(DeviceMut::new),
             scale: None,
         }
     }
@@ -236,6 +330,7 @@ fn check_case(rt: &Runtime, case: &Case, seed: u64) -> Result<std::result::Resul
         } else {
             None
         },
+        chunk_states: Some(stream.alloc_zeros(chunk_states_len(&shape))?),
     };
     let layout = Lasp2Layout {
         b: case.b,
@@ -261,6 +356,8 @@ fn check_case(rt: &Runtime, case: &Case, seed: u64) -> Result<std::result::Resul
         }
     }
     op.free()?;
+    // The backward, from the chunk states the last forward call saved (every mode's are equal).
+    let grad_check = check_backward(rt, case, seed, &inputs, &mut shard, start, len)?;
     let got: Vec<f64> = o.iter().map(|&x| bf16::from_bits(x).to_f64()).collect();
     let e_o = rel_err(&got, &shard_rows(&want.o, start, len));
     if e_o.is_nan() || e_o > TOL {
@@ -275,8 +372,116 @@ fn check_case(rt: &Runtime, case: &Case, seed: u64) -> Result<std::result::Resul
         }
         detail += &format!(" ht {e_ht:.2e}");
     }
+    match grad_check {
+        Ok(grads) => detail += &format!("; {grads}"),
+        Err(e) => problems.push(e),
+    }
     Ok(if problems.is_empty() {
         Ok(format!("{detail}, every mode bitwise equal"))
+    } else {
+        Err(format!("{detail}: {}", problems.join("; ")))
+    })
+}
+
+/// The backward of this PE's shard in every mode against the reference's backward of the whole
+/// sequence: the relative errors, or what failed.
+fn check_backward(
+    rt: &Runtime,
+    case: &Case,
+    seed: u64,
+    inputs: &Inputs,
+    shard: &mut Shard,
+    start: usize,
+    len: usize,
+) -> Result<std::result::Result<String, String>> {
+    let (me, npes) = (rt.pe(), rt.npes());
+    let stream = rt.stream().clone();
+    let cot = Cotangents::generate(inputs.shape, seed, true, true)
+        .map_err(|e| Error::State(format!("cotangent generation: {e}")))?;
+    let want = gla::backward(inputs, 64, 16, &cot.d_o, cot.d_ht.as_ref())
+        .map_err(|e| Error::State(format!("reference backward: {e}")))?;
+    let shape = shard.shape;
+    let mut grads = ShardGrads {
+        d_o: stream.clone_htod(&bf16s(&shard_rows(&cot.d_o, start, len)))?,
+        dht: match (&cot.d_ht, me + 1 == npes) {
+            (Some(d), true) => Some(stream.clone_htod(&f32s(d.data()))?),
+            _ => None,
+        },
+        dq: stream.alloc_zeros(shape.qk_len())?,
+        dk: stream.alloc_zeros(shape.qk_len())?,
+        dv: stream.alloc_zeros(shape.v_len())?,
+        dg: stream.alloc_zeros(shape.qk_len())?,
+        dh0: if me == 0 {
+            Some(stream.alloc_zeros(shape.state_len())?)
+        } else {
+            None
+        },
+    };
+    let layout = Lasp2Layout {
+        b: case.b,
+        h: case.h,
+        dk: case.dk,
+        dv: case.dv,
+    };
+    let mut op = GlaLasp2Backward::new(rt, layout, ExchangeMode::Overlapped)?;
+    let first = shard.backward(&mut grads, &mut op, &stream)?;
+    let mut problems = Vec::new();
+    if shard.backward(&mut grads, &mut op, &stream)? != first {
+        problems.push("a repeated backward gave other bits".to_string());
+    }
+    for mode in [
+        ExchangeMode::SequentialNccl,
+        ExchangeMode::SequentialNvshmem,
+    ] {
+        op.set_mode(mode)?;
+        if shard.backward(&mut grads, &mut op, &stream)? != first {
+            problems.push(format!("backward: {mode:?} differs from Overlapped"));
+        }
+    }
+    op.free()?;
+    let values16 =
+        |x: &[u16]| -> Vec<f64> { x.iter().map(|&b| bf16::from_bits(b).to_f64()).collect() };
+    let mut errors = Vec::new();
+    for (what, got, want) in [
+        ("dq", values16(&first.dq), &want.dq),
+        ("dk", values16(&first.dk), &want.dk),
+        ("dv", values16(&first.dv), &want.dv),
+    ] {
+        let e = rel_err(&got, &shard_rows(want, start, len));
+        if e.is_nan() || e > TOL {
+            problems.push(format!("{what}: rel err {e:.3e} > {TOL:.0e}"));
+        }
+        errors.push(format!("{what} {e:.2e}"));
+    }
+    let dg: Vec<f64> = first
+        .dg
+        .iter()
+        .map(|&b| f64::from(f32::from_bits(b)))
+        .collect();
+    if let Err(e) = assert_close_to_scale(
+        "dg",
+        &dg,
+        &shard_rows(&want.dg, start, len),
+        want.gate_grad_scale(inputs),
+        TOL,
+    ) {
+        problems.push(e);
+    }
+    if me == 0 {
+        let got: Vec<f64> = first
+            .dh0
+            .iter()
+            .map(|&b| f64::from(f32::from_bits(b)))
+            .collect();
+        let e = rel_err(&got, want.dh0.data());
+        if e.is_nan() || e > TOL {
+            problems.push(format!("dh0: rel err {e:.3e} > {TOL:.0e}"));
+        }
+        errors.push(format!("dh0 {e:.2e}"));
+    }
+    let detail = format!("grads rel err {}", errors.join(" "));
+    Ok(if problems.is_empty() {
+        Ok(detail)
     } else {
         Err(format!("{detail}: {}", problems.join("; ")))
     })
@@ -321,6 +526,7 @@ fn time_shape(rt: &Runtime, comm: &NcclComm, shape: ForwardShape) -> Result<Mode
         h0: None,
         o: stream.alloc_zeros(shape.v_len())?,
         ht: None,
+        chunk_states: None,
     };
     let layout = shape.layout();
     let mut timed = Timed {

@@ -276,6 +276,38 @@ impl GlaBackwardPlan {
     }
 }
 
+/// The kernels of one table row per value width (`rows[Dv index]`, each per key width), indexed
+/// by [Dv][Dk], with their shared-memory limits raised to `smem(dk, dv)`.
+pub(crate) fn kernels_by_width(
+    runtime: &Runtime,
+    rows: [[&'static str; 2]; 2],
+    smem: fn(usize, usize) -> u32,
+) -> Result<[[Kernel; 2]; 2]> {
+    let module = runtime.module();
+    let kernels = [
+        module.kernels_per_width(rows[0])?,
+        module.kernels_per_width(rows[1])?,
+    ];
+    for (i, dk) in [64, 128].into_iter().enumerate() {
+        for (j, dv) in [64, 128].into_iter().enumerate() {
+            kernels[j][i].set_max_dynamic_shared_bytes(smem(dk, dv))?;
+        }
+    }
+    Ok(kernels)
+}
+
+/// The grads kernels (one GPU and LASP-2 share them), indexed by [Dv][Dk].
+pub(crate) fn grads_kernels(runtime: &Runtime) -> Result<[[Kernel; 2]; 2]> {
+    kernels_by_width(
+        runtime,
+        [
+            instances::GLA_BWD_GRADS_DV64,
+            instances::GLA_BWD_GRADS_DV128,
+        ],
+        grads_smem_bytes,
+    )
+}
+
 /// The GLA backward: its kernels and its workspace (the states entering and the state gradients
 /// leaving every chunk, and the segments' summaries and prefixes).
 ///
@@ -305,29 +337,17 @@ impl GlaBackward {
             OP,
             walk_smem_bytes(128, 128).max(grads_smem_bytes(128, 128)),
         )?;
-        let module = runtime.module();
-        let summary = [
-            module.kernels_per_width(instances::GLA_BWD_SUMMARY_DV64)?,
-            module.kernels_per_width(instances::GLA_BWD_SUMMARY_DV128)?,
+        let walk_rows = [instances::GLA_BWD_WALK_DV64, instances::GLA_BWD_WALK_DV128];
+        let summary_rows = [
+            instances::GLA_BWD_SUMMARY_DV64,
+            instances::GLA_BWD_SUMMARY_DV128,
         ];
-        let walk = [
-            module.kernels_per_width(instances::GLA_BWD_WALK_DV64)?,
-            module.kernels_per_width(instances::GLA_BWD_WALK_DV128)?,
-        ];
-        let grads = [
-            module.kernels_per_width(instances::GLA_BWD_GRADS_DV64)?,
-            module.kernels_per_width(instances::GLA_BWD_GRADS_DV128)?,
-        ];
-        for (i, dk) in [64, 128].into_iter().enumerate() {
-            for (j, dv) in [64, 128].into_iter().enumerate() {
-                summary[j][i].set_max_dynamic_shared_bytes(walk_smem_bytes(dk, dv))?;
-                walk[j][i].set_max_dynamic_shared_bytes(walk_smem_bytes(dk, dv))?;
-                grads[j][i].set_max_dynamic_shared_bytes(grads_smem_bytes(dk, dv))?;
-            }
-        }
+        let summary = kernels_by_width(runtime, summary_rows, walk_smem_bytes)?;
+        let walk = kernels_by_width(runtime, walk_rows, walk_smem_bytes)?;
+        let grads = grads_kernels(runtime)?;
         let ctx = runtime.context().clone();
         Ok(GlaBackward {
-            fold: module.kernel("lasp_gla_bwd_fold")?,
+            fold: runtime.module().kernel("lasp_gla_bwd_fold")?,
             sm_count: crate::ops::sm_count(&ctx)?,
             ctx,
             summary,

@@ -28,6 +28,7 @@ mod backward;
 mod family;
 mod forward;
 mod lasp2;
+mod lasp2_backward;
 mod plan;
 #[cfg(test)]
 mod tests;
@@ -36,6 +37,7 @@ pub use backward::{GlaBackward, GlaBackwardArgs, GlaBackwardPlan, SegmentOffsets
 pub use family::Gla;
 pub use forward::{check_gate_values, GlaArgs, GlaForward};
 pub use lasp2::{GlaLasp2Forward, Lasp2Params};
+pub use lasp2_backward::GlaLasp2Backward;
 pub(crate) use plan::CHUNK_STATES_LAYOUT;
 pub use plan::{chunk_states_len, GlaPlan};
 
