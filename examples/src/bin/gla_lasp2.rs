@@ -4,6 +4,7 @@
 //! ```text
 //! lasp-run -n 2 gla_lasp2                            # the checks
 //! lasp-run -n 4 gla_lasp2 --no-check --time 4x8192x16x128 --time 8x2048x16x128 --json out.json
+//! lasp-run -n 2 gla_lasp2 --no-check --time 4x8192x16x128 --with-backward --json fb.json
 //! ```
 //!
 //! Checks (every PE): the whole sequence's inputs from the f64 reference's generator (GLA gates,
@@ -16,7 +17,9 @@
 //! <= 5e-3), dg within 5e-3 of the sequence's gate-gradient scale, every mode and a repeat
 //! bitwise equal. One line per
 //! case and PE; exit status 1 when any check failed. Timing (`--time BxTxHxD`, T per GPU): the
-//! modes in turns (`time_in_turns`), the row is the slowest rank's median.
+//! modes in turns (`time_in_turns`), the row is the slowest rank's median; with
+//! `--with-backward` a timed call is a training step's: the forward saving its chunk states, then
+//! the backward from a random do.
 
 use clap::Parser;
 use cudarc::driver::{CudaSlice, CudaStream};
@@ -52,6 +55,9 @@ struct Options {
     /// Write the timing rows here (rank 0).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Time the forward and the backward together.
+    #[arg(long)]
+    with_backward: bool,
 }
 
 const TOL: f64 = 5e-3;
@@ -505,7 +511,60 @@ impl ModeCall for Timed {
     }
 }
 
-fn time_shape(rt: &Runtime, comm: &NcclComm, shape: ForwardShape) -> Result<ModeRow> {
+/// A training step over one random shard (the forward saving its chunk states, then the
+/// backward), as `time_in_turns` drives it.
+struct TimedStep {
+    forward: Timed,
+    backward: GlaLasp2Backward,
+    grads: ShardGrads,
+}
+
+impl ModeCall for TimedStep {
+    fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
+        self.forward.set_mode(mode)?;
+        self.backward.set_mode(mode)
+    }
+    fn call(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.forward.call(stream)?;
+        let shard = &mut self.forward.shard;
+        let states = shard
+            .chunk_states
+            .as_ref()
+            .expect("a timed step's shard saves its chunk states");
+        let grads = &mut self.grads;
+        self.backward.backward(
+            stream,
+            GlaBackwardArgs {
+                shape: shard.shape,
+                q: DeviceRef::new(&shard.q),
+                k: DeviceRef::new(&shard.k),
+                v: DeviceRef::new(&shard.v),
+                g: DeviceRef::new(&shard.g),
+                h0: None,
+                chunk_states: DeviceRef::new(states),
+                d_o: DeviceRef::new(&grads.d_o),
+                dht: None,
+                dq: DeviceMut::new(&mut grads.dq),
+                dk: DeviceMut::new(&mut grads.dk),
+                dv: DeviceMut::new(&mut grads.dv),
+                dg: DeviceMut::new(&mut grads.dg),
+                dh0: None,
+                scale: None,
+            },
+        )
+    }
+    fn finish(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.forward.finish(stream)?;
+        self.backward.finish(stream)
+    }
+}
+
+fn time_shape(
+    rt: &Runtime,
+    comm: &NcclComm,
+    shape: ForwardShape,
+    with_backward: bool,
+) -> Result<ModeRow> {
     let stream = rt.stream().clone();
     let normal = |len: usize, seed: u64| -> Vec<bf16> {
         let mut rng = lasp_shmem::reference::SplitMix64::new(seed ^ rt.pe() as u64);
@@ -526,25 +585,51 @@ fn time_shape(rt: &Runtime, comm: &NcclComm, shape: ForwardShape) -> Result<Mode
         h0: None,
         o: stream.alloc_zeros(shape.v_len())?,
         ht: None,
-        chunk_states: None,
+        chunk_states: if with_backward {
+            Some(stream.alloc_zeros(chunk_states_len(&shape))?)
+        } else {
+            None
+        },
     };
     let layout = shape.layout();
-    let mut timed = Timed {
+    let timed = Timed {
         op: GlaLasp2Forward::new(rt, layout, ExchangeMode::Overlapped)?,
         shard,
     };
-    let medians = time_in_turns(rt, &mut timed)?;
-    let modes = mode_times(comm, medians)?;
-    timed.op.free()?;
+    let modes = if with_backward {
+        let mut step = TimedStep {
+            forward: timed,
+            backward: GlaLasp2Backward::new(rt, layout, ExchangeMode::Overlapped)?,
+            grads: ShardGrads {
+                d_o: stream.clone_htod(&normal(shape.v_len(), 4))?,
+                dht: None,
+                dq: stream.alloc_zeros(shape.qk_len())?,
+                dk: stream.alloc_zeros(shape.qk_len())?,
+                dv: stream.alloc_zeros(shape.v_len())?,
+                dg: stream.alloc_zeros(shape.qk_len())?,
+                dh0: None,
+            },
+        };
+        let medians = time_in_turns(rt, &mut step)?;
+        step.backward.free()?;
+        step.forward.op.free()?;
+        mode_times(comm, medians)?
+    } else {
+        let mut timed = timed;
+        let medians = time_in_turns(rt, &mut timed)?;
+        timed.op.free()?;
+        mode_times(comm, medians)?
+    };
     let row = ModeRow::new(rt.npes(), shape, modes);
     if rt.pe() == 0 {
         println!(
-            "W={} B={} T_local={} H={} D={}: overlapped {:.4} ms, sequential NCCL {:.4}, sequential NVSHMEM {:.4}, no-comm {:.4}",
+            "W={} B={} T_local={} H={} D={}{}: overlapped {:.4} ms, sequential NCCL {:.4}, sequential NVSHMEM {:.4}, no-comm {:.4}",
             row.w,
             row.b,
             row.t_local,
             row.h,
             row.d,
+            if with_backward { " forward+backward" } else { "" },
             round(row.modes.overlapped_ms, 4),
             round(row.modes.sequential_nccl_ms, 4),
             round(row.modes.sequential_nvshmem_ms, 4),
@@ -575,7 +660,7 @@ fn run(options: Options, config: Config) -> Result<bool> {
         let rows = options
             .time
             .iter()
-            .map(|&shape| time_shape(&rt, &comm, shape))
+            .map(|&shape| time_shape(&rt, &comm, shape, options.with_backward))
             .collect::<Result<Vec<_>>>()?;
         if let (Some(path), 0) = (&options.json, rt.pe()) {
             write_json(path, &rows)?;
