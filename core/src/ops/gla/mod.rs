@@ -1,5 +1,5 @@
-//! GLA forward and backward on one GPU: gated linear attention with a log-decay per key dimension (fla's
-//! `chunk_gla`).
+//! GLA forward and backward, on one GPU and across GPUs (LASP-2): gated linear attention with a
+//! log-decay per key dimension (fla's `chunk_gla`).
 //!
 //! Per batch `b` and head `h`, with row vectors and `sigma = scale`:
 //! `S_t = diag(e^{a_t}) S_{t-1} + k_t^T v_t`, `o_t = sigma q_t S_t`, `a_t = g[b, t, h, :] <= 0`.
@@ -11,18 +11,20 @@
 //! `lasp/gla/forward_params.h`. Call sequence (one stream): with `S > 1` segments per sequence,
 //! the states kernel (end state and log-decays of every segment but the last), the fold (the
 //! prefix entering every segment), then always the output kernel, one CTA per (segment, b*H+h)
-//! with one warpgroup per 64 columns of Dv. [`GlaLasp2Forward`] is the same forward across PEs
+//! with one warpgroup per 64 columns of Dv; in training it also saves the state entering every
+//! chunk (`chunk_states`) for the backward. [`GlaLasp2Forward`] is the same forward across PEs
 //! (LASP-2), with the summary (M, Λ per key dimension) exchanged from the device.
 //!
 //! [`GlaBackward`] returns the gradients of `o` (and `ht`) with respect to `q, k, v, g` (and
-//! `h0`): `dq, dk, dv` bf16 and `dg, dh0` fp32, as fla's `chunk_gla` does. Its kernels are
-//! `kernels/cuda/gla/backward.cu`, its parameters [`GlaBackwardParams`] and formulas
-//! `lasp/gla/backward_params.h`. Call sequence (one stream): with `S > 1` segments per sequence,
-//! the summary kernel (each segment's state from zero and its log-decays, forward and in reverse)
-//! and the fold (the state entering and the state gradient leaving every segment); then always
-//! the walks (both directions of every segment, storing the state entering and the gradient
-//! leaving every chunk in the workspace) and the grads kernel, one CTA per (chunk, b*H+h), which
-//! computes every chunk's gradients on its own.
+//! `h0`): `dq, dk, dv` bf16 and `dg, dh0` fp32, as fla's `chunk_gla` does, from the forward's
+//! chunk states. Its kernels are `kernels/cuda/gla/backward.cu`, its parameters
+//! [`GlaBackwardParams`] and formulas `lasp/gla/backward_params.h`. Call sequence (one stream):
+//! with `S > 1` segments per sequence, the summary kernel (each segment's gradient from zero and
+//! its log-decays, in reverse) and the fold (the gradient leaving every segment); then always the
+//! walk (the reverse recurrence of every segment, storing the gradient leaving every chunk in the
+//! workspace) and the grads kernel, one CTA per (chunk, b*H+h), which computes every chunk's
+//! gradients on its own. [`GlaLasp2Backward`] is the same backward across PEs, the summaries
+//! exchanged down the chain.
 
 mod backward;
 mod family;
