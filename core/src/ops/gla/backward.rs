@@ -276,6 +276,39 @@ impl GlaBackwardPlan {
     }
 }
 
+/// The params of `args`'s tensors and shape, with `dh` at `dh`, for one segment per sequence and
+/// no segment workspace: what the grads kernel reads (the walk's own fields are set by callers).
+pub(crate) fn chunk_params(args: &GlaBackwardArgs<'_>, scale: f32, dh: u64) -> GlaBackwardParams {
+    let s = &args.shape;
+    GlaBackwardParams {
+        q: args.q.addr() as _,
+        k: args.k.addr() as _,
+        v: args.v.addr() as _,
+        g: args.g.addr() as _,
+        d_o: args.d_o.addr() as _,
+        h0: args.h0.map_or(0, |x| x.addr()) as _,
+        dht: args.dht.map_or(0, |x| x.addr()) as _,
+        dq: args.dq.addr() as _,
+        dk: args.dk.addr() as _,
+        dv: args.dv.addr() as _,
+        dg: args.dg.addr() as _,
+        dh0: args.dh0.as_ref().map_or(0, |x| x.addr()) as _,
+        chunk_states: args.chunk_states.addr() as _,
+        dh: dh as _,
+        ws_m: std::ptr::null_mut(),
+        ws_p: std::ptr::null_mut(),
+        ws_lambda: std::ptr::null_mut(),
+        B: s.b as i32,
+        T: s.t as i32,
+        H: s.h as i32,
+        Dk: s.dk as i32,
+        Dv: s.dv as i32,
+        num_segments: 1,
+        chunks_per_segment: s.t.div_ceil(CHUNK) as i32,
+        scale,
+    }
+}
+
 /// The kernels of one table row per value width (`rows[Dv index]`, each per key width), indexed
 /// by [Dv][Dk], with their shared-memory limits raised to `smem(dk, dv)`.
 pub(crate) fn kernels_by_width(
@@ -416,31 +449,12 @@ impl GlaBackward {
         });
         let s = &args.shape;
         let params = GlaBackwardParams {
-            q: args.q.addr() as _,
-            k: args.k.addr() as _,
-            v: args.v.addr() as _,
-            g: args.g.addr() as _,
-            d_o: args.d_o.addr() as _,
-            h0: args.h0.map_or(0, |x| x.addr()) as _,
-            dht: args.dht.map_or(0, |x| x.addr()) as _,
-            dq: args.dq.addr() as _,
-            dk: args.dk.addr() as _,
-            dv: args.dv.addr() as _,
-            dg: args.dg.addr() as _,
-            dh0: args.dh0.as_ref().map_or(0, |x| x.addr()) as _,
-            chunk_states: args.chunk_states.addr() as _,
-            dh: base as _,
             ws_m: ws_m as _,
             ws_p: ws_p as _,
             ws_lambda: ws_lambda as _,
-            B: s.b as i32,
-            T: s.t as i32,
-            H: s.h as i32,
-            Dk: s.dk as i32,
-            Dv: s.dv as i32,
             num_segments: plan.num_segments as i32,
             chunks_per_segment: plan.chunks_per_segment as i32,
-            scale,
+            ..chunk_params(&args, scale, base)
         };
         self.ctx.bind_to_thread()?;
         let (i, j) = (width_index(s.dk), width_index(s.dv));

@@ -10,11 +10,12 @@
 //! The fold is the same in every mode, so gradients are bit-identical across modes.
 
 use super::backward::{
-    grads_kernels, grads_smem_bytes, grads_threads, kernels_by_width, walk_smem_bytes, walk_threads,
+    chunk_params, grads_kernels, grads_smem_bytes, grads_threads, kernels_by_width,
+    walk_smem_bytes, walk_threads,
 };
 use super::forward::width_index;
 use super::plan::{chunk_states_len, CHUNK};
-use super::{Gla, GlaBackwardArgs, GlaBackwardParams, Lasp2Params};
+use super::{Gla, GlaBackwardArgs, Lasp2Params};
 use crate::error::Result;
 use crate::exchange::chain::StateChain;
 use crate::exchange::{Direction, ExchangeMode, Lasp2Layout};
@@ -150,33 +151,8 @@ impl GlaLasp2Backward {
             scale,
             ..self.chain.base_params(stream)
         };
-        let grads = GlaBackwardParams {
-            q: args.q.addr() as _,
-            k: args.k.addr() as _,
-            v: args.v.addr() as _,
-            g: args.g.addr() as _,
-            d_o: args.d_o.addr() as _,
-            h0: 0 as _,
-            dht: 0 as _,
-            dq: args.dq.addr() as _,
-            dk: args.dk.addr() as _,
-            dv: args.dv.addr() as _,
-            dg: args.dg.addr() as _,
-            dh0: 0 as _,
-            chunk_states: args.chunk_states.addr() as _,
-            dh: ws as _,
-            ws_m: 0 as _,
-            ws_p: 0 as _,
-            ws_lambda: 0 as _,
-            B: s.b as i32,
-            T: s.t as i32,
-            H: s.h as i32,
-            Dk: s.dk as i32,
-            Dv: s.dv as i32,
-            num_segments: 1,
-            chunks_per_segment: chunks as i32,
-            scale,
-        };
+        // The grads kernel reads only the chunk's tensors, the chunk states and dh.
+        let grads = chunk_params(&args, scale, ws);
         let (i, j) = (width_index(s.dk), width_index(s.dv));
         let walk = LaunchShape {
             grid: (1, segments as u32, bh as u32),
