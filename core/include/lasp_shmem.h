@@ -24,16 +24,17 @@
  * A malformed LASP_WAIT_TIMEOUT_MS (a positive number of milliseconds) or NVSHMEM_SYMMETRIC_SIZE
  * is an error at init, never silently replaced by a default.
  *
- * Operations: one object, lasp_op, for every family of linear attention (scalar decay; GLA,
- * whose backward runs on one GPU only; Gated DeltaNet and mLSTM are reserved), run on one GPU or across the ranks (LASP-2). A
+ * Operations: one object, lasp_op, for every family of linear attention (scalar decay; GLA;
+ * Gated DeltaNet and mLSTM are reserved), run on one GPU or across the ranks (LASP-2). A
  * versioned descriptor (lasp_op_desc) says which family, kind, exchange schedule and mode, and the
  * layout; lasp_op_create makes it (collective for LASP-2). Each call passes its scalars in a
  * lasp_call and its tensors in named slots (lasp_tensors, indexed by LASP_SLOT_*) on the caller's
  * stream: lasp_op_forward, and lasp_op_backward on an op created with LASP_OP_WITH_BACKWARD.
  * A new family or schedule adds descriptor values and slots, never functions.
  *
- * Training with LASP-2: fill LASP_SLOT_START_STATE in the forward call; it receives the state
- * this rank's shard starts from. Keep it and pass it in the same slot to the backward, which
+ * Training with LASP-2: fill LASP_SLOT_START_STATE (scalar decay) or LASP_SLOT_CHUNK_STATES
+ * (GLA) in the forward call; it receives the state this rank's shard starts from (the state
+ * entering every chunk of it). Keep it and pass it in the same slot to the backward, which
  * sends the state gradients down the ranks the way the forward sends the states up: every rank
  * calls it once per forward call, in the same order. Calls are not collective (the ranks meet
  * through device signals); lasp_op_create, lasp_op_set_mode and lasp_op_free are.
@@ -98,8 +99,7 @@ typedef int32_t lasp_status;
  * "not available in this build" until a release implements them. */
 #define LASP_FAMILY_SCALAR_DECAY 1 /* S_t = e^{g_t} S_{t-1} + k_t^T v_t: simple GLA, RetNet */
 #define LASP_FAMILY_GLA 2          /* diag(e^{g_t}) per key: g [B, T, H, Dk]; Dk and Dv 64 or
-                                      128; LASP_OP_WITH_BACKWARD on one GPU only (LASP-2:
-                                      forward only) */
+                                      128 */
 #define LASP_FAMILY_GATED_DELTA 3  /* reserved: Gated DeltaNet, g and beta [B, T, H] */
 #define LASP_FAMILY_MLSTM 4        /* reserved: input and forget gate pre-activations */
 
@@ -144,11 +144,15 @@ typedef int32_t lasp_status;
  *                         [B, H, Dk, Dv] fp32 or empty for zero (LASP-2: last rank only); DQ, DK,
  *                         DV, DG out, as Q, K, V, G; DH0 out, as H0, or empty (LASP-2: rank 0).
  * GLA, forward: Q, K, V as scalar decay's; G [B, T, H, Dk] fp32 (a log-decay per key dimension);
- *               H0, O, HT as scalar decay's; no START_STATE. One GPU with LASP_OP_WITH_BACKWARD:
- *               also CHUNK_STATES [B*H, ceil(T/64), Dk, Dv] bf16 out (the state entering every
- *               chunk of 64 tokens, kept for the backward), or empty where no backward follows.
- * GLA, backward (one GPU): the forward's Q, K, V, G, H0 (or empty) and the CHUNK_STATES it
- *               wrote; DO, DHT, DQ, DK, DV, DH0 as scalar decay's; DG out, as G. */
+ *               H0, O, HT as scalar decay's; no START_STATE. With LASP_OP_WITH_BACKWARD: also
+ *               CHUNK_STATES [B*H, ceil(T/64), Dk, Dv] bf16 out (the state entering every chunk
+ *               of 64 tokens of this rank's shard, kept for the backward; LASP-2: they hold the
+ *               earlier ranks' prefix), or empty where no backward follows.
+ * GLA, backward: the forward's Q, K, V, G, H0 (or empty; LASP-2: the sequence's, on every rank)
+ *               and the CHUNK_STATES it wrote on this rank; DO, DHT, DQ, DK, DV, DH0 as scalar
+ *               decay's; DG out, as G. LASP-2: DHT on the last rank only and DH0 on rank 0 only;
+ *               lasp_op_backward refuses either on another rank with
+ *               LASP_ERROR_INVALID_ARGUMENT naming the rank. */
 #define LASP_SLOT_Q 0
 #define LASP_SLOT_K 1
 #define LASP_SLOT_V 2

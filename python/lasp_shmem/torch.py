@@ -1,7 +1,7 @@
 """lasp-shmem from PyTorch: the runtime on a torch.distributed process group (`init`,
 `shutdown`, `synchronize`), fla's `chunk_simple_gla` (linear attention with one log-decay per
 token and head) and fla's `chunk_gla` (a log-decay per key dimension), each on one GPU or, with
-`cp_group`, sequence parallel across the group's ranks (LASP-2; GLA's forward only).
+`cp_group`, sequence parallel across the group's ranks (LASP-2).
 
 The forwards and backwards are torch.library custom ops (`torch.ops.lasp_shmem.
 chunk_simple_gla_fwd` and `chunk_simple_gla_bwd`, `chunk_gla_fwd` and `chunk_gla_bwd`, each pair
@@ -229,16 +229,15 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
     q, k: [B, T, H, Dk] bf16; v: [B, T, H, Dv] bf16; g: [B, T, H, Dk] fp32 log-decays, finite
     and <= 0 (e.g. logsigmoid(x) / 16 as fla's GLA layer makes them); Dk and Dv 64 or 128; every
     tensor contiguous, on the runtime's GPU. scale, initial_state, output_final_state and
-    cp_group as for `chunk_simple_gla` (LASP-2 across the group's ranks with cp_group). Returns
-    (o, the final state or None).
+    cp_group as for `chunk_simple_gla` (LASP-2 across the group's ranks with cp_group: the final
+    state on the group's last rank only, initial_state's gradient on its rank 0, zeros on the
+    others). Returns (o, the final state or None).
 
-    On one GPU (cp_group=None) it is differentiable in q, k, v, g and initial_state (g's gradient
-    is fp32, like g). Where an input requires gradients the forward also keeps the state
-    entering every chunk of 64 tokens for the backward ([B*H, ceil(T/64), Dk, Dv] bf16); without
-    gradients (torch.no_grad(), or no input requiring them) it keeps nothing. With cp_group the
-    call is forward only in this release: it refuses inputs that require gradients (run it under
-    torch.no_grad(), e.g. for prefill, or train on whole sequences with cp_group=None).
-    cu_seqlens (packed sequences) is not supported yet.
+    Differentiable in q, k, v, g and initial_state (g's gradient is fp32, like g), on one GPU and
+    with cp_group. Where an input requires gradients the forward also keeps the state entering
+    every chunk of 64 tokens (of this rank's shard with cp_group) for the backward
+    ([B*H, ceil(T/64), Dk, Dv] bf16); without gradients (torch.no_grad(), or no input requiring
+    them) it keeps nothing. cu_seqlens (packed sequences) is not supported yet.
     """
     if cu_seqlens is not None:
         raise NotImplementedError(
@@ -250,11 +249,6 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
     # The chunk states cost a write of B*H*ceil(T/64)*Dk*Dv bf16: only for a backward.
     save_states = torch.is_grad_enabled() and any(
         x is not None and x.requires_grad for x in (q, k, v, g, initial_state))
-    if save_states and cp_group is not None:
-        raise NotImplementedError(
-            "chunk_gla: GLA's backward runs on one GPU only in this release, and an input "
-            "requires gradients with cp_group; call it under torch.no_grad() for LASP-2 "
-            "(inference, prefill), or train on whole sequences with cp_group=None")
     runtime, lasp2 = _placement("chunk_gla", cp_group)
     _check_device("chunk_gla", runtime.device, q=q, k=k, v=v, g=g, initial_state=initial_state)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -356,11 +350,10 @@ class _OpCall:
 
     def desc(self):
         family, b, h, dk, dv, lasp2 = self.layout
-        # Scalar decay's ops carry the backward; GLA's on one GPU only (its LASP-2 op is forward
-        # only in this release). A forward that saves nothing costs the same either way.
-        with_backward = family == _abi.FAMILY_SCALAR_DECAY or not lasp2
+        # Every op carries the backward, so that one op per layout serves training and inference:
+        # a forward that saves nothing costs the same either way.
         return _abi.op_desc(family, _abi.KIND_LASP2 if lasp2 else _abi.KIND_SINGLE_GPU, b, h, dk,
-                            dv, with_backward=with_backward)
+                            dv, with_backward=True)
 
     def enqueue(self, backward, device):
         runtime = _running()
@@ -480,14 +473,18 @@ def _gla_forward_call(q, k, v, g, h0, scale, want_ht, lasp2, save_states):
     return (o, ht, states), call
 
 
-def _gla_backward_call(q, k, v, g, h0, states, do, dht, scale, want_dh0):
-    """GLA's backward outputs (dg fp32 [B, T, H, Dk], like g) and its call, on one GPU."""
+def _gla_backward_call(q, k, v, g, h0, states, do, dht, scale, want_dh0, lasp2, writes_dh0):
+    """GLA's backward outputs (dg fp32 [B, T, H, Dk], like g) and its call; `states` are the
+    chunk states the forward saved on this rank, h0 the sequence's initial state on every rank.
+    dh0 is written where `writes_dh0` (LASP-2: rank 0), else zero."""
     dq, dk, dv, dg, dh0 = _backward_outputs(q, k, v, g, want_dh0)
-    call = _OpCall(q, v, False, scale, {
+    if want_dh0 and not writes_dh0:
+        dh0.zero_()
+    call = _OpCall(q, v, lasp2, scale, {
         _abi.SLOT_Q: q, _abi.SLOT_K: k, _abi.SLOT_V: v, _abi.SLOT_G: g, _abi.SLOT_H0: h0,
         _abi.SLOT_CHUNK_STATES: states, _abi.SLOT_DO: do, _abi.SLOT_DHT: dht,
         _abi.SLOT_DQ: dq, _abi.SLOT_DK: dk, _abi.SLOT_DV: dv, _abi.SLOT_DG: dg,
-        _abi.SLOT_DH0: dh0 if want_dh0 else None}, family=_abi.FAMILY_GLA)
+        _abi.SLOT_DH0: dh0 if want_dh0 and writes_dh0 else None}, family=_abi.FAMILY_GLA)
     return (dq, dk, dv, dg, dh0), call
 
 
@@ -503,9 +500,11 @@ def _gla_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Ten
 @torch.library.custom_op("lasp_shmem::chunk_gla_bwd", mutates_args=(), device_types="cuda")
 def _gla_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                   h0: Optional[torch.Tensor], states: torch.Tensor, do: torch.Tensor,
-                  dht: Optional[torch.Tensor], scale: float, want_dh0: bool
+                  dht: Optional[torch.Tensor], scale: float, want_dh0: bool, lasp2: bool
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    outputs, call = _gla_backward_call(q, k, v, g, h0, states, do, dht, scale, want_dh0)
+    writes_dh0 = not lasp2 or _running().rank == 0
+    outputs, call = _gla_backward_call(q, k, v, g, h0, states, do, dht, scale, want_dh0, lasp2,
+                                       writes_dh0)
     call.enqueue(backward=True, device=q.device)
     return outputs
 
@@ -516,7 +515,7 @@ def _(q, k, v, g, h0, scale, want_ht, lasp2, save_states):
 
 
 @_gla_backward.register_fake
-def _(q, k, v, g, h0, states, do, dht, scale, want_dh0):
+def _(q, k, v, g, h0, states, do, dht, scale, want_dh0, lasp2):
     return _backward_outputs(q, k, v, g, want_dh0)
 
 
@@ -524,8 +523,10 @@ def _gla_setup_context(ctx, inputs, output):
     q, k, v, g, h0, scale, want_ht, lasp2, save_states = inputs
     states = output[2]
     ctx.mark_non_differentiable(states)
+    # The backward takes the sequence's h0 on every rank, with LASP-2 too: the chunk states it
+    # reads hold the earlier ranks' prefix, so no state the shard starts from is kept.
     ctx.save_for_backward(q, k, v, g, h0, states)
-    ctx.scale, ctx.want_ht, ctx.saved_states = scale, want_ht, save_states
+    ctx.scale, ctx.want_ht, ctx.lasp2, ctx.saved_states = scale, want_ht, lasp2, save_states
 
 
 def _gla_differentiate(ctx, grad_o, grad_ht, _grad_states):
@@ -539,7 +540,7 @@ def _gla_differentiate(ctx, grad_o, grad_ht, _grad_states):
     dht = grad_ht.contiguous() if ctx.want_ht and grad_ht is not None else None
     want_dh0 = ctx.needs_input_grad[4]
     dq, dk, dv, dg, dh0 = torch.ops.lasp_shmem.chunk_gla_bwd(
-        q, k, v, g, h0, states, grad_o.contiguous(), dht, ctx.scale, want_dh0)
+        q, k, v, g, h0, states, grad_o.contiguous(), dht, ctx.scale, want_dh0, ctx.lasp2)
     return dq, dk, dv, dg, dh0 if want_dh0 else None, None, None, None, None
 
 

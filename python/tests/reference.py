@@ -78,13 +78,14 @@ def gla_inputs(b, t, h, dk, dv, device, seed, requires_grad=False):
     return tuple(x.requires_grad_() for x in tensors) if requires_grad else tensors
 
 
-def gate_grad_scale(q, k, dq, dk):
+def gate_grad_scale(q, k, dq, dk, tokens=slice(None)):
     """The size of the terms GLA's dg is the difference of: ||reverse cumsum over T of
     |q dq| + |k dk|||, per key dimension (dg_t = sum_{s >= t} (q_s dq_s - k_s dk_s) row by row).
     Under strong decays those terms nearly cancel, so dg's own norm is no measure of its error
-    (the Rust GPU tests hold dg to the same scale)."""
+    (the Rust GPU tests hold dg to the same scale). `tokens`: the positions measured (a rank's
+    shard, whose dg takes the terms of every later token of the sequence too)."""
     terms = (q.double() * dq.double()).abs() + (k.double() * dk.double()).abs()
-    return terms.flip(1).cumsum(1).flip(1).norm().item()
+    return terms.flip(1).cumsum(1).flip(1)[:, tokens].norm().item()
 
 
 def rel_err(got, want):

@@ -67,3 +67,15 @@ def test_the_library_rejects_an_unsupported_layout_with_its_message(library):
         library.op_check_call(ctypes.byref(desc), _abi.DIRECTION_FORWARD,
                               ctypes.byref(_abi.Call(tokens=8)), ctypes.byref(_abi.Tensors()))
     assert e.value.status == _abi.ERROR_INVALID_ARGUMENT
+
+
+def test_gla_across_the_ranks_has_a_backward_of_its_own_chain(library):
+    """A LASP-2 GLA op with the backward, as lasp_shmem.torch makes it, is accepted and takes
+    the symmetric memory of two chains (forward and backward), as scalar decay's does."""
+    def symmetric_bytes(with_backward):
+        out = ctypes.c_uint64()
+        desc = _abi.op_desc(_abi.FAMILY_GLA, _abi.KIND_LASP2, 2, 4, 128, 128, with_backward)
+        library.op_symmetric_bytes(ctypes.byref(desc), 4, ctypes.byref(out))
+        return out.value
+
+    assert 0 < symmetric_bytes(False) and symmetric_bytes(True) == 2 * symmetric_bytes(False)

@@ -1,7 +1,8 @@
 """LASP-2 through lasp_shmem.torch across the ranks of a torchrun job (skipped with a notice
 elsewhere): each rank's shard of o and of the gradients, the last rank's final state and the
 initial state's gradient against the single-GPU op on the whole sequences, and torch.compile
-without a graph break, forward and backward as in eager mode; GLA's forward likewise.
+without a graph break, forward and backward as in eager mode; GLA's forward likewise, and its
+forward and backward against the float64 reference on the whole sequences.
 
     NVSHMEM_DISABLE_NVLS=1 NVSHMEM_REMOTE_TRANSPORT=none \\
         torchrun --nproc-per-node 4 -m pytest python/tests/test_lasp2.py
@@ -12,7 +13,7 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-from reference import bits, inputs, rel_err
+from reference import bits, gate_grad_scale, gla_inputs, inputs, recurrent, rel_err
 
 import lasp_shmem.torch as lt
 
@@ -51,14 +52,18 @@ class Sequences:
 
     def mine(self, x):
         """This rank's shard of a [B, T, ...] tensor of the whole sequences."""
-        return x[:, self.start:self.start + self.length].contiguous()
+        return x[:, self.tokens()].contiguous()
+
+    def tokens(self):
+        """This rank's positions in the whole sequences."""
+        return slice(self.start, self.start + self.length)
 
 
-def step(seqs, q, k, v, g, grad_o, cp_group):
+def step(seqs, q, k, v, g, grad_o, cp_group, attention=lt.chunk_simple_gla):
     """o, the final state (or None) and dq, dk, dv, dg, dh0 of <o, grad_o> + <ht, grad_ht>."""
     leaves = [x.clone().requires_grad_() for x in (q, k, v, g, seqs.h0)]
-    o, ht = lt.chunk_simple_gla(*leaves[:4], initial_state=leaves[4], output_final_state=True,
-                                cp_group=cp_group)
+    o, ht = attention(*leaves[:4], initial_state=leaves[4], output_final_state=True,
+                      cp_group=cp_group)
     outputs, grads = ([o], [grad_o]) if ht is None else ([o, ht], [grad_o, seqs.grad_ht])
     return (o, ht, *torch.autograd.grad(outputs, leaves, grads))
 
@@ -127,3 +132,44 @@ def test_gla_lasp2_matches_one_gpu_on_the_whole_sequences(group):
         errors["ht"] = rel_err(ht, ht1)
     assert max(errors.values()) <= TOL, f"rank {dist.get_rank()}: {errors}"
     assert torch.equal(bits(o), bits(again))
+
+
+def test_gla_lasp2_gradients_match_the_float64_reference(group):
+    """chunk_gla with cp_group, forward and backward, against float64 autograd through the
+    recurrence on the whole sequences (every rank computes it from the same seed): each rank's
+    shard of o, dq, dk and dv, the last rank's final state and the initial state's gradient
+    (rank 0's; zeros elsewhere) within 5e-3 relative error; dg to within 5e-3 of its scale, as
+    the single-GPU GLA test measures it. A second training step gives the same bits."""
+    seqs = Sequences(seed=51, per_rank=300, short=37)
+    b, t, h, dk = seqs.q.shape
+    # GLA's gates as fla's layer makes them (logsigmoid / 16), one per key dimension.
+    g = gla_inputs(b, t, h, dk, seqs.v.shape[-1], "cuda", seed=52)[3]
+    mine = [seqs.mine(x) for x in (seqs.q, seqs.k, seqs.v, g, seqs.grad_o)]
+    first = step(seqs, *mine, cp_group=group, attention=lt.chunk_gla)
+    second = step(seqs, *mine, cp_group=group, attention=lt.chunk_gla)
+    lt.synchronize()
+    o, ht, dq, dk_, dv, dg, dh0 = first
+    # Every collective before the first assertion, so that a failing rank stops no other.
+    summed_dh0 = dh0.clone()
+    dist.all_reduce(summed_dh0)
+    wide = [x.double().requires_grad_() for x in (seqs.q, seqs.k, seqs.v, g, seqs.h0)]
+    o64, ht64 = recurrent(*wide)
+    want = torch.autograd.grad((o64, ht64), wide, (seqs.grad_o.double(), seqs.grad_ht.double()))
+    want = dict(zip(("dq", "dk", "dv", "dg", "dh0"), want))
+    assert (ht is not None) == seqs.last
+    assert dg.dtype == torch.float32
+    if dist.get_rank() != 0:
+        assert torch.count_nonzero(dh0) == 0, "the initial state's gradient off rank 0"
+    errors = {"o": rel_err(o, seqs.mine(o64)), "dh0 (summed)": rel_err(summed_dh0, want["dh0"])}
+    for name, x in (("dq", dq), ("dk", dk_), ("dv", dv)):
+        errors[name] = rel_err(x, seqs.mine(want[name]))
+    want_dg = seqs.mine(want["dg"])
+    dg_scale = max(want_dg.norm().item(),
+                   gate_grad_scale(seqs.q, seqs.k, want["dq"], want["dk"], seqs.tokens()))
+    errors["dg"] = (dg.double() - want_dg).norm().item() / dg_scale
+    if seqs.last:
+        errors["ht"] = rel_err(ht, ht64)
+    assert max(errors.values()) <= TOL, f"rank {dist.get_rank()}: {errors}"
+    for x, y in zip(first, second):
+        if x is not None:
+            assert torch.equal(bits(x), bits(y))

@@ -20,6 +20,8 @@ FWD, BWD = torch.ops.lasp_shmem.chunk_simple_gla_fwd, torch.ops.lasp_shmem.chunk
 GLA_FWD, GLA_BWD = torch.ops.lasp_shmem.chunk_gla_fwd, torch.ops.lasp_shmem.chunk_gla_bwd
 # The save_states argument of every call of GLA's forward kernel below, in order.
 GLA_SAVES = []
+# The lasp2 argument of every call of GLA's backward kernel below, in order.
+GLA_BACKWARDS = []
 
 
 @torch.library.register_kernel("lasp_shmem::chunk_simple_gla_fwd", "cpu")
@@ -65,7 +67,9 @@ def _gla_forward_on_cpu(q, k, v, g, h0, scale, want_ht, lasp2, save_states):
 
 
 @torch.library.register_kernel("lasp_shmem::chunk_gla_bwd", "cpu")
-def _gla_backward_on_cpu(q, k, v, g, h0, states, do, dht, scale, want_dh0):
+def _gla_backward_on_cpu(q, k, v, g, h0, states, do, dht, scale, want_dh0, lasp2):
+    # One rank: with LASP-2 too its shard is the whole sequence.
+    GLA_BACKWARDS.append(lasp2)
     outputs = lt._backward_outputs(q, k, v, g, want_dh0)
     for out, grad in zip(outputs, gradients(q, k, v, g, h0, do, dht, scale)):
         if out.numel():  # not dh0 unless wanted
@@ -314,7 +318,8 @@ def test_the_library_would_catch_a_wrong_slot(library):
 
 @pytest.mark.parametrize("with_h0", [False, True])
 @pytest.mark.parametrize("want_ht", [False, True])
-@pytest.mark.parametrize("lasp2, save_states", [(False, False), (False, True), (True, False)])
+@pytest.mark.parametrize("lasp2", [False, True])
+@pytest.mark.parametrize("save_states", [False, True])
 def test_the_library_accepts_the_gla_forward_calls(library, with_h0, want_ht, lasp2,
                                                    save_states):
     q, k, v, g, h0 = gla_inputs()
@@ -332,30 +337,39 @@ def test_the_library_accepts_the_gla_forward_calls(library, with_h0, want_ht, la
 
 @pytest.mark.parametrize("t", [1, 64, 130])
 @pytest.mark.parametrize("with_h0, with_dht", [(False, False), (True, True), (True, False)])
-def test_the_library_accepts_the_gla_backward_calls(library, t, with_h0, with_dht):
+@pytest.mark.parametrize("lasp2", [False, True])
+def test_the_library_accepts_the_gla_backward_calls(library, t, with_h0, with_dht, lasp2):
+    """On one GPU and across the ranks (where dh0 is written on rank 0 only: elsewhere its slot
+    stays empty and the gradient is zero)."""
     q, k, v, g, h0 = gla_inputs(t=t)
     h0 = h0 if with_h0 else None
-    (o, ht, states), _ = lt._gla_forward_call(q, k, v, g, h0, 0.125, with_dht, False, True)
+    (o, ht, states), _ = lt._gla_forward_call(q, k, v, g, h0, 0.125, with_dht, lasp2, True)
     assert states.shape == (B * H, (t + 63) // 64, DK, DV)
-    (dq, dk, dv, dg, dh0), call = lt._gla_backward_call(
-        q, k, v, g, h0, states, o, ht if with_dht else None, 0.125, with_h0)
-    assert (dg.shape, dg.dtype) == (g.shape, torch.float32)
-    assert dh0.shape == ((B, H, DK, DV) if with_h0 else (0,))
-    call_is_accepted(library, call, _abi.DIRECTION_BACKWARD)
+    for writes_dh0 in (False, True) if lasp2 else (True,):
+        (dq, dk, dv, dg, dh0), call = lt._gla_backward_call(
+            q, k, v, g, h0, states, o, ht if with_dht else None, 0.125, with_h0, lasp2,
+            writes_dh0)
+        assert (dg.shape, dg.dtype) == (g.shape, torch.float32)
+        assert dh0.shape == ((B, H, DK, DV) if with_h0 else (0,))
+        if with_h0 and not writes_dh0:
+            assert torch.count_nonzero(dh0) == 0
+        call_is_accepted(library, call, _abi.DIRECTION_BACKWARD)
     # The check can fail: chunk states of another length.
     _, wrong = lt._gla_backward_call(q, k, v, g, h0, states.flatten()[1:], o, None, 0.125,
-                                     with_h0)
+                                     with_h0, lasp2, True)
     with pytest.raises(_abi.LaspError, match=r"LASP_SLOT_CHUNK_STATES .*\[B\*H, ceil\(T / 64\)"):
         call_is_accepted(library, wrong, _abi.DIRECTION_BACKWARD)
 
 
-def test_the_library_refuses_gla_gradients_across_the_ranks(library):
-    """GLA's LASP-2 op is forward only: the op chunk_gla would make for a backward across the
-    ranks is refused, with what to do."""
-    desc = _abi.op_desc(_abi.FAMILY_GLA, _abi.KIND_LASP2, B, H, DK, DV, with_backward=True)
-    with pytest.raises(_abi.LaspError, match="backward on one GPU only.*LASP_KIND_SINGLE_GPU"):
-        library.op_check_call(ctypes.byref(desc), _abi.DIRECTION_FORWARD,
-                              ctypes.byref(_abi.Call(tokens=T)), ctypes.byref(_abi.Tensors()))
+def test_the_library_would_catch_a_gla_start_state(library):
+    """GLA's LASP-2 backward reads the chunk states, not scalar decay's start state."""
+    q, k, v, g, h0 = gla_inputs()
+    (o, _, states), _ = lt._gla_forward_call(q, k, v, g, h0, 0.125, False, True, True)
+    _, backward = lt._gla_backward_call(q, k, v, g, None, states, o, None, 0.125, False, True,
+                                        True)
+    backward.tensors.slot[_abi.SLOT_START_STATE] = backward.tensors.slot[_abi.SLOT_DO]
+    with pytest.raises(_abi.LaspError, match="LASP_SLOT_START_STATE is filled"):
+        call_is_accepted(library, backward, _abi.DIRECTION_BACKWARD)
 
 
 def gla_inputs(t=T):
@@ -364,13 +378,10 @@ def gla_inputs(t=T):
     return q, k, v, (g[..., None] * torch.linspace(0.5, 1.5, DK)).contiguous(), h0
 
 
-def test_gla_refuses_scalar_gates_and_gradients_across_the_ranks(runtime, one_rank_group):
+def test_gla_refuses_scalar_gates(runtime):
     q, k, v, g, h0 = gla_inputs()
     with pytest.raises(ValueError, match=r"g has the shape \(2, 9, 2\).*\[B, T, H, Dk\] g"):
         lt.chunk_gla(q, k, v, g[..., 0].contiguous())
-    with pytest.raises(NotImplementedError, match="one GPU only.*torch.no_grad.*cp_group=None"):
-        lt.chunk_gla(q, k, v, g.requires_grad_(), cp_group=one_rank_group)
-    # On one GPU gradients are welcome: the call goes on to the device check.
     with pytest.raises(ValueError, match="q is on cpu"):
         lt.chunk_gla(q, k, v, g)
 
@@ -381,6 +392,7 @@ def cpu_runtime(runtime, monkeypatch):
     this module's float64 reference)."""
     monkeypatch.setattr(lt, "_check_device", lambda *args, **kwargs: None)
     GLA_SAVES.clear()
+    GLA_BACKWARDS.clear()
 
 
 @pytest.mark.parametrize("with_h0, with_ht", [(False, False), (True, True), (True, False)])
@@ -405,6 +417,29 @@ def test_gla_gradients_flow_through_the_ops(cpu_runtime, with_h0, with_ht):
                                (do.double(), dht.double()) if with_ht else (do.double(),))
     for x, y in zip(got, want):
         torch.testing.assert_close(x.double(), y, rtol=1e-2, atol=1e-2)
+    assert GLA_BACKWARDS == [False]
+
+
+@pytest.mark.parametrize("with_h0", [False, True])
+def test_gla_gradients_flow_across_the_ranks(cpu_runtime, one_rank_group, monkeypatch, with_h0):
+    """chunk_gla with cp_group (one rank, which holds the whole sequences): the forward saves
+    the chunk states because a gradient is needed, the LASP-2 backward runs, and every input's
+    gradient is float64 autograd's."""
+    monkeypatch.setattr(lt, "_runtime", lt._Runtime(None, (0,), 0, 1, 0))
+    q, k, v, g, h0 = gla_inputs(t=70)
+    h0 = h0 if with_h0 else None
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g, h0) if x is not None]
+    o, ht = lt.chunk_gla(*leaves[:4], scale=0.125, initial_state=leaves[4] if with_h0 else None,
+                         output_final_state=True, cp_group=one_rank_group)
+    assert GLA_SAVES == [True] and ht is not None  # the last rank holds the final state
+    do, dht = torch.rand(B, 70, H, DV).bfloat16(), torch.rand(B, H, DK, DV)
+    got = torch.autograd.grad((o, ht), leaves, (do, dht))
+    assert GLA_BACKWARDS == [True]
+    wide = [x.detach().double().requires_grad_() for x in leaves]
+    want = torch.autograd.grad(recurrent(*wide[:4], wide[4] if with_h0 else None, 0.125), wide,
+                               (do.double(), dht.double()))
+    for x, y in zip(got, want):
+        torch.testing.assert_close(x.double(), y, rtol=1e-2, atol=1e-2)
 
 
 def test_gla_without_gradients_saves_no_chunk_states(cpu_runtime):
@@ -424,29 +459,31 @@ def test_gla_direct_op_calls_without_saved_states_say_what_to_do():
 
 @pytest.mark.parametrize("want_ht", [False, True])
 @pytest.mark.parametrize("save_states", [False, True])
-def test_gla_fake_outputs_have_the_real_shapes(want_ht, save_states):
+@pytest.mark.parametrize("lasp2", [False, True])
+def test_gla_fake_outputs_have_the_real_shapes(want_ht, save_states, lasp2):
     q, k, v, g, h0 = (x.to("meta") for x in gla_inputs(t=130))
-    o, ht, states = GLA_FWD(q, k, v, g, h0, 0.125, want_ht, False, save_states)
+    o, ht, states = GLA_FWD(q, k, v, g, h0, 0.125, want_ht, lasp2, save_states)
     assert (o.shape, o.dtype) == ((B, 130, H, DV), torch.bfloat16)
     assert (ht.shape, ht.dtype) == ((B, H, DK, DV) if want_ht else (0,), torch.float32)
     assert (states.shape, states.dtype) == (
         (B * H, 3, DK, DV) if save_states else (0,), torch.bfloat16)
-    grads = GLA_BWD(q, k, v, g, h0, states, o, ht if want_ht else None, 0.125, True)
+    grads = GLA_BWD(q, k, v, g, h0, states, o, ht if want_ht else None, 0.125, True, lasp2)
     assert [x.shape for x in grads] == [q.shape, k.shape, v.shape, g.shape, (B, H, DK, DV)]
     assert [x.dtype for x in grads] == [q.dtype, k.dtype, v.dtype, torch.float32, torch.float32]
 
 
 @pytest.mark.parametrize("with_h0", [False, True])
-def test_gla_opcheck(with_h0):
+@pytest.mark.parametrize("lasp2", [False, True])
+def test_gla_opcheck(with_h0, lasp2):
     """Schema, fake implementations against the kernels, autograd registration, and tracing
     with AOTAutograd (dynamic shapes), forward and backward."""
     q, k, v, g, h0 = (x.requires_grad_() for x in gla_inputs(t=5))
     h0 = h0 if with_h0 else None
-    torch.library.opcheck(GLA_FWD, (q, k, v, g, h0, 0.125, True, False, True))
+    torch.library.opcheck(GLA_FWD, (q, k, v, g, h0, 0.125, True, lasp2, True))
     detached = [None if x is None else x.detach() for x in (q, k, v, g, h0)]
-    _, _, states = GLA_FWD(*detached, 0.125, False, False, True)
+    _, _, states = GLA_FWD(*detached, 0.125, False, lasp2, True)
     do = torch.rand(B, 5, H, DV).bfloat16()
-    torch.library.opcheck(GLA_BWD, (*detached, states, do, None, 0.125, with_h0))
+    torch.library.opcheck(GLA_BWD, (*detached, states, do, None, 0.125, with_h0, lasp2))
 
 
 def test_a_compiled_gla_block_has_no_graph_break_and_the_eager_gradients():

@@ -43,7 +43,7 @@ pub(super) fn family(code: i32) -> Result<&'static dyn AbiFamily> {
 fn not_in_this_build(name: &str, code: i32) -> crate::Error {
     invalid(format!(
         "family {name} ({code}) is not available in this build ({}); this build has \
-         LASP_FAMILY_SCALAR_DECAY and LASP_FAMILY_GLA (its backward on one GPU only)",
+         LASP_FAMILY_SCALAR_DECAY and LASP_FAMILY_GLA",
         this_library()
     ))
 }

@@ -1,9 +1,9 @@
 //! `LASP_FAMILY_GLA`: linear attention with a log-decay per key dimension, on one GPU
-//! ([`GlaForward`], [`GlaBackward`]) or, forward only, across the ranks ([`GlaLasp2Forward`]).
+//! ([`GlaForward`], [`GlaBackward`]) or across the ranks ([`GlaLasp2Forward`],
+//! [`GlaLasp2Backward`]).
 
 use super::abi::Dtype::{Bf16, F32};
 use super::abi::Slot;
-use super::args::invalid;
 use super::families::{AbiFamily, Direction, FamilyOp};
 use super::spec::{Kind, OpSpec};
 use super::tensors::Layout::{ChunkStates, KeyGates, Qk, State, V};
@@ -12,7 +12,9 @@ use super::tensors::{CheckedCall, SlotUse};
 use crate::error::Result;
 use crate::exchange::ExchangeMode;
 use crate::family::Family;
-use crate::ops::gla::{Gla, GlaArgs, GlaBackward, GlaBackwardArgs, GlaForward, GlaLasp2Forward};
+use crate::ops::gla::{
+    Gla, GlaArgs, GlaBackward, GlaBackwardArgs, GlaForward, GlaLasp2Backward, GlaLasp2Forward,
+};
 use crate::runtime::Runtime;
 use cudarc::driver::CudaStream;
 use std::sync::Arc;
@@ -29,9 +31,11 @@ static FORWARD: [SlotUse; 7] = [
     SlotUse::new(Slot::Ht, OptionalOutput, F32, State),
 ];
 
-/// The forward's slots on one GPU with the backward: also the state entering every chunk, which
-/// the backward reads instead of recomputing it (optional: a forward that no backward follows,
-/// such as inference, leaves it empty and writes nothing more).
+/// The forward's slots with the backward, on one GPU and across the ranks: also the state entering
+/// every chunk of the rank's tokens, which the backward reads instead of recomputing it (across
+/// the ranks these states already hold the earlier ranks' prefix, so the backward needs no start
+/// state). Optional: a forward that no backward follows, such as inference, leaves it empty and
+/// writes nothing more.
 static SAVING_FORWARD: [SlotUse; 8] = [
     SlotUse::new(Slot::Q, Input, Bf16, Qk),
     SlotUse::new(Slot::K, Input, Bf16, Qk),
@@ -43,8 +47,10 @@ static SAVING_FORWARD: [SlotUse; 8] = [
     SlotUse::new(Slot::ChunkStates, OptionalOutput, Bf16, ChunkStates),
 ];
 
-/// The single-GPU backward's slots: the forward's inputs, the chunk states it saved, the
-/// gradients of its outputs and the gradients to write.
+/// The backward's slots, on one GPU and across the ranks: the forward's inputs, the chunk states
+/// it saved on this rank, the gradients of its outputs and the gradients to write. Across the
+/// ranks, dht is given on the last rank only and dh0 written on rank 0 only: the LASP-2 op
+/// refuses either elsewhere with a message naming the rank, which the call returns as it is.
 static BACKWARD: [SlotUse; 13] = [
     SlotUse::new(Slot::Q, Input, Bf16, Qk),
     SlotUse::new(Slot::K, Input, Bf16, Qk),
@@ -67,22 +73,14 @@ impl AbiFamily for Gla {
     }
 
     fn check(&self, spec: &OpSpec) -> Result<()> {
-        <Gla as Family>::validate_layout(&spec.layout)?;
-        if spec.with_backward && matches!(spec.kind, Kind::Lasp2 { .. }) {
-            return Err(invalid(
-                "GLA: this build has GLA's backward on one GPU only; create the LASP_KIND_LASP2 \
-                 op without LASP_OP_WITH_BACKWARD (forward only, e.g. for prefill), or train on \
-                 whole sequences with a LASP_KIND_SINGLE_GPU op"
-                    .into(),
-            ));
-        }
-        Ok(())
+        <Gla as Family>::validate_layout(&spec.layout)
     }
 
     fn slots(&self, spec: &OpSpec, direction: Direction) -> &'static [SlotUse] {
+        // The same slots on one GPU and across the ranks: only the ops' checks of dht, dh0 and
+        // ht differ (which ranks may pass them).
         match (spec.with_backward, direction) {
             (false, Direction::Forward) => &FORWARD,
-            // check() lets only single-GPU ops have the backward.
             (true, Direction::Forward) => &SAVING_FORWARD,
             (true, Direction::Backward) => &BACKWARD,
             // plan_call refuses a backward call of an op created without the backward.
@@ -91,22 +89,43 @@ impl AbiFamily for Gla {
     }
 
     fn lasp2_symmetric_bytes(&self, spec: &OpSpec, npes: usize) -> u64 {
-        spec.layout.symmetric_bytes::<Gla>(npes) as u64
+        // The backward's chain has buffers of the same layout as the forward's.
+        let chains = if spec.with_backward { 2 } else { 1 };
+        chains * spec.layout.symmetric_bytes::<Gla>(npes) as u64
     }
 
     fn create(&self, runtime: &Runtime, spec: &OpSpec) -> Result<Box<dyn FamilyOp>> {
-        Ok(match spec.kind {
-            Kind::SingleGpu => Box::new(SingleGpu {
+        match spec.kind {
+            Kind::SingleGpu => Ok(Box::new(SingleGpu {
                 forward: GlaForward::new(runtime)?,
                 backward: spec
                     .with_backward
                     .then(|| GlaBackward::new(runtime))
                     .transpose()?,
-            }),
+            })),
             Kind::Lasp2 { mode } => {
-                Box::new(Lasp2(GlaLasp2Forward::new(runtime, spec.layout, mode)?))
+                let forward = GlaLasp2Forward::new(runtime, spec.layout, mode)?;
+                if !spec.with_backward {
+                    return Ok(Box::new(Lasp2 {
+                        forward,
+                        backward: None,
+                    }));
+                }
+                match GlaLasp2Backward::new(runtime, spec.layout, mode) {
+                    Ok(backward) => Ok(Box::new(Lasp2 {
+                        forward,
+                        backward: Some(backward),
+                    })),
+                    Err(error) => {
+                        // What makes the backward fail (its layout, kernels or symmetric heap)
+                        // is the same on every rank, so every rank frees the forward's
+                        // symmetric buffers here together.
+                        forward.free()?;
+                        Err(error)
+                    }
+                }
             }
-        })
+        }
     }
 }
 
@@ -170,34 +189,49 @@ impl FamilyOp for SingleGpu {
     }
 }
 
-/// A shard of every sequence on each rank.
-struct Lasp2(GlaLasp2Forward);
+/// A shard of every sequence on each rank: one state chain per direction.
+struct Lasp2 {
+    forward: GlaLasp2Forward,
+    backward: Option<GlaLasp2Backward>,
+}
 
 impl FamilyOp for Lasp2 {
     fn forward(&mut self, stream: &Arc<CudaStream>, mut call: CheckedCall<'_>) -> Result<()> {
-        self.0.forward(stream, forward_args(&mut call))
+        self.forward.forward(stream, forward_args(&mut call))
     }
 
-    fn backward(&mut self, _stream: &Arc<CudaStream>, _call: CheckedCall<'_>) -> Result<()> {
-        // check() refuses LASP-2 GLA ops with the backward, and plan_call refuses backward
-        // calls of ops without it.
-        unreachable!("LASP-2 GLA ops are created without the backward")
+    fn backward(&mut self, stream: &Arc<CudaStream>, mut call: CheckedCall<'_>) -> Result<()> {
+        let backward = self.backward.as_mut().expect(CREATED_WITH_BACKWARD);
+        backward.backward(stream, backward_args(&mut call))
     }
 
     fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
-        self.0.set_mode(mode)
+        self.forward.set_mode(mode)?;
+        match &mut self.backward {
+            Some(backward) => backward.set_mode(mode),
+            None => Ok(()),
+        }
     }
 
     fn finish(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        self.0.finish(stream)
+        self.forward.finish(stream)?;
+        match &self.backward {
+            Some(backward) => backward.finish(stream),
+            None => Ok(()),
+        }
     }
 
-    fn note_replayed_calls(&mut self, forward: u64, _backward: u64) {
-        self.0.note_replayed_calls(forward);
+    fn note_replayed_calls(&mut self, forward: u64, backward: u64) {
+        self.forward.note_replayed_calls(forward);
+        if let Some(op) = &mut self.backward {
+            op.note_replayed_calls(backward);
+        }
     }
 
-    /// Frees the chain's symmetric buffers (collective).
+    /// Frees both chains (collective), the backward's even where the forward's free failed.
     fn free(self: Box<Self>) -> Result<()> {
-        self.0.free()
+        let forward = self.forward.free();
+        let backward = self.backward.map_or(Ok(()), GlaLasp2Backward::free);
+        forward.and(backward)
     }
 }

@@ -141,7 +141,7 @@ fn descriptors_are_checked_field_by_field() {
         }
     );
     assert!(spec.with_backward && spec.tokens.is_none());
-    let cases: [(OpDesc, &str); 14] = [
+    let cases: [(OpDesc, &str); 13] = [
         (
             OpDesc {
                 abi_version: 1,
@@ -169,14 +169,6 @@ fn descriptors_are_checked_field_by_field() {
                 ..lasp2_desc()
             },
             "desc.family is 0",
-        ),
-        (
-            OpDesc {
-                family: LASP_FAMILY_GLA,
-                ..lasp2_desc()
-            },
-            "GLA: this build has GLA's backward on one GPU only; create the LASP_KIND_LASP2 op \
-             without LASP_OP_WITH_BACKWARD",
         ),
         (
             OpDesc {
@@ -707,28 +699,94 @@ fn gla_on_one_gpu_saves_chunk_states_for_its_backward() {
 }
 
 #[test]
-fn gla_across_the_ranks_is_forward_only() {
+fn gla_across_the_ranks_saves_chunk_states_for_its_backward() {
     let desc = OpDesc {
         family: LASP_FAMILY_GLA,
         ..lasp2_desc()
     };
-    let msg = desc_error(desc);
+    let spec = OpSpec::of(&desc).unwrap();
+    let accepted =
+        |direction, tensors: &Tensors| plan_call(&spec, direction, &call(130), tensors).map(|_| ());
+    // The forward: the shard's chunk states where a backward follows, nothing more otherwise.
+    let forward = gla_saving_forward_tensors(130);
+    accepted(Direction::Forward, &forward).unwrap();
+    let mut inference = forward;
+    inference.slot[Slot::ChunkStates as usize] = Tensor::default();
+    accepted(Direction::Forward, &inference).unwrap();
+    // The chunk states hold the earlier ranks' prefix: there is no start state to save.
+    let state = 2 * 3 * 64 * 64;
+    let mut with_start_state = forward;
+    with_start_state.slot[Slot::StartState as usize] = tensor(Dtype::F32, state);
+    let msg = plan_error(desc, Direction::Forward, call(130), with_start_state);
     assert!(
-        msg.contains("GLA's backward on one GPU only") && msg.contains("LASP_KIND_SINGLE_GPU"),
+        msg.contains("LASP_SLOT_START_STATE is filled but lasp_op_forward of GLA (LASP-2)"),
         "{msg}"
     );
-    // Its forward saves no chunk states (nothing would read them).
-    let forward_only = OpDesc { flags: 0, ..desc };
-    let msg = plan_error(
-        forward_only,
-        Direction::Forward,
-        call(130),
-        gla_saving_forward_tensors(130),
+
+    // The backward has the single-GPU backward's slots. h0, dht and dh0 are optional here: which
+    // rank may pass dht (the last) and dh0 (rank 0) is the op's check, on the device's rank.
+    let mut backward = gla_backward_tensors(130);
+    accepted(Direction::Backward, &backward).unwrap();
+    for slot in [Slot::H0, Slot::Dht, Slot::Dh0] {
+        backward.slot[slot as usize] = tensor(Dtype::F32, state);
+    }
+    accepted(Direction::Backward, &backward).unwrap();
+    let mut unsaved = backward;
+    unsaved.slot[Slot::ChunkStates as usize] = Tensor::default();
+    let msg = plan_error(desc, Direction::Backward, call(130), unsaved);
+    assert!(
+        msg.contains(
+            "LASP_SLOT_CHUNK_STATES is empty but lasp_op_backward of GLA (LASP-2) needs it: \
+             [B*H, ceil(T / 64), Dk, Dv] bf16"
+        ),
+        "{msg}"
     );
+    let mut from_start_state = backward;
+    from_start_state.slot[Slot::StartState as usize] = tensor(Dtype::F32, state);
+    let msg = plan_error(desc, Direction::Backward, call(130), from_start_state);
+    assert!(
+        msg.contains("LASP_SLOT_START_STATE is filled but lasp_op_backward of GLA (LASP-2)"),
+        "{msg}"
+    );
+
+    // A forward-only op writes no chunk states (nothing would read them) and has no backward.
+    let forward_only = OpDesc { flags: 0, ..desc };
+    let msg = plan_error(forward_only, Direction::Forward, call(130), forward);
     assert!(
         msg.contains("LASP_SLOT_CHUNK_STATES is filled but lasp_op_forward of GLA (LASP-2)"),
         "{msg}"
     );
+    let msg = plan_error(forward_only, Direction::Backward, call(130), backward);
+    assert!(
+        msg.contains("the op was created without LASP_OP_WITH_BACKWARD"),
+        "{msg}"
+    );
+
+    // The backward's chain doubles the symmetric memory, as scalar decay's does.
+    let bytes = |desc: OpDesc| {
+        let mut out = 0u64;
+        // SAFETY: a valid descriptor and out-pointer.
+        let status = unsafe { lasp_op_symmetric_bytes(&desc, 4, &mut out) };
+        assert_eq!(status, LASP_OK, "{}", last_error());
+        out
+    };
+    assert!(bytes(forward_only) > 0);
+    assert_eq!(bytes(desc), 2 * bytes(forward_only));
+
+    // The same checks through the entry point, as a binding's tests call it.
+    // SAFETY: every pointer points at a live struct of its type.
+    unsafe {
+        let status = lasp_op_check_call(
+            &desc,
+            LASP_DIRECTION_BACKWARD,
+            &call(130),
+            &gla_backward_tensors(130),
+        );
+        assert_eq!(status, LASP_OK, "{}", last_error());
+        let status = lasp_op_check_call(&desc, LASP_DIRECTION_BACKWARD, &call(130), &unsaved);
+        assert_eq!(status, LASP_ERROR_INVALID_ARGUMENT);
+        assert!(last_error().contains("LASP_SLOT_CHUNK_STATES is empty"));
+    }
 }
 
 #[test]
