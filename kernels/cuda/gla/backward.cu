@@ -91,7 +91,7 @@ struct GradsLayout {
   static constexpr uint32_t kK = kQ + kChunk * DK * 2;         // K, then K^
   static constexpr uint32_t kV = kK + kChunk * DK * 2;
   static constexpr uint32_t kDo = kV + kChunk * DV * 2;
-  static constexpr uint32_t kS = kDo + kChunk * DV * 2;        // S_n, then S_c: [DK/64] blocks of [64 x DV]
+  static constexpr uint32_t kS = kDo + kChunk * DV * 2;        // S_c as saved: [DK/64] blocks of [64 x DV]
   static constexpr uint32_t kDs = kS + DK * DV * 2;            // dS_{n+1}, then dS'
   static constexpr uint32_t kGates = kDs + DK * DV * 2;        // gates, then their cumsums b
   static constexpr uint32_t kDa = kGates + kChunk * DK * 4;    // fp32 [64][64]: dA (steep chunks)

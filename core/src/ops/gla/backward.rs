@@ -139,13 +139,13 @@ impl<'a> GlaBackwardArgs<'a> {
     }
 }
 
-/// Threads of the walks and the summary kernel (`lasp_gla_walk_threads`): a warpgroup per 64
+/// Threads of the walk and the summary kernel (`lasp_gla_walk_threads`): a warpgroup per 64
 /// columns of Dv.
 pub(crate) fn walk_threads(dv: usize) -> u32 {
     128 * (dv as u32 / 64)
 }
 
-/// Shared-memory bytes of the walks and the summary kernel (`lasp_gla_walk_smem_bytes`).
+/// Shared-memory bytes of the walk and the summary kernel (`lasp_gla_walk_smem_bytes`).
 pub(crate) fn walk_smem_bytes(dk: usize, dv: usize) -> u32 {
     let (c, dk, dv_) = (CHUNK as u32, dk as u32, dv as u32);
     let stage = c * dk * 2 + c * dv_ * 2 + c * dk * 4;
@@ -391,7 +391,7 @@ impl GlaBackward {
         })
     }
 
-    /// Forces the number of segments per sequence of the walks (tests and tuning), or restores
+    /// Forces the number of segments per sequence of the walk (tests and tuning), or restores
     /// the automatic plan with `None`.
     pub fn set_num_segments(&mut self, segments: Option<u32>) -> Result<()> {
         check_forced_segments(segments, OP)?;

@@ -149,7 +149,7 @@ fn arguments_are_checked_against_the_shape_before_any_launch() {
 #[test]
 fn backward_shared_memory_matches_the_header() {
     // bindgen does not export the header's inline functions: their values worked out by hand.
-    // The walks: a warpgroup per 64 columns of Dv; three stages of a [64 x Dk] and a [64 x Dv]
+    // The walk: a warpgroup per 64 columns of Dv; three stages of a [64 x Dk] and a [64 x Dv]
     // bf16 tile and the [64 x Dk] fp32 gates, 8 bytes of scan totals per thread.
     assert_eq!((walk_threads(64), walk_threads(128)), (128, 256));
     assert_eq!(

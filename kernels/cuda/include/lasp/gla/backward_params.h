@@ -72,7 +72,7 @@ typedef struct {
   int32_t H;           // heads
   int32_t Dk;          // 64 or 128 (must match the kernels' suffix)
   int32_t Dv;          // 64 or 128 (must match the grads kernel's suffix)
-  int32_t num_segments;        // S >= 1 segments of whole chunks per (b, h) for the walks
+  int32_t num_segments;        // S >= 1 segments of whole chunks per (b, h) for the walk
   int32_t chunks_per_segment;  // ceil(N / S); no segment empty
   float scale;                 // sigma
 } lasp_gla_bwd_params;
