@@ -12,7 +12,7 @@ FAMILY_SCALAR_DECAY = 1
 FAMILY_GLA = 2
 KIND_SINGLE_GPU, KIND_LASP2 = 1, 2
 SCHEDULE_ALL_GATHER = 1
-MODE_OVERLAPPED = 0
+MODE_OVERLAPPED, MODE_SEQUENTIAL_NCCL, MODE_SEQUENTIAL_NVSHMEM = 0, 1, 2
 OP_WITH_BACKWARD = 1
 DIRECTION_FORWARD, DIRECTION_BACKWARD = 0, 1
 # LASP_SLOT_*: where each tensor of a call goes in Tensors.slot.
@@ -91,6 +91,7 @@ SIGNATURES = {
     "op_forward": [HANDLE, HANDLE, P(Call), P(Tensors)],
     "op_backward": [HANDLE, HANDLE, P(Call), P(Tensors)],
     "op_check_call": [P(OpDesc), ctypes.c_int32, P(Call), P(Tensors)],
+    "op_set_mode": [HANDLE, ctypes.c_int32],
     "op_finish": [HANDLE, HANDLE],
     "op_free": [HANDLE],
 }
@@ -167,12 +168,13 @@ def library():
     return _library
 
 
-def op_desc(family, kind, b, h, dk, dv, with_backward):
+def op_desc(family, kind, b, h, dk, dv, with_backward, mode=MODE_OVERLAPPED):
     """The descriptor of one family's op of one layout, tokens given per call (LASP-2: the
-    overlapped all-gather exchange)."""
+    all-gather exchange in `mode`, a LASP_MODE_*; an op of one GPU has no mode, and the library
+    refuses one other than 0)."""
     lasp2 = kind == KIND_LASP2
     return OpDesc(abi_version=ABI_VERSION, family=family, kind=kind,
-                  schedule=SCHEDULE_ALL_GATHER if lasp2 else 0, mode=MODE_OVERLAPPED,
+                  schedule=SCHEDULE_ALL_GATHER if lasp2 else 0, mode=mode,
                   batch=b, heads=h, dk=dk, dv=dv, flags=OP_WITH_BACKWARD if with_backward else 0)
 
 

@@ -6,7 +6,8 @@ token and head) and fla's `chunk_gla` (a log-decay per key dimension), each on o
 The forwards and backwards are torch.library custom ops (`torch.ops.lasp_shmem.
 chunk_simple_gla_fwd` and `chunk_simple_gla_bwd`, `chunk_gla_fwd` and `chunk_gla_bwd`, each pair
 linked by `register_autograd`, with fake implementations), so torch.compile traces them without a
-graph break and CUDA graphs capture them; they run on torch's current stream.
+graph break and CUDA graphs capture them (LASP-2's in the overlapped exchange mode, below); they
+run on torch's current stream.
 
 Each layout (B, H, Dk, Dv, one GPU or LASP-2) is one `lasp_op` of the library, made by the first
 call of that layout and kept until `shutdown`. Making a LASP-2 op is collective: every rank of the
@@ -15,6 +16,14 @@ runs the same layers on its shard). LASP-2 calls are ordered across the ranks th
 rank calls the forward, and later the backward, of the same layers in the same order. The first
 call of a layout must not be captured into a CUDA graph (it makes the op and sizes its
 workspaces): run one step before capturing, as torch.compile's "reduce-overhead" mode does.
+
+LASP-2 moves the states between the ranks in one of three exchange modes, which give bitwise the
+same outputs and gradients: "overlapped" (the default: device puts with signals, hidden behind the
+compute), "sequential_nccl" and "sequential_nvshmem" (the same kernels around NCCL's all-gather or
+NVSHMEM's fcollect: the baseline the overlapped mode is measured against, and a fallback).
+`set_exchange_mode` switches every LASP-2 op, collectively; `exchange_mode` says which is in use.
+The sequential modes pick each call's buffer half on the host, so their calls refuse to be
+captured into a CUDA graph.
 """
 
 import ctypes
@@ -25,20 +34,32 @@ import torch.distributed as dist
 
 from . import _abi
 
-__all__ = ["init", "shutdown", "synchronize", "chunk_simple_gla", "chunk_gla", "LaspError"]
+__all__ = ["init", "shutdown", "synchronize", "set_exchange_mode", "exchange_mode",
+           "chunk_simple_gla", "chunk_gla", "LaspError"]
 
 LaspError = _abi.LaspError
 SUPPORTED_DIMS = (64, 128)
+# LASP-2's exchange modes by the names set_exchange_mode takes (LASP_MODE_* of the C ABI). The
+# ABI's fourth, LASP_MODE_NO_COMM, skips the exchange, so each rank folds whatever states its
+# buffers hold: it times the compute alone for the benchmarks and computes nothing a trainer
+# could use, so it is not offered here.
+EXCHANGE_MODES = {"overlapped": _abi.MODE_OVERLAPPED,
+                  "sequential_nccl": _abi.MODE_SEQUENTIAL_NCCL,
+                  "sequential_nvshmem": _abi.MODE_SEQUENTIAL_NVSHMEM}
 
 
 class _Runtime:
-    """lasp-shmem's runtime on this process: the group it spans (global ranks, or None without
-    torch.distributed), this rank's place in it, its GPU, and the ops made so far by layout."""
+    """lasp-shmem's runtime on this process: the group it spans (the process group and its global
+    ranks, or None twice without torch.distributed), this rank's place in it, its GPU, the ops
+    made so far by layout and the exchange mode of its LASP-2 ops."""
 
-    def __init__(self, handle, ranks, rank, world, device):
-        self.handle, self.ranks, self.rank, self.world = handle, ranks, rank, world
-        self.device = device
+    def __init__(self, handle, group, ranks, rank, world, device):
+        self.handle, self.group, self.ranks = handle, group, ranks
+        self.rank, self.world, self.device = rank, world, device
+        # In the order they were made (a dict keeps it), which is the same on every rank for the
+        # LASP-2 ops: set_exchange_mode and shutdown make one collective call per op in it.
         self.ops = {}
+        self.mode = "overlapped"
 
 
 _runtime: Optional[_Runtime] = None
@@ -46,17 +67,17 @@ _stopped = False  # NVSHMEM starts once per process: after shutdown() it cannot 
 
 
 def _group_place(group):
-    """(the group's global ranks or None, this process's rank in it, its size)."""
+    """(the group or None, its global ranks or None, this process's rank in it, its size)."""
     if not dist.is_initialized():
         if group is not None:
             raise ValueError("a process group was given but torch.distributed is not initialised")
-        return None, 0, 1
+        return None, None, 0, 1
     group = dist.group.WORLD if group is None else group
     rank = dist.get_rank(group)
     if rank < 0:
         raise ValueError("this process is not a member of the group passed to init()")
     ranks = tuple(dist.get_process_group_ranks(group))
-    return ranks, rank, len(ranks)
+    return group, ranks, rank, len(ranks)
 
 
 def init(group=None, *, symmetric_heap_bytes=0):
@@ -78,7 +99,7 @@ def init(group=None, *, symmetric_heap_bytes=0):
     (the error names both otherwise).
     """
     global _runtime
-    ranks, rank, world = _group_place(group)
+    group, ranks, rank, world = _group_place(group)
     if _runtime is not None:
         if _runtime.ranks != ranks:
             raise RuntimeError(f"lasp-shmem already runs on the ranks {_runtime.ranks}, not "
@@ -92,7 +113,7 @@ def init(group=None, *, symmetric_heap_bytes=0):
         raise RuntimeError("lasp-shmem needs a CUDA GPU, and torch sees none")
     device = torch.cuda.current_device()
     if _abi.nvshmem_initialized():
-        _runtime = _attach(ranks, rank, world, device, symmetric_heap_bytes)
+        _runtime = _attach(group, ranks, rank, world, device, symmetric_heap_bytes)
         return
     # The library opens GPU `local_rank`, and uses the local world size only to check the place.
     local_world = min(world, torch.cuda.device_count())
@@ -127,10 +148,10 @@ def init(group=None, *, symmetric_heap_bytes=0):
     handle = ctypes.c_void_p()
     lib.runtime_init(ctypes.byref(options), ctypes.byref(place), ctypes.byref(uid),
                      ctypes.byref(handle))
-    _runtime = _Runtime(handle, ranks, rank, world, device)
+    _runtime = _Runtime(handle, group, ranks, rank, world, device)
 
 
-def _attach(ranks, rank, world, device, symmetric_heap_bytes):
+def _attach(group, ranks, rank, world, device, symmetric_heap_bytes):
     """Guest mode: joins the NVSHMEM another library of this process initialised (PyTorch's
     SymmetricMemory NVSHMEM backend); its PEs must be the group's ranks in order."""
     lib = _abi.library()
@@ -146,7 +167,7 @@ def _attach(ranks, rank, world, device, symmetric_heap_bytes):
             f"NVSHMEM, initialised in this process by another library, made it PE {place.rank} "
             f"of {place.world_size}, but this is rank {rank} of {world} in the group passed to "
             "init(); pass the group NVSHMEM spans (the one its SymmetricMemory rendezvous used)")
-    return _Runtime(handle, ranks, rank, world, device)
+    return _Runtime(handle, group, ranks, rank, world, device)
 
 
 def shutdown():
@@ -173,6 +194,56 @@ def synchronize():
     stream = ctypes.c_void_p(torch.cuda.current_stream(runtime.device).cuda_stream)
     for op in runtime.ops.values():
         _abi.library().op_finish(op, stream)
+
+
+def set_exchange_mode(mode):
+    """Switches LASP-2's exchange between the ranks to `mode`: "overlapped" (the default),
+    "sequential_nccl" or "sequential_nvshmem" (the module's docstring says what each does).
+    Outputs and gradients are bitwise the same in every mode. (The C ABI's LASP_MODE_NO_COMM is
+    left out: it skips the exchange, so its results are wrong by design; it only times the
+    compute.)
+
+    Collective over the runtime's group: every rank calls it with the same mode, at the same point
+    of its LASP-2 calls, outside any CUDA graph capture. It waits for the GPU (calls already
+    enqueued finish in the mode they were enqueued in), checks that the ranks agree, switches every
+    LASP-2 op made so far (forward and backward, every family and layout) in the order they were
+    made, and makes later LASP-2 ops start in `mode`. An op sets up its NCCL communicator when it
+    first enters "sequential_nccl". CUDA graphs captured before a switch replay the old mode's
+    calls: capture them again after it.
+
+    The sequential modes pick each call's half of the exchange buffers on the host, which a
+    replayed CUDA graph would not update: their calls refuse to be captured (capture in the
+    overlapped mode). A LaspError part way through (e.g. NCCL failing to start) leaves the ops
+    before the failing one switched: call set_exchange_mode again on every rank, with either mode,
+    to bring them all to one (ops already in it are skipped).
+    """
+    if mode not in EXCHANGE_MODES:
+        raise ValueError(f"set_exchange_mode: mode must be one of "
+                         f"{', '.join(map(repr, EXCHANGE_MODES))}, not {mode!r}")
+    runtime = _running()
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("set_exchange_mode: a CUDA graph is being captured on this stream, and "
+                           "switching waits for the GPU and talks to every rank, which a capture "
+                           "cannot hold; call it outside the captured region (between steps)")
+    if runtime.world > 1:
+        # The library checks that the ranks agree only on an op whose mode changes: a rank whose
+        # ops are in its mode already would skip that collective and leave the others waiting.
+        modes = [None] * runtime.world
+        dist.all_gather_object(modes, mode, group=runtime.group)
+        if len(set(modes)) > 1:
+            raise ValueError(f"set_exchange_mode: the ranks of the group asked for the modes "
+                             f"{modes} (by rank); call it with the same mode on every rank")
+    lib = _abi.library()
+    for (*_, lasp2), op in runtime.ops.items():
+        if lasp2:  # an op of one GPU exchanges nothing, so it has no mode
+            lib.op_set_mode(op, EXCHANGE_MODES[mode])
+    runtime.mode = mode
+
+
+def exchange_mode():
+    """The exchange mode LASP-2 ops run in: one of set_exchange_mode's names, "overlapped"
+    unless switched."""
+    return _running().mode
 
 
 def _running():
@@ -348,20 +419,30 @@ class _OpCall:
             slot: None if x is None else (x.data_ptr(), x.numel(), str(x.dtype))
             for slot, x in slots.items()})
 
-    def desc(self):
+    def desc(self, mode):
+        """The op's descriptor, LASP-2's in the exchange mode `mode` (a name of EXCHANGE_MODES)."""
         family, b, h, dk, dv, lasp2 = self.layout
         # Every op carries the backward, so that one op per layout serves training and inference:
         # a forward that saves nothing costs the same either way.
         return _abi.op_desc(family, _abi.KIND_LASP2 if lasp2 else _abi.KIND_SINGLE_GPU, b, h, dk,
-                            dv, with_backward=True)
+                            dv, with_backward=True, mode=EXCHANGE_MODES[mode] if lasp2 else 0)
 
     def enqueue(self, backward, device):
         runtime = _running()
+        lasp2 = self.layout[-1]
+        if lasp2 and runtime.mode != "overlapped" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"lasp-shmem: a LASP-2 call in the {runtime.mode!r} exchange mode cannot be "
+                "captured into a CUDA graph: the host picks each call's half of the exchange "
+                "buffers, and a replay would reuse the captured half; capture in the "
+                "'overlapped' mode (set_exchange_mode('overlapped') before capturing) or run "
+                "this mode without CUDA graphs")
         lib = _abi.library()
         op = runtime.ops.get(self.layout)
         if op is None:
             op = ctypes.c_void_p()
-            lib.op_create(runtime.handle, ctypes.byref(self.desc()), ctypes.byref(op))
+            lib.op_create(runtime.handle, ctypes.byref(self.desc(runtime.mode)),
+                          ctypes.byref(op))
             runtime.ops[self.layout] = op
         stream = ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
         run = lib.op_backward if backward else lib.op_forward

@@ -2,7 +2,8 @@
 elsewhere): each rank's shard of o and of the gradients, the last rank's final state and the
 initial state's gradient against the single-GPU op on the whole sequences, and torch.compile
 without a graph break, forward and backward as in eager mode; GLA's forward likewise, and its
-forward and backward against the float64 reference on the whole sequences.
+forward and backward against the float64 reference on the whole sequences; both families the same
+bits in every exchange mode.
 
     NVSHMEM_DISABLE_NVLS=1 NVSHMEM_REMOTE_TRANSPORT=none \\
         torchrun --nproc-per-node 4 -m pytest python/tests/test_lasp2.py
@@ -173,3 +174,34 @@ def test_gla_lasp2_gradients_match_the_float64_reference(group):
     for x, y in zip(first, second):
         if x is not None:
             assert torch.equal(bits(x), bits(y))
+
+
+def test_every_exchange_mode_gives_the_same_bits(group):
+    """chunk_simple_gla and chunk_gla with cp_group, forward and backward, in every exchange mode
+    a trainer may choose: the same bits of o, the final state and every gradient. The first mode
+    is set before this test's layouts (Dv = 64) are made, so their ops start in it, and the
+    earlier tests' ops are switched along; two steps per mode use both halves of the sequential
+    modes' buffers."""
+    seqs = Sequences(seed=61, per_rank=200, short=29, dv=64)
+    b, t, h, dk = seqs.q.shape
+    gla_g = gla_inputs(b, t, h, dk, seqs.v.shape[-1], "cuda", seed=62)[3]
+    q, k, v, g, grad_o, gla_g = (seqs.mine(x) for x in (seqs.q, seqs.k, seqs.v, seqs.g,
+                                                         seqs.grad_o, gla_g))
+    results = {}
+    try:
+        for mode in ("sequential_nccl", "overlapped", "sequential_nvshmem"):
+            lt.set_exchange_mode(mode)
+            assert lt.exchange_mode() == mode
+            results[mode] = [step(seqs, q, k, v, g, grad_o, cp_group=group) for _ in range(2)]
+            results[mode] += [step(seqs, q, k, v, gla_g, grad_o, cp_group=group,
+                                   attention=lt.chunk_gla) for _ in range(2)]
+            lt.synchronize()
+    finally:
+        # The module's other tests run in the default mode.
+        lt.set_exchange_mode("overlapped")
+    names = ("o", "ht", "dq", "dk", "dv", "dg", "dh0")
+    differ = [f"{mode} {'gla' if n >= 2 else 'simple_gla'} step {n % 2} {name}"
+              for mode, steps in results.items() for n, outputs in enumerate(steps)
+              for name, x, y in zip(names, outputs, results["overlapped"][n])
+              if x is not None and not torch.equal(bits(x), bits(y))]
+    assert not differ, f"rank {dist.get_rank()}: bits differ from the overlapped mode's: {differ}"

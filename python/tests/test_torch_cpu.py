@@ -1,11 +1,13 @@
 """lasp_shmem.torch without a GPU: the argument checks, init's refusals, the custom ops'
-registration and fake implementations (torch.library.opcheck, torch.compile), and the calls the
-ops make, checked by the library itself (lasp_op_check_call).
+registration and fake implementations (torch.library.opcheck, torch.compile), the calls the ops
+make, checked by the library itself (lasp_op_check_call), and the exchange mode switch against a
+stand-in library.
 
 The ops' CUDA kernels need a GPU; here the float64 reference stands in as their CPU kernel
 (registered by this module only), so that opcheck and torch.compile run every other part."""
 
 import ctypes
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -92,7 +94,7 @@ def test_the_reference_backward_is_autograds(per_key_gates):
 def runtime(monkeypatch):
     """A runtime of one process on cuda:0 as the torch layer sees it, with no library behind it:
     enough for the checks that come before any call."""
-    monkeypatch.setattr(lt, "_runtime", lt._Runtime(None, None, 0, 1, 0))
+    monkeypatch.setattr(lt, "_runtime", lt._Runtime(None, None, None, 0, 1, 0))
 
 
 @pytest.fixture
@@ -284,8 +286,8 @@ def test_a_compiled_block_has_no_graph_break_and_the_eager_gradients():
         assert torch.equal(got, want)
 
 
-def call_is_accepted(library, call, direction):
-    library.op_check_call(ctypes.byref(call.desc()), direction, ctypes.byref(call.call),
+def call_is_accepted(library, call, direction, mode="overlapped"):
+    library.op_check_call(ctypes.byref(call.desc(mode)), direction, ctypes.byref(call.call),
                           ctypes.byref(call.tensors))
 
 
@@ -425,7 +427,7 @@ def test_gla_gradients_flow_across_the_ranks(cpu_runtime, one_rank_group, monkey
     """chunk_gla with cp_group (one rank, which holds the whole sequences): the forward saves
     the chunk states because a gradient is needed, the LASP-2 backward runs, and every input's
     gradient is float64 autograd's."""
-    monkeypatch.setattr(lt, "_runtime", lt._Runtime(None, (0,), 0, 1, 0))
+    monkeypatch.setattr(lt, "_runtime", lt._Runtime(None, one_rank_group, (0,), 0, 1, 0))
     q, k, v, g, h0 = gla_inputs(t=70)
     h0 = h0 if with_h0 else None
     leaves = [x.clone().requires_grad_() for x in (q, k, v, g, h0) if x is not None]
@@ -504,3 +506,140 @@ def test_a_compiled_gla_block_has_no_graph_break_and_the_eager_gradients():
     compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
     for got, want in zip(grads(compiled), grads(block)):
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("mode", lt.EXCHANGE_MODES)
+def test_the_library_accepts_every_exchange_mode(library, mode):
+    """A LASP-2 op's descriptor carries the mode's LASP_MODE_* code, an op of one GPU none."""
+    q, k, v, g, h0 = gla_inputs()
+    for lasp2 in (False, True):
+        _, call = lt._gla_forward_call(q, k, v, g, h0, 0.125, False, lasp2, False)
+        assert call.desc(mode).mode == (lt.EXCHANGE_MODES[mode] if lasp2 else 0)
+        call_is_accepted(library, call, _abi.DIRECTION_FORWARD, mode)
+
+
+class FakeOpLibrary:
+    """The entry points that the ops and set_exchange_mode use, recording the mode of every op
+    made (numbered from 1 in creation order), every switch and every forward call; `capturing`
+    stands in for torch.cuda.is_current_stream_capturing()."""
+
+    def __init__(self):
+        self.created, self.switched, self.forwards, self.capturing = [], [], [], False
+
+    def op_create(self, runtime, desc, op):
+        self.created.append(desc._obj.mode)
+        op._obj.value = len(self.created)
+
+    def op_forward(self, op, stream, call, tensors):
+        self.forwards.append(op.value)
+
+    def op_set_mode(self, op, mode):
+        self.switched.append((op.value, mode))
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the torch layer must not call {name} here")
+
+
+@pytest.fixture
+def fake_ops(runtime, monkeypatch):
+    """The runtime fixture with FakeOpLibrary behind it, and torch's current stream and capture
+    state without a GPU."""
+    fake = FakeOpLibrary()
+    monkeypatch.setattr(_abi, "library", lambda: fake)
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda device: SimpleNamespace(cuda_stream=0))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: fake.capturing)
+    return fake
+
+
+def enqueue_forward(lasp2, gla=False, b=B):
+    """One forward call through the ops' path to the library (the op of its layout is made on
+    its first call)."""
+    q, k, v, g, h0 = cpu_inputs(b=b)
+    if gla:
+        g = (g[..., None] * torch.linspace(0.5, 1.5, DK)).contiguous()
+        _, call = lt._gla_forward_call(q, k, v, g, h0, 0.125, False, lasp2, False)
+    else:
+        _, call = lt._forward_call(q, k, v, g, h0, 0.125, False, lasp2)
+    call.enqueue(backward=False, device=0)
+
+
+OVERLAPPED, NCCL, NVSHMEM = lt.EXCHANGE_MODES.values()
+
+
+def test_set_exchange_mode_switches_every_lasp2_op_in_creation_order(fake_ops):
+    """Every LASP-2 op made so far (of every family and layout) is switched, in the order they
+    were made; ops of one GPU have no mode; later LASP-2 ops are made in the new mode."""
+    assert lt.exchange_mode() == "overlapped"
+    enqueue_forward(lasp2=True)  # op 1
+    enqueue_forward(lasp2=False)  # op 2: one GPU
+    enqueue_forward(lasp2=True, gla=True)  # op 3
+    enqueue_forward(lasp2=True)  # op 1 again
+    assert fake_ops.created == [OVERLAPPED, 0, OVERLAPPED] and fake_ops.forwards == [1, 2, 3, 1]
+    lt.set_exchange_mode("sequential_nccl")
+    assert lt.exchange_mode() == "sequential_nccl"
+    assert fake_ops.switched == [(1, NCCL), (3, NCCL)]
+    enqueue_forward(lasp2=True, b=1)  # op 4
+    enqueue_forward(lasp2=False, gla=True)  # op 5: one GPU
+    assert fake_ops.created == [OVERLAPPED, 0, OVERLAPPED, NCCL, 0]
+    lt.set_exchange_mode("sequential_nvshmem")
+    assert fake_ops.switched[2:] == [(1, NVSHMEM), (3, NVSHMEM), (4, NVSHMEM)]
+    lt.set_exchange_mode("overlapped")
+    assert fake_ops.switched[5:] == [(1, OVERLAPPED), (3, OVERLAPPED), (4, OVERLAPPED)]
+    assert lt.exchange_mode() == "overlapped"
+
+
+@pytest.mark.parametrize("mode", ["no_comm", "NCCL", "", 1, None])
+def test_set_exchange_mode_names_the_modes_before_anything_else(fresh_process, mode):
+    """The argument is checked first: here no runtime runs, and the error is still the mode's."""
+    with pytest.raises(ValueError, match="mode must be one of 'overlapped', 'sequential_nccl', "
+                                         "'sequential_nvshmem', not"):
+        lt.set_exchange_mode(mode)
+    with pytest.raises(RuntimeError, match=r"call lasp_shmem.torch.init\(\) first"):
+        lt.set_exchange_mode("overlapped")
+    with pytest.raises(RuntimeError, match=r"call lasp_shmem.torch.init\(\) first"):
+        lt.exchange_mode()
+
+
+def test_set_exchange_mode_refuses_a_graph_capture(fake_ops):
+    enqueue_forward(lasp2=True)
+    fake_ops.capturing = True
+    with pytest.raises(RuntimeError, match="CUDA graph is being captured.*outside the captured"):
+        lt.set_exchange_mode("sequential_nccl")
+    assert fake_ops.switched == [] and lt.exchange_mode() == "overlapped"
+
+
+def test_sequential_calls_refuse_a_graph_capture(fake_ops):
+    """The sequential modes pick each call's buffer half on the host, which a graph replay would
+    not update; overlapped calls and calls of one GPU capture."""
+    enqueue_forward(lasp2=True)
+    lt.set_exchange_mode("sequential_nvshmem")
+    fake_ops.capturing = True
+    with pytest.raises(RuntimeError, match="'sequential_nvshmem' exchange mode cannot be "
+                                           "captured.*capture in the 'overlapped' mode"):
+        enqueue_forward(lasp2=True)
+    enqueue_forward(lasp2=False)  # op 2
+    fake_ops.capturing = False
+    lt.set_exchange_mode("overlapped")
+    fake_ops.capturing = True
+    enqueue_forward(lasp2=True)
+    assert fake_ops.forwards == [1, 2, 1]
+
+
+def test_ranks_that_ask_for_different_modes_are_told_before_any_switch(fake_ops, monkeypatch):
+    """The ranks' modes are compared first: the library would compare them only on an op whose
+    mode changes, and a rank whose ops need no change would not wait for the others."""
+    enqueue_forward(lasp2=True)
+    lt._runtime.group, lt._runtime.world = "the group", 2
+    gathered = []
+
+    def all_gather_object(out, mode, group):
+        gathered.append(group)
+        out[:] = [mode, "overlapped"]
+
+    monkeypatch.setattr(dist, "all_gather_object", all_gather_object)
+    with pytest.raises(ValueError, match=r"asked for the modes \['sequential_nccl', "
+                                         r"'overlapped'\] \(by rank\); call it with the same"):
+        lt.set_exchange_mode("sequential_nccl")
+    assert gathered == ["the group"]
+    assert fake_ops.switched == [] and lt.exchange_mode() == "overlapped"
