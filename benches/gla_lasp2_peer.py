@@ -327,13 +327,15 @@ def make_dstates_fn(ops):
 
 class Peer:
     """One rank's LASP-2 composition on its shard, with its buffers preallocated. h0 is rank 0's
-    initial state (or None); given do (and dht on the last rank, or None) also the training step."""
+    initial state (or None); given do (and dht on the last rank, or None) also the training step.
+    group: the process group of the W ranks (None: the default group)."""
 
-    def __init__(self, q, k, v, g, scale, states_kind, dist, torch, ops, h0=None, do=None, dht=None):
+    def __init__(self, q, k, v, g, scale, states_kind, dist, torch, ops, h0=None, do=None, dht=None,
+                 group=None):
         self.q, self.k, self.v, self.g, self.scale = q, k, v, g, scale
         self.h0, self.do, self.dht = h0, do, dht
-        self.torch, self.dist, self.ops = torch, dist, ops
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.torch, self.dist, self.ops, self.group = torch, dist, ops, group
+        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         assert h0 is None or self.rank == 0, "h0 is rank 0's"
         assert dht is None or self.rank == self.world - 1, "dht is the last rank's"
         B, _, H, K = k.shape
@@ -346,20 +348,21 @@ class Peer:
         self.recv = self.recv_flat.view(self.world, n)
         self.states_fn = make_states_fn(states_kind, ops)
         self.P = None
-        if do is not None:
-            self.dstates_fn = make_dstates_fn(ops)
-            self.drecv_flat = torch.empty(self.world * B * H * K * V, device=k.device, dtype=torch.float32)
-            self.drecv = self.drecv_flat.view(self.world, B, H, K, V)
-            self.D_last = dht if dht is not None else torch.zeros(B, H, K, V, device=k.device, dtype=torch.float32)
-            self.grad_inputs = (q, k, v, g) + ((h0,) if h0 is not None else ())
-            self.o = self.ht = self.X = self.D = None
+        # The training step's buffers, also when do comes later (set self.do before dstates): a
+        # differentiable wrapper has do only in its backward.
+        self.dstates_fn = make_dstates_fn(ops)
+        self.drecv_flat = torch.empty(self.world * B * H * K * V, device=k.device, dtype=torch.float32)
+        self.drecv = self.drecv_flat.view(self.world, B, H, K, V)
+        self.D_last = dht if dht is not None else torch.zeros(B, H, K, V, device=k.device, dtype=torch.float32)
+        self.grad_inputs = (q, k, v, g) + ((h0,) if h0 is not None else ())
+        self.o = self.ht = self.X = self.D = None
 
     def states(self):
         M = self.states_fn(self.q, self.k, self.v, self.g, self.scale, self.h0)
         pack_summary(M.float(), gate_sum(self.g, self.torch), self.send)
 
     def allgather(self):
-        self.dist.all_gather_into_tensor(self.recv_flat, self.send)
+        self.dist.all_gather_into_tensor(self.recv_flat, self.send, group=self.group)
 
     def fold(self):
         Mg, Lg = unpack_summaries(self.recv, *self.dims)
@@ -396,7 +399,7 @@ class Peer:
         # no_grad: gloo writes into views of the output, which grad mode refuses (the collective has
         # no gradient anyway)
         with self.torch.no_grad():
-            self.dist.all_gather_into_tensor(self.drecv_flat, self.X)
+            self.dist.all_gather_into_tensor(self.drecv_flat, self.X, group=self.group)
 
     def dfold(self):
         _, Lg = unpack_summaries(self.recv, *self.dims)

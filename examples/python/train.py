@@ -1,0 +1,424 @@
+"""Training benchmark of a GLA decoder language model, sequence parallel over the ranks (LASP-2):
+lasp-shmem's chunk_gla against fla's kernels composed with NCCL.
+
+    PYTHONPATH=/path/to/fla-core:/path/to/einops torchrun --nproc-per-node 4 \\
+        examples/python/train.py --compare --seq-len 16384 --out training.json
+    torchrun --nproc-per-node 4 examples/python/train.py --backend ours --mode overlapped --out ours.json
+    torchrun --nproc-per-node 4 examples/python/train.py --backend fla --out fla.json
+    # CPU only (gloo, float64 stand-ins for both backends, a tiny model), also python/tests/test_train_cpu.py:
+    PYTHONPATH=python python -m torch.distributed.run --standalone --nproc-per-node 2 \\
+        examples/python/train.py --dry-run-cpu --compare
+
+The model (defaults): 24 layers of d_model 2048, each x + GLA(RMSNorm(x)) then x + SwiGLU(RMSNorm(x))
+(hidden 5632, fla's GLA config: 4 x d_model x 2/3 rounded up to 256), untied embedding and head,
+vocabulary 32000. The GLA token mixing: 16 heads of Dk = Dv = 128; q, k, v and the per-key gates
+g = logsigmoid(W_g x) / 16 (fla's GLA layer convention, with a full-rank W_g) are projections of x;
+the attention's output goes through fla's GLA output gate (per-head RMSNorm times swish(W_r x))
+and the output projection. Weights are fp32 (the master copy AdamW updates) and the compute is
+bf16 under torch.autocast; q, k, v enter the attention in bf16, g in fp32.
+
+Sequence parallel over the W ranks: every step draws B sequences of seq-len + 1 tokens from a
+seeded generator (Zipf-distributed, so the loss has somewhere to go; the same on every rank), and
+rank r keeps the inputs [r T/W, (r + 1) T/W) with their next-token targets (its last token's target
+is the next rank's first token). Token-local layers run on the shard as they are; every GLA layer
+calls the backend's LASP-2. Each rank's loss is the mean cross entropy of its tokens; after the
+backward the parameter gradients are all-reduced and divided by W (the gradient of the mean loss
+over all tokens: each rank's backward already carries the later ranks' losses through LASP-2), then
+AdamW steps. The reported loss of a step is the mean of the ranks' losses.
+
+Backends (--backend): `ours`, lasp_shmem.torch.chunk_gla with cp_group in the exchange mode --mode
+(overlapped or sequential_nccl); `fla`, the fla + NCCL composition of benches/gla_lasp2_peer.py (its
+Peer: chunk_fwd_h states pass, all-gather, fold, chunk_gla from the folded state; chunk_bwd_dh,
+all-gather, fold, chunk_gla's backward), wrapped here in an autograd.Function.
+
+Measured (rank 0 reports): tokens/s = B x seq-len over the median time of a step after --warmup
+steps (a step: the batch's draw, forward, backward, gradient all-reduce, AdamW, the loss's
+all-reduce, the host waiting for the GPU at its end); the peak memory of every rank
+(torch.cuda.max_memory_allocated, GiB, reset before each configuration: torch's allocator only, so
+lasp-shmem's NVSHMEM symmetric heap, 256 MiB by default, is not in it); the loss of every step.
+
+--out FILE (JSON): device, commit (env LASP_COMMIT), date (env LASP_DATE, else now), W, family
+"gla", model (the configuration), steps, warmup, and for one run backend, mode, tokens_per_s,
+peak_mem_gib (per rank), losses; with --compare the three configurations one after another in one
+process group from the same seed (ours overlapped, ours sequential_nccl, fla peer): tokens_per_s,
+peak_mem_gib and losses each keyed by overlapped, sequential_nccl and fla_peer, and
+loss_bitwise_identical (the overlapped and sequential_nccl losses of every step bitwise equal). With
+matplotlib installed it also writes FILE's name with .png: the loss curves and the throughputs.
+
+Needs on the GPU node: torch with CUDA and NCCL, lasp_shmem (pip install ./python) and, for the
+fla backend, fla-core (with einops) on PYTHONPATH; NVSHMEM_DISABLE_NVLS=1 and, on one node,
+NVSHMEM_REMOTE_TRANSPORT=none (lasp_shmem.torch.init says why).
+"""
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+import lasp_shmem.torch as lt
+
+ROOT = Path(__file__).resolve().parents[2]
+# The fla backend is benches/gla_lasp2_peer.py's composition itself, so that the training compares
+# against the peer whose correctness its self-test checks; benches/ is not a package.
+sys.path.insert(0, str(ROOT / "benches"))
+import gla_lasp2_peer as peer  # noqa: E402
+
+CONFIGS = {"overlapped": ("ours", "overlapped"), "sequential_nccl": ("ours", "sequential_nccl"),
+           "fla_peer": ("fla", None)}
+
+
+class FlaPeerGLA(torch.autograd.Function):
+    """fla + NCCL LASP-2 on this rank's shard (q, k, v [B, T/W, H, D], g fp32): the peer's training
+    step, its forward recording fla's chunk_gla graph on detached inputs and its backward feeding
+    (do, D) through that graph."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, scale, group, ops):
+        leaves = [x.detach().requires_grad_() for x in (q, k, v, g)]
+        composition = peer.Peer(*leaves, scale, "chunk_fwd_h", dist, torch, ops, group=group)
+        with torch.enable_grad():
+            composition.train_forward()
+        ctx.composition = composition
+        return composition.o.detach()
+
+    @staticmethod
+    def backward(ctx, do):
+        composition = ctx.composition
+        del ctx.composition  # its graph goes with the step
+        composition.do = do.contiguous()
+        composition.dstates()
+        composition.dallgather()
+        composition.dfold()
+        return (*composition.backward(), None, None, None)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(dim)), eps
+
+    def forward(self, x):
+        # in fp32 whatever the input, as fla's norms compute
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight).to(x.dtype)
+
+
+class GLA(nn.Module):
+    """fla's GLA layer with a full-rank gate projection: q, k, v, g = logsigmoid(W_g x) / 16, then
+    the output gate RMSNorm(o) * swish(W_r x) per head and the output projection."""
+
+    def __init__(self, d_model, heads, head_dim, attention):
+        super().__init__()
+        self.heads, self.head_dim, self.attention = heads, head_dim, attention
+        inner = heads * head_dim
+        self.q_proj, self.k_proj, self.v_proj, self.gk_proj, self.r_proj = (
+            nn.Linear(d_model, inner, bias=False) for _ in range(5))
+        self.o_norm = RMSNorm(head_dim)
+        self.o_proj = nn.Linear(inner, d_model, bias=False)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        heads = lambda y: y.view(B, T, self.heads, self.head_dim)  # noqa: E731
+        q, k, v = (heads(p(x)).to(torch.bfloat16) for p in (self.q_proj, self.k_proj, self.v_proj))
+        g = heads(F.logsigmoid(self.gk_proj(x).float()) / 16)
+        # the LASP-2 backends take their inputs' dtypes as they are (bf16 q, k, v, fp32 g)
+        with torch.autocast(x.device.type, enabled=False):
+            o = self.attention(q, k, v, g)
+        o = self.o_norm(o) * F.silu(heads(self.r_proj(x)))
+        return self.o_proj(o.reshape(B, T, -1))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d_model, hidden):
+        super().__init__()
+        self.gate, self.up = (nn.Linear(d_model, hidden, bias=False) for _ in range(2))
+        self.down = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x):
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg, attention):
+        super().__init__()
+        self.attn_norm, self.mlp_norm = RMSNorm(cfg.d_model), RMSNorm(cfg.d_model)
+        self.attn = GLA(cfg.d_model, cfg.heads, cfg.head_dim, attention)
+        self.mlp = SwiGLU(cfg.d_model, cfg.ffn)
+
+    def forward(self, x):
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class LM(nn.Module):
+    def __init__(self, cfg, attention):
+        super().__init__()
+        self.embed = nn.Embedding(cfg.vocab, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg, attention) for _ in range(cfg.layers))
+        self.norm = RMSNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def attention_fn(backend, group, device):
+    """(q, k, v, g) of the shard -> o of the shard, by the backend's LASP-2 over `group`."""
+    if backend == "ours":
+        return lambda q, k, v, g: lt.chunk_gla(q, k, v, g, cp_group=group)[0]
+    ops = peer.fla_ops() if device.type == "cuda" else peer.reference_ops(torch)
+    return lambda q, k, v, g: FlaPeerGLA.apply(q, k, v, g, q.shape[-1] ** -0.5, group, ops)
+
+
+def batch(step, cfg, rank, world, device):
+    """This rank's inputs and targets of the step's sequences (the same draw on every rank)."""
+    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+    zipf = 1.0 / torch.arange(1, cfg.vocab + 1, dtype=torch.float64)
+    tokens = torch.multinomial(zipf.expand(cfg.batch, -1), cfg.seq_len + 1, replacement=True,
+                               generator=gen)
+    n = cfg.seq_len // world
+    part = tokens[:, rank * n:(rank + 1) * n + 1].to(device)
+    return part[:, :-1], part[:, 1:]
+
+
+def all_reduce_mean(tensors, group, world, bucket=1 << 26):
+    """Every tensor replaced by its mean over the group, in flat buckets of at most `bucket`
+    elements (one collective per bucket, not per parameter, without a copy of them all at once)."""
+    i = 0
+    while i < len(tensors):
+        j, size = i, 0
+        while j < len(tensors) and (j == i or size + tensors[j].numel() <= bucket):
+            size += tensors[j].numel()
+            j += 1
+        flat = torch.cat([t.reshape(-1) for t in tensors[i:j]])
+        dist.all_reduce(flat, group=group)
+        flat /= world
+        for t, part in zip(tensors[i:j], flat.split([t.numel() for t in tensors[i:j]])):
+            t.copy_(part.view_as(t))
+        i = j
+
+
+def run(name, attention, cfg, group, device):
+    """Trains cfg.steps steps of the configuration `name` with `attention` (attention_fn's) from
+    cfg.seed: (tokens/s, peak GiB per rank or None on the CPU, losses)."""
+    mode = CONFIGS[name][1]
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    if mode is not None:
+        lt.set_exchange_mode(mode)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    torch.manual_seed(cfg.seed)
+    model = LM(cfg, attention).to(device)
+    params = list(model.parameters())
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.1, fused=cuda)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    losses, times = [], []
+    for step in range(cfg.steps):
+        sync()
+        dist.barrier(group)
+        t0 = time.perf_counter()
+        inputs, targets = batch(step, cfg, rank, world, device)
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            logits = model(inputs)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        loss.backward()
+        all_reduce_mean([p.grad for p in params], group, world)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        reported = loss.detach().clone()
+        dist.all_reduce(reported, group=group)
+        losses.append((reported / world).item())
+        sync()
+        times.append(time.perf_counter() - t0)
+        if rank == 0:
+            print(f"{name} step {step}: loss {losses[-1]:.6f} ({times[-1] * 1e3:.1f} ms)", flush=True)
+    tokens_per_s = cfg.batch * cfg.seq_len / statistics.median(times[cfg.warmup:])
+    peak = None
+    if cuda:
+        peaks = [None] * world
+        dist.all_gather_object(peaks, torch.cuda.max_memory_allocated() / 2**30, group=group)
+        peak = [round(p, 3) for p in peaks]
+    del model, optimizer, params
+    return tokens_per_s, peak, losses
+
+
+def setup_cpu_dry_run(group, rank, world):
+    """lasp_shmem.torch's LASP-2 chunk_gla on the CPU: a runtime with no library behind it (the
+    ops made by the library are never called) and CPU kernels for its custom ops, the peer's
+    composition with its float64 stand-ins for fla in the forward and, in the backward, that
+    composition's states (P from the earlier ranks, D from the later ones) with the float64
+    reference backward of python/tests/reference.py (autograd does not run inside a custom op's
+    kernel)."""
+    sys.path.insert(0, str(ROOT / "python" / "tests"))
+    from reference import gradients
+
+    lt._runtime = lt._Runtime(None, group, tuple(dist.get_process_group_ranks(group)), rank, world, 0)
+    lt._check_device = lambda *args, **kwargs: None
+    # set_exchange_mode loads the library before switching the ops made so far, which are none
+    lt._abi.library = lambda: None
+    torch.cuda.is_current_stream_capturing = lambda: False
+    ops = peer.reference_ops(torch)
+
+    def composition(q, k, v, g, scale):
+        return peer.Peer(q, k, v, g, scale, "chunk_fwd_h", dist, torch, ops, group=group)
+
+    @torch.library.register_kernel("lasp_shmem::chunk_gla_fwd", "cpu")
+    def _(q, k, v, g, h0, scale, want_ht, lasp2, save_states):
+        assert lasp2 and h0 is None and not want_ht, "the model calls LASP-2 without states"
+        o, ht, states = lt._gla_forward_outputs(q, v, want_ht, save_states)
+        o.copy_(composition(q, k, v, g, scale)())
+        states.zero_()  # the backward below recomputes its start state instead of reading these
+        return o, ht, states
+
+    @torch.library.register_kernel("lasp_shmem::chunk_gla_bwd", "cpu")
+    def _(q, k, v, g, h0, states, do, dht, scale, want_dh0, lasp2):
+        c = composition(q, k, v, g, scale)
+        c()
+        c.do = do
+        c.dstates()
+        c.dallgather()
+        c.dfold()
+        outputs = lt._backward_outputs(q, k, v, g, want_dh0)
+        for out, grad in zip(outputs[:4], gradients(q, k, v, g, c.P, do, c.D, scale)):
+            out.copy_(grad)
+        return outputs
+
+
+def model_config(cfg):
+    return dict(layers=cfg.layers, d_model=cfg.d_model, heads=cfg.heads, head_dim=cfg.head_dim,
+                ffn=cfg.ffn, vocab=cfg.vocab, batch=cfg.batch, seq_len=cfg.seq_len,
+                mlp="SwiGLU", norm="RMSNorm", gates="logsigmoid(W_g x) / 16 per key",
+                output="fla GLA output gate: RMSNorm(o) * swish(W_r x) per head, then o_proj",
+                precision="fp32 weights and AdamW, bf16 compute (torch.autocast)",
+                optimizer=f"AdamW lr {cfg.lr} weight_decay 0.1", data=f"Zipf tokens, seed {cfg.seed}")
+
+
+def plot(path, result, compare):
+    try:
+        import matplotlib
+    except ImportError:
+        print("train: matplotlib does not import here, so no plot was written", flush=True)
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = result["losses"] if compare else {result["backend"] + (f" {result['mode']}" if result["mode"] else ""):
+                                             result["losses"]}
+    speeds = result["tokens_per_s"] if compare else {next(iter(runs)): result["tokens_per_s"]}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, losses in runs.items():
+        left.plot(range(len(losses)), losses, label=name)
+    left.set(xlabel="step", ylabel="loss", title=f"GLA LM, W = {result['W']}")
+    left.legend()
+    right.bar(list(speeds), list(speeds.values()))
+    right.set(ylabel="tokens/s", title=f"median after {result['warmup']} warm-up steps")
+    fig.tight_layout()
+    fig.savefig(path)
+    print(f"train: wrote {path}", flush=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", choices=("ours", "fla"), default="ours")
+    ap.add_argument("--mode", choices=("overlapped", "sequential_nccl"), default="overlapped",
+                    help="lasp_shmem's exchange mode (backend ours)")
+    ap.add_argument("--compare", action="store_true",
+                    help="ours overlapped, ours sequential_nccl and the fla peer, one after another")
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--d-model", type=int, default=2048)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--head-dim", type=int, default=128, help="Dk = Dv (64 or 128)")
+    ap.add_argument("--ffn", type=int, default=None, help="SwiGLU hidden size (default: fla's GLA rule)")
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--batch", type=int, default=1, help="sequences per step")
+    ap.add_argument("--seq-len", type=int, default=16384, help="tokens per sequence, over all ranks")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5, help="steps left out of the throughput")
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="the JSON file (rank 0)")
+    ap.add_argument("--dry-run-cpu", action="store_true",
+                    help="gloo on the CPU, float64 stand-ins for both backends, a tiny model: "
+                         "2 layers, d_model 128, 2 heads of 64, vocab 256, seq-len 128, 3 steps, 1 warm-up")
+    cfg = ap.parse_args(argv)
+    if cfg.dry_run_cpu:
+        cfg.layers, cfg.d_model, cfg.heads, cfg.head_dim, cfg.vocab = 2, 128, 2, 64, 256
+        cfg.seq_len, cfg.steps, cfg.warmup, cfg.lr = 128, 3, 1, 1e-2
+    if cfg.ffn is None:
+        cfg.ffn = math.ceil(cfg.d_model * 4 * 2 / 3 / 256) * 256
+    if cfg.steps <= cfg.warmup:
+        ap.error("--steps must exceed --warmup")
+
+    if cfg.dry_run_cpu:
+        device = torch.device("cpu")
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo")
+    else:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    group = dist.group.WORLD
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if cfg.seq_len % world:
+        ap.error(f"--seq-len {cfg.seq_len} does not split into {world} equal shards")
+    names = list(CONFIGS) if cfg.compare else [
+        "fla_peer" if cfg.backend == "fla" else cfg.mode]
+    if any(CONFIGS[n][0] == "ours" for n in names):
+        if cfg.dry_run_cpu:
+            setup_cpu_dry_run(group, rank, world)
+        else:
+            lt.init(group)
+    # every backend's attention before the first step: a missing fla fails the job at once
+    attention = {name: attention_fn(CONFIGS[name][0], group, device) for name in names}
+    results = {name: run(name, attention[name], cfg, group, device) for name in names}
+
+    if rank == 0:
+        result = dict(
+            device=(torch.cuda.get_device_name(device) if device.type == "cuda"
+                    else "cpu (gloo, float64 stand-ins for lasp_shmem and fla)"),
+            commit=os.environ.get("LASP_COMMIT", "unknown"),
+            date=os.environ.get("LASP_DATE", datetime.now(timezone.utc).isoformat(timespec="seconds")),
+            W=world, family="gla", model=model_config(cfg), steps=cfg.steps, warmup=cfg.warmup)
+        if cfg.compare:
+            result.update(
+                tokens_per_s={n: round(r[0], 1) for n, r in results.items()},
+                peak_mem_gib={n: r[1] for n, r in results.items()},
+                loss_bitwise_identical=results["overlapped"][2] == results["sequential_nccl"][2],
+                losses={n: r[2] for n, r in results.items()})
+        else:
+            [(name, (speed, peak, losses))] = results.items()
+            backend, mode = CONFIGS[name]
+            result.update(backend=backend, mode=mode, tokens_per_s=round(speed, 1), peak_mem_gib=peak,
+                          losses=losses)
+        print(json.dumps({k: v for k, v in result.items() if k != "losses"}), flush=True)
+        if cfg.out:
+            Path(cfg.out).write_text(json.dumps(result, indent=2) + "\n")
+            print(f"train: wrote {cfg.out}", flush=True)
+            plot(Path(cfg.out).with_suffix(".png"), result, cfg.compare)
+    dist.barrier()
+    if not cfg.dry_run_cpu:
+        lt.shutdown()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

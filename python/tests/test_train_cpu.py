@@ -1,0 +1,40 @@
+"""examples/python/train.py's CPU dry run: two gloo ranks train the tiny GLA model with each
+backend (float64 stand-ins for lasp_shmem's kernels and for fla) and write the comparison JSON."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+import lasp_shmem
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
+                    reason="torch.distributed with gloo is not available")
+def test_the_training_dry_run_compares_the_three_configurations(tmp_path):
+    out = tmp_path / "training.json"
+    # the lasp_shmem package these tests import, in the ranks too
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(Path(lasp_shmem.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                    str(ROOT / "examples/python/train.py"), "--dry-run-cpu", "--compare", "--out", str(out)],
+                   env=env, check=True, timeout=120)
+    result = json.loads(out.read_text())
+    configs = {"overlapped", "sequential_nccl", "fla_peer"}
+    assert result["W"] == 2 and result["family"] == "gla"
+    assert set(result["tokens_per_s"]) == set(result["losses"]) == configs
+    assert all(speed > 0 for speed in result["tokens_per_s"].values())
+    assert result["loss_bitwise_identical"]
+    for losses in result["losses"].values():
+        assert len(losses) == result["steps"] and all(map(math.isfinite, losses))
+        assert losses[-1] < losses[0]
+    # the stand-ins compute the same LASP-2 in float64, so the backends agree to bf16's rounding
+    for a, b in zip(result["losses"]["overlapped"], result["losses"]["fla_peer"]):
+        assert a == pytest.approx(b, rel=1e-3)
