@@ -5,9 +5,10 @@ lasp-shmem's chunk_gla against fla's kernels composed with NCCL.
         examples/python/train.py --compare --seq-len 16384 --out training.json
     torchrun --nproc-per-node 4 examples/python/train.py --backend ours --mode overlapped --out ours.json
     torchrun --nproc-per-node 4 examples/python/train.py --backend fla --out fla.json
-    # CPU only (gloo, float64 stand-ins for both backends, a tiny model), also python/tests/test_train_cpu.py:
+    # CPU only (gloo, a tiny model, float64 stand-ins for both backends' kernels), as
+    # python/tests/test_train_cpu.py runs it:
     PYTHONPATH=python python -m torch.distributed.run --standalone --nproc-per-node 2 \\
-        examples/python/train.py --dry-run-cpu --compare
+        python/tests/train_cpu.py --compare
 
 The model (defaults): 24 layers of d_model 2048, each x + GLA(RMSNorm(x)) then x + SwiGLU(RMSNorm(x))
 (hidden 5632, fla's GLA config: 4 x d_model x 2/3 rounded up to 256), untied embedding and head,
@@ -260,48 +261,6 @@ def run(name, attention, cfg, group, device):
     return tokens_per_s, peak, losses
 
 
-def setup_cpu_dry_run(group, rank, world):
-    """lasp_shmem.torch's LASP-2 chunk_gla on the CPU: a runtime with no library behind it (the
-    ops made by the library are never called) and CPU kernels for its custom ops, the peer's
-    composition with its float64 stand-ins for fla in the forward and, in the backward, that
-    composition's states (P from the earlier ranks, D from the later ones) with the float64
-    reference backward of python/tests/reference.py (autograd does not run inside a custom op's
-    kernel)."""
-    sys.path.insert(0, str(ROOT / "python" / "tests"))
-    from reference import gradients
-
-    lt._runtime = lt._Runtime(None, group, tuple(dist.get_process_group_ranks(group)), rank, world, 0)
-    lt._check_device = lambda *args, **kwargs: None
-    # set_exchange_mode loads the library before switching the ops made so far, which are none
-    lt._abi.library = lambda: None
-    torch.cuda.is_current_stream_capturing = lambda: False
-    ops = peer.reference_ops(torch)
-
-    def composition(q, k, v, g, scale):
-        return peer.Peer(q, k, v, g, scale, "chunk_fwd_h", dist, torch, ops, group=group)
-
-    @torch.library.register_kernel("lasp_shmem::chunk_gla_fwd", "cpu")
-    def _(q, k, v, g, h0, scale, want_ht, lasp2, save_states):
-        assert lasp2 and h0 is None and not want_ht, "the model calls LASP-2 without states"
-        o, ht, states = lt._gla_forward_outputs(q, v, want_ht, save_states)
-        o.copy_(composition(q, k, v, g, scale)())
-        states.zero_()  # the backward below recomputes its start state instead of reading these
-        return o, ht, states
-
-    @torch.library.register_kernel("lasp_shmem::chunk_gla_bwd", "cpu")
-    def _(q, k, v, g, h0, states, do, dht, scale, want_dh0, lasp2):
-        c = composition(q, k, v, g, scale)
-        c()
-        c.do = do
-        c.dstates()
-        c.dallgather()
-        c.dfold()
-        outputs = lt._backward_outputs(q, k, v, g, want_dh0)
-        for out, grad in zip(outputs[:4], gradients(q, k, v, g, c.P, do, c.D, scale)):
-            out.copy_(grad)
-        return outputs
-
-
 def model_config(cfg):
     return dict(layers=cfg.layers, d_model=cfg.d_model, heads=cfg.heads, head_dim=cfg.head_dim,
                 ffn=cfg.ffn, vocab=cfg.vocab, batch=cfg.batch, seq_len=cfg.seq_len,
@@ -335,7 +294,9 @@ def plot(path, result, compare):
     print(f"train: wrote {path}", flush=True)
 
 
-def main(argv=None):
+def main(argv=None, init_ours=None):
+    """Runs the benchmark; `init_ours(group, rank, world)` starts lasp_shmem (default: its init on
+    the group; python/tests/train_cpu.py passes CPU stand-ins)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backend", choices=("ours", "fla"), default="ours")
     ap.add_argument("--mode", choices=("overlapped", "sequential_nccl"), default="overlapped",
@@ -355,11 +316,12 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="the JSON file (rank 0)")
-    ap.add_argument("--dry-run-cpu", action="store_true",
-                    help="gloo on the CPU, float64 stand-ins for both backends, a tiny model: "
-                         "2 layers, d_model 128, 2 heads of 64, vocab 256, seq-len 128, 3 steps, 1 warm-up")
+    ap.add_argument("--cpu", action="store_true",
+                    help="gloo on the CPU and a tiny model (2 layers, d_model 128, 2 heads of 64, vocab "
+                         "256, seq-len 128, 3 steps, 1 warm-up), to check the plumbing; fla runs on its "
+                         "float64 stand-ins, lasp_shmem on those python/tests/train_cpu.py installs")
     cfg = ap.parse_args(argv)
-    if cfg.dry_run_cpu:
+    if cfg.cpu:
         cfg.layers, cfg.d_model, cfg.heads, cfg.head_dim, cfg.vocab = 2, 128, 2, 64, 256
         cfg.seq_len, cfg.steps, cfg.warmup, cfg.lr = 128, 3, 1, 1e-2
     if cfg.ffn is None:
@@ -367,7 +329,7 @@ def main(argv=None):
     if cfg.steps <= cfg.warmup:
         ap.error("--steps must exceed --warmup")
 
-    if cfg.dry_run_cpu:
+    if cfg.cpu:
         device = torch.device("cpu")
         torch.set_num_threads(1)
         dist.init_process_group("gloo")
@@ -382,10 +344,7 @@ def main(argv=None):
     names = list(CONFIGS) if cfg.compare else [
         "fla_peer" if cfg.backend == "fla" else cfg.mode]
     if any(CONFIGS[n][0] == "ours" for n in names):
-        if cfg.dry_run_cpu:
-            setup_cpu_dry_run(group, rank, world)
-        else:
-            lt.init(group)
+        (init_ours or (lambda group, rank, world: lt.init(group)))(group, rank, world)
     # every backend's attention before the first step: a missing fla fails the job at once
     attention = {name: attention_fn(CONFIGS[name][0], group, device) for name in names}
     results = {name: run(name, attention[name], cfg, group, device) for name in names}
@@ -414,7 +373,7 @@ def main(argv=None):
             print(f"train: wrote {cfg.out}", flush=True)
             plot(Path(cfg.out).with_suffix(".png"), result, cfg.compare)
     dist.barrier()
-    if not cfg.dry_run_cpu:
+    if init_ours is None and any(CONFIGS[n][0] == "ours" for n in names):
         lt.shutdown()
     dist.destroy_process_group()
     return 0

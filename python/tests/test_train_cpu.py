@@ -1,5 +1,6 @@
-"""examples/python/train.py's CPU dry run: two gloo ranks train the tiny GLA model with each
-backend (float64 stand-ins for lasp_shmem's kernels and for fla) and write the comparison JSON."""
+"""examples/python/train.py on the CPU (train_cpu.py): two gloo ranks train the tiny GLA model with
+each backend (float64 stand-ins for lasp_shmem's kernels and for fla) and write the comparison
+JSON."""
 
 import json
 import math
@@ -24,7 +25,7 @@ def test_the_training_dry_run_compares_the_three_configurations(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(Path(lasp_shmem.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                    str(ROOT / "examples/python/train.py"), "--dry-run-cpu", "--compare", "--out", str(out)],
+                    str(ROOT / "python/tests/train_cpu.py"), "--compare", "--out", str(out)],
                    env=env, check=True, timeout=120)
     result = json.loads(out.read_text())
     configs = {"overlapped", "sequential_nccl", "fla_peer"}
