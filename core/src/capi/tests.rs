@@ -602,6 +602,74 @@ fn gla_backward_tensors(t: usize) -> Tensors {
     tensors
 }
 
+/// What a GLA op with the backward (`desc`, `kind` as its messages name it: "one GPU" or
+/// "LASP-2") and its forward-only twin accept at T = 130 (three chunks, the last partial): the
+/// forward's chunk states optional, the backward's h0, dht and dh0 optional and its chunk states
+/// required (by plan_call and through the entry point), no backward without the flag. Returns the
+/// forward's and the backward's tensors (every optional slot of the backward filled).
+fn check_gla_chunk_states(desc: OpDesc, kind: &str) -> (Tensors, Tensors) {
+    let spec = OpSpec::of(&desc).unwrap();
+    let accepted =
+        |direction, tensors: &Tensors| plan_call(&spec, direction, &call(130), tensors).map(|_| ());
+    // The chunk states are optional: a forward that no backward follows writes none.
+    let forward = gla_saving_forward_tensors(130);
+    accepted(Direction::Forward, &forward).unwrap();
+    let mut inference = forward;
+    inference.slot[Slot::ChunkStates as usize] = Tensor::default();
+    accepted(Direction::Forward, &inference).unwrap();
+
+    let mut backward = gla_backward_tensors(130);
+    accepted(Direction::Backward, &backward).unwrap();
+    for slot in [Slot::H0, Slot::Dht, Slot::Dh0] {
+        backward.slot[slot as usize] = tensor(Dtype::F32, GLA_STATE);
+    }
+    accepted(Direction::Backward, &backward).unwrap();
+    let mut unsaved = backward;
+    unsaved.slot[Slot::ChunkStates as usize] = Tensor::default();
+    let msg = plan_error(desc, Direction::Backward, call(130), unsaved);
+    assert!(
+        msg.contains(&format!(
+            "LASP_SLOT_CHUNK_STATES is empty but lasp_op_backward of GLA ({kind}) needs it: \
+             [B*H, ceil(T / 64), Dk, Dv] bf16"
+        )),
+        "{msg}"
+    );
+
+    // A forward-only op writes no chunk states (nothing would read them) and has no backward.
+    let forward_only = OpDesc { flags: 0, ..desc };
+    let msg = plan_error(forward_only, Direction::Forward, call(130), forward);
+    assert!(
+        msg.contains(&format!(
+            "LASP_SLOT_CHUNK_STATES is filled but lasp_op_forward of GLA ({kind})"
+        )),
+        "{msg}"
+    );
+    let msg = plan_error(forward_only, Direction::Backward, call(130), backward);
+    assert!(
+        msg.contains("the op was created without LASP_OP_WITH_BACKWARD"),
+        "{msg}"
+    );
+
+    // The same checks through the entry point, as a binding's tests call it.
+    // SAFETY: every pointer points at a live struct of its type.
+    unsafe {
+        let status = lasp_op_check_call(
+            &desc,
+            LASP_DIRECTION_BACKWARD,
+            &call(130),
+            &gla_backward_tensors(130),
+        );
+        assert_eq!(status, LASP_OK, "{}", last_error());
+        let status = lasp_op_check_call(&desc, LASP_DIRECTION_BACKWARD, &call(130), &unsaved);
+        assert_eq!(status, LASP_ERROR_INVALID_ARGUMENT);
+        assert!(last_error().contains("LASP_SLOT_CHUNK_STATES is empty"));
+    }
+    (forward, backward)
+}
+
+/// Elements of one [B, H, Dk, Dv] state of the GLA tensors above.
+const GLA_STATE: usize = 2 * 3 * 64 * 64;
+
 #[test]
 fn gla_on_one_gpu_saves_chunk_states_for_its_backward() {
     let desc = OpDesc {
@@ -609,17 +677,7 @@ fn gla_on_one_gpu_saves_chunk_states_for_its_backward() {
         kind: LASP_KIND_SINGLE_GPU,
         ..lasp2_desc()
     };
-    let spec = OpSpec::of(&desc).unwrap();
-    let accepted = |direction, t: usize, tensors: &Tensors| {
-        plan_call(&spec, direction, &call(t as i64), tensors).map(|_| ())
-    };
-    // T = 130: three chunks, the last partial.
-    let forward = gla_saving_forward_tensors(130);
-    accepted(Direction::Forward, 130, &forward).unwrap();
-    // The chunk states are optional: a forward that no backward follows writes none.
-    let mut inference = forward;
-    inference.slot[Slot::ChunkStates as usize] = Tensor::default();
-    accepted(Direction::Forward, 130, &inference).unwrap();
+    let (forward, backward) = check_gla_chunk_states(desc, "one GPU");
     let mut per_token = forward;
     per_token.slot[Slot::ChunkStates as usize] = tensor(Dtype::Bf16, 2 * 3 * 130 * 64 * 64);
     let msg = plan_error(desc, Direction::Forward, call(130), per_token);
@@ -637,25 +695,6 @@ fn gla_on_one_gpu_saves_chunk_states_for_its_backward() {
         msg.contains("LASP_SLOT_CHUNK_STATES is LASP_DTYPE_F32 but must be LASP_DTYPE_BF16"),
         "{msg}"
     );
-
-    // The backward: h0, dht and dh0 optional, the chunk states required.
-    let mut backward = gla_backward_tensors(130);
-    accepted(Direction::Backward, 130, &backward).unwrap();
-    let state = 2 * 3 * 64 * 64;
-    for slot in [Slot::H0, Slot::Dht, Slot::Dh0] {
-        backward.slot[slot as usize] = tensor(Dtype::F32, state);
-    }
-    accepted(Direction::Backward, 130, &backward).unwrap();
-    let mut unsaved = backward;
-    unsaved.slot[Slot::ChunkStates as usize] = Tensor::default();
-    let msg = plan_error(desc, Direction::Backward, call(130), unsaved);
-    assert!(
-        msg.contains(
-            "LASP_SLOT_CHUNK_STATES is empty but lasp_op_backward of GLA (one GPU) needs it: \
-             [B*H, ceil(T / 64), Dk, Dv] bf16"
-        ),
-        "{msg}"
-    );
     // dg is per key dimension, like g.
     let mut scalar_dg = backward;
     scalar_dg.slot[Slot::Dg as usize] = tensor(Dtype::F32, 2 * 130 * 3);
@@ -665,37 +704,9 @@ fn gla_on_one_gpu_saves_chunk_states_for_its_backward() {
         "{msg}"
     );
     let mut with_start_state = backward;
-    with_start_state.slot[Slot::StartState as usize] = tensor(Dtype::F32, state);
+    with_start_state.slot[Slot::StartState as usize] = tensor(Dtype::F32, GLA_STATE);
     let msg = plan_error(desc, Direction::Backward, call(130), with_start_state);
     assert!(msg.contains("LASP_SLOT_START_STATE is filled"), "{msg}");
-
-    // A forward-only op writes no chunk states and has no backward.
-    let forward_only = OpDesc { flags: 0, ..desc };
-    let msg = plan_error(forward_only, Direction::Forward, call(130), forward);
-    assert!(
-        msg.contains("LASP_SLOT_CHUNK_STATES is filled but lasp_op_forward of GLA (one GPU)"),
-        "{msg}"
-    );
-    let msg = plan_error(forward_only, Direction::Backward, call(130), backward);
-    assert!(
-        msg.contains("the op was created without LASP_OP_WITH_BACKWARD"),
-        "{msg}"
-    );
-
-    // The same checks through the entry point, as a binding's tests call it.
-    // SAFETY: every pointer points at a live struct of its type.
-    unsafe {
-        let status = lasp_op_check_call(
-            &desc,
-            LASP_DIRECTION_BACKWARD,
-            &call(130),
-            &gla_backward_tensors(130),
-        );
-        assert_eq!(status, LASP_OK, "{}", last_error());
-        let status = lasp_op_check_call(&desc, LASP_DIRECTION_BACKWARD, &call(130), &unsaved);
-        assert_eq!(status, LASP_ERROR_INVALID_ARGUMENT);
-        assert!(last_error().contains("LASP_SLOT_CHUNK_STATES is empty"));
-    }
 }
 
 #[test]
@@ -704,65 +715,27 @@ fn gla_across_the_ranks_saves_chunk_states_for_its_backward() {
         family: LASP_FAMILY_GLA,
         ..lasp2_desc()
     };
-    let spec = OpSpec::of(&desc).unwrap();
-    let accepted =
-        |direction, tensors: &Tensors| plan_call(&spec, direction, &call(130), tensors).map(|_| ());
-    // The forward: the shard's chunk states where a backward follows, nothing more otherwise.
-    let forward = gla_saving_forward_tensors(130);
-    accepted(Direction::Forward, &forward).unwrap();
-    let mut inference = forward;
-    inference.slot[Slot::ChunkStates as usize] = Tensor::default();
-    accepted(Direction::Forward, &inference).unwrap();
-    // The chunk states hold the earlier ranks' prefix: there is no start state to save.
-    let state = 2 * 3 * 64 * 64;
+    // h0, dht and dh0 are optional here too: which rank may pass dht (the last) and dh0 (rank 0)
+    // is the op's check, on the device's rank.
+    let (forward, backward) = check_gla_chunk_states(desc, "LASP-2");
+    // The chunk states hold the earlier ranks' prefix: there is no start state to save or read.
     let mut with_start_state = forward;
-    with_start_state.slot[Slot::StartState as usize] = tensor(Dtype::F32, state);
+    with_start_state.slot[Slot::StartState as usize] = tensor(Dtype::F32, GLA_STATE);
     let msg = plan_error(desc, Direction::Forward, call(130), with_start_state);
     assert!(
         msg.contains("LASP_SLOT_START_STATE is filled but lasp_op_forward of GLA (LASP-2)"),
         "{msg}"
     );
-
-    // The backward has the single-GPU backward's slots. h0, dht and dh0 are optional here: which
-    // rank may pass dht (the last) and dh0 (rank 0) is the op's check, on the device's rank.
-    let mut backward = gla_backward_tensors(130);
-    accepted(Direction::Backward, &backward).unwrap();
-    for slot in [Slot::H0, Slot::Dht, Slot::Dh0] {
-        backward.slot[slot as usize] = tensor(Dtype::F32, state);
-    }
-    accepted(Direction::Backward, &backward).unwrap();
-    let mut unsaved = backward;
-    unsaved.slot[Slot::ChunkStates as usize] = Tensor::default();
-    let msg = plan_error(desc, Direction::Backward, call(130), unsaved);
-    assert!(
-        msg.contains(
-            "LASP_SLOT_CHUNK_STATES is empty but lasp_op_backward of GLA (LASP-2) needs it: \
-             [B*H, ceil(T / 64), Dk, Dv] bf16"
-        ),
-        "{msg}"
-    );
     let mut from_start_state = backward;
-    from_start_state.slot[Slot::StartState as usize] = tensor(Dtype::F32, state);
+    from_start_state.slot[Slot::StartState as usize] = tensor(Dtype::F32, GLA_STATE);
     let msg = plan_error(desc, Direction::Backward, call(130), from_start_state);
     assert!(
         msg.contains("LASP_SLOT_START_STATE is filled but lasp_op_backward of GLA (LASP-2)"),
         "{msg}"
     );
 
-    // A forward-only op writes no chunk states (nothing would read them) and has no backward.
-    let forward_only = OpDesc { flags: 0, ..desc };
-    let msg = plan_error(forward_only, Direction::Forward, call(130), forward);
-    assert!(
-        msg.contains("LASP_SLOT_CHUNK_STATES is filled but lasp_op_forward of GLA (LASP-2)"),
-        "{msg}"
-    );
-    let msg = plan_error(forward_only, Direction::Backward, call(130), backward);
-    assert!(
-        msg.contains("the op was created without LASP_OP_WITH_BACKWARD"),
-        "{msg}"
-    );
-
     // The backward's chain doubles the symmetric memory, as scalar decay's does.
+    let forward_only = OpDesc { flags: 0, ..desc };
     let bytes = |desc: OpDesc| {
         let mut out = 0u64;
         // SAFETY: a valid descriptor and out-pointer.
@@ -772,21 +745,6 @@ fn gla_across_the_ranks_saves_chunk_states_for_its_backward() {
     };
     assert!(bytes(forward_only) > 0);
     assert_eq!(bytes(desc), 2 * bytes(forward_only));
-
-    // The same checks through the entry point, as a binding's tests call it.
-    // SAFETY: every pointer points at a live struct of its type.
-    unsafe {
-        let status = lasp_op_check_call(
-            &desc,
-            LASP_DIRECTION_BACKWARD,
-            &call(130),
-            &gla_backward_tensors(130),
-        );
-        assert_eq!(status, LASP_OK, "{}", last_error());
-        let status = lasp_op_check_call(&desc, LASP_DIRECTION_BACKWARD, &call(130), &unsaved);
-        assert_eq!(status, LASP_ERROR_INVALID_ARGUMENT);
-        assert!(last_error().contains("LASP_SLOT_CHUNK_STATES is empty"));
-    }
 }
 
 #[test]
