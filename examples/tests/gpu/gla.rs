@@ -49,17 +49,19 @@ struct Case {
     seed: u64,
 }
 
+/// A case's name up to its gate regime: `{prefix}_B.._H.._T.._Dk.._Dv.._{regime}`.
+fn shape_name(prefix: &str, s: &Shape, regime: Regime) -> String {
+    format!(
+        "{prefix}_B{}_H{}_T{}_Dk{}_Dv{}_{regime:?}",
+        s.b, s.h, s.t, s.dk, s.dv
+    )
+}
+
 impl Case {
     fn name(&self) -> String {
-        let s = &self.shape;
         format!(
-            "gla_B{}_H{}_T{}_Dk{}_Dv{}_{:?}{}{}{}",
-            s.b,
-            s.h,
-            s.t,
-            s.dk,
-            s.dv,
-            self.regime,
+            "{}{}{}{}",
+            shape_name("gla", &self.shape, self.regime),
             if self.h0 { "_h0" } else { "" },
             self.segments.map_or(String::new(), |n| format!("_S{n}")),
             self.splits.map_or(String::new(), |n| format!("_R{n}"))
@@ -431,15 +433,9 @@ struct BackwardCase {
 
 impl BackwardCase {
     fn name(&self) -> String {
-        let s = &self.shape;
         format!(
-            "gla_bwd_B{}_H{}_T{}_Dk{}_Dv{}_{:?}{}{}{}",
-            s.b,
-            s.h,
-            s.t,
-            s.dk,
-            s.dv,
-            self.regime,
+            "{}{}{}{}",
+            shape_name("gla_bwd", &self.shape, self.regime),
             if self.h0 { "_h0" } else { "" },
             if self.dht { "_dht" } else { "" },
             self.segments.map_or(String::new(), |n| format!("_S{n}"))
