@@ -1,78 +1,133 @@
 """Merges GLA's LASP-2 timings (ours and the fla + NCCL peer, measured in one job) into gla.json.
 
-    python3 benches/gla_lasp2_report.py --ours ours_w1.json ours_w2.json \
-        --peer peer_w1.json peer_w2.json --into benches/results/gla.json
+    python3 benches/gla_lasp2_report.py --device '4x NVIDIA H100 80GB HBM3' --bit-identical \\
+        --ours ours_w4_1.json ours_w4_2.json ours_w4_3.json \\
+        --ours-step step_w4_1.json step_w4_2.json step_w4_3.json \\
+        --peer peer_w4_1.json peer_w4_2.json peer_w4_3.json --into benches/results/gla.json
 
-ours_w*.json: what `lasp-run -n W gla_lasp2 --no-check --time ... --json FILE` wrote (one row per
-shape: W, B, T_local, H, D, every mode's slowest-rank median, per_rank_ms). peer_w*.json: what
-`torchrun --nproc-per-node W benches/gla_lasp2_peer.py --out FILE` wrote. The rows of both are
-matched by (W, B, T_local, H, D) and written as gla.json's `lasp2` list, with `lasp2_device`,
-`lasp2_commit`, `lasp2_date` (env LASP_COMMIT / LASP_DATE, else the peer file's), the method, and
-`bit_identical` (set by --bit-identical: the checks of the same build passed, every mode bitwise
-equal). A shape missing on either side is an error (exit 1).
+--ours: what `lasp-run -n W gla_lasp2 --no-check --time ... --json FILE` wrote (one row per shape:
+W, B, T_local, H, D, every mode's slowest-rank median, per_rank_ms); --ours-step: the same with
+--with-backward (a timed call is a training step). --peer: what `torchrun --nproc-per-node W
+benches/gla_lasp2_peer.py [--with-backward] --out FILE` wrote (fla_peer_ms, and fla_peer_step_ms
+with --with-backward). Each file is one process's; a shape measured in several processes gets the
+median of their values, the per-process values kept beside it (fla's times vary between processes).
+
+Rows are matched by (W, B, T_local, H, D); a shape missing on the peer's side is an error (exit 1).
+The forward rows go to gla.json's `lasp2` list, the training-step rows (with --ours-step) to
+`lasp2_forward_backward`'s. Each row carries its own `commit` (env LASP_COMMIT), `date` (env
+LASP_DATE, else now), `device` and `bit_identical` (--bit-identical: the checks of the same build
+passed, every mode bitwise equal), and replaces the row of the same key, so that a job that
+re-measures some W leaves the others as they were, with their own provenance.
 """
 import argparse
 import json
 import os
+import statistics
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
+
+MODES = ("overlapped_ms", "sequential_nccl_ms", "sequential_nvshmem_ms", "no_comm_ms")
+PEER_PARTS = ("states_ms", "allgather_ms", "fold_ms", "forward_ms")
 
 
 def key(row):
     return (row["W"], row["B"], row["T_local"], row["H"], row["D"])
 
 
-def merge(ours_rows, peer_rows):
-    peers = {key(r): r for r in peer_rows}
+def by_shape(files):
+    """{key: [that shape's row of every process that measured it]} over one side's files."""
+    rows = {}
+    for f in files:
+        doc = json.loads(Path(f).read_text())
+        for r in doc["rows"] if isinstance(doc, dict) else doc:
+            rows.setdefault(key(r), []).append(r)
+    return rows
+
+
+def median_of(rows, field):
+    """(the median over processes of rows' `field`, the per-process values)."""
+    per = [r[field] for r in rows]
+    return round(statistics.median(per), 5), per
+
+
+def merge(ours, peers, peer_field, provenance):
+    """One gla.json row per shape of `ours`: every mode's and the peer's `peer_field` as medians
+    over processes, their ratios and the per-process values."""
     out = []
-    for r in ours_rows:
-        p = peers.get(key(r))
-        if p is None:
-            raise SystemExit(f"no peer row for W={r['W']} B={r['B']} T_local={r['T_local']}")
-        ovl = r["overlapped_ms"]
-        out.append(dict(
-            W=r["W"], B=r["B"], T_local=r["T_local"], H=r["H"], D=r["D"],
-            overlapped_ms=ovl, sequential_nccl_ms=r["sequential_nccl_ms"],
-            sequential_nvshmem_ms=r["sequential_nvshmem_ms"], no_comm_ms=r["no_comm_ms"],
-            fla_peer_ms=p["fla_peer_ms"],
-            peer_over_overlapped=round(p["fla_peer_ms"] / ovl, 3),
-            nccl_over_overlapped=round(r["sequential_nccl_ms"] / ovl, 3),
-            overlapped_over_no_comm=round(ovl / r["no_comm_ms"], 3),
-            per_rank_ms=r["per_rank_ms"],
-            peer_parts_ms={k: p[k] for k in ("states_ms", "allgather_ms", "fold_ms", "forward_ms")},
-        ))
+    for k, runs in sorted(ours.items()):
+        if k not in peers or peer_field not in peers[k][0]:
+            raise SystemExit(f"no peer {peer_field} for W={k[0]} B={k[1]} T_local={k[2]}")
+        row = dict(zip(("W", "B", "T_local", "H", "D"), k))
+        per_process = {}
+        for field in MODES:
+            row[field], per_process[field] = median_of(runs, field)
+        row["fla_peer_ms"], per_process["fla_peer_ms"] = median_of(peers[k], peer_field)
+        ovl = row["overlapped_ms"]
+        row.update(
+            peer_over_overlapped=round(row["fla_peer_ms"] / ovl, 3),
+            nccl_over_overlapped=round(row["sequential_nccl_ms"] / ovl, 3),
+            overlapped_over_no_comm=round(ovl / row["no_comm_ms"], 3),
+            processes={"ours": len(runs), "peer": len(peers[k])},
+            per_process_ms=per_process,
+            per_rank_ms_first_process=runs[0]["per_rank_ms"],
+        )
+        if peer_field == "fla_peer_ms":
+            row["peer_parts_ms"] = {p: median_of(peers[k], p)[0] for p in PEER_PARTS}
+        else:
+            row["peer_parts_ms"] = {p: statistics.median(r["step_parts_ms"][p] for r in peers[k])
+                                    for p in peers[k][0]["step_parts_ms"]}
+        row.update(provenance)
+        out.append(row)
     return out
+
+
+def replace_rows(old, new):
+    """`old` without the rows whose key a row of `new` has, then `new`, sorted by key."""
+    keys = {key(r) for r in new}
+    return sorted([r for r in old if key(r) not in keys] + new, key=key)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ours", nargs="+", type=Path, required=True)
+    ap.add_argument("--ours-step", nargs="*", type=Path, default=[])
     ap.add_argument("--peer", nargs="+", type=Path, required=True)
     ap.add_argument("--into", type=Path, required=True)
-    ap.add_argument("--device", required=True, help="the job's GPUs, e.g. '2x NVIDIA H100 80GB HBM3'")
+    ap.add_argument("--device", required=True, help="the job's GPUs, e.g. '4x NVIDIA H100 80GB HBM3'")
     ap.add_argument("--bit-identical", action="store_true")
     a = ap.parse_args(argv)
-    ours = [r for f in a.ours for r in json.loads(f.read_text())]
-    peer_files = [json.loads(f.read_text()) for f in a.peer]
-    rows = merge(ours, [r for p in peer_files for r in p["rows"]])
+    provenance = dict(
+        commit=os.environ.get("LASP_COMMIT", "unknown"),
+        date=os.environ.get("LASP_DATE", datetime.now(timezone.utc).isoformat(timespec="seconds")),
+        device=a.device, bit_identical=bool(a.bit_identical))
+    peers = by_shape(a.peer)
+    forward = merge(by_shape(a.ours), peers, "fla_peer_ms", provenance)
+    step = merge(by_shape(a.ours_step), peers, "fla_peer_step_ms", provenance) if a.ours_step else []
+
     doc = json.loads(a.into.read_text()) if a.into.exists() else {}
-    doc.update(
-        lasp2_device=a.device,
-        lasp2_commit=os.environ.get("LASP_COMMIT", peer_files[0].get("commit")),
-        lasp2_date=os.environ.get("LASP_DATE", peer_files[0].get("date")),
-        lasp2_method=("ours: gla_lasp2 --time, every mode in turns (6 rounds of 2 untimed and 5 timed "
-                      "calls per mode, each after an on-stream barrier, CUDA events), per rank the "
-                      "median, the row the slowest rank; peer: benches/gla_lasp2_peer.py in the same "
-                      "job (fla states pass, NCCL all-gather, fold, fla chunk_gla from the prefix), "
-                      "same per-rank rule"),
-        bit_identical=bool(a.bit_identical),
-        lasp2=rows,
-    )
+    doc["lasp2_method"] = (
+        "ours: gla_lasp2 --time, every mode in turns (6 rounds of 2 untimed and 5 timed calls per mode, "
+        "each after an on-stream barrier, CUDA events), per rank the median, per process the slowest "
+        "rank; peer: benches/gla_lasp2_peer.py in the same job (fla states pass, NCCL all-gather, "
+        "fold, fla chunk_gla from the prefix), same per-rank rule; each side in its own processes, "
+        "the row the median over processes (per_process_ms)")
+    doc["lasp2"] = replace_rows(doc.get("lasp2", []), forward)
+    if step:
+        fb = doc.setdefault("lasp2_forward_backward", {})
+        fb["method"] = (
+            "gla_lasp2 --time --with-backward: a timed call is a training step, the LASP-2 forward "
+            "saving its chunk states then the LASP-2 backward from a fixed random do (no dht), "
+            "timed as the forward rows; peer: benches/gla_lasp2_peer.py --with-backward, fla's "
+            "training step composed with NCCL (chunk_fwd_h, all-gather, fold, chunk_gla forward; "
+            "chunk_bwd_dh, all-gather, descending fold, chunk_gla backward), fla_peer_ms its step")
+        fb["rows"] = replace_rows(fb.get("rows", []), step)
     a.into.write_text(json.dumps(doc, indent=2) + "\n")
-    for r in rows:
-        print(f"W={r['W']} B={r['B']} T_local={r['T_local']}: overlapped {r['overlapped_ms']:.4f} ms, "
-              f"NCCL {r['sequential_nccl_ms']:.4f}, no-comm {r['no_comm_ms']:.4f}, peer {r['fla_peer_ms']:.4f} "
-              f"({r['peer_over_overlapped']:.2f}x)")
+    for name, rows in (("forward", forward), ("training step", step)):
+        for r in rows:
+            print(f"{name} W={r['W']} B={r['B']} T_local={r['T_local']}: overlapped {r['overlapped_ms']:.4f} ms, "
+                  f"NCCL {r['sequential_nccl_ms']:.4f}, no-comm {r['no_comm_ms']:.4f}, "
+                  f"peer {r['fla_peer_ms']:.4f} ({r['peer_over_overlapped']:.2f}x)")
     return 0
 
 

@@ -16,7 +16,9 @@ vocabulary 32000. The GLA token mixing: 16 heads of Dk = Dv = 128; q, k, v and t
 g = logsigmoid(W_g x) / 16 (fla's GLA layer convention, with a full-rank W_g) are projections of x;
 the attention's output goes through fla's GLA output gate (per-head RMSNorm times swish(W_r x))
 and the output projection. Weights are fp32 (the master copy AdamW updates) and the compute is
-bf16 under torch.autocast; q, k, v enter the attention in bf16, g in fp32.
+bf16 under torch.autocast; q, k, v enter the attention in bf16, g in fp32. With --compile the
+token-local elementwise steps (the norms, the gates, the output gate, SwiGLU's product) run through
+torch.compile, in both backends alike; the attention and the projections run as they are.
 
 Sequence parallel over the W ranks: every step draws B sequences of seq-len + 1 tokens from a
 seeded generator (Zipf-distributed, so the loss has somewhere to go; the same on every rank), and
@@ -103,15 +105,38 @@ class FlaPeerGLA(torch.autograd.Function):
         return (*composition.backward(), None, None, None)
 
 
+def rms_norm(x, weight, eps):
+    # in fp32 whatever the input, as fla's norms compute
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * weight).to(x.dtype)
+
+
+def swiglu(gate, up):
+    return F.silu(gate) * up
+
+
+def log_gates(x):
+    """fla's GLA gates: logsigmoid in fp32, over 16 (its gate_logit_normalizer)."""
+    return F.logsigmoid(x.float()) / 16
+
+
+def output_gate(o, weight, eps, r):
+    """fla's GLA output gate: per-head RMSNorm of the attention's output times swish(r)."""
+    return rms_norm(o, weight, eps) * F.silu(r)
+
+
+# The token-local elementwise steps; --compile replaces each with its torch.compile (inductor fuses
+# each into one or two kernels, in both backends alike), the default runs them eagerly.
+TOKEN_LOCAL = dict(rms_norm=rms_norm, swiglu=swiglu, log_gates=log_gates, output_gate=output_gate)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim, eps=1e-6):
         super().__init__()
         self.weight, self.eps = nn.Parameter(torch.ones(dim)), eps
 
     def forward(self, x):
-        # in fp32 whatever the input, as fla's norms compute
-        x32 = x.float()
-        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight).to(x.dtype)
+        return TOKEN_LOCAL["rms_norm"](x, self.weight, self.eps)
 
 
 class GLA(nn.Module):
@@ -131,11 +156,11 @@ class GLA(nn.Module):
         B, T, _ = x.shape
         heads = lambda y: y.view(B, T, self.heads, self.head_dim)  # noqa: E731
         q, k, v = (heads(p(x)).to(torch.bfloat16) for p in (self.q_proj, self.k_proj, self.v_proj))
-        g = heads(F.logsigmoid(self.gk_proj(x).float()) / 16)
+        g = heads(TOKEN_LOCAL["log_gates"](self.gk_proj(x)))
         # the LASP-2 backends take their inputs' dtypes as they are (bf16 q, k, v, fp32 g)
         with torch.autocast(x.device.type, enabled=False):
             o = self.attention(q, k, v, g)
-        o = self.o_norm(o) * F.silu(heads(self.r_proj(x)))
+        o = TOKEN_LOCAL["output_gate"](o, self.o_norm.weight, self.o_norm.eps, heads(self.r_proj(x)))
         return self.o_proj(o.reshape(B, T, -1))
 
 
@@ -146,7 +171,7 @@ class SwiGLU(nn.Module):
         self.down = nn.Linear(hidden, d_model, bias=False)
 
     def forward(self, x):
-        return self.down(F.silu(self.gate(x)) * self.up(x))
+        return self.down(TOKEN_LOCAL["swiglu"](self.gate(x), self.up(x)))
 
 
 class Block(nn.Module):
@@ -267,7 +292,8 @@ def model_config(cfg):
                 mlp="SwiGLU", norm="RMSNorm", gates="logsigmoid(W_g x) / 16 per key",
                 output="fla GLA output gate: RMSNorm(o) * swish(W_r x) per head, then o_proj",
                 precision="fp32 weights and AdamW, bf16 compute (torch.autocast)",
-                optimizer=f"AdamW lr {cfg.lr} weight_decay 0.1", data=f"Zipf tokens, seed {cfg.seed}")
+                optimizer=f"AdamW lr {cfg.lr} weight_decay 0.1", data=f"Zipf tokens, seed {cfg.seed}",
+                token_local="torch.compile" if cfg.compile else "eager")
 
 
 def plot(path, result, compare):
@@ -315,6 +341,8 @@ def main(argv=None, init_ours=None):
     ap.add_argument("--warmup", type=int, default=5, help="steps left out of the throughput")
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile the token-local elementwise steps (norms, gates, SwiGLU)")
     ap.add_argument("--out", default=None, help="the JSON file (rank 0)")
     ap.add_argument("--cpu", action="store_true",
                     help="gloo on the CPU and a tiny model (2 layers, d_model 128, 2 heads of 64, vocab "
@@ -328,12 +356,18 @@ def main(argv=None, init_ours=None):
         cfg.ffn = math.ceil(cfg.d_model * 4 * 2 / 3 / 256) * 256
     if cfg.steps <= cfg.warmup:
         ap.error("--steps must exceed --warmup")
+    if cfg.compile:
+        TOKEN_LOCAL.update({name: torch.compile(fn, dynamic=False) for name, fn in TOKEN_LOCAL.items()})
 
     if cfg.cpu:
         device = torch.device("cpu")
         torch.set_num_threads(1)
         dist.init_process_group("gloo")
     else:
+        # The deterministic variants of torch's own ops, so that two configurations of the same
+        # arithmetic give the same bits (cuBLAS needs this workspace setting before it starts).
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device)
