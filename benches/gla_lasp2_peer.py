@@ -71,6 +71,12 @@ JSON object (device, commit from env LASP_COMMIT, date from env LASP_DATE, metho
 rows).
 
 Needs torch with CUDA and NCCL, and fla-core 0.6.0 (its wheel unpacked on PYTHONPATH, einops beside it).
+Time: on a node whose Triton cache is empty, fla autotunes each kernel once per (chunk size, Dk, Dv)
+by compiling and timing every configuration, about 40 s per kernel on a 4x H100 node: over three
+minutes for the forward, and for --with-backward more than the seven minutes (420 s over two
+processes sharing one cache) that one job gave it (the check's D and the timed D each autotune).
+fla keeps the winners in Triton's cache (FLA_CACHE_RESULTS, on by default), so a run with the
+TRITON_CACHE_DIR of an earlier one on the same GPU model, Triton and fla starts at once.
 Exit status: 0 when the check passed and every shape ran; 1 when the check failed or a rank raised
 (torchrun then ends the others); 2 for bad arguments.
 """

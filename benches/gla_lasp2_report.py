@@ -12,7 +12,8 @@ benches/gla_lasp2_peer.py [--with-backward] --out FILE` wrote (fla_peer_ms, and 
 with --with-backward). Each file is one process's; a shape measured in several processes gets the
 median of their values, the per-process values kept beside it (fla's times vary between processes).
 
-Rows are matched by (W, B, T_local, H, D); a shape missing on the peer's side is an error (exit 1).
+Rows are matched by (W, B, T_local, H, D); a forward shape missing on the peer's side is an error
+(exit 1), a training-step shape without the peer's step gets fla_peer_ms null.
 The forward rows go to gla.json's `lasp2` list, the training-step rows (with --ours-step) to
 `lasp2_forward_backward`'s. Each row carries its own `commit` (env LASP_COMMIT), `date` (env
 LASP_DATE, else now), `device` and `bit_identical` (--bit-identical: the checks of the same build
@@ -51,32 +52,36 @@ def median_of(rows, field):
     return round(statistics.median(per), 5), per
 
 
-def merge(ours, peers, peer_field, provenance):
+def merge(ours, peers, peer_field, provenance, peer_required=True):
     """One gla.json row per shape of `ours`: every mode's and the peer's `peer_field` as medians
-    over processes, their ratios and the per-process values."""
+    over processes, their ratios and the per-process values. Without peer_required a shape the
+    peer did not measure gets fla_peer_ms null."""
     out = []
     for k, runs in sorted(ours.items()):
-        if k not in peers or peer_field not in peers[k][0]:
+        peer = [r for r in peers.get(k, []) if peer_field in r]
+        if not peer and peer_required:
             raise SystemExit(f"no peer {peer_field} for W={k[0]} B={k[1]} T_local={k[2]}")
         row = dict(zip(("W", "B", "T_local", "H", "D"), k))
         per_process = {}
         for field in MODES:
             row[field], per_process[field] = median_of(runs, field)
-        row["fla_peer_ms"], per_process["fla_peer_ms"] = median_of(peers[k], peer_field)
         ovl = row["overlapped_ms"]
+        row["fla_peer_ms"] = row["peer_over_overlapped"] = None
+        if peer:
+            row["fla_peer_ms"], per_process["fla_peer_ms"] = median_of(peer, peer_field)
+            row["peer_over_overlapped"] = round(row["fla_peer_ms"] / ovl, 3)
         row.update(
-            peer_over_overlapped=round(row["fla_peer_ms"] / ovl, 3),
             nccl_over_overlapped=round(row["sequential_nccl_ms"] / ovl, 3),
             overlapped_over_no_comm=round(ovl / row["no_comm_ms"], 3),
-            processes={"ours": len(runs), "peer": len(peers[k])},
+            processes={"ours": len(runs), "peer": len(peer)},
             per_process_ms=per_process,
             per_rank_ms_first_process=runs[0]["per_rank_ms"],
         )
-        if peer_field == "fla_peer_ms":
-            row["peer_parts_ms"] = {p: median_of(peers[k], p)[0] for p in PEER_PARTS}
-        else:
-            row["peer_parts_ms"] = {p: statistics.median(r["step_parts_ms"][p] for r in peers[k])
-                                    for p in peers[k][0]["step_parts_ms"]}
+        if peer and peer_field == "fla_peer_ms":
+            row["peer_parts_ms"] = {p: median_of(peer, p)[0] for p in PEER_PARTS}
+        elif peer:
+            row["peer_parts_ms"] = {p: statistics.median(r["step_parts_ms"][p] for r in peer)
+                                    for p in peer[0]["step_parts_ms"]}
         row.update(provenance)
         out.append(row)
     return out
@@ -90,20 +95,23 @@ def replace_rows(old, new):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ours", nargs="+", type=Path, required=True)
+    ap.add_argument("--ours", nargs="*", type=Path, default=[])
     ap.add_argument("--ours-step", nargs="*", type=Path, default=[])
-    ap.add_argument("--peer", nargs="+", type=Path, required=True)
+    ap.add_argument("--peer", nargs="*", type=Path, default=[])
     ap.add_argument("--into", type=Path, required=True)
     ap.add_argument("--device", required=True, help="the job's GPUs, e.g. '4x NVIDIA H100 80GB HBM3'")
     ap.add_argument("--bit-identical", action="store_true")
     a = ap.parse_args(argv)
+    if not a.ours and not a.ours_step:
+        ap.error("give --ours, --ours-step or both")
     provenance = dict(
         commit=os.environ.get("LASP_COMMIT", "unknown"),
         date=os.environ.get("LASP_DATE", datetime.now(timezone.utc).isoformat(timespec="seconds")),
         device=a.device, bit_identical=bool(a.bit_identical))
     peers = by_shape(a.peer)
     forward = merge(by_shape(a.ours), peers, "fla_peer_ms", provenance)
-    step = merge(by_shape(a.ours_step), peers, "fla_peer_step_ms", provenance) if a.ours_step else []
+    # the training step's peer (--with-backward) is reported where it was measured
+    step = merge(by_shape(a.ours_step), peers, "fla_peer_step_ms", provenance, peer_required=False)
 
     doc = json.loads(a.into.read_text()) if a.into.exists() else {}
     doc["lasp2_method"] = (
@@ -112,7 +120,8 @@ def main(argv=None):
         "rank; peer: benches/gla_lasp2_peer.py in the same job (fla states pass, NCCL all-gather, "
         "fold, fla chunk_gla from the prefix), same per-rank rule; each side in its own processes, "
         "the row the median over processes (per_process_ms)")
-    doc["lasp2"] = replace_rows(doc.get("lasp2", []), forward)
+    if forward:
+        doc["lasp2"] = replace_rows(doc.get("lasp2", []), forward)
     if step:
         fb = doc.setdefault("lasp2_forward_backward", {})
         fb["method"] = (
@@ -125,9 +134,10 @@ def main(argv=None):
     a.into.write_text(json.dumps(doc, indent=2) + "\n")
     for name, rows in (("forward", forward), ("training step", step)):
         for r in rows:
+            peer = "no peer" if r["fla_peer_ms"] is None else \
+                f"peer {r['fla_peer_ms']:.4f} ({r['peer_over_overlapped']:.2f}x)"
             print(f"{name} W={r['W']} B={r['B']} T_local={r['T_local']}: overlapped {r['overlapped_ms']:.4f} ms, "
-                  f"NCCL {r['sequential_nccl_ms']:.4f}, no-comm {r['no_comm_ms']:.4f}, "
-                  f"peer {r['fla_peer_ms']:.4f} ({r['peer_over_overlapped']:.2f}x)")
+                  f"NCCL {r['sequential_nccl_ms']:.4f}, no-comm {r['no_comm_ms']:.4f}, {peer}")
     return 0
 
 

@@ -50,7 +50,9 @@ matplotlib installed it also writes FILE's name with .png: the loss curves and t
 
 Needs on the GPU node: torch with CUDA and NCCL, lasp_shmem (pip install ./python) and, for the
 fla backend, fla-core (with einops) on PYTHONPATH; NVSHMEM_DISABLE_NVLS=1 and, on one node,
-NVSHMEM_REMOTE_TRANSPORT=none (lasp_shmem.torch.init says why).
+NVSHMEM_REMOTE_TRANSPORT=none (lasp_shmem.torch.init says why). The fla backend's first step
+autotunes fla's Triton kernels, which takes many minutes on a node whose Triton cache is empty
+(benches/gla_lasp2_peer.py, "Time"); a TRITON_CACHE_DIR kept from an earlier run avoids it.
 """
 
 import argparse
