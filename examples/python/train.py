@@ -38,15 +38,19 @@ Measured (rank 0 reports): tokens/s = B x seq-len over the median time of a step
 steps (a step: the batch's draw, forward, backward, gradient all-reduce, AdamW, the loss's
 all-reduce, the host waiting for the GPU at its end); the peak memory of every rank
 (torch.cuda.max_memory_allocated, GiB, reset before each configuration: torch's allocator only, so
-lasp-shmem's NVSHMEM symmetric heap, 256 MiB by default, is not in it); the loss of every step.
+lasp-shmem's NVSHMEM symmetric heap, 256 MiB by default, is not in it); the loss of every step;
+rank 0's median time of each phase of a step (forward with the loss, backward, the gradients'
+all-reduce, AdamW; CUDA events, so the phases need not add up to the step). Python's garbage
+collector runs between steps, every 10 steps, outside the timed part.
 
 --out FILE (JSON): device, commit (env LASP_COMMIT), date (env LASP_DATE, else now), W, family
 "gla", model (the configuration), steps, warmup, and for one run backend, mode, tokens_per_s,
-peak_mem_gib (per rank), losses; with --compare the three configurations one after another in one
-process group from the same seed (ours overlapped, ours sequential_nccl, fla peer): tokens_per_s,
-peak_mem_gib and losses each keyed by overlapped, sequential_nccl and fla_peer, and
-loss_bitwise_identical (the overlapped and sequential_nccl losses of every step bitwise equal). With
-matplotlib installed it also writes FILE's name with .png: the loss curves and the throughputs.
+peak_mem_gib (per rank), phase_ms_rank0, losses; with --compare the three configurations one after
+another in one process group from the same seed (ours overlapped, ours sequential_nccl, fla peer):
+tokens_per_s, peak_mem_gib, phase_ms_rank0 and losses each keyed by overlapped, sequential_nccl and
+fla_peer, and loss_bitwise_identical (the overlapped and sequential_nccl losses of every step
+bitwise equal). With matplotlib installed it also writes FILE's name with .png: the loss curves and
+the throughputs.
 
 Needs on the GPU node: torch with CUDA and NCCL, lasp_shmem (pip install ./python) and, for the
 fla backend, fla-core (with einops) on PYTHONPATH; NVSHMEM_DISABLE_NVLS=1 and, on one node,
@@ -56,6 +60,7 @@ autotunes fla's Triton kernels, which takes many minutes on a node whose Triton 
 """
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -242,9 +247,35 @@ def all_reduce_mean(tensors, group, world, bucket=1 << 26):
         i = j
 
 
+PHASES = ("forward", "backward", "gradient_all_reduce", "optimizer")
+
+
+class PhaseClock:
+    """CUDA events between a step's phases (the host's clock on the CPU), read after the step's
+    final synchronisation, so that timing them adds no wait: {phase: ms} of the step."""
+
+    def __init__(self, cuda):
+        self.cuda, self.marks = cuda, []
+
+    def mark(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def phases(self):
+        pairs = zip(self.marks, self.marks[1:])
+        ms = [a.elapsed_time(b) if self.cuda else (b - a) * 1e3 for a, b in pairs]
+        self.marks = []
+        return dict(zip(PHASES, ms))
+
+
 def run(name, attention, cfg, group, device):
     """Trains cfg.steps steps of the configuration `name` with `attention` (attention_fn's) from
-    cfg.seed: (tokens/s, peak GiB per rank or None on the CPU, losses)."""
+    cfg.seed: (tokens/s, peak GiB per rank or None on the CPU, losses, median ms of each phase on
+    rank 0)."""
     mode = CONFIGS[name][1]
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     if mode is not None:
@@ -258,34 +289,53 @@ def run(name, attention, cfg, group, device):
     params = list(model.parameters())
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.1, fused=cuda)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    losses, times = [], []
+    clock = PhaseClock(cuda)
+    losses, times, phases = [], [], []
+    # Python's collector walks every object of the process (torch's, inductor's, Triton's) when it
+    # runs inside a step, at random steps on each rank, and every rank waits for the slowest at the
+    # next collective: objects from before the loop are frozen out of its walks, and it runs
+    # between steps, outside the timed part, as large-scale trainers schedule it.
+    gc.collect()
+    gc.freeze()
+    gc.disable()
     for step in range(cfg.steps):
+        if step % 10 == 0:
+            gc.collect()
         sync()
         dist.barrier(group)
         t0 = time.perf_counter()
         inputs, targets = batch(step, cfg, rank, world, device)
+        clock.mark()
         with torch.autocast(device.type, dtype=torch.bfloat16):
             logits = model(inputs)
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        clock.mark()
         loss.backward()
+        clock.mark()
         all_reduce_mean([p.grad for p in params], group, world)
+        clock.mark()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        clock.mark()
         reported = loss.detach().clone()
         dist.all_reduce(reported, group=group)
         losses.append((reported / world).item())
         sync()
         times.append(time.perf_counter() - t0)
+        phases.append(clock.phases())
         if rank == 0:
             print(f"{name} step {step}: loss {losses[-1]:.6f} ({times[-1] * 1e3:.1f} ms)", flush=True)
+    gc.enable()
+    gc.unfreeze()
     tokens_per_s = cfg.batch * cfg.seq_len / statistics.median(times[cfg.warmup:])
+    phase_ms = {p: round(statistics.median(s[p] for s in phases[cfg.warmup:]), 3) for p in PHASES}
     peak = None
     if cuda:
         peaks = [None] * world
         dist.all_gather_object(peaks, torch.cuda.max_memory_allocated() / 2**30, group=group)
         peak = [round(p, 3) for p in peaks]
     del model, optimizer, params
-    return tokens_per_s, peak, losses
+    return tokens_per_s, peak, losses, phase_ms
 
 
 def model_config(cfg):
@@ -397,12 +447,13 @@ def main(argv=None, init_ours=None):
                 tokens_per_s={n: round(r[0], 1) for n, r in results.items()},
                 peak_mem_gib={n: r[1] for n, r in results.items()},
                 loss_bitwise_identical=results["overlapped"][2] == results["sequential_nccl"][2],
+                phase_ms_rank0={n: r[3] for n, r in results.items()},
                 losses={n: r[2] for n, r in results.items()})
         else:
-            [(name, (speed, peak, losses))] = results.items()
+            [(name, (speed, peak, losses, phase_ms))] = results.items()
             backend, mode = CONFIGS[name]
             result.update(backend=backend, mode=mode, tokens_per_s=round(speed, 1), peak_mem_gib=peak,
-                          losses=losses)
+                          phase_ms_rank0=phase_ms, losses=losses)
         print(json.dumps({k: v for k, v in result.items() if k != "losses"}), flush=True)
         if cfg.out:
             Path(cfg.out).write_text(json.dumps(result, indent=2) + "\n")

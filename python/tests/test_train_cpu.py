@@ -32,6 +32,10 @@ def test_the_training_dry_run_compares_the_three_configurations(tmp_path):
     assert result["W"] == 2 and result["family"] == "gla"
     assert set(result["tokens_per_s"]) == set(result["losses"]) == configs
     assert all(speed > 0 for speed in result["tokens_per_s"].values())
+    assert set(result["phase_ms_rank0"]) == configs
+    for phases in result["phase_ms_rank0"].values():
+        assert set(phases) == {"forward", "backward", "gradient_all_reduce", "optimizer"}
+        assert all(ms > 0 for ms in phases.values())
     assert result["loss_bitwise_identical"]
     for losses in result["losses"].values():
         assert len(losses) == result["steps"] and all(map(math.isfinite, losses))
