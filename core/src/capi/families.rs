@@ -4,8 +4,9 @@
 //! pointers, streams) is checked once, for every family, before a family sees a call.
 //!
 //! A new family implements [`AbiFamily`] (on the same type that implements
-//! [`crate::family::Family`]) and [`FamilyOp`] in a module of its own, and adds one arm to
-//! [`family`].
+//! [`crate::family::Family`]) in a module of its own, where its ops take checked calls
+//! ([`super::pairs::AbiCall`]) and [`AbiFamily::create`] pairs them ([`super::pairs`]), and adds
+//! one arm to [`family`].
 
 use super::abi::{
     LASP_FAMILY_GATED_DELTA, LASP_FAMILY_GLA, LASP_FAMILY_MLSTM, LASP_FAMILY_SCALAR_DECAY,

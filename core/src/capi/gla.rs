@@ -5,12 +5,12 @@
 use super::abi::Dtype::{Bf16, F32};
 use super::abi::Slot;
 use super::families::{AbiFamily, Direction, FamilyOp};
+use super::pairs::{chained_ops, AbiCall, Lasp2Pair, SingleGpuPair};
 use super::spec::{Kind, OpSpec};
 use super::tensors::Layout::{ChunkStates, KeyGates, Qk, State, V};
 use super::tensors::Role::{Input, OptionalInput, OptionalOutput, Output};
 use super::tensors::{CheckedCall, SlotUse};
 use crate::error::Result;
-use crate::exchange::ExchangeMode;
 use crate::family::Family;
 use crate::ops::gla::{
     Gla, GlaArgs, GlaBackward, GlaBackwardArgs, GlaForward, GlaLasp2Backward, GlaLasp2Forward,
@@ -96,35 +96,17 @@ impl AbiFamily for Gla {
 
     fn create(&self, runtime: &Runtime, spec: &OpSpec) -> Result<Box<dyn FamilyOp>> {
         match spec.kind {
-            Kind::SingleGpu => Ok(Box::new(SingleGpu {
-                forward: GlaForward::new(runtime)?,
-                backward: spec
-                    .with_backward
+            Kind::SingleGpu => Ok(SingleGpuPair::boxed(
+                GlaForward::new(runtime)?,
+                spec.with_backward
                     .then(|| GlaBackward::new(runtime))
                     .transpose()?,
-            })),
-            Kind::Lasp2 { mode } => {
-                let forward = GlaLasp2Forward::new(runtime, spec.layout, mode)?;
-                if !spec.with_backward {
-                    return Ok(Box::new(Lasp2 {
-                        forward,
-                        backward: None,
-                    }));
-                }
-                match GlaLasp2Backward::new(runtime, spec.layout, mode) {
-                    Ok(backward) => Ok(Box::new(Lasp2 {
-                        forward,
-                        backward: Some(backward),
-                    })),
-                    Err(error) => {
-                        // What makes the backward fail (its layout, kernels or symmetric heap)
-                        // is the same on every rank, so every rank frees the forward's
-                        // symmetric buffers here together.
-                        forward.free()?;
-                        Err(error)
-                    }
-                }
-            }
+            )),
+            Kind::Lasp2 { mode } => Lasp2Pair::boxed(
+                GlaLasp2Forward::new(runtime, spec.layout, mode)?,
+                spec.with_backward
+                    .then_some(|| GlaLasp2Backward::new(runtime, spec.layout, mode)),
+            ),
         }
     }
 }
@@ -167,71 +149,29 @@ fn backward_args<'a>(call: &mut CheckedCall<'a>) -> GlaBackwardArgs<'a> {
     }
 }
 
-const CREATED_WITH_BACKWARD: &str = "lasp_op_backward runs only on ops created with the backward";
-
-/// Whole sequences on one GPU.
-struct SingleGpu {
-    forward: GlaForward,
-    backward: Option<GlaBackward>,
+impl AbiCall for GlaForward {
+    fn call(&mut self, stream: &Arc<CudaStream>, mut call: CheckedCall<'_>) -> Result<()> {
+        self.launch(stream, forward_args(&mut call)).map(|_plan| ())
+    }
 }
 
-impl FamilyOp for SingleGpu {
-    fn forward(&mut self, stream: &Arc<CudaStream>, mut call: CheckedCall<'_>) -> Result<()> {
-        let args = forward_args(&mut call);
-        self.forward.launch(stream, args).map(|_plan| ())
-    }
-
-    fn backward(&mut self, stream: &Arc<CudaStream>, mut call: CheckedCall<'_>) -> Result<()> {
-        let backward = self.backward.as_mut().expect(CREATED_WITH_BACKWARD);
-        backward
-            .launch(stream, backward_args(&mut call))
+impl AbiCall for GlaBackward {
+    fn call(&mut self, stream: &Arc<CudaStream>, mut call: CheckedCall<'_>) -> Result<()> {
+        self.launch(stream, backward_args(&mut call))
             .map(|_plan| ())
     }
 }
 
-/// A shard of every sequence on each rank: one state chain per direction.
-struct Lasp2 {
-    forward: GlaLasp2Forward,
-    backward: Option<GlaLasp2Backward>,
-}
-
-impl FamilyOp for Lasp2 {
-    fn forward(&mut self, stream: &Arc<CudaStream>, mut call: CheckedCall<'_>) -> Result<()> {
-        self.forward.forward(stream, forward_args(&mut call))
-    }
-
-    fn backward(&mut self, stream: &Arc<CudaStream>, mut call: CheckedCall<'_>) -> Result<()> {
-        let backward = self.backward.as_mut().expect(CREATED_WITH_BACKWARD);
-        backward.backward(stream, backward_args(&mut call))
-    }
-
-    fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
-        self.forward.set_mode(mode)?;
-        match &mut self.backward {
-            Some(backward) => backward.set_mode(mode),
-            None => Ok(()),
-        }
-    }
-
-    fn finish(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        self.forward.finish(stream)?;
-        match &self.backward {
-            Some(backward) => backward.finish(stream),
-            None => Ok(()),
-        }
-    }
-
-    fn note_replayed_calls(&mut self, forward: u64, backward: u64) {
-        self.forward.note_replayed_calls(forward);
-        if let Some(op) = &mut self.backward {
-            op.note_replayed_calls(backward);
-        }
-    }
-
-    /// Frees both chains (collective), the backward's even where the forward's free failed.
-    fn free(self: Box<Self>) -> Result<()> {
-        let forward = self.forward.free();
-        let backward = self.backward.map_or(Ok(()), GlaLasp2Backward::free);
-        forward.and(backward)
+impl AbiCall for GlaLasp2Forward {
+    fn call(&mut self, stream: &Arc<CudaStream>, mut call: CheckedCall<'_>) -> Result<()> {
+        self.forward(stream, forward_args(&mut call))
     }
 }
+
+impl AbiCall for GlaLasp2Backward {
+    fn call(&mut self, stream: &Arc<CudaStream>, mut call: CheckedCall<'_>) -> Result<()> {
+        self.backward(stream, backward_args(&mut call))
+    }
+}
+
+chained_ops!(GlaLasp2Forward, GlaLasp2Backward);

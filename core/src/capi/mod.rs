@@ -28,6 +28,7 @@ mod families;
 mod gla;
 mod handles;
 mod op;
+mod pairs;
 mod runtime;
 mod scalar_decay;
 mod spec;
