@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# GLA's LASP-2 against the fla + NCCL composition, in one job: for W = 1, 2, 4, ... up to every GPU
+# of the node (or GLA_LASP2_WORLDS), the checks of gla_lasp2 (the f64 reference, every mode bitwise
+# equal), then GLA_LASP2_PROCESSES (default 3) processes of each side in turns: ours' forward and
+# training step (gla_lasp2 --no-check --time, --with-backward), the peer (benches/gla_lasp2_peer.py;
+# its training step too with GLA_LASP2_PEER_BACKWARD=1). benches/gla_lasp2_report.py then merges
+# the medians over processes into $OUT/gla.json (a copy of benches/results/gla.json; copy it back
+# to record it).
+#
+#   OUT=out bash scripts/gla-lasp2-bench.sh
+#   GLA_LASP2_WORLDS="4" GLA_LASP2_PEER_BACKWARD=1 OUT=out bash scripts/gla-lasp2-bench.sh
+#   GLA_LASP2_SHAPES="2x4096x16x128 8x1024x16x128" ...   # per-GPU BxT_localxHxD, H and D the same for all
+#
+# Needs fla-core 0.6.0 (with einops) importable by python3. On a node whose Triton cache is empty
+# the peer's first process autotunes fla's kernels for minutes (benches/gla_lasp2_peer.py, "Time");
+# a TRITON_CACHE_DIR kept from an earlier run on the same GPU model avoids it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/gpu-env.sh
+OUT="${OUT:-$PWD/gla-lasp2-bench-out}"
+mkdir -p "$OUT"
+lasp_binaries -p lasp-shmem -p lasp-shmem-examples --bins
+read -r -a SHAPES <<<"${GLA_LASP2_SHAPES:-4x8192x16x128 1x32768x16x128 8x2048x16x128 4x4096x16x128}"
+PROCESSES="${GLA_LASP2_PROCESSES:-3}"
+NGPU="$(nvidia-smi -L | wc -l)"
+WORLDS="${GLA_LASP2_WORLDS:-$(w=1; while [ "$w" -le "$NGPU" ]; do printf '%s ' "$w"; w=$((w * 2)); done)}"
+GPU_NAME="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+[ -f "$OUT/gla.json" ] || cp benches/results/gla.json "$OUT/gla.json"
+
+time_args=()
+peer_shapes=""
+for s in "${SHAPES[@]}"; do
+  IFS=x read -r b t h d <<<"$s"
+  time_args+=(--time "$s")
+  peer_shapes="$peer_shapes${peer_shapes:+,}${b}x$t"
+done
+peer_args=(--shapes "$peer_shapes" --heads "$h" --dim "$d")
+if [ "${GLA_LASP2_PEER_BACKWARD:-0}" = 1 ]; then peer_args+=(--with-backward); fi
+
+for W in $WORLDS; do
+  run=("$BIN/lasp-run" --timeout 300 -n "$W" "$BIN/gla_lasp2")
+  identical=()
+  if "${run[@]}" >"$OUT/check_w$W.log" 2>&1 && ! grep -q FAIL "$OUT/check_w$W.log"; then
+    identical=(--bit-identical)
+    echo "gla-lasp2-bench: W=$W checks passed ($(grep -c PASS "$OUT/check_w$W.log") PASS lines)"
+  else
+    echo "gla-lasp2-bench: W=$W checks FAILED (see $OUT/check_w$W.log); its rows say bit_identical false"
+  fi
+  ours=() steps=() peers=()
+  for i in $(seq "$PROCESSES"); do
+    "${run[@]}" --no-check "${time_args[@]}" --json "$OUT/ours_w${W}_$i.json" >"$OUT/ours_w${W}_$i.log" 2>&1
+    "${run[@]}" --no-check --with-backward "${time_args[@]}" --json "$OUT/step_w${W}_$i.json" >"$OUT/step_w${W}_$i.log" 2>&1
+    ours+=("$OUT/ours_w${W}_$i.json") steps+=("$OUT/step_w${W}_$i.json")
+    if timeout 1800 python3 -m torch.distributed.run --standalone --nproc-per-node "$W" benches/gla_lasp2_peer.py \
+      "${peer_args[@]}" --out "$OUT/peer_w${W}_$i.json" >"$OUT/peer_w${W}_$i.log" 2>&1; then
+      peers+=("$OUT/peer_w${W}_$i.json")
+    else
+      echo "gla-lasp2-bench: the peer's process $i failed at W=$W (see $OUT/peer_w${W}_$i.log)"
+    fi
+  done
+  [ "${#peers[@]}" -gt 0 ] || { echo "gla-lasp2-bench: no peer process finished at W=$W"; exit 1; }
+  python3 benches/gla_lasp2_report.py --device "${W}x $GPU_NAME" "${identical[@]}" \
+    --ours "${ours[@]}" --ours-step "${steps[@]}" --peer "${peers[@]}" --into "$OUT/gla.json"
+done
