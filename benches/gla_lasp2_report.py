@@ -93,7 +93,65 @@ def replace_rows(old, new):
     return sorted([r for r in old if key(r) not in keys] + new, key=key)
 
 
+def self_test():
+    """The merge on made-up rows: medians over processes, the peer's field per direction, rows
+    replaced by key with their provenance, and the errors."""
+    import tempfile
+
+    def ours(W, ms):
+        return [dict(W=W, B=4, T_local=8192, H=16, D=128, overlapped_ms=ms, sequential_nccl_ms=2 * ms,
+                     sequential_nvshmem_ms=2 * ms, no_comm_ms=ms / 2, per_rank_ms={"overlapped": [ms] * W})]
+
+    def peer(W, ms, step=None):
+        row = dict(W=W, B=4, T_local=8192, H=16, D=128, fla_peer_ms=ms,
+                   **{p: ms / 4 for p in PEER_PARTS})
+        if step is not None:
+            row.update(fla_peer_step_ms=step, step_parts_ms={"forward": step / 2, "backward": step / 2})
+        return {"rows": [row]}
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+
+        def files(name, docs):
+            paths = []
+            for i, doc in enumerate(docs):
+                paths.append(tmp / f"{name}_{i}.json")
+                paths[-1].write_text(json.dumps(doc))
+            return [str(p) for p in paths]
+
+        into = tmp / "gla.json"
+        into.write_text(json.dumps({"single_gpu": [], "lasp2": [dict(ours(2, 1.0)[0], commit="old")]}))
+        os.environ.update(LASP_COMMIT="new", LASP_DATE="today")
+        main(["--device", "4x GPU", "--bit-identical", "--into", str(into),
+              "--ours", *files("ours", [ours(4, 1.0), ours(4, 3.0), ours(4, 2.0)]),
+              "--ours-step", *files("step", [ours(4, 5.0)]),
+              "--peer", *files("peer", [peer(4, 9.0, 20.0), peer(4, 7.0)])])
+        doc = json.loads(into.read_text())
+        [w2, w4] = doc["lasp2"]
+        assert w2["W"] == 2 and w2["commit"] == "old", "a row of another W stays as it was"
+        assert w4["overlapped_ms"] == 2.0 and w4["per_process_ms"]["overlapped_ms"] == [1.0, 3.0, 2.0]
+        assert w4["fla_peer_ms"] == 8.0 and w4["peer_over_overlapped"] == 4.0
+        assert w4["processes"] == {"ours": 3, "peer": 2} and w4["commit"] == "new" and w4["bit_identical"]
+        [step] = doc["lasp2_forward_backward"]["rows"]
+        assert step["fla_peer_ms"] == 20.0 and step["processes"]["peer"] == 1, "only processes with a step count"
+        main(["--device", "4x GPU", "--into", str(into), "--ours", *files("again", [ours(4, 4.0)]),
+              "--peer", *files("peer2", [peer(4, 8.0)])])
+        [_, w4] = json.loads(into.read_text())["lasp2"]
+        assert w4["overlapped_ms"] == 4.0 and not w4["bit_identical"], "a re-measured row replaces the old"
+        try:
+            main(["--device", "x", "--into", str(into), "--ours", *files("lone", [ours(1, 1.0)]),
+                  "--peer", *files("other", [peer(4, 1.0)])])
+        except SystemExit as e:
+            assert "no peer fla_peer_ms for W=1" in str(e), e
+        else:
+            raise AssertionError("a forward row without its peer must fail")
+    print("gla_lasp2_report: self-test passed")
+    return 0
+
+
 def main(argv=None):
+    if argv is None and sys.argv[1:] == ["--self-test"]:
+        return self_test()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ours", nargs="*", type=Path, default=[])
     ap.add_argument("--ours-step", nargs="*", type=Path, default=[])
