@@ -18,7 +18,8 @@ The forward rows go to gla.json's `lasp2` list, the training-step rows (with --o
 `lasp2_forward_backward`'s. Each row carries its own `commit` (env LASP_COMMIT), `date` (env
 LASP_DATE, else now), `device` and `bit_identical` (--bit-identical: the checks of the same build
 passed, every mode bitwise equal), and replaces the row of the same key, so that a job that
-re-measures some W leaves the others as they were, with their own provenance.
+re-measures some W leaves the others as they were, with their own provenance. The file's
+`bit_identical` is true when every LASP-2 row's is.
 """
 import argparse
 import json
@@ -138,6 +139,7 @@ def self_test():
               "--peer", *files("peer2", [peer(4, 8.0)])])
         [_, w4] = json.loads(into.read_text())["lasp2"]
         assert w4["overlapped_ms"] == 4.0 and not w4["bit_identical"], "a re-measured row replaces the old"
+        assert not json.loads(into.read_text())["bit_identical"], "one row without the checks clears the flag"
         try:
             main(["--device", "x", "--into", str(into), "--ours", *files("lone", [ours(1, 1.0)]),
                   "--peer", *files("other", [peer(4, 1.0)])])
@@ -189,6 +191,9 @@ def main(argv=None):
             "training step composed with NCCL (chunk_fwd_h, all-gather, fold, chunk_gla forward; "
             "chunk_bwd_dh, all-gather, descending fold, chunk_gla backward), fla_peer_ms its step")
         fb["rows"] = replace_rows(fb.get("rows", []), step)
+    # the file's own flag: every LASP-2 row's checks passed with every mode bitwise equal
+    doc["bit_identical"] = all(r.get("bit_identical", False) for r in
+                               doc.get("lasp2", []) + doc.get("lasp2_forward_backward", {}).get("rows", []))
     a.into.write_text(json.dumps(doc, indent=2) + "\n")
     for name, rows in (("forward", forward), ("training step", step)):
         for r in rows:
