@@ -84,7 +84,6 @@ import json
 import math
 import os
 import sys
-import time
 import types
 from pathlib import Path
 
@@ -334,70 +333,15 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.self_test:
         return self_test()
-    try:
-        shapes = peer.parse_shapes(args.shapes, args.heads, args.dim)
-        [check_shape] = peer.parse_shapes(args.check_shape, args.heads, args.dim)
-    except ValueError as e:
-        ap.error(str(e))
-    if args.warmup < 0 or args.iters < 1:
-        ap.error("--warmup must be >= 0 and --iters >= 1")
-
-    import torch
-    import torch.distributed as dist
-
-    if DEVICE == "cuda":
-        if not torch.cuda.is_available():
-            print("gated_delta_cp_peer: torch sees no GPU: run this on the GPU node under torchrun", file=sys.stderr)
-            return 1
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()))
-    else:
-        dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    say = (lambda s: print(s, flush=True)) if rank == 0 else (lambda s: None)
-    ops = default_ops()
-
-    failures = []
-    t0 = time.time()
-    # no try/except around the collectives: a rank that fails alone would leave the others waiting
-    # in NCCL, while an exception ends this process and torchrun ends the rest
-    chk = check(check_shape, dist, torch, ops)
-    say(json.dumps(chk))
-    if not chk["ok"]:
-        failures.append(f"check failed: {chk}")
-    rows = []
-    for shape in shapes:
-        row = measure(shape, args, dist, torch, ops)
-        rows.append(row)
-        if DEVICE == "cuda":
-            torch.cuda.empty_cache()
-        say(json.dumps(row))
-    if rank == 0 and args.out:
-        result = {
-            "device": torch.cuda.get_device_name() if DEVICE == "cuda" else f"{DEVICE} (float64 stand-ins for fla)",
-            "commit": os.environ.get("LASP_COMMIT", "unknown"),
-            "date": os.environ.get("LASP_DATE", "unknown"),
-            "method": (f"fla's context parallelism for Gated DeltaNet (build_cp_context, layout contiguous, on "
-                       f"one stream of B*H heads from global cu_seqlens [0, W*T_local]; chunk_gated_delta_rule "
-                       f"with cp_context: affine summaries A, b all-gathered by NCCL, merged, then the shard's "
-                       f"forward), on each rank's mapped shard, the mapping's copies outside the timing; "
-                       f"fla_no_comm_ms the same call without cp_context; per rank {args.warmup} warm-up calls "
-                       f"then the median of {args.iters} calls, each after an on-stream barrier, CUDA events, "
-                       f"host sync after each; row = slowest rank."),
-            "versions": versions(torch),
-            "check": chk,
-            "errors": failures,
-            "rows": rows,
-        }
-        with open(args.out, "w") as f:
-            f.write(json.dumps(result, indent=2) + "\n")
-        say(f"gated_delta_cp_peer: wrote {args.out} ({time.time() - t0:.0f} s)")
-    if failures and rank == 0:
-        print("gated_delta_cp_peer: FAILED: " + "; ".join(failures), file=sys.stderr, flush=True)
-    # every rank waits for rank 0's output: torchrun ends the others when one exits non-zero
-    dist.barrier()
-    dist.destroy_process_group()
-    return 1 if failures else 0
+    method = (f"fla's context parallelism for Gated DeltaNet (build_cp_context, layout contiguous, on "
+              f"one stream of B*H heads from global cu_seqlens [0, W*T_local]; chunk_gated_delta_rule "
+              f"with cp_context: affine summaries A, b all-gathered by NCCL, merged, then the shard's "
+              f"forward), on each rank's mapped shard, the mapping's copies outside the timing; "
+              f"fla_no_comm_ms the same call without cp_context; per rank {args.warmup} warm-up calls "
+              f"then the median of {args.iters} calls, each after an on-stream barrier, CUDA events, "
+              f"host sync after each; row = slowest rank.")
+    return peer.run_ranks("gated_delta_cp_peer", ap, args, method, default_ops, versions,
+                          check, measure)
 
 
 def versions(torch):

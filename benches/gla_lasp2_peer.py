@@ -615,6 +615,27 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.self_test:
         return self_test()
+    step = (" Training step (--with-backward): the forward recording chunk_gla's graph, chunk_bwd_dh "
+            "states pass from do (dht on the last rank), NCCL all_gather_into_tensor, fold in descending "
+            "rank order, torch.autograd.grad through chunk_gla with (do, D); timed as a whole and each part "
+            "alone the same way." if args.with_backward else "")
+    method = (f"fla + NCCL LASP-2 for GLA ({args.states} states pass, packed (M, Lambda) NCCL "
+              f"all_gather_into_tensor, fold in rank order, chunk_gla with initial_state); per rank "
+              f"{args.warmup} warm-up calls then the median of {args.iters} calls, each after an "
+              f"on-stream barrier, CUDA events, host sync after each; row = slowest rank; each part "
+              f"timed alone the same way.{step}")
+    return run_ranks("gla_lasp2_peer", ap, args, method, default_ops, versions,
+                     lambda shape, dist, torch, ops: check(shape, args.states, args.with_backward, dist, torch, ops),
+                     measure)
+
+
+def run_ranks(script, ap, args, method, make_ops, versions, check, measure):
+    """What a peer's main does after parsing, the same for every peer: the shapes and counts
+    checked (ap.error otherwise), this rank's GPU and process group (NCCL; gloo for the CPU dry
+    run), the check, every shape measured, rank 0's JSON (--out) and the exit status (0, or 1 when
+    the check failed). check(shape, dist, torch, ops) -> dict with "ok"; measure(shape, args, dist,
+    torch, ops) -> row; make_ops() -> the functions the composition calls; method: the JSON's
+    method text; versions(torch) -> the JSON's versions."""
     try:
         shapes = parse_shapes(args.shapes, args.heads, args.dim)
         [check_shape] = parse_shapes(args.check_shape, args.heads, args.dim)
@@ -628,7 +649,7 @@ def main(argv=None):
 
     if DEVICE == "cuda":
         if not torch.cuda.is_available():
-            print("gla_lasp2_peer: torch sees no GPU: run this on the GPU node under torchrun", file=sys.stderr)
+            print(f"{script}: torch sees no GPU: run this on the GPU node under torchrun", file=sys.stderr)
             return 1
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()))
@@ -636,13 +657,13 @@ def main(argv=None):
         dist.init_process_group("gloo")
     rank = dist.get_rank()
     say = (lambda s: print(s, flush=True)) if rank == 0 else (lambda s: None)
-    ops = default_ops()
+    ops = make_ops()
 
     failures = []
     t0 = time.time()
     # no try/except around the collectives: a rank that fails alone would leave the others waiting
     # in NCCL, while an exception ends this process and torchrun ends the rest
-    chk = check(check_shape, args.states, args.with_backward, dist, torch, ops)
+    chk = check(check_shape, dist, torch, ops)
     say(json.dumps(chk))
     if not chk["ok"]:
         failures.append(f"check failed: {chk}")
@@ -654,19 +675,11 @@ def main(argv=None):
             torch.cuda.empty_cache()
         say(json.dumps(row))
     if rank == 0 and args.out:
-        step = (" Training step (--with-backward): the forward recording chunk_gla's graph, chunk_bwd_dh "
-                "states pass from do (dht on the last rank), NCCL all_gather_into_tensor, fold in descending "
-                "rank order, torch.autograd.grad through chunk_gla with (do, D); timed as a whole and each part "
-                "alone the same way." if args.with_backward else "")
         result = {
             "device": torch.cuda.get_device_name() if DEVICE == "cuda" else f"{DEVICE} (float64 stand-ins for fla)",
             "commit": os.environ.get("LASP_COMMIT", "unknown"),
             "date": os.environ.get("LASP_DATE", "unknown"),
-            "method": (f"fla + NCCL LASP-2 for GLA ({args.states} states pass, packed (M, Lambda) NCCL "
-                       f"all_gather_into_tensor, fold in rank order, chunk_gla with initial_state); per rank "
-                       f"{args.warmup} warm-up calls then the median of {args.iters} calls, each after an "
-                       f"on-stream barrier, CUDA events, host sync after each; row = slowest rank; each part "
-                       f"timed alone the same way.{step}"),
+            "method": method,
             "versions": versions(torch),
             "check": chk,
             "errors": failures,
@@ -674,9 +687,9 @@ def main(argv=None):
         }
         with open(args.out, "w") as f:
             f.write(json.dumps(result, indent=2) + "\n")
-        say(f"gla_lasp2_peer: wrote {args.out} ({time.time() - t0:.0f} s)")
+        say(f"{script}: wrote {args.out} ({time.time() - t0:.0f} s)")
     if failures and rank == 0:
-        print("gla_lasp2_peer: FAILED: " + "; ".join(failures), file=sys.stderr, flush=True)
+        print(f"{script}: FAILED: " + "; ".join(failures), file=sys.stderr, flush=True)
     # every rank waits for rank 0's output: torchrun ends the others when one exits non-zero
     dist.barrier()
     dist.destroy_process_group()
