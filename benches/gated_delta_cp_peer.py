@@ -319,17 +319,8 @@ def measure(shape, args, dist, torch, ops):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", default=DEFAULT_SHAPES,
-                    help=f"comma-separated BxT_local (or BxT_localxHxD) per rank (default {DEFAULT_SHAPES})")
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--dim", type=int, default=128, help="K = V")
-    ap.add_argument("--check-shape", default="2x1000x4x64", help="BxT_localxHxD of the correctness check")
-    ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--iters", type=int, default=30)
-    ap.add_argument("--out", default=None, help="also write the rows and the check as one JSON file (rank 0)")
-    ap.add_argument("--self-test", action="store_true",
-                    help="check the mapping and, under gloo with W = 2 and 3, the check and timing on CPU, then exit")
+    ap = peer.run_arguments(__doc__, DEFAULT_SHAPES, "K = V",
+                            "check the mapping and, under gloo with W = 2 and 3, the check and timing on CPU, then exit")
     args = ap.parse_args(argv)
     if args.self_test:
         return self_test()

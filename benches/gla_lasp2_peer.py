@@ -596,22 +596,28 @@ def measure(shape, args, dist, torch, ops):
     return row
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", default=DEFAULT_SHAPES,
-                    help=f"comma-separated BxT_local (or BxT_localxHxD) per rank (default {DEFAULT_SHAPES})")
+def run_arguments(doc, default_shapes, dim_help, self_test_help):
+    """The parser of a peer's command line, with the options run_ranks reads."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default=default_shapes,
+                    help=f"comma-separated BxT_local (or BxT_localxHxD) per rank (default {default_shapes})")
     ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--dim", type=int, default=128, help="Dk = Dv")
+    ap.add_argument("--dim", type=int, default=128, help=dim_help)
     ap.add_argument("--check-shape", default="2x1000x4x64", help="BxT_localxHxD of the correctness check")
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--out", default=None, help="also write the rows and the check as one JSON file (rank 0)")
+    ap.add_argument("--self-test", action="store_true", help=self_test_help)
+    return ap
+
+
+def main(argv=None):
+    ap = run_arguments(__doc__, DEFAULT_SHAPES, "Dk = Dv",
+                       "check the pure parts and, under gloo with W = 2 and 3, the composition on CPU, then exit")
     ap.add_argument("--states", choices=("chunk_fwd_h", "chunk_gla"), default="chunk_fwd_h",
                     help="fla function giving the shard's end state (default: the states-only chunk_fwd_h)")
     ap.add_argument("--with-backward", action="store_true",
                     help="also check and time the training step (forward + backward)")
-    ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--iters", type=int, default=30)
-    ap.add_argument("--out", default=None, help="also write the rows and the check as one JSON file (rank 0)")
-    ap.add_argument("--self-test", action="store_true",
-                    help="check the pure parts and, under gloo with W = 2 and 3, the composition on CPU, then exit")
     args = ap.parse_args(argv)
     if args.self_test:
         return self_test()
