@@ -266,24 +266,27 @@ def test_opcheck(with_h0, lasp2):
                                 lasp2))
 
 
-def test_a_compiled_block_has_no_graph_break_and_the_eager_gradients():
-    q, k, v, g, h0 = cpu_inputs(dk=64, dv=64, t=5)
-
-    def block(q, k, v, g, h0):
-        o, ht, _ = FWD(q, k, v, g, h0, 0.125, True, False)
-        return (o.float() ** 2).sum() + ht.sum()
-
-    explained = torch._dynamo.explain(block)(q, k, v, g, h0)
+def expect_one_graph_and_the_eager_gradients(block, inputs):
+    """`block` traces to one graph with no break, and its compiled gradients are eager's, bit for bit."""
+    explained = torch._dynamo.explain(block)(*inputs)
     assert explained.graph_break_count == 0 and explained.graph_count == 1
 
     def grads(fn):
-        leaves = [x.clone().requires_grad_() for x in (q, k, v, g, h0)]
+        leaves = [x.clone().requires_grad_() for x in inputs]
         fn(*leaves).backward()
         return [x.grad for x in leaves]
 
     compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
     for got, want in zip(grads(compiled), grads(block)):
         assert torch.equal(got, want)
+
+
+def test_a_compiled_block_has_no_graph_break_and_the_eager_gradients():
+    def block(q, k, v, g, h0):
+        o, ht, _ = FWD(q, k, v, g, h0, 0.125, True, False)
+        return (o.float() ** 2).sum() + ht.sum()
+
+    expect_one_graph_and_the_eager_gradients(block, cpu_inputs(dk=64, dv=64, t=5))
 
 
 def call_is_accepted(library, call, direction, mode="overlapped"):
@@ -489,23 +492,11 @@ def test_gla_opcheck(with_h0, lasp2):
 
 
 def test_a_compiled_gla_block_has_no_graph_break_and_the_eager_gradients():
-    q, k, v, g, h0 = gla_inputs(t=5)
-
     def block(q, k, v, g, h0):
         o, ht, _ = GLA_FWD(q, k, v, g, h0, 0.125, True, False, True)
         return (o.float() ** 2).sum() + ht.sum()
 
-    explained = torch._dynamo.explain(block)(q, k, v, g, h0)
-    assert explained.graph_break_count == 0 and explained.graph_count == 1
-
-    def grads(fn):
-        leaves = [x.clone().requires_grad_() for x in (q, k, v, g, h0)]
-        fn(*leaves).backward()
-        return [x.grad for x in leaves]
-
-    compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
-    for got, want in zip(grads(compiled), grads(block)):
-        assert torch.equal(got, want)
+    expect_one_graph_and_the_eager_gradients(block, gla_inputs(t=5))
 
 
 @pytest.mark.parametrize("mode", lt.EXCHANGE_MODES)
