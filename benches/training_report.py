@@ -1,0 +1,133 @@
+"""Merges the results of examples/python/train.py --compare (one JSON per process; any number of
+configurations: sequence length, batch, eager or CUDA graph) into training.json and its PNG.
+
+    python3 benches/training_report.py out/training_16384_*.json out/training_32768_*.json \\
+        --out benches/results/training.json
+
+The processes must agree on device, commit, W, family, steps and warmup (the file's top level;
+date is the earliest). One `runs` entry per configuration (model and cuda_graph), with:
+tokens_per_s, the median over its processes of each side's (overlapped, sequential_nccl, fla_peer)
+and tokens_per_s_per_process beside it (step times vary between processes, as fla's kernel times
+do); overlapped_over_sequential_nccl and overlapped_over_fla_peer, ratios of those medians;
+peak_mem_gib, each side's largest over processes and ranks; loss_bitwise_identical, overlapped and
+sequential_nccl equal at every step in every process; losses_identical_across_processes (the
+training is deterministic, so a process whose losses differ from the first's is a finding);
+step_ms_percentiles, each side's 10th, 50th and 90th percentile of rank 0's step times after the
+warm-up, over all processes; phase_ms_rank0, each side's phases' medians over processes (null with
+cuda_graph); losses, the first process's. The PNG has one row per configuration: the loss curves
+and the tokens/s.
+"""
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+SIDES = ("overlapped", "sequential_nccl", "fla_peer")
+COMMON = ("device", "commit", "W", "family", "steps", "warmup")
+
+
+def percentiles(values, points=(10, 50, 90)):
+    ordered = sorted(values)
+    return {f"p{p}": round(ordered[min(len(ordered) - 1, len(ordered) * p // 100)], 1) for p in points}
+
+
+def merge_run(docs):
+    """One `runs` entry from the processes of one configuration."""
+    first = docs[0]
+    speed = {s: [d["tokens_per_s"][s] for d in docs] for s in SIDES}
+    median = {s: round(statistics.median(v), 1) for s, v in speed.items()}
+    warm = first["warmup"]
+    run = dict(
+        model=first["model"], cuda_graph=first.get("cuda_graph", False), processes=len(docs),
+        tokens_per_s=median, tokens_per_s_per_process=speed,
+        overlapped_over_sequential_nccl=round(median["overlapped"] / median["sequential_nccl"], 4),
+        overlapped_over_fla_peer=round(median["overlapped"] / median["fla_peer"], 4),
+        peak_mem_gib={s: max(max(d["peak_mem_gib"][s]) for d in docs) for s in SIDES},
+        loss_bitwise_identical=all(d["loss_bitwise_identical"] for d in docs),
+        losses_identical_across_processes=all(d["losses"] == first["losses"] for d in docs),
+    )
+    if all("step_ms_rank0" in d for d in docs):
+        run["step_ms_percentiles"] = {
+            s: percentiles([ms for d in docs for ms in d["step_ms_rank0"][s][warm:]]) for s in SIDES}
+    phases = [d.get("phase_ms_rank0") for d in docs]
+    run["phase_ms_rank0"] = None if any(p is None or p.get(SIDES[0]) is None for p in phases) else {
+        s: {name: round(statistics.median(p[s][name] for p in phases), 3) for name in phases[0][s]}
+        for s in SIDES}
+    run["losses"] = first["losses"]
+    return run
+
+
+def merge(docs):
+    for d in docs:
+        if "tokens_per_s" not in d or not isinstance(d["tokens_per_s"], dict):
+            raise SystemExit("training_report: every file must come from train.py --compare")
+        for k in COMMON:
+            if d[k] != docs[0][k]:
+                raise SystemExit(f"training_report: the files disagree on {k}: {d[k]!r} and {docs[0][k]!r}")
+    groups = {}
+    for d in docs:
+        key = json.dumps([d["model"], d.get("cuda_graph", False)], sort_keys=True)
+        groups.setdefault(key, []).append(d)
+    runs = sorted((merge_run(g) for g in groups.values()),
+                  key=lambda r: (r["cuda_graph"], r["model"]["seq_len"], r["model"]["batch"]))
+    out = {k: docs[0][k] for k in COMMON}
+    out["date"] = min(d["date"] for d in docs)
+    out["method"] = (
+        "examples/python/train.py --compare: the three configurations one after another in one "
+        "torchrun job from the same seed; tokens/s = batch x seq_len over the median step time "
+        "after the warm-up on rank 0 (a step: the batch's draw, forward, backward, gradient "
+        "all-reduce, AdamW, the loss's all-reduce and the host's wait for the GPU); per "
+        "configuration the median over processes")
+    out["runs"] = runs
+    return out
+
+
+def plot(path, result):
+    try:
+        import matplotlib
+    except ImportError:
+        print("training_report: matplotlib does not import here, so no plot was written", flush=True)
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = result["runs"]
+    fig, axes = plt.subplots(len(runs), 2, figsize=(11, 3.6 * len(runs)), squeeze=False)
+    for (left, right), run in zip(axes, runs):
+        m = run["model"]
+        what = f"T = {m['seq_len'] // 1024}K, B = {m['batch']}" + (", CUDA graph" if run["cuda_graph"] else "")
+        # dashed over solid: bitwise-equal curves stay visible
+        for side, style in zip(SIDES, ("-", "--", ":")):
+            left.plot(range(len(run["losses"][side])), run["losses"][side], style, label=side)
+        left.set(xlabel="step", ylabel="loss", title=f"GLA LM, W = {result['W']}, {what}")
+        left.legend()
+        speeds = run["tokens_per_s"]
+        bars = right.bar(list(speeds), list(speeds.values()))
+        right.bar_label(bars, labels=[f"{v / speeds['fla_peer']:.2f}x" for v in speeds.values()])
+        right.margins(y=0.12)
+        right.set(ylabel="tokens/s", title=f"median over {run['processes']} process(es); x = vs fla_peer")
+    fig.tight_layout()
+    fig.savefig(path)
+    print(f"training_report: wrote {path}", flush=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("results", nargs="+", help="train.py --compare --out files")
+    ap.add_argument("--out", required=True, help="training.json to write (its .png beside it)")
+    args = ap.parse_args(argv)
+    result = merge([json.loads(Path(f).read_text()) for f in args.results])
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    for run in result["runs"]:
+        m = run["model"]
+        print(f"T={m['seq_len']} B={m['batch']} cuda_graph={run['cuda_graph']}: tokens/s {run['tokens_per_s']}, "
+              f"overlapped / sequential_nccl {run['overlapped_over_sequential_nccl']}, "
+              f"overlapped / fla_peer {run['overlapped_over_fla_peer']}, "
+              f"losses bitwise {run['loss_bitwise_identical']}", flush=True)
+    plot(Path(args.out).with_suffix(".png"), result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

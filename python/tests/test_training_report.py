@@ -1,0 +1,65 @@
+"""benches/training_report.py: train.py --compare results of several processes merged per
+configuration (CPU only)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benches"))
+import training_report  # noqa: E402
+
+SIDES = training_report.SIDES
+
+
+def result(seq_len, speeds, losses, date="2026-01-02", **changes):
+    """A train.py --compare result (the fields training_report reads)."""
+    doc = dict(device="GPU", commit="abc", date=date, W=4, family="gla", steps=3, warmup=1,
+               cuda_graph=False, model=dict(seq_len=seq_len, batch=1),
+               tokens_per_s=dict(zip(SIDES, speeds)), peak_mem_gib={s: [1.0, 2.0] for s in SIDES},
+               loss_bitwise_identical=True, losses={s: list(losses) for s in SIDES},
+               phase_ms_rank0={s: {"forward": speeds[0] / 10} for s in SIDES},
+               step_ms_rank0={s: [500.0, 10.0, 30.0] for s in SIDES})
+    doc.update(changes)
+    return doc
+
+
+def test_processes_of_one_configuration_give_medians_and_ratios():
+    docs = [result(16, (3, 2, 1), (5, 4, 3)), result(16, (5, 4, 2), (5, 4, 3), date="2026-01-01"),
+            result(16, (4, 3, 1), (5, 4, 3)), result(32, (8, 9, 4), (6, 5, 4))]
+    merged = training_report.merge(docs)
+    assert merged["date"] == "2026-01-01" and merged["W"] == 4
+    short, long = merged["runs"]
+    assert short["processes"] == 3 and short["tokens_per_s"] == dict(zip(SIDES, (4, 3, 1)))
+    assert short["overlapped_over_sequential_nccl"] == pytest.approx(4 / 3, abs=1e-4)
+    assert short["overlapped_over_fla_peer"] == 4
+    assert short["peak_mem_gib"]["fla_peer"] == 2.0
+    assert short["loss_bitwise_identical"] and short["losses_identical_across_processes"]
+    # the warm-up's step (500 ms) is left out
+    assert short["step_ms_percentiles"]["overlapped"] == {"p10": 10.0, "p50": 30.0, "p90": 30.0}
+    assert short["phase_ms_rank0"]["overlapped"]["forward"] == pytest.approx(0.4)
+    assert long["model"]["seq_len"] == 32 and long["overlapped_over_sequential_nccl"] == pytest.approx(8 / 9, abs=1e-4)
+
+
+def test_a_process_whose_losses_differ_is_reported():
+    docs = [result(16, (3, 2, 1), (5, 4, 3)), result(16, (3, 2, 1), (5, 4, 2.5))]
+    [run] = training_report.merge(docs)["runs"]
+    assert not run["losses_identical_across_processes"]
+    docs[1]["loss_bitwise_identical"] = False
+    assert not training_report.merge(docs)["runs"][0]["loss_bitwise_identical"]
+
+
+def test_files_of_different_builds_or_single_runs_are_refused():
+    with pytest.raises(SystemExit, match="disagree on commit"):
+        training_report.merge([result(16, (3, 2, 1), (1,)), result(16, (3, 2, 1), (1,), commit="def")])
+    single = result(16, (3, 2, 1), (1,))
+    single["tokens_per_s"] = 3.0
+    with pytest.raises(SystemExit, match="--compare"):
+        training_report.merge([single])
+
+
+def test_cuda_graph_runs_are_their_own_configuration_without_phases():
+    graph = result(16, (6, 5, 2), (5, 4, 3), cuda_graph=True, phase_ms_rank0={s: None for s in SIDES})
+    eager, captured = training_report.merge([result(16, (3, 2, 1), (5, 4, 3)), graph])["runs"]
+    assert not eager["cuda_graph"] and captured["cuda_graph"]
+    assert captured["phase_ms_rank0"] is None and captured["tokens_per_s"]["overlapped"] == 6
