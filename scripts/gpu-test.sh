@@ -96,9 +96,10 @@ else
   echo "NOTICE: lasp2_torch skipped: python3 cannot import torch"
 fi
 # The lasp_shmem package where it is installed (pip install --no-deps dist/lasp_shmem-*.whl): its
-# tests on one GPU, then LASP-2 through it on every GPU.
+# tests on one GPU (with the library's own checks of descriptors), then LASP-2 through it on every
+# GPU. The tests that need no GPU (the *_cpu files, the training report's) are CI's.
 if python3 -c "import torch, pytest, lasp_shmem.torch" 2>/dev/null; then
-  check python_package env NVSHMEM_REMOTE_TRANSPORT=none timeout 900 python3 -m pytest -rs python/tests
+  check python_package env NVSHMEM_REMOTE_TRANSPORT=none timeout 900 python3 -m pytest -rs python/tests/test_gpu.py python/tests/test_abi.py
   check python_package_lasp2 env NVSHMEM_REMOTE_TRANSPORT=none timeout 900 python3 -m torch.distributed.run --standalone --nproc-per-node "$NGPU" \
     -m pytest -rs python/tests/test_lasp2.py
   # Guest mode: PyTorch's SymmetricMemory starts NVSHMEM, lasp_shmem joins it (a process of its own).
