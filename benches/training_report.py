@@ -1,11 +1,11 @@
 """Merges the results of examples/python/train.py --compare (one JSON per process; any number of
-configurations: sequence length, batch, eager or CUDA graph) into training.json and its PNG.
+configurations: sequence length and batch) into training.json and its PNG.
 
     python3 benches/training_report.py out/training_16384_*.json out/training_32768_*.json \\
         --out benches/results/training.json
 
 The processes must agree on device, commit, W, family, steps and warmup (the file's top level;
-date is the earliest). One `runs` entry per configuration (model and cuda_graph), with:
+date is the earliest). One `runs` entry per configuration (the model), with:
 tokens_per_s, the median over its processes of each side's (overlapped, sequential_nccl, fla_peer)
 and tokens_per_s_per_process beside it (step times vary between processes, as fla's kernel times
 do); overlapped_over_sequential_nccl and overlapped_over_fla_peer, ratios of those medians;
@@ -13,8 +13,8 @@ peak_mem_gib, each side's largest over processes and ranks; loss_bitwise_identic
 sequential_nccl equal at every step in every process; losses_identical_across_processes (the
 training is deterministic, so a process whose losses differ from the first's is a finding);
 step_ms_percentiles, each side's 10th, 50th and 90th percentile of rank 0's step times after the
-warm-up, over all processes; phase_ms_rank0, each side's phases' medians over processes (null with
-cuda_graph); losses, the first process's. The PNG has one row per configuration: the loss curves
+warm-up, over all processes; phase_ms_rank0, each side's phases' medians over processes; losses,
+the first process's. The PNG has one row per configuration: the loss curves
 and the tokens/s.
 """
 import argparse
@@ -39,7 +39,7 @@ def merge_run(docs):
     median = {s: round(statistics.median(v), 1) for s, v in speed.items()}
     warm = first["warmup"]
     run = dict(
-        model=first["model"], cuda_graph=first.get("cuda_graph", False), processes=len(docs),
+        model=first["model"], processes=len(docs),
         tokens_per_s=median, tokens_per_s_per_process=speed,
         overlapped_over_sequential_nccl=round(median["overlapped"] / median["sequential_nccl"], 4),
         overlapped_over_fla_peer=round(median["overlapped"] / median["fla_peer"], 4),
@@ -50,8 +50,8 @@ def merge_run(docs):
     if all("step_ms_rank0" in d for d in docs):
         run["step_ms_percentiles"] = {
             s: percentiles([ms for d in docs for ms in d["step_ms_rank0"][s][warm:]]) for s in SIDES}
-    phases = [d.get("phase_ms_rank0") for d in docs]
-    run["phase_ms_rank0"] = None if any(p is None or p.get(SIDES[0]) is None for p in phases) else {
+    phases = [d["phase_ms_rank0"] for d in docs]
+    run["phase_ms_rank0"] = {
         s: {name: round(statistics.median(p[s][name] for p in phases), 3) for name in phases[0][s]}
         for s in SIDES}
     run["losses"] = first["losses"]
@@ -67,10 +67,10 @@ def merge(docs):
                 raise SystemExit(f"training_report: the files disagree on {k}: {d[k]!r} and {docs[0][k]!r}")
     groups = {}
     for d in docs:
-        key = json.dumps([d["model"], d.get("cuda_graph", False)], sort_keys=True)
+        key = json.dumps(d["model"], sort_keys=True)
         groups.setdefault(key, []).append(d)
     runs = sorted((merge_run(g) for g in groups.values()),
-                  key=lambda r: (r["cuda_graph"], r["model"]["seq_len"], r["model"]["batch"]))
+                  key=lambda r: (r["model"]["seq_len"], r["model"]["batch"]))
     out = {k: docs[0][k] for k in COMMON}
     out["date"] = min(d["date"] for d in docs)
     out["method"] = (
@@ -96,7 +96,7 @@ def plot(path, result):
     fig, axes = plt.subplots(len(runs), 2, figsize=(11, 3.6 * len(runs)), squeeze=False)
     for (left, right), run in zip(axes, runs):
         m = run["model"]
-        what = f"T = {m['seq_len'] // 1024}K, B = {m['batch']}" + (", CUDA graph" if run["cuda_graph"] else "")
+        what = f"T = {m['seq_len'] // 1024}K, B = {m['batch']}"
         # dashed over solid: bitwise-equal curves stay visible
         for side, style in zip(SIDES, ("-", "--", ":")):
             left.plot(range(len(run["losses"][side])), run["losses"][side], style, label=side)
@@ -121,7 +121,7 @@ def main(argv=None):
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     for run in result["runs"]:
         m = run["model"]
-        print(f"T={m['seq_len']} B={m['batch']} cuda_graph={run['cuda_graph']}: tokens/s {run['tokens_per_s']}, "
+        print(f"T={m['seq_len']} B={m['batch']}: tokens/s {run['tokens_per_s']}, "
               f"overlapped / sequential_nccl {run['overlapped_over_sequential_nccl']}, "
               f"overlapped / fla_peer {run['overlapped_over_fla_peer']}, "
               f"losses bitwise {run['loss_bitwise_identical']}", flush=True)

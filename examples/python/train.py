@@ -43,18 +43,13 @@ rank 0's median time of each phase of a step (forward with the loss, backward, t
 all-reduce, AdamW; CUDA events, so the phases need not add up to the step), and rank 0's time of
 every step. Python's garbage collector runs between steps, every 10 steps, outside the timed part.
 
---cuda-graph: the steps after --warmup replay one CUDA graph of the step (Stepper says how it is
-captured), in every configuration alike; the phases are then not measured. Eager steps leave the
-host's launch jitter in the step time (tens of ms a step at this size, at random steps); a graph
-leaves the GPU's time.
-
 --out FILE (JSON): device, commit (env LASP_COMMIT), date (env LASP_DATE, else now), W, family
-"gla", model (the configuration), steps, warmup, cuda_graph, and for one run backend, mode,
-tokens_per_s, peak_mem_gib (per rank), phase_ms_rank0, step_ms_rank0, losses; with --compare the
-three configurations one after another in one process group from the same seed (ours overlapped,
-ours sequential_nccl, fla peer): tokens_per_s, peak_mem_gib, phase_ms_rank0, step_ms_rank0 and
-losses each keyed by overlapped, sequential_nccl and fla_peer, and loss_bitwise_identical (the overlapped and sequential_nccl losses of every step
-bitwise equal). With matplotlib installed it also writes FILE's name with .png: the loss curves and
+"gla", model (the configuration), steps, warmup, and for one run backend, mode, tokens_per_s,
+peak_mem_gib (per rank), phase_ms_rank0, step_ms_rank0, losses; with --compare the three
+configurations one after another in one process group from the same seed (ours overlapped, ours
+sequential_nccl, fla peer): tokens_per_s, peak_mem_gib, phase_ms_rank0, step_ms_rank0 and losses
+each keyed by overlapped, sequential_nccl and fla_peer, and loss_bitwise_identical (the overlapped
+and sequential_nccl losses of every step bitwise equal). With matplotlib installed it also writes FILE's name with .png: the loss curves and
 the throughputs.
 
 Needs on the GPU node: torch with CUDA and NCCL, lasp_shmem (pip install ./python) and, for the
@@ -259,12 +254,10 @@ class PhaseClock:
     """CUDA events between a step's phases (the host's clock on the CPU), read after the step's
     final synchronisation, so that timing them adds no wait: {phase: ms} of the step."""
 
-    def __init__(self, cuda, enabled=True):
-        self.cuda, self.enabled, self.marks = cuda, enabled, []
+    def __init__(self, cuda):
+        self.cuda, self.marks = cuda, []
 
     def mark(self):
-        if not self.enabled:
-            return
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
@@ -279,68 +272,10 @@ class PhaseClock:
         return dict(zip(PHASES, ms))
 
 
-class Stepper:
-    """One configuration's training step: forward with the loss, backward, the gradients' mean over
-    the group, AdamW. With cuda_graph the step is captured once, after the warm-up's eager steps
-    (which make every op, workspace and autotuning choice), and every later step replays it with the
-    batch copied into the captured inputs: the host then launches one graph per step instead of
-    thousands of kernels, so its jitter leaves the step time. The eager steps of a graph run go on
-    a side stream and autocast does not cache its casts, as torch.cuda.graph requires."""
-
-    def __init__(self, model, params, optimizer, cfg, group, world, device):
-        self.model, self.params, self.optimizer = model, params, optimizer
-        self.cfg, self.group, self.world, self.device = cfg, group, world, device
-        self.graph = self.captured = None
-        self.side = torch.cuda.Stream() if cfg.cuda_graph else None
-
-    def body(self, inputs, targets, clock):
-        clock.mark()
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=not self.cfg.cuda_graph):
-            logits = self.model(inputs)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-        clock.mark()
-        loss.backward()
-        clock.mark()
-        all_reduce_mean([p.grad for p in self.params], self.group, self.world)
-        clock.mark()
-        self.optimizer.step()
-        clock.mark()
-        return loss
-
-    def __call__(self, inputs, targets, clock):
-        """The step's loss (this rank's)."""
-        if self.graph is not None:
-            static_inputs, static_targets, loss = self.captured
-            static_inputs.copy_(inputs)
-            static_targets.copy_(targets)
-            self.graph.replay()
-            return loss
-        if self.side is None:
-            loss = self.body(inputs, targets, clock)
-        else:
-            self.side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(self.side):
-                loss = self.body(inputs, targets, clock)
-            torch.cuda.current_stream().wait_stream(self.side)
-        self.optimizer.zero_grad(set_to_none=True)
-        return loss
-
-    def capture(self, inputs, targets):
-        """Records the step into a CUDA graph (nothing runs now). The gradients are None here,
-        so the captured backward writes them instead of adding to them, and no zeroing is needed
-        between replays."""
-        torch.cuda.synchronize()
-        static_inputs, static_targets = inputs.clone(), targets.clone()
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            loss = self.body(static_inputs, static_targets, PhaseClock(cuda=False, enabled=False))
-        self.captured = (static_inputs, static_targets, loss)
-
-
 def run(name, attention, cfg, group, device):
     """Trains cfg.steps steps of the configuration `name` with `attention` (attention_fn's) from
     cfg.seed: (tokens/s, peak GiB per rank or None on the CPU, losses, median ms of each phase on
-    rank 0 or None with --cuda-graph, ms of every step on rank 0)."""
+    rank 0, ms of every step on rank 0)."""
     mode = CONFIGS[name][1]
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     if mode is not None:
@@ -352,8 +287,7 @@ def run(name, attention, cfg, group, device):
     torch.manual_seed(cfg.seed)
     model = LM(cfg, attention).to(device)
     params = list(model.parameters())
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.1, fused=cuda, capturable=cfg.cuda_graph)
-    stepper = Stepper(model, params, optimizer, cfg, group, world, device)
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.1, fused=cuda)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     clock = PhaseClock(cuda)
     losses, times, phases = [], [], []
@@ -371,7 +305,18 @@ def run(name, attention, cfg, group, device):
         dist.barrier(group)
         t0 = time.perf_counter()
         inputs, targets = batch(step, cfg, rank, world, device)
-        loss = stepper(inputs, targets, clock)
+        clock.mark()
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            logits = model(inputs)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        clock.mark()
+        loss.backward()
+        clock.mark()
+        all_reduce_mean([p.grad for p in params], group, world)
+        clock.mark()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        clock.mark()
         reported = loss.detach().clone()
         dist.all_reduce(reported, group=group)
         losses.append((reported / world).item())
@@ -380,19 +325,16 @@ def run(name, attention, cfg, group, device):
         phases.append(clock.phases())
         if rank == 0:
             print(f"{name} step {step}: loss {losses[-1]:.6f} ({times[-1] * 1e3:.1f} ms)", flush=True)
-        if cfg.cuda_graph and step + 1 == cfg.warmup:
-            stepper.capture(inputs, targets)
     gc.enable()
     gc.unfreeze()
     tokens_per_s = cfg.batch * cfg.seq_len / statistics.median(times[cfg.warmup:])
-    phase_ms = None if cfg.cuda_graph else {
-        p: round(statistics.median(s[p] for s in phases[cfg.warmup:]), 3) for p in PHASES}
+    phase_ms = {p: round(statistics.median(s[p] for s in phases[cfg.warmup:]), 3) for p in PHASES}
     peak = None
     if cuda:
         peaks = [None] * world
         dist.all_gather_object(peaks, torch.cuda.max_memory_allocated() / 2**30, group=group)
         peak = [round(p, 3) for p in peaks]
-    del model, optimizer, params, stepper
+    del model, optimizer, params
     return tokens_per_s, peak, losses, phase_ms, [round(t * 1e3, 2) for t in times]
 
 
@@ -453,8 +395,6 @@ def main(argv=None, init_ours=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--compile", action="store_true",
                     help="torch.compile the token-local elementwise steps (norms, gates, SwiGLU)")
-    ap.add_argument("--cuda-graph", action="store_true",
-                    help="capture the step in a CUDA graph after the --warmup eager steps and replay it")
     ap.add_argument("--out", default=None, help="the JSON file (rank 0)")
     ap.add_argument("--cpu", action="store_true",
                     help="gloo on the CPU and a tiny model (2 layers, d_model 128, 2 heads of 64, vocab "
@@ -468,9 +408,6 @@ def main(argv=None, init_ours=None):
         cfg.ffn = math.ceil(cfg.d_model * 4 * 2 / 3 / 256) * 256
     if cfg.steps <= cfg.warmup:
         ap.error("--steps must exceed --warmup")
-    if cfg.cuda_graph and (cfg.cpu or cfg.warmup < 2):
-        ap.error("--cuda-graph needs the GPU and --warmup 2 or more (the eager steps before the "
-                 "capture make every op, workspace and autotuning choice)")
     if cfg.compile:
         TOKEN_LOCAL.update({name: torch.compile(fn, dynamic=False) for name, fn in TOKEN_LOCAL.items()})
 
@@ -504,8 +441,7 @@ def main(argv=None, init_ours=None):
                     else "cpu (gloo, float64 stand-ins for lasp_shmem and fla)"),
             commit=os.environ.get("LASP_COMMIT", "unknown"),
             date=os.environ.get("LASP_DATE", datetime.now(timezone.utc).isoformat(timespec="seconds")),
-            W=world, family="gla", model=model_config(cfg), steps=cfg.steps, warmup=cfg.warmup,
-            cuda_graph=cfg.cuda_graph)
+            W=world, family="gla", model=model_config(cfg), steps=cfg.steps, warmup=cfg.warmup)
         if cfg.compare:
             result.update(
                 tokens_per_s={n: round(r[0], 1) for n, r in results.items()},

@@ -15,7 +15,7 @@ SIDES = training_report.SIDES
 def result(seq_len, speeds, losses, date="2026-01-02", **changes):
     """A train.py --compare result (the fields training_report reads)."""
     doc = dict(device="GPU", commit="abc", date=date, W=4, family="gla", steps=3, warmup=1,
-               cuda_graph=False, model=dict(seq_len=seq_len, batch=1),
+               model=dict(seq_len=seq_len, batch=1),
                tokens_per_s=dict(zip(SIDES, speeds)), peak_mem_gib={s: [1.0, 2.0] for s in SIDES},
                loss_bitwise_identical=True, losses={s: list(losses) for s in SIDES},
                phase_ms_rank0={s: {"forward": speeds[0] / 10} for s in SIDES},
@@ -56,10 +56,3 @@ def test_files_of_different_builds_or_single_runs_are_refused():
     single["tokens_per_s"] = 3.0
     with pytest.raises(SystemExit, match="--compare"):
         training_report.merge([single])
-
-
-def test_cuda_graph_runs_are_their_own_configuration_without_phases():
-    graph = result(16, (6, 5, 2), (5, 4, 3), cuda_graph=True, phase_ms_rank0={s: None for s in SIDES})
-    eager, captured = training_report.merge([result(16, (3, 2, 1), (5, 4, 3)), graph])["runs"]
-    assert not eager["cuda_graph"] and captured["cuda_graph"]
-    assert captured["phase_ms_rank0"] is None and captured["tokens_per_s"]["overlapped"] == 6
