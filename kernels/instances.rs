@@ -60,6 +60,8 @@ const GLA_L2_PARAMS: &str = "lasp_gla_lasp2_params";
 const GLA_BACKWARD: &str = "gla/backward.cu";
 const GLA_LASP2_BACKWARD: &str = "gla/lasp2_backward.cu";
 const GLA_BWD_PARAMS: &str = "lasp_gla_bwd_params";
+const GDN_FORWARD: &str = "gated_delta/forward.cu";
+const GDN_PARAMS: &str = "lasp_gated_delta_params";
 
 /// Every templated kernel. Template arguments of `run_segment`: key width, output pass, probe,
 /// two roles, reversed time axis, block states (lasp/scalar_decay/chunk.cuh). The LASP-2 kernels
@@ -143,4 +145,10 @@ pub const INSTANCES: &[Instance] = &[
         "lasp_gla_bwd_grads_threads({dk}, 64), 1", GLA_BWD_PARAMS, "lasp::gla::bwd_grads<{dk}, 64>(p)"),
     row("GLA_BWD_GRADS_DV128", "lasp_gla_bwd_grads_dk{dk}_dv128", GLA_BACKWARD,
         "lasp_gla_bwd_grads_threads({dk}, 128), 1", GLA_BWD_PARAMS, "lasp::gla::bwd_grads<{dk}, 128>(p)"),
+    // Gated DeltaNet's forward (single GPU): the chunks' (I + L)^{-1}, then scalar decay's output
+    // loop with the delta rule's values step.
+    row("GDN_WY", "lasp_gated_delta_wy_dk{dk}", GDN_FORWARD, "LASP_GDN_WY_THREADS, 1", GDN_PARAMS,
+        "lasp::gdn::run_wy<{dk}>(p)"),
+    row("GDN_OUTPUT", "lasp_gated_delta_output_dk{dk}", GDN_FORWARD, SD_THREADS, GDN_PARAMS,
+        "lasp::gdn::run_output<{dk}>(p)"),
 ];

@@ -29,6 +29,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+pub mod gated_delta;
 pub mod gla;
 pub mod scalar_decay;
 
@@ -240,6 +241,28 @@ pub(crate) fn sm_count(ctx: &CudaContext) -> Result<u32> {
             cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
         )?
         .max(1) as u32)
+}
+
+/// An error (naming `op`) where this GPU cannot give a block `need` bytes of shared memory, the
+/// most any of the operation's kernels launches with.
+pub(crate) fn require_shared_memory(
+    runtime: &crate::runtime::Runtime,
+    op: &str,
+    need: u32,
+) -> Result<()> {
+    let ctx = runtime.context();
+    ctx.bind_to_thread()?;
+    let optin = ctx
+        .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
+        as u32;
+    if optin < need {
+        return Err(Error::Launch(format!(
+            "{op}: the kernels need {need} bytes of shared memory per block but this GPU ({}) \
+             allows {optin}; run on an H100/H200 (sm_90)",
+            ctx.name().unwrap_or_default()
+        )));
+    }
+    Ok(())
 }
 
 /// Makes `workspace` hold at least `bytes` bytes (`op` names the operation in errors). Growing

@@ -5,9 +5,7 @@
 //! The maths, the call sequence and every launch and workspace formula are those of
 //! `kernels/cuda/include/lasp/gla/backward_params.h`; the shared-memory formulas are ported here.
 
-use super::forward::{
-    check_inputs, check_measured, require_shared_memory, validate_gates_of, width_index,
-};
+use super::forward::{check_inputs, check_measured, validate_gates_of, width_index};
 use super::plan::{
     check_forced_segments, chunk_states_len, split_into_segments, validate_as, CHUNK,
     CHUNK_STATES_LAYOUT,
@@ -16,7 +14,7 @@ use super::GlaBackwardParams;
 use crate::error::{Error, Result};
 use crate::kernel::{Kernel, LaunchShape};
 use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
-use crate::ops::{bf16, DeviceMut, DeviceRef, StreamOrder};
+use crate::ops::{bf16, require_shared_memory, DeviceMut, DeviceRef, StreamOrder};
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use lasp_shmem_kernels::{instances, params as header};

@@ -9,9 +9,9 @@ use super::{GlaParams, GlaPlan};
 use crate::error::{Error, Result};
 use crate::kernel::Kernel;
 use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
-use crate::ops::{bf16, DeviceMut, DeviceRef, StreamOrder};
+use crate::ops::{bf16, require_shared_memory, DeviceMut, DeviceRef, StreamOrder};
 use crate::runtime::Runtime;
-use cudarc::driver::{result as cu, sys, CudaContext, CudaSlice, CudaStream};
+use cudarc::driver::{result as cu, CudaContext, CudaSlice, CudaStream};
 use lasp_shmem_kernels::instances;
 use std::sync::Arc;
 
@@ -212,24 +212,6 @@ pub struct GlaForward {
     force_segments: Option<u32>,
     force_splits: Option<u32>,
     workspace: Option<CudaSlice<u8>>,
-}
-
-/// An error (naming `op`) where this GPU cannot give a block `need` bytes of shared memory, the
-/// most any of the operation's kernels launches with.
-pub(crate) fn require_shared_memory(runtime: &Runtime, op: &str, need: u32) -> Result<()> {
-    let ctx = runtime.context();
-    ctx.bind_to_thread()?;
-    let optin = ctx
-        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
-        as u32;
-    if optin < need {
-        return Err(Error::Launch(format!(
-            "{op}: the kernels need {need} bytes of shared memory per block but this GPU ({}) \
-             allows {optin}; run on an H100/H200 (sm_90)",
-            ctx.name().unwrap_or_default()
-        )));
-    }
-    Ok(())
 }
 
 /// The states kernels (by Dk) and output kernels (by Dv, then Dk) of one of GLA's forwards, with

@@ -623,6 +623,23 @@ struct NoChunkHook {
   __device__ __forceinline__ void operator()(S&, const Lane&, int) const {}
 };
 
+// The values the output loop's products take from a chunk: by default its V tile as it is. A
+// family whose update writes other values (Gated DeltaNet's u = (I + L)^{-1} diag(beta) (V -
+// diag(e^b) K S_n), lasp/gated_delta/values.cuh) passes a type with the same two members:
+//   issue(sbase, i, chunk, tok0, valid, tid): cp.async copies of what it needs of the segment's
+//       chunk i (sequence chunk `chunk`, first token tok0, `valid` rows of tokens) into its own
+//       shared memory, inside the chunk's commit group (so the loop's wait covers them);
+//   apply<DK>(sbase, i, sK, sV, sS, off, cg, warp, lane): called by every thread after the chunk
+//       has landed, before its products, with the bf16 state copy sS of S_n; rewrites the V tile
+//       at sV (its barriers are its own, and its last one publishes the tile to the products).
+struct PlainValues {
+  static constexpr bool kPlain = true;
+  __device__ __forceinline__ void issue(uint32_t, int, int, int, int, int) const {}
+  template <int DK>
+  __device__ __forceinline__ void apply(uint32_t, int, uint32_t, uint32_t, uint32_t, const FragOffsets<DK>&,
+                                        const ChunkGates&, int, int) const {}
+};
+
 // Runs one CTA's segment of an output kernel (O for every token; the states kernels run
 // run_states_segment).
 //   start(s, lane) -> bool: fills the fp32 start state (called once by every thread, before any
@@ -632,11 +649,14 @@ struct NoChunkHook {
 //                   (sum of the chunks' gamma in chunk order).
 //   at_chunk(s, lane, c): called by every thread at the start of loop chunk c (of the sequence),
 //                   with the state entering it (the backward's passes write some of them).
+//   values:         what the products take as the chunk's values (PlainValues: V; in order only).
 // kProbe: Probe::kNone except in the output kernel's probes.
 template <int DK, Probe kProbe = Probe::kNone, bool kReversed = false, class Start, class End,
-          class AtChunk = NoChunkHook>
+          class AtChunk = NoChunkHook, class Values = PlainValues>
 __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& start, End&& end,
-                                                 AtChunk&& at_chunk = AtChunk{}) {
+                                                 AtChunk&& at_chunk = AtChunk{}, const Values& values = Values{}) {
+  static_assert(Values::kPlain || (!kReversed && kProbe == Probe::kNone),
+                "a values step runs in the in-order production loop only");
   using L = Layout<DK, true>;
   static_assert(L::kBytes == lasp_sd_output_smem_bytes(DK), "shared-memory map and host formula disagree");
   constexpr int kQKChunks = DK / 8;
@@ -690,6 +710,7 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
         const bool ok = tid < valid;
         cp_async_4(gates + 4 * tid, ok ? gate + (tok0 + tid) * axis.step : gate, ok);
       }
+      values.issue(sbase, i, c_begin + i, tok0, valid, tid);
     }
   };
 
@@ -736,7 +757,10 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
     const int tok0 = (c_begin + (kEveryChunkFromMemory ? i : 0)) * kChunk;  // first token of the O rows
     float o[8][4];  // O rows of this warp, 64 columns (8 n-tiles)
     at_chunk(s, ln, c_begin + i);
-    if constexpr (kMath) output_chunk<DK, kProbe>(o, s, sQ, sK, sV, sS, off, cg, warp, g, t, a.scale);
+    if constexpr (kMath) {
+      values.template apply<DK>(sbase, i, sK, sV, sS, off, cg, warp, lane);
+      output_chunk<DK, kProbe>(o, s, sQ, sK, sV, sS, off, cg, warp, g, t, a.scale);
+    }
     // bf16 pair (columns 8 nt + 2t, +1) of O row 16 warp + 8 hh + g.
     auto o_pair = [&](int nt, int hh) -> uint32_t {
       if constexpr (kMath) {

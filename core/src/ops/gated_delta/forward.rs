@@ -1,0 +1,281 @@
+//! [`GatedDeltaForward`]: the Gated DeltaNet forward's kernels, workspace and launches, and the
+//! checks of one call's tensors ([`GatedDeltaArgs`]) before anything is launched.
+
+use super::GatedDeltaParams;
+use crate::error::{Error, Result};
+use crate::kernel::{Kernel, LaunchShape};
+use crate::ops::scalar_decay::{geometry, ForwardShape, TensorChecks};
+use crate::ops::{bf16, require_shared_memory, DeviceMut, DeviceRef, StreamOrder};
+use crate::runtime::Runtime;
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use lasp_shmem_kernels::{instances, params as header};
+use std::sync::Arc;
+
+const OP: &str = "Gated DeltaNet forward";
+const CHUNK: u32 = header::LASP_SD_CHUNK;
+
+/// The tensors of one call; views from cudarc buffers ([`DeviceRef::new`], [`DeviceMut::new`])
+/// or raw pointers, all in the runtime's GPU context.
+#[derive(Debug)]
+pub struct GatedDeltaArgs<'a> {
+    /// The dimensions every tensor must agree with (Dk 64 or 128, Dv a multiple of 64).
+    pub shape: ForwardShape,
+    /// Queries `[B, T, H, Dk]`, bf16, contiguous, 16-byte aligned.
+    pub q: DeviceRef<'a, bf16>,
+    /// Keys `[B, T, H, Dk]`, bf16, contiguous, 16-byte aligned (l2-normalised where the model
+    /// normalises them: the kernels take them as given).
+    pub k: DeviceRef<'a, bf16>,
+    /// Values `[B, T, H, Dv]`, bf16, contiguous, 16-byte aligned.
+    pub v: DeviceRef<'a, bf16>,
+    /// Log-decays `[B, T, H]`, fp32, finite and `<= 0` (the caller's contract).
+    pub g: DeviceRef<'a, f32>,
+    /// Write strengths `[B, T, H]`, fp32, finite (usually in `[0, 1]`, a sigmoid's output).
+    pub beta: DeviceRef<'a, f32>,
+    /// Initial state `[B, H, Dk, Dv]` fp32, 8-byte aligned; `None` for zero.
+    pub h0: Option<DeviceRef<'a, f32>>,
+    /// Output `[B, T, H, Dv]`, bf16, 16-byte aligned; every element is written.
+    pub o: DeviceMut<'a, bf16>,
+    /// Final state `[B, H, Dk, Dv]` fp32, 8-byte aligned; `None` to skip it.
+    pub ht: Option<DeviceMut<'a, f32>>,
+    /// `sigma` in `o_t = sigma q_t S_t`; `None` for `Dk^-1/2`.
+    pub scale: Option<f32>,
+}
+
+impl<'a> GatedDeltaArgs<'a> {
+    /// The streams of the buffers the views come from ([`crate::ops`], "Ordering").
+    fn homes(&self) -> [Option<&'a Arc<CudaStream>>; 8] {
+        [
+            self.q.home(),
+            self.k.home(),
+            self.v.home(),
+            self.g.home(),
+            self.beta.home(),
+            self.h0.and_then(|h0| h0.home()),
+            self.o.home(),
+            self.ht.as_ref().and_then(DeviceMut::home),
+        ]
+    }
+
+    /// Checks the shape, then lengths, alignment, scale and overlaps against it; returns the
+    /// scale to use.
+    pub(super) fn check(&self) -> Result<f32> {
+        let s = &self.shape;
+        s.validate_as(OP)?;
+        let checks = TensorChecks::new(OP, s);
+        let tensors = [
+            (
+                "q",
+                self.q.len(),
+                "[B, T, H, Dk]",
+                s.qk_len(),
+                self.q.addr(),
+                16,
+            ),
+            (
+                "k",
+                self.k.len(),
+                "[B, T, H, Dk]",
+                s.qk_len(),
+                self.k.addr(),
+                16,
+            ),
+            (
+                "v",
+                self.v.len(),
+                "[B, T, H, Dv]",
+                s.v_len(),
+                self.v.addr(),
+                16,
+            ),
+            (
+                "g",
+                self.g.len(),
+                "[B, T, H]",
+                s.gate_len(),
+                self.g.addr(),
+                4,
+            ),
+            (
+                "beta",
+                self.beta.len(),
+                "[B, T, H]",
+                s.gate_len(),
+                self.beta.addr(),
+                4,
+            ),
+            (
+                "o",
+                self.o.len(),
+                "[B, T, H, Dv]",
+                s.v_len(),
+                self.o.addr(),
+                16,
+            ),
+        ];
+        let states = [
+            self.h0.map(|x| ("h0", x.len(), x.addr())),
+            self.ht.as_ref().map(|x| ("ht", x.len(), x.addr())),
+        ];
+        let states = states
+            .into_iter()
+            .flatten()
+            .map(|(name, len, addr)| (name, len, "[B, H, Dk, Dv]", s.state_len(), addr, 8));
+        for (name, len, layout, want, addr, align) in tensors.into_iter().chain(states) {
+            checks.length(name, layout, len, want)?;
+            checks.aligned(name, addr, align)?;
+        }
+        let scale = checks.scale(self.scale, s)?;
+        let mut inputs = vec![
+            ("q", self.q.byte_range()),
+            ("k", self.k.byte_range()),
+            ("v", self.v.byte_range()),
+            ("g", self.g.byte_range()),
+            ("beta", self.beta.byte_range()),
+        ];
+        inputs.extend(self.h0.map(|h0| ("h0", h0.byte_range())));
+        let mut outputs = vec![("o", self.o.byte_range())];
+        outputs.extend(self.ht.as_ref().map(|ht| ("ht", ht.byte_range())));
+        checks.disjoint(&inputs, &outputs)?;
+        Ok(scale)
+    }
+}
+
+/// Shared-memory bytes of the WY kernel (`lasp_gdn_wy_smem_bytes`): the K tile, the chunk's gates
+/// and betas, L in fp32.
+pub(super) fn wy_smem_bytes(dk: usize) -> u32 {
+    CHUNK * dk as u32 * 2 + 2 * CHUNK * 4 + CHUNK * header::LASP_GDN_TRI_PITCH * 4
+}
+
+/// Shared-memory bytes of the output kernel (`lasp_gdn_output_smem_bytes`): scalar decay's
+/// output loop, then from the next 1024-byte boundary the values step's tiles and betas.
+pub(super) fn output_smem_bytes(dk: usize) -> u32 {
+    let tile = CHUNK * CHUNK * 2;
+    geometry::output_smem_bytes(dk as i32).next_multiple_of(1024)
+        + header::LASP_SD_STAGES * tile
+        + tile
+        + header::LASP_SD_STAGES * CHUNK * 4
+}
+
+/// Bytes of the workspace for `shape` (`lasp_gdn_tri_elems` bf16): one `[64 x 64]` tile per
+/// chunk and b*H+h.
+pub(super) fn workspace_bytes(s: &ForwardShape) -> u64 {
+    let chunks = s.t.div_ceil(CHUNK as usize) as u64;
+    (s.b * s.h) as u64 * chunks * u64::from(CHUNK * CHUNK) * 2
+}
+
+/// The Gated DeltaNet forward: its kernels and its workspace.
+///
+/// One instance may be launched many times on one stream; launches of one instance on different
+/// streams must be ordered by the caller (they share the workspace). The workspace grows on
+/// demand (a context synchronisation then) and is freed when the instance is dropped.
+pub struct GatedDeltaForward {
+    ctx: Arc<CudaContext>,
+    /// Indexed by Dk: [64, 128].
+    wy: [Kernel; 2],
+    output: [Kernel; 2],
+    workspace: Option<CudaSlice<u8>>,
+}
+
+impl GatedDeltaForward {
+    /// Looks up the kernels in the runtime's module and raises their shared-memory limits; an
+    /// error if this GPU cannot give a block that much shared memory.
+    pub fn new(runtime: &Runtime) -> Result<Self> {
+        require_shared_memory(runtime, OP, output_smem_bytes(128))?;
+        let module = runtime.module();
+        let wy = module.kernels_per_width(instances::GDN_WY)?;
+        let output = module.kernels_per_width(instances::GDN_OUTPUT)?;
+        for (i, dk) in [64, 128].into_iter().enumerate() {
+            wy[i].set_max_dynamic_shared_bytes(wy_smem_bytes(dk))?;
+            output[i].set_max_dynamic_shared_bytes(output_smem_bytes(dk))?;
+        }
+        Ok(GatedDeltaForward {
+            ctx: runtime.context().clone(),
+            wy,
+            output,
+            workspace: None,
+        })
+    }
+
+    /// Enqueues the forward on `stream` (a stream of the runtime's context). Everything is
+    /// validated before the first launch.
+    pub fn launch(&mut self, stream: &Arc<CudaStream>, args: GatedDeltaArgs<'_>) -> Result<()> {
+        StreamOrder::around(stream, args.homes(), OP, || self.enqueue(stream, args))
+    }
+
+    fn enqueue(&mut self, stream: &Arc<CudaStream>, args: GatedDeltaArgs<'_>) -> Result<()> {
+        let scale = args.check()?;
+        if !Arc::ptr_eq(stream.context(), &self.ctx) {
+            return Err(Error::InvalidArgument(format!(
+                "{OP}: the stream belongs to another CUDA context; launch on a stream of the \
+                 runtime's GPU"
+            )));
+        }
+        let s = &args.shape;
+        crate::ops::ensure_workspace(
+            &self.ctx,
+            stream,
+            &mut self.workspace,
+            workspace_bytes(s),
+            OP,
+        )?;
+        let workspace = self.workspace.as_ref().ok_or_else(|| {
+            Error::Launch(format!(
+                "{OP}: no workspace after sizing it (a library bug)"
+            ))
+        })?;
+        let (ws_tri, _no_events) = cudarc::driver::DevicePtr::device_ptr(workspace, stream);
+        let chunks = s.t.div_ceil(CHUNK as usize) as u32;
+        let params = GatedDeltaParams {
+            q: args.q.addr() as _,
+            k: args.k.addr() as _,
+            v: args.v.addr() as _,
+            g: args.g.addr() as _,
+            beta: args.beta.addr() as _,
+            o: args.o.addr() as _,
+            h0: args.h0.map_or(0, |x| x.addr()) as _,
+            ht: args.ht.as_ref().map_or(0, |x| x.addr()) as _,
+            ws_tri: ws_tri as _,
+            B: s.b as i32,
+            T: s.t as i32,
+            H: s.h as i32,
+            Dk: s.dk as i32,
+            Dv: s.dv as i32,
+            num_segments: 1,
+            chunks_per_segment: chunks as i32,
+            scale,
+        };
+        let bh = (s.b * s.h) as u32;
+        let i = usize::from(s.dk == 128);
+        let wy = LaunchShape {
+            grid: (chunks, bh, 1),
+            block: (header::LASP_GDN_WY_THREADS, 1, 1),
+            shared_bytes: wy_smem_bytes(s.dk),
+        };
+        let output = LaunchShape {
+            grid: (s.dv as u32 / 64, 1, bh),
+            block: (header::LASP_SD_THREADS, 1, 1),
+            shared_bytes: output_smem_bytes(s.dk),
+        };
+        self.ctx.bind_to_thread()?;
+        // SAFETY: GatedDeltaParams is lasp_gated_delta_params, generated from the header; the
+        // shape is supported and every tensor has the length, alignment and non-overlap the
+        // kernels need (checked above); the views borrow their buffers for the call and their
+        // contracts keep the memory valid until the kernels complete; the workspace is owned by
+        // self, holds a tile per chunk and b*H+h, and is freed only after a context
+        // synchronisation.
+        unsafe {
+            self.wy[i].launch(stream, wy, &params)?;
+            self.output[i].launch(stream, output, &params)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for GatedDeltaForward {
+    fn drop(&mut self) {
+        // Earlier launches may still read the workspace.
+        if self.workspace.is_some() {
+            let _ = self.ctx.synchronize();
+        }
+    }
+}

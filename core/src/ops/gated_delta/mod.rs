@@ -1,0 +1,25 @@
+//! Gated DeltaNet forward on one GPU: the delta rule with a scalar decay per token and head (fla's
+//! `chunk_gated_delta_rule`, with q and k taken as given: l2-normalised by the caller where the
+//! model normalises them).
+//!
+//! Per batch `b` and head `h`, with row vectors and `sigma = scale`:
+//! `S_t = e^{a_t} (I - beta_t k_t^T k_t) S_{t-1} + beta_t k_t^T v_t`, `o_t = sigma q_t S_t`,
+//! `a_t = g[b, t, h] <= 0`, `beta_t = beta[b, t, h]`. Tensors are in fla's layout: `q, k [B, T, H,
+//! Dk]`, `v, o [B, T, H, Dv]` bf16, `g, beta [B, T, H]` fp32, optional `h0` / `ht` fp32 `[B, H, Dk,
+//! Dv]`; Dk 64 or 128, Dv a multiple of 64.
+//!
+//! The kernels are `kernels/cuda/gated_delta/forward.cu` (the design: `kernels/docs/gated-delta.md`);
+//! the parameter struct [`GatedDeltaParams`] and the shared-memory and workspace formulas come from
+//! `lasp/gated_delta/forward_params.h`. Call sequence (one stream): the WY kernel, `(I + L)^{-1}` of
+//! every chunk into the workspace, then the output kernel, scalar decay's output loop with the
+//! delta rule's values step, one CTA per (64 columns of Dv, b*H+h) walking the whole sequence.
+
+mod forward;
+#[cfg(test)]
+mod tests;
+
+pub use forward::{GatedDeltaArgs, GatedDeltaForward};
+
+/// The C struct `lasp_gated_delta_params` of `lasp/gated_delta/forward_params.h`, passed by value
+/// to both forward kernels. Pointer fields hold device addresses; NULL where a tensor is absent.
+pub type GatedDeltaParams = lasp_shmem_kernels::params::lasp_gated_delta_params;

@@ -1,0 +1,140 @@
+// Gated DeltaNet (the delta rule with a scalar decay per token and head), forward, chunkwise
+// (C = 64), for sm_90a.
+//
+//   S_t = e^{a_t} (I - beta_t k_t^T k_t) S_{t-1} + beta_t k_t^T v_t,   o_t = sigma q_t S_t
+//
+// Two kernels (launch geometry and call order: lasp/gated_delta/forward_params.h):
+//   1. lasp_gated_delta_wy_dk*      (I + L)^{-1} of every chunk, L_rj = beta_r e^{b_r - b_j} (k_r . k_j)
+//                                   strictly lower: the part of the chunk's WY form that does not
+//                                   depend on the state, for every chunk at once
+//   2. lasp_gated_delta_output_dk*  scalar decay's output loop with the values step of
+//                                   lasp/gated_delta/values.cuh: per chunk, u from V, K S_n and the
+//                                   chunk's (I + L)^{-1}, then O and S_{n+1} from u; writes ht
+// Every CTA of kernel 2 walks its whole sequence (one segment); longer sequences over more SMs need
+// the affine segment summary (kernels/docs/gated-delta.md, "Long sequences").
+#include <math.h>
+#include <stdint.h>
+
+#include "lasp/gated_delta/forward_params.h"
+#include "lasp/gated_delta/values.cuh"
+#include "lasp/mma.cuh"
+#include "lasp/scalar_decay/chunk.cuh"
+
+namespace lasp {
+namespace gdn {
+
+using chunk::StateLane;
+using chunk::StateRegs;
+
+// Kernel 1: chunk blockIdx.x of b*H+h = blockIdx.y. K K^T on the tensor cores (warp w: rows
+// 16w..16w+15), L in fp32 shared memory, then (I + L)^{-1} by forward substitution, one column per
+// thread of the first two warps: X[r][c] = [r == c] - sum_{j < r} L[r][j] X[j][c], in fp32 and in
+// a fixed order (X[j][c] = 0 for j < c, so the terms above the diagonal add exact zeros). Virtual
+// tokens (past T) have k = 0 and beta = 0: their rows of L are zero and of X the identity's.
+template <int DK>
+__device__ __forceinline__ void run_wy(const lasp_gated_delta_params& p) {
+  using F = sd::FragOffsets<DK>;
+  constexpr int kPitch = LASP_GDN_TRI_PITCH;
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const int chunk = blockIdx.x, bh = blockIdx.y;
+  const int b = bh / p.H, h = bh % p.H;
+  const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int tok0 = chunk * kChunk;
+  const int valid = min(kChunk, p.T - tok0);
+  const int64_t row0 = ((int64_t)b * p.T + tok0) * p.H + h;  // token tok0 of (b, h) in [B, T, H]
+
+  const uint32_t sK = smem_addr(smem);
+  float* s_gates = reinterpret_cast<float*>(smem + kChunk * DK * 2);
+  float* s_beta = s_gates + kChunk;
+  float* s_l = s_beta + kChunk;
+  sd::copy_tile_async<DK / 8>(sK, p.k + row0 * DK, (int64_t)p.H * DK, valid, tid);
+  cp_async_commit();
+  if (tid < kChunk) {
+    const bool ok = tid < valid;
+    s_gates[tid] = ok ? p.g[row0 + (int64_t)tid * p.H] : 0.f;
+    s_beta[tid] = ok ? p.beta[row0 + (int64_t)tid * p.H] : 0.f;
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // K K^T, this warp's 16 rows and all 64 columns.
+  const F off(warp, lane);
+  float kk[8][4] = {};
+#pragma unroll
+  for (int ks = 0; ks < DK / 16; ++ks) {
+    uint32_t ka[4];
+    ldsm_x4(ka, sK + off.q[ks & 3] + F::kBlockBytes * (ks >> 2));
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      uint32_t kb[4];
+      ldsm_x4(kb, sK + off.k[ks & 3] + F::kBlockBytes * (ks >> 2) + np * F::kRow16);
+      mma_bf16(kk[2 * np], ka, kb[0], kb[1]);
+      mma_bf16(kk[2 * np + 1], ka, kb[2], kb[3]);
+    }
+  }
+  const sd::ChunkGates cg = sd::scan_gates(s_gates, warp, lane);
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = 16 * warp + 8 * hh + g;
+    const float beta_r = s_beta[r];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int j = 8 * nt + 2 * t + e;
+        s_l[r * kPitch + j] =
+            j < r ? beta_r * chunk::exp_nonpos(cg.row[hh] - cg.col[nt][e]) * kk[nt][2 * hh + e] : 0.f;
+      }
+  }
+  __syncthreads();
+
+  if (tid < kChunk) {
+    const int c = tid;
+    float x[kChunk];
+#pragma unroll
+    for (int r = 0; r < kChunk; ++r) {
+      float acc = r == c ? 1.f : 0.f;
+#pragma unroll
+      for (int j = 0; j < r; ++j) acc = fmaf(-s_l[r * kPitch + j], x[j], acc);
+      x[r] = acc;
+    }
+    // Row r of the tile: the 64 threads write its 64 consecutive elements.
+    uint16_t* dst = p.ws_tri + ((int64_t)bh * lasp_gdn_num_chunks(p.T) + chunk) * kChunk * kChunk + c;
+#pragma unroll
+    for (int r = 0; r < kChunk; ++r) dst[r * kChunk] = static_cast<uint16_t>(pack_bf16x2(x[r], 0.f) & 0xffffu);
+  }
+}
+
+// Kernel 2: Dv tile blockIdx.x of b*H+h = blockIdx.z, the whole sequence from h0 (or zero).
+template <int DK>
+__device__ __forceinline__ void run_output(const lasp_gated_delta_params& p) {
+  const sd::SegmentArgs a = sd::segment_args(p);
+  const int b = a.bh / p.H, h = a.bh % p.H;
+  const int64_t tile = (int64_t)DK * p.Dv;
+  const int col0 = a.vt * sd::kTileV;
+  const Values<DK> values{p.ws_tri + (int64_t)a.bh * lasp_gdn_num_chunks(p.T) * kChunk * kChunk,
+                          p.beta + (int64_t)b * p.T * p.H + h, p.H};
+  sd::run_segment_with<DK>(
+      a,
+      [&](StateRegs<DK>& s, const StateLane& ln) {
+        if (p.h0)
+          chunk::state_load<DK>(s, ln, p.h0 + a.bh * tile + col0, p.Dv);
+        else
+          chunk::state_zero<DK>(s, ln);
+        return true;
+      },
+      [&](StateRegs<DK>& s, const StateLane& ln, float) {
+        if (p.ht) chunk::state_store<DK>(s, ln, p.ht + a.bh * tile + col0, p.Dv);
+      },
+      sd::NoChunkHook{}, values);
+}
+
+}  // namespace gdn
+}  // namespace lasp
+
+// The templated kernels are instantiated from kernels/instances.rs (per Dk in {64, 128}):
+//   lasp_gated_delta_wy_dk*      kernel 1, grid (N, B*H), block LASP_GDN_WY_THREADS,
+//                                smem lasp_gdn_wy_smem_bytes(Dk)
+//   lasp_gated_delta_output_dk*  kernel 2, grid (Dv/64, 1, B*H), block LASP_SD_THREADS,
+//                                smem lasp_gdn_output_smem_bytes(Dk)

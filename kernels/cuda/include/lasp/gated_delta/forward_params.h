@@ -1,0 +1,80 @@
+// Parameters and launch geometry of the Gated DeltaNet forward (gated_delta/forward.cu): the delta
+// rule with a scalar decay. C: bindgen generates the host's struct and constants from this file
+// (kernels/build.rs); the host (core/src/ops/gated_delta/forward.rs) uses the same formulas.
+//
+// Maths (per batch b, head h; row vectors; sigma = scale; a_t = g[b, t, h] <= 0, beta_t = beta[b, t, h]):
+//   S_t = e^{a_t} (I - beta_t k_t^T k_t) S_{t-1} + beta_t k_t^T v_t,   o_t = sigma q_t S_t.
+// Per chunk of 64 tokens with chunk-local cumsum b and the strictly lower
+// L_rj = beta_r e^{b_r - b_j} (k_r . k_j), the values the chunk writes are
+//   u = (I + L)^{-1} diag(beta) (V - diag(e^b) K S_n),
+// and with u in V's place the chunk is scalar decay's (kernels/docs/gated-delta.md).
+//
+// Host call sequence (one stream, in this order; N = ceil(T / 64)):
+//   1. lasp_gated_delta_wy_dk{64,128}      grid (N, B*H), block LASP_GDN_WY_THREADS,
+//                                         smem lasp_gdn_wy_smem_bytes(Dk): (I + L)^{-1} of every chunk
+//   2. lasp_gated_delta_output_dk{64,128}  grid (Dv/64, 1, B*H), block LASP_SD_THREADS,
+//                                         smem lasp_gdn_output_smem_bytes(Dk): O, and ht
+// Both take lasp_gated_delta_params by value and need cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES).
+//
+// Supported: Dk in {64, 128}; Dv a positive multiple of 64; T >= 1; B*H in [1, 65535]; q, k, v, o
+// 16-byte aligned, g and beta 4-byte aligned, h0 / ht 8-byte aligned; g finite and <= 0; beta
+// finite; scale > 0; ht must not overlap h0.
+// Same inputs -> bitwise same outputs (no atomics; every sum has a fixed order).
+#pragma once
+#include <stdint.h>
+
+#include "lasp/scalar_decay/forward_params.h"
+
+#if defined(__CUDACC__)
+#define LASP_GDN_FN static inline constexpr __host__ __device__
+#elif defined(__cplusplus)
+#define LASP_GDN_FN static inline constexpr
+#else
+#define LASP_GDN_FN static inline
+#endif
+
+#define LASP_GDN_WY_THREADS 128  // the WY kernel: one warpgroup per (chunk, b*H+h)
+#define LASP_GDN_TRI_PITCH 65    // floats per row of the WY kernel's fp32 [64 x 64] L (padded: no bank conflicts)
+
+typedef struct {
+  const uint16_t* q;   // bf16 [B, T, H, Dk], contiguous
+  const uint16_t* k;   // bf16 [B, T, H, Dk], contiguous (l2-normalised by the caller if the model does)
+  const uint16_t* v;   // bf16 [B, T, H, Dv], contiguous
+  const float* g;      // fp32 [B, T, H]: log-decays a_t <= 0
+  const float* beta;   // fp32 [B, T, H]: the delta rule's write strengths
+  uint16_t* o;         // bf16 [B, T, H, Dv]: output
+  const float* h0;     // fp32 [B, H, Dk, Dv] initial state, or NULL for zero
+  float* ht;           // fp32 [B, H, Dk, Dv] final state, or NULL to skip
+  uint16_t* ws_tri;    // bf16 [B*H, N, 64, 64]: (I + L)^{-1} of every chunk, row-major (the workspace)
+  int32_t B;           // batch
+  int32_t T;           // tokens per sequence (>= 1)
+  int32_t H;           // heads
+  int32_t Dk;          // key/query head dim: 64 or 128 (must match the kernels' suffix)
+  int32_t Dv;          // value head dim: a multiple of 64
+  int32_t num_segments;        // 1: every CTA walks its whole sequence
+  int32_t chunks_per_segment;  // N
+  float scale;                 // sigma, usually Dk^-1/2
+} lasp_gated_delta_params;
+
+LASP_GDN_FN int32_t lasp_gdn_num_chunks(int32_t T) { return (T + LASP_SD_CHUNK - 1) / LASP_SD_CHUNK; }
+
+// Elements of the workspace: one bf16 [64 x 64] tile per chunk and b*H+h.
+LASP_GDN_FN uint64_t lasp_gdn_tri_elems(int32_t B, int32_t H, int32_t T) {
+  return (uint64_t)B * H * lasp_gdn_num_chunks(T) * LASP_SD_CHUNK * LASP_SD_CHUNK;
+}
+
+// WY kernel: the K tile, the chunk's gates and betas, and L in fp32.
+LASP_GDN_FN uint32_t lasp_gdn_wy_smem_bytes(int32_t Dk) {
+  return LASP_SD_CHUNK * Dk * 2u + 2u * LASP_SD_CHUNK * 4u + LASP_SD_CHUNK * LASP_GDN_TRI_PITCH * 4u;
+}
+
+// Output kernel: scalar decay's output loop (lasp_sd_output_smem_bytes), then, from the next
+// 1024-byte boundary, the values step's (lasp/gated_delta/values.cuh): STAGES x (I + L)^{-1} tiles,
+// the bf16 tile of diag(beta) (V - diag(e^b) K S_n), and STAGES x 64 betas.
+LASP_GDN_FN uint32_t lasp_gdn_values_offset(int32_t Dk) {
+  return (lasp_sd_output_smem_bytes(Dk) + 1023u) / 1024u * 1024u;
+}
+LASP_GDN_FN uint32_t lasp_gdn_output_smem_bytes(int32_t Dk) {
+  const uint32_t tile = LASP_SD_CHUNK * LASP_SD_CHUNK * 2u;
+  return lasp_gdn_values_offset(Dk) + LASP_SD_STAGES * tile + tile + LASP_SD_STAGES * LASP_SD_CHUNK * 4u;
+}

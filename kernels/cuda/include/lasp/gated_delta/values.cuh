@@ -1,0 +1,134 @@
+// Gated DeltaNet's values step: what turns scalar decay's output loop (lasp::sd::run_segment_with)
+// into the delta rule's. Per chunk, before the loop's products, the V tile is rewritten with
+//   u = (I + L)^{-1} R,   R = diag(beta) (V - diag(e^b) K S_n),
+// each token's error against the chunk's start state, corrected for the chunk's earlier tokens
+// (kernels/docs/gated-delta.md); the products then give O and S_{n+1} from u as scalar decay's do
+// from V. (I + L)^{-1} depends on K, the gates and beta only: the WY kernel (gated_delta/forward.cu)
+// computes it for every chunk beforehand, and this step streams it in with the chunk.
+//
+// One warp per 16 rows of the chunk, as in the loop: K S_n for its rows (mma.sync, A = K, B = the
+// loop's bf16 copy of S_n), R for its rows into a bf16 tile of V's layout, a barrier, u for its rows
+// from all of R (A = (I + L)^{-1}, B = R), u over its V rows, a barrier that publishes the tile to
+// the loop's products (through the async proxy where they are wgmma).
+#pragma once
+#include <stdint.h>
+
+#include "lasp/gated_delta/forward_params.h"
+#include "lasp/scalar_decay/chunk.cuh"
+
+namespace lasp {
+namespace gdn {
+
+using sd::kChunk;
+using sd::kStages;
+
+// Shared memory of the values step, after the loop's own (lasp_gdn_output_smem_bytes): kStages
+// tiles of (I + L)^{-1} (bf16 [64 x 64], the swizzled layout, K-major as an A operand), one tile of
+// R (V's layout), kStages x 64 betas (fp32).
+template <int DK>
+struct ValuesLayout {
+  static constexpr uint32_t kTileBytes = kChunk * kChunk * 2;
+  static constexpr uint32_t kTri = lasp_gdn_values_offset(DK);
+  static constexpr uint32_t kR = kTri + kStages * kTileBytes;
+  static constexpr uint32_t kBeta = kR + kTileBytes;
+  static constexpr uint32_t kBytes = kBeta + kStages * kChunk * 4;
+  static_assert(kBytes == lasp_gdn_output_smem_bytes(DK), "shared-memory map and host formula disagree");
+  static_assert(kTri >= sd::Layout<DK, true>::kBytes && kTri % 1024 == 0, "tiles after the loop's, 1024-byte aligned");
+};
+
+// The Values of run_segment_with for one (b, h).
+template <int DK>
+struct Values {
+  static constexpr bool kPlain = false;
+  using M = ValuesLayout<DK>;
+
+  const uint16_t* tri;  // (I + L)^{-1} of (b, h)'s chunk 0; chunk c's tile kChunk^2 elements further
+  const float* beta;    // beta of (b, h)'s token 0
+  int64_t beta_step;    // H: elements between consecutive tokens' betas
+
+  // Chunk `chunk`'s (I + L)^{-1} tile and betas into slot i % kStages (betas of virtual tokens 0).
+  __device__ __forceinline__ void issue(uint32_t sbase, int i, int chunk, int tok0, int valid, int tid) const {
+    const int slot = i % kStages;
+    sd::copy_tile_async<kChunk / 8>(sbase + M::kTri + slot * M::kTileBytes, tri + (int64_t)chunk * kChunk * kChunk,
+                                    kChunk, kChunk, tid);
+    if (tid < kChunk) {
+      const bool ok = tid < valid;
+      cp_async_4(sbase + M::kBeta + (slot * kChunk + tid) * 4, ok ? beta + (tok0 + tid) * beta_step : beta, ok);
+    }
+  }
+
+  // V tile at sV <- u for segment chunk i (state copy sS = S_n, gates cg, key tile sK).
+  template <int kDk>
+  __device__ __forceinline__ void apply(uint32_t sbase, int i, uint32_t sK, uint32_t sV, uint32_t sS,
+                                        const sd::FragOffsets<kDk>& off, const sd::ChunkGates& cg, int warp,
+                                        int lane) const {
+    static_assert(kDk == DK, "one key width");
+    using F = sd::FragOffsets<DK>;
+    extern __shared__ __align__(1024) uint8_t smem[];  // the loop's buffer
+    const int g = lane >> 2, t = lane & 3;
+    const int slot = i % kStages;
+
+    // K S_n for this warp's rows (the loop's Q S_n with K in Q's place).
+    float ks[8][4] = {};
+#pragma unroll
+    for (int kstep = 0; kstep < DK / 16; ++kstep) {
+      uint32_t ka[4];
+      ldsm_x4(ka, sK + off.q[kstep & 3] + F::kBlockBytes * (kstep >> 2));
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t sb[4];
+        ldsm_x4_trans(sb, sS + off.v[np] + kstep * F::kRow16);
+        mma_bf16(ks[2 * np], ka, sb[0], sb[1]);
+        mma_bf16(ks[2 * np + 1], ka, sb[2], sb[3]);
+      }
+    }
+
+    // R = diag(beta) (V - diag(e^b) K S_n) for this warp's rows, rounded to bf16 once: element
+    // (r, 8 nt + 2 t + e) of the accumulators is at byte swizzle(r, nt) + 4 t (+ 2 e) of a tile.
+    uint8_t* v_tile = smem + (sV - sbase);
+    uint8_t* r_tile = smem + M::kR;
+    const float* s_beta = reinterpret_cast<const float*>(smem + M::kBeta) + slot * kChunk;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = 16 * warp + 8 * hh + g;
+      const float beta_r = s_beta[r];
+      const float decay_r = chunk::exp_nonpos(cg.row[hh]);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const uint32_t at = swizzle(r, nt, kChunk) + 4 * t;
+        const uint32_t vv = *reinterpret_cast<const uint32_t*>(v_tile + at);
+        const float r0 = beta_r * (__uint_as_float(vv << 16) - decay_r * ks[nt][2 * hh]);
+        const float r1 = beta_r * (__uint_as_float(vv & 0xffff0000u) - decay_r * ks[nt][2 * hh + 1]);
+        *reinterpret_cast<uint32_t*>(r_tile + at) = pack_bf16x2(r0, r1);
+      }
+    }
+    __syncthreads();  // R complete; every warp has read its V rows
+
+    // u = (I + L)^{-1} R for this warp's rows (k-steps past the diagonal block multiply zeros).
+    float u[8][4] = {};
+    const uint32_t sTri = sbase + M::kTri + slot * M::kTileBytes;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      uint32_t ta[4];
+      ldsm_x4(ta, sTri + off.q[kk]);
+      uint32_t rb[4][4];
+      sd::load_v<DK>(rb, sbase + M::kR, off, kk);
+      sd::pv_step(u, ta, rb);
+    }
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = 16 * warp + 8 * hh + g;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+        *reinterpret_cast<uint32_t*>(v_tile + swizzle(r, nt, kChunk) + 4 * t) =
+            pack_bf16x2(u[nt][2 * hh], u[nt][2 * hh + 1]);
+    }
+#if LASP_SD_WGMMA
+    wg::fence_proxy_async();  // the products read the tile through the async proxy
+#endif
+    __syncthreads();  // u complete before any warp's products; R free for the next chunk
+  }
+};
+
+}  // namespace gdn
+}  // namespace lasp
