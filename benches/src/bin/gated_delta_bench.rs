@@ -1,0 +1,209 @@
+//! Times the Gated DeltaNet forward (`ops::gated_delta`) on one GPU and dumps the inputs and the
+//! output for the comparison with fla's `chunk_gated_delta_rule` (`benches/fla_gated_delta.py`).
+//!
+//! ```text
+//! gated_delta_bench --dump /tmp/gdn          # B=4,T=8K / B=1,T=32K / B=1,T=128K, H=16, D=128
+//! gated_delta_bench --shapes 2x4096x16x64
+//! ```
+//!
+//! Inputs: q, v ~ N(0, 1) and k ~ N(0, 1) with every row scaled to unit norm (the model's l2
+//! normalisation), rounded to bf16; g = logsigmoid(N(0, 1)) / 16 and beta = sigmoid(N(0, 1)) per
+//! token and head in fp32; scale D^-1/2, no h0 or ht; a fixed-seed host PRNG. Timing: warm-up
+//! calls, then calls enqueued back to back, each between two CUDA events; the median. The HBM
+//! floor: q, k, v, o in bf16 and g, beta in fp32 moved once, at the spec bandwidth of the
+//! device (H100 SXM 3.35e12, H200 4.8e12 B/s). With `--dump DIR`:
+//! `DIR/<name>/{q,k,v,g,beta,o}.bin` (raw little-endian; q, k `[B, T, H, Dk]`, v, o `[B, T, H,
+//! Dv]`, g, beta `[B, T, H]`) and `DIR/ours.json`.
+
+use clap::Parser;
+use cudarc::driver::CudaSlice;
+use half::bf16;
+use lasp_shmem::ops::gated_delta::{GatedDeltaArgs, GatedDeltaForward};
+use lasp_shmem::ops::scalar_decay::ForwardShape;
+use lasp_shmem::ops::{DeviceMut, DeviceRef};
+use lasp_shmem::{Config, Result, Runtime};
+use lasp_shmem_benches::{fill_parallel, io_error, logsigmoid, time_calls, write_raw};
+use lasp_shmem_examples::{parse_shape, round, to_json};
+use serde::Serialize;
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(name = "gated_delta_bench")]
+struct Options {
+    /// Shapes to time, comma-separated (Dk = Dv = D).
+    #[arg(long, value_name = "BxTxHxD,...", value_parser = parse_shape, value_delimiter = ',',
+          default_values = ["4x8192x16x128", "1x32768x16x128", "1x131072x16x128"])]
+    shapes: Vec<ForwardShape>,
+    /// Dump each shape's inputs and output under DIR, and DIR/ours.json.
+    #[arg(long, value_name = "DIR")]
+    dump: Option<PathBuf>,
+    /// Write the results JSON here (else DIR/ours.json with --dump, else standard output).
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// Untimed calls first (at least one runs).
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    warmup: usize,
+    /// Timed calls.
+    #[arg(long, value_name = "N", default_value_t = 50)]
+    iters: usize,
+    /// Give up (exit 1) after this many seconds (a kernel hung?).
+    #[arg(long = "timeout", value_name = "SECONDS", default_value_t = 480)]
+    timeout_s: u64,
+}
+
+#[derive(Serialize)]
+struct ShapeRow {
+    name: String,
+    #[serde(rename = "B")]
+    b: usize,
+    #[serde(rename = "T")]
+    t: usize,
+    #[serde(rename = "H")]
+    h: usize,
+    #[serde(rename = "D")]
+    d: usize,
+    ours_fwd_ms: f64,
+    ours_fwd_min_ms: f64,
+    hbm_floor_fwd_ms: f64,
+    floor_fraction_fwd: f64,
+}
+
+#[derive(Serialize)]
+struct Results {
+    device: String,
+    commit: String,
+    method: String,
+    inputs: &'static str,
+    hbm_bytes_per_s: f64,
+    shapes: Vec<ShapeRow>,
+}
+
+/// The spec HBM bandwidth of the device, by name.
+fn hbm_bytes_per_s(device: &str) -> f64 {
+    if device.contains("H200") {
+        4.8e12
+    } else {
+        3.35e12
+    }
+}
+
+/// `len / d` rows of `d` normal values, each scaled to unit norm, in bf16.
+fn unit_rows(len: usize, d: usize, tensor: u64) -> Vec<bf16> {
+    let mut x = vec![0f32; len];
+    fill_parallel(&mut x, tensor, |v| v);
+    x.chunks(d)
+        .flat_map(|row| {
+            let norm = row.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
+            row.iter().map(move |v| bf16::from_f32(v / norm))
+        })
+        .collect()
+}
+
+fn run(opts: &Options, config: Config) -> Result<()> {
+    let rt = Runtime::init(config)?;
+    let stream = rt.stream().clone();
+    let device = rt.context().name()?;
+    let bandwidth = hbm_bytes_per_s(&device);
+    let mut fwd = GatedDeltaForward::new(&rt)?;
+    let mut rows = Vec::new();
+    for &shape in &opts.shapes {
+        let name = format!("b{}_t{}_h{}_d{}", shape.b, shape.t, shape.h, shape.dk);
+        let normal = |len: usize, tensor: u64| {
+            let mut x = vec![bf16::ZERO; len];
+            fill_parallel(&mut x, tensor, bf16::from_f32);
+            x
+        };
+        let (q, k, v) = (
+            normal(shape.qk_len(), 1),
+            unit_rows(shape.qk_len(), shape.dk, 2),
+            normal(shape.v_len(), 3),
+        );
+        let mut g = vec![0f32; shape.gate_len()];
+        fill_parallel(&mut g, 4, |x| logsigmoid(x) / 16.0);
+        let mut beta = vec![0f32; shape.gate_len()];
+        fill_parallel(&mut beta, 5, |x| logsigmoid(x).exp());
+        let (dq, dk, dv) = (
+            stream.clone_htod(&q)?,
+            stream.clone_htod(&k)?,
+            stream.clone_htod(&v)?,
+        );
+        let (dg, dbeta) = (stream.clone_htod(&g)?, stream.clone_htod(&beta)?);
+        let mut o: CudaSlice<bf16> = stream.alloc_zeros(shape.v_len())?;
+        let (ms, min_ms) = time_calls(&stream, opts.warmup, opts.iters, |_| {
+            let args = GatedDeltaArgs {
+                shape,
+                q: DeviceRef::new(&dq),
+                k: DeviceRef::new(&dk),
+                v: DeviceRef::new(&dv),
+                g: DeviceRef::new(&dg),
+                beta: DeviceRef::new(&dbeta),
+                h0: None,
+                o: DeviceMut::new(&mut o),
+                ht: None,
+                scale: None,
+            };
+            fwd.launch(&stream, args)
+        })?;
+        let floor_bytes =
+            (2 * (2 * shape.qk_len() + 2 * shape.v_len()) + 8 * shape.gate_len()) as f64;
+        let floor_ms = floor_bytes / bandwidth * 1e3;
+        println!(
+            "{name}: ours {ms:.4} ms (min {min_ms:.4}), HBM floor {floor_ms:.4} ms ({:.0} % of it)",
+            100.0 * floor_ms / ms
+        );
+        if let Some(root) = &opts.dump {
+            let dir = root.join(&name);
+            std::fs::create_dir_all(&dir).map_err(|e| io_error(&dir, e))?;
+            write_raw(&dir.join("q.bin"), &q)?;
+            write_raw(&dir.join("k.bin"), &k)?;
+            write_raw(&dir.join("v.bin"), &v)?;
+            write_raw(&dir.join("g.bin"), &g)?;
+            write_raw(&dir.join("beta.bin"), &beta)?;
+            write_raw(&dir.join("o.bin"), &stream.clone_dtoh(&o)?)?;
+        }
+        rows.push(ShapeRow {
+            name,
+            b: shape.b,
+            t: shape.t,
+            h: shape.h,
+            d: shape.dk,
+            ours_fwd_ms: round(ms, 5),
+            ours_fwd_min_ms: round(min_ms, 5),
+            hbm_floor_fwd_ms: round(floor_ms, 5),
+            floor_fraction_fwd: round(floor_ms / ms, 4),
+        });
+    }
+    let json = to_json(&Results {
+        device,
+        commit: std::env::var("LASP_COMMIT").unwrap_or_else(|_| "unknown".into()),
+        method: format!(
+            "{} warm-up calls, then {} calls enqueued back to back on one stream, each between \
+             two CUDA events; median",
+            opts.warmup.max(1),
+            opts.iters
+        ),
+        inputs:
+            "q, v ~ N(0, 1), k ~ N(0, 1) with unit-norm rows, in bf16; g = logsigmoid(N(0, 1)) \
+                 / 16 and beta = sigmoid(N(0, 1)) per token and head; scale D^-1/2",
+        hbm_bytes_per_s: bandwidth,
+        shapes: rows,
+    });
+    match (&opts.out, &opts.dump) {
+        (Some(path), _) => std::fs::write(path, &json).map_err(|e| io_error(path, e))?,
+        (None, Some(root)) => {
+            let path = root.join("ours.json");
+            std::fs::write(&path, &json).map_err(|e| io_error(&path, e))?;
+        }
+        (None, None) => print!("{json}"),
+    }
+    drop(fwd);
+    rt.shutdown()
+}
+
+fn main() {
+    let mut opts = Options::parse();
+    opts.iters = opts.iters.max(1);
+    lasp_shmem_benches::bench_main("gated_delta_bench", opts.timeout_s, |config| {
+        run(&opts, config)
+    });
+}
