@@ -145,10 +145,14 @@ pub const INSTANCES: &[Instance] = &[
         "lasp_gla_bwd_grads_threads({dk}, 64), 1", GLA_BWD_PARAMS, "lasp::gla::bwd_grads<{dk}, 64>(p)"),
     row("GLA_BWD_GRADS_DV128", "lasp_gla_bwd_grads_dk{dk}_dv128", GLA_BACKWARD,
         "lasp_gla_bwd_grads_threads({dk}, 128), 1", GLA_BWD_PARAMS, "lasp::gla::bwd_grads<{dk}, 128>(p)"),
-    // Gated DeltaNet's forward (single GPU): the chunks' (I + L)^{-1}, then scalar decay's output
-    // loop with the delta rule's values step.
+    // Gated DeltaNet's forward (single GPU): the chunks' (I + L)^{-1}, the segments' affine
+    // summaries and their fold, then scalar decay's output loop with the delta rule's values step.
     row("GDN_WY", "lasp_gated_delta_wy_dk{dk}", GDN_FORWARD, "LASP_GDN_WY_THREADS, 1", GDN_PARAMS,
         "lasp::gdn::run_wy<{dk}>(p)"),
+    row("GDN_SUMMARY", "lasp_gated_delta_summary_dk{dk}", GDN_FORWARD, SD_THREADS, GDN_PARAMS,
+        "lasp::gdn::run_summary<{dk}>(p)"),
+    row("GDN_FOLD", "lasp_gated_delta_fold_dk{dk}", GDN_FORWARD, "LASP_GDN_FOLD_THREADS", GDN_PARAMS,
+        "lasp::gdn::run_fold<{dk}>(p)"),
     row("GDN_OUTPUT", "lasp_gated_delta_output_dk{dk}", GDN_FORWARD, SD_THREADS, GDN_PARAMS,
         "lasp::gdn::run_output<{dk}>(p)"),
 ];

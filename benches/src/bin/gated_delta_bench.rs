@@ -64,6 +64,7 @@ struct ShapeRow {
     d: usize,
     ours_fwd_ms: f64,
     ours_fwd_min_ms: f64,
+    num_segments: u32,
     hbm_floor_fwd_ms: f64,
     floor_fraction_fwd: f64,
 }
@@ -129,6 +130,7 @@ fn run(opts: &Options, config: Config) -> Result<()> {
         );
         let (dg, dbeta) = (stream.clone_htod(&g)?, stream.clone_htod(&beta)?);
         let mut o: CudaSlice<bf16> = stream.alloc_zeros(shape.v_len())?;
+        let mut plan = None;
         let (ms, min_ms) = time_calls(&stream, opts.warmup, opts.iters, |_| {
             let args = GatedDeltaArgs {
                 shape,
@@ -142,13 +144,16 @@ fn run(opts: &Options, config: Config) -> Result<()> {
                 ht: None,
                 scale: None,
             };
-            fwd.launch(&stream, args)
+            plan = Some(fwd.launch(&stream, args)?);
+            Ok(())
         })?;
+        let segments = plan.map_or(0, |p| p.num_segments);
         let floor_bytes =
             (2 * (2 * shape.qk_len() + 2 * shape.v_len()) + 8 * shape.gate_len()) as f64;
         let floor_ms = floor_bytes / bandwidth * 1e3;
         println!(
-            "{name}: ours {ms:.4} ms (min {min_ms:.4}), HBM floor {floor_ms:.4} ms ({:.0} % of it)",
+            "{name}: ours {ms:.4} ms (min {min_ms:.4}, S={segments}), HBM floor {floor_ms:.4} ms \
+             ({:.0} % of it)",
             100.0 * floor_ms / ms
         );
         if let Some(root) = &opts.dump {
@@ -169,6 +174,7 @@ fn run(opts: &Options, config: Config) -> Result<()> {
             d: shape.dk,
             ours_fwd_ms: round(ms, 5),
             ours_fwd_min_ms: round(min_ms, 5),
+            num_segments: segments,
             hbm_floor_fwd_ms: round(floor_ms, 5),
             floor_fraction_fwd: round(floor_ms / ms, 4),
         });

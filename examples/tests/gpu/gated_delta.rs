@@ -3,13 +3,14 @@
 //! Inputs come from `reference::Inputs::generate` for the delta-rule family (unit-norm q and k,
 //! `beta = sigmoid(x)`), rounded to bf16 (q, k, v) and f32 (g, beta, h0, scale), so the GPU sees
 //! exactly the values the reference computes with; some cases then set every beta to 0 (no
-//! writes: the state only decays) or to 1 (each token overwrites its key's direction). For every
-//! case: o and ht are poisoned before each run and must be fully overwritten;
+//! writes: the state only decays) or to 1 (each token overwrites its key's direction). The
+//! automatic plan cuts these short batches into many segments (their affine summaries and fold);
+//! some cases force one segment or another count. For every case: o and ht are poisoned before each run and must be fully overwritten;
 //! `||x - ref|| / ||ref|| <= 5e-3` against the token-by-token recurrence for o and the final
 //! state; a second run gives bitwise identical o and ht; g, beta and h0 are left unchanged.
 
 use cudarc::driver::{CudaSlice, CudaStream};
-use lasp_shmem::ops::gated_delta::{GatedDeltaArgs, GatedDeltaForward};
+use lasp_shmem::ops::gated_delta::{GatedDeltaArgs, GatedDeltaForward, GatedDeltaPlan};
 use lasp_shmem::ops::scalar_decay::ForwardShape;
 use lasp_shmem::ops::{DeviceMut, DeviceRef};
 use lasp_shmem::reference::{delta_rule, Family, InputSpec, Inputs, Regime, Shape};
@@ -37,6 +38,8 @@ struct Case {
     regime: Regime,
     betas: Betas,
     h0: bool,
+    /// Forced segments per sequence (else the plan's).
+    segments: Option<u32>,
     seed: u64,
 }
 
@@ -44,7 +47,7 @@ impl Case {
     fn name(&self) -> String {
         let s = &self.shape;
         format!(
-            "gated_delta_B{}_H{}_T{}_Dk{}_Dv{}_{:?}_{:?}{}",
+            "gated_delta_B{}_H{}_T{}_Dk{}_Dv{}_{:?}_{:?}{}{}",
             s.b,
             s.h,
             s.t,
@@ -52,7 +55,8 @@ impl Case {
             s.dv,
             self.regime,
             self.betas,
-            if self.h0 { "_h0" } else { "" }
+            if self.h0 { "_h0" } else { "" },
+            self.segments.map_or(String::new(), |n| format!("_S{n}"))
         )
     }
 }
@@ -60,13 +64,14 @@ impl Case {
 fn cases() -> Vec<Case> {
     let mut out = Vec::new();
     let mut seed = 900;
-    let mut add = |b, h, t, dk, dv, regime, betas, h0| {
+    let mut add = |b, h, t, dk, dv, regime, betas, h0, segments| {
         seed += 1;
         out.push(Case {
             shape: Shape { b, t, h, dk, dv },
             regime,
             betas,
             h0,
+            segments,
             seed,
         });
     };
@@ -75,26 +80,31 @@ fn cases() -> Vec<Case> {
     // B*H = 1: ragged and whole chunks, every (Dk, Dv).
     for t in [1, 63, 64, 65, 1000] {
         for (dk, dv) in [(64, 64), (128, 128), (64, 128), (128, 64)] {
-            add(1, 1, t, dk, dv, Typical, Sigmoid, true);
+            add(1, 1, t, dk, dv, Typical, Sigmoid, true, None);
         }
     }
     // Every gate regime, with and without h0.
     for regime in [NoDecay, StrongDecay, Mixed, LargeNorm] {
         for (dk, dv) in [(128, 128), (64, 64)] {
-            add(1, 1, 1000, dk, dv, regime, Sigmoid, true);
-            add(1, 1, 1000, dk, dv, regime, Sigmoid, false);
+            add(1, 1, 1000, dk, dv, regime, Sigmoid, true, None);
+            add(1, 1, 1000, dk, dv, regime, Sigmoid, false, None);
         }
     }
     // beta at 0 and at 1.
     for betas in [AllZero, AllOne] {
-        add(1, 2, 300, 128, 128, Typical, betas, true);
-        add(1, 2, 300, 64, 64, Mixed, betas, true);
+        add(1, 2, 300, 128, 128, Typical, betas, true, None);
+        add(1, 2, 300, 64, 64, Mixed, betas, true, None);
     }
+    // Forced segment counts: one (the whole sequence in one CTA), a few, one chunk each.
+    for segments in [1, 2, 5, 16] {
+        add(1, 1, 1000, 128, 128, Mixed, Sigmoid, true, Some(segments));
+    }
+    add(1, 2, 1000, 64, 128, Typical, Sigmoid, false, Some(3));
     // Several batches and heads (the [B, T, H, D] indexing), three Dv tiles, and B*H = 256.
-    add(2, 3, 1000, 128, 128, Typical, Sigmoid, true);
-    add(1, 2, 300, 128, 192, Typical, Sigmoid, true);
-    add(4, 64, 200, 64, 64, Typical, Sigmoid, true);
-    add(1, 1, 8191, 128, 128, Typical, Sigmoid, true);
+    add(2, 3, 1000, 128, 128, Typical, Sigmoid, true, None);
+    add(1, 2, 300, 128, 192, Typical, Sigmoid, true, None);
+    add(4, 64, 200, 64, 64, Typical, Sigmoid, true, None);
+    add(1, 1, 8191, 128, 128, Typical, Sigmoid, true, None);
     out
 }
 
@@ -129,9 +139,10 @@ fn run_once(
     dev: &mut Buffers,
     shape: ForwardShape,
     scale: f32,
-) -> std::result::Result<(Vec<u16>, Vec<u32>), String> {
+) -> std::result::Result<(Vec<u16>, Vec<u32>, GatedDeltaPlan), String> {
     dev.fwd.poison(stream)?;
-    fwd.launch(stream, dev.args(shape, scale))
+    let plan = fwd
+        .launch(stream, dev.args(shape, scale))
         .map_err(|e| format!("launch: {e}"))?;
     stream
         .synchronize()
@@ -148,7 +159,7 @@ fn run_once(
         .iter()
         .map(|x| x.to_bits())
         .collect();
-    Ok((o, ht))
+    Ok((o, ht, plan))
 }
 
 fn run_case(fwd: &mut GatedDeltaForward, stream: &Arc<CudaStream>, case: &Case) -> CheckResult {
@@ -176,14 +187,15 @@ fn run_case(fwd: &mut GatedDeltaForward, stream: &Arc<CudaStream>, case: &Case) 
     let beta_host = to_f32(beta);
     let scale = inputs.scale as f32;
     let shape = ForwardShape::from(case.shape);
+    fwd.set_num_segments(case.segments).map_err(err)?;
     std::thread::scope(|scope| {
         let reference = scope.spawn(|| delta_rule::recurrent_forward(&inputs));
         let mut dev = Buffers {
             fwd: ForwardBuffers::upload(stream, &inputs)?,
             beta: stream.clone_htod(&beta_host).map_err(err)?,
         };
-        let (o, ht) = run_once(fwd, stream, &mut dev, shape, scale)?;
-        let (o2, ht2) = run_once(fwd, stream, &mut dev, shape, scale)?;
+        let (o, ht, plan) = run_once(fwd, stream, &mut dev, shape, scale)?;
+        let (o2, ht2, _) = run_once(fwd, stream, &mut dev, shape, scale)?;
         let s = &case.shape;
         let mut problems = Vec::new();
         for check in [
@@ -220,7 +232,10 @@ fn run_case(fwd: &mut GatedDeltaForward, stream: &Arc<CudaStream>, case: &Case) 
         };
         let e_o = error_of("o", &bf16_values(&o), &want.o);
         let e_ht = error_of("ht", &f32_values(&ht), &want.final_state);
-        let summary = format!("rel err o {e_o:.2e} ht {e_ht:.2e}");
+        let summary = format!(
+            "S={} cps={} rel err o {e_o:.2e} ht {e_ht:.2e}",
+            plan.num_segments, plan.chunks_per_segment
+        );
         if problems.is_empty() {
             Ok(summary)
         } else {

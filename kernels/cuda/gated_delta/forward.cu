@@ -3,15 +3,19 @@
 //
 //   S_t = e^{a_t} (I - beta_t k_t^T k_t) S_{t-1} + beta_t k_t^T v_t,   o_t = sigma q_t S_t
 //
-// Two kernels (launch geometry and call order: lasp/gated_delta/forward_params.h):
-//   1. lasp_gated_delta_wy_dk*      (I + L)^{-1} of every chunk, L_rj = beta_r e^{b_r - b_j} (k_r . k_j)
-//                                   strictly lower: the part of the chunk's WY form that does not
-//                                   depend on the state, for every chunk at once
-//   2. lasp_gated_delta_output_dk*  scalar decay's output loop with the values step of
-//                                   lasp/gated_delta/values.cuh: per chunk, u from V, K S_n and the
-//                                   chunk's (I + L)^{-1}, then O and S_{n+1} from u; writes ht
-// Every CTA of kernel 2 walks its whole sequence (one segment); longer sequences over more SMs need
-// the affine segment summary (kernels/docs/gated-delta.md, "Long sequences").
+// Four kernels (launch geometry and call order: lasp/gated_delta/forward_params.h):
+//   1. lasp_gated_delta_wy_dk*       (I + L)^{-1} of every chunk, L_rj = beta_r e^{b_r - b_j} (k_r . k_j)
+//                                    strictly lower: the part of the chunk's WY form that does not
+//                                    depend on the state, for every chunk at once
+//   2. lasp_gated_delta_summary_dk*  segment s < S-1: its affine map S_end = A_s S_start + b_s, by the
+//                                    output loop without O: A_s column tile by column tile from the
+//                                    identity's columns with V taken as 0, b_s from zero
+//   3. lasp_gated_delta_fold_dk*     P_0 = h0, P_{s+1} = A_s P_s + b_s
+//   4. lasp_gated_delta_output_dk*   scalar decay's output loop with the values step of
+//                                    lasp/gated_delta/values.cuh from P_s: per chunk, u from V, K S_n
+//                                    and the chunk's (I + L)^{-1}, then O and S_{n+1} from u; the last
+//                                    segment writes ht
+// With S == 1 only kernels 1 and 4 run.
 #include <math.h>
 #include <stdint.h>
 
@@ -106,35 +110,115 @@ __device__ __forceinline__ void run_wy(const lasp_gated_delta_params& p) {
   }
 }
 
-// Kernel 2: Dv tile blockIdx.x of b*H+h = blockIdx.z, the whole sequence from h0 (or zero).
+// The values step of (b, h) = a.bh; zero_values for a summary's A.
+template <int DK>
+__device__ __forceinline__ Values<DK> values_of(const lasp_gated_delta_params& p, const sd::SegmentArgs& a,
+                                                bool zero_values) {
+  const int b = a.bh / p.H, h = a.bh % p.H;
+  return Values<DK>{p.ws_tri + (int64_t)a.bh * lasp_gdn_num_chunks(p.T) * kChunk * kChunk,
+                    p.beta + (int64_t)b * p.T * p.H + h, p.H, zero_values};
+}
+
+// Kernel 2: column tile blockIdx.x of segment blockIdx.y's summary, b*H+h = blockIdx.z. Tiles
+// below Dk/64 are A_s's (the loop from the identity's columns 64x.., V taken as 0), the others
+// b_s's (from zero, V's tile x - Dk/64). Into workspace slot (b*H+h, s).
+template <int DK>
+__device__ __forceinline__ void run_summary(const lasp_gated_delta_params& p) {
+  sd::SegmentArgs a = sd::segment_args(p);
+  const bool of_a = blockIdx.x < DK / 64;
+  const int col0 = 64 * (of_a ? blockIdx.x : blockIdx.x - DK / 64);
+  a.vt = of_a ? 0 : blockIdx.x - DK / 64;  // the V tile the loop loads (unused for A)
+  const int64_t slot = (int64_t)a.bh * (p.num_segments - 1) + blockIdx.y;
+  sd::run_segment_with<DK, sd::Probe::kNone, false, false>(
+      a,
+      [&](StateRegs<DK>& s, const StateLane& ln) {
+        if (of_a) {
+          chunk::for_each_state_pair<DK>(s, ln, [&](float& x0, float& x1, int d, int c) {
+            x0 = d == col0 + c ? 1.f : 0.f;
+            x1 = d == col0 + c + 1 ? 1.f : 0.f;
+          });
+        } else {
+          chunk::state_zero<DK>(s, ln);
+        }
+        return true;
+      },
+      [&](StateRegs<DK>& s, const StateLane& ln, float) {
+        if (of_a)
+          chunk::state_store<DK>(s, ln, p.ws_a + slot * DK * DK + col0, DK);
+        else
+          chunk::state_store<DK>(s, ln, p.ws_b + slot * DK * p.Dv + col0, p.Dv);
+      },
+      sd::NoChunkHook{}, values_of<DK>(p, a, of_a));
+}
+
+// Kernel 3: the prefixes of Dv tile blockIdx.x of b*H+h = blockIdx.y, P_{s+1} = A_s P_s + b_s over
+// the segments in order from P_0 = h0 (or 0), in fp32 with every sum in ascending order (the same
+// bits whatever the grid). Thread (c, r) of the 256 holds column c of rows r, r + 4, ...; P lives
+// in shared memory, A_s's row is read by a whole warp at once (one address).
+template <int DK>
+__device__ __forceinline__ void run_fold(const lasp_gated_delta_params& p) {
+  constexpr int kRows = DK / (LASP_GDN_FOLD_THREADS / 64);
+  extern __shared__ __align__(16) float s_prefix[];  // [DK][64]
+  const int c = threadIdx.x & 63, r = threadIdx.x >> 6;
+  const int64_t bh = blockIdx.y, tile = (int64_t)DK * p.Dv;
+  const int col0 = 64 * blockIdx.x;
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int d = r + 4 * i;
+    s_prefix[d * 64 + c] = p.h0 ? p.h0[bh * tile + (int64_t)d * p.Dv + col0 + c] : 0.f;
+  }
+  __syncthreads();
+  for (int seg = 0; seg + 1 < p.num_segments; ++seg) {
+    const int64_t slot = bh * (p.num_segments - 1) + seg;
+    const float* a = p.ws_a + slot * DK * DK;
+    const float* b = p.ws_b + slot * tile + col0;
+    float acc[kRows];
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) acc[i] = __ldg(b + (int64_t)(r + 4 * i) * p.Dv + c);
+    for (int e = 0; e < DK; ++e) {
+      const float pe = s_prefix[e * 64 + c];
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) acc[i] = fmaf(__ldg(a + (r + 4 * i) * DK + e), pe, acc[i]);
+    }
+    __syncthreads();  // every thread has read P_s
+    float* out = p.ws_p + slot * tile + col0;
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const int d = r + 4 * i;
+      s_prefix[d * 64 + c] = acc[i];
+      out[(int64_t)d * p.Dv + c] = acc[i];
+    }
+    __syncthreads();
+  }
+}
+
+// Kernel 4: Dv tile blockIdx.x of segment blockIdx.y of b*H+h = blockIdx.z, from its prefix (h0 or
+// zero for segment 0); the last segment writes ht.
 template <int DK>
 __device__ __forceinline__ void run_output(const lasp_gated_delta_params& p) {
   const sd::SegmentArgs a = sd::segment_args(p);
-  const int b = a.bh / p.H, h = a.bh % p.H;
+  const int seg = blockIdx.y;
   const int64_t tile = (int64_t)DK * p.Dv;
   const int col0 = a.vt * sd::kTileV;
-  const Values<DK> values{p.ws_tri + (int64_t)a.bh * lasp_gdn_num_chunks(p.T) * kChunk * kChunk,
-                          p.beta + (int64_t)b * p.T * p.H + h, p.H};
+  const float* prefix = seg > 0 ? p.ws_p + ((int64_t)a.bh * (p.num_segments - 1) + seg - 1) * tile
+                                : p.h0 ? p.h0 + a.bh * tile : nullptr;
   sd::run_segment_with<DK>(
       a,
       [&](StateRegs<DK>& s, const StateLane& ln) {
-        if (p.h0)
-          chunk::state_load<DK>(s, ln, p.h0 + a.bh * tile + col0, p.Dv);
+        if (prefix)
+          chunk::state_load<DK>(s, ln, prefix + col0, p.Dv);
         else
           chunk::state_zero<DK>(s, ln);
         return true;
       },
       [&](StateRegs<DK>& s, const StateLane& ln, float) {
-        if (p.ht) chunk::state_store<DK>(s, ln, p.ht + a.bh * tile + col0, p.Dv);
+        if (seg == p.num_segments - 1 && p.ht) chunk::state_store<DK>(s, ln, p.ht + a.bh * tile + col0, p.Dv);
       },
-      sd::NoChunkHook{}, values);
+      sd::NoChunkHook{}, values_of<DK>(p, a, false));
 }
 
 }  // namespace gdn
 }  // namespace lasp
 
-// The templated kernels are instantiated from kernels/instances.rs (per Dk in {64, 128}):
-//   lasp_gated_delta_wy_dk*      kernel 1, grid (N, B*H), block LASP_GDN_WY_THREADS,
-//                                smem lasp_gdn_wy_smem_bytes(Dk)
-//   lasp_gated_delta_output_dk*  kernel 2, grid (Dv/64, 1, B*H), block LASP_SD_THREADS,
-//                                smem lasp_gdn_output_smem_bytes(Dk)
+// The templated kernels are instantiated from kernels/instances.rs (per Dk in {64, 128}); their
+// grids, blocks and shared memory: lasp/gated_delta/forward_params.h.

@@ -156,14 +156,78 @@ pub(super) fn output_smem_bytes(dk: usize) -> u32 {
         + header::LASP_SD_STAGES * CHUNK * 4
 }
 
-/// Bytes of the workspace for `shape` (`lasp_gdn_tri_elems` bf16): one `[64 x 64]` tile per
-/// chunk and b*H+h.
-pub(super) fn workspace_bytes(s: &ForwardShape) -> u64 {
-    let chunks = s.t.div_ceil(CHUNK as usize) as u64;
-    (s.b * s.h) as u64 * chunks * u64::from(CHUNK * CHUNK) * 2
+/// Shared-memory bytes of the fold (`lasp_gdn_fold_smem_bytes`): the prefix tile `[Dk x 64]` fp32.
+pub(super) fn fold_smem_bytes(dk: usize) -> u32 {
+    dk as u32 * 64 * 4
 }
 
-/// The Gated DeltaNet forward: its kernels and its workspace.
+/// How a call runs: S segments of `chunks_per_segment` chunks per sequence (no segment empty),
+/// the launches and the workspace (byte offsets of its parts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GatedDeltaPlan {
+    pub num_segments: u32,
+    pub chunks_per_segment: u32,
+    pub wy: LaunchShape,
+    /// The summary and fold launches (only when S > 1).
+    pub summary: Option<LaunchShape>,
+    pub fold: Option<LaunchShape>,
+    pub output: LaunchShape,
+    pub workspace_bytes: u64,
+    /// Offsets of ws_a, ws_b and ws_p (after the `(I + L)^{-1}` tiles at 0).
+    pub summary_offsets: (u64, u64, u64),
+}
+
+impl GatedDeltaPlan {
+    /// The plan of a validated `shape` on `sm_count` SMs: enough segments that the output pass's
+    /// CTAs, (Dv / 64) x S x B*H, fill the SMs once (at most one per chunk), or `forced`.
+    pub(super) fn new(s: &ForwardShape, sm_count: u32, forced: Option<u32>) -> GatedDeltaPlan {
+        let chunks = s.t.div_ceil(CHUNK as usize) as u64;
+        let bh = (s.b * s.h) as u64;
+        let tiles = (s.dv / 64) as u64;
+        let wanted = forced.map_or_else(|| (u64::from(sm_count) / (bh * tiles)).max(1), u64::from);
+        let chunks_per_segment = chunks.div_ceil(wanted.clamp(1, chunks));
+        let segments = chunks.div_ceil(chunks_per_segment);
+        let tile_bytes = u64::from(CHUNK * CHUNK) * 2;
+        let tri = bh * chunks * tile_bytes;
+        let summaries = bh * (segments - 1);
+        let (a_bytes, state_bytes) = (
+            summaries * (s.dk * s.dk) as u64 * 4,
+            summaries * (s.dk * s.dv) as u64 * 4,
+        );
+        let ws_a = tri.next_multiple_of(256);
+        let (ws_b, ws_p) = (ws_a + a_bytes, ws_a + a_bytes + state_bytes);
+        let many = segments > 1;
+        let (bh, segments32) = (bh as u32, segments as u32);
+        GatedDeltaPlan {
+            num_segments: segments32,
+            chunks_per_segment: chunks_per_segment as u32,
+            wy: LaunchShape {
+                grid: (chunks as u32, bh, 1),
+                block: (header::LASP_GDN_WY_THREADS, 1, 1),
+                shared_bytes: wy_smem_bytes(s.dk),
+            },
+            summary: many.then_some(LaunchShape {
+                grid: (((s.dk + s.dv) / 64) as u32, segments32 - 1, bh),
+                block: (header::LASP_SD_THREADS, 1, 1),
+                shared_bytes: output_smem_bytes(s.dk),
+            }),
+            fold: many.then_some(LaunchShape {
+                grid: ((s.dv / 64) as u32, bh, 1),
+                block: (header::LASP_GDN_FOLD_THREADS, 1, 1),
+                shared_bytes: fold_smem_bytes(s.dk),
+            }),
+            output: LaunchShape {
+                grid: ((s.dv / 64) as u32, segments32, bh),
+                block: (header::LASP_SD_THREADS, 1, 1),
+                shared_bytes: output_smem_bytes(s.dk),
+            },
+            workspace_bytes: if many { ws_p + state_bytes } else { tri },
+            summary_offsets: (ws_a, ws_b, ws_p),
+        }
+    }
+}
+
+/// The Gated DeltaNet forward: its kernels, its plan policy and its workspace.
 ///
 /// One instance may be launched many times on one stream; launches of one instance on different
 /// streams must be ordered by the caller (they share the workspace). The workspace grows on
@@ -172,7 +236,11 @@ pub struct GatedDeltaForward {
     ctx: Arc<CudaContext>,
     /// Indexed by Dk: [64, 128].
     wy: [Kernel; 2],
+    summary: [Kernel; 2],
+    fold: [Kernel; 2],
     output: [Kernel; 2],
+    sm_count: u32,
+    force_segments: Option<u32>,
     workspace: Option<CudaSlice<u8>>,
 }
 
@@ -183,39 +251,78 @@ impl GatedDeltaForward {
         require_shared_memory(runtime, OP, output_smem_bytes(128))?;
         let module = runtime.module();
         let wy = module.kernels_per_width(instances::GDN_WY)?;
+        let summary = module.kernels_per_width(instances::GDN_SUMMARY)?;
+        let fold = module.kernels_per_width(instances::GDN_FOLD)?;
         let output = module.kernels_per_width(instances::GDN_OUTPUT)?;
         for (i, dk) in [64, 128].into_iter().enumerate() {
             wy[i].set_max_dynamic_shared_bytes(wy_smem_bytes(dk))?;
+            summary[i].set_max_dynamic_shared_bytes(output_smem_bytes(dk))?;
+            fold[i].set_max_dynamic_shared_bytes(fold_smem_bytes(dk))?;
             output[i].set_max_dynamic_shared_bytes(output_smem_bytes(dk))?;
         }
+        let ctx = runtime.context().clone();
         Ok(GatedDeltaForward {
-            ctx: runtime.context().clone(),
+            sm_count: crate::ops::sm_count(&ctx)?,
+            ctx,
             wy,
+            summary,
+            fold,
             output,
+            force_segments: None,
             workspace: None,
         })
     }
 
-    /// Enqueues the forward on `stream` (a stream of the runtime's context). Everything is
-    /// validated before the first launch.
-    pub fn launch(&mut self, stream: &Arc<CudaStream>, args: GatedDeltaArgs<'_>) -> Result<()> {
+    /// Forces the number of segments per sequence (tests and tuning; rounded so that no segment
+    /// is empty), or restores the automatic plan with `None`.
+    pub fn set_num_segments(&mut self, segments: Option<u32>) -> Result<()> {
+        if segments == Some(0) {
+            return Err(Error::InvalidArgument(format!(
+                "{OP}: a forced segment count must be at least 1 (use None for the automatic plan)"
+            )));
+        }
+        self.force_segments = segments;
+        Ok(())
+    }
+
+    /// The plan a launch of `shape` would use (validates the shape).
+    pub fn plan(&self, shape: &ForwardShape) -> Result<GatedDeltaPlan> {
+        shape.validate_as(OP)?;
+        Ok(GatedDeltaPlan::new(
+            shape,
+            self.sm_count,
+            self.force_segments,
+        ))
+    }
+
+    /// Enqueues the forward on `stream` (a stream of the runtime's context) and returns the plan
+    /// it used. Everything is validated before the first launch.
+    pub fn launch(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        args: GatedDeltaArgs<'_>,
+    ) -> Result<GatedDeltaPlan> {
         StreamOrder::around(stream, args.homes(), OP, || self.enqueue(stream, args))
     }
 
-    fn enqueue(&mut self, stream: &Arc<CudaStream>, args: GatedDeltaArgs<'_>) -> Result<()> {
+    fn enqueue(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        args: GatedDeltaArgs<'_>,
+    ) -> Result<GatedDeltaPlan> {
         let scale = args.check()?;
+        let plan = self.plan(&args.shape)?;
         if !Arc::ptr_eq(stream.context(), &self.ctx) {
             return Err(Error::InvalidArgument(format!(
                 "{OP}: the stream belongs to another CUDA context; launch on a stream of the \
                  runtime's GPU"
             )));
         }
-        let s = &args.shape;
         crate::ops::ensure_workspace(
             &self.ctx,
             stream,
             &mut self.workspace,
-            workspace_bytes(s),
+            plan.workspace_bytes,
             OP,
         )?;
         let workspace = self.workspace.as_ref().ok_or_else(|| {
@@ -223,8 +330,14 @@ impl GatedDeltaForward {
                 "{OP}: no workspace after sizing it (a library bug)"
             ))
         })?;
-        let (ws_tri, _no_events) = cudarc::driver::DevicePtr::device_ptr(workspace, stream);
-        let chunks = s.t.div_ceil(CHUNK as usize) as u32;
+        let (base, _no_events) = cudarc::driver::DevicePtr::device_ptr(workspace, stream);
+        let (ws_a, ws_b, ws_p) = if plan.num_segments > 1 {
+            let (a, b, p) = plan.summary_offsets;
+            (base + a, base + b, base + p)
+        } else {
+            (0, 0, 0)
+        };
+        let s = &args.shape;
         let params = GatedDeltaParams {
             q: args.q.addr() as _,
             k: args.k.addr() as _,
@@ -234,40 +347,35 @@ impl GatedDeltaForward {
             o: args.o.addr() as _,
             h0: args.h0.map_or(0, |x| x.addr()) as _,
             ht: args.ht.as_ref().map_or(0, |x| x.addr()) as _,
-            ws_tri: ws_tri as _,
+            ws_tri: base as _,
+            ws_a: ws_a as _,
+            ws_b: ws_b as _,
+            ws_p: ws_p as _,
             B: s.b as i32,
             T: s.t as i32,
             H: s.h as i32,
             Dk: s.dk as i32,
             Dv: s.dv as i32,
-            num_segments: 1,
-            chunks_per_segment: chunks as i32,
+            num_segments: plan.num_segments as i32,
+            chunks_per_segment: plan.chunks_per_segment as i32,
             scale,
         };
-        let bh = (s.b * s.h) as u32;
         let i = usize::from(s.dk == 128);
-        let wy = LaunchShape {
-            grid: (chunks, bh, 1),
-            block: (header::LASP_GDN_WY_THREADS, 1, 1),
-            shared_bytes: wy_smem_bytes(s.dk),
-        };
-        let output = LaunchShape {
-            grid: (s.dv as u32 / 64, 1, bh),
-            block: (header::LASP_SD_THREADS, 1, 1),
-            shared_bytes: output_smem_bytes(s.dk),
-        };
         self.ctx.bind_to_thread()?;
         // SAFETY: GatedDeltaParams is lasp_gated_delta_params, generated from the header; the
         // shape is supported and every tensor has the length, alignment and non-overlap the
         // kernels need (checked above); the views borrow their buffers for the call and their
         // contracts keep the memory valid until the kernels complete; the workspace is owned by
-        // self, holds a tile per chunk and b*H+h, and is freed only after a context
-        // synchronisation.
+        // self, sized by the plan, and freed only after a context synchronisation.
         unsafe {
-            self.wy[i].launch(stream, wy, &params)?;
-            self.output[i].launch(stream, output, &params)?;
+            self.wy[i].launch(stream, plan.wy, &params)?;
+            if let (Some(summary), Some(fold)) = (plan.summary, plan.fold) {
+                self.summary[i].launch(stream, summary, &params)?;
+                self.fold[i].launch(stream, fold, &params)?;
+            }
+            self.output[i].launch(stream, plan.output, &params)?;
         }
-        Ok(())
+        Ok(plan)
     }
 }
 

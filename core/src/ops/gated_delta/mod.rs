@@ -11,14 +11,17 @@
 //! The kernels are `kernels/cuda/gated_delta/forward.cu` (the design: `kernels/docs/gated-delta.md`);
 //! the parameter struct [`GatedDeltaParams`] and the shared-memory and workspace formulas come from
 //! `lasp/gated_delta/forward_params.h`. Call sequence (one stream): the WY kernel, `(I + L)^{-1}` of
-//! every chunk into the workspace, then the output kernel, scalar decay's output loop with the
-//! delta rule's values step, one CTA per (64 columns of Dv, b*H+h) walking the whole sequence.
+//! every chunk into the workspace; with `S > 1` segments per sequence (so that short batches
+//! still fill the SMs), the summary kernel (each segment's affine map `A_s S + b_s` but the
+//! last's) and the fold (the state entering every segment); then the output kernel, scalar
+//! decay's output loop with the delta rule's values step, one CTA per (64 columns of Dv,
+//! segment, b*H+h).
 
 mod forward;
 #[cfg(test)]
 mod tests;
 
-pub use forward::{GatedDeltaArgs, GatedDeltaForward};
+pub use forward::{GatedDeltaArgs, GatedDeltaForward, GatedDeltaPlan};
 
 /// The C struct `lasp_gated_delta_params` of `lasp/gated_delta/forward_params.h`, passed by value
 /// to both forward kernels. Pointer fields hold device addresses; NULL where a tensor is absent.

@@ -1,8 +1,8 @@
 //! Unit tests of Gated DeltaNet's host side: the shared-memory and workspace formulas against the
 //! header's, and the argument checks, which run before anything is launched.
 
-use super::forward::{output_smem_bytes, workspace_bytes, wy_smem_bytes};
-use super::GatedDeltaArgs;
+use super::forward::{fold_smem_bytes, output_smem_bytes, wy_smem_bytes};
+use super::{GatedDeltaArgs, GatedDeltaPlan};
 use crate::error::Error;
 use crate::ops::scalar_decay::ForwardShape;
 use crate::ops::{bf16, DeviceMut, DeviceRef};
@@ -12,7 +12,7 @@ fn shape(b: usize, t: usize, h: usize, dk: usize, dv: usize) -> ForwardShape {
 }
 
 #[test]
-fn shared_memory_and_workspace_follow_the_header() {
+fn shared_memory_follows_the_header() {
     // Scalar decay's output loop at Dk 128 (two stages of Q, K, V tile and gates, two bf16 state
     // tiles: 115,200 bytes) rounded up to 1 KiB, then two (I + L)^{-1} tiles, the R tile and two
     // stages of betas.
@@ -25,13 +25,43 @@ fn shared_memory_and_workspace_follow_the_header() {
     // The K tile, 64 gates and 64 betas, L as 64 rows of 65 floats.
     assert_eq!(wy_smem_bytes(128), 16_384 + 512 + 16_640);
     assert_eq!(wy_smem_bytes(64), 8_192 + 512 + 16_640);
-    // One bf16 [64 x 64] tile per chunk and head: B=4, T=8K, H=16 is 64 heads x 128 chunks.
-    assert_eq!(
-        workspace_bytes(&shape(4, 8192, 16, 128, 128)),
-        64 * 128 * 8_192
-    );
-    // A ragged last chunk has its tile too.
-    assert_eq!(workspace_bytes(&shape(1, 65, 1, 64, 64)), 2 * 8_192);
+    assert_eq!(fold_smem_bytes(128), 32_768);
+}
+
+#[test]
+fn plans_fill_the_sms_once_with_segments_where_the_batch_is_short() {
+    // B=4, H=16: 128 output CTAs already, one segment; the workspace is the inverses alone (64
+    // heads x 128 chunks x 8 KiB).
+    let p = GatedDeltaPlan::new(&shape(4, 8192, 16, 128, 128), 132, None);
+    assert_eq!((p.num_segments, p.chunks_per_segment), (1, 128));
+    assert_eq!((p.summary, p.fold), (None, None));
+    assert_eq!(p.output.grid, (2, 1, 64));
+    assert_eq!(p.wy.grid, (128, 64, 1));
+    assert_eq!(p.workspace_bytes, 64 * 128 * 8_192);
+    // B=1, H=16, T=32K: 32 CTAs a segment, so four segments of 128 chunks; summaries of the first
+    // three (A and b, two column tiles each), their fold per Dv tile.
+    let p = GatedDeltaPlan::new(&shape(1, 32768, 16, 128, 128), 132, None);
+    assert_eq!((p.num_segments, p.chunks_per_segment), (4, 128));
+    assert_eq!(p.summary.unwrap().grid, (4, 3, 16));
+    assert_eq!(p.fold.unwrap().grid, (2, 16, 1));
+    assert_eq!(p.output.grid, (2, 4, 16));
+    let tri = 16 * 512 * 8_192;
+    let summary = 16 * 3 * 128 * 128 * 4;
+    assert_eq!(p.summary_offsets, (tri, tri + summary, tri + 2 * summary));
+    assert_eq!(p.workspace_bytes, tri + 3 * summary);
+}
+
+#[test]
+fn forced_segment_counts_leave_no_segment_empty() {
+    // 16 chunks in 5 segments: 4 chunks each, so 4 segments.
+    let p = GatedDeltaPlan::new(&shape(1, 1000, 1, 64, 64), 132, Some(5));
+    assert_eq!((p.num_segments, p.chunks_per_segment), (4, 4));
+    // More segments than chunks: one chunk each.
+    let p = GatedDeltaPlan::new(&shape(1, 100, 1, 64, 64), 132, Some(100));
+    assert_eq!((p.num_segments, p.chunks_per_segment), (2, 1));
+    // One token: one segment whatever the GPU.
+    let p = GatedDeltaPlan::new(&shape(1, 1, 1, 64, 64), 132, None);
+    assert_eq!((p.num_segments, p.chunks_per_segment), (1, 1));
 }
 
 /// A view of `len` elements at the fake device address `addr`.

@@ -9,12 +9,22 @@
 //   u = (I + L)^{-1} diag(beta) (V - diag(e^b) K S_n),
 // and with u in V's place the chunk is scalar decay's (kernels/docs/gated-delta.md).
 //
-// Host call sequence (one stream, in this order; N = ceil(T / 64)):
-//   1. lasp_gated_delta_wy_dk{64,128}      grid (N, B*H), block LASP_GDN_WY_THREADS,
-//                                         smem lasp_gdn_wy_smem_bytes(Dk): (I + L)^{-1} of every chunk
-//   2. lasp_gated_delta_output_dk{64,128}  grid (Dv/64, 1, B*H), block LASP_SD_THREADS,
-//                                         smem lasp_gdn_output_smem_bytes(Dk): O, and ht
-// Both take lasp_gated_delta_params by value and need cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES).
+// A sequence of N = ceil(T / 64) chunks runs as S >= 1 segments of whole chunks, one CTA per
+// (segment, 64 columns of Dv, b*H+h). Segment s maps its start state affinely, S_end = A_s S_start +
+// b_s (A_s [Dk x Dk]: the chunks' transitions; b_s [Dk x Dv]: its end state from zero), so the
+// start of every segment comes from the summaries of the earlier ones (the fold).
+//
+// Host call sequence (one stream, in this order):
+//   1.           lasp_gated_delta_wy_dk{64,128}       grid (N, B*H), block LASP_GDN_WY_THREADS,
+//                                                    smem lasp_gdn_wy_smem_bytes(Dk): (I + L)^{-1} of every chunk
+//   2. if S > 1: lasp_gated_delta_summary_dk{64,128}  grid (Dk/64 + Dv/64, S-1, B*H), block LASP_SD_THREADS,
+//                                                    smem lasp_gdn_output_smem_bytes(Dk): A_s, b_s of
+//                                                    segments 0..S-2 (column tiles of A first, then of b)
+//   3. if S > 1: lasp_gated_delta_fold_dk{64,128}     grid (Dv/64, B*H), block LASP_GDN_FOLD_THREADS,
+//                                                    smem lasp_gdn_fold_smem_bytes(Dk): P_{s+1} = A_s P_s + b_s
+//   4.           lasp_gated_delta_output_dk{64,128}   grid (Dv/64, S, B*H), block LASP_SD_THREADS,
+//                                                    smem lasp_gdn_output_smem_bytes(Dk): O, and ht
+// All take lasp_gated_delta_params by value and need cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES).
 //
 // Supported: Dk in {64, 128}; Dv a positive multiple of 64; T >= 1; B*H in [1, 65535]; q, k, v, o
 // 16-byte aligned, g and beta 4-byte aligned, h0 / ht 8-byte aligned; g finite and <= 0; beta
@@ -35,6 +45,7 @@
 
 #define LASP_GDN_WY_THREADS 128  // the WY kernel: one warpgroup per (chunk, b*H+h)
 #define LASP_GDN_TRI_PITCH 65    // floats per row of the WY kernel's fp32 [64 x 64] L (padded: no bank conflicts)
+#define LASP_GDN_FOLD_THREADS 256  // the fold: one CTA per (64 columns of Dv, b*H+h)
 
 typedef struct {
   const uint16_t* q;   // bf16 [B, T, H, Dk], contiguous
@@ -45,14 +56,19 @@ typedef struct {
   uint16_t* o;         // bf16 [B, T, H, Dv]: output
   const float* h0;     // fp32 [B, H, Dk, Dv] initial state, or NULL for zero
   float* ht;           // fp32 [B, H, Dk, Dv] final state, or NULL to skip
-  uint16_t* ws_tri;    // bf16 [B*H, N, 64, 64]: (I + L)^{-1} of every chunk, row-major (the workspace)
+  // The workspace (one allocation; its layout: core/src/ops/gated_delta/forward.rs): ws_tri always,
+  // the segment summaries and prefixes only when S > 1.
+  uint16_t* ws_tri;    // bf16 [B*H, N, 64, 64]: (I + L)^{-1} of every chunk, row-major
+  float* ws_a;         // fp32 [B*H, S-1, Dk, Dk]: A_s of segments 0..S-2
+  float* ws_b;         // fp32 [B*H, S-1, Dk, Dv]: b_s of segments 0..S-2
+  float* ws_p;         // fp32 [B*H, S-1, Dk, Dv]: slot s holds the prefix P_{s+1} entering segment s+1
   int32_t B;           // batch
   int32_t T;           // tokens per sequence (>= 1)
   int32_t H;           // heads
   int32_t Dk;          // key/query head dim: 64 or 128 (must match the kernels' suffix)
   int32_t Dv;          // value head dim: a multiple of 64
-  int32_t num_segments;        // 1: every CTA walks its whole sequence
-  int32_t chunks_per_segment;  // N
+  int32_t num_segments;        // S >= 1 segments of whole chunks per (b, h)
+  int32_t chunks_per_segment;  // ceil(N / S); no segment empty
   float scale;                 // sigma, usually Dk^-1/2
 } lasp_gated_delta_params;
 
@@ -78,3 +94,6 @@ LASP_GDN_FN uint32_t lasp_gdn_output_smem_bytes(int32_t Dk) {
   const uint32_t tile = LASP_SD_CHUNK * LASP_SD_CHUNK * 2u;
   return lasp_gdn_values_offset(Dk) + LASP_SD_STAGES * tile + tile + LASP_SD_STAGES * LASP_SD_CHUNK * 4u;
 }
+
+// Fold: the prefix tile P [Dk x 64] of one (Dv tile, b*H+h) in fp32.
+LASP_GDN_FN uint32_t lasp_gdn_fold_smem_bytes(int32_t Dk) { return (uint32_t)Dk * 64u * 4u; }

@@ -45,6 +45,8 @@ struct Values {
   const uint16_t* tri;  // (I + L)^{-1} of (b, h)'s chunk 0; chunk c's tile kChunk^2 elements further
   const float* beta;    // beta of (b, h)'s token 0
   int64_t beta_step;    // H: elements between consecutive tokens' betas
+  bool zero_values;     // V taken as 0 whatever the tile holds: the loop then applies the chunks'
+                        // transitions alone (a segment summary's A, lasp_gated_delta_summary_dk*)
 
   // Chunk `chunk`'s (I + L)^{-1} tile and betas into slot i % kStages (betas of virtual tokens 0).
   __device__ __forceinline__ void issue(uint32_t sbase, int i, int chunk, int tok0, int valid, int tid) const {
@@ -96,7 +98,7 @@ struct Values {
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
         const uint32_t at = swizzle(r, nt, kChunk) + 4 * t;
-        const uint32_t vv = *reinterpret_cast<const uint32_t*>(v_tile + at);
+        const uint32_t vv = zero_values ? 0u : *reinterpret_cast<const uint32_t*>(v_tile + at);
         const float r0 = beta_r * (__uint_as_float(vv << 16) - decay_r * ks[nt][2 * hh]);
         const float r1 = beta_r * (__uint_as_float(vv & 0xffff0000u) - decay_r * ks[nt][2 * hh + 1]);
         *reinterpret_cast<uint32_t*>(r_tile + at) = pack_bf16x2(r0, r1);

@@ -650,9 +650,10 @@ struct PlainValues {
 //   at_chunk(s, lane, c): called by every thread at the start of loop chunk c (of the sequence),
 //                   with the state entering it (the backward's passes write some of them).
 //   values:         what the products take as the chunk's values (PlainValues: V; in order only).
-// kProbe: Probe::kNone except in the output kernel's probes.
-template <int DK, Probe kProbe = Probe::kNone, bool kReversed = false, class Start, class End,
-          class AtChunk = NoChunkHook, class Values = PlainValues>
+// kProbe: Probe::kNone except in the output kernel's probes. kStoreO = false: a states pass that
+// wants only the end state (Gated DeltaNet's segment summaries) stores no O.
+template <int DK, Probe kProbe = Probe::kNone, bool kReversed = false, bool kStoreO = true, class Start,
+          class End, class AtChunk = NoChunkHook, class Values = PlainValues>
 __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& start, End&& end,
                                                  AtChunk&& at_chunk = AtChunk{}, const Values& values = Values{}) {
   static_assert(Values::kPlain || (!kReversed && kProbe == Probe::kNone),
@@ -780,7 +781,7 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int tok = tok0 + 16 * warp + 8 * hh + g;
-      if (store && (kReversed ? axis.is_token(tok) : tok < T)) {
+      if (kStoreO && store && (kReversed ? axis.is_token(tok) : tok < T)) {
         uint16_t* dst = o_tile + tok * v_stride;
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) *reinterpret_cast<uint32_t*>(dst + 8 * nt) = o_pair(nt, hh);
