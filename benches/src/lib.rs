@@ -1,13 +1,16 @@
 //! What the benchmark programs share: the inputs they generate (a fixed-seed host PRNG, filled
 //! in parallel), how they time a call (CUDA events around each of many back-to-back calls, the
-//! median), and how they write raw tensors for the Python side to read.
+//! median), the options of the per-family timing programs and where they write their results,
+//! and how they write raw tensors for the Python side to read.
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::CudaStream;
+use lasp_shmem::ops::scalar_decay::ForwardShape;
 use lasp_shmem::reference::SplitMix64;
 use lasp_shmem::{Config, Error, Result};
+use lasp_shmem_examples::parse_shape;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 const SEED: u64 = 0x5EED_F0D0;
@@ -62,6 +65,62 @@ pub fn logsigmoid(x: f32) -> f32 {
         -(-x).exp().ln_1p()
     } else {
         x - x.exp().ln_1p()
+    }
+}
+
+/// The options of a family's single-GPU timing program (`gla_bench`, `gated_delta_bench`), for
+/// its `#[command(flatten)]`.
+#[derive(clap::Args, Debug)]
+pub struct TimingOptions {
+    /// Shapes to time, comma-separated (Dk = Dv = D).
+    #[arg(long, value_name = "BxTxHxD,...", value_parser = parse_shape, value_delimiter = ',',
+          default_values = ["4x8192x16x128", "1x32768x16x128", "1x131072x16x128"])]
+    pub shapes: Vec<ForwardShape>,
+    /// Dump each shape's inputs and outputs under DIR, and DIR/ours.json.
+    #[arg(long, value_name = "DIR")]
+    pub dump: Option<PathBuf>,
+    /// Write the results JSON here (else DIR/ours.json with --dump, else standard output).
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Untimed calls first (at least one runs).
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub warmup: usize,
+    /// Timed calls (0 counts as 1).
+    #[arg(long, value_name = "N", default_value_t = 50)]
+    iters: usize,
+    /// Give up (exit 1) after this many seconds (a kernel hung?).
+    #[arg(long = "timeout", value_name = "SECONDS", default_value_t = 480)]
+    pub timeout_s: u64,
+}
+
+impl TimingOptions {
+    /// Timed calls, at least one.
+    pub fn iters(&self) -> usize {
+        self.iters.max(1)
+    }
+
+    /// The results' `method`: how each value was timed.
+    pub fn method(&self) -> String {
+        format!(
+            "{} warm-up calls, then {} calls enqueued back to back on one stream, each between two \
+             CUDA events; median",
+            self.warmup.max(1),
+            self.iters()
+        )
+    }
+
+    /// Writes the results JSON to --out, else to DIR/ours.json with --dump, else to standard
+    /// output.
+    pub fn write_results(&self, json: &str) -> Result<()> {
+        let path = match (&self.out, &self.dump) {
+            (Some(path), _) => path.clone(),
+            (None, Some(root)) => root.join("ours.json"),
+            (None, None) => {
+                print!("{json}");
+                return Ok(());
+            }
+        };
+        std::fs::write(&path, json).map_err(|e| io_error(&path, e))
     }
 }
 

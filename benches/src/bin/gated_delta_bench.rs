@@ -19,36 +19,21 @@ use clap::Parser;
 use cudarc::driver::CudaSlice;
 use half::bf16;
 use lasp_shmem::ops::gated_delta::{GatedDeltaArgs, GatedDeltaForward};
-use lasp_shmem::ops::scalar_decay::ForwardShape;
 use lasp_shmem::ops::{DeviceMut, DeviceRef};
 use lasp_shmem::{Config, Result, Runtime};
-use lasp_shmem_benches::{fill_parallel, io_error, logsigmoid, time_calls, write_raw};
-use lasp_shmem_examples::{parse_shape, round, to_json};
+use lasp_shmem_benches::{
+    fill_parallel, io_error, logsigmoid, time_calls, write_raw, TimingOptions,
+};
+use lasp_shmem_examples::{round, to_json};
 use serde::Serialize;
-use std::path::PathBuf;
 
+/// Times Gated DeltaNet's forward on one GPU against its HBM floor; with --dump, writes what
+/// benches/fla_gated_delta.py compares with fla's chunk_gated_delta_rule.
 #[derive(Parser, Debug)]
 #[command(name = "gated_delta_bench")]
 struct Options {
-    /// Shapes to time, comma-separated (Dk = Dv = D).
-    #[arg(long, value_name = "BxTxHxD,...", value_parser = parse_shape, value_delimiter = ',',
-          default_values = ["4x8192x16x128", "1x32768x16x128", "1x131072x16x128"])]
-    shapes: Vec<ForwardShape>,
-    /// Dump each shape's inputs and output under DIR, and DIR/ours.json.
-    #[arg(long, value_name = "DIR")]
-    dump: Option<PathBuf>,
-    /// Write the results JSON here (else DIR/ours.json with --dump, else standard output).
-    #[arg(long, value_name = "FILE")]
-    out: Option<PathBuf>,
-    /// Untimed calls first (at least one runs).
-    #[arg(long, value_name = "N", default_value_t = 10)]
-    warmup: usize,
-    /// Timed calls.
-    #[arg(long, value_name = "N", default_value_t = 50)]
-    iters: usize,
-    /// Give up (exit 1) after this many seconds (a kernel hung?).
-    #[arg(long = "timeout", value_name = "SECONDS", default_value_t = 480)]
-    timeout_s: u64,
+    #[command(flatten)]
+    timing: TimingOptions,
 }
 
 #[derive(Serialize)]
@@ -107,7 +92,7 @@ fn run(opts: &Options, config: Config) -> Result<()> {
     let bandwidth = hbm_bytes_per_s(&device);
     let mut fwd = GatedDeltaForward::new(&rt)?;
     let mut rows = Vec::new();
-    for &shape in &opts.shapes {
+    for &shape in &opts.timing.shapes {
         let name = format!("b{}_t{}_h{}_d{}", shape.b, shape.t, shape.h, shape.dk);
         let normal = |len: usize, tensor: u64| {
             let mut x = vec![bf16::ZERO; len];
@@ -131,7 +116,7 @@ fn run(opts: &Options, config: Config) -> Result<()> {
         let (dg, dbeta) = (stream.clone_htod(&g)?, stream.clone_htod(&beta)?);
         let mut o: CudaSlice<bf16> = stream.alloc_zeros(shape.v_len())?;
         let mut plan = None;
-        let (ms, min_ms) = time_calls(&stream, opts.warmup, opts.iters, |_| {
+        let (ms, min_ms) = time_calls(&stream, opts.timing.warmup, opts.timing.iters(), |_| {
             let args = GatedDeltaArgs {
                 shape,
                 q: DeviceRef::new(&dq),
@@ -156,7 +141,7 @@ fn run(opts: &Options, config: Config) -> Result<()> {
              ({:.0} % of it)",
             100.0 * floor_ms / ms
         );
-        if let Some(root) = &opts.dump {
+        if let Some(root) = &opts.timing.dump {
             let dir = root.join(&name);
             std::fs::create_dir_all(&dir).map_err(|e| io_error(&dir, e))?;
             write_raw(&dir.join("q.bin"), &q)?;
@@ -182,34 +167,21 @@ fn run(opts: &Options, config: Config) -> Result<()> {
     let json = to_json(&Results {
         device,
         commit: std::env::var("LASP_COMMIT").unwrap_or_else(|_| "unknown".into()),
-        method: format!(
-            "{} warm-up calls, then {} calls enqueued back to back on one stream, each between \
-             two CUDA events; median",
-            opts.warmup.max(1),
-            opts.iters
-        ),
+        method: opts.timing.method(),
         inputs:
             "q, v ~ N(0, 1), k ~ N(0, 1) with unit-norm rows, in bf16; g = logsigmoid(N(0, 1)) \
                  / 16 and beta = sigmoid(N(0, 1)) per token and head; scale D^-1/2",
         hbm_bytes_per_s: bandwidth,
         shapes: rows,
     });
-    match (&opts.out, &opts.dump) {
-        (Some(path), _) => std::fs::write(path, &json).map_err(|e| io_error(path, e))?,
-        (None, Some(root)) => {
-            let path = root.join("ours.json");
-            std::fs::write(&path, &json).map_err(|e| io_error(&path, e))?;
-        }
-        (None, None) => print!("{json}"),
-    }
+    opts.timing.write_results(&json)?;
     drop(fwd);
     rt.shutdown()
 }
 
 fn main() {
-    let mut opts = Options::parse();
-    opts.iters = opts.iters.max(1);
-    lasp_shmem_benches::bench_main("gated_delta_bench", opts.timeout_s, |config| {
+    let opts = Options::parse();
+    lasp_shmem_benches::bench_main("gated_delta_bench", opts.timing.timeout_s, |config| {
         run(&opts, config)
     });
 }

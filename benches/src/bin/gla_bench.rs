@@ -20,42 +20,27 @@ use clap::Parser;
 use cudarc::driver::CudaSlice;
 use half::bf16;
 use lasp_shmem::ops::gla::{chunk_states_len, GlaArgs, GlaBackward, GlaBackwardArgs, GlaForward};
-use lasp_shmem::ops::scalar_decay::ForwardShape;
 use lasp_shmem::ops::{DeviceMut, DeviceRef};
 use lasp_shmem::{Config, Result, Runtime};
-use lasp_shmem_benches::{fill_parallel, io_error, logsigmoid, time_calls, write_raw};
-use lasp_shmem_examples::{parse_shape, round, to_json};
+use lasp_shmem_benches::{
+    fill_parallel, io_error, logsigmoid, time_calls, write_raw, TimingOptions,
+};
+use lasp_shmem_examples::{round, to_json};
 use serde::Serialize;
-use std::path::PathBuf;
 
+/// Times GLA's forward and forward+backward on one GPU; with --dump, writes what
+/// benches/fla_gla.py compares with fla's chunk_gla.
 #[derive(Parser, Debug)]
 #[command(name = "gla_bench")]
 struct Options {
-    /// Shapes to time, comma-separated (Dk = Dv = D).
-    #[arg(long, value_name = "BxTxHxD,...", value_parser = parse_shape, value_delimiter = ',',
-          default_values = ["4x8192x16x128", "1x32768x16x128", "1x131072x16x128"])]
-    shapes: Vec<ForwardShape>,
-    /// Dump each shape's inputs and output under DIR, and DIR/ours.json.
-    #[arg(long, value_name = "DIR")]
-    dump: Option<PathBuf>,
-    /// Write the results JSON here (else DIR/ours.json with --dump, else standard output).
-    #[arg(long, value_name = "FILE")]
-    out: Option<PathBuf>,
-    /// Untimed calls first (at least one runs).
-    #[arg(long, value_name = "N", default_value_t = 10)]
-    warmup: usize,
-    /// Timed calls.
-    #[arg(long, value_name = "N", default_value_t = 50)]
-    iters: usize,
+    #[command(flatten)]
+    timing: TimingOptions,
     /// Force the number of segments per sequence of the forward (tuning).
     #[arg(long, value_name = "S")]
     segments: Option<u32>,
     /// Force the number of segments per sequence of the backward's walks (tuning).
     #[arg(long, value_name = "S")]
     backward_segments: Option<u32>,
-    /// Give up (exit 1) after this many seconds (a kernel hung?).
-    #[arg(long = "timeout", value_name = "SECONDS", default_value_t = 480)]
-    timeout_s: u64,
 }
 
 #[derive(Serialize)]
@@ -100,7 +85,7 @@ fn run(opts: &Options, config: Config) -> Result<()> {
     let mut bwd = GlaBackward::new(&rt)?;
     bwd.set_num_segments(opts.backward_segments)?;
     let mut rows = Vec::new();
-    for &shape in &opts.shapes {
+    for &shape in &opts.timing.shapes {
         let name = format!("b{}_t{}_h{}_d{}", shape.b, shape.t, shape.h, shape.dk);
         let normal = |len: usize, tensor: u64| {
             let mut x = vec![bf16::ZERO; len];
@@ -127,7 +112,7 @@ fn run(opts: &Options, config: Config) -> Result<()> {
         let mut grad_g: CudaSlice<f32> = stream.alloc_zeros(shape.qk_len())?;
         let mut chunk_states: CudaSlice<bf16> = stream.alloc_zeros(chunk_states_len(&shape))?;
         let mut plan = None;
-        let (ms, min_ms) = time_calls(&stream, opts.warmup, opts.iters, |_| {
+        let (ms, min_ms) = time_calls(&stream, opts.timing.warmup, opts.timing.iters(), |_| {
             let args = GlaArgs {
                 shape,
                 q: DeviceRef::new(&dq),
@@ -145,40 +130,41 @@ fn run(opts: &Options, config: Config) -> Result<()> {
         })?;
         let plan = plan.expect("at least one warm-up launch");
         let mut bwd_plan = None;
-        let (fb_ms, fb_min_ms) = time_calls(&stream, opts.warmup, opts.iters, |_| {
-            let args = GlaArgs {
-                shape,
-                q: DeviceRef::new(&dq),
-                k: DeviceRef::new(&dk),
-                v: DeviceRef::new(&dv),
-                g: DeviceRef::new(&dg),
-                h0: None,
-                o: DeviceMut::new(&mut o),
-                ht: None,
-                chunk_states: Some(DeviceMut::new(&mut chunk_states)),
-                scale: None,
-            };
-            fwd.launch(&stream, args)?;
-            let args = GlaBackwardArgs {
-                shape,
-                q: DeviceRef::new(&dq),
-                k: DeviceRef::new(&dk),
-                v: DeviceRef::new(&dv),
-                g: DeviceRef::new(&dg),
-                h0: None,
-                chunk_states: DeviceRef::new(&chunk_states),
-                d_o: DeviceRef::new(&d_do),
-                dht: None,
-                dq: DeviceMut::new(&mut grad_q),
-                dk: DeviceMut::new(&mut grad_k),
-                dv: DeviceMut::new(&mut grad_v),
-                dg: DeviceMut::new(&mut grad_g),
-                dh0: None,
-                scale: None,
-            };
-            bwd_plan = Some(bwd.launch(&stream, args)?);
-            Ok(())
-        })?;
+        let (fb_ms, fb_min_ms) =
+            time_calls(&stream, opts.timing.warmup, opts.timing.iters(), |_| {
+                let args = GlaArgs {
+                    shape,
+                    q: DeviceRef::new(&dq),
+                    k: DeviceRef::new(&dk),
+                    v: DeviceRef::new(&dv),
+                    g: DeviceRef::new(&dg),
+                    h0: None,
+                    o: DeviceMut::new(&mut o),
+                    ht: None,
+                    chunk_states: Some(DeviceMut::new(&mut chunk_states)),
+                    scale: None,
+                };
+                fwd.launch(&stream, args)?;
+                let args = GlaBackwardArgs {
+                    shape,
+                    q: DeviceRef::new(&dq),
+                    k: DeviceRef::new(&dk),
+                    v: DeviceRef::new(&dv),
+                    g: DeviceRef::new(&dg),
+                    h0: None,
+                    chunk_states: DeviceRef::new(&chunk_states),
+                    d_o: DeviceRef::new(&d_do),
+                    dht: None,
+                    dq: DeviceMut::new(&mut grad_q),
+                    dk: DeviceMut::new(&mut grad_k),
+                    dv: DeviceMut::new(&mut grad_v),
+                    dg: DeviceMut::new(&mut grad_g),
+                    dh0: None,
+                    scale: None,
+                };
+                bwd_plan = Some(bwd.launch(&stream, args)?);
+                Ok(())
+            })?;
         let bwd_plan = bwd_plan.expect("at least one warm-up launch");
         let floor_bytes =
             (2 * (2 * shape.qk_len() + 2 * shape.v_len()) + 4 * shape.qk_len()) as f64;
@@ -189,7 +175,7 @@ fn run(opts: &Options, config: Config) -> Result<()> {
             floor_bytes / ms / 1e6,
             bwd_plan.num_segments
         );
-        if let Some(root) = &opts.dump {
+        if let Some(root) = &opts.timing.dump {
             let dir = root.join(&name);
             std::fs::create_dir_all(&dir).map_err(|e| io_error(&dir, e))?;
             let o_host: Vec<bf16> = stream.clone_dtoh(&o)?;
@@ -225,30 +211,19 @@ fn run(opts: &Options, config: Config) -> Result<()> {
     let json = to_json(&Results {
         device,
         commit: std::env::var("LASP_COMMIT").unwrap_or_else(|_| "unknown".into()),
-        method: format!(
-            "{} warm-up calls, then {} calls enqueued back to back on one stream, each between \
-             two CUDA events; median",
-            opts.warmup.max(1),
-            opts.iters
-        ),
+        method: opts.timing.method(),
         inputs: "q, k, v, do ~ N(0, 1) in bf16; g = logsigmoid(N(0, 1)) / 16 per key dimension; scale D^-1/2",
         shapes: rows,
     });
-    match (&opts.out, &opts.dump) {
-        (Some(path), _) => std::fs::write(path, &json).map_err(|e| io_error(path, e))?,
-        (None, Some(root)) => {
-            let path = root.join("ours.json");
-            std::fs::write(&path, &json).map_err(|e| io_error(&path, e))?;
-        }
-        (None, None) => print!("{json}"),
-    }
+    opts.timing.write_results(&json)?;
     drop(fwd);
     drop(bwd);
     rt.shutdown()
 }
 
 fn main() {
-    let mut opts = Options::parse();
-    opts.iters = opts.iters.max(1);
-    lasp_shmem_benches::bench_main("gla_bench", opts.timeout_s, |config| run(&opts, config));
+    let opts = Options::parse();
+    lasp_shmem_benches::bench_main("gla_bench", opts.timing.timeout_s, |config| {
+        run(&opts, config)
+    });
 }

@@ -110,29 +110,18 @@ __device__ __forceinline__ void run_wy(const lasp_gated_delta_params& p) {
   }
 }
 
-// The values step of (b, h) = a.bh; zero_values for a summary's A.
-template <int DK>
-__device__ __forceinline__ Values<DK> values_of(const lasp_gated_delta_params& p, const sd::SegmentArgs& a,
-                                                bool zero_values) {
-  const int b = a.bh / p.H, h = a.bh % p.H;
-  return Values<DK>{p.ws_tri + (int64_t)a.bh * lasp_gdn_num_chunks(p.T) * kChunk * kChunk,
-                    p.beta + (int64_t)b * p.T * p.H + h, p.H, zero_values};
-}
-
 // Kernel 2: column tile blockIdx.x of segment blockIdx.y's summary, b*H+h = blockIdx.z. Tiles
 // below Dk/64 are A_s's (the loop from the identity's columns 64x.., V taken as 0), the others
 // b_s's (from zero, V's tile x - Dk/64). Into workspace slot (b*H+h, s).
-template <int DK>
-__device__ __forceinline__ void run_summary(const lasp_gated_delta_params& p) {
-  sd::SegmentArgs a = sd::segment_args(p);
-  const bool of_a = blockIdx.x < DK / 64;
-  const int col0 = 64 * (of_a ? blockIdx.x : blockIdx.x - DK / 64);
-  a.vt = of_a ? 0 : blockIdx.x - DK / 64;  // the V tile the loop loads (unused for A)
+template <int DK, bool kOfA>
+__device__ __forceinline__ void run_summary_tile(const lasp_gated_delta_params& p, sd::SegmentArgs a) {
+  const int col0 = 64 * (kOfA ? blockIdx.x : blockIdx.x - DK / 64);
+  a.vt = kOfA ? 0 : blockIdx.x - DK / 64;  // the V tile the loop loads (unused for A)
   const int64_t slot = (int64_t)a.bh * (p.num_segments - 1) + blockIdx.y;
   sd::run_segment_with<DK, sd::Probe::kNone, false, false>(
       a,
       [&](StateRegs<DK>& s, const StateLane& ln) {
-        if (of_a) {
+        if constexpr (kOfA) {
           chunk::for_each_state_pair<DK>(s, ln, [&](float& x0, float& x1, int d, int c) {
             x0 = d == col0 + c ? 1.f : 0.f;
             x1 = d == col0 + c + 1 ? 1.f : 0.f;
@@ -143,12 +132,21 @@ __device__ __forceinline__ void run_summary(const lasp_gated_delta_params& p) {
         return true;
       },
       [&](StateRegs<DK>& s, const StateLane& ln, float) {
-        if (of_a)
+        if constexpr (kOfA)
           chunk::state_store<DK>(s, ln, p.ws_a + slot * DK * DK + col0, DK);
         else
           chunk::state_store<DK>(s, ln, p.ws_b + slot * DK * p.Dv + col0, p.Dv);
       },
-      sd::NoChunkHook{}, values_of<DK>(p, a, of_a));
+      sd::NoChunkHook{}, Values<DK, kOfA>{p});
+}
+
+template <int DK>
+__device__ __forceinline__ void run_summary(const lasp_gated_delta_params& p) {
+  const sd::SegmentArgs a = sd::segment_args(p);
+  if (blockIdx.x < DK / 64)
+    run_summary_tile<DK, true>(p, a);
+  else
+    run_summary_tile<DK, false>(p, a);
 }
 
 // Kernel 3: the prefixes of Dv tile blockIdx.x of b*H+h = blockIdx.y, P_{s+1} = A_s P_s + b_s over
@@ -193,28 +191,30 @@ __device__ __forceinline__ void run_fold(const lasp_gated_delta_params& p) {
 }
 
 // Kernel 4: Dv tile blockIdx.x of segment blockIdx.y of b*H+h = blockIdx.z, from its prefix (h0 or
-// zero for segment 0); the last segment writes ht.
+// zero for segment 0); the last segment writes ht. The prologue and epilogue read the grid and the
+// parameters afresh instead of capturing values of their own: at Dk = 128 the loop has no register
+// to spare for values that live across it.
 template <int DK>
 __device__ __forceinline__ void run_output(const lasp_gated_delta_params& p) {
   const sd::SegmentArgs a = sd::segment_args(p);
-  const int seg = blockIdx.y;
-  const int64_t tile = (int64_t)DK * p.Dv;
-  const int col0 = a.vt * sd::kTileV;
-  const float* prefix = seg > 0 ? p.ws_p + ((int64_t)a.bh * (p.num_segments - 1) + seg - 1) * tile
-                                : p.h0 ? p.h0 + a.bh * tile : nullptr;
   sd::run_segment_with<DK>(
       a,
       [&](StateRegs<DK>& s, const StateLane& ln) {
+        const int64_t tile = (int64_t)DK * p.Dv, bh = blockIdx.z;
+        const float* prefix = blockIdx.y > 0 ? p.ws_p + (bh * (p.num_segments - 1) + blockIdx.y - 1) * tile
+                              : p.h0      ? p.h0 + bh * tile
+                                          : nullptr;
         if (prefix)
-          chunk::state_load<DK>(s, ln, prefix + col0, p.Dv);
+          chunk::state_load<DK>(s, ln, prefix + blockIdx.x * sd::kTileV, p.Dv);
         else
           chunk::state_zero<DK>(s, ln);
         return true;
       },
       [&](StateRegs<DK>& s, const StateLane& ln, float) {
-        if (seg == p.num_segments - 1 && p.ht) chunk::state_store<DK>(s, ln, p.ht + a.bh * tile + col0, p.Dv);
+        if (blockIdx.y == p.num_segments - 1 && p.ht)
+          chunk::state_store<DK>(s, ln, p.ht + (int64_t)blockIdx.z * DK * p.Dv + blockIdx.x * sd::kTileV, p.Dv);
       },
-      sd::NoChunkHook{}, values_of<DK>(p, a, false));
+      sd::NoChunkHook{}, Values<DK>{p});
 }
 
 }  // namespace gdn

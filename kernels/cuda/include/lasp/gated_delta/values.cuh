@@ -36,26 +36,28 @@ struct ValuesLayout {
   static_assert(kTri >= sd::Layout<DK, true>::kBytes && kTri % 1024 == 0, "tiles after the loop's, 1024-byte aligned");
 };
 
-// The Values of run_segment_with for one (b, h).
-template <int DK>
+// The Values of run_segment_with for the CTA's (b, h) = blockIdx.z. kZeroValues: V taken as 0
+// whatever the tile holds, so that the loop applies the chunks' transitions alone (a segment
+// summary's A, lasp_gated_delta_summary_dk*). The flag is a template parameter and the tensors'
+// addresses are formed from the parameters (constant memory) and the grid at each use: the output
+// loop at Dk = 128 has no register to spare for anything that lives across it.
+template <int DK, bool kZeroValues = false>
 struct Values {
   static constexpr bool kPlain = false;
   using M = ValuesLayout<DK>;
 
-  const uint16_t* tri;  // (I + L)^{-1} of (b, h)'s chunk 0; chunk c's tile kChunk^2 elements further
-  const float* beta;    // beta of (b, h)'s token 0
-  int64_t beta_step;    // H: elements between consecutive tokens' betas
-  bool zero_values;     // V taken as 0 whatever the tile holds: the loop then applies the chunks'
-                        // transitions alone (a segment summary's A, lasp_gated_delta_summary_dk*)
+  const lasp_gated_delta_params& p;
 
   // Chunk `chunk`'s (I + L)^{-1} tile and betas into slot i % kStages (betas of virtual tokens 0).
   __device__ __forceinline__ void issue(uint32_t sbase, int i, int chunk, int tok0, int valid, int tid) const {
     const int slot = i % kStages;
-    sd::copy_tile_async<kChunk / 8>(sbase + M::kTri + slot * M::kTileBytes, tri + (int64_t)chunk * kChunk * kChunk,
-                                    kChunk, kChunk, tid);
+    const int bh = blockIdx.z, b = bh / p.H, h = bh - b * p.H;
+    const uint16_t* tri = p.ws_tri + ((int64_t)bh * lasp_gdn_num_chunks(p.T) + chunk) * kChunk * kChunk;
+    sd::copy_tile_async<kChunk / 8>(sbase + M::kTri + slot * M::kTileBytes, tri, kChunk, kChunk, tid);
     if (tid < kChunk) {
       const bool ok = tid < valid;
-      cp_async_4(sbase + M::kBeta + (slot * kChunk + tid) * 4, ok ? beta + (tok0 + tid) * beta_step : beta, ok);
+      const float* beta = p.beta + ((int64_t)b * p.T + tok0 + tid) * p.H + h;  // [b, tok0 + tid, h]
+      cp_async_4(sbase + M::kBeta + (slot * kChunk + tid) * 4, ok ? beta : p.beta, ok);
     }
   }
 
@@ -98,7 +100,7 @@ struct Values {
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
         const uint32_t at = swizzle(r, nt, kChunk) + 4 * t;
-        const uint32_t vv = zero_values ? 0u : *reinterpret_cast<const uint32_t*>(v_tile + at);
+        const uint32_t vv = kZeroValues ? 0u : *reinterpret_cast<const uint32_t*>(v_tile + at);
         const float r0 = beta_r * (__uint_as_float(vv << 16) - decay_r * ks[nt][2 * hh]);
         const float r1 = beta_r * (__uint_as_float(vv & 0xffff0000u) - decay_r * ks[nt][2 * hh + 1]);
         *reinterpret_cast<uint32_t*>(r_tile + at) = pack_bf16x2(r0, r1);
