@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# compute-sanitizer's memcheck, racecheck, synccheck and initcheck over every single-GPU kernel:
-# the GPU tests' small forward and backward cases and their rejection checks (every kernel of the
-# forward, the backward and their plans runs there) under each tool. Each test runs in the process
+# compute-sanitizer's memcheck, racecheck, synccheck and initcheck over the single-GPU kernels of
+# scalar decay and Gated DeltaNet: the GPU tests' small forward and backward cases and their
+# rejection checks (every kernel of those forwards, the backward and their plans runs there) under
+# each tool. Each test runs in the process
 # the sanitizer starts: the test executable (examples/tests/gpu) runs a test's checks itself when
 # LASP_GPU_TEST_CHILD names it, as in the child process it starts for them otherwise. Prints each
 # tool's error count and writes them as JSON to $OUT/sanitizer.json ({"memcheck": 0, ...}); exits
@@ -24,7 +25,8 @@ json="{"
 for tool in memcheck racecheck synccheck initcheck; do
   errors=0
   for check in forward::small_cases_match_the_f64_reference forward::bad_arguments_are_rejected_before_any_launch \
-    backward::small_cases_match_the_f64_reference backward::bad_arguments_are_rejected_before_any_launch; do
+    backward::small_cases_match_the_f64_reference backward::bad_arguments_are_rejected_before_any_launch \
+    gated_delta::gated_delta_small_cases_match_the_f64_reference; do
     log="$OUT/sanitize-$tool-${check//::/-}.log"
     LASP_GPU_TEST_CHILD="$check" NVSHMEM_DISABLE_NCCL=1 "$SANITIZER" --tool "$tool" --error-exitcode 99 \
       --print-limit 20 "${GPU_TESTS[0]}" --exact "$check" --nocapture --test-threads=1 >"$log" 2>&1
