@@ -1,11 +1,14 @@
-//! Unit tests of Gated DeltaNet's host side: the shared-memory and workspace formulas against the
-//! header's, and the argument checks, which run before anything is launched.
+//! Unit tests of Gated DeltaNet's host side: the shared-memory formulas against the header's, the
+//! plans, and the argument checks, which run before anything is launched; and a model of the
+//! kernels' roundings against the f64 recurrence, which says whether the GPU tests' tolerance is
+//! within the design's reach before a GPU runs them.
 
 use super::forward::{fold_smem_bytes, output_smem_bytes, wy_smem_bytes};
 use super::{GatedDeltaArgs, GatedDeltaPlan};
 use crate::error::Error;
 use crate::ops::scalar_decay::ForwardShape;
 use crate::ops::{bf16, DeviceMut, DeviceRef};
+use crate::reference::Inputs;
 
 fn shape(b: usize, t: usize, h: usize, dk: usize, dv: usize) -> ForwardShape {
     ForwardShape { b, t, h, dk, dv }
@@ -153,4 +156,179 @@ fn unsupported_widths_are_refused_with_what_to_do() {
         fake_args(shape(1, 0, 1, 64, 64)),
         "B, T and H must be at least 1",
     );
+}
+
+/// The first build's forward as its kernels round it, in f64 elsewhere: `(o, ht)` of every
+/// (b, h), o `[B, T, H, Dv]` and ht `[B, H, Dk, Dv]` flattened. Rounded to bf16 where the kernels
+/// hold bf16: the inputs (already), the inverse `(I + L)^{-1}`, the state copy the products read,
+/// `R`, `u`, the scores, the weighted keys of the update and o; the state itself and the gates'
+/// cumsums in fp32.
+fn first_build_forward(inputs: &Inputs) -> (Vec<f64>, Vec<f64>) {
+    let s = inputs.shape;
+    let (dk, dv) = (s.dk, s.dv);
+    let bf = |x: f64| bf16::from_f64(x).to_f64();
+    let f32r = |x: f64| x as f32 as f64;
+    let beta = inputs
+        .beta
+        .as_ref()
+        .expect("the delta rule's inputs have beta");
+    let mut o = vec![0.0; s.b * s.t * s.h * dv];
+    let mut ht = vec![0.0; s.b * s.h * dk * dv];
+    for (b, h) in (0..s.b).flat_map(|b| (0..s.h).map(move |h| (b, h))) {
+        let mut state: Vec<f64> = (0..dk * dv)
+            .map(|i| {
+                inputs
+                    .h0
+                    .as_ref()
+                    .map_or(0.0, |h0| h0.get(&[b, h, i / dv, i % dv]))
+            })
+            .collect();
+        for c0 in (0..s.t).step_by(64) {
+            // The chunk's rows, virtual ones (past T) zero.
+            let row = |t: usize, f: &dyn Fn(usize) -> f64| if t < s.t { f(t) } else { 0.0 };
+            let k: Vec<Vec<f64>> = (c0..c0 + 64)
+                .map(|t| {
+                    (0..dk)
+                        .map(|d| row(t, &|t| inputs.k.get(&[b, t, h, d])))
+                        .collect()
+                })
+                .collect();
+            let q: Vec<Vec<f64>> = (c0..c0 + 64)
+                .map(|t| {
+                    (0..dk)
+                        .map(|d| row(t, &|t| inputs.q.get(&[b, t, h, d])))
+                        .collect()
+                })
+                .collect();
+            let v: Vec<Vec<f64>> = (c0..c0 + 64)
+                .map(|t| {
+                    (0..dv)
+                        .map(|e| row(t, &|t| inputs.v.get(&[b, t, h, e])))
+                        .collect()
+                })
+                .collect();
+            let betas: Vec<f64> = (c0..c0 + 64)
+                .map(|t| row(t, &|t| beta.get(&[b, t, h])))
+                .collect();
+            let mut cum = Vec::with_capacity(64);
+            let mut acc = 0f32;
+            for t in c0..c0 + 64 {
+                acc += row(t, &|t| inputs.g.get(&[b, t, h])) as f32;
+                cum.push(f64::from(acc));
+            }
+            let gamma = cum[63];
+            let dot = |x: &[f64], y: &[f64]| x.iter().zip(y).map(|(a, b)| a * b).sum::<f64>();
+            // (I + L)^{-1} in fp32, stored in bf16.
+            let mut x: Vec<Vec<f64>> = Vec::with_capacity(64);
+            for r in 0..64 {
+                let l: Vec<f64> = (0..r)
+                    .map(|j| f32r(betas[r] * (cum[r] - cum[j]).exp() * dot(&k[r], &k[j])))
+                    .collect();
+                let next = (0..64)
+                    .map(|c| {
+                        let diagonal = if r == c { 1.0 } else { 0.0 };
+                        f32r(diagonal - l.iter().zip(&x).map(|(l, x)| l * x[c]).sum::<f64>())
+                    })
+                    .collect();
+                x.push(next);
+            }
+            let tri: Vec<Vec<f64>> = x
+                .iter()
+                .map(|r| r.iter().map(|&v| bf(v)).collect())
+                .collect();
+            let state_bf: Vec<f64> = state.iter().map(|&v| bf(v)).collect();
+            let times_state =
+                |a: &[f64], e: usize| (0..dk).map(|d| a[d] * state_bf[d * dv + e]).sum::<f64>();
+            // R, then u.
+            let r: Vec<Vec<f64>> = (0..64)
+                .map(|t| {
+                    (0..dv)
+                        .map(|e| bf(betas[t] * (v[t][e] - cum[t].exp() * times_state(&k[t], e))))
+                        .collect()
+                })
+                .collect();
+            let u: Vec<Vec<f64>> = (0..64)
+                .map(|t| {
+                    (0..dv)
+                        .map(|e| bf((0..64).map(|j| tri[t][j] * r[j][e]).sum()))
+                        .collect()
+                })
+                .collect();
+            // O.
+            for t in 0..64.min(s.t - c0) {
+                let p: Vec<f64> = (0..64)
+                    .map(|j| {
+                        if j <= t {
+                            bf(inputs.scale * dot(&q[t], &k[j]) * (cum[t] - cum[j]).exp())
+                        } else {
+                            0.0
+                        }
+                    })
+                    .collect();
+                for e in 0..dv {
+                    let inter = inputs.scale * cum[t].exp() * times_state(&q[t], e);
+                    let intra: f64 = (0..64).map(|j| p[j] * u[j][e]).sum();
+                    o[((b * s.t + c0 + t) * s.h + h) * dv + e] = bf(inter + intra);
+                }
+            }
+            // S <- e^gamma S + K~^T u.
+            for d in 0..dk {
+                for e in 0..dv {
+                    let update: f64 = (0..64)
+                        .map(|j| bf((gamma - cum[j]).exp() * k[j][d]) * u[j][e])
+                        .sum();
+                    state[d * dv + e] = f32r(gamma.exp() * state[d * dv + e] + update);
+                }
+            }
+        }
+        ht[(b * s.h + h) * dk * dv..][..dk * dv].copy_from_slice(&state);
+    }
+    (o, ht)
+}
+
+#[test]
+fn the_first_builds_roundings_keep_the_gpu_tests_tolerance() {
+    // The GPU tests hold o and ht to 5e-3 of the f64 recurrence: a model of the kernels'
+    // roundings must stay inside that on their cases, every gate regime and beta at its ends.
+    use crate::reference::{delta_rule, rel_err, Family, InputSpec, Regime, Shape};
+    let cases = [
+        (Regime::Typical, None, 128),
+        (Regime::Mixed, None, 128),
+        (Regime::StrongDecay, None, 64),
+        (Regime::NoDecay, None, 64),
+        (Regime::LargeNorm, None, 64),
+        (Regime::Typical, Some(1.0), 128),
+        (Regime::Mixed, Some(0.0), 64),
+    ];
+    for (seed, (regime, fill, d)) in cases.into_iter().enumerate() {
+        let spec = InputSpec {
+            shape: Shape {
+                b: 1,
+                t: 300,
+                h: 1,
+                dk: d,
+                dv: d,
+            },
+            family: Family::DeltaRule,
+            regime,
+            seed: 40 + seed as u64,
+            round_to_bf16: true,
+            initial_state: true,
+        };
+        let mut inputs = crate::reference::Inputs::generate(&spec).unwrap();
+        if let (Some(x), Some(beta)) = (fill, inputs.beta.as_mut()) {
+            beta.data_mut().fill(x);
+        }
+        let want = delta_rule::recurrent_forward(&inputs).unwrap();
+        let (o, ht) = first_build_forward(&inputs);
+        let (e_o, e_ht) = (
+            rel_err(&o, want.o.data()),
+            rel_err(&ht, want.final_state.data()),
+        );
+        println!("{regime:?} beta {fill:?} D={d}: rel err o {e_o:.2e}, ht {e_ht:.2e}");
+        assert!(
+            e_o <= 5e-3 && e_ht <= 5e-3,
+            "{regime:?} beta {fill:?}: o {e_o:.2e}, ht {e_ht:.2e}"
+        );
+    }
 }
