@@ -57,8 +57,14 @@ for W in $WORLDS; do
     else
       echo "gla-lasp2-bench: the peer's process $i failed at W=$W (see $OUT/peer_w${W}_$i.log)"
     fi
+    # Merged after every round (the report replaces W's rows), so that a job cut short keeps
+    # every process that finished.
+    if [ "${#peers[@]}" -gt 0 ]; then
+      python3 benches/gla_lasp2_report.py --device "${W}x $GPU_NAME" "${identical[@]}" \
+        --ours "${ours[@]}" --ours-step "${steps[@]}" --peer "${peers[@]}" --into "$OUT/gla.json" \
+        >"$OUT/report_w$W.log"
+    fi
   done
   [ "${#peers[@]}" -gt 0 ] || { echo "gla-lasp2-bench: no peer process finished at W=$W"; exit 1; }
-  python3 benches/gla_lasp2_report.py --device "${W}x $GPU_NAME" "${identical[@]}" \
-    --ours "${ours[@]}" --ours-step "${steps[@]}" --peer "${peers[@]}" --into "$OUT/gla.json"
+  cat "$OUT/report_w$W.log"
 done
