@@ -265,20 +265,22 @@ pub(crate) fn require_shared_memory(
     Ok(())
 }
 
-/// Makes `workspace` hold at least `bytes` bytes (`op` names the operation in errors). Growing
-/// it waits for the whole context first (earlier calls, on any stream, may still use the old
-/// one) and for `stream` after the allocation (so the new one is usable from any stream). Neither
-/// can be captured into a CUDA graph, so growing is refused, saying what to do, while `stream`
-/// is being captured.
+/// Makes `workspace` hold at least `bytes` bytes (`op` names the operation in errors) and
+/// returns its device address (0 while none was ever needed). Growing it waits for the whole
+/// context first (earlier calls, on any stream, may still use the old one) and for `stream` after
+/// the allocation (so the new one is usable from any stream). Neither can be captured into a
+/// CUDA graph, so growing is refused, saying what to do, while `stream` is being captured.
 pub(crate) fn ensure_workspace(
     ctx: &CudaContext,
     stream: &Arc<CudaStream>,
     workspace: &mut Option<CudaSlice<u8>>,
     bytes: u64,
     op: &str,
-) -> Result<()> {
+) -> Result<u64> {
+    // The runtime turns cudarc's event tracking off, so the address comes without a guard.
+    let address = |w: &Option<CudaSlice<u8>>| w.as_ref().map_or(0, |w| w.device_ptr(stream).0);
     if bytes <= workspace.as_ref().map_or(0, |w| w.len() as u64) {
-        return Ok(());
+        return Ok(address(workspace));
     }
     if stream.capture_status()? != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
         return Err(Error::InvalidArgument(format!(
@@ -296,7 +298,7 @@ pub(crate) fn ensure_workspace(
     *workspace = None;
     *workspace = Some(stream.alloc_zeros::<u8>(len)?);
     stream.synchronize()?;
-    Ok(())
+    Ok(address(workspace))
 }
 
 fn byte_range<T>(addr: u64, len: usize) -> (u64, u64) {

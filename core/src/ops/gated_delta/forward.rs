@@ -318,19 +318,13 @@ impl GatedDeltaForward {
                  runtime's GPU"
             )));
         }
-        crate::ops::ensure_workspace(
+        let base = crate::ops::ensure_workspace(
             &self.ctx,
             stream,
             &mut self.workspace,
             plan.workspace_bytes,
             OP,
         )?;
-        let workspace = self.workspace.as_ref().ok_or_else(|| {
-            Error::Launch(format!(
-                "{OP}: no workspace after sizing it (a library bug)"
-            ))
-        })?;
-        let (base, _no_events) = cudarc::driver::DevicePtr::device_ptr(workspace, stream);
         let (ws_a, ws_b, ws_p) = if plan.num_segments > 1 {
             let (a, b, p) = plan.summary_offsets;
             (base + a, base + b, base + p)

@@ -16,7 +16,7 @@ use crate::kernel::{Kernel, LaunchShape};
 use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
 use crate::ops::{bf16, require_shared_memory, DeviceMut, DeviceRef, StreamOrder};
 use crate::runtime::Runtime;
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use lasp_shmem_kernels::{instances, params as header};
 use std::sync::Arc;
 
@@ -429,19 +429,13 @@ impl GlaBackward {
         if cfg!(debug_assertions) {
             validate_gates_of(OP, &self.ctx, stream, args.g, &args.shape)?;
         }
-        crate::ops::ensure_workspace(
+        let base = crate::ops::ensure_workspace(
             &self.ctx,
             stream,
             &mut self.workspace,
             plan.workspace_bytes,
             OP,
         )?;
-        // dh is never empty, so the workspace is there.
-        let ws = self
-            .workspace
-            .as_ref()
-            .expect("ensure_workspace allocated it");
-        let (base, _no_events) = ws.device_ptr(stream);
         let (ws_m, ws_p, ws_lambda) = plan.segment_offsets.map_or((0, 0, 0), |o| {
             (base + o.ws_m, base + o.ws_p, base + o.ws_lambda)
         });

@@ -18,7 +18,7 @@ use crate::exchange::{Direction, ExchangeMode, Lasp2Layout};
 use crate::kernel::{Kernel, LaunchShape};
 use crate::ops::StreamOrder;
 use crate::runtime::Runtime;
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaSlice, CudaStream};
 use lasp_shmem_kernels::{instances, params as header};
 use std::sync::Arc;
 
@@ -123,19 +123,13 @@ impl GlaLasp2Forward {
         let bh = s.b * s.h;
         let m_bytes = (bh * pieces * s.dk * s.dv * 4) as u64;
         let ws_bytes = m_bytes + (bh * pieces * s.dk * 4) as u64;
-        crate::ops::ensure_workspace(
+        let ws = crate::ops::ensure_workspace(
             self.chain.context(),
             stream,
             &mut self.workspace,
             ws_bytes,
             OP,
         )?;
-        let ws = self
-            .workspace
-            .as_ref()
-            .expect("ensured above")
-            .device_ptr(stream)
-            .0;
         let params = Lasp2Params {
             q: args.q.addr() as _,
             k: args.k.addr() as _,

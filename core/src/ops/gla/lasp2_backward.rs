@@ -22,7 +22,7 @@ use crate::exchange::{Direction, ExchangeMode, Lasp2Layout};
 use crate::kernel::{Kernel, LaunchShape};
 use crate::ops::StreamOrder;
 use crate::runtime::Runtime;
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaSlice, CudaStream};
 use lasp_shmem_kernels::instances;
 use std::sync::Arc;
 
@@ -126,13 +126,13 @@ impl GlaLasp2Backward {
         let ws_m = align(2 * chunk_states_len(&s) as u64);
         let ws_lambda = ws_m + align((bh * segments * s.dk * s.dv * 4) as u64);
         let bytes = ws_lambda + (bh * segments * s.dk * 4) as u64;
-        crate::ops::ensure_workspace(self.chain.context(), stream, &mut self.workspace, bytes, OP)?;
-        let ws = self
-            .workspace
-            .as_ref()
-            .expect("ensured above")
-            .device_ptr(stream)
-            .0;
+        let ws = crate::ops::ensure_workspace(
+            self.chain.context(),
+            stream,
+            &mut self.workspace,
+            bytes,
+            OP,
+        )?;
         let params = Lasp2Params {
             q: args.q.addr() as _,
             k: args.k.addr() as _,

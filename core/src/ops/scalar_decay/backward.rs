@@ -28,7 +28,7 @@ use crate::error::{Error, Result};
 use crate::kernel::{Kernel, LaunchShape};
 use crate::ops::{bf16, ranges_overlap, DeviceMut, DeviceRef, StreamOrder};
 use crate::runtime::Runtime;
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use lasp_shmem_kernels::instances;
 use std::sync::Arc;
 
@@ -387,7 +387,7 @@ impl ScalarDecayBackward {
             None => self.forward.reversed_segments(&s)?,
         };
         let rs = rev_segments as i32;
-        crate::ops::ensure_workspace(
+        let ws = crate::ops::ensure_workspace(
             &self.ctx,
             stream,
             &mut self.workspace,
@@ -399,22 +399,14 @@ impl ScalarDecayBackward {
             Some(_) => geometry::rev_m_offset(b, h, rs, dk, dv),
             None => geometry::reversed_bytes(b, h, rs, dk, dv),
         };
-        crate::ops::ensure_workspace(
+        let reversed = crate::ops::ensure_workspace(
             &self.ctx,
             stream,
             &mut self.reversed,
             reversed_bytes,
             "scalar-decay backward",
         )?;
-        let (ws, _no_events) = self
-            .workspace
-            .as_ref()
-            .expect("ensured above")
-            .device_ptr(stream);
-        let rev = match (&self.reversed, rs > 1) {
-            (Some(r), true) => r.device_ptr(stream).0,
-            _ => 0,
-        };
+        let rev = if rs > 1 { reversed } else { 0 };
         let own_states = (
             rev + geometry::rev_m_offset(b, h, rs, dk, dv),
             rev + geometry::rev_lambda_offset(b, h, rs, dk, dv),

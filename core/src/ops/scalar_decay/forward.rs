@@ -294,20 +294,18 @@ impl ScalarDecayForward {
         if cfg!(debug_assertions) {
             self.validate_gates(stream, args.g, &args.shape)?;
         }
-        crate::ops::ensure_workspace(
+        let base = crate::ops::ensure_workspace(
             &self.ctx,
             stream,
             &mut self.workspace,
             plan.workspace_bytes,
             "scalar-decay forward",
         )?;
-        let (ws_m, ws_p, ws_lambda) = match (&self.workspace, plan.num_segments > 1) {
-            (Some(ws), true) => {
-                let (base, _no_events) = cudarc::driver::DevicePtr::device_ptr(ws, stream);
-                let (p, lambda) = plan.workspace_offsets();
-                (base, base + p, base + lambda)
-            }
-            _ => (0, 0, 0),
+        let (ws_m, ws_p, ws_lambda) = if plan.num_segments > 1 {
+            let (p, lambda) = plan.workspace_offsets();
+            (base, base + p, base + lambda)
+        } else {
+            (0, 0, 0)
         };
         let s = &args.shape;
         let params = ScalarDecayParams {

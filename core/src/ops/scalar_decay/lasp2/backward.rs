@@ -41,7 +41,7 @@ use crate::ops::scalar_decay::ScalarDecay;
 use crate::ops::sm_count;
 use crate::ops::{DeviceRef, StreamOrder};
 use crate::runtime::Runtime;
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaSlice, CudaStream};
 use lasp_shmem_kernels::instances;
 use std::sync::Arc;
 
@@ -155,19 +155,13 @@ impl Lasp2Backward {
         let plan = CallPlan::new(heads, t, dv, self.sm_count, Lasp2Tuning::default());
         let segments = plan.segments;
         let carry_offset = geometry::ws_p_offset(b, h, segments, dk, dv);
-        crate::ops::ensure_workspace(
+        let ws = crate::ops::ensure_workspace(
             self.chain.context(),
             stream,
             &mut self.workspace,
             carry_offset + 4 * s.state_len() as u64,
             "LASP-2 backward",
         )?;
-        let ws = self
-            .workspace
-            .as_ref()
-            .expect("ensured above")
-            .device_ptr(stream)
-            .0;
         let carry = ws + carry_offset;
         let params = Lasp2Params {
             // The reversed states pass: Q and dO in the roles of K and V.

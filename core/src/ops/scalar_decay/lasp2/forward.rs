@@ -302,19 +302,13 @@ impl Lasp2Forward {
         let plan = self.plan(t);
         let segments = plan.segments;
         let ws_bytes = geometry::workspace_bytes(b, h, segments, dk, dv);
-        crate::ops::ensure_workspace(
+        let ws = crate::ops::ensure_workspace(
             self.chain.context(),
             stream,
             &mut self.workspace,
             ws_bytes,
             "LASP-2 forward",
         )?;
-        let ws = self
-            .workspace
-            .as_ref()
-            .expect("ensured above")
-            .device_ptr(stream)
-            .0;
         let timeline = self.prepare_timeline(stream, segments)?;
         let params = Lasp2Params {
             q: args.q.addr() as _,
