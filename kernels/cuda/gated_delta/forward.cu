@@ -37,7 +37,6 @@ using chunk::StateRegs;
 // tokens (past T) have k = 0 and beta = 0: their rows of L are zero and of X the identity's.
 template <int DK>
 __device__ __forceinline__ void run_wy(const lasp_gated_delta_params& p) {
-  using F = sd::FragOffsets<DK>;
   constexpr int kPitch = LASP_GDN_TRI_PITCH;
   extern __shared__ __align__(1024) uint8_t smem[];
   const int chunk = blockIdx.x, bh = blockIdx.y;
@@ -62,20 +61,14 @@ __device__ __forceinline__ void run_wy(const lasp_gated_delta_params& p) {
   cp_async_wait<0>();
   __syncthreads();
 
-  // K K^T, this warp's 16 rows and all 64 columns.
-  const F off(warp, lane);
+  // K K^T, this warp's 16 rows and all 64 columns (the loop's Q K^T with K in Q's place).
+  const sd::FragOffsets<DK> off(warp, lane);
   float kk[8][4] = {};
 #pragma unroll
   for (int ks = 0; ks < DK / 16; ++ks) {
     uint32_t ka[4];
-    ldsm_x4(ka, sK + off.q[ks & 3] + F::kBlockBytes * (ks >> 2));
-#pragma unroll
-    for (int np = 0; np < 4; ++np) {
-      uint32_t kb[4];
-      ldsm_x4(kb, sK + off.k[ks & 3] + F::kBlockBytes * (ks >> 2) + np * F::kRow16);
-      mma_bf16(kk[2 * np], ka, kb[0], kb[1]);
-      mma_bf16(kk[2 * np + 1], ka, kb[2], kb[3]);
-    }
+    sd::row_fragment<DK>(ka, sK, off, ks);
+    sd::times_keys_step<DK>(kk, ka, sK, off, ks);
   }
   const sd::ChunkGates cg = sd::scan_gates(s_gates, warp, lane);
 #pragma unroll

@@ -67,7 +67,6 @@ struct Values {
                                         const sd::FragOffsets<kDk>& off, const sd::ChunkGates& cg, int warp,
                                         int lane) const {
     static_assert(kDk == DK, "one key width");
-    using F = sd::FragOffsets<DK>;
     extern __shared__ __align__(1024) uint8_t smem[];  // the loop's buffer
     const int g = lane >> 2, t = lane & 3;
     const int slot = i % kStages;
@@ -77,14 +76,8 @@ struct Values {
 #pragma unroll
     for (int kstep = 0; kstep < DK / 16; ++kstep) {
       uint32_t ka[4];
-      ldsm_x4(ka, sK + off.q[kstep & 3] + F::kBlockBytes * (kstep >> 2));
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t sb[4];
-        ldsm_x4_trans(sb, sS + off.v[np] + kstep * F::kRow16);
-        mma_bf16(ks[2 * np], ka, sb[0], sb[1]);
-        mma_bf16(ks[2 * np + 1], ka, sb[2], sb[3]);
-      }
+      sd::row_fragment<DK>(ka, sK, off, kstep);
+      sd::times_state_step<DK>(ks, ka, sS, off, kstep);
     }
 
     // R = diag(beta) (V - diag(e^b) K S_n) for this warp's rows, rounded to bf16 once: element

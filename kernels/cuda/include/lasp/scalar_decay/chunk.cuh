@@ -301,34 +301,54 @@ struct FragOffsets {
   }
 };
 
-// One pass over Dk of this warp's 16 Q rows, sharing the Q fragments: o += Q S_n (bf16 state copy at
-// sS) and a += Q K^T (all 64 keys).
+// The products of a [64 x DK] row tile (Q, or K in Gated DeltaNet's values step and WY kernel),
+// one 16-wide k-step ks at a time, for this warp's 16 rows: its A fragment, then o += rows S_n
+// (bf16 state copy at sS) and a += rows K^T (all 64 keys).
+template <int DK>
+__device__ __forceinline__ void row_fragment(uint32_t (&ra)[4], uint32_t sRows, const FragOffsets<DK>& off, int ks) {
+  ldsm_x4(ra, sRows + off.q[ks & 3] + FragOffsets<DK>::kBlockBytes * (ks >> 2));
+}
+
+// o += rows S_n, k-step ks (B[k = d][n = c] stored row-major -> ldmatrix.trans).
+template <int DK>
+__device__ __forceinline__ void times_state_step(float (&o)[8][4], const uint32_t (&ra)[4], uint32_t sS,
+                                                 const FragOffsets<DK>& off, int ks) {
+#pragma unroll
+  for (int np = 0; np < 4; ++np) {
+    uint32_t sb[4];
+    ldsm_x4_trans(sb, sS + off.v[np] + ks * FragOffsets<DK>::kRow16);
+    mma_bf16(o[2 * np], ra, sb[0], sb[1]);
+    mma_bf16(o[2 * np + 1], ra, sb[2], sb[3]);
+  }
+}
+
+// a += rows K^T, k-step ks (B[k = d][n = j] = K[j][d]: K stored [j][d] is B's transpose -> plain
+// ldmatrix). All 64 key columns, although columns j > 16 warp + 15 are masked in the scores:
+// branch-free identical streams, 8 independent accumulator chains, and the critical path (warp 3
+// needs every column) unchanged.
+template <int DK>
+__device__ __forceinline__ void times_keys_step(float (&a)[8][4], const uint32_t (&ra)[4], uint32_t sK,
+                                                const FragOffsets<DK>& off, int ks) {
+  using F = FragOffsets<DK>;
+#pragma unroll
+  for (int np = 0; np < 4; ++np) {
+    uint32_t kb[4];
+    ldsm_x4(kb, sK + off.k[ks & 3] + F::kBlockBytes * (ks >> 2) + np * F::kRow16);
+    mma_bf16(a[2 * np], ra, kb[0], kb[1]);
+    mma_bf16(a[2 * np + 1], ra, kb[2], kb[3]);
+  }
+}
+
+// One pass over Dk of this warp's 16 Q rows, sharing the Q fragments: o += Q S_n and a += Q K^T.
 template <int DK>
 __device__ __forceinline__ void q_products(float (&o)[8][4], float (&a)[8][4], uint32_t sQ, uint32_t sS, uint32_t sK,
                                            const FragOffsets<DK>& off) {
-  using F = FragOffsets<DK>;
 #pragma unroll
   for (int ks = 0; ks < DK / 16; ++ks) {
     uint32_t qa[4];
-    ldsm_x4(qa, sQ + off.q[ks & 3] + F::kBlockBytes * (ks >> 2));
-    // o += Q S_n (B[k = d][n = c] stored row-major -> ldmatrix.trans).
-#pragma unroll
-    for (int np = 0; np < 4; ++np) {
-      uint32_t sb[4];
-      ldsm_x4_trans(sb, sS + off.v[np] + ks * F::kRow16);
-      mma_bf16(o[2 * np], qa, sb[0], sb[1]);
-      mma_bf16(o[2 * np + 1], qa, sb[2], sb[3]);
-    }
-    // a += Q K^T (B[k = d][n = j] = K[j][d]: K stored [j][d] is B's transpose -> plain ldmatrix).
-    // All 64 key columns, although columns j > 16 warp + 15 are masked: branch-free identical streams,
-    // 8 independent accumulator chains, and the critical path (warp 3 needs every column) unchanged.
-#pragma unroll
-    for (int np = 0; np < 4; ++np) {
-      uint32_t kb[4];
-      ldsm_x4(kb, sK + off.k[ks & 3] + F::kBlockBytes * (ks >> 2) + np * F::kRow16);
-      mma_bf16(a[2 * np], qa, kb[0], kb[1]);
-      mma_bf16(a[2 * np + 1], qa, kb[2], kb[3]);
-    }
+    row_fragment<DK>(qa, sQ, off, ks);
+    times_state_step<DK>(o, qa, sS, off, ks);
+    times_keys_step<DK>(a, qa, sK, off, ks);
   }
 }
 
