@@ -59,6 +59,17 @@ pub fn fill_parallel<T: Send>(out: &mut [T], tensor: u64, f: impl Fn(f32) -> T +
     });
 }
 
+/// `len` values `f(normal)` of tensor `tensor`, filled by [`fill_parallel`].
+pub fn generated<T: Default + Clone + Send>(
+    len: usize,
+    tensor: u64,
+    f: impl Fn(f32) -> T + Sync,
+) -> Vec<T> {
+    let mut out = vec![T::default(); len];
+    fill_parallel(&mut out, tensor, f);
+    out
+}
+
 /// `log(sigmoid(x))` without overflow: fla's benchmark gates are `logsigmoid(N(0, 1)) / 16`.
 pub fn logsigmoid(x: f32) -> f32 {
     if x >= 0.0 {

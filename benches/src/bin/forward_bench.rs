@@ -41,7 +41,7 @@ use lasp_shmem::ops::scalar_decay::{
 };
 use lasp_shmem::ops::{DeviceMut, DeviceRef};
 use lasp_shmem::{Config, Error, Result, Runtime};
-use lasp_shmem_benches::{fill_parallel, io_error, logsigmoid, time_calls, write_raw};
+use lasp_shmem_benches::{generated, io_error, logsigmoid, time_calls, write_raw};
 use lasp_shmem_examples::{parse_shape, round, to_json};
 use serde::ser::SerializeMap;
 use serde::{Serialize, Serializer};
@@ -99,13 +99,8 @@ struct HostInputs {
 }
 
 fn generate(shape: &ForwardShape, set: u64) -> HostInputs {
-    let mk = |len: usize, tensor: u64| {
-        let mut x = vec![bf16::ZERO; len];
-        fill_parallel(&mut x, tensor + 16 * set, bf16::from_f32);
-        x
-    };
-    let mut g = vec![0f32; shape.gate_len()];
-    fill_parallel(&mut g, 4 + 16 * set, |x| logsigmoid(x) / 16.0);
+    let mk = |len: usize, tensor: u64| generated(len, tensor + 16 * set, bf16::from_f32);
+    let g = generated(shape.gate_len(), 4 + 16 * set, |x| logsigmoid(x) / 16.0);
     HostInputs {
         q: mk(shape.qk_len(), 1),
         k: mk(shape.qk_len(), 2),
@@ -135,8 +130,7 @@ struct GradSet {
 impl GradSet {
     /// dO drawn like q (tensor 5 of input set `set`), zeroed gradients.
     fn new(stream: &Arc<CudaStream>, shape: &ForwardShape, set: u64) -> Result<Self> {
-        let mut d_o = vec![bf16::ZERO; shape.v_len()];
-        fill_parallel(&mut d_o, 5 + 16 * set, bf16::from_f32);
+        let d_o = generated(shape.v_len(), 5 + 16 * set, bf16::from_f32);
         Ok(GradSet {
             d_o: stream.clone_htod(&d_o)?,
             dq: stream.alloc_zeros(shape.qk_len())?,

@@ -21,9 +21,7 @@ use half::bf16;
 use lasp_shmem::ops::gated_delta::{GatedDeltaArgs, GatedDeltaForward};
 use lasp_shmem::ops::{DeviceMut, DeviceRef};
 use lasp_shmem::{Config, Result, Runtime};
-use lasp_shmem_benches::{
-    fill_parallel, io_error, logsigmoid, time_calls, write_raw, TimingOptions,
-};
+use lasp_shmem_benches::{generated, io_error, logsigmoid, time_calls, write_raw, TimingOptions};
 use lasp_shmem_examples::{round, to_json};
 use serde::Serialize;
 
@@ -75,9 +73,8 @@ fn hbm_bytes_per_s(device: &str) -> f64 {
 
 /// `len / d` rows of `d` normal values, each scaled to unit norm, in bf16.
 fn unit_rows(len: usize, d: usize, tensor: u64) -> Vec<bf16> {
-    let mut x = vec![0f32; len];
-    fill_parallel(&mut x, tensor, |v| v);
-    x.chunks(d)
+    generated(len, tensor, |v| v)
+        .chunks(d)
         .flat_map(|row| {
             let norm = row.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
             row.iter().map(move |v| bf16::from_f32(v / norm))
@@ -94,20 +91,14 @@ fn run(opts: &Options, config: Config) -> Result<()> {
     let mut rows = Vec::new();
     for &shape in &opts.timing.shapes {
         let name = format!("b{}_t{}_h{}_d{}", shape.b, shape.t, shape.h, shape.dk);
-        let normal = |len: usize, tensor: u64| {
-            let mut x = vec![bf16::ZERO; len];
-            fill_parallel(&mut x, tensor, bf16::from_f32);
-            x
-        };
+        let normal = |len: usize, tensor: u64| generated(len, tensor, bf16::from_f32);
         let (q, k, v) = (
             normal(shape.qk_len(), 1),
             unit_rows(shape.qk_len(), shape.dk, 2),
             normal(shape.v_len(), 3),
         );
-        let mut g = vec![0f32; shape.gate_len()];
-        fill_parallel(&mut g, 4, |x| logsigmoid(x) / 16.0);
-        let mut beta = vec![0f32; shape.gate_len()];
-        fill_parallel(&mut beta, 5, |x| logsigmoid(x).exp());
+        let g = generated(shape.gate_len(), 4, |x| logsigmoid(x) / 16.0);
+        let beta = generated(shape.gate_len(), 5, |x| logsigmoid(x).exp());
         let (dq, dk, dv) = (
             stream.clone_htod(&q)?,
             stream.clone_htod(&k)?,

@@ -22,9 +22,7 @@ use half::bf16;
 use lasp_shmem::ops::gla::{chunk_states_len, GlaArgs, GlaBackward, GlaBackwardArgs, GlaForward};
 use lasp_shmem::ops::{DeviceMut, DeviceRef};
 use lasp_shmem::{Config, Result, Runtime};
-use lasp_shmem_benches::{
-    fill_parallel, io_error, logsigmoid, time_calls, write_raw, TimingOptions,
-};
+use lasp_shmem_benches::{generated, io_error, logsigmoid, time_calls, write_raw, TimingOptions};
 use lasp_shmem_examples::{round, to_json};
 use serde::Serialize;
 
@@ -87,18 +85,13 @@ fn run(opts: &Options, config: Config) -> Result<()> {
     let mut rows = Vec::new();
     for &shape in &opts.timing.shapes {
         let name = format!("b{}_t{}_h{}_d{}", shape.b, shape.t, shape.h, shape.dk);
-        let normal = |len: usize, tensor: u64| {
-            let mut x = vec![bf16::ZERO; len];
-            fill_parallel(&mut x, tensor, bf16::from_f32);
-            x
-        };
+        let normal = |len: usize, tensor: u64| generated(len, tensor, bf16::from_f32);
         let (q, k, v) = (
             normal(shape.qk_len(), 1),
             normal(shape.qk_len(), 2),
             normal(shape.v_len(), 3),
         );
-        let mut g = vec![0f32; shape.qk_len()];
-        fill_parallel(&mut g, 4, |x| logsigmoid(x) / 16.0);
+        let g = generated(shape.qk_len(), 4, |x| logsigmoid(x) / 16.0);
         let dq = stream.clone_htod(&q)?;
         let dk = stream.clone_htod(&k)?;
         let dv = stream.clone_htod(&v)?;
