@@ -444,6 +444,32 @@ pub fn f32_values(bits: &[u32]) -> Vec<f64> {
     bits.iter().map(|&b| f64::from(f32::from_bits(b))).collect()
 }
 
+/// The bits of a device buffer of bf16, read back for bitwise comparisons.
+pub fn bits_of_bf16(
+    stream: &Arc<CudaStream>,
+    buf: &CudaSlice<bf16>,
+) -> std::result::Result<Vec<u16>, String> {
+    Ok(stream
+        .clone_dtoh(buf)
+        .map_err(err)?
+        .iter()
+        .map(|x| x.to_bits())
+        .collect())
+}
+
+/// The bits of a device buffer of f32, read back for bitwise comparisons.
+pub fn bits_of_f32(
+    stream: &Arc<CudaStream>,
+    buf: &CudaSlice<f32>,
+) -> std::result::Result<Vec<u32>, String> {
+    Ok(stream
+        .clone_dtoh(buf)
+        .map_err(err)?
+        .iter()
+        .map(|x| x.to_bits())
+        .collect())
+}
+
 /// An error naming the elements of `what` that still hold the poison written before the run.
 pub fn unwritten<T: PartialEq + Copy>(
     bits: &[T],

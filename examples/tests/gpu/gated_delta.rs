@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    bf16_values, compare, err, f32_values, is_small, on_one_gpu, to_f32, unwritten, CheckResult,
-    ForwardBuffers, Report, POISON_BF16, POISON_F32,
+    bf16_values, bits_of_bf16, bits_of_f32, compare, err, f32_values, is_small, on_one_gpu, to_f32,
+    unwritten, CheckResult, ForwardBuffers, Report, POISON_BF16, POISON_F32,
 };
 
 const TOL: f64 = 5e-3;
@@ -147,19 +147,11 @@ fn run_once(
     stream
         .synchronize()
         .map_err(|e| format!("kernel execution: {e}"))?;
-    let o: Vec<u16> = stream
-        .clone_dtoh(&dev.fwd.o)
-        .map_err(err)?
-        .iter()
-        .map(|x| x.to_bits())
-        .collect();
-    let ht: Vec<u32> = stream
-        .clone_dtoh(&dev.fwd.ht)
-        .map_err(err)?
-        .iter()
-        .map(|x| x.to_bits())
-        .collect();
-    Ok((o, ht, plan))
+    Ok((
+        bits_of_bf16(stream, &dev.fwd.o)?,
+        bits_of_f32(stream, &dev.fwd.ht)?,
+        plan,
+    ))
 }
 
 fn run_case(fwd: &mut GatedDeltaForward, stream: &Arc<CudaStream>, case: &Case) -> CheckResult {
@@ -212,12 +204,8 @@ fn run_case(fwd: &mut GatedDeltaForward, stream: &Arc<CudaStream>, case: &Case) 
             ));
         }
         problems.extend(dev.fwd.modified_inputs(stream, &inputs)?);
-        let beta_now: Vec<f32> = stream.clone_dtoh(&dev.beta).map_err(err)?;
-        if beta_now
-            .iter()
-            .zip(&beta_host)
-            .any(|(a, b)| a.to_bits() != b.to_bits())
-        {
+        let beta_bits: Vec<u32> = beta_host.iter().map(|x| x.to_bits()).collect();
+        if bits_of_f32(stream, &dev.beta)? != beta_bits {
             problems.push("beta was modified".into());
         }
         let want = reference

@@ -32,8 +32,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    bf16_values, compare, err, f32_values, is_small, on_one_gpu, to_bf16, to_f32, unwritten,
-    CheckResult, ForwardBuffers, Report, POISON_BF16, POISON_F32,
+    bf16_values, bits_of_bf16, bits_of_f32, compare, err, f32_values, is_small, on_one_gpu,
+    to_bf16, to_f32, unwritten, CheckResult, ForwardBuffers, Report, POISON_BF16, POISON_F32,
 };
 
 const TOL: f64 = 5e-3;
@@ -508,30 +508,6 @@ struct GradBits {
     dv: Vec<u16>,
     dg: Vec<u32>,
     dh0: Vec<u32>,
-}
-
-fn bits_of_bf16(
-    stream: &Arc<CudaStream>,
-    buf: &CudaSlice<bf16>,
-) -> std::result::Result<Vec<u16>, String> {
-    Ok(stream
-        .clone_dtoh(buf)
-        .map_err(err)?
-        .iter()
-        .map(|x| x.to_bits())
-        .collect())
-}
-
-fn bits_of_f32(
-    stream: &Arc<CudaStream>,
-    buf: &CudaSlice<f32>,
-) -> std::result::Result<Vec<u32>, String> {
-    Ok(stream
-        .clone_dtoh(buf)
-        .map_err(err)?
-        .iter()
-        .map(|x| x.to_bits())
-        .collect())
 }
 
 impl BackwardBuffers {
