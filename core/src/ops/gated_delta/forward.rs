@@ -62,67 +62,29 @@ impl<'a> GatedDeltaArgs<'a> {
         let s = &self.shape;
         s.validate_as(OP)?;
         let checks = TensorChecks::new(OP, s);
-        let tensors = [
-            (
-                "q",
-                self.q.len(),
-                "[B, T, H, Dk]",
-                s.qk_len(),
-                self.q.addr(),
-                16,
-            ),
-            (
-                "k",
-                self.k.len(),
-                "[B, T, H, Dk]",
-                s.qk_len(),
-                self.k.addr(),
-                16,
-            ),
-            (
-                "v",
-                self.v.len(),
-                "[B, T, H, Dv]",
-                s.v_len(),
-                self.v.addr(),
-                16,
-            ),
-            (
-                "g",
-                self.g.len(),
-                "[B, T, H]",
-                s.gate_len(),
-                self.g.addr(),
-                4,
-            ),
-            (
-                "beta",
-                self.beta.len(),
-                "[B, T, H]",
-                s.gate_len(),
-                self.beta.addr(),
-                4,
-            ),
-            (
-                "o",
-                self.o.len(),
-                "[B, T, H, Dv]",
-                s.v_len(),
-                self.o.addr(),
-                16,
-            ),
-        ];
-        let states = [
-            self.h0.map(|x| ("h0", x.len(), x.addr())),
-            self.ht.as_ref().map(|x| ("ht", x.len(), x.addr())),
-        ];
-        let states = states
-            .into_iter()
-            .flatten()
-            .map(|(name, len, addr)| (name, len, "[B, H, Dk, Dv]", s.state_len(), addr, 8));
-        for (name, len, layout, want, addr, align) in tensors.into_iter().chain(states) {
-            checks.length(name, layout, len, want)?;
-            checks.aligned(name, addr, align)?;
+        let (qk, v, gates, state) = (
+            "[B, T, H, Dk]",
+            "[B, T, H, Dv]",
+            "[B, T, H]",
+            "[B, H, Dk, Dv]",
+        );
+        checks.tensor("q", qk, (self.q.len(), s.qk_len()), self.q.addr(), 16)?;
+        checks.tensor("k", qk, (self.k.len(), s.qk_len()), self.k.addr(), 16)?;
+        checks.tensor("v", v, (self.v.len(), s.v_len()), self.v.addr(), 16)?;
+        checks.tensor("g", gates, (self.g.len(), s.gate_len()), self.g.addr(), 4)?;
+        checks.tensor(
+            "beta",
+            gates,
+            (self.beta.len(), s.gate_len()),
+            self.beta.addr(),
+            4,
+        )?;
+        checks.tensor("o", v, (self.o.len(), s.v_len()), self.o.addr(), 16)?;
+        if let Some(h0) = self.h0 {
+            checks.tensor("h0", state, (h0.len(), s.state_len()), h0.addr(), 8)?;
+        }
+        if let Some(ht) = &self.ht {
+            checks.tensor("ht", state, (ht.len(), s.state_len()), ht.addr(), 8)?;
         }
         let scale = checks.scale(self.scale, s)?;
         let mut inputs = vec![

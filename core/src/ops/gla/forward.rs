@@ -139,8 +139,7 @@ pub(crate) fn check_measured<'n>(
         .map(|m| (*m, 16))
         .chain(states.into_iter().map(|m| (m, 8)));
     for ((name, len, layout, want, addr), to) in aligned {
-        checks.length(name, layout, len, want)?;
-        checks.aligned(name, addr, to)?;
+        checks.tensor(name, layout, (len, want), addr, to)?;
     }
     Ok(())
 }

@@ -125,6 +125,20 @@ impl<'a> TensorChecks<'a> {
         Ok(())
     }
 
+    /// Tensor `name`: `len` elements where `layout` needs `want`, starting at `addr`, a multiple
+    /// of `to` bytes ([`TensorChecks::length`], then [`TensorChecks::aligned`]).
+    pub(crate) fn tensor(
+        &self,
+        name: &str,
+        layout: &str,
+        (len, want): (usize, usize),
+        addr: u64,
+        to: u64,
+    ) -> Result<()> {
+        self.length(name, layout, len, want)?;
+        self.aligned(name, addr, to)
+    }
+
     /// `addr` must be a multiple of `to` bytes.
     pub(crate) fn aligned(&self, name: &str, addr: u64, to: u64) -> Result<()> {
         if addr % to == 0 {
