@@ -15,31 +15,12 @@ call of each shape unless TRITON_CACHE_DIR holds an earlier run's choices.
 """
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
-
-def load(path, dtype, shape):
-    return torch.frombuffer(bytearray(path.read_bytes()), dtype=dtype).view(shape).cuda()
-
-
-def timed(call, warmup, iters):
-    """Median ms of `iters` calls, each between two CUDA events, after `warmup` untimed ones."""
-    for _ in range(warmup):
-        call()
-    torch.cuda.synchronize()
-    events = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        call()
-        end.record()
-        events.append((start, end))
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in events)
+from fla_forward import load, time_calls  # this folder's: the dump's loader and the CUDA-event timer
 
 
 def main(argv=None):
@@ -56,9 +37,9 @@ def main(argv=None):
     for shape in ours["shapes"]:
         b, t, h, d = shape["B"], shape["T"], shape["H"], shape["D"]
         folder = args.dump / shape["name"]
-        q, k, v = (load(folder / f"{n}.bin", torch.bfloat16, (b, t, h, d)) for n in "qkv")
-        g, beta = (load(folder / f"{n}.bin", torch.float32, (b, t, h)) for n in ("g", "beta"))
-        ours_o = load(folder / "o.bin", torch.bfloat16, (b, t, h, d))
+        q, k, v = (load(folder / f"{n}.bin", torch.bfloat16, (b, t, h, d), torch).cuda() for n in "qkv")
+        g, beta = (load(folder / f"{n}.bin", torch.float32, (b, t, h), torch).cuda() for n in ("g", "beta"))
+        ours_o = load(folder / "o.bin", torch.bfloat16, (b, t, h, d), torch).cuda()
 
         def call():
             return chunk_gated_delta_rule(q, k, v, g, beta, scale=d ** -0.5, output_final_state=False)[0]
@@ -66,7 +47,7 @@ def main(argv=None):
         with torch.no_grad():
             o = call().double()
             rel = ((ours_o.double() - o).norm() / o.norm()).item()
-            ms = timed(call, args.warmup, args.iters)
+            ms, _ = time_calls(call, args.warmup, args.iters, torch)
         row = dict(name=shape["name"], B=b, T=t, H=h, D=d, fla_fwd_ms=round(ms, 5),
                    ours_fwd_ms=shape["ours_fwd_ms"], speedup_fwd=round(ms / shape["ours_fwd_ms"], 3),
                    rel_err_ours_vs_fla=round(rel, 7))

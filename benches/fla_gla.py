@@ -68,6 +68,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from fla_forward import time_calls  # this folder's: median and minimum ms between CUDA events
+
 TOL = 5e-3
 # dg is looser: fla's dg comes from its bf16 chunk states and sums in another order than ours.
 GRAD_TOL = {"dq": TOL, "dk": TOL, "dv": TOL, "dg": 1e-2}
@@ -317,24 +319,6 @@ def grad_check(d, shape, q, k, v, g, chunk_gla, torch):
         errs[name] = rel_err(ours, grads.pop(name))
         del ours
     return errs
-
-
-def time_calls(fn, warmup, iters, torch):
-    """Median and minimum ms of `iters` calls enqueued back to back, each between two CUDA events."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    pairs = []
-    for _ in range(iters):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        pairs.append((a, b))
-    torch.cuda.synchronize()
-    samples = [a.elapsed_time(b) for a, b in pairs]
-    return statistics.median(samples), min(samples)
 
 
 def worker(args):
