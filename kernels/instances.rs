@@ -62,6 +62,8 @@ const GLA_LASP2_BACKWARD: &str = "gla/lasp2_backward.cu";
 const GLA_BWD_PARAMS: &str = "lasp_gla_bwd_params";
 const GDN_FORWARD: &str = "gated_delta/forward.cu";
 const GDN_PARAMS: &str = "lasp_gated_delta_params";
+const GDN_LASP2: &str = "gated_delta/lasp2_forward.cu";
+const GDN_L2_PARAMS: &str = "lasp_gated_delta_lasp2_params";
 
 /// Every templated kernel. Template arguments of `run_segment`: key width, output pass, probe,
 /// two roles, reversed time axis, block states (lasp/scalar_decay/chunk.cuh). The LASP-2 kernels
@@ -155,4 +157,10 @@ pub const INSTANCES: &[Instance] = &[
         "lasp::gdn::run_fold<{dk}>(p)"),
     row("GDN_OUTPUT", "lasp_gated_delta_output_dk{dk}", GDN_FORWARD, SD_THREADS, GDN_PARAMS,
         "lasp::gdn::run_output<{dk}>(p)"),
+    // Gated DeltaNet's LASP-2 forward, on the all-gather schedule: the shard's summary and the fold
+    // of the exchanged ones (its chunk passes are the single-GPU forward's).
+    row("GDN_LASP2_SUMMARY", "lasp_gated_delta_lasp2_summary", GDN_LASP2, "LASP_GDN_FOLD_THREADS",
+        GDN_L2_PARAMS, "lasp::gdn::lasp2_summary<lasp::exchange::AllGather>(p)"),
+    row("GDN_LASP2_FOLD", "lasp_gated_delta_lasp2_fold_dk{dk}", GDN_LASP2, "LASP_GDN_FOLD_THREADS",
+        GDN_L2_PARAMS, "lasp::gdn::lasp2_fold<{dk}, lasp::exchange::AllGather>(p)"),
 ];

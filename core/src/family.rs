@@ -93,8 +93,8 @@ pub trait Family {
     /// Threads per CTA of the summary kernel.
     const SUMMARY_THREADS: u32;
 
-    /// Floats of one summary tile (one head, 64 Dv columns), a multiple of 4.
-    fn summary_tile_floats(dk: i32) -> u64;
+    /// Floats of one summary tile (one head, 64 Dv columns) of `layout`, a multiple of 4.
+    fn summary_tile_floats(layout: &Lasp2Layout) -> u64;
 
     /// Checks that the family's kernels support `layout`.
     fn validate_layout(layout: &Lasp2Layout) -> Result<()>;

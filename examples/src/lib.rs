@@ -1,6 +1,6 @@
-//! What the example and benchmark programs share: shard lengths, shape and size options, NVSHMEM's
-//! settings in the environment, JSON output, and the timing of one operation's exchange modes in
-//! turns.
+//! What the example and benchmark programs share: shard lengths and shards of reference tensors,
+//! shape and size options, NVSHMEM's settings in the environment, JSON output, and the timing of
+//! one operation's exchange modes in turns.
 
 pub mod units;
 
@@ -8,8 +8,10 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::CudaStream;
 use lasp_shmem::launch_env::LaunchEnv;
 use lasp_shmem::nccl::NcclComm;
+use lasp_shmem::ops::bf16;
 use lasp_shmem::ops::scalar_decay::lasp2::ExchangeMode;
 use lasp_shmem::ops::scalar_decay::ForwardShape;
+use lasp_shmem::reference::Tensor;
 use lasp_shmem::{Config, Error, Result, Runtime};
 use serde::Serialize;
 use std::path::Path;
@@ -68,6 +70,29 @@ pub fn shard_lengths(npes: usize, per_rank: usize, short: usize) -> Vec<usize> {
             }
         })
         .collect()
+}
+
+/// Rows `[b][start .. start + len]` of a `[B, T, H, D]` reference tensor, as `[B, len, H, D]`:
+/// one PE's shard of every sequence.
+pub fn shard_rows(t: &Tensor, start: usize, len: usize) -> Vec<f64> {
+    let (b, tt, h, d) = (t.shape()[0], t.shape()[1], t.shape()[2], t.shape()[3]);
+    let row = h * d;
+    let mut out = Vec::with_capacity(b * len * row);
+    for bi in 0..b {
+        let base = (bi * tt + start) * row;
+        out.extend_from_slice(&t.data()[base..base + len * row]);
+    }
+    out
+}
+
+/// Reference values rounded to bf16.
+pub fn bf16s(x: &[f64]) -> Vec<bf16> {
+    x.iter().map(|&v| bf16::from_f64(v)).collect()
+}
+
+/// Reference values rounded to f32.
+pub fn f32s(x: &[f64]) -> Vec<f32> {
+    x.iter().map(|&v| v as f32).collect()
 }
 
 /// A `BxTxHxD` option (Dk = Dv = D).

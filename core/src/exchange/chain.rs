@@ -97,11 +97,7 @@ impl<F: Family> StateChain<F> {
             summary: module.kernel(F::SUMMARY_KERNEL)?,
             advance_epoch: module.kernel(F::ADVANCE_EPOCH_KERNEL)?,
             grant_credits: module.kernel(F::GRANT_CREDITS_KERNEL)?,
-            buffers: AllGatherBuffers::new(
-                runtime,
-                layout,
-                F::summary_tile_floats(layout.dk as i32),
-            )?,
+            buffers: AllGatherBuffers::new(runtime, layout, F::summary_tile_floats(&layout))?,
             epoch: stream.alloc_zeros(1)?,
             diag: stream.alloc_zeros(1)?,
             nccl: None,

@@ -94,7 +94,7 @@ impl Lasp2Layout {
     /// Symmetric bytes one LASP-2 operation of family `F` allocates on each PE with the
     /// all-gather schedule (size the runtime's heap with the sum over the operations).
     pub fn symmetric_bytes<F: Family>(&self, npes: usize) -> usize {
-        Schedule::AllGather.symmetric_bytes(self, npes, F::summary_tile_floats(self.dk as i32))
+        Schedule::AllGather.symmetric_bytes(self, npes, F::summary_tile_floats(self))
     }
 
     /// A 64-bit digest of the family, the layout, the PE count, the direction, the schedule and

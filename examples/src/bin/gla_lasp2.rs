@@ -33,12 +33,11 @@ use lasp_shmem::ops::scalar_decay::ForwardShape;
 use lasp_shmem::ops::{DeviceMut, DeviceRef};
 use lasp_shmem::reference::{
     assert_close_to_scale, gla, rel_err, Cotangents, Family, InputSpec, Inputs, Regime, Shape,
-    Tensor,
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::{
-    export_nvshmem_env, mode_times, parse_shape, round, time_in_turns, write_json, ModeCall,
-    ModeRow,
+    bf16s, export_nvshmem_env, f32s, mode_times, parse_shape, round, shard_rows, time_in_turns,
+    write_json, ModeCall, ModeRow,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -130,26 +129,6 @@ fn cases(npes: usize) -> Vec<Case> {
         h0: true,
     });
     out
-}
-
-/// Rows [b][start .. start + len] of a [B, T, H, D] tensor, as [B, len, H, D].
-fn shard_rows(t: &Tensor, start: usize, len: usize) -> Vec<f64> {
-    let (b, tt, h, d) = (t.shape()[0], t.shape()[1], t.shape()[2], t.shape()[3]);
-    let row = h * d;
-    let mut out = Vec::with_capacity(b * len * row);
-    for bi in 0..b {
-        let base = (bi * tt + start) * row;
-        out.extend_from_slice(&t.data()[base..base + len * row]);
-    }
-    out
-}
-
-fn bf16s(x: &[f64]) -> Vec<bf16> {
-    x.iter().map(|&v| bf16::from_f64(v)).collect()
-}
-
-fn f32s(x: &[f64]) -> Vec<f32> {
-    x.iter().map(|&v| v as f32).collect()
 }
 
 /// One PE's shard on the device.

@@ -38,6 +38,31 @@ fn gla_lasp2() -> PathBuf {
     program("gla_lasp2", None, Some(env!("CARGO_BIN_EXE_gla_lasp2")))
 }
 
+fn gated_delta_lasp2() -> PathBuf {
+    program(
+        "gated_delta_lasp2",
+        None,
+        Some(env!("CARGO_BIN_EXE_gated_delta_lasp2")),
+    )
+}
+
+/// Every rank reported `cases` passed cases (lasp-run prefixes each line with `[rank R]`).
+fn expect_cases_passed(what: &str, run: &Finished, ranks: usize, cases: usize) {
+    expect_success(what, run);
+    for rank in 0..ranks {
+        let passed = format!("[rank {rank}] PE {rank}: PASS");
+        let count = run
+            .output
+            .lines()
+            .filter(|l| l.starts_with(&passed))
+            .count();
+        assert_eq!(
+            count, cases,
+            "{what}: rank {rank} passed {count} of {cases} cases"
+        );
+    }
+}
+
 /// The programs exit 1 when a check fails; this also makes sure every rank got as far as the
 /// graph replay, the last of its checks (lasp-run prefixes each line with `[rank R]`).
 fn expect_checks_passed(what: &str, run: &Finished, ranks: usize, graph_calls: u32) {
@@ -70,16 +95,17 @@ fn forward_matches_the_reference_in_every_mode_and_graph_replay() {
 fn gla_forward_matches_the_reference_in_every_mode() {
     let Some(gpus) = gpus_or_skip() else { return };
     let run = launch(gpus, JOB_LIMIT, &gla_lasp2(), &[], &[]);
-    expect_success("gla_lasp2", &run);
-    for rank in 0..gpus {
-        let passed = format!("[rank {rank}] PE {rank}: PASS");
-        let count = run
-            .output
-            .lines()
-            .filter(|l| l.starts_with(&passed))
-            .count();
-        assert_eq!(count, 8, "gla_lasp2: rank {rank} passed {count} of 8 cases");
-    }
+    expect_cases_passed("gla_lasp2", &run, gpus, 8);
+}
+
+/// Gated DeltaNet: every rank's shard against the f64 reference of the whole sequence, every
+/// exchange mode and 100 graph replays bitwise equal (the program's nine cases, each reported by
+/// every rank).
+#[test]
+fn gated_delta_forward_matches_the_reference_in_every_mode() {
+    let Some(gpus) = gpus_or_skip() else { return };
+    let run = launch(gpus, JOB_LIMIT, &gated_delta_lasp2(), &[], &[]);
+    expect_cases_passed("gated_delta_lasp2", &run, gpus, 9);
 }
 
 #[test]

@@ -10,7 +10,7 @@
 //   2. lasp_gated_delta_summary_dk*  segment s < S-1: its affine map S_end = A_s S_start + b_s, by the
 //                                    output loop without O: A_s column tile by column tile from the
 //                                    identity's columns with V taken as 0, b_s from zero
-//   3. lasp_gated_delta_fold_dk*     P_0 = h0, P_{s+1} = A_s P_s + b_s
+//   3. lasp_gated_delta_fold_dk*     P_0 = h0, P_{s+1} = A_s P_s + b_s (lasp/gated_delta/affine.cuh)
 //   4. lasp_gated_delta_output_dk*   scalar decay's output loop with the values step of
 //                                    lasp/gated_delta/values.cuh from P_s: per chunk, u from V, K S_n
 //                                    and the chunk's (I + L)^{-1}, then O and S_{n+1} from u; the last
@@ -19,6 +19,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "lasp/gated_delta/affine.cuh"
 #include "lasp/gated_delta/forward_params.h"
 #include "lasp/gated_delta/values.cuh"
 #include "lasp/mma.cuh"
@@ -104,13 +105,12 @@ __device__ __forceinline__ void run_wy(const lasp_gated_delta_params& p) {
 }
 
 // Kernel 2: column tile blockIdx.x of segment blockIdx.y's summary, b*H+h = blockIdx.z. Tiles
-// below Dk/64 are A_s's (the loop from the identity's columns 64x.., V taken as 0), the others
-// b_s's (from zero, V's tile x - Dk/64). Into workspace slot (b*H+h, s).
+// below Dk/64 are A_s's column blocks (the loop from the identity's columns 64x.., V taken as 0),
+// the others b_s's (from zero, V's tile x - Dk/64). Into workspace slot (b*H+h, s).
 template <int DK, bool kOfA>
 __device__ __forceinline__ void run_summary_tile(const lasp_gated_delta_params& p, sd::SegmentArgs a) {
   const int col0 = 64 * (kOfA ? blockIdx.x : blockIdx.x - DK / 64);
   a.vt = kOfA ? 0 : blockIdx.x - DK / 64;  // the V tile the loop loads (unused for A)
-  const int64_t slot = (int64_t)a.bh * (p.num_segments - 1) + blockIdx.y;
   sd::run_segment_with<DK, sd::Probe::kNone, false, false>(
       a,
       [&](StateRegs<DK>& s, const StateLane& ln) {
@@ -126,9 +126,9 @@ __device__ __forceinline__ void run_summary_tile(const lasp_gated_delta_params& 
       },
       [&](StateRegs<DK>& s, const StateLane& ln, float) {
         if constexpr (kOfA)
-          chunk::state_store<DK>(s, ln, p.ws_a + slot * DK * DK + col0, DK);
+          chunk::state_store<DK>(s, ln, summary_a_block<DK>(p, blockIdx.z, blockIdx.y, blockIdx.x), 64);
         else
-          chunk::state_store<DK>(s, ln, p.ws_b + slot * DK * p.Dv + col0, p.Dv);
+          chunk::state_store<DK>(s, ln, summary_b_tile<DK>(p, blockIdx.z, blockIdx.y, a.vt), p.Dv);
       },
       sd::NoChunkHook{}, Values<DK, kOfA>{p});
 }
@@ -142,49 +142,20 @@ __device__ __forceinline__ void run_summary(const lasp_gated_delta_params& p) {
     run_summary_tile<DK, false>(p, a);
 }
 
-// Kernel 3: the prefixes of Dv tile blockIdx.x of b*H+h = blockIdx.y, P_{s+1} = A_s P_s + b_s over
-// the segments in order from P_0 = h0 (or 0), in fp32 with every sum in ascending order (the same
-// bits whatever the grid). Thread (c, r) of the 256 holds column c of rows r, r + 4, ...; P lives
-// in shared memory, A_s's row is read by a whole warp at once (one address).
+// Kernel 3: the prefixes of Dv tile blockIdx.x of b*H+h = blockIdx.y: P_0 = h0 (or 0), then
+// P_{s+1} = A_s P_s + b_s over the segments in order, each into ws_p (lasp/gated_delta/affine.cuh).
 template <int DK>
 __device__ __forceinline__ void run_fold(const lasp_gated_delta_params& p) {
-  constexpr int kRows = DK / (LASP_GDN_FOLD_THREADS / 64);
-  extern __shared__ __align__(16) float s_prefix[];  // [DK][64]
-  const int c = threadIdx.x & 63, r = threadIdx.x >> 6;
-  const int64_t bh = blockIdx.y, tile = (int64_t)DK * p.Dv;
-  const int col0 = 64 * blockIdx.x;
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    const int d = r + 4 * i;
-    s_prefix[d * 64 + c] = p.h0 ? p.h0[bh * tile + (int64_t)d * p.Dv + col0 + c] : 0.f;
-  }
-  __syncthreads();
-  for (int seg = 0; seg + 1 < p.num_segments; ++seg) {
-    const int64_t slot = bh * (p.num_segments - 1) + seg;
-    const float* a = p.ws_a + slot * DK * DK;
-    const float* b = p.ws_b + slot * tile + col0;
-    float acc[kRows];
-#pragma unroll
-    for (int i = 0; i < kRows; ++i) acc[i] = __ldg(b + (int64_t)(r + 4 * i) * p.Dv + c);
-    for (int e = 0; e < DK; ++e) {
-      const float pe = s_prefix[e * 64 + c];
-#pragma unroll
-      for (int i = 0; i < kRows; ++i) acc[i] = fmaf(__ldg(a + (r + 4 * i) * DK + e), pe, acc[i]);
-    }
-    __syncthreads();  // every thread has read P_s
-    float* out = p.ws_p + slot * tile + col0;
-#pragma unroll
-    for (int i = 0; i < kRows; ++i) {
-      const int d = r + 4 * i;
-      s_prefix[d * 64 + c] = acc[i];
-      out[(int64_t)d * p.Dv + c] = acc[i];
-    }
-    __syncthreads();
-  }
+  __shared__ __align__(16) float s_prefix[DK * 64];
+  const int64_t bh = blockIdx.y;
+  const int vt = blockIdx.x;
+  AffineTile<DK> tile(s_prefix);
+  tile.load(p.h0 ? p.h0 + bh * DK * p.Dv + vt * 64 : nullptr, p.Dv);
+  fold_segments<DK>(p, tile, bh, vt);
 }
 
-// Kernel 4: Dv tile blockIdx.x of segment blockIdx.y of b*H+h = blockIdx.z, from its prefix (h0 or
-// zero for segment 0); the last segment writes ht. The prologue and epilogue read the grid and the
+// Kernel 4: Dv tile blockIdx.x of segment blockIdx.y of b*H+h = blockIdx.z, from the state the
+// fold left in ws_p (without a fold: h0 or zero); the last segment writes ht. The prologue and epilogue read the grid and the
 // parameters afresh instead of capturing values of their own: at Dk = 128 the loop has no register
 // to spare for values that live across it.
 template <int DK>
@@ -193,10 +164,8 @@ __device__ __forceinline__ void run_output(const lasp_gated_delta_params& p) {
   sd::run_segment_with<DK>(
       a,
       [&](StateRegs<DK>& s, const StateLane& ln) {
-        const int64_t tile = (int64_t)DK * p.Dv, bh = blockIdx.z;
-        const float* prefix = blockIdx.y > 0 ? p.ws_p + (bh * (p.num_segments - 1) + blockIdx.y - 1) * tile
-                              : p.h0      ? p.h0 + bh * tile
-                                          : nullptr;
+        const int64_t bh = blockIdx.z;
+        const float* prefix = p.ws_p ? prefix_tile<DK>(p, bh, blockIdx.y, 0) : p.h0 ? p.h0 + bh * DK * p.Dv : nullptr;
         if (prefix)
           chunk::state_load<DK>(s, ln, prefix + blockIdx.x * sd::kTileV, p.Dv);
         else

@@ -43,7 +43,7 @@ pub struct GatedDeltaArgs<'a> {
 
 impl<'a> GatedDeltaArgs<'a> {
     /// The streams of the buffers the views come from ([`crate::ops`], "Ordering").
-    fn homes(&self) -> [Option<&'a Arc<CudaStream>>; 8] {
+    pub(super) fn homes(&self) -> [Option<&'a Arc<CudaStream>>; 8] {
         [
             self.q.home(),
             self.k.home(),
@@ -58,10 +58,10 @@ impl<'a> GatedDeltaArgs<'a> {
 
     /// Checks the shape, then lengths, alignment, scale and overlaps against it; returns the
     /// scale to use.
-    pub(super) fn check(&self) -> Result<f32> {
+    pub(super) fn check(&self, op: &str) -> Result<f32> {
         let s = &self.shape;
-        s.validate_as(OP)?;
-        let checks = TensorChecks::new(OP, s);
+        s.validate_as(op)?;
+        let checks = TensorChecks::new(op, s);
         let (qk, v, gates, state) = (
             "[B, T, H, Dk]",
             "[B, T, H, Dv]",
@@ -118,9 +118,15 @@ pub(super) fn output_smem_bytes(dk: usize) -> u32 {
         + header::LASP_SD_STAGES * CHUNK * 4
 }
 
-/// Shared-memory bytes of the fold (`lasp_gdn_fold_smem_bytes`): the prefix tile `[Dk x 64]` fp32.
-pub(super) fn fold_smem_bytes(dk: usize) -> u32 {
-    dk as u32 * 64 * 4
+/// What a plan's segment summaries and fold serve.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Scope {
+    /// One GPU: the summaries of segments 0..S-2 give the prefixes of segments 1..S-1; no fold
+    /// when S == 1 (segment 0 starts from h0).
+    SingleGpu,
+    /// A LASP-2 shard: every segment's summary (the shard's is their composition), and the fold
+    /// always runs (segment 0 starts from the exchanged prefix).
+    Shard,
 }
 
 /// How a call runs: S segments of `chunks_per_segment` chunks per sequence (no segment empty),
@@ -129,63 +135,178 @@ pub(super) fn fold_smem_bytes(dk: usize) -> u32 {
 pub struct GatedDeltaPlan {
     pub num_segments: u32,
     pub chunks_per_segment: u32,
+    /// Segments with an affine summary in the workspace (S - 1 on one GPU, S in LASP-2).
+    pub num_summaries: u32,
     pub wy: LaunchShape,
-    /// The summary and fold launches (only when S > 1).
+    /// The summary launch (where `num_summaries > 0`) and the fold's (where a fold runs).
     pub summary: Option<LaunchShape>,
     pub fold: Option<LaunchShape>,
     pub output: LaunchShape,
     pub workspace_bytes: u64,
-    /// Offsets of ws_a, ws_b and ws_p (after the `(I + L)^{-1}` tiles at 0).
-    pub summary_offsets: (u64, u64, u64),
+    /// Offsets of ws_a, ws_b and ws_p (after the `(I + L)^{-1}` tiles at 0), where a fold runs.
+    pub summary_offsets: Option<(u64, u64, u64)>,
 }
 
 impl GatedDeltaPlan {
     /// The plan of a validated `shape` on `sm_count` SMs: enough segments that the output pass's
     /// CTAs, (Dv / 64) x S x B*H, fill the SMs once (at most one per chunk), or `forced`.
-    pub(super) fn new(s: &ForwardShape, sm_count: u32, forced: Option<u32>) -> GatedDeltaPlan {
+    pub(super) fn new(
+        s: &ForwardShape,
+        sm_count: u32,
+        forced: Option<u32>,
+        scope: Scope,
+    ) -> GatedDeltaPlan {
         let chunks = s.t.div_ceil(CHUNK as usize) as u64;
         let bh = (s.b * s.h) as u64;
         let tiles = (s.dv / 64) as u64;
         let wanted = forced.map_or_else(|| (u64::from(sm_count) / (bh * tiles)).max(1), u64::from);
         let chunks_per_segment = chunks.div_ceil(wanted.clamp(1, chunks));
         let segments = chunks.div_ceil(chunks_per_segment);
+        let (summaries, folds) = match scope {
+            Scope::SingleGpu => (segments - 1, segments > 1),
+            Scope::Shard => (segments, true),
+        };
         let tile_bytes = u64::from(CHUNK * CHUNK) * 2;
         let tri = bh * chunks * tile_bytes;
-        let summaries = bh * (segments - 1);
-        let (a_bytes, state_bytes) = (
-            summaries * (s.dk * s.dk) as u64 * 4,
-            summaries * (s.dk * s.dv) as u64 * 4,
+        let (a_bytes, b_bytes, p_bytes) = (
+            bh * summaries * (s.dk * s.dk) as u64 * 4,
+            bh * summaries * (s.dk * s.dv) as u64 * 4,
+            bh * segments * (s.dk * s.dv) as u64 * 4,
         );
         let ws_a = tri.next_multiple_of(256);
-        let (ws_b, ws_p) = (ws_a + a_bytes, ws_a + a_bytes + state_bytes);
-        let many = segments > 1;
-        let (bh, segments32) = (bh as u32, segments as u32);
+        let (ws_b, ws_p) = (ws_a + a_bytes, ws_a + a_bytes + b_bytes);
+        let bh = bh as u32;
         GatedDeltaPlan {
-            num_segments: segments32,
+            num_segments: segments as u32,
             chunks_per_segment: chunks_per_segment as u32,
+            num_summaries: summaries as u32,
             wy: LaunchShape {
                 grid: (chunks as u32, bh, 1),
                 block: (header::LASP_GDN_WY_THREADS, 1, 1),
                 shared_bytes: wy_smem_bytes(s.dk),
             },
-            summary: many.then_some(LaunchShape {
-                grid: (((s.dk + s.dv) / 64) as u32, segments32 - 1, bh),
+            summary: (summaries > 0).then_some(LaunchShape {
+                grid: (((s.dk + s.dv) / 64) as u32, summaries as u32, bh),
                 block: (header::LASP_SD_THREADS, 1, 1),
                 shared_bytes: output_smem_bytes(s.dk),
             }),
-            fold: many.then_some(LaunchShape {
+            fold: folds.then_some(LaunchShape {
                 grid: ((s.dv / 64) as u32, bh, 1),
                 block: (header::LASP_GDN_FOLD_THREADS, 1, 1),
-                shared_bytes: fold_smem_bytes(s.dk),
+                shared_bytes: 0,
             }),
             output: LaunchShape {
-                grid: ((s.dv / 64) as u32, segments32, bh),
+                grid: ((s.dv / 64) as u32, segments as u32, bh),
                 block: (header::LASP_SD_THREADS, 1, 1),
                 shared_bytes: output_smem_bytes(s.dk),
             },
-            workspace_bytes: if many { ws_p + state_bytes } else { tri },
-            summary_offsets: (ws_a, ws_b, ws_p),
+            workspace_bytes: if folds { ws_p + p_bytes } else { tri },
+            summary_offsets: folds.then_some((ws_a, ws_b, ws_p)),
         }
+    }
+}
+
+/// The kernels of the forward's chunk passes (WY, segment summaries, output), per Dk, shared by the
+/// single-GPU forward and the LASP-2 forward, which differ only in their fold.
+pub(super) struct ChunkKernels {
+    /// Indexed by Dk: [64, 128].
+    wy: [Kernel; 2],
+    summary: [Kernel; 2],
+    output: [Kernel; 2],
+}
+
+impl ChunkKernels {
+    /// Looks up the kernels in the runtime's module and raises their shared-memory limits; an
+    /// error if this GPU cannot give a block that much shared memory.
+    pub(super) fn new(runtime: &Runtime, op: &str) -> Result<Self> {
+        require_shared_memory(runtime, op, output_smem_bytes(128))?;
+        let module = runtime.module();
+        let kernels = ChunkKernels {
+            wy: module.kernels_per_width(instances::GDN_WY)?,
+            summary: module.kernels_per_width(instances::GDN_SUMMARY)?,
+            output: module.kernels_per_width(instances::GDN_OUTPUT)?,
+        };
+        for (i, dk) in [64, 128].into_iter().enumerate() {
+            kernels.wy[i].set_max_dynamic_shared_bytes(wy_smem_bytes(dk))?;
+            kernels.summary[i].set_max_dynamic_shared_bytes(output_smem_bytes(dk))?;
+            kernels.output[i].set_max_dynamic_shared_bytes(output_smem_bytes(dk))?;
+        }
+        Ok(kernels)
+    }
+
+    /// The WY kernel, then the segments' summaries where the plan has any.
+    ///
+    /// # Safety
+    /// `params` comes from [`call_params`] for `plan` with checked arguments whose buffers stay
+    /// valid until the kernels complete, and a workspace of `plan.workspace_bytes` that no other
+    /// stream uses meanwhile.
+    pub(super) unsafe fn launch_summaries(
+        &self,
+        stream: &Arc<CudaStream>,
+        plan: &GatedDeltaPlan,
+        params: &GatedDeltaParams,
+    ) -> Result<()> {
+        let i = usize::from(params.Dk == 128);
+        // SAFETY: the caller's contract.
+        unsafe {
+            self.wy[i].launch(stream, plan.wy, params)?;
+            if let Some(summary) = plan.summary {
+                self.summary[i].launch(stream, summary, params)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The output kernel (after the fold, where the plan has one).
+    ///
+    /// # Safety
+    /// As [`ChunkKernels::launch_summaries`].
+    pub(super) unsafe fn launch_output(
+        &self,
+        stream: &Arc<CudaStream>,
+        plan: &GatedDeltaPlan,
+        params: &GatedDeltaParams,
+    ) -> Result<()> {
+        let i = usize::from(params.Dk == 128);
+        // SAFETY: the caller's contract.
+        unsafe { self.output[i].launch(stream, plan.output, params) }
+    }
+}
+
+/// The kernels' parameters for one call of `args` (checked) under `plan`, with the workspace at
+/// device address `workspace` (at least `plan.workspace_bytes`).
+pub(super) fn call_params(
+    args: &GatedDeltaArgs<'_>,
+    plan: &GatedDeltaPlan,
+    workspace: u64,
+    scale: f32,
+) -> GatedDeltaParams {
+    let (ws_a, ws_b, ws_p) = plan.summary_offsets.map_or((0, 0, 0), |(a, b, p)| {
+        (workspace + a, workspace + b, workspace + p)
+    });
+    let s = &args.shape;
+    GatedDeltaParams {
+        q: args.q.addr() as _,
+        k: args.k.addr() as _,
+        v: args.v.addr() as _,
+        g: args.g.addr() as _,
+        beta: args.beta.addr() as _,
+        o: args.o.addr() as _,
+        h0: args.h0.map_or(0, |x| x.addr()) as _,
+        ht: args.ht.as_ref().map_or(0, |x| x.addr()) as _,
+        ws_tri: workspace as _,
+        ws_a: ws_a as _,
+        ws_b: ws_b as _,
+        ws_p: ws_p as _,
+        B: s.b as i32,
+        T: s.t as i32,
+        H: s.h as i32,
+        Dk: s.dk as i32,
+        Dv: s.dv as i32,
+        num_segments: plan.num_segments as i32,
+        chunks_per_segment: plan.chunks_per_segment as i32,
+        num_summaries: plan.num_summaries as i32,
+        scale,
     }
 }
 
@@ -196,11 +317,9 @@ impl GatedDeltaPlan {
 /// demand (a context synchronisation then) and is freed when the instance is dropped.
 pub struct GatedDeltaForward {
     ctx: Arc<CudaContext>,
+    kernels: ChunkKernels,
     /// Indexed by Dk: [64, 128].
-    wy: [Kernel; 2],
-    summary: [Kernel; 2],
     fold: [Kernel; 2],
-    output: [Kernel; 2],
     sm_count: u32,
     force_segments: Option<u32>,
     workspace: Option<CudaSlice<u8>>,
@@ -210,26 +329,14 @@ impl GatedDeltaForward {
     /// Looks up the kernels in the runtime's module and raises their shared-memory limits; an
     /// error if this GPU cannot give a block that much shared memory.
     pub fn new(runtime: &Runtime) -> Result<Self> {
-        require_shared_memory(runtime, OP, output_smem_bytes(128))?;
-        let module = runtime.module();
-        let wy = module.kernels_per_width(instances::GDN_WY)?;
-        let summary = module.kernels_per_width(instances::GDN_SUMMARY)?;
-        let fold = module.kernels_per_width(instances::GDN_FOLD)?;
-        let output = module.kernels_per_width(instances::GDN_OUTPUT)?;
-        for (i, dk) in [64, 128].into_iter().enumerate() {
-            wy[i].set_max_dynamic_shared_bytes(wy_smem_bytes(dk))?;
-            summary[i].set_max_dynamic_shared_bytes(output_smem_bytes(dk))?;
-            fold[i].set_max_dynamic_shared_bytes(fold_smem_bytes(dk))?;
-            output[i].set_max_dynamic_shared_bytes(output_smem_bytes(dk))?;
-        }
+        let kernels = ChunkKernels::new(runtime, OP)?;
+        let fold = runtime.module().kernels_per_width(instances::GDN_FOLD)?;
         let ctx = runtime.context().clone();
         Ok(GatedDeltaForward {
             sm_count: crate::ops::sm_count(&ctx)?,
             ctx,
-            wy,
-            summary,
+            kernels,
             fold,
-            output,
             force_segments: None,
             workspace: None,
         })
@@ -254,6 +361,7 @@ impl GatedDeltaForward {
             shape,
             self.sm_count,
             self.force_segments,
+            Scope::SingleGpu,
         ))
     }
 
@@ -272,12 +380,11 @@ impl GatedDeltaForward {
         stream: &Arc<CudaStream>,
         args: GatedDeltaArgs<'_>,
     ) -> Result<GatedDeltaPlan> {
-        let scale = args.check()?;
+        let scale = args.check(OP)?;
         let plan = self.plan(&args.shape)?;
         if !Arc::ptr_eq(stream.context(), &self.ctx) {
             return Err(Error::InvalidArgument(format!(
-                "{OP}: the stream belongs to another CUDA context; launch on a stream of the \
-                 runtime's GPU"
+                "{OP}: the stream belongs to another CUDA context; launch on a stream of the                  runtime's GPU"
             )));
         }
         let base = crate::ops::ensure_workspace(
@@ -287,36 +394,7 @@ impl GatedDeltaForward {
             plan.workspace_bytes,
             OP,
         )?;
-        let (ws_a, ws_b, ws_p) = if plan.num_segments > 1 {
-            let (a, b, p) = plan.summary_offsets;
-            (base + a, base + b, base + p)
-        } else {
-            (0, 0, 0)
-        };
-        let s = &args.shape;
-        let params = GatedDeltaParams {
-            q: args.q.addr() as _,
-            k: args.k.addr() as _,
-            v: args.v.addr() as _,
-            g: args.g.addr() as _,
-            beta: args.beta.addr() as _,
-            o: args.o.addr() as _,
-            h0: args.h0.map_or(0, |x| x.addr()) as _,
-            ht: args.ht.as_ref().map_or(0, |x| x.addr()) as _,
-            ws_tri: base as _,
-            ws_a: ws_a as _,
-            ws_b: ws_b as _,
-            ws_p: ws_p as _,
-            B: s.b as i32,
-            T: s.t as i32,
-            H: s.h as i32,
-            Dk: s.dk as i32,
-            Dv: s.dv as i32,
-            num_segments: plan.num_segments as i32,
-            chunks_per_segment: plan.chunks_per_segment as i32,
-            scale,
-        };
-        let i = usize::from(s.dk == 128);
+        let params = call_params(&args, &plan, base, scale);
         self.ctx.bind_to_thread()?;
         // SAFETY: GatedDeltaParams is lasp_gated_delta_params, generated from the header; the
         // shape is supported and every tensor has the length, alignment and non-overlap the
@@ -324,12 +402,11 @@ impl GatedDeltaForward {
         // contracts keep the memory valid until the kernels complete; the workspace is owned by
         // self, sized by the plan, and freed only after a context synchronisation.
         unsafe {
-            self.wy[i].launch(stream, plan.wy, &params)?;
-            if let (Some(summary), Some(fold)) = (plan.summary, plan.fold) {
-                self.summary[i].launch(stream, summary, &params)?;
-                self.fold[i].launch(stream, fold, &params)?;
+            self.kernels.launch_summaries(stream, &plan, &params)?;
+            if let Some(fold) = plan.fold {
+                self.fold[usize::from(params.Dk == 128)].launch(stream, fold, &params)?;
             }
-            self.output[i].launch(stream, plan.output, &params)?;
+            self.kernels.launch_output(stream, &plan, &params)?;
         }
         Ok(plan)
     }

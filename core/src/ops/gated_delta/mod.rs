@@ -15,13 +15,18 @@
 //! still fill the SMs), the summary kernel (each segment's affine map `A_s S + b_s` but the
 //! last's) and the fold (the state entering every segment); then the output kernel, scalar
 //! decay's output loop with the delta rule's values step, one CTA per (64 columns of Dv,
-//! segment, b*H+h).
+//! segment, b*H+h). [`GatedDeltaLasp2Forward`] is the same forward across PEs (LASP-2), with
+//! the shard's affine summary (A, b) exchanged from the device.
 
+mod family;
 mod forward;
+mod lasp2;
 #[cfg(test)]
 mod tests;
 
+pub use family::GatedDelta;
 pub use forward::{GatedDeltaArgs, GatedDeltaForward, GatedDeltaPlan};
+pub use lasp2::{GatedDeltaLasp2Forward, Lasp2Params};
 
 /// The C struct `lasp_gated_delta_params` of `lasp/gated_delta/forward_params.h`, passed by value
 /// to both forward kernels. Pointer fields hold device addresses; NULL where a tensor is absent.

@@ -3,7 +3,7 @@
 //! kernels' roundings against the f64 recurrence, which says whether the GPU tests' tolerance is
 //! within the design's reach before a GPU runs them.
 
-use super::forward::{fold_smem_bytes, output_smem_bytes, wy_smem_bytes};
+use super::forward::{output_smem_bytes, wy_smem_bytes, Scope};
 use super::{GatedDeltaArgs, GatedDeltaPlan};
 use crate::error::Error;
 use crate::ops::scalar_decay::ForwardShape;
@@ -28,14 +28,13 @@ fn shared_memory_follows_the_header() {
     // The K tile, 64 gates and 64 betas, L as 64 rows of 65 floats.
     assert_eq!(wy_smem_bytes(128), 16_384 + 512 + 16_640);
     assert_eq!(wy_smem_bytes(64), 8_192 + 512 + 16_640);
-    assert_eq!(fold_smem_bytes(128), 32_768);
 }
 
 #[test]
 fn plans_fill_the_sms_once_with_segments_where_the_batch_is_short() {
     // B=4, H=16: 128 output CTAs already, one segment; the workspace is the inverses alone (64
     // heads x 128 chunks x 8 KiB).
-    let p = GatedDeltaPlan::new(&shape(4, 8192, 16, 128, 128), 132, None);
+    let p = GatedDeltaPlan::new(&shape(4, 8192, 16, 128, 128), 132, None, Scope::SingleGpu);
     assert_eq!((p.num_segments, p.chunks_per_segment), (1, 128));
     assert_eq!((p.summary, p.fold), (None, None));
     assert_eq!(p.output.grid, (2, 1, 64));
@@ -43,27 +42,52 @@ fn plans_fill_the_sms_once_with_segments_where_the_batch_is_short() {
     assert_eq!(p.workspace_bytes, 64 * 128 * 8_192);
     // B=1, H=16, T=32K: 32 CTAs a segment, so four segments of 128 chunks; summaries of the first
     // three (A and b, two column tiles each), their fold per Dv tile.
-    let p = GatedDeltaPlan::new(&shape(1, 32768, 16, 128, 128), 132, None);
+    // The fold stores the state entering each of the four segments.
+    let p = GatedDeltaPlan::new(&shape(1, 32768, 16, 128, 128), 132, None, Scope::SingleGpu);
     assert_eq!((p.num_segments, p.chunks_per_segment), (4, 128));
+    assert_eq!(p.num_summaries, 3);
     assert_eq!(p.summary.unwrap().grid, (4, 3, 16));
     assert_eq!(p.fold.unwrap().grid, (2, 16, 1));
     assert_eq!(p.output.grid, (2, 4, 16));
     let tri = 16 * 512 * 8_192;
     let summary = 16 * 3 * 128 * 128 * 4;
-    assert_eq!(p.summary_offsets, (tri, tri + summary, tri + 2 * summary));
-    assert_eq!(p.workspace_bytes, tri + 3 * summary);
+    assert_eq!(
+        p.summary_offsets,
+        Some((tri, tri + summary, tri + 2 * summary))
+    );
+    assert_eq!(
+        p.workspace_bytes,
+        tri + 2 * summary + 16 * 4 * 128 * 128 * 4
+    );
+}
+
+#[test]
+fn a_lasp2_shard_summarises_every_segment_and_always_folds() {
+    // One segment: its summary is the shard's; the fold starts it from the exchanged prefix.
+    let p = GatedDeltaPlan::new(&shape(4, 8192, 16, 128, 128), 132, None, Scope::Shard);
+    assert_eq!((p.num_segments, p.num_summaries), (1, 1));
+    assert_eq!(p.summary.unwrap().grid, (4, 1, 64));
+    assert_eq!(p.fold.unwrap().grid, (2, 64, 1));
+    let tri = 64 * 128 * 8_192;
+    let state = 64 * 128 * 128 * 4;
+    assert_eq!(p.summary_offsets, Some((tri, tri + state, tri + 2 * state)));
+    assert_eq!(p.workspace_bytes, tri + 3 * state);
+    // Four segments: four summaries, four prefixes.
+    let p = GatedDeltaPlan::new(&shape(1, 32768, 16, 128, 128), 132, None, Scope::Shard);
+    assert_eq!((p.num_segments, p.num_summaries), (4, 4));
+    assert_eq!(p.summary.unwrap().grid, (4, 4, 16));
 }
 
 #[test]
 fn forced_segment_counts_leave_no_segment_empty() {
     // 16 chunks in 5 segments: 4 chunks each, so 4 segments.
-    let p = GatedDeltaPlan::new(&shape(1, 1000, 1, 64, 64), 132, Some(5));
+    let p = GatedDeltaPlan::new(&shape(1, 1000, 1, 64, 64), 132, Some(5), Scope::SingleGpu);
     assert_eq!((p.num_segments, p.chunks_per_segment), (4, 4));
     // More segments than chunks: one chunk each.
-    let p = GatedDeltaPlan::new(&shape(1, 100, 1, 64, 64), 132, Some(100));
+    let p = GatedDeltaPlan::new(&shape(1, 100, 1, 64, 64), 132, Some(100), Scope::SingleGpu);
     assert_eq!((p.num_segments, p.chunks_per_segment), (2, 1));
     // One token: one segment whatever the GPU.
-    let p = GatedDeltaPlan::new(&shape(1, 1, 1, 64, 64), 132, None);
+    let p = GatedDeltaPlan::new(&shape(1, 1, 1, 64, 64), 132, None, Scope::SingleGpu);
     assert_eq!((p.num_segments, p.chunks_per_segment), (1, 1));
 }
 
@@ -101,7 +125,7 @@ fn fake_args(s: ForwardShape) -> GatedDeltaArgs<'static> {
 }
 
 fn refused(args: GatedDeltaArgs<'_>, needle: &str) {
-    match args.check() {
+    match args.check("Gated DeltaNet forward") {
         Err(Error::InvalidArgument(msg)) => {
             assert!(msg.contains(needle), "{msg:?} does not say {needle:?}");
             assert!(msg.starts_with("Gated DeltaNet forward: "), "{msg:?}");
@@ -112,7 +136,9 @@ fn refused(args: GatedDeltaArgs<'_>, needle: &str) {
 
 #[test]
 fn well_formed_arguments_pass_with_the_default_scale() {
-    let scale = fake_args(shape(2, 100, 3, 128, 192)).check().unwrap();
+    let scale = fake_args(shape(2, 100, 3, 128, 192))
+        .check("Gated DeltaNet forward")
+        .unwrap();
     assert_eq!(scale, (1.0 / 128f64.sqrt()) as f32);
 }
 
@@ -331,4 +357,19 @@ fn the_first_builds_roundings_keep_the_gpu_tests_tolerance() {
             "{regime:?} beta {fill:?}: o {e_o:.2e}, ht {e_ht:.2e}"
         );
     }
+}
+
+#[test]
+fn an_exchanged_tile_holds_b_and_its_share_of_a() {
+    use crate::exchange::Lasp2Layout;
+    use crate::family::Family;
+    let floats =
+        |dk, dv| super::GatedDelta::summary_tile_floats(&Lasp2Layout { b: 1, h: 1, dk, dv });
+    // Dv >= Dk: b's block and at most one column block of A per tile.
+    assert_eq!(floats(128, 128), 2 * 128 * 64);
+    assert_eq!(floats(64, 128), 2 * 64 * 64);
+    assert_eq!(floats(128, 192), 2 * 128 * 64);
+    // One Dv tile at Dk = 128: it carries both column blocks of A.
+    assert_eq!(floats(128, 64), 3 * 128 * 64);
+    assert_eq!(floats(64, 64), 2 * 64 * 64);
 }

@@ -23,8 +23,9 @@ impl Family for Gla {
     const SUMMARY_THREADS: u32 = header::LASP_GLA_LASP2_SUMMARY_THREADS;
 
     /// `lasp_gla_lasp2_tile_floats`: M's `[Dk][64]` block and Λ's Dk floats.
-    fn summary_tile_floats(dk: i32) -> u64 {
-        dk as u64 * header::LASP2_TILE_V as u64 + dk as u64
+    fn summary_tile_floats(layout: &Lasp2Layout) -> u64 {
+        let dk = layout.dk as u64;
+        dk * header::LASP2_TILE_V as u64 + dk
     }
 
     fn validate_layout(layout: &Lasp2Layout) -> Result<()> {

@@ -22,8 +22,8 @@ impl Family for ScalarDecay {
     const GRANT_CREDITS_KERNEL: &'static str = "lasp_lasp2_grant_credits";
     const SUMMARY_THREADS: u32 = geometry::FOLD_THREADS;
 
-    fn summary_tile_floats(dk: i32) -> u64 {
-        geometry::slot_tile_floats(dk)
+    fn summary_tile_floats(layout: &Lasp2Layout) -> u64 {
+        geometry::slot_tile_floats(layout.dk as i32)
     }
 
     fn validate_layout(layout: &Lasp2Layout) -> Result<()> {

@@ -21,10 +21,12 @@
 //                                                    smem lasp_gdn_output_smem_bytes(Dk): A_s, b_s of
 //                                                    segments 0..S-2 (column tiles of A first, then of b)
 //   3. if S > 1: lasp_gated_delta_fold_dk{64,128}     grid (Dv/64, B*H), block LASP_GDN_FOLD_THREADS,
-//                                                    smem lasp_gdn_fold_smem_bytes(Dk): P_{s+1} = A_s P_s + b_s
+//                                                    smem 0 (static): P_0 = h0, P_{s+1} = A_s P_s + b_s
+//                                                    into ws_p
 //   4.           lasp_gated_delta_output_dk{64,128}   grid (Dv/64, S, B*H), block LASP_SD_THREADS,
 //                                                    smem lasp_gdn_output_smem_bytes(Dk): O, and ht
-// All take lasp_gated_delta_params by value and need cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES).
+// All take lasp_gated_delta_params by value; those with dynamic shared memory need
+// cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES).
 //
 // Supported: Dk in {64, 128}; Dv a positive multiple of 64; T >= 1; B*H in [1, 65535]; q, k, v, o
 // 16-byte aligned, g and beta 4-byte aligned, h0 / ht 8-byte aligned; g finite and <= 0; beta
@@ -57,11 +59,13 @@ typedef struct {
   const float* h0;     // fp32 [B, H, Dk, Dv] initial state, or NULL for zero
   float* ht;           // fp32 [B, H, Dk, Dv] final state, or NULL to skip
   // The workspace (one allocation; its layout: core/src/ops/gated_delta/forward.rs): ws_tri always,
-  // the segment summaries and prefixes only when S > 1.
+  // the segment summaries and prefixes only where the fold runs (S > 1, and every LASP-2 call).
+  // A [Dk x Dk] matrix is stored as Dk/64 column blocks [Dk][64], the fold's unit of work.
   uint16_t* ws_tri;    // bf16 [B*H, N, 64, 64]: (I + L)^{-1} of every chunk, row-major
-  float* ws_a;         // fp32 [B*H, S-1, Dk, Dk]: A_s of segments 0..S-2
-  float* ws_b;         // fp32 [B*H, S-1, Dk, Dv]: b_s of segments 0..S-2
-  float* ws_p;         // fp32 [B*H, S-1, Dk, Dv]: slot s holds the prefix P_{s+1} entering segment s+1
+  float* ws_a;         // fp32 [B*H, num_summaries, Dk/64, Dk, 64]: A_s of segments 0..num_summaries-1
+  float* ws_b;         // fp32 [B*H, num_summaries, Dk, Dv]: b_s of the same segments
+  float* ws_p;         // fp32 [B*H, S, Dk, Dv]: slot s holds the state entering segment s (written by
+                       // the fold); NULL when S == 1 and no fold runs: segment 0 then starts from h0
   int32_t B;           // batch
   int32_t T;           // tokens per sequence (>= 1)
   int32_t H;           // heads
@@ -69,6 +73,8 @@ typedef struct {
   int32_t Dv;          // value head dim: a multiple of 64
   int32_t num_segments;        // S >= 1 segments of whole chunks per (b, h)
   int32_t chunks_per_segment;  // ceil(N / S); no segment empty
+  int32_t num_summaries;       // segments with a summary: S - 1 (the fold needs the earlier ones), or S
+                               // in LASP-2 (the shard's summary composes all of them)
   float scale;                 // sigma, usually Dk^-1/2
 } lasp_gated_delta_params;
 
@@ -94,6 +100,3 @@ LASP_GDN_FN uint32_t lasp_gdn_output_smem_bytes(int32_t Dk) {
   const uint32_t tile = LASP_SD_CHUNK * LASP_SD_CHUNK * 2u;
   return lasp_gdn_values_offset(Dk) + LASP_SD_STAGES * tile + tile + LASP_SD_STAGES * LASP_SD_CHUNK * 4u;
 }
-
-// Fold: the prefix tile P [Dk x 64] of one (Dv tile, b*H+h) in fp32.
-LASP_GDN_FN uint32_t lasp_gdn_fold_smem_bytes(int32_t Dk) { return (uint32_t)Dk * 64u * 4u; }

@@ -1,0 +1,154 @@
+//! Gated DeltaNet's LASP-2 forward across PEs ([`GatedDeltaLasp2Forward`]; kernels:
+//! kernels/cuda/gated_delta/lasp2_forward.cu, call order in `lasp/gated_delta/lasp2_params.h`).
+//!
+//! PE `w` holds the `w`-th slice of every sequence. Each PE computes its shard's affine summary
+//! (`A_w`, the product of its chunks' transitions, and `b_w`, its end state from zero), sends it
+//! along the exchange's chain ([`crate::exchange`]; in [`ExchangeMode::Overlapped`] from the
+//! device, with a signal) to every later PE, folds the earlier PEs' summaries `P = A_u P + b_u` in
+//! rank order and runs the single-GPU forward's output pass on its shard from that prefix. The
+//! sequential modes put a host all-gather between the same kernels; [`ExchangeMode::NoComm`]
+//! drops the exchange (timing). The fold is the same in every mode, so outputs are bit-identical
+//! across modes.
+
+use super::forward::{call_params, ChunkKernels, GatedDeltaPlan, Scope};
+use super::{GatedDelta, GatedDeltaArgs};
+use crate::error::Result;
+use crate::exchange::chain::StateChain;
+use crate::exchange::{Direction, ExchangeMode, Lasp2Layout};
+use crate::kernel::Kernel;
+use crate::ops::StreamOrder;
+use crate::runtime::Runtime;
+use cudarc::driver::{CudaSlice, CudaStream};
+use lasp_shmem_kernels::{instances, params as header};
+use std::sync::Arc;
+
+/// The C struct `lasp_gated_delta_lasp2_params`, passed by value to the LASP-2 kernels (the chunk
+/// passes take its `fwd`).
+pub type Lasp2Params = header::lasp_gated_delta_lasp2_params;
+
+const OP: &str = "Gated DeltaNet LASP-2 forward";
+
+/// Gated DeltaNet's LASP-2 forward on one PE: its exchange (collective to create and to switch
+/// modes), its kernels and its workspace.
+pub struct GatedDeltaLasp2Forward {
+    chain: StateChain<GatedDelta>,
+    kernels: ChunkKernels,
+    /// Indexed by Dk: [64, 128].
+    fold: [Kernel; 2],
+    workspace: Option<CudaSlice<u8>>,
+    sm_count: u32,
+}
+
+impl GatedDeltaLasp2Forward {
+    /// Sets up the exchange for `layout` on every PE (collective; every PE must pass the same
+    /// layout and mode).
+    pub fn new(runtime: &Runtime, layout: Lasp2Layout, mode: ExchangeMode) -> Result<Self> {
+        let kernels = ChunkKernels::new(runtime, OP)?;
+        let fold = runtime
+            .module()
+            .kernels_per_width(instances::GDN_LASP2_FOLD)?;
+        let chain = StateChain::new(runtime, layout, mode, Direction::Ascending, OP)?;
+        Ok(GatedDeltaLasp2Forward {
+            sm_count: crate::ops::sm_count(runtime.context())?,
+            chain,
+            kernels,
+            fold,
+            workspace: None,
+        })
+    }
+
+    /// The layout every PE agreed on.
+    pub fn layout(&self) -> Lasp2Layout {
+        self.chain.layout()
+    }
+
+    /// Switches every PE to `mode` (collective).
+    pub fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
+        self.chain.set_mode(mode)
+    }
+
+    /// Enqueues one call on `stream`: `args` holds this PE's shard (T = its T_local; shards may
+    /// differ in length), h0 the global initial state (the same on every PE) and ht only on the
+    /// last PE. Everything is validated before the first launch. Expired waits are reported by
+    /// [`GatedDeltaLasp2Forward::finish`]. Returns the plan of the shard's chunk passes.
+    pub fn forward(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        args: GatedDeltaArgs<'_>,
+    ) -> Result<GatedDeltaPlan> {
+        StreamOrder::around(stream, args.homes(), OP, || self.enqueue(stream, args))
+    }
+
+    fn enqueue(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        args: GatedDeltaArgs<'_>,
+    ) -> Result<GatedDeltaPlan> {
+        let s = args.shape;
+        let scale = args.check(OP)?;
+        self.chain.check_call(stream, s.layout())?;
+        let (me, npes) = (self.chain.runtime().pe(), self.chain.runtime().npes());
+        if args.ht.is_some() && me + 1 != npes {
+            return Err(self.chain.invalid(format!(
+                "only the last PE ({}) holds the final state of the sequence; pass ht = None on \
+                 PE {me}",
+                npes - 1
+            )));
+        }
+        let plan = GatedDeltaPlan::new(&s, self.sm_count, None, Scope::Shard);
+        let ws = crate::ops::ensure_workspace(
+            self.chain.context(),
+            stream,
+            &mut self.workspace,
+            plan.workspace_bytes,
+            OP,
+        )?;
+        let params = Lasp2Params {
+            fwd: call_params(&args, &plan, ws, scale),
+            ..self.chain.base_params(stream)
+        };
+        let fold = plan.fold.expect("a shard's plan always folds");
+        self.chain.context().bind_to_thread()?;
+        // SAFETY: Lasp2Params is lasp_gated_delta_lasp2_params, generated from the header, its
+        // `fwd` made by call_params for this plan from arguments checked above (shape, lengths,
+        // alignment, overlaps); the views borrow their buffers for the call; the symmetric
+        // buffers, epoch, diagnostics and workspace are owned by self. Each kernel reads what the
+        // one before it on the stream wrote; the summary, where it runs on the exchange's
+        // stream, follows them through the chain's event.
+        unsafe {
+            self.kernels.launch_summaries(stream, &plan, &params.fwd)?;
+            self.chain
+                .launch_summary(stream, 0, (s.b * s.h) as i32, &params, true)?;
+        }
+        self.chain.gather_slots(stream)?;
+        // SAFETY: as above.
+        unsafe {
+            self.fold[usize::from(s.dk == 128)].launch(stream, fold, &params)?;
+            self.kernels.launch_output(stream, &plan, &params.fwd)?;
+        }
+        self.chain.end_call(stream, &params)?;
+        Ok(plan)
+    }
+
+    /// Waits for `stream`, then returns the error of the first expired wait, if any (naming the
+    /// PE that never sent, the signal slot and the epoch).
+    pub fn finish(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.chain.finish(stream)
+    }
+
+    /// The last epoch this PE completed (one per call, graph replays included).
+    pub fn epoch(&self, stream: &Arc<CudaStream>) -> Result<u64> {
+        self.chain.epoch(stream)
+    }
+
+    /// Records `calls` calls replayed from a captured CUDA graph, so host-side gathers of later
+    /// calls use the right parity.
+    pub fn note_replayed_calls(&mut self, calls: u64) {
+        self.chain.note_replayed_calls(calls);
+    }
+
+    /// Frees the symmetric buffers (collective).
+    pub fn free(self) -> Result<()> {
+        self.chain.free()
+    }
+}

@@ -1,0 +1,96 @@
+// Gated DeltaNet's LASP-2 forward with a device-initiated exchange of the shards' affine summaries,
+// for sm_90a. The chunk passes are the single-GPU forward's (gated_delta/forward.cu); this file adds
+// the shard's summary (its segments' maps composed into the exchanged tile) and the fold of the
+// earlier PEs' summaries into the shard's start state, both on lasp/gated_delta/affine.cuh; the
+// protocol around them (epochs, credits, puts, bounded waits) is the generic exchange's
+// (lasp/exchange/chain.cuh). Kernels and call order: lasp/gated_delta/lasp2_params.h.
+#include "lasp/exchange/chain.cuh"
+#include "lasp/gated_delta/affine.cuh"
+#include "lasp/gated_delta/lasp2_params.h"
+
+namespace lasp {
+namespace gdn {
+
+// Kernel 3, one CTA per (Dv tile, head): the shard's (A, b) composed from its segments' into the
+// own slot tile [parity][me][bh][vt], then published by the schedule. b = b_{S-1} + A_{S-1}(... (b_1
+// + A_1 b_0)); A's column block jb = A_{S-1} ... A_1 A_0[:, jb].
+template <int DK, class Schedule>
+__device__ __forceinline__ void lasp2_summary_tile(const lasp_gated_delta_lasp2_params& p) {
+  __shared__ __align__(16) float s_tile[DK * 64];
+  const lasp_gated_delta_params& f = p.fwd;
+  const uint64_t epoch = exchange::call_epoch(p);
+  const int parity = static_cast<int>(epoch & 1);
+  const int vt = blockIdx.x, bh = blockIdx.y;
+  const bool sent_credits = Schedule::send_credits(p, epoch, bh, vt);
+  const uint64_t tile_floats = lasp_gdn_lasp2_tile_floats(DK, p.Dv);
+  float* const own = p.slots + lasp2_slot_tile_offset(parity, p.me, bh, vt, p.npes, p.B, p.H, p.Dv, tile_floats);
+  auto a_of = [&](int s) { return [&, s](int jb) { return summary_a_block<DK>(f, bh, s, jb); }; };
+
+  AffineTile<DK> tile(s_tile);
+  tile.load(summary_b_tile<DK>(f, bh, 0, vt), f.Dv);
+  for (int s = 1; s < f.num_summaries; ++s)
+    tile.template apply<Source::kWorkspace>(a_of(s), summary_b_tile<DK>(f, bh, s, vt), f.Dv);
+  tile.store(own, 64);
+  // A thread stores and loads only its own elements of the tile: no barrier between them.
+  int blocks = 1;
+  for (int jb = vt; jb < DK / 64; jb += p.Dv / 64, ++blocks) {
+    tile.load(summary_a_block<DK>(f, bh, 0, jb), 64);
+    for (int s = 1; s < f.num_summaries; ++s) tile.template apply<Source::kWorkspace>(a_of(s), nullptr, 0);
+    tile.store(own + blocks * DK * 64, 64);
+  }
+  __syncthreads();  // the tile is complete before it is published
+  Schedule::publish(p, epoch, own, static_cast<uint64_t>(blocks) * DK * 64 * 4, bh, vt, sent_credits);
+}
+
+template <class Schedule>
+__device__ __forceinline__ void lasp2_summary(const lasp_gated_delta_lasp2_params& p) {
+  if (p.Dk == 128)
+    lasp2_summary_tile<128, Schedule>(p);
+  else
+    lasp2_summary_tile<64, Schedule>(p);
+}
+
+// Kernel 4, one CTA per (Dv tile vt, head): the state entering the shard, P = h0 (or 0) and then
+// P = A_u P + b_u for the earlier PEs in chain order (A from every tile of the head, b from tile
+// vt), then the states entering the shard's segments, into ws_p. The same fold in every mode.
+template <int DK, class Schedule>
+__device__ __forceinline__ void lasp2_fold(const lasp_gated_delta_lasp2_params& p) {
+  __shared__ __align__(16) float s_tile[DK * 64];
+  const lasp_gated_delta_params& f = p.fwd;
+  const int vt = blockIdx.x, bh = blockIdx.y;
+  const int vtiles = p.Dv / 64;
+  const uint64_t tile_floats = lasp_gdn_lasp2_tile_floats(DK, p.Dv);
+  AffineTile<DK> tile(s_tile);
+  tile.load(f.h0 ? f.h0 + (int64_t)bh * DK * f.Dv + vt * 64 : nullptr, f.Dv);
+  for (int t = 0; t < vtiles; ++t)
+    if (!Schedule::wait(p, bh, t)) return;  // the host reports p.diag
+  const float* arrived = nullptr;
+  Schedule::fold_arrived(
+      p, bh, vt, tile_floats, 1, [&](int, const float* landed) { arrived = landed; },
+      [&](int) {
+        // The head's tiles from one PE are consecutive: tile t is (t - vt) tiles from tile vt.
+        tile.template apply<Source::kLanded>(
+            [&](int jb) { return arrived + (jb % vtiles - vt) * (int64_t)tile_floats + (1 + jb / vtiles) * DK * 64; },
+            arrived, 64);
+      });
+  fold_segments<DK>(f, tile, bh, vt);
+}
+
+}  // namespace gdn
+}  // namespace lasp
+
+// Launched last in every call (all modes): the call's epoch is complete on this PE.
+extern "C" __global__ void lasp_gated_delta_lasp2_advance_epoch(const __grid_constant__ lasp_gated_delta_lasp2_params p) {
+  lasp::exchange::advance_epoch(p);
+}
+
+// Re-synchronises the all-gather's credits after LASP2_NO_COMM calls (the host brackets it with
+// barriers). grid (1, 1, 1), block (1, 1, 1).
+extern "C" __global__ void lasp_gated_delta_lasp2_grant_credits(
+    const __grid_constant__ lasp_gated_delta_lasp2_params p) {
+  lasp::exchange::AllGather::grant_credits(p);
+}
+
+// The templated kernels are instantiated from kernels/instances.rs (geometry:
+// lasp/gated_delta/lasp2_params.h): lasp_gated_delta_lasp2_summary (all-gather schedule) and
+// lasp_gated_delta_lasp2_fold_dk*.
