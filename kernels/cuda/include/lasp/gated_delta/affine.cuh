@@ -5,10 +5,12 @@
 // the summaries the earlier PEs sent (gated_delta/lasp2_forward.cu).
 //
 // The unit of work is one column tile of 64: P [Dk][64] fp32 in shared memory, held by
-// LASP_GDN_FOLD_THREADS threads, thread (c, r) computing column c of rows r, r + 4, ...; a row of A
-// is then read by a whole warp at one address. A [Dk x Dk] is stored as Dk/64 column blocks [Dk][64]
-// (lasp/gated_delta/forward_params.h), so that one column tile of a product A X is the same step as
-// a fold: X's column block in P, no b.
+// LASP_GDN_FOLD_THREADS = 256 threads, each computing a block of Dk/32 rows by 8 columns (two quads,
+// 4 c .. 4 c + 3 and 32 + 4 c .. 32 + 4 c + 3, so that a quarter-warp's 16-byte reads of a row of P
+// hit every bank once). Per 4 inner indices a thread reads 4 x Dk/32 values of A as float4 (rows
+// of A are contiguous in the inner index) and 8 float4 of P, for 32 x Dk/32 FMAs. A [Dk x Dk] is
+// stored as Dk/64 column blocks [Dk][64] (lasp/gated_delta/forward_params.h), so that one column
+// tile of a product A X is the same step as a fold: X's column block in P, no b.
 #pragma once
 #include <stdint.h>
 
@@ -21,66 +23,98 @@ namespace gdn {
 // through L2 only (ld.global.cg) where another PE put them during this kernel (the exchange's slots).
 enum class Source { kWorkspace, kLanded };
 
-template <Source kFrom>
-__device__ __forceinline__ float load_operand(const float* x) {
+template <Source kFrom, class V>
+__device__ __forceinline__ V load_operand(const float* x) {
   if constexpr (kFrom == Source::kLanded)
-    return __ldcg(x);
+    return __ldcg(reinterpret_cast<const V*>(x));
   else
-    return __ldg(x);
+    return __ldg(reinterpret_cast<const V*>(x));
 }
 
 template <int DK>
 struct AffineTile {
-  static constexpr int kRowStep = LASP_GDN_FOLD_THREADS / 64;
-  static constexpr int kRows = DK / kRowStep;
+  static_assert(LASP_GDN_FOLD_THREADS == 256, "32 row blocks x 8 column quads");
+  static constexpr int kRows = DK / 32;  // rows of a thread's block
   static constexpr int kBlocks = DK / 64;
 
   float* p;  // shared [DK][64]
-  int c, r;
+  int r0;    // the thread's rows r0 .. r0 + kRows - 1
+  int c0;    // and columns c0 .. c0 + 3, c0 + 32 .. c0 + 35
 
-  __device__ __forceinline__ explicit AffineTile(float* tile) : p(tile), c(threadIdx.x & 63), r(threadIdx.x >> 6) {}
+  __device__ __forceinline__ explicit AffineTile(float* tile)
+      : p(tile), r0((threadIdx.x >> 3) * kRows), c0((threadIdx.x & 7) * 4) {}
 
-  // P = the [DK][64] tile at `src` (row pitch `ld`), or zero for NULL.
-  template <Source kFrom = Source::kWorkspace>
+  // Column e (0..7) of the thread's block.
+  __device__ __forceinline__ int column(int e) const { return c0 + (e & 3) + 32 * (e >> 2); }
+
+  // P = the [DK][64] tile at `src` (row pitch `ld`; 8-byte aligned, as h0 is), or zero for NULL.
   __device__ __forceinline__ void load(const float* src, int64_t ld) {
 #pragma unroll
-    for (int i = 0; i < kRows; ++i) {
-      const int d = r + kRowStep * i;
-      p[d * 64 + c] = src ? load_operand<kFrom>(src + d * ld + c) : 0.f;
-    }
+    for (int i = 0; i < kRows; ++i)
+#pragma unroll
+      for (int e = 0; e < 8; e += 2) {
+        const int d = r0 + i, c = column(e);
+        const float2 x = src ? load_operand<Source::kWorkspace, float2>(src + d * ld + c) : make_float2(0.f, 0.f);
+        *reinterpret_cast<float2*>(p + d * 64 + c) = x;
+      }
     __syncthreads();
   }
 
-  // The tile at `dst` (row pitch `ld`) = P.
+  // The tile at `dst` (row pitch `ld`, 8-byte aligned) = P.
   __device__ __forceinline__ void store(float* dst, int64_t ld) const {
 #pragma unroll
-    for (int i = 0; i < kRows; ++i) {
-      const int d = r + kRowStep * i;
-      dst[d * ld + c] = p[d * 64 + c];
-    }
+    for (int i = 0; i < kRows; ++i)
+#pragma unroll
+      for (int e = 0; e < 8; e += 2) {
+        const int d = r0 + i, c = column(e);
+        *reinterpret_cast<float2*>(dst + d * ld + c) = *reinterpret_cast<const float2*>(p + d * 64 + c);
+      }
   }
 
-  // P = A P + b, A given by its column blocks (`a_block(jb)`: [DK][64], jb < DK/64), b the tile at
-  // `b` (row pitch `ld_b`) or NULL for none. Each element: b, then the products in ascending order
-  // of the inner index.
+  // P = A P + b, A given by its column blocks (`a_block(jb)`: [DK][64], 16-byte aligned, jb <
+  // DK/64), b the tile at `b` (row pitch `ld_b`) or NULL for none. Each element: b, then the
+  // products in ascending order of the inner index.
   template <Source kFrom, class ABlock>
   __device__ __forceinline__ void apply(ABlock&& a_block, const float* b, int64_t ld_b) {
-    float acc[kRows];
+    float acc[kRows][8];
 #pragma unroll
-    for (int i = 0; i < kRows; ++i) acc[i] = b ? load_operand<kFrom>(b + (r + kRowStep * i) * ld_b + c) : 0.f;
+    for (int i = 0; i < kRows; ++i)
+#pragma unroll
+      for (int e = 0; e < 8; e += 2) {
+        const float2 x =
+            b ? load_operand<kFrom, float2>(b + (r0 + i) * ld_b + column(e)) : make_float2(0.f, 0.f);
+        acc[i][e] = x.x;
+        acc[i][e + 1] = x.y;
+      }
 #pragma unroll
     for (int jb = 0; jb < kBlocks; ++jb) {
       const float* a = a_block(jb);
-#pragma unroll 2  // two columns' loads in flight: a deeper unroll spills at Dk = 128
-      for (int jj = 0; jj < 64; ++jj) {
-        const float pe = p[(jb * 64 + jj) * 64 + c];
+#pragma unroll 2
+      for (int j4 = 0; j4 < 64; j4 += 4) {
+        float4 arow[kRows];  // A[r0 + i][j4 .. j4 + 3]
 #pragma unroll
-        for (int i = 0; i < kRows; ++i) acc[i] = fmaf(load_operand<kFrom>(a + (r + kRowStep * i) * 64 + jj), pe, acc[i]);
+        for (int i = 0; i < kRows; ++i) arow[i] = load_operand<kFrom, float4>(a + (r0 + i) * 64 + j4);
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+          const float* row = p + (jb * 64 + j4 + jj) * 64;
+          const float4 lo = *reinterpret_cast<const float4*>(row + c0);
+          const float4 hi = *reinterpret_cast<const float4*>(row + c0 + 32);
+          const float pj[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+          for (int i = 0; i < kRows; ++i) {
+            const float aij = (&arow[i].x)[jj];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[i][e] = fmaf(aij, pj[e], acc[i][e]);
+          }
+        }
       }
     }
     __syncthreads();  // every thread has read P
 #pragma unroll
-    for (int i = 0; i < kRows; ++i) p[(r + kRowStep * i) * 64 + c] = acc[i];
+    for (int i = 0; i < kRows; ++i)
+#pragma unroll
+      for (int e = 0; e < 8; e += 2)
+        *reinterpret_cast<float2*>(p + (r0 + i) * 64 + column(e)) = make_float2(acc[i][e], acc[i][e + 1]);
     __syncthreads();
   }
 };

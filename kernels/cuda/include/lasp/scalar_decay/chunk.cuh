@@ -604,6 +604,23 @@ __device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s,
 #pragma unroll
   for (int mt = 0; mt < DK / 64; ++mt) wg::fence_operands(s[mt]);
 }
+
+// The chunk's state update alone, S <- e^gamma S + K~^T V, for a pass that stores no O (Gated
+// DeltaNet's segment summaries): output_chunk without its Q products.
+template <int DK>
+__device__ __forceinline__ void state_chunk(StateRegs<DK>& s, uint32_t sK, uint32_t sV, const FragOffsets<DK>& off,
+                                            const ChunkGates& cg) {
+  float wk[8][2];
+  decay_state<DK>(s, wk, cg);
+  uint32_t kta[DK / 64][4][4];
+  weighted_kt_fragments<DK, true>(kta, sK, off, wk);
+  wg::fence();
+  issue_state_update<DK>(s, kta, sV);
+  wg::commit();
+  wg::wait<0>();
+#pragma unroll
+  for (int mt = 0; mt < DK / 64; ++mt) wg::fence_operands(s[mt]);
+}
 #else
 // Other architectures: warp-level mma.sync, one pass over Dk for Q S_n and Q K^T sharing the Q
 // fragments, then P V and the state update sharing the V fragments.
@@ -633,6 +650,20 @@ __device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s,
     load_v<DK>(vb, sV, off, kk);
     pv_step(o, pa[kk], vb);
     state_step<DK, kGates>(s, sK, off, kk, wk, vb);
+  }
+}
+
+// The chunk's state update alone (see the sm_90a build's).
+template <int DK>
+__device__ __forceinline__ void state_chunk(StateRegs<DK>& s, uint32_t sK, uint32_t sV, const FragOffsets<DK>& off,
+                                            const ChunkGates& cg) {
+  float wk[8][2];
+  decay_state<DK>(s, wk, cg);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    uint32_t vb[4][4];
+    load_v<DK>(vb, sV, off, kk);
+    state_step<DK, true>(s, sK, off, kk, wk, vb);
   }
 }
 #endif
@@ -671,7 +702,8 @@ struct PlainValues {
 //                   with the state entering it (the backward's passes write some of them).
 //   values:         what the products take as the chunk's values (PlainValues: V; in order only).
 // kProbe: Probe::kNone except in the output kernel's probes. kStoreO = false: a states pass that
-// wants only the end state (Gated DeltaNet's segment summaries) stores no O.
+// wants only the end state (Gated DeltaNet's segment summaries): no Q tile, no O, each chunk only
+// its values step and state update (state_chunk).
 template <int DK, Probe kProbe = Probe::kNone, bool kReversed = false, bool kStoreO = true, class Start,
           class End, class AtChunk = NoChunkHook, class Values = PlainValues>
 __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& start, End&& end,
@@ -724,7 +756,7 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
       }
     } else {
       const int valid = min(kChunk, T - tok0);
-      copy_tile_async<kQKChunks>(stage + L::kQ, q + tok0 * qk_stride, qk_stride, valid, tid);
+      if constexpr (kStoreO) copy_tile_async<kQKChunks>(stage + L::kQ, q + tok0 * qk_stride, qk_stride, valid, tid);
       copy_tile_async<kQKChunks>(stage + L::kK, k + tok0 * qk_stride, qk_stride, valid, tid);
       copy_tile_async<kVChunks>(stage + L::kV, v + tok0 * v_stride, v_stride, valid, tid);
       if (tid < kChunk) {
@@ -780,7 +812,10 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
     at_chunk(s, ln, c_begin + i);
     if constexpr (kMath) {
       values.template apply<DK>(sbase, i, sK, sV, sS, off, cg, warp, lane);
-      output_chunk<DK, kProbe>(o, s, sQ, sK, sV, sS, off, cg, warp, g, t, a.scale);
+      if constexpr (kStoreO)
+        output_chunk<DK, kProbe>(o, s, sQ, sK, sV, sS, off, cg, warp, g, t, a.scale);
+      else
+        state_chunk<DK>(s, sK, sV, off, cg);
     }
     // bf16 pair (columns 8 nt + 2t, +1) of O row 16 warp + 8 hh + g.
     auto o_pair = [&](int nt, int hh) -> uint32_t {
