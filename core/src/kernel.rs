@@ -148,6 +148,23 @@ impl Kernel {
         Ok(())
     }
 
+    /// Asks the driver for the largest shared-memory carveout of the L1 (a hint it may override),
+    /// for a kernel whose CTAs fit several to an SM only with it.
+    pub fn prefer_max_shared_memory(&self) -> Result<()> {
+        self.bind_context()?;
+        // SAFETY: a valid function handle of the current context, and a valid attribute (a
+        // percentage).
+        unsafe {
+            cu::function::set_function_attribute(
+                self.function,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                100,
+            )
+        }
+        .cuda_call(&format!("cuFuncSetAttribute({})", self.name))?;
+        Ok(())
+    }
+
     /// Enqueues the kernel on `stream` with `params` as its single by-value argument.
     ///
     /// A launch the driver refuses is [`Error::KernelLaunch`]; a fault of an earlier kernel that

@@ -108,14 +108,26 @@ pub(super) fn wy_smem_bytes(dk: usize) -> u32 {
     CHUNK * dk as u32 * 2 + 2 * CHUNK * 4 + CHUNK * header::LASP_GDN_TRI_PITCH * 4
 }
 
-/// Shared-memory bytes of the output kernel (`lasp_gdn_output_smem_bytes`): scalar decay's
-/// output loop, then from the next 1024-byte boundary the values step's tiles and betas.
-pub(super) fn output_smem_bytes(dk: usize) -> u32 {
+/// Shared-memory bytes of a loop of `loop_bytes` with the values step (`lasp_gdn_values_smem_bytes`):
+/// from the next 1024-byte boundary, the values step's tiles and betas.
+fn with_values_step(loop_bytes: u32) -> u32 {
     let tile = CHUNK * CHUNK * 2;
-    geometry::output_smem_bytes(dk as i32).next_multiple_of(1024)
+    loop_bytes.next_multiple_of(1024)
         + header::LASP_SD_STAGES * tile
         + tile
         + header::LASP_SD_STAGES * CHUNK * 4
+}
+
+/// Shared-memory bytes of the output kernel (`lasp_gdn_output_smem_bytes`): scalar decay's
+/// output loop with the values step.
+pub(super) fn output_smem_bytes(dk: usize) -> u32 {
+    with_values_step(geometry::output_smem_bytes(dk as i32))
+}
+
+/// Shared-memory bytes of the summary kernel (`lasp_gdn_summary_smem_bytes`): the loop without Q
+/// with the values step, small enough for two CTAs per SM.
+pub(super) fn summary_smem_bytes(dk: usize) -> u32 {
+    with_values_step(geometry::update_smem_bytes(dk as i32))
 }
 
 /// What a plan's segment summaries and fold serve.
@@ -188,7 +200,7 @@ impl GatedDeltaPlan {
             summary: (summaries > 0).then_some(LaunchShape {
                 grid: (((s.dk + s.dv) / 64) as u32, summaries as u32, bh),
                 block: (header::LASP_SD_THREADS, 1, 1),
-                shared_bytes: output_smem_bytes(s.dk),
+                shared_bytes: summary_smem_bytes(s.dk),
             }),
             fold: folds.then_some(LaunchShape {
                 grid: ((s.dv / 64) as u32, bh, 1),
@@ -228,7 +240,10 @@ impl ChunkKernels {
         };
         for (i, dk) in [64, 128].into_iter().enumerate() {
             kernels.wy[i].set_max_dynamic_shared_bytes(wy_smem_bytes(dk))?;
-            kernels.summary[i].set_max_dynamic_shared_bytes(output_smem_bytes(dk))?;
+            kernels.summary[i].set_max_dynamic_shared_bytes(summary_smem_bytes(dk))?;
+            // Two of its CTAs share an SM only with the largest carveout: one's chain of
+            // dependent products then runs while the other's waits.
+            kernels.summary[i].prefer_max_shared_memory()?;
             kernels.output[i].set_max_dynamic_shared_bytes(output_smem_bytes(dk))?;
         }
         Ok(kernels)

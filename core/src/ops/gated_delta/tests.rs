@@ -3,7 +3,7 @@
 //! kernels' roundings against the f64 recurrence, which says whether the GPU tests' tolerance is
 //! within the design's reach before a GPU runs them.
 
-use super::forward::{output_smem_bytes, wy_smem_bytes, Scope};
+use super::forward::{output_smem_bytes, summary_smem_bytes, wy_smem_bytes, Scope};
 use super::{GatedDeltaArgs, GatedDeltaPlan};
 use crate::error::Error;
 use crate::ops::scalar_decay::ForwardShape;
@@ -25,6 +25,13 @@ fn shared_memory_follows_the_header() {
     );
     assert_eq!(output_smem_bytes(64), 66_560 + 2 * 8_192 + 8_192 + 2 * 256);
     assert!(output_smem_bytes(128) <= 227 * 1024);
+    // The summary kernel's loop has no Q tiles (82,432 bytes at Dk 128, rounded up to 1 KiB): two
+    // CTAs, each with its 1 KiB of reserved shared memory, fit the 228 KiB of an H100's SM.
+    assert_eq!(
+        summary_smem_bytes(128),
+        82_944 + 2 * 8_192 + 8_192 + 2 * 256
+    );
+    assert!(2 * (summary_smem_bytes(128) + 1024) <= 228 * 1024);
     // The K tile, 64 gates and 64 betas, L as 64 rows of 65 floats.
     assert_eq!(wy_smem_bytes(128), 16_384 + 512 + 16_640);
     assert_eq!(wy_smem_bytes(64), 8_192 + 512 + 16_640);

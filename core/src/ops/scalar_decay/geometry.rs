@@ -83,6 +83,14 @@ pub const fn output_smem_bytes(dk: i32) -> u32 {
     STAGES * stage + 2 * dk * tv * 2
 }
 
+/// `lasp_sd_update_smem_bytes`: the output loop without O, STAGES x (K, V tile, gates) + 2 bf16
+/// state tiles.
+pub const fn update_smem_bytes(dk: i32) -> u32 {
+    let (c, dk, tv) = (CHUNK as u32, dk as u32, TILE_V as u32);
+    let stage = c * dk * 2 + c * tv * 2 + c * 4;
+    STAGES * stage + 2 * dk * tv * 2
+}
+
 /// `lasp_sd_roles_smem_bytes`: ROLES_STAGES x (Q, K, V tile, gates, an 8-byte mbarrier) + 2
 /// bf16 state tiles.
 pub const fn roles_smem_bytes(dk: i32) -> u32 {

@@ -18,7 +18,7 @@
 //   1.           lasp_gated_delta_wy_dk{64,128}       grid (N, B*H), block LASP_GDN_WY_THREADS,
 //                                                    smem lasp_gdn_wy_smem_bytes(Dk): (I + L)^{-1} of every chunk
 //   2. if S > 1: lasp_gated_delta_summary_dk{64,128}  grid (Dk/64 + Dv/64, S-1, B*H), block LASP_SD_THREADS,
-//                                                    smem lasp_gdn_output_smem_bytes(Dk): A_s, b_s of
+//                                                    smem lasp_gdn_summary_smem_bytes(Dk): A_s, b_s of
 //                                                    segments 0..S-2 (column tiles of A first, then of b)
 //   3. if S > 1: lasp_gated_delta_fold_dk{64,128}     grid (Dv/64, B*H), block LASP_GDN_FOLD_THREADS,
 //                                                    smem 0 (static): P_0 = h0, P_{s+1} = A_s P_s + b_s
@@ -92,11 +92,14 @@ LASP_GDN_FN uint32_t lasp_gdn_wy_smem_bytes(int32_t Dk) {
 
 // Output kernel: scalar decay's output loop (lasp_sd_output_smem_bytes), then, from the next
 // 1024-byte boundary, the values step's (lasp/gated_delta/values.cuh): STAGES x (I + L)^{-1} tiles,
-// the bf16 tile of diag(beta) (V - diag(e^b) K S_n), and STAGES x 64 betas.
-LASP_GDN_FN uint32_t lasp_gdn_values_offset(int32_t Dk) {
-  return (lasp_sd_output_smem_bytes(Dk) + 1023u) / 1024u * 1024u;
+// the bf16 tile of diag(beta) (V - diag(e^b) K S_n), and STAGES x 64 betas. The summary kernel runs
+// the loop without Q (lasp_sd_update_smem_bytes): 106 KiB at Dk = 128, two CTAs per SM.
+LASP_GDN_FN uint32_t lasp_gdn_values_offset(int32_t Dk, int32_t with_q) {
+  return ((with_q ? lasp_sd_output_smem_bytes(Dk) : lasp_sd_update_smem_bytes(Dk)) + 1023u) / 1024u * 1024u;
 }
-LASP_GDN_FN uint32_t lasp_gdn_output_smem_bytes(int32_t Dk) {
+LASP_GDN_FN uint32_t lasp_gdn_values_smem_bytes(int32_t Dk, int32_t with_q) {
   const uint32_t tile = LASP_SD_CHUNK * LASP_SD_CHUNK * 2u;
-  return lasp_gdn_values_offset(Dk) + LASP_SD_STAGES * tile + tile + LASP_SD_STAGES * LASP_SD_CHUNK * 4u;
+  return lasp_gdn_values_offset(Dk, with_q) + LASP_SD_STAGES * tile + tile + LASP_SD_STAGES * LASP_SD_CHUNK * 4u;
 }
+LASP_GDN_FN uint32_t lasp_gdn_output_smem_bytes(int32_t Dk) { return lasp_gdn_values_smem_bytes(Dk, 1); }
+LASP_GDN_FN uint32_t lasp_gdn_summary_smem_bytes(int32_t Dk) { return lasp_gdn_values_smem_bytes(Dk, 0); }

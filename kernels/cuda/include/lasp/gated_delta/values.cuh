@@ -22,29 +22,32 @@ namespace gdn {
 using sd::kChunk;
 using sd::kStages;
 
-// Shared memory of the values step, after the loop's own (lasp_gdn_output_smem_bytes): kStages
+// Shared memory of the values step, after the loop's own (with Q: the output kernel's,
+// lasp_gdn_output_smem_bytes; without: the summary kernel's, lasp_gdn_summary_smem_bytes): kStages
 // tiles of (I + L)^{-1} (bf16 [64 x 64], the swizzled layout, K-major as an A operand), one tile of
 // R (V's layout), kStages x 64 betas (fp32).
-template <int DK>
+template <int DK, bool kWithQ>
 struct ValuesLayout {
   static constexpr uint32_t kTileBytes = kChunk * kChunk * 2;
-  static constexpr uint32_t kTri = lasp_gdn_values_offset(DK);
+  static constexpr uint32_t kTri = lasp_gdn_values_offset(DK, kWithQ);
   static constexpr uint32_t kR = kTri + kStages * kTileBytes;
   static constexpr uint32_t kBeta = kR + kTileBytes;
   static constexpr uint32_t kBytes = kBeta + kStages * kChunk * 4;
-  static_assert(kBytes == lasp_gdn_output_smem_bytes(DK), "shared-memory map and host formula disagree");
-  static_assert(kTri >= sd::Layout<DK, true>::kBytes && kTri % 1024 == 0, "tiles after the loop's, 1024-byte aligned");
+  static_assert(kBytes == lasp_gdn_values_smem_bytes(DK, kWithQ), "shared-memory map and host formula disagree");
+  static_assert(kTri >= sd::Layout<DK, kWithQ, kStages, true>::kBytes && kTri % 1024 == 0,
+                "tiles after the loop's, 1024-byte aligned");
 };
 
 // The Values of run_segment_with for the CTA's (b, h) = blockIdx.z. kZeroValues: V taken as 0
 // whatever the tile holds, so that the loop applies the chunks' transitions alone (a segment
-// summary's A, lasp_gated_delta_summary_dk*). The flag is a template parameter and the tensors'
-// addresses are formed from the parameters (constant memory) and the grid at each use: the output
-// loop at Dk = 128 has no register to spare for anything that lives across it.
-template <int DK, bool kZeroValues = false>
+// summary's A, lasp_gated_delta_summary_dk*). kWithQ: the loop's (kStoreO), which places these
+// tiles. The flags are template parameters and the tensors' addresses are formed from the
+// parameters (constant memory) and the grid at each use: the output loop at Dk = 128 has no
+// register to spare for anything that lives across it.
+template <int DK, bool kZeroValues = false, bool kWithQ = true>
 struct Values {
   static constexpr bool kPlain = false;
-  using M = ValuesLayout<DK>;
+  using M = ValuesLayout<DK, kWithQ>;
 
   const lasp_gated_delta_params& p;
 

@@ -56,14 +56,15 @@ __device__ __forceinline__ void copy_tile_range_async(uint32_t dst, const uint16
 }
 
 // Shared-memory map of one CTA (byte offsets): kDepth stages of [Q] K V-tile (bf16, the swizzled
-// layout of lasp::swizzle), then, in the output kernels (kHasQ), two bf16 copies of its state tile
-// [DK][kTileV] (one read this chunk, one written for the next), then the stages' gates. Every tile
+// layout of lasp::swizzle), then, in the output kernels (kHasStateCopies, by default kHasQ), two
+// bf16 copies of its state tile [DK][kTileV] (one read this chunk, one written for the next; a pass
+// without Q keeps them for a values step that reads S_n), then the stages' gates. Every tile
 // starts 1024-byte aligned, which is what wgmma's (and the tensor copies') 128-byte swizzle needs:
 // the buffer is declared __align__(1024), and these kernels declare no static shared memory, so
 // it starts at the CTA's first usable byte, which is aligned. (ptxas takes the declaration as given
 // and compiles any run-time test of it away; a static mbarrier array in front of the buffer made
 // the tensor copies fault.)
-template <int DK, bool kHasQ, int kDepth = kStages>
+template <int DK, bool kHasQ, int kDepth = kStages, bool kHasStateCopies = kHasQ>
 struct Layout {
   static constexpr uint32_t kQKBytes = kChunk * DK * 2;
   static constexpr uint32_t kQ = 0;
@@ -72,7 +73,7 @@ struct Layout {
   static constexpr uint32_t kStageBytes = kV + kChunk * kTileV * 2;
   static constexpr uint32_t kSbf = kDepth * kStageBytes;
   static constexpr uint32_t kSbfBytes = DK * kTileV * 2;
-  static constexpr uint32_t kGates = kSbf + (kHasQ ? 2 * kSbfBytes : 0);
+  static constexpr uint32_t kGates = kSbf + (kHasStateCopies ? 2 * kSbfBytes : 0);
   static constexpr uint32_t kGateBytes = kChunk * 4;
   static constexpr uint32_t kBytes = kGates + kDepth * kGateBytes;
   // Offsets of the stage and of the gate slot that hold chunk i of a segment.
@@ -702,16 +703,19 @@ struct PlainValues {
 //                   with the state entering it (the backward's passes write some of them).
 //   values:         what the products take as the chunk's values (PlainValues: V; in order only).
 // kProbe: Probe::kNone except in the output kernel's probes. kStoreO = false: a states pass that
-// wants only the end state (Gated DeltaNet's segment summaries): no Q tile, no O, each chunk only
-// its values step and state update (state_chunk).
+// wants only the end state (Gated DeltaNet's segment summaries): no Q tile (its shared memory,
+// lasp_sd_update_smem_bytes, leaves room for two CTAs per SM), no O, each chunk only its values
+// step and state update (state_chunk).
 template <int DK, Probe kProbe = Probe::kNone, bool kReversed = false, bool kStoreO = true, class Start,
           class End, class AtChunk = NoChunkHook, class Values = PlainValues>
 __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& start, End&& end,
                                                  AtChunk&& at_chunk = AtChunk{}, const Values& values = Values{}) {
   static_assert(Values::kPlain || (!kReversed && kProbe == Probe::kNone),
                 "a values step runs in the in-order production loop only");
-  using L = Layout<DK, true>;
-  static_assert(L::kBytes == lasp_sd_output_smem_bytes(DK), "shared-memory map and host formula disagree");
+  // Without O the loop reads no Q: its stages hold K and V only (lasp_sd_update_smem_bytes).
+  using L = Layout<DK, kStoreO, kStages, true>;
+  static_assert(L::kBytes == (kStoreO ? lasp_sd_output_smem_bytes(DK) : lasp_sd_update_smem_bytes(DK)),
+                "shared-memory map and host formula disagree");
   constexpr int kQKChunks = DK / 8;
   constexpr int kVChunks = kTileV / 8;
   static_assert(DK == 64 || DK == 128, "Dk must be 64 or 128");

@@ -149,6 +149,13 @@ LASP_SD_FN uint32_t lasp_sd_output_smem_bytes(int32_t Dk) {
   return LASP_SD_STAGES * stage + 2u * Dk * LASP_SD_TILE_V * 2u;
 }
 
+// Dynamic shared memory of the output loop run without O (lasp::sd::run_segment_with, kStoreO =
+// false): STAGES x (K, V-tile, gates) + 2 bf16 copies of the state tile.
+LASP_SD_FN uint32_t lasp_sd_update_smem_bytes(int32_t Dk) {
+  const uint32_t stage = LASP_SD_CHUNK * Dk * 2u + LASP_SD_CHUNK * LASP_SD_TILE_V * 2u + LASP_SD_CHUNK * 4u;
+  return LASP_SD_STAGES * stage + 2u * Dk * LASP_SD_TILE_V * 2u;
+}
+
 // Dynamic shared memory of the two-role output kernel: ROLES_STAGES x (Q, K, V-tile, gates) + 2 bf16
 // copies of the state tile + one 8-byte mbarrier per stage.
 LASP_SD_FN uint32_t lasp_sd_roles_smem_bytes(int32_t Dk) {
