@@ -1,6 +1,7 @@
-//! What the example and benchmark programs share: shard lengths and shards of reference tensors,
-//! shape and size options, NVSHMEM's settings in the environment, JSON output, and the timing of
-//! one operation's exchange modes in turns.
+//! What the example and benchmark programs share: shard lengths, shards of reference tensors and
+//! the LASP-2 programs' checks, shape and size options, NVSHMEM's settings in the environment and
+//! `main` under the launcher, JSON output, and the timing of one operation's exchange modes in
+//! turns.
 
 pub mod units;
 
@@ -11,7 +12,7 @@ use lasp_shmem::nccl::NcclComm;
 use lasp_shmem::ops::bf16;
 use lasp_shmem::ops::scalar_decay::lasp2::ExchangeMode;
 use lasp_shmem::ops::scalar_decay::ForwardShape;
-use lasp_shmem::reference::Tensor;
+use lasp_shmem::reference::{Regime, Shape, Tensor};
 use lasp_shmem::{Config, Error, Result, Runtime};
 use serde::Serialize;
 use std::path::Path;
@@ -72,11 +73,11 @@ pub fn shard_lengths(npes: usize, per_rank: usize, short: usize) -> Vec<usize> {
         .collect()
 }
 
-/// Rows `[b][start .. start + len]` of a `[B, T, H, D]` reference tensor, as `[B, len, H, D]`:
-/// one PE's shard of every sequence.
+/// Rows `[b][start .. start + len]` of a `[B, T, ...]` reference tensor (q, k, v `[B, T, H, D]`,
+/// gates `[B, T, H]`), as `[B, len, ...]`: one PE's shard of every sequence.
 pub fn shard_rows(t: &Tensor, start: usize, len: usize) -> Vec<f64> {
-    let (b, tt, h, d) = (t.shape()[0], t.shape()[1], t.shape()[2], t.shape()[3]);
-    let row = h * d;
+    let (b, tt) = (t.shape()[0], t.shape()[1]);
+    let row: usize = t.shape()[2..].iter().product();
     let mut out = Vec::with_capacity(b * len * row);
     for bi in 0..b {
         let base = (bi * tt + start) * row;
@@ -93,6 +94,149 @@ pub fn bf16s(x: &[f64]) -> Vec<bf16> {
 /// Reference values rounded to f32.
 pub fn f32s(x: &[f64]) -> Vec<f32> {
     x.iter().map(|&v| v as f32).collect()
+}
+
+/// One check of a family's LASP-2 program: dimensions, the shards' lengths (one per PE), the
+/// gates, h0.
+pub struct ShardCase {
+    pub b: usize,
+    pub h: usize,
+    pub dk: usize,
+    pub dv: usize,
+    pub lengths: Vec<usize>,
+    pub regime: Regime,
+    pub h0: bool,
+}
+
+impl ShardCase {
+    pub fn name(&self) -> String {
+        format!(
+            "B{}_H{}_Dk{}_Dv{}_{:?}_shards{:?}{}",
+            self.b,
+            self.h,
+            self.dk,
+            self.dv,
+            self.regime,
+            self.lengths,
+            if self.h0 { "_h0" } else { "" }
+        )
+    }
+
+    /// The reference's dimensions of the whole sequence.
+    pub fn shape(&self) -> Shape {
+        Shape {
+            b: self.b,
+            t: self.lengths.iter().sum(),
+            h: self.h,
+            dk: self.dk,
+            dv: self.dv,
+        }
+    }
+}
+
+/// The checks of a family's LASP-2 program on `npes` PEs, over unequal shards (every PE 200 + 64 r
+/// tokens, the last 37 fewer: ragged chunks everywhere): each of `widths` (Dk, Dv) at B=1, H=2;
+/// three gate regimes at B=2, H=2, Dk = Dv = 128; and long shards (several segments per shard).
+pub fn shard_cases(npes: usize, widths: &[(usize, usize)]) -> Vec<ShardCase> {
+    let ragged = |base: usize| -> Vec<usize> {
+        (0..npes)
+            .map(|r| base + 64 * r - if r + 1 == npes { 37 } else { 0 })
+            .collect()
+    };
+    let mut out = Vec::new();
+    for &(dk, dv) in widths {
+        out.push(ShardCase {
+            b: 1,
+            h: 2,
+            dk,
+            dv,
+            lengths: ragged(200),
+            regime: Regime::Typical,
+            h0: true,
+        });
+    }
+    for regime in [Regime::Mixed, Regime::StrongDecay, Regime::NoDecay] {
+        out.push(ShardCase {
+            b: 2,
+            h: 2,
+            dk: 128,
+            dv: 128,
+            lengths: ragged(300),
+            regime,
+            h0: regime != Regime::NoDecay,
+        });
+    }
+    out.push(ShardCase {
+        b: 1,
+        h: 1,
+        dk: 128,
+        dv: 128,
+        lengths: ragged(2000),
+        regime: Regime::Typical,
+        h0: true,
+    });
+    out
+}
+
+/// Runs `check(case, seed)` on every case (seeds `first_seed`, `first_seed + 1`, ...) and prints
+/// one PASS or FAIL line per case with this PE's number (the GPU tests count them); returns how
+/// many failed.
+pub fn run_cases(
+    rt: &Runtime,
+    cases: &[ShardCase],
+    first_seed: u64,
+    mut check: impl FnMut(&ShardCase, u64) -> Result<std::result::Result<String, String>>,
+) -> Result<usize> {
+    let mut failed = 0;
+    for (i, case) in cases.iter().enumerate() {
+        let name = case.name();
+        match check(case, first_seed + i as u64)? {
+            Ok(detail) => println!("PE {}: PASS {name}: {detail}", rt.pe()),
+            Err(detail) => {
+                failed += 1;
+                println!("PE {}: FAIL {name}: {detail}", rt.pe());
+            }
+        }
+    }
+    Ok(failed)
+}
+
+/// The settings of a program whose largest LASP-2 operation takes `heap` symmetric bytes: that
+/// heap and 64 MiB for NVSHMEM's own allocations, everything else from the environment.
+pub fn config_with_heap(heap: usize) -> Result<Config> {
+    Ok(Config {
+        symmetric_heap_bytes: heap + (64 << 20),
+        ..Config::from_env()?
+    })
+}
+
+/// The `main` of a program under `lasp-run`: `config(&options, world size)` gives the runtime's
+/// settings, which go into NVSHMEM's environment before anything else runs; then `run(options,
+/// config)`. Exits with 1 when `run` reports failed checks (`Ok(false)`), and after an error,
+/// which it prints prefixed with `program`.
+///
+/// # Safety
+/// As [`export_nvshmem_env`]: call it first thing in `main`, before any thread or CUDA call.
+pub unsafe fn main_under_launcher<O>(
+    program: &str,
+    options: O,
+    config: impl FnOnce(&O, usize) -> Result<Config>,
+    run: impl FnOnce(O, Config) -> Result<bool>,
+) {
+    let prepared = LaunchEnv::from_process_env()
+        .and_then(|env| config(&options, env.world_size))
+        .and_then(|config| {
+            // SAFETY: the caller's contract.
+            unsafe { export_nvshmem_env(&config) }.map(|_| config)
+        });
+    match prepared.and_then(|config| run(options, config)) {
+        Ok(true) => {}
+        Ok(false) => std::process::exit(1),
+        Err(e) => {
+            eprintln!("{program}: {e}");
+            lasp_shmem::runtime::exit_after_error(1);
+        }
+    }
 }
 
 /// A `BxTxHxD` option (Dk = Dv = D).

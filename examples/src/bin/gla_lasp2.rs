@@ -32,12 +32,12 @@ use lasp_shmem::ops::gla::{
 use lasp_shmem::ops::scalar_decay::ForwardShape;
 use lasp_shmem::ops::{DeviceMut, DeviceRef};
 use lasp_shmem::reference::{
-    assert_close_to_scale, gla, rel_err, Cotangents, Family, InputSpec, Inputs, Regime, Shape,
+    assert_close_to_scale, gla, rel_err, Cotangents, Family, InputSpec, Inputs,
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::{
-    bf16s, export_nvshmem_env, f32s, mode_times, parse_shape, round, shard_rows, time_in_turns,
-    write_json, ModeCall, ModeRow,
+    bf16s, config_with_heap, f32s, main_under_launcher, mode_times, parse_shape, round, run_cases,
+    shard_cases, shard_rows, time_in_turns, write_json, ModeCall, ModeRow, ShardCase,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -62,74 +62,8 @@ struct Options {
 const TOL: f64 = 5e-3;
 const POISON: u16 = 0xFFFF;
 
-/// One check: dimensions, the shards' lengths (one per PE), the gates, h0.
-struct Case {
-    b: usize,
-    h: usize,
-    dk: usize,
-    dv: usize,
-    lengths: Vec<usize>,
-    regime: Regime,
-    h0: bool,
-}
-
-impl Case {
-    fn name(&self) -> String {
-        format!(
-            "B{}_H{}_Dk{}_Dv{}_{:?}_shards{:?}{}",
-            self.b,
-            self.h,
-            self.dk,
-            self.dv,
-            self.regime,
-            self.lengths,
-            if self.h0 { "_h0" } else { "" }
-        )
-    }
-}
-
-fn cases(npes: usize) -> Vec<Case> {
-    // Unequal shards: every PE 200 + 64 r tokens, the last 37 fewer (ragged chunks everywhere).
-    let ragged = |base: usize| -> Vec<usize> {
-        (0..npes)
-            .map(|r| base + 64 * r - if r + 1 == npes { 37 } else { 0 })
-            .collect()
-    };
-    let mut out = Vec::new();
-    for (dk, dv) in [(128, 128), (64, 64), (64, 128), (128, 64)] {
-        out.push(Case {
-            b: 1,
-            h: 2,
-            dk,
-            dv,
-            lengths: ragged(200),
-            regime: Regime::Typical,
-            h0: true,
-        });
-    }
-    for regime in [Regime::Mixed, Regime::StrongDecay, Regime::NoDecay] {
-        out.push(Case {
-            b: 2,
-            h: 2,
-            dk: 128,
-            dv: 128,
-            lengths: ragged(300),
-            regime,
-            h0: regime != Regime::NoDecay,
-        });
-    }
-    // Long shards: several segments and states pieces per shard.
-    out.push(Case {
-        b: 1,
-        h: 1,
-        dk: 128,
-        dv: 128,
-        lengths: ragged(2000),
-        regime: Regime::Typical,
-        h0: true,
-    });
-    out
-}
+/// The (Dk, Dv) pairs the checks cover.
+const WIDTHS: [(usize, usize); 4] = [(128, 128), (64, 64), (64, 128), (128, 64)];
 
 /// One PE's shard on the device.
 struct Shard {
@@ -268,17 +202,14 @@ impl Shard {
     }
 }
 
-fn check_case(rt: &Runtime, case: &Case, seed: u64) -> Result<std::result::Result<String, String>> {
+fn check_case(
+    rt: &Runtime,
+    case: &ShardCase,
+    seed: u64,
+) -> Result<std::result::Result<String, String>> {
     let (me, npes) = (rt.pe(), rt.npes());
-    let total: usize = case.lengths.iter().sum();
     let inputs = Inputs::generate(&InputSpec {
-        shape: Shape {
-            b: case.b,
-            t: total,
-            h: case.h,
-            dk: case.dk,
-            dv: case.dv,
-        },
+        shape: case.shape(),
         family: Family::Gla,
         regime: case.regime,
         seed,
@@ -372,7 +303,7 @@ fn check_case(rt: &Runtime, case: &Case, seed: u64) -> Result<std::result::Resul
 /// sequence: the relative errors, or what failed.
 fn check_backward(
     rt: &Runtime,
-    case: &Case,
+    case: &ShardCase,
     seed: u64,
     inputs: &Inputs,
     shard: &mut Shard,
@@ -620,20 +551,13 @@ fn time_shape(
 
 fn run(options: Options, config: Config) -> Result<bool> {
     let rt = Runtime::init(config)?;
-    let mut failed = 0;
-    if !options.no_check {
-        for (i, case) in cases(rt.npes()).iter().enumerate() {
-            let verdict = check_case(&rt, case, 900 + i as u64)?;
-            let name = case.name();
-            match verdict {
-                Ok(detail) => println!("PE {}: PASS {name}: {detail}", rt.pe()),
-                Err(detail) => {
-                    failed += 1;
-                    println!("PE {}: FAIL {name}: {detail}", rt.pe());
-                }
-            }
-        }
-    }
+    let failed = if options.no_check {
+        0
+    } else {
+        run_cases(&rt, &shard_cases(rt.npes(), &WIDTHS), 900, |case, seed| {
+            check_case(&rt, case, seed)
+        })?
+    };
     if !options.time.is_empty() {
         let comm = NcclComm::new(&rt, rt.stream())?;
         let rows = options
@@ -649,40 +573,26 @@ fn run(options: Options, config: Config) -> Result<bool> {
     Ok(failed == 0)
 }
 
+/// A heap for the largest timed layout or the checks' largest.
 fn config(options: &Options, npes: usize) -> Result<Config> {
-    let largest = options
+    let checks = Lasp2Layout {
+        b: 2,
+        h: 2,
+        dk: 128,
+        dv: 128,
+    };
+    let heap = options
         .time
         .iter()
-        .map(|s| s.layout().symmetric_bytes::<Gla>(npes))
-        .chain([Lasp2Layout {
-            b: 2,
-            h: 2,
-            dk: 128,
-            dv: 128,
-        }
-        .symmetric_bytes::<Gla>(npes)])
+        .map(|s| s.layout())
+        .chain([checks])
+        .map(|layout| layout.symmetric_bytes::<Gla>(npes))
         .max()
         .unwrap_or(0);
-    Ok(Config {
-        symmetric_heap_bytes: largest + (64 << 20),
-        ..Config::from_env()?
-    })
+    config_with_heap(heap)
 }
 
 fn main() {
-    let options = Options::parse();
-    let prepared = lasp_shmem::launch_env::LaunchEnv::from_process_env()
-        .and_then(|env| config(&options, env.world_size))
-        .and_then(|config| {
-            // SAFETY: first thing in main: no thread has been started and no CUDA call made.
-            unsafe { export_nvshmem_env(&config) }.map(|_| config)
-        });
-    match prepared.and_then(|config| run(options, config)) {
-        Ok(true) => {}
-        Ok(false) => std::process::exit(1),
-        Err(e) => {
-            eprintln!("gla_lasp2: {e}");
-            lasp_shmem::runtime::exit_after_error(1);
-        }
-    }
+    // SAFETY: first thing in main: no thread has been started and no CUDA call made.
+    unsafe { main_under_launcher("gla_lasp2", Options::parse(), config, run) }
 }

@@ -34,8 +34,8 @@ use lasp_shmem::reference::{
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::{
-    export_nvshmem_env, mode_times, parse_shape, shard_lengths, time_in_turns, write_json,
-    ModeCall, ModeRow,
+    config_with_heap, main_under_launcher, mode_times, parse_shape, shard_lengths, time_in_turns,
+    write_json, ModeCall, ModeRow,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -621,23 +621,18 @@ fn config(options: &Options, npes: usize) -> Result<Config> {
         })
         .max()
         .unwrap_or(0);
-    Ok(Config {
-        symmetric_heap_bytes: heap + (64 << 20),
-        ..Config::from_env()?
-    })
+    config_with_heap(heap)
 }
 
 fn main() {
-    let options = Options::parse();
-    let prepared = lasp_shmem::launch_env::LaunchEnv::from_process_env()
-        .and_then(|env| config(&options, env.world_size))
-        .and_then(|config| {
-            // SAFETY: first thing in main: no thread has been started and no CUDA call made.
-            unsafe { export_nvshmem_env(&config) }.map(|_| config)
-        });
-    if let Err(e) = prepared.and_then(|config| run(options, config)) {
-        eprintln!("lasp2_backward: {e}");
-        lasp_shmem::runtime::exit_after_error(1);
+    // SAFETY: first thing in main: no thread has been started and no CUDA call made.
+    unsafe {
+        main_under_launcher(
+            "lasp2_backward",
+            Options::parse(),
+            config,
+            |options, config| run(options, config).map(|()| true),
+        )
     }
 }
 

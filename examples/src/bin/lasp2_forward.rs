@@ -33,8 +33,8 @@ use lasp_shmem::reference::{
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::{
-    export_nvshmem_env, mode_times, parse_shape, round, shard_lengths, time_in_turns, write_json,
-    ModeCall, ModeTimes,
+    config_with_heap, main_under_launcher, mode_times, parse_shape, round, shard_lengths,
+    time_in_turns, write_json, ModeCall, ModeTimes,
 };
 use serde::Serialize;
 use std::path::PathBuf;
@@ -620,23 +620,18 @@ fn config(options: &Options, npes: usize) -> Result<Config> {
         })
         .max()
         .unwrap_or(0);
-    Ok(Config {
-        symmetric_heap_bytes: heap + (64 << 20),
-        ..Config::from_env()?
-    })
+    config_with_heap(heap)
 }
 
 fn main() {
-    let options = Options::parse();
-    let prepared = lasp_shmem::launch_env::LaunchEnv::from_process_env()
-        .and_then(|env| config(&options, env.world_size))
-        .and_then(|config| {
-            // SAFETY: first thing in main: no thread has been started and no CUDA call made.
-            unsafe { export_nvshmem_env(&config) }.map(|_| config)
-        });
-    if let Err(e) = prepared.and_then(|config| run(options, config)) {
-        eprintln!("lasp2_forward: {e}");
-        lasp_shmem::runtime::exit_after_error(1);
+    // SAFETY: first thing in main: no thread has been started and no CUDA call made.
+    unsafe {
+        main_under_launcher(
+            "lasp2_forward",
+            Options::parse(),
+            config,
+            |options, config| run(options, config).map(|()| true),
+        )
     }
 }
 
