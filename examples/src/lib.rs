@@ -7,6 +7,8 @@ pub mod units;
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::CudaStream;
+use lasp_shmem::exchange::Lasp2Layout;
+use lasp_shmem::family::Family;
 use lasp_shmem::launch_env::LaunchEnv;
 use lasp_shmem::nccl::NcclComm;
 use lasp_shmem::ops::bf16;
@@ -208,6 +210,23 @@ pub fn config_with_heap(heap: usize) -> Result<Config> {
         symmetric_heap_bytes: heap + (64 << 20),
         ..Config::from_env()?
     })
+}
+
+/// The settings of a program with one LASP-2 forward of family `F` at a time on `npes` PEs: a heap
+/// for the largest of its `timed` shapes and of the layout its `checks` need.
+pub fn lasp2_config<F: Family>(
+    timed: &[ForwardShape],
+    checks: Lasp2Layout,
+    npes: usize,
+) -> Result<Config> {
+    let heap = timed
+        .iter()
+        .map(|s| s.layout())
+        .chain([checks])
+        .map(|layout| layout.symmetric_bytes::<F>(npes))
+        .max()
+        .unwrap_or(0);
+    config_with_heap(heap)
 }
 
 /// The `main` of a program under `lasp-run`: `config(&options, world size)` gives the runtime's

@@ -30,7 +30,7 @@ use lasp_shmem::ops::{DeviceMut, DeviceRef};
 use lasp_shmem::reference::{delta_rule, rel_err, Family, InputSpec, Inputs, SplitMix64};
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::{
-    bf16s, config_with_heap, f32s, main_under_launcher, mode_times, parse_shape, round, run_cases,
+    bf16s, f32s, lasp2_config, main_under_launcher, mode_times, parse_shape, round, run_cases,
     shard_cases, shard_rows, time_in_turns, write_json, ModeCall, ModeRow, ShardCase,
 };
 use std::path::PathBuf;
@@ -373,15 +373,7 @@ fn config(options: &Options, npes: usize) -> Result<Config> {
         dk: 128,
         dv: 192,
     };
-    let heap = options
-        .time
-        .iter()
-        .map(|s| s.layout())
-        .chain([checks])
-        .map(|layout| layout.symmetric_bytes::<GatedDelta>(npes))
-        .max()
-        .unwrap_or(0);
-    config_with_heap(heap)
+    lasp2_config::<GatedDelta>(&options.time, checks, npes)
 }
 
 fn main() {

@@ -36,7 +36,7 @@ use lasp_shmem::reference::{
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::{
-    bf16s, config_with_heap, f32s, main_under_launcher, mode_times, parse_shape, round, run_cases,
+    bf16s, f32s, lasp2_config, main_under_launcher, mode_times, parse_shape, round, run_cases,
     shard_cases, shard_rows, time_in_turns, write_json, ModeCall, ModeRow, ShardCase,
 };
 use std::path::PathBuf;
@@ -581,15 +581,7 @@ fn config(options: &Options, npes: usize) -> Result<Config> {
         dk: 128,
         dv: 128,
     };
-    let heap = options
-        .time
-        .iter()
-        .map(|s| s.layout())
-        .chain([checks])
-        .map(|layout| layout.symmetric_bytes::<Gla>(npes))
-        .max()
-        .unwrap_or(0);
-    config_with_heap(heap)
+    lasp2_config::<Gla>(&options.time, checks, npes)
 }
 
 fn main() {
