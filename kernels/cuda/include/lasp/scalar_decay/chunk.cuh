@@ -821,29 +821,31 @@ __device__ __forceinline__ void run_segment_with(const SegmentArgs& a, Start&& s
       else
         state_chunk<DK>(s, sK, sV, off, cg);
     }
-    // bf16 pair (columns 8 nt + 2t, +1) of O row 16 warp + 8 hh + g.
-    auto o_pair = [&](int nt, int hh) -> uint32_t {
-      if constexpr (kMath) {
-        return pack_bf16x2(o[nt][2 * hh], o[nt][2 * hh + 1]);
-      } else {
-        const int r = 16 * warp + 8 * hh + g;
-        const uint8_t* st = smem + stage;
-        const uint32_t in_chunk = 4 * t;  // the pair's byte offset in its 16-byte chunk nt
-        const uint32_t qw = *reinterpret_cast<const uint32_t*>(st + L::kQ + swizzle(r, nt, kChunk) + in_chunk);
-        const uint32_t kw = *reinterpret_cast<const uint32_t*>(st + L::kK + swizzle(r, nt, kChunk) + in_chunk);
-        const uint32_t vw = *reinterpret_cast<const uint32_t*>(st + L::kV + swizzle(r, nt, kChunk) + in_chunk);
-        return qw ^ kw ^ vw ^ reinterpret_cast<const uint32_t*>(s_gates)[r];
-      }
-    };
-    // O rows of virtual tokens (the ragged chunk) are not stored.
-    uint16_t* o_tile = a.o + row_bt0 * Dv + vt * kTileV + 2 * t;
+    if constexpr (kStoreO) {  // a pass without O has no o to store
+      // bf16 pair (columns 8 nt + 2t, +1) of O row 16 warp + 8 hh + g.
+      auto o_pair = [&](int nt, int hh) -> uint32_t {
+        if constexpr (kMath) {
+          return pack_bf16x2(o[nt][2 * hh], o[nt][2 * hh + 1]);
+        } else {
+          const int r = 16 * warp + 8 * hh + g;
+          const uint8_t* st = smem + stage;
+          const uint32_t in_chunk = 4 * t;  // the pair's byte offset in its 16-byte chunk nt
+          const uint32_t qw = *reinterpret_cast<const uint32_t*>(st + L::kQ + swizzle(r, nt, kChunk) + in_chunk);
+          const uint32_t kw = *reinterpret_cast<const uint32_t*>(st + L::kK + swizzle(r, nt, kChunk) + in_chunk);
+          const uint32_t vw = *reinterpret_cast<const uint32_t*>(st + L::kV + swizzle(r, nt, kChunk) + in_chunk);
+          return qw ^ kw ^ vw ^ reinterpret_cast<const uint32_t*>(s_gates)[r];
+        }
+      };
+      // O rows of virtual tokens (the ragged chunk) are not stored.
+      uint16_t* o_tile = a.o + row_bt0 * Dv + vt * kTileV + 2 * t;
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int tok = tok0 + 16 * warp + 8 * hh + g;
-      if (kStoreO && store && (kReversed ? axis.is_token(tok) : tok < T)) {
-        uint16_t* dst = o_tile + tok * v_stride;
+      for (int hh = 0; hh < 2; ++hh) {
+        const int tok = tok0 + 16 * warp + 8 * hh + g;
+        if (store && (kReversed ? axis.is_token(tok) : tok < T)) {
+          uint16_t* dst = o_tile + tok * v_stride;
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) *reinterpret_cast<uint32_t*>(dst + 8 * nt) = o_pair(nt, hh);
+          for (int nt = 0; nt < 8; ++nt) *reinterpret_cast<uint32_t*>(dst + 8 * nt) = o_pair(nt, hh);
+        }
       }
     }
     if (kMath && i + 1 < n_chunks) store_state_bf16<DK>(smem, L::kSbf + ((i + 1) & 1) * L::kSbfBytes, s, ln);
