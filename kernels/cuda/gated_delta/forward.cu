@@ -7,9 +7,10 @@
 //   1. lasp_gated_delta_wy_dk*       (I + L)^{-1} of every chunk, L_rj = beta_r e^{b_r - b_j} (k_r . k_j)
 //                                    strictly lower: the part of the chunk's WY form that does not
 //                                    depend on the state, for every chunk at once
-//   2. lasp_gated_delta_summary_dk*  segment s < S-1: its affine map S_end = A_s S_start + b_s, by the
-//                                    output loop without O: A_s column tile by column tile from the
-//                                    identity's columns with V taken as 0, b_s from zero
+//   2. lasp_gated_delta_summary_dk*  segment s < num_summaries (S-1; S in LASP-2): its affine map
+//                                    S_end = A_s S_start + b_s, by the output loop without O: A_s
+//                                    column tile by column tile from the identity's columns with V
+//                                    taken as 0, b_s from zero
 //   3. lasp_gated_delta_fold_dk*     P_0 = h0, P_{s+1} = A_s P_s + b_s (lasp/gated_delta/affine.cuh)
 //   4. lasp_gated_delta_output_dk*   scalar decay's output loop with the values step of
 //                                    lasp/gated_delta/values.cuh from P_s: per chunk, u from V, K S_n
