@@ -6,7 +6,7 @@
 pub mod units;
 
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaSlice, CudaStream};
 use lasp_shmem::exchange::Lasp2Layout;
 use lasp_shmem::family::Family;
 use lasp_shmem::launch_env::LaunchEnv;
@@ -86,6 +86,41 @@ pub fn shard_rows(t: &Tensor, start: usize, len: usize) -> Vec<f64> {
         out.extend_from_slice(&t.data()[base..base + len * row]);
     }
     out
+}
+
+/// The bits of a bf16 device buffer (a copy to the host, after the stream's work).
+pub fn bf16_bits(stream: &Arc<CudaStream>, x: &CudaSlice<bf16>) -> Result<Vec<u16>> {
+    Ok(stream.clone_dtoh(x)?.iter().map(|v| v.to_bits()).collect())
+}
+
+/// The bits of an fp32 device buffer, or none where there is no buffer.
+pub fn f32_bits(stream: &Arc<CudaStream>, x: Option<&CudaSlice<f32>>) -> Result<Vec<u32>> {
+    Ok(match x {
+        Some(x) => stream.clone_dtoh(x)?.iter().map(|v| v.to_bits()).collect(),
+        None => Vec::new(),
+    })
+}
+
+/// Times every shape with `time(comm, shape)` (an NCCL communicator for the rows' slowest-rank
+/// reduction) and, on PE 0, writes the rows to `json`.
+pub fn time_shapes(
+    rt: &Runtime,
+    shapes: &[ForwardShape],
+    json: Option<&Path>,
+    mut time: impl FnMut(&NcclComm, ForwardShape) -> Result<ModeRow>,
+) -> Result<()> {
+    if shapes.is_empty() {
+        return Ok(());
+    }
+    let comm = NcclComm::new(rt, rt.stream())?;
+    let rows = shapes
+        .iter()
+        .map(|&shape| time(&comm, shape))
+        .collect::<Result<Vec<_>>>()?;
+    if let (Some(path), 0) = (json, rt.pe()) {
+        write_json(path, &rows)?;
+    }
+    Ok(())
 }
 
 /// Reference values rounded to bf16.

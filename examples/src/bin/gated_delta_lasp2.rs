@@ -30,8 +30,9 @@ use lasp_shmem::ops::{DeviceMut, DeviceRef};
 use lasp_shmem::reference::{delta_rule, rel_err, Family, InputSpec, Inputs, SplitMix64};
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::{
-    bf16s, f32s, lasp2_config, main_under_launcher, mode_times, parse_shape, round, run_cases,
-    shard_cases, shard_rows, time_in_turns, write_json, ModeCall, ModeRow, ShardCase,
+    bf16_bits, bf16s, f32_bits, f32s, lasp2_config, main_under_launcher, mode_times, parse_shape,
+    round, run_cases, shard_cases, shard_rows, time_in_turns, time_shapes, ModeCall, ModeRow,
+    ShardCase,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -100,16 +101,10 @@ impl Shard {
 
     /// The bits of o and ht.
     fn bits(&self, stream: &Arc<CudaStream>) -> Result<(Vec<u16>, Vec<u32>)> {
-        let o = stream
-            .clone_dtoh(&self.o)?
-            .iter()
-            .map(|x| x.to_bits())
-            .collect();
-        let ht = match &self.ht {
-            Some(ht) => stream.clone_dtoh(ht)?.iter().map(|x| x.to_bits()).collect(),
-            None => Vec::new(),
-        };
-        Ok((o, ht))
+        Ok((
+            bf16_bits(stream, &self.o)?,
+            f32_bits(stream, self.ht.as_ref())?,
+        ))
     }
 
     /// One call on poisoned outputs; the bits of o and ht.
@@ -350,17 +345,12 @@ fn run(options: Options, config: Config) -> Result<bool> {
             check_case(&rt, case, seed, options.graph_calls)
         })?
     };
-    if !options.time.is_empty() {
-        let comm = NcclComm::new(&rt, rt.stream())?;
-        let rows = options
-            .time
-            .iter()
-            .map(|&shape| time_shape(&rt, &comm, shape))
-            .collect::<Result<Vec<_>>>()?;
-        if let (Some(path), 0) = (&options.json, rt.pe()) {
-            write_json(path, &rows)?;
-        }
-    }
+    time_shapes(
+        &rt,
+        &options.time,
+        options.json.as_deref(),
+        |comm, shape| time_shape(&rt, comm, shape),
+    )?;
     rt.shutdown()?;
     Ok(failed == 0)
 }

@@ -36,8 +36,9 @@ use lasp_shmem::reference::{
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::{
-    bf16s, f32s, lasp2_config, main_under_launcher, mode_times, parse_shape, round, run_cases,
-    shard_cases, shard_rows, time_in_turns, write_json, ModeCall, ModeRow, ShardCase,
+    bf16_bits, bf16s, f32_bits, f32s, lasp2_config, main_under_launcher, mode_times, parse_shape,
+    round, run_cases, shard_cases, shard_rows, time_in_turns, time_shapes, ModeCall, ModeRow,
+    ShardCase,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -100,14 +101,6 @@ struct GradBits {
     dh0: Vec<u32>,
 }
 
-fn bits16(stream: &Arc<CudaStream>, x: &CudaSlice<bf16>) -> Result<Vec<u16>> {
-    Ok(stream.clone_dtoh(x)?.iter().map(|x| x.to_bits()).collect())
-}
-
-fn bits32(stream: &Arc<CudaStream>, x: &CudaSlice<f32>) -> Result<Vec<u32>> {
-    Ok(stream.clone_dtoh(x)?.iter().map(|x| x.to_bits()).collect())
-}
-
 impl Shard {
     /// One backward call on poisoned gradients; their bits.
     fn backward(
@@ -151,14 +144,11 @@ impl Shard {
         )?;
         op.finish(stream)?;
         Ok(GradBits {
-            dq: bits16(stream, &grads.dq)?,
-            dk: bits16(stream, &grads.dk)?,
-            dv: bits16(stream, &grads.dv)?,
-            dg: bits32(stream, &grads.dg)?,
-            dh0: match &grads.dh0 {
-                Some(x) => bits32(stream, x)?,
-                None => Vec::new(),
-            },
+            dq: bf16_bits(stream, &grads.dq)?,
+            dk: bf16_bits(stream, &grads.dk)?,
+            dv: bf16_bits(stream, &grads.dv)?,
+            dg: f32_bits(stream, Some(&grads.dg))?,
+            dh0: f32_bits(stream, grads.dh0.as_ref())?,
         })
     }
 
@@ -189,16 +179,10 @@ impl Shard {
         }
         op.forward(stream, self.args())?;
         op.finish(stream)?;
-        let o = stream
-            .clone_dtoh(&self.o)?
-            .iter()
-            .map(|x| x.to_bits())
-            .collect();
-        let ht = match &self.ht {
-            Some(ht) => stream.clone_dtoh(ht)?.iter().map(|x| x.to_bits()).collect(),
-            None => Vec::new(),
-        };
-        Ok((o, ht))
+        Ok((
+            bf16_bits(stream, &self.o)?,
+            f32_bits(stream, self.ht.as_ref())?,
+        ))
     }
 }
 
@@ -558,17 +542,12 @@ fn run(options: Options, config: Config) -> Result<bool> {
             check_case(&rt, case, seed)
         })?
     };
-    if !options.time.is_empty() {
-        let comm = NcclComm::new(&rt, rt.stream())?;
-        let rows = options
-            .time
-            .iter()
-            .map(|&shape| time_shape(&rt, &comm, shape, options.with_backward))
-            .collect::<Result<Vec<_>>>()?;
-        if let (Some(path), 0) = (&options.json, rt.pe()) {
-            write_json(path, &rows)?;
-        }
-    }
+    time_shapes(
+        &rt,
+        &options.time,
+        options.json.as_deref(),
+        |comm, shape| time_shape(&rt, comm, shape, options.with_backward),
+    )?;
     rt.shutdown()?;
     Ok(failed == 0)
 }

@@ -34,8 +34,8 @@ use lasp_shmem::reference::{
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::{
-    config_with_heap, main_under_launcher, mode_times, parse_shape, shard_lengths, time_in_turns,
-    write_json, ModeCall, ModeRow,
+    bf16_bits, config_with_heap, f32_bits, main_under_launcher, mode_times, parse_shape,
+    shard_lengths, time_in_turns, write_json, ModeCall, ModeRow,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -284,12 +284,8 @@ impl Shard {
 
     /// The gradients' bits; an error if any poison is left.
     fn grads(&self, stream: &Arc<CudaStream>) -> Result<GradBits> {
-        let bf = |t: &CudaSlice<bf16>| -> Result<Vec<u16>> {
-            Ok(stream.clone_dtoh(t)?.iter().map(|x| x.to_bits()).collect())
-        };
-        let f = |t: &CudaSlice<f32>| -> Result<Vec<u32>> {
-            Ok(stream.clone_dtoh(t)?.iter().map(|x| x.to_bits()).collect())
-        };
+        let bf = |t: &CudaSlice<bf16>| bf16_bits(stream, t);
+        let f = |t: &CudaSlice<f32>| f32_bits(stream, Some(t));
         let bits = GradBits {
             dq: bf(&self.dq)?,
             dk: bf(&self.dk)?,

@@ -33,8 +33,8 @@ use lasp_shmem::reference::{
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::{
-    config_with_heap, main_under_launcher, mode_times, parse_shape, round, shard_lengths,
-    time_in_turns, write_json, ModeCall, ModeTimes,
+    bf16_bits, config_with_heap, f32_bits, main_under_launcher, mode_times, parse_shape, round,
+    shard_lengths, time_in_turns, write_json, ModeCall, ModeTimes,
 };
 use serde::Serialize;
 use std::path::PathBuf;
@@ -196,15 +196,8 @@ impl Shard {
         self.poison(stream)?;
         self.call(op, stream)?;
         op.finish(stream)?;
-        let o: Vec<u16> = stream
-            .clone_dtoh(&self.o)?
-            .iter()
-            .map(|x| x.to_bits())
-            .collect();
-        let ht: Vec<u32> = match &self.ht {
-            Some(ht) => stream.clone_dtoh(ht)?.iter().map(|x| x.to_bits()).collect(),
-            None => Vec::new(),
-        };
+        let o = bf16_bits(stream, &self.o)?;
+        let ht = f32_bits(stream, self.ht.as_ref())?;
         if o.iter().any(|&b| bf16::from_bits(b).is_nan())
             || ht.iter().any(|&b| f32::from_bits(b).is_nan())
         {
