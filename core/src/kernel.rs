@@ -106,6 +106,12 @@ impl Module {
     }
 }
 
+/// The index of a key or value width (64 or 128) in the arrays of kernels per width
+/// ([`Module::kernels_per_width`], `lasp_shmem_kernels::instances::DK_WIDTHS`).
+pub(crate) fn width_index(d: usize) -> usize {
+    usize::from(d == 128)
+}
+
 /// Grid, block and dynamic shared memory of a launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LaunchShape {

@@ -3,7 +3,7 @@
 
 use super::GatedDeltaParams;
 use crate::error::{Error, Result};
-use crate::kernel::{Kernel, LaunchShape};
+use crate::kernel::{width_index, Kernel, LaunchShape};
 use crate::ops::scalar_decay::{geometry, ForwardShape, TensorChecks};
 use crate::ops::{bf16, require_shared_memory, DeviceMut, DeviceRef, StreamOrder};
 use crate::runtime::Runtime;
@@ -261,7 +261,7 @@ impl ChunkKernels {
         plan: &GatedDeltaPlan,
         params: &GatedDeltaParams,
     ) -> Result<()> {
-        let i = usize::from(params.Dk == 128);
+        let i = width_index(params.Dk as usize);
         // SAFETY: the caller's contract.
         unsafe {
             self.wy[i].launch(stream, plan.wy, params)?;
@@ -282,7 +282,7 @@ impl ChunkKernels {
         plan: &GatedDeltaPlan,
         params: &GatedDeltaParams,
     ) -> Result<()> {
-        let i = usize::from(params.Dk == 128);
+        let i = width_index(params.Dk as usize);
         // SAFETY: the caller's contract.
         unsafe { self.output[i].launch(stream, plan.output, params) }
     }
@@ -419,7 +419,7 @@ impl GatedDeltaForward {
         unsafe {
             self.kernels.launch_summaries(stream, &plan, &params)?;
             if let Some(fold) = plan.fold {
-                self.fold[usize::from(params.Dk == 128)].launch(stream, fold, &params)?;
+                self.fold[width_index(params.Dk as usize)].launch(stream, fold, &params)?;
             }
             self.kernels.launch_output(stream, &plan, &params)?;
         }

@@ -15,7 +15,7 @@ use super::{GatedDelta, GatedDeltaArgs};
 use crate::error::Result;
 use crate::exchange::chain::StateChain;
 use crate::exchange::{Direction, ExchangeMode, Lasp2Layout};
-use crate::kernel::Kernel;
+use crate::kernel::{width_index, Kernel};
 use crate::ops::StreamOrder;
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaSlice, CudaStream};
@@ -123,7 +123,7 @@ impl GatedDeltaLasp2Forward {
         self.chain.gather_slots(stream)?;
         // SAFETY: as above.
         unsafe {
-            self.fold[usize::from(s.dk == 128)].launch(stream, fold, &params)?;
+            self.fold[width_index(s.dk)].launch(stream, fold, &params)?;
             self.kernels.launch_output(stream, &plan, &params.fwd)?;
         }
         self.chain.end_call(stream, &params)?;

@@ -5,14 +5,14 @@
 //! The maths, the call sequence and every launch and workspace formula are those of
 //! `kernels/cuda/include/lasp/gla/backward_params.h`; the shared-memory formulas are ported here.
 
-use super::forward::{check_inputs, check_measured, validate_gates_of, width_index};
+use super::forward::{check_inputs, check_measured, validate_gates_of};
 use super::plan::{
     check_forced_segments, chunk_states_len, split_into_segments, validate_as, CHUNK,
     CHUNK_STATES_LAYOUT,
 };
 use super::GlaBackwardParams;
 use crate::error::{Error, Result};
-use crate::kernel::{Kernel, LaunchShape};
+use crate::kernel::{width_index, Kernel, LaunchShape};
 use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
 use crate::ops::{bf16, require_shared_memory, DeviceMut, DeviceRef, StreamOrder};
 use crate::runtime::Runtime;

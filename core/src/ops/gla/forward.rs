@@ -7,7 +7,7 @@ use super::plan::{
 };
 use super::{GlaParams, GlaPlan};
 use crate::error::{Error, Result};
-use crate::kernel::Kernel;
+use crate::kernel::{width_index, Kernel};
 use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
 use crate::ops::{bf16, require_shared_memory, DeviceMut, DeviceRef, StreamOrder};
 use crate::runtime::Runtime;
@@ -236,11 +236,6 @@ pub(crate) fn chunk_kernels(
         }
     }
     Ok((states, output))
-}
-
-/// The index of a key or value width (64 or 128) in the kernel arrays.
-pub(crate) fn width_index(d: usize) -> usize {
-    usize::from(d == 128)
 }
 
 impl GlaForward {

@@ -9,13 +9,13 @@
 //! all-gather between the same kernels; [`ExchangeMode::NoComm`] drops the exchange (timing). The
 //! fold is the same in every mode, so outputs are bit-identical across modes.
 
-use super::forward::{chunk_kernels, width_index};
+use super::forward::chunk_kernels;
 use super::plan::{output_smem_bytes, output_threads, states_smem_bytes, CHUNK};
 use super::{Gla, GlaArgs};
 use crate::error::Result;
 use crate::exchange::chain::StateChain;
 use crate::exchange::{Direction, ExchangeMode, Lasp2Layout};
-use crate::kernel::{Kernel, LaunchShape};
+use crate::kernel::{width_index, Kernel, LaunchShape};
 use crate::ops::StreamOrder;
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaSlice, CudaStream};

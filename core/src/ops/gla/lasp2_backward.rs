@@ -13,13 +13,12 @@ use super::backward::{
     chunk_params, grads_kernels, grads_smem_bytes, grads_threads, kernels_by_width,
     walk_smem_bytes, walk_threads,
 };
-use super::forward::width_index;
 use super::plan::{chunk_states_len, CHUNK};
 use super::{Gla, GlaBackwardArgs, Lasp2Params};
 use crate::error::Result;
 use crate::exchange::chain::StateChain;
 use crate::exchange::{Direction, ExchangeMode, Lasp2Layout};
-use crate::kernel::{Kernel, LaunchShape};
+use crate::kernel::{width_index, Kernel, LaunchShape};
 use crate::ops::StreamOrder;
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaSlice, CudaStream};

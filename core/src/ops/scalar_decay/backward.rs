@@ -25,7 +25,7 @@ use super::{
     check_args_of, ForwardArgs, ForwardShape, ScalarDecayForward, SegmentStarts, TensorChecks,
 };
 use crate::error::{Error, Result};
-use crate::kernel::{Kernel, LaunchShape};
+use crate::kernel::{width_index, Kernel, LaunchShape};
 use crate::ops::{bf16, ranges_overlap, DeviceMut, DeviceRef, StreamOrder};
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
@@ -566,7 +566,7 @@ impl ScalarDecayBackward {
         // workspace's gate rows and columns; gate_grad reads them (and the block states, g, the dv
         // pass's dH_0) and writes dg and dh0, whose lengths were checked.
         unsafe {
-            self.gate_terms[usize::from(s.dk == 128)].launch(
+            self.gate_terms[width_index(s.dk)].launch(
                 stream,
                 LaunchShape {
                     grid: geometry::gate_terms_grid(b, t, h, dv),

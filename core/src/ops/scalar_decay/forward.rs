@@ -7,7 +7,7 @@ use super::{
     ForwardShape, OutputProbe, RolesParams, ScalarDecayParams,
 };
 use crate::error::{Error, Result};
-use crate::kernel::{Kernel, LaunchShape};
+use crate::kernel::{width_index, Kernel, LaunchShape};
 use crate::ops::{DeviceRef, StreamOrder};
 use crate::runtime::Runtime;
 use cudarc::driver::{result as cu, sys, CudaContext, CudaSlice, CudaStream};
@@ -59,10 +59,6 @@ pub(crate) struct SegmentStarts {
     /// Device address of the starts of segments 1 .. S-1, fp32 `[B*H][S-1][Dk][Dv]` (Dk, Dv of
     /// the pass's shape); unused (0 is fine) when S = 1.
     pub(crate) prefixes: u64,
-}
-
-fn dk_index(dk: usize) -> usize {
-    usize::from(dk == 128)
 }
 
 /// An output-kernel launch with the parameters of its kind.
@@ -359,7 +355,7 @@ impl ScalarDecayForward {
         // self and freed only after a context synchronisation.
         unsafe {
             if let (Some(states_shape), Some(fold)) = (plan.states, plan.fold) {
-                self.states[dk_index(args.shape.dk)].launch(stream, states_shape, &params)?;
+                self.states[width_index(args.shape.dk)].launch(stream, states_shape, &params)?;
                 self.fold.launch(stream, fold, &params)?;
             }
             output.enqueue(stream)?;
@@ -387,7 +383,7 @@ impl ScalarDecayForward {
             block_states: block_states as _,
             ..params
         };
-        let i = dk_index(args.shape.dk);
+        let i = width_index(args.shape.dk);
         let output = match self.output_roles_block_states {
             Some(roles) if plan.output_roles => OutputLaunch::TwoRole(
                 roles[i],
@@ -461,7 +457,7 @@ impl ScalarDecayForward {
         };
         // SAFETY: as in `launch`; the states kernel reads k, v and g (checked in prepare_plan)
         // and writes only ws_m and ws_lambda, which this function's contract sizes for the plan.
-        unsafe { self.states_reversed[dk_index(args.shape.dk)].launch(stream, states, &params) }
+        unsafe { self.states_reversed[width_index(args.shape.dk)].launch(stream, states, &params) }
     }
 
     /// The output kernel of a reversed pass alone, cut into `starts.segments` segments that
@@ -491,7 +487,7 @@ impl ScalarDecayForward {
             block_states: block_states.unwrap_or(0) as _,
             ..params
         };
-        let i = dk_index(args.shape.dk);
+        let i = width_index(args.shape.dk);
         let kernel = match block_states {
             Some(_) => self.output_reversed_block_states[i],
             None => self.output_reversed[i],
@@ -510,7 +506,7 @@ impl ScalarDecayForward {
         plan: &ForwardPlan,
         params: &ScalarDecayParams,
     ) -> Result<OutputLaunch> {
-        let i = dk_index(plan.shape.dk);
+        let i = width_index(plan.shape.dk);
         Ok(match self.output_roles {
             Some(roles) if plan.output_roles => OutputLaunch::TwoRole(
                 roles[i],
@@ -548,7 +544,7 @@ impl ScalarDecayForward {
     ) -> Result<ForwardPlan> {
         let plan = self.plan(&args.shape)?;
         let (plan, params) = self.prepare_plan(stream, &args, plan)?;
-        let i = dk_index(args.shape.dk);
+        let i = width_index(args.shape.dk);
         // The probes are variants of the one-warpgroup output kernel and launch like it, also
         // where the plan runs the two-role kernel.
         let one_warpgroup = plan.with_one_warpgroup_output().output;

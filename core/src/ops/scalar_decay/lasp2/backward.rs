@@ -32,7 +32,7 @@ use super::{geometry, ExchangeMode, Lasp2Layout, Lasp2Params, Lasp2Tuning};
 use crate::error::Result;
 use crate::exchange::chain::StateChain;
 use crate::exchange::Direction;
-use crate::kernel::{Kernel, LaunchShape};
+use crate::kernel::{width_index, Kernel, LaunchShape};
 use crate::ops::scalar_decay::backward::{
     check_backward_args, BackwardArgs, ReversedStates, ScalarDecayBackward,
 };
@@ -179,7 +179,7 @@ impl Lasp2Backward {
             scale,
             ..self.chain.base_params(stream)
         };
-        let i = usize::from(l.dk == 128);
+        let i = width_index(l.dk);
         self.chain.context().bind_to_thread()?;
         // SAFETY: Lasp2Params is lasp_lasp2_params, generated from the header; q, d_o, g and d_ht
         // were checked (lengths, alignment) above and are borrowed for the call; the workspace,

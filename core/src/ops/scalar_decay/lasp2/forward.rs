@@ -19,7 +19,7 @@ use super::{geometry, ExchangeMode, Lasp2Layout, Lasp2Params};
 use crate::error::{Error, Result};
 use crate::exchange::chain::StateChain;
 use crate::exchange::Direction;
-use crate::kernel::{Kernel, LaunchShape};
+use crate::kernel::{width_index, Kernel, LaunchShape};
 use crate::ops::sm_count;
 use crate::ops::{ranges_overlap, DeviceMut, StreamOrder};
 use crate::runtime::Runtime;
@@ -330,7 +330,7 @@ impl Lasp2Forward {
             timeline: timeline as _,
             ..self.chain.base_params(stream)
         };
-        let i = usize::from(l.dk == 128);
+        let i = width_index(l.dk);
         let group_params = |bh_begin| Lasp2Params { bh_begin, ..params };
         let segments_launch = |heads, smem| LaunchShape {
             grid: geometry::segments_grid(heads, dv, segments),
