@@ -1,6 +1,8 @@
 //! Compiles every `.cu` under `cuda/` with nvcc as relocatable device code, device-links the objects
 //! with NVSHMEM's device archive into one executable cubin per target architecture, and embeds the
-//! bytes (`OUT_DIR/cubins.rs`) together with the list of kernels the sources declare. Reads the
+//! bytes (`OUT_DIR/cubins.rs`) together with the list of kernels the sources declare. The
+//! `STANDALONE_SOURCES` of `instances.rs` are compiled each into an executable cubin of its own
+//! instead, without `-rdc`, and embedded beside it. Reads the
 //! kernels' parameter headers with bindgen into `OUT_DIR/params.rs` (the crate's `params`).
 //!
 //! The templated kernels come from one table, `instances.rs`: each source is compiled as a unit
@@ -85,15 +87,19 @@ fn main() {
     for arch in &archs {
         let gencode = format!("-gencode=arch=compute_{0},code={arch}", &arch[3..]);
         // Compile the sources in parallel: each nvcc run is single-threaded and takes seconds.
-        let objects: Vec<PathBuf> = std::thread::scope(|scope| {
+        // The standalone ones become executable cubins of their own; the others relocatable
+        // objects for the device link.
+        let outputs: Vec<(bool, PathBuf)> = std::thread::scope(|scope| {
             let jobs: Vec<_> = units
                 .iter()
-                .map(|source| {
-                    let object = out_dir.join(format!(
-                        "{}.{arch}.o",
-                        source.file_stem().unwrap().to_string_lossy()
-                    ));
-                    let (nvcc, gencode) = (&nvcc, &gencode);
+                .map(|(source, standalone)| {
+                    let stem = source.file_stem().unwrap().to_string_lossy();
+                    let output = out_dir.join(if *standalone {
+                        format!("{stem}.{arch}.cubin")
+                    } else {
+                        format!("{stem}.{arch}.o")
+                    });
+                    let (nvcc, gencode, standalone) = (&nvcc, &gencode, *standalone);
                     let includes = [
                         cuda_dir.join("include"),
                         nvshmem.join("include"),
@@ -101,20 +107,31 @@ fn main() {
                     ];
                     scope.spawn(move || {
                         let mut cmd = Command::new(nvcc);
-                        cmd.args(["-std=c++17", "-O3", "-rdc=true", "-lineinfo"])
+                        cmd.args(["-std=c++17", "-O3", "-lineinfo"])
+                            .args(if standalone {
+                                ["-cubin"]
+                            } else {
+                                ["-rdc=true"]
+                            })
                             .args(["--expt-relaxed-constexpr", gencode.as_str()])
-                            .args(includes.iter().map(|dir| format!("-I{}", dir.display())))
-                            .arg("-c")
-                            .arg(source)
-                            .arg("-o")
-                            .arg(&object);
+                            .args(includes.iter().map(|dir| format!("-I{}", dir.display())));
+                        if !standalone {
+                            cmd.arg("-c");
+                        }
+                        cmd.arg(source).arg("-o").arg(&output);
                         run(cmd, &format!("compiling {}", source.display()));
-                        object
+                        (standalone, output)
                     })
                 })
                 .collect();
             jobs.into_iter().map(|job| job.join().unwrap()).collect()
         });
+        let objects: Vec<&PathBuf> = outputs.iter().filter(|(s, _)| !s).map(|(_, o)| o).collect();
+        let standalone: String = outputs
+            .iter()
+            .filter(|(s, _)| *s)
+            .map(|(_, cubin)| format!("include_bytes!({:?}), ", cubin.display().to_string()))
+            .collect();
         let cubin = out_dir.join(format!("lasp_kernels.{arch}.cubin"));
         let mut link = Command::new(&nvcc);
         link.args(["-dlink", "-cubin", gencode.as_str()])
@@ -124,13 +141,14 @@ fn main() {
             .arg(&cubin);
         run(link, "device-linking the cubin with libnvshmem_device.a");
         embedded.push_str(&format!(
-            "    Cubin {{ arch: {arch:?}, image: include_bytes!({:?}) }},\n",
+            "    Cubin {{ arch: {arch:?}, image: include_bytes!({:?}), standalone: &[{standalone}] }},\n",
             cubin.display().to_string()
         ));
     }
 
     // The sources declare the plain kernels, the units add the table's wrappers.
-    let kernels = declared_kernels(&[sources.as_slice(), units.as_slice()].concat());
+    let unit_paths: Vec<PathBuf> = units.iter().map(|(unit, _)| unit.clone()).collect();
+    let kernels = declared_kernels(&[sources.as_slice(), unit_paths.as_slice()].concat());
     std::fs::write(out_dir.join("instances.rs"), instance_constants()).unwrap();
     let version = nvshmem_version(&nvshmem);
     let generated = format!(
@@ -251,9 +269,18 @@ fn widths(instance: &Instance) -> Vec<u32> {
 }
 
 /// One compilation unit per source, `OUT_DIR/units/<path with '_' for '/'>.cu`: the source itself
-/// (by absolute path), then the wrappers of its rows in `INSTANCES`. Rows naming a source that
-/// does not exist stop the build.
-fn write_units(cuda_dir: &Path, sources: &[PathBuf], out_dir: &Path) -> Vec<PathBuf> {
+/// (by absolute path), then the wrappers of its rows in `INSTANCES`; with whether it is one of
+/// `STANDALONE_SOURCES`. Rows or standalone entries naming a source that does not exist stop the
+/// build.
+fn write_units(cuda_dir: &Path, sources: &[PathBuf], out_dir: &Path) -> Vec<(PathBuf, bool)> {
+    for standalone in STANDALONE_SOURCES {
+        if !sources.iter().any(|s| s.ends_with(standalone)) {
+            fail(format!(
+                "instances.rs: STANDALONE_SOURCES names {standalone}, which is not under {}",
+                cuda_dir.display()
+            ));
+        }
+    }
     for instance in INSTANCES {
         if !sources.iter().any(|s| s.ends_with(instance.source)) {
             fail(format!(
@@ -287,7 +314,8 @@ fn write_units(cuda_dir: &Path, sources: &[PathBuf], out_dir: &Path) -> Vec<Path
             if std::fs::read_to_string(&unit).ok().as_deref() != Some(text.as_str()) {
                 std::fs::write(&unit, text).unwrap();
             }
-            unit
+            let standalone = STANDALONE_SOURCES.iter().any(|s| relative == Path::new(s));
+            (unit, standalone)
         })
         .collect()
 }

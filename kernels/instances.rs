@@ -6,6 +6,11 @@
 // A row with `{dk}` in its name is instantiated once per key width in `DK_WIDTHS`, with `{dk}`
 // replaced in the name, in `bounds` and in `call`; its constant is then an array indexed like `DK_WIDTHS`.
 
+/// Sources compiled on their own into a cubin of their own per architecture, without `-rdc` and
+/// without NVSHMEM's device archive: their kernels call no NVSHMEM function and hand registers
+/// between warpgroups with `setmaxnreg`, which ptxas ignores in relocatable device code (C7504).
+pub const STANDALONE_SOURCES: &[&str] = &[GDN_FORWARD_ROLES];
+
 /// Key widths every per-Dk kernel is built for.
 pub const DK_WIDTHS: [u32; 2] = [64, 128];
 
@@ -61,6 +66,7 @@ const GLA_BACKWARD: &str = "gla/backward.cu";
 const GLA_LASP2_BACKWARD: &str = "gla/lasp2_backward.cu";
 const GLA_BWD_PARAMS: &str = "lasp_gla_bwd_params";
 const GDN_FORWARD: &str = "gated_delta/forward.cu";
+const GDN_FORWARD_ROLES: &str = "gated_delta/forward_roles.cu";
 const GDN_PARAMS: &str = "lasp_gated_delta_params";
 const GDN_LASP2: &str = "gated_delta/lasp2_forward.cu";
 const GDN_L2_PARAMS: &str = "lasp_gated_delta_lasp2_params";
@@ -157,6 +163,8 @@ pub const INSTANCES: &[Instance] = &[
         "lasp::gdn::run_fold<{dk}>(p)"),
     row("GDN_OUTPUT", "lasp_gated_delta_output_dk{dk}", GDN_FORWARD, SD_THREADS, GDN_PARAMS,
         "lasp::gdn::run_output<{dk}>(p)"),
+    row("GDN_OUTPUT_ROLES", "lasp_gated_delta_output_roles_dk{dk}", GDN_FORWARD_ROLES, "LASP_GDN_ROLES_THREADS, 1",
+        "lasp_gdn_roles_params", "lasp::gdn::run_output_roles<{dk}>(p)"),
     // Gated DeltaNet's LASP-2 forward, on the all-gather schedule: the shard's summary and the fold
     // of the exchanged ones (its chunk passes are the single-GPU forward's).
     row("GDN_LASP2_SUMMARY", "lasp_gated_delta_lasp2_summary", GDN_LASP2, "LASP_GDN_FOLD_THREADS",

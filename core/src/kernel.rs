@@ -8,9 +8,11 @@ use std::ffi::{c_void, CString};
 use std::sync::Arc;
 
 /// The cubin of `lasp-shmem-kernels` loaded into this GPU's primary context and registered with
-/// NVSHMEM (its `nvshmemi_device_state_d` holds this process's NVSHMEM state).
+/// NVSHMEM (its `nvshmemi_device_state_d` holds this process's NVSHMEM state), and beside it the
+/// standalone cubins (kernels built without `-rdc`, which call no NVSHMEM function).
 pub struct Module {
     handle: sys::CUmodule,
+    standalone: Vec<sys::CUmodule>,
     ctx: Arc<CudaContext>,
 }
 
@@ -61,8 +63,27 @@ impl Module {
             let _ = unsafe { cu::module::unload(handle) };
             return Err(e);
         }
+        let mut standalone = Vec::with_capacity(cubin.standalone.len());
+        for image in cubin.standalone {
+            // SAFETY: as for the main image; these carry no NVSHMEM state to register.
+            match unsafe { cu::module::load_data(image.as_ptr() as *const c_void) } {
+                Ok(module) => standalone.push(module),
+                Err(e) => {
+                    for module in standalone {
+                        // SAFETY: loaded above; nothing uses it.
+                        let _ = unsafe { cu::module::unload(module) };
+                    }
+                    // SAFETY: registered and loaded above; nothing has launched from it.
+                    let _ = unsafe { nvshmem.cumodule_finalize(handle) };
+                    // SAFETY: as above; the handle is not used after this.
+                    let _ = unsafe { cu::module::unload(handle) };
+                    return Err(Error::from_driver("cuModuleLoadData(standalone cubin)", &e));
+                }
+            }
+        }
         Ok(Module {
             handle,
+            standalone,
             ctx: ctx.clone(),
         })
     }
@@ -72,19 +93,30 @@ impl Module {
     pub fn kernel(&self, name: &'static str) -> Result<Kernel> {
         self.ctx.bind_to_thread().cuda_call("cuCtxSetCurrent")?;
         let c_name = CString::new(name).expect("kernel names have no NUL");
-        // SAFETY: the module is loaded in the current context (bound above).
-        let function =
-            unsafe { cu::module::get_function(self.handle, c_name) }.map_err(|e| match e.0 {
-                sys::CUresult::CUDA_ERROR_NOT_FOUND => Error::MissingKernel {
-                    kernel: name.into(),
-                    detail: describe_driver_error(&e),
-                },
-                _ => Error::from_driver(format!("cuModuleGetFunction({name})"), &e),
-            })?;
-        Ok(Kernel {
-            function,
-            ctx: self.ctx.cu_ctx(),
-            name,
+        let mut not_found = None;
+        for &module in std::iter::once(&self.handle).chain(&self.standalone) {
+            // SAFETY: the module is loaded in the current context (bound above).
+            match unsafe { cu::module::get_function(module, c_name.clone()) } {
+                Ok(function) => {
+                    return Ok(Kernel {
+                        function,
+                        ctx: self.ctx.cu_ctx(),
+                        name,
+                    })
+                }
+                Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_FOUND => not_found = Some(e),
+                Err(e) => {
+                    return Err(Error::from_driver(
+                        format!("cuModuleGetFunction({name})"),
+                        &e,
+                    ))
+                }
+            }
+        }
+        let e = not_found.expect("the main module was searched");
+        Err(Error::MissingKernel {
+            kernel: name.into(),
+            detail: describe_driver_error(&e),
         })
     }
 
@@ -100,8 +132,12 @@ impl Module {
         // SAFETY: no kernel of the module is running (the caller synchronised) and none is
         // launched after this (the runtime is shutting down); the context is current.
         unsafe { nvshmem.cumodule_finalize(self.handle)? };
-        // SAFETY: as above; the handle is not used after this.
+        // SAFETY: as above; the handles are not used after this.
         unsafe { cu::module::unload(self.handle) }.cuda_call("cuModuleUnload")?;
+        for &module in &self.standalone {
+            // SAFETY: as above.
+            unsafe { cu::module::unload(module) }.cuda_call("cuModuleUnload(standalone)")?;
+        }
         Ok(())
     }
 }

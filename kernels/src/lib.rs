@@ -12,6 +12,9 @@ pub struct Cubin {
     pub arch: &'static str,
     /// The ELF image to pass to `cuModuleLoadData`.
     pub image: &'static [u8],
+    /// The cubins of the standalone sources (`instances.rs`, `STANDALONE_SOURCES`), built without
+    /// `-rdc` and without NVSHMEM: each loaded as a module of its own, not registered with NVSHMEM.
+    pub standalone: &'static [&'static [u8]],
 }
 
 include!(concat!(env!("OUT_DIR"), "/cubins.rs"));

@@ -3,7 +3,7 @@
 //! crate declares, none of which spills. Checked on the CPU by reading the ELF symbol table and
 //! the `.nv.info` section.
 
-use lasp_shmem_kernels::{cubin_for, CUBINS, KERNEL_NAMES};
+use lasp_shmem_kernels::{cubin_for, Cubin, CUBINS, KERNEL_NAMES};
 use std::collections::HashMap;
 
 const ET_EXEC: u16 = 2;
@@ -99,26 +99,29 @@ fn frame_sizes(elf: &[u8]) -> HashMap<String, u32> {
     frames
 }
 
+/// Checks that `elf` is an executable (not relocatable) 64-bit CUDA image.
+fn assert_executable_cuda_image(elf: &[u8], what: &str) {
+    assert_eq!(&elf[..4], b"\x7fELF", "{what}: not an ELF image");
+    assert_eq!(elf[4], 2, "{what}: not ELF64");
+    assert_eq!(
+        u16_at(elf, 0x10),
+        ET_EXEC,
+        "{what}: relocatable, not linked"
+    );
+    assert_eq!(u16_at(elf, 0x12), EM_CUDA, "{what}: not a CUDA image");
+}
+
+/// Every image of `cubin`: the device-linked one, then the standalone ones.
+fn images(cubin: &'static Cubin) -> impl Iterator<Item = &'static [u8]> {
+    std::iter::once(cubin.image).chain(cubin.standalone.iter().copied())
+}
+
 #[test]
 fn every_cubin_is_an_executable_cuda_image_with_nvshmem_state_and_all_kernels() {
     assert!(!CUBINS.is_empty());
     for cubin in CUBINS {
-        let elf = cubin.image;
-        assert_eq!(&elf[..4], b"\x7fELF", "{}: not an ELF image", cubin.arch);
-        assert_eq!(elf[4], 2, "{}: not ELF64", cubin.arch);
-        assert_eq!(
-            u16_at(elf, 0x10),
-            ET_EXEC,
-            "{}: relocatable, not device-linked",
-            cubin.arch
-        );
-        assert_eq!(
-            u16_at(elf, 0x12),
-            EM_CUDA,
-            "{}: not a CUDA image",
-            cubin.arch
-        );
-        let names = symbol_names(elf);
+        assert_executable_cuda_image(cubin.image, cubin.arch);
+        let names = symbol_names(cubin.image);
         for required in ["nvshmemi_device_state_d", "nvshmemi_device_lib_version_d"] {
             assert!(
                 names.iter().any(|n| n == required),
@@ -126,10 +129,27 @@ fn every_cubin_is_an_executable_cuda_image_with_nvshmem_state_and_all_kernels() 
                 cubin.arch
             );
         }
-        for kernel in KERNEL_NAMES {
+        // The standalone images carry no NVSHMEM state: the runtime registers only the main one.
+        for (i, image) in cubin.standalone.iter().enumerate() {
+            let what = format!("{} standalone image {i}", cubin.arch);
+            assert_executable_cuda_image(image, &what);
             assert!(
-                names.iter().any(|n| n == kernel),
-                "{}: kernel {kernel} missing",
+                !symbol_names(image)
+                    .iter()
+                    .any(|n| n.starts_with("nvshmemi_")),
+                "{what}: has NVSHMEM symbols"
+            );
+        }
+        // Every kernel in exactly one image.
+        let per_image: Vec<Vec<String>> = images(cubin).map(symbol_names).collect();
+        for kernel in KERNEL_NAMES {
+            let holders = per_image
+                .iter()
+                .filter(|names| names.iter().any(|n| n == kernel))
+                .count();
+            assert_eq!(
+                holders, 1,
+                "{}: kernel {kernel} in {holders} images",
                 cubin.arch
             );
         }
@@ -143,7 +163,7 @@ fn every_cubin_is_an_executable_cuda_image_with_nvshmem_state_and_all_kernels() 
 #[test]
 fn no_kernel_has_a_stack_frame() {
     for cubin in CUBINS {
-        let frames = frame_sizes(cubin.image);
+        let frames: HashMap<String, u32> = images(cubin).flat_map(frame_sizes).collect();
         for kernel in KERNEL_NAMES {
             match frames.get(*kernel) {
                 Some(0) => {}

@@ -188,6 +188,15 @@ fn run_case(fwd: &mut GatedDeltaForward, stream: &Arc<CudaStream>, case: &Case) 
         };
         let (o, ht, plan) = run_once(fwd, stream, &mut dev, shape, scale)?;
         let (o2, ht2, _) = run_once(fwd, stream, &mut dev, shape, scale)?;
+        // One segment: the two-role output kernel, which must give the one-warpgroup kernel's bits.
+        let one_warpgroup = if plan.output_roles.is_some() {
+            fwd.set_two_role_output(false);
+            let bits = run_once(fwd, stream, &mut dev, shape, scale);
+            fwd.set_two_role_output(true);
+            Some(bits?)
+        } else {
+            None
+        };
         let s = &case.shape;
         let mut problems = Vec::new();
         for check in [
@@ -202,6 +211,12 @@ fn run_case(fwd: &mut GatedDeltaForward, stream: &Arc<CudaStream>, case: &Case) 
             problems.push(format!(
                 "not deterministic: {differ} elements differ between two runs"
             ));
+        }
+        if let Some((o1, ht1, _)) = &one_warpgroup {
+            if *o1 != o || *ht1 != ht {
+                problems
+                    .push("the two-role output kernel differs from the one-warpgroup one".into());
+            }
         }
         problems.extend(dev.fwd.modified_inputs(stream, &inputs)?);
         let beta_bits: Vec<u32> = beta_host.iter().map(|x| x.to_bits()).collect();
@@ -221,8 +236,14 @@ fn run_case(fwd: &mut GatedDeltaForward, stream: &Arc<CudaStream>, case: &Case) 
         let e_o = error_of("o", &bf16_values(&o), &want.o);
         let e_ht = error_of("ht", &f32_values(&ht), &want.final_state);
         let summary = format!(
-            "S={} cps={} rel err o {e_o:.2e} ht {e_ht:.2e}",
-            plan.num_segments, plan.chunks_per_segment
+            "S={} cps={}{} rel err o {e_o:.2e} ht {e_ht:.2e}",
+            plan.num_segments,
+            plan.chunks_per_segment,
+            if one_warpgroup.is_some() {
+                " two-role"
+            } else {
+                ""
+            }
         );
         if problems.is_empty() {
             Ok(summary)

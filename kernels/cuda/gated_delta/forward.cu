@@ -131,7 +131,7 @@ __device__ __forceinline__ void run_summary_tile(const lasp_gated_delta_params& 
         else
           chunk::state_store<DK>(s, ln, summary_b_tile<DK>(p, blockIdx.z, blockIdx.y, a.vt), p.Dv);
       },
-      sd::NoChunkHook{}, Values<DK, kOfA, false>{p});
+      sd::NoChunkHook{}, Values<DK, kOfA, ValuesLayout<DK, false>>{p});
 }
 
 template <int DK>

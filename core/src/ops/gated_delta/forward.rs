@@ -7,7 +7,8 @@ use crate::kernel::{width_index, Kernel, LaunchShape};
 use crate::ops::scalar_decay::{geometry, ForwardShape, TensorChecks};
 use crate::ops::{bf16, require_shared_memory, DeviceMut, DeviceRef, StreamOrder};
 use crate::runtime::Runtime;
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use crate::tensor_map;
+use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream};
 use lasp_shmem_kernels::{instances, params as header};
 use std::sync::Arc;
 
@@ -130,6 +131,17 @@ pub(super) fn summary_smem_bytes(dk: usize) -> u32 {
     with_values_step(geometry::update_smem_bytes(dk as i32))
 }
 
+/// Shared-memory bytes of the two-role output kernel (`lasp_gdn_roles_smem_bytes`): scalar decay's
+/// two-role loop at LASP_GDN_ROLES_STAGES stages with one mbarrier each, then the values step's
+/// tiles and betas.
+pub(super) fn roles_smem_bytes(dk: usize) -> u32 {
+    let (stages, dk) = (header::LASP_GDN_ROLES_STAGES, dk as u32);
+    let tile = CHUNK * CHUNK * 2;
+    let stage = 2 * CHUNK * dk * 2 + CHUNK * 64 * 2;
+    let looped = stages * stage + 2 * dk * 64 * 2 + stages * CHUNK * 4 + 8 * stages;
+    looped.next_multiple_of(1024) + stages * tile + tile + stages * CHUNK * 4
+}
+
 /// What a plan's segment summaries and fold serve.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Scope {
@@ -154,6 +166,9 @@ pub struct GatedDeltaPlan {
     pub summary: Option<LaunchShape>,
     pub fold: Option<LaunchShape>,
     pub output: LaunchShape,
+    /// Whether the output pass is the two-role kernel (S == 1 where the GPU runs it and the
+    /// instance allows it), with its launch; else `output`.
+    pub output_roles: Option<LaunchShape>,
     pub workspace_bytes: u64,
     /// Offsets of ws_a, ws_b and ws_p (after the `(I + L)^{-1}` tiles at 0), where a fold runs.
     pub summary_offsets: Option<(u64, u64, u64)>,
@@ -212,6 +227,7 @@ impl GatedDeltaPlan {
                 block: (header::LASP_SD_THREADS, 1, 1),
                 shared_bytes: output_smem_bytes(s.dk),
             },
+            output_roles: None,
             workspace_bytes: if folds { ws_p + p_bytes } else { tri },
             summary_offsets: folds.then_some((ws_a, ws_b, ws_p)),
         }
@@ -225,6 +241,10 @@ pub(super) struct ChunkKernels {
     wy: [Kernel; 2],
     summary: [Kernel; 2],
     output: [Kernel; 2],
+    /// The two-role output kernels, where the GPU runs them (sm_90 and its shared memory).
+    output_roles: Option<[Kernel; 2]>,
+    /// Whether one-segment plans take them (tests compare the two).
+    two_roles: bool,
 }
 
 impl ChunkKernels {
@@ -233,10 +253,26 @@ impl ChunkKernels {
     pub(super) fn new(runtime: &Runtime, op: &str) -> Result<Self> {
         require_shared_memory(runtime, op, output_smem_bytes(128))?;
         let module = runtime.module();
+        let ctx = runtime.context();
+        let optin = ctx.attribute(
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )? as u32;
+        let (major, _) = ctx.compute_capability()?;
+        let output_roles = if major >= 9 && optin >= roles_smem_bytes(128) {
+            let kernels = module.kernels_per_width(instances::GDN_OUTPUT_ROLES)?;
+            for (i, dk) in [64, 128].into_iter().enumerate() {
+                kernels[i].set_max_dynamic_shared_bytes(roles_smem_bytes(dk))?;
+            }
+            Some(kernels)
+        } else {
+            None
+        };
         let kernels = ChunkKernels {
             wy: module.kernels_per_width(instances::GDN_WY)?,
             summary: module.kernels_per_width(instances::GDN_SUMMARY)?,
             output: module.kernels_per_width(instances::GDN_OUTPUT)?,
+            output_roles,
+            two_roles: true,
         };
         for (i, dk) in [64, 128].into_iter().enumerate() {
             kernels.wy[i].set_max_dynamic_shared_bytes(wy_smem_bytes(dk))?;
@@ -247,6 +283,22 @@ impl ChunkKernels {
             kernels.output[i].set_max_dynamic_shared_bytes(output_smem_bytes(dk))?;
         }
         Ok(kernels)
+    }
+
+    /// `plan` with the two-role output where it has one segment and the kernels allow it.
+    pub(super) fn choose_output(
+        &self,
+        mut plan: GatedDeltaPlan,
+        s: &ForwardShape,
+    ) -> GatedDeltaPlan {
+        if plan.num_segments == 1 && self.output_roles.is_some() && self.two_roles {
+            plan.output_roles = Some(LaunchShape {
+                grid: ((s.dv / 64) as u32, 1, (s.b * s.h) as u32),
+                block: (header::LASP_GDN_ROLES_THREADS, 1, 1),
+                shared_bytes: roles_smem_bytes(s.dk),
+            });
+        }
+        plan
     }
 
     /// The WY kernel, then the segments' summaries where the plan has any.
@@ -283,10 +335,42 @@ impl ChunkKernels {
         params: &GatedDeltaParams,
     ) -> Result<()> {
         let i = width_index(params.Dk as usize);
-        // SAFETY: the caller's contract.
-        unsafe { self.output[i].launch(stream, plan.output, params) }
+        match (plan.output_roles, &self.output_roles) {
+            (Some(shape), Some(roles)) => {
+                let s = plan_shape(params);
+                let map = |what: &str, addr: u64, width: usize| {
+                    tensor_map::bf16_token_tiles(what, addr, [width, s.h, s.t, s.b])
+                };
+                let roles_params = RolesParams {
+                    p: *params,
+                    q: map("Gated DeltaNet forward, q", params.q as u64, s.dk)?,
+                    k: map("Gated DeltaNet forward, k", params.k as u64, s.dk)?,
+                    v: map("Gated DeltaNet forward, v", params.v as u64, s.dv)?,
+                    // The padding bindgen spells out between `p` and the 128-byte-aligned maps.
+                    ..Default::default()
+                };
+                // SAFETY: the caller's contract; the maps describe the same tensors as `params`.
+                unsafe { roles[i].launch(stream, shape, &roles_params) }
+            }
+            // SAFETY: the caller's contract.
+            _ => unsafe { self.output[i].launch(stream, plan.output, params) },
+        }
     }
 }
+
+/// The dimensions `params` carries.
+fn plan_shape(params: &GatedDeltaParams) -> ForwardShape {
+    ForwardShape {
+        b: params.B as usize,
+        t: params.T as usize,
+        h: params.H as usize,
+        dk: params.Dk as usize,
+        dv: params.Dv as usize,
+    }
+}
+
+/// The C struct `lasp_gdn_roles_params`: the forward's parameters and the tensor maps of q, k, v.
+type RolesParams = header::lasp_gdn_roles_params;
 
 /// The kernels' parameters for one call of `args` (checked) under `plan`, with the workspace at
 /// device address `workspace` (at least `plan.workspace_bytes`).
@@ -372,12 +456,14 @@ impl GatedDeltaForward {
     /// The plan a launch of `shape` would use (validates the shape).
     pub fn plan(&self, shape: &ForwardShape) -> Result<GatedDeltaPlan> {
         shape.validate_as(OP)?;
-        Ok(GatedDeltaPlan::new(
-            shape,
-            self.sm_count,
-            self.force_segments,
-            Scope::SingleGpu,
-        ))
+        let plan = GatedDeltaPlan::new(shape, self.sm_count, self.force_segments, Scope::SingleGpu);
+        Ok(self.kernels.choose_output(plan, shape))
+    }
+
+    /// Whether plans with one segment run the two-role output kernel (the default, where the GPU
+    /// runs it) or the one-warpgroup one (tests compare the two).
+    pub fn set_two_role_output(&mut self, enabled: bool) {
+        self.kernels.two_roles = enabled;
     }
 
     /// Enqueues the forward on `stream` (a stream of the runtime's context) and returns the plan

@@ -95,7 +95,10 @@ impl GatedDeltaLasp2Forward {
                 npes - 1
             )));
         }
-        let plan = GatedDeltaPlan::new(&s, self.sm_count, None, Scope::Shard);
+        let plan = self.kernels.choose_output(
+            GatedDeltaPlan::new(&s, self.sm_count, None, Scope::Shard),
+            &s,
+        );
         let ws = crate::ops::ensure_workspace(
             self.chain.context(),
             stream,

@@ -3,7 +3,9 @@
 //! kernels' roundings against the f64 recurrence, which says whether the GPU tests' tolerance is
 //! within the design's reach before a GPU runs them.
 
-use super::forward::{output_smem_bytes, summary_smem_bytes, wy_smem_bytes, Scope};
+use super::forward::{
+    output_smem_bytes, roles_smem_bytes, summary_smem_bytes, wy_smem_bytes, Scope,
+};
 use super::{GatedDeltaArgs, GatedDeltaPlan};
 use crate::error::Error;
 use crate::ops::scalar_decay::ForwardShape;
@@ -32,6 +34,11 @@ fn shared_memory_follows_the_header() {
         82_944 + 2 * 8_192 + 8_192 + 2 * 256
     );
     assert!(2 * (summary_smem_bytes(128) + 1024) <= 228 * 1024);
+    // The two-role kernel: three stages of Q, K (16 KiB each) and the V tile (8 KiB), two state
+    // copies, three stages of gates and mbarriers (122,880 + 32,768 + 768 + 24 bytes, rounded up
+    // to 1 KiB), then three (I + L)^{-1} tiles, R and three stages of betas.
+    assert_eq!(roles_smem_bytes(128), 156_672 + 3 * 8_192 + 8_192 + 3 * 256);
+    assert!(roles_smem_bytes(128) <= 227 * 1024);
     // The K tile, 64 gates and 64 betas, L as 64 rows of 65 floats.
     assert_eq!(wy_smem_bytes(128), 16_384 + 512 + 16_640);
     assert_eq!(wy_smem_bytes(64), 8_192 + 512 + 16_640);

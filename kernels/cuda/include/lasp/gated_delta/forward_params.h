@@ -48,6 +48,8 @@
 #define LASP_GDN_WY_THREADS 128  // the WY kernel: one warpgroup per (chunk, b*H+h)
 #define LASP_GDN_TRI_PITCH 65    // floats per row of the WY kernel's fp32 [64 x 64] L (padded: no bank conflicts)
 #define LASP_GDN_FOLD_THREADS 256  // the fold: one CTA per (64 columns of Dv, b*H+h)
+#define LASP_GDN_ROLES_THREADS 384  // two-role output kernel: state, output and loading warpgroups
+#define LASP_GDN_ROLES_STAGES 3     // its chunks in flight (lasp/gated_delta/roles.cuh)
 
 typedef struct {
   const uint16_t* q;   // bf16 [B, T, H, Dk], contiguous
@@ -103,3 +105,21 @@ LASP_GDN_FN uint32_t lasp_gdn_values_smem_bytes(int32_t Dk, int32_t with_q) {
 }
 LASP_GDN_FN uint32_t lasp_gdn_output_smem_bytes(int32_t Dk) { return lasp_gdn_values_smem_bytes(Dk, 1); }
 LASP_GDN_FN uint32_t lasp_gdn_summary_smem_bytes(int32_t Dk) { return lasp_gdn_values_smem_bytes(Dk, 0); }
+
+// Two-role output kernel (lasp/gated_delta/roles.cuh): scalar decay's two-role loop at
+// LASP_GDN_ROLES_STAGES stages (Q, K, V tile, gates; two bf16 state copies), one 8-byte mbarrier
+// per stage, then from the next 1024-byte boundary the values step's STAGES tiles, R and betas.
+LASP_GDN_FN uint32_t lasp_gdn_roles_smem_bytes(int32_t Dk) {
+  const uint32_t tile = LASP_SD_CHUNK * LASP_SD_CHUNK * 2u;
+  const uint32_t stage = 2u * LASP_SD_CHUNK * Dk * 2u + LASP_SD_CHUNK * LASP_SD_TILE_V * 2u;
+  const uint32_t loop = LASP_GDN_ROLES_STAGES * stage + 2u * Dk * LASP_SD_TILE_V * 2u +
+                        LASP_GDN_ROLES_STAGES * LASP_SD_CHUNK * 4u + 8u * LASP_GDN_ROLES_STAGES;
+  return (loop + 1023u) / 1024u * 1024u + LASP_GDN_ROLES_STAGES * tile + tile + LASP_GDN_ROLES_STAGES * LASP_SD_CHUNK * 4u;
+}
+
+// The two-role kernel's parameters: the forward's, and the tensor maps of q, k and v its copies
+// read through.
+typedef struct {
+  lasp_gated_delta_params p;
+  lasp_tensor_map q, k, v;
+} lasp_gdn_roles_params;

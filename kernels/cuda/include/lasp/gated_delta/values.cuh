@@ -28,6 +28,7 @@ using sd::kStages;
 // R (V's layout), kStages x 64 betas (fp32).
 template <int DK, bool kWithQ>
 struct ValuesLayout {
+  static constexpr int kDepth = kStages;  // slots of the tiles and betas: one per stage
   static constexpr uint32_t kTileBytes = kChunk * kChunk * 2;
   static constexpr uint32_t kTri = lasp_gdn_values_offset(DK, kWithQ);
   static constexpr uint32_t kR = kTri + kStages * kTileBytes;
@@ -40,20 +41,26 @@ struct ValuesLayout {
 
 // The Values of run_segment_with for the CTA's (b, h) = blockIdx.z. kZeroValues: V taken as 0
 // whatever the tile holds, so that the loop applies the chunks' transitions alone (a segment
-// summary's A, lasp_gated_delta_summary_dk*). kWithQ: the loop's (kStoreO), which places these
-// tiles. The flags are template parameters and the tensors' addresses are formed from the
+// summary's A, lasp_gated_delta_summary_dk*). M: where the loop places these tiles
+// (ValuesLayout, or the two-role loop's map) and how many slots it keeps. The flag is a template
+// parameter and the tensors' addresses are formed from the
 // parameters (constant memory) and the grid at each use: the output loop at Dk = 128 has no
 // register to spare for anything that lives across it.
-template <int DK, bool kZeroValues = false, bool kWithQ = true>
+// A barrier of the whole CTA, which runs the values step in the single-warpgroup loops.
+struct CtaSync {
+  __device__ __forceinline__ void operator()() const { __syncthreads(); }
+};
+
+template <int DK, bool kZeroValues = false, class M = ValuesLayout<DK, true>>
 struct Values {
   static constexpr bool kPlain = false;
-  using M = ValuesLayout<DK, kWithQ>;
 
   const lasp_gated_delta_params& p;
 
-  // Chunk `chunk`'s (I + L)^{-1} tile and betas into slot i % kStages (betas of virtual tokens 0).
+  // Chunk `chunk`'s (I + L)^{-1} tile and betas into slot i % M::kDepth (betas of virtual tokens 0),
+  // by the 128 threads of the warpgroup that runs the step.
   __device__ __forceinline__ void issue(uint32_t sbase, int i, int chunk, int tok0, int valid, int tid) const {
-    const int slot = i % kStages;
+    const int slot = i % M::kDepth;
     const int bh = blockIdx.z, b = bh / p.H, h = bh - b * p.H;
     const uint16_t* tri = p.ws_tri + ((int64_t)bh * lasp_gdn_num_chunks(p.T) + chunk) * kChunk * kChunk;
     sd::copy_tile_async<kChunk / 8>(sbase + M::kTri + slot * M::kTileBytes, tri, kChunk, kChunk, tid);
@@ -64,15 +71,16 @@ struct Values {
     }
   }
 
-  // V tile at sV <- u for segment chunk i (state copy sS = S_n, gates cg, key tile sK).
-  template <int kDk>
+  // V tile at sV <- u for segment chunk i (state copy sS = S_n, gates cg, key tile sK); `sync` is
+  // a barrier of the threads that run the step.
+  template <int kDk, class Sync = CtaSync>
   __device__ __forceinline__ void apply(uint32_t sbase, int i, uint32_t sK, uint32_t sV, uint32_t sS,
                                         const sd::FragOffsets<kDk>& off, const sd::ChunkGates& cg, int warp,
-                                        int lane) const {
+                                        int lane, Sync sync = Sync{}) const {
     static_assert(kDk == DK, "one key width");
     extern __shared__ __align__(1024) uint8_t smem[];  // the loop's buffer
     const int g = lane >> 2, t = lane & 3;
-    const int slot = i % kStages;
+    const int slot = i % M::kDepth;
 
     // K S_n for this warp's rows (the loop's Q S_n with K in Q's place).
     float ks[8][4] = {};
@@ -102,7 +110,7 @@ struct Values {
         *reinterpret_cast<uint32_t*>(r_tile + at) = pack_bf16x2(r0, r1);
       }
     }
-    __syncthreads();  // R complete; every warp has read its V rows
+    sync();  // R complete; every warp has read its V rows
 
     // u = (I + L)^{-1} R for this warp's rows (k-steps past the diagonal block multiply zeros).
     float u[8][4] = {};
@@ -126,7 +134,7 @@ struct Values {
 #if LASP_SD_WGMMA
     wg::fence_proxy_async();  // the products read the tile through the async proxy
 #endif
-    __syncthreads();  // u complete before any warp's products; R free for the next chunk
+    sync();  // u complete before any warp's products; R free for the next chunk
   }
 };
 
