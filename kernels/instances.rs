@@ -70,6 +70,8 @@ const GDN_FORWARD_ROLES: &str = "gated_delta/forward_roles.cu";
 const GDN_PARAMS: &str = "lasp_gated_delta_params";
 const GDN_LASP2: &str = "gated_delta/lasp2_forward.cu";
 const GDN_L2_PARAMS: &str = "lasp_gated_delta_lasp2_params";
+const GDN_BACKWARD: &str = "gated_delta/backward.cu";
+const GDN_BWD_PARAMS: &str = "lasp_gated_delta_bwd_params";
 
 /// Every templated kernel. Template arguments of `run_segment`: key width, output pass, probe,
 /// two roles, reversed time axis, block states (lasp/scalar_decay/chunk.cuh). The LASP-2 kernels
@@ -165,6 +167,16 @@ pub const INSTANCES: &[Instance] = &[
         "lasp::gdn::run_output<{dk}>(p)"),
     row("GDN_OUTPUT_ROLES", "lasp_gated_delta_output_roles_dk{dk}", GDN_FORWARD_ROLES, "LASP_GDN_ROLES_THREADS, 1",
         "lasp_gdn_roles_params", "lasp::gdn::run_output_roles<{dk}>(p)"),
+    // Gated DeltaNet's backward (single GPU): the forward's (I + L)^{-1} again with W, the chain
+    // again storing every chunk's state and u, the reversed chain of dS, then every chunk's gradients.
+    row("GDN_BWD_WY", "lasp_gated_delta_bwd_wy_dk{dk}", GDN_BACKWARD, "LASP_GDN_WY_THREADS, 1", GDN_BWD_PARAMS,
+        "lasp::gdn::bwd_wy<{dk}>(p)"),
+    row("GDN_BWD_STATES", "lasp_gated_delta_bwd_states_dk{dk}", GDN_BACKWARD, SD_THREADS, GDN_BWD_PARAMS,
+        "lasp::gdn::bwd_states<{dk}>(p)"),
+    row("GDN_BWD_DH", "lasp_gated_delta_bwd_dh_dk{dk}", GDN_BACKWARD, SD_THREADS, GDN_BWD_PARAMS,
+        "lasp::gdn::bwd_dh<{dk}>(p)"),
+    row("GDN_BWD_GRADS", "lasp_gated_delta_bwd_grads_dk{dk}", GDN_BACKWARD, "LASP_GDN_BWD_GRADS_THREADS, 1",
+        GDN_BWD_PARAMS, "lasp::gdn::bwd_grads<{dk}>(p)"),
     // Gated DeltaNet's LASP-2 forward, on the all-gather schedule: the shard's summary and the fold
     // of the exchanged ones (its chunk passes are the single-GPU forward's).
     row("GDN_LASP2_SUMMARY", "lasp_gated_delta_lasp2_summary", GDN_LASP2, "LASP_GDN_FOLD_THREADS",

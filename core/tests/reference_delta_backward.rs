@@ -130,3 +130,42 @@ fn chunkwise_backward_matches_recurrent_at_extreme_gates() {
         check_chunkwise_against_recurrent(name, &inputs, &cot);
     }
 }
+
+/// The product norms bound the sums they measure (Cauchy-Schwarz per token: `|dg_t| <= sqrt(n)
+/// ||products_t||`), and with one key and one value column each sum is a single product, whose
+/// norm is its absolute value.
+#[test]
+fn product_norms_measure_the_terms_of_dg_and_dbeta() {
+    let inputs = generate(Regime::Typical, 11, true);
+    let cot = Cotangents::generate(SHAPE, 11, true, false).unwrap();
+    let want = delta_rule::recurrent_backward(&inputs, &cot.d_o, cot.d_ht.as_ref()).unwrap();
+    let (dg_norm, dbeta_norm) =
+        delta_rule::gate_and_beta_product_norms(&inputs, &cot.d_o, cot.d_ht.as_ref()).unwrap();
+    let l2 = |x: &[f64]| x.iter().map(|v| v * v).sum::<f64>().sqrt();
+    let dbeta = want.dbeta.as_ref().unwrap();
+    assert!(l2(want.dg.data()) <= ((SHAPE.dk * SHAPE.dv) as f64).sqrt() * dg_norm);
+    assert!(l2(dbeta.data()) <= (SHAPE.dv as f64).sqrt() * dbeta_norm);
+    assert!(dg_norm > 0.0 && dbeta_norm > 0.0);
+
+    let one = Shape {
+        dk: 1,
+        dv: 1,
+        ..SHAPE
+    };
+    let spec = InputSpec {
+        shape: one,
+        family: Family::DeltaRule,
+        regime: Regime::Typical,
+        seed: 12,
+        round_to_bf16: false,
+        initial_state: true,
+    };
+    let inputs = Inputs::generate(&spec).unwrap();
+    let cot = Cotangents::generate(one, 12, true, false).unwrap();
+    let want = delta_rule::recurrent_backward(&inputs, &cot.d_o, cot.d_ht.as_ref()).unwrap();
+    let (dg_norm, dbeta_norm) =
+        delta_rule::gate_and_beta_product_norms(&inputs, &cot.d_o, cot.d_ht.as_ref()).unwrap();
+    let rel = |a: f64, b: f64| (a - b).abs() / b;
+    assert!(rel(l2(want.dg.data()), dg_norm) < 1e-12);
+    assert!(rel(l2(want.dbeta.as_ref().unwrap().data()), dbeta_norm) < 1e-12);
+}

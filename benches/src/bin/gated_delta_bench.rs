@@ -1,5 +1,6 @@
-//! Times the Gated DeltaNet forward (`ops::gated_delta`) on one GPU and dumps the inputs and the
-//! output for the comparison with fla's `chunk_gated_delta_rule` (`benches/fla_gated_delta.py`).
+//! Times the Gated DeltaNet forward and backward (`ops::gated_delta`) on one GPU and dumps the
+//! forward's inputs and output for the comparison with fla's `chunk_gated_delta_rule`
+//! (`benches/fla_gated_delta.py`).
 //!
 //! ```text
 //! gated_delta_bench --dump /tmp/gdn          # B=4,T=8K / B=1,T=32K / B=1,T=128K, H=16, D=128
@@ -8,17 +9,22 @@
 //!
 //! Inputs: q, v ~ N(0, 1) and k ~ N(0, 1) with every row scaled to unit norm (the model's l2
 //! normalisation), rounded to bf16; g = logsigmoid(N(0, 1)) / 16 and beta = sigmoid(N(0, 1)) per
-//! token and head in fp32; scale D^-1/2, no h0 or ht; a fixed-seed host PRNG. Timing: warm-up
-//! calls, then calls enqueued back to back, each between two CUDA events; the median. The HBM
-//! floor: q, k, v, o in bf16 and g, beta in fp32 moved once, at the spec bandwidth of the
-//! device (H100 SXM 3.35e12, H200 4.8e12 B/s). With `--dump DIR`:
+//! token and head in fp32; do ~ N(0, 1) in bf16 for the backward; scale D^-1/2, no h0, ht, dht or
+//! dh0; a fixed-seed host PRNG. Timing: warm-up calls, then calls enqueued back to back, each
+//! between two CUDA events; the median; the backward on its own (it needs nothing of the
+//! forward's). The HBM floors at the spec bandwidth of the device (H100 SXM 3.35e12, H200 4.8e12
+//! B/s): the forward's q, k, v, o in bf16 and g, beta in fp32 moved once; the backward's q, k, v,
+//! do read and dq, dk, dv written in bf16, g, beta read and dg, dbeta written in fp32. With
+//! `--dump DIR`:
 //! `DIR/<name>/{q,k,v,g,beta,o}.bin` (raw little-endian; q, k `[B, T, H, Dk]`, v, o `[B, T, H,
 //! Dv]`, g, beta `[B, T, H]`) and `DIR/ours.json`.
 
 use clap::Parser;
 use cudarc::driver::CudaSlice;
 use half::bf16;
-use lasp_shmem::ops::gated_delta::{GatedDeltaArgs, GatedDeltaForward};
+use lasp_shmem::ops::gated_delta::{
+    GatedDeltaArgs, GatedDeltaBackward, GatedDeltaBackwardArgs, GatedDeltaForward,
+};
 use lasp_shmem::ops::{DeviceMut, DeviceRef};
 use lasp_shmem::{Config, Result, Runtime};
 use lasp_shmem_benches::{generated, io_error, logsigmoid, time_calls, write_raw, TimingOptions};
@@ -50,6 +56,10 @@ struct ShapeRow {
     num_segments: u32,
     hbm_floor_fwd_ms: f64,
     floor_fraction_fwd: f64,
+    ours_bwd_ms: f64,
+    ours_bwd_min_ms: f64,
+    hbm_floor_bwd_ms: f64,
+    floor_fraction_bwd: f64,
 }
 
 #[derive(Serialize)]
@@ -88,6 +98,7 @@ fn run(opts: &Options, config: Config) -> Result<()> {
     let device = rt.context().name()?;
     let bandwidth = hbm_bytes_per_s(&device);
     let mut fwd = GatedDeltaForward::new(&rt)?;
+    let mut bwd = GatedDeltaBackward::new(&rt)?;
     let mut rows = Vec::new();
     for &shape in &opts.timing.shapes {
         let name = format!("b{}_t{}_h{}_d{}", shape.b, shape.t, shape.h, shape.dk);
@@ -132,6 +143,45 @@ fn run(opts: &Options, config: Config) -> Result<()> {
              ({:.0} % of it)",
             100.0 * floor_ms / ms
         );
+        let d_o = stream.clone_htod(&normal(shape.v_len(), 6))?;
+        let mut grad_q: CudaSlice<bf16> = stream.alloc_zeros(shape.qk_len())?;
+        let mut grad_k: CudaSlice<bf16> = stream.alloc_zeros(shape.qk_len())?;
+        let mut grad_v: CudaSlice<bf16> = stream.alloc_zeros(shape.v_len())?;
+        let mut grad_g: CudaSlice<f32> = stream.alloc_zeros(shape.gate_len())?;
+        let mut grad_beta: CudaSlice<f32> = stream.alloc_zeros(shape.gate_len())?;
+        let mut bwd_plan = None;
+        let (bwd_ms, bwd_min_ms) =
+            time_calls(&stream, opts.timing.warmup, opts.timing.iters(), |_| {
+                let args = GatedDeltaBackwardArgs {
+                    shape,
+                    q: DeviceRef::new(&dq),
+                    k: DeviceRef::new(&dk),
+                    v: DeviceRef::new(&dv),
+                    g: DeviceRef::new(&dg),
+                    beta: DeviceRef::new(&dbeta),
+                    h0: None,
+                    d_o: DeviceRef::new(&d_o),
+                    dht: None,
+                    dq: DeviceMut::new(&mut grad_q),
+                    dk: DeviceMut::new(&mut grad_k),
+                    dv: DeviceMut::new(&mut grad_v),
+                    dg: DeviceMut::new(&mut grad_g),
+                    dbeta: DeviceMut::new(&mut grad_beta),
+                    dh0: None,
+                    scale: None,
+                };
+                bwd_plan = Some(bwd.launch(&stream, args)?);
+                Ok(())
+            })?;
+        let bwd_segments = bwd_plan.map_or(0, |p| p.forward.num_segments);
+        let bwd_floor_bytes =
+            (2 * (4 * shape.qk_len() + 3 * shape.v_len()) + 16 * shape.gate_len()) as f64;
+        let bwd_floor_ms = bwd_floor_bytes / bandwidth * 1e3;
+        println!(
+            "{name}: backward {bwd_ms:.4} ms (min {bwd_min_ms:.4}, S={bwd_segments}), HBM floor \
+             {bwd_floor_ms:.4} ms ({:.0} % of it)",
+            100.0 * bwd_floor_ms / bwd_ms
+        );
         if let Some(root) = &opts.timing.dump {
             let dir = root.join(&name);
             std::fs::create_dir_all(&dir).map_err(|e| io_error(&dir, e))?;
@@ -153,6 +203,10 @@ fn run(opts: &Options, config: Config) -> Result<()> {
             num_segments: segments,
             hbm_floor_fwd_ms: round(floor_ms, 5),
             floor_fraction_fwd: round(floor_ms / ms, 4),
+            ours_bwd_ms: round(bwd_ms, 5),
+            ours_bwd_min_ms: round(bwd_min_ms, 5),
+            hbm_floor_bwd_ms: round(bwd_floor_ms, 5),
+            floor_fraction_bwd: round(bwd_floor_ms / bwd_ms, 4),
         });
     }
     let json = to_json(&Results {
@@ -161,12 +215,14 @@ fn run(opts: &Options, config: Config) -> Result<()> {
         method: opts.timing.method(),
         inputs:
             "q, v ~ N(0, 1), k ~ N(0, 1) with unit-norm rows, in bf16; g = logsigmoid(N(0, 1)) \
-                 / 16 and beta = sigmoid(N(0, 1)) per token and head; scale D^-1/2",
+                 / 16 and beta = sigmoid(N(0, 1)) per token and head; do ~ N(0, 1) in bf16; \
+                 scale D^-1/2",
         hbm_bytes_per_s: bandwidth,
         shapes: rows,
     });
     opts.timing.write_results(&json)?;
     drop(fwd);
+    drop(bwd);
     rt.shutdown()
 }
 

@@ -75,8 +75,43 @@ fn delta_step(h: &Head, t: usize, s: &mut [f64]) {
     outer_add(s, 1.0, h.k(t), &u);
 }
 
+/// The l2 norms of the products that the recurrent backward's `dg` and `dbeta` sum
+/// (`dg_t = <dP_t, P_t>`, `dbeta_t = <du_t, r_t>`) over every token and head. A computation that
+/// rounds those operands to a relative precision eps errs by about eps times these norms (the
+/// products' roundings add like a random walk), whatever cancellation leaves of the sums: the
+/// scale a kernel that keeps its chunk states in bf16 is checked against.
+pub fn gate_and_beta_product_norms(
+    inputs: &Inputs,
+    d_o: &Tensor,
+    d_ht: Option<&Tensor>,
+) -> Result<(f64, f64), ReferenceError> {
+    let squares = backward_heads(inputs, Family::DeltaRule, d_o, d_ht, |h, d_o, d_ht| {
+        reverse_sweep(h, d_o, d_ht, delta_step, |h, t, s_prev, ds, g| {
+            delta_back_with(h, t, s_prev, ds, g, |x, y| {
+                x.iter().zip(y).map(|(a, b)| (a * b) * (a * b)).sum()
+            })
+        })
+    })?;
+    let total = |x: &Tensor| x.data().iter().sum::<f64>().sqrt();
+    let dbeta = squares.dbeta.as_ref().map_or(0.0, total);
+    Ok((total(&squares.dg), dbeta))
+}
+
 /// Reverse of [`delta_step`], with `dS = dL/dS_t` on entry and `dL/dS_{t-1}` on exit.
 fn delta_back(h: &Head, t: usize, s_prev: &[f64], ds: &mut [f64], g: &mut HeadGrads) {
+    delta_back_with(h, t, s_prev, ds, g, dot);
+}
+
+/// [`delta_back`] with `pair(x, y)` for the two sums `dbeta_t` and `dg_t` are (`dot`, or what
+/// [`gate_and_beta_product_norms`] measures of them).
+fn delta_back_with(
+    h: &Head,
+    t: usize,
+    s_prev: &[f64],
+    ds: &mut [f64],
+    g: &mut HeadGrads,
+    pair: impl Fn(&[f64], &[f64]) -> f64,
+) {
     let (dk, dv) = (h.dk, h.dv);
     let (k, v, beta, decay) = (h.k(t), h.v(t), h.beta[t], h.g[t].exp());
     let p: Vec<f64> = s_prev.iter().map(|x| x * decay).collect();
@@ -91,11 +126,11 @@ fn delta_back(h: &Head, t: usize, s_prev: &[f64], ds: &mut [f64], g: &mut HeadGr
     vec_mat_add(&mut du, 1.0, k, ds);
     // u = beta (v - k P).
     axpy(&mut g.dv[t * dv..(t + 1) * dv], beta, &du);
-    g.dbeta[t] += dot(&du, &r);
+    g.dbeta[t] += pair(&du, &r);
     mat_vec_add(dk_t, -beta, &p, &du);
     outer_add(ds, -beta, k, &du);
     // P = e^{a_t} S_{t-1}: dP/da_t = P.
-    g.dg[t] += dot(ds, &p);
+    g.dg[t] += pair(ds, &p);
     ds.iter_mut().for_each(|x| *x *= decay);
 }
 

@@ -1,4 +1,5 @@
-//! The Gated DeltaNet forward (`ops::gated_delta`) against the CPU f64 reference, on one GPU.
+//! The Gated DeltaNet forward and backward (`ops::gated_delta`) against the CPU f64 reference, on
+//! one GPU.
 //!
 //! Inputs come from `reference::Inputs::generate` for the delta-rule family (unit-norm q and k,
 //! `beta = sigmoid(x)`), rounded to bf16 (q, k, v) and f32 (g, beta, h0, scale), so the GPU sees
@@ -8,21 +9,40 @@
 //! some cases force one segment or another count. For every case: o and ht are poisoned before each run and must be fully overwritten;
 //! `||x - ref|| / ||ref|| <= 5e-3` against the token-by-token recurrence for o and the final
 //! state; a second run gives bitwise identical o and ht; g, beta and h0 are left unchanged.
+//!
+//! The backward gets the same inputs and a random d_o and dht (`reference::Cotangents`), and is
+//! held to the chunkwise reference `reference::delta_rule::chunkwise_backward` (chunks of 64): dq,
+//! dk, dv, dg, dbeta and dh0 are poisoned before each run and must be fully overwritten, with
+//! `||x - ref|| / ||ref|| <= 5e-3` for dq, dk, dv and dh0. dg and dbeta are each a sum of products
+//! (`dg_t = <dP_t, P_t>` over the state, `dbeta_t = <du_t, r_t>`) that can cancel far below the
+//! products, so they are held to their scale: the larger of their own norm and the l2 norm of those
+//! products (`delta_rule::gate_and_beta_product_norms`), the size of the error that rounding the
+//! products' operands leaves, with `||x - ref|| <= 1e-2 x scale`: the kernels keep the chunk states,
+//! u and du in bf16 (as fla's do; fla's tests hold dg and dbeta to 2e-2). dg's scale also has a
+//! floor, fp32's resolution (`f32::EPSILON`) of its chunk terms' size (`Grads::gate_grad_scale`):
+//! under steep gates (a = -30) dg is ~1e-13 where those terms, which the kernels sum in fp32, are
+//! O(1). A second run gives bitwise identical gradients; g, beta and h0 are left unchanged.
 
 use cudarc::driver::{CudaSlice, CudaStream};
-use lasp_shmem::ops::gated_delta::{GatedDeltaArgs, GatedDeltaForward, GatedDeltaPlan};
+use lasp_shmem::ops::gated_delta::{
+    GatedDeltaArgs, GatedDeltaBackward, GatedDeltaBackwardArgs, GatedDeltaForward, GatedDeltaPlan,
+};
 use lasp_shmem::ops::scalar_decay::ForwardShape;
-use lasp_shmem::ops::{DeviceMut, DeviceRef};
-use lasp_shmem::reference::{delta_rule, Family, InputSpec, Inputs, Regime, Shape};
+use lasp_shmem::ops::{bf16, DeviceMut, DeviceRef};
+use lasp_shmem::reference::{
+    assert_close_to_scale, delta_rule, Cotangents, Family, InputSpec, Inputs, Regime, Shape,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    bf16_values, bits_of_bf16, bits_of_f32, compare, err, f32_values, is_small, on_one_gpu, to_f32,
-    unwritten, CheckResult, ForwardBuffers, Report, POISON_BF16, POISON_F32,
+    bf16_values, bits_of_bf16, bits_of_f32, compare, err, f32_values, is_small, on_one_gpu,
+    to_bf16, to_f32, unwritten, CheckResult, ForwardBuffers, Report, POISON_BF16, POISON_F32,
 };
 
 const TOL: f64 = 5e-3;
+/// dg and dbeta against their scale (the module doc).
+const GATE_TOL: f64 = 1e-2;
 
 /// What a case does to the generated betas.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -154,17 +174,25 @@ fn run_once(
     ))
 }
 
-fn run_case(fwd: &mut GatedDeltaForward, stream: &Arc<CudaStream>, case: &Case) -> CheckResult {
+/// The delta rule's inputs of `shape` from the reference's generator, with the betas `betas`
+/// asks for, and beta as the GPU gets it.
+fn generate(
+    shape: Shape,
+    regime: Regime,
+    betas: Betas,
+    h0: bool,
+    seed: u64,
+) -> std::result::Result<(Inputs, Vec<f32>), String> {
     let spec = InputSpec {
-        shape: case.shape,
+        shape,
         family: Family::DeltaRule,
-        regime: case.regime,
-        seed: case.seed,
+        regime,
+        seed,
         round_to_bf16: true,
-        initial_state: case.h0,
+        initial_state: h0,
     };
     let mut inputs = Inputs::generate(&spec).map_err(err)?;
-    let fill = match case.betas {
+    let fill = match betas {
         Betas::Sigmoid => None,
         Betas::AllZero => Some(0.0),
         Betas::AllOne => Some(1.0),
@@ -177,6 +205,21 @@ fn run_case(fwd: &mut GatedDeltaForward, stream: &Arc<CudaStream>, case: &Case) 
         beta.data_mut().fill(x);
     }
     let beta_host = to_f32(beta);
+    Ok((inputs, beta_host))
+}
+
+/// Problems if beta's device bits no longer match what was uploaded.
+fn beta_modified(
+    stream: &Arc<CudaStream>,
+    device: &CudaSlice<f32>,
+    uploaded: &[f32],
+) -> std::result::Result<Option<String>, String> {
+    let bits: Vec<u32> = uploaded.iter().map(|x| x.to_bits()).collect();
+    Ok((bits_of_f32(stream, device)? != bits).then(|| "beta was modified".to_string()))
+}
+
+fn run_case(fwd: &mut GatedDeltaForward, stream: &Arc<CudaStream>, case: &Case) -> CheckResult {
+    let (inputs, beta_host) = generate(case.shape, case.regime, case.betas, case.h0, case.seed)?;
     let scale = inputs.scale as f32;
     let shape = ForwardShape::from(case.shape);
     fwd.set_num_segments(case.segments).map_err(err)?;
@@ -219,10 +262,7 @@ fn run_case(fwd: &mut GatedDeltaForward, stream: &Arc<CudaStream>, case: &Case) 
             }
         }
         problems.extend(dev.fwd.modified_inputs(stream, &inputs)?);
-        let beta_bits: Vec<u32> = beta_host.iter().map(|x| x.to_bits()).collect();
-        if bits_of_f32(stream, &dev.beta)? != beta_bits {
-            problems.push("beta was modified".into());
-        }
+        problems.extend(beta_modified(stream, &dev.beta, &beta_host)?);
         let want = reference
             .join()
             .map_err(|_| "the reference panicked".to_string())?
@@ -280,4 +320,328 @@ fn gated_delta_small_cases_match_the_f64_reference() {
 #[test]
 fn gated_delta_large_cases_match_the_f64_reference() {
     check_cases(|case| !is_small(&case.shape));
+}
+
+#[derive(Clone, Debug)]
+struct BackwardCase {
+    shape: Shape,
+    regime: Regime,
+    betas: Betas,
+    h0: bool,
+    dht: bool,
+    /// Forced segments per sequence (else the plan's).
+    segments: Option<u32>,
+    seed: u64,
+}
+
+impl BackwardCase {
+    fn name(&self) -> String {
+        let s = &self.shape;
+        format!(
+            "gated_delta_bwd_B{}_H{}_T{}_Dk{}_Dv{}_{:?}_{:?}{}{}{}",
+            s.b,
+            s.h,
+            s.t,
+            s.dk,
+            s.dv,
+            self.regime,
+            self.betas,
+            if self.h0 { "_h0" } else { "" },
+            if self.dht { "_dht" } else { "" },
+            self.segments.map_or(String::new(), |n| format!("_S{n}"))
+        )
+    }
+}
+
+/// The backward's cases: about 26K (token, head) pairs in all, so that the f64 reference takes
+/// seconds, not minutes.
+fn backward_cases() -> Vec<BackwardCase> {
+    let mut out = Vec::new();
+    let mut seed = 1300;
+    let mut add = |b, h, t, dk, dv, regime, betas, h0, dht, segments| {
+        seed += 1;
+        out.push(BackwardCase {
+            shape: Shape { b, t, h, dk, dv },
+            regime,
+            betas,
+            h0,
+            dht,
+            segments,
+            seed,
+        });
+    };
+    use Betas::*;
+    use Regime::*;
+    // B*H = 1: ragged and whole chunks, every (Dk, Dv); the automatic plan has S > 1 from T = 65
+    // on (one chunk per segment).
+    for t in [1, 63, 64, 200, 1000] {
+        for (dk, dv) in [(64, 64), (128, 128), (64, 128), (128, 64)] {
+            add(1, 1, t, dk, dv, Typical, Sigmoid, true, true, None);
+        }
+    }
+    // Gates at 0, at -30 and a mix within a chunk, with h0 and dht and without either.
+    for regime in [NoDecay, StrongDecay, Mixed] {
+        add(1, 1, 1000, 128, 128, regime, Sigmoid, true, true, None);
+        add(1, 1, 200, 64, 64, regime, Sigmoid, false, false, None);
+    }
+    // One of h0 and dht.
+    add(1, 1, 1000, 64, 128, Typical, Sigmoid, true, false, None);
+    add(1, 1, 1000, 128, 64, Mixed, Sigmoid, false, true, None);
+    // beta at 0 and at 1.
+    for betas in [AllZero, AllOne] {
+        add(1, 2, 200, 128, 128, Typical, betas, true, true, None);
+        add(1, 2, 200, 64, 64, Mixed, betas, true, false, None);
+    }
+    // Forced segment counts: one (no summaries, no fold) and an uneven last segment (16 chunks in
+    // 3), besides the automatic plan's 16 of the cases above.
+    add(1, 1, 1000, 128, 128, Mixed, Sigmoid, true, true, Some(1));
+    add(1, 1, 1000, 128, 128, Mixed, Sigmoid, true, true, Some(3));
+    add(1, 2, 1000, 64, 128, Typical, Sigmoid, false, true, Some(3));
+    // Several batches and heads (the [B, T, H, D] indexing), and B*H = 256.
+    add(2, 3, 200, 128, 64, Typical, Sigmoid, true, true, None);
+    add(4, 64, 40, 64, 64, Typical, Sigmoid, true, true, None);
+    out
+}
+
+/// A backward case's tensors on the device: the forward's inputs (with beta), d_o and dht, the
+/// gradients.
+struct BackwardBuffers {
+    inputs: ForwardBuffers,
+    beta: CudaSlice<f32>,
+    d_o: CudaSlice<bf16>,
+    dht: Option<CudaSlice<f32>>,
+    dq: CudaSlice<bf16>,
+    dk: CudaSlice<bf16>,
+    dv: CudaSlice<bf16>,
+    dg: CudaSlice<f32>,
+    dbeta: CudaSlice<f32>,
+    dh0: CudaSlice<f32>,
+}
+
+/// The gradients' bits after one run.
+#[derive(PartialEq)]
+struct GradBits {
+    dq: Vec<u16>,
+    dk: Vec<u16>,
+    dv: Vec<u16>,
+    dg: Vec<u32>,
+    dbeta: Vec<u32>,
+    dh0: Vec<u32>,
+}
+
+impl BackwardBuffers {
+    fn upload(
+        stream: &Arc<CudaStream>,
+        inputs: &Inputs,
+        beta: &[f32],
+        cot: &Cotangents,
+    ) -> std::result::Result<Self, String> {
+        let s = ForwardShape::from(inputs.shape);
+        let dev = BackwardBuffers {
+            inputs: ForwardBuffers::upload(stream, inputs)?,
+            beta: stream.clone_htod(beta).map_err(err)?,
+            d_o: stream.clone_htod(&to_bf16(&cot.d_o)).map_err(err)?,
+            dht: match &cot.d_ht {
+                Some(d) => Some(stream.clone_htod(&to_f32(d)).map_err(err)?),
+                None => None,
+            },
+            dq: stream.alloc_zeros(s.qk_len()).map_err(err)?,
+            dk: stream.alloc_zeros(s.qk_len()).map_err(err)?,
+            dv: stream.alloc_zeros(s.v_len()).map_err(err)?,
+            dg: stream.alloc_zeros(s.gate_len()).map_err(err)?,
+            dbeta: stream.alloc_zeros(s.gate_len()).map_err(err)?,
+            dh0: stream.alloc_zeros(s.state_len()).map_err(err)?,
+        };
+        stream.synchronize().map_err(err)?;
+        Ok(dev)
+    }
+
+    fn args(&mut self, shape: ForwardShape, scale: f32) -> GatedDeltaBackwardArgs<'_> {
+        let i = &self.inputs;
+        GatedDeltaBackwardArgs {
+            shape,
+            q: DeviceRef::new(&i.q),
+            k: DeviceRef::new(&i.k),
+            v: DeviceRef::new(&i.v),
+            g: DeviceRef::new(&i.g),
+            beta: DeviceRef::new(&self.beta),
+            h0: i.h0.as_ref().map(DeviceRef::new),
+            d_o: DeviceRef::new(&self.d_o),
+            dht: self.dht.as_ref().map(DeviceRef::new),
+            dq: DeviceMut::new(&mut self.dq),
+            dk: DeviceMut::new(&mut self.dk),
+            dv: DeviceMut::new(&mut self.dv),
+            dg: DeviceMut::new(&mut self.dg),
+            dbeta: DeviceMut::new(&mut self.dbeta),
+            dh0: Some(DeviceMut::new(&mut self.dh0)),
+            scale: Some(scale),
+        }
+    }
+
+    /// Every gradient filled with the poison bit patterns.
+    fn poison(&mut self, stream: &Arc<CudaStream>) -> std::result::Result<(), String> {
+        for buf in [&mut self.dq, &mut self.dk, &mut self.dv] {
+            let poison = vec![bf16::from_bits(POISON_BF16); buf.len()];
+            stream.memcpy_htod(&poison, buf).map_err(err)?;
+        }
+        for buf in [&mut self.dg, &mut self.dbeta, &mut self.dh0] {
+            let poison = vec![f32::from_bits(POISON_F32); buf.len()];
+            stream.memcpy_htod(&poison, buf).map_err(err)?;
+        }
+        stream.synchronize().map_err(err)
+    }
+
+    /// One run on poisoned gradients: their bits.
+    fn run(
+        &mut self,
+        bwd: &mut GatedDeltaBackward,
+        stream: &Arc<CudaStream>,
+        shape: ForwardShape,
+        scale: f32,
+    ) -> std::result::Result<GradBits, String> {
+        self.poison(stream)?;
+        bwd.launch(stream, self.args(shape, scale))
+            .map_err(|e| format!("launch: {e}"))?;
+        stream
+            .synchronize()
+            .map_err(|e| format!("kernel execution: {e}"))?;
+        Ok(GradBits {
+            dq: bits_of_bf16(stream, &self.dq)?,
+            dk: bits_of_bf16(stream, &self.dk)?,
+            dv: bits_of_bf16(stream, &self.dv)?,
+            dg: bits_of_f32(stream, &self.dg)?,
+            dbeta: bits_of_f32(stream, &self.dbeta)?,
+            dh0: bits_of_f32(stream, &self.dh0)?,
+        })
+    }
+}
+
+fn run_backward_case(
+    bwd: &mut GatedDeltaBackward,
+    stream: &Arc<CudaStream>,
+    case: &BackwardCase,
+) -> CheckResult {
+    let (inputs, beta_host) = generate(case.shape, case.regime, case.betas, case.h0, case.seed)?;
+    let cot = Cotangents::generate(case.shape, case.seed, case.dht, true).map_err(err)?;
+    let scale = inputs.scale as f32;
+    let shape = ForwardShape::from(case.shape);
+    bwd.set_num_segments(case.segments).map_err(err)?;
+    let plan = bwd.plan(&shape).map_err(err)?;
+    std::thread::scope(|scope| {
+        let reference = scope.spawn(|| {
+            let (d_o, d_ht) = (&cot.d_o, cot.d_ht.as_ref());
+            let grads = delta_rule::chunkwise_backward(&inputs, 64, d_o, d_ht)?;
+            let product_norms = delta_rule::gate_and_beta_product_norms(&inputs, d_o, d_ht)?;
+            Ok::<_, lasp_shmem::reference::ReferenceError>((grads, product_norms))
+        });
+        let mut dev = BackwardBuffers::upload(stream, &inputs, &beta_host, &cot)?;
+        let first = dev.run(bwd, stream, shape, scale)?;
+        let second = dev.run(bwd, stream, shape, scale)?;
+        let s = &case.shape;
+        let mut problems: Vec<String> = [
+            unwritten(&first.dq, POISON_BF16, "dq", &s.qk()),
+            unwritten(&first.dk, POISON_BF16, "dk", &s.qk()),
+            unwritten(&first.dv, POISON_BF16, "dv", &s.v()),
+            unwritten(&first.dg, POISON_F32, "dg", &s.per_token()),
+            unwritten(&first.dbeta, POISON_F32, "dbeta", &s.per_token()),
+            unwritten(&first.dh0, POISON_F32, "dh0", &s.state()),
+        ]
+        .into_iter()
+        .filter_map(|r| r.err())
+        .collect();
+        if first != second {
+            problems.push("not deterministic: two runs gave different bits".into());
+        }
+        problems.extend(dev.inputs.modified_inputs(stream, &inputs)?);
+        problems.extend(beta_modified(stream, &dev.beta, &beta_host)?);
+        let (want, (dg_products, dbeta_products)) = reference
+            .join()
+            .map_err(|_| "the reference panicked".to_string())?
+            .map_err(err)?;
+        let want_dbeta = want
+            .dbeta
+            .as_ref()
+            .ok_or("the delta rule's reference returns no dbeta")?;
+        let mut errors = Vec::new();
+        for (what, got, want) in [
+            ("dq", bf16_values(&first.dq), &want.dq),
+            ("dk", bf16_values(&first.dk), &want.dk),
+            ("dv", bf16_values(&first.dv), &want.dv),
+            ("dh0", f32_values(&first.dh0), &want.dh0),
+        ] {
+            match compare(what, &got, want, TOL) {
+                Ok(e) => errors.push(format!("{what} {e:.2e}")),
+                Err(e) => problems.push(e),
+            }
+        }
+        let dg_floor = f64::from(f32::EPSILON) * want.gate_grad_scale(&inputs);
+        for (what, got, want, products, floor) in [
+            (
+                "dg",
+                f32_values(&first.dg),
+                want.dg.data(),
+                dg_products,
+                dg_floor,
+            ),
+            (
+                "dbeta",
+                f32_values(&first.dbeta),
+                want_dbeta.data(),
+                dbeta_products,
+                0.0,
+            ),
+        ] {
+            let scale = norm(want).max(products).max(floor);
+            match assert_close_to_scale(what, &got, want, scale, GATE_TOL) {
+                Ok(()) => errors.push(format!(
+                    "{what} {:.2e} of its scale ({:.2e} of its norm)",
+                    diff_norm(&got, want) / scale,
+                    diff_norm(&got, want) / norm(want)
+                )),
+                Err(e) => problems.push(e),
+            }
+        }
+        let summary = format!(
+            "S={} cps={} rel err {}",
+            plan.forward.num_segments,
+            plan.forward.chunks_per_segment,
+            errors.join(", ")
+        );
+        if problems.is_empty() {
+            Ok(summary)
+        } else {
+            Err(format!("{summary}: {}", problems.join("; ")))
+        }
+    })
+}
+
+/// `||x||`.
+fn norm(x: &[f64]) -> f64 {
+    x.iter().map(|v| v * v).sum::<f64>().sqrt()
+}
+
+/// `||got - want||`.
+fn diff_norm(got: &[f64], want: &[f64]) -> f64 {
+    got.iter()
+        .zip(want)
+        .map(|(a, b)| (a - b) * (a - b))
+        .sum::<f64>()
+        .sqrt()
+}
+
+#[test]
+fn gated_delta_backward_matches_the_f64_reference() {
+    on_one_gpu(
+        LIMIT,
+        |rt, report: &mut Report| match GatedDeltaBackward::new(rt) {
+            Err(e) => report.record("gated_delta_bwd_init", Err(e.to_string()), 0.0),
+            Ok(mut bwd) => {
+                for case in backward_cases() {
+                    let t0 = Instant::now();
+                    let result = run_backward_case(&mut bwd, rt.stream(), &case);
+                    report.record(&case.name(), result, t0.elapsed().as_secs_f64());
+                }
+            }
+        },
+    );
 }

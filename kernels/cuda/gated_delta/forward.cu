@@ -4,7 +4,7 @@
 //   S_t = e^{a_t} (I - beta_t k_t^T k_t) S_{t-1} + beta_t k_t^T v_t,   o_t = sigma q_t S_t
 //
 // Four kernels (launch geometry and call order: lasp/gated_delta/forward_params.h):
-//   1. lasp_gated_delta_wy_dk*       (I + L)^{-1} of every chunk, L_rj = beta_r e^{b_r - b_j} (k_r . k_j)
+//   1. lasp_gated_delta_wy_dk*       (lasp/gated_delta/wy.cuh) (I + L)^{-1} of every chunk, L_rj = beta_r e^{b_r - b_j} (k_r . k_j)
 //                                    strictly lower: the part of the chunk's WY form that does not
 //                                    depend on the state, for every chunk at once
 //   2. lasp_gated_delta_summary_dk*  segment s < num_summaries (S-1; S in LASP-2): its affine map
@@ -23,6 +23,7 @@
 #include "lasp/gated_delta/affine.cuh"
 #include "lasp/gated_delta/forward_params.h"
 #include "lasp/gated_delta/values.cuh"
+#include "lasp/gated_delta/wy.cuh"
 #include "lasp/mma.cuh"
 #include "lasp/scalar_decay/chunk.cuh"
 
@@ -31,79 +32,6 @@ namespace gdn {
 
 using chunk::StateLane;
 using chunk::StateRegs;
-
-// Kernel 1: chunk blockIdx.x of b*H+h = blockIdx.y. K K^T on the tensor cores (warp w: rows
-// 16w..16w+15), L in fp32 shared memory, then (I + L)^{-1} by forward substitution, one column per
-// thread of the first two warps: X[r][c] = [r == c] - sum_{j < r} L[r][j] X[j][c], in fp32 and in
-// a fixed order (X[j][c] = 0 for j < c, so the terms above the diagonal add exact zeros). Virtual
-// tokens (past T) have k = 0 and beta = 0: their rows of L are zero and of X the identity's.
-template <int DK>
-__device__ __forceinline__ void run_wy(const lasp_gated_delta_params& p) {
-  constexpr int kPitch = LASP_GDN_TRI_PITCH;
-  extern __shared__ __align__(1024) uint8_t smem[];
-  const int chunk = blockIdx.x, bh = blockIdx.y;
-  const int b = bh / p.H, h = bh % p.H;
-  const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
-  const int g = lane >> 2, t = lane & 3;
-  const int tok0 = chunk * kChunk;
-  const int valid = min(kChunk, p.T - tok0);
-  const int64_t row0 = ((int64_t)b * p.T + tok0) * p.H + h;  // token tok0 of (b, h) in [B, T, H]
-
-  const uint32_t sK = smem_addr(smem);
-  float* s_gates = reinterpret_cast<float*>(smem + kChunk * DK * 2);
-  float* s_beta = s_gates + kChunk;
-  float* s_l = s_beta + kChunk;
-  sd::copy_tile_async<DK / 8>(sK, p.k + row0 * DK, (int64_t)p.H * DK, valid, tid);
-  cp_async_commit();
-  if (tid < kChunk) {
-    const bool ok = tid < valid;
-    s_gates[tid] = ok ? p.g[row0 + (int64_t)tid * p.H] : 0.f;
-    s_beta[tid] = ok ? p.beta[row0 + (int64_t)tid * p.H] : 0.f;
-  }
-  cp_async_wait<0>();
-  __syncthreads();
-
-  // K K^T, this warp's 16 rows and all 64 columns (the loop's Q K^T with K in Q's place).
-  const sd::FragOffsets<DK> off(warp, lane);
-  float kk[8][4] = {};
-#pragma unroll
-  for (int ks = 0; ks < DK / 16; ++ks) {
-    uint32_t ka[4];
-    sd::row_fragment<DK>(ka, sK, off, ks);
-    sd::times_keys_step<DK>(kk, ka, sK, off, ks);
-  }
-  const sd::ChunkGates cg = sd::scan_gates(s_gates, warp, lane);
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int r = 16 * warp + 8 * hh + g;
-    const float beta_r = s_beta[r];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int j = 8 * nt + 2 * t + e;
-        s_l[r * kPitch + j] =
-            j < r ? beta_r * chunk::exp_nonpos(cg.row[hh] - cg.col[nt][e]) * kk[nt][2 * hh + e] : 0.f;
-      }
-  }
-  __syncthreads();
-
-  if (tid < kChunk) {
-    const int c = tid;
-    float x[kChunk];
-#pragma unroll
-    for (int r = 0; r < kChunk; ++r) {
-      float acc = r == c ? 1.f : 0.f;
-#pragma unroll
-      for (int j = 0; j < r; ++j) acc = fmaf(-s_l[r * kPitch + j], x[j], acc);
-      x[r] = acc;
-    }
-    // Row r of the tile: the 64 threads write its 64 consecutive elements.
-    uint16_t* dst = p.ws_tri + ((int64_t)bh * lasp_gdn_num_chunks(p.T) + chunk) * kChunk * kChunk + c;
-#pragma unroll
-    for (int r = 0; r < kChunk; ++r) dst[r * kChunk] = static_cast<uint16_t>(pack_bf16x2(x[r], 0.f) & 0xffffu);
-  }
-}
 
 // Kernel 2: column tile blockIdx.x of segment blockIdx.y's summary, b*H+h = blockIdx.z. Tiles
 // below Dk/64 are A_s's column blocks (the loop from the identity's columns 64x.., V taken as 0),

@@ -63,44 +63,69 @@ impl<'a> GatedDeltaArgs<'a> {
         let s = &self.shape;
         s.validate_as(op)?;
         let checks = TensorChecks::new(op, s);
-        let (qk, v, gates, state) = (
-            "[B, T, H, Dk]",
-            "[B, T, H, Dv]",
-            "[B, T, H]",
-            "[B, H, Dk, Dv]",
-        );
-        checks.tensor("q", qk, (self.q.len(), s.qk_len()), self.q.addr(), 16)?;
-        checks.tensor("k", qk, (self.k.len(), s.qk_len()), self.k.addr(), 16)?;
-        checks.tensor("v", v, (self.v.len(), s.v_len()), self.v.addr(), 16)?;
-        checks.tensor("g", gates, (self.g.len(), s.gate_len()), self.g.addr(), 4)?;
-        checks.tensor(
-            "beta",
-            gates,
-            (self.beta.len(), s.gate_len()),
-            self.beta.addr(),
-            4,
+        let inputs = check_inputs(
+            &checks,
+            s,
+            [self.q, self.k, self.v],
+            [self.g, self.beta],
+            self.h0,
         )?;
+        let (v, state) = ("[B, T, H, Dv]", "[B, H, Dk, Dv]");
         checks.tensor("o", v, (self.o.len(), s.v_len()), self.o.addr(), 16)?;
-        if let Some(h0) = self.h0 {
-            checks.tensor("h0", state, (h0.len(), s.state_len()), h0.addr(), 8)?;
-        }
         if let Some(ht) = &self.ht {
             checks.tensor("ht", state, (ht.len(), s.state_len()), ht.addr(), 8)?;
         }
         let scale = checks.scale(self.scale, s)?;
-        let mut inputs = vec![
-            ("q", self.q.byte_range()),
-            ("k", self.k.byte_range()),
-            ("v", self.v.byte_range()),
-            ("g", self.g.byte_range()),
-            ("beta", self.beta.byte_range()),
-        ];
-        inputs.extend(self.h0.map(|h0| ("h0", h0.byte_range())));
         let mut outputs = vec![("o", self.o.byte_range())];
         outputs.extend(self.ht.as_ref().map(|ht| ("ht", ht.byte_range())));
         checks.disjoint(&inputs, &outputs)?;
         Ok(scale)
     }
+}
+
+/// Checks the lengths and alignment of the forward's inputs (`q, k, v`, `g, beta`, `h0`), which
+/// the backward reads too, against the (validated) shape; returns their byte ranges by name, for
+/// the overlap check with the outputs.
+pub(super) fn check_inputs(
+    checks: &TensorChecks<'_>,
+    s: &ForwardShape,
+    [q, k, v]: [DeviceRef<'_, bf16>; 3],
+    [g, beta]: [DeviceRef<'_, f32>; 2],
+    h0: Option<DeviceRef<'_, f32>>,
+) -> Result<Vec<(&'static str, (u64, u64))>> {
+    let (qk, values, gates, state) = (
+        "[B, T, H, Dk]",
+        "[B, T, H, Dv]",
+        "[B, T, H]",
+        "[B, H, Dk, Dv]",
+    );
+    checks.tensor("q", qk, (q.len(), s.qk_len()), q.addr(), 16)?;
+    checks.tensor("k", qk, (k.len(), s.qk_len()), k.addr(), 16)?;
+    checks.tensor("v", values, (v.len(), s.v_len()), v.addr(), 16)?;
+    checks.tensor("g", gates, (g.len(), s.gate_len()), g.addr(), 4)?;
+    checks.tensor("beta", gates, (beta.len(), s.gate_len()), beta.addr(), 4)?;
+    if let Some(h0) = h0 {
+        checks.tensor("h0", state, (h0.len(), s.state_len()), h0.addr(), 8)?;
+    }
+    let mut ranges = vec![
+        ("q", q.byte_range()),
+        ("k", k.byte_range()),
+        ("v", v.byte_range()),
+        ("g", g.byte_range()),
+        ("beta", beta.byte_range()),
+    ];
+    ranges.extend(h0.map(|h0| ("h0", h0.byte_range())));
+    Ok(ranges)
+}
+
+/// An error (naming `op`) for a forced segment count of 0.
+pub(super) fn check_forced_segments(segments: Option<u32>, op: &str) -> Result<()> {
+    if segments == Some(0) {
+        return Err(Error::InvalidArgument(format!(
+            "{op}: a forced segment count must be at least 1 (use None for the automatic plan)"
+        )));
+    }
+    Ok(())
 }
 
 /// Shared-memory bytes of the WY kernel (`lasp_gdn_wy_smem_bytes`): the K tile, the chunk's gates
@@ -269,17 +294,13 @@ impl ChunkKernels {
         };
         let kernels = ChunkKernels {
             wy: module.kernels_per_width(instances::GDN_WY)?,
-            summary: module.kernels_per_width(instances::GDN_SUMMARY)?,
+            summary: summary_kernels(runtime)?,
             output: module.kernels_per_width(instances::GDN_OUTPUT)?,
             output_roles,
             two_roles: true,
         };
         for (i, dk) in [64, 128].into_iter().enumerate() {
             kernels.wy[i].set_max_dynamic_shared_bytes(wy_smem_bytes(dk))?;
-            kernels.summary[i].set_max_dynamic_shared_bytes(summary_smem_bytes(dk))?;
-            // Two of its CTAs share an SM only with the largest carveout: one's chain of
-            // dependent products then runs while the other's waits.
-            kernels.summary[i].prefer_max_shared_memory()?;
             kernels.output[i].set_max_dynamic_shared_bytes(output_smem_bytes(dk))?;
         }
         Ok(kernels)
@@ -358,6 +379,19 @@ impl ChunkKernels {
     }
 }
 
+/// The summary kernels, per Dk (the forward's, and the backward's where it has segments), with
+/// their shared-memory limits raised.
+pub(super) fn summary_kernels(runtime: &Runtime) -> Result<[Kernel; 2]> {
+    let summary = runtime.module().kernels_per_width(instances::GDN_SUMMARY)?;
+    for (i, dk) in [64, 128].into_iter().enumerate() {
+        summary[i].set_max_dynamic_shared_bytes(summary_smem_bytes(dk))?;
+        // Two of its CTAs share an SM only with the largest carveout: one's chain of dependent
+        // products then runs while the other's waits.
+        summary[i].prefer_max_shared_memory()?;
+    }
+    Ok(summary)
+}
+
 /// The dimensions `params` carries.
 fn plan_shape(params: &GatedDeltaParams) -> ForwardShape {
     ForwardShape {
@@ -380,28 +414,54 @@ pub(super) fn call_params(
     workspace: u64,
     scale: f32,
 ) -> GatedDeltaParams {
+    GatedDeltaParams {
+        o: args.o.addr() as _,
+        ht: args.ht.as_ref().map_or(0, |x| x.addr()) as _,
+        ..input_params(
+            &args.shape,
+            [args.q, args.k, args.v],
+            [args.g, args.beta],
+            args.h0,
+            plan,
+            workspace,
+            scale,
+        )
+    }
+}
+
+/// The kernels' parameters for the checked inputs of one call of `shape` under `plan`, with the
+/// workspace at device address `workspace`, and no outputs (o and ht NULL): what the backward
+/// runs the forward's summary kernel and fold with.
+pub(super) fn input_params(
+    shape: &ForwardShape,
+    [q, k, v]: [DeviceRef<'_, bf16>; 3],
+    [g, beta]: [DeviceRef<'_, f32>; 2],
+    h0: Option<DeviceRef<'_, f32>>,
+    plan: &GatedDeltaPlan,
+    workspace: u64,
+    scale: f32,
+) -> GatedDeltaParams {
     let (ws_a, ws_b, ws_p) = plan.summary_offsets.map_or((0, 0, 0), |(a, b, p)| {
         (workspace + a, workspace + b, workspace + p)
     });
-    let s = &args.shape;
     GatedDeltaParams {
-        q: args.q.addr() as _,
-        k: args.k.addr() as _,
-        v: args.v.addr() as _,
-        g: args.g.addr() as _,
-        beta: args.beta.addr() as _,
-        o: args.o.addr() as _,
-        h0: args.h0.map_or(0, |x| x.addr()) as _,
-        ht: args.ht.as_ref().map_or(0, |x| x.addr()) as _,
+        q: q.addr() as _,
+        k: k.addr() as _,
+        v: v.addr() as _,
+        g: g.addr() as _,
+        beta: beta.addr() as _,
+        o: std::ptr::null_mut(),
+        h0: h0.map_or(0, |x| x.addr()) as _,
+        ht: std::ptr::null_mut(),
         ws_tri: workspace as _,
         ws_a: ws_a as _,
         ws_b: ws_b as _,
         ws_p: ws_p as _,
-        B: s.b as i32,
-        T: s.t as i32,
-        H: s.h as i32,
-        Dk: s.dk as i32,
-        Dv: s.dv as i32,
+        B: shape.b as i32,
+        T: shape.t as i32,
+        H: shape.h as i32,
+        Dk: shape.dk as i32,
+        Dv: shape.dv as i32,
         num_segments: plan.num_segments as i32,
         chunks_per_segment: plan.chunks_per_segment as i32,
         num_summaries: plan.num_summaries as i32,
@@ -444,11 +504,7 @@ impl GatedDeltaForward {
     /// Forces the number of segments per sequence (tests and tuning; rounded so that no segment
     /// is empty), or restores the automatic plan with `None`.
     pub fn set_num_segments(&mut self, segments: Option<u32>) -> Result<()> {
-        if segments == Some(0) {
-            return Err(Error::InvalidArgument(format!(
-                "{OP}: a forced segment count must be at least 1 (use None for the automatic plan)"
-            )));
-        }
+        check_forced_segments(segments, OP)?;
         self.force_segments = segments;
         Ok(())
     }
@@ -485,7 +541,8 @@ impl GatedDeltaForward {
         let plan = self.plan(&args.shape)?;
         if !Arc::ptr_eq(stream.context(), &self.ctx) {
             return Err(Error::InvalidArgument(format!(
-                "{OP}: the stream belongs to another CUDA context; launch on a stream of the                  runtime's GPU"
+                "{OP}: the stream belongs to another CUDA context; launch on a stream of the \
+                 runtime's GPU"
             )));
         }
         let base = crate::ops::ensure_workspace(

@@ -1,4 +1,4 @@
-//! Gated DeltaNet forward on one GPU: the delta rule with a scalar decay per token and head (fla's
+//! Gated DeltaNet forward and backward on one GPU: the delta rule with a scalar decay per token and head (fla's
 //! `chunk_gated_delta_rule`, with q and k taken as given: l2-normalised by the caller where the
 //! model normalises them).
 //!
@@ -17,13 +17,25 @@
 //! decay's output loop with the delta rule's values step, one CTA per (64 columns of Dv,
 //! segment, b*H+h). [`GatedDeltaLasp2Forward`] is the same forward across PEs (LASP-2), with
 //! the shard's affine summary (A, b) exchanged from the device.
+//!
+//! [`GatedDeltaBackward`] returns the gradients of `o` (and `ht`) with respect to `q, k, v, g,
+//! beta` (and `h0`): `dq, dk, dv` bf16 and `dg, dbeta, dh0` fp32, from the forward's inputs alone.
+//! Its kernels are `kernels/cuda/gated_delta/backward.cu`, its parameters
+//! [`GatedDeltaBackwardParams`] and formulas `lasp/gated_delta/backward_params.h`. Call sequence
+//! (one stream), on the forward's segments: the WY kernel (`(I + L)^{-1}` and W of every chunk);
+//! with `S > 1`, the forward's summary kernel and fold; the states kernel (the forward's chain
+//! again, storing the state entering every chunk and u); the dS pass (du and the state gradient
+//! of every chunk, from the last to the first, and dh0); then the gradient kernel, one CTA per
+//! (chunk, b*H+h).
 
+mod backward;
 mod family;
 mod forward;
 mod lasp2;
 #[cfg(test)]
 mod tests;
 
+pub use backward::{GatedDeltaBackward, GatedDeltaBackwardArgs, GatedDeltaBackwardPlan};
 pub use family::GatedDelta;
 pub use forward::{GatedDeltaArgs, GatedDeltaForward, GatedDeltaPlan};
 pub use lasp2::{GatedDeltaLasp2Forward, Lasp2Params};
@@ -31,3 +43,8 @@ pub use lasp2::{GatedDeltaLasp2Forward, Lasp2Params};
 /// The C struct `lasp_gated_delta_params` of `lasp/gated_delta/forward_params.h`, passed by value
 /// to both forward kernels. Pointer fields hold device addresses; NULL where a tensor is absent.
 pub type GatedDeltaParams = lasp_shmem_kernels::params::lasp_gated_delta_params;
+
+/// The C struct `lasp_gated_delta_bwd_params` of `lasp/gated_delta/backward_params.h`, passed by
+/// value to the backward's own kernels (the forward's summary kernel and fold take its `fwd`).
+/// Pointer fields hold device addresses; NULL where a tensor is absent.
+pub type GatedDeltaBackwardParams = lasp_shmem_kernels::params::lasp_gated_delta_bwd_params;

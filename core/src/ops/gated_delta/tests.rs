@@ -1,12 +1,15 @@
-//! Unit tests of Gated DeltaNet's host side: the shared-memory formulas against the header's, the
-//! plans, and the argument checks, which run before anything is launched; and a model of the
-//! kernels' roundings against the f64 recurrence, which says whether the GPU tests' tolerance is
-//! within the design's reach before a GPU runs them.
+//! Unit tests of Gated DeltaNet's host side: the shared-memory and workspace formulas against the
+//! headers', the plans, and the argument checks of the forward and the backward, which run before
+//! anything is launched; and a model of the kernels' roundings against the f64 recurrence, which
+//! says whether the GPU tests' tolerance is within the design's reach before a GPU runs them.
 
+use super::backward::{
+    backward_wy_smem_bytes, dh_smem_bytes, grads_smem_bytes, rows_elems, states_elems,
+};
 use super::forward::{
     output_smem_bytes, roles_smem_bytes, summary_smem_bytes, wy_smem_bytes, Scope,
 };
-use super::{GatedDeltaArgs, GatedDeltaPlan};
+use super::{GatedDeltaArgs, GatedDeltaBackwardArgs, GatedDeltaBackwardPlan, GatedDeltaPlan};
 use crate::error::Error;
 use crate::ops::scalar_decay::ForwardShape;
 use crate::ops::{bf16, DeviceMut, DeviceRef};
@@ -195,6 +198,240 @@ fn unsupported_widths_are_refused_with_what_to_do() {
     refused(
         fake_args(shape(1, 0, 1, 64, 64)),
         "B, T and H must be at least 1",
+    );
+}
+
+#[test]
+fn backward_shared_memory_follows_the_header() {
+    // WY: the forward's (33,536 bytes at Dk 128, 25,344 at Dk 64) rounded up to 1 KiB, then
+    // (I + L)^{-1} as a bf16 tile.
+    assert_eq!(backward_wy_smem_bytes(128), 33_792 + 8_192);
+    assert_eq!(backward_wy_smem_bytes(64), 25_600 + 8_192);
+    // The dS pass: two stages of Q, K, W (16 KiB each at Dk 128), dO and 1 KiB of gates; two bf16
+    // copies of dS' [Dk x 64]; the du tile.
+    assert_eq!(
+        dh_smem_bytes(128),
+        2 * (3 * 16_384 + 8_192 + 1_024) + 2 * 16_384 + 8_192
+    );
+    assert_eq!(
+        dh_smem_bytes(64),
+        2 * (3 * 8_192 + 8_192 + 1_024) + 2 * 8_192 + 8_192
+    );
+    // The gradient kernel: Q, K, W, dW; (I + L)^{-1}, dP and a scratch tile; dO, u, du, V; S_n and
+    // dS' [Dk x 64]; 1 KiB of gates and betas and 3 KiB of row sums.
+    assert_eq!(
+        grads_smem_bytes(128),
+        4 * 16_384 + 3 * 8_192 + 4 * 8_192 + 2 * 16_384 + 4_096
+    );
+    assert_eq!(
+        grads_smem_bytes(64),
+        4 * 8_192 + 3 * 8_192 + 4 * 8_192 + 2 * 8_192 + 4_096
+    );
+    for dk in [64, 128] {
+        for bytes in [
+            backward_wy_smem_bytes(dk),
+            dh_smem_bytes(dk),
+            grads_smem_bytes(dk),
+        ] {
+            assert!(bytes <= 227 * 1024, "Dk {dk}: {bytes} bytes");
+        }
+    }
+}
+
+#[test]
+fn backward_workspace_rows_cover_whole_chunks() {
+    // T = 100: two chunks, the second ragged, its virtual rows stored too; six heads.
+    let s = shape(2, 100, 3, 128, 64);
+    assert_eq!(rows_elems(&s, s.dk), 6 * 2 * 64 * 128);
+    assert_eq!(rows_elems(&s, s.dv), 6 * 2 * 64 * 64);
+    assert_eq!(states_elems(&s), 6 * 2 * 128 * 64);
+    // One token: one chunk.
+    let s = shape(1, 1, 1, 64, 128);
+    assert_eq!(rows_elems(&s, s.dv), 64 * 128);
+    assert_eq!(states_elems(&s), 64 * 128);
+}
+
+#[test]
+fn backward_plans_run_the_forwards_segments_and_follow_its_workspace() {
+    // B=4, H=16, T=8K: one segment (no summaries, no fold); the forward's part of the workspace is
+    // the inverses alone, then W, u, du (128 chunks of 64 rows each) and the two states per chunk.
+    let s = shape(4, 8192, 16, 128, 128);
+    let p = GatedDeltaBackwardPlan::new(&s, 132, None);
+    assert_eq!(
+        p.forward,
+        GatedDeltaPlan::new(&s, 132, None, Scope::SingleGpu)
+    );
+    assert_eq!((p.forward.summary, p.forward.fold), (None, None));
+    let tri = 64 * 128 * 8_192;
+    let rows = 64 * 128 * 64 * 128 * 2;
+    let states = 64 * 128 * 128 * 128 * 2;
+    assert_eq!(
+        (p.ws_w, p.ws_u, p.ws_du, p.ws_h, p.ws_dh),
+        (
+            tri,
+            tri + rows,
+            tri + 2 * rows,
+            tri + 3 * rows,
+            tri + 3 * rows + states
+        )
+    );
+    assert_eq!(p.workspace_bytes, tri + 3 * rows + 2 * states);
+    assert_eq!(
+        (p.wy.grid, p.wy.block, p.wy.shared_bytes),
+        ((128, 64, 1), (128, 1, 1), backward_wy_smem_bytes(128))
+    );
+    assert_eq!(
+        (p.states.grid, p.states.block, p.states.shared_bytes),
+        ((2, 1, 64), (128, 1, 1), summary_smem_bytes(128))
+    );
+    assert_eq!(
+        (p.dh.grid, p.dh.block, p.dh.shared_bytes),
+        ((2, 64, 1), (128, 1, 1), dh_smem_bytes(128))
+    );
+    assert_eq!(
+        (p.grads.grid, p.grads.block, p.grads.shared_bytes),
+        ((128, 64, 1), (256, 1, 1), grads_smem_bytes(128))
+    );
+    // B=H=1, T=1000, Dk 64, Dv 128: 16 segments of one chunk, so the forward's summaries of the
+    // first 15 (A [64 x 64], b [64 x 128]) and the 16 prefixes come before the backward's parts.
+    let s = shape(1, 1000, 1, 64, 128);
+    let p = GatedDeltaBackwardPlan::new(&s, 132, None);
+    assert_eq!((p.forward.num_segments, p.forward.num_summaries), (16, 15));
+    assert_eq!(p.forward.summary.unwrap().grid, (3, 15, 1));
+    assert_eq!(p.forward.fold.unwrap().grid, (2, 1, 1));
+    assert_eq!(p.states.grid, (2, 16, 1));
+    let forward = 16 * 8_192 + 15 * 64 * 64 * 4 + 15 * 64 * 128 * 4 + 16 * 64 * 128 * 4;
+    assert_eq!(p.forward.workspace_bytes, forward);
+    let (w, u) = (16 * 64 * 64 * 2, 16 * 64 * 128 * 2);
+    let states = 16 * 64 * 128 * 2;
+    assert_eq!(
+        (p.ws_w, p.ws_u, p.ws_du, p.ws_h, p.ws_dh),
+        (
+            forward,
+            forward + w,
+            forward + w + u,
+            forward + w + 2 * u,
+            forward + w + 2 * u + states
+        )
+    );
+    assert_eq!(p.workspace_bytes, forward + w + 2 * u + 2 * states);
+    // A forced count: the forward's rounding (16 chunks in 3 segments: 6, 6, 4).
+    let p = GatedDeltaBackwardPlan::new(&s, 132, Some(3));
+    assert_eq!(
+        (p.forward.num_segments, p.forward.chunks_per_segment),
+        (3, 6)
+    );
+    assert_eq!(p.states.grid, (2, 3, 1));
+}
+
+/// Well-formed backward arguments for `s` over fake addresses, h0, dht and dh0 present.
+fn fake_backward_args(s: ForwardShape) -> GatedDeltaBackwardArgs<'static> {
+    GatedDeltaBackwardArgs {
+        shape: s,
+        q: view::<bf16>(at(1), s.qk_len()),
+        k: view::<bf16>(at(2), s.qk_len()),
+        v: view::<bf16>(at(3), s.v_len()),
+        g: view::<f32>(at(4), s.gate_len()),
+        beta: view::<f32>(at(5), s.gate_len()),
+        h0: Some(view::<f32>(at(6), s.state_len())),
+        d_o: view::<bf16>(at(7), s.v_len()),
+        dht: Some(view::<f32>(at(8), s.state_len())),
+        dq: view_mut::<bf16>(at(9), s.qk_len()),
+        dk: view_mut::<bf16>(at(10), s.qk_len()),
+        dv: view_mut::<bf16>(at(11), s.v_len()),
+        dg: view_mut::<f32>(at(12), s.gate_len()),
+        dbeta: view_mut::<f32>(at(13), s.gate_len()),
+        dh0: Some(view_mut::<f32>(at(14), s.state_len())),
+        scale: None,
+    }
+}
+
+fn backward_refused(args: GatedDeltaBackwardArgs<'_>, needle: &str) {
+    match args.check("Gated DeltaNet backward") {
+        Err(Error::InvalidArgument(msg)) => {
+            assert!(msg.contains(needle), "{msg:?} does not say {needle:?}");
+            assert!(msg.starts_with("Gated DeltaNet backward: "), "{msg:?}");
+        }
+        other => panic!("expected a refusal saying {needle:?}, got {other:?}"),
+    }
+}
+
+#[test]
+fn well_formed_backward_arguments_pass_with_or_without_the_optional_states() {
+    let s = shape(2, 100, 3, 128, 192);
+    let scale = fake_backward_args(s)
+        .check("Gated DeltaNet backward")
+        .unwrap();
+    assert_eq!(scale, (1.0 / 128f64.sqrt()) as f32);
+    let mut a = fake_backward_args(s);
+    (a.h0, a.dht, a.dh0, a.scale) = (None, None, None, Some(0.5));
+    assert_eq!(a.check("Gated DeltaNet backward").unwrap(), 0.5);
+}
+
+#[test]
+fn every_backward_tensor_is_checked_before_any_launch() {
+    let s = shape(2, 100, 3, 64, 64);
+    let mut a = fake_backward_args(s);
+    a.beta = view(at(5), s.gate_len() + 1);
+    backward_refused(a, "beta has 601 elements but [B, T, H]");
+    let mut a = fake_backward_args(s);
+    a.d_o = view(at(7), s.v_len() - 1);
+    backward_refused(a, "d_o has 38399 elements but [B, T, H, Dv]");
+    let mut a = fake_backward_args(s);
+    a.d_o = view(at(7) + 8, s.v_len());
+    backward_refused(a, "d_o starts at device address");
+    let mut a = fake_backward_args(s);
+    a.dht = Some(view(at(8) + 4, s.state_len()));
+    backward_refused(a, "dht starts at device address");
+    let mut a = fake_backward_args(s);
+    a.dq = view_mut(at(9), s.v_len() + 64);
+    backward_refused(a, "dq has 38464 elements but [B, T, H, Dk]");
+    let mut a = fake_backward_args(s);
+    a.dk = view_mut(at(10) + 2, s.qk_len());
+    backward_refused(a, "dk starts at device address");
+    let mut a = fake_backward_args(s);
+    a.dv = view_mut(at(11) + 8, s.v_len());
+    backward_refused(a, "dv starts at device address");
+    let mut a = fake_backward_args(s);
+    a.dg = view_mut(at(12), s.qk_len());
+    backward_refused(a, "dg has 38400 elements but [B, T, H]");
+    let mut a = fake_backward_args(s);
+    a.dbeta = view_mut(at(13) + 2, s.gate_len());
+    backward_refused(a, "dbeta starts at device address");
+    let mut a = fake_backward_args(s);
+    a.dh0 = Some(view_mut(at(14) + 4, s.state_len()));
+    backward_refused(a, "dh0 starts at device address");
+    let mut a = fake_backward_args(s);
+    a.scale = Some(f32::NAN);
+    backward_refused(a, "scale = NaN must be finite and > 0");
+}
+
+#[test]
+fn backward_outputs_overlap_no_input_and_no_other_output() {
+    let s = shape(1, 64, 2, 64, 64);
+    let mut a = fake_backward_args(s);
+    a.dv = view_mut(at(7), s.v_len());
+    backward_refused(a, "output dv overlaps input d_o");
+    let mut a = fake_backward_args(s);
+    a.dh0 = Some(view_mut(at(8), s.state_len()));
+    backward_refused(a, "output dh0 overlaps input dht");
+    let mut a = fake_backward_args(s);
+    a.dg = view_mut(at(5), s.gate_len());
+    backward_refused(a, "output dg overlaps input beta");
+    let mut a = fake_backward_args(s);
+    a.dbeta = view_mut(at(12) + 4 * 64, s.gate_len());
+    backward_refused(a, "dg and dbeta overlap");
+}
+
+#[test]
+fn unsupported_backward_widths_are_refused_with_what_to_do() {
+    backward_refused(
+        fake_backward_args(shape(1, 64, 1, 192, 64)),
+        "Dk = 192 is not supported",
+    );
+    backward_refused(
+        fake_backward_args(shape(1, 64, 1, 64, 100)),
+        "Dv = 100 is not a positive multiple of 64",
     );
 }
 

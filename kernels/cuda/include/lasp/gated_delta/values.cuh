@@ -39,23 +39,31 @@ struct ValuesLayout {
                 "tiles after the loop's, 1024-byte aligned");
 };
 
-// The Values of run_segment_with for the CTA's (b, h) = blockIdx.z. kZeroValues: V taken as 0
-// whatever the tile holds, so that the loop applies the chunks' transitions alone (a segment
-// summary's A, lasp_gated_delta_summary_dk*). M: where the loop places these tiles
-// (ValuesLayout, or the two-role loop's map) and how many slots it keeps. The flag is a template
-// parameter and the tensors' addresses are formed from the
-// parameters (constant memory) and the grid at each use: the output loop at Dk = 128 has no
-// register to spare for anything that lives across it.
 // A barrier of the whole CTA, which runs the values step in the single-warpgroup loops.
 struct CtaSync {
   __device__ __forceinline__ void operator()() const { __syncthreads(); }
 };
 
-template <int DK, bool kZeroValues = false, class M = ValuesLayout<DK, true>>
+// What the values step does with each chunk's u besides writing it over the V tile: nothing in the
+// forward; the backward's states pass (gated_delta/backward.cu) stores it. Called by every thread
+// of the step with segment chunk i and its rows' u (rows 16 warp + g and + 8, accumulator layout).
+struct KeepU {
+  __device__ __forceinline__ void operator()(int, int, int, int, const float (&)[8][4]) const {}
+};
+
+// The Values of run_segment_with for the CTA's (b, h) = blockIdx.z. kZeroValues: V taken as 0
+// whatever the tile holds, so that the loop applies the chunks' transitions alone (a segment
+// summary's A, lasp_gated_delta_summary_dk*). M: where the loop places these tiles
+// (ValuesLayout, or the two-role loop's map) and how many slots it keeps. UStore: KeepU, or the
+// backward's store of u. The flag is a template parameter and the tensors' addresses are formed
+// from the parameters (constant memory) and the grid at each use: the output loop at Dk = 128 has
+// no register to spare for anything that lives across it.
+template <int DK, bool kZeroValues = false, class M = ValuesLayout<DK, true>, class UStore = KeepU>
 struct Values {
   static constexpr bool kPlain = false;
 
   const lasp_gated_delta_params& p;
+  UStore store_u{};
 
   // Chunk `chunk`'s (I + L)^{-1} tile and betas into slot i % M::kDepth (betas of virtual tokens 0),
   // by the 128 threads of the warpgroup that runs the step.
@@ -131,6 +139,7 @@ struct Values {
         *reinterpret_cast<uint32_t*>(v_tile + swizzle(r, nt, kChunk) + 4 * t) =
             pack_bf16x2(u[nt][2 * hh], u[nt][2 * hh + 1]);
     }
+    store_u(i, warp, g, t, u);
 #if LASP_SD_WGMMA
     wg::fence_proxy_async();  // the products read the tile through the async proxy
 #endif
