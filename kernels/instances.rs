@@ -168,13 +168,18 @@ pub const INSTANCES: &[Instance] = &[
     row("GDN_OUTPUT_ROLES", "lasp_gated_delta_output_roles_dk{dk}", GDN_FORWARD_ROLES, "LASP_GDN_ROLES_THREADS, 1",
         "lasp_gdn_roles_params", "lasp::gdn::run_output_roles<{dk}>(p)"),
     // Gated DeltaNet's backward (single GPU): the forward's (I + L)^{-1} again with W, the chain
-    // again storing every chunk's state and u, the reversed chain of dS, then every chunk's gradients.
+    // again storing every chunk's state and u, the reversed chain of dS (per segment, after the
+    // segments' summaries of it and their fold), then every chunk's gradients.
     row("GDN_BWD_WY", "lasp_gated_delta_bwd_wy_dk{dk}", GDN_BACKWARD, "LASP_GDN_WY_THREADS, 1", GDN_BWD_PARAMS,
         "lasp::gdn::bwd_wy<{dk}>(p)"),
     row("GDN_BWD_STATES", "lasp_gated_delta_bwd_states_dk{dk}", GDN_BACKWARD, SD_THREADS, GDN_BWD_PARAMS,
         "lasp::gdn::bwd_states<{dk}>(p)"),
+    row("GDN_BWD_DH_SUMMARY", "lasp_gated_delta_bwd_dh_summary_dk{dk}", GDN_BACKWARD, SD_THREADS, GDN_BWD_PARAMS,
+        "lasp::gdn::bwd_dh<{dk}, true>(p)"),
+    row("GDN_BWD_FOLD", "lasp_gated_delta_bwd_fold_dk{dk}", GDN_BACKWARD, "LASP_GDN_FOLD_THREADS", GDN_BWD_PARAMS,
+        "lasp::gdn::bwd_fold<{dk}>(p)"),
     row("GDN_BWD_DH", "lasp_gated_delta_bwd_dh_dk{dk}", GDN_BACKWARD, SD_THREADS, GDN_BWD_PARAMS,
-        "lasp::gdn::bwd_dh<{dk}>(p)"),
+        "lasp::gdn::bwd_dh<{dk}, false>(p)"),
     row("GDN_BWD_GRADS", "lasp_gated_delta_bwd_grads_dk{dk}", GDN_BACKWARD, "LASP_GDN_BWD_GRADS_THREADS, 1",
         GDN_BWD_PARAMS, "lasp::gdn::bwd_grads<{dk}>(p)"),
     // Gated DeltaNet's LASP-2 forward, on the all-gather schedule: the shard's summary and the fold

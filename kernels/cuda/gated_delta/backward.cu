@@ -6,15 +6,18 @@
 //   2. (S > 1) the forward's segment summaries and fold: every segment's start state
 //   3. lasp_gated_delta_bwd_states_dk*  the forward's chain again (the segment loop without O and
 //                                       the values step), storing each chunk's entry state S_n and u
-//   4. lasp_gated_delta_bwd_dh_dk*      the chain of dS from the last chunk to the first, one CTA per
-//                                       64 columns of Dv and b*H+h: du and dS' of every chunk, dh0
-//   5. lasp_gated_delta_bwd_grads_dk*   every chunk at once: dq, dk, dv, dg, dbeta from the tiles the
+//   4. (S > 1) lasp_gated_delta_bwd_dh_summary_dk*  each later segment's dS chain from zero, c_s
+//   5. (S > 1) lasp_gated_delta_bwd_fold_dk*        the dS entering every segment, A_s^T down the chain
+//   6. lasp_gated_delta_bwd_dh_dk*      the chain of dS from the segment's last chunk to its first, one
+//                                       CTA per 64 columns of Dv, segment and b*H+h: du and dS' of
+//                                       every chunk, dh0
+//   7. lasp_gated_delta_bwd_grads_dk*   every chunk at once: dq, dk, dv, dg, dbeta from the tiles the
 //                                       passes stored
-// The products are warp-level mma.sync on swizzled shared-memory tiles (lasp/chunk/tile_mma.cuh).
+// The products are warpgroup-level wgmma on swizzled shared-memory tiles (lasp/chunk/tile_wgmma.cuh).
 #include <math.h>
 #include <stdint.h>
 
-#include "lasp/chunk/tile_mma.cuh"
+#include "lasp/chunk/tile_wgmma.cuh"
 #include "lasp/gated_delta/affine.cuh"
 #include "lasp/gated_delta/backward_params.h"
 #include "lasp/gated_delta/values.cuh"
@@ -25,7 +28,8 @@ namespace lasp {
 namespace gdn {
 
 using chunk::exp_nonpos;
-using chunk::mma_tiles;
+using chunk::publish;
+using chunk::wg_tiles;
 using chunk::StateLane;
 using chunk::StateRegs;
 using chunk::Tile;
@@ -85,13 +89,15 @@ __device__ __forceinline__ void bwd_states(const lasp_gated_delta_bwd_params& p)
       Values<DK, false, ValuesLayout<DK, false>, StoreU>{f, StoreU{p}});
 }
 
-// Kernel 4: Dv tile blockIdx.x of b*H+h = blockIdx.y. The CTA holds dS (fp32, the forward's state
-// layout) and walks the chunks from the last to the first, two stages of Q, K, W, dO and gates in
-// flight. Per chunk c, with dS' = dS leaving it (warp w: rows 16w.. of du; the state as the
-// forward's loop splits it):
+// Kernels 4 and 6: Dv tile blockIdx.x of b*H+h = blockIdx.z, segment blockIdx.y (+ 1 in the
+// summary kernel). The CTA holds dS (fp32, the forward's state layout) and walks the segment's
+// chunks from the last to the first, two stages of Q, K, W, dO and gates in flight. Per chunk c,
+// with dS' = dS leaving it (warp w: rows 16w.. of du; the state as the forward's loop splits it):
 //   du  = diag(e^{gamma - b}) K dS' + P^T dO,   P^T_jr = sigma [r >= j] e^{b_r - b_j} (k_j . q_r)
 //   dS' -> ws_dh[c], du -> ws_du[c], then dS = e^gamma dS' + (sigma diag(e^b) Q)^T dO - W^T du.
-template <int DK>
+// kSummary: from zero, nothing stored but the segment's start, c_s, into ws_ds slot s (the dS
+// chain is affine: dS entering segment s = A_s^T (dS leaving it) + c_s).
+template <int DK, bool kSummary>
 __device__ __forceinline__ void bwd_dh(const lasp_gated_delta_bwd_params& p) {
   extern __shared__ __align__(1024) uint8_t smem[];
   const lasp_gated_delta_params& f = p.fwd;
@@ -102,14 +108,18 @@ __device__ __forceinline__ void bwd_dh(const lasp_gated_delta_bwd_params& p) {
   static_assert(kGates + 64 * 4 <= kStage && kDu + kTile == lasp_gdn_bwd_dh_smem_bytes(DK),
                 "shared-memory map and host formula disagree");
   const uint32_t sbase = smem_addr(smem);
-  const int vt = blockIdx.x, bh = blockIdx.y, b = bh / f.H, h = bh % f.H;
+  const int vt = blockIdx.x, bh = blockIdx.z, b = bh / f.H, h = bh % f.H;
+  const int segment = blockIdx.y + (kSummary ? 1 : 0);
   const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
   const int N = lasp_gdn_num_chunks(f.T);
-  const int64_t Dv = f.Dv;
+  const int c_end = min(N, (segment + 1) * f.chunks_per_segment), n = c_end - segment * f.chunks_per_segment;
+  const int64_t Dv = f.Dv, state = (int64_t)DK * Dv;
+  // Columns 64 vt.. of ws_ds slot s.
+  auto segment_ds = [&](int s) { return p.ws_ds + ((int64_t)bh * f.num_segments + s) * state + vt * 64; };
 
-  // Chunk N-1-i into stage i % 2.
+  // Chunk c_end-1-i into stage i % 2.
   auto issue = [&](int i) {
-    const int c = N - 1 - i, tok0 = c * kChunk, valid = min(kChunk, f.T - tok0);
+    const int c = c_end - 1 - i, tok0 = c * kChunk, valid = min(kChunk, f.T - tok0);
     const uint32_t st = sbase + (i & 1) * kStage;
     const int64_t row0 = ((int64_t)b * f.T + tok0) * f.H + h;
     sd::copy_tile_async<DK / 8>(st + kQ, f.q + row0 * DK, (int64_t)f.H * DK, valid, tid);
@@ -124,8 +134,11 @@ __device__ __forceinline__ void bwd_dh(const lasp_gated_delta_bwd_params& p) {
 
   const StateLane ln{16 * warp, lane >> 2, lane & 3};
   float s[DK / 64][8][4];
-  if (p.dht)
-    chunk::state_load<DK>(s, ln, p.dht + (int64_t)bh * DK * Dv + vt * 64, Dv);
+  const bool last = segment == f.num_segments - 1;
+  if (!kSummary && !last)
+    chunk::state_load<DK>(s, ln, segment_ds(segment + 1), Dv);
+  else if (!kSummary && p.dht)
+    chunk::state_load<DK>(s, ln, p.dht + bh * state + vt * 64, Dv);
   else
     chunk::state_zero<DK>(s, ln);
   issue(0);
@@ -133,12 +146,12 @@ __device__ __forceinline__ void bwd_dh(const lasp_gated_delta_bwd_params& p) {
   sd::store_state_bf16<DK>(smem, kCopies, s, ln);
 
   const Tile du_tile{sbase + kDu, kChunk};
-  for (int i = 0; i < N; ++i) {
-    const int c = N - 1 - i;
+  for (int i = 0; i < n; ++i) {
+    const int c = c_end - 1 - i;
     cp_async_wait<0>();
     // Chunk i and the copy of dS' are in place; every warp is done with chunk i-1's stage and tiles.
-    __syncthreads();
-    if (i + 1 < N) issue(i + 1);
+    publish();
+    if (i + 1 < n) issue(i + 1);
     cp_async_commit();
 
     const uint32_t st = sbase + (i & 1) * kStage;
@@ -150,9 +163,9 @@ __device__ __forceinline__ void bwd_dh(const lasp_gated_delta_bwd_params& p) {
 
     // du for rows j = 16 warp + g (+ 8).
     float du[8][4] = {};
-    mma_tiles<DK, 64, false, false>(du, k, 16 * warp, 0, ds, 0, 0, lane);
+    wg_tiles<DK, 64, false, false>(du, k, 0, 0, ds, 0, 0);
     float scores[8][4] = {};
-    mma_tiles<DK, 64, false, true>(scores, k, 16 * warp, 0, q, 0, 0, lane);
+    wg_tiles<DK, 64, false, true>(scores, k, 0, 0, q, 0, 0);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -168,18 +181,20 @@ __device__ __forceinline__ void bwd_dh(const lasp_gated_delta_bwd_params& p) {
       }
     uint32_t pt[4][4];
     chunk::acc_to_a(pt, scores);
-    chunk::mma_regs_tile<64, false>(du, pt, d_o, 0, 0, lane);
+    chunk::wg_regs_tile<64>(du, pt, d_o, 0, 0);
 
     uint16_t* du_rows = p.ws_du + ((int64_t)bh * N + c) * kChunk * Dv + vt * 64;
     chunk::for_each_acc_pair<64>(du, 16 * warp, 0, lane, [&](float& x0, float& x1, int r, int col) {
-      *reinterpret_cast<uint32_t*>(du_rows + r * Dv + col) = pack_bf16x2(x0, x1);
+      if constexpr (!kSummary) *reinterpret_cast<uint32_t*>(du_rows + r * Dv + col) = pack_bf16x2(x0, x1);
       chunk::tile_pair(smem, sbase, du_tile, r, col) = pack_bf16x2(-x0, -x1);  // -du: the update adds W^T (-du)
     });
-    uint16_t* ds_rows = p.ws_dh + ((int64_t)bh * N + c) * DK * Dv + vt * 64;
-    chunk::for_each_state_pair<DK>(s, ln, [&](float& x0, float& x1, int d, int col) {
-      *reinterpret_cast<uint32_t*>(ds_rows + d * Dv + col) = pack_bf16x2(x0, x1);
-    });
-    __syncthreads();  // -du complete
+    if constexpr (!kSummary) {
+      uint16_t* ds_rows = p.ws_dh + ((int64_t)bh * N + c) * state + vt * 64;
+      chunk::for_each_state_pair<DK>(s, ln, [&](float& x0, float& x1, int d, int col) {
+        *reinterpret_cast<uint32_t*>(ds_rows + d * Dv + col) = pack_bf16x2(x0, x1);
+      });
+    }
+    publish();  // -du complete
 
     // dS <- e^gamma dS' + (sigma diag(e^b) Q)^T dO + W^T (-du): the query weights of this lane's
     // k indices 2t, 2t + 1, 2t + 8, 2t + 9 of each 16-token step.
@@ -191,18 +206,42 @@ __device__ __forceinline__ void bwd_dh(const lasp_gated_delta_bwd_params& p) {
       for (int x = 0; x < 4; ++x) wq[ks][x] = f.scale * exp_nonpos(cg.col[2 * ks + (x >> 1)][x & 1]);
 #pragma unroll
     for (int mt = 0; mt < DK / 64; ++mt) {
-      chunk::mma_tiles_weighted<64, 64, true, false>(s[mt], q, 64 * mt + 16 * warp, 0, wq, d_o, 0, 0, lane);
-      mma_tiles<64, 64, true, false>(s[mt], w, 64 * mt + 16 * warp, 0, du_tile, 0, 0, lane);
+      uint32_t weighted_qt[4][4];
+      chunk::weighted_a_fragments<64, true>(weighted_qt, q, 64 * mt + 16 * warp, 0, wq, lane);
+      chunk::wg_regs_tile<64>(s[mt], weighted_qt, d_o, 0, 0);
+      wg_tiles<64, 64, true, false>(s[mt], w, 64 * mt, 0, du_tile, 0, 0);
     }
-    if (i + 1 < N) sd::store_state_bf16<DK>(smem, kCopies + ((i + 1) & 1) * kStateCopy, s, ln);
+    if (i + 1 < n) sd::store_state_bf16<DK>(smem, kCopies + ((i + 1) & 1) * kStateCopy, s, ln);
   }
-  if (p.dh0) chunk::state_store<DK>(s, ln, p.dh0 + (int64_t)bh * DK * Dv + vt * 64, Dv);
+  if constexpr (kSummary)
+    chunk::state_store<DK>(s, ln, segment_ds(segment), Dv);
+  else if (segment == 0 && p.dh0)
+    chunk::state_store<DK>(s, ln, p.dh0 + bh * state + vt * 64, Dv);
 }
 
-// Kernel 5: chunk blockIdx.x of b*H+h = blockIdx.y, 256 threads. Warp w computes rows 16 (w % 4)..
+// Kernel 5: Dv tile blockIdx.x of b*H+h = blockIdx.y: E = dht (or 0), then for s = S-1 .. 1,
+// E <- A_s^T E + c_s, the dS entering segment s, over c_s in ws_ds slot s (lasp/gated_delta/affine.cuh).
+template <int DK>
+__device__ __forceinline__ void bwd_fold(const lasp_gated_delta_bwd_params& p) {
+  __shared__ __align__(16) float s_ds[DK * 64];
+  const lasp_gated_delta_params& f = p.fwd;
+  const int64_t bh = blockIdx.y, Dv = f.Dv;
+  const int vt = blockIdx.x;
+  AffineTile<DK> tile(s_ds);
+  tile.load(p.dht ? p.dht + bh * DK * Dv + vt * 64 : nullptr, Dv);
+  for (int s = f.num_segments - 1; s >= 1; --s) {
+    float* slot = p.ws_ds + (bh * f.num_segments + s) * DK * Dv + vt * 64;
+    tile.template apply_transposed<Source::kWorkspace>([&](int jb) { return summary_a_block<DK>(f, bh, s, jb); },
+                                                       slot, Dv);
+    tile.store(slot, Dv);
+  }
+}
+
+// Kernel 7: chunk blockIdx.x of b*H+h = blockIdx.y, 256 threads. Warp w computes rows 16 (w % 4)..
 // of every [64 x n] product and, of its columns, the half w / 4 (32 of 64 tokens or Dv columns,
-// Dk / 2 keys). Dv is walked in tiles of 64 (dO, u, du, V, S_n, dS'); what is summed over it (dP,
-// the Dk-wide products, du V^T) stays in registers, dv is written per tile. Then, in order:
+// Dk / 2 keys). Dv is walked in tiles of 64 (dO, u, du, V, S_n, dS'), the next tiles landing in a
+// second set while the warps work on one; what is summed over Dv (dP, the Dk-wide products, du
+// V^T) stays in registers, dv is written per tile. Then, in order:
 // dP and dW into tiles, dq, the parts of dk, A^T dW, dA~, A^T dA~ A^T, the terms of L; the row sums
 // of the gate and beta gradients go through shared memory in a fixed order.
 template <int DK>
@@ -211,9 +250,12 @@ __device__ __forceinline__ void bwd_grads(const lasp_gated_delta_bwd_params& p) 
   const lasp_gated_delta_params& f = p.fwd;
   constexpr int kThreads = LASP_GDN_BWD_GRADS_THREADS, kHalfK = DK / 2;
   constexpr uint32_t kRows = kChunk * DK * 2, kTile = kChunk * 64 * 2, kState = DK * 64 * 2;
+  // Two sets of the value tiles (dO, u, du, V, S_n, dS' of 64 Dv columns): one computed on while
+  // the next one lands.
+  constexpr uint32_t kSetDo = 0, kSetU = kTile, kSetDu = 2 * kTile, kSetV = 3 * kTile, kSetS = 4 * kTile,
+                     kSetDs = 4 * kTile + kState, kSet = 4 * kTile + 2 * kState;
   constexpr uint32_t kQ = 0, kK = kRows, kW = 2 * kRows, kDw = 3 * kRows, kA = 4 * kRows, kT1 = kA + kTile,
-                     kT2 = kT1 + kTile, kDo = kT2 + kTile, kU = kDo + kTile, kDu = kU + kTile, kV = kDu + kTile,
-                     kS = kV + kTile, kDs = kS + kState, kGates = kDs + kState, kSums = kGates + 1024;
+                     kT2 = kT1 + kTile, kValues = kT2 + kTile, kGates = kValues + 2 * kSet, kSums = kGates + 1024;
   static_assert(kSums + 3072 == lasp_gdn_bwd_grads_smem_bytes(DK), "shared-memory map and host formula disagree");
   static_assert(kThreads == 256, "two warpgroups: 4 row blocks x 2 column halves");
 
@@ -231,8 +273,6 @@ __device__ __forceinline__ void bwd_grads(const lasp_gated_delta_bwd_params& p) 
 
   const Tile q_t{sbase + kQ, kChunk}, k_t{sbase + kK, kChunk}, w_t{sbase + kW, kChunk}, dw_t{sbase + kDw, kChunk};
   const Tile a_t{sbase + kA, kChunk}, t1{sbase + kT1, kChunk}, t2{sbase + kT2, kChunk};
-  const Tile do_t{sbase + kDo, kChunk}, u_t{sbase + kU, kChunk}, du_t{sbase + kDu, kChunk}, v_t{sbase + kV, kChunk};
-  const Tile s_t{sbase + kS, DK}, ds_t{sbase + kDs, DK};
   float* s_gate = reinterpret_cast<float*>(smem + kGates);
   float* s_beta = s_gate + kChunk;
   float* s_b = s_beta + kChunk;  // chunk-local cumsum
@@ -251,9 +291,42 @@ __device__ __forceinline__ void bwd_grads(const lasp_gated_delta_bwd_params& p) 
     cp_async_4(sbase + kGates + 4 * tid, ok ? f.g + row0 + tid * H : f.g, ok);
     cp_async_4(sbase + kGates + 4 * (kChunk + tid), ok ? f.beta + row0 + tid * H : f.beta, ok);
   }
+  const int vtiles = Dv / 64;
+  // Step i of the two walks over Dv: the tiles of columns 64 (i % vtiles).. into set i % 2 (u and
+  // dS' in the first walk only), one commit group.
+  auto issue_value_tiles = [&](int i) {
+    const bool first_walk = i < vtiles;
+    const int64_t col = (i % vtiles) * 64;
+    const uint32_t set = sbase + kValues + (i & 1) * kSet;
+    chunk::copy_tile_async<8, kThreads>(set + kSetDo, p.d_o + row0 * Dv + col, H * Dv, valid, tid);
+#pragma unroll
+    for (int mt = 0; mt < DK / 64; ++mt) {
+      const int64_t at = ws_state0 + 64 * mt * Dv + col;
+      chunk::copy_tile_async<8, kThreads>(set + kSetS + mt * kTile, p.ws_h + at, Dv, kChunk, tid);
+      if (first_walk) chunk::copy_tile_async<8, kThreads>(set + kSetDs + mt * kTile, p.ws_dh + at, Dv, kChunk, tid);
+    }
+    if (first_walk) chunk::copy_tile_async<8, kThreads>(set + kSetU, p.ws_u + ws_row0 * Dv + col, Dv, kChunk, tid);
+    chunk::copy_tile_async<8, kThreads>(set + kSetDu, p.ws_du + ws_row0 * Dv + col, Dv, kChunk, tid);
+    chunk::copy_tile_async<8, kThreads>(set + kSetV, f.v + row0 * Dv + col, H * Dv, valid, tid);
+    cp_async_commit();
+  };
+  // Waits for step i's tiles (every earlier group) and, after the barrier that also says every
+  // warp is done with step i - 1's set, starts step i + 1's copies into it.
+  struct ValueTiles {
+    Tile d_o, u, du, v, s, ds;
+  };
+  auto value_tiles = [&](int i) {
+    cp_async_wait<0>();
+    publish();
+    if (i + 1 < 2 * vtiles) issue_value_tiles(i + 1);
+    const uint32_t set = sbase + kValues + (i & 1) * kSet;
+    return ValueTiles{Tile{set + kSetDo, kChunk}, Tile{set + kSetU, kChunk}, Tile{set + kSetDu, kChunk},
+                      Tile{set + kSetV, kChunk},  Tile{set + kSetS, DK},     Tile{set + kSetDs, DK}};
+  };
   cp_async_commit();
-  cp_async_wait<0>();
-  __syncthreads();
+  issue_value_tiles(0);
+  cp_async_wait<1>();
+  publish();
   if (warp == 0) {
     const sd::GatePair bp = sd::scan_gate_pairs(s_gate, lane);
     s_b[2 * lane] = bp.even;
@@ -271,38 +344,22 @@ __device__ __forceinline__ void bwd_grads(const lasp_gated_delta_bwd_params& p) 
   float state_dot = 0.f;   // this thread's share of <dS', S_n>
   float to_gamma = 0.f;    // sum_j k_j . dk_j of the transition, the quad's leader only
 
-  // The tiles of Dv columns vt..: dO, S_n, du and V; u and dS' for the first walk.
-  auto load_value_tiles = [&](int vt, bool first_walk) {
-    __syncthreads();  // every warp is done with the previous tiles
-    chunk::copy_tile_async<8, kThreads>(sbase + kDo, p.d_o + row0 * Dv + vt * 64, H * Dv, valid, tid);
-#pragma unroll
-    for (int mt = 0; mt < DK / 64; ++mt) {
-      const int64_t at = ws_state0 + 64 * mt * Dv + vt * 64;
-      chunk::copy_tile_async<8, kThreads>(sbase + kS + mt * kTile, p.ws_h + at, Dv, kChunk, tid);
-      if (first_walk) chunk::copy_tile_async<8, kThreads>(sbase + kDs + mt * kTile, p.ws_dh + at, Dv, kChunk, tid);
-    }
-    if (first_walk) chunk::copy_tile_async<8, kThreads>(sbase + kU, p.ws_u + ws_row0 * Dv + vt * 64, Dv, kChunk, tid);
-    chunk::copy_tile_async<8, kThreads>(sbase + kDu, p.ws_du + ws_row0 * Dv + vt * 64, Dv, kChunk, tid);
-    chunk::copy_tile_async<8, kThreads>(sbase + kV, f.v + row0 * Dv + vt * 64, H * Dv, valid, tid);
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-  };
-
   // First walk over Dv: what needs u or dS', and dW and dA~'s du V^T (two walks keep the sums over
   // Dv that are live at once within the register file).
   float dp[4][4] = {}, da_v[4][4] = {};
   float du_s[kHalfK / 8][4] = {}, dk[kHalfK / 8][4] = {};
-  for (int vt = 0; vt < Dv / 64; ++vt) {
-    load_value_tiles(vt, true);
-    mma_tiles<64, 32, false, true>(dp, do_t, m0, 0, u_t, n_col, 0, lane);         // dO u^T
-    mma_tiles<64, kHalfK, false, true>(du_s, du_t, m0, 0, s_t, n_key, 0, lane);  // du S_n^T = -dW
-    mma_tiles<64, kHalfK, false, true>(dk, u_t, m0, 0, ds_t, n_key, 0, lane);    // u dS'^T
-    mma_tiles<64, 32, false, true>(da_v, du_t, m0, 0, v_t, n_col, 0, lane);      // du V^T
+  for (int vt = 0; vt < vtiles; ++vt) {
+    const ValueTiles v = value_tiles(vt);
+    wg_tiles<64, 32, false, true>(dp, v.d_o, 0, 0, v.u, n_col, 0);        // dO u^T
+    wg_tiles<64, kHalfK, false, true>(du_s, v.du, 0, 0, v.s, n_key, 0);  // du S_n^T = -dW
+    wg_tiles<64, kHalfK, false, true>(dk, v.u, 0, 0, v.ds, n_key, 0);    // u dS'^T
+    wg_tiles<64, 32, false, true>(da_v, v.du, 0, 0, v.v, n_col, 0);      // du V^T
+    const uint8_t* s_tile = smem + (v.s.base - sbase);
+    const uint8_t* ds_tile = smem + (v.ds.base - sbase);
 #pragma unroll 1
     for (int i = tid; i < DK * 64 / 2; i += kThreads) {  // same positions of both tiles: any order of pairs
-      const uint32_t x = *reinterpret_cast<const uint32_t*>(smem + kS + 4 * i);
-      const uint32_t y = *reinterpret_cast<const uint32_t*>(smem + kDs + 4 * i);
+      const uint32_t x = *reinterpret_cast<const uint32_t*>(s_tile + 4 * i);
+      const uint32_t y = *reinterpret_cast<const uint32_t*>(ds_tile + 4 * i);
       state_dot += __uint_as_float(x << 16) * __uint_as_float(y << 16) +
                    __uint_as_float(x & 0xffff0000u) * __uint_as_float(y & 0xffff0000u);
     }
@@ -333,11 +390,11 @@ __device__ __forceinline__ void bwd_grads(const lasp_gated_delta_bwd_params& p) 
     db_rows[0] -= kd.x, db_rows[1] -= kd.y;
     if (t == 0) to_gamma += kd.x + kd.y;
   }
-  __syncthreads();  // dP and dW are in their tiles
+  publish();  // dP and dW are in their tiles
   {
     // dA~ = du (diag(beta) V)^T + dW (diag(beta e^b) K)^T into t2 (rows r, columns j).
     float dw_k[4][4] = {};
-    mma_tiles<DK, 32, false, true>(dw_k, dw_t, m0, 0, k_t, n_col, 0, lane);
+    wg_tiles<DK, 32, false, true>(dw_k, dw_t, 0, 0, k_t, n_col, 0);
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -354,13 +411,13 @@ __device__ __forceinline__ void bwd_grads(const lasp_gated_delta_bwd_params& p) 
   // Second walk: dq's dO S_n^T; dv = diag(beta) A^T du per tile. Then dq = sigma diag(e^b) dO S_n^T
   // + dP K and the gate's q . dq.
   float dq[kHalfK / 8][4] = {};
-  for (int vt = 0; vt < Dv / 64; ++vt) {
-    load_value_tiles(vt, false);
-    mma_tiles<64, kHalfK, false, true>(dq, do_t, m0, 0, s_t, n_key, 0, lane);
+  for (int vt = 0; vt < vtiles; ++vt) {
+    const ValueTiles v = value_tiles(vtiles + vt);
+    wg_tiles<64, kHalfK, false, true>(dq, v.d_o, 0, 0, v.s, n_key, 0);
     {
       float yu[4][4] = {};  // A^T du: dv = diag(beta) A^T du, dbeta += (A^T du) . v
-      mma_tiles<64, 32, true, false>(yu, a_t, m0, 0, du_t, n_col, 0, lane);
-      const float2 yv = chunk::row_dots<32>(yu, smem, sbase, v_t, m0, n_col, lane);
+      wg_tiles<64, 32, true, false>(yu, a_t, 0, 0, v.du, n_col, 0);
+      const float2 yv = chunk::row_dots<32>(yu, smem, sbase, v.v, m0, n_col, lane);
       dbeta_rows[0] += yv.x, dbeta_rows[1] += yv.y;
       chunk::for_each_acc_pair<32>(yu, m0, n_col, lane, [&](float& x0, float& x1, int r, int col) {
         const float beta = s_beta[r];
@@ -375,7 +432,7 @@ __device__ __forceinline__ void bwd_grads(const lasp_gated_delta_bwd_params& p) 
     for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
       for (int e = 0; e < 2; ++e) dq[nt][2 * hh + e] *= f.scale * exp_nonpos(b_row[hh]);
-  mma_tiles<64, kHalfK, false, false>(dq, t1, m0, 0, k_t, n_key, 0, lane);
+  wg_tiles<64, kHalfK, false, false>(dq, t1, 0, 0, k_t, n_key, 0);
   {
     const float2 qd = chunk::row_dots<kHalfK>(dq, smem, sbase, q_t, m0, n_key, lane);
     db_rows[0] += qd.x, db_rows[1] += qd.y;
@@ -385,7 +442,7 @@ __device__ __forceinline__ void bwd_grads(const lasp_gated_delta_bwd_params& p) 
   }
   {
     float out[kHalfK / 8][4] = {};  // dP^T Q, the output's part of dk (rows j)
-    mma_tiles<64, kHalfK, true, false>(out, t1, m0, 0, q_t, n_key, 0, lane);
+    wg_tiles<64, kHalfK, true, false>(out, t1, 0, 0, q_t, n_key, 0);
     const float2 kd = chunk::row_dots<kHalfK>(out, smem, sbase, k_t, m0, n_key, lane);
     db_rows[0] -= kd.x, db_rows[1] -= kd.y;
 #pragma unroll
@@ -395,7 +452,7 @@ __device__ __forceinline__ void bwd_grads(const lasp_gated_delta_bwd_params& p) 
   }
   {
     float yw[kHalfK / 8][4] = {};  // A^T dW: W = A diag(beta e^b) K
-    mma_tiles<64, kHalfK, true, false>(yw, a_t, m0, 0, dw_t, n_key, 0, lane);
+    wg_tiles<64, kHalfK, true, false>(yw, a_t, 0, 0, dw_t, n_key, 0);
     const float2 kw = chunk::row_dots<kHalfK>(yw, smem, sbase, k_t, m0, n_key, lane);
     const float kw_row[2] = {kw.x, kw.y};
 #pragma unroll
@@ -409,21 +466,21 @@ __device__ __forceinline__ void bwd_grads(const lasp_gated_delta_bwd_params& p) 
         for (int e = 0; e < 2; ++e) dk[nt][2 * hh + e] += beta_row[hh] * decay * yw[nt][2 * hh + e];
     }
   }
-  __syncthreads();  // dA~ is in t2; dP in t1 is no longer read
+  publish();  // dA~ is in t2; dP in t1 is no longer read
   {
     float x1[4][4] = {};  // A^T dA~ into t1
-    mma_tiles<64, 32, true, false>(x1, a_t, m0, 0, t2, n_col, 0, lane);
+    wg_tiles<64, 32, true, false>(x1, a_t, 0, 0, t2, n_col, 0);
     chunk::for_each_acc_pair<32>(x1, m0, n_col, lane, [&](float& x0, float& y0, int r, int col) {
       chunk::tile_pair(smem, sbase, t1, r, col) = pack_bf16x2(x0, y0);
     });
   }
-  __syncthreads();  // A^T dA~ is in t1; t2 is no longer read
+  publish();  // A^T dA~ is in t1; t2 is no longer read
   {
     // dL = -(A^T dA~ A^T) below the diagonal; L_rj = beta_r e^{b_r - b_j} (k_r . k_j) passes it on:
     // E = dL beta_r e^{b_r - b_j} into t2 (dk += E K + E^T K), dbeta_r and the gates directly.
     float x2[4][4] = {}, kk[4][4] = {};
-    mma_tiles<64, 32, false, true>(x2, t1, m0, 0, a_t, n_col, 0, lane);
-    mma_tiles<DK, 32, false, true>(kk, k_t, m0, 0, k_t, n_col, 0, lane);
+    wg_tiles<64, 32, false, true>(x2, t1, 0, 0, a_t, n_col, 0);
+    wg_tiles<DK, 32, false, true>(kk, k_t, 0, 0, k_t, n_col, 0);
     float col_part[4][2];
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
@@ -478,10 +535,10 @@ __device__ __forceinline__ void bwd_grads(const lasp_gated_delta_bwd_params& p) 
       s_row_dbeta[half * kChunk + m0 + g + 8 * hh] = dbeta_rows[hh] + dbeta_part[hh];
     }
   }
-  __syncthreads();  // E is in t2; the row and column sums are in place
+  publish();  // E is in t2; the row and column sums are in place
 
-  mma_tiles<64, kHalfK, false, false>(dk, t2, m0, 0, k_t, n_key, 0, lane);  // E K   (rows r)
-  mma_tiles<64, kHalfK, true, false>(dk, t2, m0, 0, k_t, n_key, 0, lane);   // E^T K (rows j)
+  wg_tiles<64, kHalfK, false, false>(dk, t2, 0, 0, k_t, n_key, 0);  // E K   (rows r)
+  wg_tiles<64, kHalfK, true, false>(dk, t2, 0, 0, k_t, n_key, 0);   // E^T K (rows j)
   chunk::for_each_acc_pair<kHalfK>(dk, m0, n_key, lane, [&](float& x0, float& x1, int r, int col) {
     if (r < valid) *reinterpret_cast<uint32_t*>(p.dk + (row0 + r * H) * DK + col) = pack_bf16x2(x0, x1);
   });

@@ -173,11 +173,11 @@ pub(super) fn dh_smem_bytes(dk: usize) -> u32 {
 }
 
 /// Shared-memory bytes of the gradient kernel (`lasp_gdn_bwd_grads_smem_bytes`): Q, K, W, dW
-/// `[64 x Dk]`; `(I + L)^{-1}`, dP and a scratch tile; per 64 columns of Dv, dO, u, du, V and
-/// S_n, dS' `[Dk x 64]`; the chunk's gates and betas and the row sums.
+/// `[64 x Dk]`; `(I + L)^{-1}`, dP and a scratch tile; two sets of 64 columns of Dv (dO, u, du, V
+/// and S_n, dS' `[Dk x 64]`); the chunk's gates and betas and the row sums.
 pub(super) fn grads_smem_bytes(dk: usize) -> u32 {
     let dk = dk as u32;
-    4 * CHUNK * dk * 2 + 3 * CHUNK * 64 * 2 + 4 * CHUNK * 64 * 2 + 2 * dk * 64 * 2 + 1024 + 3072
+    4 * CHUNK * dk * 2 + 3 * CHUNK * 64 * 2 + 2 * (4 * CHUNK * 64 * 2 + 2 * dk * 64 * 2) + 1024 + 3072
 }
 
 /// How one Gated DeltaNet backward call runs: the forward's plan, whose summary kernel and fold
@@ -185,7 +185,8 @@ pub(super) fn grads_smem_bytes(dk: usize) -> u32 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GatedDeltaBackwardPlan {
     /// The forward's plan for the same shape (one GPU): the segments, the summary and fold
-    /// launches (where S > 1), and the workspace's first parts (`(I + L)^{-1}` at 0, then the
+    /// launches (where S > 1, with a summary for every segment: the dS chain takes `A_s^T` of
+    /// segments 1..S-1), and the workspace's first parts (`(I + L)^{-1}` at 0, then the
     /// summaries and prefixes where S > 1). Its output grid is the states kernel's; it never
     /// takes the two-role output kernel.
     pub forward: GatedDeltaPlan,
@@ -194,8 +195,12 @@ pub struct GatedDeltaBackwardPlan {
     /// The states kernel: the forward's chain again, storing the state entering every chunk and
     /// u.
     pub states: LaunchShape,
-    /// The dS pass: du and the state gradient of every chunk, from the last to the first, and
-    /// dh0.
+    /// Where S > 1: the dS chain of segments 1..S-1 from zero at their ends (`c_s`), and the
+    /// fold of the dS entering every segment (`A_s^T` down the segments).
+    pub dh_summary: Option<LaunchShape>,
+    pub dh_fold: Option<LaunchShape>,
+    /// The dS pass, per segment: du and the state gradient of every chunk, from the last to the
+    /// first, and dh0.
     pub dh: LaunchShape,
     /// The gradient kernel: one CTA per (chunk, b*H+h).
     pub grads: LaunchShape,
@@ -210,8 +215,11 @@ pub struct GatedDeltaBackwardPlan {
     /// Byte offset of ws_dh, bf16 `[B*H, N, Dk, Dv]` (the gradient of the state leaving every
     /// chunk).
     pub ws_dh: u64,
-    /// Workspace bytes: the forward's parts, then ws_w, ws_u, ws_du, ws_h, ws_dh, each 256-byte
-    /// aligned.
+    /// Where S > 1: byte offset of ws_ds, fp32 `[B*H, S, Dk, Dv]` (the gradient of the state
+    /// entering every segment).
+    pub ws_ds: Option<u64>,
+    /// Workspace bytes: the forward's parts, then ws_w, ws_u, ws_du, ws_h, ws_dh (and ws_ds),
+    /// each 256-byte aligned.
     pub workspace_bytes: u64,
 }
 
@@ -223,15 +231,30 @@ impl GatedDeltaBackwardPlan {
         sm_count: u32,
         forced: Option<u32>,
     ) -> GatedDeltaBackwardPlan {
-        let forward = GatedDeltaPlan::new(s, sm_count, forced, Scope::SingleGpu);
+        let one_gpu = GatedDeltaPlan::new(s, sm_count, forced, Scope::SingleGpu);
+        // With segments, every segment's summary: Scope::Shard's plan, whose fold starts from h0
+        // in the single-GPU fold kernel.
+        let forward = if one_gpu.num_segments > 1 {
+            GatedDeltaPlan::new(s, sm_count, forced, Scope::Shard)
+        } else {
+            one_gpu
+        };
+        let segments = forward.num_segments;
         let bf16_bytes = |elems: u64| elems * 2;
         let ws_w = forward.workspace_bytes.next_multiple_of(PART_ALIGN);
         let ws_u = (ws_w + bf16_bytes(rows_elems(s, s.dk))).next_multiple_of(PART_ALIGN);
         let ws_du = (ws_u + bf16_bytes(rows_elems(s, s.dv))).next_multiple_of(PART_ALIGN);
         let ws_h = (ws_du + bf16_bytes(rows_elems(s, s.dv))).next_multiple_of(PART_ALIGN);
         let ws_dh = (ws_h + bf16_bytes(states_elems(s))).next_multiple_of(PART_ALIGN);
+        let ws_ds = (ws_dh + bf16_bytes(states_elems(s))).next_multiple_of(PART_ALIGN);
+        let ds_bytes = u64::from(segments) * (s.b * s.h * s.dk * s.dv) as u64 * 4;
         let chunks = s.t.div_ceil(CHUNK as usize) as u32;
         let (bh, dv_tiles) = ((s.b * s.h) as u32, (s.dv / 64) as u32);
+        let dh = |segments: u32| LaunchShape {
+            grid: (dv_tiles, segments, bh),
+            block: (header::LASP_SD_THREADS, 1, 1),
+            shared_bytes: dh_smem_bytes(s.dk),
+        };
         GatedDeltaBackwardPlan {
             forward,
             wy: LaunchShape {
@@ -244,11 +267,13 @@ impl GatedDeltaBackwardPlan {
                 block: (header::LASP_SD_THREADS, 1, 1),
                 shared_bytes: summary_smem_bytes(s.dk),
             },
-            dh: LaunchShape {
+            dh_summary: (segments > 1).then(|| dh(segments - 1)),
+            dh_fold: (segments > 1).then_some(LaunchShape {
                 grid: (dv_tiles, bh, 1),
-                block: (header::LASP_SD_THREADS, 1, 1),
-                shared_bytes: dh_smem_bytes(s.dk),
-            },
+                block: (header::LASP_GDN_FOLD_THREADS, 1, 1),
+                shared_bytes: 0,
+            }),
+            dh: dh(segments),
             grads: LaunchShape {
                 grid: (chunks, bh, 1),
                 block: (header::LASP_GDN_BWD_GRADS_THREADS, 1, 1),
@@ -259,7 +284,12 @@ impl GatedDeltaBackwardPlan {
             ws_du,
             ws_h,
             ws_dh,
-            workspace_bytes: ws_dh + bf16_bytes(states_elems(s)),
+            ws_ds: (segments > 1).then_some(ws_ds),
+            workspace_bytes: if segments > 1 {
+                ws_ds + ds_bytes
+            } else {
+                ws_dh + bf16_bytes(states_elems(s))
+            },
         }
     }
 }
@@ -296,6 +326,7 @@ fn bwd_call_params(
         ws_du: (workspace + plan.ws_du) as _,
         ws_h: (workspace + plan.ws_h) as _,
         ws_dh: (workspace + plan.ws_dh) as _,
+        ws_ds: plan.ws_ds.map_or(0, |offset| workspace + offset) as _,
     }
 }
 
@@ -312,6 +343,8 @@ pub struct GatedDeltaBackward {
     summary: [Kernel; 2],
     fold: [Kernel; 2],
     states: [Kernel; 2],
+    dh_summary: [Kernel; 2],
+    dh_fold: [Kernel; 2],
     dh: [Kernel; 2],
     grads: [Kernel; 2],
     sm_count: u32,
@@ -334,6 +367,8 @@ impl GatedDeltaBackward {
             summary: summary_kernels(runtime)?,
             fold: module.kernels_per_width(instances::GDN_FOLD)?,
             states: module.kernels_per_width(instances::GDN_BWD_STATES)?,
+            dh_summary: module.kernels_per_width(instances::GDN_BWD_DH_SUMMARY)?,
+            dh_fold: module.kernels_per_width(instances::GDN_BWD_FOLD)?,
             dh: module.kernels_per_width(instances::GDN_BWD_DH)?,
             grads: module.kernels_per_width(instances::GDN_BWD_GRADS)?,
             sm_count: crate::ops::sm_count(runtime.context())?,
@@ -346,6 +381,7 @@ impl GatedDeltaBackward {
             backward.states[i].set_max_dynamic_shared_bytes(summary_smem_bytes(dk))?;
             // The forward's summary loop: two CTAs per SM with the largest carveout.
             backward.states[i].prefer_max_shared_memory()?;
+            backward.dh_summary[i].set_max_dynamic_shared_bytes(dh_smem_bytes(dk))?;
             backward.dh[i].set_max_dynamic_shared_bytes(dh_smem_bytes(dk))?;
             backward.grads[i].set_max_dynamic_shared_bytes(grads_smem_bytes(dk))?;
         }
@@ -417,6 +453,10 @@ impl GatedDeltaBackward {
                 self.fold[i].launch(stream, fold, &params.fwd)?;
             }
             self.states[i].launch(stream, plan.states, &params)?;
+            if let (Some(summary), Some(fold)) = (plan.dh_summary, plan.dh_fold) {
+                self.dh_summary[i].launch(stream, summary, &params)?;
+                self.dh_fold[i].launch(stream, fold, &params)?;
+            }
             self.dh[i].launch(stream, plan.dh, &params)?;
             self.grads[i].launch(stream, plan.grads, &params)?;
         }

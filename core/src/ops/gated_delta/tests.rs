@@ -217,15 +217,15 @@ fn backward_shared_memory_follows_the_header() {
         dh_smem_bytes(64),
         2 * (3 * 8_192 + 8_192 + 1_024) + 2 * 8_192 + 8_192
     );
-    // The gradient kernel: Q, K, W, dW; (I + L)^{-1}, dP and a scratch tile; dO, u, du, V; S_n and
-    // dS' [Dk x 64]; 1 KiB of gates and betas and 3 KiB of row sums.
+    // The gradient kernel: Q, K, W, dW; (I + L)^{-1}, dP and a scratch tile; two sets of dO, u,
+    // du, V, S_n and dS' [Dk x 64]; 1 KiB of gates and betas and 3 KiB of row sums.
     assert_eq!(
         grads_smem_bytes(128),
-        4 * 16_384 + 3 * 8_192 + 4 * 8_192 + 2 * 16_384 + 4_096
+        4 * 16_384 + 3 * 8_192 + 2 * (4 * 8_192 + 2 * 16_384) + 4_096
     );
     assert_eq!(
         grads_smem_bytes(64),
-        4 * 8_192 + 3 * 8_192 + 4 * 8_192 + 2 * 8_192 + 4_096
+        4 * 8_192 + 3 * 8_192 + 2 * (4 * 8_192 + 2 * 8_192) + 4_096
     );
     for dk in [64, 128] {
         for bytes in [
@@ -286,21 +286,29 @@ fn backward_plans_run_the_forwards_segments_and_follow_its_workspace() {
     );
     assert_eq!(
         (p.dh.grid, p.dh.block, p.dh.shared_bytes),
-        ((2, 64, 1), (128, 1, 1), dh_smem_bytes(128))
+        ((2, 1, 64), (128, 1, 1), dh_smem_bytes(128))
     );
+    assert_eq!((p.dh_summary, p.dh_fold, p.ws_ds), (None, None, None));
     assert_eq!(
         (p.grads.grid, p.grads.block, p.grads.shared_bytes),
         ((128, 64, 1), (256, 1, 1), grads_smem_bytes(128))
     );
-    // B=H=1, T=1000, Dk 64, Dv 128: 16 segments of one chunk, so the forward's summaries of the
-    // first 15 (A [64 x 64], b [64 x 128]) and the 16 prefixes come before the backward's parts.
+    // B=H=1, T=1000, Dk 64, Dv 128: 16 segments of one chunk, so the forward's summaries of all
+    // 16 (A [64 x 64], b [64 x 128]: the dS chain takes A_s^T of segments 1..15) and the 16
+    // prefixes come before the backward's parts, and the dS gradients entering the segments after.
     let s = shape(1, 1000, 1, 64, 128);
     let p = GatedDeltaBackwardPlan::new(&s, 132, None);
-    assert_eq!((p.forward.num_segments, p.forward.num_summaries), (16, 15));
-    assert_eq!(p.forward.summary.unwrap().grid, (3, 15, 1));
+    assert_eq!((p.forward.num_segments, p.forward.num_summaries), (16, 16));
+    assert_eq!(p.forward.summary.unwrap().grid, (3, 16, 1));
     assert_eq!(p.forward.fold.unwrap().grid, (2, 1, 1));
     assert_eq!(p.states.grid, (2, 16, 1));
-    let forward = 16 * 8_192 + 15 * 64 * 64 * 4 + 15 * 64 * 128 * 4 + 16 * 64 * 128 * 4;
+    assert_eq!(p.dh_summary.unwrap().grid, (2, 15, 1));
+    assert_eq!(
+        (p.dh_fold.unwrap().grid, p.dh_fold.unwrap().block),
+        ((2, 1, 1), (256, 1, 1))
+    );
+    assert_eq!(p.dh.grid, (2, 16, 1));
+    let forward = 16 * 8_192 + 16 * 64 * 64 * 4 + 16 * 64 * 128 * 4 + 16 * 64 * 128 * 4;
     assert_eq!(p.forward.workspace_bytes, forward);
     let (w, u) = (16 * 64 * 64 * 2, 16 * 64 * 128 * 2);
     let states = 16 * 64 * 128 * 2;
@@ -314,7 +322,9 @@ fn backward_plans_run_the_forwards_segments_and_follow_its_workspace() {
             forward + w + 2 * u + states
         )
     );
-    assert_eq!(p.workspace_bytes, forward + w + 2 * u + 2 * states);
+    let ws_ds = forward + w + 2 * u + 2 * states;
+    assert_eq!(p.ws_ds, Some(ws_ds));
+    assert_eq!(p.workspace_bytes, ws_ds + 16 * 64 * 128 * 4);
     // A forced count: the forward's rounding (16 chunks in 3 segments: 6, 6, 4).
     let p = GatedDeltaBackwardPlan::new(&s, 132, Some(3));
     assert_eq!(

@@ -83,22 +83,20 @@ __device__ __forceinline__ void mma_tiles(float (&acc)[N / 8][4], const Tile& a,
   }
 }
 
-// mma_tiles with A's column k scaled by w(k) in fp32 before rounding to bf16: wk[ks] holds the
-// weights of this lane's k indices in k-step ks, {2t, 2t + 1, 2t + 8, 2t + 9}.
-template <int K, int N, bool kAT, bool kBT>
-__device__ __forceinline__ void mma_tiles_weighted(float (&acc)[N / 8][4], const Tile& a, int m0, int ka0,
-                                                   const float (&wk)[K / 16][4], const Tile& b, int n0, int kb0,
-                                                   int lane) {
+// The A fragments of op(a)[m0.., ka0..ka0 + K) (this warp's 16 rows), A's column k scaled by w(k)
+// in fp32 before rounding to bf16: wk[ks] holds the weights of this lane's k indices in k-step
+// ks, {2t, 2t + 1, 2t + 8, 2t + 9}.
+template <int K, bool kAT>
+__device__ __forceinline__ void weighted_a_fragments(uint32_t (&af)[K / 16][4], const Tile& a, int m0, int ka0,
+                                                     const float (&wk)[K / 16][4], int lane) {
   const LdsmLane l(lane);
 #pragma unroll
   for (int ks = 0; ks < K / 16; ++ks) {
-    uint32_t af[4];
-    a_fragment<kAT>(af, a, m0, ka0 + 16 * ks, l);
-    af[0] = scale_bf16x2(af[0], wk[ks][0], wk[ks][1]);
-    af[1] = scale_bf16x2(af[1], wk[ks][0], wk[ks][1]);
-    af[2] = scale_bf16x2(af[2], wk[ks][2], wk[ks][3]);
-    af[3] = scale_bf16x2(af[3], wk[ks][2], wk[ks][3]);
-    mma_step<N, kBT>(acc, af, b, n0, kb0 + 16 * ks, l);
+    a_fragment<kAT>(af[ks], a, m0, ka0 + 16 * ks, l);
+    af[ks][0] = scale_bf16x2(af[ks][0], wk[ks][0], wk[ks][1]);
+    af[ks][1] = scale_bf16x2(af[ks][1], wk[ks][0], wk[ks][1]);
+    af[ks][2] = scale_bf16x2(af[ks][2], wk[ks][2], wk[ks][3]);
+    af[ks][3] = scale_bf16x2(af[ks][3], wk[ks][2], wk[ks][3]);
   }
 }
 
@@ -109,15 +107,6 @@ __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4][4], const float (&acc)
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) a[nt >> 1][(nt & 1) * 2 + hh] = pack_bf16x2(acc[nt][2 * hh], acc[nt][2 * hh + 1]);
-}
-
-// acc[16 x N] += A[16 x 64] (register fragments, acc_to_a) op(b)[kb0..kb0 + 64, n0..).
-template <int N, bool kBT>
-__device__ __forceinline__ void mma_regs_tile(float (&acc)[N / 8][4], const uint32_t (&a)[4][4], const Tile& b, int n0,
-                                              int kb0, int lane) {
-  const LdsmLane l(lane);
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks) mma_step<N, kBT>(acc, a[ks], b, n0, kb0 + 16 * ks, l);
 }
 
 // f(x0, x1, row, col) for every accumulator pair (columns col, col + 1) the lane holds.

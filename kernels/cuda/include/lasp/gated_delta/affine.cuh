@@ -117,6 +117,45 @@ struct AffineTile {
         *reinterpret_cast<float2*>(p + (r0 + i) * 64 + column(e)) = make_float2(acc[i][e], acc[i][e + 1]);
     __syncthreads();
   }
+
+  // P = A^T P + b (the backward's step down a chain of transitions), A and b as in apply. Each
+  // element: b, then the products in ascending order of the inner index. A thread's rows are one
+  // run of Dk/32 columns of A, read from each of A's rows at once.
+  template <Source kFrom, class ABlock>
+  __device__ __forceinline__ void apply_transposed(ABlock&& a_block, const float* b, int64_t ld_b) {
+    float acc[kRows][8];
+#pragma unroll
+    for (int i = 0; i < kRows; ++i)
+#pragma unroll
+      for (int e = 0; e < 8; e += 2) {
+        const float2 x =
+            b ? load_operand<kFrom, float2>(b + (r0 + i) * ld_b + column(e)) : make_float2(0.f, 0.f);
+        acc[i][e] = x.x;
+        acc[i][e + 1] = x.y;
+      }
+    const float* a = a_block(r0 / 64) + r0 % 64;  // A[r][r0 + i] at a[r * 64 + i]
+#pragma unroll 4
+    for (int r = 0; r < DK; ++r) {
+      float acol[kRows];
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) acol[i] = load_operand<kFrom, float>(a + r * 64 + i);
+      const float* row = p + r * 64;
+      const float4 lo = *reinterpret_cast<const float4*>(row + c0);
+      const float4 hi = *reinterpret_cast<const float4*>(row + c0 + 32);
+      const float pr[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+      for (int i = 0; i < kRows; ++i)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[i][e] = fmaf(acol[i], pr[e], acc[i][e]);
+    }
+    __syncthreads();  // every thread has read P
+#pragma unroll
+    for (int i = 0; i < kRows; ++i)
+#pragma unroll
+      for (int e = 0; e < 8; e += 2)
+        *reinterpret_cast<float2*>(p + (r0 + i) * 64 + column(e)) = make_float2(acc[i][e], acc[i][e + 1]);
+    __syncthreads();
+  }
 };
 
 // Column block jb of A_s in the workspace: ws_a [B*H, num_summaries, Dk/64, Dk, 64].

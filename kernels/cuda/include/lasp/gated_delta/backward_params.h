@@ -24,14 +24,25 @@
 //                                                       smem lasp_gdn_bwd_wy_smem_bytes(Dk): the
 //                                                       forward's (I + L)^{-1} (same bits) and W
 //   2. if S > 1: the forward's summary and fold kernels, with `fwd` (lasp/gated_delta/forward_params.h)
+//                with a summary for every segment (num_summaries = S: the dS chain takes A_s^T of
+//                segments 1..S-1)
 //   3.           lasp_gated_delta_bwd_states_dk{64,128}  grid (Dv/64, S, B*H), block LASP_SD_THREADS,
 //                                                       smem lasp_gdn_summary_smem_bytes(Dk): the
 //                                                       forward's chain again, storing S_n and u
-//   4.           lasp_gated_delta_bwd_dh_dk{64,128}      grid (Dv/64, B*H), block LASP_SD_THREADS,
-//                                                       smem lasp_gdn_bwd_dh_smem_bytes(Dk): du and
-//                                                       dS' of every chunk, from the last to the
-//                                                       first, and dh0
-//   5.           lasp_gated_delta_bwd_grads_dk{64,128}   grid (N, B*H), block LASP_GDN_BWD_GRADS_THREADS,
+//   4. if S > 1: lasp_gated_delta_bwd_dh_summary_dk{64,128}  grid (Dv/64, S-1, B*H), block
+//                                                       LASP_SD_THREADS, smem lasp_gdn_bwd_dh_smem_bytes(Dk):
+//                                                       segment s >= 1's dS chain from zero at its
+//                                                       end, c_s, into ws_ds slot s
+//   5. if S > 1: lasp_gated_delta_bwd_fold_dk{64,128}    grid (Dv/64, B*H), block LASP_GDN_FOLD_THREADS,
+//                                                       smem 0: from E = dht down the segments,
+//                                                       E <- A_s^T E + c_s (the dS entering segment
+//                                                       s) into ws_ds slot s, s = S-1..1
+//   6.           lasp_gated_delta_bwd_dh_dk{64,128}      grid (Dv/64, S, B*H), block LASP_SD_THREADS,
+//                                                       smem lasp_gdn_bwd_dh_smem_bytes(Dk): per
+//                                                       segment from the dS leaving it (ws_ds slot
+//                                                       s + 1, or dht), du and dS' of its chunks from
+//                                                       the last to the first; segment 0 writes dh0
+//   7.           lasp_gated_delta_bwd_grads_dk{64,128}   grid (N, B*H), block LASP_GDN_BWD_GRADS_THREADS,
 //                                                       smem lasp_gdn_bwd_grads_smem_bytes(Dk):
 //                                                       dq, dk, dv, dg, dbeta of one chunk
 // All take lasp_gated_delta_bwd_params by value; those with dynamic shared memory need
@@ -65,6 +76,8 @@ typedef struct {
   uint16_t* ws_du;  // bf16 [B*H, N*64, Dv]: dL/du
   uint16_t* ws_h;   // bf16 [B*H, N, Dk, Dv]: the state entering every chunk
   uint16_t* ws_dh;  // bf16 [B*H, N, Dk, Dv]: dL/dS of the state leaving every chunk
+  float* ws_ds;     // fp32 [B*H, S, Dk, Dv]: slot s >= 1, dL/dS of the state entering segment s
+                    // (first c_s, then the fold's value); NULL when S == 1
 } lasp_gated_delta_bwd_params;
 
 // Elements of the workspace's token rows (ws_w with D = Dk; ws_u, ws_du with D = Dv) and states.
@@ -91,10 +104,10 @@ LASP_GDN_FN uint32_t lasp_gdn_bwd_dh_smem_bytes(int32_t Dk) {
   return 2u * lasp_gdn_bwd_dh_stage_bytes(Dk) + 2u * Dk * 64u * 2u + LASP_SD_CHUNK * 64u * 2u;
 }
 
-// Gradient kernel: Q, K, W, dW [64 x Dk]; (I + L)^{-1}, dP, and one scratch [64 x 64] tile; per
-// 64 columns of Dv, dO, u, du, V [64 x 64] and S_n, dS' [Dk x 64]; then 1024 bytes of the chunk's
-// gates and betas and 3072 of row sums.
+// Gradient kernel: Q, K, W, dW [64 x Dk]; (I + L)^{-1}, dP, and one scratch [64 x 64] tile; two
+// sets of 64 columns of Dv: dO, u, du, V [64 x 64] and S_n, dS' [Dk x 64]; then 1024 bytes of the
+// chunk's gates and betas and 3072 of row sums.
 LASP_GDN_FN uint32_t lasp_gdn_bwd_grads_smem_bytes(int32_t Dk) {
-  return 4u * LASP_SD_CHUNK * Dk * 2u + 3u * LASP_SD_CHUNK * 64u * 2u + 4u * LASP_SD_CHUNK * 64u * 2u +
-         2u * Dk * 64u * 2u + 1024u + 3072u;
+  return 4u * LASP_SD_CHUNK * Dk * 2u + 3u * LASP_SD_CHUNK * 64u * 2u +
+         2u * (4u * LASP_SD_CHUNK * 64u * 2u + 2u * Dk * 64u * 2u) + 1024u + 3072u;
 }
