@@ -29,6 +29,8 @@ namespace gdn {
 
 using chunk::exp_nonpos;
 using chunk::publish;
+using chunk::wg_issue;
+using chunk::wg_settle;
 using chunk::wg_tiles;
 using chunk::StateLane;
 using chunk::StateRegs;
@@ -162,10 +164,12 @@ __device__ __forceinline__ void bwd_dh(const lasp_gated_delta_bwd_params& p) {
     const int g = lane >> 2, t = lane & 3;
 
     // du for rows j = 16 warp + g (+ 8).
-    float du[8][4] = {};
-    wg_tiles<DK, 64, false, false>(du, k, 0, 0, ds, 0, 0);
-    float scores[8][4] = {};
-    wg_tiles<DK, 64, false, true>(scores, k, 0, 0, q, 0, 0);
+    float du[8][4] = {}, scores[8][4] = {};
+    wg::fence();
+    wg_issue<DK, 64, false, false>(du, k, 0, 0, ds, 0, 0);      // K dS'
+    wg_issue<DK, 64, false, true>(scores, k, 0, 0, q, 0, 0);    // K Q^T
+    wg::commit();
+    wg_settle(du, scores);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -181,7 +185,10 @@ __device__ __forceinline__ void bwd_dh(const lasp_gated_delta_bwd_params& p) {
       }
     uint32_t pt[4][4];
     chunk::acc_to_a(pt, scores);
-    chunk::wg_regs_tile<64>(du, pt, d_o, 0, 0);
+    wg::fence();
+    chunk::wg_issue_regs<64>(du, pt, d_o, 0, 0);
+    wg::commit();
+    wg_settle(du);
 
     uint16_t* du_rows = p.ws_du + ((int64_t)bh * N + c) * kChunk * Dv + vt * 64;
     chunk::for_each_acc_pair<64>(du, 16 * warp, 0, lane, [&](float& x0, float& x1, int r, int col) {
@@ -204,13 +211,20 @@ __device__ __forceinline__ void bwd_dh(const lasp_gated_delta_bwd_params& p) {
     for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
       for (int x = 0; x < 4; ++x) wq[ks][x] = f.scale * exp_nonpos(cg.col[2 * ks + (x >> 1)][x & 1]);
+    uint32_t weighted_qt[DK / 64][4][4];
+#pragma unroll
+    for (int mt = 0; mt < DK / 64; ++mt)
+      chunk::weighted_a_fragments<64, true>(weighted_qt[mt], q, 64 * mt + 16 * warp, 0, wq, lane);
+    wg::fence();
 #pragma unroll
     for (int mt = 0; mt < DK / 64; ++mt) {
-      uint32_t weighted_qt[4][4];
-      chunk::weighted_a_fragments<64, true>(weighted_qt, q, 64 * mt + 16 * warp, 0, wq, lane);
-      chunk::wg_regs_tile<64>(s[mt], weighted_qt, d_o, 0, 0);
-      wg_tiles<64, 64, true, false>(s[mt], w, 64 * mt, 0, du_tile, 0, 0);
+      chunk::wg_issue_regs<64>(s[mt], weighted_qt[mt], d_o, 0, 0);
+      wg_issue<64, 64, true, false>(s[mt], w, 64 * mt, 0, du_tile, 0, 0);
     }
+    wg::commit();
+    wg::wait<0>();
+#pragma unroll
+    for (int mt = 0; mt < DK / 64; ++mt) wg::fence_operands(s[mt]);
     if (i + 1 < n) sd::store_state_bf16<DK>(smem, kCopies + ((i + 1) & 1) * kStateCopy, s, ln);
   }
   if constexpr (kSummary)
@@ -350,10 +364,13 @@ __device__ __forceinline__ void bwd_grads(const lasp_gated_delta_bwd_params& p) 
   float du_s[kHalfK / 8][4] = {}, dk[kHalfK / 8][4] = {};
   for (int vt = 0; vt < vtiles; ++vt) {
     const ValueTiles v = value_tiles(vt);
-    wg_tiles<64, 32, false, true>(dp, v.d_o, 0, 0, v.u, n_col, 0);        // dO u^T
-    wg_tiles<64, kHalfK, false, true>(du_s, v.du, 0, 0, v.s, n_key, 0);  // du S_n^T = -dW
-    wg_tiles<64, kHalfK, false, true>(dk, v.u, 0, 0, v.ds, n_key, 0);    // u dS'^T
-    wg_tiles<64, 32, false, true>(da_v, v.du, 0, 0, v.v, n_col, 0);      // du V^T
+    // Four independent products in one group; <dS', S_n> on the CUDA cores meanwhile.
+    wg::fence();
+    wg_issue<64, 32, false, true>(dp, v.d_o, 0, 0, v.u, n_col, 0);        // dO u^T
+    wg_issue<64, kHalfK, false, true>(du_s, v.du, 0, 0, v.s, n_key, 0);  // du S_n^T = -dW
+    wg_issue<64, kHalfK, false, true>(dk, v.u, 0, 0, v.ds, n_key, 0);    // u dS'^T
+    wg_issue<64, 32, false, true>(da_v, v.du, 0, 0, v.v, n_col, 0);      // du V^T
+    wg::commit();
     const uint8_t* s_tile = smem + (v.s.base - sbase);
     const uint8_t* ds_tile = smem + (v.ds.base - sbase);
 #pragma unroll 1
@@ -363,6 +380,7 @@ __device__ __forceinline__ void bwd_grads(const lasp_gated_delta_bwd_params& p) 
       state_dot += __uint_as_float(x << 16) * __uint_as_float(y << 16) +
                    __uint_as_float(x & 0xffff0000u) * __uint_as_float(y & 0xffff0000u);
     }
+    wg_settle(dp, du_s, dk, da_v);
   }
 
   // dP = sigma [j <= r] e^{b_r - b_j} dO u^T into t1; dW = -du S_n^T into dw_t; the transition's
@@ -432,7 +450,12 @@ __device__ __forceinline__ void bwd_grads(const lasp_gated_delta_bwd_params& p) 
     for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
       for (int e = 0; e < 2; ++e) dq[nt][2 * hh + e] *= f.scale * exp_nonpos(b_row[hh]);
-  wg_tiles<64, kHalfK, false, false>(dq, t1, 0, 0, k_t, n_key, 0);
+  float out[kHalfK / 8][4] = {};  // dP^T Q, the output's part of dk (rows j)
+  wg::fence();
+  wg_issue<64, kHalfK, false, false>(dq, t1, 0, 0, k_t, n_key, 0);
+  wg_issue<64, kHalfK, true, false>(out, t1, 0, 0, q_t, n_key, 0);
+  wg::commit();
+  wg_settle(dq, out);
   {
     const float2 qd = chunk::row_dots<kHalfK>(dq, smem, sbase, q_t, m0, n_key, lane);
     db_rows[0] += qd.x, db_rows[1] += qd.y;
@@ -441,8 +464,6 @@ __device__ __forceinline__ void bwd_grads(const lasp_gated_delta_bwd_params& p) 
     });
   }
   {
-    float out[kHalfK / 8][4] = {};  // dP^T Q, the output's part of dk (rows j)
-    wg_tiles<64, kHalfK, true, false>(out, t1, 0, 0, q_t, n_key, 0);
     const float2 kd = chunk::row_dots<kHalfK>(out, smem, sbase, k_t, m0, n_key, lane);
     db_rows[0] -= kd.x, db_rows[1] -= kd.y;
 #pragma unroll
@@ -479,8 +500,11 @@ __device__ __forceinline__ void bwd_grads(const lasp_gated_delta_bwd_params& p) 
     // dL = -(A^T dA~ A^T) below the diagonal; L_rj = beta_r e^{b_r - b_j} (k_r . k_j) passes it on:
     // E = dL beta_r e^{b_r - b_j} into t2 (dk += E K + E^T K), dbeta_r and the gates directly.
     float x2[4][4] = {}, kk[4][4] = {};
-    wg_tiles<64, 32, false, true>(x2, t1, 0, 0, a_t, n_col, 0);
-    wg_tiles<DK, 32, false, true>(kk, k_t, 0, 0, k_t, n_col, 0);
+    wg::fence();
+    wg_issue<64, 32, false, true>(x2, t1, 0, 0, a_t, n_col, 0);
+    wg_issue<DK, 32, false, true>(kk, k_t, 0, 0, k_t, n_col, 0);
+    wg::commit();
+    wg_settle(x2, kk);
     float col_part[4][2];
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
@@ -537,8 +561,11 @@ __device__ __forceinline__ void bwd_grads(const lasp_gated_delta_bwd_params& p) 
   }
   publish();  // E is in t2; the row and column sums are in place
 
-  wg_tiles<64, kHalfK, false, false>(dk, t2, 0, 0, k_t, n_key, 0);  // E K   (rows r)
-  wg_tiles<64, kHalfK, true, false>(dk, t2, 0, 0, k_t, n_key, 0);   // E^T K (rows j)
+  wg::fence();
+  wg_issue<64, kHalfK, false, false>(dk, t2, 0, 0, k_t, n_key, 0);  // E K   (rows r)
+  wg_issue<64, kHalfK, true, false>(dk, t2, 0, 0, k_t, n_key, 0);   // E^T K (rows j)
+  wg::commit();
+  wg_settle(dk);
   chunk::for_each_acc_pair<kHalfK>(dk, m0, n_key, lane, [&](float& x0, float& x1, int r, int col) {
     if (r < valid) *reinterpret_cast<uint32_t*>(p.dk + (row0 + r * H) * DK + col) = pack_bf16x2(x0, x1);
   });

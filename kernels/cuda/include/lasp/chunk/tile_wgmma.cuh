@@ -51,25 +51,25 @@ __device__ __forceinline__ void mma_ss(float (&d)[N / 8][4], uint64_t a, uint64_
   }
 }
 
-template <int N>
-__device__ __forceinline__ void fence_operands(float (&d)[N / 8][4]) {
+template <int NT>
+__device__ __forceinline__ void fence_operands(float (&d)[NT][4]) {
 #pragma unroll
-  for (int i = 0; i < N / 8; ++i)
+  for (int i = 0; i < NT; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
 }
 
 }  // namespace detail
 
-// acc[64 x N] += op(a)[m0.., ka0..ka0 + K) op(b)[kb0..kb0 + K, n0..n0 + N), N in {32, 64}; kAT: A
-// = a^T (then m0 is a multiple of 64), kBT: B = b^T. Issued and waited for.
+// Issues acc[64 x N] += op(a)[m0.., ka0..ka0 + K) op(b)[kb0..kb0 + K, n0..n0 + N), N in {32, 64};
+// kAT: A = a^T (then m0 is a multiple of 64), kBT: B = b^T. Part of a group: after wg::fence(),
+// before wg::commit(); acc is final after the group's wait and wg_settle.
 template <int K, int N, bool kAT, bool kBT>
-__device__ __forceinline__ void wg_tiles(float (&acc)[N / 8][4], const Tile& a, int m0, int ka0, const Tile& b,
+__device__ __forceinline__ void wg_issue(float (&acc)[N / 8][4], const Tile& a, int m0, int ka0, const Tile& b,
                                          int n0, int kb0) {
   static_assert(K % 16 == 0, "whole k-steps");
   constexpr wg::Major kMajorA = kAT ? wg::Major::kMN : wg::Major::kK;
   constexpr wg::Major kMajorB = kBT ? wg::Major::kK : wg::Major::kMN;
-  wg::fence();
 #pragma unroll
   for (int ks = 0; ks < K / 16; ++ks) {
     const int ka = ka0 + 16 * ks, kb = kb0 + 16 * ks;
@@ -77,22 +77,33 @@ __device__ __forceinline__ void wg_tiles(float (&acc)[N / 8][4], const Tile& a, 
     const uint64_t db = kBT ? detail::operand(b, n0, kb) : detail::operand(b, kb, n0);
     detail::mma_ss<N, kMajorB, kMajorA>(acc, da, db);
   }
-  wg::commit();
-  wg::wait<0>();
-  detail::fence_operands<N>(acc);
 }
 
-// acc[64 x 64] += A B with this warp's 16 rows of A in registers, a[ks] the A fragments of k-step ks
-// (mma.sync's layout: acc_to_a, or a_fragment scaled), B = b (MN-major) rows kb0.., columns n0...
-template <int K>
-__device__ __forceinline__ void wg_regs_tile(float (&acc)[8][4], const uint32_t (&a)[K / 16][4], const Tile& b,
-                                             int n0, int kb0) {
+// Waits for every committed group and pins the accumulators there.
+template <class... Acc>
+__device__ __forceinline__ void wg_settle(Acc&... acc) {
+  wg::wait<0>();
+  (detail::fence_operands(acc), ...);
+}
+
+// One product, issued and waited for.
+template <int K, int N, bool kAT, bool kBT>
+__device__ __forceinline__ void wg_tiles(float (&acc)[N / 8][4], const Tile& a, int m0, int ka0, const Tile& b,
+                                         int n0, int kb0) {
   wg::fence();
+  wg_issue<K, N, kAT, kBT>(acc, a, m0, ka0, b, n0, kb0);
+  wg::commit();
+  wg_settle(acc);
+}
+
+// Issues acc[64 x 64] += A B with this warp's 16 rows of A in registers, a[ks] the A fragments of
+// k-step ks (mma.sync's layout: acc_to_a, or weighted_a_fragments), B = b (MN-major) rows kb0..,
+// columns n0..; part of a group as wg_issue. The A registers stay unchanged until the wait.
+template <int K>
+__device__ __forceinline__ void wg_issue_regs(float (&acc)[8][4], const uint32_t (&a)[K / 16][4], const Tile& b,
+                                              int n0, int kb0) {
 #pragma unroll
   for (int ks = 0; ks < K / 16; ++ks) wg::mma_rs<wg::Major::kMN>(acc, a[ks], detail::operand(b, kb0 + 16 * ks, n0));
-  wg::commit();
-  wg::wait<0>();
-  wg::fence_operands(acc);
 }
 
 }  // namespace chunk
