@@ -21,7 +21,7 @@ between processes); one file is one process, whose value is its own median.
 
 Single-GPU rows are matched by (B, T, H, D), LASP-2 rows by (W, B, T_local, H, D); a shape of ours
 missing on the peer's side is an error (exit 1). ours_bwd_ms and hbm_floor_bwd_ms are null unless
-our files carry them (gated_delta_bench times no backward yet). The rows go to gated_delta.json's
+our files carry them (fla's backward is not timed: it does not run on the node's Triton). The rows go to gated_delta.json's
 `single_gpu` and `lasp2` lists. Each row carries its own `commit` (env LASP_COMMIT), `date` (env
 LASP_DATE, else now) and `device` (--device), a LASP-2 row also `bit_identical` (--bit-identical:
 the checks of the same build passed, every mode bitwise equal), and replaces the row of the same
@@ -284,7 +284,9 @@ def main(argv=None):
             f"ours: gated_delta_bench, {methods(ours)}; fla: benches/fla_gated_delta.py, {methods(fla)}; "
             "each side in its own processes, the row the median over processes (*_per_process_ms); "
             "hbm_floor_fwd_ms: q, k, v, o in bf16 and g, beta in fp32 moved once at the device's spec HBM "
-            "bandwidth (H100 SXM 3.35e12, H200 4.8e12 B/s)")
+            "bandwidth (H100 SXM 3.35e12, H200 4.8e12 B/s); ours_bwd_ms: the backward alone, timed like the "
+            "forward; hbm_floor_bwd_ms: q, k, v, do read and dq, dk, dv written in bf16, g, beta read and dg, "
+            "dbeta written in fp32, once, at the same bandwidth")
     if a.lasp2_ours:
         ours, peer = load(a.lasp2_ours), load(a.lasp2_peer)
         new["lasp2"] = merge_lasp2(by_shape(ours, LASP2_KEY), by_shape(peer, LASP2_KEY),
