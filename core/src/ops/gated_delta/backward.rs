@@ -177,7 +177,11 @@ pub(super) fn dh_smem_bytes(dk: usize) -> u32 {
 /// and S_n, dS' `[Dk x 64]`); the chunk's gates and betas and the row sums.
 pub(super) fn grads_smem_bytes(dk: usize) -> u32 {
     let dk = dk as u32;
-    4 * CHUNK * dk * 2 + 3 * CHUNK * 64 * 2 + 2 * (4 * CHUNK * 64 * 2 + 2 * dk * 64 * 2) + 1024 + 3072
+    4 * CHUNK * dk * 2
+        + 3 * CHUNK * 64 * 2
+        + 2 * (4 * CHUNK * 64 * 2 + 2 * dk * 64 * 2)
+        + 1024
+        + 3072
 }
 
 /// How one Gated DeltaNet backward call runs: the forward's plan, whose summary kernel and fold
