@@ -265,6 +265,22 @@ pub(crate) fn require_shared_memory(
     Ok(())
 }
 
+/// An error naming `op` unless `stream` belongs to `ctx`, the runtime's context, where the op's
+/// kernels and workspace live.
+pub(crate) fn require_runtime_stream(
+    stream: &CudaStream,
+    ctx: &Arc<CudaContext>,
+    op: &str,
+) -> Result<()> {
+    if Arc::ptr_eq(stream.context(), ctx) {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument(format!(
+        "{op}: the stream belongs to another CUDA context; launch on a stream of the runtime's GPU \
+         (runtime.stream() or runtime.context().new_stream())"
+    )))
+}
+
 /// Makes `workspace` hold at least `bytes` bytes (`op` names the operation in errors) and
 /// returns its device address (0 while none was ever needed). Growing it waits for the whole
 /// context first (earlier calls, on any stream, may still use the old one) and for `stream` after

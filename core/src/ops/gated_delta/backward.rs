@@ -11,7 +11,7 @@ use super::forward::{
     wy_smem_bytes, GatedDeltaPlan, Scope,
 };
 use super::GatedDeltaBackwardParams;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernel::{width_index, Kernel, LaunchShape};
 use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
 use crate::ops::{bf16, require_shared_memory, DeviceMut, DeviceRef, StreamOrder};
@@ -427,12 +427,7 @@ impl GatedDeltaBackward {
     ) -> Result<GatedDeltaBackwardPlan> {
         let scale = args.check(OP)?;
         let plan = self.plan(&args.shape)?;
-        if !Arc::ptr_eq(stream.context(), &self.ctx) {
-            return Err(Error::InvalidArgument(format!(
-                "{OP}: the stream belongs to another CUDA context; launch on a stream of the \
-                 runtime's GPU"
-            )));
-        }
+        crate::ops::require_runtime_stream(stream, &self.ctx, OP)?;
         let base = crate::ops::ensure_workspace(
             &self.ctx,
             stream,

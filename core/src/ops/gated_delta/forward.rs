@@ -539,12 +539,7 @@ impl GatedDeltaForward {
     ) -> Result<GatedDeltaPlan> {
         let scale = args.check(OP)?;
         let plan = self.plan(&args.shape)?;
-        if !Arc::ptr_eq(stream.context(), &self.ctx) {
-            return Err(Error::InvalidArgument(format!(
-                "{OP}: the stream belongs to another CUDA context; launch on a stream of the \
-                 runtime's GPU"
-            )));
-        }
+        crate::ops::require_runtime_stream(stream, &self.ctx, OP)?;
         let base = crate::ops::ensure_workspace(
             &self.ctx,
             stream,

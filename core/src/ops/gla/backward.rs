@@ -11,7 +11,7 @@ use super::plan::{
     CHUNK_STATES_LAYOUT,
 };
 use super::GlaBackwardParams;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernel::{width_index, Kernel, LaunchShape};
 use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
 use crate::ops::{bf16, require_shared_memory, DeviceMut, DeviceRef, StreamOrder};
@@ -420,12 +420,7 @@ impl GlaBackward {
     ) -> Result<GlaBackwardPlan> {
         let plan = self.plan(&args.shape)?;
         let scale = args.check(OP)?;
-        if !Arc::ptr_eq(stream.context(), &self.ctx) {
-            return Err(Error::InvalidArgument(format!(
-                "{OP}: the stream belongs to another CUDA context; launch on a stream of the \
-                 runtime's GPU"
-            )));
-        }
+        crate::ops::require_runtime_stream(stream, &self.ctx, OP)?;
         if cfg!(debug_assertions) {
             validate_gates_of(OP, &self.ctx, stream, args.g, &args.shape)?;
         }

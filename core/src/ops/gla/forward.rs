@@ -302,12 +302,7 @@ impl GlaForward {
     fn enqueue(&mut self, stream: &Arc<CudaStream>, args: GlaArgs<'_>) -> Result<GlaPlan> {
         let plan = self.plan(&args.shape)?;
         let scale = args.check(OP)?;
-        if !Arc::ptr_eq(stream.context(), &self.ctx) {
-            return Err(invalid(format!(
-                "{OP}: the stream belongs to another CUDA context; launch on a stream of the \
-                 runtime's GPU"
-            )));
-        }
+        crate::ops::require_runtime_stream(stream, &self.ctx, OP)?;
         if cfg!(debug_assertions) {
             self.validate_gates(stream, args.g, &args.shape)?;
         }

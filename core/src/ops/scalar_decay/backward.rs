@@ -373,13 +373,7 @@ impl ScalarDecayBackward {
         before_reversed_passes: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
         let scale = check_backward_args(&args)?;
-        if !Arc::ptr_eq(stream.context(), &self.ctx) {
-            return Err(invalid(
-                "scalar-decay backward: the stream belongs to another CUDA context; launch on a \
-                 stream of the runtime's GPU"
-                    .into(),
-            ));
-        }
+        crate::ops::require_runtime_stream(stream, &self.ctx, "scalar-decay backward")?;
         let s = args.shape;
         let (b, t, h, dk, dv) = (s.b as i32, s.t as i32, s.h as i32, s.dk as i32, s.dv as i32);
         let rev_segments = match &states {

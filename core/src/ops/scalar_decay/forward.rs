@@ -280,13 +280,7 @@ impl ScalarDecayForward {
         plan: ForwardPlan,
     ) -> Result<(ForwardPlan, ScalarDecayParams)> {
         let scale = check_args(args)?;
-        if !Arc::ptr_eq(stream.context(), &self.ctx) {
-            return Err(invalid(
-                "scalar-decay forward: the stream belongs to another CUDA context; launch on a \
-                 stream of the runtime's GPU (runtime.stream() or runtime.context().new_stream())"
-                    .into(),
-            ));
-        }
+        crate::ops::require_runtime_stream(stream, &self.ctx, "scalar-decay forward")?;
         if cfg!(debug_assertions) {
             self.validate_gates(stream, args.g, &args.shape)?;
         }
