@@ -1,6 +1,7 @@
 // Warp-level products of bf16 tiles in shared memory (mma.sync m16n8k16, fp32 accumulate), with
-// either operand taken as stored or transposed: the chunkwise backward kernels multiply the same
-// tiles in every orientation (dO u^T, A^T dW, dP^T Q, ...), and each product reads as one call.
+// either operand taken as stored or transposed, each product one call (the WY kernel's W), and the
+// register fragments and accumulator walks the warpgroup products of tile_wgmma.cuh share (the
+// chunkwise backward multiplies the same tiles in every orientation: dO u^T, A^T dW, dP^T Q, ...).
 //
 // A tile is `rows` x (64 * blocks) bf16 in the swizzled layout of lasp::swizzle (column blocks of
 // rows x 128 bytes), 128-byte aligned: what chunk::copy_tile_async writes for [64 x D] token tiles,
