@@ -278,7 +278,7 @@ fn backward_plans_run_the_forwards_segments_and_follow_its_workspace() {
     assert_eq!(p.workspace_bytes, tri + 3 * rows + 2 * states);
     assert_eq!(
         (p.wy.grid, p.wy.block, p.wy.shared_bytes),
-        ((128, 64, 1), (128, 1, 1), backward_wy_smem_bytes(128))
+        ((128, 64, 1), (64, 1, 1), backward_wy_smem_bytes(128))
     );
     assert_eq!(
         (p.states.grid, p.states.block, p.states.shared_bytes),

@@ -45,7 +45,8 @@
 #define LASP_GDN_FN static inline
 #endif
 
-#define LASP_GDN_WY_THREADS 128  // the WY kernel: one warpgroup per (chunk, b*H+h)
+#define LASP_GDN_WY_THREADS 64   // the WY kernel: two warps per (chunk, b*H+h), one column of
+                                 // the substitution per thread
 #define LASP_GDN_TRI_PITCH 65    // floats per row of the WY kernel's fp32 [64 x 64] L (padded: no bank conflicts)
 #define LASP_GDN_FOLD_THREADS 256  // the fold: one CTA per (64 columns of Dv, b*H+h)
 #define LASP_GDN_ROLES_THREADS 384  // two-role output kernel: state, output and loading warpgroups

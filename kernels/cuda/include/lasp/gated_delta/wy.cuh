@@ -16,10 +16,12 @@ namespace gdn {
 
 using sd::kChunk;
 
-// The WY kernel (the forward's kernel 1): chunk blockIdx.x of b*H+h = blockIdx.y. K K^T on the tensor cores (warp w: rows
-// 16w..16w+15), L in fp32 shared memory, then (I + L)^{-1} by forward substitution, one column per
-// thread of the first two warps: X[r][c] = [r == c] - sum_{j < r} L[r][j] X[j][c], in fp32 and in
-// a fixed order (X[j][c] = 0 for j < c, so the terms above the diagonal add exact zeros). Virtual
+// The WY kernel (the forward's kernel 1): chunk blockIdx.x of b*H+h = blockIdx.y, two warps. K K^T
+// on the tensor cores (warp w: rows 16w.. and 16(w + 2)..), L in fp32 shared memory, then
+// (I + L)^{-1} by forward substitution, one column per thread, X[r][c] = [r == c] - sum_{j < r}
+// L[r][j] X[j][c], in fp32 and in a fixed order (X[j][c] = 0 for j < c, so the terms above the
+// diagonal add exact zeros). The chain of 2016 dependent FMAs per column sets the kernel's time, so
+// the CTA is the two warps that substitute: more chunks per SM, no warp idle at the barrier. Virtual
 // tokens (past T) have k = 0 and beta = 0: their rows of L are zero and of X the identity's.
 //
 // kWithW (the backward's WY kernel, gated_delta/backward.cu): then also W = (I + L)^{-1} diag(beta
@@ -30,7 +32,9 @@ __device__ __forceinline__ void run_wy(const lasp_gated_delta_params& p, uint16_
   extern __shared__ __align__(1024) uint8_t smem[];
   const int chunk = blockIdx.x, bh = blockIdx.y;
   const int b = bh / p.H, h = bh % p.H;
-  const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
+  static_assert(LASP_GDN_WY_THREADS == kChunk, "one thread per column of the substitution");
+  constexpr int kRowBlocks = kChunk / 16 / (LASP_GDN_WY_THREADS / 32);  // 16-row blocks per warp
+  const int tid = threadIdx.x, warp = (tid >> 5) & 1, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
   const int tok0 = chunk * kChunk;
   const int valid = min(kChunk, p.T - tok0);
@@ -40,7 +44,9 @@ __device__ __forceinline__ void run_wy(const lasp_gated_delta_params& p, uint16_
   float* s_gates = reinterpret_cast<float*>(smem + kChunk * DK * 2);
   float* s_beta = s_gates + kChunk;
   float* s_l = s_beta + kChunk;
+  // The loader is written for a 128-thread CTA: each thread plays two of its threads.
   sd::copy_tile_async<DK / 8>(sK, p.k + row0 * DK, (int64_t)p.H * DK, valid, tid);
+  sd::copy_tile_async<DK / 8>(sK, p.k + row0 * DK, (int64_t)p.H * DK, valid, tid + LASP_GDN_WY_THREADS);
   cp_async_commit();
   if (tid < kChunk) {
     const bool ok = tid < valid;
@@ -50,32 +56,37 @@ __device__ __forceinline__ void run_wy(const lasp_gated_delta_params& p, uint16_
   cp_async_wait<0>();
   __syncthreads();
 
-  // K K^T, this warp's 16 rows and all 64 columns (the loop's Q K^T with K in Q's place).
-  const sd::FragOffsets<DK> off(warp, lane);
-  float kk[8][4] = {};
+  // K K^T, 16 rows and all 64 columns at a time (the loop's Q K^T with K in Q's place): row block
+  // rb = warp + 2 i of the chunk.
 #pragma unroll
-  for (int ks = 0; ks < DK / 16; ++ks) {
-    uint32_t ka[4];
-    sd::row_fragment<DK>(ka, sK, off, ks);
-    sd::times_keys_step<DK>(kk, ka, sK, off, ks);
-  }
-  const sd::ChunkGates cg = sd::scan_gates(s_gates, warp, lane);
+  for (int i = 0; i < kRowBlocks; ++i) {
+    const int rb = warp + 2 * i;
+    const sd::FragOffsets<DK> off(rb, lane);
+    float kk[8][4] = {};
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int r = 16 * warp + 8 * hh + g;
-    const float beta_r = s_beta[r];
+    for (int ks = 0; ks < DK / 16; ++ks) {
+      uint32_t ka[4];
+      sd::row_fragment<DK>(ka, sK, off, ks);
+      sd::times_keys_step<DK>(kk, ka, sK, off, ks);
+    }
+    const sd::ChunkGates cg = sd::scan_gates(s_gates, rb, lane);
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = 16 * rb + 8 * hh + g;
+      const float beta_r = s_beta[r];
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int j = 8 * nt + 2 * t + e;
-        s_l[r * kPitch + j] =
-            j < r ? beta_r * chunk::exp_nonpos(cg.row[hh] - cg.col[nt][e]) * kk[nt][2 * hh + e] : 0.f;
-      }
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int j = 8 * nt + 2 * t + e;
+          s_l[r * kPitch + j] =
+              j < r ? beta_r * chunk::exp_nonpos(cg.row[hh] - cg.col[nt][e]) * kk[nt][2 * hh + e] : 0.f;
+        }
+    }
   }
   __syncthreads();
 
-  if (tid < kChunk) {
+  {
     const int c = tid;
     float x[kChunk];
 #pragma unroll
@@ -100,11 +111,15 @@ __device__ __forceinline__ void run_wy(const lasp_gated_delta_params& p, uint16_
   if constexpr (kWithW) {
     __syncthreads();  // the inverse's tile is complete and L is read: its space holds the row weights
     float* s_row_weight = s_l;
-    if (t == 0) {
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = 16 * warp + 8 * hh + g;
-        s_row_weight[r] = s_beta[r] * chunk::exp_nonpos(cg.row[hh]);
+    for (int i = 0; i < kRowBlocks; ++i) {
+      const sd::ChunkGates cg = sd::scan_gates(s_gates, warp + 2 * i, lane);
+      if (t == 0) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = 16 * (warp + 2 * i) + 8 * hh + g;
+          s_row_weight[r] = s_beta[r] * chunk::exp_nonpos(cg.row[hh]);
+        }
       }
     }
     __syncthreads();
@@ -119,13 +134,17 @@ __device__ __forceinline__ void run_wy(const lasp_gated_delta_params& p, uint16_
       *at = x;
     }
     __syncthreads();
-    float w[DK / 8][4] = {};
     const chunk::Tile inverse{sK + lasp_gdn_bwd_wy_tri_offset(DK), kChunk}, weighted_keys{sK, kChunk};
-    chunk::mma_tiles<kChunk, DK, false, false>(w, inverse, 16 * warp, 0, weighted_keys, 0, 0, lane);
     uint16_t* w_rows = ws_w + ((int64_t)bh * lasp_gdn_num_chunks(p.T) + chunk) * kChunk * DK;
-    chunk::for_each_acc_pair<DK>(w, 16 * warp, 0, lane, [&](float& x0, float& x1, int r, int col) {
-      *reinterpret_cast<uint32_t*>(w_rows + r * DK + col) = pack_bf16x2(x0, x1);
-    });
+#pragma unroll 1
+    for (int i = 0; i < kRowBlocks; ++i) {
+      const int m0 = 16 * (warp + 2 * i);
+      float w[DK / 8][4] = {};
+      chunk::mma_tiles<kChunk, DK, false, false>(w, inverse, m0, 0, weighted_keys, 0, 0, lane);
+      chunk::for_each_acc_pair<DK>(w, m0, 0, lane, [&](float& x0, float& x1, int r, int col) {
+        *reinterpret_cast<uint32_t*>(w_rows + r * DK + col) = pack_bf16x2(x0, x1);
+      });
+    }
   }
 }
 
