@@ -1,6 +1,6 @@
-//! Gated DeltaNet forward and backward on one GPU: the delta rule with a scalar decay per token and head (fla's
-//! `chunk_gated_delta_rule`, with q and k taken as given: l2-normalised by the caller where the
-//! model normalises them).
+//! Gated DeltaNet forward and backward on one GPU: the delta rule with a scalar decay per token
+//! and head (fla's `chunk_gated_delta_rule`, with q and k taken as given: l2-normalised by the
+//! caller where the model normalises them).
 //!
 //! Per batch `b` and head `h`, with row vectors and `sigma = scale`:
 //! `S_t = e^{a_t} (I - beta_t k_t^T k_t) S_{t-1} + beta_t k_t^T v_t`, `o_t = sigma q_t S_t`,
@@ -23,10 +23,11 @@
 //! Its kernels are `kernels/cuda/gated_delta/backward.cu`, its parameters
 //! [`GatedDeltaBackwardParams`] and formulas `lasp/gated_delta/backward_params.h`. Call sequence
 //! (one stream), on the forward's segments: the WY kernel (`(I + L)^{-1}` and W of every chunk);
-//! with `S > 1`, the forward's summary kernel and fold; the states kernel (the forward's chain
-//! again, storing the state entering every chunk and u); the dS pass (du and the state gradient
-//! of every chunk, from the last to the first, and dh0); then the gradient kernel, one CTA per
-//! (chunk, b*H+h).
+//! with `S > 1`, the forward's summary kernel (every segment's) and fold; the states kernel (the
+//! forward's chain again, storing the state entering every chunk and u); with `S > 1`, the dS
+//! chain's summaries (each later segment's from zero) and their fold through `A_s^T`; the dS pass
+//! per segment (du and the state gradient of every chunk, from the last to the first, and dh0);
+//! then the gradient kernel, one CTA per (chunk, b*H+h).
 
 mod backward;
 mod family;
