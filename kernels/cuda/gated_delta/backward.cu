@@ -71,12 +71,7 @@ __device__ __forceinline__ void bwd_states(const lasp_gated_delta_bwd_params& p)
   sd::run_segment_with<DK, sd::Probe::kNone, false, false>(
       a,
       [&](StateRegs<DK>& s, const StateLane& ln) {
-        const int64_t bh = blockIdx.z;
-        const float* prefix = f.ws_p ? prefix_tile<DK>(f, bh, blockIdx.y, 0) : f.h0 ? f.h0 + bh * DK * f.Dv : nullptr;
-        if (prefix)
-          chunk::state_load<DK>(s, ln, prefix + blockIdx.x * sd::kTileV, f.Dv);
-        else
-          chunk::state_zero<DK>(s, ln);
+        load_segment_start<DK>(f, blockIdx.z, blockIdx.y, blockIdx.x, s, ln);
         return true;
       },
       [](StateRegs<DK>&, const StateLane&, float) {},
@@ -84,9 +79,7 @@ __device__ __forceinline__ void bwd_states(const lasp_gated_delta_bwd_params& p)
         const int64_t Dv = f.Dv;
         uint16_t* tile =
             p.ws_h + ((int64_t)blockIdx.z * lasp_gdn_num_chunks(f.T) + c) * DK * Dv + blockIdx.x * sd::kTileV;
-        chunk::for_each_state_pair<DK>(s, ln, [&](float& x0, float& x1, int d, int col) {
-          *reinterpret_cast<uint32_t*>(tile + d * Dv + col) = pack_bf16x2(x0, x1);
-        });
+        chunk::state_store_bf16<DK>(s, ln, tile, Dv);
       },
       Values<DK, false, ValuesLayout<DK, false>, StoreU>{f, StoreU{p}});
 }
@@ -195,12 +188,7 @@ __device__ __forceinline__ void bwd_dh(const lasp_gated_delta_bwd_params& p) {
       if constexpr (!kSummary) *reinterpret_cast<uint32_t*>(du_rows + r * Dv + col) = pack_bf16x2(x0, x1);
       chunk::tile_pair(smem, sbase, du_tile, r, col) = pack_bf16x2(-x0, -x1);  // -du: the update adds W^T (-du)
     });
-    if constexpr (!kSummary) {
-      uint16_t* ds_rows = p.ws_dh + ((int64_t)bh * N + c) * state + vt * 64;
-      chunk::for_each_state_pair<DK>(s, ln, [&](float& x0, float& x1, int d, int col) {
-        *reinterpret_cast<uint32_t*>(ds_rows + d * Dv + col) = pack_bf16x2(x0, x1);
-      });
-    }
+    if constexpr (!kSummary) chunk::state_store_bf16<DK>(s, ln, p.ws_dh + ((int64_t)bh * N + c) * state + vt * 64, Dv);
     publish();  // -du complete
 
     // dS <- e^gamma dS' + (sigma diag(e^b) Q)^T dO + W^T (-du): the query weights of this lane's

@@ -93,12 +93,7 @@ __device__ __forceinline__ void run_output(const lasp_gated_delta_params& p) {
   sd::run_segment_with<DK>(
       a,
       [&](StateRegs<DK>& s, const StateLane& ln) {
-        const int64_t bh = blockIdx.z;
-        const float* prefix = p.ws_p ? prefix_tile<DK>(p, bh, blockIdx.y, 0) : p.h0 ? p.h0 + bh * DK * p.Dv : nullptr;
-        if (prefix)
-          chunk::state_load<DK>(s, ln, prefix + blockIdx.x * sd::kTileV, p.Dv);
-        else
-          chunk::state_zero<DK>(s, ln);
+        load_segment_start<DK>(p, blockIdx.z, blockIdx.y, blockIdx.x, s, ln);
         return true;
       },
       [&](StateRegs<DK>& s, const StateLane& ln, float) {

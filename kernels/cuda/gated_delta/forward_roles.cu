@@ -19,14 +19,7 @@ __device__ __forceinline__ void run_output_roles(const lasp_gdn_roles_params& rp
   const lasp_gated_delta_params& p = rp.p;
   run_roles_segment<DK>(
       p, sd::segment_args(p), sd::QkvMaps{rp.q, rp.k, rp.v},
-      [&](StateRegs<DK>& s, const StateLane& ln) {
-        const int64_t bh = blockIdx.z;
-        const float* prefix = p.ws_p ? prefix_tile<DK>(p, bh, 0, 0) : p.h0 ? p.h0 + bh * DK * p.Dv : nullptr;
-        if (prefix)
-          chunk::state_load<DK>(s, ln, prefix + blockIdx.x * sd::kTileV, p.Dv);
-        else
-          chunk::state_zero<DK>(s, ln);
-      },
+      [&](StateRegs<DK>& s, const StateLane& ln) { load_segment_start<DK>(p, blockIdx.z, 0, blockIdx.x, s, ln); },
       [&](StateRegs<DK>& s, const StateLane& ln, float) {
         if (p.ht)
           chunk::state_store<DK>(s, ln, p.ht + (int64_t)blockIdx.z * DK * p.Dv + blockIdx.x * sd::kTileV, p.Dv);

@@ -58,5 +58,13 @@ __device__ __forceinline__ void state_store(StateRegs<DK>& s, const StateLane& l
   });
 }
 
+// tile = s rounded to bf16, element (d, c) at base[d * ld + c] (4-byte aligned pairs).
+template <int DK>
+__device__ __forceinline__ void state_store_bf16(StateRegs<DK>& s, const StateLane& ln, uint16_t* base, int64_t ld) {
+  for_each_state_pair<DK>(s, ln, [&](float& x0, float& x1, int d, int c) {
+    *reinterpret_cast<uint32_t*>(base + d * ld + c) = pack_bf16x2(x0, x1);
+  });
+}
+
 }  // namespace chunk
 }  // namespace lasp

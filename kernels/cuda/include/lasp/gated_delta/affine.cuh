@@ -14,6 +14,7 @@
 #pragma once
 #include <stdint.h>
 
+#include "lasp/chunk/state_tile.cuh"
 #include "lasp/gated_delta/forward_params.h"
 
 namespace lasp {
@@ -174,6 +175,18 @@ __device__ __forceinline__ float* summary_b_tile(const lasp_gated_delta_params& 
 template <int DK>
 __device__ __forceinline__ float* prefix_tile(const lasp_gated_delta_params& p, int64_t bh, int s, int vt) {
   return p.ws_p + (bh * p.num_segments + s) * DK * p.Dv + vt * 64;
+}
+
+// The state Dv tile vt of segment s of b*H+h starts from (the prologue of the output kernels and of
+// the backward's chain): the fold's prefix where one ran (ws_p), else h0, else zero.
+template <int DK>
+__device__ __forceinline__ void load_segment_start(const lasp_gated_delta_params& p, int64_t bh, int s, uint32_t vt,
+                                                   chunk::StateRegs<DK>& regs, const chunk::StateLane& ln) {
+  const float* prefix = p.ws_p ? prefix_tile<DK>(p, bh, s, 0) : p.h0 ? p.h0 + bh * DK * p.Dv : nullptr;
+  if (prefix)
+    chunk::state_load<DK>(regs, ln, prefix + vt * 64, p.Dv);
+  else
+    chunk::state_zero<DK>(regs, ln);
 }
 
 // The prefixes of Dv tile vt of b*H+h: from the state entering segment 0 (already in P), the
