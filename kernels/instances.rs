@@ -71,6 +71,7 @@ const GDN_PARAMS: &str = "lasp_gated_delta_params";
 const GDN_LASP2: &str = "gated_delta/lasp2_forward.cu";
 const GDN_L2_PARAMS: &str = "lasp_gated_delta_lasp2_params";
 const GDN_BACKWARD: &str = "gated_delta/backward.cu";
+const GDN_LASP2_BACKWARD: &str = "gated_delta/lasp2_backward.cu";
 const GDN_BWD_PARAMS: &str = "lasp_gated_delta_bwd_params";
 
 /// Every templated kernel. Template arguments of `run_segment`: key width, output pass, probe,
@@ -188,4 +189,9 @@ pub const INSTANCES: &[Instance] = &[
         GDN_L2_PARAMS, "lasp::gdn::lasp2_summary<lasp::exchange::AllGather>(p)"),
     row("GDN_LASP2_FOLD", "lasp_gated_delta_lasp2_fold_dk{dk}", GDN_LASP2, "LASP_GDN_FOLD_THREADS",
         GDN_L2_PARAMS, "lasp::gdn::lasp2_fold<{dk}, lasp::exchange::AllGather>(p)"),
+    // Gated DeltaNet's LASP-2 backward: the fold of the later PEs' summaries into the gradient
+    // leaving the shard (its summary is the forward's kernel; its chunk passes the single-GPU
+    // backward's).
+    row("GDN_LASP2_BWD_FOLD", "lasp_gated_delta_lasp2_bwd_fold_dk{dk}", GDN_LASP2_BACKWARD,
+        "LASP_GDN_FOLD_THREADS", GDN_L2_PARAMS, "lasp::gdn::lasp2_bwd_fold<{dk}, lasp::exchange::AllGather>(p)"),
 ];

@@ -1,9 +1,10 @@
-//! Gated DeltaNet's LASP-2 forward (`ops::gated_delta::GatedDeltaLasp2Forward`) on every GPU
-//! under `lasp-run`.
+//! Gated DeltaNet's LASP-2 forward and backward (`ops::gated_delta::GatedDeltaLasp2Forward`,
+//! `GatedDeltaLasp2Backward`) on every GPU under `lasp-run`.
 //!
 //! ```text
 //! lasp-run -n 2 gated_delta_lasp2                    # the checks
 //! lasp-run -n 4 gated_delta_lasp2 --no-check --time 4x8192x16x128 --time 8x2048x16x128 --json out.json
+//! lasp-run -n 4 gated_delta_lasp2 --no-check --time 4x8192x16x128 --with-backward --json fb.json
 //! ```
 //!
 //! Checks (every PE): the whole sequence's inputs from the f64 reference's generator (the delta
@@ -12,11 +13,18 @@
 //! sequence (relative error <= 5e-3; the final state on the last PE), in every exchange mode, each
 //! mode's outputs bitwise equal to the overlapped mode's, a repeated call bitwise equal, and a
 //! captured CUDA graph of one overlapped call replayed `--graph-calls` times bitwise equal too;
-//! outputs poisoned before each call. One line per case and PE; exit status 1 when any check
-//! failed. Timing (`--time BxTxHxD`, T per GPU): the modes in turns (`time_in_turns`), the row is
-//! the slowest rank's median, on the inputs `benches/gated_delta_cp_peer.py` gives fla's context
-//! parallelism (drawn per rank: q, v ~ N(0, 1), k ~ N(0, 1) with unit rows, g = logsigmoid(N(0,
-//! 1)) / 16, beta = sigmoid(N(0, 1))).
+//! outputs poisoned before each call. Then the backward from the state entering the shard that
+//! the forward saved, with a random do (and dht on the last PE): dq, dk, dv (and dh0 on PE 0)
+//! against the reference's chunkwise backward of the whole sequence (relative error <= 5e-3), dg
+//! and dbeta within 1e-2 of their scale (the larger of the shard's norm, the sequence's l2 norm of
+//! their products and, for dg, fp32's resolution of its terms: the single-GPU test's measure),
+//! every mode, a repeat and graph replays bitwise equal. One line per case and PE; exit status 1
+//! when any check failed. Timing (`--time BxTxHxD`, T per GPU): the modes in turns
+//! (`time_in_turns`), the row is the slowest rank's median, on the inputs
+//! `benches/gated_delta_cp_peer.py` gives fla's context parallelism (drawn per rank: q, v ~ N(0,
+//! 1), k ~ N(0, 1) with unit rows, g = logsigmoid(N(0, 1)) / 16, beta = sigmoid(N(0, 1))); with
+//! `--with-backward` a timed call is a training step's: the forward saving the state entering the
+//! shard, then the backward from a random do.
 
 use clap::Parser;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -24,15 +32,20 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use lasp_shmem::exchange::{ExchangeMode, Lasp2Layout};
 use lasp_shmem::nccl::NcclComm;
 use lasp_shmem::ops::bf16;
-use lasp_shmem::ops::gated_delta::{GatedDelta, GatedDeltaArgs, GatedDeltaLasp2Forward};
+use lasp_shmem::ops::gated_delta::{
+    GatedDelta, GatedDeltaArgs, GatedDeltaBackwardArgs, GatedDeltaLasp2Backward,
+    GatedDeltaLasp2Forward,
+};
 use lasp_shmem::ops::scalar_decay::ForwardShape;
 use lasp_shmem::ops::{DeviceMut, DeviceRef};
-use lasp_shmem::reference::{delta_rule, rel_err, Family, InputSpec, Inputs, SplitMix64};
+use lasp_shmem::reference::{
+    assert_close_to_scale, delta_rule, rel_err, Cotangents, Family, InputSpec, Inputs, SplitMix64,
+};
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::{
-    bf16_bits, bf16s, f32_bits, f32s, lasp2_config, main_under_launcher, mode_times, parse_shape,
-    round, run_cases, shard_cases, shard_rows, time_in_turns, time_shapes, ModeCall, ModeRow,
-    ShardCase,
+    bf16_bits, bf16s, config_with_heap, f32_bits, f32s, main_under_launcher, mode_times,
+    parse_shape, round, run_cases, shard_cases, shard_rows, time_in_turns, time_shapes, ModeCall,
+    ModeRow, ShardCase,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -52,9 +65,14 @@ struct Options {
     /// Write the timing rows here (rank 0).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Time the forward and the backward together.
+    #[arg(long)]
+    with_backward: bool,
 }
 
 const TOL: f64 = 5e-3;
+/// dg and dbeta against their scale (the module doc).
+const GATE_TOL: f64 = 1e-2;
 const POISON: u16 = 0xFFFF;
 
 /// The (Dk, Dv) pairs the checks cover: Dv >= Dk (one column block of A per tile) and Dv < Dk
@@ -72,12 +90,97 @@ struct Shard {
     h0: Option<CudaSlice<f32>>,
     o: CudaSlice<bf16>,
     ht: Option<CudaSlice<f32>>,
+    /// The state entering the shard, saved by the forward for the backward.
+    shard_h0: CudaSlice<f32>,
     scale: Option<f32>,
 }
 
+/// One PE's backward tensors: do, dht (the last PE), the gradients (dh0 on PE 0).
+struct ShardGrads {
+    d_o: CudaSlice<bf16>,
+    dht: Option<CudaSlice<f32>>,
+    dq: CudaSlice<bf16>,
+    dk: CudaSlice<bf16>,
+    dv: CudaSlice<bf16>,
+    dg: CudaSlice<f32>,
+    dbeta: CudaSlice<f32>,
+    dh0: Option<CudaSlice<f32>>,
+}
+
+/// The bits of one backward call's gradients.
+#[derive(PartialEq)]
+struct GradBits {
+    dq: Vec<u16>,
+    dk: Vec<u16>,
+    dv: Vec<u16>,
+    dg: Vec<u32>,
+    dbeta: Vec<u32>,
+    dh0: Vec<u32>,
+}
+
+impl ShardGrads {
+    /// `d_o` and `dht` (the last PE's) uploaded, zero gradients for `shape`, dh0 where `dh0`.
+    fn new(
+        stream: &Arc<CudaStream>,
+        shape: ForwardShape,
+        d_o: &[bf16],
+        dht: Option<&[f32]>,
+        dh0: bool,
+    ) -> Result<Self> {
+        Ok(ShardGrads {
+            d_o: stream.clone_htod(d_o)?,
+            dht: dht.map(|d| stream.clone_htod(d)).transpose()?,
+            dq: stream.alloc_zeros(shape.qk_len())?,
+            dk: stream.alloc_zeros(shape.qk_len())?,
+            dv: stream.alloc_zeros(shape.v_len())?,
+            dg: stream.alloc_zeros(shape.gate_len())?,
+            dbeta: stream.alloc_zeros(shape.gate_len())?,
+            dh0: if dh0 {
+                Some(stream.alloc_zeros(shape.state_len())?)
+            } else {
+                None
+            },
+        })
+    }
+}
+
+impl Outputs for ShardGrads {
+    type Bits = GradBits;
+
+    fn poison(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        for x in [&mut self.dq, &mut self.dk, &mut self.dv] {
+            stream.memcpy_htod(&vec![bf16::from_bits(POISON); x.len()], x)?;
+        }
+        for x in [Some(&mut self.dg), Some(&mut self.dbeta), self.dh0.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            stream.memcpy_htod(&vec![f32::from_bits(u32::MAX); x.len()], x)?;
+        }
+        Ok(())
+    }
+
+    fn bits(&self, stream: &Arc<CudaStream>) -> Result<GradBits> {
+        Ok(GradBits {
+            dq: bf16_bits(stream, &self.dq)?,
+            dk: bf16_bits(stream, &self.dk)?,
+            dv: bf16_bits(stream, &self.dv)?,
+            dg: f32_bits(stream, Some(&self.dg))?,
+            dbeta: f32_bits(stream, Some(&self.dbeta))?,
+            dh0: f32_bits(stream, self.dh0.as_ref())?,
+        })
+    }
+}
+
 impl Shard {
-    fn args(&mut self) -> GatedDeltaArgs<'_> {
-        GatedDeltaArgs {
+    /// Enqueues the forward of the shard on `stream`, saving the state entering it where `save`.
+    fn forward(
+        &mut self,
+        op: &mut GatedDeltaLasp2Forward,
+        stream: &Arc<CudaStream>,
+        save: bool,
+    ) -> Result<()> {
+        let args = GatedDeltaArgs {
             shape: self.shape,
             q: DeviceRef::new(&self.q),
             k: DeviceRef::new(&self.k),
@@ -88,23 +191,50 @@ impl Shard {
             o: DeviceMut::new(&mut self.o),
             ht: self.ht.as_mut().map(DeviceMut::new),
             scale: self.scale,
-        }
+        };
+        let shard_h0 = save.then(|| DeviceMut::new(&mut self.shard_h0));
+        op.forward(stream, args, shard_h0).map(|_| ())
     }
 
-    fn poison(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
-        stream.memcpy_htod(&vec![bf16::from_bits(POISON); self.o.len()], &mut self.o)?;
-        if let Some(ht) = self.ht.as_mut() {
-            stream.memcpy_htod(&vec![f32::from_bits(u32::MAX); ht.len()], ht)?;
-        }
-        Ok(())
+    /// Enqueues the backward of the shard on `stream`, from the saved state entering it.
+    fn backward(
+        &self,
+        grads: &mut ShardGrads,
+        op: &mut GatedDeltaLasp2Backward,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let args = GatedDeltaBackwardArgs {
+            shape: self.shape,
+            q: DeviceRef::new(&self.q),
+            k: DeviceRef::new(&self.k),
+            v: DeviceRef::new(&self.v),
+            g: DeviceRef::new(&self.g),
+            beta: DeviceRef::new(&self.beta),
+            h0: Some(DeviceRef::new(&self.shard_h0)),
+            d_o: DeviceRef::new(&grads.d_o),
+            dht: grads.dht.as_ref().map(DeviceRef::new),
+            dq: DeviceMut::new(&mut grads.dq),
+            dk: DeviceMut::new(&mut grads.dk),
+            dv: DeviceMut::new(&mut grads.dv),
+            dg: DeviceMut::new(&mut grads.dg),
+            dbeta: DeviceMut::new(&mut grads.dbeta),
+            dh0: grads.dh0.as_mut().map(DeviceMut::new),
+            scale: self.scale,
+        };
+        op.backward(stream, args).map(|_| ())
     }
 
-    /// The bits of o and ht.
-    fn bits(&self, stream: &Arc<CudaStream>) -> Result<(Vec<u16>, Vec<u32>)> {
-        Ok((
-            bf16_bits(stream, &self.o)?,
-            f32_bits(stream, self.ht.as_ref())?,
-        ))
+    /// One backward call on poisoned gradients; their bits.
+    fn backward_bits(
+        &self,
+        grads: &mut ShardGrads,
+        op: &mut GatedDeltaLasp2Backward,
+        stream: &Arc<CudaStream>,
+    ) -> Result<GradBits> {
+        grads.poison(stream)?;
+        self.backward(grads, op, stream)?;
+        op.finish(stream)?;
+        grads.bits(stream)
     }
 
     /// One call on poisoned outputs; the bits of o and ht.
@@ -114,48 +244,105 @@ impl Shard {
         stream: &Arc<CudaStream>,
     ) -> Result<(Vec<u16>, Vec<u32>)> {
         self.poison(stream)?;
-        op.forward(stream, self.args())?;
+        self.forward(op, stream, true)?;
         op.finish(stream)?;
         self.bits(stream)
     }
+}
 
-    /// A captured graph of one overlapped call, replayed `calls` times on poisoned outputs: epochs
-    /// advance on the device. Whether the last replay's bits equal `want`.
-    fn replay(
-        &mut self,
-        op: &mut GatedDeltaLasp2Forward,
-        rt: &Runtime,
-        calls: u32,
-        want: &(Vec<u16>, Vec<u32>),
-    ) -> Result<std::result::Result<(), String>> {
-        let stream = rt.stream().clone();
-        op.set_mode(ExchangeMode::Overlapped)?;
-        self.poison(&stream)?;
-        let before = op.epoch(&stream)?;
-        rt.barrier_on_stream(&stream)?;
-        stream.synchronize()?;
-        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-        let captured = op.forward(&stream, self.args());
-        let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
-        captured?;
-        let graph = graph.ok_or_else(|| Error::State("the capture recorded nothing".into()))?;
-        for _ in 0..calls {
-            graph.launch()?;
+impl Outputs for Shard {
+    /// The bits of o and ht.
+    type Bits = (Vec<u16>, Vec<u32>);
+
+    fn poison(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        stream.memcpy_htod(&vec![bf16::from_bits(POISON); self.o.len()], &mut self.o)?;
+        if let Some(ht) = self.ht.as_mut() {
+            stream.memcpy_htod(&vec![f32::from_bits(u32::MAX); ht.len()], ht)?;
         }
-        op.note_replayed_calls(u64::from(calls));
-        op.finish(&stream)?;
-        let after = op.epoch(&stream)?;
-        let bits = self.bits(&stream)?;
-        Ok(if after != before + u64::from(calls) {
-            Err(format!(
-                "graph replay: epoch {before} -> {after} for {calls} replays"
-            ))
-        } else if &bits != want {
-            Err(format!("{calls} graph replays gave other bits"))
-        } else {
-            Ok(())
-        })
+        Ok(())
     }
+
+    fn bits(&self, stream: &Arc<CudaStream>) -> Result<(Vec<u16>, Vec<u32>)> {
+        Ok((
+            bf16_bits(stream, &self.o)?,
+            f32_bits(stream, self.ht.as_ref())?,
+        ))
+    }
+}
+
+/// The outputs of one direction's calls: poisoned before a call, read back as bits after it.
+trait Outputs {
+    type Bits: PartialEq;
+    fn poison(&mut self, stream: &Arc<CudaStream>) -> Result<()>;
+    fn bits(&self, stream: &Arc<CudaStream>) -> Result<Self::Bits>;
+}
+
+/// What a graph replay reads and advances of an operation's exchange: both directions'.
+trait Replayed {
+    fn set_mode(&mut self, mode: ExchangeMode) -> Result<()>;
+    fn epoch(&self, stream: &Arc<CudaStream>) -> Result<u64>;
+    fn note_replayed_calls(&mut self, calls: u64);
+    fn finish(&self, stream: &Arc<CudaStream>) -> Result<()>;
+}
+
+macro_rules! replayed {
+    ($op:ty) => {
+        impl Replayed for $op {
+            fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
+                <$op>::set_mode(self, mode)
+            }
+            fn epoch(&self, stream: &Arc<CudaStream>) -> Result<u64> {
+                <$op>::epoch(self, stream)
+            }
+            fn note_replayed_calls(&mut self, calls: u64) {
+                <$op>::note_replayed_calls(self, calls)
+            }
+            fn finish(&self, stream: &Arc<CudaStream>) -> Result<()> {
+                <$op>::finish(self, stream)
+            }
+        }
+    };
+}
+replayed!(GatedDeltaLasp2Forward);
+replayed!(GatedDeltaLasp2Backward);
+
+/// A captured graph of one overlapped call (`call` on `outputs`), replayed `calls` times on
+/// poisoned outputs: epochs advance on the device. Whether they advanced by `calls` and the last
+/// replay's bits equal `want`.
+fn replay<O: Replayed, S: Outputs>(
+    rt: &Runtime,
+    op: &mut O,
+    outputs: &mut S,
+    calls: u32,
+    want: &S::Bits,
+    call: impl FnOnce(&mut S, &mut O, &Arc<CudaStream>) -> Result<()>,
+) -> Result<std::result::Result<(), String>> {
+    let stream = rt.stream().clone();
+    op.set_mode(ExchangeMode::Overlapped)?;
+    outputs.poison(&stream)?;
+    let before = op.epoch(&stream)?;
+    rt.barrier_on_stream(&stream)?;
+    stream.synchronize()?;
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let captured = call(outputs, op, &stream);
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
+    captured?;
+    let graph = graph.ok_or_else(|| Error::State("the capture recorded nothing".into()))?;
+    for _ in 0..calls {
+        graph.launch()?;
+    }
+    op.note_replayed_calls(u64::from(calls));
+    op.finish(&stream)?;
+    let after = op.epoch(&stream)?;
+    Ok(if after != before + u64::from(calls) {
+        Err(format!(
+            "graph replay: epoch {before} -> {after} for {calls} replays"
+        ))
+    } else if &outputs.bits(&stream)? != want {
+        Err(format!("{calls} graph replays gave other bits"))
+    } else {
+        Ok(())
+    })
 }
 
 fn check_case(
@@ -208,6 +395,7 @@ fn check_case(
         } else {
             None
         },
+        shard_h0: stream.alloc_zeros(shape.state_len())?,
         scale: Some(inputs.scale as f32),
     };
     let layout = shape.layout();
@@ -226,8 +414,19 @@ fn check_case(
             problems.push(format!("{mode:?} differs from Overlapped"));
         }
     }
-    problems.extend(shard.replay(&mut op, rt, graph_calls, &first)?.err());
+    let replayed = replay(
+        rt,
+        &mut op,
+        &mut shard,
+        graph_calls,
+        &first,
+        |shard, op, stream| shard.forward(op, stream, true),
+    )?;
+    problems.extend(replayed.err());
     op.free()?;
+    // The backward, from the state entering the shard the last forward call saved (every mode's
+    // are equal).
+    let grad_check = check_backward(rt, &inputs, &shard, seed, start, graph_calls)?;
     let (o, ht) = first;
     let got: Vec<f64> = o.iter().map(|&x| bf16::from_bits(x).to_f64()).collect();
     let e_o = rel_err(&got, &shard_rows(&want.o, start, len));
@@ -243,10 +442,130 @@ fn check_case(
         }
         detail += &format!(" ht {e_ht:.2e}");
     }
+    match grad_check {
+        Ok(grads) => detail += &format!("; {grads}"),
+        Err(e) => problems.push(e),
+    }
     Ok(if problems.is_empty() {
         Ok(format!(
             "{detail}, every mode and {graph_calls} graph replays bitwise equal"
         ))
+    } else {
+        Err(format!("{detail}: {}", problems.join("; ")))
+    })
+}
+
+/// The backward of this PE's shard in every mode against the reference's backward of the whole
+/// sequence: the errors, or what failed.
+fn check_backward(
+    rt: &Runtime,
+    inputs: &Inputs,
+    shard: &Shard,
+    seed: u64,
+    start: usize,
+    graph_calls: u32,
+) -> Result<std::result::Result<String, String>> {
+    let (me, npes) = (rt.pe(), rt.npes());
+    let stream = rt.stream().clone();
+    let cot = Cotangents::generate(inputs.shape, seed, true, true)
+        .map_err(|e| Error::State(format!("cotangent generation: {e}")))?;
+    let reference =
+        |e: lasp_shmem::reference::ReferenceError| Error::State(format!("reference backward: {e}"));
+    let want = delta_rule::chunkwise_backward(inputs, 64, &cot.d_o, cot.d_ht.as_ref())
+        .map_err(reference)?;
+    let (dg_products, dbeta_products) =
+        delta_rule::gate_and_beta_product_norms(inputs, &cot.d_o, cot.d_ht.as_ref())
+            .map_err(reference)?;
+    let want_dbeta = want
+        .dbeta
+        .as_ref()
+        .ok_or_else(|| Error::State("the delta rule's reference returns no dbeta".into()))?;
+    let (shape, len) = (shard.shape, shard.shape.t);
+    let dht = match (&cot.d_ht, me + 1 == npes) {
+        (Some(d), true) => Some(f32s(d.data())),
+        _ => None,
+    };
+    let d_o = bf16s(&shard_rows(&cot.d_o, start, len));
+    let mut grads = ShardGrads::new(&stream, shape, &d_o, dht.as_deref(), me == 0)?;
+    let mut op = GatedDeltaLasp2Backward::new(rt, shape.layout(), ExchangeMode::Overlapped)?;
+    let first = shard.backward_bits(&mut grads, &mut op, &stream)?;
+    let mut problems = Vec::new();
+    if shard.backward_bits(&mut grads, &mut op, &stream)? != first {
+        problems.push("a repeated backward gave other bits".to_string());
+    }
+    for mode in [
+        ExchangeMode::SequentialNccl,
+        ExchangeMode::SequentialNvshmem,
+    ] {
+        op.set_mode(mode)?;
+        if shard.backward_bits(&mut grads, &mut op, &stream)? != first {
+            problems.push(format!("backward: {mode:?} differs from Overlapped"));
+        }
+    }
+    let replayed = replay(
+        rt,
+        &mut op,
+        &mut grads,
+        graph_calls,
+        &first,
+        |grads, op, stream| shard.backward(grads, op, stream),
+    )?;
+    problems.extend(replayed.err().map(|e| format!("backward: {e}")));
+    op.free()?;
+    let values16 =
+        |x: &[u16]| -> Vec<f64> { x.iter().map(|&b| bf16::from_bits(b).to_f64()).collect() };
+    let values32 =
+        |x: &[u32]| -> Vec<f64> { x.iter().map(|&b| f64::from(f32::from_bits(b))).collect() };
+    let mut errors = Vec::new();
+    let mut relative = vec![
+        ("dq", values16(&first.dq), shard_rows(&want.dq, start, len)),
+        ("dk", values16(&first.dk), shard_rows(&want.dk, start, len)),
+        ("dv", values16(&first.dv), shard_rows(&want.dv, start, len)),
+    ];
+    if me == 0 {
+        relative.push(("dh0", values32(&first.dh0), want.dh0.data().to_vec()));
+    }
+    for (what, got, want) in relative {
+        let e = rel_err(&got, &want);
+        if e.is_nan() || e > TOL {
+            problems.push(format!("{what}: rel err {e:.3e} > {TOL:.0e}"));
+        }
+        errors.push(format!("{what} {e:.2e}"));
+    }
+    let dg_floor = f64::from(f32::EPSILON) * want.gate_grad_scale(inputs);
+    for (what, got, want, products, floor) in [
+        (
+            "dg",
+            values32(&first.dg),
+            shard_rows(&want.dg, start, len),
+            dg_products,
+            dg_floor,
+        ),
+        (
+            "dbeta",
+            values32(&first.dbeta),
+            shard_rows(want_dbeta, start, len),
+            dbeta_products,
+            0.0,
+        ),
+    ] {
+        let norm = want.iter().map(|x| x * x).sum::<f64>().sqrt();
+        let scale = norm.max(products).max(floor);
+        match assert_close_to_scale(what, &got, &want, scale, GATE_TOL) {
+            Ok(()) => {
+                let diff = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(a, b)| (a - b) * (a - b))
+                    .sum::<f64>();
+                errors.push(format!("{what} {:.2e} of its scale", diff.sqrt() / scale));
+            }
+            Err(e) => problems.push(e),
+        }
+    }
+    let detail = format!("grads rel err {}", errors.join(" "));
+    Ok(if problems.is_empty() {
+        Ok(detail)
     } else {
         Err(format!("{detail}: {}", problems.join("; ")))
     })
@@ -263,10 +582,35 @@ impl ModeCall for Timed {
         self.op.set_mode(mode)
     }
     fn call(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
-        self.op.forward(stream, self.shard.args()).map(|_| ())
+        self.shard.forward(&mut self.op, stream, false)
     }
     fn finish(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         self.op.finish(stream)
+    }
+}
+
+/// A training step over one random shard (the forward saving the state entering it, then the
+/// backward), as `time_in_turns` drives it.
+struct TimedStep {
+    forward: GatedDeltaLasp2Forward,
+    backward: GatedDeltaLasp2Backward,
+    shard: Shard,
+    grads: ShardGrads,
+}
+
+impl ModeCall for TimedStep {
+    fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
+        self.forward.set_mode(mode)?;
+        self.backward.set_mode(mode)
+    }
+    fn call(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.shard.forward(&mut self.forward, stream, true)?;
+        self.shard
+            .backward(&mut self.grads, &mut self.backward, stream)
+    }
+    fn finish(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.forward.finish(stream)?;
+        self.backward.finish(stream)
     }
 }
 
@@ -278,7 +622,12 @@ fn normals(rng: &mut SplitMix64, len: usize) -> Vec<f64> {
         .collect()
 }
 
-fn time_shape(rt: &Runtime, comm: &NcclComm, shape: ForwardShape) -> Result<ModeRow> {
+fn time_shape(
+    rt: &Runtime,
+    comm: &NcclComm,
+    shape: ForwardShape,
+    with_backward: bool,
+) -> Result<ModeRow> {
     let stream = rt.stream().clone();
     let mut rng = SplitMix64::new(7 + rt.pe() as u64);
     let unit_rows = |mut x: Vec<f64>| -> Vec<f64> {
@@ -310,23 +659,41 @@ fn time_shape(rt: &Runtime, comm: &NcclComm, shape: ForwardShape) -> Result<Mode
         h0: None,
         o: stream.alloc_zeros(shape.v_len())?,
         ht: None,
+        shard_h0: stream.alloc_zeros(shape.state_len())?,
         scale: None,
     };
-    let mut timed = Timed {
-        op: GatedDeltaLasp2Forward::new(rt, shape.layout(), ExchangeMode::Overlapped)?,
-        shard,
+    let (layout, mode) = (shape.layout(), ExchangeMode::Overlapped);
+    let medians = if with_backward {
+        let d_o = bf16s(&normals(&mut rng, shape.v_len()));
+        let mut step = TimedStep {
+            forward: GatedDeltaLasp2Forward::new(rt, layout, mode)?,
+            backward: GatedDeltaLasp2Backward::new(rt, layout, mode)?,
+            grads: ShardGrads::new(&stream, shape, &d_o, None, false)?,
+            shard,
+        };
+        let medians = time_in_turns(rt, &mut step)?;
+        step.backward.free()?;
+        step.forward.free()?;
+        medians
+    } else {
+        let mut timed = Timed {
+            op: GatedDeltaLasp2Forward::new(rt, layout, mode)?,
+            shard,
+        };
+        let medians = time_in_turns(rt, &mut timed)?;
+        timed.op.free()?;
+        medians
     };
-    let medians = time_in_turns(rt, &mut timed)?;
-    timed.op.free()?;
     let row = ModeRow::new(rt.npes(), shape, mode_times(comm, medians)?);
     if rt.pe() == 0 {
         println!(
-            "W={} B={} T_local={} H={} D={}: overlapped {:.4} ms, sequential NCCL {:.4}, sequential NVSHMEM {:.4}, no-comm {:.4}",
+            "W={} B={} T_local={} H={} D={}{}: overlapped {:.4} ms, sequential NCCL {:.4}, sequential NVSHMEM {:.4}, no-comm {:.4}",
             row.w,
             row.b,
             row.t_local,
             row.h,
             row.d,
+            if with_backward { " forward+backward" } else { "" },
             round(row.modes.overlapped_ms, 4),
             round(row.modes.sequential_nccl_ms, 4),
             round(row.modes.sequential_nvshmem_ms, 4),
@@ -349,13 +716,14 @@ fn run(options: Options, config: Config) -> Result<bool> {
         &rt,
         &options.time,
         options.json.as_deref(),
-        |comm, shape| time_shape(&rt, comm, shape),
+        |comm, shape| time_shape(&rt, comm, shape, options.with_backward),
     )?;
     rt.shutdown()?;
     Ok(failed == 0)
 }
 
-/// A heap for the largest timed layout or the checks' largest (Dk = 128, Dv = 192).
+/// A heap for the largest timed layout or the checks' largest (Dk = 128, Dv = 192), twice over
+/// where a timed step holds a forward and a backward exchange at once.
 fn config(options: &Options, npes: usize) -> Result<Config> {
     let checks = Lasp2Layout {
         b: 2,
@@ -363,7 +731,15 @@ fn config(options: &Options, npes: usize) -> Result<Config> {
         dk: 128,
         dv: 192,
     };
-    lasp2_config::<GatedDelta>(&options.time, checks, npes)
+    let exchanges = if options.with_backward { 2 } else { 1 };
+    let heap = options
+        .time
+        .iter()
+        .map(|s| exchanges * s.layout().symmetric_bytes::<GatedDelta>(npes))
+        .chain([checks.symmetric_bytes::<GatedDelta>(npes)])
+        .max()
+        .unwrap_or(0);
+    config_with_heap(heap)
 }
 
 fn main() {

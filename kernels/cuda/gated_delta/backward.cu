@@ -84,8 +84,8 @@ __device__ __forceinline__ void bwd_states(const lasp_gated_delta_bwd_params& p)
       Values<DK, false, ValuesLayout<DK, false>, StoreU>{f, StoreU{p}});
 }
 
-// Kernels 4 and 6: Dv tile blockIdx.x of b*H+h = blockIdx.z, segment blockIdx.y (+ 1 in the
-// summary kernel). The CTA holds dS (fp32, the forward's state layout) and walks the segment's
+// Kernels 4 and 6: Dv tile blockIdx.x of b*H+h = blockIdx.z, segment blockIdx.y (+ ds_summary_from
+// in the summary kernel). The CTA holds dS (fp32, the forward's state layout) and walks the segment's
 // chunks from the last to the first, two stages of Q, K, W, dO and gates in flight. Per chunk c,
 // with dS' = dS leaving it (warp w: rows 16w.. of du; the state as the forward's loop splits it):
 //   du  = diag(e^{gamma - b}) K dS' + P^T dO,   P^T_jr = sigma [r >= j] e^{b_r - b_j} (k_j . q_r)
@@ -104,13 +104,11 @@ __device__ __forceinline__ void bwd_dh(const lasp_gated_delta_bwd_params& p) {
                 "shared-memory map and host formula disagree");
   const uint32_t sbase = smem_addr(smem);
   const int vt = blockIdx.x, bh = blockIdx.z, b = bh / f.H, h = bh % f.H;
-  const int segment = blockIdx.y + (kSummary ? 1 : 0);
+  const int segment = blockIdx.y + (kSummary ? p.ds_summary_from : 0);
   const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
   const int N = lasp_gdn_num_chunks(f.T);
   const int c_end = min(N, (segment + 1) * f.chunks_per_segment), n = c_end - segment * f.chunks_per_segment;
   const int64_t Dv = f.Dv, state = (int64_t)DK * Dv;
-  // Columns 64 vt.. of ws_ds slot s.
-  auto segment_ds = [&](int s) { return p.ws_ds + ((int64_t)bh * f.num_segments + s) * state + vt * 64; };
 
   // Chunk c_end-1-i into stage i % 2.
   auto issue = [&](int i) {
@@ -131,7 +129,7 @@ __device__ __forceinline__ void bwd_dh(const lasp_gated_delta_bwd_params& p) {
   float s[DK / 64][8][4];
   const bool last = segment == f.num_segments - 1;
   if (!kSummary && !last)
-    chunk::state_load<DK>(s, ln, segment_ds(segment + 1), Dv);
+    chunk::state_load<DK>(s, ln, segment_ds_tile<DK>(f, p.ws_ds, bh, segment + 1, vt), Dv);
   else if (!kSummary && p.dht)
     chunk::state_load<DK>(s, ln, p.dht + bh * state + vt * 64, Dv);
   else
@@ -216,7 +214,7 @@ __device__ __forceinline__ void bwd_dh(const lasp_gated_delta_bwd_params& p) {
     if (i + 1 < n) sd::store_state_bf16<DK>(smem, kCopies + ((i + 1) & 1) * kStateCopy, s, ln);
   }
   if constexpr (kSummary)
-    chunk::state_store<DK>(s, ln, segment_ds(segment), Dv);
+    chunk::state_store<DK>(s, ln, segment_ds_tile<DK>(f, p.ws_ds, bh, segment, vt), Dv);
   else if (segment == 0 && p.dh0)
     chunk::state_store<DK>(s, ln, p.dh0 + bh * state + vt * 64, Dv);
 }
@@ -226,17 +224,11 @@ __device__ __forceinline__ void bwd_dh(const lasp_gated_delta_bwd_params& p) {
 template <int DK>
 __device__ __forceinline__ void bwd_fold(const lasp_gated_delta_bwd_params& p) {
   __shared__ __align__(16) float s_ds[DK * 64];
-  const lasp_gated_delta_params& f = p.fwd;
-  const int64_t bh = blockIdx.y, Dv = f.Dv;
+  const int64_t bh = blockIdx.y;
   const int vt = blockIdx.x;
   AffineTile<DK> tile(s_ds);
-  tile.load(p.dht ? p.dht + bh * DK * Dv + vt * 64 : nullptr, Dv);
-  for (int s = f.num_segments - 1; s >= 1; --s) {
-    float* slot = p.ws_ds + (bh * f.num_segments + s) * DK * Dv + vt * 64;
-    tile.template apply_transposed<Source::kWorkspace>([&](int jb) { return summary_a_block<DK>(f, bh, s, jb); },
-                                                       slot, Dv);
-    tile.store(slot, Dv);
-  }
+  tile.load(p.dht ? p.dht + bh * DK * p.fwd.Dv + vt * 64 : nullptr, p.fwd.Dv);
+  fold_segments_down<DK>(p.fwd, p.ws_ds, tile, bh, vt);
 }
 
 // Kernel 7: chunk blockIdx.x of b*H+h = blockIdx.y, 256 threads. Warp w computes rows 16 (w % 4)..

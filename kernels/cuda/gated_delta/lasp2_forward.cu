@@ -1,19 +1,20 @@
 // Gated DeltaNet's LASP-2 forward with a device-initiated exchange of the shards' affine summaries,
 // for sm_90a. The chunk passes are the single-GPU forward's (gated_delta/forward.cu); this file adds
-// the shard's summary (its segments' maps composed into the exchanged tile) and the fold of the
-// earlier PEs' summaries into the shard's start state, both on lasp/gated_delta/affine.cuh; the
-// protocol around them (epochs, credits, puts, bounded waits) is the generic exchange's
-// (lasp/exchange/chain.cuh). Kernels and call order: lasp/gated_delta/lasp2_params.h.
-#include "lasp/exchange/chain.cuh"
-#include "lasp/gated_delta/affine.cuh"
-#include "lasp/gated_delta/lasp2_params.h"
+// the shard's summary (its segments' maps composed into the exchanged tile; the backward's too) and
+// the fold of the earlier PEs' summaries into the shard's start state, both on
+// lasp/gated_delta/affine.cuh; the protocol around them (epochs, credits, puts, bounded waits) is
+// the generic exchange's (lasp/exchange/chain.cuh). Kernels and call order:
+// lasp/gated_delta/lasp2_params.h.
+#include "lasp/gated_delta/lasp2_fold.cuh"
 
 namespace lasp {
 namespace gdn {
 
-// Kernel 3, one CTA per (Dv tile, head): the shard's (A, b) composed from its segments' into the
-// own slot tile [parity][me][bh][vt], then published by the schedule. b = b_{S-1} + A_{S-1}(... (b_1
-// + A_1 b_0)); A's column block jb = A_{S-1} ... A_1 A_0[:, jb].
+// Kernel 3 (the backward's 4), one CTA per (Dv tile, head): the shard's summary composed from its
+// segments' into the own slot tile [parity][me][bh][vt], then published by the schedule. Its first
+// block, on the forward's chain, b = b_{S-1} + A_{S-1}(... (b_1 + A_1 b_0)); on the backward's, c' =
+// c_0 + A_0^T (c_1 + ... A_{S-1}^T (c_{S-1} + A_{S-1}^T dht)), dht on the last PE only (else zero).
+// Then A's column blocks jb = A_{S-1} ... A_1 A_0[:, jb], in both.
 template <int DK, class Schedule>
 __device__ __forceinline__ void lasp2_summary_tile(const lasp_gated_delta_lasp2_params& p) {
   __shared__ __align__(16) float s_tile[DK * 64];
@@ -27,9 +28,15 @@ __device__ __forceinline__ void lasp2_summary_tile(const lasp_gated_delta_lasp2_
   auto a_of = [&](int s) { return [&, s](int jb) { return summary_a_block<DK>(f, bh, s, jb); }; };
 
   AffineTile<DK> tile(s_tile);
-  tile.load(summary_b_tile<DK>(f, bh, 0, vt), f.Dv);
-  for (int s = 1; s < f.num_summaries; ++s)
-    tile.template apply<Source::kWorkspace>(a_of(s), summary_b_tile<DK>(f, bh, s, vt), f.Dv);
+  if (p.chain == LASP2_CHAIN_DESCENDING) {
+    tile.load(p.dht ? p.dht + (int64_t)bh * DK * f.Dv + vt * 64 : nullptr, f.Dv);
+    for (int s = f.num_segments - 1; s >= 0; --s)
+      tile.template apply_transposed<Source::kWorkspace>(a_of(s), segment_ds_tile<DK>(f, p.ws_ds, bh, s, vt), f.Dv);
+  } else {
+    tile.load(summary_b_tile<DK>(f, bh, 0, vt), f.Dv);
+    for (int s = 1; s < f.num_summaries; ++s)
+      tile.template apply<Source::kWorkspace>(a_of(s), summary_b_tile<DK>(f, bh, s, vt), f.Dv);
+  }
   tile.store(own, 64);
   // A thread stores and loads only its own elements of the tile: no barrier between them.
   int blocks = 1;
@@ -52,27 +59,17 @@ __device__ __forceinline__ void lasp2_summary(const lasp_gated_delta_lasp2_param
 
 // Kernel 4, one CTA per (Dv tile vt, head): the state entering the shard, P = h0 (or 0) and then
 // P = A_u P + b_u for the earlier PEs in chain order (A from every tile of the head, b from tile
-// vt), then the states entering the shard's segments, into ws_p. The same fold in every mode.
+// vt), into shard_h0 where set, then the states entering the shard's segments, into ws_p. The same
+// fold in every mode.
 template <int DK, class Schedule>
 __device__ __forceinline__ void lasp2_fold(const lasp_gated_delta_lasp2_params& p) {
   __shared__ __align__(16) float s_tile[DK * 64];
   const lasp_gated_delta_params& f = p.fwd;
   const int vt = blockIdx.x, bh = blockIdx.y;
-  const int vtiles = p.Dv / 64;
-  const uint64_t tile_floats = lasp_gdn_lasp2_tile_floats(DK, p.Dv);
   AffineTile<DK> tile(s_tile);
   tile.load(f.h0 ? f.h0 + (int64_t)bh * DK * f.Dv + vt * 64 : nullptr, f.Dv);
-  for (int t = 0; t < vtiles; ++t)
-    if (!Schedule::wait(p, bh, t)) return;  // the host reports p.diag
-  const float* arrived = nullptr;
-  Schedule::fold_arrived(
-      p, bh, vt, tile_floats, 1, [&](int, const float* landed) { arrived = landed; },
-      [&](int) {
-        // The head's tiles from one PE are consecutive: tile t is (t - vt) tiles from tile vt.
-        tile.template apply<Source::kLanded>(
-            [&](int jb) { return arrived + (jb % vtiles - vt) * (int64_t)tile_floats + (1 + jb / vtiles) * DK * 64; },
-            arrived, 64);
-      });
+  if (!fold_landed<DK, Schedule, false>(p, tile, bh, vt)) return;  // the host reports p.diag
+  if (p.shard_h0) tile.store(p.shard_h0 + (int64_t)bh * DK * f.Dv + vt * 64, f.Dv);
   fold_segments<DK>(f, tile, bh, vt);
 }
 

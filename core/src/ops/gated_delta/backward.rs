@@ -199,10 +199,14 @@ pub struct GatedDeltaBackwardPlan {
     /// The states kernel: the forward's chain again, storing the state entering every chunk and
     /// u.
     pub states: LaunchShape,
-    /// Where S > 1: the dS chain of segments 1..S-1 from zero at their ends (`c_s`), and the
-    /// fold of the dS entering every segment (`A_s^T` down the segments).
+    /// Where S > 1 (in a LASP-2 shard, always): the dS chain of segments `ds_summary_from..S`
+    /// from zero at their ends (`c_s`), and the fold of the dS entering every segment (`A_s^T`
+    /// down the segments; in a shard, the LASP-2 fold's, after the later PEs' summaries).
     pub dh_summary: Option<LaunchShape>,
     pub dh_fold: Option<LaunchShape>,
+    /// The first segment whose `c_s` the summary kernel computes: 1 on one GPU (the dS entering
+    /// the sequence needs no summary), 0 in a LASP-2 shard (its summary composes every segment's).
+    pub ds_summary_from: u32,
     /// The dS pass, per segment: du and the state gradient of every chunk, from the last to the
     /// first, and dh0.
     pub dh: LaunchShape,
@@ -219,10 +223,13 @@ pub struct GatedDeltaBackwardPlan {
     /// Byte offset of ws_dh, bf16 `[B*H, N, Dk, Dv]` (the gradient of the state leaving every
     /// chunk).
     pub ws_dh: u64,
-    /// Where S > 1: byte offset of ws_ds, fp32 `[B*H, S, Dk, Dv]` (the gradient of the state
-    /// entering every segment).
+    /// Where S > 1 (in a shard, always): byte offset of ws_ds, fp32 `[B*H, S, Dk, Dv]` (the
+    /// gradient of the state entering every segment).
     pub ws_ds: Option<u64>,
-    /// Workspace bytes: the forward's parts, then ws_w, ws_u, ws_du, ws_h, ws_dh (and ws_ds),
+    /// In a LASP-2 shard: byte offset of ws_e, fp32 `[B*H, Dk, Dv]` (the gradient of the state
+    /// leaving the shard, the LASP-2 fold's, which the dS pass takes as its dht).
+    pub ws_e: Option<u64>,
+    /// Workspace bytes: the forward's parts, then ws_w, ws_u, ws_du, ws_h, ws_dh (and ws_ds, ws_e),
     /// each 256-byte aligned.
     pub workspace_bytes: u64,
 }
@@ -230,20 +237,26 @@ pub struct GatedDeltaBackwardPlan {
 impl GatedDeltaBackwardPlan {
     /// The plan of a validated `shape` on `sm_count` SMs: the forward's segments (enough to fill
     /// the SMs once, or `forced`), and the backward's parts of the workspace after the forward's.
+    /// `Scope::Shard` plans a LASP-2 shard's: every segment summarised (A_s and c_s, which the
+    /// shard's summary composes) and the gradient leaving the shard in the workspace.
     pub(super) fn new(
         s: &ForwardShape,
         sm_count: u32,
         forced: Option<u32>,
+        scope: Scope,
     ) -> GatedDeltaBackwardPlan {
         let one_gpu = GatedDeltaPlan::new(s, sm_count, forced, Scope::SingleGpu);
-        // With segments, every segment's summary: Scope::Shard's plan, whose fold starts from h0
-        // in the single-GPU fold kernel.
-        let forward = if one_gpu.num_segments > 1 {
+        // With segments, or in a shard, every segment's summary: Scope::Shard's plan, whose fold
+        // starts from h0 in the single-GPU fold kernel.
+        let shard = scope == Scope::Shard;
+        let forward = if shard || one_gpu.num_segments > 1 {
             GatedDeltaPlan::new(s, sm_count, forced, Scope::Shard)
         } else {
             one_gpu
         };
         let segments = forward.num_segments;
+        let ds_summary_from = u32::from(!shard);
+        let with_ds = shard || segments > 1;
         let bf16_bytes = |elems: u64| elems * 2;
         let ws_w = forward.workspace_bytes.next_multiple_of(PART_ALIGN);
         let ws_u = (ws_w + bf16_bytes(rows_elems(s, s.dk))).next_multiple_of(PART_ALIGN);
@@ -251,7 +264,8 @@ impl GatedDeltaBackwardPlan {
         let ws_h = (ws_du + bf16_bytes(rows_elems(s, s.dv))).next_multiple_of(PART_ALIGN);
         let ws_dh = (ws_h + bf16_bytes(states_elems(s))).next_multiple_of(PART_ALIGN);
         let ws_ds = (ws_dh + bf16_bytes(states_elems(s))).next_multiple_of(PART_ALIGN);
-        let ds_bytes = u64::from(segments) * (s.b * s.h * s.dk * s.dv) as u64 * 4;
+        let state_bytes = (s.b * s.h * s.dk * s.dv) as u64 * 4;
+        let ws_e = (ws_ds + u64::from(segments) * state_bytes).next_multiple_of(PART_ALIGN);
         let chunks = s.t.div_ceil(CHUNK as usize) as u32;
         let (bh, dv_tiles) = ((s.b * s.h) as u32, (s.dv / 64) as u32);
         let dh = |segments: u32| LaunchShape {
@@ -271,12 +285,13 @@ impl GatedDeltaBackwardPlan {
                 block: (header::LASP_SD_THREADS, 1, 1),
                 shared_bytes: summary_smem_bytes(s.dk),
             },
-            dh_summary: (segments > 1).then(|| dh(segments - 1)),
-            dh_fold: (segments > 1).then_some(LaunchShape {
+            dh_summary: with_ds.then(|| dh(segments - ds_summary_from)),
+            dh_fold: with_ds.then_some(LaunchShape {
                 grid: (dv_tiles, bh, 1),
                 block: (header::LASP_GDN_FOLD_THREADS, 1, 1),
                 shared_bytes: 0,
             }),
+            ds_summary_from,
             dh: dh(segments),
             grads: LaunchShape {
                 grid: (chunks, bh, 1),
@@ -288,9 +303,12 @@ impl GatedDeltaBackwardPlan {
             ws_du,
             ws_h,
             ws_dh,
-            ws_ds: (segments > 1).then_some(ws_ds),
-            workspace_bytes: if segments > 1 {
-                ws_ds + ds_bytes
+            ws_ds: with_ds.then_some(ws_ds),
+            ws_e: shard.then_some(ws_e),
+            workspace_bytes: if shard {
+                ws_e + state_bytes
+            } else if with_ds {
+                ws_ds + u64::from(segments) * state_bytes
             } else {
                 ws_dh + bf16_bytes(states_elems(s))
             },
@@ -301,7 +319,7 @@ impl GatedDeltaBackwardPlan {
 /// The kernels' parameters for one call of `args` (checked) under `plan`, with the workspace at
 /// device address `workspace` (at least `plan.workspace_bytes`): the forward's (without its
 /// outputs) as `fwd`, the gradients, and the backward's parts of the workspace.
-fn bwd_call_params(
+pub(super) fn bwd_call_params(
     args: &GatedDeltaBackwardArgs<'_>,
     plan: &GatedDeltaBackwardPlan,
     workspace: u64,
@@ -331,26 +349,64 @@ fn bwd_call_params(
         ws_h: (workspace + plan.ws_h) as _,
         ws_dh: (workspace + plan.ws_dh) as _,
         ws_ds: plan.ws_ds.map_or(0, |offset| workspace + offset) as _,
+        ds_summary_from: plan.ds_summary_from as i32,
     }
 }
 
-/// The Gated DeltaNet backward: its kernels (its own, and the forward's summary kernel and fold
-/// where a plan has segments), its plan policy (the forward's) and its workspace.
+/// The backward's kernels, each indexed by Dk: [64, 128] (its own, and the forward's summary
+/// kernel and fold), shared by the single-GPU backward and the LASP-2 backward.
+pub(super) struct BackwardKernels {
+    pub(super) wy: [Kernel; 2],
+    pub(super) summary: [Kernel; 2],
+    pub(super) fold: [Kernel; 2],
+    pub(super) states: [Kernel; 2],
+    pub(super) dh_summary: [Kernel; 2],
+    pub(super) dh_fold: [Kernel; 2],
+    pub(super) dh: [Kernel; 2],
+    pub(super) grads: [Kernel; 2],
+}
+
+impl BackwardKernels {
+    /// Looks up the kernels in the runtime's module and raises their shared-memory limits; an
+    /// error naming `op` if this GPU cannot give a block that much shared memory.
+    pub(super) fn new(runtime: &Runtime, op: &str) -> Result<Self> {
+        let most = backward_wy_smem_bytes(128)
+            .max(summary_smem_bytes(128))
+            .max(dh_smem_bytes(128))
+            .max(grads_smem_bytes(128));
+        require_shared_memory(runtime, op, most)?;
+        let module = runtime.module();
+        let kernels = BackwardKernels {
+            wy: module.kernels_per_width(instances::GDN_BWD_WY)?,
+            summary: summary_kernels(runtime)?,
+            fold: module.kernels_per_width(instances::GDN_FOLD)?,
+            states: module.kernels_per_width(instances::GDN_BWD_STATES)?,
+            dh_summary: module.kernels_per_width(instances::GDN_BWD_DH_SUMMARY)?,
+            dh_fold: module.kernels_per_width(instances::GDN_BWD_FOLD)?,
+            dh: module.kernels_per_width(instances::GDN_BWD_DH)?,
+            grads: module.kernels_per_width(instances::GDN_BWD_GRADS)?,
+        };
+        for (i, dk) in [64, 128].into_iter().enumerate() {
+            kernels.wy[i].set_max_dynamic_shared_bytes(backward_wy_smem_bytes(dk))?;
+            kernels.states[i].set_max_dynamic_shared_bytes(summary_smem_bytes(dk))?;
+            // The forward's summary loop: two CTAs per SM with the largest carveout.
+            kernels.states[i].prefer_max_shared_memory()?;
+            kernels.dh_summary[i].set_max_dynamic_shared_bytes(dh_smem_bytes(dk))?;
+            kernels.dh[i].set_max_dynamic_shared_bytes(dh_smem_bytes(dk))?;
+            kernels.grads[i].set_max_dynamic_shared_bytes(grads_smem_bytes(dk))?;
+        }
+        Ok(kernels)
+    }
+}
+
+/// The Gated DeltaNet backward: its kernels, its plan policy (the forward's) and its workspace.
 ///
 /// One instance may be launched many times on one stream; launches of one instance on different
 /// streams must be ordered by the caller (they share the workspace). The workspace grows on
 /// demand (a context synchronisation then) and is freed when the instance is dropped.
 pub struct GatedDeltaBackward {
     ctx: Arc<CudaContext>,
-    /// The kernels, each indexed by Dk: [64, 128].
-    wy: [Kernel; 2],
-    summary: [Kernel; 2],
-    fold: [Kernel; 2],
-    states: [Kernel; 2],
-    dh_summary: [Kernel; 2],
-    dh_fold: [Kernel; 2],
-    dh: [Kernel; 2],
-    grads: [Kernel; 2],
+    kernels: BackwardKernels,
     sm_count: u32,
     force_segments: Option<u32>,
     workspace: Option<CudaSlice<u8>>,
@@ -360,36 +416,13 @@ impl GatedDeltaBackward {
     /// Looks up the kernels in the runtime's module and raises their shared-memory limits; an
     /// error if this GPU cannot give a block that much shared memory.
     pub fn new(runtime: &Runtime) -> Result<Self> {
-        let most = backward_wy_smem_bytes(128)
-            .max(summary_smem_bytes(128))
-            .max(dh_smem_bytes(128))
-            .max(grads_smem_bytes(128));
-        require_shared_memory(runtime, OP, most)?;
-        let module = runtime.module();
-        let backward = GatedDeltaBackward {
-            wy: module.kernels_per_width(instances::GDN_BWD_WY)?,
-            summary: summary_kernels(runtime)?,
-            fold: module.kernels_per_width(instances::GDN_FOLD)?,
-            states: module.kernels_per_width(instances::GDN_BWD_STATES)?,
-            dh_summary: module.kernels_per_width(instances::GDN_BWD_DH_SUMMARY)?,
-            dh_fold: module.kernels_per_width(instances::GDN_BWD_FOLD)?,
-            dh: module.kernels_per_width(instances::GDN_BWD_DH)?,
-            grads: module.kernels_per_width(instances::GDN_BWD_GRADS)?,
+        Ok(GatedDeltaBackward {
+            kernels: BackwardKernels::new(runtime, OP)?,
             sm_count: crate::ops::sm_count(runtime.context())?,
             ctx: runtime.context().clone(),
             force_segments: None,
             workspace: None,
-        };
-        for (i, dk) in [64, 128].into_iter().enumerate() {
-            backward.wy[i].set_max_dynamic_shared_bytes(backward_wy_smem_bytes(dk))?;
-            backward.states[i].set_max_dynamic_shared_bytes(summary_smem_bytes(dk))?;
-            // The forward's summary loop: two CTAs per SM with the largest carveout.
-            backward.states[i].prefer_max_shared_memory()?;
-            backward.dh_summary[i].set_max_dynamic_shared_bytes(dh_smem_bytes(dk))?;
-            backward.dh[i].set_max_dynamic_shared_bytes(dh_smem_bytes(dk))?;
-            backward.grads[i].set_max_dynamic_shared_bytes(grads_smem_bytes(dk))?;
-        }
-        Ok(backward)
+        })
     }
 
     /// Forces the number of segments per sequence (tests and tuning; rounded so that no segment
@@ -407,6 +440,7 @@ impl GatedDeltaBackward {
             shape,
             self.sm_count,
             self.force_segments,
+            Scope::SingleGpu,
         ))
     }
 
@@ -446,18 +480,19 @@ impl GatedDeltaBackward {
         // offsets (sized by the plan), is owned by self and is freed only after a context
         // synchronisation.
         unsafe {
-            self.wy[i].launch(stream, plan.wy, &params)?;
+            let k = &self.kernels;
+            k.wy[i].launch(stream, plan.wy, &params)?;
             if let (Some(summary), Some(fold)) = (plan.forward.summary, plan.forward.fold) {
-                self.summary[i].launch(stream, summary, &params.fwd)?;
-                self.fold[i].launch(stream, fold, &params.fwd)?;
+                k.summary[i].launch(stream, summary, &params.fwd)?;
+                k.fold[i].launch(stream, fold, &params.fwd)?;
             }
-            self.states[i].launch(stream, plan.states, &params)?;
+            k.states[i].launch(stream, plan.states, &params)?;
             if let (Some(summary), Some(fold)) = (plan.dh_summary, plan.dh_fold) {
-                self.dh_summary[i].launch(stream, summary, &params)?;
-                self.dh_fold[i].launch(stream, fold, &params)?;
+                k.dh_summary[i].launch(stream, summary, &params)?;
+                k.dh_fold[i].launch(stream, fold, &params)?;
             }
-            self.dh[i].launch(stream, plan.dh, &params)?;
-            self.grads[i].launch(stream, plan.grads, &params)?;
+            k.dh[i].launch(stream, plan.dh, &params)?;
+            k.grads[i].launch(stream, plan.grads, &params)?;
         }
         Ok(plan)
     }

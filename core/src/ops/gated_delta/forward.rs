@@ -60,6 +60,16 @@ impl<'a> GatedDeltaArgs<'a> {
     /// Checks the shape, then lengths, alignment, scale and overlaps against it; returns the
     /// scale to use.
     pub(super) fn check(&self, op: &str) -> Result<f32> {
+        self.check_saving(op, None)
+    }
+
+    /// [`GatedDeltaArgs::check`] with one more output, the state entering a LASP-2 shard
+    /// (`[B, H, Dk, Dv]` fp32, 8-byte aligned), where the call saves it.
+    pub(super) fn check_saving(
+        &self,
+        op: &str,
+        shard_h0: Option<&DeviceMut<'_, f32>>,
+    ) -> Result<f32> {
         let s = &self.shape;
         s.validate_as(op)?;
         let checks = TensorChecks::new(op, s);
@@ -76,8 +86,18 @@ impl<'a> GatedDeltaArgs<'a> {
             checks.tensor("ht", state, (ht.len(), s.state_len()), ht.addr(), 8)?;
         }
         let scale = checks.scale(self.scale, s)?;
+        if let Some(saved) = shard_h0 {
+            checks.tensor(
+                "shard_h0",
+                state,
+                (saved.len(), s.state_len()),
+                saved.addr(),
+                8,
+            )?;
+        }
         let mut outputs = vec![("o", self.o.byte_range())];
         outputs.extend(self.ht.as_ref().map(|ht| ("ht", ht.byte_range())));
+        outputs.extend(shard_h0.map(|saved| ("shard_h0", saved.byte_range())));
         checks.disjoint(&inputs, &outputs)?;
         Ok(scale)
     }

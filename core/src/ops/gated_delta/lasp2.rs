@@ -5,7 +5,8 @@
 //! (`A_w`, the product of its chunks' transitions, and `b_w`, its end state from zero), sends it
 //! along the exchange's chain ([`crate::exchange`]; in [`ExchangeMode::Overlapped`] from the
 //! device, with a signal) to every later PE, folds the earlier PEs' summaries `P = A_u P + b_u` in
-//! rank order and runs the single-GPU forward's output pass on its shard from that prefix. The
+//! rank order and runs the single-GPU forward's output pass on its shard from that prefix (which
+//! it saves, where asked, for [`super::GatedDeltaLasp2Backward`]). The
 //! sequential modes put a host all-gather between the same kernels; [`ExchangeMode::NoComm`]
 //! drops the exchange (timing). The fold is the same in every mode, so outputs are bit-identical
 //! across modes.
@@ -16,7 +17,7 @@ use crate::error::Result;
 use crate::exchange::chain::StateChain;
 use crate::exchange::{Direction, ExchangeMode, Lasp2Layout};
 use crate::kernel::{width_index, Kernel};
-use crate::ops::StreamOrder;
+use crate::ops::{DeviceMut, StreamOrder};
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaSlice, CudaStream};
 use lasp_shmem_kernels::{instances, params as header};
@@ -69,23 +70,30 @@ impl GatedDeltaLasp2Forward {
 
     /// Enqueues one call on `stream`: `args` holds this PE's shard (T = its T_local; shards may
     /// differ in length), h0 the global initial state (the same on every PE) and ht only on the
-    /// last PE. Everything is validated before the first launch. Expired waits are reported by
-    /// [`GatedDeltaLasp2Forward::finish`]. Returns the plan of the shard's chunk passes.
+    /// last PE; `shard_h0` (`[B, H, Dk, Dv]` fp32, 8-byte aligned), where a backward
+    /// ([`super::GatedDeltaLasp2Backward`]) follows, receives the state entering this PE's shard,
+    /// the backward's h0. Everything is validated before the first launch. Expired waits are
+    /// reported by [`GatedDeltaLasp2Forward::finish`]. Returns the plan of the shard's chunk
+    /// passes.
     pub fn forward(
         &mut self,
         stream: &Arc<CudaStream>,
         args: GatedDeltaArgs<'_>,
+        shard_h0: Option<DeviceMut<'_, f32>>,
     ) -> Result<GatedDeltaPlan> {
-        StreamOrder::around(stream, args.homes(), OP, || self.enqueue(stream, args))
+        let saved_home = shard_h0.as_ref().and_then(DeviceMut::home);
+        let homes = args.homes().into_iter().chain([saved_home]);
+        StreamOrder::around(stream, homes, OP, || self.enqueue(stream, args, shard_h0))
     }
 
     fn enqueue(
         &mut self,
         stream: &Arc<CudaStream>,
         args: GatedDeltaArgs<'_>,
+        shard_h0: Option<DeviceMut<'_, f32>>,
     ) -> Result<GatedDeltaPlan> {
         let s = args.shape;
-        let scale = args.check(OP)?;
+        let scale = args.check_saving(OP, shard_h0.as_ref())?;
         self.chain.check_call(stream, s.layout())?;
         let (me, npes) = (self.chain.runtime().pe(), self.chain.runtime().npes());
         if args.ht.is_some() && me + 1 != npes {
@@ -108,6 +116,7 @@ impl GatedDeltaLasp2Forward {
         )?;
         let params = Lasp2Params {
             fwd: call_params(&args, &plan, ws, scale),
+            shard_h0: shard_h0.as_ref().map_or(0, DeviceMut::addr) as _,
             ..self.chain.base_params(stream)
         };
         let fold = plan.fold.expect("a shard's plan always folds");

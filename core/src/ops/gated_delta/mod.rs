@@ -27,12 +27,14 @@
 //! forward's chain again, storing the state entering every chunk and u); with `S > 1`, the dS
 //! chain's summaries (each later segment's from zero) and their fold through `A_s^T`; the dS pass
 //! per segment (du and the state gradient of every chunk, from the last to the first, and dh0);
-//! then the gradient kernel, one CTA per (chunk, b*H+h).
+//! then the gradient kernel, one CTA per (chunk, b*H+h). [`GatedDeltaLasp2Backward`] is the same
+//! backward across PEs, the shards' dS-chain summaries (`A_w`, `c_w`) exchanged down the chain.
 
 mod backward;
 mod family;
 mod forward;
 mod lasp2;
+mod lasp2_backward;
 #[cfg(test)]
 mod tests;
 
@@ -40,6 +42,7 @@ pub use backward::{GatedDeltaBackward, GatedDeltaBackwardArgs, GatedDeltaBackwar
 pub use family::GatedDelta;
 pub use forward::{GatedDeltaArgs, GatedDeltaForward, GatedDeltaPlan};
 pub use lasp2::{GatedDeltaLasp2Forward, Lasp2Params};
+pub use lasp2_backward::GatedDeltaLasp2Backward;
 
 /// The C struct `lasp_gated_delta_params` of `lasp/gated_delta/forward_params.h`, passed by value
 /// to both forward kernels. Pointer fields hold device addresses; NULL where a tensor is absent.

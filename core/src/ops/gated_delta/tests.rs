@@ -256,7 +256,7 @@ fn backward_plans_run_the_forwards_segments_and_follow_its_workspace() {
     // B=4, H=16, T=8K: one segment (no summaries, no fold); the forward's part of the workspace is
     // the inverses alone, then W, u, du (128 chunks of 64 rows each) and the two states per chunk.
     let s = shape(4, 8192, 16, 128, 128);
-    let p = GatedDeltaBackwardPlan::new(&s, 132, None);
+    let p = GatedDeltaBackwardPlan::new(&s, 132, None, Scope::SingleGpu);
     assert_eq!(
         p.forward,
         GatedDeltaPlan::new(&s, 132, None, Scope::SingleGpu)
@@ -297,7 +297,7 @@ fn backward_plans_run_the_forwards_segments_and_follow_its_workspace() {
     // 16 (A [64 x 64], b [64 x 128]: the dS chain takes A_s^T of segments 1..15) and the 16
     // prefixes come before the backward's parts, and the dS gradients entering the segments after.
     let s = shape(1, 1000, 1, 64, 128);
-    let p = GatedDeltaBackwardPlan::new(&s, 132, None);
+    let p = GatedDeltaBackwardPlan::new(&s, 132, None, Scope::SingleGpu);
     assert_eq!((p.forward.num_segments, p.forward.num_summaries), (16, 16));
     assert_eq!(p.forward.summary.unwrap().grid, (3, 16, 1));
     assert_eq!(p.forward.fold.unwrap().grid, (2, 1, 1));
@@ -326,12 +326,50 @@ fn backward_plans_run_the_forwards_segments_and_follow_its_workspace() {
     assert_eq!(p.ws_ds, Some(ws_ds));
     assert_eq!(p.workspace_bytes, ws_ds + 16 * 64 * 128 * 4);
     // A forced count: the forward's rounding (16 chunks in 3 segments: 6, 6, 4).
-    let p = GatedDeltaBackwardPlan::new(&s, 132, Some(3));
+    let p = GatedDeltaBackwardPlan::new(&s, 132, Some(3), Scope::SingleGpu);
     assert_eq!(
         (p.forward.num_segments, p.forward.chunks_per_segment),
         (3, 6)
     );
     assert_eq!(p.states.grid, (2, 3, 1));
+}
+
+#[test]
+fn a_shard_backward_plan_summarises_every_segment_and_keeps_the_gradient_leaving_it() {
+    // B=4 T=8K H=16 on 132 SMs: one segment, as on one GPU, but a LASP-2 shard still summarises
+    // it (A_0 and c_0 make the shard's summary) and its fold writes E into ws_e.
+    let s = shape(4, 8192, 16, 128, 128);
+    let one = GatedDeltaBackwardPlan::new(&s, 132, None, Scope::SingleGpu);
+    let p = GatedDeltaBackwardPlan::new(&s, 132, None, Scope::Shard);
+    assert_eq!((p.forward.num_segments, p.forward.num_summaries), (1, 1));
+    assert_eq!(p.forward.summary.unwrap().grid, (4, 1, 64));
+    assert_eq!(p.forward.fold.unwrap().grid, (2, 64, 1));
+    assert_eq!(p.ds_summary_from, 0);
+    assert_eq!(p.dh_summary.unwrap().grid, (2, 1, 64));
+    assert_eq!(p.dh_fold.unwrap().grid, (2, 64, 1));
+    assert_eq!(
+        (p.dh, p.grads, p.wy, p.states),
+        (one.dh, one.grads, one.wy, one.states)
+    );
+    let state = 64 * 128 * 128 * 4;
+    let ws_ds = p.ws_dh + (64 * 128 * 128 * 128 * 2);
+    assert_eq!(p.ws_ds, Some(ws_ds));
+    assert_eq!(p.ws_e, Some(ws_ds + state));
+    assert_eq!(p.workspace_bytes, ws_ds + 2 * state);
+    // B=H=1, T=1000, Dk 64, Dv 128: 16 segments, all 16 dS-chain summaries (one GPU: 15).
+    let s = shape(1, 1000, 1, 64, 128);
+    let one = GatedDeltaBackwardPlan::new(&s, 132, None, Scope::SingleGpu);
+    let p = GatedDeltaBackwardPlan::new(&s, 132, None, Scope::Shard);
+    assert_eq!(p.forward, one.forward);
+    assert_eq!((one.ds_summary_from, p.ds_summary_from), (1, 0));
+    assert_eq!(
+        (one.dh_summary.unwrap().grid, p.dh_summary.unwrap().grid),
+        ((2, 15, 1), (2, 16, 1))
+    );
+    assert_eq!((one.ws_e, p.ws_ds), (None, one.ws_ds));
+    let state = 64 * 128 * 4;
+    assert_eq!(p.ws_e, Some(one.workspace_bytes));
+    assert_eq!(p.workspace_bytes, one.workspace_bytes + state);
 }
 
 /// Well-formed backward arguments for `s` over fake addresses, h0, dht and dh0 present.

@@ -1,8 +1,9 @@
 // The affine maps of Gated DeltaNet's segments and shards, S_end = A S_start + b, composed on the
 // CUDA cores in fp32 with every sum in one fixed, ascending order, so that the same inputs give the
 // same bits whatever the grid, the exchange mode or the schedule. They serve the fold of the
-// segments' prefixes (gated_delta/forward.cu) and, in LASP-2, the shard's summary and the fold of
-// the summaries the earlier PEs sent (gated_delta/lasp2_forward.cu).
+// segments' prefixes (gated_delta/forward.cu), the backward's fold of the state gradient down the
+// segments (gated_delta/backward.cu) and, in LASP-2, the shard's summary and the fold of the
+// summaries the other PEs sent (gated_delta/lasp2_forward.cu, gated_delta/lasp2_backward.cu).
 //
 // The unit of work is one column tile of 64: P [Dk][64] fp32 in shared memory, held by
 // LASP_GDN_FOLD_THREADS = 256 threads, each computing a block of Dk/32 rows by 8 columns (two quads,
@@ -199,6 +200,27 @@ __device__ __forceinline__ void fold_segments(const lasp_gated_delta_params& p, 
     tile.template apply<Source::kWorkspace>([&](int jb) { return summary_a_block<DK>(p, bh, s, jb); },
                                             summary_b_tile<DK>(p, bh, s, vt), p.Dv);
     tile.store(prefix_tile<DK>(p, bh, s + 1, vt), p.Dv);
+  }
+}
+
+// Columns 64 vt.. of slot s of a per-segment state gradient `ds` [B*H, S, Dk, Dv] (row pitch Dv).
+template <int DK>
+__device__ __forceinline__ float* segment_ds_tile(const lasp_gated_delta_params& p, float* ds, int64_t bh, int s,
+                                                  int vt) {
+  return ds + (bh * p.num_segments + s) * DK * p.Dv + vt * 64;
+}
+
+// The backward's fold down the segments of Dv tile vt of b*H+h: from the dS leaving the last
+// segment (already in P), E <- A_s^T E + c_s for s = S-1 .. 1, each over c_s in slot s of `ds`: the
+// dS entering segment s (the summaries' A_s, num_summaries = S).
+template <int DK>
+__device__ __forceinline__ void fold_segments_down(const lasp_gated_delta_params& p, float* ds, AffineTile<DK>& tile,
+                                                   int64_t bh, int vt) {
+  for (int s = p.num_segments - 1; s >= 1; --s) {
+    float* slot = segment_ds_tile<DK>(p, ds, bh, s, vt);
+    tile.template apply_transposed<Source::kWorkspace>([&](int jb) { return summary_a_block<DK>(p, bh, s, jb); },
+                                                       slot, p.Dv);
+    tile.store(slot, p.Dv);
   }
 }
 

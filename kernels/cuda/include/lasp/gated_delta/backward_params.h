@@ -31,8 +31,8 @@
 //                                                       forward's chain again, storing S_n and u
 //   4. if S > 1: lasp_gated_delta_bwd_dh_summary_dk{64,128}  grid (Dv/64, S-1, B*H), block
 //                                                       LASP_SD_THREADS, smem lasp_gdn_bwd_dh_smem_bytes(Dk):
-//                                                       segment s >= 1's dS chain from zero at its
-//                                                       end, c_s, into ws_ds slot s
+//                                                       segment s >= ds_summary_from's dS chain from
+//                                                       zero at its end, c_s, into ws_ds slot s
 //   5. if S > 1: lasp_gated_delta_bwd_fold_dk{64,128}    grid (Dv/64, B*H), block LASP_GDN_FOLD_THREADS,
 //                                                       smem 0: from E = dht down the segments,
 //                                                       E <- A_s^T E + c_s (the dS entering segment
@@ -77,7 +77,9 @@ typedef struct {
   uint16_t* ws_h;   // bf16 [B*H, N, Dk, Dv]: the state entering every chunk
   uint16_t* ws_dh;  // bf16 [B*H, N, Dk, Dv]: dL/dS of the state leaving every chunk
   float* ws_ds;     // fp32 [B*H, S, Dk, Dv]: slot s >= 1, dL/dS of the state entering segment s
-                    // (first c_s, then the fold's value); NULL when S == 1
+                    // (first c_s, then the fold's value); NULL when S == 1 (one GPU)
+  int32_t ds_summary_from;  // kernel 4's first segment (blockIdx.y + this): 1 on one GPU; 0 in LASP-2,
+                            // whose shard summary takes c_0 too (slot 0; lasp/gated_delta/lasp2_params.h)
 } lasp_gated_delta_bwd_params;
 
 // Elements of the workspace's token rows (ws_w with D = Dk; ws_u, ws_du with D = Dv) and states.

@@ -1,20 +1,29 @@
-// Parameters of Gated DeltaNet's LASP-2 forward (gated_delta/lasp2_forward.cu) and its summary
-// tile. C: bindgen generates the host's struct from this file (kernels/build.rs). The exchange's
-// fields and buffers are the generic ones of lasp/exchange/chain_params.h; protocol:
-// kernels/docs/lasp2.md.
+// Parameters of Gated DeltaNet's LASP-2 forward (gated_delta/lasp2_forward.cu) and backward
+// (gated_delta/lasp2_backward.cu) and their summary tile. C: bindgen generates the host's struct from
+// this file (kernels/build.rs). The exchange's fields and buffers are the generic ones of
+// lasp/exchange/chain_params.h; protocol: kernels/docs/lasp2.md.
 //
-// Maths, per (b, h), PE `me` of `npes` holding T_local tokens (kernels/docs/gated-delta.md, "LASP-2"):
+// Forward maths, per (b, h), PE `me` of `npes` holding T_local tokens (kernels/docs/gated-delta.md,
+// "LASP-2"):
 //   (A_me, b_me) = the shard's affine map, S_end = A_me S_start + b_me: the composition of its
 //                  segments' maps (A_me [Dk x Dk] the chunks' transitions, b_me its end state from zero)
 //   P_0 = h0 (or 0);  P_{u+1} = A_u P_u + b_u  (fp32, ascending u < me, lasp/gated_delta/affine.cuh)
-//   the shard's outputs = the single-GPU forward started from P_me.
+//   the shard's outputs = the single-GPU forward started from P_me (saved in shard_h0 for the backward).
 //
-// Exchanged tile (b*H+h, vt), lasp_gdn_lasp2_tile_floats(Dk, Dv) floats: b_me's columns 64 vt.. as
-// [Dk][64], then A_me's column blocks jb = vt, vt + Dv/64, ... (jb < Dk/64) as [Dk][64] each. A
-// PE's fold of column tile vt reads A from every tile of the head, so it waits for all of them.
+// Backward maths (LASP2_CHAIN_DESCENDING), with E_w the gradient of the state leaving shard w. The
+// dS chain is affine: dS entering shard w = A_w^T E_w + c_w, c_w the shard's dS chain from zero at its
+// end (the composition of its segments' c_s: c_w = c_0 + A_0^T (c_1 + A_1^T (...))). So
+//   E_{npes-1} = dht;  E_{u-1} = A_u^T E_u + c_u  (fp32, descending u > me)
+//   the shard's gradients = the single-GPU backward from shard_h0 with dht = E_me (in ws_e).
+// The last PE starts its tile's c from dht (c' = A^T dht + c), so every other PE starts from zero.
 //
-// Host call sequence per call (S segments of the shard; kernels 1, 2 and 5 are the single-GPU
-// forward's, lasp/gated_delta/forward_params.h, launched with `fwd`):
+// Exchanged tile (b*H+h, vt), lasp_gdn_lasp2_tile_floats(Dk, Dv) floats: b_me's columns 64 vt.. (the
+// backward: c'_me's) as [Dk][64], then A_me's column blocks jb = vt, vt + Dv/64, ... (jb < Dk/64) as
+// [Dk][64] each. A PE's fold of column tile vt reads A from every tile of the head, so it waits for
+// all of them.
+//
+// Forward host call sequence per call (S segments of the shard; kernels 1, 2 and 5 are the
+// single-GPU forward's, lasp/gated_delta/forward_params.h, launched with `fwd`):
 //   1. lasp_gated_delta_wy_dk{64,128}        (I + L)^{-1} of every chunk of the shard
 //   2. lasp_gated_delta_summary_dk{64,128}   grid (Dk/64 + Dv/64, S, B*H): every segment's A_s, b_s
 //   3. lasp_gated_delta_lasp2_summary        grid (Dv/64, B*H), block LASP_GDN_FOLD_THREADS, smem 0
@@ -24,11 +33,33 @@
 //   3b. sequential modes only:               the host all-gather of the slots
 //   4. lasp_gated_delta_lasp2_fold_dk*       grid (Dv/64, B*H), block LASP_GDN_FOLD_THREADS, smem 0
 //                                            (static): waits for the earlier PEs' tiles of the head,
-//                                            P_me from h0 in chain order, then the states entering
-//                                            the shard's segments, into fwd.ws_p
+//                                            P_me from h0 in chain order (into shard_h0 where set),
+//                                            then the states entering the shard's segments, into
+//                                            fwd.ws_p
 //   5. lasp_gated_delta_output_dk{64,128}    the shard's outputs from fwd.ws_p (ht on the last PE)
 //   6. lasp_gated_delta_lasp2_advance_epoch  grid (1, 1, 1), block (1, 1, 1), last
-// Same inputs -> bitwise same outputs in every exchange mode.
+//
+// Backward host call sequence per call (the single-GPU backward's kernels,
+// lasp/gated_delta/backward_params.h, with `bwd`: fwd.h0 = the saved shard_h0, dht = ws_e,
+// num_summaries = S, ws_ds with S slots, ds_summary_from = 0):
+//   1. lasp_gated_delta_bwd_wy_dk*           (I + L)^{-1} and W of every chunk
+//   2. lasp_gated_delta_summary_dk*          every segment's A_s (and b_s)
+//   3. lasp_gated_delta_bwd_dh_summary_dk*   grid (Dv/64, S, B*H): every segment's c_s into ws_ds
+//   4. lasp_gated_delta_lasp2_summary        as forward kernel 3, on the descending chain: c'_me and
+//                                            A_me into the own slot tile, published (overlapped: on
+//                                            the exchange's second stream)
+//   4b. sequential modes only:               the host all-gather of the slots
+//   5. lasp_gated_delta_fold_dk*             the states entering the segments from shard_h0 (ws_p)
+//   6. lasp_gated_delta_bwd_states_dk*       every chunk's entry state and u (beside the exchange)
+//   7. lasp_gated_delta_lasp2_bwd_fold_dk*   grid (Dv/64, B*H), block LASP_GDN_FOLD_THREADS, smem 0
+//                                            (static): waits for the later PEs' tiles of the head,
+//                                            E_me from dht (last PE) or 0 in chain order into ws_e,
+//                                            then the dS entering the shard's segments 1..S-1 over
+//                                            their c_s in ws_ds
+//   8. lasp_gated_delta_bwd_dh_dk*           per segment: du, dS' of every chunk; dh0 on PE 0
+//   9. lasp_gated_delta_bwd_grads_dk*        dq, dk, dv, dg, dbeta of every chunk
+//  10. lasp_gated_delta_lasp2_advance_epoch  last
+// Same inputs -> bitwise same outputs and gradients in every exchange mode.
 #pragma once
 #include <stdint.h>
 
@@ -39,7 +70,15 @@
 typedef struct {
   lasp_gated_delta_params fwd;  // the shard as a single-GPU call: T = T_local, h0 the global initial
                                 // state (the same on every PE), ht only on the last PE (else NULL),
-                                // num_summaries = S and ws_p set (the fold always runs)
+                                // num_summaries = S and ws_p set (the fold always runs); in
+                                // the backward, bwd.fwd
+  float* shard_h0;              // fp32 [B, H, Dk, Dv]: the forward's fold writes P_me here (the state
+                                // entering the shard, the backward's h0), or NULL to skip it
+  const float* dht;             // the backward's summary and fold: the sequence's dL/dht on the last
+                                // PE, else NULL (the forward: NULL)
+  float* ws_ds;                 // the backward: bwd.ws_ds (c_s of every segment; the fold writes the
+                                // dS entering segments 1..S-1 over them)
+  float* ws_e;                  // the backward: fp32 [B*H, Dk, Dv], E_me (bwd.dht)
   float* slots;                 // SYMMETRIC fp32 [2][npes][B*H][Dv/64][lasp_gdn_lasp2_tile_floats(Dk, Dv)]
   uint64_t* signals;            // SYMMETRIC u64 [2][npes][B*H*(Dv/64)]
   uint64_t* credit;             // SYMMETRIC u64 [npes]
@@ -54,7 +93,7 @@ typedef struct {
   int32_t me;
   int32_t npes;
   int32_t exchange_mode;        // enum lasp2_exchange_mode
-  int32_t chain;                // enum lasp2_chain (the forward: ascending)
+  int32_t chain;                // enum lasp2_chain (the forward: ascending; the backward: descending)
 } lasp_gated_delta_lasp2_params;
 
 // [Dk][64] blocks of one exchanged tile: b's columns, then A's column blocks vt, vt + Dv/64, ...

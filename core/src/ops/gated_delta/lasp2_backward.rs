@@ -1,0 +1,195 @@
+//! Gated DeltaNet's LASP-2 backward across PEs ([`GatedDeltaLasp2Backward`]; kernels: the
+//! single-GPU backward's, the LASP-2 forward's summary kernel and
+//! kernels/cuda/gated_delta/lasp2_backward.cu, call order in `lasp/gated_delta/lasp2_params.h`).
+//!
+//! PE `w`'s gradients are the single-GPU backward of its shard from the state entering it (which
+//! its [`super::GatedDeltaLasp2Forward`] call saved) and `E_w`, the gradient of the state leaving
+//! it. `E_w` comes down the chain from the later PEs: the dS chain is affine, `dS entering shard u
+//! = A_u^T E_u + c_u`, so each PE sends its shard's `c_u` (its dS chain from zero, with dht folded
+//! in on the last PE) and `A_u` to every earlier PE ([`Direction::Descending`]), which folds them
+//! in chain order. The single-GPU backward's passes then run on the shard with `E_w` as their dht;
+//! the forward's chain again, which needs no summary, runs while the summaries travel. The fold
+//! is the same in every mode, so gradients are bit-identical across modes.
+
+use super::backward::{bwd_call_params, BackwardKernels, GatedDeltaBackwardPlan};
+use super::forward::Scope;
+use super::{GatedDelta, GatedDeltaBackwardArgs, Lasp2Params};
+use crate::error::Result;
+use crate::exchange::chain::StateChain;
+use crate::exchange::{Direction, ExchangeMode, Lasp2Layout};
+use crate::kernel::{width_index, Kernel};
+use crate::ops::StreamOrder;
+use crate::runtime::Runtime;
+use cudarc::driver::{CudaSlice, CudaStream};
+use lasp_shmem_kernels::instances;
+use std::sync::Arc;
+
+const OP: &str = "Gated DeltaNet LASP-2 backward";
+
+/// Gated DeltaNet's LASP-2 backward on one PE: its exchange (collective to create and to switch
+/// modes), its kernels and its workspace.
+pub struct GatedDeltaLasp2Backward {
+    /// First: fields drop in order, and the chain's drop waits for every call before the
+    /// workspace (used on the callers' streams) is freed.
+    chain: StateChain<GatedDelta>,
+    kernels: BackwardKernels,
+    /// Indexed by Dk: [64, 128].
+    fold: [Kernel; 2],
+    workspace: Option<CudaSlice<u8>>,
+    sm_count: u32,
+}
+
+impl GatedDeltaLasp2Backward {
+    /// Sets up the exchange for `layout` on every PE (collective; every PE must pass the same
+    /// layout and mode).
+    pub fn new(runtime: &Runtime, layout: Lasp2Layout, mode: ExchangeMode) -> Result<Self> {
+        let kernels = BackwardKernels::new(runtime, OP)?;
+        let fold = runtime
+            .module()
+            .kernels_per_width(instances::GDN_LASP2_BWD_FOLD)?;
+        let chain = StateChain::new(runtime, layout, mode, Direction::Descending, OP)?;
+        Ok(GatedDeltaLasp2Backward {
+            sm_count: crate::ops::sm_count(runtime.context())?,
+            chain,
+            kernels,
+            fold,
+            workspace: None,
+        })
+    }
+
+    /// The layout every PE agreed on.
+    pub fn layout(&self) -> Lasp2Layout {
+        self.chain.layout()
+    }
+
+    /// Switches every PE to `mode` (collective).
+    pub fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
+        self.chain.set_mode(mode)
+    }
+
+    /// Enqueues the backward of this PE's shard on `stream` in the current mode. With
+    /// `args.shape.t` this PE's shard length: `q, k, v, g, beta` the shard's forward inputs; `h0`
+    /// the state entering the shard that this PE's forward call saved (`shard_h0`; on PE 0 the
+    /// sequence's h0, `None` for zero, and required on every other PE); `d_o` the gradient of the
+    /// shard's output; `dht`, the gradient of the sequence's final state, on the last PE only;
+    /// `dq, dk, dv, dg, dbeta` receive the shard's gradients; `dh0`, the gradient of the
+    /// sequence's initial state, is written on PE 0 only. Everything is validated before the
+    /// first launch; expired waits are reported by [`GatedDeltaLasp2Backward::finish`]. Returns
+    /// the plan of the shard's passes.
+    pub fn backward(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        args: GatedDeltaBackwardArgs<'_>,
+    ) -> Result<GatedDeltaBackwardPlan> {
+        StreamOrder::around(stream, args.homes(), OP, || self.enqueue(stream, args))
+    }
+
+    fn enqueue(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        args: GatedDeltaBackwardArgs<'_>,
+    ) -> Result<GatedDeltaBackwardPlan> {
+        let s = args.shape;
+        let scale = args.check(OP)?;
+        self.chain.check_call(stream, s.layout())?;
+        let (me, npes) = (self.chain.runtime().pe(), self.chain.runtime().npes());
+        if args.dht.is_some() && me + 1 != npes {
+            return Err(self.chain.invalid(format!(
+                "only the last PE ({}) holds the final state's gradient; pass dht = None on PE {me}",
+                npes - 1
+            )));
+        }
+        if args.dh0.is_some() && me != 0 {
+            return Err(self.chain.invalid(format!(
+                "only PE 0 computes the initial state's gradient; pass dh0 = None on PE {me}"
+            )));
+        }
+        if args.h0.is_none() && me != 0 {
+            return Err(self.chain.invalid(format!(
+                "PE {me} needs the state entering its shard as h0: pass the shard_h0 that its \
+                 GatedDeltaLasp2Forward::forward call saved"
+            )));
+        }
+        let plan = GatedDeltaBackwardPlan::new(&s, self.sm_count, None, Scope::Shard);
+        let ws = crate::ops::ensure_workspace(
+            self.chain.context(),
+            stream,
+            &mut self.workspace,
+            plan.workspace_bytes,
+            OP,
+        )?;
+        let (ws_ds, ws_e) = (
+            ws + plan.ws_ds.expect("a shard's plan has ws_ds"),
+            ws + plan.ws_e.expect("a shard's plan has ws_e"),
+        );
+        // The single-GPU passes take the gradient leaving the shard, E_me, as their dht.
+        let mut bwd = bwd_call_params(&args, &plan, ws, scale);
+        bwd.dht = ws_e as _;
+        let params = Lasp2Params {
+            fwd: bwd.fwd,
+            dht: args.dht.map_or(0, |d| d.addr()) as _,
+            ws_ds: ws_ds as _,
+            ws_e: ws_e as _,
+            ..self.chain.base_params(stream)
+        };
+        let summary = plan
+            .forward
+            .summary
+            .expect("a shard's plan summarises every segment");
+        let fold = plan.forward.fold.expect("a shard's plan folds");
+        let ds_summary = plan
+            .dh_summary
+            .expect("a shard's plan summarises the dS chain");
+        let ds_fold = plan.dh_fold.expect("a shard's plan folds the dS chain");
+        let (i, k) = (width_index(s.dk), &self.kernels);
+        self.chain.context().bind_to_thread()?;
+        // SAFETY: GatedDeltaBackwardParams is lasp_gated_delta_bwd_params and Lasp2Params
+        // lasp_gated_delta_lasp2_params, generated from the headers, made by bwd_call_params for
+        // this plan from arguments checked above (shape, lengths, alignment, overlaps); the views
+        // borrow their buffers for the call; the symmetric buffers, epoch, diagnostics and the
+        // workspace (every part at the plan's offsets) are owned by self. Each kernel reads what
+        // the ones before it on the stream wrote; the summary, where it runs on the exchange's
+        // stream, follows them through the chain's event.
+        unsafe {
+            k.wy[i].launch(stream, plan.wy, &bwd)?;
+            k.summary[i].launch(stream, summary, &bwd.fwd)?;
+            k.dh_summary[i].launch(stream, ds_summary, &bwd)?;
+            self.chain
+                .launch_summary(stream, 0, (s.b * s.h) as i32, &params, true)?;
+        }
+        self.chain.gather_slots(stream)?;
+        // SAFETY: as above. The forward's chain again (fold, states) needs no summary: it runs
+        // while the summaries travel.
+        unsafe {
+            k.fold[i].launch(stream, fold, &bwd.fwd)?;
+            k.states[i].launch(stream, plan.states, &bwd)?;
+            self.fold[i].launch(stream, ds_fold, &params)?;
+            k.dh[i].launch(stream, plan.dh, &bwd)?;
+            k.grads[i].launch(stream, plan.grads, &bwd)?;
+        }
+        self.chain.end_call(stream, &params)?;
+        Ok(plan)
+    }
+
+    /// Waits for `stream`, then returns the error of the first expired wait, if any (naming the
+    /// PE that never sent, the signal slot and the epoch).
+    pub fn finish(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.chain.finish(stream)
+    }
+
+    /// The last epoch this PE completed (one per call, graph replays included).
+    pub fn epoch(&self, stream: &Arc<CudaStream>) -> Result<u64> {
+        self.chain.epoch(stream)
+    }
+
+    /// Records `calls` calls replayed from a captured CUDA graph, so host-side gathers of later
+    /// calls use the right parity.
+    pub fn note_replayed_calls(&mut self, calls: u64) {
+        self.chain.note_replayed_calls(calls);
+    }
+
+    /// Frees the symmetric buffers (collective).
+    pub fn free(self) -> Result<()> {
+        self.chain.free()
+    }
+}
