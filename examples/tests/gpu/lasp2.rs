@@ -98,11 +98,11 @@ fn gla_forward_matches_the_reference_in_every_mode() {
     expect_cases_passed("gla_lasp2", &run, gpus, 8);
 }
 
-/// Gated DeltaNet: every rank's shard against the f64 reference of the whole sequence, every
-/// exchange mode and 100 graph replays bitwise equal (the program's nine cases, each reported by
-/// every rank).
+/// Gated DeltaNet: every rank's shard, forward and backward, against the f64 reference of the
+/// whole sequence, every exchange mode and 100 graph replays of each direction bitwise equal (the
+/// program's nine cases, each reported by every rank).
 #[test]
-fn gated_delta_forward_matches_the_reference_in_every_mode() {
+fn gated_delta_forward_and_backward_match_the_reference_in_every_mode() {
     let Some(gpus) = gpus_or_skip() else { return };
     let run = launch(gpus, JOB_LIMIT, &gated_delta_lasp2(), &[], &[]);
     expect_cases_passed("gated_delta_lasp2", &run, gpus, 9);
