@@ -7,6 +7,8 @@ fla's context parallelism) into gated_delta.json.
     python3 benches/gated_delta_report.py --device '4x NVIDIA H100 80GB HBM3' --bit-identical \\
         --lasp2-ours ours_w4_1.json ours_w4_2.json ours_w4_3.json \\
         --lasp2-peer peer_w4_1.json peer_w4_2.json peer_w4_3.json --into benches/results/gated_delta.json
+    python3 benches/gated_delta_report.py --device '4x NVIDIA H100 80GB HBM3' --bit-identical \
+        --lasp2-step step_w4_1.json step_w4_2.json step_w4_3.json --into benches/results/gated_delta.json
     python3 benches/gated_delta_report.py --self-test    # CPU only, no files
 
 --single-ours: what `gated_delta_bench --dump DIR` (or --out FILE) wrote (shapes: B, T, H, D,
@@ -14,21 +16,23 @@ ours_fwd_ms, hbm_floor_fwd_ms, ...); --single-fla: what `benches/fla_gated_delta
 wrote on that dump (shapes: fla_fwd_ms). --lasp2-ours: what `lasp-run -n W gated_delta_lasp2
 --no-check --time ... --json FILE` wrote (a list of rows: W, B, T_local, H, D, every mode's
 slowest-rank median, per_rank_ms); --lasp2-peer: what `torchrun --nproc-per-node W
-benches/gated_delta_cp_peer.py --out FILE` wrote (rows: fla_cp_ms, fla_no_comm_ms, per_rank_ms).
-Either group, or both, in one call. Each file is one process's; a shape measured in several
+benches/gated_delta_cp_peer.py --out FILE` wrote (rows: fla_cp_ms, fla_no_comm_ms, per_rank_ms);
+--lasp2-step: what `gated_delta_lasp2 --with-backward` wrote (the training step: the LASP-2
+forward and backward; no peer, fla's backward does not run on the node's Triton). Any of the
+groups in one call. Each file is one process's; a shape measured in several
 processes gets the median of their values, the per-process values kept beside it (fla's times vary
 between processes); one file is one process, whose value is its own median.
 
 Single-GPU rows are matched by (B, T, H, D), LASP-2 rows by (W, B, T_local, H, D); a shape of ours
 missing on the peer's side is an error (exit 1). ours_bwd_ms and hbm_floor_bwd_ms are null unless
 our files carry them (fla's backward is not timed: it does not run on the node's Triton). The rows go to gated_delta.json's
-`single_gpu` and `lasp2` lists. Each row carries its own `commit` (env LASP_COMMIT), `date` (env
-LASP_DATE, else now) and `device` (--device), a LASP-2 row also `bit_identical` (--bit-identical:
+`single_gpu`, `lasp2` and `lasp2_step` lists. Each row carries its own `commit` (env LASP_COMMIT), `date` (env
+LASP_DATE, else now) and `device` (--device), a LASP-2 or step row also `bit_identical` (--bit-identical:
 the checks of the same build passed, every mode bitwise equal), and replaces the row of the same
 key, so that a job that re-measures some shapes leaves the others as they were, with their own
 provenance. The file's `device`, `commit` and `date` are the last merge's; its `method` has one line
 per list (`single_gpu: ...`, `lasp2: ...`), a list not merged keeping its line; its `bit_identical`
-is true when there are LASP-2 rows and every one's is.
+is true when there are LASP-2 rows and every LASP-2 and step row's is.
 """
 import argparse
 import json
@@ -41,7 +45,7 @@ from pathlib import Path
 SINGLE_KEY = ("B", "T", "H", "D")
 LASP2_KEY = ("W", "B", "T_local", "H", "D")
 MODES = ("overlapped_ms", "sequential_nccl_ms", "sequential_nvshmem_ms", "no_comm_ms")
-LISTS = ("single_gpu", "lasp2")
+LISTS = ("single_gpu", "lasp2", "lasp2_step")
 
 
 def load(files):
@@ -118,6 +122,24 @@ def merge_lasp2(ours, peers, provenance):
             nccl_over_overlapped=round(row["sequential_nccl_ms"] / ovl, 3),
             overlapped_per_process_ms=overlapped_per,
             fla_cp_per_process_ms=fla_cp_per,
+        )
+        row.update(provenance)
+        out.append(row)
+    return out
+
+
+def merge_step(ours, provenance):
+    """One lasp2_step row per shape of `ours`: every mode's time as medians over processes, and
+    sequential NCCL over overlapped."""
+    out = []
+    for k, runs in sorted(ours.items()):
+        row = dict(zip(LASP2_KEY, k))
+        row["overlapped_ms"], overlapped_per = median_of(runs, "overlapped_ms")
+        for field in MODES[1:]:
+            row[field] = median_of(runs, field)[0]
+        row.update(
+            nccl_over_overlapped=round(row["sequential_nccl_ms"] / row["overlapped_ms"], 3),
+            overlapped_per_process_ms=overlapped_per,
         )
         row.update(provenance)
         out.append(row)
@@ -242,6 +264,18 @@ def self_test():
             else:
                 raise AssertionError(f"{shape}: a shape of ours without its peer must fail")
 
+        # the training step's rows: no peer, their own list and method line
+        main(["--device", "4x GPU", "--bit-identical", "--into", str(into),
+              "--lasp2-step", *files("s4", [ours_lasp2(4, 2.0), ours_lasp2(4, 4.0), ours_lasp2(4, 3.0)])])
+        doc = json.loads(into.read_text())
+        [s4] = doc["lasp2_step"]
+        assert set(s4) == {"W", "B", "T_local", "H", "D", *MODES, "nccl_over_overlapped",
+                           "overlapped_per_process_ms", "bit_identical", "commit", "date", "device"}, sorted(s4)
+        assert s4["overlapped_ms"] == 3.0 and s4["overlapped_per_process_ms"] == [2.0, 4.0, 3.0]
+        assert s4["nccl_over_overlapped"] == 2.0 and len(doc["lasp2"]) == 2, "the other lists stay"
+        assert doc["method"].splitlines()[2].startswith("lasp2_step: ours: gated_delta_lasp2 --time --with-backward")
+        assert not doc["bit_identical"], "the W=4 lasp2 row still lacks the checks"
+
         must_fail(["--single-ours", *files("lone", [ours_single([(512, 1.0)])]),
                    "--single-fla", *files("other", [fla_single([(1024, 1.0)])])], "T=512")
         must_fail(["--lasp2-ours", *files("lone", [ours_lasp2(8, 1.0)]),
@@ -259,17 +293,19 @@ def main(argv=None):
     ap.add_argument("--single-fla", nargs="+", type=Path, default=[], metavar="F")
     ap.add_argument("--lasp2-ours", nargs="+", type=Path, default=[], metavar="F")
     ap.add_argument("--lasp2-peer", nargs="+", type=Path, default=[], metavar="F")
+    ap.add_argument("--lasp2-step", nargs="+", type=Path, default=[], metavar="F")
     ap.add_argument("--bit-identical", action="store_true",
-                    help="the LASP-2 checks of the same build passed, every mode bitwise equal")
+                    help="the LASP-2 checks (forward and backward) of the same build passed, every mode "
+                         "bitwise equal")
     ap.add_argument("--into", type=Path, required=True)
     ap.add_argument("--device", required=True, help="the job's GPUs, e.g. '4x NVIDIA H100 80GB HBM3'")
     a = ap.parse_args(argv)
     if bool(a.single_ours) != bool(a.single_fla) or bool(a.lasp2_ours) != bool(a.lasp2_peer):
         ap.error("--single-ours goes with --single-fla, --lasp2-ours with --lasp2-peer")
-    if not a.single_ours and not a.lasp2_ours:
-        ap.error("give --single-ours and --single-fla, --lasp2-ours and --lasp2-peer, or both")
-    if a.bit_identical and not a.lasp2_ours:
-        ap.error("--bit-identical qualifies the --lasp2-ours rows")
+    if not a.single_ours and not a.lasp2_ours and not a.lasp2_step:
+        ap.error("give --single-ours and --single-fla, --lasp2-ours and --lasp2-peer, --lasp2-step, or several")
+    if a.bit_identical and not a.lasp2_ours and not a.lasp2_step:
+        ap.error("--bit-identical qualifies the --lasp2-ours and --lasp2-step rows")
     provenance = dict(
         commit=os.environ.get("LASP_COMMIT", "unknown"),
         date=os.environ.get("LASP_DATE", datetime.now(timezone.utc).isoformat(timespec="seconds")),
@@ -299,6 +335,15 @@ def main(argv=None):
             f"{methods(peer)}; each side in its own processes, the row the median over processes "
             "(*_per_process_ms)")
 
+    if a.lasp2_step:
+        steps = load(a.lasp2_step)
+        new["lasp2_step"] = merge_step(by_shape(steps, LASP2_KEY), dict(provenance, bit_identical=a.bit_identical))
+        how["lasp2_step"] = (
+            "ours: gated_delta_lasp2 --time --with-backward, a call the training step (the LASP-2 forward "
+            "saving the state entering the shard, then the LASP-2 backward from a random do), the four modes "
+            "in turns as for lasp2; each process's row the slowest rank, the row the median over processes "
+            "(overlapped_per_process_ms)")
+
     doc = json.loads(a.into.read_text()) if a.into.exists() else {}
     doc.update(provenance)
     # one line per list, `list: how`; a list not merged now keeps its line
@@ -307,8 +352,9 @@ def main(argv=None):
     doc["method"] = "\n".join(f"{name}: {lines[name]}" for name in LISTS if name in lines)
     doc["single_gpu"] = replace_rows(doc.get("single_gpu", []), new.get("single_gpu", []), SINGLE_KEY)
     doc["lasp2"] = replace_rows(doc.get("lasp2", []), new.get("lasp2", []), LASP2_KEY)
+    doc["lasp2_step"] = replace_rows(doc.get("lasp2_step", []), new.get("lasp2_step", []), LASP2_KEY)
     # no LASP-2 row means nothing was checked: the flag is not vacuously true
-    doc["bit_identical"] = bool(doc["lasp2"]) and all(r["bit_identical"] for r in doc["lasp2"])
+    doc["bit_identical"] = bool(doc["lasp2"]) and all(r["bit_identical"] for r in doc["lasp2"] + doc["lasp2_step"])
     a.into.write_text(json.dumps(doc, indent=2) + "\n")
 
     if "single_gpu" in new:
@@ -324,6 +370,14 @@ def main(argv=None):
                                              r["sequential_nccl_ms"], r["sequential_nvshmem_ms"], r["no_comm_ms"],
                                              r["fla_cp_ms"], r["fla_no_comm_ms"], r["fla_cp_over_overlapped"],
                                              "yes" if r["bit_identical"] else "no")))
+    if "lasp2_step" in new:
+        print(f"### lasp2_step rows merged into {a.into}\n")
+        print(table(["W", "B", "T_local", "H", "D", "overlapped ms", "NCCL ms", "NVSHMEM ms", "no-comm ms",
+                     "NCCL / overlapped", "bit-identical"],
+                    new["lasp2_step"], lambda r: (r["W"], r["B"], r["T_local"], r["H"], r["D"], r["overlapped_ms"],
+                                                  r["sequential_nccl_ms"], r["sequential_nvshmem_ms"],
+                                                  r["no_comm_ms"], r["nccl_over_overlapped"],
+                                                  "yes" if r["bit_identical"] else "no")))
     return 0
 
 

@@ -2,8 +2,9 @@
 # Gated DeltaNet's LASP-2 against fla's own context parallelism, in one job: for W = 1, 2, 4, ... up
 # to every GPU of the node (or GDN_LASP2_WORLDS), the checks of gated_delta_lasp2 (the f64
 # reference, every mode and graph replays bitwise equal), then GDN_LASP2_PROCESSES (default 3)
-# processes of each side in turns: ours (gated_delta_lasp2 --no-check --time) and the peer
-# (benches/gated_delta_cp_peer.py). benches/gated_delta_report.py merges the medians over processes
+# processes of each side in turns: ours (gated_delta_lasp2 --no-check --time; then, unless
+# GDN_LASP2_STEP=0, the training step's forward and backward, --with-backward, which has no peer)
+# and the peer (benches/gated_delta_cp_peer.py). benches/gated_delta_report.py merges the medians over processes
 # into $OUT/gated_delta.json (a copy of benches/results/gated_delta.json, when there is one; copy
 # it back to record it) after every round, so that a job cut short keeps every process that
 # finished.
@@ -48,19 +49,26 @@ for W in $WORLDS; do
   else
     echo "gated-delta-lasp2-bench: W=$W checks FAILED (see $OUT/check_w$W.log); its rows say bit_identical false"
   fi
-  ours=() peers=()
+  ours=() peers=() steps=()
   for i in $(seq "$PROCESSES"); do
     "${run[@]}" --no-check "${time_args[@]}" --json "$OUT/ours_w${W}_$i.json" >"$OUT/ours_w${W}_$i.log" 2>&1
     ours+=("$OUT/ours_w${W}_$i.json")
+    if [ "${GDN_LASP2_STEP:-1}" != 0 ]; then
+      "${run[@]}" --no-check --with-backward "${time_args[@]}" --json "$OUT/step_w${W}_$i.json" \
+        >"$OUT/step_w${W}_$i.log" 2>&1
+      steps+=("$OUT/step_w${W}_$i.json")
+    fi
     if timeout 1800 python3 -m torch.distributed.run --standalone --nproc-per-node "$W" benches/gated_delta_cp_peer.py \
       "${peer_args[@]}" --out "$OUT/peer_w${W}_$i.json" >"$OUT/peer_w${W}_$i.log" 2>&1; then
       peers+=("$OUT/peer_w${W}_$i.json")
     else
       echo "gated-delta-lasp2-bench: the peer's process $i failed at W=$W (see $OUT/peer_w${W}_$i.log)"
     fi
+    step_args=()
+    [ "${#steps[@]}" -eq 0 ] || step_args=(--lasp2-step "${steps[@]}")
     if [ "${#peers[@]}" -gt 0 ]; then
       python3 benches/gated_delta_report.py --device "${W}x $GPU_NAME" "${identical[@]}" \
-        --lasp2-ours "${ours[@]}" --lasp2-peer "${peers[@]}" --into "$OUT/gated_delta.json" \
+        --lasp2-ours "${ours[@]}" --lasp2-peer "${peers[@]}" "${step_args[@]}" --into "$OUT/gated_delta.json" \
         >"$OUT/report_w$W.log"
     fi
   done

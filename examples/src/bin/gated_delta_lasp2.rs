@@ -15,7 +15,8 @@
 //! captured CUDA graph of one overlapped call replayed `--graph-calls` times bitwise equal too;
 //! outputs poisoned before each call. Then the backward from the state entering the shard that
 //! the forward saved, with a random do (and dht on the last PE): dq, dk, dv (and dh0 on PE 0)
-//! against the reference's chunkwise backward of the whole sequence (relative error <= 5e-3), dg
+//! against the reference's chunkwise backward of the whole sequence (relative error <= 5e-3; dk
+//! with gates of 0, <= 6e-3: `NO_DECAY_DK_TOL`), dg
 //! and dbeta within 1e-2 of their scale (the larger of the shard's norm, the sequence's l2 norm of
 //! their products and, for dg, fp32's resolution of its terms: the single-GPU test's measure),
 //! every mode, a repeat and graph replays bitwise equal. One line per case and PE; exit status 1
@@ -39,7 +40,8 @@ use lasp_shmem::ops::gated_delta::{
 use lasp_shmem::ops::scalar_decay::ForwardShape;
 use lasp_shmem::ops::{DeviceMut, DeviceRef};
 use lasp_shmem::reference::{
-    assert_close_to_scale, delta_rule, rel_err, Cotangents, Family, InputSpec, Inputs, SplitMix64,
+    assert_close_to_scale, delta_rule, rel_err, Cotangents, Family, InputSpec, Inputs, Regime,
+    SplitMix64,
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::{
@@ -71,6 +73,10 @@ struct Options {
 }
 
 const TOL: f64 = 5e-3;
+/// dk with gates of exactly 0 (no forgetting: every bf16 rounding of the chunk passes reaches the
+/// whole sequence). At T about 1.5K the kernels' nine bf16 intermediates put it at 4.8e-3 in the
+/// CPU model of their roundings (kernels/docs/gated-delta.md, "Precision"); 5.1e-3 measured.
+const NO_DECAY_DK_TOL: f64 = 6e-3;
 /// dg and dbeta against their scale (the module doc).
 const GATE_TOL: f64 = 1e-2;
 const POISON: u16 = 0xFFFF;
@@ -426,7 +432,7 @@ fn check_case(
     op.free()?;
     // The backward, from the state entering the shard the last forward call saved (every mode's
     // are equal).
-    let grad_check = check_backward(rt, &inputs, &shard, seed, start, graph_calls)?;
+    let grad_check = check_backward(rt, case, &inputs, &shard, seed, start, graph_calls)?;
     let (o, ht) = first;
     let got: Vec<f64> = o.iter().map(|&x| bf16::from_bits(x).to_f64()).collect();
     let e_o = rel_err(&got, &shard_rows(&want.o, start, len));
@@ -459,6 +465,7 @@ fn check_case(
 /// sequence: the errors, or what failed.
 fn check_backward(
     rt: &Runtime,
+    case: &ShardCase,
     inputs: &Inputs,
     shard: &Shard,
     seed: u64,
@@ -527,8 +534,13 @@ fn check_backward(
     }
     for (what, got, want) in relative {
         let e = rel_err(&got, &want);
-        if e.is_nan() || e > TOL {
-            problems.push(format!("{what}: rel err {e:.3e} > {TOL:.0e}"));
+        let tol = if what == "dk" && case.regime == Regime::NoDecay {
+            NO_DECAY_DK_TOL
+        } else {
+            TOL
+        };
+        if e.is_nan() || e > tol {
+            problems.push(format!("{what}: rel err {e:.3e} > {tol:.0e}"));
         }
         errors.push(format!("{what} {e:.2e}"));
     }

@@ -8,8 +8,8 @@
 //! = A_u^T E_u + c_u`, so each PE sends its shard's `c_u` (its dS chain from zero, with dht folded
 //! in on the last PE) and `A_u` to every earlier PE ([`Direction::Descending`]), which folds them
 //! in chain order. The single-GPU backward's passes then run on the shard with `E_w` as their dht;
-//! the forward's chain again, which needs no summary, runs while the summaries travel. The fold
-//! is the same in every mode, so gradients are bit-identical across modes.
+//! the forward's chain again, which needs no summary, runs while the other PEs' summaries arrive.
+//! The fold is the same in every mode, so gradients are bit-identical across modes.
 
 use super::backward::{bwd_call_params, BackwardKernels, GatedDeltaBackwardPlan};
 use super::forward::Scope;
@@ -154,12 +154,15 @@ impl GatedDeltaLasp2Backward {
             k.wy[i].launch(stream, plan.wy, &bwd)?;
             k.summary[i].launch(stream, summary, &bwd.fwd)?;
             k.dh_summary[i].launch(stream, ds_summary, &bwd)?;
+            // On this stream, not the exchange's: beside the states kernel the summary's CTAs
+            // slowed it more than the summary costs here (kernels/docs/gated-delta.md). The
+            // other PEs' summaries still land while the states kernel runs.
             self.chain
-                .launch_summary(stream, 0, (s.b * s.h) as i32, &params, true)?;
+                .launch_summary(stream, 0, (s.b * s.h) as i32, &params, false)?;
         }
         self.chain.gather_slots(stream)?;
         // SAFETY: as above. The forward's chain again (fold, states) needs no summary: it runs
-        // while the summaries travel.
+        // while the other PEs' summaries arrive.
         unsafe {
             k.fold[i].launch(stream, fold, &bwd.fwd)?;
             k.states[i].launch(stream, plan.states, &bwd)?;

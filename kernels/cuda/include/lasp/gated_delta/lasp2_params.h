@@ -46,11 +46,12 @@
 //   2. lasp_gated_delta_summary_dk*          every segment's A_s (and b_s)
 //   3. lasp_gated_delta_bwd_dh_summary_dk*   grid (Dv/64, S, B*H): every segment's c_s into ws_ds
 //   4. lasp_gated_delta_lasp2_summary        as forward kernel 3, on the descending chain: c'_me and
-//                                            A_me into the own slot tile, published (overlapped: on
-//                                            the exchange's second stream)
+//                                            A_me into the own slot tile, published (on the caller's
+//                                            stream in every mode: beside kernel 6 it slowed it)
 //   4b. sequential modes only:               the host all-gather of the slots
 //   5. lasp_gated_delta_fold_dk*             the states entering the segments from shard_h0 (ws_p)
-//   6. lasp_gated_delta_bwd_states_dk*       every chunk's entry state and u (beside the exchange)
+//   6. lasp_gated_delta_bwd_states_dk*       every chunk's entry state and u (while the later PEs'
+//                                            summaries arrive)
 //   7. lasp_gated_delta_lasp2_bwd_fold_dk*   grid (Dv/64, B*H), block LASP_GDN_FOLD_THREADS, smem 0
 //                                            (static): waits for the later PEs' tiles of the head,
 //                                            E_me from dht (last PE) or 0 in chain order into ws_e,
