@@ -48,6 +48,10 @@ pub(crate) struct StateChain<F: Family> {
     tiles_ready: Vec<CudaEvent>,
     /// Every summary kernel of the call finished (exchange stream -> main, before the epoch advances).
     exchange_done: CudaEvent,
+    /// Whether the current call put a summary on the exchange stream: `end_call` joins that
+    /// stream back only then (waiting on a stream the call never forked from the caller's would
+    /// invalidate a CUDA graph capture of the call).
+    forked: bool,
     family: PhantomData<F>,
 }
 
@@ -106,6 +110,7 @@ impl<F: Family> StateChain<F> {
             exchange_stream: ctx.new_stream_with_priority(highest_priority)?,
             tiles_ready: Vec::new(),
             exchange_done: ctx.new_event(None)?,
+            forked: false,
             ctx,
             family: PhantomData,
         };
@@ -251,6 +256,7 @@ impl<F: Family> StateChain<F> {
         }
         self.tiles_ready[group].record(stream)?;
         self.exchange_stream.wait(&self.tiles_ready[group])?;
+        self.forked = true;
         // SAFETY: as above; the exchange stream waits for what `stream` held (tiles_ready).
         unsafe { self.summary.launch(&self.exchange_stream, shape, params) }
     }
@@ -275,7 +281,7 @@ impl<F: Family> StateChain<F> {
         stream: &Arc<CudaStream>,
         params: &F::Lasp2Params,
     ) -> Result<()> {
-        if self.on_side_stream() {
+        if std::mem::take(&mut self.forked) {
             self.exchange_done.record(&self.exchange_stream)?;
             stream.wait(&self.exchange_done)?;
         }
