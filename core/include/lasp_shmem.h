@@ -25,15 +25,15 @@
  * is an error at init, never silently replaced by a default.
  *
  * Operations: one object, lasp_op, for every family of linear attention (scalar decay; GLA;
- * Gated DeltaNet and mLSTM are reserved), run on one GPU or across the ranks (LASP-2). A
+ * Gated DeltaNet; mLSTM is reserved), run on one GPU or across the ranks (LASP-2). A
  * versioned descriptor (lasp_op_desc) says which family, kind, exchange schedule and mode, and the
  * layout; lasp_op_create makes it (collective for LASP-2). Each call passes its scalars in a
  * lasp_call and its tensors in named slots (lasp_tensors, indexed by LASP_SLOT_*) on the caller's
  * stream: lasp_op_forward, and lasp_op_backward on an op created with LASP_OP_WITH_BACKWARD.
  * A new family or schedule adds descriptor values and slots, never functions.
  *
- * Training with LASP-2: fill LASP_SLOT_START_STATE (scalar decay) or LASP_SLOT_CHUNK_STATES
- * (GLA) in the forward call; it receives the state this rank's shard starts from (the state
+ * Training with LASP-2: fill LASP_SLOT_START_STATE (scalar decay, Gated DeltaNet) or
+ * LASP_SLOT_CHUNK_STATES (GLA) in the forward call; it receives the state this rank's shard starts from (the state
  * entering every chunk of it). Keep it and pass it in the same slot to the backward, which
  * sends the state gradients down the ranks the way the forward sends the states up: every rank
  * calls it once per forward call, in the same order. Calls are not collective (the ranks meet
@@ -100,7 +100,8 @@ typedef int32_t lasp_status;
 #define LASP_FAMILY_SCALAR_DECAY 1 /* S_t = e^{g_t} S_{t-1} + k_t^T v_t: simple GLA, RetNet */
 #define LASP_FAMILY_GLA 2          /* diag(e^{g_t}) per key: g [B, T, H, Dk]; Dk and Dv 64 or
                                       128 */
-#define LASP_FAMILY_GATED_DELTA 3  /* reserved: Gated DeltaNet, g and beta [B, T, H] */
+#define LASP_FAMILY_GATED_DELTA 3  /* the delta rule with g and beta [B, T, H]; Dk 64 or 128, Dv
+                                      a multiple of 64 */
 #define LASP_FAMILY_MLSTM 4        /* reserved: input and forget gate pre-activations */
 
 /* Where an operation runs (lasp_op_desc.kind). */
@@ -132,7 +133,7 @@ typedef int32_t lasp_status;
 #define LASP_DTYPE_I64 5
 
 /* Tensor slots (lasp_tensors.slot[LASP_SLOT_*]), fla's layout, contiguous, on the runtime's GPU.
- * A call reads the slots its family and direction use (below for scalar decay and GLA) and
+ * A call reads the slots its family and direction use (below for every family) and
  * rejects any other slot that is not empty. Slots are only ever appended, up to
  * LASP_SLOT_CAPACITY.
  * Scalar decay, forward:  Q, K [B, T, H, Dk] bf16; V [B, T, H, Dv] bf16; G [B, T, H] fp32
@@ -152,12 +153,16 @@ typedef int32_t lasp_status;
  *               and the CHUNK_STATES it wrote on this rank; DO, DHT, DQ, DK, DV, DH0 as scalar
  *               decay's; DG out, as G. LASP-2: DHT on the last rank only and DH0 on rank 0 only;
  *               lasp_op_backward refuses either on another rank with
- *               LASP_ERROR_INVALID_ARGUMENT naming the rank. */
+ *               LASP_ERROR_INVALID_ARGUMENT naming the rank.
+ * Gated DeltaNet, forward:  scalar decay's slots and BETA [B, T, H] fp32 (write strengths,
+ *               finite); keys as the model gives them (l2-normalised where it normalises them).
+ * Gated DeltaNet, backward: scalar decay's slots (H0 on one GPU, the START_STATE the forward
+ *               wrote with LASP-2), the forward's BETA, and DBETA out, as BETA. */
 #define LASP_SLOT_Q 0
 #define LASP_SLOT_K 1
 #define LASP_SLOT_V 2
 #define LASP_SLOT_G 3
-#define LASP_SLOT_BETA 4 /* reserved (Gated DeltaNet) */
+#define LASP_SLOT_BETA 4 /* Gated DeltaNet */
 #define LASP_SLOT_H0 5
 #define LASP_SLOT_O 6
 #define LASP_SLOT_HT 7
@@ -168,7 +173,7 @@ typedef int32_t lasp_status;
 #define LASP_SLOT_DK 12
 #define LASP_SLOT_DV 13
 #define LASP_SLOT_DG 14
-#define LASP_SLOT_DBETA 15      /* reserved (Gated DeltaNet) */
+#define LASP_SLOT_DBETA 15      /* Gated DeltaNet */
 #define LASP_SLOT_DH0 16
 #define LASP_SLOT_CU_SEQLENS 17 /* reserved: sequence boundaries of a packed batch */
 #define LASP_SLOT_CHUNK_STATES 18

@@ -16,6 +16,7 @@ use super::spec::OpSpec;
 use super::tensors::{CheckedCall, SlotUse};
 use crate::error::Result;
 use crate::exchange::ExchangeMode;
+use crate::ops::gated_delta::GatedDelta;
 use crate::ops::gla::Gla;
 use crate::ops::scalar_decay::ScalarDecay;
 use crate::runtime::Runtime;
@@ -27,7 +28,7 @@ pub(super) fn family(code: i32) -> Result<&'static dyn AbiFamily> {
     match code {
         LASP_FAMILY_SCALAR_DECAY => Ok(&ScalarDecay),
         LASP_FAMILY_GLA => Ok(&Gla),
-        LASP_FAMILY_GATED_DELTA => Err(not_in_this_build("LASP_FAMILY_GATED_DELTA", code)),
+        LASP_FAMILY_GATED_DELTA => Ok(&GatedDelta),
         LASP_FAMILY_MLSTM => Err(not_in_this_build("LASP_FAMILY_MLSTM", code)),
         0 => Err(invalid(
             "desc.family is 0; set it to a LASP_FAMILY_* value (LASP_FAMILY_SCALAR_DECAY)".into(),
@@ -44,7 +45,7 @@ pub(super) fn family(code: i32) -> Result<&'static dyn AbiFamily> {
 fn not_in_this_build(name: &str, code: i32) -> crate::Error {
     invalid(format!(
         "family {name} ({code}) is not available in this build ({}); this build has \
-         LASP_FAMILY_SCALAR_DECAY and LASP_FAMILY_GLA",
+         LASP_FAMILY_SCALAR_DECAY, LASP_FAMILY_GLA and LASP_FAMILY_GATED_DELTA",
         this_library()
     ))
 }

@@ -25,6 +25,7 @@ pub mod status;
 mod abi;
 mod args;
 mod families;
+mod gated_delta;
 mod gla;
 mod handles;
 mod op;

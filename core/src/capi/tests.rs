@@ -534,6 +534,52 @@ fn each_kind_and_direction_reads_its_own_slots() {
 }
 
 #[test]
+fn gated_delta_calls_take_beta_and_give_dbeta() {
+    let desc = OpDesc {
+        family: LASP_FAMILY_GATED_DELTA,
+        ..lasp2_desc()
+    };
+    let spec = OpSpec::of(&desc).unwrap();
+    let gates = 2 * 10 * 3;
+    // Scalar decay's forward slots lack beta.
+    let mut tensors = forward_tensors(10);
+    let msg = plan_error(desc, Direction::Forward, call(10), tensors);
+    assert!(msg.contains("LASP_SLOT_BETA"), "{msg}");
+    tensors.slot[Slot::Beta as usize] = tensor(Dtype::F32, gates);
+    assert!(plan_call(&spec, Direction::Forward, &call(10), &tensors).is_ok());
+    // The backward starts from the saved start state and writes dbeta as beta.
+    let mut backward = tensors;
+    backward.slot[Slot::O as usize] = Tensor::default();
+    for (slot, dtype, numel) in [
+        (Slot::DO, Dtype::Bf16, 3840),
+        (Slot::Dq, Dtype::Bf16, 3840),
+        (Slot::Dk, Dtype::Bf16, 3840),
+        (Slot::Dv, Dtype::Bf16, 3840),
+        (Slot::Dg, Dtype::F32, gates),
+    ] {
+        backward.slot[slot as usize] = tensor(dtype, numel);
+    }
+    let msg = plan_error(desc, Direction::Backward, call(10), backward);
+    assert!(msg.contains("LASP_SLOT_DBETA"), "{msg}");
+    backward.slot[Slot::Dbeta as usize] = tensor(Dtype::Bf16, gates);
+    let msg = plan_error(desc, Direction::Backward, call(10), backward);
+    assert!(msg.contains("LASP_SLOT_DBETA is LASP_DTYPE_BF16"), "{msg}");
+    backward.slot[Slot::Dbeta as usize] = tensor(Dtype::F32, gates);
+    assert!(plan_call(&spec, Direction::Backward, &call(10), &backward).is_ok());
+    // One GPU: h0 instead of the start state.
+    let one_gpu = OpDesc {
+        kind: LASP_KIND_SINGLE_GPU,
+        ..desc
+    };
+    let msg = plan_error(one_gpu, Direction::Backward, call(10), backward);
+    assert!(msg.contains("LASP_SLOT_START_STATE is filled"), "{msg}");
+    // Dv a multiple of 64 (192 too), Dk 64 or 128.
+    assert!(OpSpec::of(&OpDesc { dv: 192, ..desc }).is_ok());
+    let msg = desc_error(OpDesc { dk: 96, ..desc });
+    assert!(msg.contains("Dk = 96"), "{msg}");
+}
+
+#[test]
 fn gla_calls_take_gates_per_key_dimension_and_no_start_state() {
     let desc = OpDesc {
         family: LASP_FAMILY_GLA,

@@ -160,6 +160,41 @@ impl<F: Family> StateChain<F> {
         Error::InvalidArgument(format!("{}: {msg}", self.op))
     }
 
+    /// Rejects a final state asked of any PE but the last, the one whose shard ends the
+    /// sequence (`ht`: whether the call writes one).
+    pub(crate) fn check_final_state(&self, ht: bool) -> Result<()> {
+        let (me, npes) = (self.runtime.pe(), self.runtime.npes());
+        if ht && me + 1 != npes {
+            return Err(self.invalid(format!(
+                "only the last PE ({}) holds the final state of the sequence; pass ht = None \
+                 (NULL in C) on PE {me}",
+                npes - 1
+            )));
+        }
+        Ok(())
+    }
+
+    /// Rejects the backward's boundary gradients off their PEs: the final state's gradient
+    /// (`dht`: given) enters on the last PE only, the initial state's (`dh0`: asked for) leaves
+    /// on PE 0 only.
+    pub(crate) fn check_boundary_gradients(&self, dht: bool, dh0: bool) -> Result<()> {
+        let (me, npes) = (self.runtime.pe(), self.runtime.npes());
+        if dht && me + 1 != npes {
+            return Err(self.invalid(format!(
+                "only the last PE ({}) holds the final state's gradient; pass none on PE {me} \
+                 (None in Rust, grad_ht = NULL in C)",
+                npes - 1
+            )));
+        }
+        if dh0 && me != 0 {
+            return Err(self.invalid(format!(
+                "only PE 0 computes the initial state's gradient; pass no buffer for it on PE \
+                 {me} (dh0 = None in Rust, grad_h0 = NULL in C)"
+            )));
+        }
+        Ok(())
+    }
+
     /// Switches every PE to `mode` (collective: checks that all PEs ask for the same mode, sets
     /// up NCCL on first use, and re-arms the credits when leaving [`ExchangeMode::NoComm`]).
     pub(crate) fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {

@@ -19,6 +19,58 @@ pub mod transport;
 
 pub use schedule::Schedule;
 
+/// The methods every LASP-2 operation passes through to its [`chain::StateChain`] (a field
+/// `chain`), written into the operation's `impl` block: `layout`, `set_mode`, `finish`, `epoch`,
+/// `note_replayed_calls` and `free`.
+macro_rules! chain_methods {
+    () => {
+        /// The layout every PE agreed on.
+        pub fn layout(&self) -> $crate::exchange::Lasp2Layout {
+            self.chain.layout()
+        }
+
+        /// Switches every PE to `mode` (collective: checks that all PEs ask for the same mode,
+        /// sets up NCCL on first use, and re-arms the credits when leaving
+        /// [`ExchangeMode::NoComm`](crate::exchange::ExchangeMode::NoComm)).
+        pub fn set_mode(
+            &mut self,
+            mode: $crate::exchange::ExchangeMode,
+        ) -> $crate::error::Result<()> {
+            self.chain.set_mode(mode)
+        }
+
+        /// Waits for `stream`, then returns the error of the first expired wait, if any (naming
+        /// the PE that never sent, the signal slot and the epoch).
+        pub fn finish(
+            &self,
+            stream: &::std::sync::Arc<::cudarc::driver::CudaStream>,
+        ) -> $crate::error::Result<()> {
+            self.chain.finish(stream)
+        }
+
+        /// Completed calls (the device epoch, one per call, graph replays included; synchronises
+        /// `stream`).
+        pub fn epoch(
+            &self,
+            stream: &::std::sync::Arc<::cudarc::driver::CudaStream>,
+        ) -> $crate::error::Result<u64> {
+            self.chain.epoch(stream)
+        }
+
+        /// Records `calls` calls replayed from a captured CUDA graph, so host-side gathers of
+        /// later calls use the right parity.
+        pub fn note_replayed_calls(&mut self, calls: u64) {
+            self.chain.note_replayed_calls(calls);
+        }
+
+        /// Frees the symmetric buffers (collective).
+        pub fn free(self) -> $crate::error::Result<()> {
+            self.chain.free()
+        }
+    };
+}
+pub(crate) use chain_methods;
+
 use crate::family::Family;
 use lasp_shmem_kernels::params as header;
 

@@ -97,7 +97,7 @@ struct Shard {
     o: CudaSlice<bf16>,
     ht: Option<CudaSlice<f32>>,
     /// The state entering the shard, saved by the forward for the backward.
-    shard_h0: CudaSlice<f32>,
+    start_state: CudaSlice<f32>,
     scale: Option<f32>,
 }
 
@@ -198,8 +198,8 @@ impl Shard {
             ht: self.ht.as_mut().map(DeviceMut::new),
             scale: self.scale,
         };
-        let shard_h0 = save.then(|| DeviceMut::new(&mut self.shard_h0));
-        op.forward(stream, args, shard_h0).map(|_| ())
+        let start_state = save.then(|| DeviceMut::new(&mut self.start_state));
+        op.forward_saving(stream, args, start_state).map(|_| ())
     }
 
     /// Enqueues the backward of the shard on `stream`, from the saved state entering it.
@@ -216,7 +216,7 @@ impl Shard {
             v: DeviceRef::new(&self.v),
             g: DeviceRef::new(&self.g),
             beta: DeviceRef::new(&self.beta),
-            h0: Some(DeviceRef::new(&self.shard_h0)),
+            h0: Some(DeviceRef::new(&self.start_state)),
             d_o: DeviceRef::new(&grads.d_o),
             dht: grads.dht.as_ref().map(DeviceRef::new),
             dq: DeviceMut::new(&mut grads.dq),
@@ -401,7 +401,7 @@ fn check_case(
         } else {
             None
         },
-        shard_h0: stream.alloc_zeros(shape.state_len())?,
+        start_state: stream.alloc_zeros(shape.state_len())?,
         scale: Some(inputs.scale as f32),
     };
     let layout = shape.layout();
@@ -671,7 +671,7 @@ fn time_shape(
         h0: None,
         o: stream.alloc_zeros(shape.v_len())?,
         ht: None,
-        shard_h0: stream.alloc_zeros(shape.state_len())?,
+        start_state: stream.alloc_zeros(shape.state_len())?,
         scale: None,
     };
     let (layout, mode) = (shape.layout(), ExchangeMode::Overlapped);

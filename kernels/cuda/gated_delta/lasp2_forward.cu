@@ -59,7 +59,7 @@ __device__ __forceinline__ void lasp2_summary(const lasp_gated_delta_lasp2_param
 
 // Kernel 4, one CTA per (Dv tile vt, head): the state entering the shard, P = h0 (or 0) and then
 // P = A_u P + b_u for the earlier PEs in chain order (A from every tile of the head, b from tile
-// vt), into shard_h0 where set, then the states entering the shard's segments, into ws_p. The same
+// vt), into start_state where set, then the states entering the shard's segments, into ws_p. The same
 // fold in every mode.
 template <int DK, class Schedule>
 __device__ __forceinline__ void lasp2_fold(const lasp_gated_delta_lasp2_params& p) {
@@ -69,7 +69,7 @@ __device__ __forceinline__ void lasp2_fold(const lasp_gated_delta_lasp2_params& 
   AffineTile<DK> tile(s_tile);
   tile.load(f.h0 ? f.h0 + (int64_t)bh * DK * f.Dv + vt * 64 : nullptr, f.Dv);
   if (!fold_landed<DK, Schedule, false>(p, tile, bh, vt)) return;  // the host reports p.diag
-  if (p.shard_h0) tile.store(p.shard_h0 + (int64_t)bh * DK * f.Dv + vt * 64, f.Dv);
+  if (p.start_state) tile.store(p.start_state + (int64_t)bh * DK * f.Dv + vt * 64, f.Dv);
   fold_segments<DK>(f, tile, bh, vt);
 }
 

@@ -68,7 +68,7 @@ impl<'a> GatedDeltaArgs<'a> {
     pub(super) fn check_saving(
         &self,
         op: &str,
-        shard_h0: Option<&DeviceMut<'_, f32>>,
+        start_state: Option<&DeviceMut<'_, f32>>,
     ) -> Result<f32> {
         let s = &self.shape;
         s.validate_as(op)?;
@@ -86,9 +86,9 @@ impl<'a> GatedDeltaArgs<'a> {
             checks.tensor("ht", state, (ht.len(), s.state_len()), ht.addr(), 8)?;
         }
         let scale = checks.scale(self.scale, s)?;
-        if let Some(saved) = shard_h0 {
+        if let Some(saved) = start_state {
             checks.tensor(
-                "shard_h0",
+                "start_state",
                 state,
                 (saved.len(), s.state_len()),
                 saved.addr(),
@@ -97,7 +97,7 @@ impl<'a> GatedDeltaArgs<'a> {
         }
         let mut outputs = vec![("o", self.o.byte_range())];
         outputs.extend(self.ht.as_ref().map(|ht| ("ht", ht.byte_range())));
-        outputs.extend(shard_h0.map(|saved| ("shard_h0", saved.byte_range())));
+        outputs.extend(start_state.map(|saved| ("start_state", saved.byte_range())));
         checks.disjoint(&inputs, &outputs)?;
         Ok(scale)
     }

@@ -41,6 +41,8 @@ pub struct GatedDeltaLasp2Forward {
 }
 
 impl GatedDeltaLasp2Forward {
+    crate::exchange::chain_methods!();
+
     /// Sets up the exchange for `layout` on every PE (collective; every PE must pass the same
     /// layout and mode).
     pub fn new(runtime: &Runtime, layout: Lasp2Layout, mode: ExchangeMode) -> Result<Self> {
@@ -58,51 +60,44 @@ impl GatedDeltaLasp2Forward {
         })
     }
 
-    /// The layout every PE agreed on.
-    pub fn layout(&self) -> Lasp2Layout {
-        self.chain.layout()
-    }
-
-    /// Switches every PE to `mode` (collective).
-    pub fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
-        self.chain.set_mode(mode)
-    }
-
     /// Enqueues one call on `stream`: `args` holds this PE's shard (T = its T_local; shards may
     /// differ in length), h0 the global initial state (the same on every PE) and ht only on the
-    /// last PE; `shard_h0` (`[B, H, Dk, Dv]` fp32, 8-byte aligned), where a backward
-    /// ([`super::GatedDeltaLasp2Backward`]) follows, receives the state entering this PE's shard,
-    /// the backward's h0. Everything is validated before the first launch. Expired waits are
-    /// reported by [`GatedDeltaLasp2Forward::finish`]. Returns the plan of the shard's chunk
-    /// passes.
+    /// last PE. Everything is validated before the first launch. Expired waits are reported by
+    /// [`GatedDeltaLasp2Forward::finish`]. Returns the plan of the shard's chunk passes.
     pub fn forward(
         &mut self,
         stream: &Arc<CudaStream>,
         args: GatedDeltaArgs<'_>,
-        shard_h0: Option<DeviceMut<'_, f32>>,
     ) -> Result<GatedDeltaPlan> {
-        let saved_home = shard_h0.as_ref().and_then(DeviceMut::home);
+        self.forward_saving(stream, args, None)
+    }
+
+    /// [`GatedDeltaLasp2Forward::forward`], also writing `start_state` `[B, H, Dk, Dv]` fp32
+    /// (8-byte aligned): the state this PE's shard starts from (h0 folded with the earlier PEs'
+    /// summaries), which [`super::GatedDeltaLasp2Backward`] takes as the shard's h0.
+    pub fn forward_saving(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        args: GatedDeltaArgs<'_>,
+        start_state: Option<DeviceMut<'_, f32>>,
+    ) -> Result<GatedDeltaPlan> {
+        let saved_home = start_state.as_ref().and_then(DeviceMut::home);
         let homes = args.homes().into_iter().chain([saved_home]);
-        StreamOrder::around(stream, homes, OP, || self.enqueue(stream, args, shard_h0))
+        StreamOrder::around(stream, homes, OP, || {
+            self.enqueue(stream, args, start_state)
+        })
     }
 
     fn enqueue(
         &mut self,
         stream: &Arc<CudaStream>,
         args: GatedDeltaArgs<'_>,
-        shard_h0: Option<DeviceMut<'_, f32>>,
+        start_state: Option<DeviceMut<'_, f32>>,
     ) -> Result<GatedDeltaPlan> {
         let s = args.shape;
-        let scale = args.check_saving(OP, shard_h0.as_ref())?;
+        let scale = args.check_saving(OP, start_state.as_ref())?;
         self.chain.check_call(stream, s.layout())?;
-        let (me, npes) = (self.chain.runtime().pe(), self.chain.runtime().npes());
-        if args.ht.is_some() && me + 1 != npes {
-            return Err(self.chain.invalid(format!(
-                "only the last PE ({}) holds the final state of the sequence; pass ht = None on \
-                 PE {me}",
-                npes - 1
-            )));
-        }
+        self.chain.check_final_state(args.ht.is_some())?;
         let plan = self.kernels.choose_output(
             GatedDeltaPlan::new(&s, self.sm_count, None, Scope::Shard),
             &s,
@@ -116,7 +111,7 @@ impl GatedDeltaLasp2Forward {
         )?;
         let params = Lasp2Params {
             fwd: call_params(&args, &plan, ws, scale),
-            shard_h0: shard_h0.as_ref().map_or(0, DeviceMut::addr) as _,
+            start_state: start_state.as_ref().map_or(0, DeviceMut::addr) as _,
             ..self.chain.base_params(stream)
         };
         let fold = plan.fold.expect("a shard's plan always folds");
@@ -140,27 +135,5 @@ impl GatedDeltaLasp2Forward {
         }
         self.chain.end_call(stream, &params)?;
         Ok(plan)
-    }
-
-    /// Waits for `stream`, then returns the error of the first expired wait, if any (naming the
-    /// PE that never sent, the signal slot and the epoch).
-    pub fn finish(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        self.chain.finish(stream)
-    }
-
-    /// The last epoch this PE completed (one per call, graph replays included).
-    pub fn epoch(&self, stream: &Arc<CudaStream>) -> Result<u64> {
-        self.chain.epoch(stream)
-    }
-
-    /// Records `calls` calls replayed from a captured CUDA graph, so host-side gathers of later
-    /// calls use the right parity.
-    pub fn note_replayed_calls(&mut self, calls: u64) {
-        self.chain.note_replayed_calls(calls);
-    }
-
-    /// Frees the symmetric buffers (collective).
-    pub fn free(self) -> Result<()> {
-        self.chain.free()
     }
 }

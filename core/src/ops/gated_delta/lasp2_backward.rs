@@ -40,6 +40,8 @@ pub struct GatedDeltaLasp2Backward {
 }
 
 impl GatedDeltaLasp2Backward {
+    crate::exchange::chain_methods!();
+
     /// Sets up the exchange for `layout` on every PE (collective; every PE must pass the same
     /// layout and mode).
     pub fn new(runtime: &Runtime, layout: Lasp2Layout, mode: ExchangeMode) -> Result<Self> {
@@ -57,19 +59,9 @@ impl GatedDeltaLasp2Backward {
         })
     }
 
-    /// The layout every PE agreed on.
-    pub fn layout(&self) -> Lasp2Layout {
-        self.chain.layout()
-    }
-
-    /// Switches every PE to `mode` (collective).
-    pub fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
-        self.chain.set_mode(mode)
-    }
-
     /// Enqueues the backward of this PE's shard on `stream` in the current mode. With
     /// `args.shape.t` this PE's shard length: `q, k, v, g, beta` the shard's forward inputs; `h0`
-    /// the state entering the shard that this PE's forward call saved (`shard_h0`; on PE 0 the
+    /// the state entering the shard that this PE's forward call saved (`start_state`; on PE 0 the
     /// sequence's h0, `None` for zero, and required on every other PE); `d_o` the gradient of the
     /// shard's output; `dht`, the gradient of the sequence's final state, on the last PE only;
     /// `dq, dk, dv, dg, dbeta` receive the shard's gradients; `dh0`, the gradient of the
@@ -92,22 +84,13 @@ impl GatedDeltaLasp2Backward {
         let s = args.shape;
         let scale = args.check(OP)?;
         self.chain.check_call(stream, s.layout())?;
-        let (me, npes) = (self.chain.runtime().pe(), self.chain.runtime().npes());
-        if args.dht.is_some() && me + 1 != npes {
-            return Err(self.chain.invalid(format!(
-                "only the last PE ({}) holds the final state's gradient; pass dht = None on PE {me}",
-                npes - 1
-            )));
-        }
-        if args.dh0.is_some() && me != 0 {
-            return Err(self.chain.invalid(format!(
-                "only PE 0 computes the initial state's gradient; pass dh0 = None on PE {me}"
-            )));
-        }
+        let me = self.chain.runtime().pe();
+        self.chain
+            .check_boundary_gradients(args.dht.is_some(), args.dh0.is_some())?;
         if args.h0.is_none() && me != 0 {
             return Err(self.chain.invalid(format!(
-                "PE {me} needs the state entering its shard as h0: pass the shard_h0 that its \
-                 GatedDeltaLasp2Forward::forward call saved"
+                "PE {me} needs the state entering its shard as h0: pass the start_state that its \
+                 GatedDeltaLasp2Forward::forward_saving call wrote"
             )));
         }
         let plan = GatedDeltaBackwardPlan::new(&s, self.sm_count, None, Scope::Shard);
@@ -172,27 +155,5 @@ impl GatedDeltaLasp2Backward {
         }
         self.chain.end_call(stream, &params)?;
         Ok(plan)
-    }
-
-    /// Waits for `stream`, then returns the error of the first expired wait, if any (naming the
-    /// PE that never sent, the signal slot and the epoch).
-    pub fn finish(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        self.chain.finish(stream)
-    }
-
-    /// The last epoch this PE completed (one per call, graph replays included).
-    pub fn epoch(&self, stream: &Arc<CudaStream>) -> Result<u64> {
-        self.chain.epoch(stream)
-    }
-
-    /// Records `calls` calls replayed from a captured CUDA graph, so host-side gathers of later
-    /// calls use the right parity.
-    pub fn note_replayed_calls(&mut self, calls: u64) {
-        self.chain.note_replayed_calls(calls);
-    }
-
-    /// Frees the symmetric buffers (collective).
-    pub fn free(self) -> Result<()> {
-        self.chain.free()
     }
 }

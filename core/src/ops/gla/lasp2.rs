@@ -63,6 +63,8 @@ pub struct GlaLasp2Forward {
 }
 
 impl GlaLasp2Forward {
+    crate::exchange::chain_methods!();
+
     /// Sets up the exchange for `layout` on every PE (collective; every PE must pass the same
     /// layout and mode).
     pub fn new(runtime: &Runtime, layout: Lasp2Layout, mode: ExchangeMode) -> Result<Self> {
@@ -85,16 +87,6 @@ impl GlaLasp2Forward {
         })
     }
 
-    /// The layout every PE agreed on.
-    pub fn layout(&self) -> Lasp2Layout {
-        self.chain.layout()
-    }
-
-    /// Switches every PE to `mode` (collective).
-    pub fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
-        self.chain.set_mode(mode)
-    }
-
     /// Enqueues one call on `stream`: `args` holds this PE's shard (T = its T_local; shards may
     /// differ in length), h0 the global initial state (the same on every PE), ht only on the last
     /// PE, and `chunk_states`, where a backward ([`super::GlaLasp2Backward`]) follows, the shard's
@@ -111,13 +103,7 @@ impl GlaLasp2Forward {
         let scale = args.check(OP)?;
         let (me, npes) = (self.chain.runtime().pe(), self.chain.runtime().npes());
         let last = me + 1 == npes;
-        if args.ht.is_some() && !last {
-            return Err(self.chain.invalid(format!(
-                "only the last PE ({}) holds the final state of the sequence; pass ht = None on \
-                 PE {me}",
-                npes - 1
-            )));
-        }
+        self.chain.check_final_state(args.ht.is_some())?;
         let plan = ShardPlan::new(s.b, s.h, s.t, s.dv, self.sm_count);
         let pieces = plan.segments * plan.splits;
         let bh = s.b * s.h;
@@ -178,22 +164,5 @@ impl GlaLasp2Forward {
         // SAFETY: as above.
         unsafe { self.output[j][i].launch(stream, output, &params)? };
         self.chain.end_call(stream, &params)
-    }
-
-    /// Waits for `stream`, then returns the error of the first expired wait, if any (naming the
-    /// PE that never sent, the signal slot and the epoch).
-    pub fn finish(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        self.chain.finish(stream)
-    }
-
-    /// Records `calls` calls replayed from a captured CUDA graph, so host-side gathers of later
-    /// calls use the right parity.
-    pub fn note_replayed_calls(&mut self, calls: u64) {
-        self.chain.note_replayed_calls(calls);
-    }
-
-    /// Frees the symmetric buffers (collective).
-    pub fn free(self) -> Result<()> {
-        self.chain.free()
     }
 }

@@ -49,6 +49,8 @@ fn align(bytes: u64) -> u64 {
 }
 
 impl GlaLasp2Backward {
+    crate::exchange::chain_methods!();
+
     /// Sets up the exchange for `layout` on every PE (collective; every PE must pass the same
     /// layout and mode).
     pub fn new(runtime: &Runtime, layout: Lasp2Layout, mode: ExchangeMode) -> Result<Self> {
@@ -69,16 +71,6 @@ impl GlaLasp2Backward {
             chain,
             workspace: None,
         })
-    }
-
-    /// The layout every PE agreed on.
-    pub fn layout(&self) -> Lasp2Layout {
-        self.chain.layout()
-    }
-
-    /// Switches every PE to `mode` (collective).
-    pub fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
-        self.chain.set_mode(mode)
     }
 
     /// Enqueues the backward of this PE's shard on `stream` in the current mode. With
@@ -103,18 +95,8 @@ impl GlaLasp2Backward {
         )?;
         self.chain.check_call(stream, s.layout())?;
         let scale = args.check(OP)?;
-        let (me, npes) = (self.chain.runtime().pe(), self.chain.runtime().npes());
-        if args.dht.is_some() && me + 1 != npes {
-            return Err(self.chain.invalid(format!(
-                "only the last PE ({}) holds the final state's gradient; pass dht = None on PE {me}",
-                npes - 1
-            )));
-        }
-        if args.dh0.is_some() && me != 0 {
-            return Err(self.chain.invalid(format!(
-                "only PE 0 computes the initial state's gradient; pass dh0 = None on PE {me}"
-            )));
-        }
+        self.chain
+            .check_boundary_gradients(args.dht.is_some(), args.dh0.is_some())?;
         let bh = s.b * s.h;
         let chunks = s.t.div_ceil(CHUNK);
         // A walk CTA takes a whole SM: one segment per SM's worth of (b, h).
@@ -184,22 +166,5 @@ impl GlaLasp2Backward {
             self.grads[j][i].launch(stream, grads_launch, &grads)?;
         }
         self.chain.end_call(stream, &params)
-    }
-
-    /// Waits for `stream`, then returns the error of the first expired wait, if any (naming the
-    /// PE that never sent, the signal slot and the epoch).
-    pub fn finish(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        self.chain.finish(stream)
-    }
-
-    /// Records `calls` calls replayed from a captured CUDA graph, so host-side gathers of later
-    /// calls use the right parity.
-    pub fn note_replayed_calls(&mut self, calls: u64) {
-        self.chain.note_replayed_calls(calls);
-    }
-
-    /// Frees the symmetric buffers (collective).
-    pub fn free(self) -> Result<()> {
-        self.chain.free()
     }
 }

@@ -64,6 +64,8 @@ pub struct Lasp2Backward {
 }
 
 impl Lasp2Backward {
+    crate::exchange::chain_methods!();
+
     /// Allocates the symmetric buffers, checks that every PE has the same layout and sets the
     /// exchange mode (collective). Dv must be 64 or 128, as for [`ScalarDecayBackward`].
     pub fn new(runtime: &Runtime, layout: Lasp2Layout, mode: ExchangeMode) -> Result<Self> {
@@ -100,16 +102,6 @@ impl Lasp2Backward {
         })
     }
 
-    /// The layout every PE agreed on.
-    pub fn layout(&self) -> Lasp2Layout {
-        self.chain.layout()
-    }
-
-    /// Switches every PE to `mode` (collective, as [`super::Lasp2Forward::set_mode`]).
-    pub fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
-        self.chain.set_mode(mode)
-    }
-
     /// Enqueues the backward of this PE's shard on `stream` in the current mode. With
     /// `args.shape.t` this PE's shard length:
     /// - `q, k, v, g` are the shard's forward inputs and `d_o` the gradient of its output;
@@ -134,20 +126,8 @@ impl Lasp2Backward {
         self.chain.check_call(stream, s.layout())?;
         let l = self.layout();
         let scale = check_backward_args(&args)?;
-        let (me, npes) = (self.chain.runtime().pe(), self.chain.runtime().npes());
-        if args.d_ht.is_some() && me + 1 != npes {
-            return Err(self.chain.invalid(format!(
-                "only the last PE ({}) holds the final state's gradient; pass none (d_ht = None, \
-                 grad_ht = NULL in C) on PE {me}",
-                npes - 1
-            )));
-        }
-        if args.dh0.is_some() && me != 0 {
-            return Err(self.chain.invalid(format!(
-                "only PE 0 computes the initial state's gradient; pass no buffer for it (dh0 = \
-                 None, grad_h0 = NULL in C) on PE {me}"
-            )));
-        }
+        self.chain
+            .check_boundary_gradients(args.d_ht.is_some(), args.dh0.is_some())?;
         let (b, h, dk, dv) = l.dims();
         let t = s.t as i32;
         let heads = b * h;
@@ -235,27 +215,5 @@ impl Lasp2Backward {
                 .launch_with(stream, shard_args, Some(reversed), enqueue_carry_in)?
         };
         self.chain.end_call(stream, &params)
-    }
-
-    /// Waits for `stream`, then returns the error of the first expired wait, if any (naming the
-    /// PE that never sent, the signal slot and the epoch).
-    pub fn finish(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        self.chain.finish(stream)
-    }
-
-    /// Completed calls (the device epoch; synchronises `stream`).
-    pub fn epoch(&self, stream: &Arc<CudaStream>) -> Result<u64> {
-        self.chain.epoch(stream)
-    }
-
-    /// Records `calls` calls replayed from a captured CUDA graph, so host-side gathers of later
-    /// calls use the right parity.
-    pub fn note_replayed_calls(&mut self, calls: u64) {
-        self.chain.note_replayed_calls(calls);
-    }
-
-    /// Frees the symmetric buffers (collective).
-    pub fn free(self) -> Result<()> {
-        self.chain.free()
     }
 }

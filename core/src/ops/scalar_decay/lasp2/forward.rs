@@ -147,6 +147,8 @@ pub struct Lasp2Forward {
 }
 
 impl Lasp2Forward {
+    crate::exchange::chain_methods!();
+
     /// Allocates the symmetric buffers, checks that every PE has the same layout and sets the
     /// exchange mode (collective). Calls are then not collective: only [`Lasp2Forward::set_mode`]
     /// and [`Lasp2Forward::free`] are, so a PE that stops calling cannot block the others in a
@@ -176,11 +178,6 @@ impl Lasp2Forward {
             timeline: None,
             record_timeline: false,
         })
-    }
-
-    /// The layout every PE agreed on.
-    pub fn layout(&self) -> Lasp2Layout {
-        self.chain.layout()
     }
 
     /// Fixes the launch plan's knobs, or with `None` returns to [`Lasp2Tuning::default`] (not
@@ -242,12 +239,6 @@ impl Lasp2Forward {
         )
     }
 
-    /// Switches every PE to `mode` (collective: checks that all PEs ask for the same mode, sets
-    /// up NCCL on first use, and re-arms the credits when leaving [`ExchangeMode::NoComm`]).
-    pub fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
-        self.chain.set_mode(mode)
-    }
-
     /// Enqueues one LASP-2 forward of this PE's shard on `stream` in the current mode.
     /// `args.shape.t` is this PE's shard length (it may differ between PEs); `h0` is the global
     /// initial state (the same on every PE); `ht`, the final state of the whole sequence, is
@@ -287,13 +278,7 @@ impl Lasp2Forward {
         let scale = check_args(&args)?;
         let (me, npes) = (self.chain.runtime().pe(), self.chain.runtime().npes());
         let last = me + 1 == npes;
-        if args.ht.is_some() && !last {
-            return Err(self.chain.invalid(format!(
-                "only the last PE ({}) holds the final state of the sequence; pass ht = None on \
-                 PE {me}",
-                npes - 1
-            )));
-        }
+        self.chain.check_final_state(args.ht.is_some())?;
         if let Some(start) = &start_state {
             check_start_state(start, &args)?;
         }
@@ -390,28 +375,6 @@ impl Lasp2Forward {
         *recorded_segments = segments as usize;
         stream.memset_zeros(buffer)?;
         Ok(buffer.device_ptr(stream).0)
-    }
-
-    /// Waits for `stream`, then returns the error of the first expired wait, if any (naming the
-    /// PE that never sent, the signal slot and the epoch).
-    pub fn finish(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        self.chain.finish(stream)
-    }
-
-    /// Completed calls (the device epoch; synchronises `stream`).
-    pub fn epoch(&self, stream: &Arc<CudaStream>) -> Result<u64> {
-        self.chain.epoch(stream)
-    }
-
-    /// Records `calls` calls replayed from a captured CUDA graph, so host-side gathers of later
-    /// calls use the right parity.
-    pub fn note_replayed_calls(&mut self, calls: u64) {
-        self.chain.note_replayed_calls(calls);
-    }
-
-    /// Frees the symmetric buffers (collective).
-    pub fn free(self) -> Result<()> {
-        self.chain.free()
     }
 }
 

@@ -8,13 +8,14 @@
 //   (A_me, b_me) = the shard's affine map, S_end = A_me S_start + b_me: the composition of its
 //                  segments' maps (A_me [Dk x Dk] the chunks' transitions, b_me its end state from zero)
 //   P_0 = h0 (or 0);  P_{u+1} = A_u P_u + b_u  (fp32, ascending u < me, lasp/gated_delta/affine.cuh)
-//   the shard's outputs = the single-GPU forward started from P_me (saved in shard_h0 for the backward).
+//   the shard's outputs = the single-GPU forward started from P_me (saved in start_state for the
+//   backward).
 //
 // Backward maths (LASP2_CHAIN_DESCENDING), with E_w the gradient of the state leaving shard w. The
 // dS chain is affine: dS entering shard w = A_w^T E_w + c_w, c_w the shard's dS chain from zero at its
 // end (the composition of its segments' c_s: c_w = c_0 + A_0^T (c_1 + A_1^T (...))). So
 //   E_{npes-1} = dht;  E_{u-1} = A_u^T E_u + c_u  (fp32, descending u > me)
-//   the shard's gradients = the single-GPU backward from shard_h0 with dht = E_me (in ws_e).
+//   the shard's gradients = the single-GPU backward from start_state with dht = E_me (in ws_e).
 // The last PE starts its tile's c from dht (c' = A^T dht + c), so every other PE starts from zero.
 //
 // Exchanged tile (b*H+h, vt), lasp_gdn_lasp2_tile_floats(Dk, Dv) floats: b_me's columns 64 vt.. (the
@@ -33,14 +34,15 @@
 //   3b. sequential modes only:               the host all-gather of the slots
 //   4. lasp_gated_delta_lasp2_fold_dk*       grid (Dv/64, B*H), block LASP_GDN_FOLD_THREADS, smem 0
 //                                            (static): waits for the earlier PEs' tiles of the head,
-//                                            P_me from h0 in chain order (into shard_h0 where set),
+//                                            P_me from h0 in chain order (into start_state where
+//                                            set),
 //                                            then the states entering the shard's segments, into
 //                                            fwd.ws_p
 //   5. lasp_gated_delta_output_dk{64,128}    the shard's outputs from fwd.ws_p (ht on the last PE)
 //   6. lasp_gated_delta_lasp2_advance_epoch  grid (1, 1, 1), block (1, 1, 1), last
 //
 // Backward host call sequence per call (the single-GPU backward's kernels,
-// lasp/gated_delta/backward_params.h, with `bwd`: fwd.h0 = the saved shard_h0, dht = ws_e,
+// lasp/gated_delta/backward_params.h, with `bwd`: fwd.h0 = the saved start_state, dht = ws_e,
 // num_summaries = S, ws_ds with S slots, ds_summary_from = 0):
 //   1. lasp_gated_delta_bwd_wy_dk*           (I + L)^{-1} and W of every chunk
 //   2. lasp_gated_delta_summary_dk*          every segment's A_s (and b_s)
@@ -49,7 +51,7 @@
 //                                            A_me into the own slot tile, published (on the caller's
 //                                            stream in every mode: beside kernel 6 it slowed it)
 //   4b. sequential modes only:               the host all-gather of the slots
-//   5. lasp_gated_delta_fold_dk*             the states entering the segments from shard_h0 (ws_p)
+//   5. lasp_gated_delta_fold_dk*             the states entering the segments from start_state (ws_p)
 //   6. lasp_gated_delta_bwd_states_dk*       every chunk's entry state and u (while the later PEs'
 //                                            summaries arrive)
 //   7. lasp_gated_delta_lasp2_bwd_fold_dk*   grid (Dv/64, B*H), block LASP_GDN_FOLD_THREADS, smem 0
@@ -73,7 +75,7 @@ typedef struct {
                                 // state (the same on every PE), ht only on the last PE (else NULL),
                                 // num_summaries = S and ws_p set (the fold always runs); in
                                 // the backward, bwd.fwd
-  float* shard_h0;              // fp32 [B, H, Dk, Dv]: the forward's fold writes P_me here (the state
+  float* start_state;           // fp32 [B, H, Dk, Dv]: the forward's fold writes P_me here (the state
                                 // entering the shard, the backward's h0), or NULL to skip it
   const float* dht;             // the backward's summary and fold: the sequence's dL/dht on the last
                                 // PE, else NULL (the forward: NULL)
