@@ -1,11 +1,13 @@
 """lasp-shmem from PyTorch: the runtime on a torch.distributed process group (`init`,
 `shutdown`, `synchronize`), fla's `chunk_simple_gla` (linear attention with one log-decay per
-token and head) and fla's `chunk_gla` (a log-decay per key dimension), each on one GPU or, with
-`cp_group`, sequence parallel across the group's ranks (LASP-2).
+token and head), fla's `chunk_gla` (a log-decay per key dimension) and fla's
+`chunk_gated_delta_rule` (Gated DeltaNet), each on one GPU or, with `cp_group`, sequence parallel
+across the group's ranks (LASP-2).
 
 The forwards and backwards are torch.library custom ops (`torch.ops.lasp_shmem.
-chunk_simple_gla_fwd` and `chunk_simple_gla_bwd`, `chunk_gla_fwd` and `chunk_gla_bwd`, each pair
-linked by `register_autograd`, with fake implementations), so torch.compile traces them without a
+chunk_simple_gla_fwd` and `chunk_simple_gla_bwd`, `chunk_gla_fwd` and `chunk_gla_bwd`,
+`chunk_gated_delta_rule_fwd` and `chunk_gated_delta_rule_bwd`, each pair linked by
+`register_autograd`, with fake implementations), so torch.compile traces them without a
 graph break and CUDA graphs capture them (LASP-2's in the overlapped exchange mode, below); they
 run on torch's current stream.
 
@@ -35,7 +37,7 @@ import torch.distributed as dist
 from . import _abi
 
 __all__ = ["init", "shutdown", "synchronize", "set_exchange_mode", "exchange_mode",
-           "chunk_simple_gla", "chunk_gla", "LaspError"]
+           "chunk_simple_gla", "chunk_gla", "chunk_gated_delta_rule", "LaspError"]
 
 LaspError = _abi.LaspError
 SUPPORTED_DIMS = (64, 128)
@@ -329,6 +331,56 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
     return o, ht if want_ht else None
 
 
+def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
+                           output_final_state=False, cu_seqlens=None,
+                           use_qk_l2norm_in_kernel=False, cp_group=None):
+    """Gated DeltaNet, as fla's `chunk_gated_delta_rule`: the delta rule with a scalar decay,
+    S_t = exp(g_t) (I - beta_t k_t^T k_t) S_{t-1} + beta_t k_t^T v_t, o_t = scale q_t S_t.
+
+    q, k: [B, T, H, Dk] bf16, Dk 64 or 128; v: [B, T, H, Dv] bf16, Dv a multiple of 64; g:
+    [B, T, H] fp32 log-decays, finite and <= 0; beta: [B, T, H] write strengths (usually a
+    sigmoid's output), fp32 or bf16 (taken as fp32); every tensor contiguous, on the runtime's
+    GPU. The keys are used as given: l2-normalise them (the delta rule's state stays bounded for
+    unit keys and beta in [0, 2)), or pass use_qk_l2norm_in_kernel=True to have q and k
+    normalised here as fla's option does (x / sqrt(sum x^2 + 1e-6) in fp32, through torch, so
+    gradients flow through it). scale, initial_state, output_final_state and cp_group as for
+    `chunk_simple_gla` (LASP-2 across the group's ranks with cp_group: the final state on the
+    group's last rank only, initial_state's gradient on its rank 0, zeros on the others). Returns
+    (o [B, T, H, Dv] bf16, the final state [B, H, Dk, Dv] fp32 or None).
+
+    Differentiable in q, k, v, g, beta and initial_state (g's and beta's gradients in fp32). With
+    cp_group the forward keeps the state this rank's shard starts from ([B, H, Dk, Dv] fp32) for
+    the backward. cu_seqlens (packed sequences) is not supported yet.
+    """
+    op = "chunk_gated_delta_rule"
+    if cu_seqlens is not None:
+        raise NotImplementedError(
+            f"{op}: cu_seqlens (packed sequences) is not supported yet; pass a batch of "
+            "equal-length sequences [B, T, H, D] and cu_seqlens=None")
+    if scale == 0:
+        raise ValueError(f"{op}: scale must not be 0 (None gives Dk ** -0.5)")
+    if isinstance(beta, torch.Tensor) and beta.dtype == torch.bfloat16:
+        beta = beta.float()
+    _check_inputs(op, q, k, v, g, initial_state, per_key_gates=False, beta=beta)
+    if use_qk_l2norm_in_kernel:
+        q, k = _l2norm(q), _l2norm(k)
+    runtime, lasp2 = _placement(op, cp_group)
+    _check_device(op, runtime.device, q=q, k=k, v=v, g=g, beta=beta,
+                  initial_state=initial_state)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    want_ht = output_final_state and (not lasp2 or runtime.rank == runtime.world - 1)
+    o, ht, _ = torch.ops.lasp_shmem.chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state,
+                                                               float(scale), want_ht, lasp2)
+    return o, ht if want_ht else None
+
+
+def _l2norm(x):
+    """fla's l2 normalisation of the last dimension, x / sqrt(sum x^2 + 1e-6), in fp32, returned
+    in x's dtype."""
+    y = x.float()
+    return (y * torch.rsqrt(y.square().sum(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+
 def _placement(op, cp_group):
     """The runtime, and whether the call runs LASP-2 (a cp_group, which must be init's)."""
     runtime = _running()
@@ -340,11 +392,14 @@ def _placement(op, cp_group):
     return runtime, lasp2
 
 
-def _check_inputs(op, q, k, v, g, h0, per_key_gates):
+def _check_inputs(op, q, k, v, g, h0, per_key_gates, beta=None):
     """The library's contract on the arguments' types, shapes, dtypes and strides, checked before
     anything is enqueued (and while torch.compile traces). `per_key_gates`: g is [B, T, H, Dk]
-    (GLA), else [B, T, H]."""
+    (GLA), else [B, T, H]. `beta` (Gated DeltaNet's write strengths, [B, T, H] fp32) is checked
+    where given, and Dv may then be any multiple of 64."""
     named = {"q": q, "k": k, "v": v, "g": g, "initial_state": h0}
+    if beta is not None:
+        named["beta"] = beta
     for name, x in named.items():
         if not (isinstance(x, torch.Tensor) or (name == "initial_state" and x is None)):
             raise TypeError(f"{op}: {name} must be a torch.Tensor, not {type(x).__name__}")
@@ -356,23 +411,28 @@ def _check_inputs(op, q, k, v, g, h0, per_key_gates):
     dv = v.shape[-1]
     gates, gates_dims = ((b, t, h, dk), "[B, T, H, Dk]") if per_key_gates else ((b, t, h), "[B, T, H]")
     shapes = {"k": (b, t, h, dk), "v": (b, t, h, dv), "g": gates,
-              "initial_state": (b, h, dk, dv)}
+              "initial_state": (b, h, dk, dv), "beta": (b, t, h)}
     for name, want in shapes.items():
-        x = named[name]
+        x = named.get(name)
         if x is not None and tuple(x.shape) != want:
             raise ValueError(f"{op}: {name} has the shape {tuple(x.shape)}, but q "
                              f"{tuple(q.shape)} and v {tuple(v.shape)} make it {want} "
-                             f"([B, T, H, Dk] q and k, [B, T, H, Dv] v, {gates_dims} g, "
+                             f"([B, T, H, Dk] q and k, [B, T, H, Dv] v, {gates_dims} g"
+                             f"{', [B, T, H] beta' if beta is not None else ''}, "
                              "[B, H, Dk, Dv] initial_state)")
     if min(b, t, h) < 1:
         raise ValueError(f"{op}: B, T and H must be at least 1 (q has the shape "
                          f"{tuple(q.shape)}); skip the call when there is nothing to compute")
-    if dk not in SUPPORTED_DIMS or dv not in SUPPORTED_DIMS:
+    if beta is not None and (dk not in SUPPORTED_DIMS or dv % 64):
+        raise ValueError(f"{op}: Dk = {dk} must be 64 or 128 and Dv = {dv} a multiple of 64 "
+                         "(the kernels' widths); pad the heads with zero columns (and pass the "
+                         "unpadded Dk's scale) or split them")
+    if beta is None and (dk not in SUPPORTED_DIMS or dv not in SUPPORTED_DIMS):
         raise ValueError(f"{op}: Dk = {dk} and Dv = {dv} must each be 64 or 128 "
                          "(the kernels' widths); pad the heads with zero columns (and pass the "
                          "unpadded Dk's scale) or split them")
     for name, x in named.items():
-        want = torch.float32 if name in ("g", "initial_state") else torch.bfloat16
+        want = torch.float32 if name in ("g", "initial_state", "beta") else torch.bfloat16
         if x is not None and x.dtype != want:
             raise TypeError(f"{op}: {name} must be {want}, not {x.dtype}")
     for name, x in named.items():
@@ -626,3 +686,95 @@ def _gla_differentiate(ctx, grad_o, grad_ht, _grad_states):
 
 
 _gla_forward.register_autograd(_gla_differentiate, setup_context=_gla_setup_context)
+
+
+# Gated DeltaNet's ops: scalar decay's slots and calls with beta and its gradient.
+
+def _gdn_backward_outputs(q, k, v, g, beta, want_dh0):
+    """dq, dk, dv, dg, dbeta (fp32, like beta) and dh0 (shape (0,) unless wanted): what the
+    backward returns, real or fake."""
+    dq, dk, dv, dg, dh0 = _backward_outputs(q, k, v, g, want_dh0)
+    return dq, dk, dv, dg, torch.empty_like(beta), dh0
+
+
+def _gdn_forward_call(q, k, v, g, beta, h0, scale, want_ht, lasp2):
+    """Gated DeltaNet's forward outputs (o, the final state, the state this rank's shard starts
+    from with LASP-2) and its call."""
+    o, ht, start = _forward_outputs(q, v, want_ht, lasp2)
+    call = _OpCall(q, v, lasp2, scale, {
+        _abi.SLOT_Q: q, _abi.SLOT_K: k, _abi.SLOT_V: v, _abi.SLOT_G: g, _abi.SLOT_BETA: beta,
+        _abi.SLOT_H0: h0, _abi.SLOT_O: o, _abi.SLOT_HT: ht if want_ht else None,
+        _abi.SLOT_START_STATE: start if lasp2 else None}, family=_abi.FAMILY_GATED_DELTA)
+    return (o, ht, start), call
+
+
+def _gdn_backward_call(q, k, v, g, beta, state, do, dht, scale, want_dh0, lasp2, writes_dh0):
+    """Gated DeltaNet's backward outputs and its call; `state` is the forward's h0 on one GPU, the
+    start state it saved with LASP-2. dh0 is written where `writes_dh0` (LASP-2: rank 0), else
+    zero."""
+    dq, dk, dv, dg, dbeta, dh0 = _gdn_backward_outputs(q, k, v, g, beta, want_dh0)
+    if want_dh0 and not writes_dh0:
+        dh0.zero_()
+    call = _OpCall(q, v, lasp2, scale, {
+        _abi.SLOT_Q: q, _abi.SLOT_K: k, _abi.SLOT_V: v, _abi.SLOT_G: g, _abi.SLOT_BETA: beta,
+        _abi.SLOT_START_STATE if lasp2 else _abi.SLOT_H0: state, _abi.SLOT_DO: do,
+        _abi.SLOT_DHT: dht, _abi.SLOT_DQ: dq, _abi.SLOT_DK: dk, _abi.SLOT_DV: dv,
+        _abi.SLOT_DG: dg, _abi.SLOT_DBETA: dbeta,
+        _abi.SLOT_DH0: dh0 if want_dh0 and writes_dh0 else None}, family=_abi.FAMILY_GATED_DELTA)
+    return (dq, dk, dv, dg, dbeta, dh0), call
+
+
+@torch.library.custom_op("lasp_shmem::chunk_gated_delta_rule_fwd", mutates_args=(),
+                         device_types="cuda")
+def _gdn_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                 beta: torch.Tensor, h0: Optional[torch.Tensor], scale: float, want_ht: bool,
+                 lasp2: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    outputs, call = _gdn_forward_call(q, k, v, g, beta, h0, scale, want_ht, lasp2)
+    call.enqueue(backward=False, device=q.device)
+    return outputs
+
+
+@torch.library.custom_op("lasp_shmem::chunk_gated_delta_rule_bwd", mutates_args=(),
+                         device_types="cuda")
+def _gdn_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                  beta: torch.Tensor, state: Optional[torch.Tensor], do: torch.Tensor,
+                  dht: Optional[torch.Tensor], scale: float, want_dh0: bool, lasp2: bool
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                             torch.Tensor]:
+    writes_dh0 = not lasp2 or _running().rank == 0
+    outputs, call = _gdn_backward_call(q, k, v, g, beta, state, do, dht, scale, want_dh0, lasp2,
+                                       writes_dh0)
+    call.enqueue(backward=True, device=q.device)
+    return outputs
+
+
+@_gdn_forward.register_fake
+def _(q, k, v, g, beta, h0, scale, want_ht, lasp2):
+    return _forward_outputs(q, v, want_ht, lasp2)
+
+
+@_gdn_backward.register_fake
+def _(q, k, v, g, beta, state, do, dht, scale, want_dh0, lasp2):
+    return _gdn_backward_outputs(q, k, v, g, beta, want_dh0)
+
+
+def _gdn_setup_context(ctx, inputs, output):
+    q, k, v, g, beta, h0, scale, want_ht, lasp2 = inputs
+    start = output[2]
+    ctx.mark_non_differentiable(start)
+    # As scalar decay's: the backward starts from the sequence's initial state on one GPU, from
+    # the state the forward found at this rank's shard with LASP-2.
+    ctx.save_for_backward(q, k, v, g, beta, start if lasp2 else h0)
+    ctx.scale, ctx.want_ht, ctx.lasp2 = scale, want_ht, lasp2
+
+
+def _gdn_differentiate(ctx, grad_o, grad_ht, _grad_start):
+    q, k, v, g, beta, state = ctx.saved_tensors
+    dht = grad_ht.contiguous() if ctx.want_ht and grad_ht is not None else None
+    want_dh0 = ctx.needs_input_grad[5]
+    dq, dk, dv, dg, dbeta, dh0 = torch.ops.lasp_shmem.chunk_gated_delta_rule_bwd(
+        q, k, v, g, beta, state, grad_o.contiguous(), dht, ctx.scale, want_dh0, ctx.lasp2)
+    return dq, dk, dv, dg, dbeta, dh0 if want_dh0 else None, None, None, None
+
+
+_gdn_forward.register_autograd(_gdn_differentiate, setup_context=_gdn_setup_context)

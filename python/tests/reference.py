@@ -1,5 +1,5 @@
 """The float64 reference for the tests: the recurrence itself, token by token, forwards and
-backwards (scalar decay and GLA's per-key decay)."""
+backwards (scalar decay, GLA's per-key decay, and Gated DeltaNet's delta rule)."""
 
 import torch
 
@@ -95,3 +95,68 @@ def rel_err(got, want):
 def bits(x):
     """x's bit patterns, so that a comparison tells -0.0 from 0.0 and sees NaNs."""
     return x.view({2: torch.int16, 4: torch.int32}[x.element_size()])
+
+
+def delta_recurrent(q, k, v, g, beta, h0=None, scale=None):
+    """o [B, T, H, Dv] and the final state of Gated DeltaNet, S_t = e^{g_t} (I - beta_t k_t^T k_t)
+    S_{t-1} + beta_t k_t^T v_t, o_t = scale q_t S_t, in float64 (float64 inputs are used as they
+    are, so gradients reach them). Per token: P = e^{g_t} S_{t-1}, r_t = v_t - k_t P, S_t = P +
+    beta_t k_t^T r_t."""
+    q, k, v, g, beta = (x.double() for x in (q, k, v, g, beta))
+    b, t, h, dk = q.shape
+    scale = dk ** -0.5 if scale is None else scale
+    s = q.new_zeros(b, h, dk, v.shape[-1]) if h0 is None else h0.double()
+    outputs = []
+    for i in range(t):
+        p = _decay(g, i) * s
+        r = v[:, i] - torch.einsum("bhk,bhkv->bhv", k[:, i], p)
+        s = p + beta[:, i, :, None, None] * k[:, i, :, :, None] * r[:, :, None, :]
+        outputs.append(scale * torch.einsum("bhk,bhkv->bhv", q[:, i], s))
+    return torch.stack(outputs, 1), s
+
+
+def delta_gradients(q, k, v, g, beta, h0, grad_o, grad_ht=None, scale=None):
+    """dq, dk, dv, dg, dbeta and dh0 (None without h0) of <o, grad_o> + <ht, grad_ht> through
+    `delta_recurrent`, in float64, by the recurrence run backwards (no torch.autograd, so that it
+    can stand in for a kernel). With dS_t the gradient of S_t (dS_T takes grad_ht, every dS_t
+    scale q_t^T do_t): dq_t = scale S_t do_t; from S_t = P + beta k^T r: dbeta_t = k dS_t r^T,
+    dr = beta k dS_t, dk_t = beta dS_t r^T - P dr, dv_t = dr, dP = dS_t - k^T dr; from P = e^g
+    S_{t-1}: dg_t = <dP, P> and dS_{t-1} = e^g dP."""
+    q, k, v, g, beta, do = (x.double() for x in (q, k, v, g, beta, grad_o))
+    b, t, h, dk = q.shape
+    scale = dk ** -0.5 if scale is None else scale
+    states = [q.new_zeros(b, h, dk, v.shape[-1]) if h0 is None else h0.double()]
+    decayed, residuals = [], []
+    for i in range(t):
+        p = _decay(g, i) * states[-1]
+        r = v[:, i] - torch.einsum("bhk,bhkv->bhv", k[:, i], p)
+        decayed.append(p)
+        residuals.append(r)
+        states.append(p + beta[:, i, :, None, None] * k[:, i, :, :, None] * r[:, :, None, :])
+    dq, dk_, dv, dg, dbeta = (torch.zeros_like(x) for x in (q, k, v, g, beta))
+    ds = torch.zeros_like(states[0]) if grad_ht is None else grad_ht.double()
+    for i in reversed(range(t)):
+        ds = ds + scale * q[:, i, :, :, None] * do[:, i, :, None, :]
+        p, r, ki, bi = decayed[i], residuals[i], k[:, i], beta[:, i, :, None]
+        dq[:, i] = scale * torch.einsum("bhkv,bhv->bhk", states[i + 1], do[:, i])
+        ds_r = torch.einsum("bhkv,bhv->bhk", ds, r)
+        dbeta[:, i] = (ki * ds_r).sum(-1)
+        dr = bi * torch.einsum("bhk,bhkv->bhv", ki, ds)
+        dk_[:, i] = bi * ds_r - torch.einsum("bhkv,bhv->bhk", p, dr)
+        dv[:, i] = dr
+        dp = ds - ki[:, :, :, None] * dr[:, :, None, :]
+        dg[:, i] = (dp * p).sum((-2, -1))
+        ds = _decay(g, i) * dp
+    return dq, dk_, dv, dg, dbeta, None if h0 is None else ds
+
+
+def delta_inputs(b, t, h, dk, dv, device, seed, requires_grad=False):
+    """`inputs` for Gated DeltaNet: q and k with unit rows (bf16), g = logsigmoid(randn) / 16 and
+    beta = sigmoid(randn) (fp32), as fla's layer makes them."""
+    q, k, v, _, h0 = inputs(b, t, h, dk, dv, device, seed)
+    q, k = (torch.nn.functional.normalize(x.float(), dim=-1).bfloat16() for x in (q, k))
+    gen = torch.Generator(device=device).manual_seed(seed + 2)
+    g = torch.nn.functional.logsigmoid(torch.randn(b, t, h, generator=gen, device=device)) / 16
+    beta = torch.sigmoid(torch.randn(b, t, h, generator=gen, device=device))
+    tensors = (q, k, v, g, beta, h0)
+    return tuple(x.requires_grad_() for x in tensors) if requires_grad else tensors

@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-from reference import gradients, inputs, recurrent
+from reference import (delta_gradients, delta_inputs, delta_recurrent, gradients, inputs,
+                       recurrent)
 
 import lasp_shmem.torch as lt
 from lasp_shmem import _abi
@@ -20,6 +21,8 @@ from lasp_shmem import _abi
 B, T, H, DK, DV = 2, 9, 2, 64, 128
 FWD, BWD = torch.ops.lasp_shmem.chunk_simple_gla_fwd, torch.ops.lasp_shmem.chunk_simple_gla_bwd
 GLA_FWD, GLA_BWD = torch.ops.lasp_shmem.chunk_gla_fwd, torch.ops.lasp_shmem.chunk_gla_bwd
+GDN_FWD = torch.ops.lasp_shmem.chunk_gated_delta_rule_fwd
+GDN_BWD = torch.ops.lasp_shmem.chunk_gated_delta_rule_bwd
 # The save_states argument of every call of GLA's forward kernel below, in order.
 GLA_SAVES = []
 # The lasp2 argument of every call of GLA's backward kernel below, in order.
@@ -74,6 +77,27 @@ def _gla_backward_on_cpu(q, k, v, g, h0, states, do, dht, scale, want_dh0, lasp2
     GLA_BACKWARDS.append(lasp2)
     outputs = lt._backward_outputs(q, k, v, g, want_dh0)
     for out, grad in zip(outputs, gradients(q, k, v, g, h0, do, dht, scale)):
+        if out.numel():  # not dh0 unless wanted
+            out.copy_(grad)
+    return outputs
+
+
+@torch.library.register_kernel("lasp_shmem::chunk_gated_delta_rule_fwd", "cpu")
+def _gdn_forward_on_cpu(q, k, v, g, beta, h0, scale, want_ht, lasp2):
+    o, ht, start = lt._forward_outputs(q, v, want_ht, lasp2)
+    want_o, want_ht_ = delta_recurrent(q, k, v, g, beta, h0, scale)
+    o.copy_(want_o)
+    if want_ht:
+        ht.copy_(want_ht_)
+    if lasp2:  # one rank: the shard starts from the sequence's initial state
+        start.copy_(torch.zeros_like(start) if h0 is None else h0)
+    return o, ht, start
+
+
+@torch.library.register_kernel("lasp_shmem::chunk_gated_delta_rule_bwd", "cpu")
+def _gdn_backward_on_cpu(q, k, v, g, beta, state, do, dht, scale, want_dh0, lasp2):
+    outputs = lt._gdn_backward_outputs(q, k, v, g, beta, want_dh0)
+    for out, grad in zip(outputs, delta_gradients(q, k, v, g, beta, state, do, dht, scale)):
         if out.numel():  # not dh0 unless wanted
             out.copy_(grad)
     return outputs
@@ -634,3 +658,155 @@ def test_ranks_that_ask_for_different_modes_are_told_before_any_switch(fake_ops,
         lt.set_exchange_mode("sequential_nccl")
     assert gathered == ["the group"]
     assert fake_ops.switched == [] and lt.exchange_mode() == "overlapped"
+
+
+# Gated DeltaNet.
+
+def gdn_inputs(**shape):
+    dims = dict(b=B, t=T, h=H, dk=DK, dv=DV) | shape
+    return delta_inputs(**dims, device="cpu", seed=3)
+
+
+def test_the_delta_reference_backward_is_autograds():
+    q, k, v, g, beta, h0 = (x.double().requires_grad_() for x in gdn_inputs(t=6))
+    do, dht = torch.rand(B, 6, H, DV, dtype=torch.float64), torch.rand(B, H, DK, DV).double()
+    o, ht = delta_recurrent(q, k, v, g, beta, h0, 0.3)
+    want = torch.autograd.grad((o, ht), (q, k, v, g, beta, h0), (do, dht))
+    for got, expected in zip(delta_gradients(q, k, v, g, beta, h0, do, dht, 0.3), want):
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("want_ht", [False, True])
+@pytest.mark.parametrize("lasp2", [False, True])
+def test_gdn_fake_outputs_have_the_real_shapes(want_ht, lasp2):
+    q, k, v, g, beta, h0 = (x.to("meta") for x in gdn_inputs())
+    o, ht, start = GDN_FWD(q, k, v, g, beta, h0, 0.125, want_ht, lasp2)
+    state = (B, H, DK, DV)
+    assert (o.shape, o.dtype) == ((B, T, H, DV), torch.bfloat16)
+    assert (ht.shape, ht.dtype) == (state if want_ht else (0,), torch.float32)
+    assert (start.shape, start.dtype) == (state if lasp2 else (0,), torch.float32)
+    grads = GDN_BWD(q, k, v, g, beta, start if lasp2 else h0, o, ht if want_ht else None, 0.125,
+                    True, lasp2)
+    assert [x.shape for x in grads] == [q.shape, k.shape, v.shape, g.shape, beta.shape, state]
+    assert [x.dtype for x in grads] == [q.dtype, k.dtype, v.dtype, g.dtype, beta.dtype,
+                                        torch.float32]
+
+
+@pytest.mark.parametrize("with_h0", [False, True])
+@pytest.mark.parametrize("lasp2", [False, True])
+def test_gdn_opcheck(with_h0, lasp2):
+    q, k, v, g, beta, h0 = (x.requires_grad_() for x in gdn_inputs(dk=64, dv=64, t=5))
+    torch.library.opcheck(GDN_FWD, (q, k, v, g, beta, h0 if with_h0 else None, 0.125, True,
+                                    lasp2))
+    do = torch.rand(B, 5, H, 64).bfloat16()
+    torch.library.opcheck(GDN_BWD, (q.detach(), k.detach(), v.detach(), g.detach(),
+                                    beta.detach(), h0.detach() if with_h0 else None, do, None,
+                                    0.125, with_h0, lasp2))
+
+
+def test_a_compiled_gdn_block_has_no_graph_break_and_the_eager_gradients():
+    def block(q, k, v, g, beta, h0):
+        o, ht, _ = GDN_FWD(q, k, v, g, beta, h0, 0.125, True, False)
+        return (o.float() ** 2).sum() + ht.sum()
+
+    expect_one_graph_and_the_eager_gradients(block, gdn_inputs(dk=64, dv=64, t=5))
+
+
+@pytest.mark.parametrize("with_h0", [False, True])
+@pytest.mark.parametrize("want_ht", [False, True])
+@pytest.mark.parametrize("lasp2", [False, True])
+def test_the_library_accepts_the_gdn_calls(library, with_h0, want_ht, lasp2):
+    q, k, v, g, beta, h0 = gdn_inputs()
+    h0 = h0 if with_h0 else None
+    (o, ht, start), forward = lt._gdn_forward_call(q, k, v, g, beta, h0, 0.125, want_ht, lasp2)
+    call_is_accepted(library, forward, _abi.DIRECTION_FORWARD)
+    for writes_dh0 in (False, True):
+        _, backward = lt._gdn_backward_call(q, k, v, g, beta, start if lasp2 else h0, o,
+                                            ht if want_ht else None, 0.125, with_h0, lasp2,
+                                            writes_dh0)
+        call_is_accepted(library, backward, _abi.DIRECTION_BACKWARD)
+
+
+def test_the_library_would_catch_a_gdn_call_without_beta(library):
+    q, k, v, g, beta, h0 = gdn_inputs()
+    _, forward = lt._gdn_forward_call(q, k, v, g, beta, h0, 0.125, False, False)
+    forward.tensors.slot[_abi.SLOT_BETA] = _abi.Tensor()
+    with pytest.raises(_abi.LaspError, match="LASP_SLOT_BETA is empty"):
+        call_is_accepted(library, forward, _abi.DIRECTION_FORWARD)
+
+
+def gdn_bad_arguments():
+    q, k, v, g, beta, h0 = gdn_inputs()
+    return [
+        ("beta shape", dict(beta=beta[:, :-1]), ValueError,
+         r"beta has the shape \(2, 8, 2\).*\[B, T, H\] beta"),
+        ("beta fp16", dict(beta=beta.half()), TypeError, "beta must be torch.float32"),
+        ("beta missing", dict(beta=None), TypeError, "beta must be a torch.Tensor, not NoneType"),
+        ("Dv 96", dict(v=v[..., :96].contiguous(), initial_state=None), ValueError,
+         "Dk = 64 must be 64 or 128 and Dv = 96 a multiple of 64"),
+        ("Dk 32", dict(q=q[..., :32].contiguous(), k=k[..., :32].contiguous(),
+                       initial_state=None), ValueError, "Dk = 32 must be 64 or 128"),
+        ("on the CPU", {}, ValueError, "q is on cpu, but lasp-shmem runs on cuda:0"),
+        ("packed", dict(cu_seqlens=torch.tensor([0, T])), NotImplementedError,
+         "cu_seqlens .* is not supported yet"),
+    ]
+
+
+GDN_BAD_ARGUMENTS = gdn_bad_arguments()
+
+
+@pytest.mark.parametrize("name, change, error, message", GDN_BAD_ARGUMENTS,
+                         ids=[case[0] for case in GDN_BAD_ARGUMENTS])
+def test_gdn_bad_arguments_are_refused_before_any_call(runtime, name, change, error, message):
+    q, k, v, g, beta, h0 = gdn_inputs()
+    args = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0) | change
+    with pytest.raises(error, match=message):
+        lt.chunk_gated_delta_rule(**args)
+
+
+@pytest.mark.parametrize("with_h0, with_ht", [(False, False), (True, True), (True, False)])
+@pytest.mark.parametrize("lasp2", [False, True])
+def test_gdn_gradients_flow_through_the_ops(cpu_runtime, one_rank_group, monkeypatch, with_h0,
+                                            with_ht, lasp2):
+    """chunk_gated_delta_rule's autograd on the CPU stand-ins, on one GPU and with cp_group (one
+    rank, which holds the whole sequences): every input's gradient (beta's in bf16, as passed,
+    through the fp32 copy) is float64 autograd's through the recurrence."""
+    if lasp2:
+        monkeypatch.setattr(lt, "_runtime", lt._Runtime(None, one_rank_group, (0,), 0, 1, 0))
+    q, k, v, g, beta, h0 = gdn_inputs(t=20)
+    beta = beta.bfloat16()
+    h0 = h0 if with_h0 else None
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g, beta, h0) if x is not None]
+    o, ht = lt.chunk_gated_delta_rule(*leaves[:5], scale=0.125,
+                                      initial_state=leaves[5] if with_h0 else None,
+                                      output_final_state=with_ht,
+                                      cp_group=one_rank_group if lasp2 else None)
+    assert (ht is not None) == with_ht
+    do, dht = torch.rand(B, 20, H, DV).bfloat16(), torch.rand(B, H, DK, DV)
+    outputs, cotangents = ((o, ht), (do, dht)) if with_ht else ((o,), (do,))
+    got = torch.autograd.grad(outputs, leaves, cotangents)
+    assert [x.dtype for x in got] == [x.dtype for x in leaves]
+    wide = [x.detach().double().requires_grad_() for x in leaves]
+    o64, ht64 = delta_recurrent(*wide[:5], wide[5] if with_h0 else None, 0.125)
+    want = torch.autograd.grad((o64, ht64) if with_ht else (o64,), wide,
+                               (do.double(), dht.double()) if with_ht else (do.double(),))
+    for x, y in zip(got, want):
+        torch.testing.assert_close(x.double(), y, rtol=1e-2, atol=1e-2)
+
+
+def test_gdn_normalises_q_and_k_where_asked(cpu_runtime):
+    """use_qk_l2norm_in_kernel=True: the outputs of unnormalised q and k are those of their
+    l2-normalised copies, and their gradients flow through the normalisation."""
+    q, k, v, g, beta, _ = gdn_inputs(t=7)
+    q2, k2 = (3 * q.float()).bfloat16(), (0.5 * k.float()).bfloat16()
+    o, _ = lt.chunk_gated_delta_rule(q2, k2, v, g, beta, use_qk_l2norm_in_kernel=True)
+    want, _ = lt.chunk_gated_delta_rule(lt._l2norm(q2), lt._l2norm(k2), v, g, beta)
+    assert torch.equal(o, want)
+    leaf = q2.clone().requires_grad_()
+    o, _ = lt.chunk_gated_delta_rule(leaf, k2, v, g, beta, use_qk_l2norm_in_kernel=True)
+    (grad,) = torch.autograd.grad(o.float().sum(), leaf)
+    # The output does not change along q's own direction, so neither does the loss: each row of
+    # the gradient is orthogonal to its row of q, up to the gradient's bf16 rounding.
+    grad, row = grad.float(), leaf.detach().float()
+    cosine = (grad * row).sum(-1) / (grad.norm(dim=-1) * row.norm(dim=-1))
+    assert cosine.abs().max() < 2e-2
