@@ -361,7 +361,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
         raise ValueError(f"{op}: scale must not be 0 (None gives Dk ** -0.5)")
     if isinstance(beta, torch.Tensor) and beta.dtype == torch.bfloat16:
         beta = beta.float()
-    _check_inputs(op, q, k, v, g, initial_state, per_key_gates=False, beta=beta)
+    _check_inputs(op, q, k, v, g, initial_state, per_key_gates=False, delta_rule=True, beta=beta)
     if use_qk_l2norm_in_kernel:
         q, k = _l2norm(q), _l2norm(k)
     runtime, lasp2 = _placement(op, cp_group)
@@ -392,13 +392,13 @@ def _placement(op, cp_group):
     return runtime, lasp2
 
 
-def _check_inputs(op, q, k, v, g, h0, per_key_gates, beta=None):
+def _check_inputs(op, q, k, v, g, h0, per_key_gates, delta_rule=False, beta=None):
     """The library's contract on the arguments' types, shapes, dtypes and strides, checked before
     anything is enqueued (and while torch.compile traces). `per_key_gates`: g is [B, T, H, Dk]
-    (GLA), else [B, T, H]. `beta` (Gated DeltaNet's write strengths, [B, T, H] fp32) is checked
-    where given, and Dv may then be any multiple of 64."""
+    (GLA), else [B, T, H]. `delta_rule` (Gated DeltaNet): `beta` too, its write strengths
+    [B, T, H] fp32, and Dv any multiple of 64."""
     named = {"q": q, "k": k, "v": v, "g": g, "initial_state": h0}
-    if beta is not None:
+    if delta_rule:
         named["beta"] = beta
     for name, x in named.items():
         if not (isinstance(x, torch.Tensor) or (name == "initial_state" and x is None)):
@@ -418,16 +418,16 @@ def _check_inputs(op, q, k, v, g, h0, per_key_gates, beta=None):
             raise ValueError(f"{op}: {name} has the shape {tuple(x.shape)}, but q "
                              f"{tuple(q.shape)} and v {tuple(v.shape)} make it {want} "
                              f"([B, T, H, Dk] q and k, [B, T, H, Dv] v, {gates_dims} g"
-                             f"{', [B, T, H] beta' if beta is not None else ''}, "
+                             f"{', [B, T, H] beta' if delta_rule else ''}, "
                              "[B, H, Dk, Dv] initial_state)")
     if min(b, t, h) < 1:
         raise ValueError(f"{op}: B, T and H must be at least 1 (q has the shape "
                          f"{tuple(q.shape)}); skip the call when there is nothing to compute")
-    if beta is not None and (dk not in SUPPORTED_DIMS or dv % 64):
+    if delta_rule and (dk not in SUPPORTED_DIMS or dv % 64):
         raise ValueError(f"{op}: Dk = {dk} must be 64 or 128 and Dv = {dv} a multiple of 64 "
                          "(the kernels' widths); pad the heads with zero columns (and pass the "
                          "unpadded Dk's scale) or split them")
-    if beta is None and (dk not in SUPPORTED_DIMS or dv not in SUPPORTED_DIMS):
+    if not delta_rule and (dk not in SUPPORTED_DIMS or dv not in SUPPORTED_DIMS):
         raise ValueError(f"{op}: Dk = {dk} and Dv = {dv} must each be 64 or 128 "
                          "(the kernels' widths); pad the heads with zero columns (and pass the "
                          "unpadded Dk's scale) or split them")
