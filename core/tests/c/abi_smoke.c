@@ -94,10 +94,14 @@ static void descriptors(void) {
   desc.family = 99;
   expect("unknown family", lasp_op_symmetric_bytes(&desc, 4, &bytes),
          LASP_ERROR_INVALID_ARGUMENT, "desc.family 99 is not a LASP_FAMILY_* value");
-  desc.family = LASP_FAMILY_GATED_DELTA;
+  desc.family = LASP_FAMILY_MLSTM;
   expect("reserved family", lasp_op_symmetric_bytes(&desc, 4, &bytes),
          LASP_ERROR_INVALID_ARGUMENT,
-         "family LASP_FAMILY_GATED_DELTA (3) is not available in this build (lasp-shmem ");
+         "family LASP_FAMILY_MLSTM (4) is not available in this build (lasp-shmem ");
+  desc.family = LASP_FAMILY_GATED_DELTA;
+  bytes = 0;
+  expect_true("Gated DeltaNet's LASP-2 takes symmetric memory",
+              lasp_op_symmetric_bytes(&desc, 4, &bytes) == LASP_OK && bytes > 0);
   desc = lasp2_desc();
   desc.kind = 0;
   expect("no kind", lasp_op_symmetric_bytes(&desc, 4, &bytes), LASP_ERROR_INVALID_ARGUMENT,
