@@ -131,8 +131,7 @@ impl GatedDeltaLasp2Backward {
         // this plan from arguments checked above (shape, lengths, alignment, overlaps); the views
         // borrow their buffers for the call; the symmetric buffers, epoch, diagnostics and the
         // workspace (every part at the plan's offsets) are owned by self. Each kernel reads what
-        // the ones before it on the stream wrote; the summary, where it runs on the exchange's
-        // stream, follows them through the chain's event.
+        // the ones before it on the stream wrote.
         unsafe {
             k.wy[i].launch(stream, plan.wy, &bwd)?;
             k.summary[i].launch(stream, summary, &bwd.fwd)?;
