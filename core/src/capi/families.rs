@@ -74,6 +74,13 @@ impl Direction {
     }
 }
 
+/// Symmetric bytes per rank of a LASP-2 op of family `F` and `spec` on `npes` ranks: one state
+/// chain's, twice with the backward (whose chain has buffers of the same layout).
+pub(super) fn chains_symmetric_bytes<F: crate::family::Family>(spec: &OpSpec, npes: usize) -> u64 {
+    let chains = if spec.with_backward { 2 } else { 1 };
+    chains * spec.layout.symmetric_bytes::<F>(npes) as u64
+}
+
 /// A family of linear attention: a stateless description that makes operations.
 pub(super) trait AbiFamily: Sync {
     /// How messages name the family.

@@ -4,8 +4,8 @@
 
 use super::abi::Dtype::{Bf16, F32};
 use super::abi::Slot;
-use super::families::{AbiFamily, Direction, FamilyOp};
-use super::pairs::{chained_ops, AbiCall, Lasp2Pair, SingleGpuPair};
+use super::families::{chains_symmetric_bytes, AbiFamily, Direction, FamilyOp};
+use super::pairs::{AbiCall, Lasp2Pair, SingleGpuPair};
 use super::spec::{Kind, OpSpec};
 use super::tensors::Layout::{ChunkStates, KeyGates, Qk, State, V};
 use super::tensors::Role::{Input, OptionalInput, OptionalOutput, Output};
@@ -89,9 +89,7 @@ impl AbiFamily for Gla {
     }
 
     fn lasp2_symmetric_bytes(&self, spec: &OpSpec, npes: usize) -> u64 {
-        // The backward's chain has buffers of the same layout as the forward's.
-        let chains = if spec.with_backward { 2 } else { 1 };
-        chains * spec.layout.symmetric_bytes::<Gla>(npes) as u64
+        chains_symmetric_bytes::<Gla>(spec, npes)
     }
 
     fn create(&self, runtime: &Runtime, spec: &OpSpec) -> Result<Box<dyn FamilyOp>> {
@@ -173,5 +171,3 @@ impl AbiCall for GlaLasp2Backward {
         self.backward(stream, backward_args(&mut call))
     }
 }
-
-chained_ops!(GlaLasp2Forward, GlaLasp2Backward);

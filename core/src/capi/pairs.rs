@@ -2,12 +2,13 @@
 //! it, its backward, as one [`FamilyOp`]. What a pair does the same way for every family (the
 //! backward's absence, a LASP-2 pair's collectives on both of its state chains, freeing the
 //! forward's chain when the backward cannot be made) is here once; a family supplies how each of
-//! its ops takes a checked call ([`AbiCall`]) and names its LASP-2 ops in [`chained_ops!`].
+//! its ops takes a checked call ([`AbiCall`]); its LASP-2 ops' collectives are their
+//! [`Lasp2Operation`]s.
 
 use super::families::FamilyOp;
 use super::tensors::CheckedCall;
 use crate::error::Result;
-use crate::exchange::ExchangeMode;
+use crate::exchange::{ExchangeMode, Lasp2Operation};
 use cudarc::driver::CudaStream;
 use std::sync::Arc;
 
@@ -17,38 +18,11 @@ pub(super) trait AbiCall: Send + 'static {
     fn call(&mut self, stream: &Arc<CudaStream>, call: CheckedCall<'_>) -> Result<()>;
 }
 
-/// A LASP-2 op of one direction: the collectives of its state chain.
-pub(super) trait Chained: AbiCall + Sized {
-    fn set_mode(&mut self, mode: ExchangeMode) -> Result<()>;
-    fn finish(&self, stream: &Arc<CudaStream>) -> Result<()>;
-    fn note_replayed_calls(&mut self, calls: u64);
-    fn free(self) -> Result<()>;
-}
+/// A LASP-2 op of one direction, as the C ABI calls it: its checked calls, and the collectives
+/// of its state chain.
+pub(super) trait Chained: AbiCall + Lasp2Operation {}
 
-/// Implements [`Chained`] for LASP-2 op types by their own methods of the same names, which are
-/// their state chains'.
-macro_rules! chained_ops {
-    ($($op:ty),+ $(,)?) => {$(
-        impl $crate::capi::pairs::Chained for $op {
-            fn set_mode(&mut self, mode: $crate::exchange::ExchangeMode) -> $crate::error::Result<()> {
-                <$op>::set_mode(self, mode)
-            }
-            fn finish(
-                &self,
-                stream: &::std::sync::Arc<::cudarc::driver::CudaStream>,
-            ) -> $crate::error::Result<()> {
-                <$op>::finish(self, stream)
-            }
-            fn note_replayed_calls(&mut self, calls: u64) {
-                <$op>::note_replayed_calls(self, calls)
-            }
-            fn free(self) -> $crate::error::Result<()> {
-                <$op>::free(self)
-            }
-        }
-    )+};
-}
-pub(super) use chained_ops;
+impl<T: AbiCall + Lasp2Operation> Chained for T {}
 
 const CREATED_WITH_BACKWARD: &str = "lasp_op_backward runs only on ops created with the backward";
 

@@ -19,53 +19,110 @@ pub mod transport;
 
 pub use schedule::Schedule;
 
-/// The methods every LASP-2 operation passes through to its [`chain::StateChain`] (a field
-/// `chain`), written into the operation's `impl` block: `layout`, `set_mode`, `finish`, `epoch`,
-/// `note_replayed_calls` and `free`.
+/// What every LASP-2 operation (either direction, every family) does through its state chain,
+/// for code that drives any of them: switching modes, waiting, counting graph replays, freeing.
+/// Each operation also has these as its own methods ([`chain_methods!`]), so callers of one
+/// operation need not import the trait.
+pub trait Lasp2Operation: Sized {
+    /// The layout every PE agreed on.
+    fn layout(&self) -> Lasp2Layout;
+    /// Switches every PE to `mode` (collective).
+    fn set_mode(&mut self, mode: ExchangeMode) -> crate::error::Result<()>;
+    /// Waits for `stream`, then returns the error of the first expired wait, if any.
+    fn finish(
+        &self,
+        stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    ) -> crate::error::Result<()>;
+    /// Completed calls (the device epoch; synchronises `stream`).
+    fn epoch(
+        &self,
+        stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    ) -> crate::error::Result<u64>;
+    /// Records `calls` calls replayed from a captured CUDA graph.
+    fn note_replayed_calls(&mut self, calls: u64);
+    /// Frees the symmetric buffers (collective).
+    fn free(self) -> crate::error::Result<()>;
+}
+
+/// The methods a LASP-2 operation `$op` (a struct with a [`chain::StateChain`] field `chain`)
+/// passes through to its chain: `layout`, `set_mode`, `finish`, `epoch`, `note_replayed_calls`
+/// and `free`, as its own methods and as its [`Lasp2Operation`] implementation.
 macro_rules! chain_methods {
-    () => {
-        /// The layout every PE agreed on.
-        pub fn layout(&self) -> $crate::exchange::Lasp2Layout {
-            self.chain.layout()
+    ($op:ty) => {
+        impl $op {
+            /// The layout every PE agreed on.
+            pub fn layout(&self) -> $crate::exchange::Lasp2Layout {
+                self.chain.layout()
+            }
+
+            /// Switches every PE to `mode` (collective: checks that all PEs ask for the same
+            /// mode, sets up NCCL on first use, and re-arms the credits when leaving
+            /// [`ExchangeMode::NoComm`](crate::exchange::ExchangeMode::NoComm)).
+            pub fn set_mode(
+                &mut self,
+                mode: $crate::exchange::ExchangeMode,
+            ) -> $crate::error::Result<()> {
+                self.chain.set_mode(mode)
+            }
+
+            /// Waits for `stream`, then returns the error of the first expired wait, if any
+            /// (naming the PE that never sent, the signal slot and the epoch).
+            pub fn finish(
+                &self,
+                stream: &::std::sync::Arc<::cudarc::driver::CudaStream>,
+            ) -> $crate::error::Result<()> {
+                self.chain.finish(stream)
+            }
+
+            /// Completed calls (the device epoch, one per call, graph replays included;
+            /// synchronises `stream`).
+            pub fn epoch(
+                &self,
+                stream: &::std::sync::Arc<::cudarc::driver::CudaStream>,
+            ) -> $crate::error::Result<u64> {
+                self.chain.epoch(stream)
+            }
+
+            /// Records `calls` calls replayed from a captured CUDA graph, so host-side gathers
+            /// of later calls use the right parity.
+            pub fn note_replayed_calls(&mut self, calls: u64) {
+                self.chain.note_replayed_calls(calls);
+            }
+
+            /// Frees the symmetric buffers (collective).
+            pub fn free(self) -> $crate::error::Result<()> {
+                self.chain.free()
+            }
         }
 
-        /// Switches every PE to `mode` (collective: checks that all PEs ask for the same mode,
-        /// sets up NCCL on first use, and re-arms the credits when leaving
-        /// [`ExchangeMode::NoComm`](crate::exchange::ExchangeMode::NoComm)).
-        pub fn set_mode(
-            &mut self,
-            mode: $crate::exchange::ExchangeMode,
-        ) -> $crate::error::Result<()> {
-            self.chain.set_mode(mode)
-        }
-
-        /// Waits for `stream`, then returns the error of the first expired wait, if any (naming
-        /// the PE that never sent, the signal slot and the epoch).
-        pub fn finish(
-            &self,
-            stream: &::std::sync::Arc<::cudarc::driver::CudaStream>,
-        ) -> $crate::error::Result<()> {
-            self.chain.finish(stream)
-        }
-
-        /// Completed calls (the device epoch, one per call, graph replays included; synchronises
-        /// `stream`).
-        pub fn epoch(
-            &self,
-            stream: &::std::sync::Arc<::cudarc::driver::CudaStream>,
-        ) -> $crate::error::Result<u64> {
-            self.chain.epoch(stream)
-        }
-
-        /// Records `calls` calls replayed from a captured CUDA graph, so host-side gathers of
-        /// later calls use the right parity.
-        pub fn note_replayed_calls(&mut self, calls: u64) {
-            self.chain.note_replayed_calls(calls);
-        }
-
-        /// Frees the symmetric buffers (collective).
-        pub fn free(self) -> $crate::error::Result<()> {
-            self.chain.free()
+        impl $crate::exchange::Lasp2Operation for $op {
+            fn layout(&self) -> $crate::exchange::Lasp2Layout {
+                <$op>::layout(self)
+            }
+            fn set_mode(
+                &mut self,
+                mode: $crate::exchange::ExchangeMode,
+            ) -> $crate::error::Result<()> {
+                <$op>::set_mode(self, mode)
+            }
+            fn finish(
+                &self,
+                stream: &::std::sync::Arc<::cudarc::driver::CudaStream>,
+            ) -> $crate::error::Result<()> {
+                <$op>::finish(self, stream)
+            }
+            fn epoch(
+                &self,
+                stream: &::std::sync::Arc<::cudarc::driver::CudaStream>,
+            ) -> $crate::error::Result<u64> {
+                <$op>::epoch(self, stream)
+            }
+            fn note_replayed_calls(&mut self, calls: u64) {
+                <$op>::note_replayed_calls(self, calls)
+            }
+            fn free(self) -> $crate::error::Result<()> {
+                <$op>::free(self)
+            }
         }
     };
 }

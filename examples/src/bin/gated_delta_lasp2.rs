@@ -30,7 +30,7 @@
 use clap::Parser;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream};
-use lasp_shmem::exchange::{ExchangeMode, Lasp2Layout};
+use lasp_shmem::exchange::{ExchangeMode, Lasp2Layout, Lasp2Operation};
 use lasp_shmem::nccl::NcclComm;
 use lasp_shmem::ops::bf16;
 use lasp_shmem::ops::gated_delta::{
@@ -283,39 +283,10 @@ trait Outputs {
     fn bits(&self, stream: &Arc<CudaStream>) -> Result<Self::Bits>;
 }
 
-/// What a graph replay reads and advances of an operation's exchange: both directions'.
-trait Replayed {
-    fn set_mode(&mut self, mode: ExchangeMode) -> Result<()>;
-    fn epoch(&self, stream: &Arc<CudaStream>) -> Result<u64>;
-    fn note_replayed_calls(&mut self, calls: u64);
-    fn finish(&self, stream: &Arc<CudaStream>) -> Result<()>;
-}
-
-macro_rules! replayed {
-    ($op:ty) => {
-        impl Replayed for $op {
-            fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
-                <$op>::set_mode(self, mode)
-            }
-            fn epoch(&self, stream: &Arc<CudaStream>) -> Result<u64> {
-                <$op>::epoch(self, stream)
-            }
-            fn note_replayed_calls(&mut self, calls: u64) {
-                <$op>::note_replayed_calls(self, calls)
-            }
-            fn finish(&self, stream: &Arc<CudaStream>) -> Result<()> {
-                <$op>::finish(self, stream)
-            }
-        }
-    };
-}
-replayed!(GatedDeltaLasp2Forward);
-replayed!(GatedDeltaLasp2Backward);
-
 /// A captured graph of one overlapped call (`call` on `outputs`), replayed `calls` times on
 /// poisoned outputs: epochs advance on the device. Whether they advanced by `calls` and the last
 /// replay's bits equal `want`.
-fn replay<O: Replayed, S: Outputs>(
+fn replay<O: Lasp2Operation, S: Outputs>(
     rt: &Runtime,
     op: &mut O,
     outputs: &mut S,

@@ -40,9 +40,9 @@ pub struct GatedDeltaLasp2Forward {
     sm_count: u32,
 }
 
-impl GatedDeltaLasp2Forward {
-    crate::exchange::chain_methods!();
+crate::exchange::chain_methods!(GatedDeltaLasp2Forward);
 
+impl GatedDeltaLasp2Forward {
     /// Sets up the exchange for `layout` on every PE (collective; every PE must pass the same
     /// layout and mode).
     pub fn new(runtime: &Runtime, layout: Lasp2Layout, mode: ExchangeMode) -> Result<Self> {

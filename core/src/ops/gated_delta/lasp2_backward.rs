@@ -39,9 +39,9 @@ pub struct GatedDeltaLasp2Backward {
     sm_count: u32,
 }
 
-impl GatedDeltaLasp2Backward {
-    crate::exchange::chain_methods!();
+crate::exchange::chain_methods!(GatedDeltaLasp2Backward);
 
+impl GatedDeltaLasp2Backward {
     /// Sets up the exchange for `layout` on every PE (collective; every PE must pass the same
     /// layout and mode).
     pub fn new(runtime: &Runtime, layout: Lasp2Layout, mode: ExchangeMode) -> Result<Self> {

@@ -62,9 +62,9 @@ pub struct GlaLasp2Forward {
     sm_count: usize,
 }
 
-impl GlaLasp2Forward {
-    crate::exchange::chain_methods!();
+crate::exchange::chain_methods!(GlaLasp2Forward);
 
+impl GlaLasp2Forward {
     /// Sets up the exchange for `layout` on every PE (collective; every PE must pass the same
     /// layout and mode).
     pub fn new(runtime: &Runtime, layout: Lasp2Layout, mode: ExchangeMode) -> Result<Self> {

@@ -48,9 +48,9 @@ fn align(bytes: u64) -> u64 {
     bytes.div_ceil(256) * 256
 }
 
-impl GlaLasp2Backward {
-    crate::exchange::chain_methods!();
+crate::exchange::chain_methods!(GlaLasp2Backward);
 
+impl GlaLasp2Backward {
     /// Sets up the exchange for `layout` on every PE (collective; every PE must pass the same
     /// layout and mode).
     pub fn new(runtime: &Runtime, layout: Lasp2Layout, mode: ExchangeMode) -> Result<Self> {

@@ -63,9 +63,9 @@ pub struct Lasp2Backward {
     sm_count: u32,
 }
 
-impl Lasp2Backward {
-    crate::exchange::chain_methods!();
+crate::exchange::chain_methods!(Lasp2Backward);
 
+impl Lasp2Backward {
     /// Allocates the symmetric buffers, checks that every PE has the same layout and sets the
     /// exchange mode (collective). Dv must be 64 or 128, as for [`ScalarDecayBackward`].
     pub fn new(runtime: &Runtime, layout: Lasp2Layout, mode: ExchangeMode) -> Result<Self> {

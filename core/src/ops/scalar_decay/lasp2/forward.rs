@@ -146,9 +146,9 @@ pub struct Lasp2Forward {
     record_timeline: bool,
 }
 
-impl Lasp2Forward {
-    crate::exchange::chain_methods!();
+crate::exchange::chain_methods!(Lasp2Forward);
 
+impl Lasp2Forward {
     /// Allocates the symmetric buffers, checks that every PE has the same layout and sets the
     /// exchange mode (collective). Calls are then not collective: only [`Lasp2Forward::set_mode`]
     /// and [`Lasp2Forward::free`] are, so a PE that stops calling cannot block the others in a
