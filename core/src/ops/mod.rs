@@ -317,6 +317,33 @@ pub(crate) fn ensure_workspace(
     Ok(address(workspace))
 }
 
+/// Enqueues on `stream` a copy of `src` into `dst`, or zeros into `dst` where `src` is `None`;
+/// `dst.len()` elements either way (the caller checked that `src` has as many).
+pub(crate) fn copy_or_zero(
+    stream: &CudaStream,
+    src: Option<DeviceRef<'_, f32>>,
+    dst: &DeviceMut<'_, f32>,
+) -> Result<()> {
+    let bytes = dst.len() * std::mem::size_of::<f32>();
+    // SAFETY: the views' contracts keep both allocations live, of this context, with at least
+    // `dst.len()` elements, until the work enqueued on their streams completes; the caller
+    // orders `stream` after their buffers' streams (StreamOrder).
+    unsafe {
+        match src {
+            Some(src) => cudarc::driver::result::memcpy_dtod_async(
+                dst.addr(),
+                src.addr(),
+                bytes,
+                stream.cu_stream(),
+            ),
+            None => {
+                cudarc::driver::result::memset_d8_async(dst.addr(), 0, bytes, stream.cu_stream())
+            }
+        }
+    }?;
+    Ok(())
+}
+
 fn byte_range<T>(addr: u64, len: usize) -> (u64, u64) {
     let bytes = (len as u64).saturating_mul(std::mem::size_of::<T>() as u64);
     (addr, addr.saturating_add(bytes))

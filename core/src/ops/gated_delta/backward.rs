@@ -397,6 +397,38 @@ impl BackwardKernels {
         }
         Ok(kernels)
     }
+
+    /// The single-GPU backward's launches of `plan` (a `Scope::SingleGpu` plan), in the order of
+    /// `lasp/gated_delta/backward_params.h`.
+    ///
+    /// # Safety
+    /// `params` comes from [`bwd_call_params`] for `plan` with checked arguments whose buffers
+    /// stay valid until the kernels complete, and a workspace of `plan.workspace_bytes` that no
+    /// other stream uses meanwhile.
+    pub(super) unsafe fn launch_single_gpu(
+        &self,
+        stream: &Arc<CudaStream>,
+        plan: &GatedDeltaBackwardPlan,
+        params: &GatedDeltaBackwardParams,
+    ) -> Result<()> {
+        let i = width_index(params.fwd.Dk as usize);
+        // SAFETY: the caller's contract; each kernel reads what the ones before it wrote.
+        unsafe {
+            self.wy[i].launch(stream, plan.wy, params)?;
+            if let (Some(summary), Some(fold)) = (plan.forward.summary, plan.forward.fold) {
+                self.summary[i].launch(stream, summary, &params.fwd)?;
+                self.fold[i].launch(stream, fold, &params.fwd)?;
+            }
+            self.states[i].launch(stream, plan.states, params)?;
+            if let (Some(summary), Some(fold)) = (plan.dh_summary, plan.dh_fold) {
+                self.dh_summary[i].launch(stream, summary, params)?;
+                self.dh_fold[i].launch(stream, fold, params)?;
+            }
+            self.dh[i].launch(stream, plan.dh, params)?;
+            self.grads[i].launch(stream, plan.grads, params)?;
+        }
+        Ok(())
+    }
 }
 
 /// The Gated DeltaNet backward: its kernels, its plan policy (the forward's) and its workspace.
@@ -471,7 +503,6 @@ impl GatedDeltaBackward {
         )?;
         let params = bwd_call_params(&args, &plan, base, scale);
         self.ctx.bind_to_thread()?;
-        let i = width_index(args.shape.dk);
         // SAFETY: GatedDeltaBackwardParams is lasp_gated_delta_bwd_params and its `fwd`
         // lasp_gated_delta_params, both generated from the headers; the shape is supported and
         // every tensor has the length, alignment and non-overlap the kernels need (checked
@@ -479,21 +510,7 @@ impl GatedDeltaBackward {
         // memory valid until the kernels complete; the workspace holds every part at the plan's
         // offsets (sized by the plan), is owned by self and is freed only after a context
         // synchronisation.
-        unsafe {
-            let k = &self.kernels;
-            k.wy[i].launch(stream, plan.wy, &params)?;
-            if let (Some(summary), Some(fold)) = (plan.forward.summary, plan.forward.fold) {
-                k.summary[i].launch(stream, summary, &params.fwd)?;
-                k.fold[i].launch(stream, fold, &params.fwd)?;
-            }
-            k.states[i].launch(stream, plan.states, &params)?;
-            if let (Some(summary), Some(fold)) = (plan.dh_summary, plan.dh_fold) {
-                k.dh_summary[i].launch(stream, summary, &params)?;
-                k.dh_fold[i].launch(stream, fold, &params)?;
-            }
-            k.dh[i].launch(stream, plan.dh, &params)?;
-            k.grads[i].launch(stream, plan.grads, &params)?;
-        }
+        unsafe { self.kernels.launch_single_gpu(stream, &plan, &params)? };
         Ok(plan)
     }
 }

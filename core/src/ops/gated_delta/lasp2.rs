@@ -17,7 +17,7 @@ use crate::error::Result;
 use crate::exchange::chain::StateChain;
 use crate::exchange::{Direction, ExchangeMode, Lasp2Layout};
 use crate::kernel::{width_index, Kernel};
-use crate::ops::{DeviceMut, StreamOrder};
+use crate::ops::{DeviceMut, DeviceRef, StreamOrder};
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaSlice, CudaStream};
 use lasp_shmem_kernels::{instances, params as header};
@@ -98,10 +98,16 @@ impl GatedDeltaLasp2Forward {
         let scale = args.check_saving(OP, start_state.as_ref())?;
         self.chain.check_call(stream, s.layout())?;
         self.chain.check_final_state(args.ht.is_some())?;
-        let plan = self.kernels.choose_output(
-            GatedDeltaPlan::new(&s, self.sm_count, None, Scope::Shard),
-            &s,
-        );
+        // One PE has no other shard to fold: the single-GPU plan, without the shard's summary.
+        let one_pe = self.chain.runtime().npes() == 1;
+        let scope = if one_pe {
+            Scope::SingleGpu
+        } else {
+            Scope::Shard
+        };
+        let plan = self
+            .kernels
+            .choose_output(GatedDeltaPlan::new(&s, self.sm_count, None, scope), &s);
         let ws = crate::ops::ensure_workspace(
             self.chain.context(),
             stream,
@@ -114,8 +120,11 @@ impl GatedDeltaLasp2Forward {
             start_state: start_state.as_ref().map_or(0, DeviceMut::addr) as _,
             ..self.chain.base_params(stream)
         };
-        let fold = plan.fold.expect("a shard's plan always folds");
         self.chain.context().bind_to_thread()?;
+        if one_pe {
+            return self.enqueue_one_pe(stream, &plan, &params, args.h0, start_state);
+        }
+        let fold = plan.fold.expect("a shard's plan always folds");
         // SAFETY: Lasp2Params is lasp_gated_delta_lasp2_params, generated from the header, its
         // `fwd` made by call_params for this plan from arguments checked above (shape, lengths,
         // alignment, overlaps); the views borrow their buffers for the call; the symmetric
@@ -135,5 +144,33 @@ impl GatedDeltaLasp2Forward {
         }
         self.chain.end_call(stream, &params)?;
         Ok(plan)
+    }
+
+    /// The call on one PE: the single-GPU forward from h0, whose fold kernel is the LASP-2 one
+    /// (it waits for nothing and writes `start_state`) where the plan has segments; without
+    /// them the state entering the shard is h0 (or zero), copied.
+    fn enqueue_one_pe(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        plan: &GatedDeltaPlan,
+        params: &Lasp2Params,
+        h0: Option<DeviceRef<'_, f32>>,
+        start_state: Option<DeviceMut<'_, f32>>,
+    ) -> Result<GatedDeltaPlan> {
+        // SAFETY: as in `enqueue`, whose checks made `params` for this plan; the fold kernel's
+        // summaries are the plan's (segments 0..S-2, as the single-GPU fold reads them).
+        unsafe {
+            self.kernels.launch_summaries(stream, plan, &params.fwd)?;
+            if let Some(fold) = plan.fold {
+                self.fold[width_index(params.Dk as usize)].launch(stream, fold, params)?;
+            }
+        }
+        if let (None, Some(start_state)) = (plan.fold, &start_state) {
+            crate::ops::copy_or_zero(stream, h0, start_state)?;
+        }
+        // SAFETY: as above.
+        unsafe { self.kernels.launch_output(stream, plan, &params.fwd)? };
+        self.chain.end_call(stream, params)?;
+        Ok(*plan)
     }
 }

@@ -93,7 +93,14 @@ impl GatedDeltaLasp2Backward {
                  GatedDeltaLasp2Forward::forward_saving call wrote"
             )));
         }
-        let plan = GatedDeltaBackwardPlan::new(&s, self.sm_count, None, Scope::Shard);
+        // One PE has no other shard: the single-GPU backward from the saved start state.
+        let one_pe = self.chain.runtime().npes() == 1;
+        let scope = if one_pe {
+            Scope::SingleGpu
+        } else {
+            Scope::Shard
+        };
+        let plan = GatedDeltaBackwardPlan::new(&s, self.sm_count, None, scope);
         let ws = crate::ops::ensure_workspace(
             self.chain.context(),
             stream,
@@ -101,6 +108,17 @@ impl GatedDeltaLasp2Backward {
             plan.workspace_bytes,
             OP,
         )?;
+        if one_pe {
+            let params = bwd_call_params(&args, &plan, ws, scale);
+            self.chain.context().bind_to_thread()?;
+            // SAFETY: `params` made by bwd_call_params for this single-GPU plan from arguments
+            // checked above; the views borrow their buffers for the call; the workspace, sized
+            // by the plan, is owned by self.
+            unsafe { self.kernels.launch_single_gpu(stream, &plan, &params)? };
+            self.chain
+                .end_call(stream, &self.chain.base_params(stream))?;
+            return Ok(plan);
+        }
         let (ws_ds, ws_e) = (
             ws + plan.ws_ds.expect("a shard's plan has ws_ds"),
             ws + plan.ws_e.expect("a shard's plan has ws_e"),

@@ -62,6 +62,9 @@
 //   8. lasp_gated_delta_bwd_dh_dk*           per segment: du, dS' of every chunk; dh0 on PE 0
 //   9. lasp_gated_delta_bwd_grads_dk*        dq, dk, dv, dg, dbeta of every chunk
 //  10. lasp_gated_delta_lasp2_advance_epoch  last
+// On one PE (npes = 1) nothing is exchanged: the forward runs the single-GPU plan (kernels 1 and 2
+// for segments 0..S-2, kernel 4 only with segments, else a copy of h0 or zeros into start_state,
+// then 5 and 6) and the backward the single-GPU backward from start_state, then kernel 10.
 // Same inputs -> bitwise same outputs and gradients in every exchange mode.
 #pragma once
 #include <stdint.h>
