@@ -231,7 +231,8 @@ fn run_case(fwd: &mut GatedDeltaForward, stream: &Arc<CudaStream>, case: &Case) 
         };
         let (o, ht, plan) = run_once(fwd, stream, &mut dev, shape, scale)?;
         let (o2, ht2, _) = run_once(fwd, stream, &mut dev, shape, scale)?;
-        // One segment: the two-role output kernel, which must give the one-warpgroup kernel's bits.
+        // One segment: the two-role output kernel (u in the WY form, U - W S_n), whose roundings
+        // differ from the one-warpgroup kernel's ((I + L)^{-1} R): both are held to the reference.
         let one_warpgroup = if plan.output_roles.is_some() {
             fwd.set_two_role_output(false);
             let bits = run_once(fwd, stream, &mut dev, shape, scale);
@@ -255,12 +256,6 @@ fn run_case(fwd: &mut GatedDeltaForward, stream: &Arc<CudaStream>, case: &Case) 
                 "not deterministic: {differ} elements differ between two runs"
             ));
         }
-        if let Some((o1, ht1, _)) = &one_warpgroup {
-            if *o1 != o || *ht1 != ht {
-                problems
-                    .push("the two-role output kernel differs from the one-warpgroup one".into());
-            }
-        }
         problems.extend(dev.fwd.modified_inputs(stream, &inputs)?);
         problems.extend(beta_modified(stream, &dev.beta, &beta_host)?);
         let want = reference
@@ -275,6 +270,11 @@ fn run_case(fwd: &mut GatedDeltaForward, stream: &Arc<CudaStream>, case: &Case) 
         };
         let e_o = error_of("o", &bf16_values(&o), &want.o);
         let e_ht = error_of("ht", &f32_values(&ht), &want.final_state);
+        if let Some((o1, ht1, _)) = &one_warpgroup {
+            problems.extend(unwritten(o1, POISON_BF16, "one-warpgroup o", &s.v()).err());
+            error_of("one-warpgroup o", &bf16_values(o1), &want.o);
+            error_of("one-warpgroup ht", &f32_values(ht1), &want.final_state);
+        }
         let summary = format!(
             "S={} cps={}{} rel err o {e_o:.2e} ht {e_ht:.2e}",
             plan.num_segments,

@@ -78,16 +78,18 @@ __device__ __forceinline__ void mma_ss(float (&d)[8][4], uint64_t a, uint64_t b,
         "n"(static_cast<int>(kMajorA)));
 }
 
-// d += A B, m64n64k16, A from registers (this warp's 16 rows, mma.sync's A fragment), B from
-// shared memory. The A registers must stay unchanged until the group is waited for.
+// d += A B (or d = A B where accumulate is false), m64n64k16, A from registers (this warp's 16
+// rows, mma.sync's A fragment), B from shared memory. The A registers must stay unchanged until
+// the group is waited for.
 template <Major kMajorB>
-__device__ __forceinline__ void mma_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b) {
+__device__ __forceinline__ void mma_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b, bool accumulate = true) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " LASP_WG_D32_LIST
       ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
       : LASP_WG_D32(d)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1), "n"(static_cast<int>(kMajorB)));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)),
+        "n"(static_cast<int>(kMajorB)));
 }
 
 #undef LASP_WG_D32

@@ -1,56 +1,71 @@
-// Gated DeltaNet's two-role output loop (kernels/docs/gated-delta.md, "The next build"): scalar
-// decay's two-role kernel (lasp::sd::run_roles_segment_with) with the delta rule's values step in
-// its state warpgroup. Per chunk i:
-//   state warpgroup   values step (K S_i, R, u_i over the stage's V tile), hands chunk i to the
-//                     output warpgroup (S_i's copy and u_i ready), then S_{i+1} = e^gamma S_i +
-//                     K~^T u_i and S_{i+1}'s bf16 copy; it also copies the chunks' (I + L)^{-1}
-//                     tiles and betas (cp.async, one chunk ahead)
-//   output warpgroup  O = sigma (diag(e^b) Q S_i + (Q K^T ⊙ D) u_i), beside the state warpgroup's
-//                     update of chunk i and values step of chunk i + 1
-//   loading warp      Q, K, V tiles by tensor copies and the gates, kRolesDepth chunks in flight
+// Gated DeltaNet's two-role output loop (kernels/docs/gated-delta.md, "The chain in two products"):
+// the values of chunk n in the WY form,
+//   u = U - W S_n,   U = (I + L)^{-1} diag(beta) V,   W = (I + L)^{-1} diag(beta e^b) K,
+// where U and W depend on the chunk's inputs only, so they are computed beside the state's chain
+// and the chain keeps two products per chunk (W S_n, then the state update). Per chunk i:
+//   state warpgroup   u_i = U_i - W_i S_i from S_i's bf16 copy, u_i over the stage's V tile; hands
+//                     chunk i to the output warpgroup; S_{i+1} = e^gamma S_i + K~^T u_i and its
+//                     bf16 copy
+//   output warpgroup  U_{i+1} and -W_{i+1} of the next chunk (its (I + L)^{-1} tile with the
+//                     columns scaled by beta and beta e^b, times its V tile and K tile), then
+//                     O_i = sigma (diag(e^b) Q S_i + (Q K^T ⊙ D) u_i); it copies the (I + L)^{-1}
+//                     tiles and betas (cp.async, two chunks ahead)
+//   loading warp      Q, K, V tiles by tensor copies and the gates, kRolesDepth chunks in flight;
+//                     a stage is filled again once both warpgroups have released it
 // The loading warp's warpgroup gives its registers to the other two (setmaxnreg), whose loops need
 // more than the 168 a 384-thread CTA starts with.
 #pragma once
 #include <stdint.h>
 
 #include "lasp/gated_delta/forward_params.h"
-#include "lasp/gated_delta/values.cuh"
 #include "lasp/scalar_decay/chunk.cuh"
 #include "lasp/tma.cuh"
 
 namespace lasp {
 namespace gdn {
 
-// Chunks in flight: four stages (scalar decay's) do not fit beside the values step's tiles.
-constexpr int kRolesDepth = LASP_GDN_ROLES_STAGES;
+using sd::kChunk;
 
-// Shared-memory map: scalar decay's two-role loop at kRolesDepth stages, its mbarriers, then from
-// the next 1024-byte boundary the values step's tiles and betas (kRolesDepth slots each).
+// Chunks in flight: four stages (scalar decay's) do not fit beside the WY form's tiles.
+constexpr int kRolesDepth = LASP_GDN_ROLES_STAGES;
+// Slots of the (I + L)^{-1} tiles and betas: chunk j's lands while the output warpgroup works on
+// chunks j - 2 and j - 1.
+constexpr int kTriSlots = 3;
+
+// Shared-memory map: scalar decay's two-role loop at kRolesDepth stages, an mbarrier per stage for
+// its tensor copies (landed) and one for its release by the two warpgroups, then from the next
+// 1024-byte boundary the (I + L)^{-1} slots (bf16 [64 x 64], swizzled, K-major as an A operand),
+// -W (bf16 [64 x DK], Q's tile layout: the A of W S_n), U (fp32, each state thread's 32 values in
+// its accumulator order, interleaved by float4 across the warpgroup) and the betas' slots.
 template <int DK>
 struct RolesMap {
   using Loop = sd::Layout<DK, true, kRolesDepth>;
-  static constexpr int kDepth = kRolesDepth;
-  static constexpr uint32_t kLanded = Loop::kBytes;  // one mbarrier per stage
+  static constexpr uint32_t kLanded = Loop::kBytes;
+  static constexpr uint32_t kReleased = kLanded + 8 * kRolesDepth;
   static constexpr uint32_t kTileBytes = kChunk * kChunk * 2;
-  static constexpr uint32_t kTri = (kLanded + 8 * kRolesDepth + 1023) / 1024 * 1024;
-  static constexpr uint32_t kR = kTri + kRolesDepth * kTileBytes;
-  static constexpr uint32_t kBeta = kR + kTileBytes;
-  static constexpr uint32_t kBytes = kBeta + kRolesDepth * kChunk * 4;
+  static constexpr uint32_t kTri = (kReleased + 8 * kRolesDepth + 1023) / 1024 * 1024;
+  static constexpr uint32_t kW = kTri + kTriSlots * kTileBytes;
+  static constexpr uint32_t kU = kW + kChunk * DK * 2;
+  static constexpr uint32_t kBeta = kU + kChunk * sd::kTileV * 4;
+  static constexpr uint32_t kBytes = kBeta + kTriSlots * kChunk * 4;
   static_assert(kBytes == lasp_gdn_roles_smem_bytes(DK), "shared-memory map and host formula disagree");
+  static_assert(kW % 1024 == 0, "W starts 1024-byte aligned, as wgmma's swizzle needs");
 };
 
-// Named barriers (0 is __syncthreads): chunk i handed over (by i % 2), S_i's copy read (by i % 2),
-// and the state warpgroup's own.
+// Named barriers (0 is __syncthreads). Handed and SbfEmpty alternate by chunk parity: the state
+// warpgroup may run one chunk ahead of the output warpgroup's wait.
 struct GdnRoleBarriers {
-  static constexpr int kHanded = 1;
-  static constexpr int kSbfEmpty = kHanded + 2;
-  static constexpr int kState = kSbfEmpty + 2;
+  static constexpr int kHanded = 1;              // + i % 2: u_i and S_i's copy ready (state -> output)
+  static constexpr int kSbfEmpty = kHanded + 2;  // + i % 2: S_i's copy read (output -> state)
+  static constexpr int kState = kSbfEmpty + 2;   // the state warpgroup's own
+  static constexpr int kOutput = kState + 1;     // the output warpgroup's own
+  static constexpr int kWuReady = kOutput + 1;   // U, -W of the next chunk written (output -> state)
+  static constexpr int kWuFree = kWuReady + 1;   // U, -W read (state -> output)
 };
 
 // Registers per thread after the hand-over: the loading warpgroup's go to the other two (128 x
 // (24 + 2 x 240) = 64,512, what 384 threads x 168 started with). ptxas honours setmaxnreg only
-// outside relocatable device code (C7504): built with -rdc this kernel spills at Dk = 128, without
-// it none at either width.
+// outside relocatable device code (C7504): this kernel is built without -rdc.
 constexpr int kLoadingRegisters = 24;
 constexpr int kComputeRegisters = 240;
 
@@ -63,25 +78,52 @@ __device__ __forceinline__ void claim_registers() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kCount));
 }
 
-// The state warpgroup's barrier, for the values step.
-struct StateGroupSync {
-  __device__ __forceinline__ void operator()() const { named_barrier_sync(GdnRoleBarriers::kState, sd::kThreads); }
+// The column factors of the WY form for this lane's A-fragment columns j = 8 nt + 2 t + e of a
+// chunk: beta_j (U) and beta_j e^{b_j} (W).
+struct WyFactors {
+  float u[8][2], w[8][2];
+  __device__ __forceinline__ WyFactors(const float* s_beta, const sd::ChunkGates& cg, int t) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        u[nt][e] = s_beta[8 * nt + 2 * t + e];
+        w[nt][e] = u[nt][e] * chunk::exp_nonpos(cg.col[nt][e]);
+      }
+  }
 };
 
+// A fragment of k-step kk of (I + L)^{-1} (this warp's 16 rows) with column j scaled by f[j]:
+// registers 0, 1 hold columns 16 kk + 2 t + e, registers 2, 3 columns 16 kk + 8 + 2 t + e.
+__device__ __forceinline__ void scale_columns(uint32_t (&dst)[4], const uint32_t (&src)[4], const float (&f)[8][2],
+                                              int kk) {
+  dst[0] = scale_bf16x2(src[0], f[2 * kk][0], f[2 * kk][1]);
+  dst[1] = scale_bf16x2(src[1], f[2 * kk][0], f[2 * kk][1]);
+  dst[2] = scale_bf16x2(src[2], f[2 * kk + 1][0], f[2 * kk + 1][1]);
+  dst[3] = scale_bf16x2(src[3], f[2 * kk + 1][0], f[2 * kk + 1][1]);
+}
+
+// Arrives, once per warp, on the mbarrier that releases a stage to the loading warp (8 warps).
+__device__ __forceinline__ void release_stage(uint32_t bar, int lane) {
+  __syncwarp();
+  if (lane == 0) tma::arrive(bar);
+}
+
 // One CTA's segment, Dv tile a.vt of b*H+h = a.bh, from the state `start` fills (state warpgroup);
-// `end` gets the end state. Needs the Tensor Memory Accelerator (sm_90 and later).
+// `end` gets the end state. Needs the Tensor Memory Accelerator and wgmma (sm_90a).
 template <int DK, class Start, class End>
 __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params& p, const sd::SegmentArgs& a,
                                                   const sd::QkvMaps& maps, Start&& start, End&& end) {
-#if __CUDA_ARCH__ >= 900
+#if LASP_SD_WGMMA
   using M = RolesMap<DK>;
   using L = typename M::Loop;
+  using F = sd::FragOffsets<DK>;
   using B = GdnRoleBarriers;
-  constexpr int kPair = 2 * sd::kThreads;      // arrivals per phase of kSbfEmpty: the two warpgroups
-  constexpr int kAll = 2 * sd::kThreads + 32;  // of kHanded: the two warpgroups and the loading warp
+  constexpr int kPair = 2 * sd::kThreads;         // arrivals of the barriers between the warpgroups
   constexpr uint32_t kBlockBytes = kChunk * 128;  // one box: 64 tokens x 64 columns
   constexpr uint32_t kChunkBoxBytes = (2 * DK / 64 + 1) * kBlockBytes;  // Q, K and the V tile
   constexpr uint32_t kLandedArrivals = 1 + 32;  // the issuing lane's byte count and the warp's gate copies
+  constexpr uint32_t kReleaseArrivals = 8;      // every warp of the two warpgroups
 
   extern __shared__ __align__(1024) uint8_t smem[];
   const uint32_t sbase = smem_addr(smem);
@@ -92,15 +134,19 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
   const int b = a.bh / a.H, h = a.bh % a.H;
   const int64_t row_bt0 = (int64_t)b * T * a.H + h;  // token 0 of (b, h)
   const chunk::StateLane ln{16 * warp, g, t};
-  const sd::FragOffsets<DK> off(warp, lane);
-  const Values<DK, false, M> values{p};
+  const F off(warp, lane);
   auto sbf = [](int i) { return L::kSbf + (i & 1) * L::kSbfBytes; };  // bf16 copy of S_i
   auto landed_bar = [&](int i) { return sbase + M::kLanded + 8 * (i % kRolesDepth); };
+  auto released_bar = [&](int i) { return sbase + M::kReleased + 8 * (i % kRolesDepth); };
   auto wait_landed = [&](int i) { tma::wait(landed_bar(i), static_cast<uint32_t>(i / kRolesDepth) & 1u); };
+  auto gates_of = [&](int i) { return reinterpret_cast<const float*>(smem + L::gates(i)); };
 
   if (tid == 0) {
 #pragma unroll
-    for (int i = 0; i < kRolesDepth; ++i) tma::init(landed_bar(i), kLandedArrivals);
+    for (int i = 0; i < kRolesDepth; ++i) {
+      tma::init(landed_bar(i), kLandedArrivals);
+      tma::init(released_bar(i), kReleaseArrivals);
+    }
     tma::fence_init();
     tma::prefetch_map(maps.q);
     tma::prefetch_map(maps.k);
@@ -108,68 +154,99 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
   }
   __syncthreads();
 
-  const float* gate = a.g + row_bt0;
-  auto issue_chunk = [&](int i) {  // by the loading warp: chunk i's Q, K, V tile and gates
-    const uint32_t stage = sbase + L::stage(i), bar = landed_bar(i);
-    const int tok0 = (a.c_begin + i) * kChunk;
-    if (lane == 0) {
-      tma::arrive_expect_bytes(bar, kChunkBoxBytes);
-#pragma unroll
-      for (int kb = 0; kb < DK / 64; ++kb) {
-        tma::load_4d(stage + L::kQ + kb * kBlockBytes, maps.q, 64 * kb, h, tok0, b, bar);
-        tma::load_4d(stage + L::kK + kb * kBlockBytes, maps.k, 64 * kb, h, tok0, b, bar);
-      }
-      tma::load_4d(stage + L::kV, maps.v, a.vt * sd::kTileV, h, tok0, b, bar);
-    }
-#pragma unroll
-    for (int r = lane; r < kChunk; r += 32) {
-      const bool ok = tok0 + r < T;
-      cp_async_4(sbase + L::gates(i) + 4 * r, ok ? gate + (int64_t)(tok0 + r) * a.H : gate, ok);
-    }
-    tma::arrive_after_cp_async(bar);
-  };
   if (loading_group) {
     release_registers<kLoadingRegisters>();
     if (!loading_warp) return;  // the group's other warps only gave their registers
-    for (int i = 0; i < kRolesDepth && i < n_chunks; ++i) issue_chunk(i);
-    // Chunk i handed over means the state warpgroup is done with chunk i - 1's stage (its update
-    // of chunk i - 1 ended before the values step of chunk i), and the phase completes only once
-    // the output warpgroup has reached chunk i, past chunk i - 1: chunk i + kRolesDepth - 1 goes
-    // there.
-    for (int i = 0; i < n_chunks; ++i) {
-      named_barrier_sync(B::kHanded + i % 2, kAll);
-      if (i >= 1 && i + kRolesDepth - 1 < n_chunks) issue_chunk(i + kRolesDepth - 1);
+    const float* gate = a.g + row_bt0;
+    for (int i = 0; i < n_chunks; ++i) {  // chunk i's Q, K, V tile and gates
+      // Stage i % depth last held chunk i - depth: both warpgroups must have released it.
+      if (i >= kRolesDepth) tma::wait(released_bar(i), static_cast<uint32_t>(i / kRolesDepth - 1) & 1u);
+      const uint32_t stage = sbase + L::stage(i), bar = landed_bar(i);
+      const int tok0 = (a.c_begin + i) * kChunk;
+      if (lane == 0) {
+        tma::arrive_expect_bytes(bar, kChunkBoxBytes);
+#pragma unroll
+        for (int kb = 0; kb < DK / 64; ++kb) {
+          tma::load_4d(stage + L::kQ + kb * kBlockBytes, maps.q, 64 * kb, h, tok0, b, bar);
+          tma::load_4d(stage + L::kK + kb * kBlockBytes, maps.k, 64 * kb, h, tok0, b, bar);
+        }
+        tma::load_4d(stage + L::kV, maps.v, a.vt * sd::kTileV, h, tok0, b, bar);
+      }
+#pragma unroll
+      for (int r = lane; r < kChunk; r += 32) {
+        const bool ok = tok0 + r < T;
+        cp_async_4(sbase + L::gates(i) + 4 * r, ok ? gate + (int64_t)(tok0 + r) * a.H : gate, ok);
+      }
+      tma::arrive_after_cp_async(bar);
     }
     return;
   }
 
   claim_registers<kComputeRegisters>();
+  const int wg_tid = tid & 127;  // thread of its warpgroup
+  // This thread's 32 values of U: float4 nt of thread x at (nt * 128 + x) * 16 bytes.
+  float4* const u_slot = reinterpret_cast<float4*>(smem + M::kU) + wg_tid;
   if (state_group) {
     float s[DK / 64][8][4];
     start(s, ln);
     sd::store_state_bf16<DK>(smem, sbf(0), s, ln);
-    // (I + L)^{-1} and betas of segment chunk i (sequence chunk c_begin + i), one commit group each.
-    auto issue_values = [&](int i) {
-      const int tok0 = (a.c_begin + i) * kChunk;
-      values.issue(sbase, i, a.c_begin + i, tok0, min(kChunk, T - tok0), tid);
-    };
-    issue_values(0);
-    cp_async_commit();
     float lambda = 0.f;  // segment log-decay, summed over chunks in order (deterministic)
     for (int i = 0; i < n_chunks; ++i) {
-      if (i + 1 < n_chunks) issue_values(i + 1);
-      cp_async_commit();
-      cp_async_wait<1>();  // this thread's copies of chunk i's tile and betas
       wait_landed(i);
-      wg::fence_proxy_async();  // S_i's copy (and the tile) visible to wgmma
-      StateGroupSync{}();       // every state thread's copies of chunk i have landed
+      wg::fence_proxy_async();  // S_i's copy visible to wgmma
+      named_barrier_sync(B::kState, sd::kThreads);
       const uint32_t stage = sbase + L::stage(i);
-      const sd::ChunkGates cg = sd::scan_gates(reinterpret_cast<const float*>(smem + L::gates(i)), warp, lane);
+      const sd::ChunkGates cg = sd::scan_gates(gates_of(i), warp, lane);
       lambda += cg.gamma;
-      values.template apply<DK>(sbase, i, stage + L::kK, stage + L::kV, sbase + sbf(i), off, cg, warp, lane,
-                                StateGroupSync{});
-      named_barrier_arrive(B::kHanded + i % 2, kAll);  // S_i's copy and u_i for the output warpgroup
-      sd::state_chunk<DK>(s, stage + L::kK, stage + L::kV, off, cg);
+
+      // u_i = U_i - W_i S_i: the accumulators start from U, the product adds (-W) S_i.
+      float acc[8][4];
+      named_barrier_sync(B::kWuReady, kPair);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const float4 x = u_slot[nt * 128];
+        acc[nt][0] = x.x;
+        acc[nt][1] = x.y;
+        acc[nt][2] = x.z;
+        acc[nt][3] = x.w;
+      }
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < DK / 16; ++ks)
+        wg::mma_ss<wg::Major::kMN>(acc, wg::desc_sw128(sbase + M::kW + kBlockBytes * (ks >> 2) + 32 * (ks & 3)),
+                                   wg::desc_sw128(sbase + sbf(i) + ks * F::kRow16), true);
+      wg::commit();
+      // Beside the product: S <- e^gamma S and the update's K~^T fragments.
+      float wk[8][2];
+      sd::decay_state<DK>(s, wk, cg);
+      uint32_t kta[DK / 64][4][4];
+      sd::weighted_kt_fragments<DK, true>(kta, stage + L::kK, off, wk);
+      wg::wait<0>();
+      wg::fence_operands(acc);
+      if (i + 1 < n_chunks) named_barrier_arrive(B::kWuFree, kPair);
+
+      // u_i over the V tile (bf16), published to both warpgroups' products.
+      uint8_t* v_tile = smem + L::stage(i) + L::kV;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = 16 * warp + 8 * hh + g;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+          *reinterpret_cast<uint32_t*>(v_tile + swizzle(r, nt, kChunk) + 4 * t) =
+              pack_bf16x2(acc[nt][2 * hh], acc[nt][2 * hh + 1]);
+      }
+      wg::fence_proxy_async();
+      named_barrier_sync(B::kState, sd::kThreads);
+      named_barrier_arrive(B::kHanded + i % 2, kPair);  // S_i's copy and u_i for the output warpgroup
+
+      // S_{i+1} = e^gamma S_i + K~^T u_i.
+      wg::fence();
+      sd::issue_state_update<DK>(s, kta, stage + L::kV);
+      wg::commit();
+      wg::wait<0>();
+#pragma unroll
+      for (int mt = 0; mt < DK / 64; ++mt) wg::fence_operands(s[mt]);
+      release_stage(released_bar(i), lane);
       if (i + 1 < n_chunks) {
         // S_{i+1}'s buffer last held S_{i-1}: the output warpgroup must be done reading it.
         if (i >= 1) named_barrier_sync(B::kSbfEmpty + (i + 1) % 2, kPair);
@@ -178,13 +255,82 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
     }
     end(s, ln, lambda);
   } else {
+    // (I + L)^{-1} and betas of segment chunk j (sequence chunk c_begin + j) into slot j % kTriSlots.
+    auto issue_tri = [&](int j) {
+      const int chunk_id = a.c_begin + j, slot = j % kTriSlots;
+      const int tok0 = chunk_id * kChunk;
+      const uint16_t* tri = p.ws_tri + ((int64_t)a.bh * lasp_gdn_num_chunks(p.T) + chunk_id) * kChunk * kChunk;
+      chunk::copy_tile_async<kChunk / 8, sd::kThreads>(sbase + M::kTri + slot * M::kTileBytes, tri, kChunk, kChunk,
+                                                       wg_tid);
+      if (wg_tid < kChunk) {
+        const bool ok = tok0 + wg_tid < T;
+        const float* beta = p.beta + ((int64_t)b * p.T + tok0 + wg_tid) * p.H + h;  // [b, tok0 + wg_tid, h]
+        cp_async_4(sbase + M::kBeta + (slot * kChunk + wg_tid) * 4, ok ? beta : p.beta, ok);
+      }
+    };
+    // U_j and -W_j of chunk j into their tiles, once the state warpgroup has read chunk j - 1's.
+    auto prepare = [&](int j) {
+      cp_async_wait<1>();  // this thread's copies of chunk j's (I + L)^{-1} and betas (one group per chunk)
+      wait_landed(j);
+      named_barrier_sync(B::kOutput, sd::kThreads);  // every thread's copies; slot (j + 2) % 3 read
+      if (j + 2 < n_chunks) issue_tri(j + 2);
+      cp_async_commit();
+      const uint32_t stage = sbase + L::stage(j);
+      const sd::ChunkGates cg = sd::scan_gates(gates_of(j), warp, lane);
+      const WyFactors f(reinterpret_cast<const float*>(smem + M::kBeta) + (j % kTriSlots) * kChunk, cg, t);
+      uint32_t tu[4][4], tw[4][4];
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        uint32_t ta[4];
+        ldsm_x4(ta, sbase + M::kTri + (j % kTriSlots) * M::kTileBytes + off.q[kk]);
+        scale_columns(tu[kk], ta, f.u, kk);
+        scale_columns(tw[kk], ta, f.w, kk);
+      }
+      float u[8][4], w[DK / 64][8][4];  // written by the first k-step (no accumulate)
+      wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        wg::mma_rs<wg::Major::kMN>(u, tu[kk], wg::desc_sw128(stage + L::kV + kk * F::kRow16), kk > 0);
+#pragma unroll
+        for (int nb = 0; nb < DK / 64; ++nb)
+          wg::mma_rs<wg::Major::kMN>(w[nb], tw[kk],
+                                     wg::desc_sw128(stage + L::kK + nb * kBlockBytes + kk * F::kRow16), kk > 0);
+      }
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_operands(u);
+#pragma unroll
+      for (int nb = 0; nb < DK / 64; ++nb) wg::fence_operands(w[nb]);
+      if (j >= 1) named_barrier_sync(B::kWuFree, kPair);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) u_slot[nt * 128] = make_float4(u[nt][0], u[nt][1], u[nt][2], u[nt][3]);
+      uint8_t* w_tile = smem + M::kW;
+#pragma unroll
+      for (int nb = 0; nb < DK / 64; ++nb)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = 16 * warp + 8 * hh + g;
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+            *reinterpret_cast<uint32_t*>(w_tile + nb * kBlockBytes + swizzle(r, nt, kChunk) + 4 * t) =
+                pack_bf16x2(-w[nb][nt][2 * hh], -w[nb][nt][2 * hh + 1]);
+        }
+      wg::fence_proxy_async();  // -W is read by the state warpgroup's wgmma
+      named_barrier_arrive(B::kWuReady, kPair);
+    };
+
+    issue_tri(0);
+    cp_async_commit();
+    if (n_chunks > 1) issue_tri(1);
+    cp_async_commit();
+    prepare(0);
     uint16_t* o_tile = a.o + row_bt0 * a.Dv + a.vt * sd::kTileV + 2 * t;
     const int64_t v_stride = (int64_t)a.H * a.Dv;
     for (int i = 0; i < n_chunks; ++i) {
-      wait_landed(i);
-      named_barrier_sync(B::kHanded + i % 2, kAll);
+      if (i + 1 < n_chunks) prepare(i + 1);
+      named_barrier_sync(B::kHanded + i % 2, kPair);
       const uint32_t stage = sbase + L::stage(i);
-      const sd::ChunkGates cg = sd::scan_gates(reinterpret_cast<const float*>(smem + L::gates(i)), warp, lane);
+      const sd::ChunkGates cg = sd::scan_gates(gates_of(i), warp, lane);
       // S_i's buffer is written again (with S_{i+2}) only if there is a chunk i + 2.
       auto sbf_read = [&] {
         if (i + 2 < n_chunks) named_barrier_arrive(B::kSbfEmpty + i % 2, kPair);
@@ -192,6 +338,7 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
       float o[8][4];  // O rows of this warp, 64 columns
       sd::output_role_chunk<DK>(o, stage + L::kQ, stage + L::kK, stage + L::kV, sbase + sbf(i), off, cg, warp, g, t,
                                 a.scale, sbf_read);
+      release_stage(released_bar(i), lane);
       const int tok0 = (a.c_begin + i) * kChunk;
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
