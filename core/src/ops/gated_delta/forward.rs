@@ -211,8 +211,8 @@ pub struct GatedDeltaPlan {
     pub summary: Option<LaunchShape>,
     pub fold: Option<LaunchShape>,
     pub output: LaunchShape,
-    /// Whether the output pass is the two-role kernel (S == 1 where the GPU runs it and the
-    /// instance allows it), with its launch; else `output`.
+    /// Whether the output pass is the two-role kernel (where the GPU runs it and the instance
+    /// allows it), with its launch; else `output`.
     pub output_roles: Option<LaunchShape>,
     pub workspace_bytes: u64,
     /// Offsets of ws_a, ws_b and ws_p (after the `(I + L)^{-1}` tiles at 0), where a fold runs.
@@ -326,15 +326,15 @@ impl ChunkKernels {
         Ok(kernels)
     }
 
-    /// `plan` with the two-role output where it has one segment and the kernels allow it.
+    /// `plan` with the two-role output where the kernels allow it.
     pub(super) fn choose_output(
         &self,
         mut plan: GatedDeltaPlan,
         s: &ForwardShape,
     ) -> GatedDeltaPlan {
-        if plan.num_segments == 1 && self.output_roles.is_some() && self.two_roles {
+        if self.output_roles.is_some() && self.two_roles {
             plan.output_roles = Some(LaunchShape {
-                grid: ((s.dv / 64) as u32, 1, (s.b * s.h) as u32),
+                grid: plan.output.grid,
                 block: (header::LASP_GDN_ROLES_THREADS, 1, 1),
                 shared_bytes: roles_smem_bytes(s.dk),
             });
@@ -536,8 +536,8 @@ impl GatedDeltaForward {
         Ok(self.kernels.choose_output(plan, shape))
     }
 
-    /// Whether plans with one segment run the two-role output kernel (the default, where the GPU
-    /// runs it) or the one-warpgroup one (tests compare the two).
+    /// Whether plans run the two-role output kernel (the default, where the GPU runs it) or the
+    /// one-warpgroup one (tests compare the two).
     pub fn set_two_role_output(&mut self, enabled: bool) {
         self.kernels.two_roles = enabled;
     }
