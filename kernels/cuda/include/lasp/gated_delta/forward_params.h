@@ -49,7 +49,7 @@
                                  // the substitution per thread
 #define LASP_GDN_TRI_PITCH 65    // floats per row of the WY kernel's fp32 [64 x 64] L (padded: no bank conflicts)
 #define LASP_GDN_FOLD_THREADS 256  // the fold: one CTA per (64 columns of Dv, b*H+h)
-#define LASP_GDN_ROLES_THREADS 384  // two-role output kernel: state, output and loading warpgroups
+#define LASP_GDN_ROLES_THREADS 512  // the output kernel with roles: state, output, WY and loading warpgroups
 #define LASP_GDN_ROLES_STAGES 3     // its chunks in flight (lasp/gated_delta/roles.cuh)
 
 typedef struct {

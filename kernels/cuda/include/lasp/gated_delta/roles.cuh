@@ -1,19 +1,19 @@
-// Gated DeltaNet's two-role output loop (kernels/docs/gated-delta.md, "The chain in two products"):
-// the values of chunk n in the WY form,
+// Gated DeltaNet's warp-specialised output loop (kernels/docs/gated-delta.md, "The chain in two
+// products"): the values of chunk n in the WY form,
 //   u = U - W S_n,   U = (I + L)^{-1} diag(beta) V,   W = (I + L)^{-1} diag(beta e^b) K,
 // where U and W depend on the chunk's inputs only, so they are computed beside the state's chain
 // and the chain keeps two products per chunk (W S_n, then the state update). Per chunk i:
-//   state warpgroup   u_i = U_i - W_i S_i from S_i's bf16 copy, u_i over the stage's V tile; hands
-//                     chunk i to the output warpgroup; S_{i+1} = e^gamma S_i + K~^T u_i and its
-//                     bf16 copy
-//   output warpgroup  U_{i+1} and -W_{i+1} of the next chunk (its (I + L)^{-1} tile with the
-//                     columns scaled by beta and beta e^b, times its V tile and K tile), then
-//                     O_i = sigma (diag(e^b) Q S_i + (Q K^T ⊙ D) u_i); it copies the (I + L)^{-1}
-//                     tiles and betas (cp.async, two chunks ahead)
-//   loading warp      Q, K, V tiles by tensor copies and the gates, kRolesDepth chunks in flight;
-//                     a stage is filled again once both warpgroups have released it
-// The loading warp's warpgroup gives its registers to the other two (setmaxnreg), whose loops need
-// more than the 168 a 384-thread CTA starts with.
+//   state warpgroup     u_i = U_i - W_i S_i from S_i's bf16 copy, u_i over the stage's V tile;
+//                       hands chunk i to the output warpgroup; S_{i+1} = e^gamma S_i + K~^T u_i
+//                       and its bf16 copy
+//   WY warpgroup        U_{i+1} and -W_{i+1} (chunk i + 1's (I + L)^{-1} tile with its columns
+//                       scaled by beta and beta e^b, times its V tile and K tile) while the state
+//                       warpgroup runs chunk i; it copies the (I + L)^{-1} tiles and betas
+//                       (cp.async, two chunks ahead)
+//   output warpgroup    O_i = sigma (diag(e^b) Q S_i + (Q K^T ⊙ D) u_i), beside chunk i + 1's chain
+//   loading warp        Q, K, V tiles by tensor copies and the gates, kRolesDepth chunks in flight;
+//                       a stage is filled again once the three warpgroups have released it
+// The loading warp's warpgroup gives its registers to the other three (setmaxnreg).
 #pragma once
 #include <stdint.h>
 
@@ -58,16 +58,21 @@ struct GdnRoleBarriers {
   static constexpr int kHanded = 1;              // + i % 2: u_i and S_i's copy ready (state -> output)
   static constexpr int kSbfEmpty = kHanded + 2;  // + i % 2: S_i's copy read (output -> state)
   static constexpr int kState = kSbfEmpty + 2;   // the state warpgroup's own
-  static constexpr int kOutput = kState + 1;     // the output warpgroup's own
-  static constexpr int kWuReady = kOutput + 1;   // U, -W of the next chunk written (output -> state)
-  static constexpr int kWuFree = kWuReady + 1;   // U, -W read (state -> output)
+  static constexpr int kWy = kState + 1;         // the WY warpgroup's own
+  static constexpr int kWuReady = kWy + 1;       // U, -W of the next chunk written (WY -> state)
+  static constexpr int kWuFree = kWuReady + 1;   // U, -W read (state -> WY)
 };
 
-// Registers per thread after the hand-over: the loading warpgroup's go to the other two (128 x
-// (24 + 2 x 240) = 64,512, what 384 threads x 168 started with). ptxas honours setmaxnreg only
+// Registers per thread after the hand-over: the loading warpgroup's go to the other three, most to
+// the state warpgroup, whose state, u and update fragments are live at once (128 x (24 + 176 + 152
+// + 160) = 65,536, what 512 threads x 128 started with). At Dk = 128, ptxas spills with 160 for
+// the state and serialises the WY warpgroup's wgmmas with 152 for it. ptxas honours setmaxnreg only
 // outside relocatable device code (C7504): this kernel is built without -rdc.
 constexpr int kLoadingRegisters = 24;
-constexpr int kComputeRegisters = 240;
+constexpr int kStateRegisters = 176;
+constexpr int kOutputRegisters = 152;
+constexpr int kWyRegisters = 160;
+static_assert(kLoadingRegisters + kStateRegisters + kOutputRegisters + kWyRegisters <= 512, "the register file");
 
 template <int kCount>
 __device__ __forceinline__ void release_registers() {
@@ -103,7 +108,7 @@ __device__ __forceinline__ void scale_columns(uint32_t (&dst)[4], const uint32_t
   dst[3] = scale_bf16x2(src[3], f[2 * kk + 1][0], f[2 * kk + 1][1]);
 }
 
-// Arrives, once per warp, on the mbarrier that releases a stage to the loading warp (8 warps).
+// Arrives, once per warp, on the mbarrier that releases a stage to the loading warp (12 warps).
 __device__ __forceinline__ void release_stage(uint32_t bar, int lane) {
   __syncwarp();
   if (lane == 0) tma::arrive(bar);
@@ -119,16 +124,17 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
   using L = typename M::Loop;
   using F = sd::FragOffsets<DK>;
   using B = GdnRoleBarriers;
-  constexpr int kPair = 2 * sd::kThreads;         // arrivals of the barriers between the warpgroups
+  constexpr int kPair = 2 * sd::kThreads;         // arrivals of the barriers between two warpgroups
   constexpr uint32_t kBlockBytes = kChunk * 128;  // one box: 64 tokens x 64 columns
   constexpr uint32_t kChunkBoxBytes = (2 * DK / 64 + 1) * kBlockBytes;  // Q, K and the V tile
   constexpr uint32_t kLandedArrivals = 1 + 32;  // the issuing lane's byte count and the warp's gate copies
-  constexpr uint32_t kReleaseArrivals = 8;      // every warp of the two warpgroups
+  constexpr uint32_t kReleaseArrivals = 12;     // every warp of the three warpgroups
 
   extern __shared__ __align__(1024) uint8_t smem[];
   const uint32_t sbase = smem_addr(smem);
   const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
-  const bool state_group = tid < 128, loading_group = tid >= 256, loading_warp = tid >= 256 && tid < 288;
+  const int group = tid >> 7;  // 0 state, 1 output, 2 WY, 3 loading
+  const bool loading_warp = tid >= 384 && tid < 416;
   const int g = lane >> 2, t = lane & 3;
   const int T = a.T, n_chunks = a.n_chunks;
   const int b = a.bh / a.H, h = a.bh % a.H;
@@ -154,7 +160,7 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
   }
   __syncthreads();
 
-  if (loading_group) {
+  if (group == 3) {
     release_registers<kLoadingRegisters>();
     if (!loading_warp) return;  // the group's other warps only gave their registers
     const float* gate = a.g + row_bt0;
@@ -182,11 +188,11 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
     return;
   }
 
-  claim_registers<kComputeRegisters>();
   const int wg_tid = tid & 127;  // thread of its warpgroup
   // This thread's 32 values of U: float4 nt of thread x at (nt * 128 + x) * 16 bytes.
   float4* const u_slot = reinterpret_cast<float4*>(smem + M::kU) + wg_tid;
-  if (state_group) {
+  if (group == 0) {
+    claim_registers<kStateRegisters>();
     float s[DK / 64][8][4];
     start(s, ln);
     sd::store_state_bf16<DK>(smem, sbf(0), s, ln);
@@ -254,7 +260,8 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
       }
     }
     end(s, ln, lambda);
-  } else {
+  } else if (group == 2) {
+    claim_registers<kWyRegisters>();
     // (I + L)^{-1} and betas of segment chunk j (sequence chunk c_begin + j) into slot j % kTriSlots.
     auto issue_tri = [&](int j) {
       const int chunk_id = a.c_begin + j, slot = j % kTriSlots;
@@ -268,23 +275,29 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
         cp_async_4(sbase + M::kBeta + (slot * kChunk + wg_tid) * 4, ok ? beta : p.beta, ok);
       }
     };
-    // U_j and -W_j of chunk j into their tiles, once the state warpgroup has read chunk j - 1's.
-    auto prepare = [&](int j) {
+    issue_tri(0);
+    cp_async_commit();
+    if (n_chunks > 1) issue_tri(1);
+    cp_async_commit();
+    for (int j = 0; j < n_chunks; ++j) {
+      // U_j and -W_j of chunk j into their tiles, once the state warpgroup has read chunk j - 1's.
       cp_async_wait<1>();  // this thread's copies of chunk j's (I + L)^{-1} and betas (one group per chunk)
       wait_landed(j);
-      named_barrier_sync(B::kOutput, sd::kThreads);  // every thread's copies; slot (j + 2) % 3 read
+      named_barrier_sync(B::kWy, sd::kThreads);  // every thread's copies; slot (j + 2) % 3 read
       if (j + 2 < n_chunks) issue_tri(j + 2);
       cp_async_commit();
       const uint32_t stage = sbase + L::stage(j);
-      const sd::ChunkGates cg = sd::scan_gates(gates_of(j), warp, lane);
-      const WyFactors f(reinterpret_cast<const float*>(smem + M::kBeta) + (j % kTriSlots) * kChunk, cg, t);
       uint32_t tu[4][4], tw[4][4];
+      {
+        const sd::ChunkGates cg = sd::scan_gates(gates_of(j), warp, lane);
+        const WyFactors f(reinterpret_cast<const float*>(smem + M::kBeta) + (j % kTriSlots) * kChunk, cg, t);
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        uint32_t ta[4];
-        ldsm_x4(ta, sbase + M::kTri + (j % kTriSlots) * M::kTileBytes + off.q[kk]);
-        scale_columns(tu[kk], ta, f.u, kk);
-        scale_columns(tw[kk], ta, f.w, kk);
+        for (int kk = 0; kk < 4; ++kk) {
+          uint32_t ta[4];
+          ldsm_x4(ta, sbase + M::kTri + (j % kTriSlots) * M::kTileBytes + off.q[kk]);
+          scale_columns(tu[kk], ta, f.u, kk);
+          scale_columns(tw[kk], ta, f.w, kk);
+        }
       }
       float u[8][4], w[DK / 64][8][4];  // written by the first k-step (no accumulate)
       wg::fence();
@@ -301,6 +314,7 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
       wg::fence_operands(u);
 #pragma unroll
       for (int nb = 0; nb < DK / 64; ++nb) wg::fence_operands(w[nb]);
+      release_stage(released_bar(j), lane);  // its K, V tiles and gates are read
       if (j >= 1) named_barrier_sync(B::kWuFree, kPair);
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) u_slot[nt * 128] = make_float4(u[nt][0], u[nt][1], u[nt][2], u[nt][3]);
@@ -317,17 +331,13 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
         }
       wg::fence_proxy_async();  // -W is read by the state warpgroup's wgmma
       named_barrier_arrive(B::kWuReady, kPair);
-    };
-
-    issue_tri(0);
-    cp_async_commit();
-    if (n_chunks > 1) issue_tri(1);
-    cp_async_commit();
-    prepare(0);
+    }
+  } else {
+    claim_registers<kOutputRegisters>();
     uint16_t* o_tile = a.o + row_bt0 * a.Dv + a.vt * sd::kTileV + 2 * t;
     const int64_t v_stride = (int64_t)a.H * a.Dv;
     for (int i = 0; i < n_chunks; ++i) {
-      if (i + 1 < n_chunks) prepare(i + 1);
+      wait_landed(i);
       named_barrier_sync(B::kHanded + i % 2, kPair);
       const uint32_t stage = sbase + L::stage(i);
       const sd::ChunkGates cg = sd::scan_gates(gates_of(i), warp, lane);
