@@ -3,7 +3,8 @@
 //
 //   1. lasp_gated_delta_bwd_wy_dk*      the forward's (I + L)^{-1} of every chunk (same code, same
 //                                       bits) and W = (I + L)^{-1} diag(beta e^b) K (lasp/gated_delta/wy.cuh)
-//   2. (S > 1) the forward's segment summaries and fold: every segment's start state
+//   2. (S > 1) the forward's segment summaries (all but the last segment's b, which nothing reads)
+//              and fold: every segment's start state
 //   3. lasp_gated_delta_bwd_states_dk*  the forward's chain again (the segment loop without O and
 //                                       the values step), storing each chunk's entry state S_n and u
 //   4. (S > 1) lasp_gated_delta_bwd_dh_summary_dk*  each later segment's dS chain from zero, c_s

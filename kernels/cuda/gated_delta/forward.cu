@@ -33,13 +33,32 @@ namespace gdn {
 using chunk::StateLane;
 using chunk::StateRegs;
 
-// Kernel 2: column tile blockIdx.x of segment blockIdx.y's summary, b*H+h = blockIdx.z. Tiles
-// below Dk/64 are A_s's column blocks (the loop from the identity's columns 64x.., V taken as 0),
-// the others b_s's (from zero, V's tile x - Dk/64). Into workspace slot (b*H+h, s).
+// Kernel 2's CTAs in grid order (x, then y) are the summaries' column tiles, segment by segment,
+// Dk/64 + Dv/64 tiles each: A_s's column blocks first, then b_s's Dv tiles. Grid (Dk/64 + Dv/64,
+// num_summaries, B*H) runs every tile; a grid whose x holds fewer CTAs leaves out the last tiles,
+// as the backward's does with the last segment's b, which none of its kernels reads
+// (lasp/gated_delta/backward_params.h).
+struct SummaryTile {
+  int segment, tile;
+};
+template <int DK>
+__device__ __forceinline__ SummaryTile summary_tile(const lasp_gated_delta_params& p) {
+  const int tiles = DK / 64 + p.Dv / 64;
+  const int i = blockIdx.y * gridDim.x + blockIdx.x;
+  const int segment = i / tiles;
+  return {segment, i - segment * tiles};
+}
+
+// Kernel 2: column tile x of segment s's summary (summary_tile), b*H+h = blockIdx.z. Tiles below
+// Dk/64 are A_s's column blocks (the loop from the identity's columns 64x.., V taken as 0), the
+// others b_s's (from zero, V's tile x - Dk/64). Into workspace slot (b*H+h, s). The prologue and
+// epilogue take the tile from the grid afresh (as the output kernel does: no register lives across
+// the loop for it).
 template <int DK, bool kOfA>
 __device__ __forceinline__ void run_summary_tile(const lasp_gated_delta_params& p, sd::SegmentArgs a) {
-  const int col0 = 64 * (kOfA ? blockIdx.x : blockIdx.x - DK / 64);
-  a.vt = kOfA ? 0 : blockIdx.x - DK / 64;  // the V tile the loop loads (unused for A)
+  const SummaryTile at = summary_tile<DK>(p);
+  const int col0 = 64 * (kOfA ? at.tile : at.tile - DK / 64);
+  a.vt = kOfA ? 0 : at.tile - DK / 64;  // the V tile the loop loads (unused for A)
   sd::run_segment_with<DK, sd::Probe::kNone, false, false>(
       a,
       [&](StateRegs<DK>& s, const StateLane& ln) {
@@ -54,18 +73,22 @@ __device__ __forceinline__ void run_summary_tile(const lasp_gated_delta_params& 
         return true;
       },
       [&](StateRegs<DK>& s, const StateLane& ln, float) {
+        const SummaryTile end = summary_tile<DK>(p);
         if constexpr (kOfA)
-          chunk::state_store<DK>(s, ln, summary_a_block<DK>(p, blockIdx.z, blockIdx.y, blockIdx.x), 64);
+          chunk::state_store<DK>(s, ln, summary_a_block<DK>(p, blockIdx.z, end.segment, end.tile), 64);
         else
-          chunk::state_store<DK>(s, ln, summary_b_tile<DK>(p, blockIdx.z, blockIdx.y, a.vt), p.Dv);
+          chunk::state_store<DK>(s, ln, summary_b_tile<DK>(p, blockIdx.z, end.segment, end.tile - DK / 64), p.Dv);
       },
       sd::NoChunkHook{}, Values<DK, kOfA, ValuesLayout<DK, false>>{p});
 }
 
 template <int DK>
 __device__ __forceinline__ void run_summary(const lasp_gated_delta_params& p) {
-  const sd::SegmentArgs a = sd::segment_args(p);
-  if (blockIdx.x < DK / 64)
+  const SummaryTile at = summary_tile<DK>(p);
+  sd::SegmentArgs a = sd::segment_args(p);  // its segment is blockIdx.y's: set from the tile's
+  a.c_begin = at.segment * p.chunks_per_segment;
+  a.n_chunks = min(p.chunks_per_segment, lasp_gdn_num_chunks(p.T) - a.c_begin);
+  if (at.tile < DK / 64)
     run_summary_tile<DK, true>(p, a);
   else
     run_summary_tile<DK, false>(p, a);

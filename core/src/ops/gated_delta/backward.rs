@@ -184,6 +184,30 @@ pub(super) fn grads_smem_bytes(dk: usize) -> u32 {
         + 3072
 }
 
+/// The forward's summary launch as the backward runs it, where `forward` (which summarises every
+/// segment) has one: every column tile of segments 0..S-2, then only A's `Dk/64` of segment S-1.
+/// The summary kernel takes its CTAs in grid order (x, then y) as the summaries' tiles, segment by
+/// segment, A's first, so a grid with fewer CTAs in x leaves out the last tiles: b_{S-1}'s `Dv/64`.
+/// Nothing in the backward reads b_{S-1}: the fold takes b_s of segments 0..S-2, and the dS
+/// chain's folds and the LASP-2 shard summary take A_s and c_s only (at S = 1 and Dk = Dv, half
+/// the CTAs are left out).
+pub(super) fn summary_without_last_b(
+    s: &ForwardShape,
+    forward: &GatedDeltaPlan,
+) -> Option<LaunchShape> {
+    let full = forward.summary?;
+    debug_assert_eq!(forward.num_summaries, forward.num_segments);
+    let (a_tiles, tiles) = ((s.dk / 64) as u32, ((s.dk + s.dv) / 64) as u32);
+    Some(LaunchShape {
+        grid: (
+            tiles * (forward.num_summaries - 1) + a_tiles,
+            1,
+            full.grid.2,
+        ),
+        ..full
+    })
+}
+
 /// How one Gated DeltaNet backward call runs: the forward's plan, whose summary kernel and fold
 /// it reruns, and its own launches and workspace (byte offsets of its parts).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -191,8 +215,9 @@ pub struct GatedDeltaBackwardPlan {
     /// The forward's plan for the same shape (one GPU): the segments, the summary and fold
     /// launches (where S > 1, with a summary for every segment: the dS chain takes `A_s^T` of
     /// segments 1..S-1), and the workspace's first parts (`(I + L)^{-1}` at 0, then the
-    /// summaries and prefixes where S > 1). Its output grid is the states kernel's; it never
-    /// takes the two-role output kernel.
+    /// summaries and prefixes where S > 1). Its summary launch leaves out the last segment's b,
+    /// which nothing in the backward reads (`summary_without_last_b`). Its output grid is the
+    /// states kernel's; it never takes the two-role output kernel.
     pub forward: GatedDeltaPlan,
     /// The WY kernel: `(I + L)^{-1}` and W of every chunk.
     pub wy: LaunchShape,
@@ -249,11 +274,12 @@ impl GatedDeltaBackwardPlan {
         // With segments, or in a shard, every segment's summary: Scope::Shard's plan, whose fold
         // starts from h0 in the single-GPU fold kernel.
         let shard = scope == Scope::Shard;
-        let forward = if shard || one_gpu.num_segments > 1 {
+        let mut forward = if shard || one_gpu.num_segments > 1 {
             GatedDeltaPlan::new(s, sm_count, forced, Scope::Shard)
         } else {
             one_gpu
         };
+        forward.summary = summary_without_last_b(s, &forward);
         let segments = forward.num_segments;
         let ds_summary_from = u32::from(!shard);
         let with_ds = shard || segments > 1;

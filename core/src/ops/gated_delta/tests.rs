@@ -5,6 +5,7 @@
 
 use super::backward::{
     backward_wy_smem_bytes, dh_smem_bytes, grads_smem_bytes, rows_elems, states_elems,
+    summary_without_last_b,
 };
 use super::forward::{
     output_smem_bytes, roles_smem_bytes, summary_smem_bytes, wy_smem_bytes, Scope,
@@ -301,10 +302,11 @@ fn backward_plans_run_the_forwards_segments_and_follow_its_workspace() {
     // B=H=1, T=1000, Dk 64, Dv 128: 16 segments of one chunk, so the forward's summaries of all
     // 16 (A [64 x 64], b [64 x 128]: the dS chain takes A_s^T of segments 1..15) and the 16
     // prefixes come before the backward's parts, and the dS gradients entering the segments after.
+    // The summary launch computes 15 x 3 tiles and the last segment's one A tile, not its b.
     let s = shape(1, 1000, 1, 64, 128);
     let p = GatedDeltaBackwardPlan::new(&s, 132, None, Scope::SingleGpu);
     assert_eq!((p.forward.num_segments, p.forward.num_summaries), (16, 16));
-    assert_eq!(p.forward.summary.unwrap().grid, (3, 16, 1));
+    assert_eq!(p.forward.summary.unwrap().grid, (15 * 3 + 1, 1, 1));
     assert_eq!(p.forward.fold.unwrap().grid, (2, 1, 1));
     assert_eq!(p.states.grid, (2, 16, 1));
     assert_eq!(p.dh_summary.unwrap().grid, (2, 15, 1));
@@ -342,12 +344,13 @@ fn backward_plans_run_the_forwards_segments_and_follow_its_workspace() {
 #[test]
 fn a_shard_backward_plan_summarises_every_segment_and_keeps_the_gradient_leaving_it() {
     // B=4 T=8K H=16 on 132 SMs: one segment, as on one GPU, but a LASP-2 shard still summarises
-    // it (A_0 and c_0 make the shard's summary) and its fold writes E into ws_e.
+    // it (A_0 and c_0 make the shard's summary: A's two column tiles, not b's) and its fold writes
+    // E into ws_e.
     let s = shape(4, 8192, 16, 128, 128);
     let one = GatedDeltaBackwardPlan::new(&s, 132, None, Scope::SingleGpu);
     let p = GatedDeltaBackwardPlan::new(&s, 132, None, Scope::Shard);
     assert_eq!((p.forward.num_segments, p.forward.num_summaries), (1, 1));
-    assert_eq!(p.forward.summary.unwrap().grid, (4, 1, 64));
+    assert_eq!(p.forward.summary.unwrap().grid, (2, 1, 64));
     assert_eq!(p.forward.fold.unwrap().grid, (2, 64, 1));
     assert_eq!(p.ds_summary_from, 0);
     assert_eq!(p.dh_summary.unwrap().grid, (2, 1, 64));
@@ -375,6 +378,79 @@ fn a_shard_backward_plan_summarises_every_segment_and_keeps_the_gradient_leaving
     let state = 64 * 128 * 4;
     assert_eq!(p.ws_e, Some(one.workspace_bytes));
     assert_eq!(p.workspace_bytes, one.workspace_bytes + state);
+}
+
+/// The summary tiles a launch of `grid` computes, as (b*H+h, segment, tile) in the order the CTAs
+/// are numbered: the kernel's decoding (`summary_tile` in gated_delta/forward.cu) of CTA
+/// (x, y, z) into segment `i / tiles` and tile `i % tiles` of `i = y * grid.x + x`, tiles below
+/// `Dk/64` A's column blocks and the others b's Dv tiles.
+fn summary_tiles(s: &ForwardShape, grid: (u32, u32, u32)) -> Vec<(u32, u32, u32)> {
+    let tiles = ((s.dk + s.dv) / 64) as u32;
+    let mut out = Vec::new();
+    for z in 0..grid.2 {
+        for y in 0..grid.1 {
+            for x in 0..grid.0 {
+                let i = y * grid.0 + x;
+                out.push((z, i / tiles, i % tiles));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_backward_summary_computes_every_a_and_no_b_of_the_last_segment() {
+    // (B, T, H, Dk, Dv, forced segments, scope): one segment in a shard (the common LASP-2 case),
+    // several on one GPU and in a shard, Dk below and above Dv, a ragged last segment.
+    let cases = [
+        (4, 8192, 16, 128, 128, None, Scope::Shard),
+        (1, 32768, 16, 128, 128, None, Scope::Shard),
+        (1, 32768, 16, 128, 128, None, Scope::SingleGpu),
+        (1, 1000, 1, 64, 128, None, Scope::SingleGpu),
+        (2, 1000, 3, 128, 64, Some(3), Scope::Shard),
+        (1, 100, 2, 64, 192, Some(2), Scope::SingleGpu),
+    ];
+    for (b, t, h, dk, dv, forced, scope) in cases {
+        let s = shape(b, t, h, dk, dv);
+        let p = GatedDeltaBackwardPlan::new(&s, 132, forced, scope);
+        let forward = GatedDeltaPlan::new(&s, 132, forced, Scope::Shard);
+        let segments = p.forward.num_segments;
+        assert_eq!(
+            (segments, p.forward.num_summaries),
+            (forward.num_segments, segments)
+        );
+        let (a_tiles, tiles, bh) = ((dk / 64) as u32, ((dk + dv) / 64) as u32, (b * h) as u32);
+        // The forward's launch, decoded the same way, is every tile of every segment.
+        let full = forward.summary.unwrap();
+        let mut every = Vec::new();
+        for z in 0..bh {
+            for seg in 0..segments {
+                every.extend((0..tiles).map(|tile| (z, seg, tile)));
+            }
+        }
+        assert_eq!(summary_tiles(&s, full.grid), every);
+        // The backward's: the same tiles in the same order, less the last segment's b.
+        let launch = p.forward.summary.unwrap();
+        assert_eq!(Some(launch), summary_without_last_b(&s, &forward));
+        assert_eq!(
+            (launch.block, launch.shared_bytes),
+            (full.block, full.shared_bytes)
+        );
+        let wanted: Vec<_> = every
+            .into_iter()
+            .filter(|&(_, seg, tile)| seg + 1 < segments || tile < a_tiles)
+            .collect();
+        assert_eq!(summary_tiles(&s, launch.grid), wanted);
+        assert_eq!(
+            wanted.len() as u32,
+            bh * (segments * tiles - (dv / 64) as u32)
+        );
+    }
+    // No summary, no launch: one GPU, one segment.
+    let s = shape(4, 8192, 16, 128, 128);
+    let p = GatedDeltaBackwardPlan::new(&s, 132, None, Scope::SingleGpu);
+    assert_eq!(p.forward.summary, None);
+    assert_eq!(summary_without_last_b(&s, &p.forward), None);
 }
 
 /// Well-formed backward arguments for `s` over fake addresses, h0, dht and dh0 present.

@@ -25,7 +25,10 @@
 //                                                       forward's (I + L)^{-1} (same bits) and W
 //   2. if S > 1: the forward's summary and fold kernels, with `fwd` (lasp/gated_delta/forward_params.h)
 //                with a summary for every segment (num_summaries = S: the dS chain takes A_s^T of
-//                segments 1..S-1)
+//                segments 1..S-1). The summary's grid is ((S-1)(Dk/64 + Dv/64) + Dk/64, 1, B*H):
+//                every tile of segments 0..S-2, only A's of segment S-1. The fold reads b_s of
+//                segments 0..S-2 and no other backward kernel reads b (the LASP-2 backward's shard
+//                summary composes A_s and c_s), so b_{S-1} is not computed (its ws_b slot unwritten)
 //   3.           lasp_gated_delta_bwd_states_dk{64,128}  grid (Dv/64, S, B*H), block LASP_SD_THREADS,
 //                                                       smem lasp_gdn_summary_smem_bytes(Dk): the
 //                                                       forward's chain again, storing S_n and u

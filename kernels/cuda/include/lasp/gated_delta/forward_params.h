@@ -19,7 +19,11 @@
 //                                                    smem lasp_gdn_wy_smem_bytes(Dk): (I + L)^{-1} of every chunk
 //   2. if S > 1: lasp_gated_delta_summary_dk{64,128}  grid (Dk/64 + Dv/64, S-1, B*H), block LASP_SD_THREADS,
 //                                                    smem lasp_gdn_summary_smem_bytes(Dk): A_s, b_s of
-//                                                    segments 0..S-2 (column tiles of A first, then of b)
+//                                                    segments 0..S-2 (column tiles of A first, then of b;
+//                                                    the CTAs in grid order, x then y, are the tiles
+//                                                    segment by segment, so a grid with fewer CTAs in x
+//                                                    leaves out the last tiles: the backward's,
+//                                                    lasp/gated_delta/backward_params.h)
 //   3. if S > 1: lasp_gated_delta_fold_dk{64,128}     grid (Dv/64, B*H), block LASP_GDN_FOLD_THREADS,
 //                                                    smem 0 (static): P_0 = h0, P_{s+1} = A_s P_s + b_s
 //                                                    into ws_p

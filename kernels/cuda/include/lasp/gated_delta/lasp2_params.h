@@ -27,6 +27,7 @@
 // single-GPU forward's, lasp/gated_delta/forward_params.h, launched with `fwd`):
 //   1. lasp_gated_delta_wy_dk{64,128}        (I + L)^{-1} of every chunk of the shard
 //   2. lasp_gated_delta_summary_dk{64,128}   grid (Dk/64 + Dv/64, S, B*H): every segment's A_s, b_s
+//                                            (kernel 3 composes b_{S-1} into the shard's b too)
 //   3. lasp_gated_delta_lasp2_summary        grid (Dv/64, B*H), block LASP_GDN_FOLD_THREADS, smem 0
 //                                            (static): the segments' maps composed into the own slot
 //                                            tile, published by the schedule (overlapped: on the
@@ -45,7 +46,10 @@
 // lasp/gated_delta/backward_params.h, with `bwd`: fwd.h0 = the saved start_state, dht = ws_e,
 // num_summaries = S, ws_ds with S slots, ds_summary_from = 0):
 //   1. lasp_gated_delta_bwd_wy_dk*           (I + L)^{-1} and W of every chunk
-//   2. lasp_gated_delta_summary_dk*          every segment's A_s (and b_s)
+//   2. lasp_gated_delta_summary_dk*          grid ((S-1)(Dk/64 + Dv/64) + Dk/64, 1, B*H): every
+//                                            segment's A_s, and b_s of segments 0..S-2 for kernel
+//                                            5's fold (kernel 4 composes A_s and c_s: no kernel
+//                                            reads b_{S-1}, so its Dv/64 tiles are left out)
 //   3. lasp_gated_delta_bwd_dh_summary_dk*   grid (Dv/64, S, B*H): every segment's c_s into ws_ds
 //   4. lasp_gated_delta_lasp2_summary        as forward kernel 3, on the descending chain: c'_me and
 //                                            A_me into the own slot tile, published (on the caller's
