@@ -176,15 +176,16 @@ pub(super) fn summary_smem_bytes(dk: usize) -> u32 {
     with_values_step(geometry::update_smem_bytes(dk as i32))
 }
 
-/// Shared-memory bytes of the two-role output kernel (`lasp_gdn_roles_smem_bytes`): scalar decay's
-/// two-role loop at LASP_GDN_ROLES_STAGES stages with two mbarriers each, then the WY form's
-/// tiles: three (I + L)^{-1} slots, -W (bf16 64 x Dk), U (fp32 64 x 64) and three slots of betas.
+/// Shared-memory bytes of the output kernel with roles (`lasp_gdn_roles_smem_bytes`): scalar
+/// decay's two-role loop at LASP_GDN_ROLES_STAGES stages with an mbarrier each, then the WY form's
+/// tiles: three (I + L)^{-1} slots, T_u and the scaled u (bf16 64 x 64 each), -W (bf16 64 x Dk)
+/// and three slots of betas.
 pub(super) fn roles_smem_bytes(dk: usize) -> u32 {
     let (stages, dk) = (header::LASP_GDN_ROLES_STAGES, dk as u32);
     let tile = CHUNK * CHUNK * 2;
     let stage = 2 * CHUNK * dk * 2 + CHUNK * 64 * 2;
-    let looped = stages * stage + 2 * dk * 64 * 2 + stages * CHUNK * 4 + 16 * stages;
-    looped.next_multiple_of(1024) + 3 * tile + CHUNK * dk * 2 + CHUNK * 64 * 4 + 3 * CHUNK * 4
+    let looped = stages * stage + 2 * dk * 64 * 2 + stages * CHUNK * 4 + 8 * stages;
+    looped.next_multiple_of(1024) + 5 * tile + CHUNK * dk * 2 + 3 * CHUNK * 4
 }
 
 /// What a plan's segment summaries and fold serve.

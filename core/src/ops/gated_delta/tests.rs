@@ -38,15 +38,18 @@ fn shared_memory_follows_the_header() {
         82_944 + 2 * 8_192 + 8_192 + 2 * 256
     );
     assert!(2 * (summary_smem_bytes(128) + 1024) <= 228 * 1024);
-    // The two-role kernel: three stages of Q, K (16 KiB each) and the V tile (8 KiB), two state
-    // copies, three stages of gates and two mbarriers each (122,880 + 32,768 + 768 + 48 bytes,
-    // rounded up to 1 KiB), then three (I + L)^{-1} tiles, -W (16 KiB), U (fp32, 16 KiB) and three
-    // slots of betas.
+    // The roles kernel: three stages of Q, K (16 KiB each) and the V tile (8 KiB), two state
+    // copies, three stages of gates and mbarriers (122,880 + 32,768 + 768 + 24 bytes, rounded up
+    // to 1 KiB), then three (I + L)^{-1} tiles, T_u, the scaled u, -W (16 KiB) and three slots of
+    // betas.
     assert_eq!(
         roles_smem_bytes(128),
-        156_672 + 3 * 8_192 + 16_384 + 16_384 + 3 * 256
+        156_672 + 3 * 8_192 + 2 * 8_192 + 16_384 + 3 * 256
     );
-    assert_eq!(roles_smem_bytes(64), 91_136 + 3 * 8_192 + 8_192 + 16_384 + 3 * 256);
+    assert_eq!(
+        roles_smem_bytes(64),
+        91_136 + 3 * 8_192 + 2 * 8_192 + 8_192 + 3 * 256
+    );
     assert!(roles_smem_bytes(128) <= 227 * 1024);
     // The K tile, 64 gates and 64 betas, L as 64 rows of 65 floats.
     assert_eq!(wy_smem_bytes(128), 16_384 + 512 + 16_640);

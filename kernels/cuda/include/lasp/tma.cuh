@@ -27,12 +27,6 @@ __device__ __forceinline__ void arrive_expect_bytes(uint32_t bar, uint32_t bytes
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
 
-// Arrives on `bar`: one of the arrivals its phase counts (a consumer releasing what the phase
-// guards).
-__device__ __forceinline__ void arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-
 // Arrives on `bar` once every cp.async this thread issued before has landed. The arrival is not
 // added to the phase's count (.noinc): the count given to init includes it.
 __device__ __forceinline__ void arrive_after_cp_async(uint32_t bar) {

@@ -111,20 +111,19 @@ LASP_GDN_FN uint32_t lasp_gdn_values_smem_bytes(int32_t Dk, int32_t with_q) {
 LASP_GDN_FN uint32_t lasp_gdn_output_smem_bytes(int32_t Dk) { return lasp_gdn_values_smem_bytes(Dk, 1); }
 LASP_GDN_FN uint32_t lasp_gdn_summary_smem_bytes(int32_t Dk) { return lasp_gdn_values_smem_bytes(Dk, 0); }
 
-// Two-role output kernel (lasp/gated_delta/roles.cuh): scalar decay's two-role loop at
-// LASP_GDN_ROLES_STAGES stages (Q, K, V tile, gates; two bf16 state copies), two 8-byte mbarriers
-// per stage (landed, released), then from the next 1024-byte boundary the WY form's tiles: three
-// (I + L)^{-1} slots, -W (bf16 [64 x Dk]), U (fp32 [64 x 64]) and three slots of betas.
+// Output kernel with roles (lasp/gated_delta/roles.cuh): scalar decay's two-role loop at
+// LASP_GDN_ROLES_STAGES stages (Q, K, V tile, gates; two bf16 state copies) and an 8-byte mbarrier
+// per stage, then from the next 1024-byte boundary the WY form's tiles: three (I + L)^{-1} slots,
+// T_u and the scaled u (bf16 [64 x 64] each), -W (bf16 [64 x Dk]) and three slots of betas.
 LASP_GDN_FN uint32_t lasp_gdn_roles_smem_bytes(int32_t Dk) {
   const uint32_t tile = LASP_SD_CHUNK * LASP_SD_CHUNK * 2u;
   const uint32_t stage = 2u * LASP_SD_CHUNK * Dk * 2u + LASP_SD_CHUNK * LASP_SD_TILE_V * 2u;
   const uint32_t loop = LASP_GDN_ROLES_STAGES * stage + 2u * Dk * LASP_SD_TILE_V * 2u +
-                        LASP_GDN_ROLES_STAGES * LASP_SD_CHUNK * 4u + 16u * LASP_GDN_ROLES_STAGES;
-  return (loop + 1023u) / 1024u * 1024u + 3u * tile + LASP_SD_CHUNK * Dk * 2u + LASP_SD_CHUNK * LASP_SD_TILE_V * 4u +
-         3u * LASP_SD_CHUNK * 4u;
+                        LASP_GDN_ROLES_STAGES * LASP_SD_CHUNK * 4u + 8u * LASP_GDN_ROLES_STAGES;
+  return (loop + 1023u) / 1024u * 1024u + 5u * tile + LASP_SD_CHUNK * Dk * 2u + 3u * LASP_SD_CHUNK * 4u;
 }
 
-// The two-role kernel's parameters: the forward's, and the tensor maps of q, k and v its copies
+// The roles kernel's parameters: the forward's, and the tensor maps of q, k and v its copies
 // read through.
 typedef struct {
   lasp_gated_delta_params p;

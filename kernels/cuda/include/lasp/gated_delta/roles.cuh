@@ -3,16 +3,21 @@
 //   u = U - W S_n,   U = (I + L)^{-1} diag(beta) V,   W = (I + L)^{-1} diag(beta e^b) K,
 // where U and W depend on the chunk's inputs only, so they are computed beside the state's chain
 // and the chain keeps two products per chunk (W S_n, then the state update). Per chunk i:
-//   state warpgroup     u_i = U_i - W_i S_i from S_i's bf16 copy, u_i over the stage's V tile;
-//                       hands chunk i to the output warpgroup; S_{i+1} = e^gamma S_i + K~^T u_i
-//                       and its bf16 copy
-//   WY warpgroup        U_{i+1} and -W_{i+1} (chunk i + 1's (I + L)^{-1} tile with its columns
-//                       scaled by beta and beta e^b, times its V tile and K tile) while the state
+//   state warpgroup     u_i = T_u V_i + (-W_i) S_i in one accumulator (T_u = (I + L)^{-1}
+//                       diag(beta), from V_i and S_i's bf16 copy), u_i over the stage's V tile and
+//                       diag(e^{gamma - b}) u_i into a tile of its own; hands chunk i to the output
+//                       warpgroup; S_{i+1} = e^gamma S_i + K^T diag(e^{gamma - b}) u_i and its bf16
+//                       copy
+//   WY warpgroup        T_u and -W of chunk i + 1 (its (I + L)^{-1} tile with the columns scaled
+//                       by beta and beta e^b; -W from the latter times its K tile) while the state
 //                       warpgroup runs chunk i; it copies the (I + L)^{-1} tiles and betas
 //                       (cp.async, two chunks ahead)
 //   output warpgroup    O_i = sigma (diag(e^b) Q S_i + (Q K^T ⊙ D) u_i), beside chunk i + 1's chain
 //   loading warp        Q, K, V tiles by tensor copies and the gates, kRolesDepth chunks in flight;
 //                       a stage is filled again once the three warpgroups have released it
+// Everything one warpgroup hands another in shared memory is read by the tensor cores (the bf16
+// copies of S, u, T_u, -W), so no thread reads with plain loads what another role writes, except
+// the stages' gates, which each role scans for itself.
 // The loading warp's warpgroup gives its registers to the other three (setmaxnreg).
 #pragma once
 #include <stdint.h>
@@ -28,46 +33,46 @@ using sd::kChunk;
 
 // Chunks in flight: four stages (scalar decay's) do not fit beside the WY form's tiles.
 constexpr int kRolesDepth = LASP_GDN_ROLES_STAGES;
-// Slots of the (I + L)^{-1} tiles and betas: chunk j's lands while the output warpgroup works on
+// Slots of the (I + L)^{-1} tiles and betas: chunk j's lands while the WY warpgroup works on
 // chunks j - 2 and j - 1.
 constexpr int kTriSlots = 3;
 
-// Shared-memory map: scalar decay's two-role loop at kRolesDepth stages, an mbarrier per stage for
-// its tensor copies (landed) and one for its release by the two warpgroups, then from the next
-// 1024-byte boundary the (I + L)^{-1} slots (bf16 [64 x 64], swizzled, K-major as an A operand),
-// -W (bf16 [64 x DK], Q's tile layout: the A of W S_n), U (fp32, each state thread's 32 values in
-// its accumulator order, interleaved by float4 across the warpgroup) and the betas' slots.
+// Shared-memory map: scalar decay's two-role loop at kRolesDepth stages and an mbarrier per stage
+// for its tensor copies, then from the next 1024-byte boundary the (I + L)^{-1} slots, T_u and the
+// scaled u (bf16 [64 x 64] each), -W (bf16 [64 x DK], Q's tile layout) and the betas' slots. Every
+// bf16 tile is swizzled and 1024-byte aligned, as wgmma reads it.
 template <int DK>
 struct RolesMap {
   using Loop = sd::Layout<DK, true, kRolesDepth>;
   static constexpr uint32_t kLanded = Loop::kBytes;
-  static constexpr uint32_t kReleased = kLanded + 8 * kRolesDepth;
   static constexpr uint32_t kTileBytes = kChunk * kChunk * 2;
-  static constexpr uint32_t kTri = (kReleased + 8 * kRolesDepth + 1023) / 1024 * 1024;
-  static constexpr uint32_t kW = kTri + kTriSlots * kTileBytes;
-  static constexpr uint32_t kU = kW + kChunk * DK * 2;
-  static constexpr uint32_t kBeta = kU + kChunk * sd::kTileV * 4;
+  static constexpr uint32_t kTri = (kLanded + 8 * kRolesDepth + 1023) / 1024 * 1024;
+  static constexpr uint32_t kTu = kTri + kTriSlots * kTileBytes;
+  static constexpr uint32_t kUScaled = kTu + kTileBytes;
+  static constexpr uint32_t kW = kUScaled + kTileBytes;
+  static constexpr uint32_t kBeta = kW + kChunk * DK * 2;
   static constexpr uint32_t kBytes = kBeta + kTriSlots * kChunk * 4;
   static_assert(kBytes == lasp_gdn_roles_smem_bytes(DK), "shared-memory map and host formula disagree");
-  static_assert(kW % 1024 == 0, "W starts 1024-byte aligned, as wgmma's swizzle needs");
 };
 
 // Named barriers (0 is __syncthreads). Handed and SbfEmpty alternate by chunk parity: the state
-// warpgroup may run one chunk ahead of the output warpgroup's wait.
+// warpgroup may run one chunk ahead of the output warpgroup's wait. Released cycles through the
+// stages: a role may run up to kRolesDepth - 1 chunks ahead of the loading warp's wait.
 struct GdnRoleBarriers {
   static constexpr int kHanded = 1;              // + i % 2: u_i and S_i's copy ready (state -> output)
   static constexpr int kSbfEmpty = kHanded + 2;  // + i % 2: S_i's copy read (output -> state)
   static constexpr int kState = kSbfEmpty + 2;   // the state warpgroup's own
   static constexpr int kWy = kState + 1;         // the WY warpgroup's own
-  static constexpr int kWuReady = kWy + 1;       // U, -W of the next chunk written (WY -> state)
-  static constexpr int kWuFree = kWuReady + 1;   // U, -W read (state -> WY)
+  static constexpr int kWyReady = kWy + 1;       // T_u, -W of the next chunk written (WY -> state)
+  static constexpr int kWyFree = kWyReady + 1;   // T_u, -W read (state -> WY)
+  static constexpr int kReleased = kWyFree + 1;  // + i % depth: stage of chunk i read (roles -> loading)
+  static_assert(kReleased + kRolesDepth <= 16, "sixteen named barriers");
 };
 
 // Registers per thread after the hand-over: the loading warpgroup's go to the other three, most to
-// the state warpgroup, whose state, u and update fragments are live at once (128 x (24 + 176 + 152
-// + 160) = 65,536, what 512 threads x 128 started with). At Dk = 128, ptxas spills with 160 for
-// the state and serialises the WY warpgroup's wgmmas with 152 for it. ptxas honours setmaxnreg only
-// outside relocatable device code (C7504): this kernel is built without -rdc.
+// the state warpgroup, whose state and u are live at once (128 x (24 + 176 + 152 + 160) = 65,536,
+// what 512 threads x 128 started with). ptxas honours setmaxnreg only outside relocatable device
+// code (C7504): this kernel is built without -rdc.
 constexpr int kLoadingRegisters = 24;
 constexpr int kStateRegisters = 176;
 constexpr int kOutputRegisters = 152;
@@ -84,7 +89,7 @@ __device__ __forceinline__ void claim_registers() {
 }
 
 // The column factors of the WY form for this lane's A-fragment columns j = 8 nt + 2 t + e of a
-// chunk: beta_j (U) and beta_j e^{b_j} (W).
+// chunk: beta_j (T_u) and beta_j e^{b_j} (W).
 struct WyFactors {
   float u[8][2], w[8][2];
   __device__ __forceinline__ WyFactors(const float* s_beta, const sd::ChunkGates& cg, int t) {
@@ -108,10 +113,25 @@ __device__ __forceinline__ void scale_columns(uint32_t (&dst)[4], const uint32_t
   dst[3] = scale_bf16x2(src[3], f[2 * kk + 1][0], f[2 * kk + 1][1]);
 }
 
-// Arrives, once per warp, on the mbarrier that releases a stage to the loading warp (12 warps).
-__device__ __forceinline__ void release_stage(uint32_t bar, int lane) {
-  __syncwarp();
-  if (lane == 0) tma::arrive(bar);
+// Rows 16 warp + 8 hh + g, columns 8 nt + 2 t (+1) of a [64 x 64] bf16 tile at `tile` (K-major
+// A-operand layout): the accumulator's pairs, rounded, each row scaled by row_scale[hh].
+__device__ __forceinline__ void store_rows_bf16(uint8_t* tile, const float (&acc)[8][4], const float (&row_scale)[2],
+                                                int warp, int g, int t) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = 16 * warp + 8 * hh + g;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+      *reinterpret_cast<uint32_t*>(tile + swizzle(r, nt, kChunk) + 4 * t) =
+          pack_bf16x2(row_scale[hh] * acc[nt][2 * hh], row_scale[hh] * acc[nt][2 * hh + 1]);
+  }
+}
+
+// Arrives on Released + i % depth once the calling warpgroup is done with chunk i's stage, if the
+// loading warp waits for it (a chunk i + depth exists).
+__device__ __forceinline__ void release_stage(int i, int n_chunks) {
+  constexpr int kArrivals = 3 * sd::kThreads + 32;  // the three warpgroups and the loading warp
+  if (i + kRolesDepth < n_chunks) named_barrier_arrive(GdnRoleBarriers::kReleased + i % kRolesDepth, kArrivals);
 }
 
 // One CTA's segment, Dv tile a.vt of b*H+h = a.bh, from the state `start` fills (state warpgroup);
@@ -128,7 +148,6 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
   constexpr uint32_t kBlockBytes = kChunk * 128;  // one box: 64 tokens x 64 columns
   constexpr uint32_t kChunkBoxBytes = (2 * DK / 64 + 1) * kBlockBytes;  // Q, K and the V tile
   constexpr uint32_t kLandedArrivals = 1 + 32;  // the issuing lane's byte count and the warp's gate copies
-  constexpr uint32_t kReleaseArrivals = 12;     // every warp of the three warpgroups
 
   extern __shared__ __align__(1024) uint8_t smem[];
   const uint32_t sbase = smem_addr(smem);
@@ -143,16 +162,12 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
   const F off(warp, lane);
   auto sbf = [](int i) { return L::kSbf + (i & 1) * L::kSbfBytes; };  // bf16 copy of S_i
   auto landed_bar = [&](int i) { return sbase + M::kLanded + 8 * (i % kRolesDepth); };
-  auto released_bar = [&](int i) { return sbase + M::kReleased + 8 * (i % kRolesDepth); };
   auto wait_landed = [&](int i) { tma::wait(landed_bar(i), static_cast<uint32_t>(i / kRolesDepth) & 1u); };
   auto gates_of = [&](int i) { return reinterpret_cast<const float*>(smem + L::gates(i)); };
 
   if (tid == 0) {
 #pragma unroll
-    for (int i = 0; i < kRolesDepth; ++i) {
-      tma::init(landed_bar(i), kLandedArrivals);
-      tma::init(released_bar(i), kReleaseArrivals);
-    }
+    for (int i = 0; i < kRolesDepth; ++i) tma::init(landed_bar(i), kLandedArrivals);
     tma::fence_init();
     tma::prefetch_map(maps.q);
     tma::prefetch_map(maps.k);
@@ -165,8 +180,8 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
     if (!loading_warp) return;  // the group's other warps only gave their registers
     const float* gate = a.g + row_bt0;
     for (int i = 0; i < n_chunks; ++i) {  // chunk i's Q, K, V tile and gates
-      // Stage i % depth last held chunk i - depth: both warpgroups must have released it.
-      if (i >= kRolesDepth) tma::wait(released_bar(i), static_cast<uint32_t>(i / kRolesDepth - 1) & 1u);
+      // Stage i % depth last held chunk i - depth: every role must have released it.
+      if (i >= kRolesDepth) named_barrier_sync(B::kReleased + i % kRolesDepth, 3 * sd::kThreads + 32);
       const uint32_t stage = sbase + L::stage(i), bar = landed_bar(i);
       const int tok0 = (a.c_begin + i) * kChunk;
       if (lane == 0) {
@@ -189,8 +204,6 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
   }
 
   const int wg_tid = tid & 127;  // thread of its warpgroup
-  // This thread's 32 values of U: float4 nt of thread x at (nt * 128 + x) * 16 bytes.
-  float4* const u_slot = reinterpret_cast<float4*>(smem + M::kU) + wg_tid;
   if (group == 0) {
     claim_registers<kStateRegisters>();
     float s[DK / 64][8][4];
@@ -205,54 +218,47 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
       const sd::ChunkGates cg = sd::scan_gates(gates_of(i), warp, lane);
       lambda += cg.gamma;
 
-      // u_i = U_i - W_i S_i: the accumulators start from U, the product adds (-W) S_i.
+      // u_i = T_u V_i + (-W_i) S_i in one accumulator.
       float acc[8][4];
-      named_barrier_sync(B::kWuReady, kPair);
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        const float4 x = u_slot[nt * 128];
-        acc[nt][0] = x.x;
-        acc[nt][1] = x.y;
-        acc[nt][2] = x.z;
-        acc[nt][3] = x.w;
-      }
+      named_barrier_sync(B::kWyReady, kPair);
       wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        wg::mma_ss<wg::Major::kMN>(acc, wg::desc_sw128(sbase + M::kTu + 32 * kk),
+                                   wg::desc_sw128(stage + L::kV + kk * F::kRow16), kk > 0);
 #pragma unroll
       for (int ks = 0; ks < DK / 16; ++ks)
         wg::mma_ss<wg::Major::kMN>(acc, wg::desc_sw128(sbase + M::kW + kBlockBytes * (ks >> 2) + 32 * (ks & 3)),
                                    wg::desc_sw128(sbase + sbf(i) + ks * F::kRow16), true);
       wg::commit();
-      // Beside the product: S <- e^gamma S and the update's K~^T fragments.
-      float wk[8][2];
-      sd::decay_state<DK>(s, wk, cg);
-      uint32_t kta[DK / 64][4][4];
-      sd::weighted_kt_fragments<DK, true>(kta, stage + L::kK, off, wk);
+      sd::scale_state<DK>(s, cg);  // e^gamma S_i, beside the products
       wg::wait<0>();
       wg::fence_operands(acc);
-      if (i + 1 < n_chunks) named_barrier_arrive(B::kWuFree, kPair);
+      if (i + 1 < n_chunks) named_barrier_arrive(B::kWyFree, kPair);
 
-      // u_i over the V tile (bf16), published to both warpgroups' products.
-      uint8_t* v_tile = smem + L::stage(i) + L::kV;
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = 16 * warp + 8 * hh + g;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-          *reinterpret_cast<uint32_t*>(v_tile + swizzle(r, nt, kChunk) + 4 * t) =
-              pack_bf16x2(acc[nt][2 * hh], acc[nt][2 * hh + 1]);
-      }
+      // u_i over the V tile for the output, diag(e^{gamma - b}) u_i for the update (bf16 both).
+      const float one[2] = {1.f, 1.f};
+      const float to_end[2] = {chunk::exp_nonpos(cg.gamma - cg.row[0]), chunk::exp_nonpos(cg.gamma - cg.row[1])};
+      store_rows_bf16(smem + L::stage(i) + L::kV, acc, one, warp, g, t);
+      store_rows_bf16(smem + M::kUScaled, acc, to_end, warp, g, t);
       wg::fence_proxy_async();
       named_barrier_sync(B::kState, sd::kThreads);
       named_barrier_arrive(B::kHanded + i % 2, kPair);  // S_i's copy and u_i for the output warpgroup
 
-      // S_{i+1} = e^gamma S_i + K~^T u_i.
+      // S_{i+1} = e^gamma S_i + K^T diag(e^{gamma - b}) u_i: A = K^T (the K tile, MN-major).
       wg::fence();
-      sd::issue_state_update<DK>(s, kta, stage + L::kV);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int mt = 0; mt < DK / 64; ++mt)
+          wg::mma_ss<wg::Major::kMN, wg::Major::kMN>(s[mt],
+                                                     wg::desc_sw128(stage + L::kK + mt * kBlockBytes + kk * F::kRow16),
+                                                     wg::desc_sw128(sbase + M::kUScaled + kk * F::kRow16), true);
       wg::commit();
       wg::wait<0>();
 #pragma unroll
       for (int mt = 0; mt < DK / 64; ++mt) wg::fence_operands(s[mt]);
-      release_stage(released_bar(i), lane);
+      release_stage(i, n_chunks);
       if (i + 1 < n_chunks) {
         // S_{i+1}'s buffer last held S_{i-1}: the output warpgroup must be done reading it.
         if (i >= 1) named_barrier_sync(B::kSbfEmpty + (i + 1) % 2, kPair);
@@ -280,7 +286,7 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
     if (n_chunks > 1) issue_tri(1);
     cp_async_commit();
     for (int j = 0; j < n_chunks; ++j) {
-      // U_j and -W_j of chunk j into their tiles, once the state warpgroup has read chunk j - 1's.
+      // T_u and -W of chunk j into their tiles, once the state warpgroup has read chunk j - 1's.
       cp_async_wait<1>();  // this thread's copies of chunk j's (I + L)^{-1} and betas (one group per chunk)
       wait_landed(j);
       named_barrier_sync(B::kWy, sd::kThreads);  // every thread's copies; slot (j + 2) % 3 read
@@ -299,38 +305,34 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
           scale_columns(tw[kk], ta, f.w, kk);
         }
       }
-      float u[8][4], w[DK / 64][8][4];  // written by the first k-step (no accumulate)
+      float w[DK / 64][8][4];  // written by the first k-step (no accumulate)
       wg::fence();
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        wg::mma_rs<wg::Major::kMN>(u, tu[kk], wg::desc_sw128(stage + L::kV + kk * F::kRow16), kk > 0);
+      for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
         for (int nb = 0; nb < DK / 64; ++nb)
           wg::mma_rs<wg::Major::kMN>(w[nb], tw[kk],
                                      wg::desc_sw128(stage + L::kK + nb * kBlockBytes + kk * F::kRow16), kk > 0);
-      }
       wg::commit();
       wg::wait<0>();
-      wg::fence_operands(u);
 #pragma unroll
       for (int nb = 0; nb < DK / 64; ++nb) wg::fence_operands(w[nb]);
-      release_stage(released_bar(j), lane);  // its K, V tiles and gates are read
-      if (j >= 1) named_barrier_sync(B::kWuFree, kPair);
+      release_stage(j, n_chunks);  // its K tile and gates are read
+      if (j >= 1) named_barrier_sync(B::kWyFree, kPair);
+      // T_u in the A-fragment layout: register e of k-step kk is row 16 warp + g (+ 8 for e odd),
+      // columns 16 kk + 8 (e / 2) + 2 t (+1).
+      uint8_t* tu_tile = smem + M::kTu;
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) u_slot[nt * 128] = make_float4(u[nt][0], u[nt][1], u[nt][2], u[nt][3]);
-      uint8_t* w_tile = smem + M::kW;
+      for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
-      for (int nb = 0; nb < DK / 64; ++nb)
+        for (int e = 0; e < 4; ++e)
+          *reinterpret_cast<uint32_t*>(tu_tile + swizzle(16 * warp + g + 8 * (e & 1), 2 * kk + (e >> 1), kChunk) +
+                                       4 * t) = tu[kk][e];
+      const float minus[2] = {-1.f, -1.f};
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int r = 16 * warp + 8 * hh + g;
-#pragma unroll
-          for (int nt = 0; nt < 8; ++nt)
-            *reinterpret_cast<uint32_t*>(w_tile + nb * kBlockBytes + swizzle(r, nt, kChunk) + 4 * t) =
-                pack_bf16x2(-w[nb][nt][2 * hh], -w[nb][nt][2 * hh + 1]);
-        }
-      wg::fence_proxy_async();  // -W is read by the state warpgroup's wgmma
-      named_barrier_arrive(B::kWuReady, kPair);
+      for (int nb = 0; nb < DK / 64; ++nb) store_rows_bf16(smem + M::kW + nb * kBlockBytes, w[nb], minus, warp, g, t);
+      wg::fence_proxy_async();  // T_u and -W are read by the state warpgroup's wgmma
+      named_barrier_arrive(B::kWyReady, kPair);
     }
   } else {
     claim_registers<kOutputRegisters>();
@@ -348,7 +350,7 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
       float o[8][4];  // O rows of this warp, 64 columns
       sd::output_role_chunk<DK>(o, stage + L::kQ, stage + L::kK, stage + L::kV, sbase + sbf(i), off, cg, warp, g, t,
                                 a.scale, sbf_read);
-      release_stage(released_bar(i), lane);
+      release_stage(i, n_chunks);
       const int tok0 = (a.c_begin + i) * kChunk;
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
