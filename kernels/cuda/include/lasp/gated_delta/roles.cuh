@@ -13,11 +13,11 @@
 //                       warpgroup runs chunk i; it copies the (I + L)^{-1} tiles and betas
 //                       (cp.async, two chunks ahead)
 //   output warpgroup    O_i = sigma (diag(e^b) Q S_i + (Q K^T ⊙ D) u_i), beside chunk i + 1's chain
-//   loading warp        Q, K, V tiles by tensor copies and the gates, kRolesDepth chunks in flight;
-//                       a stage is filled again once the three warpgroups have released it
+//   loading warp        Q, K, V tiles by tensor copies, kRolesDepth chunks in flight; a stage is
+//                       filled again once the three warpgroups have released it
 // Everything one warpgroup hands another in shared memory is read by the tensor cores (the bf16
-// copies of S, u, T_u, -W), so no thread reads with plain loads what another role writes, except
-// the stages' gates, which each role scans for itself.
+// copies of S, u, T_u, -W); each role reads a chunk's 64 gates from global memory itself, one
+// chunk ahead (the stages' gate slots of scalar decay's layout stay unused).
 // The loading warp's warpgroup gives its registers to the other three (setmaxnreg).
 #pragma once
 #include <stdint.h>
@@ -147,7 +147,7 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
   constexpr int kPair = 2 * sd::kThreads;         // arrivals of the barriers between two warpgroups
   constexpr uint32_t kBlockBytes = kChunk * 128;  // one box: 64 tokens x 64 columns
   constexpr uint32_t kChunkBoxBytes = (2 * DK / 64 + 1) * kBlockBytes;  // Q, K and the V tile
-  constexpr uint32_t kLandedArrivals = 1 + 32;  // the issuing lane's byte count and the warp's gate copies
+  constexpr uint32_t kLandedArrivals = 1;  // the issuing lane's, with the byte count
 
   extern __shared__ __align__(1024) uint8_t smem[];
   const uint32_t sbase = smem_addr(smem);
@@ -163,7 +163,12 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
   auto sbf = [](int i) { return L::kSbf + (i & 1) * L::kSbfBytes; };  // bf16 copy of S_i
   auto landed_bar = [&](int i) { return sbase + M::kLanded + 8 * (i % kRolesDepth); };
   auto wait_landed = [&](int i) { tma::wait(landed_bar(i), static_cast<uint32_t>(i / kRolesDepth) & 1u); };
-  auto gates_of = [&](int i) { return reinterpret_cast<const float*>(smem + L::gates(i)); };
+  // Segment chunk i's gates a_{2 lane}, a_{2 lane + 1} (0 past T), as scan_gates takes them.
+  auto load_gates = [&](int i) {
+    const int tok = (a.c_begin + i) * kChunk + 2 * lane;
+    const float* at = a.g + row_bt0 + (int64_t)tok * a.H;
+    return make_float2(tok < T ? __ldg(at) : 0.f, tok + 1 < T ? __ldg(at + a.H) : 0.f);
+  };
 
   if (tid == 0) {
 #pragma unroll
@@ -178,8 +183,7 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
   if (group == 3) {
     release_registers<kLoadingRegisters>();
     if (!loading_warp) return;  // the group's other warps only gave their registers
-    const float* gate = a.g + row_bt0;
-    for (int i = 0; i < n_chunks; ++i) {  // chunk i's Q, K, V tile and gates
+    for (int i = 0; i < n_chunks; ++i) {  // chunk i's Q, K, V tile
       // Stage i % depth last held chunk i - depth: every role must have released it.
       if (i >= kRolesDepth) named_barrier_sync(B::kReleased + i % kRolesDepth, 3 * sd::kThreads + 32);
       const uint32_t stage = sbase + L::stage(i), bar = landed_bar(i);
@@ -193,12 +197,6 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
         }
         tma::load_4d(stage + L::kV, maps.v, a.vt * sd::kTileV, h, tok0, b, bar);
       }
-#pragma unroll
-      for (int r = lane; r < kChunk; r += 32) {
-        const bool ok = tok0 + r < T;
-        cp_async_4(sbase + L::gates(i) + 4 * r, ok ? gate + (int64_t)(tok0 + r) * a.H : gate, ok);
-      }
-      tma::arrive_after_cp_async(bar);
     }
     return;
   }
@@ -210,12 +208,14 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
     start(s, ln);
     sd::store_state_bf16<DK>(smem, sbf(0), s, ln);
     float lambda = 0.f;  // segment log-decay, summed over chunks in order (deterministic)
+    float2 gates = load_gates(0);
     for (int i = 0; i < n_chunks; ++i) {
+      const sd::ChunkGates cg = sd::scan_gates(gates, warp, lane);
+      if (i + 1 < n_chunks) gates = load_gates(i + 1);
       wait_landed(i);
       wg::fence_proxy_async();  // S_i's copy visible to wgmma
       named_barrier_sync(B::kState, sd::kThreads);
       const uint32_t stage = sbase + L::stage(i);
-      const sd::ChunkGates cg = sd::scan_gates(gates_of(i), warp, lane);
       lambda += cg.gamma;
 
       // u_i = T_u V_i + (-W_i) S_i in one accumulator.
@@ -285,7 +285,10 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
     cp_async_commit();
     if (n_chunks > 1) issue_tri(1);
     cp_async_commit();
+    float2 gates = load_gates(0);
     for (int j = 0; j < n_chunks; ++j) {
+      const float2 gates_j = gates;
+      if (j + 1 < n_chunks) gates = load_gates(j + 1);
       // T_u and -W of chunk j into their tiles, once the state warpgroup has read chunk j - 1's.
       cp_async_wait<1>();  // this thread's copies of chunk j's (I + L)^{-1} and betas (one group per chunk)
       wait_landed(j);
@@ -295,7 +298,7 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
       const uint32_t stage = sbase + L::stage(j);
       uint32_t tu[4][4], tw[4][4];
       {
-        const sd::ChunkGates cg = sd::scan_gates(gates_of(j), warp, lane);
+        const sd::ChunkGates cg = sd::scan_gates(gates_j, warp, lane);
         const WyFactors f(reinterpret_cast<const float*>(smem + M::kBeta) + (j % kTriSlots) * kChunk, cg, t);
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
@@ -317,7 +320,7 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
       wg::wait<0>();
 #pragma unroll
       for (int nb = 0; nb < DK / 64; ++nb) wg::fence_operands(w[nb]);
-      release_stage(j, n_chunks);  // its K tile and gates are read
+      release_stage(j, n_chunks);  // its K tile is read
       if (j >= 1) named_barrier_sync(B::kWyFree, kPair);
       // T_u in the A-fragment layout: register e of k-step kk is row 16 warp + g (+ 8 for e odd),
       // columns 16 kk + 8 (e / 2) + 2 t (+1).
@@ -338,11 +341,13 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
     claim_registers<kOutputRegisters>();
     uint16_t* o_tile = a.o + row_bt0 * a.Dv + a.vt * sd::kTileV + 2 * t;
     const int64_t v_stride = (int64_t)a.H * a.Dv;
+    float2 gates = load_gates(0);
     for (int i = 0; i < n_chunks; ++i) {
+      const sd::ChunkGates cg = sd::scan_gates(gates, warp, lane);
+      if (i + 1 < n_chunks) gates = load_gates(i + 1);
       wait_landed(i);
       named_barrier_sync(B::kHanded + i % 2, kPair);
       const uint32_t stage = sbase + L::stage(i);
-      const sd::ChunkGates cg = sd::scan_gates(gates_of(i), warp, lane);
       // S_i's buffer is written again (with S_{i+2}) only if there is a chunk i + 2.
       auto sbf_read = [&] {
         if (i + 2 < n_chunks) named_barrier_arrive(B::kSbfEmpty + i % 2, kPair);

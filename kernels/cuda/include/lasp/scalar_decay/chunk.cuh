@@ -102,9 +102,9 @@ struct GatePair {
 
 // Every warp scans the 64 gates itself (identical instructions, so identical bits): no barrier and
 // no shared-memory write between the chunk's arrival and its use.
-__device__ __forceinline__ GatePair scan_gate_pairs(const float* s_gates, int lane) {
+// `a`: this lane's gates a_{2l}, a_{2l+1}.
+__device__ __forceinline__ GatePair scan_gate_pairs(float2 a, int lane) {
   constexpr unsigned kAll = 0xffffffffu;
-  const float2 a = reinterpret_cast<const float2*>(s_gates)[lane];
   const float pair = a.x + a.y;
   float incl = pair;
 #pragma unroll
@@ -117,10 +117,16 @@ __device__ __forceinline__ GatePair scan_gate_pairs(const float* s_gates, int la
   return {excl + a.x, excl + pair};
 }
 
+// The scan of the 64 gates of a chunk in shared memory.
+__device__ __forceinline__ GatePair scan_gate_pairs(const float* s_gates, int lane) {
+  return scan_gate_pairs(reinterpret_cast<const float2*>(s_gates)[lane], lane);
+}
+
 // The gates of a chunk as this lane's fragments need them (scan_gate_pairs, then shuffles).
-__device__ __forceinline__ ChunkGates scan_gates(const float* s_gates, int warp, int lane) {
+// `pair`: this lane's gates a_{2l}, a_{2l+1}.
+__device__ __forceinline__ ChunkGates scan_gates(float2 pair, int warp, int lane) {
   constexpr unsigned kAll = 0xffffffffu;
-  const GatePair bp = scan_gate_pairs(s_gates, lane);
+  const GatePair bp = scan_gate_pairs(pair, lane);
   const float b_even = bp.even;
   const float b_odd = bp.odd;
 
@@ -140,6 +146,11 @@ __device__ __forceinline__ ChunkGates scan_gates(const float* s_gates, int warp,
   }
   cg.gamma = __shfl_sync(kAll, b_odd, 31);
   return cg;
+}
+
+// The gates of a chunk in shared memory as this lane's fragments need them.
+__device__ __forceinline__ ChunkGates scan_gates(const float* s_gates, int warp, int lane) {
+  return scan_gates(reinterpret_cast<const float2*>(s_gates)[lane], warp, lane);
 }
 
 
