@@ -1,6 +1,6 @@
-// Gated DeltaNet's forward output kernel with two roles (lasp/gated_delta/roles.cuh), for sm_90a:
-// the output kernel of gated_delta/forward.cu, its chain and its output products in warpgroups of
-// their own. Built without -rdc into a module of its own (kernels/instances.rs,
+// Gated DeltaNet's forward output kernel with roles (lasp/gated_delta/roles.cuh), for sm_90a: the
+// output kernel of gated_delta/forward.cu in the WY form, its chain, its WY products and its output
+// products in warpgroups of their own. Built without -rdc into a module of its own (kernels/instances.rs,
 // STANDALONE_SOURCES): it hands registers between its warpgroups with setmaxnreg.
 #include "lasp/gated_delta/affine.cuh"
 #include "lasp/gated_delta/forward_params.h"

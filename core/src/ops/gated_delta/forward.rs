@@ -212,8 +212,8 @@ pub struct GatedDeltaPlan {
     pub summary: Option<LaunchShape>,
     pub fold: Option<LaunchShape>,
     pub output: LaunchShape,
-    /// Whether the output pass is the two-role kernel (where the GPU runs it and the instance
-    /// allows it), with its launch; else `output`.
+    /// Whether the output pass is the roles kernel (the WY form in three warpgroups, where the
+    /// GPU runs it and the instance allows it), with its launch; else `output`.
     pub output_roles: Option<LaunchShape>,
     pub workspace_bytes: u64,
     /// Offsets of ws_a, ws_b and ws_p (after the `(I + L)^{-1}` tiles at 0), where a fold runs.
@@ -287,7 +287,7 @@ pub(super) struct ChunkKernels {
     wy: [Kernel; 2],
     summary: [Kernel; 2],
     output: [Kernel; 2],
-    /// The two-role output kernels, where the GPU runs them (sm_90 and its shared memory).
+    /// The output kernels with roles, where the GPU runs them (sm_90 and its shared memory).
     output_roles: Option<[Kernel; 2]>,
     /// Whether one-segment plans take them (tests compare the two).
     two_roles: bool,
@@ -327,7 +327,7 @@ impl ChunkKernels {
         Ok(kernels)
     }
 
-    /// `plan` with the two-role output where the kernels allow it.
+    /// `plan` with the roles kernel as its output pass where the kernels allow it.
     pub(super) fn choose_output(
         &self,
         mut plan: GatedDeltaPlan,
@@ -537,8 +537,8 @@ impl GatedDeltaForward {
         Ok(self.kernels.choose_output(plan, shape))
     }
 
-    /// Whether plans run the two-role output kernel (the default, where the GPU runs it) or the
-    /// one-warpgroup one (tests compare the two).
+    /// Whether plans run the output kernel with roles (the default, where the GPU runs it) or the
+    /// one-warpgroup one (tests run both).
     pub fn set_two_role_output(&mut self, enabled: bool) {
         self.kernels.two_roles = enabled;
     }
