@@ -146,7 +146,6 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
   using B = GdnRoleBarriers;
   constexpr int kPair = 2 * sd::kThreads;         // arrivals of the barriers between two warpgroups
   constexpr uint32_t kBlockBytes = kChunk * 128;  // one box: 64 tokens x 64 columns
-  constexpr uint32_t kChunkBoxBytes = (2 * DK / 64 + 1) * kBlockBytes;  // Q, K and the V tile
   constexpr uint32_t kLandedArrivals = 1;  // the issuing lane's, with the byte count
 
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -186,17 +185,9 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
     for (int i = 0; i < n_chunks; ++i) {  // chunk i's Q, K, V tile
       // Stage i % depth last held chunk i - depth: every role must have released it.
       if (i >= kRolesDepth) named_barrier_sync(B::kReleased + i % kRolesDepth, 3 * sd::kThreads + 32);
-      const uint32_t stage = sbase + L::stage(i), bar = landed_bar(i);
+      const uint32_t stage = sbase + L::stage(i);
       const int tok0 = (a.c_begin + i) * kChunk;
-      if (lane == 0) {
-        tma::arrive_expect_bytes(bar, kChunkBoxBytes);
-#pragma unroll
-        for (int kb = 0; kb < DK / 64; ++kb) {
-          tma::load_4d(stage + L::kQ + kb * kBlockBytes, maps.q, 64 * kb, h, tok0, b, bar);
-          tma::load_4d(stage + L::kK + kb * kBlockBytes, maps.k, 64 * kb, h, tok0, b, bar);
-        }
-        tma::load_4d(stage + L::kV, maps.v, a.vt * sd::kTileV, h, tok0, b, bar);
-      }
+      if (lane == 0) sd::load_chunk_tiles<DK, L>(stage, landed_bar(i), maps, a.vt, h, tok0, b);
     }
     return;
   }

@@ -1047,6 +1047,22 @@ struct QkvMaps {
   const lasp_tensor_map& v;
 };
 
+// By one thread of a loading warp: the tensor copies of a chunk's Q and K (every 64-column block)
+// and of its V tile vt of (b, h), from token tok0, into the stage at `stage` of the shared-memory
+// map L (rows beyond T arrive as zeros), their bytes counted on the stage's mbarrier `bar`.
+template <int DK, class L>
+__device__ __forceinline__ void load_chunk_tiles(uint32_t stage, uint32_t bar, const QkvMaps& maps, int vt, int h,
+                                                 int tok0, int b) {
+  constexpr uint32_t kBlockBytes = kChunk * 128;  // one box: 64 tokens x 64 columns, a 64-column block of a tile
+  tma::arrive_expect_bytes(bar, (2 * DK / 64 + 1) * kBlockBytes);
+#pragma unroll
+  for (int kb = 0; kb < DK / 64; ++kb) {
+    tma::load_4d(stage + L::kQ + kb * kBlockBytes, maps.q, 64 * kb, h, tok0, b, bar);
+    tma::load_4d(stage + L::kK + kb * kBlockBytes, maps.k, 64 * kb, h, tok0, b, bar);
+  }
+  tma::load_4d(stage + L::kV, maps.v, vt * kTileV, h, tok0, b, bar);
+}
+
 // State role, one chunk: S <- e^gamma S + K~^T V (output_chunk's state update on its own), in
 // three calls so that the next chunk's preparation runs while this chunk's products do
 // (run_roles_segment_with). What the update needs of its chunk besides the state: the gates and,
@@ -1161,8 +1177,6 @@ __device__ __forceinline__ void run_roles_segment_with(const SegmentArgs& a, con
                 "shared-memory map and host formula disagree");
   constexpr int kPair = 2 * kThreads;  // arrivals per phase of kSbfEmpty: the two groups
   constexpr int kAll = kRolesThreads;  // arrivals per phase of kSbfFull: the groups and the loading warp
-  constexpr uint32_t kBlockBytes = kChunk * 128;  // one box: 64 tokens x 64 columns, a 64-column block of a tile
-  constexpr uint32_t kChunkBoxBytes = (2 * DK / 64 + 1) * kBlockBytes;  // Q, K and the V tile of a chunk
   constexpr uint32_t kLandedArrivals = 1 + 32;  // the issuing lane's byte count and the loading warp's gate copies
 
   extern __shared__ __align__(1024) uint8_t smem[];  // aligned: see Layout
@@ -1200,15 +1214,7 @@ __device__ __forceinline__ void run_roles_segment_with(const SegmentArgs& a, con
   auto issue_chunk = [&](int i) {
     const uint32_t stage = sbase + L::stage(i), bar = landed_bar(i);
     const int tok0 = (a.c_begin + i) * kChunk;
-    if (lane == 0) {
-      tma::arrive_expect_bytes(bar, kChunkBoxBytes);
-#pragma unroll
-      for (int kb = 0; kb < DK / 64; ++kb) {
-        tma::load_4d(stage + L::kQ + kb * kBlockBytes, maps.q, 64 * kb, h, tok0, b, bar);
-        tma::load_4d(stage + L::kK + kb * kBlockBytes, maps.k, 64 * kb, h, tok0, b, bar);
-      }
-      tma::load_4d(stage + L::kV, maps.v, a.vt * kTileV, h, tok0, b, bar);
-    }
+    if (lane == 0) load_chunk_tiles<DK, L>(stage, bar, maps, a.vt, h, tok0, b);
 #pragma unroll
     for (int r = lane; r < kChunk; r += 32) {
       const bool ok = tok0 + r < T;
