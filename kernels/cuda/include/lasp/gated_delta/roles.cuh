@@ -1,5 +1,5 @@
-// Gated DeltaNet's warp-specialised output loop (kernels/docs/gated-delta.md, "The chain in two
-// products"): the values of chunk n in the WY form,
+// Gated DeltaNet's warp-specialised output loop (kernels/docs/gated-delta.md, "The WY form in
+// three warpgroups"): the values of chunk n in the WY form,
 //   u = U - W S_n,   U = (I + L)^{-1} diag(beta) V,   W = (I + L)^{-1} diag(beta e^b) K,
 // where U and W depend on the chunk's inputs only, so they are computed beside the state's chain
 // and the chain keeps two products per chunk (W S_n, then the state update). Per chunk i:
@@ -71,8 +71,9 @@ struct GdnRoleBarriers {
 
 // Registers per thread after the hand-over: the loading warpgroup's go to the other three, most to
 // the state warpgroup, whose state and u are live at once (128 x (24 + 176 + 152 + 160) = 65,536,
-// what 512 threads x 128 started with). ptxas honours setmaxnreg only outside relocatable device
-// code (C7504): this kernel is built without -rdc.
+// what 512 threads x 128 started with; at Dk = 128 ptxas spills the state's loop with 160 and
+// serialises the WY warpgroup's wgmmas with 152). ptxas honours setmaxnreg only outside
+// relocatable device code (C7504): this kernel is built without -rdc.
 constexpr int kLoadingRegisters = 24;
 constexpr int kStateRegisters = 176;
 constexpr int kOutputRegisters = 152;
