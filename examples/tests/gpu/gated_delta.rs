@@ -231,7 +231,7 @@ fn run_case(fwd: &mut GatedDeltaForward, stream: &Arc<CudaStream>, case: &Case) 
         };
         let (o, ht, plan) = run_once(fwd, stream, &mut dev, shape, scale)?;
         let (o2, ht2, _) = run_once(fwd, stream, &mut dev, shape, scale)?;
-        // Where the plan has the two-role output kernel (u in the WY form, U - W S_n), the
+        // Where the plan has the output kernel with roles (u in the WY form, T_u V - W S_n), the
         // one-warpgroup kernel ((I + L)^{-1} R) too: their roundings differ, both are held to the
         // reference.
         let one_warpgroup = if plan.output_roles.is_some() {
@@ -283,7 +283,7 @@ fn run_case(fwd: &mut GatedDeltaForward, stream: &Arc<CudaStream>, case: &Case) 
             plan.num_segments,
             plan.chunks_per_segment,
             if one_warpgroup.is_some() {
-                " two-role"
+                " roles"
             } else {
                 ""
             }

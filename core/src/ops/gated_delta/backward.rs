@@ -217,7 +217,7 @@ pub struct GatedDeltaBackwardPlan {
     /// segments 1..S-1), and the workspace's first parts (`(I + L)^{-1}` at 0, then the
     /// summaries and prefixes where S > 1). Its summary launch leaves out the last segment's b,
     /// which nothing in the backward reads (`summary_without_last_b`). Its output grid is the
-    /// states kernel's; it never takes the two-role output kernel.
+    /// states kernel's; it never takes the output kernel with roles.
     pub forward: GatedDeltaPlan,
     /// The WY kernel: `(I + L)^{-1}` and W of every chunk.
     pub wy: LaunchShape,

@@ -289,7 +289,7 @@ pub(super) struct ChunkKernels {
     output: [Kernel; 2],
     /// The output kernels with roles, where the GPU runs them (sm_90 and its shared memory).
     output_roles: Option<[Kernel; 2]>,
-    /// Whether one-segment plans take them (tests compare the two).
+    /// Whether plans take them (tests run the one-warpgroup kernel too).
     two_roles: bool,
 }
 
