@@ -290,7 +290,7 @@ pub(super) struct ChunkKernels {
     /// The output kernels with roles, where the GPU runs them (sm_90 and its shared memory).
     output_roles: Option<[Kernel; 2]>,
     /// Whether plans take them (tests run the one-warpgroup kernel too).
-    two_roles: bool,
+    use_roles: bool,
 }
 
 impl ChunkKernels {
@@ -318,7 +318,7 @@ impl ChunkKernels {
             summary: summary_kernels(runtime)?,
             output: module.kernels_per_width(instances::GDN_OUTPUT)?,
             output_roles,
-            two_roles: true,
+            use_roles: true,
         };
         for (i, dk) in [64, 128].into_iter().enumerate() {
             kernels.wy[i].set_max_dynamic_shared_bytes(wy_smem_bytes(dk))?;
@@ -333,7 +333,7 @@ impl ChunkKernels {
         mut plan: GatedDeltaPlan,
         s: &ForwardShape,
     ) -> GatedDeltaPlan {
-        if self.output_roles.is_some() && self.two_roles {
+        if self.output_roles.is_some() && self.use_roles {
             plan.output_roles = Some(LaunchShape {
                 grid: plan.output.grid,
                 block: (header::LASP_GDN_ROLES_THREADS, 1, 1),
@@ -540,7 +540,7 @@ impl GatedDeltaForward {
     /// Whether plans run the output kernel with roles (the default, where the GPU runs it) or the
     /// one-warpgroup one (tests run both).
     pub fn set_two_role_output(&mut self, enabled: bool) {
-        self.kernels.two_roles = enabled;
+        self.kernels.use_roles = enabled;
     }
 
     /// Enqueues the forward on `stream` (a stream of the runtime's context) and returns the plan

@@ -66,6 +66,7 @@ struct GdnRoleBarriers {
   static constexpr int kWyReady = kWy + 1;       // T_u, -W of the next chunk written (WY -> state)
   static constexpr int kWyFree = kWyReady + 1;   // T_u, -W read (state -> WY)
   static constexpr int kReleased = kWyFree + 1;  // + i % depth: stage of chunk i read (roles -> loading)
+  static constexpr int kReleasedArrivals = 3 * sd::kThreads + 32;  // the three warpgroups and the loading warp
   static_assert(kReleased + kRolesDepth <= 16, "sixteen named barriers");
 };
 
@@ -131,8 +132,8 @@ __device__ __forceinline__ void store_rows_bf16(uint8_t* tile, const float (&acc
 // Arrives on Released + i % depth once the calling warpgroup is done with chunk i's stage, if the
 // loading warp waits for it (a chunk i + depth exists).
 __device__ __forceinline__ void release_stage(int i, int n_chunks) {
-  constexpr int kArrivals = 3 * sd::kThreads + 32;  // the three warpgroups and the loading warp
-  if (i + kRolesDepth < n_chunks) named_barrier_arrive(GdnRoleBarriers::kReleased + i % kRolesDepth, kArrivals);
+  using B = GdnRoleBarriers;
+  if (i + kRolesDepth < n_chunks) named_barrier_arrive(B::kReleased + i % kRolesDepth, B::kReleasedArrivals);
 }
 
 // One CTA's segment, Dv tile a.vt of b*H+h = a.bh, from the state `start` fills (state warpgroup);
@@ -185,7 +186,7 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
     if (!loading_warp) return;  // the group's other warps only gave their registers
     for (int i = 0; i < n_chunks; ++i) {  // chunk i's Q, K, V tile
       // Stage i % depth last held chunk i - depth: every role must have released it.
-      if (i >= kRolesDepth) named_barrier_sync(B::kReleased + i % kRolesDepth, 3 * sd::kThreads + 32);
+      if (i >= kRolesDepth) named_barrier_sync(B::kReleased + i % kRolesDepth, B::kReleasedArrivals);
       const uint32_t stage = sbase + L::stage(i);
       const int tok0 = (a.c_begin + i) * kChunk;
       if (lane == 0) sd::load_chunk_tiles<DK, L>(stage, landed_bar(i), maps, a.vt, h, tok0, b);
