@@ -158,8 +158,8 @@ pub const INSTANCES: &[Instance] = &[
         "lasp_gla_bwd_grads_threads({dk}, 128), 1", GLA_BWD_PARAMS, "lasp::gla::bwd_grads<{dk}, 128>(p)"),
     // Gated DeltaNet's forward (single GPU): the chunks' (I + L)^{-1}, the segments' affine
     // summaries and their fold, then scalar decay's output loop with the delta rule's values step.
-    row("GDN_WY", "lasp_gated_delta_wy_dk{dk}", GDN_FORWARD, "LASP_GDN_WY_THREADS, 1", GDN_PARAMS,
-        "lasp::gdn::run_wy<{dk}>(p)"),
+    row("GDN_WY", "lasp_gated_delta_wy_dk{dk}", GDN_FORWARD, "LASP_GDN_WY_THREADS, lasp_gdn_wy_min_ctas({dk})",
+        GDN_PARAMS, "lasp::gdn::run_wy<{dk}>(p)"),
     row("GDN_SUMMARY", "lasp_gated_delta_summary_dk{dk}", GDN_FORWARD, SD_THREADS, GDN_PARAMS,
         "lasp::gdn::run_summary<{dk}>(p)"),
     row("GDN_FOLD", "lasp_gated_delta_fold_dk{dk}", GDN_FORWARD, "LASP_GDN_FOLD_THREADS", GDN_PARAMS,
@@ -171,8 +171,8 @@ pub const INSTANCES: &[Instance] = &[
     // Gated DeltaNet's backward (single GPU): the forward's (I + L)^{-1} again with W, the chain
     // again storing every chunk's state and u, the reversed chain of dS (per segment, after the
     // segments' summaries of it and their fold), then every chunk's gradients.
-    row("GDN_BWD_WY", "lasp_gated_delta_bwd_wy_dk{dk}", GDN_BACKWARD, "LASP_GDN_WY_THREADS, 1", GDN_BWD_PARAMS,
-        "lasp::gdn::bwd_wy<{dk}>(p)"),
+    row("GDN_BWD_WY", "lasp_gated_delta_bwd_wy_dk{dk}", GDN_BACKWARD,
+        "LASP_GDN_WY_THREADS, lasp_gdn_wy_min_ctas({dk})", GDN_BWD_PARAMS, "lasp::gdn::bwd_wy<{dk}>(p)"),
     row("GDN_BWD_STATES", "lasp_gated_delta_bwd_states_dk{dk}", GDN_BACKWARD, SD_THREADS, GDN_BWD_PARAMS,
         "lasp::gdn::bwd_states<{dk}>(p)"),
     row("GDN_BWD_DH_SUMMARY", "lasp_gated_delta_bwd_dh_summary_dk{dk}", GDN_BACKWARD, SD_THREADS, GDN_BWD_PARAMS,

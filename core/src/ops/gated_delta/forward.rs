@@ -149,7 +149,7 @@ pub(super) fn check_forced_segments(segments: Option<u32>, op: &str) -> Result<(
 }
 
 /// Shared-memory bytes of the WY kernel (`lasp_gdn_wy_smem_bytes`): the K tile, the chunk's gates
-/// and betas, L in fp32.
+/// and betas, `(I + L)^{-1}` transposed in fp32.
 pub(super) fn wy_smem_bytes(dk: usize) -> u32 {
     CHUNK * dk as u32 * 2 + 2 * CHUNK * 4 + CHUNK * header::LASP_GDN_TRI_PITCH * 4
 }

@@ -51,9 +51,9 @@ fn shared_memory_follows_the_header() {
         91_136 + 3 * 8_192 + 2 * 8_192 + 8_192 + 3 * 256
     );
     assert!(roles_smem_bytes(128) <= 227 * 1024);
-    // The K tile, 64 gates and 64 betas, L as 64 rows of 65 floats.
-    assert_eq!(wy_smem_bytes(128), 16_384 + 512 + 16_640);
-    assert_eq!(wy_smem_bytes(64), 8_192 + 512 + 16_640);
+    // The K tile, 64 gates and 64 betas, (I + L)^{-1} transposed as 64 rows of 72 floats.
+    assert_eq!(wy_smem_bytes(128), 16_384 + 512 + 18_432);
+    assert_eq!(wy_smem_bytes(64), 8_192 + 512 + 18_432);
 }
 
 #[test]
@@ -212,10 +212,10 @@ fn unsupported_widths_are_refused_with_what_to_do() {
 
 #[test]
 fn backward_shared_memory_follows_the_header() {
-    // WY: the forward's (33,536 bytes at Dk 128, 25,344 at Dk 64) rounded up to 1 KiB, then
+    // WY: the forward's (35,328 bytes at Dk 128, 27,136 at Dk 64) rounded up to 1 KiB, then
     // (I + L)^{-1} as a bf16 tile.
-    assert_eq!(backward_wy_smem_bytes(128), 33_792 + 8_192);
-    assert_eq!(backward_wy_smem_bytes(64), 25_600 + 8_192);
+    assert_eq!(backward_wy_smem_bytes(128), 35_840 + 8_192);
+    assert_eq!(backward_wy_smem_bytes(64), 27_648 + 8_192);
     // The dS pass: two stages of Q, K, W (16 KiB each at Dk 128), dO and 1 KiB of gates; two bf16
     // copies of dS' [Dk x 64]; the du tile.
     assert_eq!(
@@ -287,7 +287,7 @@ fn backward_plans_run_the_forwards_segments_and_follow_its_workspace() {
     assert_eq!(p.workspace_bytes, tri + 3 * rows + 2 * states);
     assert_eq!(
         (p.wy.grid, p.wy.block, p.wy.shared_bytes),
-        ((128, 64, 1), (64, 1, 1), backward_wy_smem_bytes(128))
+        ((128, 64, 1), (128, 1, 1), backward_wy_smem_bytes(128))
     );
     assert_eq!(
         (p.states.grid, p.states.block, p.states.shared_bytes),
@@ -739,6 +739,118 @@ fn the_first_builds_roundings_keep_the_gpu_tests_tolerance() {
             e_o <= 5e-3 && e_ht <= 5e-3,
             "{regime:?} beta {fill:?}: o {e_o:.2e}, ht {e_ht:.2e}"
         );
+    }
+}
+
+/// `(I - N)^{-1}` of a strictly lower `[64 x 64]` N (row-major) as the WY kernel computes it
+/// (lasp/gated_delta/wy.cuh), in f64 and in the kernel's order: the diagonal 16 x 16 blocks
+/// `D_k = (I - N_kk)^{-1}` by forward substitution (column c: `x_r = [r == c] + sum_{j < r}
+/// N_kk[r][j] x_j`, j ascending), then the blocks below them by levels d = 1, 2, 3, each level's
+/// blocks from the earlier levels': `X_{i,j} = D_i S` with `S = sum_{k=j}^{i-1} N_{i,k} X_{k,j}`,
+/// `j = i - d`.
+fn blocked_inverse(n: &[f64]) -> Vec<f64> {
+    let at = |r: usize, c: usize| r * 64 + c;
+    let mut x = vec![0.0; 64 * 64];
+    for k in 0..4 {
+        let o = 16 * k;
+        for c in 0..16 {
+            for r in 0..16 {
+                let mut acc = if r == c { 1.0 } else { 0.0 };
+                for j in 0..r {
+                    acc += n[at(o + r, o + j)] * x[at(o + j, o + c)];
+                }
+                x[at(o + r, o + c)] = acc;
+            }
+        }
+    }
+    for d in 1..4 {
+        for i in d..4 {
+            let j = i - d;
+            let mut s = [[0.0; 16]; 16];
+            for k in j..i {
+                for (r, row) in s.iter_mut().enumerate() {
+                    for (c, e) in row.iter_mut().enumerate() {
+                        *e += (0..16)
+                            .map(|m| n[at(16 * i + r, 16 * k + m)] * x[at(16 * k + m, 16 * j + c)])
+                            .sum::<f64>();
+                    }
+                }
+            }
+            for r in 0..16 {
+                for c in 0..16 {
+                    x[at(16 * i + r, 16 * j + c)] = (0..16)
+                        .map(|m| x[at(16 * i + r, 16 * i + m)] * s[m][c])
+                        .sum();
+                }
+            }
+        }
+    }
+    x
+}
+
+#[test]
+fn the_wy_kernels_blocked_inverse_is_the_substitutions() {
+    // N = -L of a chunk as the kernel builds it (unit keys, beta in [0, 1), gates <= 0), its last
+    // rows virtual tokens (k = 0, beta = 0: zero rows), against the whole-column substitution
+    // X[r][c] = [r == c] + sum_{j < r} N[r][j] X[j][c].
+    use crate::reference::SplitMix64;
+    let mut rng = SplitMix64::new(0x5759_424c_4f43_4b53);
+    for (valid, decay) in [(64, 0.05), (64, 1.0), (45, 0.2), (1, 0.1)] {
+        let keys: Vec<Vec<f64>> = (0..64)
+            .map(|t| {
+                let k: Vec<f64> = (0..32).map(|_| rng.normal()).collect();
+                let norm = k.iter().map(|x| x * x).sum::<f64>().sqrt();
+                k.iter()
+                    .map(|x| if t < valid { x / norm } else { 0.0 })
+                    .collect()
+            })
+            .collect();
+        let beta: Vec<f64> = (0..64)
+            .map(|t| if t < valid { rng.uniform() } else { 0.0 })
+            .collect();
+        let mut b = [0.0f64; 64];
+        let mut acc = 0.0;
+        for (t, bt) in b.iter_mut().enumerate() {
+            acc -= if t < valid {
+                decay * rng.uniform()
+            } else {
+                0.0
+            };
+            *bt = acc;
+        }
+        let mut n = vec![0.0; 64 * 64];
+        for r in 0..64 {
+            for j in 0..r {
+                let dot: f64 = keys[r].iter().zip(&keys[j]).map(|(x, y)| x * y).sum();
+                n[r * 64 + j] = -beta[r] * (b[r] - b[j]).exp() * dot;
+            }
+        }
+        let mut want = vec![0.0; 64 * 64];
+        for r in 0..64 {
+            for c in 0..64 {
+                let diagonal = if r == c { 1.0 } else { 0.0 };
+                want[r * 64 + c] = diagonal
+                    + (0..r)
+                        .map(|j| n[r * 64 + j] * want[j * 64 + c])
+                        .sum::<f64>();
+            }
+        }
+        let got = blocked_inverse(&n);
+        let scale = want.iter().fold(0f64, |m, x| m.max(x.abs()));
+        let err = got
+            .iter()
+            .zip(&want)
+            .fold(0f64, |m, (g, w)| m.max((g - w).abs()));
+        assert!(
+            err <= 1e-13 * scale,
+            "{valid} valid tokens, decay {decay}: max error {err:.2e} of {scale:.2e}"
+        );
+        for r in valid..64 {
+            for c in 0..64 {
+                let identity = if r == c { 1.0 } else { 0.0 };
+                assert_eq!(got[r * 64 + c], identity, "virtual row {r}, column {c}");
+            }
+        }
     }
 }
 

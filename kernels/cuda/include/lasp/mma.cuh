@@ -1,12 +1,16 @@
 // Warp-level tensor-core, async-copy and barrier primitives (sm_80+ PTX, used on sm_90a): ldmatrix,
-// mma.sync m16n8k16 bf16 -> fp32, cp.async with zero fill, bf16x2 packing, the swizzled tile layout,
-// named barriers.
+// mma.sync m16n8k16 bf16 -> fp32 and m16n8k8 tf32 -> fp32, cp.async with zero fill, bf16x2 packing,
+// the swizzled tile layout, named barriers.
 //
 // Fragment layouts of mma.m16n8k16 (lane = 4*g + t, g = lane / 4, t = lane % 4):
 //   A 16x16 (row-major): a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]
 //   B 16x8  (k x n):     b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]
 //   C 16x8  (fp32):      c0,c1 = C[g][2t..2t+1], c2,c3 = C[g+8][2t..2t+1]
 // Each 32-bit register holds two bf16, the lower column (or k) index in the low half.
+// Fragment layouts of mma.m16n8k8 with .tf32 (one element per register):
+//   A 16x8 (row-major):  a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4], a3 = A[g+8][t+4]
+//   B 8x8  (k x n):      b0 = B[t][g], b1 = B[t+4][g]
+//   C 16x8 (fp32):       as m16n8k16's
 #pragma once
 #include <stdint.h>
 
@@ -49,6 +53,24 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// d += A * B, tf32 inputs (fp32 patterns rounded by tf32_rn), fp32 accumulate.
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// fp32 to tf32 (10 mantissa bits, nearest even), as a 32-bit pattern whose low 13 bits are zero:
+// also the fp32 of that value. The .rn form (sm_90) is one instruction (F2FP.TF32); .rna, the form
+// sm_80 has, is emulated in three.
+__device__ __forceinline__ uint32_t tf32_rn(float x) {
+  uint32_t r;
+  asm("cvt.rn.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
 // Round two fp32 to bf16 (nearest even) and pack: lo in bits 0..15, hi in bits 16..31.
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   uint32_t r;
@@ -66,6 +88,14 @@ __device__ __forceinline__ float ex2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+}
+
+// 16-byte store to global memory (16-byte aligned): one instruction, where nvcc splits a uint4
+// assignment whose fields are chosen apart into four.
+__device__ __forceinline__ void st_global_16(void* dst, uint4 v) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(__cvta_generic_to_global(dst)), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
 }
 
 // 16-byte global -> shared copy; when !valid, writes 16 zero bytes and reads nothing (src must

@@ -49,9 +49,9 @@
 #define LASP_GDN_FN static inline
 #endif
 
-#define LASP_GDN_WY_THREADS 64   // the WY kernel: two warps per (chunk, b*H+h), one column of
-                                 // the substitution per thread
-#define LASP_GDN_TRI_PITCH 65    // floats per row of the WY kernel's fp32 [64 x 64] L (padded: no bank conflicts)
+#define LASP_GDN_WY_THREADS 128  // the WY kernel: four warps per (chunk, b*H+h), one per 16-row block
+#define LASP_GDN_TRI_PITCH 72    // floats per row of the WY kernel's fp32 [64 x 64] X^T (8 banks apart:
+                                 // its fragment accesses are conflict-free)
 #define LASP_GDN_FOLD_THREADS 256  // the fold: one CTA per (64 columns of Dv, b*H+h)
 #define LASP_GDN_ROLES_THREADS 512  // the output kernel with roles: state, output, WY and loading warpgroups
 #define LASP_GDN_ROLES_STAGES 3     // its chunks in flight (lasp/gated_delta/roles.cuh)
@@ -92,7 +92,12 @@ LASP_GDN_FN uint64_t lasp_gdn_tri_elems(int32_t B, int32_t H, int32_t T) {
   return (uint64_t)B * H * lasp_gdn_num_chunks(T) * LASP_SD_CHUNK * LASP_SD_CHUNK;
 }
 
-// WY kernel: the K tile, the chunk's gates and betas, and L in fp32.
+// WY kernel: the CTAs per SM its registers leave room for (__launch_bounds__'s minimum,
+// kernels/instances.rs), the most that compile without spills: five at Dk = 128 (94-96 registers),
+// four at Dk = 64 (up to 128); and its shared memory: the K tile, the chunk's gates and betas, and
+// (I + L)^{-1} transposed in fp32 (its diagonal squares hold those of -L until they are inverted;
+// lasp/gated_delta/tri_inverse.cuh).
+LASP_GDN_FN int32_t lasp_gdn_wy_min_ctas(int32_t Dk) { return Dk == 128 ? 5 : 4; }
 LASP_GDN_FN uint32_t lasp_gdn_wy_smem_bytes(int32_t Dk) {
   return LASP_SD_CHUNK * Dk * 2u + 2u * LASP_SD_CHUNK * 4u + LASP_SD_CHUNK * LASP_GDN_TRI_PITCH * 4u;
 }
