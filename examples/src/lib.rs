@@ -1,8 +1,9 @@
 //! What the example and benchmark programs share: shard lengths, shards of reference tensors and
 //! the LASP-2 programs' checks, shape and size options, NVSHMEM's settings in the environment and
-//! `main` under the launcher, JSON output, and the timing of one operation's exchange modes in
-//! turns.
+//! `main` under the launcher, JSON output, the timing of one operation's exchange modes in turns,
+//! and the bits of a backward call's gradients.
 
+pub mod grad_bits;
 pub mod units;
 
 use cudarc::driver::sys::CUevent_flags;

@@ -44,6 +44,7 @@ use lasp_shmem::reference::{
     SplitMix64,
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
+use lasp_shmem_examples::grad_bits::GatedDeltaGradBits as GradBits;
 use lasp_shmem_examples::{
     bf16_bits, bf16s, config_with_heap, f32_bits, f32s, main_under_launcher, mode_times,
     parse_shape, round, run_cases, shard_cases, shard_rows, time_in_turns, time_shapes, ModeCall,
@@ -113,17 +114,6 @@ struct ShardGrads {
     dh0: Option<CudaSlice<f32>>,
 }
 
-/// The bits of one backward call's gradients.
-#[derive(PartialEq)]
-struct GradBits {
-    dq: Vec<u16>,
-    dk: Vec<u16>,
-    dv: Vec<u16>,
-    dg: Vec<u32>,
-    dbeta: Vec<u32>,
-    dh0: Vec<u32>,
-}
-
 impl ShardGrads {
     /// `d_o` and `dht` (the last PE's) uploaded, zero gradients for `shape`, dh0 where `dh0`.
     fn new(
@@ -167,14 +157,15 @@ impl Outputs for ShardGrads {
     }
 
     fn bits(&self, stream: &Arc<CudaStream>) -> Result<GradBits> {
-        Ok(GradBits {
-            dq: bf16_bits(stream, &self.dq)?,
-            dk: bf16_bits(stream, &self.dk)?,
-            dv: bf16_bits(stream, &self.dv)?,
-            dg: f32_bits(stream, Some(&self.dg))?,
-            dbeta: f32_bits(stream, Some(&self.dbeta))?,
-            dh0: f32_bits(stream, self.dh0.as_ref())?,
-        })
+        GradBits::read(
+            stream,
+            &self.dq,
+            &self.dk,
+            &self.dv,
+            &self.dg,
+            &self.dbeta,
+            self.dh0.as_ref(),
+        )
     }
 }
 

@@ -35,6 +35,7 @@ use lasp_shmem::reference::{
     assert_close_to_scale, gla, rel_err, Cotangents, Family, InputSpec, Inputs,
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
+use lasp_shmem_examples::grad_bits::GlaGradBits as GradBits;
 use lasp_shmem_examples::{
     bf16_bits, bf16s, f32_bits, f32s, lasp2_config, main_under_launcher, mode_times, parse_shape,
     round, run_cases, shard_cases, shard_rows, time_in_turns, time_shapes, ModeCall, ModeRow,
@@ -91,16 +92,6 @@ struct ShardGrads {
     dh0: Option<CudaSlice<f32>>,
 }
 
-/// The bits of one backward call's gradients.
-#[derive(PartialEq)]
-struct GradBits {
-    dq: Vec<u16>,
-    dk: Vec<u16>,
-    dv: Vec<u16>,
-    dg: Vec<u32>,
-    dh0: Vec<u32>,
-}
-
 impl Shard {
     /// One backward call on poisoned gradients; their bits.
     fn backward(
@@ -143,13 +134,14 @@ impl Shard {
             },
         )?;
         op.finish(stream)?;
-        Ok(GradBits {
-            dq: bf16_bits(stream, &grads.dq)?,
-            dk: bf16_bits(stream, &grads.dk)?,
-            dv: bf16_bits(stream, &grads.dv)?,
-            dg: f32_bits(stream, Some(&grads.dg))?,
-            dh0: f32_bits(stream, grads.dh0.as_ref())?,
-        })
+        GradBits::read(
+            stream,
+            &grads.dq,
+            &grads.dk,
+            &grads.dv,
+            &grads.dg,
+            grads.dh0.as_ref(),
+        )
     }
 
     fn args(&mut self) -> GlaArgs<'_> {

@@ -444,30 +444,22 @@ pub fn f32_values(bits: &[u32]) -> Vec<f64> {
     bits.iter().map(|&b| f64::from(f32::from_bits(b))).collect()
 }
 
-/// The bits of a device buffer of bf16, read back for bitwise comparisons.
+/// The bits of a device buffer of bf16, read back for bitwise comparisons
+/// (`lasp_shmem_examples::bf16_bits` with the tests' error type).
 pub fn bits_of_bf16(
     stream: &Arc<CudaStream>,
     buf: &CudaSlice<bf16>,
 ) -> std::result::Result<Vec<u16>, String> {
-    Ok(stream
-        .clone_dtoh(buf)
-        .map_err(err)?
-        .iter()
-        .map(|x| x.to_bits())
-        .collect())
+    lasp_shmem_examples::bf16_bits(stream, buf).map_err(err)
 }
 
-/// The bits of a device buffer of f32, read back for bitwise comparisons.
+/// The bits of a device buffer of f32, read back for bitwise comparisons
+/// (`lasp_shmem_examples::f32_bits` with the tests' error type).
 pub fn bits_of_f32(
     stream: &Arc<CudaStream>,
     buf: &CudaSlice<f32>,
 ) -> std::result::Result<Vec<u32>, String> {
-    Ok(stream
-        .clone_dtoh(buf)
-        .map_err(err)?
-        .iter()
-        .map(|x| x.to_bits())
-        .collect())
+    lasp_shmem_examples::f32_bits(stream, Some(buf)).map_err(err)
 }
 
 /// An error naming the elements of `what` that still hold the poison written before the run.

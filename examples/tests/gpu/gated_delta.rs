@@ -32,6 +32,7 @@ use lasp_shmem::ops::{bf16, DeviceMut, DeviceRef};
 use lasp_shmem::reference::{
     assert_close_to_scale, delta_rule, Cotangents, Family, InputSpec, Inputs, Regime, Shape,
 };
+use lasp_shmem_examples::grad_bits::GatedDeltaGradBits as GradBits;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -421,17 +422,6 @@ struct BackwardBuffers {
     dh0: CudaSlice<f32>,
 }
 
-/// The gradients' bits after one run.
-#[derive(PartialEq)]
-struct GradBits {
-    dq: Vec<u16>,
-    dk: Vec<u16>,
-    dv: Vec<u16>,
-    dg: Vec<u32>,
-    dbeta: Vec<u32>,
-    dh0: Vec<u32>,
-}
-
 impl BackwardBuffers {
     fn upload(
         stream: &Arc<CudaStream>,
@@ -508,14 +498,16 @@ impl BackwardBuffers {
         stream
             .synchronize()
             .map_err(|e| format!("kernel execution: {e}"))?;
-        Ok(GradBits {
-            dq: bits_of_bf16(stream, &self.dq)?,
-            dk: bits_of_bf16(stream, &self.dk)?,
-            dv: bits_of_bf16(stream, &self.dv)?,
-            dg: bits_of_f32(stream, &self.dg)?,
-            dbeta: bits_of_f32(stream, &self.dbeta)?,
-            dh0: bits_of_f32(stream, &self.dh0)?,
-        })
+        GradBits::read(
+            stream,
+            &self.dq,
+            &self.dk,
+            &self.dv,
+            &self.dg,
+            &self.dbeta,
+            Some(&self.dh0),
+        )
+        .map_err(err)
     }
 }
 

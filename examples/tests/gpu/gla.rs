@@ -28,6 +28,7 @@ use lasp_shmem::reference::{
     assert_close_to_scale, gla, Cotangents, Family, InputSpec, Inputs, Regime, Shape, Tensor,
 };
 use lasp_shmem::Error;
+use lasp_shmem_examples::grad_bits::GlaGradBits as GradBits;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -500,16 +501,6 @@ struct BackwardBuffers {
     dh0: CudaSlice<f32>,
 }
 
-/// The gradients' bits after one run.
-#[derive(PartialEq)]
-struct GradBits {
-    dq: Vec<u16>,
-    dk: Vec<u16>,
-    dv: Vec<u16>,
-    dg: Vec<u32>,
-    dh0: Vec<u32>,
-}
-
 impl BackwardBuffers {
     /// Uploads the inputs and runs the forward for its chunk states.
     fn upload(
@@ -589,13 +580,15 @@ impl BackwardBuffers {
         stream
             .synchronize()
             .map_err(|e| format!("kernel execution: {e}"))?;
-        Ok(GradBits {
-            dq: bits_of_bf16(stream, &self.dq)?,
-            dk: bits_of_bf16(stream, &self.dk)?,
-            dv: bits_of_bf16(stream, &self.dv)?,
-            dg: bits_of_f32(stream, &self.dg)?,
-            dh0: bits_of_f32(stream, &self.dh0)?,
-        })
+        GradBits::read(
+            stream,
+            &self.dq,
+            &self.dk,
+            &self.dv,
+            &self.dg,
+            Some(&self.dh0),
+        )
+        .map_err(err)
     }
 }
 
