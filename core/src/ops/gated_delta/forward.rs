@@ -185,7 +185,11 @@ pub(super) fn roles_smem_bytes(dk: usize) -> u32 {
     let tile = CHUNK * CHUNK * 2;
     let stage = 2 * CHUNK * dk * 2 + CHUNK * 64 * 2;
     let looped = stages * stage + 2 * dk * 64 * 2 + stages * CHUNK * 4 + 8 * stages;
-    looped.next_multiple_of(1024) + 5 * tile + CHUNK * dk * 2 + 3 * CHUNK * 4
+    looped.next_multiple_of(1024)
+        + 5 * tile
+        + CHUNK * dk * 2
+        + 3 * CHUNK * 4
+        + stages * CHUNK * header::LASP_GDN_GATE_BOX_HEADS * 4
 }
 
 /// What a plan's segment summaries and fold serve.
@@ -383,11 +387,26 @@ impl ChunkKernels {
                 let map = |what: &str, addr: u64, width: usize| {
                     tensor_map::bf16_token_tiles(what, addr, [width, s.h, s.t, s.b])
                 };
+                // The gates come with each chunk's tiles where a box of GATE_BOX_HEADS heads can
+                // map them (its rows are 16 bytes); else each role reads them from memory.
+                let g = params.g as u64;
+                let gates = (s.h % GATE_BOX_HEADS == 0 && g % 16 == 0)
+                    .then(|| {
+                        tensor_map::f32_token_boxes(
+                            "Gated DeltaNet forward, g",
+                            g,
+                            [s.h, s.t, s.b],
+                            GATE_BOX_HEADS as u32,
+                        )
+                    })
+                    .transpose()?;
                 let roles_params = RolesParams {
                     p: *params,
                     q: map("Gated DeltaNet forward, q", params.q as u64, s.dk)?,
                     k: map("Gated DeltaNet forward, k", params.k as u64, s.dk)?,
                     v: map("Gated DeltaNet forward, v", params.v as u64, s.dv)?,
+                    gates_by_tma: i32::from(gates.is_some()),
+                    g: gates.unwrap_or_default(),
                     // The padding bindgen spells out between `p` and the 128-byte-aligned maps.
                     ..Default::default()
                 };
@@ -424,8 +443,12 @@ fn plan_shape(params: &GatedDeltaParams) -> ForwardShape {
     }
 }
 
-/// The C struct `lasp_gdn_roles_params`: the forward's parameters and the tensor maps of q, k, v.
+/// The C struct `lasp_gdn_roles_params`: the forward's parameters, the tensor maps of q, k, v and
+/// where it fits g's.
 type RolesParams = header::lasp_gdn_roles_params;
+
+/// Heads per box of the roles kernel's gate copies.
+const GATE_BOX_HEADS: usize = header::LASP_GDN_GATE_BOX_HEADS as usize;
 
 /// The kernels' parameters for one call of `args` (checked) under `plan`, with the workspace at
 /// device address `workspace` (at least `plan.workspace_bytes`).

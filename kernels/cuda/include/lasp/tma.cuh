@@ -59,6 +59,17 @@ __device__ __forceinline__ void load_4d(uint32_t dst, const lasp_tensor_map& map
       : "memory");
 }
 
+// Copies the box at coordinates (c0, c1, c2) (innermost first, in elements) of the 3-d tensor `map`
+// to shared address `dst` (16-byte aligned without a swizzle), crediting `bar`.
+__device__ __forceinline__ void load_3d(uint32_t dst, const lasp_tensor_map& map, int c0, int c1, int c2,
+                                        uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+
 // Fetches the tensor map into the descriptor cache ahead of its first copy.
 __device__ __forceinline__ void prefetch_map(const lasp_tensor_map& map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map)) : "memory");

@@ -16,8 +16,12 @@
 //   loading warp        Q, K, V tiles by tensor copies, kRolesDepth chunks in flight; a stage is
 //                       filled again once the three warpgroups have released it
 // Everything one warpgroup hands another in shared memory is read by the tensor cores (the bf16
-// copies of S, u, T_u, -W); each role reads a chunk's 64 gates from global memory itself, one
-// chunk ahead (the stages' gate slots of scalar decay's layout stay unused).
+// copies of S, u, T_u, -W). A chunk's gates come with its tiles, in a box of 64 tokens x 4 heads
+// (the least a tensor copy's row takes) beside the stage: a role that loads from global memory
+// itself stalls at its next named barrier until the load has returned (each role once per chunk,
+// 0.3 us a chunk at B=4 T=8K). Where g cannot be mapped so (H not a multiple of 4), each role
+// reads a chunk's 64 gates from global memory after the chunk has landed. The stages' gate slots
+// of scalar decay's layout stay unused.
 // The loading warp's warpgroup gives its registers to the other three (setmaxnreg).
 #pragma once
 #include <stdint.h>
@@ -39,8 +43,9 @@ constexpr int kTriSlots = 3;
 
 // Shared-memory map: scalar decay's two-role loop at kRolesDepth stages and an mbarrier per stage
 // for its tensor copies, then from the next 1024-byte boundary the (I + L)^{-1} slots, T_u and the
-// scaled u (bf16 [64 x 64] each), -W (bf16 [64 x DK], Q's tile layout) and the betas' slots. Every
-// bf16 tile is swizzled and 1024-byte aligned, as wgmma reads it.
+// scaled u (bf16 [64 x 64] each), -W (bf16 [64 x DK], Q's tile layout), the betas' slots and the
+// stages' gate boxes (fp32 [64 tokens x 4 heads]). Every bf16 tile is swizzled and 1024-byte
+// aligned, as wgmma reads it.
 template <int DK>
 struct RolesMap {
   using Loop = sd::Layout<DK, true, kRolesDepth>;
@@ -51,7 +56,10 @@ struct RolesMap {
   static constexpr uint32_t kUScaled = kTu + kTileBytes;
   static constexpr uint32_t kW = kUScaled + kTileBytes;
   static constexpr uint32_t kBeta = kW + kChunk * DK * 2;
-  static constexpr uint32_t kBytes = kBeta + kTriSlots * kChunk * 4;
+  static constexpr uint32_t kGateBoxBytes = kChunk * LASP_GDN_GATE_BOX_HEADS * 4;
+  static constexpr uint32_t kGateBoxes = kBeta + kTriSlots * kChunk * 4;
+  static constexpr uint32_t kBytes = kGateBoxes + kRolesDepth * kGateBoxBytes;
+  static_assert(kGateBoxes % 128 == 0, "tensor copies land 128-byte aligned");
   static_assert(kBytes == lasp_gdn_roles_smem_bytes(DK), "shared-memory map and host formula disagree");
 };
 
@@ -138,9 +146,12 @@ __device__ __forceinline__ void release_stage(int i, int n_chunks) {
 
 // One CTA's segment, Dv tile a.vt of b*H+h = a.bh, from the state `start` fills (state warpgroup);
 // `end` gets the end state. Needs the Tensor Memory Accelerator and wgmma (sm_90a).
+// gate_map: g's map in boxes of 64 tokens x 4 heads, or null: each role then reads the gates from
+// global memory.
 template <int DK, class Start, class End>
 __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params& p, const sd::SegmentArgs& a,
-                                                  const sd::QkvMaps& maps, Start&& start, End&& end) {
+                                                  const sd::QkvMaps& maps, const lasp_tensor_map* gate_map,
+                                                  Start&& start, End&& end) {
 #if LASP_SD_WGMMA
   using M = RolesMap<DK>;
   using L = typename M::Loop;
@@ -164,8 +175,16 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
   auto sbf = [](int i) { return L::kSbf + (i & 1) * L::kSbfBytes; };  // bf16 copy of S_i
   auto landed_bar = [&](int i) { return sbase + M::kLanded + 8 * (i % kRolesDepth); };
   auto wait_landed = [&](int i) { tma::wait(landed_bar(i), static_cast<uint32_t>(i / kRolesDepth) & 1u); };
-  // Segment chunk i's gates a_{2 lane}, a_{2 lane + 1} (0 past T), as scan_gates takes them.
-  auto load_gates = [&](int i) {
+  // Segment chunk i's gates a_{2 lane}, a_{2 lane + 1} (0 past T), as scan_gates takes them, once
+  // the chunk has landed: from its stage's gate box (head h % 4 of the box's four), or from
+  // global memory.
+  const bool gates_in_box = gate_map != nullptr;
+  auto chunk_gates = [&](int i) {
+    if (gates_in_box) {
+      const float* box = reinterpret_cast<const float*>(smem + M::kGateBoxes + (i % kRolesDepth) * M::kGateBoxBytes);
+      const int at = 2 * lane * LASP_GDN_GATE_BOX_HEADS + h % LASP_GDN_GATE_BOX_HEADS;
+      return make_float2(box[at], box[at + LASP_GDN_GATE_BOX_HEADS]);
+    }
     const int tok = (a.c_begin + i) * kChunk + 2 * lane;
     const float* at = a.g + row_bt0 + (int64_t)tok * a.H;
     return make_float2(tok < T ? __ldg(at) : 0.f, tok + 1 < T ? __ldg(at + a.H) : 0.f);
@@ -178,6 +197,7 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
     tma::prefetch_map(maps.q);
     tma::prefetch_map(maps.k);
     tma::prefetch_map(maps.v);
+    if (gates_in_box) tma::prefetch_map(*gate_map);
   }
   __syncthreads();
 
@@ -189,7 +209,13 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
       if (i >= kRolesDepth) named_barrier_sync(B::kReleased + i % kRolesDepth, B::kReleasedArrivals);
       const uint32_t stage = sbase + L::stage(i);
       const int tok0 = (a.c_begin + i) * kChunk;
-      if (lane == 0) sd::load_chunk_tiles<DK, L>(stage, landed_bar(i), maps, a.vt, h, tok0, b);
+      if (lane == 0) {
+        sd::load_chunk_tiles<DK, L>(stage, landed_bar(i), maps, a.vt, h, tok0, b,
+                                    gates_in_box ? M::kGateBoxBytes : 0);
+        if (gates_in_box)
+          tma::load_3d(sbase + M::kGateBoxes + (i % kRolesDepth) * M::kGateBoxBytes, *gate_map,
+                       h - h % LASP_GDN_GATE_BOX_HEADS, tok0, b, landed_bar(i));
+      }
     }
     return;
   }
@@ -201,11 +227,9 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
     start(s, ln);
     sd::store_state_bf16<DK>(smem, sbf(0), s, ln);
     float lambda = 0.f;  // segment log-decay, summed over chunks in order (deterministic)
-    float2 gates = load_gates(0);
     for (int i = 0; i < n_chunks; ++i) {
-      const sd::ChunkGates cg = sd::scan_gates(gates, warp, lane);
-      if (i + 1 < n_chunks) gates = load_gates(i + 1);
       wait_landed(i);
+      const sd::ChunkGates cg = sd::scan_gates(chunk_gates(i), warp, lane);
       wg::fence_proxy_async();  // S_i's copy visible to wgmma
       named_barrier_sync(B::kState, sd::kThreads);
       const uint32_t stage = sbase + L::stage(i);
@@ -278,13 +302,11 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
     cp_async_commit();
     if (n_chunks > 1) issue_tri(1);
     cp_async_commit();
-    float2 gates = load_gates(0);
     for (int j = 0; j < n_chunks; ++j) {
-      const float2 gates_j = gates;
-      if (j + 1 < n_chunks) gates = load_gates(j + 1);
       // T_u and -W of chunk j into their tiles, once the state warpgroup has read chunk j - 1's.
       cp_async_wait<1>();  // this thread's copies of chunk j's (I + L)^{-1} and betas (one group per chunk)
       wait_landed(j);
+      const float2 gates_j = chunk_gates(j);
       named_barrier_sync(B::kWy, sd::kThreads);  // every thread's copies; slot (j + 2) % 3 read
       if (j + 2 < n_chunks) issue_tri(j + 2);
       cp_async_commit();
@@ -334,11 +356,9 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
     claim_registers<kOutputRegisters>();
     uint16_t* o_tile = a.o + row_bt0 * a.Dv + a.vt * sd::kTileV + 2 * t;
     const int64_t v_stride = (int64_t)a.H * a.Dv;
-    float2 gates = load_gates(0);
     for (int i = 0; i < n_chunks; ++i) {
-      const sd::ChunkGates cg = sd::scan_gates(gates, warp, lane);
-      if (i + 1 < n_chunks) gates = load_gates(i + 1);
       wait_landed(i);
+      const sd::ChunkGates cg = sd::scan_gates(chunk_gates(i), warp, lane);
       named_barrier_sync(B::kHanded + i % 2, kPair);
       const uint32_t stage = sbase + L::stage(i);
       // S_i's buffer is written again (with S_{i+2}) only if there is a chunk i + 2.

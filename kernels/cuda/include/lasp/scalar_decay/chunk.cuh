@@ -1049,12 +1049,13 @@ struct QkvMaps {
 
 // By one thread of a loading warp: the tensor copies of a chunk's Q and K (every 64-column block)
 // and of its V tile vt of (b, h), from token tok0, into the stage at `stage` of the shared-memory
-// map L (rows beyond T arrive as zeros), their bytes counted on the stage's mbarrier `bar`.
+// map L (rows beyond T arrive as zeros), their bytes counted on the stage's mbarrier `bar`, with
+// `extra_bytes` of copies the caller issues next on the same phase.
 template <int DK, class L>
 __device__ __forceinline__ void load_chunk_tiles(uint32_t stage, uint32_t bar, const QkvMaps& maps, int vt, int h,
-                                                 int tok0, int b) {
+                                                 int tok0, int b, uint32_t extra_bytes = 0) {
   constexpr uint32_t kBlockBytes = kChunk * 128;  // one box: 64 tokens x 64 columns, a 64-column block of a tile
-  tma::arrive_expect_bytes(bar, (2 * DK / 64 + 1) * kBlockBytes);
+  tma::arrive_expect_bytes(bar, (2 * DK / 64 + 1) * kBlockBytes + extra_bytes);
 #pragma unroll
   for (int kb = 0; kb < DK / 64; ++kb) {
     tma::load_4d(stage + L::kQ + kb * kBlockBytes, maps.q, 64 * kb, h, tok0, b, bar);
