@@ -18,7 +18,7 @@ template <int DK>
 __device__ __forceinline__ void run_output_roles(const lasp_gdn_roles_params& rp) {
   const lasp_gated_delta_params& p = rp.p;
   run_roles_segment<DK>(
-      p, sd::segment_args(p), sd::QkvMaps{rp.q, rp.k, rp.v}, rp.gates_by_tma ? &rp.g : nullptr,
+      p, sd::segment_args(p), sd::QkvMaps{rp.q, rp.k, rp.v}, rp.o, rp.gates_by_tma ? &rp.g : nullptr,
       [&](StateRegs<DK>& s, const StateLane& ln) {
         load_segment_start<DK>(p, blockIdx.z, blockIdx.y, blockIdx.x, s, ln);
       },

@@ -186,7 +186,7 @@ pub(super) fn roles_smem_bytes(dk: usize) -> u32 {
     let stage = 2 * CHUNK * dk * 2 + CHUNK * 64 * 2;
     let looped = stages * stage + 2 * dk * 64 * 2 + stages * CHUNK * 4 + 8 * stages;
     looped.next_multiple_of(1024)
-        + 5 * tile
+        + 6 * tile
         + CHUNK * dk * 2
         + 3 * CHUNK * 4
         + stages * CHUNK * header::LASP_GDN_GATE_BOX_HEADS * 4
@@ -405,6 +405,7 @@ impl ChunkKernels {
                     q: map("Gated DeltaNet forward, q", params.q as u64, s.dk)?,
                     k: map("Gated DeltaNet forward, k", params.k as u64, s.dk)?,
                     v: map("Gated DeltaNet forward, v", params.v as u64, s.dv)?,
+                    o: map("Gated DeltaNet forward, o", params.o as u64, s.dv)?,
                     gates_by_tma: i32::from(gates.is_some()),
                     g: gates.unwrap_or_default(),
                     // The padding bindgen spells out between `p` and the 128-byte-aligned maps.
@@ -443,8 +444,8 @@ fn plan_shape(params: &GatedDeltaParams) -> ForwardShape {
     }
 }
 
-/// The C struct `lasp_gdn_roles_params`: the forward's parameters, the tensor maps of q, k, v and
-/// where it fits g's.
+/// The C struct `lasp_gdn_roles_params`: the forward's parameters, the tensor maps of q, k, v, o
+/// and where it fits g's.
 type RolesParams = header::lasp_gdn_roles_params;
 
 /// Heads per box of the roles kernel's gate copies.

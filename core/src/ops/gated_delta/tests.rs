@@ -40,15 +40,15 @@ fn shared_memory_follows_the_header() {
     assert!(2 * (summary_smem_bytes(128) + 1024) <= 228 * 1024);
     // The roles kernel: three stages of Q, K (16 KiB each) and the V tile (8 KiB), two state
     // copies, three stages of gates and mbarriers (122,880 + 32,768 + 768 + 24 bytes, rounded up
-    // to 1 KiB), then three (I + L)^{-1} tiles, T_u, the scaled u, -W (16 KiB), three slots of
-    // betas and three gate boxes of 64 tokens x 4 heads.
+    // to 1 KiB), then three (I + L)^{-1} tiles, T_u, the scaled u, -W (16 KiB), O's staging
+    // tile, three slots of betas and three gate boxes of 64 tokens x 4 heads.
     assert_eq!(
         roles_smem_bytes(128),
-        156_672 + 3 * 8_192 + 2 * 8_192 + 16_384 + 3 * 256 + 3 * 1_024
+        156_672 + 3 * 8_192 + 2 * 8_192 + 16_384 + 8_192 + 3 * 256 + 3 * 1_024
     );
     assert_eq!(
         roles_smem_bytes(64),
-        91_136 + 3 * 8_192 + 2 * 8_192 + 8_192 + 3 * 256 + 3 * 1_024
+        91_136 + 3 * 8_192 + 2 * 8_192 + 8_192 + 8_192 + 3 * 256 + 3 * 1_024
     );
     assert!(roles_smem_bytes(128) <= 227 * 1024);
     // The K tile, 64 gates and 64 betas, (I + L)^{-1} transposed as 64 rows of 72 floats.

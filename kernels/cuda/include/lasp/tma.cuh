@@ -70,6 +70,31 @@ __device__ __forceinline__ void load_3d(uint32_t dst, const lasp_tensor_map& map
       : "memory");
 }
 
+// Copies the [64 x 64] bf16 tile at shared address `src` (the swizzle of `map`'s boxes) to the box
+// at coordinates (c0, c1, c2, c3) of the 4-d tensor `map`, in this thread's bulk group (rows past
+// the tensor's edge are not written). The caller has fenced its shared writes for the async proxy
+// (wgmma.cuh's fence_proxy_async) and met its writers at a barrier.
+__device__ __forceinline__ void store_4d(const lasp_tensor_map& map, int c0, int c1, int c2, int c3, uint32_t src) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
+          reinterpret_cast<uint64_t>(&map)),
+      "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
+      : "memory");
+}
+
+// Closes this thread's bulk group of the stores issued since the last one.
+__device__ __forceinline__ void store_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+
+// Waits until at most kPending of this thread's bulk groups are still reading shared memory: the
+// tiles of the others may be written again.
+template <int kPending>
+__device__ __forceinline__ void store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Waits until every bulk group of this thread has completed (its writes performed).
+__device__ __forceinline__ void store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
 // Fetches the tensor map into the descriptor cache ahead of its first copy.
 __device__ __forceinline__ void prefetch_map(const lasp_tensor_map& map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map)) : "memory");

@@ -120,23 +120,24 @@ LASP_GDN_FN uint32_t lasp_gdn_summary_smem_bytes(int32_t Dk) { return lasp_gdn_v
 // Output kernel with roles (lasp/gated_delta/roles.cuh): scalar decay's two-role loop at
 // LASP_GDN_ROLES_STAGES stages (Q, K, V tile, gates; two bf16 state copies) and an 8-byte mbarrier
 // per stage, then from the next 1024-byte boundary the WY form's tiles: three (I + L)^{-1} slots,
-// T_u and the scaled u (bf16 [64 x 64] each), -W (bf16 [64 x Dk]), three slots of betas, and a
-// gate box per stage (fp32 [64 tokens x LASP_GDN_GATE_BOX_HEADS heads]).
+// T_u and the scaled u (bf16 [64 x 64] each), -W (bf16 [64 x Dk]), the O tile's staging (bf16
+// [64 x 64]), three slots of betas, and a gate box per stage (fp32 [64 tokens x
+// LASP_GDN_GATE_BOX_HEADS heads]).
 LASP_GDN_FN uint32_t lasp_gdn_roles_smem_bytes(int32_t Dk) {
   const uint32_t tile = LASP_SD_CHUNK * LASP_SD_CHUNK * 2u;
   const uint32_t stage = 2u * LASP_SD_CHUNK * Dk * 2u + LASP_SD_CHUNK * LASP_SD_TILE_V * 2u;
   const uint32_t loop = LASP_GDN_ROLES_STAGES * stage + 2u * Dk * LASP_SD_TILE_V * 2u +
                         LASP_GDN_ROLES_STAGES * LASP_SD_CHUNK * 4u + 8u * LASP_GDN_ROLES_STAGES;
-  return (loop + 1023u) / 1024u * 1024u + 5u * tile + LASP_SD_CHUNK * Dk * 2u + 3u * LASP_SD_CHUNK * 4u +
+  return (loop + 1023u) / 1024u * 1024u + 6u * tile + LASP_SD_CHUNK * Dk * 2u + 3u * LASP_SD_CHUNK * 4u +
          LASP_GDN_ROLES_STAGES * LASP_SD_CHUNK * LASP_GDN_GATE_BOX_HEADS * 4u;
 }
 
 // The roles kernel's parameters: the forward's, the tensor maps of q, k and v its copies read
-// through, and where gates_by_tma is 1 the map of g (fp32 [B, T, H] in boxes of 64 tokens x
+// through and of o its copies write through, and where gates_by_tma is 1 the map of g (fp32 [B, T, H] in boxes of 64 tokens x
 // LASP_GDN_GATE_BOX_HEADS heads: H must be a multiple of it and g 16-byte aligned); else each role
 // reads the gates from global memory itself.
 typedef struct {
   lasp_gated_delta_params p;
-  lasp_tensor_map q, k, v, g;
+  lasp_tensor_map q, k, v, o, g;
   int32_t gates_by_tma;
 } lasp_gdn_roles_params;

@@ -12,7 +12,9 @@
 //                       by beta and beta e^b; -W from the latter times its K tile) while the state
 //                       warpgroup runs chunk i; it copies the (I + L)^{-1} tiles and betas
 //                       (cp.async, two chunks ahead)
-//   output warpgroup    O_i = sigma (diag(e^b) Q S_i + (Q K^T ⊙ D) u_i), beside chunk i + 1's chain
+//   output warpgroup    O_i = sigma (diag(e^b) Q S_i + (Q K^T ⊙ D) u_i), beside chunk i + 1's chain,
+//                       written by a tensor copy from a staging tile (stores of its own held
+//                       the warpgroup at its next named barrier until they had drained)
 //   loading warp        Q, K, V tiles by tensor copies, kRolesDepth chunks in flight; a stage is
 //                       filled again once the three warpgroups have released it
 // Everything one warpgroup hands another in shared memory is read by the tensor cores (the bf16
@@ -43,8 +45,8 @@ constexpr int kTriSlots = 3;
 
 // Shared-memory map: scalar decay's two-role loop at kRolesDepth stages and an mbarrier per stage
 // for its tensor copies, then from the next 1024-byte boundary the (I + L)^{-1} slots, T_u and the
-// scaled u (bf16 [64 x 64] each), -W (bf16 [64 x DK], Q's tile layout), the betas' slots and the
-// stages' gate boxes (fp32 [64 tokens x 4 heads]). Every bf16 tile is swizzled and 1024-byte
+// scaled u (bf16 [64 x 64] each), -W (bf16 [64 x DK], Q's tile layout), O's staging tile (the
+// layout of o's boxes), the betas' slots and the stages' gate boxes (fp32 [64 tokens x 4 heads]). Every bf16 tile is swizzled and 1024-byte
 // aligned, as wgmma reads it.
 template <int DK>
 struct RolesMap {
@@ -55,7 +57,8 @@ struct RolesMap {
   static constexpr uint32_t kTu = kTri + kTriSlots * kTileBytes;
   static constexpr uint32_t kUScaled = kTu + kTileBytes;
   static constexpr uint32_t kW = kUScaled + kTileBytes;
-  static constexpr uint32_t kBeta = kW + kChunk * DK * 2;
+  static constexpr uint32_t kOStage = kW + kChunk * DK * 2;
+  static constexpr uint32_t kBeta = kOStage + kTileBytes;
   static constexpr uint32_t kGateBoxBytes = kChunk * LASP_GDN_GATE_BOX_HEADS * 4;
   static constexpr uint32_t kGateBoxes = kBeta + kTriSlots * kChunk * 4;
   static constexpr uint32_t kBytes = kGateBoxes + kRolesDepth * kGateBoxBytes;
@@ -75,7 +78,8 @@ struct GdnRoleBarriers {
   static constexpr int kWyFree = kWyReady + 1;   // T_u, -W read (state -> WY)
   static constexpr int kReleased = kWyFree + 1;  // + i % depth: stage of chunk i read (roles -> loading)
   static constexpr int kReleasedArrivals = 3 * sd::kThreads + 32;  // the three warpgroups and the loading warp
-  static_assert(kReleased + kRolesDepth <= 16, "sixteen named barriers");
+  static constexpr int kOStaged = kReleased + kRolesDepth;  // the output warpgroup's own: O's staging written / free
+  static_assert(kOStaged < 16, "sixteen named barriers");
 };
 
 // Registers per thread after the hand-over: the loading warpgroup's go to the other three, most to
@@ -146,12 +150,12 @@ __device__ __forceinline__ void release_stage(int i, int n_chunks) {
 
 // One CTA's segment, Dv tile a.vt of b*H+h = a.bh, from the state `start` fills (state warpgroup);
 // `end` gets the end state. Needs the Tensor Memory Accelerator and wgmma (sm_90a).
-// gate_map: g's map in boxes of 64 tokens x 4 heads, or null: each role then reads the gates from
-// global memory.
+// o_map: o's map in the boxes of v's; gate_map: g's map in boxes of 64 tokens x 4 heads, or null:
+// each role then reads the gates from global memory.
 template <int DK, class Start, class End>
 __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params& p, const sd::SegmentArgs& a,
-                                                  const sd::QkvMaps& maps, const lasp_tensor_map* gate_map,
-                                                  Start&& start, End&& end) {
+                                                  const sd::QkvMaps& maps, const lasp_tensor_map& o_map,
+                                                  const lasp_tensor_map* gate_map, Start&& start, End&& end) {
 #if LASP_SD_WGMMA
   using M = RolesMap<DK>;
   using L = typename M::Loop;
@@ -197,6 +201,7 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
     tma::prefetch_map(maps.q);
     tma::prefetch_map(maps.k);
     tma::prefetch_map(maps.v);
+    tma::prefetch_map(o_map);
     if (gates_in_box) tma::prefetch_map(*gate_map);
   }
   __syncthreads();
@@ -354,8 +359,7 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
     }
   } else {
     claim_registers<kOutputRegisters>();
-    uint16_t* o_tile = a.o + row_bt0 * a.Dv + a.vt * sd::kTileV + 2 * t;
-    const int64_t v_stride = (int64_t)a.H * a.Dv;
+    const bool o_issuer = (tid & 127) == 0;  // the thread that copies O out
     for (int i = 0; i < n_chunks; ++i) {
       wait_landed(i);
       const sd::ChunkGates cg = sd::scan_gates(chunk_gates(i), warp, lane);
@@ -369,18 +373,20 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
       sd::output_role_chunk<DK>(o, stage + L::kQ, stage + L::kK, stage + L::kV, sbase + sbf(i), off, cg, warp, g, t,
                                 a.scale, sbf_read);
       release_stage(i, n_chunks);
-      const int tok0 = (a.c_begin + i) * kChunk;
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int tok = tok0 + 16 * warp + 8 * hh + g;
-        if (tok < T) {
-          uint16_t* dst = o_tile + tok * v_stride;
-#pragma unroll
-          for (int nt = 0; nt < 8; ++nt)
-            *reinterpret_cast<uint32_t*>(dst + 8 * nt) = pack_bf16x2(o[nt][2 * hh], o[nt][2 * hh + 1]);
-        }
+      // O_i into the staging tile once chunk i - 1's copy has read it, then out by a tensor copy
+      // (rows past T are not written).
+      if (o_issuer) tma::store_wait_read<0>();
+      named_barrier_sync(B::kOStaged, sd::kThreads);
+      const float one[2] = {1.f, 1.f};
+      store_rows_bf16(smem + M::kOStage, o, one, warp, g, t);
+      wg::fence_proxy_async();
+      named_barrier_sync(B::kOStaged, sd::kThreads);
+      if (o_issuer) {
+        tma::store_4d(o_map, a.vt * sd::kTileV, h, (a.c_begin + i) * kChunk, b, sbase + M::kOStage);
+        tma::store_commit();
       }
     }
+    if (o_issuer) tma::store_wait_all();
   }
 #else
   __trap();
