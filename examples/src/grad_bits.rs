@@ -9,9 +9,10 @@ use std::sync::Arc;
 
 use crate::{bf16_bits, f32_bits};
 
-/// Gated DeltaNet's gradients (`dh0` empty where the call had none).
+/// A backward call's gradients; `dbeta` and `dh0` empty where the family or the call has none
+/// (GLA has no beta).
 #[derive(PartialEq)]
-pub struct GatedDeltaGradBits {
+pub struct GradBits {
     pub dq: Vec<u16>,
     pub dk: Vec<u16>,
     pub dv: Vec<u16>,
@@ -20,54 +21,26 @@ pub struct GatedDeltaGradBits {
     pub dh0: Vec<u32>,
 }
 
-impl GatedDeltaGradBits {
-    /// Copies the gradients to the host after the stream's work.
-    pub fn read(
-        stream: &Arc<CudaStream>,
-        dq: &CudaSlice<bf16>,
-        dk: &CudaSlice<bf16>,
-        dv: &CudaSlice<bf16>,
-        dg: &CudaSlice<f32>,
-        dbeta: &CudaSlice<f32>,
-        dh0: Option<&CudaSlice<f32>>,
-    ) -> Result<Self> {
-        Ok(GatedDeltaGradBits {
-            dq: bf16_bits(stream, dq)?,
-            dk: bf16_bits(stream, dk)?,
-            dv: bf16_bits(stream, dv)?,
-            dg: f32_bits(stream, Some(dg))?,
-            dbeta: f32_bits(stream, Some(dbeta))?,
-            dh0: f32_bits(stream, dh0)?,
-        })
-    }
+/// The device buffers of a backward call's gradients.
+pub struct GradBuffers<'a> {
+    pub dq: &'a CudaSlice<bf16>,
+    pub dk: &'a CudaSlice<bf16>,
+    pub dv: &'a CudaSlice<bf16>,
+    pub dg: &'a CudaSlice<f32>,
+    pub dbeta: Option<&'a CudaSlice<f32>>,
+    pub dh0: Option<&'a CudaSlice<f32>>,
 }
 
-/// GLA's gradients (`dh0` empty where the call had none).
-#[derive(PartialEq)]
-pub struct GlaGradBits {
-    pub dq: Vec<u16>,
-    pub dk: Vec<u16>,
-    pub dv: Vec<u16>,
-    pub dg: Vec<u32>,
-    pub dh0: Vec<u32>,
-}
-
-impl GlaGradBits {
+impl GradBits {
     /// Copies the gradients to the host after the stream's work.
-    pub fn read(
-        stream: &Arc<CudaStream>,
-        dq: &CudaSlice<bf16>,
-        dk: &CudaSlice<bf16>,
-        dv: &CudaSlice<bf16>,
-        dg: &CudaSlice<f32>,
-        dh0: Option<&CudaSlice<f32>>,
-    ) -> Result<Self> {
-        Ok(GlaGradBits {
-            dq: bf16_bits(stream, dq)?,
-            dk: bf16_bits(stream, dk)?,
-            dv: bf16_bits(stream, dv)?,
-            dg: f32_bits(stream, Some(dg))?,
-            dh0: f32_bits(stream, dh0)?,
+    pub fn read(stream: &Arc<CudaStream>, grads: GradBuffers<'_>) -> Result<Self> {
+        Ok(GradBits {
+            dq: bf16_bits(stream, grads.dq)?,
+            dk: bf16_bits(stream, grads.dk)?,
+            dv: bf16_bits(stream, grads.dv)?,
+            dg: f32_bits(stream, Some(grads.dg))?,
+            dbeta: f32_bits(stream, grads.dbeta)?,
+            dh0: f32_bits(stream, grads.dh0)?,
         })
     }
 }

@@ -44,7 +44,7 @@ use lasp_shmem::reference::{
     SplitMix64,
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
-use lasp_shmem_examples::grad_bits::GatedDeltaGradBits as GradBits;
+use lasp_shmem_examples::grad_bits::{GradBits, GradBuffers};
 use lasp_shmem_examples::{
     bf16_bits, bf16s, config_with_heap, f32_bits, f32s, main_under_launcher, mode_times,
     parse_shape, round, run_cases, shard_cases, shard_rows, time_in_turns, time_shapes, ModeCall,
@@ -157,15 +157,15 @@ impl Outputs for ShardGrads {
     }
 
     fn bits(&self, stream: &Arc<CudaStream>) -> Result<GradBits> {
-        GradBits::read(
-            stream,
-            &self.dq,
-            &self.dk,
-            &self.dv,
-            &self.dg,
-            &self.dbeta,
-            self.dh0.as_ref(),
-        )
+        let grads = GradBuffers {
+            dq: &self.dq,
+            dk: &self.dk,
+            dv: &self.dv,
+            dg: &self.dg,
+            dbeta: Some(&self.dbeta),
+            dh0: self.dh0.as_ref(),
+        };
+        GradBits::read(stream, grads)
     }
 }
 

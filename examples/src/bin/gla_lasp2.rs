@@ -35,7 +35,7 @@ use lasp_shmem::reference::{
     assert_close_to_scale, gla, rel_err, Cotangents, Family, InputSpec, Inputs,
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
-use lasp_shmem_examples::grad_bits::GlaGradBits as GradBits;
+use lasp_shmem_examples::grad_bits::{GradBits, GradBuffers};
 use lasp_shmem_examples::{
     bf16_bits, bf16s, f32_bits, f32s, lasp2_config, main_under_launcher, mode_times, parse_shape,
     round, run_cases, shard_cases, shard_rows, time_in_turns, time_shapes, ModeCall, ModeRow,
@@ -134,14 +134,15 @@ impl Shard {
             },
         )?;
         op.finish(stream)?;
-        GradBits::read(
-            stream,
-            &grads.dq,
-            &grads.dk,
-            &grads.dv,
-            &grads.dg,
-            grads.dh0.as_ref(),
-        )
+        let grads = GradBuffers {
+            dq: &grads.dq,
+            dk: &grads.dk,
+            dv: &grads.dv,
+            dg: &grads.dg,
+            dbeta: None,
+            dh0: grads.dh0.as_ref(),
+        };
+        GradBits::read(stream, grads)
     }
 
     fn args(&mut self) -> GlaArgs<'_> {

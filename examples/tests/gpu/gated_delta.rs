@@ -32,7 +32,7 @@ use lasp_shmem::ops::{bf16, DeviceMut, DeviceRef};
 use lasp_shmem::reference::{
     assert_close_to_scale, delta_rule, Cotangents, Family, InputSpec, Inputs, Regime, Shape,
 };
-use lasp_shmem_examples::grad_bits::GatedDeltaGradBits as GradBits;
+use lasp_shmem_examples::grad_bits::{GradBits, GradBuffers};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -502,16 +502,15 @@ impl BackwardBuffers {
         stream
             .synchronize()
             .map_err(|e| format!("kernel execution: {e}"))?;
-        GradBits::read(
-            stream,
-            &self.dq,
-            &self.dk,
-            &self.dv,
-            &self.dg,
-            &self.dbeta,
-            Some(&self.dh0),
-        )
-        .map_err(err)
+        let grads = GradBuffers {
+            dq: &self.dq,
+            dk: &self.dk,
+            dv: &self.dv,
+            dg: &self.dg,
+            dbeta: Some(&self.dbeta),
+            dh0: Some(&self.dh0),
+        };
+        GradBits::read(stream, grads).map_err(err)
     }
 }
 

@@ -28,7 +28,7 @@ use lasp_shmem::reference::{
     assert_close_to_scale, gla, Cotangents, Family, InputSpec, Inputs, Regime, Shape, Tensor,
 };
 use lasp_shmem::Error;
-use lasp_shmem_examples::grad_bits::GlaGradBits as GradBits;
+use lasp_shmem_examples::grad_bits::{GradBits, GradBuffers};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -580,15 +580,15 @@ impl BackwardBuffers {
         stream
             .synchronize()
             .map_err(|e| format!("kernel execution: {e}"))?;
-        GradBits::read(
-            stream,
-            &self.dq,
-            &self.dk,
-            &self.dv,
-            &self.dg,
-            Some(&self.dh0),
-        )
-        .map_err(err)
+        let grads = GradBuffers {
+            dq: &self.dq,
+            dk: &self.dk,
+            dv: &self.dv,
+            dg: &self.dg,
+            dbeta: None,
+            dh0: Some(&self.dh0),
+        };
+        GradBits::read(stream, grads).map_err(err)
     }
 }
 
