@@ -13,17 +13,16 @@
 //                       warpgroup runs chunk i; it copies the (I + L)^{-1} tiles and betas
 //                       (cp.async, two chunks ahead)
 //   output warpgroup    O_i = sigma (diag(e^b) Q S_i + (Q K^T ⊙ D) u_i), beside chunk i + 1's chain,
-//                       written by a tensor copy from a staging tile (stores of its own held
-//                       the warpgroup at its next named barrier until they had drained)
-//   loading warp        Q, K, V tiles by tensor copies, kRolesDepth chunks in flight; a stage is
-//                       filled again once the three warpgroups have released it
+//                       written by a tensor copy from a staging tile (measured, stores of its
+//                       own held the warpgroup at its next named barrier)
+//   loading warp        Q, K, V tiles and the gates by tensor copies, kRolesDepth chunks in
+//                       flight; a stage is filled again once the three warpgroups have released it
 // Everything one warpgroup hands another in shared memory is read by the tensor cores (the bf16
 // copies of S, u, T_u, -W). A chunk's gates come with its tiles, in a box of 64 tokens x 4 heads
-// (the least a tensor copy's row takes) beside the stage: a role that loads from global memory
-// itself stalls at its next named barrier until the load has returned (each role once per chunk,
-// 0.3 us a chunk at B=4 T=8K). Where g cannot be mapped so (H not a multiple of 4), each role
-// reads a chunk's 64 gates from global memory after the chunk has landed. The stages' gate slots
-// of scalar decay's layout stay unused.
+// (the least a tensor copy's row takes) beside the stage: measured, a role's own loads from
+// global memory held it at its next named barrier (0.2 us a chunk at B=4 T=8K). Where g cannot be
+// mapped so (H not a multiple of 4), each role reads a chunk's 64 gates from global memory after
+// the chunk has landed. The stages' gate slots of scalar decay's layout stay unused.
 // The loading warp's warpgroup gives its registers to the other three (setmaxnreg).
 #pragma once
 #include <stdint.h>
