@@ -45,8 +45,8 @@ constexpr int kTriSlots = 3;
 // Shared-memory map: scalar decay's two-role loop at kRolesDepth stages and an mbarrier per stage
 // for its tensor copies, then from the next 1024-byte boundary the (I + L)^{-1} slots, T_u and the
 // scaled u (bf16 [64 x 64] each), -W (bf16 [64 x DK], Q's tile layout), O's staging tile (the
-// layout of o's boxes), the betas' slots and the stages' gate boxes (fp32 [64 tokens x 4 heads]). Every bf16 tile is swizzled and 1024-byte
-// aligned, as wgmma reads it.
+// layout of o's boxes), the betas' slots and the stages' gate boxes (fp32 [64 tokens x 4 heads]).
+// Every bf16 tile is swizzled and 1024-byte aligned, as wgmma and the tensor copies use it.
 template <int DK>
 struct RolesMap {
   using Loop = sd::Layout<DK, true, kRolesDepth>;
