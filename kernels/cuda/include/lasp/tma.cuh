@@ -70,8 +70,8 @@ __device__ __forceinline__ void load_3d(uint32_t dst, const lasp_tensor_map& map
       : "memory");
 }
 
-// Copies the [64 x 64] bf16 tile at shared address `src` (the swizzle of `map`'s boxes) to the box
-// at coordinates (c0, c1, c2, c3) of the 4-d tensor `map`, in this thread's bulk group (rows past
+// Copies the tile at shared address `src` (one of `map`'s boxes, in its swizzle) to the box at
+// coordinates (c0, c1, c2, c3) of the 4-d tensor `map`, in this thread's bulk group (the parts past
 // the tensor's edge are not written). The caller has fenced its shared writes for the async proxy
 // (wgmma.cuh's fence_proxy_async) and met its writers at a barrier.
 __device__ __forceinline__ void store_4d(const lasp_tensor_map& map, int c0, int c1, int c2, int c3, uint32_t src) {

@@ -55,7 +55,8 @@
 #define LASP_GDN_FOLD_THREADS 256  // the fold: one CTA per (64 columns of Dv, b*H+h)
 #define LASP_GDN_ROLES_THREADS 512  // the output kernel with roles: state, output, WY and loading warpgroups
 #define LASP_GDN_ROLES_STAGES 3     // its chunks in flight (lasp/gated_delta/roles.cuh)
-#define LASP_GDN_GATE_BOX_HEADS 4  // heads per box of the roles kernel's gate copies (16 bytes, the least a box row takes)
+#define LASP_GDN_GATE_BOX_HEADS 4   // heads per box of the roles kernel's gate copies (16 bytes,
+                                    // the least a box row takes)
 
 typedef struct {
   const uint16_t* q;   // bf16 [B, T, H, Dk], contiguous
@@ -133,9 +134,9 @@ LASP_GDN_FN uint32_t lasp_gdn_roles_smem_bytes(int32_t Dk) {
 }
 
 // The roles kernel's parameters: the forward's, the tensor maps of q, k and v its copies read
-// through and of o its copies write through, and where gates_by_tma is 1 the map of g (fp32 [B, T, H] in boxes of 64 tokens x
-// LASP_GDN_GATE_BOX_HEADS heads: H must be a multiple of it and g 16-byte aligned); else each role
-// reads the gates from global memory itself.
+// through and of o its copies write through, and where gates_by_tma is 1 the map of g (fp32 [B, T,
+// H] in boxes of 64 tokens x LASP_GDN_GATE_BOX_HEADS heads: H must be a multiple of it and g
+// 16-byte aligned); else each role reads the gates from global memory itself.
 typedef struct {
   lasp_gated_delta_params p;
   lasp_tensor_map q, k, v, o, g;
