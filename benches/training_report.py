@@ -9,13 +9,14 @@ date is the earliest). One `runs` entry per configuration (the model), with:
 tokens_per_s, the median over its processes of each side's (overlapped, sequential_nccl, fla_peer)
 and tokens_per_s_per_process beside it (step times vary between processes, as fla's kernel times
 do); overlapped_over_sequential_nccl and overlapped_over_fla_peer, ratios of those medians;
-peak_mem_gib, each side's largest over processes and ranks; loss_bitwise_identical, overlapped and
-sequential_nccl equal at every step in every process; losses_identical_across_processes (the
-training is deterministic, so a process whose losses differ from the first's is a finding);
-step_ms_percentiles, each side's 10th, 50th and 90th percentile of rank 0's step times after the
-warm-up, over all processes; phase_ms_rank0, each side's phases' medians over processes; losses,
-the first process's. The PNG has one row per configuration: the loss curves
-and the tokens/s.
+sequential_over_overlapped_paired, the median over processes of train.py's paired step ratio (and
+per process); peak_mem_gib, each side's largest over processes and ranks (None from CPU runs); loss_bitwise_identical
+and weights_bitwise_identical, true where they hold in every process;
+losses_identical_across_processes (the training is deterministic, so a process whose losses differ
+from the first's is a finding); step_ms_percentiles, each side's 10th, 50th and 90th percentile of
+rank 0's step times after the warm-up, over all processes; phase_ms_rank0, each side's phases'
+medians over processes; losses, the first process's, by run. The PNG has one row per
+configuration: the loss curves and the tokens/s.
 """
 import argparse
 import json
@@ -32,30 +33,40 @@ def percentiles(values, points=(10, 50, 90)):
     return {f"p{p}": round(ordered[min(len(ordered) - 1, len(ordered) * p // 100)], 1) for p in points}
 
 
+def side_steps(doc, side):
+    """Rank 0's step times (ms) of `side` after the warm-up in one process's runs."""
+    steps = []
+    for name, ms in doc["step_ms_rank0"].items():
+        modes = doc["alternation"].get(name, (name,))
+        steps += [t for i, t in enumerate(ms) if i >= doc["warmup"] and modes[i % len(modes)] == side]
+    return steps
+
+
 def merge_run(docs):
     """One `runs` entry from the processes of one configuration."""
     first = docs[0]
     speed = {s: [d["tokens_per_s"][s] for d in docs] for s in SIDES}
     median = {s: round(statistics.median(v), 1) for s, v in speed.items()}
-    warm = first["warmup"]
-    run = dict(
+    paired = [d["sequential_over_overlapped_paired"] for d in docs]
+    phases = [d["phase_ms_rank0"] for d in docs]
+    return dict(
         model=first["model"], processes=len(docs),
         tokens_per_s=median, tokens_per_s_per_process=speed,
         overlapped_over_sequential_nccl=round(median["overlapped"] / median["sequential_nccl"], 4),
         overlapped_over_fla_peer=round(median["overlapped"] / median["fla_peer"], 4),
-        peak_mem_gib={s: max(max(d["peak_mem_gib"][s]) for d in docs) for s in SIDES},
+        sequential_over_overlapped_paired=round(statistics.median(paired), 4),
+        sequential_over_overlapped_paired_per_process=paired,
+        peak_mem_gib={s: max(max(d["peak_mem_gib"][s]) for d in docs)
+                      if all(d["peak_mem_gib"][s] for d in docs) else None for s in SIDES},
         loss_bitwise_identical=all(d["loss_bitwise_identical"] for d in docs),
+        weights_bitwise_identical=all(d["weights_bitwise_identical"] for d in docs),
         losses_identical_across_processes=all(d["losses"] == first["losses"] for d in docs),
+        step_ms_percentiles={s: percentiles([ms for d in docs for ms in side_steps(d, s)]) for s in SIDES},
+        phase_ms_rank0={
+            s: {name: round(statistics.median(p[s][name] for p in phases), 3) for name in phases[0][s]}
+            for s in SIDES},
+        losses=first["losses"],
     )
-    if all("step_ms_rank0" in d for d in docs):
-        run["step_ms_percentiles"] = {
-            s: percentiles([ms for d in docs for ms in d["step_ms_rank0"][s][warm:]]) for s in SIDES}
-    phases = [d["phase_ms_rank0"] for d in docs]
-    run["phase_ms_rank0"] = {
-        s: {name: round(statistics.median(p[s][name] for p in phases), 3) for name in phases[0][s]}
-        for s in SIDES}
-    run["losses"] = first["losses"]
-    return run
 
 
 def merge(docs):
@@ -74,11 +85,13 @@ def merge(docs):
     out = {k: docs[0][k] for k in COMMON}
     out["date"] = min(d["date"] for d in docs)
     out["method"] = (
-        "examples/python/train.py --compare: the three configurations one after another in one "
-        "torchrun job from the same seed; tokens/s = batch x seq_len over the median step time "
-        "after the warm-up on rank 0 (a step: the batch's draw, forward, backward, gradient "
-        "all-reduce, AdamW, the loss's all-reduce and the host's wait for the GPU); per "
-        "configuration the median over processes")
+        "examples/python/train.py --compare, one torchrun job per process: ours trained twice from "
+        "the same seed with the overlapped and sequential_nccl modes alternating step by step (one "
+        "run starting with each), then the fla peer from the same seed; tokens/s = batch x seq_len "
+        "over the median of rank 0's step times after the warm-up (a step: forward, backward, "
+        "gradient all-reduce, AdamW, the loss's all-reduce and the host's wait for the GPU; the "
+        "batch drawn before it), ours' modes over their steps of both runs; per configuration the "
+        "median over processes")
     out["runs"] = runs
     return out
 
@@ -98,8 +111,8 @@ def plot(path, result):
         m = run["model"]
         what = f"T = {m['seq_len'] // 1024}K, B = {m['batch']}"
         # dashed over solid: bitwise-equal curves stay visible
-        for side, style in zip(SIDES, ("-", "--", ":")):
-            left.plot(range(len(run["losses"][side])), run["losses"][side], style, label=side)
+        for (name, losses), style in zip(run["losses"].items(), ("-", "--", ":")):
+            left.plot(range(len(losses)), losses, style, label=name)
         left.set(xlabel="step", ylabel="loss", title=f"GLA LM, W = {result['W']}, {what}")
         left.legend()
         speeds = run["tokens_per_s"]
@@ -124,7 +137,9 @@ def main(argv=None):
         print(f"T={m['seq_len']} B={m['batch']}: tokens/s {run['tokens_per_s']}, "
               f"overlapped / sequential_nccl {run['overlapped_over_sequential_nccl']}, "
               f"overlapped / fla_peer {run['overlapped_over_fla_peer']}, "
-              f"losses bitwise {run['loss_bitwise_identical']}", flush=True)
+              f"paired sequential / overlapped {run['sequential_over_overlapped_paired']}, "
+              f"losses bitwise {run['loss_bitwise_identical']}, "
+              f"weights bitwise {run['weights_bitwise_identical']}", flush=True)
     plot(Path(args.out).with_suffix(".png"), result)
     return 0
 

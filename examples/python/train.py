@@ -35,22 +35,33 @@ Peer: chunk_fwd_h states pass, all-gather, fold, chunk_gla from the folded state
 all-gather, fold, chunk_gla's backward), wrapped here in an autograd.Function.
 
 Measured (rank 0 reports): tokens/s = B x seq-len over the median time of a step after --warmup
-steps (a step: the batch's draw, forward, backward, gradient all-reduce, AdamW, the loss's
-all-reduce, the host waiting for the GPU at its end); the peak memory of every rank
-(torch.cuda.max_memory_allocated, GiB, reset before each configuration: torch's allocator only, so
-lasp-shmem's NVSHMEM symmetric heap, 256 MiB by default, is not in it); the loss of every step;
-rank 0's median time of each phase of a step (forward with the loss, backward, the gradients'
-all-reduce, AdamW; CUDA events, so the phases need not add up to the step), and rank 0's time of
-every step. Python's garbage collector runs between steps, every 10 steps, outside the timed part.
+steps (a step: forward, backward, gradient all-reduce, AdamW, the loss's all-reduce, the host
+waiting for the GPU at its end; the batch is drawn before the step's clock starts, as a data
+loader hands it over); the peak memory of every rank (torch.cuda.max_memory_allocated in a step,
+GiB: torch's allocator only, so lasp-shmem's NVSHMEM symmetric heap, 256 MiB by default, is not in
+it); the loss of every step; rank 0's median time of each phase of a step (forward with the loss,
+backward, the gradients' all-reduce, AdamW; CUDA events, so the phases need not add up to the
+step), and rank 0's time of every step. Python's garbage collector runs between steps, every 10
+steps, outside the timed part.
+
+--compare trains ours twice and the fla peer once, from the same seed. Ours' runs alternate the
+two exchange modes step by step, one starting with overlapped (overlapped_first), the other with
+sequential_nccl (sequential_first): the two modes are timed under the same GPU clocks and
+temperatures, which drift over a run by more than the modes differ, and at every step one run
+computes the step in one mode and the other run in the other mode, from the same weights. The
+modes' tokens/s and phases pool their steps of both runs; sequential_over_overlapped_paired is the
+median over back-to-back step pairs (one step of each mode) of the sequential step's time over
+the overlapped step's; loss_bitwise_identical says the two runs' losses are bitwise equal at every
+step, and weights_bitwise_identical their final weights on every rank.
 
 --out FILE (JSON): device, commit (env LASP_COMMIT), date (env LASP_DATE, else now), W, family
 "gla", model (the configuration), steps, warmup, and for one run backend, mode, tokens_per_s,
-peak_mem_gib (per rank), phase_ms_rank0, step_ms_rank0, losses; with --compare the three
-configurations one after another in one process group from the same seed (ours overlapped, ours
-sequential_nccl, fla peer): tokens_per_s, peak_mem_gib, phase_ms_rank0, step_ms_rank0 and losses
-each keyed by overlapped, sequential_nccl and fla_peer, and loss_bitwise_identical (the overlapped
-and sequential_nccl losses of every step bitwise equal). With matplotlib installed it also writes FILE's name with .png: the loss curves and
-the throughputs.
+peak_mem_gib (per rank), phase_ms_rank0, step_ms_rank0, losses; with --compare tokens_per_s,
+peak_mem_gib and phase_ms_rank0 keyed by overlapped, sequential_nccl and fla_peer,
+sequential_over_overlapped_paired, loss_bitwise_identical, weights_bitwise_identical, alternation
+(each alternating run's modes in turn), and step_ms_rank0 and losses keyed by overlapped_first,
+sequential_first and fla_peer. With matplotlib installed it also writes FILE's name with .png:
+the loss curves and the throughputs.
 
 Needs on the GPU node: torch with CUDA and NCCL, lasp_shmem (pip install ./python) and, for the
 fla backend, fla-core (with einops) on PYTHONPATH; NVSHMEM_DISABLE_NVLS=1 and, on one node,
@@ -83,8 +94,17 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benches"))
 import gla_lasp2_peer as peer  # noqa: E402
 
-CONFIGS = {"overlapped": ("ours", "overlapped"), "sequential_nccl": ("ours", "sequential_nccl"),
+# A configuration: its backend and the exchange modes its steps take in turn (step s runs in
+# modes[s % len(modes)]; the fla peer has none). The single runs train in one mode; --compare runs
+# ours twice with the two modes alternating step by step, each run starting with the other mode,
+# so that both modes are timed under the same clocks, temperatures and weights, and every step's
+# loss is computed once in each mode from the same weights.
+SINGLE = {"overlapped": ("ours", ("overlapped",)), "sequential_nccl": ("ours", ("sequential_nccl",)),
+          "fla_peer": ("fla", None)}
+COMPARE = {"overlapped_first": ("ours", ("overlapped", "sequential_nccl")),
+           "sequential_first": ("ours", ("sequential_nccl", "overlapped")),
            "fla_peer": ("fla", None)}
+SIDES = ("overlapped", "sequential_nccl", "fla_peer")
 
 
 class FlaPeerGLA(torch.autograd.Function):
@@ -272,25 +292,26 @@ class PhaseClock:
         return dict(zip(PHASES, ms))
 
 
-def run(name, attention, cfg, group, device):
+def run(name, attention, modes, cfg, group, device, reference_weights=None, keep_weights=False):
     """Trains cfg.steps steps of the configuration `name` with `attention` (attention_fn's) from
-    cfg.seed: (tokens/s, peak GiB per rank or None on the CPU, losses, median ms of each phase on
-    rank 0, ms of every step on rank 0)."""
-    mode = CONFIGS[name][1]
+    cfg.seed, step s in the exchange mode modes[s % len(modes)] (modes None: the fla peer). Returns
+    a dict: `sides` (each step's side: its mode, or "fla_peer"), rank 0's `times` (s) and `phases`
+    ({phase: ms}) of every step, `losses`, `peaks` ({side: [GiB of every rank]}, None on the CPU:
+    the most torch's allocator held in a step of that side), `weights` (the final parameters on the
+    host, where `keep_weights`) and `weights_equal` (whether they are bitwise those of
+    `reference_weights` on every rank, where given)."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    if mode is not None:
-        lt.set_exchange_mode(mode)
+    sides = [modes[s % len(modes)] if modes else "fla_peer" for s in range(cfg.steps)]
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
     torch.manual_seed(cfg.seed)
     model = LM(cfg, attention).to(device)
     params = list(model.parameters())
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.1, fused=cuda)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     clock = PhaseClock(cuda)
-    losses, times, phases = [], [], []
+    losses, times, phases, peaks = [], [], [], {}
     # Python's collector walks every object of the process (torch's, inductor's, Triton's) when it
     # runs inside a step, at random steps on each rank, and every rank waits for the slowest at the
     # next collective: objects from before the loop are frozen out of its walks, and it runs
@@ -301,10 +322,16 @@ def run(name, attention, cfg, group, device):
     for step in range(cfg.steps):
         if step % 10 == 0:
             gc.collect()
+        if modes and (step == 0 or sides[step] != sides[step - 1]):
+            lt.set_exchange_mode(sides[step])  # collective, and it waits for the GPU: untimed
+        # The batch is drawn before the step's clock starts, as a trainer's data loader hands it
+        # over: the draw's host time varies and is not what the configurations differ in.
+        inputs, targets = batch(step, cfg, rank, world, device)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
         sync()
         dist.barrier(group)
         t0 = time.perf_counter()
-        inputs, targets = batch(step, cfg, rank, world, device)
         clock.mark()
         with torch.autocast(device.type, dtype=torch.bfloat16):
             logits = model(inputs)
@@ -323,19 +350,55 @@ def run(name, attention, cfg, group, device):
         sync()
         times.append(time.perf_counter() - t0)
         phases.append(clock.phases())
+        if cuda:
+            held = torch.cuda.max_memory_allocated() / 2**30
+            peaks[sides[step]] = max(peaks.get(sides[step], 0.0), held)
         if rank == 0:
-            print(f"{name} step {step}: loss {losses[-1]:.6f} ({times[-1] * 1e3:.1f} ms)", flush=True)
+            print(f"{name} step {step} ({sides[step]}): loss {losses[-1]:.6f} ({times[-1] * 1e3:.1f} ms)",
+                  flush=True)
     gc.enable()
     gc.unfreeze()
-    tokens_per_s = cfg.batch * cfg.seq_len / statistics.median(times[cfg.warmup:])
-    phase_ms = {p: round(statistics.median(s[p] for s in phases[cfg.warmup:]), 3) for p in PHASES}
-    peak = None
+    out = dict(sides=sides, times=times, phases=phases, losses=losses, peaks=None, weights=None,
+               weights_equal=None)
     if cuda:
-        peaks = [None] * world
-        dist.all_gather_object(peaks, torch.cuda.max_memory_allocated() / 2**30, group=group)
-        peak = [round(p, 3) for p in peaks]
+        every = [None] * world
+        dist.all_gather_object(every, peaks, group=group)
+        out["peaks"] = {side: [round(p[side], 3) for p in every] for side in peaks}
+    if keep_weights:
+        out["weights"] = [p.detach().cpu() for p in params]
+    if reference_weights is not None:
+        equal = torch.tensor(int(all(torch.equal(p.detach().cpu(), r)
+                                     for p, r in zip(params, reference_weights))), device=device)
+        dist.all_reduce(equal, op=dist.ReduceOp.MIN, group=group)
+        out["weights_equal"] = bool(equal.item())
     del model, optimizer, params
-    return tokens_per_s, peak, losses, phase_ms, [round(t * 1e3, 2) for t in times]
+    return out
+
+
+def timed(runs, side, key, warmup):
+    """`key` ("times" or "phases") of every step of `side` after the warm-up, over `runs`."""
+    return [r[key][s] for r in runs for s in range(warmup, len(r["sides"])) if r["sides"][s] == side]
+
+
+def side_summary(runs, side, cfg):
+    """tokens/s (batch x seq-len over the median step time) and the median ms of each phase of
+    `side`'s timed steps in `runs`."""
+    speed = cfg.batch * cfg.seq_len / statistics.median(timed(runs, side, "times", cfg.warmup))
+    steps = timed(runs, side, "phases", cfg.warmup)
+    return speed, {p: round(statistics.median(s[p] for s in steps), 3) for p in PHASES}
+
+
+def paired_ratio(runs, warmup):
+    """The median over the alternating runs' step pairs after the warm-up (steps warmup + 2i and
+    warmup + 2i + 1: one of each mode, back to back) of the sequential_nccl step's time over the
+    overlapped step's: above 1 where overlapped is faster. A pair's steps drift together, so this
+    sees differences smaller than the spread of step times."""
+    ratios = []
+    for r in runs:
+        for i in range(warmup, len(r["sides"]) - 1, 2):
+            t = {r["sides"][i]: r["times"][i], r["sides"][i + 1]: r["times"][i + 1]}
+            ratios.append(t["sequential_nccl"] / t["overlapped"])
+    return round(statistics.median(ratios), 4)
 
 
 def model_config(cfg):
@@ -380,7 +443,8 @@ def main(argv=None, init_ours=None):
     ap.add_argument("--mode", choices=("overlapped", "sequential_nccl"), default="overlapped",
                     help="lasp_shmem's exchange mode (backend ours)")
     ap.add_argument("--compare", action="store_true",
-                    help="ours overlapped, ours sequential_nccl and the fla peer, one after another")
+                    help="ours in both modes, alternating step by step (two runs, each starting with "
+                         "the other mode), then the fla peer")
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--d-model", type=int, default=2048)
     ap.add_argument("--heads", type=int, default=16)
@@ -427,13 +491,21 @@ def main(argv=None, init_ours=None):
     rank, world = dist.get_rank(), dist.get_world_size()
     if cfg.seq_len % world:
         ap.error(f"--seq-len {cfg.seq_len} does not split into {world} equal shards")
-    names = list(CONFIGS) if cfg.compare else [
-        "fla_peer" if cfg.backend == "fla" else cfg.mode]
-    if any(CONFIGS[n][0] == "ours" for n in names):
+    configs = COMPARE if cfg.compare else {
+        n: SINGLE[n] for n in ["fla_peer" if cfg.backend == "fla" else cfg.mode]}
+    uses_ours = any(backend == "ours" for backend, _ in configs.values())
+    if uses_ours:
         (init_ours or (lambda group, rank, world: lt.init(group)))(group, rank, world)
     # every backend's attention before the first step: a missing fla fails the job at once
-    attention = {name: attention_fn(CONFIGS[name][0], group, device) for name in names}
-    results = {name: run(name, attention[name], cfg, group, device) for name in names}
+    attention = {name: attention_fn(backend, group, device) for name, (backend, _) in configs.items()}
+    results = {}
+    for name, (_, modes) in configs.items():
+        # the second alternating run's weights are checked against the first's, bit for bit
+        first = results.get("overlapped_first", {}).get("weights")
+        results[name] = run(name, attention[name], modes, cfg, group, device, reference_weights=first,
+                            keep_weights=cfg.compare and name == "overlapped_first")
+        if first is not None:
+            results["overlapped_first"]["weights"] = None
 
     if rank == 0:
         result = dict(
@@ -442,26 +514,39 @@ def main(argv=None, init_ours=None):
             commit=os.environ.get("LASP_COMMIT", "unknown"),
             date=os.environ.get("LASP_DATE", datetime.now(timezone.utc).isoformat(timespec="seconds")),
             W=world, family="gla", model=model_config(cfg), steps=cfg.steps, warmup=cfg.warmup)
+        runs = list(results.values())
+        summary = {side: side_summary(runs, side, cfg) for side in SIDES if timed(runs, side, "times", 0)}
+        # each rank's most over the runs that had steps of the side (None on the CPU)
+        peaks = {side: [max(per_run) for per_run in zip(*(r["peaks"][side] for r in runs
+                                                          if r["peaks"] and side in r["peaks"]))]
+                 or None for side in summary}
+        ms = {name: [round(t * 1e3, 2) for t in r["times"]] for name, r in results.items()}
         if cfg.compare:
+            alternating = [results["overlapped_first"], results["sequential_first"]]
             result.update(
-                tokens_per_s={n: round(r[0], 1) for n, r in results.items()},
-                peak_mem_gib={n: r[1] for n, r in results.items()},
-                loss_bitwise_identical=results["overlapped"][2] == results["sequential_nccl"][2],
-                phase_ms_rank0={n: r[3] for n, r in results.items()},
-                step_ms_rank0={n: r[4] for n, r in results.items()},
-                losses={n: r[2] for n, r in results.items()})
+                tokens_per_s={side: round(summary[side][0], 1) for side in SIDES},
+                sequential_over_overlapped_paired=paired_ratio(alternating, cfg.warmup),
+                peak_mem_gib=peaks,
+                loss_bitwise_identical=alternating[0]["losses"] == alternating[1]["losses"],
+                weights_bitwise_identical=results["sequential_first"]["weights_equal"],
+                phase_ms_rank0={side: summary[side][1] for side in SIDES},
+                alternation={name: list(modes) for name, (_, modes) in configs.items() if modes},
+                step_ms_rank0=ms,
+                losses={name: r["losses"] for name, r in results.items()})
         else:
-            [(name, (speed, peak, losses, phase_ms, step_ms))] = results.items()
-            backend, mode = CONFIGS[name]
-            result.update(backend=backend, mode=mode, tokens_per_s=round(speed, 1), peak_mem_gib=peak,
-                          phase_ms_rank0=phase_ms, step_ms_rank0=step_ms, losses=losses)
+            [(name, r)] = results.items()
+            [(side, (speed, phase_ms))] = summary.items()
+            backend, modes = configs[name]
+            result.update(backend=backend, mode=modes[0] if modes else None, tokens_per_s=round(speed, 1),
+                          peak_mem_gib=peaks[side], phase_ms_rank0=phase_ms, step_ms_rank0=ms[name],
+                          losses=r["losses"])
         print(json.dumps({k: v for k, v in result.items() if k not in ("losses", "step_ms_rank0")}), flush=True)
         if cfg.out:
             Path(cfg.out).write_text(json.dumps(result, indent=2) + "\n")
             print(f"train: wrote {cfg.out}", flush=True)
             plot(Path(cfg.out).with_suffix(".png"), result, cfg.compare)
     dist.barrier()
-    if init_ours is None and any(CONFIGS[n][0] == "ours" for n in names):
+    if init_ours is None and uses_ours:
         lt.shutdown()
     dist.destroy_process_group()
     return 0

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                     reason="torch.distributed with gloo is not available")
-def test_the_training_dry_run_compares_the_three_configurations(tmp_path):
+def test_the_training_dry_run_alternates_the_modes_and_compares_the_peer(tmp_path):
     out = tmp_path / "training.json"
     # the lasp_shmem package these tests import, in the ranks too
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
@@ -28,21 +28,24 @@ def test_the_training_dry_run_compares_the_three_configurations(tmp_path):
                     str(ROOT / "python/tests/train_cpu.py"), "--compare", "--out", str(out)],
                    env=env, check=True, timeout=120)
     result = json.loads(out.read_text())
-    configs = {"overlapped", "sequential_nccl", "fla_peer"}
+    sides = {"overlapped", "sequential_nccl", "fla_peer"}
+    runs = {"overlapped_first", "sequential_first", "fla_peer"}
     assert result["W"] == 2 and result["family"] == "gla"
-    assert set(result["tokens_per_s"]) == set(result["losses"]) == configs
+    assert set(result["tokens_per_s"]) == set(result["phase_ms_rank0"]) == sides
     assert all(speed > 0 for speed in result["tokens_per_s"].values())
-    assert set(result["phase_ms_rank0"]) == configs
+    assert result["sequential_over_overlapped_paired"] > 0
     for phases in result["phase_ms_rank0"].values():
         assert set(phases) == {"forward", "backward", "gradient_all_reduce", "optimizer"}
         assert all(ms > 0 for ms in phases.values())
-    assert set(result["step_ms_rank0"]) == configs
+    assert result["alternation"] == {"overlapped_first": ["overlapped", "sequential_nccl"],
+                                     "sequential_first": ["sequential_nccl", "overlapped"]}
+    assert set(result["step_ms_rank0"]) == set(result["losses"]) == runs
     for step_ms in result["step_ms_rank0"].values():
         assert len(step_ms) == result["steps"] and all(ms > 0 for ms in step_ms)
-    assert result["loss_bitwise_identical"]
+    assert result["loss_bitwise_identical"] and result["weights_bitwise_identical"]
     for losses in result["losses"].values():
         assert len(losses) == result["steps"] and all(map(math.isfinite, losses))
         assert losses[-1] < losses[0]
     # the stand-ins compute the same LASP-2 in float64, so the backends agree to bf16's rounding
-    for a, b in zip(result["losses"]["overlapped"], result["losses"]["fla_peer"]):
+    for a, b in zip(result["losses"]["overlapped_first"], result["losses"]["fla_peer"]):
         assert a == pytest.approx(b, rel=1e-3)
