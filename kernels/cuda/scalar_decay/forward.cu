@@ -44,7 +44,8 @@ namespace sd {
 // and dv passes, for the gate gradient: lasp_sd_block_slot, lasp::sd::state_store_tiles).
 template <int DK, bool kOutput, Probe kProbe = Probe::kNone, bool kRoles = false, bool kReversed = false,
           bool kBlockStates = false>
-__device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p, const QkvMaps* maps = nullptr) {
+__device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p, const QkvMaps* maps = nullptr,
+                                            const lasp_tensor_map* o_map = nullptr) {
   static_assert(!(kRoles && kReversed), "the two-role kernel reads tokens in order only");
   static_assert(kOutput || !kBlockStates, "the states kernels write no block states");
   const int seg = blockIdx.y;
@@ -78,7 +79,7 @@ __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p, c
       }
     };
     if constexpr (kRoles)
-      run_roles_segment_with<DK>(a, *maps, start, end, block_states);
+      run_roles_segment_with<DK>(a, *maps, *o_map, start, end, block_states);
     else
       run_segment_with<DK, kProbe, kReversed>(a, start, end, block_states);
   } else {
@@ -97,7 +98,7 @@ __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p, c
 template <int DK, bool kBlockStates>
 __device__ __forceinline__ void run_roles_output(const lasp_sd_roles_params& rp) {
   const QkvMaps maps{rp.q, rp.k, rp.v};
-  run_segment<DK, true, Probe::kNone, true, false, kBlockStates>(rp.p, &maps);
+  run_segment<DK, true, Probe::kNone, true, false, kBlockStates>(rp.p, &maps, &rp.o);
 }
 
 }  // namespace sd

@@ -92,11 +92,11 @@ pub const fn update_smem_bytes(dk: i32) -> u32 {
 }
 
 /// `lasp_sd_roles_smem_bytes`: ROLES_STAGES x (Q, K, V tile, gates, an 8-byte mbarrier) + 2
-/// bf16 state tiles.
+/// bf16 state tiles, then from the next 1 KiB boundary O's staging tile.
 pub const fn roles_smem_bytes(dk: i32) -> u32 {
     let (c, dk, tv) = (CHUNK as u32, dk as u32, TILE_V as u32);
     let stage = 2 * c * dk * 2 + c * tv * 2 + c * 4;
-    ROLES_STAGES * (stage + 8) + 2 * dk * tv * 2
+    (ROLES_STAGES * (stage + 8) + 2 * dk * tv * 2).next_multiple_of(1024) + c * tv * 2
 }
 
 /// `lasp_sd_states_smem_bytes`: STATES_STAGES x (K, V tile, gates).

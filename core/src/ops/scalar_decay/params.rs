@@ -13,10 +13,10 @@ use lasp_shmem_kernels::params as header;
 pub type ScalarDecayParams = header::lasp_scalar_decay_params;
 
 /// The C struct `lasp_sd_roles_params`: the forward's parameters and the tensor maps the
-/// two-role output kernel copies q, k and v through.
+/// two-role output kernel copies q, k and v in and o out through.
 pub type RolesParams = header::lasp_sd_roles_params;
 
-/// `params` with the tensor maps of its q, k and v (`shape`'s dimensions).
+/// `params` with the tensor maps of its q, k, v and o (`shape`'s dimensions).
 pub(super) fn roles_params(params: ScalarDecayParams, shape: &ForwardShape) -> Result<RolesParams> {
     let (b, t, h) = (shape.b, shape.t, shape.h);
     Ok(RolesParams {
@@ -34,6 +34,11 @@ pub(super) fn roles_params(params: ScalarDecayParams, shape: &ForwardShape) -> R
         v: tensor_map::bf16_token_tiles(
             "scalar-decay forward, v",
             params.v as u64,
+            [shape.dv, h, t, b],
+        )?,
+        o: tensor_map::bf16_token_tiles(
+            "scalar-decay forward, o",
+            params.o as u64,
             [shape.dv, h, t, b],
         )?,
         // The padding bindgen spells out between `p` and the 128-byte-aligned maps.

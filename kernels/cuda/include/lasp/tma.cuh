@@ -82,6 +82,12 @@ __device__ __forceinline__ void store_4d(const lasp_tensor_map& map, int c0, int
       : "memory");
 }
 
+// Makes this thread's shared-memory writes visible to the async proxy the tensor copies read
+// through (as wgmma's fence_proxy_async does for wgmma); a barrier after it publishes them.
+__device__ __forceinline__ void fence_shared_for_copies() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 // Closes this thread's bulk group of the stores issued since the last one.
 __device__ __forceinline__ void store_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 

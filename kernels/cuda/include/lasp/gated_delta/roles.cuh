@@ -126,20 +126,6 @@ __device__ __forceinline__ void scale_columns(uint32_t (&dst)[4], const uint32_t
   dst[3] = scale_bf16x2(src[3], f[2 * kk + 1][0], f[2 * kk + 1][1]);
 }
 
-// Rows 16 warp + 8 hh + g, columns 8 nt + 2 t (+1) of a [64 x 64] bf16 tile at `tile` (K-major
-// A-operand layout): the accumulator's pairs, rounded, each row scaled by row_scale[hh].
-__device__ __forceinline__ void store_rows_bf16(uint8_t* tile, const float (&acc)[8][4], const float (&row_scale)[2],
-                                                int warp, int g, int t) {
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int r = 16 * warp + 8 * hh + g;
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-      *reinterpret_cast<uint32_t*>(tile + swizzle(r, nt, kChunk) + 4 * t) =
-          pack_bf16x2(row_scale[hh] * acc[nt][2 * hh], row_scale[hh] * acc[nt][2 * hh + 1]);
-  }
-}
-
 // Arrives on Released + i % depth once the calling warpgroup is done with chunk i's stage, if the
 // loading warp waits for it (a chunk i + depth exists).
 __device__ __forceinline__ void release_stage(int i, int n_chunks) {
@@ -260,8 +246,8 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
       // u_i over the V tile for the output, diag(e^{gamma - b}) u_i for the update (bf16 both).
       const float one[2] = {1.f, 1.f};
       const float to_end[2] = {chunk::exp_nonpos(cg.gamma - cg.row[0]), chunk::exp_nonpos(cg.gamma - cg.row[1])};
-      store_rows_bf16(smem + L::stage(i) + L::kV, acc, one, warp, g, t);
-      store_rows_bf16(smem + M::kUScaled, acc, to_end, warp, g, t);
+      sd::store_rows_bf16(smem + L::stage(i) + L::kV, acc, one, warp, g, t);
+      sd::store_rows_bf16(smem + M::kUScaled, acc, to_end, warp, g, t);
       wg::fence_proxy_async();
       named_barrier_sync(B::kState, sd::kThreads);
       named_barrier_arrive(B::kHanded + i % 2, kPair);  // S_i's copy and u_i for the output warpgroup
@@ -352,7 +338,7 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
                                        4 * t) = tu[kk][e];
       const float minus[2] = {-1.f, -1.f};
 #pragma unroll
-      for (int nb = 0; nb < DK / 64; ++nb) store_rows_bf16(smem + M::kW + nb * kBlockBytes, w[nb], minus, warp, g, t);
+      for (int nb = 0; nb < DK / 64; ++nb) sd::store_rows_bf16(smem + M::kW + nb * kBlockBytes, w[nb], minus, warp, g, t);
       wg::fence_proxy_async();  // T_u and -W are read by the state warpgroup's wgmma
       named_barrier_arrive(B::kWyReady, kPair);
     }
@@ -377,7 +363,7 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
       if (o_issuer) tma::store_wait_read<0>();
       named_barrier_sync(B::kOStaged, sd::kThreads);
       const float one[2] = {1.f, 1.f};
-      store_rows_bf16(smem + M::kOStage, o, one, warp, g, t);
+      sd::store_rows_bf16(smem + M::kOStage, o, one, warp, g, t);
       wg::fence_proxy_async();
       named_barrier_sync(B::kOStaged, sd::kThreads);
       if (o_issuer) {

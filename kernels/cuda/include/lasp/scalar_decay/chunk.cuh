@@ -1037,8 +1037,24 @@ static_assert(kRolesStages >= 2, "the pipeline needs at least two stages");
 struct RoleBarriers {
   static constexpr int kSbfFull = 1;              // + buffer: bf16 state copy written
   static constexpr int kSbfEmpty = kSbfFull + 2;  // + buffer: bf16 state copy read
-  static_assert(kSbfEmpty + 2 <= 16, "16 named barriers per CTA");
+  static constexpr int kOStaged = kSbfEmpty + 2;  // the output group's own: O's staging tile written / free
+  static_assert(kOStaged < 16, "16 named barriers per CTA");
 };
+
+// Rows 16 warp + 8 hh + g, columns 8 nt + 2 t (+1) of a [64 x 64] bf16 tile at `tile` in the
+// swizzled layout (the V tile's, a K-major A operand's): the accumulator's pairs, rounded, each
+// row scaled by row_scale[hh].
+__device__ __forceinline__ void store_rows_bf16(uint8_t* tile, const float (&acc)[8][4], const float (&row_scale)[2],
+                                                int warp, int g, int t) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = 16 * warp + 8 * hh + g;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+      *reinterpret_cast<uint32_t*>(tile + swizzle(r, nt, kChunk) + 4 * t) =
+          pack_bf16x2(row_scale[hh] * acc[nt][2 * hh], row_scale[hh] * acc[nt][2 * hh + 1]);
+  }
+}
 
 // The tensor maps the two-role kernel's copies read q, k and v through (lasp_sd_roles_params).
 struct QkvMaps {
@@ -1159,13 +1175,16 @@ __device__ __forceinline__ void output_role_chunk(float (&o)[8][4], uint32_t sQ,
 }
 
 // Runs one CTA's segment with the two roles and the loading warp (kRolesThreads threads), loading
-// through `maps`. start, end and at_chunk as in run_segment_with: start is called by both groups
+// through `maps` and storing O through `o_map` (o's map in the boxes of v's): the output group
+// writes each chunk's O into a staging tile that one of its threads copies out (measured on Gated
+// DeltaNet's roles kernel: a warp's own stores held it at its next named barrier). start, end and at_chunk as in run_segment_with: start is called by both groups
 // (the state group's s is the one used), end and at_chunk by the state group only. Needs the Tensor
 // Memory Accelerator (sm_90 and later); the host launches it nowhere else (ForwardPlan), and
 // elsewhere it traps.
 template <int DK, class Start, class End, class AtChunk = NoChunkHook>
-__device__ __forceinline__ void run_roles_segment_with(const SegmentArgs& a, const QkvMaps& maps, Start&& start,
-                                                       End&& end, AtChunk&& at_chunk = AtChunk{}) {
+__device__ __forceinline__ void run_roles_segment_with(const SegmentArgs& a, const QkvMaps& maps,
+                                                       const lasp_tensor_map& o_map, Start&& start, End&& end,
+                                                       AtChunk&& at_chunk = AtChunk{}) {
 #if __CUDA_ARCH__ >= 900
   using L = Layout<DK, true, kRolesStages>;
   using B = RoleBarriers;
@@ -1174,7 +1193,9 @@ __device__ __forceinline__ void run_roles_segment_with(const SegmentArgs& a, con
   // buffer, not in static shared memory, which would move the buffer off its 1024-byte alignment.
   constexpr uint32_t kLanded = L::kBytes;
   static_assert(kLanded % 8 == 0, "mbarriers are 8-byte aligned");
-  static_assert(kLanded + 8 * kRolesStages == lasp_sd_roles_smem_bytes(DK),
+  // After the mbarriers, from the next 1024-byte boundary (the copies' swizzle): O's staging tile.
+  constexpr uint32_t kOStage = (kLanded + 8 * kRolesStages + 1023) / 1024 * 1024;
+  static_assert(kOStage + kChunk * kTileV * 2 == lasp_sd_roles_smem_bytes(DK),
                 "shared-memory map and host formula disagree");
   constexpr int kPair = 2 * kThreads;  // arrivals per phase of kSbfEmpty: the two groups
   constexpr int kAll = kRolesThreads;  // arrivals per phase of kSbfFull: the groups and the loading warp
@@ -1188,7 +1209,6 @@ __device__ __forceinline__ void run_roles_segment_with(const SegmentArgs& a, con
   const int T = a.T, n_chunks = a.n_chunks;
   const int b = a.bh / a.H, h = a.bh % a.H;
   const int64_t row_bt0 = (int64_t)b * T * a.H + h;  // token 0 of (b, h)
-  const int64_t v_stride = (int64_t)a.H * a.Dv;
   const StateLane ln{16 * warp, g, t};
   const FragOffsets<DK> off(warp, lane);
   auto sbf = [](int i) { return L::kSbf + (i & 1) * L::kSbfBytes; };  // bf16 copy of S_i
@@ -1205,6 +1225,7 @@ __device__ __forceinline__ void run_roles_segment_with(const SegmentArgs& a, con
     tma::prefetch_map(maps.q);
     tma::prefetch_map(maps.k);
     tma::prefetch_map(maps.v);
+    tma::prefetch_map(o_map);
   }
   __syncthreads();
 
@@ -1278,7 +1299,8 @@ __device__ __forceinline__ void run_roles_segment_with(const SegmentArgs& a, con
     }
     if (store) end(s, ln, lambda);
   } else {
-    uint16_t* o_tile = a.o + row_bt0 * a.Dv + a.vt * kTileV + 2 * t;
+    const bool o_issuer = threadIdx.x == kThreads;  // the output group's first thread copies O out
+    const float one[2] = {1.f, 1.f};
     for (int i = 0; i < n_chunks; ++i) {
       wait_landed(i);
       named_barrier_sync(B::kSbfFull + i % 2, kAll);
@@ -1291,19 +1313,21 @@ __device__ __forceinline__ void run_roles_segment_with(const SegmentArgs& a, con
       float o[8][4];  // O rows of this warp, 64 columns (8 n-tiles)
       output_role_chunk<DK>(o, stage + L::kQ, stage + L::kK, stage + L::kV, sbase + sbf(i), off, cg, warp, g, t,
                             a.scale, sbf_read);
-      // O rows beyond T (ragged last chunk) are not stored.
-      const int tok0 = (a.c_begin + i) * kChunk;
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int tok = tok0 + 16 * warp + 8 * hh + g;
-        if (store && tok < T) {
-          uint16_t* dst = o_tile + tok * v_stride;
-#pragma unroll
-          for (int nt = 0; nt < 8; ++nt)
-            *reinterpret_cast<uint32_t*>(dst + 8 * nt) = pack_bf16x2(o[nt][2 * hh], o[nt][2 * hh + 1]);
+      // O_i into the staging tile once chunk i - 1's copy has read it, then out by a tensor copy
+      // (rows past T are not written).
+      if (store) {
+        if (o_issuer) tma::store_wait_read<0>();
+        named_barrier_sync(B::kOStaged, kThreads);
+        store_rows_bf16(smem + kOStage, o, one, warp, g, t);
+        tma::fence_shared_for_copies();
+        named_barrier_sync(B::kOStaged, kThreads);
+        if (o_issuer) {
+          tma::store_4d(o_map, a.vt * kTileV, h, (a.c_begin + i) * kChunk, b, sbase + kOStage);
+          tma::store_commit();
         }
       }
     }
+    if (o_issuer) tma::store_wait_all();
   }
 #else
   __trap();

@@ -85,13 +85,14 @@ typedef struct {
   LASP_ALIGN_128 uint64_t opaque[16];
 } lasp_tensor_map;
 
-// Parameters of the two-role output kernel (lasp_scalar_decay_output_roles_dk*), 512 bytes: the
-// forward's parameters and tensor maps of q, k and v, each viewed as bf16 [B][T][H][D] (dimensions
-// innermost first: D, H, T, B) with a box of 64 columns x 1 head x 64 tokens x 1 sequence, 128-byte
-// swizzle, zero fill outside the tensor (the ragged last chunk).
+// Parameters of the two-role output kernel (lasp_scalar_decay_output_roles_dk*), 640 bytes: the
+// forward's parameters and tensor maps of q, k, v (read) and o (written), each viewed as bf16
+// [B][T][H][D] (dimensions innermost first: D, H, T, B) with a box of 64 columns x 1 head x 64
+// tokens x 1 sequence, 128-byte swizzle, zero fill outside the tensor (the ragged last chunk; o's
+// rows there are not written).
 typedef struct {
   lasp_scalar_decay_params p;
-  lasp_tensor_map q, k, v;
+  lasp_tensor_map q, k, v, o;
 } lasp_sd_roles_params;
 
 typedef struct {
@@ -157,10 +158,12 @@ LASP_SD_FN uint32_t lasp_sd_update_smem_bytes(int32_t Dk) {
 }
 
 // Dynamic shared memory of the two-role output kernel: ROLES_STAGES x (Q, K, V-tile, gates) + 2 bf16
-// copies of the state tile + one 8-byte mbarrier per stage.
+// copies of the state tile + one 8-byte mbarrier per stage, then from the next 1024-byte boundary
+// O's staging tile (bf16 [64 x TILE_V]).
 LASP_SD_FN uint32_t lasp_sd_roles_smem_bytes(int32_t Dk) {
   const uint32_t stage = 2u * LASP_SD_CHUNK * Dk * 2u + LASP_SD_CHUNK * LASP_SD_TILE_V * 2u + LASP_SD_CHUNK * 4u;
-  return LASP_SD_ROLES_STAGES * (stage + 8u) + 2u * Dk * LASP_SD_TILE_V * 2u;
+  const uint32_t loop = LASP_SD_ROLES_STAGES * (stage + 8u) + 2u * Dk * LASP_SD_TILE_V * 2u;
+  return (loop + 1023u) / 1024u * 1024u + LASP_SD_CHUNK * LASP_SD_TILE_V * 2u;
 }
 
 // Dynamic shared memory: STATES_STAGES x (K, V-tile, gates).
