@@ -1176,8 +1176,9 @@ __device__ __forceinline__ void output_role_chunk(float (&o)[8][4], uint32_t sQ,
 
 // Runs one CTA's segment with the two roles and the loading warp (kRolesThreads threads), loading
 // through `maps` and storing O through `o_map` (o's map in the boxes of v's): the output group
-// writes each chunk's O into a staging tile that one of its threads copies out (measured on Gated
-// DeltaNet's roles kernel: a warp's own stores held it at its next named barrier). start, end and at_chunk as in run_segment_with: start is called by both groups
+// writes each chunk's O into a staging tile that one of its threads copies out (a warp's own stores
+// in flight held it at its next named barrier: kernels/docs/scalar-decay.md). start, end and
+// at_chunk as in run_segment_with: start is called by both groups
 // (the state group's s is the one used), end and at_chunk by the state group only. Needs the Tensor
 // Memory Accelerator (sm_90 and later); the host launches it nowhere else (ForwardPlan), and
 // elsewhere it traps.
