@@ -37,7 +37,7 @@ use crate::ops::scalar_decay::backward::{
     check_backward_args, BackwardArgs, ReversedStates, ScalarDecayBackward,
 };
 use crate::ops::scalar_decay::geometry as sd;
-use crate::ops::scalar_decay::ScalarDecay;
+use crate::ops::scalar_decay::{ScalarDecay, TensorChecks};
 use crate::ops::sm_count;
 use crate::ops::{DeviceRef, StreamOrder};
 use crate::runtime::Runtime;
@@ -126,6 +126,10 @@ impl Lasp2Backward {
         self.chain.check_call(stream, s.layout())?;
         let l = self.layout();
         let scale = check_backward_args(&args)?;
+        if let Some(d_ht) = &args.d_ht {
+            // fold_put reads it in 16-byte vectors (the single-GPU backward needs 8 bytes).
+            TensorChecks::new("LASP-2 backward", &s).aligned("d_ht", d_ht.addr(), 16)?;
+        }
         self.chain
             .check_boundary_gradients(args.d_ht.is_some(), args.dh0.is_some())?;
         let (b, h, dk, dv) = l.dims();
