@@ -10,7 +10,8 @@
 
 use lasp_shmem::reference::mlstm::{
     chunkwise_backward, chunkwise_forward, fold, fold_backward, lasp2_backward, lasp2_forward,
-    recurrent_backward, recurrent_forward, unstabilised_forward, MlstmCotangents, MlstmForward,
+    loop_form_forward, recurrent_backward, recurrent_forward, unstabilised_forward,
+    MlstmCotangents, MlstmForward,
     MlstmGradient::{Full, Tfla},
     MlstmGrads, MlstmInputs, MlstmRegime, MlstmSpec, MlstmState, ShardSummary,
 };
@@ -189,6 +190,27 @@ fn chunkwise_equals_recurrent() {
             }
         }
     }
+}
+
+/// The kernels' arithmetic (the scalar-decay loop with mLSTM's gate transform) is the chunkwise
+/// form, in every regime, from the zero and a given initial state.
+#[test]
+fn the_loop_form_equals_the_chunkwise_form() {
+    for regime in MlstmRegime::ALL {
+        for initial_state in [false, true] {
+            let inputs = generate(regime, 13, initial_state);
+            for chunk in [1, 16, 64] {
+                let want = chunkwise_forward(&inputs, chunk).unwrap();
+                let got = loop_form_forward(&inputs, chunk).unwrap();
+                check_forward(
+                    &format!("{regime:?}, initial state {initial_state}, chunk {chunk}"),
+                    &got,
+                    &want,
+                );
+            }
+        }
+    }
+    assert!(loop_form_forward(&generate(MlstmRegime::ALL[0], 1, false), 0).is_err());
 }
 
 /// The first `len` tokens of `inputs` as a problem of their own, with the same initial state.

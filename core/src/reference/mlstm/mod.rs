@@ -49,6 +49,20 @@
 //! ```
 //! Every exponent is `<= 0`.
 //!
+//! # In the scalar-decay loop's form
+//! The kernels run each chunk in the scalar-decay chunk loop, whose weights are `e^{row_r - col_j}`
+//! (token j in row r), `e^{row_r}` (the carried state in row r) and, for the state leaving the
+//! chunk, `e^{gamma}` and `e^{gamma - col_j}`. With the running maximum
+//! `M_r = max(m, max_{j<=r} (i_j - b_j))`, so that `m_r = b_r + M_r`, and a shift `c` (`m`, or
+//! `i_0 - b_0` from the empty state, whose carried terms are zero):
+//! ```text
+//! row_r = c - M_r,   col_j = c - i_j + b_j,   gamma = row_last,   m' = b_last + M_last
+//! ```
+//! gives the chunk step above term for term: `row_r - col_j = D_rj - m_r`, `row_r = m + b_r - m_r`,
+//! `gamma = m + gamma_b - m'` and `gamma - col_j = i_j + gamma_b - b_j - m'` (`gamma_b = b_last`),
+//! every one `<= 0`. `qn_r` is the loop's output for a column of ones in `v` plus the carried `n`,
+//! and `n` is carried as a further value column. [`loop_form_forward`] computes this form.
+//!
 //! # LASP-2
 //! Rank w owns a shard of consecutive tokens. Its summary `(C_w, n_w, m_w)` is the state the shard
 //! reaches from the empty state (`m = -inf`, no contribution; the chunk steps above from there),
@@ -137,6 +151,7 @@ mod gradient;
 mod head;
 mod inputs;
 mod lasp2;
+mod loop_form;
 mod recurrent;
 
 pub use backward::recurrent_backward;
@@ -151,4 +166,5 @@ pub use lasp2::{
     fold, fold_backward, lasp2_backward, lasp2_forward, FoldCotangents, MlstmLasp2,
     MlstmLasp2Backward, ShardSummary,
 };
+pub use loop_form::{loop_form_forward, loop_gates, LoopGates};
 pub use recurrent::{recurrent_forward, unstabilised_forward};
