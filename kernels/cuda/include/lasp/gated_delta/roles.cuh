@@ -358,18 +358,8 @@ __device__ __forceinline__ void run_roles_segment(const lasp_gated_delta_params&
       sd::output_role_chunk<DK>(o, stage + L::kQ, stage + L::kK, stage + L::kV, sbase + sbf(i), off, cg, warp, g, t,
                                 a.scale, sbf_read);
       release_stage(i, n_chunks);
-      // O_i into the staging tile once chunk i - 1's copy has read it, then out by a tensor copy
-      // (rows past T are not written).
-      if (o_issuer) tma::store_wait_read<0>();
-      named_barrier_sync(B::kOStaged, sd::kThreads);
-      const float one[2] = {1.f, 1.f};
-      sd::store_rows_bf16(smem + M::kOStage, o, one, warp, g, t);
-      wg::fence_proxy_async();
-      named_barrier_sync(B::kOStaged, sd::kThreads);
-      if (o_issuer) {
-        tma::store_4d(o_map, a.vt * sd::kTileV, h, (a.c_begin + i) * kChunk, b, sbase + M::kOStage);
-        tma::store_commit();
-      }
+      sd::store_o_staged(o, smem + M::kOStage, sbase + M::kOStage, B::kOStaged, o_issuer, o_map, a.vt * sd::kTileV,
+                         h, (a.c_begin + i) * kChunk, b, warp, g, t);
     }
     if (o_issuer) tma::store_wait_all();
   }

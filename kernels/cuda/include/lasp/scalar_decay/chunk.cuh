@@ -1056,6 +1056,27 @@ __device__ __forceinline__ void store_rows_bf16(uint8_t* tile, const float (&acc
   }
 }
 
+// One chunk's O rows of an output warpgroup (its kThreads threads, `o` as store_rows_bf16 takes
+// it) out through the staging tile `tile` (shared address `tile_addr`): written once the previous
+// chunk's copy has read the tile, then copied by `issuer` (one thread of the warpgroup) to Dv
+// columns `col0`.. of rows `token0`.. of (b, h) in `o_map`; rows past T are not written. `barrier`
+// is a named barrier of the warpgroup's own. The issuer waits for its last copy after the loop
+// (tma::store_wait_all).
+__device__ __forceinline__ void store_o_staged(const float (&o)[8][4], uint8_t* tile, uint32_t tile_addr, int barrier,
+                                               bool issuer, const lasp_tensor_map& o_map, int col0, int h,
+                                               int token0, int b, int warp, int g, int t) {
+  if (issuer) tma::store_wait_read<0>();
+  named_barrier_sync(barrier, kThreads);
+  const float one[2] = {1.f, 1.f};
+  store_rows_bf16(tile, o, one, warp, g, t);
+  tma::fence_shared_for_copies();
+  named_barrier_sync(barrier, kThreads);
+  if (issuer) {
+    tma::store_4d(o_map, col0, h, token0, b, tile_addr);
+    tma::store_commit();
+  }
+}
+
 // The tensor maps the two-role kernel's copies read q, k and v through (lasp_sd_roles_params).
 struct QkvMaps {
   const lasp_tensor_map& q;
@@ -1301,7 +1322,6 @@ __device__ __forceinline__ void run_roles_segment_with(const SegmentArgs& a, con
     if (store) end(s, ln, lambda);
   } else {
     const bool o_issuer = threadIdx.x == kThreads;  // the output group's first thread copies O out
-    const float one[2] = {1.f, 1.f};
     for (int i = 0; i < n_chunks; ++i) {
       wait_landed(i);
       named_barrier_sync(B::kSbfFull + i % 2, kAll);
@@ -1314,19 +1334,9 @@ __device__ __forceinline__ void run_roles_segment_with(const SegmentArgs& a, con
       float o[8][4];  // O rows of this warp, 64 columns (8 n-tiles)
       output_role_chunk<DK>(o, stage + L::kQ, stage + L::kK, stage + L::kV, sbase + sbf(i), off, cg, warp, g, t,
                             a.scale, sbf_read);
-      // O_i into the staging tile once chunk i - 1's copy has read it, then out by a tensor copy
-      // (rows past T are not written).
-      if (store) {
-        if (o_issuer) tma::store_wait_read<0>();
-        named_barrier_sync(B::kOStaged, kThreads);
-        store_rows_bf16(smem + kOStage, o, one, warp, g, t);
-        tma::fence_shared_for_copies();
-        named_barrier_sync(B::kOStaged, kThreads);
-        if (o_issuer) {
-          tma::store_4d(o_map, a.vt * kTileV, h, (a.c_begin + i) * kChunk, b, sbase + kOStage);
-          tma::store_commit();
-        }
-      }
+      if (store)
+        store_o_staged(o, smem + kOStage, sbase + kOStage, B::kOStaged, o_issuer, o_map, a.vt * kTileV, h,
+                       (a.c_begin + i) * kChunk, b, warp, g, t);
     }
     if (o_issuer) tma::store_wait_all();
   }
