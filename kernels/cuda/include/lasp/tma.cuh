@@ -73,7 +73,7 @@ __device__ __forceinline__ void load_3d(uint32_t dst, const lasp_tensor_map& map
 // Copies the tile at shared address `src` (one of `map`'s boxes, in its swizzle) to the box at
 // coordinates (c0, c1, c2, c3) of the 4-d tensor `map`, in this thread's bulk group (the parts past
 // the tensor's edge are not written). The caller has fenced its shared writes for the async proxy
-// (wgmma.cuh's fence_proxy_async) and met its writers at a barrier.
+// (fence_shared_for_copies) and met its writers at a barrier.
 __device__ __forceinline__ void store_4d(const lasp_tensor_map& map, int c0, int c1, int c2, int c3, uint32_t src) {
   asm volatile(
       "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
