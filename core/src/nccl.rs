@@ -32,13 +32,23 @@ fn nccl_error(call: &'static str, e: result::NcclError) -> Error {
     }
 }
 
+/// Loads and closes NCCL's library: whether cudarc will find it.
+fn load_check() -> std::result::Result<(), libloading::Error> {
+    // SAFETY: only loads and closes the library.
+    unsafe { libloading::Library::new("libnccl.so") }.map(drop)
+}
+
+/// Whether this process can create an [`NcclComm`] (NCCL's library is found).
+pub fn available() -> bool {
+    load_check().is_ok()
+}
+
 impl NcclComm {
     /// Creates the communicator on every PE (collective). Rank 0's id travels over NVSHMEM, so
     /// this works under every launcher the runtime supports.
     pub fn new(runtime: &Runtime, stream: &Arc<CudaStream>) -> Result<Self> {
         // cudarc panics when it cannot find NCCL: look first, so the error says what to do.
-        // SAFETY: only loads and closes the library.
-        if let Err(e) = unsafe { libloading::Library::new("libnccl.so") } {
+        if let Err(e) = load_check() {
             return Err(Error::Nccl {
                 call: "loading libnccl.so",
                 detail: format!(

@@ -8,6 +8,7 @@ pub mod units;
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, CudaStream};
+use lasp_shmem::exchange::planner::{Candidate, Plan};
 use lasp_shmem::exchange::Lasp2Layout;
 use lasp_shmem::family::Family;
 use lasp_shmem::launch_env::LaunchEnv;
@@ -320,12 +321,25 @@ pub fn parse_shape(text: &str) -> Result<ForwardShape> {
 
 /// One LASP-2 operation on one rank's shard, as the timing loop drives it.
 pub trait ModeCall {
-    /// Switches the operation's exchange mode (collective).
+    /// Switches the operation's exchange mode (collective), at the program's launch plan.
     fn set_mode(&mut self, mode: ExchangeMode) -> Result<()>;
+    /// Switches to the planner's choice (collective; only where the program ran the planner).
+    fn use_plan(&mut self) -> Result<()> {
+        Err(Error::InvalidArgument(
+            "this program times no planner's choice".into(),
+        ))
+    }
     /// Enqueues one call on `stream`.
     fn call(&mut self, stream: &Arc<CudaStream>) -> Result<()>;
     /// Waits for `stream` and reports an expired wait.
     fn finish(&mut self, stream: &Arc<CudaStream>) -> Result<()>;
+}
+
+/// What one visit of the timing loop switches to.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Visit {
+    Mode(ExchangeMode),
+    Planned,
 }
 
 /// Timing schedule: ROUNDS rounds; in each, every mode in turn gets WARM_CALLS untimed calls (the
@@ -352,11 +366,30 @@ pub fn time_call(rt: &Runtime, op: &mut impl ModeCall) -> Result<f64> {
 /// kernels are identical; timed in turns, within 1.3 %. Switching mode every call instead left
 /// the GPU idle between all calls and made every mode 2-6 % slower.
 pub fn time_in_turns(rt: &Runtime, op: &mut impl ModeCall) -> Result<[f64; 4]> {
+    let medians = time_visits(rt, op, &ExchangeMode::ALL.map(Visit::Mode))?;
+    Ok(medians.try_into().expect("one median per mode"))
+}
+
+/// [`time_in_turns`] with the planner's choice ([`ModeCall::use_plan`]) as a fifth turn: every
+/// mode's median and the choice's, measured side by side.
+pub fn time_in_turns_with_plan(rt: &Runtime, op: &mut impl ModeCall) -> Result<([f64; 4], f64)> {
+    let mut visits = ExchangeMode::ALL.map(Visit::Mode).to_vec();
+    visits.push(Visit::Planned);
+    let mut medians = time_visits(rt, op, &visits)?;
+    let planned = medians.pop().expect("the planned visit's median");
+    Ok((medians.try_into().expect("one median per mode"), planned))
+}
+
+/// Median ms per visit, the visits taking turns in rounds.
+fn time_visits(rt: &Runtime, op: &mut impl ModeCall, visits: &[Visit]) -> Result<Vec<f64>> {
     let stream = rt.stream().clone();
-    let mut samples: [Vec<f64>; 4] = Default::default();
+    let mut samples = vec![Vec::with_capacity(ROUNDS * CALLS_PER_VISIT); visits.len()];
     for _ in 0..ROUNDS {
-        for (mode, times) in ExchangeMode::ALL.into_iter().zip(samples.iter_mut()) {
-            op.set_mode(mode)?;
+        for (visit, times) in visits.iter().zip(samples.iter_mut()) {
+            match *visit {
+                Visit::Mode(mode) => op.set_mode(mode)?,
+                Visit::Planned => op.use_plan()?,
+            }
             for _ in 0..WARM_CALLS {
                 time_call(rt, op)?;
             }
@@ -366,10 +399,59 @@ pub fn time_in_turns(rt: &Runtime, op: &mut impl ModeCall) -> Result<[f64; 4]> {
         }
     }
     op.finish(&stream)?;
-    Ok(samples.map(|mut v| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    }))
+    Ok(samples
+        .into_iter()
+        .map(|mut v| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        })
+        .collect())
+}
+
+/// The planner's choice beside the modes in a row: its time measured in the same turns (the
+/// slowest rank's median), what it chose, and what it measured itself while choosing.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PlannerTimes {
+    pub planner_ms: f64,
+    pub planner_choice: String,
+    /// Each candidate the planner timed and its slowest rank's median, in the order timed.
+    pub planner_measured_ms: Vec<(String, f64)>,
+}
+
+impl PlannerTimes {
+    /// From the planner's `plan`, with its choice timed in turns (`medians`, every rank's).
+    pub fn new<L: Copy + std::fmt::Debug + PartialEq>(
+        plan: &Plan<L>,
+        every_rank_ms: &[f64],
+        describe: impl Fn(&Candidate<L>) -> String,
+    ) -> Self {
+        PlannerTimes {
+            planner_ms: round(every_rank_ms.iter().copied().fold(f64::MIN, f64::max), 5),
+            planner_choice: describe(&plan.chosen),
+            planner_measured_ms: plan
+                .timed
+                .iter()
+                .map(|t| (describe(&t.candidate), round(t.slowest_ms, 5)))
+                .collect(),
+        }
+    }
+
+    /// ` planner_ms X (choice)`, for the printed line.
+    pub fn line(&self) -> String {
+        format!(
+            " planner_ms {:.4} ({})",
+            self.planner_ms, self.planner_choice
+        )
+    }
+}
+
+/// A mode's name as the rows spell it.
+pub fn mode_name(mode: ExchangeMode) -> &'static str {
+    let i = ExchangeMode::ALL
+        .iter()
+        .position(|&m| m == mode)
+        .expect("every mode is in ALL");
+    MODE_NAMES[i]
 }
 
 /// Mode names as the JSON rows spell them, in `ExchangeMode::ALL` order.
@@ -458,6 +540,9 @@ pub struct ModeRow {
     pub d: usize,
     #[serde(flatten)]
     pub modes: ModeTimes,
+    /// The planner's choice, where the program ran it (`--plan`).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub planner: Option<PlannerTimes>,
 }
 
 impl ModeRow {
@@ -470,6 +555,7 @@ impl ModeRow {
             h: shape.h,
             d: shape.dk,
             modes,
+            planner: None,
         }
     }
 }

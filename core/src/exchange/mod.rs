@@ -5,6 +5,7 @@
 //!   summaries it moves;
 //! * [`schedule`]: how summaries travel ([`Schedule::AllGather`] today), with the symmetric
 //!   buffers and host-side collectives a schedule needs;
+//! * [`planner`]: picks an operation's mode and launch plan by timing them on the caller's call;
 //! * [`transport`]: the device-initiated all-gather and ping-pong primitives, standalone (the
 //!   exchange benchmark measures them against NCCL).
 //!
@@ -14,6 +15,7 @@
 //! [`Family`]: crate::family::Family
 
 pub mod chain;
+pub mod planner;
 pub mod schedule;
 pub mod transport;
 
@@ -46,9 +48,51 @@ pub trait Lasp2Operation: Sized {
 
 /// The methods a LASP-2 operation `$op` (a struct with a [`chain::StateChain`] field `chain`)
 /// passes through to its chain: `layout`, `set_mode`, `finish`, `epoch`, `note_replayed_calls`
-/// and `free`, as its own methods and as its [`Lasp2Operation`] implementation.
+/// and `free`, as its own methods and as its [`Lasp2Operation`] implementation, and `plan`.
+/// `chain_methods!(Op)` also gives `Op` a single launch plan; `chain_methods!(Op,
+/// own_launch_plans)` leaves [`planner::LaunchPlans`] to `Op`.
 macro_rules! chain_methods {
     ($op:ty) => {
+        $crate::exchange::chain_methods!($op, own_launch_plans);
+
+        impl $crate::exchange::planner::LaunchPlans for $op {
+            type Launch = ();
+            fn launch(&self) {}
+            fn launch_plans(&self) -> Vec<()> {
+                vec![()]
+            }
+            fn same_bits(&self, _: (), _: usize) -> bool {
+                true
+            }
+            fn set_launch(&mut self, _: ()) -> $crate::error::Result<()> {
+                Ok(())
+            }
+        }
+    };
+    ($op:ty, own_launch_plans) => {
+        impl $op {
+            /// Times the communicating modes and the launch plans that keep the bits on `call`
+            /// (this PE's call, on a shard of `t_local` tokens), switches every PE to the fastest
+            /// and returns what was measured (collective: every PE passes its own shard of the
+            /// same layout). See [`planner`](crate::exchange::planner).
+            pub fn plan(
+                &mut self,
+                stream: &::std::sync::Arc<::cudarc::driver::CudaStream>,
+                t_local: usize,
+                call: impl FnMut(
+                    &mut Self,
+                    &::std::sync::Arc<::cudarc::driver::CudaStream>,
+                ) -> $crate::error::Result<()>,
+            ) -> $crate::error::Result<
+                $crate::exchange::planner::Plan<
+                    <Self as $crate::exchange::planner::LaunchPlans>::Launch,
+                >,
+            > {
+                let runtime = self.chain.runtime().clone();
+                $crate::exchange::planner::plan(self, &runtime, stream, t_local, call)
+            }
+        }
+
         impl $op {
             /// The layout every PE agreed on.
             pub fn layout(&self) -> $crate::exchange::Lasp2Layout {

@@ -16,12 +16,15 @@
 //! JSON rows into `--json FILE` when given (benches/lasp2-backward-bench.sh runs it at W = 1, 2,
 //! 4). Fault drill: `--silent-rank K` (rank K never calls the backward: every earlier rank, which
 //! waits for its tile, must fail naming it).
+//! `--plan`: at each timed shape the planner (`exchange::planner`) chooses a mode first, and its
+//! choice is timed in turns with the modes (`planner_ms`, `planner_choice`).
 //! `--no-check`: only the timed calls (for a profiler, which then sees no checking launches
 //! before them); the checks are what make the times mean anything, so run them once per build.
 
 use clap::Parser;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream};
+use lasp_shmem::exchange::planner::Candidate;
 use lasp_shmem::ops::scalar_decay::lasp2::{
     ExchangeMode, Lasp2Backward, Lasp2Forward, Lasp2Layout,
 };
@@ -34,8 +37,9 @@ use lasp_shmem::reference::{
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::{
-    bf16_bits, config_with_heap, f32_bits, main_under_launcher, mode_times, parse_shape,
-    shard_lengths, time_in_turns, write_json, ModeCall, ModeRow,
+    bf16_bits, config_with_heap, f32_bits, main_under_launcher, mode_name, mode_times, parse_shape,
+    shard_lengths, time_in_turns, time_in_turns_with_plan, write_json, ModeCall, ModeRow,
+    PlannerTimes,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -69,6 +73,10 @@ struct Options {
     /// Fault drill: rank K never calls the backward; every earlier rank must fail naming it.
     #[arg(long, value_name = "K")]
     silent_rank: Option<usize>,
+    /// Run the planner at each timed shape and time its choice in turns with the modes
+    /// (`planner_ms`, `planner_choice` in the row).
+    #[arg(long)]
+    plan: bool,
 }
 
 impl Options {
@@ -483,14 +491,22 @@ fn check(rt: &Runtime, graph_calls: u32) -> Result<()> {
     Ok(())
 }
 
-/// The backward of one shard, as the timing loop drives it.
+/// The backward of one shard, as the timing loop drives it, with the planner's choice of mode
+/// where it ran.
 struct Timed<'a> {
     op: &'a mut Lasp2Backward,
     shard: &'a mut Shard,
+    planned: Option<ExchangeMode>,
 }
 
 impl ModeCall for Timed<'_> {
     fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
+        self.op.set_mode(mode)
+    }
+    fn use_plan(&mut self) -> Result<()> {
+        let mode = self
+            .planned
+            .ok_or_else(|| Error::State("the planner did not run".into()))?;
         self.op.set_mode(mode)
     }
     fn call(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
@@ -506,6 +522,7 @@ fn time_modes(
     rt: &Runtime,
     comm: &lasp_shmem::nccl::NcclComm,
     shape: ForwardShape,
+    plan: bool,
 ) -> Result<ModeRow> {
     let stream = rt.stream().clone();
     let (me, npes) = (rt.pe(), rt.npes());
@@ -520,24 +537,43 @@ fn time_modes(
     shard.forward(&mut fwd, &stream)?;
     fwd.finish(&stream)?;
     let mut bwd = Lasp2Backward::new(rt, layout, ExchangeMode::Overlapped)?;
-    let medians = time_in_turns(
-        rt,
-        &mut Timed {
-            op: &mut bwd,
-            shard: &mut shard,
-        },
-    )?;
+    let plan = if plan {
+        Some(bwd.plan(&stream, shape.t, |op, stream| shard.backward(op, stream))?)
+    } else {
+        None
+    };
+    let mut timed = Timed {
+        op: &mut bwd,
+        shard: &mut shard,
+        planned: plan.as_ref().map(|p| p.chosen.mode),
+    };
+    let (medians, planner) = match &plan {
+        None => (time_in_turns(rt, &mut timed)?, None),
+        Some(plan) => {
+            let (medians, planned) = time_in_turns_with_plan(rt, &mut timed)?;
+            let every_rank = comm.gather_f64(planned)?;
+            let describe = |c: &Candidate<()>| mode_name(c.mode).to_string();
+            (
+                medians,
+                Some(PlannerTimes::new(plan, &every_rank, describe)),
+            )
+        }
+    };
     let (b, t, h, d) = (shape.b, shape.t, shape.h, shape.dk);
     let modes = mode_times(comm, medians)?;
     if me == 0 {
         println!(
-            "backward W={npes} B={b} T_local={t} H={h} D={d}:{}",
-            modes.line()
+            "backward W={npes} B={b} T_local={t} H={h} D={d}:{}{}",
+            modes.line(),
+            planner.as_ref().map_or(String::new(), PlannerTimes::line)
         );
     }
     bwd.free()?;
     fwd.free()?;
-    Ok(ModeRow::new(npes, shape, modes))
+    Ok(ModeRow {
+        planner,
+        ..ModeRow::new(npes, shape, modes)
+    })
 }
 
 /// Rank `silent` never calls the backward; the others call it once and report what `finish` says.
@@ -591,7 +627,7 @@ fn run(options: Options, config: Config) -> Result<()> {
         let comm = lasp_shmem::nccl::NcclComm::new(&rt, rt.stream())?;
         let rows = shapes
             .iter()
-            .map(|&shape| time_modes(&rt, &comm, shape))
+            .map(|&shape| time_modes(&rt, &comm, shape, options.plan))
             .collect::<Result<Vec<_>>>()?;
         if let (Some(path), 0) = (&options.json, rt.pe()) {
             write_json(path, &rows)?;
@@ -670,6 +706,7 @@ mod tests {
             h: 8,
             d: 64,
             modes: ModeTimes::from_per_rank([vec![1.0], vec![2.0], vec![3.0], vec![0.5]]),
+            planner: None,
         };
         let json: serde_json::Value =
             serde_json::from_str(&lasp_shmem_examples::to_json(&vec![row])).unwrap();
@@ -694,5 +731,9 @@ mod tests {
             assert!(keys.contains(&key), "{key} not in {keys:?}");
         }
         assert_eq!(json[0]["sequential_nvshmem_ms"], 3.0);
+        assert!(
+            !keys.contains(&"planner_ms"),
+            "no planner field where it did not run"
+        );
     }
 }

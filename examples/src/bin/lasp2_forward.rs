@@ -19,12 +19,15 @@
 //! stamps; every rank writes `PREFIX.B{B}_T{T}.rank{R}.json` (ns since its first output CTA
 //! started: puts issued / complete per tile, per output CTA start / data seen / loop start) and the
 //! row gets `max_output_wait_us`, the longest any output CTA waited for data, over ranks.
+//! `--plan`: at each timed shape the planner (`exchange::planner`) chooses a mode and launch plan
+//! first, and its choice is timed in turns with the modes (`planner_ms`, `planner_choice`).
 //! `--no-check`: only the timed calls (for a profiler, which then sees no checking launches
 //! before them); the checks are what make the times mean anything, so run them once per build.
 
 use clap::Parser;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream};
+use lasp_shmem::exchange::planner::{Candidate, LaunchPlans};
 use lasp_shmem::ops::scalar_decay::lasp2::{ExchangeMode, Lasp2Forward, Lasp2Layout, Lasp2Tuning};
 use lasp_shmem::ops::scalar_decay::{ForwardArgs, ForwardShape};
 use lasp_shmem::ops::{bf16, DeviceMut, DeviceRef};
@@ -33,8 +36,9 @@ use lasp_shmem::reference::{
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::{
-    bf16_bits, config_with_heap, f32_bits, main_under_launcher, mode_times, parse_shape, round,
-    shard_lengths, time_in_turns, write_json, ModeCall, ModeTimes,
+    bf16_bits, config_with_heap, f32_bits, main_under_launcher, mode_name, mode_times, parse_shape,
+    round, shard_lengths, time_in_turns, time_in_turns_with_plan, write_json, ModeCall, ModeTimes,
+    PlannerTimes,
 };
 use serde::Serialize;
 use std::path::PathBuf;
@@ -82,6 +86,10 @@ struct Options {
     /// PREFIX.B{B}_T{T}.rank{R}.json.
     #[arg(long, value_name = "PREFIX")]
     timeline: Option<String>,
+    /// Run the planner at each timed shape and time its choice in turns with the modes
+    /// (`planner_ms`, `planner_choice` in the row).
+    #[arg(long)]
+    plan: bool,
 }
 
 impl Options {
@@ -326,15 +334,26 @@ fn check(rt: &Runtime, graph_calls: u32) -> Result<()> {
     Ok(())
 }
 
-/// The forward of one shard, as the timing loop drives it.
+/// The forward of one shard, as the timing loop drives it: the modes at the program's launch
+/// plan, and the planner's choice where it ran.
 struct Timed<'a> {
     op: &'a mut Lasp2Forward,
     shard: &'a mut Shard,
+    tuning: Lasp2Tuning,
+    plan: Option<Candidate<Lasp2Tuning>>,
 }
 
 impl ModeCall for Timed<'_> {
     fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
+        self.op.set_launch(self.tuning)?;
         self.op.set_mode(mode)
+    }
+    fn use_plan(&mut self) -> Result<()> {
+        let plan = self
+            .plan
+            .ok_or_else(|| Error::State("the planner did not run".into()))?;
+        self.op.set_launch(plan.launch)?;
+        self.op.set_mode(plan.mode)
     }
     fn call(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         self.shard.call(self.op, stream)
@@ -361,8 +380,20 @@ struct Row {
     ctas_per_sm: u32,
     #[serde(flatten)]
     modes: ModeTimes,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    planner: Option<PlannerTimes>,
     #[serde(skip_serializing_if = "Option::is_none")]
     max_output_wait_us: Option<f64>,
+}
+
+/// How the rows name a candidate of the planner.
+fn describe(c: &Candidate<Lasp2Tuning>) -> String {
+    format!(
+        "{}, {} head group(s), {} CTA/SM",
+        mode_name(c.mode),
+        c.launch.head_groups,
+        c.launch.ctas_per_sm
+    )
 }
 
 /// Times every mode at `shape`; returns its row (on every PE; PE 0 prints it).
@@ -396,15 +427,34 @@ fn time_modes(
     let (groups, ctas) = (tuning.head_groups, tuning.ctas_per_sm);
     let mut line =
         format!("W={w} B={b} T_local={t} H={h} D={d} (head groups {groups}, {ctas} CTA/SM):");
-    let medians = time_in_turns(
-        rt,
-        &mut Timed {
-            op: &mut op,
-            shard: &mut shard,
-        },
-    )?;
+    let plan = if options.plan {
+        Some(op.plan(&stream, t, |op, stream| shard.call(op, stream))?)
+    } else {
+        None
+    };
+    let mut timed = Timed {
+        op: &mut op,
+        shard: &mut shard,
+        tuning,
+        plan: plan.as_ref().map(|p| p.chosen),
+    };
+    let (medians, planner) = match &plan {
+        None => (time_in_turns(rt, &mut timed)?, None),
+        Some(plan) => {
+            let (medians, planned) = time_in_turns_with_plan(rt, &mut timed)?;
+            let every_rank = comm.gather_f64(planned)?;
+            (
+                medians,
+                Some(PlannerTimes::new(plan, &every_rank, describe)),
+            )
+        }
+    };
+    timed.op.set_launch(tuning)?;
     let modes = mode_times(comm, medians)?;
     line += &modes.line();
+    if let Some(p) = &planner {
+        line += &p.line();
+    }
     let mut max_output_wait_us = None;
     if let Some(prefix) = &options.timeline {
         let wait_us = comm.max_f64(record_timeline(rt, &mut op, &mut shard, prefix)?)?;
@@ -424,6 +474,7 @@ fn time_modes(
         head_groups: groups,
         ctas_per_sm: ctas,
         modes,
+        planner,
         max_output_wait_us,
     })
 }
@@ -688,6 +739,11 @@ mod tests {
                 vec![2.5, 2.0],
                 vec![0.5, 0.75],
             ]),
+            planner: Some(PlannerTimes {
+                planner_ms: 1.25,
+                planner_choice: "overlapped, 2 head group(s), 2 CTA/SM".into(),
+                planner_measured_ms: vec![("overlapped, 1 head group(s), 2 CTA/SM".into(), 1.5)],
+            }),
             max_output_wait_us: None,
         };
         let json: serde_json::Value =
@@ -705,9 +761,12 @@ mod tests {
             ("sequential_nccl_ms", 2.0),
             ("sequential_nvshmem_ms", 2.5),
             ("no_comm_ms", 0.75),
+            ("planner_ms", 1.25),
         ] {
             assert_eq!(r[key].as_f64(), Some(value), "{key}");
         }
+        assert_eq!(r["planner_choice"], "overlapped, 2 head group(s), 2 CTA/SM");
+        assert_eq!(r["planner_measured_ms"][0][1], 1.5);
         assert_eq!(r["per_rank_ms"]["overlapped"][1], 1.5);
         assert!(r.get("max_output_wait_us").is_none());
     }

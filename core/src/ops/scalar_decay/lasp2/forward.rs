@@ -18,6 +18,7 @@ use super::super::{
 use super::{geometry, ExchangeMode, Lasp2Layout, Lasp2Params};
 use crate::error::{Error, Result};
 use crate::exchange::chain::StateChain;
+use crate::exchange::planner::LaunchPlans;
 use crate::exchange::Direction;
 use crate::kernel::{width_index, Kernel, LaunchShape};
 use crate::ops::sm_count;
@@ -146,7 +147,40 @@ pub struct Lasp2Forward {
     record_timeline: bool,
 }
 
-crate::exchange::chain_methods!(Lasp2Forward);
+crate::exchange::chain_methods!(Lasp2Forward, own_launch_plans);
+
+/// Head groups the planner tries: 2 and 4 hid the exchange behind the next group's states pass
+/// at state-heavy shapes; more groups only added launches.
+const PLANNED_HEAD_GROUPS: [usize; 3] = [1, 2, 4];
+
+/// The planner's launch plans are head groupings at the current CTAs per SM, tried only where
+/// they keep the segment count (the groups change S where a group alone cannot fill the GPU).
+impl LaunchPlans for Lasp2Forward {
+    type Launch = Lasp2Tuning;
+
+    fn launch(&self) -> Lasp2Tuning {
+        self.tuning()
+    }
+
+    fn launch_plans(&self) -> Vec<Lasp2Tuning> {
+        let current = self.tuning();
+        let groupings = PLANNED_HEAD_GROUPS.map(|head_groups| Lasp2Tuning {
+            head_groups,
+            ..current
+        });
+        let others = groupings.into_iter().filter(|&t| t != current);
+        std::iter::once(current).chain(others).collect()
+    }
+
+    fn same_bits(&self, launch: Lasp2Tuning, t_local: usize) -> bool {
+        let segments = |tuning| self.plan_with(t_local as i32, tuning).segments;
+        segments(launch) == segments(self.tuning())
+    }
+
+    fn set_launch(&mut self, launch: Lasp2Tuning) -> Result<()> {
+        self.set_tuning(Some(launch))
+    }
+}
 
 impl Lasp2Forward {
     /// Allocates the symmetric buffers, checks that every PE has the same layout and sets the
@@ -228,15 +262,14 @@ impl Lasp2Forward {
         self.tuning.unwrap_or_default()
     }
 
-    fn plan(&self, t: i32) -> CallPlan {
+    fn call_plan(&self, t: i32) -> CallPlan {
+        self.plan_with(t, self.tuning())
+    }
+
+    /// The launches of a call on a shard of `t` tokens under `tuning`.
+    fn plan_with(&self, t: i32, tuning: Lasp2Tuning) -> CallPlan {
         let l = self.layout();
-        CallPlan::new(
-            (l.b * l.h) as i32,
-            t,
-            l.dv as i32,
-            self.sm_count,
-            self.tuning(),
-        )
+        CallPlan::new((l.b * l.h) as i32, t, l.dv as i32, self.sm_count, tuning)
     }
 
     /// Enqueues one LASP-2 forward of this PE's shard on `stream` in the current mode.
@@ -284,7 +317,7 @@ impl Lasp2Forward {
         }
         let (b, h, dk, dv) = l.dims();
         let t = s.t as i32;
-        let plan = self.plan(t);
+        let plan = self.call_plan(t);
         let segments = plan.segments;
         let ws_bytes = geometry::workspace_bytes(b, h, segments, dk, dv);
         let ws = crate::ops::ensure_workspace(
@@ -429,6 +462,23 @@ mod tests {
         // CTA (tile 1, segment 2) is output index 1 * 3 + 2 = 5: words 8 + 15 ..
         assert_eq!(t.outputs[5], [23, 24, 25]);
         assert_eq!(t.output_waits_ns(), vec![1; 12]);
+    }
+
+    #[test]
+    fn the_planner_tries_groupings_only_where_they_keep_the_segment_count() {
+        let (sms, default) = (132, Lasp2Tuning::default());
+        let groups = |head_groups| Lasp2Tuning {
+            head_groups,
+            ..default
+        };
+        let segments = |bh, t, tuning| CallPlan::new(bh, t, 128, sms, tuning).segments;
+        // B=8 T=2K, H=16: 256 tiles fill 264 CTA slots with S = 1; half the heads need S = 2,
+        // which changes the rounding, so two groups are not offered there.
+        assert_eq!(segments(128, 2048, default), 1);
+        assert_eq!(segments(128, 2048, groups(2)), 2);
+        // B=16 T=1K: 512 tiles; two groups of 256 keep S = 1, four groups of 64 heads do not.
+        assert_eq!(segments(256, 1024, groups(2)), 1);
+        assert_eq!(segments(256, 1024, groups(4)), 2);
     }
 
     #[test]
