@@ -189,7 +189,8 @@ struct TermsLayout {
   static constexpr uint32_t kCum = kDLo + kStateTile;           // block_gates' cum
   static constexpr uint32_t kDecay = kCum + kBlockChunks * kChunk * 4;  // block_gates' decay
   static constexpr uint32_t kCols = kDecay + 64;  // float [4 warps][kBlockChunks][64]: column sums, per warp
-  static constexpr uint32_t kBytes = kCols + 4 * kBlockChunks * kChunk * 4;
+  static constexpr uint32_t kColDecay = kCols + 4 * kBlockChunks * kChunk * 4;  // float [kBlockChunks][64]
+  static constexpr uint32_t kBytes = kColDecay + kBlockChunks * kChunk * 4;
   static_assert(kQKTile % 1024 == 0 && kVTile % 1024 == 0 && kStateTile % 1024 == 0, "tiles stay 1024-byte aligned");
   static_assert((kBlockChunks + 1) * 4 <= 64, "decay fits its slot");
 };
@@ -230,8 +231,11 @@ __device__ __forceinline__ float bf16_at(const uint8_t* p) {
 //     computed) and the two states, then per chunk x_q(u) and x_k(u) (32 wgmma at Dk 128), and
 //     the tile's part of <S_{s0-1}, dH_{s1}>;
 //   pair tiles (warps 4-7): per chunk I the tiles (I, J) for J = 0 .. I (12 wgmma each at Dk 128):
-//     R(u) = sum over j < u of the block of A_uj, and every warp's column sums, which give
-//     C(u) = sum over i > u of the block of A_iu at the end.
+//     R(u) = sum over j < u of the block of A_uj, and each thread's column sums in registers over
+//     the whole block, which give C(u) = sum over i > u of the block of A_iu at the end. A tile
+//     below the diagonal weighs its pairs by a row factor times a column factor (both e^{<= 0}, the
+//     column factors computed once per block), so it takes two exponentials per thread, not 32,
+//     and no shuffle or shared-memory store until the block ends.
 // The two roles meet at one barrier per chunk (it has landed) and one after it (its buffers are
 // free): a chunk costs the longer role's work instead of both in sequence.
 template <int DK>
@@ -253,6 +257,7 @@ __device__ __forceinline__ void gate_terms(const lasp_sd_bwd_params& p) {
   float* const cum = reinterpret_cast<float*>(smem + L::kCum);
   float* const decay = reinterpret_cast<float*>(smem + L::kDecay);
   float* const cols = reinterpret_cast<float*>(smem + L::kCols) + warp * kBlockChunks * kChunk;  // this warp's
+  float* const col_decay = reinterpret_cast<float*>(smem + L::kColDecay);  // [m][j] = e^{gamma_m - b^m_j}
 
   // Chunk c of the block: K and the V tile to their slots, Q and the dO tile to buffer c % 2.
   // Token tok of (b, h) is row (b T + tok) H + h of the [B, T, H, D] tensors.
@@ -282,10 +287,10 @@ __device__ __forceinline__ void gate_terms(const lasp_sd_bwd_params& p) {
     lasp::cp_async_commit();
     if (blk.n > 1) issue_chunk(1);
     lasp::cp_async_commit();
-  } else {
-    for (int i = lane; i < kBlockChunks * kChunk; i += 32) cols[i] = 0.f;
   }
   block_gates(p, blk, b, h, cum, decay);
+  for (int i = threadIdx.x; i < blk.n * kChunk; i += blockDim.x) col_decay[i] = exp_nonpos(decay[i / kChunk] - cum[i]);
+  __syncthreads();  // col_decay, for the pair tiles
 
   float* const rows = p.gate_rows + ((int64_t)vt * 4 * heads + bh) * T;  // x_q; x_k, R and C follow
   auto store_rows = [&](int which, int tok0, const float (&x)[2], auto&& weight) {
@@ -296,6 +301,7 @@ __device__ __forceinline__ void gate_terms(const lasp_sd_bwd_params& p) {
     }
   };
   const float a_next = decay[kBlockChunks];
+  float col_sums[kBlockChunks][8][2] = {};  // the pair tiles' column sums of this thread's rows, per chunk
   for (int ci = 0; ci < blk.n; ++ci) {
     if (products) {
       if (ci + 1 < blk.n)
@@ -341,10 +347,13 @@ __device__ __forceinline__ void gate_terms(const lasp_sd_bwd_params& p) {
       store_rows(0, tok0, xq, [&](int r) { return p.scale * exp_nonpos(before + cum_i[r]); });
       store_rows(1, tok0, xk, [&](int r) { return p.scale * exp_nonpos((gamma_i - cum_i[r]) + after + a_next); });
     } else {
-      // A: tile pairs (ci, cj) for cj = 0 .. ci. R(u) adds the row sums in that order; this warp's
-      // column sums of chunk cj add those of (cj, cj), (cj + 1, cj), .. in that order (ci ascends).
+      // A: tile pairs (ci, cj) for cj = 0 .. ci. R(u) adds the row sums in that order; the column
+      // sums of chunk cj add those of (cj, cj), (cj + 1, cj), .. in that order (ci ascends), per
+      // thread (its two rows of each tile) in col_sums[cj], unrolled so that cj indexes registers.
       float r_part[2] = {0.f, 0.f};
-      for (int cj = 0; cj <= ci; ++cj) {
+#pragma unroll
+      for (int cj = 0; cj < kBlockChunks; ++cj) {
+        if (cj > ci) break;
         const uint32_t s_kj = sbase + L::kK + cj * L::kQKTile, s_vj = sbase + L::kV + cj * L::kVTile;
         float qk[8][4], dov[8][4];  // Q_I K_J^T (over Dk), dO_I V_J^T (over the tile's 64 columns)
         lasp::wg::fence();
@@ -363,33 +372,35 @@ __device__ __forceinline__ void gate_terms(const lasp_sd_bwd_params& p) {
         lasp::wg::fence_operands(qk);
         lasp::wg::fence_operands(dov);
 
-        // A_uj = sigma qk dov e^{G_u - G_j}: within the chunk (cj = ci) for j < u, else with the
-        // exponent b^I_u + (gammas strictly between J and I) + (gamma_J - b^J_j), each part <= 0.
-        const float* const cum_j = cum + cj * kChunk;
-        float between = 0.f;
-        for (int m = cj + 1; m < ci; ++m) between += decay[m];
-        const float gamma_j = decay[cj];
+        // A_uj = sigma qk dov e^{G_u - G_j}: within the chunk (cj = ci), for j < u, e^{b^I_u - b^I_j}
+        // per pair; below it, e^{b^I_u + (gammas strictly between J and I)} for the row times
+        // e^{gamma_J - b^J_j} (col_decay) for the column, each <= 1.
+        auto add_pairs = [&](auto&& weigh) {
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
+          for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int j = 8 * nt + 2 * t + e;
-            float col = 0.f;
+            for (int e = 0; e < 2; ++e)
 #pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-              const int r = 16 * warp + 8 * hh + g;
-              const float w = cj == ci ? (j < r ? exp_nonpos(cum_i[r] - cum_i[j]) : 0.f)
-                                       : exp_nonpos(cum_i[r] + between + (gamma_j - cum_j[j]));
-              const float x = p.scale * qk[nt][2 * hh + e] * dov[nt][2 * hh + e] * w;
-              r_part[hh] += x;
-              col += x;
-            }
-            // Over the warp's 16 rows (the lanes of equal t), into this warp's column sums.
-            col += __shfl_xor_sync(kAll, col, 4);
-            col += __shfl_xor_sync(kAll, col, 8);
-            col += __shfl_xor_sync(kAll, col, 16);
-            if (g == 0) cols[cj * kChunk + j] += col;
-          }
+              for (int hh = 0; hh < 2; ++hh) {
+                const float x = weigh(qk[nt][2 * hh + e] * dov[nt][2 * hh + e], 16 * warp + 8 * hh + g,
+                                      8 * nt + 2 * t + e, hh);
+                r_part[hh] += x;
+                col_sums[cj][nt][e] += x;
+              }
+        };
+        if (cj < ci) {
+          float between = 0.f;
+          for (int m = cj + 1; m < ci; ++m) between += decay[m];
+          float row_w[2];
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) row_w[hh] = p.scale * exp_nonpos(cum_i[16 * warp + 8 * hh + g] + between);
+          const float* const col_w = col_decay + cj * kChunk;
+          add_pairs([&](float pair, int, int j, int hh) { return pair * (row_w[hh] * col_w[j]); });
+        } else {
+          add_pairs([&](float pair, int r, int j, int) {
+            return j < r ? p.scale * pair * exp_nonpos(cum_i[r] - cum_i[j]) : 0.f;
+          });
+        }
       }
       float r_sum[2];
 #pragma unroll
@@ -427,7 +438,20 @@ __device__ __forceinline__ void gate_terms(const lasp_sd_bwd_params& p) {
       p.gate_z[((int64_t)vt * heads + bh) * lasp_sd_num_blocks(T) + blk.index] =
           p.scale * (warp_parts[0] + warp_parts[1] + warp_parts[2] + warp_parts[3]);
   } else {
-    // C: the warps' column sums, added in warp order.
+    // C: each warp's column sums over its 16 rows of every tile, then the warps' in warp order.
+#pragma unroll
+    for (int cj = 0; cj < kBlockChunks; ++cj)
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float col = col_sums[cj][nt][e];
+          col += __shfl_xor_sync(kAll, col, 4);
+          col += __shfl_xor_sync(kAll, col, 8);
+          col += __shfl_xor_sync(kAll, col, 16);
+          if (g == 0) cols[cj * kChunk + 8 * nt + 2 * t + e] = col;
+        }
+    lasp::named_barrier_sync(2, lasp::sd::kThreads);  // the pair tiles' warps only
     const float* const all = reinterpret_cast<const float*>(smem + L::kCols);
     for (int i = tid; i < blk.n * kChunk; i += lasp::sd::kThreads) {
       constexpr int kWarpStride = kBlockChunks * kChunk;

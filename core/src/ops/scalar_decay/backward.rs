@@ -75,6 +75,7 @@ pub mod geometry {
             + chunks * c * 4
             + 64
             + 4 * chunks * c * 4
+            + chunks * c * 4
     }
 
     /// `lasp_sdb_gate_grad_grid`: one CTA per (block, b*H+h).
@@ -609,10 +610,11 @@ mod tests {
         assert_eq!(geometry::gate_grad_grid(1, 257, 16), (2, 16, 1));
         assert_eq!(geometry::gate_grad_grid(1, 131072, 16), (512, 16, 1));
         // At Dk 128: K and V tiles of 4 chunks (16 + 8 KiB each), two Q and dO buffers, four state
-        // tiles (16 KiB), the gates (1 KiB), the decays (64 B), four warps' column sums (4 KiB).
+        // tiles (16 KiB), the gates (1 KiB), the decays (64 B), four warps' column sums (4 KiB),
+        // the column decays (1 KiB).
         assert_eq!(
             geometry::gate_terms_smem_bytes(128),
-            4 * 24576 + 2 * 24576 + 4 * 16384 + 1024 + 64 + 4096
+            4 * 24576 + 2 * 24576 + 4 * 16384 + 1024 + 64 + 4096 + 1024
         );
         assert_eq!(geometry::state_bytes(1, 2, 64, 128), 65536);
         // One block: a boundary state each way; x_q, x_k, R and C of every token; one Z part.

@@ -114,12 +114,13 @@ LASP_SDB_FN lasp_sdb_dim3 lasp_sdb_gate_terms_grid(int32_t B, int32_t T, int32_t
 
 // Dynamic shared memory of lasp_sd_bwd_gate_terms_dk*: K and the V tile of every chunk of a block, two
 // buffers of Q and the dO tile, the hi and lo bf16 tiles of two states (Dk x 64 each), the block's
-// chunk-local cumsums (+ the chunks' total log-decays and the next token's), and the column sums of
-// each of the pair role's four warps.
+// chunk-local cumsums (+ the chunks' total log-decays and the next token's), the column sums of
+// each of the pair role's four warps, and the column factors e^{gamma_m - b^m_j} of the block's pairs.
 LASP_SDB_FN uint32_t lasp_sdb_gate_terms_smem_bytes(int32_t Dk) {
   const uint32_t qk = LASP_SD_CHUNK * Dk * 2u, vtile = LASP_SD_CHUNK * LASP_SD_TILE_V * 2u;
   return LASP_SD_BLOCK_CHUNKS * (qk + vtile) + 2u * (qk + vtile) + 4u * Dk * LASP_SD_TILE_V * 2u +
-         LASP_SD_BLOCK_CHUNKS * LASP_SD_CHUNK * 4u + 64u + 4u * LASP_SD_BLOCK_CHUNKS * LASP_SD_CHUNK * 4u;
+         LASP_SD_BLOCK_CHUNKS * LASP_SD_CHUNK * 4u + 64u + 4u * LASP_SD_BLOCK_CHUNKS * LASP_SD_CHUNK * 4u +
+         LASP_SD_BLOCK_CHUNKS * LASP_SD_CHUNK * 4u;
 }
 
 // One CTA per (block, b*H+h).
