@@ -1,0 +1,145 @@
+"""The schedule matrix: LASP-2 rows timed with the planner (lasp2_forward / lasp2_backward --plan)
+merged into schedules.json, with each row checked against the planner's bounds.
+
+    python3 benches/schedules_report.py --forward fwd_w4.json fwd_w2.json \\
+        --backward bwd_w4.json bwd_w2.json --family scalar_decay --out schedules.json
+    python3 benches/schedules_report.py --self-test    # CPU only, no files
+
+Each input is what `lasp-run -n W lasp2_forward --no-check --plan --time ... --json FILE` (or
+lasp2_backward) wrote: rows of W, B, T_local, H, D, every mode's slowest-rank median, planner_ms,
+planner_choice. A row of schedules.json names its family, direction, the all-gather schedule's time
+(`allgather_ms`, the overlapped mode), `chain_ms` (null: the pipelined chain is not built),
+`sequential_nccl_ms`, `no_comm_ms`, the planner's time and choice, `link` ("nvlink"), and the
+bounds:
+  planner_ms <= 1.03 x min(allgather_ms, chain_ms, sequential_nccl_ms)       (never loses)
+  where the exchange is >= 10 % of the layer (sequential_nccl_ms >= 1.10 x no_comm_ms):
+      sequential_nccl_ms / planner_ms >= 1.15                                (wins where it matters)
+  where it is < 20 %: planner_ms <= 1.05 x no_comm_ms                        (hides it)
+Device, commit and date come from LASP_DEVICE, LASP_COMMIT and LASP_DATE."""
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+NEVER_LOSES = 1.03
+EXCHANGE_MATTERS = 1.10
+WINS_BY = 1.15
+EXCHANGE_SMALL = 1.20
+HIDES_WITHIN = 1.05
+
+
+def row(family, direction, r):
+    """One schedules.json row from a --plan row, with its bounds."""
+    best = min(r["overlapped_ms"], r["sequential_nccl_ms"])
+    exchange_share = r["sequential_nccl_ms"] / r["no_comm_ms"]
+    out = {
+        "family": family, "direction": direction,
+        "W": r["W"], "B": r["B"], "T_local": r["T_local"], "H": r["H"], "D": r["D"],
+        "planner_ms": r["planner_ms"], "planner_choice": r["planner_choice"],
+        "allgather_ms": r["overlapped_ms"], "chain_ms": None,
+        "sequential_nccl_ms": r["sequential_nccl_ms"], "sequential_nvshmem_ms": r["sequential_nvshmem_ms"],
+        "no_comm_ms": r["no_comm_ms"], "link": "nvlink",
+        "planner_over_best": round(r["planner_ms"] / best, 4),
+        "sequential_nccl_over_planner": round(r["sequential_nccl_ms"] / r["planner_ms"], 4),
+        "planner_over_no_comm": round(r["planner_ms"] / r["no_comm_ms"], 4),
+    }
+    bounds = {"never_loses": out["planner_over_best"] <= NEVER_LOSES}
+    if exchange_share >= EXCHANGE_MATTERS:
+        bounds["wins_where_exchange_matters"] = out["sequential_nccl_over_planner"] >= WINS_BY
+    if exchange_share < EXCHANGE_SMALL:
+        bounds["hides_small_exchange"] = out["planner_over_no_comm"] <= HIDES_WITHIN
+    out["bounds_met"] = bounds
+    if "planner_measured_ms" in r:
+        out["planner_measured_ms"] = r["planner_measured_ms"]
+    return out
+
+
+def merge(family, forward, backward):
+    """Rows of every input, forward first, each direction ordered by W then shape as timed."""
+    rows = []
+    for direction, docs in (("forward", forward), ("backward", backward)):
+        for doc in docs:
+            rows += [row(family, direction, r) for r in doc]
+    return rows
+
+
+def summary(rows):
+    """Per bound: rows where it applies and rows that meet it."""
+    out = {}
+    for r in rows:
+        for bound, met in r["bounds_met"].items():
+            s = out.setdefault(bound, {"rows": 0, "met": 0})
+            s["rows"] += 1
+            s["met"] += int(met)
+    return out
+
+
+def self_test():
+    """The bounds on made-up rows: a planner at the best mode, one that lost, a row where the exchange
+    is small and one where it is large."""
+    def plan_row(ovl, seq, nc, planner, w=4):
+        return dict(W=w, B=4, T_local=8192, H=16, D=128, overlapped_ms=ovl, sequential_nccl_ms=seq,
+                    sequential_nvshmem_ms=seq * 1.02, no_comm_ms=nc, planner_ms=planner,
+                    planner_choice="overlapped, 1 head group(s), 2 CTA/SM")
+
+    big = row("sd", "forward", plan_row(0.30, 0.40, 0.25, 0.30))
+    assert big["bounds_met"] == {"never_loses": True, "wins_where_exchange_matters": True}, big
+    lost = row("sd", "forward", plan_row(0.30, 0.31, 0.20, 0.33))
+    assert lost["bounds_met"] == {"never_loses": False, "wins_where_exchange_matters": False}, lost
+    small = row("sd", "backward", plan_row(1.00, 1.02, 0.99, 1.01))
+    assert small["bounds_met"] == {"never_loses": True, "hides_small_exchange": True}, small
+    mid = row("sd", "forward", plan_row(0.36, 0.40, 0.35, 0.36))
+    assert set(mid["bounds_met"]) == {"never_loses", "wins_where_exchange_matters", "hides_small_exchange"}
+    assert mid["chain_ms"] is None and mid["link"] == "nvlink"
+    rows = merge("sd", [[plan_row(0.30, 0.40, 0.25, 0.30)]], [[plan_row(0.30, 0.31, 0.20, 0.33, w=2)]])
+    assert [r["direction"] for r in rows] == ["forward", "backward"] and rows[1]["W"] == 2
+    assert summary(rows) == {"never_loses": {"rows": 2, "met": 1},
+                             "wins_where_exchange_matters": {"rows": 2, "met": 1}}
+    print("schedules_report: self-test passed")
+    return 0
+
+
+def main(argv=None):
+    if argv is None and sys.argv[1:] == ["--self-test"]:
+        return self_test()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--forward", nargs="*", type=Path, default=[], metavar="F")
+    ap.add_argument("--backward", nargs="*", type=Path, default=[], metavar="F")
+    ap.add_argument("--family", required=True)
+    ap.add_argument("--method", default=(
+        "lasp2_forward / lasp2_backward --no-check --plan: per shape the planner times its candidates "
+        "(one untimed round, then 3 rounds of 2 untimed and 3 timed calls each, slowest rank's median) "
+        "and picks one; then every mode and the planner's choice take turns (6 rounds of 2 untimed "
+        "and 5 timed calls, each call after an on-stream barrier, CUDA events); slowest rank's median"))
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    load = lambda paths: [json.loads(p.read_text()) for p in paths]
+    rows = merge(args.family, load(args.forward), load(args.backward))
+    doc = {
+        "device": os.environ.get("LASP_DEVICE", "unknown"),
+        "commit": os.environ.get("LASP_COMMIT", "unknown"),
+        "date": os.environ.get("LASP_DATE", "unknown"),
+        "config": "H = 16, Dk = Dv = 128, bf16, per-GPU shapes; W GPUs of one node over NVLink",
+        "method": args.method,
+        "bit_identical_across_schedules": (
+            "one schedule (the all-gather) exists; its modes give bitwise the same outputs and "
+            "gradients (lasp2_forward and lasp2_backward checks), and the planner offers only launch "
+            "plans that keep the bits"),
+        "projected_weak_scaling_8_to_64": None,
+        "bounds": {"never_loses": NEVER_LOSES, "exchange_matters_from": EXCHANGE_MATTERS,
+                   "wins_by": WINS_BY, "exchange_small_below": EXCHANGE_SMALL, "hides_within": HIDES_WITHIN},
+        "summary": summary(rows),
+        "rows": rows,
+    }
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    for r in rows:
+        print(f"{r['direction']:8} W={r['W']} B={r['B']:2} T={r['T_local']:6}: planner {r['planner_ms']:.4f} "
+              f"({r['planner_choice']}) all-gather {r['allgather_ms']:.4f} NCCL {r['sequential_nccl_ms']:.4f} "
+              f"no-comm {r['no_comm_ms']:.4f} {r['bounds_met']}")
+    print(json.dumps(doc["summary"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
