@@ -3,6 +3,7 @@ merged into schedules.json, with each row checked against the planner's bounds.
 
     python3 benches/schedules_report.py --forward fwd_w4.json fwd_w2.json \\
         --backward bwd_w4.json bwd_w2.json --family scalar_decay --out schedules.json
+    python3 benches/schedules_report.py --forward gla_w4.json --family gla --into schedules.json
     python3 benches/schedules_report.py --self-test    # CPU only, no files
 
 Each input is what `lasp-run -n W lasp2_forward --no-check --plan --time ... --json FILE` (or
@@ -10,12 +11,12 @@ lasp2_backward) wrote: rows of W, B, T_local, H, D, every mode's slowest-rank me
 planner_choice. A row of schedules.json names its family, direction, the all-gather schedule's time
 (`allgather_ms`, the overlapped mode), `chain_ms` (null: the pipelined chain is not built),
 `sequential_nccl_ms`, `no_comm_ms`, the planner's time and choice, `link` ("nvlink"), and the
-bounds:
+bounds (`--into FILE` replaces that family's rows of an existing file and keeps the others):
   planner_ms <= 1.03 x min(allgather_ms, chain_ms, sequential_nccl_ms)       (never loses)
   where the exchange is >= 10 % of the layer (sequential_nccl_ms >= 1.10 x no_comm_ms):
       sequential_nccl_ms / planner_ms >= 1.15                                (wins where it matters)
   where it is < 20 %: planner_ms <= 1.05 x no_comm_ms                        (hides it)
-Device, commit and date come from LASP_DEVICE, LASP_COMMIT and LASP_DATE."""
+Device, commit and date come from LASP_DEVICE, LASP_COMMIT and LASP_DATE; every row names its own."""
 import argparse
 import json
 import os
@@ -29,12 +30,17 @@ EXCHANGE_SMALL = 1.20
 HIDES_WITHIN = 1.05
 
 
-def row(family, direction, r):
-    """One schedules.json row from a --plan row, with its bounds."""
+def provenance():
+    """The run's device, commit and date, as the environment names them."""
+    return {key: os.environ.get(f"LASP_{key.upper()}", "unknown") for key in ("device", "commit", "date")}
+
+
+def row(family, direction, r, origin=None):
+    """One schedules.json row from a --plan row, with its bounds and where it was measured."""
     best = min(r["overlapped_ms"], r["sequential_nccl_ms"])
     exchange_share = r["sequential_nccl_ms"] / r["no_comm_ms"]
     out = {
-        "family": family, "direction": direction,
+        "family": family, "direction": direction, **(origin or {}),
         "W": r["W"], "B": r["B"], "T_local": r["T_local"], "H": r["H"], "D": r["D"],
         "planner_ms": r["planner_ms"], "planner_choice": r["planner_choice"],
         "allgather_ms": r["overlapped_ms"], "chain_ms": None,
@@ -55,12 +61,13 @@ def row(family, direction, r):
     return out
 
 
-def merge(family, forward, backward):
-    """Rows of every input, forward first, each direction ordered by W then shape as timed."""
-    rows = []
+def merge(family, forward, backward, origin=None, others=()):
+    """Rows of every input, forward first, each direction ordered by W then shape as timed, after
+    the rows of `others` (an earlier file's) that belong to another family."""
+    rows = [r for r in others if r["family"] != family]
     for direction, docs in (("forward", forward), ("backward", backward)):
         for doc in docs:
-            rows += [row(family, direction, r) for r in doc]
+            rows += [row(family, direction, r, origin) for r in doc]
     return rows
 
 
@@ -96,6 +103,10 @@ def self_test():
     assert [r["direction"] for r in rows] == ["forward", "backward"] and rows[1]["W"] == 2
     assert summary(rows) == {"never_loses": {"rows": 2, "met": 1},
                              "wins_where_exchange_matters": {"rows": 2, "met": 1}}
+    gla = merge("gla", [[plan_row(0.5, 0.6, 0.45, 0.5)]], [], {"commit": "b"}, others=rows)
+    assert [r["family"] for r in gla] == ["sd", "sd", "gla"] and gla[2]["commit"] == "b"
+    again = merge("sd", [[plan_row(0.30, 0.40, 0.25, 0.30)]], [], others=gla)
+    assert [r["family"] for r in again] == ["gla", "sd"]
     print("schedules_report: self-test passed")
     return 0
 
@@ -112,14 +123,18 @@ def main(argv=None):
         "(one untimed round, then 3 rounds of 2 untimed and 3 timed calls each, slowest rank's median) "
         "and picks one; then every mode and the planner's choice take turns (6 rounds of 2 untimed "
         "and 5 timed calls, each call after an on-stream barrier, CUDA events); slowest rank's median"))
-    ap.add_argument("--out", type=Path, required=True)
+    out = ap.add_mutually_exclusive_group(required=True)
+    out.add_argument("--out", type=Path, help="write a new file")
+    out.add_argument("--into", type=Path, help="replace this family's rows of an existing file")
     args = ap.parse_args(argv)
     load = lambda paths: [json.loads(p.read_text()) for p in paths]
-    rows = merge(args.family, load(args.forward), load(args.backward))
+    others = json.loads(args.into.read_text())["rows"] if args.into else []
+    rows = merge(args.family, load(args.forward), load(args.backward), provenance(), others)
+    origins = sorted({(r.get("device"), r.get("commit"), r.get("date")) for r in rows}, key=str)
     doc = {
-        "device": os.environ.get("LASP_DEVICE", "unknown"),
-        "commit": os.environ.get("LASP_COMMIT", "unknown"),
-        "date": os.environ.get("LASP_DATE", "unknown"),
+        "device": sorted({o[0] for o in origins if o[0]}),
+        "commit": sorted({o[1] for o in origins if o[1]}),
+        "date": max((o[2] for o in origins if o[2]), default="unknown"),
         "config": "H = 16, Dk = Dv = 128, bf16, per-GPU shapes; W GPUs of one node over NVLink",
         "method": args.method,
         "bit_identical_across_schedules": (
@@ -132,7 +147,7 @@ def main(argv=None):
         "summary": summary(rows),
         "rows": rows,
     }
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    (args.out or args.into).write_text(json.dumps(doc, indent=1) + "\n")
     for r in rows:
         print(f"{r['direction']:8} W={r['W']} B={r['B']:2} T={r['T_local']:6}: planner {r['planner_ms']:.4f} "
               f"({r['planner_choice']}) all-gather {r['allgather_ms']:.4f} NCCL {r['sequential_nccl_ms']:.4f} "

@@ -445,6 +445,34 @@ impl PlannerTimes {
     }
 }
 
+/// Every mode's times (collective), timed in turns, with the planner's choice as a fifth turn
+/// where `plan` is given (`op` then switches to it in [`ModeCall::use_plan`]).
+pub fn time_modes_and_plan<L: Copy + std::fmt::Debug + PartialEq>(
+    rt: &Runtime,
+    comm: &NcclComm,
+    op: &mut impl ModeCall,
+    plan: Option<&Plan<L>>,
+    describe: impl Fn(&Candidate<L>) -> String,
+) -> Result<(ModeTimes, Option<PlannerTimes>)> {
+    let (medians, planner) = match plan {
+        None => (time_in_turns(rt, op)?, None),
+        Some(plan) => {
+            let (medians, planned) = time_in_turns_with_plan(rt, op)?;
+            let every_rank = comm.gather_f64(planned)?;
+            (
+                medians,
+                Some(PlannerTimes::new(plan, &every_rank, describe)),
+            )
+        }
+    };
+    Ok((mode_times(comm, medians)?, planner))
+}
+
+/// How the rows name a candidate of an operation with one launch plan: its mode.
+pub fn mode_of(candidate: &Candidate<()>) -> String {
+    mode_name(candidate.mode).to_string()
+}
+
 /// A mode's name as the rows spell it.
 pub fn mode_name(mode: ExchangeMode) -> &'static str {
     let i = ExchangeMode::ALL

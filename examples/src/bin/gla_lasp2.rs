@@ -20,6 +20,8 @@
 //! modes in turns (`time_in_turns`), the row is the slowest rank's median; with
 //! `--with-backward` a timed call is a training step's: the forward saving its chunk states, then
 //! the backward from a random do.
+//! `--plan` (the forward alone): the planner (`exchange::planner`) chooses the mode first, and its
+//! choice is timed in turns with the modes (`planner_ms`, `planner_choice`).
 
 use clap::Parser;
 use cudarc::driver::{CudaSlice, CudaStream};
@@ -37,9 +39,9 @@ use lasp_shmem::reference::{
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::grad_bits::{GradBits, GradBuffers};
 use lasp_shmem_examples::{
-    bf16_bits, bf16s, f32_bits, f32s, lasp2_config, main_under_launcher, mode_times, parse_shape,
-    round, run_cases, shard_cases, shard_rows, time_in_turns, time_shapes, ModeCall, ModeRow,
-    ShardCase,
+    bf16_bits, bf16s, f32_bits, f32s, lasp2_config, main_under_launcher, mode_of, mode_times,
+    parse_shape, round, run_cases, shard_cases, shard_rows, time_in_turns, time_modes_and_plan,
+    time_shapes, ModeCall, ModeRow, PlannerTimes, ShardCase,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -59,6 +61,10 @@ struct Options {
     /// Time the forward and the backward together.
     #[arg(long)]
     with_backward: bool,
+    /// Run the planner at each timed shape and time its choice in turns with the modes
+    /// (`planner_ms`, `planner_choice` in the row; the forward alone).
+    #[arg(long, conflicts_with = "with_backward")]
+    plan: bool,
 }
 
 const TOL: f64 = 5e-3;
@@ -384,10 +390,18 @@ fn check_backward(
 struct Timed {
     op: GlaLasp2Forward,
     shard: Shard,
+    /// The planner's choice, where it ran.
+    planned: Option<ExchangeMode>,
 }
 
 impl ModeCall for Timed {
     fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
+        self.op.set_mode(mode)
+    }
+    fn use_plan(&mut self) -> Result<()> {
+        let mode = self
+            .planned
+            .ok_or_else(|| Error::State("the planner did not run".into()))?;
         self.op.set_mode(mode)
     }
     fn call(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
@@ -451,6 +465,7 @@ fn time_shape(
     comm: &NcclComm,
     shape: ForwardShape,
     with_backward: bool,
+    plan: bool,
 ) -> Result<ModeRow> {
     let stream = rt.stream().clone();
     let normal = |len: usize, seed: u64| -> Vec<bf16> {
@@ -482,8 +497,9 @@ fn time_shape(
     let timed = Timed {
         op: GlaLasp2Forward::new(rt, layout, ExchangeMode::Overlapped)?,
         shard,
+        planned: None,
     };
-    let modes = if with_backward {
+    let (modes, planner) = if with_backward {
         let mut step = TimedStep {
             forward: timed,
             backward: GlaLasp2Backward::new(rt, layout, ExchangeMode::Overlapped)?,
@@ -500,17 +516,29 @@ fn time_shape(
         let medians = time_in_turns(rt, &mut step)?;
         step.backward.free()?;
         step.forward.op.free()?;
-        mode_times(comm, medians)?
+        (mode_times(comm, medians)?, None)
     } else {
         let mut timed = timed;
-        let medians = time_in_turns(rt, &mut timed)?;
+        let plan = if plan {
+            let Timed { op, shard, .. } = &mut timed;
+            Some(op.plan(&stream, shape.t, |op, stream| {
+                op.forward(stream, shard.args())
+            })?)
+        } else {
+            None
+        };
+        timed.planned = plan.as_ref().map(|p| p.chosen.mode);
+        let times = time_modes_and_plan(rt, comm, &mut timed, plan.as_ref(), mode_of)?;
         timed.op.free()?;
-        mode_times(comm, medians)?
+        times
     };
-    let row = ModeRow::new(rt.npes(), shape, modes);
+    let row = ModeRow {
+        planner,
+        ..ModeRow::new(rt.npes(), shape, modes)
+    };
     if rt.pe() == 0 {
         println!(
-            "W={} B={} T_local={} H={} D={}{}: overlapped {:.4} ms, sequential NCCL {:.4}, sequential NVSHMEM {:.4}, no-comm {:.4}",
+            "W={} B={} T_local={} H={} D={}{}: overlapped {:.4} ms, sequential NCCL {:.4}, sequential NVSHMEM {:.4}, no-comm {:.4}{}",
             row.w,
             row.b,
             row.t_local,
@@ -520,7 +548,8 @@ fn time_shape(
             round(row.modes.overlapped_ms, 4),
             round(row.modes.sequential_nccl_ms, 4),
             round(row.modes.sequential_nvshmem_ms, 4),
-            round(row.modes.no_comm_ms, 4)
+            round(row.modes.no_comm_ms, 4),
+            row.planner.as_ref().map_or(String::new(), PlannerTimes::line)
         );
     }
     Ok(row)
@@ -539,7 +568,7 @@ fn run(options: Options, config: Config) -> Result<bool> {
         &rt,
         &options.time,
         options.json.as_deref(),
-        |comm, shape| time_shape(&rt, comm, shape, options.with_backward),
+        |comm, shape| time_shape(&rt, comm, shape, options.with_backward, options.plan),
     )?;
     rt.shutdown()?;
     Ok(failed == 0)

@@ -24,7 +24,6 @@
 use clap::Parser;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream};
-use lasp_shmem::exchange::planner::Candidate;
 use lasp_shmem::ops::scalar_decay::lasp2::{
     ExchangeMode, Lasp2Backward, Lasp2Forward, Lasp2Layout,
 };
@@ -37,9 +36,8 @@ use lasp_shmem::reference::{
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::{
-    bf16_bits, config_with_heap, f32_bits, main_under_launcher, mode_name, mode_times, parse_shape,
-    shard_lengths, time_in_turns, time_in_turns_with_plan, write_json, ModeCall, ModeRow,
-    PlannerTimes,
+    bf16_bits, config_with_heap, f32_bits, main_under_launcher, mode_of, parse_shape,
+    shard_lengths, time_modes_and_plan, write_json, ModeCall, ModeRow, PlannerTimes,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -547,20 +545,8 @@ fn time_modes(
         shard: &mut shard,
         planned: plan.as_ref().map(|p| p.chosen.mode),
     };
-    let (medians, planner) = match &plan {
-        None => (time_in_turns(rt, &mut timed)?, None),
-        Some(plan) => {
-            let (medians, planned) = time_in_turns_with_plan(rt, &mut timed)?;
-            let every_rank = comm.gather_f64(planned)?;
-            let describe = |c: &Candidate<()>| mode_name(c.mode).to_string();
-            (
-                medians,
-                Some(PlannerTimes::new(plan, &every_rank, describe)),
-            )
-        }
-    };
+    let (modes, planner) = time_modes_and_plan(rt, comm, &mut timed, plan.as_ref(), mode_of)?;
     let (b, t, h, d) = (shape.b, shape.t, shape.h, shape.dk);
-    let modes = mode_times(comm, medians)?;
     if me == 0 {
         println!(
             "backward W={npes} B={b} T_local={t} H={h} D={d}:{}{}",

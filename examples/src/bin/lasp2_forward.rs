@@ -36,9 +36,8 @@ use lasp_shmem::reference::{
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::{
-    bf16_bits, config_with_heap, f32_bits, main_under_launcher, mode_name, mode_times, parse_shape,
-    round, shard_lengths, time_in_turns, time_in_turns_with_plan, write_json, ModeCall, ModeTimes,
-    PlannerTimes,
+    bf16_bits, config_with_heap, f32_bits, main_under_launcher, mode_name, parse_shape, round,
+    shard_lengths, time_modes_and_plan, write_json, ModeCall, ModeTimes, PlannerTimes,
 };
 use serde::Serialize;
 use std::path::PathBuf;
@@ -438,19 +437,8 @@ fn time_modes(
         tuning,
         plan: plan.as_ref().map(|p| p.chosen),
     };
-    let (medians, planner) = match &plan {
-        None => (time_in_turns(rt, &mut timed)?, None),
-        Some(plan) => {
-            let (medians, planned) = time_in_turns_with_plan(rt, &mut timed)?;
-            let every_rank = comm.gather_f64(planned)?;
-            (
-                medians,
-                Some(PlannerTimes::new(plan, &every_rank, describe)),
-            )
-        }
-    };
+    let (modes, planner) = time_modes_and_plan(rt, comm, &mut timed, plan.as_ref(), describe)?;
     timed.op.set_launch(tuning)?;
-    let modes = mode_times(comm, medians)?;
     line += &modes.line();
     if let Some(p) = &planner {
         line += &p.line();
