@@ -7,8 +7,6 @@
 // lasp/scalar_decay/backward_params.h).
 #include <stdint.h>
 
-#include <type_traits>
-
 #include "lasp/scalar_decay/chunk.cuh"
 #include "lasp/scalar_decay/backward_params.h"
 
@@ -303,7 +301,7 @@ __device__ __forceinline__ void gate_terms(const lasp_sd_bwd_params& p) {
     }
   };
   const float a_next = decay[kBlockChunks];
-  float col_sums[kBlockChunks][8][2];  // the pair tiles' column sums of this thread's rows, per chunk
+  float col_sums[kBlockChunks][8][2] = {};  // the pair tiles' column sums of this thread's rows, per chunk
   for (int ci = 0; ci < blk.n; ++ci) {
     if (products) {
       if (ci + 1 < blk.n)
@@ -351,106 +349,67 @@ __device__ __forceinline__ void gate_terms(const lasp_sd_bwd_params& p) {
     } else {
       // A: tile pairs (ci, cj) for cj = 0 .. ci. R(u) adds the row sums in that order; the column
       // sums of chunk cj add those of (cj, cj), (cj + 1, cj), .. in that order (ci ascends), per
-      // thread (its two rows of each tile) in col_sums[cj]. Tile cj + 1's products are issued
-      // before tile cj's epilogue, into the other of two accumulator sets, so the tensor cores run
-      // while this warp weighs and sums. The chunk index is a template constant (CI) so that every
-      // branch between an issue and its wait is resolved at compile time: a wgmma group in flight
-      // across a runtime branch makes ptxas serialise every wgmma of the kernel (C7518).
-      auto pair_chunk = [&](auto chunk) {
-        constexpr int CI = decltype(chunk)::value;
-        // Q_I K_J^T (over Dk) in two sets, the next tile's issued before this tile's epilogue;
-        // dO_I V_J^T (over the tile's 64 columns, a third of the products) issued behind it.
-        float qk[2][8][4], dov[8][4];
-        auto issue_qk = [&](int cj, float(&acc)[8][4]) {
-          const uint32_t s_kj = sbase + L::kK + cj * L::kQKTile;
-          lasp::wg::fence();
+      // thread (its two rows of each tile) in col_sums[cj], unrolled so that cj indexes registers.
+      float r_part[2] = {0.f, 0.f};
 #pragma unroll
-          for (int ks = 0; ks < DK / 16; ++ks) {
-            const uint32_t k_step = kBlockBytes * (ks >> 2) + 32 * (ks & 3);
-            lasp::wg::mma_ss<lasp::wg::Major::kK>(acc, lasp::wg::desc_sw128(s_q + k_step),
-                                                  lasp::wg::desc_sw128(s_kj + k_step), ks > 0);
-          }
-          lasp::wg::commit();
-        };
-        auto issue_dov = [&](int cj) {
-          const uint32_t s_vj = sbase + L::kV + cj * L::kVTile;
-          lasp::wg::fence();
+      for (int cj = 0; cj < kBlockChunks; ++cj) {
+        if (cj > ci) break;
+        const uint32_t s_kj = sbase + L::kK + cj * L::kQKTile, s_vj = sbase + L::kV + cj * L::kVTile;
+        float qk[8][4], dov[8][4];  // Q_I K_J^T (over Dk), dO_I V_J^T (over the tile's 64 columns)
+        lasp::wg::fence();
 #pragma unroll
-          for (int ks = 0; ks < kTileV / 16; ++ks)
-            lasp::wg::mma_ss<lasp::wg::Major::kK>(dov, lasp::wg::desc_sw128(s_do + 32 * ks),
-                                                  lasp::wg::desc_sw128(s_vj + 32 * ks), ks > 0);
-          lasp::wg::commit();
-        };
-        float r_part[2] = {0.f, 0.f};
-        issue_qk(0, qk[0]);
-        issue_dov(0);
+        for (int ks = 0; ks < DK / 16; ++ks) {
+          const uint32_t k_step = kBlockBytes * (ks >> 2) + 32 * (ks & 3);
+          lasp::wg::mma_ss<lasp::wg::Major::kK>(qk, lasp::wg::desc_sw128(s_q + k_step),
+                                                lasp::wg::desc_sw128(s_kj + k_step), ks > 0);
+        }
 #pragma unroll
-        for (int cj = 0; cj <= CI; ++cj) {
-          float(&qk_cj)[8][4] = qk[cj % 2];
-          if (cj < CI) {
-            issue_qk(cj + 1, qk[(cj + 1) % 2]);
-            lasp::wg::wait<1>();  // tile cj's groups; tile cj + 1's Q K^T stays in flight
-          } else {
-            lasp::wg::wait<0>();
-          }
-          lasp::wg::fence_operands(qk_cj);
-          lasp::wg::fence_operands(dov);
+        for (int ks = 0; ks < kTileV / 16; ++ks)
+          lasp::wg::mma_ss<lasp::wg::Major::kK>(dov, lasp::wg::desc_sw128(s_do + 32 * ks),
+                                                lasp::wg::desc_sw128(s_vj + 32 * ks), ks > 0);
+        lasp::wg::commit();
+        lasp::wg::wait<0>();
+        lasp::wg::fence_operands(qk);
+        lasp::wg::fence_operands(dov);
+
+        // A_uj = sigma qk dov e^{G_u - G_j}: within the chunk (cj = ci), for j < u, e^{b^I_u - b^I_j}
+        // per pair; below it, e^{b^I_u + (gammas strictly between J and I)} for the row times
+        // e^{gamma_J - b^J_j} (col_decay) for the column, each <= 1.
+        auto add_pairs = [&](auto&& weigh) {
 #pragma unroll
           for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-            for (int i = 0; i < 4; ++i) qk_cj[nt][i] *= dov[nt][i];  // the pair products; dov is free
-          if (cj < CI) issue_dov(cj + 1);
-          // A_uj = sigma qk dov e^{G_u - G_j}: within the chunk (cj = CI), for j < u,
-          // e^{b^I_u - b^I_j} per pair; below it, e^{b^I_u + (gammas strictly between J and I)} for
-          // the row times e^{gamma_J - b^J_j} (col_decay) for the column, each <= 1.
-          // The diagonal tile is chunk CI's first: it sets col_sums[CI] instead of adding to it (0 +
-          // x is x), so that those registers hold nothing before it.
-          auto add_pairs = [&](auto&& weigh) {
+            for (int e = 0; e < 2; ++e)
 #pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                float col = cj == CI ? 0.f : col_sums[cj][nt][e];
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                  const float x = weigh(qk_cj[nt][2 * hh + e], 16 * warp + 8 * hh + g, 8 * nt + 2 * t + e, hh);
-                  r_part[hh] += x;
-                  col += x;
-                }
-                col_sums[cj][nt][e] = col;
+              for (int hh = 0; hh < 2; ++hh) {
+                const float x = weigh(qk[nt][2 * hh + e] * dov[nt][2 * hh + e], 16 * warp + 8 * hh + g,
+                                      8 * nt + 2 * t + e, hh);
+                r_part[hh] += x;
+                col_sums[cj][nt][e] += x;
               }
-          };
-          if (cj < CI) {
-            float between = 0.f;
+        };
+        if (cj < ci) {
+          float between = 0.f;
+          for (int m = cj + 1; m < ci; ++m) between += decay[m];
+          float row_w[2];
 #pragma unroll
-            for (int m = cj + 1; m < CI; ++m) between += decay[m];
-            float row_w[2];
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) row_w[hh] = p.scale * exp_nonpos(cum_i[16 * warp + 8 * hh + g] + between);
-            const float* const col_w = col_decay + cj * kChunk;
-            add_pairs([&](float pair, int, int j, int hh) { return pair * (row_w[hh] * col_w[j]); });
-          } else {
-            add_pairs([&](float pair, int r, int j, int) {
-              return j < r ? p.scale * pair * exp_nonpos(cum_i[r] - cum_i[j]) : 0.f;
-            });
-          }
+          for (int hh = 0; hh < 2; ++hh) row_w[hh] = p.scale * exp_nonpos(cum_i[16 * warp + 8 * hh + g] + between);
+          const float* const col_w = col_decay + cj * kChunk;
+          add_pairs([&](float pair, int, int j, int hh) { return pair * (row_w[hh] * col_w[j]); });
+        } else {
+          add_pairs([&](float pair, int r, int j, int) {
+            return j < r ? p.scale * pair * exp_nonpos(cum_i[r] - cum_i[j]) : 0.f;
+          });
         }
-        float r_sum[2];
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          r_sum[hh] = r_part[hh];
-          r_sum[hh] += __shfl_xor_sync(kAll, r_sum[hh], 1);
-          r_sum[hh] += __shfl_xor_sync(kAll, r_sum[hh], 2);
-        }
-        store_rows(2, tok0, r_sum, [](int) { return 1.f; });
-      };
-      static_assert(kBlockChunks == 4, "one case per chunk of a block");
-      switch (ci) {
-        case 0: pair_chunk(std::integral_constant<int, 0>{}); break;
-        case 1: pair_chunk(std::integral_constant<int, 1>{}); break;
-        case 2: pair_chunk(std::integral_constant<int, 2>{}); break;
-        default: pair_chunk(std::integral_constant<int, 3>{}); break;
       }
+      float r_sum[2];
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        r_sum[hh] = r_part[hh];
+        r_sum[hh] += __shfl_xor_sync(kAll, r_sum[hh], 1);
+        r_sum[hh] += __shfl_xor_sync(kAll, r_sum[hh], 2);
+      }
+      store_rows(2, tok0, r_sum, [](int) { return 1.f; });
     }
     __syncthreads();  // both roles are done with chunk ci's Q and dO buffer: chunk ci + 2 goes there
     if (products && ci + 2 < blk.n) {
@@ -486,7 +445,6 @@ __device__ __forceinline__ void gate_terms(const lasp_sd_bwd_params& p) {
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          if (cj >= blk.n) continue;  // no tile of the block set these
           float col = col_sums[cj][nt][e];
           col += __shfl_xor_sync(kAll, col, 4);
           col += __shfl_xor_sync(kAll, col, 8);
