@@ -317,6 +317,15 @@ lasp_status lasp_op_check_call(const lasp_op_desc *desc, int32_t direction, cons
                                const lasp_tensors *tensors);
 /* LASP-2: switches every rank's forward and backward to another LASP_MODE_* (collective). */
 lasp_status lasp_op_set_mode(lasp_op *op, int32_t mode);
+/* LASP-2, the planner: times the exchange modes (and the launch plans that give the same bits) on
+ * this call of `direction` (LASP_DIRECTION_*), in turns, the slowest rank's median; switches every
+ * rank's op of that direction to the fastest and writes its LASP_MODE_* to *mode, the same on
+ * every rank. Collective: every rank passes its own tensors of the same layout, checked as
+ * lasp_op_forward / lasp_op_backward check them. It makes about 30 calls per candidate, which
+ * write the outputs as a call does, and synchronises the stream; run it once per layout and shard
+ * length, outside any CUDA graph capture. lasp_op_set_mode overrides its choice. */
+lasp_status lasp_op_plan(lasp_op *op, lasp_stream stream, int32_t direction, const lasp_call *call,
+                         const lasp_tensors *tensors, int32_t *mode);
 /* Synchronises stream; LASP_ERROR_PEER_TIMEOUT if a wait of an earlier call expired. */
 lasp_status lasp_op_finish(lasp_op *op, lasp_stream stream);
 /* Calls replayed from captured CUDA graphs since the last report: a graph of one training step

@@ -92,7 +92,7 @@ fn c_callers_compile_link_and_get_checked_arguments() {
         .env_remove("RANK")
         .env_remove("WORLD_SIZE"));
     std::fs::remove_file(&exe).ok();
-    assert!(output.contains("abi_smoke: 54 checks passed"), "{output}");
+    assert!(output.contains("abi_smoke: 58 checks passed"), "{output}");
 }
 
 /// `sizeof` of a struct and `offsetof` of each of its fields, as C expressions with the Rust

@@ -93,6 +93,7 @@ SIGNATURES = {
     "op_backward": [HANDLE, HANDLE, P(Call), P(Tensors)],
     "op_check_call": [P(OpDesc), ctypes.c_int32, P(Call), P(Tensors)],
     "op_set_mode": [HANDLE, ctypes.c_int32],
+    "op_plan": [HANDLE, HANDLE, ctypes.c_int32, P(Call), P(Tensors), P(ctypes.c_int32)],
     "op_finish": [HANDLE, HANDLE],
     "op_free": [HANDLE],
 }

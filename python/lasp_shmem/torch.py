@@ -25,7 +25,8 @@ compute), "sequential_nccl" and "sequential_nvshmem" (the same kernels around NC
 NVSHMEM's fcollect: the baseline the overlapped mode is measured against, and a fallback).
 `set_exchange_mode` switches every LASP-2 op, collectively; `exchange_mode` says which is in use.
 The sequential modes pick each call's buffer half on the host, so their calls refuse to be
-captured into a CUDA graph.
+captured into a CUDA graph. `set_exchange_mode("planned")` lets the library's planner choose per
+op and direction, by timing the modes on the op's first call (`planned_modes` says what it chose).
 """
 
 import ctypes
@@ -37,7 +38,7 @@ import torch.distributed as dist
 from . import _abi
 
 __all__ = ["init", "shutdown", "synchronize", "set_exchange_mode", "exchange_mode",
-           "chunk_simple_gla", "chunk_gla", "chunk_gated_delta_rule", "LaspError"]
+           "planned_modes", "chunk_simple_gla", "chunk_gla", "chunk_gated_delta_rule", "LaspError"]
 
 LaspError = _abi.LaspError
 SUPPORTED_DIMS = (64, 128)
@@ -48,6 +49,8 @@ SUPPORTED_DIMS = (64, 128)
 EXCHANGE_MODES = {"overlapped": _abi.MODE_OVERLAPPED,
                   "sequential_nccl": _abi.MODE_SEQUENTIAL_NCCL,
                   "sequential_nvshmem": _abi.MODE_SEQUENTIAL_NVSHMEM}
+# set_exchange_mode's fourth name: each LASP-2 op's mode chosen by the library's planner.
+PLANNED = "planned"
 
 
 class _Runtime:
@@ -62,6 +65,8 @@ class _Runtime:
         # LASP-2 ops: set_exchange_mode and shutdown make one collective call per op in it.
         self.ops = {}
         self.mode = "overlapped"
+        # In the planned mode, the mode the planner chose per (op layout, backward).
+        self.planned = {}
 
 
 _runtime: Optional[_Runtime] = None
@@ -200,10 +205,18 @@ def synchronize():
 
 def set_exchange_mode(mode):
     """Switches LASP-2's exchange between the ranks to `mode`: "overlapped" (the default),
-    "sequential_nccl" or "sequential_nvshmem" (the module's docstring says what each does).
-    Outputs and gradients are bitwise the same in every mode. (The C ABI's LASP_MODE_NO_COMM is
-    left out: it skips the exchange, so its results are wrong by design; it only times the
-    compute.)
+    "sequential_nccl" or "sequential_nvshmem" (the module's docstring says what each does), or
+    "planned". Outputs and gradients are bitwise the same in every mode. (The C ABI's
+    LASP_MODE_NO_COMM is left out: it skips the exchange, so its results are wrong by design; it
+    only times the compute.)
+
+    "planned": each LASP-2 op starts overlapped, and its first forward and its first backward call
+    run the library's planner (lasp_op_plan), which times the modes on that call, in turns, takes
+    the slowest rank's median and switches the op's direction to the fastest, the same on every
+    rank (`planned_modes` lists the choices). It makes about 30 calls per mode, once per op and
+    direction; every rank reaches those first calls together, as every rank runs the same layers.
+    Those first calls must not be captured into a CUDA graph; a later call captures where its
+    planned mode is the overlapped one. Setting the mode again forgets the choices.
 
     Collective over the runtime's group: every rank calls it with the same mode, at the same point
     of its LASP-2 calls, outside any CUDA graph capture. It waits for the GPU (calls already
@@ -219,9 +232,9 @@ def set_exchange_mode(mode):
     before the failing one switched: call set_exchange_mode again on every rank, with either mode,
     to bring them all to one (ops already in it are skipped).
     """
-    if mode not in EXCHANGE_MODES:
+    if mode not in EXCHANGE_MODES and mode != PLANNED:
         raise ValueError(f"set_exchange_mode: mode must be one of "
-                         f"{', '.join(map(repr, EXCHANGE_MODES))}, not {mode!r}")
+                         f"{', '.join(map(repr, [*EXCHANGE_MODES, PLANNED]))}, not {mode!r}")
     runtime = _running()
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError("set_exchange_mode: a CUDA graph is being captured on this stream, and "
@@ -238,14 +251,27 @@ def set_exchange_mode(mode):
     lib = _abi.library()
     for (*_, lasp2), op in runtime.ops.items():
         if lasp2:  # an op of one GPU exchanges nothing, so it has no mode
-            lib.op_set_mode(op, EXCHANGE_MODES[mode])
+            lib.op_set_mode(op, EXCHANGE_MODES[_created_in(mode)])
     runtime.mode = mode
+    runtime.planned = {}
 
 
 def exchange_mode():
     """The exchange mode LASP-2 ops run in: one of set_exchange_mode's names, "overlapped"
     unless switched."""
     return _running().mode
+
+
+def planned_modes():
+    """In the planned mode, what the planner chose so far: {(family, B, H, Dk, Dv, direction):
+    mode name}, direction "forward" or "backward"; empty in the other modes."""
+    return {(*layout[:5], "backward" if backward else "forward"): mode
+            for (layout, backward), mode in _running().planned.items()}
+
+
+def _created_in(mode):
+    """The mode a LASP-2 op starts in: `mode`, or the overlapped one until the planner runs."""
+    return "overlapped" if mode == PLANNED else mode
 
 
 def _running():
@@ -490,9 +516,17 @@ class _OpCall:
     def enqueue(self, backward, device):
         runtime = _running()
         lasp2 = self.layout[-1]
-        if lasp2 and runtime.mode != "overlapped" and torch.cuda.is_current_stream_capturing():
+        capturing = torch.cuda.is_current_stream_capturing()
+        mode = runtime.planned.get((self.layout, backward), runtime.mode)
+        if lasp2 and mode == PLANNED and capturing:
             raise RuntimeError(
-                f"lasp-shmem: a LASP-2 call in the {runtime.mode!r} exchange mode cannot be "
+                "lasp-shmem: the planner chooses a LASP-2 op's exchange mode on its first call, "
+                "which times the modes and waits for the GPU, and a CUDA graph capture cannot "
+                "hold that; run one step before capturing (as torch.compile's 'reduce-overhead' "
+                "mode does)")
+        if lasp2 and mode not in ("overlapped", PLANNED) and capturing:
+            raise RuntimeError(
+                f"lasp-shmem: a LASP-2 call in the {mode!r} exchange mode cannot be "
                 "captured into a CUDA graph: the host picks each call's half of the exchange "
                 "buffers, and a replay would reuse the captured half; capture in the "
                 "'overlapped' mode (set_exchange_mode('overlapped') before capturing) or run "
@@ -501,10 +535,19 @@ class _OpCall:
         op = runtime.ops.get(self.layout)
         if op is None:
             op = ctypes.c_void_p()
-            lib.op_create(runtime.handle, ctypes.byref(self.desc(runtime.mode)),
+            lib.op_create(runtime.handle, ctypes.byref(self.desc(_created_in(runtime.mode))),
                           ctypes.byref(op))
             runtime.ops[self.layout] = op
         stream = ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
+        if lasp2 and mode == PLANNED:
+            # Every rank reaches an op's first call of a direction at the same point of its
+            # layers, so every rank plans it there, together.
+            chosen = ctypes.c_int32()
+            direction = _abi.DIRECTION_BACKWARD if backward else _abi.DIRECTION_FORWARD
+            lib.op_plan(op, stream, direction, ctypes.byref(self.call),
+                        ctypes.byref(self.tensors), ctypes.byref(chosen))
+            names = {code: name for name, code in EXCHANGE_MODES.items()}
+            runtime.planned[(self.layout, backward)] = names[chosen.value]
         run = lib.op_backward if backward else lib.op_forward
         run(op, stream, ctypes.byref(self.call), ctypes.byref(self.tensors))
 

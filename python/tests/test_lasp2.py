@@ -3,7 +3,7 @@ elsewhere): each rank's shard of o and of the gradients, the last rank's final s
 initial state's gradient against the single-GPU op on the whole sequences, and torch.compile
 without a graph break, forward and backward as in eager mode; GLA's forward likewise, and its
 forward and backward against the float64 reference on the whole sequences; both families the same
-bits in every exchange mode.
+bits in every exchange mode, the planned one included.
 
     NVSHMEM_DISABLE_NVLS=1 NVSHMEM_REMOTE_TRANSPORT=none \\
         torchrun --nproc-per-node 4 -m pytest python/tests/test_lasp2.py
@@ -178,10 +178,10 @@ def test_gla_lasp2_gradients_match_the_float64_reference(group):
 
 def test_every_exchange_mode_gives_the_same_bits(group):
     """chunk_simple_gla and chunk_gla with cp_group, forward and backward, in every exchange mode
-    a trainer may choose: the same bits of o, the final state and every gradient. The first mode
-    is set before this test's layouts (Dv = 64) are made, so their ops start in it, and the
-    earlier tests' ops are switched along; two steps per mode use both halves of the sequential
-    modes' buffers."""
+    a trainer may choose, the planner's included: the same bits of o, the final state and every
+    gradient. The first mode is set before this test's layouts (Dv = 64) are made, so their ops
+    start in it, and the earlier tests' ops are switched along; two steps per mode use both halves
+    of the sequential modes' buffers."""
     seqs = Sequences(seed=61, per_rank=200, short=29, dv=64)
     b, t, h, dk = seqs.q.shape
     gla_g = gla_inputs(b, t, h, dk, seqs.v.shape[-1], "cuda", seed=62)[3]
@@ -189,13 +189,20 @@ def test_every_exchange_mode_gives_the_same_bits(group):
                                                          seqs.grad_o, gla_g))
     results = {}
     try:
-        for mode in ("sequential_nccl", "overlapped", "sequential_nvshmem"):
+        for mode in ("sequential_nccl", "overlapped", "sequential_nvshmem", "planned"):
             lt.set_exchange_mode(mode)
             assert lt.exchange_mode() == mode
             results[mode] = [step(seqs, q, k, v, g, grad_o, cp_group=group) for _ in range(2)]
             results[mode] += [step(seqs, q, k, v, gla_g, grad_o, cp_group=group,
                                    attention=lt.chunk_gla) for _ in range(2)]
             lt.synchronize()
+        # The planner ran once per op and direction of this test's layouts, with the same choice
+        # on every rank.
+        planned = lt.planned_modes()
+        assert len(planned) == 4 and set(planned.values()) <= set(lt.EXCHANGE_MODES), planned
+        every_rank = [None] * dist.get_world_size()
+        dist.all_gather_object(every_rank, sorted(planned.items()))
+        assert all(p == every_rank[0] for p in every_rank), every_rank
     finally:
         # The module's other tests run in the default mode.
         lt.set_exchange_mode("overlapped")

@@ -540,6 +540,7 @@ class FakeOpLibrary:
 
     def __init__(self):
         self.created, self.switched, self.forwards, self.capturing = [], [], [], False
+        self.backwards, self.planned, self.plan_choice = [], [], _abi.MODE_SEQUENTIAL_NCCL
 
     def op_create(self, runtime, desc, op):
         self.created.append(desc._obj.mode)
@@ -548,8 +549,15 @@ class FakeOpLibrary:
     def op_forward(self, op, stream, call, tensors):
         self.forwards.append(op.value)
 
+    def op_backward(self, op, stream, call, tensors):
+        self.backwards.append(op.value)
+
     def op_set_mode(self, op, mode):
         self.switched.append((op.value, mode))
+
+    def op_plan(self, op, stream, direction, call, tensors, mode):
+        self.planned.append((op.value, direction))
+        mode._obj.value = self.plan_choice
 
     def __getattr__(self, name):
         raise AssertionError(f"the torch layer must not call {name} here")
@@ -608,7 +616,7 @@ def test_set_exchange_mode_switches_every_lasp2_op_in_creation_order(fake_ops):
 def test_set_exchange_mode_names_the_modes_before_anything_else(fresh_process, mode):
     """The argument is checked first: here no runtime runs, and the error is still the mode's."""
     with pytest.raises(ValueError, match="mode must be one of 'overlapped', 'sequential_nccl', "
-                                         "'sequential_nvshmem', not"):
+                                         "'sequential_nvshmem', 'planned', not"):
         lt.set_exchange_mode(mode)
     with pytest.raises(RuntimeError, match=r"call lasp_shmem.torch.init\(\) first"):
         lt.set_exchange_mode("overlapped")
@@ -658,6 +666,53 @@ def test_ranks_that_ask_for_different_modes_are_told_before_any_switch(fake_ops,
         lt.set_exchange_mode("sequential_nccl")
     assert gathered == ["the group"]
     assert fake_ops.switched == [] and lt.exchange_mode() == "overlapped"
+
+
+def enqueue_backward(lasp2, b=B):
+    """One backward call of the scalar-decay op through the ops' path to the library."""
+    q, k, v, g, h0 = cpu_inputs(b=b)
+    do = torch.rand_like(v)
+    state = torch.zeros(b, H, DK, DV)
+    _, call = lt._backward_call(q, k, v, g, state, do, None, 0.125, False, lasp2, False)
+    call.enqueue(backward=True, device=0)
+
+
+def test_the_planned_mode_plans_each_op_and_direction_once_on_its_first_call(fake_ops):
+    """Ops start overlapped; the first forward and the first backward of each LASP-2 op run the
+    planner and then the call; later calls only call; ops of one GPU are never planned; setting a
+    mode again forgets the choices."""
+    lt.set_exchange_mode("planned")
+    assert lt.exchange_mode() == "planned" and lt.planned_modes() == {}
+    enqueue_forward(lasp2=True)  # op 1, planned
+    enqueue_forward(lasp2=True)
+    enqueue_forward(lasp2=False)  # op 2: one GPU
+    fake_ops.plan_choice = _abi.MODE_OVERLAPPED
+    enqueue_backward(lasp2=True)  # op 1's backward, planned
+    enqueue_backward(lasp2=True)
+    assert fake_ops.created == [OVERLAPPED, 0]
+    assert fake_ops.planned == [(1, _abi.DIRECTION_FORWARD), (1, _abi.DIRECTION_BACKWARD)]
+    assert fake_ops.forwards == [1, 1, 2] and fake_ops.backwards == [1, 1]
+    layout = (_abi.FAMILY_SCALAR_DECAY, B, H, DK, DV)
+    assert lt.planned_modes() == {(*layout, "forward"): "sequential_nccl",
+                                  (*layout, "backward"): "overlapped"}
+    lt.set_exchange_mode("overlapped")
+    assert lt.planned_modes() == {} and fake_ops.switched == [(1, OVERLAPPED)]
+
+
+def test_the_planned_mode_refuses_to_plan_or_run_sequentially_inside_a_capture(fake_ops):
+    lt.set_exchange_mode("planned")
+    fake_ops.capturing = True
+    with pytest.raises(RuntimeError, match="planner chooses .* first call.*run one step before "
+                                           "capturing"):
+        enqueue_forward(lasp2=True)
+    assert fake_ops.planned == [] and fake_ops.forwards == []
+    fake_ops.capturing = False
+    enqueue_forward(lasp2=True)  # planned: sequential NCCL
+    fake_ops.capturing = True
+    with pytest.raises(RuntimeError, match="'sequential_nccl' exchange mode cannot be captured"):
+        enqueue_forward(lasp2=True)
+    enqueue_forward(lasp2=False)  # one GPU: captures
+    assert fake_ops.forwards == [1, 2]
 
 
 # Gated DeltaNet.

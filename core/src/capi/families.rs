@@ -119,6 +119,23 @@ pub(super) trait FamilyOp: Send {
         ))
     }
 
+    /// Times the exchange modes (and the launch plans that keep the bits) on `call` of
+    /// `direction`, switches every rank's op of that direction to the fastest and returns its
+    /// mode (collective). The default is a single-GPU op's answer: it has no mode.
+    fn plan(
+        &mut self,
+        _runtime: &Runtime,
+        _stream: &Arc<CudaStream>,
+        _direction: Direction,
+        _call: CheckedCall<'_>,
+    ) -> Result<ExchangeMode> {
+        Err(invalid(
+            "lasp_op_plan: a LASP_KIND_SINGLE_GPU op exchanges nothing, so it has no mode to \
+             plan; the planner is for LASP_KIND_LASP2 ops"
+                .into(),
+        ))
+    }
+
     /// Synchronises `stream` and reports an expired wait of an earlier call (a single-GPU op
     /// waits for nothing else).
     fn finish(&self, stream: &Arc<CudaStream>) -> Result<()> {

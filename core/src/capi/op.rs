@@ -6,7 +6,7 @@ use super::abi::{Call, OpDesc, Tensors, LASP_DIRECTION_BACKWARD, LASP_DIRECTION_
 use super::args::{arg, borrowed_stream, invalid, put, sized_arg};
 use super::families::Direction;
 use super::handles::{check_out, op_arg, store_handle, take_handle, OpHandle, RuntimeHandle};
-use super::spec::{exchange_mode, OpSpec};
+use super::spec::{exchange_mode, mode_code, OpSpec};
 use super::status::{run, Status};
 use super::tensors::{plan_call, CallPlan};
 use crate::error::Result;
@@ -162,18 +162,59 @@ pub unsafe extern "C" fn lasp_op_check_call(
     run(|| {
         // SAFETY: the caller's contract.
         let spec = unsafe { spec_of(desc)? };
-        let direction = match direction {
-            LASP_DIRECTION_FORWARD => Direction::Forward,
-            LASP_DIRECTION_BACKWARD => Direction::Backward,
-            other => {
-                return Err(invalid(format!(
-                    "direction {other} is not LASP_DIRECTION_FORWARD (0) or \
-                     LASP_DIRECTION_BACKWARD (1)"
-                )))
-            }
-        };
+        let direction = direction_of(direction)?;
         // SAFETY: the caller's contract.
         unsafe { plan_of(&spec, direction, call, tensors) }.map(drop)
+    })
+}
+
+/// The direction of a `LASP_DIRECTION_*`.
+fn direction_of(direction: i32) -> Result<Direction> {
+    match direction {
+        LASP_DIRECTION_FORWARD => Ok(Direction::Forward),
+        LASP_DIRECTION_BACKWARD => Ok(Direction::Backward),
+        other => Err(invalid(format!(
+            "direction {other} is not LASP_DIRECTION_FORWARD (0) or LASP_DIRECTION_BACKWARD (1)"
+        ))),
+    }
+}
+
+/// Times the exchange modes (and the launch plans that keep the bits) on this call of
+/// `direction`, switches every rank's op of that direction to the fastest and writes its
+/// `LASP_MODE_*` to `mode` (collective, LASP-2: every rank passes its own tensors of the same
+/// layout; the calls write the outputs as the forward or backward does).
+///
+/// # Safety
+/// As [`lasp_op_forward`]; `mode` points at writable memory.
+#[no_mangle]
+pub unsafe extern "C" fn lasp_op_plan(
+    op: *const OpHandle,
+    stream: sys::CUstream,
+    direction: i32,
+    call: *const Call,
+    tensors: *const Tensors,
+    mode: *mut i32,
+) -> Status {
+    run(|| {
+        // Before the planner's collectives, so that no rank leaves them for a bad argument.
+        if mode.is_null() {
+            return Err(invalid(
+                "mode is NULL; pass where to store the chosen LASP_MODE_*".into(),
+            ));
+        }
+        let direction = direction_of(direction)?;
+        // SAFETY: the caller's contract.
+        let handle = unsafe { op_arg(op)? };
+        // SAFETY: the caller's contract.
+        let plan = unsafe { plan_of(&handle.spec, direction, call, tensors)? };
+        let mut family_op = handle.lock()?;
+        let stream = borrowed_stream(&handle.runtime, stream)?;
+        // SAFETY: as in `enqueue`: the tensors stay valid and untouched by others until the
+        // planner's calls complete (it synchronises before it returns).
+        let checked = unsafe { plan.check_device(handle.runtime.context().ordinal())? };
+        let chosen = family_op.plan(&handle.runtime, &stream, direction, checked)?;
+        // SAFETY: the caller's contract (and `mode` is not NULL, checked above).
+        unsafe { put(mode, "mode", mode_code(chosen)) }
     })
 }
 

@@ -5,10 +5,12 @@
 //! its ops takes a checked call ([`AbiCall`]); its LASP-2 ops' collectives are their
 //! [`Lasp2Operation`]s.
 
-use super::families::FamilyOp;
+use super::families::{Direction, FamilyOp};
 use super::tensors::CheckedCall;
 use crate::error::Result;
+use crate::exchange::planner::{self, LaunchPlans};
 use crate::exchange::{ExchangeMode, Lasp2Operation};
+use crate::runtime::Runtime;
 use cudarc::driver::CudaStream;
 use std::sync::Arc;
 
@@ -18,11 +20,25 @@ pub(super) trait AbiCall: Send + 'static {
     fn call(&mut self, stream: &Arc<CudaStream>, call: CheckedCall<'_>) -> Result<()>;
 }
 
-/// A LASP-2 op of one direction, as the C ABI calls it: its checked calls, and the collectives
-/// of its state chain.
-pub(super) trait Chained: AbiCall + Lasp2Operation {}
+/// A LASP-2 op of one direction, as the C ABI calls it: its checked calls, the collectives of
+/// its state chain, and the launch plans its planner may choose.
+pub(super) trait Chained: AbiCall + Lasp2Operation + LaunchPlans {}
 
-impl<T: AbiCall + Lasp2Operation> Chained for T {}
+impl<T: AbiCall + Lasp2Operation + LaunchPlans> Chained for T {}
+
+/// Plans `op` on `call` (collective) and returns the mode it chose.
+fn plan_one<O: Chained>(
+    op: &mut O,
+    runtime: &Runtime,
+    stream: &Arc<CudaStream>,
+    call: CheckedCall<'_>,
+) -> Result<ExchangeMode> {
+    let t_local = call.shape.t;
+    let plan = planner::plan(op, runtime, stream, t_local, |op, stream| {
+        op.call(stream, call.again())
+    })?;
+    Ok(plan.chosen.mode)
+}
 
 const CREATED_WITH_BACKWARD: &str = "lasp_op_backward runs only on ops created with the backward";
 
@@ -89,6 +105,22 @@ impl<F: Chained, B: Chained> FamilyOp for Lasp2Pair<F, B> {
         match &mut self.backward {
             Some(backward) => backward.set_mode(mode),
             None => Ok(()),
+        }
+    }
+
+    fn plan(
+        &mut self,
+        runtime: &Runtime,
+        stream: &Arc<CudaStream>,
+        direction: Direction,
+        call: CheckedCall<'_>,
+    ) -> Result<ExchangeMode> {
+        match direction {
+            Direction::Forward => plan_one(&mut self.forward, runtime, stream, call),
+            Direction::Backward => {
+                let backward = self.backward.as_mut().expect(CREATED_WITH_BACKWARD);
+                plan_one(backward, runtime, stream, call)
+            }
         }
     }
 

@@ -153,6 +153,16 @@ fn kind(desc: &OpDesc) -> Result<Kind> {
 }
 
 /// The exchange mode of a `LASP_MODE_*` code.
+/// The `LASP_MODE_*` of `mode`.
+pub(super) fn mode_code(mode: ExchangeMode) -> i32 {
+    match mode {
+        ExchangeMode::Overlapped => LASP_MODE_OVERLAPPED,
+        ExchangeMode::SequentialNccl => LASP_MODE_SEQUENTIAL_NCCL,
+        ExchangeMode::SequentialNvshmem => LASP_MODE_SEQUENTIAL_NVSHMEM,
+        ExchangeMode::NoComm => LASP_MODE_NO_COMM,
+    }
+}
+
 pub(super) fn exchange_mode(mode: i32) -> Result<ExchangeMode> {
     match mode {
         LASP_MODE_OVERLAPPED => Ok(ExchangeMode::Overlapped),

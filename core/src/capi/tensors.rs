@@ -301,6 +301,17 @@ pub(super) struct CheckedCall<'a> {
 }
 
 impl<'a> CheckedCall<'a> {
+    /// The same call once more, for the planner, which makes it several times in turn: each
+    /// call's views live only while it is enqueued, so no two views of one tensor coexist.
+    pub(super) fn again(&self) -> CheckedCall<'a> {
+        CheckedCall {
+            shape: self.shape,
+            scale: self.scale,
+            tensors: self.tensors,
+            memory: PhantomData,
+        }
+    }
+
     /// The address and element count of a slot's tensor, once.
     fn take<T: Element>(&mut self, slot: Slot) -> Option<(u64, usize)> {
         let t = self.tensors[slot as usize].take()?;

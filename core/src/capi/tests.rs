@@ -55,7 +55,7 @@ fn the_header_declares_exactly_the_exported_functions() {
         .filter(|w| w.starts_with("lasp_"))
         .collect();
     assert_eq!(exported, declared);
-    assert_eq!(exported.len(), 17);
+    assert_eq!(exported.len(), 18);
 }
 
 #[test]

@@ -244,6 +244,14 @@ static void runtime_and_handles(void) {
          LASP_ERROR_INVALID_ARGUMENT, "op is NULL");
   expect("NULL op mode", lasp_op_set_mode(NULL, LASP_MODE_NO_COMM), LASP_ERROR_INVALID_ARGUMENT,
          "op is NULL");
+  int32_t planned = -1;
+  expect("NULL op plan", lasp_op_plan(NULL, NULL, LASP_DIRECTION_FORWARD, &call, &tensors, &planned),
+         LASP_ERROR_INVALID_ARGUMENT, "op is NULL");
+  expect("NULL plan mode", lasp_op_plan(NULL, NULL, LASP_DIRECTION_FORWARD, &call, &tensors, NULL),
+         LASP_ERROR_INVALID_ARGUMENT, "mode is NULL");
+  expect("plan direction", lasp_op_plan(NULL, NULL, 7, &call, &tensors, &planned),
+         LASP_ERROR_INVALID_ARGUMENT, "direction 7 is not");
+  expect_true("a failed plan stores no mode", planned == -1);
   expect("NULL op finish", lasp_op_finish(NULL, NULL), LASP_ERROR_INVALID_ARGUMENT, "op is NULL");
   expect("NULL op replays", lasp_op_note_replayed_calls(NULL, 1, 1), LASP_ERROR_INVALID_ARGUMENT,
          "op is NULL");
