@@ -4,8 +4,8 @@
 //! The choice is measured rather than predicted. The exchange's cost depends on how the summary
 //! kernel's copies share SMs, HBM and links with the compute, and that changes with the shape. On
 //! 4x H100 at W = 4 the overlapped all-gather is 1.13x faster than the sequential NCCL
-//! composition at B=16 T_local=1K and 1.24x slower at B=8 T_local=2K, and two head groups beat
-//! one by 5 % at B=16 T_local=1K (kernels/docs/lasp2.md, "The planner").
+//! composition at B=16 T_local=1K and 1.24-1.51x slower at B=8 T_local=2K (between runs), and two
+//! head groups beat one by 5 % at B=16 T_local=1K (kernels/docs/lasp2.md, "The planner").
 //!
 //! Every candidate gives the same bits. The modes share the kernels and the fold, and a launch plan
 //! is offered only where it keeps the current plan's arithmetic ([`LaunchPlans::same_bits`]). So
