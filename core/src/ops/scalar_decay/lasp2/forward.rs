@@ -87,7 +87,9 @@ pub struct Lasp2Tuning {
 /// bytes (8x H200, two passes: 0.4037, 0.4009 ms with one group; 0.4134, 0.4178 with two;
 /// 0.4762, 0.4791 with four). The grouping costs launches and doubles S (no-comm 0.3117 ms with
 /// one group, 0.3490 with two), and the output CTAs still waited up to 74 us for their tiles
-/// (timeline of the 8-GPU benchmark), so it does not buy back its cost there.
+/// (timeline of the 8-GPU benchmark), so it does not buy back its cost there. Where S stays the
+/// same, the planner ([`Lasp2Forward::plan`]) tries two and four groups too: at B=16, T_local=1K
+/// (W = 4, 4x H100) two groups took 0.3387 ms against 0.3610 with one.
 impl Default for Lasp2Tuning {
     fn default() -> Self {
         Lasp2Tuning {
