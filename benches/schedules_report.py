@@ -4,6 +4,7 @@ merged into schedules.json, with each row checked against the planner's bounds.
     python3 benches/schedules_report.py --forward fwd_w4.json fwd_w2.json \\
         --backward bwd_w4.json bwd_w2.json --family scalar_decay --out schedules.json
     python3 benches/schedules_report.py --forward gla_w4.json --family gla --into schedules.json
+    python3 benches/schedules_report.py --plot schedules.json schedules.png   # needs matplotlib
     python3 benches/schedules_report.py --self-test    # CPU only, no files
 
 Each input is what `lasp-run -n W lasp2_forward --no-check --plan --time ... --json FILE` (or
@@ -82,6 +83,34 @@ def summary(rows):
     return out
 
 
+def plot(doc, path):
+    """Each schedule's time over the no-comm time, against the exchange-to-compute ratio
+    (sequential NCCL's exchange time over the compute time), one panel per direction."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directions = sorted({r["direction"] for r in doc["rows"]}, reverse=True)
+    fig, axes = plt.subplots(1, len(directions), figsize=(6 * len(directions), 4.5), squeeze=False)
+    series = (("allgather_ms", "all-gather (overlapped)", "o"), ("sequential_nccl_ms", "sequential NCCL", "s"),
+              ("planner_ms", "planner's choice", "x"))
+    for ax, direction in zip(axes[0], directions):
+        rows = [r for r in doc["rows"] if r["direction"] == direction]
+        ratio = [r["sequential_nccl_ms"] / r["no_comm_ms"] - 1 for r in rows]
+        for key, label, marker in series:
+            ax.scatter(ratio, [r[key] / r["no_comm_ms"] for r in rows], label=label, marker=marker, s=28)
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel("exchange / compute (sequential NCCL's exchange time over no-comm)")
+        ax.set_ylabel("time / no-comm time")
+        families = ", ".join(sorted({r["family"] for r in rows}))
+        ax.set_title(f"{direction}: {families}; W = 2, 4")
+        ax.legend()
+    fig.suptitle(f"LASP-2 schedules, {', '.join(doc['device'])}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
 def self_test():
     """The bounds on made-up rows: a planner at the best mode, one that lost, a row where the exchange
     is small and one where it is large."""
@@ -114,6 +143,9 @@ def self_test():
 def main(argv=None):
     if argv is None and sys.argv[1:] == ["--self-test"]:
         return self_test()
+    if argv is None and sys.argv[1:2] == ["--plot"] and len(sys.argv) == 4:
+        plot(json.loads(Path(sys.argv[2]).read_text()), sys.argv[3])
+        return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--forward", nargs="*", type=Path, default=[], metavar="F")
     ap.add_argument("--backward", nargs="*", type=Path, default=[], metavar="F")
