@@ -166,7 +166,7 @@ pub fn plan<Op: Lasp2Operation + LaunchPlans>(
     let mine = plans.iter().enumerate().fold(0u64, |mask, (i, &l)| {
         mask | (op.same_bits(l, t_local) as u64) << i
     });
-    // Bit 63: this PE can load NCCL (plans use bits 0..63 only below 64 plans).
+    // Bit 63: this PE can load NCCL (the plans use bits 0..62).
     let nccl_bit = 1u64 << 63;
     let accepted = runtime.all_gather_u64(
         mine | if crate::nccl::available() {
