@@ -323,7 +323,8 @@ pub fn parse_shape(text: &str) -> Result<ForwardShape> {
 pub trait ModeCall {
     /// Switches the operation's exchange mode (collective), at the program's launch plan.
     fn set_mode(&mut self, mode: ExchangeMode) -> Result<()>;
-    /// Switches to the planner's choice (collective; only where the program ran the planner).
+    /// Switches to the planner's choice (collective; only where the program ran the planner:
+    /// see [`planner_choice`]).
     fn use_plan(&mut self) -> Result<()> {
         Err(Error::InvalidArgument(
             "this program times no planner's choice".into(),
@@ -333,6 +334,11 @@ pub trait ModeCall {
     fn call(&mut self, stream: &Arc<CudaStream>) -> Result<()>;
     /// Waits for `stream` and reports an expired wait.
     fn finish(&mut self, stream: &Arc<CudaStream>) -> Result<()>;
+}
+
+/// The planner's choice a [`ModeCall::use_plan`] switches to, or the error that it did not run.
+pub fn planner_choice<T: Copy>(chosen: Option<T>) -> Result<T> {
+    chosen.ok_or_else(|| Error::State("the planner did not run".into()))
 }
 
 /// What one visit of the timing loop switches to.
@@ -372,7 +378,7 @@ pub fn time_in_turns(rt: &Runtime, op: &mut impl ModeCall) -> Result<[f64; 4]> {
 
 /// [`time_in_turns`] with the planner's choice ([`ModeCall::use_plan`]) as a fifth turn: every
 /// mode's median and the choice's, measured side by side.
-pub fn time_in_turns_with_plan(rt: &Runtime, op: &mut impl ModeCall) -> Result<([f64; 4], f64)> {
+fn time_in_turns_with_plan(rt: &Runtime, op: &mut impl ModeCall) -> Result<([f64; 4], f64)> {
     let mut visits = ExchangeMode::ALL.map(Visit::Mode).to_vec();
     visits.push(Visit::Planned);
     let mut medians = time_visits(rt, op, &visits)?;
@@ -419,7 +425,8 @@ pub struct PlannerTimes {
 }
 
 impl PlannerTimes {
-    /// From the planner's `plan`, with its choice timed in turns (`medians`, every rank's).
+    /// From the planner's `plan` and its choice's median on every rank, timed in turns with the
+    /// modes.
     pub fn new<L: Copy + std::fmt::Debug + PartialEq>(
         plan: &Plan<L>,
         every_rank_ms: &[f64],

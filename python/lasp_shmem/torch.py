@@ -51,6 +51,7 @@ EXCHANGE_MODES = {"overlapped": _abi.MODE_OVERLAPPED,
                   "sequential_nvshmem": _abi.MODE_SEQUENTIAL_NVSHMEM}
 # set_exchange_mode's fourth name: each LASP-2 op's mode chosen by the library's planner.
 PLANNED = "planned"
+_MODE_NAMES = {code: name for name, code in EXCHANGE_MODES.items()}
 
 
 class _Runtime:
@@ -516,15 +517,14 @@ class _OpCall:
     def enqueue(self, backward, device):
         runtime = _running()
         lasp2 = self.layout[-1]
-        capturing = torch.cuda.is_current_stream_capturing()
         mode = runtime.planned.get((self.layout, backward), runtime.mode)
-        if lasp2 and mode == PLANNED and capturing:
-            raise RuntimeError(
-                "lasp-shmem: the planner chooses a LASP-2 op's exchange mode on its first call, "
-                "which times the modes and waits for the GPU, and a CUDA graph capture cannot "
-                "hold that; run one step before capturing (as torch.compile's 'reduce-overhead' "
-                "mode does)")
-        if lasp2 and mode not in ("overlapped", PLANNED) and capturing:
+        if lasp2 and mode != "overlapped" and torch.cuda.is_current_stream_capturing():
+            if mode == PLANNED:
+                raise RuntimeError(
+                    "lasp-shmem: the planner chooses a LASP-2 op's exchange mode on its first "
+                    "call, which times the modes and waits for the GPU, and a CUDA graph capture "
+                    "cannot hold that; run one step before capturing (as torch.compile's "
+                    "'reduce-overhead' mode does)")
             raise RuntimeError(
                 f"lasp-shmem: a LASP-2 call in the {mode!r} exchange mode cannot be "
                 "captured into a CUDA graph: the host picks each call's half of the exchange "
@@ -546,8 +546,7 @@ class _OpCall:
             direction = _abi.DIRECTION_BACKWARD if backward else _abi.DIRECTION_FORWARD
             lib.op_plan(op, stream, direction, ctypes.byref(self.call),
                         ctypes.byref(self.tensors), ctypes.byref(chosen))
-            names = {code: name for name, code in EXCHANGE_MODES.items()}
-            runtime.planned[(self.layout, backward)] = names[chosen.value]
+            runtime.planned[(self.layout, backward)] = _MODE_NAMES[chosen.value]
         run = lib.op_backward if backward else lib.op_forward
         run(op, stream, ctypes.byref(self.call), ctypes.byref(self.tensors))
 

@@ -152,7 +152,6 @@ fn kind(desc: &OpDesc) -> Result<Kind> {
     }
 }
 
-/// The exchange mode of a `LASP_MODE_*` code.
 /// The `LASP_MODE_*` of `mode`.
 pub(super) fn mode_code(mode: ExchangeMode) -> i32 {
     match mode {
@@ -163,6 +162,7 @@ pub(super) fn mode_code(mode: ExchangeMode) -> i32 {
     }
 }
 
+/// The exchange mode of a `LASP_MODE_*` code.
 pub(super) fn exchange_mode(mode: i32) -> Result<ExchangeMode> {
     match mode {
         LASP_MODE_OVERLAPPED => Ok(ExchangeMode::Overlapped),

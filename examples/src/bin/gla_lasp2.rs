@@ -40,8 +40,8 @@ use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::grad_bits::{GradBits, GradBuffers};
 use lasp_shmem_examples::{
     bf16_bits, bf16s, f32_bits, f32s, lasp2_config, main_under_launcher, mode_of, mode_times,
-    parse_shape, round, run_cases, shard_cases, shard_rows, time_in_turns, time_modes_and_plan,
-    time_shapes, ModeCall, ModeRow, PlannerTimes, ShardCase,
+    parse_shape, planner_choice, round, run_cases, shard_cases, shard_rows, time_in_turns,
+    time_modes_and_plan, time_shapes, ModeCall, ModeRow, PlannerTimes, ShardCase,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -399,9 +399,7 @@ impl ModeCall for Timed {
         self.op.set_mode(mode)
     }
     fn use_plan(&mut self) -> Result<()> {
-        let mode = self
-            .planned
-            .ok_or_else(|| Error::State("the planner did not run".into()))?;
+        let mode = planner_choice(self.planned)?;
         self.op.set_mode(mode)
     }
     fn call(&mut self, stream: &Arc<CudaStream>) -> Result<()> {

@@ -37,7 +37,8 @@ use lasp_shmem::reference::{
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::{
     bf16_bits, config_with_heap, f32_bits, main_under_launcher, mode_of, parse_shape,
-    shard_lengths, time_modes_and_plan, write_json, ModeCall, ModeRow, PlannerTimes,
+    planner_choice, shard_lengths, time_modes_and_plan, write_json, ModeCall, ModeRow,
+    PlannerTimes,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -502,9 +503,7 @@ impl ModeCall for Timed<'_> {
         self.op.set_mode(mode)
     }
     fn use_plan(&mut self) -> Result<()> {
-        let mode = self
-            .planned
-            .ok_or_else(|| Error::State("the planner did not run".into()))?;
+        let mode = planner_choice(self.planned)?;
         self.op.set_mode(mode)
     }
     fn call(&mut self, stream: &Arc<CudaStream>) -> Result<()> {

@@ -36,8 +36,9 @@ use lasp_shmem::reference::{
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::{
-    bf16_bits, config_with_heap, f32_bits, main_under_launcher, mode_name, parse_shape, round,
-    shard_lengths, time_modes_and_plan, write_json, ModeCall, ModeTimes, PlannerTimes,
+    bf16_bits, config_with_heap, f32_bits, main_under_launcher, mode_name, parse_shape,
+    planner_choice, round, shard_lengths, time_modes_and_plan, write_json, ModeCall, ModeTimes,
+    PlannerTimes,
 };
 use serde::Serialize;
 use std::path::PathBuf;
@@ -348,9 +349,7 @@ impl ModeCall for Timed<'_> {
         self.op.set_mode(mode)
     }
     fn use_plan(&mut self) -> Result<()> {
-        let plan = self
-            .plan
-            .ok_or_else(|| Error::State("the planner did not run".into()))?;
+        let plan = planner_choice(self.plan)?;
         self.op.set_launch(plan.launch)?;
         self.op.set_mode(plan.mode)
     }
