@@ -35,6 +35,8 @@ pub struct ExchangeFields {
     pub credit: u64,
     pub epoch: u64,
     pub diag: u64,
+    /// The emulated links' device struct, or 0 for the real links.
+    pub link: u64,
     pub timeout_ns: u64,
     pub b: i32,
     pub h: i32,
@@ -60,6 +62,7 @@ macro_rules! params_with_exchange_fields {
             credit: f.credit as _,
             epoch: f.epoch as _,
             diag: f.diag as _,
+            link: f.link as _,
             timeout_ns: f.timeout_ns,
             B: f.b,
             H: f.h,

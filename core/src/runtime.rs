@@ -7,6 +7,7 @@
 //! symmetric memory (collective, newest first), unregister and unload the module, finalize.
 
 use crate::error::{CudaCall, Error, Result};
+use crate::exchange::emulated_links::LinkEmulation;
 use crate::kernel::Module;
 use crate::launch_env::{Bootstrap, LaunchEnv, Rendezvous};
 use crate::nvshmem::Nvshmem;
@@ -34,6 +35,10 @@ pub struct Config {
     pub rendezvous_timeout: Duration,
     /// An explicit `libnvshmem_host.so.3` (else `NVSHMEM_HOME`, else the usual places).
     pub nvshmem_library: Option<PathBuf>,
+    /// InfiniBand's rate and latency emulated between groups of PEs, for measuring the exchange
+    /// across nodes on one node ([`LinkEmulation`]). Default: `LASP_EMULATE_LINKS`, else none
+    /// (the real links).
+    pub link_emulation: Option<LinkEmulation>,
 }
 
 impl Config {
@@ -45,12 +50,13 @@ impl Config {
 
     /// [`Config::from_env`] with the variables read through `get`.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
-        let wait_timeout = settings::wait_timeout(get)?.unwrap_or(settings::DEFAULT_WAIT_TIMEOUT);
+        let wait_timeout = settings::wait_timeout(&get)?.unwrap_or(settings::DEFAULT_WAIT_TIMEOUT);
         Ok(Config {
             symmetric_heap_bytes: 256 << 20,
             wait_timeout,
             rendezvous_timeout: Duration::from_secs(120),
             nvshmem_library: None,
+            link_emulation: LinkEmulation::from_lookup(&get)?,
         })
     }
 
@@ -125,6 +131,7 @@ pub(crate) struct Inner {
     /// Symmetric allocations still live, oldest first (freed newest first at shutdown).
     pub(crate) allocations: Mutex<Vec<u64>>,
     pub(crate) wait_timeout: Duration,
+    link_emulation: Option<LinkEmulation>,
     finalized: AtomicBool,
     /// Whether this runtime initialised NVSHMEM (and so finalizes it), or joined the NVSHMEM
     /// another library of the process initialised ([`Runtime::attach`]), which stays theirs.
@@ -219,6 +226,7 @@ impl Runtime {
                 module,
                 allocations: Mutex::new(Vec::new()),
                 wait_timeout: config.wait_timeout,
+                link_emulation: config.link_emulation,
                 finalized: AtomicBool::new(false),
                 owns_nvshmem: false,
             }),
@@ -285,6 +293,7 @@ impl Runtime {
                 module,
                 allocations: Mutex::new(Vec::new()),
                 wait_timeout: config.wait_timeout,
+                link_emulation: config.link_emulation,
                 finalized: AtomicBool::new(false),
                 owns_nvshmem: true,
             }),
@@ -320,6 +329,11 @@ impl Runtime {
     /// Bound on device waits, as configured.
     pub fn wait_timeout(&self) -> Duration {
         self.inner.wait_timeout
+    }
+
+    /// The emulated links between groups of PEs, if configured ([`Config::link_emulation`]).
+    pub fn link_emulation(&self) -> Option<&LinkEmulation> {
+        self.inner.link_emulation.as_ref()
     }
 
     /// The kernel module loaded for this GPU.

@@ -138,6 +138,7 @@ pub fn check_environment(
     get: impl Fn(&str) -> Option<String>,
 ) -> Result<()> {
     wait_timeout(&get)?;
+    crate::exchange::emulated_links::LinkEmulation::from_lookup(&get)?;
     match get(SYMMETRIC_SIZE_VAR) {
         Some(text) => {
             // A value the caller set is theirs, even if smaller than `heap_bytes` (allocations

@@ -8,6 +8,7 @@ pub mod units;
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, CudaStream};
+use lasp_shmem::exchange::emulated_links::LinkEmulation;
 use lasp_shmem::exchange::planner::{Candidate, Plan};
 use lasp_shmem::exchange::Lasp2Layout;
 use lasp_shmem::family::Family;
@@ -578,6 +579,9 @@ pub struct ModeRow {
     /// The planner's choice, where the program ran it (`--plan`).
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub planner: Option<PlannerTimes>,
+    /// The links the exchange ran over: "nvlink", or the emulated links' label
+    /// (`LASP_EMULATE_LINKS`; only the overlapped mode's puts are held to their rates).
+    pub link: String,
 }
 
 impl ModeRow {
@@ -591,7 +595,17 @@ impl ModeRow {
             d: shape.dk,
             modes,
             planner: None,
+            link: links_label(),
         }
+    }
+}
+
+/// What the rows call the links of this process's runs: the emulated links' label where
+/// `LASP_EMULATE_LINKS` is set (the runtime refused to start if it was malformed), else "nvlink".
+pub fn links_label() -> String {
+    match LinkEmulation::from_lookup(|name| std::env::var(name).ok()) {
+        Ok(Some(links)) => links.label(),
+        _ => "nvlink".to_string(),
     }
 }
 

@@ -3,6 +3,7 @@
 //! summary kernels beside the compute, and the sequential modes' host-driven all-gathers. A
 //! family's forward and backward each own one; they differ only in the chain's direction.
 
+use super::emulated_links::EmulatedNic;
 use super::schedule::{AllGatherBuffers, Schedule};
 use super::{Direction, ExchangeMode, Lasp2Layout};
 use crate::diagnostics::WaitDiagnostics;
@@ -36,6 +37,9 @@ pub(crate) struct StateChain<F: Family> {
     buffers: AllGatherBuffers,
     epoch: CudaSlice<u64>,
     diag: CudaSlice<WaitDiagnostics>,
+    /// The emulated NIC whose rate holds this exchange's puts to other emulated nodes, where the
+    /// runtime emulates links.
+    nic: Option<EmulatedNic>,
     nccl: Option<NcclComm>,
     /// Host mirror of the device epoch (completed calls), for the parity of host-side gathers.
     calls: u64,
@@ -104,6 +108,10 @@ impl<F: Family> StateChain<F> {
             buffers: AllGatherBuffers::new(runtime, layout, F::summary_tile_floats(&layout))?,
             epoch: stream.alloc_zeros(1)?,
             diag: stream.alloc_zeros(1)?,
+            nic: runtime
+                .link_emulation()
+                .map(|links| EmulatedNic::new(links, stream))
+                .transpose()?,
             nccl: None,
             calls: 0,
             mode: None,
@@ -241,6 +249,10 @@ impl<F: Family> StateChain<F> {
             credit: self.buffers.credit.raw(),
             epoch: self.epoch.device_ptr(stream).0,
             diag: self.diag.device_ptr(stream).0,
+            link: self
+                .nic
+                .as_ref()
+                .map_or(0, |nic| nic.device_address(stream)),
             timeout_ns: self.runtime.wait_timeout().as_nanos() as u64,
             b,
             h,

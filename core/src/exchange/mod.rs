@@ -15,6 +15,7 @@
 //! [`Family`]: crate::family::Family
 
 pub mod chain;
+pub mod emulated_links;
 pub mod planner;
 pub mod schedule;
 pub mod transport;

@@ -86,8 +86,16 @@ impl<L: Copy + PartialEq> Plan<L> {
 
 /// The modes the planner tries: the overlapped mode with every launch plan that keeps the bits,
 /// then the sequential modes with the current plan (their kernels run in line on one stream,
-/// so the head groups only add launches there); NCCL's only where every PE can load it.
-fn candidates<L: Copy>(current: L, same_bits_plans: &[L], with_nccl: bool) -> Vec<Candidate<L>> {
+/// so the head groups only add launches there); NCCL's only where every PE can load it. Under
+/// emulated links (`LASP_EMULATE_LINKS`) only the overlapped mode's puts are held to the emulated
+/// rates; the host-driven gathers of the sequential modes still move at NVLink's, so they are no
+/// candidates there.
+fn candidates<L: Copy>(
+    current: L,
+    same_bits_plans: &[L],
+    with_nccl: bool,
+    emulated_links: bool,
+) -> Vec<Candidate<L>> {
     let overlapped = same_bits_plans.iter().map(|&launch| Candidate {
         mode: ExchangeMode::Overlapped,
         launch,
@@ -97,7 +105,7 @@ fn candidates<L: Copy>(current: L, same_bits_plans: &[L], with_nccl: bool) -> Ve
         ExchangeMode::SequentialNvshmem,
     ]
     .into_iter()
-    .filter(move |&mode| with_nccl || mode != ExchangeMode::SequentialNccl)
+    .filter(move |&mode| !emulated_links && (with_nccl || mode != ExchangeMode::SequentialNccl))
     .map(move |mode| Candidate {
         mode,
         launch: current,
@@ -177,7 +185,8 @@ pub fn plan<Op: Lasp2Operation + LaunchPlans>(
     )?;
     let with_nccl = accepted.iter().all(|&m| m & nccl_bit != 0);
     let agreed = agreed_plans(&plans, &accepted);
-    let candidates = candidates(current, &agreed, with_nccl);
+    let emulated_links = runtime.link_emulation().is_some();
+    let candidates = candidates(current, &agreed, with_nccl, emulated_links);
     let mut samples = vec![Vec::with_capacity(ROUNDS * TIMED_CALLS); candidates.len()];
     for round in 0..=ROUNDS {
         for (c, times) in candidates.iter().zip(samples.iter_mut()) {
@@ -230,7 +239,7 @@ mod tests {
         let plans = [1, 2, 4];
         assert_eq!(agreed_plans(&plans, &[0b111, 0b101]), vec![1, 4]);
         assert_eq!(agreed_plans(&plans, &[0b001]), vec![1]);
-        let c = candidates(1, &[1, 4], true);
+        let c = candidates(1, &[1, 4], true, false);
         let modes: Vec<_> = c.iter().map(|c| (c.mode, c.launch)).collect();
         assert_eq!(
             modes,
@@ -242,11 +251,14 @@ mod tests {
             ]
         );
         assert!(c.iter().all(|c| c.mode != ExchangeMode::NoComm));
-        let without_nccl = candidates(1, &[1], false);
+        let without_nccl = candidates(1, &[1], false, false);
         assert!(without_nccl
             .iter()
             .all(|c| c.mode != ExchangeMode::SequentialNccl));
         assert_eq!(without_nccl.len(), 2);
+        let emulated = candidates(1, &[1, 4], true, true);
+        assert!(emulated.iter().all(|c| c.mode == ExchangeMode::Overlapped));
+        assert_eq!(emulated.len(), 2);
     }
 
     #[test]

@@ -692,6 +692,7 @@ mod tests {
             d: 64,
             modes: ModeTimes::from_per_rank([vec![1.0], vec![2.0], vec![3.0], vec![0.5]]),
             planner: None,
+            link: "nvlink".into(),
         };
         let json: serde_json::Value =
             serde_json::from_str(&lasp_shmem_examples::to_json(&vec![row])).unwrap();
@@ -712,6 +713,7 @@ mod tests {
             "sequential_nvshmem_ms",
             "no_comm_ms",
             "per_rank_ms",
+            "link",
         ] {
             assert!(keys.contains(&key), "{key} not in {keys:?}");
         }

@@ -36,9 +36,9 @@ use lasp_shmem::reference::{
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::{
-    bf16_bits, config_with_heap, f32_bits, main_under_launcher, mode_name, parse_shape,
-    planner_choice, round, shard_lengths, time_modes_and_plan, write_json, ModeCall, ModeTimes,
-    PlannerTimes,
+    bf16_bits, config_with_heap, f32_bits, links_label, main_under_launcher, mode_name,
+    parse_shape, planner_choice, round, shard_lengths, time_modes_and_plan, write_json, ModeCall,
+    ModeTimes, PlannerTimes,
 };
 use serde::Serialize;
 use std::path::PathBuf;
@@ -382,6 +382,8 @@ struct Row {
     planner: Option<PlannerTimes>,
     #[serde(skip_serializing_if = "Option::is_none")]
     max_output_wait_us: Option<f64>,
+    /// "nvlink" or the emulated links' label ([`links_label`]).
+    link: String,
 }
 
 /// How the rows name a candidate of the planner.
@@ -463,6 +465,7 @@ fn time_modes(
         modes,
         planner,
         max_output_wait_us,
+        link: links_label(),
     })
 }
 
@@ -732,6 +735,7 @@ mod tests {
                 planner_measured_ms: vec![("overlapped, 1 head group(s), 2 CTA/SM".into(), 1.5)],
             }),
             max_output_wait_us: None,
+            link: "nvlink".into(),
         };
         let json: serde_json::Value =
             serde_json::from_str(&lasp_shmem_examples::to_json(&vec![row])).unwrap();
@@ -756,5 +760,6 @@ mod tests {
         assert_eq!(r["planner_measured_ms"][0][1], 1.5);
         assert_eq!(r["per_rank_ms"]["overlapped"][1], 1.5);
         assert!(r.get("max_output_wait_us").is_none());
+        assert_eq!(r["link"], "nvlink");
     }
 }

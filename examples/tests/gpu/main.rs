@@ -21,6 +21,7 @@
 
 mod backward;
 mod common;
+mod emulated_links;
 mod exchange;
 mod forward;
 mod gated_delta;

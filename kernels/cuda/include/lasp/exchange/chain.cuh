@@ -39,6 +39,26 @@ __device__ __forceinline__ int chain_pe(const P& p, int pos) {
   return lasp2_chain_pe(p.chain, pos, p.npes);
 }
 
+// Emulated links (lasp2_link_emulation): holds the calling thread until `bytes` sent to other
+// emulated nodes would have arrived, i.e. the PE's emulated NIC's busy time for them, queued after
+// what it already carries, plus one latency. Nothing without emulation or without such bytes.
+template <class P>
+__device__ __forceinline__ void hold_for_emulated_link(const P& p, uint64_t bytes) {
+  if (p.link == nullptr || bytes == 0) return;
+  const uint64_t busy_ns = bytes * p.link->ps_per_byte / 1000;
+  auto* free_at = reinterpret_cast<unsigned long long*>(&p.link->free_at_ns);
+  const unsigned long long now = global_ns();
+  unsigned long long seen = atomicAdd(free_at, 0ull), done;
+  for (;;) {  // done = max(now, free_at) + busy_ns, claimed atomically against the other CTAs
+    done = (seen > now ? seen : now) + busy_ns;
+    const unsigned long long before = atomicCAS(free_at, seen, done);
+    if (before == seen) break;
+    seen = before;
+  }
+  const uint64_t arrives = done + p.link->latency_ns;
+  while (global_ns() < arrives) __nanosleep(500);
+}
+
 // A schedule: how the summaries of one call travel, as the static functions the families' kernels
 // call (templates on the schedule, instantiated from kernels/instances.rs), so a schedule is added
 // beside this one without touching a family:
@@ -116,7 +136,8 @@ struct AllGather {
   // Publishes this PE's own slot tile `own` (`bytes` long, already written by the CTA's threads)
   // of tile (bh, vt). LASP2_DEVICE_PUT: waits for every later PE's credit for epoch - 2 (bounded),
   // then puts the tile to every later PE on the chain (same offset), one nvshmem_quiet for all of
-  // them, and the signals [parity][me][bh*ntiles + vt] := epoch. Other modes: only the stamps.
+  // them, and the signals [parity][me][bh*ntiles + vt] := epoch (held for emulated links where the
+  // params carry them). Other modes: only the stamps.
   // Called by every thread of the CTA.
   template <class P>
   static __device__ __forceinline__ void publish(const P& p, uint64_t epoch, float* own, uint64_t bytes, int bh, int vt,
@@ -164,6 +185,11 @@ struct AllGather {
     __syncthreads();
     if (tid == 0) {
       nvshmem_quiet();  // the CTA's puts have landed: the signals may follow
+      if (p.link) {
+        int remote = 0;
+        for (int k = 0; k < later; ++k) remote += !lasp2_same_node(p.link->gpus_per_node, p.me, peer(k));
+        hold_for_emulated_link(p, static_cast<uint64_t>(remote) * bytes);
+      }
       for (int k = 0; k < later; ++k) nvshmemx_signal_op(sig, epoch, NVSHMEM_SIGNAL_SET, peer(k));
       stamp(p, stamps + 1);
       nvshmem_quiet();

@@ -2,7 +2,7 @@
 // order in which PEs fold each other's summaries), and the symmetric layouts of slots, signals and
 // credits, plus the optional timeline. A family's LASP-2 params struct (e.g.
 // lasp/scalar_decay/lasp2_params.h) carries the fields that lasp/exchange/chain.cuh reads:
-// slots, signals, credit, epoch, diag, timeline, timeout_ns, B, H, Dv, me, npes, exchange_mode,
+// slots, signals, credit, epoch, diag, timeline, link, timeout_ns, B, H, Dv, me, npes, exchange_mode,
 // chain. Protocol: kernels/docs/lasp2.md.
 #pragma once
 #include <stdint.h>
@@ -41,6 +41,29 @@ LASP2_FN int32_t lasp2_chain_position(int32_t chain, int32_t pe, int32_t npes) {
 }
 LASP2_FN int32_t lasp2_chain_pe(int32_t chain, int32_t pos, int32_t npes) {
   return lasp2_chain_position(chain, pos, npes);
+}
+
+// ---- Emulated links (optional): InfiniBand's rates on NVLink hardware ------------------------
+// For measuring the schedules across nodes on one node. The PEs form emulated nodes of
+// `gpus_per_node` consecutive PEs; a PE's puts to PEs of another node pass through one emulated
+// NIC per PE: each summary tile's bytes to those readers occupy it for bytes x ps_per_byte, after
+// whatever it was sending, and its signals go out `latency_ns` after that transfer ends. The data
+// itself still moves over NVLink at once, so only the signals, which readers wait for, are held:
+// a reader sees a tile when the emulated link would have delivered it. The sending CTA holds its
+// SM meanwhile, as a CTA does whose quiet waits for a NIC. Egress only: in LASP-2's all-gather
+// the first PE's egress, (W - 1) tiles, is also the last PE's ingress, and a chain sends one tile
+// per hop. Credits and puts within a node are not held. NULL `link` in the params: real links.
+typedef struct {
+  uint64_t free_at_ns;   // device-mutable: the %globaltimer when this PE's emulated NIC is next idle
+  uint64_t latency_ns;   // added to every transfer to another node
+  uint64_t ps_per_byte;  // 1e12 / the NIC's bytes per second (25 GB/s: 40, 50 GB/s: 20)
+  int32_t gpus_per_node;  // >= 1
+  int32_t reserved;      // 0
+} lasp2_link_emulation;
+
+// Whether PEs a and b sit on the same emulated node.
+LASP2_FN int32_t lasp2_same_node(int32_t gpus_per_node, int32_t a, int32_t b) {
+  return a / gpus_per_node == b / gpus_per_node;
 }
 
 typedef struct {

@@ -78,6 +78,7 @@ typedef struct {
   uint64_t* epoch;            // device u64: the last completed epoch
   lasp_wait_diag* diag;       // device: the first expired bounded wait
   uint64_t* timeline;         // device u64 timeline stamps, or NULL
+  lasp2_link_emulation* link; // device: emulated links (lasp/exchange/chain_params.h), or NULL
   uint64_t timeout_ns;        // bound on every wait
   int32_t B;
   int32_t T;                  // T_local (>= 1; may differ between PEs)

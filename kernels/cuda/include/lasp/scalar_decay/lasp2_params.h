@@ -74,6 +74,7 @@ typedef struct {
   uint64_t* epoch;            // device u64, 1 word: the last completed epoch (starts at 0)
   lasp_wait_diag* diag;       // device: the first expired bounded wait (reset by the host after a failure)
   uint64_t* timeline;         // device u64 [lasp2_timeline_words], or NULL: %globaltimer stamps of the call
+  lasp2_link_emulation* link; // device: emulated links (lasp/exchange/chain_params.h), or NULL
                               // (layout at lasp2_timeline_put / lasp2_timeline_output)
   float* start_state;         // fp32 [B, H, Dk, Dv], or NULL: the state this PE's shard starts from, after
                               // the fold of the earlier PEs' tiles (output kernel: P_me, which the
@@ -97,7 +98,7 @@ typedef struct {
 } lasp_lasp2_params;
 
 #ifdef __cplusplus
-static_assert(sizeof(lasp_lasp2_params) == 200, "lasp_lasp2_params layout changed");
+static_assert(sizeof(lasp_lasp2_params) == 208, "lasp_lasp2_params layout changed");
 #endif
 
 // ---- Symmetric buffers: the exchange's layouts (lasp/exchange/chain_params.h) at this family's tile
