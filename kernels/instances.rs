@@ -110,13 +110,13 @@ pub const INSTANCES: &[Instance] = &[
     row("SD_LASP2_STATES", "lasp_lasp2_states_dk{dk}", SD_LASP2_FORWARD, "LASP2_THREADS, 1",
         L2_PARAMS, "lasp::l2::shard_states<{dk}, false>(p)"),
     row("SD_LASP2_SUMMARY", "lasp_lasp2_fold_put", SD_LASP2_SUMMARY, "LASP2_FOLD_THREADS",
-        L2_PARAMS, "lasp::l2::fold_put<lasp::exchange::AllGather>(p)"),
+        L2_PARAMS, "lasp::l2::fold_put<lasp::exchange::Exchange>(p)"),
     row("SD_LASP2_OUTPUT", "lasp_lasp2_output_dk{dk}", SD_LASP2_FORWARD, "LASP2_THREADS, 1",
-        L2_PARAMS, "lasp::l2::output<{dk}, lasp::exchange::AllGather>(p)"),
+        L2_PARAMS, "lasp::l2::output<{dk}, lasp::exchange::Exchange>(p)"),
     row("SD_LASP2_STATES_REVERSED", "lasp_lasp2_states_reversed_dk{dk}", SD_LASP2_BACKWARD,
         "LASP2_THREADS, 1", L2_PARAMS, "lasp::l2::shard_states<{dk}, true>(p)"),
     row("SD_LASP2_CARRY_IN", "lasp_lasp2_carry_in_dk{dk}", SD_LASP2_BACKWARD, "LASP2_THREADS",
-        L2_PARAMS, "lasp::l2::carry_in<{dk}, lasp::exchange::AllGather>(p)"),
+        L2_PARAMS, "lasp::l2::carry_in<{dk}, lasp::exchange::Exchange>(p)"),
     // GLA's forward (single GPU): its states pass, and its output pass per value width.
     row("GLA_STATES", "lasp_gla_states_dk{dk}", GLA_FORWARD, "LASP_GLA_STATES_THREADS, 1",
         GLA_PARAMS, "lasp::gla::run_states<{dk}>(p)"),
@@ -128,11 +128,11 @@ pub const INSTANCES: &[Instance] = &[
     row("GLA_LASP2_STATES", "lasp_gla_lasp2_states_dk{dk}", GLA_LASP2, "LASP_GLA_STATES_THREADS, 1",
         GLA_L2_PARAMS, "lasp::gla::lasp2_states<{dk}>(p)"),
     row("GLA_LASP2_SUMMARY", "lasp_gla_lasp2_summary", GLA_LASP2, "LASP_GLA_LASP2_SUMMARY_THREADS",
-        GLA_L2_PARAMS, "lasp::gla::lasp2_summary<lasp::exchange::AllGather>(p)"),
+        GLA_L2_PARAMS, "lasp::gla::lasp2_summary<lasp::exchange::Exchange>(p)"),
     row("GLA_LASP2_OUTPUT_DV64", "lasp_gla_lasp2_output_dk{dk}_dv64", GLA_LASP2, "128, 1",
-        GLA_L2_PARAMS, "lasp::gla::lasp2_output<{dk}, 64, lasp::exchange::AllGather>(p)"),
+        GLA_L2_PARAMS, "lasp::gla::lasp2_output<{dk}, 64, lasp::exchange::Exchange>(p)"),
     row("GLA_LASP2_OUTPUT_DV128", "lasp_gla_lasp2_output_dk{dk}_dv128", GLA_LASP2, "256, 1",
-        GLA_L2_PARAMS, "lasp::gla::lasp2_output<{dk}, 128, lasp::exchange::AllGather>(p)"),
+        GLA_L2_PARAMS, "lasp::gla::lasp2_output<{dk}, 128, lasp::exchange::Exchange>(p)"),
     // GLA's LASP-2 backward: the shard's segment summaries and its walk, per value width (the
     // summary and advance kernels are the forward's; the gradients the single-GPU grads kernel).
     row("GLA_LASP2_BWD_STATES_DV64", "lasp_gla_lasp2_bwd_states_dk{dk}_dv64", GLA_LASP2_BACKWARD, "128, 1",
@@ -140,9 +140,9 @@ pub const INSTANCES: &[Instance] = &[
     row("GLA_LASP2_BWD_STATES_DV128", "lasp_gla_lasp2_bwd_states_dk{dk}_dv128", GLA_LASP2_BACKWARD, "256, 1",
         GLA_L2_PARAMS, "lasp::gla::lasp2_bwd_states<{dk}, 128>(p)"),
     row("GLA_LASP2_BWD_WALK_DV64", "lasp_gla_lasp2_bwd_walk_dk{dk}_dv64", GLA_LASP2_BACKWARD, "128, 1",
-        GLA_L2_PARAMS, "lasp::gla::lasp2_bwd_walk<{dk}, 64, lasp::exchange::AllGather>(p)"),
+        GLA_L2_PARAMS, "lasp::gla::lasp2_bwd_walk<{dk}, 64, lasp::exchange::Exchange>(p)"),
     row("GLA_LASP2_BWD_WALK_DV128", "lasp_gla_lasp2_bwd_walk_dk{dk}_dv128", GLA_LASP2_BACKWARD, "256, 1",
-        GLA_L2_PARAMS, "lasp::gla::lasp2_bwd_walk<{dk}, 128, lasp::exchange::AllGather>(p)"),
+        GLA_L2_PARAMS, "lasp::gla::lasp2_bwd_walk<{dk}, 128, lasp::exchange::Exchange>(p)"),
     // GLA's backward (single GPU): the walks' summaries, the walks, the gradients per value width.
     row("GLA_BWD_SUMMARY_DV64", "lasp_gla_bwd_summary_dk{dk}_dv64", GLA_BACKWARD, "128, 1", GLA_BWD_PARAMS,
         "lasp::gla::bwd_summary<{dk}, 64>(p)"),
@@ -186,12 +186,12 @@ pub const INSTANCES: &[Instance] = &[
     // Gated DeltaNet's LASP-2 forward, on the all-gather schedule: the shard's summary and the fold
     // of the exchanged ones (its chunk passes are the single-GPU forward's).
     row("GDN_LASP2_SUMMARY", "lasp_gated_delta_lasp2_summary", GDN_LASP2, "LASP_GDN_FOLD_THREADS",
-        GDN_L2_PARAMS, "lasp::gdn::lasp2_summary<lasp::exchange::AllGather>(p)"),
+        GDN_L2_PARAMS, "lasp::gdn::lasp2_summary<lasp::exchange::Exchange>(p)"),
     row("GDN_LASP2_FOLD", "lasp_gated_delta_lasp2_fold_dk{dk}", GDN_LASP2, "LASP_GDN_FOLD_THREADS",
-        GDN_L2_PARAMS, "lasp::gdn::lasp2_fold<{dk}, lasp::exchange::AllGather>(p)"),
+        GDN_L2_PARAMS, "lasp::gdn::lasp2_fold<{dk}, lasp::exchange::Exchange>(p)"),
     // Gated DeltaNet's LASP-2 backward: the fold of the later PEs' summaries into the gradient
     // leaving the shard (its summary is the forward's kernel; its chunk passes the single-GPU
     // backward's).
     row("GDN_LASP2_BWD_FOLD", "lasp_gated_delta_lasp2_bwd_fold_dk{dk}", GDN_LASP2_BACKWARD,
-        "LASP_GDN_FOLD_THREADS", GDN_L2_PARAMS, "lasp::gdn::lasp2_bwd_fold<{dk}, lasp::exchange::AllGather>(p)"),
+        "LASP_GDN_FOLD_THREADS", GDN_L2_PARAMS, "lasp::gdn::lasp2_bwd_fold<{dk}, lasp::exchange::Exchange>(p)"),
 ];

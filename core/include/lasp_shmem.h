@@ -111,7 +111,7 @@ typedef int32_t lasp_status;
 /* How LASP-2 moves the states between ranks (lasp_op_desc.schedule; 0 on one GPU). */
 #define LASP_SCHEDULE_AUTO 0            /* the library's choice: LASP_SCHEDULE_ALL_GATHER today */
 #define LASP_SCHEDULE_ALL_GATHER 1      /* every rank sends its state tile to every later rank */
-#define LASP_SCHEDULE_PIPELINED_CHAIN 2 /* reserved: each rank folds and forwards to the next */
+#define LASP_SCHEDULE_PIPELINED_CHAIN 2 /* not a creation option: the chain is LASP_MODE_PIPELINED_CHAIN */
 
 /* Exchange modes of LASP-2 (lasp_op_desc.mode, lasp_op_set_mode; 0 on one GPU). Outputs are
  * bitwise the same in all but NO_COMM. */
@@ -119,6 +119,9 @@ typedef int32_t lasp_status;
 #define LASP_MODE_SEQUENTIAL_NCCL 1    /* the same kernels around NCCL's all-gather */
 #define LASP_MODE_SEQUENTIAL_NVSHMEM 2 /* the same kernels around NVSHMEM's fcollect */
 #define LASP_MODE_NO_COMM 3            /* no exchange: the compute's cost alone (timing only) */
+#define LASP_MODE_PIPELINED_CHAIN 4    /* device puts along the pipelined chain: each rank folds its
+                                          state into its predecessor's and forwards it to the next
+                                          (scalar decay; other families refuse it) */
 
 /* lasp_op_desc.flags. */
 #define LASP_OP_WITH_BACKWARD 1u /* also create the backward (at lasp_op_create, collectively,

@@ -95,6 +95,11 @@ pub trait Family {
     const GRANT_CREDITS_KERNEL: &'static str;
     /// Threads per CTA of the summary kernel.
     const SUMMARY_THREADS: u32;
+    /// Whether its summary kernel relays the prefix under the pipelined chain
+    /// ([`ExchangeMode::PipelinedChain`](crate::exchange::ExchangeMode::PipelinedChain): folds
+    /// its own summary into the tile its predecessor sent, with the schedule's
+    /// `relayed_prefix`) and its consumers start from h0 only where the schedule says so.
+    const RELAYS_PREFIX: bool;
 
     /// Floats of one summary tile (one head, 64 Dv columns) of `layout`, a multiple of 4.
     fn summary_tile_floats(layout: &Lasp2Layout) -> u64;

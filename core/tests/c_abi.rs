@@ -152,7 +152,7 @@ fn abi_numbers() -> Vec<(String, i64)> {
         layout!(Tensors, "lasp_tensors", [struct_size, reserved, slot]),
     ]
     .concat();
-    let codes: [(&str, i64); 32] = [
+    let codes: [(&str, i64); 33] = [
         ("LASP_SHMEM_ABI_VERSION", ABI_VERSION.into()),
         ("LASP_FAMILY_SCALAR_DECAY", LASP_FAMILY_SCALAR_DECAY.into()),
         ("LASP_FAMILY_GLA", LASP_FAMILY_GLA.into()),
@@ -176,6 +176,10 @@ fn abi_numbers() -> Vec<(String, i64)> {
             LASP_MODE_SEQUENTIAL_NVSHMEM.into(),
         ),
         ("LASP_MODE_NO_COMM", LASP_MODE_NO_COMM.into()),
+        (
+            "LASP_MODE_PIPELINED_CHAIN",
+            LASP_MODE_PIPELINED_CHAIN.into(),
+        ),
         ("LASP_OP_WITH_BACKWARD", LASP_OP_WITH_BACKWARD as i64),
         ("LASP_DIRECTION_FORWARD", LASP_DIRECTION_FORWARD.into()),
         ("LASP_DIRECTION_BACKWARD", LASP_DIRECTION_BACKWARD.into()),

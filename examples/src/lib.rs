@@ -331,6 +331,11 @@ pub trait ModeCall {
             "this program times no planner's choice".into(),
         ))
     }
+    /// Whether the operation also runs the pipelined chain ([`ExchangeMode::PipelinedChain`]),
+    /// which the timing loop then times as a fifth mode.
+    fn has_chain(&self) -> bool {
+        false
+    }
     /// Enqueues one call on `stream`.
     fn call(&mut self, stream: &Arc<CudaStream>) -> Result<()>;
     /// Waits for `stream` and reports an expired wait.
@@ -367,24 +372,58 @@ pub fn time_call(rt: &Runtime, op: &mut impl ModeCall) -> Result<f64> {
     Ok(start.elapsed_ms(&end)? as f64)
 }
 
-/// Median ms per mode (in `ExchangeMode::ALL` order) on this rank. The modes take turns in
-/// rounds, so every mode sees the same clocks and temperature: timed one after the other, the
-/// mode timed last was up to 7 % slower at T_local = 128K even at W = 1, where the modes'
-/// kernels are identical; timed in turns, within 1.3 %. Switching mode every call instead left
-/// the GPU idle between all calls and made every mode 2-6 % slower.
-pub fn time_in_turns(rt: &Runtime, op: &mut impl ModeCall) -> Result<[f64; 4]> {
-    let medians = time_visits(rt, op, &ExchangeMode::ALL.map(Visit::Mode))?;
-    Ok(medians.try_into().expect("one median per mode"))
+/// The modes every family's operation runs, in the rows' order; the pipelined chain
+/// ([`ModeCall::has_chain`]) comes after them.
+pub const COMMON_MODES: [ExchangeMode; 4] = [
+    ExchangeMode::Overlapped,
+    ExchangeMode::SequentialNccl,
+    ExchangeMode::SequentialNvshmem,
+    ExchangeMode::NoComm,
+];
+
+/// One rank's median ms per mode: [`COMMON_MODES`] in order, and the chain's where timed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TurnMedians {
+    pub modes: [f64; 4],
+    pub chain: Option<f64>,
 }
 
-/// [`time_in_turns`] with the planner's choice ([`ModeCall::use_plan`]) as a fifth turn: every
+/// The modes `op` is timed in: [`COMMON_MODES`], then the chain where it has one.
+fn timed_modes(op: &impl ModeCall) -> Vec<Visit> {
+    let chain = op.has_chain().then_some(ExchangeMode::PipelinedChain);
+    COMMON_MODES
+        .into_iter()
+        .chain(chain)
+        .map(Visit::Mode)
+        .collect()
+}
+
+/// The medians of the visits of [`timed_modes`], in that order.
+fn turn_medians(medians: &[f64]) -> TurnMedians {
+    TurnMedians {
+        modes: medians[..4].try_into().expect("one median per common mode"),
+        chain: medians.get(4).copied(),
+    }
+}
+
+/// Median ms per mode on this rank. The modes take turns in rounds, so every mode sees the same
+/// clocks and temperature: timed one after the other, the mode timed last was up to 7 % slower
+/// at T_local = 128K even at W = 1, where the modes' kernels are identical; timed in turns,
+/// within 1.3 %. Switching mode every call instead left the GPU idle between all calls and made
+/// every mode 2-6 % slower.
+pub fn time_in_turns(rt: &Runtime, op: &mut impl ModeCall) -> Result<TurnMedians> {
+    let visits = timed_modes(op);
+    Ok(turn_medians(&time_visits(rt, op, &visits)?))
+}
+
+/// [`time_in_turns`] with the planner's choice ([`ModeCall::use_plan`]) as one more turn: every
 /// mode's median and the choice's, measured side by side.
-fn time_in_turns_with_plan(rt: &Runtime, op: &mut impl ModeCall) -> Result<([f64; 4], f64)> {
-    let mut visits = ExchangeMode::ALL.map(Visit::Mode).to_vec();
+fn time_in_turns_with_plan(rt: &Runtime, op: &mut impl ModeCall) -> Result<(TurnMedians, f64)> {
+    let mut visits = timed_modes(op);
     visits.push(Visit::Planned);
     let mut medians = time_visits(rt, op, &visits)?;
     let planned = medians.pop().expect("the planned visit's median");
-    Ok((medians.try_into().expect("one median per mode"), planned))
+    Ok((turn_medians(&medians), planned))
 }
 
 /// Median ms per visit, the visits taking turns in rounds.
@@ -483,14 +522,19 @@ pub fn mode_of(candidate: &Candidate<()>) -> String {
 
 /// A mode's name as the rows spell it.
 pub fn mode_name(mode: ExchangeMode) -> &'static str {
-    let i = ExchangeMode::ALL
-        .iter()
-        .position(|&m| m == mode)
-        .expect("every mode is in ALL");
-    MODE_NAMES[i]
+    match mode {
+        ExchangeMode::PipelinedChain => "pipelined_chain",
+        common => {
+            let i = COMMON_MODES
+                .iter()
+                .position(|&m| m == common)
+                .expect("every other mode is common");
+            MODE_NAMES[i]
+        }
+    }
 }
 
-/// Mode names as the JSON rows spell them, in `ExchangeMode::ALL` order.
+/// Mode names as the JSON rows spell them, in [`COMMON_MODES`] order.
 pub const MODE_NAMES: [&str; 4] = [
     "overlapped",
     "sequential_nccl",
@@ -507,6 +551,8 @@ pub struct ModeTimes {
     pub sequential_nccl_ms: f64,
     pub sequential_nvshmem_ms: f64,
     pub no_comm_ms: f64,
+    /// The pipelined chain's, where the operation has one (null otherwise).
+    pub pipelined_chain_ms: Option<f64>,
     pub per_rank_ms: PerRankMs,
 }
 
@@ -517,30 +563,39 @@ pub struct PerRankMs {
     pub sequential_nccl: Vec<f64>,
     pub sequential_nvshmem: Vec<f64>,
     pub no_comm: Vec<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pipelined_chain: Option<Vec<f64>>,
 }
 
 impl ModeTimes {
-    /// From every rank's medians, `per_rank_by_mode[mode][rank]` (modes in `ExchangeMode::ALL`
+    /// From every rank's medians, `per_rank_by_mode[mode][rank]` (modes in [`COMMON_MODES`]
     /// order). A mode's time is its slowest rank's median: the call takes as long as that rank.
     pub fn from_per_rank(per_rank_by_mode: [Vec<f64>; 4]) -> Self {
-        let rounded = |v: &Vec<f64>| v.iter().map(|&x| round(x, 5)).collect::<Vec<_>>();
-        let slowest = |v: &Vec<f64>| round(v.iter().copied().fold(f64::MIN, f64::max), 5);
         let [o, n, s, c] = &per_rank_by_mode;
         ModeTimes {
-            overlapped_ms: slowest(o),
-            sequential_nccl_ms: slowest(n),
-            sequential_nvshmem_ms: slowest(s),
-            no_comm_ms: slowest(c),
+            overlapped_ms: slowest_of(o),
+            sequential_nccl_ms: slowest_of(n),
+            sequential_nvshmem_ms: slowest_of(s),
+            no_comm_ms: slowest_of(c),
+            pipelined_chain_ms: None,
             per_rank_ms: PerRankMs {
                 overlapped: rounded(o),
                 sequential_nccl: rounded(n),
                 sequential_nvshmem: rounded(s),
                 no_comm: rounded(c),
+                pipelined_chain: None,
             },
         }
     }
 
-    /// The slowest rank's time per mode, in `ExchangeMode::ALL` order.
+    /// With the pipelined chain's medians, `per_rank[rank]`.
+    pub fn with_chain(mut self, per_rank: &[f64]) -> Self {
+        self.pipelined_chain_ms = Some(slowest_of(per_rank));
+        self.per_rank_ms.pipelined_chain = Some(rounded(per_rank));
+        self
+    }
+
+    /// The slowest rank's time per mode, in [`COMMON_MODES`] order.
     pub fn slowest(&self) -> [f64; 4] {
         [
             self.overlapped_ms,
@@ -552,12 +607,24 @@ impl ModeTimes {
 
     /// ` {mode}_ms X` per mode, for the printed line.
     pub fn line(&self) -> String {
+        let chain = self.pipelined_chain_ms.map(|ms| ("pipelined_chain", ms));
         MODE_NAMES
-            .iter()
+            .into_iter()
             .zip(self.slowest())
+            .chain(chain)
             .map(|(mode, ms)| format!(" {mode}_ms {ms:.4}"))
             .collect()
     }
+}
+
+/// Every rank's medians, rounded for the rows.
+fn rounded(per_rank: &[f64]) -> Vec<f64> {
+    per_rank.iter().map(|&x| round(x, 5)).collect()
+}
+
+/// The slowest rank's median: a call takes as long as that rank.
+fn slowest_of(per_rank: &[f64]) -> f64 {
+    round(per_rank.iter().copied().fold(f64::MIN, f64::max), 5)
 }
 
 /// One timed LASP-2 shape (per-GPU dimensions, Dk = Dv = D) and its modes, as a row of a
@@ -612,12 +679,16 @@ pub fn links_label() -> String {
 /// Every rank's medians per mode (from [`time_in_turns`]) gathered on every rank. Collective.
 /// Which rank is slowest (the chain's last folds the most tiles) says where the time over W = 1
 /// goes.
-pub fn mode_times(comm: &NcclComm, medians: [f64; 4]) -> Result<ModeTimes> {
+pub fn mode_times(comm: &NcclComm, medians: TurnMedians) -> Result<ModeTimes> {
     let mut per_mode: [Vec<f64>; 4] = Default::default();
-    for (median, ranks) in medians.into_iter().zip(per_mode.iter_mut()) {
+    for (median, ranks) in medians.modes.into_iter().zip(per_mode.iter_mut()) {
         *ranks = comm.gather_f64(median)?;
     }
-    Ok(ModeTimes::from_per_rank(per_mode))
+    let times = ModeTimes::from_per_rank(per_mode);
+    Ok(match medians.chain {
+        Some(median) => times.with_chain(&comm.gather_f64(median)?),
+        None => times,
+    })
 }
 
 #[cfg(test)]
@@ -642,6 +713,14 @@ mod tests {
             times.line(),
             " overlapped_ms 1.2500 sequential_nccl_ms 2.0000 sequential_nvshmem_ms 3.1235 no_comm_ms 0.5000"
         );
+        assert!(json["pipelined_chain_ms"].is_null());
+        let chained = times.with_chain(&[0.75, 1.0]);
+        assert_eq!(chained.pipelined_chain_ms, Some(1.0));
+        assert!(chained.line().ends_with(" pipelined_chain_ms 1.0000"));
+        let json: serde_json::Value = serde_json::from_str(&to_json(&chained)).unwrap();
+        assert_eq!(json["per_rank_ms"]["pipelined_chain"][0], 0.75);
+        assert_eq!(mode_name(ExchangeMode::PipelinedChain), "pipelined_chain");
+        assert_eq!(mode_name(ExchangeMode::NoComm), "no_comm");
     }
 
     #[test]

@@ -51,7 +51,12 @@ EXCHANGE_MODES = {"overlapped": _abi.MODE_OVERLAPPED,
                   "sequential_nvshmem": _abi.MODE_SEQUENTIAL_NVSHMEM}
 # set_exchange_mode's fourth name: each LASP-2 op's mode chosen by the library's planner.
 PLANNED = "planned"
-_MODE_NAMES = {code: name for name, code in EXCHANGE_MODES.items()}
+# The modes whose calls a CUDA graph captures: those that exchange from the device only.
+_CAPTURABLE = ("overlapped", "pipelined_chain")
+# The planner may also choose the pipelined chain for an op whose family has one (scalar decay);
+# it is not offered to set_exchange_mode, which switches every family's ops alike.
+_MODE_NAMES = {**{code: name for name, code in EXCHANGE_MODES.items()},
+               _abi.MODE_PIPELINED_CHAIN: "pipelined_chain"}
 
 
 class _Runtime:
@@ -518,7 +523,7 @@ class _OpCall:
         runtime = _running()
         lasp2 = self.layout[-1]
         mode = runtime.planned.get((self.layout, backward), runtime.mode)
-        if lasp2 and mode != "overlapped" and torch.cuda.is_current_stream_capturing():
+        if lasp2 and mode not in _CAPTURABLE and torch.cuda.is_current_stream_capturing():
             if mode == PLANNED:
                 raise RuntimeError(
                     "lasp-shmem: the planner chooses a LASP-2 op's exchange mode on its first "

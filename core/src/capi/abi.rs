@@ -28,6 +28,7 @@ pub const LASP_MODE_OVERLAPPED: i32 = 0;
 pub const LASP_MODE_SEQUENTIAL_NCCL: i32 = 1;
 pub const LASP_MODE_SEQUENTIAL_NVSHMEM: i32 = 2;
 pub const LASP_MODE_NO_COMM: i32 = 3;
+pub const LASP_MODE_PIPELINED_CHAIN: i32 = 4;
 
 /// `LASP_OP_WITH_BACKWARD`: the descriptor's only flag.
 pub const LASP_OP_WITH_BACKWARD: u64 = 1;

@@ -3,9 +3,9 @@
 
 use super::abi::{
     Call, OpDesc, ABI_VERSION, LASP_KIND_LASP2, LASP_KIND_SINGLE_GPU, LASP_MODE_NO_COMM,
-    LASP_MODE_OVERLAPPED, LASP_MODE_SEQUENTIAL_NCCL, LASP_MODE_SEQUENTIAL_NVSHMEM,
-    LASP_OP_WITH_BACKWARD, LASP_SCHEDULE_ALL_GATHER, LASP_SCHEDULE_AUTO,
-    LASP_SCHEDULE_PIPELINED_CHAIN,
+    LASP_MODE_OVERLAPPED, LASP_MODE_PIPELINED_CHAIN, LASP_MODE_SEQUENTIAL_NCCL,
+    LASP_MODE_SEQUENTIAL_NVSHMEM, LASP_OP_WITH_BACKWARD, LASP_SCHEDULE_ALL_GATHER,
+    LASP_SCHEDULE_AUTO, LASP_SCHEDULE_PIPELINED_CHAIN,
 };
 use super::args::{check_reserved, count, invalid, this_library};
 use super::families::{family, AbiFamily};
@@ -126,8 +126,11 @@ fn kind(desc: &OpDesc) -> Result<Kind> {
                 LASP_SCHEDULE_AUTO | LASP_SCHEDULE_ALL_GATHER => {}
                 LASP_SCHEDULE_PIPELINED_CHAIN => {
                     return Err(invalid(format!(
-                        "schedule LASP_SCHEDULE_PIPELINED_CHAIN is not available in this build \
-                         ({}); use LASP_SCHEDULE_ALL_GATHER (or LASP_SCHEDULE_AUTO)",
+                        "schedule LASP_SCHEDULE_PIPELINED_CHAIN is not available at creation \
+                         ({}): the schedules are exchange modes; create with \
+                         LASP_SCHEDULE_ALL_GATHER (or LASP_SCHEDULE_AUTO) and set \
+                         LASP_MODE_PIPELINED_CHAIN (desc.mode or lasp_op_set_mode), or let \
+                         lasp_op_plan choose",
                         this_library()
                     )))
                 }
@@ -159,6 +162,7 @@ pub(super) fn mode_code(mode: ExchangeMode) -> i32 {
         ExchangeMode::SequentialNccl => LASP_MODE_SEQUENTIAL_NCCL,
         ExchangeMode::SequentialNvshmem => LASP_MODE_SEQUENTIAL_NVSHMEM,
         ExchangeMode::NoComm => LASP_MODE_NO_COMM,
+        ExchangeMode::PipelinedChain => LASP_MODE_PIPELINED_CHAIN,
     }
 }
 
@@ -169,9 +173,11 @@ pub(super) fn exchange_mode(mode: i32) -> Result<ExchangeMode> {
         LASP_MODE_SEQUENTIAL_NCCL => Ok(ExchangeMode::SequentialNccl),
         LASP_MODE_SEQUENTIAL_NVSHMEM => Ok(ExchangeMode::SequentialNvshmem),
         LASP_MODE_NO_COMM => Ok(ExchangeMode::NoComm),
+        LASP_MODE_PIPELINED_CHAIN => Ok(ExchangeMode::PipelinedChain),
         other => Err(invalid(format!(
             "exchange mode {other} is not one of LASP_MODE_OVERLAPPED (0), \
-             LASP_MODE_SEQUENTIAL_NCCL (1), LASP_MODE_SEQUENTIAL_NVSHMEM (2), LASP_MODE_NO_COMM (3)"
+             LASP_MODE_SEQUENTIAL_NCCL (1), LASP_MODE_SEQUENTIAL_NVSHMEM (2), LASP_MODE_NO_COMM \
+             (3), LASP_MODE_PIPELINED_CHAIN (4)"
         ))),
     }
 }

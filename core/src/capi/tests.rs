@@ -196,7 +196,7 @@ fn descriptors_are_checked_field_by_field() {
                 schedule: LASP_SCHEDULE_PIPELINED_CHAIN,
                 ..lasp2_desc()
             },
-            "schedule LASP_SCHEDULE_PIPELINED_CHAIN is not available in this build",
+            "schedule LASP_SCHEDULE_PIPELINED_CHAIN is not available at creation",
         ),
         (
             OpDesc {
@@ -207,10 +207,10 @@ fn descriptors_are_checked_field_by_field() {
         ),
         (
             OpDesc {
-                mode: 4,
+                mode: 5,
                 ..lasp2_desc()
             },
-            "exchange mode 4 is not one of LASP_MODE_OVERLAPPED (0)",
+            "exchange mode 5 is not one of LASP_MODE_OVERLAPPED (0)",
         ),
         (
             OpDesc {
@@ -257,6 +257,7 @@ fn descriptors_are_checked_field_by_field() {
         LASP_MODE_SEQUENTIAL_NCCL,
         LASP_MODE_SEQUENTIAL_NVSHMEM,
         LASP_MODE_NO_COMM,
+        LASP_MODE_PIPELINED_CHAIN,
     ] {
         let desc = OpDesc {
             schedule: LASP_SCHEDULE_ALL_GATHER,

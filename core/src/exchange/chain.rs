@@ -203,6 +203,11 @@ impl<F: Family> StateChain<F> {
         Ok(())
     }
 
+    /// Whether this family's kernels run in `mode`.
+    pub(crate) fn supports(&self, mode: ExchangeMode) -> bool {
+        mode != ExchangeMode::PipelinedChain || F::RELAYS_PREFIX
+    }
+
     /// Switches every PE to `mode` (collective: checks that all PEs ask for the same mode, sets
     /// up NCCL on first use, and re-arms the credits when leaving [`ExchangeMode::NoComm`]).
     pub(crate) fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
@@ -219,6 +224,13 @@ impl<F: Family> StateChain<F> {
                 "PE {p} asked for another exchange mode than PE {} ({mode:?}); every PE must use \
                  the same mode",
                 self.runtime.pe()
+            )));
+        }
+        if !self.supports(mode) {
+            return Err(self.invalid(format!(
+                "the pipelined chain is not built for {} yet; use the overlapped mode (the \
+                 all-gather) or a sequential one",
+                F::NAME
             )));
         }
         if mode == ExchangeMode::SequentialNccl && self.nccl.is_none() {
@@ -268,7 +280,10 @@ impl<F: Family> StateChain<F> {
     /// Whether each group's summary kernel runs on the exchange stream (overlapped, no-comm) rather
     /// than on the caller's stream before a host gather (the sequential modes).
     fn on_side_stream(&self) -> bool {
-        matches!(self.mode(), ExchangeMode::Overlapped | ExchangeMode::NoComm)
+        matches!(
+            self.mode(),
+            ExchangeMode::Overlapped | ExchangeMode::PipelinedChain | ExchangeMode::NoComm
+        )
     }
 
     /// Enqueues group `group`'s summary kernel (one CTA per Dv tile and head of the group's

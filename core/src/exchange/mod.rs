@@ -3,8 +3,9 @@
 //! * [`chain`]: one LASP-2 operation's exchange (epochs, modes, credits, the side stream, bounded
 //!   waits' diagnostics, the layout every PE agrees on), generic over the [`Family`] whose
 //!   summaries it moves;
-//! * [`schedule`]: how summaries travel ([`Schedule::AllGather`] today), with the symmetric
-//!   buffers and host-side collectives a schedule needs;
+//! * [`schedule`]: the symmetric buffers and host-side collectives of the exchange
+//!   ([`Schedule::AllGather`]'s, which both device schedules use: the all-gather and the
+//!   pipelined chain, each an [`ExchangeMode`]);
 //! * [`planner`]: picks an operation's mode and launch plan by timing them on the caller's call;
 //! * [`transport`]: the device-initiated all-gather and ping-pong primitives, standalone (the
 //!   exchange benchmark measures them against NCCL).
@@ -31,6 +32,8 @@ pub trait Lasp2Operation: Sized {
     fn layout(&self) -> Lasp2Layout;
     /// Switches every PE to `mode` (collective).
     fn set_mode(&mut self, mode: ExchangeMode) -> crate::error::Result<()>;
+    /// Whether the operation runs in `mode` (the pipelined chain needs its family's support).
+    fn supports(&self, mode: ExchangeMode) -> bool;
     /// Waits for `stream`, then returns the error of the first expired wait, if any.
     fn finish(
         &self,
@@ -110,6 +113,12 @@ macro_rules! chain_methods {
                 self.chain.set_mode(mode)
             }
 
+            /// Whether the operation runs in `mode` (the pipelined chain needs its family's
+            /// support; every other mode runs everywhere).
+            pub fn supports(&self, mode: $crate::exchange::ExchangeMode) -> bool {
+                self.chain.supports(mode)
+            }
+
             /// Waits for `stream`, then returns the error of the first expired wait, if any
             /// (naming the PE that never sent, the signal slot and the epoch).
             pub fn finish(
@@ -150,6 +159,9 @@ macro_rules! chain_methods {
             ) -> $crate::error::Result<()> {
                 <$op>::set_mode(self, mode)
             }
+            fn supports(&self, mode: $crate::exchange::ExchangeMode) -> bool {
+                <$op>::supports(self, mode)
+            }
             fn finish(
                 &self,
                 stream: &::std::sync::Arc<::cudarc::driver::CudaStream>,
@@ -182,8 +194,16 @@ use lasp_shmem_kernels::params as header;
 pub enum ExchangeMode {
     /// Producer CTAs put their PE's tile (forward: `(M_w, Λ_w)`) into the slots of the PEs that
     /// fold it with signals; the consuming kernel waits on the signals (bounded) before its
-    /// prologue. No host collective, no stream sync.
+    /// prologue. No host collective, no stream sync. The all-gather schedule: the last PE takes
+    /// in `W - 1` tiles.
     Overlapped,
+    /// The overlapped mode with the pipelined chain schedule: each PE's summary kernel waits for
+    /// its predecessor's prefix tile by tile, folds its own summary in and puts the result to its
+    /// successor only, so every PE takes in and sends one state whatever W is, at the price of
+    /// `W - 1` hops of latency. The same folds of the same operands as the all-gather, so the
+    /// same bits. Only for families whose summary kernel relays the prefix
+    /// ([`Family::RELAYS_PREFIX`](crate::family::Family::RELAYS_PREFIX)).
+    PipelinedChain,
     /// The same kernels with NCCL's all-gather of the slots between them.
     SequentialNccl,
     /// The same kernels with NVSHMEM's on-stream all-gather (`fcollect`) between them.
@@ -196,11 +216,12 @@ pub enum ExchangeMode {
 
 impl ExchangeMode {
     /// All modes, in benchmark order.
-    pub const ALL: [ExchangeMode; 4] = [
+    pub const ALL: [ExchangeMode; 5] = [
         ExchangeMode::Overlapped,
         ExchangeMode::SequentialNccl,
         ExchangeMode::SequentialNvshmem,
         ExchangeMode::NoComm,
+        ExchangeMode::PipelinedChain,
     ];
 
     /// `enum lasp2_exchange_mode`.
@@ -208,6 +229,7 @@ impl ExchangeMode {
         (match self {
             ExchangeMode::NoComm => header::LASP2_NO_COMM,
             ExchangeMode::Overlapped => header::LASP2_DEVICE_PUT,
+            ExchangeMode::PipelinedChain => header::LASP2_DEVICE_CHAIN,
             ExchangeMode::SequentialNccl | ExchangeMode::SequentialNvshmem => {
                 header::LASP2_HOST_GATHERED
             }
@@ -370,7 +392,7 @@ mod tests {
     fn modes_and_fingerprints_distinguish_what_must_agree() {
         let codes: std::collections::HashSet<u64> =
             ExchangeMode::ALL.iter().map(|m| m.code()).collect();
-        assert_eq!(codes.len(), 4);
+        assert_eq!(codes.len(), ExchangeMode::ALL.len());
         let a = Lasp2Layout {
             b: 4,
             h: 16,

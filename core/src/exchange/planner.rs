@@ -85,21 +85,27 @@ impl<L: Copy + PartialEq> Plan<L> {
 }
 
 /// The modes the planner tries: the overlapped mode with every launch plan that keeps the bits,
-/// then the sequential modes with the current plan (their kernels run in line on one stream,
-/// so the head groups only add launches there); NCCL's only where every PE can load it. Under
-/// emulated links (`LASP_EMULATE_LINKS`) only the overlapped mode's puts are held to the emulated
+/// the pipelined chain likewise where the operation's family relays the prefix (`with_chain`),
+/// then the sequential modes with the current plan (their kernels run in line on one stream, so
+/// the head groups only add launches there); NCCL's only where every PE can load it. Under
+/// emulated links (`LASP_EMULATE_LINKS`) only the device schedules' puts are held to the emulated
 /// rates; the host-driven gathers of the sequential modes still move at NVLink's, so they are no
 /// candidates there.
 fn candidates<L: Copy>(
     current: L,
     same_bits_plans: &[L],
+    with_chain: bool,
     with_nccl: bool,
     emulated_links: bool,
 ) -> Vec<Candidate<L>> {
-    let overlapped = same_bits_plans.iter().map(|&launch| Candidate {
-        mode: ExchangeMode::Overlapped,
-        launch,
-    });
+    let device = [ExchangeMode::Overlapped, ExchangeMode::PipelinedChain]
+        .into_iter()
+        .filter(|&mode| with_chain || mode != ExchangeMode::PipelinedChain)
+        .flat_map(|mode| {
+            same_bits_plans
+                .iter()
+                .map(move |&launch| Candidate { mode, launch })
+        });
     let sequential = [
         ExchangeMode::SequentialNccl,
         ExchangeMode::SequentialNvshmem,
@@ -110,7 +116,7 @@ fn candidates<L: Copy>(
         mode,
         launch: current,
     });
-    overlapped.chain(sequential).collect()
+    device.chain(sequential).collect()
 }
 
 /// The plans every PE accepts: `accepted[pe]` has bit i set where PE `pe` keeps its bits under
@@ -186,7 +192,8 @@ pub fn plan<Op: Lasp2Operation + LaunchPlans>(
     let with_nccl = accepted.iter().all(|&m| m & nccl_bit != 0);
     let agreed = agreed_plans(&plans, &accepted);
     let emulated_links = runtime.link_emulation().is_some();
-    let candidates = candidates(current, &agreed, with_nccl, emulated_links);
+    let with_chain = op.supports(ExchangeMode::PipelinedChain);
+    let candidates = candidates(current, &agreed, with_chain, with_nccl, emulated_links);
     let mut samples = vec![Vec::with_capacity(ROUNDS * TIMED_CALLS); candidates.len()];
     for round in 0..=ROUNDS {
         for (c, times) in candidates.iter().zip(samples.iter_mut()) {
@@ -239,26 +246,35 @@ mod tests {
         let plans = [1, 2, 4];
         assert_eq!(agreed_plans(&plans, &[0b111, 0b101]), vec![1, 4]);
         assert_eq!(agreed_plans(&plans, &[0b001]), vec![1]);
-        let c = candidates(1, &[1, 4], true, false);
+        let c = candidates(1, &[1, 4], true, true, false);
         let modes: Vec<_> = c.iter().map(|c| (c.mode, c.launch)).collect();
         assert_eq!(
             modes,
             vec![
                 (ExchangeMode::Overlapped, 1),
                 (ExchangeMode::Overlapped, 4),
+                (ExchangeMode::PipelinedChain, 1),
+                (ExchangeMode::PipelinedChain, 4),
                 (ExchangeMode::SequentialNccl, 1),
                 (ExchangeMode::SequentialNvshmem, 1),
             ]
         );
+        let without_chain = candidates(1, &[1], false, true, false);
+        assert!(without_chain
+            .iter()
+            .all(|c| c.mode != ExchangeMode::PipelinedChain));
         assert!(c.iter().all(|c| c.mode != ExchangeMode::NoComm));
-        let without_nccl = candidates(1, &[1], false, false);
+        let without_nccl = candidates(1, &[1], false, false, false);
         assert!(without_nccl
             .iter()
             .all(|c| c.mode != ExchangeMode::SequentialNccl));
         assert_eq!(without_nccl.len(), 2);
-        let emulated = candidates(1, &[1, 4], true, true);
-        assert!(emulated.iter().all(|c| c.mode == ExchangeMode::Overlapped));
-        assert_eq!(emulated.len(), 2);
+        let emulated = candidates(1, &[1, 4], true, true, true);
+        assert!(emulated.iter().all(|c| matches!(
+            c.mode,
+            ExchangeMode::Overlapped | ExchangeMode::PipelinedChain
+        )));
+        assert_eq!(emulated.len(), 4);
     }
 
     #[test]

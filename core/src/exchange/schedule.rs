@@ -3,7 +3,7 @@
 //!
 //! A schedule is independent of the family: it moves summary tiles of the family's size and the
 //! family folds whatever arrives, in chain order. Its device side is a type of
-//! `lasp/exchange/chain.cuh` (`lasp::exchange::AllGather`: `send_credits`, `publish`, `wait`,
+//! `lasp/exchange/chain.cuh` (`lasp::exchange::Exchange`: `send_credits`, `publish`, `wait`,
 //! `fold_arrived`, `grant_credits`) that the families' kernels take as a template parameter, with
 //! a row per kernel in `kernels/instances.rs`.
 
@@ -85,7 +85,9 @@ impl AllGatherBuffers {
         let send = base + geometry::gather_send_offset(parity, me, npes, b, h, dv, tile);
         let recv = base + geometry::gather_recv_offset(parity, npes, b, h, dv, tile);
         match mode {
-            ExchangeMode::Overlapped | ExchangeMode::NoComm => Ok(()),
+            ExchangeMode::Overlapped | ExchangeMode::PipelinedChain | ExchangeMode::NoComm => {
+                Ok(())
+            }
             ExchangeMode::SequentialNccl => {
                 let comm = nccl.expect("the chain creates NCCL when it enters this mode");
                 // SAFETY: the parity half of `slots`, [npes][bytes], owned by self; on the

@@ -441,6 +441,7 @@ fn check(rt: &Runtime, graph_calls: u32) -> Result<()> {
         for mode in [
             ExchangeMode::SequentialNccl,
             ExchangeMode::SequentialNvshmem,
+            ExchangeMode::PipelinedChain,
             ExchangeMode::Overlapped,
         ] {
             bwd.set_mode(mode)?;
@@ -452,7 +453,7 @@ fn check(rt: &Runtime, graph_calls: u32) -> Result<()> {
                 }
             }
         }
-        println!("{tag}: overlapped, sequential NCCL and sequential NVSHMEM give bitwise the same gradients, twice each");
+        println!("{tag}: overlapped, pipelined chain, sequential NCCL and sequential NVSHMEM give bitwise the same gradients, twice each");
 
         // A captured graph of one overlapped backward call, replayed: epochs advance on the device.
         shard.poison(&stream)?;
@@ -505,6 +506,9 @@ impl ModeCall for Timed<'_> {
     fn use_plan(&mut self) -> Result<()> {
         let mode = planner_choice(self.planned)?;
         self.op.set_mode(mode)
+    }
+    fn has_chain(&self) -> bool {
+        self.op.supports(ExchangeMode::PipelinedChain)
     }
     fn call(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         self.shard.backward(self.op, stream)

@@ -73,6 +73,9 @@ struct Options {
     /// Fault drill: rank K never calls; the later ranks must fail naming it.
     #[arg(long, value_name = "K")]
     silent_rank: Option<usize>,
+    /// The fault drills' exchange: the pipelined chain instead of the all-gather.
+    #[arg(long)]
+    drill_chain: bool,
     /// Fault drill: rank K sets up another H; every rank must refuse before any state moves.
     #[arg(long, value_name = "K")]
     mismatch_rank: Option<usize>,
@@ -280,26 +283,59 @@ fn check(rt: &Runtime, graph_calls: u32) -> Result<()> {
                 }
             }
         }
-        println!("PE {me}: overlapped, sequential NCCL and sequential NVSHMEM give bitwise the same outputs, twice each");
+        println!("PE {me}: overlapped, pipelined chain, sequential NCCL and sequential NVSHMEM give bitwise the same outputs, twice each");
 
         // Head groups change only which launch computes a head, never its arithmetic (S is
         // bounded by the shard's few chunks here, so it is the same for every grouping).
-        op.set_mode(ExchangeMode::Overlapped)?;
         let default_tuning = op.tuning();
-        for head_groups in [1, 3, 6] {
-            op.set_tuning(Some(Lasp2Tuning {
-                head_groups,
-                ..default_tuning
-            }))?;
-            if shard.run_checked(&mut op, &stream)? != (o.clone(), ht.clone()) {
-                return Err(Error::State(format!(
-                    "PE {me}: {head_groups} head groups gave other bits than the default plan"
-                )));
+        for mode in [ExchangeMode::Overlapped, ExchangeMode::PipelinedChain] {
+            op.set_mode(mode)?;
+            for head_groups in [1, 3, 6] {
+                op.set_tuning(Some(Lasp2Tuning {
+                    head_groups,
+                    ..default_tuning
+                }))?;
+                if shard.run_checked(&mut op, &stream)? != (o.clone(), ht.clone()) {
+                    return Err(Error::State(format!(
+                        "PE {me}: {mode:?} with {head_groups} head groups gave other bits than \
+                         the default plan"
+                    )));
+                }
             }
         }
         op.set_tuning(None)?;
         println!(
-            "PE {me}: 1, 3 and 6 head groups give bitwise the same outputs as the default plan"
+            "PE {me}: 1, 3 and 6 head groups give bitwise the same outputs as the default plan, overlapped and chained"
+        );
+
+        // A captured graph of one chained call, replayed: epochs advance on the device.
+        op.set_mode(ExchangeMode::PipelinedChain)?;
+        shard.poison(&stream)?;
+        let before = op.epoch(&stream)?;
+        rt.barrier_on_stream(&stream)?;
+        stream.synchronize()?;
+        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        let captured = shard.call(&mut op, &stream);
+        let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
+        captured?;
+        let graph = graph.ok_or_else(|| Error::State("the capture recorded nothing".into()))?;
+        let chain_replays = graph_calls.min(100);
+        for _ in 0..chain_replays {
+            graph.launch()?;
+        }
+        op.note_replayed_calls(chain_replays as u64);
+        op.finish(&stream)?;
+        let after = op.epoch(&stream)?;
+        let replayed: Vec<u16> = stream
+            .clone_dtoh(&shard.o)?
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
+        if after != before + chain_replays as u64 || replayed != o {
+            return Err(Error::State(format!("PE {me}: chained graph replay: epoch {before} -> {after} for {chain_replays} replays, outputs {}", if replayed == o { "identical" } else { "DIFFER" })));
+        }
+        println!(
+            "PE {me}: {chain_replays} graph-replayed chained calls, outputs bitwise identical"
         );
 
         // A captured graph of one overlapped call, replayed: epochs advance on the device.
@@ -352,6 +388,9 @@ impl ModeCall for Timed<'_> {
         let plan = planner_choice(self.plan)?;
         self.op.set_launch(plan.launch)?;
         self.op.set_mode(plan.mode)
+    }
+    fn has_chain(&self) -> bool {
+        self.op.supports(ExchangeMode::PipelinedChain)
     }
     fn call(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         self.shard.call(self.op, stream)
@@ -579,7 +618,11 @@ fn drill(rt: &Runtime, options: &Options) -> Result<()> {
             dk: 64,
             dv: 64,
         },
-        ExchangeMode::Overlapped,
+        if options.drill_chain {
+            ExchangeMode::PipelinedChain
+        } else {
+            ExchangeMode::Overlapped
+        },
     )?;
     let spec = InputSpec {
         shape: Shape {

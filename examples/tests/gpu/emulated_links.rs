@@ -106,6 +106,16 @@ fn the_overlapped_exchange_is_held_to_the_emulated_rate() {
          {paced_ms:.4} ms for the first PE's {} states",
         gpus - 1
     );
+    // The pipelined chain sends one state per PE: from three PEs on it must expose clearly less.
+    let chain_exposed_ms = ms("pipelined_chain_ms") - ms("no_comm_ms");
+    println!("pipelined chain exposes {chain_exposed_ms:.4} ms");
+    if gpus >= 3 {
+        assert!(
+            chain_exposed_ms < 0.75 * exposed_ms,
+            "the pipelined chain exposes {chain_exposed_ms:.4} ms, the all-gather {exposed_ms:.4}: \
+             the chain should move one state per PE over the emulated links"
+        );
+    }
 }
 
 /// A silent rank under emulated links: the later ranks still name it within the bound.

@@ -154,6 +154,43 @@ fn forward_silent_rank_is_named_by_every_later_rank() {
     );
 }
 
+/// Under the pipelined chain a PE waits only for its predecessor: the silent PE's successor names
+/// it, and every later PE fails within the bound too (naming the PE before it, which never sent).
+#[test]
+fn forward_silent_rank_under_the_chain_is_named_by_its_successor() {
+    let Some(gpus) = two_or_more_gpus_or_skip() else {
+        return;
+    };
+    let silent = if gpus >= 3 { 1 } else { 0 };
+    let run = launch(
+        gpus,
+        DRILL_LIMIT,
+        &lasp2_forward(),
+        &["--silent-rank", &silent.to_string(), "--drill-chain"],
+        &[DRILL_WAIT],
+    );
+    expect_failure(
+        "LASP-2 forward along the pipelined chain, silent rank",
+        &format!("waited [0-9]+ ms for data from PE {silent} "),
+        &run,
+    );
+    let drill_error = Regex::new(r"\[rank ([0-9]+)\].*drill error: .*for data from PE ([0-9]+) ")
+        .expect("a pattern");
+    let named: Vec<(usize, usize)> = run
+        .output
+        .lines()
+        .filter_map(|line| drill_error.captures(line))
+        .map(|c| (c[1].parse().expect("a rank"), c[2].parse().expect("a PE")))
+        .collect();
+    for rank in silent + 1..gpus {
+        assert!(
+            named.contains(&(rank, rank - 1)),
+            "rank {rank} did not name PE {} (its predecessor): {named:?}",
+            rank - 1
+        );
+    }
+}
+
 /// The backward's chain runs the other way: every rank before the silent one waits for its tile.
 #[test]
 fn backward_silent_rank_is_named() {

@@ -85,7 +85,7 @@ extern "C" __global__ void lasp_gated_delta_lasp2_advance_epoch(const __grid_con
 // barriers). grid (1, 1, 1), block (1, 1, 1).
 extern "C" __global__ void lasp_gated_delta_lasp2_grant_credits(
     const __grid_constant__ lasp_gated_delta_lasp2_params p) {
-  lasp::exchange::AllGather::grant_credits(p);
+  lasp::exchange::Exchange::grant_credits(p);
 }
 
 // The templated kernels are instantiated from kernels/instances.rs (geometry:

@@ -109,7 +109,7 @@ extern "C" __global__ void lasp_gla_lasp2_advance_epoch(const __grid_constant__ 
 // Re-synchronises the all-gather's credits after LASP2_NO_COMM calls (the host brackets it with
 // barriers). grid (1, 1, 1), block (1, 1, 1).
 extern "C" __global__ void lasp_gla_lasp2_grant_credits(const __grid_constant__ lasp_gla_lasp2_params p) {
-  lasp::exchange::AllGather::grant_credits(p);
+  lasp::exchange::Exchange::grant_credits(p);
 }
 
 // The templated kernels are instantiated from kernels/instances.rs (geometry:

@@ -27,7 +27,8 @@ namespace lasp {
 namespace l2 {
 
 // Kernel 3: start_state tile = h0 tile (dht, on the last PE) or 0, folded with the tiles of the
-// PEs before this one on the chain, in chain order (the same fold as the output kernel's prologue).
+// PEs before this one on the chain, in chain order (the same fold as the output kernel's prologue;
+// under the pipelined chain the one relayed tile).
 template <int DK, class Schedule>
 __device__ __forceinline__ void carry_in(const lasp_lasp2_params& p) {
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -36,7 +37,7 @@ __device__ __forceinline__ void carry_in(const lasp_lasp2_params& p) {
   const StateLane ln{16 * warp, lane >> 2, lane & 3};
   const int64_t tile = (int64_t)bh * DK * p.Dv + vt * sd::kTileV;
   StateRegs<DK> s;
-  if (p.h0)
+  if (p.h0 && Schedule::starts_from_h0(p))
     sd::state_load<DK>(s, ln, p.h0 + tile, p.Dv);
   else
     sd::state_zero<DK>(s, ln);

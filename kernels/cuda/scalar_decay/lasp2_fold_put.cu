@@ -23,9 +23,12 @@
 //                                   (the reversed pass skips a_0). The chain's first PE (the last
 //                                   one) has h0 = dht and sends e^{Lambda} dht + dM, so every other
 //                                   PE folds from zero;
+//  - LASP2_DEVICE_CHAIN: the tile above is folded into the relayed prefix (the predecessor's tile,
+//    waited for; h0 or dht at the chain's first PE) and carries a zero log-decay, so the successor
+//    starts from it as it is;
 //  - LASP2_DEVICE_PUT: wait for every later PE's credit for epoch - 2 (bounded), then a put of
 //    the contiguous tile to every later PE on the chain (same offset), one nvshmem_quiet for all of
-//    them, and the signals [parity][me][bh*ntiles + vt] := epoch.
+//    them, and the signals [parity][me][bh*ntiles + vt] := epoch (the chain: to its successor).
 // Exported as lasp_lasp2_fold_put for the all-gather schedule (kernels/instances.rs): grid
 // lasp2_fold_put_grid, block LASP2_FOLD_THREADS, no smem.
 namespace lasp {
@@ -53,7 +56,15 @@ __device__ __forceinline__ void fold_put(const lasp_lasp2_params& p) {
     lambda += a0;
   }
   const int64_t state_elems = (int64_t)p.Dk * p.Dv;
-  const float* const start = descending && p.h0 ? p.h0 + bh * state_elems + vt * LASP2_TILE_V : nullptr;
+  // What the tile is folded into: the chain's relayed prefix (from the predecessor, or h0 at the
+  // chain's first PE), else the backward's dht on its first PE, else nothing. The chain's tile
+  // then carries a zero log-decay: it is the whole prefix.
+  const bool relays = lasp::exchange::relays_prefix(p);
+  bool arrived = true;
+  const float* const prefix = Schedule::relayed_prefix(p, bh, vt, lasp2_slot_tile_floats(p.Dk), arrived);
+  const float* const h0_tile = p.h0 ? p.h0 + bh * state_elems + vt * LASP2_TILE_V : nullptr;
+  const float* const start = prefix ? prefix : (relays || descending) ? h0_tile : nullptr;
+  const int64_t start_ld = prefix ? LASP2_TILE_V : p.Dv;
 
   // The fold of all S segments from zero, then into the own slot tile (rows of 64 floats). The
   // tile is written after the loop rather than from its last step, so that the slot and h0
@@ -67,17 +78,19 @@ __device__ __forceinline__ void fold_put(const lasp_lasp2_params& p) {
     if (j >= ln.rows) continue;
     const int d = ln.row(j);
     float4 x = acc[j];
-    if (descending) {
-      x = make_float4(boundary * x.x, boundary * x.y, boundary * x.z, boundary * x.w);
-      if (start) {
-        const float4 h = *reinterpret_cast<const float4*>(start + (int64_t)d * p.Dv + ln.c);
-        x = make_float4(lasp::sd::fold_step(h.x, lambda, x.x), lasp::sd::fold_step(h.y, lambda, x.y),
-                        lasp::sd::fold_step(h.z, lambda, x.z), lasp::sd::fold_step(h.w, lambda, x.w));
-      }
+    if (descending) x = make_float4(boundary * x.x, boundary * x.y, boundary * x.z, boundary * x.w);
+    if (start) {
+      const float4 h = __ldcg(reinterpret_cast<const float4*>(start + (int64_t)d * start_ld + ln.c));
+      x = make_float4(lasp::sd::fold_step(h.x, lambda, x.x), lasp::sd::fold_step(h.y, lambda, x.y),
+                      lasp::sd::fold_step(h.z, lambda, x.z), lasp::sd::fold_step(h.w, lambda, x.w));
     }
     *reinterpret_cast<float4*>(own + d * LASP2_TILE_V + ln.c) = x;
   }
-  if (tid == 0) *reinterpret_cast<float4*>(own + p.Dk * LASP2_TILE_V) = make_float4(lambda, 0.f, 0.f, 0.f);
+  if (tid == 0)
+    *reinterpret_cast<float4*>(own + p.Dk * LASP2_TILE_V) = make_float4(relays ? 0.f : lambda, 0.f, 0.f, 0.f);
+  // A CTA whose predecessor never sent sends nothing: its successor's wait then expires naming
+  // this PE, and this PE's diag names the predecessor.
+  if (!arrived) return;
 
   Schedule::publish(p, epoch, own, lasp2_slot_tile_floats(p.Dk) * 4u, bh, vt, sent_credits);
 }
@@ -91,8 +104,8 @@ extern "C" __global__ void lasp_lasp2_advance_epoch(const __grid_constant__ lasp
 }
 
 // Re-synchronises the all-gather's credits after LASP2_NO_COMM calls
-// (lasp::exchange::AllGather::grant_credits); the host brackets it with
+// (lasp::exchange::Exchange::grant_credits); the host brackets it with
 // nvshmemx_barrier_all_on_stream. grid (1, 1, 1), block (1, 1, 1).
 extern "C" __global__ void lasp_lasp2_grant_credits(const __grid_constant__ lasp_lasp2_params p) {
-  lasp::exchange::AllGather::grant_credits(p);
+  lasp::exchange::Exchange::grant_credits(p);
 }

@@ -53,7 +53,7 @@ __device__ __forceinline__ void output(const lasp_lasp2_params& p) {
           cp_async_commit();
           for (int sp = 0; sp < seg; ++sp) lambda_before += p.ws_lambda[first + sp];
         }
-        if (p.h0)
+        if (p.h0 && Schedule::starts_from_h0(p))
           sd::state_load<DK>(s, ln, p.h0 + a.bh * tile_elems + col0, p.Dv);
         else
           sd::state_zero<DK>(s, ln);

@@ -21,6 +21,7 @@ impl Family for ScalarDecay {
     const ADVANCE_EPOCH_KERNEL: &'static str = "lasp_lasp2_advance_epoch";
     const GRANT_CREDITS_KERNEL: &'static str = "lasp_lasp2_grant_credits";
     const SUMMARY_THREADS: u32 = geometry::FOLD_THREADS;
+    const RELAYS_PREFIX: bool = true;
 
     fn summary_tile_floats(layout: &Lasp2Layout) -> u64 {
         geometry::slot_tile_floats(layout.dk as i32)

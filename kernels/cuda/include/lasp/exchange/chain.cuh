@@ -1,7 +1,8 @@
 // Device side of the exchange, the same for every family (lasp/exchange/chain_params.h): the
-// call's epoch, timeline stamps, the chain's positions, and the schedules (AllGather): the
-// bounded wait for the summaries a PE folds, their fold in chain order (the family supplies how a
-// tile is staged and folded), and the publication of this PE's own tile (credits, puts, signals).
+// call's epoch, timeline stamps, the chain's positions, and the schedules (Exchange: the
+// all-gather and the pipelined chain): the bounded wait for the summaries a PE folds, their fold in
+// chain order (the family supplies how a tile is staged and folded), and the publication of this
+// PE's own tile (credits, puts, signals).
 //
 // Every function takes the family's LASP-2 params struct `P` by reference; it reads only the
 // exchange fields that chain_params.h lists, so a family's struct adds its own tensors freely.
@@ -59,32 +60,72 @@ __device__ __forceinline__ void hold_for_emulated_link(const P& p, uint64_t byte
   while (global_ns() < arrives) __nanosleep(500);
 }
 
-// A schedule: how the summaries of one call travel, as the static functions the families' kernels
-// call (templates on the schedule, instantiated from kernels/instances.rs), so a schedule is added
-// beside this one without touching a family:
+// Whether the call's kernels put and wait on the device (the two device schedules), and whether it
+// relays the prefix along the chain (LASP2_DEVICE_CHAIN).
+template <class P>
+__device__ __forceinline__ bool device_puts(const P& p) {
+  return p.exchange_mode == LASP2_DEVICE_PUT || p.exchange_mode == LASP2_DEVICE_CHAIN;
+}
+template <class P>
+__device__ __forceinline__ bool relays_prefix(const P& p) {
+  return p.exchange_mode == LASP2_DEVICE_CHAIN;
+}
+
+// The schedules: how the summaries of one call travel, as the static functions the families'
+// kernels call (templates on this type, instantiated from kernels/instances.rs), chosen per call
+// by p.exchange_mode:
 //   send_credits(p, epoch, bh, vt)   before the summary is computed: the readers' credits it owes
+//   relayed_prefix(p, bh, vt, ...)   the summary kernel under the chain: the prefix it folds its
+//                                    own summary into (waits for it)
 //   publish(p, epoch, own, bytes, ...) the summary kernel's own tile, written: send it on
+//   starts_from_h0(p)                whether a consumer starts from h0 (else from zero)
 //   wait(p, bh, vt)                  a consuming CTA: bounded wait for what it folds
 //   fold_arrived(p, bh, vt, ...)     fold what arrived, in chain order, with the family's stage and
 //                                    fold of one tile
 //   grant_credits(p)                 re-arm the credits after no-communication calls
 //
-// AllGather: every PE puts its own summary tile to every PE after it on the chain (one put and one
-// signal per tile and reader); each PE folds all earlier PEs' tiles, in chain order. One hop of
-// latency; the last PE takes in W - 1 tiles (core/src/exchange/schedule.rs, Schedule::AllGather).
-struct AllGather {
-  // LASP2_DEVICE_PUT: waits (bounded) until tile (bh, vt) of this epoch has landed from every PE
-  // before this one on the chain, one thread per such PE; the barrier then orders the acquires before
-  // every thread's copies of the slots (cp.async.cg reads through L2). False on every thread if a wait
+// All-gather (LASP2_DEVICE_PUT, and the host-gathered modes): every PE puts its own summary tile
+// to every PE after it on the chain (one put and one signal per tile and reader); each PE folds
+// all earlier PEs' tiles, in chain order, from h0. One hop of latency; the last PE takes in W - 1
+// tiles.
+// Pipelined chain (LASP2_DEVICE_CHAIN): the summary kernel of the PE at position i > 0 waits for
+// its predecessor's tile, which holds the prefix P_i (everything before it folded, from h0), folds
+// its own summary into it with the family's fold and puts P_{i + 1}, with a zero log-decay, to its
+// successor only; position 0 folds its summary into h0. Each tile travels as soon as its CTA has
+// folded it, so the tiles of one state pipeline through the chain, and every PE takes in and
+// sends one state whatever W is. A consumer at position i > 0 folds the one arrived tile from
+// zero: fold(0, P_i) with a zero log-decay is P_i, so it starts from the same bits the
+// all-gather's fold of every earlier tile gives (the same folds of the same operands, made one
+// per PE). Credits are the all-gather's (every reader credits every earlier PE), so the two
+// schedules alternate freely; under the chain a PE only waits for its successor's.
+struct Exchange {
+  // The first chain position whose tile this PE folds: all before it (all-gather) or only its
+  // predecessor (chain).
+  template <class P>
+  static __device__ __forceinline__ int first_folded(const P& p) {
+    const int position = chain_position(p);
+    return relays_prefix(p) ? max(position - 1, 0) : 0;
+  }
+
+  // Whether a consumer starts from h0 (every PE with the all-gather; under the chain only the
+  // chain's first PE, since the relayed prefix already holds h0).
+  template <class P>
+  static __device__ __forceinline__ bool starts_from_h0(const P& p) {
+    return !relays_prefix(p) || chain_position(p) == 0;
+  }
+
+  // Device schedules: waits (bounded) until tile (bh, vt) of this epoch has landed from every PE
+  // this one folds, one thread per such PE; the barrier then orders the acquires before every
+  // thread's copies of the slots (cp.async.cg reads through L2). False on every thread if a wait
   // expired (p.diag names the PE). Other modes: true at once.
   template <class P>
   static __device__ __forceinline__ bool wait(const P& p, int bh, int vt) {
-    if (p.exchange_mode != LASP2_DEVICE_PUT) return true;
+    if (!device_puts(p)) return true;
     const uint64_t epoch = call_epoch(p);
     const int parity = static_cast<int>(epoch & 1);
     const WaitSite site{p.diag, p.timeout_ns, p.me};
     int ok = 1;
-    for (int pos = threadIdx.x; pos < chain_position(p); pos += blockDim.x) {
+    for (int pos = first_folded(p) + threadIdx.x; pos < chain_position(p); pos += blockDim.x) {
       const int u = chain_pe(p, pos);
       const uint64_t idx = lasp2_signal_index(parity, u, bh, vt, p.npes, p.B, p.H, p.Dv);
       ok &= wait_signal_ge(site, p.signals + idx, epoch, u, static_cast<int32_t>(idx), LASP_WAIT_DATA);
@@ -92,8 +133,25 @@ struct AllGather {
     return __syncthreads_and(ok);
   }
 
+  // The summary kernel's CTA of tile (bh, vt) under the chain at position > 0: waits (bounded) for
+  // the predecessor's tile of this epoch and returns it (slot [parity][predecessor][bh][vt], to be
+  // read through L2: it was written by another GPU). nullptr under the all-gather and at position
+  // 0; `ok` false on every thread if the wait expired (the CTA must then send nothing, and its
+  // successor names this PE).
+  template <class P>
+  static __device__ __forceinline__ const float* relayed_prefix(const P& p, int bh, int vt, uint64_t tile_floats,
+                                                                bool& ok) {
+    ok = true;
+    const int position = chain_position(p);
+    if (!relays_prefix(p) || position == 0) return nullptr;
+    ok = wait(p, bh, vt);
+    const int parity = static_cast<int>(call_epoch(p) & 1);
+    const int u = chain_pe(p, position - 1);
+    return p.slots + lasp2_slot_tile_offset(parity, u, bh, vt, p.npes, p.B, p.H, p.Dv, tile_floats);
+  }
+
   // Folds the tiles (slot [parity][u][bh][vt], `tile_floats` floats each) of the chain positions
-  // before this PE's, in chain order, `batch` at a time: stage(j, tile) starts the cp.async copy of
+  // before this PE's from first_folded on, in chain order, `batch` at a time: stage(j, tile) starts the cp.async copy of
   // the batch's j-th tile into the family's staging slot j, fold(j) folds staging slot j into the
   // family's accumulator. A batch's copies land before its folds start (one L2 round trip per batch,
   // not per tile); the barriers keep the staging slots free until they are folded. Call after
@@ -103,7 +161,7 @@ struct AllGather {
                                                      Stage&& stage, Fold&& fold) {
     const int parity = static_cast<int>(call_epoch(p) & 1);
     const int before = chain_position(p);
-    for (int pos0 = 0; pos0 < before; pos0 += batch) {
+    for (int pos0 = first_folded(p); pos0 < before; pos0 += batch) {
       const int count = min(batch, before - pos0);
       for (int j = 0; j < count; ++j) {
         const int u = chain_pe(p, pos0 + j);
@@ -120,7 +178,7 @@ struct AllGather {
   // The call's credits, before this PE's summary is computed: one thread of the call's first CTA
   // (head 0, Dv tile 0) sets credit[me] = epoch - 1 on every PE before this one on the chain (this
   // PE finished reading epoch - 1: the kernels that read it precede this call's). Communicating
-  // modes only. `epoch` is call_epoch(p), read once per kernel. True on the thread that sent them
+  // modes only, every schedule alike (the chain's predecessor needs only its own). `epoch` is call_epoch(p), read once per kernel. True on the thread that sent them
   // (it quiets them, with its puts if any, in publish).
   template <class P>
   static __device__ __forceinline__ bool send_credits(const P& p, uint64_t epoch, int bh, int vt) {
@@ -134,9 +192,9 @@ struct AllGather {
   }
 
   // Publishes this PE's own slot tile `own` (`bytes` long, already written by the CTA's threads)
-  // of tile (bh, vt). LASP2_DEVICE_PUT: waits for every later PE's credit for epoch - 2 (bounded),
-  // then puts the tile to every later PE on the chain (same offset), one nvshmem_quiet for all of
-  // them, and the signals [parity][me][bh*ntiles + vt] := epoch (held for emulated links where the
+  // of tile (bh, vt). Device schedules: waits for every reader's credit for epoch - 2 (bounded),
+  // then puts the tile to every reader (same offset: the all-gather's readers are every later PE
+  // on the chain, the chain's its successor), one nvshmem_quiet for all of them, and the signals [parity][me][bh*ntiles + vt] := epoch (held for emulated links where the
   // params carry them). Other modes: only the stamps.
   // Called by every thread of the CTA.
   template <class P>
@@ -146,8 +204,9 @@ struct AllGather {
     const int tid = threadIdx.x;
     const int position = chain_position(p);
     const uint64_t stamps = lasp2_timeline_put(bh, vt, p.Dv);
-    const int later = p.npes - 1 - position;  // PEs after this one on the chain
-    if (p.exchange_mode != LASP2_DEVICE_PUT || later == 0) {
+    // The readers: the PEs after this one on the chain, or only the next.
+    const int later = relays_prefix(p) ? min(1, p.npes - 1 - position) : p.npes - 1 - position;
+    if (!device_puts(p) || later == 0) {
       if (sent_credits) nvshmem_quiet();
       stamp(p, stamps + 0);
       stamp(p, stamps + 1);

@@ -23,6 +23,9 @@ enum lasp2_exchange_mode {
                             // slots hold; for timing the same kernels without communication
   LASP2_DEVICE_PUT = 1,     // fold_put puts its tile to every later PE with a signal; output waits
   LASP2_HOST_GATHERED = 2,  // the host all-gathers slot half [parity] between fold_put and output
+  LASP2_DEVICE_CHAIN = 3,   // the pipelined chain: each summary kernel waits for its predecessor's
+                            // prefix, folds its own summary in and puts the result to its successor;
+                            // the output waits for that one tile (lasp/exchange/chain.cuh, Exchange)
 };
 
 // ---- The chain: the order in which PEs fold each other's tiles -------------------------------
