@@ -202,7 +202,7 @@ pub enum ExchangeMode {
     /// successor only, so every PE takes in and sends one state whatever W is, at the price of
     /// `W - 1` hops of latency. The same folds of the same operands as the all-gather, so the
     /// same bits. Only for families whose summary kernel relays the prefix
-    /// ([`Family::RELAYS_PREFIX`](crate::family::Family::RELAYS_PREFIX)).
+    /// ([`Family::RELAYS_PREFIX`]).
     PipelinedChain,
     /// The same kernels with NCCL's all-gather of the slots between them.
     SequentialNccl,
