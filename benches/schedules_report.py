@@ -9,14 +9,17 @@ merged into schedules.json, with each row checked against the planner's bounds.
 
 Each input is what `lasp-run -n W lasp2_forward --no-check --plan --time ... --json FILE` (or
 lasp2_backward) wrote: rows of W, B, T_local, H, D, every mode's slowest-rank median, planner_ms,
-planner_choice. A row of schedules.json names its family, direction, the all-gather schedule's time
-(`allgather_ms`, the overlapped mode), `chain_ms` (null: the pipelined chain is not built),
-`sequential_nccl_ms`, `no_comm_ms`, the planner's time and choice, `link` ("nvlink"), and the
-bounds (`--into FILE` replaces that family's rows of an existing file and keeps the others):
+planner_choice, link. A row of schedules.json names its family, direction, the all-gather
+schedule's time (`allgather_ms`, the overlapped mode), the pipelined chain's (`chain_ms`, null
+where the family has none), `sequential_nccl_ms`, `no_comm_ms`, the planner's time and choice,
+`link` ("nvlink" or the emulated links' label), and the bounds (`--into FILE` replaces the rows of
+an existing file with the same family, direction, W, shape and link, and keeps the others):
   planner_ms <= 1.03 x min(allgather_ms, chain_ms, sequential_nccl_ms)       (never loses)
   where the exchange is >= 10 % of the layer (sequential_nccl_ms >= 1.10 x no_comm_ms):
       sequential_nccl_ms / planner_ms >= 1.15                                (wins where it matters)
   where it is < 20 %: planner_ms <= 1.05 x no_comm_ms                        (hides it)
+Under emulated links the sequential modes' host gathers still run at NVLink's rate, so their
+times are kept as `sequential_nccl_unpaced_ms` and the bounds take the all-gather in NCCL's place.
 Device, commit and date come from LASP_DEVICE, LASP_COMMIT and LASP_DATE; every row names its own."""
 import argparse
 import json
@@ -38,19 +41,28 @@ def provenance():
 
 def row(family, direction, r, origin=None):
     """One schedules.json row from a --plan row, with its bounds and where it was measured."""
-    best = min(r["overlapped_ms"], r["sequential_nccl_ms"])
-    exchange_share = r["sequential_nccl_ms"] / r["no_comm_ms"]
+    link = r.get("link", "nvlink")
+    paced = link == "nvlink"  # every mode's exchange moved at the link's rate
+    chain = r.get("pipelined_chain_ms")
+    # The sequential baseline: NCCL where it ran over the same links, else the all-gather.
+    baseline = r["sequential_nccl_ms"] if paced else r["overlapped_ms"]
+    best = min(t for t in (r["overlapped_ms"], chain, r["sequential_nccl_ms"] if paced else None) if t is not None)
+    exchange_share = baseline / r["no_comm_ms"]
     out = {
         "family": family, "direction": direction, **(origin or {}),
         "W": r["W"], "B": r["B"], "T_local": r["T_local"], "H": r["H"], "D": r["D"],
         "planner_ms": r["planner_ms"], "planner_choice": r["planner_choice"],
-        "allgather_ms": r["overlapped_ms"], "chain_ms": None,
-        "sequential_nccl_ms": r["sequential_nccl_ms"], "sequential_nvshmem_ms": r["sequential_nvshmem_ms"],
-        "no_comm_ms": r["no_comm_ms"], "link": "nvlink",
+        "allgather_ms": r["overlapped_ms"], "chain_ms": chain,
+        "sequential_nccl_ms": r["sequential_nccl_ms"] if paced else None,
+        "sequential_nvshmem_ms": r["sequential_nvshmem_ms"] if paced else None,
+        "no_comm_ms": r["no_comm_ms"], "link": link,
         "planner_over_best": round(r["planner_ms"] / best, 4),
-        "sequential_nccl_over_planner": round(r["sequential_nccl_ms"] / r["planner_ms"], 4),
+        "sequential_nccl_over_planner": round(baseline / r["planner_ms"], 4),
         "planner_over_no_comm": round(r["planner_ms"] / r["no_comm_ms"], 4),
     }
+    if not paced:
+        out["sequential_nccl_unpaced_ms"] = r["sequential_nccl_ms"]
+        out["baseline"] = "allgather_ms (the sequential modes' gathers are not paced)"
     bounds = {"never_loses": out["planner_over_best"] <= NEVER_LOSES}
     if exchange_share >= EXCHANGE_MATTERS:
         bounds["wins_where_exchange_matters"] = out["sequential_nccl_over_planner"] >= WINS_BY
@@ -62,14 +74,18 @@ def row(family, direction, r, origin=None):
     return out
 
 
+def key(r):
+    """What a new row replaces in an earlier file: the same family, direction, W, shape and link."""
+    return (r["family"], r["direction"], r["W"], r["B"], r["T_local"], r["H"], r["D"], r.get("link", "nvlink"))
+
+
 def merge(family, forward, backward, origin=None, others=()):
-    """Rows of every input, forward first, each direction ordered by W then shape as timed, after
-    the rows of `others` (an earlier file's) that belong to another family."""
-    rows = [r for r in others if r["family"] != family]
-    for direction, docs in (("forward", forward), ("backward", backward)):
-        for doc in docs:
-            rows += [row(family, direction, r, origin) for r in doc]
-    return rows
+    """The rows of `others` (an earlier file's) that no input replaces, then every input's rows,
+    forward first, each as timed."""
+    new = [row(family, direction, r, origin)
+           for direction, docs in (("forward", forward), ("backward", backward)) for doc in docs for r in doc]
+    replaced = {key(r) for r in new}
+    return [r for r in others if key(r) not in replaced] + new
 
 
 def summary(rows):
@@ -92,19 +108,20 @@ def plot(doc, path):
 
     directions = sorted({r["direction"] for r in doc["rows"]}, reverse=True)
     fig, axes = plt.subplots(1, len(directions), figsize=(6 * len(directions), 4.5), squeeze=False)
-    series = (("allgather_ms", "all-gather (overlapped)", "o"), ("sequential_nccl_ms", "sequential NCCL", "s"),
-              ("planner_ms", "planner's choice", "x"))
+    series = (("allgather_ms", "all-gather (overlapped)", "o"), ("chain_ms", "pipelined chain", "^"),
+              ("sequential_nccl_ms", "sequential NCCL", "s"), ("planner_ms", "planner's choice", "x"))
     for ax, direction in zip(axes[0], directions):
-        rows = [r for r in doc["rows"] if r["direction"] == direction]
-        ratio = [r["sequential_nccl_ms"] / r["no_comm_ms"] - 1 for r in rows]
-        for key, label, marker in series:
-            ax.scatter(ratio, [r[key] / r["no_comm_ms"] for r in rows], label=label, marker=marker, s=28)
+        rows = [r for r in doc["rows"] if r["direction"] == direction and r["link"] == "nvlink"]
+        for name, label, marker in series:
+            have = [r for r in rows if r[name] is not None]
+            ratio = [r["sequential_nccl_ms"] / r["no_comm_ms"] - 1 for r in have]
+            ax.scatter(ratio, [r[name] / r["no_comm_ms"] for r in have], label=label, marker=marker, s=28)
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.set_xscale("log")
         ax.set_xlabel("exchange / compute (sequential NCCL's exchange time over no-comm)")
         ax.set_ylabel("time / no-comm time")
         families = ", ".join(sorted({r["family"] for r in rows}))
-        ax.set_title(f"{direction}: {families}; W = 2, 4")
+        ax.set_title(f"{direction}, NVLink: {families}; W = 2, 4")
         ax.legend()
     fig.suptitle(f"LASP-2 schedules, {', '.join(doc['device'])}")
     fig.tight_layout()
@@ -128,14 +145,24 @@ def self_test():
     mid = row("sd", "forward", plan_row(0.36, 0.40, 0.35, 0.36))
     assert set(mid["bounds_met"]) == {"never_loses", "wins_where_exchange_matters", "hides_small_exchange"}
     assert mid["chain_ms"] is None and mid["link"] == "nvlink"
+    chained = row("sd", "forward", dict(plan_row(0.30, 0.40, 0.25, 0.26), pipelined_chain_ms=0.26))
+    assert chained["chain_ms"] == 0.26 and chained["planner_over_best"] == 1.0
+    lost_to_chain = row("sd", "forward", dict(plan_row(0.30, 0.40, 0.25, 0.30), pipelined_chain_ms=0.26))
+    assert lost_to_chain["bounds_met"]["never_loses"] is False
+    # Emulated links: the all-gather is the baseline, the unpaced NCCL time is kept aside.
+    ib = dict(plan_row(0.85, 0.41, 0.33, 0.55), pipelined_chain_ms=0.55, link="ib-emulated: 1 GPU per node")
+    emulated = row("sd", "forward", ib)
+    assert emulated["sequential_nccl_ms"] is None and emulated["sequential_nccl_unpaced_ms"] == 0.41
+    assert emulated["bounds_met"] == {"never_loses": True, "wins_where_exchange_matters": True}, emulated
     rows = merge("sd", [[plan_row(0.30, 0.40, 0.25, 0.30)]], [[plan_row(0.30, 0.31, 0.20, 0.33, w=2)]])
     assert [r["direction"] for r in rows] == ["forward", "backward"] and rows[1]["W"] == 2
     assert summary(rows) == {"never_loses": {"rows": 2, "met": 1},
                              "wins_where_exchange_matters": {"rows": 2, "met": 1}}
     gla = merge("gla", [[plan_row(0.5, 0.6, 0.45, 0.5)]], [], {"commit": "b"}, others=rows)
     assert [r["family"] for r in gla] == ["sd", "sd", "gla"] and gla[2]["commit"] == "b"
-    again = merge("sd", [[plan_row(0.30, 0.40, 0.25, 0.30)]], [], others=gla)
-    assert [r["family"] for r in again] == ["gla", "sd"]
+    again = merge("sd", [[plan_row(0.30, 0.40, 0.25, 0.30)]], [ [ib] ], others=gla)
+    assert [(r["family"], r["direction"]) for r in again] == [("sd", "backward"), ("gla", "forward"),
+                                                              ("sd", "forward"), ("sd", "backward")]
     print("schedules_report: self-test passed")
     return 0
 
@@ -160,20 +187,25 @@ def main(argv=None):
     out.add_argument("--into", type=Path, help="replace this family's rows of an existing file")
     args = ap.parse_args(argv)
     load = lambda paths: [json.loads(p.read_text()) for p in paths]
-    others = json.loads(args.into.read_text())["rows"] if args.into else []
+    previous = json.loads(args.into.read_text()) if args.into else {}
+    others = previous.get("rows", [])
     rows = merge(args.family, load(args.forward), load(args.backward), provenance(), others)
     origins = sorted({(r.get("device"), r.get("commit"), r.get("date")) for r in rows}, key=str)
     doc = {
         "device": sorted({o[0] for o in origins if o[0]}),
         "commit": sorted({o[1] for o in origins if o[1]}),
         "date": max((o[2] for o in origins if o[2]), default="unknown"),
-        "config": "H = 16, Dk = Dv = 128, bf16, per-GPU shapes; W GPUs of one node over NVLink",
+        "config": ("H = 16, Dk = Dv = 128, bf16, per-GPU shapes; W GPUs of one node over NVLink, or with "
+                   "LASP_EMULATE_LINKS (link: the emulated nodes, latency and rate)"),
         "method": args.method,
         "bit_identical_across_schedules": (
-            "one schedule (the all-gather) exists; its modes give bitwise the same outputs and "
-            "gradients (lasp2_forward and lasp2_backward checks), and the planner offers only launch "
-            "plans that keep the bits"),
-        "projected_weak_scaling_8_to_64": None,
+            "scalar decay: the all-gather, the pipelined chain and the sequential modes give bitwise "
+            "the same outputs and gradients (lasp2_forward and lasp2_backward checks, head groups 1, 3 "
+            "and 6 under both device schedules, graph replays), also under emulated links; GLA and "
+            "Gated DeltaNet have the all-gather and sequential modes only (their programs' checks), "
+            "and the planner offers only launch plans that keep the bits"),
+        "projected_weak_scaling_8_to_64": previous.get("projected_weak_scaling_8_to_64"),
+        "model": previous.get("model"),
         "bounds": {"never_loses": NEVER_LOSES, "exchange_matters_from": EXCHANGE_MATTERS,
                    "wins_by": WINS_BY, "exchange_small_below": EXCHANGE_SMALL, "hides_within": HIDES_WITHIN},
         "summary": summary(rows),
@@ -181,9 +213,10 @@ def main(argv=None):
     }
     (args.out or args.into).write_text(json.dumps(doc, indent=1) + "\n")
     for r in rows:
-        print(f"{r['direction']:8} W={r['W']} B={r['B']:2} T={r['T_local']:6}: planner {r['planner_ms']:.4f} "
-              f"({r['planner_choice']}) all-gather {r['allgather_ms']:.4f} NCCL {r['sequential_nccl_ms']:.4f} "
-              f"no-comm {r['no_comm_ms']:.4f} {r['bounds_met']}")
+        chain = "-" if r["chain_ms"] is None else f"{r['chain_ms']:.4f}"
+        print(f"{r['direction']:8} W={r['W']} B={r['B']:2} T={r['T_local']:6} {r['link'][:11]}: planner "
+              f"{r['planner_ms']:.4f} ({r['planner_choice']}) all-gather {r['allgather_ms']:.4f} chain {chain} "
+              f"baseline {r['sequential_nccl_over_planner']:.3f}x no-comm {r['no_comm_ms']:.4f} {r['bounds_met']}")
     print(json.dumps(doc["summary"]))
     return 0
 
