@@ -247,6 +247,7 @@ fn check_case(
     for mode in [
         ExchangeMode::SequentialNccl,
         ExchangeMode::SequentialNvshmem,
+        ExchangeMode::PipelinedChain,
     ] {
         op.set_mode(mode)?;
         let (om, htm) = shard.call(&mut op, &stream)?;
@@ -331,6 +332,7 @@ fn check_backward(
     for mode in [
         ExchangeMode::SequentialNccl,
         ExchangeMode::SequentialNvshmem,
+        ExchangeMode::PipelinedChain,
     ] {
         op.set_mode(mode)?;
         if shard.backward(&mut grads, &mut op, &stream)? != first {
@@ -402,6 +404,9 @@ impl ModeCall for Timed {
         let mode = planner_choice(self.planned)?;
         self.op.set_mode(mode)
     }
+    fn has_chain(&self) -> bool {
+        self.op.supports(ExchangeMode::PipelinedChain)
+    }
     fn call(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         self.op.forward(stream, self.shard.args())
     }
@@ -422,6 +427,9 @@ impl ModeCall for TimedStep {
     fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
         self.forward.set_mode(mode)?;
         self.backward.set_mode(mode)
+    }
+    fn has_chain(&self) -> bool {
+        self.forward.has_chain() && self.backward.supports(ExchangeMode::PipelinedChain)
     }
     fn call(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         self.forward.call(stream)?;

@@ -39,20 +39,36 @@ __device__ __forceinline__ void lasp2_summary(const lasp_gla_lasp2_params& p) {
   float* const own = p.slots + lasp2_slot_tile_offset(parity, p.me, bh, vt, p.npes, p.B, p.H, p.Dv, tile_floats);
   const float* const m = p.ws_m + (int64_t)bh * pieces * tile + vt * LASP2_TILE_V;
   const float* const lam = p.ws_lambda + (int64_t)bh * pieces * p.Dk;
+  // The pipelined chain: the tile is folded into the relayed prefix (the predecessor's tile, waited
+  // for; h0 at the forward's first PE; the backward's first PE already started from dht) and
+  // carries a zero log-decay, so its successor starts from it as it is.
+  const bool relays = exchange::relays_prefix(p);
+  bool arrived = true;
+  const float* const prefix = Schedule::relayed_prefix(p, bh, vt, tile_floats, arrived);
+  const bool from_h0 = relays && !prefix && p.chain == LASP2_CHAIN_ASCENDING && p.h0;
+  const float* const start = prefix ? prefix : from_h0 ? p.h0 + (int64_t)bh * tile + vt * LASP2_TILE_V : nullptr;
+  const int64_t start_ld = prefix ? LASP2_TILE_V : p.Dv;
   for (int e = threadIdx.x; e < p.Dk * LASP2_TILE_V; e += blockDim.x) {
     const int d = e / LASP2_TILE_V, c = e % LASP2_TILE_V;
     // The backward's last PE starts its tile from dht (NULL in the forward and elsewhere).
     float acc = p.dht ? __ldg(p.dht + (int64_t)bh * tile + (int64_t)d * p.Dv + vt * LASP2_TILE_V + c) : 0.f;
-    for (int u = 0; u < pieces; ++u)
-      acc = fold_step(acc, __ldg(lam + (int64_t)u * p.Dk + d), __ldg(m + u * tile + (int64_t)d * p.Dv + c));
+    float lambda = 0.f;  // Lambda_me[d], summed as the trailer's
+    for (int u = 0; u < pieces; ++u) {
+      const float l = __ldg(lam + (int64_t)u * p.Dk + d);
+      acc = fold_step(acc, l, __ldg(m + u * tile + (int64_t)d * p.Dv + c));
+      lambda += l;
+    }
+    if (start) acc = fold_step(__ldcg(start + d * start_ld + c), lambda, acc);
     own[e] = acc;
   }
   for (int d = threadIdx.x; d < p.Dk; d += blockDim.x) {
     float lambda = 0.f;
     for (int u = 0; u < pieces; ++u) lambda += __ldg(lam + (int64_t)u * p.Dk + d);
-    own[p.Dk * LASP2_TILE_V + d] = lambda;
+    own[p.Dk * LASP2_TILE_V + d] = relays ? 0.f : lambda;
   }
   __syncthreads();  // the tile is complete before it is published
+  // A CTA whose predecessor never sent sends nothing: its successor then names this PE.
+  if (!arrived) return;
   Schedule::publish(p, epoch, own, tile_floats * 4u, bh, vt, sent_credits);
 }
 
@@ -69,7 +85,7 @@ __device__ __forceinline__ void lasp2_output(const lasp_gla_lasp2_params& p) {
   run_output_segment<DK, DV>(
       p, sg, chunk_states,
       [&](StateRegs<DK>& s, const StateLane& ln, int group) {
-        if (p.h0)
+        if (p.h0 && Schedule::starts_from_h0(p))
           chunk::state_load<DK>(s, ln, p.h0 + bh * tile + group * 64, DV);
         else
           chunk::state_zero<DK>(s, ln);
@@ -113,5 +129,5 @@ extern "C" __global__ void lasp_gla_lasp2_grant_credits(const __grid_constant__ 
 }
 
 // The templated kernels are instantiated from kernels/instances.rs (geometry:
-// lasp/gla/lasp2_params.h): lasp_gla_lasp2_states_dk*, lasp_gla_lasp2_summary (all-gather
-// schedule), lasp_gla_lasp2_output_dk*_dv{64,128}.
+// lasp/gla/lasp2_params.h): lasp_gla_lasp2_states_dk*, lasp_gla_lasp2_summary (both device
+// schedules), lasp_gla_lasp2_output_dk*_dv{64,128}.

@@ -21,8 +21,7 @@ impl Family for Gla {
     const ADVANCE_EPOCH_KERNEL: &'static str = "lasp_gla_lasp2_advance_epoch";
     const GRANT_CREDITS_KERNEL: &'static str = "lasp_gla_lasp2_grant_credits";
     const SUMMARY_THREADS: u32 = header::LASP_GLA_LASP2_SUMMARY_THREADS;
-    /// Its summary kernel does not relay the prefix yet: the pipelined chain is refused.
-    const RELAYS_PREFIX: bool = false;
+    const RELAYS_PREFIX: bool = true;
 
     /// `lasp_gla_lasp2_tile_floats`: M's `[Dk][64]` block and Λ's Dk floats.
     fn summary_tile_floats(layout: &Lasp2Layout) -> u64 {
