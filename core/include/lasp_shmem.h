@@ -121,7 +121,7 @@ typedef int32_t lasp_status;
 #define LASP_MODE_NO_COMM 3            /* no exchange: the compute's cost alone (timing only) */
 #define LASP_MODE_PIPELINED_CHAIN 4    /* device puts along the pipelined chain: each rank folds its
                                           state into its predecessor's and forwards it to the next
-                                          (scalar decay; other families refuse it) */
+                                          (scalar decay, GLA; Gated DeltaNet refuses it) */
 
 /* lasp_op_desc.flags. */
 #define LASP_OP_WITH_BACKWARD 1u /* also create the backward (at lasp_op_create, collectively,

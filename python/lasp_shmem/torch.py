@@ -53,7 +53,8 @@ EXCHANGE_MODES = {"overlapped": _abi.MODE_OVERLAPPED,
 PLANNED = "planned"
 # The modes whose calls a CUDA graph captures: those that exchange from the device only.
 _CAPTURABLE = ("overlapped", "pipelined_chain")
-# The planner may also choose the pipelined chain for an op whose family has one (scalar decay);
+# The planner may also choose the pipelined chain for an op whose family has one (scalar decay,
+# GLA);
 # it is not offered to set_exchange_mode, which switches every family's ops alike.
 _MODE_NAMES = {**{code: name for name, code in EXCHANGE_MODES.items()},
                _abi.MODE_PIPELINED_CHAIN: "pipelined_chain"}

@@ -45,7 +45,7 @@ __device__ __forceinline__ void lasp2_summary(const lasp_gla_lasp2_params& p) {
   const bool relays = exchange::relays_prefix(p);
   bool arrived = true;
   const float* const prefix = Schedule::relayed_prefix(p, bh, vt, tile_floats, arrived);
-  const bool from_h0 = relays && !prefix && p.chain == LASP2_CHAIN_ASCENDING && p.h0;
+  const bool from_h0 = relays && exchange::chain_position(p) == 0 && p.chain == LASP2_CHAIN_ASCENDING && p.h0;
   const float* const start = prefix ? prefix : from_h0 ? p.h0 + (int64_t)bh * tile + vt * LASP2_TILE_V : nullptr;
   const int64_t start_ld = prefix ? LASP2_TILE_V : p.Dv;
   for (int e = threadIdx.x; e < p.Dk * LASP2_TILE_V; e += blockDim.x) {

@@ -63,7 +63,8 @@ __device__ __forceinline__ void fold_put(const lasp_lasp2_params& p) {
   bool arrived = true;
   const float* const prefix = Schedule::relayed_prefix(p, bh, vt, lasp2_slot_tile_floats(p.Dk), arrived);
   const float* const h0_tile = p.h0 ? p.h0 + bh * state_elems + vt * LASP2_TILE_V : nullptr;
-  const float* const start = prefix ? prefix : (relays || descending) ? h0_tile : nullptr;
+  const bool chain_start = relays && lasp::exchange::chain_position(p) == 0;
+  const float* const start = prefix ? prefix : (chain_start || descending) ? h0_tile : nullptr;
   const int64_t start_ld = prefix ? LASP2_TILE_V : p.Dv;
 
   // The fold of all S segments from zero, then into the own slot tile (rows of 64 floats). The

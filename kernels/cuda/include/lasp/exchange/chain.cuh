@@ -133,17 +133,19 @@ struct Exchange {
     return __syncthreads_and(ok);
   }
 
-  // The summary kernel's CTA of tile (bh, vt) under the chain at position > 0: waits (bounded) for
-  // the predecessor's tile of this epoch and returns it (slot [parity][predecessor][bh][vt], to be
-  // read through L2: it was written by another GPU). nullptr under the all-gather and at position
-  // 0; `ok` false on every thread if the wait expired (the CTA must then send nothing, and its
+  // The summary kernel's CTA of tile (bh, vt) under the chain at a position with a predecessor and
+  // a successor: waits (bounded) for the predecessor's tile of this epoch and returns it (slot
+  // [parity][predecessor][bh][vt], to be read through L2: it was written by another GPU). nullptr
+  // under the all-gather, at position 0, and at the chain's last PE, which sends nothing (its
+  // output kernel waits for the same tile; a summary CTA spinning there would only hold an SM).
+  // `ok` false on every thread if the wait expired (the CTA must then send nothing, and its
   // successor names this PE).
   template <class P>
   static __device__ __forceinline__ const float* relayed_prefix(const P& p, int bh, int vt, uint64_t tile_floats,
                                                                 bool& ok) {
     ok = true;
     const int position = chain_position(p);
-    if (!relays_prefix(p) || position == 0) return nullptr;
+    if (!relays_prefix(p) || position == 0 || position == p.npes - 1) return nullptr;
     ok = wait(p, bh, vt);
     const int parity = static_cast<int>(call_epoch(p) & 1);
     const int u = chain_pe(p, position - 1);
