@@ -153,9 +153,9 @@ struct Exchange {
   }
 
   // Folds the tiles (slot [parity][u][bh][vt], `tile_floats` floats each) of the chain positions
-  // before this PE's from first_folded on, in chain order, `batch` at a time: stage(j, tile) starts the cp.async copy of
-  // the batch's j-th tile into the family's staging slot j, fold(j) folds staging slot j into the
-  // family's accumulator. A batch's copies land before its folds start (one L2 round trip per batch,
+  // from first_folded to this PE's, in chain order, `batch` at a time: stage(j, tile) starts the
+  // cp.async copy of the batch's j-th tile into the family's staging slot j, fold(j) folds staging
+  // slot j into the family's accumulator. A batch's copies land before its folds start (one L2 round trip per batch,
   // not per tile); the barriers keep the staging slots free until they are folded. Call after
   // wait.
   template <class P, class Stage, class Fold>
@@ -180,8 +180,9 @@ struct Exchange {
   // The call's credits, before this PE's summary is computed: one thread of the call's first CTA
   // (head 0, Dv tile 0) sets credit[me] = epoch - 1 on every PE before this one on the chain (this
   // PE finished reading epoch - 1: the kernels that read it precede this call's). Communicating
-  // modes only, every schedule alike (the chain's predecessor needs only its own). `epoch` is call_epoch(p), read once per kernel. True on the thread that sent them
-  // (it quiets them, with its puts if any, in publish).
+  // modes only, every schedule alike (the chain's predecessor needs only its own). `epoch` is
+  // call_epoch(p), read once per kernel. True on the thread that sent them (it quiets them, with
+  // its puts if any, in publish).
   template <class P>
   static __device__ __forceinline__ bool send_credits(const P& p, uint64_t epoch, int bh, int vt) {
     const int position = chain_position(p);
@@ -196,9 +197,9 @@ struct Exchange {
   // Publishes this PE's own slot tile `own` (`bytes` long, already written by the CTA's threads)
   // of tile (bh, vt). Device schedules: waits for every reader's credit for epoch - 2 (bounded),
   // then puts the tile to every reader (same offset: the all-gather's readers are every later PE
-  // on the chain, the chain's its successor), one nvshmem_quiet for all of them, and the signals [parity][me][bh*ntiles + vt] := epoch (held for emulated links where the
-  // params carry them). Other modes: only the stamps.
-  // Called by every thread of the CTA.
+  // on the chain, the chain's its successor), one nvshmem_quiet for all of them, and the signals
+  // [parity][me][bh*ntiles + vt] := epoch (held for emulated links where the params carry them).
+  // Other modes: only the stamps. Called by every thread of the CTA.
   template <class P>
   static __device__ __forceinline__ void publish(const P& p, uint64_t epoch, float* own, uint64_t bytes, int bh, int vt,
                                                 bool sent_credits) {
