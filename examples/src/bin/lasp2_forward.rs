@@ -308,66 +308,55 @@ fn check(rt: &Runtime, graph_calls: u32) -> Result<()> {
             "PE {me}: 1, 3 and 6 head groups give bitwise the same outputs as the default plan, overlapped and chained"
         );
 
-        // A captured graph of one chained call, replayed: epochs advance on the device.
-        op.set_mode(ExchangeMode::PipelinedChain)?;
-        shard.poison(&stream)?;
-        let before = op.epoch(&stream)?;
-        rt.barrier_on_stream(&stream)?;
-        stream.synchronize()?;
-        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-        let captured = shard.call(&mut op, &stream);
-        let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
-        captured?;
-        let graph = graph.ok_or_else(|| Error::State("the capture recorded nothing".into()))?;
-        let chain_replays = graph_calls.min(100);
-        for _ in 0..chain_replays {
-            graph.launch()?;
+        // A captured graph of one call in each device schedule, replayed: epochs advance on the
+        // device and the outputs stay bitwise the same.
+        for (mode, calls) in [
+            (ExchangeMode::PipelinedChain, graph_calls.min(100)),
+            (ExchangeMode::Overlapped, graph_calls),
+        ] {
+            let (before, after, replayed) = replay_graph(rt, &mut op, &mut shard, mode, calls)?;
+            if after != before + calls as u64 || replayed != o {
+                return Err(Error::State(format!("PE {me}: {mode:?} graph replay: epoch {before} -> {after} for {calls} replays, outputs {}", if replayed == o { "identical" } else { "DIFFER" })));
+            }
+            println!("PE {me}: {calls} graph-replayed calls, no error, {mode:?}, outputs bitwise identical at the end");
         }
-        op.note_replayed_calls(chain_replays as u64);
-        op.finish(&stream)?;
-        let after = op.epoch(&stream)?;
-        let replayed: Vec<u16> = stream
-            .clone_dtoh(&shard.o)?
-            .iter()
-            .map(|x| x.to_bits())
-            .collect();
-        if after != before + chain_replays as u64 || replayed != o {
-            return Err(Error::State(format!("PE {me}: chained graph replay: epoch {before} -> {after} for {chain_replays} replays, outputs {}", if replayed == o { "identical" } else { "DIFFER" })));
-        }
-        println!(
-            "PE {me}: {chain_replays} graph-replayed chained calls, outputs bitwise identical"
-        );
-
-        // A captured graph of one overlapped call, replayed: epochs advance on the device.
-        op.set_mode(ExchangeMode::Overlapped)?;
-        shard.poison(&stream)?;
-        let before = op.epoch(&stream)?;
-        rt.barrier_on_stream(&stream)?;
-        stream.synchronize()?;
-        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-        let captured = shard.call(&mut op, &stream);
-        let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
-        captured?;
-        let graph = graph.ok_or_else(|| Error::State("the capture recorded nothing".into()))?;
-        for _ in 0..graph_calls {
-            graph.launch()?;
-        }
-        op.note_replayed_calls(graph_calls as u64);
-        op.finish(&stream)?;
-        let after = op.epoch(&stream)?;
-        let replayed: Vec<u16> = stream
-            .clone_dtoh(&shard.o)?
-            .iter()
-            .map(|x| x.to_bits())
-            .collect();
-        if after != before + graph_calls as u64 || replayed != o {
-            return Err(Error::State(format!("PE {me}: graph replay: epoch {before} -> {after} for {graph_calls} replays, outputs {}", if replayed == o { "identical" } else { "DIFFER" })));
-        }
-        println!("PE {me}: {graph_calls} graph-replayed calls, no error, outputs bitwise identical at the end");
-        drop(graph);
         op.free()?;
     }
     Ok(())
+}
+
+/// Captures one call of `op` in `mode` into a CUDA graph and replays it `calls` times over a
+/// poisoned output: the epochs before and after, and the output's bits.
+fn replay_graph(
+    rt: &Runtime,
+    op: &mut Lasp2Forward,
+    shard: &mut Shard,
+    mode: ExchangeMode,
+    calls: u32,
+) -> Result<(u64, u64, Vec<u16>)> {
+    let stream = rt.stream().clone();
+    op.set_mode(mode)?;
+    shard.poison(&stream)?;
+    let before = op.epoch(&stream)?;
+    rt.barrier_on_stream(&stream)?;
+    stream.synchronize()?;
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let captured = shard.call(op, &stream);
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
+    captured?;
+    let graph = graph.ok_or_else(|| Error::State("the capture recorded nothing".into()))?;
+    for _ in 0..calls {
+        graph.launch()?;
+    }
+    op.note_replayed_calls(calls as u64);
+    op.finish(&stream)?;
+    let after = op.epoch(&stream)?;
+    let replayed = stream
+        .clone_dtoh(&shard.o)?
+        .iter()
+        .map(|x| x.to_bits())
+        .collect();
+    Ok((before, after, replayed))
 }
 
 /// The forward of one shard, as the timing loop drives it: the modes at the program's launch

@@ -118,26 +118,41 @@ fn backward_matches_the_reference_in_every_mode_and_graph_replay() {
     expect_checks_passed("lasp2_backward", &run, gpus, graph_calls);
 }
 
+/// The forward's silent-rank drill on `gpus` ranks with `args` and `env` added: the silent rank
+/// (1 where ranks come after it, so that a rank before it runs on too) and the job, which must
+/// have failed with a rank naming it within the bound.
+pub(crate) fn forward_silent_rank_drill(
+    what: &str,
+    gpus: usize,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (usize, Finished) {
+    let silent = if gpus >= 3 { 1 } else { 0 };
+    let silent_arg = silent.to_string();
+    let args: Vec<&str> = ["--silent-rank", &silent_arg]
+        .into_iter()
+        .chain(args.iter().copied())
+        .collect();
+    let env: Vec<(&str, &str)> = [DRILL_WAIT]
+        .into_iter()
+        .chain(env.iter().copied())
+        .collect();
+    let run = launch(gpus, DRILL_LIMIT, &lasp2_forward(), &args, &env);
+    expect_failure(
+        what,
+        &format!("waited [0-9]+ ms for data from PE {silent} "),
+        &run,
+    );
+    (silent, run)
+}
+
 /// Every PE after the silent one waits for its tiles: each must name it, and none another PE.
 #[test]
 fn forward_silent_rank_is_named_by_every_later_rank() {
     let Some(gpus) = two_or_more_gpus_or_skip() else {
         return;
     };
-    // Rank 1 where ranks come after it, so that a rank before it runs on too.
-    let silent = if gpus >= 3 { 1 } else { 0 };
-    let run = launch(
-        gpus,
-        DRILL_LIMIT,
-        &lasp2_forward(),
-        &["--silent-rank", &silent.to_string()],
-        &[DRILL_WAIT],
-    );
-    expect_failure(
-        "LASP-2 forward, silent rank",
-        &format!("waited [0-9]+ ms for data from PE {silent} "),
-        &run,
-    );
+    let (silent, run) = forward_silent_rank_drill("LASP-2 forward, silent rank", gpus, &[], &[]);
     let drill_error = Regex::new(r"drill error: .*for data from PE ([0-9]+) ").expect("a pattern");
     let named: Vec<usize> = run
         .output
@@ -161,18 +176,11 @@ fn forward_silent_rank_under_the_chain_is_named_by_its_successor() {
     let Some(gpus) = two_or_more_gpus_or_skip() else {
         return;
     };
-    let silent = if gpus >= 3 { 1 } else { 0 };
-    let run = launch(
-        gpus,
-        DRILL_LIMIT,
-        &lasp2_forward(),
-        &["--silent-rank", &silent.to_string(), "--drill-chain"],
-        &[DRILL_WAIT],
-    );
-    expect_failure(
+    let (silent, run) = forward_silent_rank_drill(
         "LASP-2 forward along the pipelined chain, silent rank",
-        &format!("waited [0-9]+ ms for data from PE {silent} "),
-        &run,
+        gpus,
+        &["--drill-chain"],
+        &[],
     );
     let drill_error = Regex::new(r"\[rank ([0-9]+)\].*drill error: .*for data from PE ([0-9]+) ")
         .expect("a pattern");
