@@ -314,7 +314,8 @@ fn check(rt: &Runtime, graph_calls: u32) -> Result<()> {
             (ExchangeMode::PipelinedChain, graph_calls.min(100)),
             (ExchangeMode::Overlapped, graph_calls),
         ] {
-            let (before, after, replayed) = replay_graph(rt, &mut op, &mut shard, mode, calls)?;
+            let (before, after, replayed) =
+                replay_graph(rt, &stream, &mut op, &mut shard, mode, calls)?;
             if after != before + calls as u64 || replayed != o {
                 return Err(Error::State(format!("PE {me}: {mode:?} graph replay: epoch {before} -> {after} for {calls} replays, outputs {}", if replayed == o { "identical" } else { "DIFFER" })));
             }
@@ -329,19 +330,19 @@ fn check(rt: &Runtime, graph_calls: u32) -> Result<()> {
 /// poisoned output: the epochs before and after, and the output's bits.
 fn replay_graph(
     rt: &Runtime,
+    stream: &Arc<CudaStream>,
     op: &mut Lasp2Forward,
     shard: &mut Shard,
     mode: ExchangeMode,
     calls: u32,
 ) -> Result<(u64, u64, Vec<u16>)> {
-    let stream = rt.stream().clone();
     op.set_mode(mode)?;
-    shard.poison(&stream)?;
-    let before = op.epoch(&stream)?;
-    rt.barrier_on_stream(&stream)?;
+    shard.poison(stream)?;
+    let before = op.epoch(stream)?;
+    rt.barrier_on_stream(stream)?;
     stream.synchronize()?;
     stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-    let captured = shard.call(op, &stream);
+    let captured = shard.call(op, stream);
     let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
     captured?;
     let graph = graph.ok_or_else(|| Error::State("the capture recorded nothing".into()))?;
@@ -349,8 +350,8 @@ fn replay_graph(
         graph.launch()?;
     }
     op.note_replayed_calls(calls as u64);
-    op.finish(&stream)?;
-    let after = op.epoch(&stream)?;
+    op.finish(stream)?;
+    let after = op.epoch(stream)?;
     let replayed = stream
         .clone_dtoh(&shard.o)?
         .iter()
