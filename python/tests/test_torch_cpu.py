@@ -715,6 +715,18 @@ def test_the_planned_mode_refuses_to_plan_or_run_sequentially_inside_a_capture(f
     assert fake_ops.forwards == [1, 2]
 
 
+def test_a_planned_pipelined_chain_is_named_and_captures(fake_ops):
+    """The planner may choose the pipelined chain (scalar decay, GLA): planned_modes names it, and
+    its calls capture into a CUDA graph, as the overlapped mode's do (it exchanges from the device)."""
+    fake_ops.plan_choice = _abi.MODE_PIPELINED_CHAIN
+    lt.set_exchange_mode("planned")
+    enqueue_forward(lasp2=True)  # planned: the chain
+    assert set(lt.planned_modes().values()) == {"pipelined_chain"}
+    fake_ops.capturing = True
+    enqueue_forward(lasp2=True)
+    assert fake_ops.forwards == [1, 1]
+
+
 # Gated DeltaNet.
 
 def gdn_inputs(**shape):
