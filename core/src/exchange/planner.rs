@@ -7,8 +7,9 @@
 //! composition at B=16 T_local=1K and 1.24-1.51x slower at B=8 T_local=2K (between runs), and two
 //! head groups beat one by 5 % at B=16 T_local=1K (kernels/docs/lasp2.md, "The planner").
 //!
-//! Every candidate gives the same bits. The modes share the kernels and the fold, and a launch plan
-//! is offered only where it keeps the current plan's arithmetic ([`LaunchPlans::same_bits`]). So
+//! Every candidate gives the same bits. The modes, the pipelined chain among them, make the same
+//! folds of the same operands in the same order, and a launch plan is offered only where it keeps
+//! the current plan's arithmetic ([`LaunchPlans::same_bits`]). So
 //! the choice changes the time of a call, never its result, and a rerun that chooses otherwise
 //! still reproduces every output.
 
