@@ -647,33 +647,31 @@ pub struct ModeRow {
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub planner: Option<PlannerTimes>,
     /// The links the exchange ran over: "nvlink", or the emulated links' label
-    /// (`LASP_EMULATE_LINKS`; only the overlapped mode's puts are held to their rates).
+    /// (`LASP_EMULATE_LINKS`; only the device schedules' puts are held to their rates).
     pub link: String,
 }
 
 impl ModeRow {
-    /// The row of `shape` (T is T_local) timed on `w` ranks.
-    pub fn new(w: usize, shape: ForwardShape, modes: ModeTimes) -> Self {
+    /// The row of `shape` (T is T_local) timed on every rank of `rt`, over its links.
+    pub fn new(rt: &Runtime, shape: ForwardShape, modes: ModeTimes) -> Self {
         ModeRow {
-            w,
+            w: rt.npes(),
             b: shape.b,
             t_local: shape.t,
             h: shape.h,
             d: shape.dk,
             modes,
             planner: None,
-            link: links_label(),
+            link: links_label(rt),
         }
     }
 }
 
-/// What the rows call the links of this process's runs: the emulated links' label where
-/// `LASP_EMULATE_LINKS` is set (the runtime refused to start if it was malformed), else "nvlink".
-pub fn links_label() -> String {
-    match LinkEmulation::from_lookup(|name| std::env::var(name).ok()) {
-        Ok(Some(links)) => links.label(),
-        _ => "nvlink".to_string(),
-    }
+/// What the rows call the links `rt` exchanges over: the emulated links' label where it emulates
+/// them (`LASP_EMULATE_LINKS`), else "nvlink".
+pub fn links_label(rt: &Runtime) -> String {
+    rt.link_emulation()
+        .map_or_else(|| "nvlink".to_string(), LinkEmulation::label)
 }
 
 /// Every rank's medians per mode (from [`time_in_turns`]) gathered on every rank. Collective.

@@ -683,7 +683,7 @@ fn time_shape(
     };
     let row = ModeRow {
         planner,
-        ..ModeRow::new(rt.npes(), shape, modes)
+        ..ModeRow::new(rt, shape, modes)
     };
     if rt.pe() == 0 {
         println!(

@@ -561,7 +561,7 @@ fn time_modes(
     fwd.free()?;
     Ok(ModeRow {
         planner,
-        ..ModeRow::new(npes, shape, modes)
+        ..ModeRow::new(rt, shape, modes)
     })
 }
 

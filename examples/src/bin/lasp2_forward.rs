@@ -494,7 +494,7 @@ fn time_modes(
         modes,
         planner,
         max_output_wait_us,
-        link: links_label(),
+        link: links_label(rt),
     })
 }
 

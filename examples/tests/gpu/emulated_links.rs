@@ -5,6 +5,9 @@
 
 use crate::common::{expect_success, launch, program, two_or_more_gpus_or_skip};
 use crate::lasp2::forward_silent_rank_drill;
+use lasp_shmem::exchange::{geometry, Lasp2Layout};
+use lasp_shmem::family::Family;
+use lasp_shmem::ops::scalar_decay::ScalarDecay;
 use std::time::Duration;
 
 /// One GPU per emulated node, 3 us per message, 25 GB/s per GPU.
@@ -90,8 +93,11 @@ fn the_overlapped_exchange_is_held_to_the_emulated_rate() {
         "the row does not name the emulated links: {row}"
     );
     let ms = |key: &str| row[key].as_f64().unwrap_or(f64::NAN);
-    // One PE's summary: B*H*(D/64) tiles of D*64 floats and a 16-byte trailer.
-    let state_bytes = (b * h * (d / 64) * (d * 64 * 4 + 16)) as f64;
+    // One PE's summary: the bytes of its slot (B*H*(D/64) tiles of scalar decay's tile floats).
+    let layout = Lasp2Layout { b, h, dk: d, dv: d };
+    let tile_floats = ScalarDecay::summary_tile_floats(&layout);
+    let state_bytes =
+        (geometry::slot_pe_floats(b as i32, h as i32, d as i32, tile_floats) * 4) as f64;
     let paced_ms = (gpus - 1) as f64 * state_bytes / EMULATED_BYTES_PER_SECOND * 1e3;
     let exposed_ms = ms("overlapped_ms") - ms("no_comm_ms");
     println!(
