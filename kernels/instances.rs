@@ -73,6 +73,8 @@ const GDN_L2_PARAMS: &str = "lasp_gated_delta_lasp2_params";
 const GDN_BACKWARD: &str = "gated_delta/backward.cu";
 const GDN_LASP2_BACKWARD: &str = "gated_delta/lasp2_backward.cu";
 const GDN_BWD_PARAMS: &str = "lasp_gated_delta_bwd_params";
+const MLSTM_FORWARD: &str = "mlstm/forward.cu";
+const MLSTM_PARAMS: &str = "lasp_mlstm_params";
 
 /// Every templated kernel. Template arguments of `run_segment`: key width, output pass, probe,
 /// two roles, reversed time axis, block states (lasp/scalar_decay/chunk.cuh). The LASP-2 kernels
@@ -194,4 +196,14 @@ pub const INSTANCES: &[Instance] = &[
     // backward's).
     row("GDN_LASP2_BWD_FOLD", "lasp_gated_delta_lasp2_bwd_fold_dk{dk}", GDN_LASP2_BACKWARD,
         "LASP_GDN_FOLD_THREADS", GDN_L2_PARAMS, "lasp::gdn::lasp2_bwd_fold<{dk}, lasp::exchange::Exchange>(p)"),
+    // mLSTM's forward (single GPU): its states and output passes per value width (one warpgroup
+    // per 64 columns of Dv).
+    row("MLSTM_STATES_DV64", "lasp_mlstm_states_dk{dk}_dv64", MLSTM_FORWARD, "128, 1", MLSTM_PARAMS,
+        "lasp::mlstm::run_states<{dk}, 64>(p)"),
+    row("MLSTM_STATES_DV128", "lasp_mlstm_states_dk{dk}_dv128", MLSTM_FORWARD, "256, 1", MLSTM_PARAMS,
+        "lasp::mlstm::run_states<{dk}, 128>(p)"),
+    row("MLSTM_OUTPUT_DV64", "lasp_mlstm_output_dk{dk}_dv64", MLSTM_FORWARD, "128, 1", MLSTM_PARAMS,
+        "lasp::mlstm::run_output<{dk}, 64>(p)"),
+    row("MLSTM_OUTPUT_DV128", "lasp_mlstm_output_dk{dk}_dv128", MLSTM_FORWARD, "256, 1", MLSTM_PARAMS,
+        "lasp::mlstm::run_output<{dk}, 128>(p)"),
 ];

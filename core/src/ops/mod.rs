@@ -5,6 +5,8 @@
 //! * [`scalar_decay::ScalarDecayBackward`]: its backward (dq, dk, dv, dg, dh0) on one GPU.
 //! * [`scalar_decay::lasp2::Lasp2Forward`] and [`scalar_decay::lasp2::Lasp2Backward`]: both
 //!   across GPUs (LASP-2), on the family-generic exchange of [`crate::exchange`].
+//! * [`gla`], [`gated_delta`]: GLA and Gated DeltaNet, forward and backward, on one GPU and
+//!   across GPUs; [`mlstm::MlstmForward`]: the mLSTM forward on one GPU.
 //!
 //! Tensors are passed as [`DeviceRef`] (read) and [`DeviceMut`] (written) views: a device address,
 //! an element count and a borrow of the buffer they came from, so the borrow checker keeps an
@@ -31,6 +33,7 @@ use std::sync::Arc;
 
 pub mod gated_delta;
 pub mod gla;
+pub mod mlstm;
 pub mod scalar_decay;
 
 /// bfloat16, the element type of activations (`half::bf16`, which cudarc's `f16` feature also

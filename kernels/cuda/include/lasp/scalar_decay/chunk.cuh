@@ -351,15 +351,17 @@ __device__ __forceinline__ void times_keys_step(float (&a)[8][4], const uint32_t
   }
 }
 
-// One pass over Dk of this warp's 16 Q rows, sharing the Q fragments: o += Q S_n and a += Q K^T.
-template <int DK>
+// One pass over Dk of this warp's 16 Q rows, sharing the Q fragments: o += Q S_n and a += Q K^T
+// (kStateLo as in issue_q_products).
+template <int DK, bool kStateLo = false>
 __device__ __forceinline__ void q_products(float (&o)[8][4], float (&a)[8][4], uint32_t sQ, uint32_t sS, uint32_t sK,
-                                           const FragOffsets<DK>& off) {
+                                           const FragOffsets<DK>& off, uint32_t sS_lo = 0) {
 #pragma unroll
   for (int ks = 0; ks < DK / 16; ++ks) {
     uint32_t qa[4];
     row_fragment<DK>(qa, sQ, off, ks);
     times_state_step<DK>(o, qa, sS, off, ks);
+    if constexpr (kStateLo) times_state_step<DK>(o, qa, sS_lo, off, ks);
     times_keys_step<DK>(a, qa, sK, off, ks);
   }
 }
@@ -376,10 +378,18 @@ __device__ __forceinline__ void scale_inter_rows(float (&o)[8][4], const ChunkGa
     }
 }
 
+// The default row sink of scores_to_p: nothing.
+struct NoRowSink {
+  __device__ __forceinline__ void operator()(int, float) const {}
+};
+
 // Scores get sigma [r >= j] e^{b_r - b_j}, then become bf16 A fragments (accumulator layout of
 // n-tiles 2kk, 2kk+1 = A layout of k-step kk). Masked before the exp (-inf -> 0): no branch, no inf.
+// `row_sink(hh, x)` takes each fp32 pair sum of fragment row hh before the rounding (a family that
+// needs the weighted scores' row sums, mLSTM's normaliser, adds them up; the default does nothing).
+template <class RowSink = NoRowSink>
 __device__ __forceinline__ void scores_to_p(uint32_t (&pa)[4][4], const float (&a)[8][4], const ChunkGates& cg,
-                                            int warp, int g, int t, float scale) {
+                                            int warp, int g, int t, float scale, RowSink&& row_sink = RowSink{}) {
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -390,6 +400,7 @@ __device__ __forceinline__ void scores_to_p(uint32_t (&pa)[4][4], const float (&
       const float d1 = exp_nonpos(j + 1 <= r ? cg.row[hh] - cg.col[nt][1] : -INFINITY);
       const float x0 = scale * a[nt][2 * hh] * d0;
       const float x1 = scale * a[nt][2 * hh + 1] * d1;
+      row_sink(hh, x0 + x1);
       pa[nt >> 1][(nt & 1) * 2 + hh] = pack_bf16x2(x0, x1);
     }
 }
@@ -533,16 +544,18 @@ __device__ __forceinline__ void weighted_kt_fragments(uint32_t (&kta)[DK / 64][4
 }
 
 // Issue (no fence, commit or wait) o = Q S_n and acc = Q K^T: A = Q, B = S_bf (MN-major) / K
-// (K-major), all from shared memory.
-template <int DK>
+// (K-major), all from shared memory. kStateLo: S_n is split, S_bf + S_lo (see output_chunk), and
+// o also takes Q S_lo.
+template <int DK, bool kStateLo = false>
 __device__ __forceinline__ void issue_q_products(float (&o)[8][4], float (&acc)[8][4], uint32_t sQ, uint32_t sS,
-                                                 uint32_t sK) {
+                                                 uint32_t sK, uint32_t sS_lo = 0) {
   using F = FragOffsets<DK>;
 #pragma unroll
   for (int ks = 0; ks < DK / 16; ++ks) {
     const uint32_t k_step = F::kBlockBytes * (ks >> 2) + 32 * (ks & 3);  // of a K-major Q / K tile
     const uint64_t q_desc = wg::desc_sw128(sQ + k_step);
     wg::mma_ss<wg::Major::kMN>(o, q_desc, wg::desc_sw128(sS + ks * F::kRow16), ks > 0);
+    if constexpr (kStateLo) wg::mma_ss<wg::Major::kMN>(o, q_desc, wg::desc_sw128(sS_lo + ks * F::kRow16), true);
     wg::mma_ss<wg::Major::kK>(acc, q_desc, wg::desc_sw128(sK + k_step), ks > 0);
   }
 }
@@ -569,7 +582,9 @@ __device__ __forceinline__ void issue_pv(float (&o)[8][4], const uint32_t (&pa)[
 
 // One chunk of the output kernel: o = sigma (diag(e^b) Q S_n + (Q K^T ⊙ D) V) for this warp's 16 rows
 // (accumulator layout), S <- S_{n+1}. sQ, sK, sV: the chunk's stage; sS: the bf16 copy of S_n.
-// kProbe kNoExp drops the elementwise gate work (see Probe).
+// kProbe kNoExp drops the elementwise gate work (see Probe). row_sink: see scores_to_p. kStateLo:
+// sS_lo holds the bf16 of S_n - S_bf, so Q S_n is exact to 16 significant bits (mLSTM divides its
+// output by a normaliser kept in fp32, which the bf16 copy's rounding would not cancel in).
 #if LASP_SD_WGMMA
 // sm_90a: the four products on the warpgroup's tensor cores (wgmma m64n64k16; the CTA's 4 warps
 // are one warpgroup), in three groups so that the warps' elementwise work runs beside them:
@@ -581,10 +596,11 @@ __device__ __forceinline__ void issue_pv(float (&o)[8][4], const uint32_t (&pa)[
 // and wait for all. Same products, roundings and order of terms as the mma.sync path. The state's
 // registers are rewritten only while no wgmma is in flight (ptxas otherwise inserts a wait for
 // group 1 right there, serialising it with that work).
-template <int DK, Probe kProbe>
+template <int DK, Probe kProbe, class RowSink = NoRowSink, bool kStateLo = false>
 __device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s, uint32_t sQ, uint32_t sK,
                                              uint32_t sV, uint32_t sS, const FragOffsets<DK>& off,
-                                             const ChunkGates& cg, int warp, int g, int t, float scale) {
+                                             const ChunkGates& cg, int warp, int g, int t, float scale,
+                                             RowSink&& row_sink = RowSink{}, uint32_t sS_lo = 0) {
   constexpr bool kGates = kProbe != Probe::kNoExp;
   float wk[8][2];
   if constexpr (kGates) decay_state<DK>(s, wk, cg);
@@ -593,7 +609,7 @@ __device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s,
 
   float acc[8][4];  // Q K^T
   wg::fence();
-  issue_q_products<DK>(o, acc, sQ, sS, sK);
+  issue_q_products<DK, kStateLo>(o, acc, sQ, sS, sK, sS_lo);
   wg::commit();
   issue_state_update<DK>(s, kta, sV);
   wg::commit();
@@ -604,7 +620,7 @@ __device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s,
   uint32_t pa[4][4];  // A fragments of sigma (Q K^T ⊙ D), one per 16-token k-step
   if constexpr (kGates) {
     scale_inter_rows(o, cg, scale);
-    scores_to_p(pa, acc, cg, warp, g, t, scale);
+    scores_to_p(pa, acc, cg, warp, g, t, scale, row_sink);
   } else {
     scores_to_p_unweighted(pa, acc);
   }
@@ -636,10 +652,11 @@ __device__ __forceinline__ void state_chunk(StateRegs<DK>& s, uint32_t sK, uint3
 #else
 // Other architectures: warp-level mma.sync, one pass over Dk for Q S_n and Q K^T sharing the Q
 // fragments, then P V and the state update sharing the V fragments.
-template <int DK, Probe kProbe>
+template <int DK, Probe kProbe, class RowSink = NoRowSink, bool kStateLo = false>
 __device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s, uint32_t sQ, uint32_t sK,
                                              uint32_t sV, uint32_t sS, const FragOffsets<DK>& off,
-                                             const ChunkGates& cg, int warp, int g, int t, float scale) {
+                                             const ChunkGates& cg, int warp, int g, int t, float scale,
+                                             RowSink&& row_sink = RowSink{}, uint32_t sS_lo = 0) {
   constexpr bool kGates = kProbe != Probe::kNoExp;
   float acc[8][4] = {};  // Q K^T
   uint32_t pa[4][4];     // A fragments of sigma (Q K^T ⊙ D), one per 16-token k-step
@@ -647,11 +664,11 @@ __device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s,
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[nt][e] = 0.f;
-  q_products<DK>(o, acc, sQ, sS, sK, off);
+  q_products<DK, kStateLo>(o, acc, sQ, sS, sK, off, sS_lo);
   float wk[8][2];
   if constexpr (kGates) {
     scale_inter_rows(o, cg, scale);
-    scores_to_p(pa, acc, cg, warp, g, t, scale);
+    scores_to_p(pa, acc, cg, warp, g, t, scale, row_sink);
     decay_state<DK>(s, wk, cg);
   } else {
     scores_to_p_unweighted(pa, acc);

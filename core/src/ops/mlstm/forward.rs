@@ -1,0 +1,339 @@
+//! [`MlstmForward`]: the mLSTM forward's kernels, workspace and launches, and the checks of one
+//! call's tensors ([`MlstmArgs`]) before anything is launched.
+
+use super::plan::{output_smem_bytes, states_smem_bytes};
+use super::{MlstmParams, MlstmPlan};
+use crate::error::{Error, Result};
+use crate::kernel::{width_index, Kernel};
+use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
+use crate::ops::{bf16, require_shared_memory, DeviceMut, DeviceRef, StreamOrder};
+use crate::runtime::Runtime;
+use cudarc::driver::{result as cu, CudaContext, CudaSlice, CudaStream};
+use lasp_shmem_kernels::instances;
+use std::sync::Arc;
+
+const OP: &str = "mLSTM forward";
+
+/// mlstm_kernels' default denominator epsilon.
+pub const DEFAULT_EPS: f32 = 1e-6;
+
+/// A stabilised state `(C, n, m)` an operation reads: `c [B, H, Dk, Dv]`, `n [B, H, Dk]`,
+/// `m [B, H]`, fp32, each 8-byte aligned. It stands for the unstabilised `(e^m C, e^m n)`.
+#[derive(Clone, Copy, Debug)]
+pub struct MlstmStateRef<'a> {
+    pub c: DeviceRef<'a, f32>,
+    pub n: DeviceRef<'a, f32>,
+    pub m: DeviceRef<'a, f32>,
+}
+
+/// A stabilised state `(C, n, m)` an operation writes (layouts as [`MlstmStateRef`]).
+#[derive(Debug)]
+pub struct MlstmStateMut<'a> {
+    pub c: DeviceMut<'a, f32>,
+    pub n: DeviceMut<'a, f32>,
+    pub m: DeviceMut<'a, f32>,
+}
+
+/// The tensors of one call; views from cudarc buffers ([`DeviceRef::new`], [`DeviceMut::new`])
+/// or raw pointers, all in the runtime's GPU context.
+#[derive(Debug)]
+pub struct MlstmArgs<'a> {
+    /// The dimensions every tensor must agree with (Dk and Dv 64 or 128).
+    pub shape: ForwardShape,
+    /// Queries `[B, T, H, Dk]`, bf16, contiguous, 16-byte aligned.
+    pub q: DeviceRef<'a, bf16>,
+    /// Keys `[B, T, H, Dk]`, bf16, contiguous, 16-byte aligned.
+    pub k: DeviceRef<'a, bf16>,
+    /// Values `[B, T, H, Dv]`, bf16, contiguous, 16-byte aligned.
+    pub v: DeviceRef<'a, bf16>,
+    /// Input-gate pre-activations `i [B, T, H]`, fp32, finite (the gate is `e^i`).
+    pub i_gate: DeviceRef<'a, f32>,
+    /// Forget-gate pre-activations `f [B, T, H]`, fp32, finite (the gate is `sigmoid(f)`).
+    pub f_gate: DeviceRef<'a, f32>,
+    /// The state before token 0; `None` for mlstm_kernels' zero state `(0, 0, 0)`.
+    pub initial_state: Option<MlstmStateRef<'a>>,
+    /// Output `h [B, T, H, Dv]`, bf16, 16-byte aligned; every element is written.
+    pub h: DeviceMut<'a, bf16>,
+    /// The state after the last token; `None` to skip it.
+    pub final_state: Option<MlstmStateMut<'a>>,
+    /// `sigma`, the query scale; `None` for `Dk^-1/2`.
+    pub scale: Option<f32>,
+    /// The denominator's epsilon, added after the max; `None` for [`DEFAULT_EPS`].
+    pub eps: Option<f32>,
+}
+
+impl<'a> MlstmArgs<'a> {
+    /// The streams of the buffers the views come from ([`crate::ops`], "Ordering").
+    fn homes(&self) -> Vec<Option<&'a Arc<CudaStream>>> {
+        let mut homes = vec![
+            self.q.home(),
+            self.k.home(),
+            self.v.home(),
+            self.i_gate.home(),
+            self.f_gate.home(),
+            self.h.home(),
+        ];
+        if let Some(s) = &self.initial_state {
+            homes.extend([s.c.home(), s.n.home(), s.m.home()]);
+        }
+        if let Some(s) = &self.final_state {
+            homes.extend([s.c.home(), s.n.home(), s.m.home()]);
+        }
+        homes
+    }
+
+    /// Checks lengths, alignment, scale, eps and overlaps against the (validated) shape; returns
+    /// the scale and eps to use.
+    pub(super) fn check(&self) -> Result<(f32, f32)> {
+        let s = &self.shape;
+        let checks = TensorChecks::new(OP, s);
+        let per_token = s.b * s.t * s.h;
+        let (c_len, n_len, m_len) = (s.state_len(), s.b * s.h * s.dk, s.b * s.h);
+        let bf16_tensors = [
+            ("q", self.q, "[B, T, H, Dk]", s.qk_len()),
+            ("k", self.k, "[B, T, H, Dk]", s.qk_len()),
+            ("v", self.v, "[B, T, H, Dv]", s.v_len()),
+        ];
+        for (name, x, layout, want) in bf16_tensors {
+            checks.tensor(name, layout, (x.len(), want), x.addr(), 16)?;
+        }
+        for (name, x) in [("i_gate", self.i_gate), ("f_gate", self.f_gate)] {
+            checks.tensor(name, "[B, T, H]", (x.len(), per_token), x.addr(), 4)?;
+        }
+        let mut inputs = vec![
+            ("q", self.q.byte_range()),
+            ("k", self.k.byte_range()),
+            ("v", self.v.byte_range()),
+            ("i_gate", self.i_gate.byte_range()),
+            ("f_gate", self.f_gate.byte_range()),
+        ];
+        let state_layouts = [
+            ("[B, H, Dk, Dv]", c_len),
+            ("[B, H, Dk]", n_len),
+            ("[B, H]", m_len),
+        ];
+        if let Some(st) = &self.initial_state {
+            let parts = [("c0", st.c), ("n0", st.n), ("m0", st.m)];
+            for ((name, x), (layout, want)) in parts.into_iter().zip(state_layouts) {
+                checks.tensor(name, layout, (x.len(), want), x.addr(), 8)?;
+                inputs.push((name, x.byte_range()));
+            }
+        }
+        checks.tensor(
+            "h",
+            "[B, T, H, Dv]",
+            (self.h.len(), s.v_len()),
+            self.h.addr(),
+            16,
+        )?;
+        let mut outputs = vec![("h", self.h.byte_range())];
+        if let Some(st) = &self.final_state {
+            let parts = [("c_t", &st.c), ("n_t", &st.n), ("m_t", &st.m)];
+            for ((name, x), (layout, want)) in parts.into_iter().zip(state_layouts) {
+                checks.tensor(name, layout, (x.len(), want), x.addr(), 8)?;
+                outputs.push((name, x.byte_range()));
+            }
+        }
+        checks.disjoint(&inputs, &outputs)?;
+        let scale = checks.scale(self.scale, s)?;
+        let eps = self.eps.unwrap_or(DEFAULT_EPS);
+        if !(eps.is_finite() && eps >= 0.0) {
+            return Err(Error::InvalidArgument(format!(
+                "{OP}: eps = {eps} must be finite and >= 0; pass None for mlstm_kernels' 1e-6"
+            )));
+        }
+        Ok((scale, eps))
+    }
+}
+
+/// The first gate pre-activation that is not finite, as an error naming `which` gate and
+/// `[b, t, h]`.
+pub fn check_gate_values(which: &str, gate: &[f32], shape: &ForwardShape) -> Result<()> {
+    let Some(pos) = gate.iter().position(|x| !x.is_finite()) else {
+        return Ok(());
+    };
+    let (h, t) = (shape.h.max(1), shape.t.max(1));
+    let (hh, rest) = (pos % h, pos / h);
+    let (tt, b) = (rest % t, rest / t);
+    Err(Error::InvalidArgument(format!(
+        "{OP}: {which}[b={b}, t={tt}, h={hh}] = {} must be finite: gates are pre-activations \
+         (the input gate is e^i, the forget gate sigmoid(f)); clamp them before the call",
+        gate[pos]
+    )))
+}
+
+/// The mLSTM forward: its kernels and its workspace.
+///
+/// One instance may be launched many times on one stream; launches of one instance on different
+/// streams must be ordered by the caller (they share the workspace). The workspace grows on
+/// demand (a context synchronisation then) and is freed when the instance is dropped.
+pub struct MlstmForward {
+    ctx: Arc<CudaContext>,
+    /// Indexed by [Dv][Dk]: 64, 128 each.
+    states: [[Kernel; 2]; 2],
+    output: [[Kernel; 2]; 2],
+    fold: Kernel,
+    sm_count: u32,
+    force_segments: Option<u32>,
+    workspace: Option<CudaSlice<u8>>,
+}
+
+impl MlstmForward {
+    /// Looks up the kernels in the runtime's module and raises their shared-memory limits; an
+    /// error if this GPU cannot give a block that much shared memory.
+    pub fn new(runtime: &Runtime) -> Result<Self> {
+        require_shared_memory(runtime, OP, output_smem_bytes(128, 128))?;
+        let ctx = runtime.context().clone();
+        let module = runtime.module();
+        let states = [
+            module.kernels_per_width(instances::MLSTM_STATES_DV64)?,
+            module.kernels_per_width(instances::MLSTM_STATES_DV128)?,
+        ];
+        let output = [
+            module.kernels_per_width(instances::MLSTM_OUTPUT_DV64)?,
+            module.kernels_per_width(instances::MLSTM_OUTPUT_DV128)?,
+        ];
+        for (j, dv) in [64, 128].into_iter().enumerate() {
+            for (i, dk) in [64, 128].into_iter().enumerate() {
+                states[j][i].set_max_dynamic_shared_bytes(states_smem_bytes(dk, dv))?;
+                output[j][i].set_max_dynamic_shared_bytes(output_smem_bytes(dk, dv))?;
+            }
+        }
+        Ok(MlstmForward {
+            fold: module.kernel("lasp_mlstm_fold")?,
+            sm_count: crate::ops::sm_count(&ctx)?,
+            ctx,
+            states,
+            output,
+            force_segments: None,
+            workspace: None,
+        })
+    }
+
+    /// Forces the number of segments per sequence (tests and tuning), or restores the automatic
+    /// plan with `None`.
+    pub fn set_num_segments(&mut self, segments: Option<u32>) {
+        self.force_segments = segments;
+    }
+
+    /// The plan a launch of `shape` would use (validates the shape).
+    pub fn plan(&self, shape: &ForwardShape) -> Result<MlstmPlan> {
+        MlstmPlan::new(shape, self.sm_count, self.force_segments)
+    }
+
+    /// Copies both gates to the host (synchronising `stream`) and checks that every
+    /// pre-activation is finite; the error names the first offending gate and `[b, t, h]`.
+    pub fn validate_gates(
+        &self,
+        stream: &Arc<CudaStream>,
+        i_gate: DeviceRef<'_, f32>,
+        f_gate: DeviceRef<'_, f32>,
+        shape: &ForwardShape,
+    ) -> Result<()> {
+        let want = shape.b * shape.t * shape.h;
+        for (which, gate) in [("i_gate", i_gate), ("f_gate", f_gate)] {
+            if gate.len() != want {
+                return Err(Error::InvalidArgument(format!(
+                    "{OP}: {which} has {} elements but [B, T, H] needs {want}",
+                    gate.len()
+                )));
+            }
+            let mut host = vec![0f32; gate.len()];
+            self.ctx.bind_to_thread()?;
+            // SAFETY: gate is a live device allocation of at least gate.len() f32 (DeviceRef's
+            // contract); the copy completes before `host` is read (stream synchronised below).
+            unsafe { cu::memcpy_dtoh_async(&mut host, gate.addr(), stream.cu_stream()) }?;
+            stream.synchronize()?;
+            check_gate_values(which, &host, shape)?;
+        }
+        Ok(())
+    }
+
+    /// Enqueues the forward on `stream` (a stream of the runtime's context) and returns the plan
+    /// it used. Everything is validated before the first launch; in debug builds the gates are
+    /// checked too, which synchronises `stream`.
+    pub fn launch(&mut self, stream: &Arc<CudaStream>, args: MlstmArgs<'_>) -> Result<MlstmPlan> {
+        StreamOrder::around(stream, args.homes(), OP, || self.enqueue(stream, args))
+    }
+
+    fn enqueue(&mut self, stream: &Arc<CudaStream>, args: MlstmArgs<'_>) -> Result<MlstmPlan> {
+        let plan = self.plan(&args.shape)?;
+        let (scale, eps) = args.check()?;
+        crate::ops::require_runtime_stream(stream, &self.ctx, OP)?;
+        if cfg!(debug_assertions) {
+            self.validate_gates(stream, args.i_gate, args.f_gate, &args.shape)?;
+        }
+        let base = crate::ops::ensure_workspace(
+            &self.ctx,
+            stream,
+            &mut self.workspace,
+            plan.workspace_bytes,
+            OP,
+        )?;
+        let at = |offset: u64| {
+            if plan.num_segments > 1 {
+                base + offset
+            } else {
+                0
+            }
+        };
+        let ws = plan.workspace_offsets();
+        let s = &args.shape;
+        let state_in = args.initial_state;
+        let state_out = args.final_state.as_ref();
+        let params = MlstmParams {
+            q: args.q.addr() as _,
+            k: args.k.addr() as _,
+            v: args.v.addr() as _,
+            i_gate: args.i_gate.addr() as _,
+            f_gate: args.f_gate.addr() as _,
+            o: args.h.addr() as _,
+            c0: state_in.map_or(0, |x| x.c.addr()) as _,
+            n0: state_in.map_or(0, |x| x.n.addr()) as _,
+            m0: state_in.map_or(0, |x| x.m.addr()) as _,
+            c_t: state_out.map_or(0, |x| x.c.addr()) as _,
+            n_t: state_out.map_or(0, |x| x.n.addr()) as _,
+            m_t: state_out.map_or(0, |x| x.m.addr()) as _,
+            ws_c: at(0) as _,
+            ws_pc: at(ws.pc) as _,
+            ws_n: at(ws.n) as _,
+            ws_pn: at(ws.pn) as _,
+            ws_m: at(ws.m) as _,
+            ws_f: at(ws.f) as _,
+            ws_pm: at(ws.pm) as _,
+            B: s.b as i32,
+            T: s.t as i32,
+            H: s.h as i32,
+            Dk: s.dk as i32,
+            Dv: s.dv as i32,
+            num_segments: plan.num_segments as i32,
+            chunks_per_segment: plan.chunks_per_segment as i32,
+            scale,
+            eps,
+        };
+        self.ctx.bind_to_thread()?;
+        let (i, j) = (width_index(s.dk), width_index(s.dv));
+        // SAFETY: MlstmParams is lasp_mlstm_params, generated from the header; the shape is
+        // supported and every tensor has the length, alignment and non-overlap the kernels need
+        // (checked above); the views borrow their buffers for the call and their contracts keep
+        // the memory valid until the kernels complete; the workspace is owned by self and freed
+        // only after a context synchronisation.
+        unsafe {
+            if let (Some(states), Some(fold)) = (plan.states, plan.fold) {
+                self.states[j][i].launch(stream, states, &params)?;
+                self.fold.launch(stream, fold, &params)?;
+            }
+            self.output[j][i].launch(stream, plan.output, &params)?;
+        }
+        Ok(plan)
+    }
+}
+
+impl Drop for MlstmForward {
+    fn drop(&mut self) {
+        // Earlier launches may still read the workspace.
+        if self.workspace.is_some() {
+            let _ = self.ctx.synchronize();
+        }
+    }
+}

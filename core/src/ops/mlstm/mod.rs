@@ -1,0 +1,34 @@
+//! mLSTM, xLSTM's matrix LSTM (mlstm_kernels' "mLSTMexp": exponential input gate, sigmoid forget
+//! gate, normaliser and max-state stabiliser), on one GPU.
+//!
+//! Per batch `b` and head `h`, with row vectors, `sigma = scale` and `lf_t = logsigmoid(f_t)`:
+//! ```text
+//! m_t = max(lf_t + m_{t-1}, i_t),   i'_t = e^{i_t - m_t},   f'_t = e^{lf_t + m_{t-1} - m_t}
+//! C_t = f'_t C_{t-1} + i'_t k_t^T v_t,   n_t = f'_t n_{t-1} + i'_t k_t
+//! h_t = sigma q_t C_t / (max(|sigma q_t . n_t|, e^{-m_t}) + eps)
+//! ```
+//! Tensors are in fla's layout: `q, k [B, T, H, Dk]`, `v, h [B, T, H, Dv]` bf16, the gate
+//! pre-activations `i, f [B, T, H]` fp32, the optional initial and final states
+//! `(C [B, H, Dk, Dv], n [B, H, Dk], m [B, H])` fp32; Dk and Dv 64 or 128.
+//!
+//! The kernels are `kernels/cuda/mlstm/forward.cu` (the chunk maths: `lasp/mlstm/chunk.cuh`,
+//! which runs each 64-token chunk in the scalar-decay chunk step with the stabilised gates);
+//! the parameter struct [`MlstmParams`] and the shared-memory formulas come from
+//! `lasp/mlstm/forward_params.h`. Call sequence (one stream): with `S > 1` segments per
+//! sequence, the states kernel (every segment's summary but the last's, from the empty state),
+//! the fold (the stabilised state entering every segment), then always the output kernel, one
+//! CTA per (segment, b*H+h) with a warpgroup per 64 columns of Dv.
+
+mod forward;
+mod plan;
+#[cfg(test)]
+mod tests;
+
+pub use forward::{
+    check_gate_values, MlstmArgs, MlstmForward, MlstmStateMut, MlstmStateRef, DEFAULT_EPS,
+};
+pub use plan::{MlstmPlan, WorkspaceOffsets};
+
+/// The C struct `lasp_mlstm_params` of `lasp/mlstm/forward_params.h`, passed by value to every
+/// mLSTM forward kernel. Pointer fields hold device addresses; NULL where a tensor is absent.
+pub type MlstmParams = lasp_shmem_kernels::params::lasp_mlstm_params;

@@ -1,0 +1,170 @@
+//! [`MlstmPlan`]: how one mLSTM forward call runs (segments per sequence, the launches, the
+//! workspace), from the shape and the GPU's multiprocessor count.
+
+use crate::error::{Error, Result};
+use crate::kernel::LaunchShape;
+use crate::ops::scalar_decay::ForwardShape;
+use lasp_shmem_kernels::params as header;
+
+/// Tokens per chunk of the on-chip loop.
+pub(crate) const CHUNK: usize = header::LASP_MLSTM_CHUNK as usize;
+const FOLD_THREADS: u32 = header::LASP_MLSTM_FOLD_THREADS;
+/// The most segments per sequence (the kernels' grid y).
+const MAX_SEGMENTS: usize = 65_535;
+
+/// How one call runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MlstmPlan {
+    /// The shape the plan is for.
+    pub shape: ForwardShape,
+    /// Segments per (b, h), S >= 1; none is empty. A segment is TFLA's large chunk: its state
+    /// stays on chip while 64-token chunks stream through.
+    pub num_segments: u32,
+    /// Chunks of 64 tokens per segment (the last segment may hold fewer).
+    pub chunks_per_segment: u32,
+    /// Workspace bytes (0 when S == 1).
+    pub workspace_bytes: u64,
+    /// The states kernel's launch (only when S > 1).
+    pub states: Option<LaunchShape>,
+    /// The fold kernel's launch (only when S > 1).
+    pub fold: Option<LaunchShape>,
+    /// The output kernel's launch.
+    pub output: LaunchShape,
+}
+
+/// Threads of the states and output kernels (`lasp_mlstm_threads`): a warpgroup per 64 columns
+/// of Dv.
+fn threads(dv: usize) -> u32 {
+    128 * (dv as u32 / header::LASP_MLSTM_TILE_V)
+}
+
+/// One pipeline stage (`lasp_mlstm_stage_bytes`): Q (with O), K, V, both gates of a chunk.
+fn stage_bytes(dk: usize, dv: usize, with_q: bool) -> u32 {
+    let (c, dk, dv) = (CHUNK as u32, dk as u32, dv as u32);
+    (if with_q { 2 } else { 1 }) * c * dk * 2 + c * dv * 2 + 2 * c * 4
+}
+
+/// Shared-memory bytes of the output kernel (`lasp_mlstm_output_smem_bytes`).
+pub(crate) fn output_smem_bytes(dk: usize, dv: usize) -> u32 {
+    let (dk32, dv32) = (dk as u32, dv as u32);
+    header::LASP_MLSTM_STAGES * stage_bytes(dk, dv, true) + 4 * dk32 * dv32 * 2 + 2 * dk32 * 4
+}
+
+/// Shared-memory bytes of the states kernel (`lasp_mlstm_states_smem_bytes`).
+pub(crate) fn states_smem_bytes(dk: usize, dv: usize) -> u32 {
+    header::LASP_MLSTM_STAGES * stage_bytes(dk, dv, false)
+}
+
+/// Output CTAs one SM holds at once (228 KiB of shared memory, 1 KiB reserved per CTA, at most
+/// 16 warps of these kernels' 255 registers per thread).
+fn ctas_per_sm(dk: usize, dv: usize) -> usize {
+    let by_memory = (233_472 / (output_smem_bytes(dk, dv) + 1024)) as usize;
+    let by_registers = (65_536 / (255 * threads(dv))) as usize;
+    by_memory.min(by_registers).max(1)
+}
+
+/// Byte offsets of the workspace's arrays (`ws_c` is at 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkspaceOffsets {
+    pub pc: u64,
+    pub n: u64,
+    pub pn: u64,
+    pub m: u64,
+    pub f: u64,
+    pub pm: u64,
+}
+
+impl MlstmPlan {
+    /// The plan for `shape` on a GPU of `sm_count` multiprocessors (the output kernel's CTAs
+    /// fill them once), or with `force_segments` segments per sequence (clamped to one chunk
+    /// each at least and rounded so that none is empty).
+    pub fn new(shape: &ForwardShape, sm_count: u32, force_segments: Option<u32>) -> Result<Self> {
+        validate(shape)?;
+        let (b, t, h, dk, dv) = (shape.b, shape.t, shape.h, shape.dk, shape.dv);
+        let chunks = t.div_ceil(CHUNK);
+        if force_segments == Some(0) {
+            return Err(Error::InvalidArgument(
+                "mLSTM forward: a forced segment count must be at least 1 (use None for the \
+                 automatic plan)"
+                    .into(),
+            ));
+        }
+        let target = sm_count as usize * ctas_per_sm(dk, dv) / (b * h);
+        let want = force_segments
+            .map_or(target, |s| s as usize)
+            .clamp(1, chunks);
+        let per_segment = chunks.div_ceil(want);
+        let segments = chunks.div_ceil(per_segment);
+        if segments > MAX_SEGMENTS {
+            return Err(Error::InvalidArgument(format!(
+                "mLSTM forward: {segments} segments per sequence exceed {MAX_SEGMENTS} (the \
+                 kernels' grid limit); force fewer segments"
+            )));
+        }
+        let bh = (b * h) as u32;
+        let many = segments > 1;
+        let boundaries = (segments - 1) as u64;
+        let (tile, vector) = ((dk * dv * 4) as u64, (dk * 4) as u64);
+        let per_bh = boundaries * (2 * tile + 2 * vector + 3 * 4);
+        Ok(MlstmPlan {
+            shape: *shape,
+            num_segments: segments as u32,
+            chunks_per_segment: per_segment as u32,
+            workspace_bytes: (b * h) as u64 * per_bh,
+            states: many.then_some(LaunchShape {
+                grid: (1, segments as u32 - 1, bh),
+                block: (threads(dv), 1, 1),
+                shared_bytes: states_smem_bytes(dk, dv),
+            }),
+            fold: many.then_some(LaunchShape {
+                grid: (((dk * dv + dk) as u32).div_ceil(FOLD_THREADS), bh, 1),
+                block: (FOLD_THREADS, 1, 1),
+                shared_bytes: 0,
+            }),
+            output: LaunchShape {
+                grid: (1, segments as u32, bh),
+                block: (threads(dv), 1, 1),
+                shared_bytes: output_smem_bytes(dk, dv),
+            },
+        })
+    }
+
+    /// Where each workspace array starts: `ws_c`, `ws_pc` (tiles), `ws_n`, `ws_pn` (vectors),
+    /// `ws_m`, `ws_f`, `ws_pm` (scalars), each over every (b*H+h, boundary).
+    pub fn workspace_offsets(&self) -> WorkspaceOffsets {
+        let s = &self.shape;
+        let slots = (s.b * s.h) as u64 * (self.num_segments - 1) as u64;
+        let (tiles, vectors, scalars) = (
+            slots * (s.dk * s.dv * 4) as u64,
+            slots * (s.dk * 4) as u64,
+            slots * 4,
+        );
+        let pc = tiles;
+        let n = pc + tiles;
+        let pn = n + vectors;
+        let m = pn + vectors;
+        WorkspaceOffsets {
+            pc,
+            n,
+            pn,
+            m,
+            f: m + scalars,
+            pm: m + 2 * scalars,
+        }
+    }
+}
+
+/// Checks that the mLSTM forward kernels support `shape`; the error says what to change.
+pub(crate) fn validate(shape: &ForwardShape) -> Result<()> {
+    const OP: &str = "mLSTM forward";
+    shape.validate_as(OP)?;
+    if shape.dv != 64 && shape.dv != 128 {
+        return Err(Error::InvalidArgument(format!(
+            "{OP}: Dv = {} is not supported (the kernels are built for Dv 64 and 128); split v \
+             into blocks of 128 columns and run one call per block with the same q, k and gates \
+             (the normaliser does not depend on v)",
+            shape.dv
+        )));
+    }
+    Ok(())
+}

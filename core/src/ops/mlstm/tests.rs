@@ -1,0 +1,126 @@
+//! Unit tests of mLSTM's host side: the shared-memory formulas against the header's, the plans
+//! and the argument checks.
+
+use super::forward::MlstmArgs;
+use super::plan::{output_smem_bytes, states_smem_bytes};
+use super::*;
+use crate::ops::scalar_decay::ForwardShape;
+use crate::ops::{bf16, DeviceMut, DeviceRef};
+
+fn shape(b: usize, t: usize, h: usize, dk: usize, dv: usize) -> ForwardShape {
+    ForwardShape { b, t, h, dk, dv }
+}
+
+#[test]
+fn shared_memory_matches_the_header_and_fits_a_block() {
+    // bindgen does not export the header's inline functions: their values worked out by hand.
+    // Two stages of Q, K (16 KiB each), V (16 KiB at Dv 128) and both gates (512 B), two split
+    // state copies (hi and lo, 32 KiB each at Dk = Dv = 128), two fp32 copies of n.
+    assert_eq!(
+        output_smem_bytes(128, 128),
+        2 * (3 * 16_384 + 512) + 4 * 32_768 + 1_024
+    );
+    assert_eq!(
+        output_smem_bytes(64, 64),
+        2 * (3 * 8_192 + 512) + 4 * 8_192 + 512
+    );
+    assert!(output_smem_bytes(128, 128) <= 227 * 1024);
+    assert_eq!(states_smem_bytes(128, 128), 2 * (2 * 16_384 + 512));
+}
+
+#[test]
+fn plans_fill_the_sms_once_and_size_the_workspace() {
+    // B=4, H=16, T=8K on 132 SMs at Dv = 128 (one 256-thread CTA per SM): two segments of 64
+    // chunks.
+    let p = MlstmPlan::new(&shape(4, 8192, 16, 128, 128), 132, None).unwrap();
+    assert_eq!((p.num_segments, p.chunks_per_segment), (2, 64));
+    assert_eq!(p.output.grid, (1, 2, 64));
+    assert_eq!(p.output.block, (256, 1, 1));
+    assert_eq!(p.states.unwrap().grid, (1, 1, 64));
+    assert_eq!(p.fold.unwrap().grid, ((128 * 128 + 128) / 256 + 1, 64, 1));
+    let (tile, vector) = (128 * 128 * 4, 128 * 4);
+    let o = p.workspace_offsets();
+    assert_eq!(
+        (o.pc, o.n, o.pn, o.m, o.f, o.pm),
+        (
+            64 * tile,
+            128 * tile,
+            128 * tile + 64 * vector,
+            128 * tile + 128 * vector,
+            128 * tile + 128 * vector + 256,
+            128 * tile + 128 * vector + 512
+        )
+    );
+    assert_eq!(p.workspace_bytes, o.pm + 256);
+    // B*H >= SMs: one segment, no states pass, no workspace.
+    let p = MlstmPlan::new(&shape(4, 200, 64, 64, 64), 132, None).unwrap();
+    assert_eq!(
+        (p.num_segments, p.states, p.fold, p.workspace_bytes),
+        (1, None, None, 0)
+    );
+    assert_eq!(p.output.block, (128, 1, 1));
+    // Forced: 5 segments of 16 chunks -> 4 of 4.
+    let p = MlstmPlan::new(&shape(1, 1000, 1, 128, 128), 132, Some(5)).unwrap();
+    assert_eq!((p.num_segments, p.chunks_per_segment), (4, 4));
+    assert!(MlstmPlan::new(&shape(1, 1000, 1, 128, 128), 132, Some(0)).is_err());
+}
+
+#[test]
+fn shapes_the_kernels_lack_are_refused_with_what_to_do() {
+    let err = MlstmPlan::new(&shape(1, 64, 1, 128, 256), 132, None).unwrap_err();
+    assert!(err
+        .to_string()
+        .contains("split v into blocks of 128 columns"));
+    let err = MlstmPlan::new(&shape(1, 64, 1, 96, 128), 132, None).unwrap_err();
+    assert!(err.to_string().contains("Dk"));
+}
+
+#[test]
+fn gate_errors_name_the_gate_and_the_element() {
+    let s = shape(2, 3, 2, 64, 64);
+    let mut g = vec![0.5f32; 12];
+    assert!(check_gate_values("i_gate", &g, &s).is_ok());
+    g[7] = f32::NAN; // b = 1, t = 0, h = 1
+    let err = check_gate_values("f_gate", &g, &s).unwrap_err().to_string();
+    assert!(err.contains("f_gate[b=1, t=0, h=1]"), "{err}");
+}
+
+#[test]
+fn arguments_are_checked_against_the_shape_before_any_launch() {
+    let s = shape(1, 64, 2, 64, 64);
+    let (n, per_token) = (s.qk_len(), 128);
+    // SAFETY: views of fake addresses are only measured, never launched.
+    let view = |addr: u64, len: usize| unsafe { DeviceRef::<bf16>::from_raw(addr, len) };
+    // SAFETY: as above.
+    let floats = |addr: u64, len: usize| unsafe { DeviceRef::<f32>::from_raw(addr, len) };
+    // SAFETY: as above.
+    let out = |addr: u64, len: usize| unsafe { DeviceMut::<bf16>::from_raw(addr, len) };
+    // SAFETY: as above.
+    let out_f32 = |addr: u64, len: usize| unsafe { DeviceMut::<f32>::from_raw(addr, len) };
+    let base = 1u64 << 32;
+    let args = |i_len: usize, h_addr: u64, eps: Option<f32>| MlstmArgs {
+        shape: s,
+        q: view(base, n),
+        k: view(base + 0x10_0000, n),
+        v: view(base + 0x20_0000, n),
+        i_gate: floats(base + 0x30_0000, i_len),
+        f_gate: floats(base + 0x38_0000, per_token),
+        initial_state: None,
+        h: out(h_addr, n),
+        final_state: Some(MlstmStateMut {
+            c: out_f32(base + 0x50_0000, 2 * 64 * 64),
+            n: out_f32(base + 0x58_0000, 2 * 64),
+            m: out_f32(base + 0x58_1000, 2),
+        }),
+        scale: None,
+        eps,
+    };
+    assert_eq!(
+        args(per_token, base + 0x40_0000, None).check().unwrap(),
+        (0.125, DEFAULT_EPS)
+    );
+    let err = |a: MlstmArgs<'_>| a.check().unwrap_err().to_string();
+    assert!(err(args(64, base + 0x40_0000, None)).contains("i_gate has 64 elements"));
+    assert!(err(args(per_token, base + 0x40_0000, Some(-1.0))).contains("eps = -1"));
+    assert!(err(args(per_token, base + 0x10, None)).contains("output h overlaps input q"));
+}

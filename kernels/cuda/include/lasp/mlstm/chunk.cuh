@@ -1,0 +1,368 @@
+// Device building blocks of the mLSTM forward (mlstm/forward.cu): the gates of a chunk in the
+// scalar-decay loop's form, the normaliser, the segment loop and the fold of stabilised states.
+//
+// The chunk (kernels/docs/mlstm.md, "The chunk"): with b_r the chunk-local inclusive cumsum of the
+// log forget gates, a_j = i_j - b_j and the running maximum M_r = max(m, max_{j<=r} a_j) over the
+// state's stabiliser m and the chunk's tokens, the stabiliser of row r is m_r = b_r + M_r, and with
+// the shift c = m (c = a_0 from the empty state, m = -inf)
+//   row_r = c - M_r,   col_j = c - a_j,   gamma = row_63,   m' = b_63 + M_63
+// make the scalar-decay chunk step (lasp/scalar_decay/chunk.cuh: weights e^{row_r - col_j} in the
+// scores, e^{row_r} on the carried state, e^{gamma} and e^{gamma - col_j} in the update) the
+// stabilised mLSTM step, term for term, every exponent <= 0. The normaliser is the same step with a
+// column of ones for v, all in fp32: its row term q_r . n a dot product, its score term the row
+// sums of the weighted scores before their rounding, and n itself carried in registers.
+#pragma once
+#include <math.h>
+#include <stdint.h>
+
+#include "lasp/mlstm/forward_params.h"
+#include "lasp/scalar_decay/chunk.cuh"
+
+namespace lasp {
+namespace mlstm {
+
+constexpr int kChunk = LASP_MLSTM_CHUNK;
+constexpr int kTileV = LASP_MLSTM_TILE_V;
+constexpr int kStages = LASP_MLSTM_STAGES;
+static_assert(kChunk == sd::kChunk && kTileV == sd::kTileV, "the scalar-decay chunk step's fragment bookkeeping");
+static_assert(kStages >= 2, "the pipeline needs at least two stages");
+
+using chunk::exp_nonpos;
+using chunk::StateLane;
+using chunk::StateRegs;
+using sd::ChunkGates;
+using sd::FragOffsets;
+
+// logsigmoid(x) = min(x, 0) - log(1 + e^{-|x|}): no overflow for either sign.
+__device__ __forceinline__ float log_sigmoid(float x) { return fminf(x, 0.f) - log1pf(expf(-fabsf(x))); }
+
+// The stabilised state (C, n, m) folded with a summary (C_w, n_w, m_w) and its log forget sum F, per
+// element x of C or n with the summary's element y: m' = max(F + m, m_w),
+// x' = e^{F + m - m'} x + e^{m_w - m'} y. The same operation in every fold (segments, ranks).
+struct Rescale {
+  float prefix, summary, m;  // the two factors and m'
+};
+__device__ __forceinline__ Rescale fold_rescale(float m_prefix, float log_forget, float m_summary) {
+  const float carried = log_forget + m_prefix;
+  const float m = fmaxf(carried, m_summary);
+  return {exp_nonpos(carried - m), exp_nonpos(m_summary - m), m};
+}
+__device__ __forceinline__ float fold_element(const Rescale& r, float x, float y) {
+  return fmaf(r.prefix, x, r.summary * y);
+}
+
+// One chunk's gates for this lane: the scalar-decay step's ChunkGates, each fragment row's
+// stabiliser, the pair values the normaliser's update shuffles, and what the chunk hands on.
+struct ChunkStep {
+  ChunkGates cg;
+  float m_row[2];      // m_r of this lane's fragment rows r = 16 warp + 8 hh + g
+  float key_weight[2]; // e^{gamma - col_j} of tokens j = 2 lane, 2 lane + 1
+  float m_next;        // the stabiliser of the state leaving the chunk
+  float log_forget;    // b_63: the chunk's summed log forget gate
+};
+
+// The gates of a chunk from its forget- and input-gate pre-activations in shared memory (64 each;
+// tokens >= valid are not tokens: no decay, no contribution), entered with stabiliser m_prev
+// (-inf: the empty state). Every warp computes the same values with the same instructions, so
+// every thread of the CTA holds the same bits without a barrier. warp: within the warpgroup.
+__device__ __forceinline__ ChunkStep chunk_step(const float* s_f, const float* s_i, int valid, float m_prev, int warp,
+                                                int lane) {
+  constexpr unsigned kAll = 0xffffffffu;
+  const float2 f = reinterpret_cast<const float2*>(s_f)[lane];
+  const float2 in = reinterpret_cast<const float2*>(s_i)[lane];
+  const bool ok0 = 2 * lane < valid, ok1 = 2 * lane + 1 < valid;
+  const sd::GatePair b =
+      sd::scan_gate_pairs(make_float2(ok0 ? log_sigmoid(f.x) : 0.f, ok1 ? log_sigmoid(f.y) : 0.f), lane);
+  const float a0 = ok0 ? in.x - b.even : -INFINITY;
+  const float a1 = ok1 ? in.y - b.odd : -INFINITY;
+  // Running maximum of a over the chunk (a warp scan over pairs).
+  float run = fmaxf(a0, a1);
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const float y = __shfl_up_sync(kAll, run, off);
+    if (lane >= off) run = fmaxf(run, y);
+  }
+  float before = __shfl_up_sync(kAll, run, 1);
+  if (lane == 0) before = -INFINITY;
+  const float max_even = fmaxf(m_prev, fmaxf(before, a0));  // M_{2 lane}
+  const float max_odd = fmaxf(m_prev, run);                 // M_{2 lane + 1}
+  const float shift = m_prev > -INFINITY ? m_prev : __shfl_sync(kAll, a0, 0);
+  const float row_even = shift - max_even, row_odd = shift - max_odd;
+  const float col_even = shift - a0, col_odd = shift - a1;
+  const float m_even = b.even + max_even, m_odd = b.odd + max_odd;
+
+  ChunkStep st;
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = 16 * warp + 8 * hh + g;
+    const float re = __shfl_sync(kAll, row_even, r >> 1), ro = __shfl_sync(kAll, row_odd, r >> 1);
+    const float me = __shfl_sync(kAll, m_even, r >> 1), mo = __shfl_sync(kAll, m_odd, r >> 1);
+    st.cg.row[hh] = (r & 1) ? ro : re;
+    st.m_row[hh] = (r & 1) ? mo : me;
+  }
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+    st.cg.col[nt][0] = __shfl_sync(kAll, col_even, 4 * nt + t);
+    st.cg.col[nt][1] = __shfl_sync(kAll, col_odd, 4 * nt + t);
+  }
+  st.cg.gamma = __shfl_sync(kAll, row_odd, 31);
+  st.key_weight[0] = exp_nonpos(st.cg.gamma - col_even);
+  st.key_weight[1] = exp_nonpos(st.cg.gamma - col_odd);
+  st.m_next = __shfl_sync(kAll, m_odd, 31);
+  st.log_forget = __shfl_sync(kAll, b.odd, 31);
+  return st;
+}
+
+// The bf16 at a shared-memory byte address, as fp32.
+__device__ __forceinline__ float bf16_at(const uint8_t* at) {
+  return __uint_as_float(static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(at)) << 16);
+}
+
+// n'_d = e^{gamma} n_d + sum_j e^{gamma - col_j} k_jd for one key dimension d, K the chunk's
+// swizzled [64 x DK] tile at `sK` (generic address), the weights as chunk_step left them per lane.
+template <int DK>
+__device__ __forceinline__ float normaliser_update(float n, const uint8_t* sK, int d, const ChunkStep& st) {
+  constexpr unsigned kAll = 0xffffffffu;
+  const uint8_t* column = sK + (d & 7) * 2;  // element d of a row, within its 16-byte chunk
+  float acc = 0.f;
+#pragma unroll 8
+  for (int p = 0; p < kChunk / 2; ++p) {
+    const float w0 = __shfl_sync(kAll, st.key_weight[0], p), w1 = __shfl_sync(kAll, st.key_weight[1], p);
+    const float k0 = bf16_at(column + swizzle(2 * p, d >> 3, kChunk));
+    const float k1 = bf16_at(column + swizzle(2 * p + 1, d >> 3, kChunk));
+    acc = fmaf(w0, k0, acc);
+    acc = fmaf(w1, k1, acc);
+  }
+  return fmaf(exp_nonpos(st.cg.gamma), n, acc);
+}
+
+// sigma-free q_r . n for this warp's 16 rows of the chunk's swizzled [64 x DK] Q tile at `sQ`: lane
+// l takes row 16 warp + l / 2 and half l % 2 of Dk; the pair's sum lands in both lanes. Returns the
+// values of this lane's fragment rows r = 16 warp + 8 hh + g (lane 2 (8 hh + g) holds row r).
+template <int DK>
+__device__ __forceinline__ void query_dot_normaliser(float (&qn)[2], const uint8_t* sQ, const float* s_n, int warp,
+                                                     int lane) {
+  constexpr unsigned kAll = 0xffffffffu;
+  constexpr int kHalfChunks = DK / 16;  // 16-byte chunks (8 elements) per half row
+  const int r = 16 * warp + (lane >> 1), half = lane & 1;
+  float acc = 0.f;
+#pragma unroll
+  for (int c = half * kHalfChunks; c < (half + 1) * kHalfChunks; ++c) {
+    const uint4 x = *reinterpret_cast<const uint4*>(sQ + swizzle(r, c, kChunk));
+    const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      acc = fmaf(__uint_as_float(w[e] << 16), s_n[8 * c + 2 * e], acc);
+      acc = fmaf(__uint_as_float(w[e] & 0xffff0000u), s_n[8 * c + 2 * e + 1], acc);
+    }
+  }
+  acc += __shfl_xor_sync(kAll, acc, 1);
+  const int g = lane >> 2;
+  qn[0] = __shfl_sync(kAll, acc, 2 * g);
+  qn[1] = __shfl_sync(kAll, acc, 2 * (8 + g));
+}
+
+// The row sums of the weighted scores sigma (Q K^T ⊙ D) in fp32, before their rounding to bf16 for
+// the products: this lane's share of its two fragment rows (sum_rows adds the four lanes of a row).
+// The denominator cancels (the scores' signs are q . k's) where the numerator need not, so its sum
+// must not carry the bf16 rounding the numerator's product takes (TFLA sums in fp32 likewise).
+struct ScoreRowSums {
+  float* sums;  // [2], zeroed by the caller
+  __device__ __forceinline__ void operator()(int hh, float x) const { sums[hh] += x; }
+};
+
+__device__ __forceinline__ void sum_rows(float (&sums)[2]) {
+  constexpr unsigned kAll = 0xffffffffu;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    sums[hh] += __shfl_xor_sync(kAll, sums[hh], 1);
+    sums[hh] += __shfl_xor_sync(kAll, sums[hh], 2);
+  }
+}
+
+// The state as the inter term's operand, split: hi = bf16(S) at byte offset `hi`, lo = bf16(S - hi)
+// `lo_offset` bytes further, both in the layout of lasp::sd::store_state_bf16. The output divides
+// by q . n, which is kept in fp32; a bf16 copy of S alone puts a relative error of 2^-9 into each
+// element of q S, which does not cancel against the normaliser and is amplified where q . k of the
+// dominant token is small against |q| |k| (one token holds the state once input gates are large):
+// h then errs by percents. With the residue, q S is exact to 16 significant bits.
+template <int DK>
+__device__ __forceinline__ void store_state_split(uint8_t* smem, uint32_t hi, uint32_t lo_offset, StateRegs<DK>& s,
+                                                  const StateLane& ln) {
+  chunk::for_each_state_pair<DK>(s, ln, [&](float& x0, float& x1, int d, int c) {
+    const uint32_t h = pack_bf16x2(x0, x1);
+    const uint32_t at = hi + swizzle(d, c / 8, DK) + 4 * ln.t;
+    *reinterpret_cast<uint32_t*>(smem + at) = h;
+    *reinterpret_cast<uint32_t*>(smem + at + lo_offset) =
+        pack_bf16x2(x0 - __uint_as_float(h << 16), x1 - __uint_as_float(h & 0xffff0000u));
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// The segment loop: one CTA per (segment, b*H+h) walks the chunks of its segment with the state on
+// chip, one warpgroup per 64 columns of Dv (kGroups = Dv / 64), so the gates, the normaliser and
+// the Q and K tiles of a chunk serve every column.
+// ---------------------------------------------------------------------------------------------
+
+// What one CTA runs.
+struct SegmentArgs {
+  const uint16_t* q;  // bf16 [B, T, H, DK] (unused without O)
+  const uint16_t* k;  // bf16 [B, T, H, DK]
+  const uint16_t* v;  // bf16 [B, T, H, Dv]
+  const float* i_gate;
+  const float* f_gate;  // fp32 [B, T, H]
+  uint16_t* o;          // bf16 [B, T, H, Dv] (unused without O)
+  int T, H, Dv;
+  int c_begin, n_chunks;  // the segment's first chunk and its chunk count (>= 1)
+  int bh;
+  float scale, eps;
+};
+
+// Shared-memory map (byte offsets): kStages stages of [Q] K and kGroups V tiles (bf16, swizzled),
+// then with O two split copies (store_state_split) of every warpgroup's state tile, then the stages' gates (forget,
+// input: 64 fp32 each), then with O two fp32 copies of n [DK] (the states pass keeps n in
+// registers only). Every tile starts 1024-byte aligned.
+template <int DK, int kGroups, bool kStoreO>
+struct Layout {
+  static constexpr uint32_t kQKBytes = kChunk * DK * 2;
+  static constexpr uint32_t kVBytes = kChunk * kTileV * 2;
+  static constexpr uint32_t kQ = 0;
+  static constexpr uint32_t kK = kStoreO ? kQKBytes : 0;
+  static constexpr uint32_t kV = kK + kQKBytes;
+  static constexpr uint32_t kStageBytes = kV + kGroups * kVBytes;
+  static constexpr uint32_t kSbf = kStages * kStageBytes;
+  static constexpr uint32_t kSbfBytes = DK * kTileV * 2;  // one warpgroup's copy (hi or lo)
+  static constexpr uint32_t kGates = kSbf + (kStoreO ? 4 * kGroups * kSbfBytes : 0);
+  static constexpr uint32_t kGateBytes = 2 * kChunk * 4;
+  static constexpr uint32_t kN = kGates + kStages * kGateBytes;
+  static constexpr uint32_t kBytes = kN + (kStoreO ? 2 * DK * 4 : 0);
+  static __device__ __forceinline__ uint32_t stage(int i) { return (i % kStages) * kStageBytes; }
+  static __device__ __forceinline__ uint32_t forget(int i) { return kGates + (i % kStages) * kGateBytes; }
+  static __device__ __forceinline__ uint32_t input(int i) { return forget(i) + kChunk * 4; }
+  // Warpgroup w's bf16 state copy for chunk i (hi; lo kSbfBytes after it).
+  static __device__ __forceinline__ uint32_t state_copy(int w, int i) {
+    return kSbf + 2 * ((i & 1) * kGroups + w) * kSbfBytes;
+  }
+  static __device__ __forceinline__ uint32_t normaliser(int i) { return kN + (i & 1) * DK * 4; }
+  static_assert(kStageBytes % 1024 == 0 && kSbfBytes % 1024 == 0, "tiles stay 1024-byte aligned");
+};
+
+// The state a CTA starts or ends its segment with: every warpgroup's C tile in registers, n in
+// registers of the threads d < DK (n_mine, dimension d = thread index), m in every thread.
+//   start(s, ln, group, n_mine) -> m: fills the group's C tile and (threads < DK) n_d; returns m
+//                                     (-inf: the empty state, C = n = 0)
+//   end(s, ln, group, n_mine, m, log_forget): the state leaving the segment and its summed log
+//                                     forget gate
+// kStoreO = false: a states pass (no Q, no O; each chunk only updates the state).
+template <int DK, int kGroups, bool kStoreO, class Start, class End>
+__device__ __forceinline__ void run_segment(const SegmentArgs& a, Start&& start, End&& end) {
+  using L = Layout<DK, kGroups, kStoreO>;
+  static_assert(L::kBytes == (kStoreO ? lasp_mlstm_output_smem_bytes(DK, kGroups * kTileV)
+                                      : lasp_mlstm_states_smem_bytes(DK, kGroups * kTileV)),
+                "shared-memory map and host formula disagree");
+  static_assert(DK == 64 || DK == 128, "Dk must be 64 or 128");
+  constexpr int kThreads = 128 * kGroups;
+
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const uint32_t sbase = smem_addr(smem);
+  const int tid = threadIdx.x, group = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int b = a.bh / a.H, h = a.bh % a.H;
+  const int T = a.T, Dv = a.Dv;
+  const int64_t row_bt0 = (int64_t)b * T * a.H + h;  // token 0 of (b, h)
+  const int64_t qk_stride = (int64_t)a.H * DK, v_stride = (int64_t)a.H * Dv;
+  const uint16_t* q = a.q + row_bt0 * DK;
+  const uint16_t* k = a.k + row_bt0 * DK;
+  const uint16_t* v = a.v + row_bt0 * Dv;
+
+  auto issue_chunk = [&](int i) {
+    const uint32_t stage = sbase + L::stage(i);
+    const int tok0 = (a.c_begin + i) * kChunk;
+    const int valid = min(kChunk, T - tok0);
+    if constexpr (kStoreO)
+      chunk::copy_tile_async<DK / 8, kThreads>(stage + L::kQ, q + tok0 * qk_stride, qk_stride, valid, tid);
+    chunk::copy_tile_async<DK / 8, kThreads>(stage + L::kK, k + tok0 * qk_stride, qk_stride, valid, tid);
+#pragma unroll
+    for (int w = 0; w < kGroups; ++w)
+      chunk::copy_tile_async<kTileV / 8, kThreads>(stage + L::kV + w * L::kVBytes, v + tok0 * v_stride + w * kTileV,
+                                                   v_stride, valid, tid);
+    if (tid < 2 * kChunk) {
+      const int r = tid & (kChunk - 1);
+      const float* gate = (tid < kChunk ? a.f_gate : a.i_gate) + row_bt0;
+      const bool ok = r < valid;
+      cp_async_4(sbase + L::forget(i) + 4 * tid, ok ? gate + (int64_t)(tok0 + r) * a.H : gate, ok);
+    }
+  };
+
+  const StateLane ln{16 * warp, g, t};
+  StateRegs<DK> s;
+  float n_mine = 0.f;
+  float m = start(s, ln, group, n_mine);
+  if (kStoreO && tid < DK) reinterpret_cast<float*>(smem + L::normaliser(0))[tid] = n_mine;
+  const FragOffsets<DK> off(warp, lane);
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < a.n_chunks) issue_chunk(i);
+    cp_async_commit();
+  }
+  if constexpr (kStoreO) store_state_split<DK>(smem, L::state_copy(group, 0), L::kSbfBytes, s, ln);
+
+  float log_forget = 0.f;  // summed over the chunks in order
+  for (int i = 0; i < a.n_chunks; ++i) {
+    cp_async_wait<kStages - 2>();
+#if LASP_SD_WGMMA
+    wg::fence_proxy_async();  // the landed chunk and this thread's state copy, for wgmma's async proxy
+#endif
+    // Chunk i has landed for every thread; every warp is done with chunk i-1, its stage, its state
+    // copies and the n copy it read.
+    __syncthreads();
+    if (i + kStages - 1 < a.n_chunks) issue_chunk(i + kStages - 1);
+    cp_async_commit();
+
+    const int tok0 = (a.c_begin + i) * kChunk;
+    const uint32_t stage = L::stage(i);
+    const ChunkStep st = chunk_step(reinterpret_cast<const float*>(smem + L::forget(i)),
+                                    reinterpret_cast<const float*>(smem + L::input(i)), T - tok0, m, warp, lane);
+    log_forget += st.log_forget;
+    const uint32_t sK = sbase + stage + L::kK;
+    const uint32_t sV = sbase + stage + L::kV + group * L::kVBytes;
+    const float* s_n = reinterpret_cast<const float*>(smem + L::normaliser(i));
+    if constexpr (kStoreO) {
+      float qn[2];
+      query_dot_normaliser<DK>(qn, smem + stage + L::kQ, s_n, warp, lane);
+      if (tid < DK) n_mine = normaliser_update<DK>(n_mine, smem + stage + L::kK, tid, st);
+      float o[8][4];
+      float score_sums[2] = {0.f, 0.f};
+      const uint32_t copy = sbase + L::state_copy(group, i);
+      sd::output_chunk<DK, sd::Probe::kNone, ScoreRowSums, true>(o, s, sbase + stage + L::kQ, sK, sV, copy, off,
+                                                                  st.cg, warp, g, t, a.scale,
+                                                                  ScoreRowSums{score_sums}, copy + L::kSbfBytes);
+      sum_rows(score_sums);
+      uint16_t* o_tile = a.o + row_bt0 * Dv + group * kTileV + 2 * t;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        // The row's q . n as the products weigh the state's term: sigma e^{row_r}.
+        const float qn_r = fmaf(a.scale * exp_nonpos(st.cg.row[hh]), qn[hh], score_sums[hh]);
+        const float inv = 1.f / (fmaxf(fabsf(qn_r), expf(-st.m_row[hh])) + a.eps);
+        const int tok = tok0 + 16 * warp + 8 * hh + g;
+        if (tok < T) {
+          uint16_t* dst = o_tile + tok * v_stride;
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+            *reinterpret_cast<uint32_t*>(dst + 8 * nt) = pack_bf16x2(o[nt][2 * hh] * inv, o[nt][2 * hh + 1] * inv);
+        }
+      }
+      if (i + 1 < a.n_chunks) store_state_split<DK>(smem, L::state_copy(group, i + 1), L::kSbfBytes, s, ln);
+    } else {
+      if (tid < DK) n_mine = normaliser_update<DK>(n_mine, smem + stage + L::kK, tid, st);
+      sd::state_chunk<DK>(s, sK, sV, off, st.cg);
+    }
+    if (kStoreO && tid < DK) reinterpret_cast<float*>(smem + L::normaliser(i + 1))[tid] = n_mine;
+    m = st.m_next;
+  }
+  end(s, ln, group, n_mine, m, log_forget);
+}
+
+}  // namespace mlstm
+}  // namespace lasp

@@ -1,0 +1,105 @@
+// Parameters and launch geometry of the mLSTM forward (mlstm/forward.cu): xLSTM's matrix LSTM in
+// mlstm_kernels' mLSTMexp semantics. C: bindgen generates the host's struct and constants from
+// this file (kernels/build.rs); the host's plan (core/src/ops/mlstm/plan.rs) uses the same formulas.
+//
+// Maths (per batch b, head h; row vectors; sigma = scale; lf_t = logsigmoid(f_t)):
+//   m_t = max(lf_t + m_{t-1}, i_t),  i'_t = e^{i_t - m_t},  f'_t = e^{lf_t + m_{t-1} - m_t}
+//   C_t = f'_t C_{t-1} + i'_t k_t^T v_t,   n_t = f'_t n_{t-1} + i'_t k_t
+//   h_t = sigma q_t C_t / (max(|sigma q_t . n_t|, e^{-m_t}) + eps)
+// from (C_0, n_0, m_0), or (0, 0, 0) without an initial state (mlstm_kernels' zero state).
+//
+// Host call sequence (one stream, in this order; S = num_segments):
+//   1. if S > 1: lasp_mlstm_states_dk{64,128}_dv{64,128}  grid (1, S-1, B*H),
+//                  block lasp_mlstm_threads(Dv), smem lasp_mlstm_states_smem_bytes(Dk, Dv)
+//   2. if S > 1: lasp_mlstm_fold  grid (ceil((Dk*Dv + Dk) / LASP_MLSTM_FOLD_THREADS), B*H),
+//                  block LASP_MLSTM_FOLD_THREADS, smem 0
+//   3.           lasp_mlstm_output_dk{64,128}_dv{64,128}  grid (1, S, B*H),
+//                  block lasp_mlstm_threads(Dv), smem lasp_mlstm_output_smem_bytes(Dk, Dv)
+// All take lasp_mlstm_params by value and need cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES).
+//
+// Supported: Dk, Dv in {64, 128}; T >= 1; B*H in [1, 65535]; q, k, v, o 16-byte aligned, the gates
+// 4-byte aligned, states and workspace 8-byte aligned; gates finite; scale > 0, eps >= 0; the
+// initial state all of (c0, n0, m0) or none, the final state likewise, not overlapping it.
+// Same inputs -> bitwise same outputs (no atomics; every sum has a fixed order).
+#pragma once
+#include <stdint.h>
+
+#if defined(__CUDACC__)
+#define LASP_MLSTM_FN static inline constexpr __host__ __device__
+#elif defined(__cplusplus)
+#define LASP_MLSTM_FN static inline constexpr
+#else
+#define LASP_MLSTM_FN static inline
+#endif
+
+#define LASP_MLSTM_CHUNK 64         // tokens per chunk of the on-chip loop
+#define LASP_MLSTM_TILE_V 64        // Dv columns per CTA
+#define LASP_MLSTM_STAGES 2         // cp.async pipeline depth (chunks in flight)
+#define LASP_MLSTM_FOLD_THREADS 256
+
+typedef struct {
+  const uint16_t* q;        // bf16 [B, T, H, Dk]
+  const uint16_t* k;        // bf16 [B, T, H, Dk]
+  const uint16_t* v;        // bf16 [B, T, H, Dv]
+  const float* i_gate;      // fp32 [B, T, H]: input-gate pre-activations i_t
+  const float* f_gate;      // fp32 [B, T, H]: forget-gate pre-activations f_t
+  uint16_t* o;              // bf16 [B, T, H, Dv]: h
+  const float* c0;          // fp32 [B, H, Dk, Dv], or NULL (then n0 and m0 are NULL too): zero state
+  const float* n0;          // fp32 [B, H, Dk]
+  const float* m0;          // fp32 [B, H]
+  float* c_t;               // fp32 [B, H, Dk, Dv] final state, or NULL (then n_t, m_t NULL too)
+  float* n_t;               // fp32 [B, H, Dk]
+  float* m_t;               // fp32 [B, H]
+  // The workspace (one allocation, none when S == 1; core/src/ops/mlstm/plan.rs sizes it), per
+  // (b*H+h) and segment slot s in 0..S-2: the summary of segment s from the empty state (ws_c,
+  // ws_n, ws_m, and its log forget sum ws_f), and the prefix entering segment s+1 (ws_pc, ws_pn,
+  // ws_pm).
+  float* ws_c;              // fp32 [B*H, S-1, Dk, Dv]
+  float* ws_pc;             // fp32 [B*H, S-1, Dk, Dv]
+  float* ws_n;              // fp32 [B*H, S-1, Dk]
+  float* ws_pn;             // fp32 [B*H, S-1, Dk]
+  float* ws_m;              // fp32 [B*H, S-1]
+  float* ws_f;              // fp32 [B*H, S-1]
+  float* ws_pm;             // fp32 [B*H, S-1]
+  int32_t B;
+  int32_t T;                // tokens per sequence (>= 1)
+  int32_t H;
+  int32_t Dk;               // 64 or 128 (must match the kernel's suffix)
+  int32_t Dv;               // 64 or 128
+  int32_t num_segments;        // S >= 1 segments of whole chunks per (b, h)
+  int32_t chunks_per_segment;  // ceil(num_chunks / S); no segment empty
+  float scale;              // sigma, usually Dk^-1/2
+  float eps;                // added to the denominator after the max (mlstm_kernels: 1e-6)
+} lasp_mlstm_params;
+
+LASP_MLSTM_FN int32_t lasp_mlstm_num_chunks(int32_t T) { return (T + LASP_MLSTM_CHUNK - 1) / LASP_MLSTM_CHUNK; }
+
+// Per stage: Q (output kernel only), K, Dv / 64 V tiles (bf16) and both gates of a chunk (fp32).
+LASP_MLSTM_FN uint32_t lasp_mlstm_stage_bytes(int32_t Dk, int32_t Dv, int32_t with_q) {
+  return (with_q ? 2u : 1u) * LASP_MLSTM_CHUNK * Dk * 2u + LASP_MLSTM_CHUNK * Dv * 2u + 2u * LASP_MLSTM_CHUNK * 4u;
+}
+
+// Output kernel: STAGES stages, two copies of the state split into bf16 hi and lo (one read this
+// chunk, one written for the next), two fp32 copies of the normaliser n likewise.
+LASP_MLSTM_FN uint32_t lasp_mlstm_output_smem_bytes(int32_t Dk, int32_t Dv) {
+  return LASP_MLSTM_STAGES * lasp_mlstm_stage_bytes(Dk, Dv, 1) + 4u * Dk * Dv * 2u + 2u * Dk * 4u;
+}
+
+// States kernel: STAGES stages without Q (n stays in registers).
+LASP_MLSTM_FN uint32_t lasp_mlstm_states_smem_bytes(int32_t Dk, int32_t Dv) {
+  return LASP_MLSTM_STAGES * lasp_mlstm_stage_bytes(Dk, Dv, 0);
+}
+
+// Threads of the states and output kernels: one warpgroup per 64 columns of Dv.
+LASP_MLSTM_FN int32_t lasp_mlstm_threads(int32_t Dv) { return 128 * (Dv / LASP_MLSTM_TILE_V); }
+
+// Segments per (b, h): enough output CTAs (B*H*S) for target_ctas, never an empty segment.
+LASP_MLSTM_FN int32_t lasp_mlstm_num_segments(int32_t B, int32_t H, int32_t T, int32_t target_ctas) {
+  const int32_t base = B * H;
+  const int32_t nc = lasp_mlstm_num_chunks(T);
+  int32_t s = target_ctas / base;
+  if (s < 1) s = 1;
+  if (s > nc) s = nc;
+  const int32_t cps = (nc + s - 1) / s;
+  return (nc + cps - 1) / cps;
+}

@@ -1,0 +1,126 @@
+// mLSTM (xLSTM's matrix LSTM, mlstm_kernels' mLSTMexp), forward, chunkwise (C = 64 on chip, the
+// sequence cut into segments of whole chunks), for sm_90a.
+//
+// Three kernels (launch geometry and call order: lasp/mlstm/forward_params.h):
+//   1. lasp_mlstm_states_dk*_dv*   segment s < S-1: its summary from the empty state (C_s, n_s, m_s)
+//                                  and its summed log forget gate F_s
+//   2. lasp_mlstm_fold             P_0 = (c0, n0, m0) or (0, 0, 0); P_{s+1} = P_s folded with
+//                                  segment s's summary (lasp::mlstm::fold_rescale)
+//   3. lasp_mlstm_output_dk*_dv*   segment s from P_s: h for every token, the state on chip in fp32;
+//                                  the last segment writes the final state
+// With S == 1 only kernel 3 runs. The chunk maths: lasp/mlstm/chunk.cuh.
+#include <math.h>
+#include <stdint.h>
+
+#include "lasp/mlstm/chunk.cuh"
+#include "lasp/mlstm/forward_params.h"
+
+namespace lasp {
+namespace mlstm {
+
+__device__ __forceinline__ SegmentArgs segment_args(const lasp_mlstm_params& p, int seg) {
+  SegmentArgs a;
+  a.q = p.q;
+  a.k = p.k;
+  a.v = p.v;
+  a.i_gate = p.i_gate;
+  a.f_gate = p.f_gate;
+  a.o = p.o;
+  a.T = p.T;
+  a.H = p.H;
+  a.Dv = p.Dv;
+  a.c_begin = seg * p.chunks_per_segment;
+  a.n_chunks = min(p.chunks_per_segment, lasp_mlstm_num_chunks(p.T) - a.c_begin);  // >= 1 by the host's S
+  a.bh = blockIdx.z;
+  a.scale = p.scale;
+  a.eps = p.eps;
+  return a;
+}
+
+// Kernel 1: segment blockIdx.y (< S-1) from the empty state into workspace slot (b*H+h, s).
+template <int DK, int DV>
+__device__ __forceinline__ void run_states(const lasp_mlstm_params& p) {
+  const int seg = blockIdx.y;
+  const SegmentArgs a = segment_args(p, seg);
+  const int64_t slot = (int64_t)a.bh * (p.num_segments - 1) + seg;
+  run_segment<DK, DV / kTileV, false>(
+      a,
+      [&](StateRegs<DK>& s, const StateLane& ln, int, float&) {
+        chunk::state_zero<DK>(s, ln);
+        return -INFINITY;
+      },
+      [&](StateRegs<DK>& s, const StateLane& ln, int group, float n, float m, float log_forget) {
+        chunk::state_store<DK>(s, ln, p.ws_c + slot * DK * DV + group * kTileV, DV);
+        if (threadIdx.x < DK) p.ws_n[slot * DK + threadIdx.x] = n;
+        if (threadIdx.x == 0) {
+          p.ws_m[slot] = m;
+          p.ws_f[slot] = log_forget;
+        }
+      });
+}
+
+// Kernel 3: segment blockIdx.y from its prefix; the last segment writes the final state.
+template <int DK, int DV>
+__device__ __forceinline__ void run_output(const lasp_mlstm_params& p) {
+  const int seg = blockIdx.y;
+  const SegmentArgs a = segment_args(p, seg);
+  const int64_t bh = a.bh;
+  const int64_t slot = bh * (p.num_segments - 1) + seg - 1;  // the prefix's, for seg > 0
+  run_segment<DK, DV / kTileV, true>(
+      a,
+      [&](StateRegs<DK>& s, const StateLane& ln, int group, float& n) {
+        const float* c = seg > 0 ? p.ws_pc + slot * DK * DV : p.c0 ? p.c0 + bh * DK * DV : nullptr;
+        if (!c) {
+          chunk::state_zero<DK>(s, ln);
+          return 0.f;  // mlstm_kernels' zero state: m_0 = 0
+        }
+        chunk::state_load<DK>(s, ln, c + group * kTileV, DV);
+        const float* n0 = seg > 0 ? p.ws_pn + slot * DK : p.n0 + bh * DK;
+        if (threadIdx.x < DK) n = n0[threadIdx.x];
+        return seg > 0 ? p.ws_pm[slot] : p.m0[bh];
+      },
+      [&](StateRegs<DK>& s, const StateLane& ln, int group, float n, float m, float) {
+        if (seg != p.num_segments - 1 || !p.c_t) return;
+        chunk::state_store<DK>(s, ln, p.c_t + bh * DK * DV + group * kTileV, DV);
+        if (threadIdx.x < DK) p.n_t[bh * DK + threadIdx.x] = n;
+        if (threadIdx.x == 0) p.m_t[bh] = m;
+      });
+}
+
+}  // namespace mlstm
+}  // namespace lasp
+
+// Kernel 2: slot s of (ws_pc, ws_pn, ws_pm) = P_{s+1}, the summaries of segments 0..s folded in
+// ascending order onto P_0. One thread per element of C (e < Dk*Dv) or n (the next Dk) per b*H+h;
+// every thread folds the stabilisers itself (same operations, same bits). Only when S > 1.
+extern "C" __global__ void __launch_bounds__(LASP_MLSTM_FOLD_THREADS)
+    lasp_mlstm_fold(const __grid_constant__ lasp_mlstm_params p) {
+  const int64_t nc = (int64_t)p.Dk * p.Dv;
+  const int64_t e = (int64_t)blockIdx.x * LASP_MLSTM_FOLD_THREADS + threadIdx.x;
+  if (e >= nc + p.Dk) return;
+  const int64_t bh = blockIdx.y;
+  const bool is_c = e < nc;
+  const int64_t d = e - nc;  // n's element, where !is_c
+  float x = 0.f, m = 0.f;
+  if (p.c0) {
+    x = is_c ? p.c0[bh * nc + e] : p.n0[bh * p.Dk + d];
+    m = p.m0[bh];
+  }
+  const int slots = p.num_segments - 1;
+  for (int s = 0; s < slots; ++s) {
+    const int64_t slot = bh * slots + s;
+    const lasp::mlstm::Rescale r = lasp::mlstm::fold_rescale(m, __ldg(p.ws_f + slot), __ldg(p.ws_m + slot));
+    const float y = is_c ? __ldg(p.ws_c + slot * nc + e) : __ldg(p.ws_n + slot * p.Dk + d);
+    x = lasp::mlstm::fold_element(r, x, y);
+    m = r.m;
+    if (is_c)
+      p.ws_pc[slot * nc + e] = x;
+    else
+      p.ws_pn[slot * p.Dk + d] = x;
+    if (e == 0) p.ws_pm[slot] = m;
+  }
+}
+
+// The templated kernels are instantiated from kernels/instances.rs:
+//   lasp_mlstm_states_dk*_dv{64,128}  kernel 1, grid (1, S-1, B*H), block lasp_mlstm_threads(Dv)
+//   lasp_mlstm_output_dk*_dv{64,128}  kernel 3, grid (1, S, B*H), block lasp_mlstm_threads(Dv)
