@@ -35,6 +35,9 @@ struct Options {
     /// Force the number of segments per sequence (tuning).
     #[arg(long, value_name = "S")]
     segments: Option<u32>,
+    /// Force the number of pieces the states pass cuts each segment into (tuning).
+    #[arg(long, value_name = "R")]
+    splits: Option<u32>,
 }
 
 #[derive(Serialize)]
@@ -56,6 +59,7 @@ struct ShapeRow {
     ours_fwd_min_ms: f64,
     num_segments: u32,
     chunks_per_segment: u32,
+    states_splits: u32,
 }
 
 #[derive(Serialize)]
@@ -73,6 +77,7 @@ fn run(opts: &Options, config: Config) -> Result<()> {
     let device = rt.context().name()?;
     let mut fwd = MlstmForward::new(&rt)?;
     fwd.set_num_segments(opts.segments);
+    fwd.set_states_splits(opts.splits);
     let mut rows = Vec::new();
     for &shape in &opts.timing.shapes {
         let name = format!("b{}_t{}_h{}_d{}", shape.b, shape.t, shape.h, shape.dk);
@@ -113,8 +118,9 @@ fn run(opts: &Options, config: Config) -> Result<()> {
         // q, k, v read and h written once in bf16, both gates read once in fp32.
         let floor_bytes = (2 * (2 * shape.qk_len() + 2 * shape.v_len()) + 8 * per_token) as f64;
         println!(
-            "{name}: ours {ms:.4} ms (min {min_ms:.4}, S={}), {:.1} GB/s of q, k, v, gates, h",
+            "{name}: ours {ms:.4} ms (min {min_ms:.4}, S={}, R={}), {:.1} GB/s of q, k, v, gates, h",
             plan.num_segments,
+            plan.states_splits,
             floor_bytes / ms / 1e6,
         );
         if let Some(root) = &opts.timing.dump {
@@ -140,6 +146,7 @@ fn run(opts: &Options, config: Config) -> Result<()> {
             ours_fwd_min_ms: round(min_ms, 5),
             num_segments: plan.num_segments,
             chunks_per_segment: plan.chunks_per_segment,
+            states_splits: plan.states_splits,
         });
     }
     let json = to_json(&Results {

@@ -34,6 +34,8 @@ struct Case {
     regime: MlstmRegime,
     initial_state: bool,
     segments: Option<u32>,
+    /// Forced states pieces per segment (else the plan's).
+    splits: Option<u32>,
     seed: u64,
 }
 
@@ -41,7 +43,7 @@ impl Case {
     fn name(&self) -> String {
         let s = &self.shape;
         format!(
-            "mlstm_B{}_H{}_T{}_Dk{}_Dv{}_{:?}{}{}",
+            "mlstm_B{}_H{}_T{}_Dk{}_Dv{}_{:?}{}{}{}",
             s.b,
             s.h,
             s.t,
@@ -49,7 +51,8 @@ impl Case {
             s.dv,
             self.regime,
             if self.initial_state { "_state0" } else { "" },
-            self.segments.map_or(String::new(), |n| format!("_S{n}"))
+            self.segments.map_or(String::new(), |n| format!("_S{n}")),
+            self.splits.map_or(String::new(), |n| format!("_R{n}"))
         )
     }
 }
@@ -57,15 +60,19 @@ impl Case {
 fn cases() -> Vec<Case> {
     let mut out = Vec::new();
     let mut seed = 3500;
-    let mut add = |b, h, t, dk, dv, regime, initial_state, segments| {
+    let mut add_split = |b, h, t, dk, dv, regime, initial_state, segments, splits| {
         seed += 1;
         out.push(Case {
             shape: Shape { b, t, h, dk, dv },
             regime,
             initial_state,
             segments,
+            splits,
             seed,
         });
+    };
+    let mut add = |b, h, t, dk, dv, regime, initial_state, segments| {
+        add_split(b, h, t, dk, dv, regime, initial_state, segments, None)
     };
     use MlstmRegime::*;
     // B*H = 1: ragged and whole chunks, every (Dk, Dv); the automatic plan splits T >= 65.
@@ -92,6 +99,9 @@ fn cases() -> Vec<Case> {
     add(3, 5, 130, 64, 128, ForgetNearZero, true, Some(2));
     add(4, 64, 200, 64, 64, Typical, true, None);
     add(4, 64, 130, 128, 128, LargeInputGate, false, Some(2));
+    // States pieces: one per segment, and 4 over segments of 5 chunks (the last piece empty).
+    add_split(1, 2, 1000, 128, 128, LargeInputGate, true, Some(3), Some(1));
+    add_split(1, 2, 1600, 64, 128, Typical, true, Some(5), Some(4));
     out
 }
 
@@ -240,6 +250,7 @@ fn run_case(fwd: &mut MlstmForward, stream: &Arc<CudaStream>, case: &Case) -> Ch
     let shape = ForwardShape::from(case.shape);
     let scalars = (inputs.scale as f32, inputs.eps as f32);
     fwd.set_num_segments(case.segments);
+    fwd.set_states_splits(case.splits);
     std::thread::scope(|scope| {
         let reference = scope.spawn(|| recurrent_forward(&inputs));
         let mut dev = Buffers::upload(stream, &inputs)?;
@@ -277,8 +288,8 @@ fn run_case(fwd: &mut MlstmForward, stream: &Arc<CudaStream>, case: &Case) -> Ch
         let e_n = error_of("n_t", &f32_values(&first.state[1]), &st.n);
         let e_m = error_of("m_t", &f32_values(&first.state[2]), &st.m);
         let summary = format!(
-            "S={} cps={} rel err h {e_h:.2e} C {e_c:.2e} n {e_n:.2e} m {e_m:.2e}",
-            plan.num_segments, plan.chunks_per_segment
+            "S={} cps={} R={} rel err h {e_h:.2e} C {e_c:.2e} n {e_n:.2e} m {e_m:.2e}",
+            plan.num_segments, plan.chunks_per_segment, plan.states_splits
         );
         if problems.is_empty() {
             Ok(summary)
@@ -318,6 +329,7 @@ fn rejection_checks(
     };
     let shape = ForwardShape::from(case_shape);
     fwd.set_num_segments(None);
+    fwd.set_states_splits(None);
     let mut expect =
         |dev: &mut Buffers, name: &str, pattern: &str, edit: &dyn Fn(&mut MlstmArgs<'_>)| {
             let result = reject(fwd, stream, dev, shape, pattern, edit);

@@ -18,7 +18,8 @@
 namespace lasp {
 namespace mlstm {
 
-__device__ __forceinline__ SegmentArgs segment_args(const lasp_mlstm_params& p, int seg) {
+// The chunks [c_begin, c_begin + n_chunks) of (b, h) = blockIdx.z.
+__device__ __forceinline__ SegmentArgs segment_args(const lasp_mlstm_params& p, int c_begin, int n_chunks) {
   SegmentArgs a;
   a.q = p.q;
   a.k = p.k;
@@ -29,20 +30,25 @@ __device__ __forceinline__ SegmentArgs segment_args(const lasp_mlstm_params& p, 
   a.T = p.T;
   a.H = p.H;
   a.Dv = p.Dv;
-  a.c_begin = seg * p.chunks_per_segment;
-  a.n_chunks = min(p.chunks_per_segment, lasp_mlstm_num_chunks(p.T) - a.c_begin);  // >= 1 by the host's S
+  a.c_begin = c_begin;
+  a.n_chunks = n_chunks;
   a.bh = blockIdx.z;
   a.scale = p.scale;
   a.eps = p.eps;
   return a;
 }
 
-// Kernel 1: segment blockIdx.y (< S-1) from the empty state into workspace slot (b*H+h, s).
+// Kernel 1: piece u = blockIdx.y (piece r of segment s = u / R, s < S-1) from the empty state into
+// workspace slot (b*H+h, u). A piece past its segment's end has no chunks: the identity summary
+// (C = n = 0, m = -inf, F = 0).
 template <int DK, int DV>
 __device__ __forceinline__ void run_states(const lasp_mlstm_params& p) {
-  const int seg = blockIdx.y;
-  const SegmentArgs a = segment_args(p, seg);
-  const int64_t slot = (int64_t)a.bh * (p.num_segments - 1) + seg;
+  const int u = blockIdx.y, R = p.states_splits;
+  const int per_piece = lasp_mlstm_chunks_per_piece(p.chunks_per_segment, R);
+  const int first = (u % R) * per_piece;  // within the segment, whose chunks are all there (s < S-1)
+  const SegmentArgs a = segment_args(p, (u / R) * p.chunks_per_segment + first,
+                                     max(0, min(per_piece, p.chunks_per_segment - first)));
+  const int64_t slot = (int64_t)a.bh * (p.num_segments - 1) * R + u;
   run_segment<DK, DV / kTileV, false>(
       a,
       [&](StateRegs<DK>& s, const StateLane& ln, int, float&) {
@@ -63,7 +69,9 @@ __device__ __forceinline__ void run_states(const lasp_mlstm_params& p) {
 template <int DK, int DV>
 __device__ __forceinline__ void run_output(const lasp_mlstm_params& p) {
   const int seg = blockIdx.y;
-  const SegmentArgs a = segment_args(p, seg);
+  const int c_begin = seg * p.chunks_per_segment;
+  const SegmentArgs a =
+      segment_args(p, c_begin, min(p.chunks_per_segment, lasp_mlstm_num_chunks(p.T) - c_begin));  // >= 1
   const int64_t bh = a.bh;
   const int64_t slot = bh * (p.num_segments - 1) + seg - 1;  // the prefix's, for seg > 0
   run_segment<DK, DV / kTileV, true>(
@@ -90,8 +98,8 @@ __device__ __forceinline__ void run_output(const lasp_mlstm_params& p) {
 }  // namespace mlstm
 }  // namespace lasp
 
-// Kernel 2: slot s of (ws_pc, ws_pn, ws_pm) = P_{s+1}, the summaries of segments 0..s folded in
-// ascending order onto P_0. One thread per element of C (e < Dk*Dv) or n (the next Dk) per b*H+h;
+// Kernel 2: slot s of (ws_pc, ws_pn, ws_pm) = P_{s+1}, the summaries of the pieces of segments
+// 0..s folded in ascending order onto P_0. One thread per element of C (e < Dk*Dv) or n (the next Dk) per b*H+h;
 // every thread folds the stabilisers itself (same operations, same bits). Only when S > 1.
 extern "C" __global__ void __launch_bounds__(LASP_MLSTM_FOLD_THREADS)
     lasp_mlstm_fold(const __grid_constant__ lasp_mlstm_params p) {
@@ -106,13 +114,15 @@ extern "C" __global__ void __launch_bounds__(LASP_MLSTM_FOLD_THREADS)
     x = is_c ? p.c0[bh * nc + e] : p.n0[bh * p.Dk + d];
     m = p.m0[bh];
   }
-  const int slots = p.num_segments - 1;
+  const int slots = p.num_segments - 1, R = p.states_splits;
   for (int s = 0; s < slots; ++s) {
     const int64_t slot = bh * slots + s;
-    const lasp::mlstm::Rescale r = lasp::mlstm::fold_rescale(m, __ldg(p.ws_f + slot), __ldg(p.ws_m + slot));
-    const float y = is_c ? __ldg(p.ws_c + slot * nc + e) : __ldg(p.ws_n + slot * p.Dk + d);
-    x = lasp::mlstm::fold_element(r, x, y);
-    m = r.m;
+    for (int64_t piece = slot * R; piece < (slot + 1) * R; ++piece) {
+      const lasp::mlstm::Rescale r = lasp::mlstm::fold_rescale(m, __ldg(p.ws_f + piece), __ldg(p.ws_m + piece));
+      const float y = is_c ? __ldg(p.ws_c + piece * nc + e) : __ldg(p.ws_n + piece * p.Dk + d);
+      x = lasp::mlstm::fold_element(r, x, y);
+      m = r.m;
+    }
     if (is_c)
       p.ws_pc[slot * nc + e] = x;
     else
@@ -122,5 +132,5 @@ extern "C" __global__ void __launch_bounds__(LASP_MLSTM_FOLD_THREADS)
 }
 
 // The templated kernels are instantiated from kernels/instances.rs:
-//   lasp_mlstm_states_dk*_dv{64,128}  kernel 1, grid (1, S-1, B*H), block lasp_mlstm_threads(Dv)
+//   lasp_mlstm_states_dk*_dv{64,128}  kernel 1, grid (1, (S-1)*R, B*H), block lasp_mlstm_threads(Dv)
 //   lasp_mlstm_output_dk*_dv{64,128}  kernel 3, grid (1, S, B*H), block lasp_mlstm_threads(Dv)

@@ -175,6 +175,7 @@ pub struct MlstmForward {
     fold: Kernel,
     sm_count: u32,
     force_segments: Option<u32>,
+    force_splits: Option<u32>,
     workspace: Option<CudaSlice<u8>>,
 }
 
@@ -206,6 +207,7 @@ impl MlstmForward {
             states,
             output,
             force_segments: None,
+            force_splits: None,
             workspace: None,
         })
     }
@@ -216,9 +218,15 @@ impl MlstmForward {
         self.force_segments = segments;
     }
 
+    /// Forces the number of pieces the states pass cuts each segment into (tests and tuning),
+    /// or restores the automatic choice with `None`.
+    pub fn set_states_splits(&mut self, splits: Option<u32>) {
+        self.force_splits = splits;
+    }
+
     /// The plan a launch of `shape` would use (validates the shape).
     pub fn plan(&self, shape: &ForwardShape) -> Result<MlstmPlan> {
-        MlstmPlan::new(shape, self.sm_count, self.force_segments)
+        MlstmPlan::new(shape, self.sm_count, self.force_segments, self.force_splits)
     }
 
     /// Copies both gates to the host (synchronising `stream`) and checks that every
@@ -308,6 +316,7 @@ impl MlstmForward {
             Dv: s.dv as i32,
             num_segments: plan.num_segments as i32,
             chunks_per_segment: plan.chunks_per_segment as i32,
+            states_splits: plan.states_splits as i32,
             scale,
             eps,
         };

@@ -22,6 +22,9 @@ pub struct MlstmPlan {
     pub num_segments: u32,
     /// Chunks of 64 tokens per segment (the last segment may hold fewer).
     pub chunks_per_segment: u32,
+    /// Pieces R the states pass cuts each of segments 0..S-2 into (one CTA each), so that it
+    /// fills the GPU where S is small.
+    pub states_splits: u32,
     /// Workspace bytes (0 when S == 1).
     pub workspace_bytes: u64,
     /// The states kernel's launch (only when S > 1).
@@ -44,15 +47,24 @@ fn stage_bytes(dk: usize, dv: usize, with_q: bool) -> u32 {
     (if with_q { 2 } else { 1 }) * c * dk * 2 + c * dv * 2 + 2 * c * 4
 }
 
+/// The normaliser's partial vectors (`lasp_mlstm_normaliser_bytes`): two where the CTA has two
+/// threads per key dimension.
+fn normaliser_bytes(dk: usize, dv: usize) -> u32 {
+    let parts = if threads(dv) >= 2 * dk as u32 { 2 } else { 1 };
+    parts * dk as u32 * 4
+}
+
 /// Shared-memory bytes of the output kernel (`lasp_mlstm_output_smem_bytes`).
 pub(crate) fn output_smem_bytes(dk: usize, dv: usize) -> u32 {
     let (dk32, dv32) = (dk as u32, dv as u32);
-    header::LASP_MLSTM_STAGES * stage_bytes(dk, dv, true) + 4 * dk32 * dv32 * 2 + 2 * dk32 * 4
+    header::LASP_MLSTM_STAGES * stage_bytes(dk, dv, true)
+        + 4 * dk32 * dv32 * 2
+        + 2 * normaliser_bytes(dk, dv)
 }
 
 /// Shared-memory bytes of the states kernel (`lasp_mlstm_states_smem_bytes`).
 pub(crate) fn states_smem_bytes(dk: usize, dv: usize) -> u32 {
-    header::LASP_MLSTM_STAGES * stage_bytes(dk, dv, false)
+    header::LASP_MLSTM_STAGES * stage_bytes(dk, dv, false) + normaliser_bytes(dk, dv)
 }
 
 /// Output CTAs one SM holds at once (228 KiB of shared memory, 1 KiB reserved per CTA, at most
@@ -77,8 +89,14 @@ pub struct WorkspaceOffsets {
 impl MlstmPlan {
     /// The plan for `shape` on a GPU of `sm_count` multiprocessors (the output kernel's CTAs
     /// fill them once), or with `force_segments` segments per sequence (clamped to one chunk
-    /// each at least and rounded so that none is empty).
-    pub fn new(shape: &ForwardShape, sm_count: u32, force_segments: Option<u32>) -> Result<Self> {
+    /// each at least and rounded so that none is empty) and `force_splits` states pieces per
+    /// segment (clamped to its chunks; pieces past the segment's end are empty).
+    pub fn new(
+        shape: &ForwardShape,
+        sm_count: u32,
+        force_segments: Option<u32>,
+        force_splits: Option<u32>,
+    ) -> Result<Self> {
         validate(shape)?;
         let (b, t, h, dk, dv) = (shape.b, shape.t, shape.h, shape.dk, shape.dv);
         let chunks = t.div_ceil(CHUNK);
@@ -103,16 +121,24 @@ impl MlstmPlan {
         }
         let bh = (b * h) as u32;
         let many = segments > 1;
-        let boundaries = (segments - 1) as u64;
+        let boundaries = segments - 1;
+        // The states pass's CTAs (one per SM: their registers) fill the GPU once.
+        let splits = match (many, force_splits) {
+            (false, _) => 1,
+            (true, Some(r)) => (r as usize).clamp(1, per_segment),
+            (true, None) => (sm_count as usize / (boundaries * b * h)).clamp(1, per_segment),
+        };
+        let pieces = (boundaries * splits) as u64;
         let (tile, vector) = ((dk * dv * 4) as u64, (dk * 4) as u64);
-        let per_bh = boundaries * (2 * tile + 2 * vector + 3 * 4);
+        let per_bh = pieces * (tile + vector + 2 * 4) + boundaries as u64 * (tile + vector + 4);
         Ok(MlstmPlan {
             shape: *shape,
             num_segments: segments as u32,
             chunks_per_segment: per_segment as u32,
+            states_splits: splits as u32,
             workspace_bytes: (b * h) as u64 * per_bh,
             states: many.then_some(LaunchShape {
-                grid: (1, segments as u32 - 1, bh),
+                grid: (1, pieces as u32, bh),
                 block: (threads(dv), 1, 1),
                 shared_bytes: states_smem_bytes(dk, dv),
             }),
@@ -129,27 +155,26 @@ impl MlstmPlan {
         })
     }
 
-    /// Where each workspace array starts: `ws_c`, `ws_pc` (tiles), `ws_n`, `ws_pn` (vectors),
-    /// `ws_m`, `ws_f`, `ws_pm` (scalars), each over every (b*H+h, boundary).
+    /// Where each workspace array starts: `ws_c`, `ws_n`, `ws_m`, `ws_f` over every (b*H+h,
+    /// piece), `ws_pc`, `ws_pn`, `ws_pm` over every (b*H+h, boundary); tiles, then vectors, then
+    /// scalars.
     pub fn workspace_offsets(&self) -> WorkspaceOffsets {
         let s = &self.shape;
         let slots = (s.b * s.h) as u64 * (self.num_segments - 1) as u64;
-        let (tiles, vectors, scalars) = (
-            slots * (s.dk * s.dv * 4) as u64,
-            slots * (s.dk * 4) as u64,
-            slots * 4,
-        );
-        let pc = tiles;
-        let n = pc + tiles;
-        let pn = n + vectors;
-        let m = pn + vectors;
+        let pieces = slots * self.states_splits as u64;
+        let (tile, vector) = ((s.dk * s.dv * 4) as u64, (s.dk * 4) as u64);
+        let pc = pieces * tile;
+        let n = pc + slots * tile;
+        let pn = n + pieces * vector;
+        let m = pn + slots * vector;
+        let f = m + pieces * 4;
         WorkspaceOffsets {
             pc,
             n,
             pn,
             m,
-            f: m + scalars,
-            pm: m + 2 * scalars,
+            f,
+            pm: f + pieces * 4,
         }
     }
 }

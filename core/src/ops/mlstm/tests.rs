@@ -15,63 +15,76 @@ fn shape(b: usize, t: usize, h: usize, dk: usize, dv: usize) -> ForwardShape {
 fn shared_memory_matches_the_header_and_fits_a_block() {
     // bindgen does not export the header's inline functions: their values worked out by hand.
     // Two stages of Q, K (16 KiB each), V (16 KiB at Dv 128) and both gates (512 B), two split
-    // state copies (hi and lo, 32 KiB each at Dk = Dv = 128), two fp32 copies of n.
+    // state copies (hi and lo, 32 KiB each at Dk = Dv = 128), two copies of n's two parts (one part
+    // where a 128-thread CTA has Dk = 128): the most a block may have at Dk = Dv = 128.
     assert_eq!(
         output_smem_bytes(128, 128),
-        2 * (3 * 16_384 + 512) + 4 * 32_768 + 1_024
+        2 * (3 * 16_384 + 512) + 4 * 32_768 + 2 * 1_024
     );
+    assert_eq!(output_smem_bytes(128, 128), 227 * 1024);
     assert_eq!(
         output_smem_bytes(64, 64),
-        2 * (3 * 8_192 + 512) + 4 * 8_192 + 512
+        2 * (3 * 8_192 + 512) + 4 * 8_192 + 2 * 512
     );
-    assert!(output_smem_bytes(128, 128) <= 227 * 1024);
-    assert_eq!(states_smem_bytes(128, 128), 2 * (2 * 16_384 + 512));
+    assert_eq!(
+        output_smem_bytes(128, 64),
+        2 * (2 * 16_384 + 8_192 + 512) + 4 * 16_384 + 2 * 512
+    );
+    assert_eq!(states_smem_bytes(128, 128), 2 * (2 * 16_384 + 512) + 1_024);
 }
 
 #[test]
 fn plans_fill_the_sms_once_and_size_the_workspace() {
     // B=4, H=16, T=8K on 132 SMs at Dv = 128 (one 256-thread CTA per SM): two segments of 64
-    // chunks.
-    let p = MlstmPlan::new(&shape(4, 8192, 16, 128, 128), 132, None).unwrap();
-    assert_eq!((p.num_segments, p.chunks_per_segment), (2, 64));
+    // chunks, the states pass of segment 0 in two pieces (128 CTAs).
+    let p = MlstmPlan::new(&shape(4, 8192, 16, 128, 128), 132, None, None).unwrap();
+    assert_eq!(
+        (p.num_segments, p.chunks_per_segment, p.states_splits),
+        (2, 64, 2)
+    );
     assert_eq!(p.output.grid, (1, 2, 64));
     assert_eq!(p.output.block, (256, 1, 1));
-    assert_eq!(p.states.unwrap().grid, (1, 1, 64));
+    assert_eq!(p.states.unwrap().grid, (1, 2, 64));
     assert_eq!(p.fold.unwrap().grid, ((128 * 128 + 128) / 256 + 1, 64, 1));
     let (tile, vector) = (128 * 128 * 4, 128 * 4);
     let o = p.workspace_offsets();
+    // 128 pieces, 64 boundaries.
+    let (pc, n) = (128 * tile, 192 * tile);
     assert_eq!(
         (o.pc, o.n, o.pn, o.m, o.f, o.pm),
         (
-            64 * tile,
-            128 * tile,
-            128 * tile + 64 * vector,
-            128 * tile + 128 * vector,
-            128 * tile + 128 * vector + 256,
-            128 * tile + 128 * vector + 512
+            pc,
+            n,
+            n + 128 * vector,
+            n + 192 * vector,
+            n + 192 * vector + 512,
+            n + 192 * vector + 1024
         )
     );
     assert_eq!(p.workspace_bytes, o.pm + 256);
     // B*H >= SMs: one segment, no states pass, no workspace.
-    let p = MlstmPlan::new(&shape(4, 200, 64, 64, 64), 132, None).unwrap();
+    let p = MlstmPlan::new(&shape(4, 200, 64, 64, 64), 132, None, None).unwrap();
     assert_eq!(
         (p.num_segments, p.states, p.fold, p.workspace_bytes),
         (1, None, None, 0)
     );
     assert_eq!(p.output.block, (128, 1, 1));
-    // Forced: 5 segments of 16 chunks -> 4 of 4.
-    let p = MlstmPlan::new(&shape(1, 1000, 1, 128, 128), 132, Some(5)).unwrap();
-    assert_eq!((p.num_segments, p.chunks_per_segment), (4, 4));
-    assert!(MlstmPlan::new(&shape(1, 1000, 1, 128, 128), 132, Some(0)).is_err());
+    // Forced: 5 segments of 16 chunks -> 4 of 4; pieces clamp to a segment's chunks.
+    let p = MlstmPlan::new(&shape(1, 1000, 1, 128, 128), 132, Some(5), Some(9)).unwrap();
+    assert_eq!(
+        (p.num_segments, p.chunks_per_segment, p.states_splits),
+        (4, 4, 4)
+    );
+    assert!(MlstmPlan::new(&shape(1, 1000, 1, 128, 128), 132, Some(0), None).is_err());
 }
 
 #[test]
 fn shapes_the_kernels_lack_are_refused_with_what_to_do() {
-    let err = MlstmPlan::new(&shape(1, 64, 1, 128, 256), 132, None).unwrap_err();
+    let err = MlstmPlan::new(&shape(1, 64, 1, 128, 256), 132, None, None).unwrap_err();
     assert!(err
         .to_string()
         .contains("split v into blocks of 128 columns"));
-    let err = MlstmPlan::new(&shape(1, 64, 1, 96, 128), 132, None).unwrap_err();
+    let err = MlstmPlan::new(&shape(1, 64, 1, 96, 128), 132, None, None).unwrap_err();
     assert!(err.to_string().contains("Dk"));
 }
 

@@ -114,53 +114,85 @@ __device__ __forceinline__ ChunkStep chunk_step(const float* s_f, const float* s
   return st;
 }
 
+// 1 / x to about an ulp (rcp.approx; 1 / inf = 0). Not the division operator: its IEEE slow path
+// is a called subroutine, and any call in the output kernel makes ptxas serialise every wgmma of
+// it (C7509).
+__device__ __forceinline__ float rcp_approx(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // The bf16 at a shared-memory byte address, as fp32.
 __device__ __forceinline__ float bf16_at(const uint8_t* at) {
   return __uint_as_float(static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(at)) << 16);
 }
 
-// n'_d = e^{gamma} n_d + sum_j e^{gamma - col_j} k_jd for one key dimension d, K the chunk's
-// swizzled [64 x DK] tile at `sK` (generic address), the weights as chunk_step left them per lane.
-template <int DK>
-__device__ __forceinline__ float normaliser_update(float n, const uint8_t* sK, int d, const ChunkStep& st) {
-  constexpr unsigned kAll = 0xffffffffu;
-  const uint8_t* column = sK + (d & 7) * 2;  // element d of a row, within its 16-byte chunk
-  float acc = 0.f;
-#pragma unroll 8
-  for (int p = 0; p < kChunk / 2; ++p) {
-    const float w0 = __shfl_sync(kAll, st.key_weight[0], p), w1 = __shfl_sync(kAll, st.key_weight[1], p);
-    const float k0 = bf16_at(column + swizzle(2 * p, d >> 3, kChunk));
-    const float k1 = bf16_at(column + swizzle(2 * p + 1, d >> 3, kChunk));
-    acc = fmaf(w0, k0, acc);
-    acc = fmaf(w1, k1, acc);
-  }
-  return fmaf(exp_nonpos(st.cg.gamma), n, acc);
+// The normaliser n is carried in kParts partial vectors, one per range of the chunk's tokens, each
+// in the registers of the threads part * DK + d (one per key dimension d): n = sum of the parts.
+// Every part decays by the same e^{gamma}, so the sum stays n; the parts halve the dependent chain
+// of each thread's update and spread it over both warpgroups.
+template <int DK, int kThreads>
+constexpr int normaliser_parts() {
+  return kThreads >= 2 * DK ? 2 : 1;
 }
 
-// sigma-free q_r . n for this warp's 16 rows of the chunk's swizzled [64 x DK] Q tile at `sQ`: lane
-// l takes row 16 warp + l / 2 and half l % 2 of Dk; the pair's sum lands in both lanes. Returns the
-// values of this lane's fragment rows r = 16 warp + 8 hh + g (lane 2 (8 hh + g) holds row r).
-template <int DK>
-__device__ __forceinline__ void query_dot_normaliser(float (&qn)[2], const uint8_t* sQ, const float* s_n, int warp,
-                                                     int lane) {
+// n_p' = e^{gamma} n_p + sum_{j in part p} e^{gamma - col_j} k_jd for key dimension d, K the chunk's
+// swizzled [64 x DK] tile at `sK` (generic address), the weights as chunk_step left them per lane.
+// Four accumulators: the chain is a quarter of the part's tokens long.
+template <int DK, int kParts>
+__device__ __forceinline__ float normaliser_update(float n, const uint8_t* sK, int d, int part, const ChunkStep& st) {
   constexpr unsigned kAll = 0xffffffffu;
-  constexpr int kHalfChunks = DK / 16;  // 16-byte chunks (8 elements) per half row
-  const int r = 16 * warp + (lane >> 1), half = lane & 1;
-  float acc = 0.f;
+  constexpr int kPairs = kChunk / 2 / kParts;  // token pairs of a part
+  const uint8_t* column = sK + (d & 7) * 2;    // element d of a row, within its 16-byte chunk
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-  for (int c = half * kHalfChunks; c < (half + 1) * kHalfChunks; ++c) {
-    const uint4 x = *reinterpret_cast<const uint4*>(sQ + swizzle(r, c, kChunk));
-    const uint32_t w[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      acc = fmaf(__uint_as_float(w[e] << 16), s_n[8 * c + 2 * e], acc);
-      acc = fmaf(__uint_as_float(w[e] & 0xffff0000u), s_n[8 * c + 2 * e + 1], acc);
-    }
+  for (int i = 0; i < kPairs; ++i) {
+    const int p = part * kPairs + i;
+    const float w0 = __shfl_sync(kAll, st.key_weight[0], p), w1 = __shfl_sync(kAll, st.key_weight[1], p);
+    acc[(2 * i) & 3] = fmaf(w0, bf16_at(column + swizzle(2 * p, d >> 3, kChunk)), acc[(2 * i) & 3]);
+    acc[(2 * i + 1) & 3] = fmaf(w1, bf16_at(column + swizzle(2 * p + 1, d >> 3, kChunk)), acc[(2 * i + 1) & 3]);
   }
-  acc += __shfl_xor_sync(kAll, acc, 1);
-  const int g = lane >> 2;
-  qn[0] = __shfl_sync(kAll, acc, 2 * g);
-  qn[1] = __shfl_sync(kAll, acc, 2 * (8 + g));
+  return fmaf(exp_nonpos(st.cg.gamma), n, (acc[0] + acc[1]) + (acc[2] + acc[3]));
+}
+
+// sigma-free q_r . n for this lane's fragment rows r = 16 warp + 8 hh + g of the chunk's Q tile at
+// `sQ` (shared address), n the sum of the kParts partial vectors at s_n (DK floats apart), on the
+// tensor cores: per k-step one m16n8k16 of the warp's Q rows (the A fragments the scalar-decay
+// step loads) by a B whose column 0 is bf16(n) and column 1 the residue n - bf16(n), so q . n
+// comes out exact to 16 significant bits in fp32 (lanes t = 0 hold columns 0 and 1; the others
+// take their rows' sums from them).
+template <int DK, int kParts>
+__device__ __forceinline__ void query_dot_normaliser(float (&qn)[2], uint32_t sQ, const float* s_n,
+                                                     const FragOffsets<DK>& off, int lane) {
+  constexpr unsigned kAll = 0xffffffffu;
+  const int g = lane >> 2, t = lane & 3;
+  float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int ks = 0; ks < DK / 16; ++ks) {
+    uint32_t qa[4];
+    sd::row_fragment<DK>(qa, sQ, off, ks);
+    // B rows k = 2t, 2t + 1 (b0) and 2t + 8, 2t + 9 (b1) of this k-step, column g.
+    float2 lo_k = *reinterpret_cast<const float2*>(s_n + 16 * ks + 2 * t);
+    float2 hi_k = *reinterpret_cast<const float2*>(s_n + 16 * ks + 2 * t + 8);
+    if constexpr (kParts == 2) {
+      const float2 u = *reinterpret_cast<const float2*>(s_n + DK + 16 * ks + 2 * t);
+      const float2 w = *reinterpret_cast<const float2*>(s_n + DK + 16 * ks + 2 * t + 8);
+      lo_k = make_float2(lo_k.x + u.x, lo_k.y + u.y);
+      hi_k = make_float2(hi_k.x + w.x, hi_k.y + w.y);
+    }
+    const uint32_t b0_hi = pack_bf16x2(lo_k.x, lo_k.y), b1_hi = pack_bf16x2(hi_k.x, hi_k.y);
+    const uint32_t b0_lo = pack_bf16x2(lo_k.x - __uint_as_float(b0_hi << 16),
+                                       lo_k.y - __uint_as_float(b0_hi & 0xffff0000u));
+    const uint32_t b1_lo = pack_bf16x2(hi_k.x - __uint_as_float(b1_hi << 16),
+                                       hi_k.y - __uint_as_float(b1_hi & 0xffff0000u));
+    const uint32_t b0 = g == 0 ? b0_hi : g == 1 ? b0_lo : 0u;
+    const uint32_t b1 = g == 0 ? b1_hi : g == 1 ? b1_lo : 0u;
+    mma_bf16(c, qa, b0, b1);
+  }
+  // c = (row g: columns 2t, 2t + 1; row g + 8: the same); at t = 0 the two columns are hi and lo.
+  qn[0] = __shfl_sync(kAll, c[0] + c[1], lane & ~3);
+  qn[1] = __shfl_sync(kAll, c[2] + c[3], lane & ~3);
 }
 
 // The row sums of the weighted scores sigma (Q K^T ⊙ D) in fp32, before their rounding to bf16 for
@@ -180,6 +212,18 @@ __device__ __forceinline__ void sum_rows(float (&sums)[2]) {
     sums[hh] += __shfl_xor_sync(kAll, sums[hh], 2);
   }
 }
+
+// What the mLSTM output step adds to the scalar-decay chunk step (lasp::sd::NoChunkExtras lists
+// the members): the state's lo copy, the scores' row sums, and the normaliser's work (`work`, run
+// while the tensor cores run the chunk's first products).
+template <class Work>
+struct OutputExtras {
+  static constexpr bool kStateLo = true;
+  uint32_t state_lo;
+  ScoreRowSums row_sink;
+  Work work;
+  __device__ __forceinline__ void overlap() const { work(); }
+};
 
 // The state as the inter term's operand, split: hi = bf16(S) at byte offset `hi`, lo = bf16(S - hi)
 // `lo_offset` bytes further, both in the layout of lasp::sd::store_state_bf16. The output divides
@@ -221,8 +265,9 @@ struct SegmentArgs {
 
 // Shared-memory map (byte offsets): kStages stages of [Q] K and kGroups V tiles (bf16, swizzled),
 // then with O two split copies (store_state_split) of every warpgroup's state tile, then the stages' gates (forget,
-// input: 64 fp32 each), then with O two fp32 copies of n [DK] (the states pass keeps n in
-// registers only). Every tile starts 1024-byte aligned.
+// input: 64 fp32 each), then the partial vectors of n (normaliser_parts; with O two copies, one
+// read this chunk and one written for the next; the states pass adds them up there at its end).
+// Every tile starts 1024-byte aligned.
 template <int DK, int kGroups, bool kStoreO>
 struct Layout {
   static constexpr uint32_t kQKBytes = kChunk * DK * 2;
@@ -236,7 +281,9 @@ struct Layout {
   static constexpr uint32_t kGates = kSbf + (kStoreO ? 4 * kGroups * kSbfBytes : 0);
   static constexpr uint32_t kGateBytes = 2 * kChunk * 4;
   static constexpr uint32_t kN = kGates + kStages * kGateBytes;
-  static constexpr uint32_t kBytes = kN + (kStoreO ? 2 * DK * 4 : 0);
+  static constexpr int kParts = normaliser_parts<DK, 128 * kGroups>();
+  static constexpr uint32_t kNBytes = kParts * DK * 4;  // the partial vectors of n
+  static constexpr uint32_t kBytes = kN + (kStoreO ? 2 : 1) * kNBytes;
   static __device__ __forceinline__ uint32_t stage(int i) { return (i % kStages) * kStageBytes; }
   static __device__ __forceinline__ uint32_t forget(int i) { return kGates + (i % kStages) * kGateBytes; }
   static __device__ __forceinline__ uint32_t input(int i) { return forget(i) + kChunk * 4; }
@@ -244,7 +291,7 @@ struct Layout {
   static __device__ __forceinline__ uint32_t state_copy(int w, int i) {
     return kSbf + 2 * ((i & 1) * kGroups + w) * kSbfBytes;
   }
-  static __device__ __forceinline__ uint32_t normaliser(int i) { return kN + (i & 1) * DK * 4; }
+  static __device__ __forceinline__ uint32_t normaliser(int i) { return kN + (kStoreO ? (i & 1) * kNBytes : 0); }
   static_assert(kStageBytes % 1024 == 0 && kSbfBytes % 1024 == 0, "tiles stay 1024-byte aligned");
 };
 
@@ -297,9 +344,16 @@ __device__ __forceinline__ void run_segment(const SegmentArgs& a, Start&& start,
 
   const StateLane ln{16 * warp, g, t};
   StateRegs<DK> s;
+  // This thread's part of n (normaliser_parts): threads part * DK + d, d < DK.
+  constexpr int kParts = L::kParts;
+  const bool carries_n = tid < kParts * DK;
+  const int n_dim = tid % DK, n_part = tid / DK;
   float n_mine = 0.f;
-  float m = start(s, ln, group, n_mine);
-  if (kStoreO && tid < DK) reinterpret_cast<float*>(smem + L::normaliser(0))[tid] = n_mine;
+  float m = start(s, ln, group, n_mine);  // threads < DK: n_0 (part 0); the other parts start at 0
+  auto publish_n = [&](int i) {
+    if (carries_n) reinterpret_cast<float*>(smem + L::normaliser(i))[tid] = n_mine;
+  };
+  if constexpr (kStoreO) publish_n(0);
   const FragOffsets<DK> off(warp, lane);
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
@@ -327,24 +381,29 @@ __device__ __forceinline__ void run_segment(const SegmentArgs& a, Start&& start,
     log_forget += st.log_forget;
     const uint32_t sK = sbase + stage + L::kK;
     const uint32_t sV = sbase + stage + L::kV + group * L::kVBytes;
-    const float* s_n = reinterpret_cast<const float*>(smem + L::normaliser(i));
+    auto update_n = [&] {
+      if (carries_n) n_mine = normaliser_update<DK, kParts>(n_mine, smem + stage + L::kK, n_dim, n_part, st);
+    };
     if constexpr (kStoreO) {
       float qn[2];
-      query_dot_normaliser<DK>(qn, smem + stage + L::kQ, s_n, warp, lane);
-      if (tid < DK) n_mine = normaliser_update<DK>(n_mine, smem + stage + L::kK, tid, st);
-      float o[8][4];
       float score_sums[2] = {0.f, 0.f};
       const uint32_t copy = sbase + L::state_copy(group, i);
-      sd::output_chunk<DK, sd::Probe::kNone, ScoreRowSums, true>(o, s, sbase + stage + L::kQ, sK, sV, copy, off,
-                                                                  st.cg, warp, g, t, a.scale,
-                                                                  ScoreRowSums{score_sums}, copy + L::kSbfBytes);
+      auto work = [&] {
+        query_dot_normaliser<DK, kParts>(qn, sbase + stage + L::kQ,
+                                         reinterpret_cast<const float*>(smem + L::normaliser(i)), off, lane);
+        update_n();
+      };
+      float o[8][4];
+      const OutputExtras<decltype(work)> extras{copy + L::kSbfBytes, ScoreRowSums{score_sums}, work};
+      sd::output_chunk<DK, sd::Probe::kNone>(o, s, sbase + stage + L::kQ, sK, sV, copy, off, st.cg, warp, g, t,
+                                             a.scale, extras);
       sum_rows(score_sums);
       uint16_t* o_tile = a.o + row_bt0 * Dv + group * kTileV + 2 * t;
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         // The row's q . n as the products weigh the state's term: sigma e^{row_r}.
         const float qn_r = fmaf(a.scale * exp_nonpos(st.cg.row[hh]), qn[hh], score_sums[hh]);
-        const float inv = 1.f / (fmaxf(fabsf(qn_r), expf(-st.m_row[hh])) + a.eps);
+        const float inv = rcp_approx(fmaxf(fabsf(qn_r), expf(-st.m_row[hh])) + a.eps);
         const int tok = tok0 + 16 * warp + 8 * hh + g;
         if (tok < T) {
           uint16_t* dst = o_tile + tok * v_stride;
@@ -354,12 +413,20 @@ __device__ __forceinline__ void run_segment(const SegmentArgs& a, Start&& start,
         }
       }
       if (i + 1 < a.n_chunks) store_state_split<DK>(smem, L::state_copy(group, i + 1), L::kSbfBytes, s, ln);
+      publish_n(i + 1);
     } else {
-      if (tid < DK) n_mine = normaliser_update<DK>(n_mine, smem + stage + L::kK, tid, st);
+      update_n();
       sd::state_chunk<DK>(s, sK, sV, off, st.cg);
     }
-    if (kStoreO && tid < DK) reinterpret_cast<float*>(smem + L::normaliser(i + 1))[tid] = n_mine;
     m = st.m_next;
+  }
+  // n leaving the segment: its parts added up (the states pass publishes them only now).
+  if constexpr (!kStoreO) publish_n(0);
+  __syncthreads();
+  if (tid < DK) {
+    const float* parts = reinterpret_cast<const float*>(smem + L::normaliser(kStoreO ? a.n_chunks : 0));
+    n_mine = parts[tid];
+    if constexpr (kParts == 2) n_mine += parts[DK + tid];
   }
   end(s, ln, group, n_mine, m, log_forget);
 }

@@ -9,7 +9,7 @@
 // from (C_0, n_0, m_0), or (0, 0, 0) without an initial state (mlstm_kernels' zero state).
 //
 // Host call sequence (one stream, in this order; S = num_segments):
-//   1. if S > 1: lasp_mlstm_states_dk{64,128}_dv{64,128}  grid (1, S-1, B*H),
+//   1. if S > 1: lasp_mlstm_states_dk{64,128}_dv{64,128}  grid (1, (S-1)*R, B*H),
 //                  block lasp_mlstm_threads(Dv), smem lasp_mlstm_states_smem_bytes(Dk, Dv)
 //   2. if S > 1: lasp_mlstm_fold  grid (ceil((Dk*Dv + Dk) / LASP_MLSTM_FOLD_THREADS), B*H),
 //                  block LASP_MLSTM_FOLD_THREADS, smem 0
@@ -51,15 +51,15 @@ typedef struct {
   float* n_t;               // fp32 [B, H, Dk]
   float* m_t;               // fp32 [B, H]
   // The workspace (one allocation, none when S == 1; core/src/ops/mlstm/plan.rs sizes it), per
-  // (b*H+h) and segment slot s in 0..S-2: the summary of segment s from the empty state (ws_c,
-  // ws_n, ws_m, and its log forget sum ws_f), and the prefix entering segment s+1 (ws_pc, ws_pn,
+  // (b*H+h): the summary of every piece u of segments 0..S-2 from the empty state (ws_c, ws_n,
+  // ws_m, and its log forget sum ws_f), and the prefix entering every segment s+1 (ws_pc, ws_pn,
   // ws_pm).
-  float* ws_c;              // fp32 [B*H, S-1, Dk, Dv]
+  float* ws_c;              // fp32 [B*H, (S-1)*R, Dk, Dv]
   float* ws_pc;             // fp32 [B*H, S-1, Dk, Dv]
-  float* ws_n;              // fp32 [B*H, S-1, Dk]
+  float* ws_n;              // fp32 [B*H, (S-1)*R, Dk]
   float* ws_pn;             // fp32 [B*H, S-1, Dk]
-  float* ws_m;              // fp32 [B*H, S-1]
-  float* ws_f;              // fp32 [B*H, S-1]
+  float* ws_m;              // fp32 [B*H, (S-1)*R]
+  float* ws_f;              // fp32 [B*H, (S-1)*R]
   float* ws_pm;             // fp32 [B*H, S-1]
   int32_t B;
   int32_t T;                // tokens per sequence (>= 1)
@@ -68,26 +68,39 @@ typedef struct {
   int32_t Dv;               // 64 or 128
   int32_t num_segments;        // S >= 1 segments of whole chunks per (b, h)
   int32_t chunks_per_segment;  // ceil(num_chunks / S); no segment empty
+  int32_t states_splits;       // R >= 1: the states pass cuts each of segments 0..S-2 into R pieces
+                               // of lasp_mlstm_chunks_per_piece chunks (the last may be short or
+                               // empty), one CTA each, so that it fills the GPU where S is small
   float scale;              // sigma, usually Dk^-1/2
   float eps;                // added to the denominator after the max (mlstm_kernels: 1e-6)
 } lasp_mlstm_params;
 
 LASP_MLSTM_FN int32_t lasp_mlstm_num_chunks(int32_t T) { return (T + LASP_MLSTM_CHUNK - 1) / LASP_MLSTM_CHUNK; }
 
+LASP_MLSTM_FN int32_t lasp_mlstm_chunks_per_piece(int32_t chunks_per_segment, int32_t R) {
+  return (chunks_per_segment + R - 1) / R;
+}
+
 // Per stage: Q (output kernel only), K, Dv / 64 V tiles (bf16) and both gates of a chunk (fp32).
 LASP_MLSTM_FN uint32_t lasp_mlstm_stage_bytes(int32_t Dk, int32_t Dv, int32_t with_q) {
   return (with_q ? 2u : 1u) * LASP_MLSTM_CHUNK * Dk * 2u + LASP_MLSTM_CHUNK * Dv * 2u + 2u * LASP_MLSTM_CHUNK * 4u;
 }
 
-// Output kernel: STAGES stages, two copies of the state split into bf16 hi and lo (one read this
-// chunk, one written for the next), two fp32 copies of the normaliser n likewise.
-LASP_MLSTM_FN uint32_t lasp_mlstm_output_smem_bytes(int32_t Dk, int32_t Dv) {
-  return LASP_MLSTM_STAGES * lasp_mlstm_stage_bytes(Dk, Dv, 1) + 4u * Dk * Dv * 2u + 2u * Dk * 4u;
+// The normaliser's partial vectors: two where the CTA has two threads per key dimension.
+LASP_MLSTM_FN uint32_t lasp_mlstm_normaliser_bytes(int32_t Dk, int32_t Dv) {
+  return (128 * (Dv / LASP_MLSTM_TILE_V) >= 2 * Dk ? 2u : 1u) * Dk * 4u;
 }
 
-// States kernel: STAGES stages without Q (n stays in registers).
+// Output kernel: STAGES stages, two copies of the state split into bf16 hi and lo (one read this
+// chunk, one written for the next), two copies of the normaliser's parts likewise.
+LASP_MLSTM_FN uint32_t lasp_mlstm_output_smem_bytes(int32_t Dk, int32_t Dv) {
+  return LASP_MLSTM_STAGES * lasp_mlstm_stage_bytes(Dk, Dv, 1) + 4u * Dk * Dv * 2u +
+         2u * lasp_mlstm_normaliser_bytes(Dk, Dv);
+}
+
+// States kernel: STAGES stages without Q, one copy of the normaliser's parts (added up at the end).
 LASP_MLSTM_FN uint32_t lasp_mlstm_states_smem_bytes(int32_t Dk, int32_t Dv) {
-  return LASP_MLSTM_STAGES * lasp_mlstm_stage_bytes(Dk, Dv, 0);
+  return LASP_MLSTM_STAGES * lasp_mlstm_stage_bytes(Dk, Dv, 0) + lasp_mlstm_normaliser_bytes(Dk, Dv);
 }
 
 // Threads of the states and output kernels: one warpgroup per 64 columns of Dv.

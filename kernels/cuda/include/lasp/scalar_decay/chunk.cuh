@@ -389,7 +389,7 @@ struct NoRowSink {
 // needs the weighted scores' row sums, mLSTM's normaliser, adds them up; the default does nothing).
 template <class RowSink = NoRowSink>
 __device__ __forceinline__ void scores_to_p(uint32_t (&pa)[4][4], const float (&a)[8][4], const ChunkGates& cg,
-                                            int warp, int g, int t, float scale, RowSink&& row_sink = RowSink{}) {
+                                            int warp, int g, int t, float scale, const RowSink& row_sink = RowSink{}) {
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -580,11 +580,25 @@ __device__ __forceinline__ void issue_pv(float (&o)[8][4], const uint32_t (&pa)[
 
 #endif
 
+// What a family adds to output_chunk; NoChunkExtras adds nothing. Members:
+//   kStateLo, state_lo: with kStateLo, state_lo holds the bf16 of S_n - S_bf (the same layout as
+//                the copy), and o also takes Q S_lo, so Q S_n is exact to 16 significant bits
+//                (mLSTM divides its output by a normaliser kept in fp32, which the bf16 copy's
+//                rounding would not cancel in);
+//   row_sink:    see scores_to_p;
+//   overlap():   CUDA-core work of the family's, run while the tensor cores run the chunk's first
+//                products (it must not write what they read).
+struct NoChunkExtras {
+  static constexpr bool kStateLo = false;
+  uint32_t state_lo = 0;
+  NoRowSink row_sink;
+  __device__ __forceinline__ void overlap() const {}
+};
+
 // One chunk of the output kernel: o = sigma (diag(e^b) Q S_n + (Q K^T ⊙ D) V) for this warp's 16 rows
 // (accumulator layout), S <- S_{n+1}. sQ, sK, sV: the chunk's stage; sS: the bf16 copy of S_n.
-// kProbe kNoExp drops the elementwise gate work (see Probe). row_sink: see scores_to_p. kStateLo:
-// sS_lo holds the bf16 of S_n - S_bf, so Q S_n is exact to 16 significant bits (mLSTM divides its
-// output by a normaliser kept in fp32, which the bf16 copy's rounding would not cancel in).
+// kProbe kNoExp drops the elementwise gate work (see Probe). extras: what a family adds
+// (NoChunkExtras).
 #if LASP_SD_WGMMA
 // sm_90a: the four products on the warpgroup's tensor cores (wgmma m64n64k16; the CTA's 4 warps
 // are one warpgroup), in three groups so that the warps' elementwise work runs beside them:
@@ -596,11 +610,11 @@ __device__ __forceinline__ void issue_pv(float (&o)[8][4], const uint32_t (&pa)[
 // and wait for all. Same products, roundings and order of terms as the mma.sync path. The state's
 // registers are rewritten only while no wgmma is in flight (ptxas otherwise inserts a wait for
 // group 1 right there, serialising it with that work).
-template <int DK, Probe kProbe, class RowSink = NoRowSink, bool kStateLo = false>
+template <int DK, Probe kProbe, class Extras = NoChunkExtras>
 __device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s, uint32_t sQ, uint32_t sK,
                                              uint32_t sV, uint32_t sS, const FragOffsets<DK>& off,
                                              const ChunkGates& cg, int warp, int g, int t, float scale,
-                                             RowSink&& row_sink = RowSink{}, uint32_t sS_lo = 0) {
+                                             const Extras& extras = Extras{}) {
   constexpr bool kGates = kProbe != Probe::kNoExp;
   float wk[8][2];
   if constexpr (kGates) decay_state<DK>(s, wk, cg);
@@ -609,10 +623,11 @@ __device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s,
 
   float acc[8][4];  // Q K^T
   wg::fence();
-  issue_q_products<DK, kStateLo>(o, acc, sQ, sS, sK, sS_lo);
+  issue_q_products<DK, Extras::kStateLo>(o, acc, sQ, sS, sK, extras.state_lo);
   wg::commit();
   issue_state_update<DK>(s, kta, sV);
   wg::commit();
+  extras.overlap();
 
   wg::wait<1>();
   wg::fence_operands(o);
@@ -620,7 +635,7 @@ __device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s,
   uint32_t pa[4][4];  // A fragments of sigma (Q K^T ⊙ D), one per 16-token k-step
   if constexpr (kGates) {
     scale_inter_rows(o, cg, scale);
-    scores_to_p(pa, acc, cg, warp, g, t, scale, row_sink);
+    scores_to_p(pa, acc, cg, warp, g, t, scale, extras.row_sink);
   } else {
     scores_to_p_unweighted(pa, acc);
   }
@@ -652,11 +667,11 @@ __device__ __forceinline__ void state_chunk(StateRegs<DK>& s, uint32_t sK, uint3
 #else
 // Other architectures: warp-level mma.sync, one pass over Dk for Q S_n and Q K^T sharing the Q
 // fragments, then P V and the state update sharing the V fragments.
-template <int DK, Probe kProbe, class RowSink = NoRowSink, bool kStateLo = false>
+template <int DK, Probe kProbe, class Extras = NoChunkExtras>
 __device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s, uint32_t sQ, uint32_t sK,
                                              uint32_t sV, uint32_t sS, const FragOffsets<DK>& off,
                                              const ChunkGates& cg, int warp, int g, int t, float scale,
-                                             RowSink&& row_sink = RowSink{}, uint32_t sS_lo = 0) {
+                                             const Extras& extras = Extras{}) {
   constexpr bool kGates = kProbe != Probe::kNoExp;
   float acc[8][4] = {};  // Q K^T
   uint32_t pa[4][4];     // A fragments of sigma (Q K^T ⊙ D), one per 16-token k-step
@@ -664,11 +679,12 @@ __device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s,
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[nt][e] = 0.f;
-  q_products<DK, kStateLo>(o, acc, sQ, sS, sK, off, sS_lo);
+  extras.overlap();
+  q_products<DK, Extras::kStateLo>(o, acc, sQ, sS, sK, off, extras.state_lo);
   float wk[8][2];
   if constexpr (kGates) {
     scale_inter_rows(o, cg, scale);
-    scores_to_p(pa, acc, cg, warp, g, t, scale, row_sink);
+    scores_to_p(pa, acc, cg, warp, g, t, scale, extras.row_sink);
     decay_state<DK>(s, wk, cg);
   } else {
     scores_to_p_unweighted(pa, acc);
