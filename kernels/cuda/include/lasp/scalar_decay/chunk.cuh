@@ -585,14 +585,11 @@ __device__ __forceinline__ void issue_pv(float (&o)[8][4], const uint32_t (&pa)[
 //                the copy), and o also takes Q S_lo, so Q S_n is exact to 16 significant bits
 //                (mLSTM divides its output by a normaliser kept in fp32, which the bf16 copy's
 //                rounding would not cancel in);
-//   row_sink:    see scores_to_p;
-//   overlap():   CUDA-core work of the family's, run while the tensor cores run the chunk's first
-//                products (it must not write what they read).
+//   row_sink:    see scores_to_p.
 struct NoChunkExtras {
   static constexpr bool kStateLo = false;
   uint32_t state_lo = 0;
   NoRowSink row_sink;
-  __device__ __forceinline__ void overlap() const {}
 };
 
 // One chunk of the output kernel: o = sigma (diag(e^b) Q S_n + (Q K^T ⊙ D) V) for this warp's 16 rows
@@ -627,7 +624,6 @@ __device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s,
   wg::commit();
   issue_state_update<DK>(s, kta, sV);
   wg::commit();
-  extras.overlap();
 
   wg::wait<1>();
   wg::fence_operands(o);
@@ -679,7 +675,6 @@ __device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s,
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[nt][e] = 0.f;
-  extras.overlap();
   q_products<DK, Extras::kStateLo>(o, acc, sQ, sS, sK, off, extras.state_lo);
   float wk[8][2];
   if constexpr (kGates) {
