@@ -237,6 +237,24 @@ impl StreamOrder {
     }
 }
 
+/// The values of `view` on the host: an ordered copy on `stream`, which is synchronised (the
+/// operations' gate checks, which read what the kernels will read).
+pub(crate) fn copy_to_host(
+    ctx: &CudaContext,
+    stream: &Arc<CudaStream>,
+    view: DeviceRef<'_, f32>,
+) -> Result<Vec<f32>> {
+    let mut host = vec![0f32; view.len()];
+    ctx.bind_to_thread()?;
+    // SAFETY: the view is a live device allocation of at least view.len() f32 (DeviceRef's
+    // contract); the copy completes before `host` is read (stream synchronised below).
+    unsafe {
+        cudarc::driver::result::memcpy_dtoh_async(&mut host, view.addr(), stream.cu_stream())
+    }?;
+    stream.synchronize()?;
+    Ok(host)
+}
+
 /// The GPU's streaming multiprocessors (at least 1): what launch plans aim their CTA counts at.
 pub(crate) fn sm_count(ctx: &CudaContext) -> Result<u32> {
     Ok(ctx

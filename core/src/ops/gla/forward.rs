@@ -11,7 +11,7 @@ use crate::kernel::{width_index, Kernel};
 use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
 use crate::ops::{bf16, require_shared_memory, DeviceMut, DeviceRef, StreamOrder};
 use crate::runtime::Runtime;
-use cudarc::driver::{result as cu, CudaContext, CudaSlice, CudaStream};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use lasp_shmem_kernels::instances;
 use std::sync::Arc;
 
@@ -186,13 +186,7 @@ pub(crate) fn validate_gates_of(
             shape.qk_len()
         )));
     }
-    let mut host = vec![0f32; g.len()];
-    ctx.bind_to_thread()?;
-    // SAFETY: g is a live device allocation of at least g.len() f32 (DeviceRef's contract);
-    // the copy completes before `host` is read (stream synchronised below).
-    unsafe { cu::memcpy_dtoh_async(&mut host, g.addr(), stream.cu_stream()) }?;
-    stream.synchronize()?;
-    check_gate_values_of(op, &host, shape)
+    check_gate_values_of(op, &crate::ops::copy_to_host(ctx, stream, g)?, shape)
 }
 
 /// The GLA forward: its kernels and its workspace.

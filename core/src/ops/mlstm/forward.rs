@@ -8,7 +8,7 @@ use crate::kernel::{width_index, Kernel};
 use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
 use crate::ops::{bf16, require_shared_memory, DeviceMut, DeviceRef, StreamOrder};
 use crate::runtime::Runtime;
-use cudarc::driver::{result as cu, CudaContext, CudaSlice, CudaStream};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use lasp_shmem_kernels::instances;
 use std::sync::Arc;
 
@@ -246,13 +246,11 @@ impl MlstmForward {
                     gate.len()
                 )));
             }
-            let mut host = vec![0f32; gate.len()];
-            self.ctx.bind_to_thread()?;
-            // SAFETY: gate is a live device allocation of at least gate.len() f32 (DeviceRef's
-            // contract); the copy completes before `host` is read (stream synchronised below).
-            unsafe { cu::memcpy_dtoh_async(&mut host, gate.addr(), stream.cu_stream()) }?;
-            stream.synchronize()?;
-            check_gate_values(which, &host, shape)?;
+            check_gate_values(
+                which,
+                &crate::ops::copy_to_host(&self.ctx, stream, gate)?,
+                shape,
+            )?;
         }
         Ok(())
     }

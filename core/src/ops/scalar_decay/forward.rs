@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::kernel::{width_index, Kernel, LaunchShape};
 use crate::ops::{DeviceRef, StreamOrder};
 use crate::runtime::Runtime;
-use cudarc::driver::{result as cu, sys, CudaContext, CudaSlice, CudaStream};
+use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream};
 use lasp_shmem_kernels::instances;
 use std::sync::Arc;
 
@@ -262,13 +262,7 @@ impl ScalarDecayForward {
                 shape.gate_len()
             )));
         }
-        let mut host = vec![0f32; g.len()];
-        self.ctx.bind_to_thread()?;
-        // SAFETY: g is a live device allocation of at least g.len() f32 (DeviceRef's contract);
-        // the copy completes before `host` is read (stream synchronised below).
-        unsafe { cu::memcpy_dtoh_async(&mut host, g.addr(), stream.cu_stream()) }?;
-        stream.synchronize()?;
-        check_gate_values(&host, shape)
+        check_gate_values(&crate::ops::copy_to_host(&self.ctx, stream, g)?, shape)
     }
 
     /// Validates a call (shape, tensors, stream, in debug builds the gates), makes the workspace
