@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # compute-sanitizer's memcheck, racecheck, synccheck and initcheck over the single-GPU kernels of
-# scalar decay and Gated DeltaNet: the GPU tests' small forward and backward cases and their
+# scalar decay, Gated DeltaNet and mLSTM: the GPU tests' small forward and backward cases and their
 # rejection checks (every kernel of those forwards, the backward and their plans runs there) under
 # each tool. Each test runs in the process
 # the sanitizer starts: the test executable (examples/tests/gpu) runs a test's checks itself when
@@ -26,7 +26,8 @@ for tool in memcheck racecheck synccheck initcheck; do
   errors=0
   for check in forward::small_cases_match_the_f64_reference forward::bad_arguments_are_rejected_before_any_launch \
     backward::small_cases_match_the_f64_reference backward::bad_arguments_are_rejected_before_any_launch \
-    gated_delta::gated_delta_small_cases_match_the_f64_reference; do
+    gated_delta::gated_delta_small_cases_match_the_f64_reference \
+    mlstm::mlstm_small_cases_match_the_f64_reference mlstm::mlstm_bad_arguments_are_rejected_before_any_launch; do
     log="$OUT/sanitize-$tool-${check//::/-}.log"
     LASP_GPU_TEST_CHILD="$check" NVSHMEM_DISABLE_NCCL=1 "$SANITIZER" --tool "$tool" --error-exitcode 99 \
       --print-limit 20 "${GPU_TESTS[0]}" --exact "$check" --nocapture --test-threads=1 >"$log" 2>&1

@@ -9,8 +9,9 @@
 // make the scalar-decay chunk step (lasp/scalar_decay/chunk.cuh: weights e^{row_r - col_j} in the
 // scores, e^{row_r} on the carried state, e^{gamma} and e^{gamma - col_j} in the update) the
 // stabilised mLSTM step, term for term, every exponent <= 0. The normaliser is the same step with a
-// column of ones for v, all in fp32: its row term q_r . n a dot product, its score term the row
-// sums of the weighted scores before their rounding, and n itself carried in registers.
+// column of ones for v, kept to fp32 or 16 significant bits: n carried in fp32 registers, its row
+// term q_r . n on the tensor cores from n split into bf16 hi + lo, its score term the row sums of
+// the weighted scores before their rounding.
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -38,7 +39,7 @@ __device__ __forceinline__ float log_sigmoid(float x) { return fminf(x, 0.f) - l
 
 // The stabilised state (C, n, m) folded with a summary (C_w, n_w, m_w) and its log forget sum F, per
 // element x of C or n with the summary's element y: m' = max(F + m, m_w),
-// x' = e^{F + m - m'} x + e^{m_w - m'} y. The same operation in every fold (segments, ranks).
+// x' = e^{F + m - m'} x + e^{m_w - m'} y: what the fold applies to every summary, in order.
 struct Rescale {
   float prefix, summary, m;  // the two factors and m'
 };
