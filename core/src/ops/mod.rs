@@ -237,6 +237,39 @@ impl StreamOrder {
     }
 }
 
+/// An error (naming `op`) for a forced segment count of 0.
+pub(crate) fn check_forced_segments(segments: Option<u32>, op: &str) -> Result<()> {
+    if segments == Some(0) {
+        return Err(Error::InvalidArgument(format!(
+            "{op}: a forced segment count must be at least 1 (use None for the automatic plan)"
+        )));
+    }
+    Ok(())
+}
+
+/// Cuts `chunks` chunks into segments of whole chunks: `force` segments, else `auto`, clamped to
+/// [1, chunks] and rounded so that none is empty. Returns (segments, chunks per segment); an
+/// error (naming `op`) past `max`, the kernels' grid limit.
+pub(crate) fn split_into_segments(
+    chunks: usize,
+    force: Option<u32>,
+    auto: usize,
+    max: usize,
+    op: &str,
+) -> Result<(usize, usize)> {
+    check_forced_segments(force, op)?;
+    let want = force.map_or(auto, |s| s as usize).clamp(1, chunks);
+    let per_segment = chunks.div_ceil(want);
+    let segments = chunks.div_ceil(per_segment);
+    if segments > max {
+        return Err(Error::InvalidArgument(format!(
+            "{op}: {segments} segments per sequence exceed {max} (the kernels' grid limit); \
+             force fewer segments"
+        )));
+    }
+    Ok((segments, per_segment))
+}
+
 /// The values of `view` on the host: an ordered copy on `stream`, which is synchronised (the
 /// operations' gate checks, which read what the kernels will read).
 pub(crate) fn copy_to_host(

@@ -20,7 +20,7 @@ use lasp_shmem::reference::{
 };
 use lasp_shmem::Error;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::{
     bf16_values, err, f32_values, is_small, on_one_gpu, to_bf16, to_f32, CheckResult, Report,
@@ -421,9 +421,7 @@ fn with_backward(checks: impl FnOnce(&mut ScalarDecayBackward, &Arc<CudaStream>,
 fn check_cases(select: impl Fn(&Case) -> bool) {
     with_backward(|bwd, stream, report| {
         for case in cases().into_iter().filter(|case| select(case)) {
-            let t0 = Instant::now();
-            let result = run_case(bwd, stream, &case);
-            report.record(&case.name(), result, t0.elapsed().as_secs_f64());
+            report.timed(&case.name(), || run_case(bwd, stream, &case));
         }
     });
 }

@@ -122,6 +122,13 @@ pub struct Report {
 }
 
 impl Report {
+    /// Runs `check` and records its result under `name` with the seconds it took.
+    pub fn timed(&mut self, name: &str, check: impl FnOnce() -> CheckResult) {
+        let t0 = Instant::now();
+        let result = check();
+        self.record(name, result, t0.elapsed().as_secs_f64());
+    }
+
     /// Prints `PASS name (seconds) detail` or `FAIL ...` and counts it.
     pub fn record(&mut self, name: &str, result: CheckResult, seconds: f64) {
         match result {

@@ -16,7 +16,7 @@ use lasp_shmem::ops::{bf16, DeviceMut, DeviceRef};
 use lasp_shmem::reference::{scalar_decay, Family, InputSpec, Inputs, Regime, Shape};
 use lasp_shmem::Error;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::{
     compare, err, is_small, on_one_gpu, unwritten, CheckResult, ForwardBuffers, Report,
@@ -498,9 +498,7 @@ fn with_forward(checks: impl FnOnce(&mut ScalarDecayForward, &Arc<CudaStream>, &
 fn check_cases(select: impl Fn(&Case) -> bool) {
     with_forward(|fwd, stream, report| {
         for case in cases().into_iter().filter(|case| select(case)) {
-            let t0 = Instant::now();
-            let result = run_case(fwd, stream, &case);
-            report.record(&case.name(), result, t0.elapsed().as_secs_f64());
+            report.timed(&case.name(), || run_case(fwd, stream, &case));
         }
     });
 }

@@ -34,7 +34,7 @@ use lasp_shmem::reference::{
 };
 use lasp_shmem_examples::grad_bits::{GradBits, GradBuffers};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::{
     bf16_values, bits_of_bf16, bits_of_f32, compare, err, f32_values, is_small, on_one_gpu,
@@ -311,9 +311,7 @@ fn check_cases(select: impl Fn(&Case) -> bool) {
             Err(e) => report.record("gated_delta_init", Err(e.to_string()), 0.0),
             Ok(mut fwd) => {
                 for case in cases().into_iter().filter(|case| select(case)) {
-                    let t0 = Instant::now();
-                    let result = run_case(&mut fwd, rt.stream(), &case);
-                    report.record(&case.name(), result, t0.elapsed().as_secs_f64());
+                    report.timed(&case.name(), || run_case(&mut fwd, rt.stream(), &case));
                 }
             }
         },
@@ -635,9 +633,9 @@ fn gated_delta_backward_matches_the_f64_reference() {
             Err(e) => report.record("gated_delta_bwd_init", Err(e.to_string()), 0.0),
             Ok(mut bwd) => {
                 for case in backward_cases() {
-                    let t0 = Instant::now();
-                    let result = run_backward_case(&mut bwd, rt.stream(), &case);
-                    report.record(&case.name(), result, t0.elapsed().as_secs_f64());
+                    report.timed(&case.name(), || {
+                        run_backward_case(&mut bwd, rt.stream(), &case)
+                    });
                 }
             }
         },

@@ -30,7 +30,7 @@ use lasp_shmem::reference::{
 use lasp_shmem::Error;
 use lasp_shmem_examples::grad_bits::{GradBits, GradBuffers};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::{
     bf16_values, bits_of_bf16, bits_of_f32, compare, err, f32_values, is_small, on_one_gpu,
@@ -395,9 +395,7 @@ fn with_forward(checks: impl FnOnce(&mut GlaForward, &Arc<CudaStream>, &mut Repo
 fn check_cases(select: impl Fn(&Case) -> bool) {
     with_forward(|fwd, stream, report| {
         for case in cases().into_iter().filter(|case| select(case)) {
-            let t0 = Instant::now();
-            let result = run_case(fwd, stream, &case);
-            report.record(&case.name(), result, t0.elapsed().as_secs_f64());
+            report.timed(&case.name(), || run_case(fwd, stream, &case));
         }
     });
 }
@@ -763,9 +761,7 @@ fn with_backward(
 fn gla_backward_matches_the_reference() {
     with_backward(|fwd, bwd, stream, report| {
         for case in backward_cases() {
-            let t0 = Instant::now();
-            let result = run_backward_case(fwd, bwd, stream, &case);
-            report.record(&case.name(), result, t0.elapsed().as_secs_f64());
+            report.timed(&case.name(), || run_backward_case(fwd, bwd, stream, &case));
         }
     });
 }

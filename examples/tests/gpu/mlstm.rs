@@ -19,7 +19,7 @@ use lasp_shmem::reference::mlstm::{recurrent_forward, MlstmInputs, MlstmRegime, 
 use lasp_shmem::reference::{Shape, Tensor};
 use lasp_shmem::Error;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::{
     bf16_values, bits_of_bf16, bits_of_f32, compare, err, f32_values, is_small, on_one_gpu,
@@ -399,9 +399,7 @@ fn with_forward(checks: impl FnOnce(&mut MlstmForward, &Arc<CudaStream>, &mut Re
 fn check_cases(select: impl Fn(&Case) -> bool) {
     with_forward(|fwd, stream, report| {
         for case in cases().into_iter().filter(|case| select(case)) {
-            let t0 = Instant::now();
-            let result = run_case(fwd, stream, &case);
-            report.record(&case.name(), result, t0.elapsed().as_secs_f64());
+            report.timed(&case.name(), || run_case(fwd, stream, &case));
         }
     });
 }

@@ -7,14 +7,16 @@
 //! formulas are ported here.
 
 use super::forward::{
-    check_forced_segments, check_inputs, input_params, summary_kernels, summary_smem_bytes,
-    wy_smem_bytes, GatedDeltaPlan, Scope,
+    check_inputs, input_params, summary_kernels, summary_smem_bytes, wy_smem_bytes, GatedDeltaPlan,
+    Scope,
 };
 use super::GatedDeltaBackwardParams;
 use crate::error::Result;
 use crate::kernel::{width_index, Kernel, LaunchShape};
 use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
-use crate::ops::{bf16, require_shared_memory, DeviceMut, DeviceRef, StreamOrder};
+use crate::ops::{
+    bf16, check_forced_segments, require_shared_memory, DeviceMut, DeviceRef, StreamOrder,
+};
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use lasp_shmem_kernels::{instances, params as header};

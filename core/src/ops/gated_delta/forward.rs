@@ -2,10 +2,12 @@
 //! checks of one call's tensors ([`GatedDeltaArgs`]) before anything is launched.
 
 use super::GatedDeltaParams;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernel::{width_index, Kernel, LaunchShape};
 use crate::ops::scalar_decay::{geometry, ForwardShape, TensorChecks};
-use crate::ops::{bf16, require_shared_memory, DeviceMut, DeviceRef, StreamOrder};
+use crate::ops::{
+    bf16, check_forced_segments, require_shared_memory, DeviceMut, DeviceRef, StreamOrder,
+};
 use crate::runtime::Runtime;
 use crate::tensor_map;
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream};
@@ -136,16 +138,6 @@ pub(super) fn check_inputs(
     ];
     ranges.extend(h0.map(|h0| ("h0", h0.byte_range())));
     Ok(ranges)
-}
-
-/// An error (naming `op`) for a forced segment count of 0.
-pub(super) fn check_forced_segments(segments: Option<u32>, op: &str) -> Result<()> {
-    if segments == Some(0) {
-        return Err(Error::InvalidArgument(format!(
-            "{op}: a forced segment count must be at least 1 (use None for the automatic plan)"
-        )));
-    }
-    Ok(())
 }
 
 /// Shared-memory bytes of the WY kernel (`lasp_gdn_wy_smem_bytes`): the K tile, the chunk's gates

@@ -6,15 +6,15 @@
 //! `kernels/cuda/include/lasp/gla/backward_params.h`; the shared-memory formulas are ported here.
 
 use super::forward::{check_inputs, check_measured, validate_gates_of};
-use super::plan::{
-    check_forced_segments, chunk_states_len, split_into_segments, validate_as, CHUNK,
-    CHUNK_STATES_LAYOUT,
-};
+use super::plan::{chunk_states_len, validate_as, CHUNK, CHUNK_STATES_LAYOUT};
 use super::GlaBackwardParams;
 use crate::error::Result;
 use crate::kernel::{width_index, Kernel, LaunchShape};
 use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
-use crate::ops::{bf16, require_shared_memory, DeviceMut, DeviceRef, StreamOrder};
+use crate::ops::{
+    bf16, check_forced_segments, require_shared_memory, split_into_segments, DeviceMut, DeviceRef,
+    StreamOrder,
+};
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use lasp_shmem_kernels::{instances, params as header};

@@ -1,15 +1,14 @@
 //! [`GlaForward`]: the GLA forward's kernels, workspace and launches, and the checks of one
 //! call's tensors ([`GlaArgs`]) before anything is launched.
 
-use super::plan::{
-    check_forced_segments, chunk_states_len, output_smem_bytes, states_smem_bytes,
-    CHUNK_STATES_LAYOUT,
-};
+use super::plan::{chunk_states_len, output_smem_bytes, states_smem_bytes, CHUNK_STATES_LAYOUT};
 use super::{GlaParams, GlaPlan};
 use crate::error::{Error, Result};
 use crate::kernel::{width_index, Kernel};
 use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
-use crate::ops::{bf16, require_shared_memory, DeviceMut, DeviceRef, StreamOrder};
+use crate::ops::{
+    bf16, check_forced_segments, require_shared_memory, DeviceMut, DeviceRef, StreamOrder,
+};
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use lasp_shmem_kernels::instances;

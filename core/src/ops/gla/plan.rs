@@ -4,6 +4,7 @@
 use crate::error::{Error, Result};
 use crate::kernel::LaunchShape;
 use crate::ops::scalar_decay::ForwardShape;
+use crate::ops::split_into_segments;
 use lasp_shmem_kernels::params as header;
 
 /// Tokens per chunk.
@@ -126,39 +127,6 @@ impl GlaPlan {
         let p = tiles * self.states_splits as u64 * tile;
         (p, p + tiles * tile)
     }
-}
-
-/// An error (naming `op`) for a forced segment count of 0.
-pub(crate) fn check_forced_segments(segments: Option<u32>, op: &str) -> Result<()> {
-    if segments == Some(0) {
-        return Err(Error::InvalidArgument(format!(
-            "{op}: a forced segment count must be at least 1 (use None for the automatic plan)"
-        )));
-    }
-    Ok(())
-}
-
-/// Cuts `chunks` chunks into segments of whole chunks: `force` segments, else `auto`, clamped to
-/// [1, chunks] and rounded so that none is empty. Returns (segments, chunks per segment); an
-/// error (naming `op`) past `max`, the kernels' grid limit.
-pub(crate) fn split_into_segments(
-    chunks: usize,
-    force: Option<u32>,
-    auto: usize,
-    max: usize,
-    op: &str,
-) -> Result<(usize, usize)> {
-    check_forced_segments(force, op)?;
-    let want = force.map_or(auto, |s| s as usize).clamp(1, chunks);
-    let per_segment = chunks.div_ceil(want);
-    let segments = chunks.div_ceil(per_segment);
-    if segments > max {
-        return Err(Error::InvalidArgument(format!(
-            "{op}: {segments} segments per sequence exceed {max} (the kernels' grid limit); \
-             force fewer segments"
-        )));
-    }
-    Ok((segments, per_segment))
 }
 
 /// How errors name the layout of the states entering every chunk.

@@ -4,6 +4,7 @@
 use crate::error::{Error, Result};
 use crate::kernel::LaunchShape;
 use crate::ops::scalar_decay::ForwardShape;
+use crate::ops::split_into_segments;
 use lasp_shmem_kernels::params as header;
 
 /// Tokens per chunk of the on-chip loop.
@@ -99,26 +100,13 @@ impl MlstmPlan {
     ) -> Result<Self> {
         validate(shape)?;
         let (b, t, h, dk, dv) = (shape.b, shape.t, shape.h, shape.dk, shape.dv);
-        let chunks = t.div_ceil(CHUNK);
-        if force_segments == Some(0) {
-            return Err(Error::InvalidArgument(
-                "mLSTM forward: a forced segment count must be at least 1 (use None for the \
-                 automatic plan)"
-                    .into(),
-            ));
-        }
-        let target = sm_count as usize * ctas_per_sm(dk, dv) / (b * h);
-        let want = force_segments
-            .map_or(target, |s| s as usize)
-            .clamp(1, chunks);
-        let per_segment = chunks.div_ceil(want);
-        let segments = chunks.div_ceil(per_segment);
-        if segments > MAX_SEGMENTS {
-            return Err(Error::InvalidArgument(format!(
-                "mLSTM forward: {segments} segments per sequence exceed {MAX_SEGMENTS} (the \
-                 kernels' grid limit); force fewer segments"
-            )));
-        }
+        let (segments, per_segment) = split_into_segments(
+            t.div_ceil(CHUNK),
+            force_segments,
+            sm_count as usize * ctas_per_sm(dk, dv) / (b * h),
+            MAX_SEGMENTS,
+            "mLSTM forward",
+        )?;
         let bh = (b * h) as u32;
         let many = segments > 1;
         let boundaries = segments - 1;
