@@ -105,14 +105,3 @@ LASP_MLSTM_FN uint32_t lasp_mlstm_states_smem_bytes(int32_t Dk, int32_t Dv) {
 
 // Threads of the states and output kernels: one warpgroup per 64 columns of Dv.
 LASP_MLSTM_FN int32_t lasp_mlstm_threads(int32_t Dv) { return 128 * (Dv / LASP_MLSTM_TILE_V); }
-
-// Segments per (b, h): enough output CTAs (B*H*S) for target_ctas, never an empty segment.
-LASP_MLSTM_FN int32_t lasp_mlstm_num_segments(int32_t B, int32_t H, int32_t T, int32_t target_ctas) {
-  const int32_t base = B * H;
-  const int32_t nc = lasp_mlstm_num_chunks(T);
-  int32_t s = target_ctas / base;
-  if (s < 1) s = 1;
-  if (s > nc) s = nc;
-  const int32_t cps = (nc + s - 1) / s;
-  return (nc + cps - 1) / cps;
-}
