@@ -34,6 +34,10 @@ fn lasp2_backward() -> PathBuf {
     )
 }
 
+fn mlstm_lasp2() -> PathBuf {
+    program("mlstm_lasp2", None, Some(env!("CARGO_BIN_EXE_mlstm_lasp2")))
+}
+
 fn gla_lasp2() -> PathBuf {
     program("gla_lasp2", None, Some(env!("CARGO_BIN_EXE_gla_lasp2")))
 }
@@ -106,6 +110,16 @@ fn gated_delta_forward_and_backward_match_the_reference_in_every_mode() {
     let Some(gpus) = gpus_or_skip() else { return };
     let run = launch(gpus, JOB_LIMIT, &gated_delta_lasp2(), &[], &[]);
     expect_cases_passed("gated_delta_lasp2", &run, gpus, 9);
+}
+
+/// mLSTM: every rank's shard against the f64 stabilised recurrence of the whole sequence, every
+/// exchange mode and 100 graph replays bitwise equal (the program's eight cases, each reported
+/// by every rank).
+#[test]
+fn mlstm_forward_matches_the_reference_in_every_mode() {
+    let Some(gpus) = gpus_or_skip() else { return };
+    let run = launch(gpus, JOB_LIMIT, &mlstm_lasp2(), &[], &[]);
+    expect_cases_passed("mlstm_lasp2", &run, gpus, 8);
 }
 
 #[test]

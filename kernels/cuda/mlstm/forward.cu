@@ -2,10 +2,10 @@
 // sequence cut into segments of whole chunks), for sm_90a.
 //
 // Three kernels (launch geometry and call order: lasp/mlstm/forward_params.h):
-//   1. lasp_mlstm_states_dk*_dv*   segment s < S-1: its summary from the empty state (C_s, n_s, m_s)
-//                                  and its summed log forget gate F_s
+//   1. lasp_mlstm_states_dk*_dv*   segment s < num_summaries: its summary from the empty state
+//                                  (C_s, n_s, m_s) and its summed log forget gate F_s, in pieces
 //   2. lasp_mlstm_fold             P_0 = (c0, n0, m0) or (0, 0, 0); P_{s+1} = P_s folded with
-//                                  segment s's summary (lasp::mlstm::fold_rescale)
+//                                  segment s's pieces (lasp/mlstm/fold.cuh)
 //   3. lasp_mlstm_output_dk*_dv*   segment s from P_s: h for every token, the state on chip in fp32;
 //                                  the last segment writes the final state
 // With S == 1 only kernel 3 runs. The chunk maths: lasp/mlstm/chunk.cuh.
@@ -45,10 +45,12 @@ template <int DK, int DV>
 __device__ __forceinline__ void run_states(const lasp_mlstm_params& p) {
   const int u = blockIdx.y, R = p.states_splits;
   const int per_piece = lasp_mlstm_chunks_per_piece(p.chunks_per_segment, R);
-  const int first = (u % R) * per_piece;  // within the segment, whose chunks are all there (s < S-1)
-  const SegmentArgs a = segment_args(p, (u / R) * p.chunks_per_segment + first,
-                                     max(0, min(per_piece, p.chunks_per_segment - first)));
-  const int64_t slot = (int64_t)a.bh * (p.num_segments - 1) * R + u;
+  const int seg_begin = (u / R) * p.chunks_per_segment;
+  // The last segment (a LASP-2 shard's summary includes it) may hold fewer chunks.
+  const int seg_chunks = min(p.chunks_per_segment, lasp_mlstm_num_chunks(p.T) - seg_begin);
+  const int first = (u % R) * per_piece;  // within the segment
+  const SegmentArgs a = segment_args(p, seg_begin + first, max(0, min(per_piece, seg_chunks - first)));
+  const int64_t slot = (int64_t)a.bh * p.num_summaries * R + u;
   run_segment<DK, DV / kTileV, false>(
       a,
       [&](StateRegs<DK>& s, const StateLane& ln, int, float&) {
@@ -98,37 +100,21 @@ __device__ __forceinline__ void run_output(const lasp_mlstm_params& p) {
 }  // namespace mlstm
 }  // namespace lasp
 
-// Kernel 2: slot s of (ws_pc, ws_pn, ws_pm) = P_{s+1}, the summaries of the pieces of segments
-// 0..s folded in ascending order onto P_0. One thread per element of C (e < Dk*Dv) or n (the next Dk) per b*H+h;
-// every thread folds the stabilisers itself (same operations, same bits). Only when S > 1.
+// Kernel 2: slot s of (ws_pc, ws_pn, ws_pm) = P_{s+1}, the pieces of segments 0..s folded in order
+// onto P_0 (lasp/mlstm/fold.cuh). One thread per element of C (e < Dk*Dv) or n (the next Dk) per
+// b*H+h; every thread folds the stabilisers itself (same operations, same bits). Only when S > 1.
 extern "C" __global__ void __launch_bounds__(LASP_MLSTM_FOLD_THREADS)
     lasp_mlstm_fold(const __grid_constant__ lasp_mlstm_params p) {
   const int64_t nc = (int64_t)p.Dk * p.Dv;
   const int64_t e = (int64_t)blockIdx.x * LASP_MLSTM_FOLD_THREADS + threadIdx.x;
   if (e >= nc + p.Dk) return;
   const int64_t bh = blockIdx.y;
-  const bool is_c = e < nc;
-  const int64_t d = e - nc;  // n's element, where !is_c
-  float x = 0.f, m = 0.f;
+  float x = 0.f, m = 0.f;  // mlstm_kernels' zero state
   if (p.c0) {
-    x = is_c ? p.c0[bh * nc + e] : p.n0[bh * p.Dk + d];
+    x = lasp::mlstm::is_c_element(p, e) ? p.c0[bh * nc + e] : p.n0[bh * p.Dk + (e - nc)];
     m = p.m0[bh];
   }
-  const int slots = p.num_segments - 1, R = p.states_splits;
-  for (int s = 0; s < slots; ++s) {
-    const int64_t slot = bh * slots + s;
-    for (int64_t piece = slot * R; piece < (slot + 1) * R; ++piece) {
-      const lasp::mlstm::Rescale r = lasp::mlstm::fold_rescale(m, __ldg(p.ws_f + piece), __ldg(p.ws_m + piece));
-      const float y = is_c ? __ldg(p.ws_c + piece * nc + e) : __ldg(p.ws_n + piece * p.Dk + d);
-      x = lasp::mlstm::fold_element(r, x, y);
-      m = r.m;
-    }
-    if (is_c)
-      p.ws_pc[slot * nc + e] = x;
-    else
-      p.ws_pn[slot * p.Dk + d] = x;
-    if (e == 0) p.ws_pm[slot] = m;
-  }
+  lasp::mlstm::fold_segment_prefixes(p, bh, e, x, m);
 }
 
 // The templated kernels are instantiated from kernels/instances.rs:

@@ -1,6 +1,7 @@
 //! [`MlstmForward`]: the mLSTM forward's kernels, workspace and launches, and the checks of one
 //! call's tensors ([`MlstmArgs`]) before anything is launched.
 
+use super::plan::Scope;
 use super::plan::{output_smem_bytes, states_smem_bytes};
 use super::{MlstmParams, MlstmPlan};
 use crate::error::{Error, Result};
@@ -64,7 +65,7 @@ pub struct MlstmArgs<'a> {
 
 impl<'a> MlstmArgs<'a> {
     /// The streams of the buffers the views come from ([`crate::ops`], "Ordering").
-    fn homes(&self) -> Vec<Option<&'a Arc<CudaStream>>> {
+    pub(super) fn homes(&self) -> Vec<Option<&'a Arc<CudaStream>>> {
         let mut homes = vec![
             self.q.home(),
             self.k.home(),
@@ -162,29 +163,19 @@ pub fn check_gate_values(which: &str, gate: &[f32], shape: &ForwardShape) -> Res
     )))
 }
 
-/// The mLSTM forward: its kernels and its workspace.
-///
-/// One instance may be launched many times on one stream; launches of one instance on different
-/// streams must be ordered by the caller (they share the workspace). The workspace grows on
-/// demand (a context synchronisation then) and is freed when the instance is dropped.
-pub struct MlstmForward {
-    ctx: Arc<CudaContext>,
+/// The chunk passes of every mLSTM forward (one GPU and LASP-2 shards): the states and output
+/// kernels per (Dv, Dk), their shared-memory limits raised.
+pub(super) struct ChunkKernels {
     /// Indexed by [Dv][Dk]: 64, 128 each.
     states: [[Kernel; 2]; 2],
     output: [[Kernel; 2]; 2],
-    fold: Kernel,
-    sm_count: u32,
-    force_segments: Option<u32>,
-    force_splits: Option<u32>,
-    workspace: Option<CudaSlice<u8>>,
 }
 
-impl MlstmForward {
+impl ChunkKernels {
     /// Looks up the kernels in the runtime's module and raises their shared-memory limits; an
     /// error if this GPU cannot give a block that much shared memory.
-    pub fn new(runtime: &Runtime) -> Result<Self> {
-        require_shared_memory(runtime, OP, output_smem_bytes(128, 128))?;
-        let ctx = runtime.context().clone();
+    pub(super) fn new(runtime: &Runtime, op: &str) -> Result<Self> {
+        require_shared_memory(runtime, op, output_smem_bytes(128, 128))?;
         let module = runtime.module();
         let states = [
             module.kernels_per_width(instances::MLSTM_STATES_DV64)?,
@@ -200,12 +191,126 @@ impl MlstmForward {
                 output[j][i].set_max_dynamic_shared_bytes(output_smem_bytes(dk, dv))?;
             }
         }
+        Ok(ChunkKernels { states, output })
+    }
+
+    /// The states pass of `plan`, where it has one.
+    ///
+    /// # Safety
+    /// `params` must come from [`call_params`] for `plan` with arguments that passed
+    /// [`MlstmArgs::check`], their buffers and the workspace alive until the kernels complete.
+    pub(super) unsafe fn launch_states(
+        &self,
+        stream: &Arc<CudaStream>,
+        plan: &MlstmPlan,
+        params: &MlstmParams,
+    ) -> Result<()> {
+        let s = &plan.shape;
+        let Some(states) = plan.states else {
+            return Ok(());
+        };
+        // SAFETY: the caller's contract.
+        unsafe { self.states[width_index(s.dv)][width_index(s.dk)].launch(stream, states, params) }
+    }
+
+    /// The output pass of `plan`.
+    ///
+    /// # Safety
+    /// As [`ChunkKernels::launch_states`]; the states entering the segments (`c0` and the
+    /// workspace's prefixes) written before it on `stream`.
+    pub(super) unsafe fn launch_output(
+        &self,
+        stream: &Arc<CudaStream>,
+        plan: &MlstmPlan,
+        params: &MlstmParams,
+    ) -> Result<()> {
+        let s = &plan.shape;
+        // SAFETY: the caller's contract.
+        unsafe {
+            self.output[width_index(s.dv)][width_index(s.dk)].launch(stream, plan.output, params)
+        }
+    }
+}
+
+/// The parameters of one call of `plan` from checked `args` (scale and eps from
+/// [`MlstmArgs::check`]) with the workspace at device address `base`.
+pub(super) fn call_params(
+    args: &MlstmArgs<'_>,
+    plan: &MlstmPlan,
+    base: u64,
+    scale: f32,
+    eps: f32,
+) -> MlstmParams {
+    let at = |offset: u64| {
+        if plan.workspace_bytes > 0 {
+            base + offset
+        } else {
+            0
+        }
+    };
+    let ws = plan.workspace_offsets();
+    let s = &args.shape;
+    let state_in = args.initial_state;
+    let state_out = args.final_state.as_ref();
+    MlstmParams {
+        q: args.q.addr() as _,
+        k: args.k.addr() as _,
+        v: args.v.addr() as _,
+        i_gate: args.i_gate.addr() as _,
+        f_gate: args.f_gate.addr() as _,
+        o: args.h.addr() as _,
+        c0: state_in.map_or(0, |x| x.c.addr()) as _,
+        n0: state_in.map_or(0, |x| x.n.addr()) as _,
+        m0: state_in.map_or(0, |x| x.m.addr()) as _,
+        c_t: state_out.map_or(0, |x| x.c.addr()) as _,
+        n_t: state_out.map_or(0, |x| x.n.addr()) as _,
+        m_t: state_out.map_or(0, |x| x.m.addr()) as _,
+        ws_c: at(0) as _,
+        ws_pc: at(ws.pc) as _,
+        ws_n: at(ws.n) as _,
+        ws_pn: at(ws.pn) as _,
+        ws_m: at(ws.m) as _,
+        ws_f: at(ws.f) as _,
+        ws_pm: at(ws.pm) as _,
+        B: s.b as i32,
+        T: s.t as i32,
+        H: s.h as i32,
+        Dk: s.dk as i32,
+        Dv: s.dv as i32,
+        num_segments: plan.num_segments as i32,
+        chunks_per_segment: plan.chunks_per_segment as i32,
+        num_summaries: plan.num_summaries as i32,
+        states_splits: plan.states_splits as i32,
+        scale,
+        eps,
+    }
+}
+
+/// The mLSTM forward: its kernels and its workspace.
+///
+/// One instance may be launched many times on one stream; launches of one instance on different
+/// streams must be ordered by the caller (they share the workspace). The workspace grows on
+/// demand (a context synchronisation then) and is freed when the instance is dropped.
+pub struct MlstmForward {
+    ctx: Arc<CudaContext>,
+    kernels: ChunkKernels,
+    fold: Kernel,
+    sm_count: u32,
+    force_segments: Option<u32>,
+    force_splits: Option<u32>,
+    workspace: Option<CudaSlice<u8>>,
+}
+
+impl MlstmForward {
+    /// Looks up the kernels in the runtime's module and raises their shared-memory limits; an
+    /// error if this GPU cannot give a block that much shared memory.
+    pub fn new(runtime: &Runtime) -> Result<Self> {
+        let ctx = runtime.context().clone();
         Ok(MlstmForward {
-            fold: module.kernel("lasp_mlstm_fold")?,
+            kernels: ChunkKernels::new(runtime, OP)?,
+            fold: runtime.module().kernel("lasp_mlstm_fold")?,
             sm_count: crate::ops::sm_count(&ctx)?,
             ctx,
-            states,
-            output,
             force_segments: None,
             force_splits: None,
             workspace: None,
@@ -226,7 +331,13 @@ impl MlstmForward {
 
     /// The plan a launch of `shape` would use (validates the shape).
     pub fn plan(&self, shape: &ForwardShape) -> Result<MlstmPlan> {
-        MlstmPlan::new(shape, self.sm_count, self.force_segments, self.force_splits)
+        MlstmPlan::new(
+            shape,
+            Scope::SingleGpu,
+            self.sm_count,
+            self.force_segments,
+            self.force_splits,
+        )
     }
 
     /// Copies both gates to the host (synchronising `stream`) and checks that every
@@ -276,61 +387,20 @@ impl MlstmForward {
             plan.workspace_bytes,
             OP,
         )?;
-        let at = |offset: u64| {
-            if plan.num_segments > 1 {
-                base + offset
-            } else {
-                0
-            }
-        };
-        let ws = plan.workspace_offsets();
-        let s = &args.shape;
-        let state_in = args.initial_state;
-        let state_out = args.final_state.as_ref();
-        let params = MlstmParams {
-            q: args.q.addr() as _,
-            k: args.k.addr() as _,
-            v: args.v.addr() as _,
-            i_gate: args.i_gate.addr() as _,
-            f_gate: args.f_gate.addr() as _,
-            o: args.h.addr() as _,
-            c0: state_in.map_or(0, |x| x.c.addr()) as _,
-            n0: state_in.map_or(0, |x| x.n.addr()) as _,
-            m0: state_in.map_or(0, |x| x.m.addr()) as _,
-            c_t: state_out.map_or(0, |x| x.c.addr()) as _,
-            n_t: state_out.map_or(0, |x| x.n.addr()) as _,
-            m_t: state_out.map_or(0, |x| x.m.addr()) as _,
-            ws_c: at(0) as _,
-            ws_pc: at(ws.pc) as _,
-            ws_n: at(ws.n) as _,
-            ws_pn: at(ws.pn) as _,
-            ws_m: at(ws.m) as _,
-            ws_f: at(ws.f) as _,
-            ws_pm: at(ws.pm) as _,
-            B: s.b as i32,
-            T: s.t as i32,
-            H: s.h as i32,
-            Dk: s.dk as i32,
-            Dv: s.dv as i32,
-            num_segments: plan.num_segments as i32,
-            chunks_per_segment: plan.chunks_per_segment as i32,
-            states_splits: plan.states_splits as i32,
-            scale,
-            eps,
-        };
+        let params = call_params(&args, &plan, base, scale, eps);
         self.ctx.bind_to_thread()?;
-        let (i, j) = (width_index(s.dk), width_index(s.dv));
-        // SAFETY: MlstmParams is lasp_mlstm_params, generated from the header; the shape is
-        // supported and every tensor has the length, alignment and non-overlap the kernels need
-        // (checked above); the views borrow their buffers for the call and their contracts keep
-        // the memory valid until the kernels complete; the workspace is owned by self and freed
-        // only after a context synchronisation.
+        // SAFETY: MlstmParams is lasp_mlstm_params, generated from the header, made by
+        // call_params for this plan; the shape is supported and every tensor has the length,
+        // alignment and non-overlap the kernels need (checked above); the views borrow their
+        // buffers for the call and their contracts keep the memory valid until the kernels
+        // complete; the workspace is owned by self and freed only after a context
+        // synchronisation. Each kernel reads what the one before it on the stream wrote.
         unsafe {
-            if let (Some(states), Some(fold)) = (plan.states, plan.fold) {
-                self.states[j][i].launch(stream, states, &params)?;
+            self.kernels.launch_states(stream, &plan, &params)?;
+            if let Some(fold) = plan.fold {
                 self.fold.launch(stream, fold, &params)?;
             }
-            self.output[j][i].launch(stream, plan.output, &params)?;
+            self.kernels.launch_output(stream, &plan, &params)?;
         }
         Ok(plan)
     }

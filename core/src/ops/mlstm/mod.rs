@@ -18,16 +18,24 @@
 //! sequence, the states kernel (every segment's summary but the last's, from the empty state),
 //! the fold (the stabilised state entering every segment), then always the output kernel, one
 //! CTA per (segment, b*H+h) with a warpgroup per 64 columns of Dv.
+//!
+//! Across GPUs, [`MlstmLasp2Forward`] runs the same chunk passes on each PE's shard from the
+//! state its earlier PEs' summaries fold into (LASP-2; the summary and the fold:
+//! `kernels/cuda/mlstm/lasp2_forward.cu`).
 
+mod family;
 mod forward;
+mod lasp2;
 mod plan;
 #[cfg(test)]
 mod tests;
 
+pub use family::Mlstm;
 pub use forward::{
     check_gate_values, MlstmArgs, MlstmForward, MlstmStateMut, MlstmStateRef, DEFAULT_EPS,
 };
-pub use plan::{MlstmPlan, WorkspaceOffsets};
+pub use lasp2::{Lasp2Params, MlstmLasp2Forward};
+pub use plan::{MlstmPlan, Scope, WorkspaceOffsets};
 
 /// The C struct `lasp_mlstm_params` of `lasp/mlstm/forward_params.h`, passed by value to every
 /// mLSTM forward kernel. Pointer fields hold device addresses; NULL where a tensor is absent.

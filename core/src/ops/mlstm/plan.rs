@@ -13,24 +13,38 @@ const FOLD_THREADS: u32 = header::LASP_MLSTM_FOLD_THREADS;
 /// The most segments per sequence (the kernels' grid y).
 const MAX_SEGMENTS: usize = 65_535;
 
+/// What a call's states pass summarises, and so what its workspace holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// The whole sequence on one GPU: segments 0..S-2 (no kernel needs the last one's summary).
+    SingleGpu,
+    /// A LASP-2 shard: every segment (the shard's summary crosses GPUs), and the state entering
+    /// the shard, which the LASP-2 fold writes into the workspace.
+    Shard,
+}
+
 /// How one call runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MlstmPlan {
     /// The shape the plan is for.
     pub shape: ForwardShape,
+    /// What the states pass summarises.
+    pub scope: Scope,
     /// Segments per (b, h), S >= 1; none is empty. A segment is TFLA's large chunk: its state
     /// stays on chip while 64-token chunks stream through.
     pub num_segments: u32,
     /// Chunks of 64 tokens per segment (the last segment may hold fewer).
     pub chunks_per_segment: u32,
-    /// Pieces R the states pass cuts each of segments 0..S-2 into (one CTA each), so that it
+    /// Segments the states pass summarises: S - 1 on one GPU, S in a shard.
+    pub num_summaries: u32,
+    /// Pieces R the states pass cuts each summarised segment into (one CTA each), so that it
     /// fills the GPU where S is small.
     pub states_splits: u32,
-    /// Workspace bytes (0 when S == 1).
+    /// Workspace bytes (0 on one GPU when S == 1).
     pub workspace_bytes: u64,
-    /// The states kernel's launch (only when S > 1).
+    /// The states kernel's launch (where any segment is summarised).
     pub states: Option<LaunchShape>,
-    /// The fold kernel's launch (only when S > 1).
+    /// The fold kernel's launch (one GPU: where S > 1; a shard: always, the LASP-2 fold).
     pub fold: Option<LaunchShape>,
     /// The output kernel's launch.
     pub output: LaunchShape,
@@ -76,24 +90,31 @@ fn ctas_per_sm(dk: usize, dv: usize) -> usize {
     by_memory.min(by_registers).max(1)
 }
 
-/// Byte offsets of the workspace's arrays (`ws_c` is at 0).
+/// Byte offsets of the workspace's arrays (`ws_c` is at 0); the `start_*` arrays (the state
+/// entering a shard) are empty on one GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WorkspaceOffsets {
     pub pc: u64,
+    pub start_c: u64,
     pub n: u64,
     pub pn: u64,
+    pub start_n: u64,
     pub m: u64,
     pub f: u64,
     pub pm: u64,
+    pub start_m: u64,
+    /// The workspace's size.
+    pub end: u64,
 }
 
 impl MlstmPlan {
-    /// The plan for `shape` on a GPU of `sm_count` multiprocessors (the output kernel's CTAs
-    /// fill them once), or with `force_segments` segments per sequence (clamped to one chunk
-    /// each at least and rounded so that none is empty) and `force_splits` states pieces per
-    /// segment (clamped to its chunks; pieces past the segment's end are empty).
+    /// The plan for `shape` in `scope` on a GPU of `sm_count` multiprocessors (the output
+    /// kernel's CTAs fill them once), or with `force_segments` segments per sequence (clamped to
+    /// one chunk each at least and rounded so that none is empty) and `force_splits` states
+    /// pieces per segment (clamped to its chunks; pieces past the segment's end are empty).
     pub fn new(
         shape: &ForwardShape,
+        scope: Scope,
         sm_count: u32,
         force_segments: Option<u32>,
         force_splits: Option<u32>,
@@ -108,29 +129,31 @@ impl MlstmPlan {
             "mLSTM forward",
         )?;
         let bh = (b * h) as u32;
-        let many = segments > 1;
-        let boundaries = segments - 1;
+        let summaries = match scope {
+            Scope::SingleGpu => segments - 1,
+            Scope::Shard => segments,
+        };
+        let summarised = summaries > 0;
         // The states pass's CTAs (one per SM: their registers) fill the GPU once.
-        let splits = match (many, force_splits) {
+        let splits = match (summarised, force_splits) {
             (false, _) => 1,
             (true, Some(r)) => (r as usize).clamp(1, per_segment),
-            (true, None) => (sm_count as usize / (boundaries * b * h)).clamp(1, per_segment),
+            (true, None) => (sm_count as usize / (summaries * b * h)).clamp(1, per_segment),
         };
-        let pieces = (boundaries * splits) as u64;
-        let (tile, vector) = ((dk * dv * 4) as u64, (dk * 4) as u64);
-        let per_bh = pieces * (tile + vector + 2 * 4) + boundaries as u64 * (tile + vector + 4);
-        Ok(MlstmPlan {
+        let mut plan = MlstmPlan {
             shape: *shape,
+            scope,
             num_segments: segments as u32,
             chunks_per_segment: per_segment as u32,
+            num_summaries: summaries as u32,
             states_splits: splits as u32,
-            workspace_bytes: (b * h) as u64 * per_bh,
-            states: many.then_some(LaunchShape {
-                grid: (1, pieces as u32, bh),
+            workspace_bytes: 0,
+            states: summarised.then_some(LaunchShape {
+                grid: (1, (summaries * splits) as u32, bh),
                 block: (threads(dv), 1, 1),
                 shared_bytes: states_smem_bytes(dk, dv),
             }),
-            fold: many.then_some(LaunchShape {
+            fold: (segments > 1 || scope == Scope::Shard).then_some(LaunchShape {
                 grid: (((dk * dv + dk) as u32).div_ceil(FOLD_THREADS), bh, 1),
                 block: (FOLD_THREADS, 1, 1),
                 shared_bytes: 0,
@@ -140,29 +163,41 @@ impl MlstmPlan {
                 block: (threads(dv), 1, 1),
                 shared_bytes: output_smem_bytes(dk, dv),
             },
-        })
+        };
+        plan.workspace_bytes = plan.workspace_offsets().end;
+        Ok(plan)
     }
 
     /// Where each workspace array starts: `ws_c`, `ws_n`, `ws_m`, `ws_f` over every (b*H+h,
-    /// piece), `ws_pc`, `ws_pn`, `ws_pm` over every (b*H+h, boundary); tiles, then vectors, then
-    /// scalars.
+    /// piece), `ws_pc`, `ws_pn`, `ws_pm` over every (b*H+h, boundary), `start_*` over every
+    /// b*H+h in a shard; tiles, then vectors, then scalars.
     pub fn workspace_offsets(&self) -> WorkspaceOffsets {
         let s = &self.shape;
-        let slots = (s.b * s.h) as u64 * (self.num_segments - 1) as u64;
-        let pieces = slots * self.states_splits as u64;
+        let bh = (s.b * s.h) as u64;
+        let slots = bh * (self.num_segments - 1) as u64;
+        let pieces = bh * (self.num_summaries * self.states_splits) as u64;
+        let starts = if self.scope == Scope::Shard { bh } else { 0 };
         let (tile, vector) = ((s.dk * s.dv * 4) as u64, (s.dk * 4) as u64);
         let pc = pieces * tile;
-        let n = pc + slots * tile;
+        let start_c = pc + slots * tile;
+        let n = start_c + starts * tile;
         let pn = n + pieces * vector;
-        let m = pn + slots * vector;
+        let start_n = pn + slots * vector;
+        let m = start_n + starts * vector;
         let f = m + pieces * 4;
+        let pm = f + pieces * 4;
+        let start_m = pm + slots * 4;
         WorkspaceOffsets {
             pc,
+            start_c,
             n,
             pn,
+            start_n,
             m,
             f,
-            pm: f + pieces * 4,
+            pm,
+            start_m,
+            end: start_m + starts * 4,
         }
     }
 }

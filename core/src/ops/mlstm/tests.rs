@@ -37,7 +37,14 @@ fn shared_memory_matches_the_header_and_fits_a_block() {
 fn plans_fill_the_sms_once_and_size_the_workspace() {
     // B=4, H=16, T=8K on 132 SMs at Dv = 128 (one 256-thread CTA per SM): two segments of 64
     // chunks, the states pass of segment 0 in two pieces (128 CTAs).
-    let p = MlstmPlan::new(&shape(4, 8192, 16, 128, 128), 132, None, None).unwrap();
+    let p = MlstmPlan::new(
+        &shape(4, 8192, 16, 128, 128),
+        Scope::SingleGpu,
+        132,
+        None,
+        None,
+    )
+    .unwrap();
     assert_eq!(
         (p.num_segments, p.chunks_per_segment, p.states_splits),
         (2, 64, 2)
@@ -63,28 +70,83 @@ fn plans_fill_the_sms_once_and_size_the_workspace() {
     );
     assert_eq!(p.workspace_bytes, o.pm + 256);
     // B*H >= SMs: one segment, no states pass, no workspace.
-    let p = MlstmPlan::new(&shape(4, 200, 64, 64, 64), 132, None, None).unwrap();
+    let p = MlstmPlan::new(
+        &shape(4, 200, 64, 64, 64),
+        Scope::SingleGpu,
+        132,
+        None,
+        None,
+    )
+    .unwrap();
     assert_eq!(
         (p.num_segments, p.states, p.fold, p.workspace_bytes),
         (1, None, None, 0)
     );
     assert_eq!(p.output.block, (128, 1, 1));
     // Forced: 5 segments of 16 chunks -> 4 of 4; pieces clamp to a segment's chunks.
-    let p = MlstmPlan::new(&shape(1, 1000, 1, 128, 128), 132, Some(5), Some(9)).unwrap();
+    let p = MlstmPlan::new(
+        &shape(1, 1000, 1, 128, 128),
+        Scope::SingleGpu,
+        132,
+        Some(5),
+        Some(9),
+    )
+    .unwrap();
     assert_eq!(
         (p.num_segments, p.chunks_per_segment, p.states_splits),
         (4, 4, 4)
     );
-    assert!(MlstmPlan::new(&shape(1, 1000, 1, 128, 128), 132, Some(0), None).is_err());
+    assert!(MlstmPlan::new(
+        &shape(1, 1000, 1, 128, 128),
+        Scope::SingleGpu,
+        132,
+        Some(0),
+        None
+    )
+    .is_err());
+}
+
+#[test]
+fn a_shards_plan_summarises_every_segment_and_keeps_its_start_state() {
+    // The B=4, H=16, T=8K shard: both segments summarised, each in one piece (128 CTAs); the fold
+    // always runs; the start state (C, n, m per head) after each kind of array.
+    let p = MlstmPlan::new(&shape(4, 8192, 16, 128, 128), Scope::Shard, 132, None, None).unwrap();
+    assert_eq!(
+        (p.num_segments, p.num_summaries, p.states_splits),
+        (2, 2, 1)
+    );
+    assert_eq!(p.states.unwrap().grid, (1, 2, 64));
+    let (tile, vector) = (128 * 128 * 4, 128 * 4);
+    let o = p.workspace_offsets();
+    // 128 pieces, 64 boundaries, 64 start states.
+    assert_eq!((o.pc, o.start_c, o.n), (128 * tile, 192 * tile, 256 * tile));
+    assert_eq!(
+        (o.pn, o.start_n, o.m),
+        (o.n + 128 * vector, o.n + 192 * vector, o.n + 256 * vector)
+    );
+    assert_eq!((o.f, o.pm, o.start_m), (o.m + 512, o.m + 1024, o.m + 1280));
+    assert_eq!(p.workspace_bytes, o.start_m + 256);
+    // One segment: still summarised and folded, as the shard's summary crosses GPUs.
+    let p = MlstmPlan::new(&shape(4, 200, 64, 64, 64), Scope::Shard, 132, None, None).unwrap();
+    assert_eq!((p.num_segments, p.num_summaries), (1, 1));
+    assert!(p.states.is_some() && p.fold.is_some());
 }
 
 #[test]
 fn shapes_the_kernels_lack_are_refused_with_what_to_do() {
-    let err = MlstmPlan::new(&shape(1, 64, 1, 128, 256), 132, None, None).unwrap_err();
+    let err = MlstmPlan::new(
+        &shape(1, 64, 1, 128, 256),
+        Scope::SingleGpu,
+        132,
+        None,
+        None,
+    )
+    .unwrap_err();
     assert!(err
         .to_string()
         .contains("split v into blocks of 128 columns"));
-    let err = MlstmPlan::new(&shape(1, 64, 1, 96, 128), 132, None, None).unwrap_err();
+    let err =
+        MlstmPlan::new(&shape(1, 64, 1, 96, 128), Scope::SingleGpu, 132, None, None).unwrap_err();
     assert!(err.to_string().contains("Dk"));
 }
 

@@ -1,5 +1,6 @@
 // Device building blocks of the mLSTM forward (mlstm/forward.cu): the gates of a chunk in the
-// scalar-decay loop's form, the normaliser, the segment loop and the fold of stabilised states.
+// scalar-decay loop's form, the normaliser, and the segment loop (the fold of
+// stabilised states: lasp/mlstm/fold.cuh).
 //
 // The chunk (kernels/docs/mlstm.md, "The chunk"): with b_r the chunk-local inclusive cumsum of the
 // log forget gates, a_j = i_j - b_j and the running maximum M_r = max(m, max_{j<=r} a_j) over the
@@ -16,6 +17,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "lasp/mlstm/fold.cuh"
 #include "lasp/mlstm/forward_params.h"
 #include "lasp/scalar_decay/chunk.cuh"
 
@@ -36,21 +38,6 @@ using sd::FragOffsets;
 
 // logsigmoid(x) = min(x, 0) - log(1 + e^{-|x|}): no overflow for either sign.
 __device__ __forceinline__ float log_sigmoid(float x) { return fminf(x, 0.f) - log1pf(expf(-fabsf(x))); }
-
-// The stabilised state (C, n, m) folded with a summary (C_w, n_w, m_w) and its log forget sum F, per
-// element x of C or n with the summary's element y: m' = max(F + m, m_w),
-// x' = e^{F + m - m'} x + e^{m_w - m'} y: what the fold applies to every summary, in order.
-struct Rescale {
-  float prefix, summary, m;  // the two factors and m'
-};
-__device__ __forceinline__ Rescale fold_rescale(float m_prefix, float log_forget, float m_summary) {
-  const float carried = log_forget + m_prefix;
-  const float m = fmaxf(carried, m_summary);
-  return {exp_nonpos(carried - m), exp_nonpos(m_summary - m), m};
-}
-__device__ __forceinline__ float fold_element(const Rescale& r, float x, float y) {
-  return fmaf(r.prefix, x, r.summary * y);
-}
 
 // One chunk's gates for this lane: the scalar-decay step's ChunkGates, each fragment row's
 // stabiliser, the pair values the normaliser's update shuffles, and what the chunk hands on.

@@ -9,7 +9,7 @@
 // from (C_0, n_0, m_0), or (0, 0, 0) without an initial state (mlstm_kernels' zero state).
 //
 // Host call sequence (one stream, in this order; S = num_segments):
-//   1. if S > 1: lasp_mlstm_states_dk{64,128}_dv{64,128}  grid (1, (S-1)*R, B*H),
+//   1. if S > 1: lasp_mlstm_states_dk{64,128}_dv{64,128}  grid (1, num_summaries*R, B*H),
 //                  block lasp_mlstm_threads(Dv), smem lasp_mlstm_states_smem_bytes(Dk, Dv)
 //   2. if S > 1: lasp_mlstm_fold  grid (ceil((Dk*Dv + Dk) / LASP_MLSTM_FOLD_THREADS), B*H),
 //                  block LASP_MLSTM_FOLD_THREADS, smem 0
@@ -51,15 +51,15 @@ typedef struct {
   float* n_t;               // fp32 [B, H, Dk]
   float* m_t;               // fp32 [B, H]
   // The workspace (one allocation, none when S == 1; core/src/ops/mlstm/plan.rs sizes it), per
-  // (b*H+h): the summary of every piece u of segments 0..S-2 from the empty state (ws_c, ws_n,
-  // ws_m, and its log forget sum ws_f), and the prefix entering every segment s+1 (ws_pc, ws_pn,
-  // ws_pm).
-  float* ws_c;              // fp32 [B*H, (S-1)*R, Dk, Dv]
+  // (b*H+h): the summary of every piece u of segments 0..num_summaries-1 from the empty state (ws_c,
+  // ws_n, ws_m, and its log forget sum ws_f), and the prefix entering every segment s+1 (ws_pc,
+  // ws_pn, ws_pm). N = num_summaries * R pieces.
+  float* ws_c;              // fp32 [B*H, N, Dk, Dv]
   float* ws_pc;             // fp32 [B*H, S-1, Dk, Dv]
-  float* ws_n;              // fp32 [B*H, (S-1)*R, Dk]
+  float* ws_n;              // fp32 [B*H, N, Dk]
   float* ws_pn;             // fp32 [B*H, S-1, Dk]
-  float* ws_m;              // fp32 [B*H, (S-1)*R]
-  float* ws_f;              // fp32 [B*H, (S-1)*R]
+  float* ws_m;              // fp32 [B*H, N]
+  float* ws_f;              // fp32 [B*H, N]
   float* ws_pm;             // fp32 [B*H, S-1]
   int32_t B;
   int32_t T;                // tokens per sequence (>= 1)
@@ -68,7 +68,10 @@ typedef struct {
   int32_t Dv;               // 64 or 128
   int32_t num_segments;        // S >= 1 segments of whole chunks per (b, h)
   int32_t chunks_per_segment;  // ceil(num_chunks / S); no segment empty
-  int32_t states_splits;       // R >= 1: the states pass cuts each of segments 0..S-2 into R pieces
+  int32_t num_summaries;       // segments the states pass summarises: S - 1 on one GPU (the last
+                               // segment's summary is not needed), S in a LASP-2 shard (whose
+                               // summary crosses GPUs: lasp/mlstm/lasp2_params.h)
+  int32_t states_splits;       // R >= 1: the states pass cuts each of those segments into R pieces
                                // of lasp_mlstm_chunks_per_piece chunks (the last may be short or
                                // empty), one CTA each, so that it fills the GPU where S is small
   float scale;              // sigma, usually Dk^-1/2

@@ -1,0 +1,146 @@
+//! The mLSTM's LASP-2 forward across PEs ([`MlstmLasp2Forward`]; kernels:
+//! kernels/cuda/mlstm/lasp2_forward.cu, call order in `lasp/mlstm/lasp2_params.h`).
+//!
+//! PE `w` holds the `w`-th slice of every sequence. Each PE computes its shard's summary (the
+//! stabilised state `(C, n, m)` it reaches from the empty state and its summed log forget gate
+//! `F`), sends it along the exchange's chain ([`crate::exchange`]; in
+//! [`ExchangeMode::Overlapped`] from the device, with a signal) to every later PE, folds the
+//! earlier PEs' summaries onto the initial state in rank order (both states rescaled to the larger
+//! stabiliser) and runs the single-GPU forward's output pass on its shard from that state. The
+//! sequential modes put a host all-gather between the same kernels; [`ExchangeMode::NoComm`]
+//! drops the exchange (timing). The fold is the same in every mode, so outputs are bit-identical
+//! across modes.
+
+use super::forward::{call_params, ChunkKernels, MlstmArgs};
+use super::plan::Scope;
+use super::{Mlstm, MlstmPlan};
+use crate::error::Result;
+use crate::exchange::chain::StateChain;
+use crate::exchange::{Direction, ExchangeMode, Lasp2Layout};
+use crate::kernel::Kernel;
+use crate::ops::StreamOrder;
+use crate::runtime::Runtime;
+use cudarc::driver::{CudaSlice, CudaStream};
+use lasp_shmem_kernels::params as header;
+use std::sync::Arc;
+
+/// The C struct `lasp_mlstm_lasp2_params`, passed by value to the LASP-2 kernels (the chunk
+/// passes take its `fwd`).
+pub type Lasp2Params = header::lasp_mlstm_lasp2_params;
+
+const OP: &str = "mLSTM LASP-2 forward";
+
+/// The mLSTM's LASP-2 forward on one PE: its exchange (collective to create and to switch
+/// modes), its kernels and its workspace.
+pub struct MlstmLasp2Forward {
+    chain: StateChain<Mlstm>,
+    kernels: ChunkKernels,
+    fold: Kernel,
+    workspace: Option<CudaSlice<u8>>,
+    sm_count: u32,
+    force_segments: Option<u32>,
+    force_splits: Option<u32>,
+}
+
+crate::exchange::chain_methods!(MlstmLasp2Forward);
+
+impl MlstmLasp2Forward {
+    /// Sets up the exchange for `layout` on every PE (collective; every PE must pass the same
+    /// layout and mode).
+    pub fn new(runtime: &Runtime, layout: Lasp2Layout, mode: ExchangeMode) -> Result<Self> {
+        let kernels = ChunkKernels::new(runtime, OP)?;
+        let fold = runtime.module().kernel("lasp_mlstm_lasp2_fold")?;
+        let chain = StateChain::new(runtime, layout, mode, Direction::Ascending, OP)?;
+        Ok(MlstmLasp2Forward {
+            sm_count: crate::ops::sm_count(runtime.context())?,
+            chain,
+            kernels,
+            fold,
+            workspace: None,
+            force_segments: None,
+            force_splits: None,
+        })
+    }
+
+    /// Forces the number of segments of this PE's shard (tests and tuning), or restores the
+    /// automatic plan with `None`.
+    pub fn set_num_segments(&mut self, segments: Option<u32>) {
+        self.force_segments = segments;
+    }
+
+    /// Forces the number of pieces the states pass cuts each segment into (tests and tuning),
+    /// or restores the automatic choice with `None`.
+    pub fn set_states_splits(&mut self, splits: Option<u32>) {
+        self.force_splits = splits;
+    }
+
+    /// Enqueues one call on `stream`: `args` holds this PE's shard (T = its T_local; shards may
+    /// differ in length), `initial_state` the sequence's (the same on every PE) and
+    /// `final_state` only on the last PE. Everything is validated before the first launch.
+    /// Expired waits are reported by [`MlstmLasp2Forward::finish`]. Returns the plan of the
+    /// shard's chunk passes.
+    pub fn forward(&mut self, stream: &Arc<CudaStream>, args: MlstmArgs<'_>) -> Result<MlstmPlan> {
+        StreamOrder::around(stream, args.homes(), OP, || self.enqueue(stream, args))
+    }
+
+    fn enqueue(&mut self, stream: &Arc<CudaStream>, args: MlstmArgs<'_>) -> Result<MlstmPlan> {
+        let s = args.shape;
+        let plan = MlstmPlan::new(
+            &s,
+            Scope::Shard,
+            self.sm_count,
+            self.force_segments,
+            self.force_splits,
+        )?;
+        let (scale, eps) = args.check()?;
+        self.chain.check_call(stream, s.layout())?;
+        self.chain.check_final_state(args.final_state.is_some())?;
+        let base = crate::ops::ensure_workspace(
+            self.chain.context(),
+            stream,
+            &mut self.workspace,
+            plan.workspace_bytes,
+            OP,
+        )?;
+        let ws = plan.workspace_offsets();
+        let (start_c, start_n, start_m) = (base + ws.start_c, base + ws.start_n, base + ws.start_m);
+        let initial = args.initial_state;
+        let params = Lasp2Params {
+            fwd: header::lasp_mlstm_params {
+                c0: start_c as _,
+                n0: start_n as _,
+                m0: start_m as _,
+                ..call_params(&args, &plan, base, scale, eps)
+            },
+            h0_c: initial.map_or(0, |x| x.c.addr()) as _,
+            h0_n: initial.map_or(0, |x| x.n.addr()) as _,
+            h0_m: initial.map_or(0, |x| x.m.addr()) as _,
+            start_c: start_c as _,
+            start_n: start_n as _,
+            start_m: start_m as _,
+            ..self.chain.base_params(stream)
+        };
+        let fold = plan.fold.expect("a shard's plan always folds");
+        self.chain.context().bind_to_thread()?;
+        // SAFETY: Lasp2Params is lasp_mlstm_lasp2_params, generated from the header, its `fwd`
+        // made by call_params for this plan from arguments checked above (shape, lengths,
+        // alignment, overlaps) with the start state in the workspace; the views borrow their
+        // buffers for the call; the symmetric buffers, epoch, diagnostics and workspace are owned
+        // by self. Each kernel reads what the one before it on the stream wrote. The summary runs
+        // in line: beside it the fold's CTAs, which wait for other PEs' summaries, could hold
+        // every SM.
+        unsafe {
+            self.kernels.launch_states(stream, &plan, &params.fwd)?;
+            self.chain
+                .launch_summary(stream, 0, (s.b * s.h) as i32, &params, false)?;
+        }
+        self.chain.gather_slots(stream)?;
+        // SAFETY: as above.
+        unsafe {
+            self.fold.launch(stream, fold, &params)?;
+            self.kernels.launch_output(stream, &plan, &params.fwd)?;
+        }
+        self.chain.end_call(stream, &params)?;
+        Ok(plan)
+    }
+}

@@ -1,0 +1,139 @@
+// The mLSTM's LASP-2 forward with a device-initiated exchange of the shards' stabilised summaries,
+// for sm_90a. The chunk passes are the single-GPU forward's (mlstm/forward.cu); this file adds the
+// shard's summary (its pieces folded into the exchanged tile) and the fold of the earlier PEs'
+// summaries into the shard's start state, both on lasp/mlstm/fold.cuh; the protocol around them
+// (epochs, credits, puts, bounded waits) is the generic exchange's (lasp/exchange/chain.cuh).
+// Kernels and call order: lasp/mlstm/lasp2_params.h.
+#include "lasp/exchange/chain.cuh"
+#include "lasp/mlstm/fold.cuh"
+#include "lasp/mlstm/lasp2_params.h"
+
+namespace lasp {
+namespace mlstm {
+
+// Element e of a head's state (lasp/mlstm/fold.cuh's layout: C[d][c] at d * Dv + c, then n) as an
+// index into column tile (e % Dv) / 64 of the exchanged tiles (C [Dk][64], then n).
+__device__ __forceinline__ int64_t tile_index(const lasp_mlstm_lasp2_params& p, int64_t e) {
+  const int64_t nc = (int64_t)p.Dk * p.Dv;
+  return e < nc ? (e / p.Dv) * LASP2_TILE_V + e % LASP2_TILE_V : (int64_t)lasp_mlstm_lasp2_tile_n(p.Dk) + (e - nc);
+}
+
+// Element e of the global initial state P_0: h0, or mlstm_kernels' zero state (0, 0, m = 0).
+__device__ __forceinline__ float initial_element(const lasp_mlstm_lasp2_params& p, int64_t bh, int64_t e, float& m) {
+  const int64_t nc = (int64_t)p.Dk * p.Dv;
+  if (!p.h0_c) {
+    m = 0.f;
+    return 0.f;
+  }
+  m = __ldg(p.h0_m + bh);
+  return e < nc ? __ldg(p.h0_c + bh * nc + e) : __ldg(p.h0_n + bh * p.Dk + (e - nc));
+}
+
+// Kernel 2, one CTA per (Dv tile, head): the shard's summary, its pieces folded from the empty state
+// in order, into the own slot tile [parity][me][bh][vt], then published by the schedule. Under the
+// pipelined chain the summary is folded into the relayed prefix (the predecessor's tile, waited
+// for; P_0 at the chain's first PE) and carries F = 0, so its successor starts from it as it is.
+template <class Schedule>
+__device__ __forceinline__ void lasp2_summary(const lasp_mlstm_lasp2_params& p) {
+  const lasp_mlstm_params& f = p.fwd;
+  const uint64_t epoch = exchange::call_epoch(p);
+  const int parity = static_cast<int>(epoch & 1);
+  const int vt = blockIdx.x, bh = blockIdx.y;
+  const bool sent_credits = Schedule::send_credits(p, epoch, bh, vt);
+  const uint64_t tile_floats = lasp_mlstm_lasp2_tile_floats(p.Dk);
+  float* const own = p.slots + lasp2_slot_tile_offset(parity, p.me, bh, vt, p.npes, p.B, p.H, p.Dv, tile_floats);
+  const bool relays = exchange::relays_prefix(p);
+  bool arrived = true;
+  const float* const prefix = Schedule::relayed_prefix(p, bh, vt, tile_floats, arrived);
+  const bool from_initial = relays && exchange::chain_position(p) == 0;
+  const int64_t first_piece = (int64_t)bh * f.num_summaries * f.states_splits;
+  const int64_t end_piece = first_piece + (int64_t)f.num_summaries * f.states_splits;
+  const int tile_elements = p.Dk * LASP2_TILE_V + p.Dk;
+  for (int i = threadIdx.x; i < tile_elements; i += blockDim.x) {
+    // The head's element behind tile element i (C[d][64 vt + c], or n[d]).
+    const int64_t e = i < p.Dk * LASP2_TILE_V
+                          ? (int64_t)(i / LASP2_TILE_V) * p.Dv + vt * LASP2_TILE_V + i % LASP2_TILE_V
+                          : (int64_t)p.Dk * p.Dv + (i - p.Dk * LASP2_TILE_V);
+    float x = 0.f, m = -INFINITY, log_forget = 0.f;  // the empty state
+    fold_pieces(f, e, first_piece, end_piece, x, m, log_forget);
+    if (prefix || from_initial) {
+      float m_start;
+      const float start = prefix ? __ldcg(prefix + i) : initial_element(p, bh, e, m_start);
+      if (prefix) m_start = __ldcg(prefix + lasp_mlstm_lasp2_tile_m(p.Dk));
+      const Rescale r = fold_rescale(m_start, log_forget, m);
+      x = fold_element(r, start, x);
+      m = r.m;
+    }
+    own[i] = x;
+    if (i == 0) {
+      own[lasp_mlstm_lasp2_tile_m(p.Dk)] = m;
+      own[lasp_mlstm_lasp2_tile_f(p.Dk)] = relays ? 0.f : log_forget;
+      own[lasp_mlstm_lasp2_tile_f(p.Dk) + 1] = 0.f;
+      own[lasp_mlstm_lasp2_tile_f(p.Dk) + 2] = 0.f;
+    }
+  }
+  __syncthreads();  // the tile is complete before it is published
+  // A CTA whose predecessor never sent sends nothing: its successor then names this PE.
+  if (!arrived) return;
+  Schedule::publish(p, epoch, own, tile_floats * 4u, bh, vt, sent_credits);
+}
+
+// Kernel 3, one thread per element of a head's C or n: the state entering the shard, P_0 (or the
+// empty state where the schedule relays it) and then the earlier PEs' tiles in chain order, into
+// start_*, then the states entering the shard's segments. The same fold in every mode.
+template <class Schedule>
+__device__ __forceinline__ void lasp2_fold(const lasp_mlstm_lasp2_params& p) {
+  const lasp_mlstm_params& f = p.fwd;
+  const int64_t nc = (int64_t)p.Dk * p.Dv;
+  const int64_t e = (int64_t)blockIdx.x * LASP_MLSTM_LASP2_THREADS + threadIdx.x;
+  const bool mine = e < nc + p.Dk;  // threads past the head's elements still join the barriers
+  const int64_t bh = blockIdx.y;
+  const uint64_t tile_floats = lasp_mlstm_lasp2_tile_floats(p.Dk);
+  float x = 0.f, m = -INFINITY;  // the empty state
+  if (Schedule::starts_from_h0(p) && mine) x = initial_element(p, bh, e, m);
+  for (int vt = 0; vt < p.Dv / LASP2_TILE_V; ++vt)
+    if (!Schedule::wait(p, static_cast<int>(bh), vt)) return;  // the host reports p.diag
+  // The tiles of the element's column tile: slots hold a head's column tiles one after another.
+  const int64_t at = mine ? (e < nc ? (e % p.Dv) / LASP2_TILE_V : 0) * (int64_t)tile_floats + tile_index(p, e) : 0;
+  const float* arrived = nullptr;
+  Schedule::fold_arrived(
+      p, static_cast<int>(bh), 0, tile_floats, 1, [&](int, const float* tile) { arrived = tile; },
+      [&](int) {
+        if (!mine) return;
+        const Rescale r = fold_rescale(m, __ldcg(arrived + lasp_mlstm_lasp2_tile_f(p.Dk)),
+                                       __ldcg(arrived + lasp_mlstm_lasp2_tile_m(p.Dk)));
+        x = fold_element(r, x, __ldcg(arrived + at));
+        m = r.m;
+      });
+  if (!mine) return;
+  if (e < nc)
+    p.start_c[bh * nc + e] = x;
+  else
+    p.start_n[bh * p.Dk + (e - nc)] = x;
+  if (e == 0) p.start_m[bh] = m;
+  fold_segment_prefixes(f, bh, e, x, m);
+}
+
+}  // namespace mlstm
+}  // namespace lasp
+
+extern "C" __global__ void __launch_bounds__(LASP_MLSTM_LASP2_THREADS)
+    lasp_mlstm_lasp2_summary(const __grid_constant__ lasp_mlstm_lasp2_params p) {
+  lasp::mlstm::lasp2_summary<lasp::exchange::Exchange>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(LASP_MLSTM_LASP2_THREADS)
+    lasp_mlstm_lasp2_fold(const __grid_constant__ lasp_mlstm_lasp2_params p) {
+  lasp::mlstm::lasp2_fold<lasp::exchange::Exchange>(p);
+}
+
+// Launched last in every call (all modes): the call's epoch is complete on this PE.
+extern "C" __global__ void lasp_mlstm_lasp2_advance_epoch(const __grid_constant__ lasp_mlstm_lasp2_params p) {
+  lasp::exchange::advance_epoch(p);
+}
+
+// Re-synchronises the all-gather's credits after LASP2_NO_COMM calls (the host brackets it with
+// barriers). grid (1, 1, 1), block (1, 1, 1).
+extern "C" __global__ void lasp_mlstm_lasp2_grant_credits(const __grid_constant__ lasp_mlstm_lasp2_params p) {
+  lasp::exchange::Exchange::grant_credits(p);
+}
