@@ -16,6 +16,7 @@ python3 benches/schedules_report.py --self-test
 python3 benches/schedules_model.py --self-test
 python3 benches/gated_delta_report.py --self-test
 python3 benches/tfla_mlstm.py --self-test
+python3 benches/mlstm_lasp2_report.py --self-test
 # The Python package's tests (python/tests) against the library the tests above built; those that
 # need a GPU skip with a notice. Where torch does not import (CI installs none) only the files that
 # need no torch run: the C ABI's mirror and the training report. pytest comes from the machine, or

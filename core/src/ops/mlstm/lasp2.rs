@@ -9,7 +9,8 @@
 //! stabiliser) and runs the single-GPU forward's output pass on its shard from that state. The
 //! sequential modes put a host all-gather between the same kernels; [`ExchangeMode::NoComm`]
 //! drops the exchange (timing). The fold is the same in every mode, so outputs are bit-identical
-//! across modes.
+//! across modes. On one PE nothing is exchanged: every mode runs the single-GPU forward (and
+//! advances the exchange's epoch).
 
 use super::forward::{call_params, ChunkKernels, MlstmArgs};
 use super::plan::Scope;
@@ -35,7 +36,10 @@ const OP: &str = "mLSTM LASP-2 forward";
 pub struct MlstmLasp2Forward {
     chain: StateChain<Mlstm>,
     kernels: ChunkKernels,
+    /// The LASP-2 fold (the earlier PEs' summaries, then the shard's segments).
     fold: Kernel,
+    /// The single-GPU forward's fold, for a call on one PE.
+    single_gpu_fold: Kernel,
     workspace: Option<CudaSlice<u8>>,
     sm_count: u32,
     force_segments: Option<u32>,
@@ -50,12 +54,14 @@ impl MlstmLasp2Forward {
     pub fn new(runtime: &Runtime, layout: Lasp2Layout, mode: ExchangeMode) -> Result<Self> {
         let kernels = ChunkKernels::new(runtime, OP)?;
         let fold = runtime.module().kernel("lasp_mlstm_lasp2_fold")?;
+        let single_gpu_fold = runtime.module().kernel("lasp_mlstm_fold")?;
         let chain = StateChain::new(runtime, layout, mode, Direction::Ascending, OP)?;
         Ok(MlstmLasp2Forward {
             sm_count: crate::ops::sm_count(runtime.context())?,
             chain,
             kernels,
             fold,
+            single_gpu_fold,
             workspace: None,
             force_segments: None,
             force_splits: None,
@@ -85,9 +91,16 @@ impl MlstmLasp2Forward {
 
     fn enqueue(&mut self, stream: &Arc<CudaStream>, args: MlstmArgs<'_>) -> Result<MlstmPlan> {
         let s = args.shape;
+        // One PE has no other shard to fold: the single-GPU plan, without the shard's summary.
+        let one_pe = self.chain.runtime().npes() == 1;
+        let scope = if one_pe {
+            Scope::SingleGpu
+        } else {
+            Scope::Shard
+        };
         let plan = MlstmPlan::new(
             &s,
-            Scope::Shard,
+            scope,
             self.sm_count,
             self.force_segments,
             self.force_splits,
@@ -102,6 +115,25 @@ impl MlstmLasp2Forward {
             plan.workspace_bytes,
             OP,
         )?;
+        let fwd = call_params(&args, &plan, base, scale, eps);
+        self.chain.context().bind_to_thread()?;
+        if one_pe {
+            let params = Lasp2Params {
+                fwd,
+                ..self.chain.base_params(stream)
+            };
+            // SAFETY: as in the shard's launches below; this plan is the single-GPU one, whose
+            // fold reads the user's initial state through `fwd`.
+            unsafe {
+                self.kernels.launch_states(stream, &plan, &params.fwd)?;
+                if let Some(fold) = plan.fold {
+                    self.single_gpu_fold.launch(stream, fold, &params.fwd)?;
+                }
+                self.kernels.launch_output(stream, &plan, &params.fwd)?;
+            }
+            self.chain.end_call(stream, &params)?;
+            return Ok(plan);
+        }
         let ws = plan.workspace_offsets();
         let (start_c, start_n, start_m) = (base + ws.start_c, base + ws.start_n, base + ws.start_m);
         let initial = args.initial_state;
@@ -110,7 +142,7 @@ impl MlstmLasp2Forward {
                 c0: start_c as _,
                 n0: start_n as _,
                 m0: start_m as _,
-                ..call_params(&args, &plan, base, scale, eps)
+                ..fwd
             },
             h0_c: initial.map_or(0, |x| x.c.addr()) as _,
             h0_n: initial.map_or(0, |x| x.n.addr()) as _,
@@ -121,7 +153,6 @@ impl MlstmLasp2Forward {
             ..self.chain.base_params(stream)
         };
         let fold = plan.fold.expect("a shard's plan always folds");
-        self.chain.context().bind_to_thread()?;
         // SAFETY: Lasp2Params is lasp_mlstm_lasp2_params, generated from the header, its `fwd`
         // made by call_params for this plan from arguments checked above (shape, lengths,
         // alignment, overlaps) with the start state in the workspace; the views borrow their

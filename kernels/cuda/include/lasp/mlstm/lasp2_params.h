@@ -26,6 +26,8 @@
 //                                     entering the shard's segments 1..S-1 (fwd.ws_pc, ws_pn, ws_pm)
 //   4. lasp_mlstm_output_dk*_dv*      the shard's outputs from them (the final state on the last PE)
 //   5. lasp_mlstm_lasp2_advance_epoch grid (1, 1, 1), block (1, 1, 1), last
+// On one PE (npes = 1) nothing is exchanged: every mode runs the single-GPU forward with `fwd`
+// (c0, n0, m0 = h0; num_summaries = S - 1; lasp_mlstm_fold where S > 1), then kernel 5.
 // Same inputs -> bitwise same outputs in every exchange mode.
 #pragma once
 #include <stdint.h>
