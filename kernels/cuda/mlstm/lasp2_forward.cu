@@ -18,21 +18,28 @@ __device__ __forceinline__ int64_t tile_index(const lasp_mlstm_lasp2_params& p, 
   return e < nc ? (e / p.Dv) * LASP2_TILE_V + e % LASP2_TILE_V : (int64_t)lasp_mlstm_lasp2_tile_n(p.Dk) + (e - nc);
 }
 
-// Element e of the global initial state P_0: h0, or mlstm_kernels' zero state (0, 0, m = 0).
-__device__ __forceinline__ float initial_element(const lasp_mlstm_lasp2_params& p, int64_t bh, int64_t e, float& m) {
+// The global initial state P_0: h0, or mlstm_kernels' zero state (0, 0, m = 0); its stabiliser and
+// element e.
+__device__ __forceinline__ float initial_stabiliser(const lasp_mlstm_lasp2_params& p, int64_t bh) {
+  return p.h0_m ? __ldg(p.h0_m + bh) : 0.f;
+}
+__device__ __forceinline__ float initial_element(const lasp_mlstm_lasp2_params& p, int64_t bh, int64_t e) {
   const int64_t nc = (int64_t)p.Dk * p.Dv;
-  if (!p.h0_c) {
-    m = 0.f;
-    return 0.f;
-  }
-  m = __ldg(p.h0_m + bh);
+  if (!p.h0_c) return 0.f;
   return e < nc ? __ldg(p.h0_c + bh * nc + e) : __ldg(p.h0_n + bh * p.Dk + (e - nc));
+}
+
+// The tile element i of column tile vt as an element of the head's state (C[d][64 vt + c], or n[d]).
+__device__ __forceinline__ int64_t head_element(const lasp_mlstm_lasp2_params& p, int vt, int i) {
+  return i < p.Dk * LASP2_TILE_V ? (int64_t)(i / LASP2_TILE_V) * p.Dv + vt * LASP2_TILE_V + i % LASP2_TILE_V
+                                 : (int64_t)p.Dk * p.Dv + (i - p.Dk * LASP2_TILE_V);
 }
 
 // Kernel 2, one CTA per (Dv tile, head): the shard's summary, its pieces folded from the empty state
 // in order, into the own slot tile [parity][me][bh][vt], then published by the schedule. Under the
-// pipelined chain the summary is folded into the relayed prefix (the predecessor's tile, waited
-// for; P_0 at the chain's first PE) and carries F = 0, so its successor starts from it as it is.
+// pipelined chain the summary is then folded into the relayed prefix (the predecessor's tile,
+// waited for only now, so that a hop costs one fold and one put; P_0 at the chain's first PE) and
+// carries F = 0, so its successor starts from it as it is.
 template <class Schedule>
 __device__ __forceinline__ void lasp2_summary(const lasp_mlstm_lasp2_params& p) {
   const lasp_mlstm_params& f = p.fwd;
@@ -42,35 +49,40 @@ __device__ __forceinline__ void lasp2_summary(const lasp_mlstm_lasp2_params& p) 
   const bool sent_credits = Schedule::send_credits(p, epoch, bh, vt);
   const uint64_t tile_floats = lasp_mlstm_lasp2_tile_floats(p.Dk);
   float* const own = p.slots + lasp2_slot_tile_offset(parity, p.me, bh, vt, p.npes, p.B, p.H, p.Dv, tile_floats);
-  const bool relays = exchange::relays_prefix(p);
-  bool arrived = true;
-  const float* const prefix = Schedule::relayed_prefix(p, bh, vt, tile_floats, arrived);
-  const bool from_initial = relays && exchange::chain_position(p) == 0;
   const int64_t first_piece = (int64_t)bh * f.num_summaries * f.states_splits;
   const int64_t end_piece = first_piece + (int64_t)f.num_summaries * f.states_splits;
   const int tile_elements = p.Dk * LASP2_TILE_V + p.Dk;
+  // The summary's stabiliser and log forget sum, as every element's fold computes them.
+  float m = -INFINITY, log_forget = 0.f;
+  for (int64_t piece = first_piece; piece < end_piece; ++piece) {
+    const float lf = __ldg(f.ws_f + piece);
+    m = fold_rescale(m, lf, __ldg(f.ws_m + piece)).m;
+    log_forget += lf;
+  }
   for (int i = threadIdx.x; i < tile_elements; i += blockDim.x) {
-    // The head's element behind tile element i (C[d][64 vt + c], or n[d]).
-    const int64_t e = i < p.Dk * LASP2_TILE_V
-                          ? (int64_t)(i / LASP2_TILE_V) * p.Dv + vt * LASP2_TILE_V + i % LASP2_TILE_V
-                          : (int64_t)p.Dk * p.Dv + (i - p.Dk * LASP2_TILE_V);
-    float x = 0.f, m = -INFINITY, log_forget = 0.f;  // the empty state
-    fold_pieces(f, e, first_piece, end_piece, x, m, log_forget);
-    if (prefix || from_initial) {
-      float m_start;
-      const float start = prefix ? __ldcg(prefix + i) : initial_element(p, bh, e, m_start);
-      if (prefix) m_start = __ldcg(prefix + lasp_mlstm_lasp2_tile_m(p.Dk));
-      const Rescale r = fold_rescale(m_start, log_forget, m);
-      x = fold_element(r, start, x);
-      m = r.m;
-    }
+    float x = 0.f, m_e = -INFINITY, lf_e = 0.f;  // the empty state
+    fold_pieces(f, head_element(p, vt, i), first_piece, end_piece, x, m_e, lf_e);
     own[i] = x;
-    if (i == 0) {
-      own[lasp_mlstm_lasp2_tile_m(p.Dk)] = m;
-      own[lasp_mlstm_lasp2_tile_f(p.Dk)] = relays ? 0.f : log_forget;
-      own[lasp_mlstm_lasp2_tile_f(p.Dk) + 1] = 0.f;
-      own[lasp_mlstm_lasp2_tile_f(p.Dk) + 2] = 0.f;
+  }
+  const bool relays = exchange::relays_prefix(p);
+  bool arrived = true;
+  const float* const prefix = Schedule::relayed_prefix(p, bh, vt, tile_floats, arrived);
+  if (prefix || (relays && exchange::chain_position(p) == 0)) {
+    const float m_start =
+        prefix ? __ldcg(prefix + lasp_mlstm_lasp2_tile_m(p.Dk)) : initial_stabiliser(p, bh);
+    const Rescale r = fold_rescale(m_start, log_forget, m);
+    // Each thread refolds the elements it wrote: no barrier between.
+    for (int i = threadIdx.x; i < tile_elements; i += blockDim.x) {
+      const float start = prefix ? __ldcg(prefix + i) : initial_element(p, bh, head_element(p, vt, i));
+      own[i] = fold_element(r, start, own[i]);
     }
+    m = r.m;
+  }
+  if (threadIdx.x == 0) {
+    own[lasp_mlstm_lasp2_tile_m(p.Dk)] = m;
+    own[lasp_mlstm_lasp2_tile_f(p.Dk)] = relays ? 0.f : log_forget;
+    own[lasp_mlstm_lasp2_tile_f(p.Dk) + 1] = 0.f;
+    own[lasp_mlstm_lasp2_tile_f(p.Dk) + 2] = 0.f;
   }
   __syncthreads();  // the tile is complete before it is published
   // A CTA whose predecessor never sent sends nothing: its successor then names this PE.
@@ -90,7 +102,10 @@ __device__ __forceinline__ void lasp2_fold(const lasp_mlstm_lasp2_params& p) {
   const int64_t bh = blockIdx.y;
   const uint64_t tile_floats = lasp_mlstm_lasp2_tile_floats(p.Dk);
   float x = 0.f, m = -INFINITY;  // the empty state
-  if (Schedule::starts_from_h0(p) && mine) x = initial_element(p, bh, e, m);
+  if (Schedule::starts_from_h0(p)) {
+    m = initial_stabiliser(p, bh);
+    if (mine) x = initial_element(p, bh, e);
+  }
   for (int vt = 0; vt < p.Dv / LASP2_TILE_V; ++vt)
     if (!Schedule::wait(p, static_cast<int>(bh), vt)) return;  // the host reports p.diag
   // The tiles of the element's column tile: slots hold a head's column tiles one after another.
