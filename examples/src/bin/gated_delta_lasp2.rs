@@ -10,9 +10,10 @@
 //! Checks (every PE): the whole sequence's inputs from the f64 reference's generator (the delta
 //! rule's unit-norm keys, gates and betas; q, k, v rounded to bf16), cut into shards of unequal
 //! length; this PE's outputs against the reference's token-by-token recurrence of the whole
-//! sequence (relative error <= 5e-3; the final state on the last PE), in every exchange mode, each
-//! mode's outputs bitwise equal to the overlapped mode's, a repeated call bitwise equal, and a
-//! captured CUDA graph of one overlapped call replayed `--graph-calls` times bitwise equal too;
+//! sequence (relative error <= 5e-3; the final state on the last PE), in every exchange mode and
+//! the pipelined chain, each mode's outputs bitwise equal to the overlapped mode's, a repeated call
+//! bitwise equal, and a captured CUDA graph of one overlapped call replayed `--graph-calls` times
+//! bitwise equal too;
 //! outputs poisoned before each call. Then the backward from the state entering the shard that
 //! the forward saved, with a random do (and dht on the last PE): dq, dk, dv (and dh0 on PE 0)
 //! against the reference's chunkwise backward of the whole sequence (relative error <= 5e-3; dk
@@ -382,6 +383,7 @@ fn check_case(
     for mode in [
         ExchangeMode::SequentialNccl,
         ExchangeMode::SequentialNvshmem,
+        ExchangeMode::PipelinedChain,
     ] {
         op.set_mode(mode)?;
         if shard.call(&mut op, &stream)? != first {
@@ -471,6 +473,7 @@ fn check_backward(
     for mode in [
         ExchangeMode::SequentialNccl,
         ExchangeMode::SequentialNvshmem,
+        ExchangeMode::PipelinedChain,
     ] {
         op.set_mode(mode)?;
         if shard.backward_bits(&mut grads, &mut op, &stream)? != first {
@@ -567,6 +570,9 @@ impl ModeCall for Timed {
         let mode = planner_choice(self.planned)?;
         self.op.set_mode(mode)
     }
+    fn has_chain(&self) -> bool {
+        self.op.supports(ExchangeMode::PipelinedChain)
+    }
     fn call(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         self.shard.forward(&mut self.op, stream, false)
     }
@@ -588,6 +594,10 @@ impl ModeCall for TimedStep {
     fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
         self.forward.set_mode(mode)?;
         self.backward.set_mode(mode)
+    }
+    fn has_chain(&self) -> bool {
+        self.forward.supports(ExchangeMode::PipelinedChain)
+            && self.backward.supports(ExchangeMode::PipelinedChain)
     }
     fn call(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         self.shard.forward(&mut self.forward, stream, true)?;
@@ -687,7 +697,7 @@ fn time_shape(
     };
     if rt.pe() == 0 {
         println!(
-            "W={} B={} T_local={} H={} D={}{}: overlapped {:.4} ms, sequential NCCL {:.4}, sequential NVSHMEM {:.4}, no-comm {:.4}{}",
+            "W={} B={} T_local={} H={} D={}{}: overlapped {:.4} ms, sequential NCCL {:.4}, sequential NVSHMEM {:.4}, no-comm {:.4}{}{}",
             row.w,
             row.b,
             row.t_local,
@@ -698,6 +708,9 @@ fn time_shape(
             round(row.modes.sequential_nccl_ms, 4),
             round(row.modes.sequential_nvshmem_ms, 4),
             round(row.modes.no_comm_ms, 4),
+            row.modes
+                .pipelined_chain_ms
+                .map_or(String::new(), |ms| format!(", chain {:.4}", round(ms, 4))),
             row.planner.as_ref().map_or(String::new(), PlannerTimes::line)
         );
     }

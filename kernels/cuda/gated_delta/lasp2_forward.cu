@@ -45,7 +45,36 @@ __device__ __forceinline__ void lasp2_summary_tile(const lasp_gated_delta_lasp2_
     for (int s = 1; s < f.num_summaries; ++s) tile.template apply<Source::kWorkspace>(a_of(s), nullptr, 0);
     tile.store(own + blocks * DK * 64, 64);
   }
+  // The pipelined chain: the map folded into the relayed prefix (waited for only now, so that a hop
+  // costs one fold and one put), or at the forward's first position into h0.
+  bool arrived = true;
+  const float* const prefix = Schedule::relayed_prefix(p, bh, vt, lasp_gdn_lasp2_tile_floats(DK, p.Dv), arrived);
+  const bool from_h0 = exchange::relays_prefix(p) && exchange::chain_position(p) == 0 &&
+                       p.chain == LASP2_CHAIN_ASCENDING && f.h0;
+  if (prefix || from_h0) {
+    // Every column block of A_me, composed as the own tile's were (the same bits), into this
+    // CTA's copy; read back through L2 by the threads that did not write them.
+    float* const relay_a = p.ws_relay_a + ((int64_t)bh * (p.Dv / 64) + vt) * DK * DK;
+    for (int jb = 0; jb < DK / 64; ++jb) {
+      tile.load(summary_a_block<DK>(f, bh, 0, jb), 64);
+      for (int s = 1; s < f.num_summaries; ++s) tile.template apply<Source::kWorkspace>(a_of(s), nullptr, 0);
+      tile.store(relay_a + jb * DK * 64, 64);
+    }
+    __syncthreads();
+    if (prefix)
+      tile.template load<Source::kLanded>(prefix, 64);
+    else
+      tile.load(f.h0 + (int64_t)bh * DK * f.Dv + vt * 64, f.Dv);
+    auto relay_block = [&](int jb) { return relay_a + jb * DK * 64; };
+    if (p.chain == LASP2_CHAIN_DESCENDING)
+      tile.template apply_transposed<Source::kLanded>(relay_block, own, 64);
+    else
+      tile.template apply<Source::kLanded>(relay_block, own, 64);
+    tile.store(own, 64);
+  }
   __syncthreads();  // the tile is complete before it is published
+  // A CTA whose predecessor never sent sends nothing: its successor then names this PE.
+  if (!arrived) return;
   Schedule::publish(p, epoch, own, static_cast<uint64_t>(blocks) * DK * 64 * 4, bh, vt, sent_credits);
 }
 
@@ -67,7 +96,8 @@ __device__ __forceinline__ void lasp2_fold(const lasp_gated_delta_lasp2_params& 
   const lasp_gated_delta_params& f = p.fwd;
   const int vt = blockIdx.x, bh = blockIdx.y;
   AffineTile<DK> tile(s_tile);
-  tile.load(f.h0 ? f.h0 + (int64_t)bh * DK * f.Dv + vt * 64 : nullptr, f.Dv);
+  // Under the pipelined chain only its first PE starts from h0: the relayed prefix holds it.
+  tile.load(f.h0 && Schedule::starts_from_h0(p) ? f.h0 + (int64_t)bh * DK * f.Dv + vt * 64 : nullptr, f.Dv);
   if (!fold_landed<DK, Schedule, false>(p, tile, bh, vt)) return;  // the host reports p.diag
   if (p.start_state) tile.store(p.start_state + (int64_t)bh * DK * f.Dv + vt * 64, f.Dv);
   fold_segments<DK>(f, tile, bh, vt);

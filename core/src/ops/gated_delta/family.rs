@@ -21,8 +21,7 @@ impl Family for GatedDelta {
     const ADVANCE_EPOCH_KERNEL: &'static str = "lasp_gated_delta_lasp2_advance_epoch";
     const GRANT_CREDITS_KERNEL: &'static str = "lasp_gated_delta_lasp2_grant_credits";
     const SUMMARY_THREADS: u32 = header::LASP_GDN_FOLD_THREADS;
-    /// Its summary kernel does not relay the prefix yet: the pipelined chain is refused.
-    const RELAYS_PREFIX: bool = false;
+    const RELAYS_PREFIX: bool = true;
 
     /// `lasp_gdn_lasp2_tile_floats`: b's `[Dk][64]` block, then the tile's column blocks of A.
     fn summary_tile_floats(layout: &Lasp2Layout) -> u64 {

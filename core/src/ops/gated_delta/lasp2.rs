@@ -37,6 +37,8 @@ pub struct GatedDeltaLasp2Forward {
     /// Indexed by Dk: [64, 128].
     fold: [Kernel; 2],
     workspace: Option<CudaSlice<u8>>,
+    /// The pipelined chain's scratch for the composed A (`ws_relay_a`), allocated on first use.
+    relay_scratch: Option<CudaSlice<u8>>,
     sm_count: u32,
 }
 
@@ -57,6 +59,7 @@ impl GatedDeltaLasp2Forward {
             kernels,
             fold,
             workspace: None,
+            relay_scratch: None,
         })
     }
 
@@ -115,9 +118,11 @@ impl GatedDeltaLasp2Forward {
             plan.workspace_bytes,
             OP,
         )?;
+        let relay = relay_scratch(&self.chain, stream, &mut self.relay_scratch, OP)?;
         let params = Lasp2Params {
             fwd: call_params(&args, &plan, ws, scale),
             start_state: start_state.as_ref().map_or(0, DeviceMut::addr) as _,
+            ws_relay_a: relay as _,
             ..self.chain.base_params(stream)
         };
         self.chain.context().bind_to_thread()?;
@@ -173,4 +178,21 @@ impl GatedDeltaLasp2Forward {
         self.chain.end_call(stream, params)?;
         Ok(*plan)
     }
+}
+
+/// Under the pipelined chain, the address of the summary kernel's scratch for every column block of
+/// the composed A (`ws_relay_a`: one copy per (head, Dv tile), allocated on first use); 0 in the
+/// other modes, which fold no relayed prefix.
+pub(super) fn relay_scratch(
+    chain: &StateChain<GatedDelta>,
+    stream: &Arc<CudaStream>,
+    scratch: &mut Option<CudaSlice<u8>>,
+    op: &str,
+) -> Result<u64> {
+    if chain.mode() != ExchangeMode::PipelinedChain {
+        return Ok(0);
+    }
+    let l = chain.layout();
+    let bytes = (l.b * l.h * (l.dv / 64) * l.dk * l.dk * 4) as u64;
+    crate::ops::ensure_workspace(chain.context(), stream, scratch, bytes, op)
 }

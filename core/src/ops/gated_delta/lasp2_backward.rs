@@ -13,6 +13,7 @@
 
 use super::backward::{bwd_call_params, BackwardKernels, GatedDeltaBackwardPlan};
 use super::forward::Scope;
+use super::lasp2::relay_scratch;
 use super::{GatedDelta, GatedDeltaBackwardArgs, Lasp2Params};
 use crate::error::Result;
 use crate::exchange::chain::StateChain;
@@ -36,6 +37,8 @@ pub struct GatedDeltaLasp2Backward {
     /// Indexed by Dk: [64, 128].
     fold: [Kernel; 2],
     workspace: Option<CudaSlice<u8>>,
+    /// The pipelined chain's scratch for the composed A (`ws_relay_a`), allocated on first use.
+    relay_scratch: Option<CudaSlice<u8>>,
     sm_count: u32,
 }
 
@@ -56,6 +59,7 @@ impl GatedDeltaLasp2Backward {
             kernels,
             fold,
             workspace: None,
+            relay_scratch: None,
         })
     }
 
@@ -126,11 +130,13 @@ impl GatedDeltaLasp2Backward {
         // The single-GPU passes take the gradient leaving the shard, E_me, as their dht.
         let mut bwd = bwd_call_params(&args, &plan, ws, scale);
         bwd.dht = ws_e as _;
+        let relay = relay_scratch(&self.chain, stream, &mut self.relay_scratch, OP)?;
         let params = Lasp2Params {
             fwd: bwd.fwd,
             dht: args.dht.map_or(0, |d| d.addr()) as _,
             ws_ds: ws_ds as _,
             ws_e: ws_e as _,
+            ws_relay_a: relay as _,
             ..self.chain.base_params(stream)
         };
         let summary = plan

@@ -50,13 +50,14 @@ struct AffineTile {
   __device__ __forceinline__ int column(int e) const { return c0 + (e & 3) + 32 * (e >> 2); }
 
   // P = the [DK][64] tile at `src` (row pitch `ld`; 8-byte aligned, as h0 is), or zero for NULL.
+  template <Source kFrom = Source::kWorkspace>
   __device__ __forceinline__ void load(const float* src, int64_t ld) {
 #pragma unroll
     for (int i = 0; i < kRows; ++i)
 #pragma unroll
       for (int e = 0; e < 8; e += 2) {
         const int d = r0 + i, c = column(e);
-        const float2 x = src ? load_operand<Source::kWorkspace, float2>(src + d * ld + c) : make_float2(0.f, 0.f);
+        const float2 x = src ? load_operand<kFrom, float2>(src + d * ld + c) : make_float2(0.f, 0.f);
         *reinterpret_cast<float2*>(p + d * 64 + c) = x;
       }
     __syncthreads();

@@ -18,6 +18,14 @@
 //   the shard's gradients = the single-GPU backward from start_state with dht = E_me (in ws_e).
 // The last PE starts its tile's c from dht (c' = A^T dht + c), so every other PE starts from zero.
 //
+// The pipelined chain (LASP2_DEVICE_CHAIN): the summary kernel of the PE at chain position i folds
+// its map into the prefix its predecessor relayed, P_{i+1} = A_me P_i + b_me (the backward:
+// E_out = A_me^T E_in + c'_me), with the all-gather consumer's own fold (lasp/gated_delta/affine.cuh)
+// over every column block of A_me (composed again per CTA into ws_relay_a), and sends that in place
+// of b_me (c'_me); position 0 folds h0 in (the backward's position 0, the last PE, has dht in its
+// c' already). A consumer after position 0 starts from zero, where A 0 + P is P: the same bits as
+// the all-gather's fold of every earlier tile.
+//
 // Exchanged tile (b*H+h, vt), lasp_gdn_lasp2_tile_floats(Dk, Dv) floats: b_me's columns 64 vt.. (the
 // backward: c'_me's) as [Dk][64], then A_me's column blocks jb = vt, vt + Dv/64, ... (jb < Dk/64) as
 // [Dk][64] each. A PE's fold of column tile vt reads A from every tile of the head, so it waits for
@@ -89,6 +97,9 @@ typedef struct {
   float* ws_ds;                 // the backward: bwd.ws_ds (c_s of every segment; the fold writes the
                                 // dS entering segments 1..S-1 over them)
   float* ws_e;                  // the backward: fp32 [B*H, Dk, Dv], E_me (bwd.dht)
+  float* ws_relay_a;            // under the pipelined chain: fp32 [B*H, Dv/64, Dk/64, Dk, 64], each
+                                // summary CTA's copy of every column block of the composed A (its
+                                // fold of the relayed prefix reads them all); NULL in other modes
   float* slots;                 // SYMMETRIC fp32 [2][npes][B*H][Dv/64][lasp_gdn_lasp2_tile_floats(Dk, Dv)]
   uint64_t* signals;            // SYMMETRIC u64 [2][npes][B*H*(Dv/64)]
   uint64_t* credit;             // SYMMETRIC u64 [npes]
