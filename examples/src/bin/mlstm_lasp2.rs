@@ -3,6 +3,7 @@
 //! ```text
 //! lasp-run -n 2 mlstm_lasp2                            # the checks
 //! lasp-run -n 4 mlstm_lasp2 --no-check --time 4x8192x16x128 --time 8x2048x16x128 --json out.json
+//! lasp-run -n 4 mlstm_lasp2 --no-check --plan --time 8x2048x16x128 --json planned.json
 //! ```
 //!
 //! Checks (every PE): the whole sequence's inputs from the f64 reference's generator
@@ -15,7 +16,8 @@
 //! are the reference's: typical gates, input gates of hundreds (the stabiliser jumps across
 //! shards), forget gates near zero. One line per case and PE; exit status 1 when any check
 //! failed. Timing (`--time BxTxHxD`, T per GPU): the modes in turns (`time_in_turns`), the row is
-//! the slowest rank's median.
+//! the slowest rank's median. `--plan`: the planner (`exchange::planner`) chooses the mode first,
+//! and its choice is timed in turns with the modes (`planner_ms`, `planner_choice`).
 
 use clap::Parser;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -30,8 +32,9 @@ use lasp_shmem::reference::mlstm::{recurrent_forward, MlstmInputs, MlstmRegime, 
 use lasp_shmem::reference::{rel_err, Shape};
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::{
-    bf16_bits, bf16s, f32_bits, f32s, lasp2_config, main_under_launcher, mode_times, parse_shape,
-    round, shard_rows, time_in_turns, time_shapes, ModeCall, ModeRow,
+    bf16_bits, bf16s, f32_bits, f32s, lasp2_config, main_under_launcher, mode_of, parse_shape,
+    planner_choice, round, shard_rows, time_modes_and_plan, time_shapes, ModeCall, ModeRow,
+    PlannerTimes,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -51,6 +54,10 @@ struct Options {
     /// Write the timing rows here (rank 0).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Run the planner at each timed shape and time its choice in turns with the modes
+    /// (`planner_ms`, `planner_choice` in the row).
+    #[arg(long)]
+    plan: bool,
 }
 
 const TOL: f64 = 5e-3;
@@ -363,10 +370,16 @@ fn check_case(
 struct Timed {
     op: MlstmLasp2Forward,
     shard: Shard,
+    /// The planner's choice, where it ran.
+    planned: Option<ExchangeMode>,
 }
 
 impl ModeCall for Timed {
     fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
+        self.op.set_mode(mode)
+    }
+    fn use_plan(&mut self) -> Result<()> {
+        let mode = planner_choice(self.planned)?;
         self.op.set_mode(mode)
     }
     fn has_chain(&self) -> bool {
@@ -380,7 +393,7 @@ impl ModeCall for Timed {
     }
 }
 
-fn time_shape(rt: &Runtime, comm: &NcclComm, shape: ForwardShape) -> Result<ModeRow> {
+fn time_shape(rt: &Runtime, comm: &NcclComm, shape: ForwardShape, plan: bool) -> Result<ModeRow> {
     let stream = rt.stream().clone();
     let mut rng = lasp_shmem::reference::SplitMix64::new(11 + rt.pe() as u64);
     let mut uniform = move || rng.next_u64() as f64 / u64::MAX as f64;
@@ -420,17 +433,30 @@ fn time_shape(rt: &Runtime, comm: &NcclComm, shape: ForwardShape) -> Result<Mode
     let mut timed = Timed {
         op: MlstmLasp2Forward::new(rt, shape.layout(), ExchangeMode::Overlapped)?,
         shard,
+        planned: None,
     };
-    let medians = time_in_turns(rt, &mut timed)?;
+    let plan = if plan {
+        let Timed { op, shard, .. } = &mut timed;
+        Some(op.plan(&stream, shape.t, |op, stream| {
+            op.forward(stream, shard.args()).map(|_| ())
+        })?)
+    } else {
+        None
+    };
+    timed.planned = plan.as_ref().map(|p| p.chosen.mode);
+    let (modes, planner) = time_modes_and_plan(rt, comm, &mut timed, plan.as_ref(), mode_of)?;
     timed.op.free()?;
-    let row = ModeRow::new(rt, shape, mode_times(comm, medians)?);
+    let row = ModeRow {
+        planner,
+        ..ModeRow::new(rt, shape, modes)
+    };
     if rt.pe() == 0 {
         let chain = row
             .modes
             .pipelined_chain_ms
             .map_or(String::new(), |ms| format!(", chain {:.4}", round(ms, 4)));
         println!(
-            "W={} B={} T_local={} H={} D={}: overlapped {:.4} ms, sequential NCCL {:.4}, sequential NVSHMEM {:.4}, no-comm {:.4}{chain}",
+            "W={} B={} T_local={} H={} D={}: overlapped {:.4} ms, sequential NCCL {:.4}, sequential NVSHMEM {:.4}, no-comm {:.4}{chain}{}",
             row.w,
             row.b,
             row.t_local,
@@ -440,6 +466,7 @@ fn time_shape(rt: &Runtime, comm: &NcclComm, shape: ForwardShape) -> Result<Mode
             round(row.modes.sequential_nccl_ms, 4),
             round(row.modes.sequential_nvshmem_ms, 4),
             round(row.modes.no_comm_ms, 4),
+            row.planner.as_ref().map_or(String::new(), PlannerTimes::line)
         );
     }
     Ok(row)
@@ -464,7 +491,7 @@ fn run(options: Options, config: Config) -> Result<bool> {
         &rt,
         &options.time,
         options.json.as_deref(),
-        |comm, shape| time_shape(&rt, comm, shape),
+        |comm, shape| time_shape(&rt, comm, shape, options.plan),
     )?;
     rt.shutdown()?;
     Ok(failed == 0)
