@@ -4,6 +4,7 @@
 //! and the bits of a backward call's gradients.
 
 pub mod grad_bits;
+pub mod graph_replay;
 pub mod units;
 
 use cudarc::driver::sys::CUevent_flags;

@@ -31,9 +31,8 @@
 //! choice is timed in turns with the modes (`planner_ms`, `planner_choice`).
 
 use clap::Parser;
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream};
-use lasp_shmem::exchange::{ExchangeMode, Lasp2Layout, Lasp2Operation};
+use lasp_shmem::exchange::{ExchangeMode, Lasp2Layout};
 use lasp_shmem::nccl::NcclComm;
 use lasp_shmem::ops::bf16;
 use lasp_shmem::ops::gated_delta::{
@@ -48,6 +47,7 @@ use lasp_shmem::reference::{
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::grad_bits::{GradBits, GradBuffers};
+use lasp_shmem_examples::graph_replay::{replay, Outputs};
 use lasp_shmem_examples::{
     bf16_bits, bf16s, config_with_heap, f32_bits, f32s, main_under_launcher, mode_of, mode_times,
     parse_shape, planner_choice, round, run_cases, shard_cases, shard_rows, time_in_turns,
@@ -272,52 +272,6 @@ impl Outputs for Shard {
             f32_bits(stream, self.ht.as_ref())?,
         ))
     }
-}
-
-/// The outputs of one direction's calls: poisoned before a call, read back as bits after it.
-trait Outputs {
-    type Bits: PartialEq;
-    fn poison(&mut self, stream: &Arc<CudaStream>) -> Result<()>;
-    fn bits(&self, stream: &Arc<CudaStream>) -> Result<Self::Bits>;
-}
-
-/// A captured graph of one overlapped call (`call` on `outputs`), replayed `calls` times on
-/// poisoned outputs: epochs advance on the device. Whether they advanced by `calls` and the last
-/// replay's bits equal `want`.
-fn replay<O: Lasp2Operation, S: Outputs>(
-    rt: &Runtime,
-    op: &mut O,
-    outputs: &mut S,
-    calls: u32,
-    want: &S::Bits,
-    call: impl FnOnce(&mut S, &mut O, &Arc<CudaStream>) -> Result<()>,
-) -> Result<std::result::Result<(), String>> {
-    let stream = rt.stream().clone();
-    op.set_mode(ExchangeMode::Overlapped)?;
-    outputs.poison(&stream)?;
-    let before = op.epoch(&stream)?;
-    rt.barrier_on_stream(&stream)?;
-    stream.synchronize()?;
-    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-    let captured = call(outputs, op, &stream);
-    let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
-    captured?;
-    let graph = graph.ok_or_else(|| Error::State("the capture recorded nothing".into()))?;
-    for _ in 0..calls {
-        graph.launch()?;
-    }
-    op.note_replayed_calls(u64::from(calls));
-    op.finish(&stream)?;
-    let after = op.epoch(&stream)?;
-    Ok(if after != before + u64::from(calls) {
-        Err(format!(
-            "graph replay: epoch {before} -> {after} for {calls} replays"
-        ))
-    } else if &outputs.bits(&stream)? != want {
-        Err(format!("{calls} graph replays gave other bits"))
-    } else {
-        Ok(())
-    })
 }
 
 fn check_case(

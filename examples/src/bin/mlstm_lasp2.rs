@@ -20,7 +20,6 @@
 //! and its choice is timed in turns with the modes (`planner_ms`, `planner_choice`).
 
 use clap::Parser;
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream};
 use lasp_shmem::exchange::{ExchangeMode, Lasp2Layout};
 use lasp_shmem::nccl::NcclComm;
@@ -31,6 +30,7 @@ use lasp_shmem::ops::{DeviceMut, DeviceRef};
 use lasp_shmem::reference::mlstm::{recurrent_forward, MlstmInputs, MlstmRegime, MlstmSpec};
 use lasp_shmem::reference::{rel_err, Shape};
 use lasp_shmem::{Config, Error, Result, Runtime};
+use lasp_shmem_examples::graph_replay::{replay, Outputs};
 use lasp_shmem_examples::{
     bf16_bits, bf16s, f32_bits, f32s, lasp2_config, main_under_launcher, mode_of, parse_shape,
     planner_choice, round, shard_rows, time_modes_and_plan, time_shapes, ModeCall, ModeRow,
@@ -184,6 +184,19 @@ impl Shard {
         }
     }
 
+    /// One call on poisoned outputs; their bits.
+    fn call(&mut self, op: &mut MlstmLasp2Forward, stream: &Arc<CudaStream>) -> Result<Bits> {
+        self.poison(stream)?;
+        op.forward(stream, self.args())?;
+        op.finish(stream)?;
+        self.bits(stream)
+    }
+}
+
+impl Outputs for Shard {
+    /// The bits of h and (on the last PE) the final state.
+    type Bits = Bits;
+
     /// h and the final state filled with poison bit patterns.
     fn poison(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         stream.memcpy_htod(&vec![bf16::from_bits(POISON); self.h.len()], &mut self.h)?;
@@ -203,51 +216,6 @@ impl Shard {
             state,
         })
     }
-
-    /// One call on poisoned outputs; their bits.
-    fn call(&mut self, op: &mut MlstmLasp2Forward, stream: &Arc<CudaStream>) -> Result<Bits> {
-        self.poison(stream)?;
-        op.forward(stream, self.args())?;
-        op.finish(stream)?;
-        self.bits(stream)
-    }
-}
-
-/// A captured graph of one overlapped call, replayed `calls` times on poisoned outputs: epochs
-/// advance on the device. Whether they advanced by `calls` and the last replay's bits equal `want`.
-fn replay(
-    rt: &Runtime,
-    op: &mut MlstmLasp2Forward,
-    shard: &mut Shard,
-    calls: u32,
-    want: &Bits,
-) -> Result<std::result::Result<(), String>> {
-    let stream = rt.stream().clone();
-    op.set_mode(ExchangeMode::Overlapped)?;
-    shard.poison(&stream)?;
-    let before = op.epoch(&stream)?;
-    rt.barrier_on_stream(&stream)?;
-    stream.synchronize()?;
-    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-    let captured = op.forward(&stream, shard.args());
-    let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
-    captured?;
-    let graph = graph.ok_or_else(|| Error::State("the capture recorded nothing".into()))?;
-    for _ in 0..calls {
-        graph.launch()?;
-    }
-    op.note_replayed_calls(u64::from(calls));
-    op.finish(&stream)?;
-    let after = op.epoch(&stream)?;
-    Ok(if after != before + u64::from(calls) {
-        Err(format!(
-            "graph replay: epoch {before} -> {after} for {calls} replays"
-        ))
-    } else if &shard.bits(&stream)? != want {
-        Err(format!("{calls} graph replays gave other bits"))
-    } else {
-        Ok(())
-    })
 }
 
 fn check_case(
@@ -329,9 +297,15 @@ fn check_case(
             problems.push(format!("{mode:?} differs from Overlapped"));
         }
     }
-    if let Err(e) = replay(rt, &mut op, &mut shard, graph_calls, &first)? {
-        problems.push(e);
-    }
+    let replayed = replay(
+        rt,
+        &mut op,
+        &mut shard,
+        graph_calls,
+        &first,
+        |shard, op, stream| op.forward(stream, shard.args()).map(|_| ()),
+    )?;
+    problems.extend(replayed.err());
     op.free()?;
     let mut errors = Vec::new();
     let mut check = |what: &str, got: Vec<f64>, want: &[f64]| {
