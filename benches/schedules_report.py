@@ -199,12 +199,11 @@ def main(argv=None):
                    "LASP_EMULATE_LINKS (link: the emulated nodes, latency and rate)"),
         "method": args.method,
         "bit_identical_across_schedules": (
-            "scalar decay and GLA: the all-gather, the pipelined chain and the sequential modes give "
-            "bitwise the same outputs and gradients (lasp2_forward, lasp2_backward and gla_lasp2 "
-            "checks; for scalar decay also head groups 1, 3 and 6 under both device schedules and "
-            "graph replays, and under emulated links); Gated DeltaNet has the all-gather and the "
-            "sequential modes only (its program's checks); the planner offers only launch plans that "
-            "keep the bits"),
+            "every family: the all-gather, the pipelined chain and the sequential modes give bitwise "
+            "the same outputs and gradients (the checks of lasp2_forward, lasp2_backward, gla_lasp2, "
+            "gated_delta_lasp2, forward and backward, and mlstm_lasp2, the forward; for scalar decay "
+            "also head groups 1, 3 and 6 under both device schedules and graph replays, and under "
+            "emulated links); the planner offers only launch plans that keep the bits"),
         "projected_weak_scaling_8_to_64": previous.get("projected_weak_scaling_8_to_64"),
         "model": previous.get("model"),
         "bounds": {"never_loses": NEVER_LOSES, "exchange_matters_from": EXCHANGE_MATTERS,
