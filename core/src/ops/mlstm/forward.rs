@@ -164,11 +164,12 @@ pub fn check_gate_values(which: &str, gate: &[f32], shape: &ForwardShape) -> Res
 }
 
 /// The chunk passes of every mLSTM forward (one GPU and LASP-2 shards): the states and output
-/// kernels per (Dv, Dk), their shared-memory limits raised.
+/// kernels per (Dv, Dk), their shared-memory limits raised, and the single-GPU fold.
 pub(super) struct ChunkKernels {
     /// Indexed by [Dv][Dk]: 64, 128 each.
     states: [[Kernel; 2]; 2],
     output: [[Kernel; 2]; 2],
+    single_gpu_fold: Kernel,
 }
 
 impl ChunkKernels {
@@ -191,7 +192,33 @@ impl ChunkKernels {
                 output[j][i].set_max_dynamic_shared_bytes(output_smem_bytes(dk, dv))?;
             }
         }
-        Ok(ChunkKernels { states, output })
+        Ok(ChunkKernels {
+            states,
+            output,
+            single_gpu_fold: module.kernel("lasp_mlstm_fold")?,
+        })
+    }
+
+    /// The whole single-GPU forward of `plan` (scope [`Scope::SingleGpu`]): the states pass and
+    /// the fold where it has segments to join, then the output pass.
+    ///
+    /// # Safety
+    /// As [`ChunkKernels::launch_states`].
+    pub(super) unsafe fn launch_single_gpu(
+        &self,
+        stream: &Arc<CudaStream>,
+        plan: &MlstmPlan,
+        params: &MlstmParams,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract; each kernel reads what the one before it on the stream
+        // wrote.
+        unsafe {
+            self.launch_states(stream, plan, params)?;
+            if let Some(fold) = plan.fold {
+                self.single_gpu_fold.launch(stream, fold, params)?;
+            }
+            self.launch_output(stream, plan, params)
+        }
     }
 
     /// The states pass of `plan`, where it has one.
@@ -294,7 +321,6 @@ pub(super) fn call_params(
 pub struct MlstmForward {
     ctx: Arc<CudaContext>,
     kernels: ChunkKernels,
-    fold: Kernel,
     sm_count: u32,
     force_segments: Option<u32>,
     force_splits: Option<u32>,
@@ -308,7 +334,6 @@ impl MlstmForward {
         let ctx = runtime.context().clone();
         Ok(MlstmForward {
             kernels: ChunkKernels::new(runtime, OP)?,
-            fold: runtime.module().kernel("lasp_mlstm_fold")?,
             sm_count: crate::ops::sm_count(&ctx)?,
             ctx,
             force_segments: None,
@@ -394,14 +419,8 @@ impl MlstmForward {
         // alignment and non-overlap the kernels need (checked above); the views borrow their
         // buffers for the call and their contracts keep the memory valid until the kernels
         // complete; the workspace is owned by self and freed only after a context
-        // synchronisation. Each kernel reads what the one before it on the stream wrote.
-        unsafe {
-            self.kernels.launch_states(stream, &plan, &params)?;
-            if let Some(fold) = plan.fold {
-                self.fold.launch(stream, fold, &params)?;
-            }
-            self.kernels.launch_output(stream, &plan, &params)?;
-        }
+        // synchronisation.
+        unsafe { self.kernels.launch_single_gpu(stream, &plan, &params)? };
         Ok(plan)
     }
 }

@@ -38,8 +38,6 @@ pub struct MlstmLasp2Forward {
     kernels: ChunkKernels,
     /// The LASP-2 fold (the earlier PEs' summaries, then the shard's segments).
     fold: Kernel,
-    /// The single-GPU forward's fold, for a call on one PE.
-    single_gpu_fold: Kernel,
     workspace: Option<CudaSlice<u8>>,
     sm_count: u32,
     force_segments: Option<u32>,
@@ -54,14 +52,12 @@ impl MlstmLasp2Forward {
     pub fn new(runtime: &Runtime, layout: Lasp2Layout, mode: ExchangeMode) -> Result<Self> {
         let kernels = ChunkKernels::new(runtime, OP)?;
         let fold = runtime.module().kernel("lasp_mlstm_lasp2_fold")?;
-        let single_gpu_fold = runtime.module().kernel("lasp_mlstm_fold")?;
         let chain = StateChain::new(runtime, layout, mode, Direction::Ascending, OP)?;
         Ok(MlstmLasp2Forward {
             sm_count: crate::ops::sm_count(runtime.context())?,
             chain,
             kernels,
             fold,
-            single_gpu_fold,
             workspace: None,
             force_segments: None,
             force_splits: None,
@@ -124,13 +120,7 @@ impl MlstmLasp2Forward {
             };
             // SAFETY: as in the shard's launches below; this plan is the single-GPU one, whose
             // fold reads the user's initial state through `fwd`.
-            unsafe {
-                self.kernels.launch_states(stream, &plan, &params.fwd)?;
-                if let Some(fold) = plan.fold {
-                    self.single_gpu_fold.launch(stream, fold, &params.fwd)?;
-                }
-                self.kernels.launch_output(stream, &plan, &params.fwd)?;
-            }
+            unsafe { self.kernels.launch_single_gpu(stream, &plan, &params.fwd)? };
             self.chain.end_call(stream, &params)?;
             return Ok(plan);
         }
