@@ -29,22 +29,10 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from lasp2_rows import by_shape, replace_rows
+
 MODES = ("overlapped_ms", "sequential_nccl_ms", "sequential_nvshmem_ms", "no_comm_ms")
 PEER_PARTS = ("states_ms", "allgather_ms", "fold_ms", "forward_ms")
-
-
-def key(row):
-    return (row["W"], row["B"], row["T_local"], row["H"], row["D"])
-
-
-def by_shape(files):
-    """{key: [that shape's row of every process that measured it]} over one side's files."""
-    rows = {}
-    for f in files:
-        doc = json.loads(Path(f).read_text())
-        for r in doc["rows"] if isinstance(doc, dict) else doc:
-            rows.setdefault(key(r), []).append(r)
-    return rows
 
 
 def median_of(rows, field):
@@ -86,12 +74,6 @@ def merge(ours, peers, peer_field, provenance, peer_required=True):
         row.update(provenance)
         out.append(row)
     return out
-
-
-def replace_rows(old, new):
-    """`old` without the rows whose key a row of `new` has, then `new`, sorted by key."""
-    keys = {key(r) for r in new}
-    return sorted([r for r in old if key(r) not in keys] + new, key=key)
 
 
 def self_test():

@@ -23,23 +23,11 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from lasp2_rows import by_shape, replace_rows
+
 MODES = ("overlapped_ms", "sequential_nccl_ms", "sequential_nvshmem_ms", "no_comm_ms",
          "pipelined_chain_ms")
 KEY = ("W", "B", "T_local", "H", "D")
-
-
-def key(row):
-    return tuple(row[k] for k in KEY)
-
-
-def by_shape(files):
-    """{key: [that shape's row of every process that measured it]}."""
-    rows = {}
-    for f in files:
-        doc = json.loads(Path(f).read_text())
-        for r in doc["rows"] if isinstance(doc, dict) else doc:
-            rows.setdefault(key(r), []).append(r)
-    return rows
 
 
 def merge(ours, provenance):
@@ -65,12 +53,6 @@ def merge(ours, provenance):
         row.update(provenance)
         out.append(row)
     return out
-
-
-def replace_rows(old, new):
-    """`old` without the rows whose key a row of `new` has, then `new`, sorted by key."""
-    keys = {key(r) for r in new}
-    return sorted([r for r in old if key(r) not in keys] + new, key=key)
 
 
 def self_test():
