@@ -118,5 +118,5 @@ extern "C" __global__ void __launch_bounds__(LASP_MLSTM_FOLD_THREADS)
 }
 
 // The templated kernels are instantiated from kernels/instances.rs:
-//   lasp_mlstm_states_dk*_dv{64,128}  kernel 1, grid (1, (S-1)*R, B*H), block lasp_mlstm_threads(Dv)
+//   lasp_mlstm_states_dk*_dv{64,128}  kernel 1, grid (1, num_summaries*R, B*H), block lasp_mlstm_threads(Dv)
 //   lasp_mlstm_output_dk*_dv{64,128}  kernel 3, grid (1, S, B*H), block lasp_mlstm_threads(Dv)

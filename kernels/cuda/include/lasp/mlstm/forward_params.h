@@ -50,10 +50,10 @@ typedef struct {
   float* c_t;               // fp32 [B, H, Dk, Dv] final state, or NULL (then n_t, m_t NULL too)
   float* n_t;               // fp32 [B, H, Dk]
   float* m_t;               // fp32 [B, H]
-  // The workspace (one allocation, none when S == 1; core/src/ops/mlstm/plan.rs sizes it), per
-  // (b*H+h): the summary of every piece u of segments 0..num_summaries-1 from the empty state (ws_c,
-  // ws_n, ws_m, and its log forget sum ws_f), and the prefix entering every segment s+1 (ws_pc,
-  // ws_pn, ws_pm). N = num_summaries * R pieces.
+  // The workspace (one allocation, none on one GPU when S == 1; core/src/ops/mlstm/plan.rs sizes
+  // it), per (b*H+h): the summary of every piece u of segments 0..num_summaries-1 from the empty
+  // state (ws_c, ws_n, ws_m, and its log forget sum ws_f), and the prefix entering every segment
+  // s+1 (ws_pc, ws_pn, ws_pm). N = num_summaries * R pieces.
   float* ws_c;              // fp32 [B*H, N, Dk, Dv]
   float* ws_pc;             // fp32 [B*H, S-1, Dk, Dv]
   float* ws_n;              // fp32 [B*H, N, Dk]
