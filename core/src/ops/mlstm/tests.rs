@@ -199,3 +199,24 @@ fn arguments_are_checked_against_the_shape_before_any_launch() {
     assert!(err(args(per_token, base + 0x40_0000, Some(-1.0))).contains("eps = -1"));
     assert!(err(args(per_token, base + 0x10, None)).contains("output h overlaps input q"));
 }
+
+#[test]
+fn an_exchanged_tile_holds_c_n_m_and_f_and_bad_layouts_are_refused() {
+    use crate::exchange::Lasp2Layout;
+    use crate::family::Family;
+    let layout = |dk, dv| Lasp2Layout { b: 2, h: 4, dk, dv };
+    // C's [Dk][64] block, n's Dk floats, m, F and two of padding: whole 16-byte vectors.
+    for dk in [64, 128] {
+        let floats = Mlstm::summary_tile_floats(&layout(dk, 128));
+        assert_eq!(floats, (dk * 64 + dk + 4) as u64);
+        assert_eq!(floats % 4, 0);
+    }
+    assert!(Mlstm::validate_layout(&layout(128, 64)).is_ok());
+    for (dk, dv) in [(96, 128), (128, 256), (32, 64)] {
+        let err = Mlstm::validate_layout(&layout(dk, dv)).unwrap_err();
+        assert!(
+            err.to_string().contains("not supported"),
+            "Dk {dk}, Dv {dv}: {err}"
+        );
+    }
+}
