@@ -248,6 +248,19 @@ pub(crate) fn check_forced_segments(segments: Option<u32>, op: &str) -> Result<(
     Ok(())
 }
 
+/// What a plan's segment summaries serve (the families that cut a sequence into segments joined
+/// by a fold: Gated DeltaNet, mLSTM).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// The whole sequence on one GPU: the summaries of segments 0..S-2 give the states entering
+    /// segments 1..S-1 (no kernel needs the last one's); no fold when S == 1 (segment 0 starts from
+    /// the initial state).
+    SingleGpu,
+    /// A LASP-2 shard: every segment's summary (the shard's, which crosses GPUs, is made of them),
+    /// and the fold always runs (segment 0 starts from the state the exchange gives).
+    Shard,
+}
+
 /// Cuts `chunks` chunks into segments of whole chunks: `force` segments, else `auto`, clamped to
 /// [1, chunks] and rounded so that none is empty. Returns (segments, chunks per segment); an
 /// error (naming `op`) past `max`, the kernels' grid limit.

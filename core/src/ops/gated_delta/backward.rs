@@ -8,14 +8,13 @@
 
 use super::forward::{
     check_inputs, input_params, summary_kernels, summary_smem_bytes, wy_smem_bytes, GatedDeltaPlan,
-    Scope,
 };
 use super::GatedDeltaBackwardParams;
 use crate::error::Result;
 use crate::kernel::{width_index, Kernel, LaunchShape};
 use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
 use crate::ops::{
-    bf16, check_forced_segments, require_shared_memory, DeviceMut, DeviceRef, StreamOrder,
+    bf16, check_forced_segments, require_shared_memory, DeviceMut, DeviceRef, Scope, StreamOrder,
 };
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};

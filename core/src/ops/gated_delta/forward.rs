@@ -6,7 +6,7 @@ use crate::error::Result;
 use crate::kernel::{width_index, Kernel, LaunchShape};
 use crate::ops::scalar_decay::{geometry, ForwardShape, TensorChecks};
 use crate::ops::{
-    bf16, check_forced_segments, require_shared_memory, DeviceMut, DeviceRef, StreamOrder,
+    bf16, check_forced_segments, require_shared_memory, DeviceMut, DeviceRef, Scope, StreamOrder,
 };
 use crate::runtime::Runtime;
 use crate::tensor_map;
@@ -182,17 +182,6 @@ pub(super) fn roles_smem_bytes(dk: usize) -> u32 {
         + CHUNK * dk * 2
         + 3 * CHUNK * 4
         + stages * CHUNK * header::LASP_GDN_GATE_BOX_HEADS * 4
-}
-
-/// What a plan's segment summaries and fold serve.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Scope {
-    /// One GPU: the summaries of segments 0..S-2 give the prefixes of segments 1..S-1; no fold
-    /// when S == 1 (segment 0 starts from h0).
-    SingleGpu,
-    /// A LASP-2 shard: every segment's summary (the shard's is their composition), and the fold
-    /// always runs (segment 0 starts from the exchanged prefix).
-    Shard,
 }
 
 /// How a call runs: S segments of `chunks_per_segment` chunks per sequence (no segment empty),

@@ -11,12 +11,13 @@
 //! drops the exchange (timing). The fold is the same in every mode, so outputs are bit-identical
 //! across modes.
 
-use super::forward::{call_params, ChunkKernels, GatedDeltaPlan, Scope};
+use super::forward::{call_params, ChunkKernels, GatedDeltaPlan};
 use super::{GatedDelta, GatedDeltaArgs};
 use crate::error::Result;
 use crate::exchange::chain::StateChain;
 use crate::exchange::{Direction, ExchangeMode, Lasp2Layout};
 use crate::kernel::{width_index, Kernel};
+use crate::ops::Scope;
 use crate::ops::{DeviceMut, DeviceRef, StreamOrder};
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaSlice, CudaStream};

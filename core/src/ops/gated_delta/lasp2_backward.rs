@@ -12,13 +12,13 @@
 //! The fold is the same in every mode, so gradients are bit-identical across modes.
 
 use super::backward::{bwd_call_params, BackwardKernels, GatedDeltaBackwardPlan};
-use super::forward::Scope;
 use super::lasp2::relay_scratch;
 use super::{GatedDelta, GatedDeltaBackwardArgs, Lasp2Params};
 use crate::error::Result;
 use crate::exchange::chain::StateChain;
 use crate::exchange::{Direction, ExchangeMode, Lasp2Layout};
 use crate::kernel::{width_index, Kernel};
+use crate::ops::Scope;
 use crate::ops::StreamOrder;
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaSlice, CudaStream};

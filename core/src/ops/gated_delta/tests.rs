@@ -7,13 +7,11 @@ use super::backward::{
     backward_wy_smem_bytes, dh_smem_bytes, grads_smem_bytes, rows_elems, states_elems,
     summary_without_last_b,
 };
-use super::forward::{
-    output_smem_bytes, roles_smem_bytes, summary_smem_bytes, wy_smem_bytes, Scope,
-};
+use super::forward::{output_smem_bytes, roles_smem_bytes, summary_smem_bytes, wy_smem_bytes};
 use super::{GatedDeltaArgs, GatedDeltaBackwardArgs, GatedDeltaBackwardPlan, GatedDeltaPlan};
 use crate::error::Error;
 use crate::ops::scalar_decay::ForwardShape;
-use crate::ops::{bf16, DeviceMut, DeviceRef};
+use crate::ops::{bf16, DeviceMut, DeviceRef, Scope};
 use crate::reference::Inputs;
 
 fn shape(b: usize, t: usize, h: usize, dk: usize, dv: usize) -> ForwardShape {

@@ -1,12 +1,12 @@
 //! [`MlstmForward`]: the mLSTM forward's kernels, workspace and launches, and the checks of one
 //! call's tensors ([`MlstmArgs`]) before anything is launched.
 
-use super::plan::Scope;
 use super::plan::{output_smem_bytes, states_smem_bytes};
 use super::{MlstmParams, MlstmPlan};
 use crate::error::{Error, Result};
 use crate::kernel::{width_index, Kernel};
 use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
+use crate::ops::Scope;
 use crate::ops::{bf16, require_shared_memory, DeviceMut, DeviceRef, StreamOrder};
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};

@@ -13,12 +13,12 @@
 //! advances the exchange's epoch).
 
 use super::forward::{call_params, ChunkKernels, MlstmArgs};
-use super::plan::Scope;
 use super::{Mlstm, MlstmPlan};
 use crate::error::Result;
 use crate::exchange::chain::StateChain;
 use crate::exchange::{Direction, ExchangeMode, Lasp2Layout};
 use crate::kernel::Kernel;
+use crate::ops::Scope;
 use crate::ops::StreamOrder;
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaSlice, CudaStream};

@@ -35,7 +35,7 @@ pub use forward::{
     check_gate_values, MlstmArgs, MlstmForward, MlstmStateMut, MlstmStateRef, DEFAULT_EPS,
 };
 pub use lasp2::{Lasp2Params, MlstmLasp2Forward};
-pub use plan::{MlstmPlan, Scope, WorkspaceOffsets};
+pub use plan::{MlstmPlan, WorkspaceOffsets};
 
 /// The C struct `lasp_mlstm_params` of `lasp/mlstm/forward_params.h`, passed by value to every
 /// mLSTM forward kernel. Pointer fields hold device addresses; NULL where a tensor is absent.

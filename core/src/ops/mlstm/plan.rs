@@ -4,7 +4,7 @@
 use crate::error::{Error, Result};
 use crate::kernel::LaunchShape;
 use crate::ops::scalar_decay::ForwardShape;
-use crate::ops::split_into_segments;
+use crate::ops::{split_into_segments, Scope};
 use lasp_shmem_kernels::params as header;
 
 /// Tokens per chunk of the on-chip loop.
@@ -13,22 +13,13 @@ const FOLD_THREADS: u32 = header::LASP_MLSTM_FOLD_THREADS;
 /// The most segments per sequence (the kernels' grid y).
 const MAX_SEGMENTS: usize = 65_535;
 
-/// What a call's states pass summarises, and so what its workspace holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Scope {
-    /// The whole sequence on one GPU: segments 0..S-2 (no kernel needs the last one's summary).
-    SingleGpu,
-    /// A LASP-2 shard: every segment (the shard's summary crosses GPUs), and the state entering
-    /// the shard, which the LASP-2 fold writes into the workspace.
-    Shard,
-}
-
 /// How one call runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MlstmPlan {
     /// The shape the plan is for.
     pub shape: ForwardShape,
-    /// What the states pass summarises.
+    /// What the states pass summarises (a shard's workspace also holds the state entering it,
+    /// which the LASP-2 fold writes).
     pub scope: Scope,
     /// Segments per (b, h), S >= 1; none is empty. A segment is TFLA's large chunk: its state
     /// stays on chip while 64-token chunks stream through.

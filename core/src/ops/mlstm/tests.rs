@@ -5,7 +5,7 @@ use super::forward::MlstmArgs;
 use super::plan::{output_smem_bytes, states_smem_bytes};
 use super::*;
 use crate::ops::scalar_decay::ForwardShape;
-use crate::ops::{bf16, DeviceMut, DeviceRef};
+use crate::ops::{bf16, DeviceMut, DeviceRef, Scope};
 
 fn shape(b: usize, t: usize, h: usize, dk: usize, dv: usize) -> ForwardShape {
     ForwardShape { b, t, h, dk, dv }
