@@ -12,7 +12,10 @@ DIR is what mlstm_bench --dump DIR wrote:
     DIR/<name>/v.bin          bf16 [B, T, H, Dv]
     DIR/<name>/h.bin          our bf16 output [B, T, H, Dv]
     DIR/<name>/i.bin, f.bin   fp32 [B, T, H], input- and forget-gate pre-activations
-Ours has no backward yet, so there is no gradient dump and no time of ours for forward+backward.
+    DIR/<name>/dh.bin         bf16 [B, T, H, Dv]: the upstream gradient both backwards take
+    DIR/<name>/dq.bin, dk.bin, dv.bin, di.bin, df.bin   our gradients (bf16 like q, k, v; fp32 gates)
+ours.json's rows also carry ours_fwdbwd_ms (our forward saving its rows plus our backward) and
+ours_bwd_ms; a dump without dh.bin (an older bench) is compared forward only.
 
 What is measured, per shape, by
 mlstm_kernels.torch.chunkwise.triton_xl_chunk.mlstm_chunkwise__xl_chunk(q, k, v, i, f, eps=<the
@@ -30,8 +33,12 @@ and its shape is not run. The inputs are moved once, outside the timing, into TF
   - forward: 10 warm-up calls, then 50 calls enqueued back to back on one stream, each between
     two CUDA events, median (the minimum beside it), under torch.no_grad, as fla_forward.py;
   - forward+backward (unless --no-backward): the same, each call being the forward on q, k, v, i, f
-    as requires_grad leaves plus torch.autograd.grad(h, (q, k, v, i, f), dh) with a fixed random
-    bf16 dh (seed 0); grads are returned, not accumulated.
+    as requires_grad leaves plus torch.autograd.grad(h, (q, k, v, i, f), dh) with the dump's dh
+    (or, without one, a fixed random bf16 dh, seed 0); grads are returned, not accumulated;
+  - gradient agreement (where the dump has ours), at every chunk size: ||ours - tfla|| / ||tfla||
+    of dq, dk and dv must be <= 1e-2, as h; those of di and df are recorded, not held to it: both
+    are sums of terms that cancel (reference::mlstm::MlstmGrads::gate_grad_scale), so their
+    relative error measures the cancellation more than either kernel.
 A chunk size TFLA fails at (an exception) is recorded with its error and the others still run.
 Like fla's, TFLA's times may move between processes, so every timing runs in --processes (at
 least 3) separate Python processes: this script re-invokes itself with --worker for one shape at a
@@ -48,8 +55,10 @@ tolerance_rel_err_vs_tfla, tfla_chunk_sizes, processes, errors and single_gpu: o
 with B, T, H, D (= Dk), Dv, chunk (ours: 64-token chunks on chip) and ours_segment_tokens (the
 tokens of one of our segments, chunks_per_segment * 64), ours_fwd_ms, ours_fwd_min_ms,
 tfla_fwd_ms and tfla_chunk (the best chunk size's median of per-process medians, and that chunk
-size), ours_fwdbwd_ms (null: no backward of ours), tfla_fwdbwd_ms and tfla_fwdbwd_chunk (the same
-for forward+backward), hbm_floor_fwd_ms (q, k, v read and h written once in bf16, i and f read once
+size), ours_fwdbwd_ms and ours_bwd_ms (null where ours.json has none), tfla_fwdbwd_ms and
+tfla_fwdbwd_chunk (the same for forward+backward), speedup_fwdbwd (tfla_fwdbwd_ms /
+ours_fwdbwd_ms), grad_rel_err_vs_tfla (per gradient, the largest over processes and chunk
+sizes), hbm_floor_fwd_ms (q, k, v read and h written once in bf16, i and f read once
 in fp32, over the device's HBM bandwidth: H100 SXM 3.35e12 B/s, H200 4.8e12 B/s, from
 torch.cuda.get_device_name; --hbm-bytes-per-s overrides), floor_fraction_fwd
 (hbm_floor_fwd_ms / ours_fwd_ms), speedup_fwd (tfla_fwd_ms / ours_fwd_ms), rel_err_vs_tfla (the
@@ -148,11 +157,30 @@ def worst_err(errs):
     return float(f"{max(errs):.4e}")
 
 
+GRADS = ("dq", "dk", "dv", "di", "df")
+# The gradients held to TOL against TFLA; di and df are recorded only (the module doc).
+CHECKED_GRADS = ("dq", "dk", "dv")
+
+
+def worst_grad_errs(per_chunk_errs):
+    """Per gradient, the largest rel err over the dicts given (None where one lacks it), or None
+    where no dict has gradients."""
+    have = [e for e in per_chunk_errs if e]
+    if not have:
+        return None
+    return {g: worst_err([e.get(g) for e in have]) for g in GRADS}
+
+
 def chunk_summary(name, chunk, good, need_backward):
     """One chunk size over the processes that ran: (summary dict, the rel errs checked, failure
     strings)."""
     per = [(r.get("process", "?"), r.get("chunks", {}).get(str(chunk), {})) for r in good]
     failures = []
+    for process, c in per:
+        for g, e in (c.get("grad_rel_err") or {}).items():
+            if g in CHECKED_GRADS and (e is None or not math.isfinite(e) or e > TOL):
+                failures.append(f"{name}: process {process}: chunk size {chunk}: {g} rel err vs TFLA {e} > "
+                                f"{TOL:.0e}")
     for process, c in per:
         if c.get("fwd_ms") is None:
             failures.append(f"{name}: process {process}: TFLA forward at chunk size {chunk} did not run: "
@@ -171,6 +199,7 @@ def chunk_summary(name, chunk, good, need_backward):
         fwd_ms=_round(median_of(values["fwd_ms"])),
         fwdbwd_ms=_round(median_of(values["fwdbwd_ms"])),
         rel_err=worst_err(errs),
+        grad_rel_err=worst_grad_errs([c.get("grad_rel_err") for _, c in per]),
         fwd_ms_per_process=[_round(x) for x in values["fwd_ms"]],
         fwd_min_ms_per_process=[_round(x) for x in values["fwd_min_ms"]],
         fwdbwd_ms_per_process=[_round(x) for x in values["fwdbwd_ms"]],
@@ -214,8 +243,10 @@ def assemble_row(shape, results, bw, chunk_sizes, need_backward=True, processes=
         chunk=OUR_CHUNK_TOKENS, ours_segment_tokens=shape["chunks_per_segment"] * OUR_CHUNK_TOKENS,
         ours_fwd_ms=ours_fwd, ours_fwd_min_ms=shape.get("ours_fwd_min_ms"),
         tfla_fwd_ms=fwd.get("fwd_ms"), tfla_chunk=int(fwd_chunk) if fwd_chunk else None,
-        ours_fwdbwd_ms=None,
+        ours_fwdbwd_ms=shape.get("ours_fwdbwd_ms"), ours_bwd_ms=shape.get("ours_bwd_ms"),
         tfla_fwdbwd_ms=fb.get("fwdbwd_ms"), tfla_fwdbwd_chunk=int(fb_chunk) if fb_chunk else None,
+        speedup_fwdbwd=_ratio(fb.get("fwdbwd_ms"), shape.get("ours_fwdbwd_ms")),
+        grad_rel_err_vs_tfla=worst_grad_errs([per_chunk[c]["grad_rel_err"] for c in per_chunk]),
         hbm_floor_fwd_ms=_round(floor),
         floor_fraction_fwd=_ratio(floor, ours_fwd),
         speedup_fwd=_ratio(fwd.get("fwd_ms"), ours_fwd),
@@ -228,8 +259,9 @@ def assemble_row(shape, results, bw, chunk_sizes, need_backward=True, processes=
         name=name, scale=shape["scale"], eps=shape["eps"],
         num_segments=shape.get("num_segments"), chunks_per_segment=shape["chunks_per_segment"],
     )
-    if "ours_fwd_ms_per_process" in shape:
-        row["ours_fwd_ms_per_process"] = shape["ours_fwd_ms_per_process"]
+    for key in ("ours_fwd_ms_per_process", "ours_fwdbwd_ms_per_process"):
+        if key in shape:
+            row[key] = shape[key]
     return row, failures
 
 
@@ -278,9 +310,10 @@ def _error_text(e, limit=300):
     return f"{type(e).__name__}: {str(e)[:limit]}"
 
 
-def measure_chunk(tfla, inputs, leaves, h_ours, dh, eps, chunk, args, torch):
-    """At one chunk size: rel err of ours against TFLA, then TFLA's forward and forward+backward
-    times. A failure is recorded (fwd_error, fwdbwd_error) rather than raised."""
+def measure_chunk(tfla, inputs, leaves, h_ours, dh, grads_ours, eps, chunk, args, torch):
+    """At one chunk size: rel err of ours against TFLA (h, and the gradients where grads_ours, a
+    dict by GRADS name in TFLA's layout), then TFLA's forward and forward+backward times. A
+    failure is recorded (fwd_error, fwdbwd_error) rather than raised."""
     out = {}
 
     def fwd():
@@ -300,6 +333,10 @@ def measure_chunk(tfla, inputs, leaves, h_ours, dh, eps, chunk, args, torch):
             return torch.autograd.grad(tfla(*leaves, eps=eps, chunk_size=chunk), leaves, dh)
 
         try:
+            if grads_ours:
+                grads = fwdbwd()
+                out["grad_rel_err"] = {g: rel_err(grads_ours[g], x) for g, x in zip(GRADS, grads)}
+                del grads
             out["fwdbwd_ms"], out["fwdbwd_min_ms"] = time_calls(fwdbwd, args.warmup, args.iters, torch)
         except Exception as e:
             out["fwdbwd_error"] = _error_text(e)
@@ -332,9 +369,17 @@ def worker(args):
         h_ours = tensor("h.bin", torch.bfloat16, Dv)
         # detach() shares the inputs' storage: leaves for the backward without copying the inputs.
         leaves = [x.detach().requires_grad_() for x in inputs]
-        gen = torch.Generator(device=dev).manual_seed(0)
-        dh = torch.randn(B, H, T, Dv, device=dev, generator=gen).to(torch.bfloat16)
-        res["chunks"] = {str(c): measure_chunk(tfla, inputs, leaves, h_ours, dh, shape["eps"], c, args, torch)
+        grads_ours = None
+        if (d / "dh.bin").exists():
+            dh = tensor("dh.bin", torch.bfloat16, Dv)
+            grads_ours = dict(dq=tensor("dq.bin", torch.bfloat16, Dk), dk=tensor("dk.bin", torch.bfloat16, Dk),
+                              dv=tensor("dv.bin", torch.bfloat16, Dv), di=tensor("di.bin", torch.float32),
+                              df=tensor("df.bin", torch.float32))
+        else:
+            gen = torch.Generator(device=dev).manual_seed(0)
+            dh = torch.randn(B, H, T, Dv, device=dev, generator=gen).to(torch.bfloat16)
+        res["chunks"] = {str(c): measure_chunk(tfla, inputs, leaves, h_ours, dh, grads_ours, shape["eps"], c,
+                                               args, torch)
                          for c in args.chunk_sizes}
     except Exception as e:
         res["error"] = _error_text(e, 500)
@@ -347,7 +392,9 @@ def _fmt_chunks(res):
     for c, m in res.get("chunks", {}).items():
         fwd = _fmt(m.get("fwd_ms")) if "fwd_error" not in m else f"failed ({m['fwd_error']})"
         fb = _fmt(m.get("fwdbwd_ms")) if "fwdbwd_error" not in m else f"failed ({m['fwdbwd_error']})"
-        parts.append(f"C={c}: fwd {fwd} ms, fwd+bwd {fb} ms, rel err vs ours {_fmt(m.get('rel_err'))}")
+        grads = ", ".join(f"{g} {_fmt(e)}" for g, e in (m.get("grad_rel_err") or {}).items())
+        parts.append(f"C={c}: fwd {fwd} ms, fwd+bwd {fb} ms, rel err vs ours {_fmt(m.get('rel_err'))}"
+                     + (f" (grads: {grads})" if grads else ""))
     return "; ".join(parts)
 
 
@@ -427,8 +474,9 @@ def main(argv=None):
         failures += fails
         print(f"B={row['B']} T={row['T']} H={row['H']} D={row['D']}: fwd ours {row['ours_fwd_ms']} ms, "
               f"TFLA {_fmt(row['tfla_fwd_ms'])} ms at C={row['tfla_chunk']} (TFLA / ours "
-              f"{_fmt(row['speedup_fwd'])}); TFLA fwd+bwd {_fmt(row['tfla_fwdbwd_ms'])} ms at "
-              f"C={row['tfla_fwdbwd_chunk']}; HBM floor {_fmt(row['hbm_floor_fwd_ms'])} ms "
+              f"{_fmt(row['speedup_fwd'])}); fwd+bwd ours {_fmt(row['ours_fwdbwd_ms'])} ms, TFLA "
+              f"{_fmt(row['tfla_fwdbwd_ms'])} ms at C={row['tfla_fwdbwd_chunk']} (TFLA / ours "
+              f"{_fmt(row['speedup_fwdbwd'])}), grad rel errs {row['grad_rel_err_vs_tfla']}; HBM floor {_fmt(row['hbm_floor_fwd_ms'])} ms "
               f"({_fmt(row['floor_fraction_fwd'])} of ours); rel err vs TFLA {_fmt(row['rel_err_vs_tfla'])}",
               flush=True)
     if bw is None:
@@ -512,6 +560,7 @@ def self_test():
     assert row["tfla_per_chunk"]["64"]["rel_err"] == 5e-3 and row["rel_err_vs_tfla"] == 7e-3
     assert row["chunk"] == 64 and row["ours_segment_tokens"] == 4096
     assert row["ours_fwdbwd_ms"] is None and row["ours_fwd_min_ms"] == 0.29
+    assert row["speedup_fwdbwd"] is None and row["grad_rel_err_vs_tfla"] is None
     assert row["speedup_fwd"] == round(0.7 / 0.3, 4)
     assert row["hbm_floor_fwd_ms"] == round(516 * 2 ** 20 / 3.35e9, 5)
     assert row["floor_fraction_fwd"] == round(516 * 2 ** 20 / 3.35e9 / 0.3, 4)
@@ -520,6 +569,18 @@ def self_test():
               "floor_fraction_fwd", "speedup_fwd", "rel_err_vs_tfla", "tfla_per_chunk"):
         assert k in row, k
     assert "ours_fwd_ms_per_process" not in row
+    # with our backward: its time, the speedup and the worst gradient errors; dq above TOL fails,
+    # df above it does not (recorded only)
+    errs = dict(dq=3e-3, dk=4e-3, dv=2e-3, di=0.2, df=0.5)
+    graded = [dict(r, chunks={c: dict(m, grad_rel_err=dict(errs, dk=errs["dk"] + 1e-3 * p))
+                              for c, m in r["chunks"].items()}) for p, r in enumerate(ok)]
+    row, fails = assemble_row(dict(s, ours_fwdbwd_ms=1.0, ours_bwd_ms=0.7), graded, 3.35e12, sizes)
+    assert not fails, fails
+    assert row["ours_fwdbwd_ms"] == 1.0 and row["ours_bwd_ms"] == 0.7 and row["speedup_fwdbwd"] == 3.1, row
+    assert row["grad_rel_err_vs_tfla"] == dict(errs, dk=6e-3), row["grad_rel_err_vs_tfla"]
+    graded[1]["chunks"]["128"]["grad_rel_err"]["dq"] = 2e-2
+    _, fails = assemble_row(dict(s, ours_fwdbwd_ms=1.0), graded, 3.35e12, sizes)
+    assert len(fails) == 1 and "dq rel err" in fails[0] and "chunk size 128" in fails[0], fails
     row, _ = assemble_row(dict(s, ours_fwd_ms_per_process=[0.3, 0.31, 0.29]), ok, None, sizes)
     assert row["ours_fwd_ms_per_process"] == [0.3, 0.31, 0.29] and row["hbm_floor_fwd_ms"] is None
 

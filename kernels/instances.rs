@@ -206,4 +206,14 @@ pub const INSTANCES: &[Instance] = &[
         "lasp::mlstm::run_output<{dk}, 64>(p)"),
     row("MLSTM_OUTPUT_DV128", "lasp_mlstm_output_dk{dk}_dv128", MLSTM_FORWARD, "256, 1", MLSTM_PARAMS,
         "lasp::mlstm::run_output<{dk}, 128>(p)"),
+    // mLSTM's backward: its gradient passes are the same kernels without the normaliser, rows
+    // scaled and dotted (lasp/mlstm/backward_params.h).
+    row("MLSTM_GRAD_STATES_DV64", "lasp_mlstm_grad_states_dk{dk}_dv64", MLSTM_FORWARD, "128, 1", MLSTM_PARAMS,
+        "lasp::mlstm::run_states<{dk}, 64, true>(p)"),
+    row("MLSTM_GRAD_STATES_DV128", "lasp_mlstm_grad_states_dk{dk}_dv128", MLSTM_FORWARD, "256, 1", MLSTM_PARAMS,
+        "lasp::mlstm::run_states<{dk}, 128, true>(p)"),
+    row("MLSTM_GRAD_OUTPUT_DV64", "lasp_mlstm_grad_output_dk{dk}_dv64", MLSTM_FORWARD, "128, 1", MLSTM_PARAMS,
+        "lasp::mlstm::run_output<{dk}, 64, true>(p)"),
+    row("MLSTM_GRAD_OUTPUT_DV128", "lasp_mlstm_grad_output_dk{dk}_dv128", MLSTM_FORWARD, "256, 1", MLSTM_PARAMS,
+        "lasp::mlstm::run_output<{dk}, 128, true>(p)"),
 ];

@@ -174,6 +174,7 @@ impl Shard {
                 m: DeviceRef::new(m),
             }),
             h: DeviceMut::new(&mut self.h),
+            saved: None,
             final_state: self.state_t.as_mut().map(|[c, n, m]| MlstmStateMut {
                 c: DeviceMut::new(c),
                 n: DeviceMut::new(n),

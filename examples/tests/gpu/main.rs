@@ -28,4 +28,5 @@ mod gated_delta;
 mod gla;
 mod lasp2;
 mod mlstm;
+mod mlstm_backward;
 mod streams;

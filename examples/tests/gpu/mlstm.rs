@@ -105,20 +105,23 @@ fn cases() -> Vec<Case> {
     out
 }
 
-/// One case's tensors on the device.
-struct Buffers {
-    q: CudaSlice<bf16>,
-    k: CudaSlice<bf16>,
-    v: CudaSlice<bf16>,
-    i_gate: CudaSlice<f32>,
-    f_gate: CudaSlice<f32>,
-    state0: Option<[CudaSlice<f32>; 3]>,
-    h: CudaSlice<bf16>,
-    state_t: [CudaSlice<f32>; 3],
+/// One case's tensors on the device (the backward's checks run the forward from them too).
+pub(crate) struct Buffers {
+    pub(crate) q: CudaSlice<bf16>,
+    pub(crate) k: CudaSlice<bf16>,
+    pub(crate) v: CudaSlice<bf16>,
+    pub(crate) i_gate: CudaSlice<f32>,
+    pub(crate) f_gate: CudaSlice<f32>,
+    pub(crate) state0: Option<[CudaSlice<f32>; 3]>,
+    pub(crate) h: CudaSlice<bf16>,
+    pub(crate) state_t: [CudaSlice<f32>; 3],
 }
 
 impl Buffers {
-    fn upload(stream: &Arc<CudaStream>, x: &MlstmInputs) -> std::result::Result<Self, String> {
+    pub(crate) fn upload(
+        stream: &Arc<CudaStream>,
+        x: &MlstmInputs,
+    ) -> std::result::Result<Self, String> {
         let s = ForwardShape::from(x.shape);
         let up_bf16 = |t: &Tensor| stream.clone_htod(&to_bf16(t)).map_err(err);
         let up_f32 = |t: &Tensor| stream.clone_htod(&to_f32(t)).map_err(err);
@@ -160,6 +163,7 @@ impl Buffers {
                 m: DeviceRef::new(m),
             }),
             h: DeviceMut::new(&mut self.h),
+            saved: None,
             final_state: Some(MlstmStateMut {
                 c: DeviceMut::new(c_t),
                 n: DeviceMut::new(n_t),
@@ -182,7 +186,7 @@ impl Buffers {
     }
 
     /// The inputs the kernels only read (gates, initial state) whose bits no longer match `x`.
-    fn modified_inputs(
+    pub(crate) fn modified_inputs(
         &self,
         stream: &Arc<CudaStream>,
         x: &MlstmInputs,
@@ -387,7 +391,7 @@ fn reject(
 }
 
 /// Ends an mLSTM test's process when it runs longer: a hung kernel fails instead of hanging.
-const LIMIT: Duration = Duration::from_secs(300);
+pub(crate) const LIMIT: Duration = Duration::from_secs(300);
 
 fn with_forward(checks: impl FnOnce(&mut MlstmForward, &Arc<CudaStream>, &mut Report)) {
     on_one_gpu(LIMIT, |rt, report| match MlstmForward::new(rt) {

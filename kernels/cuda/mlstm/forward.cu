@@ -27,6 +27,12 @@ __device__ __forceinline__ SegmentArgs segment_args(const lasp_mlstm_params& p, 
   a.i_gate = p.i_gate;
   a.f_gate = p.f_gate;
   a.o = p.o;
+  a.row_m = p.row_m;
+  a.row_den = p.row_den;
+  a.row_log_scale = p.row_log_scale;
+  a.row_dot_with = p.row_dot_with;
+  a.row_dots = p.row_dots;
+  a.reversed = p.reversed != 0;
   a.T = p.T;
   a.H = p.H;
   a.Dv = p.Dv;
@@ -40,8 +46,8 @@ __device__ __forceinline__ SegmentArgs segment_args(const lasp_mlstm_params& p, 
 
 // Kernel 1: piece u = blockIdx.y (piece r of segment s = u / R, s < S-1) from the empty state into
 // workspace slot (b*H+h, u). A piece past its segment's end has no chunks: the identity summary
-// (C = n = 0, m = -inf, F = 0).
-template <int DK, int DV>
+// (C = n = 0, m = -inf, F = 0). kGradient: a backward pass's (no normaliser: n stays 0).
+template <int DK, int DV, bool kGradient = false>
 __device__ __forceinline__ void run_states(const lasp_mlstm_params& p) {
   const int u = blockIdx.y, R = p.states_splits;
   const int per_piece = lasp_mlstm_chunks_per_piece(p.chunks_per_segment, R);
@@ -51,7 +57,7 @@ __device__ __forceinline__ void run_states(const lasp_mlstm_params& p) {
   const int first = (u % R) * per_piece;  // within the segment
   const SegmentArgs a = segment_args(p, seg_begin + first, max(0, min(per_piece, seg_chunks - first)));
   const int64_t slot = (int64_t)a.bh * p.num_summaries * R + u;
-  run_segment<DK, DV / kTileV, false>(
+  run_segment<DK, DV / kTileV, false, kGradient>(
       a,
       [&](StateRegs<DK>& s, const StateLane& ln, int, float&) {
         chunk::state_zero<DK>(s, ln);
@@ -68,7 +74,8 @@ __device__ __forceinline__ void run_states(const lasp_mlstm_params& p) {
 }
 
 // Kernel 3: segment blockIdx.y from its prefix; the last segment writes the final state.
-template <int DK, int DV>
+// kGradient: a backward pass's (lasp/mlstm/backward_params.h).
+template <int DK, int DV, bool kGradient = false>
 __device__ __forceinline__ void run_output(const lasp_mlstm_params& p) {
   const int seg = blockIdx.y;
   const int c_begin = seg * p.chunks_per_segment;
@@ -76,7 +83,7 @@ __device__ __forceinline__ void run_output(const lasp_mlstm_params& p) {
       segment_args(p, c_begin, min(p.chunks_per_segment, lasp_mlstm_num_chunks(p.T) - c_begin));  // >= 1
   const int64_t bh = a.bh;
   const int64_t slot = bh * (p.num_segments - 1) + seg - 1;  // the prefix's, for seg > 0
-  run_segment<DK, DV / kTileV, true>(
+  run_segment<DK, DV / kTileV, true, kGradient>(
       a,
       [&](StateRegs<DK>& s, const StateLane& ln, int group, float& n) {
         const float* c = seg > 0 ? p.ws_pc + slot * DK * DV : p.c0 ? p.c0 + bh * DK * DV : nullptr;
@@ -120,3 +127,5 @@ extern "C" __global__ void __launch_bounds__(LASP_MLSTM_FOLD_THREADS)
 // The templated kernels are instantiated from kernels/instances.rs:
 //   lasp_mlstm_states_dk*_dv{64,128}  kernel 1, grid (1, num_summaries*R, B*H), block lasp_mlstm_threads(Dv)
 //   lasp_mlstm_output_dk*_dv{64,128}  kernel 3, grid (1, S, B*H), block lasp_mlstm_threads(Dv)
+//   lasp_mlstm_grad_{states,output}_dk*_dv{64,128}  kernels 1 and 3 of the backward's gradient
+//                                     passes (kGradient; lasp/mlstm/backward_params.h), launched alike

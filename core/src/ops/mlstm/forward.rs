@@ -35,6 +35,21 @@ pub struct MlstmStateMut<'a> {
     pub m: DeviceMut<'a, f32>,
 }
 
+/// What the forward saves for [`super::MlstmBackward`]: every token's stabiliser `m_t` and
+/// denominator `max(|sigma q_t . n_t|, e^{-m_t}) + eps`, each `[B, T, H]` fp32, 4-byte aligned.
+#[derive(Debug)]
+pub struct MlstmSavedMut<'a> {
+    pub m: DeviceMut<'a, f32>,
+    pub den: DeviceMut<'a, f32>,
+}
+
+/// The rows [`MlstmSavedMut`] holds, as the backward reads them.
+#[derive(Clone, Copy, Debug)]
+pub struct MlstmSavedRef<'a> {
+    pub m: DeviceRef<'a, f32>,
+    pub den: DeviceRef<'a, f32>,
+}
+
 /// The tensors of one call; views from cudarc buffers ([`DeviceRef::new`], [`DeviceMut::new`])
 /// or raw pointers, all in the runtime's GPU context.
 #[derive(Debug)]
@@ -57,6 +72,8 @@ pub struct MlstmArgs<'a> {
     pub h: DeviceMut<'a, bf16>,
     /// The state after the last token; `None` to skip it.
     pub final_state: Option<MlstmStateMut<'a>>,
+    /// What the backward needs of this forward; `None` to skip it (inference).
+    pub saved: Option<MlstmSavedMut<'a>>,
     /// `sigma`, the query scale; `None` for `Dk^-1/2`.
     pub scale: Option<f32>,
     /// The denominator's epsilon, added after the max; `None` for [`DEFAULT_EPS`].
@@ -79,6 +96,9 @@ impl<'a> MlstmArgs<'a> {
         }
         if let Some(s) = &self.final_state {
             homes.extend([s.c.home(), s.n.home(), s.m.home()]);
+        }
+        if let Some(s) = &self.saved {
+            homes.extend([s.m.home(), s.den.home()]);
         }
         homes
     }
@@ -135,6 +155,12 @@ impl<'a> MlstmArgs<'a> {
                 outputs.push((name, x.byte_range()));
             }
         }
+        if let Some(saved) = &self.saved {
+            for (name, x) in [("saved.m", &saved.m), ("saved.den", &saved.den)] {
+                checks.tensor(name, "[B, T, H]", (x.len(), per_token), x.addr(), 4)?;
+                outputs.push((name, x.byte_range()));
+            }
+        }
         checks.disjoint(&inputs, &outputs)?;
         let scale = checks.scale(self.scale, s)?;
         let eps = self.eps.unwrap_or(DEFAULT_EPS);
@@ -163,8 +189,17 @@ pub fn check_gate_values(which: &str, gate: &[f32], shape: &ForwardShape) -> Res
     )))
 }
 
-/// The chunk passes of every mLSTM forward (one GPU and LASP-2 shards): the states and output
-/// kernels per (Dv, Dk), their shared-memory limits raised, and the single-GPU fold.
+/// Which build of the chunk kernels: the forward's, or the backward's gradient passes' (no
+/// normaliser; rows scaled and dotted: `lasp/mlstm/backward_params.h`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ChunkForm {
+    Forward,
+    Gradient,
+}
+
+/// The chunk passes of every mLSTM forward (one GPU and LASP-2 shards) and of the backward's
+/// gradient passes: the states and output kernels per (Dv, Dk), their shared-memory limits
+/// raised, and the single-GPU fold.
 pub(super) struct ChunkKernels {
     /// Indexed by [Dv][Dk]: 64, 128 each.
     states: [[Kernel; 2]; 2],
@@ -175,17 +210,30 @@ pub(super) struct ChunkKernels {
 impl ChunkKernels {
     /// Looks up the kernels in the runtime's module and raises their shared-memory limits; an
     /// error if this GPU cannot give a block that much shared memory.
-    pub(super) fn new(runtime: &Runtime, op: &str) -> Result<Self> {
+    pub(super) fn new(runtime: &Runtime, op: &str, form: ChunkForm) -> Result<Self> {
         require_shared_memory(runtime, op, output_smem_bytes(128, 128))?;
         let module = runtime.module();
-        let states = [
-            module.kernels_per_width(instances::MLSTM_STATES_DV64)?,
-            module.kernels_per_width(instances::MLSTM_STATES_DV128)?,
-        ];
-        let output = [
-            module.kernels_per_width(instances::MLSTM_OUTPUT_DV64)?,
-            module.kernels_per_width(instances::MLSTM_OUTPUT_DV128)?,
-        ];
+        let [states, output] = match form {
+            ChunkForm::Forward => [
+                [instances::MLSTM_STATES_DV64, instances::MLSTM_STATES_DV128],
+                [instances::MLSTM_OUTPUT_DV64, instances::MLSTM_OUTPUT_DV128],
+            ],
+            ChunkForm::Gradient => [
+                [
+                    instances::MLSTM_GRAD_STATES_DV64,
+                    instances::MLSTM_GRAD_STATES_DV128,
+                ],
+                [
+                    instances::MLSTM_GRAD_OUTPUT_DV64,
+                    instances::MLSTM_GRAD_OUTPUT_DV128,
+                ],
+            ],
+        };
+        let states = states.map(|names| module.kernels_per_width(names));
+        let output = output.map(|names| module.kernels_per_width(names));
+        let [s64, s128] = states;
+        let [o64, o128] = output;
+        let (states, output) = ([s64?, s128?], [o64?, o128?]);
         for (j, dv) in [64, 128].into_iter().enumerate() {
             for (i, dk) in [64, 128].into_iter().enumerate() {
                 states[j][i].set_max_dynamic_shared_bytes(states_smem_bytes(dk, dv))?;
@@ -224,8 +272,9 @@ impl ChunkKernels {
     /// The states pass of `plan`, where it has one.
     ///
     /// # Safety
-    /// `params` must come from [`call_params`] for `plan` with arguments that passed
-    /// [`MlstmArgs::check`], their buffers and the workspace alive until the kernels complete.
+    /// `params` must come from [`chunk_params`] for `plan` with operands that passed their
+    /// call's checks ([`MlstmArgs::check`] for the forward), their buffers and the workspace
+    /// alive until the kernels complete.
     pub(super) unsafe fn launch_states(
         &self,
         stream: &Arc<CudaStream>,
@@ -259,10 +308,72 @@ impl ChunkKernels {
     }
 }
 
+/// The device addresses one run of the chunk passes reads and writes (0 where a tensor is absent;
+/// the fields of `lasp_mlstm_params` they fill).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct ChunkOperands {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub i_gate: u64,
+    pub f_gate: u64,
+    pub o: u64,
+    pub c0: u64,
+    pub n0: u64,
+    pub m0: u64,
+    pub c_t: u64,
+    pub n_t: u64,
+    pub m_t: u64,
+    pub row_m: u64,
+    pub row_den: u64,
+    pub row_log_scale: u64,
+    pub row_dot_with: u64,
+    pub row_dots: u64,
+    pub reversed: bool,
+}
+
+impl ChunkOperands {
+    /// The forward's operands: `args`' tensors.
+    pub(super) fn of_forward(args: &MlstmArgs<'_>) -> Self {
+        let state_in = args.initial_state;
+        let state_out = args.final_state.as_ref();
+        let saved = args.saved.as_ref();
+        ChunkOperands {
+            q: args.q.addr(),
+            k: args.k.addr(),
+            v: args.v.addr(),
+            i_gate: args.i_gate.addr(),
+            f_gate: args.f_gate.addr(),
+            o: args.h.addr(),
+            c0: state_in.map_or(0, |x| x.c.addr()),
+            n0: state_in.map_or(0, |x| x.n.addr()),
+            m0: state_in.map_or(0, |x| x.m.addr()),
+            c_t: state_out.map_or(0, |x| x.c.addr()),
+            n_t: state_out.map_or(0, |x| x.n.addr()),
+            m_t: state_out.map_or(0, |x| x.m.addr()),
+            row_m: saved.map_or(0, |x| x.m.addr()),
+            row_den: saved.map_or(0, |x| x.den.addr()),
+            ..Default::default()
+        }
+    }
+}
+
 /// The parameters of one call of `plan` from checked `args` (scale and eps from
 /// [`MlstmArgs::check`]) with the workspace at device address `base`.
 pub(super) fn call_params(
     args: &MlstmArgs<'_>,
+    plan: &MlstmPlan,
+    base: u64,
+    scale: f32,
+    eps: f32,
+) -> MlstmParams {
+    chunk_params(&ChunkOperands::of_forward(args), plan, base, scale, eps)
+}
+
+/// The parameters of one run of `plan`'s chunk passes over `ops` with the workspace at device
+/// address `base`.
+pub(super) fn chunk_params(
+    ops: &ChunkOperands,
     plan: &MlstmPlan,
     base: u64,
     scale: f32,
@@ -276,22 +387,26 @@ pub(super) fn call_params(
         }
     };
     let ws = plan.workspace_offsets();
-    let s = &args.shape;
-    let state_in = args.initial_state;
-    let state_out = args.final_state.as_ref();
+    let s = &plan.shape;
     MlstmParams {
-        q: args.q.addr() as _,
-        k: args.k.addr() as _,
-        v: args.v.addr() as _,
-        i_gate: args.i_gate.addr() as _,
-        f_gate: args.f_gate.addr() as _,
-        o: args.h.addr() as _,
-        c0: state_in.map_or(0, |x| x.c.addr()) as _,
-        n0: state_in.map_or(0, |x| x.n.addr()) as _,
-        m0: state_in.map_or(0, |x| x.m.addr()) as _,
-        c_t: state_out.map_or(0, |x| x.c.addr()) as _,
-        n_t: state_out.map_or(0, |x| x.n.addr()) as _,
-        m_t: state_out.map_or(0, |x| x.m.addr()) as _,
+        q: ops.q as _,
+        k: ops.k as _,
+        v: ops.v as _,
+        i_gate: ops.i_gate as _,
+        f_gate: ops.f_gate as _,
+        o: ops.o as _,
+        c0: ops.c0 as _,
+        n0: ops.n0 as _,
+        m0: ops.m0 as _,
+        c_t: ops.c_t as _,
+        n_t: ops.n_t as _,
+        m_t: ops.m_t as _,
+        row_m: ops.row_m as _,
+        row_den: ops.row_den as _,
+        row_log_scale: ops.row_log_scale as _,
+        row_dot_with: ops.row_dot_with as _,
+        row_dots: ops.row_dots as _,
+        reversed: i32::from(ops.reversed),
         ws_c: at(0) as _,
         ws_pc: at(ws.pc) as _,
         ws_n: at(ws.n) as _,
@@ -333,7 +448,7 @@ impl MlstmForward {
     pub fn new(runtime: &Runtime) -> Result<Self> {
         let ctx = runtime.context().clone();
         Ok(MlstmForward {
-            kernels: ChunkKernels::new(runtime, OP)?,
+            kernels: ChunkKernels::new(runtime, OP, ChunkForm::Forward)?,
             sm_count: crate::ops::sm_count(&ctx)?,
             ctx,
             force_segments: None,

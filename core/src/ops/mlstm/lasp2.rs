@@ -12,7 +12,7 @@
 //! across modes. On one PE nothing is exchanged: every mode runs the single-GPU forward (and
 //! advances the exchange's epoch).
 
-use super::forward::{call_params, ChunkKernels, MlstmArgs};
+use super::forward::{call_params, ChunkForm, ChunkKernels, MlstmArgs};
 use super::{Mlstm, MlstmPlan};
 use crate::error::Result;
 use crate::exchange::chain::StateChain;
@@ -50,7 +50,7 @@ impl MlstmLasp2Forward {
     /// Sets up the exchange for `layout` on every PE (collective; every PE must pass the same
     /// layout and mode).
     pub fn new(runtime: &Runtime, layout: Lasp2Layout, mode: ExchangeMode) -> Result<Self> {
-        let kernels = ChunkKernels::new(runtime, OP)?;
+        let kernels = ChunkKernels::new(runtime, OP, ChunkForm::Forward)?;
         let fold = runtime.module().kernel("lasp_mlstm_lasp2_fold")?;
         let chain = StateChain::new(runtime, layout, mode, Direction::Ascending, OP)?;
         Ok(MlstmLasp2Forward {

@@ -19,10 +19,16 @@
 //! the fold (the stabilised state entering every segment), then always the output kernel, one
 //! CTA per (segment, b*H+h) with a warpgroup per 64 columns of Dv.
 //!
+//! The backward, [`MlstmBackward`], is mlstm_kernels' gradient (the forward's stabilisers and
+//! denominators held constant, which the forward saves through [`MlstmArgs::saved`]): three
+//! runs of the same chunk passes without the normaliser, with the roles of the tensors
+//! exchanged and, for dk and dv, time reversed (`lasp/mlstm/backward_params.h`).
+//!
 //! Across GPUs, [`MlstmLasp2Forward`] runs the same chunk passes on each PE's shard from the
 //! state its earlier PEs' summaries fold into (LASP-2; the summary and the fold:
 //! `kernels/cuda/mlstm/lasp2_forward.cu`).
 
+mod backward;
 mod family;
 mod forward;
 mod lasp2;
@@ -30,9 +36,13 @@ mod plan;
 #[cfg(test)]
 mod tests;
 
+pub use backward::{
+    MlstmBackward, MlstmBackwardArgs, MlstmBackwardPlan, MlstmBwdParams, MlstmFinalCotangent,
+};
 pub use family::Mlstm;
 pub use forward::{
-    check_gate_values, MlstmArgs, MlstmForward, MlstmStateMut, MlstmStateRef, DEFAULT_EPS,
+    check_gate_values, MlstmArgs, MlstmForward, MlstmSavedMut, MlstmSavedRef, MlstmStateMut,
+    MlstmStateRef, DEFAULT_EPS,
 };
 pub use lasp2::{Lasp2Params, MlstmLasp2Forward};
 pub use plan::{MlstmPlan, WorkspaceOffsets};

@@ -182,6 +182,7 @@ fn arguments_are_checked_against_the_shape_before_any_launch() {
         f_gate: floats(base + 0x38_0000, per_token),
         initial_state: None,
         h: out(h_addr, n),
+        saved: None,
         final_state: Some(MlstmStateMut {
             c: out_f32(base + 0x50_0000, 2 * 64 * 64),
             n: out_f32(base + 0x58_0000, 2 * 64),

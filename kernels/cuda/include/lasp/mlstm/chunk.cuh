@@ -209,6 +209,14 @@ struct OutputExtras {
   ScoreRowSums row_sink;
 };
 
+// The backward's gradient passes keep the lo copy (their carried term is as exact as the
+// forward's) and divide by no normaliser, so they need no row sums.
+struct GradientExtras {
+  static constexpr bool kStateLo = true;
+  uint32_t state_lo;
+  sd::NoRowSink row_sink;
+};
+
 // The state as the inter term's operand, split: hi = bf16(S) at byte offset `hi`, lo = bf16(S - hi)
 // `lo_offset` bytes further, both in the layout of lasp::sd::store_state_bf16. The output divides
 // by q . n, which is kept in fp32; a bf16 copy of S alone puts a relative error of 2^-9 into each
@@ -241,11 +249,57 @@ struct SegmentArgs {
   const float* i_gate;
   const float* f_gate;  // fp32 [B, T, H]
   uint16_t* o;          // bf16 [B, T, H, Dv] (unused without O)
+  float* row_m;         // the forward's saved rows, or NULL (lasp_mlstm_params)
+  float* row_den;
+  const float* row_log_scale;    // the gradient passes' row scales (lasp_mlstm_params)
+  const uint16_t* row_dot_with;  // and row dots, or NULL
+  float* row_dots;
   int T, H, Dv;
   int c_begin, n_chunks;  // the segment's first chunk and its chunk count (>= 1)
   int bh;
+  bool reversed;  // loop token p is token T-1-p
   float scale, eps;
+  // The tensors' token of loop token p (< T).
+  __device__ __forceinline__ int token(int p) const { return reversed ? T - 1 - p : p; }
 };
+
+// One chunk's rows of a gradient pass (kGradient): row r of this lane's fragments (token
+// a.token(tok0 + r)) times e^{m_r + row_log_scale}, stored in bf16, and its dot with the same row of
+// row_dot_with, summed over the warpgroup's 64 columns in fp32, stored per column tile. The
+// factor is <= 1 in the reversed passes (kernels/docs/mlstm.md, "Backward").
+template <int kGroups>
+__device__ __forceinline__ void store_gradient_rows(const SegmentArgs& a, const float (&o)[8][4], const ChunkStep& st,
+                                                    int tok0, int64_t row_bt0, int group, int warp, int lane) {
+  constexpr unsigned kAll = 0xffffffffu;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t col = group * kTileV + 2 * t;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int pos = tok0 + 16 * warp + 8 * hh + g;
+    const bool is_token = pos < a.T;
+    const int64_t row = row_bt0 + (int64_t)a.token(is_token ? pos : 0) * a.H;  // [B, T, H] index
+    const float w = is_token ? expf(st.m_row[hh] + __ldg(a.row_log_scale + row)) : 0.f;
+    float dot = 0.f;
+    if (is_token) {
+      uint16_t* dst = a.o + row * a.Dv + col;
+      const uint16_t* with = a.row_dot_with ? a.row_dot_with + row * a.Dv + col : nullptr;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const float x0 = o[nt][2 * hh] * w, x1 = o[nt][2 * hh + 1] * w;
+        *reinterpret_cast<uint32_t*>(dst + 8 * nt) = pack_bf16x2(x0, x1);
+        if (with) {
+          const uint32_t y = __ldg(reinterpret_cast<const unsigned int*>(with + 8 * nt));
+          dot = fmaf(x0, __uint_as_float(y << 16), fmaf(x1, __uint_as_float(y & 0xffff0000u), dot));
+        }
+      }
+    }
+    if (a.row_dot_with) {
+      dot += __shfl_xor_sync(kAll, dot, 1);
+      dot += __shfl_xor_sync(kAll, dot, 2);
+      if (is_token && t == 0) a.row_dots[row * kGroups + group] = dot;
+    }
+  }
+}
 
 // Shared-memory map (byte offsets): kStages stages of [Q] K and kGroups V tiles (bf16, swizzled),
 // then with O two split copies (store_state_split) of every warpgroup's state tile, then the stages' gates (forget,
@@ -286,7 +340,9 @@ struct Layout {
 //   end(s, ln, group, n_mine, m, log_forget): the state leaving the segment and its summed log
 //                                     forget gate
 // kStoreO = false: a states pass (no Q, no O; each chunk only updates the state).
-template <int DK, int kGroups, bool kStoreO, class Start, class End>
+// kGradient: a pass of the backward (lasp/mlstm/backward_params.h): no normaliser, each output row
+// scaled by e^{m_r + row_log_scale} and dotted with row_dot_with (store_gradient_rows).
+template <int DK, int kGroups, bool kStoreO, bool kGradient = false, class Start, class End>
 __device__ __forceinline__ void run_segment(const SegmentArgs& a, Start&& start, End&& end) {
   using L = Layout<DK, kGroups, kStoreO>;
   static_assert(L::kBytes == (kStoreO ? lasp_mlstm_output_smem_bytes(DK, kGroups * kTileV)
@@ -306,23 +362,26 @@ __device__ __forceinline__ void run_segment(const SegmentArgs& a, Start&& start,
   const uint16_t* q = a.q + row_bt0 * DK;
   const uint16_t* k = a.k + row_bt0 * DK;
   const uint16_t* v = a.v + row_bt0 * Dv;
+  // A chunk's rows run down the tensors (in order) or up them (reversed).
+  const int64_t dir = a.reversed ? -1 : 1;
 
   auto issue_chunk = [&](int i) {
     const uint32_t stage = sbase + L::stage(i);
     const int tok0 = (a.c_begin + i) * kChunk;
     const int valid = min(kChunk, T - tok0);
+    const int64_t first = a.token(tok0);
     if constexpr (kStoreO)
-      chunk::copy_tile_async<DK / 8, kThreads>(stage + L::kQ, q + tok0 * qk_stride, qk_stride, valid, tid);
-    chunk::copy_tile_async<DK / 8, kThreads>(stage + L::kK, k + tok0 * qk_stride, qk_stride, valid, tid);
+      chunk::copy_tile_async<DK / 8, kThreads>(stage + L::kQ, q + first * qk_stride, dir * qk_stride, valid, tid);
+    chunk::copy_tile_async<DK / 8, kThreads>(stage + L::kK, k + first * qk_stride, dir * qk_stride, valid, tid);
 #pragma unroll
     for (int w = 0; w < kGroups; ++w)
-      chunk::copy_tile_async<kTileV / 8, kThreads>(stage + L::kV + w * L::kVBytes, v + tok0 * v_stride + w * kTileV,
-                                                   v_stride, valid, tid);
+      chunk::copy_tile_async<kTileV / 8, kThreads>(stage + L::kV + w * L::kVBytes, v + first * v_stride + w * kTileV,
+                                                   dir * v_stride, valid, tid);
     if (tid < 2 * kChunk) {
       const int r = tid & (kChunk - 1);
       const float* gate = (tid < kChunk ? a.f_gate : a.i_gate) + row_bt0;
       const bool ok = r < valid;
-      cp_async_4(sbase + L::forget(i) + 4 * tid, ok ? gate + (int64_t)(tok0 + r) * a.H : gate, ok);
+      cp_async_4(sbase + L::forget(i) + 4 * tid, ok ? gate + (int64_t)a.token(tok0 + r) * a.H : gate, ok);
     }
   };
 
@@ -368,7 +427,15 @@ __device__ __forceinline__ void run_segment(const SegmentArgs& a, Start&& start,
     auto update_n = [&] {
       if (carries_n) n_mine = normaliser_update<DK, kParts>(n_mine, smem + stage + L::kK, n_dim, n_part, st);
     };
-    if constexpr (kStoreO) {
+    if constexpr (kStoreO && kGradient) {
+      const uint32_t copy = sbase + L::state_copy(group, i);
+      float o[8][4];
+      const GradientExtras extras{copy + L::kSbfBytes, {}};
+      sd::output_chunk<DK, sd::Probe::kNone>(o, s, sbase + stage + L::kQ, sK, sV, copy, off, st.cg, warp, g, t,
+                                             a.scale, extras);
+      store_gradient_rows<kGroups>(a, o, st, tok0, row_bt0, group, warp, lane);
+      if (i + 1 < a.n_chunks) store_state_split<DK>(smem, L::state_copy(group, i + 1), L::kSbfBytes, s, ln);
+    } else if constexpr (kStoreO) {
       float qn[2];
       float score_sums[2] = {0.f, 0.f};
       const uint32_t copy = sbase + L::state_copy(group, i);
@@ -387,19 +454,24 @@ __device__ __forceinline__ void run_segment(const SegmentArgs& a, Start&& start,
       for (int hh = 0; hh < 2; ++hh) {
         // The row's q . n as the products weigh the state's term: sigma e^{row_r}.
         const float qn_r = fmaf(a.scale * exp_nonpos(st.cg.row[hh]), qn[hh], score_sums[hh]);
-        const float inv = rcp_approx(fmaxf(fabsf(qn_r), expf(-st.m_row[hh])) + a.eps);
+        const float den = fmaxf(fabsf(qn_r), expf(-st.m_row[hh])) + a.eps;
+        const float inv = rcp_approx(den);
         const int tok = tok0 + 16 * warp + 8 * hh + g;
         if (tok < T) {
-          uint16_t* dst = o_tile + tok * v_stride;
+          uint16_t* dst = o_tile + (int64_t)tok * v_stride;
 #pragma unroll
           for (int nt = 0; nt < 8; ++nt)
             *reinterpret_cast<uint32_t*>(dst + 8 * nt) = pack_bf16x2(o[nt][2 * hh] * inv, o[nt][2 * hh + 1] * inv);
+          if (a.row_m && group == 0 && t == 0) {
+            a.row_m[row_bt0 + (int64_t)tok * a.H] = st.m_row[hh];
+            a.row_den[row_bt0 + (int64_t)tok * a.H] = den;
+          }
         }
       }
       if (i + 1 < a.n_chunks) store_state_split<DK>(smem, L::state_copy(group, i + 1), L::kSbfBytes, s, ln);
       publish_n(i + 1);
     } else {
-      update_n();
+      if constexpr (!kGradient) update_n();
       sd::state_chunk<DK>(s, sK, sV, off, st.cg);
     }
     m = st.m_next;

@@ -50,6 +50,18 @@ typedef struct {
   float* c_t;               // fp32 [B, H, Dk, Dv] final state, or NULL (then n_t, m_t NULL too)
   float* n_t;               // fp32 [B, H, Dk]
   float* m_t;               // fp32 [B, H]
+  // Saved by the output kernel for the backward where non-NULL (lasp/mlstm/backward_params.h):
+  // every token's stabiliser m_t and denominator max(|sigma q_t . n_t|, e^{-m_t}) + eps.
+  float* row_m;             // fp32 [B, T, H]
+  float* row_den;           // fp32 [B, T, H]
+  // The backward's gradient passes only (lasp_mlstm_grad_*; unused by the forward's kernels):
+  // output row t is the product's row times e^{m_t + row_log_scale_t} (m_t the pass's own
+  // stabiliser) instead of divided by the denominator, and its dot with row t of row_dot_with
+  // (fp32, before the rounding to bf16) goes to row_dots per 64 output columns.
+  const float* row_log_scale;    // fp32 [B, T, H]
+  const uint16_t* row_dot_with;  // bf16 [B, T, H, Dv], or NULL: no dots
+  float* row_dots;               // fp32 [B, T, H, Dv / 64]
+  int32_t reversed;         // nonzero: loop token p is token T-1-p (every tensor, gates included)
   // The workspace (one allocation, none on one GPU when S == 1; core/src/ops/mlstm/plan.rs sizes
   // it), per (b*H+h): the summary of every piece u of segments 0..num_summaries-1 from the empty
   // state (ws_c, ws_n, ws_m, and its log forget sum ws_f), and the prefix entering every segment

@@ -1,0 +1,79 @@
+// Parameters and launch geometry of the mLSTM backward's own kernels (mlstm/backward.cu); its
+// three gradient passes are the forward's chunk kernels in their kGradient form
+// (lasp_mlstm_grad_*, lasp/mlstm/forward_params.h). C: bindgen generates the host's struct from
+// this file (kernels/build.rs); core/src/ops/mlstm/backward.rs sizes the workspace.
+//
+// The gradient is mlstm_kernels' (TFLA's; reference::mlstm::MlstmGradient::Tfla): every
+// stabiliser m_t and denominator den_t of the forward is a constant, so with dO'_t = dh_t / den_t,
+// alpha_r = F_r - m_r, beta_j = i_j - F_j (F the inclusive cumsum of lf = logsigmoid(f)) and
+// w_rj = e^{alpha_r + beta_j} <= 1 (j <= r):
+//   dq_r = sigma sum_{j<=r} w_rj (dO'_r . v_j) k_j  + sigma e^{F_r + m_0 - m_r} dO'_r C_0^T
+//   dk_j = sigma sum_{r>=j} w_rj (dO'_r . v_j) q_r  + e^{F_T - F_j + i_j - m_T} dC_T v_j
+//   dv_j = sigma sum_{r>=j} w_rj (q_r . k_j) dO'_r  + e^{F_T - F_j + i_j - m_T} k_j dC_T
+//   di_j = k_j . dk_j,   dlf_t = sum_{s>=t} (q_s . dq_s - k_s . dk_s),   df_t = dlf_t sigmoid(-f_t)
+//   dC_0 = sigma sum_r e^{F_r + m_0 - m_r} q_r^T dO'_r + e^{F_T + m_0 - m_T} dC_T
+// (dn_0 = dm_0 = 0; of the final state's cotangent only dC_T is taken.) Each product is a forward
+// pass with the roles of the tensors exchanged and the input gate rewritten; dh enters as it
+// is, its factor 1 / den_t folded into the log row weight u_t = -m_t - ln den_t (a bf16 copy of
+// dh / den would add a rounding the reference does not have):
+//   dq pass  (in order):  q' = dh, k' = V, v' = K, gates (i, f), from (C_0^T, m_0);
+//                         row t scaled by e^{m'_t + u_t} (m' the pass's own stabiliser, the
+//                         forward's where the pass's plan folds as the forward's did), dotted with q_t
+//   dv pass  (reversed):  q' = K, k' = Q, v' = dh, input gate u, forget gate f_{t+1} (+inf past the
+//                         last token: lf = 0), from (dC_T / sigma, -m_T) or the empty state; row t
+//                         scaled by e^{m'_t + i_t}; its final state (D, m'_end) gives
+//                         dC_0 = sigma e^{lf_0 + m_0 + m'_end} D
+//   dk pass  (reversed):  q' = V, k' = dh, v' = Q, the dv pass's gates, from (dC_T^T / sigma, -m_T);
+//                         row t scaled by e^{m'_t + i_t}, dotted with k_t
+// In the reversed passes' loop form the weight of the pair (r, j) is e^{u_r + F_r - F_j - m'_j}
+// (kernels/docs/mlstm.md, "Backward"), so the scale e^{m'_j + i_j} = e^{max_{r>=j} (alpha_r +
+// beta_j - ln den_r)} is at most 1 / eps: den_r >= e^{-m_r} + eps. No exponent overflows.
+//
+// Host call sequence (one stream):
+//   1. lasp_mlstm_bwd_prepare_rows    grid ceil(B T H / LASP_MLSTM_BWD_THREADS), block
+//                                     LASP_MLSTM_BWD_THREADS: u, the shifted forget gates
+//   2. lasp_mlstm_bwd_prepare_states  grid (ceil(Dk Dv / LASP_MLSTM_BWD_THREADS), B*H), block
+//                                     LASP_MLSTM_BWD_THREADS: C_0^T, dC_T / sigma and its transpose,
+//                                     -m_T, the zero n_0
+//   3. the dq, dv and dk passes (each: states, fold, output as the forward's plan for its shape)
+//   4. lasp_mlstm_bwd_initial_state   (where dC_0 is asked for) grid and block as 2
+//   5. lasp_mlstm_bwd_gates           grid (B*H), block LASP_MLSTM_BWD_THREADS: di, df
+// Same inputs -> bitwise same outputs (no atomics; every sum has a fixed order).
+#pragma once
+#include <stdint.h>
+
+#define LASP_MLSTM_BWD_THREADS 256
+#define LASP_MLSTM_BWD_SCAN_TOKENS 8  // tokens per thread of lasp_mlstm_bwd_gates' scan
+
+typedef struct {
+  const float* i_gate;     // fp32 [B, T, H]
+  const float* f_gate;     // fp32 [B, T, H]
+  const float* row_m;      // fp32 [B, T, H]: the forward's stabilisers (lasp_mlstm_params.row_m)
+  const float* row_den;    // fp32 [B, T, H]: and denominators
+  const float* c0;         // fp32 [B, H, Dk, Dv], or NULL: the zero state (m_0 = 0)
+  const float* m0;         // fp32 [B, H] (with c0)
+  const float* dc_t;       // fp32 [B, H, Dk, Dv], or NULL: dL/dC_T
+  const float* m_t;        // fp32 [B, H]: the forward's final stabiliser (with dc_t)
+  // Workspace (core/src/ops/mlstm/backward.rs lays it out):
+  float* row_log_weight;   // fp32 [B, T, H]: u_t = -m_t - ln den_t
+  float* f_next;           // fp32 [B, T, H]: f_{t+1}; +inf at t = T-1
+  float* c0_t;             // fp32 [B, H, Dv, Dk]: C_0^T (with c0)
+  float* rev_c;            // fp32 [B, H, Dk, Dv]: dC_T / sigma (zero without dc_t)
+  float* rev_c_t;          // fp32 [B, H, Dv, Dk]: its transpose
+  float* rev_m;            // fp32 [B, H]: -m_T, or -inf (the empty state) without dc_t
+  float* zero_n;           // fp32 [B, H, max(Dk, Dv)]: the gradient passes' n_0 (unused by them)
+  const float* end_c;      // fp32 [B, H, Dk, Dv]: the dv pass's final state D
+  const float* end_m;      // fp32 [B, H]: its stabiliser m'_end
+  const float* q_dots;     // fp32 [B, T, H, Dk / 64]: q_t . dq_t per 64 columns (the dq pass's)
+  const float* k_dots;     // fp32 [B, T, H, Dk / 64]: k_t . dk_t per 64 columns (the dk pass's)
+  // Gradients:
+  float* d_i;              // fp32 [B, T, H]
+  float* d_f;              // fp32 [B, T, H]
+  float* dc0;              // fp32 [B, H, Dk, Dv], or NULL to skip
+  int32_t B;
+  int32_t T;
+  int32_t H;
+  int32_t Dk;              // 64 or 128
+  int32_t Dv;              // 64 or 128
+  float scale;             // sigma
+} lasp_mlstm_bwd_params;
