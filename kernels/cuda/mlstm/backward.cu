@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "lasp/mlstm/backward_params.h"
+#include "lasp/mma.cuh"
 
 namespace {
 
@@ -14,15 +15,31 @@ __device__ __forceinline__ float log_sigmoid(float x) { return fminf(x, 0.f) - l
 
 }  // namespace
 
-// Per token: the log of its row weight e^{-m_t} / den_t (the dq pass's row scale and the reversed
-// passes' input gate), and the reversed passes' forget gate f_{t+1} (+inf after the last token).
+// Per 8 elements of dh: the dv pass's value dO' = dh / den in bf16; the first 8 of each row also
+// write the token's log row weight u_t = -m_t - ln den_t (the dq pass's row scale, the dk pass's
+// input gate), -m_t (the dv pass's input gate) and the reversed passes' forget gate f_{t+1} (+inf
+// after the last token).
 extern "C" __global__ void __launch_bounds__(LASP_MLSTM_BWD_THREADS)
     lasp_mlstm_bwd_prepare_rows(const __grid_constant__ lasp_mlstm_bwd_params p) {
-  const int64_t row = (int64_t)blockIdx.x * kThreads + threadIdx.x;  // (b, t, h)
-  if (row >= (int64_t)p.B * p.T * p.H) return;
-  p.row_log_weight[row] = -(__ldg(p.row_m + row) + logf(__ldg(p.row_den + row)));
-  const int t = (int)((row / p.H) % p.T);
-  p.f_next[row] = t + 1 < p.T ? __ldg(p.f_gate + row + p.H) : INFINITY;
+  const int per_row = p.Dv / 8;
+  const int64_t vec = (int64_t)blockIdx.x * kThreads + threadIdx.x;
+  if (vec >= (int64_t)p.B * p.T * p.H * per_row) return;
+  const int64_t row = vec / per_row;  // (b, t, h)
+  const float den = __ldg(p.row_den + row), inv = 1.f / den;
+  const uint4 x = __ldg(reinterpret_cast<const uint4*>(p.d_h) + vec);
+  const uint32_t in[4] = {x.x, x.y, x.z, x.w};
+  uint32_t out[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    out[i] = lasp::pack_bf16x2(__uint_as_float(in[i] << 16) * inv, __uint_as_float(in[i] & 0xffff0000u) * inv);
+  reinterpret_cast<uint4*>(p.d_h_scaled)[vec] = make_uint4(out[0], out[1], out[2], out[3]);
+  if (vec % per_row == 0) {
+    const float m = __ldg(p.row_m + row);
+    p.neg_m[row] = -m;
+    p.row_log_weight[row] = -(m + logf(den));
+    const int t = (int)((row / p.H) % p.T);
+    p.f_next[row] = t + 1 < p.T ? __ldg(p.f_gate + row + p.H) : INFINITY;
+  }
 }
 
 // Per element (d, c) of head blockIdx.y's [Dk, Dv]: the gradient passes' start states.

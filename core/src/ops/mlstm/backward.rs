@@ -6,7 +6,8 @@
 //! chunk passes in their gradient build (no normaliser; rows scaled and dotted) with the roles
 //! of the tensors exchanged: dq in order, dv and dk with time reversed. Around them,
 //! `kernels/cuda/mlstm/backward.cu` prepares the operands (each row's weight `e^{-m_t} / den_t`,
-//! the reversed passes' gates and start states) and finishes the gates' and the initial state's
+//! or `dh / den` in bf16 where dh is the dv pass's value; the reversed passes' gates and start
+//! states) and finishes the gates' and the initial state's
 //! gradients.
 
 use super::forward::{chunk_params, ChunkForm, ChunkKernels, ChunkOperands, MlstmSavedRef};
@@ -182,7 +183,9 @@ pub struct MlstmBackwardPlan {
 /// 256-byte aligned; `lasp_mlstm_bwd_params` names them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Offsets {
+    d_h_scaled: u64,
     row_log_weight: u64,
+    neg_m: u64,
     f_next: u64,
     q_dots: u64,
     k_dots: u64,
@@ -233,7 +236,9 @@ impl MlstmBackwardPlan {
         };
         let dots = tokens * (s.dk / 64) as u64 * 4;
         Offsets {
+            d_h_scaled: part(tokens * s.dv as u64 * 2),
             row_log_weight: part(tokens * 4),
+            neg_m: part(tokens * 4),
             f_next: part(tokens * 4),
             q_dots: part(dots),
             k_dots: part(dots),
@@ -250,9 +255,9 @@ impl MlstmBackwardPlan {
     }
 }
 
-/// `lasp_mlstm_bwd_prepare_rows`' grid: a thread per token.
+/// `lasp_mlstm_bwd_prepare_rows`' grid: a thread per 8 elements of dh.
 fn rows_blocks(s: &ForwardShape) -> u32 {
-    (s.b * s.t * s.h).div_ceil(header::LASP_MLSTM_BWD_THREADS as usize) as u32
+    (s.b * s.t * s.h * (s.dv / 8)).div_ceil(header::LASP_MLSTM_BWD_THREADS as usize) as u32
 }
 
 /// The backward's own kernels (`kernels/cuda/mlstm/backward.cu`).
@@ -346,7 +351,10 @@ impl MlstmBackward {
             m0: args.initial_state.map_or(0, |x| x.m.addr()) as _,
             dc_t: args.d_final.map_or(0, |x| x.d_c.addr()) as _,
             m_t: args.d_final.map_or(0, |x| x.m.addr()) as _,
+            d_h: args.d_h.addr() as _,
+            d_h_scaled: at(ws.d_h_scaled) as _,
             row_log_weight: at(ws.row_log_weight) as _,
+            neg_m: at(ws.neg_m) as _,
             f_next: at(ws.f_next) as _,
             c0_t: at(ws.c0_t) as _,
             rev_c: at(ws.rev_c) as _,
@@ -386,7 +394,6 @@ impl MlstmBackward {
             ..Default::default()
         };
         let reversed = ChunkOperands {
-            i_gate: row_log_weight,
             f_gate: at(ws.f_next),
             n0: zero_n,
             m0: at(ws.rev_m),
@@ -397,7 +404,8 @@ impl MlstmBackward {
         let dv_pass = ChunkOperands {
             q: args.k.addr(),
             k: args.q.addr(),
-            v: d_h,
+            v: at(ws.d_h_scaled),
+            i_gate: at(ws.neg_m),
             o: args.dv.addr(),
             c0: at(ws.rev_c),
             c_t: at(ws.end_c),
@@ -408,6 +416,7 @@ impl MlstmBackward {
         let dk_pass = ChunkOperands {
             q: args.v.addr(),
             k: d_h,
+            i_gate: row_log_weight,
             v: args.q.addr(),
             o: args.dk.addr(),
             c0: at(ws.rev_c_t),

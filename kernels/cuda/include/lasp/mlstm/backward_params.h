@@ -13,25 +13,29 @@
 //   di_j = k_j . dk_j,   dlf_t = sum_{s>=t} (q_s . dq_s - k_s . dk_s),   df_t = dlf_t sigmoid(-f_t)
 //   dC_0 = sigma sum_r e^{F_r + m_0 - m_r} q_r^T dO'_r + e^{F_T + m_0 - m_T} dC_T
 // (dn_0 = dm_0 = 0; of the final state's cotangent only dC_T is taken.) Each product is a forward
-// pass with the roles of the tensors exchanged and the input gate rewritten; dh enters as it
-// is, its factor 1 / den_t folded into the log row weight u_t = -m_t - ln den_t (a bf16 copy of
-// dh / den would add a rounding the reference does not have):
+// pass with the roles of the tensors exchanged and the input gate rewritten. Where dh / den_t
+// goes decides what is rounded (kernels/docs/mlstm.md, "Backward"): into the log row weight
+// u_t = -m_t - ln den_t where dh is an operand of a score (a bf16 copy of dh / den would round
+// the score), into a bf16 copy dO' where dh is the value (the weights scale the keys in bf16,
+// and q_r . k_j cancels where den_r is small: a stabiliser alone keeps the dominant key's weight
+// exactly 1):
 //   dq pass  (in order):  q' = dh, k' = V, v' = K, gates (i, f), from (C_0^T, m_0);
 //                         row t scaled by e^{m'_t + u_t} (m' the pass's own stabiliser, the
 //                         forward's where the pass's plan folds as the forward's did), dotted with q_t
-//   dv pass  (reversed):  q' = K, k' = Q, v' = dh, input gate u, forget gate f_{t+1} (+inf past the
-//                         last token: lf = 0), from (dC_T / sigma, -m_T) or the empty state; row t
-//                         scaled by e^{m'_t + i_t}; its final state (D, m'_end) gives
+//   dv pass  (reversed):  q' = K, k' = Q, v' = dO', input gate -m, forget gate f_{t+1} (+inf past
+//                         the last token: lf = 0), from (dC_T / sigma, -m_T) or the empty state;
+//                         row t scaled by e^{m'_t + i_t} <= 1; its final state (D, m'_end) gives
 //                         dC_0 = sigma e^{lf_0 + m_0 + m'_end} D
-//   dk pass  (reversed):  q' = V, k' = dh, v' = Q, the dv pass's gates, from (dC_T^T / sigma, -m_T);
-//                         row t scaled by e^{m'_t + i_t}, dotted with k_t
-// In the reversed passes' loop form the weight of the pair (r, j) is e^{u_r + F_r - F_j - m'_j}
-// (kernels/docs/mlstm.md, "Backward"), so the scale e^{m'_j + i_j} = e^{max_{r>=j} (alpha_r +
-// beta_j - ln den_r)} is at most 1 / eps: den_r >= e^{-m_r} + eps. No exponent overflows.
+//   dk pass  (reversed):  q' = V, k' = dh, v' = Q, input gate u, the same forget gate, from
+//                         (dC_T^T / sigma, -m_T); row t scaled by e^{m'_t + i_t}, dotted with k_t
+// In the reversed passes' loop form the weight of the pair (r, j) is e^{g_r + F_r - F_j - m'_j}
+// with g the pass's input gate, so the scale e^{m'_j + i_j} = e^{max_{r>=j} (alpha_r + beta_j)}
+// is <= 1 in the dv pass and at most 1 / eps in the dk pass (-ln den_r <= m_r: den_r >=
+// e^{-m_r} + eps). No exponent overflows.
 //
 // Host call sequence (one stream):
-//   1. lasp_mlstm_bwd_prepare_rows    grid ceil(B T H / LASP_MLSTM_BWD_THREADS), block
-//                                     LASP_MLSTM_BWD_THREADS: u, the shifted forget gates
+//   1. lasp_mlstm_bwd_prepare_rows    grid ceil(B T H Dv / 8 / LASP_MLSTM_BWD_THREADS), block
+//                                     LASP_MLSTM_BWD_THREADS: dO', u, -m, the shifted forget gates
 //   2. lasp_mlstm_bwd_prepare_states  grid (ceil(Dk Dv / LASP_MLSTM_BWD_THREADS), B*H), block
 //                                     LASP_MLSTM_BWD_THREADS: C_0^T, dC_T / sigma and its transpose,
 //                                     -m_T, the zero n_0
@@ -46,6 +50,7 @@
 #define LASP_MLSTM_BWD_SCAN_TOKENS 8  // tokens per thread of lasp_mlstm_bwd_gates' scan
 
 typedef struct {
+  const uint16_t* d_h;     // bf16 [B, T, H, Dv]: dL/dh
   const float* i_gate;     // fp32 [B, T, H]
   const float* f_gate;     // fp32 [B, T, H]
   const float* row_m;      // fp32 [B, T, H]: the forward's stabilisers (lasp_mlstm_params.row_m)
@@ -55,7 +60,9 @@ typedef struct {
   const float* dc_t;       // fp32 [B, H, Dk, Dv], or NULL: dL/dC_T
   const float* m_t;        // fp32 [B, H]: the forward's final stabiliser (with dc_t)
   // Workspace (core/src/ops/mlstm/backward.rs lays it out):
+  uint16_t* d_h_scaled;    // bf16 [B, T, H, Dv]: dO'_t = dh_t / den_t
   float* row_log_weight;   // fp32 [B, T, H]: u_t = -m_t - ln den_t
+  float* neg_m;            // fp32 [B, T, H]: -m_t
   float* f_next;           // fp32 [B, T, H]: f_{t+1}; +inf at t = T-1
   float* c0_t;             // fp32 [B, H, Dv, Dk]: C_0^T (with c0)
   float* rev_c;            // fp32 [B, H, Dk, Dv]: dC_T / sigma (zero without dc_t)
