@@ -15,16 +15,17 @@ __device__ __forceinline__ float log_sigmoid(float x) { return fminf(x, 0.f) - l
 
 }  // namespace
 
-// Per 8 elements of dh: the dv pass's value dO' = dh / den in bf16; the first 8 of each row also
-// write the token's log row weight u_t = -m_t - ln den_t (the dq pass's row scale, the dk pass's
-// input gate), -m_t (the dv pass's input gate) and the reversed passes' forget gate f_{t+1} (+inf
-// after the last token).
+// Rows [blockIdx.x * rows, + rows) of dh, rows = kThreads / (Dv / 8), a thread per 8 elements:
+// the dv pass's value dO' = dh / den in bf16; the first thread of each row also writes the
+// token's log row weight u_t = -m_t - ln den_t (the dq pass's row scale, the dk pass's input
+// gate), -m_t (the dv pass's input gate) and the reversed passes' forget gate f_{t+1} (+inf after
+// the last token).
 extern "C" __global__ void __launch_bounds__(LASP_MLSTM_BWD_THREADS)
     lasp_mlstm_bwd_prepare_rows(const __grid_constant__ lasp_mlstm_bwd_params p) {
-  const int per_row = p.Dv / 8;
-  const int64_t vec = (int64_t)blockIdx.x * kThreads + threadIdx.x;
-  if (vec >= (int64_t)p.B * p.T * p.H * per_row) return;
-  const int64_t row = vec / per_row;  // (b, t, h)
+  const int shift = p.Dv == 128 ? 4 : 3;  // log2 of the threads per row
+  const int64_t row = (int64_t)blockIdx.x * (kThreads >> shift) + (threadIdx.x >> shift);  // (b, t, h)
+  if (row >= (int64_t)p.B * p.T * p.H) return;
+  const int64_t vec = (row << shift) + (threadIdx.x & ((1 << shift) - 1));
   const float den = __ldg(p.row_den + row), inv = 1.f / den;
   const uint4 x = __ldg(reinterpret_cast<const uint4*>(p.d_h) + vec);
   const uint32_t in[4] = {x.x, x.y, x.z, x.w};
@@ -33,12 +34,12 @@ extern "C" __global__ void __launch_bounds__(LASP_MLSTM_BWD_THREADS)
   for (int i = 0; i < 4; ++i)
     out[i] = lasp::pack_bf16x2(__uint_as_float(in[i] << 16) * inv, __uint_as_float(in[i] & 0xffff0000u) * inv);
   reinterpret_cast<uint4*>(p.d_h_scaled)[vec] = make_uint4(out[0], out[1], out[2], out[3]);
-  if (vec % per_row == 0) {
+  if ((threadIdx.x & ((1 << shift) - 1)) == 0) {
     const float m = __ldg(p.row_m + row);
     p.neg_m[row] = -m;
     p.row_log_weight[row] = -(m + logf(den));
-    const int t = (int)((row / p.H) % p.T);
-    p.f_next[row] = t + 1 < p.T ? __ldg(p.f_gate + row + p.H) : INFINITY;
+    const bool last = (row / p.H) % p.T == p.T - 1;
+    p.f_next[row] = last ? INFINITY : __ldg(p.f_gate + row + p.H);
   }
 }
 
@@ -71,63 +72,96 @@ extern "C" __global__ void __launch_bounds__(LASP_MLSTM_BWD_THREADS)
   p.dc0[bh * n + e] = p.scale * expf(lf0 + m0 + p.end_m[bh]) * p.end_c[bh * n + e];
 }
 
-// The gates' gradients of head blockIdx.x: di_t = k_t . dk_t and dlf_t the suffix sum of
-// q . dq - k . dk (fp64, in a fixed order), df_t = dlf_t sigmoid(-f_t). The CTA walks the tokens
-// from the last in tiles of kThreads * kPer, each thread kPer consecutive ones.
+// The gate gradient's scan (lasp_mlstm_bwd_gate_tiles, then lasp_mlstm_bwd_gates): x_t =
+// q_t . dq_t - k_t . dk_t over tiles of kTile tokens, each CTA kTile consecutive ones of one head,
+// a thread kPer of them; every sum in fp64 and in a fixed order.
+namespace {
+
+constexpr int kPer = LASP_MLSTM_BWD_SCAN_TOKENS, kTile = LASP_MLSTM_BWD_SCAN_TILE;
+static_assert(kTile == kThreads * kPer, "a thread per kPer tokens of a tile");
+constexpr unsigned kAll = 0xffffffffu;
+
+// The tile's tokens of this thread, the last first: x_t into x, k . dk into kdk; returns their sum.
+__device__ __forceinline__ double tile_terms(const lasp_mlstm_bwd_params& p, int64_t row0, int end, double (&x)[kPer],
+                                             float (&kdk)[kPer]) {
+  const int tiles = p.Dk / 64;  // dots per row
+  double local = 0.0;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int t = end - 1 - (threadIdx.x * kPer + i);
+    float qdq = 0.f;
+    kdk[i] = 0.f;
+    if (t >= 0) {
+      const int64_t row = row0 + (int64_t)t * p.H;
+      for (int c = 0; c < tiles; ++c) {
+        qdq += __ldg(p.q_dots + row * tiles + c);
+        kdk[i] += __ldg(p.k_dots + row * tiles + c);
+      }
+    }
+    x[i] = (double)qdq - (double)kdk[i];
+    local += x[i];
+  }
+  return local;
+}
+
+// Inclusive scan of one double per thread over the CTA in thread order; total gets the CTA's sum.
+__device__ __forceinline__ double block_scan(double v, double& total) {
+  __shared__ double warp_totals[kThreads / 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  double incl = v;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const double y = __shfl_up_sync(kAll, incl, off);
+    if (lane >= off) incl += y;
+  }
+  if (lane == 31) warp_totals[warp] = incl;
+  __syncthreads();
+  double before = 0.0;
+  total = 0.0;
+  for (int w = 0; w < kThreads / 32; ++w) {
+    if (w < warp) before += warp_totals[w];
+    total += warp_totals[w];
+  }
+  return before + incl;
+}
+
+// The tile of this CTA: (b, h) = blockIdx.y, tokens [end - kTile, end), the last tile first.
+__device__ __forceinline__ int tile_end(const lasp_mlstm_bwd_params& p) { return p.T - blockIdx.x * kTile; }
+
+}  // namespace
+
+// Per (tile, b*H+h): the tile's sum of x into tile_sums.
+extern "C" __global__ void __launch_bounds__(LASP_MLSTM_BWD_THREADS)
+    lasp_mlstm_bwd_gate_tiles(const __grid_constant__ lasp_mlstm_bwd_params p) {
+  const int64_t bh = blockIdx.y, row0 = bh / p.H * p.T * p.H + bh % p.H;
+  double x[kPer];
+  float kdk[kPer];
+  double total;
+  block_scan(tile_terms(p, row0, tile_end(p), x, kdk), total);
+  if (threadIdx.x == 0) p.tile_sums[bh * gridDim.x + blockIdx.x] = total;
+}
+
+// Per (tile, b*H+h): di_t = k_t . dk_t, dlf_t = the suffix sum of x from t (the later tiles' sums
+// added in order, then the tile's own scan), df_t = dlf_t sigmoid(-f_t).
 extern "C" __global__ void __launch_bounds__(LASP_MLSTM_BWD_THREADS)
     lasp_mlstm_bwd_gates(const __grid_constant__ lasp_mlstm_bwd_params p) {
-  constexpr int kPer = LASP_MLSTM_BWD_SCAN_TOKENS, kTile = kThreads * kPer;
-  constexpr unsigned kAll = 0xffffffffu;
-  __shared__ double warp_totals[kThreads / 32];
-  const int64_t bh = blockIdx.x, b = bh / p.H, h = bh % p.H;
-  const int64_t row0 = b * p.T * p.H + h;
-  const int tiles = p.Dk / 64;  // dots per row
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  double carry = 0.0;  // the suffix sum after this tile
-  for (int end = p.T; end > 0; end -= kTile) {
-    // Reversed position r = threadIdx.x * kPer + i of this tile is token end - 1 - r.
-    float kdk[kPer];
-    double x[kPer], local = 0.0;
+  const int64_t bh = blockIdx.y, row0 = bh / p.H * p.T * p.H + bh % p.H;
+  const int end = tile_end(p);
+  double x[kPer];
+  float kdk[kPer];
+  const double local = tile_terms(p, row0, end, x, kdk);
+  double later = 0.0;  // the tiles after this one, nearest last
+  for (int tile = blockIdx.x - 1; tile >= 0; --tile) later += p.tile_sums[bh * gridDim.x + tile];
+  double total;
+  double suffix = later + block_scan(local, total) - local;  // x summed over the tokens after this thread's
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int t = end - 1 - (threadIdx.x * kPer + i);
-      float qdq = 0.f;
-      kdk[i] = 0.f;
-      if (t >= 0) {
-        const int64_t row = row0 + (int64_t)t * p.H;
-        for (int c = 0; c < tiles; ++c) {
-          qdq += __ldg(p.q_dots + row * tiles + c);
-          kdk[i] += __ldg(p.k_dots + row * tiles + c);
-        }
-      }
-      x[i] = (double)qdq - (double)kdk[i];
-      local += x[i];
+  for (int i = 0; i < kPer; ++i) {
+    const int t = end - 1 - (threadIdx.x * kPer + i);
+    suffix += x[i];
+    if (t >= 0) {
+      const int64_t row = row0 + (int64_t)t * p.H;
+      p.d_i[row] = kdk[i];
+      p.d_f[row] = (float)suffix / (1.f + expf(__ldg(p.f_gate + row)));  // sigmoid(-f) = 1 / (1 + e^f)
     }
-    // Exclusive scan of the threads' sums over the CTA, in thread order.
-    double incl = local;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const double y = __shfl_up_sync(kAll, incl, off);
-      if (lane >= off) incl += y;
-    }
-    if (lane == 31) warp_totals[warp] = incl;
-    __syncthreads();
-    double before = carry + incl - local;
-    for (int w = 0; w < warp; ++w) before += warp_totals[w];
-    double tile_total = 0.0;
-    for (int w = 0; w < kThreads / 32; ++w) tile_total += warp_totals[w];
-    __syncthreads();  // before the next tile overwrites warp_totals
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int t = end - 1 - (threadIdx.x * kPer + i);
-      before += x[i];
-      if (t >= 0) {
-        const int64_t row = row0 + (int64_t)t * p.H;
-        const float dlf = (float)before;
-        p.d_i[row] = kdk[i];
-        p.d_f[row] = dlf / (1.f + expf(__ldg(p.f_gate + row)));  // sigmoid(-f) = 1 / (1 + e^f)
-      }
-    }
-    carry += tile_total;
   }
 }

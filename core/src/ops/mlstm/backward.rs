@@ -189,6 +189,7 @@ struct Offsets {
     f_next: u64,
     q_dots: u64,
     k_dots: u64,
+    tile_sums: u64,
     c0_t: u64,
     rev_c: u64,
     rev_c_t: u64,
@@ -242,6 +243,7 @@ impl MlstmBackwardPlan {
             f_next: part(tokens * 4),
             q_dots: part(dots),
             k_dots: part(dots),
+            tile_sums: part(bh * scan_tiles(s) as u64 * 8),
             c0_t: part(state),
             rev_c: part(state),
             rev_c_t: part(state),
@@ -255,9 +257,15 @@ impl MlstmBackwardPlan {
     }
 }
 
-/// `lasp_mlstm_bwd_prepare_rows`' grid: a thread per 8 elements of dh.
+/// `lasp_mlstm_bwd_prepare_rows`' grid: a thread per 8 elements of dh, whole rows per CTA.
 fn rows_blocks(s: &ForwardShape) -> u32 {
-    (s.b * s.t * s.h * (s.dv / 8)).div_ceil(header::LASP_MLSTM_BWD_THREADS as usize) as u32
+    let rows_per_block = header::LASP_MLSTM_BWD_THREADS as usize / (s.dv / 8);
+    (s.b * s.t * s.h).div_ceil(rows_per_block) as u32
+}
+
+/// The gate gradient's tiles per head (`LASP_MLSTM_BWD_SCAN_TILE` tokens each).
+fn scan_tiles(s: &ForwardShape) -> u32 {
+    s.t.div_ceil(header::LASP_MLSTM_BWD_SCAN_TILE as usize) as u32
 }
 
 /// The backward's own kernels (`kernels/cuda/mlstm/backward.cu`).
@@ -265,6 +273,7 @@ struct BackwardKernels {
     prepare_rows: Kernel,
     prepare_states: Kernel,
     initial_state: Kernel,
+    gate_tiles: Kernel,
     gates: Kernel,
 }
 
@@ -294,6 +303,7 @@ impl MlstmBackward {
                 prepare_rows: module.kernel("lasp_mlstm_bwd_prepare_rows")?,
                 prepare_states: module.kernel("lasp_mlstm_bwd_prepare_states")?,
                 initial_state: module.kernel("lasp_mlstm_bwd_initial_state")?,
+                gate_tiles: module.kernel("lasp_mlstm_bwd_gate_tiles")?,
                 gates: module.kernel("lasp_mlstm_bwd_gates")?,
             },
             sm_count: crate::ops::sm_count(&ctx)?,
@@ -365,6 +375,7 @@ impl MlstmBackward {
             end_m: at(ws.end_m) as _,
             q_dots: at(ws.q_dots) as _,
             k_dots: at(ws.k_dots) as _,
+            tile_sums: at(ws.tile_sums) as _,
             d_i: args.d_i_gate.addr() as _,
             d_f: args.d_f_gate.addr() as _,
             dc0: args.d_initial_c.as_ref().map_or(0, |x| x.addr()) as _,
@@ -434,8 +445,8 @@ impl MlstmBackward {
             grid: ((s.dk * s.dv).div_ceil(threads as usize) as u32, bh, 1),
             ..rows
         };
-        let heads = LaunchShape {
-            grid: (bh, 1, 1),
+        let scan = LaunchShape {
+            grid: (scan_tiles(&s), bh, 1),
             ..rows
         };
         self.ctx.bind_to_thread()?;
@@ -458,7 +469,8 @@ impl MlstmBackward {
             if args.d_initial_c.is_some() {
                 self.kernels.initial_state.launch(stream, states, &bwd)?;
             }
-            self.kernels.gates.launch(stream, heads, &bwd)?;
+            self.kernels.gate_tiles.launch(stream, scan, &bwd)?;
+            self.kernels.gates.launch(stream, scan, &bwd)?;
         }
         Ok(plan)
     }

@@ -34,20 +34,23 @@
 // e^{-m_r} + eps). No exponent overflows.
 //
 // Host call sequence (one stream):
-//   1. lasp_mlstm_bwd_prepare_rows    grid ceil(B T H Dv / 8 / LASP_MLSTM_BWD_THREADS), block
+//   1. lasp_mlstm_bwd_prepare_rows    grid ceil(B T H / (LASP_MLSTM_BWD_THREADS / (Dv / 8))), block
 //                                     LASP_MLSTM_BWD_THREADS: dO', u, -m, the shifted forget gates
 //   2. lasp_mlstm_bwd_prepare_states  grid (ceil(Dk Dv / LASP_MLSTM_BWD_THREADS), B*H), block
 //                                     LASP_MLSTM_BWD_THREADS: C_0^T, dC_T / sigma and its transpose,
 //                                     -m_T, the zero n_0
 //   3. the dq, dv and dk passes (each: states, fold, output as the forward's plan for its shape)
 //   4. lasp_mlstm_bwd_initial_state   (where dC_0 is asked for) grid and block as 2
-//   5. lasp_mlstm_bwd_gates           grid (B*H), block LASP_MLSTM_BWD_THREADS: di, df
+//   5. lasp_mlstm_bwd_gate_tiles      grid (ceil(T / LASP_MLSTM_BWD_SCAN_TILE), B*H), block
+//                                     LASP_MLSTM_BWD_THREADS: each tile's sum of q . dq - k . dk
+//   6. lasp_mlstm_bwd_gates           grid and block as 5: di, df (the suffix sums)
 // Same inputs -> bitwise same outputs (no atomics; every sum has a fixed order).
 #pragma once
 #include <stdint.h>
 
 #define LASP_MLSTM_BWD_THREADS 256
-#define LASP_MLSTM_BWD_SCAN_TOKENS 8  // tokens per thread of lasp_mlstm_bwd_gates' scan
+#define LASP_MLSTM_BWD_SCAN_TOKENS 8  // tokens per thread of the gate gradient's scan
+#define LASP_MLSTM_BWD_SCAN_TILE (LASP_MLSTM_BWD_THREADS * LASP_MLSTM_BWD_SCAN_TOKENS)  // per CTA
 
 typedef struct {
   const uint16_t* d_h;     // bf16 [B, T, H, Dv]: dL/dh
@@ -73,6 +76,7 @@ typedef struct {
   const float* end_m;      // fp32 [B, H]: its stabiliser m'_end
   const float* q_dots;     // fp32 [B, T, H, Dk / 64]: q_t . dq_t per 64 columns (the dq pass's)
   const float* k_dots;     // fp32 [B, T, H, Dk / 64]: k_t . dk_t per 64 columns (the dk pass's)
+  double* tile_sums;       // fp64 [B*H, ceil(T / LASP_MLSTM_BWD_SCAN_TILE)]: the scan's tile sums
   // Gradients:
   float* d_i;              // fp32 [B, T, H]
   float* d_f;              // fp32 [B, T, H]
