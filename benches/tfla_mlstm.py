@@ -510,8 +510,9 @@ def main(argv=None):
             f"{args.processes} separate Python processes per shape (shapes in turns, round by round); in "
             f"each, per C: {args.warmup} warm-up calls, then {args.iters} calls enqueued back to back on one "
             f"stream, each between two CUDA events, median; forward under torch.no_grad; forward+backward = "
-            f"forward + torch.autograd.grad of (q, k, v, i, f) with a fixed random dh; per C the median of "
-            f"the per-process medians; row = the best C's")
+            f"forward + torch.autograd.grad of (q, k, v, i, f) with the dump's dh; per C the median of "
+            f"the per-process medians; row = the best C's; ours: mlstm_bench, forward+backward = the "
+            f"forward saving its rows + the backward, three processes, the median of their medians")
     result = build_result(ours, rows, failures, worker_info, bw, args.chunk_sizes, args.processes, desc)
     if worker_info.get("device_name") and ours.get("device") and worker_info["device_name"] != ours["device"]:
         result["warnings"] = [f"ours.json was measured on {ours['device']!r}, TFLA on {worker_info['device_name']!r}"]

@@ -126,7 +126,7 @@ if python3 -c "import torch, fla" 2>/dev/null; then
 else
   echo "NOTICE: gradient_accuracy skipped: python3 cannot import torch and fla (pip install fla-core)"
 fi
-# mLSTM's forward against mlstm_kernels' TFLA on the same inputs: agreement, then both timed.
+# mLSTM's forward and backward against mlstm_kernels' TFLA on the same inputs: agreement, then both timed.
 if python3 -c "import torch, mlstm_kernels.torch.chunkwise.triton_xl_chunk" 2>/dev/null; then
   check mlstm_bench env OUT="$OUT" MLSTM_BENCH_SHAPES="${MLSTM_BENCH_SHAPES:-4x8192x16x128}" bash scripts/mlstm-bench.sh
   grep -h "^B=" "$OUT/mlstm_bench.log" || true

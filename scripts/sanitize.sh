@@ -27,7 +27,8 @@ for tool in memcheck racecheck synccheck initcheck; do
   for check in forward::small_cases_match_the_f64_reference forward::bad_arguments_are_rejected_before_any_launch \
     backward::small_cases_match_the_f64_reference backward::bad_arguments_are_rejected_before_any_launch \
     gated_delta::gated_delta_small_cases_match_the_f64_reference \
-    mlstm::mlstm_small_cases_match_the_f64_reference mlstm::mlstm_bad_arguments_are_rejected_before_any_launch; do
+    mlstm::mlstm_small_cases_match_the_f64_reference mlstm::mlstm_bad_arguments_are_rejected_before_any_launch \
+    mlstm_backward::mlstm_backward_small_cases_match_the_f64_reference; do
     log="$OUT/sanitize-$tool-${check//::/-}.log"
     LASP_GPU_TEST_CHILD="$check" NVSHMEM_DISABLE_NCCL=1 "$SANITIZER" --tool "$tool" --error-exitcode 99 \
       --print-limit 20 "${GPU_TESTS[0]}" --exact "$check" --nocapture --test-threads=1 >"$log" 2>&1

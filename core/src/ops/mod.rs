@@ -6,8 +6,9 @@
 //! * [`scalar_decay::lasp2::Lasp2Forward`] and [`scalar_decay::lasp2::Lasp2Backward`]: both
 //!   across GPUs (LASP-2), on the family-generic exchange of [`crate::exchange`].
 //! * [`gla`], [`gated_delta`]: GLA and Gated DeltaNet, forward and backward, on one GPU and
-//!   across GPUs; [`mlstm::MlstmForward`] and [`mlstm::MlstmLasp2Forward`]: the mLSTM forward on
-//!   one GPU and across GPUs.
+//!   across GPUs; [`mlstm::MlstmForward`], [`mlstm::MlstmBackward`] and
+//!   [`mlstm::MlstmLasp2Forward`]: the mLSTM forward and backward on one GPU, its forward across
+//!   GPUs.
 //!
 //! Tensors are passed as [`DeviceRef`] (read) and [`DeviceMut`] (written) views: a device address,
 //! an element count and a borrow of the buffer they came from, so the borrow checker keeps an

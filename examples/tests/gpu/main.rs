@@ -1,5 +1,5 @@
 //! The GPU checks as `cargo test` targets: the single-GPU forward and backward (scalar decay),
-//! GLA's and Gated DeltaNet's forward and backward and mLSTM's forward against the CPU f64
+//! GLA's, Gated DeltaNet's and mLSTM's forward and backward against the CPU f64
 //! reference, the device all-gather, and LASP-2 forward and backward (GLA: forward) on every GPU
 //! of the node under `lasp-run`, with their fault drills. One test executable, not one per file, keeps the
 //! bundle that a GPU node gets small (scripts/bundle.sh).
