@@ -39,33 +39,38 @@ __device__ __forceinline__ void lasp2_summary(const lasp_gla_lasp2_params& p) {
   float* const own = p.slots + lasp2_slot_tile_offset(parity, p.me, bh, vt, p.npes, p.B, p.H, p.Dv, tile_floats);
   const float* const m = p.ws_m + (int64_t)bh * pieces * tile + vt * LASP2_TILE_V;
   const float* const lam = p.ws_lambda + (int64_t)bh * pieces * p.Dk;
+  // The shard's own pieces first, into the own slot (each thread rereads only what it wrote).
+  for (int e = threadIdx.x; e < p.Dk * LASP2_TILE_V; e += blockDim.x) {
+    const int d = e / LASP2_TILE_V, c = e % LASP2_TILE_V;
+    // The backward's last PE starts its tile from dht (NULL in the forward and elsewhere).
+    float acc = p.dht ? __ldg(p.dht + (int64_t)bh * tile + (int64_t)d * p.Dv + vt * LASP2_TILE_V + c) : 0.f;
+    for (int u = 0; u < pieces; ++u)
+      acc = fold_step(acc, __ldg(lam + (int64_t)u * p.Dk + d), __ldg(m + u * tile + (int64_t)d * p.Dv + c));
+    own[e] = acc;
+  }
   // The pipelined chain: the tile is folded into the relayed prefix (the predecessor's tile, waited
-  // for; h0 at the forward's first PE; the backward's first PE already started from dht) and
-  // carries a zero log-decay, so its successor starts from it as it is.
+  // for only now, so a hop costs one fold and one put; h0 at the forward's first PE; the
+  // backward's first PE already started from dht) and carries a zero log-decay, so its successor
+  // starts from it as it is.
   const bool relays = exchange::relays_prefix(p);
   bool arrived = true;
   const float* const prefix = Schedule::relayed_prefix(p, bh, vt, tile_floats, arrived);
   const bool from_h0 = relays && exchange::chain_position(p) == 0 && p.chain == LASP2_CHAIN_ASCENDING && p.h0;
   const float* const start = prefix ? prefix : from_h0 ? p.h0 + (int64_t)bh * tile + vt * LASP2_TILE_V : nullptr;
   const int64_t start_ld = prefix ? LASP2_TILE_V : p.Dv;
-  for (int e = threadIdx.x; e < p.Dk * LASP2_TILE_V; e += blockDim.x) {
-    const int d = e / LASP2_TILE_V, c = e % LASP2_TILE_V;
-    // The backward's last PE starts its tile from dht (NULL in the forward and elsewhere).
-    float acc = p.dht ? __ldg(p.dht + (int64_t)bh * tile + (int64_t)d * p.Dv + vt * LASP2_TILE_V + c) : 0.f;
-    float lambda = 0.f;  // Lambda_me[d], summed as the trailer's
-    for (int u = 0; u < pieces; ++u) {
-      const float l = __ldg(lam + (int64_t)u * p.Dk + d);
-      acc = fold_step(acc, l, __ldg(m + u * tile + (int64_t)d * p.Dv + c));
-      lambda += l;
-    }
-    if (start) acc = fold_step(__ldcg(start + d * start_ld + c), lambda, acc);
-    own[e] = acc;
-  }
-  for (int d = threadIdx.x; d < p.Dk; d += blockDim.x) {
+  // Lambda_me[d], summed in piece order: the prefix's decay over the shard, and the trailer.
+  auto shard_lambda = [&](int d) {
     float lambda = 0.f;
     for (int u = 0; u < pieces; ++u) lambda += __ldg(lam + (int64_t)u * p.Dk + d);
-    own[p.Dk * LASP2_TILE_V + d] = relays ? 0.f : lambda;
+    return lambda;
+  };
+  if (start) {
+    for (int e = threadIdx.x; e < p.Dk * LASP2_TILE_V; e += blockDim.x) {
+      const int d = e / LASP2_TILE_V, c = e % LASP2_TILE_V;
+      own[e] = fold_step(__ldcg(start + d * start_ld + c), shard_lambda(d), own[e]);
+    }
   }
+  for (int d = threadIdx.x; d < p.Dk; d += blockDim.x) own[p.Dk * LASP2_TILE_V + d] = relays ? 0.f : shard_lambda(d);
   __syncthreads();  // the tile is complete before it is published
   // A CTA whose predecessor never sent sends nothing: its successor then names this PE.
   if (!arrived) return;

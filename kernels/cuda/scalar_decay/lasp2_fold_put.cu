@@ -56,16 +56,6 @@ __device__ __forceinline__ void fold_put(const lasp_lasp2_params& p) {
     lambda += a0;
   }
   const int64_t state_elems = (int64_t)p.Dk * p.Dv;
-  // What the tile is folded into: the chain's relayed prefix (from the predecessor, or h0 at the
-  // chain's first PE), else the backward's dht on its first PE, else nothing. The chain's tile
-  // then carries a zero log-decay: it is the whole prefix.
-  const bool relays = lasp::exchange::relays_prefix(p);
-  bool arrived = true;
-  const float* const prefix = Schedule::relayed_prefix(p, bh, vt, lasp2_slot_tile_floats(p.Dk), arrived);
-  const float* const h0_tile = p.h0 ? p.h0 + bh * state_elems + vt * LASP2_TILE_V : nullptr;
-  const bool chain_start = relays && lasp::exchange::chain_position(p) == 0;
-  const float* const start = prefix ? prefix : (chain_start || descending) ? h0_tile : nullptr;
-  const int64_t start_ld = prefix ? LASP2_TILE_V : p.Dv;
 
   // The fold of all S segments from zero, then into the own slot tile (rows of 64 floats). The
   // tile is written after the loop rather than from its last step, so that the slot and h0
@@ -73,6 +63,17 @@ __device__ __forceinline__ void fold_put(const lasp_lasp2_params& p) {
   float4 acc[lasp::l2::FoldLane::kMaxRows];
   lasp::l2::fold_segments(p, bh, vt, S, acc, [](int, float4, int, int) {});
   const lasp::l2::FoldLane ln(p.Dk);
+  // What the tile is folded into: the chain's relayed prefix (from the predecessor, or h0 at the
+  // chain's first PE), else the backward's dht on its first PE, else nothing. The chain's tile
+  // then carries a zero log-decay: it is the whole prefix. The own segments are folded before
+  // the wait, so a hop of the chain costs one fold and one put.
+  const bool relays = lasp::exchange::relays_prefix(p);
+  bool arrived = true;
+  const float* const prefix = Schedule::relayed_prefix(p, bh, vt, lasp2_slot_tile_floats(p.Dk), arrived);
+  const float* const h0_tile = p.h0 ? p.h0 + bh * state_elems + vt * LASP2_TILE_V : nullptr;
+  const bool chain_start = relays && lasp::exchange::chain_position(p) == 0;
+  const float* const start = prefix ? prefix : (chain_start || descending) ? h0_tile : nullptr;
+  const int64_t start_ld = prefix ? LASP2_TILE_V : p.Dv;
   float* const own = p.slots + lasp2_slot_tile_offset(parity, p.me, bh, vt, p.npes, p.B, p.H, p.Dv, lasp2_slot_tile_floats(p.Dk));
 #pragma unroll
   for (int j = 0; j < lasp::l2::FoldLane::kMaxRows; ++j) {
