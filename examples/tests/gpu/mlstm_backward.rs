@@ -6,7 +6,9 @@
 //! and must be fully overwritten; dq, dk, dv and dC_0 within 5e-3 of the reference
 //! (`||x - ref|| / ||ref||`); the gate pre-activations' gradients within 5e-3 of
 //! `MlstmGrads::gate_grad_scale` (their terms cancel: the scale they are measured against); a
-//! second run gives bitwise identical gradients; the inputs are left unchanged. The gate regimes
+//! second run gives bitwise identical gradients; the inputs (dh and the forward's saved rows
+//! included) are left unchanged. Calls that must be rejected are checked to fail before any
+//! launch. The gate regimes
 //! are the forward test's (`mlstm.rs`), where the stabiliser jumps and the exponents of the
 //! reversed passes span hundreds.
 
@@ -22,6 +24,7 @@ use lasp_shmem::reference::mlstm::{
     MlstmState,
 };
 use lasp_shmem::reference::{assert_close_to_scale, Cotangents, Shape, Tensor};
+use lasp_shmem::Error;
 use std::sync::Arc;
 
 use crate::common::{
@@ -123,6 +126,16 @@ struct GradBuffers {
     d_c0: CudaSlice<f32>,
 }
 
+/// The bits of dh and the saved rows, which the backward must not change.
+#[derive(PartialEq)]
+struct ReadOnlyBits {
+    d_h: Vec<u16>,
+    saved: [Vec<u32>; 2],
+}
+
+/// An edit of a call that must be rejected.
+type Edit = dyn Fn(&mut MlstmBackwardArgs<'_>);
+
 /// The bits one backward run left in the gradients.
 #[derive(PartialEq)]
 struct GradBits {
@@ -170,6 +183,20 @@ impl GradBuffers {
             stream.memcpy_htod(&poison, buf).map_err(err)?;
         }
         stream.synchronize().map_err(err)
+    }
+
+    /// The bits of what the backward only reads: dh and the saved rows.
+    fn read_only_bits(
+        &self,
+        stream: &Arc<CudaStream>,
+    ) -> std::result::Result<ReadOnlyBits, String> {
+        Ok(ReadOnlyBits {
+            d_h: bits_of_bf16(stream, &self.d_h)?,
+            saved: [
+                bits_of_f32(stream, &self.saved[0])?,
+                bits_of_f32(stream, &self.saved[1])?,
+            ],
+        })
     }
 
     fn bits(&self, stream: &Arc<CudaStream>) -> std::result::Result<GradBits, String> {
@@ -235,8 +262,24 @@ fn run_backward(
     scale: f32,
 ) -> std::result::Result<(GradBits, MlstmBackwardPlan), String> {
     grads.poison(stream)?;
+    let plan = bwd
+        .launch(stream, backward_args(dev, grads, shape, scale))
+        .map_err(|e| format!("backward: {e}"))?;
+    stream
+        .synchronize()
+        .map_err(|e| format!("kernel execution: {e}"))?;
+    Ok((grads.bits(stream)?, plan))
+}
+
+/// The backward's arguments over one case's buffers.
+fn backward_args<'a>(
+    dev: &'a Buffers,
+    grads: &'a mut GradBuffers,
+    shape: ForwardShape,
+    scale: f32,
+) -> MlstmBackwardArgs<'a> {
     let [d_i, d_f] = &mut grads.d_gates;
-    let args = MlstmBackwardArgs {
+    MlstmBackwardArgs {
         shape,
         q: DeviceRef::new(&dev.q),
         k: DeviceRef::new(&dev.k),
@@ -264,14 +307,7 @@ fn run_backward(
         d_f_gate: DeviceMut::new(d_f),
         d_initial_c: Some(DeviceMut::new(&mut grads.d_c0)),
         scale: Some(scale),
-    };
-    let plan = bwd
-        .launch(stream, args)
-        .map_err(|e| format!("backward: {e}"))?;
-    stream
-        .synchronize()
-        .map_err(|e| format!("kernel execution: {e}"))?;
-    Ok((grads.bits(stream)?, plan))
+    }
 }
 
 /// The reference's cotangents: `dh ~ N(0, 1)` and, where the case asks, `dC_T ~ N(0, 1)` (this
@@ -314,6 +350,7 @@ fn run_case(
         let mut dev = Buffers::upload(stream, &inputs)?;
         let mut grads = GradBuffers::upload(stream, shape, &cot)?;
         run_forward(fwd, stream, &mut dev, &mut grads, shape, scale)?;
+        let read_only = grads.read_only_bits(stream)?;
         let (first, plan) = run_backward(bwd, stream, &dev, &mut grads, shape, scale)?;
         let (second, _) = run_backward(bwd, stream, &dev, &mut grads, shape, scale)?;
         let s = &case.shape;
@@ -333,6 +370,9 @@ fn run_case(
             problems.push("not deterministic: two runs gave different bits".into());
         }
         problems.extend(dev.modified_inputs(stream, &inputs)?);
+        if grads.read_only_bits(stream)? != read_only {
+            problems.push("dh or the forward's saved rows were modified".into());
+        }
         let want = reference
             .join()
             .map_err(|_| "the reference panicked".to_string())?
@@ -390,6 +430,88 @@ fn run_case(
     })
 }
 
+/// Calls that must fail with `InvalidArgument` before any launch: the gradients stay poisoned.
+fn rejection_checks(
+    fwd: &mut MlstmForward,
+    bwd: &mut MlstmBackward,
+    stream: &Arc<CudaStream>,
+) -> Vec<(String, CheckResult)> {
+    let case = Case {
+        shape: Shape {
+            b: 1,
+            t: 100,
+            h: 2,
+            dk: 64,
+            dv: 64,
+        },
+        regime: MlstmRegime::Typical,
+        initial_state: false,
+        d_final: true,
+        segments: None,
+        seed: 3599,
+    };
+    let prepared = (|| {
+        let spec = MlstmSpec {
+            shape: case.shape,
+            regime: case.regime,
+            seed: case.seed,
+            round_to_bf16: true,
+            initial_state: false,
+        };
+        let inputs = MlstmInputs::generate(&spec).map_err(err)?;
+        let shape = ForwardShape::from(case.shape);
+        let mut dev = Buffers::upload(stream, &inputs)?;
+        let mut grads = GradBuffers::upload(stream, shape, &cotangents(&case)?)?;
+        fwd.set_num_segments(None);
+        bwd.set_num_segments(None);
+        run_forward(fwd, stream, &mut dev, &mut grads, shape, 0.125)?;
+        Ok::<_, String>((dev, grads, shape))
+    })();
+    let (dev, mut grads, shape) = match prepared {
+        Ok(x) => x,
+        Err(e) => return vec![("mlstm_bwd_rejections".into(), Err(e))],
+    };
+    let edits: [(&str, &str, &Edit); 4] = [
+        ("wide_values", "Dv = 256", &|a| a.shape.dv = 256),
+        ("zero_scale", "scale = 0", &|a| a.scale = Some(0.0)),
+        ("short_saved_rows", "saved.den has", &|a| {
+            // SAFETY: the view covers the first half of a live buffer and is never launched.
+            a.saved.den = unsafe { DeviceRef::from_raw(a.saved.den.addr(), a.saved.den.len() / 2) };
+        }),
+        ("short_final_m", "d_final.m has", &|a| {
+            if let Some(d) = &mut a.d_final {
+                // SAFETY: as above.
+                d.m = unsafe { DeviceRef::from_raw(d.m.addr(), 1) };
+            }
+        }),
+    ];
+    let mut out = Vec::new();
+    for (name, pattern, edit) in edits {
+        let result = (|| {
+            grads.poison(stream)?;
+            let mut args = backward_args(&dev, &mut grads, shape, 0.125);
+            edit(&mut args);
+            match bwd.launch(stream, args) {
+                Ok(_) => Err("accepted".to_string()),
+                Err(Error::InvalidArgument(m)) if m.contains(pattern) => {
+                    stream.synchronize().map_err(err)?;
+                    if bits_of_bf16(stream, &grads.dq)?
+                        .iter()
+                        .all(|&x| x == POISON_BF16)
+                    {
+                        Ok(m)
+                    } else {
+                        Err("dq written before the rejection".to_string())
+                    }
+                }
+                Err(e) => Err(format!("wrong error: {e}")),
+            }
+        })();
+        out.push((format!("mlstm_bwd_rejects_{name}"), result));
+    }
+    out
+}
+
 fn check_cases(select: impl Fn(&Case) -> bool) {
     on_one_gpu(LIMIT, |rt, report: &mut Report| {
         let (mut fwd, mut bwd) = match (MlstmForward::new(rt), MlstmBackward::new(rt)) {
@@ -414,4 +536,19 @@ fn mlstm_backward_small_cases_match_the_f64_reference() {
 #[test]
 fn mlstm_backward_large_cases_match_the_f64_reference() {
     check_cases(|case| !is_small(&case.shape));
+}
+
+#[test]
+fn mlstm_backward_bad_arguments_are_rejected_before_any_launch() {
+    on_one_gpu(LIMIT, |rt, report: &mut Report| {
+        let (mut fwd, mut bwd) = match (MlstmForward::new(rt), MlstmBackward::new(rt)) {
+            (Ok(f), Ok(b)) => (f, b),
+            (Err(e), _) | (_, Err(e)) => {
+                return report.record("mlstm_bwd_init", Err(e.to_string()), 0.0)
+            }
+        };
+        for (name, result) in rejection_checks(&mut fwd, &mut bwd, rt.stream()) {
+            report.record(&name, result, 0.0);
+        }
+    });
 }

@@ -98,7 +98,7 @@ impl<'a> MlstmBackwardArgs<'a> {
     }
 
     /// Checks lengths, alignment, scale and overlaps; returns the scale.
-    fn check(&self) -> Result<f32> {
+    pub(super) fn check(&self) -> Result<f32> {
         let s = &self.shape;
         let checks = TensorChecks::new(OP, s);
         let per_token = s.b * s.t * s.h;
@@ -182,27 +182,31 @@ pub struct MlstmBackwardPlan {
 /// Byte offsets of the backward's own workspace parts, after the passes' shared workspace (each
 /// 256-byte aligned; `lasp_mlstm_bwd_params` names them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Offsets {
-    d_h_scaled: u64,
-    row_log_weight: u64,
-    neg_m: u64,
-    f_next: u64,
-    q_dots: u64,
-    k_dots: u64,
-    tile_sums: u64,
-    c0_t: u64,
-    rev_c: u64,
-    rev_c_t: u64,
-    end_c: u64,
-    rev_m: u64,
-    end_m: u64,
-    end_n: u64,
-    zero_n: u64,
-    end: u64,
+pub(super) struct Offsets {
+    pub(super) d_h_scaled: u64,
+    pub(super) row_log_weight: u64,
+    pub(super) neg_m: u64,
+    pub(super) f_next: u64,
+    pub(super) q_dots: u64,
+    pub(super) k_dots: u64,
+    pub(super) tile_sums: u64,
+    pub(super) c0_t: u64,
+    pub(super) rev_c: u64,
+    pub(super) rev_c_t: u64,
+    pub(super) end_c: u64,
+    pub(super) rev_m: u64,
+    pub(super) end_m: u64,
+    pub(super) end_n: u64,
+    pub(super) zero_n: u64,
+    pub(super) end: u64,
 }
 
 impl MlstmBackwardPlan {
-    fn new(shape: &ForwardShape, sm_count: u32, force_segments: Option<u32>) -> Result<Self> {
+    pub(super) fn new(
+        shape: &ForwardShape,
+        sm_count: u32,
+        force_segments: Option<u32>,
+    ) -> Result<Self> {
         let swapped = ForwardShape {
             dk: shape.dv,
             dv: shape.dk,
@@ -221,7 +225,7 @@ impl MlstmBackwardPlan {
         Ok(plan)
     }
 
-    fn offsets(&self) -> Offsets {
+    pub(super) fn offsets(&self) -> Offsets {
         let s = &self.dv.shape;
         let (tokens, bh) = ((s.b * s.t * s.h) as u64, (s.b * s.h) as u64);
         let state = bh * (s.dk * s.dv * 4) as u64;

@@ -1,6 +1,7 @@
 //! Unit tests of mLSTM's host side: the shared-memory formulas against the header's, the plans
 //! and the argument checks.
 
+use super::backward::Offsets;
 use super::forward::MlstmArgs;
 use super::plan::{output_smem_bytes, states_smem_bytes};
 use super::*;
@@ -220,4 +221,98 @@ fn an_exchanged_tile_holds_c_n_m_and_f_and_bad_layouts_are_refused() {
             "Dk {dk}, Dv {dv}: {err}"
         );
     }
+}
+
+#[test]
+fn backward_plans_exchange_the_widths_and_keep_their_parts_apart() {
+    // Dk = 128, Dv = 64: the dq and dk passes run with the widths exchanged (their states are
+    // [Dv, Dk]), the dv pass with the forward's.
+    let s = shape(2, 1000, 3, 128, 64);
+    let plan = MlstmBackwardPlan::new(&s, 132, None).unwrap();
+    for pass in [plan.dq, plan.dk] {
+        assert_eq!((pass.shape.dk, pass.shape.dv), (64, 128));
+    }
+    assert_eq!((plan.dv.shape.dk, plan.dv.shape.dv), (128, 64));
+    let o: Offsets = plan.offsets();
+    let (tokens, bh, state) = (2 * 1000 * 3u64, 6u64, 6 * 128 * 64 * 4u64);
+    // Every part 256-byte aligned, in order, after the passes' shared workspace, none too short.
+    let parts = [
+        (o.d_h_scaled, tokens * 64 * 2),
+        (o.row_log_weight, tokens * 4),
+        (o.neg_m, tokens * 4),
+        (o.f_next, tokens * 4),
+        (o.q_dots, tokens * 2 * 4),
+        (o.k_dots, tokens * 2 * 4),
+        (o.tile_sums, bh * 8),
+        (o.c0_t, state),
+        (o.rev_c, state),
+        (o.rev_c_t, state),
+        (o.end_c, state),
+        (o.rev_m, bh * 4),
+        (o.end_m, bh * 4),
+        (o.end_n, bh * 128 * 4),
+        (o.zero_n, bh * 128 * 4),
+    ];
+    let passes = [plan.dq, plan.dv, plan.dk].map(|p| p.workspace_bytes);
+    assert!(o.d_h_scaled >= *passes.iter().max().unwrap());
+    for pair in parts.windows(2) {
+        let ((at, len), (next, _)) = (pair[0], pair[1]);
+        assert_eq!(at % 256, 0);
+        assert!(at + len <= next, "{at} + {len} > {next}");
+    }
+    let (last, len) = parts[parts.len() - 1];
+    assert_eq!(o.end, last + len);
+    assert_eq!(plan.workspace_bytes, o.end);
+    // Forced segments reach every pass.
+    let forced = MlstmBackwardPlan::new(&s, 132, Some(3)).unwrap();
+    assert!([forced.dq, forced.dv, forced.dk]
+        .iter()
+        .all(|p| p.num_segments == 3));
+    assert!(MlstmBackwardPlan::new(&shape(1, 64, 1, 128, 256), 132, None).is_err());
+}
+
+#[test]
+fn backward_arguments_are_checked_against_the_shape_before_any_launch() {
+    let s = shape(1, 64, 2, 64, 64);
+    let (n, per_token) = (s.qk_len(), 128);
+    // SAFETY: views of fake addresses are only measured, never launched.
+    let view = |addr: u64, len: usize| unsafe { DeviceRef::<bf16>::from_raw(addr, len) };
+    // SAFETY: as above.
+    let floats = |addr: u64, len: usize| unsafe { DeviceRef::<f32>::from_raw(addr, len) };
+    // SAFETY: as above.
+    let out = |addr: u64, len: usize| unsafe { DeviceMut::<bf16>::from_raw(addr, len) };
+    // SAFETY: as above.
+    let out_f32 = |addr: u64, len: usize| unsafe { DeviceMut::<f32>::from_raw(addr, len) };
+    let base = 1u64 << 32;
+    let args = |den_len: usize, dq_addr: u64, d_c0_len: usize| MlstmBackwardArgs {
+        shape: s,
+        q: view(base, n),
+        k: view(base + 0x10_0000, n),
+        v: view(base + 0x20_0000, n),
+        i_gate: floats(base + 0x30_0000, per_token),
+        f_gate: floats(base + 0x31_0000, per_token),
+        initial_state: None,
+        saved: MlstmSavedRef {
+            m: floats(base + 0x32_0000, per_token),
+            den: floats(base + 0x33_0000, den_len),
+        },
+        d_h: view(base + 0x40_0000, n),
+        d_final: Some(MlstmFinalCotangent {
+            d_c: floats(base + 0x50_0000, 2 * 64 * 64),
+            m: floats(base + 0x58_0000, 2),
+        }),
+        dq: out(dq_addr, n),
+        dk: out(base + 0x70_0000, n),
+        dv: out(base + 0x80_0000, n),
+        d_i_gate: out_f32(base + 0x90_0000, per_token),
+        d_f_gate: out_f32(base + 0x91_0000, per_token),
+        d_initial_c: Some(out_f32(base + 0xa0_0000, d_c0_len)),
+        scale: None,
+    };
+    let (ok_dq, state) = (base + 0x60_0000, 2 * 64 * 64);
+    assert_eq!(args(per_token, ok_dq, state).check().unwrap(), 0.125);
+    let err = |a: MlstmBackwardArgs<'_>| a.check().unwrap_err().to_string();
+    assert!(err(args(per_token - 1, ok_dq, state)).contains("saved.den has 127 elements"));
+    assert!(err(args(per_token, base + 0x40_0010, state)).contains("output dq overlaps input d_h"));
+    assert!(err(args(per_token, ok_dq, state / 2)).contains("d_initial_c has 4096 elements"));
 }
