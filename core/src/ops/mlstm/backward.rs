@@ -207,6 +207,7 @@ impl MlstmBackwardPlan {
         sm_count: u32,
         force_segments: Option<u32>,
     ) -> Result<Self> {
+        super::plan::validate_for(OP, shape)?;
         let swapped = ForwardShape {
             dk: shape.dv,
             dv: shape.dk,

@@ -195,13 +195,19 @@ impl MlstmPlan {
 
 /// Checks that the mLSTM forward kernels support `shape`; the error says what to change.
 pub(crate) fn validate(shape: &ForwardShape) -> Result<()> {
-    const OP: &str = "mLSTM forward";
-    shape.validate_as(OP)?;
+    validate_for("mLSTM forward", shape)
+}
+
+/// [`validate`] for operation `op` (the backward checks its own shape before its passes' plans,
+/// which exchange Dk and Dv).
+pub(crate) fn validate_for(op: &str, shape: &ForwardShape) -> Result<()> {
+    shape.validate_as(op)?;
     if shape.dv != 64 && shape.dv != 128 {
         return Err(Error::InvalidArgument(format!(
-            "{OP}: Dv = {} is not supported (the kernels are built for Dv 64 and 128); split v \
+            "{op}: Dv = {} is not supported (the kernels are built for Dv 64 and 128); split v \
              into blocks of 128 columns and run one call per block with the same q, k and gates \
-             (the normaliser does not depend on v)",
+             (the normaliser does not depend on v; the backward's dq, dk and gate gradients are \
+             then the sums over the blocks)",
             shape.dv
         )));
     }

@@ -268,7 +268,11 @@ fn backward_plans_exchange_the_widths_and_keep_their_parts_apart() {
     assert!([forced.dq, forced.dv, forced.dk]
         .iter()
         .all(|p| p.num_segments == 3));
-    assert!(MlstmBackwardPlan::new(&shape(1, 64, 1, 128, 256), 132, None).is_err());
+    let err = MlstmBackwardPlan::new(&shape(1, 64, 1, 128, 256), 132, None).unwrap_err();
+    assert!(
+        err.to_string().contains("mLSTM backward: Dv = 256"),
+        "{err}"
+    );
 }
 
 #[test]
