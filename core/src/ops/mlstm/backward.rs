@@ -10,7 +10,9 @@
 //! states) and finishes the gates' and the initial state's
 //! gradients.
 
-use super::forward::{chunk_params, ChunkForm, ChunkKernels, ChunkOperands, MlstmSavedRef};
+use super::forward::{
+    chunk_params, validate_gates, ChunkForm, ChunkKernels, ChunkOperands, MlstmSavedRef,
+};
 use super::{MlstmPlan, MlstmStateRef};
 use crate::error::Result;
 use crate::kernel::{Kernel, LaunchShape};
@@ -330,7 +332,8 @@ impl MlstmBackward {
     }
 
     /// Enqueues the backward on `stream` (a stream of the runtime's context) and returns the
-    /// plans it used. Everything is validated before the first launch.
+    /// plans it used. Everything is validated before the first launch; in debug builds the gates
+    /// are checked too, which synchronises `stream`.
     pub fn launch(
         &mut self,
         stream: &Arc<CudaStream>,
@@ -347,6 +350,9 @@ impl MlstmBackward {
         let plan = self.plan(&args.shape)?;
         let scale = args.check()?;
         crate::ops::require_runtime_stream(stream, &self.ctx, OP)?;
+        if cfg!(debug_assertions) {
+            validate_gates(&self.ctx, stream, args.i_gate, args.f_gate, &args.shape)?;
+        }
         let base = crate::ops::ensure_workspace(
             &self.ctx,
             stream,

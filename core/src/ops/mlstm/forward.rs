@@ -189,6 +189,27 @@ pub fn check_gate_values(which: &str, gate: &[f32], shape: &ForwardShape) -> Res
     )))
 }
 
+/// [`MlstmForward::validate_gates`], for the forward and the backward (in their debug builds).
+pub(super) fn validate_gates(
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+    i_gate: DeviceRef<'_, f32>,
+    f_gate: DeviceRef<'_, f32>,
+    shape: &ForwardShape,
+) -> Result<()> {
+    let want = shape.b * shape.t * shape.h;
+    for (which, gate) in [("i_gate", i_gate), ("f_gate", f_gate)] {
+        if gate.len() != want {
+            return Err(Error::InvalidArgument(format!(
+                "{OP}: {which} has {} elements but [B, T, H] needs {want}",
+                gate.len()
+            )));
+        }
+        check_gate_values(which, &crate::ops::copy_to_host(ctx, stream, gate)?, shape)?;
+    }
+    Ok(())
+}
+
 /// Which build of the chunk kernels: the forward's, or the backward's gradient passes' (no
 /// normaliser; rows scaled and dotted: `lasp/mlstm/backward_params.h`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -489,21 +510,7 @@ impl MlstmForward {
         f_gate: DeviceRef<'_, f32>,
         shape: &ForwardShape,
     ) -> Result<()> {
-        let want = shape.b * shape.t * shape.h;
-        for (which, gate) in [("i_gate", i_gate), ("f_gate", f_gate)] {
-            if gate.len() != want {
-                return Err(Error::InvalidArgument(format!(
-                    "{OP}: {which} has {} elements but [B, T, H] needs {want}",
-                    gate.len()
-                )));
-            }
-            check_gate_values(
-                which,
-                &crate::ops::copy_to_host(&self.ctx, stream, gate)?,
-                shape,
-            )?;
-        }
-        Ok(())
+        validate_gates(&self.ctx, stream, i_gate, f_gate, shape)
     }
 
     /// Enqueues the forward on `stream` (a stream of the runtime's context) and returns the plan
