@@ -266,10 +266,11 @@ struct SegmentArgs {
 // One chunk's rows of a gradient pass (kGradient): row r of this lane's fragments (token
 // a.token(tok0 + r)) times e^{m_r + row_log_scale}, stored in bf16, and its dot with the same row of
 // row_dot_with, summed over the warpgroup's 64 columns in fp32, stored per column tile. The
-// factor is <= 1 in the reversed passes (kernels/docs/mlstm.md, "Backward").
+// chunk's row_log_scale values come staged in shared memory at `s_scale` (64 floats).
 template <int kGroups>
 __device__ __forceinline__ void store_gradient_rows(const SegmentArgs& a, const float (&o)[8][4], const ChunkStep& st,
-                                                    int tok0, int64_t row_bt0, int group, int warp, int lane) {
+                                                    const float* s_scale, int tok0, int64_t row_bt0, int group,
+                                                    int warp, int lane) {
   constexpr unsigned kAll = 0xffffffffu;
   const int g = lane >> 2, t = lane & 3;
   const int64_t col = group * kTileV + 2 * t;
@@ -278,7 +279,7 @@ __device__ __forceinline__ void store_gradient_rows(const SegmentArgs& a, const 
     const int pos = tok0 + 16 * warp + 8 * hh + g;
     const bool is_token = pos < a.T;
     const int64_t row = row_bt0 + (int64_t)a.token(is_token ? pos : 0) * a.H;  // [B, T, H] index
-    const float w = is_token ? expf(st.m_row[hh] + __ldg(a.row_log_scale + row)) : 0.f;
+    const float w = is_token ? expf(st.m_row[hh] + s_scale[16 * warp + 8 * hh + g]) : 0.f;
     float dot = 0.f;
     if (is_token) {
       uint16_t* dst = a.o + row * a.Dv + col;
@@ -330,7 +331,11 @@ struct Layout {
     return kSbf + 2 * ((i & 1) * kGroups + w) * kSbfBytes;
   }
   static __device__ __forceinline__ uint32_t normaliser(int i) { return kN + (kStoreO ? (i & 1) * kNBytes : 0); }
+  // A gradient pass's output kernel has no normaliser: each stage's row scales (64 fp32) sit
+  // where the copies of n would.
+  static __device__ __forceinline__ uint32_t row_scale(int i) { return kN + (i % kStages) * kChunk * 4; }
   static_assert(kStageBytes % 1024 == 0 && kSbfBytes % 1024 == 0, "tiles stay 1024-byte aligned");
+  static_assert(!kStoreO || kStages * kChunk * 4 <= 2 * kNBytes, "the row scales fit where n's copies would");
 };
 
 // The state a CTA starts or ends its segment with: every warpgroup's C tile in registers, n in
@@ -383,6 +388,13 @@ __device__ __forceinline__ void run_segment(const SegmentArgs& a, Start&& start,
       const bool ok = r < valid;
       cp_async_4(sbase + L::forget(i) + 4 * tid, ok ? gate + (int64_t)a.token(tok0 + r) * a.H : gate, ok);
     }
+    if constexpr (kStoreO && kGradient) {
+      if (tid < kChunk) {
+        const float* scale = a.row_log_scale + row_bt0;
+        const bool ok = tid < valid;
+        cp_async_4(sbase + L::row_scale(i) + 4 * tid, ok ? scale + (int64_t)a.token(tok0 + tid) * a.H : scale, ok);
+      }
+    }
   };
 
   const StateLane ln{16 * warp, g, t};
@@ -396,7 +408,7 @@ __device__ __forceinline__ void run_segment(const SegmentArgs& a, Start&& start,
   auto publish_n = [&](int i) {
     if (carries_n) reinterpret_cast<float*>(smem + L::normaliser(i))[tid] = n_mine;
   };
-  if constexpr (kStoreO) publish_n(0);
+  if constexpr (kStoreO && !kGradient) publish_n(0);
   const FragOffsets<DK> off(warp, lane);
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
@@ -433,7 +445,8 @@ __device__ __forceinline__ void run_segment(const SegmentArgs& a, Start&& start,
       const GradientExtras extras{copy + L::kSbfBytes, {}};
       sd::output_chunk<DK, sd::Probe::kNone>(o, s, sbase + stage + L::kQ, sK, sV, copy, off, st.cg, warp, g, t,
                                              a.scale, extras);
-      store_gradient_rows<kGroups>(a, o, st, tok0, row_bt0, group, warp, lane);
+      store_gradient_rows<kGroups>(a, o, st, reinterpret_cast<const float*>(smem + L::row_scale(i)), tok0, row_bt0,
+                                   group, warp, lane);
       if (i + 1 < a.n_chunks) store_state_split<DK>(smem, L::state_copy(group, i + 1), L::kSbfBytes, s, ln);
     } else if constexpr (kStoreO) {
       float qn[2];
@@ -476,10 +489,11 @@ __device__ __forceinline__ void run_segment(const SegmentArgs& a, Start&& start,
     }
     m = st.m_next;
   }
-  // n leaving the segment: its parts added up (the states pass publishes them only now).
+  // n leaving the segment: its parts added up (the states pass publishes them only now). A
+  // gradient pass has none (n stays 0), and its output kernel keeps row scales there.
   if constexpr (!kStoreO) publish_n(0);
   __syncthreads();
-  if (tid < DK) {
+  if (!(kStoreO && kGradient) && tid < DK) {
     const float* parts = reinterpret_cast<const float*>(smem + L::normaliser(kStoreO ? a.n_chunks : 0));
     n_mine = parts[tid];
     if constexpr (kParts == 2) n_mine += parts[DK + tid];
