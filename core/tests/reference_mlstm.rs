@@ -9,9 +9,9 @@
 //! real error is O(1)). Gradients: see [`GRAD_TOL`].
 
 use lasp_shmem::reference::mlstm::{
-    chunkwise_backward, chunkwise_forward, fold, fold_backward, lasp2_backward, lasp2_forward,
-    loop_form_forward, recurrent_backward, recurrent_forward, unstabilised_forward,
-    MlstmCotangents, MlstmForward,
+    chunkwise_backward, chunkwise_forward, fold, fold_backward, lasp2_backward,
+    lasp2_backward_tfla, lasp2_forward, loop_form_forward, recurrent_backward, recurrent_forward,
+    unstabilised_forward, MlstmCotangents, MlstmForward,
     MlstmGradient::{Full, Tfla},
     MlstmGrads, MlstmInputs, MlstmRegime, MlstmSpec, MlstmState, ShardSummary,
 };
@@ -473,6 +473,42 @@ fn lasp2_backward_equals_one_sequence() {
                              {shards:?}, chunk {chunk}"
                         );
                         check_grads(&tag, &inputs, &got.grads, &want);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn lasp2_backward_of_tflas_gradient_equals_one_sequence() {
+    for regime in MlstmRegime::ALL {
+        for initial_state in [false, true] {
+            let inputs = generate(regime, 67, initial_state);
+            for final_state in [false, true] {
+                let cot = cotangents(SHAPE, 71, final_state);
+                let want = recurrent_backward(&inputs, &cot, Tfla).unwrap();
+                for shards in BACKWARD_LAYOUTS {
+                    for chunk in [1, 4, 16] {
+                        let got = lasp2_backward_tfla(&inputs, shards, chunk, &cot).unwrap();
+                        let tag = format!(
+                            "{regime:?}, initial {initial_state}, final {final_state}, \
+                             {shards:?}, chunk {chunk}"
+                        );
+                        check_grads(&tag, &inputs, &got.grads, &want);
+                        // The last rank's exit cotangent is dC_T, and it adds nothing to its gates.
+                        let last = shards.len() - 1;
+                        let d_c_t = cot
+                            .d_final_state
+                            .as_ref()
+                            .map_or_else(|| Tensor::zeros(&SHAPE.state()), |d| d.c.clone());
+                        assert_eq!(got.exit_state_grads[last], d_c_t, "{tag}");
+                        let scale = want.gate_grad_scale(&inputs).max(1.0);
+                        let tail = got.log_forget_corrections[last].data();
+                        assert!(
+                            tail.iter().all(|x| x.abs() <= 1e-9 * scale),
+                            "{tag}: {tail:?}"
+                        );
                     }
                 }
             }

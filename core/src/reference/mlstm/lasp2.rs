@@ -340,14 +340,19 @@ impl HeadLasp2Backward {
 
 /// What every rank knows of one head after the forward's all-gather: the shards (with the index
 /// of their first token), their summaries `(state, F_w)` and the prefixes `P_0 ..= P_W`.
-struct Exchanged {
-    shards: Vec<(usize, MlstmHead)>,
-    summaries: Vec<(HeadState, f64)>,
-    prefixes: Vec<HeadState>,
+pub(super) struct Exchanged {
+    pub(super) shards: Vec<(usize, MlstmHead)>,
+    pub(super) summaries: Vec<(HeadState, f64)>,
+    pub(super) prefixes: Vec<HeadState>,
 }
 
 impl Exchanged {
-    fn new(head: &MlstmHead, initial: HeadState, shard_lengths: &[usize], chunk: usize) -> Self {
+    pub(super) fn new(
+        head: &MlstmHead,
+        initial: HeadState,
+        shard_lengths: &[usize],
+        chunk: usize,
+    ) -> Self {
         let mut start = 0;
         let shards: Vec<(usize, MlstmHead)> = shard_lengths
             .iter()

@@ -123,8 +123,8 @@
 //! agree except `dm_0`: TFLA's 0, the full derivative's `<dC_0, C_0>` (`m_0` scales `C_0`).
 //! The dropped `e^{G_T}` also makes TFLA's gradient depend on where calls split the sequence: a
 //! call handing its state `P` to the next (whose `dC_0` is its `dC_T`) lacks `<dC_P, P>` on its
-//! log forget gates, which one call over both has. [`lasp2_backward`] computes the full derivative
-//! only.
+//! log forget gates, which one call over both has. [`lasp2_backward`] computes the full derivative;
+//! [`lasp2_backward_tfla`] TFLA's (below).
 
 //! # LASP-2 backward
 //! `L = sum_w L_w(P_w, shard w) + <P_W, d_final>` with `P_{w+1} = fold(P_w, summary_w)` and
@@ -143,6 +143,18 @@
 //! `e^{F + m_P - m'} (dC', dn')` and the summary `e^{m_w - m'} (dC', dn')`; the log-weight that
 //! lost the max gets its term's share `g = e^{l - m'} (<dC', C> + <dn', n>)`, the winner's gets
 //! `dm' - g`, and the prefix's log-weight `F + m_P` passes its gradient to both `m_P` and `F`.
+//!
+//! # LASP-2 backward of TFLA's gradient
+//! With every stabiliser a constant the fold is linear in C with the prefix factor
+//! `e^{F_w + m_{P_w} - m_{P_{w+1}}}` (the ratio of the two stabilised forms of one state), so
+//! ([`lasp2_backward_tfla`]): each rank's backward of its outputs from `P_w` with no exit
+//! cotangent gives `E_w = dL_w/dC_{P_w}`, which it sends to the ranks before it; the descending
+//! fold `D_{W-1} = dC_T`, `D_{w-1} = e^{F_w + m_{P_w} - m_{P_{w+1}}} D_w + E_w` gives the cotangent
+//! of the state leaving each rank; each rank then runs TFLA's backward from `P_w` with `D_w` at
+//! its exit. That backward drops its exit's decay `<D_w, C_{P_{w+1}}>` from its log forget gates
+//! where one call over the whole sequence drops only `<dC_T, C_T>`, so each rank adds
+//! `<D_w, C_{P_{w+1}}> - <dC_T, C_T>` to every one of them (zero on the last rank): the later
+//! ranks' `q . dq - k . dk`, summed.
 
 mod backward;
 mod chunk_backward;
@@ -151,6 +163,7 @@ mod gradient;
 mod head;
 mod inputs;
 mod lasp2;
+mod lasp2_tfla;
 mod loop_form;
 mod recurrent;
 
@@ -166,5 +179,6 @@ pub use lasp2::{
     fold, fold_backward, lasp2_backward, lasp2_forward, FoldCotangents, MlstmLasp2,
     MlstmLasp2Backward, ShardSummary,
 };
+pub use lasp2_tfla::{lasp2_backward_tfla, MlstmLasp2TflaBackward};
 pub use loop_form::{loop_form_forward, loop_gates, LoopGates};
 pub use recurrent::{recurrent_forward, unstabilised_forward};
