@@ -5,13 +5,13 @@
 #include <stdint.h>
 
 #include "lasp/mlstm/backward_params.h"
+#include "lasp/mlstm/chunk.cuh"
 #include "lasp/mma.cuh"
 
 namespace {
 
 constexpr int kThreads = LASP_MLSTM_BWD_THREADS;
-
-__device__ __forceinline__ float log_sigmoid(float x) { return fminf(x, 0.f) - log1pf(expf(-fabsf(x))); }
+using lasp::mlstm::log_sigmoid;
 
 }  // namespace
 
