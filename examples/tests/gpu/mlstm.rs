@@ -148,7 +148,7 @@ impl Buffers {
         Ok(dev)
     }
 
-    fn args(&mut self, shape: ForwardShape, scale: f32, eps: f32) -> MlstmArgs<'_> {
+    pub(crate) fn args(&mut self, shape: ForwardShape, scale: f32, eps: f32) -> MlstmArgs<'_> {
         let [c_t, n_t, m_t] = &mut self.state_t;
         MlstmArgs {
             shape,

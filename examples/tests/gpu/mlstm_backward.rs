@@ -14,8 +14,8 @@
 
 use cudarc::driver::{CudaSlice, CudaStream};
 use lasp_shmem::ops::mlstm::{
-    MlstmArgs, MlstmBackward, MlstmBackwardArgs, MlstmBackwardPlan, MlstmFinalCotangent,
-    MlstmForward, MlstmSavedMut, MlstmSavedRef, MlstmStateMut, MlstmStateRef,
+    MlstmBackward, MlstmBackwardArgs, MlstmBackwardPlan, MlstmFinalCotangent, MlstmForward,
+    MlstmSavedMut, MlstmSavedRef, MlstmStateRef, DEFAULT_EPS,
 };
 use lasp_shmem::ops::scalar_decay::ForwardShape;
 use lasp_shmem::ops::{bf16, DeviceMut, DeviceRef};
@@ -220,33 +220,12 @@ fn run_forward(
     shape: ForwardShape,
     scale: f32,
 ) -> std::result::Result<(), String> {
-    let [c_t, n_t, m_t] = &mut dev.state_t;
     let [row_m, row_den] = &mut grads.saved;
-    let args = MlstmArgs {
-        shape,
-        q: DeviceRef::new(&dev.q),
-        k: DeviceRef::new(&dev.k),
-        v: DeviceRef::new(&dev.v),
-        i_gate: DeviceRef::new(&dev.i_gate),
-        f_gate: DeviceRef::new(&dev.f_gate),
-        initial_state: dev.state0.as_ref().map(|[c, n, m]| MlstmStateRef {
-            c: DeviceRef::new(c),
-            n: DeviceRef::new(n),
-            m: DeviceRef::new(m),
-        }),
-        h: DeviceMut::new(&mut dev.h),
-        final_state: Some(MlstmStateMut {
-            c: DeviceMut::new(c_t),
-            n: DeviceMut::new(n_t),
-            m: DeviceMut::new(m_t),
-        }),
-        saved: Some(MlstmSavedMut {
-            m: DeviceMut::new(row_m),
-            den: DeviceMut::new(row_den),
-        }),
-        scale: Some(scale),
-        eps: None,
-    };
+    let mut args = dev.args(shape, scale, DEFAULT_EPS);
+    args.saved = Some(MlstmSavedMut {
+        m: DeviceMut::new(row_m),
+        den: DeviceMut::new(row_den),
+    });
     fwd.launch(stream, args)
         .map_err(|e| format!("forward: {e}"))?;
     stream.synchronize().map_err(err)
