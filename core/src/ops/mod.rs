@@ -9,6 +9,8 @@
 //!   across GPUs; [`mlstm::MlstmForward`], [`mlstm::MlstmBackward`] and
 //!   [`mlstm::MlstmLasp2Forward`]: the mLSTM forward and backward on one GPU, its forward across
 //!   GPUs.
+//! * [`short_conv::ShortConv`]: the short causal convolution before the attention, on LASP-2
+//!   shards with the halo exchanged from the device, forward and backward.
 //!
 //! Tensors are passed as [`DeviceRef`] (read) and [`DeviceMut`] (written) views: a device address,
 //! an element count and a borrow of the buffer they came from, so the borrow checker keeps an
@@ -37,6 +39,7 @@ pub mod gated_delta;
 pub mod gla;
 pub mod mlstm;
 pub mod scalar_decay;
+pub mod short_conv;
 
 /// bfloat16, the element type of activations (`half::bf16`, which cudarc's `f16` feature also
 /// uses, so `CudaSlice<bf16>` works as is).

@@ -14,9 +14,9 @@ use std::time::Duration;
 /// The launcher's limit on a checking job.
 const JOB_LIMIT: Duration = Duration::from_secs(300);
 /// A drill must end within this: every wait on another rank is bounded.
-const DRILL_LIMIT: Duration = Duration::from_secs(60);
+pub(crate) const DRILL_LIMIT: Duration = Duration::from_secs(60);
 /// The drills' bound on every wait (the default 10 s would make them slow).
-const DRILL_WAIT: (&str, &str) = ("LASP_WAIT_TIMEOUT_MS", "3000");
+pub(crate) const DRILL_WAIT: (&str, &str) = ("LASP_WAIT_TIMEOUT_MS", "3000");
 
 fn lasp2_forward() -> PathBuf {
     program(
@@ -51,7 +51,7 @@ fn gated_delta_lasp2() -> PathBuf {
 }
 
 /// Every rank reported `cases` passed cases (lasp-run prefixes each line with `[rank R]`).
-fn expect_cases_passed(what: &str, run: &Finished, ranks: usize, cases: usize) {
+pub(crate) fn expect_cases_passed(what: &str, run: &Finished, ranks: usize, cases: usize) {
     expect_success(what, run);
     for rank in 0..ranks {
         let passed = format!("[rank {rank}] PE {rank}: PASS");

@@ -64,6 +64,12 @@ pub(crate) struct TensorChecks<'a> {
 impl<'a> TensorChecks<'a> {
     pub(crate) fn new(op: &'a str, s: &ForwardShape) -> Self {
         let dims = format!("B={}, T={}, H={}, Dk={}, Dv={}", s.b, s.t, s.h, s.dk, s.dv);
+        Self::with_dims(op, dims)
+    }
+
+    /// Checks for an operation whose dimensions `dims` ("B=4, T=8192, ...") are not a
+    /// [`ForwardShape`]'s.
+    pub(crate) fn with_dims(op: &'a str, dims: String) -> Self {
         TensorChecks { op, dims }
     }
 
