@@ -207,6 +207,26 @@ impl Kernel {
         Ok(())
     }
 
+    /// How many CTAs of `shape`'s block and dynamic shared memory fit on one SM at once (at
+    /// least 1: a launch that fits none fails at launch, naming the kernel).
+    pub fn resident_ctas_per_sm(&self, shape: LaunchShape) -> Result<u32> {
+        self.bind_context()?;
+        let threads = shape.block.0 * shape.block.1 * shape.block.2;
+        // SAFETY: a valid function handle of the current context (bound above).
+        let ctas = unsafe {
+            cu::occupancy::max_active_block_per_multiprocessor(
+                self.function,
+                threads as i32,
+                shape.shared_bytes as usize,
+            )
+        }
+        .cuda_call(&format!(
+            "cuOccupancyMaxActiveBlocksPerMultiprocessor({})",
+            self.name
+        ))?;
+        Ok(ctas.max(1) as u32)
+    }
+
     /// Enqueues the kernel on `stream` with `params` as its single by-value argument.
     ///
     /// A launch the driver refuses is [`Error::KernelLaunch`]; a fault of an earlier kernel that

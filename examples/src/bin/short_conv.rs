@@ -48,6 +48,9 @@ struct Options {
     /// The timed convolution's kernel size.
     #[arg(long, default_value_t = 4)]
     kernel_size: usize,
+    /// Time the convolution without its activation (SiLU otherwise).
+    #[arg(long)]
+    identity: bool,
     /// Skip the checks.
     #[arg(long)]
     no_check: bool,
@@ -449,6 +452,7 @@ struct Row {
     c: usize,
     #[serde(rename = "K")]
     k: usize,
+    activation: String,
     forward_ms: f64,
     backward_ms: f64,
     /// x read and y written, over the forward's time.
@@ -481,7 +485,12 @@ fn median_ms(rt: &Runtime, mut call: impl FnMut(&Arc<CudaStream>) -> Result<()>)
     Ok(all.into_iter().map(f64::from_bits).fold(0.0, f64::max))
 }
 
-fn time_shape(rt: &Runtime, (b, t, c): (usize, usize, usize), k: usize) -> Result<Row> {
+fn time_shape(
+    rt: &Runtime,
+    (b, t, c): (usize, usize, usize),
+    k: usize,
+    activation: Activation,
+) -> Result<Row> {
     let stream = rt.stream().clone();
     let layout = ShortConvLayout {
         batch: b,
@@ -498,7 +507,7 @@ fn time_shape(rt: &Runtime, (b, t, c): (usize, usize, usize), k: usize) -> Resul
         &stream,
         HostShard {
             layout,
-            activation: Activation::Silu,
+            activation,
             tokens: t,
             x: &x,
             dy: &dy,
@@ -519,6 +528,7 @@ fn time_shape(rt: &Runtime, (b, t, c): (usize, usize, usize), k: usize) -> Resul
         t_local: t,
         c,
         k,
+        activation: format!("{activation:?}"),
         forward_ms: round(forward_ms, 4),
         backward_ms: round(backward_ms, 4),
         forward_gb_per_s: round(2.0 * bytes / forward_ms / 1e6, 1),
@@ -526,7 +536,7 @@ fn time_shape(rt: &Runtime, (b, t, c): (usize, usize, usize), k: usize) -> Resul
     };
     if rt.pe() == 0 {
         println!(
-            "W={} B={b} T_local={t} C={c} K={k}: forward {:.4} ms ({} GB/s), backward {:.4} ms ({} GB/s)",
+            "W={} B={b} T_local={t} C={c} K={k} {activation:?}: forward {:.4} ms ({} GB/s), backward {:.4} ms ({} GB/s)",
             row.w, row.forward_ms, row.forward_gb_per_s, row.backward_ms, row.backward_gb_per_s
         );
     }
@@ -599,7 +609,14 @@ fn run(options: Options, config: Config) -> Result<bool> {
     let rows = options
         .time
         .iter()
-        .map(|&shape| time_shape(&rt, shape, options.kernel_size))
+        .map(|&shape| {
+            let activation = if options.identity {
+                Activation::Identity
+            } else {
+                Activation::Silu
+            };
+            time_shape(&rt, shape, options.kernel_size, activation)
+        })
         .collect::<Result<Vec<_>>>()?;
     if let (Some(path), 0, false) = (&options.json, rt.pe(), rows.is_empty()) {
         write_json(path, &rows)?;

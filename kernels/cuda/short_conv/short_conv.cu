@@ -18,62 +18,101 @@
 #include <nvshmemx.h>
 #include <stdint.h>
 
+#include "lasp/mma.cuh"
 #include "lasp/short_conv/short_conv_params.h"
 #include "lasp/wait.cuh"
 
 namespace {
 
-constexpr int kLanes = LASP_SHORT_CONV_CHANNELS_PER_THREAD;
-
-// Eight consecutive channels of one token, in fp32.
+// L consecutive channels of one token, in fp32 (L = 8: one 16-byte load of bf16; L = 4: 8 bytes).
+template <int L>
 struct Lanes {
-  float v[kLanes];
+  float v[L];
 };
 
-__device__ __forceinline__ Lanes zero_lanes() {
-  Lanes r;
+// The same channels as loaded, still bf16 pairs: what a prefetched token holds in registers.
+template <int L>
+struct __align__(2 * L) Packed {
+  uint32_t w[L / 2];
+};
+
+template <int L>
+__device__ __forceinline__ Lanes<L> zero_lanes() {
+  Lanes<L> r;
 #pragma unroll
-  for (int j = 0; j < kLanes; ++j) r.v[j] = 0.f;
+  for (int j = 0; j < L; ++j) r.v[j] = 0.f;
   return r;
 }
 
-__device__ __forceinline__ Lanes load_bf16(const uint16_t* src) {
-  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(src));
-  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-  Lanes r;
+template <int L>
+__device__ __forceinline__ Packed<L> load_packed(const uint16_t* src) {
+  Packed<L> r;
+  if constexpr (L == 8) {
+    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(src));
+    r.w[0] = raw.x, r.w[1] = raw.y, r.w[2] = raw.z, r.w[3] = raw.w;
+  } else {
+    static_assert(L == 4, "8 or 4 channels per thread");
+    const uint2 raw = __ldg(reinterpret_cast<const uint2*>(src));
+    r.w[0] = raw.x, r.w[1] = raw.y;
+  }
+  return r;
+}
+
+template <int L>
+__device__ __forceinline__ Lanes<L> unpack(const Packed<L>& a) {
+  Lanes<L> r;
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[j]));
+  for (int j = 0; j < L / 2; ++j) {
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&a.w[j]));
     r.v[2 * j] = f.x;
     r.v[2 * j + 1] = f.y;
   }
   return r;
 }
 
-__device__ __forceinline__ void store_bf16(uint16_t* dst, const Lanes& a) {
-  uint32_t words[4];
+template <int L>
+__device__ __forceinline__ Lanes<L> load_bf16(const uint16_t* src) {
+  return unpack<L>(load_packed<L>(src));
+}
+
+template <int L>
+__device__ __forceinline__ void store_bf16(uint16_t* dst, const Lanes<L>& a) {
+  uint32_t w[L / 2];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
+  for (int j = 0; j < L / 2; ++j) {
     const __nv_bfloat162 h = __floats2bfloat162_rn(a.v[2 * j], a.v[2 * j + 1]);
-    words[j] = *reinterpret_cast<const uint32_t*>(&h);
+    w[j] = *reinterpret_cast<const uint32_t*>(&h);
   }
-  *reinterpret_cast<uint4*>(dst) = make_uint4(words[0], words[1], words[2], words[3]);
+  if constexpr (L == 8)
+    *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+  else
+    *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
 }
 
 // A slot another GPU wrote: read through L2 (the CTA's L1 may hold nothing of it, but never a stale
 // copy either way).
-__device__ __forceinline__ Lanes load_landed(const float* src) {
-  const float4 a = __ldcg(reinterpret_cast<const float4*>(src));
-  const float4 b = __ldcg(reinterpret_cast<const float4*>(src) + 1);
-  return {{a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w}};
+template <int L>
+__device__ __forceinline__ Lanes<L> load_landed(const float* src) {
+  Lanes<L> r;
+#pragma unroll
+  for (int q = 0; q < L / 4; ++q) {
+    const float4 a = __ldcg(reinterpret_cast<const float4*>(src) + q);
+    r.v[4 * q] = a.x, r.v[4 * q + 1] = a.y, r.v[4 * q + 2] = a.z, r.v[4 * q + 3] = a.w;
+  }
+  return r;
 }
 
-__device__ __forceinline__ void store_f32(float* dst, const Lanes& a) {
-  reinterpret_cast<float4*>(dst)[0] = make_float4(a.v[0], a.v[1], a.v[2], a.v[3]);
-  reinterpret_cast<float4*>(dst)[1] = make_float4(a.v[4], a.v[5], a.v[6], a.v[7]);
+template <int L>
+__device__ __forceinline__ void store_f32(float* dst, const Lanes<L>& a) {
+#pragma unroll
+  for (int q = 0; q < L / 4; ++q)
+    reinterpret_cast<float4*>(dst)[q] = make_float4(a.v[4 * q], a.v[4 * q + 1], a.v[4 * q + 2], a.v[4 * q + 3]);
 }
 
-__device__ __forceinline__ float sigmoid(float z) { return 1.f / (1.f + __expf(-z)); }
+// The approximate division (2 ulp) instead of the IEEE one, whose range checks cost more issue
+// slots than the rest of a token's arithmetic: the kernels issue instructions, not bytes, at
+// their limit. Where e^{-z} overflows, the quotient is 0, as sigma(z) rounds to in fp32.
+__device__ __forceinline__ float sigmoid(float z) { return __fdividef(1.f, 1.f + __expf(-z)); }
 
 __device__ __forceinline__ float activate(int activation, float z) {
   return activation == LASP_SHORT_CONV_SILU ? z * sigmoid(z) : z;
@@ -86,16 +125,16 @@ __device__ __forceinline__ float activation_slope(int activation, float z) {
   return s * (1.f + z * (1.f - s));
 }
 
-// The filter of one thread's channels: w[i] for every tap, and the bias.
-template <int K>
+// The filter of one thread's L channels: w[i] for every tap, and the bias.
+template <int K, int L>
 struct Filter {
-  Lanes w[K];
-  Lanes bias;
+  Lanes<L> w[K];
+  Lanes<L> bias;
 
   __device__ __forceinline__ static Filter load(const lasp_short_conv_params& p, int c0) {
     Filter f;
 #pragma unroll
-    for (int j = 0; j < kLanes; ++j) {
+    for (int j = 0; j < L; ++j) {
 #pragma unroll
       for (int i = 0; i < K; ++i) f.w[i].v[j] = __ldg(p.weight + (c0 + j) * K + i);
       f.bias.v[j] = p.bias ? __ldg(p.bias + c0 + j) : 0.f;
@@ -104,17 +143,26 @@ struct Filter {
   }
 
   // z of the token whose K - 1 predecessors are `window` (oldest first) and whose own value is `x`.
-  __device__ __forceinline__ Lanes pre_activation(const Lanes* window, const Lanes& x) const {
-    Lanes z = bias;
+  __device__ __forceinline__ Lanes<L> pre_activation(const Lanes<L>* window, const Lanes<L>& x) const {
+    Lanes<L> z = bias;
 #pragma unroll
     for (int i = 0; i + 1 < K; ++i)
 #pragma unroll
-      for (int j = 0; j < kLanes; ++j) z.v[j] = fmaf(w[i].v[j], window[i].v[j], z.v[j]);
+      for (int j = 0; j < L; ++j) z.v[j] = fmaf(w[i].v[j], window[i].v[j], z.v[j]);
 #pragma unroll
-    for (int j = 0; j < kLanes; ++j) z.v[j] = fmaf(w[K - 1].v[j], x.v[j], z.v[j]);
+    for (int j = 0; j < L; ++j) z.v[j] = fmaf(w[K - 1].v[j], x.v[j], z.v[j]);
     return z;
   }
 };
+
+// The sliding window of the K - 1 tokens before the current one (oldest first): push the current
+// one once it has been used.
+template <int K, int L>
+__device__ __forceinline__ void push(Lanes<L>* window, const Lanes<L>& x) {
+#pragma unroll
+  for (int i = 0; i + 2 < K; ++i) window[i] = window[i + 1];
+  if constexpr (K > 1) window[K - 2] = x;
+}
 
 // Indexing of [B, T, C] tensors and of the [.][B][K-1][C] halo buffers.
 __device__ __forceinline__ uint64_t token_index(const lasp_short_conv_params& p, int b, int t, int c) {
@@ -162,12 +210,81 @@ __device__ __forceinline__ void put_to_dest(const lasp_short_conv_params& p, uin
   }
   if (!__syncthreads_and(ok)) return;
   const uint64_t floats = static_cast<uint64_t>(p.B) * (p.K - 1) * p.C;
-  nvshmemx_putmem_signal_block(ex.slots + parity * floats, ex.staging, floats * sizeof(float), ex.signal + parity,
-                               epoch, NVSHMEM_SIGNAL_SET, ex.dest);
-  if (threadIdx.x == 0) nvshmem_quiet();
+  nvshmemx_putmem_nbi_block(ex.slots + parity * floats, ex.staging, floats * sizeof(float), ex.dest);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    nvshmem_quiet();  // the block's copy has landed: the signal may follow
+    nvshmemx_signal_op(ex.signal + parity, epoch, NVSHMEM_SIGNAL_SET, ex.dest);
+    nvshmem_quiet();
+  }
 }
 
 // ---- Forward ----------------------------------------------------------------------------------
+
+// Channels per thread of the halo kernels and of the forward (one 16-byte load of bf16 per token).
+constexpr int kLanes = LASP_SHORT_CONV_CHANNELS_PER_THREAD;
+// The backward's: its thread keeps five times as many running sums, so half the channels keep
+// four of its CTAs on an SM.
+constexpr int kGradLanes = LASP_SHORT_CONV_GRAD_CHANNELS_PER_THREAD;
+// Tokens a thread has in flight: each thread streams its own channels of one token after another
+// through a ring of this many slots in shared memory (cp.async, one commit group per token), so
+// the loads of the next tokens are in flight while it computes one, without holding registers.
+// Only the thread that wrote a slot reads it: no barrier.
+constexpr int kStages = 8;
+
+// One thread's ring of kStages tokens of L channels, in a CTA's [kStages][threads] array (the
+// threads of a stage side by side: conflict-free).
+template <int L>
+struct TokenRing {
+  Packed<L> (*slots)[LASP_SHORT_CONV_THREADS];
+  const uint16_t* row;  // token t of this thread's channels at row + t * C
+  int64_t C;
+  int t0, t1;           // the tokens fetched; the ring holds t0 + stage slot
+
+  // Starts the copy of token t into its slot (zeros past t1), as one commit group.
+  __device__ __forceinline__ void fetch(int t) const {
+    const bool valid = t < t1;
+    const uint16_t* src = row + static_cast<int64_t>(valid ? t : t0) * C;
+    const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(&slots[(t - t0) % kStages][threadIdx.x]));
+    if constexpr (L == 8)
+      lasp::cp_async_16(dst, src, valid);
+    else
+      lasp::cp_async_8(dst, src, valid);
+  }
+
+  __device__ __forceinline__ void start() const {
+    for (int d = 0; d < kStages; ++d) {
+      fetch(t0 + d);
+      lasp::cp_async_commit();
+    }
+  }
+
+  // Token t, once its copy has landed (every earlier token's slot has been refilled since).
+  __device__ __forceinline__ Packed<L> take(int t) const {
+    return slots[(t - t0) % kStages][threadIdx.x];
+  }
+
+  // Token t's slot is read (its value used): refill it with token t + kStages.
+  __device__ __forceinline__ void refill(int t) const {
+    fetch(t + kStages);
+    lasp::cp_async_commit();
+  }
+};
+
+// The CTA's rings: declared in plain functions, so that every kernel size's body shares one
+// allocation (a __shared__ array in the templated bodies would be one per instance).
+__device__ __forceinline__ Packed<kLanes> (*forward_slots())[LASP_SHORT_CONV_THREADS] {
+  __shared__ Packed<kLanes> slots[kStages][LASP_SHORT_CONV_THREADS];
+  return slots;
+}
+__device__ __forceinline__ Packed<kGradLanes> (*backward_x_slots())[LASP_SHORT_CONV_THREADS] {
+  __shared__ Packed<kGradLanes> slots[kStages][LASP_SHORT_CONV_THREADS];
+  return slots;
+}
+__device__ __forceinline__ Packed<kGradLanes> (*backward_dy_slots())[LASP_SHORT_CONV_THREADS] {
+  __shared__ Packed<kGradLanes> slots[kStages][LASP_SHORT_CONV_THREADS];
+  return slots;
+}
 
 // The tail this PE sends: the last K - 1 tokens of (halo, x), from x where the shard is long enough.
 template <int K>
@@ -188,11 +305,11 @@ __device__ void send_halo(const lasp_short_conv_params& p) {
 #pragma unroll
     for (int j = 0; j < K - 1; ++j) {
       const int t = p.T - (K - 1) + j;  // relative to this shard; negative: its halo slot T + j
-      Lanes v = zero_lanes();
+      Lanes<kLanes> v = zero_lanes<kLanes>();
       if (t >= 0)
-        v = load_bf16(p.x + token_index(p, b, t, c));
+        v = load_bf16<kLanes>(p.x + token_index(p, b, t, c));
       else if (ex.source >= 0)
-        v = load_landed(ex.slots + halo_index(p, parity, b, p.T + j, c));
+        v = load_landed<kLanes>(ex.slots + halo_index(p, parity, b, p.T + j, c));
       store_f32(ex.staging + halo_index(p, 0, b, j, c), v);
     }
   }
@@ -202,6 +319,7 @@ __device__ void send_halo(const lasp_short_conv_params& p) {
 // One CTA: LASP_SHORT_CONV_THREADS x 8 channels of one sequence, over one group of tokens.
 template <int K>
 __device__ void convolve(const lasp_short_conv_params& p) {
+  constexpr int L = kLanes;
   const lasp_halo_exchange& ex = p.exchange;
   const int b = blockIdx.y % p.B;
   const int group = p.groups - 1 - static_cast<int>(blockIdx.y) / p.B;  // the halo's readers last
@@ -211,34 +329,36 @@ __device__ void convolve(const lasp_short_conv_params& p) {
   const int parity = static_cast<int>(epoch & 1);
   const bool remote_halo = K > 1 && t0 < K - 1 && ex.source >= 0;
   if (remote_halo && !wait_for_source(ex, epoch)) return;
-  const int c = (blockIdx.x * blockDim.x + threadIdx.x) * kLanes;
+  const int c = (blockIdx.x * blockDim.x + threadIdx.x) * L;
   if (c >= p.C || t0 >= t1) return;
 
-  const Filter<K> filter = Filter<K>::load(p, c);
-  Lanes window[K > 1 ? K - 1 : 1];  // x of the K - 1 tokens before the current one, oldest first
+  const Filter<K, L> filter = Filter<K, L>::load(p, c);
+  Lanes<L> window[K > 1 ? K - 1 : 1];
 #pragma unroll
   for (int j = 0; j < K - 1; ++j) {
     const int t = t0 - (K - 1) + j;
     if (t >= 0)
-      window[j] = load_bf16(p.x + token_index(p, b, t, c));
+      window[j] = load_bf16<L>(p.x + token_index(p, b, t, c));
     else
-      window[j] = remote_halo ? load_landed(ex.slots + halo_index(p, parity, b, K - 1 + t, c)) : zero_lanes();
+      window[j] = remote_halo ? load_landed<L>(ex.slots + halo_index(p, parity, b, K - 1 + t, c)) : zero_lanes<L>();
   }
   if (p.saved_halo && t0 == 0)
 #pragma unroll
     for (int j = 0; j < K - 1; ++j) store_bf16(p.saved_halo + halo_index(p, 0, b, j, c), window[j]);
 
-#pragma unroll 4
+  const TokenRing<L> ring{forward_slots(), p.x + token_index(p, b, 0, c), p.C, t0, t1};
+  ring.start();
   for (int t = t0; t < t1; ++t) {
-    const Lanes x = load_bf16(p.x + token_index(p, b, t, c));
-    Lanes y = filter.pre_activation(window, x);
+    lasp::cp_async_wait<kStages - 1>();
+    const Lanes<L> x = unpack<L>(ring.take(t));
+    Lanes<L> y = filter.pre_activation(window, x);
+    ring.refill(t);  // after x's first use: the slot's read has completed
 #pragma unroll
-    for (int j = 0; j < kLanes; ++j) y.v[j] = activate(p.activation, y.v[j]);
+    for (int j = 0; j < L; ++j) y.v[j] = activate(p.activation, y.v[j]);
     store_bf16(p.out + token_index(p, b, t, c), y);
-#pragma unroll
-    for (int i = 0; i + 2 < K; ++i) window[i] = window[i + 1];
-    if (K > 1) window[K > 1 ? K - 2 : 0] = x;
+    push<K>(window, x);
   }
+  lasp::cp_async_wait<0>();  // no copy may land in a CTA that has exited
 }
 
 // ---- Backward ---------------------------------------------------------------------------------
@@ -248,25 +368,25 @@ __device__ void convolve(const lasp_short_conv_params& p) {
 // dx also take the successor's halo gradient, which it put into this PE's slots.
 
 // x of token t (relative to the shard, t >= -(K - 1)): the forward's saved halo before 0.
-template <int K>
-__device__ __forceinline__ Lanes input_at(const lasp_short_conv_params& p, int b, int t, int c) {
-  if (t >= 0) return load_bf16(p.x + token_index(p, b, t, c));
-  return p.halo ? load_bf16(p.halo + halo_index(p, 0, b, K - 1 + t, c)) : zero_lanes();
+template <int K, int L>
+__device__ __forceinline__ Lanes<L> input_at(const lasp_short_conv_params& p, int b, int t, int c) {
+  if (t >= 0) return load_bf16<L>(p.x + token_index(p, b, t, c));
+  return p.halo ? load_bf16<L>(p.halo + halo_index(p, 0, b, K - 1 + t, c)) : zero_lanes<L>();
 }
 
-// g of output s.
-template <int K>
-__device__ __forceinline__ Lanes pre_activation_grad(const lasp_short_conv_params& p, const Filter<K>& filter,
-                                                     const Lanes* window, const Lanes& x, int b, int s, int c) {
-  const Lanes z = filter.pre_activation(window, x);
-  Lanes g = load_bf16(p.dy + token_index(p, b, s, c));
+// g of the output whose input window is (`window`, `x`) and whose output gradient is `dy`.
+template <int K, int L>
+__device__ __forceinline__ Lanes<L> pre_activation_grad(const lasp_short_conv_params& p, const Filter<K, L>& filter,
+                                                        const Lanes<L>* window, const Lanes<L>& x, Lanes<L> dy) {
+  const Lanes<L> z = filter.pre_activation(window, x);
 #pragma unroll
-  for (int j = 0; j < kLanes; ++j) g.v[j] *= activation_slope(p.activation, z.v[j]);
-  return g;
+  for (int j = 0; j < L; ++j) dy.v[j] *= activation_slope(p.activation, z.v[j]);
+  return dy;
 }
 
 template <int K>
 __device__ void send_halo_grad(const lasp_short_conv_params& p) {
+  constexpr int L = kLanes;
   const lasp_halo_exchange& ex = p.exchange;
   const uint64_t epoch = call_epoch(ex);
   credit_source(ex, epoch);
@@ -277,36 +397,35 @@ __device__ void send_halo_grad(const lasp_short_conv_params& p) {
   const int parity = static_cast<int>(epoch & 1);
   const bool relays = p.T < K - 1 && ex.source >= 0;
   if (relays && !wait_for_source(ex, epoch)) return;
-  const int groups_of_channels = p.C / kLanes;
+  const int groups_of_channels = p.C / L;
   for (int item = threadIdx.x; item < p.B * groups_of_channels; item += blockDim.x) {
-    const int b = item / groups_of_channels, c = item % groups_of_channels * kLanes;
-    const Filter<K> filter = Filter<K>::load(p, c);
-    Lanes window[K > 1 ? K - 1 : 1];
+    const int b = item / groups_of_channels, c = item % groups_of_channels * L;
+    const Filter<K, L> filter = Filter<K, L>::load(p, c);
+    Lanes<L> window[K > 1 ? K - 1 : 1];
 #pragma unroll
-    for (int j = 0; j < K - 1; ++j) window[j] = input_at<K>(p, b, j - (K - 1), c);
-    Lanes d_halo[K > 1 ? K - 1 : 1];
+    for (int j = 0; j < K - 1; ++j) window[j] = input_at<K, L>(p, b, j - (K - 1), c);
+    Lanes<L> d_halo[K > 1 ? K - 1 : 1];
 #pragma unroll
-    for (int j = 0; j < K - 1; ++j) d_halo[j] = zero_lanes();
+    for (int j = 0; j < K - 1; ++j) d_halo[j] = zero_lanes<L>();
 #pragma unroll
     for (int s = 0; s < K - 1; ++s) {
       if (s >= p.T) break;
-      const Lanes x = load_bf16(p.x + token_index(p, b, s, c));
-      const Lanes g = pre_activation_grad<K>(p, filter, window, x, b, s, c);
+      const Lanes<L> x = load_bf16<L>(p.x + token_index(p, b, s, c));
+      const Lanes<L> dy = load_bf16<L>(p.dy + token_index(p, b, s, c));
+      const Lanes<L> g = pre_activation_grad<K, L>(p, filter, window, x, dy);
 #pragma unroll
       for (int j = s; j < K - 1; ++j)
 #pragma unroll
-        for (int l = 0; l < kLanes; ++l) d_halo[j].v[l] = fmaf(filter.w[j - s].v[l], g.v[l], d_halo[j].v[l]);
-#pragma unroll
-      for (int i = 0; i + 2 < K; ++i) window[i] = window[i + 1];
-      window[K > 1 ? K - 2 : 0] = x;
+        for (int l = 0; l < L; ++l) d_halo[j].v[l] = fmaf(filter.w[j - s].v[l], g.v[l], d_halo[j].v[l]);
+      push<K>(window, x);
     }
 #pragma unroll
     for (int j = 0; j < K - 1; ++j) {
       // The successor's halo gradient for slot j - T (token j - (K - 1), before this shard).
       if (relays && j >= p.T) {
-        const Lanes in = load_landed(ex.slots + halo_index(p, parity, b, j - p.T, c));
+        const Lanes<L> in = load_landed<L>(ex.slots + halo_index(p, parity, b, j - p.T, c));
 #pragma unroll
-        for (int l = 0; l < kLanes; ++l) d_halo[j].v[l] += in.v[l];
+        for (int l = 0; l < L; ++l) d_halo[j].v[l] += in.v[l];
       }
       store_f32(ex.staging + halo_index(p, 0, b, j, c), d_halo[j]);
     }
@@ -314,10 +433,11 @@ __device__ void send_halo_grad(const lasp_short_conv_params& p) {
   put_to_dest(p, epoch);
 }
 
-// One CTA: LASP_SHORT_CONV_THREADS x 8 channels of one sequence, over one group of tokens; dx of
+// One CTA: LASP_SHORT_CONV_THREADS x 4 channels of one sequence, over one group of tokens; dx of
 // its tokens and its sums of d_weight and d_bias in `partials`.
 template <int K>
 __device__ void convolve_grad(const lasp_short_conv_params& p) {
+  constexpr int L = kGradLanes;
   const lasp_halo_exchange& ex = p.exchange;
   const int b = blockIdx.y % p.B;
   const int group = static_cast<int>(blockIdx.y) / p.B;  // the last tokens, which wait, last
@@ -328,59 +448,72 @@ __device__ void convolve_grad(const lasp_short_conv_params& p) {
   const int tail = p.T - (K - 1);  // the first token whose dx takes the successor's halo gradient
   const bool remote_grad = K > 1 && t1 > tail && ex.source >= 0;
   if (remote_grad && !wait_for_source(ex, epoch)) return;
-  const int c = (blockIdx.x * blockDim.x + threadIdx.x) * kLanes;
+  const int c = (blockIdx.x * blockDim.x + threadIdx.x) * L;
   if (c >= p.C) return;
 
-  const Filter<K> filter = Filter<K>::load(p, c);
-  Lanes window[K > 1 ? K - 1 : 1];
+  const Filter<K, L> filter = Filter<K, L>::load(p, c);
+  Lanes<L> window[K > 1 ? K - 1 : 1];
 #pragma unroll
-  for (int j = 0; j < K - 1; ++j) window[j] = input_at<K>(p, b, t0 - (K - 1) + j, c);
+  for (int j = 0; j < K - 1; ++j) window[j] = input_at<K, L>(p, b, t0 - (K - 1) + j, c);
   // pending[i]: dx of token s - (K - 1) + i so far; token s - (K - 1) is complete after output s.
-  Lanes pending[K];
+  Lanes<L> pending[K];
 #pragma unroll
-  for (int i = 0; i < K; ++i) pending[i] = zero_lanes();
-  Lanes d_weight[K], d_bias = zero_lanes();
+  for (int i = 0; i < K; ++i) pending[i] = zero_lanes<L>();
+  Lanes<L> d_weight[K], d_bias = zero_lanes<L>();
 #pragma unroll
-  for (int i = 0; i < K; ++i) d_weight[i] = zero_lanes();
+  for (int i = 0; i < K; ++i) d_weight[i] = zero_lanes<L>();
 
-  for (int s = t0; s < t1 + K - 1; ++s) {
+  // Outputs s in [t0, t1 + K - 1): those past t1 only complete the dx of this group's last tokens.
+  const int s_end = t1 + K - 1, loaded_end = min(s_end, p.T);
+  const TokenRing<L> xs{backward_x_slots(), p.x + token_index(p, b, 0, c), p.C, t0, loaded_end};
+  const TokenRing<L> dys{backward_dy_slots(), p.dy + token_index(p, b, 0, c), p.C, t0, loaded_end};
+  for (int d = 0; d < kStages; ++d) {
+    xs.fetch(t0 + d);
+    dys.fetch(t0 + d);
+    lasp::cp_async_commit();
+  }
+  for (int s = t0; s < s_end; ++s) {
 #pragma unroll
     for (int i = 0; i + 1 < K; ++i) pending[i] = pending[i + 1];
-    pending[K - 1] = zero_lanes();
+    pending[K - 1] = zero_lanes<L>();
     if (s < p.T) {
-      const Lanes x = load_bf16(p.x + token_index(p, b, s, c));
-      const Lanes g = pre_activation_grad<K>(p, filter, window, x, b, s, c);
+      lasp::cp_async_wait<kStages - 1>();
+      const Lanes<L> x = unpack<L>(xs.take(s)), dy = unpack<L>(dys.take(s));
+      const Lanes<L> g = pre_activation_grad<K, L>(p, filter, window, x, dy);
+      // After x's and dy's first use: the slots' reads have completed.
+      xs.fetch(s + kStages);
+      dys.fetch(s + kStages);
+      lasp::cp_async_commit();
 #pragma unroll
       for (int i = 0; i < K; ++i)
 #pragma unroll
-        for (int l = 0; l < kLanes; ++l) pending[i].v[l] = fmaf(filter.w[i].v[l], g.v[l], pending[i].v[l]);
+        for (int l = 0; l < L; ++l) pending[i].v[l] = fmaf(filter.w[i].v[l], g.v[l], pending[i].v[l]);
       if (s < t1) {
 #pragma unroll
-        for (int l = 0; l < kLanes; ++l) {
+        for (int l = 0; l < L; ++l) {
 #pragma unroll
           for (int i = 0; i + 1 < K; ++i) d_weight[i].v[l] = fmaf(g.v[l], window[i].v[l], d_weight[i].v[l]);
           d_weight[K - 1].v[l] = fmaf(g.v[l], x.v[l], d_weight[K - 1].v[l]);
           d_bias.v[l] += g.v[l];
         }
       }
-#pragma unroll
-      for (int i = 0; i + 2 < K; ++i) window[i] = window[i + 1];
-      if (K > 1) window[K > 1 ? K - 2 : 0] = x;
+      push<K>(window, x);
     }
     const int t = s - (K - 1);
     if (t < t0) continue;
-    Lanes dx = pending[0];
+    Lanes<L> dx = pending[0];
     if (remote_grad && t >= tail) {
-      const Lanes in = load_landed(ex.slots + halo_index(p, parity, b, t - tail, c));
+      const Lanes<L> in = load_landed<L>(ex.slots + halo_index(p, parity, b, t - tail, c));
 #pragma unroll
-      for (int l = 0; l < kLanes; ++l) dx.v[l] += in.v[l];
+      for (int l = 0; l < L; ++l) dx.v[l] += in.v[l];
     }
     store_bf16(p.out + token_index(p, b, t, c), dx);
   }
+  lasp::cp_async_wait<0>();  // no copy may land in a CTA that has exited
 
   float* const sums = p.partials + ((static_cast<uint64_t>(b) * p.groups + group) * p.C + c) * (K + 1);
 #pragma unroll
-  for (int l = 0; l < kLanes; ++l) {
+  for (int l = 0; l < L; ++l) {
 #pragma unroll
     for (int i = 0; i < K; ++i) sums[l * (K + 1) + i] = d_weight[i].v[l];
     sums[l * (K + 1) + K] = d_bias.v[l];
@@ -424,7 +557,7 @@ extern "C" __global__ void __launch_bounds__(LASP_SHORT_CONV_SEND_THREADS)
   with_kernel_size<SendHaloGrad>(p);
 }
 
-// grid (ceil(C / (8 x LASP_SHORT_CONV_THREADS)), groups x B), block (LASP_SHORT_CONV_THREADS).
+// grid (ceil(C / (4 x LASP_SHORT_CONV_THREADS)), groups x B), block (LASP_SHORT_CONV_THREADS).
 extern "C" __global__ void __launch_bounds__(LASP_SHORT_CONV_THREADS)
     lasp_short_conv_backward(const __grid_constant__ lasp_short_conv_params p) {
   with_kernel_size<ConvolveGrad>(p);

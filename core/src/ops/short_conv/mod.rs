@@ -29,19 +29,19 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use halo::{Flow, HaloExchange};
 use lasp_shmem_kernels::params::{
     lasp_halo_exchange, lasp_short_conv_params, LASP_SHORT_CONV_CHANNELS_PER_THREAD,
-    LASP_SHORT_CONV_IDENTITY, LASP_SHORT_CONV_MAX_K, LASP_SHORT_CONV_SEND_THREADS,
-    LASP_SHORT_CONV_SILU, LASP_SHORT_CONV_THREADS,
+    LASP_SHORT_CONV_GRAD_CHANNELS_PER_THREAD, LASP_SHORT_CONV_IDENTITY, LASP_SHORT_CONV_MAX_K,
+    LASP_SHORT_CONV_SEND_THREADS, LASP_SHORT_CONV_SILU, LASP_SHORT_CONV_THREADS,
 };
 use std::sync::Arc;
 
 const FORWARD: &str = "short convolution forward";
 const BACKWARD: &str = "short convolution backward";
 
-/// Convolution CTAs per SM a call aims at (the forward fits four of 128 threads on an SM; the
-/// backward's registers allow two, so it runs in two waves).
-const CTAS_PER_SM: usize = 4;
-/// The fewest tokens a CTA walks: each reads `K - 1` tokens before its first.
-const MIN_TOKENS_PER_GROUP: usize = 16;
+/// The most waves of convolution CTAs a call is cut into (the fewer CTAs, the fewer partial
+/// sums the backward reduces; whole waves, so the last one is not a fraction).
+const MAX_WAVES: usize = 4;
+/// The fewest tokens a CTA walks: each also reads the `K - 1` tokens before its first.
+const MIN_TOKENS_PER_GROUP: usize = 64;
 /// The grid's y dimension, `groups x B`, stays within CUDA's limit.
 const MAX_GRID_Y: usize = 65_535;
 
@@ -121,31 +121,80 @@ impl ShortConvLayout {
         h
     }
 
-    /// CTAs across C in a convolution kernel's grid.
-    fn channel_tiles(&self) -> usize {
-        self.channels
-            .div_ceil((LASP_SHORT_CONV_CHANNELS_PER_THREAD * LASP_SHORT_CONV_THREADS) as usize)
-    }
-
-    /// Token groups per sequence for `tokens` tokens on a GPU of `sms` SMs: about
-    /// [`CTAS_PER_SM`] CTAs per SM, at least [`MIN_TOKENS_PER_GROUP`] tokens per CTA where T
-    /// allows, and no empty group.
-    pub(crate) fn token_groups(&self, tokens: usize, sms: usize) -> usize {
-        let want = (CTAS_PER_SM * sms).div_ceil(self.channel_tiles() * self.batch);
+    /// Token groups per sequence for `tokens` tokens, where a token group is `channel_tiles`
+    /// x B CTAs and `resident` CTAs fit on the GPU at once: the most whole waves, up to
+    /// [`MAX_WAVES`], whose groups keep [`MIN_TOKENS_PER_GROUP`] tokens or more (fewer only where
+    /// T is short), and no empty group.
+    pub(crate) fn token_groups(
+        &self,
+        tokens: usize,
+        channel_tiles: usize,
+        resident: usize,
+    ) -> usize {
         let most = (tokens / MIN_TOKENS_PER_GROUP)
             .min(MAX_GRID_Y / self.batch)
             .max(1);
-        let per_group = tokens.div_ceil(want.clamp(1, most));
-        tokens.div_ceil(per_group)
+        let ctas_per_group = channel_tiles * self.batch;
+        let in_waves = |waves: usize| (waves * resident / ctas_per_group).max(1);
+        let groups = (1..=MAX_WAVES)
+            .rev()
+            .map(in_waves)
+            .find(|&groups| groups <= most)
+            .unwrap_or(most);
+        tokens.div_ceil(tokens.div_ceil(groups))
+    }
+}
+
+/// One convolution kernel and its launch geometry.
+struct Convolution {
+    kernel: Kernel,
+    /// Channels per thread.
+    lanes: usize,
+    /// CTAs of it that fit on the GPU at once.
+    resident: usize,
+}
+
+impl Convolution {
+    fn new(runtime: &Runtime, name: &'static str, lanes: u32) -> Result<Self> {
+        let kernel = runtime.module().kernel(name)?;
+        let block = LaunchShape {
+            grid: (1, 1, 1),
+            block: (LASP_SHORT_CONV_THREADS, 1, 1),
+            shared_bytes: 0,
+        };
+        let per_sm = kernel.resident_ctas_per_sm(block)?;
+        Ok(Convolution {
+            kernel,
+            lanes: lanes as usize,
+            resident: (per_sm * sm_count(runtime.context())?) as usize,
+        })
+    }
+
+    fn channel_tiles(&self, layout: &ShortConvLayout) -> usize {
+        layout
+            .channels
+            .div_ceil(self.lanes * LASP_SHORT_CONV_THREADS as usize)
+    }
+
+    /// (token groups, launch shape) for `tokens` tokens.
+    fn plan(&self, layout: &ShortConvLayout, tokens: usize) -> (usize, LaunchShape) {
+        let tiles = self.channel_tiles(layout);
+        let groups = layout.token_groups(tokens, tiles, self.resident);
+        let shape = LaunchShape {
+            grid: (tiles as u32, (groups * layout.batch) as u32, 1),
+            block: (LASP_SHORT_CONV_THREADS, 1, 1),
+            shared_bytes: 0,
+        };
+        (groups, shape)
     }
 }
 
 /// The kernels of short_conv.cu.
 struct Kernels {
     send_halo: Kernel,
-    forward: Kernel,
+    forward: Convolution,
     send_halo_grad: Kernel,
-    backward: Kernel,
+    backward: Convolution,
     reduce_params: Kernel,
     advance: Kernel,
 }
@@ -195,9 +244,17 @@ impl ShortConv {
             backward_halo: HaloExchange::new(runtime, Flow::ToPrevious, halo_floats)?,
             kernels: Kernels {
                 send_halo: module.kernel("lasp_short_conv_send_halo")?,
-                forward: module.kernel("lasp_short_conv_forward")?,
+                forward: Convolution::new(
+                    runtime,
+                    "lasp_short_conv_forward",
+                    LASP_SHORT_CONV_CHANNELS_PER_THREAD,
+                )?,
                 send_halo_grad: module.kernel("lasp_short_conv_send_halo_grad")?,
-                backward: module.kernel("lasp_short_conv_backward")?,
+                backward: Convolution::new(
+                    runtime,
+                    "lasp_short_conv_backward",
+                    LASP_SHORT_CONV_GRAD_CHANNELS_PER_THREAD,
+                )?,
                 reduce_params: module.kernel("lasp_short_conv_reduce_params")?,
                 advance: module.kernel("lasp_short_conv_advance")?,
             },
@@ -220,7 +277,7 @@ impl ShortConv {
         require_runtime_stream(stream, self.runtime.context(), FORWARD)?;
         args.check(FORWARD, self.layout)?;
         StreamOrder::around(stream, args.homes(), FORWARD, || {
-            let groups = self.groups(args.tokens)?;
+            let (groups, grid) = self.kernels.forward.plan(&self.layout, args.tokens);
             let exchange = self.forward_halo.params(&self.runtime, stream);
             let p = lasp_short_conv_params {
                 x: args.x.addr() as _,
@@ -235,7 +292,7 @@ impl ShortConv {
                 &p,
                 &[
                     (&self.kernels.send_halo, Self::SEND),
-                    (&self.kernels.forward, self.convolution_shape(groups)),
+                    (&self.kernels.forward.kernel, grid),
                     (&self.kernels.advance, Self::SINGLE),
                 ],
             )
@@ -253,7 +310,7 @@ impl ShortConv {
         let reads_halo = self.forward_halo.has_source(&self.runtime);
         args.check(BACKWARD, self.layout, reads_halo)?;
         StreamOrder::around(stream, args.homes(), BACKWARD, || {
-            let groups = self.groups(args.tokens)?;
+            let (groups, grid) = self.kernels.backward.plan(&self.layout, args.tokens);
             let (b, c, k) = self.dims();
             let partial_bytes = (b * groups * c * (k + 1) * std::mem::size_of::<f32>()) as u64;
             let partials = ensure_workspace(
@@ -287,7 +344,7 @@ impl ShortConv {
                 &p,
                 &[
                     (&self.kernels.send_halo_grad, Self::SEND),
-                    (&self.kernels.backward, self.convolution_shape(groups)),
+                    (&self.kernels.backward.kernel, grid),
                     (&self.kernels.reduce_params, reduce),
                     (&self.kernels.advance, Self::SINGLE),
                 ],
@@ -336,23 +393,6 @@ impl ShortConv {
     fn dims(&self) -> (usize, usize, usize) {
         let l = self.layout;
         (l.batch, l.channels, l.kernel_size)
-    }
-
-    fn groups(&self, tokens: usize) -> Result<usize> {
-        let sms = sm_count(self.runtime.context())? as usize;
-        Ok(self.layout.token_groups(tokens, sms))
-    }
-
-    fn convolution_shape(&self, groups: usize) -> LaunchShape {
-        LaunchShape {
-            grid: (
-                self.layout.channel_tiles() as u32,
-                (groups * self.layout.batch) as u32,
-                1,
-            ),
-            block: (LASP_SHORT_CONV_THREADS, 1, 1),
-            shared_bytes: 0,
-        }
     }
 
     /// The parameters every kernel of a call shares; the call adds its tensors.

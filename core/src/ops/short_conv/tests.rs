@@ -54,35 +54,40 @@ fn layouts_outside_the_kernels_are_refused() {
 }
 
 #[test]
-fn token_groups_cover_every_token_and_leave_none_empty() {
-    for (batch, channels) in [(1, 8), (4, 2048), (8, 4096), (64, 64)] {
+fn token_groups_cover_every_token_in_whole_waves() {
+    for (batch, tiles) in [(1, 1), (4, 2), (8, 8), (64, 1), (1000, 4)] {
         let layout = ShortConvLayout {
             batch,
-            channels,
+            channels: 8,
             kernel_size: 4,
         };
-        for tokens in [1, 2, 3, 15, 16, 17, 100, 1000, 8191, 131_072] {
-            let groups = layout.token_groups(tokens, 132);
-            let per_group = tokens.div_ceil(groups);
-            assert!(groups >= 1 && groups * batch <= MAX_GRID_Y);
-            assert!(
-                groups * per_group >= tokens,
-                "T={tokens}: {groups} x {per_group}"
-            );
-            assert!(
-                (groups - 1) * per_group < tokens,
-                "T={tokens}: an empty group"
-            );
-            assert!(groups == 1 || per_group >= MIN_TOKENS_PER_GROUP);
+        for resident in [132, 396, 1056] {
+            for tokens in [1, 2, 63, 64, 65, 100, 1000, 8191, 131_072] {
+                let groups = layout.token_groups(tokens, tiles, resident);
+                let per_group = tokens.div_ceil(groups);
+                assert!(groups >= 1 && groups * batch <= MAX_GRID_Y);
+                assert!(
+                    groups * per_group >= tokens,
+                    "T={tokens}: {groups} x {per_group}"
+                );
+                assert!(
+                    (groups - 1) * per_group < tokens,
+                    "T={tokens}: an empty group"
+                );
+                assert!(groups == 1 || per_group >= MIN_TOKENS_PER_GROUP);
+                assert!(groups * tiles * batch <= (MAX_WAVES * resident).max(tiles * batch));
+            }
         }
     }
-    // B = 4, C = 2048 on 132 SMs: two channel tiles, 66 groups of 125 tokens, 528 CTAs.
+    // B = 4, 2 channel tiles, 396 resident CTAs: two whole waves of 99 groups.
     let layout = ShortConvLayout {
         batch: 4,
         channels: 2048,
         kernel_size: 4,
     };
-    assert_eq!(layout.token_groups(8192, 132), 66);
+    assert_eq!(layout.token_groups(8192, 2, 396), 99);
+    // A long sequence: four waves.
+    assert_eq!(layout.token_groups(131_072, 2, 396), 198);
 }
 
 /// Fake views of `len` elements at distinct, aligned addresses.

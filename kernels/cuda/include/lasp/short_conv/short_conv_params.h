@@ -7,7 +7,8 @@
 #include "lasp/wait_diagnostics.h"
 
 #define LASP_SHORT_CONV_MAX_K 4             // kernel sizes 1 .. 4 (fla's default is 4)
-#define LASP_SHORT_CONV_CHANNELS_PER_THREAD 8  // one 16-byte load of bf16 per token
+#define LASP_SHORT_CONV_CHANNELS_PER_THREAD 8  // the forward's: one 16-byte load of bf16 per token
+#define LASP_SHORT_CONV_GRAD_CHANNELS_PER_THREAD 4  // the backward's (its running sums fill registers)
 #define LASP_SHORT_CONV_THREADS 128         // the convolution kernels' CTA
 #define LASP_SHORT_CONV_SEND_THREADS 256    // the halo kernels' single CTA
 
