@@ -6,13 +6,16 @@
 //   before it, which belong to the PEs before it)
 //
 // A call's kernels, in stream order:
-//   forward:  send_halo (the shard's last K - 1 tokens to the next PE), convolve, advance
-//   backward: send_halo_grad (the gradient of this shard's halo to the PE before), convolve_grad,
-//             reduce_params (d_weight, d_bias in a fixed order), advance
-// The convolution CTAs that read what another PE put (the first tokens in the forward, the last
-// in the backward) wait for its signal, bounded; their grid positions come last, so every other
-// CTA has been placed before any of them waits. A shard shorter than K - 1 relays: its tail then
-// includes part of its own halo, so its send waits for that halo first.
+//   forward:  convolve, advance
+//   backward: convolve_grad, reduce_params (d_weight, d_bias in a fixed order), advance
+// The halo travels from inside the convolution: for each sequence and channel tile, the CTA that
+// holds the tail (the forward's last token group, scheduled first; the backward's first) builds
+// its tile's part of what the neighbour needs, puts it and sets the tile's signal, then convolves
+// its own tokens; the CTAs that read what the neighbour put (the first tokens in the forward, the
+// last in the backward) wait for their tile's signal, bounded, and are placed last in the grid, so
+// every other CTA has been placed before any of them waits. A shard shorter than K - 1 relays: its
+// tail then includes part of its own halo, so its sending CTA (the only one: one token group)
+// waits for that halo first.
 #include <cuda_bf16.h>
 #include <nvshmem.h>
 #include <nvshmemx.h>
@@ -174,30 +177,44 @@ __device__ __forceinline__ uint64_t halo_index(const lasp_short_conv_params& p, 
 
 __device__ __forceinline__ uint64_t call_epoch(const lasp_halo_exchange& ex) { return *ex.epoch + 1; }
 
-// The bounded wait for `source`'s put of `epoch` into this PE's slots, by thread 0; false on every
-// thread of the CTA if it expired (the diagnostics name the source, the parity and the epoch).
-__device__ __forceinline__ bool wait_for_source(const lasp_halo_exchange& ex, uint64_t epoch) {
+// The signal word of sequence b and this CTA's channel tile (blockIdx.x) at `parity`: one per
+// sending CTA, [2][B][channel tiles].
+__device__ __forceinline__ uint64_t signal_index(const lasp_short_conv_params& p, int parity, int b) {
+  return (static_cast<uint64_t>(parity) * p.B + b) * gridDim.x + blockIdx.x;
+}
+
+// The bounded wait for `source`'s put of `epoch` of this CTA's (sequence, channel tile), by thread
+// 0; false on every thread of the CTA if it expired (the diagnostics name the source, the signal
+// word and the epoch).
+__device__ __forceinline__ bool wait_for_source(const lasp_short_conv_params& p, uint64_t epoch, int b) {
   int ok = 1;
   if (threadIdx.x == 0) {
-    const int parity = static_cast<int>(epoch & 1);
+    const lasp_halo_exchange& ex = p.exchange;
+    const uint64_t idx = signal_index(p, static_cast<int>(epoch & 1), b);
     const lasp::WaitSite site{ex.diag, ex.timeout_ns, ex.me};
-    ok = lasp::wait_signal_ge(site, ex.signal + parity, epoch, ex.source, parity, LASP_WAIT_DATA);
+    ok = lasp::wait_signal_ge(site, ex.signal + idx, epoch, ex.source, static_cast<int32_t>(idx), LASP_WAIT_DATA);
   }
   return __syncthreads_and(ok);
 }
 
-// The halo kernels' first step: this PE has read every slot of epoch - 1 (the kernels that did
-// precede this one on the stream), which it tells `source`, whose next put may then reuse them.
+// The call's first step, by one thread of the grid: this PE has read every slot of epoch - 1 (the
+// kernels that did precede this one on the stream), which it tells `source`, whose next puts may
+// then reuse them.
 __device__ __forceinline__ void credit_source(const lasp_halo_exchange& ex, uint64_t epoch) {
-  if (threadIdx.x == 0 && ex.source >= 0)
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && ex.source >= 0) {
     nvshmemx_signal_op(ex.credit, epoch - 1, NVSHMEM_SIGNAL_SET, ex.source);
+    nvshmem_quiet();
+  }
 }
 
-// The halo kernels' last step, by the whole CTA once `staging` is written: waits (bounded) for
-// `dest`'s credit for epoch - 2, then puts the staging block into `dest`'s slots of this epoch's
-// parity with their signal set to `epoch`. A CTA whose wait expired puts nothing: `dest` then times
-// out on this epoch's data while this PE's diagnostics name `dest`.
-__device__ __forceinline__ void put_to_dest(const lasp_short_conv_params& p, uint64_t epoch) {
+// A sending CTA's step, by all its threads once they have written their channels of `staging`
+// (rows [b][j][c_first, c_first + channels)): waits (bounded) for `dest`'s credit for epoch - 2,
+// then puts the rows into `dest`'s slots of this epoch's parity and sets the tile's signal to
+// `epoch` (put, quiet, signal: the signal follows the data on every transport). False if the wait
+// expired: the CTA puts nothing, `dest` then times out on this epoch's data, and this PE's
+// diagnostics name `dest`.
+__device__ __forceinline__ bool put_tile(const lasp_short_conv_params& p, uint64_t epoch, int b, int c_first,
+                                         int channels) {
   const lasp_halo_exchange& ex = p.exchange;
   const int parity = static_cast<int>(epoch & 1);
   // Over InfiniBand the NIC reads the staging block: it must be in memory first. A peer reached by
@@ -208,20 +225,22 @@ __device__ __forceinline__ void put_to_dest(const lasp_short_conv_params& p, uin
     const lasp::WaitSite site{ex.diag, ex.timeout_ns, ex.me};
     ok = lasp::wait_signal_ge(site, ex.credit, epoch - 2, ex.dest, 0, LASP_WAIT_CREDIT);
   }
-  if (!__syncthreads_and(ok)) return;
-  const uint64_t floats = static_cast<uint64_t>(p.B) * (p.K - 1) * p.C;
-  nvshmemx_putmem_nbi_block(ex.slots + parity * floats, ex.staging, floats * sizeof(float), ex.dest);
+  if (!__syncthreads_and(ok)) return false;
+  for (int j = 0; j < p.K - 1; ++j)
+    nvshmemx_putmem_nbi_block(ex.slots + halo_index(p, parity, b, j, c_first),
+                              ex.staging + halo_index(p, 0, b, j, c_first), channels * sizeof(float), ex.dest);
   __syncthreads();
   if (threadIdx.x == 0) {
-    nvshmem_quiet();  // the block's copy has landed: the signal may follow
-    nvshmemx_signal_op(ex.signal + parity, epoch, NVSHMEM_SIGNAL_SET, ex.dest);
+    nvshmem_quiet();  // the rows have landed: the signal may follow
+    nvshmemx_signal_op(ex.signal + signal_index(p, parity, b), epoch, NVSHMEM_SIGNAL_SET, ex.dest);
     nvshmem_quiet();
   }
+  return true;
 }
 
 // ---- Forward ----------------------------------------------------------------------------------
 
-// Channels per thread of the halo kernels and of the forward (one 16-byte load of bf16 per token).
+// Channels per thread of the forward (one 16-byte load of bf16 per token).
 constexpr int kLanes = LASP_SHORT_CONV_CHANNELS_PER_THREAD;
 // The backward's: its thread keeps five times as many running sums, so half the channels keep
 // four of its CTAs on an SM.
@@ -286,34 +305,21 @@ __device__ __forceinline__ Packed<kGradLanes> (*backward_dy_slots())[LASP_SHORT_
   return slots;
 }
 
-// The tail this PE sends: the last K - 1 tokens of (halo, x), from x where the shard is long enough.
+// The tail this PE sends, for one thread's channels: the last K - 1 tokens of (halo, x), from x
+// where the shard is long enough, into `staging`.
 template <int K>
-__device__ void send_halo(const lasp_short_conv_params& p) {
+__device__ void stage_tail(const lasp_short_conv_params& p, int parity, int b, int c) {
   const lasp_halo_exchange& ex = p.exchange;
-  const uint64_t epoch = call_epoch(ex);
-  credit_source(ex, epoch);
-  if (K == 1 || ex.dest < 0) {
-    if (threadIdx.x == 0) nvshmem_quiet();
-    return;
-  }
-  const int parity = static_cast<int>(epoch & 1);
-  const bool relays = p.T < K - 1 && ex.source >= 0;
-  if (relays && !wait_for_source(ex, epoch)) return;
-  const int groups_of_channels = p.C / kLanes;
-  for (int item = threadIdx.x; item < p.B * groups_of_channels; item += blockDim.x) {
-    const int b = item / groups_of_channels, c = item % groups_of_channels * kLanes;
 #pragma unroll
-    for (int j = 0; j < K - 1; ++j) {
-      const int t = p.T - (K - 1) + j;  // relative to this shard; negative: its halo slot T + j
-      Lanes<kLanes> v = zero_lanes<kLanes>();
-      if (t >= 0)
-        v = load_bf16<kLanes>(p.x + token_index(p, b, t, c));
-      else if (ex.source >= 0)
-        v = load_landed<kLanes>(ex.slots + halo_index(p, parity, b, p.T + j, c));
-      store_f32(ex.staging + halo_index(p, 0, b, j, c), v);
-    }
+  for (int j = 0; j < K - 1; ++j) {
+    const int t = p.T - (K - 1) + j;  // relative to this shard; negative: its halo slot T + j
+    Lanes<kLanes> v = zero_lanes<kLanes>();
+    if (t >= 0)
+      v = load_bf16<kLanes>(p.x + token_index(p, b, t, c));
+    else if (ex.source >= 0)
+      v = load_landed<kLanes>(ex.slots + halo_index(p, parity, b, p.T + j, c));
+    store_f32(ex.staging + halo_index(p, 0, b, j, c), v);
   }
-  put_to_dest(p, epoch);
 }
 
 // One CTA: LASP_SHORT_CONV_THREADS x 8 channels of one sequence, over one group of tokens.
@@ -327,9 +333,17 @@ __device__ void convolve(const lasp_short_conv_params& p) {
   const int t0 = group * per_group, t1 = min(p.T, t0 + per_group);
   const uint64_t epoch = call_epoch(ex);
   const int parity = static_cast<int>(epoch & 1);
+  credit_source(ex, epoch);
+  const int c_first = blockIdx.x * blockDim.x * L, c = c_first + threadIdx.x * L;
   const bool remote_halo = K > 1 && t0 < K - 1 && ex.source >= 0;
-  if (remote_halo && !wait_for_source(ex, epoch)) return;
-  const int c = (blockIdx.x * blockDim.x + threadIdx.x) * L;
+  const bool sends = K > 1 && t1 == p.T && ex.dest >= 0;
+  const bool relays = sends && p.T < K - 1 && ex.source >= 0;  // then one group: it reads too
+  if (relays && !wait_for_source(p, epoch, b)) return;
+  if (sends) {
+    if (c < p.C) stage_tail<K>(p, parity, b, c);
+    if (!put_tile(p, epoch, b, c_first, min(p.C - c_first, LASP_SHORT_CONV_THREADS * L))) return;
+  }
+  if (remote_halo && !relays && !wait_for_source(p, epoch, b)) return;
   if (c >= p.C || t0 >= t1) return;
 
   const Filter<K, L> filter = Filter<K, L>::load(p, c);
@@ -384,53 +398,41 @@ __device__ __forceinline__ Lanes<L> pre_activation_grad(const lasp_short_conv_pa
   return dy;
 }
 
+// This shard's halo gradient for one thread's channels, into `staging`: sum_{s <= j} w[j - s] g_s
+// for slot j, plus, where the shard relays, the successor's halo gradient for the slots before it.
 template <int K>
-__device__ void send_halo_grad(const lasp_short_conv_params& p) {
-  constexpr int L = kLanes;
+__device__ void stage_halo_grad(const lasp_short_conv_params& p, int parity, int b, int c, bool relays) {
+  constexpr int L = kGradLanes;
   const lasp_halo_exchange& ex = p.exchange;
-  const uint64_t epoch = call_epoch(ex);
-  credit_source(ex, epoch);
-  if (K == 1 || ex.dest < 0) {
-    if (threadIdx.x == 0) nvshmem_quiet();
-    return;
+  const Filter<K, L> filter = Filter<K, L>::load(p, c);
+  Lanes<L> window[K > 1 ? K - 1 : 1];
+#pragma unroll
+  for (int j = 0; j < K - 1; ++j) window[j] = input_at<K, L>(p, b, j - (K - 1), c);
+  Lanes<L> d_halo[K > 1 ? K - 1 : 1];
+#pragma unroll
+  for (int j = 0; j < K - 1; ++j) d_halo[j] = zero_lanes<L>();
+#pragma unroll
+  for (int s = 0; s < K - 1; ++s) {
+    if (s >= p.T) break;
+    const Lanes<L> x = load_bf16<L>(p.x + token_index(p, b, s, c));
+    const Lanes<L> dy = load_bf16<L>(p.dy + token_index(p, b, s, c));
+    const Lanes<L> g = pre_activation_grad<K, L>(p, filter, window, x, dy);
+#pragma unroll
+    for (int j = s; j < K - 1; ++j)
+#pragma unroll
+      for (int l = 0; l < L; ++l) d_halo[j].v[l] = fmaf(filter.w[j - s].v[l], g.v[l], d_halo[j].v[l]);
+    push<K>(window, x);
   }
-  const int parity = static_cast<int>(epoch & 1);
-  const bool relays = p.T < K - 1 && ex.source >= 0;
-  if (relays && !wait_for_source(ex, epoch)) return;
-  const int groups_of_channels = p.C / L;
-  for (int item = threadIdx.x; item < p.B * groups_of_channels; item += blockDim.x) {
-    const int b = item / groups_of_channels, c = item % groups_of_channels * L;
-    const Filter<K, L> filter = Filter<K, L>::load(p, c);
-    Lanes<L> window[K > 1 ? K - 1 : 1];
 #pragma unroll
-    for (int j = 0; j < K - 1; ++j) window[j] = input_at<K, L>(p, b, j - (K - 1), c);
-    Lanes<L> d_halo[K > 1 ? K - 1 : 1];
+  for (int j = 0; j < K - 1; ++j) {
+    // The successor's halo gradient for slot j - T (token j - (K - 1), before this shard).
+    if (relays && j >= p.T) {
+      const Lanes<L> in = load_landed<L>(ex.slots + halo_index(p, parity, b, j - p.T, c));
 #pragma unroll
-    for (int j = 0; j < K - 1; ++j) d_halo[j] = zero_lanes<L>();
-#pragma unroll
-    for (int s = 0; s < K - 1; ++s) {
-      if (s >= p.T) break;
-      const Lanes<L> x = load_bf16<L>(p.x + token_index(p, b, s, c));
-      const Lanes<L> dy = load_bf16<L>(p.dy + token_index(p, b, s, c));
-      const Lanes<L> g = pre_activation_grad<K, L>(p, filter, window, x, dy);
-#pragma unroll
-      for (int j = s; j < K - 1; ++j)
-#pragma unroll
-        for (int l = 0; l < L; ++l) d_halo[j].v[l] = fmaf(filter.w[j - s].v[l], g.v[l], d_halo[j].v[l]);
-      push<K>(window, x);
+      for (int l = 0; l < L; ++l) d_halo[j].v[l] += in.v[l];
     }
-#pragma unroll
-    for (int j = 0; j < K - 1; ++j) {
-      // The successor's halo gradient for slot j - T (token j - (K - 1), before this shard).
-      if (relays && j >= p.T) {
-        const Lanes<L> in = load_landed<L>(ex.slots + halo_index(p, parity, b, j - p.T, c));
-#pragma unroll
-        for (int l = 0; l < L; ++l) d_halo[j].v[l] += in.v[l];
-      }
-      store_f32(ex.staging + halo_index(p, 0, b, j, c), d_halo[j]);
-    }
+    store_f32(ex.staging + halo_index(p, 0, b, j, c), d_halo[j]);
   }
-  put_to_dest(p, epoch);
 }
 
 // One CTA: LASP_SHORT_CONV_THREADS x 4 channels of one sequence, over one group of tokens; dx of
@@ -445,10 +447,18 @@ __device__ void convolve_grad(const lasp_short_conv_params& p) {
   const int t0 = group * per_group, t1 = min(p.T, t0 + per_group);
   const uint64_t epoch = call_epoch(ex);
   const int parity = static_cast<int>(epoch & 1);
+  credit_source(ex, epoch);
+  const int c_first = blockIdx.x * blockDim.x * L, c = c_first + threadIdx.x * L;
   const int tail = p.T - (K - 1);  // the first token whose dx takes the successor's halo gradient
   const bool remote_grad = K > 1 && t1 > tail && ex.source >= 0;
-  if (remote_grad && !wait_for_source(ex, epoch)) return;
-  const int c = (blockIdx.x * blockDim.x + threadIdx.x) * L;
+  const bool sends = K > 1 && group == 0 && ex.dest >= 0;
+  const bool relays = sends && p.T < K - 1 && ex.source >= 0;  // then one group: it reads too
+  if (relays && !wait_for_source(p, epoch, b)) return;
+  if (sends) {
+    if (c < p.C) stage_halo_grad<K>(p, parity, b, c, relays);
+    if (!put_tile(p, epoch, b, c_first, min(p.C - c_first, LASP_SHORT_CONV_THREADS * L))) return;
+  }
+  if (remote_grad && !relays && !wait_for_source(p, epoch, b)) return;
   if (c >= p.C) return;
 
   const Filter<K, L> filter = Filter<K, L>::load(p, c);
@@ -532,29 +542,15 @@ __device__ __forceinline__ void with_kernel_size(const lasp_short_conv_params& p
   }
 }
 
-template <int K> struct SendHalo { static __device__ void run(const lasp_short_conv_params& p) { send_halo<K>(p); } };
 template <int K> struct Convolve { static __device__ void run(const lasp_short_conv_params& p) { convolve<K>(p); } };
-template <int K> struct SendHaloGrad { static __device__ void run(const lasp_short_conv_params& p) { send_halo_grad<K>(p); } };
 template <int K> struct ConvolveGrad { static __device__ void run(const lasp_short_conv_params& p) { convolve_grad<K>(p); } };
 
 }  // namespace
-
-// grid (1), block (LASP_SHORT_CONV_SEND_THREADS).
-extern "C" __global__ void __launch_bounds__(LASP_SHORT_CONV_SEND_THREADS)
-    lasp_short_conv_send_halo(const __grid_constant__ lasp_short_conv_params p) {
-  with_kernel_size<SendHalo>(p);
-}
 
 // grid (ceil(C / (8 x LASP_SHORT_CONV_THREADS)), groups x B), block (LASP_SHORT_CONV_THREADS).
 extern "C" __global__ void __launch_bounds__(LASP_SHORT_CONV_THREADS)
     lasp_short_conv_forward(const __grid_constant__ lasp_short_conv_params p) {
   with_kernel_size<Convolve>(p);
-}
-
-// grid (1), block (LASP_SHORT_CONV_SEND_THREADS).
-extern "C" __global__ void __launch_bounds__(LASP_SHORT_CONV_SEND_THREADS)
-    lasp_short_conv_send_halo_grad(const __grid_constant__ lasp_short_conv_params p) {
-  with_kernel_size<SendHaloGrad>(p);
 }
 
 // grid (ceil(C / (4 x LASP_SHORT_CONV_THREADS)), groups x B), block (LASP_SHORT_CONV_THREADS).

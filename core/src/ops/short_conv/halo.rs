@@ -31,14 +31,20 @@ pub(super) struct HaloExchange {
 }
 
 impl HaloExchange {
-    /// Slots for `halo_floats` (B (K - 1) C, at least 1) floats per parity (collective).
-    pub(super) fn new(runtime: &Runtime, flow: Flow, halo_floats: usize) -> Result<Self> {
+    /// Slots for `halo_floats` (B (K - 1) C, at least 1) floats per parity and `signals` signal
+    /// words per parity (one per sending CTA: B x the convolution's channel tiles) (collective).
+    pub(super) fn new(
+        runtime: &Runtime,
+        flow: Flow,
+        halo_floats: usize,
+        signals: usize,
+    ) -> Result<Self> {
         let stream = runtime.stream();
         Ok(HaloExchange {
             flow,
             slots: runtime.alloc_zeroed(2 * halo_floats)?,
             staging: runtime.alloc(halo_floats)?,
-            signal: runtime.alloc_zeroed(2)?,
+            signal: runtime.alloc_zeroed(2 * signals)?,
             credit: runtime.alloc_zeroed(1)?,
             epoch: stream.alloc_zeros(1)?,
             diag: stream.alloc_zeros(1)?,

@@ -30,7 +30,7 @@ use halo::{Flow, HaloExchange};
 use lasp_shmem_kernels::params::{
     lasp_halo_exchange, lasp_short_conv_params, LASP_SHORT_CONV_CHANNELS_PER_THREAD,
     LASP_SHORT_CONV_GRAD_CHANNELS_PER_THREAD, LASP_SHORT_CONV_IDENTITY, LASP_SHORT_CONV_MAX_K,
-    LASP_SHORT_CONV_SEND_THREADS, LASP_SHORT_CONV_SILU, LASP_SHORT_CONV_THREADS,
+    LASP_SHORT_CONV_SILU, LASP_SHORT_CONV_THREADS,
 };
 use std::sync::Arc;
 
@@ -191,9 +191,7 @@ impl Convolution {
 
 /// The kernels of short_conv.cu.
 struct Kernels {
-    send_halo: Kernel,
     forward: Convolution,
-    send_halo_grad: Kernel,
     backward: Convolution,
     reduce_params: Kernel,
     advance: Kernel,
@@ -236,25 +234,32 @@ impl ShortConv {
         }
         let module = runtime.module();
         let halo_floats = layout.halo_len().max(1);
+        let forward = Convolution::new(
+            runtime,
+            "lasp_short_conv_forward",
+            LASP_SHORT_CONV_CHANNELS_PER_THREAD,
+        )?;
+        let backward = Convolution::new(
+            runtime,
+            "lasp_short_conv_backward",
+            LASP_SHORT_CONV_GRAD_CHANNELS_PER_THREAD,
+        )?;
+        // A signal per sequence and channel tile of the kernel that sends and reads the halo.
+        let signals = |conv: &Convolution| layout.batch * conv.channel_tiles(&layout);
         let conv = ShortConv {
             _calls_done: ContextSync(runtime.context().clone()),
             runtime: runtime.clone(),
             layout,
-            forward_halo: HaloExchange::new(runtime, Flow::ToNext, halo_floats)?,
-            backward_halo: HaloExchange::new(runtime, Flow::ToPrevious, halo_floats)?,
+            forward_halo: HaloExchange::new(runtime, Flow::ToNext, halo_floats, signals(&forward))?,
+            backward_halo: HaloExchange::new(
+                runtime,
+                Flow::ToPrevious,
+                halo_floats,
+                signals(&backward),
+            )?,
             kernels: Kernels {
-                send_halo: module.kernel("lasp_short_conv_send_halo")?,
-                forward: Convolution::new(
-                    runtime,
-                    "lasp_short_conv_forward",
-                    LASP_SHORT_CONV_CHANNELS_PER_THREAD,
-                )?,
-                send_halo_grad: module.kernel("lasp_short_conv_send_halo_grad")?,
-                backward: Convolution::new(
-                    runtime,
-                    "lasp_short_conv_backward",
-                    LASP_SHORT_CONV_GRAD_CHANNELS_PER_THREAD,
-                )?,
+                forward,
+                backward,
                 reduce_params: module.kernel("lasp_short_conv_reduce_params")?,
                 advance: module.kernel("lasp_short_conv_advance")?,
             },
@@ -291,7 +296,6 @@ impl ShortConv {
                 stream,
                 &p,
                 &[
-                    (&self.kernels.send_halo, Self::SEND),
                     (&self.kernels.forward.kernel, grid),
                     (&self.kernels.advance, Self::SINGLE),
                 ],
@@ -343,7 +347,6 @@ impl ShortConv {
                 stream,
                 &p,
                 &[
-                    (&self.kernels.send_halo_grad, Self::SEND),
                     (&self.kernels.backward.kernel, grid),
                     (&self.kernels.reduce_params, reduce),
                     (&self.kernels.advance, Self::SINGLE),
@@ -377,12 +380,6 @@ impl ShortConv {
         self.backward_halo.free(&self.runtime)
     }
 
-    /// One CTA of the halo kernels.
-    const SEND: LaunchShape = LaunchShape {
-        grid: (1, 1, 1),
-        block: (LASP_SHORT_CONV_SEND_THREADS, 1, 1),
-        shared_bytes: 0,
-    };
     /// One thread: the epoch's advance.
     const SINGLE: LaunchShape = LaunchShape {
         grid: (1, 1, 1),

@@ -10,7 +10,6 @@
 #define LASP_SHORT_CONV_CHANNELS_PER_THREAD 8  // the forward's: one 16-byte load of bf16 per token
 #define LASP_SHORT_CONV_GRAD_CHANNELS_PER_THREAD 4  // the backward's (its running sums fill registers)
 #define LASP_SHORT_CONV_THREADS 128         // the convolution kernels' CTA
-#define LASP_SHORT_CONV_SEND_THREADS 256    // the halo kernels' single CTA
 
 enum lasp_short_conv_activation {
   LASP_SHORT_CONV_IDENTITY = 0,
@@ -23,7 +22,8 @@ enum lasp_short_conv_activation {
 // every PE:
 //   slots    [2][B][K-1][C] fp32: parity e % 2 holds what `source` put for epoch e
 //   staging  [B][K-1][C] fp32: what this PE puts to `dest` (assembled, then put with a signal)
-//   signal   [2]: set to e by `source` when its put of epoch e (parity e % 2) has landed
+//   signal   [2][B][channel tiles of the convolution kernel]: set to e by `source`'s CTA of that
+//            sequence and tile when its rows of epoch e (parity e % 2) have landed
 //   credit   [1]: set to e - 1 by `dest` when it has read every slot of epoch e - 1
 // Epochs never wrap: a call with epoch e overwrites `dest`'s parity e % 2, last read at e - 2, only
 // after `dest`'s credit for e - 2. Every wait is bounded and records PE, slot and epoch in `diag`.
