@@ -149,8 +149,13 @@ pub struct ShardCase {
     pub h0: bool,
 }
 
-impl ShardCase {
-    pub fn name(&self) -> String {
+/// A check a program runs on every PE: its name is the line the GPU tests count.
+pub trait NamedCase {
+    fn name(&self) -> String;
+}
+
+impl NamedCase for ShardCase {
+    fn name(&self) -> String {
         format!(
             "B{}_H{}_Dk{}_Dv{}_{:?}_shards{:?}{}",
             self.b,
@@ -162,7 +167,9 @@ impl ShardCase {
             if self.h0 { "_h0" } else { "" }
         )
     }
+}
 
+impl ShardCase {
     /// The reference's dimensions of the whole sequence.
     pub fn shape(&self) -> Shape {
         Shape {
@@ -222,11 +229,11 @@ pub fn shard_cases(npes: usize, widths: &[(usize, usize)]) -> Vec<ShardCase> {
 /// Runs `check(case, seed)` on every case (seeds `first_seed`, `first_seed + 1`, ...) and prints
 /// one PASS or FAIL line per case with this PE's number (the GPU tests count them); returns how
 /// many failed.
-pub fn run_cases(
+pub fn run_cases<C: NamedCase>(
     rt: &Runtime,
-    cases: &[ShardCase],
+    cases: &[C],
     first_seed: u64,
-    mut check: impl FnMut(&ShardCase, u64) -> Result<std::result::Result<String, String>>,
+    mut check: impl FnMut(&C, u64) -> Result<std::result::Result<String, String>>,
 ) -> Result<usize> {
     let mut failed = 0;
     for (i, case) in cases.iter().enumerate() {

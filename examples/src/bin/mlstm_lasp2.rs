@@ -33,8 +33,8 @@ use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::graph_replay::{replay, Outputs};
 use lasp_shmem_examples::{
     bf16_bits, bf16s, f32_bits, f32s, lasp2_config, main_under_launcher, mode_of, parse_shape,
-    planner_choice, round, shard_rows, time_modes_and_plan, time_shapes, ModeCall, ModeRow,
-    PlannerTimes,
+    planner_choice, round, run_cases, shard_rows, time_modes_and_plan, time_shapes, ModeCall,
+    ModeRow, NamedCase, PlannerTimes,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -77,7 +77,7 @@ struct Case {
     splits: Option<u32>,
 }
 
-impl Case {
+impl NamedCase for Case {
     fn name(&self) -> String {
         format!(
             "mlstm_B{}_H{}_Dk{}_Dv{}_{:?}_shards{:?}{}{}{}",
@@ -451,16 +451,9 @@ fn run(options: Options, config: Config) -> Result<bool> {
     let rt = Runtime::init(config)?;
     let mut failed = 0;
     if !options.no_check {
-        for (i, case) in cases(rt.npes()).iter().enumerate() {
-            let name = case.name();
-            match check_case(&rt, case, 5100 + i as u64, options.graph_calls)? {
-                Ok(detail) => println!("PE {}: PASS {name}: {detail}", rt.pe()),
-                Err(detail) => {
-                    failed += 1;
-                    println!("PE {}: FAIL {name}: {detail}", rt.pe());
-                }
-            }
-        }
+        failed = run_cases(&rt, &cases(rt.npes()), 5100, |case, seed| {
+            check_case(&rt, case, seed, options.graph_calls)
+        })?;
     }
     time_shapes(
         &rt,

@@ -31,8 +31,8 @@ use lasp_shmem::reference::short_conv::{self as reference, sharded};
 use lasp_shmem::reference::{rel_err, SplitMix64, Tensor};
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::{
-    bf16_bits, bf16s, config_with_heap, f32_bits, f32s, main_under_launcher, round, shard_rows,
-    write_json,
+    bf16_bits, bf16s, config_with_heap, f32_bits, f32s, main_under_launcher, round, run_cases,
+    shard_rows, write_json, NamedCase,
 };
 use serde::Serialize;
 use std::path::PathBuf;
@@ -89,7 +89,7 @@ struct Case {
     lengths: Vec<usize>,
 }
 
-impl Case {
+impl NamedCase for Case {
     fn name(&self) -> String {
         format!(
             "short_conv_B{}_C{}_K{}_{:?}{}_shards{:?}",
@@ -101,7 +101,9 @@ impl Case {
             self.lengths
         )
     }
+}
 
+impl Case {
     fn layout(&self) -> ShortConvLayout {
         ShortConvLayout {
             batch: self.b,
@@ -595,16 +597,9 @@ fn run(options: Options, config: Config) -> Result<bool> {
     }
     let mut failed = 0;
     if !options.no_check {
-        for (i, case) in cases(rt.npes()).iter().enumerate() {
-            let name = case.name();
-            match check_case(&rt, case, 7100 + i as u64, options.graph_calls)? {
-                Ok(detail) => println!("PE {}: PASS {name}: {detail}", rt.pe()),
-                Err(detail) => {
-                    failed += 1;
-                    println!("PE {}: FAIL {name}: {detail}", rt.pe());
-                }
-            }
-        }
+        failed = run_cases(&rt, &cases(rt.npes()), 7100, |case, seed| {
+            check_case(&rt, case, seed, options.graph_calls)
+        })?;
     }
     let rows = options
         .time

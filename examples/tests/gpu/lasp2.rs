@@ -160,6 +160,16 @@ pub(crate) fn forward_silent_rank_drill(
     (silent, run)
 }
 
+/// The PEs that the ranks' drill errors name as the one whose data never came, one per error line.
+pub(crate) fn pes_named_in_drill_errors(run: &Finished) -> Vec<usize> {
+    let drill_error = Regex::new(r"drill error: .*for data from PE ([0-9]+) ").expect("a pattern");
+    run.output
+        .lines()
+        .filter_map(|line| drill_error.captures(line))
+        .map(|c| c[1].parse().expect("a PE number"))
+        .collect()
+}
+
 /// Every PE after the silent one waits for its tiles: each must name it, and none another PE.
 #[test]
 fn forward_silent_rank_is_named_by_every_later_rank() {
@@ -167,13 +177,7 @@ fn forward_silent_rank_is_named_by_every_later_rank() {
         return;
     };
     let (silent, run) = forward_silent_rank_drill("LASP-2 forward, silent rank", gpus, &[], &[]);
-    let drill_error = Regex::new(r"drill error: .*for data from PE ([0-9]+) ").expect("a pattern");
-    let named: Vec<usize> = run
-        .output
-        .lines()
-        .filter_map(|line| drill_error.captures(line))
-        .map(|c| c[1].parse().expect("a PE number"))
-        .collect();
+    let named = pes_named_in_drill_errors(&run);
     let later_ranks = gpus - 1 - silent;
     let naming_it = named.iter().filter(|&&pe| pe == silent).count();
     assert!(

@@ -4,8 +4,7 @@
 //! the PEs beside it).
 
 use crate::common::{expect_failure, gpus_or_skip, launch, program, two_or_more_gpus_or_skip};
-use crate::lasp2::{expect_cases_passed, DRILL_LIMIT, DRILL_WAIT};
-use regex::Regex;
+use crate::lasp2::{expect_cases_passed, pes_named_in_drill_errors, DRILL_LIMIT, DRILL_WAIT};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -48,13 +47,7 @@ fn short_conv_silent_rank_is_named_by_its_neighbours() {
         &format!("waited [0-9]+ ms for data from PE {silent} "),
         &run,
     );
-    let drill_error = Regex::new(r"drill error: .*for data from PE ([0-9]+) ").expect("a pattern");
-    let named: Vec<usize> = run
-        .output
-        .lines()
-        .filter_map(|line| drill_error.captures(line))
-        .map(|c| c[1].parse().expect("a PE number"))
-        .collect();
+    let named = pes_named_in_drill_errors(&run);
     assert!(
         !named.is_empty() && named.iter().all(|&pe| pe == silent),
         "the PEs beside PE {silent} named {named:?}"
