@@ -1,7 +1,8 @@
 //! Packed documents (`cu_seqlens`) for scalar and vector gates: the packed token-by-token
 //! reference against each document run on its own through the unpacked reference, its gradients
 //! against finite differences, its LASP-2 decomposition against it for W = 2, 3, 4 with documents
-//! and shards cut every way that matters, and the rejection of malformed `cu_seqlens`.
+//! and shards cut every way that matters, and the rejection of malformed `cu_seqlens`. For the
+//! delta rule (Gated DeltaNet), the packed LASP-2 forward against each document run on its own.
 //!
 //! Tolerance 1e-10 relative: both sides are f64 and differ only in summation order (chunkwise
 //! local passes against the token-by-token sweep, shard cuts moving chunk boundaries), ~1e-14;
@@ -10,8 +11,8 @@
 use lasp_shmem::reference::lasp2::{self, Carry, Decay};
 use lasp_shmem::reference::packed::{self, PackedInputs};
 use lasp_shmem::reference::{
-    assert_rel_close, gla, rel_err, scalar_decay, Cotangents, Family, Forward, GateKind, Grads,
-    InputSpec, Inputs, ReferenceError, Regime, Shape, SplitMix64, Tensor,
+    assert_rel_close, delta_rule, gla, rel_err, scalar_decay, Cotangents, Family, Forward,
+    GateKind, Grads, InputSpec, Inputs, ReferenceError, Regime, Shape, SplitMix64, Tensor,
 };
 
 const TOL: f64 = 1e-10;
@@ -342,6 +343,70 @@ fn vector_packed_decomposition_equals_packed_sequence() {
 /// Central finite differences of `L = sum(o * d_o) + sum_n <S_n, d_ht_n>` on a tiny packed
 /// problem, for q, k, v, g and the per-document h0 (bounds as in reference_gradients.rs; the
 /// forward rejects a positive gate, so this passing shows no step crossed 0).
+/// Gated DeltaNet over the same documents and shard sets: the packed LASP-2 forward against each
+/// document run on its own through the unpacked token-by-token recurrence (outputs and every
+/// document's final state), and its carries: `A_w = 0` exactly where a document starts in the
+/// shard, the shard's transition elsewhere.
+#[test]
+fn delta_packed_decomposition_equals_documents_run_separately() {
+    let t = *CU_SEQLENS.last().unwrap();
+    let spec = InputSpec {
+        shape: shape(t),
+        family: Family::DeltaRule,
+        regime: Regime::Typical,
+        seed: 41,
+        round_to_bf16: false,
+        initial_state: false,
+    };
+    let mut packed = PackedInputs {
+        inputs: Inputs::generate(&spec).unwrap(),
+        cu_seqlens: CU_SEQLENS.to_vec(),
+        h0: None,
+    };
+    packed.h0 = Some(normal(&packed.document_states_shape(), 141));
+    let lengths: Vec<usize> = CU_SEQLENS.windows(2).map(|w| w[1] - w[0]).collect();
+    let docs = lasp2::split_shards(&packed.inputs, Family::DeltaRule, &lengths).unwrap();
+    let separate: Vec<Forward> = docs
+        .into_iter()
+        .enumerate()
+        .map(|(n, doc)| {
+            let doc = Inputs {
+                h0: Some(document(packed.h0.as_ref().unwrap(), n)),
+                ..doc
+            };
+            delta_rule::recurrent_forward(&doc).unwrap()
+        })
+        .collect();
+    let want_o = Tensor::concat_time(&separate.iter().map(|f| f.o.clone()).collect::<Vec<_>>());
+    let mut transitions = 0;
+    for shards in SHARDS {
+        let tag = format!("delta rule, shards {shards:?}");
+        let got = lasp2::packed_delta_forward(&packed, shards, CHUNK).unwrap();
+        check(&format!("{tag}: o"), &got.o, &want_o);
+        for (n, doc) in separate.iter().enumerate() {
+            let end = document(&got.final_states, n);
+            check(&format!("{tag}: final state {n}"), &end, &doc.final_state);
+        }
+        let mut start = 0;
+        for (w, (&len, summary)) in shards.iter().zip(&got.summaries).enumerate() {
+            let holds_start = CU_SEQLENS[..lengths.len()]
+                .iter()
+                .any(|&c| (start..start + len).contains(&c));
+            let forgets = summary.carry == lasp2::AffineCarry::Forget;
+            assert_eq!(forgets, holds_start, "{tag}: rank {w}'s carry");
+            start += len;
+        }
+        transitions += got
+            .summaries
+            .iter()
+            .filter(|s| s.carry != lasp2::AffineCarry::Forget)
+            .count();
+    }
+    // A shard inside one document (70..100 of the fourth set) carries its entering state by its
+    // transition: the fold's matrix branch is exercised, not only the forgetting one.
+    assert!(transitions > 0);
+}
+
 #[test]
 fn packed_gradients_match_finite_differences() {
     const STEP: f64 = 1e-5;

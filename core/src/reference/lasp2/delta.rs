@@ -65,7 +65,7 @@ fn summary_shape(summaries: &[AffineSummary]) -> Result<Vec<usize>, ReferenceErr
 }
 
 /// Per head, `m x` for `m` `[B, H, Dk, Dk]` and `x` `[B, H, Dk, Dv]`; with `transpose`, `m^T x`.
-fn apply(m: &Tensor, x: &Tensor, transpose: bool) -> Tensor {
+pub(super) fn apply(m: &Tensor, x: &Tensor, transpose: bool) -> Tensor {
     let mut out = x.clone();
     let dk = m.shape()[2];
     for b in 0..x.shape()[0] {

@@ -28,7 +28,9 @@
 //! Packed documents ([`packed_forward`], [`packed_backward`]; scalar and vector gates): a shard
 //! holding a document start forgets the state entering it (`Lambda_w = -inf`, [`Carry::Forget`]),
 //! and `P_w` and `D_w` reach only the tokens before the shard's first document start and after its
-//! last one; the module's header has the details.
+//! last one; the module's header has the details. The delta rule's packed forward
+//! ([`packed_delta_forward`]) has the same runs with the affine summary: `A_w = 0`
+//! ([`AffineCarry::Forget`]) where a document starts in the shard.
 //!
 //! Compare per-token tensors against the single sequence, never per-chunk states: shard cuts move
 //! chunk boundaries (fla `tests/context_parallel/debug.md`).
@@ -36,6 +38,7 @@
 mod decay;
 mod delta;
 mod packed;
+mod packed_delta;
 
 pub use decay::{
     backward, fold_prefix, fold_prefixes, fold_suffixes, forward, local_state, Decay, ShardSummary,
@@ -47,6 +50,9 @@ pub use delta::{
 pub use packed::{
     packed_backward, packed_forward, Carry, PackedLasp2Backward, PackedLasp2Forward,
     PackedRankBackward, PackedRankForward, PackedShardSummary,
+};
+pub use packed_delta::{
+    packed_delta_forward, AffineCarry, PackedAffineSummary, PackedDeltaForward,
 };
 
 use super::error::ReferenceError;

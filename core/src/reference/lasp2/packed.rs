@@ -130,23 +130,23 @@ pub struct PackedLasp2Backward {
 }
 
 /// A run of a shard's tokens inside one document: a shard splits at its document starts.
-struct Run {
+pub(super) struct Run {
     /// The tokens, in the packed sequence.
-    range: Range<usize>,
+    pub(super) range: Range<usize>,
     /// The document holding them.
-    document: usize,
+    pub(super) document: usize,
     /// Whether the run opens with the document's first token (otherwise it continues the document
     /// from earlier ranks).
-    starts_document: bool,
+    pub(super) starts_document: bool,
     /// Whether the run closes with the document's last token (otherwise it continues into later
     /// ranks).
-    ends_document: bool,
+    pub(super) ends_document: bool,
 }
 
 impl Run {
     /// The run as unpacked inputs: its tokens, entered from its document's `h0` when it starts the
     /// document, from zero otherwise.
-    fn inputs(&self, packed: &PackedInputs) -> Inputs {
+    pub(super) fn inputs(&self, packed: &PackedInputs) -> Inputs {
         let (start, len) = (self.range.start, self.range.len());
         let all = &packed.inputs;
         Inputs {
@@ -158,7 +158,7 @@ impl Run {
             k: all.k.slice_time(start, len),
             v: all.v.slice_time(start, len),
             g: all.g.slice_time(start, len),
-            beta: None,
+            beta: all.beta.as_ref().map(|beta| beta.slice_time(start, len)),
             h0: packed
                 .h0
                 .as_ref()
@@ -170,7 +170,7 @@ impl Run {
 }
 
 /// The runs of the shard owning `tokens`, in order.
-fn runs(packed: &PackedInputs, tokens: Range<usize>) -> Vec<Run> {
+pub(super) fn runs(packed: &PackedInputs, tokens: Range<usize>) -> Vec<Run> {
     let cu = &packed.cu_seqlens;
     // The document holding the shard's first token: the last start at or before it.
     let first = cu.partition_point(|&c| c <= tokens.start) - 1;
@@ -192,7 +192,7 @@ fn runs(packed: &PackedInputs, tokens: Range<usize>) -> Vec<Run> {
 }
 
 /// The token ranges of the shards.
-fn shard_ranges(lengths: &[usize]) -> Vec<Range<usize>> {
+pub(super) fn shard_ranges(lengths: &[usize]) -> Vec<Range<usize>> {
     let mut start = 0;
     lengths
         .iter()

@@ -1,0 +1,120 @@
+//! LASP-2 over packed documents for the delta rule (Gated DeltaNet): the runs of
+//! [`super::packed`] with the affine summary. A shard holding a document start forgets the state
+//! entering it (`A_w = 0`, [`AffineCarry::Forget`]); one inside a single document carries it by
+//! its transition `A_w`. `M_w` is the end state of the shard's last run: from that document's
+//! `h0` when the run starts it, from zero otherwise. The fold is the unpacked one,
+//! `P_{u+1} = A_u P_u + M_u` from `P_0 = 0`, and only a run that continues a document from
+//! earlier ranks starts from `P_w`; as in [`super::delta_forward`], the reference reruns that run
+//! from `P_w` instead of adding the full-matrix correction.
+
+use super::delta::{apply, local_affine};
+use super::packed::{runs, shard_ranges, Run};
+use super::{fold_prefix_states, ShardMap};
+use crate::reference::delta_rule;
+use crate::reference::error::ReferenceError;
+use crate::reference::inputs::Family;
+use crate::reference::packed::{set_document_state, PackedInputs};
+use crate::reference::tensor::Tensor;
+use crate::reference::validate::{check_chunk, check_shard_lengths};
+
+/// How the state entering a shard reaches the shard's end.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AffineCarry {
+    /// No document starts in the shard: `A_w` `[B, H, Dk, Dk]`, the product of its transitions
+    /// (later tokens on the left).
+    Transition(Tensor),
+    /// A document starts in the shard: the entering state is forgotten (`A_w = 0`).
+    Forget,
+}
+
+/// What rank w exchanges in the packed delta-rule forward.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PackedAffineSummary {
+    /// `M_w` `[B, H, Dk, Dv]`: the end state of the shard's last run.
+    pub m: Tensor,
+    /// How the state entering the shard reaches its end.
+    pub carry: AffineCarry,
+}
+
+impl ShardMap for PackedAffineSummary {
+    fn end_state(&self) -> &Tensor {
+        &self.m
+    }
+
+    fn carry(&self, x: &Tensor) -> Tensor {
+        match &self.carry {
+            AffineCarry::Transition(a) => apply(a, x, false),
+            AffineCarry::Forget => Tensor::zeros(x.shape()),
+        }
+    }
+
+    fn carry_back(&self, x: &Tensor) -> Tensor {
+        match &self.carry {
+            AffineCarry::Transition(a) => apply(a, x, true),
+            AffineCarry::Forget => Tensor::zeros(x.shape()),
+        }
+    }
+}
+
+/// The packed delta-rule LASP-2 forward over W ranks.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PackedDeltaForward {
+    /// What rank w exchanges; W entries.
+    pub summaries: Vec<PackedAffineSummary>,
+    /// `P_0 = 0` through `P_W`, each `[B, H, Dk, Dv]`: the packed sequence's state after the token
+    /// before rank w; W + 1 entries.
+    pub prefixes: Vec<Tensor>,
+    /// The ranks' outputs concatenated along time, `[B, T, H, Dv]`.
+    pub o: Tensor,
+    /// Each document's final state, `[B, N, H, Dk, Dv]`, from the rank holding its last token.
+    pub final_states: Tensor,
+}
+
+/// Packed delta-rule LASP-2 forward over ranks with the given shard lengths (summing to T, each
+/// >= 1), every run by the chunkwise form with chunk size `chunk`.
+pub fn packed_delta_forward(
+    packed: &PackedInputs,
+    shard_lengths: &[usize],
+    chunk: usize,
+) -> Result<PackedDeltaForward, ReferenceError> {
+    check_chunk("chunk", chunk)?;
+    packed.validate(Family::DeltaRule)?;
+    check_shard_lengths(shard_lengths, packed.inputs.shape.t)?;
+    let shards: Vec<Vec<Run>> = shard_ranges(shard_lengths)
+        .into_iter()
+        .map(|tokens| runs(packed, tokens))
+        .collect();
+    let mut summaries = Vec::with_capacity(shards.len());
+    for shard in &shards {
+        let last = shard.last().expect("a shard holds at least one token");
+        let m = delta_rule::chunkwise_forward(&last.inputs(packed), chunk)?.final_state;
+        let carry = if shard.iter().any(|r| r.starts_document) {
+            AffineCarry::Forget
+        } else {
+            AffineCarry::Transition(local_affine(&shard[0].inputs(packed), chunk)?.a)
+        };
+        summaries.push(PackedAffineSummary { m, carry });
+    }
+    let prefixes = fold_prefix_states(&summaries, &packed.inputs.shape.state(), None)?;
+    let mut final_states = Tensor::zeros(&packed.document_states_shape());
+    let mut o = Vec::new();
+    for (shard, p) in shards.iter().zip(&prefixes) {
+        for run in shard {
+            let mut from = run.inputs(packed);
+            if !run.starts_document {
+                from.h0 = Some(p.clone());
+            }
+            let pass = delta_rule::chunkwise_forward(&from, chunk)?;
+            if run.ends_document {
+                set_document_state(&mut final_states, run.document, &pass.final_state);
+            }
+            o.push(pass.o);
+        }
+    }
+    Ok(PackedDeltaForward {
+        summaries,
+        prefixes,
+        o: Tensor::concat_time(&o),
+        final_states,
+    })
+}
