@@ -2,13 +2,15 @@
 //! reference against each document run on its own through the unpacked reference, its gradients
 //! against finite differences, its LASP-2 decomposition against it for W = 2, 3, 4 with documents
 //! and shards cut every way that matters, and the rejection of malformed `cu_seqlens`. For the
-//! delta rule (Gated DeltaNet), the packed LASP-2 forward against each document run on its own.
+//! delta rule (Gated DeltaNet) and the mLSTM, the packed LASP-2 forward against each document run
+//! on its own.
 //!
 //! Tolerance 1e-10 relative: both sides are f64 and differ only in summation order (chunkwise
 //! local passes against the token-by-token sweep, shard cuts moving chunk boundaries), ~1e-14;
 //! the finite differences use reference_gradients.rs's step and bounds.
 
 use lasp_shmem::reference::lasp2::{self, Carry, Decay};
+use lasp_shmem::reference::mlstm::{self, MlstmInputs, MlstmPackedInputs, MlstmRegime, MlstmSpec};
 use lasp_shmem::reference::packed::{self, PackedInputs};
 use lasp_shmem::reference::{
     assert_rel_close, delta_rule, gla, rel_err, scalar_decay, Cotangents, Family, Forward,
@@ -405,6 +407,92 @@ fn delta_packed_decomposition_equals_documents_run_separately() {
     // A shard inside one document (70..100 of the fourth set) carries its entering state by its
     // transition: the fold's matrix branch is exercised, not only the forgetting one.
     assert!(transitions > 0);
+}
+
+/// The mLSTM over the same documents and shard sets: the packed LASP-2 forward (chunkwise runs,
+/// the stabilised fold) against the stabilised recurrence run document by document, with and
+/// without per-document initial states, typical gates and input gates of hundreds (the
+/// stabiliser jumps at every document start); and its carries: forgetting exactly where a
+/// document starts in the shard.
+#[test]
+fn mlstm_packed_decomposition_equals_documents_run_separately() {
+    let t = *CU_SEQLENS.last().unwrap();
+    let documents = CU_SEQLENS.len() - 1;
+    let mut transitions = 0;
+    for (regime, with_states) in [
+        (MlstmRegime::Typical, true),
+        (MlstmRegime::LargeInputGate, false),
+    ] {
+        let spec = MlstmSpec {
+            shape: shape(t),
+            regime,
+            seed: 43,
+            round_to_bf16: false,
+            initial_state: false,
+        };
+        let states = with_states.then(|| {
+            (0..documents)
+                .map(|n| {
+                    let per_doc = MlstmSpec {
+                        initial_state: true,
+                        seed: 500 + n as u64,
+                        ..spec
+                    };
+                    MlstmInputs::generate(&per_doc)
+                        .unwrap()
+                        .initial_state
+                        .unwrap()
+                })
+                .collect()
+        });
+        let packed = MlstmPackedInputs {
+            inputs: MlstmInputs::generate(&spec).unwrap(),
+            cu_seqlens: CU_SEQLENS.to_vec(),
+            initial_states: states,
+        };
+        let want = mlstm::packed_recurrent_forward(&packed).unwrap();
+        for shards in SHARDS {
+            let tag = format!("mLSTM {regime:?}, shards {shards:?}");
+            let got = mlstm::packed_lasp2_forward(&packed, shards, CHUNK).unwrap();
+            check(&format!("{tag}: h"), &got.h, &want.h);
+            for (n, (got, want)) in got.final_states.iter().zip(&want.final_states).enumerate() {
+                check(&format!("{tag}: C of document {n}"), &got.c, &want.c);
+                check(&format!("{tag}: n of document {n}"), &got.n, &want.n);
+                check(&format!("{tag}: m of document {n}"), &got.m, &want.m);
+            }
+            let mut start = 0;
+            for (w, (&len, summary)) in shards.iter().zip(&got.summaries).enumerate() {
+                let holds_start = CU_SEQLENS[..documents]
+                    .iter()
+                    .any(|&c| (start..start + len).contains(&c));
+                let forgets = summary.carry == mlstm::MlstmCarry::Forget;
+                assert_eq!(forgets, holds_start, "{tag}: rank {w}'s carry");
+                transitions += usize::from(!forgets);
+                start += len;
+            }
+        }
+    }
+    assert!(transitions > 0);
+    // One document's hidden states against the unpacked recurrence directly.
+    let spec = MlstmSpec {
+        shape: shape(t),
+        regime: MlstmRegime::Typical,
+        seed: 47,
+        round_to_bf16: false,
+        initial_state: false,
+    };
+    let inputs = MlstmInputs::generate(&spec).unwrap();
+    let packed = MlstmPackedInputs {
+        inputs: inputs.clone(),
+        cu_seqlens: vec![0, t],
+        initial_states: None,
+    };
+    let whole = mlstm::recurrent_forward(&inputs).unwrap();
+    check(
+        "mLSTM one document: h",
+        &mlstm::packed_recurrent_forward(&packed).unwrap().h,
+        &whole.h,
+    );
 }
 
 #[test]

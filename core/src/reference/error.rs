@@ -124,6 +124,13 @@ pub enum ReferenceError {
     },
     /// A packed problem was given an unpacked initial state (`Inputs::h0`).
     InitialStateNotPerDocument,
+    /// A packed problem was given another number of per-document initial states than documents.
+    DocumentStateCount {
+        /// The states given.
+        got: usize,
+        /// The documents `cu_seqlens` lists.
+        documents: usize,
+    },
     /// A dimension of the short convolution (B, T, C or the kernel size K) is zero.
     ZeroConvDimension {
         /// The dimension's name, e.g. `"K"`.
@@ -244,6 +251,11 @@ impl fmt::Display for ReferenceError {
                 f,
                 "packed inputs take one initial state per document in PackedInputs::h0 \
                  [B, N, H, Dk, Dv]; leave Inputs::h0 unset"
+            ),
+            Self::DocumentStateCount { got, documents } => write!(
+                f,
+                "{got} per-document initial states for {documents} documents; give one per \
+                 document of cu_seqlens, or none"
             ),
             Self::ZeroConvDimension { name } => write!(
                 f,

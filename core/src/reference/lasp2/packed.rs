@@ -20,14 +20,14 @@
 //! gradient reaches earlier ranks only until a document start; `D_w` reaches only a last run that
 //! ends mid-document, and a document's `dh0` is found on the rank holding its first token.
 
-use std::ops::Range;
-
 use super::decay::{add_prefix_term, decay_rows, log_decay, Boundary, Decay};
 use super::{concat_grads, fold_prefix_states, fold_suffix_states, ShardMap};
 use crate::reference::error::ReferenceError;
 use crate::reference::inputs::{Inputs, Shape};
 use crate::reference::outputs::Grads;
-use crate::reference::packed::{document_state, set_document_state, PackedInputs};
+use crate::reference::packed::{
+    document_state, runs, set_document_state, shard_ranges, PackedInputs, Run,
+};
 use crate::reference::tensor::Tensor;
 use crate::reference::validate::{
     check_cotangents, check_finite, check_shape, check_shard_lengths,
@@ -129,78 +129,28 @@ pub struct PackedLasp2Backward {
     pub grads: Grads,
 }
 
-/// A run of a shard's tokens inside one document: a shard splits at its document starts.
-pub(super) struct Run {
-    /// The tokens, in the packed sequence.
-    pub(super) range: Range<usize>,
-    /// The document holding them.
-    pub(super) document: usize,
-    /// Whether the run opens with the document's first token (otherwise it continues the document
-    /// from earlier ranks).
-    pub(super) starts_document: bool,
-    /// Whether the run closes with the document's last token (otherwise it continues into later
-    /// ranks).
-    pub(super) ends_document: bool,
-}
-
-impl Run {
-    /// The run as unpacked inputs: its tokens, entered from its document's `h0` when it starts the
-    /// document, from zero otherwise.
-    pub(super) fn inputs(&self, packed: &PackedInputs) -> Inputs {
-        let (start, len) = (self.range.start, self.range.len());
-        let all = &packed.inputs;
-        Inputs {
-            shape: Shape {
-                t: len,
-                ..all.shape
-            },
-            q: all.q.slice_time(start, len),
-            k: all.k.slice_time(start, len),
-            v: all.v.slice_time(start, len),
-            g: all.g.slice_time(start, len),
-            beta: all.beta.as_ref().map(|beta| beta.slice_time(start, len)),
-            h0: packed
-                .h0
-                .as_ref()
-                .filter(|_| self.starts_document)
-                .map(|h0| document_state(h0, self.document)),
-            scale: all.scale,
-        }
+/// A run as unpacked inputs: its tokens, entered from its document's `h0` when it starts the
+/// document, from zero otherwise.
+pub(super) fn run_inputs(run: &Run, packed: &PackedInputs) -> Inputs {
+    let (start, len) = (run.range.start, run.range.len());
+    let all = &packed.inputs;
+    Inputs {
+        shape: Shape {
+            t: len,
+            ..all.shape
+        },
+        q: all.q.slice_time(start, len),
+        k: all.k.slice_time(start, len),
+        v: all.v.slice_time(start, len),
+        g: all.g.slice_time(start, len),
+        beta: all.beta.as_ref().map(|beta| beta.slice_time(start, len)),
+        h0: packed
+            .h0
+            .as_ref()
+            .filter(|_| run.starts_document)
+            .map(|h0| document_state(h0, run.document)),
+        scale: all.scale,
     }
-}
-
-/// The runs of the shard owning `tokens`, in order.
-pub(super) fn runs(packed: &PackedInputs, tokens: Range<usize>) -> Vec<Run> {
-    let cu = &packed.cu_seqlens;
-    // The document holding the shard's first token: the last start at or before it.
-    let first = cu.partition_point(|&c| c <= tokens.start) - 1;
-    let mut runs = Vec::new();
-    for n in first..packed.documents() {
-        let doc = packed.document(n);
-        if doc.start >= tokens.end {
-            break;
-        }
-        let range = doc.start.max(tokens.start)..doc.end.min(tokens.end);
-        runs.push(Run {
-            starts_document: range.start == doc.start,
-            ends_document: range.end == doc.end,
-            range,
-            document: n,
-        });
-    }
-    runs
-}
-
-/// The token ranges of the shards.
-pub(super) fn shard_ranges(lengths: &[usize]) -> Vec<Range<usize>> {
-    let mut start = 0;
-    lengths
-        .iter()
-        .map(|&len| {
-            start += len;
-            start - len..start
-        })
-        .collect()
 }
 
 /// Checks everything the packed decomposition assumes, before any arithmetic.
@@ -226,7 +176,7 @@ pub fn packed_forward(
     check_problem(packed, decay, shard_lengths, chunk)?;
     let shards: Vec<Vec<Run>> = shard_ranges(shard_lengths)
         .into_iter()
-        .map(|tokens| runs(packed, tokens))
+        .map(|tokens| runs(&packed.cu_seqlens, tokens))
         .collect();
     // Local passes, before any exchange.
     let mut locals = Vec::with_capacity(shards.len());
@@ -234,13 +184,13 @@ pub fn packed_forward(
     for shard in &shards {
         let mut passes = Vec::with_capacity(shard.len());
         for run in shard {
-            passes.push(decay.local_forward(&run.inputs(packed), chunk)?);
+            passes.push(decay.local_forward(&run_inputs(run, packed), chunk)?);
         }
         let carry = if shard.iter().any(|r| r.starts_document) {
             Carry::Forget
         } else {
             Carry::Decay {
-                lambda: log_decay(&shard[0].inputs(packed), decay),
+                lambda: log_decay(&run_inputs(&shard[0], packed), decay),
             }
         };
         let m = passes[passes.len() - 1].final_state.clone();
@@ -258,7 +208,7 @@ pub fn packed_forward(
             let mut o = pass.o.clone();
             let mut end = pass.final_state;
             if !run.starts_document {
-                let inputs = run.inputs(packed);
+                let inputs = run_inputs(run, packed);
                 add_prefix_term(&inputs, p, chunk, &mut o);
                 let carried = decay_rows(p, &log_decay(&inputs, decay));
                 end.data_mut()
@@ -311,7 +261,7 @@ pub fn packed_backward(
     let fwd = packed_forward(packed, decay, shard_lengths, chunk)?;
     let shards: Vec<Vec<Run>> = shard_ranges(shard_lengths)
         .into_iter()
-        .map(|tokens| runs(packed, tokens))
+        .map(|tokens| runs(&packed.cu_seqlens, tokens))
         .collect();
     // Local backwards, before any exchange: each run with its document's d_ht when it ends it.
     let mut locals = Vec::with_capacity(shards.len());
@@ -323,7 +273,7 @@ pub fn packed_backward(
                 .filter(|_| run.ends_document)
                 .map(|d| document_state(d, run.document));
             let d_o_run = d_o.slice_time(run.range.start, run.range.len());
-            let inputs = run.inputs(packed);
+            let inputs = run_inputs(run, packed);
             run_grads.push(decay.local_backward(&inputs, chunk, &d_o_run, d_end.as_ref())?);
         }
         d_m.push(if shard[0].starts_document {
@@ -341,7 +291,7 @@ pub fn packed_backward(
         let last = shard.len() - 1;
         let mut rank_dh0 = Vec::new();
         for (i, (run, grads)) in shard.iter().zip(&mut run_grads).enumerate() {
-            let inputs = run.inputs(packed);
+            let inputs = run_inputs(run, packed);
             let lambda = log_decay(&inputs, decay);
             let d_end = d_ht
                 .filter(|_| run.ends_document)

@@ -8,12 +8,12 @@
 //! from `P_w` instead of adding the full-matrix correction.
 
 use super::delta::{apply, local_affine};
-use super::packed::{runs, shard_ranges, Run};
+use super::packed::run_inputs;
 use super::{fold_prefix_states, ShardMap};
 use crate::reference::delta_rule;
 use crate::reference::error::ReferenceError;
 use crate::reference::inputs::Family;
-use crate::reference::packed::{set_document_state, PackedInputs};
+use crate::reference::packed::{runs, set_document_state, shard_ranges, PackedInputs, Run};
 use crate::reference::tensor::Tensor;
 use crate::reference::validate::{check_chunk, check_shard_lengths};
 
@@ -82,16 +82,16 @@ pub fn packed_delta_forward(
     check_shard_lengths(shard_lengths, packed.inputs.shape.t)?;
     let shards: Vec<Vec<Run>> = shard_ranges(shard_lengths)
         .into_iter()
-        .map(|tokens| runs(packed, tokens))
+        .map(|tokens| runs(&packed.cu_seqlens, tokens))
         .collect();
     let mut summaries = Vec::with_capacity(shards.len());
     for shard in &shards {
         let last = shard.last().expect("a shard holds at least one token");
-        let m = delta_rule::chunkwise_forward(&last.inputs(packed), chunk)?.final_state;
+        let m = delta_rule::chunkwise_forward(&run_inputs(last, packed), chunk)?.final_state;
         let carry = if shard.iter().any(|r| r.starts_document) {
             AffineCarry::Forget
         } else {
-            AffineCarry::Transition(local_affine(&shard[0].inputs(packed), chunk)?.a)
+            AffineCarry::Transition(local_affine(&run_inputs(&shard[0], packed), chunk)?.a)
         };
         summaries.push(PackedAffineSummary { m, carry });
     }
@@ -100,7 +100,7 @@ pub fn packed_delta_forward(
     let mut o = Vec::new();
     for (shard, p) in shards.iter().zip(&prefixes) {
         for run in shard {
-            let mut from = run.inputs(packed);
+            let mut from = run_inputs(run, packed);
             if !run.starts_document {
                 from.h0 = Some(p.clone());
             }

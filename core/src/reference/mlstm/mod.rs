@@ -76,6 +76,11 @@
 //! (the chunk step's rule with the shard as the chunk), and computes its outputs chunkwise from
 //! `P_w`. `P_w` is the recurrent state at the shard's start, `m` included (the fold's maximum is
 //! the same largest log-weight), and `P_W` the final state.
+//!
+//! Packed documents ([`packed_recurrent_forward`], [`packed_lasp2_forward`]): each document runs
+//! from its own initial state; a shard holding a document start forgets the prefix
+//! ([`MlstmCarry::Forget`]) and exchanges its last run's end state, so the fold above is unchanged
+//! for every other shard.
 
 //! # Backward
 //! [`recurrent_backward`] is reverse mode through the stabilised recurrence as written, `m`
@@ -165,6 +170,7 @@ mod inputs;
 mod lasp2;
 mod lasp2_tfla;
 mod loop_form;
+mod packed;
 mod recurrent;
 
 pub use backward::recurrent_backward;
@@ -181,4 +187,8 @@ pub use lasp2::{
 };
 pub use lasp2_tfla::{lasp2_backward_tfla, MlstmLasp2TflaBackward};
 pub use loop_form::{loop_form_forward, loop_gates, LoopGates};
+pub use packed::{
+    packed_lasp2_forward, packed_recurrent_forward, MlstmCarry, MlstmPackedForward,
+    MlstmPackedInputs, MlstmPackedLasp2, PackedMlstmSummary,
+};
 pub use recurrent::{recurrent_forward, unstabilised_forward};

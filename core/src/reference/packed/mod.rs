@@ -143,3 +143,50 @@ pub(crate) fn set_document_state(states: &mut Tensor, n: usize, state: &Tensor) 
         }
     }
 }
+
+/// A run of a shard's tokens inside one document: a shard splits at its document starts.
+pub(crate) struct Run {
+    /// The tokens, in the packed sequence.
+    pub(crate) range: Range<usize>,
+    /// The document holding them.
+    pub(crate) document: usize,
+    /// Whether the run opens with the document's first token (otherwise it continues the document
+    /// from earlier ranks).
+    pub(crate) starts_document: bool,
+    /// Whether the run closes with the document's last token (otherwise it continues into later
+    /// ranks).
+    pub(crate) ends_document: bool,
+}
+
+/// The runs of the shard owning `tokens` of a sequence packed at `cu_seqlens`, in order.
+pub(crate) fn runs(cu_seqlens: &[usize], tokens: Range<usize>) -> Vec<Run> {
+    // The document holding the shard's first token: the last start at or before it.
+    let first = cu_seqlens.partition_point(|&c| c <= tokens.start) - 1;
+    let mut runs = Vec::new();
+    for (n, doc) in cu_seqlens.windows(2).enumerate().skip(first) {
+        let doc = doc[0]..doc[1];
+        if doc.start >= tokens.end {
+            break;
+        }
+        let range = doc.start.max(tokens.start)..doc.end.min(tokens.end);
+        runs.push(Run {
+            starts_document: range.start == doc.start,
+            ends_document: range.end == doc.end,
+            range,
+            document: n,
+        });
+    }
+    runs
+}
+
+/// The token ranges of shards of the given lengths.
+pub(crate) fn shard_ranges(lengths: &[usize]) -> Vec<Range<usize>> {
+    let mut start = 0;
+    lengths
+        .iter()
+        .map(|&len| {
+            start += len;
+            start - len..start
+        })
+        .collect()
+}
