@@ -2,8 +2,8 @@
 //! reference against each document run on its own through the unpacked reference, its gradients
 //! against finite differences, its LASP-2 decomposition against it for W = 2, 3, 4 with documents
 //! and shards cut every way that matters, and the rejection of malformed `cu_seqlens`. For the
-//! delta rule (Gated DeltaNet) and the mLSTM, the packed LASP-2 forward against each document run
-//! on its own.
+//! delta rule (Gated DeltaNet), the packed LASP-2 forward and backward, and for the mLSTM its
+//! forward, against each document run on its own.
 //!
 //! Tolerance 1e-10 relative: both sides are f64 and differ only in summation order (chunkwise
 //! local passes against the token-by-token sweep, shard cuts moving chunk boundaries), ~1e-14;
@@ -347,8 +347,9 @@ fn vector_packed_decomposition_equals_packed_sequence() {
 /// forward rejects a positive gate, so this passing shows no step crossed 0).
 /// Gated DeltaNet over the same documents and shard sets: the packed LASP-2 forward against each
 /// document run on its own through the unpacked token-by-token recurrence (outputs and every
-/// document's final state), and its carries: `A_w = 0` exactly where a document starts in the
-/// shard, the shard's transition elsewhere.
+/// document's final state), its carries (`A_w = 0` exactly where a document starts in the shard,
+/// the shard's transition elsewhere), and the packed backward's every gradient against each
+/// document's own reverse sweep.
 #[test]
 fn delta_packed_decomposition_equals_documents_run_separately() {
     let t = *CU_SEQLENS.last().unwrap();
@@ -407,6 +408,48 @@ fn delta_packed_decomposition_equals_documents_run_separately() {
     // A shard inside one document (70..100 of the fourth set) carries its entering state by its
     // transition: the fold's matrix branch is exercised, not only the forgetting one.
     assert!(transitions > 0);
+
+    // The backward: every gradient against each document's own reverse sweep with its d_ht.
+    let d_o = Cotangents::generate(shape(t), 241, false, false)
+        .unwrap()
+        .d_o;
+    let d_ht = normal(&packed.document_states_shape(), 341);
+    let separate: Vec<Grads> = lasp2::split_shards(&packed.inputs, Family::DeltaRule, &lengths)
+        .unwrap()
+        .into_iter()
+        .enumerate()
+        .map(|(n, doc)| {
+            let (start, len) = (CU_SEQLENS[n], lengths[n]);
+            let doc = Inputs {
+                h0: Some(document(packed.h0.as_ref().unwrap(), n)),
+                ..doc
+            };
+            let d_ht_n = document(&d_ht, n);
+            delta_rule::recurrent_backward(&doc, &d_o.slice_time(start, len), Some(&d_ht_n))
+                .unwrap()
+        })
+        .collect();
+    let cat = |f: fn(&Grads) -> &Tensor| {
+        Tensor::concat_time(&separate.iter().map(|g| f(g).clone()).collect::<Vec<_>>())
+    };
+    for shards in SHARDS {
+        let tag = format!("delta rule backward, shards {shards:?}");
+        let got = lasp2::packed_delta_backward(&packed, shards, CHUNK, &d_o, Some(&d_ht))
+            .unwrap()
+            .grads;
+        check(&format!("{tag}: dq"), &got.dq, &cat(|g| &g.dq));
+        check(&format!("{tag}: dk"), &got.dk, &cat(|g| &g.dk));
+        check(&format!("{tag}: dv"), &got.dv, &cat(|g| &g.dv));
+        check(&format!("{tag}: dg"), &got.dg, &cat(|g| &g.dg));
+        check(
+            &format!("{tag}: dbeta"),
+            got.dbeta.as_ref().unwrap(),
+            &cat(|g| g.dbeta.as_ref().unwrap()),
+        );
+        for (n, doc) in separate.iter().enumerate() {
+            check(&format!("{tag}: dh0 {n}"), &document(&got.dh0, n), &doc.dh0);
+        }
+    }
 }
 
 /// The mLSTM over the same documents and shard sets: the packed LASP-2 forward (chunkwise runs,

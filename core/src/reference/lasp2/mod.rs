@@ -28,9 +28,9 @@
 //! Packed documents ([`packed_forward`], [`packed_backward`]; scalar and vector gates): a shard
 //! holding a document start forgets the state entering it (`Lambda_w = -inf`, [`Carry::Forget`]),
 //! and `P_w` and `D_w` reach only the tokens before the shard's first document start and after its
-//! last one; the module's header has the details. The delta rule's packed forward
-//! ([`packed_delta_forward`]) has the same runs with the affine summary: `A_w = 0`
-//! ([`AffineCarry::Forget`]) where a document starts in the shard.
+//! last one; the module's header has the details. The delta rule's packed forward and backward
+//! ([`packed_delta_forward`], [`packed_delta_backward`]) have the same runs with the affine
+//! summary: `A_w = 0` ([`AffineCarry::Forget`]) where a document starts in the shard.
 //!
 //! Compare per-token tensors against the single sequence, never per-chunk states: shard cuts move
 //! chunk boundaries (fla `tests/context_parallel/debug.md`).
@@ -52,7 +52,8 @@ pub use packed::{
     PackedRankBackward, PackedRankForward, PackedShardSummary,
 };
 pub use packed_delta::{
-    packed_delta_forward, AffineCarry, PackedAffineSummary, PackedDeltaForward,
+    packed_delta_backward, packed_delta_forward, AffineCarry, PackedAffineSummary,
+    PackedDeltaBackward, PackedDeltaForward,
 };
 
 use super::error::ReferenceError;

@@ -5,17 +5,24 @@
 //! `h0` when the run starts it, from zero otherwise. The fold is the unpacked one,
 //! `P_{u+1} = A_u P_u + M_u` from `P_0 = 0`, and only a run that continues a document from
 //! earlier ranks starts from `P_w`; as in [`super::delta_forward`], the reference reruns that run
-//! from `P_w` instead of adding the full-matrix correction.
+//! from `P_w` instead of adding the full-matrix correction. The backward mirrors it
+//! ([`packed_delta_backward`]): `dM_w` is the gradient with respect to the state entering a shard
+//! whose first run continues a document (zero otherwise), `D_{u} = A_{u+1}^T D_{u+1} + dM_{u+1}`
+//! with `D_{W-1} = 0`, and a run's exit cotangent is its document's `d_ht` where it ends the
+//! document, `D_w` where it continues into later ranks.
 
 use super::delta::{apply, local_affine};
 use super::packed::run_inputs;
-use super::{fold_prefix_states, ShardMap};
+use super::{fold_prefix_states, fold_suffix_states, ShardMap};
 use crate::reference::delta_rule;
 use crate::reference::error::ReferenceError;
 use crate::reference::inputs::Family;
-use crate::reference::packed::{runs, set_document_state, shard_ranges, PackedInputs, Run};
+use crate::reference::outputs::Grads;
+use crate::reference::packed::{
+    document_state, runs, set_document_state, shard_ranges, PackedInputs, Run,
+};
 use crate::reference::tensor::Tensor;
-use crate::reference::validate::{check_chunk, check_shard_lengths};
+use crate::reference::validate::{check_chunk, check_shape, check_shard_lengths};
 
 /// How the state entering a shard reaches the shard's end.
 #[derive(Clone, Debug, PartialEq)]
@@ -116,5 +123,110 @@ pub fn packed_delta_forward(
         prefixes,
         o: Tensor::concat_time(&o),
         final_states,
+    })
+}
+
+/// The packed delta-rule LASP-2 backward over W ranks.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PackedDeltaBackward {
+    /// `dM_w` `[B, H, Dk, Dv]`: the gradient with respect to the state entering rank w from its
+    /// tokens up to its first document start (zero when it opens with one); what rank w exchanges.
+    pub d_m: Vec<Tensor>,
+    /// `D_w` `[B, H, Dk, Dv]`: the gradient with respect to the state leaving rank w toward later
+    /// ranks.
+    pub suffixes: Vec<Tensor>,
+    /// The gradients of the packed sequence; `dh0` is per document, `[B, N, H, Dk, Dv]`.
+    pub grads: Grads,
+}
+
+/// Packed delta-rule LASP-2 backward: the gradients of `L = sum(o * d_o) + sum_n <S_n, d_ht_n>`
+/// (`d_o [B, T, H, Dv]`, `d_ht [B, N, H, Dk, Dv]` or `None` for zero), every run's backward by
+/// the token-by-token reverse sweep from the state entering it and with its exit cotangent.
+pub fn packed_delta_backward(
+    packed: &PackedInputs,
+    shard_lengths: &[usize],
+    chunk: usize,
+    d_o: &Tensor,
+    d_ht: Option<&Tensor>,
+) -> Result<PackedDeltaBackward, ReferenceError> {
+    let forward = packed_delta_forward(packed, shard_lengths, chunk)?;
+    let s = packed.inputs.shape;
+    check_shape("d_o", "[B, T, H, Dv]", s.v(), d_o)?;
+    if let Some(d_ht) = d_ht {
+        check_shape(
+            "d_ht",
+            "[B, N, H, Dk, Dv]",
+            packed.document_states_shape(),
+            d_ht,
+        )?;
+    }
+    let shards: Vec<Vec<Run>> = shard_ranges(shard_lengths)
+        .into_iter()
+        .map(|tokens| runs(&packed.cu_seqlens, tokens))
+        .collect();
+    let document_grad = |n: usize| d_ht.map(|t| document_state(t, n));
+    let run_d_o = |run: &Run| d_o.slice_time(run.range.start, run.range.len());
+    // The state entering a run: its document's h0 where it starts the document, else the prefix.
+    let entering = |run: &Run, w: usize| {
+        let mut inputs = run_inputs(run, packed);
+        if !run.starts_document {
+            inputs.h0 = Some(forward.prefixes[w].clone());
+        }
+        inputs
+    };
+    let mut d_m = Vec::with_capacity(shards.len());
+    for (w, shard) in shards.iter().enumerate() {
+        let first = &shard[0];
+        d_m.push(if first.starts_document {
+            Tensor::zeros(&s.state())
+        } else {
+            // The run's own outputs, and its document's end where it holds it; what continues
+            // into later ranks reaches the entering state through the carry instead.
+            let exit = if first.ends_document {
+                document_grad(first.document)
+            } else {
+                None
+            };
+            delta_rule::recurrent_backward(&entering(first, w), &run_d_o(first), exit.as_ref())?.dh0
+        });
+    }
+    let suffixes = fold_suffix_states(&forward.summaries, &s.state(), &d_m, None)?;
+    let mut parts = Vec::new();
+    let mut dh0 = Tensor::zeros(&packed.document_states_shape());
+    for (w, shard) in shards.iter().enumerate() {
+        for run in shard {
+            let exit = if run.ends_document {
+                document_grad(run.document)
+            } else {
+                Some(suffixes[w].clone())
+            };
+            let grads =
+                delta_rule::recurrent_backward(&entering(run, w), &run_d_o(run), exit.as_ref())?;
+            if run.starts_document {
+                set_document_state(&mut dh0, run.document, &grads.dh0);
+            }
+            parts.push(grads);
+        }
+    }
+    let cat = |f: fn(&Grads) -> &Tensor| {
+        Tensor::concat_time(&parts.iter().map(|g| f(g).clone()).collect::<Vec<_>>())
+    };
+    let dbeta = parts
+        .iter()
+        .map(|g| g.dbeta.clone())
+        .collect::<Option<Vec<Tensor>>>()
+        .map(|parts| Tensor::concat_time(&parts));
+    let grads = Grads {
+        dq: cat(|g| &g.dq),
+        dk: cat(|g| &g.dk),
+        dv: cat(|g| &g.dv),
+        dg: cat(|g| &g.dg),
+        dbeta,
+        dh0,
+    };
+    Ok(PackedDeltaBackward {
+        d_m,
+        suffixes,
+        grads,
     })
 }
