@@ -2,19 +2,23 @@
 //! reference against each document run on its own through the unpacked reference, its gradients
 //! against finite differences, its LASP-2 decomposition against it for W = 2, 3, 4 with documents
 //! and shards cut every way that matters, and the rejection of malformed `cu_seqlens`. For the
-//! delta rule (Gated DeltaNet), the packed LASP-2 forward and backward, and for the mLSTM its
-//! forward, against each document run on its own.
+//! delta rule (Gated DeltaNet) and the mLSTM, the packed LASP-2 forward and backward against each
+//! document run on its own.
 //!
 //! Tolerance 1e-10 relative: both sides are f64 and differ only in summation order (chunkwise
 //! local passes against the token-by-token sweep, shard cuts moving chunk boundaries), ~1e-14;
 //! the finite differences use reference_gradients.rs's step and bounds.
 
 use lasp_shmem::reference::lasp2::{self, Carry, Decay};
-use lasp_shmem::reference::mlstm::{self, MlstmInputs, MlstmPackedInputs, MlstmRegime, MlstmSpec};
+use lasp_shmem::reference::mlstm::{
+    self, MlstmCotangents, MlstmGradient, MlstmGrads, MlstmInputs, MlstmPackedInputs, MlstmRegime,
+    MlstmSpec,
+};
 use lasp_shmem::reference::packed::{self, PackedInputs};
 use lasp_shmem::reference::{
-    assert_rel_close, delta_rule, gla, rel_err, scalar_decay, Cotangents, Family, Forward,
-    GateKind, Grads, InputSpec, Inputs, ReferenceError, Regime, Shape, SplitMix64, Tensor,
+    assert_close_to_scale, assert_rel_close, delta_rule, gla, rel_err, scalar_decay, Cotangents,
+    Family, Forward, GateKind, Grads, InputSpec, Inputs, ReferenceError, Regime, Shape, SplitMix64,
+    Tensor,
 };
 
 const TOL: f64 = 1e-10;
@@ -455,8 +459,9 @@ fn delta_packed_decomposition_equals_documents_run_separately() {
 /// The mLSTM over the same documents and shard sets: the packed LASP-2 forward (chunkwise runs,
 /// the stabilised fold) against the stabilised recurrence run document by document, with and
 /// without per-document initial states, typical gates and input gates of hundreds (the
-/// stabiliser jumps at every document start); and its carries: forgetting exactly where a
-/// document starts in the shard.
+/// stabiliser jumps at every document start); its carries (forgetting exactly where a document
+/// starts in the shard); and the packed backward's full gradient against each document's own
+/// reverse sweep.
 #[test]
 fn mlstm_packed_decomposition_equals_documents_run_separately() {
     let t = *CU_SEQLENS.last().unwrap();
@@ -516,6 +521,102 @@ fn mlstm_packed_decomposition_equals_documents_run_separately() {
         }
     }
     assert!(transitions > 0);
+    // The backward (full gradient) against each document's own reverse sweep.
+    let spec = MlstmSpec {
+        shape: shape(t),
+        regime: MlstmRegime::Typical,
+        seed: 53,
+        round_to_bf16: false,
+        initial_state: false,
+    };
+    let state = |seed: u64| {
+        let with_state = MlstmSpec {
+            initial_state: true,
+            seed,
+            ..spec
+        };
+        MlstmInputs::generate(&with_state)
+            .unwrap()
+            .initial_state
+            .unwrap()
+    };
+    let packed = MlstmPackedInputs {
+        inputs: MlstmInputs::generate(&spec).unwrap(),
+        cu_seqlens: CU_SEQLENS.to_vec(),
+        initial_states: Some((0..documents).map(|n| state(600 + n as u64)).collect()),
+    };
+    let d_h = normal(&shape(t).v(), 653);
+    let d_finals: Vec<_> = (0..documents).map(|n| state(700 + n as u64)).collect();
+    let separate: Vec<_> = CU_SEQLENS
+        .windows(2)
+        .enumerate()
+        .map(|(n, doc)| {
+            let (start, len) = (doc[0], doc[1] - doc[0]);
+            let one = MlstmPackedInputs {
+                inputs: MlstmInputs {
+                    shape: shape(len),
+                    q: packed.inputs.q.slice_time(start, len),
+                    k: packed.inputs.k.slice_time(start, len),
+                    v: packed.inputs.v.slice_time(start, len),
+                    input_gate: packed.inputs.input_gate.slice_time(start, len),
+                    forget_gate: packed.inputs.forget_gate.slice_time(start, len),
+                    initial_state: Some(packed.initial_states.as_ref().unwrap()[n].clone()),
+                    ..packed.inputs.clone()
+                },
+                cu_seqlens: vec![0, len],
+                initial_states: None,
+            };
+            let cot = MlstmCotangents {
+                d_h: d_h.slice_time(start, len),
+                d_final_state: Some(d_finals[n].clone()),
+            };
+            mlstm::recurrent_backward(&one.inputs, &cot, MlstmGradient::Full).unwrap()
+        })
+        .collect();
+    let cat = |f: fn(&MlstmGrads) -> &Tensor| {
+        Tensor::concat_time(&separate.iter().map(|g| f(g).clone()).collect::<Vec<_>>())
+    };
+    let want = MlstmGrads {
+        dq: cat(|g| &g.dq),
+        dk: cat(|g| &g.dk),
+        dv: cat(|g| &g.dv),
+        d_input_gate: cat(|g| &g.d_input_gate),
+        d_forget_gate: cat(|g| &g.d_forget_gate),
+        d_initial_state: separate[0].d_initial_state.clone(),
+    };
+    // The gate gradients cancel terms of their scale (reference_mlstm.rs, GRAD_TOL).
+    let gate_scale = want.gate_grad_scale(&packed.inputs);
+    for shards in SHARDS {
+        let tag = format!("mLSTM backward, shards {shards:?}");
+        let got =
+            mlstm::packed_lasp2_backward(&packed, shards, CHUNK, &d_h, Some(&d_finals)).unwrap();
+        for (name, got, want) in [
+            ("dq", &got.grads.dq, &want.dq),
+            ("dk", &got.grads.dk, &want.dk),
+            ("dv", &got.grads.dv, &want.dv),
+        ] {
+            assert_rel_close(&format!("{tag}: {name}"), got.data(), want.data(), 1e-9).unwrap();
+        }
+        for (name, got, want) in [
+            ("d_input_gate", &got.grads.d_input_gate, &want.d_input_gate),
+            (
+                "d_forget_gate",
+                &got.grads.d_forget_gate,
+                &want.d_forget_gate,
+            ),
+        ] {
+            let what = format!("{tag}: {name}");
+            assert_close_to_scale(&what, got.data(), want.data(), gate_scale, 1e-9).unwrap();
+        }
+        for (n, (got, doc)) in got.d_initial_states.iter().zip(&separate).enumerate() {
+            let want = &doc.d_initial_state;
+            let what = |x: &str| format!("{tag}: document {n}: {x}");
+            assert_rel_close(&what("dC_0"), got.c.data(), want.c.data(), 1e-9).unwrap();
+            assert_rel_close(&what("dn_0"), got.n.data(), want.n.data(), 1e-9).unwrap();
+            assert_close_to_scale(&what("dm_0"), got.m.data(), want.m.data(), gate_scale, 1e-9)
+                .unwrap();
+        }
+    }
     // One document's hidden states against the unpacked recurrence directly.
     let spec = MlstmSpec {
         shape: shape(t),

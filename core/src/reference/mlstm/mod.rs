@@ -77,7 +77,8 @@
 //! `P_w`. `P_w` is the recurrent state at the shard's start, `m` included (the fold's maximum is
 //! the same largest log-weight), and `P_W` the final state.
 //!
-//! Packed documents ([`packed_recurrent_forward`], [`packed_lasp2_forward`]): each document runs
+//! Packed documents ([`packed_recurrent_forward`], [`packed_lasp2_forward`],
+//! [`packed_lasp2_backward`]): each document runs
 //! from its own initial state; a shard holding a document start forgets the prefix
 //! ([`MlstmCarry::Forget`]) and exchanges its last run's end state, so the fold above is unchanged
 //! for every other shard.
@@ -188,7 +189,8 @@ pub use lasp2::{
 pub use lasp2_tfla::{lasp2_backward_tfla, MlstmLasp2TflaBackward};
 pub use loop_form::{loop_form_forward, loop_gates, LoopGates};
 pub use packed::{
-    packed_lasp2_forward, packed_recurrent_forward, MlstmCarry, MlstmPackedForward,
-    MlstmPackedInputs, MlstmPackedLasp2, PackedMlstmSummary,
+    packed_lasp2_backward, packed_lasp2_forward, packed_recurrent_forward, MlstmCarry,
+    MlstmPackedBackward, MlstmPackedForward, MlstmPackedInputs, MlstmPackedLasp2,
+    PackedMlstmSummary,
 };
 pub use recurrent::{recurrent_forward, unstabilised_forward};

@@ -10,17 +10,26 @@
 //! log forget gate `F_w`, folded by [`super::fold`]. Only a run that continues a document from
 //! earlier ranks starts from the prefix `P_w`. The first rank opens with document 0, so the prefix
 //! starts at `P_1`.
+//!
+//! The backward ([`packed_lasp2_backward`], the full gradient) folds the state gradients down the
+//! ranks: `D_{W-1} = 0`; `D_{w-1}` is the gradient of rank w's first run with respect to the state
+//! entering it when that run continues a document (its outputs, and its document's final-state
+//! cotangent where it ends it), plus, where rank w forgets nothing, [`super::fold_backward`]'s
+//! prefix cotangent of `D_w`; zero when rank w opens with a document start. Every run's backward
+//! then starts from the state entering it, with its document's final-state cotangent at its exit
+//! where it ends the document and `D_w` where it continues into later ranks.
 
 use std::ops::Range;
 
 use super::super::error::ReferenceError;
 use super::super::inputs::Shape;
-use super::super::packed::{check_cu_seqlens, runs, shard_ranges};
+use super::super::packed::{check_cu_seqlens, runs, shard_ranges, Run};
 use super::super::tensor::Tensor;
-use super::super::validate::{check_chunk, check_shard_lengths};
+use super::super::validate::{check_chunk, check_shape, check_shard_lengths};
 use super::inputs::check_state;
-use super::{chunkwise_forward, fold, lasp2_forward, recurrent_forward, ShardSummary};
-use super::{MlstmInputs, MlstmState};
+use super::{chunkwise_forward, fold, fold_backward, lasp2_forward, recurrent_backward};
+use super::{recurrent_forward, ShardSummary};
+use super::{MlstmCotangents, MlstmGradient, MlstmGrads, MlstmInputs, MlstmState};
 
 /// A packed sequence of documents for the mLSTM.
 #[derive(Clone, Debug, PartialEq)]
@@ -225,4 +234,141 @@ pub fn packed_lasp2_forward(
             .map(|s| s.expect("every document ends on some rank"))
             .collect(),
     })
+}
+
+/// The packed LASP-2 backward: the gradients of every token and of every document's initial
+/// state.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlstmPackedBackward {
+    /// `D_w`, the gradient with respect to the state leaving rank w toward later ranks; W
+    /// entries, the last zero.
+    pub exit_state_grads: Vec<MlstmState>,
+    /// The token gradients; its `d_initial_state` is unused (zero): see `d_initial_states`.
+    pub grads: MlstmGrads,
+    /// One per document: the gradient with respect to its initial state (its zero state where
+    /// none was given).
+    pub d_initial_states: Vec<MlstmState>,
+}
+
+/// Packed LASP-2 backward (the full gradient) of `L = sum(h * d_h) + sum_n <S_n, dS_n>` with
+/// `d_h [B, T, H, Dv]` and one final-state cotangent per document (`None`: zero).
+pub fn packed_lasp2_backward(
+    packed: &MlstmPackedInputs,
+    shard_lengths: &[usize],
+    chunk: usize,
+    d_h: &Tensor,
+    d_final_states: Option<&[MlstmState]>,
+) -> Result<MlstmPackedBackward, ReferenceError> {
+    let forward = packed_lasp2_forward(packed, shard_lengths, chunk)?;
+    let s = packed.inputs.shape;
+    check_shape("d_h", "[B, T, H, Dv]", s.v(), d_h)?;
+    if let Some(states) = d_final_states {
+        if states.len() != packed.documents() {
+            return Err(ReferenceError::DocumentStateCount {
+                got: states.len(),
+                documents: packed.documents(),
+            });
+        }
+    }
+    let zero = MlstmState {
+        c: Tensor::zeros(&s.state()),
+        n: Tensor::zeros(&[s.b, s.h, s.dk]),
+        m: Tensor::zeros(&[s.b, s.h]),
+    };
+    let shards: Vec<_> = shard_ranges(shard_lengths)
+        .into_iter()
+        .map(|tokens| runs(&packed.cu_seqlens, tokens))
+        .collect();
+    let document_grad = |n: usize| d_final_states.map(|states| states[n].clone());
+    let run_backward = |run: &Run, w: usize, exit: Option<MlstmState>| {
+        let start = if run.starts_document {
+            packed.document_start(run.document)
+        } else {
+            Some(forward.prefixes[w - 1].clone())
+        };
+        let cot = MlstmCotangents {
+            d_h: d_h.slice_time(run.range.start, run.range.len()),
+            d_final_state: exit,
+        };
+        recurrent_backward(
+            &packed.tokens(run.range.clone(), start),
+            &cot,
+            MlstmGradient::Full,
+        )
+    };
+    let mut exits = vec![zero.clone(); shards.len()];
+    for w in (1..shards.len()).rev() {
+        let first = &shards[w][0];
+        exits[w - 1] = if first.starts_document {
+            zero.clone()
+        } else {
+            let own = if first.ends_document {
+                document_grad(first.document)
+            } else {
+                None
+            };
+            let outputs = run_backward(first, w, own)?.d_initial_state;
+            let summary = &forward.summaries[w];
+            match &summary.carry {
+                MlstmCarry::Forget => outputs,
+                MlstmCarry::LogForget(total) => {
+                    let through = fold_backward(
+                        s,
+                        &forward.prefixes[w - 1],
+                        &ShardSummary {
+                            state: summary.state.clone(),
+                            log_forget_total: total.clone(),
+                        },
+                        &exits[w],
+                    )?
+                    .d_prefix;
+                    add_states(&outputs, &through)
+                }
+            }
+        };
+    }
+    let mut parts = Vec::new();
+    let mut d_initial_states = vec![zero.clone(); packed.documents()];
+    for (w, shard) in shards.iter().enumerate() {
+        for run in shard {
+            let exit = if run.ends_document {
+                document_grad(run.document)
+            } else {
+                Some(exits[w].clone())
+            };
+            let grads = run_backward(run, w, exit)?;
+            if run.starts_document {
+                d_initial_states[run.document] = grads.d_initial_state.clone();
+            }
+            parts.push(grads);
+        }
+    }
+    let cat = |f: fn(&MlstmGrads) -> &Tensor| {
+        Tensor::concat_time(&parts.iter().map(|g| f(g).clone()).collect::<Vec<_>>())
+    };
+    Ok(MlstmPackedBackward {
+        exit_state_grads: exits,
+        grads: MlstmGrads {
+            dq: cat(|g| &g.dq),
+            dk: cat(|g| &g.dk),
+            dv: cat(|g| &g.dv),
+            d_input_gate: cat(|g| &g.d_input_gate),
+            d_forget_gate: cat(|g| &g.d_forget_gate),
+            d_initial_state: zero,
+        },
+        d_initial_states,
+    })
+}
+
+/// `a + b`, element by element.
+fn add_states(a: &MlstmState, b: &MlstmState) -> MlstmState {
+    let add = |x: &Tensor, y: &Tensor| {
+        let data = x.data().iter().zip(y.data()).map(|(x, y)| x + y).collect();
+        Tensor::from_vec(x.shape(), data).expect("same shape")
+    };
+    MlstmState {
+        c: add(&a.c, &b.c),
+        n: add(&a.n, &b.n),
+        m: add(&a.m, &b.m),
+    }
 }
