@@ -25,9 +25,7 @@ use super::{concat_grads, fold_prefix_states, fold_suffix_states, ShardMap};
 use crate::reference::error::ReferenceError;
 use crate::reference::inputs::{Inputs, Shape};
 use crate::reference::outputs::Grads;
-use crate::reference::packed::{
-    document_state, runs, set_document_state, shard_ranges, PackedInputs, Run,
-};
+use crate::reference::packed::{document_state, set_document_state, shard_runs, PackedInputs, Run};
 use crate::reference::tensor::Tensor;
 use crate::reference::validate::{
     check_cotangents, check_finite, check_shape, check_shard_lengths,
@@ -174,10 +172,7 @@ pub fn packed_forward(
     chunk: usize,
 ) -> Result<PackedLasp2Forward, ReferenceError> {
     check_problem(packed, decay, shard_lengths, chunk)?;
-    let shards: Vec<Vec<Run>> = shard_ranges(shard_lengths)
-        .into_iter()
-        .map(|tokens| runs(&packed.cu_seqlens, tokens))
-        .collect();
+    let shards = shard_runs(&packed.cu_seqlens, shard_lengths);
     // Local passes, before any exchange.
     let mut locals = Vec::with_capacity(shards.len());
     let mut summaries = Vec::with_capacity(shards.len());
@@ -259,10 +254,7 @@ pub fn packed_backward(
         check_finite("d_ht", d_ht)?;
     }
     let fwd = packed_forward(packed, decay, shard_lengths, chunk)?;
-    let shards: Vec<Vec<Run>> = shard_ranges(shard_lengths)
-        .into_iter()
-        .map(|tokens| runs(&packed.cu_seqlens, tokens))
-        .collect();
+    let shards = shard_runs(&packed.cu_seqlens, shard_lengths);
     // Local backwards, before any exchange: each run with its document's d_ht when it ends it.
     let mut locals = Vec::with_capacity(shards.len());
     let mut d_m = Vec::with_capacity(shards.len());

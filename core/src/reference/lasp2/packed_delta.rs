@@ -18,9 +18,7 @@ use crate::reference::delta_rule;
 use crate::reference::error::ReferenceError;
 use crate::reference::inputs::Family;
 use crate::reference::outputs::Grads;
-use crate::reference::packed::{
-    document_state, runs, set_document_state, shard_ranges, PackedInputs, Run,
-};
+use crate::reference::packed::{document_state, set_document_state, shard_runs, PackedInputs, Run};
 use crate::reference::tensor::Tensor;
 use crate::reference::validate::{check_chunk, check_shape, check_shard_lengths};
 
@@ -87,10 +85,7 @@ pub fn packed_delta_forward(
     check_chunk("chunk", chunk)?;
     packed.validate(Family::DeltaRule)?;
     check_shard_lengths(shard_lengths, packed.inputs.shape.t)?;
-    let shards: Vec<Vec<Run>> = shard_ranges(shard_lengths)
-        .into_iter()
-        .map(|tokens| runs(&packed.cu_seqlens, tokens))
-        .collect();
+    let shards = shard_runs(&packed.cu_seqlens, shard_lengths);
     let mut summaries = Vec::with_capacity(shards.len());
     for shard in &shards {
         let last = shard.last().expect("a shard holds at least one token");
@@ -160,10 +155,7 @@ pub fn packed_delta_backward(
             d_ht,
         )?;
     }
-    let shards: Vec<Vec<Run>> = shard_ranges(shard_lengths)
-        .into_iter()
-        .map(|tokens| runs(&packed.cu_seqlens, tokens))
-        .collect();
+    let shards = shard_runs(&packed.cu_seqlens, shard_lengths);
     let document_grad = |n: usize| d_ht.map(|t| document_state(t, n));
     let run_d_o = |run: &Run| d_o.slice_time(run.range.start, run.range.len());
     // The state entering a run: its document's h0 where it starts the document, else the prefix.

@@ -23,7 +23,7 @@ use std::ops::Range;
 
 use super::super::error::ReferenceError;
 use super::super::inputs::Shape;
-use super::super::packed::{check_cu_seqlens, runs, shard_ranges, Run};
+use super::super::packed::{check_cu_seqlens, shard_runs, Run};
 use super::super::tensor::Tensor;
 use super::super::validate::{check_chunk, check_shape, check_shard_lengths};
 use super::inputs::check_state;
@@ -165,10 +165,7 @@ pub fn packed_lasp2_forward(
     check_chunk("chunk", chunk)?;
     check_shard_lengths(shard_lengths, packed.inputs.shape.t)?;
     let s = packed.inputs.shape;
-    let shards: Vec<_> = shard_ranges(shard_lengths)
-        .into_iter()
-        .map(|tokens| runs(&packed.cu_seqlens, tokens))
-        .collect();
+    let shards = shard_runs(&packed.cu_seqlens, shard_lengths);
     let mut summaries = Vec::with_capacity(shards.len());
     for shard in &shards {
         let last = shard.last().expect("a shard holds at least one token");
@@ -275,10 +272,7 @@ pub fn packed_lasp2_backward(
         n: Tensor::zeros(&[s.b, s.h, s.dk]),
         m: Tensor::zeros(&[s.b, s.h]),
     };
-    let shards: Vec<_> = shard_ranges(shard_lengths)
-        .into_iter()
-        .map(|tokens| runs(&packed.cu_seqlens, tokens))
-        .collect();
+    let shards = shard_runs(&packed.cu_seqlens, shard_lengths);
     let document_grad = |n: usize| d_final_states.map(|states| states[n].clone());
     let run_backward = |run: &Run, w: usize, exit: Option<MlstmState>| {
         let start = if run.starts_document {

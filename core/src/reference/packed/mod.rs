@@ -158,8 +158,17 @@ pub(crate) struct Run {
     pub(crate) ends_document: bool,
 }
 
+/// The runs of every shard of the given lengths (summing to T) of a sequence packed at
+/// `cu_seqlens`: one list per shard, each in token order.
+pub(crate) fn shard_runs(cu_seqlens: &[usize], shard_lengths: &[usize]) -> Vec<Vec<Run>> {
+    shard_ranges(shard_lengths)
+        .into_iter()
+        .map(|tokens| runs(cu_seqlens, tokens))
+        .collect()
+}
+
 /// The runs of the shard owning `tokens` of a sequence packed at `cu_seqlens`, in order.
-pub(crate) fn runs(cu_seqlens: &[usize], tokens: Range<usize>) -> Vec<Run> {
+fn runs(cu_seqlens: &[usize], tokens: Range<usize>) -> Vec<Run> {
     // The document holding the shard's first token: the last start at or before it.
     let first = cu_seqlens.partition_point(|&c| c <= tokens.start) - 1;
     let mut runs = Vec::new();

@@ -10,6 +10,7 @@
 use std::ops::Range;
 
 use super::super::error::ReferenceError;
+use super::super::packed::shard_ranges;
 use super::super::tensor::Tensor;
 use super::super::validate::check_shard_lengths;
 use super::{backward_with_halo, forward_with_halo, sum_parameter_grads, ConvGrads, ShortConv};
@@ -32,18 +33,6 @@ pub struct ShardedBackward {
     /// The gradients of the whole sequence, after the halo gradients are added and the parameter
     /// gradients summed.
     pub grads: ConvGrads,
-}
-
-/// The token range each rank owns.
-fn shard_ranges(lengths: &[usize]) -> Vec<Range<usize>> {
-    let mut start = 0;
-    lengths
-        .iter()
-        .map(|&n| {
-            start += n;
-            start - n..start
-        })
-        .collect()
 }
 
 /// Global token of halo slot j of a shard starting at `start`, `None` before token 0.
