@@ -8,6 +8,27 @@ use super::*;
 use crate::ops::scalar_decay::ForwardShape;
 use crate::ops::{bf16, DeviceMut, DeviceRef, Scope};
 
+// Views of fake addresses for the argument checks: only measured, never launched.
+fn view(addr: u64, len: usize) -> DeviceRef<'static, bf16> {
+    // SAFETY: never launched; the checks read the address and the length only.
+    unsafe { DeviceRef::from_raw(addr, len) }
+}
+
+fn floats(addr: u64, len: usize) -> DeviceRef<'static, f32> {
+    // SAFETY: as in `view`.
+    unsafe { DeviceRef::from_raw(addr, len) }
+}
+
+fn out(addr: u64, len: usize) -> DeviceMut<'static, bf16> {
+    // SAFETY: as in `view`.
+    unsafe { DeviceMut::from_raw(addr, len) }
+}
+
+fn out_f32(addr: u64, len: usize) -> DeviceMut<'static, f32> {
+    // SAFETY: as in `view`.
+    unsafe { DeviceMut::from_raw(addr, len) }
+}
+
 fn shape(b: usize, t: usize, h: usize, dk: usize, dv: usize) -> ForwardShape {
     ForwardShape { b, t, h, dk, dv }
 }
@@ -165,14 +186,6 @@ fn gate_errors_name_the_gate_and_the_element() {
 fn arguments_are_checked_against_the_shape_before_any_launch() {
     let s = shape(1, 64, 2, 64, 64);
     let (n, per_token) = (s.qk_len(), 128);
-    // SAFETY: views of fake addresses are only measured, never launched.
-    let view = |addr: u64, len: usize| unsafe { DeviceRef::<bf16>::from_raw(addr, len) };
-    // SAFETY: as above.
-    let floats = |addr: u64, len: usize| unsafe { DeviceRef::<f32>::from_raw(addr, len) };
-    // SAFETY: as above.
-    let out = |addr: u64, len: usize| unsafe { DeviceMut::<bf16>::from_raw(addr, len) };
-    // SAFETY: as above.
-    let out_f32 = |addr: u64, len: usize| unsafe { DeviceMut::<f32>::from_raw(addr, len) };
     let base = 1u64 << 32;
     let args = |i_len: usize, h_addr: u64, eps: Option<f32>| MlstmArgs {
         shape: s,
@@ -279,14 +292,6 @@ fn backward_plans_exchange_the_widths_and_keep_their_parts_apart() {
 fn backward_arguments_are_checked_against_the_shape_before_any_launch() {
     let s = shape(1, 64, 2, 64, 64);
     let (n, per_token) = (s.qk_len(), 128);
-    // SAFETY: views of fake addresses are only measured, never launched.
-    let view = |addr: u64, len: usize| unsafe { DeviceRef::<bf16>::from_raw(addr, len) };
-    // SAFETY: as above.
-    let floats = |addr: u64, len: usize| unsafe { DeviceRef::<f32>::from_raw(addr, len) };
-    // SAFETY: as above.
-    let out = |addr: u64, len: usize| unsafe { DeviceMut::<bf16>::from_raw(addr, len) };
-    // SAFETY: as above.
-    let out_f32 = |addr: u64, len: usize| unsafe { DeviceMut::<f32>::from_raw(addr, len) };
     let base = 1u64 << 32;
     let args = |den_len: usize, dq_addr: u64, d_c0_len: usize| MlstmBackwardArgs {
         shape: s,
