@@ -1,4 +1,5 @@
-"""Merges the mLSTM's LASP-2 timings into mlstm.json's `lasp2` rows.
+"""Merges the mLSTM's LASP-2 timings into mlstm.json's `lasp2` rows (the forward) or, with
+--section lasp2_fwdbwd, its `lasp2_fwdbwd` rows (a training step: the forward, then the backward).
 
     python3 benches/mlstm_lasp2_report.py --device '4x NVIDIA H100 80GB HBM3' --bit-identical \\
         --ours ours_w4_1.json ours_w4_2.json ours_w4_3.json --into benches/results/mlstm.json
@@ -13,7 +14,7 @@ Rows are keyed by (W, B, T_local, H, D) and carry their own `commit` (env LASP_C
 (env LASP_DATE, else now), `device` and `bit_identical` (--bit-identical: the checks of the same
 build passed, every mode bitwise equal); a row replaces the row of the same key, so a job that
 re-measures some W leaves the others as they were. The file's `bit_identical` is true when every
-LASP-2 row's is and the single-GPU section's own flag (if any) is.
+row of both LASP-2 sections is.
 """
 import argparse
 import json
@@ -86,6 +87,12 @@ def self_test():
         assert w4["overlapped_ms"] == 2.0 and w4["per_process_ms"]["overlapped_ms"] == [1.0, 3.0, 2.0]
         assert w4["nccl_over_overlapped"] == 2.0 and w4["pipelined_chain_ms"] == 6.0
         assert w4["processes"] == 3 and w4["commit"] == "new" and w4["bit_identical"]
+        main(["--device", "4x GPU", "--bit-identical", "--into", str(into), "--section", "lasp2_fwdbwd",
+              "--ours", *files("step", [ours(4, 5.0)])])
+        doc = json.loads(into.read_text())
+        assert [r["overlapped_ms"] for r in doc["lasp2"]] == [1.0, 2.0], "the forward's rows stay"
+        assert [r["overlapped_ms"] for r in doc["lasp2_fwdbwd"]] == [5.0]
+        assert "backward" in doc["lasp2_fwdbwd_method"]
         main(["--device", "4x GPU", "--into", str(into), "--ours", *files("again", [ours(4, 4.0, False)])])
         doc = json.loads(into.read_text())
         [_, w4] = doc["lasp2"]
@@ -103,6 +110,8 @@ def main(argv=None):
     ap.add_argument("--into", type=Path, required=True)
     ap.add_argument("--device", required=True, help="the job's GPUs, e.g. '4x NVIDIA H100 80GB HBM3'")
     ap.add_argument("--bit-identical", action="store_true")
+    ap.add_argument("--section", choices=("lasp2", "lasp2_fwdbwd"), default="lasp2",
+                    help="lasp2_fwdbwd: rows of `mlstm_lasp2 --with-backward`")
     a = ap.parse_args(argv)
     provenance = dict(
         commit=os.environ.get("LASP_COMMIT", "unknown"),
@@ -110,15 +119,17 @@ def main(argv=None):
         device=a.device, bit_identical=bool(a.bit_identical))
     rows = merge(by_shape(a.ours), provenance)
     doc = json.loads(a.into.read_text()) if a.into.exists() else {}
-    doc["lasp2_method"] = (
-        "mlstm_lasp2 --time, every mode in turns (6 rounds of 2 untimed and 5 timed calls per mode, "
+    step = " --with-backward: a timed call is the forward saving the boundary states and rows, then the backward," if a.section == "lasp2_fwdbwd" else ","
+    doc[f"{a.section}_method"] = (
+        f"mlstm_lasp2 --time{step} every mode in turns (6 rounds of 2 untimed and 5 timed calls per mode, "
         "each after an on-stream barrier, CUDA events), per rank the median, per process the slowest "
         "rank, the row the median over processes (per_process_ms). sequential_nccl: the same kernels "
         "with a host NCCL all-gather of the summaries between them; no_comm: the same kernels without "
         "any exchange (the floor of the schedule); inputs random, gates as mlstm_kernels' benchmark "
         "(input around 0, forget around 3), T_local tokens per GPU")
-    doc["lasp2"] = replace_rows(doc.get("lasp2", []), rows)
-    doc["bit_identical"] = all(r.get("bit_identical", False) for r in doc["lasp2"])
+    doc[a.section] = replace_rows(doc.get(a.section, []), rows)
+    doc["bit_identical"] = all(r.get("bit_identical", False)
+                               for section in ("lasp2", "lasp2_fwdbwd") for r in doc.get(section, []))
     a.into.write_text(json.dumps(doc, indent=2) + "\n")
     for r in rows:
         print(f"W={r['W']} B={r['B']} T_local={r['T_local']}: overlapped {r['overlapped_ms']} ms, "

@@ -5,9 +5,12 @@
 # --time`, every mode in turns in each. benches/mlstm_lasp2_report.py merges the medians over
 # processes into $OUT/mlstm.json (a copy of benches/results/mlstm.json, when there is one; copy it
 # back to record it) after every W, so that a job cut short keeps every W that finished.
+# MLSTM_LASP2_BACKWARD=1 times training steps instead (`--with-backward`: the forward, then the
+# backward) into mlstm.json's `lasp2_fwdbwd` rows.
 #
 #   OUT=out bash scripts/mlstm-lasp2-bench.sh
 #   MLSTM_LASP2_WORLDS="4" MLSTM_LASP2_SHAPES="8x2048x16x128" OUT=out bash scripts/mlstm-lasp2-bench.sh
+#   MLSTM_LASP2_BACKWARD=1 OUT=out bash scripts/mlstm-lasp2-bench.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu-env.sh
@@ -24,6 +27,11 @@ if [ ! -f "$OUT/mlstm.json" ] && [ -f benches/results/mlstm.json ]; then
 fi
 time_args=()
 for s in "${SHAPES[@]}"; do time_args+=(--time "$s"); done
+section=(--section lasp2)
+if [ -n "${MLSTM_LASP2_BACKWARD:-}" ]; then
+  time_args+=(--with-backward)
+  section=(--section lasp2_fwdbwd)
+fi
 
 for W in $WORLDS; do
   run=("$BIN/lasp-run" --timeout 300 -n "$W" "$BIN/mlstm_lasp2")
@@ -39,6 +47,6 @@ for W in $WORLDS; do
     "${run[@]}" --no-check "${time_args[@]}" --json "$OUT/ours_w${W}_$i.json" >"$OUT/ours_w${W}_$i.log" 2>&1
     ours+=("$OUT/ours_w${W}_$i.json")
   done
-  python3 benches/mlstm_lasp2_report.py --device "${W}x $GPU_NAME" "${identical[@]}" \
+  python3 benches/mlstm_lasp2_report.py --device "${W}x $GPU_NAME" "${identical[@]}" "${section[@]}" \
     --ours "${ours[@]}" --into "$OUT/mlstm.json"
 done

@@ -1,9 +1,11 @@
-//! The mLSTM's LASP-2 forward (`ops::mlstm::MlstmLasp2Forward`) on every GPU under `lasp-run`.
+//! The mLSTM's LASP-2 forward and backward (`ops::mlstm::MlstmLasp2Forward`,
+//! `MlstmLasp2Backward`) on every GPU under `lasp-run`.
 //!
 //! ```text
 //! lasp-run -n 2 mlstm_lasp2                            # the checks
 //! lasp-run -n 4 mlstm_lasp2 --no-check --time 4x8192x16x128 --time 8x2048x16x128 --json out.json
 //! lasp-run -n 4 mlstm_lasp2 --no-check --plan --time 8x2048x16x128 --json planned.json
+//! lasp-run -n 4 mlstm_lasp2 --no-check --with-backward --time 4x8192x16x128 --json fb.json
 //! ```
 //!
 //! Checks (every PE): the whole sequence's inputs from the f64 reference's generator
@@ -12,11 +14,18 @@
 //! against the reference's stabilised recurrence of the whole sequence (relative error <= 5e-3;
 //! the final state's C, n and m on the last PE), in every exchange mode, each mode's outputs
 //! bitwise equal to the overlapped mode's, a repeated call and `--graph-calls` replays of a
-//! captured overlapped call bitwise equal; outputs poisoned before each call. The gate regimes
+//! captured overlapped call bitwise equal; outputs poisoned before each call. Then the backward
+//! (mlstm_kernels' gradient) from the boundary states and saved rows the forward wrote, with dh
+//! and (where the case asks) dC_T from the reference's generator: dq, dk, dv and PE 0's dC_0
+//! against the reference's `recurrent_backward` of the whole sequence (relative error <= 5e-3),
+//! the gate pre-activations' gradients against the terms' scale (`MlstmGrads::gate_grad_scale`
+//! of the whole sequence, 5e-3), every mode, a repeat and the graph replays bitwise equal. The
+//! gate regimes
 //! are the reference's: typical gates, input gates of hundreds (the stabiliser jumps across
 //! shards), forget gates near zero. One line per case and PE; exit status 1 when any check
 //! failed. Timing (`--time BxTxHxD`, T per GPU): the modes in turns (`time_in_turns`), the row is
-//! the slowest rank's median. `--plan`: the planner (`exchange::planner`) chooses the mode first,
+//! the slowest rank's median; with `--with-backward` a timed call is a training step's, the
+//! forward saving what the backward reads, then the backward. `--plan`: the planner (`exchange::planner`) chooses the mode first,
 //! and its choice is timed in turns with the modes (`planner_ms`, `planner_choice`).
 
 use clap::Parser;
@@ -24,17 +33,24 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use lasp_shmem::exchange::{ExchangeMode, Lasp2Layout};
 use lasp_shmem::nccl::NcclComm;
 use lasp_shmem::ops::bf16;
-use lasp_shmem::ops::mlstm::{Mlstm, MlstmArgs, MlstmLasp2Forward, MlstmStateMut, MlstmStateRef};
+use lasp_shmem::ops::mlstm::{
+    Mlstm, MlstmArgs, MlstmBackwardArgs, MlstmBoundaryMut, MlstmBoundaryRef, MlstmFinalCotangent,
+    MlstmLasp2Backward, MlstmLasp2Forward, MlstmSavedMut, MlstmSavedRef, MlstmStateMut,
+    MlstmStateRef,
+};
 use lasp_shmem::ops::scalar_decay::ForwardShape;
 use lasp_shmem::ops::{DeviceMut, DeviceRef};
-use lasp_shmem::reference::mlstm::{recurrent_forward, MlstmInputs, MlstmRegime, MlstmSpec};
-use lasp_shmem::reference::{rel_err, Shape};
+use lasp_shmem::reference::mlstm::{
+    recurrent_backward, recurrent_forward, MlstmCotangents, MlstmGradient, MlstmInputs,
+    MlstmRegime, MlstmSpec, MlstmState,
+};
+use lasp_shmem::reference::{assert_close_to_scale, rel_err, Cotangents, Shape, Tensor};
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::graph_replay::{replay, Outputs};
 use lasp_shmem_examples::{
-    bf16_bits, bf16s, f32_bits, f32s, lasp2_config, main_under_launcher, mode_of, parse_shape,
-    planner_choice, round, run_cases, shard_rows, time_modes_and_plan, time_shapes, ModeCall,
-    ModeRow, NamedCase, PlannerTimes,
+    bf16_bits, bf16s, f32_bits, f32s, lasp2_config, main_under_launcher, mode_of, mode_times,
+    parse_shape, planner_choice, round, run_cases, shard_rows, time_in_turns, time_modes_and_plan,
+    time_shapes, ModeCall, ModeRow, NamedCase, PlannerTimes,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -58,9 +74,14 @@ struct Options {
     /// (`planner_ms`, `planner_choice` in the row).
     #[arg(long)]
     plan: bool,
+    /// Time the forward and the backward together.
+    #[arg(long, conflicts_with = "plan")]
+    with_backward: bool,
 }
 
 const TOL: f64 = 5e-3;
+/// Below this norm a gradient is all fp32 subnormals or zeros.
+const UNDERFLOW: f64 = 1e-30;
 const POISON: u16 = 0xFFFF;
 
 /// One check: dimensions, the shards' lengths (one per PE), the gates, the initial state, and
@@ -73,6 +94,8 @@ struct Case {
     lengths: Vec<usize>,
     regime: MlstmRegime,
     initial_state: bool,
+    /// A cotangent for the final state's C.
+    d_final: bool,
     segments: Option<u32>,
     splits: Option<u32>,
 }
@@ -80,7 +103,7 @@ struct Case {
 impl NamedCase for Case {
     fn name(&self) -> String {
         format!(
-            "mlstm_B{}_H{}_Dk{}_Dv{}_{:?}_shards{:?}{}{}{}",
+            "mlstm_B{}_H{}_Dk{}_Dv{}_{:?}_shards{:?}{}{}{}{}",
             self.b,
             self.h,
             self.dk,
@@ -88,6 +111,7 @@ impl NamedCase for Case {
             self.regime,
             self.lengths,
             if self.initial_state { "_state0" } else { "" },
+            if self.d_final { "_dCT" } else { "" },
             self.segments.map_or(String::new(), |n| format!("_S{n}")),
             self.splits.map_or(String::new(), |n| format!("_R{n}"))
         )
@@ -111,6 +135,7 @@ fn cases(npes: usize) -> Vec<Case> {
         lengths,
         regime,
         initial_state,
+        d_final: dk == dv,
         segments: None,
         splits: None,
     };
@@ -146,75 +171,279 @@ struct Shard {
     /// The sequence's initial state (C, n, m), the same on every PE.
     state0: Option<[CudaSlice<f32>; 3]>,
     h: CudaSlice<bf16>,
-    /// The final state, on the last PE.
-    state_t: Option<[CudaSlice<f32>; 3]>,
+    /// What the forward saves for the backward: the rows (m, den) and the states entering and
+    /// leaving the shard (C, n, m each; on the last PE the latter is the final state).
+    saved: [CudaSlice<f32>; 2],
+    entry: [CudaSlice<f32>; 3],
+    exit: [CudaSlice<f32>; 3],
     scale: Option<f32>,
     eps: Option<f32>,
 }
 
-/// The bits one call left in h and (on the last PE) the final state.
+/// The bits one forward call left in h, the saved rows and the boundary states.
 #[derive(PartialEq)]
 struct Bits {
     h: Vec<u16>,
-    state: Vec<Vec<u32>>,
+    saved: Vec<Vec<u32>>,
+}
+
+fn state_ref([c, n, m]: &[CudaSlice<f32>; 3]) -> MlstmStateRef<'_> {
+    MlstmStateRef {
+        c: DeviceRef::new(c),
+        n: DeviceRef::new(n),
+        m: DeviceRef::new(m),
+    }
+}
+
+fn state_mut([c, n, m]: &mut [CudaSlice<f32>; 3]) -> MlstmStateMut<'_> {
+    MlstmStateMut {
+        c: DeviceMut::new(c),
+        n: DeviceMut::new(n),
+        m: DeviceMut::new(m),
+    }
 }
 
 impl Shard {
-    fn args(&mut self) -> MlstmArgs<'_> {
-        MlstmArgs {
+    /// Uploads this PE's rows of `inputs` from token `start` on (`shape.t` of them).
+    fn upload(
+        stream: &Arc<CudaStream>,
+        inputs: &MlstmInputs,
+        shape: ForwardShape,
+        start: usize,
+    ) -> Result<Self> {
+        let len = shape.t;
+        let rows = |t: &Tensor| shard_rows(t, start, len);
+        let state0 = match &inputs.initial_state {
+            Some(st) => Some([
+                stream.clone_htod(&f32s(st.c.data()))?,
+                stream.clone_htod(&f32s(st.n.data()))?,
+                stream.clone_htod(&f32s(st.m.data()))?,
+            ]),
+            None => None,
+        };
+        let per_token = shape.b * shape.t * shape.h;
+        let state = || -> Result<[CudaSlice<f32>; 3]> {
+            Ok([
+                stream.alloc_zeros(shape.state_len())?,
+                stream.alloc_zeros(shape.b * shape.h * shape.dk)?,
+                stream.alloc_zeros(shape.b * shape.h)?,
+            ])
+        };
+        Ok(Shard {
+            shape,
+            q: stream.clone_htod(&bf16s(&rows(&inputs.q)))?,
+            k: stream.clone_htod(&bf16s(&rows(&inputs.k)))?,
+            v: stream.clone_htod(&bf16s(&rows(&inputs.v)))?,
+            i_gate: stream.clone_htod(&f32s(&rows(&inputs.input_gate)))?,
+            f_gate: stream.clone_htod(&f32s(&rows(&inputs.forget_gate)))?,
+            state0,
+            h: stream.alloc_zeros(shape.v_len())?,
+            saved: [
+                stream.alloc_zeros(per_token)?,
+                stream.alloc_zeros(per_token)?,
+            ],
+            entry: state()?,
+            exit: state()?,
+            scale: Some(inputs.scale as f32),
+            eps: Some(inputs.eps as f32),
+        })
+    }
+
+    /// Enqueues the forward of the shard, saving what the backward reads.
+    fn forward(&mut self, op: &mut MlstmLasp2Forward, stream: &Arc<CudaStream>) -> Result<()> {
+        let [row_m, row_den] = &mut self.saved;
+        let args = MlstmArgs {
             shape: self.shape,
             q: DeviceRef::new(&self.q),
             k: DeviceRef::new(&self.k),
             v: DeviceRef::new(&self.v),
             i_gate: DeviceRef::new(&self.i_gate),
             f_gate: DeviceRef::new(&self.f_gate),
-            initial_state: self.state0.as_ref().map(|[c, n, m]| MlstmStateRef {
-                c: DeviceRef::new(c),
-                n: DeviceRef::new(n),
-                m: DeviceRef::new(m),
-            }),
+            initial_state: self.state0.as_ref().map(state_ref),
             h: DeviceMut::new(&mut self.h),
-            saved: None,
-            final_state: self.state_t.as_mut().map(|[c, n, m]| MlstmStateMut {
-                c: DeviceMut::new(c),
-                n: DeviceMut::new(n),
-                m: DeviceMut::new(m),
+            saved: Some(MlstmSavedMut {
+                m: DeviceMut::new(row_m),
+                den: DeviceMut::new(row_den),
             }),
+            final_state: None,
             scale: self.scale,
             eps: self.eps,
-        }
+        };
+        let boundary = MlstmBoundaryMut {
+            entry: state_mut(&mut self.entry),
+            exit: state_mut(&mut self.exit),
+        };
+        op.forward_saving(stream, args, Some(boundary)).map(|_| ())
     }
 
     /// One call on poisoned outputs; their bits.
     fn call(&mut self, op: &mut MlstmLasp2Forward, stream: &Arc<CudaStream>) -> Result<Bits> {
         self.poison(stream)?;
-        op.forward(stream, self.args())?;
+        self.forward(op, stream)?;
         op.finish(stream)?;
         self.bits(stream)
+    }
+
+    /// Enqueues the backward of the shard from what the forward saved.
+    fn backward(
+        &self,
+        grads: &mut ShardGrads,
+        op: &mut MlstmLasp2Backward,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let [d_i, d_f] = &mut grads.d_gates;
+        let args = MlstmBackwardArgs {
+            shape: self.shape,
+            q: DeviceRef::new(&self.q),
+            k: DeviceRef::new(&self.k),
+            v: DeviceRef::new(&self.v),
+            i_gate: DeviceRef::new(&self.i_gate),
+            f_gate: DeviceRef::new(&self.f_gate),
+            initial_state: None,
+            saved: MlstmSavedRef {
+                m: DeviceRef::new(&self.saved[0]),
+                den: DeviceRef::new(&self.saved[1]),
+            },
+            d_h: DeviceRef::new(&grads.d_h),
+            d_final: grads.d_c_t.as_ref().map(|d_c| MlstmFinalCotangent {
+                d_c: DeviceRef::new(d_c),
+                m: DeviceRef::new(&self.exit[2]),
+            }),
+            dq: DeviceMut::new(&mut grads.dq),
+            dk: DeviceMut::new(&mut grads.dk),
+            dv: DeviceMut::new(&mut grads.dv),
+            d_i_gate: DeviceMut::new(d_i),
+            d_f_gate: DeviceMut::new(d_f),
+            d_initial_c: grads.d_c0.as_mut().map(DeviceMut::new),
+            scale: self.scale,
+        };
+        let boundary = MlstmBoundaryRef {
+            entry: state_ref(&self.entry),
+            exit: state_ref(&self.exit),
+        };
+        op.backward(stream, args, boundary).map(|_| ())
+    }
+
+    /// One backward call on poisoned gradients; their bits.
+    fn backward_bits(
+        &self,
+        grads: &mut ShardGrads,
+        op: &mut MlstmLasp2Backward,
+        stream: &Arc<CudaStream>,
+    ) -> Result<GradBits> {
+        grads.poison(stream)?;
+        self.backward(grads, op, stream)?;
+        op.finish(stream)?;
+        grads.bits(stream)
     }
 }
 
 impl Outputs for Shard {
-    /// The bits of h and (on the last PE) the final state.
+    /// The bits of h, the saved rows and the boundary states.
     type Bits = Bits;
 
-    /// h and the final state filled with poison bit patterns.
+    /// Everything the forward writes filled with poison bit patterns.
     fn poison(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         stream.memcpy_htod(&vec![bf16::from_bits(POISON); self.h.len()], &mut self.h)?;
-        for x in self.state_t.iter_mut().flatten() {
+        for x in self
+            .saved
+            .iter_mut()
+            .chain(&mut self.entry)
+            .chain(&mut self.exit)
+        {
             stream.memcpy_htod(&vec![f32::from_bits(u32::MAX); x.len()], x)?;
         }
         Ok(())
     }
 
     fn bits(&self, stream: &Arc<CudaStream>) -> Result<Bits> {
-        let mut state = Vec::new();
-        for x in self.state_t.iter().flatten() {
-            state.push(f32_bits(stream, Some(x))?);
+        let mut saved = Vec::new();
+        for x in self.saved.iter().chain(&self.entry).chain(&self.exit) {
+            saved.push(f32_bits(stream, Some(x))?);
         }
         Ok(Bits {
             h: bf16_bits(stream, &self.h)?,
-            state,
+            saved,
+        })
+    }
+}
+
+/// One PE's backward tensors: dh, dC_T (the last PE, where the case asks), the gradients (dC_0 on
+/// PE 0).
+struct ShardGrads {
+    d_h: CudaSlice<bf16>,
+    d_c_t: Option<CudaSlice<f32>>,
+    dq: CudaSlice<bf16>,
+    dk: CudaSlice<bf16>,
+    dv: CudaSlice<bf16>,
+    d_gates: [CudaSlice<f32>; 2],
+    d_c0: Option<CudaSlice<f32>>,
+}
+
+/// The bits one backward call left in the gradients.
+#[derive(PartialEq)]
+struct GradBits {
+    dq: Vec<u16>,
+    dk: Vec<u16>,
+    dv: Vec<u16>,
+    d_i: Vec<u32>,
+    d_f: Vec<u32>,
+    d_c0: Vec<u32>,
+}
+
+impl ShardGrads {
+    fn new(
+        stream: &Arc<CudaStream>,
+        shape: ForwardShape,
+        d_h: &[bf16],
+        d_c_t: Option<&[f32]>,
+        d_c0: bool,
+    ) -> Result<Self> {
+        let per_token = shape.b * shape.t * shape.h;
+        Ok(ShardGrads {
+            d_h: stream.clone_htod(d_h)?,
+            d_c_t: d_c_t.map(|d| stream.clone_htod(d)).transpose()?,
+            dq: stream.alloc_zeros(shape.qk_len())?,
+            dk: stream.alloc_zeros(shape.qk_len())?,
+            dv: stream.alloc_zeros(shape.v_len())?,
+            d_gates: [
+                stream.alloc_zeros(per_token)?,
+                stream.alloc_zeros(per_token)?,
+            ],
+            d_c0: if d_c0 {
+                Some(stream.alloc_zeros(shape.state_len())?)
+            } else {
+                None
+            },
+        })
+    }
+}
+
+impl Outputs for ShardGrads {
+    type Bits = GradBits;
+
+    fn poison(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        for x in [&mut self.dq, &mut self.dk, &mut self.dv] {
+            stream.memcpy_htod(&vec![bf16::from_bits(POISON); x.len()], x)?;
+        }
+        let [d_i, d_f] = &mut self.d_gates;
+        for x in [Some(d_i), Some(d_f), self.d_c0.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            stream.memcpy_htod(&vec![f32::from_bits(u32::MAX); x.len()], x)?;
+        }
+        Ok(())
+    }
+
+    fn bits(&self, stream: &Arc<CudaStream>) -> Result<GradBits> {
+        Ok(GradBits {
+            dq: bf16_bits(stream, &self.dq)?,
+            dk: bf16_bits(stream, &self.dk)?,
+            dv: bf16_bits(stream, &self.dv)?,
+            d_i: f32_bits(stream, Some(&self.d_gates[0]))?,
+            d_f: f32_bits(stream, Some(&self.d_gates[1]))?,
+            d_c0: f32_bits(stream, self.d_c0.as_ref())?,
         })
     }
 }
@@ -250,36 +479,7 @@ fn check_case(
         t: len,
         ..ForwardShape::from(whole)
     };
-    let state0 = match &inputs.initial_state {
-        Some(st) => Some([
-            stream.clone_htod(&f32s(st.c.data()))?,
-            stream.clone_htod(&f32s(st.n.data()))?,
-            stream.clone_htod(&f32s(st.m.data()))?,
-        ]),
-        None => None,
-    };
-    let state_t = if last {
-        Some([
-            stream.alloc_zeros(shape.state_len())?,
-            stream.alloc_zeros(shape.b * shape.h * shape.dk)?,
-            stream.alloc_zeros(shape.b * shape.h)?,
-        ])
-    } else {
-        None
-    };
-    let mut shard = Shard {
-        shape,
-        q: stream.clone_htod(&bf16s(&shard_rows(&inputs.q, start, len)))?,
-        k: stream.clone_htod(&bf16s(&shard_rows(&inputs.k, start, len)))?,
-        v: stream.clone_htod(&bf16s(&shard_rows(&inputs.v, start, len)))?,
-        i_gate: stream.clone_htod(&f32s(&shard_rows(&inputs.input_gate, start, len)))?,
-        f_gate: stream.clone_htod(&f32s(&shard_rows(&inputs.forget_gate, start, len)))?,
-        state0,
-        h: stream.alloc_zeros(shape.v_len())?,
-        state_t,
-        scale: Some(inputs.scale as f32),
-        eps: Some(inputs.eps as f32),
-    };
+    let mut shard = Shard::upload(&stream, &inputs, shape, start)?;
     let mut op = MlstmLasp2Forward::new(rt, shape.layout(), ExchangeMode::Overlapped)?;
     op.set_num_segments(case.segments);
     op.set_states_splits(case.splits);
@@ -304,7 +504,7 @@ fn check_case(
         &mut shard,
         graph_calls,
         &first,
-        |shard, op, stream| op.forward(stream, shard.args()).map(|_| ()),
+        |shard, op, stream| shard.forward(op, stream),
     )?;
     problems.extend(replayed.err());
     op.free()?;
@@ -322,20 +522,161 @@ fn check_case(
         .map(|&x| bf16::from_bits(x).to_f64())
         .collect();
     check("h", h, &shard_rows(&want.h, start, len));
-    let st = &want.final_state;
-    for ((what, bits), want) in ["C_t", "n_t", "m_t"]
-        .into_iter()
-        .zip(&first.state)
-        .zip([&st.c, &st.n, &st.m])
-    {
-        let got = bits.iter().map(|&x| f64::from(f32::from_bits(x))).collect();
-        check(what, got, want.data());
+    if last {
+        // The state leaving the last shard is the final state: saved[5..8] hold C, n, m.
+        let st = &want.final_state;
+        for ((what, bits), want) in ["C_t", "n_t", "m_t"]
+            .into_iter()
+            .zip(&first.saved[5..])
+            .zip([&st.c, &st.n, &st.m])
+        {
+            let got = bits.iter().map(|&x| f64::from(f32::from_bits(x))).collect();
+            check(what, got, want.data());
+        }
     }
+    let backward = check_backward(rt, case, &inputs, &shard, seed, start, graph_calls)?;
     let detail = format!("rel err {}", errors.join(" "));
+    Ok(match (problems.is_empty(), backward) {
+        (true, Ok(grads)) => Ok(format!(
+            "{detail}, {grads}, every mode and {graph_calls} graph replays bitwise equal"
+        )),
+        (_, Ok(grads)) => Err(format!("{detail}, {grads}: {}", problems.join("; "))),
+        (_, Err(grads)) => {
+            problems.push(grads);
+            Err(format!("{detail}: {}", problems.join("; ")))
+        }
+    })
+}
+
+/// The reference's cotangents of the whole sequence: `dh ~ N(0, 1)` and, where the case asks,
+/// `dC_T ~ N(0, 1)` (mlstm_kernels' gradient takes no `dn_T`, `dm_T`).
+fn cotangents(case: &Case, whole: Shape, seed: u64) -> Result<MlstmCotangents> {
+    let cot = Cotangents::generate(whole, seed, case.d_final, true)
+        .map_err(|e| Error::State(format!("cotangent generation: {e}")))?;
+    Ok(MlstmCotangents {
+        d_h: cot.d_o,
+        d_final_state: cot.d_ht.map(|c| MlstmState {
+            c,
+            n: Tensor::zeros(&[whole.b, whole.h, whole.dk]),
+            m: Tensor::zeros(&[whole.b, whole.h]),
+        }),
+    })
+}
+
+/// The backward of this PE's shard in every mode against the reference's backward of the whole
+/// sequence: the errors, or what failed.
+fn check_backward(
+    rt: &Runtime,
+    case: &Case,
+    inputs: &MlstmInputs,
+    shard: &Shard,
+    seed: u64,
+    start: usize,
+    graph_calls: u32,
+) -> Result<std::result::Result<String, String>> {
+    let (me, npes) = (rt.pe(), rt.npes());
+    let stream = rt.stream().clone();
+    let cot = cotangents(case, inputs.shape, seed)?;
+    let want = recurrent_backward(inputs, &cot, MlstmGradient::Tfla)
+        .map_err(|e| Error::State(format!("reference backward: {e}")))?;
+    let (shape, len) = (shard.shape, shard.shape.t);
+    let d_c_t = match (&cot.d_final_state, me + 1 == npes) {
+        (Some(d), true) => Some(f32s(d.c.data())),
+        _ => None,
+    };
+    let d_h = bf16s(&shard_rows(&cot.d_h, start, len));
+    let mut grads = ShardGrads::new(&stream, shape, &d_h, d_c_t.as_deref(), me == 0)?;
+    let mut op = MlstmLasp2Backward::new(rt, shape.layout(), ExchangeMode::Overlapped)?;
+    op.set_num_segments(case.segments);
+    let first = shard.backward_bits(&mut grads, &mut op, &stream)?;
+    let mut problems = Vec::new();
+    if shard.backward_bits(&mut grads, &mut op, &stream)? != first {
+        problems.push("a repeated backward gave other bits".to_string());
+    }
+    for mode in [
+        ExchangeMode::SequentialNccl,
+        ExchangeMode::SequentialNvshmem,
+        ExchangeMode::PipelinedChain,
+    ] {
+        op.set_mode(mode)?;
+        if shard.backward_bits(&mut grads, &mut op, &stream)? != first {
+            problems.push(format!("backward: {mode:?} differs from Overlapped"));
+        }
+    }
+    let replayed = replay(
+        rt,
+        &mut op,
+        &mut grads,
+        graph_calls,
+        &first,
+        |grads, op, stream| shard.backward(grads, op, stream),
+    )?;
+    problems.extend(replayed.err().map(|e| format!("backward: {e}")));
+    op.free()?;
+    let values16 =
+        |x: &[u16]| -> Vec<f64> { x.iter().map(|&b| bf16::from_bits(b).to_f64()).collect() };
+    let values32 =
+        |x: &[u32]| -> Vec<f64> { x.iter().map(|&b| f64::from(f32::from_bits(b))).collect() };
+    let mut errors = Vec::new();
+    let mut relative = vec![
+        ("dq", values16(&first.dq), shard_rows(&want.dq, start, len)),
+        ("dk", values16(&first.dk), shard_rows(&want.dk, start, len)),
+        ("dv", values16(&first.dv), shard_rows(&want.dv, start, len)),
+    ];
+    if me == 0 {
+        relative.push((
+            "dC0",
+            values32(&first.d_c0),
+            want.d_initial_state.c.data().to_vec(),
+        ));
+    }
+    let norm = |x: &[f64]| x.iter().map(|v| v * v).sum::<f64>().sqrt();
+    for (what, got, want) in relative {
+        // Under input gates of hundreds a shard's gradient (or the zero state's dC_0, m_0 = 0)
+        // can be e^{-hundreds} of its terms: below fp32's and bf16's range, so it must come out
+        // as (near) zero.
+        if norm(&want) < UNDERFLOW {
+            if norm(&got) >= UNDERFLOW {
+                problems.push(format!(
+                    "{what}: ||got|| = {:.3e} where ||want|| = {:.3e} underflows fp32",
+                    norm(&got),
+                    norm(&want)
+                ));
+            }
+            errors.push(format!("{what} underflows"));
+            continue;
+        }
+        let e = rel_err(&got, &want);
+        if e.is_nan() || e > TOL {
+            problems.push(format!(
+                "{what}: rel err {e:.3e} > {TOL:.0e} (||got|| {:.3e}, ||want|| {:.3e})",
+                norm(&got),
+                norm(&want)
+            ));
+        }
+        errors.push(format!("{what} {e:.2e}"));
+    }
+    let gate_scale = want.gate_grad_scale(inputs);
+    for (what, got, want) in [
+        ("d_i_gate", values32(&first.d_i), &want.d_input_gate),
+        ("d_f_gate", values32(&first.d_f), &want.d_forget_gate),
+    ] {
+        let want = shard_rows(want, start, len);
+        match assert_close_to_scale(what, &got, &want, gate_scale, TOL) {
+            Ok(()) => {
+                let diff = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(a, b)| (a - b) * (a - b))
+                    .sum::<f64>();
+                errors.push(format!("{what} {:.2e} of scale", diff.sqrt() / gate_scale));
+            }
+            Err(e) => problems.push(e),
+        }
+    }
+    let detail = format!("grads rel err {}", errors.join(" "));
     Ok(if problems.is_empty() {
-        Ok(format!(
-            "{detail}, every mode and {graph_calls} graph replays bitwise equal"
-        ))
+        Ok(detail)
     } else {
         Err(format!("{detail}: {}", problems.join("; ")))
     })
@@ -361,69 +702,137 @@ impl ModeCall for Timed {
         self.op.supports(ExchangeMode::PipelinedChain)
     }
     fn call(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
-        self.op.forward(stream, self.shard.args()).map(|_| ())
+        self.shard.forward(&mut self.op, stream)
     }
     fn finish(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         self.op.finish(stream)
     }
 }
 
-fn time_shape(rt: &Runtime, comm: &NcclComm, shape: ForwardShape, plan: bool) -> Result<ModeRow> {
+/// A training step over one random shard (the forward saving what the backward reads, then the
+/// backward), as `time_in_turns` drives it.
+struct TimedStep {
+    forward: MlstmLasp2Forward,
+    backward: MlstmLasp2Backward,
+    shard: Shard,
+    grads: ShardGrads,
+}
+
+impl ModeCall for TimedStep {
+    fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
+        self.forward.set_mode(mode)?;
+        self.backward.set_mode(mode)
+    }
+    fn has_chain(&self) -> bool {
+        self.forward.supports(ExchangeMode::PipelinedChain)
+            && self.backward.supports(ExchangeMode::PipelinedChain)
+    }
+    fn call(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.shard.forward(&mut self.forward, stream)?;
+        self.shard
+            .backward(&mut self.grads, &mut self.backward, stream)
+    }
+    fn finish(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.forward.finish(stream)?;
+        self.backward.finish(stream)
+    }
+}
+
+impl Shard {
+    /// A random shard of `shape` on this PE: q, k, v uniform in [-1, 1) and mlstm_kernels'
+    /// benchmark gates (input pre-activations around 0, forget around 3: sigmoid 0.95).
+    fn random(stream: &Arc<CudaStream>, shape: ForwardShape, pe: usize) -> Result<Self> {
+        let mut rng = lasp_shmem::reference::SplitMix64::new(11 + pe as u64);
+        let mut uniform = move || rng.next_u64() as f64 / u64::MAX as f64;
+        let mut values = |len: usize, centre: f64, to: &mut dyn FnMut(f64)| {
+            (0..len).for_each(|_| to(centre + uniform() * 2.0 - 1.0))
+        };
+        let mut bf16_tensor = |len: usize| -> Result<CudaSlice<bf16>> {
+            let mut x = Vec::with_capacity(len);
+            values(len, 0.0, &mut |v| x.push(bf16::from_f64(v)));
+            Ok(stream.clone_htod(&x)?)
+        };
+        let (q, k, v) = (
+            bf16_tensor(shape.qk_len())?,
+            bf16_tensor(shape.qk_len())?,
+            bf16_tensor(shape.v_len())?,
+        );
+        let tokens = shape.b * shape.t * shape.h;
+        let mut gate = |centre: f64| -> Result<CudaSlice<f32>> {
+            let mut x = Vec::with_capacity(tokens);
+            values(tokens, centre, &mut |v| x.push(v as f32));
+            Ok(stream.clone_htod(&x)?)
+        };
+        let (i_gate, f_gate) = (gate(0.0)?, gate(3.0)?);
+        let state = || -> Result<[CudaSlice<f32>; 3]> {
+            Ok([
+                stream.alloc_zeros(shape.state_len())?,
+                stream.alloc_zeros(shape.b * shape.h * shape.dk)?,
+                stream.alloc_zeros(shape.b * shape.h)?,
+            ])
+        };
+        Ok(Shard {
+            shape,
+            q,
+            k,
+            v,
+            i_gate,
+            f_gate,
+            state0: None,
+            h: stream.alloc_zeros(shape.v_len())?,
+            saved: [stream.alloc_zeros(tokens)?, stream.alloc_zeros(tokens)?],
+            entry: state()?,
+            exit: state()?,
+            scale: None,
+            eps: None,
+        })
+    }
+}
+
+fn time_shape(
+    rt: &Runtime,
+    comm: &NcclComm,
+    shape: ForwardShape,
+    plan: bool,
+    with_backward: bool,
+) -> Result<ModeRow> {
     let stream = rt.stream().clone();
-    let mut rng = lasp_shmem::reference::SplitMix64::new(11 + rt.pe() as u64);
-    let mut uniform = move || rng.next_u64() as f64 / u64::MAX as f64;
-    let mut normal = |len: usize| -> Vec<bf16> {
-        (0..len)
-            .map(|_| bf16::from_f64(uniform() * 2.0 - 1.0))
-            .collect()
-    };
-    let (q, k, v) = (
-        normal(shape.qk_len()),
-        normal(shape.qk_len()),
-        normal(shape.v_len()),
-    );
-    let tokens = shape.b * shape.t * shape.h;
-    // mlstm_kernels' benchmark gates: input pre-activations around 0, forget around 3 (sigmoid
-    // 0.95).
-    let mut rng = lasp_shmem::reference::SplitMix64::new(17 + rt.pe() as u64);
-    let mut gate = |centre: f32| -> Vec<f32> {
-        (0..tokens)
-            .map(|_| centre + (rng.next_u64() as f64 / u64::MAX as f64) as f32 * 2.0 - 1.0)
-            .collect()
-    };
-    let (i_gate, f_gate) = (gate(0.0), gate(3.0));
-    let shard = Shard {
-        shape,
-        q: stream.clone_htod(&q)?,
-        k: stream.clone_htod(&k)?,
-        v: stream.clone_htod(&v)?,
-        i_gate: stream.clone_htod(&i_gate)?,
-        f_gate: stream.clone_htod(&f_gate)?,
-        state0: None,
-        h: stream.alloc_zeros(shape.v_len())?,
-        state_t: None,
-        scale: None,
-        eps: None,
-    };
-    let mut timed = Timed {
-        op: MlstmLasp2Forward::new(rt, shape.layout(), ExchangeMode::Overlapped)?,
-        shard,
-        planned: None,
-    };
-    let plan = if plan {
-        let Timed { op, shard, .. } = &mut timed;
-        Some(op.plan(&stream, shape.t, |op, stream| {
-            op.forward(stream, shard.args()).map(|_| ())
-        })?)
+    let (me, npes) = (rt.pe(), rt.npes());
+    let shard = Shard::random(&stream, shape, me)?;
+    let row = if with_backward {
+        let d_h: Vec<bf16> = (0..shape.v_len())
+            .map(|i| bf16::from_f32(((i % 97) as f32 - 48.0) / 48.0))
+            .collect();
+        let d_c_t = (me + 1 == npes).then(|| vec![0.01f32; shape.state_len()]);
+        let mut step = TimedStep {
+            forward: MlstmLasp2Forward::new(rt, shape.layout(), ExchangeMode::Overlapped)?,
+            backward: MlstmLasp2Backward::new(rt, shape.layout(), ExchangeMode::Overlapped)?,
+            grads: ShardGrads::new(&stream, shape, &d_h, d_c_t.as_deref(), me == 0)?,
+            shard,
+        };
+        let medians = time_in_turns(rt, &mut step)?;
+        step.forward.free()?;
+        step.backward.free()?;
+        ModeRow::new(rt, shape, mode_times(comm, medians)?)
     } else {
-        None
-    };
-    timed.planned = plan.as_ref().map(|p| p.chosen.mode);
-    let (modes, planner) = time_modes_and_plan(rt, comm, &mut timed, plan.as_ref(), mode_of)?;
-    timed.op.free()?;
-    let row = ModeRow {
-        planner,
-        ..ModeRow::new(rt, shape, modes)
+        let mut timed = Timed {
+            op: MlstmLasp2Forward::new(rt, shape.layout(), ExchangeMode::Overlapped)?,
+            shard,
+            planned: None,
+        };
+        let plan = if plan {
+            let Timed { op, shard, .. } = &mut timed;
+            Some(op.plan(&stream, shape.t, |op, stream| shard.forward(op, stream))?)
+        } else {
+            None
+        };
+        timed.planned = plan.as_ref().map(|p| p.chosen.mode);
+        let (modes, planner) = time_modes_and_plan(rt, comm, &mut timed, plan.as_ref(), mode_of)?;
+        timed.op.free()?;
+        ModeRow {
+            planner,
+            ..ModeRow::new(rt, shape, modes)
+        }
     };
     if rt.pe() == 0 {
         let chain = row
@@ -431,12 +840,13 @@ fn time_shape(rt: &Runtime, comm: &NcclComm, shape: ForwardShape, plan: bool) ->
             .pipelined_chain_ms
             .map_or(String::new(), |ms| format!(", chain {:.4}", round(ms, 4)));
         println!(
-            "W={} B={} T_local={} H={} D={}: overlapped {:.4} ms, sequential NCCL {:.4}, sequential NVSHMEM {:.4}, no-comm {:.4}{chain}{}",
+            "W={} B={} T_local={} H={} D={}{}: overlapped {:.4} ms, sequential NCCL {:.4}, sequential NVSHMEM {:.4}, no-comm {:.4}{chain}{}",
             row.w,
             row.b,
             row.t_local,
             row.h,
             row.d,
+            if with_backward { " fwd+bwd" } else { "" },
             round(row.modes.overlapped_ms, 4),
             round(row.modes.sequential_nccl_ms, 4),
             round(row.modes.sequential_nvshmem_ms, 4),
@@ -459,7 +869,7 @@ fn run(options: Options, config: Config) -> Result<bool> {
         &rt,
         &options.time,
         options.json.as_deref(),
-        |comm, shape| time_shape(&rt, comm, shape, options.plan),
+        |comm, shape| time_shape(&rt, comm, shape, options.plan, options.with_backward),
     )?;
     rt.shutdown()?;
     Ok(failed == 0)

@@ -112,11 +112,12 @@ fn gated_delta_forward_and_backward_match_the_reference_in_every_mode() {
     expect_cases_passed("gated_delta_lasp2", &run, gpus, 9);
 }
 
-/// mLSTM: every rank's shard against the f64 stabilised recurrence of the whole sequence, every
-/// exchange mode and 100 graph replays bitwise equal (the program's eight cases, each reported
-/// by every rank).
+/// mLSTM: every rank's shard, forward and backward, against the f64 reference of the whole
+/// sequence (the stabilised recurrence; mlstm_kernels' gradient), every exchange mode and 100
+/// graph replays of each direction bitwise equal (the program's eight cases, each reported by
+/// every rank).
 #[test]
-fn mlstm_forward_matches_the_reference_in_every_mode() {
+fn mlstm_forward_and_backward_match_the_reference_in_every_mode() {
     let Some(gpus) = gpus_or_skip() else { return };
     let run = launch(gpus, JOB_LIMIT, &mlstm_lasp2(), &[], &[]);
     expect_cases_passed("mlstm_lasp2", &run, gpus, 8);

@@ -150,7 +150,7 @@ extern "C" __global__ void __launch_bounds__(LASP_MLSTM_BWD_THREADS)
   double x[kPer];
   float kdk[kPer];
   const double local = tile_terms(p, row0, end, x, kdk);
-  double later = 0.0;  // the tiles after this one, nearest last
+  double later = p.lf_carry ? p.lf_carry[bh] : 0.0;  // the later shards, then this shard's later tiles, nearest last
   for (int tile = blockIdx.x - 1; tile >= 0; --tile) later += p.tile_sums[bh * gridDim.x + tile];
   double total;
   double suffix = later + block_scan(local, total) - local;  // x summed over the tokens after this thread's
@@ -163,5 +163,30 @@ extern "C" __global__ void __launch_bounds__(LASP_MLSTM_BWD_THREADS)
       p.d_i[row] = kdk[i];
       p.d_f[row] = (float)suffix / (1.f + expf(__ldg(p.f_gate + row)));  // sigmoid(-f) = 1 / (1 + e^f)
     }
+  }
+}
+
+// LASP-2, per head blockIdx.x, after the exchange's fold: the dk pass's start state X^T and m',
+// and (with lf_carry) the later shards' share of every dlf, sigma e^{m' + m_exit} <X, C_exit> -
+// <dC_T, C_T>, the dot in fp64 in a fixed order.
+extern "C" __global__ void __launch_bounds__(LASP_MLSTM_BWD_THREADS)
+    lasp_mlstm_bwd_lasp2_exit(const __grid_constant__ lasp_mlstm_bwd_params p) {
+  const int64_t bh = blockIdx.x, n = (int64_t)p.Dk * p.Dv;
+  const float* const x = p.lasp2_start_c + bh * n;
+  double dot = 0.0;
+  for (int64_t e = threadIdx.x; e < n; e += kThreads) {
+    const int64_t d = e / p.Dv, c = e % p.Dv;
+    const float xe = x[e];
+    p.rev_c_t[bh * n + c * p.Dk + d] = xe;
+    if (p.lf_carry) dot += (double)xe * (double)__ldg(p.exit_c + bh * n + e);
+  }
+  const float m_start = p.lasp2_start_m[bh];
+  if (threadIdx.x == 0) p.lasp2_m[bh] = m_start;
+  if (!p.lf_carry) return;
+  double total;
+  block_scan(dot, total);
+  if (threadIdx.x == 0) {
+    const double weight = (double)p.scale * exp((double)m_start + (double)__ldg(p.exit_m + bh));
+    p.lf_carry[bh] = total * weight - (double)__ldg(p.decay_dot + bh);
   }
 }

@@ -35,11 +35,32 @@ __device__ __forceinline__ int64_t head_element(const lasp_mlstm_lasp2_params& p
                                  : (int64_t)p.Dk * p.Dv + (i - p.Dk * LASP2_TILE_V);
 }
 
+// The backward's decay dot on the chain's first PE: <dC_T, C_T> over column tile vt of head bh,
+// every thread's share in fp64 in a fixed order, then the CTA's in thread order (all threads call).
+__device__ __forceinline__ float tile_decay_dot(const lasp_mlstm_lasp2_params& p, int vt, int bh) {
+  __shared__ double warp_sums[LASP_MLSTM_LASP2_THREADS / 32];
+  const int64_t base = (int64_t)bh * p.Dk * p.Dv;
+  double sum = 0.0;
+  for (int i = threadIdx.x; i < p.Dk * LASP2_TILE_V; i += blockDim.x) {
+    const int64_t e = base + head_element(p, vt, i);
+    sum += (double)__ldg(p.decay_dc + e) * (double)__ldg(p.decay_c + e);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = sum;
+  __syncthreads();
+  double total = 0.0;
+  for (int w = 0; w < LASP_MLSTM_LASP2_THREADS / 32; ++w) total += warp_sums[w];
+  return static_cast<float>(total);
+}
+
 // Kernel 2, one CTA per (Dv tile, head): the shard's summary, its pieces folded from the empty state
 // in order, into the own slot tile [parity][me][bh][vt], then published by the schedule. Under the
 // pipelined chain the summary is then folded into the relayed prefix (the predecessor's tile,
 // waited for only now, so that a hop costs one fold and one put; P_0 at the chain's first PE) and
-// carries F = 0, so its successor starts from it as it is.
+// carries F = 0, so its successor starts from it as it is. The backward's dv pass
+// (h0_first_pe_only): the chain's first PE folds P_0 (dC_T) in under every schedule, and the
+// summary leaves the shard through token 0's forget gate (exit_f_gate).
 template <class Schedule>
 __device__ __forceinline__ void lasp2_summary(const lasp_mlstm_lasp2_params& p) {
   const lasp_mlstm_params& f = p.fwd;
@@ -59,6 +80,11 @@ __device__ __forceinline__ void lasp2_summary(const lasp_mlstm_lasp2_params& p) 
     m = fold_rescale(m, lf, __ldg(f.ws_m + piece)).m;
     log_forget += lf;
   }
+  if (p.exit_f_gate) {  // e^{lf_0} scales the state (a shift of its stabiliser) and joins F
+    const float lf0 = log_sigmoid(__ldg(p.exit_f_gate + (int64_t)(bh / p.H) * f.T * p.H + bh % p.H));
+    m += lf0;
+    log_forget += lf0;
+  }
   for (int i = threadIdx.x; i < tile_elements; i += blockDim.x) {
     float x = 0.f, m_e = -INFINITY, lf_e = 0.f;  // the empty state
     fold_pieces(f, head_element(p, vt, i), first_piece, end_piece, x, m_e, lf_e);
@@ -67,7 +93,10 @@ __device__ __forceinline__ void lasp2_summary(const lasp_mlstm_lasp2_params& p) 
   const bool relays = exchange::relays_prefix(p);
   bool arrived = true;
   const float* const prefix = Schedule::relayed_prefix(p, bh, vt, tile_floats, arrived);
-  if (prefix || (relays && exchange::chain_position(p) == 0)) {
+  const bool first = exchange::chain_position(p) == 0;
+  const float decay = prefix ? __ldcg(prefix + lasp_mlstm_lasp2_tile_decay(p.Dk))
+                             : (first && p.decay_c ? tile_decay_dot(p, vt, bh) : 0.f);
+  if (prefix || ((relays || p.h0_first_pe_only) && first)) {
     const float m_start =
         prefix ? __ldcg(prefix + lasp_mlstm_lasp2_tile_m(p.Dk)) : initial_stabiliser(p, bh);
     const Rescale r = fold_rescale(m_start, log_forget, m);
@@ -81,8 +110,8 @@ __device__ __forceinline__ void lasp2_summary(const lasp_mlstm_lasp2_params& p) 
   if (threadIdx.x == 0) {
     own[lasp_mlstm_lasp2_tile_m(p.Dk)] = m;
     own[lasp_mlstm_lasp2_tile_f(p.Dk)] = relays ? 0.f : log_forget;
-    own[lasp_mlstm_lasp2_tile_f(p.Dk) + 1] = 0.f;
-    own[lasp_mlstm_lasp2_tile_f(p.Dk) + 2] = 0.f;
+    own[lasp_mlstm_lasp2_tile_decay(p.Dk)] = decay;
+    own[lasp_mlstm_lasp2_tile_decay(p.Dk) + 1] = 0.f;
   }
   __syncthreads();  // the tile is complete before it is published
   // A CTA whose predecessor never sent sends nothing: its successor then names this PE.
@@ -111,9 +140,13 @@ __device__ __forceinline__ void lasp2_fold(const lasp_mlstm_lasp2_params& p) {
   // The tiles of the element's column tile: slots hold a head's column tiles one after another.
   const int64_t at = mine ? (e < nc ? (e % p.Dv) / LASP2_TILE_V : 0) * (int64_t)tile_floats + tile_index(p, e) : 0;
   const float* arrived = nullptr;
+  float decay = 0.f;  // the backward's decay dot: the arrived tiles' shares, in chain order
   Schedule::fold_arrived(
       p, static_cast<int>(bh), 0, tile_floats, 1, [&](int, const float* tile) { arrived = tile; },
       [&](int) {
+        if (e == 0 && p.decay_dot)
+          for (int vt = 0; vt < p.Dv / LASP2_TILE_V; ++vt)
+            decay += __ldcg(arrived + vt * tile_floats + lasp_mlstm_lasp2_tile_decay(p.Dk));
         if (!mine) return;
         const Rescale r = fold_rescale(m, __ldcg(arrived + lasp_mlstm_lasp2_tile_f(p.Dk)),
                                        __ldcg(arrived + lasp_mlstm_lasp2_tile_m(p.Dk)));
@@ -126,6 +159,7 @@ __device__ __forceinline__ void lasp2_fold(const lasp_mlstm_lasp2_params& p) {
   else
     p.start_n[bh * p.Dk + (e - nc)] = x;
   if (e == 0) p.start_m[bh] = m;
+  if (e == 0 && p.decay_dot) p.decay_dot[bh] = decay;
   fold_segment_prefixes(f, bh, e, x, m);
 }
 

@@ -71,7 +71,7 @@ pub struct MlstmBackwardArgs<'a> {
 }
 
 impl<'a> MlstmBackwardArgs<'a> {
-    fn homes(&self) -> Vec<Option<&'a Arc<CudaStream>>> {
+    pub(super) fn homes(&self) -> Vec<Option<&'a Arc<CudaStream>>> {
         let mut homes = vec![
             self.q.home(),
             self.k.home(),
@@ -101,8 +101,13 @@ impl<'a> MlstmBackwardArgs<'a> {
 
     /// Checks lengths, alignment, scale and overlaps; returns the scale.
     pub(super) fn check(&self) -> Result<f32> {
+        self.check_as(OP)
+    }
+
+    /// [`MlstmBackwardArgs::check`] with errors naming operation `op`.
+    pub(super) fn check_as(&self, op: &str) -> Result<f32> {
         let s = &self.shape;
-        let checks = TensorChecks::new(OP, s);
+        let checks = TensorChecks::new(op, s);
         let per_token = s.b * s.t * s.h;
         let (qk, v) = ("[B, T, H, Dk]", "[B, T, H, Dv]");
         let mut inputs = Vec::new();
@@ -143,18 +148,15 @@ impl<'a> MlstmBackwardArgs<'a> {
             checks.tensor(name, layout, (x.len(), want), x.addr(), 8)?;
             inputs.push((name, x.byte_range()));
         }
-        let mut outputs = Vec::new();
         for (name, x, layout, want) in [
             ("dq", &self.dq, qk, s.qk_len()),
             ("dk", &self.dk, qk, s.qk_len()),
             ("dv", &self.dv, v, s.v_len()),
         ] {
             checks.tensor(name, layout, (x.len(), want), x.addr(), 16)?;
-            outputs.push((name, x.byte_range()));
         }
         for (name, x) in [("d_i_gate", &self.d_i_gate), ("d_f_gate", &self.d_f_gate)] {
             checks.tensor(name, "[B, T, H]", (x.len(), per_token), x.addr(), 4)?;
-            outputs.push((name, x.byte_range()));
         }
         if let Some(x) = &self.d_initial_c {
             checks.tensor(
@@ -164,10 +166,24 @@ impl<'a> MlstmBackwardArgs<'a> {
                 x.addr(),
                 8,
             )?;
+        }
+        checks.disjoint(&inputs, &self.output_ranges())?;
+        checks.scale(self.scale, s)
+    }
+
+    /// The gradients' byte ranges, by name.
+    pub(super) fn output_ranges(&self) -> Vec<(&'static str, (u64, u64))> {
+        let mut outputs = vec![
+            ("dq", self.dq.byte_range()),
+            ("dk", self.dk.byte_range()),
+            ("dv", self.dv.byte_range()),
+            ("d_i_gate", self.d_i_gate.byte_range()),
+            ("d_f_gate", self.d_f_gate.byte_range()),
+        ];
+        if let Some(x) = &self.d_initial_c {
             outputs.push(("d_initial_c", x.byte_range()));
         }
-        checks.disjoint(&inputs, &outputs)?;
-        checks.scale(self.scale, s)
+        outputs
     }
 }
 
@@ -176,15 +192,19 @@ impl<'a> MlstmBackwardArgs<'a> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MlstmBackwardPlan {
     pub dq: MlstmPlan,
+    /// In scope [`Scope::Shard`] under LASP-2: its summary crosses GPUs.
     pub dv: MlstmPlan,
     pub dk: MlstmPlan,
     pub workspace_bytes: u64,
 }
 
-/// Byte offsets of the backward's own workspace parts, after the passes' shared workspace (each
-/// 256-byte aligned; `lasp_mlstm_bwd_params` names them).
+/// Byte offsets of the backward's workspace parts (each 256-byte aligned;
+/// `lasp_mlstm_bwd_params` names the backward's own): the dv pass's workspace first, then the
+/// one the dq and dk passes share in turn (under LASP-2 the dq pass runs while the dv pass's
+/// pieces wait for the exchange), then the backward's own parts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Offsets {
+    pub(super) dq_dk_passes: u64,
     pub(super) d_h_scaled: u64,
     pub(super) row_log_weight: u64,
     pub(super) neg_m: u64,
@@ -200,12 +220,18 @@ pub(super) struct Offsets {
     pub(super) end_m: u64,
     pub(super) end_n: u64,
     pub(super) zero_n: u64,
+    pub(super) lasp2_m: u64,
+    pub(super) decay_dot: u64,
+    pub(super) lf_carry: u64,
     pub(super) end: u64,
 }
 
 impl MlstmBackwardPlan {
+    /// The plans for `shape` with the dv pass in `dv_scope` (a LASP-2 shard's summarises every
+    /// segment).
     pub(super) fn new(
         shape: &ForwardShape,
+        dv_scope: Scope,
         sm_count: u32,
         force_segments: Option<u32>,
     ) -> Result<Self> {
@@ -216,8 +242,12 @@ impl MlstmBackwardPlan {
             ..*shape
         };
         let pass =
-            |s: &ForwardShape| MlstmPlan::new(s, Scope::SingleGpu, sm_count, force_segments, None);
-        let (dq, dv, dk) = (pass(&swapped)?, pass(shape)?, pass(&swapped)?);
+            |s: &ForwardShape, scope| MlstmPlan::new(s, scope, sm_count, force_segments, None);
+        let (dq, dv, dk) = (
+            pass(&swapped, Scope::SingleGpu)?,
+            pass(shape, dv_scope)?,
+            pass(&swapped, Scope::SingleGpu)?,
+        );
         let mut plan = MlstmBackwardPlan {
             dq,
             dv,
@@ -232,11 +262,7 @@ impl MlstmBackwardPlan {
         let s = &self.dv.shape;
         let (tokens, bh) = ((s.b * s.t * s.h) as u64, (s.b * s.h) as u64);
         let state = bh * (s.dk * s.dv * 4) as u64;
-        let mut end = [self.dq, self.dv, self.dk]
-            .iter()
-            .map(|p| p.workspace_bytes)
-            .max()
-            .unwrap_or(0);
+        let mut end = self.dv.workspace_bytes;
         let mut part = |bytes: u64| {
             let at = end.next_multiple_of(256);
             end = at + bytes;
@@ -244,6 +270,7 @@ impl MlstmBackwardPlan {
         };
         let dots = tokens * (s.dk / 64) as u64 * 4;
         Offsets {
+            dq_dk_passes: part(self.dq.workspace_bytes.max(self.dk.workspace_bytes)),
             d_h_scaled: part(tokens * s.dv as u64 * 2),
             row_log_weight: part(tokens * 4),
             neg_m: part(tokens * 4),
@@ -259,6 +286,9 @@ impl MlstmBackwardPlan {
             end_m: part(bh * 4),
             end_n: part(bh * s.dk as u64 * 4),
             zero_n: part(bh * s.dk.max(s.dv) as u64 * 4),
+            lasp2_m: part(bh * 4),
+            decay_dot: part(bh * 4),
+            lf_carry: part(bh * 8),
             end,
         }
     }
@@ -276,90 +306,38 @@ fn scan_tiles(s: &ForwardShape) -> u32 {
 }
 
 /// The backward's own kernels (`kernels/cuda/mlstm/backward.cu`).
-struct BackwardKernels {
+pub(super) struct BackwardKernels {
     prepare_rows: Kernel,
     prepare_states: Kernel,
     initial_state: Kernel,
     gate_tiles: Kernel,
     gates: Kernel,
+    lasp2_exit: Kernel,
 }
 
-/// mlstm_kernels' mLSTM gradient (`reference::mlstm::MlstmGradient::Tfla`): dq, dk, dv, the gate
-/// pre-activations' gradients and `dC_0`, from the forward's inputs and the rows it saved.
-///
-/// One instance may be launched many times on one stream; launches on different streams must be
-/// ordered by the caller (they share the workspace). The workspace grows on demand (a context
-/// synchronisation then) and is freed when the instance is dropped.
-pub struct MlstmBackward {
-    ctx: Arc<CudaContext>,
-    passes: ChunkKernels,
-    kernels: BackwardKernels,
-    sm_count: u32,
-    force_segments: Option<u32>,
-    workspace: Option<CudaSlice<u8>>,
+/// One call's parameters: the backward's own kernels' struct, each gradient pass's operands
+/// (`lasp/mlstm/backward_params.h`: the roles of the tensors exchanged) and the launches.
+pub(super) struct BackwardCall {
+    pub(super) bwd: MlstmBwdParams,
+    pub(super) dq: ChunkOperands,
+    pub(super) dv: ChunkOperands,
+    pub(super) dk: ChunkOperands,
+    /// The workspace of the dq and dk passes (the dv pass's is at the call's base).
+    pub(super) dq_dk_base: u64,
+    rows: LaunchShape,
+    states: LaunchShape,
+    scan: LaunchShape,
 }
 
-impl MlstmBackward {
-    /// Looks up the kernels in the runtime's module and raises their shared-memory limits.
-    pub fn new(runtime: &Runtime) -> Result<Self> {
-        let ctx = runtime.context().clone();
-        let module = runtime.module();
-        Ok(MlstmBackward {
-            passes: ChunkKernels::new(runtime, OP, ChunkForm::Gradient)?,
-            kernels: BackwardKernels {
-                prepare_rows: module.kernel("lasp_mlstm_bwd_prepare_rows")?,
-                prepare_states: module.kernel("lasp_mlstm_bwd_prepare_states")?,
-                initial_state: module.kernel("lasp_mlstm_bwd_initial_state")?,
-                gate_tiles: module.kernel("lasp_mlstm_bwd_gate_tiles")?,
-                gates: module.kernel("lasp_mlstm_bwd_gates")?,
-            },
-            sm_count: crate::ops::sm_count(&ctx)?,
-            ctx,
-            force_segments: None,
-            workspace: None,
-        })
-    }
-
-    /// Forces the number of segments per sequence of every gradient pass (tests and tuning), or
-    /// restores the automatic plans with `None`.
-    pub fn set_num_segments(&mut self, segments: Option<u32>) {
-        self.force_segments = segments;
-    }
-
-    /// The plans a launch of `shape` would use (validates the shape).
-    pub fn plan(&self, shape: &ForwardShape) -> Result<MlstmBackwardPlan> {
-        MlstmBackwardPlan::new(shape, self.sm_count, self.force_segments)
-    }
-
-    /// Enqueues the backward on `stream` (a stream of the runtime's context) and returns the
-    /// plans it used. Everything is validated before the first launch; in debug builds the gates
-    /// are checked too, which synchronises `stream`.
-    pub fn launch(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        args: MlstmBackwardArgs<'_>,
-    ) -> Result<MlstmBackwardPlan> {
-        StreamOrder::around(stream, args.homes(), OP, || self.enqueue(stream, args))
-    }
-
-    fn enqueue(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        args: MlstmBackwardArgs<'_>,
-    ) -> Result<MlstmBackwardPlan> {
-        let plan = self.plan(&args.shape)?;
-        let scale = args.check()?;
-        crate::ops::require_runtime_stream(stream, &self.ctx, OP)?;
-        if cfg!(debug_assertions) {
-            validate_gates(&self.ctx, stream, args.i_gate, args.f_gate, &args.shape)?;
-        }
-        let base = crate::ops::ensure_workspace(
-            &self.ctx,
-            stream,
-            &mut self.workspace,
-            plan.workspace_bytes,
-            OP,
-        )?;
+impl BackwardCall {
+    /// The call of `plan` over checked `args` (scale from [`MlstmBackwardArgs::check`]) with the
+    /// workspace at device address `base`.
+    pub(super) fn new(
+        args: &MlstmBackwardArgs<'_>,
+        plan: &MlstmBackwardPlan,
+        base: u64,
+        scale: f32,
+    ) -> Self {
         let ws = plan.offsets();
         let at = |offset: u64| base + offset;
         let s = args.shape;
@@ -396,11 +374,11 @@ impl MlstmBackward {
             Dk: s.dk as i32,
             Dv: s.dv as i32,
             scale,
+            ..Default::default()
         };
-        // The three passes (lasp/mlstm/backward_params.h): the roles of the tensors exchanged.
         let (d_h, row_log_weight) = (args.d_h.addr(), at(ws.row_log_weight));
         let zero_n = at(ws.zero_n);
-        let dq_pass = ChunkOperands {
+        let dq = ChunkOperands {
             q: d_h,
             k: args.v.addr(),
             v: args.k.addr(),
@@ -423,7 +401,7 @@ impl MlstmBackward {
             reversed: true,
             ..Default::default()
         };
-        let dv_pass = ChunkOperands {
+        let dv = ChunkOperands {
             q: args.k.addr(),
             k: args.q.addr(),
             v: at(ws.d_h_scaled),
@@ -435,7 +413,7 @@ impl MlstmBackward {
             m_t: at(ws.end_m),
             ..reversed
         };
-        let dk_pass = ChunkOperands {
+        let dk = ChunkOperands {
             q: args.v.addr(),
             k: d_h,
             i_gate: row_log_weight,
@@ -452,36 +430,180 @@ impl MlstmBackward {
             block: (threads, 1, 1),
             shared_bytes: 0,
         };
-        let states = LaunchShape {
-            grid: ((s.dk * s.dv).div_ceil(threads as usize) as u32, bh, 1),
-            ..rows
-        };
-        let scan = LaunchShape {
-            grid: (scan_tiles(&s), bh, 1),
-            ..rows
-        };
-        self.ctx.bind_to_thread()?;
-        // SAFETY: the params are the headers' structs, filled above from arguments checked for
-        // shape, length, alignment and overlap, and from the workspace this plan sized; each
-        // kernel reads what the ones before it on `stream` wrote; the views borrow their buffers
-        // for the call and their contracts keep the memory valid until the kernels complete; the
-        // workspace is owned by self and freed only after a context synchronisation.
+        BackwardCall {
+            bwd,
+            dq,
+            dv,
+            dk,
+            dq_dk_base: at(ws.dq_dk_passes),
+            rows,
+            states: LaunchShape {
+                grid: ((s.dk * s.dv).div_ceil(threads as usize) as u32, bh, 1),
+                ..rows
+            },
+            scan: LaunchShape {
+                grid: (scan_tiles(&s), bh, 1),
+                ..rows
+            },
+        }
+    }
+}
+
+impl BackwardKernels {
+    pub(super) fn new(runtime: &Runtime) -> Result<Self> {
+        let module = runtime.module();
+        Ok(BackwardKernels {
+            prepare_rows: module.kernel("lasp_mlstm_bwd_prepare_rows")?,
+            prepare_states: module.kernel("lasp_mlstm_bwd_prepare_states")?,
+            initial_state: module.kernel("lasp_mlstm_bwd_initial_state")?,
+            gate_tiles: module.kernel("lasp_mlstm_bwd_gate_tiles")?,
+            gates: module.kernel("lasp_mlstm_bwd_gates")?,
+            lasp2_exit: module.kernel("lasp_mlstm_bwd_lasp2_exit")?,
+        })
+    }
+
+    /// The passes' operands: dh / den, the row weights and shifted gates, the start states.
+    ///
+    /// # Safety
+    /// `call` made by [`BackwardCall::new`] from checked arguments whose buffers, and the
+    /// workspace, stay alive until the kernels complete.
+    pub(super) unsafe fn prepare(
+        &self,
+        stream: &Arc<CudaStream>,
+        call: &BackwardCall,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract.
         unsafe {
-            self.kernels.prepare_rows.launch(stream, rows, &bwd)?;
-            self.kernels.prepare_states.launch(stream, states, &bwd)?;
-            for (pass, ops) in [
-                (&plan.dq, dq_pass),
-                (&plan.dv, dv_pass),
-                (&plan.dk, dk_pass),
+            self.prepare_rows.launch(stream, call.rows, &call.bwd)?;
+            self.prepare_states.launch(stream, call.states, &call.bwd)
+        }
+    }
+
+    /// LASP-2's exit kernel, after the exchange's fold wrote the dv pass's start state.
+    ///
+    /// # Safety
+    /// As [`BackwardKernels::prepare`], with the LASP-2 fields of `call.bwd` set.
+    pub(super) unsafe fn lasp2_exit(
+        &self,
+        stream: &Arc<CudaStream>,
+        call: &BackwardCall,
+    ) -> Result<()> {
+        let heads = LaunchShape {
+            grid: (call.states.grid.1, 1, 1),
+            ..call.rows
+        };
+        // SAFETY: the caller's contract.
+        unsafe { self.lasp2_exit.launch(stream, heads, &call.bwd) }
+    }
+
+    /// After the passes: dC_0 where asked for, then the gates' gradients.
+    ///
+    /// # Safety
+    /// As [`BackwardKernels::prepare`], after the three passes.
+    pub(super) unsafe fn finish(
+        &self,
+        stream: &Arc<CudaStream>,
+        call: &BackwardCall,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if !call.bwd.dc0.is_null() {
+                self.initial_state.launch(stream, call.states, &call.bwd)?;
+            }
+            self.gate_tiles.launch(stream, call.scan, &call.bwd)?;
+            self.gates.launch(stream, call.scan, &call.bwd)
+        }
+    }
+}
+
+/// mlstm_kernels' mLSTM gradient (`reference::mlstm::MlstmGradient::Tfla`): dq, dk, dv, the gate
+/// pre-activations' gradients and `dC_0`, from the forward's inputs and the rows it saved.
+///
+/// One instance may be launched many times on one stream; launches on different streams must be
+/// ordered by the caller (they share the workspace). The workspace grows on demand (a context
+/// synchronisation then) and is freed when the instance is dropped.
+pub struct MlstmBackward {
+    ctx: Arc<CudaContext>,
+    passes: ChunkKernels,
+    kernels: BackwardKernels,
+    sm_count: u32,
+    force_segments: Option<u32>,
+    workspace: Option<CudaSlice<u8>>,
+}
+
+impl MlstmBackward {
+    /// Looks up the kernels in the runtime's module and raises their shared-memory limits.
+    pub fn new(runtime: &Runtime) -> Result<Self> {
+        let ctx = runtime.context().clone();
+        Ok(MlstmBackward {
+            passes: ChunkKernels::new(runtime, OP, ChunkForm::Gradient)?,
+            kernels: BackwardKernels::new(runtime)?,
+            sm_count: crate::ops::sm_count(&ctx)?,
+            ctx,
+            force_segments: None,
+            workspace: None,
+        })
+    }
+
+    /// Forces the number of segments per sequence of every gradient pass (tests and tuning), or
+    /// restores the automatic plans with `None`.
+    pub fn set_num_segments(&mut self, segments: Option<u32>) {
+        self.force_segments = segments;
+    }
+
+    /// The plans a launch of `shape` would use (validates the shape).
+    pub fn plan(&self, shape: &ForwardShape) -> Result<MlstmBackwardPlan> {
+        MlstmBackwardPlan::new(shape, Scope::SingleGpu, self.sm_count, self.force_segments)
+    }
+
+    /// Enqueues the backward on `stream` (a stream of the runtime's context) and returns the
+    /// plans it used. Everything is validated before the first launch; in debug builds the gates
+    /// are checked too, which synchronises `stream`.
+    pub fn launch(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        args: MlstmBackwardArgs<'_>,
+    ) -> Result<MlstmBackwardPlan> {
+        StreamOrder::around(stream, args.homes(), OP, || self.enqueue(stream, args))
+    }
+
+    fn enqueue(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        args: MlstmBackwardArgs<'_>,
+    ) -> Result<MlstmBackwardPlan> {
+        let plan = self.plan(&args.shape)?;
+        let scale = args.check()?;
+        crate::ops::require_runtime_stream(stream, &self.ctx, OP)?;
+        if cfg!(debug_assertions) {
+            validate_gates(&self.ctx, stream, args.i_gate, args.f_gate, &args.shape)?;
+        }
+        let base = crate::ops::ensure_workspace(
+            &self.ctx,
+            stream,
+            &mut self.workspace,
+            plan.workspace_bytes,
+            OP,
+        )?;
+        let call = BackwardCall::new(&args, &plan, base, scale);
+        self.ctx.bind_to_thread()?;
+        // SAFETY: the params are the headers' structs, filled by BackwardCall::new from
+        // arguments checked for shape, length, alignment and overlap, and from the workspace
+        // this plan sized; each kernel reads what the ones before it on `stream` wrote; the views
+        // borrow their buffers for the call and their contracts keep the memory valid until the
+        // kernels complete; the workspace is owned by self and freed only after a context
+        // synchronisation.
+        unsafe {
+            self.kernels.prepare(stream, &call)?;
+            for (pass, ops, at) in [
+                (&plan.dq, &call.dq, call.dq_dk_base),
+                (&plan.dv, &call.dv, base),
+                (&plan.dk, &call.dk, call.dq_dk_base),
             ] {
-                let params = chunk_params(&ops, pass, base, scale, 0.0);
+                let params = chunk_params(ops, pass, at, scale, 0.0);
                 self.passes.launch_single_gpu(stream, pass, &params)?;
             }
-            if args.d_initial_c.is_some() {
-                self.kernels.initial_state.launch(stream, states, &bwd)?;
-            }
-            self.kernels.gate_tiles.launch(stream, scan, &bwd)?;
-            self.kernels.gates.launch(stream, scan, &bwd)?;
+            self.kernels.finish(stream, &call)?;
         }
         Ok(plan)
     }

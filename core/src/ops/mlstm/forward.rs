@@ -35,6 +35,91 @@ pub struct MlstmStateMut<'a> {
     pub m: DeviceMut<'a, f32>,
 }
 
+/// A LASP-2 shard's boundary states, written by
+/// [`MlstmLasp2Forward::forward_saving`](super::MlstmLasp2Forward::forward_saving): the state
+/// entering the shard (PE 0: the sequence's initial state) and the state leaving it (the last PE:
+/// the sequence's final state), layouts as [`MlstmStateRef`].
+#[derive(Debug)]
+pub struct MlstmBoundaryMut<'a> {
+    pub entry: MlstmStateMut<'a>,
+    pub exit: MlstmStateMut<'a>,
+}
+
+/// The boundary states [`MlstmBoundaryMut`] holds, as [`super::MlstmLasp2Backward`] reads them.
+#[derive(Clone, Copy, Debug)]
+pub struct MlstmBoundaryRef<'a> {
+    pub entry: MlstmStateRef<'a>,
+    pub exit: MlstmStateRef<'a>,
+}
+
+impl<'a> MlstmBoundaryMut<'a> {
+    pub(super) fn homes(&self) -> Vec<Option<&'a Arc<CudaStream>>> {
+        let (i, o) = (&self.entry, &self.exit);
+        vec![
+            i.c.home(),
+            i.n.home(),
+            i.m.home(),
+            o.c.home(),
+            o.n.home(),
+            o.m.home(),
+        ]
+    }
+
+    /// Checks lengths and alignment against `args`' shape, and that the boundary overlaps none of
+    /// `args`' tensors nor itself; `args.final_state` must be `None` (the exit takes its place).
+    pub(super) fn check(&self, args: &MlstmArgs<'_>) -> Result<()> {
+        const LASP2_OP: &str = "mLSTM LASP-2 forward";
+        if args.final_state.is_some() {
+            return Err(Error::InvalidArgument(format!(
+                "{LASP2_OP}: pass final_state = None with a boundary: its exit is the state \
+                 leaving the shard, the sequence's final state on the last PE"
+            )));
+        }
+        let s = &args.shape;
+        let checks = TensorChecks::new(LASP2_OP, s);
+        let layouts = [
+            ("[B, H, Dk, Dv]", s.state_len()),
+            ("[B, H, Dk]", s.b * s.h * s.dk),
+            ("[B, H]", s.b * s.h),
+        ];
+        let mut outputs = vec![("h", args.h.byte_range())];
+        if let Some(saved) = &args.saved {
+            outputs.extend([
+                ("saved.m", saved.m.byte_range()),
+                ("saved.den", saved.den.byte_range()),
+            ]);
+        }
+        let names = [
+            ["entry.c", "entry.n", "entry.m"],
+            ["exit.c", "exit.n", "exit.m"],
+        ];
+        for (st, names) in [&self.entry, &self.exit].into_iter().zip(names) {
+            for ((name, x), (layout, want)) in
+                names.into_iter().zip([&st.c, &st.n, &st.m]).zip(layouts)
+            {
+                checks.tensor(name, layout, (x.len(), want), x.addr(), 8)?;
+                outputs.push((name, x.byte_range()));
+            }
+        }
+        let mut inputs = vec![
+            ("q", args.q.byte_range()),
+            ("k", args.k.byte_range()),
+            ("v", args.v.byte_range()),
+            ("i_gate", args.i_gate.byte_range()),
+            ("f_gate", args.f_gate.byte_range()),
+        ];
+        if let Some(st) = &args.initial_state {
+            inputs.extend([
+                ("c0", st.c.byte_range()),
+                ("n0", st.n.byte_range()),
+                ("m0", st.m.byte_range()),
+            ]);
+        }
+        checks.disjoint(&inputs, &outputs)?;
+        Ok(())
+    }
+}
+
 /// What the forward saves for [`super::MlstmBackward`]: every token's stabiliser `m_t` and
 /// denominator `max(|sigma q_t . n_t|, e^{-m_t}) + eps`, each `[B, T, H]` fp32, 4-byte aligned.
 #[derive(Debug)]

@@ -13,7 +13,7 @@
 //! advances the exchange's epoch).
 
 use super::forward::{call_params, ChunkForm, ChunkKernels, MlstmArgs};
-use super::{Mlstm, MlstmPlan};
+use super::{Mlstm, MlstmBoundaryMut, MlstmPlan};
 use crate::error::Result;
 use crate::exchange::chain::StateChain;
 use crate::exchange::{Direction, ExchangeMode, Lasp2Layout};
@@ -82,10 +82,32 @@ impl MlstmLasp2Forward {
     /// Expired waits are reported by [`MlstmLasp2Forward::finish`]. Returns the plan of the
     /// shard's chunk passes.
     pub fn forward(&mut self, stream: &Arc<CudaStream>, args: MlstmArgs<'_>) -> Result<MlstmPlan> {
-        StreamOrder::around(stream, args.homes(), OP, || self.enqueue(stream, args))
+        self.forward_saving(stream, args, None)
     }
 
-    fn enqueue(&mut self, stream: &Arc<CudaStream>, args: MlstmArgs<'_>) -> Result<MlstmPlan> {
+    /// [`MlstmLasp2Forward::forward`], also writing the shard's `boundary`: the state entering
+    /// it and the state leaving it, what [`super::MlstmLasp2Backward`] takes on every PE. On the
+    /// last PE the state leaving the shard is the sequence's final state: pass `final_state`
+    /// `None` there with a boundary.
+    pub fn forward_saving(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        args: MlstmArgs<'_>,
+        boundary: Option<MlstmBoundaryMut<'_>>,
+    ) -> Result<MlstmPlan> {
+        let mut homes = args.homes();
+        if let Some(b) = &boundary {
+            homes.extend(b.homes());
+        }
+        StreamOrder::around(stream, homes, OP, || self.enqueue(stream, args, boundary))
+    }
+
+    fn enqueue(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        args: MlstmArgs<'_>,
+        boundary: Option<MlstmBoundaryMut<'_>>,
+    ) -> Result<MlstmPlan> {
         let s = args.shape;
         // One PE has no other shard to fold: the single-GPU plan, without the shard's summary.
         let one_pe = self.chain.runtime().npes() == 1;
@@ -104,6 +126,9 @@ impl MlstmLasp2Forward {
         let (scale, eps) = args.check()?;
         self.chain.check_call(stream, s.layout())?;
         self.chain.check_final_state(args.final_state.is_some())?;
+        if let Some(b) = &boundary {
+            b.check(&args)?;
+        }
         let base = crate::ops::ensure_workspace(
             self.chain.context(),
             stream,
@@ -111,9 +136,21 @@ impl MlstmLasp2Forward {
             plan.workspace_bytes,
             OP,
         )?;
-        let fwd = call_params(&args, &plan, base, scale, eps);
+        let mut fwd = call_params(&args, &plan, base, scale, eps);
+        if let Some(exit) = boundary.as_ref().map(|b| &b.exit) {
+            fwd.c_t = exit.c.addr() as _;
+            fwd.n_t = exit.n.addr() as _;
+            fwd.m_t = exit.m.addr() as _;
+        }
         self.chain.context().bind_to_thread()?;
         if one_pe {
+            if let Some(entry) = boundary.as_ref().map(|b| &b.entry) {
+                // The zero state is (0, 0, m = 0).
+                let initial = args.initial_state;
+                crate::ops::copy_or_zero(stream, initial.map(|x| x.c), &entry.c)?;
+                crate::ops::copy_or_zero(stream, initial.map(|x| x.n), &entry.n)?;
+                crate::ops::copy_or_zero(stream, initial.map(|x| x.m), &entry.m)?;
+            }
             let params = Lasp2Params {
                 fwd,
                 ..self.chain.base_params(stream)
@@ -124,8 +161,12 @@ impl MlstmLasp2Forward {
             self.chain.end_call(stream, &params)?;
             return Ok(plan);
         }
+        // The state entering the shard: the fold writes it where the caller keeps it, if asked.
         let ws = plan.workspace_offsets();
-        let (start_c, start_n, start_m) = (base + ws.start_c, base + ws.start_n, base + ws.start_m);
+        let (start_c, start_n, start_m) = match boundary.as_ref().map(|b| &b.entry) {
+            Some(entry) => (entry.c.addr(), entry.n.addr(), entry.m.addr()),
+            None => (base + ws.start_c, base + ws.start_n, base + ws.start_m),
+        };
         let initial = args.initial_state;
         let params = Lasp2Params {
             fwd: header::lasp_mlstm_params {

@@ -32,6 +32,7 @@ mod backward;
 mod family;
 mod forward;
 mod lasp2;
+mod lasp2_backward;
 mod plan;
 #[cfg(test)]
 mod tests;
@@ -41,10 +42,11 @@ pub use backward::{
 };
 pub use family::Mlstm;
 pub use forward::{
-    check_gate_values, MlstmArgs, MlstmForward, MlstmSavedMut, MlstmSavedRef, MlstmStateMut,
-    MlstmStateRef, DEFAULT_EPS,
+    check_gate_values, MlstmArgs, MlstmBoundaryMut, MlstmBoundaryRef, MlstmForward, MlstmSavedMut,
+    MlstmSavedRef, MlstmStateMut, MlstmStateRef, DEFAULT_EPS,
 };
 pub use lasp2::{Lasp2Params, MlstmLasp2Forward};
+pub use lasp2_backward::MlstmLasp2Backward;
 pub use plan::{MlstmPlan, WorkspaceOffsets};
 
 /// The C struct `lasp_mlstm_params` of `lasp/mlstm/forward_params.h`, passed by value to every

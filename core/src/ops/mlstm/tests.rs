@@ -241,15 +241,18 @@ fn backward_plans_exchange_the_widths_and_keep_their_parts_apart() {
     // Dk = 128, Dv = 64: the dq and dk passes run with the widths exchanged (their states are
     // [Dv, Dk]), the dv pass with the forward's.
     let s = shape(2, 1000, 3, 128, 64);
-    let plan = MlstmBackwardPlan::new(&s, 132, None).unwrap();
+    let plan = MlstmBackwardPlan::new(&s, Scope::SingleGpu, 132, None).unwrap();
     for pass in [plan.dq, plan.dk] {
         assert_eq!((pass.shape.dk, pass.shape.dv), (64, 128));
     }
     assert_eq!((plan.dv.shape.dk, plan.dv.shape.dv), (128, 64));
     let o: Offsets = plan.offsets();
     let (tokens, bh, state) = (2 * 1000 * 3u64, 6u64, 6 * 128 * 64 * 4u64);
-    // Every part 256-byte aligned, in order, after the passes' shared workspace, none too short.
+    // Every part 256-byte aligned, in order, after the dv pass's workspace, none too short: the
+    // dq and dk passes' first (they share it), apart from the dv pass's.
+    let dq_dk = plan.dq.workspace_bytes.max(plan.dk.workspace_bytes);
     let parts = [
+        (o.dq_dk_passes, dq_dk),
         (o.d_h_scaled, tokens * 64 * 2),
         (o.row_log_weight, tokens * 4),
         (o.neg_m, tokens * 4),
@@ -265,9 +268,11 @@ fn backward_plans_exchange_the_widths_and_keep_their_parts_apart() {
         (o.end_m, bh * 4),
         (o.end_n, bh * 128 * 4),
         (o.zero_n, bh * 128 * 4),
+        (o.lasp2_m, bh * 4),
+        (o.decay_dot, bh * 4),
+        (o.lf_carry, bh * 8),
     ];
-    let passes = [plan.dq, plan.dv, plan.dk].map(|p| p.workspace_bytes);
-    assert!(o.d_h_scaled >= *passes.iter().max().unwrap());
+    assert!(o.dq_dk_passes >= plan.dv.workspace_bytes);
     for pair in parts.windows(2) {
         let ((at, len), (next, _)) = (pair[0], pair[1]);
         assert_eq!(at % 256, 0);
@@ -277,11 +282,19 @@ fn backward_plans_exchange_the_widths_and_keep_their_parts_apart() {
     assert_eq!(o.end, last + len);
     assert_eq!(plan.workspace_bytes, o.end);
     // Forced segments reach every pass.
-    let forced = MlstmBackwardPlan::new(&s, 132, Some(3)).unwrap();
+    let forced = MlstmBackwardPlan::new(&s, Scope::SingleGpu, 132, Some(3)).unwrap();
     assert!([forced.dq, forced.dv, forced.dk]
         .iter()
         .all(|p| p.num_segments == 3));
-    let err = MlstmBackwardPlan::new(&shape(1, 64, 1, 128, 256), 132, None).unwrap_err();
+    // A LASP-2 shard: the dv pass summarises every segment and always folds; the others are as
+    // on one GPU.
+    let shard = MlstmBackwardPlan::new(&s, Scope::Shard, 132, Some(3)).unwrap();
+    assert_eq!(shard.dv.scope, Scope::Shard);
+    assert_eq!(shard.dv.num_summaries, 3);
+    assert!(shard.dv.fold.is_some());
+    assert_eq!((shard.dq, shard.dk), (forced.dq, forced.dk));
+    let err = MlstmBackwardPlan::new(&shape(1, 64, 1, 128, 256), Scope::SingleGpu, 132, None)
+        .unwrap_err();
     assert!(
         err.to_string().contains("mLSTM backward: Dv = 256"),
         "{err}"

@@ -45,6 +45,22 @@
 //                                     LASP_MLSTM_BWD_THREADS: each tile's sum of q . dq - k . dk
 //   6. lasp_mlstm_bwd_gates           grid and block as 5: di, df (the suffix sums)
 // Same inputs -> bitwise same outputs (no atomics; every sum has a fixed order).
+//
+// LASP-2 (core/src/ops/mlstm/lasp2_backward.rs; reference::mlstm::lasp2_backward_tfla): PE w
+// holds the shard [P_w, P_{w+1}), the state entering it (C_{P_w}, m_{P_w}; the forward's) and the
+// state leaving it (C_{P_{w+1}}, m_{P_{w+1}}). With D_w = dL/dC_{P_{w+1}} (D_{W-1} = dC_T) the
+// shard's gradients are the single-GPU backward's from the entering state with D_w as dC_T, and
+// every dlf_t of the shard gains <D_w, C_{P_{w+1}}> - <dC_T, C_T> (the later shards' terms of its
+// suffix sum). D_w comes down the chain as the dv pass's state: each PE's dv pass, summarised
+// from the empty state and leaving the shard through token 0's forget gate, is the forward's
+// mLSTM summary of the reversed pass, folded with the forward's LASP-2 kernels on the descending
+// chain (lasp/mlstm/lasp2_params.h: h0 = (dC_T / sigma, -m_T) on the last PE, the empty state
+// elsewhere). The fold's result (X, m') is the dv pass's start state, D_w = sigma e^{m' + m_{P_{w+1}}} X.
+// Between the summary and the fold the dq pass runs (it needs nothing from the other PEs); then
+//   lasp_mlstm_bwd_lasp2_exit   grid (B*H), block LASP_MLSTM_BWD_THREADS: X^T into rev_c_t, m'
+//                               into lasp2_m (the dk pass's start), and where lf_carry is set the
+//                               correction sigma e^{m' + m_{P_{w+1}}} <X, C_{P_{w+1}}> - decay_dot
+// then the dv pass's output, the dk pass, dC_0 (PE 0) and the gates with lf_carry.
 #pragma once
 #include <stdint.h>
 
@@ -77,6 +93,14 @@ typedef struct {
   const float* q_dots;     // fp32 [B, T, H, Dk / 64]: q_t . dq_t per 64 columns (the dq pass's)
   const float* k_dots;     // fp32 [B, T, H, Dk / 64]: k_t . dk_t per 64 columns (the dk pass's)
   double* tile_sums;       // fp64 [B*H, ceil(T / LASP_MLSTM_BWD_SCAN_TILE)]: the scan's tile sums
+  // LASP-2 (NULL on one GPU; see above):
+  const float* lasp2_start_c;  // fp32 [B, H, Dk, Dv]: X, the dv pass's start state from the exchange
+  const float* lasp2_start_m;  // fp32 [B, H]: its stabiliser m'
+  float* lasp2_m;              // fp32 [B, H]: m' kept for the dk pass
+  const float* exit_c;         // fp32 [B, H, Dk, Dv]: C_{P_{w+1}}, the forward's state leaving the
+  const float* exit_m;         // fp32 [B, H]: shard, and its m_{P_{w+1}} (with lf_carry)
+  const float* decay_dot;      // fp32 [B, H]: <dC_T, C_T> as the exchange brought it (with lf_carry)
+  double* lf_carry;            // fp64 [B, H]: what every dlf of the shard gains, or NULL (the last PE)
   // Gradients:
   float* d_i;              // fp32 [B, T, H]
   float* d_f;              // fp32 [B, T, H]

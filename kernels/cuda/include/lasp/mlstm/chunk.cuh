@@ -36,9 +36,6 @@ using chunk::StateRegs;
 using sd::ChunkGates;
 using sd::FragOffsets;
 
-// logsigmoid(x) = min(x, 0) - log(1 + e^{-|x|}): no overflow for either sign.
-__device__ __forceinline__ float log_sigmoid(float x) { return fminf(x, 0.f) - log1pf(expf(-fabsf(x))); }
-
 // One chunk's gates for this lane: the scalar-decay step's ChunkGates, each fragment row's
 // stabiliser, the pair values the normaliser's update shuffles, and what the chunk hands on.
 struct ChunkStep {

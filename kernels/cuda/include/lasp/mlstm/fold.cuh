@@ -13,6 +13,9 @@
 namespace lasp {
 namespace mlstm {
 
+// logsigmoid(x) = min(x, 0) - log(1 + e^{-|x|}): no overflow for either sign.
+__device__ __forceinline__ float log_sigmoid(float x) { return fminf(x, 0.f) - log1pf(expf(-fabsf(x))); }
+
 // Per element x of C or n with the summary's element y: m' = max(F + m, m_w),
 // x' = e^{F + m - m'} x + e^{m_w - m'} y. The empty state (m = -inf, C = n = 0) folded with a
 // finite summary gives the summary exactly (factors 0 and 1); a finite state folded with an empty

@@ -65,11 +65,24 @@ typedef struct {
   int32_t npes;
   int32_t exchange_mode;        // enum lasp2_exchange_mode
   int32_t chain;                // enum lasp2_chain (the forward: ascending)
+  // The backward's dv pass runs its exchange through these kernels (descending chain; fwd the
+  // pass's chunk params; lasp/mlstm/backward_params.h, "LASP-2"). In the forward: NULL and 0.
+  int32_t h0_first_pe_only;     // 1: h0 is the chain's first PE's alone (the final state's
+                                // cotangent; every other PE passes the empty state, m = -inf): that
+                                // PE's summary folds it in under every schedule
+  const float* exit_f_gate;     // fp32 [B, T, H] forget-gate pre-activations: the summary decays
+                                // by logsigmoid of each sequence's token 0 after its pieces (the
+                                // reversed pass leaves the shard through that gate)
+  const float* decay_c;         // fp32 [B, H, Dk, Dv] on the chain's first PE: C_T (stabilised at
+  const float* decay_dc;        // m_T) and dC_T, whose dot each column tile carries (tile_decay)
+  float* decay_dot;             // fp32 [B, H]: the fold writes the arrived tiles' dots summed
 } lasp_mlstm_lasp2_params;
 
 // One exchanged tile (b*H+h, vt): C's columns 64 vt.. as [Dk][64], n [Dk] (in every column tile, so
-// that each folds on its own), then m, F and two floats of padding (16-byte tiles).
+// that each folds on its own), then m, F, the backward's decay dot (the column tile's share of
+// <dC_T, C_T>, relayed unchanged; 0 in the forward) and one float of padding (16-byte tiles).
 LASP2_FN uint64_t lasp_mlstm_lasp2_tile_n(int32_t Dk) { return (uint64_t)Dk * LASP2_TILE_V; }
 LASP2_FN uint64_t lasp_mlstm_lasp2_tile_m(int32_t Dk) { return (uint64_t)Dk * (LASP2_TILE_V + 1); }
 LASP2_FN uint64_t lasp_mlstm_lasp2_tile_f(int32_t Dk) { return lasp_mlstm_lasp2_tile_m(Dk) + 1; }
+LASP2_FN uint64_t lasp_mlstm_lasp2_tile_decay(int32_t Dk) { return lasp_mlstm_lasp2_tile_m(Dk) + 2; }
 LASP2_FN uint64_t lasp_mlstm_lasp2_tile_floats(int32_t Dk) { return lasp_mlstm_lasp2_tile_m(Dk) + 4; }
