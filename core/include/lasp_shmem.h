@@ -25,16 +25,17 @@
  * is an error at init, never silently replaced by a default.
  *
  * Operations: one object, lasp_op, for every family of linear attention (scalar decay; GLA;
- * Gated DeltaNet; mLSTM is reserved), run on one GPU or across the ranks (LASP-2). A
+ * Gated DeltaNet; mLSTM), run on one GPU or across the ranks (LASP-2). A
  * versioned descriptor (lasp_op_desc) says which family, kind, exchange schedule and mode, and the
  * layout; lasp_op_create makes it (collective for LASP-2). Each call passes its scalars in a
  * lasp_call and its tensors in named slots (lasp_tensors, indexed by LASP_SLOT_*) on the caller's
  * stream: lasp_op_forward, and lasp_op_backward on an op created with LASP_OP_WITH_BACKWARD.
  * A new family or schedule adds descriptor values and slots, never functions.
  *
- * Training with LASP-2: fill LASP_SLOT_START_STATE (scalar decay, Gated DeltaNet) or
- * LASP_SLOT_CHUNK_STATES (GLA) in the forward call; it receives the state this rank's shard starts from (the state
- * entering every chunk of it). Keep it and pass it in the same slot to the backward, which
+ * Training with LASP-2: fill LASP_SLOT_START_STATE (scalar decay, Gated DeltaNet; mLSTM with
+ * LASP_SLOT_EXIT_STATE and LASP_SLOT_SAVED_ROWS) or LASP_SLOT_CHUNK_STATES (GLA) in the forward
+ * call; it receives the state this rank's shard starts from (the state entering every chunk of
+ * it). Keep it and pass it in the same slot to the backward, which
  * sends the state gradients down the ranks the way the forward sends the states up: every rank
  * calls it once per forward call, in the same order. Calls are not collective (the ranks meet
  * through device signals); lasp_op_create, lasp_op_set_mode and lasp_op_free are.
@@ -95,14 +96,14 @@ typedef int32_t lasp_status;
                                          bug to report */
 #define LASP_ERROR_BUILD 11           /* built without a kernel this call or GPU needs: rebuild */
 
-/* Families of linear attention (lasp_op_desc.family). The reserved ones are rejected with
- * "not available in this build" until a release implements them. */
+/* Families of linear attention (lasp_op_desc.family). */
 #define LASP_FAMILY_SCALAR_DECAY 1 /* S_t = e^{g_t} S_{t-1} + k_t^T v_t: simple GLA, RetNet */
 #define LASP_FAMILY_GLA 2          /* diag(e^{g_t}) per key: g [B, T, H, Dk]; Dk and Dv 64 or
                                       128 */
 #define LASP_FAMILY_GATED_DELTA 3  /* the delta rule with g and beta [B, T, H]; Dk 64 or 128, Dv
                                       a multiple of 64 */
-#define LASP_FAMILY_MLSTM 4        /* reserved: input and forget gate pre-activations */
+#define LASP_FAMILY_MLSTM 4        /* xLSTM's matrix LSTM, input and forget gate pre-activations
+                                      [B, T, H]; Dk and Dv 64 or 128 */
 
 /* Where an operation runs (lasp_op_desc.kind). */
 #define LASP_KIND_SINGLE_GPU 1 /* whole sequences on this rank's GPU, no exchange */
@@ -121,7 +122,7 @@ typedef int32_t lasp_status;
 #define LASP_MODE_NO_COMM 3            /* no exchange: the compute's cost alone (timing only) */
 #define LASP_MODE_PIPELINED_CHAIN 4    /* device puts along the pipelined chain: each rank folds its
                                           state into its predecessor's and forwards it to the next
-                                          (scalar decay, GLA; Gated DeltaNet refuses it) */
+                                          (scalar decay, GLA, mLSTM; Gated DeltaNet refuses it) */
 
 /* lasp_op_desc.flags. */
 #define LASP_OP_WITH_BACKWARD 1u /* also create the backward (at lasp_op_create, collectively,
@@ -160,7 +161,21 @@ typedef int32_t lasp_status;
  * Gated DeltaNet, forward:  scalar decay's slots and BETA [B, T, H] fp32 (write strengths,
  *               finite); keys as the model gives them (l2-normalised where it normalises them).
  * Gated DeltaNet, backward: scalar decay's slots (H0 on one GPU, the START_STATE the forward
- *               wrote with LASP-2), the forward's BETA, and DBETA out, as BETA. */
+ *               wrote with LASP-2), the forward's BETA, and DBETA out, as BETA.
+ * mLSTM (mlstm_kernels' mLSTMexp and its gradient), a state is (C [B, H, Dk, Dv], n [B, H, Dk],
+ *               m [B, H]) in one fp32 tensor of B*H*(Dk*Dv + Dk + 1) elements, C then n then m.
+ * mLSTM, forward: Q, K, V as scalar decay's; I_GATE and G [B, T, H] fp32, the input and forget
+ *               gate pre-activations, finite; H0 a state or empty for (0, 0, 0); O out; HT a state
+ *               out, or empty (LASP-2: last rank only); SAVED_ROWS [2, B, T, H] fp32 out (every
+ *               token's stabiliser, then its denominator), or empty where no backward follows;
+ *               LASP-2 with a backward: START_STATE and EXIT_STATE, states out (entering and
+ *               leaving this rank's shard), both or neither.
+ * mLSTM, backward: the forward's Q, K, V, I_GATE, G and SAVED_ROWS; one GPU: its H0 (or empty)
+ *               and, with DHT, its HT; LASP-2: the START_STATE and EXIT_STATE it wrote on this
+ *               rank; DO as scalar decay's; DHT [B, H, Dk, Dv] fp32, the gradient of the final
+ *               state's C, or empty (LASP-2: last rank only); DQ, DK, DV out; DI_GATE and DG out,
+ *               as I_GATE and G; DH0 [B, H, Dk, Dv] fp32 out, the initial state's C, or empty
+ *               (LASP-2: rank 0 only). */
 #define LASP_SLOT_Q 0
 #define LASP_SLOT_K 1
 #define LASP_SLOT_V 2
@@ -180,7 +195,11 @@ typedef int32_t lasp_status;
 #define LASP_SLOT_DH0 16
 #define LASP_SLOT_CU_SEQLENS 17 /* reserved: sequence boundaries of a packed batch */
 #define LASP_SLOT_CHUNK_STATES 18
-#define LASP_SLOT_COUNT 19      /* slots this header defines */
+#define LASP_SLOT_I_GATE 19     /* mLSTM */
+#define LASP_SLOT_DI_GATE 20    /* mLSTM */
+#define LASP_SLOT_SAVED_ROWS 21 /* mLSTM */
+#define LASP_SLOT_EXIT_STATE 22 /* mLSTM */
+#define LASP_SLOT_COUNT 23      /* slots this header defines */
 #define LASP_SLOT_CAPACITY 32   /* room in lasp_tensors: new slots need no new struct size */
 
 /* A CUstream or cudaStream_t (both are this type). NULL is the legacy default stream. */

@@ -1,12 +1,14 @@
 """lasp-shmem from PyTorch: the runtime on a torch.distributed process group (`init`,
 `shutdown`, `synchronize`), fla's `chunk_simple_gla` (linear attention with one log-decay per
-token and head), fla's `chunk_gla` (a log-decay per key dimension) and fla's
-`chunk_gated_delta_rule` (Gated DeltaNet), each on one GPU or, with `cp_group`, sequence parallel
-across the group's ranks (LASP-2).
+token and head), fla's `chunk_gla` (a log-decay per key dimension), fla's
+`chunk_gated_delta_rule` (Gated DeltaNet) and `mlstm` (xLSTM's matrix LSTM, mlstm_kernels'
+mLSTMexp), each on one GPU or, with `cp_group`, sequence parallel across the group's ranks
+(LASP-2).
 
 The forwards and backwards are torch.library custom ops (`torch.ops.lasp_shmem.
 chunk_simple_gla_fwd` and `chunk_simple_gla_bwd`, `chunk_gla_fwd` and `chunk_gla_bwd`,
-`chunk_gated_delta_rule_fwd` and `chunk_gated_delta_rule_bwd`, each pair linked by
+`chunk_gated_delta_rule_fwd` and `chunk_gated_delta_rule_bwd`, `mlstm_fwd` and `mlstm_bwd`,
+each pair linked by
 `register_autograd`, with fake implementations), so torch.compile traces them without a
 graph break and CUDA graphs capture them (LASP-2's in the overlapped exchange mode, below); they
 run on torch's current stream.
@@ -38,7 +40,8 @@ import torch.distributed as dist
 from . import _abi
 
 __all__ = ["init", "shutdown", "synchronize", "set_exchange_mode", "exchange_mode",
-           "planned_modes", "chunk_simple_gla", "chunk_gla", "chunk_gated_delta_rule", "LaspError"]
+           "planned_modes", "chunk_simple_gla", "chunk_gla", "chunk_gated_delta_rule", "mlstm",
+           "LaspError"]
 
 LaspError = _abi.LaspError
 SUPPORTED_DIMS = (64, 128)
@@ -54,8 +57,7 @@ PLANNED = "planned"
 # The modes whose calls a CUDA graph captures: those that exchange from the device only.
 _CAPTURABLE = ("overlapped", "pipelined_chain")
 # The planner may also choose the pipelined chain for an op whose family has one (scalar decay,
-# GLA);
-# it is not offered to set_exchange_mode, which switches every family's ops alike.
+# GLA, mLSTM); it is not offered to set_exchange_mode, which switches every family's ops alike.
 _MODE_NAMES = {**{code: name for name, code in EXCHANGE_MODES.items()},
                _abi.MODE_PIPELINED_CHAIN: "pipelined_chain"}
 
@@ -826,3 +828,193 @@ def _gdn_differentiate(ctx, grad_o, grad_ht, _grad_start):
 
 
 _gdn_forward.register_autograd(_gdn_differentiate, setup_context=_gdn_setup_context)
+
+
+def mlstm(q, k, v, i, f, scale=None, initial_state=None, output_final_state=False,
+          cp_group=None):
+    """xLSTM's matrix LSTM, mlstm_kernels' mLSTMexp (exponential input gate, sigmoid forget
+    gate, normaliser n and max-state stabiliser m), in fla's layout:
+    m_t = max(lf_t + m_{t-1}, i_t), C_t = e^{lf_t + m_{t-1} - m_t} C_{t-1} + e^{i_t - m_t}
+    k_t^T v_t, n_t alike with k_t, h_t = scale q_t C_t / (max(|scale q_t . n_t|, e^{-m_t}) +
+    1e-6), lf = logsigmoid(f).
+
+    q, k: [B, T, H, Dk] bf16; v: [B, T, H, Dv] bf16; i, f: [B, T, H] fp32 input and forget gate
+    pre-activations, finite; Dk and Dv 64 or 128; every tensor contiguous, on the runtime's GPU.
+    scale: None for Dk ** -0.5. initial_state: (C [B, H, Dk, Dv], n [B, H, Dk], m [B, H]) fp32,
+    or None for mlstm_kernels' zero state (0, 0, 0). Returns (h [B, T, H, Dv] bf16, the final
+    state (C, n, m) if output_final_state else None). cp_group as for `chunk_simple_gla`
+    (LASP-2 across the group's ranks: the final state on the group's last rank only, the initial
+    state's gradient on its rank 0, zeros on the others).
+
+    Differentiable in q, k, v, i, f and initial_state with mlstm_kernels' gradient: the
+    stabilisers and denominators are held constant, so n and m of the initial state get no
+    gradient and of the final state only C's gradient counts. Where an input requires gradients
+    the forward keeps each token's stabiliser and denominator ([2, B, T, H] fp32) and, with
+    cp_group, the states entering and leaving this rank's shard, for the backward.
+    """
+    op = "mlstm"
+    if scale == 0:
+        raise ValueError(f"{op}: scale must not be 0 (None gives Dk ** -0.5)")
+    _check_inputs(op, q, k, v, f, None, per_key_gates=False)
+    if not isinstance(i, torch.Tensor):
+        raise TypeError(f"{op}: i must be a torch.Tensor, not {type(i).__name__}")
+    if i.shape != f.shape or i.dtype != torch.float32 or not i.is_contiguous():
+        raise ValueError(f"{op}: i must be like f: [B, T, H] {tuple(f.shape)} fp32, contiguous "
+                         f"(it is {tuple(i.shape)} {i.dtype})")
+    b, _, h, dk = q.shape
+    dv = v.shape[-1]
+    h0 = None
+    if initial_state is not None:
+        want = ((b, h, dk, dv), (b, h, dk), (b, h))
+        if (not isinstance(initial_state, (tuple, list)) or len(initial_state) != 3
+                or any(not isinstance(x, torch.Tensor) or tuple(x.shape) != w
+                       or x.dtype != torch.float32 for x, w in zip(initial_state, want))):
+            raise ValueError(f"{op}: initial_state must be (C, n, m), fp32 tensors of the shapes "
+                             f"{want}")
+        h0 = _pack_mlstm_state(initial_state)
+    runtime, lasp2 = _placement(op, cp_group)
+    _check_device(op, runtime.device, q=q, k=k, v=v, i=i, f=f, initial_state=h0)
+    save = torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in (q, k, v, i, f, h0))
+    scale = dk ** -0.5 if scale is None else scale
+    want_ht = output_final_state and (not lasp2 or runtime.rank == runtime.world - 1)
+    out, ht, _, _, _ = torch.ops.lasp_shmem.mlstm_fwd(q, k, v, i, f, h0, float(scale), want_ht,
+                                                      lasp2, save)
+    return out, _unpack_mlstm_state(ht, b, h, dk, dv) if want_ht else None
+
+
+# The mLSTM's ops: a state (C, n, m) travels as one fp32 tensor, C then n then m (the ABI's
+# layout); the forward saves the rows (every token's stabiliser and denominator) and, with
+# LASP-2, the states entering and leaving the rank's shard.
+
+def _pack_mlstm_state(state):
+    return torch.cat([x.reshape(-1) for x in state])
+
+
+def _unpack_mlstm_state(x, b, h, dk, dv):
+    c, n, m = x.split([b * h * dk * dv, b * h * dk, b * h])
+    return c.view(b, h, dk, dv), n.view(b, h, dk), m.view(b, h)
+
+
+def _mlstm_forward_outputs(q, v, want_ht, lasp2, save):
+    """h, the final state, the saved rows and the states entering and leaving the shard (each
+    shape (0,) unless wanted): what the forward returns, real or fake."""
+    b, t, h, dk = q.shape
+    dv = v.shape[-1]
+    state = b * h * (dk * dv + dk + 1)
+
+    def f32(*shape):
+        return q.new_empty(shape, dtype=torch.float32)
+
+    boundary = state if lasp2 and save else 0
+    return (v.new_empty(b, t, h, dv), f32(state if want_ht else 0),
+            f32(*((2, b, t, h) if save else (0,))), f32(boundary), f32(boundary))
+
+
+def _mlstm_backward_outputs(q, k, v, i, want_dh0):
+    """dq, dk, dv, di, df and dC_0 (shape (0,) unless wanted)."""
+    b, _, h, dk = q.shape
+    dc0 = q.new_empty((b, h, dk, v.shape[-1]) if want_dh0 else (0,), dtype=torch.float32)
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(i),
+            torch.empty_like(i), dc0)
+
+
+def _mlstm_forward_call(q, k, v, i, f, h0, scale, want_ht, lasp2, save):
+    """The mLSTM forward's outputs and its call."""
+    out, ht, rows, start, exit_ = _mlstm_forward_outputs(q, v, want_ht, lasp2, save)
+    boundary = lasp2 and save
+    call = _OpCall(q, v, lasp2, scale, {
+        _abi.SLOT_Q: q, _abi.SLOT_K: k, _abi.SLOT_V: v, _abi.SLOT_I_GATE: i, _abi.SLOT_G: f,
+        _abi.SLOT_H0: h0, _abi.SLOT_O: out, _abi.SLOT_HT: ht if want_ht else None,
+        _abi.SLOT_SAVED_ROWS: rows if save else None,
+        _abi.SLOT_START_STATE: start if boundary else None,
+        _abi.SLOT_EXIT_STATE: exit_ if boundary else None}, family=_abi.FAMILY_MLSTM)
+    return (out, ht, rows, start, exit_), call
+
+
+def _mlstm_backward_call(q, k, v, i, f, entry, exit_, rows, do, dct, scale, want_dh0, lasp2,
+                         writes_dh0):
+    """The mLSTM backward's outputs and its call. One GPU: `entry` is the forward's initial
+    state, `exit_` its final state (read where dct is given); LASP-2: the states the forward
+    wrote at this rank's shard. dC_0 is written where `writes_dh0` (LASP-2: rank 0), else zero."""
+    dq, dk, dv, di, df, dc0 = _mlstm_backward_outputs(q, k, v, i, want_dh0)
+    if want_dh0 and not writes_dh0:
+        dc0.zero_()
+    call = _OpCall(q, v, lasp2, scale, {
+        _abi.SLOT_Q: q, _abi.SLOT_K: k, _abi.SLOT_V: v, _abi.SLOT_I_GATE: i, _abi.SLOT_G: f,
+        _abi.SLOT_START_STATE if lasp2 else _abi.SLOT_H0: entry,
+        _abi.SLOT_EXIT_STATE if lasp2 else _abi.SLOT_HT: exit_,
+        _abi.SLOT_SAVED_ROWS: rows, _abi.SLOT_DO: do, _abi.SLOT_DHT: dct, _abi.SLOT_DQ: dq,
+        _abi.SLOT_DK: dk, _abi.SLOT_DV: dv, _abi.SLOT_DI_GATE: di, _abi.SLOT_DG: df,
+        _abi.SLOT_DH0: dc0 if want_dh0 and writes_dh0 else None}, family=_abi.FAMILY_MLSTM)
+    return (dq, dk, dv, di, df, dc0), call
+
+
+@torch.library.custom_op("lasp_shmem::mlstm_fwd", mutates_args=(), device_types="cuda")
+def _mlstm_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: torch.Tensor,
+                   f: torch.Tensor, h0: Optional[torch.Tensor], scale: float, want_ht: bool,
+                   lasp2: bool, save: bool
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                              torch.Tensor]:
+    outputs, call = _mlstm_forward_call(q, k, v, i, f, h0, scale, want_ht, lasp2, save)
+    call.enqueue(backward=False, device=q.device)
+    return outputs
+
+
+@torch.library.custom_op("lasp_shmem::mlstm_bwd", mutates_args=(), device_types="cuda")
+def _mlstm_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: torch.Tensor,
+                    f: torch.Tensor, entry: Optional[torch.Tensor], exit_: Optional[torch.Tensor],
+                    rows: torch.Tensor, do: torch.Tensor, dct: Optional[torch.Tensor],
+                    scale: float, want_dh0: bool, lasp2: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                               torch.Tensor, torch.Tensor]:
+    if rows.numel() == 0:
+        raise RuntimeError("lasp_shmem::mlstm_bwd: the forward saved nothing (it ran without "
+                           "gradients); call the forward with save=True")
+    writes_dh0 = not lasp2 or _running().rank == 0
+    outputs, call = _mlstm_backward_call(q, k, v, i, f, entry, exit_, rows, do, dct, scale,
+                                         want_dh0, lasp2, writes_dh0)
+    call.enqueue(backward=True, device=q.device)
+    return outputs
+
+
+@_mlstm_forward.register_fake
+def _(q, k, v, i, f, h0, scale, want_ht, lasp2, save):
+    return _mlstm_forward_outputs(q, v, want_ht, lasp2, save)
+
+
+@_mlstm_backward.register_fake
+def _(q, k, v, i, f, entry, exit_, rows, do, dct, scale, want_dh0, lasp2):
+    return _mlstm_backward_outputs(q, k, v, i, want_dh0)
+
+
+def _mlstm_setup_context(ctx, inputs, output):
+    q, k, v, i, f, h0, scale, want_ht, lasp2, save = inputs
+    _, ht, rows, start, exit_ = output
+    ctx.mark_non_differentiable(rows, start, exit_)
+    # One GPU: the backward starts from the initial state and reads m_T of the final state;
+    # LASP-2: the states the forward found entering and leaving this rank's shard.
+    entry, leaving = (start, exit_) if lasp2 else (h0, ht if want_ht else None)
+    ctx.save_for_backward(q, k, v, i, f, entry, leaving, rows)
+    ctx.scale, ctx.want_ht, ctx.lasp2 = scale, want_ht, lasp2
+
+
+def _mlstm_differentiate(ctx, grad_h, grad_ht, _grad_rows, _grad_start, _grad_exit):
+    q, k, v, i, f, entry, leaving, rows = ctx.saved_tensors
+    b, _, h, dk = q.shape
+    dv = v.shape[-1]
+    dct = None
+    if ctx.want_ht and grad_ht is not None:
+        dct = grad_ht[:b * h * dk * dv].view(b, h, dk, dv).contiguous()
+    want_dh0 = ctx.needs_input_grad[5]
+    dq, dk_, dv_, di, df, dc0 = torch.ops.lasp_shmem.mlstm_bwd(
+        q, k, v, i, f, entry, leaving, rows, grad_h.contiguous(), dct, ctx.scale, want_dh0,
+        ctx.lasp2)
+    dh0 = None
+    if want_dh0:  # n and m of the initial state get no gradient under this rule
+        dh0 = torch.cat([dc0.reshape(-1), dc0.new_zeros(b * h * (dk + 1))])
+    return dq, dk_, dv_, di, df, dh0, None, None, None, None
+
+
+_mlstm_forward.register_autograd(_mlstm_differentiate, setup_context=_mlstm_setup_context)
+

@@ -1,5 +1,6 @@
 """The float64 reference for the tests: the recurrence itself, token by token, forwards and
-backwards (scalar decay, GLA's per-key decay, and Gated DeltaNet's delta rule)."""
+backwards (scalar decay, GLA's per-key decay, and Gated DeltaNet's delta rule), and the mLSTM's
+stabilised recurrence."""
 
 import torch
 
@@ -88,6 +89,14 @@ def gate_grad_scale(q, k, dq, dk, tokens=slice(None)):
     return terms.flip(1).cumsum(1).flip(1)[:, tokens].norm().item()
 
 
+def mlstm_gate_grad_scale(q, k, dq, dk, tokens=slice(None)):
+    """The size of the terms the mLSTM's gate gradients are differences of: ||reverse cumsum over
+    T of sum_d |q dq| + |k dk|||, per (b, h) (`MlstmGrads::gate_grad_scale` of the Rust
+    reference). `tokens`: the positions measured (a rank's shard)."""
+    terms = ((q.double() * dq.double()).abs() + (k.double() * dk.double()).abs()).sum(-1)
+    return terms.flip(1).cumsum(1).flip(1)[:, tokens].norm().item()
+
+
 def rel_err(got, want):
     return ((got.double() - want.double()).norm() / want.double().norm()).item()
 
@@ -160,3 +169,105 @@ def delta_inputs(b, t, h, dk, dv, device, seed, requires_grad=False):
     beta = torch.sigmoid(torch.randn(b, t, h, generator=gen, device=device))
     tensors = (q, k, v, g, beta, h0)
     return tuple(x.requires_grad_() for x in tensors) if requires_grad else tensors
+
+
+def mlstm_recurrent(q, k, v, i, f, state=None, scale=None, eps=1e-6, tfla=False):
+    """h [B, T, H, Dv] and the final state (C [B, H, Dk, Dv], n [B, H, Dk], m [B, H]) of
+    mlstm_kernels' mLSTMexp in float64 (inputs that are float64 already are used as they are,
+    so gradients reach them): m_t = max(lf_t + m_{t-1}, i_t), C_t = e^{lf_t + m_{t-1} - m_t}
+    C_{t-1} + e^{i_t - m_t} k_t^T v_t (n alike with k_t), h_t = scale q_t C_t /
+    (max(|scale q_t . n_t|, e^{-m_t}) + eps), lf = logsigmoid(f), from `state` or (0, 0, 0).
+    `tfla`: the stabilisers and denominators are held constant (autograd then gives
+    `mlstm_gradients`, but for the final state's term it drops: see there)."""
+    h, final, _, _ = _mlstm_scan(q, k, v, i, f, state, scale, eps, tfla)
+    return h, final
+
+
+def _mlstm_scan(q, k, v, i, f, state, scale, eps, tfla=False):
+    """`mlstm_recurrent`, and every token's stabiliser m_t and denominator [B, T, H]."""
+    q, k, v, i, f = (x.double() for x in (q, k, v, i, f))
+    b, t, h, dk = q.shape
+    scale = dk ** -0.5 if scale is None else scale
+    if state is None:
+        c, n, m = q.new_zeros(b, h, dk, v.shape[-1]), q.new_zeros(b, h, dk), q.new_zeros(b, h)
+    else:
+        c, n, m = (x.double() for x in state)
+    lf = torch.nn.functional.logsigmoid(f)
+    outputs, ms, dens = [], [], []
+    for s in range(t):
+        m_new = torch.maximum(lf[:, s] + m, i[:, s])
+        if tfla:
+            m_new = m_new.detach()
+        decay, write = (lf[:, s] + m - m_new).exp(), (i[:, s] - m_new).exp()
+        c = decay[..., None, None] * c + write[..., None, None] * k[:, s, :, :, None] * v[:, s, :, None, :]
+        n = decay[..., None] * n + write[..., None] * k[:, s]
+        m = m_new
+        qn = scale * (q[:, s] * n).sum(-1)
+        den = torch.maximum(qn.abs(), (-m).exp()) + eps
+        if tfla:
+            den = den.detach()
+        outputs.append(scale * torch.einsum("bhk,bhkv->bhv", q[:, s], c) / den[..., None])
+        ms.append(m)
+        dens.append(den)
+    return torch.stack(outputs, 1), (c, n, m), torch.stack(ms, 1), torch.stack(dens, 1)
+
+
+def mlstm_gradients(q, k, v, i, f, state, grad_h, grad_c=None, scale=None, eps=1e-6):
+    """dq, dk, dv, di, df and dC_0 of <h, grad_h> + <C_T, grad_c> through `mlstm_recurrent`
+    under mlstm_kernels' gradient (the library's), in float64, in closed form (no autograd, so
+    that it can stand in for a kernel). With the forward's m_t and den_t constants, dO' = grad_h /
+    den, F the inclusive cumsum of lf and w_rj = e^{F_r - F_j + i_j - m_r} (j <= r):
+    dq_r = s sum_j w_rj (dO'_r . v_j) k_j + s e^{F_r + m_0 - m_r} dO'_r C_0^T,
+    dk_j = s sum_r w_rj (dO'_r . v_j) q_r + e^{F_T - F_j + i_j - m_T} dC_T v_j, dv_j alike,
+    di_j = k_j . dk_j, df_t = sigmoid(-f_t) sum_{s >= t} (q_s . dq_s - k_s . dk_s),
+    dC_0 = s sum_r e^{F_r + m_0 - m_r} q_r^T dO'_r + e^{F_T + m_0 - m_T} dC_T. Autograd of
+    `mlstm_recurrent(tfla=True)` gives the same but for <dC_T, C_T> more in every dlf_t, which
+    this rule drops."""
+    _, final, m, den = _mlstm_scan(q, k, v, i, f, state, scale, eps)
+    q, k, v, i, f, do = (x.double() for x in (q, k, v, i, f, grad_h))
+    b, t, h, dk = q.shape
+    dv_ = v.shape[-1]
+    scale = dk ** -0.5 if scale is None else scale
+    c0 = q.new_zeros(b, h, dk, dv_) if state is None else state[0].double()
+    m0 = q.new_zeros(b, h) if state is None else state[2].double()
+    # Heads first: [B, H, T, ...].
+    q, k, v, do = (x.transpose(1, 2) for x in (q, k, v, do))
+    i, f, m, den = (x.transpose(1, 2) for x in (i, f, m, den))
+    dop = do / den[..., None]
+    big_f = torch.nn.functional.logsigmoid(f).cumsum(-1)
+    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    log_w = big_f[..., :, None] - big_f[..., None, :] + i[..., None, :] - m[..., :, None]
+    w = torch.where(causal, log_w, float("-inf")).exp()
+    a = w * (dop @ v.transpose(-1, -2))  # [r, j]: w_rj dO'_r . v_j
+    dq = scale * (a @ k) + scale * (big_f + m0[..., None] - m).exp()[..., None] * (
+        dop @ c0.transpose(-1, -2))
+    dk_ = scale * (a.transpose(-1, -2) @ q)
+    dv = (w * (scale * q @ k.transpose(-1, -2))).transpose(-1, -2) @ dop
+    dc0 = scale * torch.einsum("bhr,bhrk,bhrv->bhkv", (big_f + m0[..., None] - m).exp(), q, dop)
+    if grad_c is not None:
+        dct = grad_c.double()
+        to_end = (big_f[..., -1:] - big_f + i - final[2][..., None]).exp()[..., None]
+        dk_ = dk_ + to_end * (v @ dct.transpose(-1, -2))
+        dv = dv + to_end * (k @ dct)
+        dc0 = dc0 + (big_f[..., -1] + m0 - final[2]).exp()[..., None, None] * dct
+    di = (k * dk_).sum(-1)
+    x = (q * dq).sum(-1) - di
+    dlf = x.flip(-1).cumsum(-1).flip(-1)
+    df = dlf * torch.sigmoid(-f)
+    heads_second = (lambda y: y.transpose(1, 2).contiguous())
+    return (*(heads_second(y) for y in (dq, dk_, dv, di, df)), dc0)
+
+
+def mlstm_inputs(b, t, h, dk, dv, device, seed):
+    """q, k, v (bf16 in [-1, 1)), input gates around 0, forget gates around 3 (sigmoid 0.95, as
+    mlstm_kernels' benchmark) and an initial state (C, n, m) (fp32; m in [-1, 1))."""
+    q, k, v, _, c0 = inputs(b, t, h, dk, dv, device, seed)
+    gen = torch.Generator(device=device).manual_seed(seed + 2)
+
+    def rand(*shape):
+        return torch.rand(*shape, generator=gen, device=device)
+
+    i, f = 2 * rand(b, t, h) - 1, 2 + 2 * rand(b, t, h)
+    state = (c0, rand(b, h, dk) - 0.5, 2 * rand(b, h) - 1)
+    return q, k, v, i, f, state
+

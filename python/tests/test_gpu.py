@@ -1,5 +1,5 @@
 """lasp_shmem.torch on one GPU (skipped with a notice without one): forward and backward against
-the float64 reference (scalar decay, GLA and Gated DeltaNet), torch.compile without a graph break,
+the float64 reference (scalar decay, GLA, Gated DeltaNet and mLSTM), torch.compile without a graph break,
 a CUDA graph of a training step, and the library's errors. Run it in a plain pytest process
 (torchrun runs test_lasp2.py), started with NVSHMEM_DISABLE_NVLS=1 and
 NVSHMEM_REMOTE_TRANSPORT=none."""
@@ -9,7 +9,8 @@ import os
 import pytest
 import torch
 from reference import (bits, delta_inputs, delta_recurrent, gate_grad_scale, gla_inputs,
-                       gradients, inputs, recurrent, rel_err)
+                       gradients, inputs, mlstm_gate_grad_scale, mlstm_gradients, mlstm_inputs,
+                       mlstm_recurrent, recurrent, rel_err)
 
 import lasp_shmem.torch as lt
 
@@ -262,3 +263,44 @@ def test_gated_delta_normalises_q_and_k_as_fla_does():
     o, _ = lt.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
     want, _ = lt.chunk_gated_delta_rule(lt._l2norm(q), lt._l2norm(k), v, g, beta)
     assert torch.equal(bits(o), bits(want))
+
+
+def mlstm_step(q, k, v, i, f, state, grad_h, grad_c, **kwargs):
+    """h, the final state's C and the gradients of <h, grad_h> + <C_T, grad_c> (the initial
+    state's C's where `state` is given)."""
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, i, f)]
+    c0 = None if state is None else state[0].clone().requires_grad_()
+    out, ht = lt.mlstm(*leaves, initial_state=None if c0 is None else (c0, *state[1:]),
+                       output_final_state=True, **kwargs)
+    wrt = leaves + ([] if c0 is None else [c0])
+    return (out, ht[0], *torch.autograd.grad((out, ht[0]), wrt, (grad_h, grad_c)))
+
+
+@pytest.mark.parametrize("dk, dv", [(64, 64), (128, 128), (64, 128)])
+@pytest.mark.parametrize("t", [63, 300])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_mlstm_forward_and_backward_match_the_float64_reference(dk, dv, t, with_state):
+    """h and the final state's C against the stabilised recurrence, every gradient against
+    mlstm_kernels' rule in closed form (reference.mlstm_gradients): 5e-3 relative, the gates'
+    to 5e-3 of the terms they are differences of; a second step gives the same bits."""
+    b, h = 2, 3
+    q, k, v, i, f, state = mlstm_inputs(b, t, h, dk, dv, "cuda", seed=71)
+    state = state if with_state else None
+    grad_h = (2 * torch.rand(b, t, h, dv, device="cuda") - 1).bfloat16()
+    grad_c = torch.rand(b, h, dk, dv, device="cuda") - 0.5
+    got = mlstm_step(q, k, v, i, f, state, grad_h, grad_c, scale=0.1)
+    again = mlstm_step(q, k, v, i, f, state, grad_h, grad_c, scale=0.1)
+    want_h, (want_c, _, _) = mlstm_recurrent(q, k, v, i, f, state, 0.1)
+    want = mlstm_gradients(q, k, v, i, f, state, grad_h, grad_c, 0.1)
+    names = ["h", "C_T", "dq", "dk", "dv"] + (["dC0"] if with_state else [])
+    pairs = list(zip(got[:5], (want_h, want_c, *want[:3]))) + (
+        [(got[7], want[5])] if with_state else [])
+    errors = {name: rel_err(x, y) for name, (x, y) in zip(names, pairs)}
+    scale = mlstm_gate_grad_scale(q, k, want[0], want[1])
+    for name, x, y in (("di", got[5], want[3]), ("df", got[6], want[4])):
+        errors[name] = (x.double() - y).norm().item() / scale
+    assert max(errors.values()) <= TOL, errors
+    for x, y in zip(got, again):
+        assert torch.equal(bits(x), bits(y))
+    lt.synchronize()
+

@@ -3,7 +3,8 @@ elsewhere): each rank's shard of o and of the gradients, the last rank's final s
 initial state's gradient against the single-GPU op on the whole sequences, and torch.compile
 without a graph break, forward and backward as in eager mode; GLA's forward likewise, and its
 forward and backward against the float64 reference on the whole sequences; both families the same
-bits in every exchange mode, the planned one included.
+bits in every exchange mode, the planned one included; the mLSTM's forward and backward against
+the float64 reference, bitwise the same in every exchange mode.
 
     NVSHMEM_DISABLE_NVLS=1 NVSHMEM_REMOTE_TRANSPORT=none \\
         torchrun --nproc-per-node 4 -m pytest python/tests/test_lasp2.py
@@ -14,7 +15,8 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-from reference import bits, gate_grad_scale, gla_inputs, inputs, recurrent, rel_err
+from reference import (bits, gate_grad_scale, gla_inputs, inputs, mlstm_gate_grad_scale,
+                       mlstm_gradients, mlstm_inputs, mlstm_recurrent, recurrent, rel_err)
 
 import lasp_shmem.torch as lt
 
@@ -212,3 +214,59 @@ def test_every_exchange_mode_gives_the_same_bits(group):
               for name, x, y in zip(names, outputs, results["overlapped"][n])
               if x is not None and not torch.equal(bits(x), bits(y))]
     assert not differ, f"rank {dist.get_rank()}: bits differ from the overlapped mode's: {differ}"
+
+
+def test_mlstm_lasp2_matches_the_float64_reference_in_every_mode(group):
+    """lt.mlstm with cp_group, forward and backward, against the stabilised recurrence and
+    mlstm_kernels' gradient in closed form on the whole sequences (every rank computes them from
+    the same seed): each rank's shard of h, dq, dk and dv, the last rank's final C and the
+    initial state's gradient (rank 0's; zeros elsewhere) within 5e-3 relative error, the gates'
+    gradients to 5e-3 of their terms' scale; the same bits in every exchange mode and step."""
+    seqs = Sequences(seed=81, per_rank=300, short=37)
+    b, t, h, dk = seqs.q.shape
+    dv = seqs.v.shape[-1]
+    q, k, v, i, f, state = mlstm_inputs(b, t, h, dk, dv, "cuda", seed=82)
+    mine = [seqs.mine(x) for x in (q, k, v, i, f, seqs.grad_o)]
+
+    def training_step():
+        leaves = [x.clone().requires_grad_() for x in mine[:5]]
+        c0 = state[0].clone().requires_grad_()
+        out, ht = lt.mlstm(*leaves, scale=0.1, initial_state=(c0, *state[1:]),
+                           output_final_state=True, cp_group=group)
+        outputs, grads = ([out], [mine[5]]) if ht is None else ([out, ht[0]],
+                                                                 [mine[5], seqs.grad_ht])
+        return (out, None if ht is None else ht[0],
+                *torch.autograd.grad(outputs, leaves + [c0], grads))
+
+    results = {}
+    try:
+        for mode in ("overlapped", "sequential_nccl", "sequential_nvshmem"):
+            lt.set_exchange_mode(mode)
+            results[mode] = [training_step() for _ in range(2)]
+            lt.synchronize()
+    finally:
+        lt.set_exchange_mode("overlapped")
+    out, c_t, dq, dk_, dv_, di, df, dc0 = results["overlapped"][0]
+    summed_dc0 = dc0.clone()
+    dist.all_reduce(summed_dc0)
+    want_h, (want_c, _, _) = mlstm_recurrent(q, k, v, i, f, state, 0.1)
+    want = mlstm_gradients(q, k, v, i, f, state, seqs.grad_o, seqs.grad_ht, 0.1)
+    assert (c_t is not None) == seqs.last
+    if dist.get_rank() != 0:
+        assert torch.count_nonzero(dc0) == 0, "the initial state's gradient off rank 0"
+    errors = {"h": rel_err(out, seqs.mine(want_h)), "dC0 (summed)": rel_err(summed_dc0, want[5])}
+    for name, x, y in (("dq", dq, want[0]), ("dk", dk_, want[1]), ("dv", dv_, want[2])):
+        errors[name] = rel_err(x, seqs.mine(y))
+    scale = mlstm_gate_grad_scale(q, k, want[0], want[1], seqs.tokens())
+    for name, x, y in (("di", di, want[3]), ("df", df, want[4])):
+        errors[name] = (x.double() - seqs.mine(y)).norm().item() / scale
+    if seqs.last:
+        errors["C_T"] = rel_err(c_t, want_c)
+    assert max(errors.values()) <= TOL, f"rank {dist.get_rank()}: {errors}"
+    names = ("h", "C_T", "dq", "dk", "dv", "di", "df", "dC0")
+    differ = [f"{mode} step {n} {name}" for mode, steps in results.items()
+              for n, outputs in enumerate(steps)
+              for name, x, y in zip(names, outputs, results["overlapped"][0])
+              if x is not None and not torch.equal(bits(x), bits(y))]
+    assert not differ, f"rank {dist.get_rank()}: bits differ from the overlapped mode's: {differ}"
+

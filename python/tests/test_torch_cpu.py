@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from reference import (delta_gradients, delta_inputs, delta_recurrent, gradients, inputs,
-                       recurrent)
+                       mlstm_gradients, mlstm_inputs, mlstm_recurrent, recurrent)
 
 import lasp_shmem.torch as lt
 from lasp_shmem import _abi
@@ -23,6 +23,7 @@ FWD, BWD = torch.ops.lasp_shmem.chunk_simple_gla_fwd, torch.ops.lasp_shmem.chunk
 GLA_FWD, GLA_BWD = torch.ops.lasp_shmem.chunk_gla_fwd, torch.ops.lasp_shmem.chunk_gla_bwd
 GDN_FWD = torch.ops.lasp_shmem.chunk_gated_delta_rule_fwd
 GDN_BWD = torch.ops.lasp_shmem.chunk_gated_delta_rule_bwd
+MLSTM_FWD, MLSTM_BWD = torch.ops.lasp_shmem.mlstm_fwd, torch.ops.lasp_shmem.mlstm_bwd
 # The save_states argument of every call of GLA's forward kernel below, in order.
 GLA_SAVES = []
 # The lasp2 argument of every call of GLA's backward kernel below, in order.
@@ -99,6 +100,35 @@ def _gdn_backward_on_cpu(q, k, v, g, beta, state, do, dht, scale, want_dh0, lasp
     outputs = lt._gdn_backward_outputs(q, k, v, g, beta, want_dh0)
     for out, grad in zip(outputs, delta_gradients(q, k, v, g, beta, state, do, dht, scale)):
         if out.numel():  # not dh0 unless wanted
+            out.copy_(grad)
+    return outputs
+
+
+@torch.library.register_kernel("lasp_shmem::mlstm_fwd", "cpu")
+def _mlstm_forward_on_cpu(q, k, v, i, f, h0, scale, want_ht, lasp2, save):
+    b, _, h, dk = q.shape
+    dv = v.shape[-1]
+    out, ht, rows, start, exit_ = lt._mlstm_forward_outputs(q, v, want_ht, lasp2, save)
+    state = None if h0 is None else lt._unpack_mlstm_state(h0, b, h, dk, dv)
+    want_h, final = mlstm_recurrent(q, k, v, i, f, state, scale)
+    out.copy_(want_h)
+    final = lt._pack_mlstm_state(final)
+    if want_ht:
+        ht.copy_(final)
+    rows.zero_()  # the stand-in backward recomputes the rows
+    if start.numel():  # one rank: the shard is the whole sequences
+        start.copy_(torch.zeros_like(start) if h0 is None else h0)
+        exit_.copy_(final)
+    return out, ht, rows, start, exit_
+
+
+@torch.library.register_kernel("lasp_shmem::mlstm_bwd", "cpu")
+def _mlstm_backward_on_cpu(q, k, v, i, f, entry, exit_, rows, do, dct, scale, want_dh0, lasp2):
+    b, _, h, dk = q.shape
+    state = None if entry is None else lt._unpack_mlstm_state(entry, b, h, dk, v.shape[-1])
+    outputs = lt._mlstm_backward_outputs(q, k, v, i, want_dh0)
+    for out, grad in zip(outputs, mlstm_gradients(q, k, v, i, f, state, do, dct, scale)):
+        if out.numel():  # not dC_0 unless wanted
             out.copy_(grad)
     return outputs
 
@@ -877,3 +907,154 @@ def test_gdn_normalises_q_and_k_where_asked(cpu_runtime):
     grad, row = grad.float(), leaf.detach().float()
     cosine = (grad * row).sum(-1) / (grad.norm(dim=-1) * row.norm(dim=-1))
     assert cosine.abs().max() < 2e-2
+
+
+# mLSTM.
+
+def mlstm_cpu_inputs(**shape):
+    dims = dict(b=B, t=T, h=H, dk=DK, dv=DV) | shape
+    return mlstm_inputs(**dims, device="cpu", seed=3)
+
+
+@pytest.mark.parametrize("with_state, with_dct", [(False, False), (True, False), (True, True)])
+def test_the_mlstm_reference_backward_is_autograds_with_constant_stabilisers(with_state, with_dct):
+    """The closed-form gradient the CPU stand-in computes is float64 autograd's through the
+    recurrence with the stabilisers and denominators held constant, but for <dC_T, C_T> in every
+    log forget gate's gradient, which mlstm_kernels' rule drops."""
+    q, k, v, i, f, state = mlstm_cpu_inputs(t=6)
+    leaves = [x.double().requires_grad_() for x in (q, k, v, i, f, state[0])]
+    state64 = (leaves[5], state[1].double(), state[2].double()) if with_state else None
+    do = torch.rand(B, 6, H, DV, dtype=torch.float64)
+    dct = torch.rand(B, H, DK, DV, dtype=torch.float64) if with_dct else None
+    h, (c, _, _) = mlstm_recurrent(*leaves[:5], state64, 0.3, tfla=True)
+    outs, cots = ((h, c), (do, dct)) if with_dct else ((h,), (do,))
+    want = list(torch.autograd.grad(outs, leaves if with_state else leaves[:5], cots))
+    if with_dct:
+        want[4] = want[4] - (dct * c.detach()).sum((-2, -1))[:, None] * torch.sigmoid(-f.double())
+    got = mlstm_gradients(q, k, v, i, f, state if with_state else None, do, dct, 0.3)
+    for x, y in zip(got, want):
+        torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("want_ht", [False, True])
+@pytest.mark.parametrize("lasp2", [False, True])
+@pytest.mark.parametrize("save", [False, True])
+def test_mlstm_fake_outputs_have_the_real_shapes(want_ht, lasp2, save):
+    q, k, v, i, f = (x.to("meta") for x in mlstm_cpu_inputs()[:5])
+    h0 = torch.empty(B * H * (DK * DV + DK + 1), device="meta")
+    out, ht, rows, start, exit_ = MLSTM_FWD(q, k, v, i, f, h0, 0.125, want_ht, lasp2, save)
+    packed = B * H * (DK * DV + DK + 1)
+    assert (out.shape, out.dtype) == ((B, T, H, DV), torch.bfloat16)
+    assert ht.shape == ((packed,) if want_ht else (0,))
+    assert rows.shape == ((2, B, T, H) if save else (0,))
+    assert start.shape == exit_.shape == ((packed,) if lasp2 and save else (0,))
+    grads = MLSTM_BWD(q, k, v, i, f, start if lasp2 else h0, exit_ if lasp2 else None, rows, out,
+                      None, 0.125, True, lasp2)
+    assert [x.shape for x in grads] == [q.shape, k.shape, v.shape, i.shape, f.shape,
+                                        (B, H, DK, DV)]
+
+
+@pytest.mark.parametrize("with_h0", [False, True])
+@pytest.mark.parametrize("lasp2", [False, True])
+def test_mlstm_opcheck(with_h0, lasp2):
+    q, k, v, i, f, state = mlstm_cpu_inputs(dk=64, dv=64, t=5)
+    h0 = lt._pack_mlstm_state(state) if with_h0 else None
+    leaves = [x.requires_grad_() for x in (q, k, v, i, f)]
+    torch.library.opcheck(MLSTM_FWD, (*leaves, h0, 0.125, True, lasp2, True))
+    detached = [x.detach() for x in leaves]
+    _, ht, rows, start, exit_ = MLSTM_FWD(*detached, h0, 0.125, True, lasp2, True)
+    do = torch.rand(B, 5, H, 64).bfloat16()
+    entry, leaving = (start, exit_) if lasp2 else (h0, ht)
+    torch.library.opcheck(MLSTM_BWD, (*detached, entry, leaving, rows, do, None, 0.125,
+                                      with_h0, lasp2))
+
+
+def test_a_compiled_mlstm_block_has_no_graph_break_and_the_eager_gradients():
+    def block(q, k, v, i, f):
+        out, ht, _, _, _ = MLSTM_FWD(q, k, v, i, f, None, 0.125, True, False, True)
+        return (out.float() ** 2).sum() + ht.sum()
+
+    expect_one_graph_and_the_eager_gradients(block, mlstm_cpu_inputs(dk=64, dv=64, t=5)[:5])
+
+
+@pytest.mark.parametrize("with_h0", [False, True])
+@pytest.mark.parametrize("want_ht", [False, True])
+@pytest.mark.parametrize("lasp2", [False, True])
+def test_the_library_accepts_the_mlstm_calls(library, with_h0, want_ht, lasp2):
+    q, k, v, i, f, state = mlstm_cpu_inputs()
+    h0 = lt._pack_mlstm_state(state) if with_h0 else None
+    (out, ht, rows, start, exit_), forward = lt._mlstm_forward_call(q, k, v, i, f, h0, 0.125,
+                                                                   want_ht, lasp2, True)
+    call_is_accepted(library, forward, _abi.DIRECTION_FORWARD)
+    entry, leaving = (start, exit_) if lasp2 else (h0, ht if want_ht else None)
+    dct = torch.rand(B, H, DK, DV) if want_ht else None
+    for writes_dh0 in (False, True):
+        _, backward = lt._mlstm_backward_call(q, k, v, i, f, entry, leaving, rows, out, dct,
+                                              0.125, with_h0, lasp2, writes_dh0)
+        call_is_accepted(library, backward, _abi.DIRECTION_BACKWARD)
+
+
+def test_the_library_would_catch_an_mlstm_call_without_the_input_gate(library):
+    q, k, v, i, f, _ = mlstm_cpu_inputs()
+    _, forward = lt._mlstm_forward_call(q, k, v, i, f, None, 0.125, False, False, False)
+    forward.tensors.slot[_abi.SLOT_I_GATE] = _abi.Tensor()
+    with pytest.raises(_abi.LaspError, match="LASP_SLOT_I_GATE is empty"):
+        call_is_accepted(library, forward, _abi.DIRECTION_FORWARD)
+
+
+def mlstm_bad_arguments():
+    q, k, v, i, f, state = mlstm_cpu_inputs()
+    return [
+        ("i shape", dict(i=i[:, :-1]), ValueError, r"i must be like f"),
+        ("i bf16", dict(i=i.bfloat16()), ValueError, r"i must be like f"),
+        ("state of two", dict(initial_state=state[:2]), ValueError,
+         r"initial_state must be \(C, n, m\)"),
+        ("state n shape", dict(initial_state=(state[0], state[1][..., :-1], state[2])),
+         ValueError, r"initial_state must be \(C, n, m\)"),
+        ("Dv 96", dict(v=v[..., :96].contiguous(), initial_state=None), ValueError,
+         "Dk = 64 and Dv = 96 must each be 64 or 128"),
+        ("on the CPU", {}, ValueError, "q is on cpu, but lasp-shmem runs on cuda:0"),
+    ]
+
+
+MLSTM_BAD_ARGUMENTS = mlstm_bad_arguments()
+
+
+@pytest.mark.parametrize("name, change, error, message", MLSTM_BAD_ARGUMENTS,
+                         ids=[case[0] for case in MLSTM_BAD_ARGUMENTS])
+def test_mlstm_bad_arguments_are_refused_before_any_call(runtime, name, change, error, message):
+    q, k, v, i, f, state = mlstm_cpu_inputs()
+    args = dict(q=q, k=k, v=v, i=i, f=f, initial_state=state) | change
+    with pytest.raises(error, match=message):
+        lt.mlstm(**args)
+
+
+@pytest.mark.parametrize("with_h0, with_ht", [(False, False), (True, True), (False, True)])
+@pytest.mark.parametrize("lasp2", [False, True])
+def test_mlstm_gradients_flow_through_the_ops(cpu_runtime, one_rank_group, monkeypatch, with_h0,
+                                              with_ht, lasp2):
+    """lt.mlstm's autograd on the CPU stand-ins, on one GPU and with cp_group (one rank, which
+    holds the whole sequences): h, the final state and every input's gradient are the closed
+    form's (the final state's n and m get no gradient, nor do the initial state's)."""
+    if lasp2:
+        monkeypatch.setattr(lt, "_runtime", lt._Runtime(None, one_rank_group, (0,), 0, 1, 0))
+    q, k, v, i, f, state = mlstm_cpu_inputs(t=20)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, i, f, *state)]
+    h0 = tuple(leaves[5:]) if with_h0 else None
+    out, ht = lt.mlstm(*leaves[:5], scale=0.125, initial_state=h0, output_final_state=with_ht,
+                       cp_group=one_rank_group if lasp2 else None)
+    assert (ht is not None) == with_ht
+    want_h, want_final = mlstm_recurrent(q, k, v, i, f, state if with_h0 else None, 0.125)
+    torch.testing.assert_close(out.double(), want_h.bfloat16().double())
+    do, dct = torch.rand(B, 20, H, DV).bfloat16(), torch.rand(B, H, DK, DV)
+    outputs, cotangents = ((out, ht[0]), (do, dct)) if with_ht else ((out,), (do,))
+    used = leaves if with_h0 else leaves[:5]
+    got = torch.autograd.grad(outputs, used, cotangents, allow_unused=True)
+    want = mlstm_gradients(q, k, v, i, f, state if with_h0 else None, do,
+                           dct if with_ht else None, 0.125)
+    for x, y in zip(got[:5], want[:5]):
+        torch.testing.assert_close(x.double(), y.to(x.dtype).double())
+    if with_h0:
+        torch.testing.assert_close(got[5].double(), want[5])
+        assert all(g is None or torch.count_nonzero(g) == 0 for g in got[6:])
+

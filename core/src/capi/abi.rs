@@ -62,11 +62,15 @@ pub enum Slot {
     Dh0 = 16,
     CuSeqlens = 17,
     ChunkStates = 18,
+    IGate = 19,
+    DIGate = 20,
+    SavedRows = 21,
+    ExitState = 22,
 }
 
 impl Slot {
     /// Every slot this build knows, by index (`LASP_SLOT_COUNT` of them).
-    pub const ALL: [Slot; 19] = [
+    pub const ALL: [Slot; 23] = [
         Slot::Q,
         Slot::K,
         Slot::V,
@@ -86,6 +90,10 @@ impl Slot {
         Slot::Dh0,
         Slot::CuSeqlens,
         Slot::ChunkStates,
+        Slot::IGate,
+        Slot::DIGate,
+        Slot::SavedRows,
+        Slot::ExitState,
     ];
 
     /// The header's name, which messages use.
@@ -110,6 +118,10 @@ impl Slot {
             Slot::Dh0 => "LASP_SLOT_DH0",
             Slot::CuSeqlens => "LASP_SLOT_CU_SEQLENS",
             Slot::ChunkStates => "LASP_SLOT_CHUNK_STATES",
+            Slot::IGate => "LASP_SLOT_I_GATE",
+            Slot::DIGate => "LASP_SLOT_DI_GATE",
+            Slot::SavedRows => "LASP_SLOT_SAVED_ROWS",
+            Slot::ExitState => "LASP_SLOT_EXIT_STATE",
         }
     }
 }

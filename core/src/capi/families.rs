@@ -18,6 +18,7 @@ use crate::error::Result;
 use crate::exchange::ExchangeMode;
 use crate::ops::gated_delta::GatedDelta;
 use crate::ops::gla::Gla;
+use crate::ops::mlstm::Mlstm;
 use crate::ops::scalar_decay::ScalarDecay;
 use crate::runtime::Runtime;
 use cudarc::driver::CudaStream;
@@ -29,7 +30,7 @@ pub(super) fn family(code: i32) -> Result<&'static dyn AbiFamily> {
         LASP_FAMILY_SCALAR_DECAY => Ok(&ScalarDecay),
         LASP_FAMILY_GLA => Ok(&Gla),
         LASP_FAMILY_GATED_DELTA => Ok(&GatedDelta),
-        LASP_FAMILY_MLSTM => Err(not_in_this_build("LASP_FAMILY_MLSTM", code)),
+        LASP_FAMILY_MLSTM => Ok(&Mlstm),
         0 => Err(invalid(
             "desc.family is 0; set it to a LASP_FAMILY_* value (LASP_FAMILY_SCALAR_DECAY)".into(),
         )),
@@ -40,14 +41,6 @@ pub(super) fn family(code: i32) -> Result<&'static dyn AbiFamily> {
             this_library()
         ))),
     }
-}
-
-fn not_in_this_build(name: &str, code: i32) -> crate::Error {
-    invalid(format!(
-        "family {name} ({code}) is not available in this build ({}); this build has \
-         LASP_FAMILY_SCALAR_DECAY, LASP_FAMILY_GLA and LASP_FAMILY_GATED_DELTA",
-        this_library()
-    ))
 }
 
 /// Which call of an operation.

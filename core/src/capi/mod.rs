@@ -28,6 +28,7 @@ mod families;
 mod gated_delta;
 mod gla;
 mod handles;
+mod mlstm;
 mod op;
 mod pairs;
 mod runtime;

@@ -30,6 +30,11 @@ pub(super) enum Layout {
     /// `[B*H, ceil(T / 64), Dk, Dv]`: the state entering every chunk of 64 tokens, which GLA's
     /// forward saves for its backward.
     ChunkStates,
+    /// An mLSTM state, `C [B, H, Dk, Dv]`, `n [B, H, Dk]` and `m [B, H]` back to back.
+    MlstmState,
+    /// `[2, B, T, H]`: the stabiliser and the denominator of every token, which the mLSTM
+    /// forward saves for its backward.
+    SavedRows,
 }
 
 impl Layout {
@@ -41,6 +46,8 @@ impl Layout {
             Layout::KeyGates => "[B, T, H, Dk]",
             Layout::State => "[B, H, Dk, Dv]",
             Layout::ChunkStates => CHUNK_STATES_LAYOUT,
+            Layout::MlstmState => "[B, H, Dk, Dv] + [B, H, Dk] + [B, H]",
+            Layout::SavedRows => "[2, B, T, H]",
         }
     }
 
@@ -52,6 +59,8 @@ impl Layout {
             Layout::Gates => s.gate_len(),
             Layout::State => s.state_len(),
             Layout::ChunkStates => chunk_states_len(s),
+            Layout::MlstmState => s.state_len() + s.b * s.h * (s.dk + 1),
+            Layout::SavedRows => 2 * s.gate_len(),
         }
     }
 }

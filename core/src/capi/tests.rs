@@ -173,9 +173,10 @@ fn descriptors_are_checked_field_by_field() {
         (
             OpDesc {
                 family: LASP_FAMILY_MLSTM,
+                dv: 256,
                 ..lasp2_desc()
             },
-            "family LASP_FAMILY_MLSTM (4) is not available in this build",
+            "mLSTM forward: Dv = 256 is not supported",
         ),
         (
             OpDesc {
@@ -449,11 +450,11 @@ fn slots_are_checked_against_what_the_family_reads() {
         assert!(msg.contains(fragment), "{fragment:?} not in {msg:?}");
     }
     let mut beyond = forward_tensors(10);
-    beyond.slot[20] = tensor(Dtype::F32, 1);
+    beyond.slot[25] = tensor(Dtype::F32, 1);
     let msg = forward(beyond);
     assert!(
-        msg.contains("tensors.slot[20] is filled but lasp-shmem")
-            && msg.contains("knows slots 0 to 18 (LASP_SLOT_COUNT = 19)"),
+        msg.contains("tensors.slot[25] is filled but lasp-shmem")
+            && msg.contains("knows slots 0 to 22 (LASP_SLOT_COUNT = 23)"),
         "{msg}"
     );
     let reserved = Tensors {
@@ -578,6 +579,66 @@ fn gated_delta_calls_take_beta_and_give_dbeta() {
     assert!(OpSpec::of(&OpDesc { dv: 192, ..desc }).is_ok());
     let msg = desc_error(OpDesc { dk: 96, ..desc });
     assert!(msg.contains("Dk = 96"), "{msg}");
+}
+
+#[test]
+fn mlstm_calls_take_two_gates_and_whole_states() {
+    let desc = OpDesc {
+        family: LASP_FAMILY_MLSTM,
+        ..lasp2_desc()
+    };
+    let spec = OpSpec::of(&desc).unwrap();
+    let (qk, gates) = (2 * 10 * 3 * 64, 2 * 10 * 3);
+    // A state is C, n and m back to back: B*H*(Dk*Dv + Dk + 1).
+    let state = 2 * 3 * (64 * 64 + 64 + 1);
+    let mut tensors = forward_tensors(10);
+    tensors.slot[Slot::StartState as usize] = Tensor::default();
+    // Scalar decay's forward lacks the input gate.
+    let msg = plan_error(desc, Direction::Forward, call(10), tensors);
+    assert!(msg.contains("LASP_SLOT_I_GATE is empty"), "{msg}");
+    tensors.slot[Slot::IGate as usize] = tensor(Dtype::F32, gates);
+    assert!(plan_call(&spec, Direction::Forward, &call(10), &tensors).is_ok());
+    // The boundary states are whole mLSTM states, not [B, H, Dk, Dv].
+    tensors.slot[Slot::StartState as usize] = tensor(Dtype::F32, 2 * 3 * 64 * 64);
+    let msg = plan_error(desc, Direction::Forward, call(10), tensors);
+    assert!(
+        msg.contains("[B, H, Dk, Dv] + [B, H, Dk] + [B, H]"),
+        "{msg}"
+    );
+    for slot in [Slot::StartState, Slot::ExitState] {
+        tensors.slot[slot as usize] = tensor(Dtype::F32, state);
+    }
+    tensors.slot[Slot::SavedRows as usize] = tensor(Dtype::F32, 2 * gates);
+    assert!(plan_call(&spec, Direction::Forward, &call(10), &tensors).is_ok());
+    // The backward reads the boundary and the saved rows and writes both gates' gradients.
+    let mut backward = tensors;
+    backward.slot[Slot::O as usize] = Tensor::default();
+    for (slot, dtype, numel) in [
+        (Slot::DO, Dtype::Bf16, qk),
+        (Slot::Dq, Dtype::Bf16, qk),
+        (Slot::Dk, Dtype::Bf16, qk),
+        (Slot::Dv, Dtype::Bf16, qk),
+        (Slot::Dg, Dtype::F32, gates),
+    ] {
+        backward.slot[slot as usize] = tensor(dtype, numel);
+    }
+    let msg = plan_error(desc, Direction::Backward, call(10), backward);
+    assert!(msg.contains("LASP_SLOT_DI_GATE is empty"), "{msg}");
+    backward.slot[Slot::DIGate as usize] = tensor(Dtype::F32, gates);
+    assert!(plan_call(&spec, Direction::Backward, &call(10), &backward).is_ok());
+    backward.slot[Slot::SavedRows as usize] = Tensor::default();
+    let msg = plan_error(desc, Direction::Backward, call(10), backward);
+    assert!(msg.contains("LASP_SLOT_SAVED_ROWS is empty"), "{msg}");
+    // One GPU: H0 and HT instead of the boundary.
+    let one_gpu = OpDesc {
+        kind: LASP_KIND_SINGLE_GPU,
+        ..desc
+    };
+    let msg = plan_error(one_gpu, Direction::Forward, call(10), tensors);
+    assert!(msg.contains("LASP_SLOT_START_STATE is filled"), "{msg}");
+    // Dk and Dv 64 or 128.
+    let msg = desc_error(OpDesc { dv: 192, ..desc });
+    assert!(msg.contains("Dv = 192 is not supported"), "{msg}");
 }
 
 #[test]
@@ -824,13 +885,14 @@ fn entry_points_answer_with_a_status_and_a_message() {
         // The descriptor is checked before the runtime.
         let mlstm = OpDesc {
             family: LASP_FAMILY_MLSTM,
+            dv: 256,
             ..desc
         };
         assert_eq!(
             lasp_op_create(std::ptr::null(), &mlstm, &mut op),
             LASP_ERROR_INVALID_ARGUMENT
         );
-        assert!(last_error().contains("LASP_FAMILY_MLSTM (4) is not available"));
+        assert!(last_error().contains("Dv = 256 is not supported"));
         assert!(op.is_null());
 
         let status = lasp_op_forward(std::ptr::null(), std::ptr::null_mut(), &good, &tensors);

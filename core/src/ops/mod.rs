@@ -120,6 +120,24 @@ impl<'a, T> DeviceRef<'a, T> {
         self.home
     }
 
+    /// The first `mid` elements and the rest, as two views of the same buffer.
+    ///
+    /// # Panics
+    /// If `mid > self.len()`.
+    pub fn split_at(self, mid: usize) -> (Self, Self) {
+        assert!(
+            mid <= self.len,
+            "split_at({mid}) of a view of {} elements",
+            self.len
+        );
+        let rest = DeviceRef {
+            addr: self.addr + (mid * std::mem::size_of::<T>()) as u64,
+            len: self.len - mid,
+            ..self
+        };
+        (DeviceRef { len: mid, ..self }, rest)
+    }
+
     view_accessors!();
 }
 
@@ -169,6 +187,35 @@ impl<'a, T> DeviceMut<'a, T> {
     /// The stream of the buffer the view was made from (none for a raw view).
     pub(crate) fn home(&self) -> Option<&'a Arc<CudaStream>> {
         self.home
+    }
+
+    /// A view that reads what this one writes, for as long as it borrows this one.
+    pub fn reader(&self) -> DeviceRef<'_, T> {
+        DeviceRef {
+            addr: self.addr,
+            len: self.len,
+            home: self.home,
+            _borrow: PhantomData,
+        }
+    }
+
+    /// The first `mid` elements and the rest, as two disjoint views that write the same buffer.
+    ///
+    /// # Panics
+    /// If `mid > self.len()`.
+    pub fn split_at(self, mid: usize) -> (Self, Self) {
+        assert!(
+            mid <= self.len,
+            "split_at({mid}) of a view of {} elements",
+            self.len
+        );
+        let rest = DeviceMut {
+            addr: self.addr + (mid * std::mem::size_of::<T>()) as u64,
+            len: self.len - mid,
+            home: self.home,
+            _borrow: PhantomData,
+        };
+        (DeviceMut { len: mid, ..self }, rest)
     }
 
     view_accessors!();

@@ -66,15 +66,9 @@ impl<'a> MlstmBoundaryMut<'a> {
     }
 
     /// Checks lengths and alignment against `args`' shape, and that the boundary overlaps none of
-    /// `args`' tensors nor itself; `args.final_state` must be `None` (the exit takes its place).
+    /// `args`' tensors nor itself.
     pub(super) fn check(&self, args: &MlstmArgs<'_>) -> Result<()> {
         const LASP2_OP: &str = "mLSTM LASP-2 forward";
-        if args.final_state.is_some() {
-            return Err(Error::InvalidArgument(format!(
-                "{LASP2_OP}: pass final_state = None with a boundary: its exit is the state \
-                 leaving the shard, the sequence's final state on the last PE"
-            )));
-        }
         let s = &args.shape;
         let checks = TensorChecks::new(LASP2_OP, s);
         let layouts = [
@@ -83,6 +77,13 @@ impl<'a> MlstmBoundaryMut<'a> {
             ("[B, H]", s.b * s.h),
         ];
         let mut outputs = vec![("h", args.h.byte_range())];
+        if let Some(st) = &args.final_state {
+            outputs.extend([
+                ("c_t", st.c.byte_range()),
+                ("n_t", st.n.byte_range()),
+                ("m_t", st.m.byte_range()),
+            ]);
+        }
         if let Some(saved) = &args.saved {
             outputs.extend([
                 ("saved.m", saved.m.byte_range()),

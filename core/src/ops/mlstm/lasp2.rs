@@ -13,7 +13,7 @@
 //! advances the exchange's epoch).
 
 use super::forward::{call_params, ChunkForm, ChunkKernels, MlstmArgs};
-use super::{Mlstm, MlstmBoundaryMut, MlstmPlan};
+use super::{Mlstm, MlstmBoundaryMut, MlstmPlan, MlstmStateMut};
 use crate::error::Result;
 use crate::exchange::chain::StateChain;
 use crate::exchange::{Direction, ExchangeMode, Lasp2Layout};
@@ -86,9 +86,9 @@ impl MlstmLasp2Forward {
     }
 
     /// [`MlstmLasp2Forward::forward`], also writing the shard's `boundary`: the state entering
-    /// it and the state leaving it, what [`super::MlstmLasp2Backward`] takes on every PE. On the
-    /// last PE the state leaving the shard is the sequence's final state: pass `final_state`
-    /// `None` there with a boundary.
+    /// it and the state leaving it, what [`super::MlstmLasp2Backward`] takes on every PE (on the
+    /// last PE the state leaving the shard is the sequence's final state; `final_state` there,
+    /// if given, receives a copy).
     pub fn forward_saving(
         &mut self,
         stream: &Arc<CudaStream>,
@@ -159,6 +159,7 @@ impl MlstmLasp2Forward {
             // fold reads the user's initial state through `fwd`.
             unsafe { self.kernels.launch_single_gpu(stream, &plan, &params.fwd)? };
             self.chain.end_call(stream, &params)?;
+            copy_final_state(stream, boundary.as_ref(), args.final_state.as_ref())?;
             return Ok(plan);
         }
         // The state entering the shard: the fold writes it where the caller keeps it, if asked.
@@ -203,6 +204,23 @@ impl MlstmLasp2Forward {
             self.kernels.launch_output(stream, &plan, &params.fwd)?;
         }
         self.chain.end_call(stream, &params)?;
+        copy_final_state(stream, boundary.as_ref(), args.final_state.as_ref())?;
         Ok(plan)
     }
+}
+
+/// With a boundary the kernels write the state leaving the shard there; the last PE's
+/// `final_state`, where also given, gets a copy.
+fn copy_final_state(
+    stream: &CudaStream,
+    boundary: Option<&MlstmBoundaryMut<'_>>,
+    final_state: Option<&MlstmStateMut<'_>>,
+) -> Result<()> {
+    if let (Some(b), Some(f)) = (boundary, final_state) {
+        let exit = &b.exit;
+        crate::ops::copy_or_zero(stream, Some(exit.c.reader()), &f.c)?;
+        crate::ops::copy_or_zero(stream, Some(exit.n.reader()), &f.n)?;
+        crate::ops::copy_or_zero(stream, Some(exit.m.reader()), &f.m)?;
+    }
+    Ok(())
 }
