@@ -38,29 +38,38 @@ __device__ __forceinline__ void lasp2_summary_tile(const lasp_gated_delta_lasp2_
       tile.template apply<Source::kWorkspace>(a_of(s), summary_b_tile<DK>(f, bh, s, vt), f.Dv);
   }
   tile.store(own, 64);
+  // Under the pipelined chain a PE that relays folds its map into the prefix: that needs every
+  // column block of A_me, so it composes all of them into this CTA's scratch before it waits, and
+  // the own tile's blocks are copied from there (the same bits), leaving only the fold after the
+  // wait. Elsewhere the own tile's blocks are composed straight into the slot.
+  const int position = exchange::chain_position(p);
+  const bool relays = exchange::relays_prefix(p);
+  const bool from_h0 = relays && position == 0 && p.chain == LASP2_CHAIN_ASCENDING && f.h0;
+  const bool folds_prefix = relays && position > 0 && position < p.npes - 1;  // relayed_prefix's
+  float* const relay_a =
+      from_h0 || folds_prefix ? p.ws_relay_a + ((int64_t)bh * (p.Dv / 64) + vt) * DK * DK : nullptr;
   // A thread stores and loads only its own elements of the tile: no barrier between them.
-  int blocks = 1;
-  for (int jb = vt; jb < DK / 64; jb += p.Dv / 64, ++blocks) {
+  auto compose_block = [&](int jb, float* dst) {
     tile.load(summary_a_block<DK>(f, bh, 0, jb), 64);
     for (int s = 1; s < f.num_summaries; ++s) tile.template apply<Source::kWorkspace>(a_of(s), nullptr, 0);
-    tile.store(own + blocks * DK * 64, 64);
+    tile.store(dst, 64);
+  };
+  int blocks = 1;
+  if (relay_a) {
+    for (int jb = 0; jb < DK / 64; ++jb) compose_block(jb, relay_a + jb * DK * 64);
+    for (int jb = vt; jb < DK / 64; jb += p.Dv / 64, ++blocks) {
+      tile.template load<Source::kLanded>(relay_a + jb * DK * 64, 64);  // written in this kernel
+      tile.store(own + blocks * DK * 64, 64);
+    }
+    __syncthreads();  // the scratch is complete before any thread folds with it
+  } else {
+    for (int jb = vt; jb < DK / 64; jb += p.Dv / 64, ++blocks) compose_block(jb, own + blocks * DK * 64);
   }
-  // The pipelined chain: the map folded into the relayed prefix (waited for only now, so that a hop
-  // costs one fold and one put), or at the forward's first position into h0.
+  // The map folded into the relayed prefix (waited for only now, so that a hop costs one fold and
+  // one put), or at the forward's first position into h0.
   bool arrived = true;
   const float* const prefix = Schedule::relayed_prefix(p, bh, vt, lasp_gdn_lasp2_tile_floats(DK, p.Dv), arrived);
-  const bool from_h0 = exchange::relays_prefix(p) && exchange::chain_position(p) == 0 &&
-                       p.chain == LASP2_CHAIN_ASCENDING && f.h0;
   if (prefix || from_h0) {
-    // Every column block of A_me, composed as the own tile's were (the same bits), into this
-    // CTA's copy; read back through L2 by the threads that did not write them.
-    float* const relay_a = p.ws_relay_a + ((int64_t)bh * (p.Dv / 64) + vt) * DK * DK;
-    for (int jb = 0; jb < DK / 64; ++jb) {
-      tile.load(summary_a_block<DK>(f, bh, 0, jb), 64);
-      for (int s = 1; s < f.num_summaries; ++s) tile.template apply<Source::kWorkspace>(a_of(s), nullptr, 0);
-      tile.store(relay_a + jb * DK * 64, 64);
-    }
-    __syncthreads();
     if (prefix)
       tile.template load<Source::kLanded>(prefix, 64);
     else

@@ -1,8 +1,10 @@
 // The mLSTM's LASP-2 forward with a device-initiated exchange of the shards' stabilised summaries,
-// for sm_90a. The chunk passes are the single-GPU forward's (mlstm/forward.cu); this file adds the
-// shard's summary (its pieces folded into the exchanged tile) and the fold of the earlier PEs'
-// summaries into the shard's start state, both on lasp/mlstm/fold.cuh; the protocol around them
-// (epochs, credits, puts, bounded waits) is the generic exchange's (lasp/exchange/chain.cuh).
+// for sm_90a; the backward's dv pass exchanges its states through the same kernels on a
+// descending chain (lasp/mlstm/backward_params.h, "LASP-2"). The chunk passes are the single-GPU
+// forward's (mlstm/forward.cu); this file adds the shard's summary (its pieces folded into the
+// exchanged tile) and the fold of the earlier PEs' summaries into the shard's start state, both on
+// lasp/mlstm/fold.cuh; the protocol around them (epochs, credits, puts, bounded waits) is the
+// generic exchange's (lasp/exchange/chain.cuh).
 // Kernels and call order: lasp/mlstm/lasp2_params.h.
 #include "lasp/exchange/chain.cuh"
 #include "lasp/mlstm/fold.cuh"

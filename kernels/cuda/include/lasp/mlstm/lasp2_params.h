@@ -1,4 +1,5 @@
-// Parameters of the mLSTM's LASP-2 forward (mlstm/lasp2_forward.cu) and its summary tile. C: bindgen
+// Parameters of the mLSTM's LASP-2 forward (mlstm/lasp2_forward.cu), whose summary and fold also
+// carry the backward's dv pass down the ranks, and its summary tile. C: bindgen
 // generates the host's struct from this file (kernels/build.rs). The exchange's fields and buffers
 // are the generic ones of lasp/exchange/chain_params.h; protocol: kernels/docs/lasp2.md.
 //
