@@ -5,6 +5,7 @@
 
 pub mod grad_bits;
 pub mod graph_replay;
+pub mod mode_bits;
 pub mod units;
 
 use cudarc::driver::sys::CUevent_flags;

@@ -492,4 +492,25 @@ mod tests {
         let m = unsafe { DeviceMut::<bf16>::from_raw(512, 10) };
         assert_eq!(m.byte_range(), (512, 532));
     }
+
+    #[test]
+    fn a_view_splits_into_two_that_cover_it() {
+        // SAFETY: views of fake addresses are only measured, never launched.
+        let v = unsafe { DeviceRef::<f32>::from_raw(256, 10) };
+        let (head, tail) = v.split_at(4);
+        assert_eq!(
+            (head.byte_range(), tail.byte_range()),
+            ((256, 272), (272, 296))
+        );
+        // SAFETY: as above.
+        let m = unsafe { DeviceMut::<bf16>::from_raw(512, 10) };
+        assert_eq!(m.reader().byte_range(), (512, 532));
+        let (head, tail) = m.split_at(10);
+        assert_eq!((head.len(), tail.len(), tail.addr()), (10, 0, 532));
+        let result = std::panic::catch_unwind(|| {
+            // SAFETY: as above.
+            unsafe { DeviceRef::<f32>::from_raw(0, 3) }.split_at(4)
+        });
+        assert!(result.is_err(), "a split past the end panics");
+    }
 }

@@ -48,6 +48,7 @@ use lasp_shmem::reference::{
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::grad_bits::{GradBits, GradBuffers};
 use lasp_shmem_examples::graph_replay::{replay, Outputs};
+use lasp_shmem_examples::mode_bits::bits_in_every_mode;
 use lasp_shmem_examples::{
     bf16_bits, bf16s, config_with_heap, f32_bits, f32s, main_under_launcher, mode_of, mode_times,
     parse_shape, planner_choice, round, run_cases, shard_cases, shard_rows, time_in_turns,
@@ -329,21 +330,8 @@ fn check_case(
     };
     let layout = shape.layout();
     let mut op = GatedDeltaLasp2Forward::new(rt, layout, ExchangeMode::Overlapped)?;
-    let first = shard.call(&mut op, &stream)?;
-    let mut problems = Vec::new();
-    if shard.call(&mut op, &stream)? != first {
-        problems.push("a repeated call gave other bits".to_string());
-    }
-    for mode in [
-        ExchangeMode::SequentialNccl,
-        ExchangeMode::SequentialNvshmem,
-        ExchangeMode::PipelinedChain,
-    ] {
-        op.set_mode(mode)?;
-        if shard.call(&mut op, &stream)? != first {
-            problems.push(format!("{mode:?} differs from Overlapped"));
-        }
-    }
+    let (first, mut problems) =
+        bits_in_every_mode(&mut op, "forward", |op| shard.call(op, &stream))?;
     let replayed = replay(
         rt,
         &mut op,
@@ -419,21 +407,9 @@ fn check_backward(
     let d_o = bf16s(&shard_rows(&cot.d_o, start, len));
     let mut grads = ShardGrads::new(&stream, shape, &d_o, dht.as_deref(), me == 0)?;
     let mut op = GatedDeltaLasp2Backward::new(rt, shape.layout(), ExchangeMode::Overlapped)?;
-    let first = shard.backward_bits(&mut grads, &mut op, &stream)?;
-    let mut problems = Vec::new();
-    if shard.backward_bits(&mut grads, &mut op, &stream)? != first {
-        problems.push("a repeated backward gave other bits".to_string());
-    }
-    for mode in [
-        ExchangeMode::SequentialNccl,
-        ExchangeMode::SequentialNvshmem,
-        ExchangeMode::PipelinedChain,
-    ] {
-        op.set_mode(mode)?;
-        if shard.backward_bits(&mut grads, &mut op, &stream)? != first {
-            problems.push(format!("backward: {mode:?} differs from Overlapped"));
-        }
-    }
+    let (first, mut problems) = bits_in_every_mode(&mut op, "backward", |op| {
+        shard.backward_bits(&mut grads, op, &stream)
+    })?;
     let replayed = replay(
         rt,
         &mut op,

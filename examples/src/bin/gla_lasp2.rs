@@ -38,6 +38,7 @@ use lasp_shmem::reference::{
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::grad_bits::{GradBits, GradBuffers};
+use lasp_shmem_examples::mode_bits::bits_in_every_mode;
 use lasp_shmem_examples::{
     bf16_bits, bf16s, f32_bits, f32s, lasp2_config, main_under_launcher, mode_of, mode_times,
     parse_shape, planner_choice, round, run_cases, shard_cases, shard_rows, time_in_turns,
@@ -238,23 +239,8 @@ fn check_case(
         dv: case.dv,
     };
     let mut op = GlaLasp2Forward::new(rt, layout, ExchangeMode::Overlapped)?;
-    let (o, ht) = shard.call(&mut op, &stream)?;
-    let mut problems = Vec::new();
-    let (o2, ht2) = shard.call(&mut op, &stream)?;
-    if o != o2 || ht != ht2 {
-        problems.push("a repeated call gave other bits".to_string());
-    }
-    for mode in [
-        ExchangeMode::SequentialNccl,
-        ExchangeMode::SequentialNvshmem,
-        ExchangeMode::PipelinedChain,
-    ] {
-        op.set_mode(mode)?;
-        let (om, htm) = shard.call(&mut op, &stream)?;
-        if om != o || htm != ht {
-            problems.push(format!("{mode:?} differs from Overlapped"));
-        }
-    }
+    let ((o, ht), mut problems) =
+        bits_in_every_mode(&mut op, "forward", |op| shard.call(op, &stream))?;
     op.free()?;
     // The backward, from the chunk states the last forward call saved (every mode's are equal).
     let grad_check = check_backward(rt, case, seed, &inputs, &mut shard, start, len)?;
@@ -324,21 +310,9 @@ fn check_backward(
         dv: case.dv,
     };
     let mut op = GlaLasp2Backward::new(rt, layout, ExchangeMode::Overlapped)?;
-    let first = shard.backward(&mut grads, &mut op, &stream)?;
-    let mut problems = Vec::new();
-    if shard.backward(&mut grads, &mut op, &stream)? != first {
-        problems.push("a repeated backward gave other bits".to_string());
-    }
-    for mode in [
-        ExchangeMode::SequentialNccl,
-        ExchangeMode::SequentialNvshmem,
-        ExchangeMode::PipelinedChain,
-    ] {
-        op.set_mode(mode)?;
-        if shard.backward(&mut grads, &mut op, &stream)? != first {
-            problems.push(format!("backward: {mode:?} differs from Overlapped"));
-        }
-    }
+    let (first, mut problems) = bits_in_every_mode(&mut op, "backward", |op| {
+        shard.backward(&mut grads, op, &stream)
+    })?;
     op.free()?;
     let values16 =
         |x: &[u16]| -> Vec<f64> { x.iter().map(|&b| bf16::from_bits(b).to_f64()).collect() };

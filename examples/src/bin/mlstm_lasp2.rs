@@ -47,6 +47,7 @@ use lasp_shmem::reference::mlstm::{
 use lasp_shmem::reference::{assert_close_to_scale, rel_err, Cotangents, Shape, Tensor};
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::graph_replay::{replay, Outputs};
+use lasp_shmem_examples::mode_bits::bits_in_every_mode;
 use lasp_shmem_examples::{
     bf16_bits, bf16s, f32_bits, f32s, lasp2_config, main_under_launcher, mode_of, mode_times,
     parse_shape, planner_choice, round, run_cases, shard_rows, time_in_turns, time_modes_and_plan,
@@ -221,6 +222,34 @@ impl Shard {
             ]),
             None => None,
         };
+        let bf16_rows = |x: &Tensor| stream.clone_htod(&bf16s(&rows(x)));
+        let f32_rows = |x: &Tensor| stream.clone_htod(&f32s(&rows(x)));
+        let qkv = [
+            bf16_rows(&inputs.q)?,
+            bf16_rows(&inputs.k)?,
+            bf16_rows(&inputs.v)?,
+        ];
+        let gates = [
+            f32_rows(&inputs.input_gate)?,
+            f32_rows(&inputs.forget_gate)?,
+        ];
+        let shard = Shard::assemble(stream, shape, qkv, gates, state0)?;
+        Ok(Shard {
+            scale: Some(inputs.scale as f32),
+            eps: Some(inputs.eps as f32),
+            ..shard
+        })
+    }
+
+    /// A shard of these inputs (q, k, v; the input and forget gates; the initial state), with
+    /// zeroed outputs, saved rows and boundary states, the default scale and eps.
+    fn assemble(
+        stream: &Arc<CudaStream>,
+        shape: ForwardShape,
+        [q, k, v]: [CudaSlice<bf16>; 3],
+        [i_gate, f_gate]: [CudaSlice<f32>; 2],
+        state0: Option<[CudaSlice<f32>; 3]>,
+    ) -> Result<Self> {
         let per_token = shape.b * shape.t * shape.h;
         let state = || -> Result<[CudaSlice<f32>; 3]> {
             Ok([
@@ -231,11 +260,11 @@ impl Shard {
         };
         Ok(Shard {
             shape,
-            q: stream.clone_htod(&bf16s(&rows(&inputs.q)))?,
-            k: stream.clone_htod(&bf16s(&rows(&inputs.k)))?,
-            v: stream.clone_htod(&bf16s(&rows(&inputs.v)))?,
-            i_gate: stream.clone_htod(&f32s(&rows(&inputs.input_gate)))?,
-            f_gate: stream.clone_htod(&f32s(&rows(&inputs.forget_gate)))?,
+            q,
+            k,
+            v,
+            i_gate,
+            f_gate,
             state0,
             h: stream.alloc_zeros(shape.v_len())?,
             saved: [
@@ -244,8 +273,8 @@ impl Shard {
             ],
             entry: state()?,
             exit: state()?,
-            scale: Some(inputs.scale as f32),
-            eps: Some(inputs.eps as f32),
+            scale: None,
+            eps: None,
         })
     }
 
@@ -483,21 +512,8 @@ fn check_case(
     let mut op = MlstmLasp2Forward::new(rt, shape.layout(), ExchangeMode::Overlapped)?;
     op.set_num_segments(case.segments);
     op.set_states_splits(case.splits);
-    let first = shard.call(&mut op, &stream)?;
-    let mut problems = Vec::new();
-    if shard.call(&mut op, &stream)? != first {
-        problems.push("a repeated call gave other bits".to_string());
-    }
-    for mode in [
-        ExchangeMode::SequentialNccl,
-        ExchangeMode::SequentialNvshmem,
-        ExchangeMode::PipelinedChain,
-    ] {
-        op.set_mode(mode)?;
-        if shard.call(&mut op, &stream)? != first {
-            problems.push(format!("{mode:?} differs from Overlapped"));
-        }
-    }
+    let (first, mut problems) =
+        bits_in_every_mode(&mut op, "forward", |op| shard.call(op, &stream))?;
     let replayed = replay(
         rt,
         &mut op,
@@ -588,21 +604,9 @@ fn check_backward(
     let mut grads = ShardGrads::new(&stream, shape, &d_h, d_c_t.as_deref(), me == 0)?;
     let mut op = MlstmLasp2Backward::new(rt, shape.layout(), ExchangeMode::Overlapped)?;
     op.set_num_segments(case.segments);
-    let first = shard.backward_bits(&mut grads, &mut op, &stream)?;
-    let mut problems = Vec::new();
-    if shard.backward_bits(&mut grads, &mut op, &stream)? != first {
-        problems.push("a repeated backward gave other bits".to_string());
-    }
-    for mode in [
-        ExchangeMode::SequentialNccl,
-        ExchangeMode::SequentialNvshmem,
-        ExchangeMode::PipelinedChain,
-    ] {
-        op.set_mode(mode)?;
-        if shard.backward_bits(&mut grads, &mut op, &stream)? != first {
-            problems.push(format!("backward: {mode:?} differs from Overlapped"));
-        }
-    }
+    let (first, mut problems) = bits_in_every_mode(&mut op, "backward", |op| {
+        shard.backward_bits(&mut grads, op, &stream)
+    })?;
     let replayed = replay(
         rt,
         &mut op,
@@ -764,28 +768,7 @@ impl Shard {
             Ok(stream.clone_htod(&x)?)
         };
         let (i_gate, f_gate) = (gate(0.0)?, gate(3.0)?);
-        let state = || -> Result<[CudaSlice<f32>; 3]> {
-            Ok([
-                stream.alloc_zeros(shape.state_len())?,
-                stream.alloc_zeros(shape.b * shape.h * shape.dk)?,
-                stream.alloc_zeros(shape.b * shape.h)?,
-            ])
-        };
-        Ok(Shard {
-            shape,
-            q,
-            k,
-            v,
-            i_gate,
-            f_gate,
-            state0: None,
-            h: stream.alloc_zeros(shape.v_len())?,
-            saved: [stream.alloc_zeros(tokens)?, stream.alloc_zeros(tokens)?],
-            entry: state()?,
-            exit: state()?,
-            scale: None,
-            eps: None,
-        })
+        Shard::assemble(stream, shape, [q, k, v], [i_gate, f_gate], None)
     }
 }
 

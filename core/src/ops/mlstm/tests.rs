@@ -216,11 +216,52 @@ fn arguments_are_checked_against_the_shape_before_any_launch() {
 }
 
 #[test]
+fn a_lasp2_boundary_is_checked_against_the_call() {
+    let s = shape(1, 64, 2, 64, 64);
+    let (n, per_token) = (s.qk_len(), 128);
+    let base = 1u64 << 32;
+    let args = MlstmArgs {
+        shape: s,
+        q: view(base, n),
+        k: view(base + 0x10_0000, n),
+        v: view(base + 0x20_0000, n),
+        i_gate: floats(base + 0x30_0000, per_token),
+        f_gate: floats(base + 0x38_0000, per_token),
+        initial_state: None,
+        h: out(base + 0x40_0000, n),
+        saved: None,
+        final_state: None,
+        scale: None,
+        eps: None,
+    };
+    let state = |at: u64, c_len: usize| MlstmStateMut {
+        c: out_f32(at, c_len),
+        n: out_f32(at + 0x8_0000, 2 * 64),
+        m: out_f32(at + 0x8_1000, 2),
+    };
+    let boundary = |entry_at: u64, exit_c_len: usize| MlstmBoundaryMut {
+        entry: state(entry_at, 2 * 64 * 64),
+        exit: state(base + 0x60_0000, exit_c_len),
+    };
+    assert!(boundary(base + 0x50_0000, 2 * 64 * 64).check(&args).is_ok());
+    let err = |b: MlstmBoundaryMut<'_>| b.check(&args).unwrap_err().to_string();
+    let msg = err(boundary(base + 0x50_0000, 64));
+    assert!(msg.contains("exit.c has 64 elements"), "{msg}");
+    let msg = err(boundary(base + 0x40_0000, 2 * 64 * 64));
+    assert!(msg.contains("h and entry.c overlap"), "{msg}");
+    let msg = err(boundary(base + 0x60_0000, 2 * 64 * 64));
+    assert!(msg.contains("entry.c and exit.c overlap"), "{msg}");
+    let msg = err(boundary(base + 0x20_0000, 2 * 64 * 64));
+    assert!(msg.contains("output entry.c overlaps input v"), "{msg}");
+}
+
+#[test]
 fn an_exchanged_tile_holds_c_n_m_and_f_and_bad_layouts_are_refused() {
     use crate::exchange::Lasp2Layout;
     use crate::family::Family;
     let layout = |dk, dv| Lasp2Layout { b: 2, h: 4, dk, dv };
-    // C's [Dk][64] block, n's Dk floats, m, F and two of padding: whole 16-byte vectors.
+    // C's [Dk][64] block, n's Dk floats, m, F, the backward's decay dot and one of padding:
+    // whole 16-byte vectors.
     for dk in [64, 128] {
         let floats = Mlstm::summary_tile_floats(&layout(dk, 128));
         assert_eq!(floats, (dk * 64 + dk + 4) as u64);

@@ -1,0 +1,34 @@
+//! The bitwise checks of the LASP-2 programs: a call repeated, and the same call in every other
+//! exchange mode, must leave the bits of the first.
+
+use lasp_shmem::exchange::{ExchangeMode, Lasp2Operation};
+use lasp_shmem::Result;
+
+/// The modes a check compares with the overlapped one.
+const OTHER_MODES: [ExchangeMode; 3] = [
+    ExchangeMode::SequentialNccl,
+    ExchangeMode::SequentialNvshmem,
+    ExchangeMode::PipelinedChain,
+];
+
+/// `call` (one call of `op`, made in the overlapped mode, on poisoned outputs: their bits), then
+/// again, then once in each other mode (collective switches): the first call's bits and what
+/// differed from them, each problem naming `what` (the direction).
+pub fn bits_in_every_mode<O: Lasp2Operation, B: PartialEq>(
+    op: &mut O,
+    what: &str,
+    mut call: impl FnMut(&mut O) -> Result<B>,
+) -> Result<(B, Vec<String>)> {
+    let first = call(op)?;
+    let mut problems = Vec::new();
+    if call(op)? != first {
+        problems.push(format!("{what}: a repeated call gave other bits"));
+    }
+    for mode in OTHER_MODES {
+        op.set_mode(mode)?;
+        if call(op)? != first {
+            problems.push(format!("{what}: {mode:?} differs from Overlapped"));
+        }
+    }
+    Ok((first, problems))
+}
