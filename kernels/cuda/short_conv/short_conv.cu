@@ -322,19 +322,40 @@ __device__ void stage_tail(const lasp_short_conv_params& p, int parity, int b, i
   }
 }
 
+// What one CTA of either direction works on: sequence b, tokens [t0, t1) of token group `group`,
+// channels [c_first, + threads x L) of which this thread's start at c, in the call's epoch (its
+// parity picks the halo slots); the call's credit to its halo source is given here. The CTAs
+// that wait on the other PE's halo run last: in the forward the first group's (halo_readers_last),
+// in the backward the last group's.
+struct CtaWork {
+  int b, group, t0, t1, c_first, c, parity;
+  uint64_t epoch;
+};
+template <int L>
+__device__ __forceinline__ CtaWork cta_work(const lasp_short_conv_params& p, bool halo_readers_last) {
+  CtaWork w;
+  w.b = blockIdx.y % p.B;
+  const int rank = static_cast<int>(blockIdx.y) / p.B;
+  w.group = halo_readers_last ? p.groups - 1 - rank : rank;
+  const int per_group = (p.T + p.groups - 1) / p.groups;
+  w.t0 = w.group * per_group;
+  w.t1 = min(p.T, w.t0 + per_group);
+  w.epoch = call_epoch(p.exchange);
+  w.parity = static_cast<int>(w.epoch & 1);
+  credit_source(p.exchange, w.epoch);
+  w.c_first = blockIdx.x * blockDim.x * L;
+  w.c = w.c_first + threadIdx.x * L;
+  return w;
+}
+
 // One CTA: LASP_SHORT_CONV_THREADS x 8 channels of one sequence, over one group of tokens.
 template <int K>
 __device__ void convolve(const lasp_short_conv_params& p) {
   constexpr int L = kLanes;
   const lasp_halo_exchange& ex = p.exchange;
-  const int b = blockIdx.y % p.B;
-  const int group = p.groups - 1 - static_cast<int>(blockIdx.y) / p.B;  // the halo's readers last
-  const int per_group = (p.T + p.groups - 1) / p.groups;
-  const int t0 = group * per_group, t1 = min(p.T, t0 + per_group);
-  const uint64_t epoch = call_epoch(ex);
-  const int parity = static_cast<int>(epoch & 1);
-  credit_source(ex, epoch);
-  const int c_first = blockIdx.x * blockDim.x * L, c = c_first + threadIdx.x * L;
+  const CtaWork w = cta_work<L>(p, /*halo_readers_last=*/true);  // the first tokens' CTAs last
+  const int b = w.b, t0 = w.t0, t1 = w.t1, parity = w.parity, c_first = w.c_first, c = w.c;
+  const uint64_t epoch = w.epoch;
   const bool remote_halo = K > 1 && t0 < K - 1 && ex.source >= 0;
   const bool sends = K > 1 && t1 == p.T && ex.dest >= 0;
   const bool relays = sends && p.T < K - 1 && ex.source >= 0;  // then one group: it reads too
@@ -441,14 +462,10 @@ template <int K>
 __device__ void convolve_grad(const lasp_short_conv_params& p) {
   constexpr int L = kGradLanes;
   const lasp_halo_exchange& ex = p.exchange;
-  const int b = blockIdx.y % p.B;
-  const int group = static_cast<int>(blockIdx.y) / p.B;  // the last tokens, which wait, last
-  const int per_group = (p.T + p.groups - 1) / p.groups;
-  const int t0 = group * per_group, t1 = min(p.T, t0 + per_group);
-  const uint64_t epoch = call_epoch(ex);
-  const int parity = static_cast<int>(epoch & 1);
-  credit_source(ex, epoch);
-  const int c_first = blockIdx.x * blockDim.x * L, c = c_first + threadIdx.x * L;
+  const CtaWork w = cta_work<L>(p, /*halo_readers_last=*/false);  // the last tokens' CTAs last
+  const int b = w.b, t0 = w.t0, t1 = w.t1, parity = w.parity, c_first = w.c_first, c = w.c;
+  const int group = w.group;
+  const uint64_t epoch = w.epoch;
   const int tail = p.T - (K - 1);  // the first token whose dx takes the successor's halo gradient
   const bool remote_grad = K > 1 && t1 > tail && ex.source >= 0;
   const bool sends = K > 1 && group == 0 && ex.dest >= 0;
