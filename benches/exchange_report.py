@@ -16,7 +16,8 @@ import sys
 
 # Per-row keys that are one measurement per process (merged by their median); the speedups and
 # bandwidths derived from them are recomputed from the medians.
-TIMES = ("device_us", "nccl_us", "harness_floor_us", "device_batch_us", "nccl_batch_us")
+TIMES = ("device_us", "nccl_us", "nccl_window_us", "nccl_nvshmem_window_us", "harness_floor_us",
+         "device_batch_us", "nccl_batch_us")
 # Keys every process must agree on: results of different set-ups are never merged.
 SETUP = ("device", "commit", "W", "variant", "threads_per_cta")
 

@@ -158,6 +158,132 @@ impl NcclComm {
     }
 }
 
+/// Device memory registered with a communicator as a symmetric window (`NCCL_WIN_COLL_SYMMETRIC`,
+/// NCCL 2.27 on): NCCL's collectives on it may take its symmetric kernels, which read and write
+/// the peers' windows directly. The memory is NCCL's own (`ncclMemAlloc`, [`NcclComm::window`])
+/// or the caller's ([`NcclComm::register_window`]: NVSHMEM's symmetric heap, for one).
+/// Registration and [`NcclWindow::free`] are collective; a window dropped without `free` stays
+/// registered (and NCCL's memory allocated) until the communicator is destroyed.
+pub struct NcclWindow {
+    ptr: u64,
+    bytes: usize,
+    win: sys::ncclWindow_t,
+    /// Whether the memory is NCCL's, which `free` returns.
+    owned: bool,
+}
+
+/// `NCCL_WIN_COLL_SYMMETRIC` of nccl.h (2.27 on), which cudarc's bindings do not carry.
+const NCCL_WIN_COLL_SYMMETRIC: i32 = 0x01;
+
+impl NcclWindow {
+    /// The device address of the window's first byte (4096-byte aligned).
+    pub fn addr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// The window's size in bytes.
+    pub fn len(&self) -> usize {
+        self.bytes
+    }
+
+    /// Whether the window has no bytes (never: windows are made non-empty).
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+
+    /// Deregisters the window from `comm` and frees NCCL's memory (collective: every rank frees
+    /// its window of the same registration, in the same order).
+    pub fn free(self, comm: &NcclComm) -> Result<()> {
+        comm.stream
+            .context()
+            .synchronize()
+            .cuda_call("cuCtxSynchronize")?;
+        // SAFETY: `win` was registered with this communicator by `NcclComm::window`, and the
+        // synchronisation above finished every collective on it.
+        let status = unsafe { sys::ncclCommWindowDeregister(comm.raw, self.win) };
+        nccl_status("ncclCommWindowDeregister", status)?;
+        if !self.owned {
+            return Ok(());
+        }
+        // SAFETY: `ptr` came from ncclMemAlloc and nothing uses it any more.
+        let status = unsafe { sys::ncclMemFree(self.ptr as *mut c_void) };
+        nccl_status("ncclMemFree", status)
+    }
+}
+
+fn nccl_status(call: &'static str, status: sys::ncclResult_t) -> Result<()> {
+    if status == sys::ncclResult_t::ncclSuccess {
+        Ok(())
+    } else {
+        Err(Error::Nccl {
+            call,
+            detail: format!("{status:?}"),
+        })
+    }
+}
+
+impl NcclComm {
+    /// `bytes` (> 0) of device memory from `ncclMemAlloc`, zeroed, registered as a symmetric
+    /// window (collective: every rank asks for the same size, in the same order). Fails where the
+    /// loaded NCCL has no windows (before 2.27) or refuses the registration.
+    pub fn window(&self, bytes: usize) -> Result<NcclWindow> {
+        if bytes == 0 {
+            return Err(Error::InvalidArgument(
+                "NcclComm::window: 0 bytes; ask for the all-gather's whole buffer".into(),
+            ));
+        }
+        let mut ptr = std::ptr::null_mut();
+        // SAFETY: `ptr` receives the allocation.
+        nccl_status("ncclMemAlloc", unsafe {
+            sys::ncclMemAlloc(&mut ptr, bytes)
+        })?;
+        // SAFETY: `ptr` holds `bytes` bytes of this context's device memory.
+        unsafe {
+            cudarc::driver::result::memset_d8_async(ptr as u64, 0, bytes, self.stream.cu_stream())
+        }
+        .cuda_call("cuMemsetD8Async")?;
+        // SAFETY: `ptr` is a live allocation of `bytes` bytes; every rank makes this call.
+        match unsafe { self.register_window(ptr as u64, bytes) } {
+            Ok(window) => Ok(NcclWindow {
+                owned: true,
+                ..window
+            }),
+            Err(e) => {
+                // SAFETY: unregistered, unused.
+                let _ = unsafe { sys::ncclMemFree(ptr) };
+                Err(e)
+            }
+        }
+    }
+
+    /// Registers the caller's `bytes` at `ptr` as a symmetric window (collective: every rank
+    /// registers the same size, in the same order). `free` deregisters it and leaves the memory.
+    ///
+    /// # Safety
+    /// `ptr .. ptr + bytes` must be device memory of this context that NCCL can map (cuMem
+    /// allocations: `ncclMemAlloc`'s, NVSHMEM's symmetric heap), live until the window is freed.
+    pub unsafe fn register_window(&self, ptr: u64, bytes: usize) -> Result<NcclWindow> {
+        let mut win = std::ptr::null_mut();
+        // SAFETY: the caller's contract covers the memory; `raw` is a live communicator.
+        let status = unsafe {
+            sys::ncclCommWindowRegister(
+                self.raw,
+                ptr as *mut c_void,
+                bytes,
+                &mut win,
+                NCCL_WIN_COLL_SYMMETRIC,
+            )
+        };
+        nccl_status("ncclCommWindowRegister", status)?;
+        Ok(NcclWindow {
+            ptr,
+            bytes,
+            win,
+            owned: false,
+        })
+    }
+}
+
 impl Drop for NcclComm {
     fn drop(&mut self) {
         // Pending collectives, on whichever stream, must finish before the communicator goes.

@@ -74,6 +74,10 @@ struct Row {
     shape: (u32, u32),
     ours_us: f64,
     nccl_us: f64,
+    /// NCCL's in-place all-gather on a registered symmetric window of its own memory, and of the
+    /// device all-gather's NVSHMEM slots (None where NCCL refuses).
+    nccl_window_us: Option<f64>,
+    nccl_nvshmem_window_us: Option<f64>,
     floor_us: Option<f64>,
     ours_batch_us: Option<f64>,
     nccl_batch_us: Option<f64>,
@@ -154,6 +158,41 @@ fn nccl_in_place_all_gather_us(
     Ok((single, batched))
 }
 
+/// NCCL's in-place all-gather on `bytes` per rank of a symmetric window: NCCL's own memory
+/// (`NcclComm::window`), or the first parity of the device all-gather's NVSHMEM slots where
+/// `nvshmem` is given, where NCCL's symmetric kernels may serve it: single-shot microseconds, or
+/// None (with the reason on rank 0) where this NCCL cannot register it.
+fn nccl_window_all_gather_us(
+    rt: &Runtime,
+    comm: &NcclComm,
+    stream: &Arc<CudaStream>,
+    bytes: usize,
+    nvshmem: Option<&AllGather>,
+) -> Result<Option<f64>> {
+    let window = match nvshmem {
+        // SAFETY: the slots are NVSHMEM's symmetric heap (cuMem), [2][npes][bytes], and outlive
+        // the window (freed below, before the all-gather).
+        Some(gather) => unsafe { comm.register_window(gather.slots().raw(), bytes * rt.npes()) },
+        None => comm.window(bytes * rt.npes()),
+    };
+    let window = match window {
+        Ok(window) => window,
+        Err(e) => {
+            if rt.pe() == 0 {
+                println!("  NCCL window: {e}");
+            }
+            return Ok(None);
+        }
+    };
+    let base = window.addr();
+    // SAFETY: the window holds npes blocks of `bytes` and is freed only after the timed calls.
+    let us = time_collective(rt, stream, || unsafe {
+        comm.all_gather_in_place(stream, base, bytes)
+    });
+    window.free(comm)?;
+    us.map(Some)
+}
+
 /// An all-gather of `bytes` per rank with the kernel and shape the options ask for.
 fn all_gather(rt: &Runtime, o: &Options, bytes: usize) -> Result<AllGather> {
     let mut gather = AllGather::new(rt, bytes)?;
@@ -214,15 +253,20 @@ fn run(o: Options, config: Config) -> Result<()> {
                 );
             }
         }
+        let nccl_nvshmem_window =
+            nccl_window_all_gather_us(&rt, &comm, &stream, bytes, Some(&gather))?;
         gather.free()?;
 
         let (nccl, nccl_batch) = nccl_in_place_all_gather_us(&rt, &comm, &stream, bytes, o.batch)?;
+        let nccl_window = nccl_window_all_gather_us(&rt, &comm, &stream, bytes, None)?;
         let max_over_ranks = |v: Option<f64>| v.map(|v| comm.max_f64(v)).transpose();
         let row = Row {
             bytes,
             shape,
             ours_us: comm.max_f64(ours)?,
             nccl_us: comm.max_f64(nccl)?,
+            nccl_window_us: max_over_ranks(nccl_window)?,
+            nccl_nvshmem_window_us: max_over_ranks(nccl_nvshmem_window)?,
             floor_us: max_over_ranks(floor)?,
             ours_batch_us: max_over_ranks(ours_batch)?,
             nccl_batch_us: max_over_ranks(nccl_batch)?,
@@ -236,6 +280,17 @@ fn run(o: Options, config: Config) -> Result<()> {
                 row.nccl_us,
                 row.nccl_us / row.ours_us
             );
+            for (memory, window) in [
+                ("its own memory", row.nccl_window_us),
+                ("NVSHMEM's heap", row.nccl_nvshmem_window_us),
+            ] {
+                if let Some(us) = window {
+                    println!(
+                        "  NCCL on a symmetric window of {memory}: {us:8.1} us ({:.2}x the device all-gather's time)",
+                        us / row.ours_us
+                    );
+                }
+            }
             if let Some(floor) = row.floor_us {
                 println!(
                     "  harness floor {floor:6.1} us (empty kernel, {} CTAs x {} threads); device above it {:6.1} us",
@@ -333,6 +388,12 @@ struct ResultRow {
     speedup_vs_nccl: f64,
     egress_gbps: f64,
     ctas: u32,
+    /// NCCL's all-gather on a symmetric window of its own memory (`NcclComm::window`), and of
+    /// NVSHMEM's heap, where NCCL registers them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    nccl_window_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    nccl_nvshmem_window_us: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     harness_floor_us: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -362,6 +423,8 @@ fn results(
             speedup_vs_nccl: round(r.nccl_us / r.ours_us, 4),
             egress_gbps: round(egress_gbps(r.bytes, npes, r.ours_us), 2),
             ctas: r.shape.0,
+            nccl_window_us: r.nccl_window_us.map(|v| round(v, 3)),
+            nccl_nvshmem_window_us: r.nccl_nvshmem_window_us.map(|v| round(v, 3)),
             harness_floor_us: r.floor_us.map(|v| round(v, 3)),
             device_batch_us: r.ours_batch_us.map(|v| round(v, 3)),
             nccl_batch_us: r.nccl_batch_us.map(|v| round(v, 3)),
@@ -373,7 +436,7 @@ fn results(
         .collect();
     let floor_of_largest = rows.iter().max_by_key(|r| r.bytes).and_then(|r| r.floor_us);
     let mut method = format!(
-        "in-place all-gather on both sides (own block not copied); per rank median of {ITERATIONS} iterations after {WARMUP} warm-up, each after an on-stream barrier, CUDA events; max over ranks"
+        "in-place all-gather on both sides (own block not copied); per rank median of {ITERATIONS} iterations after {WARMUP} warm-up, each after an on-stream barrier, CUDA events; max over ranks; nccl_window_us, nccl_nvshmem_window_us: NCCL's on ncclMemAlloc memory or on the device all-gather's NVSHMEM slots registered as a symmetric window (NCCL_WIN_COLL_SYMMETRIC), where NCCL registers them"
     );
     if o.floor {
         method.push_str("; harness_floor_us: an empty kernel of the round's shape and parameters in the same harness (top level: at the largest size)");
@@ -436,6 +499,8 @@ mod tests {
             shape: (63, 512),
             ours_us: 20.0,
             nccl_us: 40.0,
+            nccl_window_us: None,
+            nccl_nvshmem_window_us: None,
             floor_us: diagnostics.then_some(5.0),
             ours_batch_us: diagnostics.then_some(16.0),
             nccl_batch_us: diagnostics.then_some(32.0),
