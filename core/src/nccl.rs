@@ -172,6 +172,10 @@ pub struct NcclWindow {
     owned: bool,
 }
 
+// SAFETY: the window handle is only an argument of NCCL calls made with its communicator, which
+// is Send; nothing dereferences it on the host.
+unsafe impl Send for NcclWindow {}
+
 /// `NCCL_WIN_COLL_SYMMETRIC` of nccl.h (2.27 on), which cudarc's bindings do not carry.
 const NCCL_WIN_COLL_SYMMETRIC: i32 = 0x01;
 

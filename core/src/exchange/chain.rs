@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::family::{ExchangeFields, Family};
 use crate::gpu::ContextSync;
 use crate::kernel::{Kernel, LaunchShape};
-use crate::nccl::NcclComm;
+use crate::nccl::{NcclComm, NcclWindow};
 use crate::runtime::Runtime;
 use cudarc::driver::{result as cu, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr};
 use std::marker::PhantomData;
@@ -41,6 +41,11 @@ pub(crate) struct StateChain<F: Family> {
     /// runtime emulates links.
     nic: Option<EmulatedNic>,
     nccl: Option<NcclComm>,
+    /// The sequential NCCL mode's slots where NCCL could register them as a symmetric window
+    /// (its all-gather then takes NCCL's symmetric kernels: NCCL at its best). NCCL does not
+    /// register NVSHMEM's heap, and in the host-gathered modes only this PE's kernels read and
+    /// write the slots, so these need not be symmetric NVSHMEM memory.
+    nccl_window: Option<NcclWindow>,
     /// Host mirror of the device epoch (completed calls), for the parity of host-side gathers.
     calls: u64,
     mode: Option<ExchangeMode>,
@@ -113,6 +118,7 @@ impl<F: Family> StateChain<F> {
                 .map(|links| EmulatedNic::new(links, stream))
                 .transpose()?,
             nccl: None,
+            nccl_window: None,
             calls: 0,
             mode: None,
             exchange_stream: ctx.new_stream_with_priority(highest_priority)?,
@@ -234,7 +240,10 @@ impl<F: Family> StateChain<F> {
             )));
         }
         if mode == ExchangeMode::SequentialNccl && self.nccl.is_none() {
-            self.nccl = Some(NcclComm::new(&self.runtime, &stream)?);
+            let comm = NcclComm::new(&self.runtime, &stream)?;
+            // Where this NCCL has no windows (before 2.27) the mode gathers in the slots.
+            self.nccl_window = comm.window(self.buffers.slots_bytes()).ok();
+            self.nccl = Some(comm);
         }
         if self.mode == Some(ExchangeMode::NoComm) && mode != ExchangeMode::NoComm {
             // NoComm calls sent no credits: grant them for every epoch so far, between barriers
@@ -256,7 +265,7 @@ impl<F: Family> StateChain<F> {
     pub(crate) fn base_params(&self, stream: &CudaStream) -> F::Lasp2Params {
         let (b, h, dk, dv) = self.layout.dims();
         F::lasp2_params(ExchangeFields {
-            slots: self.buffers.slots.raw(),
+            slots: self.slots_address(),
             signals: self.buffers.signals.raw(),
             credit: self.buffers.credit.raw(),
             epoch: self.epoch.device_ptr(stream).0,
@@ -275,6 +284,21 @@ impl<F: Family> StateChain<F> {
             exchange_mode: self.mode.map_or(0, ExchangeMode::kernel_mode),
             chain: self.direction as i32,
         })
+    }
+
+    /// Where this call's summaries go: the NCCL window in the sequential NCCL mode where there is
+    /// one, else the symmetric slots.
+    fn slots_address(&self) -> u64 {
+        match (&self.nccl_window, self.mode) {
+            (Some(window), Some(ExchangeMode::SequentialNccl)) => window.addr(),
+            _ => self.buffers.slots.raw(),
+        }
+    }
+
+    /// Whether the sequential NCCL mode gathers in a symmetric NCCL window (reported with its
+    /// timings).
+    pub(crate) fn nccl_window(&self) -> bool {
+        self.nccl_window.is_some()
     }
 
     /// Whether each group's summary kernel runs on the exchange stream (overlapped, no-comm) rather
@@ -333,6 +357,7 @@ impl<F: Family> StateChain<F> {
             self.mode(),
             stream,
             parity,
+            self.slots_address(),
         )
     }
 
@@ -375,6 +400,9 @@ impl<F: Family> StateChain<F> {
 
     /// Frees the symmetric buffers (collective).
     pub(crate) fn free(mut self) -> Result<()> {
+        if let (Some(window), Some(comm)) = (self.nccl_window.take(), &self.nccl) {
+            window.free(comm)?;
+        }
         self.nccl = None;
         // Calls still in flight on the callers' streams use the buffers.
         self.ctx.synchronize()?;

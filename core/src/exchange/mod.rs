@@ -119,6 +119,12 @@ macro_rules! chain_methods {
                 self.chain.supports(mode)
             }
 
+            /// Whether the sequential NCCL mode, once entered, gathers in a symmetric NCCL
+            /// window (NCCL 2.27 on: its symmetric kernels) rather than in plain memory.
+            pub fn nccl_window(&self) -> bool {
+                self.chain.nccl_window()
+            }
+
             /// Waits for `stream`, then returns the error of the first expired wait, if any
             /// (naming the PE that never sent, the signal slot and the epoch).
             pub fn finish(

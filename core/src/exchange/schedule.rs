@@ -67,8 +67,14 @@ impl AllGatherBuffers {
         })
     }
 
-    /// The sequential modes' host-driven all-gather of slot half `parity`, on `stream` after the
-    /// call's summaries are in this PE's own slot; nothing in the other modes.
+    /// Bytes of the slots (both parities).
+    pub(crate) fn slots_bytes(&self) -> usize {
+        cudarc::driver::DeviceSlice::len(&self.slots) * std::mem::size_of::<f32>()
+    }
+
+    /// The sequential modes' host-driven all-gather of slot half `parity` of the slots at
+    /// `slots` (these buffers' own, or the NCCL mode's window of the same layout), on `stream`
+    /// after the call's summaries are in this PE's own slot; nothing in the other modes.
     pub(crate) fn gather_on_host(
         &self,
         runtime: &Runtime,
@@ -76,12 +82,13 @@ impl AllGatherBuffers {
         mode: ExchangeMode,
         stream: &Arc<CudaStream>,
         parity: i32,
+        slots: u64,
     ) -> Result<()> {
         let (b, h, _, dv) = self.layout.dims();
         let tile = self.tile_floats;
         let (me, npes) = (runtime.pe() as i32, runtime.npes() as i32);
         let bytes = geometry::gather_bytes(b, h, dv, tile);
-        let base = self.slots.raw();
+        let base = slots;
         let send = base + geometry::gather_send_offset(parity, me, npes, b, h, dv, tile);
         let recv = base + geometry::gather_recv_offset(parity, npes, b, h, dv, tile);
         match mode {
@@ -90,8 +97,9 @@ impl AllGatherBuffers {
             }
             ExchangeMode::SequentialNccl => {
                 let comm = nccl.expect("the chain creates NCCL when it enters this mode");
-                // SAFETY: the parity half of `slots`, [npes][bytes], owned by self; on the
-                // caller's stream, after this call's summaries.
+                // SAFETY: the parity half of `slots` (these buffers' or the chain's NCCL window
+                // of the same layout), [npes][bytes], owned by self or the chain; on the caller's
+                // stream, after this call's summaries.
                 unsafe { comm.all_gather_in_place(stream, recv, bytes as usize) }
             }
             ExchangeMode::SequentialNvshmem => {
