@@ -295,8 +295,8 @@ impl<F: Family> StateChain<F> {
         }
     }
 
-    /// Whether the sequential NCCL mode gathers in a symmetric NCCL window (reported with its
-    /// timings).
+    /// Whether the sequential NCCL mode gathers in a symmetric NCCL window, so that its timings
+    /// can say which NCCL baseline they measured.
     pub(crate) fn nccl_window(&self) -> bool {
         self.nccl_window.is_some()
     }
