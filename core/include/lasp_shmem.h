@@ -117,7 +117,8 @@ typedef int32_t lasp_status;
 /* Exchange modes of LASP-2 (lasp_op_desc.mode, lasp_op_set_mode; 0 on one GPU). Outputs are
  * bitwise the same in all but NO_COMM. */
 #define LASP_MODE_OVERLAPPED 0         /* device puts with signals, hidden behind compute */
-#define LASP_MODE_SEQUENTIAL_NCCL 1    /* the same kernels around NCCL's all-gather */
+#define LASP_MODE_SEQUENTIAL_NCCL 1    /* the same kernels around NCCL's all-gather, on a
+                                          symmetric NCCL window where NCCL registers one */
 #define LASP_MODE_SEQUENTIAL_NVSHMEM 2 /* the same kernels around NVSHMEM's fcollect */
 #define LASP_MODE_NO_COMM 3            /* no exchange: the compute's cost alone (timing only) */
 #define LASP_MODE_PIPELINED_CHAIN 4    /* device puts along the pipelined chain: each rank folds its

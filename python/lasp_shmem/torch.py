@@ -23,8 +23,9 @@ workspaces): run one step before capturing, as torch.compile's "reduce-overhead"
 
 LASP-2 moves the states between the ranks in one of three exchange modes, which give bitwise the
 same outputs and gradients: "overlapped" (the default: device puts with signals, hidden behind the
-compute), "sequential_nccl" and "sequential_nvshmem" (the same kernels around NCCL's all-gather or
-NVSHMEM's fcollect: the baseline the overlapped mode is measured against, and a fallback).
+compute), "sequential_nccl" and "sequential_nvshmem" (the same kernels around NCCL's all-gather, on
+a symmetric NCCL window where NCCL 2.27+ registers one, or NVSHMEM's fcollect: the baseline the
+overlapped mode is measured against, and a fallback).
 `set_exchange_mode` switches every LASP-2 op, collectively; `exchange_mode` says which is in use.
 The sequential modes pick each call's buffer half on the host, so their calls refuse to be
 captured into a CUDA graph. `set_exchange_mode("planned")` lets the library's planner choose per
