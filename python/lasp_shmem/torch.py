@@ -428,12 +428,13 @@ def _placement(op, cp_group):
     return runtime, lasp2
 
 
-def _check_inputs(op, q, k, v, g, h0, per_key_gates, delta_rule=False, beta=None):
+def _check_inputs(op, q, k, v, g, h0, per_key_gates, delta_rule=False, beta=None, gate="g"):
     """The library's contract on the arguments' types, shapes, dtypes and strides, checked before
     anything is enqueued (and while torch.compile traces). `per_key_gates`: g is [B, T, H, Dk]
     (GLA), else [B, T, H]. `delta_rule` (Gated DeltaNet): `beta` too, its write strengths
-    [B, T, H] fp32, and Dv any multiple of 64."""
-    named = {"q": q, "k": k, "v": v, "g": g, "initial_state": h0}
+    [B, T, H] fp32, and Dv any multiple of 64. `gate`: how messages name g (mLSTM's forget gate
+    is f)."""
+    named = {"q": q, "k": k, "v": v, gate: g, "initial_state": h0}
     if delta_rule:
         named["beta"] = beta
     for name, x in named.items():
@@ -446,14 +447,14 @@ def _check_inputs(op, q, k, v, g, h0, per_key_gates, delta_rule=False, beta=None
     b, t, h, dk = q.shape
     dv = v.shape[-1]
     gates, gates_dims = ((b, t, h, dk), "[B, T, H, Dk]") if per_key_gates else ((b, t, h), "[B, T, H]")
-    shapes = {"k": (b, t, h, dk), "v": (b, t, h, dv), "g": gates,
+    shapes = {"k": (b, t, h, dk), "v": (b, t, h, dv), gate: gates,
               "initial_state": (b, h, dk, dv), "beta": (b, t, h)}
     for name, want in shapes.items():
         x = named.get(name)
         if x is not None and tuple(x.shape) != want:
             raise ValueError(f"{op}: {name} has the shape {tuple(x.shape)}, but q "
                              f"{tuple(q.shape)} and v {tuple(v.shape)} make it {want} "
-                             f"([B, T, H, Dk] q and k, [B, T, H, Dv] v, {gates_dims} g"
+                             f"([B, T, H, Dk] q and k, [B, T, H, Dv] v, {gates_dims} {gate}"
                              f"{', [B, T, H] beta' if delta_rule else ''}, "
                              "[B, H, Dk, Dv] initial_state)")
     if min(b, t, h) < 1:
@@ -468,7 +469,7 @@ def _check_inputs(op, q, k, v, g, h0, per_key_gates, delta_rule=False, beta=None
                          "(the kernels' widths); pad the heads with zero columns (and pass the "
                          "unpadded Dk's scale) or split them")
     for name, x in named.items():
-        want = torch.float32 if name in ("g", "initial_state", "beta") else torch.bfloat16
+        want = torch.float32 if name in (gate, "initial_state", "beta") else torch.bfloat16
         if x is not None and x.dtype != want:
             raise TypeError(f"{op}: {name} must be {want}, not {x.dtype}")
     for name, x in named.items():
@@ -856,7 +857,7 @@ def mlstm(q, k, v, i, f, scale=None, initial_state=None, output_final_state=Fals
     op = "mlstm"
     if scale == 0:
         raise ValueError(f"{op}: scale must not be 0 (None gives Dk ** -0.5)")
-    _check_inputs(op, q, k, v, f, None, per_key_gates=False)
+    _check_inputs(op, q, k, v, f, None, per_key_gates=False, gate="f")
     if not isinstance(i, torch.Tensor):
         raise TypeError(f"{op}: i must be a torch.Tensor, not {type(i).__name__}")
     if i.shape != f.shape or i.dtype != torch.float32 or not i.is_contiguous():

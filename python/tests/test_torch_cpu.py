@@ -1006,6 +1006,8 @@ def mlstm_bad_arguments():
     q, k, v, i, f, state = mlstm_cpu_inputs()
     return [
         ("i shape", dict(i=i[:, :-1]), ValueError, r"i must be like f"),
+        ("f shape", dict(f=f[:, :-1]), ValueError, r"f has the shape \(2, 8, 2\).*\[B, T, H\] f\b"),
+        ("f fp16", dict(f=f.half()), TypeError, "f must be torch.float32"),
         ("i bf16", dict(i=i.bfloat16()), ValueError, r"i must be like f"),
         ("state of two", dict(initial_state=state[:2]), ValueError,
          r"initial_state must be \(C, n, m\)"),
