@@ -98,6 +98,16 @@ pub fn bf16_bits(stream: &Arc<CudaStream>, x: &CudaSlice<bf16>) -> Result<Vec<u1
     Ok(stream.clone_dtoh(x)?.iter().map(|v| v.to_bits()).collect())
 }
 
+/// bf16 bit patterns (a buffer's [`bf16_bits`]) as the values they hold.
+pub fn bf16_values(bits: &[u16]) -> Vec<f64> {
+    bits.iter().map(|&b| bf16::from_bits(b).to_f64()).collect()
+}
+
+/// fp32 bit patterns (a buffer's [`f32_bits`]) as the values they hold.
+pub fn f32_values(bits: &[u32]) -> Vec<f64> {
+    bits.iter().map(|&b| f64::from(f32::from_bits(b))).collect()
+}
+
 /// The bits of an fp32 device buffer, or none where there is no buffer.
 pub fn f32_bits(stream: &Arc<CudaStream>, x: Option<&CudaSlice<f32>>) -> Result<Vec<u32>> {
     Ok(match x {

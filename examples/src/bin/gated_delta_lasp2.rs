@@ -50,9 +50,10 @@ use lasp_shmem_examples::grad_bits::{GradBits, GradBuffers};
 use lasp_shmem_examples::graph_replay::{replay, Outputs};
 use lasp_shmem_examples::mode_bits::bits_in_every_mode;
 use lasp_shmem_examples::{
-    bf16_bits, bf16s, config_with_heap, f32_bits, f32s, main_under_launcher, mode_of, mode_times,
-    parse_shape, planner_choice, round, run_cases, shard_cases, shard_rows, time_in_turns,
-    time_modes_and_plan, time_shapes, ModeCall, ModeRow, PlannerTimes, ShardCase,
+    bf16_bits, bf16_values, bf16s, config_with_heap, f32_bits, f32_values, f32s,
+    main_under_launcher, mode_of, mode_times, parse_shape, planner_choice, round, run_cases,
+    shard_cases, shard_rows, time_in_turns, time_modes_and_plan, time_shapes, ModeCall, ModeRow,
+    PlannerTimes, ShardCase,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -346,14 +347,14 @@ fn check_case(
     // are equal).
     let grad_check = check_backward(rt, case, &inputs, &shard, seed, start, graph_calls)?;
     let (o, ht) = first;
-    let got: Vec<f64> = o.iter().map(|&x| bf16::from_bits(x).to_f64()).collect();
+    let got = bf16_values(&o);
     let e_o = rel_err(&got, &shard_rows(&want.o, start, len));
     if e_o.is_nan() || e_o > TOL {
         problems.push(format!("o: rel err {e_o:.3e} > {TOL:.0e}"));
     }
     let mut detail = format!("rel err o {e_o:.2e}");
     if last {
-        let got: Vec<f64> = ht.iter().map(|&x| f64::from(f32::from_bits(x))).collect();
+        let got = f32_values(&ht);
         let e_ht = rel_err(&got, want.final_state.data());
         if e_ht.is_nan() || e_ht > TOL {
             problems.push(format!("ht: rel err {e_ht:.3e} > {TOL:.0e}"));
@@ -420,18 +421,26 @@ fn check_backward(
     )?;
     problems.extend(replayed.err().map(|e| format!("backward: {e}")));
     op.free()?;
-    let values16 =
-        |x: &[u16]| -> Vec<f64> { x.iter().map(|&b| bf16::from_bits(b).to_f64()).collect() };
-    let values32 =
-        |x: &[u32]| -> Vec<f64> { x.iter().map(|&b| f64::from(f32::from_bits(b))).collect() };
     let mut errors = Vec::new();
     let mut relative = vec![
-        ("dq", values16(&first.dq), shard_rows(&want.dq, start, len)),
-        ("dk", values16(&first.dk), shard_rows(&want.dk, start, len)),
-        ("dv", values16(&first.dv), shard_rows(&want.dv, start, len)),
+        (
+            "dq",
+            bf16_values(&first.dq),
+            shard_rows(&want.dq, start, len),
+        ),
+        (
+            "dk",
+            bf16_values(&first.dk),
+            shard_rows(&want.dk, start, len),
+        ),
+        (
+            "dv",
+            bf16_values(&first.dv),
+            shard_rows(&want.dv, start, len),
+        ),
     ];
     if me == 0 {
-        relative.push(("dh0", values32(&first.dh0), want.dh0.data().to_vec()));
+        relative.push(("dh0", f32_values(&first.dh0), want.dh0.data().to_vec()));
     }
     for (what, got, want) in relative {
         let e = rel_err(&got, &want);
@@ -449,14 +458,14 @@ fn check_backward(
     for (what, got, want, products, floor) in [
         (
             "dg",
-            values32(&first.dg),
+            f32_values(&first.dg),
             shard_rows(&want.dg, start, len),
             dg_products,
             dg_floor,
         ),
         (
             "dbeta",
-            values32(&first.dbeta),
+            f32_values(&first.dbeta),
             shard_rows(want_dbeta, start, len),
             dbeta_products,
             0.0,

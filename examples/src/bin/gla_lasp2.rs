@@ -40,9 +40,9 @@ use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::grad_bits::{GradBits, GradBuffers};
 use lasp_shmem_examples::mode_bits::bits_in_every_mode;
 use lasp_shmem_examples::{
-    bf16_bits, bf16s, f32_bits, f32s, lasp2_config, main_under_launcher, mode_of, mode_times,
-    parse_shape, planner_choice, round, run_cases, shard_cases, shard_rows, time_in_turns,
-    time_modes_and_plan, time_shapes, ModeCall, ModeRow, PlannerTimes, ShardCase,
+    bf16_bits, bf16_values, bf16s, f32_bits, f32_values, f32s, lasp2_config, main_under_launcher,
+    mode_of, mode_times, parse_shape, planner_choice, round, run_cases, shard_cases, shard_rows,
+    time_in_turns, time_modes_and_plan, time_shapes, ModeCall, ModeRow, PlannerTimes, ShardCase,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -244,14 +244,14 @@ fn check_case(
     op.free()?;
     // The backward, from the chunk states the last forward call saved (every mode's are equal).
     let grad_check = check_backward(rt, case, seed, &inputs, &mut shard, start, len)?;
-    let got: Vec<f64> = o.iter().map(|&x| bf16::from_bits(x).to_f64()).collect();
+    let got = bf16_values(&o);
     let e_o = rel_err(&got, &shard_rows(&want.o, start, len));
     if e_o.is_nan() || e_o > TOL {
         problems.push(format!("o: rel err {e_o:.3e} > {TOL:.0e}"));
     }
     let mut detail = format!("rel err o {e_o:.2e}");
     if last {
-        let got: Vec<f64> = ht.iter().map(|&x| f64::from(f32::from_bits(x))).collect();
+        let got = f32_values(&ht);
         let e_ht = rel_err(&got, want.final_state.data());
         if e_ht.is_nan() || e_ht > TOL {
             problems.push(format!("ht: rel err {e_ht:.3e} > {TOL:.0e}"));
@@ -314,13 +314,11 @@ fn check_backward(
         shard.backward(&mut grads, op, &stream)
     })?;
     op.free()?;
-    let values16 =
-        |x: &[u16]| -> Vec<f64> { x.iter().map(|&b| bf16::from_bits(b).to_f64()).collect() };
     let mut errors = Vec::new();
     for (what, got, want) in [
-        ("dq", values16(&first.dq), &want.dq),
-        ("dk", values16(&first.dk), &want.dk),
-        ("dv", values16(&first.dv), &want.dv),
+        ("dq", bf16_values(&first.dq), &want.dq),
+        ("dk", bf16_values(&first.dk), &want.dk),
+        ("dv", bf16_values(&first.dv), &want.dv),
     ] {
         let e = rel_err(&got, &shard_rows(want, start, len));
         if e.is_nan() || e > TOL {
@@ -328,11 +326,7 @@ fn check_backward(
         }
         errors.push(format!("{what} {e:.2e}"));
     }
-    let dg: Vec<f64> = first
-        .dg
-        .iter()
-        .map(|&b| f64::from(f32::from_bits(b)))
-        .collect();
+    let dg = f32_values(&first.dg);
     if let Err(e) = assert_close_to_scale(
         "dg",
         &dg,
@@ -343,11 +337,7 @@ fn check_backward(
         problems.push(e);
     }
     if me == 0 {
-        let got: Vec<f64> = first
-            .dh0
-            .iter()
-            .map(|&b| f64::from(f32::from_bits(b)))
-            .collect();
+        let got = f32_values(&first.dh0);
         let e = rel_err(&got, want.dh0.data());
         if e.is_nan() || e > TOL {
             problems.push(format!("dh0: rel err {e:.3e} > {TOL:.0e}"));

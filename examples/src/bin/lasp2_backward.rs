@@ -36,8 +36,8 @@ use lasp_shmem::reference::{
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::{
-    bf16_bits, config_with_heap, f32_bits, main_under_launcher, mode_of, parse_shape,
-    planner_choice, shard_lengths, time_modes_and_plan, write_json, ModeCall, ModeRow,
+    bf16_bits, bf16_values, config_with_heap, f32_bits, f32_values, main_under_launcher, mode_of,
+    parse_shape, planner_choice, shard_lengths, time_modes_and_plan, write_json, ModeCall, ModeRow,
     PlannerTimes,
 };
 use std::path::PathBuf;
@@ -324,14 +324,6 @@ impl Shard {
         op.finish(stream)?;
         self.grads(stream)
     }
-}
-
-fn bf16_values(bits: &[u16]) -> Vec<f64> {
-    bits.iter().map(|&b| bf16::from_bits(b).to_f64()).collect()
-}
-
-fn f32_values(bits: &[u32]) -> Vec<f64> {
-    bits.iter().map(|&b| f32::from_bits(b) as f64).collect()
 }
 
 /// `rel err <= TOL` or an error naming `what`.

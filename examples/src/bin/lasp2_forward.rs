@@ -36,9 +36,9 @@ use lasp_shmem::reference::{
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::{
-    bf16_bits, config_with_heap, f32_bits, links_label, main_under_launcher, mode_name,
-    parse_shape, planner_choice, round, shard_lengths, time_modes_and_plan, write_json, ModeCall,
-    ModeTimes, PlannerTimes,
+    bf16_bits, bf16_values, config_with_heap, f32_bits, f32_values, links_label,
+    main_under_launcher, mode_name, parse_shape, planner_choice, round, shard_lengths,
+    time_modes_and_plan, write_json, ModeCall, ModeTimes, PlannerTimes,
 };
 use serde::Serialize;
 use std::path::PathBuf;
@@ -255,7 +255,7 @@ fn check(rt: &Runtime, graph_calls: u32) -> Result<()> {
         )?;
 
         let (o, ht) = shard.run_checked(&mut op, &stream)?;
-        let got: Vec<f64> = o.iter().map(|&b| bf16::from_bits(b).to_f64()).collect();
+        let got = bf16_values(&o);
         assert_rel_close(
             &format!("PE {me} o (Dk={dk})"),
             &got,
@@ -264,7 +264,7 @@ fn check(rt: &Runtime, graph_calls: u32) -> Result<()> {
         )
         .map_err(Error::State)?;
         if !ht.is_empty() {
-            let got: Vec<f64> = ht.iter().map(|&b| f32::from_bits(b) as f64).collect();
+            let got = f32_values(&ht);
             assert_rel_close("final state", &got, want.final_state.data(), TOL)
                 .map_err(Error::State)?;
         }

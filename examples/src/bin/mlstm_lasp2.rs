@@ -49,9 +49,9 @@ use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::graph_replay::{replay, Outputs};
 use lasp_shmem_examples::mode_bits::bits_in_every_mode;
 use lasp_shmem_examples::{
-    bf16_bits, bf16s, f32_bits, f32s, lasp2_config, main_under_launcher, mode_of, mode_times,
-    parse_shape, planner_choice, round, run_cases, shard_rows, time_in_turns, time_modes_and_plan,
-    time_shapes, ModeCall, ModeRow, NamedCase, PlannerTimes,
+    bf16_bits, bf16_values, bf16s, f32_bits, f32_values, f32s, lasp2_config, main_under_launcher,
+    mode_of, mode_times, parse_shape, planner_choice, round, run_cases, shard_rows, time_in_turns,
+    time_modes_and_plan, time_shapes, ModeCall, ModeRow, NamedCase, PlannerTimes,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -532,12 +532,7 @@ fn check_case(
         }
         errors.push(format!("{what} {e:.2e}"));
     };
-    let h: Vec<f64> = first
-        .h
-        .iter()
-        .map(|&x| bf16::from_bits(x).to_f64())
-        .collect();
-    check("h", h, &shard_rows(&want.h, start, len));
+    check("h", bf16_values(&first.h), &shard_rows(&want.h, start, len));
     if last {
         // The state leaving the last shard is the final state: saved[5..8] hold C, n, m.
         let st = &want.final_state;
@@ -546,8 +541,7 @@ fn check_case(
             .zip(&first.saved[5..])
             .zip([&st.c, &st.n, &st.m])
         {
-            let got = bits.iter().map(|&x| f64::from(f32::from_bits(x))).collect();
-            check(what, got, want.data());
+            check(what, f32_values(bits), want.data());
         }
     }
     let backward = check_backward(rt, case, &inputs, &shard, seed, start, graph_calls)?;
@@ -617,20 +611,28 @@ fn check_backward(
     )?;
     problems.extend(replayed.err().map(|e| format!("backward: {e}")));
     op.free()?;
-    let values16 =
-        |x: &[u16]| -> Vec<f64> { x.iter().map(|&b| bf16::from_bits(b).to_f64()).collect() };
-    let values32 =
-        |x: &[u32]| -> Vec<f64> { x.iter().map(|&b| f64::from(f32::from_bits(b))).collect() };
     let mut errors = Vec::new();
     let mut relative = vec![
-        ("dq", values16(&first.dq), shard_rows(&want.dq, start, len)),
-        ("dk", values16(&first.dk), shard_rows(&want.dk, start, len)),
-        ("dv", values16(&first.dv), shard_rows(&want.dv, start, len)),
+        (
+            "dq",
+            bf16_values(&first.dq),
+            shard_rows(&want.dq, start, len),
+        ),
+        (
+            "dk",
+            bf16_values(&first.dk),
+            shard_rows(&want.dk, start, len),
+        ),
+        (
+            "dv",
+            bf16_values(&first.dv),
+            shard_rows(&want.dv, start, len),
+        ),
     ];
     if me == 0 {
         relative.push((
             "dC0",
-            values32(&first.d_c0),
+            f32_values(&first.d_c0),
             want.d_initial_state.c.data().to_vec(),
         ));
     }
@@ -662,8 +664,8 @@ fn check_backward(
     }
     let gate_scale = want.gate_grad_scale(inputs);
     for (what, got, want) in [
-        ("d_i_gate", values32(&first.d_i), &want.d_input_gate),
-        ("d_f_gate", values32(&first.d_f), &want.d_forget_gate),
+        ("d_i_gate", f32_values(&first.d_i), &want.d_input_gate),
+        ("d_f_gate", f32_values(&first.d_f), &want.d_forget_gate),
     ] {
         let want = shard_rows(want, start, len);
         match assert_close_to_scale(what, &got, &want, gate_scale, TOL) {

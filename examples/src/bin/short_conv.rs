@@ -31,8 +31,8 @@ use lasp_shmem::reference::short_conv::{self as reference, sharded};
 use lasp_shmem::reference::{rel_err, SplitMix64, Tensor};
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::{
-    bf16_bits, bf16s, config_with_heap, f32_bits, f32s, main_under_launcher, round, run_cases,
-    shard_rows, write_json, NamedCase,
+    bf16_bits, bf16_values, bf16s, config_with_heap, f32_bits, f32_values, f32s,
+    main_under_launcher, round, run_cases, shard_rows, write_json, NamedCase,
 };
 use serde::Serialize;
 use std::path::PathBuf;
@@ -285,16 +285,6 @@ impl Shard {
     }
 }
 
-fn values_bf16(bits: &[u16]) -> Vec<f64> {
-    bits.iter()
-        .map(|&b| f64::from(bf16::from_bits(b).to_f32()))
-        .collect()
-}
-
-fn values_f32(bits: &[u32]) -> Vec<f64> {
-    bits.iter().map(|&b| f64::from(f32::from_bits(b))).collect()
-}
-
 fn random(shape: &[usize], scale: f64, rng: &mut SplitMix64) -> Tensor {
     let data = (0..shape.iter().product())
         .map(|_| rng.normal() * scale)
@@ -362,21 +352,21 @@ fn check_case(
     };
     check(
         "y",
-        values_bf16(&first.y),
+        bf16_values(&first.y),
         &shard_rows(&want_fwd.y, start, tokens),
     );
     check(
         "dx",
-        values_bf16(&first.dx),
+        bf16_values(&first.dx),
         &shard_rows(&want_bwd.grads.dx, start, tokens),
     );
     check(
         "d_weight",
-        values_f32(&first.d_weight),
+        f32_values(&first.d_weight),
         local.d_weight.data(),
     );
     if let Some(d_bias) = &local.d_bias {
-        check("d_bias", values_f32(&first.d_bias), d_bias.data());
+        check("d_bias", f32_values(&first.d_bias), d_bias.data());
     }
     let want_halo: Vec<u16> = bf16s(want_fwd.halos[me].data())
         .iter()

@@ -441,15 +441,7 @@ pub fn to_f32(t: &Tensor) -> Vec<f32> {
     t.data().iter().map(|&x| x as f32).collect()
 }
 
-/// The values of bf16 bits read back from the device, for comparing with the reference.
-pub fn bf16_values(bits: &[u16]) -> Vec<f64> {
-    bits.iter().map(|&b| bf16::from_bits(b).to_f64()).collect()
-}
-
-/// The values of f32 bits read back from the device, for comparing with the reference.
-pub fn f32_values(bits: &[u32]) -> Vec<f64> {
-    bits.iter().map(|&b| f64::from(f32::from_bits(b))).collect()
-}
+pub use lasp_shmem_examples::{bf16_values, f32_values};
 
 /// The bits of a device buffer of bf16, read back for bitwise comparisons
 /// (`lasp_shmem_examples::bf16_bits` with the tests' error type).
