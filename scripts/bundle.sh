@@ -17,7 +17,7 @@ gpu_tests="$(bash scripts/gpu-test-executables.sh)"
 bash scripts/build-c-examples.sh
 rm -rf .bundle && mkdir -p .bundle/bin .bundle/tests
 for bin in lasp-run exchange exchange_bench forward_bench lasp2_forward lasp2_backward gla_lasp2 gla_bench mlstm_bench mlstm_lasp2 \
-  gated_delta_lasp2 gated_delta_bench short_conv \
+  gated_delta_lasp2 gated_delta_bench short_conv packed_lasp2 \
   digest liblasp_shmem.so lasp2_forward_c; do
   cp "target/release/$bin" .bundle/bin/
 done

@@ -19,7 +19,7 @@ use lasp_shmem::nccl::NcclComm;
 use lasp_shmem::ops::bf16;
 use lasp_shmem::ops::scalar_decay::lasp2::ExchangeMode;
 use lasp_shmem::ops::scalar_decay::ForwardShape;
-use lasp_shmem::reference::{Regime, Shape, Tensor};
+use lasp_shmem::reference::{Regime, Shape, SplitMix64, Tensor};
 use lasp_shmem::{Config, Error, Result, Runtime};
 use serde::Serialize;
 use std::path::Path;
@@ -65,6 +65,14 @@ pub fn to_json(value: &impl Serialize) -> String {
     let mut text = serde_json::to_string_pretty(value).expect("plain data serialises");
     text.push('\n');
     text
+}
+
+/// `len` draws of N(0, 1) (Box-Muller from two uniforms in (0, 1]): the timed programs' inputs.
+pub fn normals(rng: &mut SplitMix64, len: usize) -> Vec<f64> {
+    let mut uniform = || ((rng.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64;
+    (0..len)
+        .map(|_| (-2.0 * uniform().ln()).sqrt() * (std::f64::consts::TAU * uniform()).cos())
+        .collect()
 }
 
 /// Shard lengths: equal slices of `per_rank` tokens, the last rank's shorter by `short`.

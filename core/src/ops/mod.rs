@@ -7,10 +7,12 @@
 //!   across GPUs (LASP-2), on the family-generic exchange of [`crate::exchange`].
 //! * [`gla`], [`gated_delta`]: GLA and Gated DeltaNet, forward and backward, on one GPU and
 //!   across GPUs; [`mlstm::MlstmForward`], [`mlstm::MlstmBackward`] and
-//!   [`mlstm::MlstmLasp2Forward`]: the mLSTM forward and backward on one GPU, its forward across
-//!   GPUs.
+//!   [`mlstm::MlstmLasp2Forward`], [`mlstm::MlstmLasp2Backward`]: the mLSTM forward and backward
+//!   on one GPU and across GPUs.
 //! * [`short_conv::ShortConv`]: the short causal convolution before the attention, on LASP-2
 //!   shards with the halo exchanged from the device, forward and backward.
+//! * [`documents::DocumentStarts`]: packed documents (`cu_seqlens`) for scalar decay and Gated
+//!   DeltaNet, on one GPU and across GPUs, through the gates those operations take.
 //!
 //! Tensors are passed as [`DeviceRef`] (read) and [`DeviceMut`] (written) views: a device address,
 //! an element count and a borrow of the buffer they came from, so the borrow checker keeps an
@@ -35,6 +37,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+pub mod documents;
 pub mod gated_delta;
 pub mod gla;
 pub mod mlstm;

@@ -51,9 +51,9 @@ use lasp_shmem_examples::graph_replay::{replay, Outputs};
 use lasp_shmem_examples::mode_bits::bits_in_every_mode;
 use lasp_shmem_examples::{
     bf16_bits, bf16_values, bf16s, config_with_heap, f32_bits, f32_values, f32s,
-    main_under_launcher, mode_of, mode_times, parse_shape, planner_choice, round, run_cases,
-    shard_cases, shard_rows, time_in_turns, time_modes_and_plan, time_shapes, ModeCall, ModeRow,
-    PlannerTimes, ShardCase,
+    main_under_launcher, mode_of, mode_times, normals, parse_shape, planner_choice, round,
+    run_cases, shard_cases, shard_rows, time_in_turns, time_modes_and_plan, time_shapes, ModeCall,
+    ModeRow, PlannerTimes, ShardCase,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -547,14 +547,6 @@ impl ModeCall for TimedStep {
         self.forward.finish(stream)?;
         self.backward.finish(stream)
     }
-}
-
-/// `len` draws of N(0, 1) (Box-Muller from two uniforms in (0, 1]).
-fn normals(rng: &mut SplitMix64, len: usize) -> Vec<f64> {
-    let mut uniform = || ((rng.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64;
-    (0..len)
-        .map(|_| (-2.0 * uniform().ln()).sqrt() * (std::f64::consts::TAU * uniform()).cos())
-        .collect()
 }
 
 fn time_shape(

@@ -1,7 +1,7 @@
 //! The GPU checks as `cargo test` targets: the single-GPU forward and backward (scalar decay),
 //! GLA's, Gated DeltaNet's and mLSTM's forward and backward against the CPU f64
-//! reference, the device all-gather, LASP-2 forward and backward (GLA: forward) and the short
-//! convolution's halo exchange on every GPU of the node under `lasp-run`, with their fault
+//! reference, the device all-gather, LASP-2 forward and backward (GLA: forward), packed documents
+//! through LASP-2 and the short convolution's halo exchange on every GPU of the node under `lasp-run`, with their fault
 //! drills. One test executable, not one per file, keeps the bundle that a GPU node gets small
 //! (scripts/bundle.sh).
 //!
@@ -30,5 +30,6 @@ mod gla;
 mod lasp2;
 mod mlstm;
 mod mlstm_backward;
+mod packed;
 mod short_conv;
 mod streams;

@@ -1,0 +1,1100 @@
+//! Packed documents (`cu_seqlens`) through LASP-2 for scalar decay and Gated DeltaNet on every
+//! GPU under `lasp-run`: `ops::documents::DocumentStarts` gives each family's LASP-2 forward and
+//! backward the log-decays that forget at every document start.
+//!
+//! ```text
+//! lasp-run -n 4 packed_lasp2                                       # the checks
+//! lasp-run -n 4 packed_lasp2 --no-check --time 1x32768x16x128 --json cost.json   # the cost
+//! ```
+//!
+//! Checks (every PE): the whole packed sequence's inputs from the f64 reference's generator (q, k,
+//! v rounded to bf16), cut into unequal shards, over two document layouts: documents of 1, 63, 64
+//! and 65 tokens, one ending exactly on a shard boundary, one of a whole shard (W = 3), one
+//! spanning three shards (W >= 4), the rest one document (int32 offsets); and short documents of
+//! 1 to 200 tokens over the whole sequence (int64 offsets). Both buffers have room for two more
+//! offsets, padded with the total. This PE's outputs against the reference's packed LASP-2
+//! decomposition (`reference::lasp2::packed_forward`, `packed_delta_forward`; relative error <=
+//! 5e-3) in every exchange mode, each bitwise equal to the overlapped mode's and a repeat; a CUDA
+//! graph of the marks and the forward, captured while the offsets held one document and replayed
+//! `--graph-calls` times after the documents were written, bitwise equal too. Then the backward
+//! (random do) from the state the forward saved: dq, dk, dv against the reference's packed
+//! backward (5e-3), dg (and Gated DeltaNet's dbeta) against the shard's norm of theirs (scalar
+//! decay 5e-3, Gated DeltaNet 1e-2, as its unpacked checks), dg exactly 0 at every document start,
+//! every mode and a repeat bitwise equal. Outputs and gradients are poisoned before each call.
+//! One line per case and PE; exit status 1 when any check failed; `--json` (rank 0) gets one row
+//! per case with the PEs' largest errors.
+//!
+//! Cost (`--time BxTxHxD`, T per GPU): a training step (forward saving the state entering the
+//! shard, then the backward) on documents of mixed lengths (64 to 8192 tokens, log-uniform) and on
+//! the same tokens as whole sequences, in turns, overlapped mode; the row is the slowest rank's
+//! median of each.
+
+use clap::Parser;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaSlice, CudaStream};
+use lasp_shmem::exchange::{ExchangeMode, Lasp2Layout};
+use lasp_shmem::ops::documents::{DocumentOffsets, DocumentStarts, Documents, GateShape};
+use lasp_shmem::ops::gated_delta::{
+    GatedDelta, GatedDeltaArgs, GatedDeltaBackwardArgs, GatedDeltaLasp2Backward,
+    GatedDeltaLasp2Forward,
+};
+use lasp_shmem::ops::scalar_decay::lasp2::{Lasp2Backward, Lasp2Forward};
+use lasp_shmem::ops::scalar_decay::{BackwardArgs, ForwardArgs, ForwardShape, ScalarDecay};
+use lasp_shmem::ops::{bf16, DeviceMut, DeviceRef};
+use lasp_shmem::reference::lasp2::{self, Decay};
+use lasp_shmem::reference::packed::PackedInputs;
+use lasp_shmem::reference::{
+    rel_err, Cotangents, Family, Grads, InputSpec, Inputs, Regime, Shape, SplitMix64, Tensor,
+};
+use lasp_shmem::{Config, Error, Result, Runtime};
+use lasp_shmem_examples::grad_bits::{GradBits, GradBuffers};
+use lasp_shmem_examples::graph_replay::Outputs;
+use lasp_shmem_examples::mode_bits::{bits_in_every_mode, ModeSwitch};
+use lasp_shmem_examples::{
+    bf16_bits, bf16_values, bf16s, config_with_heap, f32_values, f32s, main_under_launcher,
+    normals, parse_shape, round, run_cases, shard_lengths, shard_rows, time_call, write_json,
+    ModeCall, NamedCase,
+};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Parser, Debug)]
+#[command(name = "packed_lasp2")]
+struct Options {
+    /// Time a training step at these per-GPU shapes (BxTxHxD, T per GPU), packed and unpacked.
+    #[arg(long = "time", value_name = "BxTxHxD", value_parser = parse_shape)]
+    time: Vec<ForwardShape>,
+    /// Skip the checks.
+    #[arg(long)]
+    no_check: bool,
+    /// Graph replays in each check.
+    #[arg(long, default_value_t = 20)]
+    graph_calls: u32,
+    /// Write the checks' and the timings' rows here (rank 0).
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+const TOL: f64 = 5e-3;
+/// Gated DeltaNet's dg and dbeta against the shard's norm of theirs (its unpacked checks' bound).
+const GDN_GATE_TOL: f64 = 1e-2;
+const POISON: u16 = 0xFFFF;
+/// Offsets a case's buffer holds past its documents' (padded with the total).
+const SPARE_OFFSETS: usize = 2;
+
+/// The two families, each through its own LASP-2 operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+enum LogDecayFamily {
+    ScalarDecay,
+    GatedDelta,
+}
+
+impl LogDecayFamily {
+    fn reference_family(self) -> Family {
+        match self {
+            LogDecayFamily::ScalarDecay => Family::ScalarDecay,
+            LogDecayFamily::GatedDelta => Family::DeltaRule,
+        }
+    }
+
+    /// dg's (and dbeta's) bound against the shard's norm.
+    fn gate_tol(self) -> f64 {
+        match self {
+            LogDecayFamily::ScalarDecay => TOL,
+            LogDecayFamily::GatedDelta => GDN_GATE_TOL,
+        }
+    }
+
+    /// The reference's packed LASP-2 outputs and gradients of the whole sequence.
+    fn reference(
+        self,
+        packed: &PackedInputs,
+        lengths: &[usize],
+        d_o: &Tensor,
+    ) -> Result<(Tensor, Grads)> {
+        let fail =
+            |e: lasp_shmem::reference::ReferenceError| Error::State(format!("reference: {e}"));
+        Ok(match self {
+            LogDecayFamily::ScalarDecay => (
+                lasp2::packed_forward(packed, Decay::Scalar, lengths, 64)
+                    .map_err(fail)?
+                    .o,
+                lasp2::packed_backward(packed, Decay::Scalar, lengths, 64, d_o, None)
+                    .map_err(fail)?
+                    .grads,
+            ),
+            LogDecayFamily::GatedDelta => (
+                lasp2::packed_delta_forward(packed, lengths, 64)
+                    .map_err(fail)?
+                    .o,
+                lasp2::packed_delta_backward(packed, lengths, 64, d_o, None)
+                    .map_err(fail)?
+                    .grads,
+            ),
+        })
+    }
+}
+
+/// A family's LASP-2 forward and backward (one value per case: the variants' sizes do not matter).
+#[allow(clippy::large_enum_variant)]
+enum Ops {
+    ScalarDecay(Lasp2Forward, Lasp2Backward),
+    GatedDelta(GatedDeltaLasp2Forward, GatedDeltaLasp2Backward),
+}
+
+impl Ops {
+    fn new(rt: &Runtime, family: LogDecayFamily, layout: Lasp2Layout) -> Result<Self> {
+        let mode = ExchangeMode::Overlapped;
+        Ok(match family {
+            LogDecayFamily::ScalarDecay => Ops::ScalarDecay(
+                Lasp2Forward::new(rt, layout, mode)?,
+                Lasp2Backward::new(rt, layout, mode)?,
+            ),
+            LogDecayFamily::GatedDelta => Ops::GatedDelta(
+                GatedDeltaLasp2Forward::new(rt, layout, mode)?,
+                GatedDeltaLasp2Backward::new(rt, layout, mode)?,
+            ),
+        })
+    }
+
+    fn finish(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        match self {
+            Ops::ScalarDecay(f, b) => f.finish(stream).and_then(|_| b.finish(stream)),
+            Ops::GatedDelta(f, b) => f.finish(stream).and_then(|_| b.finish(stream)),
+        }
+    }
+
+    fn epoch(&self, stream: &Arc<CudaStream>) -> Result<u64> {
+        match self {
+            Ops::ScalarDecay(f, _) => f.epoch(stream),
+            Ops::GatedDelta(f, _) => f.epoch(stream),
+        }
+    }
+
+    fn note_replayed_calls(&mut self, calls: u64) {
+        match self {
+            Ops::ScalarDecay(f, _) => f.note_replayed_calls(calls),
+            Ops::GatedDelta(f, _) => f.note_replayed_calls(calls),
+        }
+    }
+
+    fn free(self) -> Result<()> {
+        match self {
+            Ops::ScalarDecay(f, b) => f.free().and_then(|_| b.free()),
+            Ops::GatedDelta(f, b) => f.free().and_then(|_| b.free()),
+        }
+    }
+}
+
+/// The forward and the backward switch modes together.
+impl ModeSwitch for Ops {
+    fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
+        match self {
+            Ops::ScalarDecay(f, b) => f.set_mode(mode).and_then(|_| b.set_mode(mode)),
+            Ops::GatedDelta(f, b) => f.set_mode(mode).and_then(|_| b.set_mode(mode)),
+        }
+    }
+
+    fn supports(&self, mode: ExchangeMode) -> bool {
+        match self {
+            Ops::ScalarDecay(f, b) => f.supports(mode) && b.supports(mode),
+            Ops::GatedDelta(f, b) => f.supports(mode) && b.supports(mode),
+        }
+    }
+}
+
+/// fla's offsets on the device, in either width.
+enum Offsets {
+    I32(CudaSlice<i32>),
+    I64(CudaSlice<i64>),
+}
+
+impl Offsets {
+    fn upload(stream: &Arc<CudaStream>, offsets: &[usize], int64: bool) -> Result<Self> {
+        Ok(if int64 {
+            Offsets::I64(stream.clone_htod(&offsets.iter().map(|&o| o as i64).collect::<Vec<_>>())?)
+        } else {
+            Offsets::I32(stream.clone_htod(&offsets.iter().map(|&o| o as i32).collect::<Vec<_>>())?)
+        })
+    }
+
+    /// Overwrites the buffer with `offsets` (as many entries as it holds).
+    fn write(&mut self, stream: &Arc<CudaStream>, offsets: &[usize]) -> Result<()> {
+        match self {
+            Offsets::I32(d) => {
+                stream.memcpy_htod(&offsets.iter().map(|&o| o as i32).collect::<Vec<_>>(), d)?
+            }
+            Offsets::I64(d) => {
+                stream.memcpy_htod(&offsets.iter().map(|&o| o as i64).collect::<Vec<_>>(), d)?
+            }
+        }
+        Ok(())
+    }
+
+    fn view(&self) -> DocumentOffsets<'_> {
+        match self {
+            Offsets::I32(d) => DocumentOffsets::I32(DeviceRef::new(d)),
+            Offsets::I64(d) => DocumentOffsets::I64(DeviceRef::new(d)),
+        }
+    }
+}
+
+/// One PE's shard on the device: the caller's log-decays `g` and the forgetting ones the
+/// operations take.
+struct Shard {
+    shape: ForwardShape,
+    q: CudaSlice<bf16>,
+    k: CudaSlice<bf16>,
+    v: CudaSlice<bf16>,
+    g: CudaSlice<f32>,
+    forgetting_g: CudaSlice<f32>,
+    beta: Option<CudaSlice<f32>>,
+    o: CudaSlice<bf16>,
+    /// The state entering the shard, saved by the forward for the backward.
+    start_state: CudaSlice<f32>,
+    offsets: Offsets,
+    shard_start: usize,
+}
+
+/// One PE's backward tensors.
+struct ShardGrads {
+    d_o: CudaSlice<bf16>,
+    dq: CudaSlice<bf16>,
+    dk: CudaSlice<bf16>,
+    dv: CudaSlice<bf16>,
+    dg: CudaSlice<f32>,
+    dbeta: Option<CudaSlice<f32>>,
+}
+
+impl ShardGrads {
+    fn new(stream: &Arc<CudaStream>, shard: &Shard, d_o: &[bf16]) -> Result<Self> {
+        let s = shard.shape;
+        Ok(ShardGrads {
+            d_o: stream.clone_htod(d_o)?,
+            dq: stream.alloc_zeros(s.qk_len())?,
+            dk: stream.alloc_zeros(s.qk_len())?,
+            dv: stream.alloc_zeros(s.v_len())?,
+            dg: stream.alloc_zeros(s.gate_len())?,
+            dbeta: match shard.beta {
+                Some(_) => Some(stream.alloc_zeros(s.gate_len())?),
+                None => None,
+            },
+        })
+    }
+
+    fn poison(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        for x in [&mut self.dq, &mut self.dk, &mut self.dv] {
+            stream.memcpy_htod(&vec![bf16::from_bits(POISON); x.len()], x)?;
+        }
+        for x in [Some(&mut self.dg), self.dbeta.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            stream.memcpy_htod(&vec![f32::from_bits(u32::MAX); x.len()], x)?;
+        }
+        Ok(())
+    }
+
+    fn bits(&self, stream: &Arc<CudaStream>) -> Result<GradBits> {
+        GradBits::read(
+            stream,
+            GradBuffers {
+                dq: &self.dq,
+                dk: &self.dk,
+                dv: &self.dv,
+                dg: &self.dg,
+                dbeta: self.dbeta.as_ref(),
+                dh0: None,
+            },
+        )
+    }
+}
+
+impl Shard {
+    fn gate_shape(&self) -> GateShape {
+        GateShape {
+            b: self.shape.b,
+            t: self.shape.t,
+            h: self.shape.h,
+        }
+    }
+
+    fn documents(&self) -> Documents<'_> {
+        Documents {
+            cu_seqlens: self.offsets.view(),
+            shard_start: self.shard_start,
+        }
+    }
+
+    /// Enqueues the forgetting log-decays of the documents the offsets hold.
+    fn mark(&mut self, starts: &DocumentStarts, stream: &Arc<CudaStream>) -> Result<()> {
+        let docs = Documents {
+            cu_seqlens: self.offsets.view(),
+            shard_start: self.shard_start,
+        };
+        let shape = self.gate_shape();
+        starts.forgetting_gates(
+            stream,
+            docs,
+            DeviceRef::new(&self.g),
+            DeviceMut::new(&mut self.forgetting_g),
+            shape,
+        )
+    }
+
+    /// Enqueues the forward (saving the state entering the shard) with the forgetting log-decays
+    /// where `packed`, else with the caller's (the same tokens as whole sequences).
+    fn forward(&mut self, ops: &mut Ops, stream: &Arc<CudaStream>, packed: bool) -> Result<()> {
+        let g = DeviceRef::new(if packed { &self.forgetting_g } else { &self.g });
+        let (q, k, v) = (
+            DeviceRef::new(&self.q),
+            DeviceRef::new(&self.k),
+            DeviceRef::new(&self.v),
+        );
+        let start_state = Some(DeviceMut::new(&mut self.start_state));
+        let o = DeviceMut::new(&mut self.o);
+        match ops {
+            Ops::ScalarDecay(op, _) => {
+                let args = ForwardArgs {
+                    shape: self.shape,
+                    q,
+                    k,
+                    v,
+                    g,
+                    h0: None,
+                    o,
+                    ht: None,
+                    scale: None,
+                };
+                op.forward_saving(stream, args, start_state)
+            }
+            Ops::GatedDelta(op, _) => {
+                let beta = self
+                    .beta
+                    .as_ref()
+                    .ok_or_else(|| Error::State("no beta".into()))?;
+                let args = GatedDeltaArgs {
+                    shape: self.shape,
+                    q,
+                    k,
+                    v,
+                    g,
+                    beta: DeviceRef::new(beta),
+                    h0: None,
+                    o,
+                    ht: None,
+                    scale: None,
+                };
+                op.forward_saving(stream, args, start_state).map(|_| ())
+            }
+        }
+    }
+
+    /// Enqueues the backward from the saved state entering the shard (`packed` as in
+    /// [`Shard::forward`]), then clears dg at the document starts where `packed`.
+    fn backward(
+        &self,
+        grads: &mut ShardGrads,
+        ops: &mut Ops,
+        starts: &DocumentStarts,
+        stream: &Arc<CudaStream>,
+        packed: bool,
+    ) -> Result<()> {
+        let g = DeviceRef::new(if packed { &self.forgetting_g } else { &self.g });
+        let (q, k, v) = (
+            DeviceRef::new(&self.q),
+            DeviceRef::new(&self.k),
+            DeviceRef::new(&self.v),
+        );
+        let h0 = Some(DeviceRef::new(&self.start_state));
+        let d_o = DeviceRef::new(&grads.d_o);
+        let (dq, dk, dv, dg) = (
+            DeviceMut::new(&mut grads.dq),
+            DeviceMut::new(&mut grads.dk),
+            DeviceMut::new(&mut grads.dv),
+            DeviceMut::new(&mut grads.dg),
+        );
+        match ops {
+            Ops::ScalarDecay(_, op) => {
+                let args = BackwardArgs {
+                    shape: self.shape,
+                    q,
+                    k,
+                    v,
+                    g,
+                    h0,
+                    d_o,
+                    d_ht: None,
+                    dq,
+                    dk,
+                    dv,
+                    dg,
+                    dh0: None,
+                    scale: None,
+                };
+                op.backward(stream, args)?;
+            }
+            Ops::GatedDelta(_, op) => {
+                let (beta, dbeta) = match (&self.beta, &mut grads.dbeta) {
+                    (Some(beta), Some(dbeta)) => (DeviceRef::new(beta), DeviceMut::new(dbeta)),
+                    _ => return Err(Error::State("no beta".into())),
+                };
+                let args = GatedDeltaBackwardArgs {
+                    shape: self.shape,
+                    q,
+                    k,
+                    v,
+                    g,
+                    beta,
+                    h0,
+                    d_o,
+                    dht: None,
+                    dq,
+                    dk,
+                    dv,
+                    dg,
+                    dbeta,
+                    dh0: None,
+                    scale: None,
+                };
+                op.backward(stream, args).map(|_| ())?;
+            }
+        }
+        if packed {
+            let dg = DeviceMut::new(&mut grads.dg);
+            starts.clear_start_gradients(stream, self.documents(), dg, self.gate_shape())?;
+        }
+        Ok(())
+    }
+}
+
+impl Outputs for Shard {
+    type Bits = Vec<u16>;
+
+    fn poison(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        stream.memcpy_htod(&vec![bf16::from_bits(POISON); self.o.len()], &mut self.o)?;
+        Ok(())
+    }
+
+    fn bits(&self, stream: &Arc<CudaStream>) -> Result<Vec<u16>> {
+        bf16_bits(stream, &self.o)
+    }
+}
+
+/// A check: a family, its dimensions, the shards and the documents.
+struct PackedCase {
+    family: LogDecayFamily,
+    b: usize,
+    h: usize,
+    dk: usize,
+    dv: usize,
+    lengths: Vec<usize>,
+    /// fla's offsets of the whole sequence, `[0, ..., total]`.
+    cu_seqlens: Vec<usize>,
+    int64: bool,
+}
+
+impl NamedCase for PackedCase {
+    fn name(&self) -> String {
+        format!(
+            "{:?}_B{}_H{}_Dk{}_Dv{}_shards{:?}_{}docs_{}",
+            self.family,
+            self.b,
+            self.h,
+            self.dk,
+            self.dv,
+            self.lengths,
+            self.cu_seqlens.len() - 1,
+            if self.int64 { "int64" } else { "int32" }
+        )
+    }
+}
+
+impl PackedCase {
+    fn shape(&self) -> Shape {
+        Shape {
+            b: self.b,
+            t: self.lengths.iter().sum(),
+            h: self.h,
+            dk: self.dk,
+            dv: self.dv,
+        }
+    }
+
+    /// The offsets as the device buffer holds them: padded with the total.
+    fn padded_offsets(&self) -> Vec<usize> {
+        let total = self.shape().t;
+        let mut out = self.cu_seqlens.clone();
+        out.extend([total; SPARE_OFFSETS]);
+        out
+    }
+
+    fn doc_lengths(&self) -> Vec<usize> {
+        self.cu_seqlens.windows(2).map(|w| w[1] - w[0]).collect()
+    }
+}
+
+/// Documents of 1, 63, 64, 65 tokens, then one ending on the first shard boundary, one of a whole
+/// shard (W = 3) or one spanning three shards (W >= 4), then the rest.
+fn boundary_documents(lengths: &[usize]) -> Vec<usize> {
+    let total: usize = lengths.iter().sum();
+    let boundary = |w: usize| -> usize { lengths[..w].iter().sum() };
+    let mut starts = vec![0, 1, 64, 128];
+    let mut at = 193;
+    let npes = lengths.len();
+    if npes >= 2 {
+        starts.push(at);
+        at = boundary(1);
+        if npes == 3 {
+            starts.push(at);
+            at = boundary(2);
+        } else if npes >= 4 {
+            starts.push(at);
+            at = boundary(3) + 5;
+        }
+    }
+    starts.push(at);
+    starts.push(total);
+    starts
+}
+
+/// Short documents over the whole sequence: 1, 63, 64, 65, 17, 200 tokens in turn (the last cut
+/// at the end).
+fn short_documents(total: usize) -> Vec<usize> {
+    let cycle = [1, 63, 64, 65, 17, 200];
+    let mut out = vec![0];
+    let mut i = 0;
+    while *out.last().unwrap() < total {
+        out.push((out.last().unwrap() + cycle[i % cycle.len()]).min(total));
+        i += 1;
+    }
+    out
+}
+
+/// The checks on `npes` PEs: unequal shards of 320 tokens (the last 37 fewer), both layouts of
+/// documents, both families.
+fn packed_cases(npes: usize) -> Vec<PackedCase> {
+    let lengths = shard_lengths(npes, 320, 37);
+    let total = lengths.iter().sum();
+    let mut out = Vec::new();
+    for family in [LogDecayFamily::ScalarDecay, LogDecayFamily::GatedDelta] {
+        for (cu_seqlens, int64) in [
+            (boundary_documents(&lengths), false),
+            (short_documents(total), true),
+        ] {
+            out.push(PackedCase {
+                family,
+                b: 2,
+                h: 2,
+                dk: 128,
+                dv: 128,
+                lengths: lengths.clone(),
+                cu_seqlens,
+                int64,
+            });
+        }
+    }
+    out
+}
+
+/// What a case measured on one PE, for the JSON rows.
+#[derive(Clone, Copy, Default)]
+struct CaseErrors {
+    o: f64,
+    grads: f64,
+    bitwise: bool,
+}
+
+fn check_case(
+    rt: &Runtime,
+    case: &PackedCase,
+    seed: u64,
+    graph_calls: u32,
+    errors: &mut CaseErrors,
+) -> Result<std::result::Result<String, String>> {
+    let me = rt.pe();
+    let family = case.family;
+    let inputs = Inputs::generate(&InputSpec {
+        shape: case.shape(),
+        family: family.reference_family(),
+        regime: Regime::Typical,
+        seed,
+        round_to_bf16: true,
+        initial_state: false,
+    })
+    .map_err(|e| Error::State(format!("input generation: {e}")))?;
+    let cot = Cotangents::generate(inputs.shape, seed, false, true)
+        .map_err(|e| Error::State(format!("cotangent generation: {e}")))?;
+    let packed = PackedInputs {
+        inputs,
+        cu_seqlens: case.cu_seqlens.clone(),
+        h0: None,
+    };
+    let (want_o, want) = family.reference(&packed, &case.lengths, &cot.d_o)?;
+    let inputs = &packed.inputs;
+    let start: usize = case.lengths[..me].iter().sum();
+    let len = case.lengths[me];
+    let stream = rt.stream().clone();
+    let shape = ForwardShape {
+        b: case.b,
+        t: len,
+        h: case.h,
+        dk: case.dk,
+        dv: case.dv,
+    };
+    let offsets = case.padded_offsets();
+    let mut shard = Shard {
+        shape,
+        q: stream.clone_htod(&bf16s(&shard_rows(&inputs.q, start, len)))?,
+        k: stream.clone_htod(&bf16s(&shard_rows(&inputs.k, start, len)))?,
+        v: stream.clone_htod(&bf16s(&shard_rows(&inputs.v, start, len)))?,
+        g: stream.clone_htod(&f32s(&shard_rows(&inputs.g, start, len)))?,
+        forgetting_g: stream.alloc_zeros(shape.gate_len())?,
+        beta: match &inputs.beta {
+            Some(beta) => Some(stream.clone_htod(&f32s(&shard_rows(beta, start, len)))?),
+            None => None,
+        },
+        o: stream.alloc_zeros(shape.v_len())?,
+        start_state: stream.alloc_zeros(shape.state_len())?,
+        offsets: Offsets::upload(&stream, &offsets, case.int64)?,
+        shard_start: start,
+    };
+    let starts = DocumentStarts::new(rt)?;
+    starts.validate(&stream, shard.documents(), len, case.shape().t)?;
+    let mut ops = Ops::new(rt, family, shape.layout())?;
+    // Forward: every mode and a repeat.
+    let (first, mut problems) = bits_in_every_mode(&mut ops, "forward", |ops| {
+        shard.poison(&stream)?;
+        shard.mark(&starts, &stream)?;
+        shard.forward(ops, &stream, true)?;
+        ops.finish(&stream)?;
+        shard.bits(&stream)
+    })?;
+    let replayed = replay_with_documents(rt, &mut ops, &mut shard, &starts, &offsets, graph_calls)?;
+    if replayed != first {
+        problems.push(format!(
+            "{graph_calls} graph replays captured before the documents were written gave other bits"
+        ));
+    }
+    let e_o = rel_err(&bf16_values(&first), &shard_rows(&want_o, start, len));
+    if e_o.is_nan() || e_o > TOL {
+        problems.push(format!("o: rel err {e_o:.3e} > {TOL:.0e}"));
+    }
+    // Backward, from the state the last forward saved.
+    let d_o = bf16s(&shard_rows(&cot.d_o, start, len));
+    let mut grads = ShardGrads::new(&stream, &shard, &d_o)?;
+    let (grad_bits, grad_problems) = bits_in_every_mode(&mut ops, "backward", |ops| {
+        grads.poison(&stream)?;
+        shard.backward(&mut grads, ops, &starts, &stream, true)?;
+        ops.finish(&stream)?;
+        grads.bits(&stream)
+    })?;
+    problems.extend(grad_problems);
+    ops.free()?;
+    let mut grad_errs = vec![
+        (
+            "dq",
+            rel_err(
+                &bf16_values(&grad_bits.dq),
+                &shard_rows(&want.dq, start, len),
+            ),
+            TOL,
+        ),
+        (
+            "dk",
+            rel_err(
+                &bf16_values(&grad_bits.dk),
+                &shard_rows(&want.dk, start, len),
+            ),
+            TOL,
+        ),
+        (
+            "dv",
+            rel_err(
+                &bf16_values(&grad_bits.dv),
+                &shard_rows(&want.dv, start, len),
+            ),
+            TOL,
+        ),
+        (
+            "dg",
+            rel_err(
+                &f32_values(&grad_bits.dg),
+                &shard_rows(&want.dg, start, len),
+            ),
+            family.gate_tol(),
+        ),
+    ];
+    if let Some(want_dbeta) = &want.dbeta {
+        let got = f32_values(&grad_bits.dbeta);
+        grad_errs.push((
+            "dbeta",
+            rel_err(&got, &shard_rows(want_dbeta, start, len)),
+            family.gate_tol(),
+        ));
+    }
+    for (name, e, tol) in &grad_errs {
+        if e.is_nan() || e > tol {
+            problems.push(format!("{name}: rel err {e:.3e} > {tol:.0e}"));
+        }
+    }
+    let nonzero_at_starts = starts_in_shard(&case.cu_seqlens, start, len)
+        .flat_map(|t| {
+            (0..case.b).flat_map(move |b| (0..case.h).map(move |h| (b * len + t) * case.h + h))
+        })
+        .filter(|&i| grad_bits.dg[i] != 0)
+        .count();
+    if nonzero_at_starts > 0 {
+        problems.push(format!(
+            "dg: {nonzero_at_starts} values at document starts are not +0"
+        ));
+    }
+    let grad_max = grad_errs.iter().map(|(_, e, _)| *e).fold(0.0, f64::max);
+    *errors = CaseErrors {
+        o: e_o,
+        grads: grad_max,
+        bitwise: !problems
+            .iter()
+            .any(|p| p.contains("bits") || p.contains("differs")),
+    };
+    let detail = format!(
+        "rel err o {e_o:.2e}; {}",
+        grad_errs
+            .iter()
+            .map(|(n, e, _)| format!("{n} {e:.2e}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    Ok(if problems.is_empty() {
+        Ok(format!(
+            "{detail}; every mode, a repeat and {graph_calls} graph replays with the documents \
+             written after the capture bitwise equal"
+        ))
+    } else {
+        Err(format!("{detail}: {}", problems.join("; ")))
+    })
+}
+
+/// The shard's tokens (0-based in the shard) that start a document.
+fn starts_in_shard(
+    cu_seqlens: &[usize],
+    start: usize,
+    len: usize,
+) -> impl Iterator<Item = usize> + '_ {
+    cu_seqlens[..cu_seqlens.len() - 1]
+        .iter()
+        .filter(move |&&s| s >= start && s < start + len)
+        .map(move |&s| s - start)
+}
+
+/// A CUDA graph of the marks and the forward, captured while the offsets held one document (the
+/// whole sequence), replayed `calls` times after `offsets` were written into the same buffer:
+/// the bits of the last replay's o (an error where the epoch did not advance once per replay).
+fn replay_with_documents(
+    rt: &Runtime,
+    ops: &mut Ops,
+    shard: &mut Shard,
+    starts: &DocumentStarts,
+    offsets: &[usize],
+    calls: u32,
+) -> Result<Vec<u16>> {
+    let stream = rt.stream().clone();
+    let total = *offsets.last().expect("offsets end with the total");
+    let one_document: Vec<usize> = (0..offsets.len())
+        .map(|i| if i == 0 { 0 } else { total })
+        .collect();
+    ops.set_mode(ExchangeMode::Overlapped)?;
+    shard.offsets.write(&stream, &one_document)?;
+    shard.poison(&stream)?;
+    let before = ops.epoch(&stream)?;
+    rt.barrier_on_stream(&stream)?;
+    stream.synchronize()?;
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let captured = shard
+        .mark(starts, &stream)
+        .and_then(|_| shard.forward(ops, &stream, true));
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
+    captured?;
+    let graph = graph.ok_or_else(|| Error::State("the capture recorded nothing".into()))?;
+    shard.offsets.write(&stream, offsets)?;
+    stream.synchronize()?;
+    for _ in 0..calls {
+        graph.launch()?;
+    }
+    ops.note_replayed_calls(u64::from(calls));
+    ops.finish(&stream)?;
+    let after = ops.epoch(&stream)?;
+    if after != before + u64::from(calls) {
+        return Err(Error::State(format!(
+            "graph replay: epoch {before} -> {after} for {calls} replays"
+        )));
+    }
+    shard.bits(&stream)
+}
+
+/// One row of the JSON: a case's largest errors over the PEs.
+#[derive(Serialize)]
+struct CaseRow {
+    family: LogDecayFamily,
+    w: usize,
+    shard_lengths: Vec<usize>,
+    doc_lengths: Vec<usize>,
+    rel_err_vs_f64: f64,
+    grad_rel_err_vs_f64: f64,
+    modes_bitwise: bool,
+}
+
+/// One timed shape: a training step on packed documents against the same tokens unpacked.
+#[derive(Serialize)]
+struct CostRow {
+    family: LogDecayFamily,
+    w: usize,
+    b: usize,
+    t_local: usize,
+    h: usize,
+    d: usize,
+    documents: usize,
+    unpacked_ms: f64,
+    packed_ms: f64,
+    packed_over_unpacked: f64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    cases: Vec<CaseRow>,
+    cost: Vec<CostRow>,
+}
+
+/// The largest of each PE's value (all PEs call it).
+fn max_over_pes(rt: &Runtime, value: f64) -> Result<f64> {
+    Ok(rt
+        .all_gather_u64(value.to_bits())?
+        .into_iter()
+        .map(f64::from_bits)
+        .fold(f64::NEG_INFINITY, f64::max))
+}
+
+/// Timing schedule: ROUNDS rounds, each giving the unpacked and the packed step in turn
+/// WARM_CALLS untimed and CALLS_PER_VISIT timed calls.
+const ROUNDS: usize = 6;
+const WARM_CALLS: usize = 2;
+const CALLS_PER_VISIT: usize = 5;
+
+/// A training step on one PE's shard, on its documents or unpacked.
+struct Step<'a> {
+    shard: &'a mut Shard,
+    grads: &'a mut ShardGrads,
+    ops: &'a mut Ops,
+    starts: &'a DocumentStarts,
+    packed: bool,
+}
+
+impl ModeCall for Step<'_> {
+    fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
+        self.ops.set_mode(mode)
+    }
+
+    fn call(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        if self.packed {
+            self.shard.mark(self.starts, stream)?;
+        }
+        self.shard.forward(self.ops, stream, self.packed)?;
+        self.shard
+            .backward(self.grads, self.ops, self.starts, stream, self.packed)
+    }
+
+    fn finish(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.ops.finish(stream)
+    }
+}
+
+/// Documents of mixed lengths over `total` tokens: log-uniform in [64, 8192], the last cut at
+/// the end.
+fn mixed_documents(total: usize, rng: &mut SplitMix64) -> Vec<usize> {
+    let mut out = vec![0];
+    while *out.last().unwrap() < total {
+        let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        let len = (64.0 * 128f64.powf(u)) as usize;
+        out.push((out.last().unwrap() + len).min(total));
+    }
+    out
+}
+
+/// A training step of `family` at `shape` per GPU (inputs as gated_delta_lasp2 times them), on
+/// mixed documents and unpacked, in turns.
+fn time_cost(rt: &Runtime, family: LogDecayFamily, shape: ForwardShape) -> Result<CostRow> {
+    let (me, npes) = (rt.pe(), rt.npes());
+    let stream = rt.stream().clone();
+    let mut rng = SplitMix64::new(11 + me as u64);
+    let unit_rows = |mut x: Vec<f64>| -> Vec<f64> {
+        for row in x.chunks_mut(shape.dk) {
+            let norm = row.iter().map(|v| v * v).sum::<f64>().sqrt();
+            row.iter_mut().for_each(|v| *v /= norm);
+        }
+        x
+    };
+    let q = bf16s(&normals(&mut rng, shape.qk_len()));
+    let k = bf16s(&unit_rows(normals(&mut rng, shape.qk_len())));
+    let v = bf16s(&normals(&mut rng, shape.v_len()));
+    // g = logsigmoid(x) / 16, beta = sigmoid(x).
+    let g: Vec<f32> = normals(&mut rng, shape.gate_len())
+        .iter()
+        .map(|x| (-(-x).exp().ln_1p() / 16.0) as f32)
+        .collect();
+    let beta: Vec<f32> = normals(&mut rng, shape.gate_len())
+        .iter()
+        .map(|x| (1.0 / (1.0 + (-x).exp())) as f32)
+        .collect();
+    // Every PE draws the same documents.
+    let cu_seqlens = mixed_documents(npes * shape.t, &mut SplitMix64::new(5));
+    let mut shard = Shard {
+        shape,
+        q: stream.clone_htod(&q)?,
+        k: stream.clone_htod(&k)?,
+        v: stream.clone_htod(&v)?,
+        g: stream.clone_htod(&g)?,
+        forgetting_g: stream.alloc_zeros(shape.gate_len())?,
+        beta: match family {
+            LogDecayFamily::GatedDelta => Some(stream.clone_htod(&beta)?),
+            LogDecayFamily::ScalarDecay => None,
+        },
+        o: stream.alloc_zeros(shape.v_len())?,
+        start_state: stream.alloc_zeros(shape.state_len())?,
+        offsets: Offsets::upload(&stream, &cu_seqlens, false)?,
+        shard_start: me * shape.t,
+    };
+    let d_o = bf16s(&normals(&mut rng, shape.v_len()));
+    let mut grads = ShardGrads::new(&stream, &shard, &d_o)?;
+    let starts = DocumentStarts::new(rt)?;
+    let mut ops = Ops::new(rt, family, shape.layout())?;
+    let mut step = Step {
+        shard: &mut shard,
+        grads: &mut grads,
+        ops: &mut ops,
+        starts: &starts,
+        packed: false,
+    };
+    let mut samples = [Vec::new(), Vec::new()];
+    for _ in 0..ROUNDS {
+        for (packed, times) in samples.iter_mut().enumerate() {
+            step.packed = packed == 1;
+            for call in 0..WARM_CALLS + CALLS_PER_VISIT {
+                let ms = time_call(rt, &mut step)?;
+                if call >= WARM_CALLS {
+                    times.push(ms);
+                }
+            }
+            step.finish(&stream)?;
+        }
+    }
+    ops.free()?;
+    let median = |times: &mut Vec<f64>| {
+        times.sort_by(f64::total_cmp);
+        times[times.len() / 2]
+    };
+    let unpacked_ms = max_over_pes(rt, median(&mut samples[0]))?;
+    let packed_ms = max_over_pes(rt, median(&mut samples[1]))?;
+    let row = CostRow {
+        family,
+        w: npes,
+        b: shape.b,
+        t_local: shape.t,
+        h: shape.h,
+        d: shape.dk,
+        documents: cu_seqlens.len() - 1,
+        unpacked_ms: round(unpacked_ms, 4),
+        packed_ms: round(packed_ms, 4),
+        packed_over_unpacked: round(packed_ms / unpacked_ms, 4),
+    };
+    if me == 0 {
+        println!(
+            "{family:?} W={npes} B={} T_local={} H={} D={}, {} documents: training step unpacked \
+             {:.4} ms, packed {:.4} ms ({:.3}x)",
+            shape.b,
+            shape.t,
+            shape.h,
+            shape.dk,
+            row.documents,
+            row.unpacked_ms,
+            row.packed_ms,
+            row.packed_over_unpacked
+        );
+    }
+    Ok(row)
+}
+
+fn run(options: Options, config: Config) -> Result<bool> {
+    let rt = Runtime::init(config)?;
+    let mut case_rows = Vec::new();
+    let failed = if options.no_check {
+        0
+    } else {
+        let cases = packed_cases(rt.npes());
+        let mut errors = Vec::new();
+        let failed = run_cases(&rt, &cases, 3800, |case, seed| {
+            let mut e = CaseErrors::default();
+            let verdict = check_case(&rt, case, seed, options.graph_calls, &mut e);
+            errors.push(e);
+            verdict
+        })?;
+        for (case, e) in cases.iter().zip(errors) {
+            case_rows.push(CaseRow {
+                family: case.family,
+                w: rt.npes(),
+                shard_lengths: case.lengths.clone(),
+                doc_lengths: case.doc_lengths(),
+                rel_err_vs_f64: max_over_pes(&rt, e.o)?,
+                grad_rel_err_vs_f64: max_over_pes(&rt, e.grads)?,
+                modes_bitwise: max_over_pes(&rt, if e.bitwise { 0.0 } else { 1.0 })? == 0.0,
+            });
+        }
+        failed
+    };
+    let mut cost = Vec::new();
+    for &shape in &options.time {
+        for family in [LogDecayFamily::ScalarDecay, LogDecayFamily::GatedDelta] {
+            cost.push(time_cost(&rt, family, shape)?);
+        }
+    }
+    if let (Some(path), 0) = (&options.json, rt.pe()) {
+        write_json(
+            path,
+            &Report {
+                cases: case_rows,
+                cost,
+            },
+        )?;
+    }
+    rt.shutdown()?;
+    Ok(failed == 0)
+}
+
+/// A heap for a forward and a backward exchange of the largest layout, timed or checked (one
+/// family's operations at a time).
+fn config(options: &Options, npes: usize) -> Result<Config> {
+    let checks = Lasp2Layout {
+        b: 2,
+        h: 2,
+        dk: 128,
+        dv: 128,
+    };
+    let heap = options
+        .time
+        .iter()
+        .map(|s| s.layout())
+        .chain([checks])
+        .map(|l| {
+            2 * l
+                .symmetric_bytes::<ScalarDecay>(npes)
+                .max(l.symmetric_bytes::<GatedDelta>(npes))
+        })
+        .max()
+        .unwrap_or(0);
+    config_with_heap(heap)
+}
+
+fn main() {
+    // SAFETY: first thing in main: no thread has been started and no CUDA call made.
+    unsafe { main_under_launcher("packed_lasp2", Options::parse(), config, run) }
+}

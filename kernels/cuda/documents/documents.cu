@@ -1,0 +1,23 @@
+// Document-start marks: every token of the shard that starts a document gets `value` in all its
+// row_len values (lasp/documents/documents_params.h). The log-decays a family reads become
+// LASP_DOCUMENT_START_LOG_DECAY there (a copy of the caller's gates), and the gradient of the
+// caller's gates becomes 0 there (the layer never reads a start's gate).
+//
+// grid (num_offsets, B), block LASP_DOCUMENTS_THREADS: CTA (i, b) reads offset i and, when it
+// falls in the shard, writes that token's row of batch row b. A fixed grid whatever the documents,
+// so a captured graph replays with other documents in the same cu_seqlens buffer. Offsets that
+// repeat (the padding of a fixed-capacity buffer) write the same values again.
+#include <stdint.h>
+
+#include "lasp/documents/documents_params.h"
+
+extern "C" __global__ void __launch_bounds__(LASP_DOCUMENTS_THREADS)
+    lasp_document_marks(const __grid_constant__ lasp_document_marks_params p) {
+  const int i = blockIdx.x;
+  const int64_t start = p.offsets_are_int64 ? static_cast<const int64_t*>(p.cu_seqlens)[i]
+                                            : static_cast<const int32_t*>(p.cu_seqlens)[i];
+  const int64_t token = start - p.shard_start;
+  if (token < 0 || token >= p.T) return;  // the total, past every shard, lands here too
+  float* row = p.values + ((int64_t)blockIdx.y * p.T + token) * p.row_len;
+  for (int e = threadIdx.x; e < p.row_len; e += LASP_DOCUMENTS_THREADS) row[e] = p.value;
+}
