@@ -76,7 +76,7 @@
 extern "C" {
 #endif
 
-#define LASP_SHMEM_ABI_VERSION 2u
+#define LASP_SHMEM_ABI_VERSION 3u
 
 /* Status codes. */
 typedef int32_t lasp_status;
@@ -176,7 +176,14 @@ typedef int32_t lasp_status;
  *               rank; DO as scalar decay's; DHT [B, H, Dk, Dv] fp32, the gradient of the final
  *               state's C, or empty (LASP-2: last rank only); DQ, DK, DV out; DI_GATE and DG out,
  *               as I_GATE and G; DH0 [B, H, Dk, Dv] fp32 out, the initial state's C, or empty
- *               (LASP-2: rank 0 only). */
+ *               (LASP-2: rank 0 only).
+ * Packed documents (scalar decay, Gated DeltaNet; both directions, one GPU and LASP-2):
+ *               CU_SEQLENS, fla's cu_seqlens of the whole packed sequence [0, l_1, l_1 + l_2,
+ *               ..., total], int32 or int64, entries past the last repeating the total (a
+ *               buffer of fixed capacity: a captured graph replays with other documents written
+ *               into it), with call.shard_start; every batch row packed alike. The state forgets
+ *               at every document start, across ranks too; DG is 0 there. No H0, HT, DHT or DH0:
+ *               per-document states are not supported yet (every document starts from zero). */
 #define LASP_SLOT_Q 0
 #define LASP_SLOT_K 1
 #define LASP_SLOT_V 2
@@ -194,7 +201,7 @@ typedef int32_t lasp_status;
 #define LASP_SLOT_DG 14
 #define LASP_SLOT_DBETA 15      /* Gated DeltaNet */
 #define LASP_SLOT_DH0 16
-#define LASP_SLOT_CU_SEQLENS 17 /* reserved: sequence boundaries of a packed batch */
+#define LASP_SLOT_CU_SEQLENS 17 /* scalar decay, Gated DeltaNet: packed documents */
 #define LASP_SLOT_CHUNK_STATES 18
 #define LASP_SLOT_I_GATE 19     /* mLSTM */
 #define LASP_SLOT_DI_GATE 20    /* mLSTM */
@@ -256,7 +263,10 @@ typedef struct lasp_call {
                            forward's */
   int64_t tokens;       /* T: tokens per sequence (LASP-2: this rank's shard; ranks may
                            differ); 0: desc.tokens */
-  uint64_t reserved[6]; /* 0 */
+  int64_t shard_start;  /* with LASP_SLOT_CU_SEQLENS: the packed sequence's index of this call's
+                           first token (LASP-2: the sum of the earlier ranks' tokens; one GPU: 0);
+                           0 without */
+  uint64_t reserved[5]; /* 0 */
 } lasp_call;
 
 /* One tensor: a device address, its element count and type. All zero: an empty slot. */

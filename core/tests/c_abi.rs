@@ -92,7 +92,7 @@ fn c_callers_compile_link_and_get_checked_arguments() {
         .env_remove("RANK")
         .env_remove("WORLD_SIZE"));
     std::fs::remove_file(&exe).ok();
-    assert!(output.contains("abi_smoke: 58 checks passed"), "{output}");
+    assert!(output.contains("abi_smoke: 60 checks passed"), "{output}");
 }
 
 /// `sizeof` of a struct and `offsetof` of each of its fields, as C expressions with the Rust
@@ -147,7 +147,11 @@ fn abi_numbers() -> Vec<(String, i64)> {
                 reserved
             ]
         ),
-        layout!(Call, "lasp_call", [struct_size, scale, tokens, reserved]),
+        layout!(
+            Call,
+            "lasp_call",
+            [struct_size, scale, tokens, shard_start, reserved]
+        ),
         layout!(Tensor, "lasp_tensor", [data, numel, dtype, reserved]),
         layout!(Tensors, "lasp_tensors", [struct_size, reserved, slot]),
     ]

@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 OK, ERROR_INVALID_ARGUMENT = 0, 1
 MODE_OVERLAPPED, MODE_SEQUENTIAL_NCCL, MODE_NO_COMM = 0, 1, 3
 FAMILY_SCALAR_DECAY = 1
@@ -90,7 +90,8 @@ class OpDesc(SizedStruct):
 
 class Call(SizedStruct):
     _fields_ = [("struct_size", ctypes.c_uint32), ("scale", ctypes.c_float),
-                ("tokens", ctypes.c_int64), ("reserved", ctypes.c_uint64 * 6)]
+                ("tokens", ctypes.c_int64), ("shard_start", ctypes.c_int64),
+                ("reserved", ctypes.c_uint64 * 5)]
 
 
 class Tensor(ctypes.Structure):

@@ -292,7 +292,7 @@ def _running():
 
 
 def chunk_simple_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
-                     cu_seqlens=None, cp_group=None):
+                     cu_seqlens=None, cp_group=None, shard_start=None):
     """Linear attention with scalar decay, as fla's `chunk_simple_gla`:
     S_t = exp(g_t) S_{t-1} + k_t^T v_t, o_t = scale q_t S_t.
 
@@ -310,23 +310,30 @@ def chunk_simple_gla(q, k, v, g, scale=None, initial_state=None, output_final_st
     group's last rank only (None on the others). initial_state's gradient lands on the group's
     rank 0 (zeros on the others: their sum is the gradient).
 
-    cu_seqlens (packed sequences) is not supported yet.
+    cu_seqlens: packed documents, as fla's: the documents' offsets in the whole packed sequence
+    [0, l_1, l_1 + l_2, ..., total], a 1-D int32 or int64 tensor on the GPU (entries past the
+    last may repeat the total: a buffer of fixed capacity, so a captured CUDA graph replays with
+    other documents copied into it). The state forgets at every document start, on one GPU and
+    across the ranks (a document may start, end or span any number of ranks' slices), and g's
+    gradient is 0 there. Every batch row is packed alike (fla packs with B = 1). shard_start:
+    the packed sequence's index of this call's first token; None gives 0 on one GPU and
+    group-rank x T with cp_group (equal slices; pass it where the slices differ). Per-document
+    initial and final states are not supported yet: initial_state must be None and
+    output_final_state False with cu_seqlens.
     """
-    if cu_seqlens is not None:
-        raise NotImplementedError(
-            "chunk_simple_gla: cu_seqlens (packed sequences) is not supported yet; pass a batch "
-            "of equal-length sequences [B, T, H, D] and cu_seqlens=None (padding a sequence at "
-            "its end with k = v = 0 and g = 0 leaves its final state as it is)")
     if scale == 0:
         raise ValueError("chunk_simple_gla: scale must not be 0 (None gives Dk ** -0.5)")
     _check_inputs("chunk_simple_gla", q, k, v, g, initial_state, per_key_gates=False)
     runtime, lasp2 = _placement("chunk_simple_gla", cp_group)
     _check_device("chunk_simple_gla", runtime.device, q=q, k=k, v=v, g=g,
                   initial_state=initial_state)
+    cu_seqlens, shard_start = _documents("chunk_simple_gla", cu_seqlens, shard_start, runtime,
+                                         lasp2, q.shape[1], initial_state, output_final_state)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     want_ht = output_final_state and (not lasp2 or runtime.rank == runtime.world - 1)
     o, ht, _ = torch.ops.lasp_shmem.chunk_simple_gla_fwd(q, k, v, g, initial_state,
-                                                         float(scale), want_ht, lasp2)
+                                                         float(scale), want_ht, lasp2,
+                                                         cu_seqlens, shard_start)
     return o, ht if want_ht else None
 
 
@@ -369,7 +376,7 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
                            output_final_state=False, cu_seqlens=None,
-                           use_qk_l2norm_in_kernel=False, cp_group=None):
+                           use_qk_l2norm_in_kernel=False, cp_group=None, shard_start=None):
     """Gated DeltaNet, as fla's `chunk_gated_delta_rule`: the delta rule with a scalar decay,
     S_t = exp(g_t) (I - beta_t k_t^T k_t) S_{t-1} + beta_t k_t^T v_t, o_t = scale q_t S_t.
 
@@ -386,13 +393,9 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
 
     Differentiable in q, k, v, g, beta and initial_state (g's and beta's gradients in fp32). With
     cp_group the forward keeps the state this rank's shard starts from ([B, H, Dk, Dv] fp32) for
-    the backward. cu_seqlens (packed sequences) is not supported yet.
+    the backward. cu_seqlens and shard_start (packed documents) as for `chunk_simple_gla`.
     """
     op = "chunk_gated_delta_rule"
-    if cu_seqlens is not None:
-        raise NotImplementedError(
-            f"{op}: cu_seqlens (packed sequences) is not supported yet; pass a batch of "
-            "equal-length sequences [B, T, H, D] and cu_seqlens=None")
     if scale == 0:
         raise ValueError(f"{op}: scale must not be 0 (None gives Dk ** -0.5)")
     if isinstance(beta, torch.Tensor) and beta.dtype == torch.bfloat16:
@@ -403,10 +406,13 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
     runtime, lasp2 = _placement(op, cp_group)
     _check_device(op, runtime.device, q=q, k=k, v=v, g=g, beta=beta,
                   initial_state=initial_state)
+    cu_seqlens, shard_start = _documents(op, cu_seqlens, shard_start, runtime, lasp2, q.shape[1],
+                                         initial_state, output_final_state)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     want_ht = output_final_state and (not lasp2 or runtime.rank == runtime.world - 1)
     o, ht, _ = torch.ops.lasp_shmem.chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state,
-                                                               float(scale), want_ht, lasp2)
+                                                               float(scale), want_ht, lasp2,
+                                                               cu_seqlens, shard_start)
     return o, ht if want_ht else None
 
 
@@ -415,6 +421,41 @@ def _l2norm(x):
     in x's dtype."""
     y = x.float()
     return (y * torch.rsqrt(y.square().sum(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+
+def _documents(op, cu_seqlens, shard_start, runtime, lasp2, tokens, initial_state,
+               output_final_state):
+    """The packed documents a call names, (cu_seqlens, shard_start), or (None, 0) for none;
+    checked before anything is enqueued."""
+    if cu_seqlens is None:
+        if shard_start is not None:
+            raise ValueError(f"{op}: shard_start places this call in a packed sequence and is "
+                             "read only with cu_seqlens; pass shard_start=None")
+        return None, 0
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise TypeError(f"{op}: cu_seqlens must be a torch.Tensor, not "
+                        f"{type(cu_seqlens).__name__}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(f"{op}: cu_seqlens must be fla's 1-D offsets [0, l_1, ..., total] (at "
+                         f"least 2 entries), not of shape {tuple(cu_seqlens.shape)}")
+    if cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{op}: cu_seqlens must be torch.int32 or torch.int64, not "
+                        f"{cu_seqlens.dtype}")
+    if not cu_seqlens.is_contiguous():
+        raise ValueError(f"{op}: cu_seqlens (strides {cu_seqlens.stride()}) is not contiguous; "
+                         "call .contiguous() on it")
+    _check_device(op, runtime.device, cu_seqlens=cu_seqlens)
+    if initial_state is not None or output_final_state:
+        raise NotImplementedError(
+            f"{op}: per-document initial and final states are not supported yet with "
+            "cu_seqlens (every document starts from the zero state); pass initial_state=None "
+            "and output_final_state=False")
+    if shard_start is None:
+        shard_start = runtime.rank * tokens if lasp2 else 0
+    if not isinstance(shard_start, int) or shard_start < 0:
+        raise ValueError(f"{op}: shard_start = {shard_start!r} must be an int >= 0: the packed "
+                         "sequence's index of this call's first token")
+    return cu_seqlens, shard_start
 
 
 def _placement(op, cp_group):
@@ -508,10 +549,11 @@ def _backward_outputs(q, k, v, g, want_dh0):
 class _OpCall:
     """One call of a lasp_op: its layout (the op's key), scalars and tensors by slot."""
 
-    def __init__(self, q, v, lasp2, scale, slots, family=_abi.FAMILY_SCALAR_DECAY):
+    def __init__(self, q, v, lasp2, scale, slots, family=_abi.FAMILY_SCALAR_DECAY,
+                 shard_start=0):
         b, t, h, dk = q.shape
         self.layout = (family, b, h, dk, v.shape[-1], lasp2)
-        self.call = _abi.Call(scale=scale, tokens=t)
+        self.call = _abi.Call(scale=scale, tokens=t, shard_start=shard_start)
         self.tensors = _abi.tensors({
             slot: None if x is None else (x.data_ptr(), x.numel(), str(x.dtype))
             for slot, x in slots.items()})
@@ -561,17 +603,19 @@ class _OpCall:
         run(op, stream, ctypes.byref(self.call), ctypes.byref(self.tensors))
 
 
-def _forward_call(q, k, v, g, h0, scale, want_ht, lasp2):
+def _forward_call(q, k, v, g, h0, scale, want_ht, lasp2, cu_seqlens=None, shard_start=0):
     """The forward's outputs and its call."""
     o, ht, start = _forward_outputs(q, v, want_ht, lasp2)
     call = _OpCall(q, v, lasp2, scale, {
         _abi.SLOT_Q: q, _abi.SLOT_K: k, _abi.SLOT_V: v, _abi.SLOT_G: g, _abi.SLOT_H0: h0,
         _abi.SLOT_O: o, _abi.SLOT_HT: ht if want_ht else None,
-        _abi.SLOT_START_STATE: start if lasp2 else None})
+        _abi.SLOT_START_STATE: start if lasp2 else None, _abi.SLOT_CU_SEQLENS: cu_seqlens},
+        shard_start=shard_start)
     return (o, ht, start), call
 
 
-def _backward_call(q, k, v, g, state, do, dht, scale, want_dh0, lasp2, writes_dh0):
+def _backward_call(q, k, v, g, state, do, dht, scale, want_dh0, lasp2, writes_dh0,
+                   cu_seqlens=None, shard_start=0):
     """The backward's outputs and its call; `state` is the forward's h0 on one GPU, the start
     state it saved with LASP-2. dh0 is written where `writes_dh0` (LASP-2: rank 0), else zero."""
     dq, dk, dv, dg, dh0 = _backward_outputs(q, k, v, g, want_dh0)
@@ -581,16 +625,18 @@ def _backward_call(q, k, v, g, state, do, dht, scale, want_dh0, lasp2, writes_dh
         _abi.SLOT_Q: q, _abi.SLOT_K: k, _abi.SLOT_V: v, _abi.SLOT_G: g,
         _abi.SLOT_START_STATE if lasp2 else _abi.SLOT_H0: state, _abi.SLOT_DO: do,
         _abi.SLOT_DHT: dht, _abi.SLOT_DQ: dq, _abi.SLOT_DK: dk, _abi.SLOT_DV: dv,
-        _abi.SLOT_DG: dg, _abi.SLOT_DH0: dh0 if want_dh0 and writes_dh0 else None})
+        _abi.SLOT_DG: dg, _abi.SLOT_DH0: dh0 if want_dh0 and writes_dh0 else None,
+        _abi.SLOT_CU_SEQLENS: cu_seqlens}, shard_start=shard_start)
     return (dq, dk, dv, dg, dh0), call
 
 
 @torch.library.custom_op("lasp_shmem::chunk_simple_gla_fwd", mutates_args=(),
                          device_types="cuda")
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-             h0: Optional[torch.Tensor], scale: float, want_ht: bool,
-             lasp2: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    outputs, call = _forward_call(q, k, v, g, h0, scale, want_ht, lasp2)
+             h0: Optional[torch.Tensor], scale: float, want_ht: bool, lasp2: bool,
+             cu_seqlens: Optional[torch.Tensor] = None, shard_start: int = 0
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    outputs, call = _forward_call(q, k, v, g, h0, scale, want_ht, lasp2, cu_seqlens, shard_start)
     call.enqueue(backward=False, device=q.device)
     return outputs
 
@@ -599,42 +645,44 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                          device_types="cuda")
 def _backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
               state: Optional[torch.Tensor], do: torch.Tensor, dht: Optional[torch.Tensor],
-              scale: float, want_dh0: bool, lasp2: bool
+              scale: float, want_dh0: bool, lasp2: bool,
+              cu_seqlens: Optional[torch.Tensor] = None, shard_start: int = 0
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     writes_dh0 = not lasp2 or _running().rank == 0
     outputs, call = _backward_call(q, k, v, g, state, do, dht, scale, want_dh0, lasp2,
-                                   writes_dh0)
+                                   writes_dh0, cu_seqlens, shard_start)
     call.enqueue(backward=True, device=q.device)
     return outputs
 
 
 @_forward.register_fake
-def _(q, k, v, g, h0, scale, want_ht, lasp2):
+def _(q, k, v, g, h0, scale, want_ht, lasp2, cu_seqlens=None, shard_start=0):
     return _forward_outputs(q, v, want_ht, lasp2)
 
 
 @_backward.register_fake
-def _(q, k, v, g, state, do, dht, scale, want_dh0, lasp2):
+def _(q, k, v, g, state, do, dht, scale, want_dh0, lasp2, cu_seqlens=None, shard_start=0):
     return _backward_outputs(q, k, v, g, want_dh0)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, g, h0, scale, want_ht, lasp2 = inputs
+    q, k, v, g, h0, scale, want_ht, lasp2, cu_seqlens, shard_start = inputs
     start = output[2]
     ctx.mark_non_differentiable(start)
     # The backward starts from the sequence's initial state on one GPU, from the state the
-    # forward found at this rank's shard with LASP-2.
-    ctx.save_for_backward(q, k, v, g, start if lasp2 else h0)
-    ctx.scale, ctx.want_ht, ctx.lasp2 = scale, want_ht, lasp2
+    # forward found at this rank's shard with LASP-2, over the same documents.
+    ctx.save_for_backward(q, k, v, g, start if lasp2 else h0, cu_seqlens)
+    ctx.scale, ctx.want_ht, ctx.lasp2, ctx.shard_start = scale, want_ht, lasp2, shard_start
 
 
 def _differentiate(ctx, grad_o, grad_ht, _grad_start):
-    q, k, v, g, state = ctx.saved_tensors
+    q, k, v, g, state, cu_seqlens = ctx.saved_tensors
     dht = grad_ht.contiguous() if ctx.want_ht and grad_ht is not None else None
     want_dh0 = ctx.needs_input_grad[4]
     dq, dk, dv, dg, dh0 = torch.ops.lasp_shmem.chunk_simple_gla_bwd(
-        q, k, v, g, state, grad_o.contiguous(), dht, ctx.scale, want_dh0, ctx.lasp2)
-    return dq, dk, dv, dg, dh0 if want_dh0 else None, None, None, None
+        q, k, v, g, state, grad_o.contiguous(), dht, ctx.scale, want_dh0, ctx.lasp2, cu_seqlens,
+        ctx.shard_start)
+    return dq, dk, dv, dg, dh0 if want_dh0 else None, None, None, None, None, None
 
 
 _forward.register_autograd(_differentiate, setup_context=_setup_context)
@@ -749,18 +797,21 @@ def _gdn_backward_outputs(q, k, v, g, beta, want_dh0):
     return dq, dk, dv, dg, torch.empty_like(beta), dh0
 
 
-def _gdn_forward_call(q, k, v, g, beta, h0, scale, want_ht, lasp2):
+def _gdn_forward_call(q, k, v, g, beta, h0, scale, want_ht, lasp2, cu_seqlens=None,
+                      shard_start=0):
     """Gated DeltaNet's forward outputs (o, the final state, the state this rank's shard starts
     from with LASP-2) and its call."""
     o, ht, start = _forward_outputs(q, v, want_ht, lasp2)
     call = _OpCall(q, v, lasp2, scale, {
         _abi.SLOT_Q: q, _abi.SLOT_K: k, _abi.SLOT_V: v, _abi.SLOT_G: g, _abi.SLOT_BETA: beta,
         _abi.SLOT_H0: h0, _abi.SLOT_O: o, _abi.SLOT_HT: ht if want_ht else None,
-        _abi.SLOT_START_STATE: start if lasp2 else None}, family=_abi.FAMILY_GATED_DELTA)
+        _abi.SLOT_START_STATE: start if lasp2 else None, _abi.SLOT_CU_SEQLENS: cu_seqlens},
+        family=_abi.FAMILY_GATED_DELTA, shard_start=shard_start)
     return (o, ht, start), call
 
 
-def _gdn_backward_call(q, k, v, g, beta, state, do, dht, scale, want_dh0, lasp2, writes_dh0):
+def _gdn_backward_call(q, k, v, g, beta, state, do, dht, scale, want_dh0, lasp2, writes_dh0,
+                      cu_seqlens=None, shard_start=0):
     """Gated DeltaNet's backward outputs and its call; `state` is the forward's h0 on one GPU, the
     start state it saved with LASP-2. dh0 is written where `writes_dh0` (LASP-2: rank 0), else
     zero."""
@@ -772,7 +823,8 @@ def _gdn_backward_call(q, k, v, g, beta, state, do, dht, scale, want_dh0, lasp2,
         _abi.SLOT_START_STATE if lasp2 else _abi.SLOT_H0: state, _abi.SLOT_DO: do,
         _abi.SLOT_DHT: dht, _abi.SLOT_DQ: dq, _abi.SLOT_DK: dk, _abi.SLOT_DV: dv,
         _abi.SLOT_DG: dg, _abi.SLOT_DBETA: dbeta,
-        _abi.SLOT_DH0: dh0 if want_dh0 and writes_dh0 else None}, family=_abi.FAMILY_GATED_DELTA)
+        _abi.SLOT_DH0: dh0 if want_dh0 and writes_dh0 else None,
+        _abi.SLOT_CU_SEQLENS: cu_seqlens}, family=_abi.FAMILY_GATED_DELTA, shard_start=shard_start)
     return (dq, dk, dv, dg, dbeta, dh0), call
 
 
@@ -780,8 +832,10 @@ def _gdn_backward_call(q, k, v, g, beta, state, do, dht, scale, want_dh0, lasp2,
                          device_types="cuda")
 def _gdn_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                  beta: torch.Tensor, h0: Optional[torch.Tensor], scale: float, want_ht: bool,
-                 lasp2: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    outputs, call = _gdn_forward_call(q, k, v, g, beta, h0, scale, want_ht, lasp2)
+                 lasp2: bool, cu_seqlens: Optional[torch.Tensor] = None, shard_start: int = 0
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    outputs, call = _gdn_forward_call(q, k, v, g, beta, h0, scale, want_ht, lasp2, cu_seqlens,
+                                      shard_start)
     call.enqueue(backward=False, device=q.device)
     return outputs
 
@@ -790,43 +844,45 @@ def _gdn_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Ten
                          device_types="cuda")
 def _gdn_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                   beta: torch.Tensor, state: Optional[torch.Tensor], do: torch.Tensor,
-                  dht: Optional[torch.Tensor], scale: float, want_dh0: bool, lasp2: bool
+                  dht: Optional[torch.Tensor], scale: float, want_dh0: bool, lasp2: bool,
+                  cu_seqlens: Optional[torch.Tensor] = None, shard_start: int = 0
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                              torch.Tensor]:
     writes_dh0 = not lasp2 or _running().rank == 0
     outputs, call = _gdn_backward_call(q, k, v, g, beta, state, do, dht, scale, want_dh0, lasp2,
-                                       writes_dh0)
+                                       writes_dh0, cu_seqlens, shard_start)
     call.enqueue(backward=True, device=q.device)
     return outputs
 
 
 @_gdn_forward.register_fake
-def _(q, k, v, g, beta, h0, scale, want_ht, lasp2):
+def _(q, k, v, g, beta, h0, scale, want_ht, lasp2, cu_seqlens=None, shard_start=0):
     return _forward_outputs(q, v, want_ht, lasp2)
 
 
 @_gdn_backward.register_fake
-def _(q, k, v, g, beta, state, do, dht, scale, want_dh0, lasp2):
+def _(q, k, v, g, beta, state, do, dht, scale, want_dh0, lasp2, cu_seqlens=None, shard_start=0):
     return _gdn_backward_outputs(q, k, v, g, beta, want_dh0)
 
 
 def _gdn_setup_context(ctx, inputs, output):
-    q, k, v, g, beta, h0, scale, want_ht, lasp2 = inputs
+    q, k, v, g, beta, h0, scale, want_ht, lasp2, cu_seqlens, shard_start = inputs
     start = output[2]
     ctx.mark_non_differentiable(start)
     # As scalar decay's: the backward starts from the sequence's initial state on one GPU, from
-    # the state the forward found at this rank's shard with LASP-2.
-    ctx.save_for_backward(q, k, v, g, beta, start if lasp2 else h0)
-    ctx.scale, ctx.want_ht, ctx.lasp2 = scale, want_ht, lasp2
+    # the state the forward found at this rank's shard with LASP-2, over the same documents.
+    ctx.save_for_backward(q, k, v, g, beta, start if lasp2 else h0, cu_seqlens)
+    ctx.scale, ctx.want_ht, ctx.lasp2, ctx.shard_start = scale, want_ht, lasp2, shard_start
 
 
 def _gdn_differentiate(ctx, grad_o, grad_ht, _grad_start):
-    q, k, v, g, beta, state = ctx.saved_tensors
+    q, k, v, g, beta, state, cu_seqlens = ctx.saved_tensors
     dht = grad_ht.contiguous() if ctx.want_ht and grad_ht is not None else None
     want_dh0 = ctx.needs_input_grad[5]
     dq, dk, dv, dg, dbeta, dh0 = torch.ops.lasp_shmem.chunk_gated_delta_rule_bwd(
-        q, k, v, g, beta, state, grad_o.contiguous(), dht, ctx.scale, want_dh0, ctx.lasp2)
-    return dq, dk, dv, dg, dbeta, dh0 if want_dh0 else None, None, None, None
+        q, k, v, g, beta, state, grad_o.contiguous(), dht, ctx.scale, want_dh0, ctx.lasp2,
+        cu_seqlens, ctx.shard_start)
+    return dq, dk, dv, dg, dbeta, dh0 if want_dh0 else None, None, None, None, None, None
 
 
 _gdn_forward.register_autograd(_gdn_differentiate, setup_context=_gdn_setup_context)

@@ -30,9 +30,31 @@ GLA_SAVES = []
 GLA_BACKWARDS = []
 
 
+def documents(cu_seqlens, shard_start, t):
+    """The token ranges of the documents (or their parts) in a call's t tokens."""
+    if cu_seqlens is None:
+        return [(0, t)]
+    starts = sorted({min(max(int(s) - shard_start, 0), t) for s in cu_seqlens} | {0, t})
+    return list(zip(starts[:-1], starts[1:]))
+
+
+def per_document(fn, cu_seqlens, shard_start, *tensors):
+    """fn over each document of [B, T, ...] tensors on its own (from the zero state), its
+    results concatenated along T: the packed reference."""
+    pieces = [fn(*(x[:, a:b] for x in tensors))
+              for a, b in documents(cu_seqlens, shard_start, tensors[0].shape[1])]
+    return [torch.cat(parts, dim=1) for parts in zip(*pieces)]
+
+
 @torch.library.register_kernel("lasp_shmem::chunk_simple_gla_fwd", "cpu")
-def _forward_on_cpu(q, k, v, g, h0, scale, want_ht, lasp2):
+def _forward_on_cpu(q, k, v, g, h0, scale, want_ht, lasp2, cu_seqlens=None, shard_start=0):
     o, ht, start = lt._forward_outputs(q, v, want_ht, lasp2)
+    if cu_seqlens is not None:  # the public function refuses h0 and ht with documents
+        o.copy_(per_document(lambda *x: recurrent(*x, None, scale)[:1], cu_seqlens, shard_start,
+                             q, k, v, g)[0])
+        if lasp2:
+            start.zero_()
+        return o, ht, start
     want_o, want_ht_ = recurrent(q, k, v, g, h0, scale)
     o.copy_(want_o)
     if want_ht:
@@ -43,8 +65,16 @@ def _forward_on_cpu(q, k, v, g, h0, scale, want_ht, lasp2):
 
 
 @torch.library.register_kernel("lasp_shmem::chunk_simple_gla_bwd", "cpu")
-def _backward_on_cpu(q, k, v, g, state, do, dht, scale, want_dh0, lasp2):
+def _backward_on_cpu(q, k, v, g, state, do, dht, scale, want_dh0, lasp2, cu_seqlens=None,
+                     shard_start=0):
     outputs = lt._backward_outputs(q, k, v, g, want_dh0)
+    if cu_seqlens is not None:
+        grads = per_document(lambda q, k, v, g, do: gradients(q, k, v, g, None, do, None,
+                                                              scale)[:4],
+                             cu_seqlens, shard_start, q, k, v, g, do)
+        for out, grad in zip(outputs, grads):
+            out.copy_(grad)
+        return outputs
     for out, grad in zip(outputs, gradients(q, k, v, g, state, do, dht, scale)):
         if out.numel():  # not dh0 unless wanted
             out.copy_(grad)
@@ -84,8 +114,15 @@ def _gla_backward_on_cpu(q, k, v, g, h0, states, do, dht, scale, want_dh0, lasp2
 
 
 @torch.library.register_kernel("lasp_shmem::chunk_gated_delta_rule_fwd", "cpu")
-def _gdn_forward_on_cpu(q, k, v, g, beta, h0, scale, want_ht, lasp2):
+def _gdn_forward_on_cpu(q, k, v, g, beta, h0, scale, want_ht, lasp2, cu_seqlens=None,
+                        shard_start=0):
     o, ht, start = lt._forward_outputs(q, v, want_ht, lasp2)
+    if cu_seqlens is not None:  # the public function refuses h0 and ht with documents
+        o.copy_(per_document(lambda *x: delta_recurrent(*x, None, scale)[:1], cu_seqlens,
+                             shard_start, q, k, v, g, beta)[0])
+        if lasp2:
+            start.zero_()
+        return o, ht, start
     want_o, want_ht_ = delta_recurrent(q, k, v, g, beta, h0, scale)
     o.copy_(want_o)
     if want_ht:
@@ -96,8 +133,17 @@ def _gdn_forward_on_cpu(q, k, v, g, beta, h0, scale, want_ht, lasp2):
 
 
 @torch.library.register_kernel("lasp_shmem::chunk_gated_delta_rule_bwd", "cpu")
-def _gdn_backward_on_cpu(q, k, v, g, beta, state, do, dht, scale, want_dh0, lasp2):
+def _gdn_backward_on_cpu(q, k, v, g, beta, state, do, dht, scale, want_dh0, lasp2,
+                         cu_seqlens=None, shard_start=0):
     outputs = lt._gdn_backward_outputs(q, k, v, g, beta, want_dh0)
+    if cu_seqlens is not None:
+        grads = per_document(
+            lambda q, k, v, g, beta, do: delta_gradients(q, k, v, g, beta, None, do, None,
+                                                         scale)[:5],
+            cu_seqlens, shard_start, q, k, v, g, beta, do)
+        for out, grad in zip(outputs, grads):
+            out.copy_(grad)
+        return outputs
     for out, grad in zip(outputs, delta_gradients(q, k, v, g, beta, state, do, dht, scale)):
         if out.numel():  # not dh0 unless wanted
             out.copy_(grad)
@@ -201,10 +247,90 @@ def test_bad_arguments_are_refused_before_any_call(runtime, name, change, error,
         lt.chunk_simple_gla(**args)
 
 
-def test_packed_sequences_are_not_supported_yet():
+def packed_bad_arguments():
+    q, k, v, g, h0 = cpu_inputs()
+    cu = torch.tensor([0, 4, T], dtype=torch.int32)
+    return [
+        ("offsets fp32", dict(cu_seqlens=cu.float()), TypeError,
+         "cu_seqlens must be torch.int32 or torch.int64, not torch.float32"),
+        ("offsets 2-D", dict(cu_seqlens=cu[None]), ValueError, "1-D offsets"),
+        ("one offset", dict(cu_seqlens=cu[:1]), ValueError, "at least 2 entries"),
+        ("offsets list", dict(cu_seqlens=[0, T]), TypeError, "cu_seqlens must be a torch.Tensor"),
+        ("initial state", dict(cu_seqlens=cu, initial_state=h0), NotImplementedError,
+         "per-document initial and final states are not supported yet"),
+        ("final state", dict(cu_seqlens=cu, output_final_state=True), NotImplementedError,
+         "per-document initial and final states"),
+        ("shard start alone", dict(shard_start=4), ValueError,
+         "read only with cu_seqlens; pass shard_start=None"),
+        ("shard start < 0", dict(cu_seqlens=cu, shard_start=-1), ValueError,
+         "must be an int >= 0"),
+    ]
+
+
+@pytest.mark.parametrize("name, change, error, message", packed_bad_arguments(),
+                         ids=[case[0] for case in packed_bad_arguments()])
+def test_bad_documents_are_refused_before_any_call(cpu_runtime, name, change, error, message):
     q, k, v, g, _ = cpu_inputs()
-    with pytest.raises(NotImplementedError, match="cu_seqlens.*not supported yet"):
-        lt.chunk_simple_gla(q, k, v, g, cu_seqlens=torch.tensor([0, T], dtype=torch.int32))
+    with pytest.raises(error, match=message):
+        lt.chunk_simple_gla(q, k, v, g, **change)
+    beta = torch.rand(B, T, H)
+    with pytest.raises(error, match=message):
+        lt.chunk_gated_delta_rule(q, k, v, g, beta, **change)
+
+
+@pytest.mark.parametrize("delta_rule", [False, True])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_packed_documents_flow_through_the_ops(cpu_runtime, delta_rule, dtype):
+    """cu_seqlens reaches both custom ops (the CPU stand-ins run each document on its own), and
+    the gradients are float64 autograd's through each document's recurrence: g's is 0 at every
+    document start."""
+    t = 40
+    q, k, v, g, _ = cpu_inputs(t=t)
+    beta = torch.rand(B, t, H)
+    cu = torch.tensor([0, 1, 17, 30, t, t], dtype=dtype)  # padded with the total
+    leaves = [x.clone().requires_grad_() for x in ((q, k, v, g, beta) if delta_rule
+                                                   else (q, k, v, g))]
+    if delta_rule:
+        o, ht = lt.chunk_gated_delta_rule(*leaves, scale=0.125, cu_seqlens=cu)
+    else:
+        o, ht = lt.chunk_simple_gla(*leaves, scale=0.125, cu_seqlens=cu)
+    assert ht is None
+    do = torch.rand(B, t, H, DV).bfloat16()
+    got = torch.autograd.grad(o, leaves, do)
+    wide = [x.detach().double().requires_grad_() for x in leaves]
+    step = delta_recurrent if delta_rule else recurrent
+    o64 = torch.cat([step(*(x[:, a:b] for x in wide), None, 0.125)[0]
+                     for a, b in documents(cu, 0, t)], dim=1)
+    want = torch.autograd.grad(o64, wide, do.double())
+    torch.testing.assert_close(o.double(), o64, rtol=2e-2, atol=2e-2)
+    for x, y in zip(got, want):
+        torch.testing.assert_close(x.double(), y, rtol=2e-2, atol=2e-2)
+    dg = got[3]
+    assert dg[:, [0, 1, 17, 30]].abs().max() == 0
+
+
+@pytest.mark.parametrize("delta_rule", [False, True])
+def test_the_library_accepts_packed_calls(library, delta_rule):
+    """The ops' packed calls fill LASP_SLOT_CU_SEQLENS and call.shard_start as the library's
+    lasp_op_check_call wants them, in both directions, on one GPU and with LASP-2."""
+    q, k, v, g, _ = cpu_inputs()
+    beta = torch.rand(B, T, H)
+    cu = torch.tensor([0, 4, 7, 30], dtype=torch.int64)
+    for lasp2 in (False, True):
+        if delta_rule:
+            (o, _, start), forward = lt._gdn_forward_call(q, k, v, g, beta, None, 0.125, False,
+                                                          lasp2, cu, 21)
+            _, backward = lt._gdn_backward_call(q, k, v, g, beta, start if lasp2 else None, o,
+                                                None, 0.125, False, lasp2, False, cu, 21)
+        else:
+            (o, _, start), forward = lt._forward_call(q, k, v, g, None, 0.125, False, lasp2, cu,
+                                                      21)
+            _, backward = lt._backward_call(q, k, v, g, start if lasp2 else None, o, None, 0.125,
+                                            False, lasp2, False, cu, 21)
+        assert forward.call.shard_start == 21
+        assert forward.tensors.slot[_abi.SLOT_CU_SEQLENS].dtype == _abi.DTYPES["torch.int64"]
+        call_is_accepted(library, forward, _abi.DIRECTION_FORWARD)
+        call_is_accepted(library, backward, _abi.DIRECTION_BACKWARD)
 
 
 def test_a_call_before_init_says_to_call_init():
@@ -844,8 +970,6 @@ def gdn_bad_arguments():
         ("Dk 32", dict(q=q[..., :32].contiguous(), k=k[..., :32].contiguous(),
                        initial_state=None), ValueError, "Dk = 32 must be 64 or 128"),
         ("on the CPU", {}, ValueError, "q is on cpu, but lasp-shmem runs on cuda:0"),
-        ("packed", dict(cu_seqlens=torch.tensor([0, T])), NotImplementedError,
-         "cu_seqlens .* is not supported yet"),
     ]
 
 

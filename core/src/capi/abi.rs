@@ -6,7 +6,7 @@ use crate::rendezvous::ID_BYTES;
 use std::ffi::c_char;
 
 /// `LASP_SHMEM_ABI_VERSION`: bumped whenever a struct or a signature of the header changes.
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 
 /// `LASP_FAMILY_*`.
 pub const LASP_FAMILY_SCALAR_DECAY: i32 = 1;
@@ -299,7 +299,10 @@ pub struct Call {
     pub scale: f32,
     /// This call's tokens per sequence (LASP-2: this rank's shard); 0: the descriptor's.
     pub tokens: i64,
-    pub reserved: [u64; 6],
+    /// With `LASP_SLOT_CU_SEQLENS`: the packed sequence's index of this call's first token (the
+    /// sum of the earlier ranks' tokens); 0 otherwise.
+    pub shard_start: i64,
+    pub reserved: [u64; 5],
 }
 
 // SAFETY: #[repr(C)], struct_size first.
@@ -314,7 +317,8 @@ impl Default for Call {
             struct_size: std::mem::size_of::<Call>() as u32,
             scale: 0.0,
             tokens: 0,
-            reserved: [0; 6],
+            shard_start: 0,
+            reserved: [0; 5],
         }
     }
 }

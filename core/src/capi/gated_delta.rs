@@ -2,12 +2,13 @@
 //! head, on one GPU ([`GatedDeltaForward`], [`GatedDeltaBackward`]) or across the ranks
 //! ([`GatedDeltaLasp2Forward`], [`GatedDeltaLasp2Backward`]).
 
-use super::abi::Dtype::{Bf16, F32};
+use super::abi::Dtype::{Bf16, F32, I32};
 use super::abi::Slot;
+use super::documents::with_documents;
 use super::families::{chains_symmetric_bytes, AbiFamily, Direction, FamilyOp};
 use super::pairs::{AbiCall, Lasp2Pair, SingleGpuPair};
 use super::spec::{Kind, OpSpec};
-use super::tensors::Layout::{Gates, Qk, State, V};
+use super::tensors::Layout::{Gates, Offsets, Qk, State, V};
 use super::tensors::Role::{Input, OptionalInput, OptionalOutput, Output};
 use super::tensors::{CheckedCall, SlotUse};
 use crate::error::Result;
@@ -20,7 +21,7 @@ use crate::runtime::Runtime;
 use cudarc::driver::CudaStream;
 use std::sync::Arc;
 
-static SINGLE_GPU_FORWARD: [SlotUse; 8] = [
+static SINGLE_GPU_FORWARD: [SlotUse; 9] = [
     SlotUse::new(Slot::Q, Input, Bf16, Qk),
     SlotUse::new(Slot::K, Input, Bf16, Qk),
     SlotUse::new(Slot::V, Input, Bf16, V),
@@ -29,11 +30,12 @@ static SINGLE_GPU_FORWARD: [SlotUse; 8] = [
     SlotUse::new(Slot::H0, OptionalInput, F32, State),
     SlotUse::new(Slot::O, Output, Bf16, V),
     SlotUse::new(Slot::Ht, OptionalOutput, F32, State),
+    SlotUse::new(Slot::CuSeqlens, OptionalInput, I32, Offsets),
 ];
 
 /// The single-GPU forward's slots, and the state this rank's shard starts from (h0 folded with
 /// the earlier ranks' summaries), which the backward starts from.
-static LASP2_FORWARD: [SlotUse; 9] = [
+static LASP2_FORWARD: [SlotUse; 10] = [
     SlotUse::new(Slot::Q, Input, Bf16, Qk),
     SlotUse::new(Slot::K, Input, Bf16, Qk),
     SlotUse::new(Slot::V, Input, Bf16, V),
@@ -43,9 +45,10 @@ static LASP2_FORWARD: [SlotUse; 9] = [
     SlotUse::new(Slot::O, Output, Bf16, V),
     SlotUse::new(Slot::Ht, OptionalOutput, F32, State),
     SlotUse::new(Slot::StartState, OptionalOutput, F32, State),
+    SlotUse::new(Slot::CuSeqlens, OptionalInput, I32, Offsets),
 ];
 
-static SINGLE_GPU_BACKWARD: [SlotUse; 14] = [
+static SINGLE_GPU_BACKWARD: [SlotUse; 15] = [
     SlotUse::new(Slot::Q, Input, Bf16, Qk),
     SlotUse::new(Slot::K, Input, Bf16, Qk),
     SlotUse::new(Slot::V, Input, Bf16, V),
@@ -60,12 +63,13 @@ static SINGLE_GPU_BACKWARD: [SlotUse; 14] = [
     SlotUse::new(Slot::Dg, Output, F32, Gates),
     SlotUse::new(Slot::Dbeta, Output, F32, Gates),
     SlotUse::new(Slot::Dh0, OptionalOutput, F32, State),
+    SlotUse::new(Slot::CuSeqlens, OptionalInput, I32, Offsets),
 ];
 
 /// The single-GPU backward's slots, starting from the state the forward saved on this rank
 /// instead of the sequence's initial state. dht is given on the last rank only and dh0 written on
 /// rank 0 only: the LASP-2 op refuses either elsewhere with a message naming the rank.
-static LASP2_BACKWARD: [SlotUse; 14] = [
+static LASP2_BACKWARD: [SlotUse; 15] = [
     SlotUse::new(Slot::Q, Input, Bf16, Qk),
     SlotUse::new(Slot::K, Input, Bf16, Qk),
     SlotUse::new(Slot::V, Input, Bf16, V),
@@ -80,6 +84,7 @@ static LASP2_BACKWARD: [SlotUse; 14] = [
     SlotUse::new(Slot::Dg, Output, F32, Gates),
     SlotUse::new(Slot::Dbeta, Output, F32, Gates),
     SlotUse::new(Slot::Dh0, OptionalOutput, F32, State),
+    SlotUse::new(Slot::CuSeqlens, OptionalInput, I32, Offsets),
 ];
 
 impl AbiFamily for GatedDelta {
@@ -105,7 +110,7 @@ impl AbiFamily for GatedDelta {
     }
 
     fn create(&self, runtime: &Runtime, spec: &OpSpec) -> Result<Box<dyn FamilyOp>> {
-        match spec.kind {
+        with_documents(runtime, || match spec.kind {
             Kind::SingleGpu => Ok(SingleGpuPair::boxed(
                 GatedDeltaForward::new(runtime)?,
                 spec.with_backward
@@ -117,7 +122,7 @@ impl AbiFamily for GatedDelta {
                 spec.with_backward
                     .then_some(|| GatedDeltaLasp2Backward::new(runtime, spec.layout, mode)),
             ),
-        }
+        })
     }
 }
 

@@ -24,6 +24,7 @@ pub mod status;
 
 mod abi;
 mod args;
+mod documents;
 mod families;
 mod gated_delta;
 mod gla;

@@ -2,13 +2,14 @@
 //! ([`ScalarDecayForward`], [`ScalarDecayBackward`]) or across the ranks ([`Lasp2Forward`],
 //! [`Lasp2Backward`]).
 
-use super::abi::Dtype::{Bf16, F32};
+use super::abi::Dtype::{Bf16, F32, I32};
 use super::abi::Slot;
 use super::args::invalid;
+use super::documents::with_documents;
 use super::families::{chains_symmetric_bytes, AbiFamily, Direction, FamilyOp};
 use super::pairs::{AbiCall, Lasp2Pair, SingleGpuPair};
 use super::spec::{Kind, OpSpec};
-use super::tensors::Layout::{Gates, Qk, State, V};
+use super::tensors::Layout::{Gates, Offsets, Qk, State, V};
 use super::tensors::Role::{Input, OptionalInput, OptionalOutput, Output};
 use super::tensors::{CheckedCall, SlotUse};
 use crate::error::Result;
@@ -21,7 +22,7 @@ use crate::runtime::Runtime;
 use cudarc::driver::CudaStream;
 use std::sync::Arc;
 
-static SINGLE_GPU_FORWARD: [SlotUse; 7] = [
+static SINGLE_GPU_FORWARD: [SlotUse; 8] = [
     SlotUse::new(Slot::Q, Input, Bf16, Qk),
     SlotUse::new(Slot::K, Input, Bf16, Qk),
     SlotUse::new(Slot::V, Input, Bf16, V),
@@ -29,10 +30,11 @@ static SINGLE_GPU_FORWARD: [SlotUse; 7] = [
     SlotUse::new(Slot::H0, OptionalInput, F32, State),
     SlotUse::new(Slot::O, Output, Bf16, V),
     SlotUse::new(Slot::Ht, OptionalOutput, F32, State),
+    SlotUse::new(Slot::CuSeqlens, OptionalInput, I32, Offsets),
 ];
 
 /// The single-GPU forward's slots, and the state this rank's shard starts from.
-static LASP2_FORWARD: [SlotUse; 8] = [
+static LASP2_FORWARD: [SlotUse; 9] = [
     SlotUse::new(Slot::Q, Input, Bf16, Qk),
     SlotUse::new(Slot::K, Input, Bf16, Qk),
     SlotUse::new(Slot::V, Input, Bf16, V),
@@ -41,9 +43,10 @@ static LASP2_FORWARD: [SlotUse; 8] = [
     SlotUse::new(Slot::O, Output, Bf16, V),
     SlotUse::new(Slot::Ht, OptionalOutput, F32, State),
     SlotUse::new(Slot::StartState, OptionalOutput, F32, State),
+    SlotUse::new(Slot::CuSeqlens, OptionalInput, I32, Offsets),
 ];
 
-static SINGLE_GPU_BACKWARD: [SlotUse; 12] = [
+static SINGLE_GPU_BACKWARD: [SlotUse; 13] = [
     SlotUse::new(Slot::Q, Input, Bf16, Qk),
     SlotUse::new(Slot::K, Input, Bf16, Qk),
     SlotUse::new(Slot::V, Input, Bf16, V),
@@ -56,11 +59,12 @@ static SINGLE_GPU_BACKWARD: [SlotUse; 12] = [
     SlotUse::new(Slot::Dv, Output, Bf16, V),
     SlotUse::new(Slot::Dg, Output, F32, Gates),
     SlotUse::new(Slot::Dh0, OptionalOutput, F32, State),
+    SlotUse::new(Slot::CuSeqlens, OptionalInput, I32, Offsets),
 ];
 
 /// The single-GPU backward's slots, starting from the state the forward saved on this rank
 /// instead of the sequence's initial state.
-static LASP2_BACKWARD: [SlotUse; 12] = [
+static LASP2_BACKWARD: [SlotUse; 13] = [
     SlotUse::new(Slot::Q, Input, Bf16, Qk),
     SlotUse::new(Slot::K, Input, Bf16, Qk),
     SlotUse::new(Slot::V, Input, Bf16, V),
@@ -73,6 +77,7 @@ static LASP2_BACKWARD: [SlotUse; 12] = [
     SlotUse::new(Slot::Dv, Output, Bf16, V),
     SlotUse::new(Slot::Dg, Output, F32, Gates),
     SlotUse::new(Slot::Dh0, OptionalOutput, F32, State),
+    SlotUse::new(Slot::CuSeqlens, OptionalInput, I32, Offsets),
 ];
 
 impl AbiFamily for ScalarDecay {
@@ -107,7 +112,7 @@ impl AbiFamily for ScalarDecay {
     }
 
     fn create(&self, runtime: &Runtime, spec: &OpSpec) -> Result<Box<dyn FamilyOp>> {
-        match spec.kind {
+        with_documents(runtime, || match spec.kind {
             Kind::SingleGpu => Ok(SingleGpuPair::boxed(
                 ScalarDecayForward::new(runtime)?,
                 spec.with_backward
@@ -119,7 +124,7 @@ impl AbiFamily for ScalarDecay {
                 spec.with_backward
                     .then_some(|| Lasp2Backward::new(runtime, spec.layout, mode)),
             ),
-        }
+        })
     }
 }
 

@@ -9,6 +9,7 @@ use super::families::Direction;
 use super::memory;
 use super::spec::{Kind, OpSpec};
 use crate::error::Result;
+use crate::ops::documents::{DocumentOffsets, Documents};
 use crate::ops::gla::{chunk_states_len, CHUNK_STATES_LAYOUT};
 use crate::ops::scalar_decay::ForwardShape;
 use crate::ops::{bf16, DeviceMut, DeviceRef};
@@ -35,6 +36,9 @@ pub(super) enum Layout {
     /// `[2, B, T, H]`: the stabiliser and the denominator of every token, which the mLSTM
     /// forward saves for its backward.
     SavedRows,
+    /// fla's `cu_seqlens` of a packed sequence, int32 or int64, at least 2 entries (more than
+    /// the documents need where the buffer has room for others, padded with the total).
+    Offsets,
 }
 
 impl Layout {
@@ -48,6 +52,7 @@ impl Layout {
             Layout::ChunkStates => CHUNK_STATES_LAYOUT,
             Layout::MlstmState => "[B, H, Dk, Dv] + [B, H, Dk] + [B, H]",
             Layout::SavedRows => "[2, B, T, H]",
+            Layout::Offsets => "[N + 1] int32 or int64",
         }
     }
 
@@ -61,6 +66,7 @@ impl Layout {
             Layout::ChunkStates => chunk_states_len(s),
             Layout::MlstmState => s.state_len() + s.b * s.h * (s.dk + 1),
             Layout::SavedRows => 2 * s.gate_len(),
+            Layout::Offsets => unreachable!("offsets have no fixed element count"),
         }
     }
 }
@@ -101,7 +107,19 @@ impl SlotUse {
 
     /// "[B, T, H, Dk] bf16".
     fn describe(&self) -> String {
-        format!("{} {}", self.layout.dims(), self.dtype.short_name())
+        match self.layout {
+            Layout::Offsets => self.layout.dims().to_string(),
+            _ => format!("{} {}", self.layout.dims(), self.dtype.short_name()),
+        }
+    }
+
+    /// Whether a tensor of `dtype` fills the slot: its own dtype, or either integer width for
+    /// offsets.
+    fn takes(&self, dtype: Dtype) -> bool {
+        match self.layout {
+            Layout::Offsets => matches!(dtype, Dtype::I32 | Dtype::I64),
+            _ => dtype == self.dtype,
+        }
     }
 }
 
@@ -123,6 +141,8 @@ fn operation(spec: &OpSpec, direction: Direction) -> String {
 struct SlotTensor {
     addr: u64,
     numel: usize,
+    /// The tensor's own element type (one of the use's, [`SlotUse::takes`]).
+    dtype: Dtype,
     use_: SlotUse,
 }
 
@@ -131,6 +151,7 @@ struct SlotTensor {
 pub(super) struct CallPlan {
     shape: ForwardShape,
     scale: Option<f32>,
+    shard_start: usize,
     tensors: Vec<SlotTensor>,
 }
 
@@ -201,9 +222,27 @@ pub(super) fn plan_call(
         };
         given.push(slot_tensor(slot, tensor, use_, &shape)?);
     }
+    let documents = given.iter().any(|t| t.use_.slot == Slot::CuSeqlens);
+    let shard_start = match usize::try_from(call.shard_start) {
+        Ok(0) => 0,
+        Ok(start) if documents => start,
+        _ => {
+            return Err(invalid(format!(
+                "call.shard_start is {} but {}; set it to the packed sequence's index of this \
+                 call's first token with LASP_SLOT_CU_SEQLENS, else to 0",
+                call.shard_start,
+                if documents {
+                    "an index is at least 0"
+                } else {
+                    "LASP_SLOT_CU_SEQLENS is empty (no packed documents)"
+                }
+            )))
+        }
+    };
     Ok(CallPlan {
         shape,
         scale,
+        shard_start,
         tensors: given,
     })
 }
@@ -232,7 +271,7 @@ fn slot_tensor(
             use_.describe()
         )));
     };
-    if dtype != use_.dtype {
+    if !use_.takes(dtype) {
         return Err(invalid(format!(
             "{name} is {} but must be {} ({}); convert the tensor (torch: {})",
             dtype.name(),
@@ -240,6 +279,20 @@ fn slot_tensor(
             use_.describe(),
             use_.dtype.torch_conversion()
         )));
+    }
+    if use_.layout == Layout::Offsets {
+        return match usize::try_from(tensor.numel) {
+            Ok(numel) if numel >= 2 => Ok(SlotTensor {
+                addr: tensor.data,
+                numel,
+                dtype,
+                use_,
+            }),
+            _ => Err(invalid(format!(
+                "{name} has {} elements; fla's cu_seqlens [0, l_1, ..., total] has at least 2",
+                tensor.numel
+            ))),
+        };
     }
     let want = use_.layout.numel(shape);
     let ForwardShape { b, t, h, dk, dv } = *shape;
@@ -255,6 +308,7 @@ fn slot_tensor(
     Ok(SlotTensor {
         addr: tensor.data,
         numel: want,
+        dtype,
         use_,
     })
 }
@@ -269,7 +323,7 @@ impl CallPlan {
     pub(super) unsafe fn check_device<'a>(self, ordinal: usize) -> Result<CheckedCall<'a>> {
         let mut tensors = [None; Slot::ALL.len()];
         for t in self.tensors {
-            let bytes = t.numel as u64 * t.use_.dtype.bytes();
+            let bytes = t.numel as u64 * t.dtype.bytes();
             let (name, what) = (t.use_.slot.name(), t.use_.describe());
             memory::check_device_range(name, &what, t.addr, bytes, ordinal)?;
             tensors[t.use_.slot as usize] = Some(t);
@@ -277,6 +331,7 @@ impl CallPlan {
         Ok(CheckedCall {
             shape: self.shape,
             scale: self.scale,
+            shard_start: self.shard_start,
             tensors,
             memory: PhantomData,
         })
@@ -305,6 +360,8 @@ pub(super) struct CheckedCall<'a> {
     pub(super) shape: ForwardShape,
     /// `None`: `Dk^-1/2`.
     pub(super) scale: Option<f32>,
+    /// `call.shard_start`: 0 unless the call names packed documents.
+    shard_start: usize,
     tensors: [Option<SlotTensor>; Slot::ALL.len()],
     memory: PhantomData<&'a ()>,
 }
@@ -316,9 +373,67 @@ impl<'a> CheckedCall<'a> {
         CheckedCall {
             shape: self.shape,
             scale: self.scale,
+            shard_start: self.shard_start,
             tensors: self.tensors,
             memory: PhantomData,
         }
+    }
+
+    /// Whether `slot` holds a tensor (not yet taken).
+    pub(super) fn is_given(&self, slot: Slot) -> bool {
+        self.tensors[slot as usize].is_some()
+    }
+
+    /// The packed documents the call names (`LASP_SLOT_CU_SEQLENS` and `call.shard_start`),
+    /// taken once; `None` where the slot is empty.
+    pub(super) fn documents(&mut self) -> Option<Documents<'a>> {
+        let t = self.tensors[Slot::CuSeqlens as usize].take()?;
+        // SAFETY: device memory of this GPU holding `numel` elements of the dtype (checked by
+        // `check_device`); valid for 'a, the constructor's contract.
+        let cu_seqlens = unsafe {
+            match t.dtype {
+                Dtype::I64 => DocumentOffsets::I64(DeviceRef::from_raw(t.addr, t.numel)),
+                _ => DocumentOffsets::I32(DeviceRef::from_raw(t.addr, t.numel)),
+            }
+        };
+        Some(Documents {
+            cu_seqlens,
+            shard_start: self.shard_start,
+        })
+    }
+
+    /// Points input `slot` at `addr` instead, with the same element count and type.
+    ///
+    /// # Safety
+    /// `addr` is device memory of this GPU holding as many elements of the slot's type, valid
+    /// and unwritten for `'a` (until the call's kernels complete).
+    pub(super) unsafe fn redirect_input(&mut self, slot: Slot, addr: u64) {
+        let t = self.tensors[slot as usize]
+            .as_mut()
+            .unwrap_or_else(|| panic!("{} is not given", slot.name()));
+        assert!(
+            matches!(t.use_.role, Role::Input | Role::OptionalInput),
+            "{} is not an input",
+            slot.name()
+        );
+        t.addr = addr;
+    }
+
+    /// Output `slot` a second time, after the view that [`CheckedCall::output`] gave was dropped
+    /// (a wrapper writes it after the family's kernels, in stream order); `None` where empty.
+    ///
+    /// # Safety
+    /// No other view of the slot is alive.
+    pub(super) unsafe fn output_again<T: Element>(&self, slot: Slot) -> Option<DeviceMut<'a, T>> {
+        let t = self.tensors[slot as usize].as_ref()?;
+        assert_eq!(
+            t.use_.dtype,
+            T::DTYPE,
+            "{} is declared with another element type",
+            slot.name()
+        );
+        // SAFETY: as in `optional_output`; the caller's contract keeps this the only view.
+        Some(unsafe { DeviceMut::from_raw(t.addr, t.numel) })
     }
 
     /// The address and element count of a slot's tensor, once.

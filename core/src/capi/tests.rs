@@ -370,13 +370,13 @@ fn calls_take_their_tokens_from_the_call_or_the_descriptor() {
         "{msg}"
     );
     let reserved = Call {
-        reserved: [0, 0, 0, 0, 0, 1],
+        reserved: [0, 0, 0, 0, 1],
         ..call(10)
     };
     let msg = plan_call(&spec, Direction::Forward, &reserved, &forward_tensors(10))
         .unwrap_err()
         .to_string();
-    assert!(msg.contains("call.reserved[5] is 0x1"), "{msg}");
+    assert!(msg.contains("call.reserved[4] is 0x1"), "{msg}");
 }
 
 #[test]
@@ -579,6 +579,46 @@ fn gated_delta_calls_take_beta_and_give_dbeta() {
     assert!(OpSpec::of(&OpDesc { dv: 192, ..desc }).is_ok());
     let msg = desc_error(OpDesc { dk: 96, ..desc });
     assert!(msg.contains("Dk = 96"), "{msg}");
+}
+
+#[test]
+fn packed_documents_come_as_offsets_and_a_shard_start() {
+    let spec = OpSpec::of(&lasp2_desc()).unwrap();
+    let mut tensors = forward_tensors(10);
+    let with_start = |shard_start| Call {
+        shard_start,
+        ..call(10)
+    };
+    // A shard start without documents is a mistake.
+    let msg = plan_error(lasp2_desc(), Direction::Forward, with_start(5), tensors);
+    assert!(msg.contains("LASP_SLOT_CU_SEQLENS is empty"), "{msg}");
+    // Offsets of either integer width, at least two of them, any count past that.
+    for (dtype, numel) in [(Dtype::I32, 2), (Dtype::I64, 9)] {
+        tensors.slot[Slot::CuSeqlens as usize] = tensor(dtype, numel);
+        assert!(plan_call(&spec, Direction::Forward, &with_start(5), &tensors).is_ok());
+    }
+    tensors.slot[Slot::CuSeqlens as usize] = tensor(Dtype::F32, 4);
+    let msg = plan_error(lasp2_desc(), Direction::Forward, call(10), tensors);
+    assert!(
+        msg.contains("LASP_SLOT_CU_SEQLENS is LASP_DTYPE_F32"),
+        "{msg}"
+    );
+    assert!(msg.contains("int32 or int64"), "{msg}");
+    tensors.slot[Slot::CuSeqlens as usize] = tensor(Dtype::I32, 1);
+    let msg = plan_error(lasp2_desc(), Direction::Forward, call(10), tensors);
+    assert!(msg.contains("has 1 elements"), "{msg}");
+    tensors.slot[Slot::CuSeqlens as usize] = tensor(Dtype::I32, 3);
+    let msg = plan_error(lasp2_desc(), Direction::Forward, with_start(-1), tensors);
+    assert!(msg.contains("at least 0"), "{msg}");
+    // GLA's gates are a log-decay per key dimension: no documents yet.
+    let gla = OpDesc {
+        family: LASP_FAMILY_GLA,
+        ..lasp2_desc()
+    };
+    tensors.slot[Slot::G as usize] = tensor(Dtype::F32, 2 * 10 * 3 * 64);
+    tensors.slot[Slot::StartState as usize] = Tensor::default();
+    let msg = plan_error(gla, Direction::Forward, call(10), tensors);
+    assert!(msg.contains("LASP_SLOT_CU_SEQLENS is filled"), "{msg}");
 }
 
 #[test]

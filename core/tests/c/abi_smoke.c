@@ -166,9 +166,15 @@ static void calls(void) {
   expect("unused slot", lasp_op_check_call(&desc, fwd, &call, &bad), LASP_ERROR_INVALID_ARGUMENT,
          "LASP_SLOT_DQ is filled but lasp_op_forward");
   bad = tensors;
+  bad.slot[LASP_SLOT_CU_SEQLENS] = tensor(0x60000000, 5, LASP_DTYPE_F32);
+  expect("offsets' type", lasp_op_check_call(&desc, fwd, &call, &bad),
+         LASP_ERROR_INVALID_ARGUMENT, "LASP_SLOT_CU_SEQLENS is LASP_DTYPE_F32 but");
   bad.slot[LASP_SLOT_CU_SEQLENS] = tensor(0x60000000, 5, LASP_DTYPE_I32);
-  expect("reserved slot", lasp_op_check_call(&desc, fwd, &call, &bad),
-         LASP_ERROR_INVALID_ARGUMENT, "LASP_SLOT_CU_SEQLENS is filled but");
+  lasp_call packed = call;
+  packed.shard_start = 320;
+  expect("packed documents", lasp_op_check_call(&desc, fwd, &packed, &bad), LASP_OK, NULL);
+  expect("shard start alone", lasp_op_check_call(&desc, fwd, &packed, &tensors),
+         LASP_ERROR_INVALID_ARGUMENT, "LASP_SLOT_CU_SEQLENS is empty");
   bad = tensors;
   bad.struct_size = 8;
   expect("tensors size", lasp_op_check_call(&desc, fwd, &call, &bad),
@@ -204,7 +210,7 @@ static void runtime_and_handles(void) {
   lasp_unique_id id;
   lasp_runtime *rt = NULL;
   expect("ABI mismatch", lasp_unique_id_create(&options, &place, &id), LASP_ERROR_INVALID_ARGUMENT,
-         "abi_version is 3 but this library is lasp-shmem");
+         "abi_version is 4 but this library is lasp-shmem");
   options.abi_version = LASP_SHMEM_ABI_VERSION;
   options.struct_size = 24;
   expect("options size", lasp_unique_id_create(&options, &place, &id),

@@ -1,0 +1,145 @@
+//! Packed documents in the C ABI (`LASP_SLOT_CU_SEQLENS`, `lasp_call.shard_start`) for the
+//! families whose state forgets through one log-decay per token and head (scalar decay, Gated
+//! DeltaNet): [`with_documents`] wraps such a family's op, whatever its kind, so that a call
+//! naming documents runs the op on the log-decays that forget at every document start
+//! ([`crate::ops::documents`]), and a backward's dg is 0 there. A call without documents goes to
+//! the op as it came.
+
+use super::abi::Slot;
+use super::args::invalid;
+use super::families::{Direction, FamilyOp};
+use super::tensors::CheckedCall;
+use crate::error::Result;
+use crate::exchange::ExchangeMode;
+use crate::ops::documents::{DocumentStarts, GateShape};
+use crate::ops::{ensure_workspace, DeviceMut};
+use crate::runtime::Runtime;
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use std::sync::Arc;
+
+/// The op `make` makes (collective for LASP-2), taking packed documents in its calls. What the
+/// documents need is made first, so that nothing is left to free when it fails.
+pub(super) fn with_documents(
+    runtime: &Runtime,
+    make: impl FnOnce() -> Result<Box<dyn FamilyOp>>,
+) -> Result<Box<dyn FamilyOp>> {
+    let starts = DocumentStarts::new(runtime)?;
+    Ok(Box::new(Packed {
+        op: make()?,
+        starts,
+        context: runtime.context().clone(),
+        gates: None,
+    }))
+}
+
+struct Packed {
+    op: Box<dyn FamilyOp>,
+    starts: DocumentStarts,
+    context: Arc<CudaContext>,
+    /// The forgetting log-decays of the latest call, grown on demand.
+    gates: Option<CudaSlice<u8>>,
+}
+
+/// What a call over documents may not hold: states per document are not built.
+const UNSUPPORTED: [(Slot, &str); 4] = [
+    (Slot::H0, "an initial state"),
+    (Slot::Ht, "a final state"),
+    (Slot::Dht, "the final state's gradient"),
+    (Slot::Dh0, "the initial state's gradient"),
+];
+
+impl Packed {
+    /// Runs `run` on `call`, over the forgetting log-decays where the call names documents, and
+    /// clears a backward's dg at the document starts after it.
+    fn around<R>(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        direction: Direction,
+        mut call: CheckedCall<'_>,
+        run: impl FnOnce(&mut dyn FamilyOp, CheckedCall<'_>) -> Result<R>,
+    ) -> Result<R> {
+        let Some(docs) = call.documents() else {
+            return run(self.op.as_mut(), call);
+        };
+        let entry = direction.entry_point();
+        if let Some((slot, what)) = UNSUPPORTED.iter().find(|(slot, _)| call.is_given(*slot)) {
+            return Err(invalid(format!(
+                "{entry}: {} is given with LASP_SLOT_CU_SEQLENS, but per-document states are not \
+                 supported yet (every document starts from the zero state); leave {} ({what}) \
+                 empty",
+                slot.name(),
+                slot.name()
+            )));
+        }
+        let s = call.shape;
+        let shape = GateShape {
+            b: s.b,
+            t: s.t,
+            h: s.h,
+        };
+        let len = s.gate_len();
+        let bytes = (len * std::mem::size_of::<f32>()) as u64;
+        let addr = ensure_workspace(&self.context, stream, &mut self.gates, bytes, entry)?;
+        // SAFETY: the workspace holds `len` fp32 of this GPU (sized above); the op owns it and
+        // synchronises the context before growing or freeing it, so it outlives the kernels of
+        // this call, and only this call's kernels, in stream order, write and read it.
+        let forgetting = unsafe { DeviceMut::<f32>::from_raw(addr, len) };
+        // The caller's gates, from a copy of the call: the op takes the slot, redirected.
+        let gates = call.again().input(Slot::G);
+        self.starts
+            .forgetting_gates(stream, docs, gates, forgetting, shape)?;
+        // SAFETY: as above; the gates are written before the op's kernels read them (one stream).
+        unsafe { call.redirect_input(Slot::G, addr) };
+        let after = call.again();
+        let result = run(self.op.as_mut(), call)?;
+        if direction == Direction::Backward {
+            // SAFETY: the op's views of the call's tensors were dropped when it returned.
+            if let Some(dg) = unsafe { after.output_again::<f32>(Slot::Dg) } {
+                self.starts.clear_start_gradients(stream, docs, dg, shape)?;
+            }
+        }
+        Ok(result)
+    }
+}
+
+impl FamilyOp for Packed {
+    fn forward(&mut self, stream: &Arc<CudaStream>, call: CheckedCall<'_>) -> Result<()> {
+        self.around(stream, Direction::Forward, call, |op, call| {
+            op.forward(stream, call)
+        })
+    }
+
+    fn backward(&mut self, stream: &Arc<CudaStream>, call: CheckedCall<'_>) -> Result<()> {
+        self.around(stream, Direction::Backward, call, |op, call| {
+            op.backward(stream, call)
+        })
+    }
+
+    fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
+        self.op.set_mode(mode)
+    }
+
+    fn plan(
+        &mut self,
+        runtime: &Runtime,
+        stream: &Arc<CudaStream>,
+        direction: Direction,
+        call: CheckedCall<'_>,
+    ) -> Result<ExchangeMode> {
+        self.around(stream, direction, call, |op, call| {
+            op.plan(runtime, stream, direction, call)
+        })
+    }
+
+    fn finish(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.op.finish(stream)
+    }
+
+    fn note_replayed_calls(&mut self, forward: u64, backward: u64) {
+        self.op.note_replayed_calls(forward, backward);
+    }
+
+    fn free(self: Box<Self>) -> Result<()> {
+        self.op.free()
+    }
+}
