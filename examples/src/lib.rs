@@ -75,6 +75,42 @@ pub fn normals(rng: &mut SplitMix64, len: usize) -> Vec<f64> {
         .collect()
 }
 
+/// The timed programs' inputs of one shard, as `benches/gated_delta_cp_peer.py` gives fla's
+/// context parallelism (drawn per rank): q, v ~ N(0, 1), k ~ N(0, 1) with unit rows,
+/// g = logsigmoid(N(0, 1)) / 16, beta = sigmoid(N(0, 1)).
+pub struct TimedInputs {
+    pub q: Vec<bf16>,
+    pub k: Vec<bf16>,
+    pub v: Vec<bf16>,
+    pub g: Vec<f32>,
+    pub beta: Vec<f32>,
+}
+
+impl TimedInputs {
+    pub fn draw(rng: &mut SplitMix64, shape: ForwardShape) -> Self {
+        let unit_rows = |mut x: Vec<f64>| -> Vec<f64> {
+            for row in x.chunks_mut(shape.dk) {
+                let norm = row.iter().map(|v| v * v).sum::<f64>().sqrt();
+                row.iter_mut().for_each(|v| *v /= norm);
+            }
+            x
+        };
+        let q = bf16s(&normals(rng, shape.qk_len()));
+        let k = bf16s(&unit_rows(normals(rng, shape.qk_len())));
+        let v = bf16s(&normals(rng, shape.v_len()));
+        // g = logsigmoid(x) / 16 = -ln(1 + e^-x) / 16, beta = sigmoid(x).
+        let g = normals(rng, shape.gate_len())
+            .iter()
+            .map(|x| (-(-x).exp().ln_1p() / 16.0) as f32)
+            .collect();
+        let beta = normals(rng, shape.gate_len())
+            .iter()
+            .map(|x| (1.0 / (1.0 + (-x).exp())) as f32)
+            .collect();
+        TimedInputs { q, k, v, g, beta }
+    }
+}
+
 /// Shard lengths: equal slices of `per_rank` tokens, the last rank's shorter by `short`.
 pub fn shard_lengths(npes: usize, per_rank: usize, short: usize) -> Vec<usize> {
     (0..npes)

@@ -53,7 +53,7 @@ use lasp_shmem_examples::{
     bf16_bits, bf16_values, bf16s, config_with_heap, f32_bits, f32_values, f32s,
     main_under_launcher, mode_of, mode_times, normals, parse_shape, planner_choice, round,
     run_cases, shard_cases, shard_rows, time_in_turns, time_modes_and_plan, time_shapes, ModeCall,
-    ModeRow, PlannerTimes, ShardCase,
+    ModeRow, PlannerTimes, ShardCase, TimedInputs,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -558,25 +558,7 @@ fn time_shape(
 ) -> Result<ModeRow> {
     let stream = rt.stream().clone();
     let mut rng = SplitMix64::new(7 + rt.pe() as u64);
-    let unit_rows = |mut x: Vec<f64>| -> Vec<f64> {
-        for row in x.chunks_mut(shape.dk) {
-            let norm = row.iter().map(|v| v * v).sum::<f64>().sqrt();
-            row.iter_mut().for_each(|v| *v /= norm);
-        }
-        x
-    };
-    let q = bf16s(&normals(&mut rng, shape.qk_len()));
-    let k = bf16s(&unit_rows(normals(&mut rng, shape.qk_len())));
-    let v = bf16s(&normals(&mut rng, shape.v_len()));
-    // g = logsigmoid(x) / 16 = -ln(1 + e^-x) / 16, beta = sigmoid(x).
-    let g: Vec<f32> = normals(&mut rng, shape.gate_len())
-        .iter()
-        .map(|x| (-(-x).exp().ln_1p() / 16.0) as f32)
-        .collect();
-    let beta: Vec<f32> = normals(&mut rng, shape.gate_len())
-        .iter()
-        .map(|x| (1.0 / (1.0 + (-x).exp())) as f32)
-        .collect();
+    let TimedInputs { q, k, v, g, beta } = TimedInputs::draw(&mut rng, shape);
     let shard = Shard {
         shape,
         q: stream.clone_htod(&q)?,

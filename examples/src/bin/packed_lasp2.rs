@@ -53,7 +53,7 @@ use lasp_shmem_examples::mode_bits::{bits_in_every_mode, ModeSwitch};
 use lasp_shmem_examples::{
     bf16_bits, bf16_values, bf16s, config_with_heap, f32_values, f32s, main_under_launcher,
     normals, parse_shape, round, run_cases, shard_lengths, shard_rows, time_call, write_json,
-    ModeCall, NamedCase,
+    ModeCall, NamedCase, TimedInputs,
 };
 use serde::Serialize;
 use std::path::PathBuf;
@@ -692,47 +692,19 @@ fn check_case(
     })?;
     problems.extend(grad_problems);
     ops.free()?;
+    let bf16_err =
+        |got: &[u16], want: &Tensor| rel_err(&bf16_values(got), &shard_rows(want, start, len));
+    let f32_err =
+        |got: &[u32], want: &Tensor| rel_err(&f32_values(got), &shard_rows(want, start, len));
     let mut grad_errs = vec![
-        (
-            "dq",
-            rel_err(
-                &bf16_values(&grad_bits.dq),
-                &shard_rows(&want.dq, start, len),
-            ),
-            TOL,
-        ),
-        (
-            "dk",
-            rel_err(
-                &bf16_values(&grad_bits.dk),
-                &shard_rows(&want.dk, start, len),
-            ),
-            TOL,
-        ),
-        (
-            "dv",
-            rel_err(
-                &bf16_values(&grad_bits.dv),
-                &shard_rows(&want.dv, start, len),
-            ),
-            TOL,
-        ),
-        (
-            "dg",
-            rel_err(
-                &f32_values(&grad_bits.dg),
-                &shard_rows(&want.dg, start, len),
-            ),
-            family.gate_tol(),
-        ),
+        ("dq", bf16_err(&grad_bits.dq, &want.dq), TOL),
+        ("dk", bf16_err(&grad_bits.dk, &want.dk), TOL),
+        ("dv", bf16_err(&grad_bits.dv, &want.dv), TOL),
+        ("dg", f32_err(&grad_bits.dg, &want.dg), family.gate_tol()),
     ];
     if let Some(want_dbeta) = &want.dbeta {
-        let got = f32_values(&grad_bits.dbeta);
-        grad_errs.push((
-            "dbeta",
-            rel_err(&got, &shard_rows(want_dbeta, start, len)),
-            family.gate_tol(),
-        ));
+        let e = f32_err(&grad_bits.dbeta, want_dbeta);
+        grad_errs.push(("dbeta", e, family.gate_tol()));
     }
     for (name, e, tol) in &grad_errs {
         if e.is_nan() || e > tol {
@@ -927,25 +899,7 @@ fn time_cost(rt: &Runtime, family: LogDecayFamily, shape: ForwardShape) -> Resul
     let (me, npes) = (rt.pe(), rt.npes());
     let stream = rt.stream().clone();
     let mut rng = SplitMix64::new(11 + me as u64);
-    let unit_rows = |mut x: Vec<f64>| -> Vec<f64> {
-        for row in x.chunks_mut(shape.dk) {
-            let norm = row.iter().map(|v| v * v).sum::<f64>().sqrt();
-            row.iter_mut().for_each(|v| *v /= norm);
-        }
-        x
-    };
-    let q = bf16s(&normals(&mut rng, shape.qk_len()));
-    let k = bf16s(&unit_rows(normals(&mut rng, shape.qk_len())));
-    let v = bf16s(&normals(&mut rng, shape.v_len()));
-    // g = logsigmoid(x) / 16, beta = sigmoid(x).
-    let g: Vec<f32> = normals(&mut rng, shape.gate_len())
-        .iter()
-        .map(|x| (-(-x).exp().ln_1p() / 16.0) as f32)
-        .collect();
-    let beta: Vec<f32> = normals(&mut rng, shape.gate_len())
-        .iter()
-        .map(|x| (1.0 / (1.0 + (-x).exp())) as f32)
-        .collect();
+    let TimedInputs { q, k, v, g, beta } = TimedInputs::draw(&mut rng, shape);
     // Every PE draws the same documents.
     let cu_seqlens = mixed_documents(npes * shape.t, &mut SplitMix64::new(5));
     let mut shard = Shard {
