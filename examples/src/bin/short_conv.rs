@@ -13,7 +13,11 @@
 //! d_bias against `reference::short_conv::sharded` (relative error <= 5e-3; d_weight and d_bias
 //! against this PE's own sums), its saved halo equal to the reference's halo bit for bit, a
 //! repeated call and `--graph-calls` replays of one captured forward + backward bitwise equal
-//! (the device epochs advanced once per replay); outputs poisoned before each call. One line per
+//! (the device epochs advanced once per replay); outputs poisoned before each call. Packed cases
+//! (documents starting on, just before and just after every shard boundary, documents of one to
+//! three tokens, shards shorter than the halo): against `reference::short_conv::packed_forward`
+//! and `packed_backward` of the whole sequence (d_weight and d_bias: with dy zero outside this
+//! PE's shard, its own sums). One line per
 //! case and PE; exit status 1 when a check failed. Timing (`--time BxTxC`, T per GPU): each
 //! direction's median over calls, the slowest PE's, with the bytes it moves per second.
 //! `--silent-rank R`: PE R makes no call, and the PEs beside it must fail within the wait bound
@@ -23,6 +27,7 @@ use clap::Parser;
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream};
 use lasp_shmem::ops::bf16;
+use lasp_shmem::ops::documents::{DocumentOffsets, Documents};
 use lasp_shmem::ops::short_conv::{
     Activation, ShortConv, ShortConvArgs, ShortConvGradArgs, ShortConvLayout,
 };
@@ -79,7 +84,8 @@ fn parse_shape(text: &str) -> std::result::Result<(usize, usize, usize), String>
 const TOL: f64 = 5e-3;
 const POISON_BF16: u16 = 0xFFFF;
 
-/// One check: dimensions, the activation and bias, the shards' lengths (cycled over the PEs).
+/// One check: dimensions, the activation and bias, the shards' lengths (cycled over the PEs),
+/// and packed documents or one sequence.
 struct Case {
     b: usize,
     c: usize,
@@ -87,18 +93,23 @@ struct Case {
     activation: Activation,
     bias: bool,
     lengths: Vec<usize>,
+    /// fla's offsets of the documents over the whole sequence, or `None`.
+    cu_seqlens: Option<Vec<usize>>,
 }
 
 impl NamedCase for Case {
     fn name(&self) -> String {
         format!(
-            "short_conv_B{}_C{}_K{}_{:?}{}_shards{:?}",
+            "short_conv_B{}_C{}_K{}_{:?}{}_shards{:?}{}",
             self.b,
             self.c,
             self.k,
             self.activation,
             if self.bias { "_bias" } else { "" },
-            self.lengths
+            self.lengths,
+            self.cu_seqlens
+                .as_ref()
+                .map_or(String::new(), |cu| format!("_{}docs", cu.len() - 1))
         )
     }
 }
@@ -123,9 +134,17 @@ fn cases(npes: usize) -> Vec<Case> {
         activation,
         bias,
         lengths: cycle(lengths),
+        cu_seqlens: None,
+    };
+    let packed = |case: Case| Case {
+        cu_seqlens: Some(document_offsets(&case.lengths)),
+        ..case
     };
     use Activation::*;
     vec![
+        packed(case(2, 64, 4, Silu, true, &[100, 37, 200, 64])),
+        packed(case(2, 64, 4, Identity, true, &[2, 1, 3, 40])),
+        packed(case(3, 136, 3, Silu, false, &[1, 5, 1, 2])),
         case(2, 64, 4, Silu, true, &[100, 37, 200, 64]),
         // Two channel tiles of the convolution kernels.
         case(1, 2048, 4, Identity, false, &[300]),
@@ -140,6 +159,24 @@ fn cases(npes: usize) -> Vec<Case> {
     ]
 }
 
+/// Documents over shards of these lengths: starting at tokens 1 and 3 (documents of one and two
+/// tokens), 60, and two before, on and one after every shard boundary, the last one ending the
+/// sequence.
+fn document_offsets(lengths: &[usize]) -> Vec<usize> {
+    let total: usize = lengths.iter().sum();
+    let mut starts = vec![0, 1, 3, 60];
+    let mut boundary = 0;
+    for len in lengths {
+        boundary += len;
+        starts.extend([boundary.saturating_sub(2), boundary, boundary + 1]);
+    }
+    starts.retain(|&s| s < total);
+    starts.sort_unstable();
+    starts.dedup();
+    starts.push(total);
+    starts
+}
+
 /// One PE's inputs on the host.
 struct HostShard<'a> {
     layout: ShortConvLayout,
@@ -150,6 +187,8 @@ struct HostShard<'a> {
     dy: &'a [f64],
     weight: &'a [f64],
     bias: Option<&'a [f64]>,
+    /// The documents' offsets over the whole sequence and this shard's first token in it.
+    documents: Option<(&'a [usize], usize)>,
 }
 
 /// One PE's shard and outputs on the device.
@@ -166,6 +205,16 @@ struct Shard {
     dx: CudaSlice<bf16>,
     d_weight: CudaSlice<f32>,
     d_bias: Option<CudaSlice<f32>>,
+    /// fla's offsets on the device and this shard's first token.
+    documents: Option<(CudaSlice<i64>, usize)>,
+}
+
+/// The views of a shard's documents.
+fn documents_of(documents: &Option<(CudaSlice<i64>, usize)>) -> Option<Documents<'_>> {
+    documents.as_ref().map(|(cu, start)| Documents {
+        cu_seqlens: DocumentOffsets::I64(DeviceRef::new(cu)),
+        shard_start: *start,
+    })
 }
 
 /// The bits one forward + backward left.
@@ -189,7 +238,14 @@ impl Shard {
             dy,
             weight,
             bias,
+            documents,
         } = host;
+        let documents = documents
+            .map(|(cu, start)| -> Result<_> {
+                let cu: Vec<i64> = cu.iter().map(|&o| o as i64).collect();
+                Ok((stream.clone_htod(&cu)?, start))
+            })
+            .transpose()?;
         let activations = layout.batch * tokens * layout.channels;
         let bias = bias.map(|b| stream.clone_htod(&f32s(b))).transpose()?;
         Ok(Shard {
@@ -208,6 +264,7 @@ impl Shard {
             halo: stream.alloc_zeros(layout.halo_len().max(1))?,
             dx: stream.alloc_zeros(activations)?,
             d_weight: stream.alloc_zeros(layout.channels * layout.kernel_size)?,
+            documents,
         })
     }
 
@@ -217,6 +274,7 @@ impl Shard {
 
     fn forward(&mut self, op: &mut ShortConv, stream: &Arc<CudaStream>) -> Result<()> {
         let halo_len = self.halo_len();
+        let documents = documents_of(&self.documents);
         op.forward(
             stream,
             ShortConvArgs {
@@ -227,12 +285,14 @@ impl Shard {
                 activation: self.activation,
                 y: DeviceMut::new(&mut self.y),
                 saved_halo: (halo_len > 0).then(|| DeviceMut::new(&mut self.halo)),
+                documents,
             },
         )
     }
 
     fn backward(&mut self, op: &mut ShortConv, stream: &Arc<CudaStream>) -> Result<()> {
         let halo_len = self.halo_len();
+        let documents = documents_of(&self.documents);
         op.backward(
             stream,
             ShortConvGradArgs {
@@ -246,6 +306,7 @@ impl Shard {
                 dx: DeviceMut::new(&mut self.dx),
                 d_weight: DeviceMut::new(&mut self.d_weight),
                 d_bias: self.d_bias.as_mut().map(DeviceMut::new),
+                documents,
             },
         )
     }
@@ -320,11 +381,32 @@ fn check_case(
     };
     let fail = |e: lasp_shmem::reference::ReferenceError| Error::State(e.to_string());
     let want_fwd = sharded::forward(&conv, &x, &case.lengths).map_err(fail)?;
-    let want_bwd = sharded::backward(&conv, &x, &case.lengths, &dy).map_err(fail)?;
     let x_shard = x.slice_time(start, tokens);
     let dy_shard = dy.slice_time(start, tokens);
-    let (local, _) = reference::backward_with_halo(&conv, &want_fwd.halos[me], &x_shard, &dy_shard)
-        .map_err(fail)?;
+    // y and dx of the whole sequence, and this PE's own d_weight and d_bias.
+    let (want_y, want_dx, local) = match &case.cu_seqlens {
+        None => {
+            let want_bwd = sharded::backward(&conv, &x, &case.lengths, &dy).map_err(fail)?;
+            let halo = &want_fwd.halos[me];
+            let (local, _) =
+                reference::backward_with_halo(&conv, halo, &x_shard, &dy_shard).map_err(fail)?;
+            (want_fwd.y.clone(), want_bwd.grads.dx, local)
+        }
+        Some(cu) => {
+            let y = reference::packed_forward(&conv, &x, cu).map_err(fail)?;
+            let dx = reference::packed_backward(&conv, &x, cu, &dy)
+                .map_err(fail)?
+                .dx;
+            let mut mine = Tensor::zeros(dy.shape());
+            let row = case.c;
+            for b in 0..case.b {
+                let at = (b * total + start) * row..(b * total + start + tokens) * row;
+                mine.data_mut()[at.clone()].copy_from_slice(&dy.data()[at]);
+            }
+            let local = reference::packed_backward(&conv, &x, cu, &mine).map_err(fail)?;
+            (y, dx, local)
+        }
+    };
 
     let mut shard = Shard::upload(
         &stream,
@@ -336,6 +418,7 @@ fn check_case(
             dy: dy_shard.data(),
             weight: conv.weight.data(),
             bias: conv.bias.as_ref().map(|b| b.data()),
+            documents: case.cu_seqlens.as_deref().map(|cu| (cu, start)),
         },
     )?;
     let mut op = ShortConv::new(rt, layout)?;
@@ -353,12 +436,12 @@ fn check_case(
     check(
         "y",
         bf16_values(&first.y),
-        &shard_rows(&want_fwd.y, start, tokens),
+        &shard_rows(&want_y, start, tokens),
     );
     check(
         "dx",
         bf16_values(&first.dx),
-        &shard_rows(&want_bwd.grads.dx, start, tokens),
+        &shard_rows(&want_dx, start, tokens),
     );
     check(
         "d_weight",
@@ -505,6 +588,7 @@ fn time_shape(
             dy: &dy,
             weight: &weight,
             bias: Some(&bias),
+            documents: None,
         },
     )?;
     let mut op = ShortConv::new(rt, layout)?;
@@ -558,6 +642,7 @@ fn silent_drill(rt: &Runtime, silent: usize) -> Result<bool> {
             dy: &halves,
             weight: &weight,
             bias: None,
+            documents: None,
         },
     )?;
     let mut op = ShortConv::new(rt, layout)?;

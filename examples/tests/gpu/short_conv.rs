@@ -10,7 +10,7 @@ use std::time::Duration;
 
 const JOB_LIMIT: Duration = Duration::from_secs(300);
 /// The program's cases, each reported by every PE.
-const CASES: usize = 7;
+const CASES: usize = 10;
 
 fn short_conv() -> PathBuf {
     program("short_conv", None, Some(env!("CARGO_BIN_EXE_short_conv")))

@@ -5,6 +5,10 @@
 //   the whole sequence is zero, and before token 0 of a shard it is the halo: the K - 1 tokens
 //   before it, which belong to the PEs before it)
 //
+// Packed documents (p.starts): x before the start of token t's document counts as zero in z_t, as
+// if every document were a sequence of its own. The window of earlier tokens is cleared at every
+// start, and in the backward a token's dx takes only the outputs of its own document.
+//
 // A call's kernels, in stream order:
 //   forward:  convolve, advance
 //   backward: convolve_grad, reduce_params (d_weight, d_bias in a fixed order), advance
@@ -165,6 +169,45 @@ __device__ __forceinline__ void push(Lanes<L>* window, const Lanes<L>& x) {
 #pragma unroll
   for (int i = 0; i + 2 < K; ++i) window[i] = window[i + 1];
   if constexpr (K > 1) window[K - 2] = x;
+}
+
+// Whether token t of the shard (t >= -(K - 1)) starts a document. kPacked: the call has
+// documents (p.starts); the bodies are instantiated for both, so that a call without documents
+// runs the code it ran before documents existed.
+template <bool kPacked>
+__device__ __forceinline__ bool starts_document(const lasp_short_conv_params& p, int t) {
+  if constexpr (!kPacked) return false;
+  return __ldg(p.starts + t + p.K - 1) != 0.f;
+}
+
+// How far back the window of token t0 (the K - 1 tokens before it, oldest first, window[j] token
+// t0 - (K - 1) + j) stays in t0's document, counting the starts before t0 only (the caller's loop
+// sees t0's own): clears the entries before the last such start and returns t0 - 1 - (that start),
+// K - 1 where there is none within the window.
+template <int K, int L, bool kPacked>
+__device__ __forceinline__ int clear_before_starts(const lasp_short_conv_params& p, Lanes<L>* window, int t0) {
+  int since = K - 1;
+  for (int u = t0 - (K - 1) + 1; u < t0; ++u) {
+    if (starts_document<kPacked>(p, u)) {
+#pragma unroll
+      for (int j = 0; j < K - 1; ++j)
+        if (t0 - (K - 1) + j < u) window[j] = zero_lanes<L>();
+      since = 0;
+    } else {
+      since = min(since + 1, K - 1);
+    }
+  }
+  return since;
+}
+
+// At token t: a start clears the window (no earlier token reads into t's document); returns how
+// many tokens before t are t's document's, at most K - 1.
+template <int K, int L, bool kPacked>
+__device__ __forceinline__ int enter_token(const lasp_short_conv_params& p, Lanes<L>* window, int t, int since) {
+  if (!starts_document<kPacked>(p, t)) return min(since + 1, K - 1);
+#pragma unroll
+  for (int j = 0; j < K - 1; ++j) window[j] = zero_lanes<L>();
+  return 0;
 }
 
 // Indexing of [B, T, C] tensors and of the [.][B][K-1][C] halo buffers.
@@ -349,7 +392,7 @@ __device__ __forceinline__ CtaWork cta_work(const lasp_short_conv_params& p, boo
 }
 
 // One CTA: LASP_SHORT_CONV_THREADS x 8 channels of one sequence, over one group of tokens.
-template <int K>
+template <int K, bool kPacked>
 __device__ void convolve(const lasp_short_conv_params& p) {
   constexpr int L = kLanes;
   const lasp_halo_exchange& ex = p.exchange;
@@ -380,12 +423,14 @@ __device__ void convolve(const lasp_short_conv_params& p) {
   if (p.saved_halo && t0 == 0)
 #pragma unroll
     for (int j = 0; j < K - 1; ++j) store_bf16(p.saved_halo + halo_index(p, 0, b, j, c), window[j]);
+  int since = clear_before_starts<K, L, kPacked>(p, window, t0);
 
   const TokenRing<L> ring{forward_slots(), p.x + token_index(p, b, 0, c), p.C, t0, t1};
   ring.start();
   for (int t = t0; t < t1; ++t) {
     lasp::cp_async_wait<kStages - 1>();
     const Lanes<L> x = unpack<L>(ring.take(t));
+    since = enter_token<K, L, kPacked>(p, window, t, since);
     Lanes<L> y = filter.pre_activation(window, x);
     ring.refill(t);  // after x's first use: the slot's read has completed
 #pragma unroll
@@ -421,7 +466,7 @@ __device__ __forceinline__ Lanes<L> pre_activation_grad(const lasp_short_conv_pa
 
 // This shard's halo gradient for one thread's channels, into `staging`: sum_{s <= j} w[j - s] g_s
 // for slot j, plus, where the shard relays, the successor's halo gradient for the slots before it.
-template <int K>
+template <int K, bool kPacked>
 __device__ void stage_halo_grad(const lasp_short_conv_params& p, int parity, int b, int c, bool relays) {
   constexpr int L = kGradLanes;
   const lasp_halo_exchange& ex = p.exchange;
@@ -429,6 +474,7 @@ __device__ void stage_halo_grad(const lasp_short_conv_params& p, int parity, int
   Lanes<L> window[K > 1 ? K - 1 : 1];
 #pragma unroll
   for (int j = 0; j < K - 1; ++j) window[j] = input_at<K, L>(p, b, j - (K - 1), c);
+  int since = clear_before_starts<K, L, kPacked>(p, window, 0);
   Lanes<L> d_halo[K > 1 ? K - 1 : 1];
 #pragma unroll
   for (int j = 0; j < K - 1; ++j) d_halo[j] = zero_lanes<L>();
@@ -437,11 +483,15 @@ __device__ void stage_halo_grad(const lasp_short_conv_params& p, int parity, int
     if (s >= p.T) break;
     const Lanes<L> x = load_bf16<L>(p.x + token_index(p, b, s, c));
     const Lanes<L> dy = load_bf16<L>(p.dy + token_index(p, b, s, c));
+    since = enter_token<K, L, kPacked>(p, window, s, since);
     const Lanes<L> g = pre_activation_grad<K, L>(p, filter, window, x, dy);
+    // Slot j (token j - (K - 1)) is tap j - s of output s: in s's document where j - s >= K - 1 -
+    // since.
 #pragma unroll
     for (int j = s; j < K - 1; ++j)
+      if (j - s >= K - 1 - since)
 #pragma unroll
-      for (int l = 0; l < L; ++l) d_halo[j].v[l] = fmaf(filter.w[j - s].v[l], g.v[l], d_halo[j].v[l]);
+        for (int l = 0; l < L; ++l) d_halo[j].v[l] = fmaf(filter.w[j - s].v[l], g.v[l], d_halo[j].v[l]);
     push<K>(window, x);
   }
 #pragma unroll
@@ -458,7 +508,7 @@ __device__ void stage_halo_grad(const lasp_short_conv_params& p, int parity, int
 
 // One CTA: LASP_SHORT_CONV_THREADS x 4 channels of one sequence, over one group of tokens; dx of
 // its tokens and its sums of d_weight and d_bias in `partials`.
-template <int K>
+template <int K, bool kPacked>
 __device__ void convolve_grad(const lasp_short_conv_params& p) {
   constexpr int L = kGradLanes;
   const lasp_halo_exchange& ex = p.exchange;
@@ -472,7 +522,7 @@ __device__ void convolve_grad(const lasp_short_conv_params& p) {
   const bool relays = sends && p.T < K - 1 && ex.source >= 0;  // then one group: it reads too
   if (relays && !wait_for_source(p, epoch, b)) return;
   if (sends) {
-    if (c < p.C) stage_halo_grad<K>(p, parity, b, c, relays);
+    if (c < p.C) stage_halo_grad<K, kPacked>(p, parity, b, c, relays);
     if (!put_tile(p, epoch, b, c_first, min(p.C - c_first, LASP_SHORT_CONV_THREADS * L))) return;
   }
   if (remote_grad && !relays && !wait_for_source(p, epoch, b)) return;
@@ -482,6 +532,7 @@ __device__ void convolve_grad(const lasp_short_conv_params& p) {
   Lanes<L> window[K > 1 ? K - 1 : 1];
 #pragma unroll
   for (int j = 0; j < K - 1; ++j) window[j] = input_at<K, L>(p, b, t0 - (K - 1) + j, c);
+  int since = clear_before_starts<K, L, kPacked>(p, window, t0);
   // pending[i]: dx of token s - (K - 1) + i so far; token s - (K - 1) is complete after output s.
   Lanes<L> pending[K];
 #pragma unroll
@@ -506,15 +557,18 @@ __device__ void convolve_grad(const lasp_short_conv_params& p) {
     if (s < p.T) {
       lasp::cp_async_wait<kStages - 1>();
       const Lanes<L> x = unpack<L>(xs.take(s)), dy = unpack<L>(dys.take(s));
+      since = enter_token<K, L, kPacked>(p, window, s, since);
       const Lanes<L> g = pre_activation_grad<K, L>(p, filter, window, x, dy);
       // After x's and dy's first use: the slots' reads have completed.
       xs.fetch(s + kStages);
       dys.fetch(s + kStages);
       lasp::cp_async_commit();
+      // Tap i reads token s - (K - 1) + i: in s's document where i >= K - 1 - since.
 #pragma unroll
       for (int i = 0; i < K; ++i)
+        if (i >= K - 1 - since)
 #pragma unroll
-        for (int l = 0; l < L; ++l) pending[i].v[l] = fmaf(filter.w[i].v[l], g.v[l], pending[i].v[l]);
+          for (int l = 0; l < L; ++l) pending[i].v[l] = fmaf(filter.w[i].v[l], g.v[l], pending[i].v[l]);
       if (s < t1) {
 #pragma unroll
         for (int l = 0; l < L; ++l) {
@@ -559,8 +613,22 @@ __device__ __forceinline__ void with_kernel_size(const lasp_short_conv_params& p
   }
 }
 
-template <int K> struct Convolve { static __device__ void run(const lasp_short_conv_params& p) { convolve<K>(p); } };
-template <int K> struct ConvolveGrad { static __device__ void run(const lasp_short_conv_params& p) { convolve_grad<K>(p); } };
+template <int K> struct Convolve {
+  static __device__ void run(const lasp_short_conv_params& p) {
+    if (p.starts)
+      convolve<K, true>(p);
+    else
+      convolve<K, false>(p);
+  }
+};
+template <int K> struct ConvolveGrad {
+  static __device__ void run(const lasp_short_conv_params& p) {
+    if (p.starts)
+      convolve_grad<K, true>(p);
+    else
+      convolve_grad<K, false>(p);
+  }
+};
 
 }  // namespace
 

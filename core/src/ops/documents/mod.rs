@@ -45,7 +45,7 @@ pub enum DocumentOffsets<'a> {
     I64(DeviceRef<'a, i64>),
 }
 
-impl DocumentOffsets<'_> {
+impl<'a> DocumentOffsets<'a> {
     fn len(&self) -> usize {
         match self {
             DocumentOffsets::I32(o) => o.len(),
@@ -60,7 +60,7 @@ impl DocumentOffsets<'_> {
         }
     }
 
-    fn home(&self) -> Option<&Arc<CudaStream>> {
+    pub(crate) fn home(&self) -> Option<&'a Arc<CudaStream>> {
         match self {
             DocumentOffsets::I32(o) => o.home(),
             DocumentOffsets::I64(o) => o.home(),
@@ -169,13 +169,9 @@ impl DocumentStarts {
                     stream.cu_stream(),
                 )
             }?;
-            self.mark(
-                stream,
-                &docs,
-                &out,
-                shape,
-                LASP_DOCUMENT_START_LOG_DECAY as f32,
-            )
+            let first = docs.shard_start as i64;
+            let start_log_decay = LASP_DOCUMENT_START_LOG_DECAY as f32;
+            self.mark(stream, &docs, first, &out, shape, start_log_decay)
         })
     }
 
@@ -195,8 +191,35 @@ impl DocumentStarts {
         checks.tensor("dg", "[B, T, H]", (dg.len(), shape.len()), dg.addr(), 4)?;
         let homes = [docs.cu_seqlens.home(), dg.home()];
         StreamOrder::around(stream, homes, op, || {
-            self.mark(stream, &docs, &dg, shape, 0.0)
+            self.mark(stream, &docs, docs.shard_start as i64, &dg, shape, 0.0)
         })
+    }
+
+    /// Writes into `flags` `[before + T]` fp32 1 where a token starts a document and 0
+    /// elsewhere: the shard's T tokens and the `before` tokens before them (the short
+    /// convolution's halo), from the packed sequence's token `shard_start - before`. The caller
+    /// orders `stream` after the offsets' and `flags`' buffers.
+    pub(crate) fn start_flags(
+        &self,
+        stream: &Arc<CudaStream>,
+        docs: Documents<'_>,
+        before: usize,
+        flags: &DeviceMut<'_, f32>,
+    ) -> Result<()> {
+        let shape = GateShape {
+            b: 1,
+            t: flags.len(),
+            h: 1,
+        };
+        check("packed documents: start flags", &docs, shape)?;
+        let bytes = flags.len() * std::mem::size_of::<f32>();
+        // SAFETY: `flags` holds flags.len() fp32 of this context, live until the work on
+        // `stream` completes (the view's contract).
+        unsafe {
+            cudarc::driver::result::memset_d8_async(flags.addr(), 0, bytes, stream.cu_stream())
+        }?;
+        let first = docs.shard_start as i64 - before as i64;
+        self.mark(stream, &docs, first, flags, shape, 1.0)
     }
 
     /// Checks `docs.cu_seqlens` on the host against a packed sequence of `total` tokens with this
@@ -222,10 +245,13 @@ impl DocumentStarts {
         check_offsets(&docs.cu_seqlens.to_host(stream)?, total)
     }
 
+    /// Writes `value` into the rows of `values` `[B, T, H]` whose token starts a document, row
+    /// t being the packed sequence's token `first + t`.
     fn mark(
         &self,
         stream: &Arc<CudaStream>,
         docs: &Documents<'_>,
+        first: i64,
         values: &DeviceMut<'_, f32>,
         shape: GateShape,
         value: f32,
@@ -234,7 +260,7 @@ impl DocumentStarts {
             cu_seqlens: docs.cu_seqlens.addr() as _,
             offsets_are_int64: i32::from(docs.cu_seqlens.is_int64()),
             num_offsets: docs.cu_seqlens.len() as i32,
-            shard_start: docs.shard_start as i64,
+            shard_start: first,
             B: shape.b as i32,
             T: shape.t as i32,
             row_len: shape.h as i32,

@@ -3,6 +3,7 @@
 
 use super::{Activation, ShortConvLayout};
 use crate::error::{Error, Result};
+use crate::ops::documents::Documents;
 use crate::ops::scalar_decay::TensorChecks;
 use crate::ops::{bf16, DeviceMut, DeviceRef};
 use cudarc::driver::CudaStream;
@@ -28,6 +29,9 @@ pub struct ShortConvArgs<'a> {
     /// the shard, zeros on the first PE), which the backward reads. `None` where no backward
     /// follows.
     pub saved_halo: Option<DeviceMut<'a, bf16>>,
+    /// Packed documents: no tap reads across a document start (each document is convolved as a
+    /// sequence of its own); `None`: one sequence.
+    pub documents: Option<Documents<'a>>,
 }
 
 /// The backward's tensors on this PE (layouts as [`ShortConvArgs`]). The gradients are written,
@@ -53,6 +57,8 @@ pub struct ShortConvGradArgs<'a> {
     pub d_weight: DeviceMut<'a, f32>,
     /// `[C]` fp32, present exactly when `bias` is: written.
     pub d_bias: Option<DeviceMut<'a, f32>>,
+    /// The forward's documents.
+    pub documents: Option<Documents<'a>>,
 }
 
 fn invalid(message: String) -> Error {
@@ -131,6 +137,7 @@ impl<'a> ShortConvArgs<'a> {
         let mut homes = vec![self.x.home(), self.weight.home(), self.y.home()];
         homes.extend(self.bias.as_ref().map(|b| b.home()));
         homes.extend(self.saved_halo.as_ref().map(|h| h.home()));
+        homes.extend(self.documents.map(|d| d.cu_seqlens.home()));
         homes
     }
 
@@ -166,6 +173,7 @@ impl<'a> ShortConvGradArgs<'a> {
         homes.extend(self.halo.as_ref().map(|h| h.home()));
         homes.extend(self.bias.as_ref().map(|b| b.home()));
         homes.extend(self.d_bias.as_ref().map(|b| b.home()));
+        homes.extend(self.documents.map(|d| d.cu_seqlens.home()));
         homes
     }
 

@@ -23,7 +23,8 @@ pub use args::{ShortConvArgs, ShortConvGradArgs};
 use crate::error::{Error, Result};
 use crate::gpu::ContextSync;
 use crate::kernel::{Kernel, LaunchShape};
-use crate::ops::{ensure_workspace, require_runtime_stream, sm_count, StreamOrder};
+use crate::ops::documents::{DocumentStarts, Documents};
+use crate::ops::{ensure_workspace, require_runtime_stream, sm_count, DeviceMut, StreamOrder};
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaSlice, CudaStream};
 use halo::{Flow, HaloExchange};
@@ -213,6 +214,10 @@ pub struct ShortConv {
     kernels: Kernels,
     /// The backward's per-CTA parameter sums, grown on demand.
     partials: Option<CudaSlice<u8>>,
+    /// Packed documents: which tokens start one.
+    starts: DocumentStarts,
+    /// The start flags of the latest call over documents, `[K - 1 + T]` fp32, grown on demand.
+    start_flags: Option<CudaSlice<u8>>,
 }
 
 impl ShortConv {
@@ -264,6 +269,8 @@ impl ShortConv {
                 advance: module.kernel("lasp_short_conv_advance")?,
             },
             partials: None,
+            starts: DocumentStarts::new(runtime)?,
+            start_flags: None,
         };
         // The epoch and diagnostics words were zeroed on the runtime's stream; calls may come on
         // any stream.
@@ -283,6 +290,7 @@ impl ShortConv {
         args.check(FORWARD, self.layout)?;
         StreamOrder::around(stream, args.homes(), FORWARD, || {
             let (groups, grid) = self.kernels.forward.plan(&self.layout, args.tokens);
+            let starts = self.start_flags(stream, args.documents, args.tokens, FORWARD)?;
             let exchange = self.forward_halo.params(&self.runtime, stream);
             let p = lasp_short_conv_params {
                 x: args.x.addr() as _,
@@ -290,6 +298,7 @@ impl ShortConv {
                 bias: args.bias.map_or(0, |b| b.addr()) as _,
                 out: args.y.addr() as _,
                 saved_halo: args.saved_halo.as_ref().map_or(0, |h| h.addr()) as _,
+                starts: starts as _,
                 ..self.params(exchange, args.tokens, groups, args.activation)
             };
             self.enqueue(
@@ -324,8 +333,10 @@ impl ShortConv {
                 partial_bytes,
                 BACKWARD,
             )?;
+            let starts = self.start_flags(stream, args.documents, args.tokens, BACKWARD)?;
             let exchange = self.backward_halo.params(&self.runtime, stream);
             let p = lasp_short_conv_params {
+                starts: starts as _,
                 x: args.x.addr() as _,
                 weight: args.weight.addr() as _,
                 bias: args.bias.map_or(0, |b| b.addr()) as _,
@@ -378,6 +389,31 @@ impl ShortConv {
         self.runtime.context().synchronize()?;
         self.forward_halo.free(&self.runtime)?;
         self.backward_halo.free(&self.runtime)
+    }
+
+    /// The device address of the call's start flags (`lasp_short_conv_params::starts`), written
+    /// on `stream`, or 0 without documents.
+    fn start_flags(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        documents: Option<Documents<'_>>,
+        tokens: usize,
+        op: &str,
+    ) -> Result<u64> {
+        let Some(docs) = documents else {
+            return Ok(0);
+        };
+        let before = self.layout.kernel_size - 1;
+        let len = before + tokens;
+        let bytes = (len * std::mem::size_of::<f32>()) as u64;
+        let ctx = self.runtime.context();
+        let addr = ensure_workspace(ctx, stream, &mut self.start_flags, bytes, op)?;
+        // SAFETY: the workspace holds `len` fp32 of this GPU (sized above); self owns it and
+        // synchronises the context before growing or freeing it, and only this call's kernels,
+        // in stream order, touch it.
+        let flags = unsafe { DeviceMut::<f32>::from_raw(addr, len) };
+        self.starts.start_flags(stream, docs, before, &flags)?;
+        Ok(addr)
     }
 
     /// One thread: the epoch's advance.

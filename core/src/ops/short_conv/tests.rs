@@ -132,6 +132,7 @@ fn forward_args(fake: &mut Fake) -> ShortConvArgs<'static> {
         activation: Activation::Silu,
         y: fake.w::<bf16>(activations()),
         saved_halo: Some(fake.w::<bf16>(LAYOUT.halo_len())),
+        documents: None,
     }
 }
 
@@ -147,6 +148,7 @@ fn backward_args(fake: &mut Fake) -> ShortConvGradArgs<'static> {
         dx: fake.w::<bf16>(activations()),
         d_weight: fake.w::<f32>(LAYOUT.channels * LAYOUT.kernel_size),
         d_bias: Some(fake.w::<f32>(LAYOUT.channels)),
+        documents: None,
     }
 }
 

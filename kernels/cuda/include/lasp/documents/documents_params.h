@@ -25,7 +25,8 @@ typedef struct {
                               // last may repeat the total (a fixed-capacity buffer: CUDA graphs)
   int32_t offsets_are_int64;  // 1: cu_seqlens holds int64, 0: int32
   int32_t num_offsets;        // entries of cu_seqlens (>= 2)
-  int64_t shard_start;        // the packed sequence's index of this shard's token 0
+  int64_t shard_start;        // the packed sequence's index of the token of row 0 (< 0 where
+                              // the rows begin before the sequence: no document starts there)
   int32_t B;                  // batch rows (each packed with the same documents)
   int32_t T;                  // the shard's tokens
   int32_t row_len;            // values per token of `values` (H for log-decays [B, T, H])

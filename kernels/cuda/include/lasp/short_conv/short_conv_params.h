@@ -53,6 +53,9 @@ typedef struct {
                             // d_bias (1), reduced in a fixed order by the reduce kernel
   float* d_weight;          // backward: [C, K]
   float* d_bias;            // backward: [C], or NULL
+  const float* starts;      // packed documents: [K - 1 + T], 1 where token t of the shard (from
+                            // -(K - 1), the halo's, at index t + K - 1) starts a document, else
+                            // 0; no tap reads across a start. NULL: one sequence
   lasp_halo_exchange exchange;
   int32_t B;
   int32_t T;                // this PE's tokens, >= 1
