@@ -8,7 +8,8 @@
 //! shorter than `K - 1` relays the part of its own halo its successor needs). The backward
 //! returns the halo's gradient the same way to the PE the tokens came from. No host collective:
 //! every wait is a bounded device wait that names the PE, the slot and the epoch, and a call can
-//! be captured into a CUDA graph and replayed. On one PE it is the plain convolution.
+//! be captured into a CUDA graph and replayed. On one PE it is the plain convolution. Over packed
+//! documents (`documents`, fla's `cu_seqlens`) no tap reads across a document start.
 //!
 //! Kernels: `kernels/cuda/short_conv/short_conv.cu`; the exchange's protocol:
 //! `lasp/short_conv/short_conv_params.h`.
