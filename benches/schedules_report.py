@@ -20,6 +20,10 @@ an existing file with the same family, direction, W, shape and link, and keeps t
   where it is < 20 %: planner_ms <= 1.05 x no_comm_ms                        (hides it)
 Under emulated links the sequential modes' host gathers still run at NVLink's rate, so their
 times are kept as `sequential_nccl_unpaced_ms` and the bounds take the all-gather in NCCL's place.
+NCCL at its best: `--plain-forward` / `--plain-backward` take the same programs' rows run with
+LASP_NCCL_WINDOW=0 (NCCL's all-gather on plain memory) beside the default run's (on a symmetric
+NCCL window); a row then keeps both, `sequential_nccl_window_ms` and `sequential_nccl_plain_ms`,
+and `sequential_nccl_ms` is the faster.
 Device, commit and date come from LASP_DEVICE, LASP_COMMIT and LASP_DATE; every row names its own."""
 import argparse
 import json
@@ -39,8 +43,14 @@ def provenance():
     return {key: os.environ.get(f"LASP_{key.upper()}", "unknown") for key in ("device", "commit", "date")}
 
 
-def row(family, direction, r, origin=None):
-    """One schedules.json row from a --plan row, with its bounds and where it was measured."""
+def row(family, direction, r, origin=None, plain=None):
+    """One schedules.json row from a --plan row (and the same shape's row with NCCL on plain
+    memory, where given), with its bounds and where it was measured."""
+    variants = {}
+    if plain is not None:
+        variants = {f"sequential_nccl_{r.get('nccl_baseline', 'window')}_ms": r["sequential_nccl_ms"],
+                    f"sequential_nccl_{plain.get('nccl_baseline', 'plain')}_ms": plain["sequential_nccl_ms"]}
+        r = dict(r, sequential_nccl_ms=min(r["sequential_nccl_ms"], plain["sequential_nccl_ms"]))
     link = r.get("link", "nvlink")
     paced = link == "nvlink"  # every mode's exchange moved at the link's rate
     chain = r.get("pipelined_chain_ms")
@@ -55,6 +65,7 @@ def row(family, direction, r, origin=None):
         "allgather_ms": r["overlapped_ms"], "chain_ms": chain,
         "sequential_nccl_ms": r["sequential_nccl_ms"] if paced else None,
         "sequential_nvshmem_ms": r["sequential_nvshmem_ms"] if paced else None,
+        **(variants if paced else {}),
         "no_comm_ms": r["no_comm_ms"], "link": link,
         "planner_over_best": round(r["planner_ms"] / best, 4),
         "sequential_nccl_over_planner": round(baseline / r["planner_ms"], 4),
@@ -79,10 +90,17 @@ def key(r):
     return (r["family"], r["direction"], r["W"], r["B"], r["T_local"], r["H"], r["D"], r.get("link", "nvlink"))
 
 
-def merge(family, forward, backward, origin=None, others=()):
+def shape_key(r):
+    return (r["W"], r["B"], r["T_local"], r["H"], r["D"], r.get("link", "nvlink"))
+
+
+def merge(family, forward, backward, origin=None, others=(), plain_forward=(), plain_backward=()):
     """The rows of `others` (an earlier file's) that no input replaces, then every input's rows,
-    forward first, each as timed."""
-    new = [row(family, direction, r, origin)
+    forward first, each as timed, each with its shape's row of the plain-memory NCCL runs where
+    there is one."""
+    plain = {direction: {shape_key(r): r for doc in docs for r in doc}
+             for direction, docs in (("forward", plain_forward), ("backward", plain_backward))}
+    new = [row(family, direction, r, origin, plain[direction].get(shape_key(r)))
            for direction, docs in (("forward", forward), ("backward", backward)) for doc in docs for r in doc]
     replaced = {key(r) for r in new}
     return [r for r in others if key(r) not in replaced] + new
@@ -160,6 +178,14 @@ def self_test():
                              "wins_where_exchange_matters": {"rows": 2, "met": 1}}
     gla = merge("gla", [[plan_row(0.5, 0.6, 0.45, 0.5)]], [], {"commit": "b"}, others=rows)
     assert [r["family"] for r in gla] == ["sd", "sd", "gla"] and gla[2]["commit"] == "b"
+    # Both NCCL baselines: the faster one is the row's, both are kept.
+    window = dict(plan_row(0.30, 0.40, 0.25, 0.30), nccl_baseline="window")
+    on_plain = dict(plan_row(0.31, 0.45, 0.25, 0.31), nccl_baseline="plain")
+    both = merge("sd", [[window]], [], plain_forward=[[on_plain]])[0]
+    assert (both["sequential_nccl_window_ms"], both["sequential_nccl_plain_ms"]) == (0.40, 0.45)
+    assert both["sequential_nccl_ms"] == 0.40 and both["sequential_nccl_over_planner"] == round(0.40 / 0.30, 4)
+    faster_plain = merge("sd", [[dict(window, sequential_nccl_ms=0.5)]], [], plain_forward=[[on_plain]])[0]
+    assert faster_plain["sequential_nccl_ms"] == 0.45
     again = merge("sd", [[plan_row(0.30, 0.40, 0.25, 0.30)]], [ [ib] ], others=gla)
     assert [(r["family"], r["direction"]) for r in again] == [("sd", "backward"), ("gla", "forward"),
                                                               ("sd", "forward"), ("sd", "backward")]
@@ -176,6 +202,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--forward", nargs="*", type=Path, default=[], metavar="F")
     ap.add_argument("--backward", nargs="*", type=Path, default=[], metavar="F")
+    ap.add_argument("--plain-forward", nargs="*", type=Path, default=[], metavar="F",
+                    help="the forward's rows run with LASP_NCCL_WINDOW=0")
+    ap.add_argument("--plain-backward", nargs="*", type=Path, default=[], metavar="F",
+                    help="the backward's rows run with LASP_NCCL_WINDOW=0")
     ap.add_argument("--family", required=True)
     ap.add_argument("--method", default=(
         "lasp2_forward / lasp2_backward --no-check --plan: per shape the planner times its candidates "
@@ -189,7 +219,8 @@ def main(argv=None):
     load = lambda paths: [json.loads(p.read_text()) for p in paths]
     previous = json.loads(args.into.read_text()) if args.into else {}
     others = previous.get("rows", [])
-    rows = merge(args.family, load(args.forward), load(args.backward), provenance(), others)
+    rows = merge(args.family, load(args.forward), load(args.backward), provenance(), others,
+                 load(args.plain_forward), load(args.plain_backward))
     origins = sorted({(r.get("device"), r.get("commit"), r.get("date")) for r in rows}, key=str)
     doc = {
         "device": sorted({o[0] for o in origins if o[0]}),

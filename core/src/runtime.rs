@@ -39,6 +39,10 @@ pub struct Config {
     /// across nodes on one node ([`LinkEmulation`]). Default: `LASP_EMULATE_LINKS`, else none
     /// (the real links).
     pub link_emulation: Option<LinkEmulation>,
+    /// Whether the sequential NCCL mode gathers in a symmetric NCCL window where NCCL can
+    /// register one (NCCL 2.27 on), else in plain memory: the faster and the classic NCCL
+    /// baselines. Default: `LASP_NCCL_WINDOW` (1 or 0), else true.
+    pub nccl_window: bool,
 }
 
 impl Config {
@@ -57,6 +61,7 @@ impl Config {
             rendezvous_timeout: Duration::from_secs(120),
             nvshmem_library: None,
             link_emulation: LinkEmulation::from_lookup(&get)?,
+            nccl_window: settings::nccl_window(&get)?.unwrap_or(true),
         })
     }
 
@@ -132,6 +137,7 @@ pub(crate) struct Inner {
     pub(crate) allocations: Mutex<Vec<u64>>,
     pub(crate) wait_timeout: Duration,
     link_emulation: Option<LinkEmulation>,
+    nccl_window: bool,
     finalized: AtomicBool,
     /// Whether this runtime initialised NVSHMEM (and so finalizes it), or joined the NVSHMEM
     /// another library of the process initialised ([`Runtime::attach`]), which stays theirs.
@@ -227,6 +233,7 @@ impl Runtime {
                 allocations: Mutex::new(Vec::new()),
                 wait_timeout: config.wait_timeout,
                 link_emulation: config.link_emulation,
+                nccl_window: config.nccl_window,
                 finalized: AtomicBool::new(false),
                 owns_nvshmem: false,
             }),
@@ -294,6 +301,7 @@ impl Runtime {
                 allocations: Mutex::new(Vec::new()),
                 wait_timeout: config.wait_timeout,
                 link_emulation: config.link_emulation,
+                nccl_window: config.nccl_window,
                 finalized: AtomicBool::new(false),
                 owns_nvshmem: true,
             }),
@@ -334,6 +342,12 @@ impl Runtime {
     /// The emulated links between groups of PEs, if configured ([`Config::link_emulation`]).
     pub fn link_emulation(&self) -> Option<&LinkEmulation> {
         self.inner.link_emulation.as_ref()
+    }
+
+    /// Whether the sequential NCCL mode gathers in a symmetric NCCL window where NCCL can register
+    /// one ([`Config::nccl_window`]).
+    pub fn nccl_window(&self) -> bool {
+        self.inner.nccl_window
     }
 
     /// The kernel module loaded for this GPU.

@@ -30,6 +30,26 @@ pub const WAIT_TIMEOUT_VAR: &str = "LASP_WAIT_TIMEOUT_MS";
 /// The bound on device waits when [`WAIT_TIMEOUT_VAR`] is unset.
 pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Whether the sequential NCCL mode gathers in a symmetric NCCL window ("1", the default) or in
+/// plain memory ("0"): the two NCCL baselines a benchmark times.
+pub const NCCL_WINDOW_VAR: &str = "LASP_NCCL_WINDOW";
+
+/// `LASP_NCCL_WINDOW` as `get` reads it: `None` when unset, an error naming the variable and its
+/// value when it is neither 0 nor 1.
+pub fn nccl_window(get: impl Fn(&str) -> Option<String>) -> Result<Option<bool>> {
+    let Some(text) = get(NCCL_WINDOW_VAR) else {
+        return Ok(None);
+    };
+    match text.trim() {
+        "1" => Ok(Some(true)),
+        "0" => Ok(Some(false)),
+        _ => Err(Error::InvalidArgument(format!(
+            "{NCCL_WINDOW_VAR}={text:?}: give 1 (the sequential NCCL mode gathers in a symmetric \
+             NCCL window, the default) or 0 (in plain memory), or unset it"
+        ))),
+    }
+}
+
 /// NVSHMEM's symmetric heap size per PE.
 pub const SYMMETRIC_SIZE_VAR: &str = "NVSHMEM_SYMMETRIC_SIZE";
 /// NVSHMEM's symmetric heap when [`SYMMETRIC_SIZE_VAR`] is unset (1 GiB, NVSHMEM 3.x).
@@ -200,6 +220,25 @@ mod tests {
                     && msg.contains("positive whole number of milliseconds"),
                 "{msg}"
             );
+        }
+    }
+
+    #[test]
+    fn the_nccl_window_setting_is_one_or_zero() {
+        assert_eq!(nccl_window(lookup(&[])).unwrap(), None);
+        assert_eq!(
+            nccl_window(lookup(&[(NCCL_WINDOW_VAR, "0")])).unwrap(),
+            Some(false)
+        );
+        assert_eq!(
+            nccl_window(lookup(&[(NCCL_WINDOW_VAR, " 1")])).unwrap(),
+            Some(true)
+        );
+        for bad in ["yes", "", "2"] {
+            let msg = nccl_window(lookup(&[(NCCL_WINDOW_VAR, bad)]))
+                .unwrap_err()
+                .to_string();
+            assert!(msg.contains(&format!("LASP_NCCL_WINDOW={bad:?}")), "{msg}");
         }
     }
 

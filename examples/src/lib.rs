@@ -685,6 +685,16 @@ fn rounded(per_rank: &[f64]) -> Vec<f64> {
     per_rank.iter().map(|&x| round(x, 5)).collect()
 }
 
+/// Where the sequential NCCL mode gathers on `rt`, as the rows name it: "window" (a symmetric
+/// NCCL window, where NCCL registers one) or "plain" (`LASP_NCCL_WINDOW=0`).
+pub fn nccl_baseline(rt: &Runtime) -> &'static str {
+    if rt.nccl_window() {
+        "window"
+    } else {
+        "plain"
+    }
+}
+
 /// The slowest rank's median: a call takes as long as that rank.
 fn slowest_of(per_rank: &[f64]) -> f64 {
     round(per_rank.iter().copied().fold(f64::MIN, f64::max), 5)
@@ -712,6 +722,8 @@ pub struct ModeRow {
     /// The links the exchange ran over: "nvlink", or the emulated links' label
     /// (`LASP_EMULATE_LINKS`; only the device schedules' puts are held to their rates).
     pub link: String,
+    /// Where the sequential NCCL mode gathered ([`nccl_baseline`]).
+    pub nccl_baseline: &'static str,
 }
 
 impl ModeRow {
@@ -726,6 +738,7 @@ impl ModeRow {
             modes,
             planner: None,
             link: links_label(rt),
+            nccl_baseline: nccl_baseline(rt),
         }
     }
 }

@@ -241,8 +241,11 @@ impl<F: Family> StateChain<F> {
         }
         if mode == ExchangeMode::SequentialNccl && self.nccl.is_none() {
             let comm = NcclComm::new(&self.runtime, &stream)?;
-            // Where this NCCL has no windows (before 2.27) the mode gathers in the slots.
-            self.nccl_window = comm.window(self.buffers.slots_bytes()).ok();
+            // Where this NCCL has no windows (before 2.27), or the configuration asks for plain
+            // memory, the mode gathers in the slots.
+            if self.runtime.nccl_window() {
+                self.nccl_window = comm.window(self.buffers.slots_bytes()).ok();
+            }
             self.nccl = Some(comm);
         }
         if self.mode == Some(ExchangeMode::NoComm) && mode != ExchangeMode::NoComm {

@@ -689,6 +689,7 @@ mod tests {
             modes: ModeTimes::from_per_rank([vec![1.0], vec![2.0], vec![3.0], vec![0.5]]),
             planner: None,
             link: "nvlink".into(),
+            nccl_baseline: "window",
         };
         let json: serde_json::Value =
             serde_json::from_str(&lasp_shmem_examples::to_json(&vec![row])).unwrap();
@@ -710,6 +711,7 @@ mod tests {
             "no_comm_ms",
             "per_rank_ms",
             "link",
+            "nccl_baseline",
         ] {
             assert!(keys.contains(&key), "{key} not in {keys:?}");
         }

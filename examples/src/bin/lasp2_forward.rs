@@ -37,8 +37,8 @@ use lasp_shmem::reference::{
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::{
     bf16_bits, bf16_values, config_with_heap, f32_bits, f32_values, links_label,
-    main_under_launcher, mode_name, parse_shape, planner_choice, round, shard_lengths,
-    time_modes_and_plan, write_json, ModeCall, ModeTimes, PlannerTimes,
+    main_under_launcher, mode_name, nccl_baseline, parse_shape, planner_choice, round,
+    shard_lengths, time_modes_and_plan, write_json, ModeCall, ModeTimes, PlannerTimes,
 };
 use serde::Serialize;
 use std::path::PathBuf;
@@ -413,6 +413,8 @@ struct Row {
     max_output_wait_us: Option<f64>,
     /// "nvlink" or the emulated links' label ([`links_label`]).
     link: String,
+    /// Where the sequential NCCL mode gathered ([`nccl_baseline`]).
+    nccl_baseline: &'static str,
 }
 
 /// How the rows name a candidate of the planner.
@@ -495,6 +497,7 @@ fn time_modes(
         planner,
         max_output_wait_us,
         link: links_label(rt),
+        nccl_baseline: nccl_baseline(rt),
     })
 }
 
@@ -769,6 +772,7 @@ mod tests {
             }),
             max_output_wait_us: None,
             link: "nvlink".into(),
+            nccl_baseline: "window",
         };
         let json: serde_json::Value =
             serde_json::from_str(&lasp_shmem_examples::to_json(&vec![row])).unwrap();
