@@ -320,11 +320,21 @@ pub fn lasp2_config<F: Family>(
     checks: Lasp2Layout,
     npes: usize,
 ) -> Result<Config> {
+    heap_config(timed, checks, |layout| layout.symmetric_bytes::<F>(npes))
+}
+
+/// The settings of a program whose LASP-2 operations at one layout take `bytes(layout)` symmetric
+/// bytes: a heap for the largest of its `timed` shapes and of the layout its `checks` need.
+pub fn heap_config(
+    timed: &[ForwardShape],
+    checks: Lasp2Layout,
+    bytes: impl Fn(Lasp2Layout) -> usize,
+) -> Result<Config> {
     let heap = timed
         .iter()
         .map(|s| s.layout())
         .chain([checks])
-        .map(|layout| layout.symmetric_bytes::<F>(npes))
+        .map(bytes)
         .max()
         .unwrap_or(0);
     config_with_heap(heap)

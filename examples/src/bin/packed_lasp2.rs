@@ -51,9 +51,9 @@ use lasp_shmem_examples::grad_bits::{GradBits, GradBuffers};
 use lasp_shmem_examples::graph_replay::Outputs;
 use lasp_shmem_examples::mode_bits::{bits_in_every_mode, ModeSwitch};
 use lasp_shmem_examples::{
-    bf16_bits, bf16_values, bf16s, config_with_heap, f32_values, f32s, main_under_launcher,
-    normals, parse_shape, round, run_cases, shard_lengths, shard_rows, time_call, write_json,
-    ModeCall, NamedCase, TimedInputs,
+    bf16_bits, bf16_values, bf16s, f32_values, f32s, heap_config, main_under_launcher, normals,
+    parse_shape, round, run_cases, shard_lengths, shard_rows, time_call, write_json, ModeCall,
+    NamedCase, TimedInputs,
 };
 use serde::Serialize;
 use std::path::PathBuf;
@@ -1033,19 +1033,12 @@ fn config(options: &Options, npes: usize) -> Result<Config> {
         dk: 128,
         dv: 128,
     };
-    let heap = options
-        .time
-        .iter()
-        .map(|s| s.layout())
-        .chain([checks])
-        .map(|l| {
-            2 * l
-                .symmetric_bytes::<ScalarDecay>(npes)
-                .max(l.symmetric_bytes::<GatedDelta>(npes))
-        })
-        .max()
-        .unwrap_or(0);
-    config_with_heap(heap)
+    heap_config(&options.time, checks, |l| {
+        let one_family = l
+            .symmetric_bytes::<ScalarDecay>(npes)
+            .max(l.symmetric_bytes::<GatedDelta>(npes));
+        2 * one_family
+    })
 }
 
 fn main() {

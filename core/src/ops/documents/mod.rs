@@ -16,6 +16,9 @@
 //! the documents: a captured CUDA graph replays with other documents written into the same buffer
 //! (pad it with the total length).
 //!
+//! The short convolution ([`crate::ops::short_conv`]) takes the same documents through a flag
+//! per token (`DocumentStarts::start_flags`), which its kernels read.
+//!
 //! A call over documents takes no initial state (the first document starts at token 0, which
 //! forgets it): per-document initial and final states are not here yet, nor GLA and mLSTM (their
 //! gates are not one log-decay per token and head). Design: `kernels/docs/packed.md`.
