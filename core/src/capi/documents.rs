@@ -11,6 +11,7 @@ use super::families::{Direction, FamilyOp};
 use super::tensors::CheckedCall;
 use crate::error::Result;
 use crate::exchange::ExchangeMode;
+use crate::gpu::ContextSync;
 use crate::ops::documents::{DocumentStarts, GateShape};
 use crate::ops::{ensure_workspace, DeviceMut};
 use crate::runtime::Runtime;
@@ -25,6 +26,7 @@ pub(super) fn with_documents(
 ) -> Result<Box<dyn FamilyOp>> {
     let starts = DocumentStarts::new(runtime)?;
     Ok(Box::new(Packed {
+        _calls_done: ContextSync(runtime.context().clone()),
         op: make()?,
         starts,
         context: runtime.context().clone(),
@@ -33,6 +35,8 @@ pub(super) fn with_documents(
 }
 
 struct Packed {
+    /// First: every call finishes before the workspace below is released.
+    _calls_done: ContextSync,
     op: Box<dyn FamilyOp>,
     starts: DocumentStarts,
     context: Arc<CudaContext>,
@@ -80,9 +84,10 @@ impl Packed {
         let len = s.gate_len();
         let bytes = (len * std::mem::size_of::<f32>()) as u64;
         let addr = ensure_workspace(&self.context, stream, &mut self.gates, bytes, entry)?;
-        // SAFETY: the workspace holds `len` fp32 of this GPU (sized above); the op owns it and
-        // synchronises the context before growing or freeing it, so it outlives the kernels of
-        // this call, and only this call's kernels, in stream order, write and read it.
+        // SAFETY: the workspace holds `len` fp32 of this GPU (sized above); self owns it and
+        // waits for the whole context before growing it (ensure_workspace) or freeing it
+        // (_calls_done), so it outlives the kernels of this call, and only this call's kernels,
+        // in stream order, write and read it.
         let forgetting = unsafe { DeviceMut::<f32>::from_raw(addr, len) };
         // The caller's gates, from a copy of the call: the op takes the slot, redirected.
         let gates = call.again().input(Slot::G);

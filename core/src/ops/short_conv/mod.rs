@@ -410,8 +410,8 @@ impl ShortConv {
         let ctx = self.runtime.context();
         let addr = ensure_workspace(ctx, stream, &mut self.start_flags, bytes, op)?;
         // SAFETY: the workspace holds `len` fp32 of this GPU (sized above); self owns it and
-        // synchronises the context before growing or freeing it, and only this call's kernels,
-        // in stream order, touch it.
+        // waits for the whole context before growing it (ensure_workspace) or freeing it
+        // (_calls_done), and only this call's kernels, in stream order, touch it.
         let flags = unsafe { DeviceMut::<f32>::from_raw(addr, len) };
         self.starts.start_flags(stream, docs, before, &flags)?;
         Ok(addr)
