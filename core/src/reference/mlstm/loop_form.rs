@@ -1,13 +1,22 @@
 //! The chunkwise mLSTM forward in the arithmetic of the scalar-decay chunk loop (module doc,
 //! "In the scalar-decay loop's form"): what its kernels compute, so that the gate transform and
 //! every exponent's sign are checked here, against [`chunkwise_forward`](super::chunkwise_forward).
+//!
+//! Over packed documents ([`packed_loop_form_forward`]) the chunk is cut into segments at the
+//! tokens that start a document, as the kernels will (`kernels/docs/packed.md`, "mLSTM"): the
+//! cumsum and the running maximum restart at each start, a document entering from the zero state
+//! (`m = 0`, decayed by its first token's own forget gate), each segment with its own shift, and
+//! every weight whose row and column lie in different documents is dropped. The forget gates
+//! stay as they are.
 
 use super::super::error::ReferenceError;
 use super::super::gates::chunk_local_cumsum;
 use super::super::linalg::{axpy, dot, outer_add, vec_mat_add};
+use super::super::tensor::Tensor;
 use super::super::validate::check_chunk;
 use super::head::{forward_heads, HeadState, MlstmHead};
 use super::inputs::{MlstmForward, MlstmInputs};
+use super::packed::MlstmPackedInputs;
 
 /// One chunk's gates as the scalar-decay loop takes them, for a state with stabiliser `m_prev`:
 /// the intra-chunk weight of token j in row r is `e^{row_r - col_j}` (j <= r), the carried state's
@@ -58,6 +67,135 @@ pub fn loop_gates(input_gate: &[f64], log_forget: &[f64], m_prev: f64) -> LoopGa
         col,
         m_rows,
     }
+}
+
+/// [`loop_gates`] over a chunk cut into documents: `starts[j]` when token j starts a document.
+/// Segment 0 (the tokens before the chunk's first start) continues the state entering with
+/// stabiliser `m_prev`, as [`loop_gates`]; a segment that starts a document enters from the zero
+/// state, `m = 0`, with shift 0: its cumsum `b` and running maximum `M` restart at its start
+/// (`M` from 0), so `m_r = b_r + M_r` is the document's own stabiliser. `first[r]` is the start
+/// of row r's segment (`None` for segment 0); row r keeps token j's weight for `first[r] <= j <=
+/// r` only, the carried state only where `first[r]` is `None`, and the state leaving the chunk is
+/// the last segment's.
+pub fn packed_loop_gates(
+    input_gate: &[f64],
+    log_forget: &[f64],
+    starts: &[bool],
+    m_prev: f64,
+) -> (LoopGates, Vec<Option<usize>>) {
+    let first: Vec<Option<usize>> = starts
+        .iter()
+        .enumerate()
+        .scan(None, |first, (j, &start)| {
+            if start {
+                *first = Some(j);
+            }
+            Some(*first)
+        })
+        .collect();
+    let mut gates = LoopGates {
+        row: Vec::with_capacity(starts.len()),
+        col: Vec::with_capacity(starts.len()),
+        gamma: 0.0,
+        m_rows: Vec::with_capacity(starts.len()),
+        m_next: 0.0,
+    };
+    let mut begin = 0;
+    while begin < starts.len() {
+        let end = (begin + 1..starts.len())
+            .find(|&j| starts[j])
+            .unwrap_or(starts.len());
+        // A document's first segment enters from the zero state (m = 0), segment 0 from m_prev.
+        let entering = if first[begin].is_some() { 0.0 } else { m_prev };
+        let segment = loop_gates(&input_gate[begin..end], &log_forget[begin..end], entering);
+        gates.row.extend(&segment.row);
+        gates.col.extend(&segment.col);
+        gates.m_rows.extend(&segment.m_rows);
+        gates.gamma = segment.gamma;
+        gates.m_next = segment.m_next;
+        begin = end;
+    }
+    (gates, first)
+}
+
+/// The hidden states of packed documents, each chunk of `chunk` tokens in the kernels' segmented
+/// form ([`packed_loop_gates`]), every document from the zero state (the documents' own initial
+/// states are not taken: `packed.initial_states` must be `None`). Equal to
+/// [`packed_recurrent_forward`](super::packed_recurrent_forward)'s.
+pub fn packed_loop_form_forward(
+    packed: &MlstmPackedInputs,
+    chunk: usize,
+) -> Result<Tensor, ReferenceError> {
+    check_chunk("chunk", chunk)?;
+    packed.validate()?;
+    if packed.initial_states.is_some() {
+        return Err(ReferenceError::InitialStateNotPerDocument);
+    }
+    let mut starts = vec![false; packed.inputs.shape.t];
+    for &s in &packed.cu_seqlens[..packed.cu_seqlens.len() - 1] {
+        starts[s] = true;
+    }
+    let heads = forward_heads(&packed.inputs, |head, state| {
+        packed_forward_from(head, state, &starts, chunk)
+    })?;
+    Ok(heads.h)
+}
+
+fn packed_forward_from(
+    head: &MlstmHead,
+    mut state: HeadState,
+    starts: &[bool],
+    chunk: usize,
+) -> (Vec<f64>, HeadState) {
+    let mut out = vec![0.0; head.t * head.dv];
+    for (c0, len) in head.chunks(chunk) {
+        let (g, first) = packed_loop_gates(
+            &head.input_gate[c0..c0 + len],
+            &head.log_forget[c0..c0 + len],
+            &starts[c0..c0 + len],
+            state.m,
+        );
+        let carried = if state.m.is_finite() { 1.0 } else { 0.0 };
+        for (r, row_first) in first.iter().enumerate() {
+            let t = c0 + r;
+            // The carried state reaches only the rows of the document it belongs to.
+            let inter = if row_first.is_none() {
+                carried * g.row[r].exp()
+            } else {
+                0.0
+            };
+            let mut num = vec![0.0; head.dv];
+            vec_mat_add(&mut num, inter * head.scale, head.q(t), &state.c);
+            let mut qn = inter * head.scale * dot(head.q(t), &state.n);
+            for j in row_first.unwrap_or(0)..=r {
+                let score =
+                    (g.row[r] - g.col[j]).exp() * head.scale * dot(head.q(t), head.k(c0 + j));
+                axpy(&mut num, score, head.v(c0 + j));
+                qn += score;
+            }
+            head.normalise(
+                &mut out[t * head.dv..(t + 1) * head.dv],
+                &num,
+                qn,
+                g.m_rows[r],
+            );
+        }
+        let last = first[len - 1];
+        let decay = if last.is_none() {
+            carried * g.gamma.exp()
+        } else {
+            0.0
+        };
+        state.c.iter_mut().for_each(|x| *x *= decay);
+        state.n.iter_mut().for_each(|x| *x *= decay);
+        for j in last.unwrap_or(0)..len {
+            let weight = (g.gamma - g.col[j]).exp();
+            outer_add(&mut state.c, weight, head.k(c0 + j), head.v(c0 + j));
+            axpy(&mut state.n, weight, head.k(c0 + j));
+        }
+        state.m = g.m_next;
+    }
+    (out, state)
 }
 
 /// Chunkwise forward with chunk size `chunk`, each chunk as the scalar-decay loop computes it
@@ -167,6 +305,91 @@ mod tests {
             }
             assert_eq!(g.m_next, g.m_rows[h.t - 1]);
             assert_eq!(g.gamma, g.row[h.t - 1]);
+        }
+    }
+
+    /// In every segment the kept exponents are <= 0 and the row stabilisers are the recurrence's,
+    /// a document's from the zero state (m = 0) at its start.
+    #[test]
+    fn packed_segments_keep_every_exponent_at_most_zero_and_each_documents_stabiliser() {
+        const ROUNDING: f64 = 1e-12;
+        let h = head(23, 7);
+        let mut starts = vec![false; h.t];
+        for s in [0, 1, 4, 12, 13, 22] {
+            starts[s] = true;
+        }
+        for (skip_first, m_prev) in [(true, 2.5), (false, f64::NEG_INFINITY), (false, 17.25)] {
+            // The chunk's first token continues the document before it where `skip_first`.
+            let mut starts = starts.clone();
+            starts[0] = !skip_first;
+            let (g, first) = packed_loop_gates(&h.input_gate, &h.log_forget, &starts, m_prev);
+            let mut m = m_prev;
+            for r in 0..h.t {
+                let entering = if starts[r] { 0.0 } else { m };
+                m = (h.log_forget[r] + entering).max(h.input_gate[r]);
+                assert!(
+                    (g.m_rows[r] - m).abs() <= 1e-12 * m.abs().max(1.0),
+                    "row {r}: {} vs {m}",
+                    g.m_rows[r]
+                );
+                let bound = ROUNDING * (g.row[r].abs() + g.col[r].abs()).max(1.0);
+                if first[r].is_none() && m_prev.is_finite() {
+                    assert!(g.row[r] <= bound, "row {r}: carried {}", g.row[r]);
+                }
+                for j in first[r].unwrap_or(0)..=r {
+                    assert!(g.row[r] - g.col[j] <= bound, "row {r}, token {j}");
+                }
+            }
+            let last = first[h.t - 1].unwrap_or(0);
+            for j in last..h.t {
+                assert!(
+                    g.gamma - g.col[j] <= 1e-12 * g.col[j].abs().max(1.0),
+                    "token {j}"
+                );
+            }
+            assert_eq!(g.m_next, g.m_rows[h.t - 1]);
+        }
+    }
+
+    /// The packed loop form gives each document's own hidden states, whatever the chunk, with
+    /// documents of one and two tokens, starting on and off chunk boundaries, under typical and
+    /// very large input gates.
+    #[test]
+    fn the_packed_loop_form_equals_each_document_run_alone() {
+        use super::super::inputs::{MlstmRegime, MlstmSpec};
+        use super::super::packed::packed_recurrent_forward;
+        use crate::reference::inputs::Shape;
+        let cu_seqlens = vec![0, 1, 3, 64, 65, 129, 150, 197];
+        for regime in [MlstmRegime::Typical, MlstmRegime::LargeInputGate] {
+            let spec = MlstmSpec {
+                shape: Shape {
+                    b: 1,
+                    t: 197,
+                    h: 2,
+                    dk: 4,
+                    dv: 3,
+                },
+                regime,
+                seed: 17,
+                round_to_bf16: false,
+                initial_state: false,
+            };
+            let packed = MlstmPackedInputs {
+                inputs: MlstmInputs::generate(&spec).unwrap(),
+                cu_seqlens: cu_seqlens.clone(),
+                initial_states: None,
+            };
+            let want = packed_recurrent_forward(&packed).unwrap().h;
+            for chunk in [1, 5, 16, 64] {
+                let got = packed_loop_form_forward(&packed, chunk).unwrap();
+                let scale = want.data().iter().fold(0.0f64, |s, x| s.max(x.abs()));
+                for (i, (x, y)) in got.data().iter().zip(want.data()).enumerate() {
+                    assert!(
+                        (x - y).abs() <= 1e-11 * scale,
+                        "{regime:?}, chunk {chunk}: h[{i}] {x} vs {y}"
+                    );
+                }
+            }
         }
     }
 

@@ -187,7 +187,9 @@ pub use lasp2::{
     MlstmLasp2Backward, ShardSummary,
 };
 pub use lasp2_tfla::{lasp2_backward_tfla, MlstmLasp2TflaBackward};
-pub use loop_form::{loop_form_forward, loop_gates, LoopGates};
+pub use loop_form::{
+    loop_form_forward, loop_gates, packed_loop_form_forward, packed_loop_gates, LoopGates,
+};
 pub use packed::{
     packed_lasp2_backward, packed_lasp2_forward, packed_recurrent_forward, MlstmCarry,
     MlstmPackedBackward, MlstmPackedForward, MlstmPackedInputs, MlstmPackedLasp2,
