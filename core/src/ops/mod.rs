@@ -339,15 +339,16 @@ pub(crate) fn split_into_segments(
 }
 
 /// The values of `view` on the host: an ordered copy on `stream`, which is synchronised (the
-/// operations' gate checks, which read what the kernels will read).
-pub(crate) fn copy_to_host(
+/// operations' gate checks and the documents' offset checks, which read what the kernels will
+/// read).
+pub(crate) fn copy_to_host<T: Copy + Default>(
     ctx: &CudaContext,
     stream: &Arc<CudaStream>,
-    view: DeviceRef<'_, f32>,
-) -> Result<Vec<f32>> {
-    let mut host = vec![0f32; view.len()];
+    view: DeviceRef<'_, T>,
+) -> Result<Vec<T>> {
+    let mut host = vec![T::default(); view.len()];
     ctx.bind_to_thread()?;
-    // SAFETY: the view is a live device allocation of at least view.len() f32 (DeviceRef's
+    // SAFETY: the view is a live device allocation of at least view.len() T (DeviceRef's
     // contract); the copy completes before `host` is read (stream synchronised below).
     unsafe {
         cudarc::driver::result::memcpy_dtoh_async(&mut host, view.addr(), stream.cu_stream())

@@ -29,7 +29,7 @@ mod tests;
 use crate::error::{Error, Result};
 use crate::kernel::{Kernel, LaunchShape};
 use crate::ops::scalar_decay::TensorChecks;
-use crate::ops::{require_runtime_stream, DeviceMut, DeviceRef, StreamOrder};
+use crate::ops::{copy_to_host, require_runtime_stream, DeviceMut, DeviceRef, StreamOrder};
 use crate::runtime::Runtime;
 use cudarc::driver::CudaStream;
 use lasp_shmem_kernels::params::{
@@ -76,27 +76,13 @@ impl<'a> DocumentOffsets<'a> {
 
     /// The offsets on the host (synchronises `stream`).
     fn to_host(self, stream: &Arc<CudaStream>) -> Result<Vec<i64>> {
-        fn copy<T: Copy + Default>(
-            stream: &Arc<CudaStream>,
-            view: DeviceRef<'_, T>,
-        ) -> Result<Vec<T>> {
-            let mut host = vec![T::default(); view.len()];
-            stream.context().bind_to_thread()?;
-            // SAFETY: the view is a live device allocation of at least view.len() elements of T
-            // (DeviceRef's contract); `host` is read only after the stream is synchronised.
-            unsafe {
-                cudarc::driver::result::memcpy_dtoh_async(
-                    &mut host,
-                    view.addr(),
-                    stream.cu_stream(),
-                )
-            }?;
-            stream.synchronize()?;
-            Ok(host)
-        }
+        let ctx = stream.context();
         Ok(match self {
-            DocumentOffsets::I32(o) => copy(stream, o)?.into_iter().map(i64::from).collect(),
-            DocumentOffsets::I64(o) => copy(stream, o)?,
+            DocumentOffsets::I32(o) => copy_to_host(ctx, stream, o)?
+                .into_iter()
+                .map(i64::from)
+                .collect(),
+            DocumentOffsets::I64(o) => copy_to_host(ctx, stream, o)?,
         })
     }
 }

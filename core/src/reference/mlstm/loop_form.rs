@@ -155,6 +155,7 @@ fn packed_forward_from(
             &starts[c0..c0 + len],
             state.m,
         );
+        // From the empty state (no contribution) the carried terms are zero, whatever the shift.
         let carried = if state.m.is_finite() { 1.0 } else { 0.0 };
         for (r, row_first) in first.iter().enumerate() {
             let t = c0 + r;
@@ -209,46 +210,9 @@ pub fn loop_form_forward(
     forward_heads(inputs, |head, state| forward_from(head, state, chunk))
 }
 
-fn forward_from(head: &MlstmHead, mut state: HeadState, chunk: usize) -> (Vec<f64>, HeadState) {
-    let mut out = vec![0.0; head.t * head.dv];
-    for (c0, len) in head.chunks(chunk) {
-        let g = loop_gates(
-            &head.input_gate[c0..c0 + len],
-            &head.log_forget[c0..c0 + len],
-            state.m,
-        );
-        // From the empty state (no contribution) the carried terms are zero, whatever the shift.
-        let carried = if state.m.is_finite() { 1.0 } else { 0.0 };
-        for r in 0..len {
-            let t = c0 + r;
-            let inter = carried * g.row[r].exp();
-            let mut num = vec![0.0; head.dv];
-            vec_mat_add(&mut num, inter * head.scale, head.q(t), &state.c);
-            let mut qn = inter * head.scale * dot(head.q(t), &state.n);
-            for j in 0..=r {
-                let score =
-                    (g.row[r] - g.col[j]).exp() * head.scale * dot(head.q(t), head.k(c0 + j));
-                axpy(&mut num, score, head.v(c0 + j));
-                qn += score;
-            }
-            head.normalise(
-                &mut out[t * head.dv..(t + 1) * head.dv],
-                &num,
-                qn,
-                g.m_rows[r],
-            );
-        }
-        let decay = carried * g.gamma.exp();
-        state.c.iter_mut().for_each(|x| *x *= decay);
-        state.n.iter_mut().for_each(|x| *x *= decay);
-        for j in 0..len {
-            let weight = (g.gamma - g.col[j]).exp();
-            outer_add(&mut state.c, weight, head.k(c0 + j), head.v(c0 + j));
-            axpy(&mut state.n, weight, head.k(c0 + j));
-        }
-        state.m = g.m_next;
-    }
-    (out, state)
+/// The loop form over one sequence: the packed form with no document start.
+fn forward_from(head: &MlstmHead, state: HeadState, chunk: usize) -> (Vec<f64>, HeadState) {
+    packed_forward_from(head, state, &vec![false; head.t], chunk)
 }
 
 #[cfg(test)]
