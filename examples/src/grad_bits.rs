@@ -7,7 +7,8 @@ use lasp_shmem::ops::bf16;
 use lasp_shmem::Result;
 use std::sync::Arc;
 
-use crate::{bf16_bits, f32_bits};
+use crate::{bf16_bits, bf16_values, f32_bits, shard_rows};
+use lasp_shmem::reference::Tensor;
 
 /// A backward call's gradients; `dbeta` and `dh0` empty where the family or the call has none
 /// (GLA has no beta).
@@ -42,5 +43,46 @@ impl GradBits {
             dbeta: f32_bits(stream, grads.dbeta)?,
             dh0: f32_bits(stream, grads.dh0)?,
         })
+    }
+}
+
+/// What a PE's check compares of dq, dk and dv, in that order: each name, the values of its bits
+/// and the reference's rows of this PE's shard (`want`: the whole sequence's `[B, T, ...]`
+/// gradients; the shard holds tokens `[start, start + len)`).
+pub fn qkv_rows(
+    got: [&[u16]; 3],
+    want: [&Tensor; 3],
+    start: usize,
+    len: usize,
+) -> Vec<(&'static str, Vec<f64>, Vec<f64>)> {
+    ["dq", "dk", "dv"]
+        .into_iter()
+        .zip(got.into_iter().zip(want))
+        .map(|(name, (got, want))| (name, bf16_values(got), shard_rows(want, start, len)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qkv_rows_pair_each_gradient_with_the_shards_reference_rows() {
+        // [B = 2, T = 3, 1]: values 10 b + t; the shard holds token 1 and 2.
+        let whole = |offset: f64| {
+            let data = (0..2)
+                .flat_map(|b| (0..3).map(move |t| offset + 10.0 * b as f64 + t as f64))
+                .collect();
+            Tensor::from_vec(&[2, 3, 1], data).unwrap()
+        };
+        let (dq, dk, dv) = (whole(0.0), whole(100.0), whole(200.0));
+        let bits = |x: f32| bf16::from_f32(x).to_bits();
+        let got = [vec![bits(1.0); 4], vec![bits(2.0); 4], vec![bits(3.0); 4]];
+        let rows = qkv_rows([&got[0], &got[1], &got[2]], [&dq, &dk, &dv], 1, 2);
+        let names: Vec<&str> = rows.iter().map(|r| r.0).collect();
+        assert_eq!(names, ["dq", "dk", "dv"]);
+        assert_eq!(rows[0].1, vec![1.0; 4]);
+        assert_eq!(rows[1].2, vec![101.0, 102.0, 111.0, 112.0]);
+        assert_eq!(rows[2].2, vec![201.0, 202.0, 211.0, 212.0]);
     }
 }

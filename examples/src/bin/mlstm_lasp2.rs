@@ -46,6 +46,7 @@ use lasp_shmem::reference::mlstm::{
 };
 use lasp_shmem::reference::{assert_close_to_scale, rel_err, Cotangents, Shape, Tensor};
 use lasp_shmem::{Config, Error, Result, Runtime};
+use lasp_shmem_examples::grad_bits::qkv_rows;
 use lasp_shmem_examples::graph_replay::{replay, Outputs};
 use lasp_shmem_examples::mode_bits::bits_in_every_mode;
 use lasp_shmem_examples::{
@@ -612,23 +613,8 @@ fn check_backward(
     problems.extend(replayed.err().map(|e| format!("backward: {e}")));
     op.free()?;
     let mut errors = Vec::new();
-    let mut relative = vec![
-        (
-            "dq",
-            bf16_values(&first.dq),
-            shard_rows(&want.dq, start, len),
-        ),
-        (
-            "dk",
-            bf16_values(&first.dk),
-            shard_rows(&want.dk, start, len),
-        ),
-        (
-            "dv",
-            bf16_values(&first.dv),
-            shard_rows(&want.dv, start, len),
-        ),
-    ];
+    let got = [&first.dq[..], &first.dk, &first.dv];
+    let mut relative = qkv_rows(got, [&want.dq, &want.dk, &want.dv], start, len);
     if me == 0 {
         relative.push((
             "dC0",

@@ -47,7 +47,7 @@ use lasp_shmem::reference::{
     rel_err, Cotangents, Family, Grads, InputSpec, Inputs, Regime, Shape, SplitMix64, Tensor,
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
-use lasp_shmem_examples::grad_bits::{GradBits, GradBuffers};
+use lasp_shmem_examples::grad_bits::{qkv_rows, GradBits, GradBuffers};
 use lasp_shmem_examples::graph_replay::Outputs;
 use lasp_shmem_examples::mode_bits::{bits_in_every_mode, ModeSwitch};
 use lasp_shmem_examples::{
@@ -692,16 +692,14 @@ fn check_case(
     })?;
     problems.extend(grad_problems);
     ops.free()?;
-    let bf16_err =
-        |got: &[u16], want: &Tensor| rel_err(&bf16_values(got), &shard_rows(want, start, len));
     let f32_err =
         |got: &[u32], want: &Tensor| rel_err(&f32_values(got), &shard_rows(want, start, len));
-    let mut grad_errs = vec![
-        ("dq", bf16_err(&grad_bits.dq, &want.dq), TOL),
-        ("dk", bf16_err(&grad_bits.dk, &want.dk), TOL),
-        ("dv", bf16_err(&grad_bits.dv, &want.dv), TOL),
-        ("dg", f32_err(&grad_bits.dg, &want.dg), family.gate_tol()),
-    ];
+    let got = [&grad_bits.dq[..], &grad_bits.dk, &grad_bits.dv];
+    let mut grad_errs: Vec<_> = qkv_rows(got, [&want.dq, &want.dk, &want.dv], start, len)
+        .into_iter()
+        .map(|(name, got, want)| (name, rel_err(&got, &want), TOL))
+        .collect();
+    grad_errs.push(("dg", f32_err(&grad_bits.dg, &want.dg), family.gate_tol()));
     if let Some(want_dbeta) = &want.dbeta {
         let e = f32_err(&grad_bits.dbeta, want_dbeta);
         grad_errs.push(("dbeta", e, family.gate_tol()));
