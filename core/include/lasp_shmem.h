@@ -177,7 +177,7 @@ typedef int32_t lasp_status;
  *               state's C, or empty (LASP-2: last rank only); DQ, DK, DV out; DI_GATE and DG out,
  *               as I_GATE and G; DH0 [B, H, Dk, Dv] fp32 out, the initial state's C, or empty
  *               (LASP-2: rank 0 only).
- * Packed documents (scalar decay, Gated DeltaNet; both directions, one GPU and LASP-2):
+ * Packed documents (scalar decay, Gated DeltaNet, GLA; both directions, one GPU and LASP-2):
  *               CU_SEQLENS, fla's cu_seqlens of the whole packed sequence [0, l_1, l_1 + l_2,
  *               ..., total], int32 or int64, entries past the last repeating the total (a
  *               buffer of fixed capacity: a captured graph replays with other documents written
@@ -201,7 +201,7 @@ typedef int32_t lasp_status;
 #define LASP_SLOT_DG 14
 #define LASP_SLOT_DBETA 15      /* Gated DeltaNet */
 #define LASP_SLOT_DH0 16
-#define LASP_SLOT_CU_SEQLENS 17 /* scalar decay, Gated DeltaNet: packed documents */
+#define LASP_SLOT_CU_SEQLENS 17 /* scalar decay, Gated DeltaNet, GLA: packed documents */
 #define LASP_SLOT_CHUNK_STATES 18
 #define LASP_SLOT_I_GATE 19     /* mLSTM */
 #define LASP_SLOT_DI_GATE 20    /* mLSTM */

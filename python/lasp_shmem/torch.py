@@ -338,7 +338,7 @@ def chunk_simple_gla(q, k, v, g, scale=None, initial_state=None, output_final_st
 
 
 def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
-              cu_seqlens=None, cp_group=None):
+              cu_seqlens=None, cp_group=None, shard_start=None):
     """Gated linear attention with a log-decay per key dimension, as fla's `chunk_gla`:
     S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t, o_t = scale q_t S_t.
 
@@ -353,12 +353,9 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
     with cp_group. Where an input requires gradients the forward also keeps the state entering
     every chunk of 64 tokens (of this rank's shard with cp_group) for the backward
     ([B*H, ceil(T/64), Dk, Dv] bf16); without gradients (torch.no_grad(), or no input requiring
-    them) it keeps nothing. cu_seqlens (packed sequences) is not supported yet.
+    them) it keeps nothing. cu_seqlens and shard_start (packed documents) as for
+    `chunk_simple_gla`.
     """
-    if cu_seqlens is not None:
-        raise NotImplementedError(
-            "chunk_gla: cu_seqlens (packed sequences) is not supported yet; pass a batch of "
-            "equal-length sequences [B, T, H, D] and cu_seqlens=None")
     if scale == 0:
         raise ValueError("chunk_gla: scale must not be 0 (None gives Dk ** -0.5)")
     _check_inputs("chunk_gla", q, k, v, g, initial_state, per_key_gates=True)
@@ -367,10 +364,13 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
         x is not None and x.requires_grad for x in (q, k, v, g, initial_state))
     runtime, lasp2 = _placement("chunk_gla", cp_group)
     _check_device("chunk_gla", runtime.device, q=q, k=k, v=v, g=g, initial_state=initial_state)
+    cu_seqlens, shard_start = _documents("chunk_gla", cu_seqlens, shard_start, runtime, lasp2,
+                                         q.shape[1], initial_state, output_final_state)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     want_ht = output_final_state and (not lasp2 or runtime.rank == runtime.world - 1)
     o, ht, _ = torch.ops.lasp_shmem.chunk_gla_fwd(q, k, v, g, initial_state, float(scale),
-                                                  want_ht, lasp2, save_states)
+                                                  want_ht, lasp2, save_states, cu_seqlens,
+                                                  shard_start)
     return o, ht if want_ht else None
 
 
@@ -704,17 +704,20 @@ def _gla_forward_outputs(q, v, want_ht, save_states):
             q.new_empty(states if save_states else (0,), dtype=torch.bfloat16))
 
 
-def _gla_forward_call(q, k, v, g, h0, scale, want_ht, lasp2, save_states):
+def _gla_forward_call(q, k, v, g, h0, scale, want_ht, lasp2, save_states, cu_seqlens=None,
+                      shard_start=0):
     """GLA's forward outputs and its call."""
     o, ht, states = _gla_forward_outputs(q, v, want_ht, save_states)
     call = _OpCall(q, v, lasp2, scale, {
         _abi.SLOT_Q: q, _abi.SLOT_K: k, _abi.SLOT_V: v, _abi.SLOT_G: g, _abi.SLOT_H0: h0,
         _abi.SLOT_O: o, _abi.SLOT_HT: ht if want_ht else None,
-        _abi.SLOT_CHUNK_STATES: states if save_states else None}, family=_abi.FAMILY_GLA)
+        _abi.SLOT_CHUNK_STATES: states if save_states else None,
+        _abi.SLOT_CU_SEQLENS: cu_seqlens}, family=_abi.FAMILY_GLA, shard_start=shard_start)
     return (o, ht, states), call
 
 
-def _gla_backward_call(q, k, v, g, h0, states, do, dht, scale, want_dh0, lasp2, writes_dh0):
+def _gla_backward_call(q, k, v, g, h0, states, do, dht, scale, want_dh0, lasp2, writes_dh0,
+                       cu_seqlens=None, shard_start=0):
     """GLA's backward outputs (dg fp32 [B, T, H, Dk], like g) and its call; `states` are the
     chunk states the forward saved on this rank, h0 the sequence's initial state on every rank.
     dh0 is written where `writes_dh0` (LASP-2: rank 0), else zero."""
@@ -725,15 +728,18 @@ def _gla_backward_call(q, k, v, g, h0, states, do, dht, scale, want_dh0, lasp2, 
         _abi.SLOT_Q: q, _abi.SLOT_K: k, _abi.SLOT_V: v, _abi.SLOT_G: g, _abi.SLOT_H0: h0,
         _abi.SLOT_CHUNK_STATES: states, _abi.SLOT_DO: do, _abi.SLOT_DHT: dht,
         _abi.SLOT_DQ: dq, _abi.SLOT_DK: dk, _abi.SLOT_DV: dv, _abi.SLOT_DG: dg,
-        _abi.SLOT_DH0: dh0 if want_dh0 and writes_dh0 else None}, family=_abi.FAMILY_GLA)
+        _abi.SLOT_DH0: dh0 if want_dh0 and writes_dh0 else None,
+        _abi.SLOT_CU_SEQLENS: cu_seqlens}, family=_abi.FAMILY_GLA, shard_start=shard_start)
     return (dq, dk, dv, dg, dh0), call
 
 
 @torch.library.custom_op("lasp_shmem::chunk_gla_fwd", mutates_args=(), device_types="cuda")
 def _gla_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                  h0: Optional[torch.Tensor], scale: float, want_ht: bool, lasp2: bool,
-                 save_states: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    outputs, call = _gla_forward_call(q, k, v, g, h0, scale, want_ht, lasp2, save_states)
+                 save_states: bool, cu_seqlens: Optional[torch.Tensor] = None,
+                 shard_start: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    outputs, call = _gla_forward_call(q, k, v, g, h0, scale, want_ht, lasp2, save_states,
+                                      cu_seqlens, shard_start)
     call.enqueue(backward=False, device=q.device)
     return outputs
 
@@ -741,33 +747,36 @@ def _gla_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Ten
 @torch.library.custom_op("lasp_shmem::chunk_gla_bwd", mutates_args=(), device_types="cuda")
 def _gla_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                   h0: Optional[torch.Tensor], states: torch.Tensor, do: torch.Tensor,
-                  dht: Optional[torch.Tensor], scale: float, want_dh0: bool, lasp2: bool
+                  dht: Optional[torch.Tensor], scale: float, want_dh0: bool, lasp2: bool,
+                  cu_seqlens: Optional[torch.Tensor] = None, shard_start: int = 0
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     writes_dh0 = not lasp2 or _running().rank == 0
     outputs, call = _gla_backward_call(q, k, v, g, h0, states, do, dht, scale, want_dh0, lasp2,
-                                       writes_dh0)
+                                       writes_dh0, cu_seqlens, shard_start)
     call.enqueue(backward=True, device=q.device)
     return outputs
 
 
 @_gla_forward.register_fake
-def _(q, k, v, g, h0, scale, want_ht, lasp2, save_states):
+def _(q, k, v, g, h0, scale, want_ht, lasp2, save_states, cu_seqlens=None, shard_start=0):
     return _gla_forward_outputs(q, v, want_ht, save_states)
 
 
 @_gla_backward.register_fake
-def _(q, k, v, g, h0, states, do, dht, scale, want_dh0, lasp2):
+def _(q, k, v, g, h0, states, do, dht, scale, want_dh0, lasp2, cu_seqlens=None, shard_start=0):
     return _backward_outputs(q, k, v, g, want_dh0)
 
 
 def _gla_setup_context(ctx, inputs, output):
-    q, k, v, g, h0, scale, want_ht, lasp2, save_states = inputs
+    q, k, v, g, h0, scale, want_ht, lasp2, save_states, cu_seqlens, shard_start = inputs
     states = output[2]
     ctx.mark_non_differentiable(states)
     # The backward takes the sequence's h0 on every rank, with LASP-2 too: the chunk states it
-    # reads hold the earlier ranks' prefix, so no state the shard starts from is kept.
-    ctx.save_for_backward(q, k, v, g, h0, states)
+    # reads hold the earlier ranks' prefix, so no state the shard starts from is kept. It runs
+    # over the same documents.
+    ctx.save_for_backward(q, k, v, g, h0, states, cu_seqlens)
     ctx.scale, ctx.want_ht, ctx.lasp2, ctx.saved_states = scale, want_ht, lasp2, save_states
+    ctx.shard_start = shard_start
 
 
 def _gla_differentiate(ctx, grad_o, grad_ht, _grad_states):
@@ -777,12 +786,13 @@ def _gla_differentiate(ctx, grad_o, grad_ht, _grad_states):
         raise RuntimeError(
             "lasp_shmem::chunk_gla_fwd ran with save_states=False, so it kept no chunk states "
             "for its backward; call lasp_shmem.torch.chunk_gla, or the op with save_states=True")
-    q, k, v, g, h0, states = ctx.saved_tensors
+    q, k, v, g, h0, states, cu_seqlens = ctx.saved_tensors
     dht = grad_ht.contiguous() if ctx.want_ht and grad_ht is not None else None
     want_dh0 = ctx.needs_input_grad[4]
     dq, dk, dv, dg, dh0 = torch.ops.lasp_shmem.chunk_gla_bwd(
-        q, k, v, g, h0, states, grad_o.contiguous(), dht, ctx.scale, want_dh0, ctx.lasp2)
-    return dq, dk, dv, dg, dh0 if want_dh0 else None, None, None, None, None
+        q, k, v, g, h0, states, grad_o.contiguous(), dht, ctx.scale, want_dh0, ctx.lasp2,
+        cu_seqlens, ctx.shard_start)
+    return dq, dk, dv, dg, dh0 if want_dh0 else None, None, None, None, None, None, None
 
 
 _gla_forward.register_autograd(_gla_differentiate, setup_context=_gla_setup_context)

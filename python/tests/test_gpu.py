@@ -255,23 +255,27 @@ def test_gated_delta_forward_and_backward_match_the_float64_reference(dk, dv, t,
     lt.synchronize()
 
 
-@pytest.mark.parametrize("delta_rule", [False, True])
+@pytest.mark.parametrize("family", ["simple_gla", "gla", "gated_delta_rule"])
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
-def test_packed_documents_match_each_document_alone(delta_rule, dtype):
+def test_packed_documents_match_each_document_alone(family, dtype):
     """cu_seqlens on one GPU (documents of 1 to 200 tokens, the offsets padded with the total):
     o, dq, dk, dv against float64 autograd through each document's own recurrence (5e-3), dg
-    (and dbeta) within 1e-2 of their scale, dg exactly 0 at every document start."""
+    (and dbeta) within 1e-2 of their scale, dg exactly 0 at every document start (GLA's in every
+    key dimension)."""
     lengths = [1, 63, 64, 65, 200, 7]
     t, b, h, d = sum(lengths), 2, 2, 128
     starts = [sum(lengths[:i]) for i in range(len(lengths))]
     cu = torch.tensor(starts + [t, t, t], dtype=dtype, device="cuda")
+    delta_rule = family == "gated_delta_rule"
     q, k, v, g, beta, _ = delta_inputs(b, t, h, d, d, "cuda", seed=17)
-    if not delta_rule:
+    if family == "simple_gla":
         q, k, v, g, _ = inputs(b, t, h, d, d, "cuda", seed=17)
+    elif family == "gla":
+        q, k, v, g, _ = gla_inputs(b, t, h, d, d, "cuda", seed=17)
     grad_o = (2 * torch.rand(b, t, h, d, device="cuda") - 1).bfloat16()
     leaves = [x.clone().requires_grad_() for x in ((q, k, v, g, beta) if delta_rule
                                                    else (q, k, v, g))]
-    attention = lt.chunk_gated_delta_rule if delta_rule else lt.chunk_simple_gla
+    attention = getattr(lt, f"chunk_{family}")
     o, ht = attention(*leaves, cu_seqlens=cu)
     got = torch.autograd.grad(o, leaves, grad_o)
     wide = [x.double().requires_grad_() for x in leaves]

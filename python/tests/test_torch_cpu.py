@@ -82,9 +82,15 @@ def _backward_on_cpu(q, k, v, g, state, do, dht, scale, want_dh0, lasp2, cu_seql
 
 
 @torch.library.register_kernel("lasp_shmem::chunk_gla_fwd", "cpu")
-def _gla_forward_on_cpu(q, k, v, g, h0, scale, want_ht, lasp2, save_states):
+def _gla_forward_on_cpu(q, k, v, g, h0, scale, want_ht, lasp2, save_states, cu_seqlens=None,
+                        shard_start=0):
     GLA_SAVES.append(save_states)
     o, ht, states = lt._gla_forward_outputs(q, v, want_ht, save_states)
+    if cu_seqlens is not None:  # the public function refuses h0 and ht with documents
+        o.copy_(per_document(lambda *x: recurrent(*x, None, scale)[:1], cu_seqlens, shard_start,
+                             q, k, v, g)[0])
+        states.zero_()  # the reference backward below reads none of them
+        return o, ht, states
     want_o, want_ht_ = recurrent(q, k, v, g, h0, scale)
     o.copy_(want_o)
     if want_ht:
@@ -103,10 +109,18 @@ def _gla_forward_on_cpu(q, k, v, g, h0, scale, want_ht, lasp2, save_states):
 
 
 @torch.library.register_kernel("lasp_shmem::chunk_gla_bwd", "cpu")
-def _gla_backward_on_cpu(q, k, v, g, h0, states, do, dht, scale, want_dh0, lasp2):
+def _gla_backward_on_cpu(q, k, v, g, h0, states, do, dht, scale, want_dh0, lasp2,
+                         cu_seqlens=None, shard_start=0):
     # One rank: with LASP-2 too its shard is the whole sequence.
     GLA_BACKWARDS.append(lasp2)
     outputs = lt._backward_outputs(q, k, v, g, want_dh0)
+    if cu_seqlens is not None:
+        grads = per_document(lambda q, k, v, g, do: gradients(q, k, v, g, None, do, None,
+                                                              scale)[:4],
+                             cu_seqlens, shard_start, q, k, v, g, do)
+        for out, grad in zip(outputs, grads):
+            out.copy_(grad)
+        return outputs
     for out, grad in zip(outputs, gradients(q, k, v, g, h0, do, dht, scale)):
         if out.numel():  # not dh0 unless wanted
             out.copy_(grad)
@@ -276,31 +290,35 @@ def test_bad_documents_are_refused_before_any_call(cpu_runtime, name, change, er
     beta = torch.rand(B, T, H)
     with pytest.raises(error, match=message):
         lt.chunk_gated_delta_rule(q, k, v, g, beta, **change)
+    with pytest.raises(error, match=message):
+        lt.chunk_gla(*gla_inputs()[:4], **change)
 
 
-@pytest.mark.parametrize("delta_rule", [False, True])
-@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
-def test_packed_documents_flow_through_the_ops(cpu_runtime, delta_rule, dtype):
-    """cu_seqlens reaches both custom ops (the CPU stand-ins run each document on its own), and
-    the gradients are float64 autograd's through each document's recurrence: g's is 0 at every
-    document start."""
+@pytest.mark.parametrize("family", ["simple_gla", "gla", "gated_delta_rule"])
+@pytest.mark.parametrize("dtype, shard_start", [(torch.int32, None), (torch.int64, 3)])
+def test_packed_documents_flow_through_the_ops(cpu_runtime, family, dtype, shard_start):
+    """cu_seqlens and shard_start reach both custom ops (the CPU stand-ins run each document on
+    its own), and the gradients are float64 autograd's through each document's recurrence: g's
+    is 0 at every document start."""
     t = 40
-    q, k, v, g, _ = cpu_inputs(t=t)
+    q, k, v, g, _ = gla_inputs(t=t) if family == "gla" else cpu_inputs(t=t)
     beta = torch.rand(B, t, H)
-    cu = torch.tensor([0, 1, 17, 30, t, t], dtype=dtype)  # padded with the total
+    # Padded with the total; with shard_start = 3 the call's tokens are 3 to 43 of the packed
+    # sequence, so its documents begin at the same places of the call.
+    cu = torch.tensor([0, 1, 17, 30, t, t] if shard_start is None else [0, 4, 20, 33, 43, 43],
+                      dtype=dtype)
+    delta_rule = family == "gated_delta_rule"
     leaves = [x.clone().requires_grad_() for x in ((q, k, v, g, beta) if delta_rule
                                                    else (q, k, v, g))]
-    if delta_rule:
-        o, ht = lt.chunk_gated_delta_rule(*leaves, scale=0.125, cu_seqlens=cu)
-    else:
-        o, ht = lt.chunk_simple_gla(*leaves, scale=0.125, cu_seqlens=cu)
+    attention = getattr(lt, f"chunk_{family}")
+    o, ht = attention(*leaves, scale=0.125, cu_seqlens=cu, shard_start=shard_start)
     assert ht is None
     do = torch.rand(B, t, H, DV).bfloat16()
     got = torch.autograd.grad(o, leaves, do)
     wide = [x.detach().double().requires_grad_() for x in leaves]
     step = delta_recurrent if delta_rule else recurrent
     o64 = torch.cat([step(*(x[:, a:b] for x in wide), None, 0.125)[0]
-                     for a, b in documents(cu, 0, t)], dim=1)
+                     for a, b in documents(cu, shard_start or 0, t)], dim=1)
     want = torch.autograd.grad(o64, wide, do.double())
     torch.testing.assert_close(o.double(), o64, rtol=2e-2, atol=2e-2)
     for x, y in zip(got, want):
@@ -309,15 +327,20 @@ def test_packed_documents_flow_through_the_ops(cpu_runtime, delta_rule, dtype):
     assert dg[:, [0, 1, 17, 30]].abs().max() == 0
 
 
-@pytest.mark.parametrize("delta_rule", [False, True])
-def test_the_library_accepts_packed_calls(library, delta_rule):
+@pytest.mark.parametrize("family", ["simple_gla", "gla", "gated_delta_rule"])
+def test_the_library_accepts_packed_calls(library, family):
     """The ops' packed calls fill LASP_SLOT_CU_SEQLENS and call.shard_start as the library's
     lasp_op_check_call wants them, in both directions, on one GPU and with LASP-2."""
-    q, k, v, g, _ = cpu_inputs()
+    q, k, v, g, _ = gla_inputs() if family == "gla" else cpu_inputs()
     beta = torch.rand(B, T, H)
     cu = torch.tensor([0, 4, 7, 30], dtype=torch.int64)
     for lasp2 in (False, True):
-        if delta_rule:
+        if family == "gla":
+            (o, _, states), forward = lt._gla_forward_call(q, k, v, g, None, 0.125, False,
+                                                           lasp2, True, cu, 21)
+            _, backward = lt._gla_backward_call(q, k, v, g, None, states, o, None, 0.125, False,
+                                                lasp2, False, cu, 21)
+        elif family == "gated_delta_rule":
             (o, _, start), forward = lt._gdn_forward_call(q, k, v, g, beta, None, 0.125, False,
                                                           lasp2, cu, 21)
             _, backward = lt._gdn_backward_call(q, k, v, g, beta, start if lasp2 else None, o,
@@ -657,18 +680,21 @@ def test_gla_fake_outputs_have_the_real_shapes(want_ht, save_states, lasp2):
     assert [x.dtype for x in grads] == [q.dtype, k.dtype, v.dtype, torch.float32, torch.float32]
 
 
-@pytest.mark.parametrize("with_h0", [False, True])
+@pytest.mark.parametrize("with_h0, packed", [(False, False), (True, False), (False, True)])
 @pytest.mark.parametrize("lasp2", [False, True])
-def test_gla_opcheck(with_h0, lasp2):
+def test_gla_opcheck(with_h0, packed, lasp2):
     """Schema, fake implementations against the kernels, autograd registration, and tracing
-    with AOTAutograd (dynamic shapes), forward and backward."""
+    with AOTAutograd (dynamic shapes), forward and backward; packed documents with neither
+    initial nor final state, as chunk_gla calls the ops with them."""
     q, k, v, g, h0 = (x.requires_grad_() for x in gla_inputs(t=5))
     h0 = h0 if with_h0 else None
-    torch.library.opcheck(GLA_FWD, (q, k, v, g, h0, 0.125, True, lasp2, True))
+    packing = (torch.tensor([0, 2, 5], dtype=torch.int32), 0) if packed else (None, 0)
+    torch.library.opcheck(GLA_FWD, (q, k, v, g, h0, 0.125, not packed, lasp2, True, *packing))
     detached = [None if x is None else x.detach() for x in (q, k, v, g, h0)]
-    _, _, states = GLA_FWD(*detached, 0.125, False, lasp2, True)
+    _, _, states = GLA_FWD(*detached, 0.125, False, lasp2, True, *packing)
     do = torch.rand(B, 5, H, DV).bfloat16()
-    torch.library.opcheck(GLA_BWD, (*detached, states, do, None, 0.125, with_h0, lasp2))
+    torch.library.opcheck(GLA_BWD, (*detached, states, do, None, 0.125, with_h0, lasp2,
+                                    *packing))
 
 
 def test_a_compiled_gla_block_has_no_graph_break_and_the_eager_gradients():

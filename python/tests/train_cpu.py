@@ -40,15 +40,17 @@ def install_standins(group, rank, world):
         return peer.Peer(q, k, v, g, scale, "chunk_fwd_h", dist, torch, ops, group=group)
 
     @torch.library.register_kernel("lasp_shmem::chunk_gla_fwd", "cpu")
-    def _(q, k, v, g, h0, scale, want_ht, lasp2, save_states):
-        assert lasp2 and h0 is None and not want_ht, "the model calls LASP-2 without states"
+    def _(q, k, v, g, h0, scale, want_ht, lasp2, save_states, cu_seqlens=None, shard_start=0):
+        assert lasp2 and h0 is None and not want_ht and cu_seqlens is None, \
+            "the model calls LASP-2 without states or packed documents"
         o, ht, states = lt._gla_forward_outputs(q, v, want_ht, save_states)
         o.copy_(composition(q, k, v, g, scale)())
         states.zero_()  # the backward below recomputes its start state instead of reading these
         return o, ht, states
 
     @torch.library.register_kernel("lasp_shmem::chunk_gla_bwd", "cpu")
-    def _(q, k, v, g, h0, states, do, dht, scale, want_dh0, lasp2):
+    def _(q, k, v, g, h0, states, do, dht, scale, want_dh0, lasp2, cu_seqlens=None,
+          shard_start=0):
         c = composition(q, k, v, g, scale)
         c()
         c.do = do

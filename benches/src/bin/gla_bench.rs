@@ -117,6 +117,7 @@ fn run(opts: &Options, config: Config) -> Result<()> {
                 ht: None,
                 chunk_states: None,
                 scale: None,
+                documents: None,
             };
             plan = Some(fwd.launch(&stream, args)?);
             Ok(())
@@ -136,6 +137,7 @@ fn run(opts: &Options, config: Config) -> Result<()> {
                     ht: None,
                     chunk_states: Some(DeviceMut::new(&mut chunk_states)),
                     scale: None,
+                    documents: None,
                 };
                 fwd.launch(&stream, args)?;
                 let args = GlaBackwardArgs {
@@ -154,6 +156,7 @@ fn run(opts: &Options, config: Config) -> Result<()> {
                     dg: DeviceMut::new(&mut grad_g),
                     dh0: None,
                     scale: None,
+                    documents: None,
                 };
                 bwd_plan = Some(bwd.launch(&stream, args)?);
                 Ok(())

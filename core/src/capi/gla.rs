@@ -1,13 +1,14 @@
 //! `LASP_FAMILY_GLA`: linear attention with a log-decay per key dimension, on one GPU
 //! ([`GlaForward`], [`GlaBackward`]) or across the ranks ([`GlaLasp2Forward`],
-//! [`GlaLasp2Backward`]).
+//! [`GlaLasp2Backward`]); packed documents (`LASP_SLOT_CU_SEQLENS`) go to the ops, whose kernels
+//! mask at the starts.
 
-use super::abi::Dtype::{Bf16, F32};
+use super::abi::Dtype::{Bf16, F32, I32};
 use super::abi::Slot;
 use super::families::{chains_symmetric_bytes, AbiFamily, Direction, FamilyOp};
 use super::pairs::{AbiCall, Lasp2Pair, SingleGpuPair};
 use super::spec::{Kind, OpSpec};
-use super::tensors::Layout::{ChunkStates, KeyGates, Qk, State, V};
+use super::tensors::Layout::{ChunkStates, KeyGates, Offsets, Qk, State, V};
 use super::tensors::Role::{Input, OptionalInput, OptionalOutput, Output};
 use super::tensors::{CheckedCall, SlotUse};
 use crate::error::Result;
@@ -21,7 +22,7 @@ use std::sync::Arc;
 
 /// The forward's slots, on one GPU and across the ranks (h0 is the sequence's initial state on
 /// every rank; ht only on the last).
-static FORWARD: [SlotUse; 7] = [
+static FORWARD: [SlotUse; 8] = [
     SlotUse::new(Slot::Q, Input, Bf16, Qk),
     SlotUse::new(Slot::K, Input, Bf16, Qk),
     SlotUse::new(Slot::V, Input, Bf16, V),
@@ -29,6 +30,7 @@ static FORWARD: [SlotUse; 7] = [
     SlotUse::new(Slot::H0, OptionalInput, F32, State),
     SlotUse::new(Slot::O, Output, Bf16, V),
     SlotUse::new(Slot::Ht, OptionalOutput, F32, State),
+    SlotUse::new(Slot::CuSeqlens, OptionalInput, I32, Offsets),
 ];
 
 /// The forward's slots with the backward, on one GPU and across the ranks: also the state entering
@@ -36,7 +38,7 @@ static FORWARD: [SlotUse; 7] = [
 /// the ranks these states already hold the earlier ranks' prefix, so the backward needs no start
 /// state). Optional: a forward that no backward follows, such as inference, leaves it empty and
 /// writes nothing more.
-static SAVING_FORWARD: [SlotUse; 8] = [
+static SAVING_FORWARD: [SlotUse; 9] = [
     SlotUse::new(Slot::Q, Input, Bf16, Qk),
     SlotUse::new(Slot::K, Input, Bf16, Qk),
     SlotUse::new(Slot::V, Input, Bf16, V),
@@ -45,13 +47,14 @@ static SAVING_FORWARD: [SlotUse; 8] = [
     SlotUse::new(Slot::O, Output, Bf16, V),
     SlotUse::new(Slot::Ht, OptionalOutput, F32, State),
     SlotUse::new(Slot::ChunkStates, OptionalOutput, Bf16, ChunkStates),
+    SlotUse::new(Slot::CuSeqlens, OptionalInput, I32, Offsets),
 ];
 
 /// The backward's slots, on one GPU and across the ranks: the forward's inputs, the chunk states
 /// it saved on this rank, the gradients of its outputs and the gradients to write. Across the
 /// ranks, dht is given on the last rank only and dh0 written on rank 0 only: the LASP-2 op
 /// refuses either elsewhere with a message naming the rank, which the call returns as it is.
-static BACKWARD: [SlotUse; 13] = [
+static BACKWARD: [SlotUse; 14] = [
     SlotUse::new(Slot::Q, Input, Bf16, Qk),
     SlotUse::new(Slot::K, Input, Bf16, Qk),
     SlotUse::new(Slot::V, Input, Bf16, V),
@@ -65,6 +68,7 @@ static BACKWARD: [SlotUse; 13] = [
     SlotUse::new(Slot::Dv, Output, Bf16, V),
     SlotUse::new(Slot::Dg, Output, F32, KeyGates),
     SlotUse::new(Slot::Dh0, OptionalOutput, F32, State),
+    SlotUse::new(Slot::CuSeqlens, OptionalInput, I32, Offsets),
 ];
 
 impl AbiFamily for Gla {
@@ -123,6 +127,7 @@ fn forward_args<'a>(call: &mut CheckedCall<'a>) -> GlaArgs<'a> {
         ht: call.optional_output(Slot::Ht),
         chunk_states: call.optional_output(Slot::ChunkStates),
         scale: call.scale,
+        documents: call.documents(),
     }
 }
 
@@ -144,6 +149,7 @@ fn backward_args<'a>(call: &mut CheckedCall<'a>) -> GlaBackwardArgs<'a> {
         dg: call.output(Slot::Dg),
         dh0: call.optional_output(Slot::Dh0),
         scale: call.scale,
+        documents: call.documents(),
     }
 }
 

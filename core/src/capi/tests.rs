@@ -610,14 +610,22 @@ fn packed_documents_come_as_offsets_and_a_shard_start() {
     tensors.slot[Slot::CuSeqlens as usize] = tensor(Dtype::I32, 3);
     let msg = plan_error(lasp2_desc(), Direction::Forward, with_start(-1), tensors);
     assert!(msg.contains("at least 0"), "{msg}");
-    // GLA's gates are a log-decay per key dimension: no documents yet.
+    // GLA takes documents too (its kernels mask at the starts); mLSTM not yet.
     let gla = OpDesc {
         family: LASP_FAMILY_GLA,
         ..lasp2_desc()
     };
     tensors.slot[Slot::G as usize] = tensor(Dtype::F32, 2 * 10 * 3 * 64);
     tensors.slot[Slot::StartState as usize] = Tensor::default();
-    let msg = plan_error(gla, Direction::Forward, call(10), tensors);
+    let gla_spec = OpSpec::of(&gla).unwrap();
+    assert!(plan_call(&gla_spec, Direction::Forward, &call(10), &tensors).is_ok());
+    let mlstm = OpDesc {
+        family: LASP_FAMILY_MLSTM,
+        ..lasp2_desc()
+    };
+    tensors.slot[Slot::G as usize] = tensor(Dtype::F32, 2 * 10 * 3);
+    tensors.slot[Slot::IGate as usize] = tensor(Dtype::F32, 2 * 10 * 3);
+    let msg = plan_error(mlstm, Direction::Forward, call(10), tensors);
     assert!(msg.contains("LASP_SLOT_CU_SEQLENS is filled"), "{msg}");
 }
 

@@ -138,6 +138,7 @@ impl Shard {
                 dg: DeviceMut::new(&mut grads.dg),
                 dh0: grads.dh0.as_mut().map(DeviceMut::new),
                 scale: None,
+                documents: None,
             },
         )?;
         op.finish(stream)?;
@@ -164,6 +165,7 @@ impl Shard {
             ht: self.ht.as_mut().map(DeviceMut::new),
             chunk_states: self.chunk_states.as_mut().map(DeviceMut::new),
             scale: None,
+            documents: None,
         }
     }
 
@@ -421,6 +423,7 @@ impl ModeCall for TimedStep {
                 dg: DeviceMut::new(&mut grads.dg),
                 dh0: None,
                 scale: None,
+                documents: None,
             },
         )
     }

@@ -1,10 +1,12 @@
-//! Packed documents (`cu_seqlens`) through LASP-2 for scalar decay and Gated DeltaNet on every
-//! GPU under `lasp-run`: `ops::documents::DocumentStarts` gives each family's LASP-2 forward and
-//! backward the log-decays that forget at every document start.
+//! Packed documents (`cu_seqlens`) through LASP-2 for scalar decay, Gated DeltaNet and GLA on
+//! every GPU under `lasp-run`: `ops::documents::DocumentStarts` gives the first two families'
+//! LASP-2 forward and backward the log-decays that forget at every document start; GLA's take the
+//! documents themselves and mask at the starts.
 //!
 //! ```text
 //! lasp-run -n 4 packed_lasp2                                       # the checks
 //! lasp-run -n 4 packed_lasp2 --no-check --time 1x32768x16x128 --json cost.json   # the cost
+//! lasp-run -n 4 packed_lasp2 --family gla                         # one family's checks
 //! ```
 //!
 //! Checks (every PE): the whole packed sequence's inputs from the f64 reference's generator (q, k,
@@ -15,19 +17,20 @@
 //! offsets, padded with the total. This PE's outputs against the reference's packed LASP-2
 //! decomposition (`reference::lasp2::packed_forward`, `packed_delta_forward`; relative error <=
 //! 5e-3) in every exchange mode, each bitwise equal to the overlapped mode's and a repeat; a CUDA
-//! graph of the marks and the forward, captured while the offsets held one document and replayed
+//! graph of the marks (GLA: its start words) and the forward, captured while the offsets held one document and replayed
 //! `--graph-calls` times after the documents were written, bitwise equal too. Then the backward
-//! (random do) from the state the forward saved: dq, dk, dv against the reference's packed
-//! backward (5e-3), dg (and Gated DeltaNet's dbeta) against the shard's norm of theirs (scalar
-//! decay 5e-3, Gated DeltaNet 1e-2, as its unpacked checks), dg exactly 0 at every document start,
+//! (random do) from the state (GLA: the chunk states) the forward saved: dq, dk, dv against the
+//! reference's packed backward (5e-3), dg (and Gated DeltaNet's dbeta) against the shard's norm
+//! of theirs (scalar decay and GLA 5e-3, Gated DeltaNet 1e-2, as its unpacked checks), dg exactly 0
+//! at every document start,
 //! every mode and a repeat bitwise equal. Outputs and gradients are poisoned before each call.
 //! One line per case and PE; exit status 1 when any check failed; `--json` (rank 0) gets one row
 //! per case with the PEs' largest errors.
 //!
 //! Cost (`--time BxTxHxD`, T per GPU): a training step (forward saving the state entering the
-//! shard, then the backward) on documents of mixed lengths (64 to 8192 tokens, log-uniform) and on
-//! the same tokens as whole sequences, in turns, overlapped mode; the row is the slowest rank's
-//! median of each.
+//! shard, then the backward), and the forward alone, on documents of mixed lengths (64 to 8192
+//! tokens, log-uniform) and on the same tokens as whole sequences, in turns, overlapped mode; the
+//! row is the slowest rank's median of each.
 
 use clap::Parser;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -37,6 +40,9 @@ use lasp_shmem::ops::documents::{DocumentOffsets, DocumentStarts, Documents, Gat
 use lasp_shmem::ops::gated_delta::{
     GatedDelta, GatedDeltaArgs, GatedDeltaBackwardArgs, GatedDeltaLasp2Backward,
     GatedDeltaLasp2Forward,
+};
+use lasp_shmem::ops::gla::{
+    chunk_states_len, Gla, GlaArgs, GlaBackwardArgs, GlaLasp2Backward, GlaLasp2Forward,
 };
 use lasp_shmem::ops::scalar_decay::lasp2::{Lasp2Backward, Lasp2Forward};
 use lasp_shmem::ops::scalar_decay::{BackwardArgs, ForwardArgs, ForwardShape, ScalarDecay};
@@ -71,6 +77,9 @@ struct Options {
     /// Graph replays in each check.
     #[arg(long, default_value_t = 20)]
     graph_calls: u32,
+    /// The families to check and time (all three where none is given).
+    #[arg(long = "family", value_enum)]
+    families: Vec<PackedFamily>,
     /// Write the checks' and the timings' rows here (rank 0).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -83,26 +92,42 @@ const POISON: u16 = 0xFFFF;
 /// Offsets a case's buffer holds past its documents' (padded with the total).
 const SPARE_OFFSETS: usize = 2;
 
-/// The two families, each through its own LASP-2 operations.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-enum LogDecayFamily {
+/// The families, each through its own LASP-2 operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+enum PackedFamily {
     ScalarDecay,
     GatedDelta,
+    Gla,
 }
 
-impl LogDecayFamily {
+const FAMILIES: [PackedFamily; 3] = [
+    PackedFamily::ScalarDecay,
+    PackedFamily::GatedDelta,
+    PackedFamily::Gla,
+];
+
+impl PackedFamily {
     fn reference_family(self) -> Family {
         match self {
-            LogDecayFamily::ScalarDecay => Family::ScalarDecay,
-            LogDecayFamily::GatedDelta => Family::DeltaRule,
+            PackedFamily::ScalarDecay => Family::ScalarDecay,
+            PackedFamily::GatedDelta => Family::DeltaRule,
+            PackedFamily::Gla => Family::Gla,
         }
     }
 
     /// dg's (and dbeta's) bound against the shard's norm.
     fn gate_tol(self) -> f64 {
         match self {
-            LogDecayFamily::ScalarDecay => TOL,
-            LogDecayFamily::GatedDelta => GDN_GATE_TOL,
+            PackedFamily::ScalarDecay | PackedFamily::Gla => TOL,
+            PackedFamily::GatedDelta => GDN_GATE_TOL,
+        }
+    }
+
+    /// Gate values per token and head: GLA's are per key dimension.
+    fn gates_per_head(self, dk: usize) -> usize {
+        match self {
+            PackedFamily::Gla => dk,
+            _ => 1,
         }
     }
 
@@ -116,7 +141,7 @@ impl LogDecayFamily {
         let fail =
             |e: lasp_shmem::reference::ReferenceError| Error::State(format!("reference: {e}"));
         Ok(match self {
-            LogDecayFamily::ScalarDecay => (
+            PackedFamily::ScalarDecay => (
                 lasp2::packed_forward(packed, Decay::Scalar, lengths, 64)
                     .map_err(fail)?
                     .o,
@@ -124,7 +149,7 @@ impl LogDecayFamily {
                     .map_err(fail)?
                     .grads,
             ),
-            LogDecayFamily::GatedDelta => (
+            PackedFamily::GatedDelta => (
                 lasp2::packed_delta_forward(packed, lengths, 64)
                     .map_err(fail)?
                     .o,
@@ -132,6 +157,17 @@ impl LogDecayFamily {
                     .map_err(fail)?
                     .grads,
             ),
+            PackedFamily::Gla => {
+                let decay = Decay::Vector { sub_chunk: 16 };
+                (
+                    lasp2::packed_forward(packed, decay, lengths, 64)
+                        .map_err(fail)?
+                        .o,
+                    lasp2::packed_backward(packed, decay, lengths, 64, d_o, None)
+                        .map_err(fail)?
+                        .grads,
+                )
+            }
         })
     }
 }
@@ -141,19 +177,24 @@ impl LogDecayFamily {
 enum Ops {
     ScalarDecay(Lasp2Forward, Lasp2Backward),
     GatedDelta(GatedDeltaLasp2Forward, GatedDeltaLasp2Backward),
+    Gla(GlaLasp2Forward, GlaLasp2Backward),
 }
 
 impl Ops {
-    fn new(rt: &Runtime, family: LogDecayFamily, layout: Lasp2Layout) -> Result<Self> {
+    fn new(rt: &Runtime, family: PackedFamily, layout: Lasp2Layout) -> Result<Self> {
         let mode = ExchangeMode::Overlapped;
         Ok(match family {
-            LogDecayFamily::ScalarDecay => Ops::ScalarDecay(
+            PackedFamily::ScalarDecay => Ops::ScalarDecay(
                 Lasp2Forward::new(rt, layout, mode)?,
                 Lasp2Backward::new(rt, layout, mode)?,
             ),
-            LogDecayFamily::GatedDelta => Ops::GatedDelta(
+            PackedFamily::GatedDelta => Ops::GatedDelta(
                 GatedDeltaLasp2Forward::new(rt, layout, mode)?,
                 GatedDeltaLasp2Backward::new(rt, layout, mode)?,
+            ),
+            PackedFamily::Gla => Ops::Gla(
+                GlaLasp2Forward::new(rt, layout, mode)?,
+                GlaLasp2Backward::new(rt, layout, mode)?,
             ),
         })
     }
@@ -162,6 +203,7 @@ impl Ops {
         match self {
             Ops::ScalarDecay(f, b) => f.finish(stream).and_then(|_| b.finish(stream)),
             Ops::GatedDelta(f, b) => f.finish(stream).and_then(|_| b.finish(stream)),
+            Ops::Gla(f, b) => f.finish(stream).and_then(|_| b.finish(stream)),
         }
     }
 
@@ -169,6 +211,7 @@ impl Ops {
         match self {
             Ops::ScalarDecay(f, _) => f.epoch(stream),
             Ops::GatedDelta(f, _) => f.epoch(stream),
+            Ops::Gla(f, _) => f.epoch(stream),
         }
     }
 
@@ -176,6 +219,7 @@ impl Ops {
         match self {
             Ops::ScalarDecay(f, _) => f.note_replayed_calls(calls),
             Ops::GatedDelta(f, _) => f.note_replayed_calls(calls),
+            Ops::Gla(f, _) => f.note_replayed_calls(calls),
         }
     }
 
@@ -183,6 +227,7 @@ impl Ops {
         match self {
             Ops::ScalarDecay(f, b) => f.free().and_then(|_| b.free()),
             Ops::GatedDelta(f, b) => f.free().and_then(|_| b.free()),
+            Ops::Gla(f, b) => f.free().and_then(|_| b.free()),
         }
     }
 }
@@ -193,6 +238,7 @@ impl ModeSwitch for Ops {
         match self {
             Ops::ScalarDecay(f, b) => f.set_mode(mode).and_then(|_| b.set_mode(mode)),
             Ops::GatedDelta(f, b) => f.set_mode(mode).and_then(|_| b.set_mode(mode)),
+            Ops::Gla(f, b) => f.set_mode(mode).and_then(|_| b.set_mode(mode)),
         }
     }
 
@@ -200,6 +246,7 @@ impl ModeSwitch for Ops {
         match self {
             Ops::ScalarDecay(f, b) => f.supports(mode) && b.supports(mode),
             Ops::GatedDelta(f, b) => f.supports(mode) && b.supports(mode),
+            Ops::Gla(f, b) => f.supports(mode) && b.supports(mode),
         }
     }
 }
@@ -241,8 +288,9 @@ impl Offsets {
 }
 
 /// One PE's shard on the device: the caller's log-decays `g` and the forgetting ones the
-/// operations take.
+/// log-decay families' operations take.
 struct Shard {
+    family: PackedFamily,
     shape: ForwardShape,
     q: CudaSlice<bf16>,
     k: CudaSlice<bf16>,
@@ -251,8 +299,10 @@ struct Shard {
     forgetting_g: CudaSlice<f32>,
     beta: Option<CudaSlice<f32>>,
     o: CudaSlice<bf16>,
-    /// The state entering the shard, saved by the forward for the backward.
+    /// What the forward saves for the backward: the state entering the shard (the log-decay
+    /// families) or the state entering every chunk (GLA).
     start_state: CudaSlice<f32>,
+    chunk_states: CudaSlice<bf16>,
     offsets: Offsets,
     shard_start: usize,
 }
@@ -275,7 +325,7 @@ impl ShardGrads {
             dq: stream.alloc_zeros(s.qk_len())?,
             dk: stream.alloc_zeros(s.qk_len())?,
             dv: stream.alloc_zeros(s.v_len())?,
-            dg: stream.alloc_zeros(s.gate_len())?,
+            dg: stream.alloc_zeros(shard.g.len())?,
             dbeta: match shard.beta {
                 Some(_) => Some(stream.alloc_zeros(s.gate_len())?),
                 None => None,
@@ -312,6 +362,40 @@ impl ShardGrads {
 }
 
 impl Shard {
+    /// Allocates the shard of `family` at `shape` with its inputs and documents; the outputs and
+    /// saved states zeroed.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        stream: &Arc<CudaStream>,
+        family: PackedFamily,
+        shape: ForwardShape,
+        [q, k, v]: [&[bf16]; 3],
+        g: &[f32],
+        beta: Option<&[f32]>,
+        offsets: Offsets,
+        shard_start: usize,
+    ) -> Result<Self> {
+        let chunk_states = match family {
+            PackedFamily::Gla => chunk_states_len(&shape),
+            _ => 1,
+        };
+        Ok(Shard {
+            family,
+            shape,
+            q: stream.clone_htod(q)?,
+            k: stream.clone_htod(k)?,
+            v: stream.clone_htod(v)?,
+            g: stream.clone_htod(g)?,
+            forgetting_g: stream.alloc_zeros(g.len())?,
+            beta: beta.map(|b| stream.clone_htod(b)).transpose()?,
+            o: stream.alloc_zeros(shape.v_len())?,
+            start_state: stream.alloc_zeros(shape.state_len())?,
+            chunk_states: stream.alloc_zeros(chunk_states)?,
+            offsets,
+            shard_start,
+        })
+    }
+
     fn gate_shape(&self) -> GateShape {
         GateShape {
             b: self.shape.b,
@@ -327,8 +411,12 @@ impl Shard {
         }
     }
 
-    /// Enqueues the forgetting log-decays of the documents the offsets hold.
+    /// Enqueues the forgetting log-decays of the documents the offsets hold (GLA's operations
+    /// write their start words themselves).
     fn mark(&mut self, starts: &DocumentStarts, stream: &Arc<CudaStream>) -> Result<()> {
+        if self.family == PackedFamily::Gla {
+            return Ok(());
+        }
         let docs = Documents {
             cu_seqlens: self.offsets.view(),
             shard_start: self.shard_start,
@@ -346,7 +434,12 @@ impl Shard {
     /// Enqueues the forward (saving the state entering the shard) with the forgetting log-decays
     /// where `packed`, else with the caller's (the same tokens as whole sequences).
     fn forward(&mut self, ops: &mut Ops, stream: &Arc<CudaStream>, packed: bool) -> Result<()> {
-        let g = DeviceRef::new(if packed { &self.forgetting_g } else { &self.g });
+        let forgets = packed && self.family != PackedFamily::Gla;
+        let g = DeviceRef::new(if forgets { &self.forgetting_g } else { &self.g });
+        let documents = packed.then(|| Documents {
+            cu_seqlens: self.offsets.view(),
+            shard_start: self.shard_start,
+        });
         let (q, k, v) = (
             DeviceRef::new(&self.q),
             DeviceRef::new(&self.k),
@@ -388,11 +481,28 @@ impl Shard {
                 };
                 op.forward_saving(stream, args, start_state).map(|_| ())
             }
+            Ops::Gla(op, _) => {
+                let args = GlaArgs {
+                    shape: self.shape,
+                    q,
+                    k,
+                    v,
+                    g,
+                    h0: None,
+                    o,
+                    ht: None,
+                    chunk_states: Some(DeviceMut::new(&mut self.chunk_states)),
+                    scale: None,
+                    documents,
+                };
+                op.forward(stream, args)
+            }
         }
     }
 
-    /// Enqueues the backward from the saved state entering the shard (`packed` as in
-    /// [`Shard::forward`]), then clears dg at the document starts where `packed`.
+    /// Enqueues the backward from what the forward saved (`packed` as in [`Shard::forward`]),
+    /// then, for the log-decay families, clears dg at the document starts where `packed` (GLA's
+    /// kernels write 0 there).
     fn backward(
         &self,
         grads: &mut ShardGrads,
@@ -401,7 +511,8 @@ impl Shard {
         stream: &Arc<CudaStream>,
         packed: bool,
     ) -> Result<()> {
-        let g = DeviceRef::new(if packed { &self.forgetting_g } else { &self.g });
+        let forgets = packed && self.family != PackedFamily::Gla;
+        let g = DeviceRef::new(if forgets { &self.forgetting_g } else { &self.g });
         let (q, k, v) = (
             DeviceRef::new(&self.q),
             DeviceRef::new(&self.k),
@@ -460,8 +571,29 @@ impl Shard {
                 };
                 op.backward(stream, args).map(|_| ())?;
             }
+            Ops::Gla(_, op) => {
+                let args = GlaBackwardArgs {
+                    shape: self.shape,
+                    q,
+                    k,
+                    v,
+                    g,
+                    h0: None,
+                    chunk_states: DeviceRef::new(&self.chunk_states),
+                    d_o,
+                    dht: None,
+                    dq,
+                    dk,
+                    dv,
+                    dg,
+                    dh0: None,
+                    scale: None,
+                    documents: packed.then(|| self.documents()),
+                };
+                op.backward(stream, args)?;
+            }
         }
-        if packed {
+        if forgets {
             let dg = DeviceMut::new(&mut grads.dg);
             starts.clear_start_gradients(stream, self.documents(), dg, self.gate_shape())?;
         }
@@ -484,7 +616,7 @@ impl Outputs for Shard {
 
 /// A check: a family, its dimensions, the shards and the documents.
 struct PackedCase {
-    family: LogDecayFamily,
+    family: PackedFamily,
     b: usize,
     h: usize,
     dk: usize,
@@ -573,12 +705,12 @@ fn short_documents(total: usize) -> Vec<usize> {
 }
 
 /// The checks on `npes` PEs: unequal shards of 320 tokens (the last 37 fewer), both layouts of
-/// documents, both families.
-fn packed_cases(npes: usize) -> Vec<PackedCase> {
+/// documents, each of `families`.
+fn packed_cases(npes: usize, families: &[PackedFamily]) -> Vec<PackedCase> {
     let lengths = shard_lengths(npes, 320, 37);
     let total = lengths.iter().sum();
     let mut out = Vec::new();
-    for family in [LogDecayFamily::ScalarDecay, LogDecayFamily::GatedDelta] {
+    for &family in families {
         for (cu_seqlens, int64) in [
             (boundary_documents(&lengths), false),
             (short_documents(total), true),
@@ -644,22 +776,21 @@ fn check_case(
         dv: case.dv,
     };
     let offsets = case.padded_offsets();
-    let mut shard = Shard {
+    let rows = |x: &Tensor| bf16s(&shard_rows(x, start, len));
+    let beta = inputs
+        .beta
+        .as_ref()
+        .map(|b| f32s(&shard_rows(b, start, len)));
+    let mut shard = Shard::new(
+        &stream,
+        family,
         shape,
-        q: stream.clone_htod(&bf16s(&shard_rows(&inputs.q, start, len)))?,
-        k: stream.clone_htod(&bf16s(&shard_rows(&inputs.k, start, len)))?,
-        v: stream.clone_htod(&bf16s(&shard_rows(&inputs.v, start, len)))?,
-        g: stream.clone_htod(&f32s(&shard_rows(&inputs.g, start, len)))?,
-        forgetting_g: stream.alloc_zeros(shape.gate_len())?,
-        beta: match &inputs.beta {
-            Some(beta) => Some(stream.clone_htod(&f32s(&shard_rows(beta, start, len)))?),
-            None => None,
-        },
-        o: stream.alloc_zeros(shape.v_len())?,
-        start_state: stream.alloc_zeros(shape.state_len())?,
-        offsets: Offsets::upload(&stream, &offsets, case.int64)?,
-        shard_start: start,
-    };
+        [&rows(&inputs.q), &rows(&inputs.k), &rows(&inputs.v)],
+        &f32s(&shard_rows(&inputs.g, start, len)),
+        beta.as_deref(),
+        Offsets::upload(&stream, &offsets, case.int64)?,
+        start,
+    )?;
     let starts = DocumentStarts::new(rt)?;
     starts.validate(&stream, shard.documents(), len, case.shape().t)?;
     let mut ops = Ops::new(rt, family, shape.layout())?;
@@ -709,11 +840,13 @@ fn check_case(
             problems.push(format!("{name}: rel err {e:.3e} > {tol:.0e}"));
         }
     }
+    let per_head = family.gates_per_head(case.dk);
     let nonzero_at_starts = starts_in_shard(&case.cu_seqlens, start, len)
         .flat_map(|t| {
             (0..case.b).flat_map(move |b| (0..case.h).map(move |h| (b * len + t) * case.h + h))
         })
-        .filter(|&i| grad_bits.dg[i] != 0)
+        .flat_map(|row| &grad_bits.dg[row * per_head..(row + 1) * per_head])
+        .filter(|&&bits| bits != 0)
         .count();
     if nonzero_at_starts > 0 {
         problems.push(format!(
@@ -806,7 +939,7 @@ fn replay_with_documents(
 /// One row of the JSON: a case's largest errors over the PEs.
 #[derive(Serialize)]
 struct CaseRow {
-    family: LogDecayFamily,
+    family: PackedFamily,
     w: usize,
     shard_lengths: Vec<usize>,
     doc_lengths: Vec<usize>,
@@ -818,7 +951,7 @@ struct CaseRow {
 /// One timed shape: a training step on packed documents against the same tokens unpacked.
 #[derive(Serialize)]
 struct CostRow {
-    family: LogDecayFamily,
+    family: PackedFamily,
     w: usize,
     b: usize,
     t_local: usize,
@@ -828,6 +961,9 @@ struct CostRow {
     unpacked_ms: f64,
     packed_ms: f64,
     packed_over_unpacked: f64,
+    /// The forward alone.
+    forward_unpacked_ms: f64,
+    forward_packed_ms: f64,
 }
 
 #[derive(Serialize)]
@@ -845,19 +981,20 @@ fn max_over_pes(rt: &Runtime, value: f64) -> Result<f64> {
         .fold(f64::NEG_INFINITY, f64::max))
 }
 
-/// Timing schedule: ROUNDS rounds, each giving the unpacked and the packed step in turn
-/// WARM_CALLS untimed and CALLS_PER_VISIT timed calls.
+/// Timing schedule: ROUNDS rounds, each giving the unpacked and the packed forward, then the
+/// unpacked and the packed step, in turn WARM_CALLS untimed and CALLS_PER_VISIT timed calls.
 const ROUNDS: usize = 6;
 const WARM_CALLS: usize = 2;
 const CALLS_PER_VISIT: usize = 5;
 
-/// A training step on one PE's shard, on its documents or unpacked.
+/// A training step (or its forward alone) on one PE's shard, on its documents or unpacked.
 struct Step<'a> {
     shard: &'a mut Shard,
     grads: &'a mut ShardGrads,
     ops: &'a mut Ops,
     starts: &'a DocumentStarts,
     packed: bool,
+    forward_only: bool,
 }
 
 impl ModeCall for Step<'_> {
@@ -870,6 +1007,9 @@ impl ModeCall for Step<'_> {
             self.shard.mark(self.starts, stream)?;
         }
         self.shard.forward(self.ops, stream, self.packed)?;
+        if self.forward_only {
+            return Ok(());
+        }
         self.shard
             .backward(self.grads, self.ops, self.starts, stream, self.packed)
     }
@@ -893,29 +1033,31 @@ fn mixed_documents(total: usize, rng: &mut SplitMix64) -> Vec<usize> {
 
 /// A training step of `family` at `shape` per GPU (inputs as gated_delta_lasp2 times them), on
 /// mixed documents and unpacked, in turns.
-fn time_cost(rt: &Runtime, family: LogDecayFamily, shape: ForwardShape) -> Result<CostRow> {
+fn time_cost(rt: &Runtime, family: PackedFamily, shape: ForwardShape) -> Result<CostRow> {
     let (me, npes) = (rt.pe(), rt.npes());
     let stream = rt.stream().clone();
     let mut rng = SplitMix64::new(11 + me as u64);
     let TimedInputs { q, k, v, g, beta } = TimedInputs::draw(&mut rng, shape);
+    // GLA's gates per key dimension, drawn as the others (logsigmoid(x) / 16).
+    let g = match family {
+        PackedFamily::Gla => normals(&mut rng, shape.qk_len())
+            .iter()
+            .map(|x| (-(-x).exp().ln_1p() / 16.0) as f32)
+            .collect(),
+        _ => g,
+    };
     // Every PE draws the same documents.
     let cu_seqlens = mixed_documents(npes * shape.t, &mut SplitMix64::new(5));
-    let mut shard = Shard {
+    let mut shard = Shard::new(
+        &stream,
+        family,
         shape,
-        q: stream.clone_htod(&q)?,
-        k: stream.clone_htod(&k)?,
-        v: stream.clone_htod(&v)?,
-        g: stream.clone_htod(&g)?,
-        forgetting_g: stream.alloc_zeros(shape.gate_len())?,
-        beta: match family {
-            LogDecayFamily::GatedDelta => Some(stream.clone_htod(&beta)?),
-            LogDecayFamily::ScalarDecay => None,
-        },
-        o: stream.alloc_zeros(shape.v_len())?,
-        start_state: stream.alloc_zeros(shape.state_len())?,
-        offsets: Offsets::upload(&stream, &cu_seqlens, false)?,
-        shard_start: me * shape.t,
-    };
+        [&q, &k, &v],
+        &g,
+        (family == PackedFamily::GatedDelta).then_some(&beta[..]),
+        Offsets::upload(&stream, &cu_seqlens, false)?,
+        me * shape.t,
+    )?;
     let d_o = bf16s(&normals(&mut rng, shape.v_len()));
     let mut grads = ShardGrads::new(&stream, &shard, &d_o)?;
     let starts = DocumentStarts::new(rt)?;
@@ -926,11 +1068,14 @@ fn time_cost(rt: &Runtime, family: LogDecayFamily, shape: ForwardShape) -> Resul
         ops: &mut ops,
         starts: &starts,
         packed: false,
+        forward_only: false,
     };
-    let mut samples = [Vec::new(), Vec::new()];
+    // [forward unpacked, forward packed, step unpacked, step packed]
+    let mut samples = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
     for _ in 0..ROUNDS {
-        for (packed, times) in samples.iter_mut().enumerate() {
-            step.packed = packed == 1;
+        for (i, times) in samples.iter_mut().enumerate() {
+            step.packed = i % 2 == 1;
+            step.forward_only = i < 2;
             for call in 0..WARM_CALLS + CALLS_PER_VISIT {
                 let ms = time_call(rt, &mut step)?;
                 if call >= WARM_CALLS {
@@ -945,8 +1090,10 @@ fn time_cost(rt: &Runtime, family: LogDecayFamily, shape: ForwardShape) -> Resul
         times.sort_by(f64::total_cmp);
         times[times.len() / 2]
     };
-    let unpacked_ms = max_over_pes(rt, median(&mut samples[0]))?;
-    let packed_ms = max_over_pes(rt, median(&mut samples[1]))?;
+    let forward_unpacked_ms = max_over_pes(rt, median(&mut samples[0]))?;
+    let forward_packed_ms = max_over_pes(rt, median(&mut samples[1]))?;
+    let unpacked_ms = max_over_pes(rt, median(&mut samples[2]))?;
+    let packed_ms = max_over_pes(rt, median(&mut samples[3]))?;
     let row = CostRow {
         family,
         w: npes,
@@ -958,11 +1105,13 @@ fn time_cost(rt: &Runtime, family: LogDecayFamily, shape: ForwardShape) -> Resul
         unpacked_ms: round(unpacked_ms, 4),
         packed_ms: round(packed_ms, 4),
         packed_over_unpacked: round(packed_ms / unpacked_ms, 4),
+        forward_unpacked_ms: round(forward_unpacked_ms, 4),
+        forward_packed_ms: round(forward_packed_ms, 4),
     };
     if me == 0 {
         println!(
             "{family:?} W={npes} B={} T_local={} H={} D={}, {} documents: training step unpacked \
-             {:.4} ms, packed {:.4} ms ({:.3}x)",
+             {:.4} ms, packed {:.4} ms ({:.3}x); forward unpacked {:.4} ms, packed {:.4} ms",
             shape.b,
             shape.t,
             shape.h,
@@ -970,7 +1119,9 @@ fn time_cost(rt: &Runtime, family: LogDecayFamily, shape: ForwardShape) -> Resul
             row.documents,
             row.unpacked_ms,
             row.packed_ms,
-            row.packed_over_unpacked
+            row.packed_over_unpacked,
+            row.forward_unpacked_ms,
+            row.forward_packed_ms
         );
     }
     Ok(row)
@@ -978,11 +1129,16 @@ fn time_cost(rt: &Runtime, family: LogDecayFamily, shape: ForwardShape) -> Resul
 
 fn run(options: Options, config: Config) -> Result<bool> {
     let rt = Runtime::init(config)?;
+    let families = if options.families.is_empty() {
+        FAMILIES.to_vec()
+    } else {
+        options.families.clone()
+    };
     let mut case_rows = Vec::new();
     let failed = if options.no_check {
         0
     } else {
-        let cases = packed_cases(rt.npes());
+        let cases = packed_cases(rt.npes(), &families);
         let mut errors = Vec::new();
         let failed = run_cases(&rt, &cases, 3800, |case, seed| {
             let mut e = CaseErrors::default();
@@ -1005,7 +1161,7 @@ fn run(options: Options, config: Config) -> Result<bool> {
     };
     let mut cost = Vec::new();
     for &shape in &options.time {
-        for family in [LogDecayFamily::ScalarDecay, LogDecayFamily::GatedDelta] {
+        for &family in &families {
             cost.push(time_cost(&rt, family, shape)?);
         }
     }
@@ -1034,7 +1190,8 @@ fn config(options: &Options, npes: usize) -> Result<Config> {
     heap_config(&options.time, checks, |l| {
         let one_family = l
             .symmetric_bytes::<ScalarDecay>(npes)
-            .max(l.symmetric_bytes::<GatedDelta>(npes));
+            .max(l.symmetric_bytes::<GatedDelta>(npes))
+            .max(l.symmetric_bytes::<Gla>(npes));
         2 * one_family
     })
 }

@@ -136,6 +136,7 @@ impl GlaArgsOf for ForwardBuffers {
             ht: Some(DeviceMut::new(&mut self.ht)),
             chunk_states: None,
             scale: Some(scale),
+            documents: None,
         }
     }
 }
@@ -548,6 +549,7 @@ impl BackwardBuffers {
             dg: DeviceMut::new(&mut self.dg),
             dh0: Some(DeviceMut::new(&mut self.dh0)),
             scale: Some(scale),
+            documents: None,
         }
     }
 

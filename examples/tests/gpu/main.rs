@@ -1,7 +1,7 @@
 //! The GPU checks as `cargo test` targets: the single-GPU forward and backward (scalar decay),
 //! GLA's, Gated DeltaNet's and mLSTM's forward and backward against the CPU f64
 //! reference, the device all-gather, LASP-2 forward and backward (GLA: forward), packed documents
-//! through LASP-2 and the short convolution's halo exchange on every GPU of the node under `lasp-run`, with their fault
+//! through LASP-2 (and GLA's on one GPU) and the short convolution's halo exchange on every GPU of the node under `lasp-run`, with their fault
 //! drills. One test executable, not one per file, keeps the bundle that a GPU node gets small
 //! (scripts/bundle.sh).
 //!
@@ -27,6 +27,7 @@ mod exchange;
 mod forward;
 mod gated_delta;
 mod gla;
+mod gla_packed;
 mod lasp2;
 mod mlstm;
 mod mlstm_backward;

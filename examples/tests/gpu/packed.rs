@@ -1,4 +1,4 @@
-//! Packed documents (`cu_seqlens`) through LASP-2 for scalar decay and Gated DeltaNet under
+//! Packed documents (`cu_seqlens`) through LASP-2 for scalar decay, Gated DeltaNet and GLA under
 //! `lasp-run`, on 1 to every GPU of the node: the program's own checks (every PE against the f64
 //! reference's packed decomposition, forward and backward, every mode and a repeat bitwise equal,
 //! graph replays with the documents written after the capture).
@@ -9,8 +9,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 const JOB_LIMIT: Duration = Duration::from_secs(600);
-/// The program's cases (two document layouts for each of two families), each reported by every PE.
-const CASES: usize = 4;
+/// The program's cases (two document layouts for each of three families), each reported by every
+/// PE.
+const CASES: usize = 6;
 
 fn packed_lasp2() -> PathBuf {
     program(

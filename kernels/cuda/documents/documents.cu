@@ -7,6 +7,9 @@
 // falls in the shard, writes that token's row of batch row b. A fixed grid whatever the documents,
 // so a captured graph replays with other documents in the same cu_seqlens buffer. Offsets that
 // repeat (the padding of a fixed-capacity buffer) write the same values again.
+//
+// Start words: the families that mask at the starts instead (GLA) read one word per chunk of 64
+// tokens, bit i for token i of the chunk (lasp/documents/chunk_starts.cuh).
 #include <stdint.h>
 
 #include "lasp/documents/documents_params.h"
@@ -20,4 +23,18 @@ extern "C" __global__ void __launch_bounds__(LASP_DOCUMENTS_THREADS)
   if (token < 0 || token >= p.T) return;  // the total, past every shard, lands here too
   float* row = p.values + ((int64_t)blockIdx.y * p.T + token) * p.row_len;
   for (int e = threadIdx.x; e < p.row_len; e += LASP_DOCUMENTS_THREADS) row[e] = p.value;
+}
+
+// Start words (lasp_document_words_params): the word of the chunk holding each start in the shard
+// gets the start's bit.
+extern "C" __global__ void __launch_bounds__(LASP_DOCUMENTS_THREADS)
+    lasp_document_chunk_words(const __grid_constant__ lasp_document_words_params p) {
+  const int i = blockIdx.x * LASP_DOCUMENTS_THREADS + threadIdx.x;
+  if (i >= p.num_offsets) return;
+  const int64_t start = p.offsets_are_int64 ? static_cast<const int64_t*>(p.cu_seqlens)[i]
+                                            : static_cast<const int32_t*>(p.cu_seqlens)[i];
+  const int64_t token = start - p.shard_start;
+  if (token < 0 || token >= p.T) return;
+  atomicOr(reinterpret_cast<unsigned long long*>(p.words + token / LASP_DOCUMENT_WORD_TOKENS),
+           1ull << (token % LASP_DOCUMENT_WORD_TOKENS));
 }

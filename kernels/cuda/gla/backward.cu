@@ -27,7 +27,7 @@ __device__ __forceinline__ int64_t summary_slot(const lasp_gla_bwd_params& p, in
 }
 
 // Summary y (grid y): segment y + 1 from a zero gradient at its end into slot (b*H+h, y).
-template <int DK, int DV>
+template <int DK, int DV, bool kPacked>
 __device__ __forceinline__ void bwd_summary(const lasp_gla_bwd_params& p) {
   const int slot = blockIdx.y, col = 64 * (threadIdx.x >> 7);
   const Segment sg = segment_of(p, (slot + 1) * p.chunks_per_segment, p.chunks_per_segment);
@@ -35,7 +35,7 @@ __device__ __forceinline__ void bwd_summary(const lasp_gla_bwd_params& p) {
   StateRegs<DK> s;
   chunk::state_zero<DK>(s, ln);
   float2 lambda;
-  run_walk<DK, DV>(p, sg, s, nullptr, lambda);
+  run_walk<DK, DV, kPacked>(p, sg, s, nullptr, lambda);
   const int64_t at = summary_slot(p, blockIdx.z, slot);
   chunk::state_store<DK>(s, ln, p.ws_m + at * DK * DV + col, DV);
   const GateLane<DK, WalkLayout<DK, DV>::kThreads> gl(threadIdx.x);
@@ -44,7 +44,7 @@ __device__ __forceinline__ void bwd_summary(const lasp_gla_bwd_params& p) {
 
 // Walk y (grid y): segment y from the gradient leaving it (dht, or the fold's) into dh; segment
 // 0 also writes dh0.
-template <int DK, int DV>
+template <int DK, int DV, bool kPacked>
 __device__ __forceinline__ void bwd_walk(const lasp_gla_bwd_params& p) {
   const int S = p.num_segments, seg = blockIdx.y, col = 64 * (threadIdx.x >> 7);
   const int64_t bh = blockIdx.z, tile = (int64_t)DK * DV;
@@ -57,7 +57,7 @@ __device__ __forceinline__ void bwd_walk(const lasp_gla_bwd_params& p) {
   else
     chunk::state_zero<DK>(s, ln);
   float2 lambda;
-  run_walk<DK, DV>(p, sg, s, p.dh + bh * lasp_gla_num_chunks(p.T) * tile, lambda);
+  run_walk<DK, DV, kPacked>(p, sg, s, p.dh + bh * lasp_gla_num_chunks(p.T) * tile, lambda);
   if (seg == 0 && p.dh0) chunk::state_store<DK>(s, ln, p.dh0 + bh * tile + col, DV);
 }
 
@@ -82,6 +82,13 @@ __device__ __forceinline__ void bwd_walk(const lasp_gla_bwd_params& p) {
 // carry (the part of the chunks after this one) e^{gamma} (.) rowsum(S_n (.) dS_{n+1}) +
 // sum_j k_j (.) dk_j^{inter}, where dk^{inter} = e^{c' - b} (.) (V dS'^T) is taken from the dk
 // accumulator before the intra-chunk product is added to it.
+//
+// Packed documents (the forward's masks, lasp/gla/chunk.cuh): scores keep only pairs of one
+// document; dS_{n+1} reaches only keys from the chunk's last start on (dv's and dk's state terms),
+// S_n only rows below its first start (dq's), and a chunk holding a start has no carry. A row's
+// gate gradient sums only its own document's rows, U_r - U_{end(r)} with U the chunk's suffix sums
+// and end(r) the next start; the part from later chunks reaches only the document leaving the
+// chunk; a start's own gate, which nothing reads, gets 0.
 // ---------------------------------------------------------------------------------------------
 template <int DK, int DV>
 struct GradsLayout {
@@ -184,6 +191,22 @@ __device__ __forceinline__ void exact_intra(float (&dq)[8][4], float (&dk)[8][4]
   }
 }
 
+// Zeroes an accumulator's rows (16 warp + 8 hh + g) below `row`, or from `row` on.
+__device__ __forceinline__ void zero_rows_below(float (&acc)[8][4], int row, int warp, int g) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh)
+    if (16 * warp + 8 * hh + g < row)
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) acc[nt][2 * hh] = acc[nt][2 * hh + 1] = 0.f;
+}
+__device__ __forceinline__ void zero_rows_from(float (&acc)[8][4], int row, int warp, int g) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh)
+    if (16 * warp + 8 * hh + g >= row)
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) acc[nt][2 * hh] = acc[nt][2 * hh + 1] = 0.f;
+}
+
 // Packs an accumulator (rows 16 warp + 8 hh + g, columns 8 nt + 2 t + e) into mma_rs A fragments,
 // times sigma, keeping the entries with keep(row, col).
 template <class Keep>
@@ -200,7 +223,52 @@ __device__ __forceinline__ void pack_masked(uint32_t (&pa)[4][4], const float (&
     }
 }
 
-template <int DK, int DV>
+// The gate gradient of a chunk holding a document start (the file's head), from this lane's rows'
+// sums down to the end of their warp (dgv) and the warps' totals: U_r goes to the warpgroup's own
+// columns of s_b (the cumsums, read no more), then each row subtracts U at its document's end.
+template <int DK>
+__device__ __forceinline__ void packed_gate_gradients(float (&dgv)[8][4], float* dg_dst, int64_t stride,
+                                                      const ChunkStarts& starts, float* s_b, const float* carry,
+                                                      const float* cols_k, const float* cols_g, int valid, int col,
+                                                      int warp, int g, int t) {
+  float tail[8][2];  // the part from later chunks, for the document leaving the chunk
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int c = col + 8 * nt + 2 * t + e;
+      float x = carry[c], below = 0.f;
+#pragma unroll
+      for (int w = 0; w < 4; ++w) x += cols_k[w * DK + c];
+      for (int w = 3; w > warp; --w) below += cols_g[w * DK + c];
+      tail[nt][e] = x;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        dgv[nt][2 * hh + e] += below;
+        s_b[(16 * warp + 8 * hh + g) * DK + c] = dgv[nt][2 * hh + e];
+      }
+    }
+  named_barrier_sync(1 + (col / 64), 128);  // the warpgroup's suffix sums U are in s_b
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = 16 * warp + 8 * hh + g;
+    if (r >= valid) continue;
+    const int end = starts.document_end(r);
+    const bool is_start = (starts.word >> r) & 1ull;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      float x[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float u = dgv[nt][2 * hh + e];
+        x[e] = is_start ? 0.f : end < kChunk ? u - s_b[end * DK + col + 8 * nt + 2 * t + e] : u + tail[nt][e];
+      }
+      *reinterpret_cast<float2*>(dg_dst + r * stride + 8 * nt) = make_float2(x[0], x[1]);
+    }
+  }
+}
+
+template <int DK, int DV, bool kPacked>
 __device__ __forceinline__ void bwd_grads(const lasp_gla_bwd_params& p) {
   using L = GradsLayout<DK, DV>;
   constexpr int kThreads = L::kThreads;
@@ -232,6 +300,7 @@ __device__ __forceinline__ void bwd_grads(const lasp_gla_bwd_params& p) {
   float* cols_k = reinterpret_cast<float*>(smem + L::kColsK);
   float* cols_g = reinterpret_cast<float*>(smem + L::kColsG);
   float* s_da = reinterpret_cast<float*>(smem + L::kDa);
+  const ChunkStarts starts = ChunkStarts::load<kPacked>(p.starts, n);
 
   // The copies in three groups, in the order of use: the gates, Q and K (the gate work); V and dO
   // (the score products); the two states (their scaling pass runs under the score products).
@@ -361,7 +430,7 @@ __device__ __forceinline__ void bwd_grads(const lasp_gla_bwd_params& p) {
       *reinterpret_cast<uint4*>(smem + L::kDs + at) = dw;
 #pragma unroll
       for (int m = 1; m < kRowPieces; m <<= 1) dot += __shfl_xor_sync(0xffffffffu, dot, m);
-      if (piece == 0) carry[d] = exp_nonpos(gamma - ref_q[d]) * dot;
+      if (piece == 0) carry[d] = starts.any() ? 0.f : exp_nonpos(gamma - ref_q[d]) * dot;
     }
   }
   wg::fence_proxy_async();
@@ -383,14 +452,23 @@ __device__ __forceinline__ void bwd_grads(const lasp_gla_bwd_params& p) {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int r = 16 * warp + 8 * hh + g, j = 8 * nt + 2 * t + e;
-              s_da[r * kChunk + j] = j <= r ? sigma * da[nt][2 * hh + e] : 0.f;
+              s_da[r * kChunk + j] = j <= r && j >= starts.start_at_or_before(r) ? sigma * da[nt][2 * hh + e] : 0.f;
             }
       }
       __syncthreads();
     }
-    pack_masked(p_at, at, sigma, warp, g, t, [](int j, int r) { return j <= r; });
-    pack_masked(p_dat, dat, sigma, warp, g, t, [](int j, int r) { return j <= r; });
-    pack_masked(p_da, da, sigma, warp, g, t, [](int r, int j) { return j <= r; });
+    if (starts.any()) {
+      // Pairs of one document: query r < end(j) for a row j of keys, key j >= f(r) for a row r
+      // of queries.
+      const auto to_queries = [&](int j, int r) { return j <= r && r < starts.document_end(j); };
+      pack_masked(p_at, at, sigma, warp, g, t, to_queries);
+      pack_masked(p_dat, dat, sigma, warp, g, t, to_queries);
+      pack_masked(p_da, da, sigma, warp, g, t, [&](int r, int j) { return j <= r && j >= starts.start_at_or_before(r); });
+    } else {
+      pack_masked(p_at, at, sigma, warp, g, t, [](int j, int r) { return j <= r; });
+      pack_masked(p_dat, dat, sigma, warp, g, t, [](int j, int r) { return j <= r; });
+      pack_masked(p_da, da, sigma, warp, g, t, [](int r, int j) { return j <= r; });
+    }
   }
 
   const bool owns_v = group < DV / 64, owns_k = group < DK / 64;
@@ -405,6 +483,13 @@ __device__ __forceinline__ void bwd_grads(const lasp_gla_bwd_params& p) {
                                  wg::desc_sw128(sDs + (ks >> 2) * L::kStateBlock + group * kBlockBytes +
                                                 (ks & 3) * kRow16),
                                  ks > 0);
+    if (starts.any()) {  // keys of a document that ends in the chunk have no state term
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_operands(dv);
+      zero_rows_below(dv, starts.last(), warp, g);
+      wg::fence();
+    }
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
       wg::mma_rs<wg::Major::kMN>(dv, p_at[kk], wg::desc_sw128(sDo + group * kBlockBytes + kk * kRow16));
@@ -439,6 +524,10 @@ __device__ __forceinline__ void bwd_grads(const lasp_gla_bwd_params& p) {
     }
   }
   if (!owns_k) return;
+  if (starts.any()) {  // the state terms' reach (the dv product's above)
+    zero_rows_below(dk, starts.last(), warp, g);
+    zero_rows_from(dq, starts.first(), warp, g);
+  }
 
   // sum_j k_j (.) dk_j^{inter} over this warp's rows, per column, into cols_k[warp].
 #pragma unroll
@@ -536,6 +625,10 @@ __device__ __forceinline__ void bwd_grads(const lasp_gla_bwd_params& p) {
     }
   named_barrier_sync(1 + group, 128);  // this warpgroup's cols_k and cols_g are written
   float* dg_dst = p.dg + row0 * DK + col + 2 * t;
+  if (starts.any()) {
+    packed_gate_gradients<DK>(dgv, dg_dst, qk_stride, starts, s_b, carry, cols_k, cols_g, valid, col, warp, g, t);
+    return;
+  }
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt) {
     float add[2];

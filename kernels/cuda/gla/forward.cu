@@ -23,20 +23,21 @@ namespace gla {
 
 // Kernel 1: piece u = blockIdx.y (piece r of segment s = u / R) into workspace slot (b*H+h, u);
 // Dv tile blockIdx.x. An empty piece writes the identity (M = 0, Lambda = 0).
-template <int DK>
+template <int DK, bool kPacked>
 __device__ __forceinline__ void run_states(const lasp_gla_params& p) {
   const int u = blockIdx.y;
   const Segment sg = piece_of(p, u);
   const int64_t slot = (int64_t)blockIdx.z * (p.num_segments - 1) * p.states_splits + u;
   const int vt = blockIdx.x;
-  run_states_segment<DK>(p, sg, vt, [&](StateRegs<DK>& s, const StateLane& ln, float2 lambda, const auto& gl) {
+  const auto end = [&](StateRegs<DK>& s, const StateLane& ln, float2 lambda, const auto& gl) {
     chunk::state_store<DK>(s, ln, p.ws_m + slot * DK * p.Dv + vt * 64, p.Dv);
     if (vt == 0 && gl.first == 0) reinterpret_cast<float2*>(p.ws_lambda + slot * DK)[gl.pair] = lambda;
-  });
+  };
+  run_states_segment<DK, kPacked>(p, sg, vt, end);
 }
 
 // Kernel 3: segment blockIdx.y from its prefix; the last segment writes ht.
-template <int DK, int DV>
+template <int DK, int DV, bool kPacked>
 __device__ __forceinline__ void run_output(const lasp_gla_params& p) {
   const Segment sg = segment_of(p, blockIdx.y * p.chunks_per_segment, p.chunks_per_segment);  // never empty
   const int seg = blockIdx.y;
@@ -45,18 +46,17 @@ __device__ __forceinline__ void run_output(const lasp_gla_params& p) {
   const float* prefix = seg > 0 ? p.ws_p + (bh * (p.num_segments - 1) + seg - 1) * tile
                                 : p.h0 ? p.h0 + bh * tile : nullptr;
   uint16_t* chunk_states = p.chunk_states ? p.chunk_states + bh * lasp_gla_num_chunks(p.T) * tile : nullptr;
-  run_output_segment<DK, DV>(
-      p, sg, chunk_states,
-      [&](StateRegs<DK>& s, const StateLane& ln, int group) {
-        if (prefix)
-          chunk::state_load<DK>(s, ln, prefix + group * 64, DV);
-        else
-          chunk::state_zero<DK>(s, ln);
-        return true;
-      },
-      [&](StateRegs<DK>& s, const StateLane& ln, int group) {
-        if (seg == p.num_segments - 1 && p.ht) chunk::state_store<DK>(s, ln, p.ht + bh * tile + group * 64, DV);
-      });
+  const auto start = [&](StateRegs<DK>& s, const StateLane& ln, int group) {
+    if (prefix)
+      chunk::state_load<DK>(s, ln, prefix + group * 64, DV);
+    else
+      chunk::state_zero<DK>(s, ln);
+    return true;
+  };
+  const auto end = [&](StateRegs<DK>& s, const StateLane& ln, int group) {
+    if (seg == p.num_segments - 1 && p.ht) chunk::state_store<DK>(s, ln, p.ht + bh * tile + group * 64, DV);
+  };
+  run_output_segment<DK, DV, kPacked>(p, sg, chunk_states, start, end);
 }
 
 }  // namespace gla

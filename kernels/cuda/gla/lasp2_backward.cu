@@ -16,7 +16,7 @@ namespace gla {
 // Kernel 1: segment s = blockIdx.y of the shard from a zero gradient at its end, into piece
 // S-1-s of (b*H+h = blockIdx.z): the pieces in ascending order run down the shard, as the
 // summary kernel folds them.
-template <int DK, int DV>
+template <int DK, int DV, bool kPacked>
 __device__ __forceinline__ void lasp2_bwd_states(const lasp_gla_lasp2_params& p) {
   const int seg = blockIdx.y, col = 64 * (threadIdx.x >> 7);
   const Segment sg = segment_of(p, seg * p.chunks_per_segment, p.chunks_per_segment);
@@ -24,7 +24,7 @@ __device__ __forceinline__ void lasp2_bwd_states(const lasp_gla_lasp2_params& p)
   StateRegs<DK> s;
   chunk::state_zero<DK>(s, ln);
   float2 lambda;
-  run_walk<DK, DV>(p, sg, s, nullptr, lambda);
+  run_walk<DK, DV, kPacked>(p, sg, s, nullptr, lambda);
   const int64_t piece = (int64_t)blockIdx.z * p.num_segments + (p.num_segments - 1 - seg);
   chunk::state_store<DK>(s, ln, p.ws_m + piece * DK * DV + col, DV);
   const GateLane<DK, WalkLayout<DK, DV>::kThreads> gl(threadIdx.x);
@@ -34,7 +34,7 @@ __device__ __forceinline__ void lasp2_bwd_states(const lasp_gla_lasp2_params& p)
 // Kernel 3: segment s = blockIdx.y of the shard. The gradient leaving it: dht (on the last PE) or
 // 0, the later PEs' tiles in chain order, then the pieces of this shard's segments after s, from
 // the last down; the same fold in every mode. Its walk writes dh; PE 0's first segment, dh0.
-template <int DK, int DV, class Schedule>
+template <int DK, int DV, bool kPacked, class Schedule>
 __device__ __forceinline__ void lasp2_bwd_walk(const lasp_gla_lasp2_params& p) {
   const int seg = blockIdx.y, group = threadIdx.x >> 7;
   const int64_t bh = blockIdx.z, tile = (int64_t)DK * DV;
@@ -62,7 +62,7 @@ __device__ __forceinline__ void lasp2_bwd_walk(const lasp_gla_lasp2_params& p) {
     fold_tile<DK>(s, ln, p.ws_m + piece * tile + group * 64, DV, p.ws_lambda + piece * DK);
   }
   float2 lambda;
-  run_walk<DK, DV>(p, sg, s, p.dh + bh * lasp_gla_num_chunks(p.T) * tile, lambda);
+  run_walk<DK, DV, kPacked>(p, sg, s, p.dh + bh * lasp_gla_num_chunks(p.T) * tile, lambda);
   if (seg == 0 && p.dh0) chunk::state_store<DK>(s, ln, p.dh0 + bh * tile + group * 64, DV);
 }
 

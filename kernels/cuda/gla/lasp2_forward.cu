@@ -12,16 +12,15 @@ namespace lasp {
 namespace gla {
 
 // Kernel 1: piece u = blockIdx.y of the shard (all S segments) -> ws_m / ws_lambda [bh][u].
-template <int DK>
+template <int DK, bool kPacked>
 __device__ __forceinline__ void lasp2_states(const lasp_gla_lasp2_params& p) {
   const int u = blockIdx.y, vt = blockIdx.x;
   const int64_t slot = (int64_t)blockIdx.z * p.num_segments * p.states_splits + u;
-  run_states_segment<DK>(p, piece_of(p, u), vt,
-                         [&](StateRegs<DK>& s, const StateLane& ln, float2 lambda, const auto& gl) {
-                           chunk::state_store<DK>(s, ln, p.ws_m + slot * DK * p.Dv + vt * 64, p.Dv);
-                           if (vt == 0 && gl.first == 0)
-                             reinterpret_cast<float2*>(p.ws_lambda + slot * DK)[gl.pair] = lambda;
-                         });
+  const auto end = [&](StateRegs<DK>& s, const StateLane& ln, float2 lambda, const auto& gl) {
+    chunk::state_store<DK>(s, ln, p.ws_m + slot * DK * p.Dv + vt * 64, p.Dv);
+    if (vt == 0 && gl.first == 0) reinterpret_cast<float2*>(p.ws_lambda + slot * DK)[gl.pair] = lambda;
+  };
+  run_states_segment<DK, kPacked>(p, piece_of(p, u), vt, end);
 }
 
 // Kernel 2, one CTA per (Dv tile, head): the shard's summary tile, the fold of its pieces from zero
@@ -79,7 +78,7 @@ __device__ __forceinline__ void lasp2_summary(const lasp_gla_lasp2_params& p) {
 
 // Kernel 3: segment blockIdx.y of the shard. Its start: h0 (or 0), the earlier PEs' tiles in chain
 // order, then this shard's pieces before the segment, in order; the same fold in every mode.
-template <int DK, int DV, class Schedule>
+template <int DK, int DV, bool kPacked, class Schedule>
 __device__ __forceinline__ void lasp2_output(const lasp_gla_lasp2_params& p) {
   const Segment sg = segment_of(p, blockIdx.y * p.chunks_per_segment, p.chunks_per_segment);
   const int seg = blockIdx.y;
@@ -87,36 +86,35 @@ __device__ __forceinline__ void lasp2_output(const lasp_gla_lasp2_params& p) {
   const int64_t tile = (int64_t)DK * DV;
   const uint64_t tile_floats = lasp_gla_lasp2_tile_floats(DK);
   uint16_t* chunk_states = p.chunk_states ? p.chunk_states + bh * lasp_gla_num_chunks(p.T) * tile : nullptr;
-  run_output_segment<DK, DV>(
-      p, sg, chunk_states,
-      [&](StateRegs<DK>& s, const StateLane& ln, int group) {
-        if (p.h0 && Schedule::starts_from_h0(p))
-          chunk::state_load<DK>(s, ln, p.h0 + bh * tile + group * 64, DV);
-        else
-          chunk::state_zero<DK>(s, ln);
-        for (int vt = 0; vt < DV / 64; ++vt) {
-          if (!Schedule::wait(p, static_cast<int>(bh), vt)) return false;  // the host reports p.diag
-          // The tiles are folded where they landed (read through L2, as the signals' waits
-          // acquired them), by the warpgroup whose columns they hold.
-          // One tile per round (a batch would index its pointers at run time: local memory).
-          const float* arrived = nullptr;
-          Schedule::fold_arrived(
-              p, static_cast<int>(bh), vt, tile_floats, 1, [&](int, const float* tile) { arrived = tile; },
-              [&](int) {
-                if (group == vt) fold_landed_tile<DK>(s, ln, arrived);
-              });
-        }
-        const int pieces = p.num_segments * p.states_splits;
-        for (int u = 0; u < seg * p.states_splits; ++u) {
-          const int64_t piece = bh * pieces + u;
-          fold_tile<DK>(s, ln, p.ws_m + piece * tile + group * 64, DV, p.ws_lambda + piece * DK);
-        }
-        return true;
-      },
-      [&](StateRegs<DK>& s, const StateLane& ln, int group) {
-        if (p.write_final_state && p.ht && seg == p.num_segments - 1)
-          chunk::state_store<DK>(s, ln, p.ht + bh * tile + group * 64, DV);
-      });
+  const auto start = [&](StateRegs<DK>& s, const StateLane& ln, int group) {
+    if (p.h0 && Schedule::starts_from_h0(p))
+      chunk::state_load<DK>(s, ln, p.h0 + bh * tile + group * 64, DV);
+    else
+      chunk::state_zero<DK>(s, ln);
+    for (int vt = 0; vt < DV / 64; ++vt) {
+      if (!Schedule::wait(p, static_cast<int>(bh), vt)) return false;  // the host reports p.diag
+      // The tiles are folded where they landed (read through L2, as the signals' waits
+      // acquired them), by the warpgroup whose columns they hold.
+      // One tile per round (a batch would index its pointers at run time: local memory).
+      const float* arrived = nullptr;
+      Schedule::fold_arrived(
+          p, static_cast<int>(bh), vt, tile_floats, 1, [&](int, const float* tile) { arrived = tile; },
+          [&](int) {
+            if (group == vt) fold_landed_tile<DK>(s, ln, arrived);
+          });
+    }
+    const int pieces = p.num_segments * p.states_splits;
+    for (int u = 0; u < seg * p.states_splits; ++u) {
+      const int64_t piece = bh * pieces + u;
+      fold_tile<DK>(s, ln, p.ws_m + piece * tile + group * 64, DV, p.ws_lambda + piece * DK);
+    }
+    return true;
+  };
+  const auto end = [&](StateRegs<DK>& s, const StateLane& ln, int group) {
+    if (p.write_final_state && p.ht && seg == p.num_segments - 1)
+      chunk::state_store<DK>(s, ln, p.ht + bh * tile + group * 64, DV);
+  };
+  run_output_segment<DK, DV, kPacked>(p, sg, chunk_states, start, end);
 }
 
 }  // namespace gla

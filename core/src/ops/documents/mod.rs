@@ -17,11 +17,13 @@
 //! (pad it with the total length).
 //!
 //! The short convolution ([`crate::ops::short_conv`]) takes the same documents through a flag
-//! per token (`DocumentStarts::start_flags`), which its kernels read.
+//! per token (`DocumentStarts::start_flags`), which its kernels read. GLA ([`crate::ops::gla`]),
+//! whose gates are per key, masks at the starts instead, from one word per chunk of 64 tokens
+//! (`DocumentStarts::chunk_words`).
 //!
 //! A call over documents takes no initial state (the first document starts at token 0, which
-//! forgets it): per-document initial and final states are not here yet, nor GLA and mLSTM (their
-//! gates are not one log-decay per token and head). Design: `kernels/docs/packed.md`.
+//! forgets it): per-document initial and final states are not here yet, nor mLSTM (its gates
+//! are not a decay the state forgets through alone). Design: `kernels/docs/packed.md`.
 
 #[cfg(test)]
 mod tests;
@@ -33,7 +35,8 @@ use crate::ops::{copy_to_host, require_runtime_stream, DeviceMut, DeviceRef, Str
 use crate::runtime::Runtime;
 use cudarc::driver::CudaStream;
 use lasp_shmem_kernels::params::{
-    lasp_document_marks_params, LASP_DOCUMENTS_THREADS, LASP_DOCUMENT_START_LOG_DECAY,
+    lasp_document_marks_params, lasp_document_words_params, LASP_DOCUMENTS_THREADS,
+    LASP_DOCUMENT_START_LOG_DECAY, LASP_DOCUMENT_WORD_TOKENS,
 };
 use std::sync::Arc;
 
@@ -118,6 +121,7 @@ impl GateShape {
 pub struct DocumentStarts {
     runtime: Runtime,
     marks: Kernel,
+    words: Kernel,
 }
 
 impl DocumentStarts {
@@ -125,6 +129,7 @@ impl DocumentStarts {
         Ok(DocumentStarts {
             runtime: runtime.clone(),
             marks: runtime.module().kernel("lasp_document_marks")?,
+            words: runtime.module().kernel("lasp_document_chunk_words")?,
         })
     }
 
@@ -209,6 +214,56 @@ impl DocumentStarts {
         }?;
         let first = docs.shard_start as i64 - before as i64;
         self.mark(stream, &docs, first, flags, shape, 1.0)
+    }
+
+    /// The u64 start words of a shard of `t` tokens: one per chunk of 64.
+    pub(crate) fn words_len(t: usize) -> usize {
+        t.div_ceil(LASP_DOCUMENT_WORD_TOKENS as usize)
+    }
+
+    /// Writes the start words of this shard's `t` tokens to `words`: bit i of word c set where
+    /// token `64 c + i` starts a document (`lasp/documents/chunk_starts.cuh`). The caller orders
+    /// `stream` after the offsets' buffer.
+    ///
+    /// # Safety
+    /// `words` is the device address of [`DocumentStarts::words_len`]`(t)` u64, 8-byte aligned,
+    /// in this runtime's context, live and written by nothing else until the work on `stream`
+    /// completes.
+    pub(crate) unsafe fn chunk_words(
+        &self,
+        stream: &Arc<CudaStream>,
+        docs: Documents<'_>,
+        t: usize,
+        words: u64,
+    ) -> Result<()> {
+        let shape = GateShape { b: 1, t, h: 1 };
+        check("packed documents: start words", &docs, shape)?;
+        let bytes = Self::words_len(t) * std::mem::size_of::<u64>();
+        // SAFETY: the caller's contract.
+        unsafe { cudarc::driver::result::memset_d8_async(words, 0, bytes, stream.cu_stream()) }?;
+        let p = lasp_document_words_params {
+            cu_seqlens: docs.cu_seqlens.addr() as _,
+            offsets_are_int64: i32::from(docs.cu_seqlens.is_int64()),
+            num_offsets: docs.cu_seqlens.len() as i32,
+            shard_start: docs.shard_start as i64,
+            T: t as i32,
+            words: words as _,
+        };
+        let launch = LaunchShape {
+            grid: (
+                docs.cu_seqlens
+                    .len()
+                    .div_ceil(LASP_DOCUMENTS_THREADS as usize) as u32,
+                1,
+                1,
+            ),
+            block: (LASP_DOCUMENTS_THREADS, 1, 1),
+            shared_bytes: 0,
+        };
+        // SAFETY: `p` is the kernel's lasp_document_words_params, generated from its header; the
+        // offsets hold num_offsets entries of the stated width (checked above, live by the view's
+        // contract) and `words` the shard's words (the caller's contract).
+        unsafe { self.words.launch(stream, launch, &p) }
     }
 
     /// Checks `docs.cu_seqlens` on the host against a packed sequence of `total` tokens with this

@@ -5,11 +5,13 @@
 //! The maths, the call sequence and every launch and workspace formula are those of
 //! `kernels/cuda/include/lasp/gla/backward_params.h`; the shared-memory formulas are ported here.
 
+use super::documents::{refuse_states, StartWords, Twins};
 use super::forward::{check_inputs, check_measured, validate_gates_of};
 use super::plan::{chunk_states_len, validate_as, CHUNK, CHUNK_STATES_LAYOUT};
 use super::GlaBackwardParams;
 use crate::error::Result;
 use crate::kernel::{width_index, Kernel, LaunchShape};
+use crate::ops::documents::Documents;
 use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
 use crate::ops::{
     bf16, check_forced_segments, require_shared_memory, split_into_segments, DeviceMut, DeviceRef,
@@ -67,11 +69,14 @@ pub struct GlaBackwardArgs<'a> {
     pub dh0: Option<DeviceMut<'a, f32>>,
     /// The forward's `sigma`; `None` for `Dk^-1/2`.
     pub scale: Option<f32>,
+    /// The forward's packed documents ([`super::GlaArgs::documents`]); with documents `h0`,
+    /// `dht` and `dh0` must be `None`. The gradient of a start's own gate is 0 (nothing reads it).
+    pub documents: Option<Documents<'a>>,
 }
 
 impl<'a> GlaBackwardArgs<'a> {
     /// The streams of the buffers the views come from ([`crate::ops`], "Ordering").
-    pub(crate) fn homes(&self) -> [Option<&'a Arc<CudaStream>>; 13] {
+    pub(crate) fn homes(&self) -> [Option<&'a Arc<CudaStream>>; 14] {
         [
             self.q.home(),
             self.k.home(),
@@ -86,6 +91,7 @@ impl<'a> GlaBackwardArgs<'a> {
             self.dv.home(),
             self.dg.home(),
             self.dh0.as_ref().and_then(DeviceMut::home),
+            self.documents.and_then(|d| d.cu_seqlens.home()),
         ]
     }
 
@@ -93,6 +99,15 @@ impl<'a> GlaBackwardArgs<'a> {
     /// scale to use. `op` names the operation in errors.
     pub(crate) fn check(&self, op: &str) -> Result<f32> {
         let s = &self.shape;
+        refuse_states(
+            op,
+            self.documents.as_ref(),
+            &[
+                ("h0", self.h0.is_some()),
+                ("dht", self.dht.is_some()),
+                ("dh0", self.dh0.is_some()),
+            ],
+        )?;
         let checks = TensorChecks::new(op, s);
         let mut inputs = check_inputs(&checks, s, [self.q, self.k, self.v], self.g, self.h0)?;
         let (qk, v, state) = ("[B, T, H, Dk]", "[B, T, H, Dv]", "[B, H, Dk, Dv]");
@@ -274,9 +289,15 @@ impl GlaBackwardPlan {
     }
 }
 
-/// The params of `args`'s tensors and shape, with `dh` at `dh`, for one segment per sequence and
-/// no segment workspace: what the grads kernel reads (the walk's own fields are set by callers).
-pub(crate) fn chunk_params(args: &GlaBackwardArgs<'_>, scale: f32, dh: u64) -> GlaBackwardParams {
+/// The params of `args`'s tensors and shape, with `dh` at `dh` and the start words at `starts`
+/// (0 without documents), for one segment per sequence and no segment workspace: what the grads
+/// kernel reads (the walk's own fields are set by callers).
+pub(crate) fn chunk_params(
+    args: &GlaBackwardArgs<'_>,
+    scale: f32,
+    dh: u64,
+    starts: u64,
+) -> GlaBackwardParams {
     let s = &args.shape;
     GlaBackwardParams {
         q: args.q.addr() as _,
@@ -292,6 +313,7 @@ pub(crate) fn chunk_params(args: &GlaBackwardArgs<'_>, scale: f32, dh: u64) -> G
         dg: args.dg.addr() as _,
         dh0: args.dh0.as_ref().map_or(0, |x| x.addr()) as _,
         chunk_states: args.chunk_states.addr() as _,
+        starts: starts as _,
         dh: dh as _,
         ws_m: std::ptr::null_mut(),
         ws_p: std::ptr::null_mut(),
@@ -327,13 +349,30 @@ pub(crate) fn kernels_by_width(
     Ok(kernels)
 }
 
+/// The kernels of the rows `names` by width ([`kernels_by_width`]) and their twins for packed
+/// documents, the rows `packed`.
+pub(crate) fn twins_by_width(
+    runtime: &Runtime,
+    names: [[&'static str; 2]; 2],
+    packed: [[&'static str; 2]; 2],
+    smem: fn(usize, usize) -> u32,
+) -> Result<Twins<[[Kernel; 2]; 2]>> {
+    Twins::new([names, packed], |rows| {
+        kernels_by_width(runtime, rows, smem)
+    })
+}
+
 /// The grads kernels (one GPU and LASP-2 share them), indexed by [Dv][Dk].
-pub(crate) fn grads_kernels(runtime: &Runtime) -> Result<[[Kernel; 2]; 2]> {
-    kernels_by_width(
+pub(crate) fn grads_kernels(runtime: &Runtime) -> Result<Twins<[[Kernel; 2]; 2]>> {
+    twins_by_width(
         runtime,
         [
             instances::GLA_BWD_GRADS_DV64,
             instances::GLA_BWD_GRADS_DV128,
+        ],
+        [
+            instances::GLA_BWD_GRADS_DV64_PACKED,
+            instances::GLA_BWD_GRADS_DV128_PACKED,
         ],
         grads_smem_bytes,
     )
@@ -348,14 +387,15 @@ pub(crate) fn grads_kernels(runtime: &Runtime) -> Result<[[Kernel; 2]; 2]> {
 pub struct GlaBackward {
     ctx: Arc<CudaContext>,
     /// Indexed by [Dv][Dk]: Dv 64, 128.
-    summary: [[Kernel; 2]; 2],
+    summary: Twins<[[Kernel; 2]; 2]>,
     /// Indexed by [Dv][Dk]: Dv 64, 128.
-    walk: [[Kernel; 2]; 2],
+    walk: Twins<[[Kernel; 2]; 2]>,
     /// Indexed by [Dv][Dk]: Dv 64, 128.
-    grads: [[Kernel; 2]; 2],
+    grads: Twins<[[Kernel; 2]; 2]>,
     fold: Kernel,
     sm_count: u32,
     force_segments: Option<u32>,
+    words: StartWords,
     workspace: Option<CudaSlice<u8>>,
 }
 
@@ -369,12 +409,20 @@ impl GlaBackward {
             walk_smem_bytes(128, 128).max(grads_smem_bytes(128, 128)),
         )?;
         let walk_rows = [instances::GLA_BWD_WALK_DV64, instances::GLA_BWD_WALK_DV128];
+        let packed_walk_rows = [
+            instances::GLA_BWD_WALK_DV64_PACKED,
+            instances::GLA_BWD_WALK_DV128_PACKED,
+        ];
         let summary_rows = [
             instances::GLA_BWD_SUMMARY_DV64,
             instances::GLA_BWD_SUMMARY_DV128,
         ];
-        let summary = kernels_by_width(runtime, summary_rows, walk_smem_bytes)?;
-        let walk = kernels_by_width(runtime, walk_rows, walk_smem_bytes)?;
+        let packed_summary_rows = [
+            instances::GLA_BWD_SUMMARY_DV64_PACKED,
+            instances::GLA_BWD_SUMMARY_DV128_PACKED,
+        ];
+        let summary = twins_by_width(runtime, summary_rows, packed_summary_rows, walk_smem_bytes)?;
+        let walk = twins_by_width(runtime, walk_rows, packed_walk_rows, walk_smem_bytes)?;
         let grads = grads_kernels(runtime)?;
         let ctx = runtime.context().clone();
         Ok(GlaBackward {
@@ -385,6 +433,7 @@ impl GlaBackward {
             walk,
             grads,
             force_segments: None,
+            words: StartWords::new(runtime)?,
             workspace: None,
         })
     }
@@ -424,13 +473,18 @@ impl GlaBackward {
         if cfg!(debug_assertions) {
             validate_gates_of(OP, &self.ctx, stream, args.g, &args.shape)?;
         }
-        let base = crate::ops::ensure_workspace(
-            &self.ctx,
-            stream,
-            &mut self.workspace,
-            plan.workspace_bytes,
-            OP,
-        )?;
+        // The start words (packed documents) after the plan's parts.
+        let words_at = plan.workspace_bytes.next_multiple_of(PART_ALIGN);
+        let bytes = words_at + StartWords::bytes(args.documents.as_ref(), args.shape.t);
+        let base = crate::ops::ensure_workspace(&self.ctx, stream, &mut self.workspace, bytes, OP)?;
+        self.ctx.bind_to_thread()?;
+        // SAFETY: the workspace holds the words' bytes from words_at (sized above), is owned by
+        // self and is freed only after a context synchronisation; StreamOrder ordered `stream`
+        // after the offsets' buffer.
+        let starts = unsafe {
+            self.words
+                .enqueue(stream, args.documents, args.shape.t, base + words_at)
+        }?;
         let (ws_m, ws_p, ws_lambda) = plan.segment_offsets.map_or((0, 0, 0), |o| {
             (base + o.ws_m, base + o.ws_p, base + o.ws_lambda)
         });
@@ -441,10 +495,10 @@ impl GlaBackward {
             ws_lambda: ws_lambda as _,
             num_segments: plan.num_segments as i32,
             chunks_per_segment: plan.chunks_per_segment as i32,
-            ..chunk_params(&args, scale, base)
+            ..chunk_params(&args, scale, base, starts)
         };
-        self.ctx.bind_to_thread()?;
         let (i, j) = (width_index(s.dk), width_index(s.dv));
+        let packed = args.documents.is_some();
         // SAFETY: GlaBackwardParams is lasp_gla_bwd_params, generated from the header; the shape
         // is supported and every tensor has the length, alignment and non-overlap the kernels
         // need (checked above); the views borrow their buffers for the call and their contracts
@@ -453,11 +507,11 @@ impl GlaBackward {
         // context synchronisation.
         unsafe {
             if let (Some(summary), Some(fold)) = (plan.summary, plan.fold) {
-                self.summary[j][i].launch(stream, summary, &params)?;
+                self.summary.get(packed)[j][i].launch(stream, summary, &params)?;
                 self.fold.launch(stream, fold, &params)?;
             }
-            self.walk[j][i].launch(stream, plan.walk, &params)?;
-            self.grads[j][i].launch(stream, plan.grads, &params)?;
+            self.walk.get(packed)[j][i].launch(stream, plan.walk, &params)?;
+            self.grads.get(packed)[j][i].launch(stream, plan.grads, &params)?;
         }
         Ok(plan)
     }

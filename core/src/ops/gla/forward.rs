@@ -1,10 +1,12 @@
 //! [`GlaForward`]: the GLA forward's kernels, workspace and launches, and the checks of one
 //! call's tensors ([`GlaArgs`]) before anything is launched.
 
+use super::documents::{refuse_states, StartWords, Twins};
 use super::plan::{chunk_states_len, output_smem_bytes, states_smem_bytes, CHUNK_STATES_LAYOUT};
 use super::{GlaParams, GlaPlan};
 use crate::error::{Error, Result};
 use crate::kernel::{width_index, Kernel};
+use crate::ops::documents::Documents;
 use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
 use crate::ops::{
     bf16, check_forced_segments, require_shared_memory, DeviceMut, DeviceRef, StreamOrder,
@@ -44,11 +46,14 @@ pub struct GlaArgs<'a> {
     pub chunk_states: Option<DeviceMut<'a, bf16>>,
     /// `sigma` in `o_t = sigma q_t S_t`; `None` for `Dk^-1/2`.
     pub scale: Option<f32>,
+    /// Packed documents: the state restarts from zero at every document start in the shard, and
+    /// no score crosses one. With documents `h0` and `ht` must be `None`.
+    pub documents: Option<Documents<'a>>,
 }
 
 impl<'a> GlaArgs<'a> {
     /// The streams of the buffers the views come from ([`crate::ops`], "Ordering").
-    pub(crate) fn homes(&self) -> [Option<&'a Arc<CudaStream>>; 8] {
+    pub(crate) fn homes(&self) -> [Option<&'a Arc<CudaStream>>; 9] {
         [
             self.q.home(),
             self.k.home(),
@@ -58,6 +63,7 @@ impl<'a> GlaArgs<'a> {
             self.o.home(),
             self.ht.as_ref().and_then(DeviceMut::home),
             self.chunk_states.as_ref().and_then(DeviceMut::home),
+            self.documents.and_then(|d| d.cu_seqlens.home()),
         ]
     }
 
@@ -65,6 +71,11 @@ impl<'a> GlaArgs<'a> {
     /// scale to use. `op` names the operation in errors.
     pub(crate) fn check(&self, op: &str) -> Result<f32> {
         let s = &self.shape;
+        refuse_states(
+            op,
+            self.documents.as_ref(),
+            &[("h0", self.h0.is_some()), ("ht", self.ht.is_some())],
+        )?;
         let checks = TensorChecks::new(op, s);
         let inputs = check_inputs(&checks, s, [self.q, self.k, self.v], self.g, self.h0)?;
         checks.length("o", "[B, T, H, Dv]", self.o.len(), s.v_len())?;
@@ -195,26 +206,42 @@ pub(crate) fn validate_gates_of(
 /// demand (a context synchronisation then) and is freed when the instance is dropped.
 pub struct GlaForward {
     ctx: Arc<CudaContext>,
-    /// Indexed by Dk: [64, 128].
-    states: [Kernel; 2],
-    /// Indexed by [Dv][Dk]: Dv 64, 128.
-    output: [[Kernel; 2]; 2],
+    /// The states kernels (indexed by Dk: [64, 128]) and the output kernels (by [Dv][Dk]).
+    chunks: Twins<ChunkKernels>,
     fold: Kernel,
     sm_count: u32,
     force_segments: Option<u32>,
     force_splits: Option<u32>,
+    words: StartWords,
     workspace: Option<CudaSlice<u8>>,
 }
 
-/// The states kernels (by Dk) and output kernels (by Dv, then Dk) of one of GLA's forwards, with
-/// their shared-memory limits raised to what the plans launch with; an error (naming `op`) where
-/// this GPU cannot give a block the output kernel's shared memory.
+/// The states kernels (by Dk) and output kernels (by Dv, then Dk) of one of GLA's forwards.
+pub(crate) type ChunkKernels = ([Kernel; 2], [[Kernel; 2]; 2]);
+
+/// The instances' names of a forward's [`ChunkKernels`]: the states row, the output rows by Dv.
+pub(crate) type ChunkNames = ([&'static str; 2], [[&'static str; 2]; 2]);
+
+/// The [`ChunkKernels`] named by `names` and their twins for packed documents, `packed`, with
+/// their shared-memory limits raised to what the plans launch with; an error (naming `op`)
+/// where this GPU cannot give a block the output kernel's shared memory.
 pub(crate) fn chunk_kernels(
+    runtime: &Runtime,
+    op: &str,
+    names: ChunkNames,
+    packed: ChunkNames,
+) -> Result<Twins<ChunkKernels>> {
+    Twins::new([names, packed], |(states, output)| {
+        chunk_kernels_of(runtime, op, states, output)
+    })
+}
+
+fn chunk_kernels_of(
     runtime: &Runtime,
     op: &str,
     states: [&'static str; 2],
     output: [[&'static str; 2]; 2],
-) -> Result<([Kernel; 2], [[Kernel; 2]; 2])> {
+) -> Result<ChunkKernels> {
     require_shared_memory(runtime, op, output_smem_bytes(128, 128))?;
     let module = runtime.module();
     let states = module.kernels_per_width(states)?;
@@ -236,21 +263,30 @@ impl GlaForward {
     /// error if this GPU cannot give a block that much shared memory.
     pub fn new(runtime: &Runtime) -> Result<Self> {
         let ctx = runtime.context().clone();
-        let (states, output) = chunk_kernels(
+        let chunks = chunk_kernels(
             runtime,
             OP,
-            instances::GLA_STATES,
-            [instances::GLA_OUTPUT_DV64, instances::GLA_OUTPUT_DV128],
+            (
+                instances::GLA_STATES,
+                [instances::GLA_OUTPUT_DV64, instances::GLA_OUTPUT_DV128],
+            ),
+            (
+                instances::GLA_STATES_PACKED,
+                [
+                    instances::GLA_OUTPUT_DV64_PACKED,
+                    instances::GLA_OUTPUT_DV128_PACKED,
+                ],
+            ),
         )?;
         let module = runtime.module();
         Ok(GlaForward {
             fold: module.kernel("lasp_gla_fold")?,
             sm_count: crate::ops::sm_count(&ctx)?,
             ctx,
-            states,
-            output,
+            chunks,
             force_segments: None,
             force_splits: None,
+            words: StartWords::new(runtime)?,
             workspace: None,
         })
     }
@@ -299,13 +335,10 @@ impl GlaForward {
         if cfg!(debug_assertions) {
             self.validate_gates(stream, args.g, &args.shape)?;
         }
-        let base = crate::ops::ensure_workspace(
-            &self.ctx,
-            stream,
-            &mut self.workspace,
-            plan.workspace_bytes,
-            OP,
-        )?;
+        // The start words (packed documents) after the plan's parts.
+        let words_at = plan.workspace_bytes.next_multiple_of(256);
+        let bytes = words_at + StartWords::bytes(args.documents.as_ref(), args.shape.t);
+        let base = crate::ops::ensure_workspace(&self.ctx, stream, &mut self.workspace, bytes, OP)?;
         let (ws_m, ws_p, ws_lambda) = if plan.num_segments > 1 {
             let (p, lambda) = plan.workspace_offsets();
             (base, base + p, base + lambda)
@@ -313,6 +346,14 @@ impl GlaForward {
             (0, 0, 0)
         };
         let s = &args.shape;
+        self.ctx.bind_to_thread()?;
+        // SAFETY: the workspace holds the words' bytes from words_at (sized above), is owned by
+        // self and is freed only after a context synchronisation; StreamOrder ordered `stream`
+        // after the offsets' buffer.
+        let starts = unsafe {
+            self.words
+                .enqueue(stream, args.documents, s.t, base + words_at)
+        }?;
         let params = GlaParams {
             q: args.q.addr() as _,
             k: args.k.addr() as _,
@@ -322,6 +363,7 @@ impl GlaForward {
             h0: args.h0.map_or(0, |x| x.addr()) as _,
             ht: args.ht.as_ref().map_or(0, |x| x.addr()) as _,
             chunk_states: args.chunk_states.as_ref().map_or(0, |x| x.addr()) as _,
+            starts: starts as _,
             ws_m: ws_m as _,
             ws_p: ws_p as _,
             ws_lambda: ws_lambda as _,
@@ -335,19 +377,19 @@ impl GlaForward {
             states_splits: plan.states_splits as i32,
             scale,
         };
-        self.ctx.bind_to_thread()?;
         let (i, j) = (width_index(s.dk), width_index(s.dv));
+        let (states, output) = self.chunks.get(args.documents.is_some());
         // SAFETY: GlaParams is lasp_gla_params, generated from the header; the shape is
         // supported and every tensor has the length, alignment and non-overlap the kernels need
         // (checked above); the views borrow their buffers for the call and their contracts keep
         // the memory valid until the kernels complete; the workspace is owned by self and freed
         // only after a context synchronisation.
         unsafe {
-            if let (Some(states), Some(fold)) = (plan.states, plan.fold) {
-                self.states[i].launch(stream, states, &params)?;
+            if let (Some(states_launch), Some(fold)) = (plan.states, plan.fold) {
+                states[i].launch(stream, states_launch, &params)?;
                 self.fold.launch(stream, fold, &params)?;
             }
-            self.output[j][i].launch(stream, plan.output, &params)?;
+            output[j][i].launch(stream, plan.output, &params)?;
         }
         Ok(plan)
     }

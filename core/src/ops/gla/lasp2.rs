@@ -9,13 +9,14 @@
 //! all-gather between the same kernels; [`ExchangeMode::NoComm`] drops the exchange (timing). The
 //! fold is the same in every mode, so outputs are bit-identical across modes.
 
-use super::forward::chunk_kernels;
+use super::documents::{StartWords, Twins};
+use super::forward::{chunk_kernels, ChunkKernels};
 use super::plan::{output_smem_bytes, output_threads, states_smem_bytes, CHUNK};
 use super::{Gla, GlaArgs};
 use crate::error::Result;
 use crate::exchange::chain::StateChain;
 use crate::exchange::{Direction, ExchangeMode, Lasp2Layout};
-use crate::kernel::{width_index, Kernel, LaunchShape};
+use crate::kernel::{width_index, LaunchShape};
 use crate::ops::StreamOrder;
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaSlice, CudaStream};
@@ -54,10 +55,9 @@ impl ShardPlan {
 /// kernels and its workspace.
 pub struct GlaLasp2Forward {
     chain: StateChain<Gla>,
-    /// Indexed by Dk: [64, 128].
-    states: [Kernel; 2],
-    /// Indexed by [Dv][Dk].
-    output: [[Kernel; 2]; 2],
+    /// The states kernels (indexed by Dk: [64, 128]) and the output kernels (by [Dv][Dk]).
+    chunks: Twins<ChunkKernels>,
+    words: StartWords,
     workspace: Option<CudaSlice<u8>>,
     sm_count: usize,
 }
@@ -68,21 +68,30 @@ impl GlaLasp2Forward {
     /// Sets up the exchange for `layout` on every PE (collective; every PE must pass the same
     /// layout and mode).
     pub fn new(runtime: &Runtime, layout: Lasp2Layout, mode: ExchangeMode) -> Result<Self> {
-        let (states, output) = chunk_kernels(
+        let chunks = chunk_kernels(
             runtime,
             OP,
-            instances::GLA_LASP2_STATES,
-            [
-                instances::GLA_LASP2_OUTPUT_DV64,
-                instances::GLA_LASP2_OUTPUT_DV128,
-            ],
+            (
+                instances::GLA_LASP2_STATES,
+                [
+                    instances::GLA_LASP2_OUTPUT_DV64,
+                    instances::GLA_LASP2_OUTPUT_DV128,
+                ],
+            ),
+            (
+                instances::GLA_LASP2_STATES_PACKED,
+                [
+                    instances::GLA_LASP2_OUTPUT_DV64_PACKED,
+                    instances::GLA_LASP2_OUTPUT_DV128_PACKED,
+                ],
+            ),
         )?;
         let chain = StateChain::new(runtime, layout, mode, Direction::Ascending, OP)?;
         Ok(GlaLasp2Forward {
             sm_count: crate::ops::sm_count(runtime.context())? as usize,
             chain,
-            states,
-            output,
+            chunks,
+            words: StartWords::new(runtime)?,
             workspace: None,
         })
     }
@@ -108,7 +117,9 @@ impl GlaLasp2Forward {
         let pieces = plan.segments * plan.splits;
         let bh = s.b * s.h;
         let m_bytes = (bh * pieces * s.dk * s.dv * 4) as u64;
-        let ws_bytes = m_bytes + (bh * pieces * s.dk * 4) as u64;
+        // The start words (packed documents) after M and Lambda.
+        let words_at = (m_bytes + (bh * pieces * s.dk * 4) as u64).next_multiple_of(256);
+        let ws_bytes = words_at + StartWords::bytes(args.documents.as_ref(), s.t);
         let ws = crate::ops::ensure_workspace(
             self.chain.context(),
             stream,
@@ -116,6 +127,13 @@ impl GlaLasp2Forward {
             ws_bytes,
             OP,
         )?;
+        self.chain.context().bind_to_thread()?;
+        // SAFETY: the workspace holds the words' bytes from words_at (sized above) and is owned
+        // by self; StreamOrder ordered `stream` after the offsets' buffer.
+        let starts = unsafe {
+            self.words
+                .enqueue(stream, args.documents, s.t, ws + words_at)
+        }?;
         let params = Lasp2Params {
             q: args.q.addr() as _,
             k: args.k.addr() as _,
@@ -125,6 +143,7 @@ impl GlaLasp2Forward {
             h0: args.h0.map_or(0, |x| x.addr()) as _,
             ht: args.ht.as_ref().map_or(0, |x| x.addr()) as _,
             chunk_states: args.chunk_states.as_ref().map_or(0, |x| x.addr()) as _,
+            starts: starts as _,
             ws_m: ws as _,
             ws_lambda: (ws + m_bytes) as _,
             T: s.t as i32,
@@ -136,6 +155,7 @@ impl GlaLasp2Forward {
             ..self.chain.base_params(stream)
         };
         let (i, j) = (width_index(s.dk), width_index(s.dv));
+        let (states_kernels, output_kernels) = self.chunks.get(args.documents.is_some());
         let states = LaunchShape {
             grid: ((s.dv / 64) as u32, pieces as u32, bh as u32),
             block: (header::LASP_GLA_STATES_THREADS, 1, 1),
@@ -146,14 +166,13 @@ impl GlaLasp2Forward {
             block: (output_threads(s.dv), 1, 1),
             shared_bytes: output_smem_bytes(s.dk, s.dv),
         };
-        self.chain.context().bind_to_thread()?;
         // SAFETY: Lasp2Params is lasp_gla_lasp2_params, generated from the header; the shape,
         // lengths, alignment and overlaps were checked above; the views borrow their buffers for
         // the call; the symmetric buffers, epoch, diagnostics and workspace are owned by self. The
         // summary kernel reads the workspace its states kernel wrote, which it follows; the next
         // call's states kernel follows the end of this call.
         unsafe {
-            self.states[i].launch(stream, states, &params)?;
+            states_kernels[i].launch(stream, states, &params)?;
             // The output CTAs take a whole SM each (shared memory and registers): the summary
             // runs beside them only where they leave at least half the SMs free.
             let beside = 2 * plan.segments * bh <= self.sm_count;
@@ -162,7 +181,7 @@ impl GlaLasp2Forward {
         }
         self.chain.gather_slots(stream)?;
         // SAFETY: as above.
-        unsafe { self.output[j][i].launch(stream, output, &params)? };
+        unsafe { output_kernels[j][i].launch(stream, output, &params)? };
         self.chain.end_call(stream, &params)
     }
 }

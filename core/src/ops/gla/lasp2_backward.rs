@@ -10,9 +10,10 @@
 //! The fold is the same in every mode, so gradients are bit-identical across modes.
 
 use super::backward::{
-    chunk_params, grads_kernels, grads_smem_bytes, grads_threads, kernels_by_width,
-    walk_smem_bytes, walk_threads,
+    chunk_params, grads_kernels, grads_smem_bytes, grads_threads, twins_by_width, walk_smem_bytes,
+    walk_threads,
 };
+use super::documents::{StartWords, Twins};
 use super::plan::{chunk_states_len, CHUNK};
 use super::{Gla, GlaBackwardArgs, Lasp2Params};
 use crate::error::Result;
@@ -34,11 +35,12 @@ pub struct GlaLasp2Backward {
     /// workspace (used on the callers' streams) is freed.
     chain: StateChain<Gla>,
     /// Indexed by [Dv][Dk].
-    states: [[Kernel; 2]; 2],
+    states: Twins<[[Kernel; 2]; 2]>,
     /// Indexed by [Dv][Dk].
-    walk: [[Kernel; 2]; 2],
+    walk: Twins<[[Kernel; 2]; 2]>,
     /// Indexed by [Dv][Dk].
-    grads: [[Kernel; 2]; 2],
+    grads: Twins<[[Kernel; 2]; 2]>,
+    words: StartWords,
     workspace: Option<CudaSlice<u8>>,
     sm_count: usize,
 }
@@ -59,16 +61,25 @@ impl GlaLasp2Backward {
             instances::GLA_LASP2_BWD_STATES_DV64,
             instances::GLA_LASP2_BWD_STATES_DV128,
         ];
+        let packed_states_rows = [
+            instances::GLA_LASP2_BWD_STATES_DV64_PACKED,
+            instances::GLA_LASP2_BWD_STATES_DV128_PACKED,
+        ];
         let walk_rows = [
             instances::GLA_LASP2_BWD_WALK_DV64,
             instances::GLA_LASP2_BWD_WALK_DV128,
         ];
+        let packed_walk_rows = [
+            instances::GLA_LASP2_BWD_WALK_DV64_PACKED,
+            instances::GLA_LASP2_BWD_WALK_DV128_PACKED,
+        ];
         Ok(GlaLasp2Backward {
-            states: kernels_by_width(runtime, states_rows, walk_smem_bytes)?,
-            walk: kernels_by_width(runtime, walk_rows, walk_smem_bytes)?,
+            states: twins_by_width(runtime, states_rows, packed_states_rows, walk_smem_bytes)?,
+            walk: twins_by_width(runtime, walk_rows, packed_walk_rows, walk_smem_bytes)?,
             grads: grads_kernels(runtime)?,
             sm_count: crate::ops::sm_count(runtime.context())? as usize,
             chain,
+            words: StartWords::new(runtime)?,
             workspace: None,
         })
     }
@@ -106,7 +117,9 @@ impl GlaLasp2Backward {
         // The workspace: dh (as the chunk states), then the segments' summaries M' and Λ.
         let ws_m = align(2 * chunk_states_len(&s) as u64);
         let ws_lambda = ws_m + align((bh * segments * s.dk * s.dv * 4) as u64);
-        let bytes = ws_lambda + (bh * segments * s.dk * 4) as u64;
+        // The start words (packed documents) last.
+        let words_at = align(ws_lambda + (bh * segments * s.dk * 4) as u64);
+        let bytes = words_at + StartWords::bytes(args.documents.as_ref(), s.t);
         let ws = crate::ops::ensure_workspace(
             self.chain.context(),
             stream,
@@ -114,6 +127,13 @@ impl GlaLasp2Backward {
             bytes,
             OP,
         )?;
+        self.chain.context().bind_to_thread()?;
+        // SAFETY: the workspace holds the words' bytes from words_at (sized above) and is owned
+        // by self; StreamOrder ordered `stream` after the offsets' buffer.
+        let starts = unsafe {
+            self.words
+                .enqueue(stream, args.documents, s.t, ws + words_at)
+        }?;
         let params = Lasp2Params {
             q: args.q.addr() as _,
             k: args.k.addr() as _,
@@ -123,6 +143,7 @@ impl GlaLasp2Backward {
             dht: args.dht.map_or(0, |x| x.addr()) as _,
             dh0: args.dh0.as_ref().map_or(0, |x| x.addr()) as _,
             dh: ws as _,
+            starts: starts as _,
             ws_m: (ws + ws_m) as _,
             ws_lambda: (ws + ws_lambda) as _,
             T: s.t as i32,
@@ -133,8 +154,9 @@ impl GlaLasp2Backward {
             ..self.chain.base_params(stream)
         };
         // The grads kernel reads only the chunk's tensors, the chunk states and dh.
-        let grads = chunk_params(&args, scale, ws);
+        let grads = chunk_params(&args, scale, ws, starts);
         let (i, j) = (width_index(s.dk), width_index(s.dv));
+        let packed = args.documents.is_some();
         let walk = LaunchShape {
             grid: (1, segments as u32, bh as u32),
             block: (walk_threads(s.dv), 1, 1),
@@ -145,14 +167,13 @@ impl GlaLasp2Backward {
             block: (grads_threads(s.dk, s.dv), 1, 1),
             shared_bytes: grads_smem_bytes(s.dk, s.dv),
         };
-        self.chain.context().bind_to_thread()?;
         // SAFETY: Lasp2Params is lasp_gla_lasp2_params and GlaBackwardParams lasp_gla_bwd_params,
         // generated from the headers; the shape, lengths, alignment and overlaps were checked
         // above; the views borrow their buffers for the call; the symmetric buffers, epoch,
         // diagnostics and workspace are owned by self. Each kernel reads what the ones before it
         // on this stream wrote; the next call's first kernel follows this call's last.
         unsafe {
-            self.states[j][i].launch(stream, walk, &params)?;
+            self.states.get(packed)[j][i].launch(stream, walk, &params)?;
             // The walk CTAs take a whole SM each: the summary runs beside them only where they
             // leave at least half the SMs free.
             let beside = 2 * segments * bh <= self.sm_count;
@@ -162,8 +183,8 @@ impl GlaLasp2Backward {
         self.chain.gather_slots(stream)?;
         // SAFETY: as above.
         unsafe {
-            self.walk[j][i].launch(stream, walk, &params)?;
-            self.grads[j][i].launch(stream, grads_launch, &grads)?;
+            self.walk.get(packed)[j][i].launch(stream, walk, &params)?;
+            self.grads.get(packed)[j][i].launch(stream, grads_launch, &grads)?;
         }
         self.chain.end_call(stream, &params)
     }

@@ -25,8 +25,13 @@
 //! workspace) and the grads kernel, one CTA per (chunk, b*H+h), which computes every chunk's
 //! gradients on its own. [`GlaLasp2Backward`] is the same backward across PEs, the summaries
 //! exchanged down the chain.
+//!
+//! Packed documents (`documents` in [`GlaArgs`] and [`GlaBackwardArgs`]): the kernels mask at
+//! every document start, from one word per chunk of 64 tokens each call writes in its workspace
+//! (`kernels/docs/packed.md`); every operation above takes them.
 
 mod backward;
+mod documents;
 mod family;
 mod forward;
 mod lasp2;

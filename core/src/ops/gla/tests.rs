@@ -7,6 +7,7 @@ use super::forward::check_gate_values;
 use super::plan::{output_smem_bytes, states_smem_bytes};
 use super::*;
 use crate::error::Error;
+use crate::ops::documents::{DocumentOffsets, Documents};
 use crate::ops::scalar_decay::ForwardShape;
 use crate::ops::{bf16, DeviceMut, DeviceRef};
 
@@ -133,6 +134,7 @@ fn arguments_are_checked_against_the_shape_before_any_launch() {
         ht: None,
         chunk_states: None,
         scale,
+        documents: None,
     };
     assert_eq!(
         args(n, base + 0x40_0000, None)
@@ -144,6 +146,27 @@ fn arguments_are_checked_against_the_shape_before_any_launch() {
     assert!(err(args(64 * 2 * 64 / 64, base + 0x40_0000, None)).contains("g has 128 elements"));
     assert!(err(args(n, base + 0x40_0000, Some(0.0))).contains("scale = 0 must be finite"));
     assert!(err(args(n, base + 0x10, None)).contains("output o overlaps input q"));
+    // Packed documents start every document from zero: no h0 or ht with them.
+    // SAFETY: as above.
+    let offsets = unsafe { DeviceRef::<i32>::from_raw(base + 0x50_0000, 3) };
+    let docs = Documents {
+        cu_seqlens: DocumentOffsets::I32(offsets),
+        shard_start: 0,
+    };
+    let packed = GlaArgs {
+        documents: Some(docs),
+        ..args(n, base + 0x40_0000, None)
+    };
+    assert!(packed.check("GLA forward").is_ok());
+    // SAFETY: as above.
+    let state = unsafe { DeviceRef::<f32>::from_raw(base + 0x60_0000, s.state_len()) };
+    let msg = err(GlaArgs {
+        documents: Some(docs),
+        h0: Some(state),
+        ..args(n, base + 0x40_0000, None)
+    });
+    assert!(msg.contains("h0 was given with packed documents"), "{msg}");
+    assert!(msg.contains("pass h0 = None"), "{msg}");
 }
 
 #[test]
@@ -356,6 +379,7 @@ fn backward_arguments_are_checked_against_the_shape_before_any_launch() {
         dg: out_f32(dg_addr, n),
         dh0: Some(out_f32(dh0_addr, s.state_len())),
         scale: None,
+        documents: None,
     };
     assert_eq!(
         args(n, at(10), at(11)).check("GLA backward").unwrap(),

@@ -18,6 +18,7 @@
 
 #define LASP_DOCUMENT_START_LOG_DECAY (-128)  // what a start token's log-decay becomes (an fp32)
 #define LASP_DOCUMENTS_THREADS 128            // the marks kernel's CTA
+#define LASP_DOCUMENT_WORD_TOKENS 64          // tokens per start word: one chunk of the masking families
 
 typedef struct {
   const void* cu_seqlens;     // int32 or int64 [num_offsets]: fla's offsets of the documents in the
@@ -33,3 +34,17 @@ typedef struct {
   float value;                // what a start token's values become
   float* values;              // [B, T, row_len] fp32, written in place at every start in the shard
 } lasp_document_marks_params;
+
+// Start words for the families that mask at document starts (GLA; lasp/documents/chunk_starts.cuh):
+// bit i of words[c] is set where token 64 c + i of the shard starts a document. The host zeroes
+// the words first; grid (ceil(num_offsets / LASP_DOCUMENTS_THREADS)), block LASP_DOCUMENTS_THREADS:
+// one atomicOr per offset in the shard (an OR, so the bits do not depend on the order), a grid
+// fixed by the buffer's capacity for graph replays, as the marks'.
+typedef struct {
+  const void* cu_seqlens;     // as lasp_document_marks_params
+  int32_t offsets_are_int64;
+  int32_t num_offsets;
+  int64_t shard_start;        // the packed sequence's index of the shard's token 0
+  int32_t T;                  // the shard's tokens
+  uint64_t* words;            // [ceil(T / 64)]
+} lasp_document_words_params;

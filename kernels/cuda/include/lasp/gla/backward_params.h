@@ -61,6 +61,8 @@ typedef struct {
   float* dg;           // fp32 [B, T, H, Dk]
   float* dh0;          // fp32 [B, H, Dk, Dv], or NULL to skip
   const uint16_t* chunk_states;  // bf16 [B*H, N, Dk, Dv]: diag(e^{c}) S_n entering chunk n (the forward's)
+  const uint64_t* starts;  // u64 [ceil(T / 64)]: where documents start in every chunk (packed
+                          // documents, lasp/documents/chunk_starts.cuh), or NULL for one sequence
   // The workspace (one allocation; core/src/ops/gla/backward.rs sizes it): dh at byte 0, then
   // (only when S > 1) ws_m, ws_p, ws_lambda.
   uint16_t* dh;        // bf16 [B*H, N, Dk, Dv]: dS_{n+1}, the gradient of the state leaving chunk n

@@ -17,12 +17,19 @@
 // chunk) computes its scores term by term in fp32 instead (exact_scores: correct for any gates,
 // about ten times the cost of the chunk). The inter-chunk term uses the same decayed queries:
 // (Q (.) e^{b - c}) (diag(e^{c}) S_n), the reference folded into the bf16 copy of the state.
+//
+// Packed documents (kernels/docs/packed.md) mask at the starts, with the chunk's cumsums kept: with
+// f(r) the last start at or before row r, a score keeps only keys j >= f(r), the entering state
+// reaches only rows below the chunk's first start, only keys from its last start on reach the
+// leaving state, and a chunk holding a start carries nothing of the entering state (its decay, and
+// a segment's log-decay from there back, is zero: Lambda = -inf).
 #pragma once
 #include <math.h>
 #include <stdint.h>
 
 #include "lasp/chunk/state_tile.cuh"
 #include "lasp/chunk/tile_copy.cuh"
+#include "lasp/documents/chunk_starts.cuh"
 #include "lasp/gla/forward_params.h"
 #include "lasp/mma.cuh"
 #include "lasp/wgmma.cuh"
@@ -35,6 +42,7 @@ using chunk::for_each_state_pair;
 using chunk::kChunk;
 using chunk::StateLane;
 using chunk::StateRegs;
+using documents::ChunkStarts;
 static_assert(kChunk == LASP_GLA_CHUNK, "one chunk size");
 
 // Bound on the positive exponents of the factored scores (natural log): e^64 |q| stays far from
@@ -148,6 +156,8 @@ __device__ __forceinline__ ColumnScan scan_columns(float* s_gates, const float2*
 // to the first so that each key's weight to the segment's end, e^{E + gamma - b_t} (E: the
 // log-decay of the chunks after it), is known when its chunk arrives (exponent <= 0). The weights
 // scale K in shared memory and the update is a plain K~^T V on the tensor cores, never rescaled.
+// A document start ends the walk's reach: keys before a chunk's last start weigh 0, and from a
+// chunk holding one back E = -inf (so are the earlier chunks' weights, and Lambda).
 // One warpgroup per (64 Dv columns, segment, b*H+h).
 // ---------------------------------------------------------------------------------------------
 constexpr int kStatesThreads = LASP_GLA_STATES_THREADS;
@@ -195,10 +205,10 @@ __device__ __forceinline__ Segment piece_of(const P& p, int u) {
   return segment_of(p, seg_begin + in_seg, max(0, min(per_piece, p.chunks_per_segment - in_seg)));
 }
 
-// Runs the states loop over the tensors of `p` (any params struct with GLA's q, k, v, g fields);
-// end(s, lane, lambda, gate_lane) gets M in the state registers and, in each thread, Lambda of
-// the gate lane's column pair.
-template <int DK, class P, class End>
+// Runs the states loop over the tensors of `p` (any params struct with GLA's q, k, v, g and
+// starts fields; kPacked: p.starts holds the chunks' start words); end(s, lane, lambda, gate_lane)
+// gets M in the state registers and, in each thread, Lambda of the gate lane's column pair.
+template <int DK, bool kPacked, class P, class End>
 __device__ __forceinline__ void run_states_segment(const P& p, const Segment& sg, int vt, End&& end) {
   using L = StatesLayout<DK>;
   using G = GateLane<DK, kStatesThreads>;
@@ -237,6 +247,9 @@ __device__ __forceinline__ void run_states_segment(const P& p, const Segment& sg
     const uint32_t stage = L::stage(j);
     float* s_gates = reinterpret_cast<float*>(smem + stage + L::kGates);
     float2* totals = reinterpret_cast<float2*>(smem + L::kTotals);
+    const ChunkStarts starts = ChunkStarts::load<kPacked>(p.starts, sg.c_begin + sg.n_chunks - 1 - j);
+    if (j + 1 < sg.n_chunks) ChunkStarts::prefetch<kPacked>(p.starts, sg.c_begin + sg.n_chunks - 2 - j);
+    const int leaving_from = starts.last();  // keys below it are in a document that ends in the chunk
     scan_row_block(s_gates, totals, gl);
     __syncthreads();  // every row block's total is written
     const ColumnScan cs = scan_columns(s_gates, totals, gl);
@@ -256,12 +269,14 @@ __device__ __forceinline__ void run_states_segment(const P& p, const Segment& sg
       }
 #pragma unroll
       for (int i = 0; i < kBatch; ++i) {
+        const int r = gl.first + i0 + i;
         run = add2(run, a[i]);
-        *reinterpret_cast<uint32_t*>(smem + stage + L::kK + gl.tile_offset(gl.first + i0 + i)) = scale_bf16x2(
-            kw[i], exp_nonpos(after.x + (cs.gamma.x - run.x)), exp_nonpos(after.y + (cs.gamma.y - run.y)));
+        float2 w = make_float2(exp_nonpos(after.x + (cs.gamma.x - run.x)), exp_nonpos(after.y + (cs.gamma.y - run.y)));
+        if (starts.any() && r < leaving_from) w = make_float2(0.f, 0.f);
+        *reinterpret_cast<uint32_t*>(smem + stage + L::kK + gl.tile_offset(r)) = scale_bf16x2(kw[i], w.x, w.y);
       }
     }
-    after = add2(after, cs.gamma);
+    after = starts.any() ? make_float2(-INFINITY, -INFINITY) : add2(after, cs.gamma);
     wg::fence_proxy_async();  // K~ visible to wgmma's async proxy
     wg::wait<0>();            // step j-1's products are done with its stage
     __syncthreads();          // K~ complete; no warp reads step j-1's stage any more: refill it
@@ -293,6 +308,7 @@ __device__ __forceinline__ void run_states_segment(const P& p, const Segment& sg
 //     group 2                  o = Q~ S_bf                        (wgmma, shared memory)
 //     group 3                  S += K-^T V                        (wgmma, shared memory)
 //     wait for groups 1, 2     (steep chunk: a term by term); P = sigma [r >= j] a, o *= sigma
+//                              (packed documents: the masks of the file's head)
 //     group 4                  o += P V                           (P from registers)
 // cp.async brings chunk i+1 while chunk i computes (LASP_GLA_STAGES = 2: the gates take as many
 // bytes as Q, K and V together). Four CTA barriers per chunk (landed, row-block totals written,
@@ -315,8 +331,10 @@ struct OutputLayout {
   static constexpr uint32_t kSbfBytes = DK * 64 * 2;
   static constexpr uint32_t kRefScale = kSbf + kGroups * kSbfBytes;  // fp32 [DK]: e^{c}
   static constexpr uint32_t kDecay = kRefScale + DK * 4;               // fp32 [DK]: e^{gamma}
+  static constexpr uint32_t kDocStarts = kDecay + DK * 4;              // int [64]: f(r) (documents)
   static constexpr uint32_t kTotals = kDecay + 2 * DK * 4;             // float2 [row block][pair]
   static constexpr uint32_t kBytes = kTotals + kThreads * 8;
+  static_assert(kDocStarts + kChunk * 4 <= kTotals, "the rows' document starts fit beside e^{gamma}");
   static_assert(kStageBytes % 1024 == 0 && kKhat % 1024 == 0 && kSbfBytes % 1024 == 0, "tiles stay 1024-byte aligned");
   static __device__ __forceinline__ uint32_t stage(int i) { return (i % kStages) * kStageBytes; }
 };
@@ -357,14 +375,15 @@ __device__ __forceinline__ void exact_scores(float (&a)[8][4], const uint16_t* q
   }
 }
 
-// Runs one CTA's segment of the output loop over the tensors of `p` (GLA's q, k, v, g, o, scale).
+// Runs one CTA's segment of the output loop over the tensors of `p` (GLA's q, k, v, g, o, scale,
+// starts; kPacked: p.starts holds the chunks' start words).
 //   start(s, lane, group) -> bool: the fp32 start state of the group's 64 columns (every thread
 //                   calls it; it may hold barriers). False on every thread: the CTA stops there.
 //   end(s, lane, group): the epilogue, given the segment's end state.
 // Unless `chunk_states` is NULL, the bf16 copy of the state entering chunk c of (b, h) that the
 // chunk's products read, diag(e^{ref}) S_c, goes to chunk_states + c * DK * DV (row-major
 // [DK, DV]), for the backward, which forms the same reference row from the same gates.
-template <int DK, int DV, class P, class Start, class End>
+template <int DK, int DV, bool kPacked, class P, class Start, class End>
 __device__ __forceinline__ void run_output_segment(const P& p, const Segment& sg, uint16_t* chunk_states,
                                                    Start&& start, End&& end) {
   using L = OutputLayout<DK, DV>;
@@ -417,21 +436,32 @@ __device__ __forceinline__ void run_output_segment(const P& p, const Segment& sg
     const uint32_t stage = L::stage(i);
     float* s_gates = reinterpret_cast<float*>(smem + stage + L::kGates);
     const int tok0 = (sg.c_begin + i) * kChunk;
+    // Packed documents: each row's document start f(r) into shared memory, read after the scan's
+    // barrier (so the chunk's word is held in no register past it).
+    int* doc_starts = reinterpret_cast<int*>(smem + L::kDocStarts);
+    if constexpr (kPacked) {
+      if (tid < kChunk) doc_starts[tid] = ChunkStarts::load<true>(p.starts, sg.c_begin + i).start_at_or_before(tid);
+      if (tid == 0 && i + 1 < sg.n_chunks) ChunkStarts::prefetch<true>(p.starts, sg.c_begin + i + 1);
+    }
 
     // Gate work, part 1: the scan, the reference row, the vectors.
     float2* totals = reinterpret_cast<float2*>(smem + L::kTotals);
     scan_row_block(s_gates, totals, gl);
-    __syncthreads();  // every row block's total is written
+    __syncthreads();  // every row block's total is written (and the rows' document starts)
     const ColumnScan cs = scan_columns(s_gates, totals, gl);
     const bool flat_x = cs.head.x - cs.half.x <= kSpanLimit && cs.half.x - cs.gamma.x <= kSpanLimit;
     const bool flat_y = cs.head.y - cs.half.y <= kSpanLimit && cs.half.y - cs.gamma.y <= kSpanLimit;
     const bool flat = flat_x && flat_y;
+    // Keys below the chunk's last start f(63) are in a document that ends in the chunk.
+    const int leaving_from = kPacked ? doc_starts[kChunk - 1] : -1;
     // A steep column takes the chunk start as its reference: its Q~ and S_bf stay exact, and its
     // K^ (clamped, finite) is not used, since the chunk's scores are then computed term by term.
     const float2 ref = make_float2(flat_x ? cs.half.x : 0.f, flat_y ? cs.half.y : 0.f);
     if (gl.first == 0) {
       reinterpret_cast<float2*>(ref_scale)[gl.pair] = make_float2(exp_nonpos(ref.x), exp_nonpos(ref.y));
-      reinterpret_cast<float2*>(decay)[gl.pair] = make_float2(exp_nonpos(cs.gamma.x), exp_nonpos(cs.gamma.y));
+      reinterpret_cast<float2*>(decay)[gl.pair] = kPacked && leaving_from >= 0
+                                                      ? make_float2(0.f, 0.f)
+                                                      : make_float2(exp_nonpos(cs.gamma.x), exp_nonpos(cs.gamma.y));
     }
     // Every thread has read the totals and row 0 (so the gates may become cumsums), and the
     // vectors are written.
@@ -443,8 +473,9 @@ __device__ __forceinline__ void run_output_segment(const P& p, const Segment& sg
     const float2 to_end = make_float2(exp_nonpos(cs.gamma.x - ref.x), exp_nonpos(cs.gamma.y - ref.y));
     float2 run = cs.before;
     // Eight rows at a time, their loads first: the in-place stores would otherwise keep the compiler
-    // from moving the next row's loads above them.
-    constexpr int kBatch = 8;
+    // from moving the next row's loads above them. Four with documents, whose masks need the
+    // registers (eight spill there).
+    constexpr int kBatch = kPacked ? 4 : 8;
     static_assert(G::kRows % kBatch == 0, "whole batches of rows");
 #pragma unroll
     for (int j0 = 0; j0 < G::kRows; j0 += kBatch) {
@@ -472,6 +503,7 @@ __device__ __forceinline__ void run_output_segment(const P& p, const Segment& sg
           khat = make_float2(exp_any(fminf(ref.x - run.x, kSpanLimit)), exp_any(fminf(ref.y - run.y, kSpanLimit)));
           kbar = make_float2(exp_nonpos(cs.gamma.x - run.x), exp_nonpos(cs.gamma.y - run.y));
         }
+        if (kPacked && r < leaving_from) kbar = make_float2(0.f, 0.f);
         *reinterpret_cast<uint32_t*>(smem + stage + L::kQ + off) =
             scale_bf16x2(qw[j], exp_any(run.x - ref.x), exp_any(run.y - ref.y));
         *reinterpret_cast<uint32_t*>(smem + L::kKhat + off) = scale_bf16x2(kw[j], khat.x, khat.y);
@@ -532,17 +564,22 @@ __device__ __forceinline__ void run_output_segment(const P& p, const Segment& sg
     wg::fence_operands(o);
     wg::fence_operands(acc);
     if (steep) exact_scores<DK>(acc, q, k, qk_stride, s_gates, tok0, sg.T, warp, g, t);
+    // Row r keeps the keys of its document, j >= f(r); the entering state reaches it only where
+    // its document entered the chunk (f(r) = -1).
+    int doc_start[2] = {-1, -1};
+    if constexpr (kPacked) doc_start[0] = doc_starts[16 * warp + g], doc_start[1] = doc_starts[16 * warp + 8 + g];
     uint32_t pa[4][4];
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int r = 16 * warp + 8 * hh + g, j = 8 * nt + 2 * t;
-        const float x0 = j <= r ? p.scale * acc[nt][2 * hh] : 0.f;
-        const float x1 = j + 1 <= r ? p.scale * acc[nt][2 * hh + 1] : 0.f;
+        const float x0 = j <= r && (!kPacked || j >= doc_start[hh]) ? p.scale * acc[nt][2 * hh] : 0.f;
+        const float x1 = j + 1 <= r && (!kPacked || j + 1 >= doc_start[hh]) ? p.scale * acc[nt][2 * hh + 1] : 0.f;
         pa[nt >> 1][(nt & 1) * 2 + hh] = pack_bf16x2(x0, x1);
-        o[nt][2 * hh] *= p.scale;
-        o[nt][2 * hh + 1] *= p.scale;
+        const float inter = kPacked && doc_start[hh] >= 0 ? 0.f : p.scale;
+        o[nt][2 * hh] *= inter;
+        o[nt][2 * hh + 1] *= inter;
       }
     wg::fence();
 #pragma unroll

@@ -45,6 +45,8 @@ typedef struct {
   uint16_t* chunk_states;  // bf16 [B*H, N, Dk, Dv] (N = ceil(T / 64)): the state entering every
                            // chunk n, each row d scaled by e^{c_d} (the chunk's reference row,
                            // lasp/gla/chunk.cuh), which the backward takes; or NULL
+  const uint64_t* starts;  // u64 [ceil(T / 64)]: where documents start in every chunk (packed
+                          // documents, lasp/documents/chunk_starts.cuh), or NULL for one sequence
   // The workspace (one allocation, none when S == 1): ws_m at byte 0, ws_p after it, ws_lambda
   // after both (core/src/ops/gla/plan.rs sizes it).
   float* ws_m;         // fp32 [B*H, (S-1)*R, Dk, Dv]: local end state M_u of states piece u (zero start)

@@ -63,6 +63,8 @@ typedef struct {
   float* ht;                  // fp32 [B, H, Dk, Dv] final state, or NULL; written only if write_final_state
   uint16_t* chunk_states;     // bf16 [B*H, N, Dk, Dv] (N = ceil(T / 64)): the forward saves the shard's
                               // chunk states here (lasp/gla/forward_params.h), or NULL
+  const uint64_t* starts;  // u64 [ceil(T / 64)]: where documents start in every chunk (packed
+                          // documents, lasp/documents/chunk_starts.cuh), or NULL for one sequence
   // The backward's tensors (NULL in the forward):
   const uint16_t* d_o;        // bf16 [B, T, H, Dv]: the gradient of the shard's output
   const float* dht;           // fp32 [B, H, Dk, Dv]: the final state's gradient, on the last PE, or NULL

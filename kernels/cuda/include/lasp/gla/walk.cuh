@@ -14,7 +14,9 @@ namespace gla {
 // fp32 gradient tile [Dk x 64] in registers; the gate work of a chunk is done once for all of them.
 // From the segment's last chunk to its first:
 //   store dS_{n+1};  dS <- diag(e^{gamma}) dS + (Q (.) sigma e^{b})^T dO
-// Every weight is <= sigma: no chunk is steep here. The store goes through shared memory (the
+// Every weight is <= sigma: no chunk is steep here. Packed documents: only rows below the chunk's
+// first start reach the state entering it, and a chunk holding a start carries nothing (its decay
+// is 0, the segment's log-decay -inf). The store goes through shared memory (the
 // chunk's gate tile, read no more by then) so that every global store is a whole 16 bytes of a
 // row.
 // ---------------------------------------------------------------------------------------------
@@ -36,11 +38,12 @@ struct WalkLayout {
   static __device__ __forceinline__ uint32_t stage(int i) { return (i % kWalkStages) * kStageBytes; }
 };
 
-// Walks segment `sg` (of the tensors of `p`: any params struct with GLA's q, d_o, g and scale)
+// Walks segment `sg` (of the tensors of `p`: any params struct with GLA's q, d_o, g, scale and
+// starts; kPacked: p.starts holds the chunks' start words)
 // from its last chunk to its first, from the gradient in `s` (warpgroup `group`'s 64 columns), storing the bf16 gradient leaving each chunk to `store` + chunk * Dk * Dv
 // (row-major [Dk, Dv]) unless it is NULL; leaves the gradient entering the segment in `s` and the
 // segment's log-decay (this thread's column pair of its gate lane) in `lambda`.
-template <int DK, int DV, class P>
+template <int DK, int DV, bool kPacked, class P>
 __device__ __forceinline__ void run_walk(const P& p, const Segment& sg, StateRegs<DK>& s, uint16_t* store,
                                          float2& lambda) {
   using L = WalkLayout<DK, DV>;
@@ -81,6 +84,9 @@ __device__ __forceinline__ void run_walk(const P& p, const Segment& sg, StateReg
     const uint32_t stage = L::stage(j);
     float* s_gates = reinterpret_cast<float*>(smem + stage + L::kGates);
     float2* totals = reinterpret_cast<float2*>(smem + L::kTotals);
+    const ChunkStarts starts = ChunkStarts::load<kPacked>(p.starts, chunk_of(j));
+    if (j + 1 < sg.n_chunks) ChunkStarts::prefetch<kPacked>(p.starts, chunk_of(j + 1));
+    const int entering_below = starts.first();
     scan_row_block(s_gates, totals, gl);
     __syncthreads();  // every row block's total is written
     const ColumnScan cs = scan_columns(s_gates, totals, gl);
@@ -100,19 +106,23 @@ __device__ __forceinline__ void run_walk(const P& p, const Segment& sg, StateReg
       }
 #pragma unroll
       for (int i = 0; i < kBatch; ++i) {
+        const int r = gl.first + i0 + i;
         run = add2(run, a[i]);
-        *reinterpret_cast<uint32_t*>(smem + stage + L::kQ + gl.tile_offset(gl.first + i0 + i)) =
-            scale_bf16x2(qw[i], p.scale * exp_nonpos(run.x), p.scale * exp_nonpos(run.y));
+        const float sigma = starts.any() && r >= entering_below ? 0.f : p.scale;
+        *reinterpret_cast<uint32_t*>(smem + stage + L::kQ + gl.tile_offset(r)) =
+            scale_bf16x2(qw[i], sigma * exp_nonpos(run.x), sigma * exp_nonpos(run.y));
       }
     }
-    lambda = add2(lambda, cs.gamma);
+    lambda = starts.any() ? make_float2(-INFINITY, -INFINITY) : add2(lambda, cs.gamma);
     wg::fence_proxy_async();  // the decayed Q visible to wgmma's async proxy
     wg::wait<0>();            // chunk j-1's update is done: s is final, its stage is free
     __syncthreads();          // the decayed Q complete; the gates and the scan totals are read no more
     if (j + kWalkStages - 1 < sg.n_chunks) issue_step(j + kWalkStages - 1);
     cp_async_commit();
-    if (gl.first == 0)
-      reinterpret_cast<float2*>(decay)[gl.pair] = make_float2(exp_nonpos(cs.gamma.x), exp_nonpos(cs.gamma.y));
+    if (gl.first == 0) {
+      reinterpret_cast<float2*>(decay)[gl.pair] = starts.any() ? make_float2(0.f, 0.f)
+                                                               : make_float2(exp_nonpos(cs.gamma.x), exp_nonpos(cs.gamma.y));
+    }
     // The gradient leaving this chunk, as bf16 rows.
     uint8_t* staging = smem + stage + L::kGates;
     if (store) {

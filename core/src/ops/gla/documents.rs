@@ -1,0 +1,104 @@
+//! Packed documents (fla's `cu_seqlens`) in GLA's operations. GLA's gates are per key, so a
+//! start cannot be written into them as the log-decay families' is (a copy of `[B, T, H, Dk]`
+//! gates costs as much traffic as q); its kernels mask at the starts instead, from one start word
+//! per chunk of 64 tokens that each call writes into its workspace (`kernels/docs/packed.md`).
+
+use crate::error::{Error, Result};
+use crate::ops::documents::{DocumentStarts, Documents};
+use crate::runtime::Runtime;
+use cudarc::driver::CudaStream;
+use std::sync::Arc;
+
+/// Alignment of the words' part of a workspace.
+const PART_ALIGN: u64 = 256;
+
+/// The start words of an operation's calls.
+pub(crate) struct StartWords {
+    starts: DocumentStarts,
+}
+
+impl StartWords {
+    pub(crate) fn new(runtime: &Runtime) -> Result<Self> {
+        Ok(StartWords {
+            starts: DocumentStarts::new(runtime)?,
+        })
+    }
+
+    /// Workspace bytes the words of a shard of `t` tokens take when `docs` is given (0 without
+    /// documents), a whole number of 256-byte parts.
+    pub(crate) fn bytes(docs: Option<&Documents<'_>>, t: usize) -> u64 {
+        docs.map_or(0, |_| {
+            let bytes = (DocumentStarts::words_len(t) * std::mem::size_of::<u64>()) as u64;
+            bytes.div_ceil(PART_ALIGN) * PART_ALIGN
+        })
+    }
+
+    /// Writes the words of `docs` for this shard's `t` tokens at `words` and returns the address
+    /// the kernels take (`starts`); 0 (no documents) where `docs` is `None`.
+    ///
+    /// # Safety
+    /// Where `docs` is given, `words` is the device address of [`StartWords::bytes`] bytes,
+    /// 8-byte aligned, in the runtime's context, live and written by nothing else until the work
+    /// on `stream` completes; `stream` is ordered after the offsets' buffer.
+    pub(crate) unsafe fn enqueue(
+        &self,
+        stream: &Arc<CudaStream>,
+        docs: Option<Documents<'_>>,
+        t: usize,
+        words: u64,
+    ) -> Result<u64> {
+        let Some(docs) = docs else { return Ok(0) };
+        // SAFETY: the caller's contract.
+        unsafe { self.starts.chunk_words(stream, docs, t, words) }?;
+        Ok(words)
+    }
+}
+
+/// The states a call over documents cannot take: every document starts from a zero state and
+/// none hands one on (per-document states are not supported yet). `given` names the ones the
+/// call passes.
+pub(crate) fn refuse_states(
+    op: &str,
+    docs: Option<&Documents<'_>>,
+    given: &[(&str, bool)],
+) -> Result<()> {
+    if docs.is_none() {
+        return Ok(());
+    }
+    match given.iter().find(|(_, is_given)| *is_given) {
+        None => Ok(()),
+        Some((name, _)) => Err(Error::InvalidArgument(format!(
+            "{op}: {name} was given with packed documents (cu_seqlens); every document starts from \
+             a zero state and per-document initial and final states are not supported yet: pass \
+             {name} = None"
+        ))),
+    }
+}
+
+/// An operation's kernels and their twins for packed documents (the `_PACKED` instances of
+/// `kernels/instances.rs`, whose chunk loops mask at the starts): the loops of a call without
+/// documents are compiled with no mask in them.
+pub(crate) struct Twins<T> {
+    plain: T,
+    packed: T,
+}
+
+impl<T> Twins<T> {
+    /// Both tables, `make` given the plain instances' names, then the packed ones'.
+    pub(crate) fn new<N>(names: [N; 2], make: impl Fn(N) -> Result<T>) -> Result<Self> {
+        let [plain, packed] = names;
+        Ok(Twins {
+            plain: make(plain)?,
+            packed: make(packed)?,
+        })
+    }
+
+    /// The table for a call with documents (`packed`) or without.
+    pub(crate) fn get(&self, packed: bool) -> &T {
+        if packed {
+            &self.packed
+        } else {
+            &self.plain
+        }
+    }
+}
