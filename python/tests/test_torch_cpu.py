@@ -64,17 +64,21 @@ def _forward_on_cpu(q, k, v, g, h0, scale, want_ht, lasp2, cu_seqlens=None, shar
     return o, ht, start
 
 
+def packed_gradients(outputs, q, k, v, g, do, scale, cu_seqlens, shard_start):
+    """Fills a backward's dq, dk, dv, dg with the reference's gradients of each document alone."""
+    grads = per_document(lambda q, k, v, g, do: gradients(q, k, v, g, None, do, None, scale)[:4],
+                         cu_seqlens, shard_start, q, k, v, g, do)
+    for out, grad in zip(outputs, grads):
+        out.copy_(grad)
+    return outputs
+
+
 @torch.library.register_kernel("lasp_shmem::chunk_simple_gla_bwd", "cpu")
 def _backward_on_cpu(q, k, v, g, state, do, dht, scale, want_dh0, lasp2, cu_seqlens=None,
                      shard_start=0):
     outputs = lt._backward_outputs(q, k, v, g, want_dh0)
     if cu_seqlens is not None:
-        grads = per_document(lambda q, k, v, g, do: gradients(q, k, v, g, None, do, None,
-                                                              scale)[:4],
-                             cu_seqlens, shard_start, q, k, v, g, do)
-        for out, grad in zip(outputs, grads):
-            out.copy_(grad)
-        return outputs
+        return packed_gradients(outputs, q, k, v, g, do, scale, cu_seqlens, shard_start)
     for out, grad in zip(outputs, gradients(q, k, v, g, state, do, dht, scale)):
         if out.numel():  # not dh0 unless wanted
             out.copy_(grad)
@@ -115,12 +119,7 @@ def _gla_backward_on_cpu(q, k, v, g, h0, states, do, dht, scale, want_dh0, lasp2
     GLA_BACKWARDS.append(lasp2)
     outputs = lt._backward_outputs(q, k, v, g, want_dh0)
     if cu_seqlens is not None:
-        grads = per_document(lambda q, k, v, g, do: gradients(q, k, v, g, None, do, None,
-                                                              scale)[:4],
-                             cu_seqlens, shard_start, q, k, v, g, do)
-        for out, grad in zip(outputs, grads):
-            out.copy_(grad)
-        return outputs
+        return packed_gradients(outputs, q, k, v, g, do, scale, cu_seqlens, shard_start)
     for out, grad in zip(outputs, gradients(q, k, v, g, h0, do, dht, scale)):
         if out.numel():  # not dh0 unless wanted
             out.copy_(grad)
