@@ -86,6 +86,14 @@ pub struct TimedInputs {
     pub beta: Vec<f32>,
 }
 
+/// `n` log-decays as the layers make them: logsigmoid(x) / 16 = -ln(1 + e^-x) / 16, x normal.
+pub fn log_decays(rng: &mut SplitMix64, n: usize) -> Vec<f32> {
+    normals(rng, n)
+        .iter()
+        .map(|x| (-(-x).exp().ln_1p() / 16.0) as f32)
+        .collect()
+}
+
 impl TimedInputs {
     pub fn draw(rng: &mut SplitMix64, shape: ForwardShape) -> Self {
         let unit_rows = |mut x: Vec<f64>| -> Vec<f64> {
@@ -98,11 +106,8 @@ impl TimedInputs {
         let q = bf16s(&normals(rng, shape.qk_len()));
         let k = bf16s(&unit_rows(normals(rng, shape.qk_len())));
         let v = bf16s(&normals(rng, shape.v_len()));
-        // g = logsigmoid(x) / 16 = -ln(1 + e^-x) / 16, beta = sigmoid(x).
-        let g = normals(rng, shape.gate_len())
-            .iter()
-            .map(|x| (-(-x).exp().ln_1p() / 16.0) as f32)
-            .collect();
+        // beta = sigmoid(x).
+        let g = log_decays(rng, shape.gate_len());
         let beta = normals(rng, shape.gate_len())
             .iter()
             .map(|x| (1.0 / (1.0 + (-x).exp())) as f32)
@@ -122,6 +127,19 @@ pub fn shard_lengths(npes: usize, per_rank: usize, short: usize) -> Vec<usize> {
             }
         })
         .collect()
+}
+
+/// fla's offsets of short documents over `total` tokens: 1, 63, 64, 65, 17, 200 tokens in turn
+/// (the last cut at the end), so that starts fall on a chunk's first and last token, several in
+/// one chunk and none in others.
+pub fn short_documents(total: usize) -> Vec<usize> {
+    let cycle = [1, 63, 64, 65, 17, 200];
+    let mut out = vec![0];
+    while *out.last().unwrap() < total {
+        let next = out.last().unwrap() + cycle[(out.len() - 1) % cycle.len()];
+        out.push(next.min(total));
+    }
+    out
 }
 
 /// Rows `[b][start .. start + len]` of a `[B, T, ...]` reference tensor (q, k, v `[B, T, H, D]`,

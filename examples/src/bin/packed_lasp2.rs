@@ -57,9 +57,9 @@ use lasp_shmem_examples::grad_bits::{qkv_rows, GradBits, GradBuffers};
 use lasp_shmem_examples::graph_replay::Outputs;
 use lasp_shmem_examples::mode_bits::{bits_in_every_mode, ModeSwitch};
 use lasp_shmem_examples::{
-    bf16_bits, bf16_values, bf16s, f32_values, f32s, heap_config, main_under_launcher, normals,
-    parse_shape, round, run_cases, shard_lengths, shard_rows, time_call, write_json, ModeCall,
-    NamedCase, TimedInputs,
+    bf16_bits, bf16_values, bf16s, f32_values, f32s, heap_config, log_decays, main_under_launcher,
+    normals, parse_shape, round, run_cases, shard_lengths, shard_rows, short_documents, time_call,
+    write_json, ModeCall, NamedCase, TimedInputs,
 };
 use serde::Serialize;
 use std::path::PathBuf;
@@ -691,19 +691,6 @@ fn boundary_documents(lengths: &[usize]) -> Vec<usize> {
     starts
 }
 
-/// Short documents over the whole sequence: 1, 63, 64, 65, 17, 200 tokens in turn (the last cut
-/// at the end).
-fn short_documents(total: usize) -> Vec<usize> {
-    let cycle = [1, 63, 64, 65, 17, 200];
-    let mut out = vec![0];
-    let mut i = 0;
-    while *out.last().unwrap() < total {
-        out.push((out.last().unwrap() + cycle[i % cycle.len()]).min(total));
-        i += 1;
-    }
-    out
-}
-
 /// The checks on `npes` PEs: unequal shards of 320 tokens (the last 37 fewer), both layouts of
 /// documents, each of `families`.
 fn packed_cases(npes: usize, families: &[PackedFamily]) -> Vec<PackedCase> {
@@ -1038,12 +1025,9 @@ fn time_cost(rt: &Runtime, family: PackedFamily, shape: ForwardShape) -> Result<
     let stream = rt.stream().clone();
     let mut rng = SplitMix64::new(11 + me as u64);
     let TimedInputs { q, k, v, g, beta } = TimedInputs::draw(&mut rng, shape);
-    // GLA's gates per key dimension, drawn as the others (logsigmoid(x) / 16).
+    // GLA's gates per key dimension, drawn as the others.
     let g = match family {
-        PackedFamily::Gla => normals(&mut rng, shape.qk_len())
-            .iter()
-            .map(|x| (-(-x).exp().ln_1p() / 16.0) as f32)
-            .collect(),
+        PackedFamily::Gla => log_decays(&mut rng, shape.qk_len()),
         _ => g,
     };
     // Every PE draws the same documents.

@@ -18,6 +18,7 @@ use lasp_shmem::reference::packed::{recurrent_backward, recurrent_forward, Packe
 use lasp_shmem::reference::{
     assert_close_to_scale, Cotangents, Family, GateKind, InputSpec, Inputs, Regime, Shape,
 };
+use lasp_shmem_examples::short_documents;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,17 +29,6 @@ use crate::common::{
 
 const TOL: f64 = 5e-3;
 const LIMIT: Duration = Duration::from_secs(300);
-
-/// Document offsets over `total` tokens: 1, 63, 64, 65, 17, 200 tokens in turn.
-fn documents(total: usize) -> Vec<usize> {
-    let cycle = [1, 63, 64, 65, 17, 200];
-    let mut out = vec![0];
-    while *out.last().unwrap() < total {
-        let next = out.last().unwrap() + cycle[(out.len() - 1) % cycle.len()];
-        out.push(next.min(total));
-    }
-    out
-}
 
 struct Case {
     shape: Shape,
@@ -157,7 +147,7 @@ fn run_case(
     })
     .map_err(err)?;
     let cot = Cotangents::generate(s, 17, false, true).map_err(err)?;
-    let cu_seqlens = documents(s.t);
+    let cu_seqlens = short_documents(s.t);
     let packed = PackedInputs {
         inputs,
         cu_seqlens: cu_seqlens.clone(),
