@@ -109,6 +109,9 @@ struct GradsLayout {
   static constexpr uint32_t kColsG = kColsK + 4 * DK * 4;      // fp32 [4 warps][DK]: the warps' sums of dG
   static constexpr uint32_t kTotals = kColsG + 4 * DK * 4;     // float2 [row block][pair]
   static constexpr uint32_t kBytes = kTotals + kThreads * 8;
+  // Packed documents: K^ without the keys below the chunk's last start, for dv's state term.
+  static constexpr uint32_t kKeysLeaving = (kBytes + 1023) / 1024 * 1024;
+  static constexpr uint32_t kPackedBytes = kKeysLeaving + kChunk * DK * 2;
   static constexpr uint32_t kStateBlock = kChunk * DV * 2;     // 64 rows of a [DK x DV] state tile
   static_assert(kS % 1024 == 0 && kDs % 1024 == 0 && kGates % 1024 == 0, "tiles stay 1024-byte aligned");
 };
@@ -208,7 +211,7 @@ __device__ __forceinline__ void zero_rows_from(float (&acc)[8][4], int row, int 
 }
 
 // Packs an accumulator (rows 16 warp + 8 hh + g, columns 8 nt + 2 t + e) into mma_rs A fragments,
-// times sigma, keeping the entries with keep(row, col).
+// times sigma, keeping the entries with keep(hh, row, col).
 template <class Keep>
 __device__ __forceinline__ void pack_masked(uint32_t (&pa)[4][4], const float (&acc)[8][4], float sigma, int warp,
                                             int g, int t, Keep&& keep) {
@@ -217,8 +220,8 @@ __device__ __forceinline__ void pack_masked(uint32_t (&pa)[4][4], const float (&
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int r = 16 * warp + 8 * hh + g, c = 8 * nt + 2 * t;
-      const float x0 = keep(r, c) ? sigma * acc[nt][2 * hh] : 0.f;
-      const float x1 = keep(r, c + 1) ? sigma * acc[nt][2 * hh + 1] : 0.f;
+      const float x0 = keep(hh, r, c) ? sigma * acc[nt][2 * hh] : 0.f;
+      const float x1 = keep(hh, r, c + 1) ? sigma * acc[nt][2 * hh + 1] : 0.f;
       pa[nt >> 1][(nt & 1) * 2 + hh] = pack_bf16x2(x0, x1);
     }
 }
@@ -278,7 +281,8 @@ __device__ __forceinline__ void bwd_grads(const lasp_gla_bwd_params& p) {
   constexpr int kScanThreads = lasp_gla_output_threads(DV);
   using G = GateLane<DK, kScanThreads>;
   static_assert(kScanThreads <= kThreads, "the scan's threads are the CTA's first");
-  static_assert(L::kBytes == lasp_gla_bwd_grads_smem_bytes(DK, DV), "shared-memory map and host formula disagree");
+  static_assert((kPacked ? L::kPackedBytes : L::kBytes) == lasp_gla_bwd_grads_smem_bytes(DK, DV, kPacked),
+                "shared-memory map and host formula disagree");
   static_assert(kThreads == lasp_gla_bwd_grads_threads(DK, DV), "one warpgroup per 64 columns");
   extern __shared__ __align__(1024) uint8_t smem[];
   const uint32_t sbase = smem_addr(smem);
@@ -373,6 +377,18 @@ __device__ __forceinline__ void bwd_grads(const lasp_gla_bwd_params& p) {
             scale_bf16x2(kw[j], exp_any(fminf(rk.x - run.x, kSpanLimit)), exp_any(fminf(rk.y - run.y, kSpanLimit)));
       }
     }
+    // Packed documents: the copy of K^ that dv's state term takes in a chunk holding a start, whose
+    // keys below the last start (a document that ends in the chunk) are zero. A copy, and not a
+    // split of dv's products around a mask of its rows, keeps the products one unbroken group.
+    if (kPacked && starts.any()) {
+#pragma unroll
+      for (int i = 0; i < G::kRows; ++i) {
+        const int r = gl.first + i;
+        const uint32_t off = gl.tile_offset(r);
+        *reinterpret_cast<uint32_t*>(smem + L::kKeysLeaving + off) =
+            r < starts.last() ? 0u : *reinterpret_cast<const uint32_t*>(smem + L::kK + off);
+      }
+    }
   }
   cp_async_wait<1>();
   wg::fence_proxy_async();  // Q~, K^ and the landed V, dO visible to wgmma's async proxy
@@ -457,18 +473,22 @@ __device__ __forceinline__ void bwd_grads(const lasp_gla_bwd_params& p) {
       }
       __syncthreads();
     }
-    if (starts.any()) {
-      // Pairs of one document: query r < end(j) for a row j of keys, key j >= f(r) for a row r
-      // of queries.
-      const auto to_queries = [&](int j, int r) { return j <= r && r < starts.document_end(j); };
-      pack_masked(p_at, at, sigma, warp, g, t, to_queries);
-      pack_masked(p_dat, dat, sigma, warp, g, t, to_queries);
-      pack_masked(p_da, da, sigma, warp, g, t, [&](int r, int j) { return j <= r && j >= starts.start_at_or_before(r); });
-    } else {
-      pack_masked(p_at, at, sigma, warp, g, t, [](int j, int r) { return j <= r; });
-      pack_masked(p_dat, dat, sigma, warp, g, t, [](int j, int r) { return j <= r; });
-      pack_masked(p_da, da, sigma, warp, g, t, [](int r, int j) { return j <= r; });
+    // Pairs of one document: query r < end(j) for a row j of keys, key j >= f(r) for a row r of
+    // queries (in a chunk without a start end = 64 and f = -1: the causal masks alone). Bounds per
+    // accumulator row and no branch: a branch between the plain and the masked packs slowed every
+    // chunk of the twin (its grads kernel 1.16 -> 1.25 ms).
+    int row_end[2] = {kChunk, kChunk}, row_start[2] = {-1, -1};
+    if constexpr (kPacked) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        row_end[hh] = starts.document_end(16 * warp + 8 * hh + g);
+        row_start[hh] = starts.start_at_or_before(16 * warp + 8 * hh + g);
+      }
     }
+    const auto to_queries = [&](int hh, int j, int r) { return j <= r && r < row_end[hh]; };
+    pack_masked(p_at, at, sigma, warp, g, t, to_queries);
+    pack_masked(p_dat, dat, sigma, warp, g, t, to_queries);
+    pack_masked(p_da, da, sigma, warp, g, t, [&](int hh, int r, int j) { return j <= r && j >= row_start[hh]; });
   }
 
   const bool owns_v = group < DV / 64, owns_k = group < DK / 64;
@@ -477,19 +497,14 @@ __device__ __forceinline__ void bwd_grads(const lasp_gla_bwd_params& p) {
   wg::fence();
   if (owns_v) {
     // dv = K^ dS' + A^T dO (this warpgroup's 64 columns; the first product starts the accumulator).
+    // Packed documents: keys of a document that ends in the chunk have no state term.
+    const uint32_t sK_state = kPacked && starts.any() ? sbase + L::kKeysLeaving : sK;
 #pragma unroll
     for (int ks = 0; ks < DK / 16; ++ks)
-      wg::mma_ss<wg::Major::kMN>(dv, wg::desc_sw128(sK + kBlockBytes * (ks >> 2) + 32 * (ks & 3)),
+      wg::mma_ss<wg::Major::kMN>(dv, wg::desc_sw128(sK_state + kBlockBytes * (ks >> 2) + 32 * (ks & 3)),
                                  wg::desc_sw128(sDs + (ks >> 2) * L::kStateBlock + group * kBlockBytes +
                                                 (ks & 3) * kRow16),
                                  ks > 0);
-    if (starts.any()) {  // keys of a document that ends in the chunk have no state term
-      wg::commit();
-      wg::wait<0>();
-      wg::fence_operands(dv);
-      zero_rows_below(dv, starts.last(), warp, g);
-      wg::fence();
-    }
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
       wg::mma_rs<wg::Major::kMN>(dv, p_at[kk], wg::desc_sw128(sDo + group * kBlockBytes + kk * kRow16));

@@ -171,11 +171,17 @@ pub(crate) fn grads_threads(dk: usize, dv: usize) -> u32 {
     128 * (dk.max(dv) as u32 / 64)
 }
 
-/// Shared-memory bytes of the grads kernel (`lasp_gla_bwd_grads_smem_bytes`).
-pub(crate) fn grads_smem_bytes(dk: usize, dv: usize) -> u32 {
+/// Shared-memory bytes of the grads kernel (`lasp_gla_bwd_grads_smem_bytes`); its twin for packed
+/// documents takes one more 1024-byte aligned `[64 x Dk]` bf16 tile.
+pub(crate) fn grads_smem_bytes(dk: usize, dv: usize, packed: bool) -> u32 {
     let (c, k, v) = (CHUNK as u32, dk as u32, dv as u32);
     let tiles = 2 * c * k * 2 + 2 * c * v * 2 + 2 * k * v * 2;
-    tiles + c * k * 4 + c * c * 4 + 11 * k * 4 + 8 * grads_threads(dk, dv)
+    let bytes = tiles + c * k * 4 + c * c * 4 + 11 * k * 4 + 8 * grads_threads(dk, dv);
+    if packed {
+        bytes.next_multiple_of(1024) + c * k * 2
+    } else {
+        bytes
+    }
 }
 
 /// Byte offsets of the workspace's parts that only a backward of several segments per sequence
@@ -283,7 +289,7 @@ impl GlaBackwardPlan {
             grads: LaunchShape {
                 grid: (chunks as u32, bh, 1),
                 block: (grads_threads(dk, dv), 1, 1),
-                shared_bytes: grads_smem_bytes(dk, dv),
+                shared_bytes: grads_smem_bytes(dk, dv, false),
             },
         })
     }
@@ -334,7 +340,7 @@ pub(crate) fn chunk_params(
 pub(crate) fn kernels_by_width(
     runtime: &Runtime,
     rows: [[&'static str; 2]; 2],
-    smem: fn(usize, usize) -> u32,
+    smem: impl Fn(usize, usize) -> u32,
 ) -> Result<[[Kernel; 2]; 2]> {
     let module = runtime.module();
     let kernels = [
@@ -364,18 +370,26 @@ pub(crate) fn twins_by_width(
 
 /// The grads kernels (one GPU and LASP-2 share them), indexed by [Dv][Dk].
 pub(crate) fn grads_kernels(runtime: &Runtime) -> Result<Twins<[[Kernel; 2]; 2]>> {
-    twins_by_width(
-        runtime,
-        [
-            instances::GLA_BWD_GRADS_DV64,
-            instances::GLA_BWD_GRADS_DV128,
-        ],
-        [
-            instances::GLA_BWD_GRADS_DV64_PACKED,
-            instances::GLA_BWD_GRADS_DV128_PACKED,
-        ],
-        grads_smem_bytes,
-    )
+    let plain = [
+        instances::GLA_BWD_GRADS_DV64,
+        instances::GLA_BWD_GRADS_DV128,
+    ];
+    let packed = [
+        instances::GLA_BWD_GRADS_DV64_PACKED,
+        instances::GLA_BWD_GRADS_DV128_PACKED,
+    ];
+    Twins::new([(plain, false), (packed, true)], |(rows, packed)| {
+        kernels_by_width(runtime, rows, |dk, dv| grads_smem_bytes(dk, dv, packed))
+    })
+}
+
+/// The grads kernel's launch for a call with documents (`packed`) or without: the plan's, with
+/// the twin's shared memory.
+pub(crate) fn grads_launch(plain: LaunchShape, dk: usize, dv: usize, packed: bool) -> LaunchShape {
+    LaunchShape {
+        shared_bytes: grads_smem_bytes(dk, dv, packed),
+        ..plain
+    }
 }
 
 /// The GLA backward: its kernels and its workspace (the states entering and the state gradients
@@ -406,7 +420,7 @@ impl GlaBackward {
         require_shared_memory(
             runtime,
             OP,
-            walk_smem_bytes(128, 128).max(grads_smem_bytes(128, 128)),
+            walk_smem_bytes(128, 128).max(grads_smem_bytes(128, 128, true)),
         )?;
         let walk_rows = [instances::GLA_BWD_WALK_DV64, instances::GLA_BWD_WALK_DV128];
         let packed_walk_rows = [
@@ -511,7 +525,8 @@ impl GlaBackward {
                 self.fold.launch(stream, fold, &params)?;
             }
             self.walk.get(packed)[j][i].launch(stream, plan.walk, &params)?;
-            self.grads.get(packed)[j][i].launch(stream, plan.grads, &params)?;
+            let grads = grads_launch(plan.grads, s.dk, s.dv, packed);
+            self.grads.get(packed)[j][i].launch(stream, grads, &params)?;
         }
         Ok(plan)
     }

@@ -165,7 +165,7 @@ impl GlaLasp2Backward {
         let grads_launch = LaunchShape {
             grid: (chunks as u32, bh as u32, 1),
             block: (grads_threads(s.dk, s.dv), 1, 1),
-            shared_bytes: grads_smem_bytes(s.dk, s.dv),
+            shared_bytes: grads_smem_bytes(s.dk, s.dv, packed),
         };
         // SAFETY: Lasp2Params is lasp_gla_lasp2_params and GlaBackwardParams lasp_gla_bwd_params,
         // generated from the headers; the shape, lengths, alignment and overlaps were checked

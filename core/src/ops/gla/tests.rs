@@ -213,10 +213,17 @@ fn backward_shared_memory_matches_the_header() {
         let by_parts =
             tiles + 64 * dk * 4 + 64 * 64 * 4 + 11 * dk * 4 + 8 * grads_threads(dk, dv) as usize;
         assert_eq!(by_parts, want, "Dk={dk} Dv={dv}");
-        assert_eq!(grads_smem_bytes(dk, dv), want as u32, "Dk={dk} Dv={dv}");
+        assert_eq!(
+            grads_smem_bytes(dk, dv, false),
+            want as u32,
+            "Dk={dk} Dv={dv}"
+        );
         // Within one block's opt-in limit on sm_90 (227 KiB).
-        assert!(grads_smem_bytes(dk, dv) <= 227 * 1024);
+        assert!(grads_smem_bytes(dk, dv, true) <= 227 * 1024);
     }
+    // The twin for packed documents: one more [64 x Dk] bf16 tile, 1024-byte aligned.
+    assert_eq!(grads_smem_bytes(128, 128, false), 187_904);
+    assert_eq!(grads_smem_bytes(128, 128, true), 188_416 + 16_384);
     assert!(walk_smem_bytes(128, 128) <= 227 * 1024);
 }
 
@@ -238,7 +245,7 @@ fn backward_plans_cut_sequences_into_segments_for_the_walk() {
     );
     assert_eq!(p.grads.grid, (16, 1, 1));
     assert_eq!(p.grads.block, (256, 1, 1));
-    assert_eq!(p.grads.shared_bytes, grads_smem_bytes(128, 128));
+    assert_eq!(p.grads.shared_bytes, grads_smem_bytes(128, 128, false));
     // dh: 16 chunks of a bf16 [128 x 128] gradient; then ws_m and ws_p, 15 fp32 states each;
     // then ws_lambda, 15 x 128 floats.
     let states = 16 * 128 * 128 * 2;
@@ -278,7 +285,7 @@ fn backward_plans_cut_sequences_into_segments_for_the_walk() {
     assert_eq!(p.walk.grid, (1, 1, 256));
     assert_eq!(p.grads.grid, (4, 256, 1));
     assert_eq!(p.grads.block, (128, 1, 1));
-    assert_eq!(p.grads.shared_bytes, grads_smem_bytes(64, 64));
+    assert_eq!(p.grads.shared_bytes, grads_smem_bytes(64, 64, false));
 }
 
 #[test]

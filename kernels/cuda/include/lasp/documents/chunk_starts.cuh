@@ -7,6 +7,8 @@
 #pragma once
 #include <stdint.h>
 
+#include "lasp/mma.cuh"
+
 namespace lasp {
 namespace documents {
 
@@ -22,12 +24,39 @@ struct ChunkStarts {
     return ChunkStarts{0ull};
   }
 
-  // Brings chunk `chunk`'s word into L1 ahead of its load (a loop issues it a chunk early, so
-  // that the load does not wait on L2 at the head of every chunk).
+  // A chunk loop's way: chunk `chunk`'s word to shared memory at `dst` in the caller's cp.async
+  // group, the one that brings the chunk's tiles, so that it lands with them and no chunk waits
+  // on a load from L2 at its head.
   template <bool kPacked>
-  static __device__ __forceinline__ void prefetch(const uint64_t* words, int chunk) {
-    if constexpr (kPacked) asm volatile("prefetch.global.L1 [%0];" ::"l"(words + chunk));
+  static __device__ __forceinline__ void copy_async(uint32_t dst, const uint64_t* words, int chunk) {
+    if constexpr (kPacked) cp_async_8(dst, words + chunk, true);
   }
+
+  // The word copy_async brought to `slot` (once its group has landed, after a barrier); the
+  // constant 0 without documents.
+  template <bool kPacked>
+  static __device__ __forceinline__ ChunkStarts landed(const uint8_t* slot) {
+    if constexpr (kPacked) return ChunkStarts{*reinterpret_cast<const uint64_t*>(slot)};
+    return ChunkStarts{0ull};
+  }
+
+  // A chunk loop's words one chunk ahead, in a register: the load of the next chunk's word is
+  // issued as this chunk's is taken, so that no chunk waits on a load from L2 at its head.
+  template <bool kPacked>
+  struct Ahead {
+    uint64_t word;
+    // The loop's first chunk's word (0 where the loop is empty).
+    static __device__ __forceinline__ Ahead first(const uint64_t* words, int chunk, bool valid) {
+      if constexpr (kPacked) return Ahead{valid ? __ldg(words + chunk) : 0ull};
+      return Ahead{0ull};
+    }
+    // This chunk's word; loads chunk `following`'s where there is one (`valid`).
+    __device__ __forceinline__ ChunkStarts next(const uint64_t* words, int following, bool valid) {
+      const ChunkStarts now{word};
+      if constexpr (kPacked) word = valid ? __ldg(words + following) : 0ull;
+      return now;
+    }
+  };
 
   __device__ __forceinline__ bool any() const { return word != 0; }
 

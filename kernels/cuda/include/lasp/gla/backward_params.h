@@ -33,7 +33,7 @@
 //        chunk n) and, for segment 0, dh0.
 //   4.           lasp_gla_bwd_grads_dk{64,128}_dv{64,128}  grid (N, B*H), block
 //                                                 lasp_gla_bwd_grads_threads(Dk, Dv),
-//                                                 smem lasp_gla_bwd_grads_smem_bytes(Dk, Dv)
+//                                                 smem lasp_gla_bwd_grads_smem_bytes(Dk, Dv, packed)
 //        chunk x of b*H+h = y: dq, dk, dv, dg of its tokens.
 // The kernels with dynamic shared memory need cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES).
 //
@@ -96,8 +96,11 @@ LASP_GLA_FN int32_t lasp_gla_bwd_grads_threads(int32_t Dk, int32_t Dv) { return 
 // The grads kernel: Q, K, V, dO, S_n, dS_{n+1} (bf16) + the gates (fp32) + dA (fp32 [64 x 64], for
 // a steep chunk's exact terms) + five fp32 vectors of Dk (e^{c}, e^{gamma - c'}, the carry, and
 // per-warp column sums: 4 x Dk twice) + the gate scan's row-block totals.
-LASP_GLA_FN uint32_t lasp_gla_bwd_grads_smem_bytes(int32_t Dk, int32_t Dv) {
+// With packed documents, one more [64 x Dk] bf16 tile (1024-byte aligned): K^ without the keys of
+// a document that ends in the chunk.
+LASP_GLA_FN uint32_t lasp_gla_bwd_grads_smem_bytes(int32_t Dk, int32_t Dv, int32_t packed) {
   const uint32_t tiles = 2u * LASP_GLA_CHUNK * Dk * 2u + 2u * LASP_GLA_CHUNK * Dv * 2u + 2u * Dk * Dv * 2u;
-  return tiles + LASP_GLA_CHUNK * Dk * 4u + LASP_GLA_CHUNK * LASP_GLA_CHUNK * 4u + 11u * Dk * 4u +
-         8u * (uint32_t)lasp_gla_bwd_grads_threads(Dk, Dv);
+  const uint32_t bytes = tiles + LASP_GLA_CHUNK * Dk * 4u + LASP_GLA_CHUNK * LASP_GLA_CHUNK * 4u + 11u * Dk * 4u +
+                         8u * (uint32_t)lasp_gla_bwd_grads_threads(Dk, Dv);
+  return packed ? (bytes + 1023u) / 1024u * 1024u + LASP_GLA_CHUNK * Dk * 2u : bytes;
 }

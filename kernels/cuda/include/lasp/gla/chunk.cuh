@@ -113,6 +113,17 @@ __device__ __forceinline__ float2& gate_pair(float* s_gates, int r, int pair) {
   return reinterpret_cast<float2*>(s_gates + r * DK)[pair];
 }
 
+// Zeroes this thread's pairs of the rows [from, to) of a swizzled [64 x DK] bf16 tile (a packed
+// chunk's masks, applied after the gate work's loop so that the loop is the one without documents).
+template <int DK, int kThreads>
+__device__ __forceinline__ void clear_rows(uint8_t* tile, const GateLane<DK, kThreads>& gl, int from, int to) {
+#pragma unroll
+  for (int i = 0; i < GateLane<DK, kThreads>::kRows; ++i) {
+    const int r = gl.first + i;
+    if (r >= from && r < to) *reinterpret_cast<uint32_t*>(tile + gl.tile_offset(r)) = 0u;
+  }
+}
+
 // Column scan, part 1: the sum of this thread's rows (in order) into `totals` ([row block][pair]).
 template <int DK, int kThreads>
 __device__ __forceinline__ void scan_row_block(float* s_gates, float2* totals, const GateLane<DK, kThreads>& gl) {
@@ -241,14 +252,14 @@ __device__ __forceinline__ void run_states_segment(const P& p, const Segment& sg
     cp_async_commit();
   }
   float2 after = make_float2(0.f, 0.f);  // E: log-decay of the chunks after this step's, per column
+  auto words = ChunkStarts::Ahead<kPacked>::first(p.starts, sg.c_begin + sg.n_chunks - 1, sg.n_chunks > 0);
   for (int j = 0; j < sg.n_chunks; ++j) {
     cp_async_wait<kStatesStages - 2>();
     __syncthreads();  // step j's chunk has landed, for every thread
     const uint32_t stage = L::stage(j);
     float* s_gates = reinterpret_cast<float*>(smem + stage + L::kGates);
     float2* totals = reinterpret_cast<float2*>(smem + L::kTotals);
-    const ChunkStarts starts = ChunkStarts::load<kPacked>(p.starts, sg.c_begin + sg.n_chunks - 1 - j);
-    if (j + 1 < sg.n_chunks) ChunkStarts::prefetch<kPacked>(p.starts, sg.c_begin + sg.n_chunks - 2 - j);
+    const ChunkStarts starts = words.next(p.starts, sg.c_begin + sg.n_chunks - 2 - j, j + 1 < sg.n_chunks);
     const int leaving_from = starts.last();  // keys below it are in a document that ends in the chunk
     scan_row_block(s_gates, totals, gl);
     __syncthreads();  // every row block's total is written
@@ -271,11 +282,13 @@ __device__ __forceinline__ void run_states_segment(const P& p, const Segment& sg
       for (int i = 0; i < kBatch; ++i) {
         const int r = gl.first + i0 + i;
         run = add2(run, a[i]);
-        float2 w = make_float2(exp_nonpos(after.x + (cs.gamma.x - run.x)), exp_nonpos(after.y + (cs.gamma.y - run.y)));
-        if (starts.any() && r < leaving_from) w = make_float2(0.f, 0.f);
+        const float2 w = make_float2(exp_nonpos(after.x + (cs.gamma.x - run.x)), exp_nonpos(after.y + (cs.gamma.y - run.y)));
         *reinterpret_cast<uint32_t*>(smem + stage + L::kK + gl.tile_offset(r)) = scale_bf16x2(kw[i], w.x, w.y);
       }
     }
+    // Packed documents: keys below the chunk's last start weigh 0, cleared after the loop (which
+    // stays the loop without documents) and only in a chunk holding a start.
+    if (kPacked && starts.any()) clear_rows(smem + stage + L::kK, gl, 0, leaving_from);
     after = starts.any() ? make_float2(-INFINITY, -INFINITY) : add2(after, cs.gamma);
     wg::fence_proxy_async();  // K~ visible to wgmma's async proxy
     wg::wait<0>();            // step j-1's products are done with its stage
@@ -331,10 +344,10 @@ struct OutputLayout {
   static constexpr uint32_t kSbfBytes = DK * 64 * 2;
   static constexpr uint32_t kRefScale = kSbf + kGroups * kSbfBytes;  // fp32 [DK]: e^{c}
   static constexpr uint32_t kDecay = kRefScale + DK * 4;               // fp32 [DK]: e^{gamma}
-  static constexpr uint32_t kDocStarts = kDecay + DK * 4;              // int [64]: f(r) (documents)
+  static constexpr uint32_t kWords = kDecay + DK * 4;                  // u64 [stage]: start words
   static constexpr uint32_t kTotals = kDecay + 2 * DK * 4;             // float2 [row block][pair]
   static constexpr uint32_t kBytes = kTotals + kThreads * 8;
-  static_assert(kDocStarts + kChunk * 4 <= kTotals, "the rows' document starts fit beside e^{gamma}");
+  static_assert(kWords + kStages * 8 <= kTotals, "the start words fit beside e^{gamma}");
   static_assert(kStageBytes % 1024 == 0 && kKhat % 1024 == 0 && kSbfBytes % 1024 == 0, "tiles stay 1024-byte aligned");
   static __device__ __forceinline__ uint32_t stage(int i) { return (i % kStages) * kStageBytes; }
 };
@@ -412,6 +425,7 @@ __device__ __forceinline__ void run_output_segment(const P& p, const Segment& sg
     chunk::copy_tile_async<DK / 8, kThreads>(stage + L::kK, k + tok0 * qk_stride, qk_stride, valid, tid);
     chunk::copy_tile_async<DV / 8, kThreads>(stage + L::kV, v + tok0 * v_stride, v_stride, valid, tid);
     copy_gates_async<DK, kThreads>(stage + L::kGates, gate + tok0 * qk_stride, qk_stride, valid, tid);
+    if (tid == 0) ChunkStarts::copy_async<kPacked>(sbase + L::kWords + (i % kStages) * 8, p.starts, sg.c_begin + i);
   };
 
   const StateLane ln{16 * warp, g, t};
@@ -436,24 +450,20 @@ __device__ __forceinline__ void run_output_segment(const P& p, const Segment& sg
     const uint32_t stage = L::stage(i);
     float* s_gates = reinterpret_cast<float*>(smem + stage + L::kGates);
     const int tok0 = (sg.c_begin + i) * kChunk;
-    // Packed documents: each row's document start f(r) into shared memory, read after the scan's
-    // barrier (so the chunk's word is held in no register past it).
-    int* doc_starts = reinterpret_cast<int*>(smem + L::kDocStarts);
-    if constexpr (kPacked) {
-      if (tid < kChunk) doc_starts[tid] = ChunkStarts::load<true>(p.starts, sg.c_begin + i).start_at_or_before(tid);
-      if (tid == 0 && i + 1 < sg.n_chunks) ChunkStarts::prefetch<true>(p.starts, sg.c_begin + i + 1);
-    }
+    // Packed documents: the chunk's start word, landed with its tiles; read from shared memory
+    // where it is used (so that it is held in no register across the chunk).
+    const uint8_t* word = smem + L::kWords + (i % kStages) * 8;
 
     // Gate work, part 1: the scan, the reference row, the vectors.
     float2* totals = reinterpret_cast<float2*>(smem + L::kTotals);
     scan_row_block(s_gates, totals, gl);
-    __syncthreads();  // every row block's total is written (and the rows' document starts)
+    __syncthreads();  // every row block's total is written
     const ColumnScan cs = scan_columns(s_gates, totals, gl);
     const bool flat_x = cs.head.x - cs.half.x <= kSpanLimit && cs.half.x - cs.gamma.x <= kSpanLimit;
     const bool flat_y = cs.head.y - cs.half.y <= kSpanLimit && cs.half.y - cs.gamma.y <= kSpanLimit;
     const bool flat = flat_x && flat_y;
     // Keys below the chunk's last start f(63) are in a document that ends in the chunk.
-    const int leaving_from = kPacked ? doc_starts[kChunk - 1] : -1;
+    const int leaving_from = ChunkStarts::landed<kPacked>(word).last();
     // A steep column takes the chunk start as its reference: its Q~ and S_bf stay exact, and its
     // K^ (clamped, finite) is not used, since the chunk's scores are then computed term by term.
     const float2 ref = make_float2(flat_x ? cs.half.x : 0.f, flat_y ? cs.half.y : 0.f);
@@ -473,9 +483,8 @@ __device__ __forceinline__ void run_output_segment(const P& p, const Segment& sg
     const float2 to_end = make_float2(exp_nonpos(cs.gamma.x - ref.x), exp_nonpos(cs.gamma.y - ref.y));
     float2 run = cs.before;
     // Eight rows at a time, their loads first: the in-place stores would otherwise keep the compiler
-    // from moving the next row's loads above them. Four with documents, whose masks need the
-    // registers (eight spill there).
-    constexpr int kBatch = kPacked ? 4 : 8;
+    // from moving the next row's loads above them.
+    constexpr int kBatch = 8;
     static_assert(G::kRows % kBatch == 0, "whole batches of rows");
 #pragma unroll
     for (int j0 = 0; j0 < G::kRows; j0 += kBatch) {
@@ -503,13 +512,15 @@ __device__ __forceinline__ void run_output_segment(const P& p, const Segment& sg
           khat = make_float2(exp_any(fminf(ref.x - run.x, kSpanLimit)), exp_any(fminf(ref.y - run.y, kSpanLimit)));
           kbar = make_float2(exp_nonpos(cs.gamma.x - run.x), exp_nonpos(cs.gamma.y - run.y));
         }
-        if (kPacked && r < leaving_from) kbar = make_float2(0.f, 0.f);
         *reinterpret_cast<uint32_t*>(smem + stage + L::kQ + off) =
             scale_bf16x2(qw[j], exp_any(run.x - ref.x), exp_any(run.y - ref.y));
         *reinterpret_cast<uint32_t*>(smem + L::kKhat + off) = scale_bf16x2(kw[j], khat.x, khat.y);
         *reinterpret_cast<uint32_t*>(smem + stage + L::kK + off) = scale_bf16x2(kw[j], kbar.x, kbar.y);
       }
     }
+    // Packed documents: K- keeps no key below the chunk's last start (cleared after the loop, which
+    // stays the loop without documents, and only in a chunk holding a start).
+    if (kPacked && leaving_from > 0) clear_rows(smem + stage + L::kK, gl, 0, leaving_from);
     wg::fence_proxy_async();
     __syncthreads();  // the tiles of chunk i are complete
 
@@ -564,23 +575,30 @@ __device__ __forceinline__ void run_output_segment(const P& p, const Segment& sg
     wg::fence_operands(o);
     wg::fence_operands(acc);
     if (steep) exact_scores<DK>(acc, q, k, qk_stride, s_gates, tok0, sg.T, warp, g, t);
-    // Row r keeps the keys of its document, j >= f(r); the entering state reaches it only where
-    // its document entered the chunk (f(r) = -1).
-    int doc_start[2] = {-1, -1};
-    if constexpr (kPacked) doc_start[0] = doc_starts[16 * warp + g], doc_start[1] = doc_starts[16 * warp + 8 + g];
+    // P = sigma [r >= j] a, o *= sigma. Packed documents, in a chunk holding a start: row r keeps
+    // the keys of its document, j >= f(r), and the entering state reaches it only where its
+    // document entered the chunk (f(r) = -1).
     uint32_t pa[4][4];
+    const auto pack_scores = [&](const int (&doc_start)[2]) {
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+      for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = 16 * warp + 8 * hh + g, j = 8 * nt + 2 * t;
-        const float x0 = j <= r && (!kPacked || j >= doc_start[hh]) ? p.scale * acc[nt][2 * hh] : 0.f;
-        const float x1 = j + 1 <= r && (!kPacked || j + 1 >= doc_start[hh]) ? p.scale * acc[nt][2 * hh + 1] : 0.f;
-        pa[nt >> 1][(nt & 1) * 2 + hh] = pack_bf16x2(x0, x1);
-        const float inter = kPacked && doc_start[hh] >= 0 ? 0.f : p.scale;
-        o[nt][2 * hh] *= inter;
-        o[nt][2 * hh + 1] *= inter;
-      }
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = 16 * warp + 8 * hh + g, j = 8 * nt + 2 * t;
+          const float x0 = j <= r && j >= doc_start[hh] ? p.scale * acc[nt][2 * hh] : 0.f;
+          const float x1 = j + 1 <= r && j + 1 >= doc_start[hh] ? p.scale * acc[nt][2 * hh + 1] : 0.f;
+          pa[nt >> 1][(nt & 1) * 2 + hh] = pack_bf16x2(x0, x1);
+          const float inter = doc_start[hh] >= 0 ? 0.f : p.scale;
+          o[nt][2 * hh] *= inter;
+          o[nt][2 * hh + 1] *= inter;
+        }
+    };
+    if (kPacked && leaving_from >= 0) {
+      const ChunkStarts starts = ChunkStarts::landed<kPacked>(word);
+      pack_scores({starts.start_at_or_before(16 * warp + g), starts.start_at_or_before(16 * warp + 8 + g)});
+    } else {
+      pack_scores({-1, -1});
+    }
     wg::fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wg::mma_rs<wg::Major::kMN>(o, pa[kk], wg::desc_sw128(sV + kk * kRow16));

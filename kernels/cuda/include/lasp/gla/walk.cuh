@@ -78,14 +78,14 @@ __device__ __forceinline__ void run_walk(const P& p, const Segment& sg, StateReg
     cp_async_commit();
   }
   lambda = make_float2(0.f, 0.f);
+  auto words = ChunkStarts::Ahead<kPacked>::first(p.starts, chunk_of(0), sg.n_chunks > 0);
   for (int j = 0; j < sg.n_chunks; ++j) {
     cp_async_wait<kWalkStages - 2>();
     __syncthreads();  // chunk j has landed, for every thread; chunk j-1's e^{gamma} is read
     const uint32_t stage = L::stage(j);
     float* s_gates = reinterpret_cast<float*>(smem + stage + L::kGates);
     float2* totals = reinterpret_cast<float2*>(smem + L::kTotals);
-    const ChunkStarts starts = ChunkStarts::load<kPacked>(p.starts, chunk_of(j));
-    if (j + 1 < sg.n_chunks) ChunkStarts::prefetch<kPacked>(p.starts, chunk_of(j + 1));
+    const ChunkStarts starts = words.next(p.starts, chunk_of(j + 1), j + 1 < sg.n_chunks);
     const int entering_below = starts.first();
     scan_row_block(s_gates, totals, gl);
     __syncthreads();  // every row block's total is written
@@ -108,11 +108,13 @@ __device__ __forceinline__ void run_walk(const P& p, const Segment& sg, StateReg
       for (int i = 0; i < kBatch; ++i) {
         const int r = gl.first + i0 + i;
         run = add2(run, a[i]);
-        const float sigma = starts.any() && r >= entering_below ? 0.f : p.scale;
         *reinterpret_cast<uint32_t*>(smem + stage + L::kQ + gl.tile_offset(r)) =
-            scale_bf16x2(qw[i], sigma * exp_nonpos(run.x), sigma * exp_nonpos(run.y));
+            scale_bf16x2(qw[i], p.scale * exp_nonpos(run.x), p.scale * exp_nonpos(run.y));
       }
     }
+    // Packed documents: rows from the chunk's first start on do not reach the entering state
+    // (cleared after the loop, which stays the loop without documents).
+    if (kPacked && starts.any()) clear_rows(smem + stage + L::kQ, gl, entering_below, kChunk);
     lambda = starts.any() ? make_float2(-INFINITY, -INFINITY) : add2(lambda, cs.gamma);
     wg::fence_proxy_async();  // the decayed Q visible to wgmma's async proxy
     wg::wait<0>();            // chunk j-1's update is done: s is final, its stage is free
