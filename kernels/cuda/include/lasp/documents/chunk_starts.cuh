@@ -17,16 +17,17 @@ constexpr int kWordTokens = 64;
 struct ChunkStarts {
   uint64_t word;
 
-  // Chunk `chunk`'s word; the constant 0 without documents.
+  // Chunk `chunk`'s word, for a kernel of one chunk (the grads kernel: its first use comes after
+  // the chunk's tiles have landed); the constant 0 without documents.
   template <bool kPacked>
   static __device__ __forceinline__ ChunkStarts load(const uint64_t* words, int chunk) {
     if constexpr (kPacked) return ChunkStarts{__ldg(words + chunk)};
     return ChunkStarts{0ull};
   }
 
-  // A chunk loop's way: chunk `chunk`'s word to shared memory at `dst` in the caller's cp.async
-  // group, the one that brings the chunk's tiles, so that it lands with them and no chunk waits
-  // on a load from L2 at its head.
+  // For a chunk loop short of registers (the output loop): chunk `chunk`'s word to shared memory
+  // at `dst` in the caller's cp.async group, the one that brings the chunk's tiles, so that it
+  // lands with them and no chunk waits on a load from L2 at its head.
   template <bool kPacked>
   static __device__ __forceinline__ void copy_async(uint32_t dst, const uint64_t* words, int chunk) {
     if constexpr (kPacked) cp_async_8(dst, words + chunk, true);
@@ -40,8 +41,10 @@ struct ChunkStarts {
     return ChunkStarts{0ull};
   }
 
-  // A chunk loop's words one chunk ahead, in a register: the load of the next chunk's word is
-  // issued as this chunk's is taken, so that no chunk waits on a load from L2 at its head.
+  // For a chunk loop with registers to spare (the states pass, whose two CTAs per SM leave no byte
+  // of shared memory, and the walk): the words one chunk ahead, in a register; the load of the
+  // next chunk's word is issued as this chunk's is taken, so that no chunk waits on a load from
+  // L2 at its head.
   template <bool kPacked>
   struct Ahead {
     uint64_t word;
