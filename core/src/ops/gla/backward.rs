@@ -383,15 +383,6 @@ pub(crate) fn grads_kernels(runtime: &Runtime) -> Result<Twins<[[Kernel; 2]; 2]>
     })
 }
 
-/// The grads kernel's launch for a call with documents (`packed`) or without: the plan's, with
-/// the twin's shared memory.
-pub(crate) fn grads_launch(plain: LaunchShape, dk: usize, dv: usize, packed: bool) -> LaunchShape {
-    LaunchShape {
-        shared_bytes: grads_smem_bytes(dk, dv, packed),
-        ..plain
-    }
-}
-
 /// The GLA backward: its kernels and its workspace (the states entering and the state gradients
 /// leaving every chunk, and the segments' summaries and prefixes).
 ///
@@ -525,7 +516,11 @@ impl GlaBackward {
                 self.fold.launch(stream, fold, &params)?;
             }
             self.walk.get(packed)[j][i].launch(stream, plan.walk, &params)?;
-            let grads = grads_launch(plan.grads, s.dk, s.dv, packed);
+            // The plan's launch, with the twin's shared memory where the call has documents.
+            let grads = LaunchShape {
+                shared_bytes: grads_smem_bytes(s.dk, s.dv, packed),
+                ..plan.grads
+            };
             self.grads.get(packed)[j][i].launch(stream, grads, &params)?;
         }
         Ok(plan)
