@@ -231,23 +231,39 @@ pub const INSTANCES: &[Instance] = &[
     row("GDN_LASP2_BWD_FOLD", "lasp_gated_delta_lasp2_bwd_fold_dk{dk}", GDN_LASP2_BACKWARD,
         "LASP_GDN_FOLD_THREADS", GDN_L2_PARAMS, "lasp::gdn::lasp2_bwd_fold<{dk}, lasp::exchange::Exchange>(p)"),
     // mLSTM's forward (single GPU): its states and output passes per value width (one warpgroup
-    // per 64 columns of Dv).
+    // per 64 columns of Dv); its backward's gradient passes are the same kernels without the
+    // normaliser, rows scaled and dotted (lasp/mlstm/backward_params.h). Each has a twin for
+    // packed documents (_PACKED: the masks at the starts).
     row("MLSTM_STATES_DV64", "lasp_mlstm_states_dk{dk}_dv64", MLSTM_FORWARD, "128, 1", MLSTM_PARAMS,
         "lasp::mlstm::run_states<{dk}, 64>(p)"),
+    row("MLSTM_STATES_DV64_PACKED", "lasp_mlstm_states_dk{dk}_dv64_packed", MLSTM_FORWARD, "128, 1", MLSTM_PARAMS,
+        "lasp::mlstm::run_states<{dk}, 64, false, true>(p)"),
     row("MLSTM_STATES_DV128", "lasp_mlstm_states_dk{dk}_dv128", MLSTM_FORWARD, "256, 1", MLSTM_PARAMS,
         "lasp::mlstm::run_states<{dk}, 128>(p)"),
+    row("MLSTM_STATES_DV128_PACKED", "lasp_mlstm_states_dk{dk}_dv128_packed", MLSTM_FORWARD, "256, 1", MLSTM_PARAMS,
+        "lasp::mlstm::run_states<{dk}, 128, false, true>(p)"),
     row("MLSTM_OUTPUT_DV64", "lasp_mlstm_output_dk{dk}_dv64", MLSTM_FORWARD, "128, 1", MLSTM_PARAMS,
         "lasp::mlstm::run_output<{dk}, 64>(p)"),
+    row("MLSTM_OUTPUT_DV64_PACKED", "lasp_mlstm_output_dk{dk}_dv64_packed", MLSTM_FORWARD, "128, 1", MLSTM_PARAMS,
+        "lasp::mlstm::run_output<{dk}, 64, false, true>(p)"),
     row("MLSTM_OUTPUT_DV128", "lasp_mlstm_output_dk{dk}_dv128", MLSTM_FORWARD, "256, 1", MLSTM_PARAMS,
         "lasp::mlstm::run_output<{dk}, 128>(p)"),
-    // mLSTM's backward: its gradient passes are the same kernels without the normaliser, rows
-    // scaled and dotted (lasp/mlstm/backward_params.h).
+    row("MLSTM_OUTPUT_DV128_PACKED", "lasp_mlstm_output_dk{dk}_dv128_packed", MLSTM_FORWARD, "256, 1", MLSTM_PARAMS,
+        "lasp::mlstm::run_output<{dk}, 128, false, true>(p)"),
     row("MLSTM_GRAD_STATES_DV64", "lasp_mlstm_grad_states_dk{dk}_dv64", MLSTM_FORWARD, "128, 1", MLSTM_PARAMS,
         "lasp::mlstm::run_states<{dk}, 64, true>(p)"),
+    row("MLSTM_GRAD_STATES_DV64_PACKED", "lasp_mlstm_grad_states_dk{dk}_dv64_packed", MLSTM_FORWARD, "128, 1", MLSTM_PARAMS,
+        "lasp::mlstm::run_states<{dk}, 64, true, true>(p)"),
     row("MLSTM_GRAD_STATES_DV128", "lasp_mlstm_grad_states_dk{dk}_dv128", MLSTM_FORWARD, "256, 1", MLSTM_PARAMS,
         "lasp::mlstm::run_states<{dk}, 128, true>(p)"),
+    row("MLSTM_GRAD_STATES_DV128_PACKED", "lasp_mlstm_grad_states_dk{dk}_dv128_packed", MLSTM_FORWARD, "256, 1", MLSTM_PARAMS,
+        "lasp::mlstm::run_states<{dk}, 128, true, true>(p)"),
     row("MLSTM_GRAD_OUTPUT_DV64", "lasp_mlstm_grad_output_dk{dk}_dv64", MLSTM_FORWARD, "128, 1", MLSTM_PARAMS,
         "lasp::mlstm::run_output<{dk}, 64, true>(p)"),
+    row("MLSTM_GRAD_OUTPUT_DV64_PACKED", "lasp_mlstm_grad_output_dk{dk}_dv64_packed", MLSTM_FORWARD, "128, 1", MLSTM_PARAMS,
+        "lasp::mlstm::run_output<{dk}, 64, true, true>(p)"),
     row("MLSTM_GRAD_OUTPUT_DV128", "lasp_mlstm_grad_output_dk{dk}_dv128", MLSTM_FORWARD, "256, 1", MLSTM_PARAMS,
         "lasp::mlstm::run_output<{dk}, 128, true>(p)"),
+    row("MLSTM_GRAD_OUTPUT_DV128_PACKED", "lasp_mlstm_grad_output_dk{dk}_dv128_packed", MLSTM_FORWARD, "256, 1", MLSTM_PARAMS,
+        "lasp::mlstm::run_output<{dk}, 128, true, true>(p)"),
 ];

@@ -11,8 +11,7 @@
 
 use lasp_shmem::reference::lasp2::{self, Carry, Decay};
 use lasp_shmem::reference::mlstm::{
-    self, MlstmCotangents, MlstmGradient, MlstmGrads, MlstmInputs, MlstmPackedInputs, MlstmRegime,
-    MlstmSpec,
+    self, MlstmGradient, MlstmInputs, MlstmPackedInputs, MlstmRegime, MlstmSpec,
 };
 use lasp_shmem::reference::packed::{self, PackedInputs};
 use lasp_shmem::reference::{
@@ -547,45 +546,15 @@ fn mlstm_packed_decomposition_equals_documents_run_separately() {
     };
     let d_h = normal(&shape(t).v(), 653);
     let d_finals: Vec<_> = (0..documents).map(|n| state(700 + n as u64)).collect();
-    let separate: Vec<_> = CU_SEQLENS
-        .windows(2)
-        .enumerate()
-        .map(|(n, doc)| {
-            let (start, len) = (doc[0], doc[1] - doc[0]);
-            let one = MlstmPackedInputs {
-                inputs: MlstmInputs {
-                    shape: shape(len),
-                    q: packed.inputs.q.slice_time(start, len),
-                    k: packed.inputs.k.slice_time(start, len),
-                    v: packed.inputs.v.slice_time(start, len),
-                    input_gate: packed.inputs.input_gate.slice_time(start, len),
-                    forget_gate: packed.inputs.forget_gate.slice_time(start, len),
-                    initial_state: Some(packed.initial_states.as_ref().unwrap()[n].clone()),
-                    ..packed.inputs.clone()
-                },
-                cu_seqlens: vec![0, len],
-                initial_states: None,
-            };
-            let cot = MlstmCotangents {
-                d_h: d_h.slice_time(start, len),
-                d_final_state: Some(d_finals[n].clone()),
-            };
-            mlstm::recurrent_backward(&one.inputs, &cot, MlstmGradient::Full).unwrap()
-        })
-        .collect();
-    let cat = |f: fn(&MlstmGrads) -> &Tensor| {
-        Tensor::concat_time(&separate.iter().map(|g| f(g).clone()).collect::<Vec<_>>())
-    };
-    let want = MlstmGrads {
-        dq: cat(|g| &g.dq),
-        dk: cat(|g| &g.dk),
-        dv: cat(|g| &g.dv),
-        d_input_gate: cat(|g| &g.d_input_gate),
-        d_forget_gate: cat(|g| &g.d_forget_gate),
-        d_initial_state: separate[0].d_initial_state.clone(),
-    };
-    // The gate gradients cancel terms of their scale (reference_mlstm.rs, GRAD_TOL).
-    let gate_scale = want.gate_grad_scale(&packed.inputs);
+    // Each document's own reverse sweep.
+    let separate =
+        mlstm::packed_recurrent_backward(&packed, &d_h, Some(&d_finals), MlstmGradient::Full)
+            .unwrap();
+    let want = &separate.grads;
+    // The gate gradients cancel terms of their scale (reference_mlstm.rs, GRAD_TOL); the
+    // documents' scale is below the whole sequence's (their suffix sums stop at their ends).
+    let gate_scale = separate.gate_scale;
+    assert!(gate_scale > 0.0 && gate_scale < want.gate_grad_scale(&packed.inputs));
     for shards in SHARDS {
         let tag = format!("mLSTM backward, shards {shards:?}");
         let got =
@@ -608,8 +577,12 @@ fn mlstm_packed_decomposition_equals_documents_run_separately() {
             let what = format!("{tag}: {name}");
             assert_close_to_scale(&what, got.data(), want.data(), gate_scale, 1e-9).unwrap();
         }
-        for (n, (got, doc)) in got.d_initial_states.iter().zip(&separate).enumerate() {
-            let want = &doc.d_initial_state;
+        for (n, (got, want)) in got
+            .d_initial_states
+            .iter()
+            .zip(&separate.d_initial_states)
+            .enumerate()
+        {
             let what = |x: &str| format!("{tag}: document {n}: {x}");
             assert_rel_close(&what("dC_0"), got.c.data(), want.c.data(), 1e-9).unwrap();
             assert_rel_close(&what("dn_0"), got.n.data(), want.n.data(), 1e-9).unwrap();

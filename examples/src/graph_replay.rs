@@ -25,6 +25,20 @@ pub fn replay<O: Lasp2Operation, S: Outputs>(
     want: &S::Bits,
     call: impl FnOnce(&mut S, &mut O, &Arc<CudaStream>) -> Result<()>,
 ) -> Result<std::result::Result<(), String>> {
+    replay_after(rt, op, outputs, calls, want, call, |_, _| Ok(()))
+}
+
+/// [`replay`], with `between(outputs, stream)` run after the capture and before the replays (to
+/// write other metadata, such as documents' offsets, into the buffers the graph reads).
+pub fn replay_after<O: Lasp2Operation, S: Outputs>(
+    rt: &Runtime,
+    op: &mut O,
+    outputs: &mut S,
+    calls: u32,
+    want: &S::Bits,
+    call: impl FnOnce(&mut S, &mut O, &Arc<CudaStream>) -> Result<()>,
+    between: impl FnOnce(&mut S, &Arc<CudaStream>) -> Result<()>,
+) -> Result<std::result::Result<(), String>> {
     let stream = rt.stream().clone();
     op.set_mode(ExchangeMode::Overlapped)?;
     outputs.poison(&stream)?;
@@ -36,6 +50,8 @@ pub fn replay<O: Lasp2Operation, S: Outputs>(
     let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
     captured?;
     let graph = graph.ok_or_else(|| Error::State("the capture recorded nothing".into()))?;
+    between(outputs, &stream)?;
+    stream.synchronize()?;
     for _ in 0..calls {
         graph.launch()?;
     }

@@ -3,6 +3,7 @@
 //! `main` under the launcher, JSON output, the timing of one operation's exchange modes in turns,
 //! and the bits of a backward call's gradients.
 
+pub mod documents;
 pub mod grad_bits;
 pub mod graph_replay;
 pub mod mode_bits;

@@ -135,6 +135,7 @@ fn run(opts: &Options, config: Config) -> Result<()> {
                 final_state: None,
                 scale: None,
                 eps: None,
+                documents: None,
             };
             fwd.launch(&stream, args)
         };
@@ -170,6 +171,7 @@ fn run(opts: &Options, config: Config) -> Result<()> {
                 d_f_gate: DeviceMut::new(g_f),
                 d_initial_c: None,
                 scale: None,
+                documents: None,
             };
             bwd.launch(&stream, args).map(|_| ())
         };

@@ -173,6 +173,7 @@ fn forward_args<'a>(call: &mut CheckedCall<'a>) -> MlstmArgs<'a> {
         }),
         scale: call.scale,
         eps: None,
+        documents: None,
     }
 }
 
@@ -214,6 +215,7 @@ fn backward_args<'a>(
         d_f_gate: call.output(Slot::Dg),
         d_initial_c: call.optional_output(Slot::Dh0),
         scale: call.scale,
+        documents: None,
     })
 }
 

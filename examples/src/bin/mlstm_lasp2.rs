@@ -22,17 +22,28 @@
 //! of the whole sequence, 5e-3), every mode, a repeat and the graph replays bitwise equal. The
 //! gate regimes
 //! are the reference's: typical gates, input gates of hundreds (the stabiliser jumps across
-//! shards), forget gates near zero. One line per case and PE; exit status 1 when any check
-//! failed. Timing (`--time BxTxHxD`, T per GPU): the modes in turns (`time_in_turns`), the row is
+//! shards), forget gates near zero. Packed documents (`cu_seqlens`): the same checks over shards
+//! of about 320 tokens holding documents of 1, 63, 64 and 65 tokens, one ending on a shard
+//! boundary, one of a whole shard or spanning three (int32 offsets), and of 1 to 200 tokens in
+//! turn (int64, typical and large input gates, and forced segments), against each document's
+//! own recurrence and gradient (`packed_recurrent_forward`, `packed_recurrent_backward`; the gate
+//! gradients against the documents' scale), the forget gate's gradient exactly 0 at every
+//! start, the graph captured while the offsets held one document and replayed after they were
+//! written. One line per case and PE; exit status 1 when any check failed. Timing (`--time BxTxHxD`, T per GPU): the modes in turns (`time_in_turns`), the row is
 //! the slowest rank's median; with `--with-backward` a timed call is a training step's, the
 //! forward saving what the backward reads, then the backward. `--plan`: the planner (`exchange::planner`) chooses the mode first,
 //! and its choice is timed in turns with the modes (`planner_ms`, `planner_choice`).
+//! `--packed-cost`: packed documents' cost instead (`lasp-run -n 4 mlstm_lasp2 --no-check
+//! --packed-cost --time 1x32768x16x128 --json cost.json`): a training step and the forward alone
+//! on documents of 64 to 8192 tokens (log-uniform) against the same tokens as whole sequences,
+//! in turns, overlapped mode; the row is the slowest rank's median of each.
 
 use clap::Parser;
 use cudarc::driver::{CudaSlice, CudaStream};
 use lasp_shmem::exchange::{ExchangeMode, Lasp2Layout};
 use lasp_shmem::nccl::NcclComm;
 use lasp_shmem::ops::bf16;
+use lasp_shmem::ops::documents::{DocumentStarts, Documents};
 use lasp_shmem::ops::mlstm::{
     Mlstm, MlstmArgs, MlstmBackwardArgs, MlstmBoundaryMut, MlstmBoundaryRef, MlstmFinalCotangent,
     MlstmLasp2Backward, MlstmLasp2Forward, MlstmSavedMut, MlstmSavedRef, MlstmStateMut,
@@ -41,19 +52,26 @@ use lasp_shmem::ops::mlstm::{
 use lasp_shmem::ops::scalar_decay::ForwardShape;
 use lasp_shmem::ops::{DeviceMut, DeviceRef};
 use lasp_shmem::reference::mlstm::{
-    recurrent_backward, recurrent_forward, MlstmCotangents, MlstmGradient, MlstmInputs,
-    MlstmRegime, MlstmSpec, MlstmState,
+    packed_recurrent_backward, packed_recurrent_forward, recurrent_backward, recurrent_forward,
+    MlstmCotangents, MlstmGradient, MlstmInputs, MlstmPackedInputs, MlstmRegime, MlstmSpec,
+    MlstmState,
 };
 use lasp_shmem::reference::{assert_close_to_scale, rel_err, Cotangents, Shape, Tensor};
+use lasp_shmem::reference::{ReferenceError, SplitMix64};
 use lasp_shmem::{Config, Error, Result, Runtime};
+use lasp_shmem_examples::documents::{
+    boundary_documents, mixed_documents, starts_in_shard, Offsets,
+};
 use lasp_shmem_examples::grad_bits::qkv_rows;
-use lasp_shmem_examples::graph_replay::{replay, Outputs};
+use lasp_shmem_examples::graph_replay::{replay, replay_after, Outputs};
 use lasp_shmem_examples::mode_bits::bits_in_every_mode;
 use lasp_shmem_examples::{
     bf16_bits, bf16_values, bf16s, f32_bits, f32_values, f32s, lasp2_config, main_under_launcher,
-    mode_of, mode_times, parse_shape, planner_choice, round, run_cases, shard_rows, time_in_turns,
-    time_modes_and_plan, time_shapes, ModeCall, ModeRow, NamedCase, PlannerTimes,
+    mode_of, mode_times, parse_shape, planner_choice, round, run_cases, shard_lengths, shard_rows,
+    short_documents, time_call, time_in_turns, time_modes_and_plan, time_shapes, write_json,
+    ModeCall, ModeRow, NamedCase, PlannerTimes,
 };
+use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -79,6 +97,10 @@ struct Options {
     /// Time the forward and the backward together.
     #[arg(long, conflicts_with = "plan")]
     with_backward: bool,
+    /// Time packed documents' cost instead of the modes: a training step and the forward alone
+    /// on documents of mixed lengths against the same tokens as whole sequences, in turns.
+    #[arg(long, conflicts_with_all = ["plan", "with_backward"])]
+    packed_cost: bool,
 }
 
 const TOL: f64 = 5e-3;
@@ -100,12 +122,41 @@ struct Case {
     d_final: bool,
     segments: Option<u32>,
     splits: Option<u32>,
+    /// Packed documents over the whole sequence (no initial state, no final-state cotangent).
+    documents: Option<CaseDocuments>,
+}
+
+/// fla's offsets of a case's documents, `[0, ..., total]`, and their width on the device.
+struct CaseDocuments {
+    cu_seqlens: Vec<usize>,
+    int64: bool,
+}
+
+/// Offsets a case's buffer holds past its documents' (padded with the total).
+const SPARE_OFFSETS: usize = 2;
+
+impl CaseDocuments {
+    /// The offsets as the device buffer holds them: padded with the total.
+    fn padded(&self) -> Vec<usize> {
+        let total = *self.cu_seqlens.last().expect("offsets end with the total");
+        let mut out = self.cu_seqlens.clone();
+        out.extend([total; SPARE_OFFSETS]);
+        out
+    }
+
+    /// A buffer of the same capacity holding one document: what a graph is captured with.
+    fn one_document(&self) -> Vec<usize> {
+        let total = *self.cu_seqlens.last().expect("offsets end with the total");
+        let mut out = vec![total; self.cu_seqlens.len() + SPARE_OFFSETS];
+        out[0] = 0;
+        out
+    }
 }
 
 impl NamedCase for Case {
     fn name(&self) -> String {
         format!(
-            "mlstm_B{}_H{}_Dk{}_Dv{}_{:?}_shards{:?}{}{}{}{}",
+            "mlstm_B{}_H{}_Dk{}_Dv{}_{:?}_shards{:?}{}{}{}{}{}",
             self.b,
             self.h,
             self.dk,
@@ -115,7 +166,12 @@ impl NamedCase for Case {
             if self.initial_state { "_state0" } else { "" },
             if self.d_final { "_dCT" } else { "" },
             self.segments.map_or(String::new(), |n| format!("_S{n}")),
-            self.splits.map_or(String::new(), |n| format!("_R{n}"))
+            self.splits.map_or(String::new(), |n| format!("_R{n}")),
+            self.documents.as_ref().map_or(String::new(), |d| format!(
+                "_{}docs_{}",
+                d.cu_seqlens.len() - 1,
+                if d.int64 { "int64" } else { "int32" }
+            ))
         )
     }
 }
@@ -140,6 +196,7 @@ fn cases(npes: usize) -> Vec<Case> {
         d_final: dk == dv,
         segments: None,
         splits: None,
+        documents: None,
     };
     use MlstmRegime::*;
     let mut out: Vec<Case> = [(128, 128), (64, 64), (64, 128), (128, 64)]
@@ -159,6 +216,22 @@ fn cases(npes: usize) -> Vec<Case> {
         splits: Some(2),
         ..case(128, 128, ragged(400), Typical, true)
     });
+    // Packed documents: 1, 63, 64 and 65 tokens, one ending on a shard boundary, one of a whole
+    // shard or spanning three, the rest (int32 offsets); and 1 to 200 tokens in turn (int64),
+    // under large input gates too, and with every shard in three segments of two pieces.
+    let lengths = shard_lengths(npes, 320, 37);
+    let total = lengths.iter().sum();
+    let packed = |cu_seqlens, int64, regime, segments: Option<u32>| Case {
+        b: 2,
+        segments,
+        splits: segments.map(|_| 2),
+        documents: Some(CaseDocuments { cu_seqlens, int64 }),
+        d_final: false,
+        ..case(128, 128, lengths.clone(), regime, false)
+    };
+    out.push(packed(boundary_documents(&lengths), false, Typical, None));
+    out.push(packed(short_documents(total), true, LargeInputGate, None));
+    out.push(packed(short_documents(total), false, Typical, Some(3)));
     out
 }
 
@@ -180,6 +253,11 @@ struct Shard {
     exit: [CudaSlice<f32>; 3],
     scale: Option<f32>,
     eps: Option<f32>,
+    /// Packed documents: fla's offsets on the device and the sequence's index of token 0.
+    offsets: Option<Offsets>,
+    shard_start: usize,
+    /// Whether the calls take the documents (the cost's unpacked turns do not).
+    packed: bool,
 }
 
 /// The bits one forward call left in h, the saved rows and the boundary states.
@@ -187,6 +265,14 @@ struct Shard {
 struct Bits {
     h: Vec<u16>,
     saved: Vec<Vec<u32>>,
+}
+
+/// The documents `offsets` hold for a shard from token `shard_start` of the packed sequence.
+fn documents_of(offsets: Option<&Offsets>, shard_start: usize) -> Option<Documents<'_>> {
+    offsets.map(|offsets| Documents {
+        cu_seqlens: offsets.view(),
+        shard_start,
+    })
 }
 
 fn state_ref([c, n, m]: &[CudaSlice<f32>; 3]) -> MlstmStateRef<'_> {
@@ -238,6 +324,7 @@ impl Shard {
         Ok(Shard {
             scale: Some(inputs.scale as f32),
             eps: Some(inputs.eps as f32),
+            shard_start: start,
             ..shard
         })
     }
@@ -276,7 +363,26 @@ impl Shard {
             exit: state()?,
             scale: None,
             eps: None,
+            offsets: None,
+            shard_start: 0,
+            packed: true,
         })
+    }
+
+    /// The documents the shard's calls take, if any.
+    fn documents(&self) -> Option<Documents<'_>> {
+        documents_of(
+            self.offsets.as_ref().filter(|_| self.packed),
+            self.shard_start,
+        )
+    }
+
+    /// Overwrites the offsets' buffer (as many entries as it holds).
+    fn write_offsets(&mut self, stream: &Arc<CudaStream>, offsets: &[usize]) -> Result<()> {
+        match &mut self.offsets {
+            Some(buffer) => buffer.write(stream, offsets),
+            None => Err(Error::State("the shard holds no documents".into())),
+        }
     }
 
     /// Enqueues the forward of the shard, saving what the backward reads.
@@ -298,6 +404,10 @@ impl Shard {
             final_state: None,
             scale: self.scale,
             eps: self.eps,
+            documents: documents_of(
+                self.offsets.as_ref().filter(|_| self.packed),
+                self.shard_start,
+            ),
         };
         let boundary = MlstmBoundaryMut {
             entry: state_mut(&mut self.entry),
@@ -346,6 +456,7 @@ impl Shard {
             d_f_gate: DeviceMut::new(d_f),
             d_initial_c: grads.d_c0.as_mut().map(DeviceMut::new),
             scale: self.scale,
+            documents: self.documents(),
         };
         let boundary = MlstmBoundaryRef {
             entry: state_ref(&self.entry),
@@ -500,7 +611,24 @@ fn check_case(
         initial_state: case.initial_state,
     })
     .map_err(|e| Error::State(format!("input generation: {e}")))?;
-    let want = recurrent_forward(&inputs).map_err(|e| Error::State(format!("reference: {e}")))?;
+    let fail = |e: ReferenceError| Error::State(format!("reference: {e}"));
+    let packed = case.documents.as_ref().map(|d| MlstmPackedInputs {
+        inputs: inputs.clone(),
+        cu_seqlens: d.cu_seqlens.clone(),
+        initial_states: None,
+    });
+    // The state leaving the last shard: the final state, or the last document's.
+    let (want_h, want_final) = match &packed {
+        Some(packed) => {
+            let mut want = packed_recurrent_forward(packed).map_err(fail)?;
+            let last = want.final_states.pop().expect("a document");
+            (want.h, last)
+        }
+        None => {
+            let want = recurrent_forward(&inputs).map_err(fail)?;
+            (want.h, want.final_state)
+        }
+    };
     let start: usize = case.lengths[..me].iter().sum();
     let len = case.lengths[me];
     let last = me + 1 == npes;
@@ -510,18 +638,33 @@ fn check_case(
         ..ForwardShape::from(whole)
     };
     let mut shard = Shard::upload(&stream, &inputs, shape, start)?;
+    if let Some(d) = &case.documents {
+        shard.offsets = Some(Offsets::upload(&stream, &d.padded(), d.int64)?);
+        let starts = DocumentStarts::new(rt)?;
+        let docs = shard.documents().expect("just uploaded");
+        starts.validate(&stream, docs, len, whole.t)?;
+    }
     let mut op = MlstmLasp2Forward::new(rt, shape.layout(), ExchangeMode::Overlapped)?;
     op.set_num_segments(case.segments);
     op.set_states_splits(case.splits);
     let (first, mut problems) =
         bits_in_every_mode(&mut op, "forward", |op| shard.call(op, &stream))?;
-    let replayed = replay(
+    // With documents the graph is captured while the offsets hold one, and replayed after they
+    // were written: the start words come from the offsets on the device.
+    if let Some(d) = &case.documents {
+        shard.write_offsets(&stream, &d.one_document())?;
+    }
+    let replayed = replay_after(
         rt,
         &mut op,
         &mut shard,
         graph_calls,
         &first,
         |shard, op, stream| shard.forward(op, stream),
+        |shard, stream| match &case.documents {
+            Some(d) => shard.write_offsets(stream, &d.padded()),
+            None => Ok(()),
+        },
     )?;
     problems.extend(replayed.err());
     op.free()?;
@@ -533,10 +676,10 @@ fn check_case(
         }
         errors.push(format!("{what} {e:.2e}"));
     };
-    check("h", bf16_values(&first.h), &shard_rows(&want.h, start, len));
+    check("h", bf16_values(&first.h), &shard_rows(&want_h, start, len));
     if last {
-        // The state leaving the last shard is the final state: saved[5..8] hold C, n, m.
-        let st = &want.final_state;
+        // The state leaving the last shard: saved[5..8] hold C, n, m.
+        let st = &want_final;
         for ((what, bits), want) in ["C_t", "n_t", "m_t"]
             .into_iter()
             .zip(&first.saved[5..])
@@ -545,7 +688,16 @@ fn check_case(
             check(what, f32_values(bits), want.data());
         }
     }
-    let backward = check_backward(rt, case, &inputs, &shard, seed, start, graph_calls)?;
+    let backward = check_backward(
+        rt,
+        case,
+        &inputs,
+        packed.as_ref(),
+        &shard,
+        seed,
+        start,
+        graph_calls,
+    )?;
     let detail = format!("rel err {}", errors.join(" "));
     Ok(match (problems.is_empty(), backward) {
         (true, Ok(grads)) => Ok(format!(
@@ -575,11 +727,13 @@ fn cotangents(case: &Case, whole: Shape, seed: u64) -> Result<MlstmCotangents> {
 }
 
 /// The backward of this PE's shard in every mode against the reference's backward of the whole
-/// sequence: the errors, or what failed.
+/// sequence (of each of its documents, where `packed`): the errors, or what failed.
+#[allow(clippy::too_many_arguments)]
 fn check_backward(
     rt: &Runtime,
     case: &Case,
     inputs: &MlstmInputs,
+    packed: Option<&MlstmPackedInputs>,
     shard: &Shard,
     seed: u64,
     start: usize,
@@ -588,15 +742,27 @@ fn check_backward(
     let (me, npes) = (rt.pe(), rt.npes());
     let stream = rt.stream().clone();
     let cot = cotangents(case, inputs.shape, seed)?;
-    let want = recurrent_backward(inputs, &cot, MlstmGradient::Tfla)
-        .map_err(|e| Error::State(format!("reference backward: {e}")))?;
+    let fail = |e: ReferenceError| Error::State(format!("reference backward: {e}"));
+    let (want, gate_scale) = match packed {
+        Some(packed) => {
+            let want = packed_recurrent_backward(packed, &cot.d_h, None, MlstmGradient::Tfla)
+                .map_err(fail)?;
+            (want.grads, want.gate_scale)
+        }
+        None => {
+            let want = recurrent_backward(inputs, &cot, MlstmGradient::Tfla).map_err(fail)?;
+            let scale = want.gate_grad_scale(inputs);
+            (want, scale)
+        }
+    };
     let (shape, len) = (shard.shape, shard.shape.t);
     let d_c_t = match (&cot.d_final_state, me + 1 == npes) {
         (Some(d), true) => Some(f32s(d.c.data())),
         _ => None,
     };
     let d_h = bf16s(&shard_rows(&cot.d_h, start, len));
-    let mut grads = ShardGrads::new(&stream, shape, &d_h, d_c_t.as_deref(), me == 0)?;
+    let with_dc0 = me == 0 && packed.is_none();
+    let mut grads = ShardGrads::new(&stream, shape, &d_h, d_c_t.as_deref(), with_dc0)?;
     let mut op = MlstmLasp2Backward::new(rt, shape.layout(), ExchangeMode::Overlapped)?;
     op.set_num_segments(case.segments);
     let (first, mut problems) = bits_in_every_mode(&mut op, "backward", |op| {
@@ -615,7 +781,7 @@ fn check_backward(
     let mut errors = Vec::new();
     let got = [&first.dq[..], &first.dk, &first.dv];
     let mut relative = qkv_rows(got, [&want.dq, &want.dk, &want.dv], start, len);
-    if me == 0 {
+    if with_dc0 {
         relative.push((
             "dC0",
             f32_values(&first.d_c0),
@@ -648,7 +814,6 @@ fn check_backward(
         }
         errors.push(format!("{what} {e:.2e}"));
     }
-    let gate_scale = want.gate_grad_scale(inputs);
     for (what, got, want) in [
         ("d_i_gate", f32_values(&first.d_i), &want.d_input_gate),
         ("d_f_gate", f32_values(&first.d_f), &want.d_forget_gate),
@@ -664,6 +829,20 @@ fn check_backward(
                 errors.push(format!("{what} {:.2e} of scale", diff.sqrt() / gate_scale));
             }
             Err(e) => problems.push(e),
+        }
+    }
+    if let Some(packed) = packed {
+        // A start's own forget gate decays the zero state: its gradient is exactly 0.
+        let nonzero = starts_in_shard(&packed.cu_seqlens, start, len)
+            .flat_map(|t| {
+                (0..case.b).flat_map(move |b| (0..case.h).map(move |h| (b * len + t) * case.h + h))
+            })
+            .filter(|&row| first.d_f[row] != 0)
+            .count();
+        if nonzero > 0 {
+            problems.push(format!(
+                "d_f_gate: {nonzero} values at document starts are not +0"
+            ));
         }
     }
     let detail = format!("grads rel err {}", errors.join(" "));
@@ -828,6 +1007,142 @@ fn time_shape(
     Ok(row)
 }
 
+/// One timed shape of `--packed-cost`: a training step on packed documents against the same
+/// tokens unpacked.
+#[derive(Serialize)]
+struct CostRow {
+    w: usize,
+    b: usize,
+    t_local: usize,
+    h: usize,
+    d: usize,
+    documents: usize,
+    unpacked_ms: f64,
+    packed_ms: f64,
+    packed_over_unpacked: f64,
+    /// The forward alone.
+    forward_unpacked_ms: f64,
+    forward_packed_ms: f64,
+}
+
+/// The cost's schedule: ROUNDS rounds, each giving the unpacked and the packed forward, then the
+/// unpacked and the packed step, in turn WARM_CALLS untimed and CALLS_PER_VISIT timed calls.
+const ROUNDS: usize = 6;
+const WARM_CALLS: usize = 2;
+const CALLS_PER_VISIT: usize = 5;
+
+/// A training step (or its forward alone) of a random shard, on its documents or unpacked.
+struct CostStep {
+    forward: MlstmLasp2Forward,
+    backward: MlstmLasp2Backward,
+    shard: Shard,
+    grads: ShardGrads,
+    forward_only: bool,
+}
+
+impl ModeCall for CostStep {
+    fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
+        self.forward.set_mode(mode)?;
+        self.backward.set_mode(mode)
+    }
+    fn call(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.shard.forward(&mut self.forward, stream)?;
+        if self.forward_only {
+            return Ok(());
+        }
+        self.shard
+            .backward(&mut self.grads, &mut self.backward, stream)
+    }
+    fn finish(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.forward.finish(stream)?;
+        self.backward.finish(stream)
+    }
+}
+
+/// The largest of each PE's value (all PEs call it).
+fn max_over_pes(rt: &Runtime, value: f64) -> Result<f64> {
+    Ok(rt
+        .all_gather_u64(value.to_bits())?
+        .into_iter()
+        .map(f64::from_bits)
+        .fold(f64::NEG_INFINITY, f64::max))
+}
+
+/// Packed documents' cost at `shape` per GPU (overlapped mode): documents of mixed lengths (64
+/// to 8192 tokens, log-uniform, the same on every PE) against the same tokens unpacked; the row
+/// is the slowest PE's median of each.
+fn time_packed_cost(rt: &Runtime, shape: ForwardShape) -> Result<CostRow> {
+    let stream = rt.stream().clone();
+    let (me, npes) = (rt.pe(), rt.npes());
+    let cu_seqlens = mixed_documents(npes * shape.t, &mut SplitMix64::new(5));
+    let mut shard = Shard::random(&stream, shape, me)?;
+    shard.offsets = Some(Offsets::upload(&stream, &cu_seqlens, false)?);
+    shard.shard_start = me * shape.t;
+    let d_h: Vec<bf16> = (0..shape.v_len())
+        .map(|i| bf16::from_f32(((i % 97) as f32 - 48.0) / 48.0))
+        .collect();
+    let mut step = CostStep {
+        forward: MlstmLasp2Forward::new(rt, shape.layout(), ExchangeMode::Overlapped)?,
+        backward: MlstmLasp2Backward::new(rt, shape.layout(), ExchangeMode::Overlapped)?,
+        grads: ShardGrads::new(&stream, shape, &d_h, None, false)?,
+        shard,
+        forward_only: false,
+    };
+    // [forward unpacked, forward packed, step unpacked, step packed]
+    let mut samples = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+    for _ in 0..ROUNDS {
+        for (i, times) in samples.iter_mut().enumerate() {
+            step.shard.packed = i % 2 == 1;
+            step.forward_only = i < 2;
+            for call in 0..WARM_CALLS + CALLS_PER_VISIT {
+                let ms = time_call(rt, &mut step)?;
+                if call >= WARM_CALLS {
+                    times.push(ms);
+                }
+            }
+            step.finish(&stream)?;
+        }
+    }
+    step.forward.free()?;
+    step.backward.free()?;
+    let mut medians = [0.0; 4];
+    for (m, times) in medians.iter_mut().zip(&mut samples) {
+        times.sort_by(f64::total_cmp);
+        *m = max_over_pes(rt, times[times.len() / 2])?;
+    }
+    let [forward_unpacked_ms, forward_packed_ms, unpacked_ms, packed_ms] = medians;
+    let row = CostRow {
+        w: npes,
+        b: shape.b,
+        t_local: shape.t,
+        h: shape.h,
+        d: shape.dk,
+        documents: cu_seqlens.len() - 1,
+        unpacked_ms: round(unpacked_ms, 4),
+        packed_ms: round(packed_ms, 4),
+        packed_over_unpacked: round(packed_ms / unpacked_ms, 4),
+        forward_unpacked_ms: round(forward_unpacked_ms, 4),
+        forward_packed_ms: round(forward_packed_ms, 4),
+    };
+    if me == 0 {
+        println!(
+            "Mlstm W={npes} B={} T_local={} H={} D={}, {} documents: training step unpacked \
+             {:.4} ms, packed {:.4} ms ({:.3}x); forward unpacked {:.4} ms, packed {:.4} ms",
+            shape.b,
+            shape.t,
+            shape.h,
+            shape.dk,
+            row.documents,
+            row.unpacked_ms,
+            row.packed_ms,
+            row.packed_over_unpacked,
+            row.forward_unpacked_ms,
+            row.forward_packed_ms
+        );
+    }
+    Ok(row)
+}
+
 fn run(options: Options, config: Config) -> Result<bool> {
     let rt = Runtime::init(config)?;
     let mut failed = 0;
@@ -835,6 +1150,18 @@ fn run(options: Options, config: Config) -> Result<bool> {
         failed = run_cases(&rt, &cases(rt.npes()), 5100, |case, seed| {
             check_case(&rt, case, seed, options.graph_calls)
         })?;
+    }
+    if options.packed_cost {
+        let rows = options
+            .time
+            .iter()
+            .map(|&shape| time_packed_cost(&rt, shape))
+            .collect::<Result<Vec<_>>>()?;
+        if let (Some(path), 0) = (&options.json, rt.pe()) {
+            write_json(path, &rows)?;
+        }
+        rt.shutdown()?;
+        return Ok(failed == 0);
     }
     time_shapes(
         &rt,

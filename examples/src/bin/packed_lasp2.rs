@@ -36,7 +36,7 @@ use clap::Parser;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream};
 use lasp_shmem::exchange::{ExchangeMode, Lasp2Layout};
-use lasp_shmem::ops::documents::{DocumentOffsets, DocumentStarts, Documents, GateShape};
+use lasp_shmem::ops::documents::{DocumentStarts, Documents, GateShape};
 use lasp_shmem::ops::gated_delta::{
     GatedDelta, GatedDeltaArgs, GatedDeltaBackwardArgs, GatedDeltaLasp2Backward,
     GatedDeltaLasp2Forward,
@@ -53,6 +53,9 @@ use lasp_shmem::reference::{
     rel_err, Cotangents, Family, Grads, InputSpec, Inputs, Regime, Shape, SplitMix64, Tensor,
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
+use lasp_shmem_examples::documents::{
+    boundary_documents, mixed_documents, starts_in_shard, Offsets,
+};
 use lasp_shmem_examples::grad_bits::{qkv_rows, GradBits, GradBuffers};
 use lasp_shmem_examples::graph_replay::Outputs;
 use lasp_shmem_examples::mode_bits::{bits_in_every_mode, ModeSwitch};
@@ -247,42 +250,6 @@ impl ModeSwitch for Ops {
             Ops::ScalarDecay(f, b) => f.supports(mode) && b.supports(mode),
             Ops::GatedDelta(f, b) => f.supports(mode) && b.supports(mode),
             Ops::Gla(f, b) => f.supports(mode) && b.supports(mode),
-        }
-    }
-}
-
-/// fla's offsets on the device, in either width.
-enum Offsets {
-    I32(CudaSlice<i32>),
-    I64(CudaSlice<i64>),
-}
-
-impl Offsets {
-    fn upload(stream: &Arc<CudaStream>, offsets: &[usize], int64: bool) -> Result<Self> {
-        Ok(if int64 {
-            Offsets::I64(stream.clone_htod(&offsets.iter().map(|&o| o as i64).collect::<Vec<_>>())?)
-        } else {
-            Offsets::I32(stream.clone_htod(&offsets.iter().map(|&o| o as i32).collect::<Vec<_>>())?)
-        })
-    }
-
-    /// Overwrites the buffer with `offsets` (as many entries as it holds).
-    fn write(&mut self, stream: &Arc<CudaStream>, offsets: &[usize]) -> Result<()> {
-        match self {
-            Offsets::I32(d) => {
-                stream.memcpy_htod(&offsets.iter().map(|&o| o as i32).collect::<Vec<_>>(), d)?
-            }
-            Offsets::I64(d) => {
-                stream.memcpy_htod(&offsets.iter().map(|&o| o as i64).collect::<Vec<_>>(), d)?
-            }
-        }
-        Ok(())
-    }
-
-    fn view(&self) -> DocumentOffsets<'_> {
-        match self {
-            Offsets::I32(d) => DocumentOffsets::I32(DeviceRef::new(d)),
-            Offsets::I64(d) => DocumentOffsets::I64(DeviceRef::new(d)),
         }
     }
 }
@@ -667,30 +634,6 @@ impl PackedCase {
     }
 }
 
-/// Documents of 1, 63, 64, 65 tokens, then one ending on the first shard boundary, one of a whole
-/// shard (W = 3) or one spanning three shards (W >= 4), then the rest.
-fn boundary_documents(lengths: &[usize]) -> Vec<usize> {
-    let total: usize = lengths.iter().sum();
-    let boundary = |w: usize| -> usize { lengths[..w].iter().sum() };
-    let mut starts = vec![0, 1, 64, 128];
-    let mut at = 193;
-    let npes = lengths.len();
-    if npes >= 2 {
-        starts.push(at);
-        at = boundary(1);
-        if npes == 3 {
-            starts.push(at);
-            at = boundary(2);
-        } else if npes >= 4 {
-            starts.push(at);
-            at = boundary(3) + 5;
-        }
-    }
-    starts.push(at);
-    starts.push(total);
-    starts
-}
-
 /// The checks on `npes` PEs: unequal shards of 320 tokens (the last 37 fewer), both layouts of
 /// documents, each of `families`.
 fn packed_cases(npes: usize, families: &[PackedFamily]) -> Vec<PackedCase> {
@@ -866,18 +809,6 @@ fn check_case(
     })
 }
 
-/// The shard's tokens (0-based in the shard) that start a document.
-fn starts_in_shard(
-    cu_seqlens: &[usize],
-    start: usize,
-    len: usize,
-) -> impl Iterator<Item = usize> + '_ {
-    cu_seqlens[..cu_seqlens.len() - 1]
-        .iter()
-        .filter(move |&&s| s >= start && s < start + len)
-        .map(move |&s| s - start)
-}
-
 /// A CUDA graph of the marks and the forward, captured while the offsets held one document (the
 /// whole sequence), replayed `calls` times after `offsets` were written into the same buffer:
 /// the bits of the last replay's o (an error where the epoch did not advance once per replay).
@@ -1004,18 +935,6 @@ impl ModeCall for Step<'_> {
     fn finish(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         self.ops.finish(stream)
     }
-}
-
-/// Documents of mixed lengths over `total` tokens: log-uniform in [64, 8192], the last cut at
-/// the end.
-fn mixed_documents(total: usize, rng: &mut SplitMix64) -> Vec<usize> {
-    let mut out = vec![0];
-    while *out.last().unwrap() < total {
-        let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-        let len = (64.0 * 128f64.powf(u)) as usize;
-        out.push((out.last().unwrap() + len).min(total));
-    }
-    out
 }
 
 /// A training step of `family` at `shape` per GPU (inputs as gated_delta_lasp2 times them), on

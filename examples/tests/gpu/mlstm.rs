@@ -171,6 +171,7 @@ impl Buffers {
             }),
             scale: Some(scale),
             eps: Some(eps),
+            documents: None,
         }
     }
 

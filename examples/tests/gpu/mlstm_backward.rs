@@ -286,6 +286,7 @@ fn backward_args<'a>(
         d_f_gate: DeviceMut::new(d_f),
         d_initial_c: Some(DeviceMut::new(&mut grads.d_c0)),
         scale: Some(scale),
+        documents: None,
     }
 }
 

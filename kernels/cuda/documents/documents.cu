@@ -26,7 +26,8 @@ extern "C" __global__ void __launch_bounds__(LASP_DOCUMENTS_THREADS)
 }
 
 // Start words (lasp_document_words_params): the word of the chunk holding each start in the shard
-// gets the start's bit.
+// gets the start's bit; reversed, the word of the loop chunk holding the token before each start
+// (loop token T - start: the shard's last token for a start that opens the next shard).
 extern "C" __global__ void __launch_bounds__(LASP_DOCUMENTS_THREADS)
     lasp_document_chunk_words(const __grid_constant__ lasp_document_words_params p) {
   const int i = blockIdx.x * LASP_DOCUMENTS_THREADS + threadIdx.x;
@@ -34,7 +35,8 @@ extern "C" __global__ void __launch_bounds__(LASP_DOCUMENTS_THREADS)
   const int64_t start = p.offsets_are_int64 ? static_cast<const int64_t*>(p.cu_seqlens)[i]
                                             : static_cast<const int32_t*>(p.cu_seqlens)[i];
   const int64_t token = start - p.shard_start;
-  if (token < 0 || token >= p.T) return;
-  atomicOr(reinterpret_cast<unsigned long long*>(p.words + token / LASP_DOCUMENT_WORD_TOKENS),
-           1ull << (token % LASP_DOCUMENT_WORD_TOKENS));
+  if (p.reversed ? token < 1 || token > p.T : token < 0 || token >= p.T) return;
+  const int64_t bit = p.reversed ? p.T - token : token;
+  atomicOr(reinterpret_cast<unsigned long long*>(p.words + bit / LASP_DOCUMENT_WORD_TOKENS),
+           1ull << (bit % LASP_DOCUMENT_WORD_TOKENS));
 }

@@ -128,6 +128,68 @@ __device__ __forceinline__ double block_scan(double v, double& total) {
 // The tile of this CTA: (b, h) = blockIdx.y, tokens [end - kTile, end), the last tile first.
 __device__ __forceinline__ int tile_end(const lasp_mlstm_bwd_params& p) { return p.T - blockIdx.x * kTile; }
 
+// Packed documents: the scan runs over the tokens from the last down (element e is token T-1-e,
+// the order of the reversed passes' start words, p.rev_starts) and restarts at every element whose
+// successor starts a document (a cut: dlf_t sums x over t's own document only).
+__device__ __forceinline__ bool cut_at(const lasp_mlstm_bwd_params& p, int64_t e) {
+  return (__ldg(p.rev_starts + e / 64) >> (e % 64)) & 1;
+}
+
+// A stretch of the scan: x summed from its last cut on (or over all of it), and whether it holds
+// a cut. Followed by `later`, a stretch hands on `later.v + v` where it holds no cut, else `v`.
+struct Stretch {
+  double v;
+  bool cut;
+};
+__device__ __forceinline__ Stretch then(const Stretch& earlier, const Stretch& later) {
+  return later.cut ? later : Stretch{earlier.v + later.v, earlier.cut};
+}
+
+// This thread's kPer elements as a stretch (x as tile_terms left them, the first element first).
+__device__ __forceinline__ Stretch thread_stretch(const lasp_mlstm_bwd_params& p, const double (&x)[kPer],
+                                                  int64_t e0) {
+  Stretch st{0.0, false};
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) st = then(st, Stretch{x[i], e0 + i < p.T && cut_at(p, e0 + i)});
+  return st;
+}
+
+// The CTA's segmented scan of one stretch per thread in thread order: what the threads before
+// this one hand on (exclusive), and the whole CTA's stretch in total.
+__device__ __forceinline__ Stretch block_segmented_scan(Stretch own, Stretch& total) {
+  __shared__ double warp_v[kThreads / 32];
+  __shared__ bool warp_cut[kThreads / 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  Stretch incl = own;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const Stretch y{__shfl_up_sync(kAll, incl.v, off), static_cast<bool>(__shfl_up_sync(kAll, incl.cut, off))};
+    if (lane >= off) incl = then(y, incl);
+  }
+  Stretch before{__shfl_up_sync(kAll, incl.v, 1), static_cast<bool>(__shfl_up_sync(kAll, incl.cut, 1))};
+  if (lane == 0) before = Stretch{0.0, false};
+  if (lane == 31) {
+    warp_v[warp] = incl.v;
+    warp_cut[warp] = incl.cut;
+  }
+  __syncthreads();
+  Stretch warps{0.0, false};
+  total = Stretch{0.0, false};
+  for (int w = 0; w < kThreads / 32; ++w) {
+    if (w < warp) warps = then(warps, Stretch{warp_v[w], warp_cut[w]});
+    total = then(total, Stretch{warp_v[w], warp_cut[w]});
+  }
+  return then(warps, before);
+}
+
+// Whether tile `tile`'s elements hold a cut.
+__device__ __forceinline__ bool tile_has_cut(const lasp_mlstm_bwd_params& p, int tile) {
+  const int64_t first = (int64_t)tile * kTile / 64, end = min((int64_t)(tile + 1) * kTile / 64, (int64_t)(p.T + 63) / 64);
+  uint64_t any = 0;
+  for (int64_t w = first; w < end; ++w) any |= __ldg(p.rev_starts + w);
+  return any != 0;
+}
+
 }  // namespace
 
 // Per (tile, b*H+h): the tile's sum of x into tile_sums.
@@ -137,7 +199,14 @@ extern "C" __global__ void __launch_bounds__(LASP_MLSTM_BWD_THREADS)
   double x[kPer];
   float kdk[kPer];
   double total;
-  block_scan(tile_terms(p, row0, tile_end(p), x, kdk), total);
+  const double local = tile_terms(p, row0, tile_end(p), x, kdk);
+  if (p.rev_starts) {  // packed documents: what the tile hands on, from its last cut on
+    Stretch whole;
+    block_segmented_scan(thread_stretch(p, x, (int64_t)blockIdx.x * kTile + threadIdx.x * kPer), whole);
+    total = whole.v;
+  } else {
+    block_scan(local, total);
+  }
   if (threadIdx.x == 0) p.tile_sums[bh * gridDim.x + blockIdx.x] = total;
 }
 
@@ -151,17 +220,28 @@ extern "C" __global__ void __launch_bounds__(LASP_MLSTM_BWD_THREADS)
   float kdk[kPer];
   const double local = tile_terms(p, row0, end, x, kdk);
   double later = p.lf_carry ? p.lf_carry[bh] : 0.0;  // the later shards, then this shard's later tiles, nearest last
-  for (int tile = blockIdx.x - 1; tile >= 0; --tile) later += p.tile_sums[bh * gridDim.x + tile];
-  double total;
-  double suffix = later + block_scan(local, total) - local;  // x summed over the tokens after this thread's
+  double suffix;  // x summed over the tokens after this thread's (of their documents, with documents)
+  const int64_t e0 = (int64_t)blockIdx.x * kTile + threadIdx.x * kPer;  // this thread's first element
+  if (p.rev_starts) {
+    Stretch handed{later, false};  // the later tiles in order, each from its last cut on
+    for (int tile = 0; tile < blockIdx.x; ++tile)
+      handed = then(handed, Stretch{p.tile_sums[bh * gridDim.x + tile], tile_has_cut(p, tile)});
+    Stretch whole;
+    suffix = then(handed, block_segmented_scan(thread_stretch(p, x, e0), whole)).v;
+  } else {
+    for (int tile = blockIdx.x - 1; tile >= 0; --tile) later += p.tile_sums[bh * gridDim.x + tile];
+    double total;
+    suffix = later + block_scan(local, total) - local;
+  }
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int t = end - 1 - (threadIdx.x * kPer + i);
-    suffix += x[i];
+    suffix = p.rev_starts && t >= 0 && cut_at(p, e0 + i) ? x[i] : suffix + x[i];
     if (t >= 0) {
       const int64_t row = row0 + (int64_t)t * p.H;
+      const bool starts = p.starts && ((__ldg(p.starts + t / 64) >> (t % 64)) & 1);
       p.d_i[row] = kdk[i];
-      p.d_f[row] = (float)suffix / (1.f + expf(__ldg(p.f_gate + row)));  // sigmoid(-f) = 1 / (1 + e^f)
+      p.d_f[row] = starts ? 0.f : (float)suffix / (1.f + expf(__ldg(p.f_gate + row)));  // sigmoid(-f) = 1 / (1 + e^f)
     }
   }
 }

@@ -41,13 +41,16 @@ __device__ __forceinline__ SegmentArgs segment_args(const lasp_mlstm_params& p, 
   a.bh = blockIdx.z;
   a.scale = p.scale;
   a.eps = p.eps;
+  a.starts = p.starts;
   return a;
 }
 
 // Kernel 1: piece u = blockIdx.y (piece r of segment s = u / R, s < S-1) from the empty state into
 // workspace slot (b*H+h, u). A piece past its segment's end has no chunks: the identity summary
-// (C = n = 0, m = -inf, F = 0). kGradient: a backward pass's (no normaliser: n stays 0).
-template <int DK, int DV, bool kGradient = false>
+// (C = n = 0, m = -inf, F = 0). kGradient: a backward pass's (no normaliser: n stays 0). kPacked:
+// over packed documents (p.starts); a piece holding a start sums to F = -inf and ends in its last
+// document's state.
+template <int DK, int DV, bool kGradient = false, bool kPacked = false>
 __device__ __forceinline__ void run_states(const lasp_mlstm_params& p) {
   const int u = blockIdx.y, R = p.states_splits;
   const int per_piece = lasp_mlstm_chunks_per_piece(p.chunks_per_segment, R);
@@ -57,7 +60,7 @@ __device__ __forceinline__ void run_states(const lasp_mlstm_params& p) {
   const int first = (u % R) * per_piece;  // within the segment
   const SegmentArgs a = segment_args(p, seg_begin + first, max(0, min(per_piece, seg_chunks - first)));
   const int64_t slot = (int64_t)a.bh * p.num_summaries * R + u;
-  run_segment<DK, DV / kTileV, false, kGradient>(
+  run_segment<DK, DV / kTileV, false, kGradient, kPacked>(
       a,
       [&](StateRegs<DK>& s, const StateLane& ln, int, float&) {
         chunk::state_zero<DK>(s, ln);
@@ -74,8 +77,8 @@ __device__ __forceinline__ void run_states(const lasp_mlstm_params& p) {
 }
 
 // Kernel 3: segment blockIdx.y from its prefix; the last segment writes the final state.
-// kGradient: a backward pass's (lasp/mlstm/backward_params.h).
-template <int DK, int DV, bool kGradient = false>
+// kGradient: a backward pass's (lasp/mlstm/backward_params.h). kPacked: over packed documents.
+template <int DK, int DV, bool kGradient = false, bool kPacked = false>
 __device__ __forceinline__ void run_output(const lasp_mlstm_params& p) {
   const int seg = blockIdx.y;
   const int c_begin = seg * p.chunks_per_segment;
@@ -83,7 +86,7 @@ __device__ __forceinline__ void run_output(const lasp_mlstm_params& p) {
       segment_args(p, c_begin, min(p.chunks_per_segment, lasp_mlstm_num_chunks(p.T) - c_begin));  // >= 1
   const int64_t bh = a.bh;
   const int64_t slot = bh * (p.num_segments - 1) + seg - 1;  // the prefix's, for seg > 0
-  run_segment<DK, DV / kTileV, true, kGradient>(
+  run_segment<DK, DV / kTileV, true, kGradient, kPacked>(
       a,
       [&](StateRegs<DK>& s, const StateLane& ln, int group, float& n) {
         const float* c = seg > 0 ? p.ws_pc + slot * DK * DV : p.c0 ? p.c0 + bh * DK * DV : nullptr;
@@ -129,3 +132,4 @@ extern "C" __global__ void __launch_bounds__(LASP_MLSTM_FOLD_THREADS)
 //   lasp_mlstm_output_dk*_dv{64,128}  kernel 3, grid (1, S, B*H), block lasp_mlstm_threads(Dv)
 //   lasp_mlstm_grad_{states,output}_dk*_dv{64,128}  kernels 1 and 3 of the backward's gradient
 //                                     passes (kGradient; lasp/mlstm/backward_params.h), launched alike
+//   each with a twin *_packed for packed documents (kPacked: the masks at p.starts)

@@ -18,13 +18,15 @@
 //!
 //! The short convolution ([`crate::ops::short_conv`]) takes the same documents through a flag
 //! per token (`DocumentStarts::start_flags`), which its kernels read. GLA ([`crate::ops::gla`]),
-//! whose gates are per key, masks at the starts instead, from one word per chunk of 64 tokens
-//! (`DocumentStarts::chunk_words`).
+//! whose gates are per key, and mLSTM ([`crate::ops::mlstm`]), whose stabilised weights admit no
+//! finite mark, mask at the starts instead, from one word per chunk of 64 tokens
+//! (`DocumentStarts::chunk_words`; the operations' side: `masked`).
 //!
 //! A call over documents takes no initial state (the first document starts at token 0, which
-//! forgets it): per-document initial and final states are not here yet, nor mLSTM (its gates
-//! are not a decay the state forgets through alone). Design: `kernels/docs/packed.md`.
+//! forgets it): per-document initial and final states are not here yet. Design:
+//! `kernels/docs/packed.md`.
 
+pub(crate) mod masked;
 #[cfg(test)]
 mod tests;
 
@@ -101,6 +103,15 @@ pub struct Documents<'a> {
     /// The packed sequence's index of this shard's first token: the sum of the earlier PEs' shard
     /// lengths (0 on one GPU).
     pub shard_start: usize,
+}
+
+/// The order in which a chunk loop walks a shard, which its start words follow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LoopOrder {
+    /// From the shard's first token up (every forward, GLA's backward, mLSTM's dq pass).
+    InOrder,
+    /// From the shard's last token down (mLSTM's dv and dk passes and its gate gradient).
+    Reversed,
 }
 
 /// The log-decays `[B, T, H]` of one call: B batch rows of this shard's T tokens, H heads.
@@ -222,8 +233,10 @@ impl DocumentStarts {
     }
 
     /// Writes the start words of this shard's `t` tokens to `words`: bit i of word c set where
-    /// token `64 c + i` starts a document (`lasp/documents/chunk_starts.cuh`). The caller orders
-    /// `stream` after the offsets' buffer.
+    /// token `64 c + i` starts a document (`lasp/documents/chunk_starts.cuh`); for a loop that
+    /// walks the shard from its last token down ([`LoopOrder::Reversed`]), where loop token
+    /// `64 c + i` is followed by a start (the shard's last token where the next shard opens
+    /// with one). The caller orders `stream` after the offsets' buffer.
     ///
     /// # Safety
     /// `words` is the device address of [`DocumentStarts::words_len`]`(t)` u64, 8-byte aligned,
@@ -235,6 +248,7 @@ impl DocumentStarts {
         docs: Documents<'_>,
         t: usize,
         words: u64,
+        order: LoopOrder,
     ) -> Result<()> {
         let shape = GateShape { b: 1, t, h: 1 };
         check("packed documents: start words", &docs, shape)?;
@@ -247,6 +261,7 @@ impl DocumentStarts {
             num_offsets: docs.cu_seqlens.len() as i32,
             shard_start: docs.shard_start as i64,
             T: t as i32,
+            reversed: i32::from(order == LoopOrder::Reversed),
             words: words as _,
         };
         let launch = LaunchShape {

@@ -5,13 +5,14 @@
 //! The maths, the call sequence and every launch and workspace formula are those of
 //! `kernels/cuda/include/lasp/gla/backward_params.h`; the shared-memory formulas are ported here.
 
-use super::documents::{refuse_states, StartWords, Twins};
 use super::forward::{check_inputs, check_measured, validate_gates_of};
 use super::plan::{chunk_states_len, validate_as, CHUNK, CHUNK_STATES_LAYOUT};
 use super::GlaBackwardParams;
 use crate::error::Result;
 use crate::kernel::{width_index, Kernel, LaunchShape};
+use crate::ops::documents::masked::{refuse_states, StartWords, Twins};
 use crate::ops::documents::Documents;
+use crate::ops::documents::LoopOrder;
 use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
 use crate::ops::{
     bf16, check_forced_segments, require_shared_memory, split_into_segments, DeviceMut, DeviceRef,
@@ -487,8 +488,13 @@ impl GlaBackward {
         // self and is freed only after a context synchronisation; StreamOrder ordered `stream`
         // after the offsets' buffer.
         let starts = unsafe {
-            self.words
-                .enqueue(stream, args.documents, args.shape.t, base + words_at)
+            self.words.enqueue(
+                stream,
+                args.documents,
+                args.shape.t,
+                base + words_at,
+                LoopOrder::InOrder,
+            )
         }?;
         let (ws_m, ws_p, ws_lambda) = plan.segment_offsets.map_or((0, 0, 0), |o| {
             (base + o.ws_m, base + o.ws_p, base + o.ws_lambda)

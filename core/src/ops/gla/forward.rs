@@ -1,12 +1,13 @@
 //! [`GlaForward`]: the GLA forward's kernels, workspace and launches, and the checks of one
 //! call's tensors ([`GlaArgs`]) before anything is launched.
 
-use super::documents::{refuse_states, StartWords, Twins};
 use super::plan::{chunk_states_len, output_smem_bytes, states_smem_bytes, CHUNK_STATES_LAYOUT};
 use super::{GlaParams, GlaPlan};
 use crate::error::{Error, Result};
 use crate::kernel::{width_index, Kernel};
+use crate::ops::documents::masked::{refuse_states, StartWords, Twins};
 use crate::ops::documents::Documents;
+use crate::ops::documents::LoopOrder;
 use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
 use crate::ops::{
     bf16, check_forced_segments, require_shared_memory, DeviceMut, DeviceRef, StreamOrder,
@@ -351,8 +352,13 @@ impl GlaForward {
         // self and is freed only after a context synchronisation; StreamOrder ordered `stream`
         // after the offsets' buffer.
         let starts = unsafe {
-            self.words
-                .enqueue(stream, args.documents, s.t, base + words_at)
+            self.words.enqueue(
+                stream,
+                args.documents,
+                s.t,
+                base + words_at,
+                LoopOrder::InOrder,
+            )
         }?;
         let params = GlaParams {
             q: args.q.addr() as _,

@@ -9,7 +9,6 @@
 //! all-gather between the same kernels; [`ExchangeMode::NoComm`] drops the exchange (timing). The
 //! fold is the same in every mode, so outputs are bit-identical across modes.
 
-use super::documents::{StartWords, Twins};
 use super::forward::{chunk_kernels, ChunkKernels};
 use super::plan::{output_smem_bytes, output_threads, states_smem_bytes, CHUNK};
 use super::{Gla, GlaArgs};
@@ -17,6 +16,8 @@ use crate::error::Result;
 use crate::exchange::chain::StateChain;
 use crate::exchange::{Direction, ExchangeMode, Lasp2Layout};
 use crate::kernel::{width_index, LaunchShape};
+use crate::ops::documents::masked::{StartWords, Twins};
+use crate::ops::documents::LoopOrder;
 use crate::ops::StreamOrder;
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaSlice, CudaStream};
@@ -131,8 +132,13 @@ impl GlaLasp2Forward {
         // SAFETY: the workspace holds the words' bytes from words_at (sized above) and is owned
         // by self; StreamOrder ordered `stream` after the offsets' buffer.
         let starts = unsafe {
-            self.words
-                .enqueue(stream, args.documents, s.t, ws + words_at)
+            self.words.enqueue(
+                stream,
+                args.documents,
+                s.t,
+                ws + words_at,
+                LoopOrder::InOrder,
+            )
         }?;
         let params = Lasp2Params {
             q: args.q.addr() as _,

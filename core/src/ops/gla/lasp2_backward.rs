@@ -13,13 +13,14 @@ use super::backward::{
     chunk_params, grads_kernels, grads_smem_bytes, grads_threads, twins_by_width, walk_smem_bytes,
     walk_threads,
 };
-use super::documents::{StartWords, Twins};
 use super::plan::{chunk_states_len, CHUNK};
 use super::{Gla, GlaBackwardArgs, Lasp2Params};
 use crate::error::Result;
 use crate::exchange::chain::StateChain;
 use crate::exchange::{Direction, ExchangeMode, Lasp2Layout};
 use crate::kernel::{width_index, Kernel, LaunchShape};
+use crate::ops::documents::masked::{StartWords, Twins};
+use crate::ops::documents::LoopOrder;
 use crate::ops::StreamOrder;
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaSlice, CudaStream};
@@ -131,8 +132,13 @@ impl GlaLasp2Backward {
         // SAFETY: the workspace holds the words' bytes from words_at (sized above) and is owned
         // by self; StreamOrder ordered `stream` after the offsets' buffer.
         let starts = unsafe {
-            self.words
-                .enqueue(stream, args.documents, s.t, ws + words_at)
+            self.words.enqueue(
+                stream,
+                args.documents,
+                s.t,
+                ws + words_at,
+                LoopOrder::InOrder,
+            )
         }?;
         let params = Lasp2Params {
             q: args.q.addr() as _,

@@ -31,7 +31,6 @@
 //! (`kernels/docs/packed.md`); every operation above takes them.
 
 mod backward;
-mod documents;
 mod family;
 mod forward;
 mod lasp2;

@@ -16,6 +16,8 @@ use super::forward::{
 use super::{MlstmPlan, MlstmStateRef};
 use crate::error::Result;
 use crate::kernel::{Kernel, LaunchShape};
+use crate::ops::documents::masked::{refuse_states, StartWords};
+use crate::ops::documents::{Documents, LoopOrder};
 use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
 use crate::ops::{bf16, DeviceMut, DeviceRef, Scope, StreamOrder};
 use crate::runtime::Runtime;
@@ -68,6 +70,9 @@ pub struct MlstmBackwardArgs<'a> {
     pub d_initial_c: Option<DeviceMut<'a, f32>>,
     /// The forward's `sigma`; `None` for `Dk^-1/2`.
     pub scale: Option<f32>,
+    /// The forward's packed documents: no gradient crosses a start, and a start's own forget
+    /// gate gets 0. With documents `initial_state`, `d_final` and `d_initial_c` must be `None`.
+    pub documents: Option<Documents<'a>>,
 }
 
 impl<'a> MlstmBackwardArgs<'a> {
@@ -86,6 +91,7 @@ impl<'a> MlstmBackwardArgs<'a> {
             self.dv.home(),
             self.d_i_gate.home(),
             self.d_f_gate.home(),
+            self.documents.and_then(|d| d.cu_seqlens.home()),
         ];
         if let Some(s) = &self.initial_state {
             homes.extend([s.c.home(), s.m.home()]);
@@ -101,12 +107,26 @@ impl<'a> MlstmBackwardArgs<'a> {
 
     /// Checks lengths, alignment, scale and overlaps; returns the scale.
     pub(super) fn check(&self) -> Result<f32> {
+        refuse_states(
+            OP,
+            self.documents.as_ref(),
+            &[("initial_state", self.initial_state.is_some())],
+        )?;
         self.check_as(OP)
     }
 
-    /// [`MlstmBackwardArgs::check`] with errors naming operation `op`.
+    /// [`MlstmBackwardArgs::check`] with errors naming operation `op`, but for the initial
+    /// state with documents (LASP-2 passes the state entering a shard as it).
     pub(super) fn check_as(&self, op: &str) -> Result<f32> {
         let s = &self.shape;
+        refuse_states(
+            op,
+            self.documents.as_ref(),
+            &[
+                ("d_final", self.d_final.is_some()),
+                ("d_initial_c", self.d_initial_c.is_some()),
+            ],
+        )?;
         let checks = TensorChecks::new(op, s);
         let per_token = s.b * s.t * s.h;
         let (qk, v) = ("[B, T, H, Dk]", "[B, T, H, Dv]");
@@ -315,6 +335,42 @@ pub(super) struct BackwardKernels {
     lasp2_exit: Kernel,
 }
 
+/// The start words of a call over packed documents (0 without): the in-order pass's (dq) and the
+/// reversed passes' (dv, dk, and the gate gradient's scan).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct PassWords {
+    pub(super) in_order: u64,
+    pub(super) reversed: u64,
+}
+
+impl PassWords {
+    /// Workspace bytes both arrays of a shard of `t` tokens take (0 without documents).
+    pub(super) fn bytes(docs: Option<&Documents<'_>>, t: usize) -> u64 {
+        2 * StartWords::bytes(docs, t)
+    }
+
+    /// Writes both arrays for `docs` at `at` ([`PassWords::bytes`] bytes there).
+    ///
+    /// # Safety
+    /// As [`StartWords::enqueue`], for [`PassWords::bytes`] bytes at `at`.
+    pub(super) unsafe fn enqueue(
+        words: &StartWords,
+        stream: &Arc<CudaStream>,
+        docs: Option<Documents<'_>>,
+        t: usize,
+        at: u64,
+    ) -> Result<Self> {
+        let half = StartWords::bytes(docs.as_ref(), t);
+        // SAFETY: the caller's contract; the two arrays do not overlap.
+        unsafe {
+            Ok(PassWords {
+                in_order: words.enqueue(stream, docs, t, at, LoopOrder::InOrder)?,
+                reversed: words.enqueue(stream, docs, t, at + half, LoopOrder::Reversed)?,
+            })
+        }
+    }
+}
+
 /// One call's parameters: the backward's own kernels' struct, each gradient pass's operands
 /// (`lasp/mlstm/backward_params.h`: the roles of the tensors exchanged) and the launches.
 pub(super) struct BackwardCall {
@@ -331,12 +387,14 @@ pub(super) struct BackwardCall {
 
 impl BackwardCall {
     /// The call of `plan` over checked `args` (scale from [`MlstmBackwardArgs::check`]) with the
-    /// workspace at device address `base`.
+    /// workspace at device address `base` and the start words of packed documents at `words`
+    /// (zeros without documents).
     pub(super) fn new(
         args: &MlstmBackwardArgs<'_>,
         plan: &MlstmBackwardPlan,
         base: u64,
         scale: f32,
+        words: PassWords,
     ) -> Self {
         let ws = plan.offsets();
         let at = |offset: u64| base + offset;
@@ -365,6 +423,8 @@ impl BackwardCall {
             q_dots: at(ws.q_dots) as _,
             k_dots: at(ws.k_dots) as _,
             tile_sums: at(ws.tile_sums) as _,
+            starts: words.in_order as _,
+            rev_starts: words.reversed as _,
             d_i: args.d_i_gate.addr() as _,
             d_f: args.d_f_gate.addr() as _,
             dc0: args.d_initial_c.as_ref().map_or(0, |x| x.addr()) as _,
@@ -391,6 +451,7 @@ impl BackwardCall {
             row_log_scale: row_log_weight,
             row_dot_with: args.q.addr(),
             row_dots: at(ws.q_dots),
+            starts: words.in_order,
             ..Default::default()
         };
         let reversed = ChunkOperands {
@@ -399,6 +460,7 @@ impl BackwardCall {
             m0: at(ws.rev_m),
             row_log_scale: args.i_gate.addr(),
             reversed: true,
+            starts: words.reversed,
             ..Default::default()
         };
         let dv = ChunkOperands {
@@ -526,6 +588,7 @@ pub struct MlstmBackward {
     ctx: Arc<CudaContext>,
     passes: ChunkKernels,
     kernels: BackwardKernels,
+    words: StartWords,
     sm_count: u32,
     force_segments: Option<u32>,
     workspace: Option<CudaSlice<u8>>,
@@ -538,6 +601,7 @@ impl MlstmBackward {
         Ok(MlstmBackward {
             passes: ChunkKernels::new(runtime, OP, ChunkForm::Gradient)?,
             kernels: BackwardKernels::new(runtime)?,
+            words: StartWords::new(runtime)?,
             sm_count: crate::ops::sm_count(&ctx)?,
             ctx,
             force_segments: None,
@@ -578,15 +642,24 @@ impl MlstmBackward {
         if cfg!(debug_assertions) {
             validate_gates(&self.ctx, stream, args.i_gate, args.f_gate, &args.shape)?;
         }
-        let base = crate::ops::ensure_workspace(
-            &self.ctx,
-            stream,
-            &mut self.workspace,
-            plan.workspace_bytes,
-            OP,
-        )?;
-        let call = BackwardCall::new(&args, &plan, base, scale);
+        // The start words (packed documents) after the plan's parts.
+        let words_at = plan.workspace_bytes.next_multiple_of(256);
+        let bytes = words_at + PassWords::bytes(args.documents.as_ref(), args.shape.t);
+        let base = crate::ops::ensure_workspace(&self.ctx, stream, &mut self.workspace, bytes, OP)?;
         self.ctx.bind_to_thread()?;
+        // SAFETY: the workspace holds the words' bytes from words_at (sized above), is owned by
+        // self and is freed only after a context synchronisation; StreamOrder ordered `stream`
+        // after the offsets' buffer.
+        let words = unsafe {
+            PassWords::enqueue(
+                &self.words,
+                stream,
+                args.documents,
+                args.shape.t,
+                base + words_at,
+            )
+        }?;
+        let call = BackwardCall::new(&args, &plan, base, scale, words);
         // SAFETY: the params are the headers' structs, filled by BackwardCall::new from
         // arguments checked for shape, length, alignment and overlap, and from the workspace
         // this plan sized; each kernel reads what the ones before it on `stream` wrote; the views

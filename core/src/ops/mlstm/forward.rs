@@ -5,6 +5,8 @@ use super::plan::{output_smem_bytes, states_smem_bytes};
 use super::{MlstmParams, MlstmPlan};
 use crate::error::{Error, Result};
 use crate::kernel::{width_index, Kernel};
+use crate::ops::documents::masked::{refuse_states, StartWords, Twins};
+use crate::ops::documents::{Documents, LoopOrder};
 use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
 use crate::ops::Scope;
 use crate::ops::{bf16, require_shared_memory, DeviceMut, DeviceRef, StreamOrder};
@@ -164,6 +166,9 @@ pub struct MlstmArgs<'a> {
     pub scale: Option<f32>,
     /// The denominator's epsilon, added after the max; `None` for [`DEFAULT_EPS`].
     pub eps: Option<f32>,
+    /// Packed documents: every document starts from mlstm_kernels' zero state and no score
+    /// crosses a start. With documents `initial_state` and `final_state` must be `None`.
+    pub documents: Option<Documents<'a>>,
 }
 
 impl<'a> MlstmArgs<'a> {
@@ -176,6 +181,7 @@ impl<'a> MlstmArgs<'a> {
             self.i_gate.home(),
             self.f_gate.home(),
             self.h.home(),
+            self.documents.and_then(|d| d.cu_seqlens.home()),
         ];
         if let Some(s) = &self.initial_state {
             homes.extend([s.c.home(), s.n.home(), s.m.home()]);
@@ -193,6 +199,14 @@ impl<'a> MlstmArgs<'a> {
     /// the scale and eps to use.
     pub(super) fn check(&self) -> Result<(f32, f32)> {
         let s = &self.shape;
+        refuse_states(
+            OP,
+            self.documents.as_ref(),
+            &[
+                ("initial_state", self.initial_state.is_some()),
+                ("final_state", self.final_state.is_some()),
+            ],
+        )?;
         let checks = TensorChecks::new(OP, s);
         let per_token = s.b * s.t * s.h;
         let (c_len, n_len, m_len) = (s.state_len(), s.b * s.h * s.dk, s.b * s.h);
@@ -304,13 +318,37 @@ pub(super) enum ChunkForm {
     Gradient,
 }
 
-/// The chunk passes of every mLSTM forward (one GPU and LASP-2 shards) and of the backward's
-/// gradient passes: the states and output kernels per (Dv, Dk), their shared-memory limits
-/// raised, and the single-GPU fold.
-pub(super) struct ChunkKernels {
+/// The states and output kernels of one build per (Dv, Dk), their shared-memory limits raised.
+struct ChunkTables {
     /// Indexed by [Dv][Dk]: 64, 128 each.
     states: [[Kernel; 2]; 2],
     output: [[Kernel; 2]; 2],
+}
+
+/// The instance names of one build: states, then output, each per Dv (64, 128) and Dk.
+type ChunkNames = [[[&'static str; 2]; 2]; 2];
+
+impl ChunkTables {
+    fn new(runtime: &Runtime, [states, output]: ChunkNames) -> Result<Self> {
+        let module = runtime.module();
+        let [s64, s128] = states.map(|names| module.kernels_per_width(names));
+        let [o64, o128] = output.map(|names| module.kernels_per_width(names));
+        let (states, output) = ([s64?, s128?], [o64?, o128?]);
+        for (j, dv) in [64, 128].into_iter().enumerate() {
+            for (i, dk) in [64, 128].into_iter().enumerate() {
+                states[j][i].set_max_dynamic_shared_bytes(states_smem_bytes(dk, dv))?;
+                output[j][i].set_max_dynamic_shared_bytes(output_smem_bytes(dk, dv))?;
+            }
+        }
+        Ok(ChunkTables { states, output })
+    }
+}
+
+/// The chunk passes of every mLSTM forward (one GPU and LASP-2 shards) and of the backward's
+/// gradient passes: the states and output kernels and their twins for packed documents (taken
+/// where the parameters carry start words), and the single-GPU fold.
+pub(super) struct ChunkKernels {
+    tables: Twins<ChunkTables>,
     single_gpu_fold: Kernel,
 }
 
@@ -319,39 +357,44 @@ impl ChunkKernels {
     /// error if this GPU cannot give a block that much shared memory.
     pub(super) fn new(runtime: &Runtime, op: &str, form: ChunkForm) -> Result<Self> {
         require_shared_memory(runtime, op, output_smem_bytes(128, 128))?;
-        let module = runtime.module();
-        let [states, output] = match form {
+        use instances::*;
+        let names: [ChunkNames; 2] = match form {
             ChunkForm::Forward => [
-                [instances::MLSTM_STATES_DV64, instances::MLSTM_STATES_DV128],
-                [instances::MLSTM_OUTPUT_DV64, instances::MLSTM_OUTPUT_DV128],
+                [
+                    [MLSTM_STATES_DV64, MLSTM_STATES_DV128],
+                    [MLSTM_OUTPUT_DV64, MLSTM_OUTPUT_DV128],
+                ],
+                [
+                    [MLSTM_STATES_DV64_PACKED, MLSTM_STATES_DV128_PACKED],
+                    [MLSTM_OUTPUT_DV64_PACKED, MLSTM_OUTPUT_DV128_PACKED],
+                ],
             ],
             ChunkForm::Gradient => [
                 [
-                    instances::MLSTM_GRAD_STATES_DV64,
-                    instances::MLSTM_GRAD_STATES_DV128,
+                    [MLSTM_GRAD_STATES_DV64, MLSTM_GRAD_STATES_DV128],
+                    [MLSTM_GRAD_OUTPUT_DV64, MLSTM_GRAD_OUTPUT_DV128],
                 ],
                 [
-                    instances::MLSTM_GRAD_OUTPUT_DV64,
-                    instances::MLSTM_GRAD_OUTPUT_DV128,
+                    [
+                        MLSTM_GRAD_STATES_DV64_PACKED,
+                        MLSTM_GRAD_STATES_DV128_PACKED,
+                    ],
+                    [
+                        MLSTM_GRAD_OUTPUT_DV64_PACKED,
+                        MLSTM_GRAD_OUTPUT_DV128_PACKED,
+                    ],
                 ],
             ],
         };
-        let states = states.map(|names| module.kernels_per_width(names));
-        let output = output.map(|names| module.kernels_per_width(names));
-        let [s64, s128] = states;
-        let [o64, o128] = output;
-        let (states, output) = ([s64?, s128?], [o64?, o128?]);
-        for (j, dv) in [64, 128].into_iter().enumerate() {
-            for (i, dk) in [64, 128].into_iter().enumerate() {
-                states[j][i].set_max_dynamic_shared_bytes(states_smem_bytes(dk, dv))?;
-                output[j][i].set_max_dynamic_shared_bytes(output_smem_bytes(dk, dv))?;
-            }
-        }
         Ok(ChunkKernels {
-            states,
-            output,
-            single_gpu_fold: module.kernel("lasp_mlstm_fold")?,
+            tables: Twins::new(names, |names| ChunkTables::new(runtime, names))?,
+            single_gpu_fold: runtime.module().kernel("lasp_mlstm_fold")?,
         })
+    }
+
+    /// The build `params` runs: the packed twins where it carries start words.
+    fn tables(&self, params: &MlstmParams) -> &ChunkTables {
+        self.tables.get(!params.starts.is_null())
     }
 
     /// The whole single-GPU forward of `plan` (scope [`Scope::SingleGpu`]): the states pass and
@@ -393,7 +436,10 @@ impl ChunkKernels {
             return Ok(());
         };
         // SAFETY: the caller's contract.
-        unsafe { self.states[width_index(s.dv)][width_index(s.dk)].launch(stream, states, params) }
+        unsafe {
+            self.tables(params).states[width_index(s.dv)][width_index(s.dk)]
+                .launch(stream, states, params)
+        }
     }
 
     /// The output pass of `plan`.
@@ -410,7 +456,11 @@ impl ChunkKernels {
         let s = &plan.shape;
         // SAFETY: the caller's contract.
         unsafe {
-            self.output[width_index(s.dv)][width_index(s.dk)].launch(stream, plan.output, params)
+            self.tables(params).output[width_index(s.dv)][width_index(s.dk)].launch(
+                stream,
+                plan.output,
+                params,
+            )
         }
     }
 }
@@ -437,6 +487,8 @@ pub(super) struct ChunkOperands {
     pub row_dot_with: u64,
     pub row_dots: u64,
     pub reversed: bool,
+    /// The loop's start words (packed documents), or 0.
+    pub starts: u64,
 }
 
 impl ChunkOperands {
@@ -466,15 +518,21 @@ impl ChunkOperands {
 }
 
 /// The parameters of one call of `plan` from checked `args` (scale and eps from
-/// [`MlstmArgs::check`]) with the workspace at device address `base`.
+/// [`MlstmArgs::check`]) with the workspace at device address `base` and the start words at
+/// `starts` (0 without documents).
 pub(super) fn call_params(
     args: &MlstmArgs<'_>,
     plan: &MlstmPlan,
     base: u64,
     scale: f32,
     eps: f32,
+    starts: u64,
 ) -> MlstmParams {
-    chunk_params(&ChunkOperands::of_forward(args), plan, base, scale, eps)
+    let ops = ChunkOperands {
+        starts,
+        ..ChunkOperands::of_forward(args)
+    };
+    chunk_params(&ops, plan, base, scale, eps)
 }
 
 /// The parameters of one run of `plan`'s chunk passes over `ops` with the workspace at device
@@ -514,6 +572,7 @@ pub(super) fn chunk_params(
         row_dot_with: ops.row_dot_with as _,
         row_dots: ops.row_dots as _,
         reversed: i32::from(ops.reversed),
+        starts: ops.starts as _,
         ws_c: at(0) as _,
         ws_pc: at(ws.pc) as _,
         ws_n: at(ws.n) as _,
@@ -543,6 +602,7 @@ pub(super) fn chunk_params(
 pub struct MlstmForward {
     ctx: Arc<CudaContext>,
     kernels: ChunkKernels,
+    words: StartWords,
     sm_count: u32,
     force_segments: Option<u32>,
     force_splits: Option<u32>,
@@ -556,6 +616,7 @@ impl MlstmForward {
         let ctx = runtime.context().clone();
         Ok(MlstmForward {
             kernels: ChunkKernels::new(runtime, OP, ChunkForm::Forward)?,
+            words: StartWords::new(runtime)?,
             sm_count: crate::ops::sm_count(&ctx)?,
             ctx,
             force_segments: None,
@@ -613,15 +674,24 @@ impl MlstmForward {
         if cfg!(debug_assertions) {
             self.validate_gates(stream, args.i_gate, args.f_gate, &args.shape)?;
         }
-        let base = crate::ops::ensure_workspace(
-            &self.ctx,
-            stream,
-            &mut self.workspace,
-            plan.workspace_bytes,
-            OP,
-        )?;
-        let params = call_params(&args, &plan, base, scale, eps);
+        // The start words (packed documents) after the plan's parts.
+        let words_at = plan.workspace_bytes.next_multiple_of(256);
+        let bytes = words_at + StartWords::bytes(args.documents.as_ref(), args.shape.t);
+        let base = crate::ops::ensure_workspace(&self.ctx, stream, &mut self.workspace, bytes, OP)?;
         self.ctx.bind_to_thread()?;
+        // SAFETY: the workspace holds the words' bytes from words_at (sized above), is owned by
+        // self and is freed only after a context synchronisation; StreamOrder ordered `stream`
+        // after the offsets' buffer.
+        let starts = unsafe {
+            self.words.enqueue(
+                stream,
+                args.documents,
+                args.shape.t,
+                base + words_at,
+                LoopOrder::InOrder,
+            )
+        }?;
+        let params = call_params(&args, &plan, base, scale, eps, starts);
         // SAFETY: MlstmParams is lasp_mlstm_params, generated from the header, made by
         // call_params for this plan; the shape is supported and every tensor has the length,
         // alignment and non-overlap the kernels need (checked above); the views borrow their

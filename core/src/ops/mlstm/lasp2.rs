@@ -10,7 +10,8 @@
 //! sequential modes put a host all-gather between the same kernels; [`ExchangeMode::NoComm`]
 //! drops the exchange (timing). The fold is the same in every mode, so outputs are bit-identical
 //! across modes. On one PE nothing is exchanged: every mode runs the single-GPU forward (and
-//! advances the exchange's epoch).
+//! advances the exchange's epoch). Over packed documents (`documents` in [`MlstmArgs`]) a shard
+//! holding a start sends its last document's state with `F = -inf`, which the fold takes as it is.
 
 use super::forward::{call_params, ChunkForm, ChunkKernels, MlstmArgs};
 use super::{Mlstm, MlstmBoundaryMut, MlstmPlan, MlstmStateMut};
@@ -18,6 +19,8 @@ use crate::error::Result;
 use crate::exchange::chain::StateChain;
 use crate::exchange::{Direction, ExchangeMode, Lasp2Layout};
 use crate::kernel::Kernel;
+use crate::ops::documents::masked::StartWords;
+use crate::ops::documents::LoopOrder;
 use crate::ops::Scope;
 use crate::ops::StreamOrder;
 use crate::runtime::Runtime;
@@ -36,6 +39,7 @@ const OP: &str = "mLSTM LASP-2 forward";
 pub struct MlstmLasp2Forward {
     chain: StateChain<Mlstm>,
     kernels: ChunkKernels,
+    words: StartWords,
     /// The LASP-2 fold (the earlier PEs' summaries, then the shard's segments).
     fold: Kernel,
     workspace: Option<CudaSlice<u8>>,
@@ -57,6 +61,7 @@ impl MlstmLasp2Forward {
             sm_count: crate::ops::sm_count(runtime.context())?,
             chain,
             kernels,
+            words: StartWords::new(runtime)?,
             fold,
             workspace: None,
             force_segments: None,
@@ -129,20 +134,35 @@ impl MlstmLasp2Forward {
         if let Some(b) = &boundary {
             b.check(&args)?;
         }
+        // The start words (packed documents) after the plan's parts.
+        let words_at = plan.workspace_bytes.next_multiple_of(256);
+        let bytes = words_at + StartWords::bytes(args.documents.as_ref(), s.t);
         let base = crate::ops::ensure_workspace(
             self.chain.context(),
             stream,
             &mut self.workspace,
-            plan.workspace_bytes,
+            bytes,
             OP,
         )?;
-        let mut fwd = call_params(&args, &plan, base, scale, eps);
+        self.chain.context().bind_to_thread()?;
+        // SAFETY: the workspace holds the words' bytes from words_at (sized above), is owned by
+        // self and is freed only after a context synchronisation; StreamOrder ordered `stream`
+        // after the offsets' buffer.
+        let starts = unsafe {
+            self.words.enqueue(
+                stream,
+                args.documents,
+                s.t,
+                base + words_at,
+                LoopOrder::InOrder,
+            )
+        }?;
+        let mut fwd = call_params(&args, &plan, base, scale, eps, starts);
         if let Some(exit) = boundary.as_ref().map(|b| &b.exit) {
             fwd.c_t = exit.c.addr() as _;
             fwd.n_t = exit.n.addr() as _;
             fwd.m_t = exit.m.addr() as _;
         }
-        self.chain.context().bind_to_thread()?;
         if one_pe {
             if let Some(entry) = boundary.as_ref().map(|b| &b.entry) {
                 // The zero state is (0, 0, m = 0).

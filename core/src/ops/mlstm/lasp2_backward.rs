@@ -11,14 +11,20 @@
 //! its dv pass's start. The dq pass needs nothing from the other PEs: it runs while the summaries
 //! travel. The fold is the same in every mode, so gradients are bit-identical across modes. On one
 //! PE nothing is exchanged: every mode runs the single-GPU backward (and advances the epoch).
+//! Over packed documents the reversed passes restart at every document's last token; a shard
+//! whose successor opens with a start masks the state coming down from it (its reversed words
+//! mark its last token), so the exchange itself is unchanged.
 
-use super::backward::{BackwardCall, BackwardKernels, MlstmBackwardArgs, MlstmBackwardPlan};
+use super::backward::{
+    BackwardCall, BackwardKernels, MlstmBackwardArgs, MlstmBackwardPlan, PassWords,
+};
 use super::forward::{chunk_params, ChunkForm, ChunkKernels, ChunkOperands};
 use super::{Lasp2Params, Mlstm, MlstmBoundaryRef};
 use crate::error::{Error, Result};
 use crate::exchange::chain::StateChain;
 use crate::exchange::{Direction, ExchangeMode, Lasp2Layout};
 use crate::kernel::Kernel;
+use crate::ops::documents::masked::StartWords;
 use crate::ops::scalar_decay::TensorChecks;
 use crate::ops::{Scope, StreamOrder};
 use crate::runtime::Runtime;
@@ -35,6 +41,7 @@ pub struct MlstmLasp2Backward {
     chain: StateChain<Mlstm>,
     passes: ChunkKernels,
     kernels: BackwardKernels,
+    words: StartWords,
     /// The LASP-2 fold (the later PEs' summaries, then the dv pass's segments).
     fold: Kernel,
     workspace: Option<CudaSlice<u8>>,
@@ -52,6 +59,7 @@ impl MlstmLasp2Backward {
         Ok(MlstmLasp2Backward {
             passes: ChunkKernels::new(runtime, OP, ChunkForm::Gradient)?,
             kernels: BackwardKernels::new(runtime)?,
+            words: StartWords::new(runtime)?,
             fold: runtime.module().kernel("lasp_mlstm_lasp2_fold")?,
             sm_count: crate::ops::sm_count(runtime.context())?,
             chain,
@@ -114,15 +122,24 @@ impl MlstmLasp2Backward {
         self.chain.check_call(stream, s.layout())?;
         self.chain
             .check_boundary_gradients(args.d_final.is_some(), args.d_initial_c.is_some())?;
+        // The start words (packed documents) after the plan's parts.
+        let words_at = plan.workspace_bytes.next_multiple_of(256);
+        let bytes = words_at + PassWords::bytes(args.documents.as_ref(), s.t);
         let base = crate::ops::ensure_workspace(
             self.chain.context(),
             stream,
             &mut self.workspace,
-            plan.workspace_bytes,
+            bytes,
             OP,
         )?;
-        let mut call = BackwardCall::new(&args, &plan, base, scale);
         self.chain.context().bind_to_thread()?;
+        // SAFETY: the workspace holds the words' bytes from words_at (sized above), is owned by
+        // self and is freed only after a context synchronisation; StreamOrder ordered `stream`
+        // after the offsets' buffer.
+        let words = unsafe {
+            PassWords::enqueue(&self.words, stream, args.documents, s.t, base + words_at)
+        }?;
+        let mut call = BackwardCall::new(&args, &plan, base, scale, words);
         let dq = chunk_params(&call.dq, &plan.dq, call.dq_dk_base, scale, 0.0);
         if npes == 1 {
             let dv = chunk_params(&call.dv, &plan.dv, base, scale, 0.0);

@@ -27,6 +27,12 @@
 //! Across GPUs, [`MlstmLasp2Forward`] runs the same chunk passes on each PE's shard from the
 //! state its earlier PEs' summaries fold into (LASP-2; the summary and the fold:
 //! `kernels/cuda/mlstm/lasp2_forward.cu`).
+//!
+//! Packed documents (`documents` in [`MlstmArgs`] and [`MlstmBackwardArgs`]; fla's `cu_seqlens`):
+//! every document starts from mlstm_kernels' zero state and nothing crosses a start. The chunk
+//! passes' twins read one start word per chunk of 64 tokens that each call writes into its
+//! workspace, restart their chunk-local scans at the starts and mask the products there
+//! (`kernels/docs/packed.md`, "mLSTM"); every operation above takes them.
 
 mod backward;
 mod family;

@@ -63,14 +63,22 @@ fn normaliser_bytes(dk: usize, dv: usize) -> u32 {
 /// Shared-memory bytes of the output kernel (`lasp_mlstm_output_smem_bytes`).
 pub(crate) fn output_smem_bytes(dk: usize, dv: usize) -> u32 {
     let (dk32, dv32) = (dk as u32, dv as u32);
-    header::LASP_MLSTM_STAGES * stage_bytes(dk, dv, true)
+    let tiles = header::LASP_MLSTM_STAGES * stage_bytes(dk, dv, true)
         + 4 * dk32 * dv32 * 2
-        + 2 * normaliser_bytes(dk, dv)
+        + 2 * normaliser_bytes(dk, dv);
+    let words = header::LASP_MLSTM_STAGES * 8;
+    if tiles + words <= header::LASP_MLSTM_BLOCK_SMEM {
+        tiles + words
+    } else {
+        tiles
+    }
 }
 
 /// Shared-memory bytes of the states kernel (`lasp_mlstm_states_smem_bytes`).
 pub(crate) fn states_smem_bytes(dk: usize, dv: usize) -> u32 {
-    header::LASP_MLSTM_STAGES * stage_bytes(dk, dv, false) + normaliser_bytes(dk, dv)
+    header::LASP_MLSTM_STAGES * stage_bytes(dk, dv, false)
+        + normaliser_bytes(dk, dv)
+        + header::LASP_MLSTM_STAGES * 8
 }
 
 /// Output CTAs one SM holds at once (228 KiB of shared memory, 1 KiB reserved per CTA, at most

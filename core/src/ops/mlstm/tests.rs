@@ -5,6 +5,7 @@ use super::backward::Offsets;
 use super::forward::MlstmArgs;
 use super::plan::{output_smem_bytes, states_smem_bytes};
 use super::*;
+use crate::ops::documents::{DocumentOffsets, Documents};
 use crate::ops::scalar_decay::ForwardShape;
 use crate::ops::{bf16, DeviceMut, DeviceRef, Scope};
 
@@ -44,15 +45,19 @@ fn shared_memory_matches_the_header_and_fits_a_block() {
         2 * (3 * 16_384 + 512) + 4 * 32_768 + 2 * 1_024
     );
     assert_eq!(output_smem_bytes(128, 128), 227 * 1024);
+    // Where a block has room, a start word per stage (the packed documents' twin lands them).
     assert_eq!(
         output_smem_bytes(64, 64),
-        2 * (3 * 8_192 + 512) + 4 * 8_192 + 2 * 512
+        2 * (3 * 8_192 + 512) + 4 * 8_192 + 2 * 512 + 2 * 8
     );
     assert_eq!(
         output_smem_bytes(128, 64),
-        2 * (2 * 16_384 + 8_192 + 512) + 4 * 16_384 + 2 * 512
+        2 * (2 * 16_384 + 8_192 + 512) + 4 * 16_384 + 2 * 512 + 2 * 8
     );
-    assert_eq!(states_smem_bytes(128, 128), 2 * (2 * 16_384 + 512) + 1_024);
+    assert_eq!(
+        states_smem_bytes(128, 128),
+        2 * (2 * 16_384 + 512) + 1_024 + 2 * 8
+    );
 }
 
 #[test]
@@ -204,6 +209,7 @@ fn arguments_are_checked_against_the_shape_before_any_launch() {
         }),
         scale: None,
         eps,
+        documents: None,
     };
     assert_eq!(
         args(per_token, base + 0x40_0000, None).check().unwrap(),
@@ -213,6 +219,34 @@ fn arguments_are_checked_against_the_shape_before_any_launch() {
     assert!(err(args(64, base + 0x40_0000, None)).contains("i_gate has 64 elements"));
     assert!(err(args(per_token, base + 0x40_0000, Some(-1.0))).contains("eps = -1"));
     assert!(err(args(per_token, base + 0x10, None)).contains("output h overlaps input q"));
+    // Packed documents start every document from the zero state: no final state with them (and
+    // no initial state).
+    let docs = documents(base + 0x70_0000);
+    let msg = err(MlstmArgs {
+        documents: Some(docs),
+        ..args(per_token, base + 0x40_0000, None)
+    });
+    assert!(
+        msg.contains("final_state was given with packed documents"),
+        "{msg}"
+    );
+    assert!(msg.contains("pass final_state = None"), "{msg}");
+    let packed = MlstmArgs {
+        documents: Some(docs),
+        final_state: None,
+        ..args(per_token, base + 0x40_0000, None)
+    };
+    assert!(packed.check().is_ok());
+}
+
+/// Three int32 offsets at device address `at` (never dereferenced).
+fn documents(at: u64) -> Documents<'static> {
+    // SAFETY: argument checks only read the view's address and length.
+    let offsets = unsafe { DeviceRef::<i32>::from_raw(at, 3) };
+    Documents {
+        cu_seqlens: DocumentOffsets::I32(offsets),
+        shard_start: 0,
+    }
 }
 
 #[test]
@@ -233,6 +267,7 @@ fn a_lasp2_boundary_is_checked_against_the_call() {
         final_state: None,
         scale: None,
         eps: None,
+        documents: None,
     };
     let state = |at: u64, c_len: usize| MlstmStateMut {
         c: out_f32(at, c_len),
@@ -371,6 +406,7 @@ fn backward_arguments_are_checked_against_the_shape_before_any_launch() {
         d_f_gate: out_f32(base + 0x91_0000, per_token),
         d_initial_c: Some(out_f32(base + 0xa0_0000, d_c0_len)),
         scale: None,
+        documents: None,
     };
     let (ok_dq, state) = (base + 0x60_0000, 2 * 64 * 64);
     assert_eq!(args(per_token, ok_dq, state).check().unwrap(), 0.125);
@@ -378,4 +414,28 @@ fn backward_arguments_are_checked_against_the_shape_before_any_launch() {
     assert!(err(args(per_token - 1, ok_dq, state)).contains("saved.den has 127 elements"));
     assert!(err(args(per_token, base + 0x40_0010, state)).contains("output dq overlaps input d_h"));
     assert!(err(args(per_token, ok_dq, state / 2)).contains("d_initial_c has 4096 elements"));
+    // Packed documents: no cotangent of a final state, no gradient of an initial state.
+    let packed = |a: MlstmBackwardArgs<'static>| MlstmBackwardArgs {
+        documents: Some(documents(base + 0xb0_0000)),
+        ..a
+    };
+    let msg = err(packed(args(per_token, ok_dq, state)));
+    assert!(
+        msg.contains("d_final was given with packed documents"),
+        "{msg}"
+    );
+    let msg = err(packed(MlstmBackwardArgs {
+        d_final: None,
+        ..args(per_token, ok_dq, state)
+    }));
+    assert!(
+        msg.contains("d_initial_c was given with packed documents"),
+        "{msg}"
+    );
+    let plain = packed(MlstmBackwardArgs {
+        d_final: None,
+        d_initial_c: None,
+        ..args(per_token, ok_dq, state)
+    });
+    assert_eq!(plain.check().unwrap(), 0.125);
 }

@@ -122,6 +122,73 @@ pub fn packed_recurrent_forward(
     })
 }
 
+/// The gradients of a packed sequence, each document by its own reverse sweep.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlstmPackedGrads {
+    /// The token gradients; its `d_initial_state` is unused (zero): see `d_initial_states`.
+    pub grads: MlstmGrads,
+    /// One per document: the gradient with respect to its initial state.
+    pub d_initial_states: Vec<MlstmState>,
+    /// The scale the gate gradients' sums cancel at: the root of the documents' squared
+    /// [`MlstmGrads::gate_grad_scale`]s (each document's suffix sums run over it alone).
+    pub gate_scale: f64,
+}
+
+/// The backward of [`packed_recurrent_forward`] under `gradient`, each document's reverse sweep
+/// on its own: `L = sum(h * d_h) + sum_n <S_n, dS_n>` with `d_h [B, T, H, Dv]` and one
+/// final-state cotangent per document (`None`: zero).
+pub fn packed_recurrent_backward(
+    packed: &MlstmPackedInputs,
+    d_h: &Tensor,
+    d_final_states: Option<&[MlstmState]>,
+    gradient: MlstmGradient,
+) -> Result<MlstmPackedGrads, ReferenceError> {
+    packed.validate()?;
+    check_shape("d_h", "[B, T, H, Dv]", packed.inputs.shape.v(), d_h)?;
+    if let Some(states) = d_final_states {
+        if states.len() != packed.documents() {
+            return Err(ReferenceError::DocumentStateCount {
+                got: states.len(),
+                documents: packed.documents(),
+            });
+        }
+    }
+    let mut parts = Vec::with_capacity(packed.documents());
+    let mut d_initial_states = Vec::with_capacity(packed.documents());
+    let mut gate_sum_sq = 0.0;
+    for (n, doc) in packed.cu_seqlens.windows(2).enumerate() {
+        let tokens = packed.tokens(doc[0]..doc[1], packed.document_start(n));
+        let cot = MlstmCotangents {
+            d_h: d_h.slice_time(doc[0], doc[1] - doc[0]),
+            d_final_state: d_final_states.map(|states| states[n].clone()),
+        };
+        let grads = recurrent_backward(&tokens, &cot, gradient)?;
+        gate_sum_sq += grads.gate_grad_scale(&tokens).powi(2);
+        d_initial_states.push(grads.d_initial_state.clone());
+        parts.push(grads);
+    }
+    Ok(MlstmPackedGrads {
+        grads: concat_grads(&parts, d_initial_states[0].clone()),
+        d_initial_states,
+        gate_scale: gate_sum_sq.sqrt(),
+    })
+}
+
+/// The token gradients of consecutive runs, concatenated in time, with `d_initial_state`.
+fn concat_grads(parts: &[MlstmGrads], d_initial_state: MlstmState) -> MlstmGrads {
+    let cat = |f: fn(&MlstmGrads) -> &Tensor| {
+        Tensor::concat_time(&parts.iter().map(|g| f(g).clone()).collect::<Vec<_>>())
+    };
+    MlstmGrads {
+        dq: cat(|g| &g.dq),
+        dk: cat(|g| &g.dk),
+        dv: cat(|g| &g.dv),
+        d_input_gate: cat(|g| &g.d_input_gate),
+        d_forget_gate: cat(|g| &g.d_forget_gate),
+        d_initial_state,
+    }
+}
+
 /// How the state entering a shard reaches the shard's end.
 #[derive(Clone, Debug, PartialEq)]
 pub enum MlstmCarry {
@@ -337,19 +404,9 @@ pub fn packed_lasp2_backward(
             parts.push(grads);
         }
     }
-    let cat = |f: fn(&MlstmGrads) -> &Tensor| {
-        Tensor::concat_time(&parts.iter().map(|g| f(g).clone()).collect::<Vec<_>>())
-    };
     Ok(MlstmPackedBackward {
         exit_state_grads: exits,
-        grads: MlstmGrads {
-            dq: cat(|g| &g.dq),
-            dk: cat(|g| &g.dk),
-            dv: cat(|g| &g.dv),
-            d_input_gate: cat(|g| &g.d_input_gate),
-            d_forget_gate: cat(|g| &g.d_forget_gate),
-            d_initial_state: zero,
-        },
+        grads: concat_grads(&parts, zero),
         d_initial_states,
     })
 }

@@ -35,8 +35,10 @@ typedef struct {
   float* values;              // [B, T, row_len] fp32, written in place at every start in the shard
 } lasp_document_marks_params;
 
-// Start words for the families that mask at document starts (GLA; lasp/documents/chunk_starts.cuh):
-// bit i of words[c] is set where token 64 c + i of the shard starts a document. The host zeroes
+// Start words for the families that mask at document starts (GLA, mLSTM;
+// lasp/documents/chunk_starts.cuh): bit i of words[c] is set where token 64 c + i of the shard
+// starts a document; reversed (a loop from the shard's last token down: mLSTM's backward), where
+// loop token 64 c + i, token T - 1 - (64 c + i), is followed by a start. The host zeroes
 // the words first; grid (ceil(num_offsets / LASP_DOCUMENTS_THREADS)), block LASP_DOCUMENTS_THREADS:
 // one atomicOr per offset in the shard (an OR, so the bits do not depend on the order), a grid
 // fixed by the buffer's capacity for graph replays, as the marks'.
@@ -46,5 +48,6 @@ typedef struct {
   int32_t num_offsets;
   int64_t shard_start;        // the packed sequence's index of the shard's token 0
   int32_t T;                  // the shard's tokens
+  int32_t reversed;           // nonzero: the reversed loop's words
   uint64_t* words;            // [ceil(T / 64)]
 } lasp_document_words_params;

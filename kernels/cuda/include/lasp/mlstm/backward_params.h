@@ -93,6 +93,14 @@ typedef struct {
   const float* q_dots;     // fp32 [B, T, H, Dk / 64]: q_t . dq_t per 64 columns (the dq pass's)
   const float* k_dots;     // fp32 [B, T, H, Dk / 64]: k_t . dk_t per 64 columns (the dk pass's)
   double* tile_sums;       // fp64 [B*H, ceil(T / LASP_MLSTM_BWD_SCAN_TILE)]: the scan's tile sums
+  // Packed documents, or NULL: the start words of the in-order and the reversed passes
+  // (lasp_mlstm_params.starts): bit t of `starts` set where token t starts a document, bit e of
+  // `rev_starts` where token T-1-e is followed by a start. The gate gradient's suffix sums then
+  // restart at every document's last token (a tile hands on only x from its last such token on),
+  // lf_carry reaches only the tokens whose document continues past the shard, and a start's own
+  // forget gate gets 0 (it decays the zero state; the stabilisers are constants here).
+  const uint64_t* starts;
+  const uint64_t* rev_starts;
   // LASP-2 (NULL on one GPU; see above):
   const float* lasp2_start_c;  // fp32 [B, H, Dk, Dv]: X, the dv pass's start state from the exchange
   const float* lasp2_start_m;  // fp32 [B, H]: its stabiliser m'

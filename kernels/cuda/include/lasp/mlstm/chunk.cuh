@@ -17,6 +17,9 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <type_traits>
+
+#include "lasp/documents/chunk_starts.cuh"
 #include "lasp/mlstm/fold.cuh"
 #include "lasp/mlstm/forward_params.h"
 #include "lasp/scalar_decay/chunk.cuh"
@@ -36,30 +39,46 @@ using chunk::StateRegs;
 using sd::ChunkGates;
 using sd::FragOffsets;
 
-// One chunk's gates for this lane: the scalar-decay step's ChunkGates, each fragment row's
-// stabiliser, the pair values the normaliser's update shuffles, and what the chunk hands on.
+// One chunk's gates for this lane: the scalar-decay step's ChunkGates (with documents, its
+// DocumentChunkGates: the masks at the starts), each fragment row's stabiliser, the pair values
+// the normaliser's update shuffles, and what the chunk hands on.
+template <bool kPacked>
 struct ChunkStep {
-  ChunkGates cg;
+  using Gates = typename std::conditional<kPacked, sd::DocumentChunkGates, ChunkGates>::type;
+  Gates cg;
   float m_row[2];      // m_r of this lane's fragment rows r = 16 warp + 8 hh + g
-  float key_weight[2]; // e^{gamma - col_j} of tokens j = 2 lane, 2 lane + 1
+  float key_weight[2]; // e^{gamma - col_j} of tokens j = 2 lane, 2 lane + 1 (0 before the last start)
   float m_next;        // the stabiliser of the state leaving the chunk
-  float log_forget;    // b_63: the chunk's summed log forget gate
+  float log_forget;    // b_63: the chunk's summed log forget gate (-inf where a document starts in it)
 };
 
-// The gates of a chunk from its forget- and input-gate pre-activations in shared memory (64 each;
-// tokens >= valid are not tokens: no decay, no contribution), entered with stabiliser m_prev
-// (-inf: the empty state). Every warp computes the same values with the same instructions, so
-// every thread of the CTA holds the same bits without a barrier. warp: within the warpgroup.
-__device__ __forceinline__ ChunkStep chunk_step(const float* s_f, const float* s_i, int valid, float m_prev, int warp,
-                                                int lane) {
-  constexpr unsigned kAll = 0xffffffffu;
+// A lane's tokens j = 2 lane, 2 lane + 1 in the chunk step's terms (the file's head): row_j,
+// col_j, the stabiliser m_j = b_j + M_j, and b of the odd token.
+struct PairGates {
+  float row_even, row_odd, col_even, col_odd, m_even, m_odd, b_odd;
+};
+
+// The lane's forget and input gates as log forget gates and input gates (tokens >= valid are not
+// tokens: no decay, no contribution).
+struct PairInputs {
+  float lf0, lf1, in0, in1;
+  bool ok0, ok1;
+};
+__device__ __forceinline__ PairInputs pair_inputs(const float* s_f, const float* s_i, int valid, int lane) {
   const float2 f = reinterpret_cast<const float2*>(s_f)[lane];
   const float2 in = reinterpret_cast<const float2*>(s_i)[lane];
   const bool ok0 = 2 * lane < valid, ok1 = 2 * lane + 1 < valid;
-  const sd::GatePair b =
-      sd::scan_gate_pairs(make_float2(ok0 ? log_sigmoid(f.x) : 0.f, ok1 ? log_sigmoid(f.y) : 0.f), lane);
-  const float a0 = ok0 ? in.x - b.even : -INFINITY;
-  const float a1 = ok1 ? in.y - b.odd : -INFINITY;
+  return {ok0 ? log_sigmoid(f.x) : 0.f, ok1 ? log_sigmoid(f.y) : 0.f, in.x, in.y, ok0, ok1};
+}
+
+// The chunk without documents, entered with stabiliser m_prev (-inf: the empty state).
+__device__ __forceinline__ PairGates pair_gates(const float* s_f, const float* s_i, int valid, float m_prev,
+                                                int lane) {
+  constexpr unsigned kAll = 0xffffffffu;
+  const PairInputs x = pair_inputs(s_f, s_i, valid, lane);
+  const sd::GatePair b = sd::scan_gate_pairs(make_float2(x.lf0, x.lf1), lane);
+  const float a0 = x.ok0 ? x.in0 - b.even : -INFINITY;
+  const float a1 = x.ok1 ? x.in1 - b.odd : -INFINITY;
   // Running maximum of a over the chunk (a warp scan over pairs).
   float run = fmaxf(a0, a1);
 #pragma unroll
@@ -72,30 +91,117 @@ __device__ __forceinline__ ChunkStep chunk_step(const float* s_f, const float* s
   const float max_even = fmaxf(m_prev, fmaxf(before, a0));  // M_{2 lane}
   const float max_odd = fmaxf(m_prev, run);                 // M_{2 lane + 1}
   const float shift = m_prev > -INFINITY ? m_prev : __shfl_sync(kAll, a0, 0);
-  const float row_even = shift - max_even, row_odd = shift - max_odd;
-  const float col_even = shift - a0, col_odd = shift - a1;
-  const float m_even = b.even + max_even, m_odd = b.odd + max_odd;
+  return {shift - max_even, shift - max_odd, shift - a0, shift - a1, b.even + max_even, b.odd + max_odd, b.odd};
+}
 
-  ChunkStep st;
+// A warp's inclusive segmented scan over its lanes' pairs: `v` combined with the lanes before it
+// by `op` back to the nearest lane whose pair holds a start (`starts`: that lane's value only).
+template <class Op>
+__device__ __forceinline__ float segmented_scan(float v, bool starts, int lane, Op op) {
+  constexpr unsigned kAll = 0xffffffffu;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const float y = __shfl_up_sync(kAll, v, off);
+    const bool y_starts = __shfl_up_sync(kAll, starts, off);
+    if (lane >= off) {
+      if (!starts) v = op(y, v);
+      starts = starts || y_starts;
+    }
+  }
+  return v;
+}
+
+// The chunk over packed documents (kernels/docs/packed.md, "mLSTM"): the cumsum b and the running
+// maximum M restart at every start (`word`: bit j set where token j starts a document), each
+// segment enters with its own stabiliser (m_prev before the first start, doc_entry from a start)
+// and takes its own shift, so that every kept exponent is <= 0 and no difference spans two
+// documents' stabilisers; the masks themselves act in the products (DocumentChunkGates).
+__device__ __forceinline__ PairGates document_pair_gates(const float* s_f, const float* s_i, int valid, float m_prev,
+                                                         float doc_entry, uint64_t word, int lane) {
+  constexpr unsigned kAll = 0xffffffffu;
+  const PairInputs x = pair_inputs(s_f, s_i, valid, lane);
+  const bool s0 = (word >> (2 * lane)) & 1, s1 = (word >> (2 * lane + 1)) & 1;
+  const auto sum = [](float l, float r) { return l + r; };
+  const auto max = [](float l, float r) { return fmaxf(l, r); };
+  // b: the segmented cumsum of the log forget gates.
+  const float b_pair = segmented_scan(s1 ? x.lf1 : x.lf0 + x.lf1, s0 || s1, lane, sum);
+  float b_before = __shfl_up_sync(kAll, b_pair, 1);
+  if (lane == 0) b_before = 0.f;
+  const float b_even = s0 ? x.lf0 : b_before + x.lf0;
+  const float b_odd = s1 ? x.lf1 : b_even + x.lf1;
+  const float a0 = x.ok0 ? x.in0 - b_even : -INFINITY;
+  const float a1 = x.ok1 ? x.in1 - b_odd : -INFINITY;
+  // The segmented running maximum of a, then the segment's entering stabiliser.
+  const float a_pair = segmented_scan(s1 ? a1 : fmaxf(a0, a1), s0 || s1, lane, max);
+  float a_before = __shfl_up_sync(kAll, a_pair, 1);
+  if (lane == 0) a_before = -INFINITY;
+  const float run_even = s0 ? a0 : fmaxf(a_before, a0);
+  const float run_odd = s1 ? a1 : fmaxf(run_even, a1);
+  // f(j), the start of token j's document in the chunk (-1: the document entered it).
+  const uint64_t through_even = word & (~0ull >> (63 - 2 * lane));
+  const int f_even = through_even ? 63 - __clzll(static_cast<long long>(through_even)) : -1;
+  const int f_odd = s1 ? 2 * lane + 1 : f_even;
+  // A segment's shift: its entering stabiliser, or from the empty state its first token's a.
+  const int src = f_even >= 0 ? f_even >> 1 : 0;
+  const float start_a0 = __shfl_sync(kAll, a0, src), start_a1 = __shfl_sync(kAll, a1, src);
+  const float a_start_even = f_even >= 0 && (f_even & 1) ? start_a1 : start_a0;
+  const float a_start_odd = s1 ? a1 : a_start_even;
+  const float enter_even = f_even >= 0 ? doc_entry : m_prev, enter_odd = f_odd >= 0 ? doc_entry : m_prev;
+  const float shift_even = enter_even > -INFINITY ? enter_even : a_start_even;
+  const float shift_odd = enter_odd > -INFINITY ? enter_odd : a_start_odd;
+  const float max_even = fmaxf(enter_even, run_even), max_odd = fmaxf(enter_odd, run_odd);
+  return {shift_even - max_even, shift_odd - max_odd, shift_even - a0,        shift_odd - a1,
+          b_even + max_even,     b_odd + max_odd,     word ? -INFINITY : b_odd};
+}
+
+// DocumentChunkGates::starts of the chunk's start word (0 without a start) for the lane whose first
+// fragment row is r0 (its second is r0 + 8).
+__device__ __forceinline__ uint32_t start_bytes(uint64_t word, int r0) {
+  uint32_t bytes = (64u - __clzll(static_cast<long long>(word))) << 16;  // the last start + 1
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const uint64_t through_r = word & (~0ull >> (63 - (r0 + 8 * hh)));
+    bytes |= (through_r ? 64u - __clzll(static_cast<long long>(through_r)) : 0u) << (8 * hh);  // f(r) + 1
+  }
+  return bytes;
+}
+
+// The gates of a chunk from its forget- and input-gate pre-activations in shared memory (64 each;
+// tokens >= valid are not tokens: no decay, no contribution), entered with stabiliser m_prev
+// (-inf: the empty state). With documents (kPacked) `word` holds the chunk's starts and a document
+// enters from doc_entry (document_pair_gates). Every warp computes the same values with the same
+// instructions, so every thread of the CTA holds the same bits without a barrier. warp: within
+// the warpgroup.
+template <bool kPacked>
+__device__ __forceinline__ ChunkStep<kPacked> chunk_step(const float* s_f, const float* s_i, int valid, float m_prev,
+                                                         float doc_entry, uint64_t word, int warp, int lane) {
+  constexpr unsigned kAll = 0xffffffffu;
+  // Most chunks of packed documents hold no start: they take the plain gates (a uniform branch;
+  // the segmented scans are about twice the plain ones' latency), and their masks keep everything.
+  const PairGates pg = kPacked && word != 0 ? document_pair_gates(s_f, s_i, valid, m_prev, doc_entry, word, lane)
+                                            : pair_gates(s_f, s_i, valid, m_prev, lane);
+  ChunkStep<kPacked> st;
   const int g = lane >> 2, t = lane & 3;
+  if constexpr (kPacked) st.cg.starts = start_bytes(word, 16 * warp + g);
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int r = 16 * warp + 8 * hh + g;
-    const float re = __shfl_sync(kAll, row_even, r >> 1), ro = __shfl_sync(kAll, row_odd, r >> 1);
-    const float me = __shfl_sync(kAll, m_even, r >> 1), mo = __shfl_sync(kAll, m_odd, r >> 1);
+    const float re = __shfl_sync(kAll, pg.row_even, r >> 1), ro = __shfl_sync(kAll, pg.row_odd, r >> 1);
+    const float me = __shfl_sync(kAll, pg.m_even, r >> 1), mo = __shfl_sync(kAll, pg.m_odd, r >> 1);
     st.cg.row[hh] = (r & 1) ? ro : re;
     st.m_row[hh] = (r & 1) ? mo : me;
   }
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt) {
-    st.cg.col[nt][0] = __shfl_sync(kAll, col_even, 4 * nt + t);
-    st.cg.col[nt][1] = __shfl_sync(kAll, col_odd, 4 * nt + t);
+    st.cg.col[nt][0] = __shfl_sync(kAll, pg.col_even, 4 * nt + t);
+    st.cg.col[nt][1] = __shfl_sync(kAll, pg.col_odd, 4 * nt + t);
   }
-  st.cg.gamma = __shfl_sync(kAll, row_odd, 31);
-  st.key_weight[0] = exp_nonpos(st.cg.gamma - col_even);
-  st.key_weight[1] = exp_nonpos(st.cg.gamma - col_odd);
-  st.m_next = __shfl_sync(kAll, m_odd, 31);
-  st.log_forget = __shfl_sync(kAll, b.odd, 31);
+  st.cg.gamma = __shfl_sync(kAll, pg.row_odd, 31);
+  const int key_first = sd::last_start(st.cg);
+  st.key_weight[0] = exp_nonpos(2 * lane >= key_first ? st.cg.gamma - pg.col_even : -INFINITY);
+  st.key_weight[1] = exp_nonpos(2 * lane + 1 >= key_first ? st.cg.gamma - pg.col_odd : -INFINITY);
+  st.m_next = __shfl_sync(kAll, pg.m_odd, 31);
+  st.log_forget = __shfl_sync(kAll, pg.b_odd, 31);
   return st;
 }
 
@@ -125,8 +231,9 @@ constexpr int normaliser_parts() {
 // n_p' = e^{gamma} n_p + sum_{j in part p} e^{gamma - col_j} k_jd for key dimension d, K the chunk's
 // swizzled [64 x DK] tile at `sK` (generic address), the weights as chunk_step left them per lane.
 // Four accumulators: the chain is a quarter of the part's tokens long.
-template <int DK, int kParts>
-__device__ __forceinline__ float normaliser_update(float n, const uint8_t* sK, int d, int part, const ChunkStep& st) {
+template <int DK, int kParts, bool kPacked>
+__device__ __forceinline__ float normaliser_update(float n, const uint8_t* sK, int d, int part,
+                                                   const ChunkStep<kPacked>& st) {
   constexpr unsigned kAll = 0xffffffffu;
   constexpr int kPairs = kChunk / 2 / kParts;  // token pairs of a part
   const uint8_t* column = sK + (d & 7) * 2;    // element d of a row, within its 16-byte chunk
@@ -138,7 +245,8 @@ __device__ __forceinline__ float normaliser_update(float n, const uint8_t* sK, i
     acc[(2 * i) & 3] = fmaf(w0, bf16_at(column + swizzle(2 * p, d >> 3, kChunk)), acc[(2 * i) & 3]);
     acc[(2 * i + 1) & 3] = fmaf(w1, bf16_at(column + swizzle(2 * p + 1, d >> 3, kChunk)), acc[(2 * i + 1) & 3]);
   }
-  return fmaf(exp_nonpos(st.cg.gamma), n, (acc[0] + acc[1]) + (acc[2] + acc[3]));
+  const float carry = exp_nonpos(sd::last_start(st.cg) < 0 ? st.cg.gamma : -INFINITY);
+  return fmaf(carry, n, (acc[0] + acc[1]) + (acc[2] + acc[3]));
 }
 
 // sigma-free q_r . n for this lane's fragment rows r = 16 warp + 8 hh + g of the chunk's Q tile at
@@ -256,16 +364,24 @@ struct SegmentArgs {
   int bh;
   bool reversed;  // loop token p is token T-1-p
   float scale, eps;
+  // With documents (kPacked): one start word per loop chunk (lasp/documents/chunk_starts.cuh; a
+  // reversed pass's words mark the tokens whose successor starts a document).
+  const uint64_t* starts;
   // The tensors' token of loop token p (< T).
   __device__ __forceinline__ int token(int p) const { return reversed ? T - 1 - p : p; }
+  // The stabiliser a document enters with: in order (the forward and the dq pass, whose m must be
+  // the forward's) mlstm_kernels' zero state, m = 0; reversed (the dv and dk passes, whose
+  // stabiliser only keeps exponents <= 0) the empty state.
+  __device__ __forceinline__ float doc_entry() const { return reversed ? -INFINITY : 0.f; }
 };
 
 // One chunk's rows of a gradient pass (kGradient): row r of this lane's fragments (token
 // a.token(tok0 + r)) times e^{m_r + row_log_scale}, stored in bf16, and its dot with the same row of
 // row_dot_with, summed over the warpgroup's 64 columns in fp32, stored per column tile. The
 // chunk's row_log_scale values come staged in shared memory at `s_scale` (64 floats).
-template <int kGroups>
-__device__ __forceinline__ void store_gradient_rows(const SegmentArgs& a, const float (&o)[8][4], const ChunkStep& st,
+template <int kGroups, bool kPacked>
+__device__ __forceinline__ void store_gradient_rows(const SegmentArgs& a, const float (&o)[8][4],
+                                                    const ChunkStep<kPacked>& st,
                                                     const float* s_scale, int tok0, int64_t row_bt0, int group,
                                                     int warp, int lane) {
   constexpr unsigned kAll = 0xffffffffu;
@@ -319,7 +435,11 @@ struct Layout {
   static constexpr uint32_t kN = kGates + kStages * kGateBytes;
   static constexpr int kParts = normaliser_parts<DK, 128 * kGroups>();
   static constexpr uint32_t kNBytes = kParts * DK * 4;  // the partial vectors of n
-  static constexpr uint32_t kBytes = kN + (kStoreO ? 2 : 1) * kNBytes;
+  static constexpr uint32_t kTiles = kN + (kStoreO ? 2 : 1) * kNBytes;
+  // Packed documents: each stage's start word lands after the tiles where a block has room (all
+  // but the output loop at Dk = Dv = 128), else, in a gradient pass, beside its row scales.
+  static constexpr bool kWordsAfterTiles = kTiles + kStages * 8 <= LASP_MLSTM_BLOCK_SMEM;
+  static constexpr uint32_t kBytes = kTiles + (kWordsAfterTiles ? kStages * 8 : 0);
   static __device__ __forceinline__ uint32_t stage(int i) { return (i % kStages) * kStageBytes; }
   static __device__ __forceinline__ uint32_t forget(int i) { return kGates + (i % kStages) * kGateBytes; }
   static __device__ __forceinline__ uint32_t input(int i) { return forget(i) + kChunk * 4; }
@@ -329,10 +449,14 @@ struct Layout {
   }
   static __device__ __forceinline__ uint32_t normaliser(int i) { return kN + (kStoreO ? (i & 1) * kNBytes : 0); }
   // A gradient pass's output kernel has no normaliser: each stage's row scales (64 fp32) sit
-  // where the copies of n would.
+  // where the copies of n would, then each stage's start word (packed documents).
   static __device__ __forceinline__ uint32_t row_scale(int i) { return kN + (i % kStages) * kChunk * 4; }
+  static __device__ __forceinline__ uint32_t start_word(int i) {
+    return (kWordsAfterTiles ? kTiles : kN + kStages * kChunk * 4) + (i % kStages) * 8;
+  }
   static_assert(kStageBytes % 1024 == 0 && kSbfBytes % 1024 == 0, "tiles stay 1024-byte aligned");
-  static_assert(!kStoreO || kStages * kChunk * 4 <= 2 * kNBytes, "the row scales fit where n's copies would");
+  static_assert(!kStoreO || kStages * (kChunk * 4 + 8) <= 2 * kNBytes,
+                "the row scales and start words fit where n's copies would");
 };
 
 // The state a CTA starts or ends its segment with: every warpgroup's C tile in registers, n in
@@ -344,7 +468,8 @@ struct Layout {
 // kStoreO = false: a states pass (no Q, no O; each chunk only updates the state).
 // kGradient: a pass of the backward (lasp/mlstm/backward_params.h): no normaliser, each output row
 // scaled by e^{m_r + row_log_scale} and dotted with row_dot_with (store_gradient_rows).
-template <int DK, int kGroups, bool kStoreO, bool kGradient = false, class Start, class End>
+// kPacked: the loop masks at the document starts of a.starts (chunk_step, DocumentChunkGates).
+template <int DK, int kGroups, bool kStoreO, bool kGradient = false, bool kPacked = false, class Start, class End>
 __device__ __forceinline__ void run_segment(const SegmentArgs& a, Start&& start, End&& end) {
   using L = Layout<DK, kGroups, kStoreO>;
   static_assert(L::kBytes == (kStoreO ? lasp_mlstm_output_smem_bytes(DK, kGroups * kTileV)
@@ -367,6 +492,10 @@ __device__ __forceinline__ void run_segment(const SegmentArgs& a, Start&& start,
   // A chunk's rows run down the tensors (in order) or up them (reversed).
   const int64_t dir = a.reversed ? -1 : 1;
 
+  // With documents, each chunk's start word lands with the chunk's tiles (L::start_word), so
+  // that no chunk waits on a load at its head; the forward's output loop at Dk = Dv = 128, which
+  // has no byte of shared memory left, holds it a chunk ahead in a register instead.
+  constexpr bool kWordLands = L::kWordsAfterTiles || kGradient;
   auto issue_chunk = [&](int i) {
     const uint32_t stage = sbase + L::stage(i);
     const int tok0 = (a.c_begin + i) * kChunk;
@@ -384,6 +513,9 @@ __device__ __forceinline__ void run_segment(const SegmentArgs& a, Start&& start,
       const float* gate = (tid < kChunk ? a.f_gate : a.i_gate) + row_bt0;
       const bool ok = r < valid;
       cp_async_4(sbase + L::forget(i) + 4 * tid, ok ? gate + (int64_t)a.token(tok0 + r) * a.H : gate, ok);
+    }
+    if constexpr (kWordLands) {
+      if (tid == 0) documents::ChunkStarts::copy_async<kPacked>(sbase + L::start_word(i), a.starts, a.c_begin + i);
     }
     if constexpr (kStoreO && kGradient) {
       if (tid < kChunk) {
@@ -415,6 +547,7 @@ __device__ __forceinline__ void run_segment(const SegmentArgs& a, Start&& start,
   if constexpr (kStoreO) store_state_split<DK>(smem, L::state_copy(group, 0), L::kSbfBytes, s, ln);
 
   float log_forget = 0.f;  // summed over the chunks in order
+  auto starts = documents::ChunkStarts::Ahead<kPacked && !kWordLands>::first(a.starts, a.c_begin, a.n_chunks > 0);
   for (int i = 0; i < a.n_chunks; ++i) {
     cp_async_wait<kStages - 2>();
 #if LASP_SD_WGMMA
@@ -428,8 +561,12 @@ __device__ __forceinline__ void run_segment(const SegmentArgs& a, Start&& start,
 
     const int tok0 = (a.c_begin + i) * kChunk;
     const uint32_t stage = L::stage(i);
-    const ChunkStep st = chunk_step(reinterpret_cast<const float*>(smem + L::forget(i)),
-                                    reinterpret_cast<const float*>(smem + L::input(i)), T - tok0, m, warp, lane);
+    const uint64_t word = kWordLands ? documents::ChunkStarts::landed<kPacked>(smem + L::start_word(i)).word
+                                     : starts.next(a.starts, a.c_begin + i + 1, i + 1 < a.n_chunks).word;
+    const ChunkStep<kPacked> st =
+        chunk_step<kPacked>(reinterpret_cast<const float*>(smem + L::forget(i)),
+                            reinterpret_cast<const float*>(smem + L::input(i)), T - tok0, m, a.doc_entry(), word,
+                            warp, lane);
     log_forget += st.log_forget;
     const uint32_t sK = sbase + stage + L::kK;
     const uint32_t sV = sbase + stage + L::kV + group * L::kVBytes;
@@ -462,11 +599,14 @@ __device__ __forceinline__ void run_segment(const SegmentArgs& a, Start&& start,
       uint16_t* o_tile = a.o + row_bt0 * Dv + group * kTileV + 2 * t;
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        // The row's q . n as the products weigh the state's term: sigma e^{row_r}.
-        const float qn_r = fmaf(a.scale * exp_nonpos(st.cg.row[hh]), qn[hh], score_sums[hh]);
+        // The row's q . n as the products weigh the state's term: sigma e^{row_r} (0 in a row the
+        // carried state does not reach).
+        const int r = 16 * warp + 8 * hh + g;
+        const float inter = a.scale * exp_nonpos(sd::document_start(st.cg, hh) < 0 ? st.cg.row[hh] : -INFINITY);
+        const float qn_r = fmaf(inter, qn[hh], score_sums[hh]);
         const float den = fmaxf(fabsf(qn_r), expf(-st.m_row[hh])) + a.eps;
         const float inv = rcp_approx(den);
-        const int tok = tok0 + 16 * warp + 8 * hh + g;
+        const int tok = tok0 + r;
         if (tok < T) {
           uint16_t* dst = o_tile + (int64_t)tok * v_stride;
 #pragma unroll

@@ -36,6 +36,7 @@
 #define LASP_MLSTM_TILE_V 64        // Dv columns per CTA
 #define LASP_MLSTM_STAGES 2         // cp.async pipeline depth (chunks in flight)
 #define LASP_MLSTM_FOLD_THREADS 256
+#define LASP_MLSTM_BLOCK_SMEM (227 * 1024)  // the most shared memory a block may have (sm_90)
 
 typedef struct {
   const uint16_t* q;        // bf16 [B, T, H, Dk]
@@ -62,6 +63,12 @@ typedef struct {
   const uint16_t* row_dot_with;  // bf16 [B, T, H, Dv], or NULL: no dots
   float* row_dots;               // fp32 [B, T, H, Dv / 64]
   int32_t reversed;         // nonzero: loop token p is token T-1-p (every tensor, gates included)
+  // Packed documents (the _packed kernels only; NULL for the others): the start word of every
+  // loop chunk (lasp/documents/chunk_starts.cuh), bit i of word c set where loop token 64 c + i
+  // starts a document; a reversed pass's words mark the tokens whose successor starts one (the
+  // shard's last token where the next shard opens with a start). A document enters from m = 0
+  // in order, from the empty state reversed (kernels/docs/packed.md, "mLSTM").
+  const uint64_t* starts;
   // The workspace (one allocation, none on one GPU when S == 1; core/src/ops/mlstm/plan.rs sizes
   // it), per (b*H+h): the summary of every piece u of segments 0..num_summaries-1 from the empty
   // state (ws_c, ws_n, ws_m, and its log forget sum ws_f), and the prefix entering every segment
@@ -107,15 +114,20 @@ LASP_MLSTM_FN uint32_t lasp_mlstm_normaliser_bytes(int32_t Dk, int32_t Dv) {
 }
 
 // Output kernel: STAGES stages, two copies of the state split into bf16 hi and lo (one read this
-// chunk, one written for the next), two copies of the normaliser's parts likewise.
+// chunk, one written for the next), two copies of the normaliser's parts likewise, then where a
+// block has room (every shape but Dk = Dv = 128) a start word per stage (packed documents' twin).
 LASP_MLSTM_FN uint32_t lasp_mlstm_output_smem_bytes(int32_t Dk, int32_t Dv) {
-  return LASP_MLSTM_STAGES * lasp_mlstm_stage_bytes(Dk, Dv, 1) + 4u * Dk * Dv * 2u +
-         2u * lasp_mlstm_normaliser_bytes(Dk, Dv);
+  const uint32_t tiles = LASP_MLSTM_STAGES * lasp_mlstm_stage_bytes(Dk, Dv, 1) + 4u * Dk * Dv * 2u +
+                         2u * lasp_mlstm_normaliser_bytes(Dk, Dv);
+  const uint32_t words = LASP_MLSTM_STAGES * 8u;
+  return tiles + words <= LASP_MLSTM_BLOCK_SMEM ? tiles + words : tiles;
 }
 
-// States kernel: STAGES stages without Q, one copy of the normaliser's parts (added up at the end).
+// States kernel: STAGES stages without Q, one copy of the normaliser's parts (added up at the end),
+// a start word per stage (packed documents' twin).
 LASP_MLSTM_FN uint32_t lasp_mlstm_states_smem_bytes(int32_t Dk, int32_t Dv) {
-  return LASP_MLSTM_STAGES * lasp_mlstm_stage_bytes(Dk, Dv, 0) + lasp_mlstm_normaliser_bytes(Dk, Dv);
+  return LASP_MLSTM_STAGES * lasp_mlstm_stage_bytes(Dk, Dv, 0) + lasp_mlstm_normaliser_bytes(Dk, Dv) +
+         LASP_MLSTM_STAGES * 8u;
 }
 
 // Threads of the states and output kernels: one warpgroup per 64 columns of Dv.

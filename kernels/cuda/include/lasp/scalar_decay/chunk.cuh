@@ -95,6 +95,39 @@ struct ChunkGates {
   float gamma;      // b_63: the chunk's total log-decay
 };
 
+// ChunkGates with the chunk's document starts, for a family whose kernels mask at the starts
+// instead of forgetting through a gate (mLSTM: kernels/docs/packed.md). Row r keeps the keys j >=
+// f(r), the start of its document in the chunk, and the carried state's term only where f(r) =
+// -1 (its document entered the chunk); the update keeps the keys from the chunk's last start on
+// and carries the state only where the chunk holds no start. `starts` packs them in one register:
+// byte hh holds f(r) + 1 of this lane's fragment row r = 16 warp + 8 hh + g, byte 2 the last
+// start + 1 (0: none). The accessors read plain ChunkGates as a chunk without starts, so that
+// every mask folds away in its loops. Every mask selects an exponent of -inf (exp 0), not a
+// value: one code path, so that ptxas sees the state's registers written alike before every
+// wgmma.
+struct DocumentChunkGates : ChunkGates {
+  uint32_t starts;
+};
+
+// f(r) of this lane's fragment row hh: the start of its document in the chunk, -1 where the
+// document entered the chunk.
+__device__ __forceinline__ int document_start(const ChunkGates&, int) { return -1; }
+__device__ __forceinline__ int document_start(const DocumentChunkGates& cg, int hh) {
+  return static_cast<int>((cg.starts >> (8 * hh)) & 0xffu) - 1;
+}
+// Whether row r (this lane's fragment row hh) scores key j: j <= r, and with documents j >= f(r)
+// too.
+__device__ __forceinline__ bool scores_key(const ChunkGates&, int, int j, int r) { return j <= r; }
+__device__ __forceinline__ bool scores_key(const DocumentChunkGates& cg, int hh, int j, int r) {
+  const int f = document_start(cg, hh);
+  return j <= r && j >= f;
+}
+// The chunk's last start, -1 if none: the keys from it on reach the state leaving the chunk.
+__device__ __forceinline__ int last_start(const ChunkGates&) { return -1; }
+__device__ __forceinline__ int last_start(const DocumentChunkGates& cg) {
+  return static_cast<int>((cg.starts >> 16) & 0xffu) - 1;
+}
+
 // The chunk-local inclusive cumsums lane l owns after a warp's scan of the 64 gates: b_{2l}, b_{2l+1}.
 struct GatePair {
   float even, odd;
@@ -366,9 +399,11 @@ __device__ __forceinline__ void q_products(float (&o)[8][4], float (&a)[8][4], u
   }
 }
 
-// Row r of the inter term gets sigma e^{b_r}.
-__device__ __forceinline__ void scale_inter_rows(float (&o)[8][4], const ChunkGates& cg, float scale) {
-  const float row_scale[2] = {scale * exp_nonpos(cg.row[0]), scale * exp_nonpos(cg.row[1])};
+// Row r of the inter term gets sigma e^{b_r} (0 in a row the carried state does not reach).
+template <class Gates>
+__device__ __forceinline__ void scale_inter_rows(float (&o)[8][4], const Gates& cg, float scale) {
+  const float row_scale[2] = {scale * exp_nonpos(document_start(cg, 0) < 0 ? cg.row[0] : -INFINITY),
+                              scale * exp_nonpos(document_start(cg, 1) < 0 ? cg.row[1] : -INFINITY)};
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -387,17 +422,18 @@ struct NoRowSink {
 // n-tiles 2kk, 2kk+1 = A layout of k-step kk). Masked before the exp (-inf -> 0): no branch, no inf.
 // `row_sink(hh, x)` takes each fp32 pair sum of fragment row hh before the rounding (a family that
 // needs the weighted scores' row sums, mLSTM's normaliser, adds them up; the default does nothing).
-template <class RowSink = NoRowSink>
-__device__ __forceinline__ void scores_to_p(uint32_t (&pa)[4][4], const float (&a)[8][4], const ChunkGates& cg,
-                                            int warp, int g, int t, float scale, const RowSink& row_sink = RowSink{}) {
+// With documents (DocumentChunkGates) the mask also drops the keys before the row's document.
+template <class RowSink = NoRowSink, class Gates = ChunkGates>
+__device__ __forceinline__ void scores_to_p(uint32_t (&pa)[4][4], const float (&a)[8][4], const Gates& cg, int warp,
+                                            int g, int t, float scale, const RowSink& row_sink = RowSink{}) {
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int r = 16 * warp + 8 * hh + g;
       const int j = 8 * nt + 2 * t;
-      const float d0 = exp_nonpos(j <= r ? cg.row[hh] - cg.col[nt][0] : -INFINITY);
-      const float d1 = exp_nonpos(j + 1 <= r ? cg.row[hh] - cg.col[nt][1] : -INFINITY);
+      const float d0 = exp_nonpos(scores_key(cg, hh, j, r) ? cg.row[hh] - cg.col[nt][0] : -INFINITY);
+      const float d1 = exp_nonpos(scores_key(cg, hh, j + 1, r) ? cg.row[hh] - cg.col[nt][1] : -INFINITY);
       const float x0 = scale * a[nt][2 * hh] * d0;
       const float x1 = scale * a[nt][2 * hh + 1] * d1;
       row_sink(hh, x0 + x1);
@@ -414,10 +450,10 @@ __device__ __forceinline__ void scores_to_p_unweighted(uint32_t (&pa)[4][4], con
     for (int hh = 0; hh < 2; ++hh) pa[nt >> 1][(nt & 1) * 2 + hh] = pack_bf16x2(a[nt][2 * hh], a[nt][2 * hh + 1]);
 }
 
-// S <- e^gamma S.
-template <int DK>
-__device__ __forceinline__ void scale_state(StateRegs<DK>& s, const ChunkGates& cg) {
-  const float decay = exp_nonpos(cg.gamma);
+// S <- e^gamma S (0 where a document starts in the chunk).
+template <int DK, class Gates>
+__device__ __forceinline__ void scale_state(StateRegs<DK>& s, const Gates& cg) {
+  const float decay = exp_nonpos(last_start(cg) < 0 ? cg.gamma : -INFINITY);
 #pragma unroll
   for (int mt = 0; mt < DK / 64; ++mt)
 #pragma unroll
@@ -426,17 +462,21 @@ __device__ __forceinline__ void scale_state(StateRegs<DK>& s, const ChunkGates& 
       for (int e = 0; e < 4; ++e) s[mt][nt][e] *= decay;
 }
 
-// The key weights e^{gamma - b_j} of the update's K~ = diag(e^{gamma - b}) K.
-__device__ __forceinline__ void key_weights(float (&wk)[8][2], const ChunkGates& cg) {
+// The key weights e^{gamma - b_j} of the update's K~ = diag(e^{gamma - b}) K (0 for the keys
+// before the chunk's last document start).
+template <class Gates>
+__device__ __forceinline__ void key_weights(float (&wk)[8][2], const Gates& cg) {
+  const int lo = last_start(cg);
+  const int t = threadIdx.x & 3;  // wk[nt][e] weighs key 8 nt + 2 t + e
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-    for (int e = 0; e < 2; ++e) wk[nt][e] = exp_nonpos(cg.gamma - cg.col[nt][e]);
+    for (int e = 0; e < 2; ++e) wk[nt][e] = exp_nonpos(8 * nt + 2 * t + e >= lo ? cg.gamma - cg.col[nt][e] : -INFINITY);
 }
 
 // S <- e^gamma S, and the key weights.
-template <int DK>
-__device__ __forceinline__ void decay_state(StateRegs<DK>& s, float (&wk)[8][2], const ChunkGates& cg) {
+template <int DK, class Gates>
+__device__ __forceinline__ void decay_state(StateRegs<DK>& s, float (&wk)[8][2], const Gates& cg) {
   scale_state<DK>(s, cg);
   key_weights(wk, cg);
 }
@@ -595,7 +635,8 @@ struct NoChunkExtras {
 // One chunk of the output kernel: o = sigma (diag(e^b) Q S_n + (Q K^T ⊙ D) V) for this warp's 16 rows
 // (accumulator layout), S <- S_{n+1}. sQ, sK, sV: the chunk's stage; sS: the bf16 copy of S_n.
 // kProbe kNoExp drops the elementwise gate work (see Probe). extras: what a family adds
-// (NoChunkExtras).
+// (NoChunkExtras). cg: ChunkGates, or DocumentChunkGates for a chunk whose loop masks at document
+// starts.
 #if LASP_SD_WGMMA
 // sm_90a: the four products on the warpgroup's tensor cores (wgmma m64n64k16; the CTA's 4 warps
 // are one warpgroup), in three groups so that the warps' elementwise work runs beside them:
@@ -607,10 +648,10 @@ struct NoChunkExtras {
 // and wait for all. Same products, roundings and order of terms as the mma.sync path. The state's
 // registers are rewritten only while no wgmma is in flight (ptxas otherwise inserts a wait for
 // group 1 right there, serialising it with that work).
-template <int DK, Probe kProbe, class Extras = NoChunkExtras>
+template <int DK, Probe kProbe, class Extras = NoChunkExtras, class Gates = ChunkGates>
 __device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s, uint32_t sQ, uint32_t sK,
                                              uint32_t sV, uint32_t sS, const FragOffsets<DK>& off,
-                                             const ChunkGates& cg, int warp, int g, int t, float scale,
+                                             const Gates& cg, int warp, int g, int t, float scale,
                                              const Extras& extras = Extras{}) {
   constexpr bool kGates = kProbe != Probe::kNoExp;
   float wk[8][2];
@@ -646,9 +687,9 @@ __device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s,
 
 // The chunk's state update alone, S <- e^gamma S + K~^T V, for a pass that stores no O (Gated
 // DeltaNet's segment summaries): output_chunk without its Q products.
-template <int DK>
+template <int DK, class Gates = ChunkGates>
 __device__ __forceinline__ void state_chunk(StateRegs<DK>& s, uint32_t sK, uint32_t sV, const FragOffsets<DK>& off,
-                                            const ChunkGates& cg) {
+                                            const Gates& cg) {
   float wk[8][2];
   decay_state<DK>(s, wk, cg);
   uint32_t kta[DK / 64][4][4];
@@ -663,10 +704,10 @@ __device__ __forceinline__ void state_chunk(StateRegs<DK>& s, uint32_t sK, uint3
 #else
 // Other architectures: warp-level mma.sync, one pass over Dk for Q S_n and Q K^T sharing the Q
 // fragments, then P V and the state update sharing the V fragments.
-template <int DK, Probe kProbe, class Extras = NoChunkExtras>
+template <int DK, Probe kProbe, class Extras = NoChunkExtras, class Gates = ChunkGates>
 __device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s, uint32_t sQ, uint32_t sK,
                                              uint32_t sV, uint32_t sS, const FragOffsets<DK>& off,
-                                             const ChunkGates& cg, int warp, int g, int t, float scale,
+                                             const Gates& cg, int warp, int g, int t, float scale,
                                              const Extras& extras = Extras{}) {
   constexpr bool kGates = kProbe != Probe::kNoExp;
   float acc[8][4] = {};  // Q K^T
@@ -694,9 +735,9 @@ __device__ __forceinline__ void output_chunk(float (&o)[8][4], StateRegs<DK>& s,
 }
 
 // The chunk's state update alone (see the sm_90a build's).
-template <int DK>
+template <int DK, class Gates = ChunkGates>
 __device__ __forceinline__ void state_chunk(StateRegs<DK>& s, uint32_t sK, uint32_t sV, const FragOffsets<DK>& off,
-                                            const ChunkGates& cg) {
+                                            const Gates& cg) {
   float wk[8][2];
   decay_state<DK>(s, wk, cg);
 #pragma unroll

@@ -1,10 +1,12 @@
-//! Packed documents (fla's `cu_seqlens`) in GLA's operations. GLA's gates are per key, so a
-//! start cannot be written into them as the log-decay families' is (a copy of `[B, T, H, Dk]`
-//! gates costs as much traffic as q); its kernels mask at the starts instead, from one start word
-//! per chunk of 64 tokens that each call writes into its workspace (`kernels/docs/packed.md`).
+//! Packed documents (fla's `cu_seqlens`) for the families whose kernels mask at the starts
+//! instead of forgetting through a gate (GLA, mLSTM; `kernels/docs/packed.md`): GLA's gates are
+//! per key, so a start cannot be written into them as the log-decay families' is (a copy of
+//! `[B, T, H, Dk]` gates costs as much traffic as q); mLSTM's stabilised weights admit no finite
+//! mark. Their kernels read one start word per chunk of 64 tokens that each call writes into its
+//! workspace, and have twins for packed documents whose loops mask at the starts.
 
+use super::{DocumentStarts, Documents, LoopOrder};
 use crate::error::{Error, Result};
-use crate::ops::documents::{DocumentStarts, Documents};
 use crate::runtime::Runtime;
 use cudarc::driver::CudaStream;
 use std::sync::Arc;
@@ -33,8 +35,9 @@ impl StartWords {
         })
     }
 
-    /// Writes the words of `docs` for this shard's `t` tokens at `words` and returns the address
-    /// the kernels take (`starts`); 0 (no documents) where `docs` is `None`.
+    /// Writes the words of `docs` for this shard's `t` tokens, in the loop's `order`, at `words`
+    /// and returns the address the kernels take (`starts`); 0 (no documents) where `docs` is
+    /// `None`.
     ///
     /// # Safety
     /// Where `docs` is given, `words` is the device address of [`StartWords::bytes`] bytes,
@@ -46,10 +49,11 @@ impl StartWords {
         docs: Option<Documents<'_>>,
         t: usize,
         words: u64,
+        order: LoopOrder,
     ) -> Result<u64> {
         let Some(docs) = docs else { return Ok(0) };
         // SAFETY: the caller's contract.
-        unsafe { self.starts.chunk_words(stream, docs, t, words) }?;
+        unsafe { self.starts.chunk_words(stream, docs, t, words, order) }?;
         Ok(words)
     }
 }
