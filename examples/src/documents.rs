@@ -1,11 +1,15 @@
-//! Packed documents (fla's `cu_seqlens`) for the programs that check them: the offsets on the
-//! device in either width, the checks' document layouts, and where documents start in a shard.
+//! Packed documents (fla's `cu_seqlens`) for the programs that check and time them: the offsets
+//! on the device in either width, the checks' document layouts, where documents start in a
+//! shard, and the cost of a packed training step against the same tokens unpacked.
 
+use crate::{round, time_call, ModeCall};
 use cudarc::driver::{CudaSlice, CudaStream};
 use lasp_shmem::ops::documents::DocumentOffsets;
+use lasp_shmem::ops::scalar_decay::ForwardShape;
 use lasp_shmem::ops::DeviceRef;
 use lasp_shmem::reference::SplitMix64;
-use lasp_shmem::Result;
+use lasp_shmem::{Result, Runtime};
+use serde::Serialize;
 use std::sync::Arc;
 
 /// fla's offsets on the device, in either width.
@@ -90,4 +94,103 @@ pub fn mixed_documents(total: usize, rng: &mut SplitMix64) -> Vec<usize> {
         out.push((out.last().unwrap() + len).min(total));
     }
     out
+}
+
+/// The largest of each PE's value (all PEs call it).
+pub fn max_over_pes(rt: &Runtime, value: f64) -> Result<f64> {
+    Ok(rt
+        .all_gather_u64(value.to_bits())?
+        .into_iter()
+        .map(f64::from_bits)
+        .fold(f64::NEG_INFINITY, f64::max))
+}
+
+/// The cost's schedule: ROUNDS rounds, each giving the unpacked and the packed forward, then the
+/// unpacked and the packed step, in turn WARM_CALLS untimed and CALLS_PER_VISIT timed calls.
+const ROUNDS: usize = 6;
+const WARM_CALLS: usize = 2;
+const CALLS_PER_VISIT: usize = 5;
+
+/// A training step on packed documents against the same tokens unpacked, at one shape per GPU:
+/// the slowest PE's medians.
+#[derive(Serialize)]
+pub struct PackedCost {
+    pub w: usize,
+    pub b: usize,
+    pub t_local: usize,
+    pub h: usize,
+    pub d: usize,
+    pub documents: usize,
+    pub unpacked_ms: f64,
+    pub packed_ms: f64,
+    pub packed_over_unpacked: f64,
+    /// The forward alone.
+    pub forward_unpacked_ms: f64,
+    pub forward_packed_ms: f64,
+}
+
+impl PackedCost {
+    /// Times `step` (overlapped mode) at `shape` over `documents` documents, in turns:
+    /// `turn(step, packed, forward_only)` sets what its next calls run.
+    pub fn measure<S: ModeCall>(
+        rt: &Runtime,
+        shape: ForwardShape,
+        documents: usize,
+        step: &mut S,
+        mut turn: impl FnMut(&mut S, bool, bool),
+    ) -> Result<Self> {
+        let stream = rt.stream().clone();
+        // [forward unpacked, forward packed, step unpacked, step packed]
+        let mut samples = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+        for _ in 0..ROUNDS {
+            for (i, times) in samples.iter_mut().enumerate() {
+                turn(step, i % 2 == 1, i < 2);
+                for call in 0..WARM_CALLS + CALLS_PER_VISIT {
+                    let ms = time_call(rt, step)?;
+                    if call >= WARM_CALLS {
+                        times.push(ms);
+                    }
+                }
+                step.finish(&stream)?;
+            }
+        }
+        let mut medians = [0.0; 4];
+        for (m, times) in medians.iter_mut().zip(&mut samples) {
+            times.sort_by(f64::total_cmp);
+            *m = max_over_pes(rt, times[times.len() / 2])?;
+        }
+        let [forward_unpacked_ms, forward_packed_ms, unpacked_ms, packed_ms] = medians;
+        Ok(PackedCost {
+            w: rt.npes(),
+            b: shape.b,
+            t_local: shape.t,
+            h: shape.h,
+            d: shape.dk,
+            documents,
+            unpacked_ms: round(unpacked_ms, 4),
+            packed_ms: round(packed_ms, 4),
+            packed_over_unpacked: round(packed_ms / unpacked_ms, 4),
+            forward_unpacked_ms: round(forward_unpacked_ms, 4),
+            forward_packed_ms: round(forward_packed_ms, 4),
+        })
+    }
+
+    /// The line rank 0 prints for `family`.
+    pub fn line(&self, family: &str) -> String {
+        format!(
+            "{family} W={} B={} T_local={} H={} D={}, {} documents: training step unpacked \
+             {:.4} ms, packed {:.4} ms ({:.3}x); forward unpacked {:.4} ms, packed {:.4} ms",
+            self.w,
+            self.b,
+            self.t_local,
+            self.h,
+            self.d,
+            self.documents,
+            self.unpacked_ms,
+            self.packed_ms,
+            self.packed_over_unpacked,
+            self.forward_unpacked_ms,
+            self.forward_packed_ms
+        )
+    }
 }

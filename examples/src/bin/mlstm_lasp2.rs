@@ -60,7 +60,7 @@ use lasp_shmem::reference::{assert_close_to_scale, rel_err, Cotangents, Shape, T
 use lasp_shmem::reference::{ReferenceError, SplitMix64};
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::documents::{
-    boundary_documents, mixed_documents, starts_in_shard, Offsets,
+    boundary_documents, mixed_documents, starts_in_shard, Offsets, PackedCost,
 };
 use lasp_shmem_examples::grad_bits::qkv_rows;
 use lasp_shmem_examples::graph_replay::{replay, replay_after, Outputs};
@@ -68,10 +68,9 @@ use lasp_shmem_examples::mode_bits::bits_in_every_mode;
 use lasp_shmem_examples::{
     bf16_bits, bf16_values, bf16s, f32_bits, f32_values, f32s, lasp2_config, main_under_launcher,
     mode_of, mode_times, parse_shape, planner_choice, round, run_cases, shard_lengths, shard_rows,
-    short_documents, time_call, time_in_turns, time_modes_and_plan, time_shapes, write_json,
-    ModeCall, ModeRow, NamedCase, PlannerTimes,
+    short_documents, time_in_turns, time_modes_and_plan, time_shapes, write_json, ModeCall,
+    ModeRow, NamedCase, PlannerTimes,
 };
-use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -1007,30 +1006,6 @@ fn time_shape(
     Ok(row)
 }
 
-/// One timed shape of `--packed-cost`: a training step on packed documents against the same
-/// tokens unpacked.
-#[derive(Serialize)]
-struct CostRow {
-    w: usize,
-    b: usize,
-    t_local: usize,
-    h: usize,
-    d: usize,
-    documents: usize,
-    unpacked_ms: f64,
-    packed_ms: f64,
-    packed_over_unpacked: f64,
-    /// The forward alone.
-    forward_unpacked_ms: f64,
-    forward_packed_ms: f64,
-}
-
-/// The cost's schedule: ROUNDS rounds, each giving the unpacked and the packed forward, then the
-/// unpacked and the packed step, in turn WARM_CALLS untimed and CALLS_PER_VISIT timed calls.
-const ROUNDS: usize = 6;
-const WARM_CALLS: usize = 2;
-const CALLS_PER_VISIT: usize = 5;
-
 /// A training step (or its forward alone) of a random shard, on its documents or unpacked.
 struct CostStep {
     forward: MlstmLasp2Forward,
@@ -1059,19 +1034,10 @@ impl ModeCall for CostStep {
     }
 }
 
-/// The largest of each PE's value (all PEs call it).
-fn max_over_pes(rt: &Runtime, value: f64) -> Result<f64> {
-    Ok(rt
-        .all_gather_u64(value.to_bits())?
-        .into_iter()
-        .map(f64::from_bits)
-        .fold(f64::NEG_INFINITY, f64::max))
-}
-
 /// Packed documents' cost at `shape` per GPU (overlapped mode): documents of mixed lengths (64
 /// to 8192 tokens, log-uniform, the same on every PE) against the same tokens unpacked; the row
 /// is the slowest PE's median of each.
-fn time_packed_cost(rt: &Runtime, shape: ForwardShape) -> Result<CostRow> {
+fn time_packed_cost(rt: &Runtime, shape: ForwardShape) -> Result<PackedCost> {
     let stream = rt.stream().clone();
     let (me, npes) = (rt.pe(), rt.npes());
     let cu_seqlens = mixed_documents(npes * shape.t, &mut SplitMix64::new(5));
@@ -1088,59 +1054,22 @@ fn time_packed_cost(rt: &Runtime, shape: ForwardShape) -> Result<CostRow> {
         shard,
         forward_only: false,
     };
-    // [forward unpacked, forward packed, step unpacked, step packed]
-    let mut samples = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
-    for _ in 0..ROUNDS {
-        for (i, times) in samples.iter_mut().enumerate() {
-            step.shard.packed = i % 2 == 1;
-            step.forward_only = i < 2;
-            for call in 0..WARM_CALLS + CALLS_PER_VISIT {
-                let ms = time_call(rt, &mut step)?;
-                if call >= WARM_CALLS {
-                    times.push(ms);
-                }
-            }
-            step.finish(&stream)?;
-        }
-    }
+    let cost = PackedCost::measure(
+        rt,
+        shape,
+        cu_seqlens.len() - 1,
+        &mut step,
+        |step, packed, forward_only| {
+            step.shard.packed = packed;
+            step.forward_only = forward_only;
+        },
+    )?;
     step.forward.free()?;
     step.backward.free()?;
-    let mut medians = [0.0; 4];
-    for (m, times) in medians.iter_mut().zip(&mut samples) {
-        times.sort_by(f64::total_cmp);
-        *m = max_over_pes(rt, times[times.len() / 2])?;
-    }
-    let [forward_unpacked_ms, forward_packed_ms, unpacked_ms, packed_ms] = medians;
-    let row = CostRow {
-        w: npes,
-        b: shape.b,
-        t_local: shape.t,
-        h: shape.h,
-        d: shape.dk,
-        documents: cu_seqlens.len() - 1,
-        unpacked_ms: round(unpacked_ms, 4),
-        packed_ms: round(packed_ms, 4),
-        packed_over_unpacked: round(packed_ms / unpacked_ms, 4),
-        forward_unpacked_ms: round(forward_unpacked_ms, 4),
-        forward_packed_ms: round(forward_packed_ms, 4),
-    };
     if me == 0 {
-        println!(
-            "Mlstm W={npes} B={} T_local={} H={} D={}, {} documents: training step unpacked \
-             {:.4} ms, packed {:.4} ms ({:.3}x); forward unpacked {:.4} ms, packed {:.4} ms",
-            shape.b,
-            shape.t,
-            shape.h,
-            shape.dk,
-            row.documents,
-            row.unpacked_ms,
-            row.packed_ms,
-            row.packed_over_unpacked,
-            row.forward_unpacked_ms,
-            row.forward_packed_ms
-        );
+        println!("{}", cost.line("Mlstm"));
     }
-    Ok(row)
+    Ok(cost)
 }
 
 fn run(options: Options, config: Config) -> Result<bool> {

@@ -54,15 +54,15 @@ use lasp_shmem::reference::{
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::documents::{
-    boundary_documents, mixed_documents, starts_in_shard, Offsets,
+    boundary_documents, max_over_pes, mixed_documents, starts_in_shard, Offsets, PackedCost,
 };
 use lasp_shmem_examples::grad_bits::{qkv_rows, GradBits, GradBuffers};
 use lasp_shmem_examples::graph_replay::Outputs;
 use lasp_shmem_examples::mode_bits::{bits_in_every_mode, ModeSwitch};
 use lasp_shmem_examples::{
     bf16_bits, bf16_values, bf16s, f32_values, f32s, heap_config, log_decays, main_under_launcher,
-    normals, parse_shape, round, run_cases, shard_lengths, shard_rows, short_documents, time_call,
-    write_json, ModeCall, NamedCase, TimedInputs,
+    normals, parse_shape, run_cases, shard_lengths, shard_rows, short_documents, write_json,
+    ModeCall, NamedCase, TimedInputs,
 };
 use serde::Serialize;
 use std::path::PathBuf;
@@ -870,18 +870,8 @@ struct CaseRow {
 #[derive(Serialize)]
 struct CostRow {
     family: PackedFamily,
-    w: usize,
-    b: usize,
-    t_local: usize,
-    h: usize,
-    d: usize,
-    documents: usize,
-    unpacked_ms: f64,
-    packed_ms: f64,
-    packed_over_unpacked: f64,
-    /// The forward alone.
-    forward_unpacked_ms: f64,
-    forward_packed_ms: f64,
+    #[serde(flatten)]
+    cost: PackedCost,
 }
 
 #[derive(Serialize)]
@@ -889,21 +879,6 @@ struct Report {
     cases: Vec<CaseRow>,
     cost: Vec<CostRow>,
 }
-
-/// The largest of each PE's value (all PEs call it).
-fn max_over_pes(rt: &Runtime, value: f64) -> Result<f64> {
-    Ok(rt
-        .all_gather_u64(value.to_bits())?
-        .into_iter()
-        .map(f64::from_bits)
-        .fold(f64::NEG_INFINITY, f64::max))
-}
-
-/// Timing schedule: ROUNDS rounds, each giving the unpacked and the packed forward, then the
-/// unpacked and the packed step, in turn WARM_CALLS untimed and CALLS_PER_VISIT timed calls.
-const ROUNDS: usize = 6;
-const WARM_CALLS: usize = 2;
-const CALLS_PER_VISIT: usize = 5;
 
 /// A training step (or its forward alone) on one PE's shard, on its documents or unpacked.
 struct Step<'a> {
@@ -973,61 +948,21 @@ fn time_cost(rt: &Runtime, family: PackedFamily, shape: ForwardShape) -> Result<
         packed: false,
         forward_only: false,
     };
-    // [forward unpacked, forward packed, step unpacked, step packed]
-    let mut samples = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
-    for _ in 0..ROUNDS {
-        for (i, times) in samples.iter_mut().enumerate() {
-            step.packed = i % 2 == 1;
-            step.forward_only = i < 2;
-            for call in 0..WARM_CALLS + CALLS_PER_VISIT {
-                let ms = time_call(rt, &mut step)?;
-                if call >= WARM_CALLS {
-                    times.push(ms);
-                }
-            }
-            step.finish(&stream)?;
-        }
-    }
+    let cost = PackedCost::measure(
+        rt,
+        shape,
+        cu_seqlens.len() - 1,
+        &mut step,
+        |step, packed, forward_only| {
+            step.packed = packed;
+            step.forward_only = forward_only;
+        },
+    )?;
     ops.free()?;
-    let median = |times: &mut Vec<f64>| {
-        times.sort_by(f64::total_cmp);
-        times[times.len() / 2]
-    };
-    let forward_unpacked_ms = max_over_pes(rt, median(&mut samples[0]))?;
-    let forward_packed_ms = max_over_pes(rt, median(&mut samples[1]))?;
-    let unpacked_ms = max_over_pes(rt, median(&mut samples[2]))?;
-    let packed_ms = max_over_pes(rt, median(&mut samples[3]))?;
-    let row = CostRow {
-        family,
-        w: npes,
-        b: shape.b,
-        t_local: shape.t,
-        h: shape.h,
-        d: shape.dk,
-        documents: cu_seqlens.len() - 1,
-        unpacked_ms: round(unpacked_ms, 4),
-        packed_ms: round(packed_ms, 4),
-        packed_over_unpacked: round(packed_ms / unpacked_ms, 4),
-        forward_unpacked_ms: round(forward_unpacked_ms, 4),
-        forward_packed_ms: round(forward_packed_ms, 4),
-    };
     if me == 0 {
-        println!(
-            "{family:?} W={npes} B={} T_local={} H={} D={}, {} documents: training step unpacked \
-             {:.4} ms, packed {:.4} ms ({:.3}x); forward unpacked {:.4} ms, packed {:.4} ms",
-            shape.b,
-            shape.t,
-            shape.h,
-            shape.dk,
-            row.documents,
-            row.unpacked_ms,
-            row.packed_ms,
-            row.packed_over_unpacked,
-            row.forward_unpacked_ms,
-            row.forward_packed_ms
-        );
+        println!("{}", cost.line(&format!("{family:?}")));
     }
-    Ok(row)
+    Ok(CostRow { family, cost })
 }
 
 fn run(options: Options, config: Config) -> Result<bool> {

@@ -8,7 +8,7 @@
 use super::{DocumentStarts, Documents, LoopOrder};
 use crate::error::{Error, Result};
 use crate::runtime::Runtime;
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use std::sync::Arc;
 
 /// Alignment of the words' part of a workspace.
@@ -43,7 +43,7 @@ impl StartWords {
     /// Where `docs` is given, `words` is the device address of [`StartWords::bytes`] bytes,
     /// 8-byte aligned, in the runtime's context, live and written by nothing else until the work
     /// on `stream` completes; `stream` is ordered after the offsets' buffer.
-    pub(crate) unsafe fn enqueue(
+    unsafe fn enqueue(
         &self,
         stream: &Arc<CudaStream>,
         docs: Option<Documents<'_>>,
@@ -55,6 +55,41 @@ impl StartWords {
         // SAFETY: the caller's contract.
         unsafe { self.starts.chunk_words(stream, docs, t, words, order) }?;
         Ok(words)
+    }
+}
+
+impl StartWords {
+    /// Grows `workspace` to `parts` bytes of the operation's own parts and, with `docs`, one
+    /// array of start words per loop order in `orders` after them (each a whole number of
+    /// 256-byte parts), and writes the words of this shard's `t` tokens on `stream`. Returns the
+    /// workspace's address and each array's (0 without documents). `workspace` is the operation's
+    /// own, freed only after a context synchronisation (`crate::ops::ensure_workspace`); the
+    /// caller orders `stream` after the offsets' buffer.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn workspace<const N: usize>(
+        &self,
+        ctx: &CudaContext,
+        stream: &Arc<CudaStream>,
+        workspace: &mut Option<CudaSlice<u8>>,
+        parts: u64,
+        docs: Option<Documents<'_>>,
+        t: usize,
+        orders: [LoopOrder; N],
+        op: &str,
+    ) -> Result<(u64, [u64; N])> {
+        let words_at = parts.next_multiple_of(PART_ALIGN);
+        let per_order = Self::bytes(docs.as_ref(), t);
+        let bytes = words_at + N as u64 * per_order;
+        let base = crate::ops::ensure_workspace(ctx, stream, workspace, bytes, op)?;
+        ctx.bind_to_thread()?;
+        let mut starts = [0; N];
+        for ((at, order), k) in starts.iter_mut().zip(orders).zip(0u64..) {
+            // SAFETY: the array lies inside the workspace just sized (`bytes`), which the
+            // operation owns and frees only after a context synchronisation; nothing else writes
+            // it until the work on `stream` completes.
+            *at = unsafe { self.enqueue(stream, docs, t, base + words_at + k * per_order, order) }?;
+        }
+        Ok((base, starts))
     }
 }
 

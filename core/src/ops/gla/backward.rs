@@ -480,22 +480,16 @@ impl GlaBackward {
             validate_gates_of(OP, &self.ctx, stream, args.g, &args.shape)?;
         }
         // The start words (packed documents) after the plan's parts.
-        let words_at = plan.workspace_bytes.next_multiple_of(PART_ALIGN);
-        let bytes = words_at + StartWords::bytes(args.documents.as_ref(), args.shape.t);
-        let base = crate::ops::ensure_workspace(&self.ctx, stream, &mut self.workspace, bytes, OP)?;
-        self.ctx.bind_to_thread()?;
-        // SAFETY: the workspace holds the words' bytes from words_at (sized above), is owned by
-        // self and is freed only after a context synchronisation; StreamOrder ordered `stream`
-        // after the offsets' buffer.
-        let starts = unsafe {
-            self.words.enqueue(
-                stream,
-                args.documents,
-                args.shape.t,
-                base + words_at,
-                LoopOrder::InOrder,
-            )
-        }?;
+        let (base, [starts]) = self.words.workspace(
+            &self.ctx,
+            stream,
+            &mut self.workspace,
+            plan.workspace_bytes,
+            args.documents,
+            args.shape.t,
+            [LoopOrder::InOrder],
+            OP,
+        )?;
         let (ws_m, ws_p, ws_lambda) = plan.segment_offsets.map_or((0, 0, 0), |o| {
             (base + o.ws_m, base + o.ws_p, base + o.ws_lambda)
         });

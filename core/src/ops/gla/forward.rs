@@ -337,9 +337,16 @@ impl GlaForward {
             self.validate_gates(stream, args.g, &args.shape)?;
         }
         // The start words (packed documents) after the plan's parts.
-        let words_at = plan.workspace_bytes.next_multiple_of(256);
-        let bytes = words_at + StartWords::bytes(args.documents.as_ref(), args.shape.t);
-        let base = crate::ops::ensure_workspace(&self.ctx, stream, &mut self.workspace, bytes, OP)?;
+        let (base, [starts]) = self.words.workspace(
+            &self.ctx,
+            stream,
+            &mut self.workspace,
+            plan.workspace_bytes,
+            args.documents,
+            args.shape.t,
+            [LoopOrder::InOrder],
+            OP,
+        )?;
         let (ws_m, ws_p, ws_lambda) = if plan.num_segments > 1 {
             let (p, lambda) = plan.workspace_offsets();
             (base, base + p, base + lambda)
@@ -347,19 +354,6 @@ impl GlaForward {
             (0, 0, 0)
         };
         let s = &args.shape;
-        self.ctx.bind_to_thread()?;
-        // SAFETY: the workspace holds the words' bytes from words_at (sized above), is owned by
-        // self and is freed only after a context synchronisation; StreamOrder ordered `stream`
-        // after the offsets' buffer.
-        let starts = unsafe {
-            self.words.enqueue(
-                stream,
-                args.documents,
-                s.t,
-                base + words_at,
-                LoopOrder::InOrder,
-            )
-        }?;
         let params = GlaParams {
             q: args.q.addr() as _,
             k: args.k.addr() as _,

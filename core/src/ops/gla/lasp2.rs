@@ -119,27 +119,16 @@ impl GlaLasp2Forward {
         let bh = s.b * s.h;
         let m_bytes = (bh * pieces * s.dk * s.dv * 4) as u64;
         // The start words (packed documents) after M and Lambda.
-        let words_at = (m_bytes + (bh * pieces * s.dk * 4) as u64).next_multiple_of(256);
-        let ws_bytes = words_at + StartWords::bytes(args.documents.as_ref(), s.t);
-        let ws = crate::ops::ensure_workspace(
+        let (ws, [starts]) = self.words.workspace(
             self.chain.context(),
             stream,
             &mut self.workspace,
-            ws_bytes,
+            m_bytes + (bh * pieces * s.dk * 4) as u64,
+            args.documents,
+            s.t,
+            [LoopOrder::InOrder],
             OP,
         )?;
-        self.chain.context().bind_to_thread()?;
-        // SAFETY: the workspace holds the words' bytes from words_at (sized above) and is owned
-        // by self; StreamOrder ordered `stream` after the offsets' buffer.
-        let starts = unsafe {
-            self.words.enqueue(
-                stream,
-                args.documents,
-                s.t,
-                ws + words_at,
-                LoopOrder::InOrder,
-            )
-        }?;
         let params = Lasp2Params {
             q: args.q.addr() as _,
             k: args.k.addr() as _,

@@ -119,27 +119,16 @@ impl GlaLasp2Backward {
         let ws_m = align(2 * chunk_states_len(&s) as u64);
         let ws_lambda = ws_m + align((bh * segments * s.dk * s.dv * 4) as u64);
         // The start words (packed documents) last.
-        let words_at = align(ws_lambda + (bh * segments * s.dk * 4) as u64);
-        let bytes = words_at + StartWords::bytes(args.documents.as_ref(), s.t);
-        let ws = crate::ops::ensure_workspace(
+        let (ws, [starts]) = self.words.workspace(
             self.chain.context(),
             stream,
             &mut self.workspace,
-            bytes,
+            ws_lambda + (bh * segments * s.dk * 4) as u64,
+            args.documents,
+            s.t,
+            [LoopOrder::InOrder],
             OP,
         )?;
-        self.chain.context().bind_to_thread()?;
-        // SAFETY: the workspace holds the words' bytes from words_at (sized above) and is owned
-        // by self; StreamOrder ordered `stream` after the offsets' buffer.
-        let starts = unsafe {
-            self.words.enqueue(
-                stream,
-                args.documents,
-                s.t,
-                ws + words_at,
-                LoopOrder::InOrder,
-            )
-        }?;
         let params = Lasp2Params {
             q: args.q.addr() as _,
             k: args.k.addr() as _,

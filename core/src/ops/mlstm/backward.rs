@@ -335,41 +335,9 @@ pub(super) struct BackwardKernels {
     lasp2_exit: Kernel,
 }
 
-/// The start words of a call over packed documents (0 without): the in-order pass's (dq) and the
-/// reversed passes' (dv, dk, and the gate gradient's scan).
-#[derive(Clone, Copy, Debug, Default)]
-pub(super) struct PassWords {
-    pub(super) in_order: u64,
-    pub(super) reversed: u64,
-}
-
-impl PassWords {
-    /// Workspace bytes both arrays of a shard of `t` tokens take (0 without documents).
-    pub(super) fn bytes(docs: Option<&Documents<'_>>, t: usize) -> u64 {
-        2 * StartWords::bytes(docs, t)
-    }
-
-    /// Writes both arrays for `docs` at `at` ([`PassWords::bytes`] bytes there).
-    ///
-    /// # Safety
-    /// As [`StartWords::enqueue`], for [`PassWords::bytes`] bytes at `at`.
-    pub(super) unsafe fn enqueue(
-        words: &StartWords,
-        stream: &Arc<CudaStream>,
-        docs: Option<Documents<'_>>,
-        t: usize,
-        at: u64,
-    ) -> Result<Self> {
-        let half = StartWords::bytes(docs.as_ref(), t);
-        // SAFETY: the caller's contract; the two arrays do not overlap.
-        unsafe {
-            Ok(PassWords {
-                in_order: words.enqueue(stream, docs, t, at, LoopOrder::InOrder)?,
-                reversed: words.enqueue(stream, docs, t, at + half, LoopOrder::Reversed)?,
-            })
-        }
-    }
-}
+/// The loop orders of the backward's start words (packed documents): the in-order pass's (dq),
+/// then the reversed passes' (dv, dk, and the gate gradient's scan).
+pub(super) const PASS_ORDERS: [LoopOrder; 2] = [LoopOrder::InOrder, LoopOrder::Reversed];
 
 /// One call's parameters: the backward's own kernels' struct, each gradient pass's operands
 /// (`lasp/mlstm/backward_params.h`: the roles of the tensors exchanged) and the launches.
@@ -387,14 +355,14 @@ pub(super) struct BackwardCall {
 
 impl BackwardCall {
     /// The call of `plan` over checked `args` (scale from [`MlstmBackwardArgs::check`]) with the
-    /// workspace at device address `base` and the start words of packed documents at `words`
-    /// (zeros without documents).
+    /// workspace at device address `base` and the start words of packed documents at `words`, in
+    /// [`PASS_ORDERS`] (zeros without documents).
     pub(super) fn new(
         args: &MlstmBackwardArgs<'_>,
         plan: &MlstmBackwardPlan,
         base: u64,
         scale: f32,
-        words: PassWords,
+        [in_order, reversed]: [u64; 2],
     ) -> Self {
         let ws = plan.offsets();
         let at = |offset: u64| base + offset;
@@ -423,8 +391,8 @@ impl BackwardCall {
             q_dots: at(ws.q_dots) as _,
             k_dots: at(ws.k_dots) as _,
             tile_sums: at(ws.tile_sums) as _,
-            starts: words.in_order as _,
-            rev_starts: words.reversed as _,
+            starts: in_order as _,
+            rev_starts: reversed as _,
             d_i: args.d_i_gate.addr() as _,
             d_f: args.d_f_gate.addr() as _,
             dc0: args.d_initial_c.as_ref().map_or(0, |x| x.addr()) as _,
@@ -451,7 +419,7 @@ impl BackwardCall {
             row_log_scale: row_log_weight,
             row_dot_with: args.q.addr(),
             row_dots: at(ws.q_dots),
-            starts: words.in_order,
+            starts: in_order,
             ..Default::default()
         };
         let reversed = ChunkOperands {
@@ -460,7 +428,7 @@ impl BackwardCall {
             m0: at(ws.rev_m),
             row_log_scale: args.i_gate.addr(),
             reversed: true,
-            starts: words.reversed,
+            starts: reversed,
             ..Default::default()
         };
         let dv = ChunkOperands {
@@ -643,22 +611,16 @@ impl MlstmBackward {
             validate_gates(&self.ctx, stream, args.i_gate, args.f_gate, &args.shape)?;
         }
         // The start words (packed documents) after the plan's parts.
-        let words_at = plan.workspace_bytes.next_multiple_of(256);
-        let bytes = words_at + PassWords::bytes(args.documents.as_ref(), args.shape.t);
-        let base = crate::ops::ensure_workspace(&self.ctx, stream, &mut self.workspace, bytes, OP)?;
-        self.ctx.bind_to_thread()?;
-        // SAFETY: the workspace holds the words' bytes from words_at (sized above), is owned by
-        // self and is freed only after a context synchronisation; StreamOrder ordered `stream`
-        // after the offsets' buffer.
-        let words = unsafe {
-            PassWords::enqueue(
-                &self.words,
-                stream,
-                args.documents,
-                args.shape.t,
-                base + words_at,
-            )
-        }?;
+        let (base, words) = self.words.workspace(
+            &self.ctx,
+            stream,
+            &mut self.workspace,
+            plan.workspace_bytes,
+            args.documents,
+            args.shape.t,
+            PASS_ORDERS,
+            OP,
+        )?;
         let call = BackwardCall::new(&args, &plan, base, scale, words);
         // SAFETY: the params are the headers' structs, filled by BackwardCall::new from
         // arguments checked for shape, length, alignment and overlap, and from the workspace

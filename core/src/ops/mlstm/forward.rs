@@ -675,22 +675,16 @@ impl MlstmForward {
             self.validate_gates(stream, args.i_gate, args.f_gate, &args.shape)?;
         }
         // The start words (packed documents) after the plan's parts.
-        let words_at = plan.workspace_bytes.next_multiple_of(256);
-        let bytes = words_at + StartWords::bytes(args.documents.as_ref(), args.shape.t);
-        let base = crate::ops::ensure_workspace(&self.ctx, stream, &mut self.workspace, bytes, OP)?;
-        self.ctx.bind_to_thread()?;
-        // SAFETY: the workspace holds the words' bytes from words_at (sized above), is owned by
-        // self and is freed only after a context synchronisation; StreamOrder ordered `stream`
-        // after the offsets' buffer.
-        let starts = unsafe {
-            self.words.enqueue(
-                stream,
-                args.documents,
-                args.shape.t,
-                base + words_at,
-                LoopOrder::InOrder,
-            )
-        }?;
+        let (base, [starts]) = self.words.workspace(
+            &self.ctx,
+            stream,
+            &mut self.workspace,
+            plan.workspace_bytes,
+            args.documents,
+            args.shape.t,
+            [LoopOrder::InOrder],
+            OP,
+        )?;
         let params = call_params(&args, &plan, base, scale, eps, starts);
         // SAFETY: MlstmParams is lasp_mlstm_params, generated from the header, made by
         // call_params for this plan; the shape is supported and every tensor has the length,

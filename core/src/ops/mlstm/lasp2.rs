@@ -135,28 +135,16 @@ impl MlstmLasp2Forward {
             b.check(&args)?;
         }
         // The start words (packed documents) after the plan's parts.
-        let words_at = plan.workspace_bytes.next_multiple_of(256);
-        let bytes = words_at + StartWords::bytes(args.documents.as_ref(), s.t);
-        let base = crate::ops::ensure_workspace(
+        let (base, [starts]) = self.words.workspace(
             self.chain.context(),
             stream,
             &mut self.workspace,
-            bytes,
+            plan.workspace_bytes,
+            args.documents,
+            s.t,
+            [LoopOrder::InOrder],
             OP,
         )?;
-        self.chain.context().bind_to_thread()?;
-        // SAFETY: the workspace holds the words' bytes from words_at (sized above), is owned by
-        // self and is freed only after a context synchronisation; StreamOrder ordered `stream`
-        // after the offsets' buffer.
-        let starts = unsafe {
-            self.words.enqueue(
-                stream,
-                args.documents,
-                s.t,
-                base + words_at,
-                LoopOrder::InOrder,
-            )
-        }?;
         let mut fwd = call_params(&args, &plan, base, scale, eps, starts);
         if let Some(exit) = boundary.as_ref().map(|b| &b.exit) {
             fwd.c_t = exit.c.addr() as _;

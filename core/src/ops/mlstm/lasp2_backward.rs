@@ -16,7 +16,7 @@
 //! mark its last token), so the exchange itself is unchanged.
 
 use super::backward::{
-    BackwardCall, BackwardKernels, MlstmBackwardArgs, MlstmBackwardPlan, PassWords,
+    BackwardCall, BackwardKernels, MlstmBackwardArgs, MlstmBackwardPlan, PASS_ORDERS,
 };
 use super::forward::{chunk_params, ChunkForm, ChunkKernels, ChunkOperands};
 use super::{Lasp2Params, Mlstm, MlstmBoundaryRef};
@@ -123,22 +123,16 @@ impl MlstmLasp2Backward {
         self.chain
             .check_boundary_gradients(args.d_final.is_some(), args.d_initial_c.is_some())?;
         // The start words (packed documents) after the plan's parts.
-        let words_at = plan.workspace_bytes.next_multiple_of(256);
-        let bytes = words_at + PassWords::bytes(args.documents.as_ref(), s.t);
-        let base = crate::ops::ensure_workspace(
+        let (base, words) = self.words.workspace(
             self.chain.context(),
             stream,
             &mut self.workspace,
-            bytes,
+            plan.workspace_bytes,
+            args.documents,
+            s.t,
+            PASS_ORDERS,
             OP,
         )?;
-        self.chain.context().bind_to_thread()?;
-        // SAFETY: the workspace holds the words' bytes from words_at (sized above), is owned by
-        // self and is freed only after a context synchronisation; StreamOrder ordered `stream`
-        // after the offsets' buffer.
-        let words = unsafe {
-            PassWords::enqueue(&self.words, stream, args.documents, s.t, base + words_at)
-        }?;
         let mut call = BackwardCall::new(&args, &plan, base, scale, words);
         let dq = chunk_params(&call.dq, &plan.dq, call.dq_dk_base, scale, 0.0);
         if npes == 1 {
