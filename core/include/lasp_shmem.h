@@ -177,13 +177,14 @@ typedef int32_t lasp_status;
  *               state's C, or empty (LASP-2: last rank only); DQ, DK, DV out; DI_GATE and DG out,
  *               as I_GATE and G; DH0 [B, H, Dk, Dv] fp32 out, the initial state's C, or empty
  *               (LASP-2: rank 0 only).
- * Packed documents (scalar decay, Gated DeltaNet, GLA; both directions, one GPU and LASP-2):
- *               CU_SEQLENS, fla's cu_seqlens of the whole packed sequence [0, l_1, l_1 + l_2,
- *               ..., total], int32 or int64, entries past the last repeating the total (a
- *               buffer of fixed capacity: a captured graph replays with other documents written
- *               into it), with call.shard_start; every batch row packed alike. The state forgets
- *               at every document start, across ranks too; DG is 0 there. No H0, HT, DHT or DH0:
- *               per-document states are not supported yet (every document starts from zero). */
+ * Packed documents (scalar decay, Gated DeltaNet, GLA, mLSTM; both directions, one GPU and
+ *               LASP-2): CU_SEQLENS, fla's cu_seqlens of the whole packed sequence [0, l_1,
+ *               l_1 + l_2, ..., total], int32 or int64, entries past the last repeating the
+ *               total (a buffer of fixed capacity: a captured graph replays with other documents
+ *               written into it), with call.shard_start; every batch row packed alike. The state
+ *               forgets at every document start, across ranks too; DG is 0 there. No H0, HT, DHT
+ *               or DH0: per-document states are not supported yet (every document starts from
+ *               zero). */
 #define LASP_SLOT_Q 0
 #define LASP_SLOT_K 1
 #define LASP_SLOT_V 2

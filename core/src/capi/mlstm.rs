@@ -9,14 +9,15 @@
 //! the states entering and leaving this rank's shard (`LASP_SLOT_START_STATE`,
 //! `LASP_SLOT_EXIT_STATE`). The final state's gradient is `dC_T` alone (`LASP_SLOT_DHT`, [B, H,
 //! Dk, Dv]), as is the initial state's (`LASP_SLOT_DH0`): under this gradient n and m get none.
+//! Packed documents (`LASP_SLOT_CU_SEQLENS`) go to the ops, whose kernels mask at the starts.
 
-use super::abi::Dtype::{Bf16, F32};
+use super::abi::Dtype::{Bf16, F32, I32};
 use super::abi::Slot;
 use super::args::invalid;
 use super::families::{chains_symmetric_bytes, AbiFamily, Direction, FamilyOp};
 use super::pairs::{AbiCall, Lasp2Pair, SingleGpuPair};
 use super::spec::{Kind, OpSpec};
-use super::tensors::Layout::{Gates, MlstmState, Qk, SavedRows, State, V};
+use super::tensors::Layout::{Gates, MlstmState, Offsets, Qk, SavedRows, State, V};
 use super::tensors::Role::{Input, OptionalInput, OptionalOutput, Output};
 use super::tensors::{CheckedCall, SlotUse};
 use crate::error::Result;
@@ -32,7 +33,7 @@ use crate::runtime::Runtime;
 use cudarc::driver::CudaStream;
 use std::sync::Arc;
 
-static SINGLE_GPU_FORWARD: [SlotUse; 9] = [
+static SINGLE_GPU_FORWARD: [SlotUse; 10] = [
     SlotUse::new(Slot::Q, Input, Bf16, Qk),
     SlotUse::new(Slot::K, Input, Bf16, Qk),
     SlotUse::new(Slot::V, Input, Bf16, V),
@@ -42,11 +43,12 @@ static SINGLE_GPU_FORWARD: [SlotUse; 9] = [
     SlotUse::new(Slot::O, Output, Bf16, V),
     SlotUse::new(Slot::Ht, OptionalOutput, F32, MlstmState),
     SlotUse::new(Slot::SavedRows, OptionalOutput, F32, SavedRows),
+    SlotUse::new(Slot::CuSeqlens, OptionalInput, I32, Offsets),
 ];
 
 /// The single-GPU forward's slots, and the states entering and leaving this rank's shard, which
 /// the backward takes.
-static LASP2_FORWARD: [SlotUse; 11] = [
+static LASP2_FORWARD: [SlotUse; 12] = [
     SlotUse::new(Slot::Q, Input, Bf16, Qk),
     SlotUse::new(Slot::K, Input, Bf16, Qk),
     SlotUse::new(Slot::V, Input, Bf16, V),
@@ -58,10 +60,11 @@ static LASP2_FORWARD: [SlotUse; 11] = [
     SlotUse::new(Slot::SavedRows, OptionalOutput, F32, SavedRows),
     SlotUse::new(Slot::StartState, OptionalOutput, F32, MlstmState),
     SlotUse::new(Slot::ExitState, OptionalOutput, F32, MlstmState),
+    SlotUse::new(Slot::CuSeqlens, OptionalInput, I32, Offsets),
 ];
 
 /// The forward's inputs and saved rows, the final state (its m) where DHT is given.
-static SINGLE_GPU_BACKWARD: [SlotUse; 16] = [
+static SINGLE_GPU_BACKWARD: [SlotUse; 17] = [
     SlotUse::new(Slot::Q, Input, Bf16, Qk),
     SlotUse::new(Slot::K, Input, Bf16, Qk),
     SlotUse::new(Slot::V, Input, Bf16, V),
@@ -78,11 +81,12 @@ static SINGLE_GPU_BACKWARD: [SlotUse; 16] = [
     SlotUse::new(Slot::DIGate, Output, F32, Gates),
     SlotUse::new(Slot::Dg, Output, F32, Gates),
     SlotUse::new(Slot::Dh0, OptionalOutput, F32, State),
+    SlotUse::new(Slot::CuSeqlens, OptionalInput, I32, Offsets),
 ];
 
 /// As on one GPU, from the states the forward wrote on this rank instead of H0 and HT; DHT on the
 /// last rank only and DH0 on rank 0 only (the op refuses either elsewhere, naming the rank).
-static LASP2_BACKWARD: [SlotUse; 16] = [
+static LASP2_BACKWARD: [SlotUse; 17] = [
     SlotUse::new(Slot::Q, Input, Bf16, Qk),
     SlotUse::new(Slot::K, Input, Bf16, Qk),
     SlotUse::new(Slot::V, Input, Bf16, V),
@@ -99,6 +103,7 @@ static LASP2_BACKWARD: [SlotUse; 16] = [
     SlotUse::new(Slot::DIGate, Output, F32, Gates),
     SlotUse::new(Slot::Dg, Output, F32, Gates),
     SlotUse::new(Slot::Dh0, OptionalOutput, F32, State),
+    SlotUse::new(Slot::CuSeqlens, OptionalInput, I32, Offsets),
 ];
 
 impl AbiFamily for Mlstm {
@@ -173,7 +178,7 @@ fn forward_args<'a>(call: &mut CheckedCall<'a>) -> MlstmArgs<'a> {
         }),
         scale: call.scale,
         eps: None,
-        documents: None,
+        documents: call.documents(),
     }
 }
 
@@ -215,7 +220,7 @@ fn backward_args<'a>(
         d_f_gate: call.output(Slot::Dg),
         d_initial_c: call.optional_output(Slot::Dh0),
         scale: call.scale,
-        documents: None,
+        documents: call.documents(),
     })
 }
 
