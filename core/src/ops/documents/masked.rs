@@ -28,7 +28,7 @@ impl StartWords {
 
     /// Workspace bytes the words of a shard of `t` tokens take when `docs` is given (0 without
     /// documents), a whole number of 256-byte parts.
-    pub(crate) fn bytes(docs: Option<&Documents<'_>>, t: usize) -> u64 {
+    fn bytes(docs: Option<&Documents<'_>>, t: usize) -> u64 {
         docs.map_or(0, |_| {
             let bytes = (DocumentStarts::words_len(t) * std::mem::size_of::<u64>()) as u64;
             bytes.div_ceil(PART_ALIGN) * PART_ALIGN
@@ -56,9 +56,7 @@ impl StartWords {
         unsafe { self.starts.chunk_words(stream, docs, t, words, order) }?;
         Ok(words)
     }
-}
 
-impl StartWords {
     /// Grows `workspace` to `parts` bytes of the operation's own parts and, with `docs`, one
     /// array of start words per loop order in `orders` after them (each a whole number of
     /// 256-byte parts), and writes the words of this shard's `t` tokens on `stream`. Returns the
