@@ -899,7 +899,7 @@ _gdn_forward.register_autograd(_gdn_differentiate, setup_context=_gdn_setup_cont
 
 
 def mlstm(q, k, v, i, f, scale=None, initial_state=None, output_final_state=False,
-          cp_group=None):
+          cu_seqlens=None, cp_group=None, shard_start=None):
     """xLSTM's matrix LSTM, mlstm_kernels' mLSTMexp (exponential input gate, sigmoid forget
     gate, normaliser n and max-state stabiliser m), in fla's layout:
     m_t = max(lf_t + m_{t-1}, i_t), C_t = e^{lf_t + m_{t-1} - m_t} C_{t-1} + e^{i_t - m_t}
@@ -912,7 +912,9 @@ def mlstm(q, k, v, i, f, scale=None, initial_state=None, output_final_state=Fals
     or None for mlstm_kernels' zero state (0, 0, 0). Returns (h [B, T, H, Dv] bf16, the final
     state (C, n, m) if output_final_state else None). cp_group as for `chunk_simple_gla`
     (LASP-2 across the group's ranks: the final state on the group's last rank only, the initial
-    state's gradient on its rank 0, zeros on the others).
+    state's gradient on its rank 0, zeros on the others). cu_seqlens and shard_start (packed
+    documents) as for `chunk_simple_gla`: every document starts from mlstm_kernels' zero state
+    and f's gradient is 0 at every document start.
 
     Differentiable in q, k, v, i, f and initial_state with mlstm_kernels' gradient: the
     stabilisers and denominators are held constant, so n and m of the initial state get no
@@ -942,12 +944,14 @@ def mlstm(q, k, v, i, f, scale=None, initial_state=None, output_final_state=Fals
         h0 = _pack_mlstm_state(initial_state)
     runtime, lasp2 = _placement(op, cp_group)
     _check_device(op, runtime.device, q=q, k=k, v=v, i=i, f=f, initial_state=h0)
+    cu_seqlens, shard_start = _documents(op, cu_seqlens, shard_start, runtime, lasp2, q.shape[1],
+                                         initial_state, output_final_state)
     save = torch.is_grad_enabled() and any(
         x is not None and x.requires_grad for x in (q, k, v, i, f, h0))
     scale = dk ** -0.5 if scale is None else scale
     want_ht = output_final_state and (not lasp2 or runtime.rank == runtime.world - 1)
     out, ht, _, _, _ = torch.ops.lasp_shmem.mlstm_fwd(q, k, v, i, f, h0, float(scale), want_ht,
-                                                      lasp2, save)
+                                                      lasp2, save, cu_seqlens, shard_start)
     return out, _unpack_mlstm_state(ht, b, h, dk, dv) if want_ht else None
 
 
@@ -987,7 +991,8 @@ def _mlstm_backward_outputs(q, k, v, i, want_dh0):
             torch.empty_like(i), dc0)
 
 
-def _mlstm_forward_call(q, k, v, i, f, h0, scale, want_ht, lasp2, save):
+def _mlstm_forward_call(q, k, v, i, f, h0, scale, want_ht, lasp2, save, cu_seqlens=None,
+                        shard_start=0):
     """The mLSTM forward's outputs and its call."""
     out, ht, rows, start, exit_ = _mlstm_forward_outputs(q, v, want_ht, lasp2, save)
     boundary = lasp2 and save
@@ -996,12 +1001,13 @@ def _mlstm_forward_call(q, k, v, i, f, h0, scale, want_ht, lasp2, save):
         _abi.SLOT_H0: h0, _abi.SLOT_O: out, _abi.SLOT_HT: ht if want_ht else None,
         _abi.SLOT_SAVED_ROWS: rows if save else None,
         _abi.SLOT_START_STATE: start if boundary else None,
-        _abi.SLOT_EXIT_STATE: exit_ if boundary else None}, family=_abi.FAMILY_MLSTM)
+        _abi.SLOT_EXIT_STATE: exit_ if boundary else None, _abi.SLOT_CU_SEQLENS: cu_seqlens},
+        family=_abi.FAMILY_MLSTM, shard_start=shard_start)
     return (out, ht, rows, start, exit_), call
 
 
 def _mlstm_backward_call(q, k, v, i, f, entry, exit_, rows, do, dct, scale, want_dh0, lasp2,
-                         writes_dh0):
+                         writes_dh0, cu_seqlens=None, shard_start=0):
     """The mLSTM backward's outputs and its call. One GPU: `entry` is the forward's initial
     state, `exit_` its final state (read where dct is given); LASP-2: the states the forward
     wrote at this rank's shard. dC_0 is written where `writes_dh0` (LASP-2: rank 0), else zero."""
@@ -1014,17 +1020,20 @@ def _mlstm_backward_call(q, k, v, i, f, entry, exit_, rows, do, dct, scale, want
         _abi.SLOT_EXIT_STATE if lasp2 else _abi.SLOT_HT: exit_,
         _abi.SLOT_SAVED_ROWS: rows, _abi.SLOT_DO: do, _abi.SLOT_DHT: dct, _abi.SLOT_DQ: dq,
         _abi.SLOT_DK: dk, _abi.SLOT_DV: dv, _abi.SLOT_DI_GATE: di, _abi.SLOT_DG: df,
-        _abi.SLOT_DH0: dc0 if want_dh0 and writes_dh0 else None}, family=_abi.FAMILY_MLSTM)
+        _abi.SLOT_DH0: dc0 if want_dh0 and writes_dh0 else None,
+        _abi.SLOT_CU_SEQLENS: cu_seqlens}, family=_abi.FAMILY_MLSTM, shard_start=shard_start)
     return (dq, dk, dv, di, df, dc0), call
 
 
 @torch.library.custom_op("lasp_shmem::mlstm_fwd", mutates_args=(), device_types="cuda")
 def _mlstm_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: torch.Tensor,
                    f: torch.Tensor, h0: Optional[torch.Tensor], scale: float, want_ht: bool,
-                   lasp2: bool, save: bool
+                   lasp2: bool, save: bool, cu_seqlens: Optional[torch.Tensor] = None,
+                   shard_start: int = 0
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                               torch.Tensor]:
-    outputs, call = _mlstm_forward_call(q, k, v, i, f, h0, scale, want_ht, lasp2, save)
+    outputs, call = _mlstm_forward_call(q, k, v, i, f, h0, scale, want_ht, lasp2, save,
+                                        cu_seqlens, shard_start)
     call.enqueue(backward=False, device=q.device)
     return outputs
 
@@ -1033,7 +1042,8 @@ def _mlstm_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: torch.T
 def _mlstm_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: torch.Tensor,
                     f: torch.Tensor, entry: Optional[torch.Tensor], exit_: Optional[torch.Tensor],
                     rows: torch.Tensor, do: torch.Tensor, dct: Optional[torch.Tensor],
-                    scale: float, want_dh0: bool, lasp2: bool
+                    scale: float, want_dh0: bool, lasp2: bool,
+                    cu_seqlens: Optional[torch.Tensor] = None, shard_start: int = 0
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                torch.Tensor, torch.Tensor]:
     if rows.numel() == 0:
@@ -1041,34 +1051,36 @@ def _mlstm_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: torch.
                            "gradients); call the forward with save=True")
     writes_dh0 = not lasp2 or _running().rank == 0
     outputs, call = _mlstm_backward_call(q, k, v, i, f, entry, exit_, rows, do, dct, scale,
-                                         want_dh0, lasp2, writes_dh0)
+                                         want_dh0, lasp2, writes_dh0, cu_seqlens, shard_start)
     call.enqueue(backward=True, device=q.device)
     return outputs
 
 
 @_mlstm_forward.register_fake
-def _(q, k, v, i, f, h0, scale, want_ht, lasp2, save):
+def _(q, k, v, i, f, h0, scale, want_ht, lasp2, save, cu_seqlens=None, shard_start=0):
     return _mlstm_forward_outputs(q, v, want_ht, lasp2, save)
 
 
 @_mlstm_backward.register_fake
-def _(q, k, v, i, f, entry, exit_, rows, do, dct, scale, want_dh0, lasp2):
+def _(q, k, v, i, f, entry, exit_, rows, do, dct, scale, want_dh0, lasp2, cu_seqlens=None,
+      shard_start=0):
     return _mlstm_backward_outputs(q, k, v, i, want_dh0)
 
 
 def _mlstm_setup_context(ctx, inputs, output):
-    q, k, v, i, f, h0, scale, want_ht, lasp2, save = inputs
+    q, k, v, i, f, h0, scale, want_ht, lasp2, save, cu_seqlens, shard_start = inputs
     _, ht, rows, start, exit_ = output
     ctx.mark_non_differentiable(rows, start, exit_)
     # One GPU: the backward starts from the initial state and reads m_T of the final state;
     # LASP-2: the states the forward found entering and leaving this rank's shard.
     entry, leaving = (start, exit_) if lasp2 else (h0, ht if want_ht else None)
-    ctx.save_for_backward(q, k, v, i, f, entry, leaving, rows)
-    ctx.scale, ctx.want_ht, ctx.lasp2 = scale, want_ht, lasp2
+    # The backward runs over the same documents.
+    ctx.save_for_backward(q, k, v, i, f, entry, leaving, rows, cu_seqlens)
+    ctx.scale, ctx.want_ht, ctx.lasp2, ctx.shard_start = scale, want_ht, lasp2, shard_start
 
 
 def _mlstm_differentiate(ctx, grad_h, grad_ht, _grad_rows, _grad_start, _grad_exit):
-    q, k, v, i, f, entry, leaving, rows = ctx.saved_tensors
+    q, k, v, i, f, entry, leaving, rows, cu_seqlens = ctx.saved_tensors
     b, _, h, dk = q.shape
     dv = v.shape[-1]
     dct = None
@@ -1077,11 +1089,11 @@ def _mlstm_differentiate(ctx, grad_h, grad_ht, _grad_rows, _grad_start, _grad_ex
     want_dh0 = ctx.needs_input_grad[5]
     dq, dk_, dv_, di, df, dc0 = torch.ops.lasp_shmem.mlstm_bwd(
         q, k, v, i, f, entry, leaving, rows, grad_h.contiguous(), dct, ctx.scale, want_dh0,
-        ctx.lasp2)
+        ctx.lasp2, cu_seqlens, ctx.shard_start)
     dh0 = None
     if want_dh0:  # n and m of the initial state get no gradient under this rule
         dh0 = torch.cat([dc0.reshape(-1), dc0.new_zeros(b * h * (dk + 1))])
-    return dq, dk_, dv_, di, df, dh0, None, None, None, None
+    return dq, dk_, dv_, di, df, dh0, None, None, None, None, None, None
 
 
 _mlstm_forward.register_autograd(_mlstm_differentiate, setup_context=_mlstm_setup_context)

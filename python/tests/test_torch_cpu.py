@@ -164,10 +164,18 @@ def _gdn_backward_on_cpu(q, k, v, g, beta, state, do, dht, scale, want_dh0, lasp
 
 
 @torch.library.register_kernel("lasp_shmem::mlstm_fwd", "cpu")
-def _mlstm_forward_on_cpu(q, k, v, i, f, h0, scale, want_ht, lasp2, save):
+def _mlstm_forward_on_cpu(q, k, v, i, f, h0, scale, want_ht, lasp2, save, cu_seqlens=None,
+                          shard_start=0):
     b, _, h, dk = q.shape
     dv = v.shape[-1]
     out, ht, rows, start, exit_ = lt._mlstm_forward_outputs(q, v, want_ht, lasp2, save)
+    if cu_seqlens is not None:  # the public function refuses the states with documents
+        out.copy_(per_document(lambda *x: mlstm_recurrent(*x, None, scale)[:1], cu_seqlens,
+                               shard_start, q, k, v, i, f)[0])
+        rows.zero_()
+        start.zero_()
+        exit_.zero_()
+        return out, ht, rows, start, exit_
     state = None if h0 is None else lt._unpack_mlstm_state(h0, b, h, dk, dv)
     want_h, final = mlstm_recurrent(q, k, v, i, f, state, scale)
     out.copy_(want_h)
@@ -182,10 +190,20 @@ def _mlstm_forward_on_cpu(q, k, v, i, f, h0, scale, want_ht, lasp2, save):
 
 
 @torch.library.register_kernel("lasp_shmem::mlstm_bwd", "cpu")
-def _mlstm_backward_on_cpu(q, k, v, i, f, entry, exit_, rows, do, dct, scale, want_dh0, lasp2):
+def _mlstm_backward_on_cpu(q, k, v, i, f, entry, exit_, rows, do, dct, scale, want_dh0, lasp2,
+                           cu_seqlens=None, shard_start=0):
     b, _, h, dk = q.shape
     state = None if entry is None else lt._unpack_mlstm_state(entry, b, h, dk, v.shape[-1])
     outputs = lt._mlstm_backward_outputs(q, k, v, i, want_dh0)
+    if cu_seqlens is not None:  # each document from the zero state; f's gradient 0 at a start
+        grads = per_document(lambda *x: mlstm_gradients(*x[:5], None, x[5], None, scale)[:5],
+                             cu_seqlens, shard_start, q, k, v, i, f, do)
+        for out, grad in zip(outputs, grads):
+            out.copy_(grad)
+        firsts = [a for a, _ in documents(cu_seqlens, shard_start, q.shape[1])
+                  if a + shard_start in {int(s) for s in cu_seqlens}]
+        outputs[4][:, firsts] = 0
+        return outputs
     for out, grad in zip(outputs, mlstm_gradients(q, k, v, i, f, state, do, dct, scale)):
         if out.numel():  # not dC_0 unless wanted
             out.copy_(grad)
@@ -326,7 +344,7 @@ def test_packed_documents_flow_through_the_ops(cpu_runtime, family, dtype, shard
     assert dg[:, [0, 1, 17, 30]].abs().max() == 0
 
 
-@pytest.mark.parametrize("family", ["simple_gla", "gla", "gated_delta_rule"])
+@pytest.mark.parametrize("family", ["simple_gla", "gla", "gated_delta_rule", "mlstm"])
 def test_the_library_accepts_packed_calls(library, family):
     """The ops' packed calls fill LASP_SLOT_CU_SEQLENS and call.shard_start as the library's
     lasp_op_check_call wants them, in both directions, on one GPU and with LASP-2."""
@@ -334,7 +352,14 @@ def test_the_library_accepts_packed_calls(library, family):
     beta = torch.rand(B, T, H)
     cu = torch.tensor([0, 4, 7, 30], dtype=torch.int64)
     for lasp2 in (False, True):
-        if family == "gla":
+        if family == "mlstm":
+            q, k, v, i, f, _ = mlstm_cpu_inputs()
+            (h, _, rows, start, exit_), forward = lt._mlstm_forward_call(
+                q, k, v, i, f, None, 0.125, False, lasp2, True, cu, 21)
+            entry, leaving = (start, exit_) if lasp2 else (None, None)
+            _, backward = lt._mlstm_backward_call(q, k, v, i, f, entry, leaving, rows, h, None,
+                                                  0.125, False, lasp2, False, cu, 21)
+        elif family == "gla":
             (o, _, states), forward = lt._gla_forward_call(q, k, v, g, None, 0.125, False,
                                                            lasp2, True, cu, 21)
             _, backward = lt._gla_backward_call(q, k, v, g, None, states, o, None, 0.125, False,
@@ -1116,6 +1141,39 @@ def test_mlstm_opcheck(with_h0, lasp2):
     entry, leaving = (start, exit_) if lasp2 else (h0, ht)
     torch.library.opcheck(MLSTM_BWD, (*detached, entry, leaving, rows, do, None, 0.125,
                                       with_h0, lasp2))
+
+
+@pytest.mark.parametrize("dtype, shard_start", [(torch.int32, None), (torch.int64, 3)])
+def test_mlstm_packed_documents_flow_through_the_ops(cpu_runtime, dtype, shard_start):
+    """mlstm's cu_seqlens and shard_start reach both custom ops (the CPU stand-ins run each
+    document on its own from the zero state), the gradients are each document's own under
+    mlstm_kernels' rule, f's is 0 at every document start, and the states are refused."""
+    t = 40
+    q, k, v, i, f, _ = mlstm_cpu_inputs(dk=64, dv=64, t=t)
+    cu = torch.tensor([0, 1, 17, 30, t, t] if shard_start is None else [0, 4, 20, 33, 43, 43],
+                      dtype=dtype)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, i, f)]
+    h, ht = lt.mlstm(*leaves, scale=0.125, cu_seqlens=cu, shard_start=shard_start)
+    assert ht is None
+    do = torch.rand(B, t, H, 64).bfloat16()
+    got = torch.autograd.grad(h, leaves, do)
+    first = shard_start or 0
+    bounds = documents(cu, first, t)
+    want_h = torch.cat([mlstm_recurrent(*(x[:, a:z] for x in (q, k, v, i, f)), None, 0.125)[0]
+                        for a, z in bounds], dim=1)
+    torch.testing.assert_close(h.double(), want_h, rtol=2e-2, atol=2e-2)
+    for a, z in bounds:
+        want = mlstm_gradients(*(x[:, a:z] for x in (q, k, v, i, f)), None, do[:, a:z], None,
+                               0.125)[:5]
+        for n, (x, y) in enumerate(zip(got, want)):
+            y = y.clone()
+            if n == 4 and a + first in {int(s) for s in cu}:
+                y[:, 0] = 0  # f's gradient at a document start
+            torch.testing.assert_close(x[:, a:z].double(), y.double(), rtol=2e-2, atol=2e-2)
+    starts = sorted({int(s) - first for s in cu if 0 <= int(s) - first < t})
+    assert got[4][:, starts].abs().max() == 0
+    with pytest.raises(NotImplementedError, match="per-document initial and final states"):
+        lt.mlstm(q, k, v, i, f, output_final_state=True, cu_seqlens=cu)
 
 
 def test_a_compiled_mlstm_block_has_no_graph_break_and_the_eager_gradients():
