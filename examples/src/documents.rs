@@ -96,6 +96,24 @@ pub fn mixed_documents(total: usize, rng: &mut SplitMix64) -> Vec<usize> {
     out
 }
 
+/// Offsets a check's buffer holds past its documents' (padded with the total), so that a graph
+/// replayed from the same buffer can take other documents.
+pub const SPARE_OFFSETS: usize = 2;
+
+/// fla's offsets `[0, ..., total]` as a check's device buffer holds them: padded with the total.
+pub fn padded_offsets(cu_seqlens: &[usize]) -> Vec<usize> {
+    let total = *cu_seqlens.last().expect("offsets end with the total");
+    let mut out = cu_seqlens.to_vec();
+    out.extend([total; SPARE_OFFSETS]);
+    out
+}
+
+/// A buffer of `len` offsets holding one document of `total` tokens (padded with the total):
+/// what a check's graph is captured with before its documents are written.
+pub fn one_document(len: usize, total: usize) -> Vec<usize> {
+    (0..len).map(|i| if i == 0 { 0 } else { total }).collect()
+}
+
 /// The largest of each PE's value (all PEs call it).
 pub fn max_over_pes(rt: &Runtime, value: f64) -> Result<f64> {
     Ok(rt
@@ -192,5 +210,17 @@ impl PackedCost {
             self.forward_unpacked_ms,
             self.forward_packed_ms
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_check_buffer_pads_with_the_total_and_a_capture_holds_one_document() {
+        assert_eq!(padded_offsets(&[0, 3, 5]), [0, 3, 5, 5, 5]);
+        assert_eq!(one_document(5, 5), [0, 5, 5, 5, 5]);
+        assert_eq!(one_document(padded_offsets(&[0, 7]).len(), 7), [0, 7, 7, 7]);
     }
 }

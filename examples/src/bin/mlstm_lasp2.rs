@@ -60,7 +60,8 @@ use lasp_shmem::reference::{assert_close_to_scale, rel_err, Cotangents, Shape, T
 use lasp_shmem::reference::{ReferenceError, SplitMix64};
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::documents::{
-    boundary_documents, mixed_documents, starts_in_shard, Offsets, PackedCost,
+    boundary_documents, mixed_documents, one_document, padded_offsets, starts_in_shard, Offsets,
+    PackedCost, SPARE_OFFSETS,
 };
 use lasp_shmem_examples::grad_bits::qkv_rows;
 use lasp_shmem_examples::graph_replay::{replay, replay_after, Outputs};
@@ -131,24 +132,16 @@ struct CaseDocuments {
     int64: bool,
 }
 
-/// Offsets a case's buffer holds past its documents' (padded with the total).
-const SPARE_OFFSETS: usize = 2;
-
 impl CaseDocuments {
     /// The offsets as the device buffer holds them: padded with the total.
     fn padded(&self) -> Vec<usize> {
-        let total = *self.cu_seqlens.last().expect("offsets end with the total");
-        let mut out = self.cu_seqlens.clone();
-        out.extend([total; SPARE_OFFSETS]);
-        out
+        padded_offsets(&self.cu_seqlens)
     }
 
     /// A buffer of the same capacity holding one document: what a graph is captured with.
     fn one_document(&self) -> Vec<usize> {
         let total = *self.cu_seqlens.last().expect("offsets end with the total");
-        let mut out = vec![total; self.cu_seqlens.len() + SPARE_OFFSETS];
-        out[0] = 0;
-        out
+        one_document(self.cu_seqlens.len() + SPARE_OFFSETS, total)
     }
 }
 

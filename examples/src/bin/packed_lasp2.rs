@@ -54,7 +54,8 @@ use lasp_shmem::reference::{
 };
 use lasp_shmem::{Config, Error, Result, Runtime};
 use lasp_shmem_examples::documents::{
-    boundary_documents, max_over_pes, mixed_documents, starts_in_shard, Offsets, PackedCost,
+    boundary_documents, max_over_pes, mixed_documents, one_document, padded_offsets,
+    starts_in_shard, Offsets, PackedCost,
 };
 use lasp_shmem_examples::grad_bits::{qkv_rows, GradBits, GradBuffers};
 use lasp_shmem_examples::graph_replay::Outputs;
@@ -92,8 +93,6 @@ const TOL: f64 = 5e-3;
 /// Gated DeltaNet's dg and dbeta against the shard's norm of theirs (its unpacked checks' bound).
 const GDN_GATE_TOL: f64 = 1e-2;
 const POISON: u16 = 0xFFFF;
-/// Offsets a case's buffer holds past its documents' (padded with the total).
-const SPARE_OFFSETS: usize = 2;
 
 /// The families, each through its own LASP-2 operations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -621,14 +620,6 @@ impl PackedCase {
         }
     }
 
-    /// The offsets as the device buffer holds them: padded with the total.
-    fn padded_offsets(&self) -> Vec<usize> {
-        let total = self.shape().t;
-        let mut out = self.cu_seqlens.clone();
-        out.extend([total; SPARE_OFFSETS]);
-        out
-    }
-
     fn doc_lengths(&self) -> Vec<usize> {
         self.cu_seqlens.windows(2).map(|w| w[1] - w[0]).collect()
     }
@@ -705,7 +696,7 @@ fn check_case(
         dk: case.dk,
         dv: case.dv,
     };
-    let offsets = case.padded_offsets();
+    let offsets = padded_offsets(&case.cu_seqlens);
     let rows = |x: &Tensor| bf16s(&shard_rows(x, start, len));
     let beta = inputs
         .beta
@@ -822,11 +813,10 @@ fn replay_with_documents(
 ) -> Result<Vec<u16>> {
     let stream = rt.stream().clone();
     let total = *offsets.last().expect("offsets end with the total");
-    let one_document: Vec<usize> = (0..offsets.len())
-        .map(|i| if i == 0 { 0 } else { total })
-        .collect();
     ops.set_mode(ExchangeMode::Overlapped)?;
-    shard.offsets.write(&stream, &one_document)?;
+    shard
+        .offsets
+        .write(&stream, &one_document(offsets.len(), total))?;
     shard.poison(&stream)?;
     let before = ops.epoch(&stream)?;
     rt.barrier_on_stream(&stream)?;
