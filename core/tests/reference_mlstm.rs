@@ -10,8 +10,8 @@
 
 use lasp_shmem::reference::mlstm::{
     chunkwise_backward, chunkwise_forward, fold, fold_backward, lasp2_backward,
-    lasp2_backward_tfla, lasp2_forward, loop_form_forward, recurrent_backward, recurrent_forward,
-    unstabilised_forward, MlstmCotangents, MlstmForward,
+    lasp2_backward_tfla, lasp2_forward, loop_form_forward, normaliser_conditioning,
+    recurrent_backward, recurrent_forward, unstabilised_forward, MlstmCotangents, MlstmForward,
     MlstmGradient::{Full, Tfla},
     MlstmGrads, MlstmInputs, MlstmRegime, MlstmSpec, MlstmState, ShardSummary,
 };
@@ -1137,4 +1137,40 @@ mod tfla_gradient {
             }
         }
     }
+}
+
+#[test]
+fn normaliser_conditioning_is_the_cancellation_of_q_dot_n() {
+    // One token, input gate 50 (so m = 50 and n = k, e^{-m} far below |q . n|): kappa is
+    // sum |q_d k_d| / |q . k| exactly, 2047 for q = (1, 2^-10 - 1), k = (1, 1).
+    let shape = Shape {
+        b: 1,
+        t: 1,
+        h: 1,
+        dk: 2,
+        dv: 1,
+    };
+    let tensor = |shape: &[usize], data: Vec<f64>| Tensor::from_vec(shape, data).unwrap();
+    let inputs = MlstmInputs {
+        shape,
+        q: tensor(&shape.qk(), vec![1.0, 2f64.powi(-10) - 1.0]),
+        k: tensor(&shape.qk(), vec![1.0, 1.0]),
+        v: tensor(&shape.v(), vec![1.0]),
+        input_gate: tensor(&shape.per_token(), vec![50.0]),
+        forget_gate: tensor(&shape.per_token(), vec![0.0]),
+        initial_state: None,
+        scale: 0.5,
+        eps: 0.0,
+    };
+    let got = normaliser_conditioning(&inputs).unwrap().get(&[0, 0, 0]);
+    assert_eq!(got, 2047.0);
+    // Random queries and keys: tens at most, and every value finite and positive.
+    let typical = normaliser_conditioning(&generate(MlstmRegime::Typical, 3, true)).unwrap();
+    let median = {
+        let mut v = typical.data().to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    assert!(typical.data().iter().all(|k| k.is_finite() && *k > 0.0));
+    assert!((0.5..100.0).contains(&median), "median kappa {median}");
 }

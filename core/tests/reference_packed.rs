@@ -692,3 +692,38 @@ fn malformed_cu_seqlens_are_rejected() {
         ReferenceError::ShapeMismatch { tensor: "h0", .. }
     ));
 }
+
+/// The mLSTM's normaliser conditioning over packed documents: each document's rows are those of
+/// the document run alone from the zero state.
+#[test]
+fn mlstm_packed_conditioning_is_each_documents_own() {
+    let t = *CU_SEQLENS.last().unwrap();
+    let inputs = MlstmInputs::generate(&MlstmSpec {
+        shape: shape(t),
+        regime: MlstmRegime::LargeInputGate,
+        seed: 44,
+        round_to_bf16: false,
+        initial_state: false,
+    })
+    .unwrap();
+    let packed = MlstmPackedInputs {
+        inputs: inputs.clone(),
+        cu_seqlens: CU_SEQLENS.to_vec(),
+        initial_states: None,
+    };
+    let got = mlstm::packed_normaliser_conditioning(&packed).unwrap();
+    for doc in CU_SEQLENS.windows(2) {
+        let (first, len) = (doc[0], doc[1] - doc[0]);
+        let alone = MlstmInputs {
+            shape: shape(len),
+            q: inputs.q.slice_time(first, len),
+            k: inputs.k.slice_time(first, len),
+            v: inputs.v.slice_time(first, len),
+            input_gate: inputs.input_gate.slice_time(first, len),
+            forget_gate: inputs.forget_gate.slice_time(first, len),
+            ..inputs.clone()
+        };
+        let want = mlstm::normaliser_conditioning(&alone).unwrap();
+        assert_eq!(got.slice_time(first, len), want, "document at {first}");
+    }
+}

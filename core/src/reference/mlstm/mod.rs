@@ -191,8 +191,8 @@ pub use loop_form::{
     loop_form_forward, loop_gates, packed_loop_form_forward, packed_loop_gates, LoopGates,
 };
 pub use packed::{
-    packed_lasp2_backward, packed_lasp2_forward, packed_recurrent_backward,
-    packed_recurrent_forward, MlstmCarry, MlstmPackedBackward, MlstmPackedForward,
-    MlstmPackedGrads, MlstmPackedInputs, MlstmPackedLasp2, PackedMlstmSummary,
+    packed_lasp2_backward, packed_lasp2_forward, packed_normaliser_conditioning,
+    packed_recurrent_backward, packed_recurrent_forward, MlstmCarry, MlstmPackedBackward,
+    MlstmPackedForward, MlstmPackedGrads, MlstmPackedInputs, MlstmPackedLasp2, PackedMlstmSummary,
 };
-pub use recurrent::{recurrent_forward, unstabilised_forward};
+pub use recurrent::{normaliser_conditioning, recurrent_forward, unstabilised_forward};

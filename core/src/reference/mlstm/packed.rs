@@ -28,7 +28,7 @@ use super::super::tensor::Tensor;
 use super::super::validate::{check_chunk, check_shape, check_shard_lengths};
 use super::inputs::check_state;
 use super::{chunkwise_forward, fold, fold_backward, lasp2_forward, recurrent_backward};
-use super::{recurrent_forward, ShardSummary};
+use super::{normaliser_conditioning, recurrent_forward, ShardSummary};
 use super::{MlstmCotangents, MlstmGradient, MlstmGrads, MlstmInputs, MlstmState};
 
 /// A packed sequence of documents for the mLSTM.
@@ -120,6 +120,23 @@ pub fn packed_recurrent_forward(
         h: Tensor::concat_time(&h),
         final_states,
     })
+}
+
+/// [`super::normaliser_conditioning`] over packed documents: each document on its own, from its
+/// initial state.
+pub fn packed_normaliser_conditioning(
+    packed: &MlstmPackedInputs,
+) -> Result<Tensor, ReferenceError> {
+    packed.validate()?;
+    let parts = packed
+        .cu_seqlens
+        .windows(2)
+        .enumerate()
+        .map(|(n, doc)| {
+            normaliser_conditioning(&packed.tokens(doc[0]..doc[1], packed.document_start(n)))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Tensor::concat_time(&parts))
 }
 
 /// The gradients of a packed sequence, each document by its own reverse sweep.

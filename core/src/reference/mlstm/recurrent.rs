@@ -3,21 +3,53 @@
 
 use super::super::error::ReferenceError;
 use super::super::linalg::{axpy, outer_add};
-use super::head::{forward_heads, HeadState, MlstmHead};
+use super::super::tensor::Tensor;
+use super::head::{forward_heads, initial_head_state, HeadState, MlstmHead};
 use super::inputs::{MlstmForward, MlstmInputs};
 
 /// The stabilised recurrence, token by token: the definition (module doc, "Recurrence").
 pub fn recurrent_forward(inputs: &MlstmInputs) -> Result<MlstmForward, ReferenceError> {
-    forward_heads(inputs, |head, state| {
-        sweep(head, state, |head, t, state| {
-            let m = (head.log_forget[t] + state.m).max(head.input_gate[t]);
-            let forget = (head.log_forget[t] + state.m - m).exp();
-            let input = (head.input_gate[t] - m).exp();
-            state.m = m;
-            write(head, t, state, forget, input);
-            state.m
-        })
-    })
+    forward_heads(inputs, |head, state| sweep(head, state, stabilised_step))
+}
+
+/// How much each token's normaliser cancels, `[B, T, H]`: `kappa_t = sigma sum_d |q_td n_td| /
+/// (max(|sigma q_t . n_t|, e^{-m_t}) + eps)`, the factor by which a relative error in `n` or in
+/// the products of `q . n` grows in `h_t`. It is about 10 for random q and n; a token whose query is
+/// almost orthogonal to the keys that dominate `n` has thousands or more, and its `h_t` (large,
+/// as `1 / |q . n|`) is determined by fp32 operands only to `kappa_t` times their rounding.
+pub fn normaliser_conditioning(inputs: &MlstmInputs) -> Result<Tensor, ReferenceError> {
+    inputs.validate()?;
+    let s = inputs.shape;
+    let mut out = Tensor::zeros(&s.per_token());
+    for b in 0..s.b {
+        for h in 0..s.h {
+            let head = MlstmHead::gather(inputs, b, h);
+            let mut state = initial_head_state(inputs, b, h);
+            let rows: Vec<f64> = (0..head.t)
+                .map(|t| {
+                    let m = stabilised_step(&head, t, &mut state);
+                    let (terms, qn) = head
+                        .q(t)
+                        .iter()
+                        .zip(&state.n)
+                        .fold((0.0, 0.0), |(a, d), (q, n)| (a + (q * n).abs(), d + q * n));
+                    head.scale * terms / ((head.scale * qn).abs().max((-m).exp()) + head.eps)
+                })
+                .collect();
+            out.set_head_rows(b, h, &rows);
+        }
+    }
+    Ok(out)
+}
+
+/// One token of the stabilised recurrence: updates `state` and returns `m_t`.
+fn stabilised_step(head: &MlstmHead, t: usize, state: &mut HeadState) -> f64 {
+    let m = (head.log_forget[t] + state.m).max(head.input_gate[t]);
+    let forget = (head.log_forget[t] + state.m - m).exp();
+    let input = (head.input_gate[t] - m).exp();
+    state.m = m;
+    write(head, t, state, forget, input);
+    state.m
 }
 
 /// The unstabilised recurrence `C~_t = e^{lf_t} C~_{t-1} + e^{i_t} k_t^T v_t` (same for `n~`),
