@@ -39,12 +39,12 @@ using chunk::StateRegs;
 using sd::ChunkGates;
 using sd::FragOffsets;
 
-// One chunk's gates for this lane: the scalar-decay step's ChunkGates (with documents, its
-// DocumentChunkGates: the masks at the starts), each fragment row's stabiliser, the pair values
-// the normaliser's update shuffles, and what the chunk hands on.
-template <bool kPacked>
+// One chunk's gates for this lane: the scalar-decay step's ChunkGates (in a chunk that holds a
+// document start, kMasked, its DocumentChunkGates: the masks at the starts), each fragment row's
+// stabiliser, the pair values the normaliser's update shuffles, and what the chunk hands on.
+template <bool kMasked>
 struct ChunkStep {
-  using Gates = typename std::conditional<kPacked, sd::DocumentChunkGates, ChunkGates>::type;
+  using Gates = typename std::conditional<kMasked, sd::DocumentChunkGates, ChunkGates>::type;
   Gates cg;
   float m_row[2];      // m_r of this lane's fragment rows r = 16 warp + 8 hh + g
   float key_weight[2]; // e^{gamma - col_j} of tokens j = 2 lane, 2 lane + 1 (0 before the last start)
@@ -168,21 +168,19 @@ __device__ __forceinline__ uint32_t start_bytes(uint64_t word, int r0) {
 
 // The gates of a chunk from its forget- and input-gate pre-activations in shared memory (64 each;
 // tokens >= valid are not tokens: no decay, no contribution), entered with stabiliser m_prev
-// (-inf: the empty state). With documents (kPacked) `word` holds the chunk's starts and a document
-// enters from doc_entry (document_pair_gates). Every warp computes the same values with the same
-// instructions, so every thread of the CTA holds the same bits without a barrier. warp: within
-// the warpgroup.
-template <bool kPacked>
-__device__ __forceinline__ ChunkStep<kPacked> chunk_step(const float* s_f, const float* s_i, int valid, float m_prev,
+// (-inf: the empty state). kMasked: `word` holds the chunk's document starts (not 0) and a
+// document enters from doc_entry (document_pair_gates). Every warp computes the same values with
+// the same instructions, so every thread of the CTA holds the same bits without a barrier. warp:
+// within the warpgroup.
+template <bool kMasked>
+__device__ __forceinline__ ChunkStep<kMasked> chunk_step(const float* s_f, const float* s_i, int valid, float m_prev,
                                                          float doc_entry, uint64_t word, int warp, int lane) {
   constexpr unsigned kAll = 0xffffffffu;
-  // Most chunks of packed documents hold no start: they take the plain gates (a uniform branch;
-  // the segmented scans are about twice the plain ones' latency), and their masks keep everything.
-  const PairGates pg = kPacked && word != 0 ? document_pair_gates(s_f, s_i, valid, m_prev, doc_entry, word, lane)
-                                            : pair_gates(s_f, s_i, valid, m_prev, lane);
-  ChunkStep<kPacked> st;
+  const PairGates pg = kMasked ? document_pair_gates(s_f, s_i, valid, m_prev, doc_entry, word, lane)
+                               : pair_gates(s_f, s_i, valid, m_prev, lane);
+  ChunkStep<kMasked> st;
   const int g = lane >> 2, t = lane & 3;
-  if constexpr (kPacked) st.cg.starts = start_bytes(word, 16 * warp + g);
+  if constexpr (kMasked) st.cg.starts = start_bytes(word, 16 * warp + g);
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int r = 16 * warp + 8 * hh + g;
@@ -231,9 +229,9 @@ constexpr int normaliser_parts() {
 // n_p' = e^{gamma} n_p + sum_{j in part p} e^{gamma - col_j} k_jd for key dimension d, K the chunk's
 // swizzled [64 x DK] tile at `sK` (generic address), the weights as chunk_step left them per lane.
 // Four accumulators: the chain is a quarter of the part's tokens long.
-template <int DK, int kParts, bool kPacked>
+template <int DK, int kParts, bool kMasked>
 __device__ __forceinline__ float normaliser_update(float n, const uint8_t* sK, int d, int part,
-                                                   const ChunkStep<kPacked>& st) {
+                                                   const ChunkStep<kMasked>& st) {
   constexpr unsigned kAll = 0xffffffffu;
   constexpr int kPairs = kChunk / 2 / kParts;  // token pairs of a part
   const uint8_t* column = sK + (d & 7) * 2;    // element d of a row, within its 16-byte chunk
@@ -379,9 +377,9 @@ struct SegmentArgs {
 // a.token(tok0 + r)) times e^{m_r + row_log_scale}, stored in bf16, and its dot with the same row of
 // row_dot_with, summed over the warpgroup's 64 columns in fp32, stored per column tile. The
 // chunk's row_log_scale values come staged in shared memory at `s_scale` (64 floats).
-template <int kGroups, bool kPacked>
+template <int kGroups, bool kMasked>
 __device__ __forceinline__ void store_gradient_rows(const SegmentArgs& a, const float (&o)[8][4],
-                                                    const ChunkStep<kPacked>& st,
+                                                    const ChunkStep<kMasked>& st,
                                                     const float* s_scale, int tok0, int64_t row_bt0, int group,
                                                     int warp, int lane) {
   constexpr unsigned kAll = 0xffffffffu;
@@ -468,7 +466,8 @@ struct Layout {
 // kStoreO = false: a states pass (no Q, no O; each chunk only updates the state).
 // kGradient: a pass of the backward (lasp/mlstm/backward_params.h): no normaliser, each output row
 // scaled by e^{m_r + row_log_scale} and dotted with row_dot_with (store_gradient_rows).
-// kPacked: the loop masks at the document starts of a.starts (chunk_step, DocumentChunkGates).
+// kPacked: over packed documents (a.starts): a chunk holding a start runs with the masks at its
+// starts (chunk_step<true>, DocumentChunkGates), every other chunk as without documents.
 template <int DK, int kGroups, bool kStoreO, bool kGradient = false, bool kPacked = false, class Start, class End>
 __device__ __forceinline__ void run_segment(const SegmentArgs& a, Start&& start, End&& end) {
   using L = Layout<DK, kGroups, kStoreO>;
@@ -563,68 +562,83 @@ __device__ __forceinline__ void run_segment(const SegmentArgs& a, Start&& start,
     const uint32_t stage = L::stage(i);
     const uint64_t word = kWordLands ? documents::ChunkStarts::landed<kPacked>(smem + L::start_word(i)).word
                                      : starts.next(a.starts, a.c_begin + i + 1, i + 1 < a.n_chunks).word;
-    const ChunkStep<kPacked> st =
-        chunk_step<kPacked>(reinterpret_cast<const float*>(smem + L::forget(i)),
-                            reinterpret_cast<const float*>(smem + L::input(i)), T - tok0, m, a.doc_entry(), word,
-                            warp, lane);
-    log_forget += st.log_forget;
-    const uint32_t sK = sbase + stage + L::kK;
-    const uint32_t sV = sbase + stage + L::kV + group * L::kVBytes;
-    auto update_n = [&] {
-      if (carries_n) n_mine = normaliser_update<DK, kParts>(n_mine, smem + stage + L::kK, n_dim, n_part, st);
-    };
-    if constexpr (kStoreO && kGradient) {
-      const uint32_t copy = sbase + L::state_copy(group, i);
-      float o[8][4];
-      const GradientExtras extras{copy + L::kSbfBytes, {}};
-      sd::output_chunk<DK, sd::Probe::kNone>(o, s, sbase + stage + L::kQ, sK, sV, copy, off, st.cg, warp, g, t,
-                                             a.scale, extras);
-      store_gradient_rows<kGroups>(a, o, st, reinterpret_cast<const float*>(smem + L::row_scale(i)), tok0, row_bt0,
-                                   group, warp, lane);
-      if (i + 1 < a.n_chunks) store_state_split<DK>(smem, L::state_copy(group, i + 1), L::kSbfBytes, s, ln);
-    } else if constexpr (kStoreO) {
-      float qn[2];
-      float score_sums[2] = {0.f, 0.f};
-      const uint32_t copy = sbase + L::state_copy(group, i);
-      // Before the products, not beside them: run while the tensor cores work, the normaliser's
-      // registers pushed the kernel past 255 (spills) and the pass took 8 % longer.
-      query_dot_normaliser<DK, kParts>(qn, sbase + stage + L::kQ,
-                                       reinterpret_cast<const float*>(smem + L::normaliser(i)), off, lane);
-      update_n();
-      float o[8][4];
-      const OutputExtras extras{copy + L::kSbfBytes, ScoreRowSums{score_sums}};
-      sd::output_chunk<DK, sd::Probe::kNone>(o, s, sbase + stage + L::kQ, sK, sV, copy, off, st.cg, warp, g, t,
-                                             a.scale, extras);
-      sum_rows(score_sums);
-      uint16_t* o_tile = a.o + row_bt0 * Dv + group * kTileV + 2 * t;
+    const float* const s_f = reinterpret_cast<const float*>(smem + L::forget(i));
+    const float* const s_i = reinterpret_cast<const float*>(smem + L::input(i));
+    // The output passes' fragments live out here, not in run_chunk: declared inside it, they changed
+    // how nvcc optimises the plain kernels (other instructions, 3 % slower); out here every plain
+    // kernel compiles to the instructions it had without the twins' dispatch below.
+    float o[8][4];
+    float qn[2];
+    float score_sums[2];
+    // The chunk's products and outputs, with the plain gates (st: ChunkStep<false>) or with the
+    // masks at its document starts (ChunkStep<true>).
+    auto run_chunk = [&](const auto& st) {
+      log_forget += st.log_forget;
+      const uint32_t sK = sbase + stage + L::kK;
+      const uint32_t sV = sbase + stage + L::kV + group * L::kVBytes;
+      auto update_n = [&] {
+        if (carries_n) n_mine = normaliser_update<DK, kParts>(n_mine, smem + stage + L::kK, n_dim, n_part, st);
+      };
+      if constexpr (kStoreO && kGradient) {
+        const uint32_t copy = sbase + L::state_copy(group, i);
+        const GradientExtras extras{copy + L::kSbfBytes, {}};
+        sd::output_chunk<DK, sd::Probe::kNone>(o, s, sbase + stage + L::kQ, sK, sV, copy, off, st.cg, warp, g, t,
+                                               a.scale, extras);
+        store_gradient_rows<kGroups>(a, o, st, reinterpret_cast<const float*>(smem + L::row_scale(i)), tok0, row_bt0,
+                                     group, warp, lane);
+        if (i + 1 < a.n_chunks) store_state_split<DK>(smem, L::state_copy(group, i + 1), L::kSbfBytes, s, ln);
+      } else if constexpr (kStoreO) {
+        score_sums[0] = score_sums[1] = 0.f;
+        const uint32_t copy = sbase + L::state_copy(group, i);
+        // Before the products, not beside them: run while the tensor cores work, the normaliser's
+        // registers pushed the kernel past 255 (spills) and the pass took 8 % longer.
+        query_dot_normaliser<DK, kParts>(qn, sbase + stage + L::kQ,
+                                         reinterpret_cast<const float*>(smem + L::normaliser(i)), off, lane);
+        update_n();
+        const OutputExtras extras{copy + L::kSbfBytes, ScoreRowSums{score_sums}};
+        sd::output_chunk<DK, sd::Probe::kNone>(o, s, sbase + stage + L::kQ, sK, sV, copy, off, st.cg, warp, g, t,
+                                               a.scale, extras);
+        sum_rows(score_sums);
+        uint16_t* o_tile = a.o + row_bt0 * Dv + group * kTileV + 2 * t;
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        // The row's q . n as the products weigh the state's term: sigma e^{row_r} (0 in a row the
-        // carried state does not reach).
-        const int r = 16 * warp + 8 * hh + g;
-        const float inter = a.scale * exp_nonpos(sd::document_start(st.cg, hh) < 0 ? st.cg.row[hh] : -INFINITY);
-        const float qn_r = fmaf(inter, qn[hh], score_sums[hh]);
-        const float den = fmaxf(fabsf(qn_r), expf(-st.m_row[hh])) + a.eps;
-        const float inv = rcp_approx(den);
-        const int tok = tok0 + r;
-        if (tok < T) {
-          uint16_t* dst = o_tile + (int64_t)tok * v_stride;
+        for (int hh = 0; hh < 2; ++hh) {
+          // The row's q . n as the products weigh the state's term: sigma e^{row_r} (0 in a row the
+          // carried state does not reach).
+          const int r = 16 * warp + 8 * hh + g;
+          const float inter = a.scale * exp_nonpos(sd::document_start(st.cg, hh) < 0 ? st.cg.row[hh] : -INFINITY);
+          const float qn_r = fmaf(inter, qn[hh], score_sums[hh]);
+          const float den = fmaxf(fabsf(qn_r), expf(-st.m_row[hh])) + a.eps;
+          const float inv = rcp_approx(den);
+          const int tok = tok0 + r;
+          if (tok < T) {
+            uint16_t* dst = o_tile + (int64_t)tok * v_stride;
 #pragma unroll
-          for (int nt = 0; nt < 8; ++nt)
-            *reinterpret_cast<uint32_t*>(dst + 8 * nt) = pack_bf16x2(o[nt][2 * hh] * inv, o[nt][2 * hh + 1] * inv);
-          if (a.row_m && group == 0 && t == 0) {
-            a.row_m[row_bt0 + (int64_t)tok * a.H] = st.m_row[hh];
-            a.row_den[row_bt0 + (int64_t)tok * a.H] = den;
+            for (int nt = 0; nt < 8; ++nt)
+              *reinterpret_cast<uint32_t*>(dst + 8 * nt) = pack_bf16x2(o[nt][2 * hh] * inv, o[nt][2 * hh + 1] * inv);
+            if (a.row_m && group == 0 && t == 0) {
+              a.row_m[row_bt0 + (int64_t)tok * a.H] = st.m_row[hh];
+              a.row_den[row_bt0 + (int64_t)tok * a.H] = den;
+            }
           }
         }
+        if (i + 1 < a.n_chunks) store_state_split<DK>(smem, L::state_copy(group, i + 1), L::kSbfBytes, s, ln);
+        publish_n(i + 1);
+      } else {
+        if constexpr (!kGradient) update_n();
+        sd::state_chunk<DK>(s, sK, sV, off, st.cg);
       }
-      if (i + 1 < a.n_chunks) store_state_split<DK>(smem, L::state_copy(group, i + 1), L::kSbfBytes, s, ln);
-      publish_n(i + 1);
+      m = st.m_next;
+    };
+    // Most chunks of packed documents hold no start: a uniform branch runs them as chunks without
+    // documents, so that only the chunks holding a start pay for the segmented scans and masks.
+    if constexpr (kPacked) {
+      if (word != 0)
+        run_chunk(chunk_step<true>(s_f, s_i, T - tok0, m, a.doc_entry(), word, warp, lane));
+      else
+        run_chunk(chunk_step<false>(s_f, s_i, T - tok0, m, a.doc_entry(), word, warp, lane));
     } else {
-      if constexpr (!kGradient) update_n();
-      sd::state_chunk<DK>(s, sK, sV, off, st.cg);
+      run_chunk(chunk_step<false>(s_f, s_i, T - tok0, m, a.doc_entry(), word, warp, lane));
     }
-    m = st.m_next;
   }
   // n leaving the segment: its parts added up (the states pass publishes them only now). A
   // gradient pass has none (n stays 0), and its output kernel keeps row scales there.
