@@ -33,9 +33,8 @@
 //! row is the slowest rank's median of each.
 
 use clap::Parser;
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream};
-use lasp_shmem::exchange::{ExchangeMode, Lasp2Layout};
+use lasp_shmem::exchange::{ExchangeMode, Lasp2Layout, Lasp2Operation};
 use lasp_shmem::ops::documents::{DocumentStarts, Documents, GateShape};
 use lasp_shmem::ops::gated_delta::{
     GatedDelta, GatedDeltaArgs, GatedDeltaBackwardArgs, GatedDeltaLasp2Backward,
@@ -58,8 +57,8 @@ use lasp_shmem_examples::documents::{
     starts_in_shard, Offsets, PackedCost,
 };
 use lasp_shmem_examples::grad_bits::{qkv_rows, GradBits, GradBuffers};
-use lasp_shmem_examples::graph_replay::Outputs;
-use lasp_shmem_examples::mode_bits::{bits_in_every_mode, ModeSwitch};
+use lasp_shmem_examples::graph_replay::{replay_after, Outputs};
+use lasp_shmem_examples::mode_bits::bits_in_every_mode;
 use lasp_shmem_examples::{
     bf16_bits, bf16_values, bf16s, f32_values, f32s, heap_config, log_decays, main_under_launcher,
     normals, parse_shape, run_cases, shard_lengths, shard_rows, short_documents, write_json,
@@ -200,6 +199,34 @@ impl Ops {
             ),
         })
     }
+}
+
+/// The forward and the backward as one operation: they switch modes together, and the forward's
+/// epoch counts the calls (a graph replays the forward).
+impl Lasp2Operation for Ops {
+    fn layout(&self) -> Lasp2Layout {
+        match self {
+            Ops::ScalarDecay(f, _) => f.layout(),
+            Ops::GatedDelta(f, _) => f.layout(),
+            Ops::Gla(f, _) => f.layout(),
+        }
+    }
+
+    fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
+        match self {
+            Ops::ScalarDecay(f, b) => f.set_mode(mode).and_then(|_| b.set_mode(mode)),
+            Ops::GatedDelta(f, b) => f.set_mode(mode).and_then(|_| b.set_mode(mode)),
+            Ops::Gla(f, b) => f.set_mode(mode).and_then(|_| b.set_mode(mode)),
+        }
+    }
+
+    fn supports(&self, mode: ExchangeMode) -> bool {
+        match self {
+            Ops::ScalarDecay(f, b) => f.supports(mode) && b.supports(mode),
+            Ops::GatedDelta(f, b) => f.supports(mode) && b.supports(mode),
+            Ops::Gla(f, b) => f.supports(mode) && b.supports(mode),
+        }
+    }
 
     fn finish(&self, stream: &Arc<CudaStream>) -> Result<()> {
         match self {
@@ -230,25 +257,6 @@ impl Ops {
             Ops::ScalarDecay(f, b) => f.free().and_then(|_| b.free()),
             Ops::GatedDelta(f, b) => f.free().and_then(|_| b.free()),
             Ops::Gla(f, b) => f.free().and_then(|_| b.free()),
-        }
-    }
-}
-
-/// The forward and the backward switch modes together.
-impl ModeSwitch for Ops {
-    fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
-        match self {
-            Ops::ScalarDecay(f, b) => f.set_mode(mode).and_then(|_| b.set_mode(mode)),
-            Ops::GatedDelta(f, b) => f.set_mode(mode).and_then(|_| b.set_mode(mode)),
-            Ops::Gla(f, b) => f.set_mode(mode).and_then(|_| b.set_mode(mode)),
-        }
-    }
-
-    fn supports(&self, mode: ExchangeMode) -> bool {
-        match self {
-            Ops::ScalarDecay(f, b) => f.supports(mode) && b.supports(mode),
-            Ops::GatedDelta(f, b) => f.supports(mode) && b.supports(mode),
-            Ops::Gla(f, b) => f.supports(mode) && b.supports(mode),
         }
     }
 }
@@ -723,12 +731,30 @@ fn check_case(
         ops.finish(&stream)?;
         shard.bits(&stream)
     })?;
-    let replayed = replay_with_documents(rt, &mut ops, &mut shard, &starts, &offsets, graph_calls)?;
-    if replayed != first {
-        problems.push(format!(
-            "{graph_calls} graph replays captured before the documents were written gave other bits"
-        ));
-    }
+    // A graph of the marks and the forward, captured while the offsets held one document (the
+    // whole sequence) and replayed after the documents were written into the same buffer.
+    let total = *offsets.last().expect("offsets end with the total");
+    shard
+        .offsets
+        .write(&stream, &one_document(offsets.len(), total))?;
+    let replayed = replay_after(
+        rt,
+        &mut ops,
+        &mut shard,
+        graph_calls,
+        &first,
+        |shard, ops, stream| {
+            shard
+                .mark(&starts, stream)
+                .and_then(|_| shard.forward(ops, stream, true))
+        },
+        |shard, stream| shard.offsets.write(stream, &offsets),
+    )?;
+    problems.extend(
+        replayed
+            .err()
+            .map(|e| format!("{e} (captured before the documents were written)")),
+    );
     let e_o = rel_err(&bf16_values(&first), &shard_rows(&want_o, start, len));
     if e_o.is_nan() || e_o > TOL {
         problems.push(format!("o: rel err {e_o:.3e} > {TOL:.0e}"));
@@ -798,50 +824,6 @@ fn check_case(
     } else {
         Err(format!("{detail}: {}", problems.join("; ")))
     })
-}
-
-/// A CUDA graph of the marks and the forward, captured while the offsets held one document (the
-/// whole sequence), replayed `calls` times after `offsets` were written into the same buffer:
-/// the bits of the last replay's o (an error where the epoch did not advance once per replay).
-fn replay_with_documents(
-    rt: &Runtime,
-    ops: &mut Ops,
-    shard: &mut Shard,
-    starts: &DocumentStarts,
-    offsets: &[usize],
-    calls: u32,
-) -> Result<Vec<u16>> {
-    let stream = rt.stream().clone();
-    let total = *offsets.last().expect("offsets end with the total");
-    ops.set_mode(ExchangeMode::Overlapped)?;
-    shard
-        .offsets
-        .write(&stream, &one_document(offsets.len(), total))?;
-    shard.poison(&stream)?;
-    let before = ops.epoch(&stream)?;
-    rt.barrier_on_stream(&stream)?;
-    stream.synchronize()?;
-    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-    let captured = shard
-        .mark(starts, &stream)
-        .and_then(|_| shard.forward(ops, &stream, true));
-    let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
-    captured?;
-    let graph = graph.ok_or_else(|| Error::State("the capture recorded nothing".into()))?;
-    shard.offsets.write(&stream, offsets)?;
-    stream.synchronize()?;
-    for _ in 0..calls {
-        graph.launch()?;
-    }
-    ops.note_replayed_calls(u64::from(calls));
-    ops.finish(&stream)?;
-    let after = ops.epoch(&stream)?;
-    if after != before + u64::from(calls) {
-        return Err(Error::State(format!(
-            "graph replay: epoch {before} -> {after} for {calls} replays"
-        )));
-    }
-    shard.bits(&stream)
 }
 
 /// One row of the JSON: a case's largest errors over the PEs.
