@@ -111,8 +111,8 @@ __device__ __forceinline__ float segmented_scan(float v, bool starts, int lane, 
   return v;
 }
 
-// The chunk over packed documents (kernels/docs/packed.md, "mLSTM"): the cumsum b and the running
-// maximum M restart at every start (`word`: bit j set where token j starts a document), each
+// A chunk holding document starts (kernels/docs/packed.md, "mLSTM"): the cumsum b and the running
+// maximum M restart at every start (`word`, not 0: bit j set where token j starts a document), each
 // segment enters with its own stabiliser (m_prev before the first start, doc_entry from a start)
 // and takes its own shift, so that every kept exponent is <= 0 and no difference spans two
 // documents' stabilisers; the masks themselves act in the products (DocumentChunkGates).
@@ -150,8 +150,9 @@ __device__ __forceinline__ PairGates document_pair_gates(const float* s_f, const
   const float shift_even = enter_even > -INFINITY ? enter_even : a_start_even;
   const float shift_odd = enter_odd > -INFINITY ? enter_odd : a_start_odd;
   const float max_even = fmaxf(enter_even, run_even), max_odd = fmaxf(enter_odd, run_odd);
+  // The chunk's log forget sum is -inf: a start forgets the state entering the chunk.
   return {shift_even - max_even, shift_odd - max_odd, shift_even - a0,        shift_odd - a1,
-          b_even + max_even,     b_odd + max_odd,     word ? -INFINITY : b_odd};
+          b_even + max_even,     b_odd + max_odd,     -INFINITY};
 }
 
 // DocumentChunkGates::starts of the chunk's start word (0 without a start) for the lane whose first
