@@ -50,6 +50,7 @@ const fn row(
 
 const SD_FORWARD: &str = "scalar_decay/forward.cu";
 const SD_BACKWARD: &str = "scalar_decay/backward.cu";
+const SD_DOCUMENT_STATES: &str = "scalar_decay/document_states.cu";
 const SD_LASP2_FORWARD: &str = "scalar_decay/lasp2_forward.cu";
 const SD_LASP2_BACKWARD: &str = "scalar_decay/lasp2_backward.cu";
 const SD_LASP2_SUMMARY: &str = "scalar_decay/lasp2_fold_put.cu";
@@ -99,6 +100,11 @@ pub const INSTANCES: &[Instance] = &[
         SD_ROLES_PARAMS, "lasp::sd::run_roles_output<{dk}, false>(p)"),
     row("SD_OUTPUT_ROLES_BLOCK_STATES", "lasp_scalar_decay_output_roles_block_states_dk{dk}",
         SD_FORWARD, SD_ROLES_THREADS, SD_ROLES_PARAMS, "lasp::sd::run_roles_output<{dk}, true>(p)"),
+    row("SD_BLOCK_STATES_WALK", "lasp_scalar_decay_block_states_dk{dk}", SD_FORWARD, SD_THREADS, SD_PARAMS,
+        "lasp::sd::run_block_states_walk<{dk}>(p)"),
+    row("SD_DOCUMENT_STATES", "lasp_scalar_decay_document_states_dk{dk}", SD_DOCUMENT_STATES,
+        "LASP_SD_DOCUMENT_STATES_THREADS, 1", "lasp_sd_document_states_params",
+        "lasp::sd::document_states<{dk}>(p)"),
     row("SD_OUTPUT_PROBE_MEMORY", "lasp_scalar_decay_output_dk{dk}_probe_memory", SD_FORWARD,
         SD_THREADS, SD_PARAMS, "lasp::sd::run_segment<{dk}, true, lasp::sd::Probe::kMemory>(p)"),
     row("SD_OUTPUT_PROBE_COMPUTE", "lasp_scalar_decay_output_dk{dk}_probe_compute", SD_FORWARD,

@@ -21,8 +21,9 @@ DIRECTION_FORWARD, DIRECTION_BACKWARD = 0, 1
 # LASP_SLOT_*: where each tensor of a call goes in Tensors.slot.
 (SLOT_Q, SLOT_K, SLOT_V, SLOT_G, SLOT_BETA, SLOT_H0, SLOT_O, SLOT_HT, SLOT_START_STATE, SLOT_DO,
  SLOT_DHT, SLOT_DQ, SLOT_DK, SLOT_DV, SLOT_DG, SLOT_DBETA, SLOT_DH0, SLOT_CHUNK_STATES,
- SLOT_I_GATE, SLOT_DI_GATE, SLOT_SAVED_ROWS, SLOT_EXIT_STATE, SLOT_CU_SEQLENS) = (
-    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, 19, 20, 21, 22, 17)
+ SLOT_I_GATE, SLOT_DI_GATE, SLOT_SAVED_ROWS, SLOT_EXIT_STATE, SLOT_CU_SEQLENS,
+ SLOT_DOCUMENT_HT) = (
+    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, 19, 20, 21, 22, 17, 23)
 SLOT_CAPACITY = 32
 # LASP_DTYPE_* by torch's name of the type (torch.bfloat16 is "torch.bfloat16").
 DTYPES = {"torch.bfloat16": 1, "torch.float16": 2, "torch.float32": 3, "torch.int32": 4,

@@ -317,9 +317,13 @@ def chunk_simple_gla(q, k, v, g, scale=None, initial_state=None, output_final_st
     across the ranks (a document may start, end or span any number of ranks' slices), and g's
     gradient is 0 there. Every batch row is packed alike (fla packs with B = 1). shard_start:
     the packed sequence's index of this call's first token; None gives 0 on one GPU and
-    group-rank x T with cp_group (equal slices; pass it where the slices differ). Per-document
-    initial and final states are not supported yet: initial_state must be None and
-    output_final_state False with cu_seqlens.
+    group-rank x T with cp_group (equal slices; pass it where the slices differ). With cu_seqlens,
+    output_final_state gives one state per document, [B * N, H, Dk, Dv] fp32 (N = entries of
+    cu_seqlens less one; row b * N + n; fla's [N, H, Dk, Dv] at B = 1): each document's state
+    after its last token where that token is in this call's slice, zeros for the others, on
+    every rank of cp_group (their sum holds every document's). No gradient flows from these
+    states yet: a backward that reaches them raises. initial_state must be None with cu_seqlens
+    (every document starts from the zero state).
     """
     if scale == 0:
         raise ValueError("chunk_simple_gla: scale must not be 0 (None gives Dk ** -0.5)")
@@ -328,9 +332,12 @@ def chunk_simple_gla(q, k, v, g, scale=None, initial_state=None, output_final_st
     _check_device("chunk_simple_gla", runtime.device, q=q, k=k, v=v, g=g,
                   initial_state=initial_state)
     cu_seqlens, shard_start = _documents("chunk_simple_gla", cu_seqlens, shard_start, runtime,
-                                         lasp2, q.shape[1], initial_state, output_final_state)
+                                         lasp2, q.shape[1], initial_state, output_final_state,
+                                         document_states=True)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    want_ht = output_final_state and (not lasp2 or runtime.rank == runtime.world - 1)
+    # Per-document final states are every rank's; the sequence's final state the last rank's.
+    want_ht = output_final_state and (cu_seqlens is not None or not lasp2
+                                      or runtime.rank == runtime.world - 1)
     o, ht, _ = torch.ops.lasp_shmem.chunk_simple_gla_fwd(q, k, v, g, initial_state,
                                                          float(scale), want_ht, lasp2,
                                                          cu_seqlens, shard_start)
@@ -424,9 +431,10 @@ def _l2norm(x):
 
 
 def _documents(op, cu_seqlens, shard_start, runtime, lasp2, tokens, initial_state,
-               output_final_state):
+               output_final_state, document_states=False):
     """The packed documents a call names, (cu_seqlens, shard_start), or (None, 0) for none;
-    checked before anything is enqueued."""
+    checked before anything is enqueued. `document_states`: the op gives per-document final
+    states."""
     if cu_seqlens is None:
         if shard_start is not None:
             raise ValueError(f"{op}: shard_start places this call in a packed sequence and is "
@@ -445,11 +453,14 @@ def _documents(op, cu_seqlens, shard_start, runtime, lasp2, tokens, initial_stat
         raise ValueError(f"{op}: cu_seqlens (strides {cu_seqlens.stride()}) is not contiguous; "
                          "call .contiguous() on it")
     _check_device(op, runtime.device, cu_seqlens=cu_seqlens)
-    if initial_state is not None or output_final_state:
+    if initial_state is not None:
         raise NotImplementedError(
-            f"{op}: per-document initial and final states are not supported yet with "
-            "cu_seqlens (every document starts from the zero state); pass initial_state=None "
-            "and output_final_state=False")
+            f"{op}: per-document initial states are not supported yet with cu_seqlens (every "
+            "document starts from the zero state); pass initial_state=None")
+    if output_final_state and not document_states:
+        raise NotImplementedError(
+            f"{op}: per-document final states are not supported yet for this family (chunk_simple_gla "
+            "has them); pass output_final_state=False with cu_seqlens")
     if shard_start is None:
         shard_start = runtime.rank * tokens if lasp2 else 0
     if not isinstance(shard_start, int) or shard_start < 0:
@@ -528,14 +539,16 @@ def _check_device(op, device, **named):
 
 # The custom ops: the library's forward and backward on torch's current stream.
 
-def _forward_outputs(q, v, want_ht, lasp2):
-    """o, the final state (shape (0,) unless asked for) and the state this rank's shard starts
-    from (LASP-2 only, else shape (0,)): what the forward returns, real or fake."""
+def _forward_outputs(q, v, want_ht, lasp2, cu_seqlens=None):
+    """o, the final state (shape (0,) unless asked for; with cu_seqlens one per document,
+    [B * N, H, Dk, Dv]) and the state this rank's shard starts from (LASP-2 only, else shape
+    (0,)): what the forward returns, real or fake."""
     b, t, h, dk = q.shape
     dv = v.shape[-1]
     state = (b, h, dk, dv)
     o = v.new_empty(b, t, h, dv)
-    ht = q.new_empty(state if want_ht else (0,), dtype=torch.float32)
+    finals = state if cu_seqlens is None else (b * (cu_seqlens.shape[0] - 1), h, dk, dv)
+    ht = q.new_empty(finals if want_ht else (0,), dtype=torch.float32)
     start = q.new_empty(state if lasp2 else (0,), dtype=torch.float32)
     return o, ht, start
 
@@ -605,10 +618,12 @@ class _OpCall:
 
 def _forward_call(q, k, v, g, h0, scale, want_ht, lasp2, cu_seqlens=None, shard_start=0):
     """The forward's outputs and its call."""
-    o, ht, start = _forward_outputs(q, v, want_ht, lasp2)
+    o, ht, start = _forward_outputs(q, v, want_ht, lasp2, cu_seqlens)
+    documents = cu_seqlens is not None
     call = _OpCall(q, v, lasp2, scale, {
         _abi.SLOT_Q: q, _abi.SLOT_K: k, _abi.SLOT_V: v, _abi.SLOT_G: g, _abi.SLOT_H0: h0,
-        _abi.SLOT_O: o, _abi.SLOT_HT: ht if want_ht else None,
+        _abi.SLOT_O: o, _abi.SLOT_HT: ht if want_ht and not documents else None,
+        _abi.SLOT_DOCUMENT_HT: ht if want_ht and documents else None,
         _abi.SLOT_START_STATE: start if lasp2 else None, _abi.SLOT_CU_SEQLENS: cu_seqlens},
         shard_start=shard_start)
     return (o, ht, start), call
@@ -657,7 +672,7 @@ def _backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
 
 @_forward.register_fake
 def _(q, k, v, g, h0, scale, want_ht, lasp2, cu_seqlens=None, shard_start=0):
-    return _forward_outputs(q, v, want_ht, lasp2)
+    return _forward_outputs(q, v, want_ht, lasp2, cu_seqlens)
 
 
 @_backward.register_fake
@@ -673,10 +688,19 @@ def _setup_context(ctx, inputs, output):
     # forward found at this rank's shard with LASP-2, over the same documents.
     ctx.save_for_backward(q, k, v, g, start if lasp2 else h0, cu_seqlens)
     ctx.scale, ctx.want_ht, ctx.lasp2, ctx.shard_start = scale, want_ht, lasp2, shard_start
+    # An output the loss does not reach gets no gradient (None), so that the per-document final
+    # states, which carry none yet, can refuse one that arrives.
+    ctx.set_materialize_grads(False)
 
 
 def _differentiate(ctx, grad_o, grad_ht, _grad_start):
     q, k, v, g, state, cu_seqlens = ctx.saved_tensors
+    if ctx.want_ht and cu_seqlens is not None and grad_ht is not None:
+        raise NotImplementedError(
+            "chunk_simple_gla: a gradient reached the per-document final states "
+            "(output_final_state with cu_seqlens), which carry none yet; detach them "
+            "(ht.detach()) where they enter the loss")
+    grad_o = torch.zeros_like(v) if grad_o is None else grad_o  # o is shaped as v
     dht = grad_ht.contiguous() if ctx.want_ht and grad_ht is not None else None
     want_dh0 = ctx.needs_input_grad[4]
     dq, dk, dv, dg, dh0 = torch.ops.lasp_shmem.chunk_simple_gla_bwd(

@@ -48,10 +48,19 @@ def per_document(fn, cu_seqlens, shard_start, *tensors):
 
 @torch.library.register_kernel("lasp_shmem::chunk_simple_gla_fwd", "cpu")
 def _forward_on_cpu(q, k, v, g, h0, scale, want_ht, lasp2, cu_seqlens=None, shard_start=0):
-    o, ht, start = lt._forward_outputs(q, v, want_ht, lasp2)
-    if cu_seqlens is not None:  # the public function refuses h0 and ht with documents
+    o, ht, start = lt._forward_outputs(q, v, want_ht, lasp2, cu_seqlens)
+    if cu_seqlens is not None:  # the public function refuses h0 with documents
         o.copy_(per_document(lambda *x: recurrent(*x, None, scale)[:1], cu_seqlens, shard_start,
                              q, k, v, g)[0])
+        if want_ht:  # each document ending in the call, from its first token in the call
+            docs, t = cu_seqlens.shape[0] - 1, q.shape[1]
+            finals = ht.view(q.shape[0], docs, *ht.shape[1:])
+            finals.zero_()
+            for n in range(docs):
+                a, z = (int(cu_seqlens[n + j]) - shard_start for j in (0, 1))
+                if z > a and 1 <= z <= t:
+                    finals[:, n] = recurrent(*(x[:, max(a, 0):z] for x in (q, k, v, g)), None,
+                                             scale)[1]
         if lasp2:
             start.zero_()
         return o, ht, start
@@ -288,9 +297,7 @@ def packed_bad_arguments():
         ("one offset", dict(cu_seqlens=cu[:1]), ValueError, "at least 2 entries"),
         ("offsets list", dict(cu_seqlens=[0, T]), TypeError, "cu_seqlens must be a torch.Tensor"),
         ("initial state", dict(cu_seqlens=cu, initial_state=h0), NotImplementedError,
-         "per-document initial and final states are not supported yet"),
-        ("final state", dict(cu_seqlens=cu, output_final_state=True), NotImplementedError,
-         "per-document initial and final states"),
+         "per-document initial states are not supported yet"),
         ("shard start alone", dict(shard_start=4), ValueError,
          "read only with cu_seqlens; pass shard_start=None"),
         ("shard start < 0", dict(cu_seqlens=cu, shard_start=-1), ValueError,
@@ -309,6 +316,47 @@ def test_bad_documents_are_refused_before_any_call(cpu_runtime, name, change, er
         lt.chunk_gated_delta_rule(q, k, v, g, beta, **change)
     with pytest.raises(error, match=message):
         lt.chunk_gla(*gla_inputs()[:4], **change)
+
+
+def test_per_document_final_states_are_refused_where_not_built(cpu_runtime):
+    q, k, v, g, _ = cpu_inputs()
+    cu = torch.tensor([0, 4, T], dtype=torch.int32)
+    message = "per-document final states are not supported yet for this family"
+    with pytest.raises(NotImplementedError, match=message):
+        lt.chunk_gated_delta_rule(q, k, v, g, torch.rand(B, T, H), cu_seqlens=cu,
+                                  output_final_state=True)
+    with pytest.raises(NotImplementedError, match=message):
+        lt.chunk_gla(*gla_inputs()[:4], cu_seqlens=cu, output_final_state=True)
+
+
+@pytest.mark.parametrize("dtype, shard_start", [(torch.int32, None), (torch.int64, 3)])
+def test_per_document_final_states_of_chunk_simple_gla(cpu_runtime, dtype, shard_start):
+    """output_final_state with cu_seqlens gives [B * N, H, Dk, Dv], row b * N + n: each
+    document's state after its last token where that token is in the call, zeros elsewhere (the
+    padding's empty documents too); the backward through o alone runs, and one that reaches
+    these states raises."""
+    t = 40
+    q, k, v, g, _ = cpu_inputs(t=t)
+    cu = torch.tensor([0, 1, 17, 30, t, t] if shard_start is None else [0, 4, 20, 33, 43, 50, 50],
+                      dtype=dtype)
+    first = shard_start or 0
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g)]
+    o, ht = lt.chunk_simple_gla(*leaves, scale=0.125, cu_seqlens=cu, shard_start=shard_start,
+                                output_final_state=True)
+    docs = cu.numel() - 1
+    assert ht.shape == (B * docs, H, DK, DV) and ht.dtype == torch.float32
+    finals = ht.view(B, docs, H, DK, DV)
+    for n in range(docs):
+        a, z = int(cu[n]) - first, int(cu[n + 1]) - first
+        if z > a and 1 <= z <= t:
+            want = recurrent(*(x[:, max(a, 0):z].double() for x in (q, k, v, g)), None, 0.125)[1]
+            torch.testing.assert_close(finals[:, n].double(), want, rtol=2e-2, atol=2e-2)
+        else:
+            assert finals[:, n].abs().max() == 0
+    do = torch.rand(B, t, H, DV).bfloat16()
+    torch.autograd.grad(o, leaves, do, retain_graph=True)
+    with pytest.raises(NotImplementedError, match="carry none yet; detach them"):
+        torch.autograd.grad((o.float() * do.float()).sum() + ht.sum(), leaves)
 
 
 @pytest.mark.parametrize("family", ["simple_gla", "gla", "gated_delta_rule"])
@@ -374,6 +422,12 @@ def test_the_library_accepts_packed_calls(library, family):
                                                       21)
             _, backward = lt._backward_call(q, k, v, g, start if lasp2 else None, o, None, 0.125,
                                             False, lasp2, False, cu, 21)
+            # With the documents' final states: one per entry of cu_seqlens but the last.
+            (_, ht, _), with_states = lt._forward_call(q, k, v, g, None, 0.125, True, lasp2, cu,
+                                                       21)
+            assert ht.shape == (B * (cu.numel() - 1), H, DK, DV)
+            assert with_states.tensors.slot[_abi.SLOT_HT].data == 0
+            call_is_accepted(library, with_states, _abi.DIRECTION_FORWARD)
         assert forward.call.shard_start == 21
         assert forward.tensors.slot[_abi.SLOT_CU_SEQLENS].dtype == _abi.DTYPES["torch.int64"]
         call_is_accepted(library, forward, _abi.DIRECTION_FORWARD)
@@ -1172,7 +1226,7 @@ def test_mlstm_packed_documents_flow_through_the_ops(cpu_runtime, dtype, shard_s
             torch.testing.assert_close(x[:, a:z].double(), y.double(), rtol=2e-2, atol=2e-2)
     starts = sorted({int(s) - first for s in cu if 0 <= int(s) - first < t})
     assert got[4][:, starts].abs().max() == 0
-    with pytest.raises(NotImplementedError, match="per-document initial and final states"):
+    with pytest.raises(NotImplementedError, match="per-document final states are not supported"):
         lt.mlstm(q, k, v, i, f, output_final_state=True, cu_seqlens=cu)
 
 

@@ -66,11 +66,12 @@ pub enum Slot {
     DIGate = 20,
     SavedRows = 21,
     ExitState = 22,
+    DocumentHt = 23,
 }
 
 impl Slot {
     /// Every slot this build knows, by index (`LASP_SLOT_COUNT` of them).
-    pub const ALL: [Slot; 23] = [
+    pub const ALL: [Slot; 24] = [
         Slot::Q,
         Slot::K,
         Slot::V,
@@ -94,6 +95,7 @@ impl Slot {
         Slot::DIGate,
         Slot::SavedRows,
         Slot::ExitState,
+        Slot::DocumentHt,
     ];
 
     /// The header's name, which messages use.
@@ -122,6 +124,7 @@ impl Slot {
             Slot::DIGate => "LASP_SLOT_DI_GATE",
             Slot::SavedRows => "LASP_SLOT_SAVED_ROWS",
             Slot::ExitState => "LASP_SLOT_EXIT_STATE",
+            Slot::DocumentHt => "LASP_SLOT_DOCUMENT_HT",
         }
     }
 }

@@ -3,7 +3,9 @@
 //! DeltaNet): [`with_documents`] wraps such a family's op, whatever its kind, so that a call
 //! naming documents runs the op on the log-decays that forget at every document start
 //! ([`crate::ops::documents`]), and a backward's dg is 0 there. A call without documents goes to
-//! the op as it came.
+//! the op as it came. Where the family computes its documents' final states
+//! ([`FinalStates`]), a forward that fills `LASP_SLOT_DOCUMENT_HT` gets them after the op's
+//! kernels, from the same forgetting log-decays.
 
 use super::abi::Slot;
 use super::args::invalid;
@@ -13,22 +15,41 @@ use crate::error::Result;
 use crate::exchange::ExchangeMode;
 use crate::gpu::ContextSync;
 use crate::ops::documents::{DocumentStarts, GateShape};
+use crate::ops::scalar_decay::{DocumentStatesArgs, ScalarDecayDocumentStates};
 use crate::ops::{ensure_workspace, DeviceMut};
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use std::sync::Arc;
 
+/// How a family's documents get their final states (`LASP_SLOT_DOCUMENT_HT`, which only the
+/// families with a kernel for them declare).
+pub(super) enum FinalStates {
+    /// The family declares no such slot.
+    None,
+    /// Scalar decay's ([`ScalarDecayDocumentStates`]); a LASP-2 op starts them from the
+    /// `LASP_SLOT_START_STATE` its forward writes.
+    ScalarDecay { lasp2: bool },
+}
+
 /// The op `make` makes (collective for LASP-2), taking packed documents in its calls. What the
 /// documents need is made first, so that nothing is left to free when it fails.
 pub(super) fn with_documents(
     runtime: &Runtime,
+    final_states: FinalStates,
     make: impl FnOnce() -> Result<Box<dyn FamilyOp>>,
 ) -> Result<Box<dyn FamilyOp>> {
     let starts = DocumentStarts::new(runtime)?;
+    let final_states = match final_states {
+        FinalStates::None => None,
+        FinalStates::ScalarDecay { lasp2 } => {
+            Some((ScalarDecayDocumentStates::new(runtime)?, lasp2))
+        }
+    };
     Ok(Box::new(Packed {
         _calls_done: ContextSync(runtime.context().clone()),
         op: make()?,
         starts,
+        final_states,
         context: runtime.context().clone(),
         gates: None,
     }))
@@ -39,6 +60,8 @@ struct Packed {
     _calls_done: ContextSync,
     op: Box<dyn FamilyOp>,
     starts: DocumentStarts,
+    /// The documents' final states, and whether they start from the op's start state (LASP-2).
+    final_states: Option<(ScalarDecayDocumentStates, bool)>,
     context: Arc<CudaContext>,
     /// The forgetting log-decays of the latest call, grown on demand.
     gates: Option<CudaSlice<u8>>,
@@ -75,6 +98,13 @@ impl Packed {
                 slot.name()
             )));
         }
+        let wants_states = direction == Direction::Forward && call.is_given(Slot::DocumentHt);
+        let from_start_state = self.final_states.as_ref().is_some_and(|(_, lasp2)| *lasp2);
+        if wants_states && from_start_state && !call.is_given(Slot::StartState) {
+            return Err(invalid(format!(
+                "{entry}: LASP_SLOT_DOCUMENT_HT is given on a LASP-2 op without                  LASP_SLOT_START_STATE: the documents' final states start from the state                  entering this rank's tokens, which the forward writes there; give it a                  [B, H, Dk, Dv] fp32 buffer"
+            )));
+        }
         let s = call.shape;
         let shape = GateShape {
             b: s.b,
@@ -95,8 +125,30 @@ impl Packed {
             .forgetting_gates(stream, docs, gates, forgetting, shape)?;
         // SAFETY: as above; the gates are written before the op's kernels read them (one stream).
         unsafe { call.redirect_input(Slot::G, addr) };
-        let after = call.again();
+        let mut after = call.again();
         let result = run(self.op.as_mut(), call)?;
+        if let (true, Some((states, _))) = (wants_states, self.final_states.as_mut()) {
+            // SAFETY: the op's views of the call's tensors were dropped when it returned; the
+            // start state (written by the op's kernels before these, in stream order) is read
+            // through its only view.
+            let h0 =
+                unsafe { after.output_again::<f32>(Slot::StartState) }.filter(|_| from_start_state);
+            // SAFETY: the op declares the slot but never takes a view of it.
+            let ht = unsafe { after.output_again::<f32>(Slot::DocumentHt) }
+                .expect("LASP_SLOT_DOCUMENT_HT was given");
+            states.launch(
+                stream,
+                DocumentStatesArgs {
+                    shape: s,
+                    k: after.input(Slot::K),
+                    v: after.input(Slot::V),
+                    g: after.input(Slot::G),
+                    h0: h0.as_ref().map(DeviceMut::reader),
+                    documents: docs,
+                    ht,
+                },
+            )?;
+        }
         if direction == Direction::Backward {
             // SAFETY: the op's views of the call's tensors were dropped when it returned.
             if let Some(dg) = unsafe { after.output_again::<f32>(Slot::Dg) } {

@@ -4,7 +4,7 @@
 
 use super::abi::Dtype::{Bf16, F32, I32};
 use super::abi::Slot;
-use super::documents::with_documents;
+use super::documents::{with_documents, FinalStates};
 use super::families::{chains_symmetric_bytes, AbiFamily, Direction, FamilyOp};
 use super::pairs::{AbiCall, Lasp2Pair, SingleGpuPair};
 use super::spec::{Kind, OpSpec};
@@ -110,7 +110,7 @@ impl AbiFamily for GatedDelta {
     }
 
     fn create(&self, runtime: &Runtime, spec: &OpSpec) -> Result<Box<dyn FamilyOp>> {
-        with_documents(runtime, || match spec.kind {
+        with_documents(runtime, FinalStates::None, || match spec.kind {
             Kind::SingleGpu => Ok(SingleGpuPair::boxed(
                 GatedDeltaForward::new(runtime)?,
                 spec.with_backward

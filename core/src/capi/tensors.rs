@@ -39,6 +39,9 @@ pub(super) enum Layout {
     /// fla's `cu_seqlens` of a packed sequence, int32 or int64, at least 2 entries (more than
     /// the documents need where the buffer has room for others, padded with the total).
     Offsets,
+    /// `[B, N, H, Dk, Dv]`: one state per packed document, N the entries of the call's
+    /// `cu_seqlens` less one.
+    DocumentStates,
 }
 
 impl Layout {
@@ -53,6 +56,7 @@ impl Layout {
             Layout::MlstmState => "[B, H, Dk, Dv] + [B, H, Dk] + [B, H]",
             Layout::SavedRows => "[2, B, T, H]",
             Layout::Offsets => "[N + 1] int32 or int64",
+            Layout::DocumentStates => "[B, N, H, Dk, Dv] (N + 1 = LASP_SLOT_CU_SEQLENS's numel)",
         }
     }
 
@@ -66,7 +70,9 @@ impl Layout {
             Layout::ChunkStates => chunk_states_len(s),
             Layout::MlstmState => s.state_len() + s.b * s.h * (s.dk + 1),
             Layout::SavedRows => 2 * s.gate_len(),
-            Layout::Offsets => unreachable!("offsets have no fixed element count"),
+            Layout::Offsets | Layout::DocumentStates => {
+                unreachable!("the documents' tensors have no element count of the shape's")
+            }
         }
     }
 }
@@ -222,7 +228,12 @@ pub(super) fn plan_call(
         };
         given.push(slot_tensor(slot, tensor, use_, &shape)?);
     }
-    let documents = given.iter().any(|t| t.use_.slot == Slot::CuSeqlens);
+    let offsets = given
+        .iter()
+        .find(|t| t.use_.slot == Slot::CuSeqlens)
+        .map(|t| t.numel);
+    check_document_states(&given, offsets, &shape)?;
+    let documents = offsets.is_some();
     let shard_start = match usize::try_from(call.shard_start) {
         Ok(0) => 0,
         Ok(start) if documents => start,
@@ -245,6 +256,36 @@ pub(super) fn plan_call(
         shard_start,
         tensors: given,
     })
+}
+
+/// The per-document states a call gives (`Layout::DocumentStates`): only with
+/// `LASP_SLOT_CU_SEQLENS` (`offsets` entries), one state per document.
+fn check_document_states(
+    given: &[SlotTensor],
+    offsets: Option<usize>,
+    shape: &ForwardShape,
+) -> Result<()> {
+    for t in given
+        .iter()
+        .filter(|t| t.use_.layout == Layout::DocumentStates)
+    {
+        let name = t.use_.slot.name();
+        let Some(offsets) = offsets else {
+            return Err(invalid(format!(
+                "{name} is filled but LASP_SLOT_CU_SEQLENS is empty: per-document states need                  packed documents; leave {name} empty, or give the documents' cu_seqlens"
+            )));
+        };
+        let ForwardShape { b, h, dk, dv, .. } = *shape;
+        let want = b * (offsets - 1) * h * dk * dv;
+        if t.numel != want {
+            return Err(invalid(format!(
+                "{name} has {} elements but [B, N, H, Dk, Dv] with B={b}, N={} (the entries of                  LASP_SLOT_CU_SEQLENS less one), H={h}, Dk={dk}, Dv={dv} needs {want}; give one                  state per entry of cu_seqlens but the last (padding entries too)",
+                t.numel,
+                offsets - 1
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A filled slot checked against its use and the call's shape.
@@ -279,6 +320,15 @@ fn slot_tensor(
             use_.describe(),
             use_.dtype.torch_conversion()
         )));
+    }
+    if use_.layout == Layout::DocumentStates {
+        // Its count depends on the offsets': check_document_states, once every slot is read.
+        return Ok(SlotTensor {
+            addr: tensor.data,
+            numel: usize::try_from(tensor.numel).unwrap_or(usize::MAX),
+            dtype,
+            use_,
+        });
     }
     if use_.layout == Layout::Offsets {
         return match usize::try_from(tensor.numel) {

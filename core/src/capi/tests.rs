@@ -454,7 +454,7 @@ fn slots_are_checked_against_what_the_family_reads() {
     let msg = forward(beyond);
     assert!(
         msg.contains("tensors.slot[25] is filled but lasp-shmem")
-            && msg.contains("knows slots 0 to 22 (LASP_SLOT_COUNT = 23)"),
+            && msg.contains("knows slots 0 to 23 (LASP_SLOT_COUNT = 24)"),
         "{msg}"
     );
     let reserved = Tensors {
@@ -627,6 +627,33 @@ fn packed_documents_come_as_offsets_and_a_shard_start() {
     tensors.slot[Slot::IGate as usize] = tensor(Dtype::F32, 2 * 10 * 3);
     let mlstm_spec = OpSpec::of(&mlstm).unwrap();
     assert!(plan_call(&mlstm_spec, Direction::Forward, &call(10), &tensors).is_ok());
+}
+
+#[test]
+fn document_final_states_need_documents_and_one_state_per_offset() {
+    let spec = OpSpec::of(&lasp2_desc()).unwrap();
+    let mut tensors = forward_tensors(10);
+    let state = 2 * 3 * 64 * 64; // B * H * Dk * Dv
+    tensors.slot[Slot::DocumentHt as usize] = tensor(Dtype::F32, 4 * state);
+    let msg = plan_error(lasp2_desc(), Direction::Forward, call(10), tensors);
+    assert!(msg.contains("LASP_SLOT_CU_SEQLENS is empty"), "{msg}");
+    // Five offsets (padding included): four documents, one state each per batch row.
+    tensors.slot[Slot::CuSeqlens as usize] = tensor(Dtype::I64, 5);
+    assert!(plan_call(&spec, Direction::Forward, &call(10), &tensors).is_ok());
+    tensors.slot[Slot::DocumentHt as usize] = tensor(Dtype::F32, 5 * state);
+    let msg = plan_error(lasp2_desc(), Direction::Forward, call(10), tensors);
+    assert!(msg.contains("needs 98304") && msg.contains("N=4"), "{msg}");
+    // Only scalar decay's forward declares them.
+    let msg = plan_error(lasp2_desc(), Direction::Backward, call(10), tensors);
+    assert!(msg.contains("does not use it"), "{msg}");
+    let gdn = OpDesc {
+        family: LASP_FAMILY_GATED_DELTA,
+        ..lasp2_desc()
+    };
+    tensors.slot[Slot::DocumentHt as usize] = tensor(Dtype::F32, 4 * state);
+    tensors.slot[Slot::Beta as usize] = tensor(Dtype::F32, 2 * 10 * 3);
+    let msg = plan_error(gdn, Direction::Forward, call(10), tensors);
+    assert!(msg.contains("LASP_SLOT_DOCUMENT_HT is filled but"), "{msg}");
 }
 
 #[test]

@@ -23,16 +23,21 @@
 //! reference's packed backward (5e-3), dg (and Gated DeltaNet's dbeta) against the shard's norm
 //! of theirs (scalar decay and GLA 5e-3, Gated DeltaNet 1e-2, as its unpacked checks), dg exactly 0
 //! at every document start,
-//! every mode and a repeat bitwise equal. Outputs and gradients are poisoned before each call.
+//! every mode and a repeat bitwise equal. Scalar decay's documents' final states
+//! (`ScalarDecayDocumentStates`, from the state the forward saved): each document that ends in the
+//! shard against the reference's (5e-3), every other slot +0, a repeat bitwise equal. Outputs,
+//! gradients and states are poisoned before each call.
 //! One line per case and PE; exit status 1 when any check failed; `--json` (rank 0) gets one row
 //! per case with the PEs' largest errors.
 //!
 //! Cost (`--time BxTxHxD`, T per GPU): a training step (forward saving the state entering the
 //! shard, then the backward), and the forward alone, on documents of mixed lengths (64 to 8192
 //! tokens, log-uniform) and on the same tokens as whole sequences, in turns, overlapped mode; the
-//! row is the slowest rank's median of each.
+//! row is the slowest rank's median of each; for scalar decay also the documents' final states
+//! after the packed forward (rank 0's median of 30 calls).
 
 use clap::Parser;
+use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, CudaStream};
 use lasp_shmem::exchange::{ExchangeMode, Lasp2Layout, Lasp2Operation};
 use lasp_shmem::ops::documents::{DocumentStarts, Documents, GateShape};
@@ -44,7 +49,10 @@ use lasp_shmem::ops::gla::{
     chunk_states_len, Gla, GlaArgs, GlaBackwardArgs, GlaLasp2Backward, GlaLasp2Forward,
 };
 use lasp_shmem::ops::scalar_decay::lasp2::{Lasp2Backward, Lasp2Forward};
-use lasp_shmem::ops::scalar_decay::{BackwardArgs, ForwardArgs, ForwardShape, ScalarDecay};
+use lasp_shmem::ops::scalar_decay::{
+    document_states_len, BackwardArgs, DocumentStatesArgs, ForwardArgs, ForwardShape, ScalarDecay,
+    ScalarDecayDocumentStates,
+};
 use lasp_shmem::ops::{bf16, DeviceMut, DeviceRef};
 use lasp_shmem::reference::lasp2::{self, Decay};
 use lasp_shmem::reference::packed::PackedInputs;
@@ -663,6 +671,8 @@ fn packed_cases(npes: usize, families: &[PackedFamily]) -> Vec<PackedCase> {
 #[derive(Clone, Copy, Default)]
 struct CaseErrors {
     o: f64,
+    /// The documents' final states (scalar decay), against the reference's.
+    final_states: Option<f64>,
     grads: f64,
     bitwise: bool,
 }
@@ -759,6 +769,13 @@ fn check_case(
     if e_o.is_nan() || e_o > TOL {
         problems.push(format!("o: rel err {e_o:.3e} > {TOL:.0e}"));
     }
+    let e_ht = if family == PackedFamily::ScalarDecay {
+        let (e, ht_problems) = check_document_states(rt, &shard, &packed, case, start, len)?;
+        problems.extend(ht_problems);
+        Some(e)
+    } else {
+        None
+    };
     // Backward, from the state the last forward saved.
     let d_o = bf16s(&shard_rows(&cot.d_o, start, len));
     let mut grads = ShardGrads::new(&stream, &shard, &d_o)?;
@@ -803,13 +820,17 @@ fn check_case(
     let grad_max = grad_errs.iter().map(|(_, e, _)| *e).fold(0.0, f64::max);
     *errors = CaseErrors {
         o: e_o,
+        final_states: e_ht,
         grads: grad_max,
         bitwise: !problems
             .iter()
             .any(|p| p.contains("bits") || p.contains("differs")),
     };
+    let ht_detail = e_ht.map_or(String::new(), |e| {
+        format!(", document final states {e:.2e}")
+    });
     let detail = format!(
-        "rel err o {e_o:.2e}; {}",
+        "rel err o {e_o:.2e}{ht_detail}; {}",
         grad_errs
             .iter()
             .map(|(n, e, _)| format!("{n} {e:.2e}"))
@@ -826,6 +847,85 @@ fn check_case(
     })
 }
 
+/// The final state of every document (scalar decay) from the state the forward saved as entering
+/// the shard: each document that ends in the shard against the reference's packed LASP-2
+/// decomposition (`TOL`), every other slot (the padding's empty documents too) exactly +0,
+/// poisoned before each call, a repeat bitwise equal. Returns the relative error and the problems.
+fn check_document_states(
+    rt: &Runtime,
+    shard: &Shard,
+    packed: &PackedInputs,
+    case: &PackedCase,
+    start: usize,
+    len: usize,
+) -> Result<(f64, Vec<String>)> {
+    let stream = rt.stream().clone();
+    let want = lasp2::packed_forward(packed, Decay::Scalar, &case.lengths, 64)
+        .map_err(|e| Error::State(format!("reference: {e}")))?
+        .final_states;
+    let block = case.h * case.dk * case.dv;
+    let states_len = document_states_len(&shard.shape, &shard.documents());
+    let slots = states_len / (case.b * block);
+    let mut ht = stream.alloc_zeros::<f32>(states_len)?;
+    let mut states = ScalarDecayDocumentStates::new(rt)?;
+    let mut run = |ht: &mut CudaSlice<f32>| -> Result<Vec<u32>> {
+        stream.memcpy_htod(&vec![f32::from_bits(u32::MAX); ht.len()], ht)?;
+        states.launch(
+            &stream,
+            DocumentStatesArgs {
+                shape: shard.shape,
+                k: DeviceRef::new(&shard.k),
+                v: DeviceRef::new(&shard.v),
+                g: DeviceRef::new(&shard.forgetting_g),
+                h0: Some(DeviceRef::new(&shard.start_state)),
+                documents: shard.documents(),
+                ht: DeviceMut::new(ht),
+            },
+        )?;
+        Ok(stream
+            .clone_dtoh(ht)?
+            .into_iter()
+            .map(f32::to_bits)
+            .collect())
+    };
+    let first = run(&mut ht)?;
+    let again = run(&mut ht)?;
+    let mut problems = Vec::new();
+    if first != again {
+        problems.push("document final states: a repeat differs in its bits".to_string());
+    }
+    let (mut got, mut reference, mut not_zero) = (Vec::new(), Vec::new(), 0);
+    for b in 0..case.b {
+        for n in 0..slots {
+            let at = (b * slots + n) * block;
+            let values = &first[at..at + block];
+            let ends_here = n + 1 < case.cu_seqlens.len()
+                && case.cu_seqlens[n + 1] > start
+                && case.cu_seqlens[n + 1] <= start + len;
+            if ends_here {
+                let docs = case.cu_seqlens.len() - 1;
+                let from = (b * docs + n) * block;
+                got.extend(values.iter().map(|&x| f64::from(f32::from_bits(x))));
+                reference.extend_from_slice(&want.data()[from..from + block]);
+            } else {
+                not_zero += values.iter().filter(|&&x| x != 0).count();
+            }
+        }
+    }
+    let e = rel_err(&got, &reference);
+    if e.is_nan() || e > TOL {
+        problems.push(format!(
+            "document final states: rel err {e:.3e} > {TOL:.0e}"
+        ));
+    }
+    if not_zero > 0 {
+        problems.push(format!(
+            "document final states: {not_zero} values of documents that end on other PEs are not +0"
+        ));
+    }
+    Ok((e, problems))
+}
+
 /// One row of the JSON: a case's largest errors over the PEs.
 #[derive(Serialize)]
 struct CaseRow {
@@ -834,6 +934,9 @@ struct CaseRow {
     shard_lengths: Vec<usize>,
     doc_lengths: Vec<usize>,
     rel_err_vs_f64: f64,
+    /// The documents' final states (scalar decay; none for the other families).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    final_state_rel_err_vs_f64: Option<f64>,
     grad_rel_err_vs_f64: f64,
     modes_bitwise: bool,
 }
@@ -844,6 +947,9 @@ struct CostRow {
     family: PackedFamily,
     #[serde(flatten)]
     cost: PackedCost,
+    /// The documents' final states after the packed forward (scalar decay), rank 0's median.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    document_states_ms: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -930,11 +1036,60 @@ fn time_cost(rt: &Runtime, family: PackedFamily, shape: ForwardShape) -> Result<
             step.forward_only = forward_only;
         },
     )?;
+    let document_states_ms = if family == PackedFamily::ScalarDecay {
+        // The packed forward once more, so that the start state and the forgetting log-decays
+        // are the documents'.
+        shard.mark(&starts, &stream)?;
+        shard.forward(&mut ops, &stream, true)?;
+        ops.finish(&stream)?;
+        Some(time_document_states(rt, &shard)?)
+    } else {
+        None
+    };
     ops.free()?;
     if me == 0 {
-        println!("{}", cost.line(&format!("{family:?}")));
+        let states = document_states_ms.map_or(String::new(), |ms| {
+            format!("; the documents' final states {ms:.4} ms")
+        });
+        println!("{}{states}", cost.line(&format!("{family:?}")));
     }
-    Ok(CostRow { family, cost })
+    Ok(CostRow {
+        family,
+        cost,
+        document_states_ms,
+    })
+}
+
+/// The median over 30 calls (after 5 unrecorded) of the documents' final states from the state
+/// the last forward saved, on this PE (CUDA events around each call).
+fn time_document_states(rt: &Runtime, shard: &Shard) -> Result<f64> {
+    let stream = rt.stream().clone();
+    let mut ht =
+        stream.alloc_zeros::<f32>(document_states_len(&shard.shape, &shard.documents()))?;
+    let mut states = ScalarDecayDocumentStates::new(rt)?;
+    let mut times = Vec::new();
+    for call in 0..35 {
+        let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        states.launch(
+            &stream,
+            DocumentStatesArgs {
+                shape: shard.shape,
+                k: DeviceRef::new(&shard.k),
+                v: DeviceRef::new(&shard.v),
+                g: DeviceRef::new(&shard.forgetting_g),
+                h0: Some(DeviceRef::new(&shard.start_state)),
+                documents: shard.documents(),
+                ht: DeviceMut::new(&mut ht),
+            },
+        )?;
+        let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        end.synchronize()?;
+        if call >= 5 {
+            times.push(start.elapsed_ms(&end)? as f64);
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
 }
 
 fn run(options: Options, config: Config) -> Result<bool> {
@@ -963,6 +1118,10 @@ fn run(options: Options, config: Config) -> Result<bool> {
                 shard_lengths: case.lengths.clone(),
                 doc_lengths: case.doc_lengths(),
                 rel_err_vs_f64: max_over_pes(&rt, e.o)?,
+                final_state_rel_err_vs_f64: e
+                    .final_states
+                    .map(|x| max_over_pes(&rt, x))
+                    .transpose()?,
                 grad_rel_err_vs_f64: max_over_pes(&rt, e.grads)?,
                 modes_bitwise: max_over_pes(&rt, if e.bitwise { 0.0 } else { 1.0 })? == 0.0,
             });

@@ -91,6 +91,40 @@ __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p, c
   }
 }
 
+// The in-order walk of one segment from P_s (as the output kernel starts) that writes the state
+// entering every block to p.block_states and nothing else: no Q is read and no O written
+// (run_segment_with without O). The final states of packed documents
+// (scalar_decay/document_states.cu) start from these states. Same grid as the one-warpgroup output
+// kernel, block LASP_SD_THREADS, smem lasp_sd_update_smem_bytes(Dk).
+template <int DK>
+__device__ __forceinline__ void run_block_states_walk(const lasp_scalar_decay_params& p) {
+  const int seg = blockIdx.y;
+  const SegmentArgs a = segment_args(p);
+  const int64_t tile_elems = (int64_t)DK * p.Dv;
+  const int col0 = a.vt * kTileV;
+  const int num_chunks = lasp_sd_num_chunks(p.T);
+  const int64_t block_slots = lasp_sd_num_blocks(p.T);
+  run_segment_with<DK, Probe::kNone, false, false>(
+      a,
+      [&](StateRegs<DK>& s, const StateLane& ln) {
+        const float* src = seg > 0 ? p.ws_p + ((int64_t)a.bh * (p.num_segments - 1) + seg - 1) * tile_elems
+                                   : p.h0 ? p.h0 + a.bh * tile_elems : nullptr;
+        if (src)
+          state_load<DK>(s, ln, src + col0, p.Dv);
+        else
+          state_zero<DK>(s, ln);
+        return true;
+      },
+      [](StateRegs<DK>&, const StateLane&, float) {},
+      [&](StateRegs<DK>& s, const StateLane& ln, int chunk) {
+        const int slot = lasp_sd_block_slot(num_chunks, chunk, false);
+        if (slot >= 0) {
+          uint8_t* base = static_cast<uint8_t*>(p.block_states) + (a.bh * block_slots + slot) * tile_elems * 4;
+          state_store_tiles<DK, true>(s, ln, base, a.vt, p.Dv / kTileV);
+        }
+      });
+}
+
 // Pass 2 as two warpgroups and a loading warp (run_roles_segment_with), for plans with S == 1:
 // the host launches it instead of the one-warpgroup output kernel when one CTA per SM keeps every
 // sequence whole. Its parameters add the tensor maps of q, k, v to the forward's
@@ -138,6 +172,8 @@ extern "C" __global__ void __launch_bounds__(LASP_SD_FOLD_THREADS)
 //                                       grids, blocks and shared memory; the fold is direction-free
 //   *_block_states_*                    the backward's dq pass (in order) and dv pass (reversed), also
 //                                       writing the block states the gate gradient takes
+//   lasp_scalar_decay_block_states_dk*  the walk of run_block_states_walk: the state entering every
+//                                       block, for the final states of packed documents
 //   lasp_scalar_decay_output_dk*_probe_{memory,compute,no_exp}
 //                                       probes of pass 2 (Probe; kernels/docs/scalar-decay.md,
 //                                       "Probes"): launched like it to time parts of its work; their O

@@ -23,8 +23,9 @@
 //! (`DocumentStarts::chunk_words`; the operations' side: `masked`).
 //!
 //! A call over documents takes no initial state (the first document starts at token 0, which
-//! forgets it): per-document initial and final states are not here yet. Design:
-//! `kernels/docs/packed.md`.
+//! forgets it). Scalar decay gives every document's final state
+//! ([`crate::ops::scalar_decay::ScalarDecayDocumentStates`]); per-document initial states and
+//! the other families' final states are not here yet. Design: `kernels/docs/packed.md`.
 
 pub(crate) mod masked;
 #[cfg(test)]
@@ -54,14 +55,14 @@ pub enum DocumentOffsets<'a> {
 }
 
 impl<'a> DocumentOffsets<'a> {
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         match self {
             DocumentOffsets::I32(o) => o.len(),
             DocumentOffsets::I64(o) => o.len(),
         }
     }
 
-    fn addr(&self) -> u64 {
+    pub(crate) fn addr(&self) -> u64 {
         match self {
             DocumentOffsets::I32(o) => o.addr(),
             DocumentOffsets::I64(o) => o.addr(),
@@ -75,7 +76,7 @@ impl<'a> DocumentOffsets<'a> {
         }
     }
 
-    fn is_int64(&self) -> bool {
+    pub(crate) fn is_int64(&self) -> bool {
         matches!(self, DocumentOffsets::I64(_))
     }
 
@@ -343,7 +344,11 @@ fn invalid(message: String) -> Error {
 }
 
 /// The checks every call makes before it enqueues anything; the tensor checks for `op`.
-fn check<'a>(op: &'a str, docs: &Documents<'_>, shape: GateShape) -> Result<TensorChecks<'a>> {
+pub(crate) fn check<'a>(
+    op: &'a str,
+    docs: &Documents<'_>,
+    shape: GateShape,
+) -> Result<TensorChecks<'a>> {
     let GateShape { b, t, h } = shape;
     if b == 0 || t == 0 || h == 0 || b > MAX_BATCH || t > i32::MAX as usize || h > i32::MAX as usize
     {

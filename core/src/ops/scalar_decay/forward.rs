@@ -34,6 +34,9 @@ pub struct ScalarDecayForward {
     output_block_states: [Kernel; 2],
     output_roles_block_states: Option<[Kernel; 2]>,
     output_reversed_block_states: [Kernel; 2],
+    /// The in-order walks that write only the states entering the blocks (the final states of
+    /// packed documents, [`super::document_states`]).
+    block_states_walk: [Kernel; 2],
     /// The two-role output kernels, for plans with one segment (None where this GPU has no Tensor
     /// Memory Accelerator or cannot give a block their shared memory: such plans use `output`).
     output_roles: Option<[Kernel; 2]>,
@@ -59,6 +62,16 @@ pub(crate) struct SegmentStarts {
     /// Device address of the starts of segments 1 .. S-1, fp32 `[B*H][S-1][Dk][Dv]` (Dk, Dv of
     /// the pass's shape); unused (0 is fine) when S = 1.
     pub(crate) prefixes: u64,
+}
+
+/// The tensors of [`ScalarDecayForward::launch_block_states_walk`], checked against `shape` by
+/// whoever builds it (the walk reads k, v and g, and starts from h0).
+pub(crate) struct BlockStatesWalk<'a> {
+    pub(crate) shape: ForwardShape,
+    pub(crate) k: DeviceRef<'a, crate::ops::bf16>,
+    pub(crate) v: DeviceRef<'a, crate::ops::bf16>,
+    pub(crate) g: DeviceRef<'a, f32>,
+    pub(crate) h0: Option<DeviceRef<'a, f32>>,
 }
 
 /// An output-kernel launch with the parameters of its kind.
@@ -140,6 +153,10 @@ impl ScalarDecayForward {
             instances::SD_OUTPUT_REVERSED_BLOCK_STATES,
         )?;
         let module = runtime.module();
+        let block_states_walk = module.kernels_per_width(instances::SD_BLOCK_STATES_WALK)?;
+        for (i, dk) in [64, 128].into_iter().enumerate() {
+            block_states_walk[i].set_max_dynamic_shared_bytes(geometry::update_smem_bytes(dk))?;
+        }
         let optin = ctx.attribute(
             sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
         )? as u32;
@@ -172,6 +189,7 @@ impl ScalarDecayForward {
             output_block_states,
             output_roles_block_states,
             output_reversed_block_states,
+            block_states_walk,
             output_roles,
             fold,
             probes: None,
@@ -390,6 +408,82 @@ impl ScalarDecayForward {
             output.enqueue(stream)?;
         }
         Ok(plan)
+    }
+
+    /// The in-order walk of `walk`'s tokens from its `h0` that writes the state entering every
+    /// block (`geometry::num_blocks`) to `block_states`, `4 Dk Dv` bytes per head and block (bf16
+    /// hi + lo tiles, `lasp::sd::state_store_tiles`), and no output: the states pass and the fold
+    /// first where the plan has segments (two CTAs per SM, as the reversed passes'). The final
+    /// states of packed documents start from these states.
+    ///
+    /// # Safety
+    /// `block_states` must address a live device buffer of that size, used by nothing else until
+    /// the kernels complete.
+    pub(crate) unsafe fn launch_block_states_walk(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        walk: &BlockStatesWalk<'_>,
+        block_states: u64,
+    ) -> Result<()> {
+        let s = &walk.shape;
+        let op = "scalar-decay document states";
+        crate::ops::require_runtime_stream(stream, &self.ctx, op)?;
+        let target = self.target_ctas.unwrap_or(2 * self.sm_count);
+        let plan = ForwardPlan::new(s, target, self.force_segments)?;
+        let base = crate::ops::ensure_workspace(
+            &self.ctx,
+            stream,
+            &mut self.workspace,
+            plan.workspace_bytes,
+            op,
+        )?;
+        let (ws_m, ws_p, ws_lambda) = if plan.num_segments > 1 {
+            let (p, lambda) = plan.workspace_offsets();
+            (base, base + p, base + lambda)
+        } else {
+            (0, 0, 0)
+        };
+        let params = ScalarDecayParams {
+            q: walk.k.addr() as _,
+            k: walk.k.addr() as _,
+            v: walk.v.addr() as _,
+            g: walk.g.addr() as _,
+            o: std::ptr::null_mut(),
+            h0: walk.h0.map_or(0, |x| x.addr()) as _,
+            ht: std::ptr::null_mut(),
+            ws_m: ws_m as _,
+            ws_p: ws_p as _,
+            ws_lambda: ws_lambda as _,
+            block_states: block_states as _,
+            B: s.b as i32,
+            T: s.t as i32,
+            H: s.h as i32,
+            Dk: s.dk as i32,
+            Dv: s.dv as i32,
+            num_segments: plan.num_segments as i32,
+            chunks_per_segment: plan.chunks_per_segment as i32,
+            scale: 1.0,
+        };
+        let walk_shape = LaunchShape {
+            block: (geometry::THREADS, 1, 1),
+            shared_bytes: geometry::update_smem_bytes(s.dk as i32),
+            ..plan.output
+        };
+        let i = width_index(s.dk);
+        self.ctx.bind_to_thread()?;
+        // SAFETY: ScalarDecayParams is lasp_scalar_decay_params, generated from the header; the
+        // caller checked k, v, g and h0 against the shape (BlockStatesWalk's contract) and keeps
+        // them live until the kernels complete; the states kernel and the walk read no q (the walk
+        // runs without O, and q points at k, of the same length); the workspace is owned by self
+        // and freed only after a context synchronisation; the block states are this function's
+        // contract.
+        unsafe {
+            if let (Some(states_shape), Some(fold)) = (plan.states, plan.fold) {
+                self.states[i].launch(stream, states_shape, &params)?;
+                self.fold.launch(stream, fold, &params)?;
+            }
+            self.block_states_walk[i].launch(stream, walk_shape, &params)
+        }
     }
 
     /// The segments both reversed passes of the backward run in: they run the one-warpgroup
