@@ -10,6 +10,7 @@
 use super::abi::Slot;
 use super::args::invalid;
 use super::families::{Direction, FamilyOp};
+use super::scalar_decay::forward_args;
 use super::tensors::CheckedCall;
 use crate::error::Result;
 use crate::exchange::ExchangeMode;
@@ -77,13 +78,16 @@ const UNSUPPORTED: [(Slot, &str); 4] = [
 
 impl Packed {
     /// Runs `run` on `call`, over the forgetting log-decays where the call names documents, and
-    /// clears a backward's dg at the document starts after it.
+    /// clears a backward's dg at the document starts after it. A forward of one GPU that asks for
+    /// the documents' final states runs instead the forward that writes the block states they
+    /// start from, where `fused` gives what `run` would have returned.
     fn around<R>(
         &mut self,
         stream: &Arc<CudaStream>,
         direction: Direction,
         mut call: CheckedCall<'_>,
         run: impl FnOnce(&mut dyn FamilyOp, CheckedCall<'_>) -> Result<R>,
+        fused: Option<R>,
     ) -> Result<R> {
         let Some(docs) = call.documents() else {
             return run(self.op.as_mut(), call);
@@ -126,6 +130,18 @@ impl Packed {
         // SAFETY: as above; the gates are written before the op's kernels read them (one stream).
         unsafe { call.redirect_input(Slot::G, addr) };
         let mut after = call.again();
+        if let (true, false, Some((states, _)), Some(done)) = (
+            wants_states,
+            from_start_state,
+            self.final_states.as_mut(),
+            fused,
+        ) {
+            // SAFETY: the op never saw this call, so no other view of its outputs exists.
+            let ht = unsafe { after.output_again::<f32>(Slot::DocumentHt) }
+                .expect("LASP_SLOT_DOCUMENT_HT was given");
+            states.launch_forward(stream, forward_args(&mut call), docs, ht)?;
+            return Ok(done);
+        }
         let result = run(self.op.as_mut(), call)?;
         if let (true, Some((states, _))) = (wants_states, self.final_states.as_mut()) {
             // SAFETY: the op's views of the call's tensors were dropped when it returned; the
@@ -161,15 +177,23 @@ impl Packed {
 
 impl FamilyOp for Packed {
     fn forward(&mut self, stream: &Arc<CudaStream>, call: CheckedCall<'_>) -> Result<()> {
-        self.around(stream, Direction::Forward, call, |op, call| {
-            op.forward(stream, call)
-        })
+        self.around(
+            stream,
+            Direction::Forward,
+            call,
+            |op, call| op.forward(stream, call),
+            Some(()),
+        )
     }
 
     fn backward(&mut self, stream: &Arc<CudaStream>, call: CheckedCall<'_>) -> Result<()> {
-        self.around(stream, Direction::Backward, call, |op, call| {
-            op.backward(stream, call)
-        })
+        self.around(
+            stream,
+            Direction::Backward,
+            call,
+            |op, call| op.backward(stream, call),
+            None,
+        )
     }
 
     fn set_mode(&mut self, mode: ExchangeMode) -> Result<()> {
@@ -183,9 +207,13 @@ impl FamilyOp for Packed {
         direction: Direction,
         call: CheckedCall<'_>,
     ) -> Result<ExchangeMode> {
-        self.around(stream, direction, call, |op, call| {
-            op.plan(runtime, stream, direction, call)
-        })
+        self.around(
+            stream,
+            direction,
+            call,
+            |op, call| op.plan(runtime, stream, direction, call),
+            None,
+        )
     }
 
     fn finish(&self, stream: &Arc<CudaStream>) -> Result<()> {

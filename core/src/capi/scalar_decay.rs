@@ -137,7 +137,7 @@ impl AbiFamily for ScalarDecay {
 }
 
 /// The forward's views of a checked call.
-fn forward_args<'a>(call: &mut CheckedCall<'a>) -> ForwardArgs<'a> {
+pub(super) fn forward_args<'a>(call: &mut CheckedCall<'a>) -> ForwardArgs<'a> {
     ForwardArgs {
         shape: call.shape,
         q: call.input(Slot::Q),

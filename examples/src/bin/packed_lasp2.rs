@@ -947,9 +947,9 @@ struct CostRow {
     family: PackedFamily,
     #[serde(flatten)]
     cost: PackedCost,
-    /// The documents' final states after the packed forward (scalar decay), rank 0's median.
+    /// The documents' final states (scalar decay).
     #[serde(skip_serializing_if = "Option::is_none")]
-    document_states_ms: Option<f64>,
+    document_states: Option<DocumentStatesCost>,
 }
 
 #[derive(Serialize)]
@@ -1036,60 +1036,113 @@ fn time_cost(rt: &Runtime, family: PackedFamily, shape: ForwardShape) -> Result<
             step.forward_only = forward_only;
         },
     )?;
-    let document_states_ms = if family == PackedFamily::ScalarDecay {
+    let document_states = if family == PackedFamily::ScalarDecay {
         // The packed forward once more, so that the start state and the forgetting log-decays
         // are the documents'.
         shard.mark(&starts, &stream)?;
         shard.forward(&mut ops, &stream, true)?;
         ops.finish(&stream)?;
-        Some(time_document_states(rt, &shard)?)
+        Some(time_document_states(rt, &mut shard)?)
     } else {
         None
     };
     ops.free()?;
     if me == 0 {
-        let states = document_states_ms.map_or(String::new(), |ms| {
-            format!("; the documents' final states {ms:.4} ms")
+        let states = document_states.map_or(String::new(), |c| {
+            let fused = c.forward_with_states_ms.map_or(String::new(), |ms| {
+                format!(", the forward writing block states and them {ms:.4} ms")
+            });
+            format!(
+                "; the documents' final states after the forward {:.4} ms{fused}",
+                c.after_forward_ms
+            )
         });
         println!("{}{states}", cost.line(&format!("{family:?}")));
     }
     Ok(CostRow {
         family,
         cost,
-        document_states_ms,
+        document_states,
     })
 }
 
-/// The median over 30 calls (after 5 unrecorded) of the documents' final states from the state
-/// the last forward saved, on this PE (CUDA events around each call).
-fn time_document_states(rt: &Runtime, shard: &Shard) -> Result<f64> {
+/// The documents' final states on this PE: after the forward, from the state it saved (the
+/// median over 30 calls after 5 unrecorded, CUDA events around each); on one PE also the forward
+/// that writes the block states followed by them (`launch_forward`), timed alike.
+fn time_document_states(rt: &Runtime, shard: &mut Shard) -> Result<DocumentStatesCost> {
     let stream = rt.stream().clone();
     let mut ht =
         stream.alloc_zeros::<f32>(document_states_len(&shard.shape, &shard.documents()))?;
     let mut states = ScalarDecayDocumentStates::new(rt)?;
-    let mut times = Vec::new();
-    for call in 0..35 {
-        let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        states.launch(
-            &stream,
-            DocumentStatesArgs {
-                shape: shard.shape,
-                k: DeviceRef::new(&shard.k),
-                v: DeviceRef::new(&shard.v),
-                g: DeviceRef::new(&shard.forgetting_g),
-                h0: Some(DeviceRef::new(&shard.start_state)),
-                documents: shard.documents(),
-                ht: DeviceMut::new(&mut ht),
-            },
-        )?;
-        let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        end.synchronize()?;
-        if call >= 5 {
-            times.push(start.elapsed_ms(&end)? as f64);
+    let mut median = |fused: bool| -> Result<f64> {
+        let mut times = Vec::new();
+        for call in 0..35 {
+            let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+            let documents = Documents {
+                cu_seqlens: shard.offsets.view(),
+                shard_start: shard.shard_start,
+            };
+            let (k, v, g) = (
+                DeviceRef::new(&shard.k),
+                DeviceRef::new(&shard.v),
+                DeviceRef::new(&shard.forgetting_g),
+            );
+            let ht = DeviceMut::new(&mut ht);
+            if fused {
+                let forward = ForwardArgs {
+                    shape: shard.shape,
+                    q: DeviceRef::new(&shard.q),
+                    k,
+                    v,
+                    g,
+                    h0: None,
+                    o: DeviceMut::new(&mut shard.o),
+                    ht: None,
+                    scale: None,
+                };
+                states.launch_forward(&stream, forward, documents, ht)?;
+            } else {
+                let args = DocumentStatesArgs {
+                    shape: shard.shape,
+                    k,
+                    v,
+                    g,
+                    h0: Some(DeviceRef::new(&shard.start_state)),
+                    documents,
+                    ht,
+                };
+                states.launch(&stream, args)?;
+            }
+            let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+            end.synchronize()?;
+            if call >= 5 {
+                times.push(start.elapsed_ms(&end)? as f64);
+            }
         }
-    }
-    times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
+        times.sort_by(f64::total_cmp);
+        Ok(times[times.len() / 2])
+    };
+    let after_forward_ms = median(false)?;
+    let forward_with_states_ms = if rt.npes() == 1 {
+        Some(median(true)?)
+    } else {
+        None
+    };
+    Ok(DocumentStatesCost {
+        after_forward_ms,
+        forward_with_states_ms,
+    })
+}
+
+/// What the documents' final states cost (scalar decay), rank 0's medians.
+#[derive(Clone, Copy, Serialize)]
+struct DocumentStatesCost {
+    /// From the state the packed forward saved: the walk and the states kernel.
+    after_forward_ms: f64,
+    /// One GPU: the forward that writes the block states, then the states kernel (against the
+    /// packed forward alone, `forward_packed_ms`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    forward_with_states_ms: Option<f64>,
 }
 
 fn run(options: Options, config: Config) -> Result<bool> {

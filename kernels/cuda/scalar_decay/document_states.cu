@@ -41,13 +41,15 @@ __device__ __forceinline__ void document_states(const lasp_sd_document_states_pa
   constexpr int kRowsPerThread = DK / (kDocThreads / 64);
   __shared__ float s_weight[kBlockTokens];  // e^{sum of the log-decays after token j}, j from lo
   __shared__ float s_entry;                 // the entering state's weight
-  __shared__ float s_k[kDocRows][DK];
+  __shared__ __align__(16) float s_k[kDocRows][DK];
   __shared__ float s_v[kDocRows][64];
 
   const int n = blockIdx.x, bh = blockIdx.y, tile = blockIdx.z;
   const int b = bh / p.H, h = bh % p.H;
   const int docs = p.num_offsets - 1;
-  const int col = threadIdx.x % 64, row0 = threadIdx.x / 64;
+  // Thread i: column i % 64 of the tile, rows row0 .. row0 + kRowsPerThread - 1, so that a warp
+  // reads each key row's values as float4s every lane shares (one load per 4 rows).
+  const int col = threadIdx.x % 64, row0 = threadIdx.x / 64 * kRowsPerThread;
   float* out = p.ht + (((int64_t)b * docs + n) * p.H + h) * DK * p.Dv + tile * 64 + col;
 
   const int64_t first = document_offset(p, n) - p.shard_start;  // may be < 0: began on an earlier PE
@@ -87,7 +89,7 @@ __device__ __forceinline__ void document_states(const lasp_sd_document_states_pa
       const float w = s_entry;
 #pragma unroll
       for (int m = 0; m < kRowsPerThread; ++m)
-        acc[m] = w * block_state_at(slot, row0 + 4 * m, col, tile, p.Dv / 64, DK);
+        acc[m] = w * block_state_at(slot, row0 + m, col, tile, p.Dv / 64, DK);
     }
     for (int r0 = 0; r0 < rows; r0 += kDocRows) {
       const int staged = min(kDocRows, rows - r0);
@@ -103,13 +105,20 @@ __device__ __forceinline__ void document_states(const lasp_sd_document_states_pa
       __syncthreads();
       for (int r = 0; r < staged; ++r) {
         const float v = s_v[r][col];
+        const float4* keys = reinterpret_cast<const float4*>(&s_k[r][row0]);
 #pragma unroll
-        for (int m = 0; m < kRowsPerThread; ++m) acc[m] = fmaf(s_k[r][row0 + 4 * m], v, acc[m]);
+        for (int m4 = 0; m4 < kRowsPerThread / 4; ++m4) {
+          const float4 k4 = keys[m4];
+          acc[4 * m4 + 0] = fmaf(k4.x, v, acc[4 * m4 + 0]);
+          acc[4 * m4 + 1] = fmaf(k4.y, v, acc[4 * m4 + 1]);
+          acc[4 * m4 + 2] = fmaf(k4.z, v, acc[4 * m4 + 2]);
+          acc[4 * m4 + 3] = fmaf(k4.w, v, acc[4 * m4 + 3]);
+        }
       }
     }
   }
 #pragma unroll
-  for (int m = 0; m < kRowsPerThread; ++m) out[(int64_t)(row0 + 4 * m) * p.Dv] = acc[m];
+  for (int m = 0; m < kRowsPerThread; ++m) out[(int64_t)(row0 + m) * p.Dv] = acc[m];
 }
 
 }  // namespace sd

@@ -13,6 +13,10 @@
 //! document's final state. The grid is fixed by the capacity of `cu_seqlens`, so a captured CUDA
 //! graph replays with other documents written into the same buffer.
 //!
+//! On one GPU the forward itself can write the block states
+//! ([`ScalarDecayDocumentStates::launch_forward`]: its output kernel's block-states instance),
+//! so that only the second kernel is added to it.
+//!
 //! On LASP-2 the walk starts from the state the forward saved as entering the shard
 //! ([`super::lasp2::Lasp2Forward::forward_saving`]), which holds every earlier PE's prefix: the
 //! final state of a document that began on an earlier PE is exact here without an exchange of its
@@ -20,11 +24,11 @@
 //! final-state cotangent (`kernels/docs/packed.md`, "Per-document states").
 
 use super::forward::BlockStatesWalk;
-use super::{ForwardShape, ScalarDecayForward};
-use crate::error::Result;
+use super::{check_args, ForwardArgs, ForwardShape, ScalarDecayForward};
+use crate::error::{Error, Result};
 use crate::kernel::{width_index, Kernel, LaunchShape};
 use crate::ops::documents::{check, Documents, GateShape};
-use crate::ops::{bf16, DeviceMut, DeviceRef, StreamOrder};
+use crate::ops::{bf16, ranges_overlap, DeviceMut, DeviceRef, StreamOrder};
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use lasp_shmem_kernels::instances;
@@ -89,8 +93,91 @@ impl ScalarDecayDocumentStates {
     }
 
     /// Enqueues the final states of `args.documents` on `stream` (a stream of the runtime's
-    /// context). Everything is checked before the first launch.
+    /// context), after a walk of the shard from `args.h0`. Everything is checked before the first
+    /// launch.
     pub fn launch(&mut self, stream: &Arc<CudaStream>, args: DocumentStatesArgs<'_>) -> Result<()> {
+        self.check(stream, &args)?;
+        let homes = [
+            args.documents.cu_seqlens.home(),
+            args.k.home(),
+            args.v.home(),
+            args.g.home(),
+            args.h0.and_then(|h0| h0.home()),
+            args.ht.home(),
+        ];
+        StreamOrder::around(stream, homes, OP, || {
+            let block_states = self.block_states(stream, &args.shape)?;
+            let walk = BlockStatesWalk {
+                shape: args.shape,
+                k: args.k,
+                v: args.v,
+                g: args.g,
+                h0: args.h0,
+            };
+            // SAFETY: the block states are this object's workspace of the walk's size for the
+            // shape, freed only after a context synchronisation; k, v, g and h0 were checked
+            // against the shape and are kept live by their views' contracts until the work on
+            // `stream` completes.
+            unsafe {
+                self.walk
+                    .launch_block_states_walk(stream, &walk, block_states)
+            }?;
+            self.enqueue_states(stream, &args, block_states)
+        })
+    }
+
+    /// The forward `forward` of one GPU (its log-decays `g` the forgetting ones), whose output
+    /// kernel also writes the block states, then the final states of `documents` into `ht` (as
+    /// [`DocumentStatesArgs::ht`]): the forward's outputs as [`ScalarDecayForward::launch`]'s,
+    /// with one kernel added. Everything is checked before the first launch.
+    pub fn launch_forward(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        forward: ForwardArgs<'_>,
+        documents: Documents<'_>,
+        ht: DeviceMut<'_, f32>,
+    ) -> Result<()> {
+        let args = DocumentStatesArgs {
+            shape: forward.shape,
+            k: forward.k,
+            v: forward.v,
+            g: forward.g,
+            h0: forward.h0,
+            documents,
+            ht,
+        };
+        self.check(stream, &args)?;
+        check_args(&forward)?;
+        let outputs = [("o", forward.o.byte_range())]
+            .into_iter()
+            .chain(forward.ht.as_ref().map(|x| ("ht", x.byte_range())));
+        for (name, range) in outputs {
+            if ranges_overlap(range, args.ht.byte_range()) {
+                return Err(Error::InvalidArgument(format!(
+                    "{OP}: the documents' final states overlap the forward's {name}; give each \
+                     its own buffer"
+                )));
+            }
+        }
+        let homes = forward
+            .homes()
+            .into_iter()
+            .chain([args.documents.cu_seqlens.home(), args.ht.home()]);
+        StreamOrder::around(stream, homes, OP, || {
+            let block_states = self.block_states(stream, &args.shape)?;
+            // SAFETY: the block states are this object's workspace of the size the forward's
+            // block-states pass writes for the shape, freed only after a context
+            // synchronisation.
+            unsafe {
+                self.walk
+                    .launch_writing_block_states(stream, forward, block_states)
+            }?;
+            self.enqueue_states(stream, &args, block_states)
+        })
+    }
+
+    /// The checks of a call's shape, documents and tensors.
+    fn check(&self, stream: &Arc<CudaStream>, args: &DocumentStatesArgs<'_>) -> Result<()> {
         let s = args.shape;
         s.validate()?;
         let gates = GateShape {
@@ -146,40 +233,27 @@ impl ScalarDecayDocumentStates {
             inputs.push(("h0", h0.byte_range()));
         }
         checks.disjoint(&inputs, &[("ht", args.ht.byte_range())])?;
-        crate::ops::require_runtime_stream(stream, &self.ctx, OP)?;
-        let homes = [
-            args.documents.cu_seqlens.home(),
-            args.k.home(),
-            args.v.home(),
-            args.g.home(),
-            args.h0.and_then(|h0| h0.home()),
-            args.ht.home(),
-        ];
-        StreamOrder::around(stream, homes, OP, || self.enqueue(stream, &args))
+        crate::ops::require_runtime_stream(stream, &self.ctx, OP)
     }
 
-    /// The body of [`ScalarDecayDocumentStates::launch`], with the checks made and the buffers'
-    /// streams ordered.
-    fn enqueue(&mut self, stream: &Arc<CudaStream>, args: &DocumentStatesArgs<'_>) -> Result<()> {
+    /// The address of the block states' workspace, grown for `shape`.
+    fn block_states(&mut self, stream: &Arc<CudaStream>, shape: &ForwardShape) -> Result<u64> {
+        let bytes =
+            super::geometry::num_blocks(shape.t as i32) as u64 * shape.state_len() as u64 * 4;
+        crate::ops::ensure_workspace(&self.ctx, stream, &mut self.block_states, bytes, OP)
+    }
+
+    /// The kernel that adds each document's tokens of its last block to the state entering the
+    /// block, from the block states at `block_states` (written before on `stream`); the call is
+    /// checked and its buffers' streams ordered.
+    fn enqueue_states(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        args: &DocumentStatesArgs<'_>,
+        block_states: u64,
+    ) -> Result<()> {
         let s = args.shape;
         let (b, t, h, dk, dv) = (s.b as i32, s.t as i32, s.h as i32, s.dk as i32, s.dv as i32);
-        let bytes = super::geometry::num_blocks(t) as u64 * s.state_len() as u64 * 4;
-        let block_states =
-            crate::ops::ensure_workspace(&self.ctx, stream, &mut self.block_states, bytes, OP)?;
-        let walk = BlockStatesWalk {
-            shape: s,
-            k: args.k,
-            v: args.v,
-            g: args.g,
-            h0: args.h0,
-        };
-        // SAFETY: the block states are this object's workspace of the walk's size for the shape,
-        // freed only after a context synchronisation; k, v, g and h0 were checked against the
-        // shape and are kept live by their views' contracts until the work on `stream` completes.
-        unsafe {
-            self.walk
-                .launch_block_states_walk(stream, &walk, block_states)
-        }?;
         let docs = args.documents;
         let p = lasp_sd_document_states_params {
             cu_seqlens: docs.cu_seqlens.addr() as _,

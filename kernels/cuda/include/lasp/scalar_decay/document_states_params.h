@@ -19,7 +19,7 @@
 #pragma once
 #include <stdint.h>
 
-#define LASP_SD_DOCUMENT_STATES_THREADS 256  // thread i: column i % 64 of the tile, rows i / 64 + 4 m
+#define LASP_SD_DOCUMENT_STATES_THREADS 256  // thread i: column i % 64 of the tile, a quarter of the rows
 #define LASP_SD_DOCUMENT_STATES_ROWS 32      // the tokens staged in shared memory at a time
 
 typedef struct {
