@@ -51,7 +51,7 @@ use lasp_shmem::ops::gla::{
 use lasp_shmem::ops::scalar_decay::lasp2::{Lasp2Backward, Lasp2Forward};
 use lasp_shmem::ops::scalar_decay::{
     document_states_len, BackwardArgs, DocumentStatesArgs, ForwardArgs, ForwardShape, ScalarDecay,
-    ScalarDecayDocumentStates,
+    ScalarDecayDocumentStates, ScalarDecayForward,
 };
 use lasp_shmem::ops::{bf16, DeviceMut, DeviceRef};
 use lasp_shmem::reference::lasp2::{self, Decay};
@@ -1049,9 +1049,12 @@ fn time_cost(rt: &Runtime, family: PackedFamily, shape: ForwardShape) -> Result<
     ops.free()?;
     if me == 0 {
         let states = document_states.map_or(String::new(), |c| {
-            let fused = c.forward_with_states_ms.map_or(String::new(), |ms| {
-                format!(", the forward writing block states and them {ms:.4} ms")
-            });
+            let fused = match (c.forward_with_states_ms, c.single_gpu_forward_ms) {
+                (Some(with), Some(plain)) => format!(
+                    ", the single-GPU forward with them {with:.4} ms against it alone {plain:.4} ms"
+                ),
+                _ => String::new(),
+            };
             format!(
                 "; the documents' final states after the forward {:.4} ms{fused}",
                 c.after_forward_ms
@@ -1066,17 +1069,30 @@ fn time_cost(rt: &Runtime, family: PackedFamily, shape: ForwardShape) -> Result<
     })
 }
 
-/// The documents' final states on this PE: after the forward, from the state it saved (the
-/// median over 30 calls after 5 unrecorded, CUDA events around each); on one PE also the forward
-/// that writes the block states followed by them (`launch_forward`), timed alike.
+/// The documents' final states on this PE: after the forward, from the state it saved; on one PE
+/// also the forward that stores the entering states followed by them (`launch_forward`) and the
+/// plain single-GPU forward, each in turn with the others, 30 calls after 5 unrecorded, CUDA
+/// events around each call, the medians.
 fn time_document_states(rt: &Runtime, shard: &mut Shard) -> Result<DocumentStatesCost> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Turn {
+        AfterForward,
+        ForwardWithStates,
+        Forward,
+    }
     let stream = rt.stream().clone();
     let mut ht =
         stream.alloc_zeros::<f32>(document_states_len(&shard.shape, &shard.documents()))?;
     let mut states = ScalarDecayDocumentStates::new(rt)?;
-    let mut median = |fused: bool| -> Result<f64> {
-        let mut times = Vec::new();
-        for call in 0..35 {
+    let mut plain = ScalarDecayForward::new(rt)?;
+    let turns: &[Turn] = if rt.npes() == 1 {
+        &[Turn::AfterForward, Turn::ForwardWithStates, Turn::Forward]
+    } else {
+        &[Turn::AfterForward]
+    };
+    let mut times = vec![Vec::new(); turns.len()];
+    for call in 0..35 {
+        for (&turn, times) in turns.iter().zip(times.iter_mut()) {
             let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
             let documents = Documents {
                 cu_seqlens: shard.offsets.view(),
@@ -1087,31 +1103,34 @@ fn time_document_states(rt: &Runtime, shard: &mut Shard) -> Result<DocumentState
                 DeviceRef::new(&shard.v),
                 DeviceRef::new(&shard.forgetting_g),
             );
-            let ht = DeviceMut::new(&mut ht);
-            if fused {
-                let forward = ForwardArgs {
-                    shape: shard.shape,
-                    q: DeviceRef::new(&shard.q),
-                    k,
-                    v,
-                    g,
-                    h0: None,
-                    o: DeviceMut::new(&mut shard.o),
-                    ht: None,
-                    scale: None,
-                };
-                states.launch_forward(&stream, forward, documents, ht)?;
-            } else {
-                let args = DocumentStatesArgs {
-                    shape: shard.shape,
-                    k,
-                    v,
-                    g,
-                    h0: Some(DeviceRef::new(&shard.start_state)),
-                    documents,
-                    ht,
-                };
-                states.launch(&stream, args)?;
+            let forward = ForwardArgs {
+                shape: shard.shape,
+                q: DeviceRef::new(&shard.q),
+                k,
+                v,
+                g,
+                h0: None,
+                o: DeviceMut::new(&mut shard.o),
+                ht: None,
+                scale: None,
+            };
+            match turn {
+                Turn::ForwardWithStates => {
+                    states.launch_forward(&stream, forward, documents, DeviceMut::new(&mut ht))?
+                }
+                Turn::Forward => plain.launch(&stream, forward).map(|_| ())?,
+                Turn::AfterForward => states.launch(
+                    &stream,
+                    DocumentStatesArgs {
+                        shape: shard.shape,
+                        k,
+                        v,
+                        g,
+                        h0: Some(DeviceRef::new(&shard.start_state)),
+                        documents,
+                        ht: DeviceMut::new(&mut ht),
+                    },
+                )?,
             }
             let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
             end.synchronize()?;
@@ -1119,18 +1138,15 @@ fn time_document_states(rt: &Runtime, shard: &mut Shard) -> Result<DocumentState
                 times.push(start.elapsed_ms(&end)? as f64);
             }
         }
-        times.sort_by(f64::total_cmp);
-        Ok(times[times.len() / 2])
-    };
-    let after_forward_ms = median(false)?;
-    let forward_with_states_ms = if rt.npes() == 1 {
-        Some(median(true)?)
-    } else {
-        None
-    };
+    }
+    let mut medians = times.into_iter().map(|mut t| {
+        t.sort_by(f64::total_cmp);
+        t[t.len() / 2]
+    });
     Ok(DocumentStatesCost {
-        after_forward_ms,
-        forward_with_states_ms,
+        after_forward_ms: medians.next().expect("the after-forward turn"),
+        forward_with_states_ms: medians.next(),
+        single_gpu_forward_ms: medians.next(),
     })
 }
 
@@ -1139,10 +1155,12 @@ fn time_document_states(rt: &Runtime, shard: &mut Shard) -> Result<DocumentState
 struct DocumentStatesCost {
     /// From the state the packed forward saved: the walk and the states kernel.
     after_forward_ms: f64,
-    /// One GPU: the forward that writes the block states, then the states kernel (against the
-    /// packed forward alone, `forward_packed_ms`).
+    /// One GPU: the forward that stores the entering states, then the states kernel.
     #[serde(skip_serializing_if = "Option::is_none")]
     forward_with_states_ms: Option<f64>,
+    /// One GPU: the single-GPU forward alone (ScalarDecayForward), timed in turn with the above.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    single_gpu_forward_ms: Option<f64>,
 }
 
 fn run(options: Options, config: Config) -> Result<bool> {

@@ -40,3 +40,20 @@ extern "C" __global__ void __launch_bounds__(LASP_DOCUMENTS_THREADS)
   atomicOr(reinterpret_cast<unsigned long long*>(p.words + bit / LASP_DOCUMENT_WORD_TOKENS),
            1ull << (bit % LASP_DOCUMENT_WORD_TOKENS));
 }
+
+// Entry slots (lasp_document_entry_slots_params): the chunk holding each document's last token
+// names the document where the document began before that chunk.
+extern "C" __global__ void __launch_bounds__(LASP_DOCUMENTS_THREADS)
+    lasp_document_entry_slots(const __grid_constant__ lasp_document_entry_slots_params p) {
+  const int n = blockIdx.x * LASP_DOCUMENTS_THREADS + threadIdx.x;
+  if (n >= p.num_offsets - 1) return;
+  const int64_t start = (p.offsets_are_int64 ? static_cast<const int64_t*>(p.cu_seqlens)[n]
+                                             : static_cast<const int32_t*>(p.cu_seqlens)[n]) -
+                        p.shard_start;
+  const int64_t end = (p.offsets_are_int64 ? static_cast<const int64_t*>(p.cu_seqlens)[n + 1]
+                                           : static_cast<const int32_t*>(p.cu_seqlens)[n + 1]) -
+                      p.shard_start;
+  if (end <= start || end < 1 || end > p.T) return;  // empty, or its last token is on another PE
+  const int64_t chunk = (end - 1) / LASP_DOCUMENT_WORD_TOKENS;
+  if (start < chunk * LASP_DOCUMENT_WORD_TOKENS) p.slots[chunk] = n;
+}

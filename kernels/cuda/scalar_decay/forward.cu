@@ -33,6 +33,19 @@
 namespace lasp {
 namespace sd {
 
+// Where a document that holds the state entering loop chunk `chunk` ends in that chunk
+// (p.entry_slots[chunk] = n >= 0, lasp/documents/documents_params.h), that state into document n's
+// slot of p.document_states (fp32 [B, N, H, Dk, Dv]); the final states of packed documents
+// (scalar_decay/document_states.cu) add the chunk's tokens to it. A uniform load and branch.
+template <int DK>
+__device__ __forceinline__ void store_document_entry(const lasp_scalar_decay_params& p, const SegmentArgs& a,
+                                                     StateRegs<DK>& s, const StateLane& ln, int chunk) {
+  const int n = p.entry_slots[chunk];
+  if (n < 0) return;
+  const int64_t b = a.bh / p.H, h = a.bh % p.H;
+  state_store<DK>(s, ln, p.document_states + ((b * p.documents + n) * p.H + h) * DK * p.Dv + a.vt * kTileV, p.Dv);
+}
+
 // One CTA's segment of the single-GPU forward: the shared segment loops with this forward's
 // prologue and epilogue. kOutput = false: the states kernel (run_states_segment; writes M_s,
 // Lambda_s). kOutput = true: the output kernel (run_segment_with; starts from P_s, writes O and, for
@@ -42,12 +55,15 @@ namespace sd {
 // kernel address tokens in order only, so it has no reversed form). kBlockStates: the output kernel
 // also writes its state at every block boundary of its segment to p.block_states (the backward's dq
 // and dv passes, for the gate gradient: lasp_sd_block_slot, lasp::sd::state_store_tiles).
+// kDocumentEntries: it also writes the state entering every chunk that p.entry_slots names
+// (store_document_entry; the final states of packed documents).
 template <int DK, bool kOutput, Probe kProbe = Probe::kNone, bool kRoles = false, bool kReversed = false,
-          bool kBlockStates = false>
+          bool kBlockStates = false, bool kDocumentEntries = false>
 __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p, const QkvMaps* maps = nullptr,
                                             const lasp_tensor_map* o_map = nullptr) {
   static_assert(!(kRoles && kReversed), "the two-role kernel reads tokens in order only");
-  static_assert(kOutput || !kBlockStates, "the states kernels write no block states");
+  static_assert(kOutput || !(kBlockStates || kDocumentEntries), "the states kernels write no states");
+  static_assert(!(kReversed && kDocumentEntries), "documents' entry states are in order");
   const int seg = blockIdx.y;
   const SegmentArgs a = segment_args(p);
   const int n_seg_slots = p.num_segments - 1;  // workspace slots per (b, h)
@@ -77,6 +93,7 @@ __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p, c
           state_store_tiles<DK, !kReversed>(s, ln, base, a.vt, p.Dv / kTileV);
         }
       }
+      if constexpr (kDocumentEntries) store_document_entry<DK>(p, a, s, ln, chunk);
     };
     if constexpr (kRoles)
       run_roles_segment_with<DK>(a, *maps, *o_map, start, end, block_states);
@@ -91,19 +108,16 @@ __device__ __forceinline__ void run_segment(const lasp_scalar_decay_params& p, c
   }
 }
 
-// The in-order walk of one segment from P_s (as the output kernel starts) that writes the state
-// entering every block to p.block_states and nothing else: no Q is read and no O written
-// (run_segment_with without O). The final states of packed documents
-// (scalar_decay/document_states.cu) start from these states. Same grid as the one-warpgroup output
-// kernel, block LASP_SD_THREADS, smem lasp_sd_update_smem_bytes(Dk).
+// The in-order walk of one segment from P_s (as the output kernel starts) that writes only the
+// states store_document_entry takes: no Q is read and no O written (run_segment_with without O).
+// For LASP-2 shards, from the state the forward saved as entering the shard (h0). Same grid as the
+// one-warpgroup output kernel, block LASP_SD_THREADS, smem lasp_sd_update_smem_bytes(Dk).
 template <int DK>
-__device__ __forceinline__ void run_block_states_walk(const lasp_scalar_decay_params& p) {
+__device__ __forceinline__ void run_document_entries_walk(const lasp_scalar_decay_params& p) {
   const int seg = blockIdx.y;
   const SegmentArgs a = segment_args(p);
   const int64_t tile_elems = (int64_t)DK * p.Dv;
   const int col0 = a.vt * kTileV;
-  const int num_chunks = lasp_sd_num_chunks(p.T);
-  const int64_t block_slots = lasp_sd_num_blocks(p.T);
   run_segment_with<DK, Probe::kNone, false, false>(
       a,
       [&](StateRegs<DK>& s, const StateLane& ln) {
@@ -116,23 +130,18 @@ __device__ __forceinline__ void run_block_states_walk(const lasp_scalar_decay_pa
         return true;
       },
       [](StateRegs<DK>&, const StateLane&, float) {},
-      [&](StateRegs<DK>& s, const StateLane& ln, int chunk) {
-        const int slot = lasp_sd_block_slot(num_chunks, chunk, false);
-        if (slot >= 0) {
-          uint8_t* base = static_cast<uint8_t*>(p.block_states) + (a.bh * block_slots + slot) * tile_elems * 4;
-          state_store_tiles<DK, true>(s, ln, base, a.vt, p.Dv / kTileV);
-        }
-      });
+      [&](StateRegs<DK>& s, const StateLane& ln, int chunk) { store_document_entry<DK>(p, a, s, ln, chunk); });
 }
 
 // Pass 2 as two warpgroups and a loading warp (run_roles_segment_with), for plans with S == 1:
 // the host launches it instead of the one-warpgroup output kernel when one CTA per SM keeps every
 // sequence whole. Its parameters add the tensor maps of q, k, v to the forward's
-// (lasp_sd_roles_params); with kBlockStates it is the backward's dq pass.
-template <int DK, bool kBlockStates>
+// (lasp_sd_roles_params); with kBlockStates it is the backward's dq pass, with kDocumentEntries the
+// forward that also writes the states the documents' final states start from.
+template <int DK, bool kBlockStates, bool kDocumentEntries = false>
 __device__ __forceinline__ void run_roles_output(const lasp_sd_roles_params& rp) {
   const QkvMaps maps{rp.q, rp.k, rp.v};
-  run_segment<DK, true, Probe::kNone, true, false, kBlockStates>(rp.p, &maps, &rp.o);
+  run_segment<DK, true, Probe::kNone, true, false, kBlockStates, kDocumentEntries>(rp.p, &maps, &rp.o);
 }
 
 }  // namespace sd
@@ -172,8 +181,10 @@ extern "C" __global__ void __launch_bounds__(LASP_SD_FOLD_THREADS)
 //                                       grids, blocks and shared memory; the fold is direction-free
 //   *_block_states_*                    the backward's dq pass (in order) and dv pass (reversed), also
 //                                       writing the block states the gate gradient takes
-//   lasp_scalar_decay_block_states_dk*  the walk of run_block_states_walk: the state entering every
-//                                       block, for the final states of packed documents
+//   *_document_entries_*                the output kernels that also write the states entering the
+//                                       chunks p.entry_slots names (the final states of packed
+//                                       documents), and the walk that writes only those
+//                                       (run_document_entries_walk)
 //   lasp_scalar_decay_output_dk*_probe_{memory,compute,no_exp}
 //                                       probes of pass 2 (Probe; kernels/docs/scalar-decay.md,
 //                                       "Probes"): launched like it to time parts of its work; their O

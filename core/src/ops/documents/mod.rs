@@ -38,8 +38,8 @@ use crate::ops::{copy_to_host, require_runtime_stream, DeviceMut, DeviceRef, Str
 use crate::runtime::Runtime;
 use cudarc::driver::CudaStream;
 use lasp_shmem_kernels::params::{
-    lasp_document_marks_params, lasp_document_words_params, LASP_DOCUMENTS_THREADS,
-    LASP_DOCUMENT_START_LOG_DECAY, LASP_DOCUMENT_WORD_TOKENS,
+    lasp_document_entry_slots_params, lasp_document_marks_params, lasp_document_words_params,
+    LASP_DOCUMENTS_THREADS, LASP_DOCUMENT_START_LOG_DECAY, LASP_DOCUMENT_WORD_TOKENS,
 };
 use std::sync::Arc;
 
@@ -134,6 +134,7 @@ pub struct DocumentStarts {
     runtime: Runtime,
     marks: Kernel,
     words: Kernel,
+    entries: Kernel,
 }
 
 impl DocumentStarts {
@@ -142,6 +143,7 @@ impl DocumentStarts {
             runtime: runtime.clone(),
             marks: runtime.module().kernel("lasp_document_marks")?,
             words: runtime.module().kernel("lasp_document_chunk_words")?,
+            entries: runtime.module().kernel("lasp_document_entry_slots")?,
         })
     }
 
@@ -280,6 +282,50 @@ impl DocumentStarts {
         // offsets hold num_offsets entries of the stated width (checked above, live by the view's
         // contract) and `words` the shard's words (the caller's contract).
         unsafe { self.words.launch(stream, launch, &p) }
+    }
+
+    /// Writes to `slots` (int32, one per chunk of 64 of this shard's `t` tokens) the document whose
+    /// state entering the chunk the chunk loops store for the documents' final states, or -1
+    /// (`lasp_document_entry_slots`): the document that began before the chunk and ends in it. The
+    /// caller orders `stream` after the offsets' buffer.
+    ///
+    /// # Safety
+    /// `slots` is the device address of [`DocumentStarts::words_len`]`(t)` i32, 4-byte aligned, in
+    /// this runtime's context, live and written by nothing else until the work on `stream`
+    /// completes.
+    pub(crate) unsafe fn entry_slots(
+        &self,
+        stream: &Arc<CudaStream>,
+        docs: Documents<'_>,
+        t: usize,
+        slots: u64,
+    ) -> Result<()> {
+        let shape = GateShape { b: 1, t, h: 1 };
+        check("packed documents: entry slots", &docs, shape)?;
+        let bytes = Self::words_len(t) * std::mem::size_of::<i32>();
+        // SAFETY: the caller's contract; 0xFF bytes make every slot -1.
+        unsafe { cudarc::driver::result::memset_d8_async(slots, 0xFF, bytes, stream.cu_stream()) }?;
+        let p = lasp_document_entry_slots_params {
+            cu_seqlens: docs.cu_seqlens.addr() as _,
+            offsets_are_int64: i32::from(docs.cu_seqlens.is_int64()),
+            num_offsets: docs.cu_seqlens.len() as i32,
+            shard_start: docs.shard_start as i64,
+            T: t as i32,
+            slots: slots as _,
+        };
+        let launch = LaunchShape {
+            grid: (
+                (docs.cu_seqlens.len() - 1).div_ceil(LASP_DOCUMENTS_THREADS as usize) as u32,
+                1,
+                1,
+            ),
+            block: (LASP_DOCUMENTS_THREADS, 1, 1),
+            shared_bytes: 0,
+        };
+        // SAFETY: `p` is the kernel's lasp_document_entry_slots_params, generated from its header;
+        // the offsets hold num_offsets entries of the stated width (checked above, live by the
+        // view's contract) and `slots` the shard's slots (the caller's contract).
+        unsafe { self.entries.launch(stream, launch, &p) }
     }
 
     /// Checks `docs.cu_seqlens` on the host against a packed sequence of `total` tokens with this

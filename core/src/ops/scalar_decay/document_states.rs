@@ -2,32 +2,31 @@
 //! `output_final_state` with `cu_seqlens`, one state per document, on one GPU and on LASP-2
 //! shards.
 //!
-//! The state after document n's last token `e_n - 1` is the state entering the block of
-//! `LASP_SD_BLOCK_CHUNKS` chunks that holds that token, decayed to it, plus the document's tokens
-//! of the block. A walk of the shard (the forward's chunk loop without outputs, from the state
-//! entering the shard) writes the state entering every block; one CTA per document, head and 64
-//! columns of Dv then adds the block's tokens on the CUDA cores, in fp32, each weight one
+//! The state after document n's last token `e_n - 1` is the state entering the chunk of 64 tokens
+//! that holds that token, decayed to it, plus the document's tokens of the chunk. The chunk loop
+//! stores that entering state into n's slot of the output where n began before the chunk (a
+//! table per chunk names the document, `lasp_document_entry_slots`); then one CTA per document,
+//! head and 64 columns of Dv adds the chunk's tokens on the CUDA cores, in fp32, each weight one
 //! exponential of a sum of log-decays inside the document
 //! (`kernels/cuda/scalar_decay/document_states.cu`). A document that does not end in this shard
 //! gets zeros, so every PE writes the whole `[B, N, H, Dk, Dv]` and their sum holds every
-//! document's final state. The grid is fixed by the capacity of `cu_seqlens`, so a captured CUDA
-//! graph replays with other documents written into the same buffer.
+//! document's final state. The grids are fixed by the capacity of `cu_seqlens`, so a captured
+//! CUDA graph replays with other documents written into the same buffer.
 //!
-//! On one GPU the forward itself can write the block states
-//! ([`ScalarDecayDocumentStates::launch_forward`]: its output kernel's block-states instance),
-//! so that only the second kernel is added to it.
-//!
-//! On LASP-2 the walk starts from the state the forward saved as entering the shard
-//! ([`super::lasp2::Lasp2Forward::forward_saving`]), which holds every earlier PE's prefix: the
-//! final state of a document that began on an earlier PE is exact here without an exchange of its
-//! own. The gradient with respect to these states is not built: the backward takes no per-document
-//! final-state cotangent (`kernels/docs/packed.md`, "Per-document states").
+//! On one GPU the forward's output kernel stores the entering states
+//! ([`ScalarDecayDocumentStates::launch_forward`]): the final states add a table and one small
+//! kernel to the forward. On LASP-2 a walk of the shard (the chunk loop without outputs) stores
+//! them after the forward, from the state the forward saved as entering the shard
+//! ([`super::lasp2::Lasp2Forward::forward_saving`]), which holds every earlier PE's prefix: a
+//! document that began on an earlier PE needs no exchange of its own. The gradient with respect to
+//! these states is not built: the backward takes no per-document final-state cotangent
+//! (`kernels/docs/packed.md`, "Per-document states").
 
-use super::forward::BlockStatesWalk;
+use super::forward::{DocumentEntries, EntriesWalk};
 use super::{check_args, ForwardArgs, ForwardShape, ScalarDecayForward};
 use crate::error::{Error, Result};
 use crate::kernel::{width_index, Kernel, LaunchShape};
-use crate::ops::documents::{check, Documents, GateShape};
+use crate::ops::documents::{check, DocumentStarts, Documents, GateShape};
 use crate::ops::{bf16, ranges_overlap, DeviceMut, DeviceRef, StreamOrder};
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
@@ -56,7 +55,7 @@ pub struct DocumentStatesArgs<'a> {
     pub h0: Option<DeviceRef<'a, f32>>,
     /// The packed documents and this shard's place among them.
     pub documents: Documents<'a>,
-    /// `[B, N, H, Dk, Dv]` fp32 (N = `cu_seqlens.len() - 1`, [`document_states_len`]), 4-byte
+    /// `[B, N, H, Dk, Dv]` fp32 (N = `cu_seqlens.len() - 1`, [`document_states_len`]), 8-byte
     /// aligned: document n's state after its last token where that token is in this shard, zeros
     /// for the others. Every element is written.
     pub ht: DeviceMut<'a, f32>,
@@ -69,15 +68,17 @@ pub fn document_states_len(shape: &ForwardShape, documents: &Documents<'_>) -> u
 }
 
 /// The final states of packed documents for scalar decay (see the module documentation): its
-/// kernels and its workspace (the block states, grown on demand and freed after a context
+/// kernels and its workspace (the entry slots, grown on demand and freed after a context
 /// synchronisation when it is dropped).
 pub struct ScalarDecayDocumentStates {
     ctx: Arc<CudaContext>,
-    /// The walk's states pass, fold and kernel, with a workspace of their own.
+    /// The forward (one GPU) or the walk (LASP-2) that stores the entering states, with a
+    /// workspace of its own.
     walk: ScalarDecayForward,
+    starts: DocumentStarts,
     /// Indexed by Dk: [64, 128].
     states: [Kernel; 2],
-    block_states: Option<CudaSlice<u8>>,
+    slots: Option<CudaSlice<u8>>,
 }
 
 impl ScalarDecayDocumentStates {
@@ -85,10 +86,11 @@ impl ScalarDecayDocumentStates {
         Ok(ScalarDecayDocumentStates {
             ctx: runtime.context().clone(),
             walk: ScalarDecayForward::new(runtime)?,
+            starts: DocumentStarts::new(runtime)?,
             states: runtime
                 .module()
                 .kernels_per_width(instances::SD_DOCUMENT_STATES)?,
-            block_states: None,
+            slots: None,
         })
     }
 
@@ -106,30 +108,31 @@ impl ScalarDecayDocumentStates {
             args.ht.home(),
         ];
         StreamOrder::around(stream, homes, OP, || {
-            let block_states = self.block_states(stream, &args.shape)?;
-            let walk = BlockStatesWalk {
+            let entries = self.entries(stream, &args)?;
+            let walk = EntriesWalk {
                 shape: args.shape,
                 k: args.k,
                 v: args.v,
                 g: args.g,
                 h0: args.h0,
             };
-            // SAFETY: the block states are this object's workspace of the walk's size for the
-            // shape, freed only after a context synchronisation; k, v, g and h0 were checked
-            // against the shape and are kept live by their views' contracts until the work on
-            // `stream` completes.
+            // SAFETY: the slots are this object's workspace, written above on `stream`; the
+            // states are `args.ht`, checked against the documents and the shape; k, v, g and h0
+            // were checked against the shape and are kept live by their views' contracts until
+            // the work on `stream` completes.
             unsafe {
                 self.walk
-                    .launch_block_states_walk(stream, &walk, block_states)
+                    .launch_document_entries_walk(stream, &walk, entries)
             }?;
-            self.enqueue_states(stream, &args, block_states)
+            self.enqueue_states(stream, &args)
         })
     }
 
     /// The forward `forward` of one GPU (its log-decays `g` the forgetting ones), whose output
-    /// kernel also writes the block states, then the final states of `documents` into `ht` (as
-    /// [`DocumentStatesArgs::ht`]): the forward's outputs as [`ScalarDecayForward::launch`]'s,
-    /// with one kernel added. Everything is checked before the first launch.
+    /// kernel also stores the states entering the documents' last chunks, then the final states
+    /// of `documents` into `ht` (as [`DocumentStatesArgs::ht`]): the forward's outputs as
+    /// [`ScalarDecayForward::launch`]'s, with a table and one small kernel added. Everything is
+    /// checked before the first launch.
     pub fn launch_forward(
         &mut self,
         stream: &Arc<CudaStream>,
@@ -164,15 +167,14 @@ impl ScalarDecayDocumentStates {
             .into_iter()
             .chain([args.documents.cu_seqlens.home(), args.ht.home()]);
         StreamOrder::around(stream, homes, OP, || {
-            let block_states = self.block_states(stream, &args.shape)?;
-            // SAFETY: the block states are this object's workspace of the size the forward's
-            // block-states pass writes for the shape, freed only after a context
-            // synchronisation.
+            let entries = self.entries(stream, &args)?;
+            // SAFETY: as in `launch`; the forward's tensors were checked by check_args and are
+            // kept live by their views' contracts.
             unsafe {
                 self.walk
-                    .launch_writing_block_states(stream, forward, block_states)
+                    .launch_writing_document_entries(stream, forward, entries)
             }?;
-            self.enqueue_states(stream, &args, block_states)
+            self.enqueue_states(stream, &args)
         })
     }
 
@@ -186,27 +188,10 @@ impl ScalarDecayDocumentStates {
             h: s.h,
         };
         let checks = check(OP, &args.documents, gates)?;
-        checks.tensor(
-            "k",
-            "[B, T, H, Dk]",
-            (args.k.len(), s.qk_len()),
-            args.k.addr(),
-            16,
-        )?;
-        checks.tensor(
-            "v",
-            "[B, T, H, Dv]",
-            (args.v.len(), s.v_len()),
-            args.v.addr(),
-            16,
-        )?;
-        checks.tensor(
-            "g",
-            "[B, T, H]",
-            (args.g.len(), s.gate_len()),
-            args.g.addr(),
-            4,
-        )?;
+        let (k, v, g) = (args.k, args.v, args.g);
+        checks.tensor("k", "[B, T, H, Dk]", (k.len(), s.qk_len()), k.addr(), 16)?;
+        checks.tensor("v", "[B, T, H, Dv]", (v.len(), s.v_len()), v.addr(), 16)?;
+        checks.tensor("g", "[B, T, H]", (g.len(), s.gate_len()), g.addr(), 4)?;
         if let Some(h0) = &args.h0 {
             checks.tensor(
                 "h0",
@@ -217,17 +202,12 @@ impl ScalarDecayDocumentStates {
             )?;
         }
         let want = document_states_len(&s, &args.documents);
-        checks.tensor(
-            "ht",
-            "[B, N, H, Dk, Dv]",
-            (args.ht.len(), want),
-            args.ht.addr(),
-            4,
-        )?;
+        let ht = (args.ht.len(), want);
+        checks.tensor("ht", "[B, N, H, Dk, Dv]", ht, args.ht.addr(), 8)?;
         let mut inputs = vec![
-            ("k", args.k.byte_range()),
-            ("v", args.v.byte_range()),
-            ("g", args.g.byte_range()),
+            ("k", k.byte_range()),
+            ("v", v.byte_range()),
+            ("g", g.byte_range()),
         ];
         if let Some(h0) = &args.h0 {
             inputs.push(("h0", h0.byte_range()));
@@ -236,21 +216,34 @@ impl ScalarDecayDocumentStates {
         crate::ops::require_runtime_stream(stream, &self.ctx, OP)
     }
 
-    /// The address of the block states' workspace, grown for `shape`.
-    fn block_states(&mut self, stream: &Arc<CudaStream>, shape: &ForwardShape) -> Result<u64> {
-        let bytes =
-            super::geometry::num_blocks(shape.t as i32) as u64 * shape.state_len() as u64 * 4;
-        crate::ops::ensure_workspace(&self.ctx, stream, &mut self.block_states, bytes, OP)
+    /// The entry slots of the call's documents, written on `stream` into this object's workspace
+    /// (grown for the shard), and where the chunk loop stores the states they name (`args.ht`).
+    fn entries(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        args: &DocumentStatesArgs<'_>,
+    ) -> Result<DocumentEntries> {
+        let t = args.shape.t;
+        let bytes = (DocumentStarts::words_len(t) * std::mem::size_of::<i32>()) as u64;
+        let slots = crate::ops::ensure_workspace(&self.ctx, stream, &mut self.slots, bytes, OP)?;
+        // SAFETY: the workspace holds one i32 per chunk of the shard (sized above), owned by self
+        // and freed only after a context synchronisation; only this call's kernels, in stream
+        // order, write and read it.
+        unsafe { self.starts.entry_slots(stream, args.documents, t, slots) }?;
+        Ok(DocumentEntries {
+            slots,
+            states: args.ht.addr(),
+            documents: args.documents.cu_seqlens.len() - 1,
+        })
     }
 
-    /// The kernel that adds each document's tokens of its last block to the state entering the
-    /// block, from the block states at `block_states` (written before on `stream`); the call is
-    /// checked and its buffers' streams ordered.
+    /// The kernel that adds each document's tokens of its last chunk to the state entering the
+    /// chunk, which the chunk loop stored in `args.ht` before on `stream`; the call is checked and
+    /// its buffers' streams ordered.
     fn enqueue_states(
         &mut self,
         stream: &Arc<CudaStream>,
         args: &DocumentStatesArgs<'_>,
-        block_states: u64,
     ) -> Result<()> {
         let s = args.shape;
         let (b, t, h, dk, dv) = (s.b as i32, s.t as i32, s.h as i32, s.dk as i32, s.dv as i32);
@@ -263,7 +256,6 @@ impl ScalarDecayDocumentStates {
             k: args.k.addr() as _,
             v: args.v.addr() as _,
             g: args.g.addr() as _,
-            block_states: block_states as _,
             ht: args.ht.addr() as _,
             B: b,
             T: t,
@@ -283,7 +275,7 @@ impl ScalarDecayDocumentStates {
         self.ctx.bind_to_thread()?;
         // SAFETY: `p` is the kernel's lasp_sd_document_states_params, generated from its header;
         // the offsets, k, v, g and ht have the lengths and alignment checked in `launch` and stay
-        // live by their views' contracts; the block states were written by the walk before this
+        // live by their views' contracts; the entering states were stored in ht before this
         // launch on the same stream.
         unsafe { self.states[width_index(s.dk)].launch(stream, launch, &p) }
     }

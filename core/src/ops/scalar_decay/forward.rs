@@ -34,9 +34,11 @@ pub struct ScalarDecayForward {
     output_block_states: [Kernel; 2],
     output_roles_block_states: Option<[Kernel; 2]>,
     output_reversed_block_states: [Kernel; 2],
-    /// The in-order walks that write only the states entering the blocks (the final states of
-    /// packed documents, [`super::document_states`]).
-    block_states_walk: [Kernel; 2],
+    /// The output kernels that also write the states entering the chunks the documents' final
+    /// states start from, and the walk that writes only those ([`super::document_states`]).
+    output_document_entries: [Kernel; 2],
+    output_roles_document_entries: Option<[Kernel; 2]>,
+    document_entries_walk: [Kernel; 2],
     /// The two-role output kernels, for plans with one segment (None where this GPU has no Tensor
     /// Memory Accelerator or cannot give a block their shared memory: such plans use `output`).
     output_roles: Option<[Kernel; 2]>,
@@ -64,14 +66,36 @@ pub(crate) struct SegmentStarts {
     pub(crate) prefixes: u64,
 }
 
-/// The tensors of [`ScalarDecayForward::launch_block_states_walk`], checked against `shape` by
+/// The tensors of [`ScalarDecayForward::launch_document_entries_walk`], checked against `shape` by
 /// whoever builds it (the walk reads k, v and g, and starts from h0).
-pub(crate) struct BlockStatesWalk<'a> {
+pub(crate) struct EntriesWalk<'a> {
     pub(crate) shape: ForwardShape,
     pub(crate) k: DeviceRef<'a, crate::ops::bf16>,
     pub(crate) v: DeviceRef<'a, crate::ops::bf16>,
     pub(crate) g: DeviceRef<'a, f32>,
     pub(crate) h0: Option<DeviceRef<'a, f32>>,
+}
+
+/// Where the chunk loops store the states the documents' final states start from: per chunk the
+/// document whose slot takes the state entering it, or -1 (`slots`, int32 `[ceil(T / 64)]`), and
+/// the slots (`states`, fp32 `[B, documents, H, Dk, Dv]`), as device addresses.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DocumentEntries {
+    pub(crate) slots: u64,
+    pub(crate) states: u64,
+    pub(crate) documents: usize,
+}
+
+impl DocumentEntries {
+    /// `params` with these entries.
+    fn into(self, params: ScalarDecayParams) -> ScalarDecayParams {
+        ScalarDecayParams {
+            entry_slots: self.slots as _,
+            document_states: self.states as _,
+            documents: self.documents as i32,
+            ..params
+        }
+    }
 }
 
 /// An output-kernel launch with the parameters of its kind.
@@ -153,9 +177,16 @@ impl ScalarDecayForward {
             instances::SD_OUTPUT_REVERSED_BLOCK_STATES,
         )?;
         let module = runtime.module();
-        let block_states_walk = module.kernels_per_width(instances::SD_BLOCK_STATES_WALK)?;
+        let (_, output_document_entries) = segment_kernels(
+            runtime,
+            instances::SD_STATES,
+            instances::SD_OUTPUT_DOCUMENT_ENTRIES,
+        )?;
+        let document_entries_walk =
+            module.kernels_per_width(instances::SD_DOCUMENT_ENTRIES_WALK)?;
         for (i, dk) in [64, 128].into_iter().enumerate() {
-            block_states_walk[i].set_max_dynamic_shared_bytes(geometry::update_smem_bytes(dk))?;
+            document_entries_walk[i]
+                .set_max_dynamic_shared_bytes(geometry::update_smem_bytes(dk))?;
         }
         let optin = ctx.attribute(
             sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
@@ -168,14 +199,15 @@ impl ScalarDecayForward {
             }
             Ok(kernels)
         };
-        let (output_roles, output_roles_block_states) =
+        let (output_roles, output_roles_block_states, output_roles_document_entries) =
             if major >= 9 && optin >= geometry::roles_smem_bytes(128) {
                 (
                     Some(roles(instances::SD_OUTPUT_ROLES)?),
                     Some(roles(instances::SD_OUTPUT_ROLES_BLOCK_STATES)?),
+                    Some(roles(instances::SD_OUTPUT_ROLES_DOCUMENT_ENTRIES)?),
                 )
             } else {
-                (None, None)
+                (None, None, None)
             };
         let fold = module.kernel("lasp_scalar_decay_fold")?;
         let sm_count = crate::ops::sm_count(&ctx)?;
@@ -189,7 +221,9 @@ impl ScalarDecayForward {
             output_block_states,
             output_roles_block_states,
             output_reversed_block_states,
-            block_states_walk,
+            output_document_entries,
+            output_roles_document_entries,
+            document_entries_walk,
             output_roles,
             fold,
             probes: None,
@@ -322,6 +356,9 @@ impl ScalarDecayForward {
             ws_p: ws_p as _,
             ws_lambda: ws_lambda as _,
             block_states: std::ptr::null_mut(),
+            entry_slots: std::ptr::null(),
+            document_states: std::ptr::null_mut(),
+            documents: 0,
             B: s.b as i32,
             T: s.t as i32,
             H: s.h as i32,
@@ -410,20 +447,54 @@ impl ScalarDecayForward {
         Ok(plan)
     }
 
-    /// The in-order walk of `walk`'s tokens from its `h0` that writes the state entering every
-    /// block (`geometry::num_blocks`) to `block_states`, `4 Dk Dv` bytes per head and block (bf16
-    /// hi + lo tiles, `lasp::sd::state_store_tiles`), and no output: the states pass and the fold
-    /// first where the plan has segments (two CTAs per SM, as the reversed passes'). The final
-    /// states of packed documents start from these states.
+    /// [`ScalarDecayForward::launch`] with the output kernel that also writes the states
+    /// `entries` names (the final states of packed documents start from them).
     ///
     /// # Safety
-    /// `block_states` must address a live device buffer of that size, used by nothing else until
-    /// the kernels complete.
-    pub(crate) unsafe fn launch_block_states_walk(
+    /// `entries` addresses live device buffers of its sizes for the shape, the slots written
+    /// before on `stream`; nothing else uses the states until the kernels complete.
+    pub(crate) unsafe fn launch_writing_document_entries(
         &mut self,
         stream: &Arc<CudaStream>,
-        walk: &BlockStatesWalk<'_>,
-        block_states: u64,
+        args: ForwardArgs<'_>,
+        entries: DocumentEntries,
+    ) -> Result<ForwardPlan> {
+        let plan = self.plan(&args.shape)?;
+        let (plan, params) = self.prepare_plan(stream, &args, plan)?;
+        let params = entries.into(params);
+        let i = width_index(args.shape.dk);
+        let output = match self.output_roles_document_entries {
+            Some(roles) if plan.output_roles => OutputLaunch::TwoRole(
+                roles[i],
+                plan.output,
+                Box::new(roles_params(params, &plan.shape)?),
+            ),
+            _ => OutputLaunch::OneWarpgroup(self.output_document_entries[i], plan.output, params),
+        };
+        // SAFETY: as in `launch`; the output kernel also writes the entry states, which this
+        // function's contract sizes.
+        unsafe {
+            if let (Some(states_shape), Some(fold)) = (plan.states, plan.fold) {
+                self.states[i].launch(stream, states_shape, &params)?;
+                self.fold.launch(stream, fold, &params)?;
+            }
+            output.enqueue(stream)?;
+        }
+        Ok(plan)
+    }
+
+    /// The in-order walk of `walk`'s tokens from its `h0` that writes the states `entries` names
+    /// and no output: the states pass and the fold first where the plan has segments (two CTAs per
+    /// SM, as the reversed passes'). On LASP-2 shards, after the forward, from the state it saved
+    /// as entering the shard.
+    ///
+    /// # Safety
+    /// As [`ScalarDecayForward::launch_writing_document_entries`].
+    pub(crate) unsafe fn launch_document_entries_walk(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        walk: &EntriesWalk<'_>,
+        entries: DocumentEntries,
     ) -> Result<()> {
         let s = &walk.shape;
         let op = "scalar-decay document states";
@@ -443,7 +514,7 @@ impl ScalarDecayForward {
         } else {
             (0, 0, 0)
         };
-        let params = ScalarDecayParams {
+        let params = entries.into(ScalarDecayParams {
             q: walk.k.addr() as _,
             k: walk.k.addr() as _,
             v: walk.v.addr() as _,
@@ -454,7 +525,10 @@ impl ScalarDecayForward {
             ws_m: ws_m as _,
             ws_p: ws_p as _,
             ws_lambda: ws_lambda as _,
-            block_states: block_states as _,
+            block_states: std::ptr::null_mut(),
+            entry_slots: std::ptr::null(),
+            document_states: std::ptr::null_mut(),
+            documents: 0,
             B: s.b as i32,
             T: s.t as i32,
             H: s.h as i32,
@@ -463,7 +537,7 @@ impl ScalarDecayForward {
             num_segments: plan.num_segments as i32,
             chunks_per_segment: plan.chunks_per_segment as i32,
             scale: 1.0,
-        };
+        });
         let walk_shape = LaunchShape {
             block: (geometry::THREADS, 1, 1),
             shared_bytes: geometry::update_smem_bytes(s.dk as i32),
@@ -472,17 +546,17 @@ impl ScalarDecayForward {
         let i = width_index(s.dk);
         self.ctx.bind_to_thread()?;
         // SAFETY: ScalarDecayParams is lasp_scalar_decay_params, generated from the header; the
-        // caller checked k, v, g and h0 against the shape (BlockStatesWalk's contract) and keeps
+        // caller checked k, v, g and h0 against the shape (EntriesWalk's contract) and keeps
         // them live until the kernels complete; the states kernel and the walk read no q (the walk
         // runs without O, and q points at k, of the same length); the workspace is owned by self
-        // and freed only after a context synchronisation; the block states are this function's
+        // and freed only after a context synchronisation; the entries are this function's
         // contract.
         unsafe {
             if let (Some(states_shape), Some(fold)) = (plan.states, plan.fold) {
                 self.states[i].launch(stream, states_shape, &params)?;
                 self.fold.launch(stream, fold, &params)?;
             }
-            self.block_states_walk[i].launch(stream, walk_shape, &params)
+            self.document_entries_walk[i].launch(stream, walk_shape, &params)
         }
     }
 

@@ -51,3 +51,19 @@ typedef struct {
   int32_t reversed;           // nonzero: the reversed loop's words
   uint64_t* words;            // [ceil(T / 64)]
 } lasp_document_words_params;
+
+// Entry slots for per-document final states: slots[c] = n where document n holds the state
+// entering chunk c of the shard (its token 64 c - 1, on an earlier PE for c = 0, is in n) and ends
+// in that chunk (its last token in [64 c, 64 c + 63], inside the shard), else -1 (the host fills
+// the slots with -1 first). At most one document does both per chunk. The families' chunk loops
+// store that state into n's slot, and a kernel of the family then adds the chunk's tokens of n.
+// grid (ceil((num_offsets - 1) / LASP_DOCUMENTS_THREADS)), block LASP_DOCUMENTS_THREADS: one
+// thread per document, a grid fixed by the buffer's capacity.
+typedef struct {
+  const void* cu_seqlens;     // as lasp_document_marks_params
+  int32_t offsets_are_int64;
+  int32_t num_offsets;
+  int64_t shard_start;        // the packed sequence's index of the shard's token 0
+  int32_t T;                  // the shard's tokens
+  int32_t* slots;             // [ceil(T / 64)]
+} lasp_document_entry_slots_params;

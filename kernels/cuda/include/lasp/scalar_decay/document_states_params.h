@@ -5,14 +5,14 @@
 // The state after document n's last token e_n - 1 (shard tokens; the document may have begun on an
 // earlier PE) is
 //   S = e^{sum_{t = j0}^{e_n - 1} a_t} S_{j0} + sum_{j = max(s_n, j0)}^{e_n - 1} e^{sum_{t = j + 1}^{e_n - 1} a_t} k_j^T v_j
-// with j0 the first token of the block of LASP_SD_BLOCK_CHUNKS chunks that holds e_n - 1, S_{j0}
-// the state entering that block (the forward's block-states pass wrote it, with every earlier
-// shard's and segment's prefix folded in) and the first term only where the document began before
-// j0. Every sum runs inside the document, so the log-decays may be the caller's or the forgetting
-// ones (lasp/documents/documents_params.h) alike.
+// with j0 the first token of the chunk of 64 that holds e_n - 1, S_{j0} the state entering that
+// chunk (the forward's output kernel or the walk stored it into n's slot of ht, with every earlier
+// shard's and segment's prefix folded in: lasp_document_entry_slots) and the first term only where
+// the document began before j0. Every sum runs inside the document, so the log-decays may be the
+// caller's or the forgetting ones (lasp/documents/documents_params.h) alike.
 //
 // grid (num_offsets - 1, B*H, Dv / 64), block LASP_SD_DOCUMENT_STATES_THREADS, static shared
-// memory: CTA (n, b*H+h, column tile) writes its 64 columns of document n's state in row b of ht.
+// memory: CTA (n, b*H+h, column tile) rewrites its 64 columns of document n's state in row b of ht.
 // A document that does not end in this shard (or holds no token) gets zeros: every PE writes the
 // whole of ht, and the sum over the PEs is every document's final state. A grid fixed by the
 // capacity of cu_seqlens, so a captured graph replays with other documents in the same buffer.
@@ -20,7 +20,6 @@
 #include <stdint.h>
 
 #define LASP_SD_DOCUMENT_STATES_THREADS 256  // thread i: column i % 64 of the tile, a quarter of the rows
-#define LASP_SD_DOCUMENT_STATES_ROWS 32      // the tokens staged in shared memory at a time
 
 typedef struct {
   const void* cu_seqlens;     // int32 or int64 [num_offsets]: fla's offsets, as lasp_document_marks_params
@@ -30,10 +29,9 @@ typedef struct {
   const uint16_t* k;          // bf16 [B, T, H, Dk], the shard's keys
   const uint16_t* v;          // bf16 [B, T, H, Dv], the shard's values
   const float* g;             // fp32 [B, T, H], the shard's log-decays
-  const void* block_states;   // [B*H, lasp_sd_num_blocks(T), 4 * Dk * Dv bytes]: the state entering every
-                              // block, from the in-order block-states pass (lasp::sd::state_store_tiles)
-  float* ht;                  // fp32 [B, N, H, Dk, Dv]: every document's final state, zeros for those
-                              // that end on another PE
+  float* ht;                  // fp32 [B, N, H, Dk, Dv]: in, the entry states the chunk loop stored;
+                              // out, every document's final state, zeros for those that end on
+                              // another PE
   int32_t B;
   int32_t T;                  // the shard's tokens (>= 1)
   int32_t H;

@@ -64,6 +64,11 @@ typedef struct {
                               // boundaries (lasp_sd_block_slot) as bf16 operand tiles of the backward's
                               // gate gradient (lasp::sd::state_store_tiles), written by the backward's dq
                               // and dv passes only (the *_block_states_* kernels); NULL elsewhere
+  const int32_t* entry_slots; // [ceil(T / 64)]: per chunk, the packed document whose state entering it
+                              // the *_document_entries_* kernels store, or -1 (lasp_document_entry_slots);
+                              // NULL elsewhere
+  float* document_states;     // fp32 [B, N, H, Dk, Dv]: where they store it (document n of row b)
+  int32_t documents;          // N
   int32_t B;                  // batch
   int32_t T;                  // tokens per sequence (>= 1)
   int32_t H;                  // heads
@@ -85,7 +90,7 @@ typedef struct {
   LASP_ALIGN_128 uint64_t opaque[16];
 } lasp_tensor_map;
 
-// Parameters of the two-role output kernel (lasp_scalar_decay_output_roles_dk*), 640 bytes: the
+// Parameters of the two-role output kernel (lasp_scalar_decay_output_roles_dk*), 768 bytes: the
 // forward's parameters and tensor maps of q, k, v (read) and o (written), each viewed as bf16
 // [B][T][H][D] (dimensions innermost first: D, H, T, B) with a box of 64 columns x 1 head x 64
 // tokens x 1 sequence, 128-byte swizzle, zero fill outside the tensor (the ragged last chunk; o's
