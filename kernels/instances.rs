@@ -68,6 +68,7 @@ const GLA_LASP2_BACKWARD: &str = "gla/lasp2_backward.cu";
 const GLA_BWD_PARAMS: &str = "lasp_gla_bwd_params";
 const GDN_FORWARD: &str = "gated_delta/forward.cu";
 const GDN_FORWARD_ROLES: &str = "gated_delta/forward_roles.cu";
+const GDN_DOCUMENT_STATES: &str = "gated_delta/document_states.cu";
 const GDN_PARAMS: &str = "lasp_gated_delta_params";
 const GDN_LASP2: &str = "gated_delta/lasp2_forward.cu";
 const GDN_L2_PARAMS: &str = "lasp_gated_delta_lasp2_params";
@@ -211,6 +212,11 @@ pub const INSTANCES: &[Instance] = &[
         "lasp::gdn::run_summary<{dk}>(p)"),
     row("GDN_FOLD", "lasp_gated_delta_fold_dk{dk}", GDN_FORWARD, "LASP_GDN_FOLD_THREADS", GDN_PARAMS,
         "lasp::gdn::run_fold<{dk}>(p)"),
+    row("GDN_DOCUMENT_ENTRIES_WALK", "lasp_gated_delta_document_entries_dk{dk}", GDN_FORWARD, SD_THREADS,
+        GDN_PARAMS, "lasp::gdn::run_document_entries_walk<{dk}>(p)"),
+    row("GDN_DOCUMENT_STATES", "lasp_gated_delta_document_states_dk{dk}", GDN_DOCUMENT_STATES,
+        "LASP_GDN_DOCUMENT_STATES_THREADS, 1", "lasp_gdn_document_states_params",
+        "lasp::gdn::document_states<{dk}>(p)"),
     row("GDN_OUTPUT", "lasp_gated_delta_output_dk{dk}", GDN_FORWARD, SD_THREADS, GDN_PARAMS,
         "lasp::gdn::run_output<{dk}>(p)"),
     row("GDN_OUTPUT_ROLES", "lasp_gated_delta_output_roles_dk{dk}", GDN_FORWARD_ROLES, "LASP_GDN_ROLES_THREADS, 1",

@@ -23,8 +23,9 @@
 //! reference's packed backward (5e-3), dg (and Gated DeltaNet's dbeta) against the shard's norm
 //! of theirs (scalar decay and GLA 5e-3, Gated DeltaNet 1e-2, as its unpacked checks), dg exactly 0
 //! at every document start,
-//! every mode and a repeat bitwise equal. Scalar decay's documents' final states
-//! (`ScalarDecayDocumentStates`, from the state the forward saved): each document that ends in the
+//! every mode and a repeat bitwise equal. Scalar decay's and Gated DeltaNet's documents' final
+//! states (`ScalarDecayDocumentStates`, `GatedDeltaDocumentStates`, from the state the forward
+//! saved): each document that ends in the
 //! shard against the reference's (5e-3), every other slot +0, a repeat bitwise equal. Outputs,
 //! gradients and states are poisoned before each call.
 //! One line per case and PE; exit status 1 when any check failed; `--json` (rank 0) gets one row
@@ -40,17 +41,18 @@ use clap::Parser;
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, CudaStream};
 use lasp_shmem::exchange::{ExchangeMode, Lasp2Layout, Lasp2Operation};
+use lasp_shmem::ops::documents::document_states_len;
 use lasp_shmem::ops::documents::{DocumentStarts, Documents, GateShape};
 use lasp_shmem::ops::gated_delta::{
-    GatedDelta, GatedDeltaArgs, GatedDeltaBackwardArgs, GatedDeltaLasp2Backward,
-    GatedDeltaLasp2Forward,
+    GatedDelta, GatedDeltaArgs, GatedDeltaBackwardArgs, GatedDeltaDocumentStates,
+    GatedDeltaDocumentStatesArgs, GatedDeltaLasp2Backward, GatedDeltaLasp2Forward,
 };
 use lasp_shmem::ops::gla::{
     chunk_states_len, Gla, GlaArgs, GlaBackwardArgs, GlaLasp2Backward, GlaLasp2Forward,
 };
 use lasp_shmem::ops::scalar_decay::lasp2::{Lasp2Backward, Lasp2Forward};
 use lasp_shmem::ops::scalar_decay::{
-    document_states_len, BackwardArgs, DocumentStatesArgs, ForwardArgs, ForwardShape, ScalarDecay,
+    BackwardArgs, DocumentStatesArgs, ForwardArgs, ForwardShape, ScalarDecay,
     ScalarDecayDocumentStates, ScalarDecayForward,
 };
 use lasp_shmem::ops::{bf16, DeviceMut, DeviceRef};
@@ -671,7 +673,7 @@ fn packed_cases(npes: usize, families: &[PackedFamily]) -> Vec<PackedCase> {
 #[derive(Clone, Copy, Default)]
 struct CaseErrors {
     o: f64,
-    /// The documents' final states (scalar decay), against the reference's.
+    /// The documents' final states (scalar decay, Gated DeltaNet), against the reference's.
     final_states: Option<f64>,
     grads: f64,
     bitwise: bool,
@@ -769,7 +771,7 @@ fn check_case(
     if e_o.is_nan() || e_o > TOL {
         problems.push(format!("o: rel err {e_o:.3e} > {TOL:.0e}"));
     }
-    let e_ht = if family == PackedFamily::ScalarDecay {
+    let e_ht = if family != PackedFamily::Gla {
         let (e, ht_problems) = check_document_states(rt, &shard, &packed, case, start, len)?;
         problems.extend(ht_problems);
         Some(e)
@@ -847,7 +849,75 @@ fn check_case(
     })
 }
 
-/// The final state of every document (scalar decay) from the state the forward saved as entering
+/// A log-decay family's final states of packed documents (one value per case: the variants'
+/// sizes do not matter).
+#[allow(clippy::large_enum_variant)]
+enum DocumentStatesOp {
+    ScalarDecay(ScalarDecayDocumentStates),
+    GatedDelta(GatedDeltaDocumentStates),
+}
+
+impl DocumentStatesOp {
+    fn new(rt: &Runtime, family: PackedFamily) -> Result<Self> {
+        Ok(match family {
+            PackedFamily::GatedDelta => {
+                DocumentStatesOp::GatedDelta(GatedDeltaDocumentStates::new(rt)?)
+            }
+            _ => DocumentStatesOp::ScalarDecay(ScalarDecayDocumentStates::new(rt)?),
+        })
+    }
+
+    /// The final states of `shard`'s documents into `ht`, from the state its forward saved.
+    fn launch(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        shard: &Shard,
+        ht: DeviceMut<'_, f32>,
+    ) -> Result<()> {
+        let (k, v, g) = (
+            DeviceRef::new(&shard.k),
+            DeviceRef::new(&shard.v),
+            DeviceRef::new(&shard.forgetting_g),
+        );
+        let h0 = Some(DeviceRef::new(&shard.start_state));
+        match self {
+            DocumentStatesOp::ScalarDecay(op) => op.launch(
+                stream,
+                DocumentStatesArgs {
+                    shape: shard.shape,
+                    k,
+                    v,
+                    g,
+                    h0,
+                    documents: shard.documents(),
+                    ht,
+                },
+            ),
+            DocumentStatesOp::GatedDelta(op) => {
+                let beta = shard
+                    .beta
+                    .as_ref()
+                    .ok_or_else(|| Error::State("no beta".into()))?;
+                op.launch(
+                    stream,
+                    GatedDeltaDocumentStatesArgs {
+                        shape: shard.shape,
+                        k,
+                        v,
+                        g,
+                        beta: DeviceRef::new(beta),
+                        h0,
+                        documents: shard.documents(),
+                        ht,
+                    },
+                )
+            }
+        }
+    }
+}
+
+/// The final state of every document (scalar decay, Gated DeltaNet) from the state the forward
+/// saved as entering
 /// the shard: each document that ends in the shard against the reference's packed LASP-2
 /// decomposition (`TOL`), every other slot (the padding's empty documents too) exactly +0,
 /// poisoned before each call, a repeat bitwise equal. Returns the relative error and the problems.
@@ -860,28 +930,27 @@ fn check_document_states(
     len: usize,
 ) -> Result<(f64, Vec<String>)> {
     let stream = rt.stream().clone();
-    let want = lasp2::packed_forward(packed, Decay::Scalar, &case.lengths, 64)
-        .map_err(|e| Error::State(format!("reference: {e}")))?
-        .final_states;
+    let fail = |e: lasp_shmem::reference::ReferenceError| Error::State(format!("reference: {e}"));
+    let want = match case.family {
+        PackedFamily::GatedDelta => {
+            lasp2::packed_delta_forward(packed, &case.lengths, 64)
+                .map_err(fail)?
+                .final_states
+        }
+        _ => {
+            lasp2::packed_forward(packed, Decay::Scalar, &case.lengths, 64)
+                .map_err(fail)?
+                .final_states
+        }
+    };
     let block = case.h * case.dk * case.dv;
     let states_len = document_states_len(&shard.shape, &shard.documents());
     let slots = states_len / (case.b * block);
     let mut ht = stream.alloc_zeros::<f32>(states_len)?;
-    let mut states = ScalarDecayDocumentStates::new(rt)?;
+    let mut states = DocumentStatesOp::new(rt, case.family)?;
     let mut run = |ht: &mut CudaSlice<f32>| -> Result<Vec<u32>> {
         stream.memcpy_htod(&vec![f32::from_bits(u32::MAX); ht.len()], ht)?;
-        states.launch(
-            &stream,
-            DocumentStatesArgs {
-                shape: shard.shape,
-                k: DeviceRef::new(&shard.k),
-                v: DeviceRef::new(&shard.v),
-                g: DeviceRef::new(&shard.forgetting_g),
-                h0: Some(DeviceRef::new(&shard.start_state)),
-                documents: shard.documents(),
-                ht: DeviceMut::new(ht),
-            },
-        )?;
+        states.launch(&stream, shard, DeviceMut::new(ht))?;
         Ok(stream
             .clone_dtoh(ht)?
             .into_iter()
@@ -934,7 +1003,7 @@ struct CaseRow {
     shard_lengths: Vec<usize>,
     doc_lengths: Vec<usize>,
     rel_err_vs_f64: f64,
-    /// The documents' final states (scalar decay; none for the other families).
+    /// The documents' final states (scalar decay, Gated DeltaNet; none for GLA).
     #[serde(skip_serializing_if = "Option::is_none")]
     final_state_rel_err_vs_f64: Option<f64>,
     grad_rel_err_vs_f64: f64,

@@ -126,6 +126,25 @@ __device__ __forceinline__ void run_output(const lasp_gated_delta_params& p) {
       sd::NoChunkHook{}, Values<DK>{p});
 }
 
+// The walk that stores the states the final states of packed documents start from
+// (sd::store_document_entry): Dv tile blockIdx.x of segment blockIdx.y of b*H+h = blockIdx.z, from
+// the segment's start state as kernel 4, the loop without O (the summary's smem), its values
+// step and state update only. For LASP-2 shards, from the state the forward saved as entering
+// the shard (h0).
+template <int DK>
+__device__ __forceinline__ void run_document_entries_walk(const lasp_gated_delta_params& p) {
+  const sd::SegmentArgs a = sd::segment_args(p);
+  sd::run_segment_with<DK, sd::Probe::kNone, false, false>(
+      a,
+      [&](StateRegs<DK>& s, const StateLane& ln) {
+        load_segment_start<DK>(p, blockIdx.z, blockIdx.y, blockIdx.x, s, ln);
+        return true;
+      },
+      [](StateRegs<DK>&, const StateLane&, float) {},
+      [&](StateRegs<DK>& s, const StateLane& ln, int chunk) { sd::store_document_entry<DK>(p, a, s, ln, chunk); },
+      Values<DK, false, ValuesLayout<DK, false>>{p});
+}
+
 }  // namespace gdn
 }  // namespace lasp
 

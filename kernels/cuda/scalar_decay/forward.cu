@@ -33,19 +33,6 @@
 namespace lasp {
 namespace sd {
 
-// Where a document that holds the state entering loop chunk `chunk` ends in that chunk
-// (p.entry_slots[chunk] = n >= 0, lasp/documents/documents_params.h), that state into document n's
-// slot of p.document_states (fp32 [B, N, H, Dk, Dv]); the final states of packed documents
-// (scalar_decay/document_states.cu) add the chunk's tokens to it. A uniform load and branch.
-template <int DK>
-__device__ __forceinline__ void store_document_entry(const lasp_scalar_decay_params& p, const SegmentArgs& a,
-                                                     StateRegs<DK>& s, const StateLane& ln, int chunk) {
-  const int n = p.entry_slots[chunk];
-  if (n < 0) return;
-  const int64_t b = a.bh / p.H, h = a.bh % p.H;
-  state_store<DK>(s, ln, p.document_states + ((b * p.documents + n) * p.H + h) * DK * p.Dv + a.vt * kTileV, p.Dv);
-}
-
 // One CTA's segment of the single-GPU forward: the shared segment loops with this forward's
 // prologue and epilogue. kOutput = false: the states kernel (run_states_segment; writes M_s,
 // Lambda_s). kOutput = true: the output kernel (run_segment_with; starts from P_s, writes O and, for

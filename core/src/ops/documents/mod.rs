@@ -23,11 +23,15 @@
 //! (`DocumentStarts::chunk_words`; the operations' side: `masked`).
 //!
 //! A call over documents takes no initial state (the first document starts at token 0, which
-//! forgets it). Scalar decay gives every document's final state
-//! ([`crate::ops::scalar_decay::ScalarDecayDocumentStates`]); per-document initial states and
-//! the other families' final states are not here yet. Design: `kernels/docs/packed.md`.
+//! forgets it). Scalar decay and Gated DeltaNet give every document's final state (`final_states`;
+//! [`crate::ops::scalar_decay::ScalarDecayDocumentStates`],
+//! [`crate::ops::gated_delta::GatedDeltaDocumentStates`]); per-document initial states and the
+//! other families' final states are not here yet. Design: `kernels/docs/packed.md`.
 
+pub(crate) mod final_states;
 pub(crate) mod masked;
+
+pub use final_states::document_states_len;
 #[cfg(test)]
 mod tests;
 

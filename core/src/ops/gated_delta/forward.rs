@@ -4,6 +4,7 @@
 use super::GatedDeltaParams;
 use crate::error::Result;
 use crate::kernel::{width_index, Kernel, LaunchShape};
+use crate::ops::documents::final_states::DocumentEntries;
 use crate::ops::scalar_decay::{geometry, ForwardShape, TensorChecks};
 use crate::ops::{
     bf16, check_forced_segments, require_shared_memory, DeviceMut, DeviceRef, Scope, StreamOrder,
@@ -274,6 +275,8 @@ pub(super) struct ChunkKernels {
     output: [Kernel; 2],
     /// The output kernels with roles, where the GPU runs them (sm_90 and its shared memory).
     output_roles: Option<[Kernel; 2]>,
+    /// The walks that store the states the documents' final states start from.
+    entries_walk: [Kernel; 2],
     /// Whether plans take them (tests run the one-warpgroup kernel too).
     use_roles: bool,
 }
@@ -303,11 +306,13 @@ impl ChunkKernels {
             summary: summary_kernels(runtime)?,
             output: module.kernels_per_width(instances::GDN_OUTPUT)?,
             output_roles,
+            entries_walk: module.kernels_per_width(instances::GDN_DOCUMENT_ENTRIES_WALK)?,
             use_roles: true,
         };
         for (i, dk) in [64, 128].into_iter().enumerate() {
             kernels.wy[i].set_max_dynamic_shared_bytes(wy_smem_bytes(dk))?;
             kernels.output[i].set_max_dynamic_shared_bytes(output_smem_bytes(dk))?;
+            kernels.entries_walk[i].set_max_dynamic_shared_bytes(summary_smem_bytes(dk))?;
         }
         Ok(kernels)
     }
@@ -349,6 +354,26 @@ impl ChunkKernels {
             }
         }
         Ok(())
+    }
+
+    /// The walk that stores the states `params`' entries name (after the fold, where the plan
+    /// has one): the output pass's grid without O, in the summary's shared memory.
+    ///
+    /// # Safety
+    /// As [`ChunkKernels::launch_summaries`]; `params`' entries address live buffers of their
+    /// sizes, the slots written before on `stream`.
+    pub(super) unsafe fn launch_entries_walk(
+        &self,
+        stream: &Arc<CudaStream>,
+        plan: &GatedDeltaPlan,
+        params: &GatedDeltaParams,
+    ) -> Result<()> {
+        let shape = LaunchShape {
+            shared_bytes: summary_smem_bytes(params.Dk as usize),
+            ..plan.output
+        };
+        // SAFETY: the caller's contract.
+        unsafe { self.entries_walk[width_index(params.Dk as usize)].launch(stream, shape, params) }
     }
 
     /// The output kernel (after the fold, where the plan has one).
@@ -483,6 +508,9 @@ pub(super) fn input_params(
         ws_a: ws_a as _,
         ws_b: ws_b as _,
         ws_p: ws_p as _,
+        entry_slots: std::ptr::null(),
+        document_states: std::ptr::null_mut(),
+        documents: 0,
         B: shape.b as i32,
         T: shape.t as i32,
         H: shape.h as i32,
@@ -588,6 +616,71 @@ impl GatedDeltaForward {
             self.kernels.launch_output(stream, &plan, &params)?;
         }
         Ok(plan)
+    }
+}
+
+/// The tensors of [`GatedDeltaForward::launch_document_entries_walk`], checked against `shape` by
+/// whoever builds it (the walk reads k, v, g and beta, and starts from h0).
+pub(super) struct EntriesWalk<'a> {
+    pub(super) shape: ForwardShape,
+    pub(super) k: DeviceRef<'a, bf16>,
+    pub(super) v: DeviceRef<'a, bf16>,
+    pub(super) g: DeviceRef<'a, f32>,
+    pub(super) beta: DeviceRef<'a, f32>,
+    pub(super) h0: Option<DeviceRef<'a, f32>>,
+}
+
+impl GatedDeltaForward {
+    /// The forward's chain over `walk`'s tokens from its `h0` without outputs, storing the states
+    /// `entries` names: the WY kernel, the segments' summaries and the fold where the plan has
+    /// them, then the walk. On LASP-2 shards, after the forward, from the state it saved as
+    /// entering the shard.
+    ///
+    /// # Safety
+    /// `entries` addresses live device buffers of its sizes for the shape, the slots written
+    /// before on `stream`; nothing else uses the states until the kernels complete.
+    pub(super) unsafe fn launch_document_entries_walk(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        walk: &EntriesWalk<'_>,
+        entries: DocumentEntries,
+    ) -> Result<()> {
+        let plan = self.plan(&walk.shape)?;
+        crate::ops::require_runtime_stream(stream, &self.ctx, OP)?;
+        let base = crate::ops::ensure_workspace(
+            &self.ctx,
+            stream,
+            &mut self.workspace,
+            plan.workspace_bytes,
+            OP,
+        )?;
+        // q is never read (the walk has no O): k stands in for it, of the same length.
+        let params = GatedDeltaParams {
+            entry_slots: entries.slots as _,
+            document_states: entries.states as _,
+            documents: entries.documents as i32,
+            ..input_params(
+                &walk.shape,
+                [walk.k, walk.k, walk.v],
+                [walk.g, walk.beta],
+                walk.h0,
+                &plan,
+                base,
+                1.0,
+            )
+        };
+        self.ctx.bind_to_thread()?;
+        // SAFETY: GatedDeltaParams is lasp_gated_delta_params, generated from the header; the
+        // caller checked the tensors against the shape (EntriesWalk's contract) and keeps them
+        // live until the kernels complete; the workspace is owned by self, sized by the plan, and
+        // freed only after a context synchronisation; the entries are this function's contract.
+        unsafe {
+            self.kernels.launch_summaries(stream, &plan, &params)?;
+            if let Some(fold) = plan.fold {
+                self.fold[width_index(params.Dk as usize)].launch(stream, fold, &params)?;
+            }
+            self.kernels.launch_entries_walk(stream, &plan, &params)
+        }
     }
 }
 

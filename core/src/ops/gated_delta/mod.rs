@@ -31,6 +31,7 @@
 //! backward across PEs, the shards' dS-chain summaries (`A_w`, `c_w`) exchanged down the chain.
 
 mod backward;
+mod document_states;
 mod family;
 mod forward;
 mod lasp2;
@@ -39,6 +40,7 @@ mod lasp2_backward;
 mod tests;
 
 pub use backward::{GatedDeltaBackward, GatedDeltaBackwardArgs, GatedDeltaBackwardPlan};
+pub use document_states::{GatedDeltaDocumentStates, GatedDeltaDocumentStatesArgs};
 pub use family::GatedDelta;
 pub use forward::{GatedDeltaArgs, GatedDeltaForward, GatedDeltaPlan};
 pub use lasp2::{GatedDeltaLasp2Forward, Lasp2Params};

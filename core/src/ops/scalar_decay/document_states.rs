@@ -22,14 +22,15 @@
 //! these states is not built: the backward takes no per-document final-state cotangent
 //! (`kernels/docs/packed.md`, "Per-document states").
 
-use super::forward::{DocumentEntries, EntriesWalk};
+use super::forward::EntriesWalk;
 use super::{check_args, ForwardArgs, ForwardShape, ScalarDecayForward};
 use crate::error::{Error, Result};
 use crate::kernel::{width_index, Kernel, LaunchShape};
-use crate::ops::documents::{check, DocumentStarts, Documents, GateShape};
+use crate::ops::documents::final_states::{check_final_states, DocumentEntries, EntrySlots};
+use crate::ops::documents::Documents;
 use crate::ops::{bf16, ranges_overlap, DeviceMut, DeviceRef, StreamOrder};
 use crate::runtime::Runtime;
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use cudarc::driver::{CudaContext, CudaStream};
 use lasp_shmem_kernels::instances;
 use lasp_shmem_kernels::params::{lasp_sd_document_states_params, LASP_SD_DOCUMENT_STATES_THREADS};
 use std::sync::Arc;
@@ -55,16 +56,11 @@ pub struct DocumentStatesArgs<'a> {
     pub h0: Option<DeviceRef<'a, f32>>,
     /// The packed documents and this shard's place among them.
     pub documents: Documents<'a>,
-    /// `[B, N, H, Dk, Dv]` fp32 (N = `cu_seqlens.len() - 1`, [`document_states_len`]), 8-byte
+    /// `[B, N, H, Dk, Dv]` fp32 (N = `cu_seqlens.len() - 1`,
+    /// [`crate::ops::documents::document_states_len`]), 8-byte
     /// aligned: document n's state after its last token where that token is in this shard, zeros
     /// for the others. Every element is written.
     pub ht: DeviceMut<'a, f32>,
-}
-
-/// Elements of the final states of `documents` over `shape`: `B * N * H * Dk * Dv`.
-pub fn document_states_len(shape: &ForwardShape, documents: &Documents<'_>) -> usize {
-    let docs = documents.cu_seqlens.len().saturating_sub(1);
-    shape.b * docs * shape.h * shape.dk * shape.dv
 }
 
 /// The final states of packed documents for scalar decay (see the module documentation): its
@@ -75,10 +71,9 @@ pub struct ScalarDecayDocumentStates {
     /// The forward (one GPU) or the walk (LASP-2) that stores the entering states, with a
     /// workspace of its own.
     walk: ScalarDecayForward,
-    starts: DocumentStarts,
+    slots: EntrySlots,
     /// Indexed by Dk: [64, 128].
     states: [Kernel; 2],
-    slots: Option<CudaSlice<u8>>,
 }
 
 impl ScalarDecayDocumentStates {
@@ -86,11 +81,10 @@ impl ScalarDecayDocumentStates {
         Ok(ScalarDecayDocumentStates {
             ctx: runtime.context().clone(),
             walk: ScalarDecayForward::new(runtime)?,
-            starts: DocumentStarts::new(runtime)?,
+            slots: EntrySlots::new(runtime)?,
             states: runtime
                 .module()
                 .kernels_per_width(instances::SD_DOCUMENT_STATES)?,
-            slots: None,
         })
     }
 
@@ -180,61 +174,28 @@ impl ScalarDecayDocumentStates {
 
     /// The checks of a call's shape, documents and tensors.
     fn check(&self, stream: &Arc<CudaStream>, args: &DocumentStatesArgs<'_>) -> Result<()> {
-        let s = args.shape;
-        s.validate()?;
-        let gates = GateShape {
-            b: s.b,
-            t: s.t,
-            h: s.h,
-        };
-        let checks = check(OP, &args.documents, gates)?;
-        let (k, v, g) = (args.k, args.v, args.g);
-        checks.tensor("k", "[B, T, H, Dk]", (k.len(), s.qk_len()), k.addr(), 16)?;
-        checks.tensor("v", "[B, T, H, Dv]", (v.len(), s.v_len()), v.addr(), 16)?;
-        checks.tensor("g", "[B, T, H]", (g.len(), s.gate_len()), g.addr(), 4)?;
-        if let Some(h0) = &args.h0 {
-            checks.tensor(
-                "h0",
-                "[B, H, Dk, Dv]",
-                (h0.len(), s.state_len()),
-                h0.addr(),
-                8,
-            )?;
-        }
-        let want = document_states_len(&s, &args.documents);
-        let ht = (args.ht.len(), want);
-        checks.tensor("ht", "[B, N, H, Dk, Dv]", ht, args.ht.addr(), 8)?;
-        let mut inputs = vec![
-            ("k", k.byte_range()),
-            ("v", v.byte_range()),
-            ("g", g.byte_range()),
-        ];
-        if let Some(h0) = &args.h0 {
-            inputs.push(("h0", h0.byte_range()));
-        }
-        checks.disjoint(&inputs, &[("ht", args.ht.byte_range())])?;
+        check_final_states(
+            OP,
+            &args.shape,
+            &args.documents,
+            args.k,
+            args.v,
+            &[("g", args.g)],
+            args.h0,
+            &args.ht,
+        )?;
         crate::ops::require_runtime_stream(stream, &self.ctx, OP)
     }
 
-    /// The entry slots of the call's documents, written on `stream` into this object's workspace
-    /// (grown for the shard), and where the chunk loop stores the states they name (`args.ht`).
+    /// The entry slots of the call's documents, written on `stream`, and where the chunk loop
+    /// stores the states they name (`args.ht`).
     fn entries(
         &mut self,
         stream: &Arc<CudaStream>,
         args: &DocumentStatesArgs<'_>,
     ) -> Result<DocumentEntries> {
-        let t = args.shape.t;
-        let bytes = (DocumentStarts::words_len(t) * std::mem::size_of::<i32>()) as u64;
-        let slots = crate::ops::ensure_workspace(&self.ctx, stream, &mut self.slots, bytes, OP)?;
-        // SAFETY: the workspace holds one i32 per chunk of the shard (sized above), owned by self
-        // and freed only after a context synchronisation; only this call's kernels, in stream
-        // order, write and read it.
-        unsafe { self.starts.entry_slots(stream, args.documents, t, slots) }?;
-        Ok(DocumentEntries {
-            slots,
-            states: args.ht.addr(),
-            documents: args.documents.cu_seqlens.len() - 1,
-        })
+        self.slots
+            .write(stream, args.documents, args.shape.t, &args.ht, OP)
     }
 
     /// The kernel that adds each document's tokens of its last chunk to the state entering the

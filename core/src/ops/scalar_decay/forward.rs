@@ -8,6 +8,7 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::kernel::{width_index, Kernel, LaunchShape};
+use crate::ops::documents::final_states::DocumentEntries;
 use crate::ops::{DeviceRef, StreamOrder};
 use crate::runtime::Runtime;
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream};
@@ -76,25 +77,13 @@ pub(crate) struct EntriesWalk<'a> {
     pub(crate) h0: Option<DeviceRef<'a, f32>>,
 }
 
-/// Where the chunk loops store the states the documents' final states start from: per chunk the
-/// document whose slot takes the state entering it, or -1 (`slots`, int32 `[ceil(T / 64)]`), and
-/// the slots (`states`, fp32 `[B, documents, H, Dk, Dv]`), as device addresses.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct DocumentEntries {
-    pub(crate) slots: u64,
-    pub(crate) states: u64,
-    pub(crate) documents: usize,
-}
-
-impl DocumentEntries {
-    /// `params` with these entries.
-    fn into(self, params: ScalarDecayParams) -> ScalarDecayParams {
-        ScalarDecayParams {
-            entry_slots: self.slots as _,
-            document_states: self.states as _,
-            documents: self.documents as i32,
-            ..params
-        }
+/// `params` with the chunk loop's stores of the states the documents' final states start from.
+fn with_entries(params: ScalarDecayParams, entries: DocumentEntries) -> ScalarDecayParams {
+    ScalarDecayParams {
+        entry_slots: entries.slots as _,
+        document_states: entries.states as _,
+        documents: entries.documents as i32,
+        ..params
     }
 }
 
@@ -461,7 +450,7 @@ impl ScalarDecayForward {
     ) -> Result<ForwardPlan> {
         let plan = self.plan(&args.shape)?;
         let (plan, params) = self.prepare_plan(stream, &args, plan)?;
-        let params = entries.into(params);
+        let params = with_entries(params, entries);
         let i = width_index(args.shape.dk);
         let output = match self.output_roles_document_entries {
             Some(roles) if plan.output_roles => OutputLaunch::TwoRole(
@@ -514,30 +503,33 @@ impl ScalarDecayForward {
         } else {
             (0, 0, 0)
         };
-        let params = entries.into(ScalarDecayParams {
-            q: walk.k.addr() as _,
-            k: walk.k.addr() as _,
-            v: walk.v.addr() as _,
-            g: walk.g.addr() as _,
-            o: std::ptr::null_mut(),
-            h0: walk.h0.map_or(0, |x| x.addr()) as _,
-            ht: std::ptr::null_mut(),
-            ws_m: ws_m as _,
-            ws_p: ws_p as _,
-            ws_lambda: ws_lambda as _,
-            block_states: std::ptr::null_mut(),
-            entry_slots: std::ptr::null(),
-            document_states: std::ptr::null_mut(),
-            documents: 0,
-            B: s.b as i32,
-            T: s.t as i32,
-            H: s.h as i32,
-            Dk: s.dk as i32,
-            Dv: s.dv as i32,
-            num_segments: plan.num_segments as i32,
-            chunks_per_segment: plan.chunks_per_segment as i32,
-            scale: 1.0,
-        });
+        let params = with_entries(
+            ScalarDecayParams {
+                q: walk.k.addr() as _,
+                k: walk.k.addr() as _,
+                v: walk.v.addr() as _,
+                g: walk.g.addr() as _,
+                o: std::ptr::null_mut(),
+                h0: walk.h0.map_or(0, |x| x.addr()) as _,
+                ht: std::ptr::null_mut(),
+                ws_m: ws_m as _,
+                ws_p: ws_p as _,
+                ws_lambda: ws_lambda as _,
+                block_states: std::ptr::null_mut(),
+                entry_slots: std::ptr::null(),
+                document_states: std::ptr::null_mut(),
+                documents: 0,
+                B: s.b as i32,
+                T: s.t as i32,
+                H: s.h as i32,
+                Dk: s.dk as i32,
+                Dv: s.dv as i32,
+                num_segments: plan.num_segments as i32,
+                chunks_per_segment: plan.chunks_per_segment as i32,
+                scale: 1.0,
+            },
+            entries,
+        );
         let walk_shape = LaunchShape {
             block: (geometry::THREADS, 1, 1),
             shared_bytes: geometry::update_smem_bytes(s.dk as i32),

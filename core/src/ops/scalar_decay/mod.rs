@@ -65,7 +65,7 @@ mod tests;
 pub(crate) use args::{check_args, check_args_of, TensorChecks};
 pub use args::{check_gate_values, ForwardArgs};
 pub use backward::{BackwardArgs, ScalarDecayBackward};
-pub use document_states::{document_states_len, DocumentStatesArgs, ScalarDecayDocumentStates};
+pub use document_states::{DocumentStatesArgs, ScalarDecayDocumentStates};
 pub use family::ScalarDecay;
 pub use forward::ScalarDecayForward;
 pub(crate) use forward::{segment_kernels, SegmentStarts};

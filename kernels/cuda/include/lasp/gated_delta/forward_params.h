@@ -75,6 +75,11 @@ typedef struct {
   float* ws_b;         // fp32 [B*H, num_summaries, Dk, Dv]: b_s of the same segments
   float* ws_p;         // fp32 [B*H, S, Dk, Dv]: slot s holds the state entering segment s (written by
                        // the fold); NULL when S == 1 and no fold runs: segment 0 then starts from h0
+  const int32_t* entry_slots;  // [ceil(T / 64)]: per chunk, the packed document whose state entering it
+                               // the document-entries walk stores, or -1 (lasp_document_entry_slots);
+                               // NULL elsewhere
+  float* document_states;      // fp32 [B, N, H, Dk, Dv]: where it stores them (document n of row b)
+  int32_t documents;           // N
   int32_t B;           // batch
   int32_t T;           // tokens per sequence (>= 1)
   int32_t H;           // heads

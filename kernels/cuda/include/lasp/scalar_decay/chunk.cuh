@@ -281,6 +281,20 @@ __device__ __forceinline__ SegmentArgs segment_args(const Params& p) {
   return a;
 }
 
+// Where a document that holds the state entering loop chunk `chunk` ends in that chunk
+// (p.entry_slots[chunk] = n >= 0, lasp/documents/documents_params.h), that state into document n's
+// slot of p.document_states (fp32 [B, N, H, Dk, Dv]); the families' final states of packed
+// documents add the chunk's tokens to it. A uniform load and branch. Params: any family's struct
+// with H, Dv, entry_slots, documents and document_states (scalar decay's, Gated DeltaNet's).
+template <int DK, class Params>
+__device__ __forceinline__ void store_document_entry(const Params& p, const SegmentArgs& a, StateRegs<DK>& s,
+                                                     const StateLane& ln, int chunk) {
+  const int n = p.entry_slots[chunk];
+  if (n < 0) return;
+  const int64_t b = a.bh / p.H, h = a.bh % p.H;
+  state_store<DK>(s, ln, p.document_states + ((b * p.documents + n) * p.H + h) * DK * p.Dv + a.vt * kTileV, p.Dv);
+}
+
 // s = e^{lambda} s + tile (fold_step per element).
 template <int DK>
 __device__ __forceinline__ void state_fold(StateRegs<DK>& s, const StateLane& ln, const float* base, int64_t ld,

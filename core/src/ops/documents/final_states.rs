@@ -1,0 +1,117 @@
+//! What every family's per-document final states share: the layout `[B, N, H, Dk, Dv]`
+//! ([`document_states_len`]), the table that names, per chunk of 64 tokens, the document whose
+//! state entering the chunk the family's chunk loop stores in that document's slot
+//! ([`EntrySlots`], `lasp_document_entry_slots`), and the checks of a call's tensors. The family
+//! then adds the document's tokens of its last chunk to that state in a kernel of its own.
+
+use super::{check, DocumentStarts, Documents, GateShape};
+use crate::error::Result;
+use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
+use crate::ops::{bf16, DeviceMut, DeviceRef};
+use crate::runtime::Runtime;
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use std::sync::Arc;
+
+/// Elements of the final states of `documents` over `shape`: `B * N * H * Dk * Dv`.
+pub fn document_states_len(shape: &ForwardShape, documents: &Documents<'_>) -> usize {
+    let docs = documents.cu_seqlens.len().saturating_sub(1);
+    shape.b * docs * shape.h * shape.dk * shape.dv
+}
+
+/// Where the chunk loops store the states the documents' final states start from, as device
+/// addresses: per chunk the document whose slot takes the state entering it, or -1 (`slots`,
+/// int32 `[ceil(T / 64)]`), and the slots (`states`, fp32 `[B, documents, H, Dk, Dv]`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DocumentEntries {
+    pub(crate) slots: u64,
+    pub(crate) states: u64,
+    pub(crate) documents: usize,
+}
+
+/// The entry slots of an operation's calls, in a workspace of its own (grown on demand, freed
+/// after a context synchronisation when it is dropped).
+pub(crate) struct EntrySlots {
+    ctx: Arc<CudaContext>,
+    starts: DocumentStarts,
+    slots: Option<CudaSlice<u8>>,
+}
+
+impl EntrySlots {
+    pub(crate) fn new(runtime: &Runtime) -> Result<Self> {
+        Ok(EntrySlots {
+            ctx: runtime.context().clone(),
+            starts: DocumentStarts::new(runtime)?,
+            slots: None,
+        })
+    }
+
+    /// Writes on `stream` the slots of `documents` for a shard of `t` tokens, and returns them
+    /// with `states` (the call's checked output) as where the chunk loop stores. The caller orders
+    /// `stream` after the offsets' buffer.
+    pub(crate) fn write(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        documents: Documents<'_>,
+        t: usize,
+        states: &DeviceMut<'_, f32>,
+        op: &str,
+    ) -> Result<DocumentEntries> {
+        let bytes = (DocumentStarts::words_len(t) * std::mem::size_of::<i32>()) as u64;
+        let slots = crate::ops::ensure_workspace(&self.ctx, stream, &mut self.slots, bytes, op)?;
+        // SAFETY: the workspace holds one i32 per chunk of the shard (sized above), owned by self
+        // and freed only after a context synchronisation; only this call's kernels, in stream
+        // order, write and read it.
+        unsafe { self.starts.entry_slots(stream, documents, t, slots) }?;
+        Ok(DocumentEntries {
+            slots,
+            states: states.addr(),
+            documents: documents.cu_seqlens.len() - 1,
+        })
+    }
+}
+
+/// The tensors every family's final states read and write, checked against the shard's `shape`:
+/// k, v and the per-token `rows` (`[B, T, H]` fp32 each: log-decays, write strengths), the state
+/// entering the shard `h0`, the documents, and `ht` `[B, N, H, Dk, Dv]`. Returns the checks for
+/// more.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn check_final_states<'c>(
+    op: &'c str,
+    shape: &ForwardShape,
+    documents: &Documents<'_>,
+    k: DeviceRef<'_, bf16>,
+    v: DeviceRef<'_, bf16>,
+    rows: &[(&str, DeviceRef<'_, f32>)],
+    h0: Option<DeviceRef<'_, f32>>,
+    ht: &DeviceMut<'_, f32>,
+) -> Result<TensorChecks<'c>> {
+    let s = shape;
+    s.validate()?;
+    let gates = GateShape {
+        b: s.b,
+        t: s.t,
+        h: s.h,
+    };
+    let checks = check(op, documents, gates)?;
+    checks.tensor("k", "[B, T, H, Dk]", (k.len(), s.qk_len()), k.addr(), 16)?;
+    checks.tensor("v", "[B, T, H, Dv]", (v.len(), s.v_len()), v.addr(), 16)?;
+    let mut inputs = vec![("k", k.byte_range()), ("v", v.byte_range())];
+    for (name, x) in rows {
+        checks.tensor(name, "[B, T, H]", (x.len(), s.gate_len()), x.addr(), 4)?;
+        inputs.push((name, x.byte_range()));
+    }
+    if let Some(h0) = &h0 {
+        checks.tensor(
+            "h0",
+            "[B, H, Dk, Dv]",
+            (h0.len(), s.state_len()),
+            h0.addr(),
+            8,
+        )?;
+        inputs.push(("h0", h0.byte_range()));
+    }
+    let want = document_states_len(s, documents);
+    checks.tensor("ht", "[B, N, H, Dk, Dv]", (ht.len(), want), ht.addr(), 8)?;
+    checks.disjoint(&inputs, &[("ht", ht.byte_range())])?;
+    Ok(checks)
+}
