@@ -400,7 +400,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
 
     Differentiable in q, k, v, g, beta and initial_state (g's and beta's gradients in fp32). With
     cp_group the forward keeps the state this rank's shard starts from ([B, H, Dk, Dv] fp32) for
-    the backward. cu_seqlens and shard_start (packed documents) as for `chunk_simple_gla`.
+    the backward. cu_seqlens and shard_start (packed documents), and output_final_state with
+    them (one state per document), as for `chunk_simple_gla`.
     """
     op = "chunk_gated_delta_rule"
     if scale == 0:
@@ -414,9 +415,11 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
     _check_device(op, runtime.device, q=q, k=k, v=v, g=g, beta=beta,
                   initial_state=initial_state)
     cu_seqlens, shard_start = _documents(op, cu_seqlens, shard_start, runtime, lasp2, q.shape[1],
-                                         initial_state, output_final_state)
+                                         initial_state, output_final_state,
+                                         document_states=True)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    want_ht = output_final_state and (not lasp2 or runtime.rank == runtime.world - 1)
+    want_ht = output_final_state and (cu_seqlens is not None or not lasp2
+                                      or runtime.rank == runtime.world - 1)
     o, ht, _ = torch.ops.lasp_shmem.chunk_gated_delta_rule_fwd(q, k, v, g, beta, initial_state,
                                                                float(scale), want_ht, lasp2,
                                                                cu_seqlens, shard_start)
@@ -459,8 +462,9 @@ def _documents(op, cu_seqlens, shard_start, runtime, lasp2, tokens, initial_stat
             "document starts from the zero state); pass initial_state=None")
     if output_final_state and not document_states:
         raise NotImplementedError(
-            f"{op}: per-document final states are not supported yet for this family (chunk_simple_gla "
-            "has them); pass output_final_state=False with cu_seqlens")
+            f"{op}: per-document final states are not supported yet for this family "
+            "(chunk_simple_gla and chunk_gated_delta_rule have them); pass "
+            "output_final_state=False with cu_seqlens")
     if shard_start is None:
         shard_start = runtime.rank * tokens if lasp2 else 0
     if not isinstance(shard_start, int) or shard_start < 0:
@@ -688,19 +692,26 @@ def _setup_context(ctx, inputs, output):
     # forward found at this rank's shard with LASP-2, over the same documents.
     ctx.save_for_backward(q, k, v, g, start if lasp2 else h0, cu_seqlens)
     ctx.scale, ctx.want_ht, ctx.lasp2, ctx.shard_start = scale, want_ht, lasp2, shard_start
-    # An output the loss does not reach gets no gradient (None), so that the per-document final
-    # states, which carry none yet, can refuse one that arrives.
-    ctx.set_materialize_grads(False)
+    ctx.set_materialize_grads(False)  # _document_states_carry_no_gradient
+
+
+def _document_states_carry_no_gradient(op, ctx, cu_seqlens, grad_o, grad_ht, v):
+    """The output's gradient, zeros where the loss does not reach the output; an error where a
+    gradient reached the per-document final states (output_final_state with cu_seqlens), which
+    carry none yet. The forwards' contexts set_materialize_grads(False), so that an output the
+    loss does not reach gets None, not zeros, and a gradient that arrives can be told apart."""
+    if ctx.want_ht and cu_seqlens is not None and grad_ht is not None:
+        raise NotImplementedError(
+            f"{op}: a gradient reached the per-document final states (output_final_state with "
+            "cu_seqlens), which carry none yet; detach them (ht.detach()) where they enter the "
+            "loss")
+    return torch.zeros_like(v) if grad_o is None else grad_o  # o is shaped as v
 
 
 def _differentiate(ctx, grad_o, grad_ht, _grad_start):
     q, k, v, g, state, cu_seqlens = ctx.saved_tensors
-    if ctx.want_ht and cu_seqlens is not None and grad_ht is not None:
-        raise NotImplementedError(
-            "chunk_simple_gla: a gradient reached the per-document final states "
-            "(output_final_state with cu_seqlens), which carry none yet; detach them "
-            "(ht.detach()) where they enter the loss")
-    grad_o = torch.zeros_like(v) if grad_o is None else grad_o  # o is shaped as v
+    grad_o = _document_states_carry_no_gradient("chunk_simple_gla", ctx, cu_seqlens, grad_o,
+                                                grad_ht, v)
     dht = grad_ht.contiguous() if ctx.want_ht and grad_ht is not None else None
     want_dh0 = ctx.needs_input_grad[4]
     dq, dk, dv, dg, dh0 = torch.ops.lasp_shmem.chunk_simple_gla_bwd(
@@ -835,10 +846,12 @@ def _gdn_forward_call(q, k, v, g, beta, h0, scale, want_ht, lasp2, cu_seqlens=No
                       shard_start=0):
     """Gated DeltaNet's forward outputs (o, the final state, the state this rank's shard starts
     from with LASP-2) and its call."""
-    o, ht, start = _forward_outputs(q, v, want_ht, lasp2)
+    o, ht, start = _forward_outputs(q, v, want_ht, lasp2, cu_seqlens)
+    documents = cu_seqlens is not None
     call = _OpCall(q, v, lasp2, scale, {
         _abi.SLOT_Q: q, _abi.SLOT_K: k, _abi.SLOT_V: v, _abi.SLOT_G: g, _abi.SLOT_BETA: beta,
-        _abi.SLOT_H0: h0, _abi.SLOT_O: o, _abi.SLOT_HT: ht if want_ht else None,
+        _abi.SLOT_H0: h0, _abi.SLOT_O: o, _abi.SLOT_HT: ht if want_ht and not documents else None,
+        _abi.SLOT_DOCUMENT_HT: ht if want_ht and documents else None,
         _abi.SLOT_START_STATE: start if lasp2 else None, _abi.SLOT_CU_SEQLENS: cu_seqlens},
         family=_abi.FAMILY_GATED_DELTA, shard_start=shard_start)
     return (o, ht, start), call
@@ -891,7 +904,7 @@ def _gdn_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
 
 @_gdn_forward.register_fake
 def _(q, k, v, g, beta, h0, scale, want_ht, lasp2, cu_seqlens=None, shard_start=0):
-    return _forward_outputs(q, v, want_ht, lasp2)
+    return _forward_outputs(q, v, want_ht, lasp2, cu_seqlens)
 
 
 @_gdn_backward.register_fake
@@ -907,10 +920,13 @@ def _gdn_setup_context(ctx, inputs, output):
     # the state the forward found at this rank's shard with LASP-2, over the same documents.
     ctx.save_for_backward(q, k, v, g, beta, start if lasp2 else h0, cu_seqlens)
     ctx.scale, ctx.want_ht, ctx.lasp2, ctx.shard_start = scale, want_ht, lasp2, shard_start
+    ctx.set_materialize_grads(False)  # _document_states_carry_no_gradient
 
 
 def _gdn_differentiate(ctx, grad_o, grad_ht, _grad_start):
     q, k, v, g, beta, state, cu_seqlens = ctx.saved_tensors
+    grad_o = _document_states_carry_no_gradient("chunk_gated_delta_rule", ctx, cu_seqlens, grad_o,
+                                                grad_ht, v)
     dht = grad_ht.contiguous() if ctx.want_ht and grad_ht is not None else None
     want_dh0 = ctx.needs_input_grad[5]
     dq, dk, dv, dg, dbeta, dh0 = torch.ops.lasp_shmem.chunk_gated_delta_rule_bwd(

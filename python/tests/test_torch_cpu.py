@@ -46,21 +46,27 @@ def per_document(fn, cu_seqlens, shard_start, *tensors):
     return [torch.cat(parts, dim=1) for parts in zip(*pieces)]
 
 
+def document_finals(step, ht, cu_seqlens, shard_start, *tensors):
+    """Fills the per-document final states ht [B * N, H, Dk, Dv] as the ops' stand-ins: each
+    document that ends in the call from its first token in the call (`step`, the family's float64
+    recurrence), zeros for the others."""
+    docs, t = cu_seqlens.shape[0] - 1, tensors[0].shape[1]
+    finals = ht.view(tensors[0].shape[0], docs, *ht.shape[1:])
+    finals.zero_()
+    for n in range(docs):
+        a, z = (int(cu_seqlens[n + j]) - shard_start for j in (0, 1))
+        if z > a and 1 <= z <= t:
+            finals[:, n] = step(*(x[:, max(a, 0):z] for x in tensors), None, 0.125)[1]
+
+
 @torch.library.register_kernel("lasp_shmem::chunk_simple_gla_fwd", "cpu")
 def _forward_on_cpu(q, k, v, g, h0, scale, want_ht, lasp2, cu_seqlens=None, shard_start=0):
     o, ht, start = lt._forward_outputs(q, v, want_ht, lasp2, cu_seqlens)
     if cu_seqlens is not None:  # the public function refuses h0 with documents
         o.copy_(per_document(lambda *x: recurrent(*x, None, scale)[:1], cu_seqlens, shard_start,
                              q, k, v, g)[0])
-        if want_ht:  # each document ending in the call, from its first token in the call
-            docs, t = cu_seqlens.shape[0] - 1, q.shape[1]
-            finals = ht.view(q.shape[0], docs, *ht.shape[1:])
-            finals.zero_()
-            for n in range(docs):
-                a, z = (int(cu_seqlens[n + j]) - shard_start for j in (0, 1))
-                if z > a and 1 <= z <= t:
-                    finals[:, n] = recurrent(*(x[:, max(a, 0):z] for x in (q, k, v, g)), None,
-                                             scale)[1]
+        if want_ht:
+            document_finals(recurrent, ht, cu_seqlens, shard_start, q, k, v, g)
         if lasp2:
             start.zero_()
         return o, ht, start
@@ -138,10 +144,12 @@ def _gla_backward_on_cpu(q, k, v, g, h0, states, do, dht, scale, want_dh0, lasp2
 @torch.library.register_kernel("lasp_shmem::chunk_gated_delta_rule_fwd", "cpu")
 def _gdn_forward_on_cpu(q, k, v, g, beta, h0, scale, want_ht, lasp2, cu_seqlens=None,
                         shard_start=0):
-    o, ht, start = lt._forward_outputs(q, v, want_ht, lasp2)
-    if cu_seqlens is not None:  # the public function refuses h0 and ht with documents
+    o, ht, start = lt._forward_outputs(q, v, want_ht, lasp2, cu_seqlens)
+    if cu_seqlens is not None:  # the public function refuses h0 with documents
         o.copy_(per_document(lambda *x: delta_recurrent(*x, None, scale)[:1], cu_seqlens,
                              shard_start, q, k, v, g, beta)[0])
+        if want_ht:
+            document_finals(delta_recurrent, ht, cu_seqlens, shard_start, q, k, v, g, beta)
         if lasp2:
             start.zero_()
         return o, ht, start
@@ -319,37 +327,37 @@ def test_bad_documents_are_refused_before_any_call(cpu_runtime, name, change, er
 
 
 def test_per_document_final_states_are_refused_where_not_built(cpu_runtime):
-    q, k, v, g, _ = cpu_inputs()
     cu = torch.tensor([0, 4, T], dtype=torch.int32)
     message = "per-document final states are not supported yet for this family"
-    with pytest.raises(NotImplementedError, match=message):
-        lt.chunk_gated_delta_rule(q, k, v, g, torch.rand(B, T, H), cu_seqlens=cu,
-                                  output_final_state=True)
     with pytest.raises(NotImplementedError, match=message):
         lt.chunk_gla(*gla_inputs()[:4], cu_seqlens=cu, output_final_state=True)
 
 
+@pytest.mark.parametrize("family", ["simple_gla", "gated_delta_rule"])
 @pytest.mark.parametrize("dtype, shard_start", [(torch.int32, None), (torch.int64, 3)])
-def test_per_document_final_states_of_chunk_simple_gla(cpu_runtime, dtype, shard_start):
+def test_per_document_final_states(cpu_runtime, family, dtype, shard_start):
     """output_final_state with cu_seqlens gives [B * N, H, Dk, Dv], row b * N + n: each
     document's state after its last token where that token is in the call, zeros elsewhere (the
     padding's empty documents too); the backward through o alone runs, and one that reaches
     these states raises."""
     t = 40
     q, k, v, g, _ = cpu_inputs(t=t)
+    delta_rule = family == "gated_delta_rule"
+    inputs_ = (q, k, v, g, torch.rand(B, t, H)) if delta_rule else (q, k, v, g)
+    step = delta_recurrent if delta_rule else recurrent
     cu = torch.tensor([0, 1, 17, 30, t, t] if shard_start is None else [0, 4, 20, 33, 43, 50, 50],
                       dtype=dtype)
     first = shard_start or 0
-    leaves = [x.clone().requires_grad_() for x in (q, k, v, g)]
-    o, ht = lt.chunk_simple_gla(*leaves, scale=0.125, cu_seqlens=cu, shard_start=shard_start,
-                                output_final_state=True)
+    leaves = [x.clone().requires_grad_() for x in inputs_]
+    o, ht = getattr(lt, f"chunk_{family}")(*leaves, scale=0.125, cu_seqlens=cu,
+                                           shard_start=shard_start, output_final_state=True)
     docs = cu.numel() - 1
     assert ht.shape == (B * docs, H, DK, DV) and ht.dtype == torch.float32
     finals = ht.view(B, docs, H, DK, DV)
     for n in range(docs):
         a, z = int(cu[n]) - first, int(cu[n + 1]) - first
         if z > a and 1 <= z <= t:
-            want = recurrent(*(x[:, max(a, 0):z].double() for x in (q, k, v, g)), None, 0.125)[1]
+            want = step(*(x[:, max(a, 0):z].double() for x in inputs_), None, 0.125)[1]
             torch.testing.assert_close(finals[:, n].double(), want, rtol=2e-2, atol=2e-2)
         else:
             assert finals[:, n].abs().max() == 0
@@ -417,6 +425,10 @@ def test_the_library_accepts_packed_calls(library, family):
                                                           lasp2, cu, 21)
             _, backward = lt._gdn_backward_call(q, k, v, g, beta, start if lasp2 else None, o,
                                                 None, 0.125, False, lasp2, False, cu, 21)
+            _, with_states = lt._gdn_forward_call(q, k, v, g, beta, None, 0.125, True, lasp2, cu,
+                                                  21)
+            assert with_states.tensors.slot[_abi.SLOT_HT].data == 0
+            call_is_accepted(library, with_states, _abi.DIRECTION_FORWARD)
         else:
             (o, _, start), forward = lt._forward_call(q, k, v, g, None, 0.125, False, lasp2, cu,
                                                       21)

@@ -3,9 +3,9 @@
 //! DeltaNet): [`with_documents`] wraps such a family's op, whatever its kind, so that a call
 //! naming documents runs the op on the log-decays that forget at every document start
 //! ([`crate::ops::documents`]), and a backward's dg is 0 there. A call without documents goes to
-//! the op as it came. Where the family computes its documents' final states
-//! ([`FinalStates`]), a forward that fills `LASP_SLOT_DOCUMENT_HT` gets them after the op's
-//! kernels, from the same forgetting log-decays.
+//! the op as it came. A forward that fills `LASP_SLOT_DOCUMENT_HT` gets the documents' final
+//! states ([`FinalStates`]) after the op's kernels, from the same forgetting log-decays (scalar
+//! decay's on one GPU from the forward itself).
 
 use super::abi::Slot;
 use super::args::invalid;
@@ -15,21 +15,77 @@ use super::tensors::CheckedCall;
 use crate::error::Result;
 use crate::exchange::ExchangeMode;
 use crate::gpu::ContextSync;
+use crate::ops::documents::Documents;
 use crate::ops::documents::{DocumentStarts, GateShape};
+use crate::ops::gated_delta::{GatedDeltaDocumentStates, GatedDeltaDocumentStatesArgs};
 use crate::ops::scalar_decay::{DocumentStatesArgs, ScalarDecayDocumentStates};
-use crate::ops::{ensure_workspace, DeviceMut};
+use crate::ops::{ensure_workspace, DeviceMut, DeviceRef};
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use std::sync::Arc;
 
 /// How a family's documents get their final states (`LASP_SLOT_DOCUMENT_HT`, which only the
-/// families with a kernel for them declare).
+/// families with a kernel for them declare); a LASP-2 op starts them from the
+/// `LASP_SLOT_START_STATE` its forward writes.
 pub(super) enum FinalStates {
-    /// The family declares no such slot.
-    None,
-    /// Scalar decay's ([`ScalarDecayDocumentStates`]); a LASP-2 op starts them from the
-    /// `LASP_SLOT_START_STATE` its forward writes.
+    /// Scalar decay's ([`ScalarDecayDocumentStates`]).
     ScalarDecay { lasp2: bool },
+    /// Gated DeltaNet's ([`GatedDeltaDocumentStates`]).
+    GatedDelta { lasp2: bool },
+}
+
+/// A family's final states of packed documents (one per op: the variants' sizes do not matter).
+#[allow(clippy::large_enum_variant)]
+enum FinalStatesOp {
+    ScalarDecay(ScalarDecayDocumentStates),
+    GatedDelta(GatedDeltaDocumentStates),
+}
+
+impl FinalStatesOp {
+    /// The final states of the documents into `ht` after the op's forward, from the views of the
+    /// call's inputs in `after` (the log-decays the forgetting ones), from `h0`.
+    fn launch(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        after: &mut CheckedCall<'_>,
+        documents: Documents<'_>,
+        h0: Option<DeviceRef<'_, f32>>,
+        ht: DeviceMut<'_, f32>,
+    ) -> Result<()> {
+        let shape = after.shape;
+        let (k, v, g) = (
+            after.input(Slot::K),
+            after.input(Slot::V),
+            after.input(Slot::G),
+        );
+        match self {
+            FinalStatesOp::ScalarDecay(op) => op.launch(
+                stream,
+                DocumentStatesArgs {
+                    shape,
+                    k,
+                    v,
+                    g,
+                    h0,
+                    documents,
+                    ht,
+                },
+            ),
+            FinalStatesOp::GatedDelta(op) => op.launch(
+                stream,
+                GatedDeltaDocumentStatesArgs {
+                    shape,
+                    k,
+                    v,
+                    g,
+                    beta: after.input(Slot::Beta),
+                    h0,
+                    documents,
+                    ht,
+                },
+            ),
+        }
+    }
 }
 
 /// The op `make` makes (collective for LASP-2), taking packed documents in its calls. What the
@@ -41,10 +97,14 @@ pub(super) fn with_documents(
 ) -> Result<Box<dyn FamilyOp>> {
     let starts = DocumentStarts::new(runtime)?;
     let final_states = match final_states {
-        FinalStates::None => None,
-        FinalStates::ScalarDecay { lasp2 } => {
-            Some((ScalarDecayDocumentStates::new(runtime)?, lasp2))
-        }
+        FinalStates::ScalarDecay { lasp2 } => (
+            FinalStatesOp::ScalarDecay(ScalarDecayDocumentStates::new(runtime)?),
+            lasp2,
+        ),
+        FinalStates::GatedDelta { lasp2 } => (
+            FinalStatesOp::GatedDelta(GatedDeltaDocumentStates::new(runtime)?),
+            lasp2,
+        ),
     };
     Ok(Box::new(Packed {
         _calls_done: ContextSync(runtime.context().clone()),
@@ -62,7 +122,7 @@ struct Packed {
     op: Box<dyn FamilyOp>,
     starts: DocumentStarts,
     /// The documents' final states, and whether they start from the op's start state (LASP-2).
-    final_states: Option<(ScalarDecayDocumentStates, bool)>,
+    final_states: (FinalStatesOp, bool),
     context: Arc<CudaContext>,
     /// The forgetting log-decays of the latest call, grown on demand.
     gates: Option<CudaSlice<u8>>,
@@ -103,10 +163,13 @@ impl Packed {
             )));
         }
         let wants_states = direction == Direction::Forward && call.is_given(Slot::DocumentHt);
-        let from_start_state = self.final_states.as_ref().is_some_and(|(_, lasp2)| *lasp2);
+        let from_start_state = self.final_states.1;
         if wants_states && from_start_state && !call.is_given(Slot::StartState) {
             return Err(invalid(format!(
-                "{entry}: LASP_SLOT_DOCUMENT_HT is given on a LASP-2 op without                  LASP_SLOT_START_STATE: the documents' final states start from the state                  entering this rank's tokens, which the forward writes there; give it a                  [B, H, Dk, Dv] fp32 buffer"
+                "{entry}: LASP_SLOT_DOCUMENT_HT is given on a LASP-2 op without \
+                 LASP_SLOT_START_STATE: the documents' final states start from the state \
+                 entering this rank's tokens, which the forward writes there; give it a \
+                 [B, H, Dk, Dv] fp32 buffer"
             )));
         }
         let s = call.shape;
@@ -130,12 +193,14 @@ impl Packed {
         // SAFETY: as above; the gates are written before the op's kernels read them (one stream).
         unsafe { call.redirect_input(Slot::G, addr) };
         let mut after = call.again();
-        if let (true, false, Some((states, _)), Some(done)) = (
+        if let (true, false, FinalStatesOp::ScalarDecay(states), Some(done)) = (
             wants_states,
             from_start_state,
-            self.final_states.as_mut(),
+            &mut self.final_states.0,
             fused,
         ) {
+            // One GPU, scalar decay: the forward itself stores the states the final states start
+            // from.
             // SAFETY: the op never saw this call, so no other view of its outputs exists.
             let ht = unsafe { after.output_again::<f32>(Slot::DocumentHt) }
                 .expect("LASP_SLOT_DOCUMENT_HT was given");
@@ -143,7 +208,7 @@ impl Packed {
             return Ok(done);
         }
         let result = run(self.op.as_mut(), call)?;
-        if let (true, Some((states, _))) = (wants_states, self.final_states.as_mut()) {
+        if wants_states {
             // SAFETY: the op's views of the call's tensors were dropped when it returned; the
             // start state (written by the op's kernels before these, in stream order) is read
             // through its only view.
@@ -152,18 +217,10 @@ impl Packed {
             // SAFETY: the op declares the slot but never takes a view of it.
             let ht = unsafe { after.output_again::<f32>(Slot::DocumentHt) }
                 .expect("LASP_SLOT_DOCUMENT_HT was given");
-            states.launch(
-                stream,
-                DocumentStatesArgs {
-                    shape: s,
-                    k: after.input(Slot::K),
-                    v: after.input(Slot::V),
-                    g: after.input(Slot::G),
-                    h0: h0.as_ref().map(DeviceMut::reader),
-                    documents: docs,
-                    ht,
-                },
-            )?;
+            let h0 = h0.as_ref().map(DeviceMut::reader);
+            self.final_states
+                .0
+                .launch(stream, &mut after, docs, h0, ht)?;
         }
         if direction == Direction::Backward {
             // SAFETY: the op's views of the call's tensors were dropped when it returned.

@@ -8,7 +8,7 @@ use super::documents::{with_documents, FinalStates};
 use super::families::{chains_symmetric_bytes, AbiFamily, Direction, FamilyOp};
 use super::pairs::{AbiCall, Lasp2Pair, SingleGpuPair};
 use super::spec::{Kind, OpSpec};
-use super::tensors::Layout::{Gates, Offsets, Qk, State, V};
+use super::tensors::Layout::{DocumentStates, Gates, Offsets, Qk, State, V};
 use super::tensors::Role::{Input, OptionalInput, OptionalOutput, Output};
 use super::tensors::{CheckedCall, SlotUse};
 use crate::error::Result;
@@ -21,7 +21,7 @@ use crate::runtime::Runtime;
 use cudarc::driver::CudaStream;
 use std::sync::Arc;
 
-static SINGLE_GPU_FORWARD: [SlotUse; 9] = [
+static SINGLE_GPU_FORWARD: [SlotUse; 10] = [
     SlotUse::new(Slot::Q, Input, Bf16, Qk),
     SlotUse::new(Slot::K, Input, Bf16, Qk),
     SlotUse::new(Slot::V, Input, Bf16, V),
@@ -31,11 +31,12 @@ static SINGLE_GPU_FORWARD: [SlotUse; 9] = [
     SlotUse::new(Slot::O, Output, Bf16, V),
     SlotUse::new(Slot::Ht, OptionalOutput, F32, State),
     SlotUse::new(Slot::CuSeqlens, OptionalInput, I32, Offsets),
+    SlotUse::new(Slot::DocumentHt, OptionalOutput, F32, DocumentStates),
 ];
 
 /// The single-GPU forward's slots, and the state this rank's shard starts from (h0 folded with
 /// the earlier ranks' summaries), which the backward starts from.
-static LASP2_FORWARD: [SlotUse; 10] = [
+static LASP2_FORWARD: [SlotUse; 11] = [
     SlotUse::new(Slot::Q, Input, Bf16, Qk),
     SlotUse::new(Slot::K, Input, Bf16, Qk),
     SlotUse::new(Slot::V, Input, Bf16, V),
@@ -46,6 +47,7 @@ static LASP2_FORWARD: [SlotUse; 10] = [
     SlotUse::new(Slot::Ht, OptionalOutput, F32, State),
     SlotUse::new(Slot::StartState, OptionalOutput, F32, State),
     SlotUse::new(Slot::CuSeqlens, OptionalInput, I32, Offsets),
+    SlotUse::new(Slot::DocumentHt, OptionalOutput, F32, DocumentStates),
 ];
 
 static SINGLE_GPU_BACKWARD: [SlotUse; 15] = [
@@ -110,19 +112,25 @@ impl AbiFamily for GatedDelta {
     }
 
     fn create(&self, runtime: &Runtime, spec: &OpSpec) -> Result<Box<dyn FamilyOp>> {
-        with_documents(runtime, FinalStates::None, || match spec.kind {
-            Kind::SingleGpu => Ok(SingleGpuPair::boxed(
-                GatedDeltaForward::new(runtime)?,
-                spec.with_backward
-                    .then(|| GatedDeltaBackward::new(runtime))
-                    .transpose()?,
-            )),
-            Kind::Lasp2 { mode } => Lasp2Pair::boxed(
-                GatedDeltaLasp2Forward::new(runtime, spec.layout, mode)?,
-                spec.with_backward
-                    .then_some(|| GatedDeltaLasp2Backward::new(runtime, spec.layout, mode)),
-            ),
-        })
+        with_documents(
+            runtime,
+            FinalStates::GatedDelta {
+                lasp2: matches!(spec.kind, Kind::Lasp2 { .. }),
+            },
+            || match spec.kind {
+                Kind::SingleGpu => Ok(SingleGpuPair::boxed(
+                    GatedDeltaForward::new(runtime)?,
+                    spec.with_backward
+                        .then(|| GatedDeltaBackward::new(runtime))
+                        .transpose()?,
+                )),
+                Kind::Lasp2 { mode } => Lasp2Pair::boxed(
+                    GatedDeltaLasp2Forward::new(runtime, spec.layout, mode)?,
+                    spec.with_backward
+                        .then_some(|| GatedDeltaLasp2Backward::new(runtime, spec.layout, mode)),
+                ),
+            },
+        )
     }
 }
 

@@ -643,16 +643,25 @@ fn document_final_states_need_documents_and_one_state_per_offset() {
     tensors.slot[Slot::DocumentHt as usize] = tensor(Dtype::F32, 5 * state);
     let msg = plan_error(lasp2_desc(), Direction::Forward, call(10), tensors);
     assert!(msg.contains("needs 98304") && msg.contains("N=4"), "{msg}");
-    // Only scalar decay's forward declares them.
+    // Only the log-decay families' forwards declare them.
     let msg = plan_error(lasp2_desc(), Direction::Backward, call(10), tensors);
     assert!(msg.contains("does not use it"), "{msg}");
+    tensors.slot[Slot::DocumentHt as usize] = tensor(Dtype::F32, 4 * state);
     let gdn = OpDesc {
         family: LASP_FAMILY_GATED_DELTA,
         ..lasp2_desc()
     };
-    tensors.slot[Slot::DocumentHt as usize] = tensor(Dtype::F32, 4 * state);
     tensors.slot[Slot::Beta as usize] = tensor(Dtype::F32, 2 * 10 * 3);
-    let msg = plan_error(gdn, Direction::Forward, call(10), tensors);
+    let gdn_spec = OpSpec::of(&gdn).unwrap();
+    assert!(plan_call(&gdn_spec, Direction::Forward, &call(10), &tensors).is_ok());
+    tensors.slot[Slot::Beta as usize] = Tensor::default();
+    let gla = OpDesc {
+        family: LASP_FAMILY_GLA,
+        ..lasp2_desc()
+    };
+    tensors.slot[Slot::G as usize] = tensor(Dtype::F32, 2 * 10 * 3 * 64);
+    tensors.slot[Slot::StartState as usize] = Tensor::default();
+    let msg = plan_error(gla, Direction::Forward, call(10), tensors);
     assert!(msg.contains("LASP_SLOT_DOCUMENT_HT is filled but"), "{msg}");
 }
 

@@ -34,8 +34,8 @@
 //! Cost (`--time BxTxHxD`, T per GPU): a training step (forward saving the state entering the
 //! shard, then the backward), and the forward alone, on documents of mixed lengths (64 to 8192
 //! tokens, log-uniform) and on the same tokens as whole sequences, in turns, overlapped mode; the
-//! row is the slowest rank's median of each; for scalar decay also the documents' final states
-//! after the packed forward (rank 0's median of 30 calls).
+//! row is the slowest rank's median of each; for scalar decay and Gated DeltaNet also the
+//! documents' final states after the packed forward (rank 0's median of 30 calls).
 
 use clap::Parser;
 use cudarc::driver::sys::CUevent_flags;
@@ -1016,7 +1016,7 @@ struct CostRow {
     family: PackedFamily,
     #[serde(flatten)]
     cost: PackedCost,
-    /// The documents' final states (scalar decay).
+    /// The documents' final states (scalar decay, Gated DeltaNet).
     #[serde(skip_serializing_if = "Option::is_none")]
     document_states: Option<DocumentStatesCost>,
 }
@@ -1105,7 +1105,7 @@ fn time_cost(rt: &Runtime, family: PackedFamily, shape: ForwardShape) -> Result<
             step.forward_only = forward_only;
         },
     )?;
-    let document_states = if family == PackedFamily::ScalarDecay {
+    let document_states = if family != PackedFamily::Gla {
         // The packed forward once more, so that the start state and the forgetting log-decays
         // are the documents'.
         shard.mark(&starts, &stream)?;
@@ -1138,8 +1138,8 @@ fn time_cost(rt: &Runtime, family: PackedFamily, shape: ForwardShape) -> Result<
     })
 }
 
-/// The documents' final states on this PE: after the forward, from the state it saved; on one PE
-/// also the forward that stores the entering states followed by them (`launch_forward`) and the
+/// The documents' final states on this PE (scalar decay, Gated DeltaNet): after the forward, from
+/// the state it saved; for scalar decay on one PE also the forward that stores the entering states followed by them (`launch_forward`) and the
 /// plain single-GPU forward, each in turn with the others, 30 calls after 5 unrecorded, CUDA
 /// events around each call, the medians.
 fn time_document_states(rt: &Runtime, shard: &mut Shard) -> Result<DocumentStatesCost> {
@@ -1152,9 +1152,10 @@ fn time_document_states(rt: &Runtime, shard: &mut Shard) -> Result<DocumentState
     let stream = rt.stream().clone();
     let mut ht =
         stream.alloc_zeros::<f32>(document_states_len(&shard.shape, &shard.documents()))?;
+    let mut after = DocumentStatesOp::new(rt, shard.family)?;
     let mut states = ScalarDecayDocumentStates::new(rt)?;
     let mut plain = ScalarDecayForward::new(rt)?;
-    let turns: &[Turn] = if rt.npes() == 1 {
+    let turns: &[Turn] = if rt.npes() == 1 && shard.family == PackedFamily::ScalarDecay {
         &[Turn::AfterForward, Turn::ForwardWithStates, Turn::Forward]
     } else {
         &[Turn::AfterForward]
@@ -1188,18 +1189,7 @@ fn time_document_states(rt: &Runtime, shard: &mut Shard) -> Result<DocumentState
                     states.launch_forward(&stream, forward, documents, DeviceMut::new(&mut ht))?
                 }
                 Turn::Forward => plain.launch(&stream, forward).map(|_| ())?,
-                Turn::AfterForward => states.launch(
-                    &stream,
-                    DocumentStatesArgs {
-                        shape: shard.shape,
-                        k,
-                        v,
-                        g,
-                        h0: Some(DeviceRef::new(&shard.start_state)),
-                        documents,
-                        ht: DeviceMut::new(&mut ht),
-                    },
-                )?,
+                Turn::AfterForward => after.launch(&stream, shard, DeviceMut::new(&mut ht))?,
             }
             let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
             end.synchronize()?;
@@ -1219,7 +1209,7 @@ fn time_document_states(rt: &Runtime, shard: &mut Shard) -> Result<DocumentState
     })
 }
 
-/// What the documents' final states cost (scalar decay), rank 0's medians.
+/// What the documents' final states cost, rank 0's medians.
 #[derive(Clone, Copy, Serialize)]
 struct DocumentStatesCost {
     /// From the state the packed forward saved: the walk and the states kernel.
