@@ -10,21 +10,15 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "lasp/documents/final_states.cuh"
 #include "lasp/gated_delta/document_states_params.h"
 
 namespace lasp {
 namespace gdn {
 
 constexpr int kDocThreads = LASP_GDN_DOCUMENT_STATES_THREADS;
-constexpr int kDocChunk = 64;  // the chunk loops' (LASP_DOCUMENT_WORD_TOKENS)
+constexpr int kDocChunk = LASP_DOCUMENT_WORD_TOKENS;  // the chunk loops' chunk
 constexpr int kQuarters = kDocThreads / 64;
-
-__device__ __forceinline__ int64_t document_offset(const lasp_gdn_document_states_params& p, int i) {
-  return p.offsets_are_int64 ? static_cast<const int64_t*>(p.cu_seqlens)[i]
-                             : static_cast<const int32_t*>(p.cu_seqlens)[i];
-}
-
-__device__ __forceinline__ float bf16_value(uint16_t x) { return __uint_as_float(static_cast<uint32_t>(x) << 16); }
 
 template <int DK>
 __device__ __forceinline__ void document_states(const lasp_gdn_document_states_params& p) {
@@ -40,16 +34,14 @@ __device__ __forceinline__ void document_states(const lasp_gdn_document_states_p
   const int col = threadIdx.x % 64, quarter = threadIdx.x / 64, row0 = quarter * kRowsPerThread;
   float* out = p.ht + (((int64_t)b * docs + n) * p.H + h) * DK * p.Dv + tile * 64 + col;
 
-  const int64_t first = document_offset(p, n) - p.shard_start;  // may be < 0: began on an earlier PE
-  const int64_t end = document_offset(p, n + 1) - p.shard_start;
+  const documents::DocumentTail tail =
+      documents::document_tail(p.cu_seqlens, p.offsets_are_int64, n, p.shard_start, p.T);
   float s[kRowsPerThread];
 #pragma unroll
   for (int m = 0; m < kRowsPerThread; ++m) s[m] = 0.f;
-  if (end > first && end >= 1 && end <= p.T) {
-    const int j0 = (int)((end - 1) / kDocChunk) * kDocChunk;
-    const bool enters = first < j0;  // the document holds the state entering the chunk
-    const int lo = enters ? j0 : (int)first;
-    const int rows = (int)end - lo;  // 1 .. 64
+  if (tail.ends_here) {
+    const int lo = tail.lo, rows = tail.rows;
+    const bool enters = tail.enters;
     const int64_t row_b = (int64_t)b * p.T;  // token 0 of batch row b
     if (enters) {
 #pragma unroll
@@ -61,13 +53,13 @@ __device__ __forceinline__ void document_states(const lasp_gdn_document_states_p
     }
     for (int e = threadIdx.x; e < rows * 64; e += kDocThreads) {
       const int r = e / 64, c = e % 64;
-      s_v[r][c] = bf16_value(p.v[((row_b + lo + r) * p.H + h) * p.Dv + tile * 64 + c]);
+      s_v[r][c] = documents::bf16_value(p.v[((row_b + lo + r) * p.H + h) * p.Dv + tile * 64 + c]);
     }
     if (threadIdx.x < rows) {
       const int64_t at = (row_b + lo + threadIdx.x) * p.H + h;
       // A document's first token starts from zero, so its own decay is never needed: 0 there
       // keeps a start's forgetting log-decay (-128) out of the arithmetic.
-      s_decay[threadIdx.x] = lo + (int)threadIdx.x == first ? 0.f : expf(p.g[at]);
+      s_decay[threadIdx.x] = !enters && threadIdx.x == 0 ? 0.f : expf(p.g[at]);
       s_beta[threadIdx.x] = p.beta[at];
     }
     __syncthreads();
@@ -75,7 +67,7 @@ __device__ __forceinline__ void document_states(const lasp_gdn_document_states_p
       const uint16_t* key = &s_k[r][row0];
       float partial = 0.f;
 #pragma unroll
-      for (int m = 0; m < kRowsPerThread; ++m) partial = fmaf(bf16_value(key[m]), s[m], partial);
+      for (int m = 0; m < kRowsPerThread; ++m) partial = fmaf(documents::bf16_value(key[m]), s[m], partial);
       s_partial[r & 1][quarter][col] = partial;
       __syncthreads();
       float ks = 0.f;  // (k_r S_{r-1}) of this column, the quarters summed in order
@@ -85,7 +77,7 @@ __device__ __forceinline__ void document_states(const lasp_gdn_document_states_p
       const float decay = s_decay[r], erased = s_beta[r] * ks, written = s_beta[r] * s_v[r][col];
 #pragma unroll
       for (int m = 0; m < kRowsPerThread; ++m) {
-        const float k = bf16_value(key[m]);
+        const float k = documents::bf16_value(key[m]);
         s[m] = fmaf(k, written, decay * fmaf(-k, erased, s[m]));
       }
     }

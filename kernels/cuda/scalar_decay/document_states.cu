@@ -11,20 +11,14 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "lasp/documents/final_states.cuh"
 #include "lasp/scalar_decay/document_states_params.h"
 
 namespace lasp {
 namespace sd {
 
 constexpr int kDocThreads = LASP_SD_DOCUMENT_STATES_THREADS;
-constexpr int kDocChunk = 64;  // the chunk loops' (LASP_DOCUMENT_WORD_TOKENS)
-
-__device__ __forceinline__ int64_t document_offset(const lasp_sd_document_states_params& p, int i) {
-  return p.offsets_are_int64 ? static_cast<const int64_t*>(p.cu_seqlens)[i]
-                             : static_cast<const int32_t*>(p.cu_seqlens)[i];
-}
-
-__device__ __forceinline__ float bf16_value(uint16_t x) { return __uint_as_float(static_cast<uint32_t>(x) << 16); }
+constexpr int kDocChunk = LASP_DOCUMENT_WORD_TOKENS;  // the chunk loops' chunk
 
 template <int DK>
 __device__ __forceinline__ void document_states(const lasp_sd_document_states_params& p) {
@@ -40,16 +34,14 @@ __device__ __forceinline__ void document_states(const lasp_sd_document_states_pa
   const int col = threadIdx.x % 64, row0 = threadIdx.x / 64 * kRowsPerThread;
   float* out = p.ht + (((int64_t)b * docs + n) * p.H + h) * DK * p.Dv + tile * 64 + col;
 
-  const int64_t first = document_offset(p, n) - p.shard_start;  // may be < 0: began on an earlier PE
-  const int64_t end = document_offset(p, n + 1) - p.shard_start;
+  const documents::DocumentTail tail =
+      documents::document_tail(p.cu_seqlens, p.offsets_are_int64, n, p.shard_start, p.T);
   float acc[kRowsPerThread];
 #pragma unroll
   for (int m = 0; m < kRowsPerThread; ++m) acc[m] = 0.f;
-  if (end > first && end >= 1 && end <= p.T) {
-    const int j0 = (int)((end - 1) / kDocChunk) * kDocChunk;
-    const bool enters = first < j0;  // the document holds the state entering the chunk
-    const int lo = enters ? j0 : (int)first;
-    const int rows = (int)end - lo;  // 1 .. 64
+  if (tail.ends_here) {
+    const int lo = tail.lo, rows = tail.rows, end = lo + rows;
+    const bool enters = tail.enters;
     const int64_t row_b = (int64_t)b * p.T;  // token 0 of batch row b
     if (threadIdx.x < 32) {
       // Weights from the last token down: lane l of pass r takes token end - 1 - (32 r + l).
@@ -81,7 +73,7 @@ __device__ __forceinline__ void document_states(const lasp_sd_document_states_pa
     __syncthreads();  // the weights
     for (int e = threadIdx.x; e < rows * 64; e += kDocThreads) {
       const int r = e / 64, c = e % 64;
-      s_v[r][c] = s_weight[r] * bf16_value(p.v[((row_b + lo + r) * p.H + h) * p.Dv + tile * 64 + c]);
+      s_v[r][c] = s_weight[r] * documents::bf16_value(p.v[((row_b + lo + r) * p.H + h) * p.Dv + tile * 64 + c]);
     }
     if (enters) {
       const float w = s_entry;

@@ -409,31 +409,15 @@ impl ScalarDecayForward {
         args: ForwardArgs<'_>,
         block_states: u64,
     ) -> Result<ForwardPlan> {
-        let plan = self.plan(&args.shape)?;
-        let (plan, params) = self.prepare_plan(stream, &args, plan)?;
-        let params = ScalarDecayParams {
-            block_states: block_states as _,
-            ..params
-        };
-        let i = width_index(args.shape.dk);
-        let output = match self.output_roles_block_states {
-            Some(roles) if plan.output_roles => OutputLaunch::TwoRole(
-                roles[i],
-                plan.output,
-                Box::new(roles_params(params, &plan.shape)?),
-            ),
-            _ => OutputLaunch::OneWarpgroup(self.output_block_states[i], plan.output, params),
-        };
-        // SAFETY: as in `launch`; the output kernel also writes the block states, which this
-        // function's contract sizes.
+        let kernels = (self.output_block_states, self.output_roles_block_states);
+        // SAFETY: the output kernels also write the block states, which this function's contract
+        // sizes.
         unsafe {
-            if let (Some(states_shape), Some(fold)) = (plan.states, plan.fold) {
-                self.states[i].launch(stream, states_shape, &params)?;
-                self.fold.launch(stream, fold, &params)?;
-            }
-            output.enqueue(stream)?;
+            self.launch_with_outputs(stream, args, kernels, |params| ScalarDecayParams {
+                block_states: block_states as _,
+                ..params
+            })
         }
-        Ok(plan)
     }
 
     /// [`ScalarDecayForward::launch`] with the output kernel that also writes the states
@@ -448,20 +432,45 @@ impl ScalarDecayForward {
         args: ForwardArgs<'_>,
         entries: DocumentEntries,
     ) -> Result<ForwardPlan> {
+        let kernels = (
+            self.output_document_entries,
+            self.output_roles_document_entries,
+        );
+        // SAFETY: the output kernels also write the entry states, which this function's
+        // contract sizes.
+        unsafe {
+            self.launch_with_outputs(stream, args, kernels, |params| {
+                with_entries(params, entries)
+            })
+        }
+    }
+
+    /// [`ScalarDecayForward::launch`] with other output kernels (one-warpgroup, two-role) whose
+    /// parameters `extra` completes.
+    ///
+    /// # Safety
+    /// Whatever `extra` adds to the parameters addresses live device buffers of the sizes the
+    /// kernels write, used by nothing else until they complete.
+    unsafe fn launch_with_outputs(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        args: ForwardArgs<'_>,
+        (one_warpgroup, two_role): ([Kernel; 2], Option<[Kernel; 2]>),
+        extra: impl FnOnce(ScalarDecayParams) -> ScalarDecayParams,
+    ) -> Result<ForwardPlan> {
         let plan = self.plan(&args.shape)?;
         let (plan, params) = self.prepare_plan(stream, &args, plan)?;
-        let params = with_entries(params, entries);
+        let params = extra(params);
         let i = width_index(args.shape.dk);
-        let output = match self.output_roles_document_entries {
+        let output = match two_role {
             Some(roles) if plan.output_roles => OutputLaunch::TwoRole(
                 roles[i],
                 plan.output,
                 Box::new(roles_params(params, &plan.shape)?),
             ),
-            _ => OutputLaunch::OneWarpgroup(self.output_document_entries[i], plan.output, params),
+            _ => OutputLaunch::OneWarpgroup(one_warpgroup[i], plan.output, params),
         };
-        // SAFETY: as in `launch`; the output kernel also writes the entry states, which this
-        // function's contract sizes.
+        // SAFETY: as in `launch`; what `extra` adds is this function's contract.
         unsafe {
             if let (Some(states_shape), Some(fold)) = (plan.states, plan.fold) {
                 self.states[i].launch(stream, states_shape, &params)?;
