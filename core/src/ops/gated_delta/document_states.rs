@@ -40,7 +40,9 @@ pub struct GatedDeltaDocumentStatesArgs<'a> {
     pub k: DeviceRef<'a, bf16>,
     /// Values `[B, T, H, Dv]`, bf16, 16-byte aligned.
     pub v: DeviceRef<'a, bf16>,
-    /// Log-decays `[B, T, H]`, fp32: the forward's (the forgetting ones or the caller's alike).
+    /// Log-decays `[B, T, H]`, fp32: the forgetting ones the forward took
+    /// ([`crate::ops::documents::DocumentStarts::forgetting_gates`]), through which the walk's
+    /// chain forgets at every document start.
     pub g: DeviceRef<'a, f32>,
     /// Write strengths `[B, T, H]`, fp32.
     pub beta: DeviceRef<'a, f32>,

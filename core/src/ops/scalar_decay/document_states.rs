@@ -47,9 +47,9 @@ pub struct DocumentStatesArgs<'a> {
     pub k: DeviceRef<'a, bf16>,
     /// Values `[B, T, H, Dv]`, bf16, 16-byte aligned.
     pub v: DeviceRef<'a, bf16>,
-    /// Log-decays `[B, T, H]`, fp32: the ones the forward took
-    /// ([`crate::ops::documents::DocumentStarts::forgetting_gates`]) or the caller's (every sum
-    /// the states take lies inside one document, so both give the same states).
+    /// Log-decays `[B, T, H]`, fp32: the forgetting ones the forward took
+    /// ([`crate::ops::documents::DocumentStarts::forgetting_gates`]), through which the walk's
+    /// chain forgets at every document start.
     pub g: DeviceRef<'a, f32>,
     /// The state entering the shard `[B, H, Dk, Dv]` fp32: on LASP-2 the start state the forward
     /// saved; `None` for zero (one GPU, and the first PE).
