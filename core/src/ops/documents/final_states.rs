@@ -6,6 +6,7 @@
 
 use super::{check, DocumentStarts, Documents, GateShape};
 use crate::error::Result;
+use crate::kernel::LaunchShape;
 use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
 use crate::ops::{bf16, DeviceMut, DeviceRef};
 use crate::runtime::Runtime;
@@ -114,4 +115,22 @@ pub(crate) fn check_final_states<'c>(
     checks.tensor("ht", "[B, N, H, Dk, Dv]", (ht.len(), want), ht.addr(), 8)?;
     checks.disjoint(&inputs, &[("ht", ht.byte_range())])?;
     Ok(checks)
+}
+
+/// The launch of a family's states kernel: one CTA per (document slot, b*H+h, 64 columns of Dv),
+/// `threads` each, static shared memory only; a grid fixed by the capacity of `cu_seqlens`.
+pub(crate) fn states_launch(
+    shape: &ForwardShape,
+    documents: &Documents<'_>,
+    threads: u32,
+) -> LaunchShape {
+    LaunchShape {
+        grid: (
+            (documents.cu_seqlens.len() - 1) as u32,
+            (shape.b * shape.h) as u32,
+            (shape.dv / 64) as u32,
+        ),
+        block: (threads, 1, 1),
+        shared_bytes: 0,
+    }
 }

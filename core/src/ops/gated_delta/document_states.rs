@@ -15,8 +15,8 @@
 use super::forward::EntriesWalk;
 use super::GatedDeltaForward;
 use crate::error::Result;
-use crate::kernel::{width_index, Kernel, LaunchShape};
-use crate::ops::documents::final_states::{check_final_states, EntrySlots};
+use crate::kernel::{width_index, Kernel};
+use crate::ops::documents::final_states::{check_final_states, states_launch, EntrySlots};
 use crate::ops::documents::Documents;
 use crate::ops::scalar_decay::ForwardShape;
 use crate::ops::{bf16, DeviceMut, DeviceRef, StreamOrder};
@@ -148,15 +148,7 @@ impl GatedDeltaDocumentStates {
             Dk: dk,
             Dv: dv,
         };
-        let launch = LaunchShape {
-            grid: (
-                (docs.cu_seqlens.len() - 1) as u32,
-                (b * h) as u32,
-                (dv / 64) as u32,
-            ),
-            block: (LASP_GDN_DOCUMENT_STATES_THREADS, 1, 1),
-            shared_bytes: 0,
-        };
+        let launch = states_launch(&s, &docs, LASP_GDN_DOCUMENT_STATES_THREADS);
         self.ctx.bind_to_thread()?;
         // SAFETY: `p` is the kernel's lasp_gdn_document_states_params, generated from its header;
         // the offsets, k, v, g, beta and ht have the lengths and alignment checked in `launch`

@@ -609,10 +609,7 @@ impl GatedDeltaForward {
         // contracts keep the memory valid until the kernels complete; the workspace is owned by
         // self, sized by the plan, and freed only after a context synchronisation.
         unsafe {
-            self.kernels.launch_summaries(stream, &plan, &params)?;
-            if let Some(fold) = plan.fold {
-                self.fold[width_index(params.Dk as usize)].launch(stream, fold, &params)?;
-            }
+            self.launch_segment_starts(stream, &plan, &params)?;
             self.kernels.launch_output(stream, &plan, &params)?;
         }
         Ok(plan)
@@ -675,12 +672,30 @@ impl GatedDeltaForward {
         // live until the kernels complete; the workspace is owned by self, sized by the plan, and
         // freed only after a context synchronisation; the entries are this function's contract.
         unsafe {
-            self.kernels.launch_summaries(stream, &plan, &params)?;
-            if let Some(fold) = plan.fold {
-                self.fold[width_index(params.Dk as usize)].launch(stream, fold, &params)?;
-            }
+            self.launch_segment_starts(stream, &plan, &params)?;
             self.kernels.launch_entries_walk(stream, &plan, &params)
         }
+    }
+
+    /// The WY kernel, the segments' summaries and the fold where the plan has them: what every
+    /// pass of the chain needs before it walks its segments from their start states.
+    ///
+    /// # Safety
+    /// As [`ChunkKernels::launch_summaries`].
+    unsafe fn launch_segment_starts(
+        &self,
+        stream: &Arc<CudaStream>,
+        plan: &GatedDeltaPlan,
+        params: &GatedDeltaParams,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract; the fold reads what the summaries wrote.
+        unsafe {
+            self.kernels.launch_summaries(stream, plan, params)?;
+            if let Some(fold) = plan.fold {
+                self.fold[width_index(params.Dk as usize)].launch(stream, fold, params)?;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -25,8 +25,10 @@
 use super::forward::EntriesWalk;
 use super::{check_args, ForwardArgs, ForwardShape, ScalarDecayForward};
 use crate::error::{Error, Result};
-use crate::kernel::{width_index, Kernel, LaunchShape};
-use crate::ops::documents::final_states::{check_final_states, DocumentEntries, EntrySlots};
+use crate::kernel::{width_index, Kernel};
+use crate::ops::documents::final_states::{
+    check_final_states, states_launch, DocumentEntries, EntrySlots,
+};
 use crate::ops::documents::Documents;
 use crate::ops::{bf16, ranges_overlap, DeviceMut, DeviceRef, StreamOrder};
 use crate::runtime::Runtime;
@@ -224,15 +226,7 @@ impl ScalarDecayDocumentStates {
             Dk: dk,
             Dv: dv,
         };
-        let launch = LaunchShape {
-            grid: (
-                (docs.cu_seqlens.len() - 1) as u32,
-                (b * h) as u32,
-                (dv / 64) as u32,
-            ),
-            block: (LASP_SD_DOCUMENT_STATES_THREADS, 1, 1),
-            shared_bytes: 0,
-        };
+        let launch = states_launch(&s, &docs, LASP_SD_DOCUMENT_STATES_THREADS);
         self.ctx.bind_to_thread()?;
         // SAFETY: `p` is the kernel's lasp_sd_document_states_params, generated from its header;
         // the offsets, k, v, g and ht have the lengths and alignment checked in `launch` and stay

@@ -319,20 +319,6 @@ impl ScalarDecayForward {
         if cfg!(debug_assertions) {
             self.validate_gates(stream, args.g, &args.shape)?;
         }
-        let base = crate::ops::ensure_workspace(
-            &self.ctx,
-            stream,
-            &mut self.workspace,
-            plan.workspace_bytes,
-            "scalar-decay forward",
-        )?;
-        let (ws_m, ws_p, ws_lambda) = if plan.num_segments > 1 {
-            let (p, lambda) = plan.workspace_offsets();
-            (base, base + p, base + lambda)
-        } else {
-            (0, 0, 0)
-        };
-        let s = &args.shape;
         let params = ScalarDecayParams {
             q: args.q.addr() as _,
             k: args.k.addr() as _,
@@ -341,13 +327,40 @@ impl ScalarDecayForward {
             o: args.o.addr() as _,
             h0: args.h0.map_or(0, |x| x.addr()) as _,
             ht: args.ht.as_ref().map_or(0, |x| x.addr()) as _,
+            scale,
+            ..self.plan_params(stream, &plan, "scalar-decay forward")?
+        };
+        self.ctx.bind_to_thread()?;
+        Ok((plan, params))
+    }
+
+    /// The kernels' params of `plan` (its shape, segments and workspace parts, the workspace grown
+    /// for it), with no tensor, no scale and nothing for the backward or the documents: what every
+    /// launch of a plan starts from.
+    fn plan_params(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        plan: &ForwardPlan,
+        op: &str,
+    ) -> Result<ScalarDecayParams> {
+        let base = crate::ops::ensure_workspace(
+            &self.ctx,
+            stream,
+            &mut self.workspace,
+            plan.workspace_bytes,
+            op,
+        )?;
+        let (ws_m, ws_p, ws_lambda) = if plan.num_segments > 1 {
+            let (p, lambda) = plan.workspace_offsets();
+            (base, base + p, base + lambda)
+        } else {
+            (0, 0, 0)
+        };
+        let s = &plan.shape;
+        Ok(ScalarDecayParams {
             ws_m: ws_m as _,
             ws_p: ws_p as _,
             ws_lambda: ws_lambda as _,
-            block_states: std::ptr::null_mut(),
-            entry_slots: std::ptr::null(),
-            document_states: std::ptr::null_mut(),
-            documents: 0,
             B: s.b as i32,
             T: s.t as i32,
             H: s.h as i32,
@@ -355,10 +368,8 @@ impl ScalarDecayForward {
             Dv: s.dv as i32,
             num_segments: plan.num_segments as i32,
             chunks_per_segment: plan.chunks_per_segment as i32,
-            scale,
-        };
-        self.ctx.bind_to_thread()?;
-        Ok((plan, params))
+            ..Default::default()
+        })
     }
 
     /// Enqueues the forward on `stream` (a stream of the runtime's context) and returns the plan
@@ -499,46 +510,17 @@ impl ScalarDecayForward {
         crate::ops::require_runtime_stream(stream, &self.ctx, op)?;
         let target = self.target_ctas.unwrap_or(2 * self.sm_count);
         let plan = ForwardPlan::new(s, target, self.force_segments)?;
-        let base = crate::ops::ensure_workspace(
-            &self.ctx,
-            stream,
-            &mut self.workspace,
-            plan.workspace_bytes,
-            op,
-        )?;
-        let (ws_m, ws_p, ws_lambda) = if plan.num_segments > 1 {
-            let (p, lambda) = plan.workspace_offsets();
-            (base, base + p, base + lambda)
-        } else {
-            (0, 0, 0)
+        // q is never read (the walk has no O): k stands in for it, of the same length.
+        let params = ScalarDecayParams {
+            q: walk.k.addr() as _,
+            k: walk.k.addr() as _,
+            v: walk.v.addr() as _,
+            g: walk.g.addr() as _,
+            h0: walk.h0.map_or(0, |x| x.addr()) as _,
+            scale: 1.0,
+            ..self.plan_params(stream, &plan, op)?
         };
-        let params = with_entries(
-            ScalarDecayParams {
-                q: walk.k.addr() as _,
-                k: walk.k.addr() as _,
-                v: walk.v.addr() as _,
-                g: walk.g.addr() as _,
-                o: std::ptr::null_mut(),
-                h0: walk.h0.map_or(0, |x| x.addr()) as _,
-                ht: std::ptr::null_mut(),
-                ws_m: ws_m as _,
-                ws_p: ws_p as _,
-                ws_lambda: ws_lambda as _,
-                block_states: std::ptr::null_mut(),
-                entry_slots: std::ptr::null(),
-                document_states: std::ptr::null_mut(),
-                documents: 0,
-                B: s.b as i32,
-                T: s.t as i32,
-                H: s.h as i32,
-                Dk: s.dk as i32,
-                Dv: s.dv as i32,
-                num_segments: plan.num_segments as i32,
-                chunks_per_segment: plan.chunks_per_segment as i32,
-                scale: 1.0,
-            },
-            entries,
-        );
+        let params = with_entries(params, entries);
         let walk_shape = LaunchShape {
             block: (geometry::THREADS, 1, 1),
             shared_bytes: geometry::update_smem_bytes(s.dk as i32),
