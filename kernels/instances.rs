@@ -61,6 +61,7 @@ const SD_ROLES_THREADS: &str = "LASP_SD_ROLES_THREADS, 1";
 const L2_PARAMS: &str = "lasp_lasp2_params";
 const GLA_FORWARD: &str = "gla/forward.cu";
 const GLA_PARAMS: &str = "lasp_gla_params";
+const GLA_DOCUMENT_STATES: &str = "gla/document_states.cu";
 const GLA_LASP2: &str = "gla/lasp2_forward.cu";
 const GLA_L2_PARAMS: &str = "lasp_gla_lasp2_params";
 const GLA_BACKWARD: &str = "gla/backward.cu";
@@ -146,6 +147,15 @@ pub const INSTANCES: &[Instance] = &[
         "lasp::gla::run_output<{dk}, 128, false>(p)"),
     row("GLA_OUTPUT_DV128_PACKED", "lasp_gla_output_dk{dk}_dv128_packed", GLA_FORWARD, "256, 1", GLA_PARAMS,
         "lasp::gla::run_output<{dk}, 128, true>(p)"),
+    // The final states of packed documents: the packed output loops that also store the states
+    // entering the documents' last chunks (_ENTRIES), and the kernel that adds their tokens.
+    row("GLA_OUTPUT_DV64_ENTRIES", "lasp_gla_output_dk{dk}_dv64_entries", GLA_FORWARD, "128, 1", GLA_PARAMS,
+        "lasp::gla::run_output<{dk}, 64, true, true>(p)"),
+    row("GLA_OUTPUT_DV128_ENTRIES", "lasp_gla_output_dk{dk}_dv128_entries", GLA_FORWARD, "256, 1", GLA_PARAMS,
+        "lasp::gla::run_output<{dk}, 128, true, true>(p)"),
+    row("GLA_DOCUMENT_STATES", "lasp_gla_document_states_dk{dk}", GLA_DOCUMENT_STATES,
+        "LASP_GLA_DOCUMENT_STATES_THREADS, 1", "lasp_gla_document_states_params",
+        "lasp::gla::document_states<{dk}>(p)"),
     // GLA's LASP-2 forward, on the all-gather schedule.
     row("GLA_LASP2_STATES", "lasp_gla_lasp2_states_dk{dk}", GLA_LASP2, "LASP_GLA_STATES_THREADS, 1",
         GLA_L2_PARAMS, "lasp::gla::lasp2_states<{dk}, false>(p)"),
@@ -161,6 +171,10 @@ pub const INSTANCES: &[Instance] = &[
         GLA_L2_PARAMS, "lasp::gla::lasp2_output<{dk}, 128, false, lasp::exchange::Exchange>(p)"),
     row("GLA_LASP2_OUTPUT_DV128_PACKED", "lasp_gla_lasp2_output_dk{dk}_dv128_packed", GLA_LASP2, "256, 1",
         GLA_L2_PARAMS, "lasp::gla::lasp2_output<{dk}, 128, true, lasp::exchange::Exchange>(p)"),
+    row("GLA_LASP2_OUTPUT_DV64_ENTRIES", "lasp_gla_lasp2_output_dk{dk}_dv64_entries", GLA_LASP2, "128, 1",
+        GLA_L2_PARAMS, "lasp::gla::lasp2_output<{dk}, 64, true, lasp::exchange::Exchange, true>(p)"),
+    row("GLA_LASP2_OUTPUT_DV128_ENTRIES", "lasp_gla_lasp2_output_dk{dk}_dv128_entries", GLA_LASP2, "256, 1",
+        GLA_L2_PARAMS, "lasp::gla::lasp2_output<{dk}, 128, true, lasp::exchange::Exchange, true>(p)"),
     // GLA's LASP-2 backward: the shard's segment summaries and its walk, per value width (the
     // summary and advance kernels are the forward's; the gradients the single-GPU grads kernel).
     row("GLA_LASP2_BWD_STATES_DV64", "lasp_gla_lasp2_bwd_states_dk{dk}_dv64", GLA_LASP2_BACKWARD, "128, 1",

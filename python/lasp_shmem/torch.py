@@ -360,8 +360,8 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
     with cp_group. Where an input requires gradients the forward also keeps the state entering
     every chunk of 64 tokens (of this rank's shard with cp_group) for the backward
     ([B*H, ceil(T/64), Dk, Dv] bf16); without gradients (torch.no_grad(), or no input requiring
-    them) it keeps nothing. cu_seqlens and shard_start (packed documents) as for
-    `chunk_simple_gla`.
+    them) it keeps nothing. cu_seqlens and shard_start (packed documents), and
+    output_final_state with them (one state per document), as for `chunk_simple_gla`.
     """
     if scale == 0:
         raise ValueError("chunk_gla: scale must not be 0 (None gives Dk ** -0.5)")
@@ -372,9 +372,11 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
     runtime, lasp2 = _placement("chunk_gla", cp_group)
     _check_device("chunk_gla", runtime.device, q=q, k=k, v=v, g=g, initial_state=initial_state)
     cu_seqlens, shard_start = _documents("chunk_gla", cu_seqlens, shard_start, runtime, lasp2,
-                                         q.shape[1], initial_state, output_final_state)
+                                         q.shape[1], initial_state, output_final_state,
+                                         document_states=True)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    want_ht = output_final_state and (not lasp2 or runtime.rank == runtime.world - 1)
+    want_ht = output_final_state and (cu_seqlens is not None or not lasp2
+                                      or runtime.rank == runtime.world - 1)
     o, ht, _ = torch.ops.lasp_shmem.chunk_gla_fwd(q, k, v, g, initial_state, float(scale),
                                                   want_ht, lasp2, save_states, cu_seqlens,
                                                   shard_start)
@@ -463,7 +465,7 @@ def _documents(op, cu_seqlens, shard_start, runtime, lasp2, tokens, initial_stat
     if output_final_state and not document_states:
         raise NotImplementedError(
             f"{op}: per-document final states are not supported yet for this family "
-            "(chunk_simple_gla and chunk_gated_delta_rule have them); pass "
+            "(chunk_simple_gla, chunk_gla and chunk_gated_delta_rule have them); pass "
             "output_final_state=False with cu_seqlens")
     if shard_start is None:
         shard_start = runtime.rank * tokens if lasp2 else 0
@@ -727,25 +729,26 @@ _forward.register_autograd(_differentiate, setup_context=_setup_context)
 GLA_CHUNK = 64
 
 
-def _gla_forward_outputs(q, v, want_ht, save_states):
-    """GLA's o, final state (shape (0,) unless asked for) and the states entering every chunk,
-    [B*H, ceil(T/64), Dk, Dv] bf16 (shape (0,) unless saved): what the forward returns, real or
-    fake."""
+def _gla_forward_outputs(q, v, want_ht, save_states, cu_seqlens=None):
+    """GLA's o, final state (shape (0,) unless asked for; with cu_seqlens one per document,
+    [B * N, H, Dk, Dv]) and the states entering every chunk, [B*H, ceil(T/64), Dk, Dv] bf16
+    (shape (0,) unless saved): what the forward returns, real or fake."""
     b, t, h, dk = q.shape
     dv = v.shape[-1]
     states = (b * h, (t + GLA_CHUNK - 1) // GLA_CHUNK, dk, dv)
-    return (v.new_empty(b, t, h, dv),
-            q.new_empty((b, h, dk, dv) if want_ht else (0,), dtype=torch.float32),
-            q.new_empty(states if save_states else (0,), dtype=torch.bfloat16))
+    o, ht, _ = _forward_outputs(q, v, want_ht, False, cu_seqlens)
+    return o, ht, q.new_empty(states if save_states else (0,), dtype=torch.bfloat16)
 
 
 def _gla_forward_call(q, k, v, g, h0, scale, want_ht, lasp2, save_states, cu_seqlens=None,
                       shard_start=0):
     """GLA's forward outputs and its call."""
-    o, ht, states = _gla_forward_outputs(q, v, want_ht, save_states)
+    o, ht, states = _gla_forward_outputs(q, v, want_ht, save_states, cu_seqlens)
+    documents = cu_seqlens is not None
     call = _OpCall(q, v, lasp2, scale, {
         _abi.SLOT_Q: q, _abi.SLOT_K: k, _abi.SLOT_V: v, _abi.SLOT_G: g, _abi.SLOT_H0: h0,
-        _abi.SLOT_O: o, _abi.SLOT_HT: ht if want_ht else None,
+        _abi.SLOT_O: o, _abi.SLOT_HT: ht if want_ht and not documents else None,
+        _abi.SLOT_DOCUMENT_HT: ht if want_ht and documents else None,
         _abi.SLOT_CHUNK_STATES: states if save_states else None,
         _abi.SLOT_CU_SEQLENS: cu_seqlens}, family=_abi.FAMILY_GLA, shard_start=shard_start)
     return (o, ht, states), call
@@ -794,7 +797,7 @@ def _gla_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
 
 @_gla_forward.register_fake
 def _(q, k, v, g, h0, scale, want_ht, lasp2, save_states, cu_seqlens=None, shard_start=0):
-    return _gla_forward_outputs(q, v, want_ht, save_states)
+    return _gla_forward_outputs(q, v, want_ht, save_states, cu_seqlens)
 
 
 @_gla_backward.register_fake
@@ -812,6 +815,7 @@ def _gla_setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, g, h0, states, cu_seqlens)
     ctx.scale, ctx.want_ht, ctx.lasp2, ctx.saved_states = scale, want_ht, lasp2, save_states
     ctx.shard_start = shard_start
+    ctx.set_materialize_grads(False)  # _document_states_carry_no_gradient
 
 
 def _gla_differentiate(ctx, grad_o, grad_ht, _grad_states):
@@ -822,6 +826,7 @@ def _gla_differentiate(ctx, grad_o, grad_ht, _grad_states):
             "lasp_shmem::chunk_gla_fwd ran with save_states=False, so it kept no chunk states "
             "for its backward; call lasp_shmem.torch.chunk_gla, or the op with save_states=True")
     q, k, v, g, h0, states, cu_seqlens = ctx.saved_tensors
+    grad_o = _document_states_carry_no_gradient("chunk_gla", ctx, cu_seqlens, grad_o, grad_ht, v)
     dht = grad_ht.contiguous() if ctx.want_ht and grad_ht is not None else None
     want_dh0 = ctx.needs_input_grad[4]
     dq, dk, dv, dg, dh0 = torch.ops.lasp_shmem.chunk_gla_bwd(

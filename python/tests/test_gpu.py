@@ -296,7 +296,7 @@ def test_packed_documents_match_each_document_alone(family, dtype):
     lt.synchronize()
 
 
-@pytest.mark.parametrize("family", ["simple_gla", "gated_delta_rule"])
+@pytest.mark.parametrize("family", ["simple_gla", "gla", "gated_delta_rule"])
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 def test_per_document_final_states_match_each_document_alone(family, dtype):
     """output_final_state with cu_seqlens on one GPU (documents of 1 to 300 tokens, some across
@@ -311,6 +311,8 @@ def test_per_document_final_states_match_each_document_alone(family, dtype):
     delta_rule = family == "gated_delta_rule"
     if delta_rule:
         tensors = delta_inputs(b, t, h, d, d, "cuda", seed=19)[:5]
+    elif family == "gla":
+        tensors = gla_inputs(b, t, h, d, d, "cuda", seed=19)[:4]
     else:
         tensors = inputs(b, t, h, d, d, "cuda", seed=19)[:4]
     step = delta_recurrent if delta_rule else recurrent

@@ -104,10 +104,12 @@ def _backward_on_cpu(q, k, v, g, state, do, dht, scale, want_dh0, lasp2, cu_seql
 def _gla_forward_on_cpu(q, k, v, g, h0, scale, want_ht, lasp2, save_states, cu_seqlens=None,
                         shard_start=0):
     GLA_SAVES.append(save_states)
-    o, ht, states = lt._gla_forward_outputs(q, v, want_ht, save_states)
-    if cu_seqlens is not None:  # the public function refuses h0 and ht with documents
+    o, ht, states = lt._gla_forward_outputs(q, v, want_ht, save_states, cu_seqlens)
+    if cu_seqlens is not None:  # the public function refuses h0 with documents
         o.copy_(per_document(lambda *x: recurrent(*x, None, scale)[:1], cu_seqlens, shard_start,
                              q, k, v, g)[0])
+        if want_ht:
+            document_finals(recurrent, ht, cu_seqlens, shard_start, q, k, v, g)
         states.zero_()  # the reference backward below reads none of them
         return o, ht, states
     want_o, want_ht_ = recurrent(q, k, v, g, h0, scale)
@@ -330,10 +332,10 @@ def test_per_document_final_states_are_refused_where_not_built(cpu_runtime):
     cu = torch.tensor([0, 4, T], dtype=torch.int32)
     message = "per-document final states are not supported yet for this family"
     with pytest.raises(NotImplementedError, match=message):
-        lt.chunk_gla(*gla_inputs()[:4], cu_seqlens=cu, output_final_state=True)
+        lt.mlstm(*mlstm_cpu_inputs()[:5], cu_seqlens=cu, output_final_state=True)
 
 
-@pytest.mark.parametrize("family", ["simple_gla", "gated_delta_rule"])
+@pytest.mark.parametrize("family", ["simple_gla", "gla", "gated_delta_rule"])
 @pytest.mark.parametrize("dtype, shard_start", [(torch.int32, None), (torch.int64, 3)])
 def test_per_document_final_states(cpu_runtime, family, dtype, shard_start):
     """output_final_state with cu_seqlens gives [B * N, H, Dk, Dv], row b * N + n: each
@@ -341,7 +343,7 @@ def test_per_document_final_states(cpu_runtime, family, dtype, shard_start):
     padding's empty documents too); the backward through o alone runs, and one that reaches
     these states raises."""
     t = 40
-    q, k, v, g, _ = cpu_inputs(t=t)
+    q, k, v, g, _ = gla_inputs(t=t) if family == "gla" else cpu_inputs(t=t)
     delta_rule = family == "gated_delta_rule"
     inputs_ = (q, k, v, g, torch.rand(B, t, H)) if delta_rule else (q, k, v, g)
     step = delta_recurrent if delta_rule else recurrent

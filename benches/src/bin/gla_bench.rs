@@ -118,6 +118,7 @@ fn run(opts: &Options, config: Config) -> Result<()> {
                 chunk_states: None,
                 scale: None,
                 documents: None,
+                document_ht: None,
             };
             plan = Some(fwd.launch(&stream, args)?);
             Ok(())
@@ -138,6 +139,7 @@ fn run(opts: &Options, config: Config) -> Result<()> {
                     chunk_states: Some(DeviceMut::new(&mut chunk_states)),
                     scale: None,
                     documents: None,
+                    document_ht: None,
                 };
                 fwd.launch(&stream, args)?;
                 let args = GlaBackwardArgs {

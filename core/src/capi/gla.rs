@@ -8,7 +8,7 @@ use super::abi::Slot;
 use super::families::{chains_symmetric_bytes, AbiFamily, Direction, FamilyOp};
 use super::pairs::{AbiCall, Lasp2Pair, SingleGpuPair};
 use super::spec::{Kind, OpSpec};
-use super::tensors::Layout::{ChunkStates, KeyGates, Offsets, Qk, State, V};
+use super::tensors::Layout::{ChunkStates, DocumentStates, KeyGates, Offsets, Qk, State, V};
 use super::tensors::Role::{Input, OptionalInput, OptionalOutput, Output};
 use super::tensors::{CheckedCall, SlotUse};
 use crate::error::Result;
@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 /// The forward's slots, on one GPU and across the ranks (h0 is the sequence's initial state on
 /// every rank; ht only on the last).
-static FORWARD: [SlotUse; 8] = [
+static FORWARD: [SlotUse; 9] = [
     SlotUse::new(Slot::Q, Input, Bf16, Qk),
     SlotUse::new(Slot::K, Input, Bf16, Qk),
     SlotUse::new(Slot::V, Input, Bf16, V),
@@ -31,6 +31,7 @@ static FORWARD: [SlotUse; 8] = [
     SlotUse::new(Slot::O, Output, Bf16, V),
     SlotUse::new(Slot::Ht, OptionalOutput, F32, State),
     SlotUse::new(Slot::CuSeqlens, OptionalInput, I32, Offsets),
+    SlotUse::new(Slot::DocumentHt, OptionalOutput, F32, DocumentStates),
 ];
 
 /// The forward's slots with the backward, on one GPU and across the ranks: also the state entering
@@ -38,7 +39,7 @@ static FORWARD: [SlotUse; 8] = [
 /// the ranks these states already hold the earlier ranks' prefix, so the backward needs no start
 /// state). Optional: a forward that no backward follows, such as inference, leaves it empty and
 /// writes nothing more.
-static SAVING_FORWARD: [SlotUse; 9] = [
+static SAVING_FORWARD: [SlotUse; 10] = [
     SlotUse::new(Slot::Q, Input, Bf16, Qk),
     SlotUse::new(Slot::K, Input, Bf16, Qk),
     SlotUse::new(Slot::V, Input, Bf16, V),
@@ -48,6 +49,7 @@ static SAVING_FORWARD: [SlotUse; 9] = [
     SlotUse::new(Slot::Ht, OptionalOutput, F32, State),
     SlotUse::new(Slot::ChunkStates, OptionalOutput, Bf16, ChunkStates),
     SlotUse::new(Slot::CuSeqlens, OptionalInput, I32, Offsets),
+    SlotUse::new(Slot::DocumentHt, OptionalOutput, F32, DocumentStates),
 ];
 
 /// The backward's slots, on one GPU and across the ranks: the forward's inputs, the chunk states
@@ -128,6 +130,7 @@ fn forward_args<'a>(call: &mut CheckedCall<'a>) -> GlaArgs<'a> {
         chunk_states: call.optional_output(Slot::ChunkStates),
         scale: call.scale,
         documents: call.documents(),
+        document_ht: call.optional_output(Slot::DocumentHt),
     }
 }
 

@@ -660,8 +660,18 @@ fn document_final_states_need_documents_and_one_state_per_offset() {
         ..lasp2_desc()
     };
     tensors.slot[Slot::G as usize] = tensor(Dtype::F32, 2 * 10 * 3 * 64);
+    // GLA's forward writes them itself: no start state with them.
     tensors.slot[Slot::StartState as usize] = Tensor::default();
-    let msg = plan_error(gla, Direction::Forward, call(10), tensors);
+    let gla_spec = OpSpec::of(&gla).unwrap();
+    assert!(plan_call(&gla_spec, Direction::Forward, &call(10), &tensors).is_ok());
+    // mLSTM's forward does not declare them.
+    let mlstm = OpDesc {
+        family: LASP_FAMILY_MLSTM,
+        ..lasp2_desc()
+    };
+    tensors.slot[Slot::G as usize] = tensor(Dtype::F32, 2 * 10 * 3);
+    tensors.slot[Slot::IGate as usize] = tensor(Dtype::F32, 2 * 10 * 3);
+    let msg = plan_error(mlstm, Direction::Forward, call(10), tensors);
     assert!(msg.contains("LASP_SLOT_DOCUMENT_HT is filled but"), "{msg}");
 }
 

@@ -166,6 +166,7 @@ impl Shard {
             chunk_states: self.chunk_states.as_mut().map(DeviceMut::new),
             scale: None,
             documents: None,
+            document_ht: None,
         }
     }
 

@@ -23,10 +23,10 @@
 //! reference's packed backward (5e-3), dg (and Gated DeltaNet's dbeta) against the shard's norm
 //! of theirs (scalar decay and GLA 5e-3, Gated DeltaNet 1e-2, as its unpacked checks), dg exactly 0
 //! at every document start,
-//! every mode and a repeat bitwise equal. Scalar decay's and Gated DeltaNet's documents' final
-//! states (`ScalarDecayDocumentStates`, `GatedDeltaDocumentStates`, from the state the forward
-//! saved): each document that ends in the
-//! shard against the reference's (5e-3), every other slot +0, a repeat bitwise equal. Outputs,
+//! every mode and a repeat bitwise equal. The documents' final states (scalar decay's and Gated
+//! DeltaNet's `ScalarDecayDocumentStates`, `GatedDeltaDocumentStates` from the state the forward
+//! saved; GLA's from its forward, `GlaArgs::document_ht`): each document that ends in the shard
+//! against the reference's (5e-3), every other slot +0, a repeat bitwise equal. Outputs,
 //! gradients and states are poisoned before each call.
 //! One line per case and PE; exit status 1 when any check failed; `--json` (rank 0) gets one row
 //! per case with the PEs' largest errors.
@@ -34,8 +34,9 @@
 //! Cost (`--time BxTxHxD`, T per GPU): a training step (forward saving the state entering the
 //! shard, then the backward), and the forward alone, on documents of mixed lengths (64 to 8192
 //! tokens, log-uniform) and on the same tokens as whole sequences, in turns, overlapped mode; the
-//! row is the slowest rank's median of each; for scalar decay and Gated DeltaNet also the
-//! documents' final states after the packed forward (rank 0's median of 30 calls).
+//! row is the slowest rank's median of each; also the documents' final states (rank 0's median
+//! of 30 calls): after the packed forward (scalar decay, Gated DeltaNet), or the packed forward
+//! with them against it without (GLA).
 
 use clap::Parser;
 use cudarc::driver::sys::CUevent_flags;
@@ -416,8 +417,21 @@ impl Shard {
     }
 
     /// Enqueues the forward (saving the state entering the shard) with the forgetting log-decays
-    /// where `packed`, else with the caller's (the same tokens as whole sequences).
-    fn forward(&mut self, ops: &mut Ops, stream: &Arc<CudaStream>, packed: bool) -> Result<()> {
+    /// where `packed`, else with the caller's (the same tokens as whole sequences). GLA's forward
+    /// also writes the documents' final states into `document_ht` where given (the other
+    /// families' come after the forward: [`DocumentStatesOp`]).
+    fn forward(
+        &mut self,
+        ops: &mut Ops,
+        stream: &Arc<CudaStream>,
+        packed: bool,
+        document_ht: Option<DeviceMut<'_, f32>>,
+    ) -> Result<()> {
+        if document_ht.is_some() && self.family != PackedFamily::Gla {
+            return Err(Error::State(
+                "only GLA's forward writes the documents' final states".into(),
+            ));
+        }
         let forgets = packed && self.family != PackedFamily::Gla;
         let g = DeviceRef::new(if forgets { &self.forgetting_g } else { &self.g });
         let documents = packed.then(|| Documents {
@@ -478,6 +492,7 @@ impl Shard {
                     chunk_states: Some(DeviceMut::new(&mut self.chunk_states)),
                     scale: None,
                     documents,
+                    document_ht,
                 };
                 op.forward(stream, args)
             }
@@ -673,7 +688,7 @@ fn packed_cases(npes: usize, families: &[PackedFamily]) -> Vec<PackedCase> {
 #[derive(Clone, Copy, Default)]
 struct CaseErrors {
     o: f64,
-    /// The documents' final states (scalar decay, Gated DeltaNet), against the reference's.
+    /// The documents' final states, against the reference's.
     final_states: Option<f64>,
     grads: f64,
     bitwise: bool,
@@ -739,7 +754,7 @@ fn check_case(
     let (first, mut problems) = bits_in_every_mode(&mut ops, "forward", |ops| {
         shard.poison(&stream)?;
         shard.mark(&starts, &stream)?;
-        shard.forward(ops, &stream, true)?;
+        shard.forward(ops, &stream, true, None)?;
         ops.finish(&stream)?;
         shard.bits(&stream)
     })?;
@@ -758,7 +773,7 @@ fn check_case(
         |shard, ops, stream| {
             shard
                 .mark(&starts, stream)
-                .and_then(|_| shard.forward(ops, stream, true))
+                .and_then(|_| shard.forward(ops, stream, true, None))
         },
         |shard, stream| shard.offsets.write(stream, &offsets),
     )?;
@@ -771,13 +786,10 @@ fn check_case(
     if e_o.is_nan() || e_o > TOL {
         problems.push(format!("o: rel err {e_o:.3e} > {TOL:.0e}"));
     }
-    let e_ht = if family != PackedFamily::Gla {
-        let (e, ht_problems) = check_document_states(rt, &shard, &packed, case, start, len)?;
-        problems.extend(ht_problems);
-        Some(e)
-    } else {
-        None
-    };
+    let (e_ht, ht_problems) =
+        check_document_states(rt, &mut shard, &mut ops, &packed, case, start, len)?;
+    problems.extend(ht_problems);
+    let e_ht = Some(e_ht);
     // Backward, from the state the last forward saved.
     let d_o = bf16s(&shard_rows(&cot.d_o, start, len));
     let mut grads = ShardGrads::new(&stream, &shard, &d_o)?;
@@ -855,6 +867,8 @@ fn check_case(
 enum DocumentStatesOp {
     ScalarDecay(ScalarDecayDocumentStates),
     GatedDelta(GatedDeltaDocumentStates),
+    /// GLA's LASP-2 forward writes them itself.
+    Gla,
 }
 
 impl DocumentStatesOp {
@@ -863,17 +877,26 @@ impl DocumentStatesOp {
             PackedFamily::GatedDelta => {
                 DocumentStatesOp::GatedDelta(GatedDeltaDocumentStates::new(rt)?)
             }
-            _ => DocumentStatesOp::ScalarDecay(ScalarDecayDocumentStates::new(rt)?),
+            PackedFamily::Gla => DocumentStatesOp::Gla,
+            PackedFamily::ScalarDecay => {
+                DocumentStatesOp::ScalarDecay(ScalarDecayDocumentStates::new(rt)?)
+            }
         })
     }
 
-    /// The final states of `shard`'s documents into `ht`, from the state its forward saved.
+    /// The final states of `shard`'s documents into `ht`: from the state its forward saved, or
+    /// (GLA) by the packed forward itself, with `ops`.
     fn launch(
         &mut self,
         stream: &Arc<CudaStream>,
-        shard: &Shard,
+        shard: &mut Shard,
+        ops: &mut Ops,
         ht: DeviceMut<'_, f32>,
     ) -> Result<()> {
+        if let DocumentStatesOp::Gla = self {
+            shard.forward(ops, stream, true, Some(ht))?;
+            return ops.finish(stream);
+        }
         let (k, v, g) = (
             DeviceRef::new(&shard.k),
             DeviceRef::new(&shard.v),
@@ -912,18 +935,20 @@ impl DocumentStatesOp {
                     },
                 )
             }
+            DocumentStatesOp::Gla => unreachable!("GLA's states come from its forward, above"),
         }
     }
 }
 
-/// The final state of every document (scalar decay, Gated DeltaNet) from the state the forward
-/// saved as entering
-/// the shard: each document that ends in the shard against the reference's packed LASP-2
-/// decomposition (`TOL`), every other slot (the padding's empty documents too) exactly +0,
-/// poisoned before each call, a repeat bitwise equal. Returns the relative error and the problems.
+/// The final state of every document (scalar decay, Gated DeltaNet: from the state the forward
+/// saved as entering the shard; GLA: by the packed forward itself): each document that ends in
+/// the shard against the reference's packed LASP-2 decomposition (`TOL`), every other slot (the
+/// padding's empty documents too) exactly +0, poisoned before each call, a repeat bitwise equal.
+/// Returns the relative error and the problems.
 fn check_document_states(
     rt: &Runtime,
-    shard: &Shard,
+    shard: &mut Shard,
+    ops: &mut Ops,
     packed: &PackedInputs,
     case: &PackedCase,
     start: usize,
@@ -937,7 +962,12 @@ fn check_document_states(
                 .map_err(fail)?
                 .final_states
         }
-        _ => {
+        PackedFamily::Gla => {
+            lasp2::packed_forward(packed, Decay::Vector { sub_chunk: 16 }, &case.lengths, 64)
+                .map_err(fail)?
+                .final_states
+        }
+        PackedFamily::ScalarDecay => {
             lasp2::packed_forward(packed, Decay::Scalar, &case.lengths, 64)
                 .map_err(fail)?
                 .final_states
@@ -950,7 +980,7 @@ fn check_document_states(
     let mut states = DocumentStatesOp::new(rt, case.family)?;
     let mut run = |ht: &mut CudaSlice<f32>| -> Result<Vec<u32>> {
         stream.memcpy_htod(&vec![f32::from_bits(u32::MAX); ht.len()], ht)?;
-        states.launch(&stream, shard, DeviceMut::new(ht))?;
+        states.launch(&stream, shard, ops, DeviceMut::new(ht))?;
         Ok(stream
             .clone_dtoh(ht)?
             .into_iter()
@@ -1003,7 +1033,7 @@ struct CaseRow {
     shard_lengths: Vec<usize>,
     doc_lengths: Vec<usize>,
     rel_err_vs_f64: f64,
-    /// The documents' final states (scalar decay, Gated DeltaNet; none for GLA).
+    /// The documents' final states.
     #[serde(skip_serializing_if = "Option::is_none")]
     final_state_rel_err_vs_f64: Option<f64>,
     grad_rel_err_vs_f64: f64,
@@ -1016,7 +1046,7 @@ struct CostRow {
     family: PackedFamily,
     #[serde(flatten)]
     cost: PackedCost,
-    /// The documents' final states (scalar decay, Gated DeltaNet).
+    /// The documents' final states.
     #[serde(skip_serializing_if = "Option::is_none")]
     document_states: Option<DocumentStatesCost>,
 }
@@ -1046,7 +1076,7 @@ impl ModeCall for Step<'_> {
         if self.packed {
             self.shard.mark(self.starts, stream)?;
         }
-        self.shard.forward(self.ops, stream, self.packed)?;
+        self.shard.forward(self.ops, stream, self.packed, None)?;
         if self.forward_only {
             return Ok(());
         }
@@ -1105,29 +1135,31 @@ fn time_cost(rt: &Runtime, family: PackedFamily, shape: ForwardShape) -> Result<
             step.forward_only = forward_only;
         },
     )?;
-    let document_states = if family != PackedFamily::Gla {
-        // The packed forward once more, so that the start state and the forgetting log-decays
-        // are the documents'.
-        shard.mark(&starts, &stream)?;
-        shard.forward(&mut ops, &stream, true)?;
-        ops.finish(&stream)?;
-        Some(time_document_states(rt, &mut shard)?)
-    } else {
-        None
-    };
+    // The packed forward once more, so that the start state and the forgetting log-decays are
+    // the documents'.
+    shard.mark(&starts, &stream)?;
+    shard.forward(&mut ops, &stream, true, None)?;
+    ops.finish(&stream)?;
+    let document_states = Some(time_document_states(rt, &mut shard, &mut ops)?);
     ops.free()?;
     if me == 0 {
         let states = document_states.map_or(String::new(), |c| {
-            let fused = match (c.forward_with_states_ms, c.single_gpu_forward_ms) {
-                (Some(with), Some(plain)) => format!(
-                    ", the single-GPU forward with them {with:.4} ms against it alone {plain:.4} ms"
-                ),
-                _ => String::new(),
-            };
-            format!(
-                "; the documents' final states after the forward {:.4} ms{fused}",
-                c.after_forward_ms
-            )
+            let mut parts = Vec::new();
+            if let Some(after) = c.after_forward_ms {
+                parts.push(format!("after the forward {after:.4} ms"));
+            }
+            if let (Some(with), Some(plain)) = (c.forward_with_states_ms, c.single_gpu_forward_ms) {
+                parts.push(format!(
+                    "the single-GPU forward with them {with:.4} ms against it alone {plain:.4} ms"
+                ));
+            }
+            if let (Some(with), Some(plain)) = (c.lasp2_forward_with_states_ms, c.lasp2_forward_ms)
+            {
+                parts.push(format!(
+                    "the LASP-2 forward with them {with:.4} ms against it alone {plain:.4} ms"
+                ));
+            }
+            format!("; the documents' final states: {}", parts.join(", "))
         });
         println!("{}{states}", cost.line(&format!("{family:?}")));
     }
@@ -1138,16 +1170,23 @@ fn time_cost(rt: &Runtime, family: PackedFamily, shape: ForwardShape) -> Result<
     })
 }
 
-/// The documents' final states on this PE (scalar decay, Gated DeltaNet): after the forward, from
-/// the state it saved; for scalar decay on one PE also the forward that stores the entering states followed by them (`launch_forward`) and the
-/// plain single-GPU forward, each in turn with the others, 30 calls after 5 unrecorded, CUDA
-/// events around each call, the medians.
-fn time_document_states(rt: &Runtime, shard: &mut Shard) -> Result<DocumentStatesCost> {
+/// The documents' final states on this PE: for scalar decay and Gated DeltaNet after the forward,
+/// from the state it saved, and for scalar decay on one PE also the forward that stores the
+/// entering states followed by them (`launch_forward`) and the plain single-GPU forward; for GLA
+/// the packed LASP-2 forward with them and without. Each in turn with the others, 30 calls after
+/// 5 unrecorded, CUDA events around each call, the medians.
+fn time_document_states(
+    rt: &Runtime,
+    shard: &mut Shard,
+    ops: &mut Ops,
+) -> Result<DocumentStatesCost> {
     #[derive(Clone, Copy, PartialEq)]
     enum Turn {
         AfterForward,
         ForwardWithStates,
         Forward,
+        Lasp2ForwardWithStates,
+        Lasp2Forward,
     }
     let stream = rt.stream().clone();
     let mut ht =
@@ -1155,10 +1194,12 @@ fn time_document_states(rt: &Runtime, shard: &mut Shard) -> Result<DocumentState
     let mut after = DocumentStatesOp::new(rt, shard.family)?;
     let mut states = ScalarDecayDocumentStates::new(rt)?;
     let mut plain = ScalarDecayForward::new(rt)?;
-    let turns: &[Turn] = if rt.npes() == 1 && shard.family == PackedFamily::ScalarDecay {
-        &[Turn::AfterForward, Turn::ForwardWithStates, Turn::Forward]
-    } else {
-        &[Turn::AfterForward]
+    let turns: &[Turn] = match shard.family {
+        PackedFamily::Gla => &[Turn::Lasp2ForwardWithStates, Turn::Lasp2Forward],
+        PackedFamily::ScalarDecay if rt.npes() == 1 => {
+            &[Turn::AfterForward, Turn::ForwardWithStates, Turn::Forward]
+        }
+        _ => &[Turn::AfterForward],
     };
     let mut times = vec![Vec::new(); turns.len()];
     for call in 0..35 {
@@ -1189,37 +1230,56 @@ fn time_document_states(rt: &Runtime, shard: &mut Shard) -> Result<DocumentState
                     states.launch_forward(&stream, forward, documents, DeviceMut::new(&mut ht))?
                 }
                 Turn::Forward => plain.launch(&stream, forward).map(|_| ())?,
-                Turn::AfterForward => after.launch(&stream, shard, DeviceMut::new(&mut ht))?,
+                Turn::AfterForward => after.launch(&stream, shard, ops, DeviceMut::new(&mut ht))?,
+                Turn::Lasp2ForwardWithStates => {
+                    shard.forward(ops, &stream, true, Some(DeviceMut::new(&mut ht)))?
+                }
+                Turn::Lasp2Forward => shard.forward(ops, &stream, true, None)?,
             }
             let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
             end.synchronize()?;
+            ops.finish(&stream)?;
             if call >= 5 {
                 times.push(start.elapsed_ms(&end)? as f64);
             }
         }
     }
-    let mut medians = times.into_iter().map(|mut t| {
-        t.sort_by(f64::total_cmp);
-        t[t.len() / 2]
-    });
+    let medians: Vec<f64> = times
+        .into_iter()
+        .map(|mut t| {
+            t.sort_by(f64::total_cmp);
+            t[t.len() / 2]
+        })
+        .collect();
+    let turn = |want: Turn| turns.iter().position(|&t| t == want).map(|i| medians[i]);
     Ok(DocumentStatesCost {
-        after_forward_ms: medians.next().expect("the after-forward turn"),
-        forward_with_states_ms: medians.next(),
-        single_gpu_forward_ms: medians.next(),
+        after_forward_ms: turn(Turn::AfterForward),
+        forward_with_states_ms: turn(Turn::ForwardWithStates),
+        single_gpu_forward_ms: turn(Turn::Forward),
+        lasp2_forward_with_states_ms: turn(Turn::Lasp2ForwardWithStates),
+        lasp2_forward_ms: turn(Turn::Lasp2Forward),
     })
 }
 
 /// What the documents' final states cost, rank 0's medians.
 #[derive(Clone, Copy, Serialize)]
 struct DocumentStatesCost {
-    /// From the state the packed forward saved: the walk and the states kernel.
-    after_forward_ms: f64,
+    /// From the state the packed forward saved: the walk and the states kernel (scalar decay,
+    /// Gated DeltaNet).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    after_forward_ms: Option<f64>,
     /// One GPU: the forward that stores the entering states, then the states kernel.
     #[serde(skip_serializing_if = "Option::is_none")]
     forward_with_states_ms: Option<f64>,
     /// One GPU: the single-GPU forward alone (ScalarDecayForward), timed in turn with the above.
     #[serde(skip_serializing_if = "Option::is_none")]
     single_gpu_forward_ms: Option<f64>,
+    /// GLA: the packed LASP-2 forward that stores the entering states, then the states kernel.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lasp2_forward_with_states_ms: Option<f64>,
+    /// GLA: the packed LASP-2 forward alone, timed in turn with the above.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lasp2_forward_ms: Option<f64>,
 }
 
 fn run(options: Options, config: Config) -> Result<bool> {

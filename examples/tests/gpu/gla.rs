@@ -137,6 +137,7 @@ impl GlaArgsOf for ForwardBuffers {
             chunk_states: None,
             scale: Some(scale),
             documents: None,
+            document_ht: None,
         }
     }
 }

@@ -97,6 +97,7 @@ fn run(
         chunk_states: Some(DeviceMut::new(&mut x.states)),
         scale: None,
         documents: Some(docs),
+        document_ht: None,
     };
     fwd.launch(stream, args)
         .map_err(|e| format!("forward: {e}"))?;

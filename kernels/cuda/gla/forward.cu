@@ -36,8 +36,9 @@ __device__ __forceinline__ void run_states(const lasp_gla_params& p) {
   run_states_segment<DK, kPacked>(p, sg, vt, end);
 }
 
-// Kernel 3: segment blockIdx.y from its prefix; the last segment writes ht.
-template <int DK, int DV, bool kPacked>
+// Kernel 3: segment blockIdx.y from its prefix; the last segment writes ht. kEntries: also the
+// states entering the packed documents' last chunks (lasp/gla/chunk.cuh).
+template <int DK, int DV, bool kPacked, bool kEntries = false>
 __device__ __forceinline__ void run_output(const lasp_gla_params& p) {
   const Segment sg = segment_of(p, blockIdx.y * p.chunks_per_segment, p.chunks_per_segment);  // never empty
   const int seg = blockIdx.y;
@@ -56,7 +57,7 @@ __device__ __forceinline__ void run_output(const lasp_gla_params& p) {
   const auto end = [&](StateRegs<DK>& s, const StateLane& ln, int group) {
     if (seg == p.num_segments - 1 && p.ht) chunk::state_store<DK>(s, ln, p.ht + bh * tile + group * 64, DV);
   };
-  run_output_segment<DK, DV, kPacked>(p, sg, chunk_states, start, end);
+  run_output_segment<DK, DV, kPacked, kEntries>(p, sg, chunk_states, start, end);
 }
 
 }  // namespace gla
@@ -86,3 +87,4 @@ extern "C" __global__ void __launch_bounds__(LASP_GLA_FOLD_THREADS)
 // The templated kernels are instantiated from kernels/instances.rs:
 //   lasp_gla_states_dk*           kernel 1, grid (Dv/64, (S-1)*R, B*H), block LASP_GLA_STATES_THREADS
 //   lasp_gla_output_dk*_dv{64,128} kernel 3, grid (1, S, B*H), block lasp_gla_output_threads(Dv)
+//   (_packed: over packed documents; _entries: also the states their final states start from)

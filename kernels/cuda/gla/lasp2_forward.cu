@@ -78,7 +78,7 @@ __device__ __forceinline__ void lasp2_summary(const lasp_gla_lasp2_params& p) {
 
 // Kernel 3: segment blockIdx.y of the shard. Its start: h0 (or 0), the earlier PEs' tiles in chain
 // order, then this shard's pieces before the segment, in order; the same fold in every mode.
-template <int DK, int DV, bool kPacked, class Schedule>
+template <int DK, int DV, bool kPacked, class Schedule, bool kEntries = false>
 __device__ __forceinline__ void lasp2_output(const lasp_gla_lasp2_params& p) {
   const Segment sg = segment_of(p, blockIdx.y * p.chunks_per_segment, p.chunks_per_segment);
   const int seg = blockIdx.y;
@@ -114,7 +114,7 @@ __device__ __forceinline__ void lasp2_output(const lasp_gla_lasp2_params& p) {
     if (p.write_final_state && p.ht && seg == p.num_segments - 1)
       chunk::state_store<DK>(s, ln, p.ht + bh * tile + group * 64, DV);
   };
-  run_output_segment<DK, DV, kPacked>(p, sg, chunk_states, start, end);
+  run_output_segment<DK, DV, kPacked, kEntries>(p, sg, chunk_states, start, end);
 }
 
 }  // namespace gla

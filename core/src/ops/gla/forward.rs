@@ -1,6 +1,7 @@
 //! [`GlaForward`]: the GLA forward's kernels, workspace and launches, and the checks of one
 //! call's tensors ([`GlaArgs`]) before anything is launched.
 
+use super::document_states::{check_document_ht, DocumentTails, TailInputs};
 use super::plan::{chunk_states_len, output_smem_bytes, states_smem_bytes, CHUNK_STATES_LAYOUT};
 use super::{GlaParams, GlaPlan};
 use crate::error::{Error, Result};
@@ -50,11 +51,17 @@ pub struct GlaArgs<'a> {
     /// Packed documents: the state restarts from zero at every document start in the shard, and
     /// no score crosses one. With documents `h0` and `ht` must be `None`.
     pub documents: Option<Documents<'a>>,
+    /// With documents: every document's final state, `[B, N, H, Dk, Dv]` fp32 (N =
+    /// `cu_seqlens.len() - 1`, [`crate::ops::documents::document_states_len`]), 8-byte aligned,
+    /// fla's `output_final_state` with `cu_seqlens`: document n's state after its last token
+    /// where that token is in this shard, zeros for the others (so the sum over LASP-2's PEs holds
+    /// every document's). Every element is written. `None` to skip them.
+    pub document_ht: Option<DeviceMut<'a, f32>>,
 }
 
 impl<'a> GlaArgs<'a> {
     /// The streams of the buffers the views come from ([`crate::ops`], "Ordering").
-    pub(crate) fn homes(&self) -> [Option<&'a Arc<CudaStream>>; 9] {
+    pub(crate) fn homes(&self) -> [Option<&'a Arc<CudaStream>>; 10] {
         [
             self.q.home(),
             self.k.home(),
@@ -65,6 +72,7 @@ impl<'a> GlaArgs<'a> {
             self.ht.as_ref().and_then(DeviceMut::home),
             self.chunk_states.as_ref().and_then(DeviceMut::home),
             self.documents.and_then(|d| d.cu_seqlens.home()),
+            self.document_ht.as_ref().and_then(DeviceMut::home),
         ]
     }
 
@@ -102,6 +110,10 @@ impl<'a> GlaArgs<'a> {
                 .as_ref()
                 .map(|x| ("chunk_states", x.byte_range())),
         );
+        if let Some(ht) = &self.document_ht {
+            let range = check_document_ht(&checks, op, s, self.documents.as_ref(), ht)?;
+            outputs.push(("document_ht", range));
+        }
         checks.disjoint(&inputs, &outputs)?;
         Ok(scale)
     }
@@ -215,6 +227,7 @@ pub struct GlaForward {
     force_splits: Option<u32>,
     words: StartWords,
     workspace: Option<CudaSlice<u8>>,
+    tails: DocumentTails,
 }
 
 /// The states kernels (by Dk) and output kernels (by Dv, then Dk) of one of GLA's forwards.
@@ -289,6 +302,13 @@ impl GlaForward {
             force_splits: None,
             words: StartWords::new(runtime)?,
             workspace: None,
+            tails: DocumentTails::new(
+                runtime,
+                [
+                    instances::GLA_OUTPUT_DV64_ENTRIES,
+                    instances::GLA_OUTPUT_DV128_ENTRIES,
+                ],
+            )?,
         })
     }
 
@@ -354,6 +374,10 @@ impl GlaForward {
             (0, 0, 0)
         };
         let s = &args.shape;
+        let entries = match (&args.document_ht, args.documents) {
+            (Some(ht), Some(docs)) => Some(self.tails.entries(stream, docs, s.t, ht, OP)?),
+            _ => None,
+        };
         let params = GlaParams {
             q: args.q.addr() as _,
             k: args.k.addr() as _,
@@ -364,6 +388,9 @@ impl GlaForward {
             ht: args.ht.as_ref().map_or(0, |x| x.addr()) as _,
             chunk_states: args.chunk_states.as_ref().map_or(0, |x| x.addr()) as _,
             starts: starts as _,
+            entry_slots: entries.map_or(0, |e| e.slots) as _,
+            document_states: entries.map_or(0, |e| e.states) as _,
+            documents: entries.map_or(0, |e| e.documents) as i32,
             ws_m: ws_m as _,
             ws_p: ws_p as _,
             ws_lambda: ws_lambda as _,
@@ -383,13 +410,29 @@ impl GlaForward {
         // supported and every tensor has the length, alignment and non-overlap the kernels need
         // (checked above); the views borrow their buffers for the call and their contracts keep
         // the memory valid until the kernels complete; the workspace is owned by self and freed
-        // only after a context synchronisation.
+        // only after a context synchronisation. With documents' final states the output kernel
+        // stores the entering states where the slots written above name them, and the tails'
+        // kernel follows it on `stream`.
         unsafe {
             if let (Some(states_launch), Some(fold)) = (plan.states, plan.fold) {
                 states[i].launch(stream, states_launch, &params)?;
                 self.fold.launch(stream, fold, &params)?;
             }
-            output[j][i].launch(stream, plan.output, &params)?;
+            let output = match entries {
+                Some(_) => self.tails.output(s),
+                None => &output[j][i],
+            };
+            output.launch(stream, plan.output, &params)?;
+            if let (Some(ht), Some(documents)) = (&args.document_ht, args.documents) {
+                let inputs = TailInputs {
+                    shape: args.shape,
+                    k: args.k,
+                    v: args.v,
+                    g: args.g,
+                    documents,
+                };
+                self.tails.launch(stream, &inputs, ht)?;
+            }
         }
         Ok(plan)
     }

@@ -9,6 +9,7 @@
 //! all-gather between the same kernels; [`ExchangeMode::NoComm`] drops the exchange (timing). The
 //! fold is the same in every mode, so outputs are bit-identical across modes.
 
+use super::document_states::{DocumentTails, TailInputs};
 use super::forward::{chunk_kernels, ChunkKernels};
 use super::plan::{output_smem_bytes, output_threads, states_smem_bytes, CHUNK};
 use super::{Gla, GlaArgs};
@@ -61,6 +62,7 @@ pub struct GlaLasp2Forward {
     words: StartWords,
     workspace: Option<CudaSlice<u8>>,
     sm_count: usize,
+    tails: DocumentTails,
 }
 
 crate::exchange::chain_methods!(GlaLasp2Forward);
@@ -94,6 +96,13 @@ impl GlaLasp2Forward {
             chunks,
             words: StartWords::new(runtime)?,
             workspace: None,
+            tails: DocumentTails::new(
+                runtime,
+                [
+                    instances::GLA_LASP2_OUTPUT_DV64_ENTRIES,
+                    instances::GLA_LASP2_OUTPUT_DV128_ENTRIES,
+                ],
+            )?,
         })
     }
 
@@ -129,6 +138,10 @@ impl GlaLasp2Forward {
             [LoopOrder::InOrder],
             OP,
         )?;
+        let entries = match (&args.document_ht, args.documents) {
+            (Some(ht), Some(docs)) => Some(self.tails.entries(stream, docs, s.t, ht, OP)?),
+            _ => None,
+        };
         let params = Lasp2Params {
             q: args.q.addr() as _,
             k: args.k.addr() as _,
@@ -139,6 +152,9 @@ impl GlaLasp2Forward {
             ht: args.ht.as_ref().map_or(0, |x| x.addr()) as _,
             chunk_states: args.chunk_states.as_ref().map_or(0, |x| x.addr()) as _,
             starts: starts as _,
+            entry_slots: entries.map_or(0, |e| e.slots) as _,
+            document_states: entries.map_or(0, |e| e.states) as _,
+            documents: entries.map_or(0, |e| e.documents) as i32,
             ws_m: ws as _,
             ws_lambda: (ws + m_bytes) as _,
             T: s.t as i32,
@@ -175,8 +191,24 @@ impl GlaLasp2Forward {
                 .launch_summary(stream, 0, bh as i32, &params, beside)?;
         }
         self.chain.gather_slots(stream)?;
+        let output_kernel = match entries {
+            Some(_) => self.tails.output(&s),
+            None => &output_kernels[j][i],
+        };
         // SAFETY: as above.
-        unsafe { output_kernels[j][i].launch(stream, output, &params)? };
+        unsafe { output_kernel.launch(stream, output, &params)? };
+        if let (Some(ht), Some(documents)) = (&args.document_ht, args.documents) {
+            let inputs = TailInputs {
+                shape: s,
+                k: args.k,
+                v: args.v,
+                g: args.g,
+                documents,
+            };
+            // SAFETY: as above; the output kernel, which stores the entering states, precedes it
+            // on `stream`.
+            unsafe { self.tails.launch(stream, &inputs, ht)? };
+        }
         self.chain.end_call(stream, &params)
     }
 }

@@ -28,9 +28,11 @@
 //!
 //! Packed documents (`documents` in [`GlaArgs`] and [`GlaBackwardArgs`]): the kernels mask at
 //! every document start, from one word per chunk of 64 tokens each call writes in its workspace
-//! (`kernels/docs/packed.md`); every operation above takes them.
+//! (`kernels/docs/packed.md`); every operation above takes them. The forwards also give each
+//! document's final state where asked ([`GlaArgs::document_ht`]; `document_states.rs`).
 
 mod backward;
+mod document_states;
 mod family;
 mod forward;
 mod lasp2;

@@ -135,6 +135,7 @@ fn arguments_are_checked_against_the_shape_before_any_launch() {
         chunk_states: None,
         scale,
         documents: None,
+        document_ht: None,
     };
     assert_eq!(
         args(n, base + 0x40_0000, None)
@@ -167,6 +168,22 @@ fn arguments_are_checked_against_the_shape_before_any_launch() {
     });
     assert!(msg.contains("h0 was given with packed documents"), "{msg}");
     assert!(msg.contains("pass h0 = None"), "{msg}");
+    // One final state per document: [B, N, H, Dk, Dv], only with documents.
+    let per_document = 2 * s.state_len();
+    // SAFETY: as above.
+    let document_ht = |len: usize| unsafe { DeviceMut::<f32>::from_raw(base + 0x70_0000, len) };
+    let with_states = |documents, len| GlaArgs {
+        documents,
+        document_ht: Some(document_ht(len)),
+        ..args(n, base + 0x40_0000, None)
+    };
+    assert!(with_states(Some(docs), per_document)
+        .check("GLA forward")
+        .is_ok());
+    let msg = err(with_states(None, per_document));
+    assert!(msg.contains("without documents"), "{msg}");
+    let msg = err(with_states(Some(docs), per_document - 1));
+    assert!(msg.contains("document_ht"), "{msg}");
 }
 
 #[test]

@@ -396,7 +396,12 @@ __device__ __forceinline__ void exact_scores(float (&a)[8][4], const uint16_t* q
 // Unless `chunk_states` is NULL, the bf16 copy of the state entering chunk c of (b, h) that the
 // chunk's products read, diag(e^{ref}) S_c, goes to chunk_states + c * DK * DV (row-major
 // [DK, DV]), for the backward, which forms the same reference row from the same gates.
-template <int DK, int DV, bool kPacked, class P, class Start, class End>
+// kEntries (packed documents' final states; with kPacked): the fp32 state entering chunk c also
+// goes to document n's slot of p.document_states where n = p.entry_slots[c] >= 0 (n began before
+// the chunk and ends in it; gla/document_states.cu adds its tokens there). Instances of their own,
+// so that the packed loop without final states stays as it was (with the store in it, its LASP-2
+// forward took 3 % longer).
+template <int DK, int DV, bool kPacked, bool kEntries = false, class P, class Start, class End>
 __device__ __forceinline__ void run_output_segment(const P& p, const Segment& sg, uint16_t* chunk_states,
                                                    Start&& start, End&& end) {
   using L = OutputLayout<DK, DV>;
@@ -431,6 +436,26 @@ __device__ __forceinline__ void run_output_segment(const P& p, const Segment& sg
   const StateLane ln{16 * warp, g, t};
   StateRegs<DK> s;
   if (!start(s, ln, group)) return;
+  // kEntries: the fp32 state entering chunk c into the slot of the document that began before it
+  // and ends in it, if any (a uniform load and branch). Called where the chunk's fragments are
+  // dead. The slot's address
+  // comes from the grid index read by a volatile move inside the branch, so that no
+  // loop-invariant part of it can be hoisted and held across the loop: with blockIdx.z instead,
+  // the LASP-2 output kernel at Dk = Dv = 128 spilled 8 bytes.
+  const auto store_document_entry = [&](int c) {
+    static_assert(kPacked || !kEntries, "the entering states are packed documents'");
+    if constexpr (kEntries) {
+      const int n = p.entry_slots[c];
+      if (n >= 0) {
+        uint32_t z;  // b*H+h
+        asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(z));
+        const int64_t bh = z, h = bh % p.H;
+        chunk::state_store<DK>(
+            s, ln, p.document_states + ((bh - h) * p.documents + (int64_t)n * p.H + h) * DK * DV + group * 64, DV);
+      }
+    }
+  };
+  store_document_entry(sg.c_begin);
   float one;  // 1.0f through an opaque move (redefine)
   asm volatile("mov.b32 %0, 0x3f800000;" : "=f"(one));
   const G gl(tid);
@@ -622,6 +647,7 @@ __device__ __forceinline__ void run_output_segment(const P& p, const Segment& sg
           *reinterpret_cast<uint32_t*>(dst + 8 * nt) = pack_bf16x2(o[nt][2 * hh], o[nt][2 * hh + 1]);
       }
     }
+    if (i + 1 < sg.n_chunks) store_document_entry(sg.c_begin + i + 1);
   }
   end(s, ln, group);
 }

@@ -47,6 +47,12 @@ typedef struct {
                            // lasp/gla/chunk.cuh), which the backward takes; or NULL
   const uint64_t* starts;  // u64 [ceil(T / 64)]: where documents start in every chunk (packed
                           // documents, lasp/documents/chunk_starts.cuh), or NULL for one sequence
+  const int32_t* entry_slots;  // [ceil(T / 64)]: per chunk, the packed document whose state entering it
+                               // the output loop stores, or -1 (lasp_document_entry_slots); NULL
+                               // where no document's final state is asked for
+  float* document_states;      // fp32 [B, N, H, Dk, Dv]: where it stores them (document n of row b;
+                               // gla/document_states.cu adds the chunk's tokens)
+  int32_t documents;           // N
   // The workspace (one allocation, none when S == 1): ws_m at byte 0, ws_p after it, ws_lambda
   // after both (core/src/ops/gla/plan.rs sizes it).
   float* ws_m;         // fp32 [B*H, (S-1)*R, Dk, Dv]: local end state M_u of states piece u (zero start)

@@ -65,6 +65,9 @@ typedef struct {
                               // chunk states here (lasp/gla/forward_params.h), or NULL
   const uint64_t* starts;  // u64 [ceil(T / 64)]: where documents start in every chunk (packed
                           // documents, lasp/documents/chunk_starts.cuh), or NULL for one sequence
+  const int32_t* entry_slots;  // the documents' entering states, as lasp_gla_params (NULL: none)
+  float* document_states;
+  int32_t documents;
   // The backward's tensors (NULL in the forward):
   const uint16_t* d_o;        // bf16 [B, T, H, Dv]: the gradient of the shard's output
   const float* dht;           // fp32 [B, H, Dk, Dv]: the final state's gradient, on the last PE, or NULL

@@ -1,0 +1,154 @@
+//! Final states of packed documents for GLA ([`GlaArgs::document_ht`](super::GlaArgs)): fla's
+//! `output_final_state` with `cu_seqlens`, one state per document, on one GPU and on LASP-2
+//! shards, written by the forward itself.
+//!
+//! The state after document n's last token is the state entering the chunk of 64 tokens that
+//! holds that token, decayed to it row by row, plus the document's tokens of that chunk. The
+//! forward's output loop (its twin for packed documents) stores that entering state into n's slot
+//! where n began before the chunk (a table per chunk names the document,
+//! `lasp_document_entry_slots`); on LASP-2 that loop runs from the prefix of every earlier PE, so
+//! a document that began on an earlier PE needs no exchange of its own. Then one CTA per
+//! document, head and 64 columns of Dv adds the chunk's tokens on the CUDA cores, in fp32, each
+//! weight one exponential of a sum of log-decays inside the document
+//! (`kernels/cuda/gla/document_states.cu`). A document that does not end in the shard gets zeros,
+//! so every PE writes the whole `[B, N, H, Dk, Dv]` and their sum holds every document's final
+//! state. The grids are fixed by the capacity of `cu_seqlens`, so a captured CUDA graph replays
+//! with other documents written into the same buffer. The gradient with respect to these states
+//! is not built (`kernels/docs/packed.md`, "Per-document states").
+
+use super::plan::output_smem_bytes;
+use crate::error::{Error, Result};
+use crate::kernel::{width_index, Kernel};
+use crate::ops::documents::final_states::{states_launch, DocumentEntries, EntrySlots};
+use crate::ops::documents::{document_states_len, Documents};
+use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
+use crate::ops::{bf16, DeviceMut, DeviceRef};
+use crate::runtime::Runtime;
+use cudarc::driver::{CudaContext, CudaStream};
+use lasp_shmem_kernels::instances;
+use lasp_shmem_kernels::params::{
+    lasp_gla_document_states_params, LASP_GLA_DOCUMENT_STATES_THREADS,
+};
+use std::sync::Arc;
+
+/// The layout of [`GlaArgs::document_ht`](super::GlaArgs), as the checks name it.
+const LAYOUT: &str = "[B, N, H, Dk, Dv] (N = cu_seqlens.len() - 1)";
+
+/// Checks a call's per-document final states against its documents and shape; returns their
+/// byte range for the overlap checks.
+pub(super) fn check_document_ht(
+    checks: &TensorChecks<'_>,
+    op: &str,
+    shape: &ForwardShape,
+    documents: Option<&Documents<'_>>,
+    ht: &DeviceMut<'_, f32>,
+) -> Result<(u64, u64)> {
+    let Some(documents) = documents else {
+        return Err(Error::InvalidArgument(format!(
+            "{op}: document_ht (one final state per packed document) is given without documents; \
+             pass cu_seqlens, or use ht for the sequence's final state"
+        )));
+    };
+    let want = document_states_len(shape, documents);
+    checks.tensor("document_ht", LAYOUT, (ht.len(), want), ht.addr(), 8)?;
+    Ok(ht.byte_range())
+}
+
+/// The tensors the final states read, checked by the forward against its shape.
+pub(super) struct TailInputs<'a> {
+    pub(super) shape: ForwardShape,
+    pub(super) k: DeviceRef<'a, bf16>,
+    pub(super) v: DeviceRef<'a, bf16>,
+    pub(super) g: DeviceRef<'a, f32>,
+    pub(super) documents: Documents<'a>,
+}
+
+/// What a GLA forward adds for the final states of packed documents: the entry slots (its
+/// workspace), its packed output kernels that also store the entering states (instances of their
+/// own, so that the packed loop without final states stays as it was), and the kernels that add
+/// each document's last tokens.
+pub(super) struct DocumentTails {
+    ctx: Arc<CudaContext>,
+    slots: EntrySlots,
+    /// The forward's output kernels with the stores, by [Dv][Dk].
+    outputs: [[Kernel; 2]; 2],
+    /// Indexed by Dk: [64, 128].
+    kernels: [Kernel; 2],
+}
+
+impl DocumentTails {
+    /// `outputs`: the names of the forward's output kernels with the stores, by Dv (rows by Dk).
+    pub(super) fn new(runtime: &Runtime, outputs: [[&'static str; 2]; 2]) -> Result<Self> {
+        let module = runtime.module();
+        let outputs = [
+            module.kernels_per_width(outputs[0])?,
+            module.kernels_per_width(outputs[1])?,
+        ];
+        for (j, dv) in [64, 128].into_iter().enumerate() {
+            for (i, dk) in [64, 128].into_iter().enumerate() {
+                outputs[j][i].set_max_dynamic_shared_bytes(output_smem_bytes(dk, dv))?;
+            }
+        }
+        Ok(DocumentTails {
+            ctx: runtime.context().clone(),
+            slots: EntrySlots::new(runtime)?,
+            outputs,
+            kernels: module.kernels_per_width(instances::GLA_DOCUMENT_STATES)?,
+        })
+    }
+
+    /// The forward's output kernel for `shape` that also stores the entering states.
+    pub(super) fn output(&self, shape: &ForwardShape) -> &Kernel {
+        &self.outputs[width_index(shape.dv)][width_index(shape.dk)]
+    }
+
+    /// Writes on `stream` the entry slots of `documents` for a shard of `t` tokens; returns where
+    /// the forward's output loop stores the entering states (`ht`, checked by the caller).
+    pub(super) fn entries(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        documents: Documents<'_>,
+        t: usize,
+        ht: &DeviceMut<'_, f32>,
+        op: &str,
+    ) -> Result<DocumentEntries> {
+        self.slots.write(stream, documents, t, ht, op)
+    }
+
+    /// Enqueues the kernel that adds every document's tokens of its last chunk to the state the
+    /// output loop stored in `ht` before it on `stream`.
+    ///
+    /// # Safety
+    /// `inputs` and `ht` were checked against the shape and the documents (lengths, alignment,
+    /// overlaps) and stay live until the work on `stream` completes; the forward that stores the
+    /// entering states was enqueued before on `stream` with [`DocumentTails::entries`]'s slots.
+    pub(super) unsafe fn launch(
+        &self,
+        stream: &Arc<CudaStream>,
+        inputs: &TailInputs<'_>,
+        ht: &DeviceMut<'_, f32>,
+    ) -> Result<()> {
+        let s = inputs.shape;
+        let docs = inputs.documents;
+        let p = lasp_gla_document_states_params {
+            cu_seqlens: docs.cu_seqlens.addr() as _,
+            offsets_are_int64: i32::from(docs.cu_seqlens.is_int64()),
+            num_offsets: docs.cu_seqlens.len() as i32,
+            shard_start: docs.shard_start as i64,
+            k: inputs.k.addr() as _,
+            v: inputs.v.addr() as _,
+            g: inputs.g.addr() as _,
+            ht: ht.addr() as _,
+            B: s.b as i32,
+            T: s.t as i32,
+            H: s.h as i32,
+            Dk: s.dk as i32,
+            Dv: s.dv as i32,
+        };
+        let launch = states_launch(&s, &docs, LASP_GLA_DOCUMENT_STATES_THREADS);
+        self.ctx.bind_to_thread()?;
+        // SAFETY: `p` is the kernel's lasp_gla_document_states_params, generated from its header;
+        // the caller's contract covers the tensors and the order after the entering states.
+        unsafe { self.kernels[width_index(s.dk)].launch(stream, launch, &p) }
+    }
+}

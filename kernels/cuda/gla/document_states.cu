@@ -1,0 +1,98 @@
+// Final states of packed documents for GLA: the state after each document's last token
+// (lasp/gla/document_states_params.h has the maths, the grid and the layouts).
+//
+// One CTA per (document, b*H+h, 64 columns of Dv): the state entering the chunk that holds the
+// document's last token (the output loop stored it in the document's slot), decayed to that
+// token row by row, plus the document's tokens of that chunk, on the CUDA cores in fp32. Thread d
+// scans dimension d's log-decays from the last token down (the tile staged in shared memory first,
+// in coalesced rows), so every weight is one exponential of a sum inside the document, and leaves
+// the weighted key k_j[d] e^{...} in place of the log-decay; each thread then accumulates a
+// quarter of the rows of one column.
+#include <math.h>
+#include <stdint.h>
+
+#include "lasp/documents/final_states.cuh"
+#include "lasp/gla/document_states_params.h"
+
+namespace lasp {
+namespace gla {
+
+constexpr int kDocThreads = LASP_GLA_DOCUMENT_STATES_THREADS;
+constexpr int kDocChunk = LASP_DOCUMENT_WORD_TOKENS;  // the chunk loops' chunk
+
+template <int DK>
+__device__ __forceinline__ void document_states(const lasp_gla_document_states_params& p) {
+  constexpr int kRowsPerThread = DK / (kDocThreads / 64);
+  static_assert(DK <= kDocThreads, "one scanning thread per key dimension");
+  // The log-decays, then (in place, by the scan) the weighted keys: 32 KiB at Dk = 128.
+  __shared__ __align__(16) float s_weighted[kDocChunk][DK];
+  __shared__ uint16_t s_v[kDocChunk][64];  // bf16, as loaded
+  __shared__ __align__(16) float s_entry[DK];  // the entering state's weight per row
+
+  const int n = blockIdx.x, bh = blockIdx.y, tile = blockIdx.z;
+  const int b = bh / p.H, h = bh % p.H;
+  const int docs = p.num_offsets - 1;
+  const int col = threadIdx.x % 64, row0 = threadIdx.x / 64 * kRowsPerThread;
+  float* out = p.ht + (((int64_t)b * docs + n) * p.H + h) * DK * p.Dv + tile * 64 + col;
+
+  const documents::DocumentTail tail =
+      documents::document_tail(p.cu_seqlens, p.offsets_are_int64, n, p.shard_start, p.T);
+  float acc[kRowsPerThread];
+#pragma unroll
+  for (int m = 0; m < kRowsPerThread; ++m) acc[m] = 0.f;
+  if (tail.ends_here) {
+    const int lo = tail.lo, rows = tail.rows;
+    const int64_t token0 = ((int64_t)b * p.T + lo) * p.H + h;  // (b, lo, h)
+    for (int e = threadIdx.x; e < rows * DK; e += kDocThreads) {
+      const int r = e / DK, d = e % DK;
+      s_weighted[r][d] = p.g[(token0 + (int64_t)r * p.H) * DK + d];
+    }
+    for (int e = threadIdx.x; e < rows * 64; e += kDocThreads) {
+      const int r = e / 64, c = e % 64;
+      s_v[r][c] = p.v[(token0 + (int64_t)r * p.H) * p.Dv + tile * 64 + c];
+    }
+    if (tail.enters) {
+#pragma unroll
+      for (int m = 0; m < kRowsPerThread; ++m) acc[m] = out[(int64_t)(row0 + m) * p.Dv];
+    }
+    __syncthreads();  // the log-decays and values
+    if (threadIdx.x < DK) {
+      const int d = threadIdx.x;
+      float after = 0.f;  // the sum of the log-decays after token r, inside the document
+#pragma unroll 8
+      for (int r = rows - 1; r >= 0; --r) {
+        const float a = s_weighted[r][d];
+        const float key = documents::bf16_value(p.k[(token0 + (int64_t)r * p.H) * DK + d]);
+        s_weighted[r][d] = key * expf(after);
+        after += a;
+      }
+      s_entry[d] = expf(after);  // the sum over [lo, end) = [j0, end)
+    }
+    __syncthreads();  // the weighted keys and the entering weights
+    if (tail.enters) {
+#pragma unroll
+      for (int m = 0; m < kRowsPerThread; ++m) acc[m] *= s_entry[row0 + m];
+    }
+    for (int r = 0; r < rows; ++r) {
+      const float v = documents::bf16_value(s_v[r][col]);
+      const float4* keys = reinterpret_cast<const float4*>(&s_weighted[r][row0]);  // a load the warp shares
+#pragma unroll
+      for (int m4 = 0; m4 < kRowsPerThread / 4; ++m4) {
+        const float4 k4 = keys[m4];
+        acc[4 * m4] = fmaf(k4.x, v, acc[4 * m4]);
+        acc[4 * m4 + 1] = fmaf(k4.y, v, acc[4 * m4 + 1]);
+        acc[4 * m4 + 2] = fmaf(k4.z, v, acc[4 * m4 + 2]);
+        acc[4 * m4 + 3] = fmaf(k4.w, v, acc[4 * m4 + 3]);
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < kRowsPerThread; ++m) out[(int64_t)(row0 + m) * p.Dv] = acc[m];
+}
+
+}  // namespace gla
+}  // namespace lasp
+
+// Instantiated from kernels/instances.rs, per Dk in {64, 128}:
+//   lasp_gla_document_states_dk*  grid (num_offsets - 1, B*H, Dv / 64), block
+//                                 LASP_GLA_DOCUMENT_STATES_THREADS, static shared memory
