@@ -51,6 +51,8 @@ const fn row(
 const SD_FORWARD: &str = "scalar_decay/forward.cu";
 const SD_BACKWARD: &str = "scalar_decay/backward.cu";
 const SD_DOCUMENT_STATES: &str = "scalar_decay/document_states.cu";
+/// Every family's final-states kernel of packed documents takes these.
+const DOCUMENT_STATES_PARAMS: &str = "lasp_document_states_params";
 const SD_LASP2_FORWARD: &str = "scalar_decay/lasp2_forward.cu";
 const SD_LASP2_BACKWARD: &str = "scalar_decay/lasp2_backward.cu";
 const SD_LASP2_SUMMARY: &str = "scalar_decay/lasp2_fold_put.cu";
@@ -110,7 +112,7 @@ pub const INSTANCES: &[Instance] = &[
     row("SD_DOCUMENT_ENTRIES_WALK", "lasp_scalar_decay_document_entries_dk{dk}", SD_FORWARD, SD_THREADS,
         SD_PARAMS, "lasp::sd::run_document_entries_walk<{dk}>(p)"),
     row("SD_DOCUMENT_STATES", "lasp_scalar_decay_document_states_dk{dk}", SD_DOCUMENT_STATES,
-        "LASP_SD_DOCUMENT_STATES_THREADS, 1", "lasp_sd_document_states_params",
+        "LASP_DOCUMENT_STATES_THREADS, 1", DOCUMENT_STATES_PARAMS,
         "lasp::sd::document_states<{dk}>(p)"),
     row("SD_OUTPUT_PROBE_MEMORY", "lasp_scalar_decay_output_dk{dk}_probe_memory", SD_FORWARD,
         SD_THREADS, SD_PARAMS, "lasp::sd::run_segment<{dk}, true, lasp::sd::Probe::kMemory>(p)"),
@@ -154,7 +156,7 @@ pub const INSTANCES: &[Instance] = &[
     row("GLA_OUTPUT_DV128_ENTRIES", "lasp_gla_output_dk{dk}_dv128_entries", GLA_FORWARD, "256, 1", GLA_PARAMS,
         "lasp::gla::run_output<{dk}, 128, true, true>(p)"),
     row("GLA_DOCUMENT_STATES", "lasp_gla_document_states_dk{dk}", GLA_DOCUMENT_STATES,
-        "LASP_GLA_DOCUMENT_STATES_THREADS, 1", "lasp_gla_document_states_params",
+        "LASP_DOCUMENT_STATES_THREADS, 1", DOCUMENT_STATES_PARAMS,
         "lasp::gla::document_states<{dk}>(p)"),
     // GLA's LASP-2 forward, on the all-gather schedule.
     row("GLA_LASP2_STATES", "lasp_gla_lasp2_states_dk{dk}", GLA_LASP2, "LASP_GLA_STATES_THREADS, 1",
@@ -229,7 +231,7 @@ pub const INSTANCES: &[Instance] = &[
     row("GDN_DOCUMENT_ENTRIES_WALK", "lasp_gated_delta_document_entries_dk{dk}", GDN_FORWARD, SD_THREADS,
         GDN_PARAMS, "lasp::gdn::run_document_entries_walk<{dk}>(p)"),
     row("GDN_DOCUMENT_STATES", "lasp_gated_delta_document_states_dk{dk}", GDN_DOCUMENT_STATES,
-        "LASP_GDN_DOCUMENT_STATES_THREADS, 1", "lasp_gdn_document_states_params",
+        "LASP_DOCUMENT_STATES_THREADS, 1", DOCUMENT_STATES_PARAMS,
         "lasp::gdn::document_states<{dk}>(p)"),
     row("GDN_OUTPUT", "lasp_gated_delta_output_dk{dk}", GDN_FORWARD, SD_THREADS, GDN_PARAMS,
         "lasp::gdn::run_output<{dk}>(p)"),

@@ -1,5 +1,6 @@
 // Final states of packed documents for Gated DeltaNet: the state after each document's last token
-// (lasp/gated_delta/document_states_params.h has the maths, the grid and the layouts).
+// (the maths: lasp/gated_delta/document_states_params.h; the grid and the layouts:
+// lasp/documents/final_states_params.h).
 //
 // One CTA per (document, b*H+h, 64 columns of Dv): the delta rule's steps over the document's
 // tokens of the chunk that holds its last token (at most 64), in fp32 on the CUDA cores, from the
@@ -16,12 +17,12 @@
 namespace lasp {
 namespace gdn {
 
-constexpr int kDocThreads = LASP_GDN_DOCUMENT_STATES_THREADS;
+constexpr int kDocThreads = LASP_DOCUMENT_STATES_THREADS;
 constexpr int kDocChunk = LASP_DOCUMENT_WORD_TOKENS;  // the chunk loops' chunk
 constexpr int kQuarters = kDocThreads / 64;
 
 template <int DK>
-__device__ __forceinline__ void document_states(const lasp_gdn_document_states_params& p) {
+__device__ __forceinline__ void document_states(const lasp_document_states_params& p) {
   constexpr int kRowsPerThread = DK / kQuarters;
   __shared__ __align__(16) uint16_t s_k[kDocChunk][DK];
   __shared__ float s_v[kDocChunk][64];
@@ -91,4 +92,4 @@ __device__ __forceinline__ void document_states(const lasp_gdn_document_states_p
 
 // Instantiated from kernels/instances.rs, per Dk in {64, 128}:
 //   lasp_gated_delta_document_states_dk*  grid (num_offsets - 1, B*H, Dv / 64), block
-//                                         LASP_GDN_DOCUMENT_STATES_THREADS, static shared memory
+//                                         LASP_DOCUMENT_STATES_THREADS, static shared memory

@@ -1,5 +1,6 @@
 // Final states of packed documents for GLA: the state after each document's last token
-// (lasp/gla/document_states_params.h has the maths, the grid and the layouts).
+// (the maths: lasp/gla/document_states_params.h; the grid and the layouts:
+// lasp/documents/final_states_params.h).
 //
 // One CTA per (document, b*H+h, 64 columns of Dv): the state entering the chunk that holds the
 // document's last token (the output loop stored it in the document's slot), decayed to that
@@ -17,11 +18,11 @@
 namespace lasp {
 namespace gla {
 
-constexpr int kDocThreads = LASP_GLA_DOCUMENT_STATES_THREADS;
+constexpr int kDocThreads = LASP_DOCUMENT_STATES_THREADS;
 constexpr int kDocChunk = LASP_DOCUMENT_WORD_TOKENS;  // the chunk loops' chunk
 
 template <int DK>
-__device__ __forceinline__ void document_states(const lasp_gla_document_states_params& p) {
+__device__ __forceinline__ void document_states(const lasp_document_states_params& p) {
   constexpr int kRowsPerThread = DK / (kDocThreads / 64);
   static_assert(DK <= kDocThreads, "one scanning thread per key dimension");
   // The log-decays, then (in place, by the scan) the weighted keys: 32 KiB at Dk = 128.
@@ -95,4 +96,4 @@ __device__ __forceinline__ void document_states(const lasp_gla_document_states_p
 
 // Instantiated from kernels/instances.rs, per Dk in {64, 128}:
 //   lasp_gla_document_states_dk*  grid (num_offsets - 1, B*H, Dv / 64), block
-//                                 LASP_GLA_DOCUMENT_STATES_THREADS, static shared memory
+//                                 LASP_DOCUMENT_STATES_THREADS, static shared memory

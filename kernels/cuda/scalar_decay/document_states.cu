@@ -1,5 +1,6 @@
 // Final states of packed documents for scalar decay: the state after each document's last token
-// (lasp/scalar_decay/document_states_params.h has the maths, the grid and the layouts).
+// (the maths: lasp/scalar_decay/document_states_params.h; the grid and the layouts:
+// lasp/documents/final_states_params.h).
 //
 // One CTA per (document, b*H+h, 64 columns of Dv): the state entering the chunk that holds the
 // document's last token (the chunk loop stored it in the document's slot), decayed to that token,
@@ -17,11 +18,11 @@
 namespace lasp {
 namespace sd {
 
-constexpr int kDocThreads = LASP_SD_DOCUMENT_STATES_THREADS;
+constexpr int kDocThreads = LASP_DOCUMENT_STATES_THREADS;
 constexpr int kDocChunk = LASP_DOCUMENT_WORD_TOKENS;  // the chunk loops' chunk
 
 template <int DK>
-__device__ __forceinline__ void document_states(const lasp_sd_document_states_params& p) {
+__device__ __forceinline__ void document_states(const lasp_document_states_params& p) {
   constexpr int kRowsPerThread = DK / (kDocThreads / 64);
   __shared__ float s_weight[kDocChunk];  // e^{sum of the log-decays after token j}, j from lo
   __shared__ float s_entry;              // the entering state's weight
@@ -105,4 +106,4 @@ __device__ __forceinline__ void document_states(const lasp_sd_document_states_pa
 
 // Instantiated from kernels/instances.rs, per Dk in {64, 128}:
 //   lasp_scalar_decay_document_states_dk*  grid (num_offsets - 1, B*H, Dv / 64), block
-//                                          LASP_SD_DOCUMENT_STATES_THREADS, static shared memory
+//                                          LASP_DOCUMENT_STATES_THREADS, static shared memory

@@ -6,11 +6,12 @@
 
 use super::{check, DocumentStarts, Documents, GateShape};
 use crate::error::Result;
-use crate::kernel::LaunchShape;
+use crate::kernel::{width_index, Kernel, LaunchShape};
 use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
 use crate::ops::{bf16, DeviceMut, DeviceRef};
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use lasp_shmem_kernels::params::{lasp_document_states_params, LASP_DOCUMENT_STATES_THREADS};
 use std::sync::Arc;
 
 /// Elements of the final states of `documents` over `shape`: `B * N * H * Dk * Dv`.
@@ -117,20 +118,60 @@ pub(crate) fn check_final_states<'c>(
     Ok(checks)
 }
 
-/// The launch of a family's states kernel: one CTA per (document slot, b*H+h, 64 columns of Dv),
-/// `threads` each, static shared memory only; a grid fixed by the capacity of `cu_seqlens`.
-pub(crate) fn states_launch(
-    shape: &ForwardShape,
-    documents: &Documents<'_>,
-    threads: u32,
-) -> LaunchShape {
-    LaunchShape {
+/// What a family's states kernel reads, checked by the caller against the shape and the
+/// documents: the shard's keys, values and log-decays (`[B, T, H]`, GLA's `[B, T, H, Dk]`) and,
+/// for Gated DeltaNet, its write strengths.
+pub(crate) struct StatesInputs<'a> {
+    pub(crate) shape: ForwardShape,
+    pub(crate) documents: Documents<'a>,
+    pub(crate) k: DeviceRef<'a, bf16>,
+    pub(crate) v: DeviceRef<'a, bf16>,
+    pub(crate) g: DeviceRef<'a, f32>,
+    pub(crate) beta: Option<DeviceRef<'a, f32>>,
+}
+
+/// Enqueues a family's states kernel (`kernels`, by Dk: [64, 128]; `lasp_document_states_params`,
+/// `lasp/documents/final_states_params.h`): one CTA per (document slot, b*H+h, 64 columns of Dv),
+/// a grid fixed by the capacity of `cu_seqlens`.
+///
+/// # Safety
+/// `inputs` and `ht` were checked against the shape and the documents (lengths, alignment,
+/// overlaps), are of the runtime's context and stay live until the work on `stream` completes;
+/// the chunk loop that stores the entering states into `ht` was enqueued before on `stream`.
+pub(crate) unsafe fn launch_states(
+    kernels: &[Kernel; 2],
+    stream: &Arc<CudaStream>,
+    inputs: &StatesInputs<'_>,
+    ht: &DeviceMut<'_, f32>,
+) -> Result<()> {
+    let (s, docs) = (inputs.shape, inputs.documents);
+    let p = lasp_document_states_params {
+        cu_seqlens: docs.cu_seqlens.addr() as _,
+        offsets_are_int64: i32::from(docs.cu_seqlens.is_int64()),
+        num_offsets: docs.cu_seqlens.len() as i32,
+        shard_start: docs.shard_start as i64,
+        k: inputs.k.addr() as _,
+        v: inputs.v.addr() as _,
+        g: inputs.g.addr() as _,
+        beta: inputs.beta.map_or(0, |x| x.addr()) as _,
+        ht: ht.addr() as _,
+        B: s.b as i32,
+        T: s.t as i32,
+        H: s.h as i32,
+        Dk: s.dk as i32,
+        Dv: s.dv as i32,
+    };
+    let launch = LaunchShape {
         grid: (
-            (documents.cu_seqlens.len() - 1) as u32,
-            (shape.b * shape.h) as u32,
-            (shape.dv / 64) as u32,
+            (docs.cu_seqlens.len() - 1) as u32,
+            (s.b * s.h) as u32,
+            (s.dv / 64) as u32,
         ),
-        block: (threads, 1, 1),
+        block: (LASP_DOCUMENT_STATES_THREADS, 1, 1),
         shared_bytes: 0,
-    }
+    };
+    stream.context().bind_to_thread()?;
+    // SAFETY: `p` is the kernels' lasp_document_states_params, generated from its header; the
+    // caller's contract covers the tensors and the order after the entering states.
+    unsafe { kernels[width_index(s.dk)].launch(stream, launch, &p) }
 }

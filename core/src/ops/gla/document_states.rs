@@ -19,16 +19,15 @@
 use super::plan::output_smem_bytes;
 use crate::error::{Error, Result};
 use crate::kernel::{width_index, Kernel};
-use crate::ops::documents::final_states::{states_launch, DocumentEntries, EntrySlots};
+use crate::ops::documents::final_states::{
+    launch_states, DocumentEntries, EntrySlots, StatesInputs,
+};
 use crate::ops::documents::{document_states_len, Documents};
 use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
-use crate::ops::{bf16, DeviceMut, DeviceRef};
+use crate::ops::DeviceMut;
 use crate::runtime::Runtime;
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::CudaStream;
 use lasp_shmem_kernels::instances;
-use lasp_shmem_kernels::params::{
-    lasp_gla_document_states_params, LASP_GLA_DOCUMENT_STATES_THREADS,
-};
 use std::sync::Arc;
 
 /// The layout of [`GlaArgs::document_ht`](super::GlaArgs), as the checks name it.
@@ -54,21 +53,11 @@ pub(super) fn check_document_ht(
     Ok(ht.byte_range())
 }
 
-/// The tensors the final states read, checked by the forward against its shape.
-pub(super) struct TailInputs<'a> {
-    pub(super) shape: ForwardShape,
-    pub(super) k: DeviceRef<'a, bf16>,
-    pub(super) v: DeviceRef<'a, bf16>,
-    pub(super) g: DeviceRef<'a, f32>,
-    pub(super) documents: Documents<'a>,
-}
-
 /// What a GLA forward adds for the final states of packed documents: the entry slots (its
 /// workspace), its packed output kernels that also store the entering states (instances of their
 /// own, so that the packed loop without final states stays as it was), and the kernels that add
 /// each document's last tokens.
 pub(super) struct DocumentTails {
-    ctx: Arc<CudaContext>,
     slots: EntrySlots,
     /// The forward's output kernels with the stores, by [Dv][Dk].
     outputs: [[Kernel; 2]; 2],
@@ -90,7 +79,6 @@ impl DocumentTails {
             }
         }
         Ok(DocumentTails {
-            ctx: runtime.context().clone(),
             slots: EntrySlots::new(runtime)?,
             outputs,
             kernels: module.kernels_per_width(instances::GLA_DOCUMENT_STATES)?,
@@ -119,36 +107,15 @@ impl DocumentTails {
     /// output loop stored in `ht` before it on `stream`.
     ///
     /// # Safety
-    /// `inputs` and `ht` were checked against the shape and the documents (lengths, alignment,
-    /// overlaps) and stay live until the work on `stream` completes; the forward that stores the
-    /// entering states was enqueued before on `stream` with [`DocumentTails::entries`]'s slots.
+    /// As [`launch_states`]'s, the loop being the forward's output kernel from [`DocumentTails::output`]
+    /// with [`DocumentTails::entries`]'s slots.
     pub(super) unsafe fn launch(
         &self,
         stream: &Arc<CudaStream>,
-        inputs: &TailInputs<'_>,
+        inputs: &StatesInputs<'_>,
         ht: &DeviceMut<'_, f32>,
     ) -> Result<()> {
-        let s = inputs.shape;
-        let docs = inputs.documents;
-        let p = lasp_gla_document_states_params {
-            cu_seqlens: docs.cu_seqlens.addr() as _,
-            offsets_are_int64: i32::from(docs.cu_seqlens.is_int64()),
-            num_offsets: docs.cu_seqlens.len() as i32,
-            shard_start: docs.shard_start as i64,
-            k: inputs.k.addr() as _,
-            v: inputs.v.addr() as _,
-            g: inputs.g.addr() as _,
-            ht: ht.addr() as _,
-            B: s.b as i32,
-            T: s.t as i32,
-            H: s.h as i32,
-            Dk: s.dk as i32,
-            Dv: s.dv as i32,
-        };
-        let launch = states_launch(&s, &docs, LASP_GLA_DOCUMENT_STATES_THREADS);
-        self.ctx.bind_to_thread()?;
-        // SAFETY: `p` is the kernel's lasp_gla_document_states_params, generated from its header;
-        // the caller's contract covers the tensors and the order after the entering states.
-        unsafe { self.kernels[width_index(s.dk)].launch(stream, launch, &p) }
+        // SAFETY: the caller's contract.
+        unsafe { launch_states(&self.kernels, stream, inputs, ht) }
     }
 }

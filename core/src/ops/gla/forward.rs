@@ -1,11 +1,12 @@
 //! [`GlaForward`]: the GLA forward's kernels, workspace and launches, and the checks of one
 //! call's tensors ([`GlaArgs`]) before anything is launched.
 
-use super::document_states::{check_document_ht, DocumentTails, TailInputs};
+use super::document_states::{check_document_ht, DocumentTails};
 use super::plan::{chunk_states_len, output_smem_bytes, states_smem_bytes, CHUNK_STATES_LAYOUT};
 use super::{GlaParams, GlaPlan};
 use crate::error::{Error, Result};
 use crate::kernel::{width_index, Kernel};
+use crate::ops::documents::final_states::StatesInputs;
 use crate::ops::documents::masked::{refuse_states, StartWords, Twins};
 use crate::ops::documents::Documents;
 use crate::ops::documents::LoopOrder;
@@ -424,12 +425,13 @@ impl GlaForward {
             };
             output.launch(stream, plan.output, &params)?;
             if let (Some(ht), Some(documents)) = (&args.document_ht, args.documents) {
-                let inputs = TailInputs {
+                let inputs = StatesInputs {
                     shape: args.shape,
                     k: args.k,
                     v: args.v,
                     g: args.g,
                     documents,
+                    beta: None,
                 };
                 self.tails.launch(stream, &inputs, ht)?;
             }

@@ -9,7 +9,7 @@
 //! all-gather between the same kernels; [`ExchangeMode::NoComm`] drops the exchange (timing). The
 //! fold is the same in every mode, so outputs are bit-identical across modes.
 
-use super::document_states::{DocumentTails, TailInputs};
+use super::document_states::DocumentTails;
 use super::forward::{chunk_kernels, ChunkKernels};
 use super::plan::{output_smem_bytes, output_threads, states_smem_bytes, CHUNK};
 use super::{Gla, GlaArgs};
@@ -17,6 +17,7 @@ use crate::error::Result;
 use crate::exchange::chain::StateChain;
 use crate::exchange::{Direction, ExchangeMode, Lasp2Layout};
 use crate::kernel::{width_index, LaunchShape};
+use crate::ops::documents::final_states::StatesInputs;
 use crate::ops::documents::masked::{StartWords, Twins};
 use crate::ops::documents::LoopOrder;
 use crate::ops::StreamOrder;
@@ -198,12 +199,13 @@ impl GlaLasp2Forward {
         // SAFETY: as above.
         unsafe { output_kernel.launch(stream, output, &params)? };
         if let (Some(ht), Some(documents)) = (&args.document_ht, args.documents) {
-            let inputs = TailInputs {
+            let inputs = StatesInputs {
                 shape: s,
                 k: args.k,
                 v: args.v,
                 g: args.g,
                 documents,
+                beta: None,
             };
             // SAFETY: as above; the output kernel, which stores the entering states, precedes it
             // on `stream`.

@@ -25,16 +25,15 @@
 use super::forward::EntriesWalk;
 use super::{check_args, ForwardArgs, ForwardShape, ScalarDecayForward};
 use crate::error::{Error, Result};
-use crate::kernel::{width_index, Kernel};
+use crate::kernel::Kernel;
 use crate::ops::documents::final_states::{
-    check_final_states, states_launch, DocumentEntries, EntrySlots,
+    check_final_states, launch_states, DocumentEntries, EntrySlots, StatesInputs,
 };
 use crate::ops::documents::Documents;
 use crate::ops::{bf16, ranges_overlap, DeviceMut, DeviceRef, StreamOrder};
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaContext, CudaStream};
 use lasp_shmem_kernels::instances;
-use lasp_shmem_kernels::params::{lasp_sd_document_states_params, LASP_SD_DOCUMENT_STATES_THREADS};
 use std::sync::Arc;
 
 const OP: &str = "scalar-decay document states";
@@ -208,30 +207,17 @@ impl ScalarDecayDocumentStates {
         stream: &Arc<CudaStream>,
         args: &DocumentStatesArgs<'_>,
     ) -> Result<()> {
-        let s = args.shape;
-        let (b, t, h, dk, dv) = (s.b as i32, s.t as i32, s.h as i32, s.dk as i32, s.dv as i32);
-        let docs = args.documents;
-        let p = lasp_sd_document_states_params {
-            cu_seqlens: docs.cu_seqlens.addr() as _,
-            offsets_are_int64: i32::from(docs.cu_seqlens.is_int64()),
-            num_offsets: docs.cu_seqlens.len() as i32,
-            shard_start: docs.shard_start as i64,
-            k: args.k.addr() as _,
-            v: args.v.addr() as _,
-            g: args.g.addr() as _,
-            ht: args.ht.addr() as _,
-            B: b,
-            T: t,
-            H: h,
-            Dk: dk,
-            Dv: dv,
+        let inputs = StatesInputs {
+            shape: args.shape,
+            documents: args.documents,
+            k: args.k,
+            v: args.v,
+            g: args.g,
+            beta: None,
         };
-        let launch = states_launch(&s, &docs, LASP_SD_DOCUMENT_STATES_THREADS);
-        self.ctx.bind_to_thread()?;
-        // SAFETY: `p` is the kernel's lasp_sd_document_states_params, generated from its header;
-        // the offsets, k, v, g and ht have the lengths and alignment checked in `launch` and stay
-        // live by their views' contracts; the entering states were stored in ht before this
-        // launch on the same stream.
-        unsafe { self.states[width_index(s.dk)].launch(stream, launch, &p) }
+        // SAFETY: the offsets, k, v, g and ht have the lengths and alignment checked in `launch`
+        // and stay live by their views' contracts; the entering states were stored in ht before
+        // this launch on the same stream.
+        unsafe { launch_states(&self.states, stream, &inputs, &args.ht) }
     }
 }

@@ -1,6 +1,5 @@
-// Parameters of the final states of packed documents for scalar decay
-// (scalar_decay/document_states.cu). C, so that bindgen generates the host's struct from this file
-// (kernels/build.rs).
+// The final states of packed documents for scalar decay (scalar_decay/document_states.cu): what
+// its kernel computes. Its parameters are every family's (lasp_document_states_params).
 //
 // The state after document n's last token e_n - 1 (shard tokens; the document may have begun on an
 // earlier PE) is
@@ -11,30 +10,7 @@
 // the document began before j0. Every sum runs inside the document, so the log-decays may be the
 // caller's or the forgetting ones (lasp/documents/documents_params.h) alike.
 //
-// grid (num_offsets - 1, B*H, Dv / 64), block LASP_SD_DOCUMENT_STATES_THREADS, static shared
-// memory: CTA (n, b*H+h, column tile) rewrites its 64 columns of document n's state in row b of ht.
-// A document that does not end in this shard (or holds no token) gets zeros: every PE writes the
-// whole of ht, and the sum over the PEs is every document's final state. A grid fixed by the
-// capacity of cu_seqlens, so a captured graph replays with other documents in the same buffer.
+// The grid, the block and the parameters: lasp/documents/final_states_params.h.
 #pragma once
-#include <stdint.h>
 
-#define LASP_SD_DOCUMENT_STATES_THREADS 256  // thread i: column i % 64 of the tile, a quarter of the rows
-
-typedef struct {
-  const void* cu_seqlens;     // int32 or int64 [num_offsets]: fla's offsets, as lasp_document_marks_params
-  int32_t offsets_are_int64;  // 1: cu_seqlens holds int64, 0: int32
-  int32_t num_offsets;        // entries of cu_seqlens (>= 2): N = num_offsets - 1 documents
-  int64_t shard_start;        // the packed sequence's index of the shard's token 0
-  const uint16_t* k;          // bf16 [B, T, H, Dk], the shard's keys
-  const uint16_t* v;          // bf16 [B, T, H, Dv], the shard's values
-  const float* g;             // fp32 [B, T, H], the shard's log-decays
-  float* ht;                  // fp32 [B, N, H, Dk, Dv]: in, the entry states the chunk loop stored;
-                              // out, every document's final state, zeros for those that end on
-                              // another PE
-  int32_t B;
-  int32_t T;                  // the shard's tokens (>= 1)
-  int32_t H;
-  int32_t Dk;                 // 64 or 128 (the kernel's suffix)
-  int32_t Dv;                 // multiple of 64
-} lasp_sd_document_states_params;
+#include "lasp/documents/final_states_params.h"
