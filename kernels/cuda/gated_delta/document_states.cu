@@ -19,24 +19,20 @@ namespace gdn {
 
 constexpr int kDocThreads = LASP_DOCUMENT_STATES_THREADS;
 constexpr int kDocChunk = LASP_DOCUMENT_WORD_TOKENS;  // the chunk loops' chunk
-constexpr int kQuarters = kDocThreads / 64;
 
 template <int DK>
 __device__ __forceinline__ void document_states(const lasp_document_states_params& p) {
-  constexpr int kRowsPerThread = DK / kQuarters;
+  using Column = documents::StateColumn<DK>;
+  constexpr int kQuarters = Column::kQuarters, kRowsPerThread = Column::kRows;
   __shared__ __align__(16) uint16_t s_k[kDocChunk][DK];
   __shared__ float s_v[kDocChunk][64];
   __shared__ float s_decay[kDocChunk], s_beta[kDocChunk];
   __shared__ float s_partial[2][kQuarters][64];
 
-  const int n = blockIdx.x, bh = blockIdx.y, tile = blockIdx.z;
-  const int b = bh / p.H, h = bh % p.H;
-  const int docs = p.num_offsets - 1;
-  const int col = threadIdx.x % 64, quarter = threadIdx.x / 64, row0 = quarter * kRowsPerThread;
-  float* out = p.ht + (((int64_t)b * docs + n) * p.H + h) * DK * p.Dv + tile * 64 + col;
-
-  const documents::DocumentTail tail =
-      documents::document_tail(p.cu_seqlens, p.offsets_are_int64, n, p.shard_start, p.T);
+  const Column column(p);
+  const int b = column.b, h = column.h, tile = column.tile, col = column.col, quarter = column.quarter,
+            row0 = column.row0;
+  const documents::DocumentTail tail = column.tail;
   float s[kRowsPerThread];
 #pragma unroll
   for (int m = 0; m < kRowsPerThread; ++m) s[m] = 0.f;
@@ -44,10 +40,7 @@ __device__ __forceinline__ void document_states(const lasp_document_states_param
     const int lo = tail.lo, rows = tail.rows;
     const bool enters = tail.enters;
     const int64_t row_b = (int64_t)b * p.T;  // token 0 of batch row b
-    if (enters) {
-#pragma unroll
-      for (int m = 0; m < kRowsPerThread; ++m) s[m] = out[(int64_t)(row0 + m) * p.Dv];
-    }
+    if (enters) column.load(s);
     for (int e = threadIdx.x; e < rows * DK; e += kDocThreads) {
       const int r = e / DK, d = e % DK;
       s_k[r][d] = p.k[((row_b + lo + r) * p.H + h) * DK + d];
@@ -83,8 +76,7 @@ __device__ __forceinline__ void document_states(const lasp_document_states_param
       }
     }
   }
-#pragma unroll
-  for (int m = 0; m < kRowsPerThread; ++m) out[(int64_t)(row0 + m) * p.Dv] = s[m];
+  column.store(s);
 }
 
 }  // namespace gdn

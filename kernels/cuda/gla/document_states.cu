@@ -23,21 +23,17 @@ constexpr int kDocChunk = LASP_DOCUMENT_WORD_TOKENS;  // the chunk loops' chunk
 
 template <int DK>
 __device__ __forceinline__ void document_states(const lasp_document_states_params& p) {
-  constexpr int kRowsPerThread = DK / (kDocThreads / 64);
+  using Column = documents::StateColumn<DK>;
+  constexpr int kRowsPerThread = Column::kRows;
   static_assert(DK <= kDocThreads, "one scanning thread per key dimension");
   // The log-decays, then (in place, by the scan) the weighted keys: 32 KiB at Dk = 128.
   __shared__ __align__(16) float s_weighted[kDocChunk][DK];
   __shared__ uint16_t s_v[kDocChunk][64];  // bf16, as loaded
   __shared__ __align__(16) float s_entry[DK];  // the entering state's weight per row
 
-  const int n = blockIdx.x, bh = blockIdx.y, tile = blockIdx.z;
-  const int b = bh / p.H, h = bh % p.H;
-  const int docs = p.num_offsets - 1;
-  const int col = threadIdx.x % 64, row0 = threadIdx.x / 64 * kRowsPerThread;
-  float* out = p.ht + (((int64_t)b * docs + n) * p.H + h) * DK * p.Dv + tile * 64 + col;
-
-  const documents::DocumentTail tail =
-      documents::document_tail(p.cu_seqlens, p.offsets_are_int64, n, p.shard_start, p.T);
+  const Column column(p);
+  const int b = column.b, h = column.h, tile = column.tile, col = column.col, row0 = column.row0;
+  const documents::DocumentTail tail = column.tail;
   float acc[kRowsPerThread];
 #pragma unroll
   for (int m = 0; m < kRowsPerThread; ++m) acc[m] = 0.f;
@@ -52,10 +48,7 @@ __device__ __forceinline__ void document_states(const lasp_document_states_param
       const int r = e / 64, c = e % 64;
       s_v[r][c] = p.v[(token0 + (int64_t)r * p.H) * p.Dv + tile * 64 + c];
     }
-    if (tail.enters) {
-#pragma unroll
-      for (int m = 0; m < kRowsPerThread; ++m) acc[m] = out[(int64_t)(row0 + m) * p.Dv];
-    }
+    if (tail.enters) column.load(acc);
     __syncthreads();  // the log-decays and values
     if (threadIdx.x < DK) {
       const int d = threadIdx.x;
@@ -87,8 +80,7 @@ __device__ __forceinline__ void document_states(const lasp_document_states_param
       }
     }
   }
-#pragma unroll
-  for (int m = 0; m < kRowsPerThread; ++m) out[(int64_t)(row0 + m) * p.Dv] = acc[m];
+  column.store(acc);
 }
 
 }  // namespace gla

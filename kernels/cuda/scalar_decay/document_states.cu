@@ -23,20 +23,16 @@ constexpr int kDocChunk = LASP_DOCUMENT_WORD_TOKENS;  // the chunk loops' chunk
 
 template <int DK>
 __device__ __forceinline__ void document_states(const lasp_document_states_params& p) {
-  constexpr int kRowsPerThread = DK / (kDocThreads / 64);
+  using Column = documents::StateColumn<DK>;
+  constexpr int kRowsPerThread = Column::kRows;
   __shared__ float s_weight[kDocChunk];  // e^{sum of the log-decays after token j}, j from lo
   __shared__ float s_entry;              // the entering state's weight
   __shared__ __align__(16) uint16_t s_k[kDocChunk][DK];  // bf16, as loaded (static shared memory < 48 KiB)
   __shared__ float s_v[kDocChunk][64];
 
-  const int n = blockIdx.x, bh = blockIdx.y, tile = blockIdx.z;
-  const int b = bh / p.H, h = bh % p.H;
-  const int docs = p.num_offsets - 1;
-  const int col = threadIdx.x % 64, row0 = threadIdx.x / 64 * kRowsPerThread;
-  float* out = p.ht + (((int64_t)b * docs + n) * p.H + h) * DK * p.Dv + tile * 64 + col;
-
-  const documents::DocumentTail tail =
-      documents::document_tail(p.cu_seqlens, p.offsets_are_int64, n, p.shard_start, p.T);
+  const Column column(p);
+  const int b = column.b, h = column.h, tile = column.tile, col = column.col, row0 = column.row0;
+  const documents::DocumentTail tail = column.tail;
   float acc[kRowsPerThread];
 #pragma unroll
   for (int m = 0; m < kRowsPerThread; ++m) acc[m] = 0.f;
@@ -63,10 +59,7 @@ __device__ __forceinline__ void document_states(const lasp_document_states_param
       }
       if (threadIdx.x == 0) s_entry = expf(carry);  // the sum over [lo, end) = [j0, end)
     }
-    if (enters) {
-#pragma unroll
-      for (int m = 0; m < kRowsPerThread; ++m) acc[m] = out[(int64_t)(row0 + m) * p.Dv];
-    }
+    if (enters) column.load(acc);
     for (int e = threadIdx.x; e < rows * DK; e += kDocThreads) {
       const int r = e / DK, d = e % DK;
       s_k[r][d] = p.k[((row_b + lo + r) * p.H + h) * DK + d];
@@ -97,8 +90,7 @@ __device__ __forceinline__ void document_states(const lasp_document_states_param
       }
     }
   }
-#pragma unroll
-  for (int m = 0; m < kRowsPerThread; ++m) out[(int64_t)(row0 + m) * p.Dv] = acc[m];
+  column.store(acc);
 }
 
 }  // namespace sd

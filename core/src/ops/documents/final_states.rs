@@ -1,8 +1,9 @@
 //! What every family's per-document final states share: the layout `[B, N, H, Dk, Dv]`
 //! ([`document_states_len`]), the table that names, per chunk of 64 tokens, the document whose
 //! state entering the chunk the family's chunk loop stores in that document's slot
-//! ([`EntrySlots`], `lasp_document_entry_slots`), and the checks of a call's tensors. The family
-//! then adds the document's tokens of its last chunk to that state in a kernel of its own.
+//! (`lasp_document_entry_slots`), the launch of the family's states kernel, which adds the
+//! document's tokens of its last chunk to that state (both in [`DocumentTails`]), and the checks
+//! of a call's tensors.
 
 use super::{check, DocumentStarts, Documents, GateShape};
 use crate::error::Result;
@@ -30,27 +31,34 @@ pub(crate) struct DocumentEntries {
     pub(crate) documents: usize,
 }
 
-/// The entry slots of an operation's calls, in a workspace of its own (grown on demand, freed
-/// after a context synchronisation when it is dropped).
-pub(crate) struct EntrySlots {
+/// What every family's final states of packed documents hold: the entry slots of its calls, in a
+/// workspace of its own (grown on demand, freed after a context synchronisation when it is
+/// dropped), and its states kernel (`lasp_document_states_params`,
+/// `lasp/documents/final_states_params.h`), which adds each document's tokens of its last chunk to
+/// the state the family's chunk loop stored on entering that chunk.
+pub(crate) struct DocumentTails {
     ctx: Arc<CudaContext>,
     starts: DocumentStarts,
     slots: Option<CudaSlice<u8>>,
+    /// Indexed by Dk: [64, 128].
+    kernels: [Kernel; 2],
 }
 
-impl EntrySlots {
-    pub(crate) fn new(runtime: &Runtime) -> Result<Self> {
-        Ok(EntrySlots {
+impl DocumentTails {
+    /// `kernels`: the family's states kernel per Dk.
+    pub(crate) fn new(runtime: &Runtime, kernels: [&'static str; 2]) -> Result<Self> {
+        Ok(DocumentTails {
             ctx: runtime.context().clone(),
             starts: DocumentStarts::new(runtime)?,
             slots: None,
+            kernels: runtime.module().kernels_per_width(kernels)?,
         })
     }
 
     /// Writes on `stream` the slots of `documents` for a shard of `t` tokens, and returns them
     /// with `states` (the call's checked output) as where the chunk loop stores. The caller orders
     /// `stream` after the offsets' buffer.
-    pub(crate) fn write(
+    pub(crate) fn entries(
         &mut self,
         stream: &Arc<CudaStream>,
         documents: Documents<'_>,
@@ -69,6 +77,52 @@ impl EntrySlots {
             states: states.addr(),
             documents: documents.cu_seqlens.len() - 1,
         })
+    }
+
+    /// Enqueues the states kernel: one CTA per (document slot, b*H+h, 64 columns of Dv), a grid
+    /// fixed by the capacity of `cu_seqlens`.
+    ///
+    /// # Safety
+    /// `inputs` and `ht` were checked against the shape and the documents (lengths, alignment,
+    /// overlaps), are of the runtime's context and stay live until the work on `stream`
+    /// completes; the chunk loop that stores the entering states into `ht`, where the slots of
+    /// [`DocumentTails::entries`] name them, was enqueued before on `stream`.
+    pub(crate) unsafe fn launch(
+        &self,
+        stream: &Arc<CudaStream>,
+        inputs: &StatesInputs<'_>,
+        ht: &DeviceMut<'_, f32>,
+    ) -> Result<()> {
+        let (s, docs) = (inputs.shape, inputs.documents);
+        let p = lasp_document_states_params {
+            cu_seqlens: docs.cu_seqlens.addr() as _,
+            offsets_are_int64: i32::from(docs.cu_seqlens.is_int64()),
+            num_offsets: docs.cu_seqlens.len() as i32,
+            shard_start: docs.shard_start as i64,
+            k: inputs.k.addr() as _,
+            v: inputs.v.addr() as _,
+            g: inputs.g.addr() as _,
+            beta: inputs.beta.map_or(0, |x| x.addr()) as _,
+            ht: ht.addr() as _,
+            B: s.b as i32,
+            T: s.t as i32,
+            H: s.h as i32,
+            Dk: s.dk as i32,
+            Dv: s.dv as i32,
+        };
+        let launch = LaunchShape {
+            grid: (
+                (docs.cu_seqlens.len() - 1) as u32,
+                (s.b * s.h) as u32,
+                (s.dv / 64) as u32,
+            ),
+            block: (LASP_DOCUMENT_STATES_THREADS, 1, 1),
+            shared_bytes: 0,
+        };
+        self.ctx.bind_to_thread()?;
+        // SAFETY: `p` is the kernels' lasp_document_states_params, generated from its header; the
+        // caller's contract covers the tensors and the order after the entering states.
+        unsafe { self.kernels[width_index(s.dk)].launch(stream, launch, &p) }
     }
 }
 
@@ -128,50 +182,4 @@ pub(crate) struct StatesInputs<'a> {
     pub(crate) v: DeviceRef<'a, bf16>,
     pub(crate) g: DeviceRef<'a, f32>,
     pub(crate) beta: Option<DeviceRef<'a, f32>>,
-}
-
-/// Enqueues a family's states kernel (`kernels`, by Dk: [64, 128]; `lasp_document_states_params`,
-/// `lasp/documents/final_states_params.h`): one CTA per (document slot, b*H+h, 64 columns of Dv),
-/// a grid fixed by the capacity of `cu_seqlens`.
-///
-/// # Safety
-/// `inputs` and `ht` were checked against the shape and the documents (lengths, alignment,
-/// overlaps), are of the runtime's context and stay live until the work on `stream` completes;
-/// the chunk loop that stores the entering states into `ht` was enqueued before on `stream`.
-pub(crate) unsafe fn launch_states(
-    kernels: &[Kernel; 2],
-    stream: &Arc<CudaStream>,
-    inputs: &StatesInputs<'_>,
-    ht: &DeviceMut<'_, f32>,
-) -> Result<()> {
-    let (s, docs) = (inputs.shape, inputs.documents);
-    let p = lasp_document_states_params {
-        cu_seqlens: docs.cu_seqlens.addr() as _,
-        offsets_are_int64: i32::from(docs.cu_seqlens.is_int64()),
-        num_offsets: docs.cu_seqlens.len() as i32,
-        shard_start: docs.shard_start as i64,
-        k: inputs.k.addr() as _,
-        v: inputs.v.addr() as _,
-        g: inputs.g.addr() as _,
-        beta: inputs.beta.map_or(0, |x| x.addr()) as _,
-        ht: ht.addr() as _,
-        B: s.b as i32,
-        T: s.t as i32,
-        H: s.h as i32,
-        Dk: s.dk as i32,
-        Dv: s.dv as i32,
-    };
-    let launch = LaunchShape {
-        grid: (
-            (docs.cu_seqlens.len() - 1) as u32,
-            (s.b * s.h) as u32,
-            (s.dv / 64) as u32,
-        ),
-        block: (LASP_DOCUMENT_STATES_THREADS, 1, 1),
-        shared_bytes: 0,
-    };
-    stream.context().bind_to_thread()?;
-    // SAFETY: `p` is the kernels' lasp_document_states_params, generated from its header; the
-    // caller's contract covers the tensors and the order after the entering states.
-    unsafe { kernels[width_index(s.dk)].launch(stream, launch, &p) }
 }

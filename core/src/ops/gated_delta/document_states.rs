@@ -15,10 +15,7 @@
 use super::forward::EntriesWalk;
 use super::GatedDeltaForward;
 use crate::error::Result;
-use crate::kernel::Kernel;
-use crate::ops::documents::final_states::{
-    check_final_states, launch_states, EntrySlots, StatesInputs,
-};
+use crate::ops::documents::final_states::{check_final_states, DocumentTails, StatesInputs};
 use crate::ops::documents::Documents;
 use crate::ops::scalar_decay::ForwardShape;
 use crate::ops::{bf16, DeviceMut, DeviceRef, StreamOrder};
@@ -61,9 +58,7 @@ pub struct GatedDeltaDocumentStates {
     ctx: Arc<CudaContext>,
     /// The forward whose chain the walk runs, with a workspace of its own.
     walk: GatedDeltaForward,
-    slots: EntrySlots,
-    /// Indexed by Dk: [64, 128].
-    states: [Kernel; 2],
+    tails: DocumentTails,
 }
 
 impl GatedDeltaDocumentStates {
@@ -71,10 +66,7 @@ impl GatedDeltaDocumentStates {
         Ok(GatedDeltaDocumentStates {
             ctx: runtime.context().clone(),
             walk: GatedDeltaForward::new(runtime)?,
-            slots: EntrySlots::new(runtime)?,
-            states: runtime
-                .module()
-                .kernels_per_width(instances::GDN_DOCUMENT_STATES)?,
+            tails: DocumentTails::new(runtime, instances::GDN_DOCUMENT_STATES)?,
         })
     }
 
@@ -100,8 +92,8 @@ impl GatedDeltaDocumentStates {
         ];
         StreamOrder::around(stream, homes, OP, || {
             let entries = self
-                .slots
-                .write(stream, args.documents, args.shape.t, &args.ht, OP)?;
+                .tails
+                .entries(stream, args.documents, args.shape.t, &args.ht, OP)?;
             let walk = EntriesWalk {
                 shape: args.shape,
                 k: args.k,
@@ -139,6 +131,6 @@ impl GatedDeltaDocumentStates {
         // SAFETY: the offsets, k, v, g, beta and ht have the lengths and alignment checked in
         // `launch` and stay live by their views' contracts; the entering states were stored in ht
         // before this launch on the same stream.
-        unsafe { launch_states(&self.states, stream, &inputs, &args.ht) }
+        unsafe { self.tails.launch(stream, &inputs, &args.ht) }
     }
 }

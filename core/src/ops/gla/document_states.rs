@@ -4,7 +4,8 @@
 //!
 //! The state after document n's last token is the state entering the chunk of 64 tokens that
 //! holds that token, decayed to it row by row, plus the document's tokens of that chunk. The
-//! forward's output loop (its twin for packed documents) stores that entering state into n's slot
+//! forward's packed output loop, in instances of their own ([`EntryOutputs`]), stores that
+//! entering state into n's slot
 //! where n began before the chunk (a table per chunk names the document,
 //! `lasp_document_entry_slots`); on LASP-2 that loop runs from the prefix of every earlier PE, so
 //! a document that began on an earlier PE needs no exchange of its own. Then one CTA per
@@ -19,16 +20,10 @@
 use super::plan::output_smem_bytes;
 use crate::error::{Error, Result};
 use crate::kernel::{width_index, Kernel};
-use crate::ops::documents::final_states::{
-    launch_states, DocumentEntries, EntrySlots, StatesInputs,
-};
 use crate::ops::documents::{document_states_len, Documents};
 use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
 use crate::ops::DeviceMut;
 use crate::runtime::Runtime;
-use cudarc::driver::CudaStream;
-use lasp_shmem_kernels::instances;
-use std::sync::Arc;
 
 /// The layout of [`GlaArgs::document_ht`](super::GlaArgs), as the checks name it.
 const LAYOUT: &str = "[B, N, H, Dk, Dv] (N = cu_seqlens.len() - 1)";
@@ -53,69 +48,32 @@ pub(super) fn check_document_ht(
     Ok(ht.byte_range())
 }
 
-/// What a GLA forward adds for the final states of packed documents: the entry slots (its
-/// workspace), its packed output kernels that also store the entering states (instances of their
-/// own, so that the packed loop without final states stays as it was), and the kernels that add
-/// each document's last tokens.
-pub(super) struct DocumentTails {
-    slots: EntrySlots,
-    /// The forward's output kernels with the stores, by [Dv][Dk].
-    outputs: [[Kernel; 2]; 2],
-    /// Indexed by Dk: [64, 128].
-    kernels: [Kernel; 2],
+/// GLA's packed output kernels that also store the states entering the documents' last chunks
+/// (instances of their own, so that the packed loop without final states stays as it was); the
+/// forward adds the shared [`crate::ops::documents::final_states::DocumentTails`] for the rest.
+pub(super) struct EntryOutputs {
+    /// By [Dv][Dk].
+    kernels: [[Kernel; 2]; 2],
 }
 
-impl DocumentTails {
-    /// `outputs`: the names of the forward's output kernels with the stores, by Dv (rows by Dk).
-    pub(super) fn new(runtime: &Runtime, outputs: [[&'static str; 2]; 2]) -> Result<Self> {
+impl EntryOutputs {
+    /// `names`: the forward's output kernels with the stores, by Dv (rows by Dk).
+    pub(super) fn new(runtime: &Runtime, names: [[&'static str; 2]; 2]) -> Result<Self> {
         let module = runtime.module();
-        let outputs = [
-            module.kernels_per_width(outputs[0])?,
-            module.kernels_per_width(outputs[1])?,
+        let kernels = [
+            module.kernels_per_width(names[0])?,
+            module.kernels_per_width(names[1])?,
         ];
         for (j, dv) in [64, 128].into_iter().enumerate() {
             for (i, dk) in [64, 128].into_iter().enumerate() {
-                outputs[j][i].set_max_dynamic_shared_bytes(output_smem_bytes(dk, dv))?;
+                kernels[j][i].set_max_dynamic_shared_bytes(output_smem_bytes(dk, dv))?;
             }
         }
-        Ok(DocumentTails {
-            slots: EntrySlots::new(runtime)?,
-            outputs,
-            kernels: module.kernels_per_width(instances::GLA_DOCUMENT_STATES)?,
-        })
+        Ok(EntryOutputs { kernels })
     }
 
-    /// The forward's output kernel for `shape` that also stores the entering states.
-    pub(super) fn output(&self, shape: &ForwardShape) -> &Kernel {
-        &self.outputs[width_index(shape.dv)][width_index(shape.dk)]
-    }
-
-    /// Writes on `stream` the entry slots of `documents` for a shard of `t` tokens; returns where
-    /// the forward's output loop stores the entering states (`ht`, checked by the caller).
-    pub(super) fn entries(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        documents: Documents<'_>,
-        t: usize,
-        ht: &DeviceMut<'_, f32>,
-        op: &str,
-    ) -> Result<DocumentEntries> {
-        self.slots.write(stream, documents, t, ht, op)
-    }
-
-    /// Enqueues the kernel that adds every document's tokens of its last chunk to the state the
-    /// output loop stored in `ht` before it on `stream`.
-    ///
-    /// # Safety
-    /// As [`launch_states`]'s, the loop being the forward's output kernel from [`DocumentTails::output`]
-    /// with [`DocumentTails::entries`]'s slots.
-    pub(super) unsafe fn launch(
-        &self,
-        stream: &Arc<CudaStream>,
-        inputs: &StatesInputs<'_>,
-        ht: &DeviceMut<'_, f32>,
-    ) -> Result<()> {
-        // SAFETY: the caller's contract.
-        unsafe { launch_states(&self.kernels, stream, inputs, ht) }
+    /// The output kernel for `shape`.
+    pub(super) fn get(&self, shape: &ForwardShape) -> &Kernel {
+        &self.kernels[width_index(shape.dv)][width_index(shape.dk)]
     }
 }

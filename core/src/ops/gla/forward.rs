@@ -1,12 +1,12 @@
 //! [`GlaForward`]: the GLA forward's kernels, workspace and launches, and the checks of one
 //! call's tensors ([`GlaArgs`]) before anything is launched.
 
-use super::document_states::{check_document_ht, DocumentTails};
+use super::document_states::{check_document_ht, EntryOutputs};
 use super::plan::{chunk_states_len, output_smem_bytes, states_smem_bytes, CHUNK_STATES_LAYOUT};
 use super::{GlaParams, GlaPlan};
 use crate::error::{Error, Result};
 use crate::kernel::{width_index, Kernel};
-use crate::ops::documents::final_states::StatesInputs;
+use crate::ops::documents::final_states::{DocumentTails, StatesInputs};
 use crate::ops::documents::masked::{refuse_states, StartWords, Twins};
 use crate::ops::documents::Documents;
 use crate::ops::documents::LoopOrder;
@@ -229,6 +229,7 @@ pub struct GlaForward {
     words: StartWords,
     workspace: Option<CudaSlice<u8>>,
     tails: DocumentTails,
+    entry_outputs: EntryOutputs,
 }
 
 /// The states kernels (by Dk) and output kernels (by Dv, then Dk) of one of GLA's forwards.
@@ -303,7 +304,8 @@ impl GlaForward {
             force_splits: None,
             words: StartWords::new(runtime)?,
             workspace: None,
-            tails: DocumentTails::new(
+            tails: DocumentTails::new(runtime, instances::GLA_DOCUMENT_STATES)?,
+            entry_outputs: EntryOutputs::new(
                 runtime,
                 [
                     instances::GLA_OUTPUT_DV64_ENTRIES,
@@ -420,7 +422,7 @@ impl GlaForward {
                 self.fold.launch(stream, fold, &params)?;
             }
             let output = match entries {
-                Some(_) => self.tails.output(s),
+                Some(_) => self.entry_outputs.get(s),
                 None => &output[j][i],
             };
             output.launch(stream, plan.output, &params)?;

@@ -9,7 +9,7 @@
 //! all-gather between the same kernels; [`ExchangeMode::NoComm`] drops the exchange (timing). The
 //! fold is the same in every mode, so outputs are bit-identical across modes.
 
-use super::document_states::DocumentTails;
+use super::document_states::EntryOutputs;
 use super::forward::{chunk_kernels, ChunkKernels};
 use super::plan::{output_smem_bytes, output_threads, states_smem_bytes, CHUNK};
 use super::{Gla, GlaArgs};
@@ -17,7 +17,7 @@ use crate::error::Result;
 use crate::exchange::chain::StateChain;
 use crate::exchange::{Direction, ExchangeMode, Lasp2Layout};
 use crate::kernel::{width_index, LaunchShape};
-use crate::ops::documents::final_states::StatesInputs;
+use crate::ops::documents::final_states::{DocumentTails, StatesInputs};
 use crate::ops::documents::masked::{StartWords, Twins};
 use crate::ops::documents::LoopOrder;
 use crate::ops::StreamOrder;
@@ -64,6 +64,7 @@ pub struct GlaLasp2Forward {
     workspace: Option<CudaSlice<u8>>,
     sm_count: usize,
     tails: DocumentTails,
+    entry_outputs: EntryOutputs,
 }
 
 crate::exchange::chain_methods!(GlaLasp2Forward);
@@ -97,7 +98,8 @@ impl GlaLasp2Forward {
             chunks,
             words: StartWords::new(runtime)?,
             workspace: None,
-            tails: DocumentTails::new(
+            tails: DocumentTails::new(runtime, instances::GLA_DOCUMENT_STATES)?,
+            entry_outputs: EntryOutputs::new(
                 runtime,
                 [
                     instances::GLA_LASP2_OUTPUT_DV64_ENTRIES,
@@ -193,7 +195,7 @@ impl GlaLasp2Forward {
         }
         self.chain.gather_slots(stream)?;
         let output_kernel = match entries {
-            Some(_) => self.tails.output(&s),
+            Some(_) => self.entry_outputs.get(&s),
             None => &output_kernels[j][i],
         };
         // SAFETY: as above.

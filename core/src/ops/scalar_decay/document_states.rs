@@ -25,9 +25,8 @@
 use super::forward::EntriesWalk;
 use super::{check_args, ForwardArgs, ForwardShape, ScalarDecayForward};
 use crate::error::{Error, Result};
-use crate::kernel::Kernel;
 use crate::ops::documents::final_states::{
-    check_final_states, launch_states, DocumentEntries, EntrySlots, StatesInputs,
+    check_final_states, DocumentEntries, DocumentTails, StatesInputs,
 };
 use crate::ops::documents::Documents;
 use crate::ops::{bf16, ranges_overlap, DeviceMut, DeviceRef, StreamOrder};
@@ -72,9 +71,7 @@ pub struct ScalarDecayDocumentStates {
     /// The forward (one GPU) or the walk (LASP-2) that stores the entering states, with a
     /// workspace of its own.
     walk: ScalarDecayForward,
-    slots: EntrySlots,
-    /// Indexed by Dk: [64, 128].
-    states: [Kernel; 2],
+    tails: DocumentTails,
 }
 
 impl ScalarDecayDocumentStates {
@@ -82,10 +79,7 @@ impl ScalarDecayDocumentStates {
         Ok(ScalarDecayDocumentStates {
             ctx: runtime.context().clone(),
             walk: ScalarDecayForward::new(runtime)?,
-            slots: EntrySlots::new(runtime)?,
-            states: runtime
-                .module()
-                .kernels_per_width(instances::SD_DOCUMENT_STATES)?,
+            tails: DocumentTails::new(runtime, instances::SD_DOCUMENT_STATES)?,
         })
     }
 
@@ -195,8 +189,8 @@ impl ScalarDecayDocumentStates {
         stream: &Arc<CudaStream>,
         args: &DocumentStatesArgs<'_>,
     ) -> Result<DocumentEntries> {
-        self.slots
-            .write(stream, args.documents, args.shape.t, &args.ht, OP)
+        self.tails
+            .entries(stream, args.documents, args.shape.t, &args.ht, OP)
     }
 
     /// The kernel that adds each document's tokens of its last chunk to the state entering the
@@ -218,6 +212,6 @@ impl ScalarDecayDocumentStates {
         // SAFETY: the offsets, k, v, g and ht have the lengths and alignment checked in `launch`
         // and stay live by their views' contracts; the entering states were stored in ht before
         // this launch on the same stream.
-        unsafe { launch_states(&self.states, stream, &inputs, &args.ht) }
+        unsafe { self.tails.launch(stream, &inputs, &args.ht) }
     }
 }

@@ -1,10 +1,12 @@
-// What the families' final-states kernels of packed documents share (scalar_decay/ and
-// gated_delta/document_states.cu): where document n's last chunk lies in this shard, and which of
-// its tokens they add to the state entering that chunk (lasp_document_entry_slots).
+// What the families' final-states kernels of packed documents share (scalar_decay/, gla/ and
+// gated_delta/document_states.cu): where document n's last chunk lies in this shard, which of its
+// tokens they add to the state entering that chunk (lasp_document_entry_slots), and which part of
+// the state a thread holds.
 #pragma once
 #include <stdint.h>
 
 #include "lasp/documents/documents_params.h"
+#include "lasp/documents/final_states_params.h"
 
 namespace lasp {
 namespace documents {
@@ -38,6 +40,39 @@ __device__ __forceinline__ DocumentTail document_tail(const void* cu_seqlens, in
 }
 
 __device__ __forceinline__ float bf16_value(uint16_t x) { return __uint_as_float(static_cast<uint32_t>(x) << 16); }
+
+// CTA (n, b*H+h, tile) of a states kernel (lasp/documents/final_states_params.h): document n's
+// tokens of its last chunk in this shard, and this thread's part of the state, column `col` of the
+// tile's 64 and the rows [row0, row0 + kRows) (quarter `quarter` of them) of document n's state in
+// row b of ht.
+template <int DK>
+struct StateColumn {
+  static constexpr int kQuarters = LASP_DOCUMENT_STATES_THREADS / 64;
+  static constexpr int kRows = DK / kQuarters;
+  int b, h, tile, col, quarter, row0;
+  int64_t ld;  // Dv: from one row of the column to the next
+  float* out;  // row row0 of the column
+  DocumentTail tail;
+
+  __device__ __forceinline__ explicit StateColumn(const lasp_document_states_params& p) {
+    const int n = blockIdx.x, bh = blockIdx.y;
+    b = bh / p.H, h = bh % p.H, tile = blockIdx.z;
+    col = threadIdx.x % 64, quarter = threadIdx.x / 64, row0 = quarter * kRows;
+    ld = p.Dv;
+    const int docs = p.num_offsets - 1;
+    out = p.ht + (((int64_t)b * docs + n) * p.H + h) * DK * p.Dv + (int64_t)row0 * p.Dv + tile * 64 + col;
+    tail = document_tail(p.cu_seqlens, p.offsets_are_int64, n, p.shard_start, p.T);
+  }
+  // The entering state the chunk loop stored (where tail.enters).
+  __device__ __forceinline__ void load(float (&x)[kRows]) const {
+#pragma unroll
+    for (int m = 0; m < kRows; ++m) x[m] = out[m * ld];
+  }
+  __device__ __forceinline__ void store(const float (&x)[kRows]) const {
+#pragma unroll
+    for (int m = 0; m < kRows; ++m) out[m * ld] = x[m];
+  }
+};
 
 }  // namespace documents
 }  // namespace lasp
