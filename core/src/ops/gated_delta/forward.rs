@@ -586,13 +586,14 @@ impl GatedDeltaForward {
         StreamOrder::around(stream, args.homes(), OP, || self.enqueue(stream, args))
     }
 
-    fn enqueue(
+    /// The plan for `shape` and its workspace's address, grown for it on `stream` (a stream of
+    /// the runtime's context, checked).
+    fn plan_on(
         &mut self,
         stream: &Arc<CudaStream>,
-        args: GatedDeltaArgs<'_>,
-    ) -> Result<GatedDeltaPlan> {
-        let scale = args.check(OP)?;
-        let plan = self.plan(&args.shape)?;
+        shape: &ForwardShape,
+    ) -> Result<(GatedDeltaPlan, u64)> {
+        let plan = self.plan(shape)?;
         crate::ops::require_runtime_stream(stream, &self.ctx, OP)?;
         let base = crate::ops::ensure_workspace(
             &self.ctx,
@@ -601,6 +602,16 @@ impl GatedDeltaForward {
             plan.workspace_bytes,
             OP,
         )?;
+        Ok((plan, base))
+    }
+
+    fn enqueue(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        args: GatedDeltaArgs<'_>,
+    ) -> Result<GatedDeltaPlan> {
+        let scale = args.check(OP)?;
+        let (plan, base) = self.plan_on(stream, &args.shape)?;
         let params = call_params(&args, &plan, base, scale);
         self.ctx.bind_to_thread()?;
         // SAFETY: GatedDeltaParams is lasp_gated_delta_params, generated from the header; the
@@ -642,15 +653,7 @@ impl GatedDeltaForward {
         walk: &EntriesWalk<'_>,
         entries: DocumentEntries,
     ) -> Result<()> {
-        let plan = self.plan(&walk.shape)?;
-        crate::ops::require_runtime_stream(stream, &self.ctx, OP)?;
-        let base = crate::ops::ensure_workspace(
-            &self.ctx,
-            stream,
-            &mut self.workspace,
-            plan.workspace_bytes,
-            OP,
-        )?;
+        let (plan, base) = self.plan_on(stream, &walk.shape)?;
         // q is never read (the walk has no O): k stands in for it, of the same length.
         let params = GatedDeltaParams {
             entry_slots: entries.slots as _,
