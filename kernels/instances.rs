@@ -80,6 +80,7 @@ const GDN_LASP2_BACKWARD: &str = "gated_delta/lasp2_backward.cu";
 const GDN_BWD_PARAMS: &str = "lasp_gated_delta_bwd_params";
 const MLSTM_FORWARD: &str = "mlstm/forward.cu";
 const MLSTM_PARAMS: &str = "lasp_mlstm_params";
+const MLSTM_DOCUMENT_STATES: &str = "mlstm/document_states.cu";
 
 /// Every templated kernel. Template arguments of `run_segment`: key width, output pass, probe,
 /// two roles, reversed time axis, block states (lasp/scalar_decay/chunk.cuh). The LASP-2 kernels
@@ -283,6 +284,15 @@ pub const INSTANCES: &[Instance] = &[
         "lasp::mlstm::run_output<{dk}, 128>(p)"),
     row("MLSTM_OUTPUT_DV128_PACKED", "lasp_mlstm_output_dk{dk}_dv128_packed", MLSTM_FORWARD, "256, 1", MLSTM_PARAMS,
         "lasp::mlstm::run_output<{dk}, 128, false, true>(p)"),
+    // The final states of packed documents: the packed output loops that also store the states
+    // entering the documents' last chunks (_ENTRIES), and the kernel that adds their tokens.
+    row("MLSTM_OUTPUT_DV64_ENTRIES", "lasp_mlstm_output_dk{dk}_dv64_entries", MLSTM_FORWARD, "128, 1", MLSTM_PARAMS,
+        "lasp::mlstm::run_output<{dk}, 64, false, true, true>(p)"),
+    row("MLSTM_OUTPUT_DV128_ENTRIES", "lasp_mlstm_output_dk{dk}_dv128_entries", MLSTM_FORWARD, "256, 1", MLSTM_PARAMS,
+        "lasp::mlstm::run_output<{dk}, 128, false, true, true>(p)"),
+    row("MLSTM_DOCUMENT_STATES", "lasp_mlstm_document_states_dk{dk}", MLSTM_DOCUMENT_STATES,
+        "LASP_DOCUMENT_STATES_THREADS, 1", DOCUMENT_STATES_PARAMS,
+        "lasp::mlstm::document_states<{dk}>(p)"),
     row("MLSTM_GRAD_STATES_DV64", "lasp_mlstm_grad_states_dk{dk}_dv64", MLSTM_FORWARD, "128, 1", MLSTM_PARAMS,
         "lasp::mlstm::run_states<{dk}, 64, true>(p)"),
     row("MLSTM_GRAD_STATES_DV64_PACKED", "lasp_mlstm_grad_states_dk{dk}_dv64_packed", MLSTM_FORWARD, "128, 1", MLSTM_PARAMS,

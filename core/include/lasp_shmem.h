@@ -184,12 +184,12 @@ typedef int32_t lasp_status;
  *               written into it), with call.shard_start; every batch row packed alike. The state
  *               forgets at every document start, across ranks too; DG is 0 there. No H0, HT, DHT
  *               or DH0: every document starts from zero.
- *               Scalar decay's, GLA's and Gated DeltaNet's forwards also take DOCUMENT_HT
- *               [B, N, H, Dk, Dv] fp32 out (N = CU_SEQLENS's entries - 1), or empty: each
- *               document's state after its last token where that token is in this call's
- *               tokens, zeros for the other documents (the sum over the ranks holds every
- *               document's); LASP-2 needs START_STATE with it (not GLA's). No gradient flows from
- *               it (the backward takes none). */
+ *               Every family's forward also takes DOCUMENT_HT [B, N, H, Dk, Dv] fp32 out
+ *               (N = CU_SEQLENS's entries - 1; mLSTM's: C [B, N, H, Dk, Dv], n [B, N, H, Dk] and
+ *               m [B, N, H] back to back), or empty: each document's state after its last token
+ *               where that token is in this call's tokens, zeros for the other documents (the
+ *               sum over the ranks holds every document's); LASP-2 needs START_STATE with it
+ *               (not GLA's or mLSTM's). No gradient flows from it (the backward takes none). */
 #define LASP_SLOT_Q 0
 #define LASP_SLOT_K 1
 #define LASP_SLOT_V 2
@@ -213,7 +213,7 @@ typedef int32_t lasp_status;
 #define LASP_SLOT_DI_GATE 20    /* mLSTM */
 #define LASP_SLOT_SAVED_ROWS 21 /* mLSTM */
 #define LASP_SLOT_EXIT_STATE 22 /* mLSTM */
-#define LASP_SLOT_DOCUMENT_HT 23 /* scalar decay, GLA, Gated DeltaNet: packed documents' final states */
+#define LASP_SLOT_DOCUMENT_HT 23 /* packed documents' final states */
 #define LASP_SLOT_COUNT 24      /* slots this header defines */
 #define LASP_SLOT_CAPACITY 32   /* room in lasp_tensors: new slots need no new struct size */
 

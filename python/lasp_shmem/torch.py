@@ -332,8 +332,7 @@ def chunk_simple_gla(q, k, v, g, scale=None, initial_state=None, output_final_st
     _check_device("chunk_simple_gla", runtime.device, q=q, k=k, v=v, g=g,
                   initial_state=initial_state)
     cu_seqlens, shard_start = _documents("chunk_simple_gla", cu_seqlens, shard_start, runtime,
-                                         lasp2, q.shape[1], initial_state, output_final_state,
-                                         document_states=True)
+                                         lasp2, q.shape[1], initial_state)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     # Per-document final states are every rank's; the sequence's final state the last rank's.
     want_ht = output_final_state and (cu_seqlens is not None or not lasp2
@@ -372,8 +371,7 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
     runtime, lasp2 = _placement("chunk_gla", cp_group)
     _check_device("chunk_gla", runtime.device, q=q, k=k, v=v, g=g, initial_state=initial_state)
     cu_seqlens, shard_start = _documents("chunk_gla", cu_seqlens, shard_start, runtime, lasp2,
-                                         q.shape[1], initial_state, output_final_state,
-                                         document_states=True)
+                                         q.shape[1], initial_state)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     want_ht = output_final_state and (cu_seqlens is not None or not lasp2
                                       or runtime.rank == runtime.world - 1)
@@ -417,8 +415,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
     _check_device(op, runtime.device, q=q, k=k, v=v, g=g, beta=beta,
                   initial_state=initial_state)
     cu_seqlens, shard_start = _documents(op, cu_seqlens, shard_start, runtime, lasp2, q.shape[1],
-                                         initial_state, output_final_state,
-                                         document_states=True)
+                                         initial_state)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     want_ht = output_final_state and (cu_seqlens is not None or not lasp2
                                       or runtime.rank == runtime.world - 1)
@@ -435,11 +432,9 @@ def _l2norm(x):
     return (y * torch.rsqrt(y.square().sum(-1, keepdim=True) + 1e-6)).to(x.dtype)
 
 
-def _documents(op, cu_seqlens, shard_start, runtime, lasp2, tokens, initial_state,
-               output_final_state, document_states=False):
+def _documents(op, cu_seqlens, shard_start, runtime, lasp2, tokens, initial_state):
     """The packed documents a call names, (cu_seqlens, shard_start), or (None, 0) for none;
-    checked before anything is enqueued. `document_states`: the op gives per-document final
-    states."""
+    checked before anything is enqueued."""
     if cu_seqlens is None:
         if shard_start is not None:
             raise ValueError(f"{op}: shard_start places this call in a packed sequence and is "
@@ -462,11 +457,6 @@ def _documents(op, cu_seqlens, shard_start, runtime, lasp2, tokens, initial_stat
         raise NotImplementedError(
             f"{op}: per-document initial states are not supported yet with cu_seqlens (every "
             "document starts from the zero state); pass initial_state=None")
-    if output_final_state and not document_states:
-        raise NotImplementedError(
-            f"{op}: per-document final states are not supported yet for this family "
-            "(chunk_simple_gla, chunk_gla and chunk_gated_delta_rule have them); pass "
-            "output_final_state=False with cu_seqlens")
     if shard_start is None:
         shard_start = runtime.rank * tokens if lasp2 else 0
     if not isinstance(shard_start, int) or shard_start < 0:
@@ -959,7 +949,11 @@ def mlstm(q, k, v, i, f, scale=None, initial_state=None, output_final_state=Fals
     (LASP-2 across the group's ranks: the final state on the group's last rank only, the initial
     state's gradient on its rank 0, zeros on the others). cu_seqlens and shard_start (packed
     documents) as for `chunk_simple_gla`: every document starts from mlstm_kernels' zero state
-    and f's gradient is 0 at every document start.
+    and f's gradient is 0 at every document start. With cu_seqlens, output_final_state gives one
+    state per document, (C [B * N, H, Dk, Dv], n [B * N, H, Dk], m [B * N, H]) fp32 (row
+    b * N + n): each document's state after its last token where that token is in this call's
+    slice, as the document alone ends, zeros (C, n and m) for the others, on every rank of
+    cp_group; no gradient flows from them yet (a backward that reaches them raises).
 
     Differentiable in q, k, v, i, f and initial_state with mlstm_kernels' gradient: the
     stabilisers and denominators are held constant, so n and m of the initial state get no
@@ -990,14 +984,19 @@ def mlstm(q, k, v, i, f, scale=None, initial_state=None, output_final_state=Fals
     runtime, lasp2 = _placement(op, cp_group)
     _check_device(op, runtime.device, q=q, k=k, v=v, i=i, f=f, initial_state=h0)
     cu_seqlens, shard_start = _documents(op, cu_seqlens, shard_start, runtime, lasp2, q.shape[1],
-                                         initial_state, output_final_state)
+                                         initial_state)
     save = torch.is_grad_enabled() and any(
         x is not None and x.requires_grad for x in (q, k, v, i, f, h0))
     scale = dk ** -0.5 if scale is None else scale
-    want_ht = output_final_state and (not lasp2 or runtime.rank == runtime.world - 1)
+    # Per-document final states are every rank's; the sequence's final state the last rank's.
+    want_ht = output_final_state and (cu_seqlens is not None or not lasp2
+                                      or runtime.rank == runtime.world - 1)
     out, ht, _, _, _ = torch.ops.lasp_shmem.mlstm_fwd(q, k, v, i, f, h0, float(scale), want_ht,
                                                       lasp2, save, cu_seqlens, shard_start)
-    return out, _unpack_mlstm_state(ht, b, h, dk, dv) if want_ht else None
+    if not want_ht:
+        return out, None
+    states = b if cu_seqlens is None else b * (cu_seqlens.shape[0] - 1)
+    return out, _unpack_mlstm_state(ht, states, h, dk, dv)
 
 
 # The mLSTM's ops: a state (C, n, m) travels as one fp32 tensor, C then n then m (the ABI's
@@ -1013,18 +1012,20 @@ def _unpack_mlstm_state(x, b, h, dk, dv):
     return c.view(b, h, dk, dv), n.view(b, h, dk), m.view(b, h)
 
 
-def _mlstm_forward_outputs(q, v, want_ht, lasp2, save):
-    """h, the final state, the saved rows and the states entering and leaving the shard (each
-    shape (0,) unless wanted): what the forward returns, real or fake."""
+def _mlstm_forward_outputs(q, v, want_ht, lasp2, save, cu_seqlens=None):
+    """h, the final state (with cu_seqlens one per document, B * N of them), the saved rows
+    and the states entering and leaving the shard (each shape (0,) unless wanted): what the
+    forward returns, real or fake."""
     b, t, h, dk = q.shape
     dv = v.shape[-1]
     state = b * h * (dk * dv + dk + 1)
+    finals = state if cu_seqlens is None else state * (cu_seqlens.shape[0] - 1)
 
     def f32(*shape):
         return q.new_empty(shape, dtype=torch.float32)
 
     boundary = state if lasp2 and save else 0
-    return (v.new_empty(b, t, h, dv), f32(state if want_ht else 0),
+    return (v.new_empty(b, t, h, dv), f32(finals if want_ht else 0),
             f32(*((2, b, t, h) if save else (0,))), f32(boundary), f32(boundary))
 
 
@@ -1039,11 +1040,14 @@ def _mlstm_backward_outputs(q, k, v, i, want_dh0):
 def _mlstm_forward_call(q, k, v, i, f, h0, scale, want_ht, lasp2, save, cu_seqlens=None,
                         shard_start=0):
     """The mLSTM forward's outputs and its call."""
-    out, ht, rows, start, exit_ = _mlstm_forward_outputs(q, v, want_ht, lasp2, save)
+    out, ht, rows, start, exit_ = _mlstm_forward_outputs(q, v, want_ht, lasp2, save, cu_seqlens)
     boundary = lasp2 and save
+    documents = cu_seqlens is not None
     call = _OpCall(q, v, lasp2, scale, {
         _abi.SLOT_Q: q, _abi.SLOT_K: k, _abi.SLOT_V: v, _abi.SLOT_I_GATE: i, _abi.SLOT_G: f,
-        _abi.SLOT_H0: h0, _abi.SLOT_O: out, _abi.SLOT_HT: ht if want_ht else None,
+        _abi.SLOT_H0: h0, _abi.SLOT_O: out,
+        _abi.SLOT_HT: ht if want_ht and not documents else None,
+        _abi.SLOT_DOCUMENT_HT: ht if want_ht and documents else None,
         _abi.SLOT_SAVED_ROWS: rows if save else None,
         _abi.SLOT_START_STATE: start if boundary else None,
         _abi.SLOT_EXIT_STATE: exit_ if boundary else None, _abi.SLOT_CU_SEQLENS: cu_seqlens},
@@ -1103,7 +1107,7 @@ def _mlstm_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: torch.
 
 @_mlstm_forward.register_fake
 def _(q, k, v, i, f, h0, scale, want_ht, lasp2, save, cu_seqlens=None, shard_start=0):
-    return _mlstm_forward_outputs(q, v, want_ht, lasp2, save)
+    return _mlstm_forward_outputs(q, v, want_ht, lasp2, save, cu_seqlens)
 
 
 @_mlstm_backward.register_fake
@@ -1118,14 +1122,17 @@ def _mlstm_setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(rows, start, exit_)
     # One GPU: the backward starts from the initial state and reads m_T of the final state;
     # LASP-2: the states the forward found entering and leaving this rank's shard.
-    entry, leaving = (start, exit_) if lasp2 else (h0, ht if want_ht else None)
+    final = ht if want_ht and cu_seqlens is None else None
+    entry, leaving = (start, exit_) if lasp2 else (h0, final)
     # The backward runs over the same documents.
     ctx.save_for_backward(q, k, v, i, f, entry, leaving, rows, cu_seqlens)
     ctx.scale, ctx.want_ht, ctx.lasp2, ctx.shard_start = scale, want_ht, lasp2, shard_start
+    ctx.set_materialize_grads(False)  # _document_states_carry_no_gradient
 
 
 def _mlstm_differentiate(ctx, grad_h, grad_ht, _grad_rows, _grad_start, _grad_exit):
     q, k, v, i, f, entry, leaving, rows, cu_seqlens = ctx.saved_tensors
+    grad_h = _document_states_carry_no_gradient("mlstm", ctx, cu_seqlens, grad_h, grad_ht, v)
     b, _, h, dk = q.shape
     dv = v.shape[-1]
     dct = None

@@ -296,41 +296,48 @@ def test_packed_documents_match_each_document_alone(family, dtype):
     lt.synchronize()
 
 
-@pytest.mark.parametrize("family", ["simple_gla", "gla", "gated_delta_rule"])
+@pytest.mark.parametrize("family", ["simple_gla", "gla", "gated_delta_rule", "mlstm"])
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 def test_per_document_final_states_match_each_document_alone(family, dtype):
     """output_final_state with cu_seqlens on one GPU (documents of 1 to 300 tokens, some across
-    chunk boundaries, the offsets padded with the total): every document's final state against
-    float64 through its own recurrence (5e-3), the padding's empty documents
-    exactly 0, o bitwise the same as without the states, and a backward that reaches the states
-    refused."""
+    chunk boundaries, the offsets padded with the total): every document's final state (the
+    mLSTM's C, n and m) against float64 through its own recurrence (5e-3), the padding's empty
+    documents exactly 0, the output bitwise the same as without the states, and a backward that
+    reaches the states refused."""
     lengths = [1, 63, 64, 65, 200, 300, 7, 180]
     t, b, h, d = sum(lengths), 2, 2, 128
     starts = [sum(lengths[:i]) for i in range(len(lengths))]
     cu = torch.tensor(starts + [t, t, t], dtype=dtype, device="cuda")
-    delta_rule = family == "gated_delta_rule"
-    if delta_rule:
+    if family == "gated_delta_rule":
         tensors = delta_inputs(b, t, h, d, d, "cuda", seed=19)[:5]
     elif family == "gla":
         tensors = gla_inputs(b, t, h, d, d, "cuda", seed=19)[:4]
+    elif family == "mlstm":
+        tensors = mlstm_inputs(b, t, h, d, d, "cuda", seed=19)[:5]
     else:
         tensors = inputs(b, t, h, d, d, "cuda", seed=19)[:4]
-    step = delta_recurrent if delta_rule else recurrent
-    attention = getattr(lt, f"chunk_{family}")
+    steps = {"gated_delta_rule": delta_recurrent, "mlstm": mlstm_recurrent}
+    step = steps.get(family, recurrent)
+    attention = lt.mlstm if family == "mlstm" else getattr(lt, f"chunk_{family}")
     leaves = [x.clone().requires_grad_() for x in tensors]
     o, ht = attention(*leaves, cu_seqlens=cu, output_final_state=True)
     plain, _ = attention(*tensors, cu_seqlens=cu)
     docs = cu.numel() - 1
-    assert ht.shape == (b * docs, h, d, d)
-    finals = ht.view(b, docs, h, d, d)
+    parts = ht if family == "mlstm" else (ht,)
+    shapes = [(d, d), (d,), ()] if family == "mlstm" else [(d, d)]
     bounds = list(zip(starts, starts[1:] + [t]))
-    want = torch.stack([step(*(x[:, a:z].double() for x in tensors), None)[1]
-                        for a, z in bounds], dim=1)
-    assert rel_err(finals[:, :len(lengths)], want) <= TOL
-    assert finals[:, len(lengths):].abs().max().item() == 0
+    wants = [step(*(x[:, a:z].double() for x in tensors), None)[1] for a, z in bounds]
+    if family != "mlstm":
+        wants = [(want,) for want in wants]
+    for j, (part, shape) in enumerate(zip(parts, shapes, strict=True)):
+        assert part.shape == (b * docs, h, *shape)
+        finals = part.view(b, docs, h, *shape)
+        want = torch.stack([w[j] for w in wants], dim=1)
+        assert rel_err(finals[:, :len(lengths)], want) <= TOL, j
+        assert finals[:, len(lengths):].abs().max().item() == 0
     assert torch.equal(o, plain)
     with pytest.raises(NotImplementedError, match="carry none yet"):
-        torch.autograd.grad(o.float().sum() + ht.sum(), leaves)
+        torch.autograd.grad(o.float().sum() + parts[0].sum(), leaves)
     lt.synchronize()
 
 

@@ -187,10 +187,23 @@ def _mlstm_forward_on_cpu(q, k, v, i, f, h0, scale, want_ht, lasp2, save, cu_seq
                           shard_start=0):
     b, _, h, dk = q.shape
     dv = v.shape[-1]
-    out, ht, rows, start, exit_ = lt._mlstm_forward_outputs(q, v, want_ht, lasp2, save)
-    if cu_seqlens is not None:  # the public function refuses the states with documents
+    out, ht, rows, start, exit_ = lt._mlstm_forward_outputs(q, v, want_ht, lasp2, save,
+                                                            cu_seqlens)
+    if cu_seqlens is not None:
         out.copy_(per_document(lambda *x: mlstm_recurrent(*x, None, scale)[:1], cu_seqlens,
                                shard_start, q, k, v, i, f)[0])
+        if want_ht:  # C, n and m of every document, packed as the ABI's tensor
+            docs = cu_seqlens.shape[0] - 1
+            finals = [torch.zeros(b, docs, h, dk, dv), torch.zeros(b, docs, h, dk),
+                      torch.zeros(b, docs, h)]
+            for n in range(docs):
+                a, z = (int(cu_seqlens[n + j]) - shard_start for j in (0, 1))
+                if z > a and 1 <= z <= q.shape[1]:
+                    state = mlstm_recurrent(*(x[:, max(a, 0):z] for x in (q, k, v, i, f)), None,
+                                            scale)[1]
+                    for part, x in zip(finals, state):
+                        part[:, n] = x
+            ht.copy_(lt._pack_mlstm_state(finals))
         rows.zero_()
         start.zero_()
         exit_.zero_()
@@ -328,45 +341,49 @@ def test_bad_documents_are_refused_before_any_call(cpu_runtime, name, change, er
         lt.chunk_gla(*gla_inputs()[:4], **change)
 
 
-def test_per_document_final_states_are_refused_where_not_built(cpu_runtime):
-    cu = torch.tensor([0, 4, T], dtype=torch.int32)
-    message = "per-document final states are not supported yet for this family"
-    with pytest.raises(NotImplementedError, match=message):
-        lt.mlstm(*mlstm_cpu_inputs()[:5], cu_seqlens=cu, output_final_state=True)
-
-
-@pytest.mark.parametrize("family", ["simple_gla", "gla", "gated_delta_rule"])
+@pytest.mark.parametrize("family", ["simple_gla", "gla", "gated_delta_rule", "mlstm"])
 @pytest.mark.parametrize("dtype, shard_start", [(torch.int32, None), (torch.int64, 3)])
 def test_per_document_final_states(cpu_runtime, family, dtype, shard_start):
-    """output_final_state with cu_seqlens gives [B * N, H, Dk, Dv], row b * N + n: each
-    document's state after its last token where that token is in the call, zeros elsewhere (the
-    padding's empty documents too); the backward through o alone runs, and one that reaches
-    these states raises."""
+    """output_final_state with cu_seqlens gives [B * N, H, Dk, Dv] (the mLSTM's C, n and m:
+    [B * N, H, ...] each), row b * N + n: each document's state after its last token where that
+    token is in the call, zeros elsewhere (the padding's empty documents too); the backward
+    through the output alone runs, and one that reaches these states raises."""
     t = 40
-    q, k, v, g, _ = gla_inputs(t=t) if family == "gla" else cpu_inputs(t=t)
-    delta_rule = family == "gated_delta_rule"
-    inputs_ = (q, k, v, g, torch.rand(B, t, H)) if delta_rule else (q, k, v, g)
-    step = delta_recurrent if delta_rule else recurrent
+    if family == "mlstm":
+        inputs_ = mlstm_cpu_inputs(t=t)[:5]
+    elif family == "gla":
+        inputs_ = gla_inputs(t=t)[:4]
+    else:
+        inputs_ = cpu_inputs(t=t)[:4]
+    if family == "gated_delta_rule":
+        inputs_ = (*inputs_, torch.rand(B, t, H))
+    steps = {"gated_delta_rule": delta_recurrent, "mlstm": mlstm_recurrent}
+    step = steps.get(family, recurrent)
     cu = torch.tensor([0, 1, 17, 30, t, t] if shard_start is None else [0, 4, 20, 33, 43, 50, 50],
                       dtype=dtype)
     first = shard_start or 0
     leaves = [x.clone().requires_grad_() for x in inputs_]
-    o, ht = getattr(lt, f"chunk_{family}")(*leaves, scale=0.125, cu_seqlens=cu,
-                                           shard_start=shard_start, output_final_state=True)
+    call = lt.mlstm if family == "mlstm" else getattr(lt, f"chunk_{family}")
+    o, ht = call(*leaves, scale=0.125, cu_seqlens=cu, shard_start=shard_start,
+                 output_final_state=True)
     docs = cu.numel() - 1
-    assert ht.shape == (B * docs, H, DK, DV) and ht.dtype == torch.float32
-    finals = ht.view(B, docs, H, DK, DV)
+    parts = ht if family == "mlstm" else (ht,)
+    shapes = [(DK, DV), (DK,), ()] if family == "mlstm" else [(DK, DV)]
+    for part, shape in zip(parts, shapes, strict=True):
+        assert part.shape == (B * docs, H, *shape) and part.dtype == torch.float32
+    finals = [part.view(B, docs, *part.shape[1:]) for part in parts]
     for n in range(docs):
         a, z = int(cu[n]) - first, int(cu[n + 1]) - first
         if z > a and 1 <= z <= t:
             want = step(*(x[:, max(a, 0):z].double() for x in inputs_), None, 0.125)[1]
-            torch.testing.assert_close(finals[:, n].double(), want, rtol=2e-2, atol=2e-2)
+            for part, x in zip(finals, want if family == "mlstm" else (want,), strict=True):
+                torch.testing.assert_close(part[:, n].double(), x, rtol=2e-2, atol=2e-2)
         else:
-            assert finals[:, n].abs().max() == 0
-    do = torch.rand(B, t, H, DV).bfloat16()
+            assert max(part[:, n].abs().max() for part in finals) == 0
+    do = torch.rand(*o.shape).bfloat16()
     torch.autograd.grad(o, leaves, do, retain_graph=True)
     with pytest.raises(NotImplementedError, match="carry none yet; detach them"):
-        torch.autograd.grad((o.float() * do.float()).sum() + ht.sum(), leaves)
+        torch.autograd.grad((o.float() * do.float()).sum() + parts[0].sum(), leaves)
 
 
 @pytest.mark.parametrize("family", ["simple_gla", "gla", "gated_delta_rule"])
@@ -1215,7 +1232,8 @@ def test_mlstm_opcheck(with_h0, lasp2):
 def test_mlstm_packed_documents_flow_through_the_ops(cpu_runtime, dtype, shard_start):
     """mlstm's cu_seqlens and shard_start reach both custom ops (the CPU stand-ins run each
     document on its own from the zero state), the gradients are each document's own under
-    mlstm_kernels' rule, f's is 0 at every document start, and the states are refused."""
+    mlstm_kernels' rule, and f's is 0 at every document start (the per-document final states:
+    test_per_document_final_states)."""
     t = 40
     q, k, v, i, f, _ = mlstm_cpu_inputs(dk=64, dv=64, t=t)
     cu = torch.tensor([0, 1, 17, 30, t, t] if shard_start is None else [0, 4, 20, 33, 43, 43],
@@ -1240,8 +1258,6 @@ def test_mlstm_packed_documents_flow_through_the_ops(cpu_runtime, dtype, shard_s
             torch.testing.assert_close(x[:, a:z].double(), y.double(), rtol=2e-2, atol=2e-2)
     starts = sorted({int(s) - first for s in cu if 0 <= int(s) - first < t})
     assert got[4][:, starts].abs().max() == 0
-    with pytest.raises(NotImplementedError, match="per-document final states are not supported"):
-        lt.mlstm(q, k, v, i, f, output_final_state=True, cu_seqlens=cu)
 
 
 def test_a_compiled_mlstm_block_has_no_graph_break_and_the_eager_gradients():

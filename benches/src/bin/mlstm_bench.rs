@@ -136,6 +136,7 @@ fn run(opts: &Options, config: Config) -> Result<()> {
                 scale: None,
                 eps: None,
                 documents: None,
+                document_final_states: None,
             };
             fwd.launch(&stream, args)
         };

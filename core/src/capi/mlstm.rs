@@ -9,7 +9,9 @@
 //! the states entering and leaving this rank's shard (`LASP_SLOT_START_STATE`,
 //! `LASP_SLOT_EXIT_STATE`). The final state's gradient is `dC_T` alone (`LASP_SLOT_DHT`, [B, H,
 //! Dk, Dv]), as is the initial state's (`LASP_SLOT_DH0`): under this gradient n and m get none.
-//! Packed documents (`LASP_SLOT_CU_SEQLENS`) go to the ops, whose kernels mask at the starts.
+//! Packed documents (`LASP_SLOT_CU_SEQLENS`) go to the ops, whose kernels mask at the starts; the
+//! forwards also write each document's final state where `LASP_SLOT_DOCUMENT_HT` is given
+//! ([`Layout::MlstmDocumentStates`]: C, n and m of every document back to back).
 
 use super::abi::Dtype::{Bf16, F32, I32};
 use super::abi::Slot;
@@ -17,7 +19,9 @@ use super::args::invalid;
 use super::families::{chains_symmetric_bytes, AbiFamily, Direction, FamilyOp};
 use super::pairs::{AbiCall, Lasp2Pair, SingleGpuPair};
 use super::spec::{Kind, OpSpec};
-use super::tensors::Layout::{Gates, MlstmState, Offsets, Qk, SavedRows, State, V};
+use super::tensors::Layout::{
+    Gates, MlstmDocumentStates, MlstmState, Offsets, Qk, SavedRows, State, V,
+};
 use super::tensors::Role::{Input, OptionalInput, OptionalOutput, Output};
 use super::tensors::{CheckedCall, SlotUse};
 use crate::error::Result;
@@ -33,7 +37,7 @@ use crate::runtime::Runtime;
 use cudarc::driver::CudaStream;
 use std::sync::Arc;
 
-static SINGLE_GPU_FORWARD: [SlotUse; 10] = [
+static SINGLE_GPU_FORWARD: [SlotUse; 11] = [
     SlotUse::new(Slot::Q, Input, Bf16, Qk),
     SlotUse::new(Slot::K, Input, Bf16, Qk),
     SlotUse::new(Slot::V, Input, Bf16, V),
@@ -44,11 +48,12 @@ static SINGLE_GPU_FORWARD: [SlotUse; 10] = [
     SlotUse::new(Slot::Ht, OptionalOutput, F32, MlstmState),
     SlotUse::new(Slot::SavedRows, OptionalOutput, F32, SavedRows),
     SlotUse::new(Slot::CuSeqlens, OptionalInput, I32, Offsets),
+    SlotUse::new(Slot::DocumentHt, OptionalOutput, F32, MlstmDocumentStates),
 ];
 
 /// The single-GPU forward's slots, and the states entering and leaving this rank's shard, which
 /// the backward takes.
-static LASP2_FORWARD: [SlotUse; 12] = [
+static LASP2_FORWARD: [SlotUse; 13] = [
     SlotUse::new(Slot::Q, Input, Bf16, Qk),
     SlotUse::new(Slot::K, Input, Bf16, Qk),
     SlotUse::new(Slot::V, Input, Bf16, V),
@@ -61,6 +66,7 @@ static LASP2_FORWARD: [SlotUse; 12] = [
     SlotUse::new(Slot::StartState, OptionalOutput, F32, MlstmState),
     SlotUse::new(Slot::ExitState, OptionalOutput, F32, MlstmState),
     SlotUse::new(Slot::CuSeqlens, OptionalInput, I32, Offsets),
+    SlotUse::new(Slot::DocumentHt, OptionalOutput, F32, MlstmDocumentStates),
 ];
 
 /// The forward's inputs and saved rows, the final state (its m) where DHT is given.
@@ -159,6 +165,15 @@ fn state_mut<'a>(x: DeviceMut<'a, f32>, s: &ForwardShape) -> MlstmStateMut<'a> {
     MlstmStateMut { c, n, m }
 }
 
+/// The pieces of a [`MlstmDocumentStates`] tensor (one state per document), written.
+fn document_states_mut<'a>(x: DeviceMut<'a, f32>, s: &ForwardShape) -> MlstmStateMut<'a> {
+    // B * N * H states of Dk * Dv + Dk + 1 elements (checked against the offsets).
+    let states = x.len() / (s.dk * s.dv + s.dk + 1);
+    let (c, rest) = x.split_at(states * s.dk * s.dv);
+    let (n, m) = rest.split_at(states * s.dk);
+    MlstmStateMut { c, n, m }
+}
+
 /// The forward's views of a checked call.
 fn forward_args<'a>(call: &mut CheckedCall<'a>) -> MlstmArgs<'a> {
     let s = call.shape;
@@ -179,6 +194,9 @@ fn forward_args<'a>(call: &mut CheckedCall<'a>) -> MlstmArgs<'a> {
         scale: call.scale,
         eps: None,
         documents: call.documents(),
+        document_final_states: call
+            .optional_output(Slot::DocumentHt)
+            .map(|x| document_states_mut(x, &s)),
     }
 }
 

@@ -42,9 +42,17 @@ pub(super) enum Layout {
     /// `[B, N, H, Dk, Dv]`: one state per packed document, N the entries of the call's
     /// `cu_seqlens` less one.
     DocumentStates,
+    /// One mLSTM state per packed document: `C [B, N, H, Dk, Dv]`, `n [B, N, H, Dk]` and
+    /// `m [B, N, H]` back to back.
+    MlstmDocumentStates,
 }
 
 impl Layout {
+    /// One state per packed document: its count depends on the offsets'.
+    fn is_per_document(self) -> bool {
+        matches!(self, Layout::DocumentStates | Layout::MlstmDocumentStates)
+    }
+
     fn dims(self) -> &'static str {
         match self {
             Layout::Qk => "[B, T, H, Dk]",
@@ -57,6 +65,9 @@ impl Layout {
             Layout::SavedRows => "[2, B, T, H]",
             Layout::Offsets => "[N + 1] int32 or int64",
             Layout::DocumentStates => "[B, N, H, Dk, Dv] (N + 1 = LASP_SLOT_CU_SEQLENS's numel)",
+            Layout::MlstmDocumentStates => {
+                "[B, N, H, Dk, Dv] + [B, N, H, Dk] + [B, N, H] (N + 1 = LASP_SLOT_CU_SEQLENS's numel)"
+            }
         }
     }
 
@@ -70,7 +81,7 @@ impl Layout {
             Layout::ChunkStates => chunk_states_len(s),
             Layout::MlstmState => s.state_len() + s.b * s.h * (s.dk + 1),
             Layout::SavedRows => 2 * s.gate_len(),
-            Layout::Offsets | Layout::DocumentStates => {
+            Layout::Offsets | Layout::DocumentStates | Layout::MlstmDocumentStates => {
                 unreachable!("the documents' tensors have no element count of the shape's")
             }
         }
@@ -258,29 +269,35 @@ pub(super) fn plan_call(
     })
 }
 
-/// The per-document states a call gives (`Layout::DocumentStates`): only with
-/// `LASP_SLOT_CU_SEQLENS` (`offsets` entries), one state per document.
+/// The per-document states a call gives (`Layout::DocumentStates`,
+/// `Layout::MlstmDocumentStates`): only with `LASP_SLOT_CU_SEQLENS` (`offsets` entries), one
+/// state per document.
 fn check_document_states(
     given: &[SlotTensor],
     offsets: Option<usize>,
     shape: &ForwardShape,
 ) -> Result<()> {
-    for t in given
-        .iter()
-        .filter(|t| t.use_.layout == Layout::DocumentStates)
-    {
+    for t in given.iter().filter(|t| t.use_.layout.is_per_document()) {
         let name = t.use_.slot.name();
         let Some(offsets) = offsets else {
             return Err(invalid(format!(
-                "{name} is filled but LASP_SLOT_CU_SEQLENS is empty: per-document states need                  packed documents; leave {name} empty, or give the documents' cu_seqlens"
+                "{name} is filled but LASP_SLOT_CU_SEQLENS is empty: per-document states need \
+                 packed documents; leave {name} empty, or give the documents' cu_seqlens"
             )));
         };
         let ForwardShape { b, h, dk, dv, .. } = *shape;
-        let want = b * (offsets - 1) * h * dk * dv;
+        let per_state = match t.use_.layout {
+            Layout::MlstmDocumentStates => dk * dv + dk + 1,
+            _ => dk * dv,
+        };
+        let want = b * (offsets - 1) * h * per_state;
         if t.numel != want {
             return Err(invalid(format!(
-                "{name} has {} elements but [B, N, H, Dk, Dv] with B={b}, N={} (the entries of                  LASP_SLOT_CU_SEQLENS less one), H={h}, Dk={dk}, Dv={dv} needs {want}; give one                  state per entry of cu_seqlens but the last (padding entries too)",
+                "{name} has {} elements but {} with B={b}, N={} (the entries of \
+                 LASP_SLOT_CU_SEQLENS less one), H={h}, Dk={dk}, Dv={dv} needs {want}; give one \
+                 state per entry of cu_seqlens but the last (padding entries too)",
                 t.numel,
+                t.use_.layout.dims(),
                 offsets - 1
             )));
         }
@@ -321,7 +338,7 @@ fn slot_tensor(
             use_.dtype.torch_conversion()
         )));
     }
-    if use_.layout == Layout::DocumentStates {
+    if use_.layout.is_per_document() {
         // Its count depends on the offsets': check_document_states, once every slot is read.
         return Ok(SlotTensor {
             addr: tensor.data,

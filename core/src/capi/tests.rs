@@ -664,15 +664,22 @@ fn document_final_states_need_documents_and_one_state_per_offset() {
     tensors.slot[Slot::StartState as usize] = Tensor::default();
     let gla_spec = OpSpec::of(&gla).unwrap();
     assert!(plan_call(&gla_spec, Direction::Forward, &call(10), &tensors).is_ok());
-    // mLSTM's forward does not declare them.
+    // mLSTM's forward writes them itself too, C, n and m of every state back to back.
     let mlstm = OpDesc {
         family: LASP_FAMILY_MLSTM,
         ..lasp2_desc()
     };
     tensors.slot[Slot::G as usize] = tensor(Dtype::F32, 2 * 10 * 3);
     tensors.slot[Slot::IGate as usize] = tensor(Dtype::F32, 2 * 10 * 3);
+    let mlstm_spec = OpSpec::of(&mlstm).unwrap();
     let msg = plan_error(mlstm, Direction::Forward, call(10), tensors);
-    assert!(msg.contains("LASP_SLOT_DOCUMENT_HT is filled but"), "{msg}");
+    assert!(
+        msg.contains("needs 99864") && msg.contains("[B, N, H, Dk]"),
+        "{msg}"
+    );
+    let mlstm_state = 2 * 3 * (64 * 64 + 64 + 1); // B * H * (Dk * Dv + Dk + 1)
+    tensors.slot[Slot::DocumentHt as usize] = tensor(Dtype::F32, 4 * mlstm_state);
+    assert!(plan_call(&mlstm_spec, Direction::Forward, &call(10), &tensors).is_ok());
 }
 
 #[test]

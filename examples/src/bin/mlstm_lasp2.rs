@@ -30,17 +30,21 @@
 //! turn (int64, typical and large input gates, and forced segments), against each document's
 //! own recurrence and gradient (`packed_recurrent_forward`, `packed_recurrent_backward`; the gate
 //! gradients against the documents' scale), the forget gate's gradient exactly 0 at every
-//! start, the graph captured while the offsets held one document and replayed after they were
-//! written. One line per case and PE; exit status 1 when any check failed. Timing (`--time BxTxHxD`, T per GPU): the modes in turns (`time_in_turns`), the row is
+//! start, every document's final state from the forward (`MlstmArgs::document_final_states`:
+//! C, n and m of each document that ends in the shard within 5e-3, every other slot +0, in the
+//! bits every mode and replay must repeat), the graph captured while the offsets held one
+//! document and replayed after they were written. One line per case and PE; exit status 1 when any check failed. Timing (`--time BxTxHxD`, T per GPU): the modes in turns (`time_in_turns`), the row is
 //! the slowest rank's median; with `--with-backward` a timed call is a training step's, the
 //! forward saving what the backward reads, then the backward. `--plan`: the planner (`exchange::planner`) chooses the mode first,
 //! and its choice is timed in turns with the modes (`planner_ms`, `planner_choice`).
 //! `--packed-cost`: packed documents' cost instead (`lasp-run -n 4 mlstm_lasp2 --no-check
 //! --packed-cost --time 1x32768x16x128 --json cost.json`): a training step and the forward alone
 //! on documents of 64 to 8192 tokens (log-uniform) against the same tokens as whole sequences,
-//! in turns, overlapped mode; the row is the slowest rank's median of each.
+//! in turns, overlapped mode; the row is the slowest rank's median of each; then the packed
+//! forward with every document's final state against it without, in turns (rank 0's medians).
 
 use clap::Parser;
+use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, CudaStream};
 use lasp_shmem::exchange::{ExchangeMode, Lasp2Layout};
 use lasp_shmem::nccl::NcclComm;
@@ -74,6 +78,7 @@ use lasp_shmem_examples::{
     short_documents, time_in_turns, time_modes_and_plan, time_shapes, write_json, ModeCall,
     ModeRow, NamedCase, PlannerTimes,
 };
+use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -260,9 +265,13 @@ struct Shard {
     shard_start: usize,
     /// Whether the calls take the documents (the cost's unpacked turns do not).
     packed: bool,
+    /// With documents, where the forward writes every document's final state (C, n, m:
+    /// `[B, N, H, ...]` each), N the padded offsets' entries less one.
+    document_states: Option<[CudaSlice<f32>; 3]>,
 }
 
-/// The bits one forward call left in h, the saved rows and the boundary states.
+/// The bits one forward call left in h, the saved rows, the boundary states and the documents'
+/// final states.
 #[derive(PartialEq)]
 struct Bits {
     h: Vec<u16>,
@@ -368,6 +377,7 @@ impl Shard {
             offsets: None,
             shard_start: 0,
             packed: true,
+            document_states: None,
         })
     }
 
@@ -410,6 +420,11 @@ impl Shard {
                 self.offsets.as_ref().filter(|_| self.packed),
                 self.shard_start,
             ),
+            document_final_states: self
+                .document_states
+                .as_mut()
+                .filter(|_| self.packed)
+                .map(state_mut),
         };
         let boundary = MlstmBoundaryMut {
             entry: state_mut(&mut self.entry),
@@ -493,6 +508,7 @@ impl Outputs for Shard {
             .iter_mut()
             .chain(&mut self.entry)
             .chain(&mut self.exit)
+            .chain(self.document_states.iter_mut().flatten())
         {
             stream.memcpy_htod(&vec![f32::from_bits(u32::MAX); x.len()], x)?;
         }
@@ -501,7 +517,13 @@ impl Outputs for Shard {
 
     fn bits(&self, stream: &Arc<CudaStream>) -> Result<Bits> {
         let mut saved = Vec::new();
-        for x in self.saved.iter().chain(&self.entry).chain(&self.exit) {
+        for x in self
+            .saved
+            .iter()
+            .chain(&self.entry)
+            .chain(&self.exit)
+            .chain(self.document_states.iter().flatten())
+        {
             saved.push(f32_bits(stream, Some(x))?);
         }
         Ok(Bits {
@@ -624,16 +646,17 @@ fn check_case(
         None => normaliser_conditioning(&inputs),
     }
     .map_err(fail)?;
-    // The state leaving the last shard: the final state, or the last document's.
-    let (want_h, want_final) = match &packed {
+    // The state leaving the last shard: the final state, or the last document's; with documents
+    // every document's final state.
+    let (want_h, want_final, want_documents) = match &packed {
         Some(packed) => {
-            let mut want = packed_recurrent_forward(packed).map_err(fail)?;
-            let last = want.final_states.pop().expect("a document");
-            (want.h, last)
+            let want = packed_recurrent_forward(packed).map_err(fail)?;
+            let last = want.final_states.last().expect("a document").clone();
+            (want.h, last, want.final_states)
         }
         None => {
             let want = recurrent_forward(&inputs).map_err(fail)?;
-            (want.h, want.final_state)
+            (want.h, want.final_state, Vec::new())
         }
     };
     let start: usize = case.lengths[..me].iter().sum();
@@ -647,6 +670,12 @@ fn check_case(
     let mut shard = Shard::upload(&stream, &inputs, shape, start)?;
     if let Some(d) = &case.documents {
         shard.offsets = Some(Offsets::upload(&stream, &d.padded(), d.int64)?);
+        let per_state = whole.b * (d.padded().len() - 1) * whole.h;
+        shard.document_states = Some([
+            stream.alloc_zeros(per_state * whole.dk * whole.dv)?,
+            stream.alloc_zeros(per_state * whole.dk)?,
+            stream.alloc_zeros(per_state)?,
+        ]);
         let starts = DocumentStarts::new(rt)?;
         let docs = shard.documents().expect("just uploaded");
         starts.validate(&stream, docs, len, whole.t)?;
@@ -701,6 +730,23 @@ fn check_case(
             check(what, f32_values(bits), want.data());
         }
     }
+    if let Some(d) = &case.documents {
+        // saved[8..11] hold every document's C, n and m.
+        let outcome = DocumentStates::compare(
+            &first.saved[8..11],
+            &want_documents,
+            &d.padded(),
+            start..start + len,
+            whole,
+        );
+        problems.extend(outcome.problems);
+        if let Some(e) = outcome.worst {
+            errors.push(format!(
+                "document states {e:.2e} ({} here)",
+                outcome.ending_here
+            ));
+        }
+    }
     problems.extend(h.cancelling_problems);
     if h.cancelling > 0 {
         errors.push(format!("({} cancelling rows apart)", h.cancelling));
@@ -727,6 +773,65 @@ fn check_case(
             Err(format!("{detail}: {}", problems.join("; ")))
         }
     })
+}
+
+/// A shard's per-document final states against the reference: each document whose last token is
+/// in the shard (its C, n and m within [`TOL`]), every other slot +0.
+struct DocumentStates {
+    /// The largest relative error, where some document ends in the shard.
+    worst: Option<f64>,
+    ending_here: usize,
+    problems: Vec<String>,
+}
+
+impl DocumentStates {
+    /// `got`: the bits of C `[B, N, H, Dk, Dv]`, n `[B, N, H, Dk]` and m `[B, N, H]`, N the
+    /// `padded` offsets' entries less one; `want`: the reference's states of the real documents.
+    fn compare(
+        got: &[Vec<u32>],
+        want: &[MlstmState],
+        padded: &[usize],
+        shard: std::ops::Range<usize>,
+        whole: Shape,
+    ) -> DocumentStates {
+        let docs = padded.len() - 1;
+        let per_head = [whole.dk * whole.dv, whole.dk, 1];
+        let mut out = DocumentStates {
+            worst: None,
+            ending_here: 0,
+            problems: Vec::new(),
+        };
+        for n in 0..docs {
+            let (first, end) = (padded[n], padded[n + 1]);
+            let ends_here = end > first && end > shard.start && end <= shard.end;
+            out.ending_here += usize::from(ends_here);
+            for (part, ((bits, &per), name)) in
+                got.iter().zip(&per_head).zip(["C", "n", "m"]).enumerate()
+            {
+                let block = whole.h * per; // (b, n): H heads of `per` elements
+                let values: Vec<u32> = (0..whole.b)
+                    .flat_map(|b| bits[(b * docs + n) * block..][..block].iter().copied())
+                    .collect();
+                if !ends_here {
+                    if values.iter().any(|&x| x != 0) {
+                        out.problems
+                            .push(format!("document {n}'s {name} is not +0 on this PE"));
+                    }
+                    continue;
+                }
+                let st = &want[n];
+                let reference = [&st.c, &st.n, &st.m][part];
+                let e = rel_err(&f32_values(&values), reference.data());
+                if e.is_nan() || e > TOL {
+                    out.problems.push(format!(
+                        "document {n}'s {name}: rel err {e:.3e} > {TOL:.0e}"
+                    ));
+                }
+                out.worst = Some(out.worst.map_or(e, |w: f64| w.max(e)));
+            }
+        }
+        out
+    }
 }
 
 /// A shard's h against the reference: the rows whose normaliser cancels beyond [`CANCELLING`]
@@ -1106,10 +1211,58 @@ impl ModeCall for CostStep {
     }
 }
 
+/// A row of `--packed-cost`: packed documents' cost, and that of their final states.
+#[derive(Serialize)]
+struct PackedCostRow {
+    #[serde(flatten)]
+    cost: PackedCost,
+    /// The packed forward (saving what the backward reads) that also writes every document's
+    /// final state, and the same forward without them, in turns: rank 0's medians of 30 calls.
+    forward_with_document_states_ms: f64,
+    forward_without_document_states_ms: f64,
+}
+
+/// The packed forward with every document's final state and without, in turns (rank 0's
+/// medians of 30 calls after 5 untimed).
+fn time_document_states(rt: &Runtime, step: &mut CostStep, documents: usize) -> Result<(f64, f64)> {
+    let stream = rt.stream().clone();
+    let s = step.shard.shape;
+    let states = s.b * documents * s.h;
+    let mut spare = Some([
+        stream.alloc_zeros(states * s.dk * s.dv)?,
+        stream.alloc_zeros(states * s.dk)?,
+        stream.alloc_zeros(states)?,
+    ]);
+    step.shard.packed = true;
+    let mut times = [Vec::new(), Vec::new()];
+    for call in 0..35 {
+        for (with_states, times) in [true, false].into_iter().zip(times.iter_mut()) {
+            step.shard.document_states = if with_states { spare.take() } else { None };
+            let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+            step.shard.forward(&mut step.forward, &stream)?;
+            let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+            end.synchronize()?;
+            step.forward.finish(&stream)?;
+            if with_states {
+                spare = step.shard.document_states.take();
+            }
+            if call >= 5 {
+                times.push(start.elapsed_ms(&end)? as f64);
+            }
+        }
+    }
+    let [with, without] = times.map(|mut t| {
+        t.sort_by(f64::total_cmp);
+        t[t.len() / 2]
+    });
+    Ok((with, without))
+}
+
 /// Packed documents' cost at `shape` per GPU (overlapped mode): documents of mixed lengths (64
 /// to 8192 tokens, log-uniform, the same on every PE) against the same tokens unpacked; the row
-/// is the slowest PE's median of each.
-fn time_packed_cost(rt: &Runtime, shape: ForwardShape) -> Result<PackedCost> {
+/// is the slowest PE's median of each. Then the documents' final states
+/// ([`time_document_states`]).
+fn time_packed_cost(rt: &Runtime, shape: ForwardShape) -> Result<PackedCostRow> {
     let stream = rt.stream().clone();
     let (me, npes) = (rt.pe(), rt.npes());
     let cu_seqlens = mixed_documents(npes * shape.t, &mut SplitMix64::new(5));
@@ -1136,12 +1289,22 @@ fn time_packed_cost(rt: &Runtime, shape: ForwardShape) -> Result<PackedCost> {
             step.forward_only = forward_only;
         },
     )?;
+    let (with, without) = time_document_states(rt, &mut step, cu_seqlens.len() - 1)?;
     step.forward.free()?;
     step.backward.free()?;
     if me == 0 {
         println!("{}", cost.line("Mlstm"));
+        println!(
+            "  the documents' final states: the packed forward {with:.4} ms with them, \
+             {without:.4} ms without ({:.3}x)",
+            with / without
+        );
     }
-    Ok(cost)
+    Ok(PackedCostRow {
+        cost,
+        forward_with_document_states_ms: with,
+        forward_without_document_states_ms: without,
+    })
 }
 
 fn run(options: Options, config: Config) -> Result<bool> {

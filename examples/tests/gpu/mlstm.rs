@@ -172,6 +172,7 @@ impl Buffers {
             scale: Some(scale),
             eps: Some(eps),
             documents: None,
+            document_final_states: None,
         }
     }
 

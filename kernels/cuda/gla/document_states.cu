@@ -32,7 +32,7 @@ __device__ __forceinline__ void document_states(const lasp_document_states_param
   __shared__ __align__(16) float s_entry[DK];  // the entering state's weight per row
 
   const Column column(p);
-  const int b = column.b, h = column.h, tile = column.tile, col = column.col, row0 = column.row0;
+  const int b = column.b, h = column.h, tile = column.tile, row0 = column.row0;
   const documents::DocumentTail tail = column.tail;
   float acc[kRowsPerThread];
 #pragma unroll
@@ -67,18 +67,7 @@ __device__ __forceinline__ void document_states(const lasp_document_states_param
 #pragma unroll
       for (int m = 0; m < kRowsPerThread; ++m) acc[m] *= s_entry[row0 + m];
     }
-    for (int r = 0; r < rows; ++r) {
-      const float v = documents::bf16_value(s_v[r][col]);
-      const float4* keys = reinterpret_cast<const float4*>(&s_weighted[r][row0]);  // a load the warp shares
-#pragma unroll
-      for (int m4 = 0; m4 < kRowsPerThread / 4; ++m4) {
-        const float4 k4 = keys[m4];
-        acc[4 * m4] = fmaf(k4.x, v, acc[4 * m4]);
-        acc[4 * m4 + 1] = fmaf(k4.y, v, acc[4 * m4 + 1]);
-        acc[4 * m4 + 2] = fmaf(k4.z, v, acc[4 * m4 + 2]);
-        acc[4 * m4 + 3] = fmaf(k4.w, v, acc[4 * m4 + 3]);
-      }
-    }
+    column.add_tokens(acc, s_weighted, s_v, rows);
   }
   column.store(acc);
 }

@@ -42,6 +42,11 @@ __device__ __forceinline__ SegmentArgs segment_args(const lasp_mlstm_params& p, 
   a.scale = p.scale;
   a.eps = p.eps;
   a.starts = p.starts;
+  a.entry_slots = p.entry_slots;
+  a.document_c = p.document_c;
+  a.document_n = p.document_n;
+  a.entry_m = p.entry_m;
+  a.documents = p.documents;
   return a;
 }
 
@@ -78,7 +83,8 @@ __device__ __forceinline__ void run_states(const lasp_mlstm_params& p) {
 
 // Kernel 3: segment blockIdx.y from its prefix; the last segment writes the final state.
 // kGradient: a backward pass's (lasp/mlstm/backward_params.h). kPacked: over packed documents.
-template <int DK, int DV, bool kGradient = false, bool kPacked = false>
+// kEntries (with kPacked): also the states entering the documents' last chunks (p.entry_slots).
+template <int DK, int DV, bool kGradient = false, bool kPacked = false, bool kEntries = false>
 __device__ __forceinline__ void run_output(const lasp_mlstm_params& p) {
   const int seg = blockIdx.y;
   const int c_begin = seg * p.chunks_per_segment;
@@ -86,7 +92,7 @@ __device__ __forceinline__ void run_output(const lasp_mlstm_params& p) {
       segment_args(p, c_begin, min(p.chunks_per_segment, lasp_mlstm_num_chunks(p.T) - c_begin));  // >= 1
   const int64_t bh = a.bh;
   const int64_t slot = bh * (p.num_segments - 1) + seg - 1;  // the prefix's, for seg > 0
-  run_segment<DK, DV / kTileV, true, kGradient, kPacked>(
+  run_segment<DK, DV / kTileV, true, kGradient, kPacked, kEntries>(
       a,
       [&](StateRegs<DK>& s, const StateLane& ln, int group, float& n) {
         const float* c = seg > 0 ? p.ws_pc + slot * DK * DV : p.c0 ? p.c0 + bh * DK * DV : nullptr;
@@ -133,3 +139,5 @@ extern "C" __global__ void __launch_bounds__(LASP_MLSTM_FOLD_THREADS)
 //   lasp_mlstm_grad_{states,output}_dk*_dv{64,128}  kernels 1 and 3 of the backward's gradient
 //                                     passes (kGradient; lasp/mlstm/backward_params.h), launched alike
 //   each with a twin *_packed for packed documents (kPacked: the masks at p.starts)
+//   lasp_mlstm_output_dk*_dv{64,128}_entries  kernel 3's twin that also stores the states entering
+//                                     the documents' last chunks (packed documents' final states)

@@ -93,6 +93,37 @@ impl DocumentTails {
         inputs: &StatesInputs<'_>,
         ht: &DeviceMut<'_, f32>,
     ) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.enqueue(stream, inputs, ht, None) }
+    }
+
+    /// [`DocumentTails::launch`] for the mLSTM: `c` takes the states' C, `rest` their n and m.
+    ///
+    /// # Safety
+    /// As [`DocumentTails::launch`]; `rest`'s tensors were checked alike, and the output loop
+    /// enqueued before on `stream` stores the entering n into `rest.n` and the entering
+    /// stabilisers at `rest.entry_m` (fp32 `[B, N, H]`, live until the work on `stream`
+    /// completes).
+    pub(crate) unsafe fn launch_stabilised(
+        &self,
+        stream: &Arc<CudaStream>,
+        inputs: &StatesInputs<'_>,
+        c: &DeviceMut<'_, f32>,
+        rest: &Stabilised<'_, '_>,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.enqueue(stream, inputs, c, Some(rest)) }
+    }
+
+    /// # Safety
+    /// As [`DocumentTails::launch_stabilised`].
+    unsafe fn enqueue(
+        &self,
+        stream: &Arc<CudaStream>,
+        inputs: &StatesInputs<'_>,
+        ht: &DeviceMut<'_, f32>,
+        stabilised: Option<&Stabilised<'_, '_>>,
+    ) -> Result<()> {
         let (s, docs) = (inputs.shape, inputs.documents);
         let p = lasp_document_states_params {
             cu_seqlens: docs.cu_seqlens.addr() as _,
@@ -104,6 +135,10 @@ impl DocumentTails {
             g: inputs.g.addr() as _,
             beta: inputs.beta.map_or(0, |x| x.addr()) as _,
             ht: ht.addr() as _,
+            i_gate: stabilised.map_or(0, |x| x.i_gate.addr()) as _,
+            ht_n: stabilised.map_or(0, |x| x.n.addr()) as _,
+            ht_m: stabilised.map_or(0, |x| x.m.addr()) as _,
+            entry_m: stabilised.map_or(0, |x| x.entry_m) as _,
             B: s.b as i32,
             T: s.t as i32,
             H: s.h as i32,
@@ -173,8 +208,8 @@ pub(crate) fn check_final_states<'c>(
 }
 
 /// What a family's states kernel reads, checked by the caller against the shape and the
-/// documents: the shard's keys, values and log-decays (`[B, T, H]`, GLA's `[B, T, H, Dk]`) and,
-/// for Gated DeltaNet, its write strengths.
+/// documents: the shard's keys, values and log-decays (`[B, T, H]`, GLA's `[B, T, H, Dk]`, the
+/// mLSTM's forget-gate pre-activations) and, for Gated DeltaNet, its write strengths.
 pub(crate) struct StatesInputs<'a> {
     pub(crate) shape: ForwardShape,
     pub(crate) documents: Documents<'a>,
@@ -182,4 +217,16 @@ pub(crate) struct StatesInputs<'a> {
     pub(crate) v: DeviceRef<'a, bf16>,
     pub(crate) g: DeviceRef<'a, f32>,
     pub(crate) beta: Option<DeviceRef<'a, f32>>,
+}
+
+/// What the mLSTM's states kernel takes beyond the other families': its input-gate
+/// pre-activations (`[B, T, H]` fp32; its forget gates' are [`StatesInputs::g`]), its states' n
+/// (`[B, N, H, Dk]`, in: the entering ones, out: the final ones) and m (`[B, N, H]`, out), and
+/// the device address of the stabilisers entering the chunks (fp32 `[B, N, H]`, a workspace the
+/// output loop stores into).
+pub(crate) struct Stabilised<'b, 'a> {
+    pub(crate) i_gate: DeviceRef<'a, f32>,
+    pub(crate) n: &'b DeviceMut<'a, f32>,
+    pub(crate) m: &'b DeviceMut<'a, f32>,
+    pub(crate) entry_m: u64,
 }

@@ -91,9 +91,10 @@ impl StartWords {
     }
 }
 
-/// The states a call over documents cannot take: every document starts from a zero state and
-/// none hands one on (per-document states are not supported yet). `given` names the ones the
-/// call passes.
+/// The states a call over documents cannot take: every document starts from a zero state
+/// (per-document initial states are not supported yet), and one final state for the whole
+/// sequence has no meaning over documents (each document's comes from the operation's
+/// per-document final states). `given` names the ones the call passes.
 pub(crate) fn refuse_states(
     op: &str,
     docs: Option<&Documents<'_>>,
@@ -106,8 +107,9 @@ pub(crate) fn refuse_states(
         None => Ok(()),
         Some((name, _)) => Err(Error::InvalidArgument(format!(
             "{op}: {name} was given with packed documents (cu_seqlens); every document starts from \
-             a zero state and per-document initial and final states are not supported yet: pass \
-             {name} = None"
+             a zero state (per-document initial states are not supported yet) and each document's \
+             final state comes from the per-document final states (document_ht, \
+             document_final_states): pass {name} = None"
         ))),
     }
 }

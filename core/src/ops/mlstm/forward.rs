@@ -1,6 +1,7 @@
 //! [`MlstmForward`]: the mLSTM forward's kernels, workspace and launches, and the checks of one
 //! call's tensors ([`MlstmArgs`]) before anything is launched.
 
+use super::document_states::{check_document_final_states, DocumentEntries};
 use super::plan::{output_smem_bytes, states_smem_bytes};
 use super::{MlstmParams, MlstmPlan};
 use crate::error::{Error, Result};
@@ -92,6 +93,13 @@ impl<'a> MlstmBoundaryMut<'a> {
                 ("saved.den", saved.den.byte_range()),
             ]);
         }
+        if let Some(st) = &args.document_final_states {
+            outputs.extend([
+                ("document_final_states.c", st.c.byte_range()),
+                ("document_final_states.n", st.n.byte_range()),
+                ("document_final_states.m", st.m.byte_range()),
+            ]);
+        }
         let names = [
             ["entry.c", "entry.n", "entry.m"],
             ["exit.c", "exit.n", "exit.m"],
@@ -169,6 +177,12 @@ pub struct MlstmArgs<'a> {
     /// Packed documents: every document starts from mlstm_kernels' zero state and no score
     /// crosses a start. With documents `initial_state` and `final_state` must be `None`.
     pub documents: Option<Documents<'a>>,
+    /// With documents: every document's final state, `c [B, N, H, Dk, Dv]`, `n [B, N, H, Dk]`,
+    /// `m [B, N, H]` fp32 (N = `cu_seqlens.len() - 1`), each 8-byte aligned: document n's state
+    /// after its last token where that token is in this shard, as the document alone from the zero
+    /// state ends, and zeros (C, n and m) for the others, so that the sum over LASP-2's PEs holds
+    /// every document's. Every element is written. `None` to skip them.
+    pub document_final_states: Option<MlstmStateMut<'a>>,
 }
 
 impl<'a> MlstmArgs<'a> {
@@ -191,6 +205,9 @@ impl<'a> MlstmArgs<'a> {
         }
         if let Some(s) = &self.saved {
             homes.extend([s.m.home(), s.den.home()]);
+        }
+        if let Some(s) = &self.document_final_states {
+            homes.extend([s.c.home(), s.n.home(), s.m.home()]);
         }
         homes
     }
@@ -260,6 +277,12 @@ impl<'a> MlstmArgs<'a> {
                 checks.tensor(name, "[B, T, H]", (x.len(), per_token), x.addr(), 4)?;
                 outputs.push((name, x.byte_range()));
             }
+        }
+        if let Some(states) = &self.document_final_states {
+            let documents = self.documents.as_ref();
+            outputs.extend(check_document_final_states(
+                &checks, OP, s, documents, states,
+            )?);
         }
         checks.disjoint(&inputs, &outputs)?;
         let scale = checks.scale(self.scale, s)?;
@@ -349,6 +372,10 @@ impl ChunkTables {
 /// where the parameters carry start words), and the single-GPU fold.
 pub(super) struct ChunkKernels {
     tables: Twins<ChunkTables>,
+    /// The forward's packed output kernels that also store the states entering the documents'
+    /// last chunks (by [Dv][Dk]; taken where the parameters carry entry slots): instances of
+    /// their own, so that the packed loop without final states stays as it was.
+    entry_outputs: Option<[[Kernel; 2]; 2]>,
     single_gpu_fold: Kernel,
 }
 
@@ -386,8 +413,25 @@ impl ChunkKernels {
                 ],
             ],
         };
+        let entry_outputs = match form {
+            ChunkForm::Forward => {
+                let module = runtime.module();
+                let kernels = [
+                    module.kernels_per_width(MLSTM_OUTPUT_DV64_ENTRIES)?,
+                    module.kernels_per_width(MLSTM_OUTPUT_DV128_ENTRIES)?,
+                ];
+                for (j, dv) in [64, 128].into_iter().enumerate() {
+                    for (i, dk) in [64, 128].into_iter().enumerate() {
+                        kernels[j][i].set_max_dynamic_shared_bytes(output_smem_bytes(dk, dv))?;
+                    }
+                }
+                Some(kernels)
+            }
+            ChunkForm::Gradient => None,
+        };
         Ok(ChunkKernels {
             tables: Twins::new(names, |names| ChunkTables::new(runtime, names))?,
+            entry_outputs,
             single_gpu_fold: runtime.module().kernel("lasp_mlstm_fold")?,
         })
     }
@@ -442,11 +486,13 @@ impl ChunkKernels {
         }
     }
 
-    /// The output pass of `plan`.
+    /// The output pass of `plan`; where `params` carries entry slots (packed documents' final
+    /// states), the output loop that also stores the states entering the documents' last chunks.
     ///
     /// # Safety
     /// As [`ChunkKernels::launch_states`]; the states entering the segments (`c0` and the
-    /// workspace's prefixes) written before it on `stream`.
+    /// workspace's prefixes) written before it on `stream`; entry slots, where given, written
+    /// before it too and naming slots inside the checked per-document states and workspace.
     pub(super) unsafe fn launch_output(
         &self,
         stream: &Arc<CudaStream>,
@@ -454,14 +500,13 @@ impl ChunkKernels {
         params: &MlstmParams,
     ) -> Result<()> {
         let s = &plan.shape;
+        let (j, i) = (width_index(s.dv), width_index(s.dk));
+        let kernel = match &self.entry_outputs {
+            Some(entries) if !params.entry_slots.is_null() => &entries[j][i],
+            _ => &self.tables(params).output[j][i],
+        };
         // SAFETY: the caller's contract.
-        unsafe {
-            self.tables(params).output[width_index(s.dv)][width_index(s.dk)].launch(
-                stream,
-                plan.output,
-                params,
-            )
-        }
+        unsafe { kernel.launch(stream, plan.output, params) }
     }
 }
 
@@ -573,6 +618,11 @@ pub(super) fn chunk_params(
         row_dots: ops.row_dots as _,
         reversed: i32::from(ops.reversed),
         starts: ops.starts as _,
+        entry_slots: std::ptr::null(),
+        document_c: std::ptr::null_mut(),
+        document_n: std::ptr::null_mut(),
+        entry_m: std::ptr::null_mut(),
+        documents: 0,
         ws_c: at(0) as _,
         ws_pc: at(ws.pc) as _,
         ws_n: at(ws.n) as _,
@@ -607,6 +657,7 @@ pub struct MlstmForward {
     force_segments: Option<u32>,
     force_splits: Option<u32>,
     workspace: Option<CudaSlice<u8>>,
+    entries: DocumentEntries,
 }
 
 impl MlstmForward {
@@ -622,6 +673,7 @@ impl MlstmForward {
             force_segments: None,
             force_splits: None,
             workspace: None,
+            entries: DocumentEntries::new(runtime)?,
         })
     }
 
@@ -674,25 +726,37 @@ impl MlstmForward {
         if cfg!(debug_assertions) {
             self.validate_gates(stream, args.i_gate, args.f_gate, &args.shape)?;
         }
-        // The start words (packed documents) after the plan's parts.
+        let entries = self.entries.targets(stream, &args, OP)?;
+        // The documents' entering stabilisers (with their final states), then the start words
+        // (packed documents), after the plan's parts.
+        let (parts, stabilisers) = entries.workspace_parts(plan.workspace_bytes);
         let (base, [starts]) = self.words.workspace(
             &self.ctx,
             stream,
             &mut self.workspace,
-            plan.workspace_bytes,
+            parts,
             args.documents,
             args.shape.t,
             [LoopOrder::InOrder],
             OP,
         )?;
-        let params = call_params(&args, &plan, base, scale, eps, starts);
+        let params = entries.apply(
+            call_params(&args, &plan, base, scale, eps, starts),
+            base + stabilisers,
+        );
         // SAFETY: MlstmParams is lasp_mlstm_params, generated from the header, made by
         // call_params for this plan; the shape is supported and every tensor has the length,
         // alignment and non-overlap the kernels need (checked above); the views borrow their
         // buffers for the call and their contracts keep the memory valid until the kernels
         // complete; the workspace is owned by self and freed only after a context
-        // synchronisation.
-        unsafe { self.kernels.launch_single_gpu(stream, &plan, &params)? };
+        // synchronisation. With the documents' final states the output kernel stores the
+        // entering states where the slots written above name them, and the states kernel follows
+        // it on `stream`.
+        unsafe {
+            self.kernels.launch_single_gpu(stream, &plan, &params)?;
+            self.entries
+                .launch_tails(stream, &args, base + stabilisers)?;
+        }
         Ok(plan)
     }
 }

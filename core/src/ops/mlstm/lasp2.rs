@@ -12,7 +12,10 @@
 //! across modes. On one PE nothing is exchanged: every mode runs the single-GPU forward (and
 //! advances the exchange's epoch). Over packed documents (`documents` in [`MlstmArgs`]) a shard
 //! holding a start sends its last document's state with `F = -inf`, which the fold takes as it is.
+//! The documents' final states (`document_final_states`) come from the output pass, which runs
+//! from the whole prefix: a document that began on an earlier PE needs no exchange of its own.
 
+use super::document_states::DocumentEntries;
 use super::forward::{call_params, ChunkForm, ChunkKernels, MlstmArgs};
 use super::{Mlstm, MlstmBoundaryMut, MlstmPlan, MlstmStateMut};
 use crate::error::Result;
@@ -46,6 +49,7 @@ pub struct MlstmLasp2Forward {
     sm_count: u32,
     force_segments: Option<u32>,
     force_splits: Option<u32>,
+    entries: DocumentEntries,
 }
 
 crate::exchange::chain_methods!(MlstmLasp2Forward);
@@ -66,6 +70,7 @@ impl MlstmLasp2Forward {
             workspace: None,
             force_segments: None,
             force_splits: None,
+            entries: DocumentEntries::new(runtime)?,
         })
     }
 
@@ -134,18 +139,25 @@ impl MlstmLasp2Forward {
         if let Some(b) = &boundary {
             b.check(&args)?;
         }
-        // The start words (packed documents) after the plan's parts.
+        let entries = self.entries.targets(stream, &args, OP)?;
+        // The documents' entering stabilisers (with their final states), then the start words
+        // (packed documents), after the plan's parts.
+        let (parts, stabilisers) = entries.workspace_parts(plan.workspace_bytes);
         let (base, [starts]) = self.words.workspace(
             self.chain.context(),
             stream,
             &mut self.workspace,
-            plan.workspace_bytes,
+            parts,
             args.documents,
             s.t,
             [LoopOrder::InOrder],
             OP,
         )?;
-        let mut fwd = call_params(&args, &plan, base, scale, eps, starts);
+        let stabilisers = base + stabilisers;
+        let mut fwd = entries.apply(
+            call_params(&args, &plan, base, scale, eps, starts),
+            stabilisers,
+        );
         if let Some(exit) = boundary.as_ref().map(|b| &b.exit) {
             fwd.c_t = exit.c.addr() as _;
             fwd.n_t = exit.n.addr() as _;
@@ -165,7 +177,10 @@ impl MlstmLasp2Forward {
             };
             // SAFETY: as in the shard's launches below; this plan is the single-GPU one, whose
             // fold reads the user's initial state through `fwd`.
-            unsafe { self.kernels.launch_single_gpu(stream, &plan, &params.fwd)? };
+            unsafe {
+                self.kernels.launch_single_gpu(stream, &plan, &params.fwd)?;
+                self.entries.launch_tails(stream, &args, stabilisers)?;
+            }
             self.chain.end_call(stream, &params)?;
             copy_final_state(stream, boundary.as_ref(), args.final_state.as_ref())?;
             return Ok(plan);
@@ -206,10 +221,13 @@ impl MlstmLasp2Forward {
                 .launch_summary(stream, 0, (s.b * s.h) as i32, &params, false)?;
         }
         self.chain.gather_slots(stream)?;
-        // SAFETY: as above.
+        // SAFETY: as above; with the documents' final states the output kernel stores the
+        // entering states where the slots written above name them, and the states kernel follows
+        // it on `stream`.
         unsafe {
             self.fold.launch(stream, fold, &params)?;
             self.kernels.launch_output(stream, &plan, &params.fwd)?;
+            self.entries.launch_tails(stream, &args, stabilisers)?;
         }
         self.chain.end_call(stream, &params)?;
         copy_final_state(stream, boundary.as_ref(), args.final_state.as_ref())?;

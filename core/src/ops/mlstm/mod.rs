@@ -32,9 +32,12 @@
 //! every document starts from mlstm_kernels' zero state and nothing crosses a start. The chunk
 //! passes' twins read one start word per chunk of 64 tokens that each call writes into its
 //! workspace, restart their chunk-local scans at the starts and mask the products there
-//! (`kernels/docs/packed.md`, "mLSTM"); every operation above takes them.
+//! (`kernels/docs/packed.md`, "mLSTM"); every operation above takes them. The forwards also give
+//! each document's final state where asked ([`MlstmArgs::document_final_states`];
+//! `document_states.rs`).
 
 mod backward;
+mod document_states;
 mod family;
 mod forward;
 mod lasp2;

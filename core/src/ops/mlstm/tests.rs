@@ -210,6 +210,7 @@ fn arguments_are_checked_against_the_shape_before_any_launch() {
         scale: None,
         eps,
         documents: None,
+        document_final_states: None,
     };
     assert_eq!(
         args(per_token, base + 0x40_0000, None).check().unwrap(),
@@ -237,6 +238,27 @@ fn arguments_are_checked_against_the_shape_before_any_launch() {
         ..args(per_token, base + 0x40_0000, None)
     };
     assert!(packed.check().is_ok());
+    // Every document's final state: C [B, N, H, Dk, Dv], n [B, N, H, Dk], m [B, N, H] with
+    // N = 2 (three offsets), only with documents.
+    let document_states = |c_len: usize| MlstmStateMut {
+        c: out_f32(base + 0x80_0000, c_len),
+        n: out_f32(base + 0x88_0000, 2 * 2 * 64),
+        m: out_f32(base + 0x88_1000, 2 * 2),
+    };
+    let with_states = |docs: Option<Documents<'static>>, c_len: usize| MlstmArgs {
+        documents: docs,
+        final_state: None,
+        document_final_states: Some(document_states(c_len)),
+        ..args(per_token, base + 0x40_0000, None)
+    };
+    assert!(with_states(Some(docs), 2 * 2 * 64 * 64).check().is_ok());
+    let msg = err(with_states(None, 2 * 2 * 64 * 64));
+    assert!(msg.contains("is given without documents"), "{msg}");
+    let msg = err(with_states(Some(docs), 2 * 64 * 64));
+    assert!(
+        msg.contains("document_final_states.c has 8192 elements"),
+        "{msg}"
+    );
 }
 
 /// Three int32 offsets at device address `at` (never dereferenced).
@@ -268,6 +290,7 @@ fn a_lasp2_boundary_is_checked_against_the_call() {
         scale: None,
         eps: None,
         documents: None,
+        document_final_states: None,
     };
     let state = |at: u64, c_len: usize| MlstmStateMut {
         c: out_f32(at, c_len),

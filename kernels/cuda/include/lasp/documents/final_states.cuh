@@ -72,6 +72,24 @@ struct StateColumn {
 #pragma unroll
     for (int m = 0; m < kRows; ++m) out[m * ld] = x[m];
   }
+  // x += the tokens' outer products on this thread's part: over rows r < `rows` of shared memory,
+  // keys[r][row0 + m] (fp32, weighted already) times values[r][col] (bf16), four keys per load
+  // (a load every lane of the warp shares).
+  __device__ __forceinline__ void add_tokens(float (&x)[kRows], const float (*keys)[DK], const uint16_t (*values)[64],
+                                             int rows) const {
+    for (int r = 0; r < rows; ++r) {
+      const float v = bf16_value(values[r][col]);
+      const float4* k4s = reinterpret_cast<const float4*>(&keys[r][row0]);
+#pragma unroll
+      for (int m4 = 0; m4 < kRows / 4; ++m4) {
+        const float4 k4 = k4s[m4];
+        x[4 * m4] = fmaf(k4.x, v, x[4 * m4]);
+        x[4 * m4 + 1] = fmaf(k4.y, v, x[4 * m4 + 1]);
+        x[4 * m4 + 2] = fmaf(k4.z, v, x[4 * m4 + 2]);
+        x[4 * m4 + 3] = fmaf(k4.w, v, x[4 * m4 + 3]);
+      }
+    }
+  }
 };
 
 }  // namespace documents

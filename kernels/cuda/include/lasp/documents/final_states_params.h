@@ -1,5 +1,5 @@
 // Parameters of every family's final-states kernel of packed documents
-// (scalar_decay/, gla/ and gated_delta/document_states.cu; the maths of each in its family's
+// (scalar_decay/, gla/, gated_delta/ and mlstm/document_states.cu; the maths of each in its family's
 // document_states_params.h). C, so that bindgen generates the host's struct from this file
 // (kernels/build.rs).
 //
@@ -23,11 +23,18 @@ typedef struct {
   int64_t shard_start;        // the packed sequence's index of the shard's token 0
   const uint16_t* k;          // bf16 [B, T, H, Dk], the shard's keys
   const uint16_t* v;          // bf16 [B, T, H, Dv], the shard's values
-  const float* g;             // fp32 log-decays: [B, T, H], GLA's [B, T, H, Dk]
+  const float* g;             // fp32 log-decays: [B, T, H], GLA's [B, T, H, Dk]; mLSTM's forget-gate
+                              // pre-activations [B, T, H]
   const float* beta;          // fp32 [B, T, H], Gated DeltaNet's write strengths; NULL elsewhere
   float* ht;                  // fp32 [B, N, H, Dk, Dv]: in, the entry states the chunk loop stored;
                               // out, every document's final state, zeros for those that end on
-                              // another PE
+                              // another PE (mLSTM: its C)
+  // mLSTM's only (NULL elsewhere): its input-gate pre-activations, the rest of its states (n in
+  // and out like ht; m out) and the stabilisers entering the chunks (stored by the output loop).
+  const float* i_gate;        // fp32 [B, T, H]
+  float* ht_n;                // fp32 [B, N, H, Dk]
+  float* ht_m;                // fp32 [B, N, H]
+  const float* entry_m;       // fp32 [B, N, H]
   int32_t B;
   int32_t T;                  // the shard's tokens (>= 1)
   int32_t H;

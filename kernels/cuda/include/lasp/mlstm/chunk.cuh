@@ -366,6 +366,12 @@ struct SegmentArgs {
   // With documents (kPacked): one start word per loop chunk (lasp/documents/chunk_starts.cuh; a
   // reversed pass's words mark the tokens whose successor starts a document).
   const uint64_t* starts;
+  // Packed documents' final states (kEntries): the entering states' slots (lasp_mlstm_params).
+  const int32_t* entry_slots;
+  float* document_c;
+  float* document_n;
+  float* entry_m;
+  int documents;
   // The tensors' token of loop token p (< T).
   __device__ __forceinline__ int token(int p) const { return reversed ? T - 1 - p : p; }
   // The stabiliser a document enters with: in order (the forward and the dq pass, whose m must be
@@ -458,6 +464,43 @@ struct Layout {
                 "the row scales and start words fit where n's copies would");
 };
 
+// kEntries: the state entering the chunk into the slots of document `doc` >= 0 of row b
+// (lasp_mlstm_params: document_c, document_n, entry_m): C from the warpgroups' split copies the
+// chunk's products read (store_state_split: hi at `hi`, lo `lo_offset` bytes further; hi + lo is
+// C to 16 significant bits), n as its parts at `parts`, and m. From shared memory, not from the
+// state's registers: the output loop at Dk = 128, Dv = 64 has none to spare (a store from the
+// registers spilled 12 bytes). The slots' address comes from the grid index read by a volatile
+// move here, so that no loop-invariant part of it is hoisted and held across the loop.
+template <int DK, int DV, int kParts>
+__device__ __forceinline__ void store_document_entry(const SegmentArgs& a, int doc, const uint8_t* hi,
+                                                     uint32_t lo_offset, int group, float m, const float* parts) {
+  uint32_t z;  // b*H+h
+  asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(z));
+  const int64_t bh = z, h = bh % a.H;
+  const int64_t slot = (bh - h) * a.documents + (int64_t)doc * a.H + h;  // (b, doc, h)
+  float* c = a.document_c + slot * DK * DV + group * kTileV;
+  // Each warpgroup its 64 columns: 16 bytes (8 columns) of hi and of lo per thread and step.
+  for (int e = threadIdx.x % 128; e < DK * (kTileV / 8); e += 128) {
+    const int d = e / (kTileV / 8), c8 = e % (kTileV / 8);
+    const uint32_t at = swizzle(d, c8, DK);
+    const uint4 x_hi = *reinterpret_cast<const uint4*>(hi + at);
+    const uint4 x_lo = *reinterpret_cast<const uint4*>(hi + at + lo_offset);
+    const uint32_t h2[4] = {x_hi.x, x_hi.y, x_hi.z, x_hi.w}, l2[4] = {x_lo.x, x_lo.y, x_lo.z, x_lo.w};
+    float y[8];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      y[2 * q] = __uint_as_float(h2[q] << 16) + __uint_as_float(l2[q] << 16);
+      y[2 * q + 1] = __uint_as_float(h2[q] & 0xffff0000u) + __uint_as_float(l2[q] & 0xffff0000u);
+    }
+    float4* out = reinterpret_cast<float4*>(c + (int64_t)d * DV + 8 * c8);
+    out[0] = make_float4(y[0], y[1], y[2], y[3]);
+    out[1] = make_float4(y[4], y[5], y[6], y[7]);
+  }
+  const int tid = threadIdx.x;
+  if (tid < DK) a.document_n[slot * DK + tid] = kParts == 2 ? parts[tid] + parts[DK + tid] : parts[tid];
+  if (tid == 0) a.entry_m[slot] = m;
+}
+
 // The state a CTA starts or ends its segment with: every warpgroup's C tile in registers, n in
 // registers of the threads d < DK (n_mine, dimension d = thread index), m in every thread.
 //   start(s, ln, group, n_mine) -> m: fills the group's C tile and (threads < DK) n_d; returns m
@@ -469,8 +512,13 @@ struct Layout {
 // scaled by e^{m_r + row_log_scale} and dotted with row_dot_with (store_gradient_rows).
 // kPacked: over packed documents (a.starts): a chunk holding a start runs with the masks at its
 // starts (chunk_step<true>, DocumentChunkGates), every other chunk as without documents.
-template <int DK, int kGroups, bool kStoreO, bool kGradient = false, bool kPacked = false, class Start, class End>
+// kEntries (the forward's packed output loop): also the states entering the documents' last
+// chunks (store_document_entry); instances of their own, so that the packed loop without final
+// states stays as it was.
+template <int DK, int kGroups, bool kStoreO, bool kGradient = false, bool kPacked = false, bool kEntries = false,
+          class Start, class End>
 __device__ __forceinline__ void run_segment(const SegmentArgs& a, Start&& start, End&& end) {
+  static_assert(!kEntries || (kStoreO && !kGradient && kPacked), "the forward's packed output loop stores them");
   using L = Layout<DK, kGroups, kStoreO>;
   static_assert(L::kBytes == (kStoreO ? lasp_mlstm_output_smem_bytes(DK, kGroups * kTileV)
                                       : lasp_mlstm_states_smem_bytes(DK, kGroups * kTileV)),
@@ -558,6 +606,26 @@ __device__ __forceinline__ void run_segment(const SegmentArgs& a, Start&& start,
     __syncthreads();
     if (i + kStages - 1 < a.n_chunks) issue_chunk(i + kStages - 1);
     cp_async_commit();
+    if constexpr (kEntries) {
+      // Only a chunk that a document enters (its token 0 starts none) and leaves (a later token
+      // starts one, or the shard ends in it) can be that document's last with a state entering
+      // it: the table is read there alone (a read in every chunk, its latency exposed, made the
+      // forward 1.2 to 1.4 times as long). C's split copy and n's parts entering the chunk were
+      // written at the end of the last chunk (or before the loop) and are visible since the
+      // barrier.
+      const int c = a.c_begin + i;
+      // The chunk's word read again here, not held from below: held, it pushed the loop at
+      // Dk = 128, Dv = 64 past 255 registers.
+      const uint64_t starts_here =
+          kWordLands ? documents::ChunkStarts::landed<kPacked>(smem + L::start_word(i)).word : starts.word;
+      if (!(starts_here & 1) && (starts_here != 0 || c == lasp_mlstm_num_chunks(T) - 1)) {
+        const int entry_doc = a.entry_slots[c];
+        if (entry_doc >= 0)
+          store_document_entry<DK, kGroups * kTileV, L::kParts>(
+              a, entry_doc, smem + L::state_copy(group, i), L::kSbfBytes, group, m,
+              reinterpret_cast<const float*>(smem + L::normaliser(i)));
+      }
+    }
 
     const int tok0 = (a.c_begin + i) * kChunk;
     const uint32_t stage = L::stage(i);

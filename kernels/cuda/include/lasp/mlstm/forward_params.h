@@ -69,6 +69,16 @@ typedef struct {
   // shard's last token where the next shard opens with a start). A document enters from m = 0
   // in order, from the empty state reversed (kernels/docs/packed.md, "mLSTM").
   const uint64_t* starts;
+  // Packed documents' final states (the output kernels *_entries only; NULL for the others):
+  // where entry_slots[c] = n >= 0 (document n began before loop chunk c and ends in it:
+  // lasp_document_entry_slots), the state entering chunk c goes to n's slots, C into document_c
+  // [B, N, H, Dk, Dv], n into document_n [B, N, H, Dk] and m into entry_m [B, N, H]; then
+  // mlstm/document_states.cu adds the chunk's tokens of the document (lasp/mlstm/
+  // document_states_params.h). N = documents.
+  const int32_t* entry_slots;
+  float* document_c;
+  float* document_n;
+  float* entry_m;
   // The workspace (one allocation, none on one GPU when S == 1; core/src/ops/mlstm/plan.rs sizes
   // it), per (b*H+h): the summary of every piece u of segments 0..num_summaries-1 from the empty
   // state (ws_c, ws_n, ws_m, and its log forget sum ws_f), and the prefix entering every segment
@@ -93,6 +103,7 @@ typedef struct {
   int32_t states_splits;       // R >= 1: the states pass cuts each of those segments into R pieces
                                // of lasp_mlstm_chunks_per_piece chunks (the last may be short or
                                // empty), one CTA each, so that it fills the GPU where S is small
+  int32_t documents;           // N, the documents the entering states' slots are for (or 0)
   float scale;              // sigma, usually Dk^-1/2
   float eps;                // added to the denominator after the max (mlstm_kernels: 1e-6)
 } lasp_mlstm_params;
