@@ -1302,8 +1302,8 @@ fn time_packed_cost(rt: &Runtime, shape: ForwardShape) -> Result<PackedCostRow> 
     }
     Ok(PackedCostRow {
         cost,
-        forward_with_document_states_ms: with,
-        forward_without_document_states_ms: without,
+        forward_with_document_states_ms: round(with, 4),
+        forward_without_document_states_ms: round(without, 4),
     })
 }
 
