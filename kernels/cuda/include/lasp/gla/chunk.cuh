@@ -449,9 +449,11 @@ __device__ __forceinline__ void run_output_segment(const P& p, const Segment& sg
       if (n >= 0) {
         uint32_t z;  // b*H+h
         asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(z));
-        const int64_t bh = z, h = bh % p.H;
+        // 32-bit: a 64-bit remainder is a called subroutine, and any call in the kernel makes
+        // ptxas serialise every wgmma of it (C7509).
+        const int h = static_cast<int>(z) % p.H, b = static_cast<int>(z) / p.H;
         chunk::state_store<DK>(
-            s, ln, p.document_states + ((bh - h) * p.documents + (int64_t)n * p.H + h) * DK * DV + group * 64, DV);
+            s, ln, p.document_states + (((int64_t)b * p.documents + n) * p.H + h) * DK * DV + group * 64, DV);
       }
     }
   };

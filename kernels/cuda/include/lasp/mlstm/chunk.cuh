@@ -476,8 +476,10 @@ __device__ __forceinline__ void store_document_entry(const SegmentArgs& a, int d
                                                      uint32_t lo_offset, int group, float m, const float* parts) {
   uint32_t z;  // b*H+h
   asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(z));
-  const int64_t bh = z, h = bh % a.H;
-  const int64_t slot = (bh - h) * a.documents + (int64_t)doc * a.H + h;  // (b, doc, h)
+  // 32-bit: a 64-bit remainder is a called subroutine, and any call in the output kernel makes
+  // ptxas serialise every wgmma of it (C7509; the loop took 16 % longer).
+  const int h = static_cast<int>(z) % a.H, b = static_cast<int>(z) / a.H;
+  const int64_t slot = ((int64_t)b * a.documents + doc) * a.H + h;  // (b, doc, h)
   float* c = a.document_c + slot * DK * DV + group * kTileV;
   // Each warpgroup its 64 columns: 16 bytes (8 columns) of hi and of lo per thread and step.
   for (int e = threadIdx.x % 128; e < DK * (kTileV / 8); e += 128) {
