@@ -107,7 +107,8 @@ fn main() {
                     ];
                     scope.spawn(move || {
                         let mut cmd = Command::new(nvcc);
-                        cmd.args(["-std=c++17", "-O3", "-lineinfo"])
+                        // ptxas's report (-v) names the kernels whose wgmma it serialises.
+                        cmd.args(["-std=c++17", "-O3", "-lineinfo", "-Xptxas", "-v"])
                             .args(if standalone {
                                 ["-cubin"]
                             } else {
@@ -119,7 +120,8 @@ fn main() {
                             cmd.arg("-c");
                         }
                         cmd.arg(source).arg("-o").arg(&output);
-                        run(cmd, &format!("compiling {}", source.display()));
+                        let what = format!("compiling {}", source.display());
+                        refuse_serialised_wgmma(&run(cmd, &what), &what);
                         (standalone, output)
                     })
                 })
@@ -368,7 +370,8 @@ fn nvshmem_version(nvshmem: &std::path::Path) -> (u32, u32, u32) {
     (field("MAJOR"), field("MINOR"), field("PATCH"))
 }
 
-fn run(mut cmd: Command, what: &str) {
+/// Runs `cmd` to success; its stderr.
+fn run(mut cmd: Command, what: &str) -> String {
     let output = cmd.output().unwrap_or_else(|e| {
         fail(format!(
             "{what}: could not start {:?}: {e}",
@@ -379,6 +382,27 @@ fn run(mut cmd: Command, what: &str) {
         eprintln!("{}", String::from_utf8_lossy(&output.stdout));
         eprintln!("{}", String::from_utf8_lossy(&output.stderr));
         eprintln!("error: lasp-shmem-kernels: {what} failed: {cmd:?}");
+        std::process::exit(1);
+    }
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Fails the build where ptxas serialises a kernel's wgmma (C7509): it does so for any call to a
+/// subroutine in the kernel (a 64-bit division or remainder, the IEEE division operator, printf),
+/// and the kernel's products then run one after another (a packed output loop took 16 % longer).
+fn refuse_serialised_wgmma(ptxas_report: &str, what: &str) {
+    let serialised: Vec<&str> = ptxas_report
+        .lines()
+        .filter(|line| line.contains("C7509"))
+        .collect();
+    if !serialised.is_empty() {
+        let message = format!(
+            "{what}: ptxas serialises wgmma: {}; remove the call from the kernel (a 64-bit division \
+             or remainder in 32 bits, 1 / x as rcp.approx, no printf)",
+            serialised.join(" | ")
+        );
+        eprintln!("error: lasp-shmem-kernels: {message}");
+        println!("cargo::error=lasp-shmem-kernels: {message}");
         std::process::exit(1);
     }
 }
