@@ -404,6 +404,10 @@ pub(crate) fn require_runtime_stream(
     )))
 }
 
+/// Alignment of every part of an operation's workspace ([`ensure_workspace`]): each part starts
+/// on a multiple of this many bytes from the allocation's start.
+pub(crate) const WORKSPACE_PART_ALIGN: u64 = 256;
+
 /// Makes `workspace` hold at least `bytes` bytes (`op` names the operation in errors) and
 /// returns its device address (0 while none was ever needed). Growing it waits for the whole
 /// context first (earlier calls, on any stream, may still use the old one) and for `stream` after

@@ -7,12 +7,10 @@
 
 use super::{DocumentStarts, Documents, LoopOrder};
 use crate::error::{Error, Result};
+use crate::ops::WORKSPACE_PART_ALIGN;
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use std::sync::Arc;
-
-/// Alignment of the words' part of a workspace.
-const PART_ALIGN: u64 = 256;
 
 /// The start words of an operation's calls.
 pub(crate) struct StartWords {
@@ -31,7 +29,7 @@ impl StartWords {
     fn bytes(docs: Option<&Documents<'_>>, t: usize) -> u64 {
         docs.map_or(0, |_| {
             let bytes = (DocumentStarts::words_len(t) * std::mem::size_of::<u64>()) as u64;
-            bytes.div_ceil(PART_ALIGN) * PART_ALIGN
+            bytes.div_ceil(WORKSPACE_PART_ALIGN) * WORKSPACE_PART_ALIGN
         })
     }
 
@@ -75,7 +73,7 @@ impl StartWords {
         orders: [LoopOrder; N],
         op: &str,
     ) -> Result<(u64, [u64; N])> {
-        let words_at = parts.next_multiple_of(PART_ALIGN);
+        let words_at = parts.next_multiple_of(WORKSPACE_PART_ALIGN);
         let per_order = Self::bytes(docs.as_ref(), t);
         let bytes = words_at + N as u64 * per_order;
         let base = crate::ops::ensure_workspace(ctx, stream, workspace, bytes, op)?;

@@ -13,6 +13,7 @@ use super::GatedDeltaBackwardParams;
 use crate::error::Result;
 use crate::kernel::{width_index, Kernel, LaunchShape};
 use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
+use crate::ops::WORKSPACE_PART_ALIGN;
 use crate::ops::{
     bf16, check_forced_segments, require_shared_memory, DeviceMut, DeviceRef, Scope, StreamOrder,
 };
@@ -23,9 +24,6 @@ use std::sync::Arc;
 
 const OP: &str = "Gated DeltaNet backward";
 const CHUNK: u32 = header::LASP_SD_CHUNK;
-/// Alignment of every part of the workspace after the forward's.
-const PART_ALIGN: u64 = 256;
-
 /// The tensors of one backward call: the forward's inputs, the gradients of its outputs, and the
 /// gradients to write. Views from cudarc buffers ([`DeviceRef::new`], [`DeviceMut::new`]) or raw
 /// pointers, all in the runtime's GPU context.
@@ -285,14 +283,17 @@ impl GatedDeltaBackwardPlan {
         let ds_summary_from = u32::from(!shard);
         let with_ds = shard || segments > 1;
         let bf16_bytes = |elems: u64| elems * 2;
-        let ws_w = forward.workspace_bytes.next_multiple_of(PART_ALIGN);
-        let ws_u = (ws_w + bf16_bytes(rows_elems(s, s.dk))).next_multiple_of(PART_ALIGN);
-        let ws_du = (ws_u + bf16_bytes(rows_elems(s, s.dv))).next_multiple_of(PART_ALIGN);
-        let ws_h = (ws_du + bf16_bytes(rows_elems(s, s.dv))).next_multiple_of(PART_ALIGN);
-        let ws_dh = (ws_h + bf16_bytes(states_elems(s))).next_multiple_of(PART_ALIGN);
-        let ws_ds = (ws_dh + bf16_bytes(states_elems(s))).next_multiple_of(PART_ALIGN);
+        let ws_w = forward
+            .workspace_bytes
+            .next_multiple_of(WORKSPACE_PART_ALIGN);
+        let ws_u = (ws_w + bf16_bytes(rows_elems(s, s.dk))).next_multiple_of(WORKSPACE_PART_ALIGN);
+        let ws_du = (ws_u + bf16_bytes(rows_elems(s, s.dv))).next_multiple_of(WORKSPACE_PART_ALIGN);
+        let ws_h = (ws_du + bf16_bytes(rows_elems(s, s.dv))).next_multiple_of(WORKSPACE_PART_ALIGN);
+        let ws_dh = (ws_h + bf16_bytes(states_elems(s))).next_multiple_of(WORKSPACE_PART_ALIGN);
+        let ws_ds = (ws_dh + bf16_bytes(states_elems(s))).next_multiple_of(WORKSPACE_PART_ALIGN);
         let state_bytes = (s.b * s.h * s.dk * s.dv) as u64 * 4;
-        let ws_e = (ws_ds + u64::from(segments) * state_bytes).next_multiple_of(PART_ALIGN);
+        let ws_e =
+            (ws_ds + u64::from(segments) * state_bytes).next_multiple_of(WORKSPACE_PART_ALIGN);
         let chunks = s.t.div_ceil(CHUNK as usize) as u32;
         let (bh, dv_tiles) = ((s.b * s.h) as u32, (s.dv / 64) as u32);
         let dh = |segments: u32| LaunchShape {

@@ -14,6 +14,7 @@ use crate::ops::documents::masked::{refuse_states, StartWords, Twins};
 use crate::ops::documents::Documents;
 use crate::ops::documents::LoopOrder;
 use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
+use crate::ops::WORKSPACE_PART_ALIGN;
 use crate::ops::{
     bf16, check_forced_segments, require_shared_memory, split_into_segments, DeviceMut, DeviceRef,
     StreamOrder,
@@ -30,9 +31,6 @@ const MAX_SEGMENTS: usize = 65_535;
 /// The share of the SMs that walks of one segment per (b, h) must fill for the plan to take one
 /// segment.
 const ONE_SEGMENT_FILL: f64 = 0.45;
-/// Alignment of every part of the workspace.
-const PART_ALIGN: u64 = 256;
-
 /// The tensors of one backward call: the forward's inputs, the gradients of its outputs, and the
 /// gradients to write. Views from cudarc buffers ([`DeviceRef::new`], [`DeviceMut::new`]) or raw
 /// pointers, all in the runtime's GPU context.
@@ -222,7 +220,7 @@ pub struct GlaBackwardPlan {
 }
 
 fn align_part(bytes: u64) -> u64 {
-    bytes.div_ceil(PART_ALIGN) * PART_ALIGN
+    bytes.div_ceil(WORKSPACE_PART_ALIGN) * WORKSPACE_PART_ALIGN
 }
 
 impl GlaBackwardPlan {
