@@ -6,7 +6,7 @@
 //! of a call's tensors.
 
 use super::{check, DocumentStarts, Documents, GateShape};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::kernel::{width_index, Kernel, LaunchShape};
 use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
 use crate::ops::{bf16, DeviceMut, DeviceRef};
@@ -205,6 +205,22 @@ pub(crate) fn check_final_states<'c>(
     checks.tensor("ht", "[B, N, H, Dk, Dv]", (ht.len(), want), ht.addr(), 8)?;
     checks.disjoint(&inputs, &[("ht", ht.byte_range())])?;
     Ok(checks)
+}
+
+/// The documents of a call that gives per-document final states in `name` (`sequence_state`: the
+/// argument for the whole sequence's final state instead), or the error that says they are missing.
+pub(crate) fn documents_of_states<'d, 'a>(
+    op: &str,
+    name: &str,
+    sequence_state: &str,
+    documents: Option<&'d Documents<'a>>,
+) -> Result<&'d Documents<'a>> {
+    documents.ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "{op}: {name} (one final state per packed document) is given without documents; \
+             pass cu_seqlens, or use {sequence_state} for the sequence's final state"
+        ))
+    })
 }
 
 /// What a family's states kernel reads, checked by the caller against the shape and the

@@ -18,8 +18,9 @@
 //! is not built (`kernels/docs/packed.md`, "Per-document states").
 
 use super::plan::output_smem_bytes;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernel::{width_index, Kernel};
+use crate::ops::documents::final_states::documents_of_states;
 use crate::ops::documents::{document_states_len, Documents};
 use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
 use crate::ops::DeviceMut;
@@ -37,12 +38,7 @@ pub(super) fn check_document_ht(
     documents: Option<&Documents<'_>>,
     ht: &DeviceMut<'_, f32>,
 ) -> Result<(u64, u64)> {
-    let Some(documents) = documents else {
-        return Err(Error::InvalidArgument(format!(
-            "{op}: document_ht (one final state per packed document) is given without documents; \
-             pass cu_seqlens, or use ht for the sequence's final state"
-        )));
-    };
+    let documents = documents_of_states(op, "document_ht", "ht", documents)?;
     let want = document_states_len(shape, documents);
     checks.tensor("document_ht", LAYOUT, (ht.len(), want), ht.addr(), 8)?;
     Ok(ht.byte_range())

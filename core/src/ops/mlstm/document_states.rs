@@ -4,8 +4,9 @@
 //!
 //! The state after document n's last token is the state entering the chunk of 64 tokens that
 //! holds that token, rescaled to the document's own final stabiliser, plus the document's tokens
-//! of that chunk. The forward's packed output loop, in instances of their own, stores that entering state into n's slots where n began before the chunk
-//! (C and n into the caller's tensors, m into a workspace; a table per chunk names the document,
+//! of that chunk. The forward's packed output loop, in instances of their own, stores that
+//! entering state into n's slots where n began before the chunk (C and n into the caller's
+//! tensors, m into a workspace; a table per chunk names the document,
 //! `lasp_document_entry_slots`); on LASP-2 that loop runs from the prefix of every earlier PE, so a
 //! document that began on an earlier PE needs no exchange of its own. Then one CTA per document,
 //! head and 64 columns of Dv takes the stabiliser `m = max(m_entry + F, max_j (i_j + F_j))` over
@@ -18,10 +19,13 @@
 
 use super::forward::{MlstmArgs, MlstmStateMut};
 use super::MlstmParams;
-use crate::error::{Error, Result};
-use crate::ops::documents::final_states::{DocumentTails, Stabilised, StatesInputs};
+use crate::error::Result;
+use crate::ops::documents::final_states::{
+    documents_of_states, DocumentTails, Stabilised, StatesInputs,
+};
 use crate::ops::documents::{document_states_len, Documents};
 use crate::ops::scalar_decay::{ForwardShape, TensorChecks};
+use crate::ops::WORKSPACE_PART_ALIGN;
 use crate::runtime::Runtime;
 use cudarc::driver::CudaStream;
 use lasp_shmem_kernels::instances;
@@ -36,14 +40,9 @@ pub(super) fn check_document_final_states(
     documents: Option<&Documents<'_>>,
     states: &MlstmStateMut<'_>,
 ) -> Result<[(&'static str, (u64, u64)); 3]> {
-    let Some(documents) = documents else {
-        return Err(Error::InvalidArgument(format!(
-            "{op}: document_final_states (one final state per packed document) is given without \
-             documents; pass cu_seqlens, or use final_state for the sequence's final state"
-        )));
-    };
+    let documents = documents_of_states(op, "document_final_states", "final_state", documents)?;
     let c_len = document_states_len(shape, documents);
-    let per_row = c_len / (shape.dk * shape.dv).max(1); // B * N * H
+    let per_row = shape.b * documents.cu_seqlens.len().saturating_sub(1) * shape.h; // B * N * H
     let parts = [
         (
             "document_final_states.c",
@@ -87,9 +86,6 @@ struct Targets {
     /// fp32 `[B, N, H]`.
     stabiliser_bytes: u64,
 }
-
-/// Alignment of the stabilisers' part of a workspace.
-const PART_ALIGN: u64 = 256;
 
 impl DocumentEntries {
     pub(super) fn new(runtime: &Runtime) -> Result<Self> {
@@ -169,7 +165,7 @@ impl EntryTargets {
         match &self.0 {
             None => (parts, 0),
             Some(t) => {
-                let at = parts.next_multiple_of(PART_ALIGN);
+                let at = parts.next_multiple_of(WORKSPACE_PART_ALIGN);
                 (at + t.stabiliser_bytes, at)
             }
         }

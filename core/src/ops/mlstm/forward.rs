@@ -353,18 +353,28 @@ type ChunkNames = [[[&'static str; 2]; 2]; 2];
 
 impl ChunkTables {
     fn new(runtime: &Runtime, [states, output]: ChunkNames) -> Result<Self> {
-        let module = runtime.module();
-        let [s64, s128] = states.map(|names| module.kernels_per_width(names));
-        let [o64, o128] = output.map(|names| module.kernels_per_width(names));
-        let (states, output) = ([s64?, s128?], [o64?, o128?]);
-        for (j, dv) in [64, 128].into_iter().enumerate() {
-            for (i, dk) in [64, 128].into_iter().enumerate() {
-                states[j][i].set_max_dynamic_shared_bytes(states_smem_bytes(dk, dv))?;
-                output[j][i].set_max_dynamic_shared_bytes(output_smem_bytes(dk, dv))?;
-            }
-        }
-        Ok(ChunkTables { states, output })
+        Ok(ChunkTables {
+            states: kernel_table(runtime, states, states_smem_bytes)?,
+            output: kernel_table(runtime, output, output_smem_bytes)?,
+        })
     }
+}
+
+/// The kernels `names` (per Dv, rows by Dk), each allowed `smem_bytes(dk, dv)` of shared memory.
+fn kernel_table(
+    runtime: &Runtime,
+    names: [[&'static str; 2]; 2],
+    smem_bytes: fn(usize, usize) -> u32,
+) -> Result<[[Kernel; 2]; 2]> {
+    let module = runtime.module();
+    let [k64, k128] = names.map(|names| module.kernels_per_width(names));
+    let kernels = [k64?, k128?];
+    for (j, dv) in [64, 128].into_iter().enumerate() {
+        for (i, dk) in [64, 128].into_iter().enumerate() {
+            kernels[j][i].set_max_dynamic_shared_bytes(smem_bytes(dk, dv))?;
+        }
+    }
+    Ok(kernels)
 }
 
 /// The chunk passes of every mLSTM forward (one GPU and LASP-2 shards) and of the backward's
@@ -414,19 +424,11 @@ impl ChunkKernels {
             ],
         };
         let entry_outputs = match form {
-            ChunkForm::Forward => {
-                let module = runtime.module();
-                let kernels = [
-                    module.kernels_per_width(MLSTM_OUTPUT_DV64_ENTRIES)?,
-                    module.kernels_per_width(MLSTM_OUTPUT_DV128_ENTRIES)?,
-                ];
-                for (j, dv) in [64, 128].into_iter().enumerate() {
-                    for (i, dk) in [64, 128].into_iter().enumerate() {
-                        kernels[j][i].set_max_dynamic_shared_bytes(output_smem_bytes(dk, dv))?;
-                    }
-                }
-                Some(kernels)
-            }
+            ChunkForm::Forward => Some(kernel_table(
+                runtime,
+                [MLSTM_OUTPUT_DV64_ENTRIES, MLSTM_OUTPUT_DV128_ENTRIES],
+                output_smem_bytes,
+            )?),
             ChunkForm::Gradient => None,
         };
         Ok(ChunkKernels {
